@@ -1,0 +1,111 @@
+"""Shared validators: every user-facing check raises one clear message.
+
+Message template: "`layer` must be an int in [0, 29]; got 31." Names get a
+"Did you mean ...?" suggestion from difflib.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "ExplorerError",
+    "ModelNotFoundError",
+    "StoreError",
+    "RemoteError",
+    "InputError",
+    "check_choice",
+    "check_int",
+    "check_float",
+    "check_prompts",
+    "suggest",
+]
+
+
+class ExplorerError(Exception):
+    """An error the user caused or can fix; the CLI prints it as one line."""
+
+
+class ModelNotFoundError(ExplorerError, ValueError):
+    """The model name or path is not known, not local, and not reachable."""
+
+
+class StoreError(ExplorerError):
+    """The activation store cannot be used (unwritable folder, corrupt entry)."""
+
+
+class RemoteError(ExplorerError):
+    """A remote (NDIF) run failed: missing configuration, server error, timeout."""
+
+
+class InputError(ExplorerError, ValueError):
+    """A bad argument value: out of range, unknown choice, empty input."""
+
+
+def suggest(value: str, allowed: Iterable[str]) -> str:
+    """' Did you mean 'x'?' for the closest allowed name, or ''."""
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """Raise InputError unless ``value`` is one of ``allowed``."""
+    allowed = list(allowed)
+    if value not in allowed:
+        listed = ", ".join(repr(a) for a in allowed)
+        raise InputError(
+            f"`{name}` must be one of {listed}; got {value!r}.{suggest(value, allowed)}"
+        )
+    return value
+
+
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``value`` as int; TypeError if not an int, InputError if outside [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                value = int(value)
+            else:
+                raise TypeError
+        except TypeError:
+            raise TypeError(f"`{name}` must be an int; got {type(value).__name__} {value!r}.") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        lo = "-inf" if low is None else low
+        hi = "inf" if high is None else high
+        raise InputError(f"`{name}` must be an int in [{lo}, {hi}]; got {value}.")
+    return value
+
+
+def check_float(name: str, value: Any, *, low: float | None = None, high: float | None = None) -> float:
+    """Return ``value`` as float; TypeError if not a real number, InputError if outside [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)  # numpy scalars
+        except (TypeError, ValueError):
+            raise TypeError(f"`{name}` must be a number; got {type(value).__name__} {value!r}.") from None
+    value = float(value)
+    if value != value or (low is not None and value < low) or (high is not None and value > high):
+        lo = "-inf" if low is None else low
+        hi = "inf" if high is None else high
+        raise InputError(f"`{name}` must be a number in [{lo}, {hi}]; got {value}.")
+    return value
+
+
+def check_prompts(prompts: Any) -> list[str]:
+    """Return prompts as a list of non-empty strings; a single string becomes a list of one."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+        raise TypeError(f"`prompts` must be a string or a list of strings; got {type(prompts).__name__}.")
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("`prompts` must hold at least one prompt; got an empty list.")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise TypeError(f"`prompts[{i}]` must be a string; got {type(p).__name__}.")
+        if not p.strip():
+            raise InputError(f"`prompts[{i}]` is empty; every prompt needs at least one non-space character.")
+    return prompts

@@ -1,0 +1,268 @@
+"""Interventions as data: small serialisable records applied inside one nnsight trace.
+
+An app slider edits a record, a session export stores it, a remote run sends it. Each
+record names the site and layer it acts on; `apply_edits` performs the edits for one
+(layer, site) point while a trace runs. Positions are indices into each prompt's own
+tokens (negative counts from its end), independent of padding.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ._checks import InputError, check_choice, check_float
+
+__all__ = [
+    "Edit",
+    "Ablate",
+    "Scale",
+    "Patch",
+    "Steer",
+    "PATCH_SITES",
+    "edit_from_dict",
+    "edits_to_json",
+    "edits_from_json",
+    "first_edit_layer",
+]
+
+PATCH_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Base of the intervention records."""
+
+    kind: ClassVar[str] = ""
+    site: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+    @property
+    def edit_site(self) -> str:
+        return self.site
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+
+
+@dataclass(frozen=True)
+class Ablate(Edit):
+    """Replace one head's output (its slice of ``attn_z``) with zero or a mean.
+
+    ``mode="mean"`` uses ``value`` (a d_head vector, e.g. a mean over a reference set)
+    when given, else the head's mean over the run's own real tokens.
+    """
+
+    layer: int
+    head: int
+    mode: str = "zero"
+    value: tuple[float, ...] | None = None
+    kind: ClassVar[str] = "ablate"
+    site: ClassVar[str] = "attn_z"
+
+    def __post_init__(self):
+        check_choice("mode", self.mode, ("zero", "mean"))
+        if self.value is not None:
+            object.__setattr__(self, "value", _as_tuple(self.value))
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        model.check_head(self.head)
+        if self.value is not None and len(self.value) != model.spec.d_head:
+            raise InputError(f"`value` must have d_head={model.spec.d_head} entries; "
+                             f"got {len(self.value)}.")
+
+
+@dataclass(frozen=True)
+class Scale(Edit):
+    """Multiply one head's output (its slice of ``attn_z``) by ``alpha``."""
+
+    layer: int
+    head: int
+    alpha: float
+    kind: ClassVar[str] = "scale"
+    site: ClassVar[str] = "attn_z"
+
+    def __post_init__(self):
+        object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        model.check_head(self.head)
+
+
+@dataclass(frozen=True)
+class Patch(Edit):
+    """Write the activation of ``source`` (a prompt) at ``site``/``layer`` into the run.
+
+    Without ``positions`` the source must have as many tokens as every prompt in the
+    run. ``head`` restricts an ``attn_z`` patch to one head.
+    """
+
+    patch_site: str
+    layer: int
+    source: str
+    head: int | None = None
+    positions: tuple[int, ...] | None = None
+    kind: ClassVar[str] = "patch"
+
+    def __post_init__(self):
+        check_choice("site", self.patch_site, PATCH_SITES)
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        if self.head is not None and self.patch_site != "attn_z":
+            raise InputError(f"`head` applies to site 'attn_z' only; got site {self.patch_site!r}.")
+
+    @property
+    def edit_site(self) -> str:
+        return self.patch_site
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["site"] = d.pop("patch_site")
+        return d
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        if self.head is not None:
+            model.check_head(self.head)
+
+
+@dataclass(frozen=True)
+class Steer(Edit):
+    """Add ``alpha * vector`` to ``resid_post`` of ``layer`` at ``positions`` (all if None)."""
+
+    layer: int
+    vector: tuple[float, ...]
+    alpha: float = 1.0
+    positions: tuple[int, ...] | None = None
+    kind: ClassVar[str] = "steer"
+    site: ClassVar[str] = "resid_post"
+
+    def __post_init__(self):
+        object.__setattr__(self, "vector", _as_tuple(self.vector))
+        object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        if len(self.vector) != model.spec.d_model:
+            raise InputError(f"`vector` must have d_model={model.spec.d_model} entries; "
+                             f"got {len(self.vector)}.")
+
+
+_KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer)}
+
+
+def _as_tuple(values: Any) -> tuple[float, ...]:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().float().cpu().reshape(-1).tolist()
+    elif hasattr(values, "tolist"):
+        values = values.tolist()
+    return tuple(float(v) for v in values)
+
+
+def edit_from_dict(d: dict[str, Any]) -> Edit:
+    """Rebuild an edit from `Edit.to_dict` output; unknown kinds raise InputError."""
+    if not isinstance(d, dict) or "kind" not in d:
+        raise InputError(f"an edit must be a dict with a 'kind' key; got {d!r:.80}.")
+    d = dict(d)
+    cls = _KINDS.get(d.pop("kind"))
+    if cls is None:
+        check_choice("kind", d.get("kind"), _KINDS)  # raises with the allowed list
+    if cls is Patch:
+        d["patch_site"] = d.pop("site")
+    for key in ("value", "vector", "positions"):
+        if isinstance(d.get(key), list):
+            d[key] = tuple(d[key])
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise InputError(f"bad fields for a {cls.kind!r} edit: {e}.") from None
+
+
+def edits_to_json(edits: Iterable[Edit]) -> str:
+    return json.dumps([e.to_dict() for e in edits])
+
+
+def edits_from_json(text: str) -> list[Edit]:
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise InputError("edits JSON must be a list of edit objects.")
+    return [edit_from_dict(d) for d in data]
+
+
+def first_edit_layer(edits: Sequence[Edit]) -> int | None:
+    """Earliest layer any edit touches (the layer a resumed run must start from)."""
+    return min((e.layer for e in edits), default=None)
+
+
+# -- application inside a trace ----------------------------------------------------------
+
+@dataclass
+class EditContext:
+    """What `apply_edits` needs about the running batch (built outside the trace)."""
+
+    d_head: int
+    mask: torch.Tensor                        # [prompt, padded_pos] 1 for real tokens
+    index: dict[tuple[int, ...] | None, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    sources: dict[int, torch.Tensor] = field(default_factory=dict)  # id(Patch) -> [prompt, n, ...]
+
+
+def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) -> None:
+    """Apply ``edits`` in place to ``value``, the live activation at their (layer, site).
+
+    ``value`` is [prompt, padded_pos, d] (``attn_z`` is [prompt, padded_pos, head*d_head]).
+    """
+    for e in edits:
+        if isinstance(e, (Ablate, Scale)):
+            sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+            if isinstance(e, Scale):
+                value[..., sl] *= e.alpha
+            elif e.mode == "zero":
+                value[..., sl] = 0.0
+            elif e.value is not None:
+                value[..., sl] = torch.tensor(e.value, dtype=value.dtype, device=value.device)
+            else:
+                m = ctx.mask.to(value.dtype).unsqueeze(-1)            # [prompt, pos, 1]
+                mean = (value[..., sl] * m).sum((0, 1)) / m.sum()      # [d_head]
+                value[..., sl] = mean
+        elif isinstance(e, Steer):
+            rows, cols = ctx.index[e.positions]
+            vec = torch.tensor(e.vector, dtype=value.dtype, device=value.device)
+            value[rows, cols] += e.alpha * vec
+        elif isinstance(e, Patch):
+            rows, cols = ctx.index[e.positions]
+            src = ctx.sources[id(e)].to(value.dtype)  # [n_selected, d]
+            if e.head is not None:
+                sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+                value[rows, cols, sl] = src[:, sl]
+            else:
+                value[rows, cols] = src
+        else:  # pragma: no cover - every record type is handled above
+            raise TypeError(f"unknown edit {e!r}")
+
+
+def position_index(lengths: Sequence[int], width: int,
+                   positions: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded (row, col) indices of per-prompt positions in a left-padded batch.
+
+    ``positions`` None means every real token. Out-of-range positions raise InputError.
+    """
+    rows, cols = [], []
+    for i, n in enumerate(lengths):
+        pos = range(n) if positions is None else positions
+        for p in pos:
+            q = p + n if p < 0 else p
+            if not 0 <= q < n:
+                raise InputError(f"position {p} is out of range for prompt {i} with {n} tokens "
+                                 f"(allowed: -{n} to {n - 1}).")
+            rows.append(i)
+            cols.append(width - n + q)
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)

