@@ -1,0 +1,27 @@
+# Two commands from a fresh clone:
+#   make app    set up, then open the gallery on the packaged SmolLM2 at http://127.0.0.1:5006
+#   make test   set up (with chromium for the browser tests), then run the whole test suite
+.PHONY: app test setup setup-test bench clean-venv
+
+PORT ?= 5006
+MODEL ?= smollm2-135m
+PYTEST_ARGS ?=
+
+setup:
+	./scripts/setup.sh
+
+setup-test:
+	./scripts/setup.sh --browser
+
+app: setup
+	.venv/bin/explorer serve --model $(MODEL) --port $(PORT) --show
+
+test: setup-test
+	.venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: setup
+	.venv/bin/explorer bench trace-overhead --json
+	.venv/bin/explorer bench slider --json
+
+clean-venv:
+	rm -rf .venv
