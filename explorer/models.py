@@ -509,14 +509,35 @@ def _load_folder(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     return hf, tok
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host resolves and accepts a connection (skips slow client retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return True  # offline mode: transformers reads its local cache only
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _load_hub(repo_id: str, dtype: torch.dtype) -> tuple[Any, Any, str]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    known = ", ".join(known_models())
+    if not _hub_reachable():
+        raise ModelNotFoundError(
+            f"model {repo_id!r} is not a known name or a local folder, and the Hugging Face hub "
+            f"cannot be reached from here (no network). Known names: {known}; or pass the path "
+            "of a local model folder."
+        )
     try:
         tok = AutoTokenizer.from_pretrained(repo_id)
         hf = AutoModelForCausalLM.from_pretrained(repo_id, dtype=dtype)
     except OSError as e:
-        known = ", ".join(known_models())
         raise ModelNotFoundError(
             f"model {repo_id!r} is not a known name, not a local folder, and could not be "
             f"fetched from the Hugging Face hub ({str(e).splitlines()[0][:160]}). "
