@@ -68,6 +68,9 @@ class Ablate(Edit):
     def __post_init__(self):
         check_choice("mode", self.mode, ("zero", "mean"))
         if self.value is not None:
+            if self.mode != "mean":
+                # a value with mode "zero" would be silently ignored by `apply_edits`
+                raise InputError(f"`value` applies to mode 'mean' only; got mode {self.mode!r}.")
             object.__setattr__(self, "value", _as_tuple(self.value))
 
     def validate(self, model: Any) -> None:
@@ -173,11 +176,12 @@ def edit_from_dict(d: dict[str, Any]) -> Edit:
     if not isinstance(d, dict) or "kind" not in d:
         raise InputError(f"an edit must be a dict with a 'kind' key; got {d!r:.80}.")
     d = dict(d)
-    cls = _KINDS.get(d.pop("kind"))
+    kind = d.pop("kind")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        check_choice("kind", d.get("kind"), _KINDS)  # raises with the allowed list
+        check_choice("kind", kind, _KINDS)  # raises with the allowed list
     if cls is Patch:
-        d["patch_site"] = d.pop("site")
+        d["patch_site"] = d.pop("site", None)  # a missing site fails `check_choice` by name
     for key in ("value", "vector", "positions"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
@@ -192,7 +196,11 @@ def edits_to_json(edits: Iterable[Edit]) -> str:
 
 
 def edits_from_json(text: str) -> list[Edit]:
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"edits JSON does not parse: {e.msg} at line {e.lineno}, "
+                         f"column {e.colno}.") from None
     if not isinstance(data, list):
         raise InputError("edits JSON must be a list of edit objects.")
     return [edit_from_dict(d) for d in data]

@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from ._checks import InputError, ModelNotFoundError, RemoteError, check_prompts, suggest
+from ._checks import (
+    InputError,
+    ModelNotFoundError,
+    RemoteError,
+    StoreError,
+    check_prompts,
+    suggest,
+)
 
 __all__ = [
     "SITES",
@@ -457,30 +464,35 @@ def smollm2_folder() -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    def unwritable(folder: Path, e: OSError) -> StoreError:
+        return StoreError(f"cannot write the model cache under {folder} ({e.strerror}); "
+                          "set EXPLORER_CACHE to a writable folder.")
+
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        # the scratch folder first: a read-only cache fails now, not after the conversion
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     except OSError as e:
-        from ._checks import StoreError
-
-        raise StoreError(f"cannot write the model cache under {target.parent} ({e.strerror}); "
-                         "set EXPLORER_CACHE to a writable folder.") from None
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                              dtype=torch.float32)
-    # the dequantized weights are plain float tensors: drop the GGUF quantizer so they save
-    hf.hf_quantizer = None
-    hf.is_quantized = False
-    if hasattr(hf.config, "quantization_config"):
-        del hf.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        raise unwritable(target.parent, e) from None
     try:
-        hf.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "explorer-source.json").write_text(json.dumps(
-            {"gguf": gguf.name, "sha256": _file_digest(gguf)}, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+        # the dequantized weights are plain float tensors: drop the GGUF quantizer so they save
+        hf.hf_quantizer = None
+        hf.is_quantized = False
+        if hasattr(hf.config, "quantization_config"):
+            del hf.config.quantization_config
+        try:
+            hf.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            (tmp / "explorer-source.json").write_text(json.dumps(
+                {"gguf": gguf.name, "sha256": _file_digest(gguf)}, indent=1))
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except OSError as e:  # disk full, a file in the way
+            raise unwritable(target.parent, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

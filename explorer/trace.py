@@ -8,7 +8,7 @@ for each (layer, site) as it passes, and saves only what was asked for.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import xarray as xr
 
 from ._checks import InputError, check_choice, check_int
 from .interventions import (
+    Ablate,
     Edit,
     EditContext,
     Patch,
@@ -29,7 +30,7 @@ from .interventions import (
 from .models import SITES, Batch, Model
 
 __all__ = ["trace", "run_with", "run_batch", "CleanRun", "clean_run", "provenance",
-           "check_sites", "check_layers"]
+           "check_sites", "check_layers", "check_positions", "check_edits"]
 
 # Sites inside a layer, in the order the forward pass reaches them.
 _LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
@@ -38,6 +39,7 @@ _LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
 def provenance(model: Model, *, method: str, edits: Sequence[Edit] = (), **params: Any) -> dict:
     """JSON-able attrs: model provenance, method, parameters, edits, versions."""
     spec = model.spec.provenance()
+    edits = check_edits(edits)
     return {
         "model": spec["name"],
         "model_spec": {k: v for k, v in spec.items() if k != "versions"},
@@ -80,6 +82,36 @@ def check_layers(model: Model, layers: Any) -> list[int]:
     if not layers:
         raise InputError("`layers` is empty; pass None for every layer.")
     return sorted(set(layers))
+
+
+def check_positions(positions: Any) -> list[int] | None:
+    """Per-prompt positions as a list of ints (one int becomes a list of one), or None."""
+    if positions is None:
+        return None
+    if isinstance(positions, (int, np.integer)):
+        positions = [positions]
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, Iterable):
+        raise TypeError(f"`positions` must be a list of ints; got {type(positions).__name__}.")
+    positions = [check_int(f"positions[{i}]", p) for i, p in enumerate(positions)]
+    if not positions:
+        raise InputError("`positions` is empty; pass None for every token.")
+    return positions
+
+
+def check_edits(edits: Any) -> list[Edit]:
+    """Edit records as a list (one record becomes a list of one)."""
+    if isinstance(edits, Edit):
+        return [edits]
+    if isinstance(edits, (str, bytes, dict)) or not isinstance(edits, Iterable):
+        raise TypeError("`edits` must be a list of edit records (Ablate, Scale, Patch, Steer); "
+                        f"got {type(edits).__name__}.")
+    edits = list(edits)
+    for i, e in enumerate(edits):
+        if not isinstance(e, Edit):
+            raise TypeError(f"`edits[{i}]` must be an edit record (Ablate, Scale, Patch, Steer); "
+                            f"got {type(e).__name__}. Records saved as dicts or JSON load with "
+                            "`edit_from_dict` / `edits_from_json`.")
+    return edits
 
 
 @dataclass
@@ -136,6 +168,7 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     -------
     dict mapping (layer, site) -> tensor, "final_norm" -> tensor, "logits" -> [prompt, pos, vocab].
     """
+    edits = check_edits(edits)
     for e in edits:
         e.validate(model)
     spec = model.spec
@@ -222,6 +255,7 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                 if sel is not None:
                     lg = lg[sel[0], sel[1]].reshape(n_prompts, -1, lg.shape[-1])
                 result["logits"] = lg.save()
+            result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
 
@@ -313,7 +347,8 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     xarray.Dataset
         One variable per site: ``resid_pre``/``resid_post``/``mlp_out`` (prompt, pos, layer,
         d_model); ``attn_z`` (prompt, pos, layer, head, d_head); ``head_out`` (prompt, pos,
-        layer, head, d_model); ``attn_pattern`` (prompt, layer, head, dst_pos, src_pos);
+        layer, head, d_model); ``attn_pattern`` (prompt, layer, head, dst_pos, src_pos),
+        with ``dst_pos`` the kept positions and ``src_pos`` every token;
         ``final_norm`` (prompt, pos, d_model); ``unembed`` (prompt, pos, vocab). ``mask``
         (prompt, pos) is True on real tokens; padding is NaN. Coords ``token_id`` and
         ``token`` carry the tokens.
@@ -321,26 +356,31 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     sites = check_sites(sites)
     layers = check_layers(model, layers)
     check_int("batch_size", batch_size, low=1)
+    positions = check_positions(positions)
+    edits = check_edits(edits)
     batch_all = model.tokenize(prompts)  # validates every prompt before any work
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if positions is not None:
-        positions = [int(p) for p in positions]
         position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
     layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
     save_sites = {"attn_z" if s == "head_out" else s for s in layer_sites}
     save = {(layer, s) for layer in layers for s in save_sites}
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
+    n_src = max(batch_all.lengths)  # attn_pattern sources: every real token
     n_total = len(prompts)
     chunks = _batches(n_total, batch_size)
     if progress is None:
         progress = len(chunks) > 1
     step = _progress_bar(n_total, progress)
+    run_edits = edits
+    if len(chunks) > 1:  # a mean ablation averages over every prompt, whatever the batch size
+        run_edits = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
 
     spec = model.spec
     collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     for rows in chunks:
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
-        out = run_batch(model, batch, save=save, edits=edits, save_positions=positions,
+        out = run_batch(model, batch, save=save, edits=run_edits, save_positions=positions,
                         logits="unembed" in sites,
                         save_final=("final_norm",) if "final_norm" in sites else ())
         if positions is None:
@@ -355,14 +395,9 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
             elif s == "unembed":
                 collected[s].append(unpad(out["logits"]))
             elif s == "attn_pattern":
-                pats = []
-                for layer in layers:
-                    p = out[(layer, s)]  # [prompt, head, dst, src] padded
-                    p = _unpad(p.permute(0, 2, 3, 1), batch.lengths, batch.width, n_pos)
-                    p = np.stack([_unpad_src(p[i], n, batch.width - n, n_pos)
-                                  for i, n in enumerate(batch.lengths)])
-                    pats.append(p)  # [prompt, dst, src, head]
-                collected[s].append(np.stack(pats, axis=1).transpose(0, 1, 4, 2, 3))
+                pats = [_unpad_pattern(out[(layer, s)], batch.lengths, batch.width, positions,
+                                       n_pos, n_src) for layer in layers]
+                collected[s].append(np.stack(pats, axis=1))  # [prompt, layer, head, dst, src]
             else:
                 per_layer = []
                 for layer in layers:
@@ -381,10 +416,58 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
                        positions=positions, n_pos=n_pos, edits=edits)
 
 
-def _unpad_src(p: np.ndarray, n: int, offset: int, n_pos: int) -> np.ndarray:
-    """Move the source axis of one prompt's [dst, src_padded, head] pattern to start at 0."""
-    out = np.full((p.shape[0], n_pos, p.shape[2]), np.nan, dtype=p.dtype)
-    out[:, :n] = p[:, offset:offset + n]
+def _edit_order(e: Edit) -> tuple[int, int]:
+    """Where in the forward pass an edit acts: (layer, index of its site in the layer)."""
+    return e.layer, _LAYER_SITES.index(e.edit_site)
+
+
+def resolve_mean_ablations(model: Model, token_ids: list[list[int]], edits: Sequence[Edit],
+                           batch_size: int) -> list[Edit]:
+    """Give every value-less mean `Ablate` the head's mean over all prompts' real tokens.
+
+    Run as one batch, a mean ablation averages over the batch's real tokens; split into
+    batches it would average per batch. This pass computes the mean over every prompt, with
+    the edits that act before it applied, and returns the edits with the mean filled in.
+    """
+    resolved = check_edits(edits)
+    d_head = model.spec.d_head
+    # in forward order, so a mean taken after an earlier mean ablation sees it resolved
+    for j in sorted(range(len(resolved)), key=lambda i: (_edit_order(resolved[i]), i)):
+        e = resolved[j]
+        if not (isinstance(e, Ablate) and e.mode == "mean" and e.value is None):
+            continue
+        e.validate(model)
+        order = (_edit_order(e), j)
+        before = [x for i, x in enumerate(resolved) if (_edit_order(x), i) < order]
+        total = torch.zeros(d_head, dtype=torch.float64)
+        count = 0
+        for rows in _batches(len(token_ids), batch_size):
+            batch = model.batch_from_ids([token_ids[i] for i in rows])
+            z = run_batch(model, batch, save={(e.layer, "attn_z")}, edits=before,
+                          logits=False)[(e.layer, "attn_z")]  # [prompt, pos, head*d_head]
+            z = z[..., e.head * d_head:(e.head + 1) * d_head].double()
+            real = batch.attention_mask.bool()                  # [prompt, pos]
+            total += z[real].sum(0)
+            count += int(real.sum())
+        mean = (total / count).float()
+        resolved[j] = Ablate(e.layer, e.head, mode="mean", value=mean)
+    return resolved
+
+
+def _unpad_pattern(p: torch.Tensor, lengths: Sequence[int], width: int,
+                   positions: Sequence[int] | None, n_dst: int, n_src: int) -> np.ndarray:
+    """Padded [prompt, head, dst, src] weights -> [prompt, head, n_dst, n_src], NaN padded.
+
+    Destination rows are each prompt's ``positions`` (every real token if None); source
+    columns are every real token, so a selected row still shows all it attends to.
+    """
+    p = p.float().numpy()
+    out = np.full((p.shape[0], p.shape[1], n_dst, n_src), np.nan, dtype=p.dtype)
+    for i, n in enumerate(lengths):
+        offset = width - n
+        rows = range(n) if positions is None else [q + n if q < 0 else q for q in positions]
+        rows = [offset + r for r in rows]
+        out[i, :, :len(rows), :n] = p[i][:, rows, offset:]  # [head, dst, src]
     return out
 
 
@@ -429,8 +512,8 @@ def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, position
     if any(s in sites for s in ("attn_z", "head_out", "attn_pattern")):
         coords["head"] = np.arange(model.spec.n_heads)
     if "attn_pattern" in sites:
-        coords["dst_pos"] = np.arange(n_pos)
-        coords["src_pos"] = np.arange(n_pos)
+        coords["dst_pos"] = np.array(positions) if positions is not None else np.arange(n_pos)
+        coords["src_pos"] = np.arange(max(batch_all.lengths))
     attrs = provenance(model, method="trace", edits=edits, sites=list(sites), layers=layers,
                        positions=positions, prompts=prompts)
     return xr.Dataset(data, coords=coords, attrs=attrs)
@@ -446,6 +529,8 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     """
     sites = check_sites(sites) if sites else ()
     layers = check_layers(model, layers)
+    positions = check_positions(positions)
+    edits = check_edits(edits)
     batch = model.tokenize(prompts)
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     bad = [s for s in sites if s in ("final_norm", "unembed", "attn_pattern")]

@@ -1,0 +1,346 @@
+"""Tests for explorer.trace: every site on every architecture family against plain torch hooks.
+
+The reference for each prompt is a plain Hugging Face forward of that prompt alone (no
+padding, eager attention) with ``output_hidden_states``/``output_attentions`` and torch
+hooks on the output projection, the MLP and the final norm. `trace` runs the prompts as
+one left-padded batch, so agreement also checks the padding bookkeeping.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from explorer._checks import InputError
+from explorer.models import SITES, TINY_MODELS, load_model
+from explorer.trace import trace
+
+# lengths 17, 2 and 7 tokens: different enough to pad, and longer than Gemma 2's window of 8
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins",
+    "One two",
+    "Water boils at one hundred degrees",
+]
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models run fastest on one thread, and the test machine is shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def eager_attention(model):
+    """Run the HF module with eager attention (the implementation that returns weights)."""
+    before = model.hf.config._attn_implementation
+    model.hf.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.hf.set_attn_implementation(before)
+
+
+def hf_reference(model, prompt: str) -> dict[str, torch.Tensor]:
+    """Plain HF forward of one unpadded prompt, with torch hooks on o_proj, MLP, final norm."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    captured: dict[str, list] = {"o_in": [], "o_out": [], "mlp": [], "norm": []}
+    handles = []
+    for layer in range(model.n_layers):
+        o_proj = model.o_proj(layer)
+        handles.append(o_proj.register_forward_pre_hook(
+            lambda mod, args: captured["o_in"].append(args[0][0].clone())))
+        handles.append(o_proj.register_forward_hook(
+            lambda mod, args, out: captured["o_out"].append(out[0].clone())))
+        handles.append(model.hf_layer(layer).mlp.register_forward_hook(
+            lambda mod, args, out: captured["mlp"].append(out[0].clone())))
+    handles.append(model.final_norm_module.register_forward_hook(
+        lambda mod, args, out: captured["norm"].append(out[0].clone())))
+    try:
+        with eager_attention(model):
+            out = model.hf(input_ids=ids, output_hidden_states=True, output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return {
+        "ids": ids[0],
+        "hidden": [h[0] for h in out.hidden_states],            # L+1 x [pos, d_model]
+        "attentions": [a[0] for a in out.attentions],           # L x [head, dst, src]
+        "o_in": captured["o_in"],                                # L x [pos, head*d_head]
+        "o_out": captured["o_out"],                              # L x [pos, d_model]
+        "mlp": captured["mlp"],                                  # L x [pos, d_model]
+        "final_norm": captured["norm"][0],                       # [pos, d_model]
+        "logits": out.logits[0],                                 # [pos, vocab]
+    }
+
+
+@pytest.fixture(scope="module", params=TINY_MODELS)
+def family_run(request):
+    """One family: the model, a trace of every site over PROMPTS, and per-prompt references."""
+    model = load_model(request.param)
+    ds = trace(model, PROMPTS, sites=SITES)
+    refs = [hf_reference(model, p) for p in PROMPTS]
+    return model, ds, refs
+
+
+def real(ds_var, i: int, n: int) -> torch.Tensor:
+    """The first n (real) positions of prompt i as a tensor."""
+    return torch.from_numpy(np.asarray(ds_var.isel(prompt=i, pos=slice(0, n)).values))
+
+
+def assert_close(actual, expected, atol=ATOL, rtol=1e-4):
+    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+# -- every site against plain torch ----------------------------------------------------------
+
+def test_resid_post_matches_hidden_states(family_run):
+    model, ds, refs = family_run
+    L = model.n_layers
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        for layer in range(L - 1):
+            assert_close(real(ds.resid_post.sel(layer=layer), i, n), ref["hidden"][layer + 1])
+        # HF applies the final norm to its last hidden state
+        last = real(ds.resid_post.sel(layer=L - 1), i, n)
+        assert_close(model.final_norm_module(last), ref["hidden"][L])
+
+
+def test_resid_pre_matches_hidden_states(family_run):
+    model, ds, refs = family_run
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        for layer in range(model.n_layers):
+            assert_close(real(ds.resid_pre.sel(layer=layer), i, n), ref["hidden"][layer])
+
+
+def test_head_out_sums_to_o_proj_output(family_run):
+    model, ds, refs = family_run
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        for layer in range(model.n_layers):
+            summed = real(ds.head_out.sel(layer=layer), i, n).sum(dim=1)  # [pos, d_model]
+            bias = model.b_O(layer)
+            if bias is not None:
+                summed = summed + bias
+            assert_close(summed, ref["o_out"][layer])
+
+
+def test_attn_z_is_o_proj_input_by_head(family_run):
+    model, ds, refs = family_run
+    H, D = model.spec.n_heads, model.spec.d_head
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        for layer in range(model.n_layers):
+            z = real(ds.attn_z.sel(layer=layer), i, n)           # [pos, head, d_head]
+            assert z.shape == (n, H, D)
+            assert_close(z, ref["o_in"][layer].reshape(n, H, D))
+
+
+def test_attn_pattern_matches_eager_attentions(family_run):
+    model, ds, refs = family_run
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        for layer in range(model.n_layers):
+            pat = torch.from_numpy(ds.attn_pattern.isel(prompt=i).sel(layer=layer).values)
+            assert_close(pat[:, :n, :n], ref["attentions"][layer])
+            # rows sum to 1 over the real source tokens; nothing is attributed to padding
+            torch.testing.assert_close(pat[:, :n, :n].sum(-1), torch.ones(pat.shape[0], n))
+            assert torch.isnan(pat[:, n:, :]).all() and torch.isnan(pat[:, :, n:]).all()
+
+
+def test_mlp_out_matches_mlp_hook(family_run):
+    model, ds, refs = family_run
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        for layer in range(model.n_layers):
+            assert_close(real(ds.mlp_out.sel(layer=layer), i, n), ref["mlp"][layer])
+
+
+def test_final_norm_and_unembed_match_hf(family_run):
+    model, ds, refs = family_run
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        assert_close(real(ds.final_norm, i, n), ref["final_norm"])
+        assert_close(real(ds.unembed, i, n), ref["logits"], atol=1e-4)
+
+
+def test_padding_is_nan_and_mask_marks_real_tokens(family_run):
+    model, ds, refs = family_run
+    lengths = [len(r["ids"]) for r in refs]
+    assert ds.sizes["pos"] == max(lengths)
+    expected_mask = np.arange(max(lengths))[None, :] < np.array(lengths)[:, None]
+    np.testing.assert_array_equal(ds["mask"].values, expected_mask)
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        np.testing.assert_array_equal(ds.token_id.values[i, :n], ref["ids"].numpy())
+        assert list(ds.token.values[i, :n]) == [model.tokenizer.decode([t]) for t in ref["ids"]]
+        assert (ds.token_id.values[i, n:] == -1).all()
+        for site in ("resid_pre", "resid_post", "attn_z", "head_out", "mlp_out", "final_norm",
+                     "unembed"):
+            values = ds[site].isel(prompt=i).values
+            assert np.isnan(values[n:]).all(), site
+            assert not np.isnan(values[:n]).any(), site
+
+
+def test_batch_gives_each_prompt_alone(family_run):
+    model, ds, refs = family_run
+    sites = ("resid_post", "attn_z", "attn_pattern", "mlp_out", "unembed")
+    for i, prompt in enumerate(PROMPTS):
+        alone = trace(model, [prompt], sites=sites)
+        n = alone.sizes["pos"]
+        for site in sites:
+            batched = ds[site].isel(prompt=i).values
+            single = alone[site].isel(prompt=0).values
+            if site == "attn_pattern":
+                batched = batched[..., :n, :n]
+            else:
+                batched = batched[:n]
+            np.testing.assert_allclose(batched, single, atol=ATOL, rtol=1e-4, err_msg=site)
+
+
+# -- options ---------------------------------------------------------------------------------
+
+def test_positions_layers_and_batch_size_select_the_same_values(tiny_model):
+    full = trace(tiny_model, PROMPTS, sites=["resid_post", "head_out"])
+    part = trace(tiny_model, PROMPTS, sites=["resid_post", "head_out"], layers=[2, 0],
+                 positions=[0, -1], batch_size=1)
+    assert list(part.layer.values) == [0, 2]
+    assert list(part.pos.values) == [0, -1]
+    for i, prompt in enumerate(PROMPTS):
+        ids = tiny_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        n = len(ids)
+        for j, q in enumerate((0, n - 1)):
+            assert part.token_id.values[i, j] == ids[q]
+            for site in ("resid_post", "head_out"):
+                np.testing.assert_allclose(part[site].values[i, j],
+                                           full[site].sel(layer=[0, 2]).values[i, q],
+                                           atol=ATOL, rtol=1e-4)
+    assert part["mask"].values.all()
+
+
+def test_attn_pattern_at_positions_keeps_every_source(tiny_model):
+    full = trace(tiny_model, PROMPTS, sites=["attn_pattern"], layers=[1])
+    part = trace(tiny_model, PROMPTS, sites=["attn_pattern"], layers=[1], positions=[0, -1])
+    assert list(part.dst_pos.values) == [0, -1]
+    assert part.sizes["src_pos"] == full.sizes["src_pos"] == 17
+    for i, n in enumerate(full["mask"].values.sum(1)):
+        for j, q in enumerate((0, n - 1)):
+            np.testing.assert_allclose(part.attn_pattern.values[i, :, :, j],
+                                       full.attn_pattern.values[i, :, :, q], atol=ATOL)
+        # the last token's row sums to 1 over its prompt's real tokens
+        np.testing.assert_allclose(part.attn_pattern.values[i, 0, :, 1, :n].sum(-1), 1.0,
+                                   atol=1e-6)
+
+
+def test_single_string_prompt_and_progress_callback(tiny_model):
+    calls = []
+    ds = trace(tiny_model, "One two", sites="resid_post", progress=lambda done, total:
+               calls.append((done, total)))
+    assert ds.sizes["prompt"] == 1 and calls == [(1, 1)]
+    calls.clear()
+    trace(tiny_model, PROMPTS, sites="resid_post", batch_size=2,
+          progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(2, 3), (3, 3)]
+
+
+def test_attrs_are_json_and_name_the_run(tiny_model):
+    ds = trace(tiny_model, PROMPTS[:2], sites=["resid_post"], layers=[1])
+    attrs = json.loads(json.dumps(ds.attrs))
+    assert attrs["model"] == "tiny-llama"
+    assert attrs["method"] == "trace"
+    assert attrs["params"]["prompts"] == PROMPTS[:2]
+    assert attrs["params"]["layers"] == [1]
+    assert attrs["edits"] == []
+
+
+def test_trace_is_importable_as_a_function_from_the_package():
+    import explorer
+
+    from explorer import trace as top_level_trace
+
+    assert callable(top_level_trace)
+    assert callable(explorer.trace)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+def test_unknown_site_suggests_the_close_name(tiny_model):
+    with pytest.raises(InputError, match=r"`site` must be one of .*got 'resid_psot'.*"
+                                         r"Did you mean 'resid_post'\?"):
+        trace(tiny_model, "One two", sites=["resid_psot"])
+    with pytest.raises(InputError, match="`sites` must name at least one"):
+        trace(tiny_model, "One two", sites=[])
+
+
+def test_layer_out_of_range_names_the_range(tiny_model):
+    with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 2\]; got 3\."):
+        trace(tiny_model, "One two", layers=[0, 3])
+    with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 2\]; got -1\."):
+        trace(tiny_model, "One two", layers=-1)
+    with pytest.raises(TypeError, match="`layer` must be an int; got float"):
+        trace(tiny_model, "One two", layers=[1.5])
+
+
+def test_empty_prompts_are_rejected(tiny_model):
+    with pytest.raises(InputError, match="`prompts` must hold at least one prompt"):
+        trace(tiny_model, [], sites="resid_post")
+    with pytest.raises(InputError, match=r"`prompts\[1\]` is empty"):
+        trace(tiny_model, ["One two", "  "], sites="resid_post")
+
+
+def test_prompt_over_context_length_is_rejected(tiny_model):
+    long_prompt = " fox" * 300  # 300 tokens; the tiny models take 256
+    with pytest.raises(InputError, match=r"`prompts\[1\]` is 300 tokens; tiny-llama takes at "
+                                         r"most 256"):
+        trace(tiny_model, ["One two", long_prompt], sites="resid_post")
+
+
+def test_out_of_range_position_is_rejected(tiny_model):
+    # "One two" has 2 tokens: positions -2..1
+    with pytest.raises(InputError, match=r"position 2 is out of range for prompt 1 with 2 "
+                                         r"tokens \(allowed: -2 to 1\)"):
+        trace(tiny_model, PROMPTS[:2], positions=[2])
+    with pytest.raises(InputError, match=r"position -3 is out of range"):
+        trace(tiny_model, PROMPTS[:2], positions=[-3])
+
+
+def test_bad_positions_and_layers_are_rejected(tiny_model):
+    with pytest.raises(InputError, match=r"`positions` is empty; pass None"):
+        trace(tiny_model, PROMPTS, positions=[])
+    with pytest.raises(TypeError, match=r"`positions\[1\]` must be an int; got float"):
+        trace(tiny_model, PROMPTS, positions=[0, 1.0])
+    with pytest.raises(InputError, match=r"`layers` is empty; pass None for every layer"):
+        trace(tiny_model, PROMPTS, layers=[])
+    one = trace(tiny_model, PROMPTS, positions=-1, layers=1)
+    assert list(one.pos.values) == [-1] and list(one.layer.values) == [1]
+
+
+def test_bad_batch_size_is_rejected(tiny_model):
+    with pytest.raises(InputError, match=r"`batch_size` must be an int in \[1, inf\]; got 0"):
+        trace(tiny_model, "One two", batch_size=0)
+
+
+# -- the packaged SmolLM2 -------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_smollm2_residuals_match_hidden_states(smollm2):
+    prompts = ["The capital of France is", "One two three"]
+    layers = [0, 14, 29]
+    ds = trace(smollm2, prompts, sites=["resid_pre", "resid_post"], layers=layers)
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        hidden = smollm2.hf(input_ids=ids, output_hidden_states=True).hidden_states
+        n = ids.shape[1]
+        for layer in layers:
+            assert_close(real(ds.resid_pre.sel(layer=layer), i, n), hidden[layer][0], atol=1e-4)
+            post = real(ds.resid_post.sel(layer=layer), i, n)
+            if layer == smollm2.n_layers - 1:
+                post = smollm2.final_norm_module(post)
+            assert_close(post, hidden[layer + 1][0], atol=1e-4)
