@@ -220,7 +220,7 @@ class EditContext:
     d_head: int
     mask: torch.Tensor                        # [prompt, padded_pos] 1 for real tokens
     index: dict[tuple[int, ...] | None, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    sources: dict[int, torch.Tensor] = field(default_factory=dict)  # id(Patch) -> [prompt, n, ...]
+    sources: dict[Any, torch.Tensor] = field(default_factory=dict)  # Patch -> [prompt, n, ...]
 
 
 def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) -> None:
@@ -247,7 +247,7 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             value[rows, cols] += e.alpha * vec
         elif isinstance(e, Patch):
             rows, cols = ctx.index[e.positions]
-            src = ctx.sources[id(e)].to(value.dtype)  # [n_selected, d]
+            src = ctx.sources[e].to(value.dtype)  # [n_selected, d]
             if e.head is not None:
                 sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
                 value[rows, cols, sl] = src[:, sl]

@@ -178,7 +178,7 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
         if positions not in ctx.index:
             ctx.index[positions] = position_index(batch.lengths, batch.width, positions)
         if isinstance(e, Patch):
-            ctx.sources[id(e)] = _patch_source(model, e, batch)
+            ctx.sources[e] = _patch_source(model, e, batch)  # by value: ids change remotely
     sel = None
     if save_positions is not None:
         sel = position_index(batch.lengths, batch.width, save_positions)

@@ -1,0 +1,365 @@
+"""Remote (NDIF) runs against the loopback server: nnsight's real client protocol end to end.
+
+The server (`explorer.ndif_server`) runs in a child process on 127.0.0.1, serves a saved
+tiny-llama folder with nnsight's own server-side code, and hides the explorer package from
+the jobs it runs (as on NDIF, where explorer is not installed). Every remote result is
+compared with the same call on the same folder loaded locally, which is the independent
+computation: a plain local forward with the same weights.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from explorer import Ablate, Patch, Steer, load_model, run_with, trace
+from explorer._checks import ExplorerError, RemoteError
+from explorer.remote import (
+    RemoteCancelledError,
+    RemoteTimeoutError,
+    redact,
+    remote_config,
+    remote_run,
+    run_remote_async,
+)
+
+API_KEY = "ndif-test-key-7f3a9c2e51"
+PROMPTS = ["The quick brown fox", "The capital of France is Paris"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    model = load_model("tiny-llama")
+    path = tmp_path_factory.mktemp("tiny-llama-folder")
+    model.hf.save_pretrained(path)
+    model.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    from explorer.ndif_server import LoopbackServer
+
+    with LoopbackServer(folder, api_key=API_KEY) as srv:
+        assert srv.url.startswith("http://127.0.0.1:")
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def env(server):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NDIF_API_KEY", API_KEY)
+        mp.setenv("NDIF_HOST", server.url)
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def remote_model(env, folder):
+    return load_model(folder, remote=True)
+
+
+@pytest.fixture(scope="module")
+def local_model(folder):
+    return load_model(folder)
+
+
+@pytest.fixture()
+def queue_delay(server):
+    """Let jobs sit in QUEUED for a while (reset afterwards)."""
+    def set_delay(seconds):
+        server.set_queue_delay(seconds)
+    yield set_delay
+    server.set_queue_delay(0)
+
+
+def _equal(a, b):
+    return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+
+
+# -- results: remote equals local, bit for bit ---------------------------------------------
+
+def test_remote_model_is_meta_and_keyed_by_folder(remote_model, folder):
+    assert remote_model.remote
+    assert next(remote_model.hf.parameters()).device.type == "meta"
+    key = remote_model.nn.to_model_key()
+    assert key.startswith("nnsight.modeling.transformers.TransformersModel:")
+    assert json.loads(key.split(":", 1)[1])["repo_id"] == str(folder.resolve())
+
+
+def test_trace_resid_post_matches_local(remote_model, local_model):
+    remote = trace(remote_model, PROMPTS, sites=["resid_post", "attn_pattern", "unembed"])
+    local = trace(local_model, PROMPTS, sites=["resid_post", "attn_pattern", "unembed"])
+    for site in ("resid_post", "attn_pattern", "unembed"):
+        assert _equal(remote[site], local[site]), site
+    # and both agree with plain torch forward hooks on the decoder layers
+    batch = local_model.tokenize(PROMPTS)
+    outputs = {}
+    hooks = [block.register_forward_hook(
+        lambda mod, args, out, layer=layer: outputs.__setitem__(
+            layer, out[0] if isinstance(out, tuple) else out))
+        for layer, block in enumerate(local_model.hf.model.layers)]
+    try:
+        local_model.hf(**batch.model_inputs())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for i, n in enumerate(batch.lengths):
+        for layer in range(local_model.n_layers):
+            expect = outputs[layer][i, batch.width - n:].numpy()
+            np.testing.assert_allclose(remote.resid_post.values[i, :n, layer], expect,
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_run_with_ablate_and_steer_matches_local(remote_model, local_model):
+    rng = np.random.default_rng(0)
+    edits = [Ablate(layer=1, head=2),
+             Steer(layer=0, vector=rng.normal(size=64), alpha=2.0, positions=(-1,)),
+             Ablate(layer=2, head=0, mode="mean")]
+    remote = run_with(remote_model, PROMPTS, edits, sites=["resid_post", "attn_z"])
+    local = run_with(local_model, PROMPTS, edits, sites=["resid_post", "attn_z"])
+    clean = run_with(local_model, PROMPTS, [], sites=["attn_z"])
+    for name in ("logits", "resid_post", "attn_z"):
+        assert _equal(remote[name], local[name]), name
+    assert np.nanmax(np.abs(remote.logits.values - clean.logits.values)) > 1e-3  # edits acted
+    assert np.all(remote.attn_z.sel(layer=1, head=2).fillna(0).values == 0)  # zero ablation
+    assert remote.attrs["edits"] == local.attrs["edits"]
+
+
+def test_patch_matches_local(remote_model, local_model):
+    edits = [Patch(patch_site="resid_pre", layer=1, source="Paris is", positions=(-1,))]
+    prompts = ["The quick brown fox", "One two three"]
+    remote = run_with(remote_model, prompts, edits)
+    local = run_with(local_model, prompts, edits)
+    assert _equal(remote.logits, local.logits)
+
+
+# -- status, time limit, cancellation, disconnects -----------------------------------------
+
+def test_status_updates_reach_the_callback(remote_model):
+    seen = []
+    with remote_run(remote_model, on_status=seen.append) as run:
+        trace(remote_model, PROMPTS[:1])
+    statuses = [s.status for s in seen]
+    assert statuses[0] == "RECEIVED" and statuses[-1] == "COMPLETED"
+    assert "RUNNING" in statuses
+    assert run.status == "COMPLETED" and len(run.job_ids) == 1
+
+
+def test_timeout_is_a_clear_error(remote_model, server, queue_delay):
+    queue_delay(30)
+    start = time.monotonic()
+    with remote_run(remote_model, timeout_s=0.5) as run:
+        with pytest.raises(RemoteTimeoutError, match=r"did not complete within 0\.5 s "
+                                                     r"\(last status: QUEUED\)"):
+            trace(remote_model, PROMPTS[:1])
+    assert time.monotonic() - start < 10
+    assert isinstance(RemoteTimeoutError("x"), ExplorerError)
+    _wait_for_server_status(server, run.job_ids[-1], "ERROR")  # the server dropped it
+
+
+def test_cancel_stops_a_queued_job(remote_model, server, queue_delay):
+    queue_delay(30)
+    errors, runs, queued = [], [], threading.Event()
+
+    def work():  # an app's worker thread; the main thread presses "stop"
+        on_status = lambda s: s.status == "QUEUED" and queued.set()  # noqa: E731
+        with remote_run(remote_model, on_status=on_status) as run:
+            runs.append(run)
+            _capture(errors, trace, remote_model, PROMPTS)
+
+    worker = threading.Thread(target=work)
+    start = time.monotonic()
+    worker.start()
+    assert queued.wait(20)
+    runs[0].cancel()
+    worker.join(timeout=20)
+    assert not worker.is_alive()
+    assert time.monotonic() - start < 10
+    assert len(errors) == 1 and isinstance(errors[0], RemoteCancelledError)
+    assert "was cancelled" in str(errors[0])
+    record = _wait_for_server_status(server, runs[0].job_ids[-1], "ERROR")
+    assert "Cancelled" in record["description"]  # the server dropped the queued job
+    # the model's other threads are unaffected by that run
+    assert not remote_model.nn._explorer_connection.run.cancelled
+
+
+def test_async_run_does_not_block_and_cancels(remote_model, local_model, server, queue_delay):
+    async def concurrently():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick_task = asyncio.create_task(ticker())
+        ds = await run_remote_async(remote_model, trace, PROMPTS[:1])
+        done_ticks = ticks
+        # now a queued job, cancelled by cancelling the awaiting task
+        queue_delay(30)
+        queued = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        job = asyncio.create_task(run_remote_async(
+            remote_model, trace, PROMPTS[:1],
+            on_status=lambda s: s.status == "QUEUED" and loop.call_soon_threadsafe(queued.set)))
+        await asyncio.wait_for(queued.wait(), 20)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        tick_task.cancel()
+        return ds, done_ticks
+
+    ds, ticks = asyncio.run(concurrently())
+    assert ticks > 0  # the event loop kept running while the job was in flight
+    assert _equal(ds.resid_post, trace(local_model, PROMPTS[:1]).resid_post)
+
+
+def test_disconnect_is_a_clear_error(remote_model, server, queue_delay):
+    queue_delay(30)
+    errors = []
+
+    def drop_when_queued(status):
+        if status.status == "QUEUED":
+            threading.Thread(target=server.disconnect).start()
+
+    with remote_run(remote_model, on_status=drop_when_queued):
+        _capture(errors, trace, remote_model, PROMPTS[:1])
+    assert len(errors) == 1 and isinstance(errors[0], RemoteError)
+    assert "closed the connection before job" in str(errors[0])
+
+
+def test_model_not_served_is_a_clear_error(env, folder, tmp_path):
+    import shutil
+
+    other = tmp_path / "another-folder"
+    shutil.copytree(folder, other)
+    model = load_model(other, remote=True)
+    with pytest.raises(RemoteError, match=r"refused the request \(HTTP 404\): Model not served"):
+        trace(model, PROMPTS[:1])
+
+
+def test_folder_without_a_model_is_a_clear_error(env, tmp_path):
+    with pytest.raises(RemoteError, match=r"could not prepare remote model .* the folder must "
+                                          r"hold config\.json"):
+        load_model(tmp_path, remote=True)
+
+
+def test_unreachable_host_is_a_clear_error(env, folder):
+    from explorer.ndif_server import _free_port
+
+    model = load_model(folder, remote=True)
+    model.nn._explorer_connection.host = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(RemoteError, match=r"cannot reach the NDIF server at "
+                                          r"http://127\.0\.0\.1:\d+"):
+        trace(model, PROMPTS[:1])
+
+
+# -- errors from the server, bad key, and the key never leaking ----------------------------
+
+def test_server_error_is_reported_and_redacted(remote_model, caplog):
+    ids = remote_model.tokenize(PROMPTS[:1]).input_ids
+    leaked = f"key={API_KEY}"
+    nn = remote_model.nn
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(RemoteError, match=r"NDIF job \w+ failed on the server: "
+                                          r"ValueError: server-side failure key=\*\*\*") as info:
+        with nn.trace(ids, remote=True):
+            nn.layers[0].output.save()
+            raise ValueError("server-side failure " + leaked)
+    assert API_KEY not in str(info.value)
+    assert API_KEY not in info.value.server_traceback
+    assert "raise ValueError" in info.value.server_traceback  # the user's line, server side
+    assert API_KEY not in caplog.text
+
+
+def test_bad_key_is_refused_without_echoing_it(env, folder):
+    bad_key = "wrong-key-0123456789abcdef"
+    env.setenv("NDIF_API_KEY", bad_key)
+    try:
+        model = load_model(folder, remote=True)
+        with pytest.raises(RemoteError, match=r"refused the API key \(HTTP 401\)") as info:
+            trace(model, PROMPTS[:1])
+    finally:
+        env.setenv("NDIF_API_KEY", API_KEY)
+    assert bad_key not in str(info.value)
+
+
+def test_missing_key_is_a_clear_error(env, folder):
+    env.delenv("NDIF_API_KEY")
+    from nnsight import CONFIG
+
+    saved, CONFIG.API.APIKEY = CONFIG.API.APIKEY, None
+    try:
+        with pytest.raises(RemoteError, match="remote=True needs an NDIF API key"):
+            load_model(folder, remote=True)
+    finally:
+        CONFIG.API.APIKEY = saved
+        env.setenv("NDIF_API_KEY", API_KEY)
+
+
+def test_key_never_in_logs_exports_or_payload(remote_model, caplog):
+    from nnsight.intervention.serialization import dumps
+
+    caplog.set_level(logging.DEBUG)
+    ds = trace(remote_model, PROMPTS[:1])
+    assert API_KEY not in caplog.text
+    assert "COMPLETED" in caplog.text  # the status lines were logged
+    assert API_KEY not in json.dumps(ds.attrs, default=str)
+    assert API_KEY not in repr(remote_model) + repr(remote_model.nn._explorer_connection)
+    assert API_KEY not in json.dumps(remote_config())
+    assert API_KEY.encode() not in dumps(remote_model.nn)  # what a request carries
+    assert redact(f"a {API_KEY} b") == "a *** b"
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def _capture(errors, func, *args):
+    try:
+        func(*args)
+    except Exception as e:  # noqa: BLE001 - handed to the test to assert on
+        errors.append(e)
+
+
+def _wait_for_server_status(server, job_id, status, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = server.job_status(job_id)
+        if record["status"] == status or time.monotonic() > deadline:
+            assert record["status"] == status, record
+            return record
+        time.sleep(0.05)
+
+
+def test_loopback_server_binds_loopback_only(server):
+    import socket
+
+    import psutil
+
+    addresses = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    if not addresses:
+        pytest.skip("no non-loopback IPv4 address to probe")
+    for address in addresses:
+        with socket.socket() as s:
+            s.settimeout(1)
+            assert s.connect_ex((address, server.port)) != 0, address
+    with socket.socket() as s:  # while the loopback address answers
+        s.settimeout(1)
+        assert s.connect_ex(("127.0.0.1", server.port)) == 0
+
+
+def test_remote_tensor_dtype_roundtrip(remote_model):
+    """Saved values come back as CPU tensors of the model's dtype."""
+    ids = remote_model.tokenize(PROMPTS[:1]).input_ids
+    nn = remote_model.nn
+    with nn.trace(ids, remote=True):
+        out = nn.layers[2].output.save()
+    assert isinstance(out, torch.Tensor) and out.device.type == "cpu"
+    assert out.dtype == torch.float32 and out.shape[-1] == 64
