@@ -1,0 +1,229 @@
+"""What the pages share: the loaded models (read-only) and the background runner.
+
+Models are cached per process by name: loading SmolLM2 takes seconds, and its weights are
+only read, with ``Model.lock`` serialising forwards. Everything else (views, parameters,
+results) is built per browser session, so sessions never see each other's state.
+
+`Runner` runs a view's computation off the server's event loop so the page stays live:
+a new request supersedes the one in flight, `cancel` discards a stale result, and a
+closed session cancels its work (see `Runner.bind_session`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import explorer
+from explorer._checks import ExplorerError
+
+__all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "user_message"]
+
+log = logging.getLogger(__name__)
+
+_MODELS: dict[str, explorer.Model] = {}
+_MODELS_LOCK = threading.Lock()
+_LOADING: dict[str, threading.Lock] = {}
+
+# Work is CPU-bound and forwards are serialised per model: a few threads are enough.
+_EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="explorer-app")
+
+
+def get_model(name: str) -> explorer.Model:
+    """The model ``name``, loaded once per process and shared read-only by all sessions."""
+    with _MODELS_LOCK:
+        if name in _MODELS:
+            return _MODELS[name]
+        lock = _LOADING.setdefault(name, threading.Lock())
+    with lock:  # two sessions asking for the same model load it once
+        if name not in _MODELS:
+            model = explorer.load_model(name)
+            with _MODELS_LOCK:
+                _MODELS[name] = model
+    return _MODELS[name]
+
+
+def loaded_models() -> list[str]:
+    """Names of the models already in memory."""
+    with _MODELS_LOCK:
+        return list(_MODELS)
+
+
+def user_message(exc: BaseException) -> str:
+    """One line for a notification: the message of errors a user can fix, else the type too."""
+    if isinstance(exc, (ExplorerError, ValueError, TypeError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Cancelled(Exception):
+    """Raised inside a job by `CancelToken.check` once the job is cancelled."""
+
+
+@dataclass
+class CancelToken:
+    """A flag a job checks between its steps."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.event.is_set()
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Cancelled()
+
+
+class Runner:
+    """Runs one job at a time for one view, in a worker thread or inline.
+
+    Parameters
+    ----------
+    on_result : callable(result)
+        Called with the job's return value (on the session's event loop when served).
+    on_error : callable(exception)
+        Called when the job raises; `Cancelled` is not an error and is dropped.
+    on_busy : callable(bool)
+        Called with True once a job has run for ``busy_delay`` seconds, False when it ends.
+    background : bool
+        Run jobs in a worker thread (served pages) or inline (tests, notebooks).
+    """
+
+    def __init__(self, *, on_result: Callable[[Any], None], on_error: Callable[[BaseException], None],
+                 on_busy: Callable[[bool], None], background: bool, busy_delay: float = 0.3):
+        self._on_result = on_result
+        self._on_error = on_error
+        self._on_busy = on_busy
+        self.background = background
+        self.busy_delay = busy_delay
+        self._lock = threading.Lock()
+        self._token: CancelToken | None = None
+        self._future: Future | None = None
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------
+    def bind_session(self) -> None:
+        """Cancel this runner's work when the current browser session closes."""
+        import panel as pn
+
+        doc = pn.state.curdoc
+        if doc is not None and doc.session_context is not None:
+            pn.state.on_session_destroyed(lambda _ctx: self.close())
+
+    def close(self) -> None:
+        """Cancel any job and refuse new ones (the session is gone)."""
+        self._closed = True
+        self.cancel()
+
+    # -- jobs -------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        f = self._future
+        return f is not None and not f.done()
+
+    def submit(self, job: Callable[[CancelToken], Any]) -> CancelToken | None:
+        """Start ``job(token)``; any job in flight is cancelled and its result dropped."""
+        if self._closed:
+            return None
+        import panel as pn
+
+        doc = pn.state.curdoc
+        if doc is not None and doc.session_context is None:
+            doc = None
+        token = CancelToken()
+        with self._lock:
+            if self._token is not None:
+                self._token.cancel()
+            if self._future is not None:
+                self._future.cancel()
+            self._stop_timer()
+            self._token = token
+        if not self.background:
+            self._run(job, token, None)
+            return token
+        timer = threading.Timer(self.busy_delay, self._deliver, (doc, token, self._on_busy, True))
+        timer.daemon = True
+        with self._lock:
+            self._timer = timer
+        timer.start()
+        self._future = _EXECUTOR.submit(self._run, job, token, doc)
+        return token
+
+    def cancel(self) -> None:
+        """Cancel the job in flight; its result, if it still arrives, is discarded."""
+        with self._lock:
+            token, future = self._token, self._future
+            self._token = None
+            self._stop_timer()
+        if token is not None:
+            token.cancel()
+        if future is not None:
+            future.cancel()
+        self._on_busy(False)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the job in flight (if any) has finished and delivered its result."""
+        f = self._future
+        if f is not None and not f.cancelled():
+            f.result(timeout)
+
+    # -- internals --------------------------------------------------------------------
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _current(self, token: CancelToken) -> bool:
+        return self._token is token and not token.cancelled and not self._closed
+
+    def _run(self, job: Callable[[CancelToken], Any], token: CancelToken, doc: Any) -> None:
+        try:
+            token.check()
+            result = job(token)
+            token.check()
+        except Cancelled:
+            return
+        except Exception as exc:  # a failed job must reach the page, never kill the worker
+            if not isinstance(exc, (ExplorerError, ValueError, TypeError)):
+                log.exception("view computation failed")
+            self._finish(doc, token, self._on_error, exc)
+            return
+        self._finish(doc, token, self._on_result, result)
+
+    def _finish(self, doc: Any, token: CancelToken, callback: Callable[[Any], None], value: Any) -> None:
+        def deliver():
+            if not self._current(token):
+                return
+            with self._lock:
+                self._stop_timer()
+                self._token = None
+            callback(value)
+            self._on_busy(False)
+
+        self._schedule(doc, deliver)
+
+    def _deliver(self, doc: Any, token: CancelToken, callback: Callable[[Any], None], value: Any) -> None:
+        def deliver():
+            if self._current(token):
+                callback(value)
+
+        self._schedule(doc, deliver)
+
+    @staticmethod
+    def _schedule(doc: Any, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the session's event loop (served) or right here."""
+        if doc is None:
+            fn()
+            return
+        try:
+            doc.add_next_tick_callback(fn)
+        except RuntimeError:  # the session closed between the check and the call
+            log.debug("session gone; result dropped", exc_info=True)

@@ -1,0 +1,506 @@
+"""Logit lens page: what each layer would predict, and how a steering vector changes it.
+
+The logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens") reads each layer's
+residual stream through the final norm and the unembedding. The steering vector is the
+difference of mean activations of two sets of contrast prompts, added to one layer's
+residual stream at every position (Turner et al. 2023, "Steering Language Models With
+Activation Engineering", arXiv:2308.10248).
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import io
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import bokeh
+import holoviews as hv
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._session import CancelToken, Runner, get_model, user_message
+from explorer._checks import InputError, check_float, check_int, check_prompts
+from explorer.trace import trace as trace_sites
+
+__all__ = ["LensView", "lens_table", "plot_lens_heatmap", "contrast_vector", "STATE_FORMAT"]
+
+STATE_FORMAT = "explorer.lens-state"
+STATE_FORMAT_VERSION = 1
+_MAX_STATE_BYTES = 4_000_000
+_LABEL_CHARS = 8
+_TOOLS = ["save", "box_zoom", "reset"]
+_RUN_PARAMS = ("prompt", "k", "steer_layer", "alpha", "contrast_a", "contrast_b")
+
+hv.extension("bokeh", logo=False)
+
+
+# -- analysis glue (xarray in, xarray/pandas out; no Panel) --------------------------------
+
+def contrast_prompts(text: str) -> list[str]:
+    """Prompts from a text box, one a line (blank lines skipped, leading spaces kept)."""
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def contrast_vector(model: explorer.Model, prompts_a: list[str], prompts_b: list[str],
+                    layer: int) -> np.ndarray:
+    """Mean ``resid_post`` at ``layer`` over the tokens of ``prompts_a`` minus that of ``prompts_b``.
+
+    The first token of each prompt is left out where a prompt has more than one: it
+    carries the attention-sink norm (tens of times the others'), which would swamp the
+    difference. Returns a [d_model] float32 vector.
+    """
+    check_prompts(prompts_a)
+    check_prompts(prompts_b)
+
+    def mean(prompts):
+        ds = trace_sites(model, prompts, sites=("resid_post",), layers=[layer], progress=False)
+        x = ds.resid_post.sel(layer=layer)                          # [prompt, pos, d_model]
+        keep = ds.mask & ((ds.pos > 0) | (ds.mask.sum("pos") == 1))  # [prompt, pos]
+        return x.where(keep).mean(("prompt", "pos")).values
+
+    return (mean(prompts_a) - mean(prompts_b)).astype(np.float32)
+
+
+def lens_table(ds: xr.Dataset, *, prompt: int = 0) -> pd.DataFrame:
+    """One row per (position, layer) of a `explorer.logit_lens` result: the plot's input.
+
+    Columns: ``pos``, ``layer``, ``top_prob`` (top-1 probability), ``label`` (top-1 token,
+    visible whitespace, shortened), ``input`` (the input token at ``pos``), and per rank
+    ``r``: ``tok{r}``, ``id{r}``, ``p{r}``; ``text_color`` for the label on its cell.
+    """
+    one = ds.isel(prompt=prompt)
+    real = one.mask.values                                               # [pos]
+    pos = one.pos.values[real]
+    layers = one.layer.values
+    n_pos, n_layers, k = len(pos), len(layers), one.sizes["rank"]
+    probs = one.top_prob.values[real]                                    # [pos, layer, rank]
+    ids = one.top_token_id.values[real]
+    toks = one.top_token.values[real]
+    inputs = theme.show_tokens(one.token.values[real])
+    table: dict[str, Any] = {
+        "pos": np.repeat(pos, n_layers),
+        "layer": np.tile(layers, n_pos),
+        "top_prob": probs[..., 0].reshape(-1).astype(float),
+        "input": np.repeat(np.array(inputs, dtype=object), n_layers),
+    }
+    shown = np.array([theme.show_token(t) for t in toks.reshape(-1)], dtype=object).reshape(toks.shape)
+    table["label"] = np.array([s if len(s) <= _LABEL_CHARS else s[:_LABEL_CHARS - 1] + "…"
+                               for s in shown[..., 0].reshape(-1)], dtype=object)
+    for r in range(k):
+        table[f"tok{r}"] = shown[..., r].reshape(-1)
+        table[f"id{r}"] = ids[..., r].reshape(-1)
+        table[f"p{r}"] = probs[..., r].reshape(-1).astype(float)
+    table["text_color"] = np.array(theme.text_colors(table["top_prob"], theme.PROBABILITY_CMAP),
+                                   dtype=object)
+    df = pd.DataFrame(table)
+    # object, not pandas' arrow strings: HoloViews reshapes HeatMap value columns
+    text = ["input", "label", "text_color"] + [f"tok{r}" for r in range(k)]
+    return df.astype({c: object for c in text})
+
+
+def steering_summary(edits: list[dict]) -> str:
+    """'steered at layer 10, α = 4' for a lens result's ``edits`` attr, or 'unedited'."""
+    steers = [e for e in edits if e.get("kind") == "steer"]
+    if not steers:
+        return "unedited"
+    return "; ".join(f"steered at layer {e['layer']}, α = {e['alpha']:g}" for e in steers)
+
+
+def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0) -> hv.Overlay | hv.Element:
+    """Layer x position heatmap of the lens's top-1 probability, the top-1 token in each cell.
+
+    Hover lists the top-k tokens with ids and probabilities. ``None`` gives a placeholder.
+    """
+    if ds is None:
+        return hv.Text(0, 0, "Computing the logit lens…").opts(
+            xaxis=None, yaxis=None, toolbar=None, responsive=True,
+            height=theme.SIZES["plot_min_height"])
+    table = lens_table(ds, prompt=prompt)
+    one = ds.isel(prompt=prompt)
+    real = one.mask.values
+    ticks = list(zip(one.pos.values[real].tolist(), theme.show_tokens(one.token.values[real])))
+    layers = one.layer.values.tolist()
+    k = one.sizes["rank"]
+    n_pos = len(ticks)
+    hover = [("input", "@pos: @input"), ("layer", "@layer")] + [
+        (f"#{r + 1}", f"@tok{r}  (id @id{r})  @p{r}{{0.0%}}") for r in range(k)]
+    sizes = theme.SIZES
+    height = max(sizes["plot_min_height"], sizes["cell_height"] * len(layers) + 140)
+    edits = ds.attrs.get("edits", [])
+    title = f"Logit lens: top-1 token per layer and position · {steering_summary(edits)}"
+    vdims = ["top_prob", "input"] + [c for r in range(k) for c in (f"tok{r}", f"id{r}", f"p{r}")]
+    heat = hv.HeatMap(table, ["pos", "layer"], vdims).opts(
+        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True,
+        clabel="top-1 probability", xticks=ticks, yticks=layers,
+        xrotation=45 if n_pos > 8 else 0, xlabel="position (input token)", ylabel="layer",
+        title=title, tools=["hover"], hover_tooltips=hover, line_color="white", line_width=0.5,
+        responsive=True, height=height, min_width=max(sizes["plot_min_width"], 56 * n_pos),
+        fontsize={"title": f"{sizes['title_font_pt']}pt", "labels": f"{sizes['axis_font_pt']}pt",
+                  "xticks": f"{sizes['axis_font_pt']}pt", "yticks": f"{sizes['label_font_pt']}pt"},
+        toolbar="above", default_tools=_TOOLS, active_tools=[], padding=0,
+    )
+    labels = hv.Labels(table, ["pos", "layer"], ["label", "text_color"]).opts(
+        text_color="text_color", text_font_size=f"{sizes['label_font_pt']}pt",
+        default_tools=_TOOLS)
+    overlay = heat * labels
+    for e in edits:  # the steered layer's lower edge: rows from here up carry the edit
+        if e.get("kind") == "steer":
+            overlay *= hv.HLine(e["layer"] - 0.5).opts(color=theme.ACCENT, line_width=3,
+                                                      line_dash="dashed")
+    # no active scroll zoom: the wheel keeps scrolling the page
+    return overlay.opts(responsive=True, height=height, active_tools=[])
+
+
+def lens_digest(ds: xr.Dataset) -> str:
+    """A short fingerprint of a lens result (changes whenever the displayed cells do)."""
+    h = hashlib.sha1(np.ascontiguousarray(ds.top_token_id.values).tobytes())
+    h.update(np.round(np.nan_to_num(ds.top_prob.values), 4).tobytes())
+    return h.hexdigest()[:12]
+
+
+def details_html(ds: xr.Dataset | None, *, prompt: int = 0) -> str:
+    """The model's prediction after the last input token (final layer, top-k) as a table."""
+    if ds is None:
+        return "<div class='lens-details'>No result yet.</div>"
+    one = ds.isel(prompt=prompt)
+    last = int(np.flatnonzero(one.mask.values)[-1])
+    cell = one.isel(pos=last, layer=-1)
+    rows = "".join(
+        f"<tr><td>{r + 1}</td><td><code>{html.escape(theme.show_token(str(t)))}</code></td>"
+        f"<td>{int(i)}</td><td>{p:.1%}</td></tr>"
+        for r, (t, i, p) in enumerate(zip(cell.top_token.values, cell.top_token_id.values,
+                                          cell.top_prob.values)))
+    prompt_text = ds.attrs.get("params", {}).get("prompts", [""])[prompt]
+    inputs = theme.show_tokens(one.token.values[one.mask.values])
+    tokens = " ".join(f"<code>{html.escape(t)}</code>" for t in inputs)
+    return (
+        f"<div class='lens-details' data-lens-digest='{lens_digest(ds)}' "
+        f"data-prompt='{html.escape(prompt_text, quote=True)}'>"
+        f"<b>Next-token prediction</b> after <code>{html.escape(inputs[last])}</code> "
+        f"(final layer, {html.escape(steering_summary(ds.attrs.get('edits', [])))})"
+        "<table class='lens-topk'><thead><tr><th>rank</th><th>token</th><th>id</th>"
+        f"<th>probability</th></tr></thead><tbody>{rows}</tbody></table>"
+        f"<div class='lens-tokens'>Input tokens: {tokens}</div></div>"
+    )
+
+
+_DETAILS_CSS = """
+table.lens-topk { border-collapse: collapse; margin: 6px 0; font-size: 13px; }
+table.lens-topk th, table.lens-topk td { padding: 2px 10px; text-align: left;
+  border-bottom: 1px solid #ddd; }
+.lens-tokens code, table.lens-topk code { background: #f3f3f3; padding: 0 3px; }
+"""
+
+
+# -- the view ------------------------------------------------------------------------------
+
+class LensView(pn.viewable.Viewer):
+    """Logit lens of a prompt, live under a steering vector set by sliders.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (default in notebooks
+        and tests).
+    **params
+        Initial values of the parameters below.
+    """
+
+    prompt = param.String(default="The capital of France is",
+                          doc="Prompt whose residual stream is read at every layer.")
+    contrast_a = param.String(default="I love you. You are wonderful.", label="Contrast prompts A",
+                              doc="One prompt a line. The steering vector points from the mean "
+                                  "activation of B towards that of A (first tokens left out).")
+    contrast_b = param.String(default="I hate you. You are terrible.", label="Contrast prompts B",
+                              doc="One prompt a line; the other end of the steering vector.")
+    steer_layer = param.Integer(default=0, bounds=(0, None), label="Steering layer",
+                                doc="Layer whose resid_post gets α × (mean A − mean B) at every "
+                                    "position.")
+    alpha = param.Number(default=0.0, bounds=(-10.0, 10.0), step=0.5, label="Steering strength α",
+                         doc="Multiple of the steering vector added; 0 runs the model unedited.")
+    k = param.Integer(default=5, bounds=(1, 20), label="Top-k tokens",
+                      doc="Tokens listed per cell in the hover tooltip.")
+
+    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
+                                 doc="The last good lens result (kept while a new one computes).")
+    running = param.Boolean(default=False, precedence=-1, doc="A computation is in flight.")
+    busy = param.Boolean(default=False, precedence=-1,
+                         doc="A computation has run for over 0.3 s (shows the spinner).")
+    status = param.String(default="", precedence=-1, doc="One line on the last run.")
+    error = param.String(default="", precedence=-1,
+                         doc="Message of the last failed run; '' after a good one.")
+
+    def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
+        steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
+        super().__init__(**params)
+        self._model = model
+        self.param.steer_layer.bounds = (0, model.spec.n_layers - 1)
+        self.steer_layer = steer_layer
+        doc = pn.state.curdoc
+        served = doc is not None and doc.session_context is not None
+        if background is None:
+            background = served
+        self._cache_lock = threading.Lock()
+        self._clean: tuple[str, Any] | None = None                  # (prompt, CleanRun)
+        self._vectors: dict[tuple, np.ndarray] = {}                  # (A, B, layer) -> [d_model]
+        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
+                              on_busy=self._set_busy, background=background)
+        self._runner.bind_session()
+        self._started = 0.0
+        self.param.watch(self._request_run, list(_RUN_PARAMS))
+        self._page_loaded = not served
+        if served:
+            pn.state.onload(self._on_page_load)  # runs at once if the page is already up
+        else:
+            self._request_run()
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    # -- computation ---------------------------------------------------------------------
+    def _run_params(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _RUN_PARAMS}
+
+    def _on_page_load(self) -> None:
+        self._page_loaded = True
+        self._request_run()
+
+    def _request_run(self, *events: Any) -> None:
+        if not self._page_loaded:  # changes before the page is up coalesce into its first run
+            return
+        p = self._run_params()
+        self.running = True
+        self._started = time.perf_counter()
+        self._runner.submit(lambda token: self._compute(p, token))
+
+    def _steering_vector(self, p: dict[str, Any]) -> np.ndarray:
+        a, b = contrast_prompts(p["contrast_a"]), contrast_prompts(p["contrast_b"])
+        for name, prompts in (("contrast_a", a), ("contrast_b", b)):
+            if not prompts:
+                raise InputError(f"`{name}` needs at least one prompt to steer with; got none.")
+        key = (tuple(a), tuple(b), p["steer_layer"])
+        with self._cache_lock:
+            vec = self._vectors.get(key)
+        if vec is None:
+            vec = contrast_vector(self._model, a, b, p["steer_layer"])
+            with self._cache_lock:
+                if len(self._vectors) > 16:
+                    self._vectors.clear()
+                self._vectors[key] = vec
+        return vec
+
+    def edits_for(self, p: dict[str, Any] | None = None) -> list[explorer.Steer]:
+        """The intervention records of the current (or given) parameters."""
+        p = p or self._run_params()
+        if p["alpha"] == 0:
+            return []
+        return [explorer.Steer(layer=p["steer_layer"], vector=self._steering_vector(p),
+                               alpha=p["alpha"])]
+
+    def _clean_run(self, prompt: str) -> Any:
+        with self._cache_lock:
+            if self._clean is not None and self._clean[0] == prompt:
+                return self._clean[1]
+        clean = explorer.clean_run(self._model, prompt)
+        with self._cache_lock:
+            self._clean = (prompt, clean)
+        return clean
+
+    def _compute(self, p: dict[str, Any], token: CancelToken) -> tuple[dict, xr.Dataset]:
+        check_prompts(p["prompt"])
+        edits = self.edits_for(p)
+        token.check()
+        resume = self._clean_run(p["prompt"]) if edits else None
+        token.check()
+        ds = explorer.logit_lens(self._model, p["prompt"], k=p["k"], edits=edits, resume=resume,
+                                 rank_cap=p["k"])
+        return p, ds
+
+    # -- results (on the session's event loop when served) -------------------------------
+    def _show_result(self, out: tuple[dict, xr.Dataset]) -> None:
+        p, ds = out
+        seconds = time.perf_counter() - self._started
+        self.param.update(result=ds, error="", running=False,
+                          status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
+                                 f" · {seconds:.2f} s")
+
+    def _show_error(self, exc: BaseException) -> None:
+        message = user_message(exc)
+        kept = " The previous result is still shown." if self.result is not None else ""
+        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
+        theme.notify("error", f"Logit lens: {message}{kept}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.busy != busy:
+            self.busy = busy
+
+    def cancel(self) -> None:
+        """Stop waiting for the run in flight; its result is discarded."""
+        was_running = self.running
+        self._runner.cancel()
+        if was_running:
+            self.param.update(running=False, status="Cancelled; showing the previous result.")
+
+    def wait(self, timeout: float | None = 120) -> LensView:
+        """Block until the run in flight has finished (tests, scripts)."""
+        self._runner.wait(timeout)
+        return self
+
+    def close(self) -> None:
+        """Cancel any run and drop cached activations (the page is gone)."""
+        self._runner.close()
+        with self._cache_lock:
+            self._clean = None
+            self._vectors.clear()
+
+    # -- session export / import ---------------------------------------------------------
+    def export_state(self) -> dict[str, Any]:
+        """The page's state as JSON-able data: model, prompts, parameters, edits, versions."""
+        p = self._run_params()
+        spec = self._model.spec
+        return {
+            "format": STATE_FORMAT,
+            "format_version": STATE_FORMAT_VERSION,
+            "view": "lens",
+            "model": spec.name,
+            "model_weights": spec.weights,
+            "prompts": [p["prompt"]],
+            "params": p,
+            "edits": json.loads(explorer.edits_to_json(self.edits_for(p))),
+            "versions": {**spec.versions, "panel": pn.__version__,
+                         "holoviews": hv.__version__, "bokeh": bokeh.__version__},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore parameters and edits from `export_state` output (one run follows).
+
+        Raises InputError naming the first bad field. A state saved with another model
+        keeps its parameters; its steering vector is recomputed for this model.
+        """
+        if not isinstance(state, dict):
+            raise InputError(f"a lens state must be a JSON object; got {type(state).__name__}.")
+        if state.get("format") != STATE_FORMAT:
+            raise InputError(f"`format` must be {STATE_FORMAT!r}; got {state.get('format')!r}.")
+        params = state.get("params")
+        if not isinstance(params, dict):
+            raise InputError("`params` must be an object of lens parameters.")
+        unknown = sorted(set(params) - set(_RUN_PARAMS))
+        if unknown:
+            raise InputError(f"unknown lens parameter {unknown[0]!r}; allowed: "
+                             f"{', '.join(_RUN_PARAMS)}.")
+        edits = explorer.edits_from_json(json.dumps(state.get("edits", [])))
+        same_model = state.get("model") == self._model.spec.name
+        if not same_model:
+            theme.notify("warning", f"This state was saved with model {state.get('model')!r}; "
+                                    f"the page runs {self._model.spec.name!r}. Parameters restored; "
+                                    "the steering vector is recomputed.")
+        new = {**self._run_params(), **params}
+        for e in edits:
+            if not isinstance(e, explorer.Steer):
+                raise InputError(f"the lens page applies steer edits only; got a {e.kind!r} edit.")
+            if e.layer != new["steer_layer"] or e.alpha != new["alpha"]:
+                raise InputError("the steer edit does not match `steer_layer`/`alpha` in `params`.")
+        new = self._checked_params(new)
+        if same_model:
+            for e in edits:
+                key = (tuple(contrast_prompts(new["contrast_a"])),
+                       tuple(contrast_prompts(new["contrast_b"])), e.layer)
+                if len(e.vector) == self._model.spec.d_model:
+                    with self._cache_lock:
+                        self._vectors[key] = np.asarray(e.vector, dtype=np.float32)
+        self.param.update(**new)
+
+    def _checked_params(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Parameters from a state file, each checked against its bounds before any is set."""
+        for name in ("prompt", "contrast_a", "contrast_b"):
+            if not isinstance(p[name], str):
+                raise InputError(f"`{name}` must be a string; got {type(p[name]).__name__}.")
+        out = dict(p)
+        for name, check in (("steer_layer", check_int), ("alpha", check_float), ("k", check_int)):
+            low, high = self.param[name].bounds
+            out[name] = check(name, p[name], low=low, high=high)
+        return out
+
+    def _state_file(self) -> io.StringIO:
+        return io.StringIO(json.dumps(self.export_state(), indent=1))
+
+    def _upload_state(self, event: param.parameterized.Event) -> None:
+        data, filename = event.new, event.obj.filename or ""
+        if not data:
+            return
+        try:
+            if not filename.lower().endswith(".json"):
+                raise InputError(f"state files are .json; got {filename!r}.")
+            if len(data) > _MAX_STATE_BYTES:
+                raise InputError(f"{filename!r} is {len(data)} bytes; a state file is at most "
+                                 f"{_MAX_STATE_BYTES}.")
+            try:
+                state = json.loads(data.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise InputError(f"{filename!r} is not valid JSON ({exc}).") from None
+            self.load_state(state)
+        except (InputError, ValueError, TypeError) as exc:
+            theme.notify("error", f"Import failed: {user_message(exc)}")
+        else:
+            theme.notify("success", f"Loaded {filename}.")
+        finally:
+            event.obj.clear()  # the same file can be loaded again
+
+    # -- layout ----------------------------------------------------------------------------
+    def controls(self) -> pn.Column:
+        """The widgets: prompts, steering, top-k, export/import."""
+        widgets = {  # sliders apply on release (value_throttled), not while dragging
+            "prompt": {"type": pn.widgets.TextInput, "placeholder": "Enter a prompt and press Enter"},
+            "contrast_a": {"type": pn.widgets.TextAreaInput, "auto_grow": True, "rows": 2},
+            "contrast_b": {"type": pn.widgets.TextAreaInput, "auto_grow": True, "rows": 2},
+            "steer_layer": {"type": pn.widgets.IntSlider, "throttled": True},
+            "alpha": {"type": pn.widgets.FloatSlider, "throttled": True},
+            "k": {"type": pn.widgets.IntSlider, "throttled": True},
+        }
+        params = pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
+                          sizing_mode="stretch_width")
+        download = pn.widgets.FileDownload(callback=self._state_file, filename="lens-state.json",
+                                           label="Export state (JSON)",
+                                           sizing_mode="stretch_width")
+        upload = pn.widgets.FileInput(accept=".json,application/json", multiple=False,
+                                      sizing_mode="stretch_width")
+        upload.param.watch(self._upload_state, "value")
+        return pn.Column(params, pn.layout.Divider(), download,
+                         pn.pane.Markdown("Import state (JSON):", margin=(0, 10)), upload,
+                         width=theme.SIZES["controls_width"], css_classes=["lens-controls"])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        cancel = pn.widgets.Button(label="Cancel", color="default", width=90,
+                                   disabled=self.param.running.rx.not_())
+        cancel.on_click(lambda _event: self.cancel())
+        plot = pn.pane.HoloViews(pn.bind(plot_lens_heatmap, self.param.result),
+                                 sizing_mode="stretch_width", css_classes=["lens-plot"])
+        details = pn.pane.HTML(pn.bind(details_html, self.param.result),
+                               stylesheets=[_DETAILS_CSS], sizing_mode="stretch_width")
+        status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["lens-status"],
+                              styles={"color": "#555"}, sizing_mode="stretch_width")
+        return pn.Row(
+            self.controls(),
+            pn.Column(pn.Row(spinner, cancel, status, align="center"), plot, details,
+                      sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        )
+
+
+if pn.state.served:
+    theme.enable_extension()
+    _view = LensView(get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")))
+    theme.page([_view], title=f"{theme.TITLE}: logit lens").servable()

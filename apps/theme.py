@@ -1,0 +1,179 @@
+"""The one theme of every page: template, colour maps, sizes, token display, notifications.
+
+Every page is a Panel ``FastListTemplate`` built by `page`; every plot takes its colours
+from `CMAPS` by the quantity it shows, so the same quantity has the same colour on every
+page: probabilities and other magnitudes on a perceptually uniform sequential map, signed
+scores on a diverging map centred on 0, categories on a colour-blind safe palette
+(colorcet, Kovesi 2015, "Good colour maps: how to design them", arXiv:1509.03700).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import colorcet as cc
+import panel as pn
+
+__all__ = [
+    "TITLE",
+    "ACCENT",
+    "CMAPS",
+    "PROBABILITY_CMAP",
+    "MAGNITUDE_CMAP",
+    "SIGNED_CMAP",
+    "CATEGORICAL",
+    "SIZES",
+    "Design",
+    "enable_extension",
+    "page",
+    "show_token",
+    "show_tokens",
+    "text_colors",
+    "format_bytes",
+    "notify",
+]
+
+log = logging.getLogger(__name__)
+
+TITLE = "Explorer"
+
+# -- colour ---------------------------------------------------------------------------
+# Sequential, light (low) to dark (high): an empty cell reads as "nothing there".
+PROBABILITY_CMAP: list[str] = list(cc.palette["fire"][::-1])
+MAGNITUDE_CMAP: list[str] = list(cc.palette["bmy"])
+# Diverging, centred on 0: blue negative, white 0, red positive. Plots set symmetric limits.
+SIGNED_CMAP: list[str] = list(cc.palette["coolwarm"])
+# Categorical, colour-blind safe (glasbey extension of matplotlib's category10).
+CATEGORICAL: list[str] = list(cc.palette["glasbey_category10"])
+
+CMAPS: dict[str, list[str]] = {
+    "probability": PROBABILITY_CMAP,  # top-token probability, attention weight
+    "magnitude": MAGNITUDE_CMAP,      # norms, scores >= 0
+    "signed": SIGNED_CMAP,            # contributions, effects, logit differences
+    "categorical": CATEGORICAL,       # heads, layers, classes
+}
+
+ACCENT = CATEGORICAL[0]
+
+# -- sizes (pixels) -------------------------------------------------------------------
+SIZES: dict[str, int] = {
+    "sidebar_width": 320,
+    "controls_width": 300,
+    "cell_height": 22,       # one heatmap row (a layer)
+    "cell_min_width": 56,    # one heatmap column (a position)
+    "plot_min_height": 320,
+    "plot_min_width": 480,
+    "label_font_pt": 8,
+    "axis_font_pt": 10,
+    "title_font_pt": 12,
+    "spinner": 28,
+}
+
+# -- tokens ---------------------------------------------------------------------------
+_VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"})
+
+
+def show_token(token: str) -> str:
+    """A token as the model sees it, with spaces ('·'), newlines ('↵'), tabs ('⇥') visible.
+
+    Other control characters read as ``\\xNN``; the empty string reads as '∅'.
+
+    >>> show_token(" Paris"), show_token("\\n\\n"), show_token("")
+    ('·Paris', '↵↵', '∅')
+    """
+    if token == "":
+        return "∅"
+    out = str(token).translate(_VISIBLE)
+    if any(ord(c) < 32 or ord(c) == 127 for c in out):
+        out = "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c for c in out)
+    return out
+
+
+def show_tokens(tokens: Iterable[str]) -> list[str]:
+    """`show_token` of each token."""
+    return [show_token(t) for t in tokens]
+
+
+def _luminance(hex_color: str) -> float:
+    """Relative luminance (WCAG 2) of a '#rrggbb' colour."""
+    rgb = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def text_colors(values: Sequence[float], cmap: Sequence[str], low: float = 0.0,
+                high: float = 1.0) -> list[str]:
+    """Black or white per value: whichever reads better on the value's cell colour."""
+    out = []
+    n = len(cmap)
+    span = (high - low) or 1.0
+    for v in values:
+        if v != v:  # NaN: an empty (white) cell
+            out.append("black")
+            continue
+        i = min(n - 1, max(0, int((float(v) - low) / span * (n - 1))))
+        out.append("black" if _luminance(cmap[i]) > 0.18 else "white")
+    return out
+
+
+def format_bytes(n: int) -> str:
+    """'1.5 MB' style size."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"  # pragma: no cover
+
+
+# -- page -----------------------------------------------------------------------------
+
+class Fast(pn.theme.Fast):
+    """Panel's Fast design without its web font, so pages load nothing from outside the server.
+
+    Named ``Fast`` on purpose: Panel finds a design's bundled files under its class name.
+    """
+
+    _resources = {key: value for key, value in pn.theme.Fast._resources.items() if key != "font"}
+
+
+Design = Fast
+
+
+FONT = "system-ui, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+
+
+def enable_extension() -> None:
+    """Load the Panel extensions every page needs, with notifications on."""
+    pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
+
+
+def page(main: Sequence[Any], *, sidebar: Sequence[Any] = (), title: str = TITLE,
+         **params: Any) -> pn.template.FastListTemplate:
+    """The template of every page: title bar, sidebar left, main area, busy indicator."""
+    return pn.template.FastListTemplate(
+        title=title,
+        sidebar=list(sidebar),
+        main=list(main),
+        accent_base_color=ACCENT,
+        header_background=ACCENT,
+        sidebar_width=SIZES["sidebar_width"],
+        main_layout=None,
+        theme_toggle=False,
+        design=Design,
+        font=FONT,
+        **params,
+    )
+
+
+def notify(kind: str, message: str, *, duration: int = 8000) -> None:
+    """Show a notification in the page (``kind`` in error/warning/info/success) and log it.
+
+    Outside a served page (tests, scripts) there is no notification area: the message is
+    only logged.
+    """
+    getattr(log, "error" if kind == "error" else "info")(message)
+    area = pn.state.notifications
+    if area is not None:
+        getattr(area, kind)(message, duration=duration)

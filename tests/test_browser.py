@@ -1,0 +1,255 @@
+"""Browser tests of the gallery and the logit-lens page, served by `apps.gallery.serve`.
+
+The server runs as a subprocess on a free port bound to 127.0.0.1; Playwright drives
+Debian's chromium. Screenshots go to ``test-artifacts/`` (gitignored).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_BOX = "input[placeholder='Enter a prompt and press Enter']"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gallery(model: str, tmp_path: Path, timeout: float = 240):
+    """`serve(model=..., port=...)` in a subprocess; returns (process, url) once it answers."""
+    port = free_port()
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    log = open(tmp_path / f"server-{port}.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"from apps.gallery import serve; serve(model={model!r}, port={port})"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            log.close()
+            raise RuntimeError(f"the server exited: {(tmp_path / f'server-{port}.log').read_text()[-2000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"http://127.0.0.1:{port}/", log
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the server did not start in time")
+
+
+def stop(proc, log) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    proc, url, log = start_gallery("tiny-llama", tmp_path_factory.mktemp("tiny-server"))
+    yield url
+    stop(proc, log)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+VIEWPORT = {"width": 1500, "height": 1100}
+
+
+def open_lens(browser, url, *, context=None):
+    """A page on the gallery, its console errors collected, once the lens plot has drawn."""
+    page = context.new_page() if context is not None else browser.new_page(viewport=VIEWPORT)
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("requestfailed", lambda req: errors.append(f"request failed: {req.url}"))
+    page.goto(url, timeout=60_000)
+    page.locator(".lens-plot canvas").first.wait_for(state="attached", timeout=120_000)
+    deadline = time.time() + 180
+    while page.locator("[data-lens-digest]").count() == 0:
+        failed = page.get_by_text("Last run failed")
+        if failed.count():
+            raise AssertionError(f"the lens run failed in the page: {failed.first.inner_text()}")
+        if time.time() > deadline:
+            shot(page, f"failure-no-result-{int(time.time())}.png")
+            raise AssertionError("no lens result after 180 s")
+        time.sleep(0.25)
+    return page, errors
+
+
+def digest(page) -> str:
+    return page.locator("[data-lens-digest]").get_attribute("data-lens-digest")
+
+
+def wait_for_change(page, attribute: str, old: str, timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = page.locator(f"[{attribute}]").get_attribute(attribute)
+        if value != old:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"{attribute} stayed {old!r} for {timeout} s")
+
+
+def shot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_gallery_loads_with_lens_page(browser, tiny_server):
+    page, errors = open_lens(browser, tiny_server)
+    nav = page.locator(".bk-btn-group button", has_text="Logit lens")
+    assert nav.count() == 1
+    assert "Explorer" in page.title()
+    assert page.get_by_text("Activation cache").count() == 1
+    details = page.locator(".lens-details").inner_text()
+    assert "Next-token prediction" in details and "·capital" in details
+    shot(page, "gallery-lens-tiny.png")
+    page.close()
+    assert errors == []
+
+
+def test_steering_slider_changes_the_plot(browser, tiny_server):
+    page, errors = open_lens(browser, tiny_server)
+    before = digest(page)
+    plot = page.locator(".lens-plot").first
+    time.sleep(0.5)  # let the canvas finish painting
+    pixels_before = plot.screenshot()
+    handle = page.locator(".bk-input-group", has_text="Steering strength").locator(".noUi-handle")
+    handle.focus()
+    for _ in range(4):  # 4 steps of 0.5: α = 2, applied on release (value_throttled)
+        page.keyboard.press("ArrowRight")
+    after = wait_for_change(page, "data-lens-digest", before)
+    assert after != before
+    details = page.locator(".lens-details").inner_text()
+    assert "α = 2" in details
+    time.sleep(0.5)
+    assert plot.screenshot() != pixels_before
+    shot(page, "lens-steered-tiny.png")
+    page.close()
+    assert errors == []
+
+
+def test_bad_prompt_shows_a_notification_and_keeps_the_plot(browser, tiny_server):
+    page, errors = open_lens(browser, tiny_server)
+    before = digest(page)
+    box = page.locator(PROMPT_BOX)
+    box.fill("   ")
+    box.press("Enter")
+    toast = page.locator(".notyf__message", has_text="empty")
+    toast.wait_for(timeout=60_000)
+    assert "Logit lens" in toast.inner_text()
+    assert digest(page) == before                   # the last good result stays
+    assert page.locator(".lens-plot canvas").count() > 0
+    time.sleep(1)  # the toast has slid in
+    shot(page, "lens-error-tiny.png")
+    page.close()
+    assert errors == []
+
+
+def test_two_sessions_do_not_share_results(browser, tiny_server):
+    one_ctx, two_ctx = browser.new_context(viewport=VIEWPORT), browser.new_context(viewport=VIEWPORT)
+    one, errors_one = open_lens(browser, tiny_server, context=one_ctx)
+    two, errors_two = open_lens(browser, tiny_server, context=two_ctx)
+    prompts = {id(one): "The quick brown fox", id(two): "One two three four"}
+    for page in (one, two):
+        old = digest(page)
+        box = page.locator(PROMPT_BOX)
+        box.fill(prompts[id(page)])
+        box.press("Enter")
+        wait_for_change(page, "data-lens-digest", old)
+    for page, other in ((one, two), (two, one)):
+        own = page.locator("[data-prompt]").get_attribute("data-prompt")
+        assert own == prompts[id(page)]
+        tokens = page.locator(".lens-tokens").inner_text()
+        assert prompts[id(other)].split()[1] not in tokens
+    assert one.locator(PROMPT_BOX).input_value() == "The quick brown fox"
+    for ctx in (one_ctx, two_ctx):
+        ctx.close()
+    assert errors_one == [] and errors_two == []
+
+
+def test_closed_session_cancels_its_work(browser):
+    """A tab closed mid-run: the server destroys the session and its views stop computing."""
+    import panel as pn
+
+    from apps import theme
+    from apps.gallery import Gallery
+
+    galleries = []
+
+    def app():
+        gallery = Gallery("tiny-llama")
+        galleries.append(gallery)
+        return gallery.template()
+
+    theme.enable_extension()
+    port = free_port()
+    server = pn.serve({"/": app}, port=port, address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"], check_unused_sessions_milliseconds=500,
+                      unused_session_lifetime_milliseconds=5000)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        page, errors = open_lens(browser, f"http://127.0.0.1:{port}/")
+        (gallery,) = galleries
+        view = gallery.pages["lens"]
+        page.locator(".bk-input-group", has_text="Steering strength").locator(".noUi-handle").focus()
+        page.keyboard.press("ArrowRight")            # a run starts ...
+        page.close()                                 # ... and the tab goes away
+        deadline = time.time() + 30
+        while not view._runner._closed and time.time() < deadline:
+            time.sleep(0.2)
+        assert view._runner._closed and gallery._loader._closed
+        assert not gallery.pages                     # views (and their cached runs) dropped
+        assert view._clean is None and not view._vectors
+        assert errors == []
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+def test_smollm2_lens_page_renders(browser, tmp_path):
+    proc, url, log = start_gallery("smollm2-135m", tmp_path)
+    try:
+        page, errors = open_lens(browser, url)
+        details = page.locator(".lens-details").inner_text()
+        assert "·Paris" in details  # SmolLM2 completes "The capital of France is"
+        ticks = page.locator(".lens-tokens").inner_text()
+        assert "·France" in ticks
+        time.sleep(1)
+        shot(page, "lens-smollm2.png")
+        page.close()
+        assert errors == []
+    finally:
+        stop(proc, log)
