@@ -20,6 +20,8 @@ import explorer
 from apps import theme
 from apps._session import Runner, get_model, user_message
 from apps.lens import LensView
+from apps.linear_icl import LinearICLView
+from apps.parity import ParityView
 from explorer._checks import ExplorerError, check_choice
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
@@ -32,6 +34,8 @@ ViewFactory = Callable[[explorer.Model], pn.viewable.Viewer]
 # (title, slug, factory): the navigation, in order. Later pages append theirs.
 VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Logit lens", "lens", LensView),
+    ("Streaming parity", "parity", ParityView),
+    ("Linear ICL", "linear-icl", LinearICLView),
 ]
 
 

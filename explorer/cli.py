@@ -48,7 +48,11 @@ __all__ = [
 ]
 
 #: Module paths of analysis modules that add their own subcommands (see the module docstring).
-ANALYSIS_MODULES: tuple[str, ...] = ()
+ANALYSIS_MODULES: tuple[str, ...] = (
+    "explorer.analyses.parity",
+    "explorer.analyses.linear_icl",
+    "explorer.studies",
+)
 
 _PROG = "explorer"
 _DEFAULT_MODEL = "smollm2-135m"  # explorer.models.DEFAULT_MODEL; not imported here (torch is slow)

@@ -1,0 +1,503 @@
+"""Streaming-parity page: scrub through the training of a parity RNN and watch its automaton form.
+
+van Rossem & Saxe (ICML 2025): a small-init ReLU RNN trained on the parity of all binary strings
+of length 1-10 first spreads its hidden states into a tree, then merges states whose futures
+agree until a 2-state automaton remains, and from then on computes parity at any length. The
+training-step slider drives every panel: the PCA of the hidden states (coloured by parity or
+length), the automaton of merged states (or its Hopcroft-minimised form) drawn as a graph, the
+accuracy against string length up to 10,000, and the automaton size, loss and long-string
+accuracy over training with the current step marked.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+from apps import theme
+from apps._session import CancelToken, Cancelled, Runner, user_message
+from explorer.analyses.parity import (
+    parity_automaton,
+    parity_automaton_sizes,
+    parity_hidden_pca,
+    parity_run,
+    stored_parity_analysis,
+)
+
+__all__ = ["ParityView", "plot_hidden_pca", "plot_automaton", "plot_accuracy_by_length",
+           "plot_training_curves"]
+
+hv.extension("bokeh", logo=False)
+
+_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+_PARITY_COLORS = {"even": theme.CATEGORICAL[0], "odd": theme.CATEGORICAL[1]}
+_SYMBOL_COLORS = {0: theme.CATEGORICAL[2], 1: theme.CATEGORICAL[3]}
+
+
+def _font() -> dict[str, str]:
+    s = theme.SIZES
+    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
+            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+
+
+def _placeholder(text: str, height: int = 320) -> hv.Text:
+    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+
+
+# -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
+
+def plot_hidden_pca(pca: xr.Dataset | None, color_by: str = "parity") -> hv.Element:
+    """Hidden state of every prefix in the plane of the first two principal components."""
+    if pca is None:
+        return _placeholder("No run yet.")
+    pc = pca["pc"].values
+    second = pc[:, 1] if pc.shape[1] > 1 else np.zeros(len(pc))
+    data = {"PC1": pc[:, 0], "PC2": second, "string": [s or "(start)" for s in pca["string"].values],
+            "length": pca["length"].values,
+            "parity": np.where(pca["parity"].values == 1, "odd", "even")}
+    ratio = pca["explained_variance_ratio"].values
+    points = hv.Points(data, ["PC1", "PC2"], ["string", "length", "parity"])
+    step = pca.attrs.get("params", {}).get("step")
+    common = dict(responsive=True, height=360, size=6, tools=["hover"], default_tools=_TOOLS,
+                  active_tools=["wheel_zoom"], fontsize=_font(), line_color="white", line_width=0.3,
+                  xlabel=f"PC1 ({ratio[0]:.0%} of variance)",
+                  ylabel=f"PC2 ({ratio[1]:.0%} of variance)" if len(ratio) > 1 else "PC2",
+                  title=f"Hidden states, strings ≤ {int(pca['length'].max())} symbols, step {step}")
+    if color_by == "length":
+        return points.opts(color="length", cmap=theme.MAGNITUDE_CMAP, colorbar=True,
+                           clabel="string length", **common)
+    return points.opts(color="parity", cmap=_PARITY_COLORS, show_legend=True,
+                       legend_position="top_right", **common)
+
+
+def _layout(transitions: np.ndarray, initial: int) -> np.ndarray:
+    """Node positions: x = breadth-first depth from the start, y spread within each depth."""
+    n = transitions.shape[0]
+    depth = np.full(n, -1)
+    depth[initial] = 0
+    order = [initial]
+    queue = deque([initial])
+    while queue:
+        q = queue.popleft()
+        for t in transitions[q]:
+            if t >= 0 and depth[t] < 0:
+                depth[t] = depth[q] + 1
+                order.append(int(t))
+                queue.append(int(t))
+    depth[depth < 0] = depth.max() + 1  # unreachable (not drawn by the analyses, but be safe)
+    seen = set(order)
+    order += [q for q in range(n) if q not in seen]
+    pos = np.zeros((n, 2))
+    for level in np.unique(depth):
+        members = [q for q in order if depth[q] == level]
+        k = len(members)
+        for i, q in enumerate(members):
+            pos[q] = (float(level), (i - (k - 1) / 2) / max(1, k - 1) * min(k - 1, 8) if k > 1 else 0.0)
+    return pos
+
+
+def _edge_curve(p0: np.ndarray, p1: np.ndarray, bend: float, n: int = 24) -> np.ndarray:
+    """Quadratic Bezier from p0 to p1, its control point pushed sideways by ``bend``."""
+    mid = (p0 + p1) / 2
+    d = p1 - p0
+    normal = np.array([-d[1], d[0]]) / (np.hypot(*d) or 1.0)
+    ctrl = mid + bend * normal
+    t = np.linspace(0, 1, n)[:, None]
+    return (1 - t) ** 2 * p0 + 2 * (1 - t) * t * ctrl + t**2 * p1
+
+
+def _loop(p: np.ndarray, symbol: int, radius: float, n: int = 24) -> np.ndarray:
+    """A small circle touching the node: above for symbol 0, below for symbol 1."""
+    sign = 1 if symbol == 0 else -1
+    centre = p + np.array([0.0, sign * radius])
+    angle = np.linspace(0, 2 * np.pi, n) - sign * np.pi / 2
+    return centre + radius * np.stack([np.cos(angle), np.sin(angle)], axis=1)
+
+
+def plot_automaton(auto: xr.Dataset | None, minimal: bool = False) -> hv.Element:
+    """The automaton as a graph: nodes coloured by output parity, edges by input symbol."""
+    if auto is None:
+        return _placeholder("No run yet.")
+    if minimal:
+        trans = auto["min_transitions"].values
+        output = auto["min_output"].values
+        initial = 0
+        state_of = auto["minimal_state"].values[auto["state_of"].values]
+        members = np.bincount(state_of[state_of >= 0], minlength=len(output))
+    else:
+        trans = auto["transitions"].values
+        output = auto["output"].values
+        initial = int(auto.attrs["initial"])
+        members = auto["n_members"].values
+        state_of = auto["state_of"].values
+    n = len(output)
+    strings = auto["string"].values
+    example = ["" for _ in range(n)]
+    for i in range(len(state_of) - 1, -1, -1):  # the shortest (first) prefix of each state
+        if state_of[i] >= 0:
+            example[state_of[i]] = strings[i] or "(start)"
+    pos = _layout(trans, initial)
+    span = max(1.0, float(np.ptp(pos[:, 0])))
+    radius = 0.12 * span / max(1.0, np.sqrt(n))
+    paths: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    heads: list[tuple[float, float, float, int]] = []
+    for q in range(n):
+        for a in (0, 1):
+            t = int(trans[q, a])
+            if t < 0:
+                continue
+            if t == q:
+                curve = _loop(pos[q], a, radius)
+            else:
+                curve = _edge_curve(pos[q], pos[t], bend=0.15 * (1 if a == 0 else -1) *
+                                    float(np.hypot(*(pos[t] - pos[q]))))
+            paths[a].append(curve)
+            j = int(0.8 * (len(curve) - 1))
+            dx, dy = curve[j + 1] - curve[j - 1]
+            heads.append((curve[j, 0], curve[j, 1], float(np.arctan2(dy, dx) - np.pi / 2), a))
+    overlay = []
+    for a in (0, 1):
+        if paths[a]:
+            overlay.append(hv.Path(paths[a], label=f"reads {a}").opts(
+                color=_SYMBOL_COLORS[a], line_width=1.5 if n < 60 else 0.7, alpha=0.8))
+    if heads:
+        h = np.asarray(heads)
+        overlay.append(hv.Points({"x": h[:, 0], "y": h[:, 1], "angle": h[:, 2],
+                                  "symbol": h[:, 3].astype(int)}, ["x", "y"], ["angle", "symbol"]).opts(
+            marker="triangle", angle=hv.dim("angle"), size=8 if n < 60 else 4,
+            color=hv.dim("symbol").categorize({0: _SYMBOL_COLORS[0], 1: _SYMBOL_COLORS[1]}),
+            line_color=None))
+    size = 10 + 14 * np.sqrt(members / max(1, members.max())) if n < 60 else np.full(n, 6.0)
+    nodes = hv.Points({"x": pos[:, 0], "y": pos[:, 1], "state": np.arange(n),
+                       "output": np.where(output == 1, "odd", "even"), "members": members,
+                       "example": example, "size": size, "start": np.arange(n) == initial},
+                      ["x", "y"], ["state", "output", "members", "example", "size", "start"])
+    overlay.append(nodes.opts(color="output", cmap=_PARITY_COLORS, size="size", line_color="black",
+                              line_width=hv.dim("start").categorize({True: 3, False: 0.5}),
+                              tools=["hover"]))
+    if n <= 30:
+        overlay.append(hv.Labels({"x": pos[:, 0], "y": pos[:, 1], "text": [str(i) for i in range(n)]},
+                                 ["x", "y"], "text").opts(text_font_size="8pt", text_color="white"))
+    for a in (0, 1):  # legend entries for the edge colours (a one-point curve draws nothing)
+        overlay.append(hv.Curve([(pos[initial, 0], pos[initial, 1])], label=f"reads {a}").opts(
+            color=_SYMBOL_COLORS[a], line_width=2))
+    finite = "finite" if auto.attrs["finite"] else "a tree"
+    kind = (f"Minimal automaton: {n} states" if minimal else
+            f"Merged states: {n} ({finite}), minimal {auto.attrs['n_states_minimal']}")
+    return hv.Overlay(overlay).opts(
+        responsive=True, height=360, xaxis=None, yaxis=None, default_tools=_TOOLS,
+        active_tools=["wheel_zoom"], fontsize=_font(), legend_position="top_left",
+        title=f"{kind}, step {auto.attrs['params']['step']}", padding=0.15)
+
+
+def plot_accuracy_by_length(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """Accuracy on random strings of each length at one checkpoint (log length axis)."""
+    if analysis is None or step is None or step not in analysis["step"].values:
+        return _placeholder("Measuring long-string accuracy…", height=300)
+    acc = analysis["accuracy"].sel(step=step)
+    lengths = analysis["length"].values
+    trained = int(analysis.attrs.get("params", {}).get("run_params", {}).get("max_length", 10))
+    curve = hv.Curve((lengths, acc.values), "string length", "accuracy").opts(
+        color=theme.ACCENT, line_width=2)
+    dots = hv.Scatter((lengths, acc.values), "string length", "accuracy").opts(
+        color=theme.ACCENT, size=7, tools=["hover"])
+    chance = hv.HLine(0.5).opts(color="grey", line_dash="dashed", line_width=1)
+    seen = hv.VLine(trained).opts(color="black", line_dash="dotted", line_width=1)
+    return (curve * dots * chance * seen).opts(
+        logx=True, ylim=(-0.02, 1.05), responsive=True, height=300, default_tools=_TOOLS,
+        fontsize=_font(), xlabel="string length (log; dotted = longest training string)",
+        title=f"Accuracy on random strings at step {step} (dashed = chance)")
+
+
+def plot_training_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """Automaton size, training loss and long-string accuracy over training; step marked."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    steps = analysis["step"].values
+    marker = hv.VLine(float(step if step is not None else steps[0])).opts(
+        color="black", line_dash="dashed", line_width=1.2)
+    common = dict(responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(),
+                  xlabel="training step", tools=["hover"])
+    transition = analysis.attrs.get("transition_step")
+    sizes = (hv.Curve((steps, analysis["n_states"].values), "training step", "states",
+                      label="merged states").opts(color=theme.CATEGORICAL[0], line_width=2)
+             * hv.Curve((steps, analysis["n_states_minimal"].values), "training step", "states",
+                        label="minimal (Hopcroft)").opts(color=theme.CATEGORICAL[1], line_width=2)
+             * marker)
+    if transition is not None:
+        sizes = sizes * hv.VLine(float(transition)).opts(color=theme.CATEGORICAL[1], line_width=1,
+                                                          alpha=0.6)
+    sizes = sizes.opts(logy=True, legend_position="top_left",
+                       title="States" + (f" (parity from step {transition})"
+                                         if transition is not None else ""), **common)
+    loss = (hv.Curve((steps, np.maximum(analysis["train_loss"].values, 1e-12)), "training step",
+                     "training MSE").opts(color=theme.ACCENT, line_width=2) * marker).opts(
+        logy=True, title="Training loss", **common)
+    longest = int(analysis["length"].values[-1])
+    acc = (hv.Curve((steps, analysis["accuracy"].sel(length=longest).values), "training step",
+                    "accuracy", label=f"length {longest:,}").opts(color=theme.CATEGORICAL[0], line_width=2)
+           * hv.Curve((steps, analysis["accuracy"].min("length").values), "training step", "accuracy",
+                      label="worst length").opts(color=theme.CATEGORICAL[1], line_width=1.5,
+                                                 line_dash="dotdash")
+           * marker).opts(ylim=(-0.02, 1.05), legend_position="bottom_right",
+                          title="Long-string accuracy", **common)
+    return hv.Layout([sizes, loss, acc]).cols(3).opts(shared_axes=False)
+
+
+def _parity(auto: xr.Dataset) -> bool:
+    return (auto.attrs["n_states_minimal"] == 2 and auto.attrs["finite"]
+            and auto["min_transitions"].values.tolist() == [[0, 1], [1, 0]]
+            and auto["min_output"].values.tolist() == [0, 1])
+
+
+# -- the view --------------------------------------------------------------------------------
+
+class ParityView(pn.viewable.Viewer):
+    """A parity RNN's training, checkpoint by checkpoint: hidden states, automaton, accuracy.
+
+    Parameters
+    ----------
+    model : explorer.Model, optional
+        Ignored (the gallery passes its language model; this page trains its own RNN).
+    run : xarray.Dataset, optional
+        A run from `explorer.analyses.parity.train_parity_rnn`. Default: the stored run with
+        the paper's settings (trained on first use, a few minutes on a laptop CPU).
+    analysis : xarray.Dataset, optional
+        Its `parity_analysis`; computed (and stored) when not given.
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (tests, notebooks).
+    """
+
+    step = param.Selector(default=None, objects=[], label="Training step",
+                          doc="Checkpoint shown in every panel.")
+    threshold = param.Number(default=0.01, bounds=(0.001, 0.2), step=0.001, label="Merge threshold",
+                             doc="States closer than this fraction of the state spread merge.")
+    max_length = param.Integer(default=8, bounds=(2, 9), label="Longest analysed string",
+                               doc="Hidden states of all strings up to this length are merged.")
+    minimal = param.Boolean(default=False, label="Show the Hopcroft-minimised automaton")
+    color_by = param.Selector(default="parity", objects=["parity", "length"], label="Colour states by")
+
+    run = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    sizes = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+
+    def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
+                 analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
+        super().__init__(**params)
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._doc = pn.state.curdoc if background else None
+        self._lock = threading.Lock()
+        self._cache: dict[tuple, xr.Dataset] = {}
+        self._loader = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
+                              background=background)
+        self._sizer = Runner(on_result=self._sized, on_error=self._failed, on_busy=self._set_busy,
+                             background=background)
+        self._loader.bind_session()
+        self._sizer.bind_session()
+        self.param.watch(self._request_sizes, ["threshold", "max_length"])
+        if run is not None:
+            self._use_run(run)
+        if analysis is not None:
+            self.analysis = analysis
+        if run is None or analysis is None:
+            self._loader.submit(lambda token: self._load(run, token))
+
+    # -- computation ---------------------------------------------------------------------
+    def _post(self, **values: Any) -> None:
+        """Set parameters from a worker thread on the session's event loop."""
+        if self._doc is None:
+            self.param.update(**values)
+            return
+        try:
+            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
+        except Exception:  # the session is gone
+            pass
+
+    def _load(self, run: xr.Dataset | None, token: CancelToken) -> dict[str, xr.Dataset]:
+        started = time.perf_counter()
+        last = [0.0]
+
+        def progress(done: int, total: int) -> bool:
+            now = time.perf_counter()
+            if now - last[0] > 0.5 or done == total:
+                last[0] = now
+                self._post(status=f"Training the parity RNN: epoch {done}/{total} "
+                                  f"({now - started:.0f} s)…")
+            return not token.cancelled
+
+        if run is None:
+            self._post(status="Loading the stored parity run (training it if missing)…")
+            run = parity_run(progress=progress)
+        token.check()
+        self._post(status="Measuring automata and long-string accuracy at every checkpoint…")
+        analysis = stored_parity_analysis(run)
+        return {"run": run, "analysis": analysis}
+
+    def _use_run(self, run: xr.Dataset) -> None:
+        steps = [int(s) for s in run["step"].values]
+        self.param.step.objects = steps
+        with param.parameterized.discard_events(self):
+            self.run = run
+        self.step = steps[-1] if self.step not in steps else self.step
+
+    def _loaded(self, out: dict[str, xr.Dataset]) -> None:
+        if self.run is None:
+            self._use_run(out["run"])
+        self.analysis = out["analysis"]
+        p = out["run"].attrs.get("params", {})
+        self.status = (f"Run: {p.get('hidden_size', '?')} ReLU units, seed {out['run'].attrs.get('seed')}, "
+                       f"{int(out['run'].sizes['step'])} checkpoints; parity automaton from step "
+                       f"{self.analysis.attrs.get('transition_step')}, all lengths solved from step "
+                       f"{self.analysis.attrs.get('generalisation_step')}.")
+
+    def _request_sizes(self, *events: Any) -> None:
+        if self.run is None:
+            return
+        run, threshold, max_length = self.run, self.threshold, self.max_length
+        self._sizer.submit(lambda token: parity_automaton_sizes(
+            run, max_length=max_length, threshold=threshold,
+            progress=lambda done, total: not token.cancelled))
+
+    def _sized(self, sizes: xr.Dataset) -> None:
+        self.sizes = sizes
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, Cancelled):
+            return
+        message = user_message(exc)
+        self.status = f"Failed: {message}"
+        theme.notify("error", f"Parity: {message}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.busy != busy:
+            self.busy = busy
+
+    def _cached(self, kind: str, *key: Any) -> xr.Dataset | None:
+        if self.run is None or self.step is None:
+            return None
+        full = (kind, self.step, *key)
+        with self._lock:
+            if full not in self._cache:
+                if len(self._cache) > 64:
+                    self._cache.clear()
+                if kind == "pca":
+                    self._cache[full] = parity_hidden_pca(self.run, self.step, max_length=key[0])
+                else:
+                    self._cache[full] = parity_automaton(self.run, self.step, max_length=key[0],
+                                                         threshold=key[1])
+            return self._cache[full]
+
+    @param.depends("run", "step", "max_length")
+    def pca(self) -> xr.Dataset | None:
+        """PCA of the hidden states at the current step."""
+        return self._cached("pca", self.max_length)
+
+    @param.depends("run", "step", "max_length", "threshold")
+    def automaton(self) -> xr.Dataset | None:
+        """The automaton at the current step."""
+        return self._cached("automaton", self.max_length, self.threshold)
+
+    @param.depends("analysis", "sizes")
+    def curves(self) -> xr.Dataset | None:
+        """The analysis over training, with sizes for the current threshold if recomputed."""
+        if self.analysis is None:
+            return None
+        if self.sizes is None:
+            return self.analysis
+        sizes = self.sizes[["n_states", "n_states_minimal"]]
+        out = self.analysis.assign(n_states=sizes["n_states"], n_states_minimal=sizes["n_states_minimal"])
+        out.attrs = {**self.analysis.attrs, "transition_step": self.sizes.attrs["transition_step"]}
+        return out
+
+    @param.depends("run", "step", "max_length", "color_by")
+    def _pca_plot(self) -> hv.Element:
+        return plot_hidden_pca(self.pca(), self.color_by)
+
+    @param.depends("run", "step", "max_length", "threshold", "minimal")
+    def _automaton_plot(self) -> hv.Element:
+        return plot_automaton(self.automaton(), self.minimal)
+
+    @param.depends("analysis", "step")
+    def _accuracy_plot(self) -> hv.Element:
+        return plot_accuracy_by_length(self.analysis, self.step)
+
+    @param.depends("analysis", "sizes", "step")
+    def _curves_plot(self) -> hv.Element:
+        return plot_training_curves(self.curves(), self.step)
+
+    @param.depends("run", "step", "max_length", "threshold", "analysis", "minimal")
+    def summary(self) -> str:
+        """One line on the current checkpoint: automaton, loss, long-string accuracy."""
+        auto = self.automaton()
+        if auto is None:
+            return "No run loaded yet."
+        at = self.run.sel(step=self.step)
+        text = (f"**Step {self.step}** (epoch {int(at['epoch'])}): {auto.attrs['n_states']} merged "
+                f"states ({'finite' if auto.attrs['finite'] else 'not finite'}), "
+                f"{auto.attrs['n_states_minimal']} after Hopcroft minimisation"
+                f"{' — the parity automaton' if _parity(auto) else ''}; training MSE "
+                f"{float(at['train_loss']):.2g}")
+        if self.analysis is not None and self.step in self.analysis["step"].values:
+            acc = self.analysis["accuracy"].sel(step=self.step)
+            longest = int(acc["length"].values[-1])
+            text += f"; accuracy at length {longest:,}: {float(acc.isel(length=-1)):.0%}"
+        shown = "minimal automaton" if self.minimal else "merged automaton"
+        return text + f". Graph: {shown}."
+
+    def wait(self, timeout: float | None = 600) -> ParityView:
+        """Block until background work has finished (tests, scripts)."""
+        self._loader.wait(timeout)
+        self._sizer.wait(timeout)
+        return self
+
+    def close(self) -> None:
+        self._loader.close()
+        self._sizer.close()
+
+    # -- layout --------------------------------------------------------------------------
+    def controls(self) -> pn.Column:
+        widgets = {
+            "step": {"type": pn.widgets.DiscreteSlider},
+            "threshold": {"type": pn.widgets.FloatSlider, "throttled": True},
+            "max_length": {"type": pn.widgets.IntSlider, "throttled": True},
+            "minimal": {"type": pn.widgets.Checkbox},
+            "color_by": {"type": pn.widgets.RadioButtonGroup, "color": "primary",
+                         "variant": "outline"},
+        }
+        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
+                                  sizing_mode="stretch_width"),
+                         width=theme.SIZES["controls_width"], css_classes=["parity-controls"])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        summary = pn.pane.Markdown(self.summary, css_classes=["parity-summary"])
+        pca = pn.pane.HoloViews(self._pca_plot, sizing_mode="stretch_width", css_classes=["parity-pca"])
+        graph = pn.pane.HoloViews(self._automaton_plot, sizing_mode="stretch_width",
+                                  css_classes=["parity-automaton"])
+        accuracy = pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
+                                     css_classes=["parity-accuracy"])
+        curves = pn.pane.HoloViews(self._curves_plot, sizing_mode="stretch_width",
+                                   css_classes=["parity-curves"])
+        return pn.Row(self.controls(),
+                      pn.Column(pn.Row(spinner, status, align="center"), summary, pn.Row(pca, graph),
+                                accuracy, curves, sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width")
+
+
+if pn.state.served:
+    theme.enable_extension()
+    theme.page([ParityView()], title=f"{theme.TITLE}: streaming parity").servable()

@@ -1,0 +1,269 @@
+"""Evidence for docs/dynamics.md: the full training runs of the two training-dynamics labs.
+
+Parts (each writes its numbers into ``docs/figures/dynamics_summary.json``):
+
+``parity``   The streaming-parity RNN with the paper's settings (van Rossem & Saxe, ICML 2025),
+             trained from scratch and stored in the activation store (the run that
+             ``explorer parity train`` re-trains and the page shows): wall time, the step at
+             which the minimal automaton becomes the 2-state parity automaton, the step from
+             which random strings up to length 10,000 are all classified correctly, and the
+             automaton sizes over training. ``--parity-seeds 0,1,2`` repeats it per seed.
+``icl``      One attention layer with H = 1, 2, 4 heads on in-context linear regression
+             (He et al., ICML 2025; d = 5, L = 40, noise variance 0.1), stored likewise: wall
+             time, the step (and seconds) from which the KQ/OV pattern holds, the final pattern
+             metrics, the H = 1 vs H = 2 loss gap, agreement with debiased GD and the
+             Bayes-optimal loss, loss against context length.
+``figures``  PNGs of the results (rendered by chromium) and of both pages.
+
+Usage::
+
+    python benchmarks/dynamics_evidence.py --part parity --part icl --part figures
+
+Runs are stored in the activation store ($EXPLORER_CACHE). ``--threads 1`` (default) is
+fastest for these tiny models, by far on a busy machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FIGURES = ROOT / "docs" / "figures"
+SUMMARY = FIGURES / "dynamics_summary.json"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ICL_HEADS = (1, 2, 4)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write_summary(part: str, data: dict[str, Any]) -> None:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    old[part] = data
+    SUMMARY.write_text(json.dumps(old, indent=1) + "\n")
+
+
+def machine() -> dict[str, Any]:
+    """What the timings were measured on (the load matters: the CPUs are shared)."""
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
+
+
+# -- part 1: parity -------------------------------------------------------------------------
+
+def part_parity(args: argparse.Namespace) -> None:
+    from explorer.analyses.parity import (DEFAULTS, analysis_summary, parity_run,
+                                          stored_parity_analysis)
+
+    out: dict[str, Any] = {"params": dict(DEFAULTS), "machine_before": machine(), "seeds": {}}
+    for seed in args.parity_seeds:
+        log(f"parity: training seed {seed} ({DEFAULTS['epochs']} epochs)")
+        t0 = time.perf_counter()
+        run = parity_run(retrain=True, seed=seed)
+        train_wall = time.perf_counter() - t0
+        log(f"  trained in {train_wall:.0f} s; analysing {int(run.sizes['step'])} checkpoints")
+        t0 = time.perf_counter()
+        analysis = stored_parity_analysis(run, n_strings=args.n_strings)
+        summary = analysis_summary(analysis)
+        summary["analysis_seconds"] = round(time.perf_counter() - t0, 1)
+        sizes = analysis["n_states"].values
+        summary["max_merged_states"] = int(sizes.max())
+        summary["max_merged_states_step"] = int(analysis["step"].values[sizes.argmax()])
+        summary["n_strings_per_length"] = args.n_strings
+        summary["steps_per_epoch"] = run.attrs["steps_per_epoch"]
+        out["seeds"][str(seed)] = summary
+        log(f"  transition (parity automaton) at step {summary['transition_step']} "
+            f"(epoch {summary['transition_epoch']}, {summary['transition_seconds']} s into training); "
+            f"all lengths correct from step {summary['generalisation_step']}")
+    out["machine_after"] = machine()
+    write_summary("parity", out)
+
+
+# -- part 2: linear ICL ---------------------------------------------------------------------
+
+def part_icl(args: argparse.Namespace) -> None:
+    from explorer.analyses.linear_icl import (DEFAULTS, analysis_summary, linear_icl_run,
+                                              stored_linear_icl_analysis)
+
+    analyses = {}
+    out: dict[str, Any] = {"params": dict(DEFAULTS), "machine_before": machine()}
+    for H in ICL_HEADS:
+        log(f"icl: training H = {H} ({DEFAULTS['steps']} steps)")
+        run = linear_icl_run(retrain=True, n_heads=H)
+        log(f"  trained in {run.attrs['train_seconds']:.0f} s; analysing")
+        analyses[H] = stored_linear_icl_analysis(run)
+    summary = analysis_summary(analyses)
+    out.update(summary)
+    out["machine_after"] = machine()
+    write_summary("icl", out)
+    for H, r in summary["runs"].items():
+        log(f"  H = {H}: loss {r['final_test_loss']:.4f}, pattern from step {r['pattern_step']} "
+            f"({r['pattern_seconds']} s), dgd R^2 {r['dgd_r2']:.4f}")
+
+
+# -- part 3: figures ------------------------------------------------------------------------
+
+def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500) -> None:
+    """Render a HoloViews object to PNG: save as standalone HTML, screenshot it in chromium."""
+    import holoviews as hv
+    from playwright.sync_api import sync_playwright
+
+    hv.extension("bokeh", logo=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        html_path = Path(tmp) / "plot.html"
+        hv.save(obj, html_path, backend="bokeh", resources="inline")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
+            page.goto(html_path.as_uri())
+            page.wait_for_selector("canvas", state="attached", timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(path), full_page=True)
+            browser.close()
+    log(f"  wrote {path.relative_to(ROOT)}")
+
+
+def _fixed(obj: Any, width: int, height: int) -> Any:
+    return obj.opts(responsive=False, width=width, height=height)
+
+
+def part_figures(args: argparse.Namespace) -> None:
+    import holoviews as hv
+
+    from apps import linear_icl as icl_app
+    from apps import parity as parity_app
+    from explorer.analyses.linear_icl import attention_patterns, linear_icl_run, stored_linear_icl_analysis
+    from explorer.analyses.parity import (parity_automaton, parity_hidden_pca, parity_run,
+                                          stored_parity_analysis)
+
+    hv.extension("bokeh", logo=False)
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    # Parity: the stored seed-0 run (trained here if the parity part has not run).
+    run = parity_run(seed=0)
+    analysis = stored_parity_analysis(run, n_strings=args.n_strings)
+    transition = analysis.attrs["transition_step"] or int(run["step"].values[-1])
+    tree = int(analysis["step"].values[int(analysis["n_states"].values.argmax())])
+    curves = parity_app.plot_training_curves(analysis, transition)
+    render_png(hv.Layout([_fixed(p, 380, 280) for p in curves]).cols(3).opts(shared_axes=False),
+               FIGURES / "dynamics_parity_training.png", width=1180, height=300)
+    panels = []
+    for step in (tree, int(run["step"].values[-1])):
+        panels.append(_fixed(parity_app.plot_hidden_pca(parity_hidden_pca(run, step)), 420, 340))
+        panels.append(_fixed(parity_app.plot_automaton(parity_automaton(run, step), minimal=False), 420, 340))
+    panels.append(_fixed(parity_app.plot_automaton(parity_automaton(run, int(run["step"].values[-1])),
+                                                   minimal=True), 420, 340))
+    render_png(hv.Layout(panels).cols(2).opts(shared_axes=False), FIGURES / "dynamics_parity_automata.png",
+               width=880, height=1080)
+    acc = analysis["accuracy"]
+    rows = [(int(s), str(int(n)), float(acc.sel(step=s, length=n))) for s in acc["step"].values
+            for n in acc["length"].values]
+    heat = hv.HeatMap(rows, ["training step", "string length"], "accuracy").opts(
+        cmap=parity_app.theme.PROBABILITY_CMAP, clim=(0, 1), colorbar=True,
+        width=1000, height=300, tools=["hover"],
+        title="Accuracy on random strings by length (rows) over training (columns)")
+    render_png(heat, FIGURES / "dynamics_parity_accuracy.png", width=1000, height=300)
+
+    # Linear ICL: the stored runs for H = 1, 2, 4.
+    runs = {H: linear_icl_run(n_heads=H) for H in ICL_HEADS}
+    analyses = {H: stored_linear_icl_analysis(runs[H]) for H in ICL_HEADS}
+    final = int(runs[2]["step"].values[-1])
+    render_png(hv.Layout([_fixed(icl_app.plot_loss_curves(analyses, final, 2), 560, 320),
+                          _fixed(icl_app.plot_loss_by_length(runs[2], analyses[2], final), 560, 320)])
+               .cols(2).opts(shared_axes=False), FIGURES / "dynamics_icl_loss.png", width=1140, height=340)
+    for H in (2, 4):
+        pats = attention_patterns(runs[H].sel(step=final))
+        render_png(icl_app.plot_kq_heatmaps(pats), FIGURES / f"dynamics_icl_kq_h{H}.png",
+                   width=300 * H + 80, height=280)
+        render_png(_fixed(icl_app.plot_ov_heatmap(pats), 700, 90 + 36 * H),
+                   FIGURES / f"dynamics_icl_ov_h{H}.png", width=700, height=90 + 36 * H)
+    metrics = icl_app.plot_pattern_metrics(analyses[2], final)
+    render_png(hv.Layout([_fixed(p, 380, 280) for p in metrics]).cols(3).opts(shared_axes=False),
+               FIGURES / "dynamics_icl_patterns.png", width=1180, height=300)
+    page_screenshots(run, analysis, runs, analyses, transition)
+
+
+def page_screenshots(run, analysis, runs, analyses, transition) -> None:
+    """Screenshots of both pages at the interesting step."""
+    import socket
+
+    import panel as pn
+    from playwright.sync_api import sync_playwright
+
+    from apps import theme
+    from apps.linear_icl import LinearICLView
+    from apps.parity import ParityView
+
+    theme.enable_extension()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def parity_page():
+        view = ParityView(run=run, analysis=analysis)
+        view.step = transition
+        return theme.page([view], title="Explorer: streaming parity")
+
+    srv = pn.serve({"parity": parity_page,
+                    "linear_icl": lambda: theme.page([LinearICLView(runs=runs, analyses=analyses)],
+                                                     title="Explorer: in-context linear regression")},
+                   port=port, address="127.0.0.1", threaded=True, show=False,
+                   websocket_origin=[f"127.0.0.1:{port}"])
+    time.sleep(2)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            for slug in ("parity", "linear_icl"):
+                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                page.goto(f"http://127.0.0.1:{port}/{slug}", timeout=120_000)
+                css = {"parity": ".parity", "linear_icl": ".icl"}[slug]
+                for part in ("-summary", "-curves" if slug == "parity" else "-metrics"):
+                    page.wait_for_selector(f"{css}{part}", state="attached", timeout=600_000)
+                page.wait_for_selector(f"{css}-{'curves' if slug == 'parity' else 'metrics'} canvas",
+                                       state="attached", timeout=600_000)
+                page.wait_for_timeout(15000)  # every pane drawn
+                page.screenshot(path=str(FIGURES / f"dynamics_{slug}_page.png"), full_page=True)
+                log(f"  wrote docs/figures/dynamics_{slug}_page.png")
+                page.close()
+            browser.close()
+    finally:
+        srv.stop()
+
+
+PARTS = {"parity": part_parity, "icl": part_icl, "figures": part_figures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", action="append", choices=list(PARTS), help="part to run (repeatable)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--parity-seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument("--n-strings", type=int, default=20,
+                   help="random strings per length in the long-string test (default: 20)")
+    args = p.parse_args(argv)
+    args.parity_seeds = [int(s) for s in args.parity_seeds.split(",") if s.strip()]
+    import torch
+
+    torch.set_num_threads(args.threads)
+    for part in args.part or list(PARTS):
+        t0 = time.perf_counter()
+        PARTS[part](args)
+        log(f"{part}: done in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

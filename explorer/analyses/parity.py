@@ -1,0 +1,969 @@
+"""Streaming parity: a ReLU RNN trained from scratch, and the automaton it develops.
+
+van Rossem & Saxe (ICML 2025) train a small-init recurrent network on the parity of
+every binary string of length 1-10. Early in training the hidden states of different
+strings spread apart (a tree that memorises the training set); later, states whose
+continuations agree merge, and the network collapses onto a 2-state automaton. From then
+on it computes parity for strings of any length ("infinite generalisation").
+
+This module trains the network and stores its weights at checkpoints as one
+``xarray.Dataset`` with a ``step`` dimension (`train_parity_rnn`), and reads it back at
+any checkpoint: hidden states and their PCA (`parity_hidden_states`, `parity_hidden_pca`),
+the automaton of merged states and its Hopcroft minimisation (`parity_automaton`), the
+automaton size over training (`parity_automaton_sizes`), and accuracy on long strings
+(`parity_long_accuracy`). `parity_run` caches a run in the `ActivationStore`.
+
+References
+----------
+L. van Rossem and A. M. Saxe, "Algorithm Development in Neural Networks: Insights from
+the Streaming Parity Task", ICML 2025.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
+
+__all__ = [
+    "CITATION",
+    "DEFAULTS",
+    "ParityRNN",
+    "parity_strings",
+    "train_parity_rnn",
+    "parity_model",
+    "parity_run_from_models",
+    "parity_hidden_states",
+    "parity_hidden_pca",
+    "parity_automaton",
+    "parity_automaton_sizes",
+    "parity_long_accuracy",
+    "parity_run",
+    "parity_analysis",
+    "stored_parity_analysis",
+    "analysis_summary",
+    "register_cli",
+]
+
+CITATION = ("L. van Rossem and A. M. Saxe, \"Algorithm Development in Neural Networks: Insights "
+            "from the Streaming Parity Task\", ICML 2025.")
+
+#: The paper's setting (METHODS.md section 9): ReLU RNN, 100 units, Xavier-normal gain 0.1,
+#: h0 = ones, MSE on a one-hot parity target, SGD lr 0.02, batch 128, strings of length 1-10.
+DEFAULTS: dict[str, Any] = {
+    "hidden_size": 100,
+    "gain": 0.1,
+    "lr": 0.02,
+    "optimizer": "sgd",
+    "batch_size": 128,
+    "epochs": 1000,
+    "max_length": 10,
+    "checkpoint_every": 10,
+    "seed": 0,
+}
+
+#: Long-string lengths of the generalisation test (up to 10,000, as in the paper).
+LONG_LENGTHS: tuple[int, ...] = (10, 25, 50, 100, 250, 1000, 2500, 10000)
+
+ProgressCallback = Callable[[int, int], Any]
+
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,    # plain SGD, no momentum
+    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr, amsgrad=True),
+}
+
+
+# -- model ----------------------------------------------------------------------------
+
+class ParityRNN(nn.Module):
+    """One-layer ReLU RNN with a linear readout to the two parity classes.
+
+    ``h_t = relu(W_ih x_t + W_hh h_{t-1} + b_h)``, ``y_t = W_out h_t + b_out``, with one-hot
+    inputs ``x_t`` and a fixed start state ``h0`` (ones in the paper).
+
+    Parameters
+    ----------
+    hidden_size : int, default=100
+    gain : float, default=0.1
+        Xavier-normal gain of both weight matrices and the readout; biases start at 0.
+    seed : int, default=0
+        Seed of the initialisation.
+    """
+
+    def __init__(self, hidden_size: int = 100, *, gain: float = 0.1, seed: int = 0) -> None:
+        super().__init__()
+        check_int("hidden_size", hidden_size, low=1)
+        gain = check_float("gain", gain, low=0.0)
+        self.rnn = nn.RNN(2, hidden_size, num_layers=1, nonlinearity="relu", batch_first=True)
+        self.readout = nn.Linear(hidden_size, 2)
+        self.register_buffer("h0", torch.ones(hidden_size))
+        gen = torch.Generator().manual_seed(int(seed))
+        with torch.no_grad():
+            for par in self.parameters():
+                if par.ndim == 2:  # Xavier normal: std = gain * sqrt(2 / (fan_in + fan_out))
+                    std = gain * (2.0 / (par.shape[0] + par.shape[1])) ** 0.5
+                    par.copy_(torch.randn(par.shape, generator=gen) * std)
+                else:
+                    par.zero_()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.h0.shape[0])
+
+    def forward(self, symbols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states and readouts after every symbol.
+
+        Parameters
+        ----------
+        symbols : torch.Tensor of int, shape (batch, time)
+            Binary strings (0/1), one per row.
+
+        Returns
+        -------
+        outputs : torch.Tensor, shape (batch, time, 2)
+        hidden : torch.Tensor, shape (batch, time, hidden_size)
+        """
+        x = nn.functional.one_hot(symbols.long(), 2).to(self.h0.dtype)  # [batch, time, 2]
+        h0 = self.h0.expand(1, symbols.shape[0], -1).contiguous()       # [1, batch, hidden]
+        hidden, _ = self.rnn(x, h0)                                      # [batch, time, hidden]
+        return self.readout(hidden), hidden
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The weights as numpy arrays (the two RNN biases summed into ``b_h``)."""
+        r = self.rnn
+        return {
+            "W_ih": r.weight_ih_l0.detach().numpy().copy(),
+            "W_hh": r.weight_hh_l0.detach().numpy().copy(),
+            "b_h": (r.bias_ih_l0 + r.bias_hh_l0).detach().numpy().copy(),
+            "W_out": self.readout.weight.detach().numpy().copy(),
+            "b_out": self.readout.bias.detach().numpy().copy(),
+            "h0": self.h0.detach().numpy().copy(),
+        }
+
+    @classmethod
+    def from_weights(cls, W_ih, W_hh, b_h, W_out, b_out, h0=None) -> "ParityRNN":
+        """A network with the given weights (shapes as in `weights`); ``h0`` defaults to ones."""
+        W_hh = torch.as_tensor(np.asarray(W_hh), dtype=torch.float32)
+        n = W_hh.shape[0]
+        shapes = {"W_ih": (n, 2), "W_hh": (n, n), "b_h": (n,), "W_out": (2, n), "b_out": (2,)}
+        given = {"W_ih": W_ih, "W_hh": W_hh, "b_h": b_h, "W_out": W_out, "b_out": b_out}
+        for name, value in given.items():
+            if tuple(np.shape(value)) != shapes[name]:
+                raise InputError(f"`{name}` must have shape {shapes[name]}; got {tuple(np.shape(value))}.")
+        model = cls(n, gain=0.0)
+        with torch.no_grad():
+            model.rnn.weight_ih_l0.copy_(torch.as_tensor(np.asarray(W_ih), dtype=torch.float32))
+            model.rnn.weight_hh_l0.copy_(W_hh)
+            model.rnn.bias_ih_l0.copy_(torch.as_tensor(np.asarray(b_h), dtype=torch.float32))
+            model.rnn.bias_hh_l0.zero_()
+            model.readout.weight.copy_(torch.as_tensor(np.asarray(W_out), dtype=torch.float32))
+            model.readout.bias.copy_(torch.as_tensor(np.asarray(b_out), dtype=torch.float32))
+            if h0 is not None:
+                if tuple(np.shape(h0)) != (n,):
+                    raise InputError(f"`h0` must have shape {(n,)}; got {tuple(np.shape(h0))}.")
+                model.h0.copy_(torch.as_tensor(np.asarray(h0), dtype=torch.float32))
+        return model
+
+
+# -- data -----------------------------------------------------------------------------
+
+def parity_strings(max_length: int, *, min_length: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Every binary string of length ``min_length..max_length``, padded with zeros.
+
+    Strings are ordered by length, then as binary numbers (first symbol most significant),
+    so the string of length ``l`` and value ``v`` sits at row ``2**l - 2**min_length + v``.
+
+    Returns
+    -------
+    symbols : numpy.ndarray of int8, shape (n_strings, max_length)
+    lengths : numpy.ndarray of int64, shape (n_strings,)
+    """
+    max_length = check_int("max_length", max_length, low=1, high=20)
+    min_length = check_int("min_length", min_length, low=1, high=max_length)
+    rows, lengths = [], []
+    for length in range(min_length, max_length + 1):
+        values = np.arange(2**length)
+        bits = (values[:, None] >> np.arange(length - 1, -1, -1)[None, :]) & 1  # [string, pos]
+        padded = np.zeros((2**length, max_length), dtype=np.int8)
+        padded[:, :length] = bits
+        rows.append(padded)
+        lengths.append(np.full(2**length, length))
+    return np.concatenate(rows), np.concatenate(lengths).astype(np.int64)
+
+
+def _prefix_names(symbols: np.ndarray, lengths: np.ndarray) -> list[str]:
+    return ["".join(str(int(b)) for b in row[:n]) for row, n in zip(symbols, lengths)]
+
+
+# -- training -------------------------------------------------------------------------
+
+def train_parity_rnn(
+    *,
+    hidden_size: int = DEFAULTS["hidden_size"],
+    gain: float = DEFAULTS["gain"],
+    lr: float = DEFAULTS["lr"],
+    optimizer: str = DEFAULTS["optimizer"],
+    batch_size: int = DEFAULTS["batch_size"],
+    epochs: int = DEFAULTS["epochs"],
+    max_length: int = DEFAULTS["max_length"],
+    checkpoint_every: int = DEFAULTS["checkpoint_every"],
+    seed: int = DEFAULTS["seed"],
+    progress: ProgressCallback | None = None,
+) -> xr.Dataset:
+    """Train the parity RNN on every binary string of length 1..max_length; keep checkpoints.
+
+    The paper's recipe: targets are the one-hot parity of each whole string (many-to-one),
+    loss the mean squared error of the readout after the last symbol. As in the paper's
+    code, where each length is its own data set, a minibatch holds strings of one length:
+    the 2 strings of length 1 make one batch that weighs as much as a batch of 128 strings
+    of length 10. Short strings thus carry much of the gradient, which is what lets the
+    network learn parity bit by bit; uniform batches over all lengths stall on the 0.25
+    loss plateau.
+
+    Parameters
+    ----------
+    hidden_size : int, default=100
+    gain : float, default=0.1
+        Initialisation scale (small gain gives the rich, merging regime).
+    lr : float, default=0.02
+    batch_size : int, default=128
+    epochs : int, default=1000
+    max_length : int, default=10
+        Train on all 2**(max_length+1) - 2 strings of length 1..max_length.
+    checkpoint_every : int, default=10
+        Store the weights every this many epochs (and at step 0).
+    seed : int, default=0
+        Seeds the initialisation and the minibatch order.
+    progress : callable, optional
+        Called as ``progress(epochs_done, epochs)`` after each epoch; returning ``False``
+        stops training early (the Dataset then holds the checkpoints so far and
+        ``attrs["cancelled"]`` is True).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``step`` (optimiser steps at the checkpoints), ``unit``, ``src_unit``,
+        ``symbol``, ``output``. Variables ``W_ih`` (step, unit, symbol), ``W_hh`` (step,
+        unit, src_unit), ``b_h`` (step, unit), ``W_out`` (step, output, unit), ``b_out``
+        (step, output), ``h0`` (unit), ``train_loss`` and ``train_accuracy`` (step, on the
+        whole training set). Coordinates ``epoch`` and ``wall_seconds`` (training time until
+        the checkpoint) over step. Attrs: method, params, seed, versions, citation,
+        train_seconds, cancelled.
+
+    References
+    ----------
+    L. van Rossem and A. M. Saxe, ICML 2025.
+    """
+    hidden_size = check_int("hidden_size", hidden_size, low=1, high=4096)
+    gain = check_float("gain", gain, low=0.0)
+    lr = check_float("lr", lr, low=0.0)
+    check_choice("optimizer", optimizer, _OPTIMIZERS)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    epochs = check_int("epochs", epochs, low=0)
+    max_length = check_int("max_length", max_length, low=1, high=16)
+    checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
+    seed = check_int("seed", seed)
+    params = {"hidden_size": hidden_size, "gain": gain, "lr": lr, "optimizer": optimizer,
+              "batch_size": batch_size,
+              "epochs": epochs, "max_length": max_length, "checkpoint_every": checkpoint_every}
+
+    symbols, last, parity, target = _training_set(max_length)
+    n = symbols.shape[0]
+
+    model = ParityRNN(hidden_size, gain=gain, seed=seed)
+    optimiser = _OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    order_gen = torch.Generator().manual_seed(int(seed) + 1)
+    by_length = [torch.nonzero(last == k - 1).flatten() for k in range(1, max_length + 1)]
+    steps_per_epoch = sum(-(-len(rows) // batch_size) for rows in by_length)
+
+    snapshots: list[dict[str, np.ndarray]] = []
+    epoch_of: list[int] = []
+    metrics: list[tuple[float, float]] = []
+    walls: list[float] = []
+    start = time.perf_counter()
+
+    def checkpoint(epoch: int) -> None:
+        walls.append(time.perf_counter() - start)  # training time so far, before measuring
+        metrics.append(_training_metrics(model, symbols, last, parity, target))
+        snapshots.append(model.weights())
+        epoch_of.append(epoch)
+
+    cancelled = False
+    with torch.enable_grad():
+        checkpoint(0)
+        for epoch in range(1, epochs + 1):
+            for idx in _epoch_batches(by_length, batch_size, order_gen):
+                length = int(last[idx[0]]) + 1
+                out, _ = model(symbols[idx, :length])                  # [batch, length, 2]
+                loss = ((out[:, -1] - target[idx]) ** 2).mean()
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                optimiser.step()
+            if epoch % checkpoint_every == 0 or epoch == epochs:
+                checkpoint(epoch)
+            if progress is not None and progress(epoch, epochs) is False:
+                cancelled = True
+                if epoch_of[-1] != epoch:
+                    checkpoint(epoch)
+                break
+    seconds = time.perf_counter() - start
+    return _run_dataset(
+        snapshots, [e * steps_per_epoch for e in epoch_of], epoch_of, metrics,
+        _attrs("parity_rnn", params, seed, train_seconds=round(seconds, 3), cancelled=cancelled,
+               steps_per_epoch=steps_per_epoch, n_train=n), wall_seconds=walls)
+
+
+def _epoch_batches(by_length: list[torch.Tensor], batch_size: int,
+                   gen: torch.Generator) -> list[torch.Tensor]:
+    """One epoch of minibatches: each holds strings of one length (shuffled within the
+    length), and the batches of all lengths come in a shuffled order."""
+    batches = []
+    for rows in by_length:
+        perm = rows[torch.randperm(len(rows), generator=gen)]
+        batches.extend(perm[i:i + batch_size] for i in range(0, len(perm), batch_size))
+    order = torch.randperm(len(batches), generator=gen)
+    return [batches[int(i)] for i in order]
+
+
+def _training_set(max_length: int):
+    symbols_np, lengths_np = parity_strings(max_length)
+    symbols = torch.as_tensor(symbols_np, dtype=torch.long)           # [string, pos]
+    last = torch.as_tensor(lengths_np - 1)                            # [string]
+    parity = torch.as_tensor(symbols_np.sum(axis=1) % 2)              # padding adds 0
+    target = nn.functional.one_hot(parity, 2).float()                 # [string, 2]
+    return symbols, last, parity, target
+
+
+def _training_metrics(model: ParityRNN, symbols, last, parity, target) -> tuple[float, float]:
+    """MSE and accuracy of the readout after the last symbol, over the whole training set."""
+    with torch.no_grad():
+        out, _ = model(symbols)
+        final = out[torch.arange(symbols.shape[0]), last]             # [string, 2]
+        loss = float(((final - target) ** 2).mean())
+        accuracy = float((final.argmax(-1) == parity).float().mean())
+    return loss, accuracy
+
+
+def _run_dataset(snapshots, steps, epochs, metrics, attrs, wall_seconds=None) -> xr.Dataset:
+    def stack(name: str) -> np.ndarray:
+        return np.stack([s[name] for s in snapshots]).astype(np.float32)
+
+    hidden_size = snapshots[0]["h0"].shape[0]
+    ds = xr.Dataset(
+        {
+            "W_ih": (("step", "unit", "symbol"), stack("W_ih")),
+            "W_hh": (("step", "unit", "src_unit"), stack("W_hh")),
+            "b_h": (("step", "unit"), stack("b_h")),
+            "W_out": (("step", "output", "unit"), stack("W_out")),
+            "b_out": (("step", "output"), stack("b_out")),
+            "h0": (("unit",), snapshots[0]["h0"].astype(np.float32)),
+            "train_loss": (("step",), np.asarray([m[0] for m in metrics])),
+            "train_accuracy": (("step",), np.asarray([m[1] for m in metrics])),
+        },
+        coords={"step": np.asarray(steps, dtype=np.int64),
+                "epoch": ("step", np.asarray(epochs, dtype=np.int64)),
+                "wall_seconds": ("step", np.asarray(wall_seconds if wall_seconds is not None
+                                                    else [np.nan] * len(steps), dtype=np.float64)),
+                "unit": np.arange(hidden_size), "src_unit": np.arange(hidden_size),
+                "symbol": [0, 1], "output": [0, 1]},
+        attrs=attrs,
+    )
+    ds["train_loss"].attrs["long_name"] = "training MSE (whole training set)"
+    return ds
+
+
+def parity_run_from_models(models: Sequence[ParityRNN], *, steps: Sequence[int] | None = None,
+                           max_length: int = DEFAULTS["max_length"]) -> xr.Dataset:
+    """A run Dataset (the layout of `train_parity_rnn`) holding the given networks.
+
+    For analysing networks made by hand or elsewhere with the same tools: one checkpoint
+    per network, at ``steps`` (default 0, 1, 2, ...). ``train_loss`` and
+    ``train_accuracy`` are measured on the strings of length 1..max_length.
+    """
+    models = list(models)
+    if not models or not all(isinstance(m, ParityRNN) for m in models):
+        raise InputError("`models` must be a non-empty list of ParityRNN networks.")
+    steps = list(range(len(models))) if steps is None else [check_int("steps[i]", s) for s in steps]
+    if len(steps) != len(models) or sorted(set(steps)) != steps:
+        raise InputError(f"`steps` must be {len(models)} increasing ints, one per model; got {steps}.")
+    data = _training_set(check_int("max_length", max_length, low=1, high=16))
+    metrics = [_training_metrics(m, *data) for m in models]
+    return _run_dataset([m.weights() for m in models], steps, steps, metrics,
+                        _attrs("parity_rnn", {"max_length": max_length, "from_models": True}, 0))
+
+
+def _attrs(method: str, params: dict, seed: int, **extra: Any) -> dict:
+    return {"method": method, "params": params, "seed": int(seed), "versions": _versions(),
+            "citation": CITATION, **extra}
+
+
+def _versions() -> dict[str, str]:
+    from explorer import __version__
+
+    return {"explorer": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "xarray": xr.__version__}
+
+
+def _check_run(run: Any) -> xr.Dataset:
+    if not isinstance(run, xr.Dataset):
+        raise TypeError(f"`run` must be an xarray.Dataset from train_parity_rnn; got {type(run).__name__}.")
+    missing = [v for v in ("W_ih", "W_hh", "b_h", "W_out", "b_out", "h0") if v not in run]
+    if missing or "step" not in run.dims:
+        raise InputError(f"`run` is not a parity training run (missing {', '.join(missing) or 'step'}); "
+                         "make one with train_parity_rnn.")
+    return run
+
+
+def _check_step(run: xr.Dataset, step: int) -> int:
+    steps = run["step"].values
+    step = check_int("step", step)
+    if step not in steps:
+        shown = ", ".join(str(int(x)) for x in steps[:3]) + (f", ..., {int(steps[-1])}" if len(steps) > 3 else "")
+        raise InputError(f"`step` must be a checkpoint step of the run ({shown}); got {step}.")
+    return step
+
+
+def parity_model(run: xr.Dataset, step: int) -> ParityRNN:
+    """The network of ``run`` at checkpoint ``step``."""
+    run = _check_run(run)
+    step = _check_step(run, step)
+    at = run.sel(step=step)
+    return ParityRNN.from_weights(at["W_ih"].values, at["W_hh"].values, at["b_h"].values,
+                                  at["W_out"].values, at["b_out"].values, run["h0"].values)
+
+
+# -- hidden states --------------------------------------------------------------------
+
+def _hidden_of_prefixes(model: ParityRNN, max_length: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Hidden state and readout after every string of length 0..max_length (row 0 = empty).
+
+    Every string of length < max_length is a prefix of the length-max_length strings, so
+    one forward pass over those 2**max_length strings gives all states.
+    """
+    full, _ = parity_strings(max_length, min_length=max_length)       # [2**n, n]
+    with torch.no_grad():
+        out, hidden = model(torch.as_tensor(full, dtype=torch.long))   # [2**n, n, *]
+        h0 = model.h0[None]
+        out0 = model.readout(h0)
+    n_states = 2 ** (max_length + 1) - 1
+    states = np.empty((n_states, model.hidden_size), dtype=np.float64)
+    outputs = np.empty((n_states, 2), dtype=np.float64)
+    states[0], outputs[0] = h0[0].numpy(), out0[0].numpy()
+    values = np.arange(2**max_length)
+    for length in range(1, max_length + 1):
+        prefix_value = values >> (max_length - length)                # [2**n]
+        rows = 2**length - 1 + prefix_value                            # state index of the prefix
+        states[rows] = hidden[:, length - 1].numpy()
+        outputs[rows] = out[:, length - 1].numpy()
+    names = [""]
+    for length in range(1, max_length + 1):
+        names += [format(v, f"0{length}b") for v in range(2**length)]
+    return states, outputs, names
+
+
+def parity_hidden_states(run: xr.Dataset, step: int, *, max_length: int = 8) -> xr.Dataset:
+    """Hidden state after every string of length 0..max_length at one checkpoint.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``hidden`` (prefix, unit) and ``readout`` (prefix, output); coordinates ``string``
+        (the prefix as '0'/'1' text, '' for the start state), ``length`` and ``parity``
+        (prefix). Prefixes are ordered by length, then as binary numbers.
+    """
+    max_length = check_int("max_length", max_length, low=1, high=12)
+    model = parity_model(run, step)
+    states, outputs, names = _hidden_of_prefixes(model, max_length)
+    return xr.Dataset(
+        {"hidden": (("prefix", "unit"), states.astype(np.float32)),
+         "readout": (("prefix", "output"), outputs.astype(np.float32))},
+        coords={"prefix": np.arange(len(names)), "string": ("prefix", np.asarray(names, dtype="U")),
+                "length": ("prefix", np.asarray([len(s) for s in names])),
+                "parity": ("prefix", np.asarray([s.count("1") % 2 for s in names])),
+                "unit": np.arange(model.hidden_size), "output": [0, 1]},
+        attrs=_attrs("parity_hidden_states", {"step": int(step), "max_length": max_length},
+                     run.attrs.get("seed", 0)),
+    )
+
+
+def parity_hidden_pca(run: xr.Dataset, step: int, *, max_length: int = 8,
+                      n_components: int = 2) -> xr.Dataset:
+    """Principal components of the hidden states at one checkpoint (for the PCA view).
+
+    Signs are fixed so that each component's largest loading is positive, so the picture
+    does not flip between neighbouring checkpoints for no reason.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``pc`` (prefix, component) and ``explained_variance_ratio`` (component); the
+        prefix coordinates of `parity_hidden_states`.
+    """
+    n_components = check_int("n_components", n_components, low=1, high=10)
+    hs = parity_hidden_states(run, step, max_length=max_length)
+    h = hs["hidden"].values.astype(np.float64)
+    h = np.where(np.isfinite(h), h, 0.0)
+    centred = h - h.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    k = min(n_components, vt.shape[0])
+    comps = vt[:k]                                                     # [component, unit]
+    signs = np.sign(comps[np.arange(k), np.abs(comps).argmax(axis=1)])
+    comps = comps * np.where(signs == 0, 1, signs)[:, None]
+    total = float((s**2).sum())
+    ratio = (s[:k] ** 2) / total if total > 0 else np.zeros(k)
+    return xr.Dataset(
+        {"pc": (("prefix", "component"), (centred @ comps.T).astype(np.float32)),
+         "explained_variance_ratio": (("component",), ratio)},
+        coords={**{c: hs.coords[c] for c in ("prefix", "string", "length", "parity")},
+                "component": np.arange(1, k + 1)},
+        attrs=_attrs("parity_hidden_pca", {"step": int(step), "max_length": max_length,
+                                           "n_components": n_components}, run.attrs.get("seed", 0)),
+    )
+
+
+# -- automaton ------------------------------------------------------------------------
+
+def _extract_automaton(states: np.ndarray, outputs: np.ndarray, max_length: int,
+                       threshold: float) -> dict[str, Any]:
+    """Merge states, build the transition table of the groups, minimise it."""
+    finite_states = states[np.isfinite(states).all(axis=1)]
+    spread = float(np.linalg.norm(finite_states.std(axis=0))) if len(finite_states) else 0.0
+    merge_distance = threshold * spread
+    group = merge_states(states, merge_distance)                      # [prefix]
+    n_groups = int(group.max()) + 1
+    # Transitions: prefix s = p + a goes from group(p) to group(s) on symbol a.
+    votes = np.zeros((n_groups, 2, n_groups), dtype=np.int64)
+    for length in range(1, max_length + 1):
+        idx = np.arange(2**length - 1, 2 ** (length + 1) - 1)         # prefixes of this length
+        value = idx - (2**length - 1)
+        parent = np.where(length == 1, 0, 2 ** (length - 1) - 1 + (value >> 1))
+        symbol = value & 1
+        np.add.at(votes, (group[parent], symbol, group[idx]), 1)
+    has = votes.sum(axis=2) > 0                                        # [group, symbol]
+    transitions = np.where(has, votes.argmax(axis=2), -1)
+    # Sequences that disagree with the majority transition (0 for a deterministic graph).
+    conflicts = int((votes.sum(axis=2) - votes.max(axis=2)).sum())
+    _, first = np.unique(group, return_index=True)                   # first member per group
+    readout = np.nan_to_num(outputs[first], nan=0.0)
+    out_class = readout.argmax(axis=1)
+    merged = Automaton(transitions, out_class, initial=int(group[0]))
+    minimal, block_of = minimise_automaton(merged)
+    size = np.bincount(group, minlength=n_groups)
+    return {"group": group, "transitions": transitions, "outputs": out_class, "size": size,
+            "merged": merged, "minimal": minimal, "block_of": block_of, "conflicts": conflicts,
+            "merge_distance": merge_distance, "first": first}
+
+
+def parity_automaton(run: xr.Dataset, step: int, *, max_length: int = 8,
+                     threshold: float = 0.01) -> xr.Dataset:
+    """The automaton of merged hidden states at one checkpoint, and its minimal form.
+
+    States of all strings of length 0..max_length are grouped greedily (`merge_states`)
+    with merge distance ``threshold * ||std(h)||`` (std over the states, per unit; the
+    paper's ``thresh_factor`` 0.01). The transition on symbol ``a`` from a group goes to
+    the group of ``p + a`` for its prefixes ``p`` (majority if they disagree); a group's
+    output is the readout class of its first member. The automaton is *finite* when every
+    reachable group has both transitions; strings of length max_length have none unless
+    they merged with shorter ones. Hopcroft minimisation gives the minimal automaton.
+
+    Parameters
+    ----------
+    run : xarray.Dataset
+        From `train_parity_rnn`.
+    step : int
+        A checkpoint step of ``run``.
+    max_length : int, default=8
+        Longest analysed string.
+    threshold : float, default=0.01
+        Merge distance as a fraction of the state spread.
+
+    Returns
+    -------
+    xarray.Dataset
+        Merged automaton: ``transitions`` (state, symbol; -1 undefined), ``output``,
+        ``n_members`` and ``minimal_state`` (state); minimal automaton: ``min_transitions``
+        (min_state, symbol), ``min_output`` (min_state); ``state_of`` (prefix) with the
+        prefix coordinates of `parity_hidden_states`. Attrs: ``n_states``,
+        ``n_states_minimal``, ``finite``, ``initial``, ``conflicts``, ``merge_distance``.
+
+    References
+    ----------
+    L. van Rossem and A. M. Saxe, ICML 2025 (automaton extraction and Hopcroft reduction).
+    """
+    max_length = check_int("max_length", max_length, low=1, high=12)
+    threshold = check_float("threshold", threshold, low=0.0)
+    model = parity_model(run, step)
+    states, outputs, names = _hidden_of_prefixes(model, max_length)
+    a = _extract_automaton(states, outputs, max_length, threshold)
+    merged, minimal = a["merged"], a["minimal"]
+    return xr.Dataset(
+        {"transitions": (("state", "symbol"), a["transitions"]),
+         "output": (("state",), a["outputs"]),
+         "n_members": (("state",), a["size"]),
+         "minimal_state": (("state",), a["block_of"]),
+         "min_transitions": (("min_state", "symbol"), minimal.transitions),
+         "min_output": (("min_state",), minimal.outputs),
+         "state_of": (("prefix",), a["group"])},
+        coords={"state": np.arange(merged.n_states), "min_state": np.arange(minimal.n_states),
+                "symbol": [0, 1], "prefix": np.arange(len(names)),
+                "string": ("prefix", np.asarray(names, dtype="U")),
+                "length": ("prefix", np.asarray([len(s) for s in names])),
+                "parity": ("prefix", np.asarray([s.count("1") % 2 for s in names]))},
+        attrs=_attrs("parity_automaton", {"step": int(step), "max_length": max_length,
+                                          "threshold": threshold}, run.attrs.get("seed", 0),
+                     n_states=merged.n_states, n_states_minimal=minimal.n_states,
+                     finite=merged.complete, initial=merged.initial, conflicts=a["conflicts"],
+                     merge_distance=a["merge_distance"], citation_hopcroft="J. Hopcroft, 1971."),
+    )
+
+
+def parity_automaton_sizes(run: xr.Dataset, *, max_length: int = 8, threshold: float = 0.01,
+                           progress: ProgressCallback | None = None) -> xr.Dataset:
+    """Automaton size at every checkpoint: the phase transition to 2 states.
+
+    Returns
+    -------
+    xarray.Dataset
+        Over ``step``: ``n_states`` (merged groups), ``n_states_minimal`` (after Hopcroft),
+        ``finite`` (bool), ``conflicts``; and ``mergers`` and ``splits`` between consecutive
+        checkpoints, from the change in states (removed r, added a):
+        mergers = (2r - a) / 3, splits = (2a - r) / 3 (the paper's counting);
+        ``is_parity_automaton``: the minimal automaton is the 2-state parity automaton
+        (finite, even start state, each 1 flips the state, each 0 keeps it). Attr
+        ``transition_step``: the first checkpoint from which on it stays the parity
+        automaton (None if it never settles).
+    """
+    run = _check_run(run)
+    max_length = check_int("max_length", max_length, low=1, high=12)
+    threshold = check_float("threshold", threshold, low=0.0)
+    steps = run["step"].values
+    n_states, n_min, finite, conflicts, mergers, splits, is_parity = [], [], [], [], [], [], []
+    previous: set | None = None
+    for i, step in enumerate(steps):
+        model = parity_model(run, int(step))
+        states, outputs, _ = _hidden_of_prefixes(model, max_length)
+        a = _extract_automaton(states, outputs, max_length, threshold)
+        n_states.append(a["merged"].n_states)
+        n_min.append(a["minimal"].n_states)
+        finite.append(a["merged"].complete)
+        conflicts.append(a["conflicts"])
+        is_parity.append(_is_parity_automaton(a["minimal"]))
+        # A state is identified by the set of prefixes it holds.
+        groups = a["group"]
+        current = {frozenset(np.flatnonzero(groups == g).tolist()) for g in range(a["merged"].n_states)}
+        if previous is None:
+            mergers.append(0.0)
+            splits.append(0.0)
+        else:
+            removed, added = len(previous - current), len(current - previous)
+            mergers.append((2 * removed - added) / 3)
+            splits.append((2 * added - removed) / 3)
+        previous = current
+        if progress is not None and progress(i + 1, len(steps)) is False:
+            steps = steps[:i + 1]
+            break
+    finite_arr = np.asarray(finite)
+    n_min_arr = np.asarray(n_min)
+    settled = np.asarray(is_parity)
+    transition = None
+    for i in range(len(steps)):
+        if settled[i:].all():
+            transition = int(steps[i])
+            break
+    return xr.Dataset(
+        {"n_states": (("step",), np.asarray(n_states)),
+         "n_states_minimal": (("step",), n_min_arr),
+         "finite": (("step",), finite_arr),
+         "is_parity_automaton": (("step",), settled),
+         "conflicts": (("step",), np.asarray(conflicts)),
+         "mergers": (("step",), np.asarray(mergers)),
+         "splits": (("step",), np.asarray(splits))},
+        coords={"step": steps, "epoch": ("step", run["epoch"].values[:len(steps)])},
+        attrs=_attrs("parity_automaton_sizes", {"max_length": max_length, "threshold": threshold},
+                     run.attrs.get("seed", 0), transition_step=transition,
+                     transition_epoch=None if transition is None else
+                     int(run["epoch"].sel(step=transition))),
+    )
+
+
+def _is_parity_automaton(minimal: Automaton) -> bool:
+    """True for the 2-state parity automaton: start even (output 0), 0 keeps, 1 flips."""
+    return (minimal.n_states == 2 and minimal.outputs.tolist() == [0, 1]
+            and minimal.transitions.tolist() == [[0, 1], [1, 0]])
+
+
+# -- generalisation -------------------------------------------------------------------
+
+def parity_long_accuracy(run: xr.Dataset, *, lengths: Sequence[int] = LONG_LENGTHS,
+                         n_strings: int = 20, seed: int = 0, steps: Sequence[int] | None = None,
+                         progress: ProgressCallback | None = None) -> xr.Dataset:
+    """Accuracy on random strings much longer than the training strings, per checkpoint.
+
+    ``n_strings`` random strings of the longest length are drawn once, as
+    ``numpy.random.default_rng(seed).integers(0, 2, (n_strings, max(lengths)), dtype=int8)``; the
+    accuracy at length ``l`` is read from the network's output after their first ``l``
+    symbols (every prefix of a uniform random string is a uniform random string), so one
+    forward pass per checkpoint covers every length.
+
+    Parameters
+    ----------
+    run : xarray.Dataset
+        From `train_parity_rnn`.
+    lengths : sequence of int, default=(10, 25, 50, 100, 250, 1000, 2500, 10000)
+    n_strings : int, default=20
+    seed : int, default=0
+    steps : sequence of int, optional
+        Checkpoints to test (default: all).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``accuracy`` (step, length) in [0, 1]; ``all_correct`` (step): accuracy 1 at every
+        length. Attr ``generalisation_step``: the first checkpoint from which on every
+        length is solved (None if never).
+    """
+    run = _check_run(run)
+    lengths = sorted({check_int("lengths[i]", int(n), low=1, high=1_000_000) for n in lengths})
+    if not lengths:
+        raise InputError("`lengths` must hold at least one length; got none.")
+    n_strings = check_int("n_strings", n_strings, low=1)
+    seed = check_int("seed", seed)
+    steps = run["step"].values if steps is None else np.asarray([_check_step(run, s) for s in steps])
+    rng = np.random.default_rng(seed)
+    strings = rng.integers(0, 2, size=(n_strings, lengths[-1]), dtype=np.int8)
+    parity = np.cumsum(strings, axis=1, dtype=np.int64) % 2            # [string, pos]
+    want = parity[:, np.asarray(lengths) - 1]                          # [string, length]
+    symbols = torch.as_tensor(strings, dtype=torch.long)
+    accuracy = np.empty((len(steps), len(lengths)))
+    # Strings per forward: the hidden states of a chunk (float32) stay under ~64 MB.
+    hidden_size = int(run.sizes["unit"])
+    chunk = max(1, 16_000_000 // (lengths[-1] * hidden_size))
+    for i, step in enumerate(steps):
+        model = parity_model(run, int(step))
+        predicted = np.empty_like(want)
+        with torch.no_grad():
+            for j in range(0, n_strings, chunk):
+                out, _ = model(symbols[j:j + chunk])                   # [chunk, time, 2]
+                picked = out[:, torch.as_tensor(lengths) - 1]          # [chunk, length, 2]
+                # A diverged state (nan) counts as wrong.
+                ok = torch.isfinite(picked).all(-1)
+                predicted[j:j + chunk] = np.where(ok.numpy(), picked.argmax(-1).numpy(), -1)
+        accuracy[i] = (predicted == want).mean(axis=0)
+        if progress is not None and progress(i + 1, len(steps)) is False:
+            steps, accuracy = steps[:i + 1], accuracy[:i + 1]
+            break
+    all_correct = (accuracy == 1.0).all(axis=1)
+    generalised = None
+    for i in range(len(steps)):
+        if all_correct[i:].all():
+            generalised = int(steps[i])
+            break
+    return xr.Dataset(
+        {"accuracy": (("step", "length"), accuracy), "all_correct": (("step",), all_correct)},
+        coords={"step": np.asarray(steps), "length": np.asarray(lengths),
+                "epoch": ("step", run["epoch"].sel(step=np.asarray(steps)).values)},
+        attrs=_attrs("parity_long_accuracy", {"lengths": lengths, "n_strings": n_strings},
+                     seed, generalisation_step=generalised),
+    )
+
+
+# -- cached runs ----------------------------------------------------------------------
+
+def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
+    return {"method": "parity_rnn", "format": 1, **params}
+
+
+def parity_run(*, store=None, retrain: bool = False, progress: ProgressCallback | None = None,
+               **params: Any) -> xr.Dataset:
+    """The training run for ``params`` (see `train_parity_rnn`), from the store or trained.
+
+    Parameters
+    ----------
+    store : explorer.store.ActivationStore, optional
+        Default: the store in the cache folder (``$EXPLORER_CACHE``).
+    retrain : bool, default=False
+        Train again and replace the stored run.
+    **params
+        Arguments of `train_parity_rnn`; missing ones take `DEFAULTS`.
+    """
+    from explorer.store import ActivationStore
+
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"unknown parity training parameter {unknown[0]!r}; allowed: "
+                         f"{', '.join(DEFAULTS)}.")
+    full = {**DEFAULTS, **params}
+    store = ActivationStore() if store is None else store
+    parts = _run_parts(full)
+    if retrain:
+        store.put(store.key(parts), train_parity_rnn(**full, progress=progress), parts=parts)
+    return store.get_or_compute(parts, lambda: train_parity_rnn(**full, progress=progress)).load()
+
+
+def parity_analysis(run: xr.Dataset, *, max_length: int = 8, threshold: float = 0.01,
+                    lengths: Sequence[int] = LONG_LENGTHS, n_strings: int = 20,
+                    seed: int = 0) -> xr.Dataset:
+    """Automaton sizes and long-string accuracy over training, in one Dataset (step dim)."""
+    sizes = parity_automaton_sizes(run, max_length=max_length, threshold=threshold)
+    acc = parity_long_accuracy(run, lengths=lengths, n_strings=n_strings, seed=seed)
+    ds = xr.merge([sizes, acc, run[["train_loss", "train_accuracy"]]], compat="override",
+                  combine_attrs="drop")
+    ds.attrs = _attrs("parity_analysis", {"max_length": max_length, "threshold": threshold,
+                                          "lengths": list(map(int, acc["length"].values)),
+                                          "n_strings": n_strings, "run_params": run.attrs.get("params")},
+                      seed, transition_step=sizes.attrs["transition_step"],
+                      transition_epoch=sizes.attrs["transition_epoch"],
+                      generalisation_step=acc.attrs["generalisation_step"],
+                      train_seconds=run.attrs.get("train_seconds"),
+                      transition_seconds=_wall_at(run, sizes.attrs["transition_step"]),
+                      generalisation_seconds=_wall_at(run, acc.attrs["generalisation_step"]))
+    return ds
+
+
+def _wall_at(run: xr.Dataset, step: int | None) -> float | None:
+    """Training time until checkpoint ``step`` (None if unknown)."""
+    if step is None or "wall_seconds" not in run.coords:
+        return None
+    wall = float(run["wall_seconds"].sel(step=step))
+    return None if np.isnan(wall) else round(wall, 3)
+
+
+def _analysis_parts(run: xr.Dataset, max_length: int, threshold: float, n_strings: int,
+                    seed: int) -> dict[str, Any]:
+    # The run is named by its parameters and a hash of its weights, so a changed run never
+    # reads an analysis of another.
+    digest = hashlib.sha256()
+    for name in ("W_ih", "W_hh", "W_out"):
+        digest.update(np.ascontiguousarray(run[name].values).tobytes())
+    return {"method": "parity_analysis", "format": 1,
+            "run": {**run.attrs.get("params", {}), "seed": run.attrs.get("seed", 0)},
+            "weights_sha256": digest.hexdigest()[:32],
+            "max_length": max_length, "threshold": threshold, "n_strings": n_strings, "seed": seed}
+
+
+def stored_parity_analysis(run: xr.Dataset, *, store=None, max_length: int = 8,
+                           threshold: float = 0.01, n_strings: int = 20,
+                           seed: int = 0) -> xr.Dataset:
+    """`parity_analysis` of a trained run, from the store or computed and stored.
+
+    The key holds the run's training parameters and seed, so the command line and the
+    app share one stored analysis per run and setting.
+    """
+    from explorer.store import ActivationStore
+
+    run = _check_run(run)
+    store = ActivationStore() if store is None else store
+    parts = _analysis_parts(run, max_length, threshold, n_strings, seed)
+    return store.get_or_compute(parts, lambda: parity_analysis(
+        run, max_length=max_length, threshold=threshold, n_strings=n_strings, seed=seed)).load()
+
+
+def analysis_summary(analysis: xr.Dataset) -> dict[str, Any]:
+    """The headline numbers of `parity_analysis`, JSON-able."""
+    last = analysis.isel(step=-1)
+    return {
+        "transition_step": analysis.attrs["transition_step"],
+        "transition_epoch": analysis.attrs["transition_epoch"],
+        "generalisation_step": analysis.attrs["generalisation_step"],
+        "final_n_states": int(last["n_states"]),
+        "final_n_states_minimal": int(last["n_states_minimal"]),
+        "final_finite": bool(last["finite"]),
+        "final_accuracy": {int(n): float(a) for n, a in zip(analysis["length"].values,
+                                                            last["accuracy"].values)},
+        "final_train_loss": float(last["train_loss"]),
+        "train_seconds": analysis.attrs.get("train_seconds"),
+        "transition_seconds": analysis.attrs.get("transition_seconds"),
+        "generalisation_seconds": analysis.attrs.get("generalisation_seconds"),
+    }
+
+
+# -- command line ---------------------------------------------------------------------
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``explorer parity train|analyse``."""
+    p = subparsers.add_parser(
+        "parity", help="streaming-parity RNN: train it, or analyse its automaton over training",
+        description="train: train the parity RNN (van Rossem & Saxe, ICML 2025) and store the run "
+                    "in the cache. analyse: automaton size and long-string accuracy per checkpoint "
+                    "of the stored run (trained first if missing).")
+    p.add_argument("action", choices=["train", "analyse"], help="train or analyse")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed (default: 0)")
+    p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"], help="epochs (default: 1000)")
+    p.add_argument("--hidden-size", type=int, default=DEFAULTS["hidden_size"],
+                   help="hidden units (default: 100)")
+    p.add_argument("--gain", type=float, default=DEFAULTS["gain"],
+                   help="initialisation gain (default: 0.1)")
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (default: 0.02)")
+    p.add_argument("--optimizer", choices=sorted(_OPTIMIZERS), default=DEFAULTS["optimizer"],
+                   help="optimiser (default: sgd, plain SGD as in the paper)")
+    p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"],
+                   help="epochs between checkpoints (default: 10)")
+    p.add_argument("--threshold", type=float, default=0.01,
+                   help="analyse: merge distance as a fraction of the state spread (default: 0.01)")
+    p.add_argument("--max-length", type=int, default=8,
+                   help="analyse: longest string whose states are merged (default: 8)")
+    p.add_argument("--n-strings", type=int, default=20,
+                   help="analyse: random long strings per length (default: 20)")
+    p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_parity)
+
+
+def _cmd_parity(args: argparse.Namespace) -> int:
+    from explorer.store import ActivationStore
+
+    # The model is tiny: one thread beats several (by 3-20x on a busy 2-core machine), and
+    # this process does nothing else.
+    torch.set_num_threads(1)
+
+    params = {"seed": args.seed, "epochs": args.epochs, "hidden_size": args.hidden_size,
+              "gain": args.gain, "lr": args.lr, "optimizer": args.optimizer,
+              "checkpoint_every": args.checkpoint_every}
+    store = ActivationStore()
+    progress = None if args.json else _terminal_progress("training")
+    if args.action == "train":
+        run = parity_run(store=store, retrain=True, progress=progress, **params)
+        final = run.isel(step=-1)
+        out = {"key": store.key(_run_parts({**DEFAULTS, **params})), "store": str(store.path),
+               "params": run.attrs["params"], "seed": run.attrs["seed"],
+               "train_seconds": run.attrs["train_seconds"], "n_checkpoints": int(run.sizes["step"]),
+               "final_train_loss": float(final["train_loss"]),
+               "final_train_accuracy": float(final["train_accuracy"])}
+    else:
+        run = parity_run(store=store, retrain=args.retrain, progress=progress, **params)
+        analysis = stored_parity_analysis(run, store=store, max_length=args.max_length,
+                                          threshold=args.threshold, n_strings=args.n_strings)
+        out = analysis_summary(analysis)
+    if args.json:
+        from explorer.cli import print_json
+
+        print_json(out)
+    else:
+        for name, value in out.items():
+            print(f"{name}: {value}")
+    return 0
+
+
+def _terminal_progress(label: str) -> ProgressCallback:
+    from tqdm import tqdm
+
+    bar: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if "bar" not in bar:
+            bar["bar"] = tqdm(total=total, desc=label, unit="epoch", file=sys.stderr, leave=False)
+        bar["bar"].update(done - bar["bar"].n)
+        if done >= total:
+            bar["bar"].close()
+
+    return update

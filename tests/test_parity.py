@@ -1,0 +1,427 @@
+"""Streaming parity (van Rossem & Saxe, ICML 2025): automaton minimisation, state merging,
+a hand-built parity RNN, and the training run's layout, each against an independent
+computation (brute-force word equivalence, a numpy forward pass, hand-worked cases)."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from explorer._checks import InputError
+from explorer.analyses import parity as par
+from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These models are tiny: one thread is faster than several fighting over shared cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- helpers: independent computations ------------------------------------------------
+
+
+def _words(n_symbols: int, max_len: int):
+    for length in range(max_len + 1):
+        yield from itertools.product(range(n_symbols), repeat=length)
+
+
+def _signature(automaton: Automaton, state: int, max_len: int) -> tuple:
+    """Outputs (None where a transition is undefined) of every word up to max_len from state."""
+    out = []
+    for word in _words(automaton.n_symbols, max_len):
+        q = state
+        for a in word:
+            q = int(automaton.transitions[q, a]) if q != -1 else -1
+        out.append(None if q == -1 else automaton.outputs[q].item())
+    return tuple(out)
+
+
+def _brute_force_classes(automaton: Automaton) -> dict[int, int]:
+    """Equivalence classes of reachable states by comparing outputs on every word of length
+    < n (Moore: n-1 symbols distinguish any two inequivalent states of an n-state machine)."""
+    n = automaton.n_states
+    reach = {automaton.initial}
+    frontier = [automaton.initial]
+    while frontier:
+        q = frontier.pop()
+        for nxt in automaton.transitions[q]:
+            if nxt != -1 and int(nxt) not in reach:
+                reach.add(int(nxt))
+                frontier.append(int(nxt))
+    sigs = {q: _signature(automaton, q, n) for q in sorted(reach)}
+    labels: dict[tuple, int] = {}
+    return {q: labels.setdefault(s, len(labels)) for q, s in sigs.items()}
+
+
+def _numpy_rnn_outputs(weights: dict[str, np.ndarray], strings: np.ndarray) -> np.ndarray:
+    """Plain numpy forward pass of h_t = relu(W_ih x_t + W_hh h_{t-1} + b), y = W_out h + b."""
+    h = np.tile(weights["h0"].astype(np.float64), (strings.shape[0], 1))
+    for t in range(strings.shape[1]):
+        x = np.eye(2)[strings[:, t]]
+        h = np.maximum(x @ weights["W_ih"].T + h @ weights["W_hh"].T + weights["b_h"], 0.0)
+    return h @ weights["W_out"].T + weights["b_out"]
+
+
+def _hand_parity_weights(hidden: int = 4) -> dict[str, np.ndarray]:
+    """A ReLU RNN that computes parity exactly. Units are AND gates u[p, a] = 1 iff the
+    parity so far was p and the symbol is a; the new parity is p xor a, so
+    u'[p', a'] = relu(sum_{p xor a = p'} u[p, a] + x[a'] - 1). Extra units stay at 0."""
+    pairs = [(0, 0), (0, 1), (1, 0), (1, 1)]  # unit index -> (parity before, symbol)
+    W_hh = np.zeros((hidden, hidden))
+    W_ih = np.zeros((hidden, 2))
+    b = np.zeros(hidden)
+    W_out = np.zeros((2, hidden))
+    for i, (p_new, a_new) in enumerate(pairs):
+        W_ih[i, a_new] = 1.0
+        b[i] = -1.0
+        for j, (p, a) in enumerate(pairs):
+            if p ^ a == p_new:
+                W_hh[i, j] = 1.0
+        W_out[(pairs[i][0] ^ pairs[i][1]), i] = 1.0  # readout: the parity after this step
+    h0 = np.zeros(hidden)
+    h0[0] = 1.0  # "parity 0 after symbol 0": the empty string is even
+    return {"W_ih": W_ih, "W_hh": W_hh, "b_h": b, "W_out": W_out, "b_out": np.zeros(2), "h0": h0}
+
+
+def _single_checkpoint_run(weights: dict[str, np.ndarray]) -> xr.Dataset:
+    model = par.ParityRNN.from_weights(**weights)
+    return par.parity_run_from_models([model], steps=[0])
+
+
+# -- Hopcroft minimisation ------------------------------------------------------------
+
+
+def test_minimise_redundant_parity_machine_gives_the_two_state_parity_automaton():
+    # States are (parity, last symbol): 4 states, but only the parity matters.
+    pairs = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    index = {pq: i for i, pq in enumerate(pairs)}
+    trans = np.array([[index[(p ^ a, a)] for a in (0, 1)] for p, _ in pairs])
+    outputs = np.array([p for p, _ in pairs])
+    minimal, block_of = minimise_automaton(Automaton(trans, outputs, initial=0))
+    assert minimal.n_states == 2
+    # Hand-worked: even --0--> even, even --1--> odd, odd --0--> odd, odd --1--> even.
+    np.testing.assert_array_equal(minimal.transitions, [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(minimal.outputs, [0, 1])
+    np.testing.assert_array_equal(block_of, [0, 0, 1, 1])
+
+
+def test_minimise_mod3_counter_with_duplicates_and_unreachable_states():
+    # States 0..5 count ones mod 3 twice over (q and q+3 are equivalent); state 6 is unreachable.
+    trans = np.array([[0, 4], [1, 5], [2, 3], [3, 1], [4, 2], [5, 0], [6, 6]])
+    outputs = np.array([0, 1, 2, 0, 1, 2, 0])
+    minimal, block_of = minimise_automaton(Automaton(trans, outputs, initial=0))
+    assert minimal.n_states == 3
+    assert block_of[6] == -1
+    assert block_of[0] == block_of[3] and block_of[1] == block_of[4] and block_of[2] == block_of[5]
+    assert len({block_of[0], block_of[1], block_of[2]}) == 3
+
+
+def test_minimise_textbook_dfa_needs_refinement_beyond_outputs():
+    # Accepts strings over {a, b} that end in "abb" (Aho, Sethi & Ullman's example):
+    # 5 states A..E, with A and C equivalent; outputs alone separate only E.
+    A, B, C, D, E = range(5)
+    trans = np.array([[B, C], [B, D], [B, C], [B, E], [B, C]])
+    outputs = np.array([0, 0, 0, 0, 1])
+    minimal, block_of = minimise_automaton(Automaton(trans, outputs, initial=A))
+    assert minimal.n_states == 4
+    assert block_of[A] == block_of[C]
+    assert len(set(block_of.tolist())) == 4
+    for word in _words(2, 6):
+        expected = int(len(word) >= 3 and word[-3:] == (0, 1, 1))
+        assert minimal.run(word) == expected
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_minimise_matches_brute_force_equivalence_on_random_automata(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 9))
+    trans = rng.integers(0, n, size=(n, 2))
+    if seed % 3 == 0:  # partial automata: some transitions undefined
+        trans[rng.random((n, 2)) < 0.2] = -1
+    outputs = rng.integers(0, 2, size=n)
+    auto = Automaton(trans, outputs, initial=int(rng.integers(0, n)))
+    minimal, block_of = minimise_automaton(auto)
+    classes = _brute_force_classes(auto)
+    assert minimal.n_states == len(set(classes.values()))
+    for p in classes:
+        for q in classes:
+            assert (classes[p] == classes[q]) == (block_of[p] == block_of[q])
+    for word in _words(2, 6):  # same language of outputs
+        assert minimal.run(word) == auto.run(word)
+
+
+def test_minimise_prefix_tree_merges_leaves_with_equal_outputs():
+    # Prefix tree of depth 2 (no merging, undefined transitions at the leaves), output parity.
+    names = ["", "0", "1", "00", "01", "10", "11"]
+    trans = np.array([[1, 2], [3, 4], [5, 6], [-1, -1], [-1, -1], [-1, -1], [-1, -1]])
+    outputs = np.array([s.count("1") % 2 for s in names])
+    auto = Automaton(trans, outputs)
+    assert not auto.complete
+    minimal, block_of = minimise_automaton(auto)
+    # Leaves: two classes (even, odd); depth-1: "0" and "1" differ by output; root alone.
+    assert minimal.n_states == 5
+    assert block_of[3] == block_of[6] and block_of[4] == block_of[5] and block_of[3] != block_of[4]
+
+
+def test_automaton_rejects_bad_tables():
+    with pytest.raises(InputError, match="outputs"):
+        Automaton(np.array([[0, 0]]), np.array([0, 1]))
+    with pytest.raises(InputError, match="transitions"):
+        Automaton(np.array([[0, 3]]), np.array([0]))
+    with pytest.raises(InputError, match="initial"):
+        Automaton(np.array([[0, 0]]), np.array([0]), initial=2)
+
+
+# -- merging hidden states ------------------------------------------------------------
+
+
+def test_merge_states_groups_constructed_clusters_in_order_of_first_member():
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0], [0.0, 5.0, 0.0]])
+    order = [1, 0, 1, 2, 0, 2, 1]
+    hidden = centres[order] + rng.normal(scale=0.01, size=(len(order), 3))
+    groups = merge_states(hidden, merge_distance=0.5)
+    # Groups are numbered by first appearance: centre 1 -> 0, centre 0 -> 1, centre 2 -> 2.
+    np.testing.assert_array_equal(groups, [0, 1, 0, 2, 1, 2, 0])
+
+
+def test_merge_states_is_greedy_and_strict():
+    # b is within reach of a (first group) and c; it joins a. c is 1.0 from a: not < 1.0.
+    hidden = np.array([[0.0], [1.0], [0.6]])
+    np.testing.assert_array_equal(merge_states(hidden, merge_distance=1.0), [0, 1, 0])
+    np.testing.assert_array_equal(merge_states(hidden, merge_distance=1.0001), [0, 0, 0])
+    np.testing.assert_array_equal(merge_states(hidden, merge_distance=0.0), [0, 1, 2])
+    # A diverged state never merges.
+    np.testing.assert_array_equal(merge_states(np.array([[0.0], [np.nan], [0.0]]), 1.0), [0, 1, 0])
+
+
+def test_merge_states_rejects_bad_input():
+    with pytest.raises(InputError, match="merge_distance"):
+        merge_states(np.zeros((3, 2)), -1.0)
+    with pytest.raises(InputError, match="2-d"):
+        merge_states(np.zeros(3), 1.0)
+
+
+# -- a hand-built parity RNN ----------------------------------------------------------
+
+
+def test_hand_set_rnn_computes_parity_as_a_numpy_forward_does():
+    weights = _hand_parity_weights(hidden=6)
+    model = par.ParityRNN.from_weights(**weights)
+    rng = np.random.default_rng(1)
+    strings = rng.integers(0, 2, size=(64, 300))
+    with torch.no_grad():
+        out, hidden = model(torch.as_tensor(strings))
+    expected = _numpy_rnn_outputs(weights, strings)
+    np.testing.assert_allclose(out[:, -1].numpy(), expected, atol=1e-5)
+    np.testing.assert_array_equal(out[:, -1].argmax(-1).numpy(), strings.sum(1) % 2)
+    np.testing.assert_array_equal(out.argmax(-1).numpy(), np.cumsum(strings, 1) % 2)
+
+
+def test_hand_set_rnn_generalises_to_10000_symbols():
+    run = _single_checkpoint_run(_hand_parity_weights())
+    acc = par.parity_long_accuracy(run, lengths=[1, 7, 100, 10_000], n_strings=16, seed=3)
+    np.testing.assert_array_equal(acc["accuracy"].values, 1.0)
+    assert acc.attrs["generalisation_step"] == 0
+
+
+def test_long_accuracy_of_a_wrong_rnn_matches_a_direct_count():
+    # Readout of the hand RNN with outputs swapped for the "last symbol was 1" units:
+    # the prediction is then (parity xor last symbol), right exactly when the last symbol is 0.
+    weights = _hand_parity_weights()
+    weights["W_out"] = np.array([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]])  # = parity before
+    run = _single_checkpoint_run(weights)
+    acc = par.parity_long_accuracy(run, lengths=[5, 50], n_strings=40, seed=0)
+    strings = np.random.default_rng(0).integers(0, 2, size=(40, 50), dtype=np.int8)
+    np.testing.assert_allclose(acc["accuracy"].values[0],
+                               [(strings[:, 4] == 0).mean(), (strings[:, 49] == 0).mean()])
+    assert acc.attrs["generalisation_step"] is None
+
+
+def test_hand_set_rnn_automaton_has_four_merged_and_two_minimal_states():
+    run = _single_checkpoint_run(_hand_parity_weights())
+    auto = par.parity_automaton(run, 0, max_length=6)
+    # Hidden states are the 4 one-hot units; h0 equals the state after "0".
+    assert auto.attrs["n_states"] == 4
+    assert auto.attrs["finite"] is True
+    assert auto.attrs["conflicts"] == 0
+    assert auto.attrs["n_states_minimal"] == 2
+    np.testing.assert_array_equal(auto["min_transitions"].values, [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(auto["min_output"].values, [0, 1])
+    # Every prefix sits in a state whose output is its parity.
+    state_out = auto["output"].values[auto["state_of"].values]
+    np.testing.assert_array_equal(state_out, auto["parity"].values)
+    sizes = par.parity_automaton_sizes(run, max_length=6)
+    assert int(sizes["n_states_minimal"][0]) == 2 and bool(sizes["is_parity_automaton"][0])
+    assert sizes.attrs["transition_step"] == 0
+
+
+def test_automaton_of_an_untrained_tree_is_not_finite():
+    # A random large-gain RNN separates every prefix: the automaton is the prefix tree.
+    model = par.ParityRNN(32, gain=3.0, seed=0)
+    run = par.parity_run_from_models([model], steps=[0])
+    auto = par.parity_automaton(run, 0, max_length=4, threshold=0.01)
+    assert auto.attrs["n_states"] == 2**5 - 1
+    assert auto.attrs["finite"] is False
+    sizes = par.parity_automaton_sizes(run, max_length=4)
+    assert sizes.attrs["transition_step"] is None and not bool(sizes["is_parity_automaton"][0])
+
+
+def test_hidden_states_follow_prefix_order_and_match_numpy():
+    weights = {k: v for k, v in _hand_parity_weights().items()}
+    rng = np.random.default_rng(5)
+    weights["W_hh"] = weights["W_hh"] + rng.normal(scale=0.05, size=(4, 4))
+    run = _single_checkpoint_run(weights)
+    hs = par.parity_hidden_states(run, 0, max_length=3)
+    assert list(hs["string"].values[:7]) == ["", "0", "1", "00", "01", "10", "11"]
+    for i, s in enumerate(hs["string"].values):
+        if not s:
+            np.testing.assert_allclose(hs["hidden"].values[i], weights["h0"], atol=1e-6)
+            continue
+        h = weights["h0"].copy()
+        for a in s:
+            h = np.maximum(weights["W_ih"][:, int(a)] + weights["W_hh"] @ h + weights["b_h"], 0)
+        np.testing.assert_allclose(hs["hidden"].values[i], h, atol=1e-5)
+    np.testing.assert_array_equal(hs["parity"].values, [s.count("1") % 2 for s in hs["string"].values])
+
+
+def test_hidden_pca_matches_an_svd_of_the_centred_states():
+    model = par.ParityRNN(20, gain=1.0, seed=2)
+    run = par.parity_run_from_models([model], steps=[0])
+    pca = par.parity_hidden_pca(run, 0, max_length=5, n_components=2)
+    h = par.parity_hidden_states(run, 0, max_length=5)["hidden"].values.astype(np.float64)
+    centred = h - h.mean(0)
+    cov_eig = np.sort(np.linalg.eigvalsh(centred.T @ centred))[::-1]
+    # Component variances are the top eigenvalues of the scatter matrix.
+    np.testing.assert_allclose((pca["pc"].values.astype(np.float64) ** 2).sum(0), cov_eig[:2],
+                               rtol=1e-4)
+    np.testing.assert_allclose(pca["explained_variance_ratio"].values, cov_eig[:2] / cov_eig.sum(),
+                               rtol=1e-4)
+
+
+# -- training -------------------------------------------------------------------------
+
+
+def test_training_run_layout_and_loss_against_numpy_forward():
+    run = par.train_parity_rnn(hidden_size=12, epochs=3, checkpoint_every=1, max_length=5, seed=4)
+    steps_per_epoch = 5  # one minibatch per length (at most 32 strings of each length < 128)
+    np.testing.assert_array_equal(run["step"].values, np.arange(4) * steps_per_epoch)
+    np.testing.assert_array_equal(run["epoch"].values, np.arange(4))
+    assert run["W_hh"].dims == ("step", "unit", "src_unit")
+    np.testing.assert_array_equal(run["h0"].values, 1.0)
+    # Training loss at every checkpoint from a numpy forward over all strings.
+    symbols, lengths = par.parity_strings(5)
+    target = np.eye(2)[symbols.sum(1) % 2]
+    for step in run["step"].values:
+        at = run.sel(step=step)
+        w = {k: at[k].values.astype(np.float64) for k in ("W_ih", "W_hh", "b_h", "W_out", "b_out")}
+        w["h0"] = run["h0"].values
+        finals = np.stack([_numpy_rnn_outputs(w, symbols[i:i + 1, :lengths[i]])[0]
+                           for i in range(len(lengths))])
+        np.testing.assert_allclose(float(at["train_loss"]), ((finals - target) ** 2).mean(),
+                                   rtol=1e-4)
+    # SGD moved the weights, and the attrs are JSON-able provenance.
+    assert not np.allclose(run["W_hh"].values[0], run["W_hh"].values[-1])
+    json.dumps(run.attrs)
+    assert run.attrs["method"] == "parity_rnn" and "van Rossem" in run.attrs["citation"]
+    assert run.attrs["params"]["lr"] == 0.02 and run.attrs["seed"] == 4
+
+
+def test_training_is_seeded():
+    a = par.train_parity_rnn(hidden_size=8, epochs=2, max_length=4, seed=1)
+    b = par.train_parity_rnn(hidden_size=8, epochs=2, max_length=4, seed=1)
+    c = par.train_parity_rnn(hidden_size=8, epochs=2, max_length=4, seed=2)
+    np.testing.assert_array_equal(a["W_hh"].values, b["W_hh"].values)
+    assert not np.allclose(a["W_hh"].values[0], c["W_hh"].values[0])
+
+
+def test_initialisation_is_xavier_normal_with_the_gain():
+    model = par.ParityRNN(400, gain=0.1, seed=0)
+    w = model.rnn.weight_hh_l0.detach().numpy()
+    assert w.std() == pytest.approx(0.1 * np.sqrt(2 / 800), rel=0.02)
+    assert float(model.rnn.bias_ih_l0.abs().sum()) == 0.0
+
+
+def test_progress_callback_can_cancel_training():
+    seen = []
+
+    def progress(done, total):
+        seen.append((done, total))
+        return done < 2
+
+    run = par.train_parity_rnn(hidden_size=8, epochs=10, max_length=4, checkpoint_every=5,
+                               progress=progress)
+    assert seen == [(1, 10), (2, 10)]
+    assert run.attrs["cancelled"] is True
+    np.testing.assert_array_equal(run["epoch"].values, [0, 2])
+
+
+def test_parity_strings_order():
+    symbols, lengths = par.parity_strings(3)
+    assert len(lengths) == 14
+    assert symbols[2**2 - 2 + 0b10].tolist()[:2] == [1, 0] and lengths[2**2 - 2 + 0b10] == 2
+    assert symbols[-1].tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"hidden_size": 0}, "hidden_size"),
+    ({"lr": -1.0}, "lr"),
+    ({"max_length": 40}, "max_length"),
+    ({"checkpoint_every": 0}, "checkpoint_every"),
+])
+def test_training_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(InputError, match=match):
+        par.train_parity_rnn(**kwargs)
+
+
+def test_analyses_reject_bad_steps_and_runs():
+    run = _single_checkpoint_run(_hand_parity_weights())
+    with pytest.raises(InputError, match="step"):
+        par.parity_automaton(run, 7)
+    with pytest.raises(TypeError, match="xarray.Dataset"):
+        par.parity_automaton_sizes({"W_hh": 1})
+    with pytest.raises(InputError, match="lengths"):
+        par.parity_long_accuracy(run, lengths=[0])
+
+
+# -- store and command line -----------------------------------------------------------
+
+
+def test_parity_run_is_stored_and_reused(tmp_path):
+    from explorer.store import ActivationStore
+
+    store = ActivationStore(tmp_path)
+    params = {"hidden_size": 8, "epochs": 2, "max_length": 4, "checkpoint_every": 1, "seed": 0}
+    calls = []
+    first = par.parity_run(store=store, progress=lambda d, t: calls.append(d), **params)
+    again = par.parity_run(store=store, progress=lambda d, t: calls.append(d), **params)
+    assert calls == [1, 2]  # trained once
+    np.testing.assert_array_equal(first["W_hh"].values, again["W_hh"].values)
+    with pytest.raises(InputError, match="unknown parity training parameter"):
+        par.parity_run(store=store, epoch=3)
+
+
+def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
+    from explorer import cli
+
+    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.parity",))
+    args = ["parity", "train", "--epochs", "2", "--hidden-size", "8", "--checkpoint-every", "1",
+            "--json", "--cache", str(tmp_path)]
+    assert cli.main(args) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["n_checkpoints"] == 3 and trained["params"]["hidden_size"] == 8
+    args[1] = "analyse"
+    assert cli.main(args + ["--max-length", "4", "--n-strings", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["final_accuracy"]) == {str(n) for n in par.LONG_LENGTHS}
+    assert summary["final_n_states"] >= 1
+    assert cli.main(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
+    assert "`epochs` must be an int" in capsys.readouterr().err
