@@ -22,6 +22,7 @@ from apps._session import Runner, get_model, user_message
 from apps.lens import LensView
 from apps.linear_icl import LinearICLView
 from apps.parity import ParityView
+from apps.saturation import SaturationView
 from explorer._checks import ExplorerError, check_choice
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
@@ -34,6 +35,7 @@ ViewFactory = Callable[[explorer.Model], pn.viewable.Viewer]
 # (title, slug, factory): the navigation, in order. Later pages append theirs.
 VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Logit lens", "lens", LensView),
+    ("Saturation events", "saturation", SaturationView),
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),
 ]

@@ -49,6 +49,7 @@ __all__ = [
 
 #: Module paths of analysis modules that add their own subcommands (see the module docstring).
 ANALYSIS_MODULES: tuple[str, ...] = (
+    "explorer.analyses.saturation",
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
     "explorer.studies",

@@ -1,0 +1,593 @@
+"""Tests for explorer.analyses.saturation against hand-worked cases and independent computations.
+
+Saturation layers are checked on hand-built rank sequences (ties, never-changing tokens)
+and against a brute-force reading of the definition; the lens pass against a plain
+Hugging Face forward with ``output_hidden_states`` and full-vocabulary ranks; strict
+Kendall tau against scipy; the permutation p-value against scipy's exact permutation
+test; the intervention against a plain torch forward hook.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+from explorer._checks import InputError
+from explorer.analyses import saturation as sat
+from explorer.analyses.saturation import (
+    NEVER,
+    corpus_chunks,
+    early_exit,
+    exit_layers,
+    exit_metrics,
+    inject_residual,
+    intervention_pairs,
+    kept_positions,
+    load_corpus,
+    order_test,
+    random_init_twin,
+    saturation_from_ranks,
+    saturation_layers,
+    strict_kendall_tau,
+    task_labels,
+    task_probe,
+)
+from explorer.store import ActivationStore
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a step.",
+    "The capital of France is Paris; the capital of Italy is Rome. One two three four five six.",
+    "She said that he would come back tomorrow, and they would go to the market together.",
+    "In 1905 the physicist wrote four papers that changed how people think about light and time.",
+]
+
+
+# -- saturation layers on hand-built rank sequences ----------------------------------------
+
+def brute_force_saturation(ranks: np.ndarray) -> np.ndarray:
+    """The definition read literally: the first layer from which rank j holds to the end."""
+    n_layers, k = ranks.shape
+    out = []
+    for j in range(k):
+        s = NEVER
+        for layer in range(n_layers):
+            if all(ranks[m, j] == j for m in range(layer, n_layers)):
+                s = layer
+                break
+        out.append(s)
+    return np.array(out)
+
+
+def test_saturation_hand_built_sequences():
+    # layers x ranks: rank 0 settles at layer 1, rank 1 at layer 2, rank 2 at layer 3
+    ranks = np.array([[3, 0, 7],
+                      [0, 4, 1],
+                      [0, 1, 9],
+                      [0, 1, 2]])
+    assert saturation_from_ranks(ranks).tolist() == [1, 2, 3]
+
+
+def test_saturation_never_changing_token_is_layer_zero():
+    # the top-1 is the top-1 at every layer: s = 0 (not L, the paper's top-k helper's edge value)
+    ranks = np.array([[0, 5], [0, 1], [0, 1]])
+    assert saturation_from_ranks(ranks).tolist() == [0, 1]
+
+
+def test_saturation_only_at_last_layer_and_leaving_and_returning():
+    # rank 0 holds at layers 0 and 2-3 but not 1: it saturates at 2; rank 1 only at the end
+    ranks = np.array([[0, 2], [3, 0], [0, 2], [0, 1]])
+    assert saturation_from_ranks(ranks).tolist() == [2, 3]
+
+
+def test_saturation_ties():
+    # strict ranks: at layer 2 the final rank-1 token ties with the top token (both rank 0),
+    # so it is not at rank 1 there and saturates only at layer 3
+    ranks = np.array([[1, 0], [0, 1], [0, 0], [0, 1]])
+    assert saturation_from_ranks(ranks).tolist() == [1, 3]
+    # a tie at the last layer itself: the lower-placed token never holds its rank
+    ranks = np.array([[0, 0], [0, 0]])
+    assert saturation_from_ranks(ranks).tolist() == [0, NEVER]
+
+
+def test_saturation_matches_brute_force_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n_layers, k = rng.integers(1, 7), rng.integers(1, 5)
+        ranks = rng.integers(0, k + 1, size=(n_layers, k))
+        ranks[-1] = np.where(rng.random(k) < 0.8, np.arange(k), ranks[-1])
+        assert saturation_from_ranks(ranks).tolist() == brute_force_saturation(ranks).tolist()
+    batch = rng.integers(0, 3, size=(5, 4, 6, 3))
+    expected = np.array([[brute_force_saturation(batch[a, b]) for b in range(4)] for a in range(5)])
+    np.testing.assert_array_equal(saturation_from_ranks(batch), expected)
+
+
+def test_saturation_from_ranks_rejects_1d():
+    with pytest.raises(InputError, match=r"`ranks` must have at least 2 dims"):
+        saturation_from_ranks([0, 1, 2])
+
+
+def test_kept_positions_filter_and_ratio():
+    s = np.array([[24, 25], [25, 26], [NEVER, 3], [0, 1], [14, 20], [15, 20]])
+    # L = 30: s_1 + 1 <= 0.85 * 30 = 25.5 keeps s_1 <= 24
+    assert kept_positions(s, 30).tolist() == [True, False, False, True, True, True]
+    # configurable: 0.5 * 30 = 15 keeps s_1 <= 14
+    assert kept_positions(s, 30, max_ratio=0.5).tolist() == [False, False, False, True, True, False]
+    with pytest.raises(InputError, match=r"`max_ratio` must be a number in \[0.0, 1.0\]"):
+        kept_positions(s, 30, max_ratio=1.5)
+
+
+# -- order test ---------------------------------------------------------------------------
+
+def test_strict_tau_without_ties_equals_scipy():
+    rng = np.random.default_rng(1)
+    for m in range(2, 9):
+        for _ in range(20):
+            s = rng.permutation(40)[:m]
+            expected = scipy.stats.kendalltau(np.arange(m), s).statistic
+            assert strict_kendall_tau(s) == pytest.approx(expected)
+
+
+def test_strict_tau_with_ties_counts_them_discordant():
+    # scipy's tau-b = (C - D) / sqrt(P (P - T)) with T tied pairs in s; strict = (C - D - T) / P
+    rng = np.random.default_rng(2)
+    checked = 0
+    for m in range(3, 9):
+        for _ in range(30):
+            s = rng.integers(0, 4, size=m)
+            pairs = m * (m - 1) // 2
+            tied = sum(s[i] == s[j] for i, j in itertools.combinations(range(m), 2))
+            if tied == pairs:
+                assert strict_kendall_tau(s) == -1.0
+                continue
+            tau_b = scipy.stats.kendalltau(np.arange(m), s, variant="b").statistic
+            expected = tau_b * np.sqrt((pairs - tied) / pairs) - tied / pairs
+            assert strict_kendall_tau(s) == pytest.approx(expected)
+            checked += 1
+    assert checked > 100
+    assert strict_kendall_tau([[5, 5, 5], [1, 2, 2]]).tolist() == pytest.approx([-1.0, 1 / 3])
+
+
+def test_order_test_ordered_vs_shuffled():
+    n_layers = 30
+    ordered = np.array([[2, 5, 9, 12, 20], [1, 3, 4, 8, 10], [10, 11, 12, 13, 14]] * 20)
+    res = order_test(ordered, n_layers, k=5, n_permutations=1000, seed=0)
+    assert res["mean_tau"] == 1.0
+    assert res["p_value"] == pytest.approx(1 / 1001)
+    assert res["n_positions"] == 60
+    # each list and its reverse: mean tau exactly 0, far from significant
+    rng = np.random.default_rng(3)
+    rows = [rng.permutation(20)[:5] for _ in range(30)]
+    shuffled = np.array(rows + [r[::-1] for r in rows])
+    res = order_test(shuffled, n_layers, k=5, n_permutations=1000, seed=0)
+    assert res["mean_tau"] == pytest.approx(0.0)
+    assert res["p_value"] > 0.2
+
+
+def test_order_test_p_value_matches_scipy_exact_permutation_test():
+    # one position, four ranks: the exact one-sided p over all 24 orders, from scipy
+    s = np.array([[3, 1, 7, 9]])
+    exact = scipy.stats.permutation_test(
+        (np.arange(4), s[0]), lambda x, y: strict_kendall_tau(y[np.argsort(x)]),
+        permutation_type="pairings", n_resamples=np.inf, alternative="greater").pvalue
+    res = order_test(s, 30, k=4, n_permutations=4000, seed=0)
+    assert res["p_value"] == pytest.approx(exact, abs=0.02)
+
+
+def test_order_test_truncates_and_skips_short_lists():
+    n_layers = 10
+    s = np.array([
+        [1, 2, 3, 9, 4],       # rank 3 saturates only at the last layer: prefix (1, 2, 3)
+        [1, 2, NEVER, 3, 4],   # a never-saturating rank cuts the list to 2: not counted
+        [3, 2, 1, 5, 6],       # all five count
+    ])
+    res = order_test(s, n_layers, k=5, n_permutations=10, seed=0)
+    assert res["tau"][0] == pytest.approx(1.0)
+    assert np.isnan(res["tau"][1])
+    assert res["tau"][2] == pytest.approx(strict_kendall_tau([3, 2, 1, 5, 6]))
+    assert res["n_positions"] == 2
+    with pytest.raises(InputError, match=r"`k` must be an int in \[2, 5\]; got 6"):
+        order_test(s, n_layers, k=6)
+
+
+# -- task probe ---------------------------------------------------------------------------
+
+def test_task_labels_hand_worked():
+    # s = (1, 2, 0): rank 3 fixed from layer 0 but rank 1 only from 1: labels count leading ranks
+    assert task_labels([[1, 2, 0]], 4, n_tasks=4).tolist() == [[0, 1, 3, 3]]
+    assert task_labels([[1, 2, 0]], 4, n_tasks=2).tolist() == [[0, 1, 1, 1]]
+    assert task_labels([[NEVER, 0]], 3, n_tasks=3).tolist() == [[0, 0, 0]]
+    assert task_labels([[0, NEVER, 0]], 2).tolist() == [[1, 1]]
+
+
+def _separable(n=120, n_layers=6, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    s1 = rng.integers(0, n_layers, size=n)
+    s2 = np.minimum(s1 + rng.integers(1, 3, size=n), n_layers - 1)
+    labels = task_labels(np.stack([s1, s2], 1), n_layers, n_tasks=3)      # [n, layer]
+    centres = rng.normal(0, 4, size=(3, d))
+    x = centres[labels] + rng.normal(0, 1, size=(n, n_layers, d))
+    return x.astype(np.float32), labels
+
+
+def test_task_probe_on_separable_data_and_control_at_chance():
+    x, y = _separable()
+    res = task_probe(x, y, seed=0)
+    assert res.attrs["chance"] == pytest.approx(1 / 3)
+    assert res.attrs["balanced_accuracy"] > 0.95
+    assert abs(res.attrs["control_balanced_accuracy"] - 1 / 3) < 0.12
+    # per-layer scores and the out-of-fold predictions agree with a direct recount
+    pred = res.probe_task.values
+    layer = 3
+    recalls = [np.mean(pred[y[:, layer] == c, layer] == c) for c in range(3) if (y[:, layer] == c).any()]
+    assert res.probe_layer_accuracy.values[layer] == pytest.approx(np.mean(recalls))
+
+
+def test_task_probe_needs_two_classes():
+    x = np.zeros((20, 3, 4), np.float32)
+    with pytest.raises(InputError, match=r"at least 2 tasks"):
+        task_probe(x, np.zeros((20, 3), int))
+    with pytest.raises(InputError, match=r"`features` must be \[position, layer, d_model\]"):
+        task_probe(np.zeros((20, 4)), np.zeros((20, 3), int))
+
+
+# -- early exit ---------------------------------------------------------------------------
+
+def test_exit_layers_and_metrics_constructed_case():
+    score = np.array([[0.1, 0.6, 0.9], [0.7, 0.2, 0.1], [0.0, 0.0, np.nan]])
+    assert exit_layers(score, 0.5).tolist() == [1, 0, 2]
+    top1 = np.array([[5, 6, 7], [7, 7, 7], [1, 2, 3]])
+    final = np.array([7, 7, 3])
+    nxt = np.array([6, 8, -1])
+    m = exit_metrics([1, 0, 2], top1, final, nxt, 3)
+    # emitted 6, 7, 3: agree with the model on 2 of 3, with the true token on 1 of the 2 with one
+    assert m["accuracy"] == pytest.approx(2 / 3)
+    assert m["accuracy_true"] == pytest.approx(1 / 2)
+    # speed-up = L * N / sum(exit + 1) = 3 * 3 / (2 + 1 + 3)
+    assert m["speedup"] == pytest.approx(9 / 6)
+
+
+def test_early_exit_probe_oracle_and_baselines():
+    n_layers = 4
+    top1 = np.array([[1, 2, 2, 2], [3, 3, 4, 4], [5, 5, 5, 5]])
+    s1 = saturation_from_ranks((top1 != top1[:, -1:]).astype(int)[..., None])[:, 0]
+    assert s1.tolist() == [1, 2, 0]
+    probs = np.zeros((3, n_layers, 2))
+    probs[..., 0] = [[0.5, 0.9, 0.9, 0.9], [0.4, 0.45, 0.8, 0.9], [0.95, 0.95, 0.95, 0.95]]
+    probs[..., 1] = 0.05
+    cosine = np.array([[np.nan, 0.5, 0.99, 0.99], [np.nan, 0.99, 0.5, 0.99], [np.nan, 0.9, 0.9, 0.9]])
+    probe_task = np.array([[0, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]])
+    nxt = np.array([2, 9, 5])
+    ee = early_exit(top1, probs, cosine, s1, probe_task, nxt, margin_thetas=[0.0, 0.5, 0.95],
+                    cosine_thetas=[0.95])
+    # oracle exits at s_1 = (1, 2, 0): always right, speed-up 12 / (2 + 3 + 1)
+    assert ee.attrs["oracle"]["accuracy"] == 1.0
+    assert ee.attrs["oracle"]["speedup"] == pytest.approx(12 / 6)
+    # probe exits at (1, 3, 0): also right, speed-up 12 / 7
+    assert ee.attrs["probe"]["accuracy"] == 1.0
+    assert ee.attrs["probe"]["speedup"] == pytest.approx(12 / 7)
+    # margin >= 0 exits at layer 0 everywhere: emits (1, 3, 5), right once, speed-up 4
+    assert ee.margin_accuracy.values[0] == pytest.approx(1 / 3)
+    assert ee.margin_speedup.values[0] == pytest.approx(4.0)
+    # margin >= 0.5: p1 - p2 reaches 0.5 at layers (1, 2, 0)
+    assert ee.margin_accuracy.values[1] == 1.0
+    assert ee.margin_speedup.values[1] == pytest.approx(12 / 6)
+    # cosine >= 0.95 exits at (2, 1, 3): emits (2, 3, 5)
+    assert ee.cosine_accuracy.values[0] == pytest.approx(2 / 3)
+    assert ee.cosine_accuracy_true.values[0] == pytest.approx(2 / 3)
+    eq = ee.attrs["equal_accuracy"]
+    assert eq["margin"] == pytest.approx(2.0)     # best speed-up among thetas at accuracy 1
+    assert np.isnan(eq["cosine"])
+
+
+# -- the lens pass on a tiny model ------------------------------------------------------------
+
+def reference_ranks(model, text, k, cap):
+    """Lens ranks from a plain HF forward: final norm + unembed of every block output."""
+    ids = torch.tensor([model.tokenize([text]).token_ids[0]])
+    with torch.no_grad():
+        out = model.hf(ids, output_hidden_states=True)
+        hidden = []
+        hooks = [model.hf_layer(i).register_forward_hook(
+            lambda mod, inp, o: hidden.append((o[0] if isinstance(o, tuple) else o).clone()))
+            for i in range(model.n_layers)]
+        model.hf(ids)
+        for h in hooks:
+            h.remove()
+        logits = torch.stack([model.lens_logits(h[0]) for h in hidden])      # [L, pos, vocab]
+    final = logits[-1].topk(k, dim=-1).indices                                # [pos, k]
+    t_logit = logits.gather(-1, final[None].expand(model.n_layers, -1, -1))   # [L, pos, k]
+    ranks = (logits[:, :, None, :] > t_logit[..., None]).sum(-1)             # [L, pos, k]
+    return final.numpy(), np.minimum(ranks.numpy(), cap).transpose(1, 0, 2), out.logits[0].numpy()
+
+
+def test_saturation_layers_against_plain_forward(tiny_model):
+    ds = saturation_layers(tiny_model, TEXTS[:2], k=4, rank_cap=20, sample_positions=7, seed=0)
+    for p, text in enumerate(TEXTS[:2]):
+        final, ranks, logits = reference_ranks(tiny_model, text, 4, 20)
+        n = len(final)
+        assert ds.mask.values[p].sum() == n
+        np.testing.assert_array_equal(ds.final_token_id.values[p, :n], final)
+        np.testing.assert_array_equal(ds.final_rank.values[p, :n], ranks)
+        np.testing.assert_array_equal(ds.sat_layer.values[p, :n],
+                                      [brute_force_saturation(r) for r in ranks])
+        # the last layer's lens is the model's own output
+        np.testing.assert_array_equal(final[:, 0], logits.argmax(-1))
+    assert ds.sizes["sample"] == 7 and ds.resid_sample.shape == (7, 3, 64)
+    assert (ds.sample_pos.values < ds.mask.sum("pos").values[ds.sample_prompt.values] - 1).all()
+    assert ds.attrs["method"] == "saturation_layers" and "Lioubashevski" in ds.attrs["params"]["citation"]
+
+
+def test_saturation_layers_cosine_and_samples_match_trace(tiny_model):
+    from explorer.trace import trace
+
+    ds = saturation_layers(tiny_model, TEXTS[:2], k=2, sample_positions=5, seed=1)
+    tr = trace(tiny_model, TEXTS[:2], sites=("resid_post",))
+    h = tr.resid_post.values                                               # [prompt, pos, L, d]
+    cos = (h[..., 1:, :] * h[..., :-1, :]).sum(-1) / (
+        np.linalg.norm(h[..., 1:, :], axis=-1) * np.linalg.norm(h[..., :-1, :], axis=-1))
+    m = ds.mask.values
+    np.testing.assert_allclose(ds.cosine.values[..., 1:][m], cos[m], rtol=1e-5)
+    assert np.isnan(ds.cosine.values[..., 0]).all()
+    sp, sq = ds.sample_prompt.values, ds.sample_pos.values
+    np.testing.assert_allclose(ds.resid_sample.values, h[sp, sq], rtol=1e-6)
+
+
+def test_saturation_layers_input_errors(tiny_model):
+    with pytest.raises(InputError, match=r"`k` must be an int in \[1, 64\]; got 0"):
+        saturation_layers(tiny_model, TEXTS, k=0)
+    with pytest.raises(InputError, match=r"`rank_cap` must be an int in \[5, 512\]; got 2"):
+        saturation_layers(tiny_model, TEXTS, k=5, rank_cap=2)
+    with pytest.raises(InputError, match=r"`prompts` must hold at least one prompt"):
+        saturation_layers(tiny_model, [])
+
+
+def test_analysis_is_served_from_the_store(tiny_model, tmp_path, monkeypatch):
+    store = ActivationStore(tmp_path)
+    kw = dict(k=5, n_permutations=50, sample_positions=60, n_pairs=1, seed=0, store=store)
+    first = sat.saturation_analysis(tiny_model, TEXTS, **kw).load()
+    assert "tau" in first and first.attrs["summary"]["n_tokens"] == int(first.mask.sum())
+
+    def boom(*a, **k):
+        raise AssertionError("recomputed instead of read from the store")
+
+    monkeypatch.setattr(sat, "_saturation_pass", boom)
+    monkeypatch.setattr(sat, "_analyse", boom)
+    second = sat.saturation_analysis(tiny_model, TEXTS, **kw).load()
+    np.testing.assert_array_equal(first.sat_layer.values, second.sat_layer.values)
+    np.testing.assert_array_equal(first.tau.values, second.tau.values)
+    assert second.attrs["summary"] == first.attrs["summary"]
+    # the lens pass alone is cached too: a new probe setting re-analyses without re-tracing
+    monkeypatch.undo()
+    monkeypatch.setattr(sat, "_saturation_pass", boom)
+    third = sat.saturation_analysis(tiny_model, TEXTS, **{**kw, "n_permutations": 20})
+    np.testing.assert_array_equal(third.sat_layer.values, first.sat_layer.values)
+
+
+def test_analysis_order_results_match_order_test(tiny_model):
+    ds = sat.saturation_analysis(tiny_model, TEXTS, k=6, n_permutations=30, sample_positions=0,
+                                 n_pairs=0, seed=4)
+    kept = ds.kept.values
+    assert (kept == (kept_positions(ds.sat_layer.values, 3) & ds.mask.values)).all()
+    ref = order_test(ds.sat_layer.values[kept], 3, k=4, n_permutations=30, seed=4)
+    sel = ds.sel(k_order=4)
+    np.testing.assert_array_equal(sel.tau.values[kept], ref["tau"])
+    assert float(sel.p_value) == ref["p_value"]
+    assert ds.sizes["pair"] == 0 and "probe_task" not in ds
+
+
+# -- intervention -------------------------------------------------------------------------
+
+def test_inject_residual_matches_a_torch_hook(tiny_model):
+    text, src, tgt, layer = TEXTS[1], 3, 10, 1
+    ids = torch.tensor([tiny_model.tokenize([text]).token_ids[0]])
+    with torch.no_grad():
+        clean = tiny_model.hf(ids, output_hidden_states=True)
+        h_src = clean.hidden_states[layer + 1][0, src].clone()
+
+        def hook(mod, inp, out):
+            (out[0] if isinstance(out, tuple) else out)[0, tgt] = h_src
+            return out
+
+        handle = tiny_model.hf_layer(layer).register_forward_hook(hook)
+        edited = tiny_model.hf(ids).logits[0, tgt]
+        handle.remove()
+    r = inject_residual(tiny_model, text, source_pos=src, target_pos=tgt, layer=layer)
+    assert r["top1_before"] == int(clean.logits[0, tgt].argmax())
+    assert r["top1_after"] == int(edited.argmax())
+    assert r["prediction_changed"] == (r["top1_before"] != r["top1_after"])
+    assert r["s1_after"] == saturation_from_ranks(np.array(r["rank_after"])[:, None])[0]
+    # below the injection layer the target reads as before; at it, as the source
+    assert r["rank_after"][-1] == 0
+    with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 1\]; got 2"):
+        inject_residual(tiny_model, text, source_pos=src, target_pos=tgt, layer=2)
+    with pytest.raises(InputError, match=r"`target_pos` must be an int in \[0, "):
+        inject_residual(tiny_model, text, source_pos=src, target_pos=999, layer=0)
+
+
+def test_intervention_pairs_constructed_case():
+    s = np.full((1, 8, 2), 20)
+    s[0, :, 0] = [2, 15, 3, 14, 1, 20, 0, 5]
+    top1 = np.array([[7, 7, 8, 8, 9, 9, 3, 4]])
+    mask = np.ones((1, 8), bool)
+    pairs = intervention_pairs(s, top1, mask, 30, min_gap=10, max_distance=3, n_pairs=10, seed=0)
+    # same prediction, gap >= 10, distance <= 3: (0 -> 1), (2 -> 3), (4 -> 5)
+    assert sorted(map(tuple, pairs.tolist())) == [(0, 0, 1), (0, 2, 3), (0, 4, 5)]
+    assert intervention_pairs(s, top1, mask, 30, min_gap=10, max_distance=3, n_pairs=1).shape == (1, 3)
+    # the largest gap first: (4 -> 5) has 19
+    assert intervention_pairs(s, top1, mask, 30, min_gap=10, max_distance=3)[0].tolist() == [0, 4, 5]
+
+
+# -- random-init twin, corpus, CLI, bench ----------------------------------------------------
+
+def test_random_init_twin(tiny_model):
+    a = random_init_twin(tiny_model, seed=3)
+    b = random_init_twin(tiny_model, seed=3)
+    c = random_init_twin(tiny_model, seed=4)
+    assert a.spec.n_layers == tiny_model.spec.n_layers and a.spec.d_model == tiny_model.spec.d_model
+    assert a.spec.weights == "random-init:seed=3" and a.spec.name.endswith("-random-init")
+    wa, wb, wc = (m.unembed_module.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    assert not torch.equal(wa, tiny_model.unembed_module.weight)
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(a.hf(ids).logits, b.hf(ids).logits)
+
+
+def test_load_corpus_and_chunks(tiny_model, tmp_path):
+    docs = load_corpus()
+    assert len(docs) >= 10
+    chunks = corpus_chunks(tiny_model, docs[:2], chunk_tokens=64)
+    for c in chunks:
+        assert len(tiny_model.tokenizer(c, add_special_tokens=False)["input_ids"]) <= 64
+    # every word of the documents is in some chunk, in order
+    assert " ".join(" ".join(c.split()) for c in chunks) == " ".join(" ".join(d.split()) for d in docs[:2])
+    few = corpus_chunks(tiny_model, docs, chunk_tokens=64, max_tokens=100)
+    assert sum(len(tiny_model.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in few) <= 100
+    with pytest.raises(InputError, match=r"neither a folder nor a file"):
+        load_corpus(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"holds no non-empty \.txt document"):
+        load_corpus(tmp_path / "empty")
+
+
+def run_cli(argv):
+    parser = argparse.ArgumentParser(prog="explorer")
+    sat.register_cli(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = args.func(args)
+    return code, buf.getvalue()
+
+
+def test_cli_saturation_json(tmp_path):
+    corpus = tmp_path / "doc.txt"
+    corpus.write_text("\n\n".join(TEXTS * 3))
+    code, out = run_cli(["saturation", "--model", "tiny-llama", "--corpus", str(corpus),
+                         "--k", "5", "--permutations", "20", "--sample-positions", "100",
+                         "--pairs", "1", "--no-cache", "--json"])
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["model"] == "tiny-llama"
+    assert summary["n_layers"] == 3 and summary["n_tokens"] > 50
+    assert 0 <= summary["kept_fraction"] <= 1 and "mean_tau" in summary
+
+
+def test_bench_saturation_on_tiny_model(tiny_model):
+    res = sat.bench_saturation(tiny_model, n_tokens=200)
+    params, figures = res["params"], res["figures"]
+    assert params["n_tokens"] <= 200 and params["lens_rows"] == params["n_tokens"] * 3
+    assert figures["analysis_vs_forward_ratio"] == pytest.approx(
+        figures["analysis_ms"] / figures["forward_ms"], rel=0.01)
+    for key, value in figures.items():
+        assert key.endswith(("_ratio", "_ms", "_mb")) and isinstance(value, float)
+    with pytest.raises(InputError, match=r"`n_tokens` must be an int in \[8, inf\]; got 2"):
+        sat.bench_saturation(tiny_model, n_tokens=2)
+
+
+# -- SmolLM2 ------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_shipped_corpus_has_20k_tokens(smollm2):
+    chunks = corpus_chunks(smollm2, load_corpus())
+    n = sum(len(smollm2.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks)
+    assert n >= 20_000
+
+
+@pytest.mark.integration
+def test_smollm2_top_tokens_saturate_in_order(smollm2):
+    texts = corpus_chunks(smollm2, load_corpus(), max_tokens=400)
+    ds = saturation_layers(smollm2, texts, k=5, sample_positions=0)
+    s = ds.sat_layer.values[ds.mask.values]
+    kept = kept_positions(s, smollm2.n_layers)
+    res = order_test(s[kept], smollm2.n_layers, k=5, n_permutations=500, seed=0)
+    assert res["n_positions"] >= 10
+    assert res["mean_tau"] > 0.3 and res["p_value"] < 0.01
+
+
+# -- the view (headless) --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def view(tiny_model):
+    from apps.saturation import SaturationView
+
+    v = SaturationView(tiny_model, store=None, background=False, n_tokens=400,
+                       analysis_options=dict(n_permutations=100, n_pairs=1, sample_positions=200))
+    yield v
+    v.close()
+
+
+def test_view_detail_is_read_from_the_result(view, monkeypatch):
+    import time
+
+    from apps.saturation import rank_table_elements, staircase_elements
+
+    ds = view.result
+    assert view.error == "" and ds is not None and ds.attrs["model"] == "tiny-llama"
+    view.param.update(text=0, selected=7, k=4)
+    d = view.detail()
+    np.testing.assert_array_equal(d["sat"], ds.sat_layer.values[0, 7, :4])
+    cells = dict(zip(zip(d["layer"].tolist(), d["rank"].tolist()), d["probability"].tolist()))
+    assert cells[(2, 1)] == pytest.approx(float(ds.top_prob.values[0, 7, 2, 0]))
+    expected_sat = [(l, r + 1) for l in range(3) for r in range(4)
+                    if 0 <= ds.sat_layer.values[0, 7, r] <= l]
+    got_sat = [(l, r) for l, r, m in zip(d["layer"], d["rank"], d["saturated"]) if m]
+    assert got_sat == expected_sat
+    # a click is served from the computed result: well under 100 ms, no model call
+    def no_trace(*a, **k):
+        raise AssertionError("a click must not run the model")
+
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("explorer.trace"), "run_batch", no_trace)
+    times = []
+    for pos in (3, 4, 5, 6, 8):
+        t0 = time.perf_counter()
+        view.selected = pos
+        dd = view.detail()
+        rank_table_elements(dd)
+        staircase_elements(dd)
+        times.append(time.perf_counter() - t0)
+    assert sorted(times)[2] < 0.1, times
+
+
+def test_view_k_changes_the_histogram(view):
+    from apps.saturation import plot_tau_histogram, tau_histogram_data
+
+    ds = view.result
+    h3, h5 = tau_histogram_data(ds, 3), tau_histogram_data(ds, 5)
+    tau3 = ds.tau.sel(k_order=3).values
+    np.testing.assert_array_equal(h3["observed"], np.histogram(tau3[np.isfinite(tau3)], h3["edges"])[0])
+    assert (h3["observed"] != h5["observed"]).any() or (h3["null"] != h5["null"]).any()
+    assert tau_histogram_data(ds, 2) is None
+    assert "k ≥ 3" in plot_tau_histogram(None).text
+
+
+def test_view_intervention_matches_the_analysis_function(view, tiny_model):
+    pairs = view.pairs()
+    assert len(pairs) == 1
+    p, early, late = pairs[0]
+    view.inj_layer = 1 if view.inj_layer == 0 else 0
+    r = view.intervention
+    direct = inject_residual(tiny_model, view.texts()[p], source_pos=early, target_pos=late,
+                             layer=view.inj_layer)
+    assert r["s1_after"] == direct["s1_after"] and r["top1_after"] == direct["top1_after"]
+    assert r["s1_before"] == direct["s1_before"]
+
+
+def test_view_random_init_toggle_and_layout(view):
+    import panel as pn
+
+    layout = view.__panel__()
+    assert isinstance(layout, pn.Row)
+    view.weights = "random-init"
+    assert view.result.attrs["model"] == "tiny-llama-random-init"
+    assert view.result.attrs["model_spec"]["weights"] == "random-init:seed=0"
+    view.weights = "trained"
+    assert view.result.attrs["model"] == "tiny-llama"
