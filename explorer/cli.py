@@ -50,6 +50,8 @@ __all__ = [
 #: Module paths of analysis modules that add their own subcommands (see the module docstring).
 ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.saturation",
+    "explorer.analyses.icl_heads",
+    "explorer.analyses.task_vectors",
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
     "explorer.studies",

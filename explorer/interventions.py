@@ -22,6 +22,7 @@ __all__ = [
     "Scale",
     "Patch",
     "Steer",
+    "AddHead",
     "PATCH_SITES",
     "edit_from_dict",
     "edits_to_json",
@@ -55,13 +56,17 @@ class Ablate(Edit):
     """Replace one head's output (its slice of ``attn_z``) with zero or a mean.
 
     ``mode="mean"`` uses ``value`` (a d_head vector, e.g. a mean over a reference set)
-    when given, else the head's mean over the run's own real tokens.
+    when given, else the head's mean over the run's own real tokens. ``positions``
+    restricts the edit to those per-prompt positions (all if None); it needs mode "zero"
+    or an explicit ``value`` (e.g. the task-mean output patched at the last token for
+    the function-vector score of Todd et al.).
     """
 
     layer: int
     head: int
     mode: str = "zero"
     value: tuple[float, ...] | None = None
+    positions: tuple[int, ...] | None = None
     kind: ClassVar[str] = "ablate"
     site: ClassVar[str] = "attn_z"
 
@@ -72,6 +77,10 @@ class Ablate(Edit):
                 # a value with mode "zero" would be silently ignored by `apply_edits`
                 raise InputError(f"`value` applies to mode 'mean' only; got mode {self.mode!r}.")
             object.__setattr__(self, "value", _as_tuple(self.value))
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+            if self.mode == "mean" and self.value is None:
+                raise InputError("`positions` with mode 'mean' needs an explicit `value`.")
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
@@ -160,7 +169,40 @@ class Steer(Edit):
                              f"got {len(self.vector)}.")
 
 
-_KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer)}
+@dataclass(frozen=True)
+class AddHead(Edit):
+    """Add ``alpha * value`` to one head's slice of ``attn_z`` at ``positions`` (all if None).
+
+    ``value`` holds one d_head vector per selected (prompt, position), prompt-major and
+    flattened: the head's cached ``attn_z`` from a first run. Added before ``o_proj``, it
+    adds exactly ``alpha`` times that run's head output to the attention output; this is
+    run 2 of the JuICE dual run (Li et al., ICML 2025).
+    """
+
+    layer: int
+    head: int
+    value: tuple[float, ...]
+    alpha: float = 1.0
+    positions: tuple[int, ...] | None = None
+    kind: ClassVar[str] = "add_head"
+    site: ClassVar[str] = "attn_z"
+
+    def __post_init__(self):
+        object.__setattr__(self, "value", _as_tuple(self.value))
+        object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        model.check_head(self.head)
+        d_head = model.spec.d_head
+        if not self.value or len(self.value) % d_head:
+            raise InputError(f"`value` must hold a whole number of d_head={d_head} vectors; "
+                             f"got {len(self.value)} entries.")
+
+
+_KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer, AddHead)}
 
 
 def _as_tuple(values: Any) -> tuple[float, ...]:
@@ -233,6 +275,13 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
             if isinstance(e, Scale):
                 value[..., sl] *= e.alpha
+            elif getattr(e, "positions", None) is not None:
+                rows, cols = ctx.index[e.positions]
+                if e.mode == "zero":
+                    value[rows, cols, sl] = 0.0
+                else:
+                    value[rows, cols, sl] = torch.tensor(e.value, dtype=value.dtype,
+                                                         device=value.device)
             elif e.mode == "zero":
                 value[..., sl] = 0.0
             elif e.value is not None:
@@ -245,6 +294,15 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             rows, cols = ctx.index[e.positions]
             vec = torch.tensor(e.vector, dtype=value.dtype, device=value.device)
             value[rows, cols] += e.alpha * vec
+        elif isinstance(e, AddHead):
+            rows, cols = ctx.index[e.positions]
+            vec = torch.tensor(e.value, dtype=value.dtype, device=value.device)
+            if vec.numel() != len(rows) * ctx.d_head:
+                raise InputError(f"AddHead at layer {e.layer}, head {e.head} holds "
+                                 f"{vec.numel() // ctx.d_head} vectors but the run selects "
+                                 f"{len(rows)} (prompt, position) pairs.")
+            sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+            value[rows, cols, sl] += e.alpha * vec.reshape(len(rows), ctx.d_head)
         elif isinstance(e, Patch):
             rows, cols = ctx.index[e.positions]
             src = ctx.sources[e].to(value.dtype)  # [n_selected, d]

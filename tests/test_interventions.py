@@ -391,7 +391,7 @@ def test_resume_from_other_prompts_is_rejected(tiny_model):
 def test_bad_edit_kind_in_json_lists_the_kinds():
     text = json.dumps([{"kind": "ablte", "layer": 0, "head": 1}])
     with pytest.raises(InputError, match=r"`kind` must be one of 'ablate', 'scale', 'patch', "
-                                         r"'steer'; got 'ablte'\. Did you mean 'ablate'\?"):
+                                         r"'steer', 'add_head'; got 'ablte'\. Did you mean 'ablate'\?"):
         edits_from_json(text)
     with pytest.raises(InputError, match="an edit must be a dict with a 'kind' key"):
         edits_from_json(json.dumps([{"layer": 0}]))

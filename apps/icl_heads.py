@@ -1,0 +1,353 @@
+"""ICL heads page: induction vs function-vector heads, ablations, function vectors, task encoding.
+
+Yin & Steinhardt ("Which Attention Heads Matter for In-Context Learning?", ICML 2025):
+a scatter of every head's induction score against its FV score (Todd et al. 2024),
+coloured by layer, with top-p% thresholds; the selected head's attention on a repeated
+random-token sequence and on an ICL prompt; ablation curves (few-shot accuracy vs % of
+heads mean-ablated) by FV / induction / random ranking. Function-vector panel (Todd et al.)
+and task-encoding panel (Han et al., ICML 2025): 2-D PCA of the last-token residual
+coloured by task and task decodability per layer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._session import CancelToken, Runner, user_message
+from explorer.analyses import icl_heads as ih
+from explorer.analyses import task_vectors as tv
+
+__all__ = ["ICLHeadsView", "plot_head_scatter", "plot_attention", "plot_ablation_curves",
+           "plot_td", "plot_projection"]
+
+hv.extension("bokeh", logo=False)
+
+_TOOLS = ["save", "box_zoom", "reset"]
+DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
+DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
+DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
+
+
+def _waiting(text: str, height: int = 300) -> hv.Element:
+    return hv.Text(0, 0, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+                                    responsive=True)
+
+
+def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> hv.Element:
+    """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed."""
+    if scores is None:
+        return _waiting("Scoring heads…")
+    ind, fv = scores["induction_score"].values, scores["fv_score"].values
+    ti = set(ih.top_heads(ind, top_induction / 100))
+    tf = set(ih.top_heads(fv, top_fv / 100))
+    rows = []
+    for layer in range(ind.shape[0]):
+        for head in range(ind.shape[1]):
+            kind = ("both" if (layer, head) in ti & tf else "induction" if (layer, head) in ti
+                    else "FV" if (layer, head) in tf else "")
+            rows.append((float(ind[layer, head]), float(fv[layer, head]), layer, head, kind))
+    pts = hv.Points(rows, ["induction_score", "fv_score"], ["layer", "head", "top"])
+    top = hv.Points([r for r in rows if r[4]], ["induction_score", "fv_score"],
+                    ["layer", "head", "top"])
+    return (pts.opts(color="layer", cmap=theme.MAGNITUDE_CMAP, colorbar=True, size=9,
+                     tools=["hover", "tap"], default_tools=_TOOLS, active_tools=["tap"],
+                     nonselection_alpha=0.6, clabel="layer")
+            * top.opts(size=16, fill_alpha=0, line_color="black", line_width=1.5,
+                       tools=["hover"])).opts(
+        responsive=True, height=380, xlabel="induction score (attention on induction target)",
+        ylabel="FV score (indirect effect on P(answer))",
+        title=f"Heads: top {top_induction:g}% induction / top {top_fv:g}% FV ringed "
+              f"({len(ti & tf)} shared)")
+
+
+def plot_attention(ds: xr.Dataset | None, title: str) -> hv.Element:
+    """Query x key heatmap of one head's attention, tokens on both axes."""
+    if ds is None:
+        return _waiting("Pick a head (click a point)", 260)
+    width = len(str(ds.sizes["pos"] - 1))  # zero-padded so the categorical axes keep order
+    toks = [f"{i:0{width}d} {theme.show_token(str(t))}" for i, t in enumerate(ds["token"].values)]
+    a = ds["attention"].values
+    rows = [(toks[k], toks[q], float(a[q, k])) for q in range(len(toks)) for k in range(q + 1)]
+    return hv.HeatMap(rows, ["key", "query"], "weight").opts(
+        cmap=theme.PROBABILITY_CMAP, colorbar=True, tools=["hover"], xrotation=90,
+        invert_yaxis=True, responsive=True, height=max(300, 12 * len(toks) + 120),
+        default_tools=_TOOLS, title=title, xlabel="key token", ylabel="query token",
+        clim=(0, 1), fontsize={"xticks": "7pt", "yticks": "7pt"})
+
+
+def plot_ablation_curves(curves: xr.Dataset | None) -> hv.Element:
+    """Mean few-shot accuracy against % of heads ablated, one curve per ranking."""
+    if curves is None:
+        return _waiting("Release the slider to compute ablation curves", 300)
+    pct = curves["percent"].values
+    out = []
+    for i, r in enumerate(curves["ranking"].values):
+        y = curves["mean_accuracy"].sel(ranking=r).values
+        c = theme.CATEGORICAL[i % len(theme.CATEGORICAL)]
+        out.append(hv.Curve((pct, y), "% heads ablated", "few-shot accuracy", label=str(r))
+                   .opts(color=c, line_width=2))
+        out.append(hv.Scatter((pct, y), "% heads ablated", "few-shot accuracy").opts(color=c, size=6))
+    return hv.Overlay(out).opts(responsive=True, height=320, legend_position="right",
+                                title="Few-shot accuracy with the top heads mean-ablated")
+
+
+def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
+    """Task decodability (leave-one-out 10-NN accuracy) per layer, current layer marked."""
+    if td is None:
+        return _waiting("Computing task decodability…", 260)
+    curve = hv.Curve((td["layer"].values, td["td"].values), "layer", "task decodability")
+    return (curve.opts(line_width=2, color=theme.ACCENT, tools=["hover"])
+            * hv.VLine(layer).opts(color="black", line_dash="dashed")).opts(
+        responsive=True, height=260, ylim=(0, 1.05), default_tools=_TOOLS,
+        title=f"TD per layer (best {td.attrs['best_layer']}; "
+              f"R² TD vs accuracy {td.attrs['td_accuracy_r2']:.2f})")
+
+
+def plot_projection(td: xr.Dataset | None, layer: int) -> hv.Element:
+    """2-D PCA of the last-token residual at ``layer``, coloured by task (Null grey)."""
+    if td is None:
+        return _waiting("Computing task decodability…", 300)
+    p = td["projection"].sel(layer=layer).values
+    tasks = td["prompt_task"].values
+    names = [t for t in td["task"].values]
+    colors = {n: ("#999999" if n == "null" else theme.CATEGORICAL[i % len(theme.CATEGORICAL)])
+              for i, n in enumerate(names)}
+    pts = hv.Points({"pc1": p[:, 0], "pc2": p[:, 1], "task": tasks}, ["pc1", "pc2"], ["task"])
+    return pts.opts(color="task", cmap=colors, size=7, tools=["hover"], legend_position="right",
+                    responsive=True, height=300, default_tools=_TOOLS,
+                    title=f"Last-token residual at layer {layer} (PCA), by task")
+
+
+class ICLHeadsView(pn.viewable.Viewer):
+    """Induction vs FV heads with ablation curves, function vectors and task encoding.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    background : bool, optional
+        Compute in worker threads (default when served) or inline (tests, notebooks).
+    n_prompts, n_shots : int
+        Prompts per task and demonstrations per prompt of every computation.
+    """
+
+    top_induction = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % induction")
+    top_fv = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % FV")
+    layer = param.Integer(default=0, bounds=(0, None), label="Head: layer")
+    head = param.Integer(default=0, bounds=(0, None), label="Head: head")
+    task = param.Selector(default="antonym", objects=ih.icl_task_names(), label="Task")
+    max_percent = param.Number(default=20.0, bounds=(1, 50), step=1,
+                               label="Ablate up to % of heads")
+    fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer")
+    td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer")
+
+    scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    patterns = param.Dict(default=None, allow_None=True, precedence=-1)
+    curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    fv_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    td = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    error = param.String(default="", precedence=-1)
+
+    def __init__(self, model: explorer.Model, *, background: bool | None = None,
+                 n_prompts: int = 6, n_shots: int = 4, fv_tasks=DEFAULT_FV_TASKS,
+                 eval_tasks=DEFAULT_EVAL_TASKS, td_tasks=DEFAULT_TD_TASKS, **params: Any):
+        super().__init__(**params)
+        self._model = model
+        spec = model.spec
+        for name in ("layer", "fv_layer", "td_layer"):
+            self.param[name].bounds = (0, spec.n_layers - 1)
+        self.param.head.bounds = (0, spec.n_heads - 1)
+        self.fv_layer = spec.n_layers // 3
+        self.td_layer = spec.n_layers // 2
+        self._opts = dict(n_prompts=n_prompts, n_shots=n_shots)
+        self._fv_tasks, self._eval_tasks, self._td_tasks = (list(fv_tasks), list(eval_tasks),
+                                                            list(td_tasks))
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._runners = {}
+        for name, on_result in (("scores", self._got_scores), ("patterns", self._got_patterns),
+                                ("curves", self._got_curves), ("fv", self._got_fv),
+                                ("td", self._got_td)):
+            r = Runner(on_result=on_result, on_error=self._show_error,
+                       on_busy=lambda b: setattr(self, "busy", b), background=background)
+            r.bind_session()
+            self._runners[name] = r
+        self._progress = pn.indicators.Progress(name="progress", value=0, max=100,
+                                                sizing_mode="stretch_width", visible=False)
+        self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
+        self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
+        self._request("scores")
+        self._request("td")
+
+    # -- jobs ---------------------------------------------------------------------------
+    def _set_progress(self, done: int, total: int) -> None:
+        self._progress.visible = done < total
+        self._progress.value = int(100 * done / max(total, 1))
+
+    def _request(self, name: str) -> None:
+        m, o = self._model, self._opts
+        if name == "scores":
+            def job(token: CancelToken):
+                ind = ih.induction_scores(m, n_sequences=4, half_len=16)
+                token.check()
+
+                def progress(done, total):
+                    token.check()
+                    self._set_progress(done, total)
+                fv = ih.fv_scores(m, self._fv_tasks, progress=progress, **o)
+                return xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
+                                combine_attrs="drop_conflicts")
+        elif name == "patterns":
+            layer, head, task = self.layer, self.head, self.task
+
+            def job(token: CancelToken):
+                return ih.head_attention(m, layer, head, task=task)
+        elif name == "curves":
+            if self.scores is None:
+                return
+            ind, fv = self.scores["induction_score"].values, self.scores["fv_score"].values
+            top = float(self.max_percent)
+            percents = sorted({0.0, *[p for p in (1, 3, 5, 10, 20, 30, 50) if p <= top], top})
+
+            def job(token: CancelToken):
+                def progress(done, total):
+                    token.check()
+                    self._set_progress(done, total)
+                return ih.ablation_curves(m, self._eval_tasks, ind, fv, percents=percents,
+                                          loss_sequences=2, loss_tokens=64, progress=progress,
+                                          **o)
+        elif name == "fv":
+            if self.scores is None:
+                return
+            fv, layer, task = self.scores["fv_score"].values, self.fv_layer, self.task
+
+            def job(token: CancelToken):
+                return tv.function_vector_accuracy(m, [task], fv, layer=layer, **o)
+        else:
+            def job(token: CancelToken):
+                return tv.task_decodability(m, self._td_tasks, k=min(10, 4 * o["n_prompts"] - 1),
+                                            **o)
+        self.status = f"computing {name}…"
+        self._runners[name].submit(job)
+
+    def _got_scores(self, ds: xr.Dataset) -> None:
+        self.scores = ds
+        fv = ds["fv_score"].values
+        layer, head = np.unravel_index(int(np.nanargmax(fv)), fv.shape)
+        self.param.update(layer=int(layer), head=int(head))
+        self._request("patterns")
+        self._request("fv")
+        self.status = "scores ready"
+
+    def _got_patterns(self, d: dict) -> None:
+        self.patterns = d
+        self.status = "ready"
+
+    def _got_curves(self, ds: xr.Dataset) -> None:
+        self.curves = ds
+        self._progress.visible = False
+        self.status = "ablation curves ready"
+
+    def _got_fv(self, ds: xr.Dataset) -> None:
+        self.fv_result = ds
+
+    def _got_td(self, ds: xr.Dataset) -> None:
+        self.td = ds
+
+    def _show_error(self, exc: BaseException) -> None:
+        self.error = user_message(exc)
+        theme.notify("error", self.error)
+
+    def _tapped(self, index: list[int]) -> None:
+        if index and self.scores is not None:
+            n_heads = self.scores.sizes["head"]
+            self.param.update(layer=index[0] // n_heads, head=index[0] % n_heads)
+
+    # -- layout ---------------------------------------------------------------------------
+    def _fv_text(self) -> str:
+        ds = self.fv_result
+        if ds is None:
+            return "Function vector: waiting for the FV scores…"
+        return (f"**{ds.task.values[0]}**, FV of heads {ds.attrs['heads']} added at layer "
+                f"{ds.attrs['layer']}: zero-shot accuracy "
+                f"**{float(ds.zero_shot_accuracy[0]):.0%}** → with FV "
+                f"**{float(ds.fv_accuracy[0]):.0%}** (few-shot {float(ds.few_shot_accuracy[0]):.0%})")
+
+    def _state_html(self, *_: Any) -> str:
+        """Hidden markers of what the page shows (read by the browser test)."""
+        curves = "none" if self.curves is None else ",".join(
+            f"{p:g}" for p in self.curves["percent"].values)
+        fv = "none" if self.fv_result is None else str(self.fv_result.attrs["layer"])
+        return (f"<div class='icl-state' data-icl-scores='{'ready' if self.scores is not None else 'none'}' "
+                f"data-icl-head='{self.layer}:{self.head}' data-icl-curves='{curves}' "
+                f"data-icl-fv='{fv}' data-icl-td='{'ready' if self.td is not None else 'none'}'></div>")
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        def scatter(scores, top_induction, top_fv):
+            plot = plot_head_scatter(scores, top_induction, top_fv)
+            if scores is not None:   # clicking a point selects its head
+                points = plot.get(0) if isinstance(plot, hv.Overlay) else plot
+                hv.streams.Selection1D(source=points).add_subscriber(self._tapped)
+            return plot
+
+        scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv)
+        pat_rep = pn.bind(lambda d, l, h: plot_attention(
+            None if d is None else d["repeat"], f"L{l}H{h} on a repeated random sequence"),
+            self.param.patterns, self.param.layer, self.param.head)
+        pat_icl = pn.bind(lambda d, l, h, t: plot_attention(
+            None if d is None else d["icl"], f"L{l}H{h} on a {t} prompt"),
+            self.param.patterns, self.param.layer, self.param.head, self.param.task)
+        slider = pn.widgets.FloatSlider.from_param(self.param.max_percent)
+        button = pn.widgets.Button(name="Recompute ablation curves", button_type="primary")
+        button.on_click(lambda *_: self._request("curves"))
+        slider.param.watch(lambda e: (setattr(self, "max_percent", e.new), self._request("curves")),
+                           "value_throttled")
+        controls = pn.Column(
+            pn.widgets.FloatSlider.from_param(self.param.top_induction),
+            pn.widgets.FloatSlider.from_param(self.param.top_fv),
+            pn.widgets.IntSlider.from_param(self.param.layer),
+            pn.widgets.IntSlider.from_param(self.param.head),
+            pn.widgets.Select.from_param(self.param.task),
+            slider, button, self._progress,
+            pn.widgets.IntSlider.from_param(self.param.fv_layer),
+            pn.widgets.IntSlider.from_param(self.param.td_layer),
+            pn.pane.Markdown(self.param.status),
+            pn.pane.HTML(pn.bind(self._state_html, self.param.scores, self.param.layer,
+                                 self.param.head, self.param.curves, self.param.fv_result,
+                                 self.param.td)),
+            width=theme.SIZES["controls_width"])
+        main = pn.Column(
+            pn.pane.HoloViews(scatter, sizing_mode="stretch_width", linked_axes=False),
+            pn.Row(pn.pane.HoloViews(pat_rep, linked_axes=False),
+                   pn.pane.HoloViews(pat_icl, linked_axes=False)),
+            pn.pane.HoloViews(pn.bind(plot_ablation_curves, self.param.curves), linked_axes=False),
+            pn.pane.Markdown(pn.bind(lambda *_: self._fv_text(), self.param.fv_result),
+                             css_classes=["icl-fv"]),
+            pn.Row(pn.pane.HoloViews(pn.bind(plot_projection, self.param.td, self.param.td_layer),
+                                     linked_axes=False),
+                   pn.pane.HoloViews(pn.bind(plot_td, self.param.td, self.param.td_layer),
+                                     linked_axes=False)),
+            sizing_mode="stretch_width")
+        return pn.Row(controls, main, sizing_mode="stretch_width")
+
+
+def app(model_name: str = "smollm2-135m") -> pn.template.FastListTemplate:
+    """The page for `panel serve`."""
+    from apps._session import get_model
+
+    theme.enable_extension()
+    view = ICLHeadsView(get_model(model_name))
+    return theme.page([view], title="ICL heads: induction vs function-vector heads")
+
+
+if __name__.startswith("bokeh"):
+    app().servable()

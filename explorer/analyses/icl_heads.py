@@ -1,0 +1,575 @@
+"""In-context learning heads: induction heads vs function-vector (FV) heads.
+
+Yin & Steinhardt, "Which Attention Heads Matter for In-Context Learning?" (ICML 2025), with
+the FV score of Todd et al., "Function Vectors in Large Language Models" (ICLR 2024):
+
+- `induction_scores`: attention to the token after the previous occurrence on repeated
+  random-token sequences.
+- `fv_scores`: causal indirect effect of writing a head's task-mean output at the last token
+  into shuffled-label few-shot prompts, averaged over tasks.
+- `ablation_curves`: few-shot accuracy and token-loss difference when the top p% heads by
+  each score (optionally excluding the other score's top heads, or random heads) are
+  mean-ablated.
+
+Every function returns an ``xr.Dataset`` whose attrs come from `explorer.trace.provenance`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.interventions import Ablate
+from explorer.trace import clean_run, provenance, run_batch
+
+__all__ = [
+    "ICL_DIR",
+    "ICLTask",
+    "icl_task_names",
+    "load_icl_task",
+    "icl_prompts",
+    "answer_token_ids",
+    "induction_pattern",
+    "induction_score_from_patterns",
+    "induction_scores",
+    "head_attention",
+    "task_mean_z",
+    "fv_scores",
+    "top_heads",
+    "ablation_edits",
+    "few_shot_accuracy",
+    "token_loss_difference",
+    "ablation_curves",
+    "register_cli",
+    "bench_icl_heads",
+]
+
+CITATION = ("K. Yin, J. Steinhardt, \"Which Attention Heads Matter for In-Context Learning?\", "
+            "ICML 2025; E. Todd et al., \"Function Vectors in Large Language Models\", ICLR 2024.")
+
+#: The shipped ICL tasks (see datasets/README.md).
+ICL_DIR = Path(__file__).resolve().parents[2] / "datasets" / "icl"
+_CORPUS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "corpus"
+
+RANKINGS = ("fv", "induction", "fv_excl_induction", "induction_excl_fv", "random")
+
+
+# -- tasks and prompts ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ICLTask:
+    """One ICL task: a name and its (input, output) pairs."""
+
+    name: str
+    pairs: tuple[tuple[str, str], ...]
+    description: str = ""
+
+
+def icl_task_names(folder: str | Path | None = None) -> list[str]:
+    """Names of the tasks in ``folder`` (default the shipped `ICL_DIR`), sorted."""
+    folder = Path(folder) if folder is not None else ICL_DIR
+    return sorted(p.stem for p in folder.glob("*.json"))
+
+
+def load_icl_task(name: str, folder: str | Path | None = None) -> ICLTask:
+    """Load one task file ``<folder>/<name>.json``; unknown names raise InputError."""
+    folder = Path(folder) if folder is not None else ICL_DIR
+    check_choice("task", name, icl_task_names(folder))
+    data = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+    pairs = tuple((str(p["input"]), str(p["output"])) for p in data["pairs"])
+    return ICLTask(name, pairs, data.get("description", ""))
+
+
+def _task(t: ICLTask | str) -> ICLTask:
+    return t if isinstance(t, ICLTask) else load_icl_task(t)
+
+
+def icl_prompts(task: ICLTask | str, *, n_prompts: int = 8, n_shots: int = 5, seed: int = 0,
+                shuffle_labels: bool = False) -> tuple[list[str], list[str]]:
+    """Few-shot prompts ``"Q: x\\nA: y\\n\\n" * n_shots + "Q: x_q\\nA:"`` and their answers.
+
+    ``shuffle_labels`` permutes the demonstrations' outputs among themselves (the corrupted
+    prompts of Todd et al.); the query and its answer are unchanged. ``n_shots=0`` gives
+    zero-shot prompts.
+    """
+    task = _task(task)
+    n_prompts = check_int("n_prompts", n_prompts, low=1)
+    n_shots = check_int("n_shots", n_shots, low=0, high=len(task.pairs) - 1)
+    rng = np.random.default_rng(seed)
+    picks = [rng.choice(len(task.pairs), size=n_shots + 1, replace=False) for _ in range(n_prompts)]
+    rng = np.random.default_rng([seed, 1])  # the label shuffle: same demos with or without
+    prompts, answers = [], []
+    for idx in picks:
+        demos = [task.pairs[i] for i in idx[:-1]]
+        if shuffle_labels and n_shots > 1:
+            outs = [y for _, y in demos]
+            perm = rng.permutation(n_shots)
+            while np.all(perm == np.arange(n_shots)):
+                perm = rng.permutation(n_shots)
+            demos = [(x, outs[j]) for (x, _), j in zip(demos, perm)]
+        q, a = task.pairs[idx[-1]]
+        prompts.append("".join(f"Q: {x}\nA: {y}\n\n" for x, y in demos) + f"Q: {q}\nA:")
+        answers.append(a)
+    return prompts, answers
+
+
+def answer_token_ids(model: Any, answers: Sequence[str]) -> list[int]:
+    """The first token of ``" " + answer`` for each answer (the token scored after ``A:``)."""
+    return [model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in answers]
+
+
+def _last_probs(model: Any, batch: Any, edits=(), resume=None) -> torch.Tensor:
+    """Next-token probabilities at each prompt's last token: [prompt, vocab]."""
+    out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
+    return torch.softmax(out["logits"][:, -1].float(), dim=-1)
+
+
+# -- induction score -----------------------------------------------------------------------
+
+def induction_pattern(ids: np.ndarray) -> np.ndarray:
+    """P[i, j] = 1 iff token[j-1] == token[i] and 1 <= j <= i (the induction target)."""
+    ids = np.asarray(ids)
+    n = len(ids)
+    p = np.zeros((n, n))
+    for i in range(n):
+        for j in range(1, i + 1):
+            if ids[j - 1] == ids[i]:
+                p[i, j] = 1.0
+    return p
+
+
+def induction_score_from_patterns(patterns: np.ndarray, ids: np.ndarray,
+                                  measure: str = "mul") -> np.ndarray:
+    """Induction score per head from attention weights.
+
+    Parameters
+    ----------
+    patterns : array [sequence, layer, head, dst, src]
+    ids : array [sequence, pos]
+    measure : {"mul", "abs"}
+        ``mul``: sum(A * P) / sum(A), the attention mass on induction targets.
+        ``abs``: 1 - (1/n) sum_i ||A_i - P_i||_1 (TransformerLens ``detect_head``,
+        ``error_measure="abs"``, as used by Yin & Steinhardt).
+
+    Returns
+    -------
+    array [layer, head], averaged over sequences.
+    """
+    check_choice("measure", measure, ("mul", "abs"))
+    scores = []
+    for a, row in zip(patterns, ids):
+        p = induction_pattern(row)                   # [dst, src]
+        a = np.nan_to_num(a.astype(np.float64))      # [layer, head, dst, src]
+        if measure == "mul":
+            s = (a * p).sum((-2, -1)) / a.sum((-2, -1))
+        else:
+            s = 1.0 - np.abs(a - p).sum(-1).mean(-1)
+        scores.append(s)
+    return np.mean(scores, axis=0)
+
+
+def _random_repeat_ids(model: Any, n_sequences: int, half_len: int, seed: int) -> np.ndarray:
+    """[BOS?, r_1..r_n, r_1..r_n] with r_i uniform over the non-special vocabulary."""
+    special = set(model.tokenizer.all_special_ids)
+    allowed = np.array([i for i in range(model.spec.vocab_size) if i not in special])
+    rng = np.random.default_rng(seed)
+    r = rng.choice(allowed, size=(n_sequences, half_len))
+    ids = np.concatenate([r, r], axis=1)
+    bos = model.tokenizer.bos_token_id
+    if bos is not None:
+        ids = np.concatenate([np.full((n_sequences, 1), bos), ids], axis=1)
+    return ids
+
+
+def induction_scores(model: Any, *, n_sequences: int = 16, half_len: int = 20, seed: int = 42,
+                     measure: str = "mul", batch_size: int = 8) -> xr.Dataset:
+    """Induction score of every head on repeated random-token sequences.
+
+    Yin & Steinhardt (ICML 2025) score heads with TransformerLens ``detect_head`` on
+    ``[BOS, r_1..r_50, r_1..r_50]``; the score is the attention on the token after the
+    previous occurrence of the current token (see `induction_score_from_patterns`).
+
+    Returns
+    -------
+    xr.Dataset with ``induction_score`` (layer, head) and ``sequence_ids`` (sequence, pos).
+    """
+    n_sequences = check_int("n_sequences", n_sequences, low=1)
+    half_len = check_int("half_len", half_len, low=2)
+    check_choice("measure", measure, ("mul", "abs"))
+    ids = _random_repeat_ids(model, n_sequences, half_len, seed)
+    layers = range(model.spec.n_layers)
+    patterns = []
+    for start in range(0, n_sequences, batch_size):
+        batch = model.batch_from_ids(ids[start:start + batch_size].tolist())
+        out = run_batch(model, batch, save={(l, "attn_pattern") for l in layers}, logits=False)
+        patterns.append(np.stack([out[(l, "attn_pattern")].float().numpy() for l in layers], 1))
+    patterns = np.concatenate(patterns)             # [sequence, layer, head, dst, src]
+    score = induction_score_from_patterns(patterns, ids, measure)
+    return xr.Dataset(
+        {"induction_score": (("layer", "head"), score),
+         "sequence_ids": (("sequence", "pos"), ids)},
+        coords={"layer": list(layers), "head": list(range(model.spec.n_heads))},
+        attrs=provenance(model, method="induction_scores", n_sequences=n_sequences,
+                         half_len=half_len, seed=seed, measure=measure, citation=CITATION))
+
+
+def head_attention(model: Any, layer: int, head: int, *, task: ICLTask | str = "antonym",
+                   half_len: int = 10, n_shots: int = 3, seed: int = 42) -> dict[str, xr.Dataset]:
+    """One head's attention on a repeated random-token sequence and on an ICL prompt.
+
+    Returns ``{"repeat": ds, "icl": ds}``, each with ``attention`` (dst_pos, src_pos) and
+    ``token`` (pos) coordinates, for the view's query x key heatmaps.
+    """
+    layer, head = model.check_layer(layer), model.check_head(head)
+    repeat = _random_repeat_ids(model, 1, half_len, seed)[0].tolist()
+    prompt, _ = icl_prompts(task, n_prompts=1, n_shots=n_shots, seed=seed)
+    icl = model.tokenizer(prompt[0], add_special_tokens=False)["input_ids"]
+    out = {}
+    for name, ids in (("repeat", repeat), ("icl", icl)):
+        batch = model.batch_from_ids([ids])
+        a = run_batch(model, batch, save={(layer, "attn_pattern")}, logits=False)
+        att = a[(layer, "attn_pattern")][0, head].float().numpy()   # [dst, src]
+        tokens = batch.tokens[0]
+        out[name] = xr.Dataset(
+            {"attention": (("dst_pos", "src_pos"), att)},
+            coords={"dst_pos": range(len(ids)), "src_pos": range(len(ids)),
+                    "token": ("pos", tokens), "pos": range(len(ids))},
+            attrs=provenance(model, method="head_attention", layer=layer, head=head,
+                             example=name, seed=seed))
+    return out
+
+
+# -- FV score ------------------------------------------------------------------------------
+
+def task_mean_z(model: Any, prompts: Sequence[str]) -> np.ndarray:
+    """Mean over prompts of every head's output (the ``attn_z`` slice) at the last token.
+
+    Returns an array [layer, head, d_head] (the ā of Todd et al.).
+    """
+    spec = model.spec
+    batch = model.tokenize(list(prompts))
+    out = run_batch(model, batch, save={(l, "attn_z") for l in range(spec.n_layers)},
+                    save_positions=[-1], logits=False)
+    z = np.stack([out[(l, "attn_z")][:, 0].float().numpy() for l in range(spec.n_layers)], 1)
+    return z.reshape(len(batch.lengths), spec.n_layers, spec.n_heads, spec.d_head).mean(0)
+
+
+def _heads(model: Any, layers: Sequence[int] | None) -> list[tuple[int, int]]:
+    layers = range(model.spec.n_layers) if layers is None else [model.check_layer(l) for l in layers]
+    return [(l, h) for l in layers for h in range(model.spec.n_heads)]
+
+
+def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
+              n_shots: int = 5, seed: int = 0, layers: Sequence[int] | None = None,
+              progress: Any = None) -> xr.Dataset:
+    """Function-vector score of every head: the causal indirect effect (Todd et al. 2024).
+
+    For each task, ā_{l,h} is the head's mean output at the last token over clean
+    ``n_shots``-shot prompts. The same prompts with shuffled demonstration labels are run
+    with head (l, h)'s last-token output replaced by ā_{l,h} (one batched trace per head,
+    resuming at layer l from a cached clean run); the indirect effect is the gain in the
+    probability of the answer's first token. The FV score is its mean over tasks.
+
+    Returns
+    -------
+    xr.Dataset: ``fv_score`` (layer, head), ``indirect_effect`` (task, layer, head),
+    ``mean_z`` (task, layer, head, d_head), ``corrupted_prob``/``clean_prob`` (task).
+    """
+    tasks = [_task(t) for t in tasks]
+    if not tasks:
+        raise InputError("`tasks` must name at least one task; got an empty list.")
+    spec = model.spec
+    heads = _heads(model, layers)
+    ie = np.full((len(tasks), spec.n_layers, spec.n_heads), np.nan)
+    mean_z = np.zeros((len(tasks), spec.n_layers, spec.n_heads, spec.d_head))
+    p_clean, p_corr = np.zeros(len(tasks)), np.zeros(len(tasks))
+    total, done = len(tasks) * len(heads), 0
+    for t, task in enumerate(tasks):
+        clean, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed)
+        corrupted, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed,
+                                   shuffle_labels=True)
+        target = torch.tensor(answer_token_ids(model, answers))
+        rows = torch.arange(len(target))
+        mean_z[t] = task_mean_z(model, clean)
+        p_clean[t] = float(_last_probs(model, model.tokenize(clean))[rows, target].mean())
+        cache = clean_run(model, corrupted)
+        base = torch.softmax(cache.logits[:, -1].float(), -1)[rows, target]   # [prompt]
+        p_corr[t] = float(base.mean())
+        for layer, head in heads:
+            edit = Ablate(layer, head, mode="mean", value=mean_z[t, layer, head], positions=(-1,))
+            p = _last_probs(model, cache.batch, [edit], resume=cache)[rows, target]
+            ie[t, layer, head] = float((p - base).mean())
+            done += 1
+            if callable(progress):
+                progress(done, total)
+    return xr.Dataset(
+        {"fv_score": (("layer", "head"), ie.mean(0)),
+         "indirect_effect": (("task", "layer", "head"), ie),
+         "mean_z": (("task", "layer", "head", "d_head"), mean_z),
+         "clean_prob": (("task",), p_clean),
+         "corrupted_prob": (("task",), p_corr)},
+        coords={"task": [t.name for t in tasks], "layer": list(range(spec.n_layers)),
+                "head": list(range(spec.n_heads))},
+        attrs=provenance(model, method="fv_scores", n_prompts=n_prompts, n_shots=n_shots,
+                         seed=seed, layers=None if layers is None else list(layers),
+                         citation=CITATION))
+
+
+# -- ablations -----------------------------------------------------------------------------
+
+def top_heads(score: np.ndarray, fraction: float, *,
+              exclude: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """The top ``fraction`` of all heads by ``score`` [layer, head], skipping ``exclude``.
+
+    The count is ``round(fraction * n_heads)`` (at least one when ``fraction > 0``), as a
+    fraction of *all* heads; ties are broken by (layer, head) order.
+    """
+    fraction = check_float("fraction", fraction, low=0.0, high=1.0)
+    score = np.asarray(score, dtype=float)
+    n = score.size
+    k = 0 if fraction == 0 else max(1, int(round(fraction * n)))
+    if k == 0:
+        return []
+    excluded = set(map(tuple, exclude))
+    order = np.argsort(-np.nan_to_num(score, nan=-np.inf).ravel(), kind="stable")
+    picked = []
+    for flat in order:
+        lh = tuple(int(v) for v in np.unravel_index(flat, score.shape))
+        if lh not in excluded:
+            picked.append(lh)
+        if len(picked) == k:
+            break
+    return picked
+
+
+def ablation_edits(heads: Sequence[tuple[int, int]], mean_z: np.ndarray | None, *,
+                   positions: Sequence[int] | None = (-1,)) -> list[Ablate]:
+    """Mean-ablation records: each head's output := ``mean_z[layer, head]`` at ``positions``.
+
+    With ``mean_z`` None the heads are mean-ablated over the run's own real tokens at
+    every position (``positions`` must then be None).
+    """
+    if mean_z is None:
+        if positions is not None:
+            raise InputError("`positions` needs `mean_z`; pass positions=None for a run mean.")
+        return [Ablate(l, h, mode="mean") for l, h in heads]
+    pos = None if positions is None else tuple(positions)
+    return [Ablate(l, h, mode="mean", value=mean_z[l, h], positions=pos) for l, h in heads]
+
+
+def few_shot_accuracy(model: Any, prompts: Sequence[str], answers: Sequence[str],
+                      edits=()) -> float:
+    """Fraction of prompts whose argmax next token is the answer's first token."""
+    batch = model.tokenize(list(prompts))
+    probs = _last_probs(model, batch, edits)
+    target = torch.tensor(answer_token_ids(model, answers))
+    return float((probs.argmax(-1) == target).float().mean())
+
+
+def _corpus_ids(model: Any, n_sequences: int, n_tokens: int) -> list[list[int]]:
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(_CORPUS_DIR.glob("*.txt")))
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    seqs = [ids[i:i + n_tokens] for i in range(0, len(ids) - n_tokens + 1, n_tokens)]
+    if not seqs:
+        raise InputError(f"the corpus has fewer than n_tokens={n_tokens} tokens.")
+    return seqs[:n_sequences]
+
+
+def token_loss_difference(model: Any, token_ids: Sequence[Sequence[int]], edits=(), *,
+                          early: int = 10, window: int = 5) -> float:
+    """Mean loss at tokens [early, early+window) minus mean loss over the last ``window``.
+
+    Positive values mean later tokens are predicted better: in-context learning in the
+    sense of Olsson et al. (2022), the "loss(token 50) - loss(token 500)" of Yin & Steinhardt.
+    """
+    batch = model.batch_from_ids([list(r) for r in token_ids])
+    n = min(batch.lengths)
+    if early + window > n - window:
+        raise InputError(f"sequences of {n} tokens are too short for early={early}, "
+                         f"window={window}.")
+    logits = run_batch(model, batch, edits=edits)["logits"].float()   # [seq, pos, vocab]
+    ids = batch.input_ids
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    loss = -logp                                                       # [seq, pos-1]
+    # loss[:, i] predicts token i+1; all sequences have the same length (no padding)
+    early_loss = loss[:, early - 1:early - 1 + window].mean()
+    late_loss = loss[:, -window:].mean()
+    return float(early_loss - late_loss)
+
+
+def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.ndarray,
+                    fv: np.ndarray, *, percents: Sequence[float] = (0, 1, 3, 5, 10, 20),
+                    exclude_fraction: float = 0.02, n_prompts: int = 8, n_shots: int = 5,
+                    loss_sequences: int = 4, loss_tokens: int = 96, seed: int = 0,
+                    progress: Any = None) -> xr.Dataset:
+    """Few-shot accuracy and token-loss difference with the top p% heads mean-ablated.
+
+    Rankings (Yin & Steinhardt 2025): by FV score, by induction score, each after removing
+    the other score's top ``exclude_fraction`` heads, and a random ranking (seeded). For
+    the ICL accuracy a head's last-token output is replaced by its task mean over separate
+    clean prompts; for the token-loss difference (on the shipped corpus) by its mean over
+    the run's own tokens, at every position.
+
+    Returns
+    -------
+    xr.Dataset: ``accuracy`` (ranking, percent, task), ``mean_accuracy`` (ranking, percent),
+    ``token_loss_difference`` (ranking, percent), ``ablated`` (ranking, percent): JSON list
+    of the ablated (layer, head).
+    """
+    tasks = [_task(t) for t in tasks]
+    induction, fv = np.asarray(induction, float), np.asarray(fv, float)
+    spec = model.spec
+    if induction.shape != (spec.n_layers, spec.n_heads) or fv.shape != induction.shape:
+        raise InputError(f"scores must be [layer, head] = {(spec.n_layers, spec.n_heads)}; "
+                         f"got {induction.shape} and {fv.shape}.")
+    percents = [check_float("percent", p, low=0.0, high=100.0) for p in percents]
+    rng = np.random.default_rng(seed)
+    random_score = rng.random(induction.shape)
+    excl_ind = top_heads(induction, exclude_fraction)
+    excl_fv = top_heads(fv, exclude_fraction)
+    rankings = {"fv": (fv, ()), "induction": (induction, ()),
+                "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
+                "random": (random_score, ())}
+    evals = []
+    for task in tasks:
+        prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
+        means_from, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 2)
+        evals.append((prompts, answers, task_mean_z(model, means_from)))
+    loss_ids = _corpus_ids(model, loss_sequences, loss_tokens)
+    acc = np.zeros((len(rankings), len(percents), len(tasks)))
+    tld = np.zeros((len(rankings), len(percents)))
+    ablated = np.empty((len(rankings), len(percents)), dtype=object)
+    total, done = acc.size, 0
+    for r, (score, exclude) in enumerate(rankings.values()):
+        for j, p in enumerate(percents):
+            heads = top_heads(score, p / 100.0, exclude=exclude)
+            ablated[r, j] = json.dumps(heads)
+            for t, (prompts, answers, mz) in enumerate(evals):
+                acc[r, j, t] = few_shot_accuracy(model, prompts, answers,
+                                                 ablation_edits(heads, mz))
+                done += 1
+                if callable(progress):
+                    progress(done, total)
+            tld[r, j] = token_loss_difference(model, loss_ids,
+                                              ablation_edits(heads, None, positions=None))
+    return xr.Dataset(
+        {"accuracy": (("ranking", "percent", "task"), acc),
+         "mean_accuracy": (("ranking", "percent"), acc.mean(-1)),
+         "token_loss_difference": (("ranking", "percent"), tld),
+         "ablated": (("ranking", "percent"), ablated.astype(str))},
+        coords={"ranking": list(rankings), "percent": percents, "task": [t.name for t in tasks]},
+        attrs=provenance(model, method="ablation_curves", percents=percents,
+                         exclude_fraction=exclude_fraction, n_prompts=n_prompts,
+                         n_shots=n_shots, loss_sequences=loss_sequences,
+                         loss_tokens=loss_tokens, seed=seed, citation=CITATION))
+
+
+# -- CLI and bench -------------------------------------------------------------------------
+
+def _overlap(a: np.ndarray, b: np.ndarray, fraction: float) -> dict[str, Any]:
+    ta, tb = top_heads(a, fraction), top_heads(b, fraction)
+    return {"fraction": fraction, "top_induction": ta, "top_fv": tb,
+            "shared": sorted(set(ta) & set(tb))}
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer icl-heads``: induction and FV scores, optional ablation curves."""
+    from explorer.cli import add_model_option
+
+    p = subparsers.add_parser(
+        "icl-heads", help="induction vs function-vector heads, and ablations",
+        description="Induction and FV head scores (Yin & Steinhardt, ICML 2025).")
+    add_model_option(p)
+    p.add_argument("--tasks", default="antonym,country-capital,english-french",
+                   help="comma-separated FV-scoring tasks (default: %(default)s)")
+    p.add_argument("--eval-tasks", default="",
+                   help="comma-separated tasks for ablation curves (empty: skip ablations)")
+    p.add_argument("--n-prompts", type=int, default=8)
+    p.add_argument("--n-shots", type=int, default=5)
+    p.add_argument("--percents", default="0,1,3,5,10,20")
+    p.add_argument("--top-fraction", type=float, default=0.02,
+                   help="top fraction of heads reported and excluded (default 0.02)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_icl_heads)
+
+
+def _split(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _cmd_icl_heads(args: Any) -> int:
+    from explorer.cli import print_json
+    from explorer.models import load_model
+
+    model = load_model(args.model)
+    ind = induction_scores(model, seed=args.seed)
+    fv = fv_scores(model, _split(args.tasks), n_prompts=args.n_prompts, n_shots=args.n_shots,
+                   seed=args.seed)
+    a, b = ind["induction_score"].values, fv["fv_score"].values
+    summary: dict[str, Any] = {
+        "model": model.spec.name,
+        "induction_score": a.tolist(), "fv_score": b.tolist(),
+        "overlap": _overlap(a, b, args.top_fraction),
+        "clean_prob": dict(zip(fv.task.values.tolist(), fv.clean_prob.values.tolist())),
+        "corrupted_prob": dict(zip(fv.task.values.tolist(), fv.corrupted_prob.values.tolist())),
+    }
+    if _split(args.eval_tasks):
+        curves = ablation_curves(model, _split(args.eval_tasks), a, b,
+                                 percents=[float(x) for x in _split(args.percents)],
+                                 exclude_fraction=args.top_fraction, n_prompts=args.n_prompts,
+                                 n_shots=args.n_shots, seed=args.seed)
+        summary["percents"] = curves.percent.values.tolist()
+        summary["mean_accuracy"] = {r: curves.mean_accuracy.sel(ranking=r).values.tolist()
+                                    for r in curves.ranking.values.tolist()}
+        summary["token_loss_difference"] = {
+            r: curves.token_loss_difference.sel(ranking=r).values.tolist()
+            for r in curves.ranking.values.tolist()}
+    if args.json:
+        print_json(summary)
+    else:
+        ov = summary["overlap"]
+        print(f"top induction heads: {ov['top_induction']}")
+        print(f"top FV heads:        {ov['top_fv']}")
+        print(f"shared:              {ov['shared']}")
+    return 0
+
+
+def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int = 8,
+                    n_shots: int = 5, n_heads: int = 6, **kw: Any) -> dict[str, Any]:
+    """Time per FV head-task pair (one batched, resumed patched trace) vs one clean forward.
+
+    Returns ``fv_head_task_pair_vs_forward_ratio``, ``fv_head_task_pair_ms`` and
+    ``forward_ms`` (the clean batched forward of the same prompts).
+    """
+    from explorer.models import load_model
+
+    if model is None or isinstance(model, str):
+        model = load_model(model or "smollm2-135m")
+    prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=0)
+    mz = task_mean_z(model, prompts)
+    cache = clean_run(model, prompts)
+    heads = _heads(model, None)
+    step = max(1, len(heads) // n_heads)
+    picked = heads[::step][:n_heads]
+    _last_probs(model, cache.batch)  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(3):
+        _last_probs(model, cache.batch)
+    forward = (time.perf_counter() - t0) / 3
+    t0 = time.perf_counter()
+    for layer, head in picked:
+        edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
+        _last_probs(model, cache.batch, [edit], resume=cache)
+    pair = (time.perf_counter() - t0) / len(picked)
+    return {"fv_head_task_pair_vs_forward_ratio": pair / forward,
+            "fv_head_task_pair_ms": pair * 1e3, "forward_ms": forward * 1e3,
+            "n_prompts": n_prompts, "n_heads_timed": len(picked)}

@@ -1,0 +1,289 @@
+"""Function vectors and task decodability.
+
+- `function_vector` / `function_vector_accuracy`: the sum of the top FV heads' task-mean
+  outputs (Todd et al., "Function Vectors in Large Language Models", ICLR 2024), added to
+  the residual stream of zero-shot prompts at one layer (L/3 by default, as in Yin &
+  Steinhardt, ICML 2025).
+- `task_decodability`: leave-one-out k-NN (k=10) task classification from the residual at
+  the token before the answer, per layer, and its relation to ICL accuracy across tasks
+  (Han, Song, Gore, Agrawal, "Emergence and Effectiveness of Task Vectors in In-Context
+  Learning: An Encoder-Decoder Perspective", ICML 2025).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from explorer._checks import InputError, check_float, check_int
+from explorer.analyses.icl_heads import (
+    ICLTask,
+    _task,
+    few_shot_accuracy,
+    icl_prompts,
+    task_mean_z,
+    top_heads,
+)
+from explorer.interventions import Steer
+from explorer.trace import provenance, run_batch
+
+__all__ = [
+    "function_vector",
+    "function_vector_accuracy",
+    "knn_loo_predictions",
+    "knn_loo_accuracy",
+    "r_squared",
+    "null_task",
+    "last_token_residuals",
+    "task_decodability",
+    "register_cli",
+]
+
+CITATION = ("E. Todd et al., \"Function Vectors in Large Language Models\", ICLR 2024; "
+            "S. Han, J. Song, J. Gore, P. Agrawal, \"Emergence and Effectiveness of Task "
+            "Vectors in In-Context Learning: An Encoder-Decoder Perspective\", ICML 2025.")
+
+
+# -- function vectors ----------------------------------------------------------------------
+
+def function_vector(model: Any, mean_z: np.ndarray, heads: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Sum over ``heads`` of each head's task-mean output written through its slice of W_O.
+
+    ``mean_z`` is [layer, head, d_head] (see `explorer.analyses.icl_heads.task_mean_z`);
+    the result is a d_model vector (no output-projection bias).
+    """
+    vec = np.zeros(model.spec.d_model)
+    for layer, head in heads:
+        w = model.W_O(layer)[head].detach().double().numpy()     # [d_head, d_model]
+        vec += np.asarray(mean_z[layer, head], dtype=np.float64) @ w
+    return vec
+
+
+def function_vector_accuracy(model: Any, tasks: Sequence[ICLTask | str], fv_score: np.ndarray,
+                             *, layer: int | None = None, top_fraction: float = 0.02,
+                             alpha: float = 1.0, n_prompts: int = 16, n_shots: int = 5,
+                             seed: int = 0) -> xr.Dataset:
+    """Zero-shot accuracy per task with and without the task's function vector.
+
+    The vector sums the top ``top_fraction`` heads by ``fv_score`` [layer, head], each
+    head's mean last-token output over ``n_prompts`` clean ``n_shots``-shot prompts; it is
+    added (times ``alpha``) to ``resid_post`` of ``layer`` (default n_layers // 3) at the
+    last token of zero-shot prompts ``"Q: x\\nA:"``.
+
+    Returns
+    -------
+    xr.Dataset: ``zero_shot_accuracy``, ``fv_accuracy``, ``few_shot_accuracy`` (task),
+    ``function_vector`` (task, d_model); attrs carry ``layer`` and the heads used.
+    """
+    tasks = [_task(t) for t in tasks]
+    spec = model.spec
+    layer = spec.n_layers // 3 if layer is None else model.check_layer(layer)
+    alpha = check_float("alpha", alpha)
+    heads = top_heads(np.asarray(fv_score, float), top_fraction)
+    zs, fa, fs, vecs = [], [], [], []
+    for task in tasks:
+        clean, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed)
+        vec = function_vector(model, task_mean_z(model, clean), heads)
+        queries, q_answers = icl_prompts(task, n_prompts=n_prompts, n_shots=0, seed=seed + 1)
+        steer = Steer(layer, vec, alpha=alpha, positions=(-1,))
+        zs.append(few_shot_accuracy(model, queries, q_answers))
+        fa.append(few_shot_accuracy(model, queries, q_answers, [steer]))
+        fs.append(few_shot_accuracy(model, clean, answers))
+        vecs.append(vec)
+    return xr.Dataset(
+        {"zero_shot_accuracy": (("task",), np.array(zs)),
+         "fv_accuracy": (("task",), np.array(fa)),
+         "few_shot_accuracy": (("task",), np.array(fs)),
+         "function_vector": (("task", "d_model"), np.array(vecs))},
+        coords={"task": [t.name for t in tasks]},
+        attrs={**provenance(model, method="function_vector_accuracy", layer=layer,
+                            top_fraction=top_fraction, alpha=alpha, n_prompts=n_prompts,
+                            n_shots=n_shots, seed=seed, citation=CITATION),
+               "layer": layer, "heads": [list(h) for h in heads]})
+
+
+# -- task decodability ---------------------------------------------------------------------
+
+def knn_loo_predictions(x: np.ndarray, y: Sequence[Any], k: int = 10) -> np.ndarray:
+    """Leave-one-out k-NN majority vote (Euclidean) for every row of ``x`` [n, d].
+
+    Each point is classified by its ``k`` nearest *other* points; a tie in votes goes to
+    the tied label whose nearest member is closest.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y)
+    n = len(x)
+    k = check_int("k", k, low=1, high=max(1, n - 1))
+    if n < 2:
+        raise InputError(f"k-NN needs at least 2 points; got {n}.")
+    sq = (x * x).sum(1)
+    d = sq[:, None] + sq[None, :] - 2 * x @ x.T
+    np.fill_diagonal(d, np.inf)
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]        # [n, k] nearest first
+    pred = np.empty(n, dtype=y.dtype)
+    for i in range(n):
+        labels = y[order[i]]
+        values, counts = np.unique(labels, return_counts=True)
+        best = set(values[counts == counts.max()].tolist())
+        pred[i] = next(lab for lab in labels if lab in best)   # closest among the tied
+    return pred
+
+
+def knn_loo_accuracy(x: np.ndarray, y: Sequence[Any], k: int = 10) -> float:
+    """Fraction of points whose leave-one-out k-NN vote is their own label (the TD)."""
+    return float(np.mean(knn_loo_predictions(x, y, k) == np.asarray(y)))
+
+
+def r_squared(x: Sequence[float], y: Sequence[float]) -> float:
+    """R^2 of the least-squares line y ~ a + b x (the squared Pearson correlation)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1] ** 2)
+
+
+def null_task(tasks: Sequence[ICLTask], seed: int = 0) -> ICLTask:
+    """The Null task of Han et al.: inputs of the tasks paired with random outputs."""
+    rng = np.random.default_rng(seed)
+    inputs = [x for t in tasks for x, _ in t.pairs]
+    outputs = [y for t in tasks for _, y in t.pairs]
+    perm = rng.permutation(len(outputs))
+    pairs = tuple((inputs[i], outputs[j]) for i, j in enumerate(perm))
+    return ICLTask("null", pairs, "inputs paired with random outputs")
+
+
+def last_token_residuals(model: Any, prompts: Sequence[str], *,
+                         batch_size: int = 16) -> np.ndarray:
+    """``resid_post`` of every layer at each prompt's last token: [prompt, layer, d_model]."""
+    layers = range(model.spec.n_layers)
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        batch = model.tokenize(list(prompts[start:start + batch_size]))
+        res = run_batch(model, batch, save={(l, "resid_post") for l in layers},
+                        save_positions=[-1], logits=False)
+        out.append(np.stack([res[(l, "resid_post")][:, 0].float().numpy() for l in layers], 1))
+    return np.concatenate(out)
+
+
+def _pca2(x: np.ndarray) -> np.ndarray:
+    x = x - x.mean(0)
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    return x @ vt[:2].T
+
+
+def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 20,
+                      n_shots: int = 4, k: int = 10, include_null: bool = True,
+                      seed: int = 0) -> xr.Dataset:
+    """Task decodability (TD) per layer and its relation to ICL accuracy (Han et al. 2025).
+
+    For every task, ``n_prompts`` few-shot prompts are run; the residual (``resid_post``)
+    at the last prompt token (the one before the answer) is classified by leave-one-out
+    k-NN over all prompts of all tasks. TD is the fraction classified correctly.
+
+    Returns
+    -------
+    xr.Dataset: ``td`` (layer), ``td_per_task`` (layer, task), ``icl_accuracy`` (task,
+    the Null task excluded: NaN), ``projection`` (layer, prompt, component) a 2-D PCA of
+    the residuals, ``prompt_task`` (prompt); attrs ``best_layer`` and ``td_accuracy_r2``
+    (R^2 of each real task's TD, averaged over layers, against its ICL accuracy).
+    """
+    tasks = [_task(t) for t in tasks]
+    if len(tasks) < 2:
+        raise InputError(f"task decodability needs at least 2 tasks; got {len(tasks)}.")
+    if include_null:
+        tasks = tasks + [null_task(tasks, seed)]
+    prompts, labels, acc = [], [], []
+    for task in tasks:
+        p, a = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed)
+        prompts += p
+        labels += [task.name] * len(p)
+        acc.append(np.nan if task.name == "null" and include_null
+                   else few_shot_accuracy(model, p, a))
+    k = check_int("k", k, low=1, high=len(prompts) - 1)
+    resid = last_token_residuals(model, prompts)               # [prompt, layer, d_model]
+    labels_a = np.array(labels)
+    names = [t.name for t in tasks]
+    n_layers = model.spec.n_layers
+    td = np.zeros(n_layers)
+    td_task = np.zeros((n_layers, len(tasks)))
+    proj = np.zeros((n_layers, len(prompts), 2))
+    for layer in range(n_layers):
+        correct = knn_loo_predictions(resid[:, layer], labels_a, k) == labels_a
+        td[layer] = correct.mean()
+        td_task[layer] = [correct[labels_a == n].mean() for n in names]
+        proj[layer] = _pca2(resid[:, layer].astype(np.float64))
+    best = int(np.argmax(td))
+    real = [i for i, n in enumerate(names) if not (include_null and n == "null")]
+    # per-task TD averaged over layers: at the best layer TD often saturates at 1 for
+    # every task, which leaves no variance to relate to accuracy
+    r2 = r_squared(td_task[:, real].mean(0), np.array(acc)[real])
+    return xr.Dataset(
+        {"td": (("layer",), td),
+         "td_per_task": (("layer", "task"), td_task),
+         "icl_accuracy": (("task",), np.array(acc, dtype=float)),
+         "projection": (("layer", "prompt", "component"), proj),
+         "prompt_task": (("prompt",), labels_a)},
+        coords={"layer": list(range(n_layers)), "task": names,
+                "prompt": list(range(len(prompts))), "component": ["pc1", "pc2"]},
+        attrs={**provenance(model, method="task_decodability", n_prompts=n_prompts,
+                            n_shots=n_shots, k=k, include_null=include_null, seed=seed,
+                            citation=CITATION),
+               "best_layer": best, "td_accuracy_r2": r2})
+
+
+# -- CLI -----------------------------------------------------------------------------------
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer task-vectors``: task decodability and function-vector accuracy."""
+    from explorer.cli import add_model_option
+
+    p = subparsers.add_parser(
+        "task-vectors", help="function vectors and task decodability per layer",
+        description="Task decodability (Han et al., ICML 2025) and function vectors "
+                    "(Todd et al., ICLR 2024).")
+    add_model_option(p)
+    p.add_argument("--tasks", default="antonym,country-capital,english-french,present-past",
+                   help="comma-separated tasks (default: %(default)s)")
+    p.add_argument("--n-prompts", type=int, default=20)
+    p.add_argument("--n-shots", type=int, default=4)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--function-vectors", action="store_true",
+                   help="also score FV heads on the tasks and report zero-shot FV accuracy")
+    p.add_argument("--layer", type=int, default=None, help="FV layer (default n_layers // 3)")
+    p.add_argument("--top-fraction", type=float, default=0.02)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_task_vectors)
+
+
+def _cmd_task_vectors(args: Any) -> int:
+    from explorer.analyses.icl_heads import fv_scores
+    from explorer.cli import print_json
+    from explorer.models import load_model
+
+    model = load_model(args.model)
+    tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
+    td = task_decodability(model, tasks, n_prompts=args.n_prompts, n_shots=args.n_shots,
+                           k=args.k, seed=args.seed)
+    summary: dict[str, Any] = {
+        "model": model.spec.name, "td": td.td.values.tolist(),
+        "best_layer": td.attrs["best_layer"], "td_accuracy_r2": td.attrs["td_accuracy_r2"],
+        "icl_accuracy": dict(zip(td.task.values.tolist(), td.icl_accuracy.values.tolist())),
+    }
+    if args.function_vectors:
+        fv = fv_scores(model, tasks, n_prompts=min(args.n_prompts, 8), n_shots=5, seed=args.seed)
+        acc = function_vector_accuracy(model, tasks, fv.fv_score.values, layer=args.layer,
+                                       top_fraction=args.top_fraction, seed=args.seed)
+        summary["fv_layer"] = acc.attrs["layer"]
+        summary["fv_heads"] = acc.attrs["heads"]
+        summary["zero_shot_accuracy"] = dict(zip(tasks, acc.zero_shot_accuracy.values.tolist()))
+        summary["fv_accuracy"] = dict(zip(tasks, acc.fv_accuracy.values.tolist()))
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"TD per layer: {np.round(td.td.values, 3).tolist()}")
+        print(f"best layer {summary['best_layer']}; TD-accuracy R^2 {summary['td_accuracy_r2']:.3f}")
+    return 0
+

@@ -1,0 +1,296 @@
+"""ICL heads: tasks, induction score, FV score, position-restricted Ablate, ablation curves.
+
+References are computed independently with plain torch hooks on ``model.hf`` (one prompt
+at a time, no padding) or by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from explorer._checks import InputError
+from explorer.analyses import icl_heads as ih
+from explorer.interventions import Ablate, edits_from_json, edits_to_json
+from explorer.trace import run_with
+
+# -- helpers: plain torch references ---------------------------------------------------------
+
+
+def _ids(model, prompt):
+    return torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+
+
+def _last_z(model, prompt, layer):
+    """o_proj input at the last token of one prompt: [n_heads * d_head]."""
+    got = {}
+
+    def hook(mod, args):
+        got["z"] = args[0][0, -1].clone()
+
+    h = model.o_proj(layer).register_forward_pre_hook(hook)
+    try:
+        model.hf(_ids(model, prompt))
+    finally:
+        h.remove()
+    return got["z"]
+
+
+def _logits_with_heads_set(model, ids, writes, positions=(-1,)):
+    """Run ``ids`` [1, n] with head slices of the o_proj input overwritten.
+
+    ``writes`` maps (layer, head) -> d_head tensor, or -> "batchmean" for the mean over
+    all tokens of ``ids`` (which then must be a batch without padding).
+    """
+    d = model.spec.d_head
+    handles = []
+    for (layer, head), value in writes.items():
+        def hook(mod, args, head=head, value=value):
+            z = args[0].clone()
+            sl = slice(head * d, (head + 1) * d)
+            if isinstance(value, str):
+                z[..., sl] = args[0][..., sl].mean((0, 1))
+            else:
+                for p in positions:
+                    z[:, p, sl] = value
+            return (z,)
+        handles.append(model.o_proj(layer).register_forward_pre_hook(hook))
+    try:
+        return model.hf(ids).logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# -- tasks --------------------------------------------------------------------------------
+
+
+def test_shipped_icl_tasks_have_one_format():
+    names = ih.icl_task_names()
+    assert len(names) >= 12
+    for name in names:
+        task = ih.load_icl_task(name)
+        assert len(task.pairs) >= 20, name
+        assert all(x.strip() and y.strip() for x, y in task.pairs), name
+    with pytest.raises(InputError, match="Did you mean 'antonym'"):
+        ih.load_icl_task("antonyms")
+
+
+def test_shuffled_prompts_keep_demos_and_queries_and_permute_labels():
+    clean, a1 = ih.icl_prompts("country-capital", n_prompts=4, n_shots=5, seed=3)
+    corr, a2 = ih.icl_prompts("country-capital", n_prompts=4, n_shots=5, seed=3,
+                              shuffle_labels=True)
+    assert a1 == a2
+    for c, s in zip(clean, corr):
+        cq, sq = c.split("\n\n"), s.split("\n\n")
+        assert cq[-1] == sq[-1] and c.endswith("\nA:")
+        assert [q.split("\n")[0] for q in cq[:-1]] == [q.split("\n")[0] for q in sq[:-1]]
+        assert sorted(q.split("\n")[1] for q in cq[:-1]) == sorted(q.split("\n")[1] for q in sq[:-1])
+        assert c != s
+    zero, _ = ih.icl_prompts("antonym", n_prompts=2, n_shots=0)
+    assert all(p.startswith("Q: ") and p.count("Q:") == 1 for p in zero)
+
+
+# -- induction score -------------------------------------------------------------------------
+
+
+def test_induction_score_finds_a_planted_induction_pattern():
+    ids = np.array([[7, 1, 2, 3, 1, 2, 3]])
+    n = ids.shape[1]
+    planted = np.zeros((n, n))
+    for i in range(n):
+        prev = [j for j in range(1, i + 1) if ids[0, j - 1] == ids[0, i]]
+        if prev:
+            planted[i, prev] = 1.0 / len(prev)
+        else:
+            planted[i, 0] = 1.0  # attention sink
+    prev_token = np.zeros((n, n))
+    prev_token[0, 0] = 1.0
+    for i in range(1, n):
+        prev_token[i, i - 1] = 1.0
+    pats = np.stack([planted, prev_token])[None, None]  # [seq, layer, head, dst, src]
+    mul = ih.induction_score_from_patterns(pats, ids, "mul")
+    # by hand: rows 4..6 put all their mass on targets, rows 0..3 none -> 3 / 7
+    assert mul[0, 0] == pytest.approx(3 / 7)
+    assert mul[0, 1] == pytest.approx(0.0)
+    ab = ih.induction_score_from_patterns(pats, ids, "abs")
+    # rows 0..3 have an all-zero target: |A - P|_1 = 1 each; rows 4..6 match exactly
+    assert ab[0, 0] == pytest.approx(1 - 4 / 7)
+    with pytest.raises(InputError, match="`measure` must be one of"):
+        ih.induction_score_from_patterns(pats, ids, "sq")
+
+
+def test_induction_scores_match_eager_attention_from_plain_hf(tiny_model):
+    m = tiny_model
+    ds = ih.induction_scores(m, n_sequences=3, half_len=6, seed=1)
+    ids = ds.sequence_ids.values
+    assert ids.shape == (3, 13) and np.array_equal(ids[:, 1:7], ids[:, 7:])
+    current = m.hf.config._attn_implementation
+    m.hf.set_attn_implementation("eager")
+    try:
+        att = [m.hf(torch.tensor(row[None]), output_attentions=True).attentions for row in ids]
+    finally:
+        m.hf.set_attn_implementation(current)
+    expect = np.zeros((m.spec.n_layers, m.spec.n_heads))
+    for row, layers in zip(ids, att):
+        for layer, a in enumerate(layers):
+            a = a[0].double().numpy()  # [head, dst, src]
+            for i in range(len(row)):
+                for j in range(1, i + 1):
+                    if row[j - 1] == row[i]:
+                        expect[layer] += a[:, i, j] / len(row)
+    expect /= len(ids)
+    np.testing.assert_allclose(ds.induction_score.values, expect, atol=1e-5)
+    assert ds.attrs["method"] == "induction_scores"
+
+
+# -- position-restricted Ablate ------------------------------------------------------------
+
+
+def test_ablate_positions_round_trip_and_checks():
+    e = Ablate(1, 2, mode="mean", value=[0.5] * 16, positions=[-1, 0])
+    assert e.positions == (-1, 0)
+    assert edits_from_json(edits_to_json([e])) == [e]
+    with pytest.raises(InputError, match="needs an explicit `value`"):
+        Ablate(1, 2, mode="mean", positions=[-1])
+    assert Ablate(0, 0, positions=[-1]).positions == (-1,)
+
+
+def test_ablate_at_last_position_matches_a_torch_hook(tiny_model):
+    m = tiny_model
+    prompts = ["Q: hot\nA: cold\n\nQ: up\nA:", "Q: big\nA:"]  # different lengths: padding
+    value = torch.linspace(-1, 1, m.spec.d_head)
+    got = run_with(m, prompts, [Ablate(1, 2, mode="mean", value=value, positions=(-1,))],
+                   positions=[-1]).logits.values[:, 0]
+    zeroed = run_with(m, prompts, [Ablate(2, 0, positions=(-1,))], positions=[-1])
+    for i, p in enumerate(prompts):
+        ref = _logits_with_heads_set(m, _ids(m, p), {(1, 2): value})[0, -1]
+        np.testing.assert_allclose(got[i], ref.numpy(), atol=1e-4)
+        ref0 = _logits_with_heads_set(m, _ids(m, p), {(2, 0): torch.zeros(m.spec.d_head)})[0, -1]
+        np.testing.assert_allclose(zeroed.logits.values[i, 0], ref0.numpy(), atol=1e-4)
+        plain = m.hf(_ids(m, p)).logits[0, -1]
+        assert not np.allclose(got[i], plain.numpy(), atol=1e-4)
+
+
+# -- FV score ------------------------------------------------------------------------------
+
+
+def test_fv_indirect_effect_equals_hand_built_patch_and_compare(tiny_model):
+    m = tiny_model
+    ds = ih.fv_scores(m, ["antonym"], n_prompts=3, n_shots=2, seed=5, layers=[1])
+    clean, answers = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=5)
+    corr, _ = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=5, shuffle_labels=True)
+    target = [m.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in answers]
+    d = m.spec.d_head
+    mean = torch.stack([_last_z(m, p, 1) for p in clean]).mean(0)  # [n_heads * d_head]
+    for head in range(m.spec.n_heads):
+        effects = []
+        for p, t in zip(corr, target):
+            base = torch.softmax(m.hf(_ids(m, p)).logits[0, -1], -1)[t]
+            patched = _logits_with_heads_set(m, _ids(m, p),
+                                             {(1, head): mean[head * d:(head + 1) * d]})
+            effects.append(float(torch.softmax(patched[0, -1], -1)[t] - base))
+        assert ds.indirect_effect.values[0, 1, head] == pytest.approx(np.mean(effects), abs=1e-6)
+    assert np.isnan(ds.indirect_effect.values[0, 0]).all()
+    np.testing.assert_allclose(ds.mean_z.values[0, 1].reshape(-1), mean.numpy(), atol=1e-5)
+    np.testing.assert_allclose(ds.fv_score.values, ds.indirect_effect.values[0])
+    with pytest.raises(InputError, match="at least one task"):
+        ih.fv_scores(m, [])
+
+
+# -- ablations -----------------------------------------------------------------------------
+
+
+def test_top_heads_counts_all_heads_and_excludes():
+    score = np.array([[0.9, 0.1, 0.5], [0.8, 0.7, 0.0]])
+    assert ih.top_heads(score, 0.0) == []
+    assert ih.top_heads(score, 0.34) == [(0, 0), (1, 0)]          # round(0.34 * 6) = 2
+    assert ih.top_heads(score, 0.34, exclude=[(1, 0)]) == [(0, 0), (1, 1)]
+    assert ih.top_heads(score, 0.01) == [(0, 0)]                  # at least one
+    with pytest.raises(InputError, match="`fraction` must be a number in"):
+        ih.top_heads(score, 1.5)
+
+
+def test_ablation_masks_the_right_heads(tiny_model):
+    m = tiny_model
+    heads = [(0, 1), (2, 3)]
+    mz = np.random.default_rng(0).normal(size=(m.spec.n_layers, m.spec.n_heads, m.spec.d_head))
+    edits = ih.ablation_edits(heads, mz)
+    assert {(e.layer, e.head, e.positions) for e in edits} == {(0, 1, (-1,)), (2, 3, (-1,))}
+    prompts, answers = ih.icl_prompts("capitalize", n_prompts=3, n_shots=2, seed=0)
+    got = run_with(m, prompts, edits, positions=[-1]).logits.values[:, 0]
+    writes = {h: torch.tensor(mz[h], dtype=torch.float32) for h in heads}
+    ref = [_logits_with_heads_set(m, _ids(m, p), writes)[0, -1].numpy() for p in prompts]
+    np.testing.assert_allclose(got, np.stack(ref), atol=1e-4)
+    target = np.array([m.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0]
+                       for a in answers])
+    acc = ih.few_shot_accuracy(m, prompts, answers, edits)
+    assert acc == pytest.approx(np.mean(np.stack(ref).argmax(-1) == target))
+    # whole-sequence mean ablation (token-loss difference): the head's mean over all tokens
+    seqs = [list(range(10, 40)), list(range(50, 80))]
+    full = ih.ablation_edits(heads, None, positions=None)
+    tld = ih.token_loss_difference(m, seqs, full, early=5, window=4)
+    logits = _logits_with_heads_set(m, torch.tensor(seqs), {h: "batchmean" for h in heads})
+    ids = torch.tensor(seqs)
+    loss = -torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert tld == pytest.approx(float(loss[:, 4:8].mean() - loss[:, -4:].mean()), abs=1e-4)
+    with pytest.raises(InputError, match="too short"):
+        ih.token_loss_difference(m, seqs, early=20, window=8)
+
+
+def test_ablation_curves_shapes_and_zero_percent_baseline(tiny_model):
+    m = tiny_model
+    rng = np.random.default_rng(1)
+    shape = (m.spec.n_layers, m.spec.n_heads)
+    induction, fv = rng.random(shape), rng.random(shape)
+    ds = ih.ablation_curves(m, ["antonym", "uppercase"], induction, fv,
+                            percents=(0, 10, 50), n_prompts=3, n_shots=2, loss_sequences=2,
+                            loss_tokens=40, exclude_fraction=0.1)
+    assert ds.accuracy.dims == ("ranking", "percent", "task")
+    assert list(ds.ranking.values) == list(ih.RANKINGS)
+    tld0 = ds.token_loss_difference.sel(percent=0.0).values
+    assert np.allclose(tld0, tld0[0])                 # nothing ablated at 0 %
+    assert json.loads(str(ds.ablated.sel(ranking="fv", percent=0.0).values)) == []
+    # 50 % of 12 heads = 6 heads; the exclusion variant skips the other score's top head
+    fv_ex = [tuple(h) for h in
+             json.loads(str(ds.ablated.sel(ranking="fv_excl_induction", percent=50.0).values))]
+    top_ind = np.unravel_index(np.argmax(induction), shape)
+    order = [np.unravel_index(i, shape) for i in np.argsort(-fv, axis=None)]
+    expect = [tuple(int(v) for v in lh) for lh in order if lh != top_ind][:6]
+    assert fv_ex == expect
+    with pytest.raises(InputError, match="scores must be"):
+        ih.ablation_curves(m, ["antonym"], np.zeros((2, 2)), np.zeros((2, 2)))
+
+
+# -- CLI and bench -------------------------------------------------------------------------
+
+
+def test_cli_icl_heads_json(capsys):
+    parser = argparse.ArgumentParser()
+    ih.register_cli(parser.add_subparsers())
+    args = parser.parse_args(["icl-heads", "--model", "tiny-llama", "--tasks", "antonym",
+                              "--eval-tasks", "capitalize", "--percents", "0,25",
+                              "--n-prompts", "2", "--n-shots", "2", "--json"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert np.array(out["fv_score"]).shape == (3, 4)
+    assert set(out["mean_accuracy"]) == set(ih.RANKINGS)
+    assert out["percents"] == [0.0, 25.0]
+
+
+def test_bench_icl_heads_reports_ratio(tiny_model):
+    out = ih.bench_icl_heads(tiny_model, n_prompts=2, n_shots=2, n_heads=2)
+    assert out["fv_head_task_pair_vs_forward_ratio"] > 0
+    assert out["fv_head_task_pair_ms"] > 0 and out["n_heads_timed"] == 2
+
+
+@pytest.mark.integration
+def test_smollm2_has_induction_heads(smollm2):
+    ds = ih.induction_scores(smollm2, n_sequences=4, half_len=20, seed=42)
+    # a pretrained model has heads with much of their attention on the induction target
+    # (about 0.4 for the best SmolLM2 head; mass over all rows, half of which have no target)
+    assert float(ds.induction_score.max()) > 0.25
+    assert float(ds.induction_score.median()) < 0.1
