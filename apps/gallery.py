@@ -19,6 +19,7 @@ import param
 import explorer
 from apps import theme
 from apps._session import Runner, get_model, user_message
+from apps.conflicts import ConflictsView
 from apps.icl_heads import ICLHeadsView
 from apps.lens import LensView
 from apps.linear_icl import LinearICLView
@@ -37,6 +38,7 @@ ViewFactory = Callable[[explorer.Model], pn.viewable.Viewer]
 VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Logit lens", "lens", LensView),
     ("Saturation events", "saturation", SaturationView),
+    ("Knowledge conflicts", "conflicts", ConflictsView),
     ("ICL heads", "icl-heads", ICLHeadsView),
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),

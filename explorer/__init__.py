@@ -7,7 +7,7 @@ xarray; models load only when asked.
 __version__ = "0.1.0"
 
 from ._checks import ExplorerError
-from .interventions import Ablate, Patch, Scale, Steer, edits_from_json, edits_to_json
+from .interventions import Ablate, AddHead, Patch, Scale, Steer, edits_from_json, edits_to_json
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
 from .store import ActivationStore
@@ -16,6 +16,7 @@ from .trace import clean_run, run_with, trace
 __all__ = [
     "ActivationStore",
     "Ablate",
+    "AddHead",
     "ExplorerError",
     "Model",
     "ModelSpec",

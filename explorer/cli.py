@@ -50,6 +50,7 @@ __all__ = [
 #: Module paths of analysis modules that add their own subcommands (see the module docstring).
 ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.saturation",
+    "explorer.analyses.conflicts",
     "explorer.analyses.icl_heads",
     "explorer.analyses.task_vectors",
     "explorer.analyses.parity",

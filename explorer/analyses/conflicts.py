@@ -1,0 +1,712 @@
+"""Knowledge conflicts: per-head context-vs-memory scores and the JuICE dual run.
+
+Li, Chen & Tong, "Taming Knowledge Conflicts in Language Models" (JuICE, ICML 2025).
+A fact is asked three ways: closed book (``clean``), after one sentence stating a false
+value (``substitution``) and after a short passage supporting the false value
+(``coherent``). The true value is the *memory* answer, the false one the *context* answer.
+
+- `head_context_memory_scores`: each head's direct contribution to the memory and the
+  context answer logit (its output through the linearised final norm and the unembedding)
+  and its causal effect on their difference by zero ablation.
+- `juice_head_selection`: score heads by additive scaling (``o_proj.out += alpha * h``)
+  and keep the top K consistently helpful across the three prompt types.
+- `juice_logits`: the dual run (run 1 caches the chosen heads' outputs; run 2 adds
+  ``+alpha_l`` / ``-alpha_s`` times them); `single_run_logits` is the single-run baseline.
+- `conflict_accuracy`: greedy answers over a split for baseline / single-run / JuICE.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.interventions import Ablate, AddHead, Edit, Scale, position_index
+from explorer.models import Batch, Model, cache_dir
+from explorer.trace import CleanRun, provenance, run_batch
+
+__all__ = [
+    "PROMPT_KINDS",
+    "DIRECTIONS",
+    "METHODS",
+    "ENHANCE_ALPHAS",
+    "SUPPRESS_ALPHAS",
+    "Fact",
+    "facts_path",
+    "load_facts",
+    "conflict_prompt",
+    "normalise_answer",
+    "answer_in",
+    "greedy_answers",
+    "closed_book_facts",
+    "head_context_memory_scores",
+    "juice_head_selection",
+    "selected_heads",
+    "juice_logits",
+    "single_run_logits",
+    "answer_probabilities",
+    "conflict_accuracy",
+    "register_cli",
+    "bench_conflicts",
+]
+
+PROMPT_KINDS = ("clean", "substitution", "coherent")
+DIRECTIONS = ("parametric", "context")
+METHODS = ("baseline", "single", "juice")
+ENHANCE_ALPHAS = (1.0, 3.0, 5.0, 10.0, 30.0)
+SUPPRESS_ALPHAS = (-1.0, -2.0, -5.0)
+CITATION = ("Li, Chen & Tong, Taming Knowledge Conflicts in Language Models "
+            "(JuICE), ICML 2025")
+
+Heads = Sequence[tuple[int, int]]
+Progress = Callable[[int, int], None] | None
+
+
+# -- data ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact with its templates; ``context`` is the false value the context asserts."""
+
+    relation: str
+    subject: str
+    memory: str
+    context: str
+    clean: str
+    statement: str
+    passage: str
+    question: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def facts_path() -> Path:
+    """The shipped fact file, ``datasets/conflicts/facts.json``."""
+    return Path(__file__).resolve().parents[2] / "datasets" / "conflicts" / "facts.json"
+
+
+def load_facts(relations: Sequence[str] | None = None, *, path: str | Path | None = None) -> list[Fact]:
+    """Facts of the given relations (all if None); the context value of fact i is the
+    memory value of fact i+1 of the same relation (a fixed rotation)."""
+    path = Path(path) if path is not None else facts_path()
+    if not path.is_file():
+        raise InputError(f"fact file {str(path)!r} does not exist.")
+    data = json.loads(path.read_text())["relations"]
+    names = list(data) if relations is None else list(relations)
+    if not names:
+        raise InputError("`relations` must name at least one relation; got an empty list.")
+    out = []
+    for name in names:
+        check_choice("relation", name, data)
+        rel = data[name]
+        pairs = rel["facts"]
+        for i, (subject, value) in enumerate(pairs):
+            other = pairs[(i + 1) % len(pairs)][1]
+            out.append(Fact(name, subject, value, other, rel["clean"], rel["statement"],
+                            rel["passage"], rel["question"]))
+    return out
+
+
+def conflict_prompt(fact: Fact, kind: str) -> str:
+    """The ``clean`` / ``substitution`` / ``coherent`` prompt of a fact."""
+    check_choice("kind", kind, PROMPT_KINDS)
+    clean = fact.clean.format(subject=fact.subject)
+    if kind == "clean":
+        return clean
+    if kind == "substitution":
+        return fact.statement.format(subject=fact.subject, value=fact.context) + " " + clean
+    passage = fact.passage.format(subject=fact.subject, value=fact.context)
+    return passage + "\n" + fact.question.format(subject=fact.subject)
+
+
+def normalise_answer(text: str) -> str:
+    """Lower case, accents and punctuation stripped, spaces collapsed (JuICE's metric)."""
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
+    text = re.sub(r"[^\w\s]", " ", text)
+    return " ".join(text.split())
+
+
+def answer_in(answer: str, generated: str, *, n_words: int = 5) -> bool:
+    """Whether the normalised answer appears as whole words in the first ``n_words``."""
+    words = normalise_answer(generated).split()[:n_words]
+    target = normalise_answer(answer).split()
+    return any(words[i:i + len(target)] == target for i in range(len(words) - len(target) + 1))
+
+
+def _first_token(model: Model, answer: str) -> int:
+    """Id of the first token of `` answer`` (the answer follows a space in every template)."""
+    return model.tokenizer(" " + answer, add_special_tokens=False)["input_ids"][0]
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+def _check_heads(model: Model, heads: Heads, name: str) -> list[tuple[int, int]]:
+    out = []
+    for i, h in enumerate(heads):
+        if not isinstance(h, (tuple, list)) or len(h) != 2:
+            raise InputError(f"`{name}[{i}]` must be a (layer, head) pair; got {h!r}.")
+        out.append((model.check_layer(h[0], f"{name}[{i}] layer"),
+                    model.check_head(h[1], f"{name}[{i}] head")))
+    return out
+
+
+def _as_batch(model: Model, prompts: Sequence[str] | Batch) -> Batch:
+    return prompts if isinstance(prompts, Batch) else model.tokenize(list(prompts))
+
+
+def _last_logits(model: Model, prompts: Sequence[str] | Batch, edits: Sequence[Edit] = (),
+                 resume: CleanRun | None = None) -> torch.Tensor:
+    batch = _as_batch(model, prompts) if resume is None else resume.batch
+    out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
+    return out["logits"][:, 0].float()  # [prompt, vocab]
+
+
+def juice_logits(model: Model, prompts: Sequence[str] | Batch, heads_plus: Heads = (),
+                 heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
+                 ) -> torch.Tensor:
+    """Last-position logits [prompt, vocab] of the JuICE dual run (Li et al., ICML 2025).
+
+    Run 1 is a clean forward that caches the chosen heads' ``attn_z`` at every position;
+    run 2 adds ``+alpha_l`` times the cache for ``heads_plus`` and ``-alpha_s`` times it
+    for ``heads_minus`` (an `AddHead` edit: exactly that multiple of run 1's head output,
+    added before ``o_proj``). Run 2 resumes from run 1's residual at the first edited layer.
+    """
+    alpha_l = check_float("alpha_l", alpha_l)
+    alpha_s = check_float("alpha_s", alpha_s)
+    plus = _check_heads(model, heads_plus, "heads_plus")
+    minus = _check_heads(model, heads_minus, "heads_minus")
+    batch = _as_batch(model, prompts)
+    layers = {layer for layer, _ in plus + minus}
+    save = {(layer, "resid_pre") for layer in range(model.n_layers)}
+    save |= {(layer, "attn_z") for layer in layers}
+    run1 = run_batch(model, batch, save=save)
+    if not layers:
+        return run1["logits"][:, -1].float()
+    rows, cols = position_index(batch.lengths, batch.width, None)
+    d = model.spec.d_head
+    edits: list[Edit] = []
+    for group, alpha in ((plus, alpha_l), (minus, -alpha_s)):
+        for layer, head in group:
+            z = run1[(layer, "attn_z")][rows, cols, head * d:(head + 1) * d]  # [n_tokens, d_head]
+            edits.append(AddHead(layer, head, z.reshape(-1).numpy(), alpha=alpha))
+    resume = CleanRun(batch, [run1[(layer, "resid_pre")] for layer in range(model.n_layers)],
+                      run1["logits"])
+    return _last_logits(model, batch, edits, resume=resume)
+
+
+def single_run_logits(model: Model, prompts: Sequence[str] | Batch, heads_plus: Heads = (),
+                      heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
+                      ) -> torch.Tensor:
+    """Last-position logits of the single-run baseline (JuNE): each chosen head's output is
+    scaled in place by ``1 + alpha_l`` (plus) or ``1 - alpha_s`` (minus)."""
+    alpha_l = check_float("alpha_l", alpha_l)
+    alpha_s = check_float("alpha_s", alpha_s)
+    edits = [Scale(l, h, 1.0 + alpha_l) for l, h in _check_heads(model, heads_plus, "heads_plus")]
+    edits += [Scale(l, h, 1.0 - alpha_s) for l, h in _check_heads(model, heads_minus, "heads_minus")]
+    return _last_logits(model, prompts, edits)
+
+
+def answer_probabilities(model: Model, logits: torch.Tensor, facts: Sequence[Fact]) -> np.ndarray:
+    """[prompt, 2] probabilities of the first token of the memory and the context answer."""
+    probs = torch.softmax(logits.float(), -1)
+    mem = [_first_token(model, f.memory) for f in facts]
+    ctx = [_first_token(model, f.context) for f in facts]
+    idx = torch.arange(len(facts))
+    return torch.stack([probs[idx, mem], probs[idx, ctx]], -1).numpy()
+
+
+def greedy_answers(model: Model, prompts: Sequence[str], *, n_new: int = 5,
+                   step: Callable[[Batch], torch.Tensor] | None = None) -> list[str]:
+    """Greedy continuations of ``n_new`` tokens (on token ids, no re-tokenisation);
+    ``step(batch) -> [prompt, vocab]`` gives the next-token logits (default a plain run),
+    so a dual run decodes token by token as in the paper."""
+    n_new = check_int("n_new", n_new, low=1)
+    ids = model.tokenize(list(prompts)).token_ids
+    gen: list[list[int]] = [[] for _ in ids]
+    for _ in range(n_new):
+        batch = model.batch_from_ids([p + g for p, g in zip(ids, gen)])
+        logits = step(batch) if step is not None else _last_logits(model, batch)
+        for g, t in zip(gen, logits.argmax(-1).tolist()):
+            g.append(t)
+    return [model.tokenizer.decode(g) for g in gen]
+
+
+def _cache_file(model: Model, facts: Sequence[Fact], n_new: int) -> Path:
+    key = hashlib.sha256(json.dumps([f.to_dict() for f in facts]).encode()).hexdigest()[:16]
+    spec = model.spec
+    wh = hashlib.sha256(f"{spec.name}|{spec.weights}".encode()).hexdigest()[:16]
+    return cache_dir() / "conflicts" / f"closed_book-{wh}-{key}-n{n_new}.json"
+
+
+def closed_book_facts(model: Model, facts: Sequence[Fact] | None = None, *, n_new: int = 5,
+                      batch_size: int = 16, cache: bool = True, progress: Progress = None,
+                      ) -> list[Fact]:
+    """The facts the model answers correctly closed book (greedy, answer in the first
+    5 words), cached as JSON per model weights and fact list under ``cache_dir()``."""
+    facts = load_facts() if facts is None else list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    batch_size = check_int("batch_size", batch_size, low=1)
+    path = _cache_file(model, facts, n_new)
+    if cache and path.is_file():
+        keep = json.loads(path.read_text())["kept"]
+        return [facts[i] for i in keep]
+    keep = []
+    for b0 in range(0, len(facts), batch_size):
+        chunk = facts[b0:b0 + batch_size]
+        answers = greedy_answers(model, [conflict_prompt(f, "clean") for f in chunk], n_new=n_new)
+        keep += [b0 + i for i, (f, a) in enumerate(zip(chunk, answers)) if answer_in(f.memory, a)]
+        if progress:
+            progress(min(b0 + batch_size, len(facts)), len(facts))
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model": model.spec.name, "n_new": n_new, "kept": keep}))
+        tmp.replace(path)
+    return [facts[i] for i in keep]
+
+
+# -- direct contributions and ablation ---------------------------------------------------
+
+def _final_norm_linear(model: Model, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Per-prompt linearisation of the final norm at ``resid`` [prompt, d_model]:
+    normed(x) = gain * centre(x) * scale + bias with the scale taken from the actual run.
+    Returns (gain*scale [prompt, d_model], bias [d_model], centred)."""
+    fn = model.final_norm_module
+    d = resid.shape[-1]
+    centred = isinstance(fn, torch.nn.LayerNorm) or fn.__class__.__name__ in ("LayerNorm",)
+    x = resid.double()
+    if centred:
+        x = x - x.mean(-1, keepdim=True)
+        eps = float(getattr(fn, "eps", 1e-5))
+        scale = 1.0 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        gain = fn.weight.double()
+        bias = fn.bias.double() if fn.bias is not None else torch.zeros(d, dtype=torch.float64)
+    else:
+        eps = float(getattr(fn, "variance_epsilon", getattr(fn, "eps", 1e-6)))
+        scale = 1.0 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ones = torch.ones(1, d, dtype=resid.dtype)
+        gain = (fn(ones).double() * np.sqrt(1.0 + eps))[0]  # [d_model], e.g. (1 + w) for Gemma
+        bias = torch.zeros(d, dtype=torch.float64)
+    return gain * scale, bias, centred
+
+
+def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
+                               kinds: Sequence[str] = PROMPT_KINDS, ablation: bool = True,
+                               batch_size: int = 16, progress: Progress = None) -> xr.Dataset:
+    """Each head's direct and causal effect on memory vs context answer (JuICE, ICML 2025).
+
+    The final residual at the last position is the sum of the embedding, every head's
+    output, the attention output biases and every MLP output. Each component goes through
+    the final norm linearised at the actual run (its scale fixed to the run's value) and
+    the unembedding; the memory minus context answer logit difference splits exactly
+    into these terms (plus the norm bias). ``ablation`` also zero-ablates each head in
+    turn and records the change in the actual logit difference.
+
+    Parameters
+    ----------
+    model : Model
+    facts : sequence of Fact
+    kinds : subset of {"clean", "substitution", "coherent"}
+    ablation : bool, default=True
+    batch_size : int, default=16
+    progress : callable(done, total), optional
+
+    Returns
+    -------
+    xr.Dataset
+        ``direct_memory``, ``direct_context``, ``direct_diff`` (kind, fact, layer, head);
+        ``embed_diff``, ``norm_bias_diff``, ``logit_diff`` (kind, fact); ``mlp_diff``,
+        ``attn_bias_diff`` (kind, fact, layer); ``ablation_effect`` (kind, fact, layer,
+        head): logit difference after ablation minus before; ``memory_score`` and
+        ``context_score`` (layer, head): the mean positive part of ``direct_diff`` and of
+        its negative. Heads high on both push memory on some prompts and context on
+        others (the superposition heads of the paper).
+
+    References
+    ----------
+    Li, Chen & Tong, "Taming Knowledge Conflicts in Language Models", ICML 2025.
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    kinds = [check_choice("kind", k, PROMPT_KINDS) for k in kinds]
+    batch_size = check_int("batch_size", batch_size, low=1)
+    spec = model.spec
+    L, H, d = spec.n_layers, spec.n_heads, spec.d_head
+    n = len(facts)
+    mem_ids = torch.tensor([_first_token(model, f.memory) for f in facts])
+    ctx_ids = torch.tensor([_first_token(model, f.context) for f in facts])
+    W_U = model.unembed_module.weight.detach().double()                 # [vocab, d_model]
+    shape = (len(kinds), n)
+    direct = np.zeros((*shape, 2, L, H))
+    embed = np.zeros((*shape,))
+    nbias = np.zeros(shape)
+    logit = np.zeros(shape)
+    mlp = np.zeros((*shape, L))
+    abias = np.zeros((*shape, L))
+    effect = np.full((*shape, L, H), np.nan)
+    save = {(0, "resid_pre"), (L - 1, "resid_post")}
+    save |= {(layer, s) for layer in range(L) for s in ("attn_z", "mlp_out")}
+    total = len(kinds) * n * ((L * H) if ablation else 1)
+    done = 0
+    for ki, kind in enumerate(kinds):
+        for b0 in range(0, n, batch_size):
+            sl = slice(b0, min(b0 + batch_size, n))
+            batch = model.tokenize([conflict_prompt(f, kind) for f in facts[sl]])
+            out = run_batch(model, batch, save=save, save_positions=[-1])
+            resid = out[(L - 1, "resid_post")][:, 0]                    # [prompt, d_model]
+            gs, bias, centred = _final_norm_linear(model, resid)
+            # readout direction of memory minus context logit per prompt: [prompt, 2, d_model]
+            u = torch.stack([W_U[mem_ids[sl]], W_U[ctx_ids[sl]]], 1)
+            r = u * gs[:, None, :]
+
+            def read(c: torch.Tensor) -> torch.Tensor:
+                """[prompt, ..., d_model] component -> [prompt, 2, ...] logit terms."""
+                c = c.double()
+                if centred:
+                    c = c - c.mean(-1, keepdim=True)
+                return torch.einsum("pkm,p...m->pk...", r, c)
+
+            t = read(out[(0, "resid_pre")][:, 0])                       # [prompt, 2]
+            embed[ki, sl] = (t[:, 0] - t[:, 1]).numpy()
+            for layer in range(L):
+                z = out[(layer, "attn_z")][:, 0].reshape(-1, H, d).double()   # [prompt, head, d_head]
+                hout = torch.einsum("phd,hdm->phm", z, model.W_O(layer).detach().double())
+                direct[ki, sl, :, layer] = read(hout).numpy()
+                b = model.b_O(layer)
+                if b is not None:
+                    t = read(b.detach().double().expand(resid.shape[0], -1))
+                    abias[ki, sl, layer] = (t[:, 0] - t[:, 1]).numpy()
+                t = read(out[(layer, "mlp_out")][:, 0])
+                mlp[ki, sl, layer] = (t[:, 0] - t[:, 1]).numpy()
+            ub = getattr(model.unembed_module, "bias", None)
+            bterm = torch.einsum("pkm,m->pk", u, bias)
+            if ub is not None:
+                bterm = bterm + torch.stack([ub[mem_ids[sl]], ub[ctx_ids[sl]]], 1).double()
+            nbias[ki, sl] = (bterm[:, 0] - bterm[:, 1]).numpy()
+            lg = out["logits"][:, 0].double()
+            idx = torch.arange(lg.shape[0])
+            base = (lg[idx, mem_ids[sl]] - lg[idx, ctx_ids[sl]]).numpy()
+            logit[ki, sl] = base
+            if ablation:
+                for layer in range(L):
+                    for head in range(H):
+                        lg2 = run_batch(model, batch, edits=[Ablate(layer, head)],
+                                        save_positions=[-1])["logits"][:, 0].double()
+                        effect[ki, sl, layer, head] = (
+                            lg2[idx, mem_ids[sl]] - lg2[idx, ctx_ids[sl]]).numpy() - base
+                        done += sl.stop - sl.start
+                        if progress:
+                            progress(done, total)
+            else:
+                done += sl.stop - sl.start
+                if progress:
+                    progress(done, total)
+    diff = direct[:, :, 0] - direct[:, :, 1]
+    dims4 = ("kind", "fact", "layer", "head")
+    ds = xr.Dataset(
+        {
+            "direct_memory": (dims4, direct[:, :, 0]),
+            "direct_context": (dims4, direct[:, :, 1]),
+            "direct_diff": (dims4, diff),
+            "embed_diff": (("kind", "fact"), embed),
+            "norm_bias_diff": (("kind", "fact"), nbias),
+            "logit_diff": (("kind", "fact"), logit),
+            "mlp_diff": (("kind", "fact", "layer"), mlp),
+            "attn_bias_diff": (("kind", "fact", "layer"), abias),
+            "ablation_effect": (dims4, effect),
+            "memory_score": (("layer", "head"), np.clip(diff, 0, None).mean((0, 1))),
+            "context_score": (("layer", "head"), np.clip(-diff, 0, None).mean((0, 1))),
+        },
+        coords={"kind": list(kinds), "fact": np.arange(n), "layer": np.arange(L),
+                "head": np.arange(H),
+                "subject": ("fact", [f.subject for f in facts]),
+                "relation": ("fact", [f.relation for f in facts]),
+                "memory_answer": ("fact", [f.memory for f in facts]),
+                "context_answer": ("fact", [f.context for f in facts])},
+        attrs=provenance(model, method="head_context_memory_scores", kinds=list(kinds),
+                         ablation=ablation, n_facts=n),
+    )
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+# -- JuICE head selection -----------------------------------------------------------------
+
+def juice_head_selection(model: Model, facts: Sequence[Fact], *, direction: str = "parametric",
+                         k: int = 5, enhance_alphas: Sequence[float] = ENHANCE_ALPHAS,
+                         suppress_alphas: Sequence[float] = SUPPRESS_ALPHAS,
+                         layers: Sequence[int] | None = None, progress: Progress = None,
+                         ) -> xr.Dataset:
+    """JuICE head scoring by additive scaling on a few examples (Li et al., ICML 2025).
+
+    For each head and prompt type c, Delta+_c is the mean over ``enhance_alphas`` and facts
+    of p(target | o_proj.out += alpha * h) - p(target), with p the probability of the
+    target answer's first token (the memory answer for ``direction="parametric"``, the
+    context answer for ``"context"``); Delta-_c likewise over ``suppress_alphas``. Heads
+    with Delta_c > 0 for every c are ranked by the sum over c; the top ``k`` form S+ / S-.
+
+    Returns
+    -------
+    xr.Dataset
+        ``delta_plus``, ``delta_minus`` (kind, layer, head); ``consistent_plus``,
+        ``consistent_minus`` (layer, head) bool; ``plus_layer``, ``plus_head`` (rank) and
+        ``minus_layer``, ``minus_head`` (rank): the chosen heads, -1 where fewer qualify.
+        Layers not scored hold NaN.
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    check_choice("direction", direction, DIRECTIONS)
+    k = check_int("k", k, low=1, high=model.n_layers * model.spec.n_heads)
+    enhance = [check_float("enhance_alphas[]", a) for a in enhance_alphas]
+    suppress = [check_float("suppress_alphas[]", a) for a in suppress_alphas]
+    if not enhance or not suppress:
+        raise InputError("`enhance_alphas` and `suppress_alphas` must each hold at least one value.")
+    layers = list(range(model.n_layers)) if layers is None else [model.check_layer(x) for x in layers]
+    L, H = model.n_layers, model.spec.n_heads
+    target = [_first_token(model, f.memory if direction == "parametric" else f.context)
+              for f in facts]
+    tgt = torch.tensor(target)
+    idx = torch.arange(len(facts))
+    delta = np.full((2, len(PROMPT_KINDS), L, H), np.nan)
+    total = len(PROMPT_KINDS) * len(layers) * H
+    done = 0
+    for ki, kind in enumerate(PROMPT_KINDS):
+        batch = model.tokenize([conflict_prompt(f, kind) for f in facts])
+        out = run_batch(model, batch, save={(x, "resid_pre") for x in range(L)})
+        clean = CleanRun(batch, [out[(x, "resid_pre")] for x in range(L)], out["logits"])
+        p0 = torch.softmax(out["logits"][:, -1].float(), -1)[idx, tgt]
+        for layer in layers:
+            for head in range(H):
+                for si, alphas in enumerate((enhance, suppress)):
+                    acc = 0.0
+                    for a in alphas:
+                        lg = run_batch(model, batch, edits=[Scale(layer, head, 1.0 + a)],
+                                       save_positions=[-1], resume=clean)["logits"][:, 0]
+                        p = torch.softmax(lg.float(), -1)[idx, tgt]
+                        acc += float((p - p0).mean())
+                    delta[si, ki, layer, head] = acc / len(alphas)
+                done += 1
+                if progress:
+                    progress(done, total)
+    chosen = []
+    consistent = []
+    for si in range(2):
+        d = delta[si]                                        # [kind, layer, head]
+        ok = np.all(np.nan_to_num(d, nan=-1.0) > 0, axis=0)  # [layer, head]
+        score = np.where(ok, np.nan_to_num(d).sum(0), -np.inf)
+        order = [int(i) for i in np.argsort(-score, axis=None, kind="stable") if ok.flat[i]][:k]
+        heads = [divmod(i, H) for i in order] + [(-1, -1)] * (k - len(order))
+        chosen.append(np.array(heads, dtype=int))
+        consistent.append(ok)
+    ds = xr.Dataset(
+        {
+            "delta_plus": (("kind", "layer", "head"), delta[0]),
+            "delta_minus": (("kind", "layer", "head"), delta[1]),
+            "consistent_plus": (("layer", "head"), consistent[0]),
+            "consistent_minus": (("layer", "head"), consistent[1]),
+            "plus_layer": ("rank", chosen[0][:, 0]),
+            "plus_head": ("rank", chosen[0][:, 1]),
+            "minus_layer": ("rank", chosen[1][:, 0]),
+            "minus_head": ("rank", chosen[1][:, 1]),
+        },
+        coords={"kind": list(PROMPT_KINDS), "layer": np.arange(L), "head": np.arange(H),
+                "rank": np.arange(k)},
+        attrs=provenance(model, method="juice_head_selection", direction=direction, k=k,
+                         enhance_alphas=enhance, suppress_alphas=suppress, layers=layers,
+                         n_facts=len(facts)),
+    )
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+def selected_heads(selection: xr.Dataset) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(S+, S-) as lists of (layer, head) from a `juice_head_selection` Dataset."""
+    out = []
+    for s in ("plus", "minus"):
+        pairs = zip(selection[f"{s}_layer"].values.tolist(), selection[f"{s}_head"].values.tolist())
+        out.append([(int(a), int(b)) for a, b in pairs if a >= 0])
+    return out[0], out[1]
+
+
+# -- accuracy over a split ----------------------------------------------------------------
+
+def conflict_accuracy(model: Model, facts: Sequence[Fact], heads_plus: Heads = (),
+                      heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
+                      kinds: Sequence[str] = ("substitution", "coherent"),
+                      methods: Sequence[str] = METHODS, n_new: int = 5, batch_size: int = 8,
+                      progress: Progress = None) -> xr.Dataset:
+    """Greedy answers for baseline / single-run scaling / JuICE dual run over a split.
+
+    Returns
+    -------
+    xr.Dataset
+        ``to_memory``, ``to_context`` (intervention, kind, fact) bool: the normalised
+        memory / context answer is in the first five generated words; ``memory_accuracy``,
+        ``context_accuracy`` (intervention, kind) their means; ``answer`` (intervention,
+        kind, fact) the generated text. ``intervention`` holds the ``methods`` asked for.
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    kinds = [check_choice("kind", x, PROMPT_KINDS) for x in kinds]
+    methods = [check_choice("method", x, METHODS) for x in methods]
+    batch_size = check_int("batch_size", batch_size, low=1)
+    plus = _check_heads(model, heads_plus, "heads_plus")
+    minus = _check_heads(model, heads_minus, "heads_minus")
+    steps = {
+        "baseline": lambda ps: _last_logits(model, ps),
+        "single": lambda ps: single_run_logits(model, ps, plus, minus, alpha_l=alpha_l, alpha_s=alpha_s),
+        "juice": lambda ps: juice_logits(model, ps, plus, minus, alpha_l=alpha_l, alpha_s=alpha_s),
+    }
+    shape = (len(methods), len(kinds), len(facts))
+    answers = np.empty(shape, dtype=object)
+    total = int(np.prod(shape))
+    done = 0
+    for mi, m in enumerate(methods):
+        for ki, kind in enumerate(kinds):
+            for b0 in range(0, len(facts), batch_size):
+                chunk = facts[b0:b0 + batch_size]
+                got = greedy_answers(model, [conflict_prompt(f, kind) for f in chunk],
+                                     n_new=n_new, step=steps[m])
+                answers[mi, ki, b0:b0 + len(chunk)] = got
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
+    to_mem = np.vectorize(lambda a, f: answer_in(f.memory, a), otypes=[bool])(
+        answers, np.array(facts, dtype=object)[None, None])
+    to_ctx = np.vectorize(lambda a, f: answer_in(f.context, a), otypes=[bool])(
+        answers, np.array(facts, dtype=object)[None, None])
+    dims = ("intervention", "kind", "fact")
+    ds = xr.Dataset(
+        {"to_memory": (dims, to_mem), "to_context": (dims, to_ctx),
+         "memory_accuracy": (dims[:2], to_mem.mean(-1)),
+         "context_accuracy": (dims[:2], to_ctx.mean(-1)),
+         "answer": (dims, answers.astype(str))},
+        coords={"intervention": methods, "kind": kinds, "fact": np.arange(len(facts)),
+                "subject": ("fact", [f.subject for f in facts])},
+        attrs=provenance(model, method="conflict_accuracy", heads_plus=plus, heads_minus=minus,
+                         alpha_l=alpha_l, alpha_s=alpha_s, n_new=n_new),
+    )
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+# -- CLI and benchmark --------------------------------------------------------------------
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer conflicts``: closed-book filter, head selection, accuracy."""
+    from explorer.cli import add_model_option
+
+    p = subparsers.add_parser(
+        "conflicts", help="knowledge conflicts: JuICE head selection and dual-run accuracy",
+        description="Knowledge conflicts (Li et al., JuICE, ICML 2025) over the shipped facts.")
+    add_model_option(p)
+    p.add_argument("--relations", default=None, help="comma-separated relations (default all)")
+    p.add_argument("--direction", default="parametric", choices=DIRECTIONS)
+    p.add_argument("--k", type=int, default=5, help="heads per set (default 5)")
+    p.add_argument("--select-facts", type=int, default=4, help="facts used to select heads")
+    p.add_argument("--layers", default=None, help="comma-separated layers to score (default all)")
+    p.add_argument("--alpha-l", type=float, default=1.0)
+    p.add_argument("--alpha-s", type=float, default=1.0)
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most N facts")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_conflicts)
+
+
+def _cmd_conflicts(args: Any) -> int:
+    from explorer.cli import print_json
+    from explorer.models import load_model
+
+    model = load_model(args.model)
+    rels = None if args.relations is None else [r.strip() for r in args.relations.split(",")]
+    facts = closed_book_facts(model, load_facts(rels))
+    n_sel = check_int("select_facts", args.select_facts, low=1)
+    if len(facts) <= n_sel:
+        raise InputError(f"the model answers only {len(facts)} facts closed book; need more "
+                         f"than --select-facts={n_sel}.")
+    layers = None if args.layers is None else [int(x) for x in args.layers.split(",")]
+    sel = juice_head_selection(model, facts[:n_sel], direction=args.direction, k=args.k,
+                               layers=layers)
+    plus, minus = selected_heads(sel)
+    rest = facts[n_sel:] if args.limit is None else facts[n_sel:n_sel + args.limit]
+    acc = conflict_accuracy(model, rest, plus, minus, alpha_l=args.alpha_l, alpha_s=args.alpha_s)
+    summary = {
+        "model": model.spec.name, "n_closed_book": len(facts), "n_eval": len(rest),
+        "direction": args.direction, "heads_plus": plus, "heads_minus": minus,
+        "alpha_l": args.alpha_l, "alpha_s": args.alpha_s,
+        "memory_accuracy": _table(acc.memory_accuracy),
+        "context_accuracy": _table(acc.context_accuracy),
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def _table(da: xr.DataArray) -> dict[str, dict[str, float]]:
+    return {m: {k: float(da.sel(intervention=m, kind=k)) for k in da.kind.values.tolist()}
+            for m in da.intervention.values.tolist()}
+
+
+def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
+    """JuICE dual run vs two plain forwards on one conflict prompt, and the slider update.
+
+    ``dual_vs_two_forwards_ratio``: median dual run (5 heads, two nnsight runs plus edit
+    construction) over the median of two plain ``model.hf`` forwards of the same prompt.
+    ``slider_update_ms``: median time of what the view does when alpha moves (dual run
+    plus answer probabilities).
+    """
+    from explorer.models import load_model
+
+    if model is None or isinstance(model, str):
+        model = load_model(model or "smollm2-135m")
+    repeats = check_int("repeats", kw.pop("repeats", 7), low=1)
+    if kw:
+        raise InputError(f"unknown bench option(s) {sorted(kw)}; allowed: repeats.")
+    fact = load_facts(["country_capital"])[0]
+    prompt = conflict_prompt(fact, "coherent")
+    L, H = model.n_layers, model.spec.n_heads
+    heads = [((i * 7) % L, (i * 5) % H) for i in range(5)]
+    batch = model.tokenize([prompt])
+    fwd, dual, slider = [], [], []
+    for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.hf(**batch.model_inputs())
+            model.hf(**batch.model_inputs())
+        t1 = time.perf_counter()
+        juice_logits(model, [prompt], heads[:3], heads[3:], alpha_l=2.0, alpha_s=1.0)
+        t2 = time.perf_counter()
+        lg = juice_logits(model, [prompt], heads[:3], heads[3:], alpha_l=1.0 + r, alpha_s=1.0)
+        answer_probabilities(model, lg, [fact])
+        t3 = time.perf_counter()
+        if r:  # the first round warms up
+            fwd.append(t1 - t0)
+            dual.append(t2 - t1)
+            slider.append(t3 - t2)
+    return {
+        "model": model.spec.name,
+        "prompt_tokens": batch.lengths[0],
+        "two_forwards_ms": 1e3 * statistics.median(fwd),
+        "dual_run_ms": 1e3 * statistics.median(dual),
+        "dual_vs_two_forwards_ratio": statistics.median(dual) / statistics.median(fwd),
+        "slider_update_ms": 1e3 * statistics.median(slider),
+    }
