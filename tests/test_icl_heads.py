@@ -283,8 +283,8 @@ def test_cli_icl_heads_json(capsys):
 
 def test_bench_icl_heads_reports_ratio(tiny_model):
     out = ih.bench_icl_heads(tiny_model, n_prompts=2, n_shots=2, n_heads=2)
-    assert out["fv_head_task_pair_vs_forward_ratio"] > 0
-    assert out["fv_head_task_pair_ms"] > 0 and out["n_heads_timed"] == 2
+    assert out["figures"]["fv_head_task_pair_vs_forward_ratio"] > 0
+    assert out["figures"]["fv_head_task_pair_ms"] > 0 and out["params"]["n_heads_timed"] == 2
 
 
 @pytest.mark.integration

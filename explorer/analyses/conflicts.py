@@ -703,10 +703,11 @@ def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
             dual.append(t2 - t1)
             slider.append(t3 - t2)
     return {
-        "model": model.spec.name,
-        "prompt_tokens": batch.lengths[0],
-        "two_forwards_ms": 1e3 * statistics.median(fwd),
-        "dual_run_ms": 1e3 * statistics.median(dual),
-        "dual_vs_two_forwards_ratio": statistics.median(dual) / statistics.median(fwd),
-        "slider_update_ms": 1e3 * statistics.median(slider),
+        "params": {"model": model.spec.name, "prompt_tokens": batch.lengths[0]},
+        "figures": {
+            "two_forwards_ms": 1e3 * statistics.median(fwd),
+            "dual_run_ms": 1e3 * statistics.median(dual),
+            "dual_vs_two_forwards_ratio": statistics.median(dual) / statistics.median(fwd),
+            "slider_update_ms": 1e3 * statistics.median(slider),
+        },
     }

@@ -570,6 +570,6 @@ def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int 
         edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
         _last_probs(model, cache.batch, [edit], resume=cache)
     pair = (time.perf_counter() - t0) / len(picked)
-    return {"fv_head_task_pair_vs_forward_ratio": pair / forward,
-            "fv_head_task_pair_ms": pair * 1e3, "forward_ms": forward * 1e3,
-            "n_prompts": n_prompts, "n_heads_timed": len(picked)}
+    return {"params": {"n_prompts": n_prompts, "n_heads_timed": len(picked)},
+            "figures": {"fv_head_task_pair_vs_forward_ratio": pair / forward,
+                        "fv_head_task_pair_ms": pair * 1e3, "forward_ms": forward * 1e3}}

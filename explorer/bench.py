@@ -1,0 +1,556 @@
+"""Benchmarks: ratios measured in one run (ours vs a plain forward, ours vs a peer).
+
+`run_bench` runs one registered bench and returns one JSON-able dict::
+
+    {"bench": name, "machine": {...}, "date": ISO 8601, "params": {...},
+     "figures": {...}, "notes": {...}, "accuracy": {...}}
+
+``figures`` is a flat map of positive numbers whose names say their unit: ratios end in
+``_ratio``, times in ``_ms``, memory in ``_mb``, throughput in ``_mb_per_s``. Times are
+medians; a ratio is the median of per-repetition ratios of alternating runs (A, B, A, B,
+...), so that a shared, busy machine slows both sides alike. ``notes`` says what could not
+be measured and why; ``accuracy`` holds checks of results (agreements, errors).
+
+A bench is a function of keyword options returning ``{"params", "figures", ...}``,
+registered with the `bench` decorator; `explorer bench NAME --json` runs it.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._checks import InputError, check_choice, check_int, suggest
+
+__all__ = ["BENCHES", "ANALYSIS_BENCHES", "bench", "run_bench", "machine_info", "interleaved_times"]
+
+BENCHES: dict[str, Callable[..., dict[str, Any]]] = {}
+
+_UNITS = ("_ratio", "_ms", "_mb", "_mb_per_s")
+
+# Benches that live beside their analysis: name -> (module, function).
+ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
+    "saturation": ("explorer.analyses.saturation", "bench_saturation"),
+    "conflicts": ("explorer.analyses.conflicts", "bench_conflicts"),
+    "icl-heads": ("explorer.analyses.icl_heads", "bench_icl_heads"),
+    "store": ("explorer.distributed", "bench_store"),
+}
+
+
+def bench(name: str) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Register a bench function under ``name`` (its keyword options become bench options)."""
+    def register(fn: Callable[..., dict]) -> Callable[..., dict]:
+        BENCHES[name] = fn
+        return fn
+    return register
+
+
+def run_bench(name: str, *, model: str | None = None, **options: Any) -> dict[str, Any]:
+    """Run the bench ``name`` and return its result as one JSON-able dict.
+
+    Parameters
+    ----------
+    name : str
+        A key of `BENCHES` (``"trace-overhead"``, ``"slider"``, ...).
+    model : str, optional
+        Model name or path; default the bench's own (the packaged SmolLM2).
+    **options
+        The bench's keyword options (sizes, repetitions); unknown ones raise InputError.
+        ``threads`` (any bench) sets torch's thread count for the run.
+
+    Returns
+    -------
+    dict
+        ``bench``, ``machine``, ``date``, ``params``, ``figures`` and, where the bench has
+        them, ``notes`` and ``accuracy``.
+    """
+    if name not in BENCHES and name in ANALYSIS_BENCHES:
+        module, attr = ANALYSIS_BENCHES[name]  # imported on demand: analyses load sklearn etc.
+        BENCHES[name] = getattr(importlib.import_module(module), attr)
+    check_choice("bench", name, [*BENCHES, *(n for n in ANALYSIS_BENCHES if n not in BENCHES)])
+    fn = BENCHES[name]
+    threads = options.pop("threads", None)
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    allowed = [p for p, v in params.items()
+               if p != "model" and v.kind is not inspect.Parameter.VAR_KEYWORD]
+    for key in () if takes_any else options:
+        if key not in allowed:
+            raise InputError(f"bench {name!r} has no option {key!r}; its options are "
+                             f"{', '.join([*allowed, 'threads'])}.{suggest(key, allowed)}")
+    if model is not None:
+        options["model"] = model
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(check_int("threads", threads, low=1))
+    load_start = os.getloadavg()
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        with torch.no_grad():
+            out = fn(**options)
+        machine = machine_info()
+    finally:
+        torch.set_num_threads(before)
+    machine["loadavg_1min"] = [round(load_start[0], 2), round(os.getloadavg()[0], 2)]
+    figures = out["figures"]
+    for key, value in figures.items():
+        if not key.endswith(_UNITS):  # a bench's own bug, not a user error
+            raise ValueError(f"bench figure {key!r} must end in one of {', '.join(_UNITS)}")
+        figures[key] = float(value)
+    result = {"bench": name, "machine": machine, "date": date, "params": out["params"],
+              "figures": figures}
+    for extra in ("notes", "accuracy"):
+        if out.get(extra):
+            result[extra] = out[extra]
+    return result
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, torch threads, CPU model and capability, and the versions that matter."""
+    import nnsight
+    import transformers
+
+    from . import __version__
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count()
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "nnsight": nnsight.__version__,
+                "explorer": __version__}
+    if "transformer_lens" in sys.modules:
+        from importlib.metadata import version
+
+        versions["transformer_lens"] = version("transformer-lens")
+    return {"cores": cores, "torch_threads": torch.get_num_threads(), "cpu": cpu,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "platform": platform.platform(), "versions": versions}
+
+
+def interleaved_times(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 1
+                      ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and process-CPU seconds of each function over ``repeats`` rounds.
+
+    Within a round the functions run in turn; the order rotates from round to round so
+    that no function always follows another. CPU time (all threads of this process) is
+    what to compare on a busy machine at one torch thread: other processes do not add
+    to it, while they do stretch wall time.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            fns[name]()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return wall, cpu
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def _paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a[i] / b[i]."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+# -- text -----------------------------------------------------------------------------------
+
+# Plain English prose written for these benches (public domain, no external source).
+BENCH_TEXT = """\
+The river town woke slowly on market days. Before the sun cleared the hills, farmers were \
+already backing their carts up to the square, unloading crates of apples, onions and late \
+summer tomatoes. The baker on the corner opened his shutters at six, and the smell of warm \
+bread drifted down the street toward the bridge, where a few fishermen stood in silence with \
+their lines in the water.
+
+Most visitors came for the old stone church, which had stood at the top of the hill for nearly \
+eight hundred years. Its bell tower leaned a little to the west, and local children liked to \
+tell strangers that it would fall down one day soon. It never did. Inside, the walls were cool \
+and dim, and the light from the narrow windows made long yellow stripes across the floor.
+
+In the physics lecture that afternoon, the professor wrote a single equation on the board and \
+asked the students to explain what each symbol meant. Energy, she said, is neither created nor \
+destroyed; it only changes form. A ball rolling down a slope turns height into speed, and \
+friction turns some of that speed into heat. Nobody in the room was surprised by this, but \
+several of them struggled when she asked them to calculate how much heat was produced.
+
+The committee met on Tuesday to review the budget for the coming year. The chair opened the \
+meeting by thanking the volunteers who had organised the spring fair, which had raised more \
+money than any event in the previous decade. Then the treasurer presented the figures: income \
+had grown by twelve percent, but the cost of heating the hall had nearly doubled, and the roof \
+would need to be repaired before winter.
+
+Learning a second language as an adult is hard, but it is far from impossible. The most useful \
+habit is to practise a little every day rather than a lot once a week. Reading simple stories, \
+listening to the radio, and speaking with patient friends all help. Mistakes are not a sign of \
+failure; they are how the brain discovers the rules that nobody wrote down.
+
+The recipe called for two cups of flour, a pinch of salt, three eggs and a generous amount of \
+butter. First, mix the dry ingredients in a large bowl. Then beat the eggs with the melted \
+butter and pour them slowly into the flour, stirring all the time so that no lumps form. Let \
+the dough rest for half an hour before rolling it out on a floured table.
+
+When the storm finally reached the coast, the harbour was already empty. The fishing boats had \
+been pulled onto the beach the night before, and the ferry to the island had been cancelled. \
+Waves broke over the sea wall and ran across the road in sheets of white foam. By morning the \
+wind had dropped, and people came out to look at the damage: a fallen tree, a few broken \
+windows, and a great deal of sand where there had been none.
+
+Computers store numbers in binary, using only the digits zero and one. A single binary digit \
+is called a bit, and eight bits make a byte. With one byte you can count from zero to two \
+hundred and fifty five. Larger numbers need more bytes, and numbers with fractions are stored \
+in a special format that trades a little precision for an enormous range of values.
+
+The old map showed a path through the forest that no longer existed. Trees had grown across \
+it, streams had changed their course, and a new road now cut through the valley where the map \
+promised only fields. Still, the two friends decided to follow it as far as they could, partly \
+out of curiosity and partly because neither of them wanted to admit that they were lost.
+
+Sleep is one of the least understood activities of the human body. We spend roughly a third of \
+our lives asleep, yet scientists still argue about exactly why we need it. Some believe that \
+sleep helps the brain to store memories; others think that it clears away waste that builds up \
+during the day. Most agree that people who sleep too little become forgetful, irritable and \
+more likely to fall ill.
+
+At the end of the season the team gathered in the clubhouse to hand out the awards. The \
+youngest player, who had joined only in the spring, won the prize for the most improved. The \
+captain gave a short speech, thanked the coach and the parents who had driven them to every \
+away game, and promised that next year they would finally win the league.
+
+The museum had recently opened a new wing devoted to the history of flight. Visitors could \
+climb into the cockpit of an early passenger plane, watch films of the first balloon \
+crossings, and try a simulator that let them land a small aircraft on a windy day. The most \
+popular object, however, was a simple wooden glider built by two brothers who had tested it \
+on the dunes more than a century ago.
+
+Good writing is usually the result of patient rewriting. The first draft only needs to exist; \
+its job is to put the ideas on the page so that they can be examined. In the second draft the \
+writer removes what is unnecessary, moves paragraphs into a clearer order, and replaces vague \
+words with precise ones. By the third draft, with luck, the text says what the writer meant \
+and nothing else.
+"""
+
+# The two prompts whose mean residual difference is the slider's steering vector.
+CONTRAST_PROMPTS = ("I love this. It is wonderful, happy, kind and full of joy.",
+                    "I hate this. It is terrible, sad, cruel and full of pain.")
+
+
+def text_prompts(model: Any, n: int, tokens: int) -> list[str]:
+    """``n`` prompts cut from `BENCH_TEXT`, each exactly ``tokens`` tokens for ``model``.
+
+    Windows are spread evenly over the text (wrapping around); a window whose decoded text
+    does not tokenise back to the same ids moves on by one token.
+    """
+    ids = model.tokenizer(BENCH_TEXT, add_special_tokens=False)["input_ids"]
+    limit = len(ids)
+    ids = ids * (1 + (tokens + limit - 1) // limit)  # wrap around
+    prompts: list[str] = []
+    for i in range(n):
+        start = (i * limit) // n
+        for _ in range(limit):
+            window = ids[start:start + tokens]
+            text = model.tokenizer.decode(window)
+            if text.strip() and model.tokenizer(text, add_special_tokens=False)["input_ids"] == window:
+                prompts.append(text)
+                break
+            start = (start + 1) % limit
+        else:
+            raise InputError(f"could not cut a prompt of {tokens} tokens from the bench text.")
+    return prompts
+
+
+def _load(model: str) -> Any:
+    from .models import load_model
+
+    return load_model(model)
+
+
+# -- trace-overhead -------------------------------------------------------------------------
+
+def _peer_bridge(model: Any) -> tuple[Any, str | None]:
+    """TransformerLens's TransformerBridge around a copy of the same weights, or a reason."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError as e:
+        return None, f"transformer_lens unavailable: {e}"
+    folder = tempfile.mkdtemp(prefix="explorer-bench-")
+    try:
+        hf = copy.deepcopy(model.hf)          # the bridge rewires the modules it is given
+        hf.save_pretrained(folder)            # config + tokenizer for the bridge to read
+        model.tokenizer.save_pretrained(folder)
+        bridge = TransformerBridge.boot_transformers(folder, hf_model=hf, device="cpu",
+                                                     dtype=next(hf.parameters()).dtype)
+        bridge.eval()
+    except Exception as e:  # noqa: BLE001 - any failure of the optional peer is reported, not raised
+        return None, f"transformer_lens could not load the model: {type(e).__name__}: {e}"[:300]
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    return bridge, None
+
+
+@bench("trace-overhead")
+def trace_overhead(*, model: str = "smollm2-135m", prompts: int = 8, tokens: int = 128,
+                   repeats: int = 7, peer: bool = True, store: bool = True) -> dict[str, Any]:
+    """`trace` of resid_post and attn_z at every layer vs a plain Hugging Face forward.
+
+    Also: `run_batch` alone (the nnsight part), TransformerLens ``run_with_cache`` vs its own
+    forward on the same weights, and ActivationStore write throughput vs ``np.save``.
+    """
+    from .store import ActivationStore
+    from .trace import run_batch, trace
+
+    n_prompts = check_int("prompts", prompts, low=1)
+    tokens = check_int("tokens", tokens, low=2)
+    repeats = check_int("repeats", repeats, low=1)
+    m = _load(model)
+    texts = text_prompts(m, n_prompts, tokens)
+    batch = m.tokenize(texts)
+    sites = ("resid_post", "attn_z")
+    save = {(layer, s) for layer in range(m.n_layers) for s in sites}
+
+    def plain():
+        m.hf(**batch.model_inputs())
+
+    def plain_no_logits():  # the forward without the unembedding, which trace does not read
+        m.hf(**batch.model_inputs(), logits_to_keep=1)
+
+    def ours():
+        return trace(m, texts, sites=sites, batch_size=n_prompts, progress=False)
+
+    def ours_run_batch():
+        run_batch(m, batch, save=save, logits=False)
+
+    fns = {"plain": plain, "trace": ours, "run_batch": ours_run_batch,
+           "plain_no_logits": plain_no_logits}
+    notes: dict[str, str] = {}
+    bridge = None
+    if peer:
+        bridge, reason = _peer_bridge(m)
+        if reason:
+            notes["peer"] = reason
+        else:
+            ids = batch.input_ids                                # equal lengths: no padding
+            wanted = {f"blocks.{layer}.{hook}" for layer in range(m.n_layers)
+                      for hook in ("hook_resid_post", "attn.hook_z")}
+
+            def peer_plain():
+                bridge(ids)
+
+            def peer_cache():
+                bridge.run_with_cache(ids, names_filter=lambda name: name in wanted)
+
+            fns.update(peer_plain=peer_plain, peer_cache=peer_cache)
+            from importlib.metadata import version
+
+            notes["peer"] = (f"TransformerLens {version('transformer-lens')} TransformerBridge "
+                             "(HookedTransformer was removed in 4.0) on a copy of the same "
+                             "weights, unpadded input ids, run_with_cache(names_filter=resid_post, "
+                             "attn z) vs its own forward")
+    else:
+        notes["peer"] = "not measured (peer=False)"
+    times, cpu = interleaved_times(fns, repeats=repeats)
+    figures = {
+        "trace_overhead_ratio": _paired_ratio(times["trace"], times["plain"]),
+        "trace_overhead_cpu_ratio": _paired_ratio(cpu["trace"], cpu["plain"]),
+        "trace_vs_plain_no_logits_ratio": _paired_ratio(times["trace"], times["plain_no_logits"]),
+        "run_batch_overhead_ratio": _paired_ratio(times["run_batch"], times["plain"]),
+        "run_batch_overhead_cpu_ratio": _paired_ratio(cpu["run_batch"], cpu["plain"]),
+        "plain_forward_ms": _median_ms(times["plain"]),
+        "plain_forward_no_logits_ms": _median_ms(times["plain_no_logits"]),
+        "trace_ms": _median_ms(times["trace"]),
+        "run_batch_ms": _median_ms(times["run_batch"]),
+    }
+    if "peer_cache" in times:
+        figures["peer_overhead_ratio"] = _paired_ratio(times["peer_cache"], times["peer_plain"])
+        figures["peer_overhead_cpu_ratio"] = _paired_ratio(cpu["peer_cache"], cpu["peer_plain"])
+        figures["trace_vs_peer_ratio"] = _paired_ratio(times["trace"], times["peer_cache"])
+        figures["trace_vs_peer_cpu_ratio"] = _paired_ratio(cpu["trace"], cpu["peer_cache"])
+        figures["peer_plain_forward_ms"] = _median_ms(times["peer_plain"])
+        figures["peer_run_with_cache_ms"] = _median_ms(times["peer_cache"])
+    del bridge
+
+    ds = ours()
+    n_bytes = sum(v.nbytes for v in ds.data_vars.values())
+    figures["dataset_mb"] = n_bytes / 2**20
+    if store:
+        with tempfile.TemporaryDirectory(prefix="explorer-bench-") as tmp:
+            st = ActivationStore(Path(tmp) / "store")
+            arrays = {name: np.asarray(v.values) for name, v in ds.data_vars.items()}
+            count = [0]
+
+            def store_put():
+                count[0] += 1
+                st.put(f"bench{count[0]}", ds)
+
+            def np_save():
+                count[0] += 1
+                folder = Path(tmp) / f"npy{count[0]}"
+                folder.mkdir()
+                for name, a in arrays.items():
+                    np.save(folder / f"{name}.npy", a)
+
+            wt, _ = interleaved_times({"store": store_put, "np_save": np_save},
+                                      repeats=max(3, repeats // 2))
+        figures["store_write_mb_per_s"] = figures["dataset_mb"] / statistics.median(wt["store"])
+        figures["npsave_write_mb_per_s"] = figures["dataset_mb"] / statistics.median(wt["np_save"])
+        figures["store_vs_npsave_time_ratio"] = _paired_ratio(wt["store"], wt["np_save"])
+    params = {"model": model, "prompts": n_prompts, "tokens": tokens, "repeats": repeats,
+              "sites": list(sites), "layers": m.n_layers, "peer": bool(peer),
+              "store": bool(store)}
+    return {"params": params, "figures": figures, "notes": notes}
+
+
+# -- slider -----------------------------------------------------------------------------------
+
+def steering_vector(model: Any, layer: int, prompts: tuple[str, str] = CONTRAST_PROMPTS) -> np.ndarray:
+    """Mean resid_post of the first prompt minus that of the second, at ``layer``: [d_model]."""
+    from .trace import trace
+
+    a, b = (trace(model, [p], sites="resid_post", layers=layer, progress=False).resid_post
+            for p in prompts)
+    return (a.mean("pos") - b.mean("pos")).values.reshape(-1)
+
+
+def lens_agreement(exact: Any, fast: Any, *, margin: float = 1e-3) -> dict[str, float]:
+    """How well a fast logit lens matches the exact one, over every real (prompt, pos, layer).
+
+    Top-1 agreement is also given where the exact top-2 probabilities differ by more than
+    ``margin`` (a near tie may swap in either direction without being an error).
+    """
+    mask = exact["mask"].values                                     # [prompt, pos]
+    e_id = exact.top_token_id.values[mask]                          # [rows, layer, k]
+    f_id = fast.top_token_id.values[mask]
+    e_p = exact.top_prob.values[mask]
+    f_p = fast.top_prob.values[mask]
+    top1 = e_id[..., 0] == f_id[..., 0]
+    clear = (e_p[..., 0] - e_p[..., 1]) > margin if e_p.shape[-1] > 1 else np.ones_like(top1)
+    return {
+        "rows": int(top1.size),
+        "top1_agreement": float(top1.mean()),
+        "top1_agreement_clear_margin": float(top1[clear].mean()) if clear.any() else 1.0,
+        "topk_agreement": float((e_id == f_id).all(-1).mean()),
+        "max_top_prob_abs_error": float(np.abs(e_p - f_p).max()),
+        "max_final_prob_abs_error": float(np.abs(exact.final_prob.values[mask]
+                                                 - fast.final_prob.values[mask]).max()),
+        "final_rank_agreement": float((exact.final_rank.values[mask]
+                                       == fast.final_rank.values[mask]).mean()),
+    }
+
+
+@bench("slider")
+def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None = None,
+           alpha: float = 8.0, k: int = 5, rank_cap: int = 32, repeats: int = 15,
+           accuracy_prompts: int = 4, accuracy_tokens: int = 64) -> dict[str, Any]:
+    """One steering edit + logit lens update, as a slider move in the lens app does it.
+
+    ``logit_lens(model, [prompt], k=k, edits=[Steer(layer, vector, alpha)], resume=clean)``
+    in the default exact mode and in the fast mode (``unembed_dtype="bfloat16"``,
+    ``rank_cap``), each against the same call without ``resume`` (a full re-run), and the
+    exact mode without reuse of the clean layers' readouts. ``alpha`` changes slightly on
+    every call, as a slider does. ``accuracy`` compares fast with exact on the bench text.
+    """
+    from .interventions import Steer
+    from .lens import logit_lens
+    from .trace import clean_run
+
+    tokens = check_int("tokens", tokens, low=2)
+    repeats = check_int("repeats", repeats, low=1)
+    m = _load(model)
+    layer = m.n_layers // 2 if layer is None else m.check_layer(layer)
+    prompt = text_prompts(m, 1, tokens)[0]
+    vector = steering_vector(m, layer)
+    fast = {"unembed_dtype": "bfloat16", "rank_cap": rank_cap}
+    t0 = time.perf_counter()
+    clean = clean_run(m, [prompt])
+    clean_ms = (time.perf_counter() - t0) * 1e3
+    calls = [0]
+
+    def edit():
+        calls[0] += 1
+        return [Steer(layer, vector, alpha * (1 + 1e-3 * calls[0]))]
+
+    def lens(**kw):
+        return lambda: logit_lens(m, [prompt], k=k, edits=edit(), **kw)
+
+    # the first edited read fills the clean-layer readouts; time it on its own
+    t0 = time.perf_counter()
+    lens(resume=clean)()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    lens(resume=clean, **fast)()
+    first_fast_ms = (time.perf_counter() - t0) * 1e3
+    times, cpu = interleaved_times({
+        "exact_resumed": lens(resume=clean),
+        "exact_full": lens(),
+        "exact_resumed_no_reuse": lens(resume=clean, reuse_clean=False),
+        "fast_resumed": lens(resume=clean, **fast),
+        "fast_full": lens(**fast),
+    }, repeats=repeats)
+    figures = {
+        "slider_exact_ms": _median_ms(times["exact_resumed"]),
+        "slider_fast_ms": _median_ms(times["fast_resumed"]),
+        "exact_resumed_vs_full_ratio": _paired_ratio(times["exact_resumed"], times["exact_full"]),
+        "fast_resumed_vs_full_ratio": _paired_ratio(times["fast_resumed"], times["fast_full"]),
+        "exact_reuse_vs_no_reuse_ratio": _paired_ratio(times["exact_resumed"],
+                                                       times["exact_resumed_no_reuse"]),
+        "fast_vs_exact_ratio": _paired_ratio(times["fast_resumed"], times["exact_resumed"]),
+        "exact_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["exact_resumed"], cpu["exact_full"]),
+        "fast_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["fast_full"]),
+        "fast_vs_exact_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["exact_resumed"]),
+        "slider_exact_cpu_ms": _median_ms(cpu["exact_resumed"]),
+        "slider_fast_cpu_ms": _median_ms(cpu["fast_resumed"]),
+        "exact_full_ms": _median_ms(times["exact_full"]),
+        "fast_full_ms": _median_ms(times["fast_full"]),
+        "clean_run_ms": clean_ms,
+        "first_edit_exact_ms": first_ms,
+        "first_edit_fast_ms": first_fast_ms,
+    }
+    accuracy: dict[str, Any] = {}
+    edits = [Steer(layer, vector, alpha)]
+    reused = logit_lens(m, [prompt], k=k, edits=edits, resume=clean)
+    recomputed = logit_lens(m, [prompt], k=k, edits=edits)
+    accuracy["reuse_identical"] = all(
+        np.array_equal(reused[v].values, recomputed[v].values, equal_nan=True)
+        for v in ("top_token_id", "top_prob", "final_rank", "final_prob"))
+    if accuracy_prompts:
+        texts = text_prompts(m, check_int("accuracy_prompts", accuracy_prompts, low=1),
+                             check_int("accuracy_tokens", accuracy_tokens, low=2))
+        exact = logit_lens(m, texts, k=k, rank_cap=rank_cap)
+        screened = logit_lens(m, texts, k=k, **fast)
+        accuracy["fast_vs_exact"] = lens_agreement(exact, screened)
+    params = {"model": model, "tokens": tokens, "layer": layer, "alpha": alpha, "k": k,
+              "rank_cap": rank_cap, "repeats": repeats, "fast": fast,
+              "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
+              "layers": m.n_layers}
+    return {"params": params, "figures": figures, "accuracy": accuracy}
