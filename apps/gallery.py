@@ -21,7 +21,9 @@ from apps import theme
 from apps._session import Runner, get_model, user_message
 from apps.conflicts import ConflictsView
 from apps.icl_heads import ICLHeadsView
+from apps.itda import ITDAView
 from apps.lens import LensView
+from apps.neuron_eval import NeuronEvalView
 from apps.linear_icl import LinearICLView
 from apps.parity import ParityView
 from apps.saturation import SaturationView
@@ -40,6 +42,8 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Saturation events", "saturation", SaturationView),
     ("Knowledge conflicts", "conflicts", ConflictsView),
     ("ICL heads", "icl-heads", ICLHeadsView),
+    ("ITDA dictionaries", "itda", ITDAView),
+    ("Neuron explanations", "neuron-eval", NeuronEvalView),
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),
 ]

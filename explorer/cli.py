@@ -53,6 +53,8 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.conflicts",
     "explorer.analyses.icl_heads",
     "explorer.analyses.task_vectors",
+    "explorer.analyses.itda",
+    "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
     "explorer.studies",

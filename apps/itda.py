@@ -1,0 +1,402 @@
+"""ITDA page: a dictionary of real activations, live under tau, its atoms, and layer similarity.
+
+Inference-Time Decomposition of Activations (Leask, Nanda, Al Moubayed, ICML 2025) builds a
+dictionary from the activations themselves: a token becomes an atom when matching pursuit
+over the atoms so far reconstructs it with relative error above tau. The page shows the
+dictionary size, reconstruction error and L0 as functions of tau (the slider marks where
+you are), the top examples of an atom with their tokens highlighted, and a layer x layer
+similarity heatmap between the model and a second model of the same family, each layer's
+best match marked (ITDA-Jaccard of atom labels, linear CKA or SVCCA). Each prompt's first
+token (an attention sink with a huge norm) is left out of every measure.
+"""
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._session import CancelToken, Runner, get_model, user_message
+from explorer._checks import InputError
+from explorer.analyses.itda import ITDA, itda_atom_examples, itda_reconstruction, itda_tau_sweep
+from explorer.analyses.similarity import SIMILARITY_METHODS, layer_similarity, perturbed_copy
+from explorer.trace import trace
+
+__all__ = ["ITDAView", "DEFAULT_PROBE_TEXT", "TAU_GRID", "MIN_POS", "plot_tau_curves", "plot_similarity",
+           "atom_examples_html", "probe_prompts"]
+
+#: A small probing set: digits, names, punctuation, number words, repeated function words.
+DEFAULT_PROBE_TEXT = "\n".join([
+    "The capital of France is Paris, and the capital of Italy is Rome.",
+    "In 1905 the physicist wrote four papers about light, time and matter.",
+    "She counted one, two, three, four and five apples on the table.",
+    "Water boils at 100 degrees; it freezes at 0 degrees.",
+    "The quick brown fox jumps over the lazy dog!",
+    "Alice met Bob in London on Monday, then they flew to Berlin.",
+    "Is this the right way? Yes, it is the only way.",
+    "He paid 25 dollars for two books and 3 pens.",
+])
+
+#: Each prompt's first token is left out: in SmolLM2 (and many models) it carries an
+#: attention-sink norm about a hundred times the others', which would swamp every measure.
+MIN_POS = 1
+
+#: Taus of the size / error / L0 curve (the slider's own tau is marked on it).
+TAU_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9)
+
+_TOOLS = ["save", "box_zoom", "reset"]
+_RUN_PARAMS = ("probe_text", "layer", "tau", "l0", "method", "noise")
+
+hv.extension("bokeh", logo=False)
+
+
+# -- analysis glue (no Panel) -------------------------------------------------------------------
+
+def probe_prompts(text: str) -> list[str]:
+    """Prompts from a text box, one a line (blank lines skipped)."""
+    prompts = [line for line in str(text).splitlines() if line.strip()]
+    if not prompts:
+        raise InputError("the probing set is empty; write at least one prompt (one per line).")
+    return prompts
+
+
+def _font() -> dict[str, str]:
+    s = theme.SIZES
+    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
+            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+
+
+def plot_tau_curves(sweep: xr.Dataset | None, tau: float) -> hv.Layout | hv.Element:
+    """Dictionary size, mean relative error and mean L0 against tau, the current tau marked."""
+    if sweep is None:
+        return hv.Text(0, 0, "Building dictionaries…").opts(xaxis=None, yaxis=None, toolbar=None,
+                                                             height=220, responsive=True)
+    taus = sweep["tau"].values
+    common = dict(responsive=True, height=220, tools=["hover"], default_tools=_TOOLS,
+                  fontsize=_font(), xlabel="tau (error threshold for a new atom)", padding=0.05,
+                  active_tools=[])
+    panels = []
+    for var, label, color in (("n_atoms", "dictionary size (atoms)", theme.CATEGORICAL[0]),
+                              ("mean_error", "mean relative error ‖x−x̂‖²/‖x‖²", theme.CATEGORICAL[1]),
+                              ("mean_l0", "mean L0 (atoms per token)", theme.CATEGORICAL[2])):
+        curve = hv.Curve((taus, sweep[var].values), "tau", label).opts(color=color, line_width=2)
+        dots = hv.Scatter((taus, sweep[var].values), "tau", label).opts(color=color, size=5)
+        marker = hv.VLine(float(tau)).opts(color="black", line_dash="dashed", line_width=1.5)
+        panels.append((curve * dots * marker).opts(title=label.split(" (")[0].split(" ‖")[0],
+                                                   ylabel=label, **common))
+    return hv.Layout(panels).cols(3).opts(shared_axes=False)
+
+
+def plot_similarity(sim: xr.Dataset | None) -> hv.Overlay | hv.Element:
+    """Layer x layer similarity between two models, each layer's best match marked with ×."""
+    if sim is None:
+        return hv.Text(0, 0, "Computing layer similarity…").opts(xaxis=None, yaxis=None,
+                                                                 toolbar=None, height=320, responsive=True)
+    la, lb = sim["layer_a"].values, sim["layer_b"].values
+    s = sim["similarity"].values
+    rows = [(int(b), int(a), float(s[i, j])) for i, a in enumerate(la) for j, b in enumerate(lb)]
+    method = sim.attrs.get("method", "")
+    names = {"itda": "ITDA-Jaccard of atom labels", "cka": "linear CKA", "svcca": "SVCCA"}
+    acc = float(sim["matched"].values.mean())
+    title = (f"{names.get(method, method)}: {sim.attrs.get('model_a')} (rows) vs "
+             f"{sim.attrs.get('model_b')} (columns); × = best match, {acc:.0%} on the diagonal")
+    heat = hv.HeatMap(rows, ["layer_b", "layer_a"], "similarity").opts(
+        cmap=theme.MAGNITUDE_CMAP, colorbar=True, clabel="similarity", tools=["hover"],
+        xlabel=f"layer of {sim.attrs.get('model_b')}", ylabel=f"layer of {sim.attrs.get('model_a')}",
+        responsive=True, height=max(320, 14 * len(la) + 120), title=title, fontsize=_font(),
+        default_tools=_TOOLS, active_tools=[], line_color="white", line_width=0.3)
+    matched = hv.Points([(int(m), int(a)) for a, m in zip(la, sim["matched_layer"].values)],
+                        ["layer_b", "layer_a"]).opts(marker="x", size=12, color="black", line_width=2)
+    return (heat * matched).opts(responsive=True)
+
+
+def atom_examples_html(ex: xr.Dataset | None, acts: xr.Dataset | None, atom: int,
+                       *, window: int = 6) -> str:
+    """Top examples of one atom as HTML: each a snippet of its prompt, the token highlighted."""
+    if ex is None or acts is None or atom not in ex["atom"].values:
+        return "<div class='itda-atom'>No dictionary yet.</div>"
+    one = ex.sel(atom=atom)
+    tokens = acts["token"].values
+    mask = acts["mask"].values
+
+    def snippet(p: int, q: int, strength: float) -> str:
+        n = int(mask[p].sum())
+        lo, hi = max(0, q - window), min(n, q + window + 1)
+        parts = []
+        for j in range(lo, hi):
+            tok = html.escape(theme.show_token(str(tokens[p, j])))
+            if j == q:
+                alpha = 0.25 + 0.75 * strength
+                parts.append(f"<mark style='background: rgba(230, 120, 20, {alpha:.2f})'>{tok}</mark>")
+            else:
+                parts.append(f"<span>{tok}</span>")
+        return "".join(parts)
+
+    sp, sq = int(one["source_prompt"]), int(one["source_pos"])
+    head = (f"<div class='itda-atom' data-atom='{atom}'><b>Atom {atom}</b> — source token "
+            f"<code>{html.escape(theme.show_token(str(one['source_token'].item())))}</code> "
+            f"(prompt {sp}, position {sq}); used by {int(one['n_uses'])} tokens."
+            f"<div class='itda-snippet itda-source'>source: {snippet(sp, sq, 1.0)}</div>")
+    coefs = one["coefficient"].values
+    top = np.nanmax(np.abs(coefs)) if np.isfinite(coefs).any() else 1.0
+    rows = []
+    for r in range(one.sizes["rank"]):
+        c = coefs[r]
+        if not np.isfinite(c):
+            continue
+        p, q = int(one["prompt"][r]), int(one["pos"][r])
+        rows.append(f"<tr><td>{r + 1}</td><td>{c:.3g}</td>"
+                    f"<td class='itda-snippet'>{snippet(p, q, abs(c) / top)}</td></tr>")
+    table = ("<table class='itda-examples'><thead><tr><th>rank</th><th>coefficient</th>"
+             f"<th>context (token highlighted)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+             if rows else "<p>No token of the probing set uses this atom.</p>")
+    return head + table + "</div>"
+
+
+_CSS = """
+table.itda-examples { border-collapse: collapse; font-size: 13px; margin-top: 6px; }
+table.itda-examples td, table.itda-examples th { padding: 2px 8px; border-bottom: 1px solid #ddd;
+  text-align: left; }
+.itda-snippet span, .itda-snippet mark { font-family: monospace; padding: 0 1px; }
+.itda-source { margin: 4px 0; }
+"""
+
+
+# -- the view --------------------------------------------------------------------------------------
+
+class ITDAView(pn.viewable.Viewer):
+    """ITDA dictionary of one layer, live under tau, with an atom browser and layer similarity.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    other : explorer.Model, optional
+        The second model of the similarity heatmap (same tokenizer). Default: a copy of
+        ``model`` with relative Gaussian weight noise of strength ``noise``.
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (tests, notebooks).
+    """
+
+    probe_text = param.String(default=DEFAULT_PROBE_TEXT, label="Probing prompts",
+                              doc="One prompt a line; their tokens' activations build the dictionary.")
+    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
+                          doc="Layer whose resid_post is decomposed.")
+    tau = param.Number(default=0.3, bounds=(0.01, 0.95), step=0.01, label="tau",
+                       doc="A token becomes an atom when its relative reconstruction error exceeds tau.")
+    l0 = param.Integer(default=8, bounds=(1, 32), label="L0 (matching-pursuit steps)",
+                       doc="At most this many atoms reconstruct a token.")
+    atom = param.Integer(default=0, bounds=(0, None), label="Atom",
+                         doc="The atom shown in the browser (0 = the first token added).")
+    method = param.Selector(default="cka", objects=list(SIMILARITY_METHODS), label="Similarity",
+                            doc="itda: Jaccard of atom labels; cka: linear CKA; svcca: SVCCA.")
+    noise = param.Number(default=0.05, bounds=(0.0, 0.5), step=0.01, label="Second model: weight noise",
+                         doc="Relative weight noise of the second model (when none is given).")
+
+    sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    examples = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    similarity = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    activations = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    summary = param.String(default="", precedence=-1, doc="Size, error, L0 and FVE of the dictionary.")
+    n_atoms = param.Integer(default=0, precedence=-1)
+    running = param.Boolean(default=False, precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    error = param.String(default="", precedence=-1)
+
+    def __init__(self, model: explorer.Model, *, other: explorer.Model | None = None,
+                 background: bool | None = None, **params: Any):
+        layer = params.pop("layer", model.spec.n_layers // 2)
+        super().__init__(**params)
+        self._model = model
+        self._fixed_other = other
+        self.param.layer.bounds = (0, model.spec.n_layers - 1)
+        self.layer = layer
+        if other is not None:
+            self.param.noise.precedence = -1
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._lock = threading.Lock()
+        self._acts: dict[tuple, xr.Dataset] = {}
+        self._sweeps: dict[tuple, xr.Dataset] = {}
+        self._sims: dict[tuple, xr.Dataset] = {}
+        self._others: dict[float, explorer.Model] = {}
+        self._itda: ITDA | None = None
+        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
+                              on_busy=self._set_busy, background=background)
+        self._runner.bind_session()
+        self._started = 0.0
+        self.param.watch(self._request_run, list(_RUN_PARAMS))
+        self.param.watch(self._request_examples, "atom")
+        self._request_run()
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    @property
+    def dictionary(self) -> ITDA | None:
+        """The dictionary currently shown."""
+        return self._itda
+
+    # -- computation -------------------------------------------------------------------------
+    def _run_params(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _RUN_PARAMS}
+
+    def _request_run(self, *events: Any) -> None:
+        p = self._run_params()
+        p["atom"] = self.atom
+        self.running = True
+        self._started = time.perf_counter()
+        self._runner.submit(lambda token: self._compute(p, token))
+
+    def _request_examples(self, *events: Any) -> None:
+        if self._itda is None or self.activations is None:
+            return
+        p = self._run_params()
+        p["atom"] = self.atom
+        self._runner.submit(lambda token: self._compute(p, token))
+
+    def _other(self, noise: float) -> explorer.Model:
+        if self._fixed_other is not None:
+            return self._fixed_other
+        with self._lock:
+            if noise not in self._others:
+                self._others.clear()                          # keep one copy of the weights
+                self._others[noise] = perturbed_copy(self._model, scale=noise, seed=1)
+            return self._others[noise]
+
+    def _traced(self, model: explorer.Model, prompts: list[str]) -> xr.Dataset:
+        key = (model.spec.name, model.spec.weights, tuple(prompts))
+        with self._lock:
+            if key in self._acts:
+                return self._acts[key]
+        ds = trace(model, prompts, sites=("resid_post",), progress=False)
+        with self._lock:
+            if len(self._acts) > 6:
+                self._acts.clear()
+            self._acts[key] = ds
+        return ds
+
+    def _compute(self, p: dict[str, Any], token: CancelToken) -> dict[str, Any]:
+        prompts = probe_prompts(p["probe_text"])
+        acts = self._traced(self._model, prompts)
+        token.check()
+        sweep_key = (tuple(prompts), p["layer"], p["l0"])
+        with self._lock:
+            sweep = self._sweeps.get(sweep_key)
+        if sweep is None:
+            sweep = itda_tau_sweep(acts, taus=TAU_GRID, l0=p["l0"], layer=p["layer"], min_pos=MIN_POS)
+            with self._lock:
+                self._sweeps[sweep_key] = sweep
+        token.check()
+        itda = ITDA(tau=p["tau"], l0=p["l0"]).fit(acts, layer=p["layer"], min_pos=MIN_POS)
+        rec = itda_reconstruction(itda, acts, layer=p["layer"], min_pos=MIN_POS)
+        atom = min(max(0, p["atom"]), itda.n_atoms - 1)
+        ex = itda_atom_examples(itda, acts, k=5, atoms=[atom], layer=p["layer"], min_pos=MIN_POS)
+        token.check()
+        other = self._other(p["noise"])
+        sim_key = (tuple(prompts), p["method"], other.spec.weights,
+                   (p["tau"], p["l0"]) if p["method"] == "itda" else None)
+        with self._lock:
+            sim = self._sims.get(sim_key)
+        if sim is None:
+            other_acts = self._traced(other, prompts)
+            token.check()
+            sim = layer_similarity(acts, other_acts, method=p["method"], tau=p["tau"], l0=p["l0"],
+                                   min_pos=MIN_POS)
+            with self._lock:
+                if len(self._sims) > 16:
+                    self._sims.clear()
+                self._sims[sim_key] = sim
+        return {"p": p, "acts": acts, "sweep": sweep, "itda": itda, "rec": rec, "examples": ex,
+                "atom": atom, "similarity": sim}
+
+    # -- results (on the session's event loop when served) -----------------------------------
+    def _show_result(self, out: dict[str, Any]) -> None:
+        self._itda = out["itda"]
+        rec, itda = out["rec"], out["itda"]
+        seconds = time.perf_counter() - self._started
+        summary = (f"{itda.n_atoms} atoms from {itda.n_tokens_seen_} tokens · mean error "
+                   f"{float(rec['mean_error']):.3f} · mean L0 {float(rec['mean_l0']):.2f} · "
+                   f"FVE {float(rec['fve']):.3f} · built in {itda.fit_seconds_ * 1000:.0f} ms")
+        self.param.atom.bounds = (0, max(0, itda.n_atoms - 1))
+        with param.parameterized.discard_events(self):
+            self.atom = out["atom"]
+        self.param.update(sweep=out["sweep"], examples=out["examples"], similarity=out["similarity"],
+                          activations=out["acts"], n_atoms=itda.n_atoms, summary=summary, error="",
+                          running=False,
+                          status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
+
+    def _show_error(self, exc: BaseException) -> None:
+        message = user_message(exc)
+        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
+        theme.notify("error", f"ITDA: {message}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.busy != busy:
+            self.busy = busy
+
+    def wait(self, timeout: float | None = 300) -> ITDAView:
+        """Block until the run in flight has finished (tests, scripts)."""
+        self._runner.wait(timeout)
+        return self
+
+    def close(self) -> None:
+        """Cancel any run and drop cached activations and models."""
+        self._runner.close()
+        with self._lock:
+            self._acts.clear()
+            self._sweeps.clear()
+            self._sims.clear()
+            self._others.clear()
+
+    # -- layout ------------------------------------------------------------------------------
+    def controls(self) -> pn.Column:
+        widgets = {
+            "probe_text": {"type": pn.widgets.TextAreaInput, "rows": 6, "auto_grow": True},
+            "layer": {"type": pn.widgets.IntSlider, "throttled": True},
+            "tau": {"type": pn.widgets.FloatSlider, "throttled": True},
+            "l0": {"type": pn.widgets.IntSlider, "throttled": True},
+            "atom": {"type": pn.widgets.IntInput},
+            "method": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
+            "noise": {"type": pn.widgets.FloatSlider, "throttled": True},
+        }
+        names = ["probe_text", "layer", "tau", "l0", "atom", "method", "noise"]
+        return pn.Column(pn.Param(self, parameters=names, widgets=widgets, show_name=False,
+                                  sizing_mode="stretch_width"),
+                         width=theme.SIZES["controls_width"], css_classes=["itda-controls"])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
+        curves = pn.pane.HoloViews(pn.bind(plot_tau_curves, self.param.sweep, self.param.tau),
+                                   sizing_mode="stretch_width", css_classes=["itda-curves"])
+        atoms = pn.pane.HTML(pn.bind(atom_examples_html, self.param.examples, self.param.activations,
+                                     self.param.atom),
+                             stylesheets=[_CSS], sizing_mode="stretch_width", css_classes=["itda-atoms"])
+        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity),
+                                 sizing_mode="stretch_width", css_classes=["itda-similarity"])
+        return pn.Row(self.controls(),
+                      pn.Column(pn.Row(spinner, status, align="center"), summary, curves,
+                                pn.pane.Markdown("#### Atom browser"), atoms,
+                                pn.pane.Markdown("#### Layer similarity with a second model"), heat,
+                                sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width")
+
+
+if pn.state.served:
+    theme.enable_extension()
+    _view = ITDAView(get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")))
+    theme.page([_view], title=f"{theme.TITLE}: ITDA dictionaries").servable()

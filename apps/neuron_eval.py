@@ -1,0 +1,434 @@
+"""Neuron-explanation page: a unit, a concept, every metric, and the two sanity checks live.
+
+Oikarinen, Yan, Weng (ICML 2025) write the metrics that score an explanation of a unit as
+one framework and test them with two perturbations of a correct explanation: *missing
+labels* (drop each positive with probability 1/2) and *extra labels* (double the
+positives). A sound metric must decrease under both. Here the units are ITDA atoms of the
+model (activation = cosine of a token's activation with the atom) and the concepts are
+token-level: the atom's own source token, digits, capitalised tokens, punctuation and
+number words. Pick a unit and a concept to see every metric; play the seed to watch both
+perturbations redraw and the score changes follow; the pass/fail table runs the checks
+over synthetic units (the paper's theoretical test) and over the model's atoms.
+"""
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._session import CancelToken, Runner, get_model, user_message
+from apps.itda import DEFAULT_PROBE_TEXT, MIN_POS, probe_prompts
+from explorer.analyses.itda import ITDA
+from explorer.analyses.neuron_eval import (
+    BINARIZATIONS,
+    METRIC_RANGES,
+    METRICS,
+    SANITY_TESTS,
+    extra_labels,
+    itda_atom_sanity_checks,
+    missing_labels,
+    paired_metrics,
+    synthetic_sanity_checks,
+    token_concepts,
+)
+from explorer.trace import trace
+
+__all__ = ["NeuronEvalView", "CONCEPTS", "unit_data", "metric_table", "perturbation_table",
+           "plot_metric_deltas", "plot_perturbations", "pass_fail_html"]
+
+#: Concepts offered: the atom's own token, then the token families.
+CONCEPTS = ("own_token", "digit", "capitalised", "punctuation", "number_word")
+
+_TOOLS = ["save", "box_zoom", "reset"]
+_DATA_PARAMS = ("probe_text", "layer", "tau")
+_VIEW_PARAMS = ("unit", "concept", "binarize", "alpha", "threshold", "seed")
+_SYNTHETIC = dict(frequencies=(0.499, 0.1, 0.01, 0.001), n_inputs=20_000, n_seeds=10)
+_STATUS_COLORS = {"concept (kept)": theme.CATEGORICAL[0], "dropped (missing labels)": theme.CATEGORICAL[3],
+                  "added (extra labels)": theme.CATEGORICAL[1], "no concept": "#c8c8c8"}
+
+hv.extension("bokeh", logo=False)
+
+
+# -- analysis glue (no Panel) -------------------------------------------------------------------
+
+def unit_data(model: explorer.Model, prompts: list[str], *, layer: int, tau: float, l0: int = 8
+              ) -> dict[str, Any]:
+    """Atoms of one layer as units over the probing set, with token-level concepts.
+
+    Each prompt's first token (an attention sink) is left out. Returns a dict: ``acts``
+    [n_tokens, n_atoms] (cosine of each token's resid_post with
+    each atom), ``concepts`` (DataArray input x concept), ``token_ids`` and ``tokens``
+    [n_tokens], and the fitted ``itda`` and traced ``activations``.
+    """
+    ds = trace(model, prompts, sites=("resid_post",), layers=[layer], progress=False)
+    itda = ITDA(tau=tau, l0=l0).fit(ds, layer=layer, min_pos=MIN_POS)
+    mask = ds["mask"].values & (ds["pos"].values >= MIN_POS)[None, :]
+    x = ds["resid_post"].sel(layer=layer).values[mask].astype(np.float64)
+    unit_x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
+    return {"acts": unit_x @ itda.atoms_.astype(np.float64).T,
+            "concepts": token_concepts(ds["token"].values[mask]),
+            "token_ids": ds["token_id"].values[mask], "tokens": ds["token"].values[mask],
+            "itda": itda, "activations": ds}
+
+
+def concept_vector(data: dict[str, Any], unit: int, concept: str) -> np.ndarray:
+    """The chosen concept's labels over the probing set (own_token: the atom's source token)."""
+    if concept == "own_token":
+        return (data["token_ids"] == data["itda"].atom_token_id_[unit]).astype(np.float64)
+    return data["concepts"].sel(concept=concept).values.astype(np.float64)
+
+
+def _normaliser(metric: str, scores: np.ndarray) -> float:
+    span = METRIC_RANGES[metric]
+    if span is not None:
+        return span[1] - span[0]
+    finite = scores[np.isfinite(scores)]
+    width = float(finite.max() - finite.min()) if finite.size else 0.0
+    return width if width > 0 else 1.0
+
+
+def metric_table(acts: np.ndarray, c: np.ndarray, unit: int, *, seed: int, binarize: str, alpha: float,
+                 threshold: float) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Every metric for (unit, concept) and its normalised change under both perturbations.
+
+    The perturbations are drawn from ``numpy.random.default_rng(seed)``: missing labels
+    first, then extra labels. Returns the table (metric, score, missing_labels,
+    extra_labels) and the two perturbed concepts.
+    """
+    a = acts[:, unit]
+    opts = dict(binarize=binarize, alpha=alpha, threshold=threshold, seed=seed)
+    base = paired_metrics(a, c, **opts)
+    rng = np.random.default_rng(seed)
+    perturbed = {"missing_labels": missing_labels(c[:, None], rng)[:, 0],
+                 "extra_labels": extra_labels(c[:, None], rng)[:, 0]}
+    after = {t: paired_metrics(a, v, **opts) for t, v in perturbed.items()}
+    rows = []
+    for m in METRICS:
+        # unbounded metrics: normalise by the spread of this concept's score over all units
+        span = (_normaliser(m, paired_metrics(acts, c[:, None], metrics=(m,), **opts)[m])
+                if METRIC_RANGES[m] is None else _normaliser(m, np.zeros(1)))
+        rows.append({"metric": m, "score": float(base[m][0]),
+                     **{t: float((after[t][m][0] - base[m][0]) / span) for t in SANITY_TESTS}})
+    return pd.DataFrame(rows), perturbed
+
+
+def perturbation_table(a: np.ndarray, c: np.ndarray, perturbed: np.ndarray, test: str, tokens: np.ndarray,
+                       *, top: int = 80) -> pd.DataFrame:
+    """The ``top`` inputs by activation, each with its label status under one perturbation."""
+    order = np.argsort(-a, kind="stable")[:top]
+    status = []
+    for i in order:
+        if c[i] >= 0.5 and perturbed[i] >= 0.5:
+            status.append("concept (kept)")
+        elif c[i] >= 0.5:
+            status.append("dropped (missing labels)")
+        elif perturbed[i] >= 0.5:
+            status.append("added (extra labels)")
+        else:
+            status.append("no concept")
+    return pd.DataFrame({"rank": np.arange(len(order)), "activation": a[order],
+                         "token": np.array(theme.show_tokens(tokens[order]), dtype=object),
+                         "status": np.array(status, dtype=object), "test": test})
+
+
+def plot_metric_deltas(table: pd.DataFrame | None) -> hv.Element:
+    """Normalised score change of every metric under both perturbations (a sound metric drops)."""
+    if table is None:
+        return hv.Text(0, 0, "Scoring…").opts(xaxis=None, yaxis=None, toolbar=None, height=300,
+                                              responsive=True)
+    long = table.melt(id_vars=["metric", "score"], value_vars=list(SANITY_TESTS), var_name="test",
+                      value_name="delta")
+    long["test"] = long["test"].map({"missing_labels": "missing labels", "extra_labels": "extra labels"})
+    return hv.Bars(long, ["metric", "test"], ["delta", "score"]).opts(
+        color="test", cmap=[theme.CATEGORICAL[3], theme.CATEGORICAL[1]], xrotation=60,
+        ylabel="Δ score / metric range", xlabel="metric", tools=["hover"], responsive=True,
+        height=340, title="Score change of each metric under the two perturbations (this seed)",
+        fontsize={"title": f"{theme.SIZES['title_font_pt']}pt", "xticks": f"{theme.SIZES['label_font_pt']}pt"},
+        default_tools=_TOOLS, active_tools=[], show_legend=True, legend_position="top_right",
+        multi_level=False)
+
+
+def plot_perturbations(strips: list[pd.DataFrame] | None) -> hv.Layout | hv.Element:
+    """Top inputs by activation, coloured by what each perturbation did to their label."""
+    if not strips:
+        return hv.Text(0, 0, "…").opts(xaxis=None, yaxis=None, toolbar=None, height=240, responsive=True)
+    panels = []
+    for df in strips:
+        title = {"missing_labels": "Missing labels: each positive dropped with p = 1/2",
+                 "extra_labels": "Extra labels: positives doubled in expectation"}[df["test"].iloc[0]]
+        pts = hv.Scatter(df, "rank", ["activation", "status", "token"]).opts(
+            color="status", cmap=_STATUS_COLORS, size=7, tools=["hover"], responsive=True, height=240,
+            xlabel="input rank by activation", ylabel="activation (cosine with atom)", title=title,
+            legend_position="top_right", default_tools=_TOOLS, active_tools=[],
+            fontsize={"title": f"{theme.SIZES['title_font_pt']}pt"})
+        panels.append(pts)
+    return hv.Layout(panels).cols(2).opts(shared_axes=False)
+
+
+def pass_fail_html(synthetic: xr.Dataset | None, real: xr.Dataset | None) -> str:
+    """The sanity-check table: decrease accuracy per test, pass/fail, synthetic and real units."""
+    if synthetic is None:
+        return "<div class='neuron-passfail'>Running the sanity checks…</div>"
+
+    def cells(ds: xr.Dataset | None, m: str) -> str:
+        if ds is None or m not in ds["metric"].values:
+            return "<td>–</td><td>–</td><td>–</td>"
+        out = []
+        for t in SANITY_TESTS:
+            v = float(ds["pooled_decrease_accuracy"].sel(test=t, metric=m))
+            if ds.attrs["params"].get("pass_rule") == "every_unit":
+                v = float(ds["decrease_accuracy"].sel(test=t, metric=m).min())
+            ok = bool(ds["passed"].sel(test=t, metric=m))
+            out.append(f"<td class='{'pass' if ok else 'fail'}'>{v:.0%}</td>")
+        ok = bool(ds["passed_both"].sel(metric=m))
+        out.append(f"<td class='{'pass' if ok else 'fail'} verdict' data-metric='{m}'>"
+                   f"{'pass' if ok else 'fail'}</td>")
+        return "".join(out)
+
+    real_head = (f"ITDA atoms, own token ({int(real.sizes['unit'])} units)" if real is not None
+                 else "ITDA atoms (none with a repeated token)")
+    rows = "".join(f"<tr><td>{html.escape(m)}</td>{cells(synthetic, m)}{cells(real, m)}</tr>" for m in METRICS)
+    return (
+        "<div class='neuron-passfail'><table class='passfail'><thead>"
+        "<tr><th rowspan=2>metric</th><th colspan=3>synthetic units (worst frequency)</th>"
+        f"<th colspan=3>{html.escape(real_head)}</th></tr>"
+        "<tr><th>missing</th><th>extra</th><th>result</th><th>missing</th><th>extra</th><th>result</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table>"
+        "<p class='note'>Decrease accuracy: share of (unit, seed) cases whose score fell by more than "
+        "0.1% of the metric's range. Pass: above 90% on both tests.</p></div>")
+
+
+_CSS = """
+table.passfail { border-collapse: collapse; font-size: 13px; }
+table.passfail td, table.passfail th { padding: 2px 8px; border: 1px solid #ddd; text-align: center; }
+table.passfail td:first-child { text-align: left; font-family: monospace; }
+table.passfail td.pass { background: #d9f0d3; }
+table.passfail td.fail { background: #f6d5d0; }
+.neuron-passfail .note { color: #555; font-size: 12px; }
+table.neuron-scores { border-collapse: collapse; font-size: 13px; }
+table.neuron-scores td, table.neuron-scores th { padding: 1px 8px; border-bottom: 1px solid #eee; }
+"""
+
+
+def scores_html(table: pd.DataFrame | None, caption: str) -> str:
+    if table is None:
+        return "<div class='neuron-scores'>No scores yet.</div>"
+    rows = "".join(f"<tr data-metric='{r.metric}'><td><code>{r.metric}</code></td><td>{r.score:.4g}</td>"
+                   f"<td>{r.missing_labels:+.4f}</td><td>{r.extra_labels:+.4f}</td></tr>"
+                   for r in table.itertuples())
+    return (f"<div class='neuron-scores'><b>{html.escape(caption)}</b><table class='neuron-scores'>"
+            "<thead><tr><th>metric</th><th>score</th><th>Δ missing</th><th>Δ extra</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>")
+
+
+# -- the view --------------------------------------------------------------------------------------
+
+class NeuronEvalView(pn.viewable.Viewer):
+    """Metrics of a unit's explanation, the two sanity-check perturbations, the pass/fail table.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (tests, notebooks).
+    n_seeds : int, default=10
+        Seeds of the real-unit sanity checks in the table.
+    """
+
+    probe_text = param.String(default=DEFAULT_PROBE_TEXT, label="Probing prompts",
+                              doc="One prompt a line: the probing set of the units.")
+    layer = param.Integer(default=0, bounds=(0, None), label="Layer", doc="Layer of the ITDA atoms.")
+    tau = param.Number(default=0.3, bounds=(0.05, 0.9), step=0.05, label="ITDA tau",
+                       doc="Error threshold of the dictionary whose atoms are the units.")
+    unit = param.Integer(default=0, bounds=(0, None), label="Unit (atom)", doc="The unit evaluated.")
+    concept = param.Selector(default="own_token", objects=list(CONCEPTS), label="Concept",
+                             doc="own_token: the atom's source token; or a token family.")
+    binarize = param.Selector(default="top_quantile", objects=list(BINARIZATIONS), label="Binarisation",
+                              doc="Active inputs: the top alpha fraction, or activation >= threshold.")
+    alpha = param.Number(default=0.05, bounds=(0.001, 0.5), step=0.001, label="alpha (top fraction)")
+    threshold = param.Number(default=0.5, bounds=(-1.0, 1.0), step=0.05, label="threshold")
+    seed = param.Integer(default=0, bounds=(0, 49), label="Perturbation seed",
+                         doc="Play to redraw both perturbations seed after seed.")
+
+    table = param.ClassSelector(class_=pd.DataFrame, default=None, allow_None=True, precedence=-1)
+    strips = param.List(default=[], precedence=-1)
+    synthetic = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    real = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    caption = param.String(default="", precedence=-1)
+    running = param.Boolean(default=False, precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    error = param.String(default="", precedence=-1)
+
+    def __init__(self, model: explorer.Model, *, background: bool | None = None, n_seeds: int = 10,
+                 **params: Any):
+        layer = params.pop("layer", model.spec.n_layers // 2)
+        super().__init__(**params)
+        self._model = model
+        self._n_seeds = n_seeds
+        self.param.layer.bounds = (0, model.spec.n_layers - 1)
+        self.layer = layer
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._lock = threading.Lock()
+        self._data: tuple[tuple, dict[str, Any]] | None = None
+        self._tables: dict[tuple, xr.Dataset] = {}
+        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
+                              on_busy=self._set_busy, background=background)
+        self._runner.bind_session()
+        self._started = 0.0
+        self.param.watch(self._request_run, list(_DATA_PARAMS + _VIEW_PARAMS))
+        self._request_run()
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    # -- computation -------------------------------------------------------------------------
+    def _params(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _DATA_PARAMS + _VIEW_PARAMS}
+
+    def _request_run(self, *events: Any) -> None:
+        p = self._params()
+        self.running = True
+        self._started = time.perf_counter()
+        self._runner.submit(lambda token: self._compute(p, token))
+
+    def _unit_data(self, p: dict[str, Any]) -> dict[str, Any]:
+        prompts = probe_prompts(p["probe_text"])
+        key = (tuple(prompts), p["layer"], p["tau"])
+        with self._lock:
+            if self._data is not None and self._data[0] == key:
+                return self._data[1]
+        data = unit_data(self._model, prompts, layer=p["layer"], tau=p["tau"])
+        with self._lock:
+            self._data = (key, data)
+        return data
+
+    def _sanity_tables(self, key: tuple, data: dict[str, Any], token: CancelToken
+                       ) -> tuple[xr.Dataset, xr.Dataset | None]:
+        with self._lock:
+            synthetic = self._tables.get(("synthetic",))
+            real = self._tables.get(key, None)
+        if synthetic is None:
+            synthetic = synthetic_sanity_checks(**_SYNTHETIC)
+            with self._lock:
+                self._tables[("synthetic",)] = synthetic
+        token.check()
+        if key not in self._tables:
+            try:
+                real = itda_atom_sanity_checks(data["itda"], data["activations"], layer=key[1], min_count=2,
+                                               n_seeds=self._n_seeds, alpha=0.05, min_pos=MIN_POS)
+            except explorer.ExplorerError:
+                real = None                            # no atom token repeats in the probing set
+            with self._lock:
+                self._tables[key] = real
+        return synthetic, real
+
+    def _compute(self, p: dict[str, Any], token: CancelToken) -> dict[str, Any]:
+        data = self._unit_data(p)
+        token.check()
+        n_units = data["acts"].shape[1]
+        unit = min(max(0, p["unit"]), n_units - 1)
+        c = concept_vector(data, unit, p["concept"])
+        table, perturbed = metric_table(data["acts"], c, unit, seed=p["seed"], binarize=p["binarize"],
+                                        alpha=p["alpha"], threshold=p["threshold"])
+        a = data["acts"][:, unit]
+        strips = [perturbation_table(a, c, perturbed[t], t, data["tokens"]) for t in SANITY_TESTS]
+        token.check()
+        key = (tuple(probe_prompts(p["probe_text"])), p["layer"], p["tau"])
+        synthetic, real = self._sanity_tables(key, data, token)
+        itda = data["itda"]
+        label = (theme.show_token(str(itda.atom_token_[unit])) if p["concept"] == "own_token"
+                 else p["concept"])
+        caption = (f"Unit: atom {unit} of {n_units} (source token '{theme.show_token(str(itda.atom_token_[unit]))}'),"
+                   f" concept '{label}' on {int(c.sum())} of {len(c)} tokens, seed {p['seed']}")
+        return {"p": p, "unit": unit, "n_units": n_units, "table": table, "strips": strips,
+                "synthetic": synthetic, "real": real, "caption": caption}
+
+    # -- results -------------------------------------------------------------------------------
+    def _show_result(self, out: dict[str, Any]) -> None:
+        self.param.unit.bounds = (0, max(0, out["n_units"] - 1))
+        if self.unit != out["unit"]:
+            with param.parameterized.discard_events(self):
+                self.unit = out["unit"]
+        seconds = time.perf_counter() - self._started
+        self.param.update(table=out["table"], strips=out["strips"], synthetic=out["synthetic"],
+                          real=out["real"], caption=out["caption"], error="", running=False,
+                          status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
+
+    def _show_error(self, exc: BaseException) -> None:
+        message = user_message(exc)
+        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
+        theme.notify("error", f"Neuron evaluation: {message}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.busy != busy:
+            self.busy = busy
+
+    def wait(self, timeout: float | None = 300) -> NeuronEvalView:
+        """Block until the run in flight has finished (tests, scripts)."""
+        self._runner.wait(timeout)
+        return self
+
+    def close(self) -> None:
+        self._runner.close()
+        with self._lock:
+            self._data = None
+            self._tables.clear()
+
+    # -- layout ------------------------------------------------------------------------------
+    def controls(self) -> pn.Column:
+        widgets = {
+            "probe_text": {"type": pn.widgets.TextAreaInput, "rows": 6, "auto_grow": True},
+            "layer": {"type": pn.widgets.IntSlider, "throttled": True},
+            "tau": {"type": pn.widgets.FloatSlider, "throttled": True},
+            "unit": {"type": pn.widgets.IntInput},
+            "alpha": {"type": pn.widgets.FloatSlider, "throttled": True},
+            "threshold": {"type": pn.widgets.FloatSlider, "throttled": True},
+        }
+        params = pn.Param(self, parameters=["probe_text", "layer", "tau", "unit", "concept", "binarize",
+                                            "alpha", "threshold"],
+                          widgets=widgets, show_name=False, sizing_mode="stretch_width")
+        player = pn.widgets.Player.from_param(self.param.seed, interval=900, loop_policy="loop",
+                                              show_loop_controls=False, sizing_mode="stretch_width",
+                                              name="Perturbation seed (play to animate)")
+        return pn.Column(params, pn.pane.Markdown("**Perturbation seed** (play to animate)"), player,
+                         width=theme.SIZES["controls_width"], css_classes=["neuron-controls"])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        deltas = pn.pane.HoloViews(pn.bind(plot_metric_deltas, self.param.table),
+                                   sizing_mode="stretch_width", css_classes=["neuron-deltas"])
+        strips = pn.pane.HoloViews(pn.bind(plot_perturbations, self.param.strips),
+                                   sizing_mode="stretch_width", css_classes=["neuron-strips"])
+        scores = pn.pane.HTML(pn.bind(scores_html, self.param.table, self.param.caption),
+                              stylesheets=[_CSS], css_classes=["neuron-score-table"])
+        passfail = pn.pane.HTML(pn.bind(pass_fail_html, self.param.synthetic, self.param.real),
+                                stylesheets=[_CSS], css_classes=["neuron-passfail-pane"])
+        return pn.Row(self.controls(),
+                      pn.Column(pn.Row(spinner, status, align="center"), deltas, strips,
+                                pn.Row(scores, pn.Column(pn.pane.Markdown("#### Sanity checks: pass/fail"),
+                                                         passfail)),
+                                sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width")
+
+
+if pn.state.served:
+    theme.enable_extension()
+    _view = NeuronEvalView(get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")))
+    theme.page([_view], title=f"{theme.TITLE}: evaluating neuron explanations").servable()
