@@ -36,3 +36,18 @@ def smollm2():
     from explorer import load_model
 
     return load_model("smollm2-135m")
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; Playwright never downloads a browser here
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium driven by Playwright, one per test module."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -16,9 +16,6 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_BOX = "input[placeholder='Enter a prompt and press Enter']"
@@ -66,15 +63,6 @@ def tiny_server(tmp_path_factory):
     proc, url, log = start_gallery("tiny-llama", tmp_path_factory.mktemp("tiny-server"))
     yield url
     stop(proc, log)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 VIEWPORT = {"width": 1500, "height": 1100}
