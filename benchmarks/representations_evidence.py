@@ -580,15 +580,20 @@ def page_screenshots(args: argparse.Namespace) -> None:
                                         args=["--no-sandbox", "--disable-gpu", "--disable-quic",
                                               "--disable-background-networking",
                                               "--disable-component-update", "--disable-sync"])
-            for slug, ready in (("itda", ".itda-similarity canvas"), ("neuron", ".neuron-strips canvas")):
-                page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            shadow_text = """el => el.shadowRoot
+                ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
+                    .map(c => c.innerText).join(' ')
+                : el.innerText"""
+            for slug, ready, done in (("itda", ".itda-summary", r"atoms from"),
+                                      ("neuron", ".neuron-score-table", r"Unit: atom")):
+                page = browser.new_page(viewport={"width": 1500, "height": 1900 if slug == "itda" else 1500})
                 page.goto(f"http://127.0.0.1:{port}/{slug}", timeout=120_000)
                 page.wait_for_selector(ready, state="attached", timeout=600_000)
-                for _ in range(600):                       # wait for the first result
-                    if "Last run" in page.content() or re.search(r"· \d+\.\d+ s", page.content()):
+                for _ in range(900):                       # wait for the first result
+                    if re.search(done, page.locator(ready).first.evaluate(shadow_text)):
                         break
                     page.wait_for_timeout(1000)
-                page.wait_for_timeout(3000)
+                page.wait_for_timeout(4000)
                 page.screenshot(path=str(FIGURES / f"representations_{slug}_page.png"), full_page=True)
                 log(f"  wrote docs/figures/representations_{slug}_page.png")
                 page.close()

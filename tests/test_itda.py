@@ -454,3 +454,13 @@ def test_min_pos_leaves_the_first_tokens_out(tiny_model):
     zero = float(out["loss_zero"][0])
     assert zero == pytest.approx(hook_losses(tiny_model, PROMPTS[0], 1,
                                              lambda h: np.vstack([h[:1], np.zeros_like(h[1:])])), abs=1e-4)
+
+
+def test_bench_itda_reports_the_ratio_of_its_own_times(tiny_model):
+    from explorer.analyses.itda import bench_itda
+
+    out = bench_itda(tiny_model, n_prompts=10, sae_seconds=1.0)
+    fig = out["figures"]
+    assert fig["itda_vs_sae_time_ratio"] == pytest.approx(fig["itda_build_ms"] / fig["sae_train_ms"])
+    assert out["params"]["layer"] == 1 and out["params"]["n_atoms"] > 0
+    assert set(out["accuracy"]) >= {"itda_heldout_error", "sae_heldout_error", "sae_reached_target"}
