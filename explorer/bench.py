@@ -46,6 +46,7 @@ ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "saturation": ("explorer.analyses.saturation", "bench_saturation"),
     "conflicts": ("explorer.analyses.conflicts", "bench_conflicts"),
     "icl-heads": ("explorer.analyses.icl_heads", "bench_icl_heads"),
+    "itda": ("explorer.analyses.itda", "bench_itda"),
     "store": ("explorer.distributed", "bench_store"),
 }
 
@@ -279,7 +280,8 @@ def text_prompts(model: Any, n: int, tokens: int) -> list[str]:
         for _ in range(limit):
             window = ids[start:start + tokens]
             text = model.tokenizer.decode(window)
-            if text.strip() and model.tokenizer(text, add_special_tokens=False)["input_ids"] == window:
+            retokenised = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if text.strip() and retokenised == window:
                 prompts.append(text)
                 break
             start = (start + 1) % limit
@@ -310,7 +312,7 @@ def _peer_bridge(model: Any) -> tuple[Any, str | None]:
         bridge = TransformerBridge.boot_transformers(folder, hf_model=hf, device="cpu",
                                                      dtype=next(hf.parameters()).dtype)
         bridge.eval()
-    except Exception as e:  # noqa: BLE001 - any failure of the optional peer is reported, not raised
+    except Exception as e:  # noqa: BLE001 - a failing optional peer is reported, not raised
         return None, f"transformer_lens could not load the model: {type(e).__name__}: {e}"[:300]
     finally:
         import shutil
@@ -433,7 +435,8 @@ def trace_overhead(*, model: str = "smollm2-135m", prompts: int = 8, tokens: int
 
 # -- slider -----------------------------------------------------------------------------------
 
-def steering_vector(model: Any, layer: int, prompts: tuple[str, str] = CONTRAST_PROMPTS) -> np.ndarray:
+def steering_vector(model: Any, layer: int,
+                    prompts: tuple[str, str] = CONTRAST_PROMPTS) -> np.ndarray:
     """Mean resid_post of the first prompt minus that of the second, at ``layer``: [d_model]."""
     from .trace import trace
 

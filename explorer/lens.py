@@ -80,10 +80,11 @@ def _norm_gain(model: Model) -> torch.Tensor:
     d = model.spec.d_model
     x = torch.ones(d)
     x[1::2] = -1.0
-    probe = torch.stack([x, -x]).to(next(model.final_norm_module.parameters(), x).dtype)
+    like = next(model.final_norm_module.parameters(), x)
+    probe = torch.stack([x, -x]).to(device=like.device, dtype=like.dtype)
     with torch.no_grad():
         y = model.final_norm_module(probe).float()
-    return (y[0] - y[1]) / (2 * x)   # LayerNorm's bias and mean cancel; RMSNorm gives its gain
+    return ((y[0] - y[1]) / 2).cpu() * x  # LayerNorm's bias and mean cancel; RMSNorm: its gain
 
 
 def _screen_weight(model: Model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +102,7 @@ def _screen_weight(model: Model) -> tuple[torch.Tensor, torch.Tensor]:
         cache.clear()
         d = model.spec.d_model
         hi_dims = _norm_gain(model).abs().topk(min(32, max(1, d // 8))).indices.sort().values
+        hi_dims = hi_dims.to(w.device)
         wb = w.detach().to(torch.bfloat16)
         cache[key] = (hi_dims, torch.cat([wb, wb[:, hi_dims]], 1).contiguous())
     return cache[key]
@@ -123,8 +125,8 @@ def _count_above(values: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor
     m, n = values.shape
     group = 128
     main = n - n % group
-    out = torch.empty(thresholds.shape, dtype=torch.int64)
-    above = torch.empty((m, n), dtype=torch.bool)
+    out = torch.empty(thresholds.shape, dtype=torch.int64, device=values.device)
+    above = torch.empty((m, n), dtype=torch.bool, device=values.device)
     for j in range(thresholds.shape[1]):
         torch.gt(values, thresholds[:, j:j + 1], out=above)
         flags = above.view(torch.uint8)
@@ -133,7 +135,7 @@ def _count_above(values: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor
             count = head.view(m, main // group, group).sum(-1, dtype=torch.uint8).sum(
                 -1, dtype=torch.int64)
         else:
-            count = torch.zeros(m, dtype=torch.int64)
+            count = torch.zeros(m, dtype=torch.int64, device=values.device)
         if main < n:
             count += flags[:, main:].sum(-1, dtype=torch.int64)
         out[:, j] = count
