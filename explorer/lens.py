@@ -3,12 +3,13 @@
 Computed in chunks of (layer, position) rows so the [layer x pos x vocab] logits never
 sit in memory whole; only the top-k and the ranks of tracked tokens are kept.
 
-Three things keep an interactive edit (a steering slider) fast without giving up exactness:
+Four things keep an interactive edit (a steering slider) fast without giving up exactness:
 
 - Rows are read in chunks of whole layers, split at the first edited layer, so a chunk of
   layers before the edit is computed in exactly the same way with and without the edit.
   With ``resume`` those readouts are computed once and kept on the `CleanRun`; each later
   edit reads only the layers from the edit on (`logit_lens`, ``reuse_clean``).
+- The last layer's lens is the model's output, read from the run's own logits.
 - Exact ranks (a count of the logits above each tracked token) use uint8 partial sums,
   and tokens inside the top candidates are ranked from the candidates alone.
 - ``unembed_dtype="bfloat16"`` screens the vocabulary in bfloat16, recomputes the top
@@ -29,7 +30,7 @@ import xarray as xr
 from ._checks import check_choice, check_int
 from .interventions import Edit, first_edit_layer
 from .models import Model
-from .trace import CleanRun, check_layers, provenance, run_batch, token_coords
+from .trace import CleanRun, check_edits, check_layers, provenance, run_batch, token_coords
 
 __all__ = ["logit_lens", "lens_readout", "SCREEN_CANDIDATES", "CLEAN_READOUT_BUDGET_MB"]
 
@@ -396,6 +397,7 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     check_int("chunk_rows", chunk_rows, low=1)
     check_int("screen_candidates", screen_candidates, low=1)
     layers = check_layers(model, layers)
+    edits = check_edits(edits)
     batch_all = model.tokenize(prompts)
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
