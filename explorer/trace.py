@@ -299,7 +299,8 @@ def _batches(n: int, batch_size: int) -> list[range]:
     return [range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
 
 
-def _progress_bar(total: int, progress: Any) -> Callable[[int], None]:
+def progress_steps(total: int, progress: Any, *, unit: str = "prompt",
+                   desc: str | None = None) -> Callable[[int], None]:
     """A step callback: tqdm in a terminal when progress is True, or the user's callback."""
     if callable(progress):
         done = [0]
@@ -311,7 +312,7 @@ def _progress_bar(total: int, progress: Any) -> Callable[[int], None]:
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, unit="prompt", leave=False)
+        bar = tqdm(total=total, unit=unit, leave=False, desc=desc)
 
         def step(k):
             bar.update(k)
@@ -371,7 +372,7 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     chunks = _batches(n_total, batch_size)
     if progress is None:
         progress = len(chunks) > 1
-    step = _progress_bar(n_total, progress)
+    step = progress_steps(n_total, progress)
     run_edits = edits
     if len(chunks) > 1:  # a mean ablation averages over every prompt, whatever the batch size
         run_edits = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)

@@ -655,27 +655,6 @@ def early_exit(layer_top1: Any, top_prob: Any, cosine: Any, sat_top1: Any, probe
 
 # -- the lens pass (model) ---------------------------------------------------------------
 
-def _progress(progress: Any, total: int) -> Callable[[int], None]:
-    if callable(progress):
-        done = [0]
-
-        def step(k):
-            done[0] += k
-            progress(done[0], total)
-        return step
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, unit="token", leave=False, desc="saturation")
-
-        def step(k):
-            bar.update(k)
-            if bar.n >= total:
-                bar.close()
-        return step
-    return lambda k: None
-
-
 def _strict_ranks(top_id: torch.Tensor, top_prob: torch.Tensor, targets: torch.Tensor,
                   cap: int) -> torch.Tensor:
     """Strict ranks of ``targets`` [R, k] among the top-``cap`` lists [L, R, cap]; >= cap -> cap."""
@@ -765,7 +744,7 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
                      sample_positions: int, seed: int, batch_size: int,
                      progress: Any) -> xr.Dataset:
     from explorer.lens import lens_readout
-    from explorer.trace import trace
+    from explorer.trace import progress_steps, trace
 
     batch_all = model.tokenize(texts)
     lengths = batch_all.lengths
@@ -777,7 +756,8 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
     top_prob = np.full((n, n_pos, n_layers, k), np.nan, dtype=np.float32)
     cosine = np.full((n, n_pos, n_layers), np.nan, dtype=np.float32)
     resid_sample = np.zeros((len(sample), n_layers, d), dtype=np.float32)
-    step = _progress(progress if progress is not None else len(texts) > batch_size, sum(lengths))
+    step = progress_steps(sum(lengths), progress if progress is not None else len(texts) > batch_size,
+                          unit="token", desc="saturation")
 
     for b0 in range(0, n, batch_size):
         rows = list(range(b0, min(b0 + batch_size, n)))
