@@ -217,7 +217,10 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                     n_prompts, -1, clean.shape[-1])
     nn = model.nn
     with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
-        with nn.trace(**batch.model_inputs(), remote=model.remote) as tracer:  # noqa: F841
+        # without logits read, the unembedding runs for one position only (~20% of a forward)
+        last_only = {} if logits else {"logits_to_keep": 1}
+        with nn.trace(**batch.model_inputs(), **last_only,
+                      remote=model.remote) as tracer:  # noqa: F841
             if start:
                 # a copy: an edit at resid_pre[start] works in place and must not touch the cache
                 replacement = resume.resid_pre[start].clone()
@@ -288,6 +291,7 @@ def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:
 
 def _unpad(x: torch.Tensor, lengths: Sequence[int], width: int, n_pos: int) -> np.ndarray:
     """[prompt, padded_pos, ...] left-padded -> [prompt, n_pos, ...] right-aligned at 0, NaN pad."""
+    x = x.detach().cpu()
     x = x.float().numpy() if x.dtype != torch.float64 else x.numpy()
     out = np.full((x.shape[0], n_pos, *x.shape[2:]), np.nan, dtype=x.dtype)
     for i, n in enumerate(lengths):
@@ -400,17 +404,26 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
                                        n_pos, n_src) for layer in layers]
                 collected[s].append(np.stack(pats, axis=1))  # [prompt, layer, head, dst, src]
             else:
-                per_layer = []
-                for layer in layers:
-                    x = out[(layer, "attn_z" if s == "head_out" else s)]
-                    x = unpad(x)  # [prompt, pos, d]
+                stacked = None  # [prompt, pos, layer, ...], filled layer by layer: one copy
+                for li, layer in enumerate(layers):
+                    x = out[(layer, "attn_z" if s == "head_out" else s)].detach().cpu()
+                    x = x.float() if x.dtype != torch.float64 else x  # [prompt, padded_pos, d]
                     if s in ("attn_z", "head_out"):
                         x = x.reshape(*x.shape[:2], spec.n_heads, spec.d_head)
                     if s == "head_out":
-                        w = model.W_O(layer).detach().float().numpy()  # [head, d_head, d_model]
-                        x = np.einsum("pshd,hdm->pshm", x, w)
-                    per_layer.append(x)
-                collected[s].append(np.stack(per_layer, axis=2))
+                        w = model.W_O(layer).detach().cpu().to(x.dtype)  # [head, d_head, d_model]
+                        x = torch.einsum("pshd,hdm->pshm", x, w)
+                    xn = x.numpy()
+                    if stacked is None:
+                        stacked = np.empty((len(rows), n_pos, len(layers), *xn.shape[2:]),
+                                           dtype=xn.dtype)
+                    if positions is not None:
+                        stacked[:, :, li] = xn
+                    else:
+                        for i, n in enumerate(batch.lengths):
+                            stacked[i, :n, li] = xn[i, batch.width - n:]
+                            stacked[i, n:, li] = np.nan
+                collected[s].append(stacked)
         step(len(rows))
 
     return _to_dataset(model, batch_all, prompts, collected, sites=sites, layers=layers,
@@ -502,7 +515,8 @@ def token_coords(model: Model, batch: Batch, positions: Sequence[int] | None,
 
 def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, positions, n_pos, edits):
     tc = token_coords(model, batch_all, positions, n_pos)
-    data = {s: (_DIMS[s], np.concatenate(collected[s], axis=0)) for s in sites}
+    data = {s: (_DIMS[s], c[0] if len(c := collected[s]) == 1 else np.concatenate(c, axis=0))
+            for s in sites}
     data["mask"] = (("prompt", "pos"), tc.pop("mask"))
     coords = {
         "prompt": np.arange(len(prompts)),
