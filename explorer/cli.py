@@ -53,10 +53,12 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.conflicts",
     "explorer.analyses.icl_heads",
     "explorer.analyses.task_vectors",
+    "explorer.analyses.icl_finetune",
     "explorer.analyses.itda",
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
+    "explorer.analyses.circuits",
     "explorer.studies",
 )
 

@@ -263,6 +263,29 @@ def test_ablation_curves_shapes_and_zero_percent_baseline(tiny_model):
     assert fv_ex == expect
     with pytest.raises(InputError, match="scores must be"):
         ih.ablation_curves(m, ["antonym"], np.zeros((2, 2)), np.zeros((2, 2)))
+    # the 0% point: answer probability from a plain forward of each (unpadded) eval prompt
+    prompts, answers = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=1)
+    target = [m.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in answers]
+    probs = [float(torch.softmax(m.hf(_ids(m, q)).logits[0, -1], -1)[t])
+             for q, t in zip(prompts, target)]
+    got = ds.answer_prob.sel(percent=0.0, task="antonym").values
+    np.testing.assert_allclose(got, np.mean(probs), atol=1e-5)
+
+
+def test_ablation_curves_ranking_subset(tiny_model):
+    m = tiny_model
+    rng = np.random.default_rng(2)
+    shape = (m.spec.n_layers, m.spec.n_heads)
+    induction, fv = rng.random(shape), rng.random(shape)
+    kw = dict(percents=(0, 25), n_prompts=2, n_shots=2, loss_sequences=2, loss_tokens=40)
+    ds = ih.ablation_curves(m, ["uppercase"], induction, fv,
+                            rankings=["fv_excl_induction", "random"], **kw)
+    assert list(ds.ranking.values) == ["fv_excl_induction", "random"]
+    assert ds.attrs["params"]["rankings"] == ["fv_excl_induction", "random"]
+    with pytest.raises(InputError, match="Did you mean 'induction'"):
+        ih.ablation_curves(m, ["uppercase"], induction, fv, rankings=["inductoin"], **kw)
+    with pytest.raises(InputError, match="`rankings` must be a non-empty list"):
+        ih.ablation_curves(m, ["uppercase"], induction, fv, rankings=[], **kw)
 
 
 # -- CLI and bench -------------------------------------------------------------------------

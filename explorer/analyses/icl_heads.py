@@ -368,10 +368,18 @@ def ablation_edits(heads: Sequence[tuple[int, int]], mean_z: np.ndarray | None, 
 def few_shot_accuracy(model: Any, prompts: Sequence[str], answers: Sequence[str],
                       edits=()) -> float:
     """Fraction of prompts whose argmax next token is the answer's first token."""
+    return _accuracy_and_answer_prob(model, prompts, answers, edits)[0]
+
+
+def _accuracy_and_answer_prob(model: Any, prompts: Sequence[str], answers: Sequence[str],
+                              edits=()) -> tuple[float, float]:
+    """Argmax accuracy and mean probability of the answer's first token, one batched run."""
     batch = model.tokenize(list(prompts))
-    probs = _last_probs(model, batch, edits)
+    probs = _last_probs(model, batch, edits)                     # [prompt, vocab]
     target = torch.tensor(answer_token_ids(model, answers))
-    return float((probs.argmax(-1) == target).float().mean())
+    rows = torch.arange(len(target))
+    return (float((probs.argmax(-1) == target).float().mean()),
+            float(probs[rows, target].mean()))
 
 
 def _corpus_ids(model: Any, n_sequences: int, n_tokens: int) -> list[list[int]]:
@@ -409,20 +417,22 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
                     fv: np.ndarray, *, percents: Sequence[float] = (0, 1, 3, 5, 10, 20),
                     exclude_fraction: float = 0.02, n_prompts: int = 8, n_shots: int = 5,
                     loss_sequences: int = 4, loss_tokens: int = 96, seed: int = 0,
-                    progress: Any = None) -> xr.Dataset:
+                    rankings: Sequence[str] = RANKINGS, progress: Any = None) -> xr.Dataset:
     """Few-shot accuracy and token-loss difference with the top p% heads mean-ablated.
 
     Rankings (Yin & Steinhardt 2025): by FV score, by induction score, each after removing
     the other score's top ``exclude_fraction`` heads, and a random ranking (seeded). For
     the ICL accuracy a head's last-token output is replaced by its task mean over separate
     clean prompts; for the token-loss difference (on the shipped corpus) by its mean over
-    the run's own tokens, at every position.
+    the run's own tokens, at every position. ``rankings`` picks a subset of `RANKINGS`;
+    the 0% point (nothing ablated) is run once and shared by every ranking.
 
     Returns
     -------
-    xr.Dataset: ``accuracy`` (ranking, percent, task), ``mean_accuracy`` (ranking, percent),
-    ``token_loss_difference`` (ranking, percent), ``ablated`` (ranking, percent): JSON list
-    of the ablated (layer, head).
+    xr.Dataset: ``accuracy`` and ``answer_prob`` (ranking, percent, task: argmax accuracy
+    and mean probability of the answer's first token), ``mean_accuracy`` and
+    ``mean_answer_prob`` (ranking, percent), ``token_loss_difference`` (ranking, percent),
+    ``ablated`` (ranking, percent): JSON list of the ablated (layer, head).
     """
     tasks = [_task(t) for t in tasks]
     induction, fv = np.asarray(induction, float), np.asarray(fv, float)
@@ -431,13 +441,18 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
         raise InputError(f"scores must be [layer, head] = {(spec.n_layers, spec.n_heads)}; "
                          f"got {induction.shape} and {fv.shape}.")
     percents = [check_float("percent", p, low=0.0, high=100.0) for p in percents]
+    if isinstance(rankings, str) or not rankings:
+        raise InputError(f"`rankings` must be a non-empty list of {list(RANKINGS)}; "
+                         f"got {rankings!r}.")
+    names = [check_choice("ranking", r, RANKINGS) for r in rankings]
     rng = np.random.default_rng(seed)
     random_score = rng.random(induction.shape)
     excl_ind = top_heads(induction, exclude_fraction)
     excl_fv = top_heads(fv, exclude_fraction)
-    rankings = {"fv": (fv, ()), "induction": (induction, ()),
-                "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
-                "random": (random_score, ())}
+    every = {"fv": (fv, ()), "induction": (induction, ()),
+             "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
+             "random": (random_score, ())}
+    rankings = {r: every[r] for r in names}
     evals = []
     for task in tasks:
         prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
@@ -445,31 +460,44 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
         evals.append((prompts, answers, task_mean_z(model, means_from)))
     loss_ids = _corpus_ids(model, loss_sequences, loss_tokens)
     acc = np.zeros((len(rankings), len(percents), len(tasks)))
+    prob = np.zeros_like(acc)
     tld = np.zeros((len(rankings), len(percents)))
     ablated = np.empty((len(rankings), len(percents)), dtype=object)
+    unablated: dict[Any, Any] = {}   # the 0% point, shared by every ranking
     total, done = acc.size, 0
     for r, (score, exclude) in enumerate(rankings.values()):
         for j, p in enumerate(percents):
             heads = top_heads(score, p / 100.0, exclude=exclude)
             ablated[r, j] = json.dumps(heads)
             for t, (prompts, answers, mz) in enumerate(evals):
-                acc[r, j, t] = few_shot_accuracy(model, prompts, answers,
-                                                 ablation_edits(heads, mz))
+                if heads or t not in unablated:
+                    result = _accuracy_and_answer_prob(model, prompts, answers,
+                                                       ablation_edits(heads, mz))
+                    if not heads:
+                        unablated[t] = result
+                acc[r, j, t], prob[r, j, t] = result if heads else unablated[t]
                 done += 1
                 if callable(progress):
                     progress(done, total)
-            tld[r, j] = token_loss_difference(model, loss_ids,
+            if heads or "loss" not in unablated:
+                value = token_loss_difference(model, loss_ids,
                                               ablation_edits(heads, None, positions=None))
+                if not heads:
+                    unablated["loss"] = value
+            tld[r, j] = value if heads else unablated["loss"]
     return xr.Dataset(
         {"accuracy": (("ranking", "percent", "task"), acc),
          "mean_accuracy": (("ranking", "percent"), acc.mean(-1)),
+         "answer_prob": (("ranking", "percent", "task"), prob),
+         "mean_answer_prob": (("ranking", "percent"), prob.mean(-1)),
          "token_loss_difference": (("ranking", "percent"), tld),
          "ablated": (("ranking", "percent"), ablated.astype(str))},
         coords={"ranking": list(rankings), "percent": percents, "task": [t.name for t in tasks]},
         attrs=provenance(model, method="ablation_curves", percents=percents,
                          exclude_fraction=exclude_fraction, n_prompts=n_prompts,
                          n_shots=n_shots, loss_sequences=loss_sequences,
-                         loss_tokens=loss_tokens, seed=seed, citation=CITATION))
+                         loss_tokens=loss_tokens, seed=seed, rankings=names,
+                         citation=CITATION))
 
 
 # -- CLI and bench -------------------------------------------------------------------------
