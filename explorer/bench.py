@@ -48,6 +48,7 @@ ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "icl-heads": ("explorer.analyses.icl_heads", "bench_icl_heads"),
     "itda": ("explorer.analyses.itda", "bench_itda"),
     "store": ("explorer.distributed", "bench_store"),
+    "eap": ("explorer.analyses.circuits", "bench_eap"),
 }
 
 

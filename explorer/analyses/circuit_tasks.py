@@ -1,0 +1,192 @@
+"""Clean/corrupted prompt pairs for circuit discovery: arithmetic, IOI, greater-than.
+
+Each generator returns a `CircuitTask`: pairwise clean and corrupted prompts whose
+answers differ, with the target strings of the logit difference (``answer`` is right for
+the clean prompt, ``wrong`` is what the corrupted prompt points to). The logit difference
+is read at the first token of each target as it continues the prompt, so a tokenizer that
+splits numbers into digits (SmolLM2) is scored on the first digit.
+
+The names, objects and templates of the IOI and greater-than tasks are in
+``datasets/circuits/`` (see ``datasets/README.md``); the arithmetic problems are generated.
+
+References: Wang et al., "Towards Understanding Fine-Tuning Mechanisms of LLMs via Circuit
+Analysis", ICML 2025 (arithmetic prompts); Wang et al., "Interpretability in the Wild", ICLR
+2023 (IOI); Hanna et al., "How does GPT-2 compute greater-than?", NeurIPS 2023.
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from explorer._checks import InputError, check_choice, check_int
+
+__all__ = ["CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE"]
+
+#: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
+#: is the answer's first digit for tokenizers that split numbers into digits.
+ARITHMETIC_TEMPLATE = ("Calculate the result of the following arithmetic expression and provide "
+                       "only the final answer: {a} {op} {b} = ")
+
+
+@dataclass
+class CircuitTask:
+    """Pairs of clean and corrupted prompts with the targets of the logit difference.
+
+    ``clean[i]`` and ``corrupt[i]`` must tokenise to the same length. ``answer[i]`` is the
+    right continuation of ``clean[i]``; ``wrong[i]`` the continuation the corrupted prompt
+    points to.
+    """
+
+    clean: list[str]
+    corrupt: list[str]
+    answer: list[str]
+    wrong: list[str]
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field in ("clean", "corrupt", "answer", "wrong"):
+            value = getattr(self, field)
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise TypeError(f"`{field}` must be a list of strings; got {type(value).__name__}.")
+            setattr(self, field, list(value))
+            for i, s in enumerate(value):
+                if not isinstance(s, str):
+                    raise TypeError(f"`{field}[{i}]` must be a string; got {type(s).__name__}.")
+        n = len(self.clean)
+        if n == 0:
+            raise InputError("a CircuitTask needs at least one prompt pair; `clean` is empty.")
+        for field in ("corrupt", "answer", "wrong"):
+            if len(getattr(self, field)) != n:
+                raise InputError(f"`{field}` has {len(getattr(self, field))} entries but `clean` "
+                                 f"has {n}; they must be the same length.")
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def subset(self, index: Any) -> CircuitTask:
+        """The task restricted to the pairs at ``index`` (a list of ints)."""
+        idx = [int(i) for i in index]
+        return CircuitTask([self.clean[i] for i in idx], [self.corrupt[i] for i in idx],
+                           [self.answer[i] for i in idx], [self.wrong[i] for i in idx], self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "clean": self.clean, "corrupt": self.corrupt,
+                "answer": self.answer, "wrong": self.wrong}
+
+
+def _data_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "datasets" / "circuits"
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((_data_dir() / name).read_text())
+
+
+def _arithmetic_pairs(n: int, rng: random.Random) -> list[tuple[int, int]]:
+    """Distinct (a, b), two-digit, with a + b <= 99 and a - b >= 10 (both results two-digit).
+
+    Then a + b and a - b differ by 2b >= 20, so their first digits differ.
+    """
+    pool = [(a, b) for b in range(10, 45) for a in range(b + 10, 100 - b)]
+    if n > len(pool):
+        raise InputError(f"`n` must be at most {len(pool)} for the arithmetic tasks; got {n}.")
+    return rng.sample(pool, n)
+
+
+def _add(n: int, rng: random.Random) -> CircuitTask:
+    pairs = _arithmetic_pairs(n, rng)
+    return CircuitTask(
+        clean=[ARITHMETIC_TEMPLATE.format(a=a, op="+", b=b) for a, b in pairs],
+        corrupt=[ARITHMETIC_TEMPLATE.format(a=a, op="-", b=b) for a, b in pairs],
+        answer=[str(a + b) for a, b in pairs], wrong=[str(a - b) for a, b in pairs], name="add")
+
+
+def _sub(n: int, rng: random.Random) -> CircuitTask:
+    pairs = _arithmetic_pairs(n, rng)
+    return CircuitTask(
+        clean=[ARITHMETIC_TEMPLATE.format(a=a, op="-", b=b) for a, b in pairs],
+        corrupt=[ARITHMETIC_TEMPLATE.format(a=a, op="+", b=b) for a, b in pairs],
+        answer=[str(a - b) for a, b in pairs], wrong=[str(a + b) for a, b in pairs], name="sub")
+
+
+def _ioi(n: int, rng: random.Random) -> CircuitTask:
+    """IOI: "When Mary and John went to the store, John gave a drink to" -> " Mary".
+
+    The corrupted prompt replaces the second mention of the subject by a third name (the
+    "ABC" distribution of Wang et al. 2023), so nothing points to the indirect object.
+    """
+    data = _load("ioi.json")
+    names, places, objects, templates = data["names"], data["places"], data["objects"], data["templates"]
+    clean, corrupt, answer, wrong = [], [], [], []
+    for _ in range(n):
+        io, s, c = rng.sample(names, 3)
+        t = rng.choice(templates)
+        place, obj = rng.choice(places), rng.choice(objects)
+        first = [io, s] if rng.random() < 0.5 else [s, io]
+        fill = dict(A=first[0], B=first[1], PLACE=place, OBJECT=obj)
+        clean.append(t.format(S2=s, **fill))
+        corrupt.append(t.format(S2=c, **fill))
+        answer.append(" " + io)
+        wrong.append(" " + s)
+    return CircuitTask(clean, corrupt, answer, wrong, name="ioi")
+
+
+def _greater_than(n: int, rng: random.Random) -> CircuitTask:
+    """Greater-than: "The war lasted from the year 1743 to the year 17" -> a later decade.
+
+    With digit tokenizers the next token is the end year's tens digit. ``answer`` is the
+    decade after the start year's (tens digit + 1), ``wrong`` the decade before (tens digit
+    - 1). The corrupted prompt starts at year ..01 (Hanna et al.), so the start year gives
+    no decade to exceed.
+    """
+    data = _load("greater_than.json")
+    nouns, templates = data["nouns"], data["templates"]
+    centuries = data["centuries"]
+    clean, corrupt, answer, wrong = [], [], [], []
+    for _ in range(n):
+        tens = rng.randint(2, 8)
+        ones = rng.randint(0, 9)
+        century = rng.choice(centuries)
+        t = rng.choice(templates)
+        noun = rng.choice(nouns)
+        clean.append(t.format(NOUN=noun, CC=century, YY=f"{tens}{ones}"))
+        corrupt.append(t.format(NOUN=noun, CC=century, YY="01"))
+        answer.append(str(tens + 1))
+        wrong.append(str(tens - 1))
+    return CircuitTask(clean, corrupt, answer, wrong, name="greater-than")
+
+
+#: Task name -> generator(n, rng).
+task_generators: dict[str, Callable[[int, random.Random], CircuitTask]] = {
+    "add": _add,
+    "sub": _sub,
+    "ioi": _ioi,
+    "greater-than": _greater_than,
+}
+
+TASK_NAMES = tuple(task_generators)
+
+
+def make_task(name: str, n: int, *, seed: int = 0) -> CircuitTask:
+    """``n`` clean/corrupted prompt pairs of the task ``name``, reproducible from ``seed``.
+
+    Parameters
+    ----------
+    name : {"add", "sub", "ioi", "greater-than"}
+    n : int
+        Number of pairs (at least 1).
+    seed : int, default=0
+
+    Examples
+    --------
+    >>> make_task("add", 1).clean[0][-10:]
+    '43 + 25 = '
+    """
+    check_choice("task", name, TASK_NAMES)
+    n = check_int("n", n, low=1)
+    seed = check_int("seed", seed)
+    return task_generators[name](n, random.Random(seed))

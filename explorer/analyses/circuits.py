@@ -1,0 +1,1066 @@
+"""Circuit discovery by edge attribution: EAP and EAP-IG scores, circuits, faithfulness.
+
+The graph has one node for the input embedding, one per attention head (``a{layer}.h{head}``),
+one per MLP (``m{layer}``) and one for the logits. Every node writes to the residual stream
+and every node but the input reads it, so there is an edge from each node to each later
+node that reads the stream. A head reads the stream through ONE combined input: its query,
+key and value are all computed from the same (per-head) copy of the residual stream, so a
+head is one downstream node, not three. With grouped-query attention each head gets its own
+copy of its group's key/value projection, so every query head can have its own input.
+
+Edge scores (Syed et al. 2023, EAP; Hanna et al. 2024, EAP-IG), for an edge u -> v::
+
+    score(u -> v) = sum over positions of (z_u(corrupt) - z_u(clean)) . dM/d(input of v)
+
+averaged over prompts, where M is the metric (logit difference or KL to the clean run) at
+the last position. EAP takes the gradient at the clean run; EAP-IG averages it over
+``steps`` runs whose input embeddings are interpolated between the corrupted and the clean
+prompt (k/steps, k = 1..steps). A score estimates the metric's change when that one edge is
+patched to its corrupted value.
+
+The forward, backward and edge-patched passes are computed here on the model's own weights
+(``model.hf``), because each head needs its own input, which the plain Hugging Face forward
+does not allow; the runs reproduce the Hugging Face logits (tested). Supported families:
+llama (Llama, SmolLM2, Qwen2, Mistral without sliding windows) and gpt2.
+
+References: Wang et al., "Towards Understanding Fine-Tuning Mechanisms of LLMs via Circuit
+Analysis", ICML 2025 (CircuitLoRA); Hanna, Pezzelle, Belinkov, "Have Faith in Faithfulness:
+Going Beyond Circuit Overlap When Finding Model Mechanisms", COLM 2024 (EAP-IG); Syed, Rager,
+Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023 (EAP).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from explorer._checks import ExplorerError, InputError, check_choice, check_int
+from explorer.analyses.circuit_tasks import TASK_NAMES, CircuitTask, make_task, task_generators
+from explorer.models import Batch, Model
+from explorer.trace import progress_steps, provenance
+
+__all__ = [
+    "CircuitTask",
+    "task_generators",
+    "make_task",
+    "TASK_NAMES",
+    "CircuitGraph",
+    "circuit_graph",
+    "SUPPORTED_FAMILIES",
+    "METHODS",
+    "METRICS",
+    "UnsupportedModelError",
+    "edge_scores",
+    "select_circuit",
+    "circuit_nodes",
+    "circuit_edges",
+    "patch_edges_metric",
+    "faithfulness_curve",
+    "task_accuracy",
+    "filter_task",
+    "register_cli",
+    "bench_eap",
+    "CITATION",
+]
+
+CITATION = ("Wang et al., Towards Understanding Fine-Tuning Mechanisms of LLMs via Circuit "
+            "Analysis, ICML 2025; Hanna et al., Have Faith in Faithfulness, COLM 2024 (EAP-IG)")
+SUPPORTED_FAMILIES = ("llama", "gpt2")
+METHODS = ("eap", "eap-ig")
+METRICS = ("logit_diff", "kl")
+
+Progress = Callable[[int, int], None] | bool | None
+
+
+class UnsupportedModelError(ExplorerError, ValueError):
+    """The model family has no circuit forward here."""
+
+
+# -- the graph ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CircuitGraph:
+    """Nodes and edges of a model's computational graph at head/MLP granularity.
+
+    ``nodes`` is ``("input", "a0.h0", ..., "a0.h{H-1}", "m0", "a1.h0", ..., "logits")``;
+    ``edges`` holds ``(src, dst)`` for every src that writes before dst reads (sequential
+    blocks: an MLP reads the heads of its own layer; heads read only earlier layers).
+    """
+
+    nodes: tuple[str, ...]
+    edges: tuple[tuple[str, str], ...]
+    n_layers: int
+    n_heads: int
+
+    def layer_of(self, node: str) -> int:
+        """Layer of a node: ``a{L}.h{H}`` and ``m{L}`` -> L, ``input`` -> 0, ``logits`` -> last.
+
+        This is the CircuitLoRA convention (Wang et al. 2025) for per-layer sums.
+        """
+        return _layer_of(node, self.n_layers)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Nodes that write to the residual stream (all but ``logits``), in forward order."""
+        return self.nodes[:-1]
+
+    @property
+    def destinations(self) -> tuple[str, ...]:
+        """Nodes that read the residual stream (all but ``input``), in forward order."""
+        return self.nodes[1:]
+
+
+def _layer_of(node: str, n_layers: int) -> int:
+    if node == "input":
+        return 0
+    if node == "logits":
+        return n_layers - 1
+    try:
+        if node.startswith("a") and ".h" in node:
+            return int(node[1:node.index(".h")])
+        if node.startswith("m"):
+            return int(node[1:])
+    except ValueError:
+        pass
+    raise InputError(f"unknown node {node!r}; nodes are 'input', 'a{{layer}}.h{{head}}', "
+                     "'m{layer}' and 'logits'.")
+
+
+def _graph(n_layers: int, n_heads: int) -> CircuitGraph:
+    nodes = ["input"]
+    for layer in range(n_layers):
+        nodes += [f"a{layer}.h{h}" for h in range(n_heads)] + [f"m{layer}"]
+    nodes.append("logits")
+    valid = _valid_mask(n_layers, n_heads)
+    src, dst = nodes[:-1], nodes[1:]
+    s_idx, t_idx = np.nonzero(valid)
+    edges = tuple((src[s], dst[t]) for s, t in zip(s_idx, t_idx))
+    return CircuitGraph(tuple(nodes), edges, n_layers, n_heads)
+
+
+def _valid_mask(n_layers: int, n_heads: int) -> np.ndarray:
+    """[src, dst] True where src writes before dst reads.
+
+    src index: 0 input, 1 + l*(H+1) + h head, 1 + l*(H+1) + H MLP. dst index: the same node's
+    src index minus 1; the logits are dst L*(H+1).
+    """
+    stride = n_heads + 1
+    n_src = 1 + n_layers * stride
+    n_dst = n_layers * stride + 1
+    valid = np.zeros((n_src, n_dst), dtype=bool)
+    for layer in range(n_layers):
+        base = layer * stride
+        valid[:1 + base, base:base + n_heads] = True        # heads read earlier layers
+        valid[:1 + base + n_heads, base + n_heads] = True   # MLP reads its own layer's heads
+    valid[:, n_dst - 1] = True                               # logits read everything
+    return valid
+
+
+def circuit_graph(model: Model) -> CircuitGraph:
+    """The head/MLP graph of ``model`` (see the module docstring for which edges exist)."""
+    _adapter(model)  # raises for unsupported families
+    return _graph(model.n_layers, model.spec.n_heads)
+
+
+# -- the per-node forward ---------------------------------------------------------------------
+
+def _adapter(model: Model) -> _Adapter:
+    family = model.spec.family
+    if model.remote:
+        raise UnsupportedModelError("circuit discovery needs a local model (gradients and per-edge "
+                                    "patching); load the model without remote.")
+    if family == "llama":
+        return _LlamaAdapter(model)
+    if family == "gpt2":
+        return _GPT2Adapter(model)
+    raise UnsupportedModelError(
+        f"circuit discovery supports the model families {', '.join(SUPPORTED_FAMILIES)}; "
+        f"{model.spec.name} is {family!r}.")
+
+
+class _Adapter:
+    """Embedding, per-head attention on per-head inputs, MLP and unembedding of one family."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.hf = model.hf
+        self.n_layers = model.n_layers
+        self.n_heads = model.spec.n_heads
+        self.d_head = model.spec.d_head
+        self.layers = [model.hf_layer(layer) for layer in range(model.n_layers)]
+        self._W_O = [model.W_O(layer) for layer in range(model.n_layers)]  # [head, d_head, d_model]
+        self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]
+
+    def attn_bias(self, layer: int) -> torch.Tensor | None:
+        return self._b_O[layer]
+
+    def head_out(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """[prompt, head, pos, d_head] -> each head's write [prompt, pos, head, d_model]."""
+        return torch.einsum("bhpe,hed->bphd", z, self._W_O[layer].to(z.dtype))
+
+    @staticmethod
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               scaling: float) -> torch.Tensor:
+        """Eager causal attention; q, k, v [prompt, head, pos, d_head], mask [prompt, 1, q, k]."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [prompt, head, q, k]
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(weights, v)                            # [prompt, head, pos, d_head]
+
+    def logits(self, resid: torch.Tensor) -> torch.Tensor:
+        return self.model.lens_logits(resid)
+
+
+class _LlamaAdapter(_Adapter):
+    def __init__(self, model: Model):
+        super().__init__(model)
+        cfg = model.hf.config
+        attn0 = self.layers[0].self_attn
+        if hasattr(attn0, "q_norm") or hasattr(attn0, "k_norm"):
+            raise UnsupportedModelError(
+                f"{model.spec.name} normalises queries and keys (Qwen3-style), which the circuit "
+                f"forward does not implement; supported families: {', '.join(SUPPORTED_FAMILIES)} "
+                "(Llama, SmolLM2, Qwen2, Mistral).")
+        self.sliding_window = getattr(cfg, "sliding_window", None) if getattr(
+            cfg, "use_sliding_window", True) else None
+        self.n_kv = model.spec.n_kv_heads
+        group = self.n_heads // self.n_kv
+        H, dh = self.n_heads, self.d_head
+        self.Wq, self.Wk, self.Wv, self.bq, self.bk, self.bv = [], [], [], [], [], []
+        for block in self.layers:
+            a = block.self_attn
+            rep = torch.arange(H) // group  # query head -> its key/value head
+            self.Wq.append(a.q_proj.weight.reshape(H, dh, -1))
+            self.Wk.append(a.k_proj.weight.reshape(self.n_kv, dh, -1)[rep])
+            self.Wv.append(a.v_proj.weight.reshape(self.n_kv, dh, -1)[rep])
+            self.bq.append(None if a.q_proj.bias is None else a.q_proj.bias.reshape(H, dh))
+            self.bk.append(None if a.k_proj.bias is None else a.k_proj.bias.reshape(self.n_kv, dh)[rep])
+            self.bv.append(None if a.v_proj.bias is None else a.v_proj.bias.reshape(self.n_kv, dh)[rep])
+        self.scaling = [float(b.self_attn.scaling) for b in self.layers]
+        from transformers.models.llama.modeling_llama import rotate_half
+        self._rotate_half = rotate_half
+
+    def embed(self, batch: Batch) -> torch.Tensor:
+        return self.hf.get_input_embeddings()(batch.input_ids)
+
+    def prepare(self, x0: torch.Tensor, batch: Batch) -> dict[str, Any]:
+        if self.sliding_window is not None and batch.width > self.sliding_window:
+            raise UnsupportedModelError(
+                f"prompts of {batch.width} tokens exceed the sliding window ({self.sliding_window}) "
+                "of this model, which the circuit forward does not implement.")
+        cos, sin = self.hf.model.rotary_emb(x0, batch.position_ids)  # [prompt, pos, d_head]
+        return {"cos": cos.unsqueeze(1), "sin": sin.unsqueeze(1)}
+
+    def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """Per-head inputs [prompt, pos, head, d_model] -> head writes [prompt, pos, head, d_model]."""
+        block = self.layers[layer]
+        normed = block.input_layernorm(x)                              # [prompt, pos, head, d_model]
+
+        def proj(W, b):
+            y = torch.einsum("bphd,hed->bhpe", normed, W)              # [prompt, head, pos, d_head]
+            return y if b is None else y + b[None, :, None, :]
+
+        q = proj(self.Wq[layer], self.bq[layer])
+        k = proj(self.Wk[layer], self.bk[layer])
+        v = proj(self.Wv[layer], self.bv[layer])
+        cos, sin = ctx["cos"], ctx["sin"]
+        q = q * cos + self._rotate_half(q) * sin
+        k = k * cos + self._rotate_half(k) * sin
+        z = self.attend(q, k, v, mask, self.scaling[layer])
+        return self.head_out(layer, z)
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        block = self.layers[layer]
+        return block.mlp(block.post_attention_layernorm(x))
+
+
+class _GPT2Adapter(_Adapter):
+    def __init__(self, model: Model):
+        super().__init__(model)
+        H, dh = self.n_heads, self.d_head
+        d = model.spec.d_model
+        self.W, self.b = [], []
+        for block in self.layers:
+            w = block.attn.c_attn.weight  # Conv1D [d_model, 3*d_model]
+            self.W.append(w.T.reshape(3, H, dh, d))
+            self.b.append(block.attn.c_attn.bias.reshape(3, H, dh))
+        self.scaling = 1.0 / math.sqrt(dh) if getattr(model.hf.config, "scale_attn_weights", True) else 1.0
+
+    def embed(self, batch: Batch) -> torch.Tensor:
+        t = self.hf.transformer
+        return t.wte(batch.input_ids) + t.wpe(batch.position_ids)
+
+    def prepare(self, x0: torch.Tensor, batch: Batch) -> dict[str, Any]:
+        return {}
+
+    def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
+        block = self.layers[layer]
+        normed = block.ln_1(x)                                          # [prompt, pos, head, d_model]
+        W, b = self.W[layer], self.b[layer]
+        q, k, v = (torch.einsum("bphd,hed->bhpe", normed, W[i]) + b[i][None, :, None, :]
+                   for i in range(3))
+        z = self.attend(q, k, v, mask, self.scaling)
+        return self.head_out(layer, z)
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        block = self.layers[layer]
+        return block.mlp(block.ln_2(x))
+
+
+def _attention_mask(batch: Batch) -> torch.Tensor:
+    """[prompt, 1, q, k]: causal, keys not padding (a padded query attends to itself)."""
+    w = batch.width
+    causal = torch.tril(torch.ones(w, w, dtype=torch.bool))
+    keys = batch.attention_mask.bool()[:, None, None, :]
+    eye = torch.eye(w, dtype=torch.bool)
+    return (causal & keys) | eye
+
+
+@dataclass
+class _Run:
+    outs: torch.Tensor            # [prompt, pos, src, d_model], each source node's write
+    inputs: list[torch.Tensor]    # per destination group: heads [p, pos, H, d], MLP/logits [p, pos, d]
+    resid_in: list[torch.Tensor]  # per destination group: residual stream it read, [p, pos, d]
+    logits: torch.Tensor          # [prompt, vocab] at the last position
+
+
+def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
+             patch: tuple[_Run, torch.Tensor] | None = None) -> _Run:
+    """One run over the node graph.
+
+    Without ``patch`` every node reads the running residual stream (the model's own forward).
+    With ``patch=(corrupt_run, keep)``, ``keep`` a float [src, dst] mask of circuit edges, each
+    destination reads the corrupted run's input plus, over its circuit edges, this run's
+    minus the corrupted run's source outputs: every non-circuit edge carries its corrupted value.
+    """
+    L, H = ad.n_layers, ad.n_heads
+    x0 = ad.embed(batch) if embeds is None else embeds   # [prompt, pos, d_model]
+    b, p, d = x0.shape
+    ctx = ad.prepare(x0, batch)
+    mask = _attention_mask(batch)
+    stride = H + 1
+    n_src = 1 + L * stride
+    outs: list[torch.Tensor] = [x0[:, :, None, :]]
+    inputs: list[torch.Tensor] = []
+    resid_in: list[torch.Tensor] = []
+    if patch is not None:
+        corrupt, keep = patch
+        diff = torch.zeros(b, p, n_src, d, dtype=x0.dtype)  # [prompt, pos, src, d_model]
+        diff[:, :, 0] = x0 - corrupt.outs[:, :, 0]
+    resid = x0
+    for layer in range(L):
+        base = layer * stride
+        g = 2 * layer  # destination group index: heads of layer, then its MLP
+        if patch is None:
+            x_heads = resid[:, :, None, :].expand(b, p, H, d)  # [prompt, pos, head, d_model]
+        else:
+            n = 1 + base
+            x_heads = corrupt.resid_in[g][:, :, None, :] + torch.einsum(
+                "bpsd,sh->bphd", diff[:, :, :n], keep[:n, base:base + H])
+        inputs.append(x_heads)
+        resid_in.append(resid)
+        head_out = ad.heads(layer, x_heads, mask, ctx)        # [prompt, pos, head, d_model]
+        outs.append(head_out)
+        if patch is None:
+            resid = resid + head_out.sum(2)
+            bias = ad.attn_bias(layer)
+            if bias is not None:
+                resid = resid + bias
+            x_mlp = resid.clone()  # its own tensor: its gradient is the MLP's alone
+        else:
+            diff[:, :, 1 + base:1 + base + H] = head_out - corrupt.outs[:, :, 1 + base:1 + base + H]
+            n = 1 + base + H
+            x_mlp = corrupt.resid_in[g + 1] + torch.einsum(
+                "bpsd,s->bpd", diff[:, :, :n], keep[:n, base + H])
+        inputs.append(x_mlp)
+        resid_in.append(resid)
+        mlp_out = ad.mlp(layer, x_mlp)                        # [prompt, pos, d_model]
+        outs.append(mlp_out[:, :, None, :])
+        if patch is None:
+            resid = resid + mlp_out
+        else:
+            diff[:, :, 1 + base + H] = mlp_out - corrupt.outs[:, :, 1 + base + H]
+    if patch is None:
+        x_logits = resid.clone()
+    else:
+        x_logits = corrupt.resid_in[-1] + torch.einsum("bpsd,s->bpd", diff, keep[:, -1])
+    inputs.append(x_logits)
+    resid_in.append(resid)
+    logits = ad.logits(x_logits[:, -1])                       # [prompt, vocab], left padding
+    return _Run(torch.cat(outs, dim=2), inputs, resid_in, logits)
+
+
+# -- tasks on a model ---------------------------------------------------------------------------
+
+def _check_task(task: Any) -> CircuitTask:
+    if not isinstance(task, CircuitTask):
+        raise TypeError(f"`task` must be a CircuitTask (see make_task); got {type(task).__name__}.")
+    return task
+
+
+def _target_ids(model: Model, prompts: Sequence[str], targets: Sequence[str]) -> list[int]:
+    """First token of each target as it continues its prompt."""
+    out = []
+    for prompt, target in zip(prompts, targets):
+        if not target:
+            raise InputError(f"empty target string for the prompt {prompt[-40:]!r}.")
+        p_ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        both = model.tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
+        if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
+            out.append(int(both[len(p_ids)]))
+        else:
+            out.append(int(model.tokenizer(target, add_special_tokens=False)["input_ids"][0]))
+    return out
+
+
+@dataclass
+class _Prepared:
+    clean: Batch
+    corrupt: Batch
+    answer: torch.Tensor  # [prompt] token ids
+    wrong: torch.Tensor
+
+
+def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
+    clean_p = [task.clean[i] for i in rows]
+    corrupt_p = [task.corrupt[i] for i in rows]
+    clean = model.tokenize(clean_p)
+    corrupt = model.tokenize(corrupt_p)
+    for i, (a, c) in enumerate(zip(clean.lengths, corrupt.lengths)):
+        if a != c:
+            raise InputError(
+                f"clean and corrupted prompt {rows[i]} tokenise to {a} and {c} tokens; each pair "
+                f"must have the same length ({clean_p[i][-40:]!r} vs {corrupt_p[i][-40:]!r}).")
+    answer = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
+    wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
+    return _Prepared(clean, corrupt, answer, wrong)
+
+
+def _metric_values(metric: str, logits: torch.Tensor, prep: _Prepared,
+                   clean_logits: torch.Tensor | None) -> torch.Tensor:
+    """Per-prompt metric at the last position: [prompt]."""
+    logits = logits.float()
+    if metric == "logit_diff":
+        rows = torch.arange(logits.shape[0])
+        return logits[rows, prep.answer] - logits[rows, prep.wrong]
+    logp = torch.log_softmax(logits, -1)
+    clean_logp = torch.log_softmax(clean_logits.float(), -1)
+    return (clean_logp.exp() * (clean_logp - logp)).sum(-1)   # KL(clean || run)
+
+
+def _batches(n: int, batch_size: int) -> list[list[int]]:
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+
+def _check_common(model: Model, task: Any, metric: str, batch_size: Any) -> tuple[_Adapter, CircuitTask, int]:
+    task = _check_task(task)
+    check_choice("metric", metric, METRICS)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    ad = _adapter(model)
+    return ad, task, batch_size
+
+
+def _frozen(model: Model):
+    """Weights do not require grad while the circuit runs (gradients are w.r.t. activations)."""
+    class _Ctx:
+        def __enter__(self):
+            self.flags = [(p, p.requires_grad) for p in model.hf.parameters()]
+            for prm, _ in self.flags:
+                prm.requires_grad_(False)
+
+        def __exit__(self, *exc):
+            for prm, flag in self.flags:
+                prm.requires_grad_(flag)
+    return _Ctx()
+
+
+# -- edge scores --------------------------------------------------------------------------------
+
+def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: int = 5,
+                metric: str = "logit_diff", batch_size: int = 16,
+                progress: Progress = None) -> xr.Dataset:
+    """Attribution score of every edge of the head/MLP graph (EAP or EAP-IG).
+
+    Parameters
+    ----------
+    model : Model
+        A local model of a supported family (llama, gpt2).
+    task : CircuitTask
+        Clean/corrupted prompt pairs (each pair the same token length) and targets.
+    method : {"eap", "eap-ig"}, default="eap"
+        EAP: gradient at the clean run (one corrupted forward, one clean forward + backward
+        per batch). EAP-IG: gradients averaged over ``steps`` runs on input embeddings
+        interpolated between corrupted and clean.
+    steps : int, default=5
+        Interpolation steps of EAP-IG (ignored by EAP).
+    metric : {"logit_diff", "kl"}, default="logit_diff"
+        Logit of the answer minus logit of the wrong target at the last position, or
+        KL(clean || run) of the next-token distribution. KL has zero gradient at the clean
+        run, so it needs ``method="eap-ig"``.
+    batch_size : int, default=16
+    progress : callable(done, total) or bool, optional
+
+    Returns
+    -------
+    xr.Dataset
+        ``score`` (edge): estimated change of the mean metric when the edge alone is patched
+        to its corrupted value. Coordinates ``src``, ``dst`` (node names), ``src_layer``,
+        ``dst_layer`` (`CircuitGraph.layer_of`). Attrs: provenance, ``task``, ``n_prompts``,
+        ``clean_metric`` and ``corrupt_metric`` (means over prompts), ``n_layers``, ``n_heads``.
+
+    References
+    ----------
+    Hanna, Pezzelle, Belinkov, COLM 2024 (EAP-IG); Wang et al., ICML 2025.
+    """
+    check_choice("method", method, METHODS)
+    steps = check_int("steps", steps, low=1, high=1000)
+    ad, task, batch_size = _check_common(model, task, metric, batch_size)
+    if method == "eap" and metric == "kl":
+        raise InputError("metric='kl' has zero gradient at the clean run, so every EAP score would "
+                         "be 0; use method='eap-ig' with metric='kl', or metric='logit_diff'.")
+    graph = _graph(ad.n_layers, ad.n_heads)
+    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads))
+    n = len(task)
+    batches = _batches(n, batch_size)
+    step = progress_steps(n, progress, unit="prompt", desc=f"{method} scores")
+    total = torch.zeros(valid.shape, dtype=torch.float64)
+    clean_sum = corrupt_sum = 0.0
+    with model.lock, _frozen(model):
+        for rows in batches:
+            prep = _prepare(model, task, rows)
+            with torch.no_grad():
+                corrupt = _forward(ad, prep.corrupt)
+            scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric)
+            total += scores.double()
+            clean_sum += m_clean
+            corrupt_sum += m_corrupt
+            step(len(rows))
+    score = (total / n)[valid].numpy()
+    src = [e[0] for e in graph.edges]
+    dst = [e[1] for e in graph.edges]
+    attrs = provenance(model, method=f"circuit_{method.replace('-', '_')}", task=task.name,
+                       scoring=method, steps=steps if method == "eap-ig" else None, metric=metric,
+                       batch_size=batch_size, n_prompts=n)
+    attrs.update(task=task.name, n_prompts=n, clean_metric=clean_sum / n,
+                 corrupt_metric=corrupt_sum / n, n_layers=ad.n_layers, n_heads=ad.n_heads,
+                 citation=CITATION)
+    return xr.Dataset(
+        {"score": ("edge", score.astype(np.float32))},
+        coords={"src": ("edge", src), "dst": ("edge", dst),
+                "src_layer": ("edge", [graph.layer_of(s) for s in src]),
+                "dst_layer": ("edge", [graph.layer_of(t) for t in dst])},
+        attrs=attrs)
+
+
+def _stack_inputs(inputs: list[torch.Tensor]) -> torch.Tensor:
+    """Destination inputs (or their gradients) in dst order: [prompt, pos, dst, d_model]."""
+    return torch.cat([x if x.dim() == 4 else x[:, :, None, :] for x in inputs], dim=2)
+
+
+def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, steps: int,
+                  metric: str) -> tuple[torch.Tensor, float, float]:
+    """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics."""
+    x_clean = ad.embed(prep.clean)
+    alphas = [1.0] if method == "eap" else [k / steps for k in range(steps, 0, -1)]
+    grad_sum = None
+    clean_run = None
+    clean_logits = None
+    with torch.enable_grad():
+        for alpha in alphas:
+            x = corrupt.outs[:, :, 0] + alpha * (x_clean - corrupt.outs[:, :, 0])
+            x = x.detach().requires_grad_(True)  # the only leaf: weights are frozen
+            run = _forward(ad, prep.clean, embeds=x)
+            if alpha == 1.0:
+                clean_run = run
+                clean_logits = run.logits.detach()
+            m = _metric_values(metric, run.logits, prep, clean_logits).sum()
+            grads = torch.autograd.grad(m, run.inputs)
+            g = _stack_inputs([gr.detach() for gr in grads])      # [prompt, pos, dst, d_model]
+            grad_sum = g if grad_sum is None else grad_sum + g
+            if alpha == 1.0:
+                clean_outs = run.outs.detach()
+            del run, grads, m
+    grad_mean = grad_sum / len(alphas)
+    valid_pos = prep.clean.attention_mask.to(grad_mean.dtype)[:, :, None, None]
+    delta = (corrupt.outs - clean_outs) * valid_pos             # [prompt, pos, src, d_model]
+    scores = torch.einsum("bpsd,bptd->st", delta, grad_mean)    # [src, dst]
+    with torch.no_grad():
+        m_clean = float(_metric_values(metric, clean_logits, prep, clean_logits).sum())
+        m_corrupt = float(_metric_values(metric, corrupt.logits, prep, clean_logits).sum())
+    del clean_run
+    return scores, m_clean, m_corrupt
+
+
+# -- circuits -----------------------------------------------------------------------------------
+
+def _check_scores(scores: Any) -> xr.Dataset:
+    if not isinstance(scores, xr.Dataset) or "score" not in scores or "edge" not in scores.dims:
+        raise TypeError("`scores` must be the Dataset returned by edge_scores (a `score` "
+                        f"variable over `edge`); got {type(scores).__name__}.")
+    for c in ("src", "dst"):
+        if c not in scores.coords:
+            raise TypeError(f"`scores` has no `{c}` coordinate; pass the Dataset from edge_scores.")
+    return scores
+
+
+def _on_path(src: Sequence[str], dst: Sequence[str], chosen: np.ndarray) -> np.ndarray:
+    """Chosen edges that lie on some path from 'input' to 'logits' through chosen edges."""
+    forward: dict[str, list[str]] = {}
+    backward: dict[str, list[str]] = {}
+    for s, t, c in zip(src, dst, chosen):
+        if c:
+            forward.setdefault(s, []).append(t)
+            backward.setdefault(t, []).append(s)
+
+    def reach(start: str, nbrs: dict[str, list[str]]) -> set[str]:
+        seen, stack = {start}, [start]
+        while stack:
+            for nxt in nbrs.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    from_input = reach("input", forward)
+    to_logits = reach("logits", backward)
+    return np.array([bool(c) and s in from_input and t in to_logits
+                     for s, t, c in zip(src, dst, chosen)], dtype=bool)
+
+
+def select_circuit(scores: xr.Dataset, *, top_n: int | None = None,
+                   threshold: float | None = None) -> xr.DataArray:
+    """Edges of the circuit: the top ``top_n`` by |score| or those with |score| >= ``threshold``,
+    then pruned to the edges on some input -> logits path through the chosen edges.
+
+    Returns
+    -------
+    xr.DataArray
+        ``in_circuit`` (edge) bool, with the coordinates of ``scores``. Pruning can leave fewer
+        than ``top_n`` edges; ``attrs["n_chosen"]`` is the count before pruning.
+    """
+    scores = _check_scores(scores)
+    if (top_n is None) == (threshold is None):
+        raise InputError("pass exactly one of `top_n` (number of edges) or `threshold` "
+                         f"(minimum |score|); got top_n={top_n!r}, threshold={threshold!r}.")
+    mag = np.abs(np.asarray(scores["score"].values, dtype=np.float64))
+    n_edges = mag.shape[0]
+    if top_n is not None:
+        top_n = check_int("top_n", top_n, low=0, high=n_edges)
+        chosen = np.zeros(n_edges, dtype=bool)
+        order = np.argsort(-mag, kind="stable")
+        chosen[order[:top_n]] = True
+    else:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)):
+            raise TypeError(f"`threshold` must be a number; got {type(threshold).__name__}.")
+        if not threshold >= 0:
+            raise InputError(f"`threshold` must be a number >= 0; got {threshold}.")
+        chosen = mag >= threshold
+    kept = _on_path(scores["src"].values.tolist(), scores["dst"].values.tolist(), chosen)
+    da = xr.DataArray(kept, dims=("edge",), coords=scores["score"].coords, name="in_circuit")
+    da.attrs.update(n_chosen=int(chosen.sum()), top_n=top_n, threshold=threshold)
+    return da
+
+
+def _check_mask(scores: xr.Dataset, in_circuit: Any) -> np.ndarray:
+    mask = np.asarray(in_circuit.values if isinstance(in_circuit, xr.DataArray) else in_circuit)
+    if mask.dtype != bool or mask.shape != (scores.sizes["edge"],):
+        raise InputError(f"`in_circuit` must be a bool array over the {scores.sizes['edge']} edges "
+                         f"of `scores`; got dtype {mask.dtype} and shape {mask.shape}.")
+    return mask
+
+
+def circuit_edges(scores: xr.Dataset, in_circuit: Any) -> set[tuple[str, str]]:
+    """The circuit's edges as (src, dst) node-name pairs."""
+    scores = _check_scores(scores)
+    mask = _check_mask(scores, in_circuit)
+    return {(str(s), str(t)) for s, t, m in zip(scores["src"].values, scores["dst"].values, mask) if m}
+
+
+def circuit_nodes(scores: xr.Dataset, in_circuit: Any) -> set[str]:
+    """Nodes touched by at least one circuit edge."""
+    return {n for edge in circuit_edges(scores, in_circuit) for n in edge}
+
+
+# -- faithfulness ---------------------------------------------------------------------------------
+
+def _keep_matrix(model: Model, ad: _Adapter, scores: xr.Dataset, mask: np.ndarray) -> torch.Tensor:
+    """Circuit mask as [src, dst] float over the model's graph."""
+    graph = _graph(ad.n_layers, ad.n_heads)
+    src_index = {n: i for i, n in enumerate(graph.sources)}
+    dst_index = {n: i for i, n in enumerate(graph.destinations)}
+    keep = torch.zeros(len(graph.sources), len(graph.destinations))
+    try:
+        for s, t, m in zip(scores["src"].values, scores["dst"].values, mask):
+            if m:
+                keep[src_index[str(s)], dst_index[str(t)]] = 1.0
+    except KeyError as err:
+        raise InputError(f"`scores` names node {err.args[0]!r}, which {model.spec.name} does not "
+                         "have; were the scores computed on another model?") from None
+    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads))
+    if bool((keep.bool() & ~valid).any()):
+        raise InputError("`scores` holds an edge that does not exist in this model's graph.")
+    return keep
+
+
+def _patched_eval(model: Model, task: CircuitTask, keeps: list[torch.Tensor], metric: str,
+                  batch_size: int, progress: Progress) -> dict[str, Any]:
+    """Metric and accuracy of each circuit (keep matrix) plus clean and corrupted runs."""
+    ad = _adapter(model)
+    n = len(task)
+    sums = np.zeros(len(keeps))
+    hits = np.zeros(len(keeps))
+    clean_m = corrupt_m = clean_hits = corrupt_hits = 0.0
+    step = progress_steps(n * len(keeps), progress, unit="run", desc="edge patching")
+    with model.lock, torch.no_grad():
+        for rows in _batches(n, batch_size):
+            prep = _prepare(model, task, rows)
+            clean = _forward(ad, prep.clean)
+            corrupt = _forward(ad, prep.corrupt)
+            clean_m += float(_metric_values(metric, clean.logits, prep, clean.logits).sum())
+            corrupt_m += float(_metric_values(metric, corrupt.logits, prep, clean.logits).sum())
+            clean_hits += float((clean.logits.argmax(-1) == prep.answer).sum())
+            corrupt_hits += float((corrupt.logits.argmax(-1) == prep.answer).sum())
+            for i, keep in enumerate(keeps):
+                run = _forward(ad, prep.clean, patch=(corrupt, keep))
+                sums[i] += float(_metric_values(metric, run.logits, prep, clean.logits).sum())
+                hits[i] += float((run.logits.argmax(-1) == prep.answer).sum())
+                step(len(rows))
+    return {"metric": sums / n, "accuracy": hits / n, "clean_metric": clean_m / n,
+            "corrupt_metric": corrupt_m / n, "clean_accuracy": clean_hits / n,
+            "corrupt_accuracy": corrupt_hits / n}
+
+
+def _recovered(m: Any, clean: float, corrupt: float) -> Any:
+    span = clean - corrupt
+    return (np.asarray(m) - corrupt) / span if span != 0 else np.full_like(np.asarray(m), np.nan)
+
+
+def patch_edges_metric(model: Model, task: CircuitTask, scores: xr.Dataset, in_circuit: Any, *,
+                       metric: str = "logit_diff", batch_size: int = 16,
+                       progress: Progress = None) -> dict[str, Any]:
+    """Metric of the circuit-only model: every edge outside the circuit carries its corrupted value.
+
+    Each destination node reads the corrupted run's input plus, for each of its circuit
+    edges, the source's output in this run minus its output in the corrupted run. All edges
+    in the circuit give the clean run; none gives the corrupted run.
+
+    Returns
+    -------
+    dict
+        ``metric`` (mean over prompts), ``recovered`` ((metric - corrupt) / (clean - corrupt)),
+        ``accuracy`` (argmax at the last position equals the answer's first token),
+        ``clean_metric``, ``corrupt_metric``, ``clean_accuracy``, ``corrupt_accuracy``,
+        ``n_edges`` (circuit size).
+    """
+    ad, task, batch_size = _check_common(model, task, metric, batch_size)
+    scores = _check_scores(scores)
+    mask = _check_mask(scores, in_circuit)
+    keep = _keep_matrix(model, ad, scores, mask)
+    res = _patched_eval(model, task, [keep], metric, batch_size, progress)
+    out = {"metric": float(res["metric"][0]), "accuracy": float(res["accuracy"][0]),
+           "n_edges": int(mask.sum())}
+    out["recovered"] = float(_recovered(out["metric"], res["clean_metric"], res["corrupt_metric"]))
+    out.update({k: float(res[k]) for k in ("clean_metric", "corrupt_metric", "clean_accuracy",
+                                           "corrupt_accuracy")})
+    return out
+
+
+def faithfulness_curve(model: Model, task: CircuitTask, scores: xr.Dataset, *,
+                       sizes: Sequence[int], metric: str = "logit_diff", batch_size: int = 16,
+                       progress: Progress = None) -> xr.Dataset:
+    """Metric recovered by the top-n circuits, by really patching every non-circuit edge.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Numbers of top edges (by |score|) to keep before pruning.
+
+    Returns
+    -------
+    xr.Dataset
+        Over ``n_edges`` (the requested sizes): ``metric`` (circuit-only model, mean over
+        prompts), ``recovered`` (normalised so clean = 1, corrupted = 0), ``accuracy``
+        (exact match of the first answer token), ``n_kept`` (edges left after pruning).
+        Attrs: ``clean_metric``, ``corrupt_metric``, ``clean_accuracy``, ``corrupt_accuracy``,
+        ``n_edges_total`` and provenance.
+    """
+    ad, task, batch_size = _check_common(model, task, metric, batch_size)
+    scores = _check_scores(scores)
+    if isinstance(sizes, (int, np.integer)) or not isinstance(sizes, Sequence | np.ndarray):
+        raise TypeError(f"`sizes` must be a list of ints; got {type(sizes).__name__}.")
+    n_total = scores.sizes["edge"]
+    sizes = [check_int("sizes[i]", int(s) if isinstance(s, np.integer) else s, low=0, high=n_total)
+             for s in sizes]
+    if not sizes:
+        raise InputError("`sizes` must hold at least one circuit size; got an empty list.")
+    masks = [select_circuit(scores, top_n=s).values for s in sizes]
+    keeps = [_keep_matrix(model, ad, scores, m) for m in masks]
+    res = _patched_eval(model, task, keeps, metric, batch_size, progress)
+    attrs = provenance(model, method="circuit_faithfulness", task=task.name, metric=metric,
+                       sizes=sizes, n_prompts=len(task),
+                       scores_params=scores.attrs.get("params", {}))
+    attrs.update({k: float(res[k]) for k in ("clean_metric", "corrupt_metric", "clean_accuracy",
+                                             "corrupt_accuracy")},
+                 n_edges_total=int(n_total), task=task.name, citation=CITATION)
+    return xr.Dataset(
+        {"metric": ("n_edges", res["metric"]),
+         "recovered": ("n_edges", _recovered(res["metric"], res["clean_metric"], res["corrupt_metric"])),
+         "accuracy": ("n_edges", res["accuracy"]),
+         "n_kept": ("n_edges", np.array([int(m.sum()) for m in masks]))},
+        coords={"n_edges": np.array(sizes)}, attrs=attrs)
+
+
+# -- which problems the model solves ------------------------------------------------------------
+
+def task_accuracy(model: Model, task: CircuitTask, *, batch_size: int = 16) -> xr.Dataset:
+    """Per pair: the model's top token on the clean prompt, and whether it is the answer's.
+
+    Returns
+    -------
+    xr.Dataset
+        Over ``prompt``: ``correct`` (argmax == first answer token), ``distinct`` (answer and
+        wrong targets start with different tokens), ``same_length`` (clean and corrupted
+        prompts tokenise to the same length), ``logit_diff`` (clean run), ``top_token``.
+    """
+    task = _check_task(task)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    from explorer.trace import run_batch
+
+    correct, distinct, same, diff, top = [], [], [], [], []
+    for rows in _batches(len(task), batch_size):
+        clean_p = [task.clean[i] for i in rows]
+        batch = model.tokenize(clean_p)
+        lens_c = model.tokenize([task.corrupt[i] for i in rows]).lengths
+        ans = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
+        wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
+        logits = run_batch(model, batch)["logits"][:, -1].float()  # [prompt, vocab]
+        am = logits.argmax(-1)
+        r = torch.arange(len(rows))
+        correct += (am == ans).tolist()
+        distinct += (ans != wrong).tolist()
+        same += [a == c for a, c in zip(batch.lengths, lens_c)]
+        diff += (logits[r, ans] - logits[r, wrong]).tolist()
+        top += model.token_strings(am.tolist())
+    return xr.Dataset(
+        {"correct": ("prompt", np.array(correct, dtype=bool)),
+         "distinct": ("prompt", np.array(distinct, dtype=bool)),
+         "same_length": ("prompt", np.array(same, dtype=bool)),
+         "logit_diff": ("prompt", np.array(diff, dtype=np.float32)),
+         "top_token": ("prompt", np.array(top, dtype=object))},
+        coords={"prompt": np.arange(len(task))},
+        attrs=provenance(model, method="circuit_task_accuracy", task=task.name, n_prompts=len(task)))
+
+
+def filter_task(model: Model, task: CircuitTask, *, correct_only: bool = True,
+                batch_size: int = 16) -> CircuitTask:
+    """The pairs usable for ``model``: same token length, distinct first target tokens and
+    (with ``correct_only``) the clean prompt answered right. Raises if none is left."""
+    acc = task_accuracy(model, task, batch_size=batch_size)
+    ok = acc["distinct"].values & acc["same_length"].values
+    if correct_only:
+        ok &= acc["correct"].values
+    if not ok.any():
+        raise InputError(f"{model.spec.name} answers none of the {len(task)} {task.name!r} pairs "
+                         "usably (right answer, equal lengths, distinct targets).")
+    return task.subset(np.nonzero(ok)[0])
+
+
+# -- benchmark ----------------------------------------------------------------------------------
+
+class _PeakRSS:
+    """Peak resident memory above the level at entry, sampled every 2 ms in a thread (MB)."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self._proc = psutil.Process()
+        self.base = self._proc.memory_info().rss
+        self.peak = self.base
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.is_set():
+                self.peak = max(self.peak, self._proc.memory_info().rss)
+                self._stop.wait(0.002)
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    @property
+    def mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: int = 5,
+              repeats: int = 3) -> dict[str, Any]:
+    """EAP and EAP-IG over all edges versus one plain forward of the same batch, in one run.
+
+    One batch of ``n_prompts`` clean/corrupted pairs. ``eap_vs_forward_ratio``: EAP scores
+    of every edge (corrupted forward, clean forward + backward, score contraction) over one
+    plain Hugging Face forward of the clean prompts; ``eap_ig_vs_forward_ratio`` the same for
+    EAP-IG(``steps``); ``patch_one_edge_vs_forward_ratio``: scoring one edge by activation
+    patching (one edge-patched forward, corrupted run cached). Peak memory is the resident
+    set above its level before each stage. Shaped for `explorer.bench` (``explorer bench eap``).
+    """
+    import statistics
+
+    from explorer.bench import interleaved_times
+    from explorer.models import load_model
+
+    check_choice("task", task, TASK_NAMES)
+    n_prompts = check_int("n_prompts", n_prompts, low=1)
+    steps = check_int("steps", steps, low=1, high=100)
+    repeats = check_int("repeats", repeats, low=1)
+    if model is None or isinstance(model, str):
+        model = load_model(model or "smollm2-135m")
+    ad = _adapter(model)
+    t = make_task(task, n_prompts)
+    prep = _prepare(model, t, list(range(n_prompts)))
+    with torch.no_grad():
+        corrupt = _forward(ad, prep.corrupt)
+    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)).float()
+    keep_one = valid.clone()
+    keep_one[0, -1] = 0.0  # the input -> logits edge patched, all others clean
+
+    def forward():
+        with torch.no_grad():
+            model.hf(**prep.clean.model_inputs())
+
+    def eap():
+        edge_scores(model, t, method="eap", batch_size=n_prompts)
+
+    def eap_ig():
+        edge_scores(model, t, method="eap-ig", steps=steps, batch_size=n_prompts)
+
+    def patch_one():
+        with torch.no_grad():
+            _forward(ad, prep.clean, patch=(corrupt, keep_one))
+
+    fns = {"forward": forward, "eap": eap, "eap_ig": eap_ig, "patch_one": patch_one}
+    wall, cpu = interleaved_times(fns, repeats=repeats, warmup=1)
+    peaks = {}
+    for name, fn in fns.items():
+        with _PeakRSS() as peak:
+            fn()
+        peaks[name] = peak.mb
+
+    def ratio(name):
+        return statistics.median(a / b for a, b in zip(cpu[name], cpu["forward"]))
+
+    n_edges = int(valid.sum())
+    return {
+        "params": {"model": model.spec.name, "task": task, "n_prompts": n_prompts,
+                   "n_pos": prep.clean.width, "steps": steps, "repeats": repeats,
+                   "n_edges": n_edges, "threads": torch.get_num_threads()},
+        "figures": {
+            "forward_ms": statistics.median(cpu["forward"]) * 1e3,
+            "eap_ms": statistics.median(cpu["eap"]) * 1e3,
+            "eap_ig_ms": statistics.median(cpu["eap_ig"]) * 1e3,
+            "patch_one_edge_ms": statistics.median(cpu["patch_one"]) * 1e3,
+            "eap_vs_forward_ratio": ratio("eap"),
+            "eap_ig_vs_forward_ratio": ratio("eap_ig"),
+            "patch_one_edge_vs_forward_ratio": ratio("patch_one"),
+            "patch_all_edges_vs_eap_ratio": n_edges * statistics.median(cpu["patch_one"])
+            / statistics.median(cpu["eap"]),
+            "forward_peak_mb": peaks["forward"],
+            "eap_peak_mb": peaks["eap"],
+            "eap_ig_peak_mb": peaks["eap_ig"],
+            "patch_one_edge_peak_mb": peaks["patch_one"],
+        },
+        "notes": {"ratios": "median over interleaved rounds of process CPU time / plain forward CPU "
+                            "time on the same batch (target: EAP <= 4, EAP-IG(5) <= 15)",
+                  "patch_all_edges_vs_eap_ratio": "n_edges patched forwards (corrupted run cached) "
+                                                  "over one EAP run",
+                  "peak": "resident set growth during one call, sampled every 2 ms"},
+    }
+
+
+# -- command line -------------------------------------------------------------------------------
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer circuits``: edge scores, circuit and faithfulness for a task."""
+    from explorer.cli import add_model_option
+
+    p = subparsers.add_parser(
+        "circuits", help="circuit discovery by EAP / EAP-IG edge scores, with faithfulness",
+        description="Score every edge (input, heads, MLPs, logits) of the model on a task by "
+                    "EAP or EAP-IG (Hanna et al. 2024; Wang et al. 2025), keep the top edges, and "
+                    "measure the circuit-only model by patching every other edge to its "
+                    "corrupted value.")
+    add_model_option(p)
+    p.add_argument("--task", default="add", choices=TASK_NAMES)
+    p.add_argument("--n", type=int, default=32, help="prompt pairs generated (default 32)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--all-prompts", action="store_true",
+                   help="keep prompts the model answers wrongly (default: only right ones)")
+    p.add_argument("--method", default="eap-ig", choices=METHODS)
+    p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
+    p.add_argument("--metric", default="logit_diff", choices=METRICS)
+    p.add_argument("--top-n", type=int, default=None,
+                   help="circuit size in edges before pruning (default 5%% of the edges)")
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated circuit sizes for the faithfulness curve")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--show", type=int, default=20, help="top edges listed (default 20)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_circuits)
+
+
+def _cmd_circuits(args: Any) -> int:
+    from explorer.cli import parse_int_list, print_json
+    from explorer.models import load_model
+
+    model = load_model(args.model)
+    task = make_task(args.task, args.n, seed=args.seed)
+    n_generated = len(task)
+    if not args.all_prompts:
+        task = filter_task(model, task, batch_size=args.batch_size)
+    scores = edge_scores(model, task, method=args.method, steps=args.steps, metric=args.metric,
+                         batch_size=args.batch_size, progress=not args.json)
+    n_total = scores.sizes["edge"]
+    top_n = max(1, round(0.05 * n_total)) if args.top_n is None else args.top_n
+    in_circuit = select_circuit(scores, top_n=top_n)
+    sizes = (parse_int_list("--sizes", args.sizes) if args.sizes else
+             sorted({0, *(int(round(f * n_total)) for f in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)), n_total}))
+    if top_n not in sizes:
+        sizes = sorted({*sizes, top_n})
+    curve = faithfulness_curve(model, task, scores, sizes=sizes, metric=args.metric,
+                               batch_size=args.batch_size, progress=not args.json)
+    order = np.argsort(-np.abs(scores["score"].values))[:check_int("show", args.show, low=0)]
+    summary = {
+        "model": model.spec.name, "task": args.task, "n_generated": n_generated,
+        "n_prompts": len(task), "method": args.method, "steps": args.steps, "metric": args.metric,
+        "n_edges_total": int(n_total),
+        "clean_metric": curve.attrs["clean_metric"], "corrupt_metric": curve.attrs["corrupt_metric"],
+        "clean_accuracy": curve.attrs["clean_accuracy"],
+        "corrupt_accuracy": curve.attrs["corrupt_accuracy"],
+        "circuit": {"top_n": top_n, "n_edges": int(in_circuit.sum()),
+                    "nodes": sorted(circuit_nodes(scores, in_circuit), key=lambda n: (
+                        _layer_of(n, model.n_layers), n)),
+                    "recovered": float(curve["recovered"].sel(n_edges=top_n)),
+                    "accuracy": float(curve["accuracy"].sel(n_edges=top_n))},
+        "top_edges": [{"src": str(scores["src"].values[i]), "dst": str(scores["dst"].values[i]),
+                       "score": float(scores["score"].values[i])} for i in order],
+        "faithfulness": [{"n_edges": int(s), "n_kept": int(curve["n_kept"].sel(n_edges=s)),
+                          "metric": float(curve["metric"].sel(n_edges=s)),
+                          "recovered": float(curve["recovered"].sel(n_edges=s)),
+                          "accuracy": float(curve["accuracy"].sel(n_edges=s))} for s in sizes],
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0
