@@ -59,7 +59,6 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
     "explorer.analyses.circuits",
-    "explorer.analyses.circuits",
     "explorer.studies",
 )
 
