@@ -59,6 +59,7 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
     "explorer.analyses.circuits",
+    "explorer.analyses.shattering",
     "explorer.studies",
 )
 
