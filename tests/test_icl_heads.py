@@ -123,6 +123,75 @@ def test_induction_score_finds_a_planted_induction_pattern():
         ih.induction_score_from_patterns(pats, ids, "sq")
 
 
+def _planted_induction_model(tokenizer):
+    """A 2-layer GPT-2 with hand-set weights: L0H0 a previous-token head, L1H0 an induction head.
+
+    The residual (d_model 256) is split into orthonormal subspaces orthogonal to the all-ones
+    vector (so LayerNorm is a constant rescaling): P (64 dims) holds one-hot position
+    embeddings, T (95 dims) random unit token embeddings, and C (95 dims) is where L0H0
+    writes a copy of the previous token. L0H0: query P, key P shifted by one position, value
+    T, output into C. L1H0: query T, key C, so position i attends to j with
+    token[j-1] == token[i]. Every MLP and every other head writes nothing.
+    """
+    import copy
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from explorer.models import wrap_model
+
+    d, n_pos, d_head = 256, 64, 128
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_pos, n_embd=d, n_layer=2,
+                        n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(config)
+    gen = torch.Generator().manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1), torch.randn(d, d - 1, generator=gen)], 1))
+    P, T, C = basis[:, 1:65], basis[:, 65:160], basis[:, 160:255]     # [d, dims]
+    tok = torch.randn(config.vocab_size, 95, generator=gen)
+    tok = tok / tok.norm(dim=1, keepdim=True)
+    shift = torch.zeros(n_pos, n_pos)
+    shift[torch.arange(1, n_pos), torch.arange(n_pos - 1)] = 1.0       # e_j -> e_{j+1}
+    c0, c1 = (d / 2) ** 0.5, (d / 3) ** 0.5      # LayerNorm gain: |x| is sqrt(2), then sqrt(3)
+    with torch.no_grad():
+        hf.transformer.wte.weight.copy_(tok @ T.T)
+        hf.transformer.wpe.weight.copy_(P.T)
+        for block in hf.transformer.h:
+            for ln in (block.ln_1, block.ln_2):
+                ln.weight.fill_(1.0)
+                ln.bias.zero_()
+            block.attn.c_attn.weight.zero_()     # [d, 3d]: q | k | v, heads of d_head
+            block.attn.c_attn.bias.zero_()
+            block.attn.c_proj.weight.zero_()
+            block.attn.c_proj.bias.zero_()
+            block.mlp.c_proj.weight.zero_()
+            block.mlp.c_proj.bias.zero_()
+        w0 = hf.transformer.h[0].attn.c_attn.weight
+        w0[:, 0:64] = 3.0 * P                    # q_i = c0 * 3 e_i
+        w0[:, d:d + 64] = P @ shift.T            # k_j = c0 * e_{j+1}
+        w0[:, 2 * d:2 * d + 95] = T              # v_j = c0 * token coordinates
+        hf.transformer.h[0].attn.c_proj.weight[0:95] = C.T / c0    # write the copy into C
+        w1 = hf.transformer.h[1].attn.c_attn.weight
+        w1[:, 0:95] = 4.0 * T                    # q_i = token_i
+        w1[:, d:d + 95] = C                      # k_j = token_{j-1} (the copy)
+    del c1
+    return wrap_model(hf, copy.deepcopy(tokenizer), name="planted-induction", weights="hand-set")
+
+
+def test_induction_score_ranks_a_hand_built_induction_head_first(tiny_gpt2):
+    m = _planted_induction_model(tiny_gpt2.tokenizer)
+    ds = ih.induction_scores(m, n_sequences=4, half_len=20, seed=3)
+    score = ds.induction_score.values
+    order = np.argsort(-score, axis=None)
+    assert np.unravel_index(order[0], score.shape) == (1, 0)
+    # the planted head puts its mass on the target in the repeated half: about 20/41
+    assert score[1, 0] > 0.4
+    assert score[1, 0] - score.ravel()[order[1]] > 0.3
+    # and L0H0 is the previous-token head it relies on (read through head_attention)
+    rep = ih.head_attention(m, 0, 0, half_len=10)["repeat"].attention.values
+    assert (rep[1:].argmax(-1) == np.arange(rep.shape[0] - 1)).all()
+
+
 def test_induction_scores_match_eager_attention_from_plain_hf(tiny_model):
     m = tiny_model
     ds = ih.induction_scores(m, n_sequences=3, half_len=6, seed=1)
