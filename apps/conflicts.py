@@ -3,9 +3,13 @@
 Li, Chen & Tong, "Taming Knowledge Conflicts in Language Models" (JuICE, ICML 2025).
 For one fact and prompt type the page shows each head's direct contribution to the memory
 minus context answer logit (layer x head heatmap) and the heads' memory vs context scores
-(scatter); heads picked in the two lists are intervened on with the sliders' alpha_l
-(enhance) and alpha_s (suppress), by the dual run or the single-run baseline, and the bars
-show P(memory answer) and P(context answer) before and after.
+(scatter). Clicking a head in either plot adds it to the enhance (S+) or suppress (S-) set
+(the "clicks add to" toggle) or removes it; the sliders set alpha_l (enhance) and alpha_s
+(suppress) of the dual run (or the single-run baseline) and the bars show P(memory
+answer) and P(context answer) before and after. Run 1 of the dual run is computed once
+per example, so a slider move costs one run 2 resumed at the first chosen layer. A button
+scores the whole split (the facts the model knows closed book) for baseline, single run
+and JuICE, with a progress bar and a results table.
 """
 from __future__ import annotations
 
@@ -13,42 +17,95 @@ from typing import Any
 
 import holoviews as hv
 import numpy as np
+import pandas as pd
 import panel as pn
 import param
 import xarray as xr
 
 from apps import theme
+from apps._session import CancelToken, Runner, user_message
+from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
-           "answer_bars_data"]
+           "answer_bars_data", "accuracy_table", "head_name", "parse_head"]
 
 hv.extension("bokeh", logo=False)
+
+_TOOLS = ["save", "box_zoom", "reset"]
+_SET_COLORS = {"S+": theme.CATEGORICAL[2], "S-": theme.CATEGORICAL[3]}
 
 
 def _label(f: C.Fact) -> str:
     return f"{f.relation}: {f.subject} (memory {f.memory}, context {f.context})"
 
 
-def plot_head_heatmap(scores: xr.Dataset) -> hv.HeatMap:
-    """Layer x head direct contribution to memory minus context logit (mean over prompts)."""
+def head_name(layer: int, head: int) -> str:
+    return f"L{int(layer)}.H{int(head)}"
+
+
+def parse_head(name: str) -> tuple[int, int]:
+    layer, head = name[1:].split(".H")
+    return int(layer), int(head)
+
+
+def _waiting(text: str, height: int = 300) -> hv.Element:
+    return hv.Text(0, 0, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+                                    responsive=True)
+
+
+def _chosen(plus: list[str], minus: list[str]) -> dict[str, str]:
+    return {**{n: "S+" for n in plus}, **{n: "S-" for n in minus}}
+
+
+def plot_head_heatmap(scores: xr.Dataset | None, plus: list[str] = (),
+                      minus: list[str] = ()) -> hv.Element:
+    """Layer x head direct contribution to memory minus context logit (mean over prompts);
+    chosen heads marked (S+ / S-)."""
+    if scores is None:
+        return _waiting("Computing head scores…", 360)
     d = scores.direct_diff.mean(("kind", "fact"))
     lim = float(abs(d).max()) or 1.0
     rows = [(int(h), int(layer), float(d.sel(layer=layer, head=h)))
             for layer in d.layer.values for h in d["head"].values]
-    return hv.HeatMap(rows, kdims=["head", "layer"], vdims=["direct_diff"]).opts(
-        cmap="RdBu_r", clim=(-lim, lim), colorbar=True, tools=["hover", "tap"],
-        title="Direct effect on logit(memory) − logit(context)", responsive=True, height=360)
+    heat = hv.HeatMap(rows, kdims=["head", "layer"], vdims=["direct_diff"]).opts(
+        cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True, tools=["hover", "tap"],
+        default_tools=_TOOLS, active_tools=["tap"], clabel="logit(memory) − logit(context)",
+        title="Direct effect on memory − context logit (click: pick)",
+        responsive=True, height=360)
+    chosen = _chosen(list(plus), list(minus))
+    marks = hv.Points([(*parse_head(n)[::-1], s) for n, s in chosen.items()],
+                      kdims=["head", "layer"], vdims=["set"])
+    return heat * marks.opts(color="set", cmap=_SET_COLORS, marker="square", size=14,
+                             fill_alpha=0, line_width=3, show_legend=False)
 
 
-def plot_head_scatter(scores: xr.Dataset) -> hv.Points:
-    """Each head's context score against its memory score."""
+def _scatter_rows(scores: xr.Dataset) -> list[tuple[float, float, str, int]]:
     ms, cs = scores.memory_score, scores.context_score
-    rows = [(float(cs.sel(layer=layer, head=h)), float(ms.sel(layer=layer, head=h)),
-             f"L{int(layer)}.H{int(h)}") for layer in ms.layer.values for h in ms["head"].values]
-    return hv.Points(rows, kdims=["context_score", "memory_score"], vdims=["head_name"]).opts(
-        tools=["hover"], size=7, color=theme.ACCENT, responsive=True, height=360,
-        title="Heads: context score vs memory score (logit units)")
+    return [(float(cs.sel(layer=layer, head=h)), float(ms.sel(layer=layer, head=h)),
+             head_name(layer, h), int(layer)) for layer in ms.layer.values for h in ms["head"].values]
+
+
+def plot_head_scatter(scores: xr.Dataset | None, plus: list[str] = (),
+                      minus: list[str] = ()) -> hv.Element:
+    """Each head's context score against its memory score, coloured by layer; chosen heads
+    ringed (S+ / S-). Heads far from both axes push memory on some prompts and context on
+    others (superposition)."""
+    if scores is None:
+        return _waiting("Computing head scores…", 360)
+    rows = _scatter_rows(scores)
+    pts = hv.Points(rows, kdims=["context_score", "memory_score"], vdims=["head_name", "layer"])
+    chosen = _chosen(list(plus), list(minus))
+    ring = hv.Points([(*r[:2], r[2], chosen[r[2]]) for r in rows if r[2] in chosen],
+                     kdims=["context_score", "memory_score"], vdims=["head_name", "set"])
+    return (pts.opts(color="layer", cmap=theme.MAGNITUDE_CMAP, colorbar=True, clabel="layer",
+                     size=8, tools=["hover", "tap"], default_tools=_TOOLS, active_tools=["tap"],
+                     nonselection_alpha=0.8)
+            * ring.opts(color="set", cmap=_SET_COLORS, size=18, fill_alpha=0, line_width=3,
+                        tools=["hover"], show_legend=False)).opts(
+        responsive=True, height=360, xlabel="context score (logit units)",
+        ylabel="memory score (logit units)",
+        title="Heads: context vs memory score (click: pick)")
 
 
 def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, str, float]]:
@@ -57,88 +114,279 @@ def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, s
             for i, ans in enumerate(("memory", "context"))]
 
 
-def plot_answer_bars(rows: list[tuple[str, str, float]]) -> hv.Bars:
-    return hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"]).opts(
+def plot_answer_bars(rows: list[tuple[str, str, float]] | None) -> hv.Element:
+    if rows is None:
+        return _waiting("Computing…", 300)
+    bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
+    return bars.redim.values(answer=["memory", "context"], run=["before", "after"]).opts(
         ylim=(0, 1), tools=["hover"], responsive=True, height=300, multi_level=True,
-        title="P(first token of the answer)")
+        color="run", cmap={"before": "#999999", "after": theme.ACCENT}, default_tools=_TOOLS,
+        title="P(first answer token), before / after")
+
+
+def accuracy_table(acc: xr.Dataset) -> pd.DataFrame:
+    """One row per intervention, columns accuracy toward memory / context per prompt type."""
+    names = {"baseline": "baseline (no intervention)", "single": "single run (JuNE)",
+             "juice": "JuICE dual run"}
+    rows = []
+    for m in acc.intervention.values.tolist():
+        row = {"intervention": names.get(m, m)}
+        for k in acc.kind.values.tolist():
+            row[f"to memory, {k}"] = float(acc.memory_accuracy.sel(intervention=m, kind=k))
+            row[f"to context, {k}"] = float(acc.context_accuracy.sel(intervention=m, kind=k))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 class ConflictsView(pn.viewable.Viewer):
-    """One fact under conflict: head scores, head picks, alpha sliders, answer bars."""
+    """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
+    and accuracy over the split.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    facts : sequence of Fact, optional
+        Facts to pick from and to score (default: every shipped fact).
+    closed_book : bool, default=True
+        Score the split on the facts the model answers correctly without context only.
+    background : bool, optional
+        Compute in worker threads (default when served) or inline (tests, notebooks).
+    n_new : int, default=5
+        Tokens generated per answer when scoring the split.
+    """
 
     example = param.Selector(default=None, objects=[], doc="Fact to show")
-    kind = param.Selector(default="substitution", objects=list(C.PROMPT_KINDS), doc="Prompt type")
-    heads_plus = param.ListSelector(default=[], objects=[], doc="Heads to enhance (S+)")
-    heads_minus = param.ListSelector(default=[], objects=[], doc="Heads to suppress (S-)")
-    alpha_l = param.Number(default=1.0, bounds=(0.0, 5.0), step=0.5, doc="Enhance factor")
-    alpha_s = param.Number(default=1.0, bounds=(0.0, 3.0), step=0.5, doc="Suppress factor")
+    kind = param.Selector(default="substitution", objects=list(C.PROMPT_KINDS), label="Prompt type")
+    direction = param.Selector(default="parametric", objects=list(C.DIRECTIONS),
+                               label="Direction (the answer to strengthen)")
+    pick_set = param.Selector(default="S+ (enhance)", objects=["S+ (enhance)", "S- (suppress)"],
+                              label="Clicks add heads to")
+    heads_plus = param.ListSelector(default=[], objects=[], label="Enhance (S+)")
+    heads_minus = param.ListSelector(default=[], objects=[], label="Suppress (S-)")
+    alpha_l = param.Number(default=1.0, bounds=(0.0, 5.0), step=0.5, label="α_l (enhance)")
+    alpha_s = param.Number(default=1.0, bounds=(0.0, 3.0), step=0.5, label="α_s (suppress)")
     mode = param.Selector(default="juice", objects=["juice", "single"],
-                          doc="Dual run (JuICE) or single-run scaling")
+                          label="Intervention (JuICE dual run / single run)")
 
-    def __init__(self, model: Any, **params: Any):
+    scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    bar_rows = param.List(default=None, allow_None=True, precedence=-1)
+    accuracy = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    error = param.String(default="", precedence=-1)
+
+    def __init__(self, model: Any, *, facts: Any = None, closed_book: bool = True,
+                 background: bool | None = None, n_new: int = 5, **params: Any):
         self._model = model
-        self._scores: tuple[Any, Any] = (None, None)
-        self._facts = {_label(f): f for f in C.load_facts()}
-        names = [f"L{layer}.H{h}" for layer in range(model.n_layers)
+        facts = C.load_facts() if facts is None else list(facts)
+        self._facts = {_label(f): f for f in facts}
+        names = [head_name(layer, h) for layer in range(model.n_layers)
                  for h in range(model.spec.n_heads)]
         self.param.example.objects = list(self._facts)
         self.param.heads_plus.objects = names
         self.param.heads_minus.objects = names
         params.setdefault("example", next(iter(self._facts)))
         super().__init__(**params)
+        self._closed_book = closed_book
+        self._n_new = n_new
+        self._run1: tuple[Any, Any] = (None, None)   # (key, JuiceFirstRun)
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._runners = {}
+        for name, on_result in (("example", self._got_example), ("bars", self._got_bars),
+                                ("split", self._got_split)):
+            r = Runner(on_result=on_result, on_error=self._show_error,
+                       on_busy=lambda b: setattr(self, "busy", b), background=background)
+            r.bind_session()
+            self._runners[name] = r
+        self._progress = pn.indicators.Progress(name="progress", value=0, max=100,
+                                                sizing_mode="stretch_width", visible=False)
+        self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
+        self.param.watch(lambda *_: self._request("bars"),
+                         ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode"])
+        self._request("example")
 
-    @staticmethod
-    def _pairs(names: list[str]) -> list[tuple[int, int]]:
-        return [tuple(int(x) for x in n[1:].split(".H")) for n in names]
+    # -- jobs -----------------------------------------------------------------------------
+    def _fact(self) -> C.Fact:
+        return self._facts[self.example]
 
-    @param.depends("example", "kind")
-    def scores(self) -> xr.Dataset:
-        key = (self.example, self.kind)
-        if self._scores[0] != key:  # the heatmap and the scatter share one computation
-            fact = self._facts[self.example]
-            self._scores = (key, C.head_context_memory_scores(
-                self._model, [fact], kinds=[self.kind], ablation=False))
-        return self._scores[1]
+    def _request(self, name: str) -> None:
+        model, fact, kind = self._model, self._fact(), self.kind
+        if name == "example":
+            def job(token: CancelToken):
+                scores = C.head_context_memory_scores(model, [fact], kinds=[kind], ablation=False)
+                token.check()
+                return (fact, kind), scores, C.juice_first_run(model, [C.conflict_prompt(fact, kind)])
+        elif name == "bars":
+            key, run1 = self._run1
+            if key != (fact, kind):
+                return  # the example job requests the bars once run 1 is there
+            plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
+            run = C.juice_logits if self.mode == "juice" else C.single_run_logits
+            a_l, a_s = self.alpha_l, self.alpha_s
 
-    @param.depends("example", "kind")
-    def _heatmap(self) -> hv.HeatMap:
-        return plot_head_heatmap(self.scores())
+            def job(token: CancelToken):
+                before = C.answer_probabilities(model, run1.logits, [fact])[0]
+                after = C.answer_probabilities(
+                    model, run(model, None, plus, minus, alpha_l=a_l, alpha_s=a_s, run1=run1),
+                    [fact])[0]
+                return answer_bars_data(before, after)
+        else:
+            facts = list(self._facts.values())
+            plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
+            a_l, a_s, n_new = self.alpha_l, self.alpha_s, self._n_new
 
-    @param.depends("example", "kind")
-    def _scatter(self) -> hv.Points:
-        return plot_head_scatter(self.scores())
+            def job(token: CancelToken):
+                def progress(done, total):
+                    token.check()
+                    self._set_progress(done, total)
+                split = facts
+                if self._closed_book:
+                    self.status = "keeping the facts the model knows closed book…"
+                    split = C.closed_book_facts(model, facts, progress=progress)
+                    if not split:
+                        raise InputError("the model answers none of the facts closed book; "
+                                           "nothing to score.")
+                self.status = f"scoring {len(split)} facts…"
+                return C.conflict_accuracy(model, split, plus, minus, alpha_l=a_l, alpha_s=a_s,
+                                           n_new=n_new, progress=progress)
+            self._set_progress(0, 1)
+        self.status = f"computing {name}…"
+        self._runners[name].submit(job)
 
-    @param.depends("example", "kind", "heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode")
-    def _bars(self) -> hv.Bars:
-        return plot_answer_bars(self.bars())
+    def _set_progress(self, done: int, total: int) -> None:
+        self._progress.visible = done < total
+        self._progress.value = int(100 * done / max(total, 1))
 
-    @param.depends("example", "kind", "heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode")
-    def bars(self) -> list[tuple[str, str, float]]:
-        fact = self._facts[self.example]
-        prompt = [C.conflict_prompt(fact, self.kind)]
-        run = C.juice_logits if self.mode == "juice" else C.single_run_logits
-        before = C.answer_probabilities(self._model, C.juice_logits(self._model, prompt), [fact])[0]
-        after = C.answer_probabilities(
-            self._model, run(self._model, prompt, self._pairs(self.heads_plus),
-                             self._pairs(self.heads_minus), alpha_l=self.alpha_l,
-                             alpha_s=self.alpha_s), [fact])[0]
-        return answer_bars_data(before, after)
+    def _got_example(self, result: tuple) -> None:
+        key, scores, run1 = result
+        self._run1 = (key, run1)
+        self.scores = scores
+        self._request("bars")
+
+    def _got_bars(self, rows: list) -> None:
+        self.bar_rows = rows
+        self.status = "ready"
+
+    def _got_split(self, ds: xr.Dataset) -> None:
+        self.accuracy = ds
+        self._progress.visible = False
+        self.status = f"split scored ({ds.sizes['fact']} facts)"
+
+    def _show_error(self, exc: BaseException) -> None:
+        self.error = user_message(exc)
+        self._progress.visible = False
+        self.status = "error"
+        theme.notify("error", self.error)
+
+    # -- head picks ---------------------------------------------------------------------------
+    def toggle_head(self, layer: int, head: int) -> None:
+        """Add the head to the set the toggle names, or remove it if already chosen."""
+        name = head_name(layer, head)
+        plus, minus = list(self.heads_plus), list(self.heads_minus)
+        if name in plus or name in minus:
+            plus = [n for n in plus if n != name]
+            minus = [n for n in minus if n != name]
+        elif self.pick_set.startswith("S+"):
+            plus.append(name)
+        else:
+            minus.append(name)
+        self.param.update(heads_plus=plus, heads_minus=minus)
+
+    def pick_top_heads(self, k: int = 3) -> None:
+        """Fill S+ with the k heads whose direct effect pushes hardest toward the direction's
+        answer on this example, and S- with the k pushing hardest against it."""
+        if self.scores is None:
+            return
+        d = self.scores.direct_diff.mean(("kind", "fact")).values     # [layer, head]
+        if self.direction == "context":
+            d = -d
+        order = np.argsort(d, axis=None)
+        H = d.shape[1]
+        plus = [head_name(*divmod(int(i), H)) for i in order[::-1][:k] if d.flat[i] > 0]
+        minus = [head_name(*divmod(int(i), H)) for i in order[:k] if d.flat[i] < 0]
+        self.param.update(heads_plus=plus, heads_minus=minus)
+
+    def _scatter_tapped(self, index: list[int]) -> None:
+        if index and self.scores is not None:
+            H = self.scores.sizes["head"]
+            self.toggle_head(*divmod(int(index[0]), H))
+
+    def _heatmap_tapped(self, x: Any = None, y: Any = None) -> None:
+        if x is None or y is None or self.scores is None:
+            return
+        try:
+            head, layer = int(round(float(x))), int(round(float(y)))
+        except (TypeError, ValueError):
+            return
+        if 0 <= layer < self.scores.sizes["layer"] and 0 <= head < self.scores.sizes["head"]:
+            self.toggle_head(layer, head)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _state_html(self, *_: Any) -> str:
+        """Hidden markers of what the page shows (read by the browser test)."""
+        after = ("none" if self.bar_rows is None
+                 else ",".join(f"{r[2]:.6f}" for r in self.bar_rows if r[1] == "after"))
+        acc = "none" if self.accuracy is None else str(self.accuracy.sizes["fact"])
+        return (f"<div class='cf-state' data-cf-scores='{'none' if self.scores is None else 'ready'}' "
+                f"data-cf-plus='{','.join(self.heads_plus)}' "
+                f"data-cf-minus='{','.join(self.heads_minus)}' data-cf-after='{after}' "
+                f"data-cf-accuracy='{acc}' data-cf-busy='{int(self.busy)}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        controls = pn.Param(self, parameters=["example", "kind", "heads_plus", "heads_minus",
-                                              "alpha_l", "alpha_s", "mode"],
-                            widgets={"heads_plus": pn.widgets.MultiChoice,
-                                     "heads_minus": pn.widgets.MultiChoice,
-                                     "mode": pn.widgets.RadioButtonGroup},
-                            show_name=False)
-        return pn.Row(
-            pn.Column(controls, width=320),
-            pn.Column(pn.Row(self._heatmap, self._scatter), self._bars),
-        )
+        def heatmap(scores, plus, minus):
+            plot = plot_head_heatmap(scores, plus, minus)
+            if scores is not None:
+                hv.streams.Tap(source=plot.get(0)).add_subscriber(self._heatmap_tapped)
+            return plot
+
+        def scatter(scores, plus, minus):
+            plot = plot_head_scatter(scores, plus, minus)
+            if scores is not None:
+                hv.streams.Selection1D(source=plot.get(0)).add_subscriber(self._scatter_tapped)
+            return plot
+
+        p = self.param
+        pick = pn.widgets.Button(name="Pick top heads for the direction")
+        pick.on_click(lambda *_: self.pick_top_heads())
+        score = pn.widgets.Button(name="Score the whole split", button_type="primary")
+        score.on_click(lambda *_: self._request("split"))
+        table = pn.bind(lambda acc: pn.pane.DataFrame(
+            accuracy_table(acc), index=False, float_format="{:.2f}".format,
+            sizing_mode="stretch_width") if acc is not None else pn.pane.Markdown(
+            "Press *Score the whole split* for accuracy toward the memory and the context "
+            "answer (baseline / single run / JuICE)."), p.accuracy)
+        controls = pn.Column(
+            pn.widgets.Select.from_param(p.example), pn.widgets.RadioButtonGroup.from_param(p.kind),
+            pn.widgets.RadioButtonGroup.from_param(p.direction),
+            pn.widgets.RadioButtonGroup.from_param(p.pick_set),
+            pn.widgets.MultiChoice.from_param(p.heads_plus),
+            pn.widgets.MultiChoice.from_param(p.heads_minus), pick,
+            pn.widgets.FloatSlider.from_param(p.alpha_l), pn.widgets.FloatSlider.from_param(p.alpha_s),
+            pn.widgets.RadioButtonGroup.from_param(p.mode), score, self._progress,
+            pn.pane.Markdown(p.status),
+            pn.pane.HTML(pn.bind(self._state_html, p.scores, p.heads_plus, p.heads_minus,
+                                 p.bar_rows, p.accuracy, p.busy)),
+            width=theme.SIZES["controls_width"])
+        main = pn.Column(
+            pn.Row(pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus),
+                                     linked_axes=False),
+                   pn.pane.HoloViews(pn.bind(scatter, p.scores, p.heads_plus, p.heads_minus),
+                                     linked_axes=False)),
+            pn.Row(pn.pane.HoloViews(pn.bind(plot_answer_bars, p.bar_rows), linked_axes=False),
+                   pn.Column(pn.pane.Markdown("### Accuracy over the split"), table)),
+            sizing_mode="stretch_width")
+        return pn.Row(controls, main, sizing_mode="stretch_width")
 
 
-if pn.state.served:
+def app(model_name: str = "smollm2-135m") -> pn.template.FastListTemplate:
+    """The page for `panel serve`."""
     from apps._session import get_model
 
     theme.enable_extension()
-    theme.page([ConflictsView(get_model("smollm2-135m"))], title="Knowledge conflicts").servable()
+    return theme.page([ConflictsView(get_model(model_name))], title="Knowledge conflicts (JuICE)")
+
+
+if __name__.startswith("bokeh"):
+    app().servable()

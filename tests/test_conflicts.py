@@ -290,6 +290,70 @@ def test_head_selection_finds_a_head_built_to_write_the_context_answer():
     assert sel.delta_plus.shape == (3, model.n_layers, H)
 
 
+def test_head_selection_delta_equals_scaling_runs(tiny_model):
+    """Delta+ / Delta- of one head against plain hooks scaling the head by 1 + alpha."""
+    facts = [C.load_facts(["country_capital"])[i] for i in (0, 2, 7)]
+    layer, head = 1, 2
+    d = tiny_model.spec.d_head
+    sel = C.juice_head_selection(tiny_model, facts, k=2, layers=[layer],
+                                 enhance_alphas=(1.0, 10.0), suppress_alphas=(-2.0,))
+
+    def scale(factor):
+        def hook(mod, args):
+            a = args[0].clone()
+            a[..., head * d:(head + 1) * d] *= factor
+            return (a,)
+        return hook
+
+    for kind in C.PROMPT_KINDS:
+        for name, alphas in (("delta_plus", (1.0, 10.0)), ("delta_minus", (-2.0,))):
+            gain = []
+            for f in facts:
+                prompt = C.conflict_prompt(f, kind)
+                t = tiny_model.tokenizer(" " + f.memory, add_special_tokens=False)["input_ids"][0]
+                p0 = torch.softmax(_hf_last_logits(tiny_model, prompt), -1)[t]
+                for a in alphas:
+                    lg = _hf_last_logits(tiny_model, prompt, [(tiny_model.o_proj(layer), scale(1 + a))])
+                    gain.append(float(torch.softmax(lg, -1)[t] - p0))
+            got = float(sel[name].sel(kind=kind, layer=layer, head=head))
+            assert got == pytest.approx(np.mean(gain), abs=1e-6)
+    assert np.isnan(sel.delta_plus.sel(layer=0)).all()        # layers not scored
+    # pruning skips heads that failed for both sets but chooses the same heads
+    full = C.juice_head_selection(tiny_model, facts, k=3)
+    pruned = C.juice_head_selection(tiny_model, facts, k=3, prune=True)
+    assert C.selected_heads(full) == C.selected_heads(pruned)
+
+
+def test_alpha_search_and_first_run_reuse(tiny_model):
+    facts = [C.load_facts(["country_capital"])[i] for i in (0, 2)]
+    plus, minus = [(1, 2)], [(2, 0)]
+    ds = C.juice_alpha_search(tiny_model, facts, plus, minus, alpha_s_grid=(0.0, 2.0),
+                              alpha_l_grid=(1.0, 4.0), kinds=("substitution",))
+    for a_s in (0.0, 2.0):
+        for a_l in (1.0, 4.0):
+            probs = []
+            for f in facts:
+                want = _two_pass_by_hand(tiny_model, C.conflict_prompt(f, "substitution"),
+                                         plus, minus, a_l, a_s)
+                t = tiny_model.tokenizer(" " + f.memory, add_special_tokens=False)["input_ids"][0]
+                probs.append(float(torch.softmax(want, -1)[t]))
+            got = float(ds.target_prob.sel(alpha_s=a_s, alpha_l=a_l))
+            assert got == pytest.approx(np.mean(probs), abs=1e-5)
+    best = ds.target_prob.where(ds.accuracy == ds.accuracy.max())
+    i, j = np.unravel_index(int(best.argmax()), best.shape)
+    assert (ds.attrs["best_alpha_s"], ds.attrs["best_alpha_l"]) == (
+        float(ds.alpha_s[i]), float(ds.alpha_l[j]))
+    run1 = C.juice_first_run(tiny_model, ["The capital city of France is"])
+    with pytest.raises(InputError, match="`run1` was computed for different prompts"):
+        C.juice_logits(tiny_model, ["The capital city of Spain is"], plus, run1=run1)
+    with pytest.raises(InputError, match="`method` must be one of 'juice', 'single'"):
+        C.juice_alpha_search(tiny_model, facts, plus, method="dual")
+    single = C.single_run_logits(tiny_model, None, plus, minus, alpha_l=2.0, alpha_s=1.0, run1=run1)
+    np.testing.assert_allclose(single.numpy(), C.single_run_logits(
+        tiny_model, ["The capital city of France is"], plus, minus, alpha_l=2.0,
+        alpha_s=1.0).numpy(), atol=1e-4)
+
+
 def test_head_selection_errors(tiny_model):
     facts = C.load_facts()[:2]
     with pytest.raises(InputError, match="`direction` must be one of 'parametric', 'context'"):
@@ -362,23 +426,60 @@ def test_cli_json_summary(tmp_path, monkeypatch, capsys):
 # -- the view (headless) -------------------------------------------------------------------------
 
 def test_view_bars_follow_heads_and_alpha(tiny_model):
-    from apps.conflicts import ConflictsView, plot_answer_bars, plot_head_heatmap, plot_head_scatter
+    from apps.conflicts import (ConflictsView, accuracy_table, plot_answer_bars,
+                                plot_head_heatmap, plot_head_scatter)
 
-    view = ConflictsView(tiny_model)
-    fact = view._facts[view.example]
+    facts = C.load_facts(["country_capital"])[:2]
+    view = ConflictsView(tiny_model, facts=facts, closed_book=False, background=False, n_new=2)
+    fact = view._fact()
     prompt = C.conflict_prompt(fact, "substitution")
-    rows0 = view.bars()
+    rows0 = view.bar_rows
     assert [r[2] for r in rows0[:2]] == pytest.approx([r[2] for r in rows0[2:]])  # no heads
-    view.param.update(heads_plus=["L1.H2"], alpha_l=3.0)
-    rows1 = view.bars()
+    view._scatter_tapped([1 * 4 + 2])           # a click on the scatter point of L1.H2
+    assert view.heads_plus == ["L1.H2"]
+    view.alpha_l = 3.0
+    rows1 = view.bar_rows
     want = _two_pass_by_hand(tiny_model, prompt, [(1, 2)], [], 3.0, 0.0)
     p = torch.softmax(want, -1)
     m, c = (tiny_model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0]
             for a in (fact.memory, fact.context))
     assert rows1[2] == ("memory", "after", pytest.approx(float(p[m]), abs=1e-5))
     assert rows1[3] == ("context", "after", pytest.approx(float(p[c]), abs=1e-5))
-    scores = view.scores()
-    assert plot_head_heatmap(scores).data.shape[0] == 12
-    assert len(plot_head_scatter(scores)) == 12
+    # a heatmap click (categorical axes give strings) on a chosen head removes it;
+    # with the toggle on S-, a new click adds to S-
+    view._heatmap_tapped("2", "1")
+    assert view.heads_plus == [] and view.heads_minus == []
+    view.pick_set = "S- (suppress)"
+    view._heatmap_tapped("0", "2")
+    assert view.heads_minus == ["L2.H0"]
+    scores = view.scores
+    assert len(plot_head_heatmap(scores, [], ["L2.H0"]).get(0).data) == 12
+    assert len(plot_head_scatter(scores).get(0)) == 12
     assert len(plot_answer_bars(rows1)) == 4
+    # direction: the top heads by direct effect toward the memory (or context) answer
+    view.direction = "context"
+    view.pick_top_heads(k=2)
+    d = -scores.direct_diff.mean(("kind", "fact")).values
+    best = np.unravel_index(int(np.argmax(d)), d.shape)
+    assert view.heads_plus[0] == f"L{best[0]}.H{best[1]}"
+    # the whole split: the table holds the accuracy of every intervention
+    view._request("split")
+    acc = view.accuracy
+    assert acc.sizes["fact"] == 2
+    table = accuracy_table(acc)
+    assert list(table["intervention"]) == ["baseline (no intervention)", "single run (JuNE)",
+                                          "JuICE dual run"]
+    assert table["to memory, coherent"].tolist() == acc.memory_accuracy.sel(kind="coherent").values.tolist()
     assert view.__panel__() is not None
+
+
+def test_view_reports_an_empty_split(tiny_model, tmp_path, monkeypatch):
+    from apps.conflicts import ConflictsView
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    facts = [_fact(), _fact("Spain", "zzqqxx")]
+    view = ConflictsView(tiny_model, facts=facts, background=False, n_new=1)
+    monkeypatch.setattr(C, "closed_book_facts", lambda *a, **k: [])
+    view._request("split")
+    assert view.accuracy is None
+    assert "answers none of the facts closed book" in view.error

@@ -23,7 +23,7 @@ import statistics
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,11 @@ __all__ = [
     "head_context_memory_scores",
     "juice_head_selection",
     "selected_heads",
+    "JuiceFirstRun",
+    "juice_first_run",
     "juice_logits",
     "single_run_logits",
+    "juice_alpha_search",
     "answer_probabilities",
     "conflict_accuracy",
     "register_cli",
@@ -167,56 +170,128 @@ def _as_batch(model: Model, prompts: Sequence[str] | Batch) -> Batch:
     return prompts if isinstance(prompts, Batch) else model.tokenize(list(prompts))
 
 
+@dataclass
+class _LastPositionBatch(Batch):
+    """A batch whose forward unembeds the last position only (``logits_to_keep=1``): the
+    runs here read nothing else, and unembedding every position costs about as much as
+    ten SmolLM2 layers on a 50-token prompt."""
+
+    def model_inputs(self) -> dict[str, Any]:
+        return {**super().model_inputs(), "logits_to_keep": 1}
+
+
+def _keeps_last_logits(model: Model) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.hf.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _last_logits(model: Model, prompts: Sequence[str] | Batch, edits: Sequence[Edit] = (),
                  resume: CleanRun | None = None) -> torch.Tensor:
     batch = _as_batch(model, prompts) if resume is None else resume.batch
-    out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
-    return out["logits"][:, 0].float()  # [prompt, vocab]
+    if model.remote or not _keeps_last_logits(model):
+        out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
+        return out["logits"][:, 0].float()  # [prompt, vocab]
+    last = _LastPositionBatch(**{f.name: getattr(batch, f.name) for f in fields(Batch)})
+    out = run_batch(model, last, edits=edits, resume=resume)
+    return out["logits"][:, -1].float()  # [prompt, vocab]
 
 
-def juice_logits(model: Model, prompts: Sequence[str] | Batch, heads_plus: Heads = (),
+@dataclass
+class JuiceFirstRun:
+    """Run 1 of the dual run, kept so run 2 can be repeated for new heads or alphas.
+
+    ``clean`` holds every layer's residual (for resuming at the first edited layer),
+    ``attn_z`` every layer's head outputs before ``o_proj`` [prompt, pos, head*d_head]
+    and ``logits`` the last position's logits [prompt, vocab]. Run 1 does not depend on
+    the heads or the alphas, so a view computes it once per example.
+    """
+
+    clean: CleanRun
+    attn_z: list[torch.Tensor]
+    logits: torch.Tensor
+
+    @property
+    def batch(self) -> Batch:
+        return self.clean.batch
+
+
+def juice_first_run(model: Model, prompts: Sequence[str] | Batch) -> JuiceFirstRun:
+    """Run 1 of the JuICE dual run: a clean forward keeping every layer's residual and
+    head outputs (`JuiceFirstRun`)."""
+    batch = _as_batch(model, prompts)
+    L = model.n_layers
+    save = {(layer, s) for layer in range(L) for s in ("resid_pre", "attn_z")}
+    out = run_batch(model, batch, save=save)
+    clean = CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(L)], out["logits"])
+    return JuiceFirstRun(clean, [out[(layer, "attn_z")] for layer in range(L)],
+                         out["logits"][:, -1].float())
+
+
+def _first_run_for(model: Model, prompts: Sequence[str] | Batch | None,
+                   run1: JuiceFirstRun | None) -> JuiceFirstRun:
+    if run1 is None:
+        if prompts is None:
+            raise InputError("pass `prompts` or `run1`.")
+        return juice_first_run(model, prompts)
+    if prompts is not None:
+        batch = _as_batch(model, prompts)
+        ids = run1.batch.input_ids
+        if ids.shape != batch.input_ids.shape or not torch.equal(ids, batch.input_ids):
+            raise InputError("`run1` was computed for different prompts than `prompts`.")
+    return run1
+
+
+def juice_logits(model: Model, prompts: Sequence[str] | Batch | None, heads_plus: Heads = (),
                  heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
-                 ) -> torch.Tensor:
+                 run1: JuiceFirstRun | None = None) -> torch.Tensor:
     """Last-position logits [prompt, vocab] of the JuICE dual run (Li et al., ICML 2025).
 
-    Run 1 is a clean forward that caches the chosen heads' ``attn_z`` at every position;
-    run 2 adds ``+alpha_l`` times the cache for ``heads_plus`` and ``-alpha_s`` times it
-    for ``heads_minus`` (an `AddHead` edit: exactly that multiple of run 1's head output,
-    added before ``o_proj``). Run 2 resumes from run 1's residual at the first edited layer.
+    Run 1 is a clean forward that caches the heads' ``attn_z`` at every position (pass
+    ``run1=juice_first_run(...)`` to reuse it); run 2 adds ``+alpha_l`` times the cache
+    for ``heads_plus`` and ``-alpha_s`` times it for ``heads_minus`` (an `AddHead` edit:
+    exactly that multiple of run 1's head output, added before ``o_proj``). Run 2 resumes
+    from run 1's residual at the first edited layer and keeps only the last position.
     """
     alpha_l = check_float("alpha_l", alpha_l)
     alpha_s = check_float("alpha_s", alpha_s)
     plus = _check_heads(model, heads_plus, "heads_plus")
     minus = _check_heads(model, heads_minus, "heads_minus")
-    batch = _as_batch(model, prompts)
-    layers = {layer for layer, _ in plus + minus}
-    save = {(layer, "resid_pre") for layer in range(model.n_layers)}
-    save |= {(layer, "attn_z") for layer in layers}
-    run1 = run_batch(model, batch, save=save)
-    if not layers:
-        return run1["logits"][:, -1].float()
+    if run1 is None and not plus + minus:
+        return _last_logits(model, prompts)
+    run1 = _first_run_for(model, prompts, run1)
+    if not plus + minus:
+        return run1.logits.clone()
+    batch = run1.batch
     rows, cols = position_index(batch.lengths, batch.width, None)
     d = model.spec.d_head
     edits: list[Edit] = []
     for group, alpha in ((plus, alpha_l), (minus, -alpha_s)):
         for layer, head in group:
-            z = run1[(layer, "attn_z")][rows, cols, head * d:(head + 1) * d]  # [n_tokens, d_head]
-            edits.append(AddHead(layer, head, z.reshape(-1).numpy(), alpha=alpha))
-    resume = CleanRun(batch, [run1[(layer, "resid_pre")] for layer in range(model.n_layers)],
-                      run1["logits"])
-    return _last_logits(model, batch, edits, resume=resume)
+            z = run1.attn_z[layer][rows, cols, head * d:(head + 1) * d]  # [n_tokens, d_head]
+            edits.append(AddHead(layer, head, z.reshape(-1), alpha=alpha))
+    return _last_logits(model, batch, edits, resume=run1.clean)
 
 
-def single_run_logits(model: Model, prompts: Sequence[str] | Batch, heads_plus: Heads = (),
+def single_run_logits(model: Model, prompts: Sequence[str] | Batch | None, heads_plus: Heads = (),
                       heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
-                      ) -> torch.Tensor:
+                      run1: JuiceFirstRun | None = None) -> torch.Tensor:
     """Last-position logits of the single-run baseline (JuNE): each chosen head's output is
-    scaled in place by ``1 + alpha_l`` (plus) or ``1 - alpha_s`` (minus)."""
+    scaled in place by ``1 + alpha_l`` (plus) or ``1 - alpha_s`` (minus). With ``run1``
+    the run resumes from its clean residual at the first edited layer."""
     alpha_l = check_float("alpha_l", alpha_l)
     alpha_s = check_float("alpha_s", alpha_s)
     edits = [Scale(l, h, 1.0 + alpha_l) for l, h in _check_heads(model, heads_plus, "heads_plus")]
     edits += [Scale(l, h, 1.0 - alpha_s) for l, h in _check_heads(model, heads_minus, "heads_minus")]
-    return _last_logits(model, prompts, edits)
+    if run1 is None:
+        return _last_logits(model, prompts, edits)
+    run1 = _first_run_for(model, prompts, run1)
+    if not edits:
+        return run1.logits.clone()
+    return _last_logits(model, run1.batch, edits, resume=run1.clean)
 
 
 def answer_probabilities(model: Model, logits: torch.Tensor, facts: Sequence[Fact]) -> np.ndarray:
@@ -450,8 +525,8 @@ def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
 def juice_head_selection(model: Model, facts: Sequence[Fact], *, direction: str = "parametric",
                          k: int = 5, enhance_alphas: Sequence[float] = ENHANCE_ALPHAS,
                          suppress_alphas: Sequence[float] = SUPPRESS_ALPHAS,
-                         layers: Sequence[int] | None = None, progress: Progress = None,
-                         ) -> xr.Dataset:
+                         layers: Sequence[int] | None = None, prune: bool = False,
+                         progress: Progress = None) -> xr.Dataset:
     """JuICE head scoring by additive scaling on a few examples (Li et al., ICML 2025).
 
     For each head and prompt type c, Delta+_c is the mean over ``enhance_alphas`` and facts
@@ -460,13 +535,21 @@ def juice_head_selection(model: Model, facts: Sequence[Fact], *, direction: str 
     context answer for ``"context"``); Delta-_c likewise over ``suppress_alphas``. Heads
     with Delta_c > 0 for every c are ranked by the sum over c; the top ``k`` form S+ / S-.
 
+    Each head takes one run per prompt type: the facts are repeated once per alpha in the
+    batch and the run resumes from the clean residual at the head's layer, where adding
+    ``alpha`` times the clean head output equals scaling the head by ``1 + alpha``.
+    ``prune=True`` scores the prompt types in order (clean, substitution, coherent:
+    shortest first) and drops a head from the later ones once it has failed the
+    consistency test for both S+ and S-; the chosen heads are the same, the skipped
+    entries hold NaN.
+
     Returns
     -------
     xr.Dataset
         ``delta_plus``, ``delta_minus`` (kind, layer, head); ``consistent_plus``,
         ``consistent_minus`` (layer, head) bool; ``plus_layer``, ``plus_head`` (rank) and
         ``minus_layer``, ``minus_head`` (rank): the chosen heads, -1 where fewer qualify.
-        Layers not scored hold NaN.
+        Layers not scored (and heads pruned) hold NaN.
     """
     facts = list(facts)
     if not facts:
@@ -478,38 +561,50 @@ def juice_head_selection(model: Model, facts: Sequence[Fact], *, direction: str 
     if not enhance or not suppress:
         raise InputError("`enhance_alphas` and `suppress_alphas` must each hold at least one value.")
     layers = list(range(model.n_layers)) if layers is None else [model.check_layer(x) for x in layers]
-    L, H = model.n_layers, model.spec.n_heads
+    L, H, d = model.n_layers, model.spec.n_heads, model.spec.d_head
+    n = len(facts)
+    alphas = enhance + suppress
+    n_a = len(alphas)
     target = [_first_token(model, f.memory if direction == "parametric" else f.context)
               for f in facts]
-    tgt = torch.tensor(target)
-    idx = torch.arange(len(facts))
+    tgt = torch.tensor(target * n_a)
+    idx = torch.arange(n * n_a)
     delta = np.full((2, len(PROMPT_KINDS), L, H), np.nan)
-    total = len(PROMPT_KINDS) * len(layers) * H
+    todo = [(layer, head) for layer in layers for head in range(H)]
+    total = len(PROMPT_KINDS) * len(todo)
     done = 0
     for ki, kind in enumerate(PROMPT_KINDS):
-        batch = model.tokenize([conflict_prompt(f, kind) for f in facts])
-        out = run_batch(model, batch, save={(x, "resid_pre") for x in range(L)})
-        clean = CleanRun(batch, [out[(x, "resid_pre")] for x in range(L)], out["logits"])
-        p0 = torch.softmax(out["logits"][:, -1].float(), -1)[idx, tgt]
-        for layer in layers:
-            for head in range(H):
-                for si, alphas in enumerate((enhance, suppress)):
-                    acc = 0.0
-                    for a in alphas:
-                        lg = run_batch(model, batch, edits=[Scale(layer, head, 1.0 + a)],
-                                       save_positions=[-1], resume=clean)["logits"][:, 0]
-                        p = torch.softmax(lg.float(), -1)[idx, tgt]
-                        acc += float((p - p0).mean())
-                    delta[si, ki, layer, head] = acc / len(alphas)
-                done += 1
-                if progress:
-                    progress(done, total)
+        run1 = juice_first_run(model, [conflict_prompt(f, kind) for f in facts])
+        p0 = torch.softmax(run1.logits, -1)[torch.arange(n), torch.tensor(target)]  # [fact]
+        ids = run1.batch.token_ids
+        big = model.batch_from_ids(ids * n_a)                      # alpha-major: [alpha*fact]
+        clean = CleanRun(big, [r.repeat(n_a, 1, 1) for r in run1.clean.resid_pre],
+                         run1.clean.logits[:0])
+        rows, cols = position_index(big.lengths, big.width, None)
+        scale = torch.tensor(alphas).repeat_interleave(n)[rows]   # [n_tokens]
+        for layer, head in todo:
+            z = run1.attn_z[layer].repeat(n_a, 1, 1)[rows, cols, head * d:(head + 1) * d]
+            edit = AddHead(layer, head, (scale[:, None] * z).reshape(-1), alpha=1.0)
+            lg = _last_logits(model, big, [edit], resume=clean)
+            p = torch.softmax(lg, -1)[idx, tgt].reshape(n_a, n)
+            gain = (p - p0[None]).mean(1).double()                 # [alpha]
+            delta[0, ki, layer, head] = float(gain[:len(enhance)].mean())
+            delta[1, ki, layer, head] = float(gain[len(enhance):].mean())
+            done += 1
+            if progress:
+                progress(done, total)
+        if prune:
+            seen = np.nan_to_num(delta[:, :ki + 1], nan=-1.0) > 0   # [set, kind, layer, head]
+            alive = seen.all(1).any(0)                               # [layer, head]
+            kept = [(x, h) for x, h in todo if alive[x, h]]
+            done += len(todo) - len(kept)
+            todo = kept
     chosen = []
     consistent = []
     for si in range(2):
-        d = delta[si]                                        # [kind, layer, head]
-        ok = np.all(np.nan_to_num(d, nan=-1.0) > 0, axis=0)  # [layer, head]
-        score = np.where(ok, np.nan_to_num(d).sum(0), -np.inf)
+        dd = delta[si]                                        # [kind, layer, head]
+        ok = np.all(np.nan_to_num(dd, nan=-1.0) > 0, axis=0)  # [layer, head]
+        score = np.where(ok, np.nan_to_num(dd).sum(0), -np.inf)
         order = [int(i) for i in np.argsort(-score, axis=None, kind="stable") if ok.flat[i]][:k]
         heads = [divmod(i, H) for i in order] + [(-1, -1)] * (k - len(order))
         chosen.append(np.array(heads, dtype=int))
@@ -529,7 +624,7 @@ def juice_head_selection(model: Model, facts: Sequence[Fact], *, direction: str 
                 "rank": np.arange(k)},
         attrs=provenance(model, method="juice_head_selection", direction=direction, k=k,
                          enhance_alphas=enhance, suppress_alphas=suppress, layers=layers,
-                         n_facts=len(facts)),
+                         prune=prune, n_facts=n),
     )
     ds.attrs["citation"] = CITATION
     return ds
@@ -542,6 +637,72 @@ def selected_heads(selection: xr.Dataset) -> tuple[list[tuple[int, int]], list[t
         pairs = zip(selection[f"{s}_layer"].values.tolist(), selection[f"{s}_head"].values.tolist())
         out.append([(int(a), int(b)) for a, b in pairs if a >= 0])
     return out[0], out[1]
+
+
+def juice_alpha_search(model: Model, facts: Sequence[Fact], heads_plus: Heads = (),
+                       heads_minus: Heads = (), *, direction: str = "parametric",
+                       alpha_s_grid: Sequence[float] = (0.0, 1.0, 2.0, 3.0),
+                       alpha_l_grid: Sequence[float] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0),
+                       kinds: Sequence[str] = ("substitution", "coherent"),
+                       method: str = "juice", progress: Progress = None) -> xr.Dataset:
+    """Pick alpha_s and alpha_l on held-out facts, as JuICE does on its validation split.
+
+    For every (alpha_s, alpha_l) of the grid (the paper's: alpha_s in 0..3, alpha_l in
+    0..5) the intervention (``method`` "juice": the dual run, or "single") runs on every
+    fact and prompt type; ``accuracy`` is the share whose top next token is the first
+    token of the target answer (memory for ``direction="parametric"``, context for
+    ``"context"``) and ``target_prob`` its mean probability. The best pair maximises
+    accuracy, then probability (attrs ``best_alpha_s``, ``best_alpha_l``). Run 1 is
+    computed once per prompt type; every grid point resumes from it.
+
+    Returns
+    -------
+    xr.Dataset
+        ``accuracy``, ``target_prob`` (alpha_s, alpha_l).
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    check_choice("direction", direction, DIRECTIONS)
+    check_choice("method", method, ("juice", "single"))
+    kinds = [check_choice("kind", x, PROMPT_KINDS) for x in kinds]
+    if not kinds:
+        raise InputError("`kinds` must name at least one prompt type.")
+    grid_s = [check_float("alpha_s_grid[]", x) for x in alpha_s_grid]
+    grid_l = [check_float("alpha_l_grid[]", x) for x in alpha_l_grid]
+    if not grid_s or not grid_l:
+        raise InputError("`alpha_s_grid` and `alpha_l_grid` must each hold at least one value.")
+    plus = _check_heads(model, heads_plus, "heads_plus")
+    minus = _check_heads(model, heads_minus, "heads_minus")
+    run = juice_logits if method == "juice" else single_run_logits
+    tgt = torch.tensor([_first_token(model, f.memory if direction == "parametric" else f.context)
+                        for f in facts])
+    idx = torch.arange(len(facts))
+    acc = np.zeros((len(grid_s), len(grid_l)))
+    prob = np.zeros_like(acc)
+    total, done = len(kinds) * acc.size, 0
+    for kind in kinds:
+        run1 = juice_first_run(model, [conflict_prompt(f, kind) for f in facts])
+        for i, a_s in enumerate(grid_s):
+            for j, a_l in enumerate(grid_l):
+                lg = run(model, None, plus, minus, alpha_l=a_l, alpha_s=a_s, run1=run1)
+                acc[i, j] += float((lg.argmax(-1) == tgt).float().mean()) / len(kinds)
+                prob[i, j] += float(torch.softmax(lg, -1)[idx, tgt].mean()) / len(kinds)
+                done += 1
+                if progress:
+                    progress(done, total)
+    best = max(((acc[i, j], prob[i, j], -i - j, i, j) for i in range(len(grid_s))
+                for j in range(len(grid_l))))
+    ds = xr.Dataset({"accuracy": (("alpha_s", "alpha_l"), acc),
+                     "target_prob": (("alpha_s", "alpha_l"), prob)},
+                    coords={"alpha_s": grid_s, "alpha_l": grid_l},
+                    attrs=provenance(model, method="juice_alpha_search", direction=direction,
+                                     intervention=method, heads_plus=plus, heads_minus=minus,
+                                     kinds=kinds, n_facts=len(facts)))
+    ds.attrs["best_alpha_s"] = grid_s[best[3]]
+    ds.attrs["best_alpha_l"] = grid_l[best[4]]
+    ds.attrs["citation"] = CITATION
+    return ds
 
 
 # -- accuracy over a split ----------------------------------------------------------------
@@ -669,10 +830,14 @@ def _table(da: xr.DataArray) -> dict[str, dict[str, float]]:
 def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
     """JuICE dual run vs two plain forwards on one conflict prompt, and the slider update.
 
-    ``dual_vs_two_forwards_ratio``: median dual run (5 heads, two nnsight runs plus edit
-    construction) over the median of two plain ``model.hf`` forwards of the same prompt.
-    ``slider_update_ms``: median time of what the view does when alpha moves (dual run
-    plus answer probabilities).
+    ``dual_vs_two_forwards_ratio``: median dual run (5 heads, run 1 plus run 2, edit
+    construction included) over the median of two plain ``model.hf`` forwards of the same
+    prompt. ``slider_update_ms``: median time of what the view does when an alpha slider
+    moves (run 1 cached per example, so one run 2 resumed at the first chosen layer, plus
+    the answer probabilities), for 5 heads in layers 20-29 of the 51-token coherent prompt
+    (``slider_update_ms``) and the 16-token substitution prompt
+    (``slider_update_substitution_ms``), and for heads from layer 0 on
+    (``slider_update_from_layer0_ms``, the worst case: a whole forward).
     """
     from explorer.models import load_model
 
@@ -685,8 +850,19 @@ def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
     prompt = conflict_prompt(fact, "coherent")
     L, H = model.n_layers, model.spec.n_heads
     heads = [((i * 7) % L, (i * 5) % H) for i in range(5)]
+    late = [(L - 1 - (i * 2) % max(L // 3, 1), (i * 5) % H) for i in range(5)]
     batch = model.tokenize([prompt])
-    fwd, dual, slider = [], [], []
+    sub = conflict_prompt(fact, "substitution")
+    run1 = juice_first_run(model, [prompt])
+    run1_sub = juice_first_run(model, [sub])
+    fwd, dual, slider, slider_sub, slider0 = [], [], [], [], []
+
+    def slide(r1, hs, alpha):
+        t = time.perf_counter()
+        lg = juice_logits(model, None, hs[:3], hs[3:], alpha_l=alpha, alpha_s=1.0, run1=r1)
+        answer_probabilities(model, lg, [fact])
+        return time.perf_counter() - t
+
     for r in range(repeats + 1):
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -695,19 +871,26 @@ def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
         t1 = time.perf_counter()
         juice_logits(model, [prompt], heads[:3], heads[3:], alpha_l=2.0, alpha_s=1.0)
         t2 = time.perf_counter()
-        lg = juice_logits(model, [prompt], heads[:3], heads[3:], alpha_l=1.0 + r, alpha_s=1.0)
-        answer_probabilities(model, lg, [fact])
-        t3 = time.perf_counter()
+        times = (slide(run1, late, 1.0 + r), slide(run1_sub, late, 1.0 + r),
+                 slide(run1, heads, 1.0 + r))
         if r:  # the first round warms up
             fwd.append(t1 - t0)
             dual.append(t2 - t1)
-            slider.append(t3 - t2)
+            slider.append(times[0])
+            slider_sub.append(times[1])
+            slider0.append(times[2])
+    med = statistics.median
     return {
-        "params": {"model": model.spec.name, "prompt_tokens": batch.lengths[0]},
+        "params": {"model": model.spec.name, "prompt_tokens": batch.lengths[0],
+                   "substitution_tokens": run1_sub.batch.lengths[0], "heads": heads,
+                   "slider_heads": late, "repeats": repeats},
         "figures": {
-            "two_forwards_ms": 1e3 * statistics.median(fwd),
-            "dual_run_ms": 1e3 * statistics.median(dual),
-            "dual_vs_two_forwards_ratio": statistics.median(dual) / statistics.median(fwd),
-            "slider_update_ms": 1e3 * statistics.median(slider),
+            "two_forwards_ms": 1e3 * med(fwd),
+            "dual_run_ms": 1e3 * med(dual),
+            "dual_vs_two_forwards_ratio": med(dual) / med(fwd),
+            "slider_update_ms": 1e3 * med(slider),
+            "slider_update_substitution_ms": 1e3 * med(slider_sub),
+            "slider_update_from_layer0_ms": 1e3 * med(slider0),
+            "slider_vs_two_forwards_ratio": med(slider) / med(fwd),
         },
     }
