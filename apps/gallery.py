@@ -19,6 +19,7 @@ import param
 import explorer
 from apps import theme
 from apps._session import Runner, get_model, user_message
+from apps.circuits import CircuitsView
 from apps.conflicts import ConflictsView
 from apps.icl_heads import ICLHeadsView
 from apps.itda import ITDAView
@@ -27,6 +28,8 @@ from apps.neuron_eval import NeuronEvalView
 from apps.linear_icl import LinearICLView
 from apps.parity import ParityView
 from apps.saturation import SaturationView
+from apps.shattering import ShatteringView
+from apps.task_emergence import TaskEmergenceView
 from explorer._checks import ExplorerError, check_choice
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
@@ -46,6 +49,9 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Neuron explanations", "neuron-eval", NeuronEvalView),
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),
+    ("Task-vector emergence", "task-emergence", TaskEmergenceView),
+    ("Circuits", "circuits", CircuitsView),
+    ("Representation shattering", "shattering", ShatteringView),
 ]
 
 

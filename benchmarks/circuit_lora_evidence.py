@@ -1,0 +1,140 @@
+"""Evidence for the "Fine-tuning" section of docs/circuits.md: circuits through LoRA
+fine-tuning and CircuitLoRA vs uniform LoRA at the same trainable-parameter count.
+
+Stages (each one process; ``--threads 1`` by default, fastest on a busy machine)::
+
+    python benchmarks/circuit_lora_evidence.py --stages run        # SmolLM2, the study
+    python benchmarks/circuit_lora_evidence.py --stages screenshot # the Circuits page
+
+``run`` calls `explorer.analyses.circuit_lora.run_summary` on the packaged SmolLM2 (the
+add task of Wang et al.'s prompt): a rank-2 LoRA probe with adapter checkpoints, the EAP
+circuit (top 5 % of edges) of each checkpoint, node / edge Jaccard, the per-layer edge
+change and its top-k critical layers, then uniform LoRA (rank 4) vs CircuitLoRA
+(r_other 2, the rest on the critical layers, same parameter count) over several seeds.
+It writes ``docs/figures/circuit_lora_summary.json``; the run folder (checkpoints,
+``circuits.nc``, ``comparison.nc``) stays in the cache. ``screenshot`` serves the Circuits
+page on that run and saves ``docs/figures/circuit_lora_page.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "figures"
+SUMMARY = FIGURES / "circuit_lora_summary.json"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
+
+
+def stage_run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from explorer import load_model
+    from explorer.analyses import circuit_lora as cl
+
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    t0 = time.perf_counter()
+    summary = cl.run_summary(
+        model, task=args.task, n_train=args.n_train, n_test=args.n_test,
+        n_circuit=args.n_circuit, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        probe_rank=2, rank=args.rank, r_other=args.r_other, k=args.k, top_percent=5.0,
+        method="eap", seeds=[int(s) for s in args.seeds.split(",")],
+        n_checkpoints=args.checkpoints, folder=args.folder,
+        log=lambda s: print(s, file=sys.stderr, flush=True))
+    summary["wall_seconds"] = time.perf_counter() - t0
+    summary["settings"] = {k: v for k, v in vars(args).items() if k != "stages"}
+    return summary
+
+
+def stage_screenshot(args: argparse.Namespace, summary: dict) -> None:
+    from playwright.sync_api import sync_playwright
+
+    folder = summary["folder"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads(1)
+        import panel as pn
+        from apps import theme
+        from apps.circuits import CircuitsView
+        from explorer import load_model
+
+        model = load_model({args.model!r})
+        theme.enable_extension()
+
+        def app():
+            view = CircuitsView(model, run_folder={folder!r}, autostart=False, n_edges=120,
+                                checkpoint=3, diff=True)
+            return theme.page([view], title="Circuits")
+
+        pn.serve({{"circuits": app}}, port={port}, address="127.0.0.1", threaded=True,
+                 show=False).join()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        deadline = time.time() + 300
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("the page server did not start")
+            time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/circuits", timeout=120_000)
+            page.locator(".circuit-state").first.wait_for(state="attached", timeout=300_000)
+            page.wait_for_selector("canvas", state="attached", timeout=120_000)
+            time.sleep(4)
+            FIGURES.mkdir(exist_ok=True)
+            page.screenshot(path=str(FIGURES / "circuit_lora_page.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stages", default="run,screenshot")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--task", default="add")
+    ap.add_argument("--n-train", type=int, default=256)
+    ap.add_argument("--n-test", type=int, default=48)
+    ap.add_argument("--n-circuit", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--r-other", type=int, default=2)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--checkpoints", type=int, default=3)
+    ap.add_argument("--folder", default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    stages = args.stages.split(",")
+    summary = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    if "run" in stages:
+        summary = stage_run(args)
+        FIGURES.mkdir(exist_ok=True)
+        SUMMARY.write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1))
+    if "screenshot" in stages:
+        stage_screenshot(args, summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,825 @@
+"""Fine-tuning circuits and CircuitLoRA: how circuits change under LoRA, and ranks by that change.
+
+Wang, Hu, Du, Cheng, Wang & Zou, "Towards Understanding Fine-Tuning Mechanisms of LLMs via
+Circuit Analysis" (CircuitLoRA, ICML 2025). A model is fine-tuned with LoRA on an arithmetic
+task and the adapter is saved at checkpoints (safetensors); the circuit of each checkpoint
+comes from `explorer.analyses.circuits` (EAP / EAP-IG edge scores, top-n edges). Node sets
+stay similar across fine-tuning while edge sets change more (`circuit_similarity`). The
+per-layer edge change (`layer_edge_change`) picks critical layers, which CircuitLoRA gives a
+higher LoRA rank than the rest at the same trainable-parameter count as uniform LoRA
+(`allocate_lora_ranks`, `circuit_lora_comparison`).
+
+- `lora_modules`, `lora_parameter_count`, `allocate_lora_ranks`: which linear modules get
+  LoRA and how many trainable parameters a per-layer rank assignment costs.
+- `finetune_lora`: LoRA training on (prompt, answer) pairs, loss on the answer tokens only,
+  adapter checkpoints as safetensors; `load_checkpoint` merges one into a copy of the model.
+- `answer_accuracy`: exact-match accuracy of the greedy answer, answer-token accuracy, loss.
+- `checkpoint_circuits`, `jaccard`, `circuit_similarity`: circuits per checkpoint and their
+  node / edge Jaccard similarity.
+- `layer_edge_change`, `critical_layers`, `circuit_lora_comparison`.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.models import Model, cache_dir, wrap_model
+from explorer.trace import provenance
+
+__all__ = [
+    "CITATION",
+    "METHODS",
+    "lora_modules",
+    "lora_parameter_count",
+    "allocate_lora_ranks",
+    "uniform_lora_ranks",
+    "lora_model",
+    "finetune_lora",
+    "checkpoint_steps",
+    "load_checkpoint",
+    "answer_accuracy",
+    "checkpoint_circuits",
+    "jaccard",
+    "circuit_similarity",
+    "node_layer",
+    "layer_edge_change",
+    "critical_layers",
+    "circuit_lora_comparison",
+    "register_cli",
+]
+
+CITATION = ("Wang, Hu, Du, Cheng, Wang & Zou, Towards Understanding Fine-Tuning Mechanisms "
+            "of LLMs via Circuit Analysis (CircuitLoRA), ICML 2025")
+METHODS = ("lora", "circuit-lora")
+_RUN_FILE = "run.json"
+_ALPHA_PER_RANK = 2.0  # lora_alpha = 2 r: the same scale alpha / r for every rank
+
+Progress = Callable[[int, int], None] | None
+
+
+# -- LoRA modules, parameter counts, rank allocation -----------------------------------------
+
+def lora_modules(model: Model) -> dict[int, list[tuple[str, int, int]]]:
+    """The linear modules LoRA adapts in each layer: ``{layer: [(name, d_in, d_out), ...]}``.
+
+    Every ``nn.Linear`` (and GPT-2 ``Conv1D``) inside a decoder layer: the attention
+    projections and the MLP, as in the paper (qkv, attention output, both MLP matrices).
+    ``name`` is the module's full name in ``model.hf``.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    layers_path = model.arch.layers_path
+    out: dict[int, list[tuple[str, int, int]]] = {}
+    for layer in range(model.n_layers):
+        mods = []
+        for sub, mod in model.hf_layer(layer).named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                mods.append((f"{layers_path}.{layer}.{sub}", mod.in_features, mod.out_features))
+            elif isinstance(mod, Conv1D):  # weight [d_in, d_out]
+                mods.append((f"{layers_path}.{layer}.{sub}", int(mod.weight.shape[0]),
+                             int(mod.weight.shape[1])))
+        out[layer] = mods
+    return out
+
+
+def _check_ranks(model: Model, ranks: Mapping[int, int] | Sequence[int]) -> dict[int, int]:
+    if not isinstance(ranks, Mapping):
+        ranks = dict(enumerate(ranks))
+    out = {}
+    for layer, r in ranks.items():
+        layer = model.check_layer(layer, "ranks layer")
+        out[layer] = check_int(f"ranks[{layer}]", r, low=0)
+    if not any(out.values()):
+        raise InputError("`ranks` must give at least one layer a rank >= 1; got all zeros.")
+    return out
+
+
+def lora_parameter_count(model: Model, ranks: Mapping[int, int] | Sequence[int]) -> int:
+    """Trainable LoRA parameters of a per-layer rank assignment: sum of r (d_in + d_out)."""
+    ranks = _check_ranks(model, ranks)
+    mods = lora_modules(model)
+    return int(sum(r * sum(i + o for _, i, o in mods[layer]) for layer, r in ranks.items()))
+
+
+def uniform_lora_ranks(model: Model, rank: int) -> dict[int, int]:
+    """The same rank on every layer (plain LoRA)."""
+    check_int("rank", rank, low=1)
+    return {layer: rank for layer in range(model.n_layers)}
+
+
+def allocate_lora_ranks(model: Model, n_params: int, critical: Sequence[int], *,
+                        r_other: int = 2) -> xr.Dataset:
+    """CircuitLoRA ranks: ``r_other`` outside the critical layers, the rest of a parameter
+    budget spread over the critical layers, so the total hits ``n_params`` as closely as
+    integer ranks allow (exactly when the budget is a whole number of rank units).
+
+    The critical layers share the remaining budget as evenly as possible: all get the
+    largest rank r_c that fits, then the layers in ``critical`` order get one more while
+    the budget lasts. The achieved count never exceeds ``n_params``.
+
+    Returns
+    -------
+    xr.Dataset
+        ``rank`` (layer) and ``critical`` (layer, bool); attrs ``n_params_requested``,
+        ``n_params`` (achieved), ``n_params_gap`` (requested - achieved), ``r_other``.
+    """
+    check_int("n_params", n_params, low=1)
+    check_int("r_other", r_other, low=0)
+    crit = [model.check_layer(c, "critical layer") for c in critical]
+    if not crit:
+        raise InputError("`critical` must name at least one layer; got none.")
+    if len(set(crit)) != len(crit):
+        raise InputError(f"`critical` must not repeat a layer; got {list(critical)}.")
+    mods = lora_modules(model)
+    unit = {layer: sum(i + o for _, i, o in m) for layer, m in mods.items()}  # params per rank
+    ranks = {layer: (0 if layer in crit else r_other) for layer in range(model.n_layers)}
+    budget = n_params - sum(r * unit[layer] for layer, r in ranks.items())
+    if budget < sum(unit[c] for c in crit):
+        need = sum(r * unit[layer] for layer, r in ranks.items()) + sum(unit[c] for c in crit)
+        raise InputError(f"`n_params` must be at least {need} for r_other={r_other} and rank >= 1 "
+                         f"on {len(crit)} critical layers; got {n_params}.")
+    base = budget // sum(unit[c] for c in crit)
+    for c in crit:
+        ranks[c] = int(base)
+    budget -= base * sum(unit[c] for c in crit)
+    for c in crit:  # one more rank while the budget lasts
+        if unit[c] <= budget:
+            ranks[c] += 1
+            budget -= unit[c]
+    achieved = sum(r * unit[layer] for layer, r in ranks.items())
+    layers = np.arange(model.n_layers)
+    return xr.Dataset(
+        {"rank": ("layer", np.array([ranks[int(l)] for l in layers])),
+         "critical": ("layer", np.array([int(l) in crit for l in layers]))},
+        coords={"layer": layers},
+        attrs={**provenance(model, method="circuit-lora-ranks", critical=crit, r_other=r_other),
+               "n_params_requested": int(n_params), "n_params": int(achieved),
+               "n_params_gap": int(n_params - achieved), "r_other": int(r_other)})
+
+
+# -- LoRA model, training, checkpoints -----------------------------------------------------
+
+def _lora_config(model: Model, ranks: Mapping[int, int], dropout: float = 0.0):
+    from peft import LoraConfig
+
+    mods = lora_modules(model)
+    names = [n for layer, r in ranks.items() if r > 0 for n, _, _ in mods[layer]]
+    rank_of = {n: r for layer, r in ranks.items() if r > 0 for n, _, _ in mods[layer]}
+    r0 = max(rank_of.values())
+    return LoraConfig(
+        r=r0, lora_alpha=_ALPHA_PER_RANK * r0, lora_dropout=dropout, target_modules=names,
+        rank_pattern={re.escape(n): r for n, r in rank_of.items()},
+        alpha_pattern={re.escape(n): _ALPHA_PER_RANK * r for n, r in rank_of.items()},
+        fan_in_fan_out=model.spec.family == "gpt2", bias="none")
+
+
+def lora_model(model: Model, ranks: Mapping[int, int] | Sequence[int], *, seed: int = 0):
+    """A peft LoRA model on a deep copy of ``model.hf`` (the shared model is never touched).
+
+    Only the LoRA matrices are trainable; B starts at zero, so the output equals the base
+    model's until training. ``seed`` seeds the init of the A matrices.
+    """
+    from peft import get_peft_model
+
+    ranks = _check_ranks(model, ranks)
+    hf = copy.deepcopy(model.hf)
+    hf.requires_grad_(False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(hf, _lora_config(model, ranks))
+    return peft_model
+
+
+def _encode(model: Model, prompts: Sequence[str], answers: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+    if len(prompts) != len(answers):
+        raise InputError(f"`prompts` and `answers` must have the same length; got {len(prompts)} "
+                         f"and {len(answers)}.")
+    if not prompts:
+        raise InputError("`prompts` must hold at least one problem; got none.")
+    tok = model.tokenizer
+    out = []
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        p_ids = tok(p, add_special_tokens=False)["input_ids"]
+        a_ids = tok(a, add_special_tokens=False)["input_ids"]
+        if not p_ids or not a_ids:
+            raise InputError(f"problem {i} ({p!r} -> {a!r}) tokenises to an empty prompt or answer.")
+        out.append((p_ids, a_ids))
+    return out
+
+
+def _answer_logits(hf: torch.nn.Module, model: Model, pairs: Sequence[tuple[list[int], list[int]]]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits predicting each answer token: ([n_ans_total, vocab], targets, row of each)."""
+    batch = model.batch_from_ids([p + a for p, a in pairs])
+    w = batch.width
+    rows, cols, targets = [], [], []
+    for i, (p, a) in enumerate(pairs):
+        start = w - len(a) - 1  # the position whose next-token prediction is a[0]
+        for j, t in enumerate(a):
+            rows.append(i)
+            cols.append(start + j)
+            targets.append(t)
+    fast = (model.arch.logit_softcap_attr is None and hasattr(hf, "model")
+            and hasattr(hf, "lm_head") and not hasattr(hf, "transformer"))
+    if fast:  # the unembedding on the answer positions only (most of a small model's cost)
+        out = hf.model(**batch.model_inputs())
+        hidden = out.last_hidden_state[torch.tensor(rows), torch.tensor(cols)]  # [n_ans, d_model]
+        logits = hf.lm_head(hidden)
+    else:
+        logits = hf(**batch.model_inputs()).logits[torch.tensor(rows), torch.tensor(cols)]
+    return logits, torch.tensor(targets), torch.tensor(rows)
+
+
+def _base_hf(peft_or_hf: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a peft wrapper (module tree with LoRA layers injected)."""
+    return peft_or_hf.get_base_model() if hasattr(peft_or_hf, "get_base_model") else peft_or_hf
+
+
+def answer_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str], *,
+                    hf: torch.nn.Module | None = None, batch_size: int = 32) -> xr.Dataset:
+    """Exact-match accuracy of the greedy answer, per-token accuracy and answer loss.
+
+    The greedy continuation equals the answer exactly when the argmax at every answer
+    position (given the right prefix) is the answer token, so one forward pass decides it.
+    ``hf`` evaluates another module with the same tokenizer (a LoRA model); default
+    ``model.hf``.
+
+    Returns
+    -------
+    xr.Dataset
+        ``correct`` (prompt, bool), ``answer_loss`` (prompt, mean NLL of the answer tokens);
+        attrs ``accuracy``, ``token_accuracy``, ``loss``.
+    """
+    check_int("batch_size", batch_size, low=1)
+    pairs = _encode(model, prompts, answers)
+    module = _base_hf(hf if hf is not None else model.hf)
+    correct, losses, tok_ok, n_tok = [], [], 0, 0
+    with torch.no_grad():
+        for s in range(0, len(pairs), batch_size):
+            chunk = pairs[s:s + batch_size]
+            logits, targets, rows = _answer_logits(module, model, chunk)
+            ok = logits.argmax(-1) == targets
+            nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+            for i in range(len(chunk)):
+                sel = rows == i
+                correct.append(bool(ok[sel].all()))
+                losses.append(float(nll[sel].mean()))
+            tok_ok += int(ok.sum())
+            n_tok += int(ok.numel())
+    correct_a = np.array(correct)
+    return xr.Dataset(
+        {"correct": ("prompt", correct_a), "answer_loss": ("prompt", np.array(losses))},
+        coords={"prompt_text": ("prompt", list(prompts)), "answer": ("prompt", list(answers))},
+        attrs={**provenance(model, method="answer-accuracy"),
+               "accuracy": float(correct_a.mean()), "token_accuracy": tok_ok / max(n_tok, 1),
+               "loss": float(np.mean(losses))})
+
+
+def _run_folder(model: Model, tag: str) -> Path:
+    return cache_dir() / "circuit_lora" / f"{model.spec.name.replace('/', '_')}-{tag}"
+
+
+def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], *,
+                  ranks: Mapping[int, int] | Sequence[int], steps: int = 30, batch_size: int = 8,
+                  lr: float = 1e-3, seed: int = 0, checkpoints: Sequence[int] = (),
+                  folder: str | Path | None = None, progress: Progress = None
+                  ) -> tuple[xr.Dataset, Any]:
+    """Fine-tune LoRA adapters on (prompt, answer) pairs; save adapter checkpoints.
+
+    Loss: cross-entropy of the answer tokens only (teacher forcing). AdamW with a constant
+    learning rate; each step takes ``batch_size`` problems drawn without replacement
+    (reshuffled each epoch) from a ``seed``-ed generator. The adapter is saved as
+    ``folder/step-{k}.safetensors`` (LoRA matrices only) at each step in ``checkpoints``
+    (0 = before training); ``folder/run.json`` records the ranks and settings so that
+    `load_checkpoint` can rebuild the model. Gradients are enabled inside this function
+    only; the shared ``model`` is never modified (training runs on a copy).
+
+    Returns
+    -------
+    (xr.Dataset, peft model)
+        ``loss``, ``step_seconds`` (wall) and ``step_cpu_seconds`` (this thread's CPU
+        time, robust to a busy machine) over step; attrs ``folder``, ``checkpoints``,
+        ``trainable_params``, ``ranks``. The trained peft model is returned for evaluation.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    steps = check_int("steps", steps, low=1)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    lr = check_float("lr", lr, low=0.0)
+    ranks = _check_ranks(model, ranks)
+    ckpts = sorted({check_int("checkpoint", c, low=0, high=steps) for c in checkpoints})
+    pairs = _encode(model, prompts, answers)
+    if ckpts and folder is None:
+        raise InputError("`folder` is required when `checkpoints` are saved.")
+    folder = Path(folder) if folder is not None else None
+    peft_model = lora_model(model, ranks, seed=seed)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    n_trainable = int(sum(p.numel() for p in params))
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _RUN_FILE).write_text(json.dumps({
+            "model": model.spec.name, "weights": model.spec.weights,
+            "ranks": {str(k): v for k, v in ranks.items()}, "steps": steps,
+            "batch_size": batch_size, "lr": lr, "seed": seed, "checkpoints": ckpts,
+            "trainable_params": n_trainable, "citation": CITATION}, indent=1))
+
+    def save(step: int) -> None:
+        state = {k: v.detach().contiguous().clone() for k, v in
+                 get_peft_model_state_dict(peft_model).items()}
+        save_file(state, str(folder / f"step-{step}.safetensors"))
+
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    hf = _base_hf(peft_model)
+    losses, seconds, cpu = [], [], []
+    if 0 in ckpts:
+        save(0)
+    with torch.enable_grad():
+        peft_model.train()
+        for step in range(1, steps + 1):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            if len(order) < batch_size:
+                order += rng.permutation(len(pairs)).tolist()
+            idx, order = order[:batch_size], order[batch_size:]
+            logits, targets, _ = _answer_logits(hf, model, [pairs[i] for i in idx])
+            loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            seconds.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+            if step in ckpts:
+                save(step)
+            if progress is not None:
+                progress(step, steps)
+    peft_model.eval()
+    ds = xr.Dataset(
+        {"loss": ("step", np.array(losses)), "step_seconds": ("step", np.array(seconds)),
+         "step_cpu_seconds": ("step", np.array(cpu))},
+        coords={"step": np.arange(1, steps + 1)},
+        attrs={**provenance(model, method="finetune-lora", steps=steps, batch_size=batch_size,
+                            lr=lr, seed=seed, n_problems=len(pairs)),
+               "folder": "" if folder is None else str(folder), "checkpoints": ckpts,
+               "trainable_params": n_trainable,
+               "ranks": {str(k): int(v) for k, v in ranks.items()}, "citation": CITATION})
+    return ds, peft_model
+
+
+def _read_run(folder: str | Path) -> tuple[Path, dict]:
+    folder = Path(folder)
+    run_file = folder / _RUN_FILE
+    if not run_file.is_file():
+        raise InputError(f"{str(folder)!r} is not a fine-tuning run folder (no {_RUN_FILE}).")
+    return folder, json.loads(run_file.read_text())
+
+
+def checkpoint_steps(folder: str | Path) -> list[int]:
+    """The steps saved in a run folder, ascending."""
+    folder, _ = _read_run(folder)
+    return sorted(int(p.stem.split("-")[1]) for p in folder.glob("step-*.safetensors"))
+
+
+def load_checkpoint(model: Model, folder: str | Path, step: int) -> Model:
+    """The model with the adapter of ``step`` merged into a copy of its weights.
+
+    The result is a plain `Model` (same module tree as ``model``) that every analysis can
+    trace; its spec name is ``"{name}+lora@{step}"`` and its weights id names the file.
+    """
+    from peft import get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder, run = _read_run(folder)
+    saved = checkpoint_steps(folder)
+    check_choice("step", step, saved)
+    if run["model"] != model.spec.name or run.get("weights") != model.spec.weights:
+        raise InputError(f"run {str(folder)!r} fine-tuned {run['model']!r} "
+                         f"({run.get('weights')}); got {model.spec.name!r} ({model.spec.weights}).")
+    ranks = {int(k): int(v) for k, v in run["ranks"].items()}
+    path = folder / f"step-{step}.safetensors"
+    hf = copy.deepcopy(model.hf)
+    peft_model = get_peft_model(hf, _lora_config(model, ranks))
+    result = set_peft_model_state_dict(peft_model, load_file(str(path)))
+    if getattr(result, "unexpected_keys", None):
+        raise InputError(f"{str(path)!r} holds weights this run's LoRA layout lacks: "
+                         f"{result.unexpected_keys[:3]}.")
+    merged = peft_model.merge_and_unload()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return wrap_model(merged, model.tokenizer, name=f"{model.spec.name}+lora@{step}",
+                      weights=f"{model.spec.weights}+lora:{digest}")
+
+
+# -- circuits per checkpoint, similarity, edge change ----------------------------------------
+
+def checkpoint_circuits(model: Model, folder: str | Path, task: Any, *,
+                        steps: Sequence[int] | None = None, method: str = "eap",
+                        top_percent: float = 5.0, metric: str = "logit_diff",
+                        batch_size: int = 16, progress: Progress = None) -> xr.Dataset:
+    """Edge scores and the circuit of each saved checkpoint of a run.
+
+    Uses `explorer.analyses.circuits.edge_scores` and `select_circuit` on the model with
+    each checkpoint's adapter merged (`load_checkpoint`). The circuit is the top
+    ``top_percent`` % of edges by |score| (the paper: 5 %), pruned to input -> logits paths.
+
+    Returns
+    -------
+    xr.Dataset
+        ``score`` (checkpoint, edge) and ``in_circuit`` (checkpoint, edge), with the edge
+        coordinates of `edge_scores` (``src``, ``dst``, ``src_layer``, ``dst_layer``).
+    """
+    from explorer.analyses import circuits as ca
+
+    top_percent = check_float("top_percent", top_percent, low=0.0, high=100.0)
+    steps = checkpoint_steps(folder) if steps is None else list(steps)
+    if not steps:
+        raise InputError(f"run {str(folder)!r} has no checkpoints.")
+    scores, circuits = [], []
+    for i, step in enumerate(steps):
+        m = load_checkpoint(model, folder, step)
+        s = ca.edge_scores(m, task, method=method, metric=metric, batch_size=batch_size)
+        scores.append(s["score"])
+        top_n = max(1, int(round(top_percent / 100 * s.sizes["edge"])))
+        circuits.append(ca.select_circuit(s, top_n=top_n))
+        del m
+        if progress is not None:
+            progress(i + 1, len(steps))
+    ds = xr.Dataset({"score": xr.concat(scores, "checkpoint"),
+                     "in_circuit": xr.concat(circuits, "checkpoint")})
+    ds = ds.assign_coords(checkpoint=np.array(steps))
+    ds.attrs = {**provenance(model, method="checkpoint-circuits", edge_method=method,
+                             top_percent=top_percent, metric=metric, task=getattr(task, "name", "")),
+                "folder": str(folder), "citation": CITATION}
+    return ds
+
+
+def jaccard(a: Iterable[Any], b: Iterable[Any]) -> float:
+    """|A ∩ B| / |A ∪ B|; 1.0 for two empty sets."""
+    a, b = set(a), set(b)
+    union = a | b
+    return 1.0 if not union else len(a & b) / len(union)
+
+
+def _nodes_edges(ds: xr.Dataset, c: int) -> tuple[set, set]:
+    mask = np.asarray(ds["in_circuit"].isel(checkpoint=c).values, bool)
+    src = np.asarray(ds["src"].values)[mask]
+    dst = np.asarray(ds["dst"].values)[mask]
+    edges = set(zip(src.tolist(), dst.tolist()))
+    nodes = set(src.tolist()) | set(dst.tolist())
+    return nodes, edges
+
+
+def circuit_similarity(circuits: xr.Dataset) -> xr.Dataset:
+    """Node and edge Jaccard similarity between the circuits of every pair of checkpoints.
+
+    ``circuits`` holds ``in_circuit`` (checkpoint, edge) with ``src`` / ``dst`` coordinates
+    (as `checkpoint_circuits` returns). A node is in a circuit when one of its edges is.
+
+    Returns
+    -------
+    xr.Dataset
+        ``node_jaccard`` and ``edge_jaccard`` (checkpoint, checkpoint_b); ``n_nodes`` and
+        ``n_edges`` (checkpoint).
+    """
+    if "in_circuit" not in circuits or "checkpoint" not in circuits["in_circuit"].dims:
+        raise InputError("`circuits` must hold `in_circuit` over (checkpoint, edge); "
+                         f"got variables {list(circuits.data_vars)}.")
+    steps = circuits["checkpoint"].values
+    sets = [_nodes_edges(circuits, c) for c in range(len(steps))]
+    n = len(steps)
+    node_j = np.array([[jaccard(sets[i][0], sets[j][0]) for j in range(n)] for i in range(n)])
+    edge_j = np.array([[jaccard(sets[i][1], sets[j][1]) for j in range(n)] for i in range(n)])
+    return xr.Dataset(
+        {"node_jaccard": (("checkpoint", "checkpoint_b"), node_j),
+         "edge_jaccard": (("checkpoint", "checkpoint_b"), edge_j),
+         "n_nodes": ("checkpoint", np.array([len(s[0]) for s in sets])),
+         "n_edges": ("checkpoint", np.array([len(s[1]) for s in sets]))},
+        coords={"checkpoint": steps, "checkpoint_b": steps},
+        attrs={"method": "circuit-similarity", "citation": CITATION})
+
+
+_NODE = re.compile(r"^(?:a(\d+)\.h\d+|m(\d+))$")
+
+
+def node_layer(node: str, n_layers: int) -> int:
+    """Layer of a graph node as the paper maps it: ``a{L}.h{H}`` and ``m{L}`` -> L,
+    ``input`` -> 0, ``logits`` -> the last layer."""
+    if node == "input":
+        return 0
+    if node == "logits":
+        return n_layers - 1
+    m = _NODE.match(str(node))
+    if m is None:
+        raise InputError(f"`node` must be 'input', 'logits', 'a{{layer}}.h{{head}}' or "
+                         f"'m{{layer}}'; got {node!r}.")
+    return int(m.group(1) or m.group(2))
+
+
+def layer_edge_change(before: xr.Dataset, after: xr.Dataset, *, n_layers: int) -> xr.Dataset:
+    """Per-layer edge change D_l between two circuits (Wang et al., CircuitLoRA step 2-3).
+
+    Each edge's change is |s_after - s_before| when it is in both circuits, its own |score|
+    when it is in only one, and 0 when in neither. D_l sums the changes of the edges whose
+    source node is in layer l (`node_layer`: input -> 0). ``before`` and ``after`` each hold
+    ``score`` and ``in_circuit`` over the same ``edge`` list (``src`` / ``dst`` coordinates).
+
+    Returns
+    -------
+    xr.Dataset
+        ``edge_change`` (layer) and ``edge_delta`` (edge).
+    """
+    check_int("n_layers", n_layers, low=1)
+    for name, ds in (("before", before), ("after", after)):
+        missing = {"score", "in_circuit"} - set(ds.data_vars)
+        if missing:
+            raise InputError(f"`{name}` must hold `score` and `in_circuit`; missing {sorted(missing)}.")
+    if (before.sizes["edge"] != after.sizes["edge"]
+            or not np.array_equal(before["src"].values, after["src"].values)
+            or not np.array_equal(before["dst"].values, after["dst"].values)):
+        raise InputError("`before` and `after` must score the same edges in the same order.")
+    sb, sa = before["score"].values.astype(float), after["score"].values.astype(float)
+    ib, ia = before["in_circuit"].values.astype(bool), after["in_circuit"].values.astype(bool)
+    delta = np.where(ib & ia, np.abs(sa - sb),
+                     np.where(ib, np.abs(sb), np.where(ia, np.abs(sa), 0.0)))
+    layers = np.array([node_layer(s, n_layers) for s in before["src"].values.tolist()])
+    change = np.bincount(layers, weights=delta, minlength=n_layers)[:n_layers]
+    return xr.Dataset(
+        {"edge_change": ("layer", change), "edge_delta": ("edge", delta)},
+        coords={"layer": np.arange(n_layers), "src": ("edge", before["src"].values),
+                "dst": ("edge", before["dst"].values)},
+        attrs={"method": "layer-edge-change", "citation": CITATION})
+
+
+def critical_layers(edge_change: xr.DataArray | Sequence[float], *, k: int | None = 5,
+                    rule: str = "top-k") -> list[int]:
+    """Layers with the largest edge change: the top ``k`` or those >= mean + std."""
+    check_choice("rule", rule, ("top-k", "mean+std"))
+    d = np.asarray(getattr(edge_change, "values", edge_change), float)
+    if rule == "mean+std":
+        return [int(i) for i in np.flatnonzero(d >= d.mean() + d.std())]
+    k = check_int("k", k, low=1, high=len(d))
+    return sorted(int(i) for i in np.argsort(-d, kind="stable")[:k])
+
+
+# -- CircuitLoRA vs LoRA ---------------------------------------------------------------------
+
+def circuit_lora_comparison(model: Model, train: tuple[Sequence[str], Sequence[str]],
+                            test: tuple[Sequence[str], Sequence[str]], critical: Sequence[int], *,
+                            rank: int = 4, r_other: int = 2, seeds: Sequence[int] = (0, 1, 2),
+                            steps: int = 20, batch_size: int = 8, lr: float = 1e-3,
+                            progress: Progress = None) -> xr.Dataset:
+    """Held-out accuracy of uniform LoRA (rank ``rank``) vs CircuitLoRA at the same count.
+
+    CircuitLoRA gives ``r_other`` to non-critical layers and spreads the rest of uniform
+    LoRA's trainable-parameter count over ``critical`` (`allocate_lora_ranks`). Each method
+    trains with each seed (same problems, same batches per seed) and is scored on ``test``.
+
+    Returns
+    -------
+    xr.Dataset
+        ``accuracy``, ``token_accuracy``, ``loss`` (method, seed), ``train_loss`` (method,
+        seed, step), ``trainable_params`` and ``rank`` (method, layer); attrs
+        ``base_accuracy`` (before fine-tuning), ``critical``, ``seconds_per_step``.
+    """
+    check_int("rank", rank, low=1)
+    seeds = [check_int("seed", s) for s in seeds]
+    if not seeds:
+        raise InputError("`seeds` must hold at least one seed; got none.")
+    uniform = uniform_lora_ranks(model, rank)
+    n_params = lora_parameter_count(model, uniform)
+    alloc = allocate_lora_ranks(model, n_params, critical, r_other=r_other)
+    plans = {"lora": uniform, "circuit-lora": {int(l): int(r) for l, r in
+                                               zip(alloc.layer.values, alloc["rank"].values)}}
+    base = answer_accuracy(model, *test)
+    shape = (len(METHODS), len(seeds))
+    acc, tok_acc, loss = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    train_loss = np.zeros((*shape, steps))
+    counts, secs, cpu = [], [], []
+    done, total = 0, len(METHODS) * len(seeds)
+    for mi, method in enumerate(METHODS):
+        counts.append(lora_parameter_count(model, plans[method]))
+        for si, seed in enumerate(seeds):
+            ds, peft_model = finetune_lora(model, *train, ranks=plans[method], steps=steps,
+                                           batch_size=batch_size, lr=lr, seed=seed)
+            ev = answer_accuracy(model, *test, hf=peft_model)
+            acc[mi, si], tok_acc[mi, si], loss[mi, si] = (ev.attrs["accuracy"],
+                                                          ev.attrs["token_accuracy"],
+                                                          ev.attrs["loss"])
+            train_loss[mi, si] = ds["loss"].values
+            secs += ds["step_seconds"].values.tolist()
+            cpu += ds["step_cpu_seconds"].values.tolist()
+            del peft_model
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    rank_table = np.array([[plans[m][l] for l in range(model.n_layers)] for m in METHODS])
+    return xr.Dataset(
+        {"accuracy": (("method", "seed"), acc), "token_accuracy": (("method", "seed"), tok_acc),
+         "loss": (("method", "seed"), loss),
+         "train_loss": (("method", "seed", "step"), train_loss),
+         "trainable_params": ("method", np.array(counts)),
+         "rank": (("method", "layer"), rank_table)},
+        coords={"method": list(METHODS), "seed": seeds, "step": np.arange(1, steps + 1),
+                "layer": np.arange(model.n_layers)},
+        attrs={**provenance(model, method="circuit-lora-comparison", rank=rank, r_other=r_other,
+                            steps=steps, batch_size=batch_size, lr=lr, n_train=len(train[0]),
+                            n_test=len(test[0])),
+               "critical": [int(c) for c in critical], "base_accuracy": base.attrs["accuracy"],
+               "base_loss": base.attrs["loss"],
+               "seconds_per_step": float(statistics.median(secs)),
+               "cpu_seconds_per_step": float(statistics.median(cpu)), "citation": CITATION})
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer circuit-lora`` (the whole study) and ``explorer circuit-lora-ranks``."""
+    from explorer.cli import add_model_option
+
+    r = subparsers.add_parser(
+        "circuit-lora-ranks", help="CircuitLoRA ranks at a uniform LoRA's parameter count",
+        description="Per-layer LoRA ranks: r_other outside the critical layers, the rest of "
+                    "a uniform LoRA's trainable-parameter count on the critical layers.")
+    add_model_option(r)
+    r.add_argument("--critical", required=True, help="comma-separated critical layers")
+    r.add_argument("--rank", type=int, default=4, help="uniform LoRA rank to match (default 4)")
+    r.add_argument("--r-other", type=int, default=2, help="rank outside critical layers")
+    r.add_argument("--json", action="store_true", help="print the allocation as JSON")
+    r.set_defaults(func=_cmd_ranks)
+    run = subparsers.add_parser(
+        "circuit-lora", help="fine-tuning circuits and CircuitLoRA vs LoRA (Wang et al., ICML 2025)",
+        description="A cheap LoRA run with adapter checkpoints, the circuit of each checkpoint "
+                    "(node / edge Jaccard, per-layer edge change, critical layers), then "
+                    "CircuitLoRA vs uniform LoRA at the same trainable-parameter count.")
+    add_model_option(run)
+    run.add_argument("--task", default="add", help="arithmetic task of make_task (default add)")
+    run.add_argument("--n-train", type=int, default=256)
+    run.add_argument("--n-test", type=int, default=100)
+    run.add_argument("--n-circuit", type=int, default=16, help="problems scored per circuit")
+    run.add_argument("--steps", type=int, default=20, help="training steps per run")
+    run.add_argument("--batch-size", type=int, default=8)
+    run.add_argument("--lr", type=float, default=1e-3)
+    run.add_argument("--probe-rank", type=int, default=2, help="rank of the cheap LoRA run")
+    run.add_argument("--rank", type=int, default=4, help="uniform LoRA rank")
+    run.add_argument("--r-other", type=int, default=2)
+    run.add_argument("--k", type=int, default=5, help="critical layers")
+    run.add_argument("--top-percent", type=float, default=5.0,
+                     help="circuit = top %% of edges by |score| (default 5)")
+    run.add_argument("--method", default="eap", choices=("eap", "eap-ig"))
+    run.add_argument("--seeds", default="0,1,2")
+    run.add_argument("--checkpoints", type=int, default=3, help="checkpoints after step 0")
+    run.add_argument("--folder", default=None, help="run folder (default under the cache)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.set_defaults(func=_cmd_run)
+
+
+def _cmd_ranks(args: Any) -> int:
+    from explorer.cli import parse_int_list, print_json
+    from explorer.models import load_model
+
+    model = load_model(args.model)
+    critical = parse_int_list("--critical", args.critical)
+    target = lora_parameter_count(model, uniform_lora_ranks(model, args.rank))
+    alloc = allocate_lora_ranks(model, target, critical, r_other=args.r_other)
+    summary = {"model": model.spec.name, "uniform_rank": args.rank,
+               "uniform_params": target, "n_params": alloc.attrs["n_params"],
+               "n_params_gap": alloc.attrs["n_params_gap"], "critical": critical,
+               "ranks": [int(x) for x in alloc["rank"].values]}
+    if args.json:
+        print_json(summary)
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def run_summary(model: Model, *, task: str = "add", n_train: int = 256, n_test: int = 100,
+                n_circuit: int = 16, steps: int = 20, batch_size: int = 8, lr: float = 1e-3,
+                probe_rank: int = 2, rank: int = 4, r_other: int = 2, k: int = 5,
+                top_percent: float = 5.0, method: str = "eap", seeds: Sequence[int] = (0, 1, 2),
+                n_checkpoints: int = 3, folder: str | Path | None = None,
+                log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The whole study: a cheap LoRA with checkpoints, circuits per checkpoint, node/edge
+    Jaccard, per-layer edge change, critical layers, CircuitLoRA vs LoRA. JSON-able dict;
+    the datasets are saved as netCDF beside the checkpoints."""
+    from explorer.analyses import circuits as ca
+
+    say = log or (lambda s: None)
+    check_int("n_checkpoints", n_checkpoints, low=1, high=steps)
+    data = ca.make_task(task, n_train + n_test, seed=0)
+    prompts, answers = list(data.clean), list(data.answer)
+    train = (prompts[:n_train], answers[:n_train])
+    test = (prompts[n_train:], answers[n_train:])
+    circuit_task = ca.make_task(task, n_circuit, seed=1)
+    folder = Path(folder) if folder is not None else _run_folder(model, f"{task}-r{probe_rank}")
+    ckpts = sorted({0, *np.linspace(0, steps, n_checkpoints + 1).round().astype(int).tolist()})
+    t0 = time.perf_counter()
+    probe, peft_model = finetune_lora(model, *train, ranks=uniform_lora_ranks(model, probe_rank),
+                                      steps=steps, batch_size=batch_size, lr=lr, seed=0,
+                                      checkpoints=ckpts, folder=folder)
+    probe_acc = answer_accuracy(model, *test, hf=peft_model).attrs["accuracy"]
+    del peft_model
+    say(f"probe LoRA: {time.perf_counter() - t0:.0f} s, "
+        f"{float(np.median(probe.step_seconds)):.2f} s/step "
+        f"({float(np.median(probe.step_cpu_seconds)):.2f} s CPU)")
+    t1 = time.perf_counter()
+    circuits = checkpoint_circuits(model, folder, circuit_task, method=method,
+                                   top_percent=top_percent, batch_size=n_circuit)
+    sim = circuit_similarity(circuits)
+    say(f"circuits of {len(ckpts)} checkpoints: {time.perf_counter() - t1:.0f} s")
+    change = layer_edge_change(circuits.isel(checkpoint=0), circuits.isel(checkpoint=-1),
+                               n_layers=model.n_layers)
+    crit = critical_layers(change["edge_change"], k=min(k, model.n_layers))
+    t2 = time.perf_counter()
+    comp = circuit_lora_comparison(model, train, test, crit, rank=rank, r_other=r_other,
+                                   seeds=seeds, steps=steps, batch_size=batch_size, lr=lr)
+    t3 = time.perf_counter()
+    say(f"comparison: {t3 - t2:.0f} s")
+    save_netcdf(circuits, folder / "circuits.nc")
+    save_netcdf(comp, folder / "comparison.nc")
+    first, last = 0, len(ckpts) - 1
+    return {
+        "model": model.spec.name, "task": task, "folder": str(folder),
+        "seconds": {"probe": t1 - t0, "circuits": t2 - t1, "comparison": t3 - t2},
+        "steps": steps, "batch_size": batch_size, "lr": lr,
+        "seconds_per_step": float(np.median(probe.step_seconds)),
+        "cpu_seconds_per_step": float(np.median(probe.step_cpu_seconds)),
+        "probe": {"rank": probe_rank, "final_loss": float(probe.loss[-1]),
+                  "accuracy": probe_acc, "checkpoints": ckpts},
+        "similarity": {
+            "checkpoints": ckpts,
+            "node_jaccard_vs_first": sim.node_jaccard.isel(checkpoint_b=first).values.tolist(),
+            "edge_jaccard_vs_first": sim.edge_jaccard.isel(checkpoint_b=first).values.tolist(),
+            "node_jaccard_first_last": float(sim.node_jaccard[first, last]),
+            "edge_jaccard_first_last": float(sim.edge_jaccard[first, last]),
+            "n_nodes": sim.n_nodes.values.tolist(), "n_edges": sim.n_edges.values.tolist()},
+        "edge_change": change.edge_change.values.tolist(), "critical": crit,
+        "comparison": {
+            "base_accuracy": comp.attrs["base_accuracy"],
+            "trainable_params": dict(zip(METHODS, comp.trainable_params.values.tolist())),
+            "ranks": {m: comp["rank"].sel(method=m).values.tolist() for m in METHODS},
+            "seeds": list(seeds),
+            "accuracy": {m: comp.accuracy.sel(method=m).values.tolist() for m in METHODS},
+            "accuracy_mean": {m: float(comp.accuracy.sel(method=m).mean()) for m in METHODS},
+            "accuracy_std": {m: float(comp.accuracy.sel(method=m).std(ddof=1))
+                             if len(seeds) > 1 else 0.0 for m in METHODS},
+            "loss_mean": {m: float(comp.loss.sel(method=m).mean()) for m in METHODS},
+            "loss_std": {m: float(comp.loss.sel(method=m).std(ddof=1))
+                         if len(seeds) > 1 else 0.0 for m in METHODS},
+            "token_accuracy_mean": {m: float(comp.token_accuracy.sel(method=m).mean())
+                                    for m in METHODS},
+            "cpu_seconds_per_step": comp.attrs["cpu_seconds_per_step"],
+            "seconds_per_step": comp.attrs["seconds_per_step"]},
+    }
+
+
+def save_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
+    """Write ``ds`` as netCDF, with attrs netCDF cannot hold (dicts, None, bools) as JSON."""
+    def plain(attrs: dict) -> dict:
+        return {k: (json.dumps(v) if isinstance(v, (dict, bool, type(None))) or (
+            isinstance(v, (list, tuple)) and any(isinstance(x, (dict, list)) for x in v)) else v)
+            for k, v in attrs.items()}
+
+    out = ds.copy()
+    out.attrs = plain(ds.attrs)
+    for name in out.variables:
+        out[name].attrs = plain(out[name].attrs)
+        if out[name].dtype == object:
+            out[name] = out[name].astype(str)
+    out.to_netcdf(path)
+    return Path(path)
+
+
+def _cmd_run(args: Any) -> int:
+    import sys
+
+    from explorer.cli import parse_int_list, print_json
+    from explorer.models import load_model
+
+    model = load_model(args.model)
+    summary = run_summary(
+        model, task=args.task, n_train=check_int("n_train", args.n_train, low=1),
+        n_test=check_int("n_test", args.n_test, low=1), n_circuit=args.n_circuit,
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, probe_rank=args.probe_rank,
+        rank=args.rank, r_other=args.r_other, k=args.k, top_percent=args.top_percent, method=args.method,
+        seeds=parse_int_list("--seeds", args.seeds), n_checkpoints=args.checkpoints,
+        folder=args.folder, log=lambda s: print(s, file=sys.stderr))
+    if args.json:
+        print_json(summary)
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0

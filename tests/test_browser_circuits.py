@@ -1,0 +1,157 @@
+"""Browser test of the Circuits page (apps/circuits.py) on the tiny model.
+
+The page is served in a subprocess on a free 127.0.0.1 port; Playwright drives Debian's
+chromium: wait for the edge scores, move the top-n slider with the keyboard (the number of
+drawn edges follows), choose an edge to ablate (the metric readout shows the metric with
+that edge patched, checked against `patch_edges_metric` computed here), choose another
+(the readout changes). A screenshot goes to ``test-artifacts/`` (gitignored).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+N_PROMPTS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def page_url(tmp_path_factory):
+    port = free_port()
+    code = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads(1)
+        import panel as pn
+        from apps import theme
+        from apps.circuits import CircuitsView
+        from explorer import load_model
+
+        model = load_model("tiny-llama")
+        theme.enable_extension()
+
+        def app():
+            view = CircuitsView(model, n_prompts={N_PROMPTS})
+            return theme.page([view], title="Circuits")
+
+        server = pn.serve({{"circuits": app}}, port={port}, address="127.0.0.1", threaded=True,
+                          show=False)
+        server.join()
+    """)
+    tmp = tmp_path_factory.mktemp("circuits-server")
+    log_path = tmp / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
+                                 "EXPLORER_CACHE": str(tmp / "cache")})
+    deadline = time.time() + 240
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.time() > deadline:
+                raise RuntimeError("the server did not start in time")
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{port}/circuits"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+def attribute(page, name: str) -> str:
+    return page.locator(f"[{name}]").first.get_attribute(name)
+
+
+def wait_for(page, name: str, predicate, timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = attribute(page, name)
+        if predicate(value):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{name} is {attribute(page, name)!r} after {timeout} s")
+
+
+def expected_metric(src: str, dst: str) -> float:
+    """The tiny model's metric with only the edge src -> dst patched, computed here."""
+    import torch
+
+    from explorer import load_model
+    from explorer.analyses import circuits as ca
+
+    torch.set_grad_enabled(True)  # edge_scores needs gradients (the session disables them)
+    model = load_model("tiny-llama")
+    task = ca.make_task("add", N_PROMPTS, seed=0)
+    scores = ca.edge_scores(model, task, batch_size=N_PROMPTS)
+    torch.set_grad_enabled(False)
+    keep = ~((scores["src"].values == src) & (scores["dst"].values == dst))
+    assert keep.sum() == scores.sizes["edge"] - 1
+    return ca.patch_edges_metric(model, task, scores, keep, batch_size=N_PROMPTS)["metric"]
+
+
+def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1400})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(page_url, timeout=60_000)
+    page.locator(".circuit-state").first.wait_for(state="attached", timeout=240_000)
+    wait_for(page, "data-circuit-scores", lambda v: v == "ready")
+    page.wait_for_selector("canvas", state="attached", timeout=60_000)
+    assert wait_for(page, "data-circuit-edges", lambda v: v == "30") == "30"
+    # the top-n slider (1..118 edges on tiny-llama): three steps left draw 27 edges
+    handles = page.locator(".noUi-handle")
+    handle = next(handles.nth(i) for i in range(handles.count())
+                  if float(handles.nth(i).get_attribute("aria-valuemax")) == 118)
+    handle.focus()
+    for _ in range(3):
+        handle.press("ArrowLeft")
+    wait_for(page, "data-circuit-edges", lambda v: v == "27", timeout=60)
+    redraw_ms = float(attribute(page, "data-circuit-redraw-ms"))
+    assert redraw_ms < 100, redraw_ms
+    # choose an edge in the list: the readout shows the metric with that edge patched
+    select = page.locator("select").filter(has=page.locator("option", has_text="→")).first
+    labels = [o for o in select.locator("option").all_inner_texts() if "→" in o]
+    assert len(labels) == 27
+    assert attribute(page, "data-circuit-metric") == "none"
+    select.select_option(label=labels[0])
+    first = float(wait_for(page, "data-circuit-metric", lambda v: v != "none"))
+    assert attribute(page, "data-circuit-ablated") == labels[0]
+    src, dst = labels[0].split(" → ")
+    assert first == pytest.approx(expected_metric(src, dst), abs=1e-6)
+    select.select_option(label=labels[1])
+    wait_for(page, "data-circuit-ablated", lambda v: v == labels[1])
+    second = float(attribute(page, "data-circuit-metric"))
+    src, dst = labels[1].split(" → ")
+    assert second == pytest.approx(expected_metric(src, dst), abs=1e-6)
+    assert second != first
+    # the readout (bold edge name, then the metric) names the edge now patched
+    page.locator("strong", has_text=labels[1]).first.wait_for(state="attached", timeout=30_000)
+    time.sleep(1.5)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "circuits_page.png"), full_page=True)
+    assert not errors, errors
+    page.close()
