@@ -28,8 +28,6 @@ from apps.neuron_eval import NeuronEvalView
 from apps.linear_icl import LinearICLView
 from apps.parity import ParityView
 from apps.saturation import SaturationView
-from apps.shattering import ShatteringView
-from apps.task_emergence import TaskEmergenceView
 from explorer._checks import ExplorerError, check_choice
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
@@ -49,9 +47,7 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Neuron explanations", "neuron-eval", NeuronEvalView),
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),
-    ("Task-vector emergence", "task-emergence", TaskEmergenceView),
     ("Circuits", "circuits", CircuitsView),
-    ("Representation shattering", "shattering", ShatteringView),
 ]
 
 

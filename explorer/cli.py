@@ -58,11 +58,9 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
-    "explorer.analyses.task_emergence",
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",
     "explorer.analyses.shattering",
-    "explorer.analyses.unlearning",
     "explorer.studies",
 )
 
