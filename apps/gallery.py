@@ -28,6 +28,7 @@ from apps.neuron_eval import NeuronEvalView
 from apps.linear_icl import LinearICLView
 from apps.parity import ParityView
 from apps.saturation import SaturationView
+from apps.shattering import ShatteringView
 from explorer._checks import ExplorerError, check_choice
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
@@ -48,6 +49,7 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),
     ("Circuits", "circuits", CircuitsView),
+    ("Representation shattering", "shattering", ShatteringView),
 ]
 
 

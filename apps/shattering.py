@@ -1,0 +1,404 @@
+"""Representation-shattering page: edit one fact of a transformer trained on a cyclic knowledge
+graph and watch the entity representations move.
+
+Nishi et al. (ICML 2025): entities sit on cyclic orders and a small transformer trained on random
+walks over the graph represents them on rings. A knowledge edit (ROME's rank-one update, or
+fine-tuning one MLP) that sends ``e r`` to an entity ``d`` steps past the true one distorts the
+rings, measured by ``R = ||D* - D0||_F / ||D0||_F`` on the entity distance matrix. The strength
+slider scales the edit's parameter change (0 = unedited, 1 = the edit); the plane is the
+unedited PCA plane, with entities joined in cycle order and coloured by their place on the cycle.
+The scatter shows R against the accuracy drop over many edits, with the fitted line and r².
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import colorcet as cc
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+from apps import theme
+from apps._session import CancelToken, Cancelled, Runner, user_message
+from explorer.analyses.shattering import (
+    DEFAULTS,
+    EDIT_METHODS,
+    KnowledgeEdit,
+    KnowledgeModel,
+    edit_embedding,
+    edit_fact,
+    edited_model,
+    fact_accuracy,
+    is_stored,
+    key_covariance,
+    knowledge_model,
+    stored_edit_sweep,
+)
+
+__all__ = ["ShatteringView", "QUICK_PARAMS", "SWEEP_EDITS", "plot_embedding", "plot_shattering_scatter"]
+
+hv.extension("bokeh", logo=False)
+
+#: Settings trained by the page when the full model is not in the cache yet (about a minute).
+QUICK_PARAMS: dict[str, Any] = {"steps": 400}
+#: Edits in the page's R vs accuracy-drop sweep.
+SWEEP_EDITS = 40
+
+_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+_CYCLE_CMAP = list(cc.palette["colorwheel"])  # cyclic: the first and last place look alike
+_DISTANCE_COLORS = {d: theme.CATEGORICAL[i] for i, d in enumerate(range(1, 9))}
+
+
+def _font() -> dict[str, str]:
+    s = theme.SIZES
+    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
+            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+
+
+def _placeholder(text: str, height: int = 420) -> hv.Text:
+    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+
+
+# -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
+
+def plot_embedding(emb: xr.Dataset | None, order: int = 0) -> hv.Element:
+    """Entities before (grey ring) and at the chosen edit strength (coloured ring), PCA plane.
+
+    ``emb`` is an `edit_embedding` with strengths ``[0, s]``; entities are joined in the order
+    of cycle ``order`` and coloured by their place on it.
+    """
+    if emb is None:
+        return _placeholder("No edit yet.")
+    pos = emb["cycle_position"].sel(order=order).values
+    ring = np.argsort(pos)                                                  # entities in cycle order
+    names = emb["entity"].values
+    strength = float(emb["strength"].values[-1])
+    before, after = emb["pc"].values[0], emb["pc"].values[-1]              # [entity, 2]
+    closed = np.append(ring, ring[0])
+    ghost = hv.Path([before[closed]]).opts(color="lightgrey", line_width=1.5)
+    ghost_pts = hv.Points(before, ["PC1", "PC2"]).opts(color="lightgrey", size=5)
+    path = hv.Path([after[closed]]).opts(color="#555", line_width=1, alpha=0.7)
+    data = {"PC1": after[:, 0], "PC2": after[:, 1], "entity": names, "place": pos}
+    pts = hv.Points(data, ["PC1", "PC2"], ["place", "entity"]).opts(
+        color="place", cmap=_CYCLE_CMAP, colorbar=True, clabel=f"place on cycle {'ABCDEFGH'[order]}",
+        size=8, line_color="black", line_width=0.4, tools=["hover"])
+    edit = emb.attrs["edit"]
+    idx = {n: i for i, n in enumerate(names)}
+    marks = []
+    for role, colour, marker in (("entity", "black", "square"), ("true_object", "#2ca02c", "triangle"),
+                                 ("new_object", "#d62728", "star")):
+        i = idx[edit[role]]
+        marks.append(hv.Points({"PC1": [after[i, 0]], "PC2": [after[i, 1]], "role": [role.replace("_", " ")],
+                                "name": [edit[role]]}, ["PC1", "PC2"], ["role", "name"],
+                               label=f"{role.replace('_', ' ')} {edit[role]}").opts(
+            color=colour, marker=marker, size=16, fill_alpha=0.0, line_width=2.5, tools=["hover"]))
+    R = float(emb["R"].values[-1])
+    ratio = emb["explained_variance_ratio"].values
+    return hv.Overlay([ghost, ghost_pts, path, pts, *marks]).opts(
+        responsive=True, height=460, default_tools=_TOOLS, active_tools=["wheel_zoom"], fontsize=_font(),
+        legend_position="top_left", xlabel=f"PC1 of unedited ({ratio[0]:.0%} of variance)",
+        ylabel=f"PC2 ({ratio[1]:.0%})",
+        title=f"Entity representations, {edit['method']} edit × {strength:.2f}: R = {R:.3f} (grey: unedited)")
+
+
+def plot_shattering_scatter(sweep: xr.Dataset | None, current: tuple[float, float] | None = None) -> hv.Element:
+    """Shattering ratio R against the drop in accuracy on unedited facts, one dot per edit."""
+    if sweep is None:
+        return _placeholder("Running the edit sweep…", height=380)
+    R = sweep["R"].values
+    drop = sweep["accuracy_drop"].sel(split="all").values * 100
+    dist = sweep["distance"].values
+    a = sweep.attrs
+    layers = []
+    for d in sorted(set(dist.tolist())):
+        sel = dist == d
+        layers.append(hv.Scatter({"R": R[sel], "drop": drop[sel]}, "R", "drop", label=f"d = {d}").opts(
+            color=_DISTANCE_COLORS.get(d, "grey"), size=7, tools=["hover"]))
+    xs = np.linspace(0, float(R.max()) * 1.05, 50)
+    if np.isfinite(a.get("slope", np.nan)):
+        layers.append(hv.Curve((xs, (a["slope"] * xs + a["intercept"]) * 100), "R", "drop",
+                               label="least-squares fit").opts(color="black", line_dash="dashed"))
+    if current is not None:
+        layers.append(hv.Scatter([(current[0], current[1] * 100)], "R", "drop", label="current edit").opts(
+            color="black", marker="x", size=14, line_width=3))
+    method = a.get("params", {}).get("edit_method", "?")
+    return hv.Overlay(layers).opts(
+        responsive=True, height=380, default_tools=_TOOLS, fontsize=_font(), legend_position="top_left",
+        xlabel="shattering ratio R", ylabel="accuracy drop on other facts (points of %)",
+        title=f"R vs accuracy drop, {len(R)} {method} edits: r² = {a.get('r2', float('nan')):.2f}")
+
+
+# -- the view --------------------------------------------------------------------------------
+
+class ShatteringView(pn.viewable.Viewer):
+    """One counterfactual edit of the knowledge-graph transformer, and R over many edits.
+
+    Parameters
+    ----------
+    model : explorer.Model, optional
+        Ignored (the gallery passes its language model; this page trains its own transformer).
+    km : KnowledgeModel, optional
+        A trained model. Default: the stored model with `DEFAULTS`; if it is not in the cache,
+        a quicker one (`QUICK_PARAMS`) is loaded or trained, with progress shown.
+    sweep : xarray.Dataset, optional
+        An `edit_sweep` of ``km``; computed (and stored) when not given.
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (tests, notebooks).
+    """
+
+    method = param.Selector(default="rome", objects=sorted(EDIT_METHODS), label="Edit method")
+    entity = param.Selector(default=None, objects=[], label="Entity (subject)")
+    relation = param.Selector(default=None, objects=[], label="Relation")
+    distance = param.Integer(default=2, bounds=(1, 4), label="Counterfactual distance",
+                             doc="The new object lies this many steps past the true one on the cycle.")
+    strength = param.Number(default=1.0, bounds=(0.0, 1.5), step=0.05, label="Edit strength",
+                            doc="Multiple of the edit's parameter change (0 = unedited).")
+    order = param.Selector(default=0, objects=[0], label="Cycle drawn")
+    layer = param.Integer(default=0, bounds=(0, 1), label="Edited block (MLP)")
+
+    km = param.Parameter(default=None, precedence=-1)
+    edit = param.Parameter(default=None, precedence=-1)
+    sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+
+    def __init__(self, model: Any = None, *, km: KnowledgeModel | None = None,
+                 sweep: xr.Dataset | None = None, background: bool | None = None, **params: Any):
+        super().__init__(**params)
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._doc = pn.state.curdoc if background else None
+        self._lock = threading.Lock()
+        self._cov: dict[int, Any] = {}
+        self._cache: dict[tuple, Any] = {}
+        self._loader = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
+                              background=background)
+        self._editor = Runner(on_result=self._edited, on_error=self._failed, on_busy=self._set_busy,
+                              background=background)
+        self._sweeper = Runner(on_result=self._swept, on_error=self._failed, on_busy=self._set_busy,
+                               background=background)
+        for runner in (self._loader, self._editor, self._sweeper):
+            runner.bind_session()
+        self.param.watch(self._request_edit, ["method", "entity", "relation", "distance", "layer"])
+        if km is not None:
+            self._use_model(km)
+            if sweep is not None:
+                self.sweep = sweep
+            else:
+                self._request_sweep()
+        else:
+            self._loader.submit(self._load)
+
+    # -- computation ---------------------------------------------------------------------
+    def _post(self, **values: Any) -> None:
+        """Set parameters from a worker thread on the session's event loop."""
+        if self._doc is None:
+            self.param.update(**values)
+            return
+        try:
+            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
+        except Exception:  # the session is gone
+            pass
+
+    def _load(self, token: CancelToken) -> KnowledgeModel:
+        if is_stored(**DEFAULTS):
+            self._post(status="Loading the stored knowledge-graph transformer…")
+            return knowledge_model(**DEFAULTS)
+        params = {**DEFAULTS, **QUICK_PARAMS}
+        if is_stored(**params):
+            self._post(status="Loading the stored quick knowledge-graph transformer…")
+            return knowledge_model(**params)
+        started = time.perf_counter()
+        last = [0.0]
+
+        def progress(done: int, total: int) -> bool:
+            now = time.perf_counter()
+            if now - last[0] > 0.5 or done == total:
+                last[0] = now
+                self._post(status=f"No trained model in the cache: training a quick one "
+                                  f"(`explorer shattering train` makes the full one), step {done}/{total} "
+                                  f"({now - started:.0f} s)…")
+            return not token.cancelled
+
+        return knowledge_model(progress=progress, **params)
+
+    def _use_model(self, km: KnowledgeModel) -> None:
+        g = km.graph
+        with param.parameterized.discard_events(self):
+            self.param.entity.objects = g.entity_names
+            self.param.relation.objects = g.relation_names
+            self.param.order.objects = list(range(g.orders.shape[0]))
+            self.param.layer.bounds = (0, km.n_layers - 1)
+            self.param.distance.bounds = (1, min(8, g.n_entities - 1))
+            if self.entity not in g.entity_names:
+                self.entity = g.entity_names[0]
+            if self.relation not in g.relation_names:
+                self.relation = g.relation_names[0]
+        self.km = km
+        self._request_edit()
+
+    def _loaded(self, km: KnowledgeModel) -> None:
+        self._use_model(km)
+        self._request_sweep()
+
+    def _request_edit(self, *events: Any) -> None:
+        km = self.km
+        if km is None or self.entity is None or self.relation is None:
+            return
+        e, r = km.graph.entity_names.index(self.entity), km.graph.relation_names.index(self.relation)
+        method, distance, layer = self.method, self.distance, self.layer
+
+        def job(token: CancelToken) -> KnowledgeEdit:
+            cov = None
+            if method == "rome":
+                with self._lock:
+                    if layer not in self._cov:
+                        self._cov[layer] = key_covariance(km, layer)
+                    cov = self._cov[layer]
+            token.check()
+            return edit_fact(km, e, r, distance, method=method, layer=layer, cov=cov)
+
+        self._editor.submit(job)
+
+    def _edited(self, edit: KnowledgeEdit) -> None:
+        with self._lock:
+            self._cache.clear()
+        self.edit = edit
+
+    def _request_sweep(self) -> None:
+        km = self.km
+        if km is None:
+            return
+
+        def job(token: CancelToken) -> xr.Dataset:
+            self._post(status=f"Model ready (trained in {km.train_seconds:.0f} s). Running {SWEEP_EDITS} "
+                              "ROME edits for the R vs accuracy-drop scatter (stored once done)…")
+
+            def progress(done: int, total: int) -> bool:
+                self._post(status=f"Edit sweep: {done}/{total} edits…")
+                return not token.cancelled
+
+            return stored_edit_sweep(km, n_edits=SWEEP_EDITS, progress=progress)
+
+        self._sweeper.submit(job)
+
+    def _swept(self, sweep: xr.Dataset) -> None:
+        self.sweep = sweep
+        km = self.km
+        self.status = (f"Model: {km.graph.n_entities} entities on {km.graph.orders.shape[0]} cycles, "
+                       f"{km.params['n_layers']} blocks, d_model {km.params['d_model']}, "
+                       f"{km.params['steps']} steps ({km.train_seconds:.0f} s); sweep r² = "
+                       f"{sweep.attrs['r2']:.2f}.")
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, Cancelled):
+            return
+        message = user_message(exc)
+        self.status = f"Failed: {message}"
+        theme.notify("error", f"Shattering: {message}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.busy != busy:
+            self.busy = busy
+
+    def _at_strength(self) -> tuple[xr.Dataset, xr.Dataset] | None:
+        """The embedding and fact accuracy at the current strength (cached per strength)."""
+        if self.km is None or self.edit is None:
+            return None
+        key = round(float(self.strength), 4)
+        with self._lock:
+            if key not in self._cache:
+                if len(self._cache) > 64:
+                    self._cache.clear()
+                skip = [(self.edit.entity, self.edit.relation)]
+                acc = fact_accuracy(self.km, edited_model(self.km, self.edit, key), exclude=skip)
+                self._cache[key] = (edit_embedding(self.km, self.edit, [0.0, key]), acc)
+            return self._cache[key]
+
+    @param.depends("edit", "strength")
+    def embedding(self) -> xr.Dataset | None:
+        """`edit_embedding` of the current edit at strengths 0 and the slider's value."""
+        out = self._at_strength()
+        return None if out is None else out[0]
+
+    @param.depends("edit", "strength", "order")
+    def _embedding_plot(self) -> hv.Element:
+        return plot_embedding(self.embedding(), self.order)
+
+    @param.depends("sweep", "edit", "strength")
+    def _scatter_plot(self) -> hv.Element:
+        out = self._at_strength()
+        current = None
+        if out is not None and self.sweep is not None:
+            emb, acc = out
+            before = self.sweep["accuracy_before"].sel(split="all").item()
+            current = (float(emb["R"].values[-1]), before - float(acc["accuracy"].sel(split="all")))
+        return plot_shattering_scatter(self.sweep, current)
+
+    @param.depends("edit", "strength")
+    def summary(self) -> str:
+        """One line on the edit at the current strength: the facts, R, the accuracy change."""
+        out = self._at_strength()
+        if out is None:
+            return "Waiting for the model and the edit…"
+        emb, acc = out
+        e = emb.attrs["edit"]
+        pred = self.km.graph.entity_names[int(acc["prediction"].values[self.edit.entity, self.edit.relation])]
+        base = fact_accuracy(self.km, exclude=[(self.edit.entity, self.edit.relation)])["accuracy"]
+        parts = ", ".join(f"{s} {float(base.sel(split=s)):.0%} → {float(acc['accuracy'].sel(split=s)):.0%}"
+                          for s in ("direct", "logical", "compositional"))
+        return (f"**{e['entity']} {e['relation']}**: {e['true_object']} → {e['new_object']} (distance "
+                f"{e['distance']}), {e['method']} at block {e['layer']}, strength {float(self.strength):.2f}: "
+                f"**R = {float(emb['R'].values[-1]):.3f}**; the model now answers {pred}. Accuracy on the "
+                f"other facts: {parts}.")
+
+    def wait(self, timeout: float | None = 600) -> ShatteringView:
+        """Block until background work has finished (tests, scripts)."""
+        for runner in (self._loader, self._editor, self._sweeper):
+            runner.wait(timeout)
+        return self
+
+    def close(self) -> None:
+        for runner in (self._loader, self._editor, self._sweeper):
+            runner.close()
+
+    # -- layout --------------------------------------------------------------------------
+    def controls(self) -> pn.Column:
+        widgets = {
+            "method": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
+            "entity": {"type": pn.widgets.Select},
+            "relation": {"type": pn.widgets.Select},
+            "distance": {"type": pn.widgets.IntSlider},
+            "strength": {"type": pn.widgets.FloatSlider},
+            "order": {"type": pn.widgets.Select},
+            "layer": {"type": pn.widgets.IntSlider},
+        }
+        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
+                                  sizing_mode="stretch_width"),
+                         width=theme.SIZES["controls_width"], css_classes=["shattering-controls"])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10),
+                             css_classes=["shattering-status"])
+        summary = pn.pane.Markdown(self.summary, css_classes=["shattering-summary"])
+        embedding = pn.pane.HoloViews(self._embedding_plot, sizing_mode="stretch_width",
+                                      css_classes=["shattering-embedding"])
+        scatter = pn.pane.HoloViews(self._scatter_plot, sizing_mode="stretch_width",
+                                    css_classes=["shattering-scatter"])
+        return pn.Row(self.controls(),
+                      pn.Column(pn.Row(spinner, status, align="center"), summary, embedding, scatter,
+                                sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width")
+
+
+if pn.state.served:
+    theme.enable_extension()
+    theme.page([ShatteringView()], title=f"{theme.TITLE}: representation shattering").servable()

@@ -1,0 +1,104 @@
+"""Browser test of the representation-shattering page: served on a free local port with a tiny
+model trained here, driven in headless chromium. Moving the edit-strength slider to 0 must
+update the summary (R = 0) and redraw the embedding plot."""
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny model (seconds of training, one thread) and a short edit sweep."""
+    import torch
+
+    from explorer.analyses import shattering as sh
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        km = sh.train_knowledge_model(n_entities=16, n_orders=2, max_hops=2, walk_length=4, d_model=32,
+                                      n_heads=2, d_mlp=64, steps=150, batch_size=64, lr=1e-2, seed=0)
+        sweep = sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
+    finally:
+        torch.set_num_threads(before)
+    return km, sweep
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    pn = pytest.importorskip("panel")
+    from apps import theme
+    from apps.shattering import ShatteringView
+
+    km, sweep = trained
+
+    def page():
+        return theme.page([ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3",
+                                          relation="A+1", distance=2)], title="Shattering")
+
+    theme.enable_extension()
+    port = free_port()
+    srv = pn.serve({"shattering": page}, port=port, address="127.0.0.1", threaded=True, show=False,
+                   websocket_origin=[f"127.0.0.1:{port}"])
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    srv.stop()
+
+
+_SHADOW_TEXT = """el => el.shadowRoot
+    ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
+        .map(c => c.innerText).join(' ')
+    : el.innerText"""
+
+
+def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> str:
+    deadline = time.time() + timeout
+    last = ""
+    while time.time() < deadline:
+        loc = page.locator(selector)
+        if loc.count():
+            last = loc.first.evaluate(_SHADOW_TEXT)
+            if re.search(pattern, last):
+                return last
+        page.wait_for_timeout(250)
+    raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
+
+
+def test_strength_slider_redraws_the_embedding(server, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{server}/shattering", timeout=180_000)
+    text = wait_for_text(page, ".shattering-summary", r"e3 A\+1.*distance 2.*strength 1\.00: R = ([0-9.]+)")
+    assert float(re.search(r"R = ([0-9.]+)", text).group(1)) > 0
+    for css in (".shattering-embedding", ".shattering-scatter"):
+        page.wait_for_selector(f"{css} canvas", state="attached", timeout=240_000)
+    page.wait_for_timeout(1500)  # the canvas is drawn
+    before = page.locator(".shattering-embedding").screenshot()
+    # Sliders in order: distance, strength, layer. Home moves strength to 0.
+    handle = page.locator(".shattering-controls .noUi-handle").nth(1)
+    handle.focus()
+    handle.press("Home")
+    wait_for_text(page, ".shattering-summary", r"strength 0\.00: R = 0\.000")
+    page.wait_for_timeout(1500)
+    after = page.locator(".shattering-embedding").screenshot()
+    assert after != before
+    assert not errors, errors
+    page.close()

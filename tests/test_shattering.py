@@ -1,0 +1,273 @@
+"""Representation shattering (Nishi et al., ICML 2025): graph generator, training, ROME and
+fine-tuning edits, the shattering ratio R, storage and the command line, on tiny settings."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from explorer._checks import InputError
+from explorer.analyses import shattering as sh
+
+TINY = {"n_entities": 16, "n_orders": 2, "max_hops": 2, "heldout_fraction": 0.1, "walk_length": 4,
+        "d_model": 32, "n_layers": 2, "n_heads": 2, "d_mlp": 64, "steps": 150, "batch_size": 64,
+        "lr": 1e-2, "seed": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is much faster than two on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def km(one_thread):
+    return sh.train_knowledge_model(**TINY)
+
+
+@pytest.fixture(scope="module")
+def cov(km):
+    return sh.key_covariance(km, 0, n_walks=300)
+
+
+# -- graph ----------------------------------------------------------------------------
+
+def test_graph_orders_are_cycles_and_relations_follow_them():
+    g = sh.knowledge_graph(20, 3, max_hops=4, seed=3)
+    n = 20
+    for o in range(3):
+        assert sorted(g.orders[o].tolist()) == list(range(n))          # a permutation
+        assert (g.orders[o, g.position[o]] == np.arange(n)).all()       # position inverts it
+    objects = g.objects()
+    assert g.n_relations == 3 * 4 * 2
+    for r, (o, h) in enumerate(g.relations):
+        for e in range(n):
+            # hand-walk |h| single steps along the cycle
+            place = int(np.nonzero(g.orders[o] == e)[0][0])
+            assert objects[e, r] == g.orders[o, (place + h) % n]
+            assert objects[objects[e, r], g.inverse(r)] == e             # inverse undoes it
+    # k hops = k single hops
+    one = g.relations.index((1, 1))
+    two = g.relations.index((1, 2))
+    assert (objects[objects[:, one], one] == objects[:, two]).all()
+    # walking n single steps around a cycle returns to the start
+    e = np.arange(n)
+    for _ in range(n):
+        e = objects[e, one]
+    assert (e == np.arange(n)).all()
+
+
+def test_graph_held_out_splits_are_consistent():
+    g = sh.knowledge_graph(40, 2, max_hops=4, heldout_fraction=0.2, seed=1)
+    objects = g.objects()
+    n_pairs = 40 * 2 * 4
+    counts = {s: int((g.split == s).sum()) for s in sh.SPLITS}
+    assert counts["logical"] == round(0.2 * n_pairs)
+    assert counts["compositional"] == 2 * round(0.2 * n_pairs)
+    for e, r in zip(*np.nonzero(g.split == "logical")):
+        assert g.split[objects[e, r], g.inverse(r)] == "direct"         # inverse is trained
+    for e, r in zip(*np.nonzero(g.split == "compositional")):
+        assert g.split[objects[e, r], g.inverse(r)] == "compositional"  # inverse held out too
+
+
+def test_random_walks_use_only_trained_facts():
+    g = sh.knowledge_graph(16, 2, max_hops=2, heldout_fraction=0.2, seed=0)
+    walks = sh.random_walks(g, 200, 6, rng=np.random.default_rng(0))
+    assert walks.shape == (200, 11)
+    objects = g.objects()
+    n = g.n_entities
+    for i in range(1, 11, 2):
+        e, r, e2 = walks[:, i - 1], walks[:, i] - n, walks[:, i + 1]
+        assert (r >= 0).all() and (e < n).all()
+        assert (objects[e, r] == e2).all()
+        assert (g.split[e, r] == "direct").all()
+
+
+def test_graph_rejects_bad_values():
+    with pytest.raises(InputError, match="`n_orders` must be an int in"):
+        sh.knowledge_graph(16, 0)
+    with pytest.raises(InputError, match="`heldout_fraction` must be a number in"):
+        sh.knowledge_graph(16, 1, heldout_fraction=0.9)
+    with pytest.raises(InputError, match="unknown training parameter 'd_modle'"):
+        sh.train_knowledge_model(d_modle=8)
+    with pytest.raises(InputError, match="`relation` must be one of .*Did you mean 'A\\+1'"):
+        sh.knowledge_graph(16, 1).relation_index("A+1 ")
+
+
+# -- training -------------------------------------------------------------------------
+
+def test_training_reduces_the_loss(km):
+    loss = km.history["loss"]
+    assert loss[-1] < 0.5 * loss[0]
+    # chance over 16 entities is log(16) = 2.77 nats
+    assert loss[0] > 2.0
+
+
+def test_training_is_reproducible_with_a_seed():
+    with torch.enable_grad():
+        a = sh.train_knowledge_model(**{**TINY, "steps": 5})
+        b = sh.train_knowledge_model(**{**TINY, "steps": 5})
+    for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_save_and_load_round_trip(km, tmp_path):
+    path = sh.save_knowledge_model(km, tmp_path / "m.safetensors")
+    back = sh.load_knowledge_model(path)
+    tokens = torch.tensor([[0, 16, 3, 17]])
+    assert torch.equal(back.model(tokens), km.model(tokens))
+    assert back.params == km.params
+    assert (back.graph.orders == km.graph.orders).all()
+    with pytest.raises(InputError, match="no stored knowledge model"):
+        sh.load_knowledge_model(tmp_path / "missing.safetensors")
+
+
+def test_fact_accuracy_matches_a_plain_forward(km):
+    acc = sh.fact_accuracy(km)
+    g = km.graph
+    objects = g.objects()
+    right = {s: [] for s in sh.SPLITS}
+    for e in range(g.n_entities):
+        for r in range(g.n_relations):
+            logits = km.model(torch.tensor([[e, g.n_entities + r]]))[0, -1, :g.n_entities]
+            right[g.split[e, r]].append(int(logits.argmax()) == objects[e, r])
+    for s in sh.SPLITS:
+        assert acc["accuracy"].sel(split=s).item() == pytest.approx(np.mean(right[s]))
+    assert acc["accuracy"].sel(split="direct").item() > 0.5   # it learned the trained facts
+
+
+# -- ROME -----------------------------------------------------------------------------
+
+def test_rome_update_hits_the_value_and_keeps_c_orthogonal_keys():
+    gen = torch.Generator().manual_seed(0)
+    d_out, d_in = 5, 7
+    W = torch.randn(d_out, d_in, generator=gen, dtype=torch.float64)
+    A = torch.randn(d_in, 20, generator=gen, dtype=torch.float64)
+    C = A @ A.T / 20                                                     # SPD second moment
+    k = torch.randn(d_in, generator=gen, dtype=torch.float64)
+    v = torch.randn(d_out, generator=gen, dtype=torch.float64)
+    W2 = W + sh.rome_update(W, C, k, v)
+    torch.testing.assert_close(W2 @ k, v, rtol=0, atol=1e-10)
+    u = torch.linalg.solve(C, k)
+    for _ in range(5):
+        x = torch.randn(d_in, generator=gen, dtype=torch.float64)
+        x = x - (u @ x) / (u @ u) * u                                    # u^T x = 0
+        torch.testing.assert_close(W2 @ x, W @ x, rtol=0, atol=1e-10)
+    assert torch.linalg.matrix_rank(W2 - W) == 1
+    with pytest.raises(InputError, match="shapes must be"):
+        sh.rome_update(W, C, v, k)
+
+
+def test_rome_edit_on_the_model_writes_v_star_and_changes_one_matrix(km, cov):
+    g = km.graph
+    edit = sh.edit_fact(km, 3, 1, 2, method="rome", layer=0, cov=cov)
+    assert edit.new_object == g.step(int(g.objects()[3, 1]), g.relations[1][0], 2)
+    assert list(edit.delta) == ["blocks.0.mlp.proj.weight"]
+    model = sh.edited_model(km, edit)
+    proj = model.blocks[0].mlp["proj"]
+    key, value = edit.info["key"], edit.info["value"]
+    torch.testing.assert_close(proj(key), value.float(), rtol=1e-4, atol=1e-4)
+    # the edited fact: strength 0 gives the old model back exactly
+    same = sh.edited_model(km, edit, 0.0)
+    for (n, p), (_, q) in zip(same.named_parameters(), km.model.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+# -- fine-tuning ----------------------------------------------------------------------
+
+def test_finetune_edit_changes_only_the_chosen_layer(km):
+    edit = sh.edit_fact(km, 5, 0, 3, method="finetune", layer=1)
+    assert edit.delta and all(n.startswith("blocks.1.mlp.") for n in edit.delta)
+    model = sh.edited_model(km, edit)
+    changed = {n for (n, p), (_, q) in zip(model.named_parameters(), km.model.named_parameters())
+               if not torch.equal(p, q)}
+    assert changed and all(n.startswith("blocks.1.mlp.") for n in changed)
+    prompt = torch.tensor([[5, km.graph.n_entities + 0]])
+    p_new = torch.softmax(model(prompt)[0, -1, :16], -1)[edit.new_object]
+    p_old = torch.softmax(km.model(prompt)[0, -1, :16], -1)[edit.new_object]
+    assert p_new > p_old
+
+
+def test_edit_rejects_bad_values(km):
+    with pytest.raises(InputError, match="`method` must be one of 'rome', 'finetune'; got 'memet'"):
+        sh.edit_fact(km, 0, 0, 1, method="memet")
+    with pytest.raises(InputError, match=r"`distance` must be an int in \[1, 15\]; got 16"):
+        sh.edit_fact(km, 0, 0, 16)
+    with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 1\]; got 2"):
+        sh.edit_fact(km, 0, 0, 1, layer=2)
+    with pytest.raises(InputError, match="`position` must be one of 'last', 'subject'; got 'first'"):
+        sh.rome_edit(km, 0, 0, 1, position="first")
+
+
+# -- shattering ratio -----------------------------------------------------------------
+
+def test_shattering_ratio_hand_worked_and_invariances():
+    d0 = np.array([[0.0, 1.0], [1.0, 0.0]])
+    assert sh.shattering_ratio(d0, 2 * d0) == pytest.approx(1.0)        # ||D0|| / ||D0||
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(10, 4))
+    y = x + 0.3 * rng.normal(size=(10, 4))
+    d_x, d_y = sh.distance_matrix(x), sh.distance_matrix(y)
+    assert sh.shattering_ratio(d_x, d_x) == 0.0
+    # distances equal a direct computation
+    assert d_x[2, 7] == pytest.approx(np.linalg.norm(x[2] - x[7]))
+    R = sh.shattering_ratio(d_x, d_y)
+    assert R > 0
+    for c in (0.1, 7.0):
+        assert sh.shattering_ratio(sh.distance_matrix(c * x), sh.distance_matrix(c * y)) == pytest.approx(R)
+    with pytest.raises(InputError, match="all zero"):
+        sh.shattering_ratio(np.zeros((2, 2)), d0)
+    with pytest.raises(InputError, match="of one shape"):
+        sh.shattering_ratio(d0, d_x)
+
+
+def test_edit_embedding_is_unchanged_at_strength_zero(km, cov):
+    edit = sh.edit_fact(km, 2, 2, 1, method="rome", cov=cov)
+    emb = sh.edit_embedding(km, edit, [0.0, 0.5, 1.0])
+    assert emb["R"].values[0] == 0.0
+    assert emb["R"].values[2] > 0
+    reps = sh.entity_representations(sh.edited_model(km, edit), 16).double().numpy()
+    base = sh.entity_representations(km.model, 16).double().numpy()
+    R = np.linalg.norm(sh.distance_matrix(reps) - sh.distance_matrix(base)) / np.linalg.norm(
+        sh.distance_matrix(base))
+    assert emb["R"].values[2] == pytest.approx(R)
+
+
+def test_edit_sweep_fits_drop_on_r(km):
+    sweep = sh.edit_sweep(km, n_edits=4, distances=[1, 2], method="finetune")
+    assert sweep.sizes["edit"] == 4
+    assert sweep["distance"].values.tolist() == [1, 2, 1, 2]
+    R = sweep["R"].values
+    drop = sweep["accuracy_drop"].sel(split="all").values
+    slope, intercept = np.polyfit(R, drop, 1)
+    assert sweep.attrs["slope"] == pytest.approx(slope)
+    pred = slope * R + intercept
+    r2 = 1 - ((drop - pred) ** 2).sum() / ((drop - drop.mean()) ** 2).sum()
+    assert sweep.attrs["r2"] == pytest.approx(r2)
+    assert sweep.attrs["R_by_distance"]["1"] == pytest.approx(R[[0, 2]].mean())
+
+
+# -- command line ---------------------------------------------------------------------
+
+def test_cli_edit_json(tmp_path, monkeypatch, capsys):
+    from explorer.cli import main
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    args = ["shattering", "edit", "--steps", "20", "--n-entities", "16", "--n-orders", "1",
+            "--d-model", "32", "--d-mlp", "64", "--batch-size", "32", "--relation", "A-2",
+            "--entity", "4", "--distance", "3", "--json"]
+    with torch.enable_grad():
+        assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["entity"] == "e4" and out["relation"] == "A-2" and out["distance"] == 3
+    assert out["R"] > 0
+    assert list((tmp_path / "shattering").glob("*.safetensors"))
+    assert main(["shattering", "edit", "--steps", "20", "--n-entities", "16", "--n-orders", "1",
+                 "--d-model", "32", "--d-mlp", "64", "--batch-size", "32", "--relation", "Z+9",
+                 "--json"]) != 0
+    assert "`relation` must be one of" in capsys.readouterr().err
