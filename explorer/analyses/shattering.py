@@ -87,18 +87,18 @@ CITATION = ("K. Nishi, R. Ramesh, M. Okawa, M. Khona, H. Tanaka, E. S. Lubana, \
 #: entities, 3 orders and a 2-layer nanoGPT trained for 150k steps of batch 256.
 DEFAULTS: dict[str, Any] = {
     "n_entities": 64,
-    "n_orders": 3,
+    "n_orders": 2,
     "max_hops": 4,
     "heldout_fraction": 0.1,
     "walk_length": 8,        # entities per walk: 8 entities + 7 relations = 15 tokens
-    "d_model": 128,
+    "d_model": 64,
     "n_layers": 2,
     "n_heads": 4,
-    "d_mlp": 512,
-    "steps": 3000,
+    "d_mlp": 256,
+    "steps": 800,
     "batch_size": 128,
     "lr": 3e-3,
-    "weight_decay": 0.01,
+    "weight_decay": 0.1,
     "seed": 0,
 }
 
@@ -661,22 +661,22 @@ def counterfactual_target(graph: KnowledgeGraph, entity: int, relation: int, dis
     return graph.step(int(graph.objects()[entity, relation]), o, distance)
 
 
-def _target_value(km: KnowledgeModel, layer: int, prompt: torch.Tensor, target: int, *,
-                  steps: int = 100, lr: float = 0.05, l2: float = 0.01) -> tuple[torch.Tensor, float]:
-    """ROME's v*: the MLP output at the subject that makes ``target`` the next token.
+def _target_value(km: KnowledgeModel, layer: int, prompt: torch.Tensor, target: int, *, pos: int,
+                  steps: int = 100, lr: float = 0.5, l2: float = 0.01) -> tuple[torch.Tensor, float]:
+    """ROME's v*: the MLP output at position ``pos`` that makes ``target`` the next token.
 
-    Optimises an additive change δ to the MLP output at the subject position (position 0)
-    for ``-log p(target) + l2 ||δ||² / ||v0||²``, with Adam.
+    Optimises an additive change δ to the MLP output at that position for
+    ``-log p(target) + l2 ||δ||² / ||v0||²``, with Adam (ROME's learning rate, 0.5).
     """
     model = km.model
     d = model.config["d_model"]
     delta = torch.zeros(d, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
     with torch.no_grad():
-        v0 = model.blocks[layer].mlp["proj"](model.mlp_keys(prompt, layer))[0, 0]
+        v0 = model.blocks[layer].mlp["proj"](model.mlp_keys(prompt, layer))[0, pos]
     scale = float(v0.norm() ** 2) + 1e-8
     for _ in range(steps):
-        logits = model(prompt, mlp_delta=(layer, 0, delta))[0, -1, :km.graph.n_entities]
+        logits = model(prompt, mlp_delta=(layer, pos, delta))[0, -1, :km.graph.n_entities]
         logp = torch.log_softmax(logits, -1)[target]
         loss = -logp + l2 * (delta @ delta) / scale
         opt.zero_grad()
@@ -688,29 +688,36 @@ def _target_value(km: KnowledgeModel, layer: int, prompt: torch.Tensor, target: 
 
 
 def rome_edit(km: KnowledgeModel, entity: int, relation: int, new_object: int, *, layer: int = 0,
-              cov: torch.Tensor | None = None, steps: int = 100) -> KnowledgeEdit:
+              cov: torch.Tensor | None = None, steps: int = 100, position: str = "last") -> KnowledgeEdit:
     """ROME at block ``layer``'s MLP output projection: ``e r -> new_object``.
 
-    The key k* is the MLP's hidden activation at the entity (prompt ``e r``, position 0);
-    v* comes from `_target_value`; the update is `rome_update`.
+    The key k* is the MLP's hidden activation in the prompt ``e r`` at the relation token
+    (``position="last"``, the default) or at the entity (``"subject"``, ROME's choice for
+    multi-token subjects); v* comes from `_target_value`; the update is `rome_update`.
+    In the two-token prompt the subject's MLP output reaches the answer only through one
+    attention read in the next block, which here cannot carry a new object (the best v*
+    found gives it p ~ 0.1); after the first block's attention, the relation token's key
+    holds both the entity and the relation, and an edit there succeeds.
     """
     layer = check_int("layer", layer, low=0, high=km.n_layers - 1)
+    check_choice("position", position, ["last", "subject"])
+    pos = 1 if position == "last" else 0
     prompt = torch.tensor([[entity, km.graph.n_entities + relation]])
     cov = key_covariance(km, layer) if cov is None else cov
     with torch.enable_grad():
-        value, p_opt = _target_value(km, layer, prompt, new_object, steps=steps)
+        value, p_opt = _target_value(km, layer, prompt, new_object, pos=pos, steps=steps)
     with torch.no_grad():
-        key = km.model.mlp_keys(prompt, layer)[0, 0]
+        key = km.model.mlp_keys(prompt, layer)[0, pos]
         proj = km.model.blocks[layer].mlp["proj"]
         # The layer computes W k + b: W must map k* to v* - b.
         delta = rome_update(proj.weight, cov, key, value - proj.bias)
     return KnowledgeEdit(entity, relation, -1, new_object, 0, "rome", layer,
                          {f"blocks.{layer}.mlp.proj.weight": delta},
-                         {"p_target_at_value": p_opt, "key": key, "value": value})
+                         {"p_target_at_value": p_opt, "key": key, "value": value, "position": position})
 
 
 def finetune_edit(km: KnowledgeModel, entity: int, relation: int, new_object: int, *, layer: int = 0,
-                  steps: int = 50, lr: float = 1e-2) -> KnowledgeEdit:
+                  steps: int = 100, lr: float = 2e-3) -> KnowledgeEdit:
     """Fine-tune block ``layer``'s MLP (both matrices and biases) on ``e r -> new_object``.
 
     Adam on the cross-entropy of the new object for at most ``steps`` steps (stops once its
