@@ -61,6 +61,7 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",
     "explorer.analyses.shattering",
+    "explorer.analyses.unlearning",
     "explorer.studies",
 )
 

@@ -1,0 +1,899 @@
+"""Mechanistic unlearning: localize where a fact is looked up, then unlearn only there.
+
+Guo, Syed, Sheshadri, Ewart & Dziugaite, "Mechanistic Unlearning: Robust Knowledge
+Unlearning and Editing via Mechanistic Localization" (ICML 2025).
+Facts are athlete -> sport (``datasets/unlearning/athlete_sport.json``), asked in the
+trained format ("Fact: ... plays the sport of") and an unseen multiple-choice format.
+
+- `attribute_probe_curve`: a logistic-regression probe for the sport on the last subject
+  token after each layer (cross-validated); `fact_lookup_layers` takes the window of MLP
+  layers where the probe accuracy rises most (fact lookup, FLU).
+- `causal_trace`: noise the subject embeddings, restore one layer's clean state (residual
+  at one position, or the MLP output at every position) and read p(answer).
+- `attribution_patching`: the gradient of p(answer) in the corrupted run times the clean
+  minus corrupted MLP output, a linear estimate of the MLP restore effect.
+- `localized_finetune`: gradient steps on a copy of the model restricted to the chosen MLP
+  layers (forget loss plus a retain term); `unlearning_comparison` runs it for each
+  localization with the same parameter budget and evaluates forget / multiple-choice /
+  retain accuracy and a relearning attack.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from explorer._checks import ExplorerError, InputError, check_choice, check_float, check_int
+from explorer.interventions import position_index
+from explorer.models import Model, cache_dir
+from explorer.trace import provenance, run_batch
+
+__all__ = [
+    "FORMATS",
+    "METHODS",
+    "OBJECTIVES",
+    "AttributeFact",
+    "UnlearningCancelled",
+    "facts_path",
+    "load_attribute_facts",
+    "fact_prompt",
+    "attribute_token_ids",
+    "subject_positions",
+    "candidate_predictions",
+    "format_accuracy",
+    "known_facts",
+    "split_facts",
+    "probe_accuracy",
+    "attribute_probe_curve",
+    "fact_lookup_layers",
+    "causal_trace",
+    "attribution_patching",
+    "top_layers",
+    "localized_layers",
+    "component_parameters",
+    "localized_finetune",
+    "unlearning_comparison",
+    "register_cli",
+]
+
+FORMATS = ("trained", "mc")
+METHODS = ("fact_lookup", "causal_tracing", "attribution_patching", "random", "all")
+OBJECTIVES = ("unlearn", "edit")
+CITATION = ("Guo, Syed, Sheshadri, Ewart & Dziugaite, Mechanistic Unlearning: Robust "
+            "Knowledge Unlearning and Editing via Mechanistic Localization, ICML 2025")
+
+Progress = Callable[[int, int], None] | None
+ShouldStop = Callable[[], bool] | None
+
+
+class UnlearningCancelled(ExplorerError):
+    """A training run was stopped by its ``should_stop`` callback."""
+
+
+# -- data ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttributeFact:
+    """One subject with its attribute and the prompt templates of its relation."""
+
+    subject: str
+    attribute: str
+    attributes: tuple[str, ...]
+    trained: str
+    mc: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def facts_path() -> Path:
+    """The shipped fact file, ``datasets/unlearning/athlete_sport.json``."""
+    return Path(__file__).resolve().parents[2] / "datasets" / "unlearning" / "athlete_sport.json"
+
+
+def load_attribute_facts(path: str | Path | None = None) -> list[AttributeFact]:
+    """Every fact of the file (default the shipped athlete -> sport facts)."""
+    path = Path(path) if path is not None else facts_path()
+    if not path.is_file():
+        raise InputError(f"fact file {str(path)!r} does not exist.")
+    data = json.loads(path.read_text())
+    attrs = tuple(data["attributes"])
+    out = []
+    for i, (subject, attribute) in enumerate(data["facts"]):
+        if attribute not in attrs:
+            raise InputError(f"fact {i} ({subject!r}) has attribute {attribute!r}; the file "
+                             f"allows {', '.join(attrs)}.")
+        out.append(AttributeFact(subject, attribute, attrs, data["templates"]["trained"],
+                                 data["templates"]["mc"]))
+    return out
+
+
+def fact_prompt(fact: AttributeFact, fmt: str = "trained") -> str:
+    """The prompt of a fact in the trained format or the multiple-choice format (the
+    options are every attribute of the relation, in the file's order)."""
+    check_choice("format", fmt, FORMATS)
+    if fmt == "trained":
+        return fact.trained.format(subject=fact.subject)
+    return fact.mc.format(subject=fact.subject, options=", ".join(fact.attributes))
+
+
+def attribute_token_ids(model: Model, attributes: Sequence[str]) -> list[int]:
+    """First token of `` attribute`` for each attribute; they must differ."""
+    ids = [model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in attributes]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"the attributes {list(attributes)} do not start with distinct tokens "
+                         "for this tokenizer; answers could not be told apart.")
+    return ids
+
+
+def subject_positions(model: Model, fact: AttributeFact) -> list[int]:
+    """Token positions of the subject in the trained prompt (its first token carries the
+    space before it)."""
+    prompt = fact_prompt(fact, "trained")
+    prefix = fact.trained.split("{subject}")[0]
+    tok = model.tokenizer
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    head = prefix.rstrip(" ")
+    before = len(tok(head, add_special_tokens=False)["input_ids"]) if head else 0
+    upto = tok(prompt[:len(prefix) + len(fact.subject)], add_special_tokens=False)["input_ids"]
+    if ids[:len(upto)] != upto or len(upto) <= before:
+        raise InputError(f"the subject {fact.subject!r} does not tokenise on its own in its "
+                         "prompt; positions cannot be found.")
+    return list(range(before, len(upto)))
+
+
+def candidate_predictions(logits: torch.Tensor, candidate_ids: Sequence[int]) -> np.ndarray:
+    """Index of the highest-scoring candidate for each row of ``logits`` [prompt, vocab]:
+    the answer of a multiple-choice (or closed-set) question scored by its first token."""
+    if logits.ndim != 2:
+        raise InputError(f"`logits` must be [prompt, vocab]; got shape {tuple(logits.shape)}.")
+    ids = torch.as_tensor(list(candidate_ids), dtype=torch.long)
+    return logits[:, ids].argmax(-1).numpy()
+
+
+def _last_logits_hf(hf: torch.nn.Module, model: Model, prompts: Sequence[str],
+                    batch_size: int = 32) -> torch.Tensor:
+    """Last-position logits [prompt, vocab] of a plain forward of ``hf`` (a trained copy)."""
+    out = []
+    for b0 in range(0, len(prompts), batch_size):
+        batch = model.tokenize(list(prompts[b0:b0 + batch_size]))
+        out.append(hf(**batch.model_inputs()).logits[:, -1].float())
+    return torch.cat(out)
+
+
+def format_accuracy(model: Model, facts: Sequence[AttributeFact], fmt: str = "trained", *,
+                    hf: torch.nn.Module | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(correct [fact] bool, p(answer) among the candidates [fact]) for the facts asked in
+    ``fmt``; ``hf`` is a trained copy to evaluate instead of the model's own weights."""
+    facts = list(facts)
+    if not facts:
+        return np.zeros(0, bool), np.zeros(0)
+    prompts = [fact_prompt(f, fmt) for f in facts]
+    ids = attribute_token_ids(model, facts[0].attributes)
+    target = np.array([f.attributes.index(f.attribute) for f in facts])
+    with torch.no_grad():
+        if hf is None:
+            logits = run_batch(model, model.tokenize(prompts), save_positions=[-1])["logits"][:, 0].float()
+        else:
+            logits = _last_logits_hf(hf, model, prompts)
+    pred = candidate_predictions(logits, ids)
+    p = torch.softmax(logits[:, ids], -1).numpy()[np.arange(len(facts)), target]
+    return pred == target, p
+
+
+def _cache_file(model: Model, facts: Sequence[AttributeFact], formats: Sequence[str]) -> Path:
+    key = hashlib.sha256(json.dumps([f.to_dict() for f in facts] + list(formats)).encode()).hexdigest()[:16]
+    wh = hashlib.sha256(f"{model.spec.name}|{model.spec.weights}".encode()).hexdigest()[:16]
+    return cache_dir() / "unlearning" / f"known-{wh}-{key}.json"
+
+
+def known_facts(model: Model, facts: Sequence[AttributeFact] | None = None, *,
+                formats: Sequence[str] = ("trained",), cache: bool = True) -> list[AttributeFact]:
+    """The facts the model answers correctly (top candidate among the attributes) in every
+    one of ``formats`` (default the trained format only), cached as JSON per model weights and fact list under ``cache_dir()``."""
+    facts = load_attribute_facts() if facts is None else list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    formats = [check_choice("format", f, FORMATS) for f in formats]
+    path = _cache_file(model, facts, formats)
+    if cache and path.is_file():
+        return [facts[i] for i in json.loads(path.read_text())["kept"]]
+    ok = np.ones(len(facts), bool)
+    for fmt in formats:
+        ok &= format_accuracy(model, facts, fmt)[0]
+    keep = [int(i) for i in np.flatnonzero(ok)]
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model": model.spec.name, "formats": formats, "kept": keep}))
+        tmp.replace(path)
+    return [facts[i] for i in keep]
+
+
+def split_facts(facts: Sequence[AttributeFact], n_forget: int, n_retain: int, *,
+                seed: int = 0) -> tuple[list[AttributeFact], list[AttributeFact]]:
+    """A seeded random forget set and a disjoint retain set."""
+    facts = list(facts)
+    n_forget = check_int("n_forget", n_forget, low=2)
+    n_retain = check_int("n_retain", n_retain, low=1)
+    if n_forget + n_retain > len(facts):
+        raise InputError(f"`n_forget` + `n_retain` must be at most the {len(facts)} facts "
+                         f"available; got {n_forget} + {n_retain}.")
+    order = list(range(len(facts)))
+    random.Random(seed).shuffle(order)
+    return ([facts[i] for i in order[:n_forget]],
+            [facts[i] for i in order[n_forget:n_forget + n_retain]])
+
+
+# -- fact lookup: the probe ---------------------------------------------------------------
+
+def probe_accuracy(features: np.ndarray, labels: np.ndarray, *, n_folds: int = 4,
+                   seed: int = 0) -> float:
+    """Cross-validated accuracy of a multinomial logistic-regression probe
+    (standardised features, L2 penalty, stratified ``n_folds``-fold split)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    features = np.asarray(features, dtype=np.float64)
+    labels = np.asarray(labels)
+    if features.ndim != 2 or len(features) != len(labels):
+        raise InputError(f"`features` must be [example, feature] with one label per row; got "
+                         f"{features.shape} and {labels.shape}.")
+    n_folds = check_int("n_folds", n_folds, low=2)
+    _, counts = np.unique(labels, return_counts=True)
+    if len(counts) < 2:
+        raise InputError(f"a probe needs labels of at least 2 classes; got {len(counts)}.")
+    if counts.min() < n_folds:
+        raise InputError(f"every class needs at least `n_folds`={n_folds} examples; the "
+                         f"smallest has {counts.min()}.")
+    probe = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=2000))
+    folds = StratifiedKFold(n_folds, shuffle=True, random_state=seed)
+    return float(cross_val_score(probe, features, labels, cv=folds).mean())
+
+
+def attribute_probe_curve(model: Model, facts: Sequence[AttributeFact], *, n_folds: int = 4,
+                          seed: int = 0, batch_size: int = 32, progress: Progress = None,
+                          ) -> xr.Dataset:
+    """Probe accuracy for the attribute on the last subject token, per layer.
+
+    Reads ``resid_post`` of every layer (after its MLP) and ``resid_pre`` of layer 0 (the
+    embedding) at the last subject token of each trained-format prompt.
+
+    Returns
+    -------
+    xr.Dataset
+        ``probe_accuracy`` (layer), ``embed_accuracy`` scalar, ``chance`` scalar (the
+        largest class share).
+    """
+    facts = list(facts)
+    if len(facts) < 2:
+        raise InputError(f"`facts` must hold at least 2 facts; got {len(facts)}.")
+    L = model.n_layers
+    labels = np.array([f.attribute for f in facts])
+    feats = [[] for _ in range(L + 1)]  # embed, then layer 0..L-1
+    save = {(0, "resid_pre")} | {(layer, "resid_post") for layer in range(L)}
+    for b0 in range(0, len(facts), batch_size):
+        chunk = facts[b0:b0 + batch_size]
+        batch = model.tokenize([fact_prompt(f, "trained") for f in chunk])
+        out = run_batch(model, batch, save=save, logits=False)
+        rows = torch.arange(len(chunk))
+        cols = torch.tensor([batch.width - n + subject_positions(model, f)[-1]
+                             for f, n in zip(chunk, batch.lengths)])
+        feats[0].append(out[(0, "resid_pre")][rows, cols].float().numpy())
+        for layer in range(L):
+            feats[layer + 1].append(out[(layer, "resid_post")][rows, cols].float().numpy())
+        if progress:
+            progress(min(b0 + batch_size, len(facts)), len(facts) + L + 1)
+    accs = []
+    for i, f in enumerate(feats):
+        accs.append(probe_accuracy(np.concatenate(f), labels, n_folds=n_folds, seed=seed))
+        if progress:
+            progress(len(facts) + i + 1, len(facts) + L + 1)
+    _, counts = np.unique(labels, return_counts=True)
+    ds = xr.Dataset({"probe_accuracy": ("layer", np.array(accs[1:])),
+                     "embed_accuracy": accs[0], "chance": counts.max() / counts.sum()},
+                    coords={"layer": np.arange(L)},
+                    attrs=provenance(model, method="attribute_probe_curve", n_folds=n_folds,
+                                     seed=seed, n_facts=len(facts)))
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+def fact_lookup_layers(probe: xr.Dataset, n_layers: int) -> list[int]:
+    """The ``n_layers`` consecutive layers over which the probe accuracy rises most
+    (accuracy after the window minus accuracy before it, the embedding before layer 0)."""
+    acc = np.concatenate([[float(probe.embed_accuracy)], probe.probe_accuracy.values])
+    L = len(acc) - 1
+    n_layers = check_int("n_layers", n_layers, low=1, high=L)
+    gains = [acc[s + n_layers] - acc[s] for s in range(L - n_layers + 1)]
+    start = int(np.argmax(gains))  # first window on ties: lookup happens early
+    return list(range(start, start + n_layers))
+
+
+# -- causal tracing and attribution patching ---------------------------------------------
+
+def _layer_modules(model: Model) -> list[torch.nn.Module]:
+    return [model.hf_layer(layer) for layer in range(model.n_layers)]
+
+
+def _mlp_module(model: Model, layer: int) -> torch.nn.Module:
+    block = model.hf_layer(layer)
+    if not hasattr(block, "mlp"):
+        raise InputError(f"{model.spec.family} layers have no `mlp` module; unlearning needs one.")
+    return block.mlp
+
+
+def _noise_std(model: Model) -> float:
+    """Standard deviation of the token embedding entries (the noise unit of ROME)."""
+    return float(model.hf.get_input_embeddings().weight.float().std())
+
+
+def _fact_noise(model: Model, facts: Sequence[AttributeFact], noise_scale: float,
+                seed: int) -> list[torch.Tensor]:
+    """Gaussian noise per fact, [n_subject_tokens, d_model]: one generator seeded with
+    ``seed`` draws each fact's block in order, scaled by noise_scale * embedding std."""
+    g = torch.Generator().manual_seed(seed)
+    std = _noise_std(model)
+    return [torch.randn(len(subject_positions(model, f)), model.spec.d_model, generator=g)
+            * noise_scale * std for f in facts]
+
+
+def _replace_output(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to a module output that is a tensor or a tuple led by one."""
+    if isinstance(output, tuple):
+        return (fn(output[0]), *output[1:])
+    return fn(output)
+
+
+def _clean_states(model: Model, prompt: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Clean resid_post and mlp_out per layer, each [pos, d_model], from one core trace."""
+    L = model.n_layers
+    out = run_batch(model, model.tokenize([prompt]), logits=False,
+                    save={(x, s) for x in range(L) for s in ("resid_post", "mlp_out")})
+    return ([out[(x, "resid_post")][0].clone() for x in range(L)],
+            [out[(x, "mlp_out")][0].clone() for x in range(L)])
+
+
+def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
+                     target: int, restores: Sequence[tuple[str, int, int | None]],
+                     resid: list[torch.Tensor], mlp: list[torch.Tensor]) -> torch.Tensor:
+    """p(target) at the last position for one corrupted run per restore.
+
+    ``restores`` rows are ("resid", layer, pos): that layer's output at pos set to its
+    clean value; ("mlp", layer, None): that MLP's output at every position set clean;
+    ("none", -1, None): corrupted only. ``ids`` [pos]; the subject embeddings get ``noise``.
+    """
+    R = len(restores)
+    handles = []
+    subj_t = torch.tensor(subj)
+
+    def add_noise(_m, _inp, out):
+        out = out.clone()
+        out[:, subj_t] += noise.to(out.dtype)
+        return out
+
+    handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
+    for layer in range(model.n_layers):
+        rows_r = [(i, p) for i, (k, x, p) in enumerate(restores) if k == "resid" and x == layer]
+        rows_m = [i for i, (k, x, _) in enumerate(restores) if k == "mlp" and x == layer]
+        if rows_r:
+            ri = torch.tensor([i for i, _ in rows_r])
+            pi = torch.tensor([p for _, p in rows_r])
+
+            def restore_resid(_m, _inp, out, ri=ri, pi=pi, clean=resid[layer]):
+                def fn(h):
+                    h = h.clone()
+                    h[ri, pi] = clean[pi].to(h.dtype)
+                    return h
+                return _replace_output(out, fn)
+            handles.append(model.hf_layer(layer).register_forward_hook(restore_resid))
+        if rows_m:
+            mi = torch.tensor(rows_m)
+
+            def restore_mlp(_m, _inp, out, mi=mi, clean=mlp[layer]):
+                def fn(h):
+                    h = h.clone()
+                    h[mi] = clean.to(h.dtype)
+                    return h
+                return _replace_output(out, fn)
+            handles.append(_mlp_module(model, layer).register_forward_hook(restore_mlp))
+    try:
+        with model.lock, torch.no_grad():
+            logits = model.hf(input_ids=ids[None].expand(R, -1)).logits[:, -1].float()
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.softmax(logits, -1)[:, target]
+
+
+def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: float = 3.0,
+                 seed: int = 0, positions: bool | Sequence[int] = True, batch_size: int = 64,
+                 progress: Progress = None) -> xr.Dataset:
+    """Causal tracing (Meng et al. 2022, as used by Guo et al., ICML 2025).
+
+    The subject embeddings get Gaussian noise (``noise_scale`` times the embedding std;
+    see `_fact_noise`); one layer's clean state is restored at a time and p(answer) at the
+    last position is read. ``restore_resid`` restores a layer's output (resid_post) at one
+    position (the layer x position heatmap: every position when ``positions`` is True,
+    the listed per-prompt positions (negative from the end) when a list, none when False);
+    ``restore_mlp`` restores one MLP's output at every position (the MLP localization).
+
+    Returns
+    -------
+    xr.Dataset
+        ``restore_resid`` (fact, layer, pos) NaN past a prompt's end; ``restore_mlp``
+        (fact, layer); ``p_clean``, ``p_corrupt`` (fact); coord ``token`` (fact, pos).
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    noise_scale = check_float("noise_scale", noise_scale, low=0.0)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    L = model.n_layers
+    noises = _fact_noise(model, facts, noise_scale, seed)
+    prompts = [fact_prompt(f, "trained") for f in facts]
+    tok_ids = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    T = max(len(t) for t in tok_ids)
+    resid_map = np.full((len(facts), L, T), np.nan)
+    mlp_map = np.zeros((len(facts), L))
+    p_clean = np.zeros(len(facts))
+    p_corrupt = np.zeros(len(facts))
+    tokens = np.full((len(facts), T), "", dtype=object)
+    ans = attribute_token_ids(model, facts[0].attributes)
+    for fi, (f, ids, noise) in enumerate(zip(facts, tok_ids, noises)):
+        n = len(ids)
+        target = ans[f.attributes.index(f.attribute)]
+        subj = subject_positions(model, f)
+        resid, mlp = _clean_states(model, prompts[fi])
+        restores: list[tuple[str, int, int | None]] = [("none", -1, None)]
+        restores += [("mlp", x, None) for x in range(L)]
+        if positions is True:
+            pos = list(range(n))
+        elif positions is False:
+            pos = []
+        else:
+            pos = sorted({p + n if p < 0 else p for p in positions if -n <= p < n})
+        restores += [("resid", x, p) for x in range(L) for p in pos]
+        ids_t = torch.tensor(ids)
+        probs = torch.cat([_corrupted_probs(model, ids_t, subj, noise, target,
+                                            restores[r0:r0 + batch_size], resid, mlp)
+                           for r0 in range(0, len(restores), batch_size)]).numpy()
+        with torch.no_grad():
+            lg = run_batch(model, model.tokenize([prompts[fi]]), save_positions=[-1])["logits"]
+        p_clean[fi] = float(torch.softmax(lg[0, 0].float(), -1)[target])
+        p_corrupt[fi] = probs[0]
+        mlp_map[fi] = probs[1:L + 1]
+        if pos:
+            resid_map[fi][:, pos] = probs[L + 1:].reshape(L, len(pos))
+        tokens[fi, :n] = model.token_strings(ids)
+        if progress:
+            progress(fi + 1, len(facts))
+    ds = xr.Dataset(
+        {"restore_resid": (("fact", "layer", "pos"), resid_map),
+         "restore_mlp": (("fact", "layer"), mlp_map),
+         "p_clean": ("fact", p_clean), "p_corrupt": ("fact", p_corrupt)},
+        coords={"fact": np.arange(len(facts)), "layer": np.arange(L), "pos": np.arange(T),
+                "subject": ("fact", [f.subject for f in facts]),
+                "token": (("fact", "pos"), tokens.astype(str))},
+        attrs=provenance(model, method="causal_trace", noise_scale=noise_scale, seed=seed,
+                         noise_std=_noise_std(model)),
+    )
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
+                         noise_scale: float = 3.0, seed: int = 0,
+                         progress: Progress = None) -> xr.Dataset:
+    """Attribution patching of each MLP (Nanda 2023; Syed et al. 2023; used by Guo et al.).
+
+    In the corrupted run (the same noise as `causal_trace` with the same seed) the score of
+    MLP l is sum over positions of grad_{mlp_out l} p(answer) . (clean - corrupted mlp_out l),
+    the first-order estimate of ``restore_mlp - p_corrupt``.
+
+    Returns
+    -------
+    xr.Dataset
+        ``ap_mlp`` (fact, layer).
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    noise_scale = check_float("noise_scale", noise_scale, low=0.0)
+    L = model.n_layers
+    noises = _fact_noise(model, facts, noise_scale, seed)
+    ans = attribute_token_ids(model, facts[0].attributes)
+    scores = np.zeros((len(facts), L))
+    for fi, (f, noise) in enumerate(zip(facts, noises)):
+        prompt = fact_prompt(f, "trained")
+        target = ans[f.attributes.index(f.attribute)]
+        subj = torch.tensor(subject_positions(model, f))
+        _, clean = _clean_states(model, prompt)
+        ids = torch.tensor(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])[None]
+        acts: list[torch.Tensor | None] = [None] * L
+        handles = []
+
+        def add_noise(_m, _inp, out):
+            # a leaf that needs grad: the weights may have requires_grad off
+            out = out.detach().clone().requires_grad_(True)
+            noisy = out.clone()
+            noisy[:, subj] += noise.to(out.dtype)
+            return noisy
+
+        def keep(layer):
+            def hook(_m, _inp, out):
+                acts[layer] = out[0] if isinstance(out, tuple) else out
+            return hook
+
+        handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
+        handles += [_mlp_module(model, x).register_forward_hook(keep(x)) for x in range(L)]
+        try:
+            with model.lock, torch.enable_grad():
+                logits = model.hf(input_ids=ids).logits[0, -1].float()
+                p = torch.softmax(logits, -1)[target]
+                grads = torch.autograd.grad(p, acts)  # each [1, pos, d_model]
+        finally:
+            for h in handles:
+                h.remove()
+        for x in range(L):
+            delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
+            scores[fi, x] = float((grads[x][0].float() * delta).sum())
+        if progress:
+            progress(fi + 1, len(facts))
+    ds = xr.Dataset({"ap_mlp": (("fact", "layer"), scores)},
+                    coords={"fact": np.arange(len(facts)), "layer": np.arange(L),
+                            "subject": ("fact", [f.subject for f in facts])},
+                    attrs=provenance(model, method="attribution_patching",
+                                     noise_scale=noise_scale, seed=seed))
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
+    """The ``n_layers`` layers with the highest scores, in layer order."""
+    scores = np.asarray(scores, dtype=float)
+    n_layers = check_int("n_layers", n_layers, low=1, high=len(scores))
+    return sorted(int(i) for i in np.argsort(-scores, kind="stable")[:n_layers])
+
+
+def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None = None,
+                     trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
+                     seed: int = 0) -> list[int]:
+    """The MLP layers a localization method picks for a budget of ``n_layers`` MLPs.
+
+    ``fact_lookup`` needs ``probe``, ``causal_tracing`` ``trace`` (mean restore_mlp over
+    facts), ``attribution_patching`` ``attribution`` (mean ap_mlp); ``random`` draws
+    seeded layers; ``all`` returns every layer (it trains every parameter).
+    """
+    check_choice("method", method, METHODS)
+    L = model.n_layers
+    n_layers = check_int("n_layers", n_layers, low=1, high=L)
+    needs = {"fact_lookup": probe, "causal_tracing": trace, "attribution_patching": attribution}
+    if method in needs and needs[method] is None:
+        arg = {"fact_lookup": "probe", "causal_tracing": "trace",
+               "attribution_patching": "attribution"}[method]
+        raise InputError(f"method {method!r} needs the `{arg}` dataset.")
+    if method == "fact_lookup":
+        return fact_lookup_layers(probe, n_layers)
+    if method == "causal_tracing":
+        return top_layers(trace.restore_mlp.mean("fact").values, n_layers)
+    if method == "attribution_patching":
+        return top_layers(attribution.ap_mlp.mean("fact").values, n_layers)
+    if method == "random":
+        return sorted(random.Random(seed).sample(range(L), n_layers))
+    return list(range(L))
+
+
+# -- localized training ------------------------------------------------------------------
+
+def component_parameters(model: Model, method: str, layers: Sequence[int]) -> list[str]:
+    """Names of the parameters a localization trains: every weight of the chosen MLP
+    layers (whole matrices), or every parameter of the model for ``all``."""
+    check_choice("method", method, METHODS)
+    if method == "all":
+        return [n for n, _ in model.hf.named_parameters()]
+    names = []
+    for layer in layers:
+        layer = model.check_layer(layer)
+        mlp = _mlp_module(model, layer)
+        ids = {id(p) for p in mlp.parameters()}
+        names += [n for n, p in model.hf.named_parameters() if id(p) in ids]
+    return names
+
+
+def _answer_batch(model: Model, facts: Sequence[AttributeFact], targets: Sequence[str]):
+    batch = model.tokenize([fact_prompt(f, "trained") for f in facts])
+    ids = torch.tensor([model.tokenizer(" " + t, add_special_tokens=False)["input_ids"][0]
+                        for t in targets])
+    return batch, ids
+
+
+def _edit_targets(facts: Sequence[AttributeFact]) -> list[str]:
+    """The edit label of each fact: the next attribute of the relation (a fixed rotation)."""
+    return [f.attributes[(f.attributes.index(f.attribute) + 1) % len(f.attributes)] for f in facts]
+
+
+def localized_finetune(model: Model, forget: Sequence[AttributeFact],
+                       retain: Sequence[AttributeFact], parameters: Sequence[str], *,
+                       objective: str = "unlearn", steps: int = 20, lr: float = 1e-4,
+                       retain_weight: float = 1.0, clip: float = 1.0,
+                       hf: torch.nn.Module | None = None, progress: Progress = None,
+                       should_stop: ShouldStop = None) -> tuple[torch.nn.Module, list[float]]:
+    """Train a copy of the model on the forget facts, updating only ``parameters``.
+
+    Loss per step (full batch) = L_forget + retain_weight * CE(retain answers), with
+    L_forget = -log(1 - p(answer)) for ``unlearn`` (p among the relation's attributes, the
+    quantity the accuracy reads) and CE toward the next attribute for ``edit`` (Guo et
+    al., ICML 2025). AdamW, gradient clipping at ``clip``. The model's own
+    weights are never touched: training runs on ``copy.deepcopy(model.hf)`` (or on ``hf``).
+
+    Returns (trained module, loss per step).
+    """
+    check_choice("objective", objective, OBJECTIVES)
+    steps = check_int("steps", steps, low=1)
+    lr = check_float("lr", lr, low=0.0)
+    retain_weight = check_float("retain_weight", retain_weight, low=0.0)
+    forget, retain = list(forget), list(retain)
+    if not forget:
+        raise InputError("`forget` must hold at least one fact; got an empty list.")
+    if hf is None:
+        with model.lock:
+            hf = copy.deepcopy(model.hf)
+    names = set(parameters)
+    if not names:
+        raise InputError("`parameters` must name at least one parameter to train.")
+    known = dict(hf.named_parameters())
+    bad = sorted(names - set(known))
+    if bad:
+        raise InputError(f"unknown parameter name {bad[0]!r}; names come from "
+                         "`component_parameters`.")
+    for n, p in known.items():
+        p.requires_grad_(n in names)
+    trainable = [known[n] for n in sorted(names)]
+    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+    f_targets = [f.attribute for f in forget] if objective == "unlearn" else _edit_targets(forget)
+    # forget and retain prompts share one forward: [forget..., retain...]
+    batch, ids = _answer_batch(model, forget + retain, f_targets + [f.attribute for f in retain])
+    nf = len(forget)
+    rows = torch.arange(len(forget) + len(retain))
+    cand = torch.tensor(attribute_token_ids(model, forget[0].attributes))
+    f_pos = torch.tensor([f.attributes.index(f.attribute) for f in forget])
+    losses = []
+    hf.train(False)
+    with torch.enable_grad():
+        for step in range(steps):
+            if should_stop is not None and should_stop():
+                raise UnlearningCancelled(f"training stopped after {step} of {steps} steps.")
+            logits = hf(**batch.model_inputs()).logits[:, -1].float()  # [fact, vocab]
+            lp = torch.log_softmax(logits, -1)[rows, ids]                 # [fact]
+            if objective == "unlearn":
+                # p(answer) among the attributes, the quantity the accuracy reads
+                pc = torch.softmax(logits[:nf][:, cand], -1)[torch.arange(nf), f_pos]
+                loss = -torch.log1p(-pc.clamp(max=1 - 1e-6)).mean()
+            else:
+                loss = -lp[:nf].mean()
+            if retain and retain_weight > 0:
+                loss = loss - retain_weight * lp[nf:].mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, clip)
+            opt.step()
+            losses.append(float(loss.detach()))
+            if progress:
+                progress(step + 1, steps)
+    for p in hf.parameters():
+        p.requires_grad_(False)
+    return hf, losses
+
+
+def _relearn(model: Model, hf: torch.nn.Module, facts: Sequence[AttributeFact], *, steps: int,
+             lr: float, should_stop: ShouldStop) -> None:
+    """Relearning attack: fine-tune every parameter of ``hf`` in place toward the true
+    answers of ``facts`` (CE, AdamW)."""
+    for p in hf.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(list(hf.parameters()), lr=lr, weight_decay=0.0)
+    batch, ids = _answer_batch(model, facts, [f.attribute for f in facts])
+    with torch.enable_grad():
+        for step in range(steps):
+            if should_stop is not None and should_stop():
+                raise UnlearningCancelled(f"relearning stopped after {step} of {steps} steps.")
+            logp = torch.log_softmax(hf(**batch.model_inputs()).logits[:, -1].float(), -1)
+            loss = -logp[torch.arange(len(facts)), ids].mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(hf.parameters()), 1.0)
+            opt.step()
+    for p in hf.parameters():
+        p.requires_grad_(False)
+
+
+METRICS = ("forget", "forget_mc", "retain", "retain_mc", "relearn_heldout_before", "relearn_heldout")
+
+
+def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
+                          retain: Sequence[AttributeFact], *, methods: Sequence[str] = METHODS,
+                          n_layers: int = 4, objective: str = "unlearn", steps: int = 20,
+                          lr: float = 1e-4, retain_weight: float = 1.0, relearn_steps: int = 5,
+                          relearn_lr: float = 1e-5, probe: xr.Dataset | None = None,
+                          trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
+                          seed: int = 0, progress: Progress = None,
+                          should_stop: ShouldStop = None) -> xr.Dataset:
+    """Localize, train and evaluate each method with the same MLP budget (Guo et al., ICML 2025).
+
+    For each method: the layers it picks (`localized_layers`; ``all`` trains every
+    parameter), `localized_finetune` on a copy, then accuracy (top candidate among the
+    attributes) on the forget set in the trained and the multiple-choice format, on the
+    retain set, and a relearning attack: every parameter is fine-tuned toward the true
+    answers of the first half of the forget set for ``relearn_steps``; accuracy on the
+    other half is read before (``relearn_heldout_before``) and after (``relearn_heldout``).
+    Row ``original`` is the model before any training (its relearn rows are after the
+    attack on the original model too).
+
+    Returns
+    -------
+    xr.Dataset
+        ``accuracy`` (localization, metric); ``loss`` (localization, step); ``n_params``,
+        ``seconds_per_step`` (localization); coord ``trained_layers`` (localization), a string.
+    """
+    forget, retain = list(forget), list(retain)
+    if len(forget) < 2:
+        raise InputError(f"`forget` must hold at least 2 facts (half are relearned); got {len(forget)}.")
+    methods = [check_choice("method", m, METHODS) for m in methods]
+    if not methods:
+        raise InputError(f"`methods` must name at least one of {', '.join(METHODS)}.")
+    steps = check_int("steps", steps, low=1)
+    relearn_steps = check_int("relearn_steps", relearn_steps, low=0)
+    chosen = {m: localized_layers(model, m, n_layers, probe=probe, trace=trace,
+                                  attribution=attribution, seed=seed) for m in methods}
+    half = len(forget) // 2
+    learn, heldout = forget[:half], forget[half:]
+    rows = ["original", *methods]
+    acc = np.full((len(rows), len(METRICS)), np.nan)
+    loss = np.full((len(rows), steps), np.nan)
+    n_params = np.zeros(len(rows), dtype=np.int64)
+    per_step = np.full(len(rows), np.nan)
+    total = len(methods) * (steps + relearn_steps) + relearn_steps
+    done = [0]
+
+    def tick(k=1):
+        done[0] += k
+        if progress:
+            progress(done[0], total)
+
+    def evaluate(hf, i):
+        acc[i, 0] = format_accuracy(model, forget, "trained", hf=hf)[0].mean()
+        acc[i, 1] = format_accuracy(model, forget, "mc", hf=hf)[0].mean()
+        acc[i, 2] = format_accuracy(model, retain, "trained", hf=hf)[0].mean() if retain else np.nan
+        acc[i, 3] = format_accuracy(model, retain, "mc", hf=hf)[0].mean() if retain else np.nan
+        acc[i, 4] = format_accuracy(model, heldout, "trained", hf=hf)[0].mean()
+        if relearn_steps:
+            _relearn(model, hf, learn, steps=relearn_steps, lr=relearn_lr, should_stop=should_stop)
+            tick(relearn_steps)
+        acc[i, 5] = format_accuracy(model, heldout, "trained", hf=hf)[0].mean()
+
+    with model.lock:
+        base = copy.deepcopy(model.hf)
+    torch.manual_seed(seed)
+    evaluate(base, 0)
+    del base
+    for i, m in enumerate(methods, start=1):
+        names = component_parameters(model, m, chosen[m])
+        n_params[i] = sum(p.numel() for n, p in model.hf.named_parameters() if n in set(names))
+        t0 = time.perf_counter()
+        hf, losses = localized_finetune(
+            model, forget, retain, names, objective=objective, steps=steps, lr=lr,
+            retain_weight=retain_weight, should_stop=should_stop,
+            progress=lambda d, t: tick())
+        per_step[i] = (time.perf_counter() - t0) / steps
+        loss[i] = losses
+        evaluate(hf, i)
+        del hf
+    ds = xr.Dataset(
+        {"accuracy": (("localization", "metric"), acc), "loss": (("localization", "step"), loss),
+         "n_params": ("localization", n_params), "seconds_per_step": ("localization", per_step)},
+        coords={"localization": rows, "metric": list(METRICS), "step": np.arange(steps),
+                "trained_layers": ("localization", ["-", *[",".join(map(str, chosen[m])) if m != "all" else "all"
+                                             for m in methods]])},
+        attrs=provenance(model, method="unlearning_comparison", methods=methods,
+                         n_layers=n_layers, objective=objective, steps=steps, lr=lr,
+                         retain_weight=retain_weight, relearn_steps=relearn_steps,
+                         relearn_lr=relearn_lr, seed=seed, n_forget=len(forget),
+                         n_retain=len(retain),
+                         forget=[f.subject for f in forget], retain=[f.subject for f in retain]),
+    )
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+# -- CLI ----------------------------------------------------------------------------------
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer unlearn``: localize, unlearn per method, evaluate."""
+    from explorer.cli import add_model_option
+
+    p = subparsers.add_parser(
+        "unlearn", help="mechanistic unlearning: localize facts, unlearn there, evaluate",
+        description="Mechanistic unlearning (Guo et al., ICML 2025) of athlete -> sport facts.")
+    add_model_option(p)
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated localizations (default all: {','.join(METHODS)})")
+    p.add_argument("--n-layers", type=int, default=4, help="MLP layers per localization (budget)")
+    p.add_argument("--objective", default="unlearn", choices=OBJECTIVES)
+    p.add_argument("--n-forget", type=int, default=8)
+    p.add_argument("--n-retain", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--retain-weight", type=float, default=1.0)
+    p.add_argument("--relearn-steps", type=int, default=5)
+    p.add_argument("--relearn-lr", type=float, default=1e-5)
+    p.add_argument("--facts", default=None,
+                   help="fact file (JSON like datasets/unlearning/athlete_sport.json)")
+    p.add_argument("--all-facts", action="store_true",
+                   help="use every fact, not only those the model answers in both formats")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_unlearn)
+
+
+def _cmd_unlearn(args: Any) -> int:
+    from explorer.cli import print_json
+    from explorer.models import load_model
+
+    torch.set_num_threads(1)
+    model = load_model(args.model)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        check_choice("method", m, METHODS)
+    everything = load_attribute_facts(args.facts)
+    facts = everything if args.all_facts else known_facts(model, everything)
+    forget, retain = split_facts(facts, args.n_forget, args.n_retain, seed=args.seed)
+    probe = trace = attribution = None
+    if "fact_lookup" in methods:
+        _, counts = np.unique([f.attribute for f in everything], return_counts=True)
+        probe = attribute_probe_curve(model, everything, seed=args.seed,
+                                      n_folds=int(min(4, counts.min())))
+    if "causal_tracing" in methods:
+        trace = causal_trace(model, forget, positions=False, seed=args.seed)
+    if "attribution_patching" in methods:
+        attribution = attribution_patching(model, forget, seed=args.seed)
+    ds = unlearning_comparison(
+        model, forget, retain, methods=methods, n_layers=args.n_layers, objective=args.objective,
+        steps=args.steps, lr=args.lr, retain_weight=args.retain_weight,
+        relearn_steps=args.relearn_steps, relearn_lr=args.relearn_lr, probe=probe, trace=trace,
+        attribution=attribution, seed=args.seed)
+    summary = {
+        "model": model.spec.name, "n_known": len(facts), "n_forget": len(forget),
+        "n_retain": len(retain), "objective": args.objective, "steps": args.steps,
+        "lr": args.lr, "relearn_steps": args.relearn_steps, "relearn_lr": args.relearn_lr,
+        "methods": {m: {"layers": str(ds["trained_layers"].sel(localization=m).item()),
+                        "n_params": int(ds.n_params.sel(localization=m)),
+                        "seconds_per_step": _num(ds.seconds_per_step.sel(localization=m)),
+                        **{k: _num(ds.accuracy.sel(localization=m, metric=k)) for k in METRICS}}
+                    for m in ds["localization"].values.tolist()},
+    }
+    if probe is not None:
+        summary["probe_accuracy"] = [round(float(x), 3) for x in probe.probe_accuracy.values]
+    if args.json:
+        print_json(summary)
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def _num(x: Any) -> float | None:
+    v = float(x)
+    return None if np.isnan(v) else round(v, 4)

@@ -1,0 +1,352 @@
+"""Mechanistic unlearning (Guo et al., ICML 2025): data, probe, tracing, localized training.
+
+Values are checked against plain torch hooks on ``model.hf``, hand-worked cases and
+formulas, never against the analysis's own earlier output.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from explorer._checks import InputError
+from explorer.analyses import unlearning as U
+
+ATTRS = ["blue", "dog", "moon"]  # distinct first tokens for the tiny byte-level tokenizer
+
+
+@pytest.fixture(scope="module")
+def facts_file(tmp_path_factory):
+    names = [f"Person {a}{b}" for a in "ABCD" for b in "xyz"]
+    data = {
+        "attributes": ATTRS,
+        "templates": {"trained": "Fact: {subject} likes the",
+                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+        "facts": [[n, ATTRS[i % 3]] for i, n in enumerate(names)],
+    }
+    path = tmp_path_factory.mktemp("unlearning") / "facts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def facts(facts_file):
+    return U.load_attribute_facts(facts_file)
+
+
+def _noise(model, fact, scale=3.0, seed=0):
+    """The documented noise recipe for the first fact of a run."""
+    g = torch.Generator().manual_seed(seed)
+    std = float(model.hf.get_input_embeddings().weight.float().std())
+    n = len(U.subject_positions(model, fact))
+    return torch.randn(n, model.spec.d_model, generator=g) * scale * std
+
+
+def _hand_run(model, fact, noise=None, hooks=()):
+    """Last-position softmax of a plain forward with optional subject noise and extra hooks."""
+    ids = torch.tensor([model.tokenizer(U.fact_prompt(fact), add_special_tokens=False)["input_ids"]])
+    subj = U.subject_positions(model, fact)
+    handles = []
+    if noise is not None:
+        def add(_m, _i, out):
+            out = out.clone()
+            out[0, subj] += noise
+            return out
+        handles.append(model.hf.get_input_embeddings().register_forward_hook(add))
+    handles += [mod.register_forward_hook(fn) for mod, fn in hooks]
+    try:
+        return torch.softmax(model.hf(input_ids=ids).logits[0, -1].float(), -1)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _target(model, fact):
+    return model.tokenizer(" " + fact.attribute, add_special_tokens=False)["input_ids"][0]
+
+
+# -- data ------------------------------------------------------------------------------------
+
+def test_shipped_facts_load_and_prompt():
+    facts = U.load_attribute_facts()
+    assert len(facts) >= 60
+    assert {f.attribute for f in facts} == set(facts[0].attributes)
+    f = facts[0]
+    assert U.fact_prompt(f).endswith(f"Fact: {f.subject} plays the sport of")
+    mc = U.fact_prompt(f, "mc")
+    assert all(a in mc for a in f.attributes) and mc.endswith(f"{f.subject} plays")
+
+
+def test_fact_file_errors(tmp_path, facts):
+    with pytest.raises(InputError, match="does not exist"):
+        U.load_attribute_facts(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"attributes": ["a"], "templates": {"trained": "{subject}", "mc": "{subject}"},
+                               "facts": [["x", "b"]]}))
+    with pytest.raises(InputError, match="has attribute 'b'"):
+        U.load_attribute_facts(bad)
+    with pytest.raises(InputError, match="`format` must be one of"):
+        U.fact_prompt(facts[0], "cloze")
+    with pytest.raises(InputError, match="at most the 12 facts"):
+        U.split_facts(facts, 8, 8)
+
+
+def test_split_is_disjoint_and_seeded(facts):
+    fo, re_ = U.split_facts(facts, 4, 5, seed=3)
+    assert len(fo) == 4 and len(re_) == 5
+    assert not {f.subject for f in fo} & {f.subject for f in re_}
+    assert U.split_facts(facts, 4, 5, seed=3) == (fo, re_)
+
+
+def test_subject_positions_decode_to_subject(tiny_model, facts):
+    f = facts[5]
+    ids = tiny_model.tokenizer(U.fact_prompt(f), add_special_tokens=False)["input_ids"]
+    pos = U.subject_positions(tiny_model, f)
+    assert tiny_model.tokenizer.decode([ids[p] for p in pos]).strip() == f.subject
+
+
+def test_multiple_choice_scoring_hand_made():
+    logits = torch.zeros(3, 10)
+    logits[0, 7] = 5.0                  # the largest logit overall is not a candidate
+    logits[0, 4] = 2.0
+    logits[1, 2] = 1.0
+    logits[1, 4] = 0.5
+    logits[2, 9] = 3.0
+    # candidates in option order: ids 2, 4, 9
+    assert U.candidate_predictions(logits, [2, 4, 9]).tolist() == [1, 0, 2]
+    with pytest.raises(InputError, match=r"must be \[prompt, vocab\]"):
+        U.candidate_predictions(logits[0], [2, 4])
+
+
+def test_fact_filter_matches_plain_forward(tiny_model, facts, tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    ids = [tiny_model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in ATTRS]
+    expect = []
+    for f in facts:
+        p = _hand_run(tiny_model, f)
+        expect.append(ATTRS[int(p[ids].argmax())] == f.attribute)
+    kept = U.known_facts(tiny_model, facts)
+    assert [f.subject for f in kept] == [f.subject for f, ok in zip(facts, expect) if ok]
+    assert list((tmp_path / "unlearning").glob("known-*.json"))  # cached
+    assert U.known_facts(tiny_model, facts) == kept
+    with pytest.raises(InputError, match="at least one fact"):
+        U.known_facts(tiny_model, [])
+
+
+# -- probe and fact-lookup layers -----------------------------------------------------------
+
+def test_probe_separable_and_random_labels():
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 20)
+    centres = rng.normal(size=(3, 8)) * 10
+    x = centres[y] + rng.normal(size=(60, 8))
+    assert U.probe_accuracy(x, y, n_folds=4) == 1.0
+    noise = rng.normal(size=(60, 8))
+    assert U.probe_accuracy(noise, rng.permutation(y), n_folds=4) < 0.7
+    with pytest.raises(InputError, match="at least `n_folds`=4"):
+        U.probe_accuracy(x[:9], np.repeat([0, 1, 2], 3), n_folds=4)
+    with pytest.raises(InputError, match="at least 2 classes"):
+        U.probe_accuracy(x[:8], np.zeros(8), n_folds=4)
+
+
+def test_fact_lookup_window_is_the_steepest_rise():
+    probe = xr.Dataset({"probe_accuracy": ("layer", [0.2, 0.2, 0.3, 0.8, 0.9, 0.9, 0.7]),
+                        "embed_accuracy": 0.2})
+    assert U.fact_lookup_layers(probe, 1) == [3]
+    assert U.fact_lookup_layers(probe, 2) == [2, 3]  # ties with [3, 4]: the earliest window
+    assert U.fact_lookup_layers(probe, 3) == [2, 3, 4]  # 0.9 - 0.2 beats 0.8 - 0.2
+    with pytest.raises(InputError, match=r"`n_layers` must be an int in \[1, 7\]"):
+        U.fact_lookup_layers(probe, 8)
+
+
+def test_probe_curve_reads_the_subject_token(tiny_model, facts):
+    ds = U.attribute_probe_curve(tiny_model, facts, n_folds=2)
+    assert ds.probe_accuracy.dims == ("layer",) and ds.sizes["layer"] == tiny_model.n_layers
+    assert ds.attrs["method"] == "attribute_probe_curve"
+    assert float(ds.chance) == pytest.approx(1 / 3)
+
+
+# -- causal tracing and attribution patching ------------------------------------------------
+
+def test_causal_trace_restore_equals_hand_hooks(tiny_model, facts):
+    f = facts[1]
+    ds = U.causal_trace(tiny_model, [f], noise_scale=3.0, seed=0)
+    noise = _noise(tiny_model, f)
+    tgt = _target(tiny_model, f)
+    clean_resid, clean_mlp = {}, {}
+
+    def save(store, layer):
+        def hook(_m, _i, out):
+            store[layer] = (out[0] if isinstance(out, tuple) else out)[0].clone()
+        return hook
+
+    L = tiny_model.n_layers
+    p_clean = _hand_run(tiny_model, f, hooks=[(tiny_model.hf_layer(x), save(clean_resid, x)) for x in range(L)]
+                        + [(tiny_model.hf_layer(x).mlp, save(clean_mlp, x)) for x in range(L)])[tgt]
+    assert float(ds.p_clean[0]) == pytest.approx(float(p_clean), rel=1e-4)
+    assert float(ds.p_corrupt[0]) == pytest.approx(float(_hand_run(tiny_model, f, noise)[tgt]), rel=1e-4)
+    layer, pos = 1, U.subject_positions(tiny_model, f)[-1]
+
+    def put_resid(_m, _i, out):
+        h = (out[0] if isinstance(out, tuple) else out).clone()
+        h[0, pos] = clean_resid[layer][pos]
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+    def put_mlp(_m, _i, out):
+        return clean_mlp[layer][None].clone()
+
+    p_r = _hand_run(tiny_model, f, noise, hooks=[(tiny_model.hf_layer(layer), put_resid)])[tgt]
+    p_m = _hand_run(tiny_model, f, noise, hooks=[(tiny_model.hf_layer(layer).mlp, put_mlp)])[tgt]
+    assert float(ds.restore_resid.sel(fact=0, layer=layer, pos=pos)) == pytest.approx(float(p_r), rel=1e-4)
+    assert float(ds.restore_mlp.sel(fact=0, layer=layer)) == pytest.approx(float(p_m), rel=1e-4)
+    # restoring the last layer's whole output at the last position gives the clean answer
+    n = len(tiny_model.tokenizer(U.fact_prompt(f), add_special_tokens=False)["input_ids"])
+    assert float(ds.restore_resid.sel(fact=0, layer=L - 1, pos=n - 1)) == pytest.approx(float(p_clean), rel=1e-4)
+
+
+def test_attribution_patching_is_grad_times_delta(tiny_model, facts):
+    f = facts[2]
+    ds = U.attribution_patching(tiny_model, [f], noise_scale=3.0, seed=0)
+    noise = _noise(tiny_model, f)
+    tgt = _target(tiny_model, f)
+    L = tiny_model.n_layers
+    clean = {}
+
+    def save(layer):
+        def hook(_m, _i, out):
+            clean[layer] = out[0].clone()
+        return hook
+
+    _hand_run(tiny_model, f, hooks=[(tiny_model.hf_layer(x).mlp, save(x)) for x in range(L)])
+    acts = {}
+
+    def grab(layer):
+        def hook(_m, _i, out):
+            acts[layer] = out
+        return hook
+
+    ids = torch.tensor([tiny_model.tokenizer(U.fact_prompt(f), add_special_tokens=False)["input_ids"]])
+    subj = U.subject_positions(tiny_model, f)
+    with torch.enable_grad():
+        emb = tiny_model.hf.get_input_embeddings()(ids).detach()
+        emb[0, subj] += noise
+        emb.requires_grad_(True)
+        handles = [tiny_model.hf_layer(x).mlp.register_forward_hook(grab(x)) for x in range(L)]
+        try:
+            p = torch.softmax(tiny_model.hf(inputs_embeds=emb).logits[0, -1].float(), -1)[tgt]
+            grads = torch.autograd.grad(p, [acts[x] for x in range(L)])
+        finally:
+            for h in handles:
+                h.remove()
+    for x in range(L):
+        expect = float((grads[x][0] * (clean[x] - acts[x][0].detach())).sum())
+        assert float(ds.ap_mlp.sel(fact=0, layer=x)) == pytest.approx(expect, rel=1e-3, abs=1e-9)
+
+
+def test_localization_choices_and_errors(tiny_model):
+    ap = xr.Dataset({"ap_mlp": (("fact", "layer"), [[0.1, 0.5, 0.2], [0.1, 0.3, 0.4]])})
+    assert U.localized_layers(tiny_model, "attribution_patching", 2, attribution=ap) == [1, 2]
+    assert U.localized_layers(tiny_model, "all", 1) == [0, 1, 2]
+    assert U.localized_layers(tiny_model, "random", 2, seed=1) == U.localized_layers(
+        tiny_model, "random", 2, seed=1)
+    with pytest.raises(InputError, match="needs the `trace` dataset"):
+        U.localized_layers(tiny_model, "causal_tracing", 1)
+    with pytest.raises(InputError, match="`method` must be one of .*Did you mean 'fact_lookup'"):
+        U.localized_layers(tiny_model, "fact_lookp", 1)
+
+
+# -- budgets and localized training ---------------------------------------------------------
+
+def test_equal_budgets_are_equal(tiny_model):
+    cfg = tiny_model.hf.config
+    per_layer = 3 * cfg.hidden_size * cfg.intermediate_size  # gate, up, down; no biases
+    counts = []
+    for method, layers in (("fact_lookup", [0, 1]), ("causal_tracing", [1, 2]),
+                           ("attribution_patching", [0, 2]), ("random", [2, 0])):
+        names = set(U.component_parameters(tiny_model, method, layers))
+        counts.append(sum(p.numel() for n, p in tiny_model.hf.named_parameters() if n in names))
+    assert counts == [2 * per_layer] * 4
+    n_all = len(U.component_parameters(tiny_model, "all", []))
+    assert n_all == len(list(tiny_model.hf.named_parameters()))
+
+
+def test_localized_training_changes_only_chosen_parameters(tiny_model, facts):
+    before = {n: p.detach().clone() for n, p in tiny_model.hf.named_parameters()}
+    names = set(U.component_parameters(tiny_model, "fact_lookup", [1]))
+    hf, losses = U.localized_finetune(tiny_model, facts[:4], facts[4:8], sorted(names),
+                                      steps=2, lr=1e-2)
+    assert len(losses) == 2 and hf is not tiny_model.hf
+    for n, p in hf.named_parameters():
+        changed = not torch.equal(p, before[n])
+        assert changed == (n in names), n
+    for n, p in tiny_model.hf.named_parameters():  # the shared model is untouched
+        assert torch.equal(p, before[n]), n
+    with pytest.raises(InputError, match="unknown parameter name 'nope'"):
+        U.localized_finetune(tiny_model, facts[:2], [], ["nope"], steps=1)
+    with pytest.raises(InputError, match="`objective` must be one of"):
+        U.localized_finetune(tiny_model, facts[:2], [], sorted(names), objective="forget")
+
+
+def test_unlearning_loss_lowers_answer_probability(tiny_model, facts):
+    fo = facts[:3]
+    ids = [tiny_model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in ATTRS]
+    names = U.component_parameters(tiny_model, "all", [])
+    hf, losses = U.localized_finetune(tiny_model, fo, [], names, steps=3, lr=1e-3)
+    # the loss is -log(1 - p) with p the answer's share among the attributes
+    prompt_ids = [torch.tensor([tiny_model.tokenizer(U.fact_prompt(f), add_special_tokens=False)["input_ids"]])
+                  for f in fo]
+    with torch.no_grad():
+        p0 = [float(torch.softmax(tiny_model.hf(input_ids=x).logits[0, -1, ids], -1)[ATTRS.index(f.attribute)])
+              for x, f in zip(prompt_ids, fo)]
+        p1 = [float(torch.softmax(hf(input_ids=x).logits[0, -1, ids], -1)[ATTRS.index(f.attribute)])
+              for x, f in zip(prompt_ids, fo)]
+    assert losses[0] == pytest.approx(float(np.mean([-np.log1p(-p) for p in p0])), rel=1e-4)
+    assert np.mean([-np.log1p(-p) for p in p1]) < losses[0]
+
+
+def test_training_can_be_stopped(tiny_model, facts):
+    names = U.component_parameters(tiny_model, "fact_lookup", [0])
+    with pytest.raises(U.UnlearningCancelled, match="stopped after 0 of 3 steps"):
+        U.localized_finetune(tiny_model, facts[:2], [], names, steps=3, should_stop=lambda: True)
+
+
+def test_comparison_on_tiny_model(tiny_model, facts):
+    fo, re_ = U.split_facts(facts, 4, 4)
+    probe = xr.Dataset({"probe_accuracy": ("layer", [0.3, 0.9, 0.9]), "embed_accuracy": 0.3})
+    ds = U.unlearning_comparison(tiny_model, fo, re_, methods=["fact_lookup", "all"], n_layers=1,
+                                 steps=1, lr=1e-2, relearn_steps=1, probe=probe)
+    assert ds["localization"].values.tolist() == ["original", "fact_lookup", "all"]
+    assert ds["trained_layers"].sel(localization="fact_lookup").item() == "1"
+    assert int(ds.n_params.sel(localization="fact_lookup")) == sum(
+        p.numel() for p in tiny_model.hf_layer(1).mlp.parameters())
+    # the original row: accuracies by an independent plain forward
+    ids = [tiny_model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in ATTRS]
+    ok = [ATTRS[int(_hand_run(tiny_model, f)[ids].argmax())] == f.attribute for f in fo]
+    assert float(ds.accuracy.sel(localization="original", metric="forget")) == pytest.approx(np.mean(ok))
+    with pytest.raises(InputError, match="at least 2 facts"):
+        U.unlearning_comparison(tiny_model, fo[:1], re_, methods=["all"])
+
+
+def test_cli_unlearn_json(tiny_model, facts_file, capsys):
+    from explorer.cli import main
+
+    rc = main(["unlearn", "--model", "tiny-llama", "--facts", str(facts_file), "--all-facts",
+               "--methods", "attribution_patching,all", "--n-layers", "1", "--n-forget", "4",
+               "--n-retain", "2", "--steps", "1", "--relearn-steps", "1", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["methods"]) == {"original", "attribution_patching", "all"}
+    assert out["methods"]["all"]["n_params"] == sum(p.numel() for p in tiny_model.hf.parameters())
+
+
+@pytest.mark.integration
+def test_smollm2_subject_positions_and_known_facts(smollm2):
+    facts = U.load_attribute_facts()
+    f = next(x for x in facts if x.subject == "Michael Jordan")
+    ids = smollm2.tokenizer(U.fact_prompt(f), add_special_tokens=False)["input_ids"]
+    assert smollm2.tokenizer.decode([ids[p] for p in U.subject_positions(smollm2, f)]) == " Michael Jordan"
+    assert U.attribute_token_ids(smollm2, f.attributes)  # distinct first tokens
