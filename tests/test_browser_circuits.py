@@ -130,7 +130,7 @@ def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
     for _ in range(3):
         handle.press("ArrowLeft")
     wait_for(page, "data-circuit-edges", lambda v: v == "27", timeout=60)
-    redraw_ms = float(attribute(page, "data-circuit-redraw-ms"))
+    redraw_ms = float(attribute(page, "data-circuit-redraw-cpu-ms"))  # CPU: robust to load
     assert redraw_ms < 100, redraw_ms
     # choose an edge in the list: the readout shows the metric with that edge patched
     select = page.locator("select").filter(has=page.locator("option", has_text="→")).first
