@@ -103,7 +103,7 @@ def plot_embedding(emb: xr.Dataset | None, order: int = 0) -> hv.Element:
         responsive=True, height=460, default_tools=_TOOLS, active_tools=["wheel_zoom"], fontsize=_font(),
         legend_position="top_left", xlabel=f"PC1 of unedited ({ratio[0]:.0%} of variance)",
         ylabel=f"PC2 ({ratio[1]:.0%})",
-        title=f"Entity representations, {edit['method']} edit × {strength:.2f}: R = {R:.3f} (grey: unedited)")
+        title=f"Entities, {edit['method']} edit × {strength:.2f}: R = {R:.3f} (grey: unedited)")
 
 
 def plot_shattering_scatter(sweep: xr.Dataset | None, current: tuple[float, float] | None = None) -> hv.Element:
@@ -158,7 +158,7 @@ class ShatteringView(pn.viewable.Viewer):
                              doc="The new object lies this many steps past the true one on the cycle.")
     strength = param.Number(default=1.0, bounds=(0.0, 1.5), step=0.05, label="Edit strength",
                             doc="Multiple of the edit's parameter change (0 = unedited).")
-    order = param.Selector(default=0, objects=[0], label="Cycle drawn")
+    order = param.Selector(default=0, objects=[0], check_on_set=False, label="Cycle drawn")
     layer = param.Integer(default=0, bounds=(0, 1), label="Edited block (MLP)")
 
     km = param.Parameter(default=None, precedence=-1)
@@ -241,7 +241,14 @@ class ShatteringView(pn.viewable.Viewer):
             if self.relation not in g.relation_names:
                 self.relation = g.relation_names[0]
         self.km = km
+        self.status = self._describe(km)
         self._request_edit()
+
+    @staticmethod
+    def _describe(km: KnowledgeModel) -> str:
+        return (f"Model: {km.graph.n_entities} entities on {km.graph.orders.shape[0]} cycles, "
+                f"{km.params['n_layers']} blocks, d_model {km.params['d_model']}, "
+                f"{km.params['steps']} training steps ({km.train_seconds:.0f} s).")
 
     def _loaded(self, km: KnowledgeModel) -> None:
         self._use_model(km)
@@ -291,10 +298,7 @@ class ShatteringView(pn.viewable.Viewer):
     def _swept(self, sweep: xr.Dataset) -> None:
         self.sweep = sweep
         km = self.km
-        self.status = (f"Model: {km.graph.n_entities} entities on {km.graph.orders.shape[0]} cycles, "
-                       f"{km.params['n_layers']} blocks, d_model {km.params['d_model']}, "
-                       f"{km.params['steps']} steps ({km.train_seconds:.0f} s); sweep r² = "
-                       f"{sweep.attrs['r2']:.2f}.")
+        self.status = f"{self._describe(km)} Sweep of {int(sweep.sizes['edit'])} edits: r² = {sweep.attrs['r2']:.2f}."
 
     def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, Cancelled):

@@ -1,0 +1,210 @@
+"""Evidence for docs/editing.md: representation shattering on the synthetic knowledge graph.
+
+Parts (each writes its numbers into ``docs/figures/shattering_summary.json``):
+
+``train``    Train the knowledge-graph transformer with `DEFAULTS` (Nishi et al., ICML 2025,
+             scaled to CPU), save it in the cache (the model ``explorer shattering train`` makes
+             and the page shows): wall time, final loss, accuracy by split.
+``sweep``    Many single counterfactual edits (distances 1-4, equal numbers) with ROME and
+             with fine-tuning of the same MLP: R against the accuracy drop on the other facts
+             (least-squares line and r²), mean R and accuracy drop by distance.
+``figures``  PNGs (rendered by chromium): the entity embedding before/after one edit, the
+             R vs accuracy-drop scatters, R by distance, and the page.
+
+Usage::
+
+    python benchmarks/shattering_evidence.py              # all parts, about 5-10 minutes here
+    python benchmarks/shattering_evidence.py --part sweep --n-edits 40
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FIGURES = ROOT / "docs" / "figures"
+SUMMARY = FIGURES / "shattering_summary.json"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+METHODS = ("rome", "finetune")
+EXAMPLE = {"entity": 5, "relation": "B+1", "distance": 4}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write_summary(part: str, data: dict[str, Any]) -> None:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    old[part] = data
+    SUMMARY.write_text(json.dumps(old, indent=1) + "\n")
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
+
+
+def part_train(args: argparse.Namespace) -> None:
+    from explorer.analyses import shattering as sh
+
+    start = machine()
+    km = sh.knowledge_model(retrain=args.retrain, progress=None, seed=args.seed)
+    acc = sh.fact_accuracy(km)["accuracy"]
+    out = {"params": km.params, "train_seconds": km.train_seconds,
+           "final_loss": km.history["loss"][-1],
+           "accuracy": dict(zip(acc["split"].values.tolist(), map(float, acc.values))),
+           "n_facts": {s: int((km.graph.split == s).sum()) for s in sh.SPLITS},
+           "machine_start": start, "machine_end": machine()}
+    log(f"train: {km.train_seconds:.0f} s, accuracy {out['accuracy']}")
+    write_summary("train", out)
+
+
+def part_sweep(args: argparse.Namespace) -> None:
+    from explorer.analyses import shattering as sh
+
+    km = sh.knowledge_model(seed=args.seed)
+    out = {}
+    for method in METHODS:
+        t0 = time.perf_counter()
+        sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method)
+        out[method] = {**sh.sweep_summary(sweep), "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"sweep {method}: r2 {out[method]['r2']:.3f}, R by distance {out[method]['R_by_distance']}")
+    out["machine"] = machine()
+    write_summary("sweep", out)
+
+
+def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500) -> None:
+    """Render a HoloViews object to PNG: save as standalone HTML, screenshot it in chromium."""
+    import holoviews as hv
+    from playwright.sync_api import sync_playwright
+
+    hv.extension("bokeh", logo=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        html_path = Path(tmp) / "plot.html"
+        hv.save(obj, html_path, backend="bokeh", resources="inline")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
+            page.goto(html_path.as_uri())
+            page.wait_for_selector("canvas", state="attached", timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(path), full_page=True)
+            browser.close()
+    log(f"  wrote {path.relative_to(ROOT)}")
+
+
+def _fixed(obj: Any, width: int, height: int) -> Any:
+    return obj.opts(responsive=False, width=width, height=height)
+
+
+def part_figures(args: argparse.Namespace) -> None:
+    import holoviews as hv
+    import numpy as np
+
+    from apps.shattering import plot_embedding, plot_shattering_scatter
+    from explorer.analyses import shattering as sh
+
+    km = sh.knowledge_model(seed=args.seed)
+    rel = km.graph.relation_index(EXAMPLE["relation"])
+    panels = []
+    for method in METHODS:
+        edit = sh.edit_fact(km, EXAMPLE["entity"], rel, EXAMPLE["distance"], method=method)
+        emb = sh.edit_embedding(km, edit, [0.0, 1.0])
+        panels.append(_fixed(plot_embedding(emb, order=1), 560, 460))
+    render_png(hv.Layout(panels).cols(2).opts(shared_axes=False), FIGURES / "shattering_embedding.png",
+               width=1140, height=470)
+    scatters, bars = [], []
+    for method in METHODS:
+        sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method)
+        scatters.append(_fixed(plot_shattering_scatter(sweep), 560, 380))
+        d = sweep["distance"].values
+        R = sweep["R"].values
+        rows = [(str(k), float(R[d == k].mean())) for k in sorted(set(d.tolist()))]
+        err = [(i + 1, float(R[d == k].mean()), float(R[d == k].std() / np.sqrt((d == k).sum())))
+               for i, k in enumerate(sorted(set(d.tolist())))]
+        bars.append(_fixed((hv.Bars(rows, "counterfactual distance", "mean R").opts(color="#1f77b4")
+                            * hv.ErrorBars([(str(k), m, e) for (_, m, e), k in zip(err, sorted(set(d.tolist())))],
+                                           "counterfactual distance", ["mean R", "err"]))
+                           .opts(title=f"{method}: mean R by distance (± s.e.)"), 360, 300))
+    render_png(hv.Layout(scatters).cols(2).opts(shared_axes=False), FIGURES / "shattering_scatter.png",
+               width=1140, height=390)
+    render_png(hv.Layout(bars).cols(2).opts(shared_axes=False), FIGURES / "shattering_distance.png",
+               width=740, height=310)
+    page_screenshot(km, args)
+
+
+def page_screenshot(km, args) -> None:
+    import socket
+
+    import panel as pn
+    from playwright.sync_api import sync_playwright
+
+    from apps import theme
+    from apps.shattering import ShatteringView
+    from explorer.analyses import shattering as sh
+
+    theme.enable_extension()
+    sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method="rome")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def page_factory():
+        view = ShatteringView(km=km, sweep=sweep, entity=f"e{EXAMPLE['entity']}",
+                              relation=EXAMPLE["relation"], distance=EXAMPLE["distance"], order=1)
+        return theme.page([view], title="Explorer: representation shattering")
+
+    srv = pn.serve({"shattering": page_factory}, port=port, address="127.0.0.1", threaded=True,
+                   show=False, websocket_origin=[f"127.0.0.1:{port}"])
+    time.sleep(2)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/shattering", timeout=120_000)
+            page.wait_for_selector(".shattering-scatter canvas", state="attached", timeout=300_000)
+            page.wait_for_selector(".shattering-embedding canvas", state="attached", timeout=300_000)
+            page.wait_for_timeout(8000)
+            page.screenshot(path=str(FIGURES / "shattering_page.png"), full_page=True)
+            log("  wrote docs/figures/shattering_page.png")
+            browser.close()
+    finally:
+        srv.stop()
+
+
+PARTS = {"train": part_train, "sweep": part_sweep, "figures": part_figures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", action="append", choices=list(PARTS), help="part to run (repeatable)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    p.add_argument("--n-edits", type=int, default=80, help="edits per method in the sweep (default: 80)")
+    p.add_argument("--retrain", action="store_true", help="train again even if the model is stored")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    for part in args.part or list(PARTS):
+        t0 = time.perf_counter()
+        PARTS[part](args)
+        log(f"{part}: done in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
