@@ -200,8 +200,22 @@ class _Adapter:
         return self._b_O[layer]
 
     def head_out(self, layer: int, z: torch.Tensor) -> torch.Tensor:
-        """[prompt, head, pos, d_head] -> each head's write [prompt, pos, head, d_model]."""
-        return torch.einsum("bhpe,hed->bphd", z, self._W_O[layer].to(z.dtype))
+        """[prompt, head, pos, d_head] -> each head's write [head, prompt, pos, d_model]."""
+        b, H, p, dh = z.shape
+        z = z.transpose(0, 1).reshape(H, b * p, dh)
+        return torch.bmm(z, self._W_O[layer].to(z.dtype)).view(H, b, p, -1)
+
+    @staticmethod
+    def project(normed: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None,
+                n_parts: int) -> list[torch.Tensor]:
+        """Per-head projections: normed [head, prompt, pos, d_model], W [head, d_model, k*d_head]
+        -> k tensors [prompt, head, pos, d_head]."""
+        H, b, p, d = normed.shape
+        y = torch.bmm(normed.reshape(H, b * p, d), W)                 # [head, prompt*pos, k*d_head]
+        if bias is not None:
+            y = y + bias[:, None, :]
+        y = y.view(H, b, p, n_parts, -1).permute(3, 1, 0, 2, 4)        # [k, prompt, head, pos, d_head]
+        return list(y.unbind(0))
 
     @staticmethod
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -231,16 +245,21 @@ class _LlamaAdapter(_Adapter):
         self.n_kv = model.spec.n_kv_heads
         group = self.n_heads // self.n_kv
         H, dh = self.n_heads, self.d_head
-        self.Wq, self.Wk, self.Wv, self.bq, self.bk, self.bv = [], [], [], [], [], []
+        self.W, self.b = [], []
+        rep = torch.arange(H) // group  # query head -> its key/value head
         for block in self.layers:
             a = block.self_attn
-            rep = torch.arange(H) // group  # query head -> its key/value head
-            self.Wq.append(a.q_proj.weight.reshape(H, dh, -1))
-            self.Wk.append(a.k_proj.weight.reshape(self.n_kv, dh, -1)[rep])
-            self.Wv.append(a.v_proj.weight.reshape(self.n_kv, dh, -1)[rep])
-            self.bq.append(None if a.q_proj.bias is None else a.q_proj.bias.reshape(H, dh))
-            self.bk.append(None if a.k_proj.bias is None else a.k_proj.bias.reshape(self.n_kv, dh)[rep])
-            self.bv.append(None if a.v_proj.bias is None else a.v_proj.bias.reshape(self.n_kv, dh)[rep])
+            # [head, d_model, 3*d_head]: query, key, value of each query head side by side
+            w = torch.cat([a.q_proj.weight.reshape(H, dh, -1),
+                           a.k_proj.weight.reshape(self.n_kv, dh, -1)[rep],
+                           a.v_proj.weight.reshape(self.n_kv, dh, -1)[rep]], dim=1)
+            self.W.append(w.transpose(1, 2).contiguous())
+            if a.q_proj.bias is None:
+                self.b.append(None)
+            else:
+                self.b.append(torch.cat([a.q_proj.bias.reshape(H, dh),
+                                         a.k_proj.bias.reshape(self.n_kv, dh)[rep],
+                                         a.v_proj.bias.reshape(self.n_kv, dh)[rep]], dim=1))
         self.scaling = [float(b.self_attn.scaling) for b in self.layers]
         from transformers.models.llama.modeling_llama import rotate_half
         self._rotate_half = rotate_half
@@ -257,17 +276,10 @@ class _LlamaAdapter(_Adapter):
         return {"cos": cos.unsqueeze(1), "sin": sin.unsqueeze(1)}
 
     def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
-        """Per-head inputs [prompt, pos, head, d_model] -> head writes [prompt, pos, head, d_model]."""
+        """Per-head inputs [head, prompt, pos, d_model] -> head writes [head, prompt, pos, d_model]."""
         block = self.layers[layer]
-        normed = block.input_layernorm(x)                              # [prompt, pos, head, d_model]
-
-        def proj(W, b):
-            y = torch.einsum("bphd,hed->bhpe", normed, W)              # [prompt, head, pos, d_head]
-            return y if b is None else y + b[None, :, None, :]
-
-        q = proj(self.Wq[layer], self.bq[layer])
-        k = proj(self.Wk[layer], self.bk[layer])
-        v = proj(self.Wv[layer], self.bv[layer])
+        normed = block.input_layernorm(x)                              # [head, prompt, pos, d_model]
+        q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
         cos, sin = ctx["cos"], ctx["sin"]
         q = q * cos + self._rotate_half(q) * sin
         k = k * cos + self._rotate_half(k) * sin
@@ -287,8 +299,9 @@ class _GPT2Adapter(_Adapter):
         self.W, self.b = [], []
         for block in self.layers:
             w = block.attn.c_attn.weight  # Conv1D [d_model, 3*d_model]
-            self.W.append(w.T.reshape(3, H, dh, d))
-            self.b.append(block.attn.c_attn.bias.reshape(3, H, dh))
+            # [head, d_model, 3*d_head]: query, key, value of each head side by side
+            self.W.append(w.T.reshape(3, H, dh, d).permute(1, 3, 0, 2).reshape(H, d, 3 * dh).contiguous())
+            self.b.append(block.attn.c_attn.bias.reshape(3, H, dh).transpose(0, 1).reshape(H, 3 * dh))
         self.scaling = 1.0 / math.sqrt(dh) if getattr(model.hf.config, "scale_attn_weights", True) else 1.0
 
     def embed(self, batch: Batch) -> torch.Tensor:
@@ -300,10 +313,8 @@ class _GPT2Adapter(_Adapter):
 
     def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
         block = self.layers[layer]
-        normed = block.ln_1(x)                                          # [prompt, pos, head, d_model]
-        W, b = self.W[layer], self.b[layer]
-        q, k, v = (torch.einsum("bphd,hed->bhpe", normed, W[i]) + b[i][None, :, None, :]
-                   for i in range(3))
+        normed = block.ln_1(x)                                          # [head, prompt, pos, d_model]
+        q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
         z = self.attend(q, k, v, mask, self.scaling)
         return self.head_out(layer, z)
 
@@ -323,10 +334,42 @@ def _attention_mask(batch: Batch) -> torch.Tensor:
 
 @dataclass
 class _Run:
-    outs: torch.Tensor            # [prompt, pos, src, d_model], each source node's write
-    inputs: list[torch.Tensor]    # per destination group: heads [p, pos, H, d], MLP/logits [p, pos, d]
+    outs: torch.Tensor            # [src, prompt, pos, d_model], each source node's write
+    inputs: list[torch.Tensor]    # per destination group: heads [head, p, pos, d], MLP/logits [1, p, pos, d]
     resid_in: list[torch.Tensor]  # per destination group: residual stream it read, [p, pos, d]
     logits: torch.Tensor          # [prompt, vocab] at the last position
+
+
+def _gather(diff: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Sum of source differences over the kept edges: diff [src, prompt, pos, d_model],
+    keep [src, dst] bool -> [dst, prompt, pos, d_model]. Only sources with a kept edge are read."""
+    used = keep.any(1)
+    n_dst = keep.shape[1]
+    n, b, p, d = diff.shape
+    n_used = int(used.sum())
+    if n_used == 0:
+        return diff.new_zeros(n_dst, b, p, d)
+    if n_used == n:
+        sel, k = diff.reshape(n, -1), keep                          # [src, prompt*pos*d_model]
+    else:
+        rows = used.nonzero().flatten()
+        sel, k = diff[rows].reshape(n_used, -1), keep[rows]
+    return (k.T.to(diff.dtype) @ sel).view(n_dst, b, p, d)
+
+
+def _patched_input(resid: torch.Tensor, corrupt_resid: torch.Tensor, diff: torch.Tensor,
+                   keep: torch.Tensor) -> torch.Tensor:
+    """Inputs [dst, prompt, pos, d_model] of a destination group whose sources are ``diff``
+    (this run minus the corrupted run, [src, ...]) and whose kept edges are ``keep`` [src, dst].
+
+    Either the corrupted input plus the kept differences, or this run's residual stream minus
+    the dropped differences (the two are equal), whichever reads fewer sources.
+    """
+    n_kept = int(keep.any(1).sum())
+    n_dropped = int((~keep).any(1).sum())
+    if n_kept <= n_dropped:
+        return corrupt_resid[None] + _gather(diff, keep)
+    return resid[None] - _gather(diff, ~keep)
 
 
 def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
@@ -345,54 +388,53 @@ def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
     mask = _attention_mask(batch)
     stride = H + 1
     n_src = 1 + L * stride
-    outs: list[torch.Tensor] = [x0[:, :, None, :]]
+    outs: list[torch.Tensor] = [x0[None]]
     inputs: list[torch.Tensor] = []
     resid_in: list[torch.Tensor] = []
     if patch is not None:
         corrupt, keep = patch
-        diff = torch.zeros(b, p, n_src, d, dtype=x0.dtype)  # [prompt, pos, src, d_model]
-        diff[:, :, 0] = x0 - corrupt.outs[:, :, 0]
+        keep = keep.bool()
+        diff = torch.zeros(n_src, b, p, d, dtype=x0.dtype)  # [src, prompt, pos, d_model]
+        diff[0] = x0 - corrupt.outs[0]
     resid = x0
     for layer in range(L):
         base = layer * stride
         g = 2 * layer  # destination group index: heads of layer, then its MLP
         if patch is None:
-            x_heads = resid[:, :, None, :].expand(b, p, H, d)  # [prompt, pos, head, d_model]
+            x_heads = resid[None].expand(H, b, p, d)        # [head, prompt, pos, d_model]
         else:
             n = 1 + base
-            x_heads = corrupt.resid_in[g][:, :, None, :] + torch.einsum(
-                "bpsd,sh->bphd", diff[:, :, :n], keep[:n, base:base + H])
+            x_heads = _patched_input(resid, corrupt.resid_in[g], diff[:n], keep[:n, base:base + H])
         inputs.append(x_heads)
         resid_in.append(resid)
-        head_out = ad.heads(layer, x_heads, mask, ctx)        # [prompt, pos, head, d_model]
+        head_out = ad.heads(layer, x_heads, mask, ctx)        # [head, prompt, pos, d_model]
         outs.append(head_out)
+        resid = resid + head_out.sum(0)
+        bias = ad.attn_bias(layer)
+        if bias is not None:
+            resid = resid + bias
         if patch is None:
-            resid = resid + head_out.sum(2)
-            bias = ad.attn_bias(layer)
-            if bias is not None:
-                resid = resid + bias
-            x_mlp = resid.clone()  # its own tensor: its gradient is the MLP's alone
+            x_mlp = resid[None].clone()  # its own tensor: its gradient is the MLP's alone
         else:
-            diff[:, :, 1 + base:1 + base + H] = head_out - corrupt.outs[:, :, 1 + base:1 + base + H]
+            diff[1 + base:1 + base + H] = head_out - corrupt.outs[1 + base:1 + base + H]
             n = 1 + base + H
-            x_mlp = corrupt.resid_in[g + 1] + torch.einsum(
-                "bpsd,s->bpd", diff[:, :, :n], keep[:n, base + H])
+            x_mlp = _patched_input(resid, corrupt.resid_in[g + 1], diff[:n],
+                                   keep[:n, base + H:base + H + 1])
         inputs.append(x_mlp)
         resid_in.append(resid)
-        mlp_out = ad.mlp(layer, x_mlp)                        # [prompt, pos, d_model]
-        outs.append(mlp_out[:, :, None, :])
-        if patch is None:
-            resid = resid + mlp_out
-        else:
-            diff[:, :, 1 + base + H] = mlp_out - corrupt.outs[:, :, 1 + base + H]
+        mlp_out = ad.mlp(layer, x_mlp[0])                     # [prompt, pos, d_model]
+        outs.append(mlp_out[None])
+        resid = resid + mlp_out
+        if patch is not None:
+            diff[1 + base + H] = mlp_out - corrupt.outs[1 + base + H]
     if patch is None:
-        x_logits = resid.clone()
+        x_logits = resid[None].clone()
     else:
-        x_logits = corrupt.resid_in[-1] + torch.einsum("bpsd,s->bpd", diff, keep[:, -1])
+        x_logits = _patched_input(resid, corrupt.resid_in[-1], diff, keep[:, -1:])
     inputs.append(x_logits)
     resid_in.append(resid)
-    logits = ad.logits(x_logits[:, -1])                       # [prompt, vocab], left padding
-    return _Run(torch.cat(outs, dim=2), inputs, resid_in, logits)
+    logits = ad.logits(x_logits[0, :, -1])                    # [prompt, vocab], left padding
+    return _Run(torch.cat(outs, dim=0), inputs, resid_in, logits)
 
 
 # -- tasks on a model ---------------------------------------------------------------------------
@@ -558,8 +600,18 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
 
 
 def _stack_inputs(inputs: list[torch.Tensor]) -> torch.Tensor:
-    """Destination inputs (or their gradients) in dst order: [prompt, pos, dst, d_model]."""
-    return torch.cat([x if x.dim() == 4 else x[:, :, None, :] for x in inputs], dim=2)
+    """Destination inputs (or their gradients) in dst order: [dst, prompt, pos, d_model]."""
+    return torch.cat(inputs, dim=0)
+
+
+def _contract(delta: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Scores [src, dst] = sum over prompt, pos, d_model of delta[src] * grad[dst], on valid edges."""
+    n_src, n_dst = valid.shape
+    dl = delta.reshape(n_src, -1)                                   # [src, prompt*pos*d_model]
+    gl = grad.reshape(n_dst, -1)                                    # [dst, prompt*pos*d_model]
+    # one product over all pairs reads each tensor once; per-block products over the
+    # existing edges only do half the arithmetic but read the sources once per block
+    return (dl @ gl.T) * valid.to(delta.dtype)
 
 
 def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, steps: int,
@@ -572,7 +624,7 @@ def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, ste
     clean_logits = None
     with torch.enable_grad():
         for alpha in alphas:
-            x = corrupt.outs[:, :, 0] + alpha * (x_clean - corrupt.outs[:, :, 0])
+            x = corrupt.outs[0] + alpha * (x_clean - corrupt.outs[0])
             x = x.detach().requires_grad_(True)  # the only leaf: weights are frozen
             run = _forward(ad, prep.clean, embeds=x)
             if alpha == 1.0:
@@ -580,15 +632,15 @@ def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, ste
                 clean_logits = run.logits.detach()
             m = _metric_values(metric, run.logits, prep, clean_logits).sum()
             grads = torch.autograd.grad(m, run.inputs)
-            g = _stack_inputs([gr.detach() for gr in grads])      # [prompt, pos, dst, d_model]
+            g = _stack_inputs([gr.detach() for gr in grads])      # [dst, prompt, pos, d_model]
             grad_sum = g if grad_sum is None else grad_sum + g
             if alpha == 1.0:
                 clean_outs = run.outs.detach()
             del run, grads, m
-    grad_mean = grad_sum / len(alphas)
-    valid_pos = prep.clean.attention_mask.to(grad_mean.dtype)[:, :, None, None]
-    delta = (corrupt.outs - clean_outs) * valid_pos             # [prompt, pos, src, d_model]
-    scores = torch.einsum("bpsd,bptd->st", delta, grad_mean)    # [src, dst]
+    grad_mean = grad_sum / len(alphas)                          # [dst, prompt, pos, d_model]
+    valid_pos = prep.clean.attention_mask.to(grad_mean.dtype)[None, :, :, None]
+    delta = (corrupt.outs - clean_outs) * valid_pos             # [src, prompt, pos, d_model]
+    scores = _contract(delta, grad_mean, torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)))
     with torch.no_grad():
         m_clean = float(_metric_values(metric, clean_logits, prep, clean_logits).sum())
         m_corrupt = float(_metric_values(metric, corrupt.logits, prep, clean_logits).sum())
