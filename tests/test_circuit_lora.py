@@ -192,3 +192,16 @@ def test_finetune_errors(tiny_model):
     with pytest.raises(InputError, match=r"`checkpoint` must be an int in \[0, 2\]; got 5"):
         cl.finetune_lora(tiny_model, PROMPTS, ANSWERS, ranks=[1, 1, 1], steps=2,
                          checkpoints=[5], folder="x")
+
+
+@pytest.mark.integration
+def test_smollm2_allocation_matches_peft(smollm2):
+    """SmolLM2 (30 layers): CircuitLoRA on 5 layers hits uniform rank-4 LoRA's count exactly."""
+    uniform = cl.uniform_lora_ranks(smollm2, 4)
+    target = cl.lora_parameter_count(smollm2, uniform)
+    # per layer and rank: q 1152 + k 768 + v 768 + o 1152 + gate/up/down 3 x 2112
+    assert target == 30 * 4 * (1152 + 768 + 768 + 1152 + 3 * 2112)
+    alloc = cl.allocate_lora_ranks(smollm2, target, [3, 10, 20, 25, 29], r_other=2)
+    ranks = dict(zip(alloc.layer.values.tolist(), alloc["rank"].values.tolist()))
+    assert [ranks[c] for c in (3, 10, 20, 25, 29)] == [14] * 5   # 5 r_c + 25 x 2 = 30 x 4
+    assert peft_trainable(smollm2, ranks) == target
