@@ -271,3 +271,27 @@ def test_cli_edit_json(tmp_path, monkeypatch, capsys):
                  "--d-model", "32", "--d-mlp", "64", "--batch-size", "32", "--relation", "Z+9",
                  "--json"]) != 0
     assert "`relation` must be one of" in capsys.readouterr().err
+
+
+# -- view (headless) ------------------------------------------------------------------
+
+def test_view_follows_the_strength_slider(km):
+    import holoviews as hv
+
+    from apps.shattering import ShatteringView, plot_shattering_scatter
+
+    sweep = sh.edit_sweep(km, n_edits=4, distances=[1, 2], method="finetune")
+    view = ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3", relation="A+1",
+                          distance=2, background=False)
+    assert view.edit.entity == 3 and view.edit.distance == 2
+    assert "strength 1.00" in view.summary()
+    R1 = float(view.embedding()["R"].values[-1])
+    assert R1 > 0
+    view.strength = 0.0
+    assert float(view.embedding()["R"].values[-1]) == 0.0
+    assert "R = 0.000" in view.summary()
+    view.order = 1
+    assert isinstance(view._embedding_plot(), hv.Overlay)
+    plot = plot_shattering_scatter(sweep)
+    assert f"r² = {sweep.attrs['r2']:.2f}" in plot.opts.get().kwargs["title"]
+    view.close()
