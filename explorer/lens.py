@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._checks import check_choice, check_int
+from ._checks import InputError, check_choice, check_int
 from .interventions import Edit, first_edit_layer
 from .models import Model
 from .trace import CleanRun, check_edits, check_layers, provenance, run_batch, token_coords
@@ -369,7 +369,8 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     unembed_dtype : {"float32", "bfloat16"}, default="float32"
         "bfloat16" screens the vocabulary in bfloat16 and recomputes the top candidates in
         float32 (see `lens_readout`): about half the unembedding time, top-k ids and
-        probabilities almost always equal to float32's. "float32" is exact.
+        probabilities almost always equal to float32's. "float32" is exact. A remote
+        model reduces the lens inside its trace, in float32, whatever this says.
     rank_cap : int, optional
         Ranks at or beyond the cap read as ``rank_cap``, and only ranks below it are
         counted; default exact ranks over the whole vocabulary.
@@ -398,6 +399,9 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     check_int("screen_candidates", screen_candidates, low=1)
     layers = check_layers(model, layers)
     edits = check_edits(edits)
+    if model.remote and resume is not None:
+        raise InputError("`resume` keeps every layer's residual on this machine, which a "
+                         "remote model does not; run the remote lens without it.")
     batch_all = model.tokenize(prompts)
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
@@ -430,6 +434,20 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
             pc = torch.arange(P).repeat(len(rows))
             po = pc
         n_r = len(pr)
+        g = (pr + s).numpy()
+        po_np = po.numpy()
+        if model.remote:  # reduced inside the trace: only [prompt, pos, layer, k] comes back
+            out = run_batch(model, batch, edits=edits, save_positions=positions, logits=False,
+                            lens_k=k, lens_layers=layers)
+            final_id[g, po_np] = out["lens_final_id"][pr, pc].numpy()
+            for li, layer in enumerate(layers):
+                ids, logp, rank, final_logp = (x[pr, pc] for x in out[("lens", layer)])
+                top_id[g, po_np, li] = ids.numpy()
+                top_prob[g, po_np, li] = logp.exp().numpy()
+                final_rank[g, po_np, li] = (rank if rank_cap is None
+                                            else rank.clamp(max=rank_cap)).numpy()
+                final_prob[g, po_np, li] = final_logp.exp().numpy()
+            continue
         # the last layer's lens is the model's output: read it from the run's own logits
         from_logits = layers[-1] == spec.n_layers - 1
         groups = _layer_groups(layers[:-1] if from_logits else layers, first_edit, n_r,
@@ -449,8 +467,6 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
                         edits=edits, save_positions=positions, resume=use_resume)
         final_logits = out["logits"][pr, pc].float()             # [R, vocab]
         final = final_logits.topk(k, dim=-1).indices             # [R, k]
-        g = (pr + s).numpy()
-        po_np = po.numpy()
         final_id[g, po_np] = final.numpy()
         row_bytes = 4 * (spec.vocab_size if unembed_dtype == "float32" else spec.vocab_size // 2)
         plan = [(group, cached.get(group)) for group in groups]
@@ -514,7 +530,9 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
             **tc,
         },
         attrs=provenance(model, method="logit_lens", edits=edits, k=k, positions=positions,
-                         layers=layers, prompts=prompts, unembed_dtype=unembed_dtype,
+                         layers=layers, prompts=prompts,
+                         unembed_dtype="float32" if model.remote else unembed_dtype,
+                         readout="in-trace" if model.remote else "local",
                          rank_cap=rank_cap, screen_candidates=screen_candidates,
                          n_layers=spec.n_layers),
     )

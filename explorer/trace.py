@@ -148,7 +148,8 @@ def _attention(model: Model, implementation: str | None):
 def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozenset(),
               edits: Sequence[Edit] = (), save_positions: Sequence[int] | None = None,
               resume: CleanRun | None = None, logits: bool = True,
-              save_final: Sequence[str] = ()) -> dict[Any, torch.Tensor]:
+              save_final: Sequence[str] = (), lens_k: int = 0,
+              lens_layers: Sequence[int] = ()) -> dict[Any, torch.Tensor]:
     """One nnsight trace over a padded batch; the only function that drives nnsight.
 
     Parameters
@@ -163,10 +164,18 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
         Skip the layers before the first edit, feeding the cached clean residual instead.
     save_final : subset of {"final_norm"}
         Non-layer sites to return.
+    lens_k, lens_layers : int, sequence of int
+        Logit-lens readouts computed inside the trace (for remote runs: only these small
+        tensors cross the network): per layer in ``lens_layers`` the top ``lens_k`` tokens
+        and log-probabilities, and the rank and log-probability of the output's top
+        ``lens_k`` tokens. ``(layer, "head_out")`` in ``save`` is also computed inside the
+        trace: each head's write [prompt, pos, head, d_model] through its slice of W_O.
 
     Returns
     -------
-    dict mapping (layer, site) -> tensor, "final_norm" -> tensor, "logits" -> [prompt, pos, vocab].
+    dict mapping (layer, site) -> tensor, "final_norm" -> tensor, "logits" -> [prompt, pos, vocab],
+    and with ``lens_k``: "lens_final_id" [prompt, pos, k] and ("lens", layer) -> tuple of
+    top ids, top log-probs, final-token ranks, final-token log-probs, each [prompt, pos, k].
     """
     edits = check_edits(edits)
     for e in edits:
@@ -183,7 +192,12 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     if save_positions is not None:
         sel = position_index(batch.lengths, batch.width, save_positions)
     start = 0
-    if resume is not None and edits:
+    lens_layers = [int(x) for x in lens_layers] if lens_k else []
+    spec_ = model.spec
+    softcap = None
+    if model.arch.logit_softcap_attr:
+        softcap = getattr(model.hf.config, model.arch.logit_softcap_attr, None)
+    if resume is not None and edits and not lens_layers:
         if resume.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
                 resume.batch.input_ids, batch.input_ids):
             raise InputError("`resume` was computed for different prompts than this run.")
@@ -216,9 +230,11 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                 result[(layer, site)] = clean if sel is None else clean[sel[0], sel[1]].reshape(
                     n_prompts, -1, clean.shape[-1])
     nn = model.nn
+    arch_transposed = model.arch.o_proj_transposed
+    lens_resid: dict[int, Any] = {}
     with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
         # without logits read, the unembedding runs for one position only (~20% of a forward)
-        last_only = {} if logits else {"logits_to_keep": 1}
+        last_only = {} if (logits or lens_layers) else {"logits_to_keep": 1}
         with nn.trace(**batch.model_inputs(), **last_only,
                       remote=model.remote) as tracer:  # noqa: F841
             if start:
@@ -232,7 +248,9 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                     point = (layer, site)
                     wanted = point in save
                     to_apply = by_point.get(point, ())
-                    if not (wanted or to_apply):
+                    head_out = site == "attn_z" and (layer, "head_out") in save
+                    lens_here = site == "resid_post" and layer in lens_layers
+                    if not (wanted or to_apply or head_out or lens_here):
                         continue
                     if site == "resid_pre":
                         value = block.input
@@ -248,6 +266,14 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                         apply_edits(value, to_apply, ctx)
                     if wanted:
                         keep(point, value)
+                    if head_out:
+                        w = block.attn.o_proj.weight  # [d_model, head*d_head] (Conv1D: .T)
+                        w = w if arch_transposed else w.T
+                        w = w.reshape(spec_.n_heads, spec_.d_head, spec_.d_model)
+                        z = value.reshape(*value.shape[:2], spec_.n_heads, spec_.d_head)
+                        keep((layer, "head_out"), torch.einsum("pshd,hdm->pshm", z, w))
+                    if lens_here:
+                        lens_resid[layer] = value.clone() if clone else value
             if "final_norm" in save_final:
                 fn = nn.final_norm.output.detach()
                 if sel is not None:
@@ -258,6 +284,27 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                 if sel is not None:
                     lg = lg[sel[0], sel[1]].reshape(n_prompts, -1, lg.shape[-1])
                 result["logits"] = lg.save()
+            if lens_layers:
+                out_logits = nn.output.logits.detach()
+                if sel is not None:
+                    out_logits = out_logits[sel[0], sel[1]].reshape(n_prompts, -1,
+                                                                    out_logits.shape[-1])
+                final_id = out_logits.float().topk(lens_k, dim=-1).indices  # [prompt, pos, k]
+                result["lens_final_id"] = final_id
+                for layer in lens_layers:
+                    x = lens_resid[layer]
+                    if sel is not None:
+                        x = x[sel[0], sel[1]].reshape(n_prompts, -1, x.shape[-1])
+                    lg = nn.unembed(nn.final_norm(x)).float()          # [prompt, pos, vocab]
+                    if softcap:
+                        lg = torch.tanh(lg / softcap) * softcap
+                    lse = lg.logsumexp(-1, keepdim=True)
+                    top = lg.topk(lens_k, dim=-1)
+                    target = lg.gather(-1, final_id)                    # [prompt, pos, k]
+                    rank = torch.stack([(lg > target[..., j:j + 1]).sum(-1)
+                                        for j in range(lens_k)], -1)
+                    result[("lens", layer)] = (top.indices, top.values - lse, rank,
+                                               target - lse)
             result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
@@ -368,8 +415,7 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     if positions is not None:
         position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
     layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
-    save_sites = {"attn_z" if s == "head_out" else s for s in layer_sites}
-    save = {(layer, s) for layer in layers for s in save_sites}
+    save = {(layer, s) for layer in layers for s in layer_sites}  # head_out: made in the trace
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
     n_src = max(batch_all.lengths)  # attn_pattern sources: every real token
     n_total = len(prompts)
@@ -406,13 +452,10 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
             else:
                 stacked = None  # [prompt, pos, layer, ...], filled layer by layer: one copy
                 for li, layer in enumerate(layers):
-                    x = out[(layer, "attn_z" if s == "head_out" else s)].detach().cpu()
-                    x = x.float() if x.dtype != torch.float64 else x  # [prompt, padded_pos, d]
-                    if s in ("attn_z", "head_out"):
+                    x = out[(layer, s)].detach().cpu()
+                    x = x.float() if x.dtype != torch.float64 else x  # [prompt, padded_pos, ...]
+                    if s == "attn_z":
                         x = x.reshape(*x.shape[:2], spec.n_heads, spec.d_head)
-                    if s == "head_out":
-                        w = model.W_O(layer).detach().cpu().to(x.dtype)  # [head, d_head, d_model]
-                        x = torch.einsum("pshd,hdm->pshm", x, w)
                     xn = x.numpy()
                     if stacked is None:
                         stacked = np.empty((len(rows), n_pos, len(layers), *xn.shape[2:]),
@@ -551,8 +594,7 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     bad = [s for s in sites if s in ("final_norm", "unembed", "attn_pattern")]
     if bad:
         raise InputError(f"run_with reads layer sites; use `trace` for {bad[0]!r}.")
-    save_sites = {"attn_z" if s == "head_out" else s for s in sites}
-    out = run_batch(model, batch, save={(layer, s) for layer in layers for s in save_sites},
+    out = run_batch(model, batch, save={(layer, s) for layer in layers for s in sites},
                     edits=edits, save_positions=positions, resume=resume)
     n_pos = len(positions) if positions is not None else max(batch.lengths)
 
@@ -565,11 +607,9 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     for s in sites:
         per_layer = []
         for layer in layers:
-            x = unpad(out[(layer, "attn_z" if s == "head_out" else s)])
-            if s in ("attn_z", "head_out"):
+            x = unpad(out[(layer, s)])
+            if s == "attn_z":
                 x = x.reshape(*x.shape[:2], model.spec.n_heads, model.spec.d_head)
-            if s == "head_out":
-                x = np.einsum("pshd,hdm->pshm", x, model.W_O(layer).detach().float().numpy())
             per_layer.append(x)
         collected[s] = [np.stack(per_layer, axis=2)]
     ds = _to_dataset(model, batch, prompts, collected, sites=("unembed", *sites), layers=layers,

@@ -139,6 +139,41 @@ def test_patch_matches_local(remote_model, local_model):
     assert _equal(remote.logits, local.logits)
 
 
+def test_head_out_is_computed_in_the_remote_trace(remote_model, local_model):
+    """head_out needs W_O, which a remote (meta-device) model does not hold: the trace makes it."""
+    remote = trace(remote_model, PROMPTS, sites=["head_out"], layers=[0, 2])
+    local = trace(local_model, PROMPTS, sites=["head_out", "attn_z"], layers=[0, 2])
+    assert _equal(remote.head_out, local.head_out)
+    # independent: z of each head through its slice of o_proj's weight, with plain torch
+    for layer in (0, 2):
+        w = local_model.hf.model.layers[layer].self_attn.o_proj.weight.detach()  # [d, h*dh]
+        w = w.T.reshape(local_model.spec.n_heads, local_model.spec.d_head, -1)
+        z = torch.from_numpy(np.nan_to_num(local.attn_z.sel(layer=layer).values))
+        expect = torch.einsum("pshd,hdm->pshm", z, w).numpy()
+        got = np.nan_to_num(remote.head_out.sel(layer=layer).values)
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+
+
+def test_logit_lens_is_reduced_in_the_remote_trace(remote_model, local_model):
+    from explorer import logit_lens
+    from explorer._checks import InputError
+    from explorer.trace import clean_run
+
+    edits = [Steer(layer=1, vector=np.linspace(-1, 1, 64), alpha=3.0)]
+    remote = logit_lens(remote_model, PROMPTS, k=3, edits=edits)
+    local = logit_lens(local_model, PROMPTS, k=3, edits=edits)
+    assert remote.attrs["params"]["readout"] == "in-trace"
+    for name in ("top_token_id", "final_rank"):
+        assert np.array_equal(remote[name].values, local[name].values), name
+    for name in ("top_prob", "final_prob"):
+        np.testing.assert_allclose(remote[name].values, local[name].values, rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+    capped = logit_lens(remote_model, PROMPTS[:1], k=3, rank_cap=2, positions=[-1])
+    assert capped.final_rank.values.max() <= 2
+    with pytest.raises(InputError, match="remote model"):
+        logit_lens(remote_model, PROMPTS, k=3, resume=clean_run(local_model, PROMPTS))
+
+
 # -- status, time limit, cancellation, disconnects -----------------------------------------
 
 def test_status_updates_reach_the_callback(remote_model):
@@ -156,7 +191,7 @@ def test_timeout_is_a_clear_error(remote_model, server, queue_delay):
     start = time.monotonic()
     with remote_run(remote_model, timeout_s=0.5) as run:
         with pytest.raises(RemoteTimeoutError, match=r"did not complete within 0\.5 s "
-                                                     r"\(last status: QUEUED\)"):
+                                                     r"\(last status: (RECEIVED|QUEUED)\)"):
             trace(remote_model, PROMPTS[:1])
     assert time.monotonic() - start < 10
     assert isinstance(RemoteTimeoutError("x"), ExplorerError)
