@@ -24,8 +24,8 @@ from apps._session import CancelToken, Runner, user_message
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vectors as tv
 
-__all__ = ["ICLHeadsView", "plot_head_scatter", "plot_attention", "plot_ablation_curves",
-           "plot_td", "plot_projection"]
+__all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
+           "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td"]
 
 hv.extension("bokeh", logo=False)
 
@@ -67,6 +67,30 @@ def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: f
               f"({len(ti & tf)} shared)")
 
 
+def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
+    """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white)."""
+    if scores is None:
+        return _waiting("Scoring heads…")
+    ind, fv = scores["induction_score"].values, scores["fv_score"].values
+    n_layers, n_heads = ind.shape
+
+    def cells(a):
+        return [(h, l, float(a[l, h])) for l in range(n_layers) for h in range(n_heads)]
+
+    height = max(260, theme.SIZES["cell_height"] * n_layers + 90)
+    common = dict(tools=["hover", "tap"], colorbar=True, responsive=True, height=height,
+                  default_tools=_TOOLS, xlabel="head", ylabel="layer", invert_yaxis=True,
+                  fontsize={"xticks": "7pt", "yticks": "7pt"})
+    bound = float(np.nanmax(np.abs(fv))) or 1.0
+    left = hv.HeatMap(cells(ind), ["head", "layer"], "induction_score").opts(
+        cmap=theme.MAGNITUDE_CMAP, clim=(0.0, float(np.nanmax(ind)) or 1.0),
+        title="Induction score (attention on the induction target)", **common)
+    right = hv.HeatMap(cells(fv), ["head", "layer"], "fv_score").opts(
+        cmap=theme.SIGNED_CMAP, clim=(-bound, bound),
+        title="FV score (indirect effect on P(answer); 0 = white)", **common)
+    return (left + right).cols(2)
+
+
 def plot_attention(ds: xr.Dataset | None, title: str) -> hv.Element:
     """Query x key heatmap of one head's attention, tokens on both axes."""
     if ds is None:
@@ -82,20 +106,33 @@ def plot_attention(ds: xr.Dataset | None, title: str) -> hv.Element:
         clim=(0, 1), fontsize={"xticks": "7pt", "yticks": "7pt"})
 
 
-def plot_ablation_curves(curves: xr.Dataset | None) -> hv.Element:
-    """Mean few-shot accuracy against % of heads ablated, one curve per ranking."""
+_CURVE_LABELS = {
+    "mean_accuracy": ("few-shot accuracy", "Few-shot accuracy with the top heads mean-ablated"),
+    "mean_answer_prob": ("P(answer)", "Probability of the answer with the top heads mean-ablated"),
+    "token_loss_difference": ("loss(early) - loss(late) (nats)",
+                              "Token-loss difference with the top heads mean-ablated"),
+}
+# one colour per ranking on every plot
+_RANKING_COLORS = {r: theme.CATEGORICAL[i % len(theme.CATEGORICAL)]
+                   for i, r in enumerate(ih.RANKINGS)}
+
+
+def plot_ablation_curves(curves: xr.Dataset | None,
+                         variable: str = "mean_accuracy") -> hv.Element:
+    """``variable`` (mean accuracy by default) against % of heads ablated, one curve per ranking."""
     if curves is None:
         return _waiting("Release the slider to compute ablation curves", 300)
+    ylabel, title = _CURVE_LABELS[variable]
     pct = curves["percent"].values
     out = []
-    for i, r in enumerate(curves["ranking"].values):
-        y = curves["mean_accuracy"].sel(ranking=r).values
-        c = theme.CATEGORICAL[i % len(theme.CATEGORICAL)]
-        out.append(hv.Curve((pct, y), "% heads ablated", "few-shot accuracy", label=str(r))
-                   .opts(color=c, line_width=2))
-        out.append(hv.Scatter((pct, y), "% heads ablated", "few-shot accuracy").opts(color=c, size=6))
+    for r in curves["ranking"].values:
+        y = curves[variable].sel(ranking=r).values
+        c = _RANKING_COLORS.get(str(r), theme.ACCENT)
+        out.append(hv.Curve((pct, y), "% heads ablated", ylabel, label=str(r))
+                   .opts(color=c, line_width=2, tools=["hover"]))
+        out.append(hv.Scatter((pct, y), "% heads ablated", ylabel).opts(color=c, size=6))
     return hv.Overlay(out).opts(responsive=True, height=320, legend_position="right",
-                                title="Few-shot accuracy with the top heads mean-ablated")
+                                title=title)
 
 
 def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
@@ -125,6 +162,25 @@ def plot_projection(td: xr.Dataset | None, layer: int) -> hv.Element:
                     title=f"Last-token residual at layer {layer} (PCA), by task")
 
 
+def plot_finetune_td(summary: dict) -> hv.Element:
+    """TD of the tuned task per layer for the base model and the early / late LoRA copies.
+
+    ``summary`` is `explorer.analyses.icl_finetune.finetune_summary` output.
+    """
+    curves = []
+    for i, v in enumerate(("base", "early", "late")):
+        td = summary[v]["task_td"]
+        label = (f"{v} (accuracy {summary[v]['accuracy']:.2f})" if v == "base" else
+                 f"{v}: layers {summary[v + '_layers'][0]}–{summary[v + '_layers'][-1]} "
+                 f"(accuracy {summary[v]['accuracy']:.2f})")
+        curves.append(hv.Curve((list(range(len(td))), td), "layer", "task decodability",
+                               label=label).opts(color=theme.CATEGORICAL[i], line_width=2,
+                                                 tools=["hover"]))
+    return hv.Overlay(curves).opts(
+        responsive=True, height=320, ylim=(0, 1.05), legend_position="bottom_right",
+        title=f"TD of '{summary['task']}' per layer after LoRA on the first / last layers")
+
+
 class ICLHeadsView(pn.viewable.Viewer):
     """Induction vs FV heads with ablation curves, function vectors and task encoding.
 
@@ -144,6 +200,10 @@ class ICLHeadsView(pn.viewable.Viewer):
     task = param.Selector(default="antonym", objects=ih.icl_task_names(), label="Task")
     max_percent = param.Number(default=20.0, bounds=(1, 50), step=1,
                                label="Ablate up to % of heads")
+    exclude_other = param.Boolean(
+        default=False, label="Exclude the other score's top heads",
+        doc="Ablate the top FV heads that are not top induction heads and vice versa (the "
+            "excluded set is the top % of the larger threshold above)")
     fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer")
     td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer")
 
@@ -185,6 +245,7 @@ class ICLHeadsView(pn.viewable.Viewer):
                                                 sizing_mode="stretch_width", visible=False)
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
+        self.param.watch(lambda *_: self._request("curves"), ["exclude_other"])
         self._request("scores")
         self._request("td")
 
@@ -217,12 +278,16 @@ class ICLHeadsView(pn.viewable.Viewer):
             ind, fv = self.scores["induction_score"].values, self.scores["fv_score"].values
             top = float(self.max_percent)
             percents = sorted({0.0, *[p for p in (1, 3, 5, 10, 20, 30, 50) if p <= top], top})
+            rankings = (("fv_excl_induction", "induction_excl_fv", "random")
+                        if self.exclude_other else ("fv", "induction", "random"))
+            exclude = max(self.top_induction, self.top_fv) / 100
 
             def job(token: CancelToken):
                 def progress(done, total):
                     token.check()
                     self._set_progress(done, total)
                 return ih.ablation_curves(m, self._eval_tasks, ind, fv, percents=percents,
+                                          rankings=rankings, exclude_fraction=exclude,
                                           loss_sequences=2, loss_tokens=64, progress=progress,
                                           **o)
         elif name == "fv":
@@ -234,8 +299,9 @@ class ICLHeadsView(pn.viewable.Viewer):
                 return tv.function_vector_accuracy(m, [task], fv, layer=layer, **o)
         else:
             def job(token: CancelToken):
-                return tv.task_decodability(m, self._td_tasks, k=min(10, 4 * o["n_prompts"] - 1),
-                                            **o)
+                # every prompt of the tasks and the Null task, less the one left out
+                n_points = (len(self._td_tasks) + 1) * o["n_prompts"]
+                return tv.task_decodability(m, self._td_tasks, k=min(10, n_points - 1), **o)
         self.status = f"computing {name}…"
         self._runners[name].submit(job)
 
@@ -272,6 +338,17 @@ class ICLHeadsView(pn.viewable.Viewer):
             n_heads = self.scores.sizes["head"]
             self.param.update(layer=index[0] // n_heads, head=index[0] % n_heads)
 
+    def _cell_tapped(self, x: Any = None, y: Any = None) -> None:
+        """A click on a heatmap cell (x = head, y = layer) selects that head."""
+        if x is None or y is None or self.scores is None:
+            return
+        try:
+            head, layer = int(round(float(x))), int(round(float(y)))
+        except (TypeError, ValueError):
+            return
+        if 0 <= layer < self.scores.sizes["layer"] and 0 <= head < self.scores.sizes["head"]:
+            self.param.update(layer=layer, head=head)
+
     # -- layout ---------------------------------------------------------------------------
     def _fv_text(self) -> str:
         ds = self.fv_result
@@ -286,9 +363,12 @@ class ICLHeadsView(pn.viewable.Viewer):
         """Hidden markers of what the page shows (read by the browser test)."""
         curves = "none" if self.curves is None else ",".join(
             f"{p:g}" for p in self.curves["percent"].values)
+        rankings = "none" if self.curves is None else ",".join(
+            str(r) for r in self.curves["ranking"].values)
         fv = "none" if self.fv_result is None else str(self.fv_result.attrs["layer"])
         return (f"<div class='icl-state' data-icl-scores='{'ready' if self.scores is not None else 'none'}' "
                 f"data-icl-head='{self.layer}:{self.head}' data-icl-curves='{curves}' "
+                f"data-icl-rankings='{rankings}' "
                 f"data-icl-fv='{fv}' data-icl-td='{'ready' if self.td is not None else 'none'}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -300,6 +380,15 @@ class ICLHeadsView(pn.viewable.Viewer):
             return plot
 
         scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv)
+
+        def heatmaps(scores):
+            plot = plot_score_heatmaps(scores)
+            if isinstance(plot, hv.Layout):   # clicking a cell selects its head
+                for panel in plot:
+                    hv.streams.Tap(source=panel).add_subscriber(self._cell_tapped)
+            return plot
+
+        heatmaps = pn.bind(heatmaps, self.param.scores)
         pat_rep = pn.bind(lambda d, l, h: plot_attention(
             None if d is None else d["repeat"], f"L{l}H{h} on a repeated random sequence"),
             self.param.patterns, self.param.layer, self.param.head)
@@ -317,7 +406,8 @@ class ICLHeadsView(pn.viewable.Viewer):
             pn.widgets.IntSlider.from_param(self.param.layer),
             pn.widgets.IntSlider.from_param(self.param.head),
             pn.widgets.Select.from_param(self.param.task),
-            slider, button, self._progress,
+            slider, pn.widgets.Checkbox.from_param(self.param.exclude_other), button,
+            self._progress,
             pn.widgets.IntSlider.from_param(self.param.fv_layer),
             pn.widgets.IntSlider.from_param(self.param.td_layer),
             pn.pane.Markdown(self.param.status),
@@ -327,6 +417,7 @@ class ICLHeadsView(pn.viewable.Viewer):
             width=theme.SIZES["controls_width"])
         main = pn.Column(
             pn.pane.HoloViews(scatter, sizing_mode="stretch_width", linked_axes=False),
+            pn.pane.HoloViews(heatmaps, sizing_mode="stretch_width", linked_axes=False),
             pn.Row(pn.pane.HoloViews(pat_rep, linked_axes=False),
                    pn.pane.HoloViews(pat_icl, linked_axes=False)),
             pn.pane.HoloViews(pn.bind(plot_ablation_curves, self.param.curves), linked_axes=False),

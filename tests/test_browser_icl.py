@@ -2,8 +2,9 @@
 
 The page is served in a subprocess on a free 127.0.0.1 port; Playwright drives Debian's
 chromium: wait for the head scores, move the head slider with the keyboard (the selected
-head and its attention plots follow), press the ablation button (curves appear). A
-screenshot goes to ``test-artifacts/`` (gitignored).
+head and its attention plots follow), press the ablation button (curves appear), tick the
+exclusion toggle (the curves are recomputed for the exclusion rankings). A screenshot goes
+to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
@@ -117,10 +118,14 @@ def test_scores_head_slider_and_ablation_curves(page_url, browser):
     handle.press("ArrowLeft" if h > 0 else "ArrowRight")
     new = wait_for(page, "data-icl-head", lambda v: v != head)
     assert new == f"{layer}:{h - 1 if h > 0 else h + 1}"
-    assert page.locator(".bk-Canvas, canvas").count() >= 3
+    assert page.locator(".bk-Canvas, canvas").count() >= 5   # scatter, 2 heatmaps, 2 patterns
     assert attribute(page, "data-icl-curves") == "none"
     page.get_by_role("button", name="Recompute ablation curves").click()
     assert wait_for(page, "data-icl-curves", lambda v: v != "none") == "0,1,3,5,10,20"
+    assert attribute(page, "data-icl-rankings") == "fv,induction,random"
+    page.locator("input[type=checkbox]").first.check()   # the exclusion toggle: the only one
+    assert wait_for(page, "data-icl-rankings", lambda v: "excl" in v) == (
+        "fv_excl_induction,induction_excl_fv,random")
     time.sleep(2)  # let the curves render before the screenshot
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "icl_heads_page.png"), full_page=True)

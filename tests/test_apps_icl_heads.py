@@ -1,0 +1,67 @@
+"""ICL heads view, headless: score heatmaps, the exclusion toggle, clicking a heatmap cell."""
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import pytest
+import xarray as xr
+
+from apps import theme
+from apps.icl_heads import ICLHeadsView, plot_ablation_curves, plot_score_heatmaps
+
+
+def _scores(ind, fv):
+    return xr.Dataset({"induction_score": (("layer", "head"), ind),
+                       "fv_score": (("layer", "head"), fv)},
+                      coords={"layer": range(ind.shape[0]), "head": range(ind.shape[1])})
+
+
+def test_score_heatmaps_show_both_scores_with_their_colour_maps():
+    ind = np.array([[0.1, 0.5, 0.0], [0.9, 0.2, 0.3]])
+    fv = np.array([[0.02, -0.05, 0.0], [0.01, 0.04, -0.01]])
+    layout = plot_score_heatmaps(_scores(ind, fv))
+    left, right = list(layout)
+    for plot, values in ((left, ind), (right, fv)):
+        got = {(int(h), int(l)): v for h, l, v in zip(plot.dimension_values(0),
+                                                       plot.dimension_values(1),
+                                                       plot.dimension_values(2))}
+        assert got == {(h, l): values[l, h] for l in range(2) for h in range(3)}
+    def opts(el):
+        return {**hv.Store.lookup_options("bokeh", el, "plot").kwargs,
+                **hv.Store.lookup_options("bokeh", el, "style").kwargs}
+
+    lo, ro = opts(left), opts(right)
+    assert lo["cmap"] == theme.MAGNITUDE_CMAP and lo["clim"] == (0.0, 0.9)
+    assert ro["cmap"] == theme.SIGNED_CMAP and ro["clim"] == (-0.05, 0.05)   # centred on 0
+    assert isinstance(plot_score_heatmaps(None), hv.Text)
+
+
+def test_ablation_plot_draws_the_chosen_variable():
+    ds = xr.Dataset({"mean_accuracy": (("ranking", "percent"), [[1.0, 0.5], [1.0, 0.9]]),
+                     "mean_answer_prob": (("ranking", "percent"), [[0.6, 0.2], [0.6, 0.5]])},
+                    coords={"ranking": ["fv", "random"], "percent": [0.0, 10.0]})
+    overlay = plot_ablation_curves(ds, "mean_answer_prob")
+    curves = [el for el in overlay if isinstance(el, hv.Curve)]
+    assert [c.label for c in curves] == ["fv", "random"]
+    np.testing.assert_allclose(curves[0].dimension_values(1), [0.6, 0.2])
+    assert curves[0].vdims[0].name == "P(answer)"
+
+
+def test_view_exclusion_toggle_and_cell_click(tiny_model):
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    assert view.scores is not None and view.td is not None
+    view.max_percent = 10
+    view._request("curves")
+    assert list(view.curves.ranking.values) == ["fv", "induction", "random"]
+    view.exclude_other = True          # recomputes at once
+    assert list(view.curves.ranking.values) == ["fv_excl_induction", "induction_excl_fv",
+                                                "random"]
+    assert view.curves.attrs["params"]["exclude_fraction"] == pytest.approx(0.05)
+    assert "data-icl-rankings='fv_excl_induction,induction_excl_fv,random'" in view._state_html()
+    view._cell_tapped(x=3, y=2)
+    assert (view.layer, view.head) == (2, 3)
+    view._cell_tapped(x=7, y=0)        # outside the model: ignored
+    assert (view.layer, view.head) == (2, 3)
+    assert view.__panel__() is not None
