@@ -178,6 +178,7 @@ class CircuitsView(pn.viewable.Viewer):
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  autostart: bool | None = None, run_folder: str | Path | None = None,
                  **params: Any):
+        checkpoint = params.pop("checkpoint", 0)  # its bounds are known once a run is loaded
         super().__init__(**params)
         self._model = model
         self._run_folder = Path(run_folder) if run_folder else None
@@ -208,6 +209,7 @@ class CircuitsView(pn.viewable.Viewer):
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
         if self._run_folder is not None and (self._run_folder / "circuits.nc").is_file():
             self._set_checkpoints(xr.load_dataset(self._run_folder / "circuits.nc"))
+            self.checkpoint = min(checkpoint, self.param.checkpoint.bounds[1])
         small = model.n_layers * model.spec.n_heads <= 64
         if autostart if autostart is not None else small:
             self._request_scores()

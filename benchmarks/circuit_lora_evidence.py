@@ -54,6 +54,19 @@ def stage_run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def stage_resummarize(summary: dict) -> dict:
+    """Rebuild the comparison table from the run folder's ``comparison.nc``."""
+    import xarray as xr
+
+    from explorer.analyses import circuit_lora as cl
+
+    comp = xr.load_dataset(Path(summary["folder"]) / "comparison.nc")
+    if "method" in comp.dims:  # files written before the dim was named "variant"
+        comp = comp.rename({"method": "variant"})
+    summary["comparison"] = cl.comparison_summary(comp)
+    return summary
+
+
 def stage_screenshot(args: argparse.Namespace, summary: dict) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -132,6 +145,10 @@ def main() -> None:
         FIGURES.mkdir(exist_ok=True)
         SUMMARY.write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary, indent=1))
+    if "resummarize" in stages:
+        summary = stage_resummarize(summary)
+        SUMMARY.write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary["comparison"], indent=1))
     if "screenshot" in stages:
         stage_screenshot(args, summary)
 

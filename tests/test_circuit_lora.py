@@ -205,3 +205,24 @@ def test_smollm2_allocation_matches_peft(smollm2):
     ranks = dict(zip(alloc.layer.values.tolist(), alloc["rank"].values.tolist()))
     assert [ranks[c] for c in (3, 10, 20, 25, 29)] == [14] * 5   # 5 r_c + 25 x 2 = 30 x 4
     assert peft_trainable(smollm2, ranks) == target
+
+
+def test_comparison_equal_params_and_summary_per_variant(tiny_model):
+    train = (PROMPTS, ANSWERS)
+    test = (PROMPTS[:6], ANSWERS[:6])
+    comp = cl.circuit_lora_comparison(tiny_model, train, test, [1], rank=3, r_other=1,
+                                      seeds=[0, 1], steps=2, batch_size=4, lr=1e-2)
+    unit = 128 + 96 + 96 + 128 + 3 * 192
+    assert comp.trainable_params.values.tolist() == [9 * unit, 9 * unit]
+    assert comp["rank"].values.tolist() == [[3, 3, 3], [1, 7, 1]]
+    # each run's held-out accuracy against a plain recomputation with a fresh fine-tune
+    ds, peft_model = cl.finetune_lora(tiny_model, *train, ranks={0: 1, 1: 7, 2: 1}, steps=2,
+                                      batch_size=4, lr=1e-2, seed=1)
+    again = cl.answer_accuracy(tiny_model, *test, hf=peft_model)
+    assert float(comp.loss.sel({"variant": "circuit-lora", "seed": 1})) == pytest.approx(
+        again.attrs["loss"], abs=1e-5)
+    summary = cl.comparison_summary(comp)
+    assert summary["accuracy"]["lora"] == comp.accuracy.values[0].tolist()
+    assert summary["accuracy"]["circuit-lora"] == comp.accuracy.values[1].tolist()
+    assert summary["loss_std"]["lora"] == pytest.approx(float(np.std(comp.loss.values[0], ddof=1)))
+    assert summary["critical"] == [1]

@@ -57,6 +57,9 @@ __all__ = [
     "layer_edge_change",
     "critical_layers",
     "circuit_lora_comparison",
+    "comparison_summary",
+    "run_summary",
+    "save_netcdf",
     "register_cli",
 ]
 
@@ -590,8 +593,9 @@ def circuit_lora_comparison(model: Model, train: tuple[Sequence[str], Sequence[s
     Returns
     -------
     xr.Dataset
-        ``accuracy``, ``token_accuracy``, ``loss`` (method, seed), ``train_loss`` (method,
-        seed, step), ``trainable_params`` and ``rank`` (method, layer); attrs
+        ``accuracy``, ``token_accuracy``, ``loss`` (variant, seed), ``train_loss`` (variant,
+        seed, step), ``trainable_params`` and ``rank`` (variant, layer), variants
+        ``"lora"`` and ``"circuit-lora"``; attrs
         ``base_accuracy`` (before fine-tuning), ``critical``, ``seconds_per_step``.
     """
     check_int("rank", rank, low=1)
@@ -627,12 +631,12 @@ def circuit_lora_comparison(model: Model, train: tuple[Sequence[str], Sequence[s
                 progress(done, total)
     rank_table = np.array([[plans[m][l] for l in range(model.n_layers)] for m in METHODS])
     return xr.Dataset(
-        {"accuracy": (("method", "seed"), acc), "token_accuracy": (("method", "seed"), tok_acc),
-         "loss": (("method", "seed"), loss),
-         "train_loss": (("method", "seed", "step"), train_loss),
-         "trainable_params": ("method", np.array(counts)),
-         "rank": (("method", "layer"), rank_table)},
-        coords={"method": list(METHODS), "seed": seeds, "step": np.arange(1, steps + 1),
+        {"accuracy": (("variant", "seed"), acc), "token_accuracy": (("variant", "seed"), tok_acc),
+         "loss": (("variant", "seed"), loss),
+         "train_loss": (("variant", "seed", "step"), train_loss),
+         "trainable_params": ("variant", np.array(counts)),
+         "rank": (("variant", "layer"), rank_table)},
+        coords={"variant": list(METHODS), "seed": seeds, "step": np.arange(1, steps + 1),
                 "layer": np.arange(model.n_layers)},
         attrs={**provenance(model, method="circuit-lora-comparison", rank=rank, r_other=r_other,
                             steps=steps, batch_size=batch_size, lr=lr, n_train=len(train[0]),
@@ -767,22 +771,32 @@ def run_summary(model: Model, *, task: str = "add", n_train: int = 256, n_test: 
             "edge_jaccard_first_last": float(sim.edge_jaccard[first, last]),
             "n_nodes": sim.n_nodes.values.tolist(), "n_edges": sim.n_edges.values.tolist()},
         "edge_change": change.edge_change.values.tolist(), "critical": crit,
-        "comparison": {
-            "base_accuracy": comp.attrs["base_accuracy"],
-            "trainable_params": dict(zip(METHODS, comp.trainable_params.values.tolist())),
-            "ranks": {m: comp["rank"].sel(method=m).values.tolist() for m in METHODS},
-            "seeds": list(seeds),
-            "accuracy": {m: comp.accuracy.sel(method=m).values.tolist() for m in METHODS},
-            "accuracy_mean": {m: float(comp.accuracy.sel(method=m).mean()) for m in METHODS},
-            "accuracy_std": {m: float(comp.accuracy.sel(method=m).std(ddof=1))
-                             if len(seeds) > 1 else 0.0 for m in METHODS},
-            "loss_mean": {m: float(comp.loss.sel(method=m).mean()) for m in METHODS},
-            "loss_std": {m: float(comp.loss.sel(method=m).std(ddof=1))
-                         if len(seeds) > 1 else 0.0 for m in METHODS},
-            "token_accuracy_mean": {m: float(comp.token_accuracy.sel(method=m).mean())
-                                    for m in METHODS},
-            "cpu_seconds_per_step": comp.attrs["cpu_seconds_per_step"],
-            "seconds_per_step": comp.attrs["seconds_per_step"]},
+        "comparison": comparison_summary(comp),
+    }
+
+
+def comparison_summary(comp: xr.Dataset) -> dict[str, Any]:
+    """JSON-able table of `circuit_lora_comparison`: per-seed accuracy, mean and spread."""
+    def spread(da: xr.DataArray) -> float:
+        return float(da.std(ddof=1)) if da.sizes["seed"] > 1 else 0.0
+
+    variants = [str(v) for v in comp["variant"].values]
+    pick = {v: comp.sel({"variant": v}) for v in variants}
+    return {
+        "base_accuracy": float(comp.attrs["base_accuracy"]),
+        "critical": [int(c) for c in np.atleast_1d(comp.attrs["critical"])],
+        "trainable_params": {v: int(pick[v].trainable_params) for v in variants},
+        "ranks": {v: pick[v]["rank"].values.tolist() for v in variants},
+        "seeds": comp["seed"].values.tolist(),
+        "accuracy": {v: pick[v].accuracy.values.tolist() for v in variants},
+        "accuracy_mean": {v: float(pick[v].accuracy.mean()) for v in variants},
+        "accuracy_std": {v: spread(pick[v].accuracy) for v in variants},
+        "loss": {v: pick[v].loss.values.tolist() for v in variants},
+        "loss_mean": {v: float(pick[v].loss.mean()) for v in variants},
+        "loss_std": {v: spread(pick[v].loss) for v in variants},
+        "token_accuracy_mean": {v: float(pick[v].token_accuracy.mean()) for v in variants},
+        "cpu_seconds_per_step": float(comp.attrs["cpu_seconds_per_step"]),
+        "seconds_per_step": float(comp.attrs["seconds_per_step"]),
     }
 
 
