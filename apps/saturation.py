@@ -22,6 +22,7 @@ import html
 import json
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._session import CancelToken, Runner, user_message
-from explorer._checks import ExplorerError, InputError
+from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.analyses import saturation as sat
 
 __all__ = ["SaturationView", "TokenStrip", "detail_data", "plot_rank_table", "plot_staircase",
@@ -694,13 +695,16 @@ class SaturationView(pn.viewable.Viewer):
 
 def export_figures(folder: str | Path, *, max_tokens: int | None = None,
                    random_tokens: int | None = None, seed: int = 0,
-                   model: str = "smollm2-135m") -> list[Path]:
+                   model: str = "smollm2-135m",
+                   analysis_options: dict[str, Any] | None = None,
+                   weights: Sequence[str] = _WEIGHTS) -> list[Path]:
     """Screenshots of the page's plots for SmolLM2 (trained and random-init) from the store.
 
     Serves the view on a free local port, drives headless chromium with Playwright, clicks
     a token, and saves ``saturation_{trained,random}_{plot}.png`` files. ``max_tokens`` and
     ``random_tokens`` (default: the whole corpus) must match the analysed runs so the
-    results are read from the activation store (run ``benchmarks/saturation_evidence.py``).
+    results are read from the activation store (run ``benchmarks/saturation_evidence.py``),
+    and so must ``analysis_options`` (e.g. ``{"unembed_dtype": "bfloat16"}``).
     """
     import socket
 
@@ -710,10 +714,10 @@ def export_figures(folder: str | Path, *, max_tokens: int | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     base = explorer.load_model(model)
     saved = []
-    for weights in _WEIGHTS:
+    for weights in [check_choice("weights", w, list(_WEIGHTS)) for w in weights]:
         n_tokens = (max_tokens if weights == "trained" else random_tokens) or 50_000
         view = SaturationView(base, background=False, weights=weights, n_tokens=n_tokens,
-                              analysis_options={"seed": seed})
+                              analysis_options={**(analysis_options or {}), "seed": seed})
         if view.result is None:
             raise InputError(f"no {weights} result: {view.error}")
         with socket.socket() as s:
