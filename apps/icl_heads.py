@@ -80,6 +80,7 @@ def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     height = max(260, theme.SIZES["cell_height"] * n_layers + 90)
     common = dict(tools=["hover", "tap"], colorbar=True, responsive=True, height=height,
                   default_tools=_TOOLS, xlabel="head", ylabel="layer", invert_yaxis=True,
+                  xticks=list(range(n_heads)), yticks=list(range(n_layers)),
                   fontsize={"xticks": "7pt", "yticks": "7pt"})
     bound = float(np.nanmax(np.abs(fv))) or 1.0
     left = hv.HeatMap(cells(ind), ["head", "layer"], "induction_score").opts(

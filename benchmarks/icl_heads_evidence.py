@@ -1,9 +1,16 @@
-"""Evidence for docs/icl_heads.md: induction vs FV heads, ablations, function vectors, TD on SmolLM2.
+"""Evidence for docs/icl_heads.md: induction vs FV heads, ablations, function vectors, TD, LoRA.
 
 Writes ``docs/figures/icl_heads_summary.json`` after every stage (a partial run keeps what
-it finished). Usage::
+it finished; later runs add to it). Each stage is one process well under 10 minutes on one
+CPU thread; the FV score is accumulated one task per run (the score is the mean of the
+per-task indirect effects, so running tasks separately gives the same numbers). Usage::
 
-    python benchmarks/icl_heads_evidence.py [--stages bench,scores,ablation,fv,td]
+    python benchmarks/icl_heads_evidence.py --stages bench,induction
+    python benchmarks/icl_heads_evidence.py --stages fv --fv-tasks antonym      # one task a run
+    python benchmarks/icl_heads_evidence.py --stages overlap,ablation
+    python benchmarks/icl_heads_evidence.py --stages fvacc,td
+    python benchmarks/icl_heads_evidence.py --stages lora
+    python benchmarks/icl_heads_evidence.py --stages figures    # PNGs from the summary
 
 ``--threads 1`` (the default) is fastest on a busy machine.
 """
@@ -11,104 +18,235 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SUMMARY = ROOT / "docs" / "figures" / "icl_heads_summary.json"
+FIGURES = ROOT / "docs" / "figures"
+SUMMARY = FIGURES / "icl_heads_summary.json"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
 
 FV_TASKS = ["antonym", "country-capital", "english-french"]
-EVAL_TASKS = ["capitalize", "present-past", "singular-plural", "choose-first-of-3"]
+EVAL_TASKS = ["capitalize", "present-past", "singular-plural", "country-capital"]
 TD_TASKS = ["antonym", "country-capital", "english-french", "capitalize", "present-past",
-            "singular-plural"]
+            "singular-plural", "person-sport", "next-item"]
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a.ravel())), np.argsort(np.argsort(b.ravel()))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def render_png(obj: Any, path: Path, *, width: int, height: int) -> None:
+    """Render a HoloViews object to PNG: standalone HTML, screenshot in chromium."""
+    import holoviews as hv
+    from playwright.sync_api import sync_playwright
+
+    hv.extension("bokeh", logo=False)
+    if isinstance(obj, hv.Layout):   # side by side, each a fixed share of the width
+        items = list(obj)
+        obj = hv.Layout([el.opts(responsive=False, width=width // len(items), height=height)
+                         for el in items]).cols(len(items))
+    else:
+        obj = obj.opts(responsive=False, width=width, height=height)
+    with tempfile.TemporaryDirectory() as tmp:
+        html_path = Path(tmp) / "plot.html"
+        hv.save(obj, html_path, backend="bokeh", resources="inline")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
+            page.goto(html_path.as_uri())
+            page.wait_for_selector("canvas", state="attached", timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(path), full_page=True)
+            browser.close()
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+def figures(summary: dict) -> None:
+    """The view's plots, drawn from the stored numbers."""
+    import holoviews as hv
+    import xarray as xr
+
+    from apps import icl_heads as view
+    from apps import theme
+
+    hv.extension("bokeh", logo=False)
+    ind = np.array(summary["induction"]["induction_score"])
+    fv = np.array(summary["overlap"]["fv_score"])
+    scores = xr.Dataset({"induction_score": (("layer", "head"), ind),
+                         "fv_score": (("layer", "head"), fv)},
+                        coords={"layer": range(ind.shape[0]), "head": range(ind.shape[1])})
+    render_png(view.plot_head_scatter(scores, 5, 5), FIGURES / "icl_heads_scatter.png",
+               width=900, height=420)
+    render_png(view.plot_score_heatmaps(scores), FIGURES / "icl_heads_heatmaps.png",
+               width=900, height=520)
+    if "ablation" in summary:
+        ab = summary["ablation"]
+        rk = list(ab["mean_accuracy"])
+        ds = xr.Dataset({"mean_accuracy": (("ranking", "percent"),
+                                           np.array([ab["mean_accuracy"][r] for r in rk])),
+                         "mean_answer_prob": (("ranking", "percent"),
+                                              np.array([ab["mean_answer_prob"][r] for r in rk]))},
+                        coords={"ranking": rk, "percent": ab["percents"]})
+        render_png(view.plot_ablation_curves(ds) + view.plot_ablation_curves(ds, "mean_answer_prob"),
+                   FIGURES / "icl_heads_ablation.png", width=1100, height=360)
+        tl = xr.Dataset({"token_loss_difference": (("ranking", "percent"), np.array(
+            [ab["token_loss_difference"][r] for r in rk]))},
+            coords={"ranking": rk, "percent": ab["percents"]})
+        render_png(view.plot_ablation_curves(tl, "token_loss_difference"),
+                   FIGURES / "icl_heads_token_loss.png", width=700, height=360)
+    if "function_vectors" in summary:
+        f = summary["function_vectors"]
+        rows = [(t, kind, f[key][t]) for t in f["zero_shot"]
+                for kind, key in (("zero-shot", "zero_shot"), ("zero-shot + FV", "with_fv"),
+                                  ("few-shot", "few_shot"))]
+        bars = hv.Bars(rows, ["task", "condition"], "accuracy").opts(
+            multi_level=True, xrotation=45, color="condition", cmap=theme.CATEGORICAL[:3],
+            title=f"Function vector at layer {f['layer']} ({len(f['heads'])} heads): "
+                  "zero-shot accuracy per task", ylim=(0, 1.05), tools=["hover"])
+        render_png(bars, FIGURES / "icl_heads_fv_gains.png", width=1100, height=420)
+    if "task_decodability" in summary:
+        t = summary["task_decodability"]
+        td = xr.Dataset({"td": (("layer",), np.array(t["td"]))},
+                        coords={"layer": range(len(t["td"]))},
+                        attrs={"best_layer": t["best_layer"], "td_accuracy_r2": t["td_accuracy_r2"]})
+        curve = view.plot_td(td, t["best_layer"])
+        real = [k for k in t["icl_accuracy"] if t["icl_accuracy"][k] is not None]
+        pts = hv.Points([(t["td_mean_over_layers_per_task"][k], t["icl_accuracy"][k], k)
+                         for k in real], ["TD (mean over layers)", "few-shot accuracy"],
+                        ["task"]).opts(size=9, color=theme.ACCENT, tools=["hover"],
+                                       title=f"TD vs accuracy across tasks "
+                                             f"(R² {t['td_accuracy_r2']:.2f})")
+        labels = hv.Labels([(t["td_mean_over_layers_per_task"][k], t["icl_accuracy"][k], k)
+                            for k in real], ["TD (mean over layers)", "few-shot accuracy"],
+                           "task").opts(text_font_size="8pt", yoffset=0.04)
+        render_png(curve + (pts * labels), FIGURES / "icl_heads_td.png", width=1100, height=360)
+    if "lora" in summary:
+        from apps.icl_heads import plot_finetune_td
+
+        render_png(plot_finetune_td(summary["lora"]), FIGURES / "icl_heads_lora_td.png",
+                   width=900, height=360)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--stages", default="bench,scores,ablation,fv,td")
+    ap.add_argument("--stages", default="bench,induction")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--n-prompts", type=int, default=6)
+    ap.add_argument("--fv-prompts", type=int, default=4)
+    ap.add_argument("--fv-shots", type=int, default=4)
+    ap.add_argument("--eval-prompts", type=int, default=12)
     ap.add_argument("--fv-tasks", default=",".join(FV_TASKS))
     ap.add_argument("--eval-tasks", default=",".join(EVAL_TASKS))
     ap.add_argument("--td-tasks", default=",".join(TD_TASKS))
     ap.add_argument("--percents", default="0,1,3,5,10,20")
+    ap.add_argument("--lora-steps", type=int, default=40)
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
+    stages = args.stages.split(",")
+    summary = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    loaded = json.loads(json.dumps(summary))   # what this run found, to tell its own changes
+
+    def save():
+        """Write this run's stages, keeping what runs in parallel wrote meanwhile."""
+        SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+        disk = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+        for key, value in summary.items():
+            if key == "fv":
+                disk.setdefault("fv", {}).update(value)
+            elif value != loaded.get(key):
+                disk[key] = value
+        SUMMARY.write_text(json.dumps(disk, indent=1))
+
+    if stages == ["figures"]:
+        figures(summary)
+        return
     from explorer import load_model
     from explorer.analyses import icl_heads as ih
     from explorer.analyses import task_vectors as tv
 
-    stages = args.stages.split(",")
     fv_tasks, eval_tasks = args.fv_tasks.split(","), args.eval_tasks.split(",")
     td_tasks = args.td_tasks.split(",")
     percents = [float(p) for p in args.percents.split(",")]
-    summary = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-
-    def save():
-        SUMMARY.parent.mkdir(parents=True, exist_ok=True)
-        SUMMARY.write_text(json.dumps(summary, indent=1))
-
     model = load_model("smollm2-135m")
     summary["model"] = model.spec.name
     if "bench" in stages:
-        summary["bench"] = ih.bench_icl_heads(model, n_prompts=args.n_prompts, n_heads=6)
+        summary["bench"] = ih.bench_icl_heads(model, n_prompts=args.fv_prompts,
+                                              n_shots=args.fv_shots, n_heads=6)
         save()
-    if "scores" in stages:
+    if "induction" in stages:
         t0 = time.perf_counter()
-        ind = ih.induction_scores(model, n_sequences=8, half_len=25, seed=42)
-        t1 = time.perf_counter()
-        fv = ih.fv_scores(model, fv_tasks, n_prompts=args.n_prompts, n_shots=5, seed=0)
-        t2 = time.perf_counter()
-        a, b = ind.induction_score.values, fv.fv_score.values
-        n_heads = a.size
-        summary["scores"] = {
-            "induction_score": a.round(4).tolist(), "fv_score": b.round(5).tolist(),
-            "fv_tasks": fv_tasks, "n_prompts": args.n_prompts, "induction_s": t1 - t0, "fv_s": t2 - t1,
-            "fv_s_per_head_task": (t2 - t1) / (n_heads * len(fv_tasks)),
-            "clean_prob": fv.clean_prob.values.round(4).tolist(),
-            "corrupted_prob": fv.corrupted_prob.values.round(4).tolist(),
-            "spearman": float(np.corrcoef(np.argsort(np.argsort(a.ravel())),
-                                          np.argsort(np.argsort(b.ravel())))[0, 1]),
-        }
-        for frac in (0.02, 0.05, 0.10):
-            ta, tb = ih.top_heads(a, frac), ih.top_heads(b, frac)
-            summary["scores"][f"top{int(frac * 100)}pct"] = {
-                "induction": ta, "fv": tb, "shared": sorted(set(ta) & set(tb))}
-        save()
-    if "scores" not in stages and "scores" in summary:  # reuse the stored scores
-        a = np.array(summary["scores"]["induction_score"])
-        b = np.array(summary["scores"]["fv_score"])
-    if "ablation" in stages:
-        t0 = time.perf_counter()
-        cur = ih.ablation_curves(model, eval_tasks, a, b, percents=percents,
-                                 n_prompts=args.n_prompts, n_shots=5, loss_sequences=4, loss_tokens=128)
-        summary["ablation"] = {
-            "tasks": eval_tasks, "percents": cur.percent.values.tolist(),
-            "mean_accuracy": {r: cur.mean_accuracy.sel(ranking=r).values.round(4).tolist()
-                              for r in cur.ranking.values.tolist()},
-            "token_loss_difference": {
-                r: cur.token_loss_difference.sel(ranking=r).values.round(4).tolist()
-                for r in cur.ranking.values.tolist()},
-            "seconds": time.perf_counter() - t0}
+        ind = ih.induction_scores(model, n_sequences=16, half_len=25, seed=42)
+        summary["induction"] = {"induction_score": ind.induction_score.values.round(4).tolist(),
+                                "n_sequences": 16, "half_len": 25,
+                                "seconds": time.perf_counter() - t0}
         save()
     if "fv" in stages:
+        summary.setdefault("fv", {})
+        for task in fv_tasks:
+            t0 = time.perf_counter()
+            fv = ih.fv_scores(model, [task], n_prompts=args.fv_prompts, n_shots=args.fv_shots,
+                              seed=0)
+            summary["fv"][task] = {
+                "indirect_effect": fv.indirect_effect.values[0].round(5).tolist(),
+                "clean_prob": float(fv.clean_prob[0]), "corrupted_prob": float(fv.corrupted_prob[0]),
+                "n_prompts": args.fv_prompts, "n_shots": args.fv_shots,
+                "seconds": time.perf_counter() - t0}
+            save()
+    if "overlap" in stages:
+        a = np.array(summary["induction"]["induction_score"])
+        tasks = sorted(summary["fv"])
+        b = np.mean([summary["fv"][t]["indirect_effect"] for t in tasks], axis=0)
+        ov: dict[str, Any] = {"fv_tasks": tasks, "fv_score": b.round(5).tolist(),
+                              "spearman": _spearman(a, b)}
+        for frac in (0.02, 0.05, 0.10):
+            ta, tb = ih.top_heads(a, frac), ih.top_heads(b, frac)
+            ov[f"top{int(frac * 100)}pct"] = {"induction": ta, "fv": tb,
+                                              "shared": sorted(set(ta) & set(tb))}
+        summary["overlap"] = ov
+        save()
+    if "ablation" in stages:
+        a = np.array(summary["induction"]["induction_score"])
+        b = np.array(summary["overlap"]["fv_score"])
+        t0 = time.perf_counter()
+        cur = ih.ablation_curves(model, eval_tasks, a, b, percents=percents,
+                                 n_prompts=args.eval_prompts, n_shots=5, loss_sequences=4,
+                                 loss_tokens=128, exclude_fraction=0.05)
+        summary["ablation"] = {
+            "tasks": eval_tasks, "percents": cur.percent.values.tolist(),
+            "n_prompts": args.eval_prompts, "n_shots": 5, "exclude_fraction": 0.05,
+            **{var: {r: cur[var].sel(ranking=r).values.round(4).tolist()
+                     for r in cur.ranking.values.tolist()}
+               for var in ("mean_accuracy", "mean_answer_prob", "token_loss_difference")},
+            "seconds": time.perf_counter() - t0}
+        save()
+    if "fvacc" in stages:
+        b = np.array(summary["overlap"]["fv_score"])
+        t0 = time.perf_counter()
         acc = tv.function_vector_accuracy(model, td_tasks, b, top_fraction=0.02,
-                                          n_prompts=args.n_prompts)
+                                          n_prompts=16, n_shots=5)
         summary["function_vectors"] = {
-            "layer": acc.attrs["layer"], "heads": acc.attrs["heads"],
+            "layer": acc.attrs["layer"], "heads": acc.attrs["heads"], "n_prompts": 16,
             "zero_shot": dict(zip(td_tasks, acc.zero_shot_accuracy.values.round(4).tolist())),
             "with_fv": dict(zip(td_tasks, acc.fv_accuracy.values.round(4).tolist())),
-            "few_shot": dict(zip(td_tasks, acc.few_shot_accuracy.values.round(4).tolist()))}
+            "few_shot": dict(zip(td_tasks, acc.few_shot_accuracy.values.round(4).tolist())),
+            "seconds": time.perf_counter() - t0}
         save()
     if "td" in stages:
-        td = tv.task_decodability(model, td_tasks, n_prompts=2 * args.n_prompts, n_shots=4, k=10)
+        t0 = time.perf_counter()
+        td = tv.task_decodability(model, td_tasks, n_prompts=20, n_shots=4, k=10)
         best = td.attrs["best_layer"]
         summary["task_decodability"] = {
-            "td": td.td.values.round(4).tolist(), "best_layer": best,
+            "td": td.td.values.round(4).tolist(), "best_layer": best, "n_prompts": 20,
+            "n_shots": 4, "k": 10,
             "td_mean_over_layers_per_task": dict(zip(
                 td.task.values.tolist(), td.td_per_task.mean("layer").values.round(4).tolist())),
             "td_best_per_task": dict(zip(td.task.values.tolist(),
@@ -116,9 +254,18 @@ def main() -> None:
             "icl_accuracy": dict(zip(td.task.values.tolist(),
                                      [None if np.isnan(v) else round(float(v), 4)
                                       for v in td.icl_accuracy.values])),
-            "td_accuracy_r2": td.attrs["td_accuracy_r2"]}
+            "td_accuracy_r2": td.attrs["td_accuracy_r2"],
+            "seconds": time.perf_counter() - t0}
         save()
-    print(json.dumps({k: v for k, v in summary.items() if k != "scores"}, indent=1))
+    if "lora" in stages:
+        from explorer.analyses import icl_finetune as ft
+
+        t0 = time.perf_counter()
+        res = ft.early_late_finetune(model, td_tasks[:4], steps=args.lora_steps)
+        summary["lora"] = {**ft.finetune_summary(res), "seconds": time.perf_counter() - t0}
+        save()
+    print(json.dumps({k: v for k, v in summary.items()
+                      if k not in ("induction", "fv", "overlap")}, indent=1)[:4000])
 
 
 if __name__ == "__main__":
