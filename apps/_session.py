@@ -7,11 +7,17 @@ results) is built per browser session, so sessions never see each other's state.
 `Runner` runs a view's computation off the server's event loop so the page stays live:
 a new request supersedes the one in flight, `cancel` discards a stale result, and a
 closed session cancels its work (see `Runner.bind_session`).
+
+Remote models (NDIF): a job that runs one is sent under its own `explorer.remote.RemoteRun`,
+so cancelling the job stops its remote work too, and each status update (queued, running,
+completed) reaches the session's `SessionHooks.on_remote_status` (the gallery's sidebar).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,36 +26,88 @@ from typing import Any
 import explorer
 from explorer._checks import ExplorerError
 
-__all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "user_message"]
+__all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "SessionHooks",
+           "session_hooks", "user_message"]
 
 log = logging.getLogger(__name__)
 
-_MODELS: dict[str, explorer.Model] = {}
+_MODELS: dict[tuple[str, bool], explorer.Model] = {}
 _MODELS_LOCK = threading.Lock()
-_LOADING: dict[str, threading.Lock] = {}
+_LOADING: dict[tuple[str, bool], threading.Lock] = {}
 
 # Work is CPU-bound and forwards are serialised per model: a few threads are enough.
 _EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="explorer-app")
 
 
-def get_model(name: str) -> explorer.Model:
-    """The model ``name``, loaded once per process and shared read-only by all sessions."""
+def get_model(name: str, *, remote: bool = False) -> explorer.Model:
+    """The model ``name``, loaded once per process and shared read-only by all sessions.
+
+    ``remote=True`` gives the NDIF-backed model (host and key from the environment).
+    """
+    key = (name, bool(remote))
     with _MODELS_LOCK:
-        if name in _MODELS:
-            return _MODELS[name]
-        lock = _LOADING.setdefault(name, threading.Lock())
+        if key in _MODELS:
+            return _MODELS[key]
+        lock = _LOADING.setdefault(key, threading.Lock())
     with lock:  # two sessions asking for the same model load it once
-        if name not in _MODELS:
-            model = explorer.load_model(name)
+        if key not in _MODELS:
+            model = explorer.load_model(name, remote=remote)
             with _MODELS_LOCK:
-                _MODELS[name] = model
-    return _MODELS[name]
+                _MODELS[key] = model
+    return _MODELS[key]
 
 
 def loaded_models() -> list[str]:
-    """Names of the models already in memory."""
+    """Names of the models already in memory (remote ones marked "(remote)")."""
     with _MODELS_LOCK:
-        return list(_MODELS)
+        return [name + (" (remote)" if remote else "") for name, remote in _MODELS]
+
+
+def _remote_models() -> list[explorer.Model]:
+    with _MODELS_LOCK:
+        return [m for m in _MODELS.values() if m.remote]
+
+
+@dataclass
+class SessionHooks:
+    """What one browser session (or one notebook) lets its runners reach.
+
+    ``on_remote_status`` receives every `explorer.remote.RemoteStatus` of the session's
+    jobs, on the session's event loop; ``runners`` are the session's live runners, which
+    `stop_all` cancels (a "stop" button).
+    """
+
+    on_remote_status: Callable[[Any], None] | None = None
+    runners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+
+    def stop_all(self) -> int:
+        """Cancel every running job of the session; returns how many were running."""
+        running = [r for r in list(self.runners) if r.running]
+        for r in running:
+            r.cancel()
+        return len(running)
+
+
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INLINE_HOOKS = SessionHooks()  # notebooks and tests: no browser session
+
+
+def _current_doc() -> Any:
+    import panel as pn
+
+    doc = pn.state.curdoc
+    return doc if doc is not None and doc.session_context is not None else None
+
+
+def session_hooks(doc: Any = None) -> SessionHooks:
+    """The hooks of ``doc``'s session (default: the current one; inline when not served)."""
+    doc = doc if doc is not None else _current_doc()
+    if doc is None:
+        return _INLINE_HOOKS
+    hooks = _HOOKS.get(doc)
+    if hooks is None:
+        hooks = _HOOKS[doc] = SessionHooks()
+    return hooks
 
 
 def user_message(exc: BaseException) -> str:
@@ -68,9 +126,12 @@ class CancelToken:
     """A flag a job checks between its steps."""
 
     event: threading.Event = field(default_factory=threading.Event)
+    on_cancel: list[Callable[[], None]] = field(default_factory=list)
 
     def cancel(self) -> None:
         self.event.set()
+        for fn in list(self.on_cancel):
+            fn()
 
     @property
     def cancelled(self) -> bool:
@@ -108,6 +169,7 @@ class Runner:
         self._future: Future | None = None
         self._timer: threading.Timer | None = None
         self._closed = False
+        session_hooks().runners.add(self)
 
     # -- lifecycle --------------------------------------------------------------------
     def bind_session(self) -> None:
@@ -187,7 +249,8 @@ class Runner:
     def _run(self, job: Callable[[CancelToken], Any], token: CancelToken, doc: Any) -> None:
         try:
             token.check()
-            result = job(token)
+            with self._remote_runs(token, doc):
+                result = job(token)
             token.check()
         except Cancelled:
             return
@@ -197,6 +260,29 @@ class Runner:
             self._finish(doc, token, self._on_error, exc)
             return
         self._finish(doc, token, self._on_result, result)
+
+    @contextlib.contextmanager
+    def _remote_runs(self, token: CancelToken, doc: Any):
+        """Send this job's remote work under RemoteRuns that the token cancels."""
+        remote = _remote_models()
+        if not remote:
+            yield
+            return
+        from explorer.remote import remote_run
+
+        hooks = session_hooks(doc)
+
+        def on_status(status: Any) -> None:
+            if hooks.on_remote_status is not None:
+                self._schedule(doc, lambda: hooks.on_remote_status(status))
+
+        with contextlib.ExitStack() as stack:
+            runs = [stack.enter_context(remote_run(m, on_status=on_status)) for m in remote]
+            token.on_cancel.extend(run.cancel for run in runs)
+            if token.cancelled:
+                for run in runs:
+                    run.cancel()
+            yield
 
     def _finish(self, doc: Any, token: CancelToken, callback: Callable[[Any], None], value: Any) -> None:
         def deliver():

@@ -18,7 +18,7 @@ import param
 
 import explorer
 from apps import theme
-from apps._session import Runner, get_model, user_message
+from apps._session import Runner, get_model, session_hooks, user_message
 from apps.circuits import CircuitsView
 from apps.conflicts import ConflictsView
 from apps.icl_heads import ICLHeadsView
@@ -29,6 +29,8 @@ from apps.linear_icl import LinearICLView
 from apps.parity import ParityView
 from apps.saturation import SaturationView
 from apps.shattering import ShatteringView
+from apps.unlearning import UnlearningView
+from apps.task_emergence import TaskEmergenceView
 from explorer._checks import ExplorerError, check_choice
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
@@ -48,8 +50,10 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Neuron explanations", "neuron-eval", NeuronEvalView),
     ("Streaming parity", "parity", ParityView),
     ("Linear ICL", "linear-icl", LinearICLView),
+    ("Task-vector emergence", "task-emergence", TaskEmergenceView),
     ("Circuits", "circuits", CircuitsView),
     ("Representation shattering", "shattering", ShatteringView),
+    ("Unlearning", "unlearning", UnlearningView),
 ]
 
 
@@ -86,10 +90,13 @@ class Gallery(pn.viewable.Viewer):
     view = param.Selector(default=None, objects=[], label="Page", doc="The page shown.")
     cache = param.String(default="", precedence=-1, doc="Activation cache status line.")
     loading = param.Boolean(default=False, precedence=-1, doc="A model is loading.")
+    remote_status = param.String(default="", precedence=-1,
+                                 doc="Latest status of this session's remote (NDIF) job.")
 
     def __init__(self, model_name: str = DEFAULT_MODEL, *, views: Sequence[tuple] | None = None,
-                 view: str | None = None, **params: Any):
+                 view: str | None = None, remote: bool = False, **params: Any):
         super().__init__(**params)
+        self._remote = bool(remote)
         self._specs = {slug: (title, factory) for title, slug, factory in (views or VIEWS)}
         if not self._specs:
             raise ValueError("a gallery needs at least one view.")
@@ -97,7 +104,9 @@ class Gallery(pn.viewable.Viewer):
         self.param.view.objects = list(self._specs)
         if view is not None:
             check_choice("view", view, self._specs)
-        self._model = get_model(model_name)
+        self._model = get_model(model_name, remote=self._remote)
+        self._hooks = session_hooks()
+        self._hooks.on_remote_status = self._show_remote_status
         self._pages: dict[str, pn.viewable.Viewer] = {}
         self._main = pn.Column(sizing_mode="stretch_width")
         self._loader = Runner(on_result=self._model_loaded, on_error=self._model_failed,
@@ -158,7 +167,7 @@ class Gallery(pn.viewable.Viewer):
             return
         self.loading = True
         name = event.new
-        self._loader.submit(lambda token: get_model(name))
+        self._loader.submit(lambda token: get_model(name, remote=self._remote))
 
     def _model_loaded(self, model: explorer.Model) -> None:
         self.loading = False
@@ -174,6 +183,22 @@ class Gallery(pn.viewable.Viewer):
 
     def refresh_cache(self, *_: Any) -> None:
         self.cache = cache_status()
+
+    # -- remote (NDIF) ---------------------------------------------------------------------
+    def _show_remote_status(self, status: Any) -> None:
+        """A status update of one of this session's remote jobs (queued, running, done)."""
+        text = f"NDIF job `{status.job_id[:8]}`: **{status.status}** ({status.elapsed_s:.1f} s)"
+        if status.status == "ERROR" and status.description:
+            text += f": {status.description[:200]}"
+        self.remote_status = text
+
+    def stop(self, *_: Any) -> None:
+        """Stop every page's running work in this session (remote jobs included)."""
+        stopped = self._hooks.stop_all()
+        if stopped:
+            self.remote_status = (self.remote_status + " - stopped") if self.remote_status else ""
+            theme.notify("info", f"Stopped {stopped} running job{'s' if stopped > 1 else ''}.",
+                         duration=3000)
 
     def close_pages(self) -> None:
         for view in self._pages.values():
@@ -202,9 +227,15 @@ class Gallery(pn.viewable.Viewer):
         refresh = pn.widgets.Button(label="Refresh cache status", color="light",
                                     sizing_mode="stretch_width")
         refresh.on_click(self.refresh_cache)
+        stop = pn.widgets.Button(label="Stop running work", color="warning",
+                                 sizing_mode="stretch_width", css_classes=["stop-work"])
+        stop.on_click(self.stop)
+        remote = [pn.pane.Markdown(f"Running on NDIF (`{self._model.spec.name}`)"),
+                  pn.pane.Markdown(self.param.remote_status, css_classes=["remote-status"])
+                  ] if self._remote else []
         return [pn.pane.Markdown("### Pages"), nav, pn.layout.Divider(), model, loading, prompt,
-                pn.layout.Divider(), pn.pane.Markdown(self.param.cache, css_classes=["cache-status"]),
-                refresh]
+                *remote, stop, pn.layout.Divider(),
+                pn.pane.Markdown(self.param.cache, css_classes=["cache-status"]), refresh]
 
     def template(self) -> pn.template.FastListTemplate:
         """This session's page: the theme's template around the sidebar and the current page."""
@@ -223,26 +254,28 @@ def _served() -> bool:
     return doc is not None and doc.session_context is not None
 
 
-def create_app(model_name: str = DEFAULT_MODEL, *, view: str | None = None) -> pn.template.FastListTemplate:
+def create_app(model_name: str = DEFAULT_MODEL, *, view: str | None = None,
+               remote: bool = False) -> pn.template.FastListTemplate:
     """A fresh app for one browser session: its own gallery and views around a shared model."""
     theme.enable_extension()
-    return Gallery(model_name, view=view).template()
+    return Gallery(model_name, view=view, remote=remote).template()
 
 
 def serve(*, model: str = DEFAULT_MODEL, port: int = 5006, address: str = "127.0.0.1",
           show: bool = False, allow_websocket_origin: Sequence[str] | None = None,
-          **kwargs: Any) -> Any:
+          remote: bool = False, **kwargs: Any) -> Any:
     """Serve the gallery (blocking unless ``threaded=True``); binds 127.0.0.1 by default.
 
-    The model loads before the server starts, so a bad name fails here, once.
+    The model loads before the server starts, so a bad name fails here, once. With
+    ``remote=True`` every page runs the model on NDIF (`explorer.remote`).
     ``kwargs`` go to `panel.serve`.
     """
-    get_model(model)
+    get_model(model, remote=remote)
     theme.enable_extension()
     origins = list(allow_websocket_origin) if allow_websocket_origin else [
         f"{host}:{port}" for host in dict.fromkeys((address, "127.0.0.1", "localhost"))]
     def app() -> pn.template.FastListTemplate:
-        return create_app(model)
+        return create_app(model, remote=remote)
 
     return pn.serve({"/": app}, port=port, address=address, show=show,
                     websocket_origin=origins, title=theme.TITLE, **kwargs)

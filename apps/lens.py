@@ -321,10 +321,13 @@ class LensView(pn.viewable.Viewer):
         check_prompts(p["prompt"])
         edits = self.edits_for(p)
         token.check()
-        resume = self._clean_run(p["prompt"]) if edits else None
+        # a remote model reduces the lens inside its trace; locally, an edit resumes at its
+        # layer from the clean run, and the bfloat16 screen halves the unembedding's cost
+        remote = self._model.remote
+        resume = self._clean_run(p["prompt"]) if (edits and not remote) else None
         token.check()
         ds = explorer.logit_lens(self._model, p["prompt"], k=p["k"], edits=edits, resume=resume,
-                                 rank_cap=p["k"])
+                                 rank_cap=p["k"], unembed_dtype="bfloat16")
         return p, ds
 
     # -- results (on the session's event loop when served) -------------------------------

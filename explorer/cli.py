@@ -58,6 +58,7 @@ ANALYSIS_MODULES: tuple[str, ...] = (
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
     "explorer.analyses.linear_icl",
+    "explorer.analyses.task_emergence",
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",
     "explorer.analyses.shattering",
@@ -459,7 +460,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"{_PROG}: note: listening on {args.address}: anyone who can reach it can run "
               "the model.", file=sys.stderr, flush=True)
     gallery.serve(model=args.model, port=port, address=args.address, show=args.show,
-                  allow_websocket_origin=args.allow_websocket_origin)
+                  allow_websocket_origin=args.allow_websocket_origin, remote=args.remote)
     return 0
 
 
@@ -579,6 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--show", action="store_true", help="open a browser")
+    p.add_argument("--remote", action="store_true",
+                   help="run the model on NDIF (host and key from NDIF_HOST / NDIF_API_KEY)")
     p.add_argument("--allow-websocket-origin", action="append", metavar="HOST",
                    help="host[:port] allowed to connect (repeatable)")
     p.set_defaults(func=_cmd_serve)

@@ -364,7 +364,7 @@ def test_gallery_model_load_failure_is_notified(tiny_model, notes, monkeypatch):
     gallery = Gallery("tiny-llama")
     page = gallery.pages["lens"]
 
-    def broken(name):
+    def broken(name, **kwargs):
         raise explorer.ExplorerError(f"cannot load {name}")
 
     monkeypatch.setattr(apps.gallery, "get_model", broken)

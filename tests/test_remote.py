@@ -15,6 +15,7 @@ import threading
 import time
 
 import numpy as np
+import panel as pn
 import pytest
 import torch
 
@@ -398,3 +399,46 @@ def test_remote_tensor_dtype_roundtrip(remote_model):
         out = nn.layers[2].output.save()
     assert isinstance(out, torch.Tensor) and out.device.type == "cpu"
     assert out.dtype == torch.float32 and out.shape[-1] == 64
+
+
+# -- the app: status of remote jobs, and the stop button ------------------------------------
+
+def test_app_shows_remote_status_and_stop_cancels_the_job(env, folder, server, queue_delay):
+    from apps._session import Runner, get_model, session_hooks
+    from apps.gallery import Gallery
+    from apps.lens import LensView
+
+    model = get_model(str(folder), remote=True)
+    assert model.remote
+    gallery = Gallery(str(folder), remote=True, views=[("Logit lens", "lens", LensView)])
+    assert gallery.model is model
+    # building the lens page ran the remote lens; its statuses reached the sidebar
+    assert "COMPLETED" in gallery.remote_status
+    sidebar = pn.Column(*gallery.sidebar())
+    assert any("remote-status" in (o.css_classes or []) for o in sidebar.select(pn.pane.Markdown))
+
+    hooks = session_hooks()
+    statuses, results, errors = [], [], []
+    hooks.on_remote_status = statuses.append
+    runner = Runner(on_result=results.append, on_error=errors.append, on_busy=lambda b: None,
+                    background=True)
+    try:
+        queue_delay(30)
+        runner.submit(lambda token: trace(model, PROMPTS[:1]))
+        deadline = time.monotonic() + 30
+        while not any(s.status == "QUEUED" for s in statuses) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(s.status == "QUEUED" for s in statuses), statuses
+        assert hooks.stop_all() >= 1                    # the sidebar's stop button
+        deadline = time.monotonic() + 10
+        while runner.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not runner.running and not results and not errors   # stopped, nothing shown
+        _wait_for_server_status(server, statuses[-1].job_id, "ERROR")  # the server dropped it
+    finally:
+        import apps._session
+
+        hooks.on_remote_status = None
+        runner.close()
+        gallery.close()
+        apps._session._MODELS.pop((str(folder), True), None)  # later tests run local models
