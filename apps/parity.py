@@ -29,10 +29,11 @@ from explorer.analyses.parity import (
     parity_hidden_pca,
     parity_run,
     stored_parity_analysis,
+    stored_parity_phase_diagram,
 )
 
 __all__ = ["ParityView", "plot_hidden_pca", "plot_automaton", "plot_accuracy_by_length",
-           "plot_training_curves"]
+           "plot_training_curves", "plot_phase_diagram"]
 
 hv.extension("bokeh", logo=False)
 
@@ -252,6 +253,37 @@ def plot_training_curves(analysis: xr.Dataset | None, step: int | None) -> hv.El
     return hv.Layout([sizes, loss, acc]).cols(3).opts(shared_axes=False)
 
 
+def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
+    """Phase diagram: initialisation gain x longest training string -> did the 2-state automaton
+    appear (colour: worst long-string accuracy; text: the epoch it appeared, or the final
+    number of minimal states)."""
+    if phase is None:
+        return _placeholder("No phase diagram stored yet: run `explorer parity phase` "
+                            "(a few minutes on the default grid).", height=200)
+    gains = [f"{g:g}" for g in phase["gain"].values]
+    lengths = [str(int(m)) for m in phase["max_length"].values]
+    rows, labels = [], []
+    for i, g in enumerate(gains):
+        for j, m in enumerate(lengths):
+            cell = phase.isel(gain=i, max_length=j)
+            acc = float(cell["long_accuracy"])
+            epoch = float(cell["transition_epoch"])
+            text = (f"epoch {int(epoch)}" if np.isfinite(epoch) else
+                    f"{int(cell['final_n_states_minimal'])} states"
+                    if np.isfinite(float(cell["final_n_states_minimal"])) else "not run")
+            rows.append((m, g, acc, text))
+            labels.append((m, g, text))
+    heat = hv.HeatMap(rows, ["longest training string", "initialisation gain"],
+                      ["worst long-string accuracy", "automaton"]).opts(
+        cmap=theme.MAGNITUDE_CMAP, clim=(0.5, 1.0), colorbar=True, tools=["hover"],
+        default_tools=_TOOLS, fontsize=_font(), responsive=True, height=300,
+        title=f"Phase diagram ({len(gains)} x {len(lengths)} runs, {phase.attrs['params']['epochs']} "
+              "epochs each): 2-state automaton from epoch ..., or final minimal states")
+    text = hv.Labels(labels, ["longest training string", "initialisation gain"], "text").opts(
+        text_font_size="9pt", text_color="black")
+    return heat * text
+
+
 def _parity(auto: xr.Dataset) -> bool:
     return (auto.attrs["n_states_minimal"] == 2 and auto.attrs["finite"]
             and auto["min_transitions"].values.tolist() == [[0, 1], [1, 0]]
@@ -272,6 +304,8 @@ class ParityView(pn.viewable.Viewer):
         the paper's settings (trained on first use, a few minutes on a laptop CPU).
     analysis : xarray.Dataset, optional
         Its `parity_analysis`; computed (and stored) when not given.
+    phase : xarray.Dataset, optional
+        A `parity_phase_diagram`; default: the stored one for the default grid, if any.
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
     """
@@ -288,12 +322,16 @@ class ParityView(pn.viewable.Viewer):
     run = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     sizes = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    phase = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     status = param.String(default="", precedence=-1)
     busy = param.Boolean(default=False, precedence=-1)
 
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
-                 analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
+                 analysis: xr.Dataset | None = None, phase: xr.Dataset | None = None,
+                 background: bool | None = None, **params: Any):
         super().__init__(**params)
+        self._phase_given = phase is not None
+        self.phase = phase
         if background is None:
             doc = pn.state.curdoc
             background = doc is not None and doc.session_context is not None
@@ -311,8 +349,8 @@ class ParityView(pn.viewable.Viewer):
             self._use_run(run)
         if analysis is not None:
             self.analysis = analysis
-        if run is None or analysis is None:
-            self._loader.submit(lambda token: self._load(run, token))
+        if run is None or analysis is None or phase is None:
+            self._loader.submit(lambda token: self._load(run, analysis, token))
 
     # -- computation ---------------------------------------------------------------------
     def _post(self, **values: Any) -> None:
@@ -325,7 +363,8 @@ class ParityView(pn.viewable.Viewer):
         except Exception:  # the session is gone
             pass
 
-    def _load(self, run: xr.Dataset | None, token: CancelToken) -> dict[str, xr.Dataset]:
+    def _load(self, run: xr.Dataset | None, analysis: xr.Dataset | None,
+              token: CancelToken) -> dict[str, xr.Dataset]:
         started = time.perf_counter()
         last = [0.0]
 
@@ -342,8 +381,11 @@ class ParityView(pn.viewable.Viewer):
             run = parity_run(progress=progress)
         token.check()
         self._post(status="Measuring automata and long-string accuracy at every checkpoint…")
-        analysis = stored_parity_analysis(run)
-        return {"run": run, "analysis": analysis}
+        if analysis is None:
+            analysis = stored_parity_analysis(run)
+        # The phase diagram takes minutes: shown only when stored (`explorer parity phase`).
+        phase = self.phase if self._phase_given else stored_parity_phase_diagram(compute=False)
+        return {"run": run, "analysis": analysis, "phase": phase}
 
     def _use_run(self, run: xr.Dataset) -> None:
         steps = [int(s) for s in run["step"].values]
@@ -356,6 +398,7 @@ class ParityView(pn.viewable.Viewer):
         if self.run is None:
             self._use_run(out["run"])
         self.analysis = out["analysis"]
+        self.phase = out["phase"]
         p = out["run"].attrs.get("params", {})
         self.status = (f"Run: {p.get('hidden_size', '?')} ReLU units, seed {out['run'].attrs.get('seed')}, "
                        f"{int(out['run'].sizes['step'])} checkpoints; parity automaton from step "
@@ -437,6 +480,10 @@ class ParityView(pn.viewable.Viewer):
     def _curves_plot(self) -> hv.Element:
         return plot_training_curves(self.curves(), self.step)
 
+    @param.depends("phase")
+    def _phase_plot(self) -> hv.Element:
+        return plot_phase_diagram(self.phase)
+
     @param.depends("run", "step", "max_length", "threshold", "analysis", "minimal")
     def summary(self) -> str:
         """One line on the current checkpoint: automaton, loss, long-string accuracy."""
@@ -492,9 +539,11 @@ class ParityView(pn.viewable.Viewer):
                                      css_classes=["parity-accuracy"])
         curves = pn.pane.HoloViews(self._curves_plot, sizing_mode="stretch_width",
                                    css_classes=["parity-curves"])
+        phase = pn.pane.HoloViews(self._phase_plot, sizing_mode="stretch_width",
+                                  css_classes=["parity-phase"])
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary, pn.Row(pca, graph),
-                                accuracy, curves, sizing_mode="stretch_width"),
+                                accuracy, curves, phase, sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 
 

@@ -425,3 +425,84 @@ def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     assert summary["final_n_states"] >= 1
     assert cli.main(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
     assert "`epochs` must be an int" in capsys.readouterr().err
+
+
+# -- phase diagram ----------------------------------------------------------------------
+
+
+def test_phase_diagram_cells_match_direct_runs():
+    kwargs = {"epochs": 30, "hidden_size": 12, "checkpoint_every": 10, "analysis_max_length": 4,
+              "lengths": [20], "n_strings": 4, "seed": 0}
+    phase = par.parity_phase_diagram([0.1, 2.0], [3, 4], **kwargs)
+    assert phase["is_parity_automaton"].dims == ("gain", "max_length")
+    np.testing.assert_array_equal(phase["gain"].values, [0.1, 2.0])
+    np.testing.assert_array_equal(phase["max_length"].values, [3, 4])
+    # One cell again, computed directly with the training and automaton functions.
+    run = par.train_parity_rnn(hidden_size=12, gain=2.0, epochs=30, max_length=4, checkpoint_every=10,
+                               seed=0)
+    sizes = par.parity_automaton_sizes(run, max_length=4)
+    cell = phase.sel(gain=2.0, max_length=4)
+    assert int(cell["final_n_states_minimal"]) == int(sizes["n_states_minimal"].values[-1])
+    assert int(cell["final_n_states"]) == int(sizes["n_states"].values[-1])
+    assert float(cell["final_train_loss"]) == pytest.approx(float(run["train_loss"].values[-1]))
+    with torch.no_grad():  # worst accuracy over the lengths, by a direct count on the same strings
+        strings = np.random.default_rng(0).integers(0, 2, size=(4, 20), dtype=np.int8)
+        out, _ = par.parity_model(run, int(run["step"].values[-1]))(torch.as_tensor(strings, dtype=torch.long))
+    want = (out[:, -1].argmax(-1).numpy() == strings.sum(1) % 2).mean()
+    assert float(cell["long_accuracy"]) == pytest.approx(want)
+    # A cell has a transition epoch exactly when it ends as the parity automaton.
+    parity_cells = phase["is_parity_automaton"].values == 1
+    np.testing.assert_array_equal(np.isfinite(phase["transition_epoch"].values), parity_cells)
+    assert phase.attrs["total_seconds"] >= float(phase["train_seconds"].sum()) * 0.99
+
+
+def test_phase_diagram_rejects_bad_grids_and_settings(tmp_path):
+    from explorer.store import ActivationStore
+
+    with pytest.raises(InputError, match="must not repeat"):
+        par.parity_phase_diagram([0.1, 0.1], [3])
+    with pytest.raises(InputError, match="at least one value"):
+        par.parity_phase_diagram([], [3])
+    with pytest.raises(InputError, match=r"`max_lengths\[i\]` must be an int in \[1, 16\]"):
+        par.parity_phase_diagram([0.1], [0])
+    with pytest.raises(InputError, match="unknown phase-diagram setting 'epoch'"):
+        par.stored_parity_phase_diagram([0.1], [3], store=ActivationStore(tmp_path), epoch=3)
+    assert par.stored_parity_phase_diagram([0.1], [3], store=ActivationStore(tmp_path), compute=False,
+                                           epochs=2) is None
+
+
+def test_cli_phase_is_stored_and_reused(tmp_path, monkeypatch, capsys):
+    from explorer import cli
+
+    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.parity",))
+    args = ["parity", "phase", "--gains", "0.1,1", "--max-lengths", "3", "--epochs", "4",
+            "--hidden-size", "8", "--checkpoint-every", "2", "--n-strings", "2", "--json",
+            "--cache", str(tmp_path)]
+    assert cli.main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["gains"] == [0.1, 1.0] and first["max_lengths"] == [3]
+    assert np.shape(first["is_parity_automaton"]) == (2, 1)
+    assert first["settings"]["epochs"] == 4
+    assert cli.main(args) == 0  # read back from the store: the same numbers
+    assert json.loads(capsys.readouterr().out) == first
+    assert cli.main(args[:2] + ["--gains", "0.1,x", "--cache", str(tmp_path)]) == 2
+    assert "`--gains` must be comma-separated numbers" in capsys.readouterr().err
+    assert cli.main(args[:2] + ["--max-lengths", "3.5", "--cache", str(tmp_path)]) == 2
+    assert "`--max-lengths` must be comma-separated ints" in capsys.readouterr().err
+
+
+def test_phase_heatmap_shows_each_cell():
+    pytest.importorskip("panel")
+    from apps.parity import plot_phase_diagram
+
+    phase = xr.Dataset(
+        {"is_parity_automaton": (("gain", "max_length"), [[1.0, 0.0]]),
+         "transition_epoch": (("gain", "max_length"), [[540.0, np.nan]]),
+         "final_n_states_minimal": (("gain", "max_length"), [[2.0, 13.0]]),
+         "long_accuracy": (("gain", "max_length"), [[1.0, 0.5]])},
+        coords={"gain": [0.1], "max_length": [6, 8]}, attrs={"params": {"epochs": 1000}})
+    overlay = plot_phase_diagram(phase)
+    heat, labels = overlay.values()
+    assert heat.dimension_values("worst long-string accuracy").tolist() == [1.0, 0.5]
+    assert labels.dimension_values("text").tolist() == ["epoch 540", "13 states"]
+    assert "1 x 2 runs, 1000 epochs" in heat.opts.get().kwargs["title"]

@@ -51,6 +51,9 @@ __all__ = [
     "parity_run",
     "parity_analysis",
     "stored_parity_analysis",
+    "parity_phase_diagram",
+    "stored_parity_phase_diagram",
+    "phase_summary",
     "analysis_summary",
     "register_cli",
 ]
@@ -887,6 +890,161 @@ def analysis_summary(analysis: xr.Dataset) -> dict[str, Any]:
     }
 
 
+# -- phase diagram --------------------------------------------------------------------
+
+#: The reduced grid of the phase diagram: initialisation gain x longest training string.
+PHASE_GAINS: tuple[float, ...] = (0.1, 0.3, 1.0)
+PHASE_MAX_LENGTHS: tuple[int, ...] = (4, 6, 8)
+
+
+def parity_phase_diagram(gains: Sequence[float] = PHASE_GAINS,
+                         max_lengths: Sequence[int] = PHASE_MAX_LENGTHS, *,
+                         epochs: int = DEFAULTS["epochs"], hidden_size: int = DEFAULTS["hidden_size"],
+                         lr: float = DEFAULTS["lr"], checkpoint_every: int = 25,
+                         analysis_max_length: int = 6, threshold: float = 0.01,
+                         lengths: Sequence[int] = (100, 1000), n_strings: int = 20, seed: int = 0,
+                         progress: ProgressCallback | None = None) -> xr.Dataset:
+    """Whether and when the 2-state automaton appears, over a grid of (gain, max_length).
+
+    van Rossem & Saxe's effective theory predicts that states merge only with a small
+    initialisation and long enough training strings (enough shared continuations). Each
+    cell trains one network with the paper's other settings (`train_parity_rnn`) on all
+    strings of length 1..max_length and extracts its automaton at every checkpoint from
+    the strings of length ``<= analysis_max_length`` (`parity_automaton_sizes`).
+
+    Parameters
+    ----------
+    gains : sequence of float, default=(0.1, 0.3, 1.0)
+    max_lengths : sequence of int, default=(4, 6, 8)
+        Longest training string.
+    epochs, hidden_size, lr : as in `train_parity_rnn`
+    checkpoint_every : int, default=25
+    analysis_max_length : int, default=6
+    threshold : float, default=0.01
+    lengths : sequence of int, default=(100, 1000)
+        Random-string lengths of the generalisation test (`parity_long_accuracy`).
+    n_strings : int, default=20
+    seed : int, default=0
+    progress : callable, optional
+        ``progress(cells_done, n_cells)`` after each cell; returning ``False`` stops (cells
+        not trained stay NaN and ``attrs["cancelled"]`` is True).
+
+    Returns
+    -------
+    xarray.Dataset
+        Over (gain, max_length): ``is_parity_automaton`` (the minimal automaton is the
+        parity automaton at the end of training and from ``transition_epoch`` on),
+        ``transition_epoch`` (NaN if never), ``final_n_states_minimal``,
+        ``final_n_states`` (merged), ``long_accuracy`` (worst accuracy over ``lengths`` at
+        the end), ``final_train_loss``, ``train_seconds``. Attrs: the settings and
+        ``total_seconds``.
+    """
+    gains = [check_float("gains[i]", g, low=0.0) for g in gains]
+    max_lengths = [check_int("max_lengths[i]", m, low=1, high=16) for m in max_lengths]
+    if not gains or not max_lengths:
+        raise InputError("`gains` and `max_lengths` must each hold at least one value; got "
+                         f"{len(gains)} and {len(max_lengths)}.")
+    if len(set(gains)) != len(gains) or len(set(max_lengths)) != len(max_lengths):
+        raise InputError(f"`gains` and `max_lengths` must not repeat values; got {gains} and {max_lengths}.")
+    epochs = check_int("epochs", epochs, low=1)
+    analysis_max_length = check_int("analysis_max_length", analysis_max_length, low=1, high=12)
+    shape = (len(gains), len(max_lengths))
+    names = ("is_parity_automaton", "transition_epoch", "final_n_states_minimal", "final_n_states",
+             "long_accuracy", "final_train_loss", "train_seconds")
+    out = {n: np.full(shape, np.nan) for n in names}
+    start = time.perf_counter()
+    cancelled = False
+    n_cells = len(gains) * len(max_lengths)
+    for i, gain in enumerate(gains):
+        for j, max_length in enumerate(max_lengths):
+            run = train_parity_rnn(hidden_size=hidden_size, gain=gain, lr=lr, epochs=epochs,
+                                   max_length=max_length, checkpoint_every=checkpoint_every, seed=seed)
+            sizes = parity_automaton_sizes(run, max_length=analysis_max_length, threshold=threshold)
+            acc = parity_long_accuracy(run, lengths=lengths, n_strings=n_strings, seed=seed,
+                                       steps=[int(run["step"].values[-1])])
+            transition = sizes.attrs["transition_epoch"]
+            out["is_parity_automaton"][i, j] = float(transition is not None)
+            out["transition_epoch"][i, j] = np.nan if transition is None else transition
+            out["final_n_states_minimal"][i, j] = int(sizes["n_states_minimal"].values[-1])
+            out["final_n_states"][i, j] = int(sizes["n_states"].values[-1])
+            out["long_accuracy"][i, j] = float(acc["accuracy"].values[-1].min())
+            out["final_train_loss"][i, j] = float(run["train_loss"].values[-1])
+            out["train_seconds"][i, j] = run.attrs["train_seconds"]
+            if progress is not None and progress(i * len(max_lengths) + j + 1, n_cells) is False:
+                cancelled = True
+                break
+        if cancelled:
+            break
+    ds = xr.Dataset({n: (("gain", "max_length"), v) for n, v in out.items()},
+                    coords={"gain": np.asarray(gains), "max_length": np.asarray(max_lengths)},
+                    attrs=_attrs("parity_phase_diagram",
+                                 {"epochs": epochs, "hidden_size": hidden_size, "lr": lr,
+                                  "checkpoint_every": checkpoint_every,
+                                  "analysis_max_length": analysis_max_length, "threshold": threshold,
+                                  "lengths": [int(n) for n in lengths], "n_strings": n_strings},
+                                 seed, total_seconds=round(time.perf_counter() - start, 3),
+                                 cancelled=cancelled))
+    ds["is_parity_automaton"].attrs["long_name"] = "2-state parity automaton at the end (1) or not (0)"
+    return ds
+
+
+def _phase_parts(gains: Sequence[float], max_lengths: Sequence[int], settings: dict[str, Any]) -> dict[str, Any]:
+    # Every setting, defaults filled in, so the command line and the page find the same entry.
+    import inspect
+
+    defaults = {name: par.default for name, par in inspect.signature(parity_phase_diagram).parameters.items()
+                if par.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("lengths", "progress")}
+    return {"method": "parity_phase_diagram", "format": 1, "gains": [float(g) for g in gains],
+            "max_lengths": [int(m) for m in max_lengths], **defaults, **settings}
+
+
+def stored_parity_phase_diagram(gains: Sequence[float] = PHASE_GAINS,
+                                max_lengths: Sequence[int] = PHASE_MAX_LENGTHS, *, store=None,
+                                compute: bool = True, recompute: bool = False,
+                                progress: ProgressCallback | None = None,
+                                **settings: Any) -> xr.Dataset | None:
+    """`parity_phase_diagram` from the store, or computed and stored.
+
+    With ``compute=False`` a missing diagram gives None instead (the page uses this: a grid
+    takes minutes). ``settings`` are the keyword options of `parity_phase_diagram`.
+    """
+    from explorer.store import ActivationStore
+
+    allowed = {"epochs", "hidden_size", "lr", "checkpoint_every", "analysis_max_length", "threshold",
+               "n_strings", "seed"}
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise InputError(f"unknown phase-diagram setting {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}.")
+    store = ActivationStore() if store is None else store
+    parts = _phase_parts(gains, max_lengths, settings)
+    key = store.key(parts)
+    if not recompute:
+        found = store.get(key)
+        if found is not None:
+            return found.load()
+    if not compute:
+        return None
+    ds = parity_phase_diagram(gains, max_lengths, progress=progress, **settings)
+    store.put(key, ds, parts=parts)
+    return ds
+
+
+def phase_summary(phase: xr.Dataset) -> dict[str, Any]:
+    """The phase diagram as JSON-able lists (rows: gains; columns: max_lengths)."""
+    def grid(name: str) -> list[list[Any]]:
+        return [[None if np.isnan(v) else (int(v) if name != "long_accuracy" and name != "final_train_loss"
+                                           and name != "train_seconds" else round(float(v), 6))
+                 for v in row] for row in phase[name].values]
+
+    return {"gains": [float(g) for g in phase["gain"].values],
+            "max_lengths": [int(m) for m in phase["max_length"].values],
+            **{name: grid(name) for name in ("is_parity_automaton", "transition_epoch",
+                                             "final_n_states_minimal", "long_accuracy",
+                                             "final_train_loss", "train_seconds")},
+            "settings": phase.attrs["params"], "seed": phase.attrs["seed"],
+            "total_seconds": phase.attrs["total_seconds"], "cancelled": phase.attrs["cancelled"]}
+
+
 # -- command line ---------------------------------------------------------------------
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -896,7 +1054,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         description="train: train the parity RNN (van Rossem & Saxe, ICML 2025) and store the run "
                     "in the cache. analyse: automaton size and long-string accuracy per checkpoint "
                     "of the stored run (trained first if missing).")
-    p.add_argument("action", choices=["train", "analyse"], help="train or analyse")
+    p.add_argument("action", choices=["train", "analyse", "phase"],
+                   help="train, analyse, or phase (the gain x max-length phase diagram)")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed (default: 0)")
     p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"], help="epochs (default: 1000)")
     p.add_argument("--hidden-size", type=int, default=DEFAULTS["hidden_size"],
@@ -906,14 +1065,18 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (default: 0.02)")
     p.add_argument("--optimizer", choices=sorted(_OPTIMIZERS), default=DEFAULTS["optimizer"],
                    help="optimiser (default: sgd, plain SGD as in the paper)")
-    p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"],
-                   help="epochs between checkpoints (default: 10)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="epochs between checkpoints (default: 10; phase: 25)")
     p.add_argument("--threshold", type=float, default=0.01,
                    help="analyse: merge distance as a fraction of the state spread (default: 0.01)")
     p.add_argument("--max-length", type=int, default=8,
                    help="analyse: longest string whose states are merged (default: 8)")
     p.add_argument("--n-strings", type=int, default=20,
                    help="analyse: random long strings per length (default: 20)")
+    p.add_argument("--gains", default=",".join(map(str, PHASE_GAINS)),
+                   help="phase: initialisation gains, comma-separated (default: %(default)s)")
+    p.add_argument("--max-lengths", default=",".join(map(str, PHASE_MAX_LENGTHS)),
+                   help="phase: longest training strings, comma-separated (default: %(default)s)")
     p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_parity)
@@ -926,12 +1089,26 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     # this process does nothing else.
     torch.set_num_threads(1)
 
+    every = args.checkpoint_every
     params = {"seed": args.seed, "epochs": args.epochs, "hidden_size": args.hidden_size,
               "gain": args.gain, "lr": args.lr, "optimizer": args.optimizer,
-              "checkpoint_every": args.checkpoint_every}
+              "checkpoint_every": DEFAULTS["checkpoint_every"] if every is None else every}
     store = ActivationStore()
     progress = None if args.json else _terminal_progress("training")
-    if args.action == "train":
+    if args.action == "phase":
+        gains = _float_list("--gains", args.gains)
+        max_lengths = _float_list("--max-lengths", args.max_lengths)
+        if any(m != int(m) for m in max_lengths):
+            raise InputError(f"`--max-lengths` must be comma-separated ints; got {args.max_lengths!r}.")
+        max_lengths = [int(m) for m in max_lengths]
+        phase = stored_parity_phase_diagram(
+            gains, max_lengths, store=store, recompute=args.retrain,
+            progress=None if args.json else _terminal_progress("phase diagram", unit="cell"),
+            epochs=args.epochs, hidden_size=args.hidden_size, lr=args.lr,
+            checkpoint_every=25 if every is None else every, seed=args.seed, threshold=args.threshold,
+            n_strings=args.n_strings)
+        out = phase_summary(phase)
+    elif args.action == "train":
         run = parity_run(store=store, retrain=True, progress=progress, **params)
         final = run.isel(step=-1)
         out = {"key": store.key(_run_parts({**DEFAULTS, **params})), "store": str(store.path),
@@ -954,14 +1131,24 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminal_progress(label: str) -> ProgressCallback:
+def _float_list(flag: str, text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"`{flag}` must be comma-separated numbers; got {text!r}.") from None
+    if not values:
+        raise InputError(f"`{flag}` must hold at least one number; got {text!r}.")
+    return values
+
+
+def _terminal_progress(label: str, unit: str = "epoch") -> ProgressCallback:
     from tqdm import tqdm
 
     bar: dict[str, Any] = {}
 
     def update(done: int, total: int) -> None:
         if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=label, unit="epoch", file=sys.stderr, leave=False)
+            bar["bar"] = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=False)
         bar["bar"].update(done - bar["bar"].n)
         if done >= total:
             bar["bar"].close()

@@ -1,0 +1,274 @@
+"""Task-vector emergence page: scrub through the training of a small transformer on a task mixture.
+
+Han, Song, Gore & Agrawal (ICML 2025): a GPT-2-style transformer trained from scratch on a
+mixture of sparse linear regressions comes to encode, at the query token, which latent task
+(basis) a prompt uses, while its in-context loss falls towards the loss of regression in the
+right subspace. The training-step slider drives every panel: the 2-D projection of the query
+token's residual coloured by task at the chosen layer, task decodability (TD) per layer at
+that step, and the ICL loss per task and TD over training with the step marked.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+from apps import theme
+from apps._session import CancelToken, Cancelled, Runner, user_message
+from explorer.analyses.task_emergence import stored_task_emergence_analysis, task_emergence_run
+
+__all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_emergence_curves"]
+
+hv.extension("bokeh", logo=False)
+
+_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+
+
+def _font() -> dict[str, str]:
+    s = theme.SIZES
+    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
+            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+
+
+def _placeholder(text: str, height: int = 320) -> hv.Text:
+    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+
+
+def _task_colors(n_tasks: int) -> dict[str, str]:
+    return {f"task {t}": theme.CATEGORICAL[t % len(theme.CATEGORICAL)] for t in range(n_tasks)}
+
+
+# -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
+
+def plot_task_projection(analysis: xr.Dataset | None, step: int | None, layer: int) -> hv.Element:
+    """Query-token residuals after ``layer`` at ``step`` in their first two principal components."""
+    if analysis is None or step is None:
+        return _placeholder("No run yet.")
+    at = analysis.sel(step=step, layer=layer)
+    pc = at["projection"].values
+    tasks = analysis["prompt_task"].values
+    data = {"PC1": pc[:, 0], "PC2": pc[:, 1], "task": [f"task {t}" for t in tasks],
+            "prompt": analysis["prompt"].values}
+    td = float(at["td"])
+    return hv.Points(data, ["PC1", "PC2"], ["task", "prompt"]).opts(
+        color="task", cmap=_task_colors(int(analysis.sizes["task"])), size=6, line_color="white",
+        line_width=0.3, tools=["hover"], default_tools=_TOOLS, active_tools=["wheel_zoom"],
+        responsive=True, height=360, fontsize=_font(), legend_position="top_right", show_legend=True,
+        title=f"Query-token residual after layer {layer}, step {step} (TD {td:.2f})")
+
+
+def plot_td_by_layer(analysis: xr.Dataset | None, step: int | None, layer: int | None = None) -> hv.Element:
+    """Task decodability per layer at one step; chance level dashed, the shown layer marked."""
+    if analysis is None or step is None:
+        return _placeholder("No run yet.")
+    layers = analysis["layer"].values
+    td = analysis["td"].sel(step=step).values
+    chance = 1 / int(analysis.sizes["task"])
+    curve = hv.Curve((layers, td), "layer", "TD").opts(color=theme.ACCENT, line_width=2)
+    dots = hv.Scatter((layers, td), "layer", "TD").opts(color=theme.ACCENT, size=8, tools=["hover"])
+    over = curve * dots * hv.HLine(chance).opts(color="grey", line_dash="dashed", line_width=1)
+    if layer is not None:
+        over = over * hv.VLine(float(layer)).opts(color="black", line_dash="dotted", line_width=1)
+    return over.opts(ylim=(0, 1.05), responsive=True, height=360, default_tools=_TOOLS,
+                     fontsize=_font(), xticks=[int(x) for x in layers],
+                     title=f"Task decodability per layer at step {step} (dashed = chance)")
+
+
+def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """ICL loss per task and TD per layer over training, with the current step marked."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    steps = analysis["step"].values
+    marker = hv.VLine(float(step if step is not None else steps[0])).opts(
+        color="black", line_dash="dashed", line_width=1.2)
+    common = dict(responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
+                  xlabel="training step", tools=["hover"])
+    n_tasks = int(analysis.sizes["task"])
+    colors = list(_task_colors(n_tasks).values())
+    loss = [hv.Curve((steps, analysis["icl_loss"].sel(task=t).values), "training step",
+                     "query squared error", label=f"task {t}").opts(color=colors[t], line_width=2)
+            for t in range(n_tasks)]
+    refs = [hv.HLine(float(analysis["agnostic_loss"].mean())).opts(color="grey", line_dash="dotdash",
+                                                                   line_width=1),
+            hv.HLine(float(analysis["oracle_loss"].mean())).opts(color="grey", line_dash="dotted",
+                                                                 line_width=1)]
+    loss_plot = hv.Overlay(loss + refs + [marker]).opts(
+        logy=True, legend_position="top_right",
+        title="ICL loss per task (dot-dash: task-agnostic ridge; dotted: knowing the task)", **common)
+    layer_colors = theme.MAGNITUDE_CMAP
+    n_layers = int(analysis.sizes["layer"])
+    tds = [hv.Curve((steps, analysis["td"].sel(layer=l).values), "training step", "TD",
+                    label=f"layer {l}").opts(
+               color=layer_colors[int(l * (len(layer_colors) - 1) / max(1, n_layers - 1))], line_width=2)
+           for l in range(n_layers)]
+    chance = hv.HLine(1 / n_tasks).opts(color="grey", line_dash="dashed", line_width=1)
+    td_plot = hv.Overlay(tds + [chance, marker]).opts(
+        ylim=(0, 1.05), legend_position="bottom_right", title="Task decodability over training", **common)
+    return hv.Layout([loss_plot, td_plot]).cols(2).opts(shared_axes=False)
+
+
+# -- the view --------------------------------------------------------------------------------
+
+class TaskEmergenceView(pn.viewable.Viewer):
+    """A transformer's training on a task mixture, checkpoint by checkpoint: task encoding and ICL loss.
+
+    Parameters
+    ----------
+    model : explorer.Model, optional
+        Ignored (the gallery passes its language model; this page trains its own transformer).
+    run : xarray.Dataset, optional
+        A run from `explorer.analyses.task_emergence.train_task_emergence`. Default: the stored
+        run with the default settings (trained on first use: minutes on one CPU thread).
+    analysis : xarray.Dataset, optional
+        Its `task_emergence_analysis`; computed (and stored) when not given.
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (tests, notebooks).
+    """
+
+    step = param.Selector(default=None, objects=[], label="Training step",
+                          doc="Checkpoint shown in every panel.")
+    layer = param.Selector(default=None, objects=[], label="Layer",
+                           doc="Block after which the query-token residual is projected.")
+
+    analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    status = param.String(default="", precedence=-1)
+    busy = param.Boolean(default=False, precedence=-1)
+
+    def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
+                 analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
+        super().__init__(**params)
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._doc = pn.state.curdoc if background else None
+        self._loader = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
+                              background=background)
+        self._loader.bind_session()
+        if analysis is not None:
+            self._use(analysis)
+        else:
+            self._loader.submit(lambda token: self._load(run, token))
+
+    # -- computation ---------------------------------------------------------------------
+    def _post(self, **values: Any) -> None:
+        """Set parameters from a worker thread on the session's event loop."""
+        if self._doc is None:
+            self.param.update(**values)
+            return
+        try:
+            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
+        except Exception:  # the session is gone
+            pass
+
+    def _load(self, run: xr.Dataset | None, token: CancelToken) -> xr.Dataset:
+        started = time.perf_counter()
+        last = [0.0]
+
+        def progress(done: int, total: int) -> bool:
+            now = time.perf_counter()
+            if now - last[0] > 0.5 or done == total:
+                last[0] = now
+                self._post(status=f"Training the transformer: step {done}/{total} ({now - started:.0f} s)…")
+            return not token.cancelled
+
+        if run is None:
+            self._post(status="Loading the stored run (training it if missing)…")
+            run = task_emergence_run(progress=progress)
+        token.check()
+        self._post(status="Measuring task decodability and ICL loss at every checkpoint…")
+        return stored_task_emergence_analysis(run)
+
+    def _use(self, analysis: xr.Dataset) -> None:
+        steps = [int(s) for s in analysis["step"].values]
+        layers = [int(layer) for layer in analysis["layer"].values]
+        self.param.step.objects = steps
+        self.param.layer.objects = layers
+        best = int(analysis.attrs.get("best_layer", layers[-1]))
+        self.param.update(analysis=analysis, step=steps[-1] if self.step not in steps else self.step,
+                          layer=best if self.layer not in layers else self.layer)
+        a = analysis.attrs
+        self.status = (f"{len(steps)} checkpoints; TD (layer {best}) rises half-way at step "
+                       f"{a.get('td_rise_step_50')}, ICL performance at step {a.get('icl_rise_step_50')}; "
+                       f"correlation over training {a.get('td_icl_correlation')}.")
+
+    def _loaded(self, analysis: xr.Dataset) -> None:
+        self._use(analysis)
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, Cancelled):
+            return
+        message = user_message(exc)
+        self.status = f"Failed: {message}"
+        theme.notify("error", f"Task emergence: {message}")
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.busy != busy:
+            self.busy = busy
+
+    @param.depends("analysis", "step", "layer")
+    def _projection_plot(self) -> hv.Element:
+        return plot_task_projection(self.analysis, self.step, self.layer)
+
+    @param.depends("analysis", "step", "layer")
+    def _td_plot(self) -> hv.Element:
+        return plot_td_by_layer(self.analysis, self.step, self.layer)
+
+    @param.depends("analysis", "step")
+    def _curves_plot(self) -> hv.Element:
+        return plot_emergence_curves(self.analysis, self.step)
+
+    @param.depends("analysis", "step", "layer")
+    def summary(self) -> str:
+        """One line on the current checkpoint: TD at the layer and the ICL loss per task."""
+        if self.analysis is None or self.step is None:
+            return "No run loaded yet."
+        at = self.analysis.sel(step=self.step)
+        losses = ", ".join(f"{float(v):.3g}" for v in at["icl_loss"].values)
+        return (f"**Step {self.step}**: TD after layer {self.layer} = {float(at['td'].sel(layer=self.layer)):.2f} "
+                f"(best layer at this step: {int(np.argmax(at['td'].values))}); ICL loss per task: {losses} "
+                f"(knowing the task: {float(self.analysis['oracle_loss'].mean()):.3g}, task-agnostic "
+                f"ridge: {float(self.analysis['agnostic_loss'].mean()):.3g}, predicting 0: "
+                f"{float(self.analysis['zero_loss'].mean()):.3g}).")
+
+    def wait(self, timeout: float | None = 600) -> TaskEmergenceView:
+        """Block until background work has finished (tests, scripts)."""
+        self._loader.wait(timeout)
+        return self
+
+    def close(self) -> None:
+        self._loader.close()
+
+    # -- layout --------------------------------------------------------------------------
+    def controls(self) -> pn.Column:
+        widgets = {"step": {"type": pn.widgets.DiscreteSlider},
+                   "layer": {"type": pn.widgets.RadioButtonGroup, "color": "primary",
+                             "variant": "outline"}}
+        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
+                                  sizing_mode="stretch_width"),
+                         width=theme.SIZES["controls_width"], css_classes=["emergence-controls"])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        summary = pn.pane.Markdown(self.summary, css_classes=["emergence-summary"])
+        projection = pn.pane.HoloViews(self._projection_plot, sizing_mode="stretch_width",
+                                       css_classes=["emergence-projection"])
+        td = pn.pane.HoloViews(self._td_plot, sizing_mode="stretch_width", css_classes=["emergence-td"])
+        curves = pn.pane.HoloViews(self._curves_plot, sizing_mode="stretch_width",
+                                   css_classes=["emergence-curves"])
+        return pn.Row(self.controls(),
+                      pn.Column(pn.Row(spinner, status, align="center"), summary, pn.Row(projection, td),
+                                curves, sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width")
+
+
+if pn.state.served:
+    theme.enable_extension()
+    theme.page([TaskEmergenceView()], title=f"{theme.TITLE}: task-vector emergence").servable()
