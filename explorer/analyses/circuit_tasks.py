@@ -184,7 +184,7 @@ def make_task(name: str, n: int, *, seed: int = 0) -> CircuitTask:
     Examples
     --------
     >>> make_task("add", 1).clean[0][-10:]
-    '43 + 25 = '
+    '67 + 23 = '
     """
     check_choice("task", name, TASK_NAMES)
     n = check_int("n", n, low=1)

@@ -1,0 +1,511 @@
+"""Circuit discovery (EAP / EAP-IG, Hanna et al. 2024; CircuitLoRA, Wang et al. 2025).
+
+EAP scores are checked against gradients taken with plain torch hooks on ``model.hf``;
+EAP-IG against exact per-edge patching of a hand-built linear network; edge patching
+against plain forwards of the clean and corrupted prompts; pruning on a hand-built graph.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from explorer import load_model
+from explorer._checks import InputError
+from explorer.analyses import circuits as C
+from explorer.analyses.circuit_tasks import CircuitTask, make_task
+
+# prompt pairs of equal length and no padding, so hooks on model.hf see the same positions
+PAIRS = CircuitTask(
+    clean=["The quick brown fox jumps over", "One two three four five six"],
+    corrupt=["The quick brown dog jumps over", "One two three four nine six"],
+    answer=[" the", " seven"], wrong=[" a", " ten"], name="toy")
+
+
+def _equal_lengths(model, task):
+    lens = [len(model.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in task.clean]
+    lens_c = [len(model.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in task.corrupt]
+    return lens, lens_c
+
+
+# -- plain-hook reference for EAP -----------------------------------------------------------
+
+def _hook_scores(model, task, dst_groups):
+    """EAP by hand: node outputs from hooks on model.hf, gradients w.r.t. zero perturbations
+    added where only one destination reads.
+
+    ``dst_groups`` maps a destination name to (module, kind, slices): kind "pre" adds a
+    perturbation to the module's input (MLP norm, final norm); kind "attn" recomputes the given
+    q/k/v output columns from the perturbed residual for that destination alone.
+    Returns {(src, dst): score} summed over positions, averaged over prompts.
+    """
+    ids_clean = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.clean])
+    ids_corrupt = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.corrupt])
+    ans = torch.tensor([C._target_ids(model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
+    wrong = torch.tensor([C._target_ids(model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
+    L, H = model.n_layers, model.spec.n_heads
+    fam = model.spec.family
+
+    def node_outputs(ids, perturb=None):
+        outs, handles = {}, []
+        emb = model.hf.get_input_embeddings()
+        handles.append(emb.register_forward_hook(lambda m, a, o: outs.__setitem__("emb", o)))
+        for layer in range(L):
+            block = model.hf_layer(layer)
+
+            def z_hook(m, args, _l=layer):
+                outs[("z", _l)] = args[0]
+            handles.append(model.o_proj(layer).register_forward_pre_hook(z_hook))
+            handles.append(block.mlp.register_forward_hook(
+                lambda m, a, o, _l=layer: outs.__setitem__(f"m{_l}", o)))
+        if perturb is not None:
+            handles += perturb()
+        try:
+            logits = model.hf(input_ids=ids).logits[:, -1]
+        finally:
+            for h in handles:
+                h.remove()
+        node = {"input": outs["emb"] if fam != "gpt2" else outs["emb"] + model.hf.transformer.wpe(
+            torch.arange(ids.shape[1]))[None]}
+        for layer in range(L):
+            z = outs[("z", layer)].reshape(*ids.shape, H, -1)          # [prompt, pos, head, d_head]
+            per_head = torch.einsum("bphe,hed->bphd", z, model.W_O(layer))
+            for h in range(H):
+                node[f"a{layer}.h{h}"] = per_head[:, :, h]
+            node[f"m{layer}"] = outs[f"m{layer}"]
+        return node, logits
+
+    with torch.no_grad():
+        corrupt_nodes, _ = node_outputs(ids_corrupt)
+    deltas = {}
+    leaves = {d: torch.zeros(*ids_clean.shape, model.spec.d_model, requires_grad=True) for d in dst_groups}
+
+    def perturb():
+        handles = []
+        resid_cache = {}
+        for dst, (module, kind, info) in dst_groups.items():
+            leaf = leaves[dst]
+            if kind == "pre":
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, args, _leaf=leaf: (args[0] + _leaf, *args[1:])))
+            else:
+                norm, proj_cols = info  # norm module whose input is the residual; {proj: cols}
+                if norm not in resid_cache:
+                    resid_cache[norm] = {}
+                    handles.append(norm.register_forward_pre_hook(
+                        lambda m, args, _c=resid_cache[norm]: [_c.setdefault("x", args[0]), None][1]))
+                for proj, cols in proj_cols.items():
+                    def hook(m, args, out, _leaf=leaf, _norm=norm, _cols=cols, _c=resid_cache[norm]):
+                        moved = m(_norm(_c["x"] + _leaf))
+                        out = out.clone()
+                        out[..., _cols] = moved[..., _cols]
+                        return out
+                    handles.append(proj.register_forward_hook(_guard(hook)))
+        return handles
+
+    with torch.enable_grad():
+        clean_nodes, logits = node_outputs(ids_clean, perturb)
+        rows = torch.arange(len(task))
+        metric = (logits[rows, ans] - logits[rows, wrong]).sum()
+        grads = torch.autograd.grad(metric, [leaves[d] for d in dst_groups])
+    for name in clean_nodes:
+        deltas[name] = (corrupt_nodes[name] - clean_nodes[name]).detach()
+    out = {}
+    for (dst, g) in zip(dst_groups, grads):
+        for src, dz in deltas.items():
+            out[(src, dst)] = float((dz * g).sum()) / len(task)
+    return out
+
+
+def _guard(hook):
+    """Run a forward hook that calls its own module without re-entering itself."""
+    def wrapped(m, args, out):
+        if getattr(m, "_busy", False):
+            return None
+        m._busy = True
+        try:
+            return hook(m, args, out)
+        finally:
+            m._busy = False
+    return wrapped
+
+
+def _score_of(ds, src, dst):
+    hit = (ds["src"].values == src) & (ds["dst"].values == dst)
+    assert hit.sum() == 1, (src, dst)
+    return float(ds["score"].values[hit][0])
+
+
+def test_eap_matches_hook_gradients_per_head_gpt2(tiny_gpt2):
+    m = tiny_gpt2
+    lens, lens_c = _equal_lengths(m, PAIRS)
+    assert lens == lens_c and len(set(lens)) == 1
+    d, H = m.spec.d_model, m.spec.n_heads
+    dh = m.spec.d_head
+    layer = 1
+    block = m.hf_layer(layer)
+    groups = {}
+    for h in range(H):
+        cols = [part * d + h * dh + i for part in range(3) for i in range(dh)]  # q, k, v columns
+        groups[f"a{layer}.h{h}"] = (None, "attn", (block.ln_1, {block.attn.c_attn: cols}))
+    groups["m1"] = (block.ln_2, "pre", None)
+    groups["logits"] = (m.hf.transformer.ln_f, "pre", None)
+    ref = _hook_scores(m, PAIRS, groups)
+    ds = C.edge_scores(m, PAIRS, method="eap")
+    for (src, dst), want in ref.items():
+        if src in ("input",) or C._layer_of(src, m.n_layers) < layer or dst == "logits" or (
+                dst == "m1" and src.startswith("a1.")):
+            got = _score_of(ds, src, dst)
+            assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
+
+
+def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
+    """Llama with grouped KV heads: MLP and logits per node; heads summed over a KV group
+    (the hooks cannot give one query head its own key/value input; the sum over the group can)."""
+    m = tiny_model
+    lens, lens_c = _equal_lengths(m, PAIRS)
+    assert lens == lens_c and len(set(lens)) == 1
+    H, n_kv, dh = m.spec.n_heads, m.spec.n_kv_heads, m.spec.d_head
+    group = H // n_kv
+    layer = 2
+    block = m.hf_layer(layer)
+    a = block.self_attn
+    groups = {}
+    for g in range(n_kv):
+        heads = range(g * group, (g + 1) * group)
+        q_cols = [h * dh + i for h in heads for i in range(dh)]
+        kv_cols = [g * dh + i for i in range(dh)]
+        groups[f"group{g}"] = (None, "attn", (block.input_layernorm,
+                                               {a.q_proj: q_cols, a.k_proj: kv_cols, a.v_proj: kv_cols}))
+    groups["m2"] = (block.post_attention_layernorm, "pre", None)
+    groups["logits"] = (m.hf.model.norm, "pre", None)
+    ref = _hook_scores(m, PAIRS, groups)
+    ds = C.edge_scores(m, PAIRS, method="eap")
+    n_checked = 0
+    for (src, dst), want in ref.items():
+        if dst.startswith("group"):
+            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
+                continue
+            g = int(dst[5:])
+            got = sum(_score_of(ds, src, f"a{layer}.h{h}") for h in range(g * group, (g + 1) * group))
+        elif dst == "m2" and src.startswith(("a0", "a1", "a2", "m0", "m1", "input")):
+            got = _score_of(ds, src, dst)
+        elif dst == "logits":
+            got = _score_of(ds, src, dst)
+        else:
+            continue
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
+        n_checked += 1
+    assert n_checked > 30
+
+
+# -- the circuit forward reproduces the model ---------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2"])
+def test_patching_all_or_no_edges_gives_corrupted_or_clean_run(name):
+    m = load_model(name)
+    task = CircuitTask(["The quick brown fox jumps", "One two three"],
+                       ["The quick brown dog jumps", "One two four"], [" over", " four"],
+                       [" the", " five"], name="toy")  # different lengths: left padding
+    ids = [m.tokenizer(p, add_special_tokens=False)["input_ids"] for p in task.clean + task.corrupt]
+    assert len({len(i) for i in ids}) > 1
+    ans = [C._target_ids(m, [c], [a])[0] for c, a in zip(task.clean, task.answer)]
+    wrong = [C._target_ids(m, [c], [w])[0] for c, w in zip(task.clean, task.wrong)]
+
+    def plain_metric(prompts):
+        vals = []
+        for p, a, w in zip(prompts, ans, wrong):
+            lg = m.hf(input_ids=torch.tensor([m.tokenizer(p, add_special_tokens=False)["input_ids"]])
+                      ).logits[0, -1]
+            vals.append(float(lg[a] - lg[w]))
+        return np.mean(vals)
+
+    clean, corrupt = plain_metric(task.clean), plain_metric(task.corrupt)
+    scores = C.edge_scores(m, task)
+    everything = C.patch_edges_metric(m, task, scores, np.ones(scores.sizes["edge"], bool))
+    nothing = C.patch_edges_metric(m, task, scores, np.zeros(scores.sizes["edge"], bool))
+    assert everything["metric"] == pytest.approx(clean, abs=1e-4)
+    assert nothing["metric"] == pytest.approx(corrupt, abs=1e-4)
+    assert everything["clean_metric"] == pytest.approx(clean, abs=1e-4)
+    assert everything["corrupt_metric"] == pytest.approx(corrupt, abs=1e-4)
+    assert everything["recovered"] == pytest.approx(1.0, abs=1e-3)
+    assert nothing["recovered"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_patching_one_edge_changes_only_its_destination(tiny_model):
+    """Dropping the single edge input -> logits equals replacing the final residual's
+    embedding term by the corrupted embedding (a hand computation from a hooked forward)."""
+    m = tiny_model
+    scores = C.edge_scores(m, PAIRS)
+    keep = np.ones(scores.sizes["edge"], bool)
+    keep[(scores["src"].values == "input") & (scores["dst"].values == "logits")] = False
+    res = C.patch_edges_metric(m, PAIRS, scores, keep)
+    vals = []
+    for c, k, a, w in zip(PAIRS.clean, PAIRS.corrupt, PAIRS.answer, PAIRS.wrong):
+        ids_c = torch.tensor([m.tokenize([c]).token_ids[0]])
+        ids_k = torch.tensor([m.tokenize([k]).token_ids[0]])
+        emb = m.hf.get_input_embeddings()
+        delta = emb(ids_k) - emb(ids_c)
+        h = m.hf.model.norm.register_forward_pre_hook(lambda mod, args: (args[0] + delta,))
+        try:
+            lg = m.hf(input_ids=ids_c).logits[0, -1]
+        finally:
+            h.remove()
+        ai, wi = C._target_ids(m, [c], [a])[0], C._target_ids(m, [c], [w])[0]
+        vals.append(float(lg[ai] - lg[wi]))
+    assert res["metric"] == pytest.approx(np.mean(vals), abs=1e-4)
+
+
+# -- EAP-IG is exact on a linear network -------------------------------------------------------
+
+class _LinearAdapter:
+    """A network where every node is linear in its input: heads mix positions with a fixed
+    causal matrix and map d_model -> d_model; MLPs are matrices; logits a matrix."""
+
+    def __init__(self, n_layers=2, n_heads=2, d=6, vocab=512, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.n_layers, self.n_heads, self.d = n_layers, n_heads, d
+        self.E = torch.randn(vocab, d, generator=g)
+        self.A = torch.randn(n_layers, n_heads, d, d, generator=g) / d ** 0.5
+        self.M = torch.randn(n_layers, d, d, generator=g) / d ** 0.5
+        self.U = torch.randn(d, vocab, generator=g)
+
+    def embed(self, batch):
+        return self.E[batch.input_ids]
+
+    def prepare(self, x0, batch):
+        p = x0.shape[1]
+        return {"mix": torch.tril(torch.ones(p, p)) / torch.arange(1, p + 1)[:, None]}
+
+    def heads(self, layer, x, mask, ctx):
+        mixed = torch.einsum("qk,hbkd->hbqd", ctx["mix"], x)
+        return torch.einsum("hbpd,hde->hbpe", mixed, self.A[layer])
+
+    def attn_bias(self, layer):
+        return None
+
+    def mlp(self, layer, x):
+        return x @ self.M[layer]
+
+    def logits(self, resid):
+        return resid @ self.U
+
+
+def _linear_exact_effects(lin, ids_clean, ids_corrupt, ans, wrong, edges):
+    """Metric change when one edge carries its corrupted value, by an explicit per-edge
+    evaluation of the linear network (independent of the module's engine)."""
+    L, H = lin.n_layers, lin.n_heads
+    p = ids_clean.shape[1]
+    mix = torch.tril(torch.ones(p, p)) / torch.arange(1, p + 1)[:, None]
+
+    def run(ids, patched=None, corrupt_out=None):
+        out = {"input": lin.E[ids]}
+        order = []
+
+        def read(dst):
+            total = 0
+            for src in order:
+                val = out[src]
+                if patched == (src, dst):
+                    val = corrupt_out[src]
+                total = total + val
+            return total
+        order.append("input")
+        for layer in range(L):
+            for h in range(H):
+                x = read(f"a{layer}.h{h}")
+                out[f"a{layer}.h{h}"] = torch.einsum("qk,bkd->bqd", mix, x) @ lin.A[layer, h]
+            order += [f"a{layer}.h{h}" for h in range(H)]
+            out[f"m{layer}"] = read(f"m{layer}") @ lin.M[layer]
+            order.append(f"m{layer}")
+        lg = read("logits")[:, -1] @ lin.U
+        rows = torch.arange(ids.shape[0])
+        return out, float((lg[rows, ans] - lg[rows, wrong]).mean())
+
+    corrupt_out, _ = run(ids_corrupt)
+    _, base = run(ids_clean)
+    return {e: run(ids_clean, e, corrupt_out)[1] - base for e in edges}
+
+
+def test_eap_ig_equals_exact_patching_on_linear_network(tiny_model, monkeypatch):
+    lin = _LinearAdapter()
+    monkeypatch.setattr(C, "_adapter", lambda model: lin)
+    task = PAIRS
+    ig = C.edge_scores(tiny_model, task, method="eap-ig", steps=3)
+    eap = C.edge_scores(tiny_model, task, method="eap")
+    ids_c = torch.tensor([tiny_model.tokenize([p]).token_ids[0] for p in task.clean])
+    ids_k = torch.tensor([tiny_model.tokenize([p]).token_ids[0] for p in task.corrupt])
+    ans = torch.tensor([C._target_ids(tiny_model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
+    wrong = torch.tensor([C._target_ids(tiny_model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
+    edges = list(zip(ig["src"].values.tolist(), ig["dst"].values.tolist()))
+    # hand count: layer-0 heads 2 x 1, m0 3, layer-1 heads 2 x 4, m1 6, logits 7
+    assert len(edges) == len(C._graph(2, 2).edges) == 2 + 3 + 8 + 6 + 7
+    exact = _linear_exact_effects(lin, ids_c, ids_k, ans, wrong, edges)
+    want = np.array([exact[e] for e in edges])
+    assert np.abs(want).max() > 1e-2
+    np.testing.assert_allclose(ig["score"].values, want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(eap["score"].values, want, rtol=1e-3, atol=1e-4)
+
+
+# -- graph and circuit selection ------------------------------------------------------------------
+
+def test_graph_nodes_edges_and_layers(tiny_model):
+    g = C.circuit_graph(tiny_model)
+    L, H = tiny_model.n_layers, tiny_model.spec.n_heads
+    assert g.nodes[0] == "input" and g.nodes[-1] == "logits"
+    assert len(g.nodes) == 2 + L * (H + 1)
+    edges = set(g.edges)
+    assert ("a0.h1", "m0") in edges and ("a0.h1", "a0.h2") not in edges
+    assert ("m0", "a1.h0") in edges and ("a1.h0", "m0") not in edges
+    assert ("input", "logits") in edges and ("m2", "logits") in edges
+    # each head: input + all earlier nodes; each MLP additionally its layer's heads
+    n = sum(1 + l * (H + 1) for l in range(L)) * H + sum(1 + l * (H + 1) + H for l in range(L))
+    assert len(edges) == n + 1 + L * (H + 1)
+    assert g.layer_of("a2.h3") == 2 and g.layer_of("m1") == 1
+    assert g.layer_of("input") == 0 and g.layer_of("logits") == L - 1
+    with pytest.raises(InputError, match="unknown node 'x7'"):
+        g.layer_of("x7")
+
+
+def _hand_scores():
+    edges = [("input", "a0.h0", 5.0), ("a0.h0", "logits", 4.0),   # a full path
+             ("input", "a0.h1", 3.0),                              # dead end: a0.h1 reaches nothing
+             ("m0", "logits", -6.0),                               # m0 not reached from input
+             ("a0.h0", "m0", 0.5), ("input", "logits", -0.1)]
+    src, dst, sc = zip(*edges)
+    return xr.Dataset({"score": ("edge", np.array(sc))},
+                      coords={"src": ("edge", list(src)), "dst": ("edge", list(dst))})
+
+
+def test_select_circuit_prunes_to_input_logits_paths():
+    ds = _hand_scores()
+    top4 = C.select_circuit(ds, top_n=4)
+    assert top4.attrs["n_chosen"] == 4
+    assert C.circuit_edges(ds, top4) == {("input", "a0.h0"), ("a0.h0", "logits")}
+    assert C.circuit_nodes(ds, top4) == {"input", "a0.h0", "logits"}
+    # with a0.h0 -> m0 the MLP joins the path
+    thr = C.select_circuit(ds, threshold=0.5)
+    assert C.circuit_edges(ds, thr) == {("input", "a0.h0"), ("a0.h0", "logits"),
+                                        ("a0.h0", "m0"), ("m0", "logits")}
+    assert not C.select_circuit(ds, top_n=0).any()
+    everything = C.select_circuit(ds, threshold=0.0)
+    assert int(everything.sum()) == 5  # all but the dead end
+
+
+def test_faithfulness_curve_endpoints_and_size(tiny_model):
+    scores = C.edge_scores(tiny_model, PAIRS)
+    n = scores.sizes["edge"]
+    curve = C.faithfulness_curve(tiny_model, PAIRS, scores, sizes=[0, 10, n])
+    assert list(curve["n_edges"].values) == [0, 10, n]
+    assert curve["recovered"].sel(n_edges=0) == pytest.approx(0.0, abs=1e-4)
+    assert curve["recovered"].sel(n_edges=n) == pytest.approx(1.0, abs=1e-4)
+    assert int(curve["n_kept"].sel(n_edges=n)) == n
+    assert int(curve["n_kept"].sel(n_edges=10)) <= 10
+    one = C.patch_edges_metric(tiny_model, PAIRS, scores, C.select_circuit(scores, top_n=10))
+    assert one["metric"] == pytest.approx(float(curve["metric"].sel(n_edges=10)), abs=1e-5)
+    json.dumps(curve.attrs)
+    json.dumps(scores.attrs)
+
+
+# -- tasks --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["add", "sub", "ioi", "greater-than"])
+def test_task_generators(name):
+    t = make_task(name, 20, seed=3)
+    assert len(t) == 20 and t.name == name
+    assert make_task(name, 20, seed=3).clean == t.clean
+    assert all(c != k for c, k in zip(t.clean, t.corrupt))
+    assert all(a != w for a, w in zip(t.answer, t.wrong))
+    if name in ("add", "sub"):
+        for c, a, w in zip(t.clean, t.answer, t.wrong):
+            x, op, y = c.rstrip("= ").split()[-3:]
+            assert int(a) == (int(x) + int(y) if op == "+" else int(x) - int(y))
+            assert int(w) == (int(x) - int(y) if op == "+" else int(x) + int(y))
+            assert a[0] != w[0] and len(a) == len(w) == 2
+
+
+# -- errors -------------------------------------------------------------------------------------------
+
+def test_errors(tiny_model):
+    with pytest.raises(InputError, match="`method` must be one of 'eap', 'eap-ig'; got 'eapig'"):
+        C.edge_scores(tiny_model, PAIRS, method="eapig")
+    with pytest.raises(InputError, match="`metric` must be one of 'logit_diff', 'kl'"):
+        C.edge_scores(tiny_model, PAIRS, metric="logitdiff")
+    with pytest.raises(InputError, match="zero gradient at the clean run"):
+        C.edge_scores(tiny_model, PAIRS, metric="kl")
+    with pytest.raises(TypeError, match="`task` must be a CircuitTask"):
+        C.edge_scores(tiny_model, ["a"])
+    with pytest.raises(InputError, match="`steps` must be an int in"):
+        C.edge_scores(tiny_model, PAIRS, method="eap-ig", steps=0)
+    bad = CircuitTask(["one two three"], ["one"], ["x"], ["y"])
+    with pytest.raises(InputError, match=r"tokenise to \d+ and \d+ tokens; each pair must have the same length"):
+        C.edge_scores(tiny_model, bad)
+    with pytest.raises(InputError, match="`corrupt` has 1 entries but `clean` has 2"):
+        CircuitTask(["a", "b"], ["c"], ["x", "y"], ["z", "w"])
+    with pytest.raises(InputError, match="`task` must be one of 'add', 'sub', 'ioi', 'greater-than'"):
+        make_task("addition", 3)
+    with pytest.raises(InputError, match="`n` must be an int in"):
+        make_task("add", 0)
+    neox = load_model("tiny-neox")
+    with pytest.raises(C.UnsupportedModelError, match="supports the model families llama, gpt2"):
+        C.circuit_graph(neox)
+    ds = _hand_scores()
+    with pytest.raises(InputError, match="exactly one of `top_n`"):
+        C.select_circuit(ds)
+    with pytest.raises(InputError, match="exactly one of `top_n`"):
+        C.select_circuit(ds, top_n=2, threshold=0.1)
+    with pytest.raises(InputError, match="`top_n` must be an int in \\[0, 6\\]; got 7"):
+        C.select_circuit(ds, top_n=7)
+    with pytest.raises(TypeError, match="`scores` must be the Dataset returned by edge_scores"):
+        C.select_circuit(ds["score"], top_n=1)
+    scores = C.edge_scores(tiny_model, PAIRS)
+    with pytest.raises(InputError, match="`in_circuit` must be a bool array over the"):
+        C.patch_edges_metric(tiny_model, PAIRS, scores, np.ones(3, bool))
+    renamed = ds.assign_coords(src=("edge", ["inputx"] + ds["src"].values.tolist()[1:]))
+    with pytest.raises(InputError, match="names node 'inputx', which tiny-llama does not have"):
+        C.patch_edges_metric(tiny_model, PAIRS, renamed, np.ones(6, bool))
+    with pytest.raises(InputError, match="`sizes` must hold at least one"):
+        C.faithfulness_curve(tiny_model, PAIRS, scores, sizes=[])
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+def test_cli_circuits_json(capsys):
+    from explorer import cli
+
+    code = cli.main(["circuits", "--model", "tiny-llama", "--task", "add", "--n", "3",
+                     "--all-prompts", "--method", "eap", "--sizes", "0,5", "--top-n", "5",
+                     "--show", "3", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_prompts"] == 3 and len(out["top_edges"]) == 3
+    assert [row["n_edges"] for row in out["faithfulness"]] == [0, 5]
+    assert out["faithfulness"][0]["recovered"] == pytest.approx(0.0, abs=1e-4)
+    mags = [abs(e["score"]) for e in out["top_edges"]]
+    assert mags == sorted(mags, reverse=True)
+    code = cli.main(["circuits", "--model", "tiny-neox", "--task", "add", "--n", "2",
+                     "--all-prompts", "--json"])
+    assert code != 0
+    assert "supports the model families llama, gpt2" in capsys.readouterr().err
+
+
+# -- SmolLM2 --------------------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_smollm2_tasks_tokenise_in_pairs_and_forward_matches(smollm2):
+    """Every generated pair has equal token lengths and distinct first target tokens on
+    SmolLM2 (which splits numbers into digits); the circuit forward matches its logits."""
+    for name in ("add", "sub", "ioi", "greater-than"):
+        t = make_task(name, 24, seed=1)
+        prep = C._prepare(smollm2, t, list(range(len(t))))   # raises on unequal lengths
+        assert (prep.answer != prep.wrong).all(), name
+        if name in ("add", "sub"):  # the first digit, as the next token after "= "
+            assert smollm2.token_strings(prep.answer.tolist()) == [a[0] for a in t.answer]
+    t = make_task("add", 3)
+    prep = C._prepare(smollm2, t, [0, 1, 2])
+    run = C._forward(C._adapter(smollm2), prep.clean)
+    ref = smollm2.hf(**prep.clean.model_inputs()).logits[:, -1]
+    torch.testing.assert_close(run.logits, ref, atol=2e-4, rtol=1e-4)
