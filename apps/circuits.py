@@ -41,12 +41,12 @@ DIFF_COLORS = {"kept": "#9a9a9a", "added": theme.CATEGORICAL[2], "dropped": them
 
 def node_positions(n_layers: int, n_heads: int) -> dict[str, tuple[float, float]]:
     """(x, y) of every node: x = layer (heads at L, the MLP at L + 0.5), heads stacked in y,
-    the MLP above them, input left and logits right."""
+    the MLP above them (odd layers a little higher), input left and logits right."""
     pos = {"input": (-1.0, (n_heads - 1) / 2), "logits": (float(n_layers), (n_heads - 1) / 2)}
     for layer in range(n_layers):
         for h in range(n_heads):
             pos[f"a{layer}.h{h}"] = (float(layer), float(h))
-        pos[f"m{layer}"] = (layer + 0.5, float(n_heads))
+        pos[f"m{layer}"] = (layer + 0.5, n_heads + 0.7 * (layer % 2))  # staggered: MLP chains stay visible
     return pos
 
 
@@ -100,7 +100,7 @@ def plot_edges(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int,
                     responsive=True, height=max(360, 26 * (n_heads + 2)), default_tools=_TOOLS,
                     xlabel="layer (heads at L, MLP above at L+0.5)", ylabel="head (MLP on top)",
                     xticks=xt, title=title, xlim=(-1.5, n_layers + 0.5),
-                    ylim=(-1, n_heads + 1))
+                    ylim=(-1, n_heads + 1.5))
 
 
 def plot_nodes(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int) -> hv.Points:
@@ -125,8 +125,9 @@ def plot_circuit(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: in
 def plot_faithfulness(curve: xr.Dataset | None, n_edges: int) -> hv.Element:
     """Share of the clean-minus-corrupted metric the top-n circuit recovers, current n marked."""
     if curve is None:
-        return hv.Text(0, 0, "Faithfulness: waiting for the edge scores…").opts(
-            xaxis=None, yaxis=None, toolbar=None, height=260, responsive=True)
+        return hv.Text(0.5, 0.5, "Faithfulness: press Compute circuit (edge scores of the "
+                       "base model)").opts(xaxis=None, yaxis=None, toolbar=None, height=260,
+                                           responsive=True, xlim=(0, 1), ylim=(0, 1))
     x = curve["n_edges"].values
     y = curve["recovered"].values
     line = hv.Curve((x, y), "edges kept (top-n by |score|)", "metric recovered").opts(
