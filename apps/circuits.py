@@ -193,7 +193,7 @@ class CircuitsView(pn.viewable.Viewer):
                        on_busy=lambda b: None, background=background)
             r.bind_session()
             self._runners[name] = r
-        self._progress = pn.indicators.Progress(name="progress", value=0, max=100,
+        self._progress = pn.indicators.Progress(value=0, max=100,
                                                 sizing_mode="stretch_width", visible=False)
         self._order: np.ndarray | None = None          # edge indices by |score|, descending
         self._ck_orders: list[np.ndarray] = []

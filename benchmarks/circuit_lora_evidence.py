@@ -4,6 +4,7 @@ fine-tuning and CircuitLoRA vs uniform LoRA at the same trainable-parameter coun
 Stages (each one process; ``--threads 1`` by default, fastest on a busy machine)::
 
     python benchmarks/circuit_lora_evidence.py --stages run        # SmolLM2, the study
+    python benchmarks/circuit_lora_evidence.py --stages noise --n-circuit 24  # noise floor
     python benchmarks/circuit_lora_evidence.py --stages screenshot # the Circuits page
 
 ``run`` calls `explorer.analyses.circuit_lora.run_summary` on the packaged SmolLM2 (the
@@ -12,7 +13,9 @@ circuit (top 5 % of edges) of each checkpoint, node / edge Jaccard, the per-laye
 change and its top-k critical layers, then uniform LoRA (rank 4) vs CircuitLoRA
 (r_other 2, the rest on the critical layers, same parameter count) over several seeds.
 It writes ``docs/figures/circuit_lora_summary.json``; the run folder (checkpoints,
-``circuits.nc``, ``comparison.nc``) stays in the cache. ``screenshot`` serves the Circuits
+``circuits.nc``, ``comparison.nc``) stays in the cache. ``noise`` re-scores the saved
+checkpoints on more pairs and measures the Jaccard between two prompt samples of the base
+model (how much of the edge turnover sampling alone gives). ``screenshot`` serves the Circuits
 page on that run and saves ``docs/figures/circuit_lora_page.png``.
 """
 from __future__ import annotations
@@ -51,6 +54,37 @@ def stage_run(args: argparse.Namespace) -> dict:
         log=lambda s: print(s, file=sys.stderr, flush=True))
     summary["wall_seconds"] = time.perf_counter() - t0
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "stages"}
+    return summary
+
+
+def stage_noise(args: argparse.Namespace, summary: dict) -> dict:
+    """Circuits of the saved checkpoints on ``--n-circuit`` pairs, and the noise floor: the
+    node / edge Jaccard between circuits of the base model on two other prompt samples."""
+    import torch
+
+    from explorer import load_model
+    from explorer.analyses import circuit_lora as cl
+    from explorer.analyses import circuits as ca
+
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    folder = summary["folder"]
+    t0 = time.perf_counter()
+    circuits = cl.checkpoint_circuits(model, folder, ca.make_task(args.task, args.n_circuit, seed=1),
+                                      batch_size=8, top_percent=5.0)
+    sim = cl.circuit_similarity(circuits)
+    sets = []
+    for seed in (2, 3):
+        s = ca.edge_scores(model, ca.make_task(args.task, args.n_circuit, seed=seed), batch_size=8)
+        c = ca.select_circuit(s, top_n=int(round(0.05 * s.sizes["edge"])))
+        sets.append((ca.circuit_nodes(s, c), ca.circuit_edges(s, c)))
+    summary[f"similarity_{args.n_circuit}_pairs"] = {
+        "checkpoints": circuits["checkpoint"].values.tolist(),
+        "node_jaccard": sim.node_jaccard.values.round(4).tolist(),
+        "edge_jaccard": sim.edge_jaccard.values.round(4).tolist(),
+        "noise_floor_node_jaccard": cl.jaccard(sets[0][0], sets[1][0]),
+        "noise_floor_edge_jaccard": cl.jaccard(sets[0][1], sets[1][1]),
+        "seconds": time.perf_counter() - t0}
     return summary
 
 
@@ -145,6 +179,10 @@ def main() -> None:
         FIGURES.mkdir(exist_ok=True)
         SUMMARY.write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary, indent=1))
+    if "noise" in stages:
+        summary = stage_noise(args, summary)
+        SUMMARY.write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary[f"similarity_{args.n_circuit}_pairs"], indent=1))
     if "resummarize" in stages:
         summary = stage_resummarize(summary)
         SUMMARY.write_text(json.dumps(summary, indent=1))

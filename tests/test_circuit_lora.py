@@ -226,3 +226,19 @@ def test_comparison_equal_params_and_summary_per_variant(tiny_model):
     assert summary["accuracy"]["circuit-lora"] == comp.accuracy.values[1].tolist()
     assert summary["loss_std"]["lora"] == pytest.approx(float(np.std(comp.loss.values[0], ddof=1)))
     assert summary["critical"] == [1]
+
+
+def test_cli_ranks_json_and_error(capsys):
+    import json
+
+    from explorer import cli
+
+    assert cli.main(["circuit-lora-ranks", "--model", "tiny-llama", "--critical", "1",
+                     "--rank", "4", "--r-other", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    unit = 128 + 96 + 96 + 128 + 3 * 192
+    assert out["uniform_params"] == out["n_params"] == 12 * unit
+    assert out["ranks"] == [2, 8, 2] and out["n_params_gap"] == 0
+    assert cli.main(["circuit-lora-ranks", "--model", "tiny-llama", "--critical", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "explorer: error: `critical layer` must be an int in [0, 2]; got 5."
