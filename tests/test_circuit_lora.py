@@ -31,6 +31,14 @@ def test_parameter_count_matches_peft(tiny_model):
     assert cl.lora_parameter_count(tiny_model, ranks) == peft_trainable(tiny_model, ranks)
 
 
+def test_parameter_count_matches_peft_gpt2(tiny_gpt2):
+    """GPT-2's Conv1D modules (weight [d_in, d_out]): c_attn, attn c_proj, c_fc, mlp c_proj."""
+    ranks = {0: 2, 1: 3, 2: 1}
+    per_rank = (64 + 192) + (64 + 64) + (64 + 256) + (256 + 64)
+    assert cl.lora_parameter_count(tiny_gpt2, ranks) == 6 * per_rank
+    assert cl.lora_parameter_count(tiny_gpt2, ranks) == peft_trainable(tiny_gpt2, ranks)
+
+
 @pytest.mark.parametrize("rank,critical,r_other", [(4, [1], 2), (4, [0, 2], 1), (3, [2], 1),
                                                    (5, [0, 1], 3)])
 def test_allocation_hits_uniform_count(tiny_model, rank, critical, r_other):
