@@ -350,3 +350,28 @@ def test_smollm2_subject_positions_and_known_facts(smollm2):
     ids = smollm2.tokenizer(U.fact_prompt(f), add_special_tokens=False)["input_ids"]
     assert smollm2.tokenizer.decode([ids[p] for p in U.subject_positions(smollm2, f)]) == " Michael Jordan"
     assert U.attribute_token_ids(smollm2, f.attributes)  # distinct first tokens
+
+
+# -- the page's plots (headless) ------------------------------------------------------------
+
+def test_view_plots_and_rows_headless(tiny_model):
+    import holoviews as hv
+    import panel as pn
+
+    from apps.unlearning import UnlearningView, accuracy_rows, plot_probe_curve
+
+    probe = xr.Dataset({"probe_accuracy": ("layer", [0.2, 0.6, 0.9, 0.9]), "embed_accuracy": 0.2,
+                        "chance": 0.25}, coords={"layer": np.arange(4)})
+    spans = [el for el in plot_probe_curve(probe, [1, 2]) if isinstance(el, hv.VSpan)]
+    assert [(s.data[0], s.data[1]) for s in spans] == [(0.5, 2.5)]  # one band over layers 1-2
+    spans = [el for el in plot_probe_curve(probe, [0, 3]) if isinstance(el, hv.VSpan)]
+    assert sorted((s.data[0], s.data[1]) for s in spans) == [(-0.5, 0.5), (2.5, 3.5)]
+    res = xr.Dataset({"accuracy": (("localization", "metric"), [[1.0, 0.5, 1.0, 1.0, 1.0, 1.0],
+                                                                [0.0, 0.25, 0.75, 1.0, 0.0, 0.5]])},
+                     coords={"localization": ["original", "fact_lookup"], "metric": list(U.METRICS)})
+    rows = accuracy_rows(res)
+    assert ("forget (trained format)", "FLU", 0.0) in rows
+    assert ("held-out forget after relearning", "before", 1.0) in rows and len(rows) == 8
+    view = UnlearningView(tiny_model)  # opens without computing anything
+    assert view.probe is None and view.chosen_layers() == [] and view.param.n_layers.bounds == (1, 3)
+    pn.panel(view).get_root()  # the page renders before anything is computed

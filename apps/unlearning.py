@@ -1,0 +1,304 @@
+"""Mechanistic unlearning page: where is a fact looked up, and does unlearning there hold?
+
+Guo, Syed, Sheshadri, Ewart & Dziugaite, "Mechanistic Unlearning" (ICML 2025).
+"Localize" computes the per-layer probe accuracy for the attribute on the subject token,
+a causal-tracing heatmap (layer x position) for one forget fact, and the causal-tracing
+and attribution-patching MLP scores over the forget set. The probe curve shades the MLP
+layers the chosen method picks for the chosen budget. "Run" trains a copy of the model
+on those layers only (unlearning the forget set while keeping the retain set) and shows
+forget, multiple-choice, retain and relearning accuracy next to the original model.
+Both run in the background with a progress bar and can be cancelled.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+from apps import theme
+from apps._session import CancelToken, Runner, user_message
+from explorer.analyses import unlearning as U
+
+__all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "plot_accuracy_bars",
+           "accuracy_rows", "METRIC_LABELS", "SHORT_NAMES"]
+
+hv.extension("bokeh", logo=False)
+
+SHORT_NAMES = {"original": "before", "fact_lookup": "FLU", "causal_tracing": "CT",
+               "attribution_patching": "AP", "random": "random", "all": "all params"}
+METRIC_LABELS = {"forget": "forget (trained format)", "forget_mc": "forget (multiple choice)",
+                 "retain": "retain", "relearn_heldout": "held-out forget after relearning"}
+
+
+def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) -> hv.Overlay:
+    """Probe accuracy per layer with the localized MLP layers shaded."""
+    if probe is None:
+        return (hv.Curve([], "layer", "probe accuracy") * hv.HLine(0)).opts(
+            title="Probe accuracy (press Localize)", responsive=True, height=300)
+    curve = hv.Curve((probe.layer.values, probe.probe_accuracy.values), "layer",
+                     "probe accuracy").opts(color=theme.ACCENT, line_width=2, tools=["hover"])
+    dots = hv.Scatter((probe.layer.values, probe.probe_accuracy.values), "layer",
+                      "probe accuracy").opts(color=theme.ACCENT, size=6)
+    chance = hv.HLine(float(probe.chance)).opts(color="gray", line_dash="dashed")
+    parts = [curve, dots, chance]
+    for a, b in _runs(layers or []):
+        parts.insert(0, hv.VSpan(a - 0.5, b + 0.5).opts(color="#f0a030", alpha=0.25))
+    return hv.Overlay(parts).opts(
+        title="Attribute probe, last subject token (shaded: trained MLPs)",
+        responsive=True, height=300, ylim=(0, 1.02), xlabel="layer",
+        ylabel="probe accuracy")
+
+
+def _runs(layers: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of sorted layers as (first, last)."""
+    out: list[tuple[int, int]] = []
+    for x in sorted(layers):
+        if out and x == out[-1][1] + 1:
+            out[-1] = (out[-1][0], x)
+        else:
+            out.append((x, x))
+    return out
+
+
+def plot_trace_heatmap(trace: xr.Dataset | None, fact: int = 0) -> hv.HeatMap:
+    """Causal tracing: p(answer) when one layer's output is restored at one position."""
+    if trace is None:
+        return hv.HeatMap([], ["token", "layer"], "p_answer").opts(
+            title="Causal tracing (press Localize)", responsive=True, height=360)
+    r = trace.restore_resid.isel(fact=fact)
+    tokens = [str(t) for t in trace.token.isel(fact=fact).values]
+    keep = [p for p in range(len(tokens)) if tokens[p] != "" and not np.all(np.isnan(r.values[:, p]))]
+    labels = [f"{p}:{theme.show_token(tokens[p])}" for p in keep]
+    rows = [(labels[i], int(layer), float(r.values[layer, p]))
+            for i, p in enumerate(keep) for layer in range(r.sizes["layer"])]
+    subject = str(trace.subject.values[fact])
+    return hv.HeatMap(rows, ["token", "layer"], "p_answer").opts(
+        cmap="viridis", colorbar=True, tools=["hover"], xrotation=45, responsive=True,
+        height=360, title=f"Causal tracing, {subject}: p(answer), one layer restored "
+                          f"(clean {float(trace.p_clean[fact]):.2f}, "
+                          f"noised {float(trace.p_corrupt[fact]):.2f})",
+        xlabel="position: token", ylabel="layer")
+
+
+def accuracy_rows(result: xr.Dataset | None) -> list[tuple[str, str, float]]:
+    """(metric label, method, accuracy) rows for the bars."""
+    if result is None:
+        return []
+    return [(METRIC_LABELS[k], SHORT_NAMES.get(str(m), str(m)),
+             float(result.accuracy.sel(localization=m, metric=k)))
+            for k in METRIC_LABELS for m in result["localization"].values.tolist()]
+
+
+def plot_accuracy_bars(rows: list[tuple[str, str, float]]) -> hv.Bars:
+    bars = hv.Bars(rows, ["metric", "localization"], "accuracy").opts(
+        ylim=(0, 1.05), tools=["hover"], multi_level=True, xrotation=0, responsive=True,
+        height=320, title="Accuracy (top answer among the attributes) before and after unlearning",
+        xlabel="", ylabel="accuracy")
+    if not rows:  # nothing to colour yet
+        return bars.opts(title="Accuracy (press Run unlearning)")
+    return bars.opts(color="localization", cmap=theme.CATEGORICAL, show_legend=False)
+
+
+class UnlearningView(pn.viewable.Viewer):
+    """Localize a fact set, unlearn it on the localized MLPs, measure robustness."""
+
+    method = param.Selector(default="fact_lookup", objects=list(U.METHODS),
+                            doc="Localization that picks the trained MLP layers")
+    n_layers = param.Integer(default=4, bounds=(1, 30), doc="Budget: MLP layers trained")
+    steps = param.Integer(default=8, bounds=(1, 100), doc="Training steps")
+    lr = param.Selector(default=2e-4, objects=[1e-5, 3e-5, 1e-4, 2e-4, 3e-4, 1e-3],
+                        doc="Learning rate (AdamW)")
+    n_forget = param.Integer(default=8, bounds=(2, 40), doc="Facts to forget")
+    n_retain = param.Integer(default=8, bounds=(1, 40), doc="Facts to retain")
+    relearn_steps = param.Integer(default=3, bounds=(0, 20), doc="Relearning attack steps")
+    progress = param.Integer(default=0, bounds=(0, 100))
+    status = param.String(default="Press Localize to compute the probe curve and causal tracing.")
+    busy = param.Boolean(default=False)
+    probe = param.Parameter(default=None)
+    trace = param.Parameter(default=None)
+    attribution = param.Parameter(default=None)
+    result = param.Parameter(default=None)
+
+    def __init__(self, model: Any, *, facts_file: str | Path | None = None, known_only: bool = True,
+                 background: bool | None = None, **params: Any):
+        super().__init__(**params)
+        self._model = model
+        self._facts_file = facts_file
+        self._known_only = known_only
+        self._split: tuple[list, list] | None = None
+        self.param.n_layers.bounds = (1, model.n_layers)
+        if self.n_layers > model.n_layers:
+            self.n_layers = max(1, model.n_layers // 2)
+        if background is None:
+            doc = pn.state.curdoc
+            background = doc is not None and doc.session_context is not None
+        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
+                              on_busy=lambda b: None, background=background)
+        self._runner.bind_session()
+        self._localize_button = pn.widgets.Button(name="Localize", button_type="primary")
+        self._run_button = pn.widgets.Button(name="Run unlearning", button_type="success",
+                                             disabled=True)
+        self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True)
+        self._localize_button.on_click(lambda e: self.localize())
+        self._run_button.on_click(lambda e: self.run())
+        self._cancel_button.on_click(lambda e: self.cancel())
+
+    # -- jobs --------------------------------------------------------------------------------
+    def _reporter(self, lo: int, hi: int):
+        doc = pn.state.curdoc if self._runner.background else None
+
+        def report(done: int, total: int) -> None:
+            value = int(lo + (hi - lo) * done / max(1, total))
+            if doc is not None and doc.session_context is not None:
+                doc.add_next_tick_callback(lambda: setattr(self, "progress", value))
+            else:
+                self.progress = value
+        return report
+
+    def _start(self, status: str) -> None:
+        self.param.update(busy=True, progress=0, status=status)
+        self._cancel_button.disabled = False
+        self._localize_button.disabled = True
+        self._run_button.disabled = True
+
+    def facts(self) -> tuple[list[U.AttributeFact], list[U.AttributeFact]]:
+        """(forget, retain) for the current sizes (the known-facts filter is cached)."""
+        everything = U.load_attribute_facts(self._facts_file)
+        facts = U.known_facts(self._model, everything) if self._known_only else everything
+        return U.split_facts(facts, self.n_forget, self.n_retain)
+
+    def localize(self) -> None:
+        """Probe curve, causal tracing and attribution patching, in the background."""
+        self._start("Localizing: probe, causal tracing, attribution patching …")
+        model = self._model
+
+        def job(token: CancelToken):
+            everything = U.load_attribute_facts(self._facts_file)
+            forget, retain = self.facts()
+            token.check()
+            _, counts = np.unique([f.attribute for f in everything], return_counts=True)
+            probe = U.attribute_probe_curve(model, everything, n_folds=int(min(4, counts.min())),
+                                            progress=self._reporter(0, 40))
+            token.check()
+            # the heatmap: from the subject's first token to the end of the prompt
+            first = U.subject_positions(model, forget[0])[0]
+            n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)["input_ids"])
+            heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)),
+                                  progress=self._reporter(40, 60))
+            token.check()
+            trace = U.causal_trace(model, forget, positions=False, progress=self._reporter(60, 85))
+            trace["restore_resid"] = heat.restore_resid.reindex(fact=trace.fact)
+            trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=""))
+            token.check()
+            attribution = U.attribution_patching(model, forget, progress=self._reporter(85, 100))
+            return "localize", (probe, trace, attribution, (forget, retain))
+
+        self._runner.submit(job)
+
+    def run(self) -> None:
+        """Train on the chosen method's layers and evaluate, in the background."""
+        if self.probe is None:
+            theme.notify("warning", "Unlearning: press Localize first.")
+            return
+        self._start(f"Training {self.method} on {self.n_layers} MLP layer(s) …")
+        model = self._model
+        method, settings = self.method, dict(n_layers=self.n_layers, steps=self.steps, lr=self.lr,
+                                             relearn_steps=self.relearn_steps)
+        probe, trace, attribution = self.probe, self.trace, self.attribution
+        forget, retain = self._split
+
+        def job(token: CancelToken):
+            ds = U.unlearning_comparison(model, forget, retain, methods=[method], probe=probe,
+                                         trace=trace, attribution=attribution,
+                                         progress=self._reporter(0, 100),
+                                         should_stop=lambda: token.cancelled, **settings)
+            return "run", ds
+
+        self._runner.submit(job)
+
+    def cancel(self) -> None:
+        self._runner.cancel()
+        self._finish("Cancelled.")
+
+    def _finish(self, status: str) -> None:
+        self.param.update(busy=False, status=status)
+        self._cancel_button.disabled = True
+        self._localize_button.disabled = False
+        self._run_button.disabled = self.probe is None
+
+    def _show_result(self, out: tuple[str, Any]) -> None:
+        kind, value = out
+        if kind == "localize":
+            probe, trace, attribution, split = value
+            self._split = split
+            self.param.update(probe=probe, trace=trace, attribution=attribution, progress=100)
+            self._finish(f"Localized on {len(split[0])} forget facts; fact lookup picks "
+                         f"MLPs {self.chosen_layers('fact_lookup')}.")
+        else:
+            self.param.update(result=value, progress=100)
+            m = value["localization"].values[-1]
+            self._finish(f"{m}: trained {int(value.n_params.sel(localization=m)):,} parameters, "
+                         f"{float(value.seconds_per_step.sel(localization=m)):.1f} s per step.")
+
+    def _show_error(self, exc: BaseException) -> None:
+        message = user_message(exc)
+        self._finish(f"Failed: {message}")
+        theme.notify("error", f"Unlearning: {message}")
+
+    def wait(self, timeout: float | None = 600) -> UnlearningView:
+        self._runner.wait(timeout)
+        return self
+
+    # -- plots -------------------------------------------------------------------------------
+    def chosen_layers(self, method: str | None = None) -> list[int]:
+        """The layers ``method`` (default the selected one) picks for the budget."""
+        if self.probe is None:
+            return []
+        return U.localized_layers(self._model, method or self.method, self.n_layers,
+                                  probe=self.probe, trace=self.trace, attribution=self.attribution)
+
+    @param.depends("probe", "method", "n_layers")
+    def _probe_plot(self) -> hv.Overlay:
+        layers = self.chosen_layers() if self.method != "all" else []
+        return plot_probe_curve(self.probe, layers)
+
+    @param.depends("trace")
+    def _heatmap(self) -> hv.HeatMap:
+        return plot_trace_heatmap(self.trace)
+
+    @param.depends("result")
+    def _bars(self) -> hv.Bars:
+        return plot_accuracy_bars(accuracy_rows(self.result))
+
+    @param.depends("probe", "result", "busy", "method")
+    def _state(self) -> pn.pane.HTML:
+        """Machine-readable state for browser tests: localized, result rows, busy."""
+        rows = "none" if self.result is None else ",".join(self.result["localization"].values.tolist())
+        return pn.pane.HTML(
+            f'<div class="unlearning-state" data-unlearning-localized="{self.probe is not None}" '
+            f'data-unlearning-result="{rows}" data-unlearning-busy="{self.busy}" '
+            f'data-unlearning-method="{self.method}"></div>', height=0, margin=0)
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        controls = pn.Param(self, parameters=["method", "n_layers", "steps", "lr", "n_forget",
+                                              "n_retain", "relearn_steps"], show_name=False)
+        bar = pn.indicators.Progress(value=self.param.progress, max=100, sizing_mode="stretch_width",
+                                     visible=self.param.busy)
+        return pn.Row(
+            pn.Column(controls, self._localize_button, self._run_button, self._cancel_button,
+                      bar, pn.pane.Markdown(self.param.status), self._state, width=320),
+            pn.Column(pn.Row(pn.pane.HoloViews(self._probe_plot), pn.pane.HoloViews(self._heatmap)),
+                      pn.pane.HoloViews(self._bars)),
+        )
+
+
+if pn.state.served:
+    from apps._session import get_model
+
+    theme.enable_extension()
+    theme.page([UnlearningView(get_model("smollm2-135m"))], title="Mechanistic unlearning").servable()

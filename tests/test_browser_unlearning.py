@@ -1,0 +1,105 @@
+"""Browser test of the unlearning page (apps/unlearning.py) on the tiny model.
+
+The page is served in a subprocess on a free 127.0.0.1 port with a small hand-made fact
+file; Playwright drives Debian's chromium: the page opens with nothing computed, Localize
+fills the probe curve and the tracing heatmap, a method is picked, Run trains it, and the
+accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_browser_icl import ARTIFACTS, ROOT, attribute, free_port, wait_for
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def page_url(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("unlearning-server")
+    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
+    facts = tmp / "facts.json"
+    facts.write_text(json.dumps({
+        "attributes": attrs,
+        "templates": {"trained": "Fact: {subject} likes the",
+                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
+                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    port = free_port()
+    code = textwrap.dedent(f"""
+        import panel as pn
+        from apps import theme
+        from apps.unlearning import UnlearningView
+        from explorer import load_model
+
+        model = load_model("tiny-llama")
+        theme.enable_extension()
+
+        def app():
+            view = UnlearningView(model, facts_file={str(facts)!r}, known_only=False,
+                                  n_forget=4, n_retain=2, n_layers=1, steps=2, relearn_steps=1)
+            return theme.page([view], title="Unlearning")
+
+        server = pn.serve({{"unlearning": app}}, port={port}, address="127.0.0.1",
+                          threaded=True, show=False)
+        server.join()
+    """)
+    log_path = tmp / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
+                                 "EXPLORER_CACHE": str(tmp / "cache")})
+    deadline = time.time() + 240
+    try:
+        import socket
+
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.time() > deadline:
+                raise RuntimeError("the server did not start in time")
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{port}/unlearning"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+def test_localize_pick_method_run_and_bars(page_url, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(page_url, timeout=60_000)
+    page.locator(".unlearning-state").first.wait_for(state="attached", timeout=240_000)
+    # the page opens without computing anything
+    assert attribute(page, "data-unlearning-localized") == "False"
+    assert attribute(page, "data-unlearning-result") == "none"
+    page.get_by_role("button", name="Localize").click()
+    wait_for(page, "data-unlearning-localized", lambda v: v == "True", timeout=180)
+    page.locator("select").first.select_option("attribution_patching")
+    wait_for(page, "data-unlearning-method", lambda v: v == "attribution_patching")
+    page.get_by_role("button", name="Run unlearning").click()
+    assert wait_for(page, "data-unlearning-result", lambda v: v != "none",
+                    timeout=180) == "original,attribution_patching"
+    assert page.locator(".bk-Canvas, canvas").count() >= 3   # probe curve, heatmap, bars
+    time.sleep(2)  # let the bars render before the screenshot
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "unlearning_page.png"), full_page=True)
+    assert not errors, errors
+    page.close()
