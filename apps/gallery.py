@@ -30,7 +30,6 @@ from apps.parity import ParityView
 from apps.saturation import SaturationView
 from apps.shattering import ShatteringView
 from apps.unlearning import UnlearningView
-from apps.unlearning import UnlearningView
 from apps.task_emergence import TaskEmergenceView
 from explorer._checks import ExplorerError, check_choice
 
@@ -54,7 +53,6 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Task-vector emergence", "task-emergence", TaskEmergenceView),
     ("Circuits", "circuits", CircuitsView),
     ("Representation shattering", "shattering", ShatteringView),
-    ("Unlearning", "unlearning", UnlearningView),
     ("Unlearning", "unlearning", UnlearningView),
 ]
 
