@@ -271,10 +271,13 @@ def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
             text = (f"epoch {int(epoch)}" if np.isfinite(epoch) else
                     f"{int(cell['final_n_states_minimal'])} states"
                     if np.isfinite(float(cell["final_n_states_minimal"])) else "not run")
-            rows.append((m, g, acc, text))
-            labels.append((m, g, text))
+            # Cells at integer positions with tick labels: string categories trip Bokeh's
+            # HeatMap on pyarrow-backed pandas strings.
+            rows.append((j, i, acc))
+            labels.append((j, i, text))
     heat = hv.HeatMap(rows, ["longest training string", "initialisation gain"],
-                      ["worst long-string accuracy", "automaton"]).opts(
+                      "worst long-string accuracy").opts(
+        xticks=list(enumerate(lengths)), yticks=list(enumerate(gains)),
         cmap=theme.MAGNITUDE_CMAP, clim=(0.5, 1.0), colorbar=True, tools=["hover"],
         default_tools=_TOOLS, fontsize=_font(), responsive=True, height=300,
         title=f"Phase diagram ({len(gains)} x {len(lengths)} runs, {phase.attrs['params']['epochs']} "

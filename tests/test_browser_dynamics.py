@@ -46,10 +46,20 @@ def server(runs):
     from apps.linear_icl import LinearICLView
     from apps.parity import ParityView
 
+    import numpy as np
+    import xarray as xr
+
     prun, panalysis = runs["parity"]
+    phase = xr.Dataset(  # a hand-made 1 x 2 phase diagram for the heatmap
+        {"is_parity_automaton": (("gain", "max_length"), [[1.0, 0.0]]),
+         "transition_epoch": (("gain", "max_length"), [[540.0, np.nan]]),
+         "final_n_states_minimal": (("gain", "max_length"), [[2.0, 13.0]]),
+         "long_accuracy": (("gain", "max_length"), [[1.0, 0.5]])},
+        coords={"gain": [0.1], "max_length": [6, 8]}, attrs={"params": {"epochs": 1000}})
 
     def parity_page():
-        return theme.page([ParityView(run=prun, analysis=panalysis, max_length=5)], title="Parity")
+        return theme.page([ParityView(run=prun, analysis=panalysis, phase=phase, max_length=5)],
+                          title="Parity")
 
     def icl_page():
         return theme.page([LinearICLView(runs=runs["icl"])], title="Linear ICL")
@@ -107,7 +117,7 @@ def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, b
     last_step = int(prun["step"].values[-1])
     page, errors = open_page(browser, f"{server}/parity")
     wait_for_text(page, ".parity-summary", rf"Step {last_step}\b.*merged automaton")
-    for css in (".parity-pca", ".parity-automaton", ".parity-accuracy", ".parity-curves"):
+    for css in (".parity-pca", ".parity-automaton", ".parity-accuracy", ".parity-curves", ".parity-phase"):
         wait_for_canvas(page, css)
     # The step slider is the first slider: Home moves it to step 0.
     handle = page.locator(".parity-controls .noUi-handle").first

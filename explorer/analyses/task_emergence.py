@@ -59,21 +59,24 @@ CITATION = ("S. Han, J. Song, J. Gore, P. Agrawal, \"Emergence and Effectiveness
             "in In-Context Learning: An Encoder-Decoder Perspective\", ICML 2025.")
 
 #: A CPU-sized version of the paper's synthetic experiment (METHODS.md section 11): the paper
-#: uses x in R^16, 4 bases of rank 4, 20 examples and a 12-layer d=128 GPT-2; here x in R^8,
-#: 4 bases of rank 2, 10 examples and 4 layers of width 64, which train in minutes on one thread.
+#: uses x in R^16, 4 bases of rank 4, 20 examples, coordinates N(0, 1) and a 12-layer d=128
+#: GPT-2; here x in R^8, 4 bases of rank 2, 6 examples and 3 layers of width 64 (about 0.03 s
+#: of CPU a step on one thread). The coordinates in each basis are N(1, 0.5^2): with the
+#: paper's N(0, 1) this model stayed on its loss plateau, with chance-level TD, for the 1,500
+#: steps tried here, while with a task-specific mean both rise within that budget.
 DEFAULTS: dict[str, Any] = {
     "d": 8,
     "n_tasks": 4,
     "rank": 2,
-    "n_examples": 10,
+    "n_examples": 6,
     "noise_std": 0.1,
-    "coef_mean": 0.0,
-    "coef_std": 1.0,
-    "n_layers": 4,
+    "coef_mean": 1.0,
+    "coef_std": 0.5,
+    "n_layers": 3,
     "d_model": 64,
     "n_heads": 4,
-    "lr": 1e-3,
-    "batch_size": 64,
+    "lr": 2e-3,
+    "batch_size": 128,
     "steps": 4000,
     "checkpoint_every": 100,
     "seed": 0,
@@ -309,14 +312,14 @@ def train_task_emergence(
     ----------
     d, n_tasks, rank : int, default=8, 4, 2
         Input dimension, number of latent tasks, rank of each task's basis.
-    n_examples : int, default=10
+    n_examples : int, default=6
         Context pairs before the query.
     noise_std : float, default=0.1
-    coef_mean, coef_std : float
+    coef_mean, coef_std : float, default=1.0, 0.5
         Coordinates of ``w`` in its task's basis are ``N(coef_mean, coef_std^2)``.
-    n_layers, d_model, n_heads : int, default=4, 64, 4
-    lr : float, default=1e-3
-    batch_size : int, default=64
+    n_layers, d_model, n_heads : int, default=3, 64, 4
+    lr : float, default=2e-3
+    batch_size : int, default=128
     steps : int, default=4000
     checkpoint_every : int, default=100
     seed : int, default=0
@@ -751,9 +754,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps (default: 4000)")
     p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"],
                    help="steps between checkpoints (default: 100)")
-    p.add_argument("--n-layers", type=int, default=DEFAULTS["n_layers"], help="layers (default: 4)")
+    p.add_argument("--n-layers", type=int, default=DEFAULTS["n_layers"], help="layers (default: 3)")
     p.add_argument("--d-model", type=int, default=DEFAULTS["d_model"], help="width (default: 64)")
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 2e-3)")
     p.add_argument("--n-per-task", type=int, default=50,
                    help="analyse: evaluation prompts per task (default: 50)")
     p.add_argument("--k", type=int, default=10, help="analyse: neighbours of the k-NN vote (default: 10)")
