@@ -40,6 +40,7 @@ __all__ = [
     "main",
     "build_parser",
     "add_model_option",
+    "add_scheduler_option",
     "read_prompts",
     "load_edits",
     "parse_int_list",
@@ -98,6 +99,13 @@ def add_model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=_DEFAULT_MODEL, metavar="NAME",
                         help=f"known name (see 'explorer models'), local folder or hub id "
                              f"(default: {_DEFAULT_MODEL})")
+
+
+def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--scheduler`` (where dask work runs; see `explorer.distributed.dask_scheduler`)."""
+    parser.add_argument("--scheduler", default="threads", metavar="WHERE",
+                        help="dask scheduler: threads (default), synchronous, local (a "
+                             "LocalCluster on 127.0.0.1) or a scheduler address tcp://HOST:PORT")
 
 
 def parse_int_list(flag: str, text: str, *, ranges: bool = False) -> list[int]:
@@ -426,6 +434,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             print(f"{_human_bytes(models):>10}  models       {store.path / 'models'}")
             print(f"{_human_bytes(activations + models):>10}  total")
         return 0
+    if action == "stats":
+        return _cache_stats(store, args)
     if action == "rm":
         if (args.key is None) == (not args.all):
             raise InputError("`cache rm` takes one entry KEY or --all (not both); "
@@ -438,6 +448,39 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     else:
         what = "entries" if action == "rm" else "leftover folders of interrupted writes"
         print(f"removed {removed} {what}")
+    return 0
+
+
+def _cache_stats(store: Any, args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .distributed import dask_scheduler, open_entry, site_statistics
+
+    limit = None
+    if args.memory_limit_mb is not None:
+        from ._checks import check_float
+
+        # a dask worker process needs ~200 MB of its own; a smaller limit pauses it for good
+        limit = int(check_float("--memory-limit-mb", args.memory_limit_mb, low=256.0) * 2**20)
+    with dask_scheduler(args.scheduler, memory_limit=limit):
+        ds = open_entry(store, args.key, memory_limit=limit)
+        stats = site_statistics(ds, args.site)
+    norm = stats["norm_mean"]
+    if args.json:
+        print_json({"key": args.key, "site": args.site, "scheduler": args.scheduler,
+                    "dims": list(norm.dims),
+                    "norm_mean": np.asarray(norm.values).tolist(),
+                    "mean_abs": float(np.abs(stats["mean"].values).mean()),
+                    "var_mean": float(stats["var"].values.mean()),
+                    "tokens": int(stats["count"].values.max())})
+        return 0
+    print(f"{args.site} of {args.key} on {args.scheduler}: {int(stats['count'].values.max())} "
+          "real tokens")
+    if "layer" in norm.dims:
+        for layer, value in zip(norm["layer"].values.tolist(), norm.values.tolist()):
+            print(f"  layer {layer:>3}  mean norm {value:12.4f}")
+    else:
+        print(f"  mean norm {float(norm.values):.4f}")
     return 0
 
 
@@ -569,6 +612,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--all", action="store_true", help="remove every entry")
     c.add_argument("--json", action="store_true", help="print JSON")
     c = cache_sub.add_parser("clean", help="remove leftovers of interrupted writes")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c = cache_sub.add_parser(
+        "stats", help="mean, variance and mean norm of a cached site, out of core with dask")
+    c.add_argument("key", metavar="KEY", help="entry key (from 'explorer cache ls')")
+    c.add_argument("--site", default="resid_post", help="site to reduce (default: resid_post)")
+    add_scheduler_option(c)
+    c.add_argument("--memory-limit-mb", type=float, default=None, metavar="MB",
+                   help="memory per worker, at least 256: chunks are sized to fit, and a "
+                        "local cluster's workers get this limit (default: as stored)")
     c.add_argument("--json", action="store_true", help="print JSON")
     for c in cache_sub.choices.values():
         _add_global_options(c, suppress=True)

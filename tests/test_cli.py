@@ -333,6 +333,31 @@ def small_dataset(seed: int) -> xr.Dataset:
     return xr.Dataset({"resid_post": (("prompt", "d_model"), values)}, attrs={"model": "tiny-llama"})
 
 
+def test_cache_stats_reduces_an_entry_on_each_scheduler(capsys, cache):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 5, 2, 4)).astype("float32")   # [prompt, pos, layer, d_model]
+    x[1, 3:] = np.nan                                          # padding
+    ds = xr.Dataset({"resid_post": (("prompt", "pos", "layer", "d_model"), x)},
+                    coords={"layer": [3, 7]})
+    store = ActivationStore(cache)
+    key = store.put(store.key({"stats": 1}), ds, parts={"model": "tiny-llama"})
+    real = ~np.isnan(x[..., 0])                                # [prompt, pos, layer]
+    expect = [np.linalg.norm(x[:, :, i][real[:, :, i]], axis=-1).mean() for i in range(2)]
+    for scheduler in ("synchronous", "threads", "local"):
+        out = run_json(capsys, "cache", "stats", key, "--scheduler", scheduler,
+                       "--memory-limit-mb", "512")
+        assert out["dims"] == ["layer"] and out["tokens"] == int(real[..., 0].sum())
+        np.testing.assert_allclose(out["norm_mean"], expect, rtol=1e-6)
+    code, out, _ = run(capsys, "cache", "stats", key)
+    assert code == 0 and "layer   7" in out
+    code, _, err = run(capsys, "cache", "stats", key, "--scheduler", "thread")
+    assert code == 2 and "Did you mean 'threads'" in assert_one_error_line(err)
+    code, _, err = run(capsys, "cache", "stats", key, "--memory-limit-mb", "64")
+    assert code == 2 and "--memory-limit-mb" in assert_one_error_line(err)
+    code, _, err = run(capsys, "cache", "stats", key, "--site", "attn_z")
+    assert code == 2 and "'attn_z' is not in the Dataset" in assert_one_error_line(err)
+
+
 def test_cache_ls_du_rm_clean(capsys, cache):
     store = ActivationStore(cache)
     keys = [store.put(store.key({"n": i}), small_dataset(i),
