@@ -4,7 +4,7 @@ The page is served in a subprocess on a free 127.0.0.1 port; Playwright drives D
 chromium: wait for the edge scores, move the top-n slider with the keyboard (the number of
 drawn edges follows), choose an edge to ablate (the metric readout shows the metric with
 that edge patched, checked against `patch_edges_metric` computed here), choose another
-(the readout changes). A screenshot goes to ``test-artifacts/`` (gitignored).
+(the readout changes); click an edge on the canvas (the same readout for the clicked edge). A screenshot goes to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
@@ -154,4 +154,46 @@ def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "circuits_page.png"), full_page=True)
     assert not errors, errors
+    page.close()
+
+
+_EDGE_MIDPOINT_JS = """
+(i) => {
+  const plots = [];
+  const walk = (v) => { if (v.frame !== undefined && v.model.renderers) plots.push(v);
+                        for (const c of v.children()) walk(c); };
+  for (const root of Bokeh.index) walk(root);
+  for (const pv of plots) {
+    for (const r of pv.model.renderers) {
+      if (r.glyph && r.glyph.type === "Segment" && r.data_source.data.x0.length > i) {
+        const d = r.data_source.data;
+        const sx = pv.frame.x_scale.compute((d.x0[i] + d.x1[i]) / 2);
+        const sy = pv.frame.y_scale.compute((d.y0[i] + d.y1[i]) / 2);
+        const canvas = pv.canvas_view ?? pv.canvas;
+        const rect = canvas.el.getBoundingClientRect();
+        return {x: rect.left + sx, y: rect.top + sy, edge: `${d.src[i]} → ${d.dst[i]}`};
+      }
+    }
+  }
+  return null;
+}
+"""
+
+
+def test_clicking_an_edge_ablates_it(page_url, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1400})
+    page.goto(page_url, timeout=60_000)
+    page.locator(".circuit-state").first.wait_for(state="attached", timeout=240_000)
+    wait_for(page, "data-circuit-scores", lambda v: v == "ready")
+    page.wait_for_selector("canvas", state="attached", timeout=60_000)
+    time.sleep(1.5)
+    # click the midpoint of the top-ranked drawn edge (screen position from Bokeh's own scales)
+    target = page.evaluate(_EDGE_MIDPOINT_JS, 0)
+    assert target is not None, "no edge renderer found"
+    page.mouse.click(target["x"], target["y"])
+    ablated = wait_for(page, "data-circuit-ablated", lambda v: v != "none", timeout=60)
+    assert ablated == target["edge"]
+    src, dst = ablated.split(" → ")
+    metric = float(attribute(page, "data-circuit-metric"))
+    assert metric == pytest.approx(expected_metric(src, dst), abs=1e-6)
     page.close()
