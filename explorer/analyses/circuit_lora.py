@@ -741,7 +741,7 @@ def run_summary(model: Model, *, task: str = "add", n_train: int = 256, n_test: 
         f"({float(np.median(probe.step_cpu_seconds)):.2f} s CPU)")
     t1 = time.perf_counter()
     circuits = checkpoint_circuits(model, folder, circuit_task, method=method,
-                                   top_percent=top_percent, batch_size=n_circuit)
+                                   top_percent=top_percent, batch_size=min(n_circuit, 8))
     sim = circuit_similarity(circuits)
     say(f"circuits of {len(ckpts)} checkpoints: {time.perf_counter() - t1:.0f} s")
     change = layer_edge_change(circuits.isel(checkpoint=0), circuits.isel(checkpoint=-1),
