@@ -5,64 +5,32 @@ Debian's chromium. Screenshots go to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
+import contextlib
 import time
 from pathlib import Path
 
 import pytest
+from _browser import free_port, served_in_process, served_in_subprocess
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT_BOX = "input[placeholder='Enter a prompt and press Enter']"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_gallery(model: str, tmp_path: Path, timeout: float = 240):
-    """`serve(model=..., port=...)` in a subprocess; returns (process, url) once it answers."""
+@contextlib.contextmanager
+def gallery_server(model: str, folder: Path):
+    """`apps.gallery.serve(model=..., port=...)` in a child process, as a user starts it."""
     port = free_port()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    log = open(tmp_path / f"server-{port}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", f"from apps.gallery import serve; serve(model={model!r}, port={port})"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            log.close()
-            raise RuntimeError(f"the server exited: {(tmp_path / f'server-{port}.log').read_text()[-2000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"http://127.0.0.1:{port}/", log
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("the server did not start in time")
-
-
-def stop(proc, log) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    log.close()
+    argv = ["-c", f"from apps.gallery import serve; serve(model={model!r}, port={port})"]
+    with served_in_subprocess(argv, port, folder / "server.log") as url:
+        yield url + "/"
 
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    proc, url, log = start_gallery("tiny-llama", tmp_path_factory.mktemp("tiny-server"))
-    yield url
-    stop(proc, log)
+    with gallery_server("tiny-llama", tmp_path_factory.mktemp("tiny-server")) as url:
+        yield url
 
 
 VIEWPORT = {"width": 1500, "height": 1100}
@@ -185,9 +153,6 @@ def test_two_sessions_do_not_share_results(browser, tiny_server):
 
 def test_closed_session_cancels_its_work(browser):
     """A tab closed mid-run: the server destroys the session and its views stop computing."""
-    import panel as pn
-
-    from apps import theme
     from apps.gallery import Gallery
 
     galleries = []
@@ -197,19 +162,9 @@ def test_closed_session_cancels_its_work(browser):
         galleries.append(gallery)
         return gallery.template()
 
-    theme.enable_extension()
-    port = free_port()
-    server = pn.serve({"/": app}, port=port, address="127.0.0.1", threaded=True, show=False,
-                      websocket_origin=[f"127.0.0.1:{port}"], check_unused_sessions_milliseconds=500,
-                      unused_session_lifetime_milliseconds=5000)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        page, errors = open_lens(browser, f"http://127.0.0.1:{port}/")
+    with served_in_process({"/": app}, timeout=60, check_unused_sessions_milliseconds=500,
+                           unused_session_lifetime_milliseconds=5000) as url:
+        page, errors = open_lens(browser, f"{url}/")
         (gallery,) = galleries
         view = gallery.pages["lens"]
         page.locator(".bk-input-group", has_text="Steering strength").locator(".noUi-handle").focus()
@@ -222,14 +177,11 @@ def test_closed_session_cancels_its_work(browser):
         assert not gallery.pages                     # views (and their cached runs) dropped
         assert view._clean is None and not view._vectors
         assert errors == []
-    finally:
-        server.stop()
 
 
 @pytest.mark.integration
 def test_smollm2_lens_page_renders(browser, tmp_path):
-    proc, url, log = start_gallery("smollm2-135m", tmp_path)
-    try:
+    with gallery_server("smollm2-135m", tmp_path) as url:
         page, errors = open_lens(browser, url)
         details = page.locator(".lens-details").inner_text()
         assert "·Paris" in details  # SmolLM2 completes "The capital of France is"
@@ -239,5 +191,3 @@ def test_smollm2_lens_page_renders(browser, tmp_path):
         shot(page, "lens-smollm2.png")
         page.close()
         assert errors == []
-    finally:
-        stop(proc, log)

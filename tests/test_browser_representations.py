@@ -7,23 +7,16 @@ page recomputed (the dictionary summary, the metric table, the animated seed).
 from __future__ import annotations
 
 import re
-import socket
-import time
 
 import pytest
+from _browser import open_page, served_in_process, wait_for_text
 
 pytestmark = pytest.mark.browser
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    pn = pytest.importorskip("panel")
+    pytest.importorskip("panel")
     from apps import theme
     from apps.itda import ITDAView
     from apps.neuron_eval import NeuronEvalView
@@ -34,47 +27,8 @@ def server(tiny_model):
     def neuron_page():
         return theme.page([NeuronEvalView(tiny_model, layer=1, n_seeds=3)], title="Neuron evaluation")
 
-    theme.enable_extension()
-    port = free_port()
-    srv = pn.serve({"itda": itda_page, "neuron": neuron_page}, port=port, address="127.0.0.1",
-                   threaded=True, show=False, websocket_origin=[f"127.0.0.1:{port}"])
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    srv.stop()
-
-
-def open_page(browser, url):
-    page = browser.new_page(viewport={"width": 1500, "height": 1100})
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url, timeout=60_000)
-    page.wait_for_selector(".bk-Canvas canvas, canvas", state="attached", timeout=120_000)
-    return page, errors
-
-
-# Panel panes render inside a shadow root, after their <style> elements
-_SHADOW_TEXT = """el => el.shadowRoot
-    ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
-        .map(c => c.innerText).join(' ')
-    : el.innerText"""
-
-
-def wait_for_text(page, selector: str, pattern: str, timeout: float = 120) -> str:
-    deadline = time.time() + timeout
-    last = ""
-    while time.time() < deadline:
-        loc = page.locator(selector)
-        if loc.count():
-            last = loc.first.evaluate(_SHADOW_TEXT)
-            if re.search(pattern, last):
-                return last
-        page.wait_for_timeout(250)
-    raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
+    with served_in_process({"itda": itda_page, "neuron": neuron_page}) as url:
+        yield url
 
 
 def test_itda_page_renders_and_tau_slider_rebuilds_the_dictionary(server, browser):

@@ -1,0 +1,117 @@
+"""What the browser tests share: serving a page on a free 127.0.0.1 port, and waiting on it.
+
+Pages are served either in this process (`served_in_process`, Panel's threaded server:
+fast, shares the session's fixtures) or in a child process (`served_in_subprocess`: its
+own interpreter, e.g. the gallery as a user starts it). Both wait until the port answers
+and stop the server afterwards. The browser itself is the `browser` fixture in conftest.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Panel panes render inside a shadow root, after their <style> elements
+SHADOW_TEXT = """el => el.shadowRoot
+    ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
+        .map(c => c.innerText).join(' ')
+    : el.innerText"""
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def served_in_process(pages: dict[str, Callable], *, timeout: float = 30,
+                      **serve_options) -> Iterator[str]:
+    """Serve ``{slug: page factory}`` with Panel's threaded server; yields the base URL.
+
+    ``serve_options`` go to `panel.serve` (e.g. session lifetimes).
+    """
+    import panel as pn
+
+    from apps import theme
+
+    theme.enable_extension()
+    port = free_port()
+    server = pn.serve(pages, port=port, address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"], **serve_options)
+    try:
+        deadline = time.time() + timeout
+        while not _answers(port):
+            if time.time() > deadline:
+                raise RuntimeError(f"the page server did not answer on port {port} in {timeout} s")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
+                         timeout: float = 240, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``python argv...`` (a server listening on ``port``); yields its base URL.
+
+    The child's output goes to ``log_path``; its tail is in the error if it exits early.
+    """
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + timeout
+            while not _answers(port):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
+                if time.time() > deadline:
+                    raise RuntimeError(f"the server did not answer on port {port} in {timeout} s")
+                time.sleep(0.3)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300):
+    """A new tab on ``url`` once a Bokeh canvas exists; returns (page, JavaScript errors)."""
+    page = browser.new_page(viewport=viewport or {"width": 1500, "height": 1100})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url, timeout=180_000)  # generous: the machine running the suite may be busy
+    page.wait_for_selector(".bk-Canvas canvas, canvas", state="attached", timeout=timeout * 1000)
+    return page, errors
+
+
+def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> str:
+    """The text of the first ``selector`` (shadow DOM included) once it matches ``pattern``."""
+    deadline = time.time() + timeout
+    last = ""
+    while time.time() < deadline:
+        loc = page.locator(selector)
+        if loc.count():
+            last = loc.first.evaluate(SHADOW_TEXT)
+            if re.search(pattern, last):
+                return last
+        page.wait_for_timeout(250)
+    raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
