@@ -98,9 +98,12 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
                                                                    line_width=1),
             hv.HLine(float(analysis["oracle_loss"].mean())).opts(color="grey", line_dash="dotted",
                                                                  line_width=1)]
+    # The y range takes in both reference lines (HLines do not extend it themselves).
+    low = min(float(analysis["oracle_loss"].mean()), float(analysis["icl_loss"].min())) / 1.5
+    high = max(float(analysis["icl_loss"].max()), float(analysis["agnostic_loss"].mean())) * 1.2
     loss_plot = hv.Overlay(loss + refs + [marker]).opts(
-        logy=True, legend_position="top_right",
-        title="ICL loss per task (dot-dash: task-agnostic ridge; dotted: knowing the task)", **common)
+        logy=True, legend_position="top_right", ylim=(low, high),
+        title="ICL loss per task (dot-dash: task-agnostic; dotted: task known)", **common)
     layer_colors = theme.MAGNITUDE_CMAP
     n_layers = int(analysis.sizes["layer"])
     tds = [hv.Curve((steps, analysis["td"].sel(layer=l).values), "training step", "TD",

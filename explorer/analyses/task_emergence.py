@@ -426,7 +426,8 @@ def _check_step(run: xr.Dataset, step: int) -> int:
     steps = run["step"].values
     step = check_int("step", step)
     if step not in steps:
-        shown = ", ".join(str(int(s)) for s in steps[:3]) + (f", ..., {int(steps[-1])}" if len(steps) > 3 else "")
+        shown = ", ".join(str(int(s)) for s in steps[:3])
+        shown += f", ..., {int(steps[-1])}" if len(steps) > 3 else ""
         raise InputError(f"`step` must be a checkpoint step of the run ({shown}); got {step}.")
     return step
 
@@ -504,7 +505,8 @@ def load_run_safetensors(path: str | Path) -> xr.Dataset:
 
 # -- analysis -------------------------------------------------------------------------
 
-def query_residuals(model: TaskICLTransformer, x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def query_residuals(model: TaskICLTransformer, x: torch.Tensor,
+                    y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Query predictions [prompt] and the query token's residual after every block
     [prompt, layer, d_model]."""
     with torch.no_grad():
@@ -587,7 +589,8 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 1
         rows = labels == t
         oracle[rows] = _posterior_mean_loss(x[rows], y[rows], means[t], covs[t], noise_var)
     mix_mean = np.mean(means, axis=0)
-    mix_cov = np.mean([c + np.outer(m, m) for m, c in zip(means, covs)], axis=0) - np.outer(mix_mean, mix_mean)
+    mix_cov = (np.mean([c + np.outer(m, m) for m, c in zip(means, covs)], axis=0)
+               - np.outer(mix_mean, mix_mean))
     agnostic = _posterior_mean_loss(x, y, mix_mean, mix_cov, noise_var)
     zero = y[:, -1].astype(np.float64) ** 2
 
@@ -601,7 +604,7 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 1
     proj = np.zeros((len(steps), n_layers, len(labels), 2), dtype=np.float32)
     for i, step in enumerate(steps):
         model = task_emergence_model(run, int(step))
-        pred, resid = query_residuals(model, xt, yt)                    # [prompt], [prompt, layer, d_model]
+        pred, resid = query_residuals(model, xt, yt)        # [prompt], [prompt, layer, d_model]
         loss[i] = per_task((pred.astype(np.float64) - y[:, -1]) ** 2)
         for layer in range(n_layers):
             correct = knn_loo_predictions(resid[:, layer], labels, k) == labels
@@ -647,7 +650,8 @@ def rise_step(values: Sequence[float], steps: Sequence[int], *, fraction: float 
     s = np.asarray(steps)
     fraction = check_float("fraction", fraction, low=0.0, high=1.0)
     if len(v) < 2 or len(v) != len(s):
-        raise InputError(f"`values` and `steps` must have the same length, at least 2; got {len(v)} and {len(s)}.")
+        raise InputError(f"`values` and `steps` must have the same length, at least 2; "
+                         f"got {len(v)} and {len(s)}.")
     final = float(np.mean(v[-3:]))
     change = final - v[0]
     if change == 0 or not np.isfinite(change):
