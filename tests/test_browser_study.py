@@ -3,17 +3,12 @@ instructions, every item, a closed tab and a resume by code, done), then the row
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import sqlite3
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from _browser import free_port, served_in_subprocess
 
 from apps.theme import show_token
 from explorer.studies.randomise import ATTENTION_CONDITION
@@ -40,12 +35,6 @@ STUDY = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def served_run(tmp_path, tiny_model):
     if not Path(CHROMIUM).exists():
@@ -54,34 +43,11 @@ def served_run(tmp_path, tiny_model):
     study_path.write_text(json.dumps(STUDY), encoding="utf-8")
     folder = tmp_path / "run"
     StudyRun.prepare(study_path, folder, model=tiny_model).close()
-    port = _free_port()
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "apps.study", str(folder), str(port)],
-                              cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    url = f"http://127.0.0.1:{port}/study"
-    deadline = time.time() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if server.poll() is not None or time.time() > deadline:
-            log.close()
-            pytest.fail(f"study server did not start:\n{(tmp_path / 'server.log').read_text()}")
-        time.sleep(0.5)
-    try:
-        yield folder, url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=20)
-        log.close()
+    port = free_port()
+    with served_in_subprocess(["-m", "apps.study", str(folder), str(port)], port,
+                              tmp_path / "server.log", timeout=90,
+                              env={"PYTHONPATH": str(REPO_ROOT)}) as url:
+        yield folder, f"{url}/study"
 
 
 def _answer(page, run, trial, index, n, plan):
