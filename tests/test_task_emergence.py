@@ -234,6 +234,13 @@ def test_rise_step_hand_worked():
         te.rise_step([1, 2], [0])
 
 
+def test_analysis_of_a_single_checkpoint_has_no_rise_steps():
+    run = te.train_task_emergence(**{**TINY, "steps": 0})
+    analysis = te.task_emergence_analysis(run, n_per_task=4, k=3)
+    assert analysis.sizes["step"] == 1
+    assert analysis.attrs["td_rise_step_50"] is None and analysis.attrs["td_icl_correlation"] is None
+
+
 def test_analysis_rejects_bad_runs_and_steps(tiny_run):
     with pytest.raises(TypeError, match="`run` must be an xarray.Dataset"):
         te.task_emergence_analysis({"weights": 1})

@@ -696,11 +696,14 @@ def emergence_summary(analysis: xr.Dataset) -> dict[str, Any]:
         "td_icl_correlation": corr(td, r2_mean),
         "td_icl_correlation_per_task": [corr(td_task[:, t], r2[:, t]) for t in range(r2.shape[1])],
     }
+    def rise(values: np.ndarray, fraction: float = 0.5) -> int | None:
+        return rise_step(values, steps, fraction=fraction) if len(steps) > 1 else None  # one checkpoint
+
     for frac in (0.1, 0.5, 0.9):
         tag = int(frac * 100)
-        out[f"td_rise_step_{tag}"] = rise_step(td, steps, fraction=frac)
-        out[f"icl_rise_step_{tag}"] = rise_step(r2_mean, steps, fraction=frac)
-    out["icl_rise_step_50_per_task"] = [rise_step(r2[:, t], steps) for t in range(r2.shape[1])]
+        out[f"td_rise_step_{tag}"] = rise(td, frac)
+        out[f"icl_rise_step_{tag}"] = rise(r2_mean, frac)
+    out["icl_rise_step_50_per_task"] = [rise(r2[:, t]) for t in range(r2.shape[1])]
     return out
 
 
