@@ -30,7 +30,7 @@ __all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "plot_acc
 hv.extension("bokeh", logo=False)
 
 SHORT_NAMES = {"original": "before", "fact_lookup": "FLU", "causal_tracing": "CT",
-               "attribution_patching": "AP", "random": "random", "all": "all params"}
+               "attribution_patching": "AP", "random": "rand", "all": "all"}
 METRIC_LABELS = {"forget": "forget (trained format)", "forget_mc": "forget (multiple choice)",
                  "retain": "retain", "relearn_heldout": "held-out forget after relearning"}
 

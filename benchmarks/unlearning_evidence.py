@@ -5,6 +5,7 @@ Stages (each one process, each well under 10 minutes of one CPU thread on a quie
     python benchmarks/unlearning_evidence.py --stages localize
     python benchmarks/unlearning_evidence.py --stages train --methods fact_lookup,causal_tracing
     python benchmarks/unlearning_evidence.py --stages train --methods attribution_patching,all
+    python benchmarks/unlearning_evidence.py --stages train --methods random
     python benchmarks/unlearning_evidence.py --stages figures
 
 ``localize`` keeps the facts SmolLM2 answers (trained format), splits forget / retain, and
@@ -184,8 +185,10 @@ def stage_figures(model, U, summary: dict[str, Any]) -> None:
                 "subject": ("fact", [h["subject"]]), "token": (("fact", "pos"), [h["tokens"]])})
     render_png(view.plot_trace_heatmap(heat), FIGURES / "unlearning_trace.png", width=760, height=420)
     methods = summary.get("methods", {})
-    rows = [(view.METRIC_LABELS[k], m, methods[m]["accuracy"][k] or 0.0)
-            for k in view.METRIC_LABELS for m in methods]
+    order = [m for m in ("original", "fact_lookup", "causal_tracing", "attribution_patching",
+                         "random", "all") if m in methods]
+    rows = [(view.METRIC_LABELS[k], view.SHORT_NAMES[m], methods[m]["accuracy"][k] or 0.0)
+            for k in view.METRIC_LABELS for m in order]
     render_png(view.plot_accuracy_bars(rows), FIGURES / "unlearning_accuracy.png",
                width=1000, height=380)
 
