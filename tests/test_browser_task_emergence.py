@@ -70,7 +70,7 @@ def test_task_emergence_page_scrubs_training(server, browser, analysis):
     wait_for_text(page, ".emergence-summary", rf"Step 20\b.*TD after layer {best} =")
     for css in (".emergence-projection", ".emergence-td", ".emergence-curves"):
         wait_for_canvas(page, css)
-    assert f"step 20 " in _projection_title(page)
+    assert "step 20 " in _projection_title(page)
     handle = page.locator(".emergence-controls .noUi-handle").first
     handle.focus()
     handle.press("Home")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +34,7 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_float, check_int
+from explorer.analyses._training import stored_training_run, terminal_progress, training_versions
 
 __all__ = [
     "CITATION",
@@ -500,15 +500,8 @@ def icl_run_from_models(models: Sequence[ICLAttention], *, steps: Sequence[int] 
 
 
 def _attrs(method: str, params: dict, seed: int, **extra: Any) -> dict:
-    return {"method": method, "params": params, "seed": int(seed), "versions": _versions(),
-            "citation": CITATION, **extra}
-
-
-def _versions() -> dict[str, str]:
-    from explorer import __version__
-
-    return {"explorer": __version__, "torch": torch.__version__, "numpy": np.__version__,
-            "xarray": xr.__version__}
+    return {"method": method, "params": params, "seed": int(seed),
+            "versions": training_versions(), "citation": CITATION, **extra}
 
 
 def _check_run(run: Any) -> xr.Dataset:
@@ -794,18 +787,8 @@ def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
 def linear_icl_run(*, store=None, retrain: bool = False, progress: ProgressCallback | None = None,
                    **params: Any) -> xr.Dataset:
     """The training run for ``params`` (see `train_linear_icl`), from the store or trained."""
-    from explorer.store import ActivationStore
-
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown linear-ICL training parameter {unknown[0]!r}; allowed: "
-                         f"{', '.join(DEFAULTS)}.")
-    full = {**DEFAULTS, **params}
-    store = ActivationStore() if store is None else store
-    parts = _run_parts(full)
-    if retrain:
-        store.put(store.key(parts), train_linear_icl(**full, progress=progress), parts=parts)
-    return store.get_or_compute(parts, lambda: train_linear_icl(**full, progress=progress)).load()
+    return stored_training_run(_run_parts, train_linear_icl, DEFAULTS, params, what="linear-ICL",
+                               store=store, retrain=retrain, progress=progress)
 
 
 def stored_linear_icl_analysis(run: xr.Dataset, *, store=None, n_prompts: int = 2048,
@@ -905,7 +888,7 @@ def _cmd_linear_icl(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {}
     analyses = {}
     for H in heads:
-        progress = None if args.json else _terminal_progress(f"H={H}")
+        progress = None if args.json else terminal_progress(f"H={H}")
         run = linear_icl_run(store=store, retrain=args.retrain or args.action == "train",
                              progress=progress, n_heads=H, **base)
         if args.action == "train":
@@ -943,18 +926,3 @@ def _cmd_linear_icl(args: argparse.Namespace) -> int:
 
 def _fmt(values: Sequence[float]) -> str:
     return "[" + ", ".join(f"{v:+.3f}" for v in values) + "]"
-
-
-def _terminal_progress(label: str) -> ProgressCallback:
-    from tqdm import tqdm
-
-    bar: dict[str, Any] = {}
-
-    def update(done: int, total: int) -> None:
-        if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=label, unit="step", file=sys.stderr, leave=False)
-        bar["bar"].update(done - bar["bar"].n)
-        if done >= total:
-            bar["bar"].close()
-
-    return update

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.analyses._training import stored_training_run, terminal_progress, training_versions
 from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
 
 __all__ = [
@@ -406,15 +406,8 @@ def parity_run_from_models(models: Sequence[ParityRNN], *, steps: Sequence[int] 
 
 
 def _attrs(method: str, params: dict, seed: int, **extra: Any) -> dict:
-    return {"method": method, "params": params, "seed": int(seed), "versions": _versions(),
-            "citation": CITATION, **extra}
-
-
-def _versions() -> dict[str, str]:
-    from explorer import __version__
-
-    return {"explorer": __version__, "torch": torch.__version__, "numpy": np.__version__,
-            "xarray": xr.__version__}
+    return {"method": method, "params": params, "seed": int(seed),
+            "versions": training_versions(), "citation": CITATION, **extra}
 
 
 def _check_run(run: Any) -> xr.Dataset:
@@ -799,18 +792,8 @@ def parity_run(*, store=None, retrain: bool = False, progress: ProgressCallback 
     **params
         Arguments of `train_parity_rnn`; missing ones take `DEFAULTS`.
     """
-    from explorer.store import ActivationStore
-
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown parity training parameter {unknown[0]!r}; allowed: "
-                         f"{', '.join(DEFAULTS)}.")
-    full = {**DEFAULTS, **params}
-    store = ActivationStore() if store is None else store
-    parts = _run_parts(full)
-    if retrain:
-        store.put(store.key(parts), train_parity_rnn(**full, progress=progress), parts=parts)
-    return store.get_or_compute(parts, lambda: train_parity_rnn(**full, progress=progress)).load()
+    return stored_training_run(_run_parts, train_parity_rnn, DEFAULTS, params, what="parity",
+                               store=store, retrain=retrain, progress=progress)
 
 
 def parity_analysis(run: xr.Dataset, *, max_length: int = 8, threshold: float = 0.01,
@@ -1094,7 +1077,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
               "gain": args.gain, "lr": args.lr, "optimizer": args.optimizer,
               "checkpoint_every": DEFAULTS["checkpoint_every"] if every is None else every}
     store = ActivationStore()
-    progress = None if args.json else _terminal_progress("training")
+    progress = None if args.json else terminal_progress("training")
     if args.action == "phase":
         gains = _float_list("--gains", args.gains)
         max_lengths = _float_list("--max-lengths", args.max_lengths)
@@ -1103,7 +1086,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         max_lengths = [int(m) for m in max_lengths]
         phase = stored_parity_phase_diagram(
             gains, max_lengths, store=store, recompute=args.retrain,
-            progress=None if args.json else _terminal_progress("phase diagram", unit="cell"),
+            progress=None if args.json else terminal_progress("phase diagram", unit="cell"),
             epochs=args.epochs, hidden_size=args.hidden_size, lr=args.lr,
             checkpoint_every=25 if every is None else every, seed=args.seed, threshold=args.threshold,
             n_strings=args.n_strings)
@@ -1139,18 +1122,3 @@ def _float_list(flag: str, text: str) -> list[float]:
     if not values:
         raise InputError(f"`{flag}` must hold at least one number; got {text!r}.")
     return values
-
-
-def _terminal_progress(label: str, unit: str = "epoch") -> ProgressCallback:
-    from tqdm import tqdm
-
-    bar: dict[str, Any] = {}
-
-    def update(done: int, total: int) -> None:
-        if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=False)
-        bar["bar"].update(done - bar["bar"].n)
-        if done >= total:
-            bar["bar"].close()
-
-    return update

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +33,7 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_float, check_int
+from explorer.analyses._training import stored_training_run, terminal_progress, training_versions
 
 __all__ = [
     "CITATION",
@@ -403,12 +402,8 @@ def train_task_emergence(
 
 
 def _attrs(method: str, params: dict, seed: int, **extra: Any) -> dict:
-    from explorer import __version__
-
-    versions = {"explorer": __version__, "torch": torch.__version__, "numpy": np.__version__,
-                "xarray": xr.__version__}
-    return {"method": method, "params": params, "seed": int(seed), "versions": versions,
-            "citation": CITATION, **extra}
+    return {"method": method, "params": params, "seed": int(seed),
+            "versions": training_versions(), "citation": CITATION, **extra}
 
 
 def _check_run(run: Any) -> xr.Dataset:
@@ -716,18 +711,9 @@ def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
 def task_emergence_run(*, store=None, retrain: bool = False, progress: ProgressCallback | None = None,
                        **params: Any) -> xr.Dataset:
     """The training run for ``params`` (see `train_task_emergence`), from the store or trained."""
-    from explorer.store import ActivationStore
-
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown task-emergence training parameter {unknown[0]!r}; allowed: "
-                         f"{', '.join(DEFAULTS)}.")
-    full = {**DEFAULTS, **params}
-    store = ActivationStore() if store is None else store
-    parts = _run_parts(full)
-    if retrain:
-        store.put(store.key(parts), train_task_emergence(**full, progress=progress), parts=parts)
-    return store.get_or_compute(parts, lambda: train_task_emergence(**full, progress=progress)).load()
+    return stored_training_run(_run_parts, train_task_emergence, DEFAULTS, params,
+                               what="task-emergence", store=store, retrain=retrain,
+                               progress=progress)
 
 
 def stored_task_emergence_analysis(run: xr.Dataset, *, store=None, n_per_task: int = 50, k: int = 10,
@@ -781,7 +767,7 @@ def _cmd_task_emergence(args: argparse.Namespace) -> int:
     params = {"seed": args.seed, "steps": args.steps, "checkpoint_every": args.checkpoint_every,
               "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr}
     store = ActivationStore()
-    progress = None if args.json else _terminal_progress("training")
+    progress = None if args.json else terminal_progress("training")
     if args.action == "train":
         run = task_emergence_run(store=store, retrain=True, progress=progress, **params)
         out: dict[str, Any] = {
@@ -804,18 +790,3 @@ def _cmd_task_emergence(args: argparse.Namespace) -> int:
         for name, value in out.items():
             print(f"{name}: {value}")
     return 0
-
-
-def _terminal_progress(label: str) -> ProgressCallback:
-    from tqdm import tqdm
-
-    bar: dict[str, Any] = {}
-
-    def update(done: int, total: int) -> None:
-        if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=label, unit="step", file=sys.stderr, leave=False)
-        bar["bar"].update(done - bar["bar"].n)
-        if done >= total:
-            bar["bar"].close()
-
-    return update
