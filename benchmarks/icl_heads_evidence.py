@@ -10,6 +10,8 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
     python benchmarks/icl_heads_evidence.py --stages overlap,ablation
     python benchmarks/icl_heads_evidence.py --stages fvacc,td
     python benchmarks/icl_heads_evidence.py --stages lora
+    explorer icl-finetune --tasks choose-first-of-3,choose-middle-of-3,choose-last-of-3,\
+        lowercase-first-letter --n-shots 2 --json      # the low-TD run (stored as lora_choose)
     python benchmarks/icl_heads_evidence.py --stages figures    # PNGs from the summary
 
 ``--threads 1`` (the default) is fastest on a busy machine.
@@ -128,11 +130,11 @@ def figures(summary: dict) -> None:
                             for k in real], ["TD (mean over layers)", "few-shot accuracy"],
                            "task").opts(text_font_size="8pt", yoffset=0.04)
         render_png(curve + (pts * labels), FIGURES / "icl_heads_td.png", width=1100, height=360)
-    if "lora" in summary:
-        from apps.icl_heads import plot_finetune_td
+    from apps.icl_heads import plot_finetune_td
 
-        render_png(plot_finetune_td(summary["lora"]), FIGURES / "icl_heads_lora_td.png",
-                   width=900, height=360)
+    for key, name in (("lora", "icl_heads_lora_td.png"), ("lora_choose", "icl_heads_lora_choose_td.png")):
+        if key in summary:
+            render_png(plot_finetune_td(summary[key]), FIGURES / name, width=900, height=360)
 
 
 def main() -> None:
@@ -146,7 +148,7 @@ def main() -> None:
     ap.add_argument("--eval-tasks", default=",".join(EVAL_TASKS))
     ap.add_argument("--td-tasks", default=",".join(TD_TASKS))
     ap.add_argument("--percents", default="0,1,3,5,10,20")
-    ap.add_argument("--lora-steps", type=int, default=40)
+    ap.add_argument("--lora-steps", type=int, default=30)
     args = ap.parse_args()
     import torch
 
