@@ -319,8 +319,10 @@ def test_head_selection_delta_equals_scaling_runs(tiny_model):
             assert got == pytest.approx(np.mean(gain), abs=1e-6)
     assert np.isnan(sel.delta_plus.sel(layer=0)).all()        # layers not scored
     # pruning skips heads that failed for both sets but chooses the same heads
-    full = C.juice_head_selection(tiny_model, facts, k=3)
-    pruned = C.juice_head_selection(tiny_model, facts, k=3, prune=True)
+    small = dict(k=3, enhance_alphas=(1.0, 10.0), suppress_alphas=(-2.0,))
+    full = C.juice_head_selection(tiny_model, facts[:2], **small)
+    pruned = C.juice_head_selection(tiny_model, facts[:2], prune=True, **small)
+    assert np.isnan(pruned.delta_plus.values).any()          # something was pruned
     assert C.selected_heads(full) == C.selected_heads(pruned)
 
 
