@@ -97,7 +97,8 @@ def figures(summary: dict) -> None:
                          "mean_answer_prob": (("ranking", "percent"),
                                               np.array([ab["mean_answer_prob"][r] for r in rk]))},
                         coords={"ranking": rk, "percent": ab["percents"]})
-        render_png(view.plot_ablation_curves(ds) + view.plot_ablation_curves(ds, "mean_answer_prob"),
+        render_png(view.plot_ablation_curves(ds)
+                   + view.plot_ablation_curves(ds, "mean_answer_prob"),
                    FIGURES / "icl_heads_ablation.png", width=1100, height=360)
         tl = xr.Dataset({"token_loss_difference": (("ranking", "percent"), np.array(
             [ab["token_loss_difference"][r] for r in rk]))},
@@ -118,7 +119,8 @@ def figures(summary: dict) -> None:
         t = summary["task_decodability"]
         td = xr.Dataset({"td": (("layer",), np.array(t["td"]))},
                         coords={"layer": range(len(t["td"]))},
-                        attrs={"best_layer": t["best_layer"], "td_accuracy_r2": t["td_accuracy_r2"]})
+                        attrs={"best_layer": t["best_layer"],
+                               "td_accuracy_r2": t["td_accuracy_r2"]})
         curve = view.plot_td(td, t["best_layer"])
         real = [k for k in t["icl_accuracy"] if t["icl_accuracy"][k] is not None]
         pts = hv.Points([(t["td_mean_over_layers_per_task"][k], t["icl_accuracy"][k], k)
@@ -132,7 +134,8 @@ def figures(summary: dict) -> None:
         render_png(curve + (pts * labels), FIGURES / "icl_heads_td.png", width=1100, height=360)
     from apps.icl_heads import plot_finetune_td
 
-    for key, name in (("lora", "icl_heads_lora_td.png"), ("lora_choose", "icl_heads_lora_choose_td.png")):
+    for key, name in (("lora", "icl_heads_lora_td.png"),
+                      ("lora_choose", "icl_heads_lora_choose_td.png")):
         if key in summary:
             render_png(plot_finetune_td(summary[key]), FIGURES / name, width=900, height=360)
 
@@ -199,7 +202,8 @@ def main() -> None:
                               seed=0)
             summary["fv"][task] = {
                 "indirect_effect": fv.indirect_effect.values[0].round(5).tolist(),
-                "clean_prob": float(fv.clean_prob[0]), "corrupted_prob": float(fv.corrupted_prob[0]),
+                "clean_prob": float(fv.clean_prob[0]),
+                "corrupted_prob": float(fv.corrupted_prob[0]),
                 "n_prompts": args.fv_prompts, "n_shots": args.fv_shots,
                 "seconds": time.perf_counter() - t0}
             save()

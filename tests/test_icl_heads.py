@@ -139,20 +139,21 @@ def _planted_induction_model(tokenizer):
 
     from explorer.models import wrap_model
 
-    d, n_pos, d_head = 256, 64, 128
+    d, n_pos = 256, 64                          # 2 heads of d_head 128
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_pos, n_embd=d, n_layer=2,
                         n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(config)
     gen = torch.Generator().manual_seed(0)
-    basis, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1), torch.randn(d, d - 1, generator=gen)], 1))
+    first_ones = torch.cat([torch.ones(d, 1), torch.randn(d, d - 1, generator=gen)], 1)
+    basis, _ = torch.linalg.qr(first_ones)     # column 0: the all-ones direction
     P, T, C = basis[:, 1:65], basis[:, 65:160], basis[:, 160:255]     # [d, dims]
     tok = torch.randn(config.vocab_size, 95, generator=gen)
     tok = tok / tok.norm(dim=1, keepdim=True)
     shift = torch.zeros(n_pos, n_pos)
     shift[torch.arange(1, n_pos), torch.arange(n_pos - 1)] = 1.0       # e_j -> e_{j+1}
-    c0, c1 = (d / 2) ** 0.5, (d / 3) ** 0.5      # LayerNorm gain: |x| is sqrt(2), then sqrt(3)
+    c0 = (d / 2) ** 0.5        # LayerNorm gain in layer 0, where |x| = |token + position| = sqrt(2)
     with torch.no_grad():
         hf.transformer.wte.weight.copy_(tok @ T.T)
         hf.transformer.wpe.weight.copy_(P.T)
@@ -174,7 +175,6 @@ def _planted_induction_model(tokenizer):
         w1 = hf.transformer.h[1].attn.c_attn.weight
         w1[:, 0:95] = 4.0 * T                    # q_i = token_i
         w1[:, d:d + 95] = C                      # k_j = token_{j-1} (the copy)
-    del c1
     return wrap_model(hf, copy.deepcopy(tokenizer), name="planted-induction", weights="hand-set")
 
 
