@@ -5,7 +5,6 @@ formulas, never against the analysis's own earlier output.
 """
 from __future__ import annotations
 
-import copy
 import json
 
 import numpy as np

@@ -34,13 +34,13 @@ import torch
 import xarray as xr
 
 from explorer._checks import ExplorerError, InputError, check_choice, check_float, check_int
-from explorer.interventions import position_index
 from explorer.models import Model, cache_dir
 from explorer.trace import provenance, run_batch
 
 __all__ = [
     "FORMATS",
     "METHODS",
+    "METRICS",
     "OBJECTIVES",
     "AttributeFact",
     "UnlearningCancelled",
@@ -200,7 +200,8 @@ def _cache_file(model: Model, facts: Sequence[AttributeFact], formats: Sequence[
 def known_facts(model: Model, facts: Sequence[AttributeFact] | None = None, *,
                 formats: Sequence[str] = ("trained",), cache: bool = True) -> list[AttributeFact]:
     """The facts the model answers correctly (top candidate among the attributes) in every
-    one of ``formats`` (default the trained format only), cached as JSON per model weights and fact list under ``cache_dir()``."""
+    one of ``formats`` (default the trained format only), cached as JSON per model weights
+    and fact list under ``cache_dir()``."""
     facts = load_attribute_facts() if facts is None else list(facts)
     if not facts:
         raise InputError("`facts` must hold at least one fact; got an empty list.")
@@ -627,7 +628,7 @@ def _edit_targets(facts: Sequence[AttributeFact]) -> list[str]:
 
 def localized_finetune(model: Model, forget: Sequence[AttributeFact],
                        retain: Sequence[AttributeFact], parameters: Sequence[str], *,
-                       objective: str = "unlearn", steps: int = 20, lr: float = 1e-4,
+                       objective: str = "unlearn", steps: int = 8, lr: float = 2e-4,
                        retain_weight: float = 1.0, clip: float = 1.0,
                        hf: torch.nn.Module | None = None, progress: Progress = None,
                        should_stop: ShouldStop = None) -> tuple[torch.nn.Module, list[float]]:
@@ -720,14 +721,18 @@ def _relearn(model: Model, hf: torch.nn.Module, facts: Sequence[AttributeFact], 
         p.requires_grad_(False)
 
 
+def _layer_label(method: str, layers: Sequence[int]) -> str:
+    return "all" if method == "all" else ",".join(map(str, layers))
+
+
 METRICS = ("forget", "forget_mc", "retain", "retain_mc", "relearn_heldout_before", "relearn_heldout")
 
 
 def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
                           retain: Sequence[AttributeFact], *, methods: Sequence[str] = METHODS,
-                          n_layers: int = 4, objective: str = "unlearn", steps: int = 20,
-                          lr: float = 1e-4, retain_weight: float = 1.0, relearn_steps: int = 5,
-                          relearn_lr: float = 1e-5, probe: xr.Dataset | None = None,
+                          n_layers: int = 4, objective: str = "unlearn", steps: int = 8,
+                          lr: float = 2e-4, retain_weight: float = 1.0, relearn_steps: int = 3,
+                          relearn_lr: float = 2e-5, probe: xr.Dataset | None = None,
                           trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
                           seed: int = 0, progress: Progress = None,
                           should_stop: ShouldStop = None) -> xr.Dataset:
@@ -805,8 +810,8 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         {"accuracy": (("localization", "metric"), acc), "loss": (("localization", "step"), loss),
          "n_params": ("localization", n_params), "seconds_per_step": ("localization", per_step)},
         coords={"localization": rows, "metric": list(METRICS), "step": np.arange(steps),
-                "trained_layers": ("localization", ["-", *[",".join(map(str, chosen[m])) if m != "all" else "all"
-                                             for m in methods]])},
+                "trained_layers": ("localization", ["-", *[_layer_label(m, chosen[m])
+                                                           for m in methods]])},
         attrs=provenance(model, method="unlearning_comparison", methods=methods,
                          n_layers=n_layers, objective=objective, steps=steps, lr=lr,
                          retain_weight=retain_weight, relearn_steps=relearn_steps,
@@ -834,11 +839,11 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--objective", default="unlearn", choices=OBJECTIVES)
     p.add_argument("--n-forget", type=int, default=8)
     p.add_argument("--n-retain", type=int, default=8)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--retain-weight", type=float, default=1.0)
-    p.add_argument("--relearn-steps", type=int, default=5)
-    p.add_argument("--relearn-lr", type=float, default=1e-5)
+    p.add_argument("--relearn-steps", type=int, default=3)
+    p.add_argument("--relearn-lr", type=float, default=2e-5)
     p.add_argument("--facts", default=None,
                    help="fact file (JSON like datasets/unlearning/athlete_sport.json)")
     p.add_argument("--all-facts", action="store_true",
