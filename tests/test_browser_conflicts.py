@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser_icl import attribute, free_port, slider_handle, wait_for
+from tests._browser import free_port
 
 pytestmark = pytest.mark.browser
 
@@ -77,6 +77,30 @@ def page_url(tmp_path_factory):
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def attribute(page, name: str) -> str:
+    return page.locator(f"[{name}]").first.get_attribute(name)
+
+
+def wait_for(page, name: str, predicate, timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = attribute(page, name)
+        if predicate(value):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{name} is {attribute(page, name)!r} after {timeout} s")
+
+
+def slider_handle(page, low: float, high: float):
+    handles = page.locator(".noUi-handle")
+    for i in range(handles.count()):
+        h = handles.nth(i)
+        if (float(h.get_attribute("aria-valuemin")) == low
+                and float(h.get_attribute("aria-valuemax")) == high):
+            return h
+    raise AssertionError(f"no slider with range {low}..{high}")
 
 
 def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):
