@@ -382,3 +382,16 @@ def test_cli_unknown_method_is_one_line(capsys):
     rc = main(["unlearn", "--model", "tiny-llama", "--methods", "fact_lookp", "--json"])
     err = capsys.readouterr().err
     assert rc != 0 and "`method` must be one of" in err and "Did you mean 'fact_lookup'" in err
+
+
+def test_edit_objective_is_cross_entropy_to_the_next_attribute(tiny_model, facts):
+    fo = facts[:3]
+    names = U.component_parameters(tiny_model, "fact_lookup", [2])
+    _, losses = U.localized_finetune(tiny_model, fo, [], names, objective="edit", steps=1, lr=1e-3)
+    ce = []
+    with torch.no_grad():
+        for f in fo:
+            new = ATTRS[(ATTRS.index(f.attribute) + 1) % 3]   # the documented rotation
+            t = tiny_model.tokenizer(" " + new, add_special_tokens=False)["input_ids"][0]
+            ce.append(-float(torch.log(_hand_run(tiny_model, f)[t])))
+    assert losses[0] == pytest.approx(float(np.mean(ce)), rel=1e-4)
