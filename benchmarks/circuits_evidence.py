@@ -58,7 +58,7 @@ def _curve_rows(curve) -> list[dict[str, Any]]:
              "accuracy": float(curve["accuracy"].sel(n_edges=s))} for s in curve["n_edges"].values]
 
 
-def run_task(model, name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_task(model, name: str, args: argparse.Namespace, skip: frozenset = frozenset()) -> dict[str, Any]:
     t0 = time.perf_counter()
     task = C.make_task(name, args.n, seed=args.seed)
     acc = C.task_accuracy(model, task, batch_size=args.batch_size)
@@ -76,10 +76,18 @@ def run_task(model, name: str, args: argparse.Namespace) -> dict[str, Any]:
                     "wrong": sub.wrong[0]},
         "n_edges_total": n_total, "methods": {},
     }
-    for method in (["eap-ig", "eap"] if args.eap else ["eap-ig"]):
+    methods = ["eap-ig"] + (["eap"] if args.eap else []) + (["random"] if args.random else [])
+    for method in methods:
+        if method in skip:
+            continue
         ts = time.perf_counter()
-        scores = C.edge_scores(model, sub, method=method, steps=args.steps,
-                               batch_size=args.batch_size, progress=True)
+        if method == "random":  # baseline: the same sizes, edges drawn at random
+            scores = C.edge_scores(model, sub.subset([0]), method="eap")
+            rng = np.random.default_rng(args.seed)
+            scores["score"].values[:] = rng.random(scores.sizes["edge"])
+        else:
+            scores = C.edge_scores(model, sub, method=method, steps=args.steps,
+                                   batch_size=args.batch_size, progress=True)
         score_s = time.perf_counter() - ts
         curve = C.faithfulness_curve(model, sub, scores, sizes=sizes, batch_size=args.batch_size,
                                      progress=True)
@@ -128,25 +136,25 @@ def figures(summary: dict[str, Any]) -> None:
 
     hv.extension("bokeh", logo=False)
     rec_curves, acc_curves = [], []
-    colors = cc.glasbey_category10
+    colors = cc.palette["glasbey_category10"]
     for i, (name, res) in enumerate(summary["tasks"].items()):
         for method, m in res.get("methods", {}).items():
             rows = [r for r in m["curve"] if r["n_edges"] > 0]
             xs = [100 * r["n_edges"] / res["n_edges_total"] for r in rows]
-            label = f"{name} ({method}, {res['n_prompts']} prompts)"
-            dash = "solid" if method == "eap-ig" else "dashed"
+            label = f"{name} ({method}, {res['n_prompts']} pairs)"
+            dash = {"eap-ig": "solid", "eap": "dashed"}.get(method, "dotted")
             rec_curves.append(hv.Curve((xs, [r["recovered"] for r in rows]), "edges kept (%)",
                                        "metric recovered", label=label).opts(
                 color=colors[i], line_dash=dash, line_width=2))
             acc_curves.append(hv.Curve((xs, [r["accuracy"] for r in rows]), "edges kept (%)",
                                        "exact-match accuracy", label=label).opts(
                 color=colors[i], line_dash=dash, line_width=2))
-    opts = dict(logx=True, width=560, height=380, legend_position="bottom_right", show_grid=True)
-    left = hv.Overlay(rec_curves).opts(title="Faithfulness: logit difference recovered "
-                                             "(clean = 1, corrupted = 0)", **opts)
+    opts = dict(logx=True, height=400, show_grid=True)
+    left = hv.Overlay(rec_curves).opts(title="Logit difference recovered (clean = 1, corrupted = 0)",
+                                       width=520, show_legend=False, **opts)
     right = hv.Overlay(acc_curves).opts(title="Circuit-only model: first answer token right",
-                                        **opts)
-    render_png((left + right).cols(2), FIGURE, width=1140, height=400)
+                                        width=800, legend_position="right", **opts)
+    render_png((left + right).cols(2), FIGURE, width=1330, height=420)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eap", action="store_true", help="also plain EAP")
+    p.add_argument("--random", action="store_true", help="also circuits of random edges")
     p.add_argument("--redo", action="store_true", help="recompute tasks already stored")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--figures", action="store_true", help="only render the figure")
@@ -174,11 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                            "graph": "input, 270 heads, 30 MLPs, logits; heads read one combined "
                                     "q/k/v input"}
     for name in args.tasks.split(","):
-        if name in summary["tasks"] and not args.redo and (
-                not args.eap or "eap" in summary["tasks"][name].get("methods", {})):
+        stored = summary["tasks"].get(name, {}).get("methods", {})
+        if stored and not args.redo and (not args.eap or "eap" in stored) and (
+                not args.random or "random" in stored):
             print(f"{name}: stored, skipped")
             continue
-        summary["tasks"][name] = run_task(model, name, args)
+        result = run_task(model, name, args, skip=frozenset() if args.redo else frozenset(stored))
+        if stored and not args.redo:  # keep the stored methods, add the new ones
+            result["methods"] = {**stored, **{k: v for k, v in result["methods"].items()
+                                              if k not in stored}}
+        summary["tasks"][name] = result
         _save(summary)
     return 0
 
