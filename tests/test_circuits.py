@@ -473,9 +473,10 @@ def test_errors(tiny_model):
 
 # -- command line ------------------------------------------------------------------------------------
 
-def test_cli_circuits_json(capsys):
+def test_cli_circuits_json(capsys, monkeypatch):
     from explorer import cli
 
+    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.circuits",))
     code = cli.main(["circuits", "--model", "tiny-llama", "--task", "add", "--n", "3",
                      "--all-prompts", "--method", "eap", "--sizes", "0,5", "--top-n", "5",
                      "--show", "3", "--json"])
@@ -490,6 +491,20 @@ def test_cli_circuits_json(capsys):
                      "--all-prompts", "--json"])
     assert code != 0
     assert "supports the model families llama, gpt2" in capsys.readouterr().err
+
+
+def test_bench_eap_shape(tiny_model):
+    from explorer.bench import ANALYSIS_BENCHES
+
+    assert ANALYSIS_BENCHES["eap"] == ("explorer.analyses.circuits", "bench_eap")
+    out = C.bench_eap(tiny_model, n_prompts=2, steps=2, repeats=1)
+    figs = out["figures"]
+    assert set(figs) >= {"eap_vs_forward_ratio", "eap_ig_vs_forward_ratio",
+                         "patch_one_edge_vs_forward_ratio", "eap_peak_mb"}
+    assert all(k.endswith(("_ratio", "_ms", "_mb")) for k in figs)
+    assert all(v > 0 for k, v in figs.items() if k.endswith("_ratio"))
+    assert out["params"]["n_edges"] == len(C.circuit_graph(tiny_model).edges)
+    json.dumps(out)
 
 
 # -- SmolLM2 --------------------------------------------------------------------------------------------
