@@ -233,8 +233,11 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     arch_transposed = model.arch.o_proj_transposed
     lens_resid: dict[int, Any] = {}
     with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
-        # without logits read, the unembedding runs for one position only (~20% of a forward)
-        last_only = {} if (logits or lens_layers) else {"logits_to_keep": 1}
+        # the unembedding runs for the last position only (~20% of a forward) when no other
+        # position's logits are read; left padding puts every prompt's last token there
+        logits_last = logits and not lens_layers and sel is not None and list(
+            save_positions) == [-1]
+        last_only = {"logits_to_keep": 1} if (logits_last or not (logits or lens_layers)) else {}
         with nn.trace(**batch.model_inputs(), **last_only,
                       remote=model.remote) as tracer:  # noqa: F841
             if start:
@@ -280,8 +283,8 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                     fn = fn[sel[0], sel[1]].reshape(n_prompts, -1, fn.shape[-1])
                 result["final_norm"] = fn.save()
             if logits:
-                lg = nn.output.logits.detach()
-                if sel is not None:
+                lg = nn.output.logits.detach()  # [prompt, 1, vocab] when logits_last
+                if sel is not None and not logits_last:
                     lg = lg[sel[0], sel[1]].reshape(n_prompts, -1, lg.shape[-1])
                 result["logits"] = lg.save()
             if lens_layers:

@@ -344,3 +344,24 @@ def test_smollm2_residuals_match_hidden_states(smollm2):
             if layer == smollm2.n_layers - 1:
                 post = smollm2.final_norm_module(post)
             assert_close(post, hidden[layer + 1][0], atol=1e-4)
+
+
+def test_last_position_logits_equal_the_full_forward(tiny_model):
+    """save_positions=[-1] unembeds the last position only; it equals HF's last real logits."""
+    from explorer import Steer
+    from explorer.trace import run_batch
+
+    prompts = ["one two three four five", "a b", "the cat sat"]   # different lengths: padding
+    batch = tiny_model.tokenize(prompts)
+    out = run_batch(tiny_model, batch, save={(1, "resid_post")}, save_positions=[-1])
+    assert out["logits"].shape == (3, 1, tiny_model.vocab_size)
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([tiny_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        hf = tiny_model.hf(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(out["logits"][i, 0], hf.logits[0, -1], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out[(1, "resid_post")][i, 0], hf.hidden_states[2][0, -1],
+                                   rtol=1e-4, atol=1e-5)
+    steer = [Steer(layer=0, vector=np.ones(tiny_model.spec.d_model), alpha=2.0)]
+    edited = run_batch(tiny_model, batch, edits=steer, save_positions=[-1])["logits"]
+    full = run_batch(tiny_model, batch, edits=steer)["logits"]
+    torch.testing.assert_close(edited[:, 0], full[:, -1], rtol=1e-4, atol=1e-5)

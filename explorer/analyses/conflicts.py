@@ -23,7 +23,7 @@ import statistics
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,34 +170,12 @@ def _as_batch(model: Model, prompts: Sequence[str] | Batch) -> Batch:
     return prompts if isinstance(prompts, Batch) else model.tokenize(list(prompts))
 
 
-@dataclass
-class _LastPositionBatch(Batch):
-    """A batch whose forward unembeds the last position only (``logits_to_keep=1``): the
-    runs here read nothing else, and unembedding every position costs about as much as
-    ten SmolLM2 layers on a 50-token prompt."""
-
-    def model_inputs(self) -> dict[str, Any]:
-        return {**super().model_inputs(), "logits_to_keep": 1}
-
-
-def _keeps_last_logits(model: Model) -> bool:
-    import inspect
-
-    try:
-        return "logits_to_keep" in inspect.signature(model.hf.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _last_logits(model: Model, prompts: Sequence[str] | Batch, edits: Sequence[Edit] = (),
                  resume: CleanRun | None = None) -> torch.Tensor:
     batch = _as_batch(model, prompts) if resume is None else resume.batch
-    if model.remote or not _keeps_last_logits(model):
-        out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
-        return out["logits"][:, 0].float()  # [prompt, vocab]
-    last = _LastPositionBatch(**{f.name: getattr(batch, f.name) for f in fields(Batch)})
-    out = run_batch(model, last, edits=edits, resume=resume)
-    return out["logits"][:, -1].float()  # [prompt, vocab]
+    # only the last position is unembedded (run_batch passes logits_to_keep=1)
+    out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
+    return out["logits"][:, 0].float()  # [prompt, vocab]
 
 
 @dataclass
