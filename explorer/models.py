@@ -26,7 +26,6 @@ import torch
 from ._checks import (
     InputError,
     ModelNotFoundError,
-    RemoteError,
     StoreError,
     check_prompts,
     suggest,
