@@ -26,7 +26,7 @@ analyses just the texts whose lens parts are cached (for a corpus not yet comple
 
 Recorded runs (docs/saturation.md): trained, ``--unembed-dtype float32 --check-unembed``
 (the float32 lens pass was in the store); random init, ``--weights random --part-texts 8``
-until the machine's time ran out, then ``--cached-parts-only``.
+rerun until complete, with ``--from-end --lens-only`` in a second process.
 
 ``--threads 1`` (the default) is much faster than torch's default on a busy machine:
 its parallel regions spin while other processes hold the cores.
