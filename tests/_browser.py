@@ -3,7 +3,9 @@
 Pages are served either in this process (`served_in_process`, Panel's threaded server:
 fast, shares the session's fixtures) or in a child process (`served_in_subprocess`: its
 own interpreter, e.g. the gallery as a user starts it). Both wait until the port answers
-and stop the server afterwards. The browser itself is the `browser` fixture in conftest.
+and stop the server afterwards. The waits read either a pane's text (`wait_for_text`) or a
+data attribute that a page sets on itself (`attribute`, `wait_for`). The browser itself is
+the `browser` fixture in conftest.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"   # gitignored screenshots for a look by eye
 
 # Panel panes render inside a shadow root, after their <style> elements
 SHADOW_TEXT = """el => el.shadowRoot
@@ -93,14 +96,21 @@ def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
                 proc.wait(10)
 
 
-def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300):
-    """A new tab on ``url`` once a Bokeh canvas exists; returns (page, JavaScript errors)."""
+def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300,
+              ready: str = ".bk-Canvas canvas, canvas"):
+    """A new tab on ``url`` once ``ready`` (by default a Bokeh canvas) is attached; returns
+    (page, JavaScript errors)."""
     page = browser.new_page(viewport=viewport or {"width": 1500, "height": 1100})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(url, timeout=180_000)  # generous: the machine running the suite may be busy
-    page.wait_for_selector(".bk-Canvas canvas, canvas", state="attached", timeout=timeout * 1000)
+    page.wait_for_selector(ready, state="attached", timeout=timeout * 1000)
     return page, errors
+
+
+def wait_for_canvas(page, selector: str, timeout: float = 240) -> None:
+    """Until a canvas inside ``selector`` is attached."""
+    page.wait_for_selector(f"{selector} canvas", state="attached", timeout=timeout * 1000)
 
 
 def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> str:
@@ -115,3 +125,30 @@ def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> st
                 return last
         page.wait_for_timeout(250)
     raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
+
+
+def attribute(page, name: str) -> str:
+    """The value of the data attribute ``name`` on the first element that carries it."""
+    return page.locator(f"[{name}]").first.get_attribute(name)
+
+
+def wait_for(page, name: str, predicate, timeout: float = 120) -> str:
+    """The attribute ``name`` once ``predicate`` holds for it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = attribute(page, name)
+        if predicate(value):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{name} is {attribute(page, name)!r} after {timeout} s")
+
+
+def slider_handle(page, low: float, high: float):
+    """The handle of the (first) slider whose range is ``low..high``."""
+    handles = page.locator(".noUi-handle")
+    for i in range(handles.count()):
+        h = handles.nth(i)
+        if (float(h.get_attribute("aria-valuemin")) == low
+                and float(h.get_attribute("aria-valuemax")) == high):
+            return h
+    raise AssertionError(f"no slider with range {low}..{high}")

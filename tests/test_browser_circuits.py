@@ -8,28 +8,16 @@ that edge patched, checked against `patch_edges_metric` computed here), choose a
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
+from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, wait_for
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"
 N_PROMPTS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+VIEWPORT = {"width": 1500, "height": 1400}
 
 
 @pytest.fixture(scope="module")
@@ -55,45 +43,9 @@ def page_url(tmp_path_factory):
         server.join()
     """)
     tmp = tmp_path_factory.mktemp("circuits-server")
-    log_path = tmp / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
-                                 "EXPLORER_CACHE": str(tmp / "cache")})
-    deadline = time.time() + 240
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline:
-                raise RuntimeError("the server did not start in time")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/circuits"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
-
-
-def attribute(page, name: str) -> str:
-    return page.locator(f"[{name}]").first.get_attribute(name)
-
-
-def wait_for(page, name: str, predicate, timeout: float = 120) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = attribute(page, name)
-        if predicate(value):
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{name} is {attribute(page, name)!r} after {timeout} s")
+    with served_in_subprocess(["-c", code], port, tmp / "server.log", timeout=240,
+                              env={"EXPLORER_CACHE": str(tmp / "cache")}) as url:
+        yield f"{url}/circuits"
 
 
 def expected_metric(src: str, dst: str) -> float:
@@ -114,11 +66,7 @@ def expected_metric(src: str, dst: str) -> float:
 
 
 def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
-    page = browser.new_page(viewport={"width": 1500, "height": 1400})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(page_url, timeout=60_000)
-    page.locator(".circuit-state").first.wait_for(state="attached", timeout=240_000)
+    page, errors = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state", timeout=240)
     wait_for(page, "data-circuit-scores", lambda v: v == "ready")
     page.wait_for_selector("canvas", state="attached", timeout=60_000)
     assert wait_for(page, "data-circuit-edges", lambda v: v == "30") == "30"
@@ -181,9 +129,7 @@ _EDGE_MIDPOINT_JS = """
 
 
 def test_clicking_an_edge_ablates_it(page_url, browser):
-    page = browser.new_page(viewport={"width": 1500, "height": 1400})
-    page.goto(page_url, timeout=60_000)
-    page.locator(".circuit-state").first.wait_for(state="attached", timeout=240_000)
+    page, _ = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state", timeout=240)
     wait_for(page, "data-circuit-scores", lambda v: v == "ready")
     page.wait_for_selector("canvas", state="attached", timeout=60_000)
     time.sleep(1.5)

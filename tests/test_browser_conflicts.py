@@ -8,21 +8,13 @@ press "Score the whole split" (a results table appears). A screenshot goes to
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-
-from tests._browser import free_port
+from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, slider_handle, wait_for
 
 pytestmark = pytest.mark.browser
-
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="module")
@@ -51,64 +43,13 @@ def page_url(tmp_path_factory):
         server.join()
     """)
     log_path = tmp_path_factory.mktemp("conflicts-server") / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    import socket
-
-    deadline = time.time() + 240
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline:
-                raise RuntimeError("the server did not start in time")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/conflicts"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
-
-
-def attribute(page, name: str) -> str:
-    return page.locator(f"[{name}]").first.get_attribute(name)
-
-
-def wait_for(page, name: str, predicate, timeout: float = 120) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = attribute(page, name)
-        if predicate(value):
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{name} is {attribute(page, name)!r} after {timeout} s")
-
-
-def slider_handle(page, low: float, high: float):
-    handles = page.locator(".noUi-handle")
-    for i in range(handles.count()):
-        h = handles.nth(i)
-        if (float(h.get_attribute("aria-valuemin")) == low
-                and float(h.get_attribute("aria-valuemax")) == high):
-            return h
-    raise AssertionError(f"no slider with range {low}..{high}")
+    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
+        yield f"{url}/conflicts"
 
 
 def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):
-    page = browser.new_page(viewport={"width": 1500, "height": 1300})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(page_url, timeout=60_000)
-    page.locator(".cf-state").first.wait_for(state="attached", timeout=240_000)
+    page, errors = open_page(browser, page_url, viewport={"width": 1500, "height": 1300},
+                             ready=".cf-state", timeout=240)
     wait_for(page, "data-cf-scores", lambda v: v == "ready")
     before = wait_for(page, "data-cf-after", lambda v: v != "none")
     assert attribute(page, "data-cf-plus") == ""

@@ -5,18 +5,13 @@ followed (the summary line names the new checkpoint)."""
 from __future__ import annotations
 
 import re
-import socket
-import time
 
 import pytest
+from _browser import open_page, served_in_process, wait_for_canvas, wait_for_text
 
 pytestmark = pytest.mark.browser
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+VIEWPORT = {"width": 1500, "height": 1200}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +36,7 @@ def runs():
 
 @pytest.fixture(scope="module")
 def server(runs):
-    pn = pytest.importorskip("panel")
+    pytest.importorskip("panel")
     from apps import theme
     from apps.linear_icl import LinearICLView
     from apps.parity import ParityView
@@ -64,58 +59,14 @@ def server(runs):
     def icl_page():
         return theme.page([LinearICLView(runs=runs["icl"])], title="Linear ICL")
 
-    theme.enable_extension()
-    port = free_port()
-    srv = pn.serve({"parity": parity_page, "linear_icl": icl_page}, port=port, address="127.0.0.1",
-                   threaded=True, show=False, websocket_origin=[f"127.0.0.1:{port}"])
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    srv.stop()
-
-
-def open_page(browser, url):
-    page = browser.new_page(viewport={"width": 1500, "height": 1200})
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    # Generous timeouts: the machine running the suite may be busy.
-    page.goto(url, timeout=180_000)
-    page.wait_for_selector(".bk-Canvas canvas, canvas", state="attached", timeout=300_000)
-    return page, errors
-
-
-# Panel panes render inside a shadow root, after their <style> elements
-_SHADOW_TEXT = """el => el.shadowRoot
-    ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
-        .map(c => c.innerText).join(' ')
-    : el.innerText"""
-
-
-def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> str:
-    deadline = time.time() + timeout
-    last = ""
-    while time.time() < deadline:
-        loc = page.locator(selector)
-        if loc.count():
-            last = loc.first.evaluate(_SHADOW_TEXT)
-            if re.search(pattern, last):
-                return last
-        page.wait_for_timeout(250)
-    raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
-
-
-def wait_for_canvas(page, selector: str, timeout: float = 240) -> None:
-    page.wait_for_selector(f"{selector} canvas", state="attached", timeout=timeout * 1000)
+    with served_in_process({"parity": parity_page, "linear_icl": icl_page}) as url:
+        yield url
 
 
 def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, browser, runs):
     prun, _ = runs["parity"]
     last_step = int(prun["step"].values[-1])
-    page, errors = open_page(browser, f"{server}/parity")
+    page, errors = open_page(browser, f"{server}/parity", viewport=VIEWPORT)
     wait_for_text(page, ".parity-summary", rf"Step {last_step}\b.*merged automaton")
     for css in (".parity-pca", ".parity-automaton", ".parity-accuracy", ".parity-curves", ".parity-phase"):
         wait_for_canvas(page, css)
@@ -133,7 +84,7 @@ def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, b
 
 
 def test_linear_icl_page_switches_heads_and_steps(server, browser, runs):
-    page, errors = open_page(browser, f"{server}/linear_icl")
+    page, errors = open_page(browser, f"{server}/linear_icl", viewport=VIEWPORT)
     wait_for_text(page, ".icl-summary", r"H = 2, step 60\b.*ω = \[[^\]]+,[^\]]+\]")
     for css in (".icl-kq", ".icl-ov", ".icl-loss", ".icl-length", ".icl-metrics"):
         wait_for_canvas(page, css)

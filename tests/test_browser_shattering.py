@@ -4,18 +4,11 @@ update the summary (R = 0) and redraw the embedding plot."""
 from __future__ import annotations
 
 import re
-import socket
-import time
 
 import pytest
+from _browser import open_page, served_in_process, wait_for_canvas, wait_for_text
 
 pytestmark = pytest.mark.browser
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +31,7 @@ def trained():
 
 @pytest.fixture(scope="module")
 def server(trained):
-    pn = pytest.importorskip("panel")
+    pytest.importorskip("panel")
     from apps import theme
     from apps.shattering import ShatteringView
 
@@ -48,48 +41,17 @@ def server(trained):
         return theme.page([ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3",
                                           relation="A+1", distance=2)], title="Shattering")
 
-    theme.enable_extension()
-    port = free_port()
-    srv = pn.serve({"shattering": page}, port=port, address="127.0.0.1", threaded=True, show=False,
-                   websocket_origin=[f"127.0.0.1:{port}"])
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    srv.stop()
-
-
-_SHADOW_TEXT = """el => el.shadowRoot
-    ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
-        .map(c => c.innerText).join(' ')
-    : el.innerText"""
-
-
-def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> str:
-    deadline = time.time() + timeout
-    last = ""
-    while time.time() < deadline:
-        loc = page.locator(selector)
-        if loc.count():
-            last = loc.first.evaluate(_SHADOW_TEXT)
-            if re.search(pattern, last):
-                return last
-        page.wait_for_timeout(250)
-    raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
+    with served_in_process({"shattering": page}) as url:
+        yield url
 
 
 def test_strength_slider_redraws_the_embedding(server, browser):
-    page = browser.new_page(viewport={"width": 1500, "height": 1300})
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{server}/shattering", timeout=180_000)
+    page, errors = open_page(browser, f"{server}/shattering", viewport={"width": 1500, "height": 1300},
+                             ready=".shattering-summary", timeout=240)
     text = wait_for_text(page, ".shattering-summary", r"e3 A\+1.*distance 2.*strength 1\.00: R = ([0-9.]+)")
     assert float(re.search(r"R = ([0-9.]+)", text).group(1)) > 0
     for css in (".shattering-embedding", ".shattering-scatter"):
-        page.wait_for_selector(f"{css} canvas", state="attached", timeout=240_000)
+        wait_for_canvas(page, css)
     page.wait_for_timeout(1500)  # the canvas is drawn
     before = page.locator(".shattering-embedding").screenshot()
     # Sliders in order: distance, strength, layer. Home moves strength to 0.

@@ -3,12 +3,10 @@ training run made here, driven in headless chromium. The test waits for the Boke
 moves the training-step slider and checks that the summary and the projection plot follow."""
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
-
-from tests.test_browser_dynamics import free_port, open_page, wait_for_canvas, wait_for_text
+from _browser import open_page, served_in_process, wait_for_canvas, wait_for_text
 
 pytestmark = pytest.mark.browser
 
@@ -31,25 +29,15 @@ def analysis():
 
 @pytest.fixture(scope="module")
 def server(analysis):
-    pn = pytest.importorskip("panel")
+    pytest.importorskip("panel")
     from apps import theme
     from apps.task_emergence import TaskEmergenceView
 
     def page():
         return theme.page([TaskEmergenceView(analysis=analysis)], title="Task emergence")
 
-    theme.enable_extension()
-    port = free_port()
-    srv = pn.serve({"task_emergence": page}, port=port, address="127.0.0.1", threaded=True, show=False,
-                   websocket_origin=[f"127.0.0.1:{port}"])
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    srv.stop()
+    with served_in_process({"task_emergence": page}) as url:
+        yield url
 
 
 def _projection_title(page) -> str:
@@ -65,7 +53,7 @@ def _projection_title(page) -> str:
 
 
 def test_task_emergence_page_scrubs_training(server, browser, analysis):
-    page, errors = open_page(browser, f"{server}/task_emergence")
+    page, errors = open_page(browser, f"{server}/task_emergence", viewport={"width": 1500, "height": 1200})
     best = analysis.attrs["best_layer"]
     wait_for_text(page, ".emergence-summary", rf"Step 20\b.*TD after layer {best} =")
     for css in (".emergence-projection", ".emergence-td", ".emergence-curves"):

@@ -8,15 +8,11 @@ accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
-
-from tests.test_browser_icl import ARTIFACTS, ROOT, attribute, free_port, wait_for
+from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -51,41 +47,14 @@ def page_url(tmp_path_factory):
                           threaded=True, show=False)
         server.join()
     """)
-    log_path = tmp / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
-                                 "EXPLORER_CACHE": str(tmp / "cache")})
-    deadline = time.time() + 240
-    try:
-        import socket
-
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline:
-                raise RuntimeError("the server did not start in time")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/unlearning"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+    with served_in_subprocess(["-c", code], port, tmp / "server.log", timeout=240,
+                              env={"EXPLORER_CACHE": str(tmp / "cache")}) as url:
+        yield f"{url}/unlearning"
 
 
 def test_localize_pick_method_run_and_bars(page_url, browser):
-    page = browser.new_page(viewport={"width": 1500, "height": 1300})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(page_url, timeout=60_000)
-    page.locator(".unlearning-state").first.wait_for(state="attached", timeout=240_000)
+    page, errors = open_page(browser, page_url, viewport={"width": 1500, "height": 1300},
+                             ready=".unlearning-state", timeout=240)
     # the page opens without computing anything
     assert attribute(page, "data-unlearning-localized") == "False"
     assert attribute(page, "data-unlearning-result") == "none"
