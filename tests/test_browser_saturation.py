@@ -7,26 +7,12 @@ slider with the keyboard (the Kendall-tau histogram changes). Screenshots go to
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
+from _browser import ARTIFACTS, attribute, free_port, served_in_subprocess, slider_handle, wait_for
 
 pytestmark = pytest.mark.browser
-
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -49,61 +35,21 @@ def page_url(tmp_path_factory):
         pn.serve(app, port={port}, address="127.0.0.1", show=False)
     """)
     log_path = tmp_path_factory.mktemp("saturation-server") / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    deadline = time.time() + 240
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline:
-                raise RuntimeError("the server did not start in time")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
-
-
-def attribute(page, name: str) -> str:
-    return page.locator(f"[{name}]").first.get_attribute(name)
+    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
+        yield f"{url}/"
 
 
 def wait_for_change(page, name: str, old: str, timeout: float = 60) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = attribute(page, name)
-        if value != old:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{name} stayed {old!r} for {timeout} s")
+    return wait_for(page, name, lambda value: value != old, timeout)
 
 
 def wait_for_value(page, name: str, expected: str, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while attribute(page, name) != expected:
-        if time.time() > deadline:
-            raise AssertionError(f"{name} is {attribute(page, name)!r}, not {expected!r}, after {timeout} s")
-        time.sleep(0.2)
+    wait_for(page, name, lambda value: value == expected, timeout)
 
 
 def k_slider_handle(page):
     """The noUiSlider handle of the k slider: the one whose range is 1..10."""
-    handles = page.locator(".noUi-handle")
-    for i in range(handles.count()):
-        h = handles.nth(i)
-        if float(h.get_attribute("aria-valuemin")) == 1 and float(h.get_attribute("aria-valuemax")) == 10:
-            return h
-    raise AssertionError("no slider with range 1..10 (the k slider) on the page")
+    return slider_handle(page, 1, 10)
 
 
 def test_click_token_and_move_k(page_url, browser):
