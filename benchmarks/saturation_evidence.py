@@ -120,44 +120,9 @@ def screened_parts_agreement(model, texts, ds, store, *, part_texts: int, seed: 
             "top_prob_max_abs_diff": diff}
 
 
-def screened_parts_agreement(model, texts, ds, store, *, part_texts: int, seed: int) -> dict:
-    """Agreement of this float32 lens pass with the bfloat16-screened parts in the store."""
-    import numpy as np
-
-    from explorer.analyses import saturation as sat
-
-    params = sat._lens_params(model, k=int(ds.sizes["rank"]), rank_cap=50,
-                              sample_positions=1000, seed=seed, unembed_dtype="bfloat16")
-    lens = sat.saturation_layers(model, texts, seed=seed, store=store)   # the float32 pass
-    sample = np.stack([lens.sample_prompt.values, lens.sample_pos.values], 1)
-    eq_rank = eq_sat = n = 0
-    diff = 0.0
-    parts = []
-    for a in range(0, len(texts), part_texts):
-        b = min(a + part_texts, len(texts))
-        part = store.get(store.key(sat._part_key_parts(model, texts, a, b, sample, params)))
-        if part is None:
-            continue
-        parts.append([a, b])
-        w = part.sizes["pos"]
-        m = part.mask.values
-        ref = lens.isel(prompt=slice(a, b), pos=slice(0, w))
-        eq_rank += int(np.all(part.final_rank.values[m] == ref.final_rank.values[m], axis=(1, 2)).sum())
-        eq_sat += int(np.all(part.sat_layer.values[m] == ref.sat_layer.values[m], axis=1).sum())
-        diff = max(diff, float(np.nanmax(np.abs(part.top_prob.values[m] - ref.top_prob.values[m]))))
-        n += int(m.sum())
-    if not n:
-        return {"compared": False, "note": "no bfloat16-screened parts of these texts in the store"}
-    return {"compared": True, "screened_parts": parts, "positions": n,
-            "final_rank_rows_equal": eq_rank / n, "sat_layer_equal": eq_sat / n,
-            "top_prob_max_abs_diff": diff}
-
-
 def unembed_agreement(model, texts, ds, store, *, seed: int) -> dict:
     """Agreement of this lens pass with a float32 one of the same texts from the store."""
     import numpy as np
-
-    from explorer.analyses import saturation as sat
 
     best = None
     for entry in store.ls():
