@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,11 @@ sys.path.insert(0, str(ROOT))
 from explorer import load_model  # noqa: E402
 from explorer.analyses import circuits as C  # noqa: E402
 
+import _figures  # benchmarks/_figures.py, beside this script
+
 SUMMARY = ROOT / "docs" / "figures" / "circuits_summary.json"
 FIGURE = ROOT / "docs" / "figures" / "circuits_faithfulness.png"
 FRACTIONS = (0.0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 
 
 def _load() -> dict[str, Any]:
@@ -111,22 +109,8 @@ def run_task(model, name: str, args: argparse.Namespace, skip: frozenset = froze
 
 
 def render_png(obj: Any, path: Path, *, width: int, height: int) -> None:
-    """Render a HoloViews object to PNG: standalone HTML, screenshot in chromium."""
-    import holoviews as hv
-    from playwright.sync_api import sync_playwright
-
-    hv.extension("bokeh", logo=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        html_path = Path(tmp) / "plot.html"
-        hv.save(obj, html_path, backend="bokeh", resources="inline")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
-            page.goto(html_path.as_uri())
-            page.wait_for_selector("canvas", state="attached", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(path), full_page=True)
-            browser.close()
+    """Render a HoloViews object to PNG (see benchmarks/_figures.py)."""
+    _figures.render_png(obj, path, width=width, height=height)
     print(f"wrote {path.relative_to(ROOT)}")
 
 

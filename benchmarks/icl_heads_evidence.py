@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import _figures  # benchmarks/_figures.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
 SUMMARY = FIGURES / "icl_heads_summary.json"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
 
 FV_TASKS = ["antonym", "country-capital", "english-french"]
 EVAL_TASKS = ["capitalize", "present-past", "singular-plural", "country-capital"]
@@ -45,29 +44,16 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def render_png(obj: Any, path: Path, *, width: int, height: int) -> None:
-    """Render a HoloViews object to PNG: standalone HTML, screenshot in chromium."""
+    """Render a HoloViews object to PNG at a fixed size (see benchmarks/_figures.py)."""
     import holoviews as hv
-    from playwright.sync_api import sync_playwright
 
-    hv.extension("bokeh", logo=False)
     if isinstance(obj, hv.Layout):   # side by side, each a fixed share of the width
         items = list(obj)
         obj = hv.Layout([el.opts(responsive=False, width=width // len(items), height=height)
                          for el in items]).cols(len(items))
     else:
         obj = obj.opts(responsive=False, width=width, height=height)
-    with tempfile.TemporaryDirectory() as tmp:
-        html_path = Path(tmp) / "plot.html"
-        hv.save(obj, html_path, backend="bokeh", resources="inline")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
-            page.goto(html_path.as_uri())
-            page.wait_for_selector("canvas", state="attached", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(path), full_page=True)
-            browser.close()
+    _figures.render_png(obj, path, width=width, height=height)
     print(f"wrote {path.relative_to(ROOT)}")
 
 

@@ -32,12 +32,14 @@ import json
 import re
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import _figures  # benchmarks/_figures.py, beside this script
+from _figures import CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,7 +52,6 @@ ITDA_TAUS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
 ITDA_TAU = 0.2
 ITDA_L0 = 8
 MIN_POS = 1              # each prompt's first token is SmolLM2's attention sink (norm ~130x): left out
-CHROMIUM = "/usr/bin/chromium"
 
 
 # -- bookkeeping ------------------------------------------------------------------------------
@@ -449,29 +450,14 @@ def part_streaming(args: argparse.Namespace) -> None:
 # -- part 5: figures -----------------------------------------------------------------------------------
 
 def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500) -> None:
-    """Render a HoloViews object to PNG: save as standalone HTML, screenshot it in chromium."""
+    """Render a HoloViews object to PNG without its toolbar (see benchmarks/_figures.py)."""
     import holoviews as hv
-    from playwright.sync_api import sync_playwright
 
-    hv.extension("bokeh", logo=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        html_path = Path(tmp) / "plot.html"
-        if isinstance(obj, hv.Layout):
-            obj = obj.opts(toolbar=None)
-        else:
-            obj = obj.opts(responsive=False, width=width, height=height, toolbar=None)
-        hv.save(obj, html_path, backend="bokeh", resources="inline")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-quic",
-                                              "--disable-background-networking",
-                                              "--disable-component-update", "--disable-sync"])
-            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
-            page.goto(html_path.as_uri())
-            page.wait_for_selector("canvas", state="attached", timeout=60_000)
-            page.wait_for_timeout(800)
-            page.screenshot(path=str(path), full_page=True)
-            browser.close()
+    if isinstance(obj, hv.Layout):
+        obj = obj.opts(toolbar=None)
+    else:
+        obj = obj.opts(responsive=False, width=width, height=height, toolbar=None)
+    _figures.render_png(obj, path, width=width, height=height, settle_ms=800)
     log(f"  wrote {path.relative_to(ROOT)}")
 
 

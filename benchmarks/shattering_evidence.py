@@ -22,18 +22,17 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import _figures  # benchmarks/_figures.py, beside this script
+from _figures import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 FIGURES = ROOT / "docs" / "figures"
 SUMMARY = FIGURES / "shattering_summary.json"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 METHODS = ("rome", "finetune")
 EXAMPLE = {"entity": 5, "relation": "B+1", "distance": 4}
 
@@ -87,22 +86,8 @@ def part_sweep(args: argparse.Namespace) -> None:
 
 
 def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500) -> None:
-    """Render a HoloViews object to PNG: save as standalone HTML, screenshot it in chromium."""
-    import holoviews as hv
-    from playwright.sync_api import sync_playwright
-
-    hv.extension("bokeh", logo=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        html_path = Path(tmp) / "plot.html"
-        hv.save(obj, html_path, backend="bokeh", resources="inline")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
-            page.goto(html_path.as_uri())
-            page.wait_for_selector("canvas", state="attached", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(path), full_page=True)
-            browser.close()
+    """Render a HoloViews object to PNG (see benchmarks/_figures.py)."""
+    _figures.render_png(obj, path, width=width, height=height)
     log(f"  wrote {path.relative_to(ROOT)}")
 
 

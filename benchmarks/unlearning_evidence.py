@@ -20,18 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import _figures  # benchmarks/_figures.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 FIGURES = ROOT / "docs" / "figures"
 SUMMARY = FIGURES / "unlearning_summary.json"
-CHROMIUM = "/usr/bin/chromium"
 
 SETTINGS = dict(n_forget=8, n_retain=8, n_layers=4, steps=8, lr=2e-4, retain_weight=1.0,
                 relearn_steps=3, relearn_lr=2e-5, seed=0)
@@ -144,24 +144,9 @@ def _num(x) -> float | None:
 
 
 def render_png(obj: Any, path: Path, *, width: int, height: int) -> None:
-    """Render a HoloViews object to PNG: standalone HTML, screenshot in chromium."""
-    import holoviews as hv
-    from playwright.sync_api import sync_playwright
-
-    hv.extension("bokeh", logo=False)
-    obj = obj.opts(responsive=False, width=width, height=height)
-    with tempfile.TemporaryDirectory() as tmp:
-        html_path = Path(tmp) / "plot.html"
-        hv.save(obj, html_path, backend="bokeh", resources="inline")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": width + 60, "height": height + 60})
-            page.goto(html_path.as_uri())
-            page.wait_for_selector("canvas", state="attached", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(path), full_page=True)
-            browser.close()
+    """Render a HoloViews object to PNG at a fixed size (see benchmarks/_figures.py)."""
+    _figures.render_png(obj.opts(responsive=False, width=width, height=height), path,
+                        width=width, height=height)
     print(f"wrote {path.relative_to(ROOT)}")
 
 
