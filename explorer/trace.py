@@ -193,7 +193,6 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
         sel = position_index(batch.lengths, batch.width, save_positions)
     start = 0
     lens_layers = [int(x) for x in lens_layers] if lens_k else []
-    spec_ = model.spec
     softcap = None
     if model.arch.logit_softcap_attr:
         softcap = getattr(model.hf.config, model.arch.logit_softcap_attr, None)
@@ -270,10 +269,10 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                     if wanted:
                         keep(point, value)
                     if head_out:
-                        w = block.attn.o_proj.weight  # [d_model, head*d_head] (Conv1D: .T)
+                        w = block.attn.o_proj.weight  # Linear [d_model, head*d_head]; Conv1D .T
                         w = w if arch_transposed else w.T
-                        w = w.reshape(spec_.n_heads, spec_.d_head, spec_.d_model)
-                        z = value.reshape(*value.shape[:2], spec_.n_heads, spec_.d_head)
+                        w = w.reshape(spec.n_heads, spec.d_head, spec.d_model)
+                        z = value.reshape(*value.shape[:2], spec.n_heads, spec.d_head)
                         keep((layer, "head_out"), torch.einsum("pshd,hdm->pshm", z, w))
                     if lens_here:
                         lens_resid[layer] = value.clone() if clone else value
