@@ -142,3 +142,114 @@ def test_cli_task_vectors_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert len(out["td"]) == 3 and set(out["fv_accuracy"]) == {"antonym", "uppercase"}
     assert out["fv_layer"] == 1
+
+
+# -- out of core with dask ----------------------------------------------------------------
+
+def _stored_clusters(tmp_path, n_tasks=4, per_task=12, n_layers=4, d_model=16):
+    """Clustered last-token residuals [prompt, pos=1, layer, d_model], stored in small chunks.
+
+    Cluster separation grows with the layer, so TD differs from layer to layer."""
+    import xarray as xr
+    from unittest import mock
+
+    import explorer.store as store_module
+    from explorer.store import ActivationStore
+
+    rng = np.random.default_rng(3)
+    labels = np.repeat([f"task{i}" for i in range(n_tasks)], per_task)
+    centres = rng.normal(size=(n_tasks, n_layers, d_model))
+    codes = np.repeat(np.arange(n_tasks), per_task)
+    scale = np.linspace(0.1, 1.5, n_layers)[None, :, None]
+    x = (centres[codes] * scale + rng.normal(size=(len(codes), n_layers, d_model)))
+    x = x.astype(np.float32)                                          # [prompt, layer, d_model]
+    ds = xr.Dataset({"resid_post": (("prompt", "pos", "layer", "d_model"), x[:, None])},
+                    coords={"prompt": np.arange(len(codes)), "layer": np.arange(n_layers)})
+    store = ActivationStore(tmp_path)
+    row_bytes = n_layers * d_model * 4
+    with mock.patch.object(store_module, "_TARGET_CHUNK_BYTES", 10 * row_bytes):
+        store.put("td-clusters", ds, parts={"method": "test"})
+    return store, x, labels
+
+
+@pytest.mark.parametrize("scheduler", ["synchronous", "threads", "local"])
+def test_decodability_over_store_equals_knn_per_layer_in_memory(tmp_path, scheduler):
+    store, x, labels = _stored_clusters(tmp_path)
+    lazy = store.get("td-clusters")
+    assert len(lazy.resid_post.chunks[0]) > 1                         # several dask chunks
+    # one in-process worker; a memory limit far above what the test process uses
+    options = (dict(n_workers=1, processes=False, memory_limit="4GB") if scheduler == "local"
+               else None)
+    out = tv.decodability_over_store(lazy, labels, k=5, scheduler=scheduler,
+                                     scheduler_options=options)
+    assert out.attrs["scheduler"] == scheduler
+    expect_td = [tv.knn_loo_accuracy(x[:, layer], labels, k=5) for layer in range(x.shape[1])]
+    assert out.td.values.tolist() == expect_td                         # exactly
+    assert len(set(expect_td)) > 1 and max(expect_td) > 0.9
+    for layer in range(x.shape[1]):
+        pred = tv.knn_loo_predictions(x[:, layer], labels, k=5)
+        assert out.predicted.values[layer].tolist() == pred.tolist()
+        ok = pred == labels
+        assert out.td_per_task.values[layer].tolist() == [ok[labels == t].mean()
+                                                          for t in out.task.values]
+        centred = x[:, layer].astype(np.float64) - x[:, layer].astype(np.float64).mean(0)
+        sv = np.linalg.svd(centred, compute_uv=False)
+        # the 2-D projection keeps the two leading principal directions' variance
+        np.testing.assert_allclose((out.projection.values[layer] ** 2).sum(0), sv[:2] ** 2,
+                                   rtol=1e-9)
+    assert list(out.task.values) == ["task0", "task1", "task2", "task3"]
+
+
+def test_decodability_over_store_rejects_bad_input(tmp_path):
+    store, x, labels = _stored_clusters(tmp_path)
+    lazy = store.get("td-clusters")
+    with pytest.raises(InputError, match=r"`scheduler` must be one of 'threads', "
+                                         r"'synchronous', 'local'; got 'thread'"):
+        tv.decodability_over_store(lazy, labels, scheduler="thread")
+    with pytest.raises(InputError, match=r"`labels` must have one label per prompt \(48\)"):
+        tv.decodability_over_store(lazy, labels[:-1])
+    with pytest.raises(InputError, match=r"`site` 'attn_z' is not in the Dataset"):
+        tv.decodability_over_store(lazy, labels, site="attn_z")
+    with pytest.raises(InputError, match=r"`k` must be an int in"):
+        tv.decodability_over_store(lazy, labels, k=48)
+
+
+def test_task_decodability_through_the_store_and_dask_is_the_same(tiny_model, tmp_path):
+    from explorer.store import ActivationStore
+
+    m, store = tiny_model, ActivationStore(tmp_path)
+    kw = dict(n_prompts=5, n_shots=2, k=3, seed=0)
+    tasks = ["antonym", "uppercase"]
+    plain = tv.task_decodability(m, tasks, **kw)
+    via_dask = tv.task_decodability(m, tasks, store=store, scheduler="synchronous", **kw)
+    [entry] = store.ls()
+    assert entry["parts"]["method"] == "last_token_residuals"
+    again = tv.task_decodability(m, tasks, store=store, **kw)          # from the cache, in memory
+    threads = tv.task_decodability(m, tasks, scheduler="threads", **kw)  # no store
+    for ds in (via_dask, again, threads):
+        for name in ("td", "td_per_task", "projection", "prompt_task"):
+            np.testing.assert_array_equal(ds[name].values, plain[name].values, err_msg=name)
+        assert ds.attrs["best_layer"] == plain.attrs["best_layer"]
+    assert len(store.ls()) == 1
+    with pytest.raises(InputError, match=r"`scheduler` must be one of .*got 'nope'"):
+        tv.task_decodability(m, tasks, scheduler="nope", **kw)
+
+
+def test_cli_task_vectors_scheduler_option(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    tv.register_cli(parser.add_subparsers())
+    base = ["task-vectors", "--model", "tiny-llama", "--tasks", "antonym,uppercase",
+            "--n-prompts", "4", "--n-shots", "2", "--k", "3", "--json"]
+    args = parser.parse_args(base + ["--scheduler", "synchronous", "--cache"])
+    assert args.scheduler == "synchronous"
+    assert args.func(args) == 0
+    cached = json.loads(capsys.readouterr().out)
+    args = parser.parse_args(base)
+    assert args.scheduler == "threads" and not args.cache
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["td"] == cached["td"]
+    assert any((tmp_path / "activations").iterdir())
+    args = parser.parse_args(base + ["--scheduler", "thread"])
+    with pytest.raises(InputError, match=r"`scheduler` must be one of .*got 'thread'"):
+        args.func(args)

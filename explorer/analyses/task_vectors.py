@@ -8,6 +8,8 @@
   the token before the answer, per layer, and its relation to ICL accuracy across tasks
   (Han, Song, Gore, Agrawal, "Emergence and Effectiveness of Task Vectors in In-Context
   Learning: An Encoder-Decoder Perspective", ICML 2025).
+- `decodability_over_store`: the same k-NN TD per layer from cached last-token residuals,
+  out of core with dask, one task per layer (``task_decodability(store=..., scheduler=...)``).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ __all__ = [
     "null_task",
     "last_token_residuals",
     "task_decodability",
+    "decodability_over_store",
     "register_cli",
 ]
 
@@ -175,12 +178,21 @@ def _pca2(x: np.ndarray) -> np.ndarray:
 
 def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 20,
                       n_shots: int = 4, k: int = 10, include_null: bool = True,
-                      seed: int = 0) -> xr.Dataset:
+                      seed: int = 0, store: Any = None,
+                      scheduler: str | None = None) -> xr.Dataset:
     """Task decodability (TD) per layer and its relation to ICL accuracy (Han et al. 2025).
 
     For every task, ``n_prompts`` few-shot prompts are run; the residual (``resid_post``)
     at the last prompt token (the one before the answer) is classified by leave-one-out
     k-NN over all prompts of all tasks. TD is the fraction classified correctly.
+
+    With ``store`` (an `explorer.store.ActivationStore`) the last-token residuals are cached
+    there, keyed by the model's provenance and the prompts; with ``scheduler`` ("threads",
+    "synchronous", "local" or a scheduler address) TD is computed with dask, one task per
+    layer (`decodability_over_store`), over the cached entry opened lazily (or over the
+    residuals in memory without ``store``). The numbers are the same on every path. The key
+    does not see weights changed in place (a fine-tuned copy with the same spec): pass no
+    ``store`` for such a model.
 
     Returns
     -------
@@ -192,6 +204,10 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
     tasks = [_task(t) for t in tasks]
     if len(tasks) < 2:
         raise InputError(f"task decodability needs at least 2 tasks; got {len(tasks)}.")
+    if scheduler is not None:
+        from explorer.distributed import check_scheduler
+
+        scheduler = check_scheduler(scheduler)
     if include_null:
         tasks = tasks + [null_task(tasks, seed)]
     prompts, labels, acc = [], [], []
@@ -202,18 +218,35 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
         acc.append(np.nan if task.name == "null" and include_null
                    else few_shot_accuracy(model, p, a))
     k = check_int("k", k, low=1, high=len(prompts) - 1)
-    resid = last_token_residuals(model, prompts)               # [prompt, layer, d_model]
     labels_a = np.array(labels)
     names = [t.name for t in tasks]
     n_layers = model.spec.n_layers
     td = np.zeros(n_layers)
     td_task = np.zeros((n_layers, len(tasks)))
     proj = np.zeros((n_layers, len(prompts), 2))
+    if store is None:
+        resid = last_token_residuals(model, prompts)           # [prompt, layer, d_model]
+    else:                                                      # lazy, dask-backed
+        resid = store.get_or_compute(
+            _residuals_key_parts(model, prompts),
+            lambda: _residuals_dataset(last_token_residuals(model, prompts)))
+    if scheduler is not None:                                  # one dask task per layer
+        if store is None:
+            resid = _residuals_dataset(resid)
+        over = decodability_over_store(resid, labels_a, k=k, scheduler=scheduler)
+        predicted = list(over.predicted.values)
+        proj[:] = over.projection.values
+    else:
+        if store is not None:
+            resid = resid.resid_post.transpose("prompt", "layer", "d_model").values
+        predicted = [knn_loo_predictions(resid[:, layer], labels_a, k)
+                     for layer in range(n_layers)]
+        for layer in range(n_layers):
+            proj[layer] = _pca2(resid[:, layer].astype(np.float64))
     for layer in range(n_layers):
-        correct = knn_loo_predictions(resid[:, layer], labels_a, k) == labels_a
+        correct = predicted[layer] == labels_a
         td[layer] = correct.mean()
         td_task[layer] = [correct[labels_a == n].mean() for n in names]
-        proj[layer] = _pca2(resid[:, layer].astype(np.float64))
     best = int(np.argmax(td))
     real = [i for i, n in enumerate(names) if not (include_null and n == "null")]
     # per-task TD averaged over layers: at the best layer TD often saturates at 1 for
@@ -233,11 +266,121 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
                "best_layer": best, "td_accuracy_r2": r2})
 
 
+def _residuals_key_parts(model: Any, prompts: Sequence[str]) -> dict[str, Any]:
+    """Cache key parts of `last_token_residuals`: model provenance and the prompts."""
+    return {"model": model.spec.provenance(), "method": "last_token_residuals",
+            "site": "resid_post", "prompts": list(prompts)}
+
+
+def _residuals_dataset(resid: np.ndarray) -> xr.Dataset:
+    """Last-token residuals [prompt, layer, d_model] as a Dataset the store can hold."""
+    return xr.Dataset({"resid_post": (("prompt", "layer", "d_model"), resid)},
+                      coords={"prompt": np.arange(resid.shape[0]),
+                              "layer": np.arange(resid.shape[1])},
+                      attrs={"method": "last_token_residuals", "site": "resid_post"})
+
+
+def _layer_decodability(x: np.ndarray, labels: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """k-NN LOO predictions and the 2-D PCA of one layer's residuals ``x`` [prompt, d_model]."""
+    x = np.asarray(x)
+    return knn_loo_predictions(x, labels, k), _pca2(x.astype(np.float64))
+
+
+def decodability_over_store(ds: xr.Dataset, labels: Sequence[Any], *, site: str = "resid_post",
+                            k: int = 10, scheduler: str = "threads",
+                            scheduler_options: dict[str, Any] | None = None) -> xr.Dataset:
+    """Leave-one-out k-NN task decodability per layer, out of core with dask (Han et al. 2025).
+
+    Reads ``site`` of a Dataset of last-token residuals (dims prompt, [pos of size 1,]
+    layer, d_model), e.g. a store entry opened lazily (`explorer.store.ActivationStore.get`,
+    `explorer.distributed.open_entry`); an in-memory Dataset works too. Each layer is one
+    dask task that loads only that layer's [prompt, d_model] slice, so memory holds a few
+    layers, never the cache. The numbers are those of `knn_loo_predictions` in memory.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        Last-token residuals, lazy or in memory.
+    labels : sequence
+        The task of every prompt (length: the ``prompt`` dim).
+    site : str, default="resid_post"
+    k : int, default=10
+        Neighbours (at most the number of prompts - 1).
+    scheduler : str, default="threads"
+        ``"threads"``, ``"synchronous"``, ``"local"`` (a LocalCluster) or a scheduler
+        address; see `explorer.distributed.dask_scheduler`.
+    scheduler_options : dict, optional
+        Passed to `explorer.distributed.dask_scheduler` (e.g. ``n_workers``, ``processes``).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``td`` (layer), ``td_per_task`` (layer, task; tasks in order of first appearance),
+        ``predicted`` (layer, prompt), ``projection`` (layer, prompt, component) a 2-D PCA
+        of each layer's residuals, ``prompt_task`` (prompt).
+    """
+    import dask
+    import dask.array as da
+
+    from explorer.distributed import check_scheduler, dask_scheduler
+
+    scheduler = check_scheduler(scheduler)
+    if site not in ds.data_vars:
+        raise InputError(f"`site` {site!r} is not in the Dataset; it has "
+                         f"{', '.join(map(str, ds.data_vars))}.")
+    x = ds[site]
+    if "pos" in x.dims:
+        if x.sizes["pos"] != 1:
+            raise InputError(f"`{site}` must hold one position per prompt (the last token); "
+                             f"its pos dim has size {x.sizes['pos']}.")
+        x = x.isel(pos=0)
+    if set(x.dims) != {"prompt", "layer", "d_model"}:
+        raise InputError(f"`{site}` must have dims prompt, [pos,] layer, d_model; "
+                         f"got {x.dims}.")
+    x = x.transpose("prompt", "layer", "d_model")                 # [prompt, layer, d_model]
+    labels_a = np.asarray(labels)
+    n_prompts, n_layers = x.sizes["prompt"], x.sizes["layer"]
+    if labels_a.shape != (n_prompts,):
+        raise InputError(f"`labels` must have one label per prompt ({n_prompts}); "
+                         f"got shape {labels_a.shape}.")
+    if n_prompts < 2:
+        raise InputError(f"k-NN needs at least 2 prompts; got {n_prompts}.")
+    k = check_int("k", k, low=1, high=n_prompts - 1)
+    data = x.data
+    if not isinstance(data, da.Array):
+        data = da.from_array(np.asarray(data), chunks=(-1, 1, -1))
+    tasks = []
+    for layer in range(n_layers):
+        # slicing fused into the chunk reads: each task reads only this layer's values
+        (part,) = dask.optimize(data[:, layer, :])                # [prompt, d_model]
+        tasks.append(dask.delayed(_layer_decodability, pure=True)(part, labels_a, k))
+    with dask_scheduler(scheduler, **(scheduler_options or {})):
+        results = dask.compute(*tasks)
+    predicted = np.stack([r[0] for r in results])                 # [layer, prompt]
+    projection = np.stack([r[1] for r in results])                # [layer, prompt, 2]
+    names = list(dict.fromkeys(labels_a.tolist()))
+    correct = predicted == labels_a[None, :]
+    td_task = np.array([[correct[layer, labels_a == n].mean() for n in names]
+                        for layer in range(n_layers)]).reshape(n_layers, len(names))
+    layer_coord = x.coords["layer"].values if "layer" in x.coords else np.arange(n_layers)
+    prompt_coord = x.coords["prompt"].values if "prompt" in x.coords else np.arange(n_prompts)
+    return xr.Dataset(
+        {"td": (("layer",), correct.mean(1)),
+         "td_per_task": (("layer", "task"), td_task),
+         "predicted": (("layer", "prompt"), predicted),
+         "projection": (("layer", "prompt", "component"), projection),
+         "prompt_task": (("prompt",), labels_a)},
+        coords={"layer": layer_coord, "task": names, "prompt": prompt_coord,
+                "component": ["pc1", "pc2"]},
+        attrs={"method": "decodability_over_store", "site": site, "k": k,
+               "scheduler": scheduler, "citation": CITATION})
+
+
 # -- CLI -----------------------------------------------------------------------------------
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer task-vectors``: task decodability and function-vector accuracy."""
-    from explorer.cli import add_model_option
+    from explorer.cli import add_model_option, add_scheduler_option
 
     p = subparsers.add_parser(
         "task-vectors", help="function vectors and task decodability per layer",
@@ -254,6 +397,10 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--layer", type=int, default=None, help="FV layer (default n_layers // 3)")
     p.add_argument("--top-fraction", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
+    add_scheduler_option(p)
+    p.add_argument("--cache", action="store_true",
+                   help="cache the last-token residuals in the activation store; TD then "
+                        "runs with dask over the cached entry, one task per layer")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_task_vectors)
 
@@ -261,12 +408,16 @@ def register_cli(subparsers: Any) -> None:
 def _cmd_task_vectors(args: Any) -> int:
     from explorer.analyses.icl_heads import fv_scores
     from explorer.cli import print_json
+    from explorer.distributed import check_scheduler
     from explorer.models import load_model
+    from explorer.store import ActivationStore
 
+    scheduler = check_scheduler(args.scheduler)
     model = load_model(args.model)
     tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
     td = task_decodability(model, tasks, n_prompts=args.n_prompts, n_shots=args.n_shots,
-                           k=args.k, seed=args.seed)
+                           k=args.k, seed=args.seed, scheduler=scheduler,
+                           store=ActivationStore() if args.cache else None)
     summary: dict[str, Any] = {
         "model": model.spec.name, "td": td.td.values.tolist(),
         "best_layer": td.attrs["best_layer"], "td_accuracy_r2": td.attrs["td_accuracy_r2"],
