@@ -183,6 +183,44 @@ def _adapter(model: Model) -> _Adapter:
         f"{model.spec.name} is {family!r}.")
 
 
+class _SharedInputQKV(torch.autograd.Function):
+    """Per-head query/key/value of heads that all read the SAME input (an unpatched run).
+
+    Forward normalises the input once and projects it with the model's own q/k/v weights
+    (one key/value per group under grouped-query attention, then copied to its query heads);
+    backward still gives every head its own input gradient, ``J_norm^T (W_h^T d[q|k|v]_h)``,
+    exactly what the per-head computation (`_Adapter.project` on H copies) gives.
+    """
+
+    @staticmethod
+    def forward(ctx, x_heads, norm, W_shared, b_shared, W_heads, rep, n_heads, d_head):
+        # x_heads [head, prompt, pos, d_model] with stride 0 over head: one input read H times
+        x0 = x_heads[0]                                                 # [prompt, pos, d_model]
+        b, p, d = x0.shape
+        y = torch.matmul(norm(x0), W_shared)                            # [prompt, pos, (H+2G)*d_head]
+        if b_shared is not None:
+            y = y + b_shared
+        n_q = n_heads * d_head
+        n_kv = (y.shape[-1] - n_q) // 2
+        q = y[..., :n_q].view(b, p, n_heads, d_head).transpose(1, 2)    # [prompt, head, pos, d_head]
+        k = y[..., n_q:n_q + n_kv].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
+        v = y[..., n_q + n_kv:].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
+        ctx.save_for_backward(x0, W_heads)
+        ctx.norm = norm
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        x0, W_heads = ctx.saved_tensors                                 # W_heads [head, d_model, 3*d_head]
+        H = W_heads.shape[0]
+        b, p, d = x0.shape
+        dqkv = torch.cat([dq, dk, dv], dim=-1).transpose(0, 1).reshape(H, b * p, -1)
+        dnormed = torch.bmm(dqkv, W_heads.transpose(1, 2)).view(H, b, p, d)  # [head, prompt, pos, d_model]
+        _, norm_vjp = torch.func.vjp(ctx.norm, x0)
+        (dx,) = torch.func.vmap(norm_vjp)(dnormed)                      # [head, prompt, pos, d_model]
+        return dx, None, None, None, None, None, None, None
+
+
 class _Adapter:
     """Embedding, per-head attention on per-head inputs, MLP and unembedding of one family."""
 
@@ -246,7 +284,9 @@ class _LlamaAdapter(_Adapter):
         group = self.n_heads // self.n_kv
         H, dh = self.n_heads, self.d_head
         self.W, self.b = [], []
+        self.W_shared, self.b_shared = [], []
         rep = torch.arange(H) // group  # query head -> its key/value head
+        self.rep = rep
         for block in self.layers:
             a = block.self_attn
             # [head, d_model, 3*d_head]: query, key, value of each query head side by side
@@ -254,6 +294,10 @@ class _LlamaAdapter(_Adapter):
                            a.k_proj.weight.reshape(self.n_kv, dh, -1)[rep],
                            a.v_proj.weight.reshape(self.n_kv, dh, -1)[rep]], dim=1)
             self.W.append(w.transpose(1, 2).contiguous())
+            self.W_shared.append(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
+                                           dim=0).T.contiguous())  # [d_model, (H+2G)*d_head]
+            self.b_shared.append(None if a.q_proj.bias is None else torch.cat(
+                [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
             if a.q_proj.bias is None:
                 self.b.append(None)
             else:
@@ -278,8 +322,13 @@ class _LlamaAdapter(_Adapter):
     def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
         """Per-head inputs [head, prompt, pos, d_model] -> head writes [head, prompt, pos, d_model]."""
         block = self.layers[layer]
-        normed = block.input_layernorm(x)                              # [head, prompt, pos, d_model]
-        q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
+        if x.stride(0) == 0:  # every head reads the same stream: normalise and project it once
+            q, k, v = _SharedInputQKV.apply(x, block.input_layernorm, self.W_shared[layer],
+                                            self.b_shared[layer], self.W[layer], self.rep,
+                                            self.n_heads, self.d_head)
+        else:
+            normed = block.input_layernorm(x)                          # [head, prompt, pos, d_model]
+            q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
         cos, sin = ctx["cos"], ctx["sin"]
         q = q * cos + self._rotate_half(q) * sin
         k = k * cos + self._rotate_half(k) * sin
