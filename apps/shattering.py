@@ -2,8 +2,8 @@
 graph and watch the entity representations move.
 
 Nishi et al. (ICML 2025): entities sit on cyclic orders and a small transformer trained on random
-walks over the graph represents them on rings. A knowledge edit (ROME's rank-one update, or
-fine-tuning one MLP) that sends ``e r`` to an entity ``d`` steps past the true one distorts the
+walks over the graph represents them on rings. A knowledge edit (ROME's rank-one update, MEMIT's
+least-squares update spread over the MLPs of blocks 0..L, or fine-tuning one MLP) that sends ``e r`` to an entity ``d`` steps past the true one distorts the
 rings, measured by ``R = ||D* - D0||_F / ||D0||_F`` on the entity distance matrix. The strength
 slider scales the edit's parameter change (0 = unedited, 1 = the edit); the plane is the
 unedited PCA plane, with entities joined in cycle order and coloured by their place on the cycle.
@@ -159,7 +159,9 @@ class ShatteringView(pn.viewable.Viewer):
     strength = param.Number(default=1.0, bounds=(0.0, 1.5), step=0.05, label="Edit strength",
                             doc="Multiple of the edit's parameter change (0 = unedited).")
     order = param.Selector(default=0, objects=[0], check_on_set=False, label="Cycle drawn")
-    layer = param.Integer(default=0, bounds=(0, 1), label="Edited block (MLP)")
+    layer = param.Integer(default=0, bounds=(0, 1), label="Edited block (MLP)",
+                          doc="ROME and fine-tuning edit this block's MLP; MEMIT spreads the edit over "
+                              "the MLPs of blocks 0 up to this one (its last critical block).")
 
     km = param.Parameter(default=None, precedence=-1)
     edit = param.Parameter(default=None, precedence=-1)
@@ -262,12 +264,14 @@ class ShatteringView(pn.viewable.Viewer):
         method, distance, layer = self.method, self.distance, self.layer
 
         def job(token: CancelToken) -> KnowledgeEdit:
-            cov = None
-            if method == "rome":
+            cov: Any = None
+            if method in ("rome", "memit"):
+                blocks = [layer] if method == "rome" else list(range(layer + 1))
                 with self._lock:
-                    if layer not in self._cov:
-                        self._cov[layer] = key_covariance(km, layer)
-                    cov = self._cov[layer]
+                    for b in blocks:
+                        if b not in self._cov:
+                            self._cov[b] = key_covariance(km, b)
+                    cov = self._cov[layer] if method == "rome" else {b: self._cov[b] for b in blocks}
             token.check()
             return edit_fact(km, e, r, distance, method=method, layer=layer, cov=cov)
 
@@ -358,9 +362,14 @@ class ShatteringView(pn.viewable.Viewer):
         parts = ", ".join(f"{s} {float(base.sel(split=s)):.0%} → {float(acc['accuracy'].sel(split=s)):.0%}"
                           for s in ("direct", "logical", "compositional"))
         return (f"**{e['entity']} {e['relation']}**: {e['true_object']} → {e['new_object']} (distance "
-                f"{e['distance']}), {e['method']} at block {e['layer']}, strength {float(self.strength):.2f}: "
+                f"{e['distance']}), {e['method']} at {self._blocks(e)}, strength {float(self.strength):.2f}: "
                 f"**R = {float(emb['R'].values[-1]):.3f}**; the model now answers {pred}. Accuracy on the "
                 f"other facts: {parts}.")
+
+    @staticmethod
+    def _blocks(e: dict[str, Any]) -> str:
+        layers = e.get("layers", [e["layer"]])
+        return f"block {layers[0]}" if len(layers) == 1 else "blocks " + ", ".join(map(str, layers))
 
     def wait(self, timeout: float | None = 600) -> ShatteringView:
         """Block until background work has finished (tests, scripts)."""

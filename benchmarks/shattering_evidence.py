@@ -5,9 +5,12 @@ Parts (each writes its numbers into ``docs/figures/shattering_summary.json``):
 ``train``    Train the knowledge-graph transformer with `DEFAULTS` (Nishi et al., ICML 2025,
              scaled to CPU), save it in the cache (the model ``explorer shattering train`` makes
              and the page shows): wall time, final loss, accuracy by split.
-``sweep``    Many single counterfactual edits (distances 1-4, equal numbers) with ROME and
-             with fine-tuning of the same MLP: R against the accuracy drop on the other facts
-             (least-squares line and r²), mean R and accuracy drop by distance.
+``sweep``    Many single counterfactual edits (distances 1-4, equal numbers) with ROME, with
+             MEMIT (critical block 1, spread over blocks 0 and 1), with MEMIT on block 0
+             alone and with fine-tuning of ROME's MLP: R against the accuracy drop on the
+             other facts (least-squares line and r²), mean R and accuracy drop by distance.
+             ``--method`` runs only some; the others' numbers in the summary are kept.
+             ``seconds`` includes reading a sweep already in the store (then near 0).
 ``figures``  PNGs (rendered by chromium): the entity embedding before/after one edit, the
              R vs accuracy-drop scatters, R by distance, and the page.
 
@@ -15,6 +18,7 @@ Usage::
 
     python benchmarks/shattering_evidence.py              # all parts, about 5-10 minutes here
     python benchmarks/shattering_evidence.py --part sweep --n-edits 40
+    python benchmarks/shattering_evidence.py --part sweep --method memit
 """
 from __future__ import annotations
 
@@ -33,7 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 FIGURES = ROOT / "docs" / "figures"
 SUMMARY = FIGURES / "shattering_summary.json"
-METHODS = ("rome", "finetune")
+METHODS = ("rome", "memit", "finetune")
+#: Sweep options per method beyond the defaults (block 0): MEMIT's last critical block is the
+#: last block, so it spreads each edit over both MLPs (blocks 0 and 1).
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {"memit": {"layer": 1}}
+#: Sweeps by name: (method, options). ``memit_block0`` is MEMIT on block 0 alone (ROME's MLP
+#: and key), to separate the least-squares update from the spreading over blocks.
+SWEEPS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rome": ("rome", {}), "memit": ("memit", METHOD_OPTIONS["memit"]),
+    "memit_block0": ("memit", {"layer": 0}), "finetune": ("finetune", {})}
 EXAMPLE = {"entity": 5, "relation": "B+1", "distance": 4}
 
 
@@ -75,13 +87,17 @@ def part_sweep(args: argparse.Namespace) -> None:
     from explorer.analyses import shattering as sh
 
     km = sh.knowledge_model(seed=args.seed)
-    out = {}
-    for method in METHODS:
+    old = json.loads(SUMMARY.read_text()).get("sweep", {}) if SUMMARY.exists() else {}
+    out = dict(old)
+    for name in args.method or list(SWEEPS):
+        method, options = SWEEPS[name]
         t0 = time.perf_counter()
-        sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method)
-        out[method] = {**sh.sweep_summary(sweep), "seconds": round(time.perf_counter() - t0, 1)}
-        log(f"sweep {method}: r2 {out[method]['r2']:.3f}, R by distance {out[method]['R_by_distance']}")
-    out["machine"] = machine()
+        sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method, **options)
+        out[name] = {**sh.sweep_summary(sweep), "seconds": round(time.perf_counter() - t0, 1),
+                       "machine": machine()}
+        log(f"sweep {name}: r2 {out[name]['r2']:.3f}, R by distance {out[name]['R_by_distance']}")
+    if not args.method:
+        out["machine"] = machine()
     write_summary("sweep", out)
 
 
@@ -106,14 +122,16 @@ def part_figures(args: argparse.Namespace) -> None:
     rel = km.graph.relation_index(EXAMPLE["relation"])
     panels = []
     for method in METHODS:
-        edit = sh.edit_fact(km, EXAMPLE["entity"], rel, EXAMPLE["distance"], method=method)
+        edit = sh.edit_fact(km, EXAMPLE["entity"], rel, EXAMPLE["distance"], method=method,
+                            **METHOD_OPTIONS.get(method, {}))
         emb = sh.edit_embedding(km, edit, [0.0, 1.0])
         panels.append(_fixed(plot_embedding(emb, order=1), 560, 460))
-    render_png(hv.Layout(panels).cols(2).opts(shared_axes=False), FIGURES / "shattering_embedding.png",
-               width=1140, height=470)
+    cols = len(METHODS)
+    render_png(hv.Layout(panels).cols(cols).opts(shared_axes=False), FIGURES / "shattering_embedding.png",
+               width=570 * cols, height=470)
     scatters, bars = [], []
     for method in METHODS:
-        sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method)
+        sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method, **METHOD_OPTIONS.get(method, {}))
         scatters.append(_fixed(plot_shattering_scatter(sweep), 560, 380))
         d = sweep["distance"].values
         R = sweep["R"].values
@@ -124,10 +142,10 @@ def part_figures(args: argparse.Namespace) -> None:
                             * hv.ErrorBars([(str(k), m, e) for (_, m, e), k in zip(err, sorted(set(d.tolist())))],
                                            "counterfactual distance", ["mean R", "err"]))
                            .opts(title=f"{method}: mean R by distance (± s.e.)"), 360, 300))
-    render_png(hv.Layout(scatters).cols(2).opts(shared_axes=False), FIGURES / "shattering_scatter.png",
-               width=1140, height=390)
-    render_png(hv.Layout(bars).cols(2).opts(shared_axes=False), FIGURES / "shattering_distance.png",
-               width=740, height=310)
+    render_png(hv.Layout(scatters).cols(cols).opts(shared_axes=False), FIGURES / "shattering_scatter.png",
+               width=570 * cols, height=390)
+    render_png(hv.Layout(bars).cols(cols).opts(shared_axes=False), FIGURES / "shattering_distance.png",
+               width=370 * cols, height=310)
     page_screenshot(km, args)
 
 
@@ -179,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     p.add_argument("--n-edits", type=int, default=80, help="edits per method in the sweep (default: 80)")
+    p.add_argument("--method", action="append", choices=list(SWEEPS),
+                   help="sweep: edit method (repeatable; default: all)")
     p.add_argument("--retrain", action="store_true", help="train again even if the model is stored")
     args = p.parse_args(argv)
     import torch

@@ -1,5 +1,5 @@
-"""Representation shattering (Nishi et al., ICML 2025): graph generator, training, ROME and
-fine-tuning edits, the shattering ratio R, storage and the command line, on tiny settings."""
+"""Representation shattering (Nishi et al., ICML 2025): graph generator, training, ROME, MEMIT
+and fine-tuning edits, the shattering ratio R, storage and the command line, on tiny settings."""
 from __future__ import annotations
 
 import json
@@ -193,9 +193,132 @@ def test_finetune_edit_changes_only_the_chosen_layer(km):
     assert p_new > p_old
 
 
+# -- MEMIT ----------------------------------------------------------------------------
+
+def _spd(gen, d, n=40):
+    A = torch.randn(d, n, generator=gen, dtype=torch.float64)
+    return A @ A.T / n
+
+
+def test_memit_update_one_key_matches_the_hand_derived_closed_form():
+    # One key k, residual r: Δ (C + k k^T) = r k^T, and by Sherman-Morrison
+    # Δ = r (C^{-1} k)^T / (1 + s), s = k^T C^{-1} k, so Δ k = r s / (1 + s).
+    gen = torch.Generator().manual_seed(1)
+    d_out, d_in = 5, 7
+    C = _spd(gen, d_in)
+    k = torch.randn(d_in, generator=gen, dtype=torch.float64)
+    r = torch.randn(d_out, generator=gen, dtype=torch.float64)
+    delta = sh.memit_update(C, k[:, None], r[:, None]).numpy()
+    Cn, kn, rn = C.numpy(), k.numpy(), r.numpy()
+    u = np.linalg.solve(Cn, kn)
+    s = kn @ u
+    np.testing.assert_allclose(delta, np.outer(rn, u) / (1 + s), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(delta @ kn, rn * s / (1 + s), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(delta @ (Cn + np.outer(kn, kn)), np.outer(rn, kn), rtol=0, atol=1e-12)
+    assert np.linalg.matrix_rank(delta) == 1
+
+
+def test_memit_update_is_the_regularised_least_squares_solution():
+    # Δ minimises ||Δ K - R||² + ||Δ C^{1/2}||²: an ordinary least-squares problem on the
+    # stacked system Δ [K, C^{1/2}] = [R, 0], solved here by numpy.linalg.lstsq.
+    gen = torch.Generator().manual_seed(2)
+    d_out, d_in, n_edits = 4, 6, 3
+    C = _spd(gen, d_in)
+    K = torch.randn(d_in, n_edits, generator=gen, dtype=torch.float64)
+    R = torch.randn(d_out, n_edits, generator=gen, dtype=torch.float64)
+    delta = sh.memit_update(C, K, R).numpy()
+    w, v = np.linalg.eigh(C.numpy())
+    c_half = v @ np.diag(np.sqrt(w)) @ v.T
+    A = np.hstack([K.numpy(), c_half])                                   # [d_in, n_edits + d_in]
+    B = np.hstack([R.numpy(), np.zeros((d_out, d_in))])
+    lstsq = np.linalg.lstsq(A.T, B.T, rcond=None)[0].T                   # Δ A = B
+    np.testing.assert_allclose(delta, lstsq, rtol=0, atol=1e-10)
+    with pytest.raises(InputError, match="shapes must be"):
+        sh.memit_update(C, R, K)
+
+
+def test_memit_update_keeps_keys_c_inverse_orthogonal_to_the_edited_ones():
+    # Woodbury: Δ = R (I + K^T C^{-1} K)^{-1} K^T C^{-1}, so K^T C^{-1} x = 0 gives Δ x = 0.
+    gen = torch.Generator().manual_seed(3)
+    d_out, d_in, n_edits = 5, 8, 3
+    C = _spd(gen, d_in)
+    K = torch.randn(d_in, n_edits, generator=gen, dtype=torch.float64)
+    R = torch.randn(d_out, n_edits, generator=gen, dtype=torch.float64)
+    delta = sh.memit_update(C, K, R).numpy()
+    U = np.linalg.solve(C.numpy(), K.numpy())                            # C^{-1} K, [d_in, n_edits]
+    q, _ = np.linalg.qr(U)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x = rng.normal(size=d_in)
+        x -= q @ (q.T @ x)                                                # U^T x = 0
+        assert np.abs(U.T @ x).max() < 1e-10
+        np.testing.assert_allclose(delta @ x, 0.0, rtol=0, atol=1e-10)
+    assert np.linalg.matrix_rank(delta) == n_edits
+    # a key that is not C^{-1}-orthogonal does move
+    assert np.abs(delta @ K.numpy()[:, 0]).max() > 1e-3
+
+
+def test_memit_with_no_edits_changes_nothing(km, cov):
+    assert torch.equal(sh.memit_update(cov, torch.zeros(64, 0), torch.zeros(32, 0)), torch.zeros(32, 64,
+                                                                                                 dtype=torch.float64))
+    delta, info = sh.memit_edits(km, [], layers=[0, 1], covs={0: cov})
+    assert sorted(delta) == ["blocks.0.mlp.proj.weight", "blocks.1.mlp.proj.weight"]
+    assert all(torch.equal(d, torch.zeros_like(d)) for d in delta.values())
+    model = sh.edited_model(km, sh.KnowledgeEdit(0, 0, 0, 0, 0, "memit", 1, delta))
+    for (n, p), (_, q) in zip(model.named_parameters(), km.model.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_memit_one_layer_on_the_model_writes_the_closed_form_residual(km, cov):
+    # One block, which is also the critical one: the residual after it is linear in Δ, so the
+    # edited model's residual moves by exactly Δ k = r s / (1 + s) from the unedited one.
+    edit = sh.edit_fact(km, 3, 1, 2, method="memit", layer=0, cov=cov)
+    assert list(edit.delta) == ["blocks.0.mlp.proj.weight"] and edit.info["layers"] == [0]
+    prompt = torch.tensor([[3, km.graph.n_entities + 1]])
+    key = km.model.mlp_keys(prompt, 0)[0, 1].double()
+    h0 = km.model(prompt, resid_layer=0)[0, 1].double()
+    r = edit.info["targets"][0] - h0
+    s = key @ torch.linalg.solve(cov, key)
+    h1 = sh.edited_model(km, edit)(prompt, resid_layer=0)[0, 1].double()
+    torch.testing.assert_close(h1 - h0, r * s / (1 + s), rtol=1e-3, atol=1e-4)
+
+
+def test_memit_changes_only_the_chosen_blocks_output_weights(km, cov):
+    prompt = torch.tensor([[5, km.graph.n_entities + 0]])
+    for layers, layer in (([0, 1], 1), ([1], 1), ([0], 1)):
+        edit = sh.edit_fact(km, 5, 0, 3, method="memit", layer=layer, layers=layers, cov={0: cov})
+        expected = {f"blocks.{l}.mlp.proj.weight" for l in layers}
+        assert set(edit.delta) == expected
+        model = sh.edited_model(km, edit)
+        changed = {n for (n, p), (_, q) in zip(model.named_parameters(), km.model.named_parameters())
+                   if not torch.equal(p, q)}
+        assert changed == expected, layers
+        p_new = torch.softmax(model(prompt)[0, -1, :16], -1)[edit.new_object]
+        p_old = torch.softmax(km.model(prompt)[0, -1, :16], -1)[edit.new_object]
+        assert p_new > p_old, layers
+
+
+def test_memit_edits_several_facts_at_once(km, cov):
+    g = km.graph
+    facts = [(1, 0), (6, 2), (9, 3)]
+    requests = [(e, r, sh.counterfactual_target(g, e, r, 2)) for e, r in facts]
+    delta, info = sh.memit_edits(km, requests, layers=[0, 1], covs={0: cov})
+    assert len(info["p_target_at_z"]) == 3 and info["targets"].shape == (3, 32)
+    model = sh.edited_model(km, sh.KnowledgeEdit(0, 0, 0, 0, 0, "memit", 1, delta))
+    for e, r, t in requests:
+        prompt = torch.tensor([[e, g.n_entities + r]])
+        p_new = torch.softmax(model(prompt)[0, -1, :16], -1)[t]
+        p_old = torch.softmax(km.model(prompt)[0, -1, :16], -1)[t]
+        assert p_new > p_old
+    with pytest.raises(InputError, match=r"`layer` \(the last critical block\) must be >="):
+        sh.memit_edits(km, requests, layer=0, layers=[1])
+
 def test_edit_rejects_bad_values(km):
-    with pytest.raises(InputError, match="`method` must be one of 'rome', 'finetune'; got 'memet'"):
+    with pytest.raises(InputError, match="`method` must be one of 'rome', 'memit', 'finetune'; "
+                                         "got 'memet'.*Did you mean 'memit'"):
         sh.edit_fact(km, 0, 0, 1, method="memet")
+    with pytest.raises(InputError, match="`layers` is for method 'memit' only"):
+        sh.edit_fact(km, 0, 0, 1, method="rome", layers=[0])
     with pytest.raises(InputError, match=r"`distance` must be an int in \[1, 15\]; got 16"):
         sh.edit_fact(km, 0, 0, 16)
     with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 1\]; got 2"):
@@ -271,6 +394,11 @@ def test_cli_edit_json(tmp_path, monkeypatch, capsys):
                  "--d-model", "32", "--d-mlp", "64", "--batch-size", "32", "--relation", "Z+9",
                  "--json"]) != 0
     assert "`relation` must be one of" in capsys.readouterr().err
+    assert main(["shattering", "edit", "--steps", "20", "--n-entities", "16", "--n-orders", "1",
+                 "--d-model", "32", "--d-mlp", "64", "--batch-size", "32", "--relation", "A-2",
+                 "--entity", "4", "--distance", "3", "--method", "memit", "--layer", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "memit" and out["layers"] == [0, 1] and out["R"] > 0
 
 
 # -- view (headless) ------------------------------------------------------------------
@@ -294,4 +422,7 @@ def test_view_follows_the_strength_slider(km):
     assert isinstance(view._embedding_plot(), hv.Overlay)
     plot = plot_shattering_scatter(sweep)
     assert f"r² = {sweep.attrs['r2']:.2f}" in plot.opts.get().kwargs["title"]
+    view.param.update(method="memit", layer=1, strength=1.0)
+    assert view.edit.method == "memit" and view.edit.info["layers"] == [0, 1]
+    assert "memit at blocks 0, 1" in view.summary()
     view.close()

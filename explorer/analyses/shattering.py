@@ -13,8 +13,10 @@ This module holds the graph generator (`knowledge_graph`, `random_walks`), the m
 (`KnowledgeGPT`) and its training (`train_knowledge_model`), storage of a trained model as
 safetensors in the cache folder (`save_knowledge_model`, `load_knowledge_model`,
 `knowledge_model`), accuracy on direct recall / logical / compositional inference
-(`fact_accuracy`), two edit methods at one MLP (`rome_edit`: the closed-form rank-one
-update; `finetune_edit`: gradient steps on that MLP only), the shattering ratio
+(`fact_accuracy`), three edit methods (`rome_edit`: the closed-form rank-one update at one
+MLP; `memit_edit` / `memit_edits`: MEMIT's least-squares update of one or several facts,
+spread over the MLPs of several blocks; `finetune_edit`: gradient steps on one MLP only),
+the shattering ratio
 (`shattering_ratio`, `entity_representations`, `edit_embedding`) and the sweep of many
 edits (`edit_sweep`, cached by `stored_edit_sweep`).
 
@@ -24,6 +26,8 @@ K. Nishi, R. Ramesh, M. Okawa, M. Khona, H. Tanaka, E. S. Lubana, "Representatio
 Shattering in Transformers: A Synthetic Study with Knowledge Editing", ICML 2025.
 K. Meng, D. Bau, A. Andonian, Y. Belinkov, "Locating and Editing Factual Associations in
 GPT" (ROME), NeurIPS 2022.
+K. Meng, A. S. Sharma, A. Andonian, Y. Belinkov, D. Bau, "Mass-Editing Memory in a
+Transformer" (MEMIT), ICLR 2023.
 """
 from __future__ import annotations
 
@@ -67,9 +71,12 @@ __all__ = [
     "shattering_ratio",
     "key_covariance",
     "rome_update",
+    "memit_update",
     "KnowledgeEdit",
     "counterfactual_target",
     "rome_edit",
+    "memit_edits",
+    "memit_edit",
     "finetune_edit",
     "edit_fact",
     "edited_model",
@@ -754,13 +761,144 @@ def finetune_edit(km: KnowledgeModel, entity: int, relation: int, new_object: in
                          {"p_target_before_last_step": p})
 
 
+def memit_update(cov: torch.Tensor, keys: torch.Tensor, residuals: torch.Tensor) -> torch.Tensor:
+    """MEMIT's least-squares change of one layer: ``Δ = R K^T (C + K K^T)^{-1}``.
+
+    ``Δ`` minimises ``||Δ K - R||_F² + tr(Δ C Δ^T)``: it writes the residuals ``R`` on the
+    edited keys ``K`` while staying small on the keys the layer usually sees (C-norm)
+    (Meng et al., ICLR 2023, eq. 14). By the Woodbury identity
+    ``Δ = R (I + K^T C^{-1} K)^{-1} K^T C^{-1}``, so keys ``x`` with ``K^T C^{-1} x = 0``
+    (C^{-1}-orthogonal to every edited key) are mapped as before, and for one key
+    ``Δ k = r s / (1 + s)`` with ``s = k^T C^{-1} k``.
+
+    Parameters
+    ----------
+    cov : torch.Tensor, shape (d_in, d_in)
+        Key second moment C (symmetric positive definite).
+    keys : torch.Tensor, shape (d_in, n_edits)
+        Edited keys K, one column per edit (``n_edits`` may be 0).
+    residuals : torch.Tensor, shape (d_out, n_edits)
+        What the layer's output must gain on each key, R.
+
+    Returns
+    -------
+    torch.Tensor, shape (d_out, d_in), float64
+    """
+    if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or keys.ndim != 2 or residuals.ndim != 2 \
+            or keys.shape[0] != cov.shape[0] or residuals.shape[1] != keys.shape[1]:
+        raise InputError(f"shapes must be C (d_in, d_in), K (d_in, n_edits), R (d_out, n_edits); got "
+                         f"{tuple(cov.shape)}, {tuple(keys.shape)}, {tuple(residuals.shape)}.")
+    c, k, r = (t.double() for t in (cov, keys, residuals))
+    if k.shape[1] == 0:
+        return torch.zeros(r.shape[0], c.shape[0], dtype=torch.float64)
+    # Δ (C + K K^T) = R K^T; C + K K^T is symmetric, so solve for Δ^T.
+    return torch.linalg.solve(c + k @ k.T, k @ r.T).T
+
+
+def memit_edits(km: KnowledgeModel, requests: Sequence[tuple[int, int, int]], *, layer: int | None = None,
+                layers: Sequence[int] | None = None, covs: dict[int, torch.Tensor] | None = None,
+                steps: int = 100, position: str = "last") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """MEMIT (Meng et al., ICLR 2023): several facts ``(entity, relation, new_object)`` at once.
+
+    1. For each fact, the target residual ``z_i = h_i^L + δ_i`` after the last critical block
+       ``L`` (``layer``, default the last of ``layers``) at the key position, ``δ_i`` found as
+       ROME's v* (`_target_value`: an additive change to block L's output there).
+    2. For each block ``l`` of ``layers`` in increasing order, on the model edited so far: the
+       keys ``K_l`` at that block's MLP, the remaining residuals ``r_i = z_i - h_i^L``, and
+       the change ``Δ_l = R_l K_l^T (C_l + K_l K_l^T)^{-1}`` to its MLP output projection, with
+       ``R_l = r / (number of blocks left, this one included)`` (`memit_update`).
+
+    ``layers`` defaults to all blocks up to ``layer``; ``C_l`` is `key_covariance` of the
+    unedited model (pass ``covs`` to reuse them). Returns the parameter changes (one entry
+    per block of ``layers``, zero for no requests) and info (keys, targets, p at z, layers).
+    """
+    n_layers = km.n_layers
+    if layers is None:
+        top = n_layers - 1 if layer is None else check_int("layer", layer, low=0, high=n_layers - 1)
+        layers = list(range(top + 1))
+    layers = sorted({check_int("layers[i]", l, low=0, high=n_layers - 1) for l in layers})
+    if not layers:
+        raise InputError("`layers` must name at least one block; got none.")
+    critical = layers[-1] if layer is None else check_int("layer", layer, low=0, high=n_layers - 1)
+    if critical < layers[-1]:
+        raise InputError(f"`layer` (the last critical block) must be >= every edited block; got {critical} "
+                         f"with layers {layers}.")
+    check_choice("position", position, ["last", "subject"])
+    pos = 1 if position == "last" else 0
+    n, n_rel = km.graph.n_entities, km.graph.n_relations
+    for i, (e, r, t) in enumerate(requests):
+        check_int(f"requests[{i}] entity", e, low=0, high=n - 1)
+        check_int(f"requests[{i}] relation", r, low=0, high=n_rel - 1)
+        check_int(f"requests[{i}] new object", t, low=0, high=n - 1)
+    names = [f"blocks.{l}.mlp.proj.weight" for l in layers]
+    delta = {name: torch.zeros_like(dict(km.model.named_parameters())[name]) for name in names}
+    info: dict[str, Any] = {"layers": layers, "critical_layer": critical, "position": position,
+                            "p_target_at_z": [], "targets": None}
+    if not requests:
+        return delta, info
+    covs = {} if covs is None else dict(covs)
+    for l in layers:
+        if l not in covs:
+            covs[l] = key_covariance(km, l)
+    prompts = torch.tensor([[e, n + r] for e, r, _ in requests])             # [edit, 2]
+    targets = []
+    with torch.enable_grad():
+        for i, (_, _, t) in enumerate(requests):
+            value, p_opt = _target_value(km, critical, prompts[i:i + 1], int(t), pos=pos, steps=steps)
+            with torch.no_grad():
+                v0 = km.model.blocks[critical].mlp["proj"](km.model.mlp_keys(prompts[i:i + 1], critical))[0, pos]
+            targets.append(value - v0)                                       # δ_i
+            info["p_target_at_z"].append(p_opt)
+    with torch.no_grad():
+        z = km.model(prompts, resid_layer=critical)[:, pos].double() + torch.stack(targets).double()  # [edit, d_model]
+        model = copy.deepcopy(km.model)
+        for j, l in enumerate(layers):
+            keys = model.mlp_keys(prompts, l)[:, pos].double()                # [edit, d_mlp]
+            resid = z - model(prompts, resid_layer=critical)[:, pos].double()  # [edit, d_model]
+            step = memit_update(covs[l], keys.T, resid.T / (len(layers) - j))
+            proj = model.blocks[l].mlp["proj"]
+            proj.weight.add_(step.to(proj.weight.dtype))
+            delta[names[j]] = proj.weight.detach() - km.model.blocks[l].mlp["proj"].weight.detach()
+        info["targets"] = z
+        info["final_residual_norm"] = float((z - model(prompts, resid_layer=critical)[:, pos].double()).norm())
+    return delta, info
+
+
+def memit_edit(km: KnowledgeModel, entity: int, relation: int, new_object: int, *, layer: int = 0,
+               layers: Sequence[int] | None = None, cov: torch.Tensor | dict[int, torch.Tensor] | None = None,
+               steps: int = 100, position: str = "last") -> KnowledgeEdit:
+    """MEMIT for one fact: `memit_edits` over ``layers`` (default: blocks 0..layer), with the
+    critical block ``layer`` or the last of ``layers``, whichever is later.
+    ``cov``: one tensor (one block) or a dict by block."""
+    layer = check_int("layer", layer, low=0, high=km.n_layers - 1)
+    if layers is not None:
+        layers = [check_int("layers[i]", l, low=0, high=km.n_layers - 1) for l in layers]
+        layer = max([layer, *layers])
+    covs = cov
+    if isinstance(cov, torch.Tensor):
+        blocks = sorted(set(range(layer + 1) if layers is None else layers))
+        if len(blocks) != 1:
+            raise InputError(f"MEMIT over blocks {blocks} needs `cov` as a dict by block; got one tensor.")
+        covs = {blocks[0]: cov}
+    delta, info = memit_edits(km, [(entity, relation, new_object)], layer=layer, layers=layers, covs=covs,
+                              steps=steps, position=position)
+    return KnowledgeEdit(entity, relation, -1, new_object, 0, "memit", layer, delta, info)
+
+
 #: Edit methods by name: ``method(km, entity, relation, new_object, layer=...)``.
-EDIT_METHODS: dict[str, Callable[..., KnowledgeEdit]] = {"rome": rome_edit, "finetune": finetune_edit}
+EDIT_METHODS: dict[str, Callable[..., KnowledgeEdit]] = {"rome": rome_edit, "memit": memit_edit,
+                                                          "finetune": finetune_edit}
 
 
 def edit_fact(km: KnowledgeModel, entity: int, relation: int, distance: int, *, method: str = "rome",
-              layer: int = 0, cov: torch.Tensor | None = None) -> KnowledgeEdit:
-    """A counterfactual edit: ``e r`` now points ``distance`` steps past its true object."""
+              layer: int = 0, cov: torch.Tensor | dict[int, torch.Tensor] | None = None,
+              layers: Sequence[int] | None = None) -> KnowledgeEdit:
+    """A counterfactual edit: ``e r`` now points ``distance`` steps past its true object.
+
+    ``layer`` is the edited block (ROME, fine-tuning) or MEMIT's last critical block;
+    ``layers`` (MEMIT only) the blocks MEMIT spreads the edit over (default 0..layer).
+    ``cov``: the key covariance (ROME), or a dict of them by block (MEMIT).
+    """
     check_choice("method", method, EDIT_METHODS)
     graph = km.graph
     entity = check_int("entity", entity, low=0, high=graph.n_entities - 1)
@@ -768,7 +906,11 @@ def edit_fact(km: KnowledgeModel, entity: int, relation: int, distance: int, *, 
     distance = check_int("distance", distance, low=1, high=graph.n_entities - 1)
     layer = check_int("layer", layer, low=0, high=km.n_layers - 1)
     new = counterfactual_target(graph, entity, relation, distance)
-    kwargs = {"cov": cov} if method == "rome" else {}
+    if layers is not None and method != "memit":
+        raise InputError(f"`layers` is for method 'memit' only; got method {method!r}.")
+    kwargs: dict[str, Any] = {"cov": cov} if method in ("rome", "memit") else {}
+    if method == "memit":
+        kwargs["layers"] = layers
     edit = EDIT_METHODS[method](km, entity, relation, new, layer=layer, **kwargs)
     edit.true_object = int(graph.objects()[entity, relation])
     edit.distance = distance
@@ -832,19 +974,21 @@ def _edit_attrs(km: KnowledgeModel, edit: KnowledgeEdit) -> dict[str, Any]:
     g = km.graph
     return {"entity": g.entity_names[edit.entity], "relation": g.relation_names[edit.relation],
             "true_object": g.entity_names[edit.true_object], "new_object": g.entity_names[edit.new_object],
-            "distance": edit.distance, "method": edit.method, "layer": edit.layer}
+            "distance": edit.distance, "method": edit.method, "layer": edit.layer,
+            "layers": [int(l) for l in edit.info.get("layers", [edit.layer])]}
 
 
 # -- many edits ------------------------------------------------------------------------
 
 def edit_sweep(km: KnowledgeModel, *, n_edits: int = 80, distances: Sequence[int] = (1, 2, 3, 4),
-               method: str = "rome", layer: int = 0, seed: int = 0,
+               method: str = "rome", layer: int = 0, layers: Sequence[int] | None = None, seed: int = 0,
                progress: ProgressCallback | None = None) -> xr.Dataset:
     """Many single counterfactual edits (each on the unedited model): R and accuracy drops.
 
     Edited facts are drawn at random from the correctly recalled direct facts; edit ``i``
     uses distance ``distances[i % len(distances)]``, so every distance gets the same
-    number of edits.
+    number of edits. ``layer``: the edited block, or MEMIT's last critical block, with
+    ``layers`` the blocks MEMIT spreads each edit over (default 0..layer).
 
     Returns
     -------
@@ -869,14 +1013,21 @@ def edit_sweep(km: KnowledgeModel, *, n_edits: int = 80, distances: Sequence[int
         raise InputError("the model recalls no direct fact correctly; train it longer.")
     rng = np.random.default_rng(seed)
     picks = candidates[rng.choice(len(candidates), size=n_edits, replace=len(candidates) < n_edits)]
-    cov = key_covariance(km, layer) if method == "rome" else None
+    if method == "memit":
+        layers = sorted({check_int("layers[i]", l, low=0, high=km.n_layers - 1)
+                         for l in (range(layer + 1) if layers is None else layers)})
+        cov: Any = {l: key_covariance(km, l) for l in layers}
+    elif layers is not None:
+        raise InputError(f"`layers` is for method 'memit' only; got method {method!r}.")
+    else:
+        cov = key_covariance(km, layer) if method == "rome" else None
     n = graph.n_entities
     d0 = distance_matrix(entity_representations(km.model, n))
     rows: dict[str, list] = {k: [] for k in ("entity", "relation", "distance", "new_object", "R",
                                              "success", "before", "after")}
     for i, (e, r) in enumerate(picks):
         dist = distances[i % len(distances)]
-        edit = edit_fact(km, int(e), int(r), dist, method=method, layer=layer, cov=cov)
+        edit = edit_fact(km, int(e), int(r), dist, method=method, layer=layer, cov=cov, layers=layers)
         model = edited_model(km, edit)
         acc = fact_accuracy(km, model, exclude=[(int(e), int(r))])
         before = _split_accuracy(graph, base_correct, (int(e), int(r)))
@@ -910,7 +1061,8 @@ def edit_sweep(km: KnowledgeModel, *, n_edits: int = 80, distances: Sequence[int
          "accuracy_drop": (("edit", "split"), drop)},
         coords={"edit": np.arange(len(R)), "split": [*SPLITS, "all"]},
         attrs=_attrs("edit_sweep", km, {"n_edits": n_edits, "distances": distances,
-                                        "edit_method": method, "layer": layer, "sweep_seed": seed},
+                                        "edit_method": method, "layer": layer, "sweep_seed": seed,
+                                        **({"layers": list(layers)} if method == "memit" else {})},
                      **fit,
                      R_by_distance={str(k): v for k, v in by_distance.items()},
                      accuracy_drop_by_distance={str(k): v for k, v in drop_by_distance.items()},
@@ -944,6 +1096,10 @@ def stored_edit_sweep(km: KnowledgeModel, *, store=None, progress: ProgressCallb
     store = ActivationStore() if store is None else store
     opts = {"n_edits": 80, "distances": [1, 2, 3, 4], "method": "rome", "layer": 0, "seed": 0, **options}
     opts["distances"] = [int(d) for d in opts["distances"]]
+    if opts.get("layers") is not None:
+        opts["layers"] = sorted({int(l) for l in opts["layers"]})
+    else:
+        opts.pop("layers", None)   # no key change for sweeps stored before MEMIT
     parts = {"method": "shattering_edit_sweep", "format": 1, "params": km.params,
              "weights_sha256": km.weights_sha256(), **{f"sweep_{k}": v for k, v in opts.items()}}
     return store.get_or_compute(parts, lambda: edit_sweep(km, progress=progress, **opts)).load()
@@ -953,7 +1109,9 @@ def sweep_summary(sweep: xr.Dataset) -> dict[str, Any]:
     """Headline numbers of an `edit_sweep`, JSON-able."""
     a = sweep.attrs
     return {"method": a["params"]["edit_method"], "n_edits": int(sweep.sizes["edit"]),
-            "layer": a["params"]["layer"], "success_rate": a["success_rate"],
+            "layer": a["params"]["layer"], **({"layers": list(a["params"]["layers"])}
+                                              if "layers" in a["params"] else {}),
+            "success_rate": a["success_rate"],
             "accuracy_before": dict(zip(sweep["split"].values.tolist(),
                                         map(float, sweep["accuracy_before"].values))),
             "mean_accuracy_drop": dict(zip(sweep["split"].values.tolist(),
@@ -987,7 +1145,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=DEFAULTS[name],
                        help=f"{name.replace('_', ' ')} (default: {DEFAULTS[name]})")
     p.add_argument("--method", choices=sorted(EDIT_METHODS), default="rome", help="edit method (default: rome)")
-    p.add_argument("--layer", type=int, default=0, help="block whose MLP is edited (default: 0)")
+    p.add_argument("--layer", type=int, default=0,
+                   help="block whose MLP is edited; memit: the last critical block (default: 0)")
+    p.add_argument("--layers", default=None,
+                   help="memit: comma-separated blocks to spread the edit over (default: 0..layer)")
     p.add_argument("--entity", type=int, default=0, help="edit: entity id (default: 0)")
     p.add_argument("--relation", default="A+1", help="edit: relation name, e.g. A+1, B-3 (default: A+1)")
     p.add_argument("--distance", type=int, default=2, help="edit: counterfactual distance (default: 2)")
@@ -1003,6 +1164,15 @@ def _cmd_shattering(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
     params = {k: getattr(args, k) for k in ("seed", "steps", "n_entities", "n_orders", "d_model",
                                             "n_layers", "d_mlp", "batch_size")}
+    layers = None
+    if args.layers is not None:
+        if args.method != "memit":
+            raise InputError(f"`--layers` is for `--method memit` only; got --method {args.method}.")
+        try:
+            layers = [int(x) for x in args.layers.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"`--layers` must be comma-separated block numbers, e.g. 0,1; got {args.layers!r}.") \
+                from None
     store = ActivationStore()
     progress = None if args.json else _terminal_progress("training")
     km = knowledge_model(store=store, retrain=args.retrain or args.action == "train",
@@ -1014,7 +1184,8 @@ def _cmd_shattering(args: argparse.Namespace) -> int:
                "accuracy": dict(zip(acc["split"].values.tolist(), map(float, acc.values)))}
     elif args.action == "edit":
         relation = km.graph.relation_index(args.relation)
-        edit = edit_fact(km, args.entity, relation, args.distance, method=args.method, layer=args.layer)
+        edit = edit_fact(km, args.entity, relation, args.distance, method=args.method, layer=args.layer,
+                         layers=layers)
         emb = edit_embedding(km, edit, [0.0, 1.0])
         acc0 = fact_accuracy(km, exclude=[(edit.entity, relation)])
         acc1 = fact_accuracy(km, edited_model(km, edit), exclude=[(edit.entity, relation)])
@@ -1024,7 +1195,7 @@ def _cmd_shattering(args: argparse.Namespace) -> int:
                "accuracy_after": dict(zip(acc1["split"].values.tolist(), map(float, acc1["accuracy"].values)))}
     else:
         sweep = stored_edit_sweep(km, store=store, progress=None if args.json else _terminal_progress("edits"),
-                                  n_edits=args.n_edits, method=args.method, layer=args.layer)
+                                  n_edits=args.n_edits, method=args.method, layer=args.layer, layers=layers)
         out = {**sweep_summary(sweep), "train_seconds": km.train_seconds}
     if args.json:
         from explorer.cli import print_json
