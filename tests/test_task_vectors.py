@@ -241,7 +241,7 @@ def test_cli_task_vectors_scheduler_option(capsys, tmp_path, monkeypatch):
     tv.register_cli(parser.add_subparsers())
     base = ["task-vectors", "--model", "tiny-llama", "--tasks", "antonym,uppercase",
             "--n-prompts", "4", "--n-shots", "2", "--k", "3", "--json"]
-    args = parser.parse_args(base + ["--scheduler", "synchronous", "--cache"])
+    args = parser.parse_args(base + ["--scheduler", "synchronous", "--store-residuals"])
     assert args.scheduler == "synchronous"
     assert args.func(args) == 0
     cached = json.loads(capsys.readouterr().out)

@@ -398,7 +398,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--top-fraction", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
     add_scheduler_option(p)
-    p.add_argument("--cache", action="store_true",
+    p.add_argument("--store-residuals", action="store_true",
                    help="cache the last-token residuals in the activation store; TD then "
                         "runs with dask over the cached entry, one task per layer")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -417,7 +417,7 @@ def _cmd_task_vectors(args: Any) -> int:
     tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
     td = task_decodability(model, tasks, n_prompts=args.n_prompts, n_shots=args.n_shots,
                            k=args.k, seed=args.seed, scheduler=scheduler,
-                           store=ActivationStore() if args.cache else None)
+                           store=ActivationStore() if args.store_residuals else None)
     summary: dict[str, Any] = {
         "model": model.spec.name, "td": td.td.values.tolist(),
         "best_layer": td.attrs["best_layer"], "td_accuracy_r2": td.attrs["td_accuracy_r2"],
