@@ -653,14 +653,25 @@ def _stack_inputs(inputs: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(inputs, dim=0)
 
 
+_CONTRACT_BLOCKS = 3  # source row blocks of the score product (see _contract)
+
+
 def _contract(delta: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Scores [src, dst] = sum over prompt, pos, d_model of delta[src] * grad[dst], on valid edges."""
     n_src, n_dst = valid.shape
     dl = delta.reshape(n_src, -1)                                   # [src, prompt*pos*d_model]
     gl = grad.reshape(n_dst, -1)                                    # [dst, prompt*pos*d_model]
-    # one product over all pairs reads each tensor once; per-block products over the
-    # existing edges only do half the arithmetic but read the sources once per block
-    return (dl @ gl.T) * valid.to(delta.dtype)
+    # later sources feed only later destinations: three row blocks of sources, each times the
+    # destinations from its first edge on, skip the empty lower-left corner (~1/4 of the
+    # arithmetic) while reading the sources once; more, smaller blocks measured slower
+    out = delta.new_zeros(n_src, n_dst)
+    bounds = [round(i * n_src / _CONTRACT_BLOCKS) for i in range(_CONTRACT_BLOCKS + 1)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        cols = valid[a:b].any(0).nonzero()
+        if b > a and len(cols):
+            c0 = int(cols[0])
+            torch.mm(dl[a:b], gl[c0:].T, out=out[a:b, c0:])
+    return out * valid.to(delta.dtype)
 
 
 def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, steps: int,
@@ -668,8 +679,8 @@ def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, ste
     """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics."""
     x_clean = ad.embed(prep.clean)
     alphas = [1.0] if method == "eap" else [k / steps for k in range(steps, 0, -1)]
-    grad_sum = None
-    clean_run = None
+    grad_sum = None  # [dst, prompt, pos, d_model], summed over the runs, divided at the end
+    clean_outs = None
     clean_logits = None
     with torch.enable_grad():
         for alpha in alphas:
@@ -677,23 +688,28 @@ def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, ste
             x = x.detach().requires_grad_(True)  # the only leaf: weights are frozen
             run = _forward(ad, prep.clean, embeds=x)
             if alpha == 1.0:
-                clean_run = run
                 clean_logits = run.logits.detach()
             m = _metric_values(metric, run.logits, prep, clean_logits).sum()
             grads = torch.autograd.grad(m, run.inputs)
-            g = _stack_inputs([gr.detach() for gr in grads])      # [dst, prompt, pos, d_model]
-            grad_sum = g if grad_sum is None else grad_sum + g
+            if grad_sum is None:
+                grad_sum = _stack_inputs(grads)
+            else:  # accumulate in place: no second [dst, ...] tensor
+                at = 0
+                for gr in grads:
+                    grad_sum[at:at + gr.shape[0]] += gr
+                    at += gr.shape[0]
             if alpha == 1.0:
                 clean_outs = run.outs.detach()
             del run, grads, m
-    grad_mean = grad_sum / len(alphas)                          # [dst, prompt, pos, d_model]
-    valid_pos = prep.clean.attention_mask.to(grad_mean.dtype)[None, :, :, None]
-    delta = (corrupt.outs - clean_outs) * valid_pos             # [src, prompt, pos, d_model]
-    scores = _contract(delta, grad_mean, torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)))
+    # corrupted minus clean source outputs, written over the clean ones (no longer needed)
+    delta = torch.sub(corrupt.outs, clean_outs, out=clean_outs)  # [src, prompt, pos, d_model]
+    if not bool(prep.clean.attention_mask.all()):
+        delta *= prep.clean.attention_mask.to(delta.dtype)[None, :, :, None]  # padding reads nothing
+    scores = _contract(delta, grad_sum, torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)))
+    scores /= len(alphas)                                         # mean gradient over the runs
     with torch.no_grad():
         m_clean = float(_metric_values(metric, clean_logits, prep, clean_logits).sum())
         m_corrupt = float(_metric_values(metric, corrupt.logits, prep, clean_logits).sum())
-    del clean_run
     return scores, m_clean, m_corrupt
 
 
