@@ -351,6 +351,7 @@ class _GPT2Adapter(_Adapter):
             # [head, d_model, 3*d_head]: query, key, value of each head side by side
             self.W.append(w.T.reshape(3, H, dh, d).permute(1, 3, 0, 2).reshape(H, d, 3 * dh).contiguous())
             self.b.append(block.attn.c_attn.bias.reshape(3, H, dh).transpose(0, 1).reshape(H, 3 * dh))
+        self.rep = torch.arange(H)
         self.scaling = 1.0 / math.sqrt(dh) if getattr(model.hf.config, "scale_attn_weights", True) else 1.0
 
     def embed(self, batch: Batch) -> torch.Tensor:
@@ -362,8 +363,13 @@ class _GPT2Adapter(_Adapter):
 
     def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
         block = self.layers[layer]
-        normed = block.ln_1(x)                                          # [head, prompt, pos, d_model]
-        q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
+        if x.stride(0) == 0:  # every head reads the same stream: normalise and project it once
+            attn = block.attn.c_attn  # Conv1D: weight [d_model, 3*d_model], q | k | v columns
+            q, k, v = _SharedInputQKV.apply(x, block.ln_1, attn.weight, attn.bias, self.W[layer],
+                                            self.rep, self.n_heads, self.d_head)
+        else:
+            normed = block.ln_1(x)                                      # [head, prompt, pos, d_model]
+            q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
         z = self.attend(q, k, v, mask, self.scaling)
         return self.head_out(layer, z)
 
