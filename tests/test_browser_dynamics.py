@@ -63,6 +63,26 @@ def server(runs):
         yield url
 
 
+def press_until(page, handle_css: str, key: str, selector: str, pattern: str,
+                tries: int = 4, timeout: float = 60) -> str:
+    """Press ``key`` on the slider handle until ``selector`` reads ``pattern``.
+
+    A key press can land while Panel re-renders the controls after a result arrives (the
+    focused handle is then replaced and the press is lost), so the handle is looked up and
+    focused again before each press.
+    """
+    for attempt in range(tries):
+        handle = page.locator(handle_css).first
+        handle.focus()
+        handle.press(key)
+        try:
+            return wait_for_text(page, selector, pattern, timeout=timeout)
+        except AssertionError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, browser, runs):
     prun, _ = runs["parity"]
     last_step = int(prun["step"].values[-1])
@@ -71,12 +91,9 @@ def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, b
     for css in (".parity-pca", ".parity-automaton", ".parity-accuracy", ".parity-curves", ".parity-phase"):
         wait_for_canvas(page, css)
     # The step slider is the first slider: Home moves it to step 0.
-    handle = page.locator(".parity-controls .noUi-handle").first
-    handle.focus()
-    handle.press("Home")
-    wait_for_text(page, ".parity-summary", r"Step 0 \(epoch 0\)")
-    handle.press("End")
-    wait_for_text(page, ".parity-summary", rf"Step {last_step}\b")
+    handle = ".parity-controls .noUi-handle"
+    press_until(page, handle, "Home", ".parity-summary", r"Step 0 \(epoch 0\)")
+    press_until(page, handle, "End", ".parity-summary", rf"Step {last_step}\b")
     page.locator(".parity-controls input[type=checkbox]").first.check()
     wait_for_text(page, ".parity-summary", r"Graph: minimal automaton")
     assert not errors, errors
@@ -88,10 +105,7 @@ def test_linear_icl_page_switches_heads_and_steps(server, browser, runs):
     wait_for_text(page, ".icl-summary", r"H = 2, step 60\b.*ω = \[[^\]]+,[^\]]+\]")
     for css in (".icl-kq", ".icl-ov", ".icl-loss", ".icl-length", ".icl-metrics"):
         wait_for_canvas(page, css)
-    handle = page.locator(".icl-controls .noUi-handle").first
-    handle.focus()
-    handle.press("Home")
-    wait_for_text(page, ".icl-summary", r"H = 2, step 0\b")
+    press_until(page, ".icl-controls .noUi-handle", "Home", ".icl-summary", r"H = 2, step 0\b")
     page.locator(".icl-controls button", has_text="1").first.click()
     text = wait_for_text(page, ".icl-summary", r"H = 1, step 0\b")
     assert re.search(r"ω = \[[^,\]]+\]", text)  # one head: one omega
