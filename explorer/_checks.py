@@ -19,6 +19,7 @@ __all__ = [
     "check_int",
     "check_float",
     "check_prompts",
+    "check_local_weights",
     "suggest",
 ]
 
@@ -92,6 +93,14 @@ def check_float(name: str, value: Any, *, low: float | None = None, high: float 
         hi = "inf" if high is None else high
         raise InputError(f"`{name}` must be a number in [{lo}, {hi}]; got {value}.")
     return value
+
+
+def check_local_weights(model: Any, method: str) -> None:
+    """Refuse a remote (NDIF) model for methods that train or read the weights here."""
+    if getattr(model, "remote", False):
+        raise InputError(f"{method} trains or reads a copy of the weights on this machine, and "
+                         "a remote (NDIF) model has none here; load the model without "
+                         "remote=True.")
 
 
 def check_prompts(prompts: Any) -> list[str]:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
 from explorer.models import Model, cache_dir, wrap_model
 from explorer.trace import provenance
 
@@ -196,6 +196,7 @@ def lora_model(model: Model, ranks: Mapping[int, int] | Sequence[int], *, seed: 
     """
     from peft import get_peft_model
 
+    check_local_weights(model, "LoRA fine-tuning")
     ranks = _check_ranks(model, ranks)
     hf = copy.deepcopy(model.hf)
     hf.requires_grad_(False)
@@ -414,6 +415,7 @@ def load_checkpoint(model: Model, folder: str | Path, step: int) -> Model:
                          f"({run.get('weights')}); got {model.spec.name!r} ({model.spec.weights}).")
     ranks = {int(k): int(v) for k, v in run["ranks"].items()}
     path = folder / f"step-{step}.safetensors"
+    check_local_weights(model, "loading a LoRA checkpoint")
     hf = copy.deepcopy(model.hf)
     peft_model = get_peft_model(hf, _lora_config(model, ranks))
     result = set_peft_model_state_dict(peft_model, load_file(str(path)))

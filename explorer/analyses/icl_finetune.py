@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, check_float, check_int
+from explorer._checks import InputError, check_float, check_int, check_local_weights
 from explorer.analyses.icl_heads import ICLTask, _task, answer_token_ids, icl_prompts
 from explorer.analyses.task_vectors import task_decodability
 from explorer.trace import provenance
@@ -76,6 +76,7 @@ def lora_target_modules(model: Any, layers: Sequence[int]) -> list[str]:
 
 def _copy_hf(model: Any) -> torch.nn.Module:
     """A fresh copy of the Hugging Face model (same config and weights, own tensors)."""
+    check_local_weights(model, "LoRA fine-tuning")
     from transformers import AutoModelForCausalLM
 
     hf = model.hf

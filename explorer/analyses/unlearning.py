@@ -33,7 +33,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import ExplorerError, InputError, check_choice, check_float, check_int
+from explorer._checks import (ExplorerError, InputError, check_choice, check_float, check_int,
+                              check_local_weights)
 from explorer.models import Model, cache_dir
 from explorer.trace import provenance, run_batch
 
@@ -650,6 +651,7 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     if not forget:
         raise InputError("`forget` must hold at least one fact; got an empty list.")
     if hf is None:
+        check_local_weights(model, "unlearning")
         with model.lock:
             hf = copy.deepcopy(model.hf)
     names = set(parameters)
@@ -753,6 +755,7 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         ``accuracy`` (localization, metric); ``loss`` (localization, step); ``n_params``,
         ``seconds_per_step`` (localization); coord ``trained_layers`` (localization), a string.
     """
+    check_local_weights(model, "unlearning")
     forget, retain = list(forget), list(retain)
     if len(forget) < 2:
         raise InputError(f"`forget` must hold at least 2 facts (half are relearned); got {len(forget)}.")
