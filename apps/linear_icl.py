@@ -21,7 +21,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Cancelled, Runner, user_message
+from apps._session import CancelToken, Runner, RunnerStatus
 from explorer.analyses.linear_icl import (
     attention_patterns,
     linear_icl_run,
@@ -186,7 +186,7 @@ def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.El
 
 # -- the view --------------------------------------------------------------------------------
 
-class LinearICLView(pn.viewable.Viewer):
+class LinearICLView(RunnerStatus, pn.viewable.Viewer):
     """Training of one-layer multi-head softmax attention on in-context linear regression.
 
     Parameters
@@ -203,6 +203,8 @@ class LinearICLView(pn.viewable.Viewer):
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
     """
+
+    notify_title = "Linear ICL"
 
     n_heads = param.Selector(default=None, objects=[], label="Heads (H)",
                              doc="Which run the heatmaps and pattern curves show.")
@@ -294,17 +296,6 @@ class LinearICLView(pn.viewable.Viewer):
         with param.parameterized.discard_events(self):
             self.step = keep
         self.param.trigger("step")
-
-    def _failed(self, exc: BaseException) -> None:
-        if isinstance(exc, Cancelled):
-            return
-        message = user_message(exc)
-        self.status = f"Failed: {message}"
-        theme.notify("error", f"Linear ICL: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
 
     @param.depends("n_heads", "step")
     def patterns(self) -> xr.Dataset | None:

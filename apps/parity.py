@@ -22,7 +22,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Cancelled, Runner, user_message
+from apps._session import CancelToken, Runner, RunnerStatus
 from explorer.analyses.parity import (
     parity_automaton,
     parity_automaton_sizes,
@@ -295,7 +295,7 @@ def _parity(auto: xr.Dataset) -> bool:
 
 # -- the view --------------------------------------------------------------------------------
 
-class ParityView(pn.viewable.Viewer):
+class ParityView(RunnerStatus, pn.viewable.Viewer):
     """A parity RNN's training, checkpoint by checkpoint: hidden states, automaton, accuracy.
 
     Parameters
@@ -312,6 +312,8 @@ class ParityView(pn.viewable.Viewer):
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
     """
+
+    notify_title = "Parity"
 
     step = param.Selector(default=None, objects=[], label="Training step",
                           doc="Checkpoint shown in every panel.")
@@ -418,17 +420,6 @@ class ParityView(pn.viewable.Viewer):
 
     def _sized(self, sizes: xr.Dataset) -> None:
         self.sizes = sizes
-
-    def _failed(self, exc: BaseException) -> None:
-        if isinstance(exc, Cancelled):
-            return
-        message = user_message(exc)
-        self.status = f"Failed: {message}"
-        theme.notify("error", f"Parity: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
 
     def _cached(self, kind: str, *key: Any) -> xr.Dataset | None:
         if self.run is None or self.step is None:

@@ -23,7 +23,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Cancelled, Runner, user_message
+from apps._session import CancelToken, Runner, RunnerStatus
 from explorer.analyses.shattering import (
     DEFAULTS,
     EDIT_METHODS,
@@ -135,7 +135,7 @@ def plot_shattering_scatter(sweep: xr.Dataset | None, current: tuple[float, floa
 
 # -- the view --------------------------------------------------------------------------------
 
-class ShatteringView(pn.viewable.Viewer):
+class ShatteringView(RunnerStatus, pn.viewable.Viewer):
     """One counterfactual edit of the knowledge-graph transformer, and R over many edits.
 
     Parameters
@@ -150,6 +150,8 @@ class ShatteringView(pn.viewable.Viewer):
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
     """
+
+    notify_title = "Shattering"
 
     method = param.Selector(default="rome", objects=sorted(EDIT_METHODS), label="Edit method")
     entity = param.Selector(default=None, objects=[], label="Entity (subject)")
@@ -303,17 +305,6 @@ class ShatteringView(pn.viewable.Viewer):
         self.sweep = sweep
         km = self.km
         self.status = f"{self._describe(km)} Sweep of {int(sweep.sizes['edit'])} edits: r² = {sweep.attrs['r2']:.2f}."
-
-    def _failed(self, exc: BaseException) -> None:
-        if isinstance(exc, Cancelled):
-            return
-        message = user_message(exc)
-        self.status = f"Failed: {message}"
-        theme.notify("error", f"Shattering: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
 
     def _at_strength(self) -> tuple[xr.Dataset, xr.Dataset] | None:
         """The embedding and fact accuracy at the current strength (cached per strength)."""

@@ -19,7 +19,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Cancelled, Runner, user_message
+from apps._session import CancelToken, Runner, RunnerStatus
 from explorer.analyses.task_emergence import stored_task_emergence_analysis, task_emergence_run
 
 __all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_emergence_curves"]
@@ -118,7 +118,7 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
 
 # -- the view --------------------------------------------------------------------------------
 
-class TaskEmergenceView(pn.viewable.Viewer):
+class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
     """A transformer's training on a task mixture, checkpoint by checkpoint: task encoding and ICL loss.
 
     Parameters
@@ -133,6 +133,8 @@ class TaskEmergenceView(pn.viewable.Viewer):
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
     """
+
+    notify_title = "Task emergence"
 
     step = param.Selector(default=None, objects=[], label="Training step",
                           doc="Checkpoint shown in every panel.")
@@ -202,17 +204,6 @@ class TaskEmergenceView(pn.viewable.Viewer):
 
     def _loaded(self, analysis: xr.Dataset) -> None:
         self._use(analysis)
-
-    def _failed(self, exc: BaseException) -> None:
-        if isinstance(exc, Cancelled):
-            return
-        message = user_message(exc)
-        self.status = f"Failed: {message}"
-        theme.notify("error", f"Task emergence: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
 
     @param.depends("analysis", "step", "layer")
     def _projection_plot(self) -> hv.Element:
