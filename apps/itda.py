@@ -69,10 +69,7 @@ def probe_prompts(text: str) -> list[str]:
     return prompts
 
 
-def _font() -> dict[str, str]:
-    s = theme.SIZES
-    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
-            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+_font = theme.font_sizes
 
 
 def plot_tau_curves(sweep: xr.Dataset | None, tau: float) -> hv.Layout | hv.Element:

@@ -10,6 +10,7 @@ against context length and the markers on the loss and pattern curves over train
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -39,15 +40,10 @@ hv.extension("bokeh", logo=False)
 _TOOLS = ["save", "box_zoom", "reset"]
 
 
-def _font() -> dict[str, str]:
-    s = theme.SIZES
-    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
-            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+_font = theme.font_sizes
 
 
-def _placeholder(text: str, height: int = 280) -> hv.Text:
-    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
-                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+_placeholder = functools.partial(theme.placeholder, height=280)
 
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------

@@ -10,6 +10,7 @@ accuracy over training with the current step marked.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -42,15 +43,10 @@ _PARITY_COLORS = {"even": theme.CATEGORICAL[0], "odd": theme.CATEGORICAL[1]}
 _SYMBOL_COLORS = {0: theme.CATEGORICAL[2], 1: theme.CATEGORICAL[3]}
 
 
-def _font() -> dict[str, str]:
-    s = theme.SIZES
-    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
-            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+_font = theme.font_sizes
 
 
-def _placeholder(text: str, height: int = 320) -> hv.Text:
-    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
-                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+_placeholder = functools.partial(theme.placeholder, height=320)
 
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------

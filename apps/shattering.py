@@ -11,6 +11,7 @@ The scatter shows R against the accuracy drop over many edits, with the fitted l
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -53,15 +54,10 @@ _CYCLE_CMAP = list(cc.palette["colorwheel"])  # cyclic: the first and last place
 _DISTANCE_COLORS = {d: theme.CATEGORICAL[i] for i, d in enumerate(range(1, 9))}
 
 
-def _font() -> dict[str, str]:
-    s = theme.SIZES
-    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
-            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+_font = theme.font_sizes
 
 
-def _placeholder(text: str, height: int = 420) -> hv.Text:
-    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
-                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+_placeholder = functools.partial(theme.placeholder, height=420)
 
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------

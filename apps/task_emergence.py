@@ -9,6 +9,7 @@ that step, and the ICL loss per task and TD over training with the step marked.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -29,15 +30,10 @@ hv.extension("bokeh", logo=False)
 _TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
 
 
-def _font() -> dict[str, str]:
-    s = theme.SIZES
-    return {"title": f"{s['title_font_pt']}pt", "labels": f"{s['axis_font_pt']}pt",
-            "xticks": f"{s['label_font_pt']}pt", "yticks": f"{s['label_font_pt']}pt"}
+_font = theme.font_sizes
 
 
-def _placeholder(text: str, height: int = 320) -> hv.Text:
-    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
-                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+_placeholder = functools.partial(theme.placeholder, height=320)
 
 
 def _task_colors(n_tasks: int) -> dict[str, str]:

@@ -144,6 +144,20 @@ Design = Fast
 FONT = "system-ui, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 
 
+def font_sizes() -> dict[str, str]:
+    """HoloViews ``fontsize`` option from `SIZES`: the same text sizes on every plot."""
+    return {"title": f"{SIZES['title_font_pt']}pt", "labels": f"{SIZES['axis_font_pt']}pt",
+            "xticks": f"{SIZES['label_font_pt']}pt", "yticks": f"{SIZES['label_font_pt']}pt"}
+
+
+def placeholder(text: str, *, height: int = 320) -> Any:
+    """A plot-sized text element shown where a plot will appear (no run yet, computing)."""
+    import holoviews as hv
+
+    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+                                        responsive=True, xlim=(0, 1), ylim=(0, 1))
+
+
 def enable_extension() -> None:
     """Load the Panel extensions every page needs, with notifications on."""
     pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
