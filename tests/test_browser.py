@@ -171,7 +171,8 @@ def test_closed_session_cancels_its_work(browser):
         page.keyboard.press("ArrowRight")            # a run starts ...
         page.close()                                 # ... and the tab goes away
         deadline = time.time() + 30
-        while not view._runner._closed and time.time() < deadline:
+        while not (view._runner._closed and gallery._loader._closed and not gallery.pages) \
+                and time.time() < deadline:  # session-destroyed callbacks run one by one
             time.sleep(0.2)
         assert view._runner._closed and gallery._loader._closed
         assert not gallery.pages                     # views (and their cached runs) dropped
