@@ -330,7 +330,20 @@ class Runner:
         if doc is None:
             fn()
             return
+        from panel.io.state import set_curdoc, state
+
+        def run() -> None:
+            # A result that arrives while the page is still connecting waits for the page to
+            # load: Panel would otherwise queue the model changes it makes, and a widget that
+            # is rebuilt on that path (a DiscreteSlider given its options) can end up detached
+            # from the server, so the browser's moves of it are never heard.
+            with set_curdoc(doc):
+                if state.loaded:
+                    fn()
+                else:
+                    state.onload(fn)
+
         try:
-            doc.add_next_tick_callback(fn)
+            doc.add_next_tick_callback(run)
         except RuntimeError:  # the session closed between the check and the call
             log.debug("session gone; result dropped", exc_info=True)

@@ -127,6 +127,35 @@ def wait_for_text(page, selector: str, pattern: str, timeout: float = 240) -> st
     raise AssertionError(f"{selector!r} never matched {pattern!r}; last text: {last!r}")
 
 
+_AWAY = {"Home": "End", "End": "Home"}
+
+
+def press_until(page, handle_css: str, key: str, selector: str, pattern: str, *, nth: int = 0,
+                tries: int = 4, timeout: float = 60) -> str:
+    """Press ``key`` ("Home" or "End") on a slider handle until ``selector`` reads ``pattern``.
+
+    A press that lands while the page is still settling after its first result can move the
+    handle without the value reaching the server; pressing the same key again then changes
+    nothing. So each retry looks the handle up again, moves it to the other end first and
+    then presses ``key``.
+    """
+    if key not in _AWAY:
+        raise ValueError(f"press_until moves a handle to an end: key must be one of {sorted(_AWAY)}")
+    for attempt in range(tries):
+        handle = page.locator(handle_css).nth(nth)
+        handle.focus()
+        if attempt:
+            handle.press(_AWAY[key])
+            page.wait_for_timeout(1000)
+        handle.press(key)
+        try:
+            return wait_for_text(page, selector, pattern, timeout=timeout)
+        except AssertionError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def attribute(page, name: str) -> str:
     """The value of the data attribute ``name`` on the first element that carries it."""
     return page.locator(f"[{name}]").first.get_attribute(name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _browser import open_page, served_in_process, wait_for_canvas, wait_for_text
+from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
 
 pytestmark = pytest.mark.browser
 
@@ -61,26 +61,6 @@ def server(runs):
 
     with served_in_process({"parity": parity_page, "linear_icl": icl_page}) as url:
         yield url
-
-
-def press_until(page, handle_css: str, key: str, selector: str, pattern: str,
-                tries: int = 4, timeout: float = 60) -> str:
-    """Press ``key`` on the slider handle until ``selector`` reads ``pattern``.
-
-    A key press can land while Panel re-renders the controls after a result arrives (the
-    focused handle is then replaced and the press is lost), so the handle is looked up and
-    focused again before each press.
-    """
-    for attempt in range(tries):
-        handle = page.locator(handle_css).first
-        handle.focus()
-        handle.press(key)
-        try:
-            return wait_for_text(page, selector, pattern, timeout=timeout)
-        except AssertionError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
 
 
 def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, browser, runs):

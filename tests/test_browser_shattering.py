@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _browser import open_page, served_in_process, wait_for_canvas, wait_for_text
+from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
 
 pytestmark = pytest.mark.browser
 
@@ -55,10 +55,8 @@ def test_strength_slider_redraws_the_embedding(server, browser):
     page.wait_for_timeout(1500)  # the canvas is drawn
     before = page.locator(".shattering-embedding").screenshot()
     # Sliders in order: distance, strength, layer. Home moves strength to 0.
-    handle = page.locator(".shattering-controls .noUi-handle").nth(1)
-    handle.focus()
-    handle.press("Home")
-    wait_for_text(page, ".shattering-summary", r"strength 0\.00: R = 0\.000")
+    press_until(page, ".shattering-controls .noUi-handle", "Home", ".shattering-summary",
+                r"strength 0\.00: R = 0\.000", nth=1)
     page.wait_for_timeout(1500)
     after = page.locator(".shattering-embedding").screenshot()
     assert after != before

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _browser import open_page, served_in_process, wait_for_canvas, wait_for_text
+from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
 
 pytestmark = pytest.mark.browser
 
@@ -59,10 +59,7 @@ def test_task_emergence_page_scrubs_training(server, browser, analysis):
     for css in (".emergence-projection", ".emergence-td", ".emergence-curves"):
         wait_for_canvas(page, css)
     assert "step 20 " in _projection_title(page)
-    handle = page.locator(".emergence-controls .noUi-handle").first
-    handle.focus()
-    handle.press("Home")
-    wait_for_text(page, ".emergence-summary", r"Step 0\b")
+    press_until(page, ".emergence-controls .noUi-handle", "Home", ".emergence-summary", r"Step 0\b")
     deadline = time.time() + 60
     while "step 0 " not in _projection_title(page) and time.time() < deadline:
         page.wait_for_timeout(250)
