@@ -171,11 +171,25 @@ def _n_candidates(model: Model, k: int, rank_cap: int | None, unembed_dtype: str
     return min(c, model.vocab_size)
 
 
+_BLOCK_ROWS = 16
+"""Rows per block for the full-vocabulary passes (a float32 block stays in cache)."""
+
+
+def _sum_exp(logits: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """sum(exp(logits - shift)) per row of float32 ``logits`` [m, vocab] -> [m, 1], a block
+    of rows at a time: no full-size temporary, ~3x faster on CPU than one pass."""
+    out = torch.empty_like(shift)
+    for r in range(0, logits.shape[0], _BLOCK_ROWS):
+        sl = slice(r, r + _BLOCK_ROWS)
+        out[sl] = (logits[sl] - shift[sl]).exp_().sum(-1, keepdim=True)
+    return out
+
+
 def _readout_of_logits(logits: torch.Tensor, *, k: int, n_cand: int) -> _Readout:
     """The readout of float32 logit rows [m, vocab]: top-k and normaliser, targets open."""
     cand_logit, cand_id = logits.topk(n_cand, dim=-1)            # sorted, descending
     m = cand_logit[:, :1]
-    lse = (m + (logits - m).exp_().sum(-1, keepdim=True).log()).squeeze(-1)
+    lse = (m + _sum_exp(logits, m).log()).squeeze(-1)
     return _Readout(top_id=cand_id[:, :k], top_prob=(cand_logit[:, :k] - lse[:, None]).exp(),
                     cand_id=cand_id, cand_logit=cand_logit, cand_screen=cand_logit,
                     lse=lse, logits=logits, h=None)
@@ -194,16 +208,25 @@ def _read_rows(model: Model, resid: torch.Tensor, *, k: int, n_cand: int,
     hb = h.to(torch.bfloat16)
     residual = (h[:, hi_dims] - hb[:, hi_dims].float()).to(torch.bfloat16)    # [m, n_hi]
     screen = torch.cat([hb, residual], 1) @ w_screen.T                     # [m, vocab]
-    s = _finish(screen.float(), bias, cap)
-    cand_id = s.topk(n_cand, dim=-1).indices                    # [m, c]
+    # one pass over the screen in blocks of rows: float32 values, candidates, normaliser
+    rows = screen.shape[0]
+    cand_id = torch.empty((rows, n_cand), dtype=torch.long, device=screen.device)
+    cand_screen = torch.empty((rows, n_cand), device=screen.device)
+    screen_sum = torch.empty((rows, 1), device=screen.device)
+    for r in range(0, rows, _BLOCK_ROWS):
+        sl = slice(r, r + _BLOCK_ROWS)
+        block = _finish(screen[sl].float(), bias, cap)          # [B, vocab] float32
+        torch.topk(block, n_cand, dim=-1, out=(cand_screen[sl], cand_id[sl]))
+        screen_sum[sl] = block.sub_(cand_screen[sl, :1]).exp_().sum(-1, keepdim=True)
+    screen_max = cand_screen[:, :1]
     exact = _logits_at(model, h, cand_id)                       # [m, c] float32
     cand_logit, order = exact.sort(dim=-1, descending=True)
     cand_id = cand_id.gather(-1, order)
-    cand_screen = s.gather(-1, cand_id)                         # [m, c]
+    cand_screen = cand_screen.gather(-1, order)                 # [m, c]
     m = cand_logit[:, :1]
     # normaliser: every token's screen value, with the candidates' exact values swapped in
-    others = s.sub_(m).exp_().sum(-1, keepdim=True) - (cand_screen - m).exp().sum(-1, keepdim=True)
-    z = others.clamp_(min=0) + (cand_logit - m).exp().sum(-1, keepdim=True)
+    others = (screen_sum - (cand_screen - screen_max).exp().sum(-1, keepdim=True)).clamp_(min=0)
+    z = others * (screen_max - m).exp() + (cand_logit - m).exp().sum(-1, keepdim=True)
     lse = (m + z.log()).squeeze(-1)
     return _Readout(top_id=cand_id[:, :k], top_prob=(cand_logit[:, :k] - lse[:, None]).exp(),
                     cand_id=cand_id, cand_logit=cand_logit, cand_screen=cand_screen, lse=lse,
