@@ -218,6 +218,27 @@ def test_streaming_over_store_chunks_matches_the_in_memory_build(tiny_model, tmp
     assert len(store.ls()) == 1 and again["resid_post"].chunks is not None
 
 
+def test_build_over_the_store_on_a_local_cluster_matches_in_memory(tiny_model, tmp_path):
+    from distributed import get_task_stream
+
+    from explorer.distributed import dask_scheduler
+
+    store = ActivationStore(tmp_path)
+    cached_activations(tiny_model, PROMPTS, layers=[1], store=store)
+    lazy = cached_activations(tiny_model, PROMPTS, layers=[1], store=store).chunk({"prompt": 2})
+    with dask_scheduler("local", n_workers=1, processes=False) as client:
+        with get_task_stream(client) as tasks:
+            on_cluster = ITDA(tau=0.3, l0=4, batch_size=8).fit(lazy, layer=1, min_pos=1)
+            rec = itda_reconstruction(on_cluster, lazy, layer=1, min_pos=1)
+    assert len(tasks.data) > 0                                      # the reads ran on the cluster
+    mem = trace(tiny_model, PROMPTS, layers=[1])
+    direct = ITDA(tau=0.3, l0=4, batch_size=8).fit(mem, layer=1, min_pos=1)
+    np.testing.assert_allclose(on_cluster.atoms_, direct.atoms_, atol=1e-6)
+    np.testing.assert_array_equal(on_cluster.atom_prompt_, direct.atom_prompt_)
+    ref = itda_reconstruction(direct, mem, layer=1, min_pos=1)
+    assert float(rec["fve"]) == pytest.approx(float(ref["fve"]), abs=1e-6)
+
+
 def test_chunked_store_entries_stream_as_one(tiny_model, tmp_path):
     store = ActivationStore(tmp_path)
     parts = cached_activations(tiny_model, PROMPTS, layers=[1], store=store, chunk_prompts=4)
@@ -390,6 +411,17 @@ def test_cli_itda_json(tiny_model, tmp_path, monkeypatch, capsys):
     assert out["n_tokens"] == int(ds["mask"].sum()) - 3
     assert [row["tau"] for row in out["sweep"]] == [0.2, 0.5]
     assert 0 < out["downstream"]["ce_loss_score"] <= 1.0 + 1e-6
+    # stored in entries of two prompts, streamed back through a dask scheduler: same build
+    for _ in range(2):  # the second run reads the stored entries
+        code = cli.main(["itda", "--model", "tiny-llama", "--prompts", str(prompts), "--layer", "1",
+                         "--tau", "0.3", "--l0", "4", "--chunk-prompts", "2", "--scheduler",
+                         "synchronous", "--cache", str(tmp_path / "cache2"), "--json"])
+        assert code == 0
+        assert json.loads(capsys.readouterr().out)["n_atoms"] == ref.n_atoms
+    code = cli.main(["itda", "--model", "tiny-llama", "--prompts", str(prompts), "--layer", "1",
+                     "--scheduler", "thread", "--cache", str(tmp_path / "cache"), "--json"])
+    assert code == 2
+    assert "`scheduler` must be one of" in capsys.readouterr().err
     code = cli.main(["itda", "--model", "tiny-llama", "--prompts", str(prompts), "--layer", "9",
                      "--cache", str(tmp_path / "cache"), "--json"])
     assert code == 2

@@ -1157,7 +1157,7 @@ def bench_itda(model: Any = None, n_prompts: int = 100, layer: int | None = None
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer itda``: build a dictionary over prompts and report its measures."""
-    from explorer.cli import add_model_option
+    from explorer.cli import add_model_option, add_scheduler_option
 
     p = subparsers.add_parser(
         "itda", help="ITDA dictionary of one layer: size, error, L0, FVE (Leask et al. 2025)",
@@ -1179,11 +1179,23 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--min-pos", type=int, default=1,
                    help="leave out positions below this (default: 1, the attention-sink first token)")
     p.add_argument("--top", type=int, default=10, help="atoms listed (default: 10)")
+    p.add_argument("--chunk-prompts", type=int, metavar="N",
+                   help="trace and store N prompts per cache entry; the build streams the "
+                        "entries one stored chunk at a time (default: one entry)")
+    add_scheduler_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_itda)
 
 
 def _cmd_itda(args: argparse.Namespace) -> int:
+    from explorer.distributed import dask_scheduler
+
+    # the greedy build is sequential; the scheduler runs the reads of the stored chunks
+    with dask_scheduler(args.scheduler):
+        return _itda_command(args)
+
+
+def _itda_command(args: argparse.Namespace) -> int:
     from explorer.cli import print_json, read_prompts
     from explorer.models import load_model
 
@@ -1199,7 +1211,10 @@ def _cmd_itda(args: argparse.Namespace) -> int:
     min_pos = check_int("--min-pos", args.min_pos, low=0)
     model = load_model(args.model)
     layer = model.check_layer(args.layer)
-    acts = cached_activations(model, prompts, site=args.site, layers=[layer])
+    chunk_prompts = None if args.chunk_prompts is None else check_int("--chunk-prompts",
+                                                                       args.chunk_prompts, low=1)
+    acts = cached_activations(model, prompts, site=args.site, layers=[layer],
+                              chunk_prompts=chunk_prompts)
     itda = ITDA(tau=args.tau, l0=args.l0, method=args.encoder).fit(acts, site=args.site, layer=layer,
                                                                     min_pos=min_pos)
     rec = itda_reconstruction(itda, acts, site=args.site, layer=layer, min_pos=min_pos)
