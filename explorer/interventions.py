@@ -3,7 +3,9 @@
 An app slider edits a record, a session export stores it, a remote run sends it. Each
 record names the site and layer it acts on; `apply_edits` performs the edits for one
 (layer, site) point while a trace runs. Positions are indices into each prompt's own
-tokens (negative counts from its end), independent of padding.
+tokens (negative counts from its end), independent of padding. ``prompts`` (every record
+has it) restricts an edit to those rows of the batch (all if None), e.g. to patch a
+different head in each copy of a batch repeated k times (see `CleanRun.repeat`).
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-from ._checks import InputError, check_choice, check_float
+from ._checks import InputError, check_choice, check_float, check_int
 
 __all__ = [
     "Edit",
@@ -28,6 +31,8 @@ __all__ = [
     "edits_to_json",
     "edits_from_json",
     "first_edit_layer",
+    "check_prompt_rows",
+    "index_key",
 ]
 
 PATCH_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
@@ -41,7 +46,10 @@ class Edit:
     site: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
+        d = {"kind": self.kind, **asdict(self)}
+        if d.get("prompts", 0) is None:
+            del d["prompts"]  # every row: records without `prompts` read as before
+        return d
 
     @property
     def edit_site(self) -> str:
@@ -59,7 +67,8 @@ class Ablate(Edit):
     when given, else the head's mean over the run's own real tokens. ``positions``
     restricts the edit to those per-prompt positions (all if None); it needs mode "zero"
     or an explicit ``value`` (e.g. the task-mean output patched at the last token for
-    the function-vector score of Todd et al.).
+    the function-vector score of Todd et al.). ``prompts`` restricts it to those batch
+    rows (all if None); a value-less mean is then taken over those rows' real tokens.
     """
 
     layer: int
@@ -67,10 +76,12 @@ class Ablate(Edit):
     mode: str = "zero"
     value: tuple[float, ...] | None = None
     positions: tuple[int, ...] | None = None
+    prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "ablate"
     site: ClassVar[str] = "attn_z"
 
     def __post_init__(self):
+        _check_prompts(self)
         check_choice("mode", self.mode, ("zero", "mean"))
         if self.value is not None:
             if self.mode != "mean":
@@ -92,15 +103,17 @@ class Ablate(Edit):
 
 @dataclass(frozen=True)
 class Scale(Edit):
-    """Multiply one head's output (its slice of ``attn_z``) by ``alpha``."""
+    """Multiply one head's output (its slice of ``attn_z``) by ``alpha`` (in ``prompts`` rows)."""
 
     layer: int
     head: int
     alpha: float
+    prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "scale"
     site: ClassVar[str] = "attn_z"
 
     def __post_init__(self):
+        _check_prompts(self)
         object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
 
     def validate(self, model: Any) -> None:
@@ -113,7 +126,8 @@ class Patch(Edit):
     """Write the activation of ``source`` (a prompt) at ``site``/``layer`` into the run.
 
     Without ``positions`` the source must have as many tokens as every prompt in the
-    run. ``head`` restricts an ``attn_z`` patch to one head.
+    run (every row in ``prompts`` when given). ``head`` restricts an ``attn_z`` patch to
+    one head.
     """
 
     patch_site: str
@@ -121,9 +135,11 @@ class Patch(Edit):
     source: str
     head: int | None = None
     positions: tuple[int, ...] | None = None
+    prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "patch"
 
     def __post_init__(self):
+        _check_prompts(self)
         check_choice("site", self.patch_site, PATCH_SITES)
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
@@ -153,10 +169,12 @@ class Steer(Edit):
     vector: tuple[float, ...]
     alpha: float = 1.0
     positions: tuple[int, ...] | None = None
+    prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "steer"
     site: ClassVar[str] = "resid_post"
 
     def __post_init__(self):
+        _check_prompts(self)
         object.__setattr__(self, "vector", _as_tuple(self.vector))
         object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
         if self.positions is not None:
@@ -173,8 +191,9 @@ class Steer(Edit):
 class AddHead(Edit):
     """Add ``alpha * value`` to one head's slice of ``attn_z`` at ``positions`` (all if None).
 
-    ``value`` holds one d_head vector per selected (prompt, position), prompt-major and
-    flattened: the head's cached ``attn_z`` from a first run. Added before ``o_proj``, it
+    ``value`` holds one d_head vector per selected (prompt, position), prompt-major (in
+    the order of ``prompts`` when given) and flattened: the head's cached ``attn_z`` from a
+    first run. Added before ``o_proj``, it
     adds exactly ``alpha`` times that run's head output to the attention output; this is
     run 2 of the JuICE dual run (Li et al., ICML 2025).
     """
@@ -184,10 +203,12 @@ class AddHead(Edit):
     value: tuple[float, ...]
     alpha: float = 1.0
     positions: tuple[int, ...] | None = None
+    prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "add_head"
     site: ClassVar[str] = "attn_z"
 
     def __post_init__(self):
+        _check_prompts(self)
         object.__setattr__(self, "value", _as_tuple(self.value))
         object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
         if self.positions is not None:
@@ -203,6 +224,42 @@ class AddHead(Edit):
 
 
 _KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer, AddHead)}
+
+
+def _check_prompts(e: Edit) -> None:
+    """Normalise ``e.prompts`` to a tuple of distinct non-negative ints (or None).
+
+    Whether the rows exist is checked against the batch when the edit runs
+    (`check_prompt_rows`).
+    """
+    rows = e.prompts
+    if rows is None:
+        return
+    if isinstance(rows, (int, np.integer)):
+        rows = (rows,)
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise TypeError(f"`prompts` must be a list of batch row indices; got "
+                        f"{type(rows).__name__}.")
+    rows = tuple(check_int(f"prompts[{i}]", r) for i, r in enumerate(rows))
+    if not rows:
+        raise InputError("`prompts` is empty; pass None to edit every prompt.")
+    bad = [r for r in rows if r < 0]
+    if bad:
+        raise InputError(f"`prompts` holds batch row indices from 0; got {bad[0]}.")
+    if len(set(rows)) != len(rows):
+        dup = next(r for i, r in enumerate(rows) if r in rows[:i])
+        raise InputError(f"`prompts` names row {dup} twice.")
+    object.__setattr__(e, "prompts", rows)
+
+
+def check_prompt_rows(prompts: Sequence[int] | None, n_prompts: int, what: str = "an edit") -> None:
+    """InputError unless every row in ``prompts`` is a row of a batch of ``n_prompts``."""
+    if prompts is None:
+        return
+    bad = [r for r in prompts if not 0 <= r < n_prompts]
+    if bad:
+        raise InputError(f"{what} targets prompt row {bad[0]}, but the batch has {n_prompts} "
+                         f"prompt{'s' if n_prompts != 1 else ''} (rows 0 to {n_prompts - 1}).")
 
 
 def _as_tuple(values: Any) -> tuple[float, ...]:
@@ -224,7 +281,7 @@ def edit_from_dict(d: dict[str, Any]) -> Edit:
         check_choice("kind", kind, _KINDS)  # raises with the allowed list
     if cls is Patch:
         d["patch_site"] = d.pop("site", None)  # a missing site fails `check_choice` by name
-    for key in ("value", "vector", "positions"):
+    for key in ("value", "vector", "positions", "prompts"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
     try:
@@ -261,41 +318,57 @@ class EditContext:
 
     d_head: int
     mask: torch.Tensor                        # [prompt, padded_pos] 1 for real tokens
-    index: dict[tuple[int, ...] | None, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # `index_key(edit)` -> padded (row, col) indices of the edit's (prompt, position) pairs
+    index: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     sources: dict[Any, torch.Tensor] = field(default_factory=dict)  # Patch -> [prompt, n, ...]
+
+
+def index_key(e: Edit) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """The key of ``e``'s (row, col) indices in `EditContext.index`: (positions, prompts)."""
+    return getattr(e, "positions", None), getattr(e, "prompts", None)
+
+
+def _row_selector(prompts: tuple[int, ...] | None, device: Any) -> Any:
+    """Index of the batch rows an edit touches: every row (a slice) or a LongTensor."""
+    if prompts is None:
+        return slice(None)
+    return torch.tensor(prompts, dtype=torch.long, device=device)
 
 
 def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) -> None:
     """Apply ``edits`` in place to ``value``, the live activation at their (layer, site).
 
     ``value`` is [prompt, padded_pos, d] (``attn_z`` is [prompt, padded_pos, head*d_head]).
+    An edit with ``prompts`` touches only those rows.
     """
     for e in edits:
         if isinstance(e, (Ablate, Scale)):
             sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+            r = _row_selector(e.prompts, value.device)
             if isinstance(e, Scale):
-                value[..., sl] *= e.alpha
-            elif getattr(e, "positions", None) is not None:
-                rows, cols = ctx.index[e.positions]
+                value[r, :, sl] *= e.alpha
+            elif e.positions is not None:
+                rows, cols = ctx.index[index_key(e)]
                 if e.mode == "zero":
                     value[rows, cols, sl] = 0.0
                 else:
                     value[rows, cols, sl] = torch.tensor(e.value, dtype=value.dtype,
                                                          device=value.device)
             elif e.mode == "zero":
-                value[..., sl] = 0.0
+                value[r, :, sl] = 0.0
             elif e.value is not None:
-                value[..., sl] = torch.tensor(e.value, dtype=value.dtype, device=value.device)
+                value[r, :, sl] = torch.tensor(e.value, dtype=value.dtype, device=value.device)
             else:
-                m = ctx.mask.to(value.dtype).unsqueeze(-1)            # [prompt, pos, 1]
-                mean = (value[..., sl] * m).sum((0, 1)) / m.sum()      # [d_head]
-                value[..., sl] = mean
+                m = ctx.mask[_row_selector(e.prompts, ctx.mask.device)]
+                m = m.to(device=value.device, dtype=value.dtype).unsqueeze(-1)  # [prompt, pos, 1]
+                mean = (value[r, :, sl] * m).sum((0, 1)) / m.sum()              # [d_head]
+                value[r, :, sl] = mean
         elif isinstance(e, Steer):
-            rows, cols = ctx.index[e.positions]
+            rows, cols = ctx.index[index_key(e)]
             vec = torch.tensor(e.vector, dtype=value.dtype, device=value.device)
             value[rows, cols] += e.alpha * vec
         elif isinstance(e, AddHead):
-            rows, cols = ctx.index[e.positions]
+            rows, cols = ctx.index[index_key(e)]
             vec = torch.tensor(e.value, dtype=value.dtype, device=value.device)
             if vec.numel() != len(rows) * ctx.d_head:
                 raise InputError(f"AddHead at layer {e.layer}, head {e.head} holds "
@@ -304,7 +377,7 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
             value[rows, cols, sl] += e.alpha * vec.reshape(len(rows), ctx.d_head)
         elif isinstance(e, Patch):
-            rows, cols = ctx.index[e.positions]
+            rows, cols = ctx.index[index_key(e)]
             src = ctx.sources[e].to(value.dtype)  # [n_selected, d]
             if e.head is not None:
                 sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
@@ -315,14 +388,17 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             raise TypeError(f"unknown edit {e!r}")
 
 
-def position_index(lengths: Sequence[int], width: int,
-                   positions: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+def position_index(lengths: Sequence[int], width: int, positions: Sequence[int] | None,
+                   prompts: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded (row, col) indices of per-prompt positions in a left-padded batch.
 
-    ``positions`` None means every real token. Out-of-range positions raise InputError.
+    ``positions`` None means every real token; ``prompts`` (rows of the batch, in this
+    order) restricts the rows (all if None). Out-of-range positions or rows raise InputError.
     """
+    check_prompt_rows(prompts, len(lengths))
     rows, cols = [], []
-    for i, n in enumerate(lengths):
+    for i in range(len(lengths)) if prompts is None else prompts:
+        n = lengths[i]
         pos = range(n) if positions is None else positions
         for p in pos:
             q = p + n if p < 0 else p

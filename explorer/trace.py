@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,10 @@ from .interventions import (
     EditContext,
     Patch,
     apply_edits,
+    check_prompt_rows,
     edits_to_json,
     first_edit_layer,
+    index_key,
     position_index,
 )
 from .models import SITES, Batch, Model
@@ -119,8 +121,42 @@ class CleanRun:
     """The unedited residual stream of a batch, kept so edited runs can resume at a layer."""
 
     batch: Batch
-    resid_pre: list[torch.Tensor]   # per layer, [prompt, padded_pos, d_model]
-    logits: torch.Tensor            # [prompt, padded_pos, vocab]
+    resid_pre: Sequence[torch.Tensor]   # per layer, [prompt, padded_pos, d_model]
+    logits: torch.Tensor                # [prompt, padded_pos, vocab]
+
+    def repeat(self, k: int, *, logits: bool = False) -> CleanRun:
+        """The clean run of this batch repeated ``k`` times, block-wise.
+
+        Row ``j * n + i`` of the result is prompt ``i`` (of ``n``): resume a run of ``k``
+        copies of the batch, e.g. with a different edit in each copy (edits' ``prompts``).
+        Nothing is copied up front: each layer's residual is tiled when it is read (a
+        resumed run reads one layer). The logits are tiled only with ``logits=True`` (k
+        copies of [prompt, pos, vocab]); otherwise the result's ``logits`` is empty
+        ([0, pos, vocab]), which a resumed run never reads.
+        """
+        k = check_int("k", k, low=1)
+        b = self.batch
+        batch = Batch(b.input_ids.repeat(k, 1), b.attention_mask.repeat(k, 1),
+                      b.position_ids.repeat(k, 1), list(b.lengths) * k,
+                      [list(r) for r in b.token_ids] * k, [list(t) for t in b.tokens] * k)
+        lg = self.logits.repeat(k, 1, 1) if logits else self.logits[:0]
+        return CleanRun(batch, _TiledLayers(self.resid_pre, k), lg)
+
+
+class _TiledLayers(Sequence):
+    """Per-layer tensors [n, ...] read as [k * n, ...] (k block-wise copies), tiled on access."""
+
+    def __init__(self, layers: Sequence[torch.Tensor], k: int):
+        self._layers, self._k = layers, k
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        x = self._layers[i]
+        return x.repeat(self._k, *([1] * (x.dim() - 1)))
 
 
 def clean_run(model: Model, prompts: Any) -> CleanRun:
@@ -183,9 +219,10 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     spec = model.spec
     ctx = EditContext(d_head=spec.d_head, mask=batch.attention_mask)
     for e in edits:
-        positions = getattr(e, "positions", None)
-        if positions not in ctx.index:
-            ctx.index[positions] = position_index(batch.lengths, batch.width, positions)
+        key = index_key(e)  # (positions, prompts)
+        check_prompt_rows(key[1], len(batch.lengths), f"{type(e).__name__} at layer {e.layer}")
+        if key not in ctx.index:
+            ctx.index[key] = position_index(batch.lengths, batch.width, *key)
         if isinstance(e, Patch):
             ctx.sources[e] = _patch_source(model, e, batch)  # by value: ids change remotely
     sel = None
@@ -316,8 +353,9 @@ def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:
     """Activation of the patch source at the edit's site, lined up with the run's positions."""
     src_batch = model.tokenize([e.source])
     n_src = src_batch.lengths[0]
+    lengths = batch.lengths if e.prompts is None else [batch.lengths[i] for i in e.prompts]
     if e.positions is None:
-        bad = [n for n in batch.lengths if n != n_src]
+        bad = [n for n in lengths if n != n_src]
         if bad:
             raise InputError(
                 f"patch source has {n_src} tokens but a prompt has {bad[0]}; pass `positions` "
@@ -325,7 +363,7 @@ def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:
     out = run_batch(model, src_batch, save={(e.layer, e.edit_site)}, logits=False)
     src = out[(e.layer, e.edit_site)][0]  # [n_src, d]
     rows = []
-    for n in batch.lengths:
+    for n in lengths:
         positions = range(n) if e.positions is None else e.positions
         for p in positions:
             q = p + n_src if p < 0 else p
@@ -416,6 +454,9 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if positions is not None:
         position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
+    for e in edits:  # an edit's `prompts` are rows of the whole prompt list
+        check_prompt_rows(getattr(e, "prompts", None), len(prompts),
+                          f"{type(e).__name__} at layer {e.layer}")
     layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
     save = {(layer, s) for layer in layers for s in layer_sites}  # head_out: made in the trace
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
@@ -433,7 +474,8 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     for rows in chunks:
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
-        out = run_batch(model, batch, save=save, edits=run_edits, save_positions=positions,
+        batch_edits = _edits_for_rows(run_edits, rows) if len(chunks) > 1 else run_edits
+        out = run_batch(model, batch, save=save, edits=batch_edits, save_positions=positions,
                         logits="unembed" in sites,
                         save_final=("final_norm",) if "final_norm" in sites else ())
         if positions is None:
@@ -475,6 +517,22 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
                        positions=positions, n_pos=n_pos, edits=edits)
 
 
+def _edits_for_rows(edits: Sequence[Edit], rows: range) -> list[Edit]:
+    """The edits for prompts ``rows`` of a longer list, run as one batch.
+
+    Row-targeted edits (``prompts``) are renumbered to the batch's rows, and left out
+    where they target none of them; the others apply as they are.
+    """
+    out = []
+    for e in edits:
+        targets = getattr(e, "prompts", None)
+        if targets is None:
+            out.append(e)
+        elif local := tuple(i - rows.start for i in targets if i in rows):
+            out.append(replace(e, prompts=local))
+    return out
+
+
 def _edit_order(e: Edit) -> tuple[int, int]:
     """Where in the forward pass an edit acts: (layer, index of its site in the layer)."""
     return e.layer, _LAYER_SITES.index(e.edit_site)
@@ -485,8 +543,9 @@ def resolve_mean_ablations(model: Model, token_ids: list[list[int]], edits: Sequ
     """Give every value-less mean `Ablate` the head's mean over all prompts' real tokens.
 
     Run as one batch, a mean ablation averages over the batch's real tokens; split into
-    batches it would average per batch. This pass computes the mean over every prompt, with
-    the edits that act before it applied, and returns the edits with the mean filled in.
+    batches it would average per batch. This pass computes the mean over every prompt (over
+    the edit's ``prompts`` when it has them), with the edits that act before it applied, and
+    returns the edits with the mean filled in.
     """
     resolved = check_edits(edits)
     d_head = model.spec.d_head
@@ -501,15 +560,20 @@ def resolve_mean_ablations(model: Model, token_ids: list[list[int]], edits: Sequ
         total = torch.zeros(d_head, dtype=torch.float64)
         count = 0
         for rows in _batches(len(token_ids), batch_size):
+            if e.prompts is not None and not any(i in rows for i in e.prompts):
+                continue
             batch = model.batch_from_ids([token_ids[i] for i in rows])
-            z = run_batch(model, batch, save={(e.layer, "attn_z")}, edits=before,
+            z = run_batch(model, batch, save={(e.layer, "attn_z")},
+                          edits=_edits_for_rows(before, rows),
                           logits=False)[(e.layer, "attn_z")]  # [prompt, pos, head*d_head]
             z = z[..., e.head * d_head:(e.head + 1) * d_head].double()
             real = batch.attention_mask.bool()                  # [prompt, pos]
+            if e.prompts is not None:
+                real &= torch.tensor([i in e.prompts for i in rows])[:, None]
             total += z[real].sum(0)
             count += int(real.sum())
         mean = (total / count).float()
-        resolved[j] = Ablate(e.layer, e.head, mode="mean", value=mean)
+        resolved[j] = replace(e, value=mean)  # keeps `prompts`
     return resolved
 
 

@@ -270,6 +270,47 @@ def test_fv_indirect_effect_equals_hand_built_patch_and_compare(tiny_model):
         ih.fv_scores(m, [])
 
 
+def test_batched_fv_scores_equal_one_trace_per_head(tiny_model):
+    """Every chunking (heads split inside a layer, across layers, all in one trace) gives the
+    indirect effect of patching each head alone: one plain run_batch per head, no resume."""
+    m = tiny_model
+    kw = dict(n_prompts=3, n_shots=2, seed=3)
+    corr, answers = ih.icl_prompts("uppercase", shuffle_labels=True, **kw)
+    clean, _ = ih.icl_prompts("uppercase", **kw)
+    target = torch.tensor(ih.answer_token_ids(m, answers))
+    rows = torch.arange(len(target))
+    mz = ih.task_mean_z(m, clean)
+    batch = m.tokenize(corr)
+    base = ih._last_probs(m, batch)[rows, target]
+    expect = np.zeros((m.spec.n_layers, m.spec.n_heads))
+    for layer in range(m.spec.n_layers):
+        for head in range(m.spec.n_heads):
+            edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
+            p = ih._last_probs(m, batch, [edit])[rows, target]
+            expect[layer, head] = float((p - base).mean())
+    # the random-init model's answer probabilities are ~2e-3 and the effects ~1e-6, so the
+    # comparison is relative: float32 resolves them to ~1e-10, and heads differ by ~1e-6
+    assert np.abs(expect).min() > 1e-8 and len(np.unique(expect.round(9))) == expect.size
+    for max_rows in (3, 6, 24, 256):  # 1 head a trace, 2 (layers split), 8 (2 layers), all
+        ds = ih.fv_scores(m, ["uppercase"], max_rows=max_rows, **kw)
+        np.testing.assert_allclose(ds.indirect_effect.values[0], expect, rtol=1e-3, atol=2e-9)
+    calls = []
+    ih.fv_scores(m, ["uppercase"], max_rows=24, progress=lambda d, t: calls.append((d, t)), **kw)
+    assert calls == [(8, 12), (12, 12)]
+    with pytest.raises(InputError, match=r"`max_rows` must be an int in \[1, inf\]"):
+        ih.fv_scores(m, ["uppercase"], max_rows=0, **kw)
+
+
+def test_head_chunks_keep_layers_together():
+    heads = [(layer, h) for layer in range(3) for h in range(4)]
+    assert ih._head_chunks(heads, 8) == [heads[:8], heads[8:]]
+    assert ih._head_chunks(heads, 5) == [heads[:4], heads[4:8], heads[8:]]
+    assert ih._head_chunks(heads, 3) == [heads[0:3], heads[3:4], heads[4:7], heads[7:8],
+                                         heads[8:11], heads[11:]]
+    assert ih._head_chunks(heads[2:], 100) == [heads[2:]]
+    assert [len(c) for c in ih._head_chunks(heads, 1)] == [1] * 12
+
+
 # -- ablations -----------------------------------------------------------------------------
 
 
@@ -376,7 +417,11 @@ def test_cli_icl_heads_json(capsys):
 def test_bench_icl_heads_reports_ratio(tiny_model):
     out = ih.bench_icl_heads(tiny_model, n_prompts=2, n_shots=2, n_heads=2)
     assert out["figures"]["fv_head_task_pair_vs_forward_ratio"] > 0
-    assert out["figures"]["fv_head_task_pair_ms"] > 0 and out["params"]["n_heads_timed"] == 2
+    assert out["figures"]["fv_head_task_pair_ms"] > 0
+    assert out["figures"]["per_head_trace_vs_forward_ratio"] > 0
+    assert out["params"]["n_heads_timed_per_head"] == 2
+    assert out["params"]["n_heads_scored"] == tiny_model.spec.n_layers * tiny_model.spec.n_heads
+    assert out["accuracy"]["max_abs_prob_diff_batched_vs_per_head"] < 1e-5
 
 
 @pytest.mark.integration

@@ -7,6 +7,7 @@ lengths; patch sources are captured from a plain forward of the source prompt al
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 from explorer._checks import InputError
 from explorer.interventions import (
     Ablate,
+    AddHead,
     Patch,
     Scale,
     Steer,
@@ -462,3 +464,115 @@ def test_out_of_range_edit_position(tiny_model):
         run_with(tiny_model, PROMPTS, [Steer(0, vec, positions=(-3,))])
     with pytest.raises(InputError, match=r"position 7 is out of range for prompt 1"):
         run_with(tiny_model, PROMPTS, [Patch("resid_pre", 1, SOURCE, positions=(7,))])
+
+
+# -- row-targeted edits (`prompts`) ---------------------------------------------------------
+
+def row_target_cases(model):
+    d_head, d_model = model.spec.d_head, model.spec.d_model
+    return {
+        "ablate-zero": Ablate(1, 2),
+        "ablate-value-last": Ablate(2, 1, mode="mean", value=random_vector(d_head, seed=8),
+                                    positions=(-1,)),
+        "scale": Scale(0, 3, alpha=-2.0),
+        "steer": Steer(1, random_vector(d_model, seed=9), positions=(0, -1)),
+        "patch": Patch("resid_pre", 1, SOURCE, positions=(-1,)),
+        # one d_head vector per prompt (position -1 of each of the 3 prompts)
+        "add-head": AddHead(1, 0, random_vector(3 * d_head, seed=10), positions=(-1,)),
+    }
+
+
+@pytest.mark.parametrize("case", ["ablate-zero", "ablate-value-last", "scale", "steer", "patch",
+                                  "add-head"])
+def test_row_targeted_edit_changes_only_its_rows(tiny_model, case):
+    """Rows in `prompts` equal the edit on every row; the other rows equal the unedited run."""
+    model = tiny_model
+    everywhere = row_target_cases(model)[case]
+    rows = (2, 0)  # in this order: AddHead's values are prompt-major in this order
+    targeted = replace(everywhere, prompts=rows)
+    if isinstance(everywhere, AddHead):  # one vector per selected (prompt, position)
+        v = np.array(everywhere.value).reshape(len(PROMPTS), model.spec.d_head)
+        targeted = replace(everywhere, prompts=rows, value=v[list(rows)].reshape(-1))
+    plain = ds_logits(run_with(model, PROMPTS))
+    full = ds_logits(run_with(model, PROMPTS, [everywhere]))
+    got = ds_logits(run_with(model, PROMPTS, [targeted]))
+    for i in range(len(PROMPTS)):
+        want = full[i] if i in rows else plain[i]
+        np.testing.assert_allclose(got[i], want, atol=ATOL, rtol=1e-4)
+    assert max(np.abs(full[i] - plain[i]).max() for i in rows) > 1e-3  # not vacuous
+    # resumed and split into batches of one, the same rows change
+    resumed = ds_logits(run_with(model, PROMPTS, [targeted], resume=clean_run(model, PROMPTS)))
+    for g, r in zip(got, resumed):
+        np.testing.assert_allclose(r, g, atol=1e-6, rtol=0)
+    if not isinstance(everywhere, AddHead):
+        split = trace(model, PROMPTS, sites=["unembed"], edits=[targeted], batch_size=1)
+        whole = trace(model, PROMPTS, sites=["unembed"], edits=[targeted], batch_size=8)
+        np.testing.assert_allclose(split.unembed.values, whole.unembed.values, atol=ATOL,
+                                   rtol=1e-4)
+
+
+def test_row_targeted_mean_ablation_averages_over_its_rows(tiny_model):
+    """A value-less mean over `prompts` rows is the mean over those prompts' real tokens."""
+    model = tiny_model
+    rows = (0, 2)
+    edit = Ablate(1, 3, mode="mean", prompts=rows)
+    got = ds_logits(run_with(model, PROMPTS, [edit]))
+    sub = ds_logits(run_with(model, [PROMPTS[i] for i in rows], [Ablate(1, 3, mode="mean")]))
+    plain = ds_logits(run_with(model, PROMPTS))
+    for j, i in enumerate(rows):
+        np.testing.assert_allclose(got[i], sub[j], atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(got[1], plain[1], atol=ATOL, rtol=1e-4)
+    split = trace(model, PROMPTS, sites=["unembed"], edits=[edit], batch_size=1)
+    for i, n in enumerate(split["mask"].values.sum(1)):
+        np.testing.assert_allclose(split.unembed.values[i, :n], got[i], atol=ATOL, rtol=1e-4)
+
+
+def test_bad_prompt_rows_are_rejected(tiny_model):
+    with pytest.raises(InputError, match=r"Ablate at layer 1 targets prompt row 3, but the "
+                                         r"batch has 3 prompts \(rows 0 to 2\)"):
+        run_with(tiny_model, PROMPTS, [Ablate(1, 0, prompts=(0, 3))])
+    with pytest.raises(InputError, match=r"Steer at layer 0 targets prompt row 3"):
+        trace(tiny_model, PROMPTS, edits=[Steer(0, (0.0,) * 64, prompts=[3])], batch_size=1)
+    with pytest.raises(InputError, match=r"targets prompt row 1, but the batch has 1 prompt "):
+        run_with(tiny_model, PROMPTS[:1], [Scale(0, 0, alpha=2.0, prompts=(1,))])
+    with pytest.raises(InputError, match=r"`prompts` holds batch row indices from 0; got -1"):
+        Ablate(0, 0, prompts=(-1,))
+    with pytest.raises(InputError, match=r"`prompts` is empty"):
+        Scale(0, 0, alpha=1.0, prompts=())
+    with pytest.raises(InputError, match=r"`prompts` names row 2 twice"):
+        Patch("resid_pre", 0, SOURCE, prompts=(2, 1, 2))
+    with pytest.raises(TypeError, match=r"`prompts\[0\]` must be an int"):
+        Ablate(0, 0, prompts=("0",))
+
+
+def test_prompts_round_trip_and_stay_out_of_old_records():
+    e = Ablate(1, 2, mode="mean", value=(0.5,) * 16, positions=[-1], prompts=[np.int64(4), 1])
+    assert e.prompts == (4, 1)
+    assert edits_from_json(edits_to_json([e])) == [e]
+    assert "prompts" not in Ablate(0, 1).to_dict()
+    assert Scale(0, 0, alpha=1.0, prompts=3).prompts == (3,)
+
+
+# -- CleanRun.repeat ------------------------------------------------------------------------
+
+def test_repeated_clean_run_resumes_a_repeated_batch(tiny_model):
+    """Resuming k copies from `repeat(k)` equals a full run of the k-times repeated prompts."""
+    model = tiny_model
+    clean = clean_run(model, PROMPTS)
+    big = clean.repeat(2)
+    assert big.batch.lengths == clean.batch.lengths * 2
+    assert torch.equal(big.batch.input_ids[3:], clean.batch.input_ids)
+    assert len(big.resid_pre) == model.n_layers and big.logits.shape[0] == 0
+    assert torch.equal(big.resid_pre[1][3:], clean.resid_pre[1])
+    assert torch.equal(clean.repeat(2, logits=True).logits[3:], clean.logits)
+    # copy 0 edits head 1 of layer 1, copy 1 head 2 of layer 2; resumed at layer 1
+    edits = [Ablate(1, 1, prompts=(0, 1, 2)), Scale(2, 2, alpha=3.0, prompts=(3, 4, 5))]
+    resumed = ds_logits(run_with(model, PROMPTS * 2, edits, resume=big))
+    full = ds_logits(run_with(model, PROMPTS * 2, edits))
+    one = ds_logits(run_with(model, PROMPTS, [Ablate(1, 1)]))
+    two = ds_logits(run_with(model, PROMPTS, [Scale(2, 2, alpha=3.0)]))
+    for i in range(6):
+        np.testing.assert_allclose(resumed[i], full[i], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(resumed[i], (one + two)[i], atol=ATOL, rtol=1e-4)
+    with pytest.raises(InputError, match=r"`k` must be an int in \[1, inf\]; got 0"):
+        clean.repeat(0)

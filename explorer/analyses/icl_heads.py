@@ -42,6 +42,7 @@ __all__ = [
     "induction_scores",
     "head_attention",
     "task_mean_z",
+    "fv_patched_probs",
     "fv_scores",
     "top_heads",
     "ablation_edits",
@@ -267,16 +268,64 @@ def _heads(model: Any, layers: Sequence[int] | None) -> list[tuple[int, int]]:
     return [(l, h) for l in layers for h in range(model.spec.n_heads)]
 
 
+def _head_chunks(heads: Sequence[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
+    """Heads (layer-major) in chunks of at most ``size``, whole layers together where they fit.
+
+    A chunk's trace resumes at its lowest layer, so chunks of whole neighbouring layers
+    waste the least; a layer with more than ``size`` heads is split.
+    """
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append((layer, head))
+    chunks: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    for group in by_layer.values():
+        if current and len(current) + len(group) > size:
+            chunks.append(current)
+            current = []
+        while len(group) > size:
+            chunks.append(group[:size])
+            group = group[size:]
+        current = current + group
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def fv_patched_probs(model: Any, cache: Any, heads: Sequence[tuple[int, int]],
+                     mean_z: np.ndarray, target: torch.Tensor) -> torch.Tensor:
+    """Answer-token probability with each head's last-token output set to its mean: [head, prompt].
+
+    One trace for all ``heads``: the batch of ``cache`` (a `CleanRun`) is repeated once per
+    head (`CleanRun.repeat`), head j's ``Ablate`` acts on the j-th copy only (its
+    ``prompts``), and the run resumes at the lowest layer among the heads. ``mean_z`` is
+    [layer, head, d_head]; ``target`` holds one token id per prompt.
+    """
+    n, k = len(cache.batch.lengths), len(heads)
+    big = cache.repeat(k) if k > 1 else cache
+    edits = [Ablate(layer, head, mode="mean", value=mean_z[layer, head], positions=(-1,),
+                    prompts=tuple(range(j * n, (j + 1) * n)) if k > 1 else None)
+             for j, (layer, head) in enumerate(heads)]
+    p = _last_probs(model, big.batch, edits, resume=big)          # [head * prompt, vocab]
+    return p[torch.arange(k * n), target.repeat(k)].reshape(k, n)
+
+
 def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
               n_shots: int = 5, seed: int = 0, layers: Sequence[int] | None = None,
-              progress: Any = None) -> xr.Dataset:
+              progress: Any = None, max_rows: int = 256) -> xr.Dataset:
     """Function-vector score of every head: the causal indirect effect (Todd et al. 2024).
 
     For each task, ā_{l,h} is the head's mean output at the last token over clean
     ``n_shots``-shot prompts. The same prompts with shuffled demonstration labels are run
-    with head (l, h)'s last-token output replaced by ā_{l,h} (one batched trace per head,
-    resuming at layer l from a cached clean run); the indirect effect is the gain in the
-    probability of the answer's first token. The FV score is its mean over tasks.
+    with head (l, h)'s last-token output replaced by ā_{l,h}; the indirect effect is the
+    gain in the probability of the answer's first token. The FV score is its mean over tasks.
+
+    Heads are patched in batches (`fv_patched_probs`): one trace scores a chunk of heads
+    by repeating the corrupted prompts once per head (at most ``max_rows`` rows, whole
+    neighbouring layers together) and patching head j in the j-th copy only, resuming at
+    the chunk's lowest layer from a cached clean run of the corrupted prompts. Each copy is
+    computed exactly as a run with only its head patched. ``progress(done, total)`` is
+    called after each chunk, counting head-task pairs.
 
     Returns
     -------
@@ -286,6 +335,7 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
     tasks = [_task(t) for t in tasks]
     if not tasks:
         raise InputError("`tasks` must name at least one task; got an empty list.")
+    max_rows = check_int("max_rows", max_rows, low=1)
     spec = model.spec
     heads = _heads(model, layers)
     ie = np.full((len(tasks), spec.n_layers, spec.n_heads), np.nan)
@@ -303,11 +353,12 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
         cache = clean_run(model, corrupted)
         base = torch.softmax(cache.logits[:, -1].float(), -1)[rows, target]   # [prompt]
         p_corr[t] = float(base.mean())
-        for layer, head in heads:
-            edit = Ablate(layer, head, mode="mean", value=mean_z[t, layer, head], positions=(-1,))
-            p = _last_probs(model, cache.batch, [edit], resume=cache)[rows, target]
-            ie[t, layer, head] = float((p - base).mean())
-            done += 1
+        for chunk in _head_chunks(heads, max(1, max_rows // len(target))):
+            p = fv_patched_probs(model, cache, chunk, mean_z[t], target)     # [head, prompt]
+            gain = (p - base).mean(1)
+            for (layer, head), g in zip(chunk, gain.tolist()):
+                ie[t, layer, head] = g
+            done += len(chunk)
             if callable(progress):
                 progress(done, total)
     return xr.Dataset(
@@ -572,32 +623,55 @@ def _cmd_icl_heads(args: Any) -> int:
 
 
 def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int = 8,
-                    n_shots: int = 5, n_heads: int = 6, **kw: Any) -> dict[str, Any]:
-    """Time per FV head-task pair (one batched, resumed patched trace) vs one clean forward.
+                    n_shots: int = 5, n_heads: int = 6, max_rows: int = 256,
+                    **kw: Any) -> dict[str, Any]:
+    """Time per FV head-task pair vs one clean forward of the same prompts.
 
-    Returns ``fv_head_task_pair_vs_forward_ratio``, ``fv_head_task_pair_ms`` and
-    ``forward_ms`` (the clean batched forward of the same prompts).
+    ``fv_head_task_pair_ms``: scoring every head of the model as `fv_scores` does (chunks
+    of heads, one batched trace per chunk, ``max_rows`` rows at most), divided by the number
+    of heads. ``per_head_trace_ms``: the one-trace-per-head path (a single-head patched
+    trace resumed at the head's layer) over ``n_heads`` heads, one in each of ``n_heads``
+    equal layer bands (at the band's middle layer, so their mean depth is that of all
+    heads). ``forward_ms``: the clean batched forward (last-token logits). ``accuracy``:
+    the largest difference in answer probability between the two paths on those heads.
     """
     from explorer.models import load_model
 
     if model is None or isinstance(model, str):
         model = load_model(model or "smollm2-135m")
+    check_int("max_rows", max_rows, low=1)
     prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=0)
+    target = torch.tensor(answer_token_ids(model, answers))
     mz = task_mean_z(model, prompts)
     cache = clean_run(model, prompts)
     heads = _heads(model, None)
-    step = max(1, len(heads) // n_heads)
-    picked = heads[::step][:n_heads]
+    n_layers, n_h = model.spec.n_layers, model.spec.n_heads
+    n_heads = check_int("n_heads", n_heads, low=1, high=n_layers)
+    picked = [((2 * i + 1) * n_layers // (2 * n_heads), i % n_h) for i in range(n_heads)]
     _last_probs(model, cache.batch)  # warm-up
     t0 = time.perf_counter()
     for _ in range(3):
         _last_probs(model, cache.batch)
     forward = (time.perf_counter() - t0) / 3
     t0 = time.perf_counter()
-    for layer, head in picked:
-        edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
-        _last_probs(model, cache.batch, [edit], resume=cache)
-    pair = (time.perf_counter() - t0) / len(picked)
-    return {"params": {"n_prompts": n_prompts, "n_heads_timed": len(picked)},
+    single = [fv_patched_probs(model, cache, [h], mz, target)[0] for h in picked]
+    per_head = (time.perf_counter() - t0) / len(picked)
+    chunks = _head_chunks(heads, max(1, max_rows // len(target)))
+    t0 = time.perf_counter()
+    batched = {}
+    for chunk in chunks:
+        p = fv_patched_probs(model, cache, chunk, mz, target)
+        batched.update(zip(chunk, p))
+    pair = (time.perf_counter() - t0) / len(heads)
+    err = max(float((batched[h] - s).abs().max()) for h, s in zip(picked, single))
+    return {"params": {"task": task, "n_prompts": n_prompts, "n_shots": n_shots,
+                       "width": cache.batch.width, "n_heads_scored": len(heads),
+                       "n_traces": len(chunks), "max_rows": max_rows,
+                       "n_heads_timed_per_head": len(picked)},
             "figures": {"fv_head_task_pair_vs_forward_ratio": pair / forward,
-                        "fv_head_task_pair_ms": pair * 1e3, "forward_ms": forward * 1e3}}
+                        "fv_head_task_pair_ms": pair * 1e3,
+                        "per_head_trace_vs_forward_ratio": per_head / forward,
+                        "per_head_trace_ms": per_head * 1e3,
+                        "batched_vs_per_head_ratio": pair / per_head,
+                        "forward_ms": forward * 1e3},
+            "accuracy": {"max_abs_prob_diff_batched_vs_per_head": err}}
