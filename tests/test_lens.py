@@ -140,6 +140,22 @@ def test_lens_under_an_edit_with_and_without_resume(tiny_model):
     json.dumps(edited.attrs)
 
 
+def test_a_row_targeted_edit_lands_on_its_prompts_across_batches(tiny_model):
+    vec = torch.randn(64, generator=torch.Generator().manual_seed(1)) * 5
+    target = Steer(1, vec, prompts=(2,))                       # the third prompt only
+    mixed = logit_lens(tiny_model, PROMPTS, k=3, edits=[target], batch_size=2)
+    alone = logit_lens(tiny_model, PROMPTS[2:], k=3, edits=[Steer(1, vec)])
+    clean = logit_lens(tiny_model, PROMPTS[:2], k=3)
+    n = int(alone["mask"].sum())
+    np.testing.assert_array_equal(mixed.top_token_id.values[2, :n], alone.top_token_id.values[0, :n])
+    np.testing.assert_allclose(mixed.top_prob.values[2, :n], alone.top_prob.values[0, :n], atol=1e-6)
+    for i in range(2):
+        m = int(clean["mask"].values[i].sum())
+        np.testing.assert_allclose(mixed.top_prob.values[i, :m], clean.top_prob.values[i, :m], atol=1e-6)
+    with pytest.raises(InputError, match="targets prompt row 3"):
+        logit_lens(tiny_model, PROMPTS, k=3, edits=[Steer(1, vec, prompts=(3,))])
+
+
 def test_bfloat16_unembedding_stays_close(tiny_model):
     exact = logit_lens(tiny_model, PROMPTS, k=1)
     fast = logit_lens(tiny_model, PROMPTS, k=1, unembed_dtype="bfloat16")
