@@ -247,9 +247,11 @@ def test_ablate_at_last_position_matches_a_torch_hook(tiny_model):
 # -- FV score ------------------------------------------------------------------------------
 
 
-def test_fv_indirect_effect_equals_hand_built_patch_and_compare(tiny_model):
+@pytest.mark.parametrize("method", ["last_token", "resume"])
+def test_fv_indirect_effect_equals_hand_built_patch_and_compare(tiny_model, method):
     m = tiny_model
-    ds = ih.fv_scores(m, ["antonym"], n_prompts=3, n_shots=2, seed=5, layers=[1])
+    ds = ih.fv_scores(m, ["antonym"], n_prompts=3, n_shots=2, seed=5, layers=[1], method=method)
+    assert ds.attrs["params"]["fv_method"] == method
     clean, answers = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=5)
     corr, _ = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=5, shuffle_labels=True)
     target = [m.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in answers]
@@ -291,14 +293,58 @@ def test_batched_fv_scores_equal_one_trace_per_head(tiny_model):
     # the random-init model's answer probabilities are ~2e-3 and the effects ~1e-6, so the
     # comparison is relative: float32 resolves them to ~1e-10, and heads differ by ~1e-6
     assert np.abs(expect).min() > 1e-8 and len(np.unique(expect.round(9))) == expect.size
-    for max_rows in (3, 6, 24, 256):  # 1 head a trace, 2 (layers split), 8 (2 layers), all
-        ds = ih.fv_scores(m, ["uppercase"], max_rows=max_rows, **kw)
-        np.testing.assert_allclose(ds.indirect_effect.values[0], expect, rtol=1e-3, atol=2e-9)
+    assert len(set(batch.lengths)) > 1  # left padding: the last-token path's position ids
+    for method in ("resume", "last_token"):
+        for max_rows in (3, 6, 24, 256):  # 1 head a trace, 2 (layers split), 8 (2 layers), all
+            ds = ih.fv_scores(m, ["uppercase"], max_rows=max_rows, method=method, **kw)
+            np.testing.assert_allclose(ds.indirect_effect.values[0], expect, rtol=1e-3,
+                                       atol=2e-9)
     calls = []
     ih.fv_scores(m, ["uppercase"], max_rows=24, progress=lambda d, t: calls.append((d, t)), **kw)
     assert calls == [(8, 12), (12, 12)]
     with pytest.raises(InputError, match=r"`max_rows` must be an int in \[1, inf\]"):
         ih.fv_scores(m, ["uppercase"], max_rows=0, **kw)
+
+
+def test_last_token_cache_reproduces_the_full_forward(tiny_model):
+    """The cached last-token run gives the full forward's last-token probabilities on a
+    left-padded batch (prompts of different lengths), unpatched and with heads patched,
+    and leaves the per-task cache unchanged between runs."""
+    m = tiny_model
+    corr, answers = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=1, shuffle_labels=True)
+    corr = corr + ["Q: big\nA:"]
+    target = torch.tensor(ih.answer_token_ids(m, answers + ["small"]))
+    batch = m.tokenize(corr)
+    assert len(set(batch.lengths)) >= 3
+    rows = torch.arange(len(corr))
+    full = ih._last_probs(m, batch)[rows, target]
+    prefix = ih.last_token_cache(m, batch)
+    keys = [layer.keys.clone() for layer in prefix.cache.layers]
+    np.testing.assert_allclose(ih.fv_last_token_probs(m, prefix, [], None, target)[0], full,
+                               rtol=1e-5)
+    mz = np.random.default_rng(0).normal(size=(m.spec.n_layers, m.spec.n_heads, m.spec.d_head))
+    heads = [(2, 1), (0, 3), (1, 0)]
+    got = ih.fv_last_token_probs(m, prefix, heads, mz, target)            # [head, prompt]
+    for j, (layer, head) in enumerate(heads):
+        edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
+        ref = ih._last_probs(m, batch, [edit])[rows, target]
+        assert not np.allclose(ref, full, rtol=1e-3)
+        np.testing.assert_allclose(got[j], ref, rtol=1e-5)
+        one = ih.fv_last_token_probs(m, prefix, [(layer, head)], mz, target)[0]
+        np.testing.assert_allclose(one, ref, rtol=1e-5)
+    assert all(torch.equal(a, b.keys) for a, b in zip(keys, prefix.cache.layers))
+
+
+def test_last_token_path_only_where_it_applies(tiny_model, tiny_gpt2):
+    assert ih.last_token_problem(tiny_model) is None
+    assert "llama family" in ih.last_token_problem(tiny_gpt2)
+    kw = dict(n_prompts=2, n_shots=2, seed=0, layers=[0])
+    ds = ih.fv_scores(tiny_gpt2, ["antonym"], **kw)
+    assert ds.attrs["params"]["fv_method"] == "resume"
+    with pytest.raises(InputError, match="llama family"):
+        ih.fv_scores(tiny_gpt2, ["antonym"], method="last_token", **kw)
+    with pytest.raises(InputError, match="`method` must be one of"):
+        ih.fv_scores(tiny_model, ["antonym"], method="fast", **kw)
 
 
 def test_head_chunks_keep_layers_together():
@@ -422,6 +468,8 @@ def test_bench_icl_heads_reports_ratio(tiny_model):
     assert out["params"]["n_heads_timed_per_head"] == 2
     assert out["params"]["n_heads_scored"] == tiny_model.spec.n_layers * tiny_model.spec.n_heads
     assert out["accuracy"]["max_abs_prob_diff_batched_vs_per_head"] < 1e-5
+    assert out["figures"]["fv_last_token_pair_vs_forward_ratio"] > 0
+    assert out["accuracy"]["max_abs_prob_diff_last_token_vs_per_head"] < 1e-5
 
 
 @pytest.mark.integration

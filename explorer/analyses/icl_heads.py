@@ -15,6 +15,7 @@ Every function returns an ``xr.Dataset`` whose attrs come from `explorer.trace.p
 """
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections.abc import Sequence
@@ -43,6 +44,10 @@ __all__ = [
     "head_attention",
     "task_mean_z",
     "fv_patched_probs",
+    "LastTokenCache",
+    "last_token_problem",
+    "last_token_cache",
+    "fv_last_token_probs",
     "fv_scores",
     "top_heads",
     "ablation_edits",
@@ -61,6 +66,7 @@ ICL_DIR = Path(__file__).resolve().parents[2] / "datasets" / "icl"
 _CORPUS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "corpus"
 
 RANKINGS = ("fv", "induction", "fv_excl_induction", "induction_excl_fv", "random")
+FV_METHODS = ("auto", "last_token", "resume")
 
 
 # -- tasks and prompts ---------------------------------------------------------------------
@@ -310,9 +316,123 @@ def fv_patched_probs(model: Any, cache: Any, heads: Sequence[tuple[int, int]],
     return p[torch.arange(k * n), target.repeat(k)].reshape(k, n)
 
 
+# The last-token path: only the last position changes when a head is patched there (earlier
+# positions cannot attend to it), so the patched runs process that one token, attending over
+# the keys and values of the earlier positions computed once per task.
+
+@dataclass
+class LastTokenCache:
+    """Keys and values of every position but the last of a batch (plain HF, no edits)."""
+
+    batch: Any   # the full left-padded Batch
+    cache: Any   # a transformers Cache over positions [0, width - 1)
+
+
+def last_token_problem(model: Any, width: int | None = None) -> str | None:
+    """Why `last_token_cache` cannot serve ``model`` (None when it can).
+
+    It runs ``model.hf`` locally with a key/value cache, patching through torch hooks on
+    the attention output projection: a remote model has no local weights, and only the
+    llama family (Llama, Qwen2/3, Mistral) is checked to give the full forward's logits;
+    a sliding attention window narrower than the batch is not handled.
+    """
+    if getattr(model, "remote", False):
+        return "the model runs remotely (NDIF); the last-token path needs local weights"
+    if model.arch.family != "llama":
+        return (f"the last-token path handles the llama family only; {model.spec.name} is "
+                f"{model.arch.family}")
+    cfg = model.hf.config
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True) and (width is None or window < width):
+        return f"{model.spec.name} has a sliding attention window ({window} tokens)"
+    return None
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward's name for the key/value cache: ``cache`` (transformers 5.24) or older
+    ``past_key_values``."""
+    params = inspect.signature(model.hf.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def last_token_cache(model: Any, batch: Any) -> LastTokenCache:
+    """Run ``batch`` without its last column once, keeping every layer's keys and values.
+
+    The batch is left-padded, so every prompt's last token is in the last column; the
+    explicit position ids of the Batch make the cached run match the full forward.
+    """
+    problem = last_token_problem(model, batch.width)
+    if problem:
+        raise InputError(f"fv_scores(method='last_token') cannot run: {problem}.")
+    if batch.width < 2:
+        raise InputError("the last-token path needs prompts of at least 2 tokens.")
+    with model.lock, torch.no_grad():
+        out = model.hf(input_ids=batch.input_ids[:, :-1],
+                       attention_mask=batch.attention_mask[:, :-1],
+                       position_ids=batch.position_ids[:, :-1], use_cache=True, logits_to_keep=1)
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    return LastTokenCache(batch, cache)
+
+
+def _tiled_cache(cache: Any, k: int) -> Any:
+    """A fresh cache holding ``k`` block-wise copies of ``cache`` (row j*n + i is prompt i).
+
+    Fresh for every run: the forward appends the last token's keys and values to it.
+    """
+    from transformers import DynamicCache
+
+    tiled = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        tiled.update(layer.keys.repeat(k, 1, 1, 1), layer.values.repeat(k, 1, 1, 1), i)
+    return tiled
+
+
+def fv_last_token_probs(model: Any, prefix: LastTokenCache, heads: Sequence[tuple[int, int]],
+                        mean_z: np.ndarray | None, target: torch.Tensor) -> torch.Tensor:
+    """Answer-token probability with each head's last-token output set to its mean: [head, prompt].
+
+    Same result as `fv_patched_probs`, computing only the last token: the batch's last
+    column is repeated once per head and run over ``k`` copies of the cached keys and
+    values of the earlier positions, with head j's slice of the ``o_proj`` input set to
+    ``mean_z[layer, head]`` in copy j (a torch pre-hook). With no ``heads`` (and ``mean_z``
+    None) it returns the unpatched probabilities, [1, prompt].
+    """
+    b = prefix.batch
+    n, k, d = len(b.lengths), max(1, len(heads)), model.spec.d_head
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for j, (layer, head) in enumerate(heads):
+        by_layer.setdefault(layer, []).append((j, head))
+
+    def hook_for(layer):
+        values = [(j, head, torch.as_tensor(mean_z[layer, head]))
+                  for j, head in by_layer[layer]]
+
+        def patch(_module, args):
+            z = args[0].clone()                              # [k * n, 1, n_heads * d_head]
+            for j, head, v in values:
+                z[j * n:(j + 1) * n, -1, head * d:(head + 1) * d] = v.to(z.dtype)
+            return (z, *args[1:])
+        return patch
+
+    handles = [model.o_proj(layer).register_forward_pre_hook(hook_for(layer))
+               for layer in by_layer]
+    try:
+        with model.lock, torch.no_grad():
+            out = model.hf(input_ids=b.input_ids[:, -1:].repeat(k, 1),
+                           attention_mask=b.attention_mask.repeat(k, 1),
+                           position_ids=b.position_ids[:, -1:].repeat(k, 1),
+                           use_cache=True, logits_to_keep=1,
+                           **{_cache_kwarg(model): _tiled_cache(prefix.cache, k)})
+    finally:
+        for h in handles:
+            h.remove()
+    p = torch.softmax(out.logits[:, -1].float(), dim=-1)     # [head * prompt, vocab]
+    return p[torch.arange(k * n), target.repeat(k)].reshape(k, n)
+
+
 def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
               n_shots: int = 5, seed: int = 0, layers: Sequence[int] | None = None,
-              progress: Any = None, max_rows: int = 256) -> xr.Dataset:
+              progress: Any = None, max_rows: int = 256, method: str = "auto") -> xr.Dataset:
     """Function-vector score of every head: the causal indirect effect (Todd et al. 2024).
 
     For each task, ā_{l,h} is the head's mean output at the last token over clean
@@ -327,6 +447,15 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
     computed exactly as a run with only its head patched. ``progress(done, total)`` is
     called after each chunk, counting head-task pairs.
 
+    ``method``: ``"last_token"`` runs only the last token of each patched copy
+    (`fv_last_token_probs`), over keys and values of the earlier positions computed once
+    per task (`last_token_cache`): the patch is at the last token, which no earlier
+    position sees. ``"resume"`` recomputes every position from the chunk's lowest layer
+    (`fv_patched_probs`). ``"auto"`` (default) is ``"last_token"`` where
+    `last_token_problem` finds none, else ``"resume"``; an explicit ``"last_token"`` on a
+    model it cannot serve raises InputError. ``attrs["params"]["fv_method"]`` records the
+    one used.
+
     Returns
     -------
     xr.Dataset: ``fv_score`` (layer, head), ``indirect_effect`` (task, layer, head),
@@ -336,6 +465,9 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
     if not tasks:
         raise InputError("`tasks` must name at least one task; got an empty list.")
     max_rows = check_int("max_rows", max_rows, low=1)
+    method = check_choice("method", method, FV_METHODS)
+    if method == "auto":
+        method = "resume" if last_token_problem(model) else "last_token"
     spec = model.spec
     heads = _heads(model, layers)
     ie = np.full((len(tasks), spec.n_layers, spec.n_heads), np.nan)
@@ -350,11 +482,18 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
         rows = torch.arange(len(target))
         mean_z[t] = task_mean_z(model, clean)
         p_clean[t] = float(_last_probs(model, model.tokenize(clean))[rows, target].mean())
-        cache = clean_run(model, corrupted)
-        base = torch.softmax(cache.logits[:, -1].float(), -1)[rows, target]   # [prompt]
+        if method == "last_token":
+            prefix = last_token_cache(model, model.tokenize(corrupted))
+            base = fv_last_token_probs(model, prefix, [], None, target)[0]     # [prompt]
+        else:
+            cache = clean_run(model, corrupted)
+            base = torch.softmax(cache.logits[:, -1].float(), -1)[rows, target]
         p_corr[t] = float(base.mean())
         for chunk in _head_chunks(heads, max(1, max_rows // len(target))):
-            p = fv_patched_probs(model, cache, chunk, mean_z[t], target)     # [head, prompt]
+            if method == "last_token":
+                p = fv_last_token_probs(model, prefix, chunk, mean_z[t], target)
+            else:
+                p = fv_patched_probs(model, cache, chunk, mean_z[t], target)  # [head, prompt]
             gain = (p - base).mean(1)
             for (layer, head), g in zip(chunk, gain.tolist()):
                 ie[t, layer, head] = g
@@ -371,7 +510,7 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
                 "head": list(range(spec.n_heads))},
         attrs=provenance(model, method="fv_scores", n_prompts=n_prompts, n_shots=n_shots,
                          seed=seed, layers=None if layers is None else list(layers),
-                         citation=CITATION))
+                         fv_method=method, citation=CITATION))
 
 
 # -- ablations -----------------------------------------------------------------------------
@@ -634,6 +773,10 @@ def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int 
     equal layer bands (at the band's middle layer, so their mean depth is that of all
     heads). ``forward_ms``: the clean batched forward (last-token logits). ``accuracy``:
     the largest difference in answer probability between the two paths on those heads.
+    ``fv_last_token_pair_ms`` (llama family only): every head scored by the last-token
+    path (`fv_last_token_probs`, same chunks), including the once-per-task key/value cache
+    of the earlier positions, divided by the number of heads; its accuracy figure compares
+    it with the per-head traces.
     """
     from explorer.models import load_model
 
@@ -664,14 +807,30 @@ def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int 
         batched.update(zip(chunk, p))
     pair = (time.perf_counter() - t0) / len(heads)
     err = max(float((batched[h] - s).abs().max()) for h, s in zip(picked, single))
+    figures = {"fv_head_task_pair_vs_forward_ratio": pair / forward,
+               "fv_head_task_pair_ms": pair * 1e3,
+               "per_head_trace_vs_forward_ratio": per_head / forward,
+               "per_head_trace_ms": per_head * 1e3,
+               "batched_vs_per_head_ratio": pair / per_head,
+               "forward_ms": forward * 1e3}
+    accuracy = {"max_abs_prob_diff_batched_vs_per_head": err}
+    if last_token_problem(model, cache.batch.width) is None:
+        fv_last_token_probs(model, last_token_cache(model, cache.batch), chunks[0], mz,
+                            target)  # warm-up
+        t0 = time.perf_counter()
+        prefix = last_token_cache(model, cache.batch)
+        fast = {}
+        for chunk in chunks:
+            p = fv_last_token_probs(model, prefix, chunk, mz, target)
+            fast.update(zip(chunk, p))
+        last = (time.perf_counter() - t0) / len(heads)
+        figures.update({"fv_last_token_pair_vs_forward_ratio": last / forward,
+                        "fv_last_token_pair_ms": last * 1e3,
+                        "last_token_vs_batched_ratio": last / pair})
+        accuracy["max_abs_prob_diff_last_token_vs_per_head"] = max(
+            float((fast[h] - s).abs().max()) for h, s in zip(picked, single))
     return {"params": {"task": task, "n_prompts": n_prompts, "n_shots": n_shots,
                        "width": cache.batch.width, "n_heads_scored": len(heads),
                        "n_traces": len(chunks), "max_rows": max_rows,
                        "n_heads_timed_per_head": len(picked)},
-            "figures": {"fv_head_task_pair_vs_forward_ratio": pair / forward,
-                        "fv_head_task_pair_ms": pair * 1e3,
-                        "per_head_trace_vs_forward_ratio": per_head / forward,
-                        "per_head_trace_ms": per_head * 1e3,
-                        "batched_vs_per_head_ratio": pair / per_head,
-                        "forward_ms": forward * 1e3},
-            "accuracy": {"max_abs_prob_diff_batched_vs_per_head": err}}
+            "figures": figures, "accuracy": accuracy}
