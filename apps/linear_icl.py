@@ -146,8 +146,7 @@ def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.El
     if analysis is None:
         return _placeholder("Measuring patterns…")
     steps = analysis["step"].values
-    marker = hv.VLine(float(step if step is not None else steps[0])).opts(
-        color="black", line_dash="dashed", line_width=1.2)
+    marker = theme.step_marker(steps, step)
     common = dict(responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(),
                   tools=["hover"], xlabel="training step")
     heads = analysis["head"].values

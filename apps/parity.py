@@ -38,7 +38,7 @@ __all__ = ["ParityView", "plot_hidden_pca", "plot_automaton", "plot_accuracy_by_
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+_TOOLS = theme.PLOT_TOOLS
 _PARITY_COLORS = {"even": theme.CATEGORICAL[0], "odd": theme.CATEGORICAL[1]}
 _SYMBOL_COLORS = {0: theme.CATEGORICAL[2], 1: theme.CATEGORICAL[3]}
 
@@ -219,8 +219,7 @@ def plot_training_curves(analysis: xr.Dataset | None, step: int | None) -> hv.El
     if analysis is None:
         return _placeholder("Analysing the checkpoints…", height=280)
     steps = analysis["step"].values
-    marker = hv.VLine(float(step if step is not None else steps[0])).opts(
-        color="black", line_dash="dashed", line_width=1.2)
+    marker = theme.step_marker(steps, step)
     common = dict(responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(),
                   xlabel="training step", tools=["hover"])
     transition = analysis.attrs.get("transition_step")

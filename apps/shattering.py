@@ -49,7 +49,7 @@ QUICK_PARAMS: dict[str, Any] = {"steps": 400}
 #: Edits in the page's R vs accuracy-drop sweep.
 SWEEP_EDITS = 40
 
-_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+_TOOLS = theme.PLOT_TOOLS
 _CYCLE_CMAP = list(cc.palette["colorwheel"])  # cyclic: the first and last place look alike
 _DISTANCE_COLORS = {d: theme.CATEGORICAL[i] for i, d in enumerate(range(1, 9))}
 

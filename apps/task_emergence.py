@@ -27,7 +27,7 @@ __all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plo
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+_TOOLS = theme.PLOT_TOOLS
 
 
 _font = theme.font_sizes
@@ -81,8 +81,7 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
     if analysis is None:
         return _placeholder("Analysing the checkpoints…", height=280)
     steps = analysis["step"].values
-    marker = hv.VLine(float(step if step is not None else steps[0])).opts(
-        color="black", line_dash="dashed", line_width=1.2)
+    marker = theme.step_marker(steps, step)
     common = dict(responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
                   xlabel="training step", tools=["hover"])
     n_tasks = int(analysis.sizes["task"])

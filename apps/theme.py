@@ -150,6 +150,18 @@ def font_sizes() -> dict[str, str]:
             "xticks": f"{SIZES['label_font_pt']}pt", "yticks": f"{SIZES['label_font_pt']}pt"}
 
 
+PLOT_TOOLS = ["save", "pan", "wheel_zoom", "box_zoom", "reset"]
+"""The toolbar of the pages' zoomable plots."""
+
+
+def step_marker(steps: Sequence[float], step: float | None) -> Any:
+    """A dashed vertical line at training step ``step`` (the first of ``steps`` when None)."""
+    import holoviews as hv
+
+    return hv.VLine(float(step if step is not None else steps[0])).opts(
+        color="black", line_dash="dashed", line_width=1.2)
+
+
 def placeholder(text: str, *, height: int = 320) -> Any:
     """A plot-sized text element shown where a plot will appear (no run yet, computing)."""
     import holoviews as hv
