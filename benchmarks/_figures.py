@@ -1,13 +1,22 @@
-"""What the evidence scripts share: rendering a HoloViews figure to a PNG for docs/figures/.
+"""What the evidence scripts share: rendering a HoloViews figure to a PNG for docs/figures/,
+and serving a page in a child process to photograph it.
 
-The figure is saved as standalone HTML (Bokeh resources inline, no network) and
+A figure is saved as standalone HTML (Bokeh resources inline, no network) and
 screenshotted in Debian's chromium with Playwright once its canvas exists.
 """
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CHROMIUM = "/usr/bin/chromium"  # never a Playwright-downloaded browser
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -35,3 +44,32 @@ def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500,
             page.screenshot(path=str(path), full_page=True)
             browser.close()
     return path
+
+
+@contextlib.contextmanager
+def page_server(code: str, *, timeout: float = 300, quiet: bool = False) -> Iterator[str]:
+    """Run ``code`` in a child Python (from the repository root) with ``PORT`` set to a free
+    port; it must serve its pages on 127.0.0.1:PORT. Yields the base URL once the port
+    answers; stops the child afterwards. ``quiet`` drops the child's output."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen([sys.executable, "-c", f"PORT = {port}\n{code}"], cwd=ROOT,
+                            stdout=out, stderr=out)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("the page server did not start")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()

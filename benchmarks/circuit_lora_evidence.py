@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import _figures  # benchmarks/_figures.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
 SUMMARY = FIGURES / "circuit_lora_summary.json"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
 
 
 def stage_run(args: argparse.Namespace) -> dict:
@@ -105,9 +103,6 @@ def stage_screenshot(args: argparse.Namespace, summary: dict) -> None:
     from playwright.sync_api import sync_playwright
 
     folder = summary["folder"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     code = textwrap.dedent(f"""
         import torch
         torch.set_num_threads(1)
@@ -124,33 +119,20 @@ def stage_screenshot(args: argparse.Namespace, summary: dict) -> None:
                                 checkpoint=3, diff=True)
             return theme.page([view], title="Circuits")
 
-        pn.serve({{"circuits": app}}, port={port}, address="127.0.0.1", threaded=True,
+        pn.serve({{"circuits": app}}, port=PORT, address="127.0.0.1", threaded=True,
                  show=False).join()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
-    try:
-        deadline = time.time() + 300
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("the page server did not start")
-            time.sleep(0.5)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.goto(f"http://127.0.0.1:{port}/circuits", timeout=120_000)
-            page.locator(".circuit-state").first.wait_for(state="attached", timeout=300_000)
-            page.wait_for_selector("canvas", state="attached", timeout=120_000)
-            time.sleep(4)
-            FIGURES.mkdir(exist_ok=True)
-            page.screenshot(path=str(FIGURES / "circuit_lora_page.png"), full_page=True)
-            browser.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with _figures.page_server(code) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_figures.CHROMIUM, headless=True,
+                                    args=_figures.CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{url}/circuits", timeout=120_000)
+        page.locator(".circuit-state").first.wait_for(state="attached", timeout=300_000)
+        page.wait_for_selector("canvas", state="attached", timeout=120_000)
+        time.sleep(4)
+        FIGURES.mkdir(exist_ok=True)
+        page.screenshot(path=str(FIGURES / "circuit_lora_page.png"), full_page=True)
+        browser.close()
 
 
 def main() -> None:

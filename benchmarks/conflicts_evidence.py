@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import torch
+
+import _figures  # benchmarks/_figures.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,32 +43,10 @@ def ticker(label: str, every: int):
     return progress
 
 
-def screenshot_html(obj, path: Path, width: int, height: int) -> None:
-    """Save a HoloViews object as standalone HTML (inline resources) and photograph it."""
-    import holoviews as hv
-    from playwright.sync_api import sync_playwright
-
-    with tempfile.TemporaryDirectory() as tmp:
-        html = Path(tmp) / "plot.html"
-        hv.save(obj, html, resources="inline")
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                  args=["--no-sandbox", "--disable-gpu"])
-            page = b.new_page(viewport={"width": width, "height": height})
-            page.goto(html.as_uri())
-            page.locator(".bk-Canvas").first.wait_for(state="visible", timeout=60_000)
-            time.sleep(2)
-            page.screenshot(path=str(path))
-            b.close()
-
-
 def page_screenshot(plus, minus, alpha_l, alpha_s, example: str, path: Path) -> None:
     """Serve the page on SmolLM2 with the chosen heads and photograph it."""
     from playwright.sync_api import sync_playwright
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     code = textwrap.dedent(f"""
         import panel as pn, torch
         torch.set_num_threads(1)
@@ -82,38 +59,24 @@ def page_screenshot(plus, minus, alpha_l, alpha_s, example: str, path: Path) -> 
             v = ConflictsView(model, example={example!r}, heads_plus={plus!r},
                               heads_minus={minus!r}, alpha_l={alpha_l}, alpha_s={alpha_s})
             return theme.page([v], title="Knowledge conflicts (JuICE)")
-        pn.serve({{"conflicts": app}}, port={port}, address="127.0.0.1", threaded=True,
+        pn.serve({{"conflicts": app}}, port=PORT, address="127.0.0.1", threaded=True,
                  show=False).join()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
+    with _figures.page_server(code, quiet=True) as url, sync_playwright() as p:
+        b = p.chromium.launch(executable_path=_figures.CHROMIUM, headless=True,
+                              args=_figures.CHROMIUM_ARGS)
+        page = b.new_page(viewport={"width": 1500, "height": 1000})
+        page.goto(f"{url}/conflicts", timeout=120_000)
+        state = page.locator(".cf-state").first
+        state.wait_for(state="attached", timeout=300_000)
         deadline = time.time() + 300
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("the page server did not start")
+        while page.locator(".cf-state").first.get_attribute("data-cf-after") == "none":
+            if time.time() > deadline:
+                raise RuntimeError("the bars did not appear")
             time.sleep(0.5)
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                  args=["--no-sandbox", "--disable-gpu"])
-            page = b.new_page(viewport={"width": 1500, "height": 1000})
-            page.goto(f"http://127.0.0.1:{port}/conflicts", timeout=120_000)
-            state = page.locator(".cf-state").first
-            state.wait_for(state="attached", timeout=300_000)
-            deadline = time.time() + 300
-            while page.locator(".cf-state").first.get_attribute("data-cf-after") == "none":
-                if time.time() > deadline:
-                    raise RuntimeError("the bars did not appear")
-                time.sleep(0.5)
-            time.sleep(3)
-            page.screenshot(path=str(path), full_page=True)
-            b.close()
-    finally:
-        proc.terminate()
-        proc.wait(20)
+        time.sleep(3)
+        page.screenshot(path=str(path), full_page=True)
+        b.close()
 
 
 def main() -> int:
@@ -173,7 +136,8 @@ def main() -> int:
         scatter = plot_head_scatter(scores, ringed).opts(
             width=760, height=460, responsive=False,
             title="SmolLM2: context vs memory score per head; top-3 superposition ringed")
-        screenshot_html(scatter, FIGURES / "conflicts_scatter.png", 900, 520)
+        _figures.render_png(scatter, FIGURES / "conflicts_scatter.png", width=900, height=520,
+                            settle_ms=2000)
 
     for direction in args.directions.split(","):
         out: dict = {}
@@ -198,7 +162,8 @@ def main() -> int:
                                ["head", "layer"], "delta_plus").opts(
                 cmap="coolwarm", clim=(-lim, lim), width=300, height=420, title=f"Δ⁺ {k}",
                 colorbar=k == "coherent") for k in C.PROMPT_KINDS]
-            screenshot_html(hv.Layout(maps).cols(3), FIGURES / "conflicts_delta.png", 1050, 470)
+            _figures.render_png(hv.Layout(maps).cols(3), FIGURES / "conflicts_delta.png",
+                                width=1050, height=470, settle_ms=2000)
         if not plus + minus:
             log(f"{direction}: no consistent head; skipping alphas and accuracy")
             summary["directions"][direction] = out
