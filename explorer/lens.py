@@ -28,10 +28,10 @@ import torch
 import xarray as xr
 
 from ._checks import InputError, check_choice, check_int
-from .interventions import Edit, check_prompt_rows, first_edit_layer
+from .interventions import Edit, first_edit_layer
 from .models import Model
-from .trace import (CleanRun, _edits_for_rows, check_edits, check_layers, provenance, run_batch,
-                    token_coords)
+from .trace import (CleanRun, check_edit_rows, check_edits, check_layers, edits_for_rows,
+                    provenance, run_batch, token_coords)
 
 __all__ = ["logit_lens", "lens_readout", "SCREEN_CANDIDATES", "CLEAN_READOUT_BUDGET_MB"]
 
@@ -431,8 +431,7 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
     spec = model.spec
     n = len(prompts)
-    for e in edits:  # an edit's `prompts` are rows of the whole prompt list
-        check_prompt_rows(getattr(e, "prompts", None), n, f"{type(e).__name__} at layer {e.layer}")
+    check_edit_rows(edits, n)
     n_cand = _n_candidates(model, k, rank_cap, unembed_dtype, screen_candidates)
     first_edit = first_edit_layer(edits) if edits else None
     first_edit = spec.n_layers if first_edit is None else first_edit
@@ -446,7 +445,7 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     for s in range(0, n, batch_size):
         rows = range(s, min(s + batch_size, n))
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
-        batch_edits = _edits_for_rows(edits, rows) if len(rows) < n else edits
+        batch_edits = edits_for_rows(edits, rows) if len(rows) < n else edits
         use_resume = resume if (resume is not None and len(rows) == n) else None
         if positions is None:
             # gather real tokens only: [rows] of (prompt, padded col, output pos)

@@ -32,7 +32,8 @@ from .interventions import (
 from .models import SITES, Batch, Model
 
 __all__ = ["trace", "run_with", "run_batch", "CleanRun", "clean_run", "provenance",
-           "check_sites", "check_layers", "check_positions", "check_edits"]
+           "check_sites", "check_layers", "check_positions", "check_edits", "check_edit_rows",
+           "edits_for_rows"]
 
 # Sites inside a layer, in the order the forward pass reaches them.
 _LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
@@ -454,9 +455,7 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if positions is not None:
         position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
-    for e in edits:  # an edit's `prompts` are rows of the whole prompt list
-        check_prompt_rows(getattr(e, "prompts", None), len(prompts),
-                          f"{type(e).__name__} at layer {e.layer}")
+    check_edit_rows(edits, len(prompts))
     layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
     save = {(layer, s) for layer in layers for s in layer_sites}  # head_out: made in the trace
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
@@ -474,7 +473,7 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     for rows in chunks:
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
-        batch_edits = _edits_for_rows(run_edits, rows) if len(chunks) > 1 else run_edits
+        batch_edits = edits_for_rows(run_edits, rows) if len(chunks) > 1 else run_edits
         out = run_batch(model, batch, save=save, edits=batch_edits, save_positions=positions,
                         logits="unembed" in sites,
                         save_final=("final_norm",) if "final_norm" in sites else ())
@@ -517,7 +516,15 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
                        positions=positions, n_pos=n_pos, edits=edits)
 
 
-def _edits_for_rows(edits: Sequence[Edit], rows: range) -> list[Edit]:
+def check_edit_rows(edits: Sequence[Edit], n_prompts: int) -> None:
+    """Raise InputError if a row-targeted edit (``prompts``) names a row past ``n_prompts``
+    (the whole prompt list, before it is split into batches)."""
+    for e in edits:
+        check_prompt_rows(getattr(e, "prompts", None), n_prompts,
+                          f"{type(e).__name__} at layer {e.layer}")
+
+
+def edits_for_rows(edits: Sequence[Edit], rows: range) -> list[Edit]:
     """The edits for prompts ``rows`` of a longer list, run as one batch.
 
     Row-targeted edits (``prompts``) are renumbered to the batch's rows, and left out
@@ -564,7 +571,7 @@ def resolve_mean_ablations(model: Model, token_ids: list[list[int]], edits: Sequ
                 continue
             batch = model.batch_from_ids([token_ids[i] for i in rows])
             z = run_batch(model, batch, save={(e.layer, "attn_z")},
-                          edits=_edits_for_rows(before, rows),
+                          edits=edits_for_rows(before, rows),
                           logits=False)[(e.layer, "attn_z")]  # [prompt, pos, head*d_head]
             z = z[..., e.head * d_head:(e.head + 1) * d_head].double()
             real = batch.attention_mask.bool()                  # [prompt, pos]
