@@ -1,12 +1,17 @@
 """Circuits page: the edge-attribution graph, faithfulness, live edge ablation, fine-tuning.
 
 Edge attribution patching (EAP / EAP-IG, Hanna et al. 2024) scores every edge of the
-head/MLP graph once; the slider keeps the top-n edges by |score| (re-drawn from the cached
-scores, no new trace). Nodes sit layer by layer (heads stacked, the MLP above them); edge
-width is |score| and colour the signed score on the diverging map centred on 0. Picking an
-edge (click it, or choose it in the list) patches that one edge to its corrupted value in
-the full model and shows the metric's change next to the EAP estimate. The faithfulness
-curve marks the current circuit size. A LoRA fine-tuning run (Wang et al., "Towards
+head/MLP graph once. The circuit is chosen by top-n edges by |score| or by a |score|
+threshold, then pruned to the edges on an input -> logits path (`circuits.select_circuit`),
+the same circuit the faithfulness curve patches; the slider steps through log-spaced sizes
+from about 0.1 % to 100 % of the edges and re-draws from the cached scores (no new trace).
+When the circuit has more than `MAX_DRAWN_EDGES` edges, the strongest of them are drawn and
+the title says so. Nodes sit layer by layer (heads stacked, the MLP above them); edge width
+is |score| and colour the signed score on the diverging map centred on 0. Picking an edge
+(click it, or choose it in the list) patches that one edge to its corrupted value in the
+full model and shows the metric's change next to the EAP estimate. The faithfulness curve
+(metric recovered against the number of edges in the pruned circuit) marks the current
+circuit. A LoRA fine-tuning run (Wang et al., "Towards
 Understanding Fine-Tuning Mechanisms of LLMs via Circuit Analysis", ICML 2025) adds a
 checkpoint slider that animates the circuit through fine-tuning, with a diff mode that
 colours edges added to / dropped from the first checkpoint's circuit.
@@ -30,11 +35,12 @@ from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuits as ca
 
 __all__ = ["CircuitsView", "node_positions", "edge_table", "plot_circuit",
-           "plot_faithfulness", "MAX_DRAWN_EDGES"]
+           "plot_faithfulness", "size_grid", "MAX_DRAWN_EDGES"]
 
 hv.extension("bokeh", logo=False)
 
-MAX_DRAWN_EDGES = 300  # Bokeh stays fast with a few hundred segments
+MAX_DRAWN_EDGES = 400  # legible, and Bokeh stays fast; larger circuits draw their strongest edges
+GRID_POINTS = 20       # slider positions (and faithfulness points), log-spaced
 _TOOLS = ["save", "box_zoom", "reset"]
 DIFF_COLORS = {"kept": "#9a9a9a", "added": theme.CATEGORICAL[2], "dropped": theme.CATEGORICAL[1]}
 
@@ -50,33 +56,48 @@ def node_positions(n_layers: int, n_heads: int) -> dict[str, tuple[float, float]
     return pos
 
 
-def edge_table(scores: xr.Dataset, order: np.ndarray, n_edges: int, *,
-               reference: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Columns of the drawn edges: the top ``n_edges`` of ``order`` (indices by |score|, desc).
+def size_grid(n_total: int, *, points: int = GRID_POINTS, low: float = 0.001) -> np.ndarray:
+    """Circuit sizes of the slider: about ``points`` log-spaced edge counts from ``low`` (0.1 %)
+    of the graph's edges (at least 1) to all of them, distinct, ascending."""
+    if n_total < 1:
+        return np.zeros(0, dtype=int)
+    lo = max(1, int(round(low * n_total)))
+    return np.unique(np.round(np.geomspace(lo, n_total, points)).astype(int))
 
-    With ``reference`` (a bool mask of another circuit over the same edges), edges of the
-    reference missing from this one are added as ``dropped`` and the rest marked ``kept`` /
-    ``added``.
+
+def edge_table(scores: xr.Dataset, index: np.ndarray, *, reference: np.ndarray | None = None,
+               circuit: np.ndarray | None = None,
+               max_dropped: int = MAX_DRAWN_EDGES) -> dict[str, np.ndarray]:
+    """Columns of the drawn edges ``index`` (edge indices, strongest first).
+
+    With ``reference`` (a bool mask of another circuit over the same edges), the drawn edges
+    are marked ``kept`` (in the reference) or ``added``, and the reference's edges missing
+    from ``circuit`` (this circuit's full bool mask; by default the drawn edges) are appended
+    as ``dropped``, strongest first, at most ``max_dropped`` of them.
     """
     n_layers, n_heads = int(scores.attrs["n_layers"]), int(scores.attrs["n_heads"])
     pos = node_positions(n_layers, n_heads)
-    top = order[:n_edges]
+    top = np.asarray(index, dtype=int)
     status = np.full(len(top), "kept", dtype=object)
     if reference is not None:
         status = np.where(reference[top], "kept", "added").astype(object)
-        mine = np.zeros(len(reference), bool)
-        mine[top] = True
-        dropped = np.flatnonzero(reference & ~mine)
-        top = np.concatenate([top, dropped])
+        if circuit is None:
+            circuit = np.zeros(len(reference), bool)
+            circuit[top] = True
+        mag = np.abs(scores["score"].values)
+        dropped = np.flatnonzero(reference & ~circuit)
+        dropped = dropped[np.argsort(-mag[dropped], kind="stable")][:max_dropped]
+        top = np.concatenate([top, dropped]).astype(int)
         status = np.concatenate([status, np.full(len(dropped), "dropped", dtype=object)])
     src = scores["src"].values[top].astype(str)
     dst = scores["dst"].values[top].astype(str)
     s = scores["score"].values[top].astype(float)
     xy0 = np.array([pos[n] for n in src]).reshape(-1, 2)
     xy1 = np.array([pos[n] for n in dst]).reshape(-1, 2)
-    vmax = float(np.abs(scores["score"].values[order[:max(n_edges, 1)]]).max()) or 1.0
+    vmax = float(np.abs(s).max()) if len(s) else 1.0
+    vmax = vmax or 1.0
     return {"x0": xy0[:, 0], "y0": xy0[:, 1], "x1": xy1[:, 0], "y1": xy1[:, 1],
-            "src": src, "dst": dst, "score": s, "edge": top.astype(int),
+            "src": src, "dst": dst, "score": s, "edge": top,
             "width": 1.0 + 5.0 * np.abs(s) / vmax, "status": status,
             "color": np.array([DIFF_COLORS[k] for k in status], dtype=object)}
 
@@ -122,27 +143,49 @@ def plot_circuit(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: in
         table, n_layers, n_heads)
 
 
-def plot_faithfulness(curve: xr.Dataset | None, n_edges: int) -> hv.Element:
-    """Share of the clean-minus-corrupted metric the top-n circuit recovers, current n marked."""
+def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | None = None) -> hv.Element:
+    """Share of the clean-minus-corrupted metric recovered against the number of edges in the
+    pruned circuit (log axis), with the current circuit marked at x = its pruned size.
+
+    ``n_chosen`` is the current circuit's edge count before pruning (its top-n): where the
+    curve was measured at that top-n the marker sits on the measured point, else its height
+    is interpolated between the neighbouring measured top-n values (the title says which).
+    """
     if curve is None:
         return hv.Text(0.5, 0.5, "Faithfulness: press Compute circuit (edge scores of the "
                        "base model)").opts(xaxis=None, yaxis=None, toolbar=None, height=260,
                                            responsive=True, xlim=(0, 1), ylim=(0, 1))
-    x = curve["n_edges"].values
+    xlabel = "edges in the circuit (pruned to input → logits paths)"
+    top_n = curve["n_edges"].values
+    kept = curve["n_kept"].values
     y = curve["recovered"].values
-    line = hv.Curve((x, y), "edges kept (top-n by |score|)", "metric recovered").opts(
+    on_axis = kept > 0   # log axis: the empty circuit recovers 0 by definition
+    line = hv.Curve((kept[on_axis], y[on_axis]), xlabel, "metric recovered").opts(
         color=theme.ACCENT, line_width=2, tools=["hover"])
-    pts = hv.Scatter((x, y), "edges kept (top-n by |score|)", "metric recovered").opts(
+    pts = hv.Scatter((kept[on_axis], y[on_axis]), xlabel, "metric recovered").opts(
         color=theme.ACCENT, size=6)
-    here = float(np.interp(n_edges, x, y))
-    mark = hv.Scatter([(n_edges, here)]).opts(color="black", size=11, marker="diamond")
-    return (line * pts * hv.VLine(n_edges).opts(color="black", line_dash="dashed") * mark).opts(
-        responsive=True, height=260, default_tools=_TOOLS, logx=False,
-        title=f"Faithfulness (edge patching): top {n_edges} edges recover {here:.0%}")
+    plot = line * pts
+    if n_chosen is None:
+        n_chosen = n_kept
+    if n_chosen in top_n:
+        here, how = float(y[list(top_n).index(n_chosen)]), "measured"
+    else:
+        here, how = float(np.interp(n_chosen, top_n, y)), "interpolated"
+    if n_kept > 0:
+        mark = hv.Scatter([(n_kept, here)], xlabel, "metric recovered",
+                          group="Current").opts(color="black", size=11, marker="diamond")
+        plot = plot * hv.VLine(n_kept).opts(color="black", line_dash="dashed") * mark
+        title = (f"Faithfulness (edge patching): the {n_kept:,}-edge circuit recovers "
+                 f"{here:.0%} ({how})")
+    else:
+        title = "Faithfulness (edge patching): the circuit is empty (no input → logits path)"
+    return plot.opts(responsive=True, height=260, default_tools=_TOOLS, logx=True,
+                     title=title)
 
 
 class CircuitsView(pn.viewable.Viewer):
-    """Edge-attribution circuit with a top-n slider, faithfulness, edge ablation, fine-tuning.
+    """Edge-attribution circuit (top-n or threshold, pruned), faithfulness, edge ablation,
+    fine-tuning.
 
     Parameters
     ----------
@@ -160,7 +203,10 @@ class CircuitsView(pn.viewable.Viewer):
     task = param.Selector(default="add", objects=list(ca.TASK_NAMES), label="Task")
     method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution")
     n_prompts = param.Integer(default=8, bounds=(1, 64), label="Prompt pairs")
-    n_edges = param.Integer(default=30, bounds=(1, MAX_DRAWN_EDGES), label="Edges drawn (top-n)")
+    mode = param.Selector(default="top-n", objects=["top-n", "threshold"], label="Circuit by")
+    n_edges = param.Integer(default=30, bounds=(0, None),
+                            label="Top-n edges by |score| (before pruning)")
+    threshold = param.Number(default=0.0, bounds=(0, None), label="|score| threshold")
     checkpoint = param.Integer(default=0, bounds=(0, 0), label="Fine-tuning checkpoint")
     diff = param.Boolean(default=False, label="Diff vs first checkpoint")
     edge = param.Selector(default="", objects=[""], label="Ablate edge (patch to corrupted)")
@@ -180,6 +226,7 @@ class CircuitsView(pn.viewable.Viewer):
                  autostart: bool | None = None, run_folder: str | Path | None = None,
                  **params: Any):
         checkpoint = params.pop("checkpoint", 0)  # its bounds are known once a run is loaded
+        self._chosen_size = "n_edges" in params or "threshold" in params
         super().__init__(**params)
         self._model = model
         self._run_folder = Path(run_folder) if run_folder else None
@@ -197,12 +244,20 @@ class CircuitsView(pn.viewable.Viewer):
                                                 sizing_mode="stretch_width", visible=False)
         self._order: np.ndarray | None = None          # edge indices by |score|, descending
         self._ck_orders: list[np.ndarray] = []
-        self._ck_masks: list[np.ndarray] = []
+        self._ck_scores: list[xr.Dataset] = []
         self._table: dict[str, np.ndarray] | None = None
         self._task: ca.CircuitTask | None = None
         self._edge_labels: dict[str, int] = {}
-        streams = [self.param.n_edges, self.param.checkpoint, self.param.diff,
-                   self.param.scores, self.param.checkpoints]
+        self._circuit_cache: dict[tuple, np.ndarray] = {}
+        self._shown = {"size": 0, "chosen": 0, "drawn": 0}
+        self._slider = pn.widgets.DiscreteSlider(label=self.param.n_edges.label, options=[30],
+                                                 value=30, sizing_mode="stretch_width")
+        self._syncing = False
+        self._slider.param.watch(self._slider_moved, "value")
+        self.param.watch(lambda *_: self._sync_slider(), ["mode", "n_edges", "threshold"])
+        streams = [self.param.mode, self.param.n_edges, self.param.threshold,
+                   self.param.checkpoint, self.param.diff, self.param.scores,
+                   self.param.checkpoints]
         self._edges_dm = hv.DynamicMap(self._edges_plot, streams=streams)
         self._nodes_dm = hv.DynamicMap(self._nodes_plot, streams=streams)
         self._tap = hv.streams.Selection1D(source=self._edges_dm)
@@ -216,6 +271,91 @@ class CircuitsView(pn.viewable.Viewer):
             self._request_scores()
         else:
             self.status = "Press **Compute circuit** to score the edges."
+
+    # -- the circuit ------------------------------------------------------------------------
+    def _total(self) -> int:
+        scores, _, _ = self._current()
+        return 0 if scores is None else int(scores.sizes["edge"])
+
+    def _circuit(self, scores: xr.Dataset) -> np.ndarray:
+        """The pruned circuit (`select_circuit`) of ``scores`` at the current selection."""
+        n_total = int(scores.sizes["edge"])
+        if self.mode == "top-n":
+            key = (id(scores), "top-n", min(self.n_edges, n_total))
+        else:
+            key = (id(scores), "threshold", float(self.threshold))
+        mask = self._circuit_cache.get(key)
+        if mask is None:
+            if len(self._circuit_cache) > 256:
+                self._circuit_cache.clear()
+            sel = (ca.select_circuit(scores, top_n=key[2]) if self.mode == "top-n"
+                   else ca.select_circuit(scores, threshold=key[2]))
+            mask = sel.values
+            mask.flags.writeable = False
+            self._circuit_cache[key] = mask
+            self._circuit_cache[key + ("chosen",)] = sel.attrs["n_chosen"]
+        return mask
+
+    def _n_chosen(self, scores: xr.Dataset) -> int:
+        """Edges chosen before pruning (top-n, or how many pass the threshold)."""
+        self._circuit(scores)
+        n_total = int(scores.sizes["edge"])
+        key = ((id(scores), "top-n", min(self.n_edges, n_total)) if self.mode == "top-n"
+               else (id(scores), "threshold", float(self.threshold)))
+        return int(self._circuit_cache[key + ("chosen",)])
+
+    def _grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """Slider sizes (top-n) and the |score| thresholds that choose as many edges."""
+        scores, order, _ = self._current()
+        if scores is None:
+            return np.array([self.n_edges]), np.array([self.threshold])
+        sizes = size_grid(int(scores.sizes["edge"]))
+        mag = np.abs(scores["score"].values.astype(np.float64))
+        return sizes, mag[order[sizes - 1]]
+
+    def _sync_slider(self) -> None:
+        """Slider options and value from the mode and the current n_edges / threshold."""
+        if self._syncing:
+            return
+        sizes, thresholds = self._grid()
+        total = self._total()
+        if self.mode == "top-n":
+            options = {(f"{n:,} ({100 * n / total:.2g} %)" if total else f"{n:,}"): int(n)
+                       for n in sizes}
+            value, values = self.n_edges, [int(n) for n in sizes]
+            name = self.param.n_edges.label
+        else:
+            options = {f"{t:.3g} ({n:,} edges)": float(t) for n, t in zip(sizes, thresholds)}
+            value, values = self.threshold, [float(t) for t in thresholds]
+            name = self.param.threshold.label
+        if value not in values:  # an off-grid value (set in code): show the nearest position
+            value = min(values, key=lambda v: abs(np.log1p(v) - np.log1p(value)))
+        self._syncing = True
+        try:
+            self._slider.param.update(options=options, value=value, label=name)
+        finally:
+            self._syncing = False
+
+    def _slider_moved(self, event: param.parameterized.Event) -> None:
+        if self._syncing:
+            return
+        self._syncing = True
+        try:
+            if self.mode == "top-n":
+                self.n_edges = int(event.new)
+            else:
+                self.threshold = float(event.new)
+        finally:
+            self._syncing = False
+
+    def _set_default_size(self) -> None:
+        """A circuit of about 5 % of the edges (at least 30), unless one was asked for."""
+        sizes, thresholds = self._grid()
+        if not self._chosen_size and len(sizes):
+            total = self._total()
+            i = int(np.argmin(np.abs(np.log(sizes) - np.log(max(0.05 * total, min(30, total))))))
+            self.param.update(n_edges=int(sizes[i]), threshold=float(thresholds[i]))
+        self._sync_slider()
 
     # -- jobs -----------------------------------------------------------------------------
     def _set_progress(self, done: int, total: int) -> None:
@@ -236,8 +376,7 @@ class CircuitsView(pn.viewable.Viewer):
             scores = ca.edge_scores(m, task, method=method, batch_size=n,
                                     progress=self._progress_fn(token))
             token.check()
-            total = scores.sizes["edge"]
-            sizes = sorted({s for s in (0, 5, 10, 20, 50, 100, 200, 300, total) if s <= total})
+            sizes = [0, *size_grid(scores.sizes["edge"]).tolist()]  # the slider's positions
             curve = ca.faithfulness_curve(m, task, scores, sizes=sizes, batch_size=n,
                                           progress=self._progress_fn(token))
             return task, scores, curve
@@ -248,12 +387,14 @@ class CircuitsView(pn.viewable.Viewer):
     def _got_scores(self, result: tuple) -> None:
         task, scores, curve = result
         self._task = task
+        self._circuit_cache.clear()
         self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
-        self.param.n_edges.bounds = (1, min(MAX_DRAWN_EDGES, scores.sizes["edge"]))
-        self.n_edges = min(self.n_edges, self.param.n_edges.bounds[1])
+        self.param.n_edges.bounds = (0, scores.sizes["edge"])
+        self.n_edges = min(self.n_edges, scores.sizes["edge"])
         self.param.update(scores=scores, curve=curve, ablation=None)
+        self._set_default_size()
         self._progress.visible = False
-        self.status = (f"{scores.sizes['edge']} edges scored; clean metric "
+        self.status = (f"{scores.sizes['edge']:,} edges scored; clean metric "
                        f"{scores.attrs['clean_metric']:.3f}, corrupted "
                        f"{scores.attrs['corrupt_metric']:.3f}")
 
@@ -306,11 +447,19 @@ class CircuitsView(pn.viewable.Viewer):
         self.status = f"{ds.sizes['checkpoint']} checkpoints scored"
 
     def _set_checkpoints(self, ds: xr.Dataset) -> None:
-        self._ck_orders = [np.argsort(-np.abs(ds["score"].values[i]), kind="stable")
-                           for i in range(ds.sizes["checkpoint"])]
-        self._ck_masks = []
+        self._circuit_cache.clear()
+        self._ck_scores = [self._checkpoint_scores(ds, i) for i in range(ds.sizes["checkpoint"])]
+        self._ck_orders = [np.argsort(-np.abs(s["score"].values), kind="stable")
+                           for s in self._ck_scores]
         self.param.checkpoint.bounds = (0, ds.sizes["checkpoint"] - 1)
         self.checkpoints = ds
+        if self.scores is None:
+            self._set_default_size()
+
+    def _checkpoint_scores(self, ds: xr.Dataset, i: int) -> xr.Dataset:
+        out = ds["score"].isel(checkpoint=i).to_dataset(name="score")
+        out.attrs = {"n_layers": self._model.n_layers, "n_heads": self._model.spec.n_heads}
+        return out
 
     def _show_error(self, exc: BaseException) -> None:
         self._progress.visible = False
@@ -324,14 +473,15 @@ class CircuitsView(pn.viewable.Viewer):
         ck = self.checkpoints
         if ck is not None and self.checkpoint > 0:
             i = min(self.checkpoint, ck.sizes["checkpoint"] - 1)
-            ds = ck["score"].isel(checkpoint=i).to_dataset(name="score")
-            ds.attrs = {"n_layers": self._model.n_layers, "n_heads": self._model.spec.n_heads}
-            return ds, self._ck_orders[i], f"checkpoint step {int(ck.checkpoint[i])}"
+            return self._ck_scores[i], self._ck_orders[i], f"checkpoint step {int(ck.checkpoint[i])}"
         if self.scores is None and ck is not None:
-            ds = ck["score"].isel(checkpoint=0).to_dataset(name="score")
-            ds.attrs = {"n_layers": self._model.n_layers, "n_heads": self._model.spec.n_heads}
-            return ds, self._ck_orders[0], f"checkpoint step {int(ck.checkpoint[0])}"
+            return self._ck_scores[0], self._ck_orders[0], f"checkpoint step {int(ck.checkpoint[0])}"
         return self.scores, self._order, "base model"
+
+    def _selection_label(self, n_chosen: int) -> str:
+        if self.mode == "top-n":
+            return f"top {n_chosen:,} by |score|"
+        return f"|score| ≥ {self.threshold:.3g} ({n_chosen:,} edges)"
 
     def _nodes_plot(self, **_: Any) -> hv.Points:
         return plot_nodes(self._table, self._model.n_layers, self._model.spec.n_heads)
@@ -342,15 +492,18 @@ class CircuitsView(pn.viewable.Viewer):
         scores, order, label = self._current()
         if scores is None:
             self._table = None
+            self._shown = {"size": 0, "chosen": 0, "drawn": 0}
             return plot_edges(None, L, H, title="Circuit: waiting for edge scores")
-        n = min(self.n_edges, len(order))
+        mask = self._circuit(scores)
+        n_chosen = self._n_chosen(scores)
+        members = order[mask[order]]              # the pruned circuit, strongest first
+        shown = members[:MAX_DRAWN_EDGES]
         reference = None
         diff = self.diff and self.checkpoints is not None
         if diff:
-            ref_order = self._ck_orders[0]
-            reference = np.zeros(len(ref_order), bool)
-            reference[ref_order[:n]] = True
-        self._table = edge_table(scores, order, n, reference=reference)
+            reference = self._circuit(self._ck_scores[0])
+        self._table = edge_table(scores, shown, reference=reference, circuit=mask)
+        self._shown = {"size": int(len(members)), "chosen": n_chosen, "drawn": int(len(shown))}
         labels = [f"{s} → {d}" for s, d in zip(self._table["src"], self._table["dst"])]
         self._edge_labels = dict(zip(labels, self._table["edge"].tolist()))
         keep = self.edge if self.edge in self._edge_labels else ""
@@ -359,11 +512,22 @@ class CircuitsView(pn.viewable.Viewer):
             self.param.update(edge=keep)
         what = "diff vs first checkpoint (grey kept, green added, orange dropped)" if diff \
             else "colour = signed score"
-        plot = plot_edges(self._table, L, H, diff=diff,
-                            title=f"Top {n} edges by |score|, {label}; {what}")
+        title = (f"Circuit: {len(members):,} edges ({self._selection_label(n_chosen)}, pruned "
+                 f"to input → logits paths), {label}")
+        if len(members) > len(shown):
+            title += f"; drawing the strongest {len(shown):,}"
+        plot = plot_edges(self._table, L, H, diff=diff, title=f"{title}; {what}")
         self.param.update(redraw_ms=1e3 * (time.perf_counter() - t0),
                           redraw_cpu_ms=1e3 * (time.thread_time() - c0))
         return plot
+
+    def _faithfulness_plot(self, *_: Any) -> hv.Element:
+        """The base model's curve, marked at its circuit for the current selection (also
+        while the graph shows a fine-tuning checkpoint)."""
+        if self.curve is None or self.scores is None:
+            return plot_faithfulness(None, 0)
+        mask = self._circuit(self.scores)
+        return plot_faithfulness(self.curve, int(mask.sum()), self._n_chosen(self.scores))
 
     def _tapped(self, index: list[int]) -> None:
         if index and self._table is not None and index[0] < len(self._table["src"]):
@@ -388,12 +552,15 @@ class CircuitsView(pn.viewable.Viewer):
         drawn = 0 if self._table is None else int((self._table["status"] != "dropped").sum())
         metric = "none" if self.ablation is None else f"{self.ablation['metric']:.9g}"
         edge = "none" if self.ablation is None else self.ablation["edge"]
+        n_ck = 0 if self.checkpoints is None else self.checkpoints.sizes["checkpoint"]
         return (f"<div class='circuit-state' data-circuit-scores="
                 f"'{'ready' if self.scores is not None else 'none'}' "
-                f"data-circuit-edges='{drawn}' data-circuit-metric='{metric}' "
+                f"data-circuit-edges='{drawn}' data-circuit-size='{self._shown['size']}' "
+                f"data-circuit-chosen='{self._shown['chosen']}' data-circuit-mode='{self.mode}' "
+                f"data-circuit-metric='{metric}' "
                 f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
                 f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
-                f"data-circuit-checkpoints='{0 if self.checkpoints is None else self.checkpoints.sizes['checkpoint']}'></div>")
+                f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
         graph = self._edges_dm * self._nodes_dm
@@ -404,23 +571,27 @@ class CircuitsView(pn.viewable.Viewer):
         player = pn.widgets.Player.from_param(self.param.checkpoint, interval=900, loop_policy="loop",
                                               show_value=True, width=260)
         state = pn.bind(self._state_html, self.param.scores, self.param.ablation,
-                        self.param.n_edges, self.param.checkpoints, self.param.redraw_ms)
+                        self.param.mode, self.param.n_edges, self.param.threshold,
+                        self.param.checkpoint, self.param.diff, self.param.checkpoints,
+                        self.param.redraw_ms)
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             pn.widgets.Select.from_param(self.param.method),
             pn.widgets.IntInput.from_param(self.param.n_prompts), compute, self._progress,
-            pn.widgets.IntSlider.from_param(self.param.n_edges),
+            pn.widgets.RadioButtonGroup.from_param(self.param.mode), self._slider,
             pn.widgets.Select.from_param(self.param.edge),
             pn.layout.Divider(), pn.widgets.IntInput.from_param(self.param.ft_steps), finetune,
             player, pn.widgets.Checkbox.from_param(self.param.diff),
             pn.pane.Markdown(self.param.status), pn.pane.HTML(state),
             width=theme.SIZES["controls_width"])
+        faith = pn.bind(self._faithfulness_plot, self.param.curve, self.param.scores,
+                        self.param.mode, self.param.n_edges, self.param.threshold,
+                        self.param.checkpoint, self.param.checkpoints)
         main = pn.Column(
             pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
             pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores),
                              css_classes=["circuit-readout"]),
-            pn.pane.HoloViews(pn.bind(plot_faithfulness, self.param.curve, self.param.n_edges),
-                              linked_axes=False),
+            pn.pane.HoloViews(faith, linked_axes=False),
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")
 

@@ -1,11 +1,13 @@
-"""The Circuits view (apps/circuits.py) headless on tiny-llama: slider, edge ablation, diff."""
+"""The Circuits view (apps/circuits.py) headless on tiny-llama: the drawn circuit is the pruned
+circuit (top-n or threshold), the faithfulness marker sits at its size, edge ablation, diff."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from apps.circuits import CircuitsView, edge_table, node_positions
+import apps.circuits as ac
+from apps.circuits import CircuitsView, edge_table, node_positions, size_grid
 from explorer.analyses import circuits as ca
 
 
@@ -23,23 +25,137 @@ def monkeypatch_module():
     mp.undo()
 
 
-def test_slider_draws_top_n_by_abs_score(view):
+def pruned_by_hand(scores, chosen):
+    """Chosen edges on an input -> logits path through chosen edges, by plain graph search
+    over the node names (written here, independent of circuits.select_circuit)."""
+    src = [str(s) for s in scores["src"].values]
+    dst = [str(d) for d in scores["dst"].values]
+    fwd, bwd = {}, {}
+    for s, d, c in zip(src, dst, chosen):
+        if c:
+            fwd.setdefault(s, set()).add(d)
+            bwd.setdefault(d, set()).add(s)
+
+    def reach(start, nbrs):
+        seen, todo = {start}, [start]
+        while todo:
+            for n in nbrs.get(todo.pop(), ()):
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return seen
+
+    a, b = reach("input", fwd), reach("logits", bwd)
+    return {(s, d) for s, d, c in zip(src, dst, chosen) if c and s in a and d in b}
+
+
+def top_n_by_hand(scores, n):
+    mag = np.abs(scores["score"].values.astype(np.float64))
+    chosen = np.zeros(len(mag), bool)
+    chosen[np.argsort(-mag, kind="stable")[:n]] = True
+    return chosen
+
+
+def drawn(view):
+    t = view._table
+    keep = t["status"] != "dropped"
+    return set(zip(t["src"][keep].tolist(), t["dst"][keep].tolist()))
+
+
+def marker(view):
+    plot = view._faithfulness_plot()
+    marks = [el for el in plot if el.group == "Current"]
+    assert len(marks) == 1
+    return float(marks[0].data.iloc[0, 0]), float(marks[0].data.iloc[0, 1])
+
+
+def test_size_grid_is_log_spaced_over_the_useful_range():
+    g = size_grid(44_371)   # SmolLM2-135M
+    assert g[0] == 44 and g[-1] == 44_371 and (np.diff(g) > 0).all()
+    ratios = g[1:] / g[:-1]
+    assert ratios.max() / ratios.min() < 1.05   # a constant step on a log scale
+    assert len(g) == ac.GRID_POINTS
+    assert size_grid(118)[0] == 1 and size_grid(118)[-1] == 118
+
+
+def test_drawn_edges_are_the_pruned_top_n_circuit(view):
     scores = view.scores
     assert scores is not None and view.curve is not None
-    for n in (1, 7, 40):
+    sizes = view.curve["n_edges"].values
+    assert sizes[0] == 0 and sizes[1:].tolist() == size_grid(scores.sizes["edge"]).tolist()
+    n_nonempty = 0
+    for n in (1, 7, 40, int(sizes[-3])):
         view.n_edges = n
         view._edges_plot()
-        drawn = set(zip(view._table["src"], view._table["dst"]))
-        mag = np.abs(scores["score"].values)
-        expected = {(str(scores["src"].values[i]), str(scores["dst"].values[i]))
-                    for i in np.argsort(-mag, kind="stable")[:n]}
-        assert drawn == expected
-        assert len(view.param.edge.objects) == n + 1
+        want = pruned_by_hand(scores, top_n_by_hand(scores, n))
+        assert drawn(view) == want
+        assert want == ca.circuit_edges(scores, ca.select_circuit(scores, top_n=n))
+        assert len(view.param.edge.objects) == len(want) + 1
         assert view.redraw_cpu_ms < 100   # CPU time: wall time depends on the machine's load
+        if want:
+            n_nonempty += 1
+            x, y = marker(view)
+            assert x == len(want)
+            if n in sizes:   # a measured point: the curve's circuit is the drawn one
+                assert int(view.curve["n_kept"].sel(n_edges=n)) == len(want)
+                assert y == pytest.approx(float(view.curve["recovered"].sel(n_edges=n)))
+    assert n_nonempty >= 2
+
+
+def test_threshold_mode_draws_the_pruned_threshold_circuit(view):
+    scores = view.scores
+    mag = np.abs(scores["score"].values.astype(np.float64))
+    view.mode = "threshold"
+    try:
+        for q in (0.5, 0.8, 0.95):
+            t = float(np.quantile(mag, q))
+            view.threshold = t
+            view._edges_plot()
+            want = pruned_by_hand(scores, mag >= t)
+            assert drawn(view) == want and view._shown["chosen"] == int((mag >= t).sum())
+            if want:
+                assert marker(view)[0] == len(want)
+        # the slider's positions are the thresholds that choose the grid's edge counts
+        options = list(view._slider.options.values())
+        view._slider.value = options[-4]
+        n = size_grid(scores.sizes["edge"])[-4]
+        assert view.threshold == options[-4] and int((mag >= view.threshold).sum()) == n
+        view._edges_plot()
+        assert drawn(view) == pruned_by_hand(scores, mag >= options[-4])
+        x, y = marker(view)
+        assert x == int(view.curve["n_kept"].sel(n_edges=n))
+        assert y == pytest.approx(float(view.curve["recovered"].sel(n_edges=n)))
+    finally:
+        view.mode = "top-n"
+
+
+def test_slider_moves_set_top_n(view):
+    options = list(view._slider.options.values())
+    assert options == size_grid(view.scores.sizes["edge"]).tolist()
+    view._slider.value = options[5]
+    assert view.n_edges == options[5]
+    view.n_edges = options[7]              # set in code: the slider follows
+    assert view._slider.value == options[7]
+
+
+def test_large_circuits_draw_their_strongest_edges(view, monkeypatch):
+    monkeypatch.setattr(ac, "MAX_DRAWN_EDGES", 5)
+    scores = view.scores
+    n = scores.sizes["edge"]
+    view.n_edges = n
+    plot = view._edges_plot()
+    circuit = pruned_by_hand(scores, np.ones(n, bool))
+    assert len(circuit) > 5 and view._shown["size"] == len(circuit)
+    mag = {(str(s), str(d)): abs(float(v)) for s, d, v in
+           zip(scores["src"].values, scores["dst"].values, scores["score"].values)}
+    strongest = sorted(circuit, key=lambda e: -mag[e])[:5]
+    assert drawn(view) == set(strongest)
+    assert "drawing the strongest 5" in plot.opts.get().kwargs["title"]
+    assert marker(view)[0] == len(circuit)   # the marker counts the whole circuit
 
 
 def test_edge_choice_patches_that_edge(view, tiny_model):
-    view.n_edges = 10
+    view.n_edges = 40
     view._edges_plot()
     label = view.param.edge.objects[3]
     view.edge = label
@@ -53,7 +169,7 @@ def test_edge_choice_patches_that_edge(view, tiny_model):
 
 
 def test_tap_selects_edge(view):
-    view.n_edges = 5
+    view.n_edges = 40
     view._edges_plot()
     view._tapped([2])
     assert view.edge == f"{view._table['src'][2]} → {view._table['dst'][2]}"
@@ -64,7 +180,7 @@ def test_edge_table_diff_marks_added_and_dropped(view):
     order = np.argsort(-np.abs(scores["score"].values), kind="stable")
     reference = np.zeros(scores.sizes["edge"], bool)
     reference[order[2:6]] = True              # edges 2..5 of the ranking
-    t = edge_table(scores, order, 4, reference=reference)   # draws edges 0..3
+    t = edge_table(scores, order[:4], reference=reference)   # draws edges 0..3
     assert t["status"].tolist() == ["added", "added", "kept", "kept", "dropped", "dropped"]
     assert t["edge"].tolist() == order[[0, 1, 2, 3, 4, 5]].tolist()
     pos = node_positions(3, 4)
@@ -77,8 +193,14 @@ def test_finetune_button_adds_checkpoints(view):
         view._request_finetune()
     ck = view.checkpoints
     assert ck is not None and ck["checkpoint"].values.tolist() == [0, 1, 2]
-    view.param.update(checkpoint=2, diff=True, n_edges=8)
+    n = 40
+    view.param.update(checkpoint=2, diff=True, n_edges=n)
     view._edges_plot()
-    assert set(view._table["status"]) <= {"kept", "added", "dropped"}
-    shown = view._table["status"] != "dropped"
-    assert int(shown.sum()) == 8
+    mine = pruned_by_hand(view._ck_scores[2], top_n_by_hand(view._ck_scores[2], n))
+    first = pruned_by_hand(view._ck_scores[0], top_n_by_hand(view._ck_scores[0], n))
+    t = view._table
+    edges = list(zip(t["src"].tolist(), t["dst"].tolist()))
+    assert {e for e, s in zip(edges, t["status"]) if s != "dropped"} == mine
+    assert {e for e, s in zip(edges, t["status"]) if s == "dropped"} == first - mine
+    assert {e for e, s in zip(edges, t["status"]) if s == "kept"} == mine & first
+    view.param.update(checkpoint=0, diff=False)

@@ -732,27 +732,35 @@ def _check_scores(scores: Any) -> xr.Dataset:
 
 
 def _on_path(src: Sequence[str], dst: Sequence[str], chosen: np.ndarray) -> np.ndarray:
-    """Chosen edges that lie on some path from 'input' to 'logits' through chosen edges."""
-    forward: dict[str, list[str]] = {}
-    backward: dict[str, list[str]] = {}
-    for s, t, c in zip(src, dst, chosen):
-        if c:
-            forward.setdefault(s, []).append(t)
-            backward.setdefault(t, []).append(s)
+    """Chosen edges that lie on some path from 'input' to 'logits' through chosen edges.
 
-    def reach(start: str, nbrs: dict[str, list[str]]) -> set[str]:
-        seen, stack = {start}, [start]
-        while stack:
-            for nxt in nbrs.get(stack.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-        return seen
+    Node names are numbered once (`pandas.factorize`), then two breadth-first searches over
+    the chosen edges (`scipy.sparse.csgraph`): forward from 'input', backward from 'logits'.
+    A few milliseconds on the 44,371 edges of SmolLM2 (the Circuits page re-prunes on every
+    slider move).
+    """
+    import pandas as pd
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
 
-    from_input = reach("input", forward)
-    to_logits = reach("logits", backward)
-    return np.array([bool(c) and s in from_input and t in to_logits
-                     for s, t, c in zip(src, dst, chosen)], dtype=bool)
+    chosen = np.asarray(chosen, dtype=bool)
+    n = len(chosen)
+    codes, names = pd.factorize(np.concatenate([np.asarray(src, dtype=object),
+                                                np.asarray(dst, dtype=object)]))
+    s_code, t_code = codes[:n], codes[n:]
+    index = {str(name): i for i, name in enumerate(names) if name in ("input", "logits")}
+    if "input" not in index or "logits" not in index or not chosen.any():
+        return np.zeros(n, dtype=bool)
+    k = len(names)
+    ones = np.ones(int(chosen.sum()), dtype=np.int8)
+    fwd = csr_matrix((ones, (s_code[chosen], t_code[chosen])), shape=(k, k))
+    from_input = np.zeros(k, dtype=bool)
+    from_input[breadth_first_order(fwd, index["input"], directed=True,
+                                   return_predecessors=False)] = True
+    to_logits = np.zeros(k, dtype=bool)
+    to_logits[breadth_first_order(fwd.T.tocsr(), index["logits"], directed=True,
+                                  return_predecessors=False)] = True
+    return chosen & from_input[s_code] & to_logits[t_code]
 
 
 def select_circuit(scores: xr.Dataset, *, top_n: int | None = None,
@@ -783,7 +791,7 @@ def select_circuit(scores: xr.Dataset, *, top_n: int | None = None,
         if not threshold >= 0:
             raise InputError(f"`threshold` must be a number >= 0; got {threshold}.")
         chosen = mag >= threshold
-    kept = _on_path(scores["src"].values.tolist(), scores["dst"].values.tolist(), chosen)
+    kept = _on_path(scores["src"].values, scores["dst"].values, chosen)
     da = xr.DataArray(kept, dims=("edge",), coords=scores["score"].coords, name="in_circuit")
     da.attrs.update(n_chosen=int(chosen.sum()), top_n=top_n, threshold=threshold)
     return da
