@@ -5,8 +5,9 @@ Nishi et al. (ICML 2025): entities sit on cyclic orders and a small transformer 
 walks over the graph represents them on rings. A knowledge edit (ROME's rank-one update, MEMIT's
 least-squares update spread over the MLPs of blocks 0..L, or fine-tuning one MLP) that sends ``e r`` to an entity ``d`` steps past the true one distorts the
 rings, measured by ``R = ||D* - D0||_F / ||D0||_F`` on the entity distance matrix. The strength
-slider scales the edit's parameter change (0 = unedited, 1 = the edit); the plane is the
-unedited PCA plane, with entities joined in cycle order and coloured by their place on the cycle.
+slider scales the edit's parameter change (0 = unedited, 1 = the edit). The plane is a pair of
+components (1-2, 1-3 or 2-3) of a PCA or an Isomap fitted on the unedited representations, with
+entities joined in cycle order and coloured by their place on the cycle.
 The scatter shows R against the accuracy drop over many edits, with the fitted line and r².
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ from explorer.analyses.shattering import (
     stored_edit_sweep,
 )
 
-__all__ = ["ShatteringView", "QUICK_PARAMS", "SWEEP_EDITS", "plot_embedding", "plot_shattering_scatter"]
+__all__ = ["ShatteringView", "AXES", "QUICK_PARAMS", "SWEEP_EDITS", "plot_embedding", "plot_shattering_scatter"]
 
 hv.extension("bokeh", logo=False)
 
@@ -52,6 +53,8 @@ SWEEP_EDITS = 40
 _TOOLS = theme.PLOT_TOOLS
 _CYCLE_CMAP = list(cc.palette["colorwheel"])  # cyclic: the first and last place look alike
 _DISTANCE_COLORS = {d: theme.CATEGORICAL[i] for i, d in enumerate(range(1, 9))}
+#: Component pairs the page offers (0-based indices into the first three components).
+AXES: dict[str, tuple[int, int]] = {"1-2": (0, 1), "1-3": (0, 2), "2-3": (1, 2)}
 
 
 _font = theme.font_sizes
@@ -62,25 +65,32 @@ _placeholder = functools.partial(theme.placeholder, height=420)
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
 
-def plot_embedding(emb: xr.Dataset | None, order: int = 0) -> hv.Element:
-    """Entities before (grey ring) and at the chosen edit strength (coloured ring), PCA plane.
+def plot_embedding(emb: xr.Dataset | None, order: int = 0, axes: tuple[int, int] = (0, 1)) -> hv.Element:
+    """Entities before (grey ring) and at the chosen edit strength (coloured ring).
 
-    ``emb`` is an `edit_embedding` with strengths ``[0, s]``; entities are joined in the order
-    of cycle ``order`` and coloured by their place on it.
+    ``emb`` is an `edit_embedding` with strengths ``[0, s]``; ``axes`` the two components
+    drawn (0-based, e.g. ``(0, 2)`` for PC1 and PC3). Entities are joined in the order of cycle
+    ``order`` and coloured by their place on it.
     """
     if emb is None:
         return _placeholder("No edit yet.")
+    comps = [str(c) for c in emb["component"].values]
+    if len(axes) != 2 or not all(0 <= a < len(comps) for a in axes) or axes[0] == axes[1]:
+        raise ValueError(f"`axes` must be two different components in [0, {len(comps) - 1}]; got {axes}.")
+    xname, yname = comps[axes[0]], comps[axes[1]]
     pos = emb["cycle_position"].sel(order=order).values
     ring = np.argsort(pos)                                                  # entities in cycle order
     names = emb["entity"].values
     strength = float(emb["strength"].values[-1])
-    before, after = emb["pc"].values[0], emb["pc"].values[-1]              # [entity, 2]
+    cols = list(axes)
+    before = emb["projection"].values[0][:, cols]                           # [entity, 2]
+    after = emb["projection"].values[-1][:, cols]
     closed = np.append(ring, ring[0])
-    ghost = hv.Path([before[closed]]).opts(color="lightgrey", line_width=1.5)
-    ghost_pts = hv.Points(before, ["PC1", "PC2"]).opts(color="lightgrey", size=5)
-    path = hv.Path([after[closed]]).opts(color="#555", line_width=1, alpha=0.7)
-    data = {"PC1": after[:, 0], "PC2": after[:, 1], "entity": names, "place": pos}
-    pts = hv.Points(data, ["PC1", "PC2"], ["place", "entity"]).opts(
+    ghost = hv.Path([before[closed]], [xname, yname]).opts(color="lightgrey", line_width=1.5)
+    ghost_pts = hv.Points(before, [xname, yname]).opts(color="lightgrey", size=5)
+    path = hv.Path([after[closed]], [xname, yname]).opts(color="#555", line_width=1, alpha=0.7)
+    data = {xname: after[:, 0], yname: after[:, 1], "entity": names, "place": pos}
+    pts = hv.Points(data, [xname, yname], ["place", "entity"]).opts(
         color="place", cmap=_CYCLE_CMAP, colorbar=True, clabel=f"place on cycle {'ABCDEFGH'[order]}",
         size=8, line_color="black", line_width=0.4, tools=["hover"])
     edit = emb.attrs["edit"]
@@ -89,16 +99,20 @@ def plot_embedding(emb: xr.Dataset | None, order: int = 0) -> hv.Element:
     for role, colour, marker in (("entity", "black", "square"), ("true_object", "#2ca02c", "triangle"),
                                  ("new_object", "#d62728", "star")):
         i = idx[edit[role]]
-        marks.append(hv.Points({"PC1": [after[i, 0]], "PC2": [after[i, 1]], "role": [role.replace("_", " ")],
-                                "name": [edit[role]]}, ["PC1", "PC2"], ["role", "name"],
+        marks.append(hv.Points({xname: [after[i, 0]], yname: [after[i, 1]], "role": [role.replace("_", " ")],
+                                "name": [edit[role]]}, [xname, yname], ["role", "name"],
                                label=f"{role.replace('_', ' ')} {edit[role]}").opts(
             color=colour, marker=marker, size=16, fill_alpha=0.0, line_width=2.5, tools=["hover"]))
     R = float(emb["R"].values[-1])
-    ratio = emb["explained_variance_ratio"].values
+    ratio = emb["explained_variance_ratio"].values[cols]
+    if np.isfinite(ratio).all():
+        xlabel = f"{xname} of unedited ({ratio[0]:.0%} of variance)"
+        ylabel = f"{yname} ({ratio[1]:.0%})"
+    else:
+        xlabel, ylabel = f"{xname} (fitted on unedited)", yname
     return hv.Overlay([ghost, ghost_pts, path, pts, *marks]).opts(
         responsive=True, height=460, default_tools=_TOOLS, active_tools=["wheel_zoom"], fontsize=_font(),
-        legend_position="top_left", xlabel=f"PC1 of unedited ({ratio[0]:.0%} of variance)",
-        ylabel=f"PC2 ({ratio[1]:.0%})",
+        legend_position="top_left", xlabel=xlabel, ylabel=ylabel,
         title=f"Entities, {edit['method']} edit × {strength:.2f}: R = {R:.3f} (grey: unedited)")
 
 
@@ -157,6 +171,13 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
     strength = param.Number(default=1.0, bounds=(0.0, 1.5), step=0.05, label="Edit strength",
                             doc="Multiple of the edit's parameter change (0 = unedited).")
     order = param.Selector(default=0, objects=[0], check_on_set=False, label="Cycle drawn")
+    projection = param.Selector(default="pca", objects={"PCA": "pca", "Isomap": "isomap"},
+                                label="Projection",
+                                doc="PCA or Isomap of the unedited representations; the edited ones are "
+                                    "placed with the same map.")
+    axes = param.Selector(default="1-2", objects=list(AXES), label="Components shown",
+                          doc="The pair of components drawn (the page offers three 2-D views of the "
+                              "first three components instead of a 3-D plot).")
     layer = param.Integer(default=0, bounds=(0, 1), label="Edited block (MLP)",
                           doc="ROME and fine-tuning edit this block's MLP; MEMIT spreads the edit over "
                               "the MLPs of blocks 0 up to this one (its last critical block).")
@@ -303,28 +324,32 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
         self.status = f"{self._describe(km)} Sweep of {int(sweep.sizes['edit'])} edits: r² = {sweep.attrs['r2']:.2f}."
 
     def _at_strength(self) -> tuple[xr.Dataset, xr.Dataset] | None:
-        """The embedding and fact accuracy at the current strength (cached per strength)."""
+        """The embedding and fact accuracy at the current strength (cached per strength and projection)."""
         if self.km is None or self.edit is None:
             return None
-        key = round(float(self.strength), 4)
+        strength, projection = round(float(self.strength), 4), self.projection
+        key = (strength, projection)
         with self._lock:
             if key not in self._cache:
                 if len(self._cache) > 64:
                     self._cache.clear()
                 skip = [(self.edit.entity, self.edit.relation)]
-                acc = fact_accuracy(self.km, edited_model(self.km, self.edit, key), exclude=skip)
-                self._cache[key] = (edit_embedding(self.km, self.edit, [0.0, key]), acc)
+                acc = fact_accuracy(self.km, edited_model(self.km, self.edit, strength), exclude=skip)
+                emb = edit_embedding(self.km, self.edit, [0.0, strength], projection=projection,
+                                     n_components=min(3, self.km.graph.n_entities - 1,
+                                                      self.km.params["d_model"]))
+                self._cache[key] = (emb, acc)
             return self._cache[key]
 
-    @param.depends("edit", "strength")
+    @param.depends("edit", "strength", "projection")
     def embedding(self) -> xr.Dataset | None:
         """`edit_embedding` of the current edit at strengths 0 and the slider's value."""
         out = self._at_strength()
         return None if out is None else out[0]
 
-    @param.depends("edit", "strength", "order")
+    @param.depends("edit", "strength", "order", "projection", "axes")
     def _embedding_plot(self) -> hv.Element:
-        return plot_embedding(self.embedding(), self.order)
+        return plot_embedding(self.embedding(), self.order, AXES[self.axes])
 
     @param.depends("sweep", "edit", "strength")
     def _scatter_plot(self) -> hv.Element:
@@ -377,6 +402,8 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
             "distance": {"type": pn.widgets.IntSlider},
             "strength": {"type": pn.widgets.FloatSlider},
             "order": {"type": pn.widgets.Select},
+            "projection": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
+            "axes": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
             "layer": {"type": pn.widgets.IntSlider},
         }
         return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,

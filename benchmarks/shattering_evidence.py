@@ -4,15 +4,19 @@ Parts (each writes its numbers into ``docs/figures/shattering_summary.json``):
 
 ``train``    Train the knowledge-graph transformer with `DEFAULTS` (Nishi et al., ICML 2025,
              scaled to CPU), save it in the cache (the model ``explorer shattering train`` makes
-             and the page shows): wall time, final loss, accuracy by split.
+             and the page shows): wall time, final loss, accuracy by split, and how ring-like
+             each cycle is in the entity representations (mean distance between cycle
+             neighbours over the mean pairwise distance, in the full space and in the PCA
+             plane; 1 = no ring structure).
 ``sweep``    Many single counterfactual edits (distances 1-4, equal numbers) with ROME, with
              MEMIT (critical block 1, spread over blocks 0 and 1), with MEMIT on block 0
              alone and with fine-tuning of ROME's MLP: R against the accuracy drop on the
-             other facts (least-squares line and r²), mean R and accuracy drop by distance.
+             other facts (least-squares line and r²), mean R and accuracy drop by distance,
+             and the Spearman correlation of R with distance (scipy).
              ``--method`` runs only some; the others' numbers in the summary are kept.
              ``seconds`` includes reading a sweep already in the store (then near 0).
-``figures``  PNGs (rendered by chromium): the entity embedding before/after one edit, the
-             R vs accuracy-drop scatters, R by distance, and the page.
+``figures``  PNGs (rendered by chromium): the entity embedding before/after one edit (PCA and
+             Isomap), the R vs accuracy-drop scatters, R by distance, and the page.
 
 Usage::
 
@@ -47,6 +51,7 @@ SWEEPS: dict[str, tuple[str, dict[str, Any]]] = {
     "rome": ("rome", {}), "memit": ("memit", METHOD_OPTIONS["memit"]),
     "memit_block0": ("memit", {"layer": 0}), "finetune": ("finetune", {})}
 EXAMPLE = {"entity": 5, "relation": "B+1", "distance": 4}
+EXAMPLE_ORDER = 1  # the cycle drawn (B, the edited relation's)
 
 
 def log(msg: str) -> None:
@@ -68,16 +73,38 @@ def machine() -> dict[str, Any]:
             "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
 
 
+def ring_ratios(km) -> dict[str, list[float]]:
+    """Per cycle: mean distance between cycle neighbours / mean distance between all entities,
+    in the full representation space and in the plane of the first two principal components."""
+    import numpy as np
+
+    from explorer.analyses import shattering as sh
+
+    reps = sh.entity_representations(km.model, km.graph.n_entities).double().numpy()
+    centred = reps - reps.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    out: dict[str, list[float]] = {}
+    for name, x in (("full", reps), ("pca_plane", centred @ vt[:2].T)):
+        d = sh.distance_matrix(x)
+        mean_all = d[np.triu_indices_from(d, 1)].mean()
+        out[name] = [round(float(d[ring, np.roll(ring, -1)].mean() / mean_all), 3)
+                     for ring in km.graph.orders]
+    return out
+
+
 def part_train(args: argparse.Namespace) -> None:
     from explorer.analyses import shattering as sh
 
     start = machine()
     km = sh.knowledge_model(retrain=args.retrain, progress=None, seed=args.seed)
     acc = sh.fact_accuracy(km)["accuracy"]
+    n = km.graph.n_entities
     out = {"params": km.params, "train_seconds": km.train_seconds,
            "final_loss": km.history["loss"][-1],
            "accuracy": dict(zip(acc["split"].values.tolist(), map(float, acc.values))),
+           "chance": 1 / n,
            "n_facts": {s: int((km.graph.split == s).sum()) for s in sh.SPLITS},
+           "ring_neighbour_ratio": ring_ratios(km),
            "machine_start": start, "machine_end": machine()}
     log(f"train: {km.train_seconds:.0f} s, accuracy {out['accuracy']}")
     write_summary("train", out)
@@ -93,8 +120,15 @@ def part_sweep(args: argparse.Namespace) -> None:
         method, options = SWEEPS[name]
         t0 = time.perf_counter()
         sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method, **options)
+        from scipy.stats import spearmanr
+
+        rho, pval = spearmanr(sweep["distance"].values, sweep["R"].values)
         out[name] = {**sh.sweep_summary(sweep), "seconds": round(time.perf_counter() - t0, 1),
-                       "machine": machine()}
+                     "spearman_R_distance": {"rho": float(rho), "p": float(pval)},
+                     "R_se_by_distance": {str(d): float(sweep["R"].values[sweep["distance"].values == d].std()
+                                                        / max(1, (sweep["distance"].values == d).sum()) ** 0.5)
+                                          for d in sorted(set(sweep["distance"].values.tolist()))},
+                     "machine": machine()}
         log(f"sweep {name}: r2 {out[name]['r2']:.3f}, R by distance {out[name]['R_by_distance']}")
     if not args.method:
         out["machine"] = machine()
@@ -121,14 +155,15 @@ def part_figures(args: argparse.Namespace) -> None:
     km = sh.knowledge_model(seed=args.seed)
     rel = km.graph.relation_index(EXAMPLE["relation"])
     panels = []
-    for method in METHODS:
-        edit = sh.edit_fact(km, EXAMPLE["entity"], rel, EXAMPLE["distance"], method=method,
-                            **METHOD_OPTIONS.get(method, {}))
-        emb = sh.edit_embedding(km, edit, [0.0, 1.0])
-        panels.append(_fixed(plot_embedding(emb, order=1), 560, 460))
+    edits = {method: sh.edit_fact(km, EXAMPLE["entity"], rel, EXAMPLE["distance"], method=method,
+                                  **METHOD_OPTIONS.get(method, {})) for method in METHODS}
+    for projection in ("pca", "isomap"):
+        for method in METHODS:
+            emb = sh.edit_embedding(km, edits[method], [0.0, 1.0], projection=projection)
+            panels.append(_fixed(plot_embedding(emb, order=EXAMPLE_ORDER), 560, 460))
     cols = len(METHODS)
     render_png(hv.Layout(panels).cols(cols).opts(shared_axes=False), FIGURES / "shattering_embedding.png",
-               width=570 * cols, height=470)
+               width=570 * cols, height=470 * 2)
     scatters, bars = [], []
     for method in METHODS:
         sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method, **METHOD_OPTIONS.get(method, {}))
@@ -167,7 +202,8 @@ def page_screenshot(km, args) -> None:
 
     def page_factory():
         view = ShatteringView(km=km, sweep=sweep, entity=f"e{EXAMPLE['entity']}",
-                              relation=EXAMPLE["relation"], distance=EXAMPLE["distance"], order=1)
+                              relation=EXAMPLE["relation"], distance=EXAMPLE["distance"],
+                              order=EXAMPLE_ORDER)
         return theme.page([view], title="Explorer: representation shattering")
 
     srv = pn.serve({"shattering": page_factory}, port=port, address="127.0.0.1", threaded=True,

@@ -426,3 +426,70 @@ def test_view_follows_the_strength_slider(km):
     assert view.edit.method == "memit" and view.edit.info["layers"] == [0, 1]
     assert "memit at blocks 0, 1" in view.summary()
     view.close()
+
+
+def _block_outputs(model, tokens):
+    """Residual stream after the last block, read with a plain forward hook."""
+    seen = {}
+    handle = model.blocks[-1].register_forward_hook(lambda mod, inp, out: seen.update(out=out.detach()))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        handle.remove()
+    return seen["out"]
+
+
+def _points(overlay, vdim):
+    """The coloured entity points of `plot_embedding` (the Points layer with ``vdim``)."""
+    import holoviews as hv
+
+    (pts,) = [el for el in overlay if isinstance(el, hv.Points) and vdim in [d.name for d in el.vdims]]
+    return pts
+
+
+def test_view_draws_the_chosen_components_of_an_independent_pca(km):
+    import holoviews as hv
+
+    from apps.shattering import ShatteringView
+
+    sweep = sh.edit_sweep(km, n_edits=2, distances=[1], method="finetune")
+    view = ShatteringView(km=km, sweep=sweep, method="finetune", entity="e5", relation="B-1",
+                          distance=3, strength=0.7, background=False)
+    n = km.graph.n_entities
+    tokens = torch.arange(n)[:, None]
+    base = _block_outputs(km.model, tokens)[:, 0].double().numpy()
+    edited = _block_outputs(sh.edited_model(km, view.edit, 0.7), tokens)[:, 0].double().numpy()
+    # PCA by numpy's SVD of the centred unedited representations
+    mean = base.mean(0)
+    _, s, vt = np.linalg.svd(base - mean, full_matrices=False)
+    for axes, (i, j) in {"1-3": (0, 2), "2-3": (1, 2), "1-2": (0, 1)}.items():
+        view.axes = axes
+        pts = _points(view._embedding_plot(), "place")
+        x, y = (pts.dimension_values(k) for k in (0, 1))
+        assert [d.name for d in pts.kdims] == [f"PC{i + 1}", f"PC{j + 1}"]
+        for got, c in ((x, i), (y, j)):
+            want = (edited - mean) @ vt[c]
+            sign = np.sign(want @ got)          # a principal axis is defined up to its sign
+            np.testing.assert_allclose(got, sign * want, atol=1e-9)
+        # labels carry numpy's explained variance
+        title = view._embedding_plot().opts.get().kwargs["xlabel"]
+        assert f"{s[i] ** 2 / (s ** 2).sum():.0%} of variance" in title
+    # the unedited ring (grey points) is the same projection of the unedited model
+    view.axes = "1-3"
+    (ghost,) = [el for el in view._embedding_plot() if isinstance(el, hv.Points) and not el.vdims]
+    np.testing.assert_allclose(np.abs(ghost.dimension_values(1)), np.abs((base - mean) @ vt[2]), atol=1e-9)
+    # Isomap: the plot's components are Isomap's, and strength 0 places the entities where
+    # a fresh Isomap of the unedited representations does.
+    from sklearn.manifold import Isomap
+
+    view.param.update(projection="isomap", strength=0.0, axes="1-2")
+    pts = _points(view._embedding_plot(), "place")
+    assert [d.name for d in pts.kdims] == ["Isomap1", "Isomap2"]
+    ref = Isomap(n_neighbors=8, n_components=3).fit(base).transform(base)
+    for k in (0, 1):
+        got = pts.dimension_values(k)
+        np.testing.assert_allclose(got, np.sign(ref[:, k] @ got) * ref[:, k], atol=1e-6)
+    with pytest.raises(InputError, match="`projection` must be one of"):
+        sh.edit_embedding(km, view.edit, [0.0], projection="tsne")
+    view.close()

@@ -81,6 +81,7 @@ __all__ = [
     "edit_fact",
     "edited_model",
     "edit_embedding",
+    "PROJECTIONS",
     "edit_sweep",
     "stored_edit_sweep",
     "sweep_summary",
@@ -928,9 +929,14 @@ def edited_model(km: KnowledgeModel, edit: KnowledgeEdit, strength: float = 1.0)
     return model
 
 
+#: Projections offered by `edit_embedding`.
+PROJECTIONS: tuple[str, ...] = ("pca", "isomap")
+
+
 def edit_embedding(km: KnowledgeModel, edit: KnowledgeEdit, strengths: Sequence[float] = (0.0, 1.0), *,
-                   layer: int | None = None) -> xr.Dataset:
-    """Entity representations along the edit, projected on the unedited PCA plane.
+                   layer: int | None = None, projection: str = "pca", n_components: int = 3,
+                   n_neighbors: int = 8) -> xr.Dataset:
+    """Entity representations along the edit, projected with a map fitted on the unedited ones.
 
     Parameters
     ----------
@@ -938,35 +944,60 @@ def edit_embedding(km: KnowledgeModel, edit: KnowledgeEdit, strengths: Sequence[
         Multiples of the edit's parameter change (0 = unedited, 1 = the edit).
     layer : int, optional
         Block whose output is read (default: the last).
+    projection : {"pca", "isomap"}, default="pca"
+        ``"pca"``: the principal components of the unedited representations (each signed so
+        that its largest loading is positive); every strength is projected on them.
+        ``"isomap"``: scikit-learn's Isomap (Nishi et al.'s picture) fitted on the unedited
+        representations with ``n_neighbors`` neighbours; edited ones are placed with its
+        out-of-sample ``transform``.
+    n_components : int, default=3
+        Number of components kept (1 to min(entities - 1, d_model)).
 
     Returns
     -------
     xarray.Dataset
-        ``pc`` (strength, entity, component) in the first two principal components of the
-        unedited representations; ``R`` (strength) the shattering ratio; ``cycle_position``
-        (order, entity) the place of each entity on each cycle; ``explained_variance_ratio``.
+        ``projection`` (strength, entity, component) the projected coordinates (components
+        ``PC1``, ``PC2``, ... or ``Isomap1``, ...); ``R`` (strength) the shattering ratio, on
+        the full representations; ``cycle_position`` (order, entity) the place of each entity
+        on each cycle; ``explained_variance_ratio`` (component), NaN for Isomap.
     """
     strengths = [check_float("strengths[i]", s) for s in strengths]
+    check_choice("projection", projection, PROJECTIONS)
     n = km.graph.n_entities
     base = entity_representations(km.model, n, layer=layer).double().numpy()
-    mean = base.mean(0)
-    _, s, vt = np.linalg.svd(base - mean, full_matrices=False)
-    basis = vt[:2].T                                                        # [d_model, 2]
+    n_components = check_int("n_components", n_components, low=1, high=min(n - 1, base.shape[1]))
+    reps_at = [base if a == 0.0 else entity_representations(edited_model(km, edit, a), n, layer=layer)
+               .double().numpy() for a in strengths]
     d0 = distance_matrix(base)
-    pcs, ratios = [], []
-    for a in strengths:
-        reps = entity_representations(edited_model(km, edit, a), n, layer=layer).double().numpy()
-        pcs.append((reps - mean) @ basis)
-        ratios.append(shattering_ratio(d0, distance_matrix(reps)))
-    var = s ** 2
+    ratios = [shattering_ratio(d0, distance_matrix(reps)) for reps in reps_at]
+    if projection == "pca":
+        mean = base.mean(0)
+        _, s, vt = np.linalg.svd(base - mean, full_matrices=False)
+        basis = vt[:n_components]                                           # [component, d_model]
+        rows = np.arange(n_components)
+        basis = basis * np.sign(basis[rows, np.abs(basis).argmax(1)])[:, None]
+        coords = [(reps - mean) @ basis.T for reps in reps_at]
+        var = s ** 2
+        ratio = var[:n_components] / var.sum()
+        names = [f"PC{i + 1}" for i in range(n_components)]
+    else:
+        from sklearn.manifold import Isomap
+
+        n_neighbors = check_int("n_neighbors", n_neighbors, low=2, high=n - 1)
+        iso = Isomap(n_neighbors=n_neighbors, n_components=n_components).fit(base)
+        coords = [iso.transform(reps) for reps in reps_at]
+        ratio = np.full(n_components, np.nan)
+        names = [f"Isomap{i + 1}" for i in range(n_components)]
     return xr.Dataset(
-        {"pc": (("strength", "entity", "component"), np.asarray(pcs)),
+        {"projection": (("strength", "entity", "component"), np.asarray(coords)),
          "R": (("strength",), np.asarray(ratios)),
          "cycle_position": (("order", "entity"), km.graph.position),
-         "explained_variance_ratio": (("component",), var[:2] / var.sum())},
-        coords={"strength": strengths, "entity": km.graph.entity_names, "component": ["PC1", "PC2"],
+         "explained_variance_ratio": (("component",), ratio)},
+        coords={"strength": strengths, "entity": km.graph.entity_names, "component": names,
                 "order": list(range(km.graph.orders.shape[0]))},
-        attrs=_attrs("edit_embedding", km, {"strengths": strengths, "layer": layer},
+        attrs=_attrs("edit_embedding", km, {"strengths": strengths, "layer": layer, "projection": projection,
+                                            "n_components": n_components,
+                                            **({"n_neighbors": n_neighbors} if projection == "isomap" else {})},
                      edit=_edit_attrs(km, edit)))
 
 
