@@ -186,7 +186,8 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
               edits: Sequence[Edit] = (), save_positions: Sequence[int] | None = None,
               resume: CleanRun | None = None, logits: bool = True,
               save_final: Sequence[str] = (), lens_k: int = 0,
-              lens_layers: Sequence[int] = ()) -> dict[Any, torch.Tensor]:
+              lens_layers: Sequence[int] = (),
+              dla_ids: torch.Tensor | None = None) -> dict[Any, torch.Tensor]:
     """One nnsight trace over a padded batch; the only function that drives nnsight.
 
     Parameters
@@ -207,12 +208,19 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
         and log-probabilities, and the rank and log-probability of the output's top
         ``lens_k`` tokens. ``(layer, "head_out")`` in ``save`` is also computed inside the
         trace: each head's write [prompt, pos, head, d_model] through its slice of W_O.
+    dla_ids : tensor [prompt, t] of token ids, optional
+        Direct logit attribution computed inside the trace (see `direct_logit_attribution`):
+        the logit of each of the t tokens at each kept position, split into the
+        embedding, every head, every attention-output bias, every MLP and the final norm's
+        bias, through the final norm linearised at the run's own scale. Only these
+        per-head scalars cross the network on a remote run.
 
     Returns
     -------
     dict mapping (layer, site) -> tensor, "final_norm" -> tensor, "logits" -> [prompt, pos, vocab],
     and with ``lens_k``: "lens_final_id" [prompt, pos, k] and ("lens", layer) -> tuple of
-    top ids, top log-probs, final-token ranks, final-token log-probs, each [prompt, pos, k].
+    top ids, top log-probs, final-token ranks, final-token log-probs, each [prompt, pos, k];
+    with ``dla_ids``: ("dla", part) for the parts of `direct_logit_attribution`.
     """
     edits = check_edits(edits)
     for e in edits:
@@ -229,12 +237,20 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     sel = None
     if save_positions is not None:
         sel = position_index(batch.lengths, batch.width, save_positions)
+    if dla_ids is not None:
+        dla_ids = torch.as_tensor(dla_ids, dtype=torch.long)
+        if dla_ids.ndim != 2 or dla_ids.shape[0] != len(batch.lengths):
+            raise InputError(f"`dla_ids` must be [prompt, tokens] with {len(batch.lengths)} "
+                             f"rows; got shape {tuple(dla_ids.shape)}.")
+        if dla_ids.numel() and not (0 <= int(dla_ids.min()) and
+                                    int(dla_ids.max()) < model.vocab_size):
+            raise InputError(f"`dla_ids` must be token ids in [0, {model.vocab_size}).")
     start = 0
     lens_layers = [int(x) for x in lens_layers] if lens_k else []
     softcap = None
     if model.arch.logit_softcap_attr:
         softcap = getattr(model.hf.config, model.arch.logit_softcap_attr, None)
-    if resume is not None and edits and not lens_layers:
+    if resume is not None and edits and not lens_layers and dla_ids is None:
         if resume.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
                 resume.batch.input_ids, batch.input_ids):
             raise InputError("`resume` was computed for different prompts than this run.")
@@ -269,6 +285,15 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     nn = model.nn
     arch_transposed = model.arch.o_proj_transposed
     lens_resid: dict[int, Any] = {}
+    dla_parts: dict[Any, Any] = {}
+    o_bias = dla_ids is not None and model.b_O(0) is not None
+    if dla_ids is not None:  # read here: the trace body must not refer to `model` (remote)
+        dla_centred, dla_eps = final_norm_kind(model)
+        dla_dtype = model.final_norm_module.weight.dtype
+        dla_u_bias = model.unembed_module.bias is not None
+
+    def at_sel(x):
+        return x if sel is None else x[sel[0], sel[1]].reshape(n_prompts, -1, *x.shape[2:])
     with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
         # the unembedding runs for the last position only (~20% of a forward) when no other
         # position's logits are read; left padding puts every prompt's last token there
@@ -290,7 +315,10 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                     to_apply = by_point.get(point, ())
                     head_out = site == "attn_z" and (layer, "head_out") in save
                     lens_here = site == "resid_post" and layer in lens_layers
-                    if not (wanted or to_apply or head_out or lens_here):
+                    dla_here = dla_ids is not None and (
+                        site in ("attn_z", "mlp_out") or (site, layer) in (
+                            ("resid_pre", 0), ("resid_post", spec.n_layers - 1)))
+                    if not (wanted or to_apply or head_out or lens_here or dla_here):
                         continue
                     if site == "resid_pre":
                         value = block.input
@@ -314,6 +342,14 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                         keep((layer, "head_out"), torch.einsum("pshd,hdm->pshm", z, w))
                     if lens_here:
                         lens_resid[layer] = value.clone() if clone else value
+                    if dla_here:
+                        x = at_sel(value).detach()
+                        dla_parts[(layer, site)] = x.clone() if clone and sel is None else x
+                        if site == "attn_z":
+                            w = block.attn.o_proj.weight
+                            dla_parts[(layer, "W_O")] = w if arch_transposed else w.T
+                            if o_bias:
+                                dla_parts[(layer, "b_O")] = block.attn.o_proj.bias
             if "final_norm" in save_final:
                 fn = nn.final_norm.output.detach()
                 if sel is not None:
@@ -345,9 +381,89 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                                         for j in range(lens_k)], -1)
                     result[("lens", layer)] = (top.indices, top.values - lse, rank,
                                                target - lse)
+            if dla_ids is not None:
+                fn = nn.final_norm
+                probe = torch.ones(2, spec.d_model)
+                probe[:, 1::2] = -1.0
+                probe[1] *= -1.0
+                normed = fn(probe.to(dla_dtype)).detach()
+                u_bias = nn.unembed.bias if dla_u_bias else None
+                for part, value in direct_logit_attribution(
+                        dla_parts, normed, nn.unembed.weight, u_bias, dla_ids,
+                        n_layers=spec.n_layers, n_heads=spec.n_heads, eps=dla_eps,
+                        centred=dla_centred).items():
+                    result[("dla", part)] = value
             result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
+
+
+def final_norm_kind(model: Model) -> tuple[bool, float]:
+    """(centred, eps) of the final norm: LayerNorm subtracts the mean, RMSNorm does not."""
+    fn = model.final_norm_module
+    centred = isinstance(fn, torch.nn.LayerNorm) or type(fn).__name__ == "LayerNorm"
+    eps = getattr(fn, "eps", None)
+    if eps is None:
+        eps = getattr(fn, "variance_epsilon", 1e-6)
+    return centred, float(eps)
+
+
+def direct_logit_attribution(parts: dict[Any, torch.Tensor], normed_probe: torch.Tensor,
+                             w_unembed: torch.Tensor, b_unembed: torch.Tensor | None,
+                             ids: torch.Tensor, *, n_layers: int, n_heads: int, eps: float,
+                             centred: bool) -> dict[str, torch.Tensor]:
+    """Split the logits of tokens ``ids`` [prompt, t] into the residual stream's writers.
+
+    The final residual x is the embedding plus every head's write (z through its slice
+    of W_O), every attention-output bias and every MLP output. The final norm is
+    linearised at the run's own scale, normed(c) = gain * centre(c) * scale(x) (+ its
+    bias once), so each writer's term is r . centre(c) with r = W_U[token] * gain * scale,
+    and the terms add up to the token's logit (before any soft cap). Runs inside the
+    trace (`run_batch`'s ``dla_ids``), so only these scalars leave a remote run.
+
+    ``parts`` holds the trace's tensors at the kept positions: (0, "resid_pre"),
+    (L-1, "resid_post"), (layer, "attn_z"), (layer, "mlp_out"), (layer, "W_O") as
+    [head*d_head, d_model], optionally (layer, "b_O"). ``normed_probe`` is the final norm
+    applied to a zero-mean +-1 vector and its negation [2, d_model]. All in float64.
+
+    Returns ``embed`` [prompt, pos, t], ``head`` [prompt, pos, layer, head, t],
+    ``attn_bias`` and ``mlp`` [prompt, pos, layer, t], ``norm_bias`` [prompt, pos, t]
+    (the norm's and the unembedding's biases).
+    """
+    probe = torch.ones(normed_probe.shape[-1], dtype=torch.float64)
+    probe[1::2] = -1.0
+    y = normed_probe.double()
+    gain = (y[0] - y[1]) / 2 * probe * (1.0 + eps) ** 0.5     # [d_model]
+    nbias = (y[0] + y[1]) / 2                                   # LayerNorm's bias; RMSNorm: 0
+    x = parts[(n_layers - 1, "resid_post")].double()            # [p, s, d]
+    if centred:
+        x = x - x.mean(-1, keepdim=True)
+    scale = 1.0 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)       # [p, s, 1]
+    u = w_unembed[ids].double()                                 # [p, t, d]
+    r = u[:, None] * (gain * scale)[:, :, None, :]              # [p, s, t, d]
+
+    def read(c: torch.Tensor) -> torch.Tensor:
+        c = c.double()
+        if centred:
+            c = c - c.mean(-1, keepdim=True)
+        return torch.einsum("pstm,ps...m->ps...t", r, c)
+
+    heads, biases, mlps = [], [], []
+    for layer in range(n_layers):
+        z = parts[(layer, "attn_z")].double()
+        z = z.reshape(*z.shape[:2], n_heads, -1)                # [p, s, h, d_head]
+        w_o = parts[(layer, "W_O")].double().reshape(n_heads, z.shape[-1], -1)
+        heads.append(read(torch.einsum("pshd,hdm->pshm", z, w_o)))
+        b = parts.get((layer, "b_O"))
+        biases.append(read(b.double().expand_as(x)) if b is not None
+                      else torch.zeros(x.shape[:2] + ids.shape[-1:], dtype=torch.float64))
+        mlps.append(read(parts[(layer, "mlp_out")]))
+    norm_bias = torch.einsum("ptm,m->pt", u, nbias)
+    if b_unembed is not None:
+        norm_bias = norm_bias + b_unembed[ids].double()
+    return {"embed": read(parts[(0, "resid_pre")]), "head": torch.stack(heads, 2),
+            "attn_bias": torch.stack(biases, 2), "mlp": torch.stack(mlps, 2),
+            "norm_bias": norm_bias[:, None].expand(x.shape[:2] + ids.shape[-1:])}
 
 
 def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:

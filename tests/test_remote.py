@@ -175,6 +175,22 @@ def test_logit_lens_is_reduced_in_the_remote_trace(remote_model, local_model):
         logit_lens(remote_model, PROMPTS, k=3, resume=clean_run(local_model, PROMPTS))
 
 
+def test_head_scores_are_reduced_in_the_remote_trace(remote_model, local_model):
+    """The conflicts head scores need W_O and W_U, which a remote model does not hold: the
+    per-head logit split runs inside the trace, and only [prompt, pos, layer, head, 2]
+    scalars come back. Remote equals local bit for bit (the local split is checked against
+    a hand computation in tests/test_trace.py)."""
+    from explorer.analyses.conflicts import head_context_memory_scores, load_facts
+
+    facts = load_facts()[:3]
+    remote = head_context_memory_scores(remote_model, facts, kinds=["substitution"],
+                                        ablation=False)
+    local = head_context_memory_scores(local_model, facts, kinds=["substitution"],
+                                       ablation=False)
+    for name in remote.data_vars:
+        assert _equal(remote[name].values, local[name].values), name
+
+
 # -- status, time limit, cancellation, disconnects -----------------------------------------
 
 def test_status_updates_reach_the_callback(remote_model):

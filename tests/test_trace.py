@@ -365,3 +365,98 @@ def test_last_position_logits_equal_the_full_forward(tiny_model):
     edited = run_batch(tiny_model, batch, edits=steer, save_positions=[-1])["logits"]
     full = run_batch(tiny_model, batch, edits=steer)["logits"]
     torch.testing.assert_close(edited[:, 0], full[:, -1], rtol=1e-4, atol=1e-5)
+
+
+# -- direct logit attribution inside the trace ----------------------------------------------
+
+def _hand_dla(model, prompt: str, token_ids: list[int]) -> dict[str, torch.Tensor]:
+    """The last position's logit split by hand: plain torch hooks, the final norm linearised
+    by its formula (RMSNorm: gain / rms; LayerNorm: centred, gain / std), float64."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    got: dict[str, list] = {"z": [], "mlp": [], "x0": [], "x": []}
+    hooks = [model.hf_layer(0).register_forward_pre_hook(
+        lambda mod, args, kwargs: got["x0"].append(
+            (args[0] if args else kwargs["hidden_states"])[0, -1].double()), with_kwargs=True),
+        model.final_norm_module.register_forward_pre_hook(
+            lambda mod, args: got["x"].append(args[0][0, -1].double()))]
+    for layer in range(model.n_layers):
+        hooks.append(model.o_proj(layer).register_forward_pre_hook(
+            lambda mod, args: got["z"].append(args[0][0, -1].double())))
+        hooks.append(model.hf_layer(layer).mlp.register_forward_hook(
+            lambda mod, args, out: got["mlp"].append(out[0, -1].double())))
+    try:
+        with torch.no_grad():
+            logits = model.hf(input_ids=ids).logits[0, -1].double()
+    finally:
+        for h in hooks:
+            h.remove()
+    fn = model.final_norm_module
+    centred = isinstance(fn, torch.nn.LayerNorm)
+    x = got["x"][0]
+    if centred:
+        eps, gain = fn.eps, fn.weight.double()
+        x = x - x.mean()
+    else:
+        eps = getattr(fn, "variance_epsilon", getattr(fn, "eps", 1e-6))
+        gain = fn.weight.double() + (1.0 if "Gemma" in type(fn).__name__ else 0.0)
+    r = model.unembed_module.weight.detach().double()[token_ids] * gain / torch.sqrt(
+        x.pow(2).mean() + eps)                                     # [t, d_model]
+
+    def read(c):
+        return r @ (c - c.mean() if centred else c)
+
+    n_heads, d_head = model.spec.n_heads, model.spec.d_head
+    heads = []
+    for layer in range(model.n_layers):
+        w = model.o_proj(layer).weight.detach().double()
+        w = w if model.arch.o_proj_transposed else w.T                # [head*d_head, d_model]
+        z = got["z"][layer].reshape(n_heads, d_head)
+        heads.append(torch.stack([read(z[h] @ w[h * d_head:(h + 1) * d_head])
+                                  for h in range(n_heads)]))          # [head, t]
+    bias = []
+    for layer in range(model.n_layers):
+        b = model.b_O(layer)
+        bias.append(read(b.detach().double()) if b is not None
+                    else torch.zeros(len(token_ids), dtype=torch.float64))
+    norm_bias = torch.zeros(len(token_ids), dtype=torch.float64)
+    if centred and fn.bias is not None:
+        norm_bias = model.unembed_module.weight.detach().double()[token_ids] @ fn.bias.double()
+    if getattr(model.unembed_module, "bias", None) is not None:
+        norm_bias = norm_bias + model.unembed_module.bias.detach().double()[token_ids]
+    return {"embed": read(got["x0"][0]), "head": torch.stack(heads),
+            "attn_bias": torch.stack(bias), "mlp": torch.stack([read(m) for m in got["mlp"]]),
+            "norm_bias": norm_bias, "logits": logits[token_ids]}
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_direct_logit_attribution_matches_a_hand_split(name):
+    """run_batch(dla_ids=...) equals the split computed by hand, per prompt of a padded batch;
+    where the residual stream is a plain sum (all but Gemma 2's post-norms), the parts add up
+    to the model's own logit."""
+    from explorer.trace import run_batch
+
+    model = load_model(name)
+    batch = model.tokenize(PROMPTS)
+    ids = torch.tensor([[5, 17, 40], [3, 3, 99], [60, 1, 2]])
+    out = run_batch(model, batch, save_positions=[-1], dla_ids=ids)
+    parts = ("embed", "head", "attn_bias", "mlp", "norm_bias")
+    for i, prompt in enumerate(PROMPTS):
+        hand = _hand_dla(model, prompt, ids[i].tolist())
+        got = {p: out[("dla", p)][i, 0] for p in parts}                # drop the pos dim
+        for p in parts:
+            torch.testing.assert_close(got[p], hand[p], atol=2e-5, rtol=1e-4,
+                                       msg=lambda m, p=p: f"{name} {p}: {m}")
+        if name != "tiny-gemma2":
+            total = (got["embed"] + got["head"].sum((0, 1)) + got["attn_bias"].sum(0)
+                     + got["mlp"].sum(0) + got["norm_bias"])
+            torch.testing.assert_close(total, hand["logits"], atol=1e-4, rtol=1e-4)
+
+
+def test_dla_ids_must_match_the_batch(tiny_model):
+    from explorer.trace import run_batch
+
+    batch = tiny_model.tokenize(PROMPTS[:2])
+    with pytest.raises(InputError, match="dla_ids"):
+        run_batch(tiny_model, batch, dla_ids=torch.zeros(3, 1, dtype=torch.long))
+    with pytest.raises(InputError, match="token ids"):
+        run_batch(tiny_model, batch, dla_ids=torch.full((2, 1), tiny_model.vocab_size))

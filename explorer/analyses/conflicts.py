@@ -334,29 +334,6 @@ def closed_book_facts(model: Model, facts: Sequence[Fact] | None = None, *, n_ne
 
 # -- direct contributions and ablation ---------------------------------------------------
 
-def _final_norm_linear(model: Model, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Per-prompt linearisation of the final norm at ``resid`` [prompt, d_model]:
-    normed(x) = gain * centre(x) * scale + bias with the scale taken from the actual run.
-    Returns (gain*scale [prompt, d_model], bias [d_model], centred)."""
-    fn = model.final_norm_module
-    d = resid.shape[-1]
-    centred = isinstance(fn, torch.nn.LayerNorm) or fn.__class__.__name__ in ("LayerNorm",)
-    x = resid.double()
-    if centred:
-        x = x - x.mean(-1, keepdim=True)
-        eps = float(getattr(fn, "eps", 1e-5))
-        scale = 1.0 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        gain = fn.weight.double()
-        bias = fn.bias.double() if fn.bias is not None else torch.zeros(d, dtype=torch.float64)
-    else:
-        eps = float(getattr(fn, "variance_epsilon", getattr(fn, "eps", 1e-6)))
-        scale = 1.0 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        ones = torch.ones(1, d, dtype=resid.dtype)
-        gain = (fn(ones).double() * np.sqrt(1.0 + eps))[0]  # [d_model], e.g. (1 + w) for Gemma
-        bias = torch.zeros(d, dtype=torch.float64)
-    return gain * scale, bias, centred
-
-
 def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
                                kinds: Sequence[str] = PROMPT_KINDS, ablation: bool = True,
                                batch_size: int = 16, progress: Progress = None) -> xr.Dataset:
@@ -399,11 +376,10 @@ def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
     kinds = [check_choice("kind", k, PROMPT_KINDS) for k in kinds]
     batch_size = check_int("batch_size", batch_size, low=1)
     spec = model.spec
-    L, H, d = spec.n_layers, spec.n_heads, spec.d_head
+    L, H = spec.n_layers, spec.n_heads
     n = len(facts)
     mem_ids = torch.tensor([_first_token(model, f.memory) for f in facts])
     ctx_ids = torch.tensor([_first_token(model, f.context) for f in facts])
-    W_U = model.unembed_module.weight.detach().double()                 # [vocab, d_model]
     shape = (len(kinds), n)
     direct = np.zeros((*shape, 2, L, H))
     embed = np.zeros((*shape,))
@@ -412,45 +388,27 @@ def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
     mlp = np.zeros((*shape, L))
     abias = np.zeros((*shape, L))
     effect = np.full((*shape, L, H), np.nan)
-    save = {(0, "resid_pre"), (L - 1, "resid_post")}
-    save |= {(layer, s) for layer in range(L) for s in ("attn_z", "mlp_out")}
     total = len(kinds) * n * ((L * H) if ablation else 1)
     done = 0
+
+    def mem_minus_ctx(t: torch.Tensor) -> np.ndarray:
+        """[prompt, 2, ...] terms (memory, context) -> memory minus context."""
+        return (t[:, 0] - t[:, 1]).numpy()
+
     for ki, kind in enumerate(kinds):
         for b0 in range(0, n, batch_size):
             sl = slice(b0, min(b0 + batch_size, n))
             batch = model.tokenize([conflict_prompt(f, kind) for f in facts[sl]])
-            out = run_batch(model, batch, save=save, save_positions=[-1])
-            resid = out[(L - 1, "resid_post")][:, 0]                    # [prompt, d_model]
-            gs, bias, centred = _final_norm_linear(model, resid)
-            # readout direction of memory minus context logit per prompt: [prompt, 2, d_model]
-            u = torch.stack([W_U[mem_ids[sl]], W_U[ctx_ids[sl]]], 1)
-            r = u * gs[:, None, :]
-
-            def read(c: torch.Tensor) -> torch.Tensor:
-                """[prompt, ..., d_model] component -> [prompt, 2, ...] logit terms."""
-                c = c.double()
-                if centred:
-                    c = c - c.mean(-1, keepdim=True)
-                return torch.einsum("pkm,p...m->pk...", r, c)
-
-            t = read(out[(0, "resid_pre")][:, 0])                       # [prompt, 2]
-            embed[ki, sl] = (t[:, 0] - t[:, 1]).numpy()
-            for layer in range(L):
-                z = out[(layer, "attn_z")][:, 0].reshape(-1, H, d).double()   # [prompt, head, d_head]
-                hout = torch.einsum("phd,hdm->phm", z, model.W_O(layer).detach().double())
-                direct[ki, sl, :, layer] = read(hout).numpy()
-                b = model.b_O(layer)
-                if b is not None:
-                    t = read(b.detach().double().expand(resid.shape[0], -1))
-                    abias[ki, sl, layer] = (t[:, 0] - t[:, 1]).numpy()
-                t = read(out[(layer, "mlp_out")][:, 0])
-                mlp[ki, sl, layer] = (t[:, 0] - t[:, 1]).numpy()
-            ub = getattr(model.unembed_module, "bias", None)
-            bterm = torch.einsum("pkm,m->pk", u, bias)
-            if ub is not None:
-                bterm = bterm + torch.stack([ub[mem_ids[sl]], ub[ctx_ids[sl]]], 1).double()
-            nbias[ki, sl] = (bterm[:, 0] - bterm[:, 1]).numpy()
+            # the split is computed inside the trace (only these scalars leave a remote run)
+            ids = torch.stack([mem_ids[sl], ctx_ids[sl]], 1)             # [prompt, 2]
+            out = run_batch(model, batch, save_positions=[-1], dla_ids=ids)
+            dla = {part: out[("dla", part)][:, 0] for part in
+                   ("embed", "head", "attn_bias", "mlp", "norm_bias")}    # drop the pos dim
+            embed[ki, sl] = mem_minus_ctx(dla["embed"])
+            direct[ki, sl] = dla["head"].permute(0, 3, 1, 2).numpy()     # [prompt, 2, L, H]
+            abias[ki, sl] = mem_minus_ctx(dla["attn_bias"].transpose(1, 2))
+            mlp[ki, sl] = mem_minus_ctx(dla["mlp"].transpose(1, 2))
+            nbias[ki, sl] = mem_minus_ctx(dla["norm_bias"])
             lg = out["logits"][:, 0].double()
             idx = torch.arange(lg.shape[0])
             base = (lg[idx, mem_ids[sl]] - lg[idx, ctx_ids[sl]]).numpy()
