@@ -250,3 +250,39 @@ def test_cli_ranks_json_and_error(capsys):
     assert cli.main(["circuit-lora-ranks", "--model", "tiny-llama", "--critical", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "explorer: error: `critical layer` must be an int in [0, 2]; got 5."
+
+
+def test_lr_schedule_hand_worked():
+    # warm-up 2 of 5 steps, then linear decay: lr/2, lr, then lr * 3/3, 2/3, 1/3
+    got = [cl.lr_at(k, lr=0.03, steps=5, warmup=2, schedule="linear") for k in range(1, 6)]
+    assert got == pytest.approx([0.015, 0.03, 0.03, 0.02, 0.01])
+    got = [cl.lr_at(k, lr=0.03, steps=5, warmup=2) for k in range(1, 6)]
+    assert got == pytest.approx([0.015, 0.03, 0.03, 0.03, 0.03])
+    assert [cl.lr_at(k, lr=0.03, steps=3) for k in (1, 3)] == [0.03, 0.03]
+    with pytest.raises(InputError, match="`schedule` must be one of"):
+        cl.lr_at(1, lr=0.1, steps=2, schedule="cosine")
+
+
+def test_finetune_uses_the_scheduled_lr(tiny_model):
+    """Step 1 of a 2-step warm-up at lr 0.02 trains exactly like one constant step at 0.01."""
+    def lora_weights(**kw):
+        ds, peft_model = cl.finetune_lora(tiny_model, PROMPTS, ANSWERS, ranks=[2, 2, 2], steps=1,
+                                          batch_size=4, seed=3, **kw)
+        return ds, {n: p.detach().clone() for n, p in peft_model.named_parameters() if "lora_" in n}
+
+    ds, warm = lora_weights(lr=0.02, warmup=2, schedule="linear")
+    _, half = lora_weights(lr=0.01)
+    _, full = lora_weights(lr=0.02)
+    assert ds["lr"].values.tolist() == [0.01]
+    for name in warm:
+        torch.testing.assert_close(warm[name], half[name], atol=0, rtol=0)
+    assert any(not torch.equal(warm[n], full[n]) for n in warm if "lora_B" in n)
+
+
+def test_select_lr_hand_made():
+    lrs = [1e-3, 3e-3, 1e-2]
+    assert cl.select_lr(lrs, [0.5, 0.7, 0.6], [1.0, 0.9, 0.8]) == 3e-3
+    assert cl.select_lr(lrs, [0.5, 0.7, 0.7], [1.0, 0.9, 0.8]) == 1e-2   # tie -> lower loss
+    assert cl.select_lr(lrs, [0.7, 0.7, 0.7], [0.8, 0.9, 0.8]) == 1e-3   # then smaller lr
+    with pytest.raises(InputError, match="one length"):
+        cl.select_lr(lrs, [0.5, 0.7], [1.0, 0.9, 0.8])

@@ -12,7 +12,9 @@ higher LoRA rank than the rest at the same trainable-parameter count as uniform 
 - `lora_modules`, `lora_parameter_count`, `allocate_lora_ranks`: which linear modules get
   LoRA and how many trainable parameters a per-layer rank assignment costs.
 - `finetune_lora`: LoRA training on (prompt, answer) pairs, loss on the answer tokens only,
-  adapter checkpoints as safetensors; `load_checkpoint` merges one into a copy of the model.
+  optional warm-up and linear decay (`lr_at`), adapter checkpoints as safetensors;
+  `load_checkpoint` merges one into a copy of the model. `select_lr` picks a learning rate
+  from a sweep by validation accuracy.
 - `answer_accuracy`: exact-match accuracy of the greedy answer, answer-token accuracy, loss.
 - `checkpoint_circuits`, `jaccard`, `circuit_similarity`: circuits per checkpoint and their
   node / edge Jaccard similarity.
@@ -47,6 +49,8 @@ __all__ = [
     "uniform_lora_ranks",
     "lora_model",
     "finetune_lora",
+    "lr_at",
+    "select_lr",
     "checkpoint_steps",
     "load_checkpoint",
     "answer_accuracy",
@@ -295,15 +299,48 @@ def _run_folder(model: Model, tag: str) -> Path:
     return cache_dir() / "circuit_lora" / f"{model.spec.name.replace('/', '_')}-{tag}"
 
 
+SCHEDULES = ("constant", "linear")
+
+
+def lr_at(step: int, *, lr: float, steps: int, warmup: int = 0, schedule: str = "constant") -> float:
+    """Learning rate of training step ``step`` (1-based) of ``steps``.
+
+    ``lr * step / warmup`` while ``step <= warmup``; afterwards ``lr`` (``"constant"``) or
+    ``lr * (steps - step + 1) / (steps - warmup)`` (``"linear"``: ``lr`` on the first step
+    after the warm-up, down to ``lr / (steps - warmup)`` on the last).
+    """
+    check_choice("schedule", schedule, SCHEDULES)
+    if warmup and step <= warmup:
+        return lr * step / warmup
+    if schedule == "constant":
+        return lr
+    return lr * max(0.0, (steps - step + 1) / max(1, steps - warmup))
+
+
+def select_lr(lrs: Sequence[float], val_accuracy: Sequence[float],
+              val_loss: Sequence[float]) -> float:
+    """The learning rate with the highest validation accuracy; ties go to the lower
+    validation loss, then to the smaller learning rate."""
+    if not (len(lrs) == len(val_accuracy) == len(val_loss)) or not lrs:
+        raise InputError(f"`lrs`, `val_accuracy` and `val_loss` must be non-empty and of one "
+                         f"length; got {len(lrs)}, {len(val_accuracy)}, {len(val_loss)}.")
+    best = min(range(len(lrs)), key=lambda i: (-float(val_accuracy[i]), float(val_loss[i]),
+                                               float(lrs[i])))
+    return float(lrs[best])
+
+
 def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], *,
                   ranks: Mapping[int, int] | Sequence[int], steps: int = 30, batch_size: int = 8,
                   lr: float = 1e-3, seed: int = 0, checkpoints: Sequence[int] = (),
-                  folder: str | Path | None = None, progress: Progress = None
+                  folder: str | Path | None = None, warmup: int = 0,
+                  schedule: str = "constant", progress: Progress = None
                   ) -> tuple[xr.Dataset, Any]:
     """Fine-tune LoRA adapters on (prompt, answer) pairs; save adapter checkpoints.
 
-    Loss: cross-entropy of the answer tokens only (teacher forcing). AdamW with a constant
-    learning rate; each step takes ``batch_size`` problems drawn without replacement
+    Loss: cross-entropy of the answer tokens only (teacher forcing). AdamW; the learning
+    rate of step k (1-based) is `lr_at` (``lr`` k / ``warmup`` during the warm-up, then
+    ``lr`` for ``schedule="constant"`` or a linear decay towards 0 for ``"linear"``);
+    each step takes ``batch_size`` problems drawn without replacement
     (reshuffled each epoch) from a ``seed``-ed generator. The adapter is saved as
     ``folder/step-{k}.safetensors`` (LoRA matrices only) at each step in ``checkpoints``
     (0 = before training); ``folder/run.json`` records the ranks and settings so that
@@ -313,8 +350,9 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     Returns
     -------
     (xr.Dataset, peft model)
-        ``loss``, ``step_seconds`` (wall) and ``step_cpu_seconds`` (this thread's CPU
-        time, robust to a busy machine) over step; attrs ``folder``, ``checkpoints``,
+        ``loss``, ``lr`` (the learning rate the step used), ``step_seconds`` (wall) and
+        ``step_cpu_seconds`` (this thread's CPU time, robust to a busy machine) over step;
+        attrs ``folder``, ``checkpoints``,
         ``trainable_params``, ``ranks``. The trained peft model is returned for evaluation.
     """
     from peft import get_peft_model_state_dict
@@ -323,6 +361,8 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     steps = check_int("steps", steps, low=1)
     batch_size = check_int("batch_size", batch_size, low=1)
     lr = check_float("lr", lr, low=0.0)
+    warmup = check_int("warmup", warmup, low=0)
+    check_choice("schedule", schedule, SCHEDULES)
     ranks = _check_ranks(model, ranks)
     ckpts = sorted({check_int("checkpoint", c, low=0, high=steps) for c in checkpoints})
     pairs = _encode(model, prompts, answers)
@@ -337,7 +377,8 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
         (folder / _RUN_FILE).write_text(json.dumps({
             "model": model.spec.name, "weights": model.spec.weights,
             "ranks": {str(k): v for k, v in ranks.items()}, "steps": steps,
-            "batch_size": batch_size, "lr": lr, "seed": seed, "checkpoints": ckpts,
+            "batch_size": batch_size, "lr": lr, "warmup": warmup, "schedule": schedule,
+            "seed": seed, "checkpoints": ckpts,
             "trainable_params": n_trainable, "citation": CITATION}, indent=1))
 
     def save(step: int) -> None:
@@ -349,7 +390,7 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     order: list[int] = []
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     hf = _base_hf(peft_model)
-    losses, seconds, cpu = [], [], []
+    losses, seconds, cpu, rates = [], [], [], []
     if 0 in ckpts:
         save(0)
     with torch.enable_grad():
@@ -359,12 +400,16 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
             if len(order) < batch_size:
                 order += rng.permutation(len(pairs)).tolist()
             idx, order = order[:batch_size], order[batch_size:]
+            rate = lr_at(step, lr=lr, steps=steps, warmup=warmup, schedule=schedule)
+            for group in opt.param_groups:
+                group["lr"] = rate
             logits, targets, _ = _answer_logits(hf, model, [pairs[i] for i in idx])
             loss = torch.nn.functional.cross_entropy(logits.float(), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
+            rates.append(rate)
             seconds.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
             if step in ckpts:
@@ -373,11 +418,13 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
                 progress(step, steps)
     peft_model.eval()
     ds = xr.Dataset(
-        {"loss": ("step", np.array(losses)), "step_seconds": ("step", np.array(seconds)),
+        {"loss": ("step", np.array(losses)), "lr": ("step", np.array(rates)),
+         "step_seconds": ("step", np.array(seconds)),
          "step_cpu_seconds": ("step", np.array(cpu))},
         coords={"step": np.arange(1, steps + 1)},
         attrs={**provenance(model, method="finetune-lora", steps=steps, batch_size=batch_size,
-                            lr=lr, seed=seed, n_problems=len(pairs)),
+                            lr=lr, warmup=warmup, schedule=schedule, seed=seed,
+                            n_problems=len(pairs)),
                "folder": "" if folder is None else str(folder), "checkpoints": ckpts,
                "trainable_params": n_trainable,
                "ranks": {str(k): int(v) for k, v in ranks.items()}, "citation": CITATION})
