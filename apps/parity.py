@@ -403,7 +403,9 @@ class ParityView(RunnerStatus, pn.viewable.Viewer):
         self.status = (f"Run: {p.get('hidden_size', '?')} ReLU units, seed {out['run'].attrs.get('seed')}, "
                        f"{int(out['run'].sizes['step'])} checkpoints; parity automaton from step "
                        f"{self.analysis.attrs.get('transition_step')}, all lengths solved from step "
-                       f"{self.analysis.attrs.get('generalisation_step')}.")
+                       f"{self.analysis.attrs.get('generalisation_step')}."
+                       + (" (The run shipped with the project, float16 weights; `explorer parity train` "
+                          "re-trains it.)" if "source" in out["run"].attrs else ""))
 
     def _request_sizes(self, *events: Any) -> None:
         if self.run is None:

@@ -13,6 +13,10 @@ Parts (each writes its numbers into ``docs/figures/dynamics_summary.json``):
              time, the step (and seconds) from which the KQ/OV pattern holds, the final pattern
              metrics, the H = 1 vs H = 2 loss gap, agreement with debiased GD and the
              Bayes-optimal loss, loss against context length.
+``ship``     Writes the seed-0 parity run that comes with the project
+             (``datasets/dynamics/parity_seed0.safetensors``: float16 weights and the analysis
+             of those weights), from the full-precision run in the store (trained if missing),
+             and compares that analysis with the full-precision one.
 ``figures``  PNGs of the results (rendered by chromium) and of both pages.
 
 Usage::
@@ -112,6 +116,40 @@ def part_icl(args: argparse.Namespace) -> None:
     for H, r in summary["runs"].items():
         log(f"  H = {H}: loss {r['final_test_loss']:.4f}, pattern from step {r['pattern_step']} "
             f"({r['pattern_seconds']} s), dgd R^2 {r['dgd_r2']:.4f}")
+
+
+# -- shipped parity run ----------------------------------------------------------------------
+
+def part_ship(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from explorer.analyses import parity as par
+
+    run = par.parity_run()
+    if "source" in run.attrs:  # the shipped run itself: train the full-precision one
+        log("ship: training the full-precision seed-0 parity run")
+        run = par.parity_run(retrain=True)
+    full = par.stored_parity_analysis(run)
+    tmp = par.SHIPPED_RUN.with_suffix(".tmp")
+    half, _ = par.load_parity_run_safetensors(par.save_parity_run_safetensors(run, tmp))
+    log("ship: analysing the float16 weights")
+    t0 = time.perf_counter()
+    analysis = par.parity_analysis(half)
+    seconds = time.perf_counter() - t0
+    par.save_parity_run_safetensors(run, par.SHIPPED_RUN, analysis=analysis)
+    tmp.unlink()
+    diff = {name: int((analysis[name].values != full[name].values).sum())
+            for name in ("n_states", "n_states_minimal", "is_parity_automaton", "all_correct")}
+    weights_err = max(float(np.abs(half[n].values - run[n].values).max()) for n in par._WEIGHTS)
+    out = {"file": str(par.SHIPPED_RUN.relative_to(ROOT)), "bytes": par.SHIPPED_RUN.stat().st_size,
+           "max_abs_weight_rounding": weights_err,
+           "checkpoints_differing_from_float32_analysis": diff,
+           "transition_step": [full.attrs["transition_step"], analysis.attrs["transition_step"]],
+           "generalisation_step": [full.attrs["generalisation_step"], analysis.attrs["generalisation_step"]],
+           "analysis_seconds": round(seconds, 1), "machine": machine()}
+    write_summary("parity_shipped", out)
+    log(f"ship: {out['bytes']} bytes; transition float32/float16 {out['transition_step']}; "
+        f"checkpoints that differ {diff}")
 
 
 # -- part 3: figures ------------------------------------------------------------------------
@@ -228,7 +266,7 @@ def page_screenshots(run, analysis, runs, analyses, transition) -> None:
         srv.stop()
 
 
-PARTS = {"parity": part_parity, "icl": part_icl, "figures": part_figures}
+PARTS = {"parity": part_parity, "icl": part_icl, "ship": part_ship, "figures": part_figures}
 
 
 def main(argv: list[str] | None = None) -> int:

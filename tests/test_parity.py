@@ -506,3 +506,81 @@ def test_phase_heatmap_shows_each_cell():
     assert heat.dimension_values("worst long-string accuracy").tolist() == [1.0, 0.5]
     assert labels.dimension_values("text").tolist() == ["epoch 540", "13 states"]
     assert "1 x 2 runs, 1000 epochs" in heat.opts.get().kwargs["title"]
+
+
+# -- the shipped seed-0 run -------------------------------------------------------------
+
+
+def test_safetensors_round_trip_keeps_layout_and_rounds_weights_to_float16(tmp_path):
+    run = par.parity_run_from_models([par.ParityRNN(hidden_size=6, seed=s) for s in (3, 4)], steps=[0, 5])
+    analysis = xr.Dataset({"n_states": ("step", np.array([7, 2])), "ok": ("step", np.array([False, True]))},
+                          coords={"step": [0, 5]}, attrs={"transition_step": 5, "params": {"a": [1, 2]}})
+    path = par.save_parity_run_safetensors(run, tmp_path / "run.safetensors", analysis=analysis)
+    back, back_analysis = par.load_parity_run_safetensors(path)
+    for name in ("W_ih", "W_hh", "b_h", "W_out", "b_out"):
+        assert back[name].dtype == np.float32 and back[name].dims == run[name].dims
+        np.testing.assert_array_equal(back[name].values, run[name].values.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(back["h0"].values, run["h0"].values)        # not rounded
+    np.testing.assert_array_equal(back["train_loss"].values, run["train_loss"].values)
+    np.testing.assert_array_equal(back["epoch"].values, run["epoch"].values)
+    assert back.attrs == json.loads(json.dumps(run.attrs))
+    xr.testing.assert_identical(back_analysis, analysis)
+    with pytest.raises(InputError, match="no safetensors file"):
+        par.load_parity_run_safetensors(tmp_path / "missing.safetensors")
+
+
+@pytest.mark.skipif(not par.SHIPPED_RUN.is_file(), reason="the shipped run is missing")
+def test_shipped_run_is_compact_and_its_analysis_matches_its_weights():
+    assert par.SHIPPED_RUN.stat().st_size < 3_000_000
+    run, analysis = par.load_parity_run_safetensors(par.SHIPPED_RUN)
+    assert {**run.attrs["params"], "seed": run.attrs["seed"]} == par.DEFAULTS and run.sizes["step"] == 101
+    steps = run["step"].values
+    final = int(steps[-1])
+    # The stored analysis is that of the shipped (float16) weights: recompute two checkpoints.
+    for step in (int(steps[0]), final):
+        auto = par.parity_automaton(run, step)
+        at = analysis.sel(step=step)
+        assert auto.attrs["n_states"] == int(at["n_states"])
+        assert auto.attrs["n_states_minimal"] == int(at["n_states_minimal"])
+    acc = par.parity_long_accuracy(run, steps=[final])
+    np.testing.assert_array_equal(acc["accuracy"].values[0], analysis["accuracy"].sel(step=final).values)
+    # And it is the paper's result: a 2-state parity automaton that solves every length.
+    assert bool(analysis["is_parity_automaton"].sel(step=final)) and bool(analysis["all_correct"].sel(step=final))
+    assert analysis.attrs["transition_step"] is not None
+
+
+@pytest.mark.skipif(not par.SHIPPED_RUN.is_file(), reason="the shipped run is missing")
+def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_path, monkeypatch):
+    from explorer.store import ActivationStore
+
+    store = ActivationStore(tmp_path)
+    monkeypatch.setattr(par, "train_parity_rnn", lambda **kw: pytest.fail("trained instead of reading"))
+    monkeypatch.setattr(par, "parity_analysis", lambda *a, **kw: pytest.fail("analysed instead of reading"))
+    run = par.parity_run(store=store)
+    assert "shipped" in run.attrs["source"]
+    analysis = par.stored_parity_analysis(run, store=store)
+    _, shipped_analysis = par.load_parity_run_safetensors(par.SHIPPED_RUN)
+    np.testing.assert_array_equal(analysis["n_states"].values, shipped_analysis["n_states"].values)
+    # Any other setting is trained, not read.
+    with pytest.raises(pytest.fail.Exception, match="trained instead"):
+        par.parity_run(store=store, seed=1)
+
+
+@pytest.mark.skipif(not par.SHIPPED_RUN.is_file(), reason="the shipped run is missing")
+def test_cli_retraining_seed_0_reproduces_the_shipped_checkpoints(tmp_path, monkeypatch, capsys):
+    from explorer import cli
+    from explorer.store import ActivationStore
+
+    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.parity",))
+    assert cli.main(["parity", "train", "--epochs", "30", "--json", "--cache", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["n_checkpoints"] == 4       # epochs 0, 10, 20, 30
+    retrained = par.parity_run(store=ActivationStore(tmp_path), epochs=30)
+    assert "source" not in retrained.attrs
+    shipped, _ = par.load_parity_run_safetensors(par.SHIPPED_RUN)
+    first = shipped.isel(step=slice(0, 4))
+    np.testing.assert_array_equal(first["step"].values, retrained["step"].values)
+    # Same seed, same data order: the same weights up to the float16 rounding of the shipped
+    # copy (relative 2^-11) plus float differences between CPUs.
+    for name in ("W_ih", "W_hh", "b_h", "W_out", "b_out"):
+        np.testing.assert_allclose(first[name].values, retrained[name].values, rtol=2e-3, atol=1e-5)
+    np.testing.assert_allclose(first["train_loss"].values, retrained["train_loss"].values, rtol=1e-4)

@@ -6,14 +6,15 @@ store lookup that returns a stored training run or trains and stores it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import xarray as xr
 
 from explorer._checks import InputError
 
-__all__ = ["ProgressCallback", "terminal_progress", "training_versions", "stored_training_run"]
+__all__ = ["ProgressCallback", "terminal_progress", "training_versions", "stored_training_run",
+           "datasets_to_safetensors", "datasets_from_safetensors"]
 
 ProgressCallback = Callable[[int, int], Any]
 
@@ -48,11 +49,15 @@ def training_versions() -> dict[str, str]:
 def stored_training_run(parts_of: Callable[[dict[str, Any]], dict[str, Any]],
                         train: Callable[..., xr.Dataset], defaults: Mapping[str, Any],
                         params: Mapping[str, Any], *, what: str, store=None, retrain: bool = False,
-                        progress: ProgressCallback | None = None) -> xr.Dataset:
+                        progress: ProgressCallback | None = None,
+                        shipped: Callable[[dict[str, Any], Any], xr.Dataset | None] | None = None
+                        ) -> xr.Dataset:
     """The run of ``train(**defaults, **params)``, from the store or trained and stored.
 
     ``parts_of(full_params)`` names the store entry; ``what`` names the run in the error for
-    an unknown parameter.
+    an unknown parameter. ``shipped(full_params, store)``, if given, is asked for a run that
+    comes with the project (or None) before training one that the store lacks; what it
+    returns is stored like a trained run.
     """
     from explorer.store import ActivationStore
 
@@ -65,4 +70,79 @@ def stored_training_run(parts_of: Callable[[dict[str, Any]], dict[str, Any]],
     parts = parts_of(full)
     if retrain:
         store.put(store.key(parts), train(**full, progress=progress), parts=parts)
+    elif shipped is not None and store.get(store.key(parts), verify=False) is None:
+        run = shipped(full, store)
+        if run is not None:
+            store.put(store.key(parts), run, parts=parts)
     return store.get_or_compute(parts, lambda: train(**full, progress=progress)).load()
+
+
+# -- runs as safetensors ----------------------------------------------------------------
+
+def datasets_to_safetensors(parts: Mapping[str, xr.Dataset], path, *, half: Sequence[str] = (),
+                            metadata: Mapping[str, Any] | None = None):
+    """Write xarray Datasets (numeric variables only) into one safetensors file; no pickle.
+
+    Every variable and coordinate of ``parts[name]`` becomes the tensor ``name/<variable>``;
+    dims, coordinate names and attrs go into the file's metadata as JSON. Variables named
+    in ``half`` are stored as float16 (half the size; about 3 significant digits).
+    """
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    layout: dict[str, Any] = {}
+    for name, ds in parts.items():
+        entry: dict[str, Any] = {"vars": {}, "coords": {}, "attrs": ds.attrs}
+        for kind, items in (("vars", ds.data_vars.items()), ("coords", ds.coords.items())):
+            for var, arr in items:
+                values = np.asarray(arr.values)
+                if values.dtype.kind not in "biuf":
+                    raise InputError(f"{name}/{var} has dtype {values.dtype}; only numbers and bools "
+                                     "can be written to safetensors.")
+                if var in half:
+                    values = values.astype(np.float16)
+                tensors[f"{name}/{var}"] = torch.from_numpy(np.ascontiguousarray(values).copy())
+                entry[kind][var] = list(arr.dims)
+        layout[name] = entry
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"layout": json.dumps(layout),
+                                            **{k: json.dumps(v) for k, v in (metadata or {}).items()}})
+    return path
+
+
+def datasets_from_safetensors(path, *, as_float32: Sequence[str] = ()) -> tuple[dict[str, xr.Dataset],
+                                                                                  dict[str, Any]]:
+    """Read the Datasets written by `datasets_to_safetensors`, and the extra metadata.
+
+    Variables named in ``as_float32`` are cast back to float32 (exactly the stored values).
+    """
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no safetensors file at {str(path)!r}.")
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        if "layout" not in meta:
+            raise InputError(f"{str(path)!r} holds no xarray layout in its metadata.")
+        layout = json.loads(meta.pop("layout"))
+        out: dict[str, xr.Dataset] = {}
+        for name, entry in layout.items():
+            def read(var: str) -> np.ndarray:
+                values = f.get_tensor(f"{name}/{var}").numpy()
+                return values.astype(np.float32) if var in as_float32 else values
+
+            data = {var: (tuple(dims), read(var)) for var, dims in entry["vars"].items()}
+            coords = {var: (tuple(dims), read(var)) for var, dims in entry["coords"].items()}
+            out[name] = xr.Dataset(data, coords=coords, attrs=entry["attrs"])
+    return out, {k: json.loads(v) for k, v in meta.items()}

@@ -11,7 +11,9 @@ This module trains the network and stores its weights at checkpoints as one
 any checkpoint: hidden states and their PCA (`parity_hidden_states`, `parity_hidden_pca`),
 the automaton of merged states and its Hopcroft minimisation (`parity_automaton`), the
 automaton size over training (`parity_automaton_sizes`), and accuracy on long strings
-(`parity_long_accuracy`). `parity_run` caches a run in the `ActivationStore`.
+(`parity_long_accuracy`). `parity_run` caches a run in the `ActivationStore`; the seed-0
+run with the default settings comes with the project (`SHIPPED_RUN`, float16 weights and
+their analysis in one safetensors file), so it is read, not trained, on first use.
 
 References
 ----------
@@ -24,6 +26,7 @@ import argparse
 import hashlib
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +35,8 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_choice, check_float, check_int
-from explorer.analyses._training import stored_training_run, terminal_progress, training_versions
+from explorer.analyses._training import (datasets_from_safetensors, datasets_to_safetensors,
+                                         stored_training_run, terminal_progress, training_versions)
 from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
 
 __all__ = [
@@ -49,6 +53,9 @@ __all__ = [
     "parity_automaton_sizes",
     "parity_long_accuracy",
     "parity_run",
+    "SHIPPED_RUN",
+    "save_parity_run_safetensors",
+    "load_parity_run_safetensors",
     "parity_analysis",
     "stored_parity_analysis",
     "parity_phase_diagram",
@@ -779,9 +786,57 @@ def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
     return {"method": "parity_rnn", "format": 1, **params}
 
 
+#: The seed-0 run with `DEFAULTS`, shipped with the project: its weights at every checkpoint
+#: in float16 and the `parity_analysis` of those float16 weights (``explorer parity train``
+#: re-trains it in full precision; `tests/test_parity.py` checks that the two agree).
+SHIPPED_RUN = Path(__file__).resolve().parents[2] / "datasets" / "dynamics" / "parity_seed0.safetensors"
+
+_WEIGHTS = ("W_ih", "W_hh", "b_h", "W_out", "b_out")
+
+
+def save_parity_run_safetensors(run: xr.Dataset, path: str | Path, *,
+                                analysis: xr.Dataset | None = None) -> Path:
+    """Write a run (weights as float16) and optionally its analysis as one safetensors file.
+
+    Tensors are named ``run/<variable>`` and ``analysis/<variable>``; dims and attrs are
+    JSON in the metadata; no pickle. float16 keeps about 3 significant digits of each
+    weight and halves the file (101 checkpoints of the default run: 2.1 MB).
+    """
+    run = _check_run(run)
+    parts = {"run": run} if analysis is None else {"run": run, "analysis": analysis}
+    return datasets_to_safetensors(parts, path, half=_WEIGHTS, metadata={"weights_dtype": "float16"})
+
+
+def load_parity_run_safetensors(path: str | Path) -> tuple[xr.Dataset, xr.Dataset | None]:
+    """Read a file of `save_parity_run_safetensors`: the run (weights back in float32, the
+    stored float16 values exactly) and its analysis, or None if the file has none."""
+    parts, _ = datasets_from_safetensors(path, as_float32=_WEIGHTS)
+    if "run" not in parts:
+        raise InputError(f"{str(path)!r} holds no parity run.")
+    return _check_run(parts["run"]), parts.get("analysis")
+
+
+def _shipped_run(full: dict[str, Any], store) -> xr.Dataset | None:
+    """The shipped run if ``full`` is the default seed-0 setting (and the file is there); its
+    analysis goes into the store under the key `stored_parity_analysis` reads."""
+    if full != DEFAULTS or not SHIPPED_RUN.is_file():
+        return None
+    run, analysis = load_parity_run_safetensors(SHIPPED_RUN)
+    run.attrs["source"] = (f"shipped with the project ({SHIPPED_RUN.name}, weights in float16); "
+                           "`explorer parity train` re-trains it in full precision")
+    if analysis is not None:
+        p = analysis.attrs["params"]
+        parts = _analysis_parts(run, p["max_length"], p["threshold"], p["n_strings"], analysis.attrs["seed"])
+        store.put(store.key(parts), analysis, parts=parts)
+    return run
+
+
 def parity_run(*, store=None, retrain: bool = False, progress: ProgressCallback | None = None,
                **params: Any) -> xr.Dataset:
     """The training run for ``params`` (see `train_parity_rnn`), from the store or trained.
+
+    The default seed-0 run, when the store lacks it, is read from `SHIPPED_RUN` (float16
+    weights, with its analysis) instead of being trained (about 2 minutes).
 
     Parameters
     ----------
@@ -793,7 +848,7 @@ def parity_run(*, store=None, retrain: bool = False, progress: ProgressCallback 
         Arguments of `train_parity_rnn`; missing ones take `DEFAULTS`.
     """
     return stored_training_run(_run_parts, train_parity_rnn, DEFAULTS, params, what="parity",
-                               store=store, retrain=retrain, progress=progress)
+                               store=store, retrain=retrain, progress=progress, shipped=_shipped_run)
 
 
 def parity_analysis(run: xr.Dataset, *, max_length: int = 8, threshold: float = 0.01,
