@@ -31,8 +31,10 @@ hv.extension("bokeh", logo=False)
 
 SHORT_NAMES = {"original": "before", "fact_lookup": "FLU", "causal_tracing": "CT",
                "attribution_patching": "AP", "random": "rand", "all": "all"}
-METRIC_LABELS = {"forget": "forget (trained format)", "forget_mc": "forget (multiple choice)",
-                 "retain": "retain", "relearn_heldout": "held-out forget after relearning"}
+METRIC_LABELS = {"forget": "forget (trained format)",
+                 "forget_mc_known": "forget (multiple choice, of those known before)",
+                 "retain": "retain", "relearn_heldout": "held-out forget after relearning",
+                 "relearn_learned": "relearned half after relearning"}
 
 
 def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) -> hv.Overlay:

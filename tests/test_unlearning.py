@@ -330,6 +330,99 @@ def test_comparison_on_tiny_model(tiny_model, facts):
         U.unlearning_comparison(tiny_model, fo[:1], re_, methods=["all"])
 
 
+def test_relearn_halves_are_stratified_by_hand(facts):
+    # facts cycle blue, dog, moon; take 3 blue, 2 dog, 1 moon in a scrambled order
+    b0, d0, m0, b1, d1, _, b2 = facts[0], facts[1], facts[2], facts[3], facts[4], facts[5], facts[6]
+    learn, held = U.relearn_halves([d0, b0, m0, b1, d1, b2])
+    # attributes in order of first appearance: dog, blue, moon; one alternation across them
+    assert learn == [d0, b0, b2] and held == [d1, b1, m0]
+
+
+def _by_hand_accuracy(model, hf, facts, fmt):
+    """Top candidate among ATTRS from one unpadded forward per prompt of ``hf``."""
+    ids = [model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in ATTRS]
+    ok = []
+    with torch.no_grad():
+        for f in facts:
+            x = torch.tensor([model.tokenizer(U.fact_prompt(f, fmt), add_special_tokens=False)["input_ids"]])
+            ok.append(ATTRS[int(hf(input_ids=x).logits[0, -1, ids].argmax())] == f.attribute)
+    return np.array(ok)
+
+
+def _by_hand_step_loop(model, hf, steps, lr, loss_fn):
+    """AdamW (no weight decay) on every parameter of ``hf``, clipping at 1."""
+    params = list(hf.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = loss_fn(hf)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+    for p in params:
+        p.requires_grad_(False)
+
+
+def test_comparison_rows_match_an_independent_run(tiny_model, facts):
+    """Every accuracy row of `unlearning_comparison` (original model and an all-parameter
+    unlearning) against a separate implementation: unpadded forwards, a hand-written
+    unlearning loss and relearning loop, and the halves written out by hand."""
+    import copy
+
+    forget = [facts[0], facts[1], facts[3], facts[4]]     # blue, dog, blue, dog
+    retain = [facts[2], facts[5], facts[7]]
+    learn, held = [facts[0], facts[1]], [facts[3], facts[4]]
+    steps, lr, r_steps, r_lr = 2, 3e-3, 3, 1e-2
+    torch.manual_seed(0)
+    ds = U.unlearning_comparison(tiny_model, forget, retain, methods=["all"], n_layers=1,
+                                 steps=steps, lr=lr,
+                                 relearn_steps=r_steps, relearn_lr=r_lr)
+    assert ds.attrs["params"]["relearn_on"] == [f.subject for f in learn]
+    tok = tiny_model.tokenizer
+    cand = [tok(" " + a, add_special_tokens=False)["input_ids"][0] for a in ATTRS]
+
+    def last_logits(hf, fs):  # one unpadded forward per prompt
+        return torch.cat([hf(input_ids=torch.tensor([tok(U.fact_prompt(f), add_special_tokens=False)[
+            "input_ids"]])).logits[:, -1].float() for f in fs])
+
+    def unlearn_loss(hf):
+        lg = last_logits(hf, forget)
+        pc = torch.softmax(lg[:, cand], -1)[torch.arange(len(forget)),
+                                            torch.tensor([ATTRS.index(f.attribute) for f in forget])]
+        lr_ = torch.log_softmax(last_logits(hf, retain), -1)[
+            torch.arange(len(retain)), torch.tensor([cand[ATTRS.index(f.attribute)] for f in retain])]
+        return -torch.log(1 - pc).mean() - lr_.mean()
+
+    def relearn_loss(hf):
+        lp = torch.log_softmax(last_logits(hf, learn), -1)
+        return -lp[torch.arange(len(learn)), torch.tensor([cand[ATTRS.index(f.attribute)] for f in learn])].mean()
+
+    mc_start = _by_hand_accuracy(tiny_model, tiny_model.hf, forget, "mc")
+    for row in ("original", "all"):
+        hf = copy.deepcopy(tiny_model.hf)
+        if row == "all":
+            _by_hand_step_loop(tiny_model, hf, steps, lr, unlearn_loss)
+        mc = _by_hand_accuracy(tiny_model, hf, forget, "mc")
+        expect = {
+            "forget": _by_hand_accuracy(tiny_model, hf, forget, "trained").mean(),
+            "forget_mc": mc.mean(),
+            "forget_mc_known": mc[mc_start].mean() if mc_start.any() else np.nan,
+            "retain": _by_hand_accuracy(tiny_model, hf, retain, "trained").mean(),
+            "retain_mc": _by_hand_accuracy(tiny_model, hf, retain, "mc").mean(),
+            "relearn_heldout_before": _by_hand_accuracy(tiny_model, hf, held, "trained").mean(),
+        }
+        _by_hand_step_loop(tiny_model, hf, r_steps, r_lr, relearn_loss)
+        expect["relearn_heldout"] = _by_hand_accuracy(tiny_model, hf, held, "trained").mean()
+        expect["relearn_learned"] = _by_hand_accuracy(tiny_model, hf, learn, "trained").mean()
+        got = {k: float(ds.accuracy.sel(localization=row, metric=k)) for k in U.METRICS}
+        assert got == pytest.approx(expect, nan_ok=True), row
+    # the run moved something, so the rows compared are not all the original's
+    assert not ds.accuracy.sel(localization="all").equals(ds.accuracy.sel(localization="original"))
+
+
 def test_cli_unlearn_json(tiny_model, facts_file, capsys):
     from explorer.cli import main
 
@@ -365,12 +458,13 @@ def test_view_plots_and_rows_headless(tiny_model):
     assert [(s.data[0], s.data[1]) for s in spans] == [(0.5, 2.5)]  # one band over layers 1-2
     spans = [el for el in plot_probe_curve(probe, [0, 3]) if isinstance(el, hv.VSpan)]
     assert sorted((s.data[0], s.data[1]) for s in spans) == [(-0.5, 0.5), (2.5, 3.5)]
-    res = xr.Dataset({"accuracy": (("localization", "metric"), [[1.0, 0.5, 1.0, 1.0, 1.0, 1.0],
-                                                                [0.0, 0.25, 0.75, 1.0, 0.0, 0.5]])},
+    res = xr.Dataset({"accuracy": (("localization", "metric"), [[1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                                                                [0.0, 0.25, 0.5, 0.75, 1.0, 0.0, 0.5, 1.0]])},
                      coords={"localization": ["original", "fact_lookup"], "metric": list(U.METRICS)})
     rows = accuracy_rows(res)
     assert ("forget (trained format)", "FLU", 0.0) in rows
-    assert ("held-out forget after relearning", "before", 1.0) in rows and len(rows) == 8
+    assert ("held-out forget after relearning", "before", 1.0) in rows and len(rows) == 10
+    assert ("forget (multiple choice, of those known before)", "FLU", 0.5) in rows
     view = UnlearningView(tiny_model)  # opens without computing anything
     assert view.probe is None and view.chosen_layers() == [] and view.param.n_layers.bounds == (1, 3)
     pn.panel(view).get_root()  # the page renders before anything is computed

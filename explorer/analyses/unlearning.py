@@ -63,6 +63,8 @@ __all__ = [
     "localized_layers",
     "component_parameters",
     "localized_finetune",
+    "relearn_halves",
+    "relearn",
     "unlearning_comparison",
     "register_cli",
 ]
@@ -701,53 +703,93 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     return hf, losses
 
 
-def _relearn(model: Model, hf: torch.nn.Module, facts: Sequence[AttributeFact], *, steps: int,
-             lr: float, should_stop: ShouldStop) -> None:
+def relearn_halves(facts: Sequence[AttributeFact]) -> tuple[list[AttributeFact],
+                                                          list[AttributeFact]]:
+    """Split a forget set into the half a relearning attack trains on and the half it is
+    judged on, stratified by attribute: facts of each attribute (in the order given) go
+    to the two halves in turn, with one alternation running across attributes, so both
+    halves hold the same mix of answers (within one fact per attribute). A training half
+    with another mix would shift the answer prior and move the held-out answers for
+    that reason alone."""
+    learn: list[AttributeFact] = []
+    heldout: list[AttributeFact] = []
+    turn = 0
+    for attr in dict.fromkeys(f.attribute for f in facts):
+        for f in facts:
+            if f.attribute == attr:
+                (learn if turn % 2 == 0 else heldout).append(f)
+                turn += 1
+    return learn, heldout
+
+
+def relearn(model: Model, hf: torch.nn.Module, facts: Sequence[AttributeFact], *, steps: int,
+            lr: float, should_stop: ShouldStop = None,
+            on_step: Callable[[int, torch.nn.Module], None] | None = None) -> list[float]:
     """Relearning attack: fine-tune every parameter of ``hf`` in place toward the true
-    answers of ``facts`` (CE, AdamW)."""
+    answers of ``facts`` (trained format, cross-entropy over the vocabulary as in
+    training, full batch, AdamW without weight decay, gradient clipping at 1). ``on_step``
+    is called after each step with (steps done, hf). Returns the loss per step."""
+    steps = check_int("steps", steps, low=0)
+    lr = check_float("lr", lr, low=0.0)
+    facts = list(facts)
     for p in hf.parameters():
         p.requires_grad_(True)
     opt = torch.optim.AdamW(list(hf.parameters()), lr=lr, weight_decay=0.0)
     batch, ids = _answer_batch(model, facts, [f.attribute for f in facts])
-    with torch.enable_grad():
-        for step in range(steps):
-            if should_stop is not None and should_stop():
-                raise UnlearningCancelled(f"relearning stopped after {step} of {steps} steps.")
-            logp = torch.log_softmax(hf(**batch.model_inputs()).logits[:, -1].float(), -1)
-            loss = -logp[torch.arange(len(facts)), ids].mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(list(hf.parameters()), 1.0)
-            opt.step()
-    for p in hf.parameters():
-        p.requires_grad_(False)
+    losses = []
+    try:
+        with torch.enable_grad():
+            for step in range(steps):
+                if should_stop is not None and should_stop():
+                    raise UnlearningCancelled(f"relearning stopped after {step} of {steps} steps.")
+                logp = torch.log_softmax(hf(**batch.model_inputs()).logits[:, -1].float(), -1)
+                loss = -logp[torch.arange(len(facts)), ids].mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(list(hf.parameters()), 1.0)
+                opt.step()
+                losses.append(float(loss.detach()))
+                if on_step is not None:
+                    with torch.no_grad():
+                        on_step(step + 1, hf)
+    finally:
+        for p in hf.parameters():
+            p.requires_grad_(False)
+    return losses
 
 
 def _layer_label(method: str, layers: Sequence[int]) -> str:
     return "all" if method == "all" else ",".join(map(str, layers))
 
 
-METRICS = ("forget", "forget_mc", "retain", "retain_mc", "relearn_heldout_before", "relearn_heldout")
+METRICS = ("forget", "forget_mc", "forget_mc_known", "retain", "retain_mc",
+           "relearn_heldout_before", "relearn_heldout", "relearn_learned")
 
 
 def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
                           retain: Sequence[AttributeFact], *, methods: Sequence[str] = METHODS,
                           n_layers: int = 4, objective: str = "unlearn", steps: int = 8,
                           lr: float = 2e-4, retain_weight: float = 1.0, relearn_steps: int = 3,
-                          relearn_lr: float = 2e-5, probe: xr.Dataset | None = None,
+                          relearn_lr: float = 3e-5, probe: xr.Dataset | None = None,
                           trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
-                          seed: int = 0, progress: Progress = None,
+                          seed: int = 0, original: bool = True, progress: Progress = None,
                           should_stop: ShouldStop = None) -> xr.Dataset:
     """Localize, train and evaluate each method with the same MLP budget (Guo et al., ICML 2025).
 
     For each method: the layers it picks (`localized_layers`; ``all`` trains every
     parameter), `localized_finetune` on a copy, then accuracy (top candidate among the
-    attributes) on the forget set in the trained and the multiple-choice format, on the
-    retain set, and a relearning attack: every parameter is fine-tuned toward the true
-    answers of the first half of the forget set for ``relearn_steps``; accuracy on the
-    other half is read before (``relearn_heldout_before``) and after (``relearn_heldout``).
-    Row ``original`` is the model before any training (its relearn rows are after the
-    attack on the original model too).
+    attributes) on the forget set in the trained format (``forget``) and the
+    multiple-choice format (``forget_mc``; ``forget_mc_known`` over only the forget facts
+    the original model answers right in multiple choice, so the original row reads 1),
+    on the retain set (``retain``, ``retain_mc``), and a relearning attack (`relearn`):
+    every parameter is fine-tuned toward the true answers of one half of the forget set
+    (`relearn_halves`, stratified by attribute) for ``relearn_steps``; accuracy on the
+    other half is read before (``relearn_heldout_before``) and after
+    (``relearn_heldout``), and on the trained half after (``relearn_learned``, whether
+    the attack learned what it was shown). Row ``original`` is the model before any
+    training; its relearn rows are the same attack on the original model, the control
+    that the attack itself does not move held-out answers. ``original=False`` leaves that
+    row out (to split one comparison over several calls).
 
     Returns
     -------
@@ -766,14 +808,14 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
     relearn_steps = check_int("relearn_steps", relearn_steps, low=0)
     chosen = {m: localized_layers(model, m, n_layers, probe=probe, trace=trace,
                                   attribution=attribution, seed=seed) for m in methods}
-    half = len(forget) // 2
-    learn, heldout = forget[:half], forget[half:]
-    rows = ["original", *methods]
+    learn, heldout = relearn_halves(forget)
+    mc_known = format_accuracy(model, forget, "mc")[0]
+    rows = ["original", *methods] if original else list(methods)
     acc = np.full((len(rows), len(METRICS)), np.nan)
     loss = np.full((len(rows), steps), np.nan)
     n_params = np.zeros(len(rows), dtype=np.int64)
     per_step = np.full(len(rows), np.nan)
-    total = len(methods) * (steps + relearn_steps) + relearn_steps
+    total = len(methods) * (steps + relearn_steps) + (relearn_steps if original else 0)
     done = [0]
 
     def tick(k=1):
@@ -782,22 +824,28 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
             progress(done[0], total)
 
     def evaluate(hf, i):
-        acc[i, 0] = format_accuracy(model, forget, "trained", hf=hf)[0].mean()
-        acc[i, 1] = format_accuracy(model, forget, "mc", hf=hf)[0].mean()
-        acc[i, 2] = format_accuracy(model, retain, "trained", hf=hf)[0].mean() if retain else np.nan
-        acc[i, 3] = format_accuracy(model, retain, "mc", hf=hf)[0].mean() if retain else np.nan
-        acc[i, 4] = format_accuracy(model, heldout, "trained", hf=hf)[0].mean()
+        col = {k: j for j, k in enumerate(METRICS)}
+        acc[i, col["forget"]] = format_accuracy(model, forget, "trained", hf=hf)[0].mean()
+        mc = format_accuracy(model, forget, "mc", hf=hf)[0]
+        acc[i, col["forget_mc"]] = mc.mean()
+        acc[i, col["forget_mc_known"]] = mc[mc_known].mean() if mc_known.any() else np.nan
+        if retain:
+            acc[i, col["retain"]] = format_accuracy(model, retain, "trained", hf=hf)[0].mean()
+            acc[i, col["retain_mc"]] = format_accuracy(model, retain, "mc", hf=hf)[0].mean()
+        acc[i, col["relearn_heldout_before"]] = format_accuracy(model, heldout, "trained", hf=hf)[0].mean()
         if relearn_steps:
-            _relearn(model, hf, learn, steps=relearn_steps, lr=relearn_lr, should_stop=should_stop)
+            relearn(model, hf, learn, steps=relearn_steps, lr=relearn_lr, should_stop=should_stop)
             tick(relearn_steps)
-        acc[i, 5] = format_accuracy(model, heldout, "trained", hf=hf)[0].mean()
+        acc[i, col["relearn_heldout"]] = format_accuracy(model, heldout, "trained", hf=hf)[0].mean()
+        acc[i, col["relearn_learned"]] = format_accuracy(model, learn, "trained", hf=hf)[0].mean()
 
-    with model.lock:
-        base = copy.deepcopy(model.hf)
     torch.manual_seed(seed)
-    evaluate(base, 0)
-    del base
-    for i, m in enumerate(methods, start=1):
+    if original:
+        with model.lock:
+            base = copy.deepcopy(model.hf)
+        evaluate(base, 0)
+        del base
+    for i, m in enumerate(methods, start=1 if original else 0):
         names = component_parameters(model, m, chosen[m])
         n_params[i] = sum(p.numel() for n, p in model.hf.named_parameters() if n in set(names))
         t0 = time.perf_counter()
@@ -813,14 +861,16 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         {"accuracy": (("localization", "metric"), acc), "loss": (("localization", "step"), loss),
          "n_params": ("localization", n_params), "seconds_per_step": ("localization", per_step)},
         coords={"localization": rows, "metric": list(METRICS), "step": np.arange(steps),
-                "trained_layers": ("localization", ["-", *[_layer_label(m, chosen[m])
-                                                           for m in methods]])},
+                "trained_layers": ("localization", ["-"] * original + [
+                    _layer_label(m, chosen[m]) for m in methods])},
         attrs=provenance(model, method="unlearning_comparison", methods=methods,
                          n_layers=n_layers, objective=objective, steps=steps, lr=lr,
                          retain_weight=retain_weight, relearn_steps=relearn_steps,
-                         relearn_lr=relearn_lr, seed=seed, n_forget=len(forget),
+                         relearn_lr=relearn_lr, seed=seed, original=original, n_forget=len(forget),
                          n_retain=len(retain),
-                         forget=[f.subject for f in forget], retain=[f.subject for f in retain]),
+                         forget=[f.subject for f in forget], retain=[f.subject for f in retain],
+                         relearn_on=[f.subject for f in learn],
+                         relearn_heldout=[f.subject for f in heldout]),
     )
     ds.attrs["citation"] = CITATION
     return ds
@@ -840,17 +890,20 @@ def register_cli(subparsers: Any) -> None:
                    help=f"comma-separated localizations (default all: {','.join(METHODS)})")
     p.add_argument("--n-layers", type=int, default=4, help="MLP layers per localization (budget)")
     p.add_argument("--objective", default="unlearn", choices=OBJECTIVES)
-    p.add_argument("--n-forget", type=int, default=8)
+    p.add_argument("--n-forget", type=int, default=16)
     p.add_argument("--n-retain", type=int, default=8)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--retain-weight", type=float, default=1.0)
     p.add_argument("--relearn-steps", type=int, default=3)
-    p.add_argument("--relearn-lr", type=float, default=2e-5)
+    p.add_argument("--relearn-lr", type=float, default=3e-5)
     p.add_argument("--facts", default=None,
                    help="fact file (JSON like datasets/unlearning/athlete_sport.json)")
+    p.add_argument("--known-formats", default="trained", choices=("trained", "both"),
+                   help="keep the facts the model answers in the trained format (default) or "
+                        "in both the trained and the multiple-choice format")
     p.add_argument("--all-facts", action="store_true",
-                   help="use every fact, not only those the model answers in both formats")
+                   help="use every fact, not only those the model answers (see --known-formats)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_unlearn)
@@ -866,7 +919,8 @@ def _cmd_unlearn(args: Any) -> int:
     for m in methods:
         check_choice("method", m, METHODS)
     everything = load_attribute_facts(args.facts)
-    facts = everything if args.all_facts else known_facts(model, everything)
+    formats = FORMATS if args.known_formats == "both" else ("trained",)
+    facts = everything if args.all_facts else known_facts(model, everything, formats=formats)
     forget, retain = split_facts(facts, args.n_forget, args.n_retain, seed=args.seed)
     probe = trace = attribution = None
     if "fact_lookup" in methods:
