@@ -143,6 +143,51 @@ def plot_circuit(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: in
         table, n_layers, n_heads)
 
 
+def _no_curve() -> hv.Text:
+    return hv.Text(0.5, 0.5, "Faithfulness: press Compute circuit (edge scores of the "
+                   "base model)").opts(xaxis=None, yaxis=None, toolbar=None, height=260,
+                                       responsive=True, xlim=(0, 1), ylim=(0, 1))
+
+
+_FAITH_X = "edges in the circuit (pruned to input → logits paths)"
+
+
+def faithfulness_line(curve: xr.Dataset) -> hv.Overlay:
+    """The measured curve: metric recovered against edges in the pruned circuit (log axis;
+    the empty circuit, which recovers 0 by definition, is left off)."""
+    kept = curve["n_kept"].values
+    y = curve["recovered"].values
+    on_axis = kept > 0
+    line = hv.Curve((kept[on_axis], y[on_axis]), _FAITH_X, "metric recovered").opts(
+        color=theme.ACCENT, line_width=2, tools=["hover"])
+    pts = hv.Scatter((kept[on_axis], y[on_axis]), _FAITH_X, "metric recovered").opts(
+        color=theme.ACCENT, size=6)
+    return line * pts
+
+
+def faithfulness_marker(curve: xr.Dataset, n_kept: int, n_chosen: int | None = None) -> hv.Scatter:
+    """The current circuit on the curve: x = its pruned size, y = the curve at its top-n
+    ``n_chosen`` (measured there, else interpolated between measured top-n values); the
+    title says which. Empty (no point) when the circuit is empty."""
+    top_n = curve["n_edges"].values
+    y = curve["recovered"].values
+    if n_chosen is None:
+        n_chosen = n_kept
+    if n_chosen in top_n:
+        here, how = float(y[list(top_n).index(n_chosen)]), "measured"
+    else:
+        here, how = float(np.interp(n_chosen, top_n, y)), "interpolated"
+    if n_kept > 0:
+        title = (f"Faithfulness (edge patching): the {n_kept:,}-edge circuit recovers "
+                 f"{here:.0%} ({how})")
+        data = [(n_kept, here)]
+    else:
+        title = "Faithfulness (edge patching): the circuit is empty (no input → logits path)"
+        data = []
+    return hv.Scatter(data, _FAITH_X, "metric recovered", group="Current").opts(
+        color="black", size=13, marker="diamond", title=title)
+
+
 def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | None = None) -> hv.Element:
     """Share of the clean-minus-corrupted metric recovered against the number of edges in the
     pruned circuit (log axis), with the current circuit marked at x = its pruned size.
@@ -152,35 +197,11 @@ def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | Non
     is interpolated between the neighbouring measured top-n values (the title says which).
     """
     if curve is None:
-        return hv.Text(0.5, 0.5, "Faithfulness: press Compute circuit (edge scores of the "
-                       "base model)").opts(xaxis=None, yaxis=None, toolbar=None, height=260,
-                                           responsive=True, xlim=(0, 1), ylim=(0, 1))
-    xlabel = "edges in the circuit (pruned to input → logits paths)"
-    top_n = curve["n_edges"].values
-    kept = curve["n_kept"].values
-    y = curve["recovered"].values
-    on_axis = kept > 0   # log axis: the empty circuit recovers 0 by definition
-    line = hv.Curve((kept[on_axis], y[on_axis]), xlabel, "metric recovered").opts(
-        color=theme.ACCENT, line_width=2, tools=["hover"])
-    pts = hv.Scatter((kept[on_axis], y[on_axis]), xlabel, "metric recovered").opts(
-        color=theme.ACCENT, size=6)
-    plot = line * pts
-    if n_chosen is None:
-        n_chosen = n_kept
-    if n_chosen in top_n:
-        here, how = float(y[list(top_n).index(n_chosen)]), "measured"
-    else:
-        here, how = float(np.interp(n_chosen, top_n, y)), "interpolated"
-    if n_kept > 0:
-        mark = hv.Scatter([(n_kept, here)], xlabel, "metric recovered",
-                          group="Current").opts(color="black", size=11, marker="diamond")
-        plot = plot * hv.VLine(n_kept).opts(color="black", line_dash="dashed") * mark
-        title = (f"Faithfulness (edge patching): the {n_kept:,}-edge circuit recovers "
-                 f"{here:.0%} ({how})")
-    else:
-        title = "Faithfulness (edge patching): the circuit is empty (no input → logits path)"
-    return plot.opts(responsive=True, height=260, default_tools=_TOOLS, logx=True,
-                     title=title)
+        return _no_curve()
+    mark = faithfulness_marker(curve, n_kept, n_chosen)
+    return (faithfulness_line(curve) * mark).opts(
+        responsive=True, height=260, default_tools=_TOOLS, logx=True,
+        title=mark.opts.get().kwargs["title"])
 
 
 class CircuitsView(pn.viewable.Viewer):
@@ -221,6 +242,7 @@ class CircuitsView(pn.viewable.Viewer):
     error = param.String(default="", precedence=-1)
     redraw_ms = param.Number(default=0.0, precedence=-1)       # wall time of the last re-draw
     redraw_cpu_ms = param.Number(default=0.0, precedence=-1)   # its CPU time (busy machines)
+    node_set = param.Integer(default=0, precedence=-1)         # bumped when the drawn nodes change
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  autostart: bool | None = None, run_folder: str | Path | None = None,
@@ -246,6 +268,7 @@ class CircuitsView(pn.viewable.Viewer):
         self._ck_orders: list[np.ndarray] = []
         self._ck_scores: list[xr.Dataset] = []
         self._table: dict[str, np.ndarray] | None = None
+        self._nodes: frozenset[str] = frozenset()
         self._task: ca.CircuitTask | None = None
         self._edge_labels: dict[str, int] = {}
         self._circuit_cache: dict[tuple, np.ndarray] = {}
@@ -259,7 +282,8 @@ class CircuitsView(pn.viewable.Viewer):
                    self.param.checkpoint, self.param.diff, self.param.scores,
                    self.param.checkpoints]
         self._edges_dm = hv.DynamicMap(self._edges_plot, streams=streams)
-        self._nodes_dm = hv.DynamicMap(self._nodes_plot, streams=streams)
+        # the nodes re-draw only when the circuit's node set changes (a third of a move's time)
+        self._nodes_dm = hv.DynamicMap(self._nodes_plot, streams=[self.param.node_set])
         self._tap = hv.streams.Selection1D(source=self._edges_dm)
         self._tap.add_subscriber(self._tapped)
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
@@ -341,10 +365,12 @@ class CircuitsView(pn.viewable.Viewer):
             return
         self._syncing = True
         try:
-            if self.mode == "top-n":
-                self.n_edges = int(event.new)
-            else:
-                self.threshold = float(event.new)
+            # one batch of Bokeh events, and the document's model graph recomputed once
+            with pn.io.document.hold(freeze=True):
+                if self.mode == "top-n":
+                    self.n_edges = int(event.new)
+                else:
+                    self.threshold = float(event.new)
         finally:
             self._syncing = False
 
@@ -483,6 +509,14 @@ class CircuitsView(pn.viewable.Viewer):
             return f"top {n_chosen:,} by |score|"
         return f"|score| ≥ {self.threshold:.3g} ({n_chosen:,} edges)"
 
+    def _bump_nodes(self) -> None:
+        t = self._table
+        nodes = frozenset() if t is None else frozenset(t["src"].tolist()) | frozenset(
+            t["dst"].tolist())
+        if nodes != self._nodes:
+            self._nodes = nodes
+            self.node_set += 1
+
     def _nodes_plot(self, **_: Any) -> hv.Points:
         return plot_nodes(self._table, self._model.n_layers, self._model.spec.n_heads)
 
@@ -493,6 +527,7 @@ class CircuitsView(pn.viewable.Viewer):
         if scores is None:
             self._table = None
             self._shown = {"size": 0, "chosen": 0, "drawn": 0}
+            self._bump_nodes()
             return plot_edges(None, L, H, title="Circuit: waiting for edge scores")
         mask = self._circuit(scores)
         n_chosen = self._n_chosen(scores)
@@ -517,6 +552,7 @@ class CircuitsView(pn.viewable.Viewer):
         if len(members) > len(shown):
             title += f"; drawing the strongest {len(shown):,}"
         plot = plot_edges(self._table, L, H, diff=diff, title=f"{title}; {what}")
+        self._bump_nodes()
         self.param.update(redraw_ms=1e3 * (time.perf_counter() - t0),
                           redraw_cpu_ms=1e3 * (time.thread_time() - c0))
         return plot
@@ -528,6 +564,22 @@ class CircuitsView(pn.viewable.Viewer):
             return plot_faithfulness(None, 0)
         mask = self._circuit(self.scores)
         return plot_faithfulness(self.curve, int(mask.sum()), self._n_chosen(self.scores))
+
+    def _marker_plot(self, **_: Any) -> hv.Scatter:
+        if self.curve is None or self.scores is None:
+            return hv.Scatter([], _FAITH_X, "metric recovered", group="Current")
+        mask = self._circuit(self.scores)
+        return faithfulness_marker(self.curve, int(mask.sum()), self._n_chosen(self.scores))
+
+    def _faithfulness_pane(self, curve: xr.Dataset | None) -> hv.Element:
+        """The curve, drawn once per set of scores, and the marker as a DynamicMap: a slider
+        move updates the marker's data and the title, not the whole figure."""
+        if curve is None:
+            return _no_curve()
+        marker = hv.DynamicMap(self._marker_plot, streams=[
+            self.param.mode, self.param.n_edges, self.param.threshold, self.param.scores])
+        return (faithfulness_line(curve) * marker).opts(
+            responsive=True, height=260, default_tools=_TOOLS, logx=True)
 
     def _tapped(self, index: list[int]) -> None:
         if index and self._table is not None and index[0] < len(self._table["src"]):
@@ -584,9 +636,7 @@ class CircuitsView(pn.viewable.Viewer):
             player, pn.widgets.Checkbox.from_param(self.param.diff),
             pn.pane.Markdown(self.param.status), pn.pane.HTML(state),
             width=theme.SIZES["controls_width"])
-        faith = pn.bind(self._faithfulness_plot, self.param.curve, self.param.scores,
-                        self.param.mode, self.param.n_edges, self.param.threshold,
-                        self.param.checkpoint, self.param.checkpoints)
+        faith = pn.bind(self._faithfulness_pane, self.param.curve)
         main = pn.Column(
             pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
             pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores),

@@ -500,7 +500,9 @@ def test_bench_eap_shape(tiny_model):
     out = C.bench_eap(tiny_model, n_prompts=2, steps=2, repeats=1)
     figs = out["figures"]
     assert set(figs) >= {"eap_vs_forward_ratio", "eap_ig_vs_forward_ratio",
-                         "patch_one_edge_vs_forward_ratio", "eap_peak_mb"}
+                         "patch_one_edge_vs_forward_ratio", "eap_peak_mb",
+                         "slider_redraw_ms", "slider_redraw_cpu_ms"}
+    assert 0 < figs["slider_redraw_cpu_ms"] <= figs["slider_redraw_max_cpu_ms"]
     assert all(k.endswith(("_ratio", "_ms", "_mb")) for k in figs)
     assert all(v > 0 for k, v in figs.items() if k.endswith("_ratio"))
     assert out["params"]["n_edges"] == len(C.circuit_graph(tiny_model).edges)
