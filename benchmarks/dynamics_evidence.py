@@ -13,6 +13,9 @@ Parts (each writes its numbers into ``docs/figures/dynamics_summary.json``):
              time, the step (and seconds) from which the KQ/OV pattern holds, the final pattern
              metrics, the H = 1 vs H = 2 loss gap, agreement with debiased GD and the
              Bayes-optimal loss, loss against context length.
+``icl4``     H = 4 trained longer (``--icl4-steps``, default 60,000, a checkpoint every 500 steps;
+             stored, reused when present): when each pattern criterion holds for good, for all
+             active heads and for the heads with at least 25% of the largest |mu|.
 ``ship``     Writes the seed-0 parity run that comes with the project
              (``datasets/dynamics/parity_seed0.safetensors``: float16 weights and the analysis
              of those weights), from the full-precision run in the store (trained if missing),
@@ -116,6 +119,55 @@ def part_icl(args: argparse.Namespace) -> None:
     for H, r in summary["runs"].items():
         log(f"  H = {H}: loss {r['final_test_loss']:.4f}, pattern from step {r['pattern_step']} "
             f"({r['pattern_seconds']} s), dgd R^2 {r['dgd_r2']:.4f}")
+
+
+# -- H = 4, longer ---------------------------------------------------------------------------
+
+def part_icl4(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from explorer.analyses.linear_icl import PATTERN_THRESHOLDS, linear_icl_run, stored_linear_icl_analysis
+    from explorer.store import ActivationStore
+
+    before = machine()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    run = linear_icl_run(n_heads=4, steps=args.icl4_steps, checkpoint_every=500)
+    a = stored_linear_icl_analysis(run, store=ActivationStore())
+    steps = a["step"].values
+
+    def settled(flags) -> int | None:
+        for i in range(len(flags)):
+            if bool(np.all(flags[i:])):
+                return int(steps[i])
+        return None
+
+    lim = PATTERN_THRESHOLDS
+    mu = np.abs(a["mu"].values)
+    out: dict[str, Any] = {"steps": args.icl4_steps, "train_seconds": run.attrs["train_seconds"],
+                           "train_cpu_seconds": run.attrs.get("train_cpu_seconds"),
+                           "wall_seconds_here": round(time.perf_counter() - t0, 1),
+                           "cpu_seconds_here": round(time.process_time() - cpu0, 1), "machine": before}
+    for name, share in (("active_heads", 0.05), ("strong_heads", 0.25)):
+        keep = mu >= share * mu.max(1, keepdims=True)
+        kq = np.nanmax(np.where(keep, a["kq_identity_error"].values, np.nan), 1)
+        ov = np.nanmax(np.where(keep, a["ov_offy_ratio"].values, np.nan), 1)
+        ms = a["mu_sum_ratio"].values
+        out[name] = {"share_of_largest_mu": share,
+                     "kq_from": settled(kq < lim["kq_identity_error_max"]),
+                     "ov_from": settled(ov < lim["ov_offy_ratio_max"]),
+                     "mu_sum_from": settled(ms < lim["mu_sum_ratio"]),
+                     "all_from": settled((kq < lim["kq_identity_error_max"]) & (ov < lim["ov_offy_ratio_max"])
+                                         & (ms < lim["mu_sum_ratio"])),
+                     "final_kq_max": round(float(kq[-1]), 4), "final_ov_offy_max": round(float(ov[-1]), 4)}
+        at = out[name]["all_from"]
+        out[name]["all_from_wall_seconds"] = None if at is None else round(float(run["wall_seconds"].sel(step=at)), 1)
+    out["final_mu"] = [round(float(v), 3) for v in a["mu"].values[-1]]
+    out["final_ov_offy"] = [round(float(v), 4) for v in a["ov_offy_ratio"].values[-1]]
+    out["final_kq_identity_error"] = [round(float(v), 4) for v in a["kq_identity_error"].values[-1]]
+    out["final_mu_sum_ratio"] = round(float(a["mu_sum_ratio"].values[-1]), 4)
+    out["final_test_loss"] = a.attrs["final_test_loss"]
+    write_summary("icl_h4_long", out)
+    log(f"icl4: {json.dumps(out)}")
 
 
 # -- shipped parity run ----------------------------------------------------------------------
@@ -266,7 +318,7 @@ def page_screenshots(run, analysis, runs, analyses, transition) -> None:
         srv.stop()
 
 
-PARTS = {"parity": part_parity, "icl": part_icl, "ship": part_ship, "figures": part_figures}
+PARTS = {"parity": part_parity, "icl": part_icl, "icl4": part_icl4, "ship": part_ship, "figures": part_figures}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", action="append", choices=list(PARTS), help="part to run (repeatable)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     p.add_argument("--parity-seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument("--icl4-steps", type=int, default=60000, help="icl4: steps of the long H = 4 run")
     p.add_argument("--n-strings", type=int, default=20,
                    help="random strings per length in the long-string test (default: 20)")
     args = p.parse_args(argv)

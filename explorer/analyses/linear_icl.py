@@ -387,7 +387,7 @@ def train_linear_icl(
         d_head), ``W_O`` (step, head, d_head), ``train_loss`` (step; mean over the steps
         since the previous checkpoint), ``test_loss`` (step, context_length); coordinate
         ``wall_seconds`` (step): training time until the checkpoint. Attrs: method, params,
-        seed, versions, citation, train_seconds, cancelled.
+        seed, versions, citation, train_seconds (wall), train_cpu_seconds (this process), cancelled.
 
     References
     ----------
@@ -418,7 +418,7 @@ def train_linear_icl(
 
     snapshots, at_steps, train_losses, test_losses, walls = [], [], [], [], []
     running = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     def checkpoint(step: int) -> None:
         with torch.no_grad():
@@ -449,6 +449,7 @@ def train_linear_icl(
     seconds = time.perf_counter() - start
     return _run_dataset(snapshots, at_steps, train_losses, test_losses, test_lengths,
                         _attrs("linear_icl", params, seed, train_seconds=round(seconds, 3),
+                               train_cpu_seconds=round(time.process_time() - cpu_start, 3),
                                cancelled=cancelled), wall_seconds=walls)
 
 
