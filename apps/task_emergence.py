@@ -21,7 +21,7 @@ import xarray as xr
 
 from apps import theme
 from apps._session import CancelToken, Runner, RunnerStatus
-from explorer.analyses.task_emergence import stored_task_emergence_analysis, task_emergence_run
+from explorer.analyses.task_emergence import default_analysis, stored_task_emergence_analysis
 
 __all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_emergence_curves"]
 
@@ -93,12 +93,17 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
                                                                    line_width=1),
             hv.HLine(float(analysis["oracle_loss"].mean())).opts(color="grey", line_dash="dotted",
                                                                  line_width=1)]
+    title = "ICL loss per task (dot-dash: task-agnostic; dotted: task known)"
+    if "task_mean_loss" in analysis:
+        refs.append(hv.HLine(float(analysis["task_mean_loss"].mean())).opts(color="grey", line_dash="dashed",
+                                                                           line_width=1))
+        title = "ICL loss per task (dot-dash: task-agnostic; dashed: task's mean weights; dotted: task known)"
     # The y range takes in both reference lines (HLines do not extend it themselves).
     low = min(float(analysis["oracle_loss"].mean()), float(analysis["icl_loss"].min())) / 1.5
     high = max(float(analysis["icl_loss"].max()), float(analysis["agnostic_loss"].mean())) * 1.2
     loss_plot = hv.Overlay(loss + refs + [marker]).opts(
         logy=True, legend_position="top_right", ylim=(low, high),
-        title="ICL loss per task (dot-dash: task-agnostic; dotted: task known)", **common)
+        title=title, **common)
     layer_colors = theme.MAGNITUDE_CMAP
     n_layers = int(analysis.sizes["layer"])
     tds = [hv.Curve((steps, analysis["td"].sel(layer=l).values), "training step", "TD",
@@ -121,8 +126,10 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
     model : explorer.Model, optional
         Ignored (the gallery passes its language model; this page trains its own transformer).
     run : xarray.Dataset, optional
-        A run from `explorer.analyses.task_emergence.train_task_emergence`. Default: the stored
-        run with the default settings (trained on first use: minutes on one CPU thread).
+        A run from `explorer.analyses.task_emergence.train_task_emergence`. Default: the
+        analysis of the stored run with the default settings, or, when the store has none, the
+        analysis shipped with the project (`task_emergence.SHIPPED_ANALYSIS`), so nothing is
+        trained on first use.
     analysis : xarray.Dataset, optional
         Its `task_emergence_analysis`; computed (and stored) when not given.
     background : bool, optional
@@ -178,8 +185,8 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
             return not token.cancelled
 
         if run is None:
-            self._post(status="Loading the stored run (training it if missing)…")
-            run = task_emergence_run(progress=progress)
+            self._post(status="Loading the stored analysis (training the run if it is missing)…")
+            return default_analysis(progress=progress)
         token.check()
         self._post(status="Measuring task decodability and ICL loss at every checkpoint…")
         return stored_task_emergence_analysis(run)
@@ -195,7 +202,8 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
         a = analysis.attrs
         self.status = (f"{len(steps)} checkpoints; TD (layer {best}) rises half-way at step "
                        f"{a.get('td_rise_step_50')}, ICL performance at step {a.get('icl_rise_step_50')}; "
-                       f"correlation over training {a.get('td_icl_correlation')}.")
+                       f"correlation over training {a.get('td_icl_correlation')}."
+                       + (" (The analysis shipped with the project.)" if "source" in a else ""))
 
     def _loaded(self, analysis: xr.Dataset) -> None:
         self._use(analysis)
@@ -222,7 +230,10 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
         return (f"**Step {self.step}**: TD after layer {self.layer} = {float(at['td'].sel(layer=self.layer)):.2f} "
                 f"(best layer at this step: {int(np.argmax(at['td'].values))}); ICL loss per task: {losses} "
                 f"(knowing the task: {float(self.analysis['oracle_loss'].mean()):.3g}, task-agnostic "
-                f"ridge: {float(self.analysis['agnostic_loss'].mean()):.3g}, predicting 0: "
+                f"ridge: {float(self.analysis['agnostic_loss'].mean()):.3g}, "
+                + (f"the task's mean weights: {float(self.analysis['task_mean_loss'].mean()):.3g}, "
+                   if "task_mean_loss" in self.analysis else "")
+                + f"predicting 0: "
                 f"{float(self.analysis['zero_loss'].mean()):.3g}).")
 
     def wait(self, timeout: float | None = 600) -> TaskEmergenceView:

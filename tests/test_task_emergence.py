@@ -15,7 +15,7 @@ from explorer.analyses import task_emergence as te
 
 TINY = {"d": 4, "n_tasks": 2, "rank": 2, "n_examples": 4, "noise_std": 0.1, "coef_mean": 1.0,
         "coef_std": 0.5, "n_layers": 2,
-        "d_model": 16, "n_heads": 2, "lr": 3e-3, "batch_size": 32, "steps": 60,
+        "d_model": 16, "n_heads": 2, "lr": 3e-3, "warmup": 0, "lr_decay": "none", "batch_size": 32, "steps": 60,
         "checkpoint_every": 20, "seed": 0}
 
 
@@ -119,12 +119,31 @@ def test_tiny_run_layout_and_loss_decreases(tiny_run):
     assert run["weights"].shape == (4, n_params)
     assert run.attrs["params"]["n_layers"] == 2 and run.attrs["cancelled"] is False
     assert np.all(np.diff(run["wall_seconds"].values) >= 0)
+    assert np.all(np.diff(run["cpu_seconds"].values) >= 0)
     held_out = te.sample_task_prompts(run["bases"].values, 256, 4, noise_std=0.1, coef_mean=1.0,
                                       coef_std=0.5, seed=99)
     first = _direct_loss(te.task_emergence_model(run, 0), held_out)
     last = _direct_loss(te.task_emergence_model(run, 60), held_out)
     assert last < 0.8 * first
     assert run["train_loss"].values[-1] < run["train_loss"].values[1]
+
+
+def test_learning_rate_warms_up_and_decays_to_zero():
+    # Adam's first update moves every parameter with a non-negligible gradient by the
+    # learning rate itself (m / sqrt(v) = sign(g) after bias correction), so the largest
+    # change after step 1 reads off the rate of step 1.
+    lr = 1e-3
+    warm = te.train_task_emergence(**{**TINY, "lr": lr, "warmup": 4, "steps": 6, "checkpoint_every": 1})
+    w = warm["weights"].values
+    assert np.abs(w[1] - w[0]).max() == pytest.approx(lr * 1 / 4, rel=1e-3)
+    steps = 5
+    cos = te.train_task_emergence(**{**TINY, "lr": lr, "lr_decay": "cosine", "steps": steps,
+                                     "checkpoint_every": 1})
+    w = cos["weights"].values
+    assert np.abs(w[1] - w[0]).max() == pytest.approx(lr * 0.5 * (1 + np.cos(np.pi / steps)), rel=1e-3)
+    np.testing.assert_array_equal(w[-1], w[-2])   # the rate of the last step is 0
+    with pytest.raises(InputError, match="lr_decay"):
+        te.train_task_emergence(**{**TINY, "lr_decay": "linear"})
 
 
 def test_training_is_seeded_and_can_be_cancelled():
@@ -217,10 +236,43 @@ def test_td_and_icl_loss_over_steps_match_a_direct_computation(tiny_run):
             oracle.append((ds["x"].values[i, -1] @ B @ c - ds["y"].values[i, -1]) ** 2)
     np.testing.assert_allclose(analysis["oracle_loss"].values,
                                [np.mean(oracle[:15]), np.mean(oracle[15:])], rtol=1e-4)
+    # Knowing the task, ignoring the examples: the task's mean weights B_t (1, 1).
+    mean_err = [(ds["x"].values[i, -1] @ tiny_run["bases"].values[t].astype(np.float64) @ m
+                 - ds["y"].values[i, -1]) ** 2 for t in (0, 1) for i in np.flatnonzero(labels == t)]
+    np.testing.assert_allclose(analysis["task_mean_loss"].values,
+                               [np.mean(mean_err[:15]), np.mean(mean_err[15:])], rtol=1e-5)
     np.testing.assert_allclose(analysis["zero_loss"].values,
                                [np.mean(ds["y"].values[:15, -1] ** 2), np.mean(ds["y"].values[15:, -1] ** 2)],
                                rtol=1e-5)
     assert analysis.attrs["best_layer"] == int(np.argmax(analysis["td"].values[-1]))
+
+
+def test_analysis_round_trips_through_safetensors(tiny_run, tmp_path):
+    analysis = te.task_emergence_analysis(tiny_run, n_per_task=6, k=3, seed=2)
+    back = te.load_analysis_safetensors(te.save_analysis_safetensors(analysis, tmp_path / "a.safetensors"))
+    for name in analysis.data_vars:
+        if name == "projection":   # stored as float16
+            np.testing.assert_array_equal(back[name].values,
+                                          analysis[name].values.astype(np.float16).astype(np.float32))
+        else:
+            np.testing.assert_array_equal(back[name].values, analysis[name].values)
+        assert back[name].dims == analysis[name].dims
+    assert list(back["component"].values) == ["pc1", "pc2"]
+    np.testing.assert_array_equal(back["cpu_seconds"].values, analysis["cpu_seconds"].values)
+    assert back.attrs == json.loads(json.dumps(analysis.attrs))
+
+
+@pytest.mark.skipif(not te.SHIPPED_ANALYSIS.is_file(), reason="the shipped analysis is missing")
+def test_default_analysis_reads_the_shipped_one_without_training(tmp_path, monkeypatch):
+    from explorer.store import ActivationStore
+
+    monkeypatch.setattr(te, "train_task_emergence", lambda **kw: pytest.fail("trained instead of reading"))
+    a = te.default_analysis(store=ActivationStore(tmp_path))
+    assert "shipped" in a.attrs["source"]
+    assert {**a.attrs["params"]["run_params"], "seed": a.attrs["params"]["run_seed"]} == {**te.DEFAULTS, "seed": 0}
+    # Its headline numbers are those of its own curves.
+    assert a.attrs == {**a.attrs, **te.emergence_summary(a)}
+    assert a["td"].shape == (a.sizes["step"], te.DEFAULTS["n_layers"])
 
 
 def test_rise_step_hand_worked():

@@ -81,10 +81,11 @@ def stored_training_run(parts_of: Callable[[dict[str, Any]], dict[str, Any]],
 
 def datasets_to_safetensors(parts: Mapping[str, xr.Dataset], path, *, half: Sequence[str] = (),
                             metadata: Mapping[str, Any] | None = None):
-    """Write xarray Datasets (numeric variables only) into one safetensors file; no pickle.
+    """Write xarray Datasets (numeric variables, numeric or text coordinates) into one
+    safetensors file; no pickle.
 
-    Every variable and coordinate of ``parts[name]`` becomes the tensor ``name/<variable>``;
-    dims, coordinate names and attrs go into the file's metadata as JSON. Variables named
+    Every variable and numeric coordinate of ``parts[name]`` becomes the tensor
+    ``name/<variable>``; dims, text coordinates and attrs go into the file's metadata as JSON. Variables named
     in ``half`` are stored as float16 (half the size; about 3 significant digits).
     """
     import json
@@ -97,10 +98,13 @@ def datasets_to_safetensors(parts: Mapping[str, xr.Dataset], path, *, half: Sequ
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, Any] = {}
     for name, ds in parts.items():
-        entry: dict[str, Any] = {"vars": {}, "coords": {}, "attrs": ds.attrs}
+        entry: dict[str, Any] = {"vars": {}, "coords": {}, "text_coords": {}, "attrs": ds.attrs}
         for kind, items in (("vars", ds.data_vars.items()), ("coords", ds.coords.items())):
             for var, arr in items:
                 values = np.asarray(arr.values)
+                if kind == "coords" and values.dtype.kind in "UO" and values.ndim == 1:
+                    entry["text_coords"][var] = [list(arr.dims), [str(v) for v in values]]
+                    continue
                 if values.dtype.kind not in "biuf":
                     raise InputError(f"{name}/{var} has dtype {values.dtype}; only numbers and bools "
                                      "can be written to safetensors.")
@@ -144,5 +148,7 @@ def datasets_from_safetensors(path, *, as_float32: Sequence[str] = ()) -> tuple[
 
             data = {var: (tuple(dims), read(var)) for var, dims in entry["vars"].items()}
             coords = {var: (tuple(dims), read(var)) for var, dims in entry["coords"].items()}
+            coords.update({var: (tuple(dims), values) for var, (dims, values)
+                           in entry.get("text_coords", {}).items()})
             out[name] = xr.Dataset(data, coords=coords, attrs=entry["attrs"])
     return out, {k: json.loads(v) for k, v in meta.items()}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +34,8 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import stored_training_run, terminal_progress, training_versions
+from explorer.analyses._training import (datasets_from_safetensors, datasets_to_safetensors,
+                                         stored_training_run, terminal_progress, training_versions)
 
 __all__ = [
     "CITATION",
@@ -51,6 +53,10 @@ __all__ = [
     "load_run_safetensors",
     "task_emergence_run",
     "stored_task_emergence_analysis",
+    "SHIPPED_ANALYSIS",
+    "save_analysis_safetensors",
+    "load_analysis_safetensors",
+    "default_analysis",
     "register_cli",
 ]
 
@@ -67,17 +73,19 @@ DEFAULTS: dict[str, Any] = {
     "d": 8,
     "n_tasks": 4,
     "rank": 2,
-    "n_examples": 6,
+    "n_examples": 4,
     "noise_std": 0.1,
     "coef_mean": 1.0,
-    "coef_std": 0.5,
+    "coef_std": 0.3,
     "n_layers": 3,
     "d_model": 64,
     "n_heads": 4,
-    "lr": 2e-3,
+    "lr": 1e-3,
+    "warmup": 500,
+    "lr_decay": "cosine",
     "batch_size": 128,
-    "steps": 4000,
-    "checkpoint_every": 100,
+    "steps": 20000,
+    "checkpoint_every": 250,
     "seed": 0,
 }
 
@@ -296,6 +304,8 @@ def train_task_emergence(
     d_model: int = DEFAULTS["d_model"],
     n_heads: int = DEFAULTS["n_heads"],
     lr: float = DEFAULTS["lr"],
+    warmup: int = DEFAULTS["warmup"],
+    lr_decay: str = DEFAULTS["lr_decay"],
     batch_size: int = DEFAULTS["batch_size"],
     steps: int = DEFAULTS["steps"],
     checkpoint_every: int = DEFAULTS["checkpoint_every"],
@@ -317,7 +327,12 @@ def train_task_emergence(
     coef_mean, coef_std : float, default=1.0, 0.5
         Coordinates of ``w`` in its task's basis are ``N(coef_mean, coef_std^2)``.
     n_layers, d_model, n_heads : int, default=3, 64, 4
-    lr : float, default=2e-3
+    lr : float
+        Peak Adam learning rate.
+    warmup : int
+        Steps of linear warm-up from 0 to ``lr``.
+    lr_decay : {"cosine", "none"}
+        After the warm-up, ``"cosine"`` decays the rate to 0 at the last step.
     batch_size : int, default=128
     steps : int, default=4000
     checkpoint_every : int, default=100
@@ -333,7 +348,8 @@ def train_task_emergence(
         ``weights`` (step, parameter): all parameters flattened in module order (attrs
         ``parameter_names`` and ``parameter_shapes`` say how to cut them); ``bases``
         (task, feature, rank); ``train_loss`` (step; mean since the previous checkpoint);
-        coordinate ``wall_seconds`` (step). Attrs: method, params, seed, versions,
+        coordinates ``wall_seconds`` and ``cpu_seconds`` (step; time since the start of
+        training, this process's CPU time for the latter). Attrs: method, params, seed, versions,
         citation, train_seconds (wall), train_cpu_seconds (this process's CPU time, which a
         busy machine inflates less), cancelled.
     """
@@ -345,6 +361,9 @@ def train_task_emergence(
     coef_mean = check_float("coef_mean", coef_mean)
     coef_std = check_float("coef_std", coef_std, low=0.0)
     lr = check_float("lr", lr, low=0.0)
+    warmup = check_int("warmup", warmup, low=0)
+    if lr_decay not in ("cosine", "none"):
+        raise InputError(f"`lr_decay` must be 'cosine' or 'none'; got {lr_decay!r}.")
     batch_size = check_int("batch_size", batch_size, low=1)
     steps = check_int("steps", steps, low=0)
     checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
@@ -355,15 +374,24 @@ def train_task_emergence(
     params = {"d": d, "n_tasks": n_tasks, "rank": rank, "n_examples": n_examples,
               "noise_std": noise_std, "coef_mean": coef_mean, "coef_std": coef_std,
               "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads,
-              "lr": lr, "batch_size": batch_size, "steps": steps, "checkpoint_every": checkpoint_every}
+              "lr": lr, "warmup": warmup, "lr_decay": lr_decay, "batch_size": batch_size,
+              "steps": steps, "checkpoint_every": checkpoint_every}
     bases = torch.as_tensor(bases_np, dtype=torch.float32)
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
-    snapshots, at_steps, losses, walls, running = [], [], [], [], []
+    snapshots, at_steps, losses, walls, cpus, running = [], [], [], [], [], []
     start, cpu_start = time.perf_counter(), time.process_time()
+
+    def rate(step: int) -> float:
+        if step <= warmup:
+            return lr * step / warmup
+        if lr_decay == "cosine":
+            return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+        return lr
 
     def checkpoint(step: int) -> None:
         walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu_start)
         snapshots.append(model.flat_weights())
         at_steps.append(step)
         losses.append(float(np.mean(running)) if running else float("nan"))
@@ -373,6 +401,8 @@ def train_task_emergence(
     with torch.enable_grad():
         checkpoint(0)
         for step in range(1, steps + 1):
+            for group in optimiser.param_groups:
+                group["lr"] = rate(step)
             batch = _sample(bases, batch_size, n_examples, noise_std, None, gen, coef_mean, coef_std)
             loss = ((model(batch["x"], batch["y"]) - batch["y"][:, -1]) ** 2).mean()
             optimiser.zero_grad(set_to_none=True)
@@ -394,6 +424,7 @@ def train_task_emergence(
          "train_loss": (("step",), np.asarray(losses))},
         coords={"step": np.asarray(at_steps, dtype=np.int64),
                 "wall_seconds": ("step", np.asarray(walls)),
+                "cpu_seconds": ("step", np.asarray(cpus)),
                 "task": np.arange(n_tasks), "feature": np.arange(d), "rank": np.arange(rank)},
         attrs=_attrs("task_emergence_run", params, seed, train_seconds=round(seconds, 3),
                      train_cpu_seconds=round(cpu_seconds, 3), cancelled=cancelled,
@@ -462,6 +493,8 @@ def save_run_safetensors(run: xr.Dataset, path: str | Path) -> Path:
     tensors["step"] = torch.as_tensor(run["step"].values.astype(np.int64))
     tensors["train_loss"] = torch.as_tensor(run["train_loss"].values.astype(np.float64))
     tensors["wall_seconds"] = torch.as_tensor(run["wall_seconds"].values.astype(np.float64))
+    if "cpu_seconds" in run.coords:
+        tensors["cpu_seconds"] = torch.as_tensor(run["cpu_seconds"].values.astype(np.float64))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"attrs": json.dumps(run.attrs)})
@@ -488,12 +521,13 @@ def load_run_safetensors(path: str | Path) -> xr.Dataset:
         bases = f.get_tensor("bases").numpy()
         loss = f.get_tensor("train_loss").numpy()
         walls = f.get_tensor("wall_seconds").numpy()
+        extra = {"cpu_seconds": ("step", f.get_tensor("cpu_seconds").numpy())} if "cpu_seconds" in f.keys() else {}
     n_tasks, d, rank = bases.shape
     return xr.Dataset(
         {"weights": (("step", "parameter"), weights.astype(np.float32)),
          "bases": (("task", "feature", "rank"), bases),
          "train_loss": (("step",), loss)},
-        coords={"step": steps, "wall_seconds": ("step", walls), "task": np.arange(n_tasks),
+        coords={"step": steps, "wall_seconds": ("step", walls), **extra, "task": np.arange(n_tasks),
                 "feature": np.arange(d), "rank": np.arange(rank)},
         attrs=attrs)
 
@@ -534,7 +568,7 @@ def _pca2(h: np.ndarray) -> np.ndarray:
     return np.pad(out, ((0, 0), (0, 2 - out.shape[1])))
 
 
-def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 10, seed: int = 1,
+def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 100, k: int = 10, seed: int = 1,
                             steps: Sequence[int] | None = None,
                             progress: ProgressCallback | None = None) -> xr.Dataset:
     """Task decodability per layer and ICL loss per task at every checkpoint.
@@ -546,7 +580,8 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 1
     squared error of the query prediction, per task; the same prompts give two reference
     losses: the posterior mean knowing the prompt's basis (``oracle_loss``) and not knowing
     it (ridge under the task-averaged prior, ``agnostic_loss``), and the loss of predicting
-    0 (``zero_loss``, the variance of y).
+    0 (``zero_loss``, the variance of y); and the loss of knowing the task without reading
+    the examples, i.e. predicting with the task's mean weights (``task_mean_loss``).
 
     Returns
     -------
@@ -554,7 +589,7 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 1
         ``td`` (step, layer), ``td_per_task`` (step, layer, task), ``icl_loss`` (step,
         task) and ``icl_loss_mean`` (step), ``projection`` (step, layer, prompt,
         component: 2-D PCA of the query residuals), ``prompt_task`` (prompt); reference
-        losses ``oracle_loss``, ``agnostic_loss``, ``zero_loss`` (task); attrs: the
+        losses ``oracle_loss``, ``agnostic_loss``, ``zero_loss``, ``task_mean_loss`` (task); attrs: the
         `emergence_summary` numbers.
     """
     from explorer.analyses.task_vectors import knn_loo_predictions
@@ -588,6 +623,8 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 1
                - np.outer(mix_mean, mix_mean))
     agnostic = _posterior_mean_loss(x, y, mix_mean, mix_cov, noise_var)
     zero = y[:, -1].astype(np.float64) ** 2
+    # Knowing the task but not reading the examples: predict with the task's mean weights.
+    task_mean = (np.einsum("pd,pd->p", x[:, -1].astype(np.float64), np.asarray(means)[labels]) - y[:, -1]) ** 2
 
     def per_task(v: np.ndarray) -> np.ndarray:
         return np.array([v[labels == t].mean() for t in range(n_tasks)])
@@ -619,14 +656,17 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 50, k: int = 1
          "prompt_task": (("prompt",), labels),
          "oracle_loss": (("task",), per_task(oracle)),
          "agnostic_loss": (("task",), per_task(agnostic)),
-         "zero_loss": (("task",), per_task(zero))},
+         "zero_loss": (("task",), per_task(zero)),
+         "task_mean_loss": (("task",), per_task(task_mean))},
         coords={"step": np.asarray(steps, dtype=np.int64),
                 "wall_seconds": ("step", run["wall_seconds"].sel(step=np.asarray(steps)).values),
+                **({"cpu_seconds": ("step", run["cpu_seconds"].sel(step=np.asarray(steps)).values)}
+                   if "cpu_seconds" in run.coords else {}),
                 "layer": np.arange(n_layers), "task": np.arange(n_tasks),
                 "prompt": np.arange(len(labels)),
                 "component": ["pc1", "pc2"]},
         attrs=_attrs("task_emergence_analysis", {"n_per_task": n_per_task, "k": k,
-                                                 "run_params": p}, seed,
+                                                 "run_params": p, "run_seed": run.attrs.get("seed")}, seed,
                      train_seconds=run.attrs.get("train_seconds")),
     )
     ds["td"].attrs["long_name"] = "task decodability (leave-one-out 10-NN accuracy)"
@@ -688,6 +728,8 @@ def emergence_summary(analysis: xr.Dataset) -> dict[str, Any]:
         "oracle_loss": [round(float(v), 4) for v in analysis["oracle_loss"].values],
         "agnostic_loss": [round(float(v), 4) for v in analysis["agnostic_loss"].values],
         "zero_loss": [round(float(v), 4) for v in zero],
+        **({"task_mean_loss": [round(float(v), 4) for v in analysis["task_mean_loss"].values]}
+           if "task_mean_loss" in analysis else {}),
         "td_icl_correlation": corr(td, r2_mean),
         "td_icl_correlation_per_task": [corr(td_task[:, t], r2[:, t]) for t in range(r2.shape[1])],
     }
@@ -716,7 +758,7 @@ def task_emergence_run(*, store=None, retrain: bool = False, progress: ProgressC
                                progress=progress)
 
 
-def stored_task_emergence_analysis(run: xr.Dataset, *, store=None, n_per_task: int = 50, k: int = 10,
+def stored_task_emergence_analysis(run: xr.Dataset, *, store=None, n_per_task: int = 100, k: int = 10,
                                    seed: int = 1) -> xr.Dataset:
     """`task_emergence_analysis` of a run, from the store or computed and stored (keyed by the
     run's parameters and a hash of its weights)."""
@@ -725,11 +767,48 @@ def stored_task_emergence_analysis(run: xr.Dataset, *, store=None, n_per_task: i
     run = _check_run(run)
     store = ActivationStore() if store is None else store
     digest = hashlib.sha256(np.ascontiguousarray(run["weights"].values).tobytes()).hexdigest()[:32]
-    parts = {"method": "task_emergence_analysis", "format": 1,
+    parts = {"method": "task_emergence_analysis", "format": 3,
              "run": {**run.attrs["params"], "seed": run.attrs.get("seed", 0)},
              "weights_sha256": digest, "n_per_task": n_per_task, "k": k, "seed": seed}
     return store.get_or_compute(parts, lambda: task_emergence_analysis(
         run, n_per_task=n_per_task, k=k, seed=seed)).load()
+
+
+#: The analysis of the seed-0 run with `DEFAULTS`, shipped with the project so the page shows
+#: it without training (the run's 81 checkpoints would take 50 MB; the analysis is small).
+SHIPPED_ANALYSIS = (Path(__file__).resolve().parents[2] / "datasets" / "dynamics"
+                    / "task_emergence_seed0_analysis.safetensors")
+
+
+def save_analysis_safetensors(analysis: xr.Dataset, path: str | Path) -> Path:
+    """Write a `task_emergence_analysis` as safetensors (the PCA projection in float16)."""
+    if not isinstance(analysis, xr.Dataset) or "td" not in analysis or "projection" not in analysis:
+        raise InputError("`analysis` must be a Dataset from task_emergence_analysis.")
+    return datasets_to_safetensors({"analysis": analysis}, path, half=("projection",))
+
+
+def load_analysis_safetensors(path: str | Path) -> xr.Dataset:
+    """Read a file of `save_analysis_safetensors` (the projection back in float32)."""
+    parts, _ = datasets_from_safetensors(path, as_float32=("projection",))
+    if "analysis" not in parts:
+        raise InputError(f"{str(path)!r} holds no task-emergence analysis.")
+    return parts["analysis"]
+
+
+def default_analysis(*, store=None, progress: ProgressCallback | None = None) -> xr.Dataset:
+    """The analysis of the default seed-0 run: from the store if the run is stored there,
+    else the shipped one (`SHIPPED_ANALYSIS`), else the run is trained and analysed."""
+    from explorer.store import ActivationStore
+
+    store = ActivationStore() if store is None else store
+    stored = store.get(store.key(_run_parts(dict(DEFAULTS))), verify=False)
+    if stored is None and SHIPPED_ANALYSIS.is_file():
+        analysis = load_analysis_safetensors(SHIPPED_ANALYSIS)
+        analysis.attrs["source"] = (f"shipped with the project ({SHIPPED_ANALYSIS.name}); "
+                                    "`explorer task-emergence train` trains the run itself")
+        return analysis
+    run = stored.load() if stored is not None else task_emergence_run(store=store, progress=progress)
+    return stored_task_emergence_analysis(run, store=store)
 
 
 # -- command line ---------------------------------------------------------------------
@@ -744,14 +823,16 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
                     "run (trained first if missing), with the steps at which each rises.")
     p.add_argument("action", choices=["train", "analyse"], help="train or analyse")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed (default: 0)")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps (default: 4000)")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps (default: 20000)")
     p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"],
-                   help="steps between checkpoints (default: 100)")
+                   help="steps between checkpoints (default: 250)")
     p.add_argument("--n-layers", type=int, default=DEFAULTS["n_layers"], help="layers (default: 3)")
     p.add_argument("--d-model", type=int, default=DEFAULTS["d_model"], help="width (default: 64)")
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 2e-3)")
-    p.add_argument("--n-per-task", type=int, default=50,
-                   help="analyse: evaluation prompts per task (default: 50)")
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak Adam learning rate (default: 1e-3)")
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"],
+                   help="steps of linear learning-rate warm-up (default: 500; then cosine decay to 0)")
+    p.add_argument("--n-per-task", type=int, default=100,
+                   help="analyse: evaluation prompts per task (default: 100)")
     p.add_argument("--k", type=int, default=10, help="analyse: neighbours of the k-NN vote (default: 10)")
     p.add_argument("--out", default=None,
                    help="train: also write the checkpoints to this safetensors file")
@@ -765,7 +846,7 @@ def _cmd_task_emergence(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
     params = {"seed": args.seed, "steps": args.steps, "checkpoint_every": args.checkpoint_every,
-              "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr}
+              "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr, "warmup": args.warmup}
     store = ActivationStore()
     progress = None if args.json else terminal_progress("training")
     if args.action == "train":
