@@ -544,6 +544,32 @@ def test_task_generators(name):
             assert a[0] != w[0] and len(a) == len(w) == 2
 
 
+@pytest.mark.parametrize("name", ["add", "sub"])
+def test_operand_corruption(name, tiny_model):
+    t = make_task(name, 30, seed=4, corruption="operand")
+    assert len(t) == 30 and t.name == name
+    for c, k, a, w in zip(t.clean, t.corrupt, t.answer, t.wrong):
+        x, op, y = c.rstrip("= ").split()[-3:]
+        x2, op2, y2 = k.rstrip("= ").split()[-3:]
+        assert (x2, op2) == (x, op) and y2 != y and op == ("+" if name == "add" else "-")
+        assert c[:-10] == k[:-10]   # the same instruction
+        f = (lambda u, v: u + v) if op == "+" else (lambda u, v: u - v)
+        assert int(a) == f(int(x), int(y)) and int(w) == f(int(x), int(y2))
+        assert len(a) == len(w) == len(y2) == 2 and a[0] != w[0]
+        assert len(c) == len(k)
+    # a tokenizer that merges digit pairs (tiny-llama's) can split b and b2 differently;
+    # filter_task drops those pairs, and every pair it keeps prepares (equal token lengths)
+    acc = C.task_accuracy(tiny_model, t)
+    kept = C.filter_task(tiny_model, t, correct_only=False)
+    assert len(kept) == int((acc["same_length"] & acc["distinct"]).sum()) > 0
+    C._prepare(tiny_model, kept, list(range(len(kept))))
+    assert make_task(name, 30, seed=4).corrupt != t.corrupt   # the default flips the operator
+    with pytest.raises(InputError, match="applies to the arithmetic tasks"):
+        make_task("ioi", 3, corruption="operand")
+    with pytest.raises(InputError, match="`corruption` must be one of 'operator', 'operand'"):
+        make_task(name, 3, corruption="operands")
+
+
 # -- errors -------------------------------------------------------------------------------------------
 
 def test_errors(tiny_model):
@@ -608,6 +634,30 @@ def test_cli_circuits_json(capsys, monkeypatch):
                      "--all-prompts", "--json"])
     assert code != 0
     assert "supports the model families llama, gpt2" in capsys.readouterr().err
+
+
+def test_cli_circuits_threshold(capsys, monkeypatch, tiny_model):
+    from explorer import cli
+
+    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.circuits",))
+    task = make_task("add", 3, seed=0)
+    scores = C.edge_scores(tiny_model, task, method="eap")
+    mag = np.abs(scores["score"].values.astype(np.float64))
+    t = float(np.quantile(mag, 0.7))
+    code = cli.main(["circuits", "--model", "tiny-llama", "--task", "add", "--n", "3",
+                     "--all-prompts", "--method", "eap",
+                     "--sizes", "0", "--threshold", repr(t), "--show", "2", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)["circuit"]
+    assert out["threshold"] == t and out["top_n"] is None
+    assert out["n_chosen"] == int((mag >= t).sum())
+    mask = C.select_circuit(scores, threshold=t)
+    assert out["n_edges"] == int(mask.sum()) > 0
+    want = C.patch_edges_metric(tiny_model, task, scores, mask)
+    assert out["recovered"] == pytest.approx(want["recovered"], abs=1e-6)
+    # --top-n and --threshold exclude each other
+    assert cli.main(["circuits", "--model", "tiny-llama", "--top-n", "3", "--threshold", "0.1"]) != 0
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_bench_eap_shape(tiny_model):

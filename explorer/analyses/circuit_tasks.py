@@ -24,7 +24,8 @@ from typing import Any
 
 from explorer._checks import InputError, check_choice, check_int
 
-__all__ = ["CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE"]
+__all__ = ["CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
+           "CORRUPTIONS"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
 #: is the answer's first digit for tokenizers that split numbers into digits.
@@ -160,6 +161,43 @@ def _greater_than(n: int, rng: random.Random) -> CircuitTask:
     return CircuitTask(clean, corrupt, answer, wrong, name="greater-than")
 
 
+def _operand_choices(a: int, b: int, op: str) -> list[int]:
+    """Second operands b2 != b (two-digit) whose result is two-digit and starts with another
+    digit than the clean result, so the two targets differ in the scored first digit."""
+    clean = a + b if op == "+" else a - b
+    out = []
+    for b2 in range(10, 100):
+        r = a + b2 if op == "+" else a - b2
+        if b2 != b and 10 <= r <= 99 and str(r)[0] != str(clean)[0]:
+            out.append(b2)
+    return out
+
+
+def _operand_task(n: int, rng: random.Random, op: str, name: str) -> CircuitTask:
+    """Arithmetic pairs whose corrupted prompt keeps the operator and changes the second
+    operand (b -> b2); ``wrong`` is the corrupted prompt's result."""
+    pool = [(a, b) for b in range(10, 45) for a in range(b + 10, 100 - b)
+            if _operand_choices(a, b, op)]
+    if n > len(pool):
+        raise InputError(f"`n` must be at most {len(pool)} for the {name!r} task with operand "
+                         f"corruption; got {n}.")
+    pairs = rng.sample(pool, n)
+    second = [rng.choice(_operand_choices(a, b, op)) for a, b in pairs]
+
+    def result(a: int, b: int) -> str:
+        return str(a + b if op == "+" else a - b)
+
+    return CircuitTask(
+        clean=[ARITHMETIC_TEMPLATE.format(a=a, op=op, b=b) for a, b in pairs],
+        corrupt=[ARITHMETIC_TEMPLATE.format(a=a, op=op, b=b2) for (a, _), b2 in zip(pairs, second)],
+        answer=[result(a, b) for a, b in pairs],
+        wrong=[result(a, b2) for (a, _), b2 in zip(pairs, second)], name=name)
+
+
+#: Corruptions of the arithmetic tasks: "operator" flips + and - (same operands, the default),
+#: "operand" keeps the operator and changes the second operand.
+CORRUPTIONS = ("operator", "operand")
+
 #: Task name -> generator(n, rng).
 task_generators: dict[str, Callable[[int, random.Random], CircuitTask]] = {
     "add": _add,
@@ -171,7 +209,7 @@ task_generators: dict[str, Callable[[int, random.Random], CircuitTask]] = {
 TASK_NAMES = tuple(task_generators)
 
 
-def make_task(name: str, n: int, *, seed: int = 0) -> CircuitTask:
+def make_task(name: str, n: int, *, seed: int = 0, corruption: str = "operator") -> CircuitTask:
     """``n`` clean/corrupted prompt pairs of the task ``name``, reproducible from ``seed``.
 
     Parameters
@@ -180,6 +218,11 @@ def make_task(name: str, n: int, *, seed: int = 0) -> CircuitTask:
     n : int
         Number of pairs (at least 1).
     seed : int, default=0
+    corruption : {"operator", "operand"}, default="operator"
+        Arithmetic tasks only: the corrupted prompt flips the operator (``67 + 23`` vs
+        ``67 - 23``) or keeps it and changes the second operand (``67 + 23`` vs ``67 + 12``,
+        a result starting with another digit). IOI and greater-than have their own
+        corruption and take only the default.
 
     Examples
     --------
@@ -189,4 +232,10 @@ def make_task(name: str, n: int, *, seed: int = 0) -> CircuitTask:
     check_choice("task", name, TASK_NAMES)
     n = check_int("n", n, low=1)
     seed = check_int("seed", seed)
+    check_choice("corruption", corruption, CORRUPTIONS)
+    if corruption == "operand":
+        if name not in ("add", "sub"):
+            raise InputError(f"corruption='operand' applies to the arithmetic tasks 'add' and "
+                             f"'sub'; {name!r} has its own corruption (use the default).")
+        return _operand_task(n, random.Random(seed), "+" if name == "add" else "-", name)
     return task_generators[name](n, random.Random(seed))

@@ -41,7 +41,13 @@ import torch
 import xarray as xr
 
 from explorer._checks import ExplorerError, InputError, check_choice, check_int
-from explorer.analyses.circuit_tasks import TASK_NAMES, CircuitTask, make_task, task_generators
+from explorer.analyses.circuit_tasks import (
+    CORRUPTIONS,
+    TASK_NAMES,
+    CircuitTask,
+    make_task,
+    task_generators,
+)
 from explorer.models import Batch, Model
 from explorer.trace import progress_steps, provenance
 
@@ -1204,8 +1210,15 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--method", default="eap-ig", choices=METHODS)
     p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
     p.add_argument("--metric", default="logit_diff", choices=METRICS)
-    p.add_argument("--top-n", type=int, default=None,
-                   help="circuit size in edges before pruning (default 5%% of the edges)")
+    p.add_argument("--corruption", default="operator", choices=CORRUPTIONS,
+                   help="arithmetic tasks: the corrupted prompt flips the operator (default) or "
+                        "changes the second operand")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--top-n", type=int, default=None,
+                      help="circuit size in edges before pruning (default 5%% of the edges)")
+    size.add_argument("--threshold", type=float, default=None,
+                      help="circuit = edges with |score| >= this, before pruning (instead of "
+                           "--top-n)")
     p.add_argument("--sizes", default=None,
                    help="comma-separated circuit sizes for the faithfulness curve")
     p.add_argument("--batch-size", type=int, default=16)
@@ -1219,21 +1232,32 @@ def _cmd_circuits(args: Any) -> int:
     from explorer.models import load_model
 
     model = load_model(args.model)
-    task = make_task(args.task, args.n, seed=args.seed)
+    task = make_task(args.task, args.n, seed=args.seed, corruption=args.corruption)
     n_generated = len(task)
     if not args.all_prompts:
         task = filter_task(model, task, batch_size=args.batch_size)
     scores = edge_scores(model, task, method=args.method, steps=args.steps, metric=args.metric,
                          batch_size=args.batch_size, progress=not args.json)
     n_total = scores.sizes["edge"]
-    top_n = max(1, round(0.05 * n_total)) if args.top_n is None else args.top_n
-    in_circuit = select_circuit(scores, top_n=top_n)
+    if args.threshold is not None:
+        top_n = None
+        in_circuit = select_circuit(scores, threshold=args.threshold)
+    else:
+        top_n = max(1, round(0.05 * n_total)) if args.top_n is None else args.top_n
+        in_circuit = select_circuit(scores, top_n=top_n)
     sizes = (parse_int_list("--sizes", args.sizes) if args.sizes else
              sorted({0, *(int(round(f * n_total)) for f in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)), n_total}))
-    if top_n not in sizes:
+    if top_n is not None and top_n not in sizes:
         sizes = sorted({*sizes, top_n})
     curve = faithfulness_curve(model, task, scores, sizes=sizes, metric=args.metric,
                                batch_size=args.batch_size, progress=not args.json)
+    if top_n is None:  # the threshold circuit, patched on its own
+        own = patch_edges_metric(model, task, scores, in_circuit, metric=args.metric,
+                                 batch_size=args.batch_size)
+        recovered, accuracy = own["recovered"], own["accuracy"]
+    else:
+        recovered = float(curve["recovered"].sel(n_edges=top_n))
+        accuracy = float(curve["accuracy"].sel(n_edges=top_n))
     order = np.argsort(-np.abs(scores["score"].values))[:check_int("show", args.show, low=0)]
     summary = {
         "model": model.spec.name, "task": args.task, "n_generated": n_generated,
@@ -1242,11 +1266,12 @@ def _cmd_circuits(args: Any) -> int:
         "clean_metric": curve.attrs["clean_metric"], "corrupt_metric": curve.attrs["corrupt_metric"],
         "clean_accuracy": curve.attrs["clean_accuracy"],
         "corrupt_accuracy": curve.attrs["corrupt_accuracy"],
-        "circuit": {"top_n": top_n, "n_edges": int(in_circuit.sum()),
+        "corruption": args.corruption,
+        "circuit": {"top_n": top_n, "threshold": args.threshold,
+                    "n_chosen": int(in_circuit.attrs["n_chosen"]), "n_edges": int(in_circuit.sum()),
                     "nodes": sorted(circuit_nodes(scores, in_circuit), key=lambda n: (
                         _layer_of(n, model.n_layers), n)),
-                    "recovered": float(curve["recovered"].sel(n_edges=top_n)),
-                    "accuracy": float(curve["accuracy"].sel(n_edges=top_n))},
+                    "recovered": recovered, "accuracy": accuracy},
         "top_edges": [{"src": str(scores["src"].values[i]), "dst": str(scores["dst"].values[i]),
                        "score": float(scores["score"].values[i])} for i in order],
         "faithfulness": [{"n_edges": int(s), "n_kept": int(curve["n_kept"].sel(n_edges=s)),
