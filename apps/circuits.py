@@ -277,7 +277,8 @@ class CircuitsView(pn.viewable.Viewer):
                                                  value=30, sizing_mode="stretch_width")
         self._syncing = False
         self._slider.param.watch(self._slider_moved, "value")
-        self.param.watch(lambda *_: self._sync_slider(), ["mode", "n_edges", "threshold"])
+        self.param.watch(self._mode_changed, ["mode"])
+        self.param.watch(lambda *_: self._sync_slider(), ["n_edges", "threshold"])
         streams = [self.param.mode, self.param.n_edges, self.param.threshold,
                    self.param.checkpoint, self.param.diff, self.param.scores,
                    self.param.checkpoints]
@@ -359,6 +360,18 @@ class CircuitsView(pn.viewable.Viewer):
             self._slider.param.update(options=options, value=value, label=name)
         finally:
             self._syncing = False
+
+    def _mode_changed(self, *_: Any) -> None:
+        """Switching top-n <-> threshold keeps the slider's position (the same edges chosen)."""
+        sizes, thresholds = self._grid()
+        if self.scores is not None or self.checkpoints is not None:
+            if self.mode == "threshold":
+                i = int(np.argmin(np.abs(np.log(sizes) - np.log(max(self.n_edges, 1)))))
+                self.threshold = float(thresholds[i])
+            else:
+                i = int(np.argmin(np.abs(thresholds - self.threshold)))
+                self.n_edges = int(sizes[i])
+        self._sync_slider()
 
     def _slider_moved(self, event: param.parameterized.Event) -> None:
         if self._syncing:

@@ -138,6 +138,24 @@ def test_slider_moves_set_top_n(view):
     assert view._slider.value == options[7]
 
 
+def test_mode_switch_keeps_the_chosen_edges(view):
+    sizes = size_grid(view.scores.sizes["edge"])
+    view.n_edges = int(sizes[-5])
+    view._edges_plot()
+    before = drawn(view)
+    view.mode = "threshold"
+    try:
+        mag = np.abs(view.scores["score"].values.astype(np.float64))
+        assert int((mag >= view.threshold).sum()) == sizes[-5]
+        assert view._slider.value == view.threshold
+        view._edges_plot()
+        assert drawn(view) == before
+        view._slider.value = list(view._slider.options.values())[-3]
+    finally:
+        view.mode = "top-n"
+    assert view.n_edges == sizes[-3] and view._slider.value == sizes[-3]
+
+
 def test_large_circuits_draw_their_strongest_edges(view, monkeypatch):
     monkeypatch.setattr(ac, "MAX_DRAWN_EDGES", 5)
     scores = view.scores
