@@ -22,6 +22,7 @@ import html
 import json
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,9 @@ from apps._session import CancelToken, Runner, user_message
 from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.analyses import saturation as sat
 
-__all__ = ["SaturationView", "TokenStrip", "detail_data", "plot_rank_table", "plot_staircase",
-           "plot_tau_histogram", "plot_probe_accuracy", "plot_pareto", "plot_intervention",
-           "export_figures"]
+__all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "detail_header",
+           "plot_rank_table", "plot_staircase", "plot_tau_histogram", "plot_probe_accuracy",
+           "plot_pareto", "plot_intervention", "click_latency", "export_figures"]
 
 hv.extension("bokeh", logo=False)
 
@@ -162,11 +163,26 @@ _RANK_TABLE_OPTS = (
 )
 _STAIRCASE_OPTS = (
     hv.opts.Scatter(size=9, color=theme.ACCENT, tools=["hover"]),
-    hv.opts.Curve(interpolation="steps-mid", color=theme.ACCENT),
+    hv.opts.Curve(color=theme.ACCENT),          # the steps are drawn by `steps_mid`
     hv.opts.Overlay(title="Staircase: saturation layer of each rank", xlabel="rank (1 = top)",
                     ylabel="saturation layer", min_height=theme.SIZES["plot_min_height"],
                     responsive=True),
 )
+
+
+_NO_DETAIL = ('<span data-sat-detail="none"></span>Click a token to see its layer × rank table '
+              'and staircase.')
+
+
+def detail_header(d: dict[str, Any] | None, text: int, pos: int) -> str:
+    """The detail's one-line HTML header: token, final top-k strings, s_1..s_k."""
+    if d is None:
+        return _NO_DETAIL
+    k = len(d["sat"])
+    sat_text = ", ".join("never" if x < 0 else str(x) for x in d["sat"])
+    finals = " ".join(html.escape(repr(t)) for t in d["final"])
+    return (f'<span data-sat-detail="{text}:{pos}:{k}"></span><b>Token {pos} '
+            f'{html.escape(repr(d["token"]))}</b>: final top-{k} {finals}; s_1..s_{k} = {sat_text}')
 
 
 def empty_detail(n_layers: int) -> dict[str, Any]:
@@ -176,31 +192,77 @@ def empty_detail(n_layers: int) -> dict[str, Any]:
             "saturated": z.astype(bool), "sat": z, "final": [], "token": ""}
 
 
+def steps_mid(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A step line through (x, y) that changes value halfway between points (as HoloViews'
+    ``interpolation="steps-mid"`` draws it): 2n points for n."""
+    x, y = np.asarray(x, float), np.asarray(y)
+    if len(x) == 0:
+        return x, y
+    xs = np.empty(2 * len(x))
+    xs[0], xs[-1] = x[0], x[-1]
+    xs[1:-1:2] = xs[2::2] = (x[:-1] + x[1:]) / 2
+    return xs, np.repeat(y, 2)
+
+
+#: The detail plots' glyphs, in the order `detail_columns` returns them.
+DETAIL_GLYPHS = ("cells", "labels", "saturated", "steps", "points")
+
+
+def detail_columns(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Column data of the detail plots' five glyphs for one token (the click path).
+
+    Keys are `DETAIL_GLYPHS`: the rank table's probability cells, their text labels and the
+    saturation outlines; the staircase's step line and points. Each value is the
+    ``ColumnDataSource.data`` HoloViews gives that glyph for the same elements, so a click
+    replaces the data of the rendered plots in place.
+    """
+    d = data
+    rank, layer = np.asarray(d["rank"], float), np.asarray(d["layer"], float)
+    x0, x1, y0, y1 = rank - 0.5, rank + 0.5, layer - 0.5, layer + 0.5
+    p = np.asarray(d["probability"], float)
+    label = list(d["label"])
+    m = np.asarray(d["saturated"], bool)
+    s = np.asarray(d["sat"]).astype(int)
+    ranks = np.arange(1, len(s) + 1)
+    ok = s >= 0
+    sx, sy = steps_mid(ranks[ok], s[ok])
+    return {
+        "cells": {"left": x0, "right": x1, "bottom": y0, "top": y1, "x0": x0, "y0": y0,
+                  "x1": x1, "y1": y1, "probability": p, "token": label, "color": p},
+        "labels": {"rank": rank, "layer": layer, "token": label,
+                   "text_color": theme.text_colors(p, theme.CMAPS["probability"])},
+        "saturated": {"left": x0[m], "right": x1[m], "bottom": y0[m], "top": y1[m]},
+        "steps": {"rank": sx, "saturation layer": sy},
+        "points": {"rank": ranks[ok], "saturation layer": s[ok], "saturation_layer": s[ok]},
+    }
+
+
 def rank_table_elements(data: dict[str, Any]) -> hv.Overlay:
-    """The rank table's elements without styling (cheap: the click path).
+    """The rank table's elements without styling.
 
     Cells are rectangles centred on (rank, layer), so the axes stay numeric and the
     saturation outlines sit exactly on them.
     """
-    d = data
-    rank, layer = np.asarray(d["rank"], float), np.asarray(d["layer"], float)
-    cells = hv.Rectangles((rank - 0.5, layer - 0.5, rank + 0.5, layer + 0.5, d["probability"],
-                           d["label"]), vdims=["probability", "token"], group="Cells")
-    fg = theme.text_colors(d["probability"], theme.CMAPS["probability"])   # readable on its cell
-    labels = hv.Labels((rank, layer, d["label"], fg), kdims=["rank", "layer"], vdims=["token", "fg"])
-    m = np.asarray(d["saturated"], bool)
-    boxes = hv.Rectangles((rank[m] - 0.5, layer[m] - 0.5, rank[m] + 0.5, layer[m] + 0.5),
+    c = detail_columns(data)
+    cells, lab, sat = c["cells"], c["labels"], c["saturated"]
+    rects = hv.Rectangles((cells["x0"], cells["y0"], cells["x1"], cells["y1"],
+                           cells["probability"], cells["token"]),
+                          vdims=["probability", "token"], group="Cells")
+    # text colour readable on its cell
+    labels = hv.Labels((lab["rank"], lab["layer"], lab["token"], lab["text_color"]),
+                       kdims=["rank", "layer"], vdims=["token", "fg"])
+    boxes = hv.Rectangles((sat["left"], sat["bottom"], sat["right"], sat["top"]),
                           group="Saturated")
-    return cells * labels * boxes
+    return rects * labels * boxes
 
 
 def staircase_elements(data: dict[str, Any]) -> hv.Overlay:
     """The staircase's elements without styling: s_j against rank j (never left out)."""
-    s = np.asarray(data["sat"])
-    ranks = np.arange(1, len(s) + 1)
-    ok = s >= 0
-    steps = hv.Curve((ranks[ok], s[ok]), kdims=["rank"], vdims=["saturation layer"])
-    pts = hv.Scatter((ranks[ok], s[ok]), kdims=["rank"], vdims=["saturation layer"])
+    c = detail_columns(data)
+    steps = hv.Curve((c["steps"]["rank"], c["steps"]["saturation layer"]), kdims=["rank"],
+                     vdims=["saturation layer"])
+    pts = hv.Scatter((c["points"]["rank"], c["points"]["saturation layer"]), kdims=["rank"],
+                     vdims=["saturation layer"])
     return steps * pts
 
 
@@ -220,7 +282,7 @@ def plot_staircase(d: dict[str, Any]) -> hv.Overlay:
 
 def tau_histogram_data(ds: xr.Dataset, k: int, bins: int = 21) -> dict[str, Any] | None:
     """Histogram counts of per-position tau and of its shuffled null for ``k`` (None if k < 3)."""
-    if k not in ds.k_order.values.tolist():
+    if "k_order" not in ds.dims or k not in ds.k_order.values.tolist():
         return None
     sel = ds.sel(k_order=k)
     obs = sel.tau.values[np.isfinite(sel.tau.values)]
@@ -272,6 +334,20 @@ def plot_probe_accuracy(ds: xr.Dataset) -> hv.Element:
         min_height=theme.SIZES["plot_min_height"], responsive=True)
 
 
+def pareto_markers(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
+                   against: str = "full model") -> dict[str, dict[str, float]]:
+    """The two baselines' points at the chosen thresholds (the nearest computed θ):
+    ``{"margin": {"theta", "speedup", "accuracy"}, "cosine": {...}}``."""
+    suffix = "" if against == "full model" else "_true"
+    out = {}
+    for rule, theta in (("margin", theta_margin), ("cosine", theta_cosine)):
+        grid = ds[f"theta_{rule}"].values
+        i = int(np.abs(grid - theta).argmin())
+        out[rule] = {"theta": float(grid[i]), "speedup": float(ds[f"{rule}_speedup"].values[i]),
+                     "accuracy": float(ds[f"{rule}_accuracy{suffix}"].values[i])}
+    return out
+
+
 def plot_pareto(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
                 against: str = "full model") -> hv.Element:
     """Early exit: accuracy vs speed-up of the two baselines over theta, the probe and oracle."""
@@ -288,19 +364,18 @@ def plot_pareto(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
                  ylabel, label="softmax margin p1 − p2 ≥ θ").opts(color=cat[0])
     c = hv.Curve((ds.cosine_speedup.values, ds[f"cosine_accuracy{suffix}"].values), "speed-up",
                  ylabel, label="cosine(h_l, h_l−1) ≥ θ").opts(color=cat[2])
-    mi = int(np.abs(ds.theta_margin.values - theta_margin).argmin())
-    ci = int(np.abs(ds.theta_cosine.values - theta_cosine).argmin())
-    mp = hv.Points([(float(ds.margin_speedup.values[mi]), float(ds[f"margin_accuracy{suffix}"].values[mi]))],
+    at = pareto_markers(ds, theta_margin, theta_cosine, against=against)
+    mp = hv.Points([(at["margin"]["speedup"], at["margin"]["accuracy"])],
                    kdims=["speed-up", ylabel]).opts(color=cat[0], size=12, marker="circle")
-    cp = hv.Points([(float(ds.cosine_speedup.values[ci]), float(ds[f"cosine_accuracy{suffix}"].values[ci]))],
+    cp = hv.Points([(at["cosine"]["speedup"], at["cosine"]["accuracy"])],
                    kdims=["speed-up", ylabel]).opts(color=cat[2], size=12, marker="circle")
     probe = hv.Points([(info["probe"]["speedup"], info["probe"][key])], kdims=["speed-up", ylabel],
                       label="probe").opts(color=cat[3], size=14, marker="diamond")
     oracle = hv.Points([(info["oracle"]["speedup"], info["oracle"][key])], kdims=["speed-up", ylabel],
                        label="oracle (true s_1)").opts(color="black", size=14, marker="star")
     return (m * c * mp * cp * probe * oracle).opts(
-        title=f"Early exit ({info['n_positions']} positions): margin θ={ds.theta_margin.values[mi]:.2f}, "
-              f"cosine θ={ds.theta_cosine.values[ci]:.4f}", legend_position="top_right",
+        title=f"Early exit ({info['n_positions']} positions): margin θ={at['margin']['theta']:.2f}, "
+              f"cosine θ={at['cosine']['theta']:.4f}", legend_position="top_right",
         ylim=(0, 1.02), logx=True, min_height=theme.SIZES["plot_min_height"], responsive=True,
         tools=["hover"])
 
@@ -341,6 +416,9 @@ class SaturationView(pn.viewable.Viewer):
         Compute in a worker thread (default when served) or inline (notebooks, tests).
     analysis_options : dict, optional
         Passed to `saturation_analysis` (e.g. ``n_permutations``, ``n_pairs``).
+    result : xarray.Dataset, optional
+        A computed `saturation_analysis` result to show instead of running the analysis
+        (until ``weights`` or ``n_tokens`` change).
     """
 
     weights = param.Selector(default="trained", objects=list(_WEIGHTS), label="Weights",
@@ -376,7 +454,8 @@ class SaturationView(pn.viewable.Viewer):
 
     def __init__(self, model: explorer.Model, *, texts: list[str] | None = None,
                  store: Any = "default", background: bool | None = None,
-                 analysis_options: dict[str, Any] | None = None, **params: Any):
+                 analysis_options: dict[str, Any] | None = None,
+                 result: xr.Dataset | None = None, **params: Any):
         super().__init__(**params)
         self._model = model
         self._twin: explorer.Model | None = None
@@ -406,7 +485,19 @@ class SaturationView(pn.viewable.Viewer):
         self.param.watch(self._request_intervention, ["inj_layer"])
         self.param.watch(self._pair_changed, ["pair"])
         self.param.watch(self._text_changed, ["text"])
-        self._request_run()
+        # the click path: a fixed header pane and the detail plots' data sources, updated
+        # in place (no new Bokeh model, so no re-walk of the document's models)
+        self._header = pn.pane.HTML(_NO_DETAIL, sizing_mode="stretch_width",
+                                    css_classes=["sat-detail-header"])
+        self._columns = detail_columns(empty_detail(n_layers))
+        self._sources: dict[str, list[weakref.ref]] = {g: [] for g in DETAIL_GLYPHS}
+        self._detail_row: pn.Row | None = None
+        self._strip_widget: TokenStrip | None = None
+        self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
+        if result is not None:
+            self._show_result((self.weights, result, 0.0))
+        else:
+            self._request_run()
 
     # -- model and data ---------------------------------------------------------------------
     @property
@@ -468,7 +559,7 @@ class SaturationView(pn.viewable.Viewer):
         text = min(self.text, n_texts - 1)
         self.param.update(result=ds, error="", running=False, progress=100, text=text,
                           selected=-1, pair=0, intervention=None,
-                          status=f"{ds.attrs['model']} ({weights}) · {summary.get('n_tokens')} tokens"
+                          status=f"{ds.attrs.get('model', '?')} ({weights}) · {summary.get('n_tokens')} tokens"
                                  f" · kept {summary.get('kept_fraction', 0):.0%} · {seconds:.1f} s")
         self.param.pair.bounds = (0, max(0, ds.sizes.get("pair", 1) - 1))
         self._pair_changed()
@@ -574,42 +665,72 @@ class SaturationView(pn.viewable.Viewer):
         strip = TokenStrip(tokens=strip_tokens(self.result, self.text), selected=self.selected,
                            sizing_mode="stretch_width")
         strip.param.watch(lambda e: setattr(self, "selected", e.new), "selected")
+        self._strip_widget = strip
         return strip
 
     def _detail_plots(self) -> pn.Row:
-        """Rank table and staircase as DynamicMaps fed by a Pipe: a click sends new data and
-        Bokeh patches the existing plots (no new figure, no re-trace)."""
+        """Rank table and staircase, built once; a click replaces their glyphs' data.
+
+        Each rendering of the plots (one per page session) registers its five Bokeh data
+        sources through a HoloViews hook; `_send_detail` sets their ``data`` from
+        `detail_columns`: no new figure or model, no DynamicMap update, no re-trace.
+        """
+        if self._detail_row is not None:
+            return self._detail_row
         n_layers = self._model.spec.n_layers
-        self._detail_pipe = hv.streams.Pipe(data=empty_detail(n_layers))
         limits = dict(xlim=(0.5, self.param.k.bounds[1] + 0.5), ylim=(-0.5, n_layers - 0.5))
         height = max(theme.SIZES["plot_min_height"], 18 * n_layers)      # one readable row a layer
-        table = hv.DynamicMap(rank_table_elements, streams=[self._detail_pipe]).opts(
-            *_RANK_TABLE_OPTS).opts(hv.opts.Overlay(min_height=height, **limits))
-        stair = hv.DynamicMap(staircase_elements, streams=[self._detail_pipe]).opts(
-            *_STAIRCASE_OPTS).opts(hv.opts.Overlay(**limits))
-        self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
-        return pn.Row(pn.pane.HoloViews(table, sizing_mode="stretch_width",
-                                        css_classes=["sat-rank-table"]),
-                      pn.pane.HoloViews(stair, sizing_mode="stretch_width",
-                                        css_classes=["sat-staircase"]),
-                      sizing_mode="stretch_width")
+        hook = {g: [self._source_hook(g)] for g in DETAIL_GLYPHS}
+        # drawn from two cells left of the axis (one white, one black label), so that
+        # HoloViews reads the label colours as colours, not as numbers to map; the hooks
+        # then put the current detail in
+        empty = empty_detail(n_layers)
+        empty.update(layer=np.zeros(2, int), rank=np.zeros(2, int), label=["", ""],
+                     probability=np.array([0.0, 1.0]), saturated=np.zeros(2, bool))
+        table = rank_table_elements(empty).opts(*_RANK_TABLE_OPTS).opts(
+            hv.opts.Overlay(min_height=height, **limits),
+            hv.opts.Rectangles("Cells", hooks=hook["cells"]),
+            hv.opts.Labels(hooks=hook["labels"]),
+            hv.opts.Rectangles("Saturated", hooks=hook["saturated"]))
+        stair = staircase_elements(empty).opts(*_STAIRCASE_OPTS).opts(
+            hv.opts.Overlay(min_height=height, **limits), hv.opts.Curve(hooks=hook["steps"]),
+            hv.opts.Scatter(hooks=hook["points"]))
+        self._detail_row = pn.Row(pn.pane.HoloViews(table, sizing_mode="stretch_width",
+                                                    css_classes=["sat-rank-table"]),
+                                  pn.pane.HoloViews(stair, sizing_mode="stretch_width",
+                                                    css_classes=["sat-staircase"]),
+                                  sizing_mode="stretch_width")
+        return self._detail_row
+
+    def _source_hook(self, glyph: str):
+        """A HoloViews hook that keeps the rendered glyph's data source and fills it."""
+        def hook(plot: Any, element: Any) -> None:
+            source = plot.handles.get("source")
+            if source is None:
+                return
+            refs = self._sources[glyph]
+            if not any(r() is source for r in refs):
+                refs.append(weakref.ref(source))
+            source.data = self._columns[glyph]
+        return hook
+
+    def detail_sources(self) -> dict[str, list[Any]]:
+        """The rendered detail plots' Bokeh data sources per glyph (live ones only)."""
+        out = {}
+        for glyph, refs in self._sources.items():
+            refs[:] = [r for r in refs if r() is not None]
+            out[glyph] = [r() for r in refs]
+        return out
 
     def _send_detail(self, *events: Any) -> None:
         d = self.detail()
-        self._detail_pipe.send(d if d is not None else empty_detail(self._model.spec.n_layers))
-
-    @param.depends("result", "text", "selected", "k")
-    def _detail_header(self):
-        d = self.detail()
-        if d is None:
-            return pn.pane.HTML('<span data-sat-detail="none"></span>Click a token to see its '
-                                'layer × rank table and staircase.')
-        marker = f"{self.text}:{self.selected}:{len(d['sat'])}"
-        sat_text = ", ".join("never" if x < 0 else str(x) for x in d["sat"])
-        finals = " ".join(html.escape(repr(t)) for t in d["final"])
-        return pn.pane.HTML(f'<span data-sat-detail="{marker}"></span><b>Token {self.selected} '
-                            f'{html.escape(repr(d["token"]))}</b>: final top-{len(d["sat"])} {finals}; '
-                            f"s_1..s_{len(d['sat'])} = {sat_text}")
+        self._header.object = detail_header(d, self.text, self.selected)
+        n_layers = self.result.sizes["layer"] if self.result is not None else \
+            self._model.spec.n_layers
+        self._columns = detail_columns(d if d is not None else empty_detail(n_layers))
+        for glyph, sources in self.detail_sources().items():
+            for source in sources:
+                source.data = self._columns[glyph]
 
     @param.depends("result", "k")
     def _histogram(self):
@@ -634,9 +755,17 @@ class SaturationView(pn.viewable.Viewer):
     def _pareto(self):
         if self.result is None:
             return pn.pane.Markdown("")
-        return pn.pane.HoloViews(plot_pareto(self.result, self.theta_margin, self.theta_cosine,
+        plot = pn.pane.HoloViews(plot_pareto(self.result, self.theta_margin, self.theta_cosine,
                                              against=self.against),
                                  sizing_mode="stretch_width", css_classes=["sat-pareto"])
+        if "margin_speedup" not in self.result:
+            return plot
+        at = pareto_markers(self.result, self.theta_margin, self.theta_cosine,
+                            against=self.against)
+        marker = "|".join(f"{rule}:{m['theta']:.4f}:{m['speedup']:.4f}:{m['accuracy']:.4f}"
+                          for rule, m in at.items())
+        return pn.Column(pn.pane.HTML(f'<span data-sat-pareto="{marker}"></span>', height=0,
+                                      margin=0), plot, sizing_mode="stretch_width")
 
     @param.depends("result", "intervention", "pair")
     def _intervention(self):
@@ -644,8 +773,22 @@ class SaturationView(pn.viewable.Viewer):
         if not pairs:
             return pn.pane.Markdown("No token pairs with the same prediction and far-apart s_1 "
                                     "in the analysed text.")
-        label = html.escape(self.pair_label(min(self.pair, len(pairs) - 1)))
-        return pn.Column(pn.pane.HTML(f"<b>Pair {self.pair}</b>: {label}"),
+        pair = min(self.pair, len(pairs) - 1)
+        label = html.escape(self.pair_label(pair))
+        r = self.intervention
+        if r is None:
+            line = "Running the intervention…"
+        else:
+            p, e, l = pairs[pair]
+            words = self.decode([r["top1_before"], r["top1_after"]])
+            line = (f'<span data-sat-injection="{p}:{e}:{l}:{r["layer"]}:{r["s1_before"]}:'
+                    f'{r["s1_after"]}:{r["top1_before"]}:{r["top1_after"]}"></span>'
+                    f'Injected at layer {r["layer"]}: s_1 {r["s1_before"]} → {r["s1_after"]}; '
+                    f'prediction {"changed" if r["prediction_changed"] else "unchanged"} '
+                    f'({html.escape(repr(words[r["top1_before"]]))} → '
+                    f'{html.escape(repr(words[r["top1_after"]]))})')
+        return pn.Column(pn.pane.HTML(f"<b>Pair {self.pair}</b>: {label}<br>{line}",
+                                      css_classes=["sat-injection"]),
                          pn.pane.HoloViews(plot_intervention(self.intervention, self.decode),
                                            sizing_mode="stretch_width",
                                            css_classes=["sat-intervention"]),
@@ -665,12 +808,14 @@ class SaturationView(pn.viewable.Viewer):
             "weights": {"type": pn.widgets.RadioButtonGroup},
             "n_tokens": {"type": pn.widgets.IntInput, "step": 256},
             "text": {"type": pn.widgets.IntSlider, "throttled": True},
-            "k": {"type": pn.widgets.IntSlider},
-            "theta_margin": {"type": pn.widgets.FloatSlider},
-            "theta_cosine": {"type": pn.widgets.FloatSlider, "format": "0.0000"},
+            "k": {"type": pn.widgets.IntSlider, "css_classes": ["sat-k"]},
+            "theta_margin": {"type": pn.widgets.FloatSlider, "css_classes": ["sat-theta-margin"]},
+            "theta_cosine": {"type": pn.widgets.FloatSlider, "format": "0.0000",
+                             "css_classes": ["sat-theta-cosine"]},
             "against": {"type": pn.widgets.RadioButtonGroup},
             "pair": {"type": pn.widgets.IntSlider, "throttled": True},
-            "inj_layer": {"type": pn.widgets.IntSlider, "throttled": True},
+            "inj_layer": {"type": pn.widgets.IntSlider, "throttled": True,
+                          "css_classes": ["sat-inj-layer"]},
         }
         return pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
                         width=theme.SIZES["controls_width"])
@@ -682,7 +827,7 @@ class SaturationView(pn.viewable.Viewer):
                 self._status,
                 pn.pane.Markdown("### Text, coloured by s_1 (dark: early, yellow: late, grey: "
                                  "never; click a token)"),
-                self._strip, self._detail_header, self._detail_plots(),
+                self._strip, self._header, self._detail_plots(),
                 pn.Row(self._histogram, self._probe, sizing_mode="stretch_width"),
                 pn.Row(self._pareto, self._intervention, sizing_mode="stretch_width"),
                 sizing_mode="stretch_width"),
@@ -691,6 +836,44 @@ class SaturationView(pn.viewable.Viewer):
     def page(self) -> pn.template.FastListTemplate:
         """The view in the app template (standalone serving)."""
         return theme.page([self.__panel__()], title="Saturation events")
+
+
+def click_latency(view: SaturationView, positions: Sequence[int], *, k: int | None = None,
+                  text: int = 0) -> dict[str, list[float]]:
+    """Seconds per token click through the page's own update path, wall and process CPU.
+
+    The view's page is attached to a new Bokeh ``Document`` (as a served session holds it)
+    and each position is clicked as the token strip does it in the browser: the strip's
+    ``selected`` changes, the view updates the header and the detail plots' data. Times
+    stop when the Python side has applied every change to the document (sending the
+    change to a browser and drawing it are not included).
+    """
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    if view.result is None:
+        raise InputError("the view has no result yet: nothing to click")
+    doc = Document()
+    layout = view.__panel__()
+    wall, cpu = [], []
+    with set_curdoc(doc):
+        root = layout.get_root(doc)
+        doc.add_root(root)
+        try:
+            view.param.update(text=text, **({} if k is None else {"k": k}))
+            strip = view._strip_widget
+            for pos in positions:
+                w0, c0 = time.perf_counter(), time.process_time()
+                if strip is not None:
+                    strip.selected = int(pos)
+                else:
+                    view.selected = int(pos)
+                cpu.append(time.process_time() - c0)
+                wall.append(time.perf_counter() - w0)
+        finally:
+            layout._cleanup(root)
+            doc.clear()
+    return {"wall": wall, "cpu": cpu}
 
 
 def export_figures(folder: str | Path, *, max_tokens: int | None = None,

@@ -17,6 +17,7 @@ Usage::
     python benchmarks/saturation_evidence.py --weights trained   # repeat until "complete"
     python benchmarks/saturation_evidence.py --weights random
     python benchmarks/saturation_evidence.py --figures            # from the cache
+    python benchmarks/saturation_evidence.py --resummarise        # from the cache
 
 ``--unembed-dtype bfloat16`` (the default here) screens the vocabulary in bfloat16 and
 recomputes the top candidates in float32 (`explorer.lens.lens_readout`); a float32 run
@@ -27,6 +28,12 @@ analyses just the texts whose lens parts are cached (for a corpus not yet comple
 Recorded runs (docs/saturation.md): trained, ``--unembed-dtype float32 --check-unembed``
 (the float32 lens pass was in the store); random init, ``--weights random --part-texts 8``
 rerun until complete, with ``--from-end --lens-only`` in a second process.
+
+``--resummarise`` reads the stored whole-corpus results (it refuses to recompute) and adds
+each early-exit rule's speed-up at fixed accuracy targets (`explorer.analyses.saturation.
+speedup_at_accuracy`: 0.8, 0.9, 0.95, 0.99 of the full model's token, and the same
+fractions of the full model's true-next-token accuracy) to the summary JSON, under
+``early_exit.at_accuracy``.
 
 ``--threads 1`` (the default) is much faster than torch's default on a busy machine:
 its parallel regions spin while other processes hold the cores.
@@ -196,6 +203,38 @@ def analyse_cached_parts(weights: str, *, seed: int, part_texts: int, unembed_dt
     return summary
 
 
+def _no_nan(value):
+    """NaN (a target not reached) as JSON null."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def resummarise(weights: str, *, seed: int, part_texts: int, unembed_dtype: str) -> dict:
+    """Speed-ups at fixed accuracies from the stored whole-corpus result (never recomputed)."""
+    from explorer import ActivationStore
+    from explorer.analyses import saturation as sat
+
+    def refuse(*args, **kwargs):
+        raise SystemExit(f"no stored {weights} result with these settings: run the analysis first")
+
+    model = _model(weights, seed)
+    texts = sat.corpus_chunks(model, sat.load_corpus())
+    real = sat._analyse, sat.saturation_layers
+    sat._analyse = sat.saturation_layers = refuse
+    try:
+        ds = sat.saturation_analysis(model, texts, seed=seed, unembed_dtype=unembed_dtype,
+                                     part_texts=part_texts, store=ActivationStore())
+    finally:
+        sat._analyse, sat.saturation_layers = real
+    return {against: _no_nan(sat.speedup_at_accuracy(ds, against=against))
+            for against in ("full model", "true next token")}
+
+
 def write_summary(weights: str, summary: dict) -> None:
     FIGURES.mkdir(parents=True, exist_ok=True)
     data = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
@@ -234,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--figures", action="store_true", help="render the figures from the cache")
+    p.add_argument("--resummarise", action="store_true",
+                   help="add speed-ups at fixed accuracies to the summary, from the cache")
     args = p.parse_args(argv)
     import torch
 
@@ -242,6 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.figures:
         figures(max_tokens=args.max_tokens, seed=args.seed, unembed_dtype=args.unembed_dtype,
                 weights=tuple(args.weights or ("trained", "random")))
+        return 0
+    if args.resummarise:
+        # the recorded runs: trained float32 in parts of 16, random bfloat16 in parts of 8
+        recorded = {"trained": ("float32", 16), "random": ("bfloat16", 8)}
+        data = json.loads(SUMMARY.read_text())
+        for weights in args.weights or ("trained", "random"):
+            dtype, parts = recorded[weights]
+            table = resummarise(weights, seed=args.seed, part_texts=parts, unembed_dtype=dtype)
+            data[weights]["early_exit"]["at_accuracy"] = table
+            print(weights, json.dumps(table, indent=1), flush=True)
+        SUMMARY.write_text(json.dumps(data, indent=1) + "\n")
         return 0
     for weights in args.weights or ("trained", "random"):
         if args.cached_parts_only:

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, check_float, check_int, check_prompts
+from explorer._checks import InputError, check_choice, check_float, check_int, check_prompts
 
 __all__ = [
     "CITATION",
@@ -75,6 +75,8 @@ __all__ = [
     "exit_layers",
     "exit_metrics",
     "early_exit",
+    "EXIT_ACCURACY_TARGETS",
+    "speedup_at_accuracy",
     "saturation_layers",
     "cache_saturation_parts",
     "intervention_pairs",
@@ -654,6 +656,69 @@ def early_exit(layer_top1: Any, top_prob: Any, cosine: Any, sat_top1: Any, probe
                 "theta_cosine": np.asarray(cosine_thetas, float)},
         attrs={"probe": probe, "oracle": oracle, "equal_accuracy": equal, "n_positions": n},
     )
+
+
+#: Accuracy targets of `speedup_at_accuracy`.
+EXIT_ACCURACY_TARGETS = (0.8, 0.9, 0.95, 0.99)
+
+
+def speedup_at_accuracy(ds: xr.Dataset, targets: Sequence[float] = EXIT_ACCURACY_TARGETS, *,
+                        against: str = "full model") -> dict[str, Any]:
+    """Each early-exit rule's speed-up at fixed accuracy targets, read from stored curves.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A `saturation_analysis` result (its early-exit curves and ``early_exit_summary``).
+    targets : sequence of float
+        Accuracy targets in (0, 1].
+    against : {"full model", "true next token"}
+        ``"full model"``: the target is the agreement with the full model's token.
+        ``"true next token"``: the target is a *fraction of the full model's own*
+        true-token accuracy (0.9: at least 90 % of what running every layer gets), since
+        that accuracy is far below 0.8 for a small model.
+
+    Returns
+    -------
+    dict
+        ``against``, ``full_model_accuracy`` (1 against the full model; against the true
+        token the oracle's, which emits the full model's token at every position),
+        ``targets``, ``required_accuracy`` (the absolute accuracy each target asks for)
+        and per rule (``margin``, ``cosine``, ``probe``, ``oracle``) lists over the
+        targets: ``speedup``, ``accuracy`` and, for the threshold rules, ``theta``. A
+        threshold rule takes its fastest theta whose accuracy reaches the target; the probe
+        and the oracle have one operating point each, so their speed-up is that point's
+        if it reaches the target. NaN where the target is not reached.
+    """
+    against = check_choice("against", against, ("full model", "true next token"))
+    targets = [check_float("target", t, low=0.0, high=1.0) for t in targets]
+    if "early_exit_summary" not in ds:
+        raise InputError("this result has no early-exit curves (sample_positions was 0)")
+    info = json.loads(str(ds.early_exit_summary.values))
+    suffix = "" if against == "full model" else "_true"
+    key = "accuracy" + suffix
+    full = 1.0 if against == "full model" else float(info["oracle"]["accuracy_true"])
+    required = [t * full for t in targets]
+    out: dict[str, Any] = {"against": against, "full_model_accuracy": full,
+                           "targets": targets, "required_accuracy": required}
+    for rule in ("margin", "cosine"):
+        acc = np.asarray(ds[f"{rule}_accuracy{suffix}"].values, float)
+        speed = np.asarray(ds[f"{rule}_speedup"].values, float)
+        theta = np.asarray(ds[f"theta_{rule}"].values, float)
+        row: dict[str, list[float]] = {"speedup": [], "accuracy": [], "theta": []}
+        for need in required:
+            ok = np.flatnonzero(acc >= need - 1e-12)
+            i = int(ok[np.argmax(speed[ok])]) if len(ok) else -1
+            row["speedup"].append(float(speed[i]) if i >= 0 else float("nan"))
+            row["accuracy"].append(float(acc[i]) if i >= 0 else float("nan"))
+            row["theta"].append(float(theta[i]) if i >= 0 else float("nan"))
+        out[rule] = row
+    for rule in ("probe", "oracle"):
+        point = info[rule]
+        reached = [point[key] >= need - 1e-12 for need in required]
+        out[rule] = {"speedup": [float(point["speedup"]) if r else float("nan") for r in reached],
+                     "accuracy": [float(point[key]) if r else float("nan") for r in reached]}
+    return out
 
 
 # -- the lens pass (model) ---------------------------------------------------------------
@@ -1608,12 +1673,17 @@ class _PeakRSS:
 
 def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 4,
                      k: int = 10, repeats: int = 1,
-                     unembed_dtype: str = "float32") -> dict[str, Any]:
-    """Saturation layers of ``n_tokens`` corpus tokens vs a plain forward over them.
+                     unembed_dtype: str = "float32", clicks: int = 30) -> dict[str, Any]:
+    """Saturation layers of ``n_tokens`` corpus tokens vs a plain forward over them, and
+    the page's token-click latency on that result.
 
     Both run over the same prompts in this process, alternating (`explorer.bench.
     interleaved_times`, ``repeats`` rounds after a short warm-up forward); the analysis is
-    `saturation_layers` (trace + lens in chunks of 256 rows + ranks), uncached. Shaped for
+    `saturation_layers` (trace + lens in chunks of 256 rows + ranks), uncached. Then the
+    order test runs on the last lens pass (100 permutations, no probe or intervention),
+    the saturation page (`apps.saturation.SaturationView`) is given that result and
+    attached to a Bokeh document, and ``clicks`` tokens of the first text are clicked at
+    k = 5 and again at k = 10 (`apps.saturation.click_latency`; 0 skips this). Shaped for
     `explorer.bench` (``explorer bench saturation --json``).
 
     Returns
@@ -1624,7 +1694,9 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
         ``analysis_vs_forward_ratio`` (median of per-round wall ratios),
         ``analysis_vs_forward_cpu_ratio`` (the same in process CPU time, steadier on a busy
         machine), and the peak resident memory above the start of each phase,
-        ``forward_peak_mb`` and ``analysis_peak_mb``; ``notes``.
+        ``forward_peak_mb`` and ``analysis_peak_mb``; the click latency over all clicks,
+        ``click_ms`` (median wall), ``click_p90_ms``, ``click_max_ms``, ``click_cpu_ms``
+        (median process CPU) and per k, ``click_k5_ms``, ``click_k10_ms``; ``notes``.
     """
     from explorer._checks import check_choice
     from explorer.bench import interleaved_times
@@ -1634,6 +1706,7 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
     batch_size = check_int("batch_size", batch_size, low=1)
     k = check_int("k", k, low=1, high=64)
     repeats = check_int("repeats", repeats, low=1)
+    clicks = check_int("clicks", clicks, low=0)
     unembed_dtype = check_choice("unembed_dtype", unembed_dtype, ("float32", "bfloat16"))
     if model is None or isinstance(model, str):
         model = load_model(model or "smollm2-135m")
@@ -1646,9 +1719,12 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
                 sub = model.batch_from_ids(batch.token_ids[b0:b0 + batch_size])
                 model.hf(**sub.model_inputs())
 
+    last: dict[str, xr.Dataset] = {}
+
     def analysis() -> None:
-        saturation_layers(model, texts, k=k, sample_positions=0, batch_size=batch_size,
-                          unembed_dtype=unembed_dtype, progress=False)
+        last["lens"] = saturation_layers(model, texts, k=k, sample_positions=0,
+                                         batch_size=batch_size, unembed_dtype=unembed_dtype,
+                                         progress=False)
 
     peaks = {"forward": 0.0, "analysis": 0.0}
 
@@ -1667,22 +1743,60 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
     ratio = [a / f for a, f in zip(wall["analysis"], wall["forward"])]
     cpu_ratio = [a / f for a, f in zip(cpu["analysis"], cpu["forward"])]
     tokens = int(sum(batch.lengths))
+    figures = {
+        "forward_ms": round(float(np.median(wall["forward"])) * 1000, 1),
+        "analysis_ms": round(float(np.median(wall["analysis"])) * 1000, 1),
+        "analysis_vs_forward_ratio": round(float(np.median(ratio)), 3),
+        "analysis_vs_forward_cpu_ratio": round(float(np.median(cpu_ratio)), 3),
+        "forward_peak_mb": round(peaks["forward"], 1),
+        "analysis_peak_mb": round(peaks["analysis"], 1),
+    }
+    notes = {"memory": "resident-set increase above the start of each phase, sampled "
+                       "every 5 ms; the phases alternate in one process, so memory one "
+                       "freed may be reused by the next",
+             "lens": "run in chunks of 256 rows by explorer.lens.lens_readout; only the "
+                     "top rank_cap (50) tokens per row are kept"}
+    if clicks:
+        figures.update(_click_figures(model, texts, last["lens"].load(), k=k, clicks=clicks))
+        notes["click"] = ("the page given this result and attached to a Bokeh document; "
+                          "time from the token strip's `selected` change until the header "
+                          "and the detail plots' data are updated in the document (sending "
+                          "to a browser and drawing not included)")
     return {
         "params": {"model": model.spec.name, "n_tokens": tokens, "n_texts": len(texts),
                    "lens_rows": tokens * model.n_layers, "batch_size": batch_size, "k": k,
-                   "repeats": repeats, "unembed_dtype": unembed_dtype,
+                   "repeats": repeats, "unembed_dtype": unembed_dtype, "clicks": clicks,
                    "torch_threads": torch.get_num_threads()},
-        "figures": {
-            "forward_ms": round(float(np.median(wall["forward"])) * 1000, 1),
-            "analysis_ms": round(float(np.median(wall["analysis"])) * 1000, 1),
-            "analysis_vs_forward_ratio": round(float(np.median(ratio)), 3),
-            "analysis_vs_forward_cpu_ratio": round(float(np.median(cpu_ratio)), 3),
-            "forward_peak_mb": round(peaks["forward"], 1),
-            "analysis_peak_mb": round(peaks["analysis"], 1),
-        },
-        "notes": {"memory": "resident-set increase above the start of each phase, sampled "
-                            "every 5 ms; the phases alternate in one process, so memory one "
-                            "freed may be reused by the next",
-                  "lens": "run in chunks of 256 rows by explorer.lens.lens_readout; only the "
-                          "top rank_cap (50) tokens per row are kept"},
+        "figures": figures,
+        "notes": notes,
     }
+
+
+def _click_figures(model: Any, texts: list[str], lens: xr.Dataset, *, k: int,
+                   clicks: int) -> dict[str, float]:
+    """Token-click latency of the saturation page on a lens pass (see `bench_saturation`)."""
+    from apps.saturation import SaturationView, click_latency
+
+    n_layers = model.n_layers
+    min_gap, min_sat_layer = _pair_defaults(n_layers, None, None)
+    ds = _analyse(model, texts, lens, k=k, max_ratio=0.85, min_ranks=3, n_permutations=100,
+                  n_tasks=4, sample_positions=0, probe_min_layer=0, n_pairs=0,
+                  min_gap=min_gap, min_sat_layer=min_sat_layer,
+                  window=max(1, round(5 * n_layers / 48)), rank_cap=50, seed=0)
+    ds.attrs["model"] = model.spec.name
+    view = SaturationView(model, store=None, background=False, result=ds)
+    n = int(ds.mask.values[0].sum())
+    positions = np.random.default_rng(0).choice(n, min(clicks, n), replace=False).tolist()
+    wall, cpu, out = [], [], {}
+    try:
+        for kk in sorted({min(5, k), k}):
+            t = click_latency(view, positions, k=kk)
+            out[f"click_k{kk}_ms"] = round(float(np.median(t["wall"])) * 1000, 2)
+            wall += t["wall"]
+            cpu += t["cpu"]
+    finally:
+        view.close()
+    return {"click_ms": round(float(np.median(wall)) * 1000, 2),
+            "click_p90_ms": round(float(np.percentile(wall, 90)) * 1000, 2),
+            "click_max_ms": round(float(np.max(wall)) * 1000, 2),
+            "click_cpu_ms": round(float(np.median(cpu)) * 1000, 2), **out}
