@@ -97,7 +97,7 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
     if "task_mean_loss" in analysis:
         refs.append(hv.HLine(float(analysis["task_mean_loss"].mean())).opts(color="grey", line_dash="dashed",
                                                                            line_width=1))
-        title = "ICL loss per task (dot-dash: task-agnostic; dashed: task's mean weights; dotted: task known)"
+        title = "ICL loss per task (dot-dash: agnostic; dashed: task mean; dotted: task known)"
     # The y range takes in both reference lines (HLines do not extend it themselves).
     low = min(float(analysis["oracle_loss"].mean()), float(analysis["icl_loss"].min())) / 1.5
     high = max(float(analysis["icl_loss"].max()), float(analysis["agnostic_loss"].mean())) * 1.2

@@ -176,9 +176,10 @@ def seed_curves(args: argparse.Namespace) -> None:
     left = hv.Overlay(tds + [hv.HLine(1 / n_tasks).opts(color="grey", line_dash="dashed", line_width=1)]).opts(
         ylim=(0, 1.05), legend_position="bottom_right", title="Task decodability (chance dashed)",
         responsive=False, width=620, height=340)
+    low = min(float(refs["oracle_loss"].mean()), min(float(c.data.iloc[:, 1].min()) for c in losses)) / 1.5
     right = hv.Overlay(losses + lines).opts(
-        logy=True, legend_position="top_right", responsive=False, width=620, height=340,
-        title="ICL loss (dot-dash: task-agnostic; dashed: task's mean weights; dotted: task known)")
+        logy=True, legend_position="top_right", responsive=False, width=620, height=340, ylim=(low, 4),
+        title="ICL loss (dot-dash: agnostic; dashed: task mean; dotted: task known)")
     render_png(hv.Layout([left, right]).cols(2).opts(shared_axes=False),
                FIGURES / "task_emergence_seeds.png", width=1300, height=380)
 
