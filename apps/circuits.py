@@ -124,14 +124,19 @@ def plot_edges(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int,
                     ylim=(-1, n_heads + 1.5))
 
 
+def node_style(names: list[str], used: set[str] | frozenset[str]) -> dict[str, list]:
+    """Marker size and fill of each node: the circuit's nodes larger and dark."""
+    return {"size": [9 if n in used else 4 for n in names],
+            "fill": ["black" if n in used else "#c8c8c8" for n in names]}
+
+
 def plot_nodes(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int) -> hv.Points:
     """Every node at its place; the circuit's nodes larger and dark."""
     pos = node_positions(n_layers, n_heads)
     names = list(pos)
     used = set() if table is None else set(table["src"].tolist()) | set(table["dst"].tolist())
     return hv.Points({"x": [pos[n][0] for n in names], "y": [pos[n][1] for n in names],
-                      "node": names, "size": [9 if n in used else 4 for n in names],
-                      "fill": ["black" if n in used else "#c8c8c8" for n in names]},
+                      "node": names, **node_style(names, used)},
                      ["x", "y"], ["node", "size", "fill"]).opts(
         tools=["hover"], size="size", color="fill")
 
@@ -283,8 +288,13 @@ class CircuitsView(pn.viewable.Viewer):
                    self.param.checkpoint, self.param.diff, self.param.scores,
                    self.param.checkpoints]
         self._edges_dm = hv.DynamicMap(self._edges_plot, streams=streams)
-        # the nodes re-draw only when the circuit's node set changes (a third of a move's time)
-        self._nodes_dm = hv.DynamicMap(self._nodes_plot, streams=[self.param.node_set])
+        # the nodes are drawn once; when the circuit's node set changes only their size and
+        # fill columns are replaced in the drawn plots' data sources (a HoloViews re-draw of
+        # the 302 SmolLM2 nodes was a third of a slider move's time)
+        self._node_names = list(node_positions(model.n_layers, model.spec.n_heads))
+        self._node_sources: list[Any] = []
+        self._nodes_el = plot_nodes(None, model.n_layers, model.spec.n_heads).opts(
+            hooks=[self._keep_node_source])
         self._tap = hv.streams.Selection1D(source=self._edges_dm)
         self._tap.add_subscriber(self._tapped)
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
@@ -528,10 +538,22 @@ class CircuitsView(pn.viewable.Viewer):
             t["dst"].tolist())
         if nodes != self._nodes:
             self._nodes = nodes
+            style = node_style(self._node_names, nodes)
+            for source in self._node_sources:
+                source.data.update(style)
             self.node_set += 1
 
-    def _nodes_plot(self, **_: Any) -> hv.Points:
-        return plot_nodes(self._table, self._model.n_layers, self._model.spec.n_heads)
+    def _keep_node_source(self, plot: Any, element: Any) -> None:
+        """Plot hook: remember each drawn node plot's data source and bring it up to date."""
+        source = plot.handles["source"]
+        if source not in self._node_sources:
+            self._node_sources.append(source)
+        source.data.update(node_style(self._node_names, self._nodes))
+
+    def nodes_drawn(self) -> list[dict[str, list]]:
+        """What each drawn node plot holds: node, size and fill columns (for tests)."""
+        return [{k: list(src.data[k]) for k in ("node", "size", "fill")}
+                for src in self._node_sources]
 
     def _edges_plot(self, **_: Any) -> hv.Segments:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -628,7 +650,7 @@ class CircuitsView(pn.viewable.Viewer):
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        graph = self._edges_dm * self._nodes_dm
+        graph = self._edges_dm * self._nodes_el
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")

@@ -222,3 +222,28 @@ def test_finetune_button_adds_checkpoints(view):
     assert {e for e, s in zip(edges, t["status"]) if s == "dropped"} == first - mine
     assert {e for e, s in zip(edges, t["status"]) if s == "kept"} == mine & first
     view.param.update(checkpoint=0, diff=False)
+
+
+def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
+    """In a Bokeh Document (as served), each slider move leaves the node plot's data source
+    marking exactly the nodes of the segments drawn in the same document."""
+    import panel as pn
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource
+    from panel.io.state import set_curdoc
+
+    doc = Document()
+    with set_curdoc(doc):
+        doc.add_root(pn.panel(view).get_root(doc))
+        assert len(view.nodes_drawn()) == 1
+        for value in list(view._slider.options.values())[::4]:
+            view._slider.value = value
+            segs = [m.data for m in doc.select({"type": ColumnDataSource}) if "x0" in m.data]
+            assert len(segs) == 1
+            used = set(segs[0]["src"]) | set(segs[0]["dst"])
+            nodes = view.nodes_drawn()[0]
+            big = {n for n, s in zip(nodes["node"], nodes["size"]) if s == 9}
+            dark = {n for n, f in zip(nodes["node"], nodes["fill"]) if f == "black"}
+            assert big == dark == used
+            assert len(nodes["node"]) == len(node_positions(view._model.n_layers,
+                                                            view._model.spec.n_heads))
