@@ -134,6 +134,15 @@ def test_fact_filter_matches_plain_forward(tiny_model, facts, tmp_path, monkeypa
     assert U.known_facts(tiny_model, facts) == kept
     with pytest.raises(InputError, match="at least one fact"):
         U.known_facts(tiny_model, [])
+    # both formats: the trained-format answers and the multiple-choice answers, by hand
+    both = []
+    with torch.no_grad():
+        for f, ok in zip(facts, expect):
+            x = torch.tensor([tiny_model.tokenizer(U.fact_prompt(f, "mc"), add_special_tokens=False)["input_ids"]])
+            p = torch.softmax(tiny_model.hf(input_ids=x).logits[0, -1].float(), -1)
+            both.append(ok and ATTRS[int(p[ids].argmax())] == f.attribute)
+    kept2 = U.known_facts(tiny_model, facts, formats=("trained", "mc"))
+    assert [f.subject for f in kept2] == [f.subject for f, ok in zip(facts, both) if ok]
 
 
 # -- probe and fact-lookup layers -----------------------------------------------------------
