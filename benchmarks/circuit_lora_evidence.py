@@ -342,7 +342,10 @@ def stage_report(args: argparse.Namespace, folder: Path) -> dict:
     torch.set_num_threads(args.threads)
     jobs = folder / "jobs"
     probe = json.loads((jobs / "probe.json").read_text())
-    probe.update(json.loads((jobs / "probe_circuits.json").read_text()))
+    circ = json.loads((jobs / "probe_circuits.json").read_text())
+    timing = ("seconds", "cpu_seconds", "load_average")
+    probe.update({k: v for k, v in circ.items() if k not in timing})
+    probe["circuits_job"] = {k: circ[k] for k in timing}
     seeds = ints(args.seeds)
     model = load_model(args.model)
     base = json.loads((jobs / "base.json").read_text())
@@ -451,6 +454,7 @@ def figures(summary: dict, n_layers: int) -> None:
                                             "lr", "validation accuracy").opts(color=c, size=8)
         for variant, c in zip(VARIANTS, (blue, orange))]).opts(
         logx=True, xticks=[(lr, f"{lr:g}") for lr in sorted({lr for _, lr, _ in sweep})],
+        xlim=(0.7 * min(lr for _, lr, _ in sweep), 1.4 * max(lr for _, lr, _ in sweep)),
         width=460, height=360, show_grid=True, legend_position="bottom_right",
         title="Learning-rate sweep (seed 0)")
     sw = sw.redim.range(**{"validation accuracy": (low, 1.0)})
@@ -518,7 +522,7 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=4, help="uniform LoRA rank")
     ap.add_argument("--r-other", type=int, default=2, help="CircuitLoRA rank outside critical layers")
     ap.add_argument("--k", type=int, default=5, help="critical layers")
-    ap.add_argument("--seeds", default="0,1,2", help="the first one runs the sweep")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="the first one runs the sweep")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--jobs", default="",
                     help="train: run only these jobs (comma-separated names; default all)")
