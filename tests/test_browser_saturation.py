@@ -102,12 +102,15 @@ def press_until_attr(page, handle_css: str, key: str, name: str, predicate, *,
     raise AssertionError("unreachable")
 
 
-def pareto_title(page) -> str:
+def pareto_titles(page) -> str:
+    """Every early-exit plot title the browser holds, joined: a θ move replaces the plot, and
+    the replaced plot's models may linger in the document for a while."""
     return page.evaluate("""() => {
+        const found = [];
         for (const doc of Bokeh.documents)
             for (const m of doc.all_models)
-                if (m.type === 'Title' && m.text.startsWith('Early exit')) return m.text;
-        return '';
+                if (m.type === 'Title' && m.text.startsWith('Early exit')) found.push(m.text);
+        return found.join(' | ');
     }""")
 
 
@@ -151,9 +154,9 @@ def test_click_token_and_move_k(page_url, browser, tiny_model):
                              lambda v: v.split("|")[0].split(":")[1] == "0.0000")
     assert float(moved.split("|")[0].split(":")[2]) == pytest.approx(3.0)
     deadline = time.time() + 30
-    while "margin θ=0.00" not in pareto_title(page) and time.time() < deadline:
+    while "margin θ=0.00" not in pareto_titles(page) and time.time() < deadline:
         page.wait_for_timeout(250)
-    assert "margin θ=0.00" in pareto_title(page)
+    assert "margin θ=0.00" in pareto_titles(page)
 
     # injection layer to the other end: the new s_1 and prediction, as run here
     shown = wait_for(page, "data-sat-injection", lambda v: v is not None, timeout=120)
