@@ -31,7 +31,6 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023 (EAP
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -1041,55 +1040,6 @@ class _PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def _bench_slider_redraw(model: Model, task: CircuitTask, scores: xr.Dataset,
-                         moves: int = 20) -> dict[str, float]:
-    """Server-side time of a slider move on the Circuits page (apps/circuits.py).
-
-    The page is attached to a Bokeh Document (as in a served session, with the document as
-    ``pn.state.curdoc``) and given ``scores``; its faithfulness curve is stood in by the
-    pruned sizes of the slider's positions (no patching: only drawing is timed). Each move
-    sets the slider to a position not visited before (no cached circuit), in a fixed
-    shuffled order, and is timed from the widget's value change until every pane has been
-    updated: re-pruning (`select_circuit`), the edge table, the three plots' Bokeh updates.
-    Checks that the drawn segments equal the page's circuit after each move.
-    """
-    import panel as pn
-    from bokeh.document import Document
-    from bokeh.models import ColumnDataSource
-    from panel.io.state import set_curdoc
-
-    from apps.circuits import CircuitsView, size_grid
-
-    n = int(scores.sizes["edge"])
-    sizes = [0, *size_grid(n).tolist()]
-    kept = [int(select_circuit(scores, top_n=k).sum()) for k in sizes]
-    curve = xr.Dataset({"recovered": ("n_edges", np.array(kept) / n),
-                        "n_kept": ("n_edges", np.array(kept))}, coords={"n_edges": sizes})
-    view = CircuitsView(model, background=False, autostart=False)
-    doc = Document()
-    with set_curdoc(doc):
-        doc.add_root(pn.panel(view).get_root(doc))
-        view._got_scores((task, scores, curve))
-        options = list(view._slider.options.values())
-        start = options.index(view._slider.value)
-        order = [i for i in np.random.default_rng(0).permutation(len(options)) if i != start]
-        wall, cpu = [], []
-        for i in order[:moves]:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            view._slider.value = options[i]
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.thread_time() - c0)
-            drawn = [len(m.data["x0"]) for m in doc.select({"type": ColumnDataSource})
-                     if "x0" in m.data]
-            if drawn != [view._shown["drawn"]] or view.n_edges != options[i]:
-                raise RuntimeError(f"slider move to {options[i]} drew {drawn} segments, "
-                                   f"expected {view._shown['drawn']}")
-    return {"slider_redraw_ms": float(np.median(wall)) * 1e3,
-            "slider_redraw_cpu_ms": float(np.median(cpu)) * 1e3,
-            "slider_redraw_max_cpu_ms": float(np.max(cpu)) * 1e3,
-            "slider_moves": len(cpu)}
-
-
 def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: int = 5,
               repeats: int = 3, redraw: bool = True) -> dict[str, Any]:
     """EAP and EAP-IG over all edges versus one plain forward of the same batch, in one run.
@@ -1102,7 +1052,7 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
     set above its level before each stage. With ``redraw``, ``slider_redraw_ms`` /
     ``slider_redraw_cpu_ms``: median wall / CPU time (the serving thread) of a slider move on
     the Circuits page attached to a Bokeh Document, drawing this run's EAP scores
-    (`_bench_slider_redraw`; target < 100 ms, no re-trace). Shaped for `explorer.bench`
+    (`apps.circuits.slider_redraw_times`; target < 100 ms, no re-trace). Shaped for `explorer.bench`
     (``explorer bench eap``).
     """
     import statistics
@@ -1153,7 +1103,9 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
     n_edges = int(valid.sum())
     page = {}
     if redraw:
-        page = _bench_slider_redraw(model, t, edge_scores(model, t, method="eap",
+        from apps.circuits import slider_redraw_times
+
+        page = slider_redraw_times(model, t, edge_scores(model, t, method="eap",
                                                           batch_size=n_prompts))
     return {
         "params": {"model": model.spec.name, "task": task, "n_prompts": n_prompts,
