@@ -247,7 +247,6 @@ class CircuitsView(pn.viewable.Viewer):
     error = param.String(default="", precedence=-1)
     redraw_ms = param.Number(default=0.0, precedence=-1)       # wall time of the last re-draw
     redraw_cpu_ms = param.Number(default=0.0, precedence=-1)   # its CPU time (busy machines)
-    node_set = param.Integer(default=0, precedence=-1)         # bumped when the drawn nodes change
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  autostart: bool | None = None, run_folder: str | Path | None = None,
@@ -541,7 +540,6 @@ class CircuitsView(pn.viewable.Viewer):
             style = node_style(self._node_names, nodes)
             for source in self._node_sources:
                 source.data.update(style)
-            self.node_set += 1
 
     def _keep_node_source(self, plot: Any, element: Any) -> None:
         """Plot hook: remember each drawn node plot's data source and bring it up to date."""

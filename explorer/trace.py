@@ -286,8 +286,9 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     arch_transposed = model.arch.o_proj_transposed
     lens_resid: dict[int, Any] = {}
     dla_parts: dict[Any, Any] = {}
-    o_bias = dla_ids is not None and model.b_O(0) is not None
+    o_bias = False
     if dla_ids is not None:  # read here: the trace body must not refer to `model` (remote)
+        o_bias = model.b_O(0) is not None
         dla_centred, dla_eps = final_norm_kind(model)
         dla_dtype = model.final_norm_module.weight.dtype
         dla_u_bias = model.unembed_module.bias is not None
