@@ -322,12 +322,13 @@ class LensView(pn.viewable.Viewer):
         edits = self.edits_for(p)
         token.check()
         # a remote model reduces the lens inside its trace; locally, an edit resumes at its
-        # layer from the clean run, and the bfloat16 screen halves the unembedding's cost
+        # layer from the clean run; "auto" takes the bfloat16 screen where this CPU has
+        # native bfloat16 (about half the unembedding's cost) and exact float32 elsewhere
         remote = self._model.remote
         resume = self._clean_run(p["prompt"]) if (edits and not remote) else None
         token.check()
         ds = explorer.logit_lens(self._model, p["prompt"], k=p["k"], edits=edits, resume=resume,
-                                 rank_cap=p["k"], unembed_dtype="bfloat16")
+                                 rank_cap=p["k"], unembed_dtype="auto")
         return p, ds
 
     # -- results (on the session's event loop when served) -------------------------------

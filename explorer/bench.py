@@ -146,8 +146,11 @@ def machine_info() -> dict[str, Any]:
         from importlib.metadata import version
 
         versions["transformer_lens"] = version("transformer-lens")
+    from ._kernels import bfloat16_matmul_is_fast, gemm_backend
+
     return {"cores": cores, "torch_threads": torch.get_num_threads(), "cpu": cpu,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "unembed_gemm": gemm_backend(), "bfloat16_matmul_fast": bfloat16_matmul_is_fast(),
             "platform": platform.platform(), "versions": versions}
 
 
@@ -479,13 +482,15 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     """One steering edit + logit lens update, as a slider move in the lens app does it.
 
     ``logit_lens(model, [prompt], k=k, edits=[Steer(layer, vector, alpha)], resume=clean)``
-    in the default exact mode and in the fast mode (``unembed_dtype="bfloat16"``,
-    ``rank_cap``), each against the same call without ``resume`` (a full re-run), and the
-    exact mode without reuse of the clean layers' readouts. ``alpha`` changes slightly on
-    every call, as a slider does. ``accuracy`` compares fast with exact on the bench text.
+    in the default exact mode and in the page's fast mode (``unembed_dtype="auto"``,
+    ``rank_cap``), each against the same call without ``resume`` (a full re-run), the
+    exact mode without reuse of the clean layers' readouts, and the bfloat16 screen forced
+    (``slider_bf16_ms``: what "auto" avoids on CPUs without native bfloat16). ``alpha``
+    changes slightly on every call, as a slider does. ``accuracy`` compares the bfloat16
+    screen with exact float32 on the bench text.
     """
     from .interventions import Steer
-    from .lens import logit_lens
+    from .lens import logit_lens, resolve_unembed_dtype
     from .trace import clean_run
 
     tokens = check_int("tokens", tokens, low=2)
@@ -494,7 +499,8 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     layer = m.n_layers // 2 if layer is None else m.check_layer(layer)
     prompt = text_prompts(m, 1, tokens)[0]
     vector = steering_vector(m, layer)
-    fast = {"unembed_dtype": "bfloat16", "rank_cap": rank_cap}
+    fast = {"unembed_dtype": "auto", "rank_cap": rank_cap}
+    bf16 = {"unembed_dtype": "bfloat16", "rank_cap": rank_cap}
     t0 = time.perf_counter()
     clean = clean_run(m, [prompt])
     clean_ms = (time.perf_counter() - t0) * 1e3
@@ -520,10 +526,13 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
         "exact_resumed_no_reuse": lens(resume=clean, reuse_clean=False),
         "fast_resumed": lens(resume=clean, **fast),
         "fast_full": lens(**fast),
+        "bf16_resumed": lens(resume=clean, **bf16),
     }, repeats=repeats)
     figures = {
         "slider_exact_ms": _median_ms(times["exact_resumed"]),
         "slider_fast_ms": _median_ms(times["fast_resumed"]),
+        "slider_bf16_ms": _median_ms(times["bf16_resumed"]),
+        "bf16_vs_fast_ratio": _paired_ratio(times["bf16_resumed"], times["fast_resumed"]),
         "exact_resumed_vs_full_ratio": _paired_ratio(times["exact_resumed"], times["exact_full"]),
         "fast_resumed_vs_full_ratio": _paired_ratio(times["fast_resumed"], times["fast_full"]),
         "exact_reuse_vs_no_reuse_ratio": _paired_ratio(times["exact_resumed"],
@@ -551,10 +560,11 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
         texts = text_prompts(m, check_int("accuracy_prompts", accuracy_prompts, low=1),
                              check_int("accuracy_tokens", accuracy_tokens, low=2))
         exact = logit_lens(m, texts, k=k, rank_cap=rank_cap)
-        screened = logit_lens(m, texts, k=k, **fast)
-        accuracy["fast_vs_exact"] = lens_agreement(exact, screened)
+        screened = logit_lens(m, texts, k=k, **bf16)
+        accuracy["bf16_vs_exact"] = lens_agreement(exact, screened)
     params = {"model": model, "tokens": tokens, "layer": layer, "alpha": alpha, "k": k,
               "rank_cap": rank_cap, "repeats": repeats, "fast": fast,
+              "fast_resolves_to": resolve_unembed_dtype("auto"),
               "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
               "layers": m.n_layers}
     return {"params": params, "figures": figures, "accuracy": accuracy}

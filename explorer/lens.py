@@ -15,7 +15,14 @@ Four things keep an interactive edit (a steering slider) fast without giving up 
 - ``unembed_dtype="bfloat16"`` screens the vocabulary in bfloat16, recomputes the top
   candidates in float32, and takes the softmax normaliser from the screen with the
   candidates' float32 values swapped in ("screen then refine"): top-k ids and probabilities
-  almost always equal the float32 ones, at about half the cost (see `lens_readout`).
+  almost always equal the float32 ones, at about half the cost where the CPU has native
+  bfloat16 arithmetic (see `lens_readout`). Elsewhere (AVX2-only CPUs) a bfloat16 product
+  is several times slower than float32, so ``unembed_dtype="auto"`` takes the screen only
+  where `explorer._kernels.bfloat16_matmul_is_fast` measured it faster, and the exact
+  float32 lens otherwise.
+
+The float32 unembedding goes through `explorer._kernels.unembed_product`: numpy's BLAS
+where it measured faster than torch's (2x on AMD EPYC), torch's otherwise.
 """
 from __future__ import annotations
 
@@ -28,14 +35,26 @@ import torch
 import xarray as xr
 
 from ._checks import InputError, check_choice, check_int
+from ._kernels import bfloat16_matmul_is_fast, unembed_product
 from .interventions import Edit, first_edit_layer
 from .models import Model
 from .trace import (CleanRun, check_edit_rows, check_edits, check_layers, edits_for_rows,
                     provenance, run_batch, token_coords)
 
-__all__ = ["logit_lens", "lens_readout", "SCREEN_CANDIDATES", "CLEAN_READOUT_BUDGET_MB"]
+__all__ = ["logit_lens", "lens_readout", "resolve_unembed_dtype", "SCREEN_CANDIDATES",
+           "CLEAN_READOUT_BUDGET_MB", "UNEMBED_CHOICES"]
 
 _UNEMBED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+UNEMBED_CHOICES = ("auto", *_UNEMBED_DTYPES)
+
+
+def resolve_unembed_dtype(unembed_dtype: str) -> str:
+    """``"float32"`` or ``"bfloat16"`` for an ``unembed_dtype`` option (``"auto"``: the
+    bfloat16 screen where this CPU's bfloat16 matmul is faster than float32, else float32)."""
+    check_choice("unembed_dtype", unembed_dtype, UNEMBED_CHOICES)
+    if unembed_dtype == "auto":
+        return "bfloat16" if bfloat16_matmul_is_fast() else "float32"
+    return unembed_dtype
 
 SCREEN_CANDIDATES = 32
 """Tokens per row that the bfloat16 screen hands to the float32 refinement (at least)."""
@@ -202,7 +221,8 @@ def _read_rows(model: Model, resid: torch.Tensor, *, k: int, n_cand: int,
     bias, cap = _unembed_extras(model)
     h = model.final_norm_module(resid).float()                  # [m, d_model]
     if unembed_dtype == "float32":
-        logits = _finish(h @ _unembed_weight(model, torch.float32).T, bias, cap)  # [m, vocab]
+        logits = _finish(unembed_product(h, _unembed_weight(model, torch.float32)), bias,
+                         cap)                                    # [m, vocab]
         return _readout_of_logits(logits, k=k, n_cand=n_cand)
     # screen then refine: bfloat16 logits pick the candidates, float32 recomputes them
     hi_dims, w_screen = _screen_weight(model)
@@ -293,7 +313,7 @@ def lens_readout(model: Model, resid: torch.Tensor, *, k: int, targets: torch.Te
     dict
         ``top_id``, ``top_prob`` [n, k]; with targets, ``target_rank``, ``target_prob`` [n, t].
     """
-    check_choice("unembed_dtype", unembed_dtype, _UNEMBED_DTYPES)
+    unembed_dtype = resolve_unembed_dtype(unembed_dtype)
     check_int("chunk_rows", chunk_rows, low=1)
     check_int("screen_candidates", screen_candidates, low=1)
     n_cand = _n_candidates(model, k, rank_cap, unembed_dtype, screen_candidates)
@@ -390,11 +410,13 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
         Interventions applied before reading.
     resume : CleanRun, optional
         Clean residuals of the same prompts: layers before the first edit are not re-run.
-    unembed_dtype : {"float32", "bfloat16"}, default="float32"
+    unembed_dtype : {"float32", "bfloat16", "auto"}, default="float32"
         "bfloat16" screens the vocabulary in bfloat16 and recomputes the top candidates in
-        float32 (see `lens_readout`): about half the unembedding time, top-k ids and
-        probabilities almost always equal to float32's. "float32" is exact. A remote
-        model reduces the lens inside its trace, in float32, whatever this says.
+        float32 (see `lens_readout`): on CPUs with native bfloat16 about half the
+        unembedding time, top-k ids and probabilities almost always equal to float32's.
+        "float32" is exact. "auto" is "bfloat16" where this CPU's bfloat16 matmul is the
+        faster one, else "float32". A remote model reduces the lens inside its trace, in
+        float32, whatever this says.
     rank_cap : int, optional
         Ranks at or beyond the cap read as ``rank_cap``, and only ranks below it are
         counted; default exact ranks over the whole vocabulary.
@@ -418,7 +440,7 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     k = check_int("k", k, low=1, high=model.vocab_size)
     if rank_cap is not None:
         rank_cap = check_int("rank_cap", rank_cap, low=1, high=model.vocab_size)
-    check_choice("unembed_dtype", unembed_dtype, _UNEMBED_DTYPES)
+    unembed_dtype = resolve_unembed_dtype(unembed_dtype)
     check_int("chunk_rows", chunk_rows, low=1)
     check_int("screen_candidates", screen_candidates, low=1)
     layers = check_layers(model, layers)

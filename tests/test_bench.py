@@ -160,8 +160,8 @@ def test_slider_result_shape():
             "fast_resumed_vs_full_ratio", "exact_reuse_vs_no_reuse_ratio"} <= set(result["figures"])
     acc = result["accuracy"]
     assert acc["reuse_identical"] is True
-    assert acc["fast_vs_exact"]["rows"] == 2 * 10 * 3
-    assert 0 <= acc["fast_vs_exact"]["max_top_prob_abs_error"] < 2e-3
+    assert acc["bf16_vs_exact"]["rows"] == 2 * 10 * 3
+    assert 0 <= acc["bf16_vs_exact"]["max_top_prob_abs_error"] < 2e-3
 
 
 # -- exact rank counting ------------------------------------------------------------------------
