@@ -632,7 +632,7 @@ class SaturationView(pn.viewable.Viewer):
             key = (weights, text)
             with self._lock:
                 clean = self._cleans.get(key)
-            if clean is None:
+            if clean is None and not model.remote:  # a remote injection does not resume
                 clean = explorer.clean_run(model, [text])
                 with self._lock:
                     if len(self._cleans) > 4:

@@ -186,7 +186,9 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
               edits: Sequence[Edit] = (), save_positions: Sequence[int] | None = None,
               resume: CleanRun | None = None, logits: bool = True,
               save_final: Sequence[str] = (), lens_k: int = 0,
-              lens_layers: Sequence[int] = (),
+              lens_layers: Sequence[int] = (), lens_ranked: int | None = None,
+              lens_cosine: bool = False,
+              save_points: tuple[torch.Tensor, torch.Tensor] | None = None,
               dla_ids: torch.Tensor | None = None) -> dict[Any, torch.Tensor]:
     """One nnsight trace over a padded batch; the only function that drives nnsight.
 
@@ -208,6 +210,15 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
         and log-probabilities, and the rank and log-probability of the output's top
         ``lens_k`` tokens. ``(layer, "head_out")`` in ``save`` is also computed inside the
         trace: each head's write [prompt, pos, head, d_model] through its slice of W_O.
+    lens_ranked : int, optional
+        Rank only the output's top ``lens_ranked`` (<= ``lens_k``) tokens; default all
+        ``lens_k``.
+    lens_cosine : bool, default=False
+        With ``lens_layers``: also ("lens_cos", layer) [prompt, pos], the cosine of
+        resid_post at ``layer`` with resid_post at ``layer - 1`` (both in ``lens_layers``).
+    save_points : (rows, cols) tensors of int, optional
+        Keep saved layer sites only at these (batch row, padded column) points: each
+        becomes [points, ...]. Exclusive with ``save_positions``.
     dla_ids : tensor [prompt, t] of token ids, optional
         Direct logit attribution computed inside the trace (see `direct_logit_attribution`):
         the logit of each of the t tokens at each kept position, split into the
@@ -237,6 +248,19 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     sel = None
     if save_positions is not None:
         sel = position_index(batch.lengths, batch.width, save_positions)
+    points = None
+    if save_points is not None:
+        if save_positions is not None:
+            raise InputError("`save_points` and `save_positions` cannot both be given.")
+        points = tuple(torch.as_tensor(x, dtype=torch.long) for x in save_points)
+        if len(points) != 2 or points[0].shape != points[1].shape or points[0].ndim != 1:
+            raise InputError("`save_points` must be two 1-d tensors (rows, cols) of one length.")
+        if points[0].numel() and not (0 <= int(points[0].min()) and
+                                      int(points[0].max()) < len(batch.lengths) and
+                                      0 <= int(points[1].min()) and
+                                      int(points[1].max()) < batch.width):
+            raise InputError(f"`save_points` must lie in [0, {len(batch.lengths)}) x "
+                             f"[0, {batch.width}).")
     if dla_ids is not None:
         dla_ids = torch.as_tensor(dla_ids, dtype=torch.long)
         if dla_ids.ndim != 2 or dla_ids.shape[0] != len(batch.lengths):
@@ -247,6 +271,11 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
             raise InputError(f"`dla_ids` must be token ids in [0, {model.vocab_size}).")
     start = 0
     lens_layers = [int(x) for x in lens_layers] if lens_k else []
+    n_ranked = lens_k if lens_ranked is None else int(lens_ranked)
+    if lens_layers and not 1 <= n_ranked <= lens_k:
+        raise InputError(f"`lens_ranked` must be an int in [1, {lens_k}]; got {lens_ranked}.")
+    if lens_cosine and any(x - 1 not in lens_layers for x in lens_layers if x > 0):
+        raise InputError("`lens_cosine` needs every lens layer's predecessor in `lens_layers`.")
     softcap = None
     if model.arch.logit_softcap_attr:
         softcap = getattr(model.hf.config, model.arch.logit_softcap_attr, None)
@@ -270,7 +299,9 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
 
     def keep(key, value):
         value = value.detach()
-        if sel is not None and key[1] != "attn_pattern":
+        if points is not None and key[1] != "attn_pattern":
+            value = value[points[0], points[1]]                     # [points, ...]
+        elif sel is not None and key[1] != "attn_pattern":
             value = value[sel[0], sel[1]].reshape(n_prompts, -1, *value.shape[2:])
         elif clone:
             value = value.clone()
@@ -368,18 +399,25 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                                                                     out_logits.shape[-1])
                 final_id = out_logits.float().topk(lens_k, dim=-1).indices  # [prompt, pos, k]
                 result["lens_final_id"] = final_id
+                ranked = final_id[..., :n_ranked]                            # [prompt, pos, r]
                 for layer in lens_layers:
                     x = lens_resid[layer]
                     if sel is not None:
                         x = x[sel[0], sel[1]].reshape(n_prompts, -1, x.shape[-1])
+                    if lens_cosine and layer > 0:
+                        y = lens_resid[layer - 1]
+                        if sel is not None:
+                            y = y[sel[0], sel[1]].reshape(n_prompts, -1, y.shape[-1])
+                        result[("lens_cos", layer)] = torch.nn.functional.cosine_similarity(
+                            x.float(), y.float(), dim=-1)                # [prompt, pos]
                     lg = nn.unembed(nn.final_norm(x)).float()          # [prompt, pos, vocab]
                     if softcap:
                         lg = torch.tanh(lg / softcap) * softcap
                     lse = lg.logsumexp(-1, keepdim=True)
                     top = lg.topk(lens_k, dim=-1)
-                    target = lg.gather(-1, final_id)                    # [prompt, pos, k]
+                    target = lg.gather(-1, ranked)                      # [prompt, pos, r]
                     rank = torch.stack([(lg > target[..., j:j + 1]).sum(-1)
-                                        for j in range(lens_k)], -1)
+                                        for j in range(n_ranked)], -1)
                     result[("lens", layer)] = (top.indices, top.values - lse, rank,
                                                target - lse)
             if dla_ids is not None:

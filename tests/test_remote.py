@@ -191,6 +191,53 @@ def test_head_scores_are_reduced_in_the_remote_trace(remote_model, local_model):
         assert _equal(remote[name].values, local[name].values), name
 
 
+def test_saturation_lens_pass_is_reduced_in_the_remote_trace(remote_model, local_model):
+    """Saturation's lens pass on a remote model: top-k lists, ranks, cosines and the
+    sampled residuals come from inside the trace (exact rank counts on the server) and
+    equal the local pass (top-k lists of the float32 lens, ranks read off them)."""
+    from explorer.analyses.saturation import inject_residual, saturation_layers
+
+    texts = [*PROMPTS, "A b c d e f g"]
+    kw = dict(k=3, rank_cap=6, sample_positions=5, batch_size=2, seed=1)
+    remote = saturation_layers(remote_model, texts, **kw)
+    local = saturation_layers(local_model, texts, **kw)
+    for name in ("sat_layer", "final_rank", "top_token_id", "mask"):
+        assert _equal(remote[name].values, local[name].values), name
+    assert _equal(remote.final_token_id.values, local.final_token_id.values)
+    assert _equal(remote.sample_pos.values, local.sample_pos.values)
+    for name in ("top_prob", "cosine", "resid_sample"):
+        np.testing.assert_allclose(remote[name].values, local[name].values, rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+    # the injection runs without a clean run to resume from, lens reduced remotely
+    args = dict(source_pos=1, target_pos=3, layer=1)
+    got = inject_residual(remote_model, PROMPTS[1], **args)
+    expect = inject_residual(local_model, PROMPTS[1], **args)
+    assert got == expect
+
+
+def test_saturation_analysis_runs_remotely(remote_model, local_model):
+    """The whole analysis (lens pass, order test, probe, early exit, injections) on the
+    remote model equals the same analysis run locally."""
+    from explorer.analyses.saturation import saturation_analysis
+
+    texts = ["the cat the cat the cat the dog the cat the dog the cat the dog the cat",
+             "The capital of France is Paris, and the capital of Spain is Madrid"]
+    kw = dict(k=3, rank_cap=6, n_permutations=20, sample_positions=12, n_pairs=2, min_gap=1,
+              max_ratio=1.0, min_sat_layer=0, window=1, seed=0)
+    remote = saturation_analysis(remote_model, texts, **kw)
+    local = saturation_analysis(local_model, texts, **kw)
+    assert remote.sizes["pair"] == 2 and (remote.inj_layer.values >= 0).any()  # injected
+    assert set(remote.data_vars) == set(local.data_vars)
+    for name in remote.data_vars:
+        a, b = remote[name].values, local[name].values
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+        elif a.dtype.kind in "OUS":
+            assert np.array_equal(a, b), name
+        else:
+            assert _equal(a, b), name
+
+
 # -- status, time limit, cancellation, disconnects -----------------------------------------
 
 def test_status_updates_reach_the_callback(remote_model):

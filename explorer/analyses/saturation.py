@@ -970,6 +970,13 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
 
     for b0 in range(0, n, batch_size):
         rows = list(range(b0, min(b0 + batch_size, n)))
+        if model.remote:
+            batch = model.tokenize([texts[i] for i in rows])
+            _remote_saturation_batch(model, batch, rows, k=k, rank_cap=rank_cap, sample=sample,
+                                     out=(sat, final_rank, top_id, top_prob, cosine,
+                                          resid_sample))
+            step(sum(lengths[i] for i in rows))
+            continue
         tr = trace(model, [texts[i] for i in rows], sites=("resid_post",), batch_size=len(rows),
                    progress=False)
         resid = tr.resid_post.values                                   # [b, P, L, d] NaN pad
@@ -999,6 +1006,49 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
 
     return _lens_dataset(model, texts, sat, final_rank, top_id, top_prob, cosine,
                          resid_sample, sample)
+
+
+def _remote_saturation_batch(model: Any, batch: Any, rows: list[int], *, k: int,
+                             rank_cap: int, sample: np.ndarray,
+                             out: tuple[np.ndarray, ...]) -> None:
+    """One batch (tokenised ``batch`` of texts ``rows``) of the lens pass on a remote model,
+    reduced inside its trace.
+
+    The lens top-``rank_cap`` lists, the ranks of the output's top-k tokens, the cosines
+    of consecutive layers and the sampled positions' residuals are computed on the
+    server; nothing of size [layer, pos, vocab] or [layer, pos, d_model] comes back.
+    Ranks are exact counts there, so a token at rank >= ``rank_cap`` reads as
+    ``rank_cap``, as in the local pass.
+    """
+    from explorer.trace import run_batch
+
+    sat, final_rank, top_id, top_prob, cosine, resid_sample = out
+    n_layers = model.n_layers
+    in_batch = np.flatnonzero((sample[:, 0] >= rows[0]) & (sample[:, 0] <= rows[-1]))
+    s_rows = sample[in_batch, 0] - rows[0]
+    s_cols = np.array([batch.width - batch.lengths[r] + q
+                       for r, q in zip(s_rows, sample[in_batch, 1])], dtype=np.int64)
+    saves = {(layer, "resid_post") for layer in range(n_layers)} if len(in_batch) else set()
+    got = run_batch(model, batch, save=saves, logits=False, lens_k=rank_cap,
+                    lens_layers=range(n_layers), lens_ranked=k, lens_cosine=True,
+                    save_points=(torch.from_numpy(s_rows), torch.from_numpy(s_cols)))
+    for i, length in enumerate(batch.lengths):
+        cols = slice(batch.width - length, batch.width)            # real tokens of row i
+        g = rows[i]
+        ranks = np.stack([got[("lens", layer)][2][i, cols].numpy()
+                          for layer in range(n_layers)], 1)         # [pos, layer, k]
+        ranks = np.minimum(ranks, rank_cap).astype(np.int16)
+        final_rank[g, :length] = ranks
+        sat[g, :length] = saturation_from_ranks(ranks)
+        for layer in range(n_layers):
+            ids, logp = got[("lens", layer)][0][i, cols, :k], got[("lens", layer)][1][i, cols, :k]
+            top_id[g, :length, layer] = ids.numpy()
+            top_prob[g, :length, layer] = logp.exp().numpy()
+            if layer:
+                cosine[g, :length, layer] = got[("lens_cos", layer)][i, cols].numpy()
+    for j, si in enumerate(in_batch):
+        resid_sample[si] = np.stack([got[(layer, "resid_post")][j].float().numpy()
+                                     for layer in range(n_layers)])
 
 
 def _lens_dataset(model: Any, texts: list[str], sat: np.ndarray, final_rank: np.ndarray,
@@ -1229,12 +1279,22 @@ def inject_residual(model: Any, text: str, *, source_pos: int, target_pos: int, 
     for name, v in (("source_pos", source_pos), ("target_pos", target_pos)):
         check_int(name, v, low=0, high=n_tok - 1)
     layer = check_int("layer", layer, low=0, high=model.n_layers - 2)
-    if clean is None:
-        clean = clean_run(model, [text])
-    # resid_post of block `layer` is resid_pre of block `layer + 1`; one prompt: no padding
-    h = clean.resid_pre[layer + 1][0].float().numpy()                 # [pos, d_model]
-    edit = Steer(layer=layer, vector=h[source_pos] - h[target_pos], alpha=1.0,
-                 positions=(target_pos,))
+    if model.remote:
+        # no clean run to resume from: only the two residuals come back, every lens below
+        # is reduced inside its own remote trace
+        from explorer.trace import trace
+
+        two = trace(model, [text], sites=("resid_post",), layers=[layer],
+                    positions=[source_pos, target_pos], progress=False)
+        src, tgt = two.resid_post.values[0, :, 0].astype(np.float32)  # [d_model] each
+        clean = None
+    else:
+        if clean is None:
+            clean = clean_run(model, [text])
+        # resid_post of block `layer` is resid_pre of block `layer + 1`; one prompt: no padding
+        h = clean.resid_pre[layer + 1][0].float().numpy()             # [pos, d_model]
+        src, tgt = h[source_pos], h[target_pos]
+    edit = Steer(layer=layer, vector=src - tgt, alpha=1.0, positions=(target_pos,))
     if baseline is None:
         before = logit_lens(model, [text], k=1, positions=[target_pos], resume=clean)
         baseline = {"rank": before.final_rank.values[0, 0, :, 0].astype(int).tolist(),
@@ -1465,7 +1525,7 @@ def _analyse(model: Any, texts: list[str], lens: xr.Dataset, *, k: int, max_rati
     if len(pairs):
         from explorer.trace import clean_run
         for pi, (p, early, late) in enumerate(pairs):
-            clean = clean_run(model, [texts[p]])
+            clean = None if model.remote else clean_run(model, [texts[p]])
             s_early = int(sat[p, early, 0])
             base = {"rank": lens.final_rank.values[p, late, :, 0].astype(int).tolist(),
                     "top1": int(lens.final_token_id.values[p, late, 0])}
