@@ -168,7 +168,7 @@ def test_bad_lens_arguments(tiny_model):
         logit_lens(tiny_model, PROMPTS, k=0)
     with pytest.raises(InputError, match=r"`rank_cap` must be an int in \[1, 512\]; got 600\."):
         logit_lens(tiny_model, PROMPTS, rank_cap=600)
-    with pytest.raises(InputError, match=r"`unembed_dtype` must be one of 'float32', "
+    with pytest.raises(InputError, match=r"`unembed_dtype` must be one of 'auto', 'float32', "
                                          r"'bfloat16'; got 'float16'"):
         logit_lens(tiny_model, PROMPTS, unembed_dtype="float16")
     with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 2\]; got 5\."):
