@@ -460,3 +460,58 @@ def test_dla_ids_must_match_the_batch(tiny_model):
         run_batch(tiny_model, batch, dla_ids=torch.zeros(3, 1, dtype=torch.long))
     with pytest.raises(InputError, match="token ids"):
         run_batch(tiny_model, batch, dla_ids=torch.full((2, 1), tiny_model.vocab_size))
+
+
+def test_in_trace_lens_cosine_ranks_and_points_match_hidden_states(tiny_model):
+    """run_batch's in-trace reductions for remote runs (cosines of consecutive layers,
+    ranks of only the top `lens_ranked` output tokens, residuals gathered at points)
+    against a plain forward's hidden states and a full-vocabulary count."""
+    from explorer.trace import run_batch
+
+    m = tiny_model
+    batch = m.tokenize(PROMPTS)
+    L = m.n_layers
+    rows, cols = torch.tensor([0, 2, 1]), torch.tensor([batch.width - 1, batch.width - 3,
+                                                        batch.width - 2])
+    got = run_batch(m, batch, save={(layer, "resid_post") for layer in range(L)},
+                    logits=False, lens_k=4, lens_layers=range(L), lens_ranked=2,
+                    lens_cosine=True, save_points=(rows, cols))
+    with eager_attention(m):
+        hs = m.hf(**batch.model_inputs(), output_hidden_states=True).hidden_states
+    # hidden_states[l + 1] is resid_post[l] except the last, which HF returns normed
+    for layer in range(L - 1):
+        assert got[(layer, "resid_post")].shape == (3, m.spec.d_model)
+        np.testing.assert_allclose(got[(layer, "resid_post")].numpy(),
+                                   hs[layer + 1][rows, cols].numpy(), atol=ATOL)
+    real = batch.attention_mask.bool()
+    for layer in range(1, L - 1):
+        expect = torch.nn.functional.cosine_similarity(hs[layer + 1], hs[layer], dim=-1)
+        np.testing.assert_allclose(got[("lens_cos", layer)][real].numpy(),
+                                   expect[real].numpy(), atol=1e-5)
+    out = m.hf(**batch.model_inputs()).logits.float()                 # [prompt, pos, vocab]
+    final = out.topk(4, dim=-1).indices
+    lens = m.lens_logits(hs[2]).float()                              # layer 1's lens
+    ids, _, rank, _ = got[("lens", 1)]
+    assert rank.shape[-1] == 2
+    target = lens.gather(-1, final[..., :2])
+    expect_rank = (lens.unsqueeze(-2) > target.unsqueeze(-1)).sum(-1)  # [prompt, pos, 2]
+    assert torch.equal(rank[real], expect_rank[real])
+    assert torch.equal(ids[real], lens.topk(4, dim=-1).indices[real])
+
+
+def test_bad_in_trace_lens_options_are_clear_errors(tiny_model):
+    from explorer.trace import run_batch
+
+    batch = tiny_model.tokenize(PROMPTS[:2])
+    with pytest.raises(InputError, match=r"`lens_ranked` must be an int in \[1, 3\]; got 4"):
+        run_batch(tiny_model, batch, lens_k=3, lens_layers=[0], lens_ranked=4)
+    with pytest.raises(InputError, match="`lens_cosine` needs every lens layer's predecessor"):
+        run_batch(tiny_model, batch, lens_k=3, lens_layers=[2], lens_cosine=True)
+    with pytest.raises(InputError, match="cannot both be given"):
+        run_batch(tiny_model, batch, save_positions=[-1],
+                  save_points=(torch.tensor([0]), torch.tensor([0])))
+    with pytest.raises(InputError, match=r"must lie in \[0, 2\) x \[0, "):
+        run_batch(tiny_model, batch, save={(0, "resid_post")},
+                  save_points=(torch.tensor([2]), torch.tensor([0])))
+    with pytest.raises(InputError, match="two 1-d tensors"):
+        run_batch(tiny_model, batch, save_points=(torch.tensor([0, 1]), torch.tensor([0])))
