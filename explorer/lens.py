@@ -307,6 +307,8 @@ def lens_readout(model: Model, resid: torch.Tensor, *, k: int, targets: torch.Te
     the bfloat16 screen (approximate: off by a few places among thousands). On SmolLM2-135M
     text (7,680 layer x position rows) the top-5 ids agreed with float32 on every row and
     probabilities differed by at most 1.3e-3 (``explorer bench slider`` measures it).
+    It is faster only on CPUs with native bfloat16; ``unembed_dtype="auto"`` uses it there
+    and float32 elsewhere (`resolve_unembed_dtype`).
 
     Returns
     -------
