@@ -401,13 +401,9 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
                 result["lens_final_id"] = final_id
                 ranked = final_id[..., :n_ranked]                            # [prompt, pos, r]
                 for layer in lens_layers:
-                    x = lens_resid[layer]
-                    if sel is not None:
-                        x = x[sel[0], sel[1]].reshape(n_prompts, -1, x.shape[-1])
+                    x = at_sel(lens_resid[layer])
                     if lens_cosine and layer > 0:
-                        y = lens_resid[layer - 1]
-                        if sel is not None:
-                            y = y[sel[0], sel[1]].reshape(n_prompts, -1, y.shape[-1])
+                        y = at_sel(lens_resid[layer - 1])
                         result[("lens_cos", layer)] = torch.nn.functional.cosine_similarity(
                             x.float(), y.float(), dim=-1)                # [prompt, pos]
                     lg = nn.unembed(nn.final_norm(x)).float()          # [prompt, pos, vocab]

@@ -1032,20 +1032,21 @@ def _remote_saturation_batch(model: Any, batch: Any, rows: list[int], *, k: int,
     got = run_batch(model, batch, save=saves, logits=False, lens_k=rank_cap,
                     lens_layers=range(n_layers), lens_ranked=k, lens_cosine=True,
                     save_points=(torch.from_numpy(s_rows), torch.from_numpy(s_cols)))
+    lens = [got[("lens", layer)] for layer in range(n_layers)]       # (ids, logp, rank, _)
+    ids = torch.stack([x[0][..., :k] for x in lens], 2).numpy()          # [b, width, L, k]
+    prob = torch.stack([x[1][..., :k] for x in lens], 2).exp().numpy()
+    ranks = torch.stack([x[2] for x in lens], 2).clamp(max=rank_cap).numpy().astype(np.int16)
+    cos = (torch.stack([got[("lens_cos", layer)] for layer in range(1, n_layers)], 2).numpy()
+           if n_layers > 1 else None)                                  # [b, width, L-1]
     for i, length in enumerate(batch.lengths):
         cols = slice(batch.width - length, batch.width)            # real tokens of row i
         g = rows[i]
-        ranks = np.stack([got[("lens", layer)][2][i, cols].numpy()
-                          for layer in range(n_layers)], 1)         # [pos, layer, k]
-        ranks = np.minimum(ranks, rank_cap).astype(np.int16)
-        final_rank[g, :length] = ranks
-        sat[g, :length] = saturation_from_ranks(ranks)
-        for layer in range(n_layers):
-            ids, logp = got[("lens", layer)][0][i, cols, :k], got[("lens", layer)][1][i, cols, :k]
-            top_id[g, :length, layer] = ids.numpy()
-            top_prob[g, :length, layer] = logp.exp().numpy()
-            if layer:
-                cosine[g, :length, layer] = got[("lens_cos", layer)][i, cols].numpy()
+        final_rank[g, :length] = ranks[i, cols]
+        sat[g, :length] = saturation_from_ranks(ranks[i, cols])
+        top_id[g, :length] = ids[i, cols]
+        top_prob[g, :length] = prob[i, cols]
+        if cos is not None:
+            cosine[g, :length, 1:] = cos[i, cols]
     for j, si in enumerate(in_batch):
         resid_sample[si] = np.stack([got[(layer, "resid_post")][j].float().numpy()
                                      for layer in range(n_layers)])
