@@ -33,7 +33,7 @@ from .models import SITES, Batch, Model
 
 __all__ = ["trace", "run_with", "run_batch", "CleanRun", "clean_run", "provenance",
            "check_sites", "check_layers", "check_positions", "check_edits", "check_edit_rows",
-           "edits_for_rows"]
+           "edits_for_rows", "run_on_weights"]
 
 # Sites inside a layer, in the order the forward pass reaches them.
 _LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
@@ -431,6 +431,53 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
             result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
+
+
+def run_on_weights(model: Model, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(weights, *args, **kwargs)`` run where the model's weights are; its result.
+
+    For a local model ``weights`` is ``model`` itself. For a remote one, ``fn`` runs on the
+    NDIF server inside one nnsight trace, on a `Model` over the server's module tree (the
+    trace's envoys: same structure, the served weights), and only its return value comes
+    back. This is how computations that need the weights outside a plain forward (the
+    circuits' per-head forward and backward) run on NDIF: ``fn`` and everything it calls
+    are explorer code, which travels with the request by value.
+
+    The trace's own forward pass is one token, run after ``fn``. ``fn`` must call modules
+    through the weights model's tree (``weights.hf_layer(0).mlp(x)``, `Model.lens_logits`):
+    those are nnsight ad-hoc calls, which stand the trace down for their duration, so they
+    are ordinary calls and not steps of the traced forward. It reads weights as attributes
+    (``.weight``) and the device as ``weights.hf.device``; a sandboxed server may refuse other
+    envoy attributes. ``fn`` must return tensors, numbers, strings or lists, tuples and dicts
+    of them; tensors come back on the CPU.
+    """
+    if not model.remote:
+        return fn(model, *args, **kwargs)
+    nn = model.nn
+    spec, arch = model.spec, model.arch  # the trace body must not refer to `model` (remote)
+    vehicle = torch.zeros(1, 1, dtype=torch.long)
+    with model.lock, nn.trace(input_ids=vehicle, remote=True) as tracer:  # noqa: F841
+        result = _call_on_weights(nn, spec, arch, fn, args, kwargs)
+        result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
+    return result["value"]
+
+
+def _call_on_weights(nn: Any, spec: Any, arch: Any, fn: Callable[..., Any], args: tuple,
+                     kwargs: dict) -> dict[str, Any]:
+    """Inside a trace (on the server): ``fn`` on a Model over the envoy tree."""
+    weights = Model(None, nn, None, spec, arch)
+    with torch.inference_mode(False):
+        return {"value": _to_cpu(fn(weights, *args, **kwargs))}
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
 
 
 def final_norm_kind(model: Model) -> tuple[bool, float]:

@@ -240,6 +240,99 @@ def test_saturation_analysis_runs_remotely(remote_model, local_model):
 
 # -- status, time limit, cancellation, disconnects -----------------------------------------
 
+def test_run_on_weights_runs_on_the_served_weights(remote_model, local_model):
+    """`run_on_weights` calls explorer code on the server's module tree: the output
+    projection read there is the saved folder's (the client model is meta), and a function
+    that calls modules (the logit lens) gives the local result."""
+    from explorer.models import Model
+    from explorer.trace import run_on_weights
+
+    w_o = run_on_weights(remote_model, Model.W_O, 1)
+    assert w_o.device.type == "cpu"
+    expect = local_model.hf.model.layers[1].self_attn.o_proj.weight.detach().T.reshape(
+        local_model.spec.n_heads, local_model.spec.d_head, -1)
+    assert torch.equal(w_o, expect)
+    x = torch.randn(2, 3, local_model.spec.d_model, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(run_on_weights(remote_model, Model.lens_logits, x),
+                       local_model.lens_logits(x))
+    # the stood-down trace left the model's own forward alone: a trace after it still matches
+    assert _equal(trace(remote_model, PROMPTS[:1]).resid_post,
+                  trace(local_model, PROMPTS[:1]).resid_post)
+
+
+def test_circuits_run_on_the_server(remote_model, local_model):
+    """EAP and EAP-IG edge scores, the faithfulness curve and one circuit's patched metric
+    on a remote model: each batch's per-head forward, backward and edge patching runs on the
+    server, and only scores and sums come back. Remote equals local bit for bit (the local
+    circuit forward is checked against the Hugging Face logits and hand-worked scores in
+    tests/test_circuits.py)."""
+    from explorer.analyses import circuits as ca
+
+    task = ca.make_task("add", 5, seed=1)
+    with torch.enable_grad():
+        for method, metric in (("eap", "logit_diff"), ("eap-ig", "kl")):
+            remote = ca.edge_scores(remote_model, task, method=method, steps=2, metric=metric,
+                                    batch_size=3)
+            local = ca.edge_scores(local_model, task, method=method, steps=2, metric=metric,
+                                   batch_size=3)
+            assert _equal(remote.score, local.score), method
+            assert np.abs(local.score.values).max() > 0
+            for key in ("clean_metric", "corrupt_metric", "n_layers", "n_heads"):
+                assert remote.attrs[key] == local.attrs[key], key
+    n = local.sizes["edge"]
+    curve_r = ca.faithfulness_curve(remote_model, task, remote, sizes=[0, 10, n], batch_size=3)
+    curve_l = ca.faithfulness_curve(local_model, task, local, sizes=[0, 10, n], batch_size=3)
+    for name in curve_l.data_vars:
+        assert _equal(curve_r[name], curve_l[name]), name
+    # all edges kept gives the clean run, none the corrupted one
+    assert curve_r.recovered.values[-1] == pytest.approx(1.0, abs=1e-5)
+    assert curve_r.recovered.values[0] == pytest.approx(0.0, abs=1e-5)
+    keep = ca.select_circuit(remote, top_n=12)
+    assert (ca.patch_edges_metric(remote_model, task, remote, keep, batch_size=3)
+            == ca.patch_edges_metric(local_model, task, local, keep, batch_size=3))
+
+
+def test_gpt2_circuit_scores_run_on_the_server(tmp_path, monkeypatch):
+    """The other circuit family (GPT-2: Conv1D projections, learned positions, LayerNorm)
+    served by its own loopback server: remote EAP-IG scores equal local ones bit for bit."""
+    from explorer.analyses import circuits as ca
+    from explorer.ndif_server import LoopbackServer
+
+    model = load_model("tiny-gpt2")
+    model.hf.save_pretrained(tmp_path)
+    model.tokenizer.save_pretrained(tmp_path)
+    local = load_model(tmp_path)
+    task = ca.make_task("add", 4, seed=0)
+    with LoopbackServer(tmp_path, api_key=API_KEY) as srv:
+        monkeypatch.setenv("NDIF_API_KEY", API_KEY)
+        monkeypatch.setenv("NDIF_HOST", srv.url)
+        remote_model = load_model(tmp_path, remote=True)
+        with torch.enable_grad():
+            remote = ca.edge_scores(remote_model, task, method="eap-ig", steps=2, batch_size=4)
+            expect = ca.edge_scores(local, task, method="eap-ig", steps=2, batch_size=4)
+    assert _equal(remote.score, expect.score) and np.abs(expect.score.values).max() > 0
+
+
+def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
+    """The Circuits page scores and draws the circuit of a remote model (the same as the
+    local page's); its fine-tune button, which trains weights, is refused with a clear
+    message."""
+    from apps.circuits import CircuitsView
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    with torch.enable_grad():
+        remote = CircuitsView(remote_model, background=False, n_prompts=4)
+        local = CircuitsView(local_model, background=False, n_prompts=4)
+    assert _equal(remote.scores.score, local.scores.score)
+    assert _equal(remote.curve.recovered, local.curve.recovered)
+    for view in (remote, local):
+        view.n_edges = 30
+        view._edges_plot()
+    assert remote._table["edge"].tolist() == local._table["edge"].tolist()
+    remote._request_finetune()
+    assert "remote (NDIF) model" in remote.error and remote.checkpoints is None
+
+
 def test_status_updates_reach_the_callback(remote_model):
     seen = []
     with remote_run(remote_model, on_status=seen.append) as run:

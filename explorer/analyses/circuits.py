@@ -21,7 +21,10 @@ patched to its corrupted value.
 The forward, backward and edge-patched passes are computed here on the model's own weights
 (``model.hf``), because each head needs its own input, which the plain Hugging Face forward
 does not allow; the runs reproduce the Hugging Face logits (tested). Supported families:
-llama (Llama, SmolLM2, Qwen2, Mistral without sliding windows) and gpt2.
+llama (Llama, SmolLM2, Qwen2, Mistral without sliding windows) and gpt2. On a remote (NDIF)
+model the same code runs on the server, one batch per job (`explorer.trace.run_on_weights`):
+the circuit forward is built over the served module tree, and only each batch's edge scores
+(one float per edge) or patched-metric sums come back.
 
 References: Wang et al., "Towards Understanding Fine-Tuning Mechanisms of LLMs via Circuit
 Analysis", ICML 2025 (CircuitLoRA); Hanna, Pezzelle, Belinkov, "Have Faith in Faithfulness:
@@ -30,6 +33,7 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023 (EAP
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +52,7 @@ from explorer.analyses.circuit_tasks import (
     task_generators,
 )
 from explorer.models import Batch, Model
-from explorer.trace import progress_steps, provenance
+from explorer.trace import progress_steps, provenance, run_on_weights
 
 __all__ = [
     "CircuitTask",
@@ -175,18 +179,37 @@ def circuit_graph(model: Model) -> CircuitGraph:
 
 # -- the per-node forward ---------------------------------------------------------------------
 
-def _adapter(model: Model) -> _Adapter:
+def _check_family(model: Model) -> None:
+    """Raise UnsupportedModelError unless the circuit forward covers ``model`` (local or remote:
+    only the module structure is read)."""
     family = model.spec.family
-    if model.remote:
-        raise UnsupportedModelError("circuit discovery needs a local model (gradients and per-edge "
-                                    "patching); load the model without remote.")
+    if family not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"circuit discovery supports the model families {', '.join(SUPPORTED_FAMILIES)}; "
+            f"{model.spec.name} is {family!r}.")
     if family == "llama":
+        attn0 = model.hf_layer(0).self_attn
+        if hasattr(attn0, "q_norm") or hasattr(attn0, "k_norm"):
+            raise UnsupportedModelError(
+                f"{model.spec.name} normalises queries and keys (Qwen3-style), which the circuit "
+                f"forward does not implement; supported families: {', '.join(SUPPORTED_FAMILIES)} "
+                "(Llama, SmolLM2, Qwen2, Mistral).")
+
+
+def _adapter(model: Model) -> _Adapter:
+    """The circuit forward on the model's weights (local ones; a remote model's run on the
+    server through `explorer.trace.run_on_weights`)."""
+    _check_family(model)
+    if model.remote:
+        raise ExplorerError("the circuit forward needs the weights; a remote model's circuit "
+                            "runs on the server (run_on_weights).")
+    if model.spec.family == "llama":
         return _LlamaAdapter(model)
-    if family == "gpt2":
-        return _GPT2Adapter(model)
-    raise UnsupportedModelError(
-        f"circuit discovery supports the model families {', '.join(SUPPORTED_FAMILIES)}; "
-        f"{model.spec.name} is {family!r}.")
+    return _GPT2Adapter(model)
+
+
+def _weights_device(model: Model) -> torch.device:
+    return model.hf.device  # a Hugging Face model's, or on the server the root envoy's
 
 
 class _SharedInputQKV(torch.autograd.Function):
@@ -276,14 +299,10 @@ class _Adapter:
 
 class _LlamaAdapter(_Adapter):
     def __init__(self, model: Model):
-        super().__init__(model)
+        # not super(): a remote run rebuilds these methods from their source, without the
+        # __class__ cell a bare super() needs
+        _Adapter.__init__(self, model)
         cfg = model.hf.config
-        attn0 = self.layers[0].self_attn
-        if hasattr(attn0, "q_norm") or hasattr(attn0, "k_norm"):
-            raise UnsupportedModelError(
-                f"{model.spec.name} normalises queries and keys (Qwen3-style), which the circuit "
-                f"forward does not implement; supported families: {', '.join(SUPPORTED_FAMILIES)} "
-                "(Llama, SmolLM2, Qwen2, Mistral).")
         self.sliding_window = getattr(cfg, "sliding_window", None) if getattr(
             cfg, "use_sliding_window", True) else None
         self.n_kv = model.spec.n_kv_heads
@@ -315,7 +334,7 @@ class _LlamaAdapter(_Adapter):
         self._rotate_half = rotate_half
 
     def embed(self, batch: Batch) -> torch.Tensor:
-        return self.hf.get_input_embeddings()(batch.input_ids)
+        return self.hf.model.embed_tokens(batch.input_ids)  # the module tree: see run_on_weights
 
     def prepare(self, x0: torch.Tensor, batch: Batch) -> dict[str, Any]:
         if self.sliding_window is not None and batch.width > self.sliding_window:
@@ -348,7 +367,7 @@ class _LlamaAdapter(_Adapter):
 
 class _GPT2Adapter(_Adapter):
     def __init__(self, model: Model):
-        super().__init__(model)
+        _Adapter.__init__(self, model)  # not super(): see _LlamaAdapter
         H, dh = self.n_heads, self.d_head
         d = model.spec.d_model
         self.W, self.b = [], []
@@ -387,9 +406,10 @@ class _GPT2Adapter(_Adapter):
 def _attention_mask(batch: Batch) -> torch.Tensor:
     """[prompt, 1, q, k]: causal, keys not padding (a padded query attends to itself)."""
     w = batch.width
-    causal = torch.tril(torch.ones(w, w, dtype=torch.bool))
+    device = batch.attention_mask.device
+    causal = torch.tril(torch.ones(w, w, dtype=torch.bool, device=device))
     keys = batch.attention_mask.bool()[:, None, None, :]
-    eye = torch.eye(w, dtype=torch.bool)
+    eye = torch.eye(w, dtype=torch.bool, device=device)
     return (causal & keys) | eye
 
 
@@ -455,7 +475,7 @@ def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
     if patch is not None:
         corrupt, keep = patch
         keep = keep.bool()
-        diff = torch.zeros(n_src, b, p, d, dtype=x0.dtype)  # [src, prompt, pos, d_model]
+        diff = x0.new_zeros(n_src, b, p, d)  # [src, prompt, pos, d_model]
         diff[0] = x0 - corrupt.outs[0]
     resid = x0
     for layer in range(L):
@@ -528,6 +548,15 @@ class _Prepared:
     answer: torch.Tensor  # [prompt] token ids
     wrong: torch.Tensor
 
+    def to(self, device: torch.device) -> _Prepared:
+        """The same batch with its tensors on ``device`` (the weights' device)."""
+        def move(b: Batch) -> Batch:
+            return dataclasses.replace(b, input_ids=b.input_ids.to(device),
+                                       attention_mask=b.attention_mask.to(device),
+                                       position_ids=b.position_ids.to(device))
+        return _Prepared(move(self.clean), move(self.corrupt), self.answer.to(device),
+                         self.wrong.to(device))
+
 
 def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
     clean_p = [task.clean[i] for i in rows]
@@ -549,7 +578,7 @@ def _metric_values(metric: str, logits: torch.Tensor, prep: _Prepared,
     """Per-prompt metric at the last position: [prompt]."""
     logits = logits.float()
     if metric == "logit_diff":
-        rows = torch.arange(logits.shape[0])
+        rows = torch.arange(logits.shape[0], device=logits.device)
         return logits[rows, prep.answer] - logits[rows, prep.wrong]
     logp = torch.log_softmax(logits, -1)
     clean_logp = torch.log_softmax(clean_logits.float(), -1)
@@ -560,11 +589,20 @@ def _batches(n: int, batch_size: int) -> list[list[int]]:
     return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
 
 
-def _check_common(model: Model, task: Any, metric: str, batch_size: Any) -> tuple[_Adapter, CircuitTask, int]:
+def _graph_shape(model: Model, ad: _Adapter | None) -> tuple[int, int]:
+    """(layers, heads) of the graph: the adapter's, or a remote model's spec."""
+    return (model.n_layers, model.spec.n_heads) if ad is None else (ad.n_layers, ad.n_heads)
+
+
+def _check_common(model: Model, task: Any, metric: str,
+                  batch_size: Any) -> tuple[_Adapter | None, CircuitTask, int]:
+    """The adapter (None for a remote model, whose runs build theirs on the server), task,
+    batch size."""
     task = _check_task(task)
     check_choice("metric", metric, METRICS)
     batch_size = check_int("batch_size", batch_size, low=1)
-    ad = _adapter(model)
+    _check_family(model)
+    ad = None if model.remote else _adapter(model)
     return ad, task, batch_size
 
 
@@ -592,7 +630,8 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     Parameters
     ----------
     model : Model
-        A local model of a supported family (llama, gpt2).
+        A model of a supported family (llama, gpt2), local or remote (each batch then runs
+        on the server).
     task : CircuitTask
         Clean/corrupted prompt pairs (each pair the same token length) and targets.
     method : {"eap", "eap-ig"}, default="eap"
@@ -626,31 +665,35 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     if method == "eap" and metric == "kl":
         raise InputError("metric='kl' has zero gradient at the clean run, so every EAP score would "
                          "be 0; use method='eap-ig' with metric='kl', or metric='logit_diff'.")
-    graph = _graph(ad.n_layers, ad.n_heads)
-    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads))
+    n_layers, n_heads = _graph_shape(model, ad)
+    graph = _graph(n_layers, n_heads)
+    valid = torch.from_numpy(_valid_mask(n_layers, n_heads))
     n = len(task)
     batches = _batches(n, batch_size)
     step = progress_steps(n, progress, unit="prompt", desc=f"{method} scores")
-    total = torch.zeros(valid.shape, dtype=torch.float64)
+    total = torch.zeros(int(valid.sum()), dtype=torch.float64)  # the valid edges, in edge order
     clean_sum = corrupt_sum = 0.0
     with model.lock, _frozen(model):
         for rows in batches:
             prep = _prepare(model, task, rows)
-            with torch.no_grad():
-                corrupt = _forward(ad, prep.corrupt)
-            scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric)
+            if ad is None:  # remote: the batch runs on the server, its scores come back
+                scores, m_clean, m_corrupt = run_on_weights(model, _eap_batch, prep, method,
+                                                            steps, metric)
+            else:
+                scores, m_clean, m_corrupt = _eap_batch(ad, prep.to(_weights_device(model)),
+                                                        method, steps, metric)
             total += scores.double()
             clean_sum += m_clean
             corrupt_sum += m_corrupt
             step(len(rows))
-    score = (total / n)[valid].numpy()
+    score = (total / n).numpy()
     src = [e[0] for e in graph.edges]
     dst = [e[1] for e in graph.edges]
     attrs = provenance(model, method=f"circuit_{method.replace('-', '_')}", task=task.name,
                        scoring=method, steps=steps if method == "eap-ig" else None, metric=metric,
                        batch_size=batch_size, n_prompts=n)
     attrs.update(task=task.name, n_prompts=n, clean_metric=clean_sum / n,
-                 corrupt_metric=corrupt_sum / n, n_layers=ad.n_layers, n_heads=ad.n_heads,
+                 corrupt_metric=corrupt_sum / n, n_layers=n_layers, n_heads=n_heads,
                  citation=CITATION)
     return xr.Dataset(
         {"score": ("edge", score.astype(np.float32))},
@@ -683,7 +726,29 @@ def _contract(delta: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor) -> t
         if b > a and len(cols):
             c0 = int(cols[0])
             torch.mm(dl[a:b], gl[c0:].T, out=out[a:b, c0:])
-    return out * valid.to(delta.dtype)
+    return out * valid.to(delta.device, delta.dtype)
+
+
+def _eap_batch(weights: Model | _Adapter, prep: _Prepared, method: str, steps: int,
+               metric: str) -> tuple[torch.Tensor, float, float]:
+    """One batch where the weights are: summed (over prompts) scores of the valid edges
+    [edge], in `CircuitGraph.edges` order, and the summed clean and corrupted metrics.
+
+    ``weights`` is a local model's adapter, or (on the server, `run_on_weights`) a Model
+    over the served weights. Only the scores of existing edges are returned (about half of
+    the [src, dst] matrix), so a remote run sends back one float per edge.
+    """
+    if isinstance(weights, Model):  # on the server: build the adapter over the served weights
+        # (not _frozen: only activations are differentiated, so weights that require grad
+        # change nothing but memory, and a served model's flags are not this run's to flip)
+        return _eap_batch(_adapter(weights), prep.to(_weights_device(weights)), method, steps,
+                          metric)
+    ad = weights
+    with torch.no_grad():
+        corrupt = _forward(ad, prep.corrupt)
+    scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric)
+    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)).to(scores.device)
+    return scores[valid], m_clean, m_corrupt
 
 
 def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, steps: int,
@@ -717,7 +782,8 @@ def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, ste
     delta = torch.sub(corrupt.outs, clean_outs, out=clean_outs)  # [src, prompt, pos, d_model]
     if not bool(prep.clean.attention_mask.all()):
         delta *= prep.clean.attention_mask.to(delta.dtype)[None, :, :, None]  # padding reads nothing
-    scores = _contract(delta, grad_sum, torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)))
+    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)).to(delta.device)
+    scores = _contract(delta, grad_sum, valid)
     scores /= len(alphas)                                         # mean gradient over the runs
     with torch.no_grad():
         m_clean = float(_metric_values(metric, clean_logits, prep, clean_logits).sum())
@@ -825,9 +891,11 @@ def circuit_nodes(scores: xr.Dataset, in_circuit: Any) -> set[str]:
 
 # -- faithfulness ---------------------------------------------------------------------------------
 
-def _keep_matrix(model: Model, ad: _Adapter, scores: xr.Dataset, mask: np.ndarray) -> torch.Tensor:
+def _keep_matrix(model: Model, ad: _Adapter | None, scores: xr.Dataset,
+                 mask: np.ndarray) -> torch.Tensor:
     """Circuit mask as [src, dst] float over the model's graph."""
-    graph = _graph(ad.n_layers, ad.n_heads)
+    n_layers, n_heads = _graph_shape(model, ad)
+    graph = _graph(n_layers, n_heads)
     src_index = {n: i for i, n in enumerate(graph.sources)}
     dst_index = {n: i for i, n in enumerate(graph.destinations)}
     keep = torch.zeros(len(graph.sources), len(graph.destinations))
@@ -838,38 +906,70 @@ def _keep_matrix(model: Model, ad: _Adapter, scores: xr.Dataset, mask: np.ndarra
     except KeyError as err:
         raise InputError(f"`scores` names node {err.args[0]!r}, which {model.spec.name} does not "
                          "have; were the scores computed on another model?") from None
-    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads))
+    valid = torch.from_numpy(_valid_mask(n_layers, n_heads))
     if bool((keep.bool() & ~valid).any()):
         raise InputError("`scores` holds an edge that does not exist in this model's graph.")
     return keep
 
 
-def _patched_eval(model: Model, task: CircuitTask, keeps: list[torch.Tensor], metric: str,
-                  batch_size: int, progress: Progress) -> dict[str, Any]:
-    """Metric and accuracy of each circuit (keep matrix) plus clean and corrupted runs."""
-    ad = _adapter(model)
+def _patched_eval(model: Model, ad: _Adapter | None, task: CircuitTask, keeps: list[torch.Tensor],
+                  metric: str, batch_size: int, progress: Progress) -> dict[str, Any]:
+    """Metric and accuracy of each circuit (keep matrix) plus clean and corrupted runs.
+
+    ``ad`` is the local model's adapter, or None for a remote model: each batch then runs
+    on the server (`run_on_weights`) and only its sums come back."""
     n = len(task)
-    sums = np.zeros(len(keeps))
-    hits = np.zeros(len(keeps))
-    clean_m = corrupt_m = clean_hits = corrupt_hits = 0.0
+    total: dict[str, Any] = {"metric": np.zeros(len(keeps)), "hits": np.zeros(len(keeps)),
+                             "clean_metric": 0.0, "corrupt_metric": 0.0, "clean_hits": 0.0,
+                             "corrupt_hits": 0.0}
     step = progress_steps(n * len(keeps), progress, unit="run", desc="edge patching")
-    with model.lock, torch.no_grad():
+    with model.lock:
         for rows in _batches(n, batch_size):
             prep = _prepare(model, task, rows)
-            clean = _forward(ad, prep.clean)
-            corrupt = _forward(ad, prep.corrupt)
-            clean_m += float(_metric_values(metric, clean.logits, prep, clean.logits).sum())
-            corrupt_m += float(_metric_values(metric, corrupt.logits, prep, clean.logits).sum())
-            clean_hits += float((clean.logits.argmax(-1) == prep.answer).sum())
-            corrupt_hits += float((corrupt.logits.argmax(-1) == prep.answer).sum())
-            for i, keep in enumerate(keeps):
-                run = _forward(ad, prep.clean, patch=(corrupt, keep))
-                sums[i] += float(_metric_values(metric, run.logits, prep, clean.logits).sum())
-                hits[i] += float((run.logits.argmax(-1) == prep.answer).sum())
-                step(len(rows))
-    return {"metric": sums / n, "accuracy": hits / n, "clean_metric": clean_m / n,
-            "corrupt_metric": corrupt_m / n, "clean_accuracy": clean_hits / n,
-            "corrupt_accuracy": corrupt_hits / n}
+            if ad is None:
+                sums = run_on_weights(model, _patched_batch, prep, [k.bool() for k in keeps],
+                                      metric)
+                step(len(rows) * len(keeps))
+            else:
+                sums = _patched_batch(ad, prep.to(_weights_device(model)), keeps, metric,
+                                      step=step)
+            for key, value in sums.items():
+                total[key] = total[key] + np.asarray(value, dtype=np.float64)
+    return {"metric": total["metric"] / n, "accuracy": total["hits"] / n,
+            "clean_metric": float(total["clean_metric"]) / n,
+            "corrupt_metric": float(total["corrupt_metric"]) / n,
+            "clean_accuracy": float(total["clean_hits"]) / n,
+            "corrupt_accuracy": float(total["corrupt_hits"]) / n}
+
+
+def _patched_batch(weights: Model | _Adapter, prep: _Prepared, keeps: list[torch.Tensor],
+                   metric: str, step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """One batch where the weights are: summed metric and hits of the clean, the corrupted
+    and each circuit-patched run (``keeps``, [src, dst] masks)."""
+    if isinstance(weights, Model):  # on the server: build the adapter over the served weights
+        device = _weights_device(weights)
+        return _patched_batch(_adapter(weights), prep.to(device), [k.to(device) for k in keeps],
+                              metric, step)
+    ad = weights
+    n_rows = len(prep.clean.lengths)
+    with torch.no_grad():
+        clean = _forward(ad, prep.clean)
+        corrupt = _forward(ad, prep.corrupt)
+        out = {
+            "clean_metric": float(_metric_values(metric, clean.logits, prep, clean.logits).sum()),
+            "corrupt_metric": float(_metric_values(metric, corrupt.logits, prep,
+                                                   clean.logits).sum()),
+            "clean_hits": float((clean.logits.argmax(-1) == prep.answer).sum()),
+            "corrupt_hits": float((corrupt.logits.argmax(-1) == prep.answer).sum()),
+            "metric": [], "hits": []}
+        for keep in keeps:
+            run = _forward(ad, prep.clean, patch=(corrupt, keep))
+            out["metric"].append(float(_metric_values(metric, run.logits, prep,
+                                                      clean.logits).sum()))
+            out["hits"].append(float((run.logits.argmax(-1) == prep.answer).sum()))
+            if step is not None:
+                step(n_rows)
+    return out
 
 
 def _recovered(m: Any, clean: float, corrupt: float) -> Any:
@@ -898,7 +998,7 @@ def patch_edges_metric(model: Model, task: CircuitTask, scores: xr.Dataset, in_c
     scores = _check_scores(scores)
     mask = _check_mask(scores, in_circuit)
     keep = _keep_matrix(model, ad, scores, mask)
-    res = _patched_eval(model, task, [keep], metric, batch_size, progress)
+    res = _patched_eval(model, ad, task, [keep], metric, batch_size, progress)
     out = {"metric": float(res["metric"][0]), "accuracy": float(res["accuracy"][0]),
            "n_edges": int(mask.sum())}
     out["recovered"] = float(_recovered(out["metric"], res["clean_metric"], res["corrupt_metric"]))
@@ -937,7 +1037,7 @@ def faithfulness_curve(model: Model, task: CircuitTask, scores: xr.Dataset, *,
         raise InputError("`sizes` must hold at least one circuit size; got an empty list.")
     masks = [select_circuit(scores, top_n=s).values for s in sizes]
     keeps = [_keep_matrix(model, ad, scores, m) for m in masks]
-    res = _patched_eval(model, task, keeps, metric, batch_size, progress)
+    res = _patched_eval(model, ad, task, keeps, metric, batch_size, progress)
     attrs = provenance(model, method="circuit_faithfulness", task=task.name, metric=metric,
                        sizes=sizes, n_prompts=len(task),
                        scores_params=scores.attrs.get("params", {}))
