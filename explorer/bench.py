@@ -16,6 +16,7 @@ registered with the `bench` decorator; `explorer bench NAME --json` runs it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import inspect
@@ -472,6 +473,105 @@ def lens_agreement(exact: Any, fast: Any, *, margin: float = 1e-3) -> dict[str, 
                                                  - fast.final_prob.values[mask]).max()),
         "final_rank_agreement": float((exact.final_rank.values[mask]
                                        == fast.final_rank.values[mask]).mean()),
+    }
+
+
+@bench("remote")
+def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: int = 3,
+                    repeats: int = 3) -> dict[str, Any]:
+    """A remote model served on this machine (the loopback NDIF server) against the same
+    calls on the local model, in one run.
+
+    The server runs in a child process on 127.0.0.1 and computes on the same cores, so a
+    ratio is what the remote path adds on top of the computation itself: serialising the
+    trace and explorer's code, the protocol round trips, and the result download.
+    ``remote_vs_local_eap_ratio``: `edge_scores` (EAP, one batch of ``n_prompts`` `add`
+    pairs: one job) remote over local, wall time; ``remote_vs_local_eap_ig_ratio`` the same
+    for EAP-IG(``steps``); ``remote_vs_local_trace_ratio``: `trace` of one prompt
+    (resid_post, every layer). ``eap_request_mb``: size of the request an EAP batch sends;
+    ``eap_result_mb``: the scores that come back (one float32 per edge).
+    """
+    from explorer.analyses import circuits as ca
+    from explorer.models import load_model, smollm2_folder
+    from explorer.ndif_server import LoopbackServer
+    from explorer.remote import _backend_class
+    from explorer.trace import trace
+
+    n_prompts = check_int("n_prompts", n_prompts, low=1)
+    steps = check_int("steps", steps, low=1, high=100)
+    repeats = check_int("repeats", repeats, low=1)
+    with contextlib.ExitStack() as stack:
+        if model == "smollm2-135m":
+            folder = smollm2_folder()
+        else:  # save the model to a folder the server can load
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            m = load_model(model)
+            m.hf.save_pretrained(folder)
+            m.tokenizer.save_pretrained(folder)
+        local = load_model(folder)
+        key = "bench-" + os.urandom(8).hex()
+        server = stack.enter_context(LoopbackServer(folder, api_key=key))
+        env = {"NDIF_API_KEY": key, "NDIF_HOST": server.url}
+        old_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        stack.callback(lambda: [os.environ.pop(k, None) if v is None else
+                                os.environ.__setitem__(k, v) for k, v in old_env.items()])
+        remote = load_model(folder, remote=True)
+        task = ca.make_task("add", n_prompts, seed=0)
+        prompt = text_prompts(local, 1, 32)
+
+        def scores(m, method):
+            with torch.enable_grad():
+                return ca.edge_scores(m, task, method=method, steps=steps, batch_size=n_prompts)
+
+        fns = {"eap_local": lambda: scores(local, "eap"), "eap_remote": lambda: scores(remote, "eap"),
+               "ig_local": lambda: scores(local, "eap-ig"),
+               "ig_remote": lambda: scores(remote, "eap-ig"),
+               "trace_local": lambda: trace(local, prompt), "trace_remote": lambda: trace(remote, prompt)}
+        wall, _cpu = interleaved_times(fns, repeats=repeats, warmup=1)
+        sizes: list[int] = []
+        backend = _backend_class()
+        serialize = backend._serialize
+
+        def measured(self, tracer):
+            blob = serialize(self, tracer)
+            sizes.append(len(blob))
+            return blob
+        backend._serialize = measured
+        try:
+            result = scores(remote, "eap")
+        finally:
+            backend._serialize = serialize
+        expect = scores(local, "eap").score.values
+        same = bool(np.array_equal(result.score.values, expect))
+        rel = float(np.abs(result.score.values - expect).max() / max(np.abs(expect).max(), 1e-30))
+
+    def med(name):
+        return statistics.median(wall[name])
+
+    return {
+        "params": {"model": model, "n_prompts": n_prompts, "n_pos": int(
+            local.tokenize(task.clean).width), "steps": steps, "repeats": repeats,
+            "n_edges": int(result.sizes["edge"]), "threads": torch.get_num_threads()},
+        "figures": {
+            "eap_local_ms": med("eap_local") * 1e3, "eap_remote_ms": med("eap_remote") * 1e3,
+            "remote_vs_local_eap_ratio": _paired_ratio(wall["eap_remote"], wall["eap_local"]),
+            "eap_ig_local_ms": med("ig_local") * 1e3, "eap_ig_remote_ms": med("ig_remote") * 1e3,
+            "remote_vs_local_eap_ig_ratio": _paired_ratio(wall["ig_remote"], wall["ig_local"]),
+            "trace_local_ms": med("trace_local") * 1e3,
+            "trace_remote_ms": med("trace_remote") * 1e3,
+            "remote_vs_local_trace_ratio": _paired_ratio(wall["trace_remote"],
+                                                         wall["trace_local"]),
+            "eap_request_mb": max(sizes) / 2**20 if sizes else float("nan"),
+            "eap_result_mb": 4 * result.sizes["edge"] / 2**20,
+        },
+        "accuracy": {"remote_scores_equal_local": same, "remote_vs_local_max_rel_diff": rel},
+        "notes": {"ratios": "median over interleaved rounds of remote / local wall time; the "
+                            "loopback server computes on the same cores",
+                  "accuracy": "EAP scores remote vs local: bit for bit when the server and "
+                              "this process use the same number of torch threads",
+                  "eap_request_mb": "serialised trace of one EAP batch: the code (explorer's, "
+                                    "by value), the prompts' ids and the arguments"},
     }
 
 

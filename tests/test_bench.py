@@ -164,6 +164,27 @@ def test_slider_result_shape():
     assert 0 <= acc["bf16_vs_exact"]["max_top_prob_abs_error"] < 2e-3
 
 
+def test_remote_bench_result_shape():
+    """`explorer bench remote`: the loopback server on a saved tiny model, remote against
+    local, and the remote scores equal the local ones (to float32 summation order)."""
+    import os
+
+    before = {k: os.environ.get(k) for k in ("NDIF_API_KEY", "NDIF_HOST")}
+    result = run_bench("remote", model="tiny-llama", n_prompts=2, steps=1, repeats=1)
+    assert {k: os.environ.get(k) for k in before} == before  # the bench's env is undone
+    assert_bench_result(result, "remote")
+    figures = result["figures"]
+    assert {"remote_vs_local_eap_ratio", "remote_vs_local_eap_ig_ratio",
+            "remote_vs_local_trace_ratio", "eap_request_mb"} <= set(figures)
+    # the server computes at its own thread count, this test at one thread: equal up to
+    # float32 summation order
+    assert result["accuracy"]["remote_vs_local_max_rel_diff"] < 1e-5
+    # one float32 per edge of the tiny graph (3 layers, 4 heads: 118 edges)
+    assert result["params"]["n_edges"] == 118
+    assert figures["eap_result_mb"] == pytest.approx(4 * 118 / 2**20)
+    assert 0 < figures["eap_request_mb"] < 1
+
+
 # -- exact rank counting ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [5, 128, 300, 512])

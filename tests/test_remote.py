@@ -260,6 +260,25 @@ def test_run_on_weights_runs_on_the_served_weights(remote_model, local_model):
                   trace(local_model, PROMPTS[:1]).resid_post)
 
 
+def test_function_vector_reads_w_o_on_the_server(remote_model, local_model):
+    """A function vector needs the heads' W_O slices, which a meta model does not hold; they
+    are read on the server, and the vector equals mean z times the saved folder's W_O."""
+    from explorer.analyses import task_vectors as tv
+
+    rng = np.random.default_rng(0)
+    mean_z = rng.normal(size=(local_model.n_layers, local_model.spec.n_heads,
+                              local_model.spec.d_head))
+    heads = [(0, 1), (2, 3), (1, 0)]
+    got = tv.function_vector(remote_model, mean_z, heads)
+    assert np.array_equal(got, tv.function_vector(local_model, mean_z, heads))
+    expect = np.zeros(local_model.spec.d_model)
+    for layer, head in heads:  # o_proj weight [d_model, head*d_head], this head's columns
+        w = local_model.hf.model.layers[layer].self_attn.o_proj.weight.detach().double()
+        d = local_model.spec.d_head
+        expect += w[:, head * d:(head + 1) * d].numpy() @ mean_z[layer, head]
+    np.testing.assert_allclose(got, expect, rtol=1e-10, atol=1e-10)
+
+
 def test_circuits_run_on_the_server(remote_model, local_model):
     """EAP and EAP-IG edge scores, the faithfulness curve and one circuit's patched metric
     on a remote model: each batch's per-head forward, backward and edge patching runs on the

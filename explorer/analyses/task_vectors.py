@@ -29,7 +29,7 @@ from explorer.analyses.icl_heads import (
     top_heads,
 )
 from explorer.interventions import Steer
-from explorer.trace import provenance, run_batch
+from explorer.trace import provenance, run_batch, run_on_weights
 
 __all__ = [
     "function_vector",
@@ -55,13 +55,24 @@ def function_vector(model: Any, mean_z: np.ndarray, heads: Sequence[tuple[int, i
     """Sum over ``heads`` of each head's task-mean output written through its slice of W_O.
 
     ``mean_z`` is [layer, head, d_head] (see `explorer.analyses.icl_heads.task_mean_z`);
-    the result is a d_model vector (no output-projection bias).
+    the result is a d_model vector (no output-projection bias). On a remote model the heads'
+    W_O slices are read on the server (`explorer.trace.run_on_weights`).
     """
+    heads = [(int(layer), int(head)) for layer, head in heads]
     vec = np.zeros(model.spec.d_model)
-    for layer, head in heads:
-        w = model.W_O(layer)[head].detach().double().numpy()     # [d_head, d_model]
+    if not heads:
+        return vec
+    w_o = run_on_weights(model, _head_w_o, heads).double().numpy()  # [head, d_head, d_model]
+    for (layer, head), w in zip(heads, w_o):
         vec += np.asarray(mean_z[layer, head], dtype=np.float64) @ w
     return vec
+
+
+def _head_w_o(weights: Any, heads: list[tuple[int, int]]) -> Any:
+    """[len(heads), d_head, d_model]: each head's slice of its layer's output projection."""
+    import torch
+
+    return torch.stack([weights.W_O(layer)[head].detach() for layer, head in heads])
 
 
 def function_vector_accuracy(model: Any, tasks: Sequence[ICLTask | str], fv_score: np.ndarray,
