@@ -93,11 +93,13 @@ def plot_tau_curves(sweep: xr.Dataset | None, tau: float) -> hv.Layout | hv.Elem
     return hv.Layout(panels).cols(3).opts(shared_axes=False)
 
 
-def plot_similarity(sim: xr.Dataset | None) -> hv.Overlay | hv.Element:
-    """Layer x layer similarity between two models, each layer's best match marked with ×."""
+def plot_similarity(sim: xr.Dataset | None,
+                    message: str = "Computing layer similarity…") -> hv.Overlay | hv.Element:
+    """Layer x layer similarity between two models, each layer's best match marked with ×;
+    ``message`` in its place while there is none."""
     if sim is None:
-        return hv.Text(0, 0, "Computing layer similarity…").opts(xaxis=None, yaxis=None,
-                                                                 toolbar=None, height=320, responsive=True)
+        return hv.Text(0, 0, message).opts(xaxis=None, yaxis=None, toolbar=None, height=320,
+                                           responsive=True)
     la, lb = sim["layer_a"].values, sim["layer_b"].values
     s = sim["similarity"].values
     rows = [(int(b), int(a), float(s[i, j])) for i, a in enumerate(la) for j, b in enumerate(lb)]
@@ -178,7 +180,9 @@ class ITDAView(pn.viewable.Viewer):
     model : explorer.Model
     other : explorer.Model, optional
         The second model of the similarity heatmap (same tokenizer). Default: a copy of
-        ``model`` with relative Gaussian weight noise of strength ``noise``.
+        ``model`` with relative Gaussian weight noise of strength ``noise``; a remote model
+        has no weights here to copy, so without ``other`` its page shows no heatmap and
+        says why.
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
     """
@@ -217,8 +221,14 @@ class ITDAView(pn.viewable.Viewer):
         self._fixed_other = other
         self.param.layer.bounds = (0, model.spec.n_layers - 1)
         self.layer = layer
-        if other is not None:
+        # a remote model's weights are on the server: no perturbed copy to compare with
+        self._no_sibling = bool(getattr(model, "remote", False)) and other is None
+        if other is not None or self._no_sibling:
             self.param.noise.precedence = -1
+        self._similarity_message = (
+            "No second model: a remote model has no weights on this machine to perturb into "
+            "one. Pass another model (local or remote) as `other` to compare layers."
+            if self._no_sibling else "Computing layer similarity…")
         if background is None:
             doc = pn.state.curdoc
             background = doc is not None and doc.session_context is not None
@@ -301,6 +311,9 @@ class ITDAView(pn.viewable.Viewer):
         atom = min(max(0, p["atom"]), itda.n_atoms - 1)
         ex = itda_atom_examples(itda, acts, k=5, atoms=[atom], layer=p["layer"], min_pos=MIN_POS)
         token.check()
+        if self._no_sibling:
+            return {"p": p, "acts": acts, "sweep": sweep, "itda": itda, "rec": rec,
+                    "examples": ex, "atom": atom, "similarity": None}
         other = self._other(p["noise"])
         sim_key = (tuple(prompts), p["method"], other.spec.weights,
                    (p["tau"], p["l0"]) if p["method"] == "itda" else None)
@@ -383,7 +396,8 @@ class ITDAView(pn.viewable.Viewer):
         atoms = pn.pane.HTML(pn.bind(atom_examples_html, self.param.examples, self.param.activations,
                                      self.param.atom),
                              stylesheets=[_CSS], sizing_mode="stretch_width", css_classes=["itda-atoms"])
-        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity),
+        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity,
+                                         self._similarity_message),
                                  sizing_mode="stretch_width", css_classes=["itda-similarity"])
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary, curves,

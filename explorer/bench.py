@@ -476,6 +476,101 @@ def lens_agreement(exact: Any, fast: Any, *, margin: float = 1e-3) -> dict[str, 
     }
 
 
+@bench("slider")
+def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None = None,
+           alpha: float = 8.0, k: int = 5, rank_cap: int = 32, repeats: int = 15,
+           accuracy_prompts: int = 4, accuracy_tokens: int = 64) -> dict[str, Any]:
+    """One steering edit + logit lens update, as a slider move in the lens app does it.
+
+    ``logit_lens(model, [prompt], k=k, edits=[Steer(layer, vector, alpha)], resume=clean)``
+    in the default exact mode and in the page's fast mode (``unembed_dtype="auto"``,
+    ``rank_cap``), each against the same call without ``resume`` (a full re-run), the
+    exact mode without reuse of the clean layers' readouts, and the bfloat16 screen forced
+    (``slider_bf16_ms``: what "auto" avoids on CPUs without native bfloat16). ``alpha``
+    changes slightly on every call, as a slider does. ``accuracy`` compares the bfloat16
+    screen with exact float32 on the bench text.
+    """
+    from .interventions import Steer
+    from .lens import logit_lens, resolve_unembed_dtype
+    from .trace import clean_run
+
+    tokens = check_int("tokens", tokens, low=2)
+    repeats = check_int("repeats", repeats, low=1)
+    m = _load(model)
+    layer = m.n_layers // 2 if layer is None else m.check_layer(layer)
+    prompt = text_prompts(m, 1, tokens)[0]
+    vector = steering_vector(m, layer)
+    fast = {"unembed_dtype": "auto", "rank_cap": rank_cap}
+    bf16 = {"unembed_dtype": "bfloat16", "rank_cap": rank_cap}
+    t0 = time.perf_counter()
+    clean = clean_run(m, [prompt])
+    clean_ms = (time.perf_counter() - t0) * 1e3
+    calls = [0]
+
+    def edit():
+        calls[0] += 1
+        return [Steer(layer, vector, alpha * (1 + 1e-3 * calls[0]))]
+
+    def lens(**kw):
+        return lambda: logit_lens(m, [prompt], k=k, edits=edit(), **kw)
+
+    # the first edited read fills the clean-layer readouts; time it on its own
+    t0 = time.perf_counter()
+    lens(resume=clean)()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    lens(resume=clean, **fast)()
+    first_fast_ms = (time.perf_counter() - t0) * 1e3
+    times, cpu = interleaved_times({
+        "exact_resumed": lens(resume=clean),
+        "exact_full": lens(),
+        "exact_resumed_no_reuse": lens(resume=clean, reuse_clean=False),
+        "fast_resumed": lens(resume=clean, **fast),
+        "fast_full": lens(**fast),
+        "bf16_resumed": lens(resume=clean, **bf16),
+    }, repeats=repeats)
+    figures = {
+        "slider_exact_ms": _median_ms(times["exact_resumed"]),
+        "slider_fast_ms": _median_ms(times["fast_resumed"]),
+        "slider_bf16_ms": _median_ms(times["bf16_resumed"]),
+        "bf16_vs_fast_ratio": _paired_ratio(times["bf16_resumed"], times["fast_resumed"]),
+        "exact_resumed_vs_full_ratio": _paired_ratio(times["exact_resumed"], times["exact_full"]),
+        "fast_resumed_vs_full_ratio": _paired_ratio(times["fast_resumed"], times["fast_full"]),
+        "exact_reuse_vs_no_reuse_ratio": _paired_ratio(times["exact_resumed"],
+                                                       times["exact_resumed_no_reuse"]),
+        "fast_vs_exact_ratio": _paired_ratio(times["fast_resumed"], times["exact_resumed"]),
+        "exact_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["exact_resumed"], cpu["exact_full"]),
+        "fast_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["fast_full"]),
+        "fast_vs_exact_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["exact_resumed"]),
+        "slider_exact_cpu_ms": _median_ms(cpu["exact_resumed"]),
+        "slider_fast_cpu_ms": _median_ms(cpu["fast_resumed"]),
+        "exact_full_ms": _median_ms(times["exact_full"]),
+        "fast_full_ms": _median_ms(times["fast_full"]),
+        "clean_run_ms": clean_ms,
+        "first_edit_exact_ms": first_ms,
+        "first_edit_fast_ms": first_fast_ms,
+    }
+    accuracy: dict[str, Any] = {}
+    edits = [Steer(layer, vector, alpha)]
+    reused = logit_lens(m, [prompt], k=k, edits=edits, resume=clean)
+    recomputed = logit_lens(m, [prompt], k=k, edits=edits)
+    accuracy["reuse_identical"] = all(
+        np.array_equal(reused[v].values, recomputed[v].values, equal_nan=True)
+        for v in ("top_token_id", "top_prob", "final_rank", "final_prob"))
+    if accuracy_prompts:
+        texts = text_prompts(m, check_int("accuracy_prompts", accuracy_prompts, low=1),
+                             check_int("accuracy_tokens", accuracy_tokens, low=2))
+        exact = logit_lens(m, texts, k=k, rank_cap=rank_cap)
+        screened = logit_lens(m, texts, k=k, **bf16)
+        accuracy["bf16_vs_exact"] = lens_agreement(exact, screened)
+    params = {"model": model, "tokens": tokens, "layer": layer, "alpha": alpha, "k": k,
+              "rank_cap": rank_cap, "repeats": repeats, "fast": fast,
+              "fast_resolves_to": resolve_unembed_dtype("auto"),
+              "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
+              "layers": m.n_layers}
+    return {"params": params, "figures": figures, "accuracy": accuracy}
+
+
 @bench("remote")
 def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: int = 3,
                     repeats: int = 3) -> dict[str, Any]:
@@ -573,98 +668,3 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
                   "eap_request_mb": "serialised trace of one EAP batch: the code (explorer's, "
                                     "by value), the prompts' ids and the arguments"},
     }
-
-
-@bench("slider")
-def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None = None,
-           alpha: float = 8.0, k: int = 5, rank_cap: int = 32, repeats: int = 15,
-           accuracy_prompts: int = 4, accuracy_tokens: int = 64) -> dict[str, Any]:
-    """One steering edit + logit lens update, as a slider move in the lens app does it.
-
-    ``logit_lens(model, [prompt], k=k, edits=[Steer(layer, vector, alpha)], resume=clean)``
-    in the default exact mode and in the page's fast mode (``unembed_dtype="auto"``,
-    ``rank_cap``), each against the same call without ``resume`` (a full re-run), the
-    exact mode without reuse of the clean layers' readouts, and the bfloat16 screen forced
-    (``slider_bf16_ms``: what "auto" avoids on CPUs without native bfloat16). ``alpha``
-    changes slightly on every call, as a slider does. ``accuracy`` compares the bfloat16
-    screen with exact float32 on the bench text.
-    """
-    from .interventions import Steer
-    from .lens import logit_lens, resolve_unembed_dtype
-    from .trace import clean_run
-
-    tokens = check_int("tokens", tokens, low=2)
-    repeats = check_int("repeats", repeats, low=1)
-    m = _load(model)
-    layer = m.n_layers // 2 if layer is None else m.check_layer(layer)
-    prompt = text_prompts(m, 1, tokens)[0]
-    vector = steering_vector(m, layer)
-    fast = {"unembed_dtype": "auto", "rank_cap": rank_cap}
-    bf16 = {"unembed_dtype": "bfloat16", "rank_cap": rank_cap}
-    t0 = time.perf_counter()
-    clean = clean_run(m, [prompt])
-    clean_ms = (time.perf_counter() - t0) * 1e3
-    calls = [0]
-
-    def edit():
-        calls[0] += 1
-        return [Steer(layer, vector, alpha * (1 + 1e-3 * calls[0]))]
-
-    def lens(**kw):
-        return lambda: logit_lens(m, [prompt], k=k, edits=edit(), **kw)
-
-    # the first edited read fills the clean-layer readouts; time it on its own
-    t0 = time.perf_counter()
-    lens(resume=clean)()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    t0 = time.perf_counter()
-    lens(resume=clean, **fast)()
-    first_fast_ms = (time.perf_counter() - t0) * 1e3
-    times, cpu = interleaved_times({
-        "exact_resumed": lens(resume=clean),
-        "exact_full": lens(),
-        "exact_resumed_no_reuse": lens(resume=clean, reuse_clean=False),
-        "fast_resumed": lens(resume=clean, **fast),
-        "fast_full": lens(**fast),
-        "bf16_resumed": lens(resume=clean, **bf16),
-    }, repeats=repeats)
-    figures = {
-        "slider_exact_ms": _median_ms(times["exact_resumed"]),
-        "slider_fast_ms": _median_ms(times["fast_resumed"]),
-        "slider_bf16_ms": _median_ms(times["bf16_resumed"]),
-        "bf16_vs_fast_ratio": _paired_ratio(times["bf16_resumed"], times["fast_resumed"]),
-        "exact_resumed_vs_full_ratio": _paired_ratio(times["exact_resumed"], times["exact_full"]),
-        "fast_resumed_vs_full_ratio": _paired_ratio(times["fast_resumed"], times["fast_full"]),
-        "exact_reuse_vs_no_reuse_ratio": _paired_ratio(times["exact_resumed"],
-                                                       times["exact_resumed_no_reuse"]),
-        "fast_vs_exact_ratio": _paired_ratio(times["fast_resumed"], times["exact_resumed"]),
-        "exact_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["exact_resumed"], cpu["exact_full"]),
-        "fast_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["fast_full"]),
-        "fast_vs_exact_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["exact_resumed"]),
-        "slider_exact_cpu_ms": _median_ms(cpu["exact_resumed"]),
-        "slider_fast_cpu_ms": _median_ms(cpu["fast_resumed"]),
-        "exact_full_ms": _median_ms(times["exact_full"]),
-        "fast_full_ms": _median_ms(times["fast_full"]),
-        "clean_run_ms": clean_ms,
-        "first_edit_exact_ms": first_ms,
-        "first_edit_fast_ms": first_fast_ms,
-    }
-    accuracy: dict[str, Any] = {}
-    edits = [Steer(layer, vector, alpha)]
-    reused = logit_lens(m, [prompt], k=k, edits=edits, resume=clean)
-    recomputed = logit_lens(m, [prompt], k=k, edits=edits)
-    accuracy["reuse_identical"] = all(
-        np.array_equal(reused[v].values, recomputed[v].values, equal_nan=True)
-        for v in ("top_token_id", "top_prob", "final_rank", "final_prob"))
-    if accuracy_prompts:
-        texts = text_prompts(m, check_int("accuracy_prompts", accuracy_prompts, low=1),
-                             check_int("accuracy_tokens", accuracy_tokens, low=2))
-        exact = logit_lens(m, texts, k=k, rank_cap=rank_cap)
-        screened = logit_lens(m, texts, k=k, **bf16)
-        accuracy["bf16_vs_exact"] = lens_agreement(exact, screened)
-    params = {"model": model, "tokens": tokens, "layer": layer, "alpha": alpha, "k": k,
-              "rank_cap": rank_cap, "repeats": repeats, "fast": fast,
-              "fast_resolves_to": resolve_unembed_dtype("auto"),
-              "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
-              "layers": m.n_layers}
-    return {"params": params, "figures": figures, "accuracy": accuracy}

@@ -38,3 +38,10 @@ def test_unlearning_refuses_a_remote_model(remote_like):
         unlearning.localized_finetune(remote_like, facts[:2], facts[2:], ["model.norm.weight"])
     with pytest.raises(InputError, match="unlearning " + MESSAGE):
         unlearning.unlearning_comparison(remote_like, facts[:2], facts[2:])
+
+
+def test_perturbed_copy_refuses_a_remote_model(remote_like):
+    from explorer.analyses.similarity import perturbed_copy
+
+    with pytest.raises(InputError, match="a perturbed copy " + MESSAGE):
+        perturbed_copy(remote_like, scale=0.02)

@@ -332,6 +332,50 @@ def test_gpt2_circuit_scores_run_on_the_server(tmp_path, monkeypatch):
     assert _equal(remote.score, expect.score) and np.abs(expect.score.values).max() > 0
 
 
+def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
+    """The unlearning lab's localisation on a remote model: causal tracing (hooked runs that
+    restore clean states) and attribution patching (a hooked forward and backward) run on
+    the server, and equal the local results bit for bit (the local ones are checked against
+    hand-written torch hooks in tests/test_unlearning.py)."""
+    from explorer.analyses import unlearning as U
+
+    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps({
+        "attributes": attrs, "templates": {"trained": "Fact: {subject} likes the",
+                                           "mc": "Q: {subject} likes? {options}\nA:"},
+        "facts": [[f"Person {a}", attrs[i % 3]] for i, a in enumerate("ABC")]}))
+    facts = U.load_attribute_facts(path)
+    remote = U.causal_trace(remote_model, facts, positions=[-1, -2])
+    local = U.causal_trace(local_model, facts, positions=[-1, -2])
+    for name in ("restore_resid", "restore_mlp", "p_clean", "p_corrupt"):
+        assert _equal(remote[name], local[name]), name
+    assert remote.attrs["params"]["noise_std"] == local.attrs["params"]["noise_std"]
+    with torch.enable_grad():
+        ap_remote = U.attribution_patching(remote_model, facts)
+        ap_local = U.attribution_patching(local_model, facts)
+    assert _equal(ap_remote.ap_mlp, ap_local.ap_mlp) and np.abs(ap_local.ap_mlp.values).max() > 0
+
+
+def test_itda_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
+    """The ITDA page on a remote model builds the same dictionary as on the local one; with
+    no second model given it cannot perturb weights it does not hold, so it shows no
+    similarity heatmap and says why (and hides the noise slider), instead of failing."""
+    from apps.itda import ITDAView
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    remote = ITDAView(remote_model, background=False)
+    local = ITDAView(local_model, background=False, other=local_model)
+    assert remote.error == "" and remote.n_atoms == local.n_atoms > 0
+    assert remote.summary.split(" · built")[0] == local.summary.split(" · built")[0]
+    assert remote.similarity is None and remote.param.noise.precedence == -1
+    assert "remote model has no weights on this machine" in remote._similarity_message
+    # with a second model given, the remote page compares layers as the local one does
+    both = ITDAView(remote_model, background=False, other=remote_model)
+    assert both.error == "" and _equal(both.similarity["similarity"],
+                                       local.similarity["similarity"])
+
+
 def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
     """The Circuits page scores and draws the circuit of a remote model (the same as the
     local page's); its fine-tune button, which trains weights, is refused with a clear

@@ -88,6 +88,13 @@ def test_fact_file_errors(tmp_path, facts):
                                "facts": [["x", "b"]]}))
     with pytest.raises(InputError, match="has attribute 'b'"):
         U.load_attribute_facts(bad)
+    bad.write_text(json.dumps({"attributes": ["a"], "templates": {"trained": "{subject}"},
+                               "facts": [["x", "a"]]}))
+    with pytest.raises(InputError, match="lacks templates.mc"):
+        U.load_attribute_facts(bad)
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        U.load_attribute_facts(bad)
     with pytest.raises(InputError, match="`format` must be one of"):
         U.fact_prompt(facts[0], "cloze")
     with pytest.raises(InputError, match="at most the 12 facts"):

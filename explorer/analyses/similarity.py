@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
 
 __all__ = [
     "linear_cka",
@@ -480,6 +480,7 @@ def perturbed_copy(model: Any, *, scale: float = 0.02, seed: int = 0) -> Any:
 
     from explorer.models import wrap_model
 
+    check_local_weights(model, "a perturbed copy")
     check_float("scale", scale, low=0.0)
     check_int("seed", seed)
     hf = copy.deepcopy(model.hf)

@@ -36,7 +36,7 @@ import xarray as xr
 from explorer._checks import (ExplorerError, InputError, check_choice, check_float, check_int,
                               check_local_weights)
 from explorer.models import Model, cache_dir
-from explorer.trace import provenance, run_batch
+from explorer.trace import provenance, run_batch, run_on_weights
 
 __all__ = [
     "FORMATS",
@@ -109,7 +109,18 @@ def load_attribute_facts(path: str | Path | None = None) -> list[AttributeFact]:
     path = Path(path) if path is not None else facts_path()
     if not path.is_file():
         raise InputError(f"fact file {str(path)!r} does not exist.")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"fact file {str(path)!r} is not valid JSON: {e}.") from None
+    templates = data.get("templates") if isinstance(data, dict) else None
+    missing = [k for k in ("attributes", "facts") if not isinstance(data, dict) or k not in data]
+    missing += [f"templates.{k}" for k in ("trained", "mc")
+                if not isinstance(templates, dict) or k not in templates]
+    if missing:
+        raise InputError(f"fact file {str(path)!r} lacks {', '.join(missing)}; it needs "
+                         "'attributes', 'facts' ([subject, attribute] pairs) and 'templates' "
+                         "with 'trained' and 'mc'.")
     attrs = tuple(data["attributes"])
     out = []
     for i, (subject, attribute) in enumerate(data["facts"]):
@@ -340,8 +351,13 @@ def _mlp_module(model: Model, layer: int) -> torch.nn.Module:
 
 
 def _noise_std(model: Model) -> float:
-    """Standard deviation of the token embedding entries (the noise unit of ROME)."""
-    return float(model.hf.get_input_embeddings().weight.float().std())
+    """Standard deviation of the token embedding entries (the noise unit of ROME); read on
+    the server for a remote model."""
+    return float(run_on_weights(model, _embedding_std))
+
+
+def _embedding_std(weights: Model) -> float:
+    return float(weights.hf.get_input_embeddings().weight.float().std())
 
 
 def _fact_noise(model: Model, facts: Sequence[AttributeFact], noise_scale: float,
@@ -378,7 +394,22 @@ def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: to
     ``restores`` rows are ("resid", layer, pos): that layer's output at pos set to its
     clean value; ("mlp", layer, None): that MLP's output at every position set clean;
     ("none", -1, None): corrupted only. ``ids`` [pos]; the subject embeddings get ``noise``.
+    The runs are plain forwards with torch hooks, where the weights are (on the server for
+    a remote model: `run_on_weights`).
     """
+    with model.lock:
+        return run_on_weights(model, _corrupted_probs_here, ids, subj, noise, target,
+                              list(restores), resid, mlp)
+
+
+def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
+                          target: int, restores: Sequence[tuple[str, int, int | None]],
+                          resid: list[torch.Tensor], mlp: list[torch.Tensor]) -> torch.Tensor:
+    """`_corrupted_probs` on ``model``'s own weights (local, or the server's module tree)."""
+    device = model.hf.device
+    ids, noise = ids.to(device), noise.to(device)
+    resid = [x.to(device) for x in resid]
+    mlp = [x.to(device) for x in mlp]
     R = len(restores)
     handles = []
     subj_t = torch.tensor(subj)
@@ -414,7 +445,7 @@ def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: to
                 return _replace_output(out, fn)
             handles.append(_mlp_module(model, layer).register_forward_hook(restore_mlp))
     try:
-        with model.lock, torch.no_grad():
+        with torch.no_grad():
             logits = model.hf(input_ids=ids[None].expand(R, -1)).logits[:, -1].float()
     finally:
         for h in handles:
@@ -526,34 +557,9 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
         subj = torch.tensor(subject_positions(model, f))
         _, clean = _clean_states(model, prompt)
         ids = torch.tensor(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])[None]
-        acts: list[torch.Tensor | None] = [None] * L
-        handles = []
-
-        def add_noise(_m, _inp, out):
-            # a leaf that needs grad: the weights may have requires_grad off
-            out = out.detach().clone().requires_grad_(True)
-            noisy = out.clone()
-            noisy[:, subj] += noise.to(out.dtype)
-            return noisy
-
-        def keep(layer):
-            def hook(_m, _inp, out):
-                acts[layer] = out[0] if isinstance(out, tuple) else out
-            return hook
-
-        handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
-        handles += [_mlp_module(model, x).register_forward_hook(keep(x)) for x in range(L)]
-        try:
-            with model.lock, torch.enable_grad():
-                logits = model.hf(input_ids=ids).logits[0, -1].float()
-                p = torch.softmax(logits, -1)[target]
-                grads = torch.autograd.grad(p, acts)  # each [1, pos, d_model]
-        finally:
-            for h in handles:
-                h.remove()
-        for x in range(L):
-            delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
-            scores[fi, x] = float((grads[x][0].float() * delta).sum())
+        with model.lock:
+            scores[fi] = run_on_weights(model, _mlp_attribution, ids, subj, noise, target,
+                                        clean).numpy()
         if progress:
             progress(fi + 1, len(facts))
     ds = xr.Dataset({"ap_mlp": (("fact", "layer"), scores)},
@@ -563,6 +569,45 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
                                      noise_scale=noise_scale, seed=seed))
     ds.attrs["citation"] = CITATION
     return ds
+
+
+def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise: torch.Tensor,
+                     target: int, clean: list[torch.Tensor]) -> torch.Tensor:
+    """[layer]: grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l) in one corrupted
+    forward and backward with torch hooks, where the weights are (`run_on_weights`)."""
+    device = model.hf.device
+    ids, noise, clean = ids.to(device), noise.to(device), [x.to(device) for x in clean]
+    L = model.n_layers
+    acts: list[torch.Tensor | None] = [None] * L
+    handles = []
+
+    def add_noise(_m, _inp, out):
+        # a leaf that needs grad: the weights may have requires_grad off
+        out = out.detach().clone().requires_grad_(True)
+        noisy = out.clone()
+        noisy[:, subj] += noise.to(out.dtype)
+        return noisy
+
+    def keep(layer):
+        def hook(_m, _inp, out):
+            acts[layer] = out[0] if isinstance(out, tuple) else out
+        return hook
+
+    handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
+    handles += [_mlp_module(model, x).register_forward_hook(keep(x)) for x in range(L)]
+    try:
+        with torch.enable_grad():
+            logits = model.hf(input_ids=ids).logits[0, -1].float()
+            p = torch.softmax(logits, -1)[target]
+            grads = torch.autograd.grad(p, acts)  # each [1, pos, d_model]
+    finally:
+        for h in handles:
+            h.remove()
+    scores = torch.zeros(L, dtype=torch.float64)
+    for x in range(L):
+        delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
+        scores[x] = float((grads[x][0].float() * delta).sum())
+    return scores
 
 
 def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
