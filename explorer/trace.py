@@ -440,16 +440,19 @@ def run_on_weights(model: Model, fn: Callable[..., Any], *args: Any, **kwargs: A
     NDIF server inside one nnsight trace, on a `Model` over the server's module tree (the
     trace's envoys: same structure, the served weights), and only its return value comes
     back. This is how computations that need the weights outside a plain forward (the
-    circuits' per-head forward and backward) run on NDIF: ``fn`` and everything it calls
-    are explorer code, which travels with the request by value.
+    circuits' per-head forward and backward, causal tracing's hooked runs, a function
+    vector's W_O slices) run on NDIF: ``fn`` and everything it calls are explorer code,
+    which travels with the request by value.
 
     The trace's own forward pass is one token, run after ``fn``. ``fn`` must call modules
     through the weights model's tree (``weights.hf_layer(0).mlp(x)``, `Model.lens_logits`):
     those are nnsight ad-hoc calls, which stand the trace down for their duration, so they
     are ordinary calls and not steps of the traced forward. It reads weights as attributes
     (``.weight``) and the device as ``weights.hf.device``; a sandboxed server may refuse other
-    envoy attributes. ``fn`` must return tensors, numbers, strings or lists, tuples and dicts
-    of them; tensors come back on the CPU.
+    envoy attributes. Torch hooks it registers on the served modules must be removed before
+    it returns (in a ``finally``): the model is shared by every request. ``fn`` must return
+    tensors, numbers, strings or lists, tuples and dicts of them; tensors come back on the
+    CPU.
     """
     if not model.remote:
         return fn(model, *args, **kwargs)
