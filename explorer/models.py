@@ -191,6 +191,12 @@ class Batch:
         return dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
                     position_ids=self.position_ids)
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with its tensors on ``device`` (the weights' device)."""
+        return dataclasses.replace(self, input_ids=self.input_ids.to(device),
+                                   attention_mask=self.attention_mask.to(device),
+                                   position_ids=self.position_ids.to(device))
+
 
 def _versions() -> dict[str, str]:
     import nnsight

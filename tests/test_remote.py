@@ -279,6 +279,24 @@ def test_function_vector_reads_w_o_on_the_server(remote_model, local_model):
     np.testing.assert_allclose(got, expect, rtol=1e-10, atol=1e-10)
 
 
+def test_fv_scores_last_token_path_runs_on_the_server(remote_model, local_model):
+    """FV scores' last-token path (a key/value cache of the earlier positions and torch
+    pre-hooks on o_proj) on a remote model: each task's runs are one server job, and the
+    scores equal the local last-token path bit for bit (which tests/test_icl_heads.py checks
+    against per-head traces)."""
+    from explorer._checks import InputError
+    from explorer.analyses import icl_heads as ih
+
+    remote = ih.fv_scores(remote_model, ["antonym"], n_prompts=3, n_shots=2, max_rows=8)
+    local = ih.fv_scores(local_model, ["antonym"], n_prompts=3, n_shots=2, max_rows=8)
+    assert remote.attrs["params"]["fv_method"] == local.attrs["params"]["fv_method"] == "last_token"
+    for name in ("fv_score", "indirect_effect", "mean_z", "clean_prob", "corrupted_prob"):
+        assert _equal(remote[name], local[name]), name
+    assert np.abs(local.indirect_effect.values).max() > 0
+    with pytest.raises(InputError, match="runs it on the server"):
+        ih.last_token_cache(remote_model, remote_model.tokenize(["a b c", "d e f"]))
+
+
 def test_circuits_run_on_the_server(remote_model, local_model):
     """EAP and EAP-IG edge scores, the faithfulness curve and one circuit's patched metric
     on a remote model: each batch's per-head forward, backward and edge patching runs on the

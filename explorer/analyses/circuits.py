@@ -33,7 +33,6 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023 (EAP
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -550,11 +549,7 @@ class _Prepared:
 
     def to(self, device: torch.device) -> _Prepared:
         """The same batch with its tensors on ``device`` (the weights' device)."""
-        def move(b: Batch) -> Batch:
-            return dataclasses.replace(b, input_ids=b.input_ids.to(device),
-                                       attention_mask=b.attention_mask.to(device),
-                                       position_ids=b.position_ids.to(device))
-        return _Prepared(move(self.clean), move(self.corrupt), self.answer.to(device),
+        return _Prepared(self.clean.to(device), self.corrupt.to(device), self.answer.to(device),
                          self.wrong.to(device))
 
 

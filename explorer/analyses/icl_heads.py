@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
 from explorer.interventions import Ablate
-from explorer.trace import clean_run, provenance, run_batch
+from explorer.trace import clean_run, provenance, run_batch, run_on_weights
 
 __all__ = [
     "ICL_DIR",
@@ -331,13 +331,12 @@ class LastTokenCache:
 def last_token_problem(model: Any, width: int | None = None) -> str | None:
     """Why `last_token_cache` cannot serve ``model`` (None when it can).
 
-    It runs ``model.hf`` locally with a key/value cache, patching through torch hooks on
-    the attention output projection: a remote model has no local weights, and only the
-    llama family (Llama, Qwen2/3, Mistral) is checked to give the full forward's logits;
-    a sliding attention window narrower than the batch is not handled.
+    It runs ``model.hf`` with a key/value cache, patching through torch hooks on the
+    attention output projection (on a remote model, on the server: `fv_scores` sends each
+    task's runs as one job): only the llama family (Llama, Qwen2/3, Mistral) is checked to
+    give the full forward's logits; a sliding attention window narrower than the batch is
+    not handled.
     """
-    if getattr(model, "remote", False):
-        return "the model runs remotely (NDIF); the last-token path needs local weights"
     if model.arch.family != "llama":
         return (f"the last-token path handles the llama family only; {model.spec.name} is "
                 f"{model.arch.family}")
@@ -364,6 +363,7 @@ def last_token_cache(model: Any, batch: Any) -> LastTokenCache:
     problem = last_token_problem(model, batch.width)
     if problem:
         raise InputError(f"fv_scores(method='last_token') cannot run: {problem}.")
+    check_local_weights(model, "the last-token cache (fv_scores runs it on the server)")
     if batch.width < 2:
         raise InputError("the last-token path needs prompts of at least 2 tokens.")
     with model.lock, torch.no_grad():
@@ -397,6 +397,7 @@ def fv_last_token_probs(model: Any, prefix: LastTokenCache, heads: Sequence[tupl
     ``mean_z[layer, head]`` in copy j (a torch pre-hook). With no ``heads`` (and ``mean_z``
     None) it returns the unpatched probabilities, [1, prompt].
     """
+    check_local_weights(model, "the last-token run (fv_scores runs it on the server)")
     b = prefix.batch
     n, k, d = len(b.lengths), max(1, len(heads)), model.spec.d_head
     by_layer: dict[int, list[tuple[int, int]]] = {}
@@ -410,7 +411,7 @@ def fv_last_token_probs(model: Any, prefix: LastTokenCache, heads: Sequence[tupl
         def patch(_module, args):
             z = args[0].clone()                              # [k * n, 1, n_heads * d_head]
             for j, head, v in values:
-                z[j * n:(j + 1) * n, -1, head * d:(head + 1) * d] = v.to(z.dtype)
+                z[j * n:(j + 1) * n, -1, head * d:(head + 1) * d] = v.to(z.device, z.dtype)
             return (z, *args[1:])
         return patch
 
@@ -427,7 +428,17 @@ def fv_last_token_probs(model: Any, prefix: LastTokenCache, heads: Sequence[tupl
         for h in handles:
             h.remove()
     p = torch.softmax(out.logits[:, -1].float(), dim=-1)     # [head * prompt, vocab]
-    return p[torch.arange(k * n), target.repeat(k)].reshape(k, n)
+    return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
+
+
+def _fv_last_token_task(weights: Any, batch: Any, chunks: list[list[tuple[int, int]]],
+                        mean_z: np.ndarray, target: torch.Tensor
+                        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One task's last-token runs where the weights are (`run_on_weights`): the unpatched
+    probabilities [prompt] and, per chunk of heads, the patched ones [head, prompt]."""
+    prefix = last_token_cache(weights, batch.to(weights.hf.device))
+    base = fv_last_token_probs(weights, prefix, [], None, target)[0]
+    return base, [fv_last_token_probs(weights, prefix, chunk, mean_z, target) for chunk in chunks]
 
 
 def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
@@ -482,15 +493,22 @@ def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
         rows = torch.arange(len(target))
         mean_z[t] = task_mean_z(model, clean)
         p_clean[t] = float(_last_probs(model, model.tokenize(clean))[rows, target].mean())
-        if method == "last_token":
+        chunks = list(_head_chunks(heads, max(1, max_rows // len(target))))
+        remote_p = None
+        if method == "last_token" and model.remote:  # the task's runs as one server job
+            base, remote_p = run_on_weights(model, _fv_last_token_task,
+                                            model.tokenize(corrupted), chunks, mean_z[t], target)
+        elif method == "last_token":
             prefix = last_token_cache(model, model.tokenize(corrupted))
             base = fv_last_token_probs(model, prefix, [], None, target)[0]     # [prompt]
         else:
             cache = clean_run(model, corrupted)
             base = torch.softmax(cache.logits[:, -1].float(), -1)[rows, target]
         p_corr[t] = float(base.mean())
-        for chunk in _head_chunks(heads, max(1, max_rows // len(target))):
-            if method == "last_token":
+        for i, chunk in enumerate(chunks):
+            if remote_p is not None:
+                p = remote_p[i]
+            elif method == "last_token":
                 p = fv_last_token_probs(model, prefix, chunk, mean_z[t], target)
             else:
                 p = fv_patched_probs(model, cache, chunk, mean_z[t], target)  # [head, prompt]
