@@ -95,10 +95,20 @@ def print_json(obj: Any) -> None:
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--model NAME`` (a known name, a local folder or a hub id; default the packaged model)."""
+    """Add ``--model NAME`` (a known name, a local folder or a hub id; default the packaged
+    model) and ``--remote`` (run it on NDIF); `load_cli_model` loads what they name."""
     parser.add_argument("--model", default=_DEFAULT_MODEL, metavar="NAME",
                         help=f"known name (see 'explorer models'), local folder or hub id "
                              f"(default: {_DEFAULT_MODEL})")
+    parser.add_argument("--remote", action="store_true",
+                        help="run the model on NDIF (host and key from NDIF_HOST / NDIF_API_KEY)")
+
+
+def load_cli_model(args: argparse.Namespace):
+    """The model that ``--model`` and ``--remote`` name."""
+    from .models import load_model
+
+    return load_model(args.model, remote=bool(getattr(args, "remote", False)))
 
 
 def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
@@ -212,12 +222,6 @@ def _show_token(token: str) -> str:
     return repr(token)
 
 
-def _load_model(name: str):
-    from .models import load_model
-
-    return load_model(name)
-
-
 # -- models -------------------------------------------------------------------------------
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -308,7 +312,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if (out.exists() or out.is_symlink()) and not args.force:  # fail before the slow part
         raise InputError(f"`--out` {str(out)!r} already exists; pass --force to replace it.")
-    model = _load_model(args.model)
+    model = load_cli_model(args)
     ds = trace(model, prompts, sites=sites, layers=layers, positions=positions, edits=edits,
                batch_size=args.batch_size)
     _write_zarr(ds, out, force=args.force)
@@ -377,7 +381,7 @@ def _cmd_lens(args: argparse.Namespace) -> int:
     layers = parse_int_list("--layers", args.layers, ranges=True) if args.layers else None
     positions = parse_int_list("--positions", args.positions) if args.positions else None
     edits = load_edits(args.edits)
-    model = _load_model(args.model)
+    model = load_cli_model(args)
     ds = logit_lens(model, [args.prompt], k=args.k, positions=positions, layers=layers,
                     edits=edits)
     result = lens_to_json(ds, model.tokenize([args.prompt]).lengths[0])
@@ -632,8 +636,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--show", action="store_true", help="open a browser")
-    p.add_argument("--remote", action="store_true",
-                   help="run the model on NDIF (host and key from NDIF_HOST / NDIF_API_KEY)")
     p.add_argument("--allow-websocket-origin", action="append", metavar="HOST",
                    help="host[:port] allowed to connect (repeatable)")
     p.set_defaults(func=_cmd_serve)

@@ -394,6 +394,21 @@ def test_itda_page_on_a_remote_model(env, remote_model, local_model, tmp_path, m
                                        local.similarity["similarity"])
 
 
+def test_cli_runs_an_analysis_remotely(env, folder, local_model, capsys):
+    """`--remote` on an analysis command: `explorer circuits --remote` prints what the same
+    command prints for the local folder (scores, circuit, faithfulness)."""
+    from explorer import cli
+
+    args = ["circuits", "--model", str(folder), "--n", "4", "--all-prompts", "--method", "eap",
+            "--sizes", "0,10", "--batch-size", "2", "--json"]
+    with torch.enable_grad():
+        assert cli.main([*args, "--remote"]) == 0
+        remote = json.loads(capsys.readouterr().out)
+        assert cli.main(args) == 0
+        local = json.loads(capsys.readouterr().out)
+    assert remote == local and remote["top_edges"]
+
+
 def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
     """The Circuits page scores and draws the circuit of a remote model (the same as the
     local page's); its fine-tune button, which trains weights, is refused with a clear

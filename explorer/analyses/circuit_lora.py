@@ -740,10 +740,9 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_ranks(args: Any) -> int:
-    from explorer.cli import parse_int_list, print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, parse_int_list, print_json
 
-    model = load_model(args.model)
+    model = load_cli_model(args)
     critical = parse_int_list("--critical", args.critical)
     target = lora_parameter_count(model, uniform_lora_ranks(model, args.rank))
     alloc = allocate_lora_ranks(model, target, critical, r_other=args.r_other)
@@ -869,10 +868,9 @@ def save_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
 def _cmd_run(args: Any) -> int:
     import sys
 
-    from explorer.cli import parse_int_list, print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, parse_int_list, print_json
 
-    model = load_model(args.model)
+    model = load_cli_model(args)
     summary = run_summary(
         model, task=args.task, n_train=check_int("n_train", args.n_train, low=1),
         n_test=check_int("n_test", args.n_test, low=1), n_circuit=args.n_circuit,

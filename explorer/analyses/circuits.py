@@ -1275,10 +1275,9 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_circuits(args: Any) -> int:
-    from explorer.cli import parse_int_list, print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, parse_int_list, print_json
 
-    model = load_model(args.model)
+    model = load_cli_model(args)
     task = make_task(args.task, args.n, seed=args.seed, corruption=args.corruption)
     n_generated = len(task)
     if not args.all_prompts:

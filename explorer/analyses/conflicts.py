@@ -727,10 +727,9 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_conflicts(args: Any) -> int:
-    from explorer.cli import print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, print_json
 
-    model = load_model(args.model)
+    model = load_cli_model(args)
     rels = None if args.relations is None else [r.strip() for r in args.relations.split(",")]
     facts = closed_book_facts(model, load_facts(rels))
     n_sel = check_int("select_facts", args.select_facts, low=1)

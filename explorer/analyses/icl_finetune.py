@@ -303,11 +303,10 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_icl_finetune(args: Any) -> int:
-    from explorer.cli import print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, print_json
 
     torch.set_num_threads(check_int("threads", args.threads, low=1))
-    model = load_model(args.model)
+    model = load_cli_model(args)
     tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
     ds = early_late_finetune(model, tasks, n_layers_tuned=args.n_layers_tuned, rank=args.rank,
                              steps=args.steps, lr=args.lr, batch_size=args.batch_size,

@@ -743,10 +743,9 @@ def _split(text: str) -> list[str]:
 
 
 def _cmd_icl_heads(args: Any) -> int:
-    from explorer.cli import print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, print_json
 
-    model = load_model(args.model)
+    model = load_cli_model(args)
     ind = induction_scores(model, seed=args.seed)
     fv = fv_scores(model, _split(args.tasks), n_prompts=args.n_prompts, n_shots=args.n_shots,
                    seed=args.seed)

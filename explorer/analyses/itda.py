@@ -1196,8 +1196,7 @@ def _cmd_itda(args: argparse.Namespace) -> int:
 
 
 def _itda_command(args: argparse.Namespace) -> int:
-    from explorer.cli import print_json, read_prompts
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, print_json, read_prompts
 
     prompts = read_prompts(args.prompts)
     check_float("--tau", args.tau, low=0.0, high=1.0)
@@ -1209,7 +1208,7 @@ def _itda_command(args: argparse.Namespace) -> int:
         except ValueError:
             raise InputError(f"`--taus` must be comma-separated numbers; got {args.taus!r}.") from None
     min_pos = check_int("--min-pos", args.min_pos, low=0)
-    model = load_model(args.model)
+    model = load_cli_model(args)
     layer = model.check_layer(args.layer)
     chunk_prompts = None if args.chunk_prompts is None else check_int("--chunk-prompts",
                                                                        args.chunk_prompts, low=1)

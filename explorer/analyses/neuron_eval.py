@@ -691,7 +691,7 @@ def _table(ds: xr.Dataset) -> list[dict[str, Any]]:
 
 
 def _cmd_neuron_eval(args: argparse.Namespace) -> int:
-    from explorer.cli import print_json, read_prompts
+    from explorer.cli import load_cli_model, print_json, read_prompts
 
     check_int("--seeds", args.seeds, low=1)
     if args.synthetic:
@@ -712,12 +712,11 @@ def _cmd_neuron_eval(args: argparse.Namespace) -> int:
     else:
         if args.prompts is None or args.layer is None:
             raise InputError("pass --synthetic, or --prompts FILE and --layer N for real units.")
-        from explorer.models import load_model
 
         from .itda import ITDA, cached_activations
 
         prompts = read_prompts(args.prompts)
-        model = load_model(args.model)
+        model = load_cli_model(args)
         layer = model.check_layer(args.layer)
         acts = cached_activations(model, prompts, layers=[layer])
         half = max(1, len(prompts) // 2)

@@ -1656,8 +1656,7 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_saturation(args: Any) -> int:
-    from explorer.cli import print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, print_json
     from explorer.store import ActivationStore
 
     if args.scheduler is not None:
@@ -1666,7 +1665,7 @@ def _cmd_saturation(args: Any) -> int:
         check_scheduler(args.scheduler)
         if args.no_cache:
             raise InputError("`--scheduler` works over the cache; drop `--no-cache`.")
-    model = load_model(args.model)
+    model = load_cli_model(args)
     if args.random_init:
         model = random_init_twin(model, seed=args.seed)
     docs = load_corpus(args.corpus)

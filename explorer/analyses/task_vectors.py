@@ -418,13 +418,12 @@ def register_cli(subparsers: Any) -> None:
 
 def _cmd_task_vectors(args: Any) -> int:
     from explorer.analyses.icl_heads import fv_scores
-    from explorer.cli import print_json
+    from explorer.cli import load_cli_model, print_json
     from explorer.distributed import check_scheduler
-    from explorer.models import load_model
     from explorer.store import ActivationStore
 
     scheduler = check_scheduler(args.scheduler)
-    model = load_model(args.model)
+    model = load_cli_model(args)
     tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
     td = task_decodability(model, tasks, n_prompts=args.n_prompts, n_shots=args.n_shots,
                            k=args.k, seed=args.seed, scheduler=scheduler,

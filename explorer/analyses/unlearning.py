@@ -955,11 +955,10 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_unlearn(args: Any) -> int:
-    from explorer.cli import print_json
-    from explorer.models import load_model
+    from explorer.cli import load_cli_model, print_json
 
     torch.set_num_threads(1)
-    model = load_model(args.model)
+    model = load_cli_model(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         check_choice("method", m, METHODS)
