@@ -145,6 +145,11 @@ class UnlearningView(pn.viewable.Viewer):
         self._localize_button = pn.widgets.Button(name="Localize", button_type="primary")
         self._run_button = pn.widgets.Button(name="Run unlearning", button_type="success",
                                              disabled=True)
+        self._trains_here = not getattr(model, "remote", False)  # training needs the weights
+        if not self._trains_here:
+            self._run_button.description = (
+                "Unlearning trains a copy of the weights on this machine; a remote (NDIF) "
+                "model has none here. Localize runs on the server.")
         self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True)
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
@@ -231,7 +236,7 @@ class UnlearningView(pn.viewable.Viewer):
         self.param.update(busy=False, status=status)
         self._cancel_button.disabled = True
         self._localize_button.disabled = False
-        self._run_button.disabled = self.probe is None
+        self._run_button.disabled = self.probe is None or not self._trains_here
 
     def _show_result(self, out: tuple[str, Any]) -> None:
         kind, value = out

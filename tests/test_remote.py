@@ -409,10 +409,32 @@ def test_cli_runs_an_analysis_remotely(env, folder, local_model, capsys):
     assert remote == local and remote["top_edges"]
 
 
+def test_unlearning_page_localizes_a_remote_model(env, remote_model, tmp_path, monkeypatch):
+    """The Unlearning page on a remote model: Localize (probe, causal tracing, attribution
+    patching) runs, remotely; Run unlearning, which trains weights, stays disabled with the
+    reason as its tooltip."""
+    from apps.unlearning import UnlearningView
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    attrs = ["blue", "dog", "moon"]
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps({
+        "attributes": attrs, "templates": {"trained": "Fact: {subject} likes the",
+                                           "mc": "Q: {subject} likes? {options}\nA:"},
+        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
+                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    view = UnlearningView(remote_model, facts_file=path, known_only=False, background=False,
+                          n_forget=3, n_retain=3)
+    view.localize()
+    assert view.probe is not None and view.trace is not None and view.attribution is not None
+    assert view._run_button.disabled and "remote (NDIF) model" in view._run_button.description
+    assert not view._localize_button.disabled
+
+
 def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
     """The Circuits page scores and draws the circuit of a remote model (the same as the
-    local page's); its fine-tune button, which trains weights, is refused with a clear
-    message."""
+    local page's); its fine-tune button, which trains weights, is disabled, with the reason
+    as its tooltip."""
     from apps.circuits import CircuitsView
 
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
@@ -425,7 +447,12 @@ def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_pat
         view.n_edges = 30
         view._edges_plot()
     assert remote._table["edge"].tolist() == local._table["edge"].tolist()
-    remote._request_finetune()
+    buttons = {b.name: b for b in remote.__panel__().select(pn.widgets.Button)}
+    finetune = buttons["Fine-tune (LoRA) and score checkpoints"]
+    assert finetune.disabled and "remote (NDIF) model" in finetune.description
+    assert not {b.name: b for b in local.__panel__().select(pn.widgets.Button)}[
+        "Fine-tune (LoRA) and score checkpoints"].disabled
+    remote._request_finetune()  # called anyway: the same reason, as an error
     assert "remote (NDIF) model" in remote.error and remote.checkpoints is None
 
 
