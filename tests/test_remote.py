@@ -350,6 +350,17 @@ def test_gpt2_circuit_scores_run_on_the_server(tmp_path, monkeypatch):
     assert _equal(remote.score, expect.score) and np.abs(expect.score.values).max() > 0
 
 
+def _tiny_fact_file(folder, names):
+    """A fact file whose attributes start with distinct tokens for the tiny tokenizer."""
+    attrs = ["blue", "dog", "moon"]
+    path = folder / "facts.json"
+    path.write_text(json.dumps({
+        "attributes": attrs, "templates": {"trained": "Fact: {subject} likes the",
+                                           "mc": "Q: {subject} likes? {options}\nA:"},
+        "facts": [[f"Person {n}", attrs[i % 3]] for i, n in enumerate(names)]}))
+    return path
+
+
 def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
     """The unlearning lab's localisation on a remote model: causal tracing (hooked runs that
     restore clean states) and attribution patching (a hooked forward and backward) run on
@@ -357,13 +368,7 @@ def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
     hand-written torch hooks in tests/test_unlearning.py)."""
     from explorer.analyses import unlearning as U
 
-    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
-    path = tmp_path / "facts.json"
-    path.write_text(json.dumps({
-        "attributes": attrs, "templates": {"trained": "Fact: {subject} likes the",
-                                           "mc": "Q: {subject} likes? {options}\nA:"},
-        "facts": [[f"Person {a}", attrs[i % 3]] for i, a in enumerate("ABC")]}))
-    facts = U.load_attribute_facts(path)
+    facts = U.load_attribute_facts(_tiny_fact_file(tmp_path, ["A", "B", "C"]))
     remote = U.causal_trace(remote_model, facts, positions=[-1, -2])
     local = U.causal_trace(local_model, facts, positions=[-1, -2])
     for name in ("restore_resid", "restore_mlp", "p_clean", "p_corrupt"):
@@ -416,13 +421,7 @@ def test_unlearning_page_localizes_a_remote_model(env, remote_model, tmp_path, m
     from apps.unlearning import UnlearningView
 
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
-    attrs = ["blue", "dog", "moon"]
-    path = tmp_path / "facts.json"
-    path.write_text(json.dumps({
-        "attributes": attrs, "templates": {"trained": "Fact: {subject} likes the",
-                                           "mc": "Q: {subject} likes? {options}\nA:"},
-        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
-                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    path = _tiny_fact_file(tmp_path, [a + b for a in "ABCD" for b in "xyz"])
     view = UnlearningView(remote_model, facts_file=path, known_only=False, background=False,
                           n_forget=3, n_retain=3)
     view.localize()
