@@ -586,6 +586,8 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
     (resid_post, every layer). ``eap_request_mb``: size of the request an EAP batch sends;
     ``eap_result_mb``: the scores that come back (one float32 per edge).
     """
+    from unittest import mock
+
     from explorer.analyses import circuits as ca
     from explorer.models import load_model, smollm2_folder
     from explorer.ndif_server import LoopbackServer
@@ -606,11 +608,8 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
         local = load_model(folder)
         key = "bench-" + os.urandom(8).hex()
         server = stack.enter_context(LoopbackServer(folder, api_key=key))
-        env = {"NDIF_API_KEY": key, "NDIF_HOST": server.url}
-        old_env = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        stack.callback(lambda: [os.environ.pop(k, None) if v is None else
-                                os.environ.__setitem__(k, v) for k, v in old_env.items()])
+        stack.enter_context(mock.patch.dict(os.environ, {"NDIF_API_KEY": key,
+                                                         "NDIF_HOST": server.url}))
         remote = load_model(folder, remote=True)
         task = ca.make_task("add", n_prompts, seed=0)
         prompt = text_prompts(local, 1, 32)

@@ -596,9 +596,10 @@ def _check_common(model: Model, task: Any, metric: str,
     task = _check_task(task)
     check_choice("metric", metric, METRICS)
     batch_size = check_int("batch_size", batch_size, low=1)
-    _check_family(model)
-    ad = None if model.remote else _adapter(model)
-    return ad, task, batch_size
+    if model.remote:  # checked here; the adapter is built on the server
+        _check_family(model)
+        return None, task, batch_size
+    return _adapter(model), task, batch_size
 
 
 def _frozen(model: Model):
