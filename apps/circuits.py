@@ -653,10 +653,6 @@ class CircuitsView(pn.viewable.Viewer):
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
         finetune.on_click(lambda *_: self._request_finetune())
-        if self._model.remote:  # training needs the weights here; the scores run remotely
-            finetune.param.update(disabled=True, description=(
-                "LoRA fine-tuning trains a copy of the weights on this machine; a remote "
-                "(NDIF) model has none here."))
         player = pn.widgets.Player.from_param(self.param.checkpoint, interval=900, loop_policy="loop",
                                               show_value=True, width=260)
         state = pn.bind(self._state_html, self.param.scores, self.param.ablation,

@@ -273,6 +273,9 @@ class _LinearAdapter:
         self.M = torch.randn(n_layers, d, d, generator=g) / d ** 0.5
         self.U = torch.randn(d, vocab, generator=g)
 
+    def lora_hooks(self):
+        return []
+
     def embed(self, batch):
         return self.E[batch.input_ids]
 
@@ -332,7 +335,7 @@ def _linear_exact_effects(lin, ids_clean, ids_corrupt, ans, wrong, edges):
 
 def test_eap_ig_equals_exact_patching_on_linear_network(tiny_model, monkeypatch):
     lin = _LinearAdapter()
-    monkeypatch.setattr(C, "_adapter", lambda model: lin)
+    monkeypatch.setattr(C, "_adapter", lambda model, lora=None: lin)
     task = PAIRS
     ig = C.edge_scores(tiny_model, task, method="eap-ig", steps=3)
     eap = C.edge_scores(tiny_model, task, method="eap")

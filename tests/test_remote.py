@@ -380,6 +380,59 @@ def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
     assert _equal(ap_remote.ap_mlp, ap_local.ap_mlp) and np.abs(ap_local.ap_mlp.values).max() > 0
 
 
+def test_lora_finetuning_runs_on_the_server(remote_model, local_model, tmp_path, monkeypatch):
+    """CircuitLoRA's fine-tuning on a remote model: the adapters live in the jobs (hooks on
+    the served modules), start from peft's draws, and the run equals the local peft run bit
+    for bit (losses, every checkpoint). The served weights are untouched afterwards. The
+    checkpoints' accuracy and circuits are computed on the server with the adapters."""
+    from safetensors.torch import load_file
+
+    from explorer.analyses import circuit_lora as cl
+    from explorer.analyses import circuits as ca
+
+    monkeypatch.setattr(cl, "STEPS_PER_JOB", 2)
+    task = ca.make_task("add", 6, seed=0)
+    kw = dict(ranks={0: 2, 2: 3}, steps=5, batch_size=3, lr=5e-2, seed=2, checkpoints=[0, 3, 5])
+    with torch.enable_grad(), remote_run(remote_model) as run:
+        ds_r, lora_r = cl.finetune_lora(remote_model, task.clean, task.answer,
+                                        folder=tmp_path / "r", **kw)
+    assert len(run.job_ids) == 4  # steps 1-2, 3 (a checkpoint), 4, 5
+    with torch.enable_grad():
+        ds_l, peft_l = cl.finetune_lora(local_model, task.clean, task.answer,
+                                        folder=tmp_path / "l", **kw)
+    assert _equal(ds_r["loss"], ds_l["loss"]) and _equal(ds_r["lr"], ds_l["lr"])
+    assert ds_r.attrs["trainable_params"] == ds_l.attrs["trainable_params"]
+    for step in (0, 3, 5):
+        r = load_file(str(tmp_path / "r" / f"step-{step}.safetensors"))
+        lo = load_file(str(tmp_path / "l" / f"step-{step}.safetensors"))
+        assert list(r) == list(lo) and all(torch.equal(r[k], lo[k]) for k in r), step
+    # the served weights did not move: a remote run still equals the saved folder's
+    assert _equal(trace(remote_model, PROMPTS).resid_post, trace(local_model, PROMPTS).resid_post)
+
+    acc_r = cl.answer_accuracy(remote_model, task.clean, task.answer, hf=lora_r)
+    acc_l = cl.answer_accuracy(local_model, task.clean, task.answer, hf=lora_r)
+    acc_peft = cl.answer_accuracy(local_model, task.clean, task.answer, hf=peft_l)
+    assert _equal(acc_r.answer_loss, acc_l.answer_loss)
+    np.testing.assert_allclose(acc_r.answer_loss.values, acc_peft.answer_loss.values, rtol=1e-6)
+    base_r = cl.answer_accuracy(remote_model, task.clean, task.answer)
+    base_l = cl.answer_accuracy(local_model, task.clean, task.answer)
+    assert _equal(base_r.answer_loss, base_l.answer_loss)
+    assert not _equal(base_r.answer_loss, acc_r.answer_loss)
+
+    with torch.enable_grad():
+        lora5 = cl.read_checkpoint(remote_model, tmp_path / "r", 5)
+        s_r = ca.edge_scores(remote_model, task, method="eap-ig", steps=2, lora=lora5)
+        s_l = ca.edge_scores(local_model, task, method="eap-ig", steps=2, lora=lora5)
+        assert _equal(s_r.score, s_l.score)
+        ck_r = cl.checkpoint_circuits(remote_model, tmp_path / "r", task, steps=[0, 5])
+        ck_l = cl.checkpoint_circuits(local_model, tmp_path / "l", task, steps=[0, 5])
+    np.testing.assert_allclose(ck_r.score.values, ck_l.score.values, rtol=1e-4,
+                               atol=1e-3 * np.abs(ck_l.score.values).max())
+    assert _equal(ck_r.in_circuit, ck_l.in_circuit)
+    with pytest.raises(ExplorerError, match="use read_checkpoint"):
+        cl.load_checkpoint(remote_model, tmp_path / "r", 5)
+
+
 def test_itda_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
     """The ITDA page on a remote model builds the same dictionary as on the local one; with
     no second model given it cannot perturb weights it does not hold, so it shows no
@@ -432,14 +485,17 @@ def test_unlearning_page_localizes_a_remote_model(env, remote_model, tmp_path, m
 
 def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
     """The Circuits page scores and draws the circuit of a remote model (the same as the
-    local page's); its fine-tune button, which trains weights, is disabled, with the reason
-    as its tooltip."""
+    local page's), and its fine-tune button trains LoRA adapters on the server and scores
+    each checkpoint there: the checkpoints' scores equal the local page's (which trains a
+    peft copy and merges each checkpoint) to float rounding, and the circuits are the same."""
     from apps.circuits import CircuitsView
 
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
     with torch.enable_grad():
-        remote = CircuitsView(remote_model, background=False, n_prompts=4)
-        local = CircuitsView(local_model, background=False, n_prompts=4)
+        remote = CircuitsView(remote_model, background=False, n_prompts=4,
+                              run_folder=str(tmp_path / "remote-run"))
+        local = CircuitsView(local_model, background=False, n_prompts=4,
+                             run_folder=str(tmp_path / "local-run"))
     assert _equal(remote.scores.score, local.scores.score)
     assert _equal(remote.curve.recovered, local.curve.recovered)
     for view in (remote, local):
@@ -447,12 +503,17 @@ def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_pat
         view._edges_plot()
     assert remote._table["edge"].tolist() == local._table["edge"].tolist()
     buttons = {b.name: b for b in remote.__panel__().select(pn.widgets.Button)}
-    finetune = buttons["Fine-tune (LoRA) and score checkpoints"]
-    assert finetune.disabled and "remote (NDIF) model" in finetune.description
-    assert not {b.name: b for b in local.__panel__().select(pn.widgets.Button)}[
-        "Fine-tune (LoRA) and score checkpoints"].disabled
-    remote._request_finetune()  # called anyway: the same reason, as an error
-    assert "remote (NDIF) model" in remote.error and remote.checkpoints is None
+    assert not buttons["Fine-tune (LoRA) and score checkpoints"].disabled
+    with torch.enable_grad():
+        for view in (remote, local):
+            view.ft_steps = 3
+            view._request_finetune()
+            assert view.error == "", view.error
+    r, lo = remote.checkpoints, local.checkpoints
+    assert r["checkpoint"].values.tolist() == lo["checkpoint"].values.tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(r.score.values, lo.score.values, rtol=1e-4, atol=1e-7)
+    assert not np.array_equal(r.score.values[0], r.score.values[-1])  # training changed them
+    assert _equal(r.in_circuit, lo.in_circuit)
 
 
 def test_status_updates_reach_the_callback(remote_model):

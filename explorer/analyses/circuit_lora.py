@@ -37,8 +37,9 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
+from explorer.lora import LoRAWeights
 from explorer.models import Model, cache_dir, wrap_model
-from explorer.trace import provenance
+from explorer.trace import provenance, run_on_weights
 
 __all__ = [
     "CITATION",
@@ -48,11 +49,14 @@ __all__ = [
     "allocate_lora_ranks",
     "uniform_lora_ranks",
     "lora_model",
+    "lora_weights_init",
+    "STEPS_PER_JOB",
     "finetune_lora",
     "lr_at",
     "select_lr",
     "checkpoint_steps",
     "load_checkpoint",
+    "read_checkpoint",
     "answer_accuracy",
     "checkpoint_circuits",
     "jaccard",
@@ -227,9 +231,10 @@ def _encode(model: Model, prompts: Sequence[str], answers: Sequence[str]) -> lis
     return out
 
 
-def _answer_logits(hf: torch.nn.Module, model: Model, pairs: Sequence[tuple[list[int], list[int]]]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits predicting each answer token: ([n_ans_total, vocab], targets, row of each)."""
+def _answer_positions(model: Model, pairs: Sequence[tuple[list[int], list[int]]]
+                      ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch of ``pairs`` (prompt + answer) and, per answer token, the (row, column)
+    whose next-token prediction it is and the token: (batch, rows, cols, targets)."""
     batch = model.batch_from_ids([p + a for p, a in pairs])
     w = batch.width
     rows, cols, targets = [], [], []
@@ -239,15 +244,30 @@ def _answer_logits(hf: torch.nn.Module, model: Model, pairs: Sequence[tuple[list
             rows.append(i)
             cols.append(start + j)
             targets.append(t)
-    fast = (model.arch.logit_softcap_attr is None and hasattr(hf, "model")
-            and hasattr(hf, "lm_head") and not hasattr(hf, "transformer"))
-    if fast:  # the unembedding on the answer positions only (most of a small model's cost)
+    return batch, torch.tensor(rows), torch.tensor(cols), torch.tensor(targets)
+
+
+def _fast_unembed(model: Model) -> bool:
+    """Whether the answer logits can unembed the answer positions only (``model`` +
+    ``lm_head``, no soft cap): most of a small model's cost is the full unembedding."""
+    return model.arch.logit_softcap_attr is None and model.arch.layers_path == "model.layers"
+
+
+def _logits_at(hf: Any, fast: bool, batch: Any, rows: torch.Tensor, cols: torch.Tensor
+               ) -> torch.Tensor:
+    """Logits [n_ans, vocab] at (rows, cols) of ``batch`` (local, or the server's tree)."""
+    if fast:
         out = hf.model(**batch.model_inputs())
-        hidden = out.last_hidden_state[torch.tensor(rows), torch.tensor(cols)]  # [n_ans, d_model]
-        logits = hf.lm_head(hidden)
-    else:
-        logits = hf(**batch.model_inputs()).logits[torch.tensor(rows), torch.tensor(cols)]
-    return logits, torch.tensor(targets), torch.tensor(rows)
+        return hf.lm_head(out.last_hidden_state[rows, cols])  # [n_ans, vocab]
+    return hf(**batch.model_inputs()).logits[rows, cols]
+
+
+def _answer_logits(hf: torch.nn.Module, model: Model, pairs: Sequence[tuple[list[int], list[int]]]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits predicting each answer token: ([n_ans_total, vocab], targets, row of each)."""
+    batch, rows, cols, targets = _answer_positions(model, pairs)
+    fast = _fast_unembed(model) and hasattr(hf, "lm_head")
+    return _logits_at(hf, fast, batch, rows, cols), targets, rows
 
 
 def _base_hf(peft_or_hf: torch.nn.Module) -> torch.nn.Module:
@@ -256,13 +276,16 @@ def _base_hf(peft_or_hf: torch.nn.Module) -> torch.nn.Module:
 
 
 def answer_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str], *,
-                    hf: torch.nn.Module | None = None, batch_size: int = 32) -> xr.Dataset:
+                    hf: torch.nn.Module | LoRAWeights | None = None,
+                    batch_size: int = 32) -> xr.Dataset:
     """Exact-match accuracy of the greedy answer, per-token accuracy and answer loss.
 
     The greedy continuation equals the answer exactly when the argmax at every answer
     position (given the right prefix) is the answer token, so one forward pass decides it.
-    ``hf`` evaluates another module with the same tokenizer (a LoRA model); default
-    ``model.hf``.
+    ``hf`` evaluates another module with the same tokenizer (a peft LoRA model), or
+    ``model`` with `LoRAWeights` applied by hooks (what `finetune_lora` returns for a remote
+    model); default ``model`` itself. A remote model is evaluated on the server
+    (`explorer.trace.run_on_weights`, one job), and only the per-token results come back.
 
     Returns
     -------
@@ -272,20 +295,24 @@ def answer_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str]
     """
     check_int("batch_size", batch_size, low=1)
     pairs = _encode(model, prompts, answers)
-    module = _base_hf(hf if hf is not None else model.hf)
+    chunks = [_answer_positions(model, pairs[s:s + batch_size])
+              for s in range(0, len(pairs), batch_size)]
+    fast = _fast_unembed(model)
+    if isinstance(hf, LoRAWeights) or (hf is None and model.remote):
+        lora = hf if isinstance(hf, LoRAWeights) else None
+        with model.lock:  # hooks on a local model's shared modules, for this call only
+            scored = run_on_weights(model, _score_answers, None, chunks, fast, lora)
+    else:
+        module = _base_hf(hf if hf is not None else model.hf)
+        scored = _score_answers(model, module, chunks, fast and hasattr(module, "lm_head"), None)
     correct, losses, tok_ok, n_tok = [], [], 0, 0
-    with torch.no_grad():
-        for s in range(0, len(pairs), batch_size):
-            chunk = pairs[s:s + batch_size]
-            logits, targets, rows = _answer_logits(module, model, chunk)
-            ok = logits.argmax(-1) == targets
-            nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
-            for i in range(len(chunk)):
-                sel = rows == i
-                correct.append(bool(ok[sel].all()))
-                losses.append(float(nll[sel].mean()))
-            tok_ok += int(ok.sum())
-            n_tok += int(ok.numel())
+    for (_, rows, _, _), (ok, nll) in zip(chunks, scored):
+        for i in range(int(rows.max()) + 1):
+            sel = rows == i
+            correct.append(bool(ok[sel].all()))
+            losses.append(float(nll[sel].mean()))
+        tok_ok += int(ok.sum())
+        n_tok += int(ok.numel())
     correct_a = np.array(correct)
     return xr.Dataset(
         {"correct": ("prompt", correct_a), "answer_loss": ("prompt", np.array(losses))},
@@ -293,6 +320,30 @@ def answer_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str]
         attrs={**provenance(model, method="answer-accuracy"),
                "accuracy": float(correct_a.mean()), "token_accuracy": tok_ok / max(n_tok, 1),
                "loss": float(np.mean(losses))})
+
+
+def _score_answers(weights: Model, hf: Any, chunks: list, fast: bool,
+                   lora: LoRAWeights | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per chunk, (argmax == answer, NLL) of every answer token; runs where the weights are.
+
+    ``hf`` is the module to run (None: ``weights.hf``, the only choice on the server);
+    ``lora`` adds adapters by hooks for this call.
+    """
+    hf = weights.hf if hf is None else hf
+    device = hf.device
+    handles = [] if lora is None else lora.to(device).hooks(weights)
+    out = []
+    try:
+        with torch.no_grad():
+            for batch, rows, cols, targets in chunks:
+                logits = _logits_at(hf, fast, batch.to(device), rows.to(device), cols.to(device))
+                targets = targets.to(device)
+                nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+                out.append((logits.argmax(-1) == targets, nll))
+    finally:
+        for h in handles:
+            h.remove()
+    return out
 
 
 def _run_folder(model: Model, tag: str) -> Path:
@@ -347,13 +398,22 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     `load_checkpoint` can rebuild the model. Gradients are enabled inside this function
     only; the shared ``model`` is never modified (training runs on a copy).
 
+    A remote model trains on the server, where its weights cannot be copied: the adapters
+    are `explorer.lora.LoRAWeights` held in the job and added by forward hooks, started as
+    peft starts them for the same seed. Each job runs up to `STEPS_PER_JOB` steps (and
+    ends at every checkpoint); the adapters and the optimiser state travel between jobs,
+    the served weights are never written and get no gradients. The served model stays in
+    its eval mode, so the base model's own dropout is off (it is zero for Llama models).
+
     Returns
     -------
-    (xr.Dataset, peft model)
+    (xr.Dataset, peft model or LoRAWeights)
         ``loss``, ``lr`` (the learning rate the step used), ``step_seconds`` (wall) and
         ``step_cpu_seconds`` (this thread's CPU time, robust to a busy machine) over step;
         attrs ``folder``, ``checkpoints``,
-        ``trainable_params``, ``ranks``. The trained peft model is returned for evaluation.
+        ``trainable_params``, ``ranks``. The trained peft model (a remote model: the trained
+        `LoRAWeights`) is returned for evaluation (`answer_accuracy`'s ``hf``).
+        On a remote model the timings are measured on the server.
     """
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -369,9 +429,14 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     if ckpts and folder is None:
         raise InputError("`folder` is required when `checkpoints` are saved.")
     folder = Path(folder) if folder is not None else None
-    peft_model = lora_model(model, ranks, seed=seed)
-    params = [p for p in peft_model.parameters() if p.requires_grad]
-    n_trainable = int(sum(p.numel() for p in params))
+    if model.remote:  # adapters held in the job, applied by hooks: the served weights are shared
+        peft_model = None
+        lora = lora_weights_init(model, ranks, seed=seed)
+        n_trainable = lora.n_params()
+    else:
+        peft_model = lora_model(model, ranks, seed=seed)
+        params = [p for p in peft_model.parameters() if p.requires_grad]
+        n_trainable = int(sum(p.numel() for p in params))
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / _RUN_FILE).write_text(json.dumps({
@@ -381,42 +446,44 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
             "seed": seed, "checkpoints": ckpts,
             "trainable_params": n_trainable, "citation": CITATION}, indent=1))
 
-    def save(step: int) -> None:
-        state = {k: v.detach().contiguous().clone() for k, v in
-                 get_peft_model_state_dict(peft_model).items()}
-        save_file(state, str(folder / f"step-{step}.safetensors"))
+    def save(step: int, state: Mapping[str, torch.Tensor]) -> None:
+        save_file({k: v.detach().contiguous().clone() for k, v in state.items()},
+                  str(folder / f"step-{step}.safetensors"))
 
-    rng = np.random.default_rng(seed)
-    order: list[int] = []
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    hf = _base_hf(peft_model)
-    losses, seconds, cpu, rates = [], [], [], []
+    rates = [lr_at(k, lr=lr, steps=steps, warmup=warmup, schedule=schedule)
+             for k in range(1, steps + 1)]
+    draws = _batch_draws(len(pairs), batch_size, steps, seed)
     if 0 in ckpts:
-        save(0)
-    with torch.enable_grad():
-        peft_model.train()
-        for step in range(1, steps + 1):
-            t0, c0 = time.perf_counter(), time.thread_time()
-            if len(order) < batch_size:
-                order += rng.permutation(len(pairs)).tolist()
-            idx, order = order[:batch_size], order[batch_size:]
-            rate = lr_at(step, lr=lr, steps=steps, warmup=warmup, schedule=schedule)
-            for group in opt.param_groups:
-                group["lr"] = rate
-            logits, targets, _ = _answer_logits(hf, model, [pairs[i] for i in idx])
-            loss = torch.nn.functional.cross_entropy(logits.float(), targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-            rates.append(rate)
-            seconds.append(time.perf_counter() - t0)
-            cpu.append(time.thread_time() - c0)
-            if step in ckpts:
-                save(step)
-            if progress is not None:
-                progress(step, steps)
-    peft_model.eval()
+        save(0, lora.state_dict() if peft_model is None else get_peft_model_state_dict(peft_model))
+    if peft_model is None:
+        lora, losses, seconds, cpu = _train_by_hooks(
+            model, lora, pairs, draws, rates, ckpts,
+            lambda step, w: save(step, w.state_dict()), progress)
+        tuned: Any = lora
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        hf = _base_hf(peft_model)
+        losses, seconds, cpu = [], [], []
+        with torch.enable_grad():
+            peft_model.train()
+            for step in range(1, steps + 1):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for group in opt.param_groups:
+                    group["lr"] = rates[step - 1]
+                logits, targets, _ = _answer_logits(hf, model, [pairs[i] for i in draws[step - 1]])
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                seconds.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                if step in ckpts:
+                    save(step, get_peft_model_state_dict(peft_model))
+                if progress is not None:
+                    progress(step, steps)
+        peft_model.eval()
+        tuned = peft_model
     ds = xr.Dataset(
         {"loss": ("step", np.array(losses)), "lr": ("step", np.array(rates)),
          "step_seconds": ("step", np.array(seconds)),
@@ -428,7 +495,109 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
                "folder": "" if folder is None else str(folder), "checkpoints": ckpts,
                "trainable_params": n_trainable,
                "ranks": {str(k): int(v) for k, v in ranks.items()}, "citation": CITATION})
-    return ds, peft_model
+    return ds, tuned
+
+
+#: Training steps per job of a remote fine-tuning (a job also ends at each checkpoint).
+STEPS_PER_JOB = 10
+
+
+def _batch_draws(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
+    """The problems of each step: drawn without replacement, reshuffled each epoch."""
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    draws = []
+    for _ in range(steps):
+        if len(order) < batch_size:
+            order += rng.permutation(n).tolist()
+        draws.append(order[:batch_size])
+        order = order[batch_size:]
+    return draws
+
+
+def lora_weights_init(model: Model, ranks: Mapping[int, int] | Sequence[int], *,
+                      seed: int = 0) -> LoRAWeights:
+    """The starting adapters of `lora_model` (same modules, ranks, scales and draws) as
+    hook-applied `LoRAWeights`, without copying the model (a remote model's path)."""
+    ranks = _check_ranks(model, ranks)
+    mods = lora_modules(model)
+    spec = [(name, d_in, d_out, ranks[layer], _ALPHA_PER_RANK * ranks[layer])
+            for layer in sorted(ranks) if ranks[layer] > 0 for name, d_in, d_out in mods[layer]]
+    return LoRAWeights.init(spec, seed=seed, transposed=model.spec.family == "gpt2")
+
+
+def _train_by_hooks(model: Model, lora: LoRAWeights, pairs: Sequence[tuple[list[int], list[int]]],
+                    draws: list[list[int]], rates: list[float], ckpts: Sequence[int],
+                    save: Callable[[int, LoRAWeights], None], progress: Progress
+                    ) -> tuple[LoRAWeights, list[float], list[float], list[float]]:
+    """`finetune_lora`'s loop with hook-applied adapters, in jobs of up to `STEPS_PER_JOB`
+    steps where the weights are (`run_on_weights`); returns the trained adapters and the
+    per-step loss, wall and CPU seconds."""
+    steps = len(draws)
+    ends = sorted({*[c for c in ckpts if c > 0], steps,
+                   *range(STEPS_PER_JOB, steps, STEPS_PER_JOB)})
+    fast = _fast_unembed(model)
+    opt_state = None
+    losses: list[float] = []
+    seconds: list[float] = []
+    cpu: list[float] = []
+    done = 0
+    for end in ends:
+        plan = [(*_answer_positions(model, [pairs[i] for i in draws[k]]), rates[k])
+                for k in range(done, end)]
+        with model.lock:
+            out = run_on_weights(model, _train_steps, lora, opt_state, plan, fast)
+        lora = LoRAWeights(out["A"], out["B"], lora.scaling, transposed=lora.transposed)
+        opt_state = out["opt"]
+        losses += out["loss"]
+        seconds += out["seconds"]
+        cpu += out["cpu"]
+        done = end
+        if end in ckpts:
+            save(end, lora)
+        if progress is not None:
+            progress(end, steps)
+    return lora, losses, seconds, cpu
+
+
+def _train_steps(weights: Model, lora: LoRAWeights, opt_state: dict | None, plan: list,
+                 fast: bool) -> dict[str, Any]:
+    """Some AdamW steps of hook-applied adapters, where the weights are (one job).
+
+    ``plan`` holds per step (batch, rows, cols, targets, lr). Gradients are taken with
+    respect to the adapters only (`torch.autograd.grad`), so the served weights, shared by
+    every request, are neither written nor given a ``.grad``.
+    """
+    device = weights.hf.device
+    lora = lora.to(device).trainable()
+    params = lora.parameters()
+    opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    losses, seconds, cpu = [], [], []
+    handles = lora.hooks(weights)
+    try:
+        with torch.enable_grad():
+            for batch, rows, cols, targets, rate in plan:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for group in opt.param_groups:
+                    group["lr"] = rate
+                logits = _logits_at(weights.hf, fast, batch.to(device), rows.to(device),
+                                    cols.to(device))
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets.to(device))
+                grads = torch.autograd.grad(loss, params)
+                for p, g in zip(params, grads):
+                    p.grad = g
+                opt.step()
+                losses.append(float(loss.detach()))
+                seconds.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"A": {k: v.detach() for k, v in lora.A.items()},
+            "B": {k: v.detach() for k, v in lora.B.items()},
+            "opt": opt.state_dict(), "loss": losses, "seconds": seconds, "cpu": cpu}
 
 
 def _read_run(folder: str | Path) -> tuple[Path, dict]:
@@ -445,24 +614,48 @@ def checkpoint_steps(folder: str | Path) -> list[int]:
     return sorted(int(p.stem.split("-")[1]) for p in folder.glob("step-*.safetensors"))
 
 
-def load_checkpoint(model: Model, folder: str | Path, step: int) -> Model:
-    """The model with the adapter of ``step`` merged into a copy of its weights.
-
-    The result is a plain `Model` (same module tree as ``model``) that every analysis can
-    trace; its spec name is ``"{name}+lora@{step}"`` and its weights id names the file.
-    """
-    from peft import get_peft_model, set_peft_model_state_dict
-    from safetensors.torch import load_file
-
+def _checkpoint_file(model: Model, folder: str | Path, step: int) -> tuple[Path, dict[int, int]]:
+    """The checkpoint file of ``step`` in a run of ``model``, and the run's ranks."""
     folder, run = _read_run(folder)
     saved = checkpoint_steps(folder)
     check_choice("step", step, saved)
     if run["model"] != model.spec.name or run.get("weights") != model.spec.weights:
         raise InputError(f"run {str(folder)!r} fine-tuned {run['model']!r} "
                          f"({run.get('weights')}); got {model.spec.name!r} ({model.spec.weights}).")
-    ranks = {int(k): int(v) for k, v in run["ranks"].items()}
-    path = folder / f"step-{step}.safetensors"
-    check_local_weights(model, "loading a LoRA checkpoint")
+    return folder / f"step-{step}.safetensors", {int(k): int(v) for k, v in run["ranks"].items()}
+
+
+def read_checkpoint(model: Model, folder: str | Path, step: int) -> LoRAWeights:
+    """The adapters saved at ``step`` as `LoRAWeights`, nothing merged (local or remote model).
+
+    Pass them to `circuits.edge_scores` (``lora=``) or `answer_accuracy` (``hf=``); this is
+    how a remote model's checkpoints are analysed, since its weights cannot be copied.
+    """
+    from safetensors.torch import load_file
+
+    path, ranks = _checkpoint_file(model, folder, step)
+    ranks = _check_ranks(model, ranks)
+    scaling = {n: _ALPHA_PER_RANK for layer, r in ranks.items() if r > 0
+               for n, _, _ in lora_modules(model)[layer]}  # alpha / r = 2 for every rank
+    return LoRAWeights.from_state_dict(load_file(str(path)), scaling,
+                                       transposed=model.spec.family == "gpt2")
+
+
+def load_checkpoint(model: Model, folder: str | Path, step: int) -> Model:
+    """The model with the adapter of ``step`` merged into a copy of its weights.
+
+    The result is a plain `Model` (same module tree as ``model``) that every analysis can
+    trace; its spec name is ``"{name}+lora@{step}"`` and its weights id names the file.
+    A remote model cannot be copied: use `read_checkpoint` and pass the adapters on.
+    """
+    from peft import get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path, ranks = _checkpoint_file(model, folder, step)
+    if model.remote:
+        raise InputError("load_checkpoint merges the adapters into a copy of the weights, which "
+                         "a remote (NDIF) model does not have here; use read_checkpoint() and "
+                         "pass the adapters to edge_scores(lora=...) or answer_accuracy(hf=...).")
     hf = copy.deepcopy(model.hf)
     peft_model = get_peft_model(hf, _lora_config(model, ranks))
     result = set_peft_model_state_dict(peft_model, load_file(str(path)))
@@ -484,7 +677,8 @@ def checkpoint_circuits(model: Model, folder: str | Path, task: Any, *,
     """Edge scores and the circuit of each saved checkpoint of a run.
 
     Uses `explorer.analyses.circuits.edge_scores` and `select_circuit` on the model with
-    each checkpoint's adapter merged (`load_checkpoint`). The circuit is the top
+    each checkpoint's adapter merged (`load_checkpoint`); a remote model is scored on the
+    server with the adapters applied there (`read_checkpoint`, ``lora=``). The circuit is the top
     ``top_percent`` % of edges by |score| (the paper: 5 %), pruned to input -> logits paths.
 
     Returns
@@ -501,12 +695,16 @@ def checkpoint_circuits(model: Model, folder: str | Path, task: Any, *,
         raise InputError(f"run {str(folder)!r} has no checkpoints.")
     scores, circuits = [], []
     for i, step in enumerate(steps):
-        m = load_checkpoint(model, folder, step)
-        s = ca.edge_scores(m, task, method=method, metric=metric, batch_size=batch_size)
+        if model.remote:  # the adapters go with each job; the served weights stay as they are
+            s = ca.edge_scores(model, task, method=method, metric=metric, batch_size=batch_size,
+                               lora=read_checkpoint(model, folder, step))
+        else:
+            m = load_checkpoint(model, folder, step)
+            s = ca.edge_scores(m, task, method=method, metric=metric, batch_size=batch_size)
+            del m
         scores.append(s["score"])
         top_n = max(1, int(round(top_percent / 100 * s.sizes["edge"])))
         circuits.append(ca.select_circuit(s, top_n=top_n))
-        del m
         if progress is not None:
             progress(i + 1, len(steps))
     ds = xr.Dataset({"score": xr.concat(scores, "checkpoint"),

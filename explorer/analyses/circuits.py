@@ -50,6 +50,7 @@ from explorer.analyses.circuit_tasks import (
     make_task,
     task_generators,
 )
+from explorer.lora import LoRAWeights
 from explorer.models import Batch, Model
 from explorer.trace import progress_steps, provenance, run_on_weights
 
@@ -195,16 +196,18 @@ def _check_family(model: Model) -> None:
                 "(Llama, SmolLM2, Qwen2, Mistral).")
 
 
-def _adapter(model: Model) -> _Adapter:
+def _adapter(model: Model, lora: LoRAWeights | None = None) -> _Adapter:
     """The circuit forward on the model's weights (local ones; a remote model's run on the
-    server through `explorer.trace.run_on_weights`)."""
+    server through `explorer.trace.run_on_weights`), with ``lora``'s adapters if given."""
     _check_family(model)
     if model.remote:
         raise ExplorerError("the circuit forward needs the weights; a remote model's circuit "
                             "runs on the server (run_on_weights).")
+    if lora is not None:
+        lora = lora.to(_weights_device(model))
     if model.spec.family == "llama":
-        return _LlamaAdapter(model)
-    return _GPT2Adapter(model)
+        return _LlamaAdapter(model, lora)
+    return _GPT2Adapter(model, lora)
 
 
 def _weights_device(model: Model) -> torch.device:
@@ -252,15 +255,45 @@ class _SharedInputQKV(torch.autograd.Function):
 class _Adapter:
     """Embedding, per-head attention on per-head inputs, MLP and unembedding of one family."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, lora: LoRAWeights | None = None):
         self.model = model
         self.hf = model.hf
         self.n_layers = model.n_layers
         self.n_heads = model.spec.n_heads
         self.d_head = model.spec.d_head
         self.layers = [model.hf_layer(layer) for layer in range(model.n_layers)]
-        self._W_O = [model.W_O(layer) for layer in range(model.n_layers)]  # [head, d_head, d_model]
-        self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]
+        # LoRA adapters: merged into the attention weights read below (`weight`), added by
+        # hooks to the modules the forward calls (`lora_hooks`)
+        self.lora = lora
+        self.merged: set[str] = set()
+        if lora is None:
+            self._W_O = [model.W_O(layer) for layer in range(model.n_layers)]
+        else:
+            self._W_O = []
+            for layer in range(model.n_layers):
+                w = self.weight(layer, model.arch.o_proj_path, model.o_proj(layer))
+                w = w if model.arch.o_proj_transposed else w.T  # [head*d_head, d_model]
+                self._W_O.append(w.reshape(self.n_heads, self.d_head, model.spec.d_model))
+        self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]  # W_O: [head, d_head, d_model]
+
+    def weight(self, layer: int, sub: str, module: Any) -> torch.Tensor:
+        """``module.weight`` (``sub`` inside layer ``layer``) plus its LoRA update, if any."""
+        w = module.weight
+        if self.lora is None:
+            return w
+        name = f"{self.model.arch.layers_path}.{layer}.{sub}"
+        delta = self.lora.delta(name, w.dtype)
+        if delta is None:
+            return w
+        self.merged.add(name)
+        return w + delta
+
+    def lora_hooks(self) -> list[Any]:
+        """Hooks adding the adapters not merged into read weights (the MLP's); the caller
+        removes them."""
+        if self.lora is None:
+            return []
+        return self.lora.hooks(self.model, [n for n in self.lora.names() if n not in self.merged])
 
     def attn_bias(self, layer: int) -> torch.Tensor | None:
         return self._b_O[layer]
@@ -297,10 +330,10 @@ class _Adapter:
 
 
 class _LlamaAdapter(_Adapter):
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, lora: LoRAWeights | None = None):
         # not super(): a remote run rebuilds these methods from their source, without the
         # __class__ cell a bare super() needs
-        _Adapter.__init__(self, model)
+        _Adapter.__init__(self, model, lora)
         cfg = model.hf.config
         self.sliding_window = getattr(cfg, "sliding_window", None) if getattr(
             cfg, "use_sliding_window", True) else None
@@ -311,15 +344,16 @@ class _LlamaAdapter(_Adapter):
         self.W_shared, self.b_shared = [], []
         rep = torch.arange(H) // group  # query head -> its key/value head
         self.rep = rep
-        for block in self.layers:
+        for layer, block in enumerate(self.layers):
             a = block.self_attn
+            wq = self.weight(layer, "self_attn.q_proj", a.q_proj)
+            wk = self.weight(layer, "self_attn.k_proj", a.k_proj)
+            wv = self.weight(layer, "self_attn.v_proj", a.v_proj)
             # [head, d_model, 3*d_head]: query, key, value of each query head side by side
-            w = torch.cat([a.q_proj.weight.reshape(H, dh, -1),
-                           a.k_proj.weight.reshape(self.n_kv, dh, -1)[rep],
-                           a.v_proj.weight.reshape(self.n_kv, dh, -1)[rep]], dim=1)
+            w = torch.cat([wq.reshape(H, dh, -1), wk.reshape(self.n_kv, dh, -1)[rep],
+                           wv.reshape(self.n_kv, dh, -1)[rep]], dim=1)
             self.W.append(w.transpose(1, 2).contiguous())
-            self.W_shared.append(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
-                                           dim=0).T.contiguous())  # [d_model, (H+2G)*d_head]
+            self.W_shared.append(torch.cat([wq, wk, wv], dim=0).T.contiguous())  # [d_model, (H+2G)*d_head]
             self.b_shared.append(None if a.q_proj.bias is None else torch.cat(
                 [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
             if a.q_proj.bias is None:
@@ -365,13 +399,14 @@ class _LlamaAdapter(_Adapter):
 
 
 class _GPT2Adapter(_Adapter):
-    def __init__(self, model: Model):
-        _Adapter.__init__(self, model)  # not super(): see _LlamaAdapter
+    def __init__(self, model: Model, lora: LoRAWeights | None = None):
+        _Adapter.__init__(self, model, lora)  # not super(): see _LlamaAdapter
         H, dh = self.n_heads, self.d_head
         d = model.spec.d_model
-        self.W, self.b = [], []
-        for block in self.layers:
-            w = block.attn.c_attn.weight  # Conv1D [d_model, 3*d_model]
+        self.W, self.b, self.W_attn = [], [], []
+        for layer, block in enumerate(self.layers):
+            w = self.weight(layer, "attn.c_attn", block.attn.c_attn)  # Conv1D [d_model, 3*d_model]
+            self.W_attn.append(w)
             # [head, d_model, 3*d_head]: query, key, value of each head side by side
             self.W.append(w.T.reshape(3, H, dh, d).permute(1, 3, 0, 2).reshape(H, d, 3 * dh).contiguous())
             self.b.append(block.attn.c_attn.bias.reshape(3, H, dh).transpose(0, 1).reshape(H, 3 * dh))
@@ -389,7 +424,7 @@ class _GPT2Adapter(_Adapter):
         block = self.layers[layer]
         if x.stride(0) == 0:  # every head reads the same stream: normalise and project it once
             attn = block.attn.c_attn  # Conv1D: weight [d_model, 3*d_model], q | k | v columns
-            q, k, v = _SharedInputQKV.apply(x, block.ln_1, attn.weight, attn.bias, self.W[layer],
+            q, k, v = _SharedInputQKV.apply(x, block.ln_1, self.W_attn[layer], attn.bias, self.W[layer],
                                             self.rep, self.n_heads, self.d_head)
         else:
             normed = block.ln_1(x)                                      # [head, prompt, pos, d_model]
@@ -589,17 +624,20 @@ def _graph_shape(model: Model, ad: _Adapter | None) -> tuple[int, int]:
     return (model.n_layers, model.spec.n_heads) if ad is None else (ad.n_layers, ad.n_heads)
 
 
-def _check_common(model: Model, task: Any, metric: str,
-                  batch_size: Any) -> tuple[_Adapter | None, CircuitTask, int]:
+def _check_common(model: Model, task: Any, metric: str, batch_size: Any,
+                  lora: LoRAWeights | None = None) -> tuple[_Adapter | None, CircuitTask, int]:
     """The adapter (None for a remote model, whose runs build theirs on the server), task,
     batch size."""
     task = _check_task(task)
     check_choice("metric", metric, METRICS)
     batch_size = check_int("batch_size", batch_size, low=1)
+    if lora is not None and not isinstance(lora, LoRAWeights):
+        raise TypeError(f"`lora` must be explorer.lora.LoRAWeights (circuit_lora.read_checkpoint); "
+                        f"got {type(lora).__name__}.")
     if model.remote:  # checked here; the adapter is built on the server
         _check_family(model)
         return None, task, batch_size
-    return _adapter(model), task, batch_size
+    return _adapter(model, lora), task, batch_size
 
 
 def _frozen(model: Model):
@@ -620,7 +658,7 @@ def _frozen(model: Model):
 
 def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: int = 5,
                 metric: str = "logit_diff", batch_size: int = 16,
-                progress: Progress = None) -> xr.Dataset:
+                lora: LoRAWeights | None = None, progress: Progress = None) -> xr.Dataset:
     """Attribution score of every edge of the head/MLP graph (EAP or EAP-IG).
 
     Parameters
@@ -641,6 +679,11 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
         KL(clean || run) of the next-token distribution. KL has zero gradient at the clean
         run, so it needs ``method="eap-ig"``.
     batch_size : int, default=16
+    lora : explorer.lora.LoRAWeights, optional
+        Score the model with these LoRA adapters (a fine-tuning checkpoint,
+        `circuit_lora.read_checkpoint`) without merging them into a copy: merged into the
+        attention weights the circuit forward reads, added by hooks to the MLP. This is how
+        a remote model's fine-tuned circuits are scored; a local model may use it too.
     progress : callable(done, total) or bool, optional
 
     Returns
@@ -657,7 +700,7 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     """
     check_choice("method", method, METHODS)
     steps = check_int("steps", steps, low=1, high=1000)
-    ad, task, batch_size = _check_common(model, task, metric, batch_size)
+    ad, task, batch_size = _check_common(model, task, metric, batch_size, lora)
     if method == "eap" and metric == "kl":
         raise InputError("metric='kl' has zero gradient at the clean run, so every EAP score would "
                          "be 0; use method='eap-ig' with metric='kl', or metric='logit_diff'.")
@@ -670,18 +713,23 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     total = torch.zeros(int(valid.sum()), dtype=torch.float64)  # the valid edges, in edge order
     clean_sum = corrupt_sum = 0.0
     with model.lock, _frozen(model):
-        for rows in batches:
-            prep = _prepare(model, task, rows)
-            if ad is None:  # remote: the batch runs on the server, its scores come back
-                scores, m_clean, m_corrupt = run_on_weights(model, _eap_batch, prep, method,
-                                                            steps, metric)
-            else:
-                scores, m_clean, m_corrupt = _eap_batch(ad, prep.to(_weights_device(model)),
-                                                        method, steps, metric)
-            total += scores.double()
-            clean_sum += m_clean
-            corrupt_sum += m_corrupt
-            step(len(rows))
+        handles = [] if ad is None else ad.lora_hooks()
+        try:
+            for rows in batches:
+                prep = _prepare(model, task, rows)
+                if ad is None:  # remote: the batch runs on the server, its scores come back
+                    scores, m_clean, m_corrupt = run_on_weights(model, _eap_batch, prep, method,
+                                                                steps, metric, lora)
+                else:
+                    scores, m_clean, m_corrupt = _eap_batch(ad, prep.to(_weights_device(model)),
+                                                            method, steps, metric)
+                total += scores.double()
+                clean_sum += m_clean
+                corrupt_sum += m_corrupt
+                step(len(rows))
+        finally:
+            for h in handles:
+                h.remove()
     score = (total / n).numpy()
     src = [e[0] for e in graph.edges]
     dst = [e[1] for e in graph.edges]
@@ -726,19 +774,25 @@ def _contract(delta: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor) -> t
 
 
 def _eap_batch(weights: Model | _Adapter, prep: _Prepared, method: str, steps: int,
-               metric: str) -> tuple[torch.Tensor, float, float]:
+               metric: str, lora: LoRAWeights | None = None) -> tuple[torch.Tensor, float, float]:
     """One batch where the weights are: summed (over prompts) scores of the valid edges
     [edge], in `CircuitGraph.edges` order, and the summed clean and corrupted metrics.
 
     ``weights`` is a local model's adapter, or (on the server, `run_on_weights`) a Model
-    over the served weights. Only the scores of existing edges are returned (about half of
-    the [src, dst] matrix), so a remote run sends back one float per edge.
+    over the served weights (with ``lora``'s adapters, hooked for this batch only). Only
+    the scores of existing edges are returned (about half of the [src, dst] matrix), so a
+    remote run sends back one float per edge.
     """
     if isinstance(weights, Model):  # on the server: build the adapter over the served weights
         # (not _frozen: only activations are differentiated, so weights that require grad
         # change nothing but memory, and a served model's flags are not this run's to flip)
-        return _eap_batch(_adapter(weights), prep.to(_weights_device(weights)), method, steps,
-                          metric)
+        ad = _adapter(weights, lora)
+        handles = ad.lora_hooks()
+        try:
+            return _eap_batch(ad, prep.to(_weights_device(weights)), method, steps, metric)
+        finally:
+            for h in handles:
+                h.remove()
     ad = weights
     with torch.no_grad():
         corrupt = _forward(ad, prep.corrupt)

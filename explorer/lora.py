@@ -1,0 +1,172 @@
+"""LoRA matrices held apart from the model, applied by removable forward hooks.
+
+The local fine-tuning methods train `peft` adapters on a copy of the model. A remote (NDIF)
+model cannot be copied, and its served weights are shared by every request, so there the
+adapters live in the job instead: `LoRAWeights` holds each adapted linear map's A [r, d_in]
+and B [d_out, r] and its scale, and `LoRAWeights.hooks` adds ``scale * B A x`` to each map's
+output with a forward hook, the computation peft's LoRA layer does (dropout 0). The base
+weights are never written; the hooks are removed when the job ends.
+
+- `LoRAWeights.init` draws the starting matrices the way peft 0.21 does for the same seed
+  (A Kaiming-uniform, B zero, with peft's random-number consumption), so a remote run
+  starts where the local one does (tested against peft).
+- `LoRAWeights.state_dict` / `from_state_dict` use peft's key layout, so a checkpoint saved
+  by either path loads in the other.
+- `LoRAWeights.delta` is the merged update ``scale * B A`` in the module's weight layout, for
+  code that reads weights instead of calling the module (the circuit forward).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from explorer._checks import InputError
+
+__all__ = ["PEFT_PREFIX", "LoRAWeights", "module_at"]
+
+#: peft's prefix of the adapted module names in `get_peft_model_state_dict`.
+PEFT_PREFIX = "base_model.model."
+
+
+def module_at(model: Any, name: str) -> Any:
+    """The module (or, on the server, the envoy) ``name`` of ``model.hf``, a layer's sub-module.
+
+    ``name`` is a full name such as ``"model.layers.3.self_attn.q_proj"``; the path is walked
+    through `Model.hf_layer` and attributes, which works on a served envoy tree too.
+    """
+    prefix = model.arch.layers_path + "."
+    if not name.startswith(prefix):
+        raise InputError(f"LoRA module {name!r} is not inside a layer ({prefix}N...).")
+    layer, _, sub = name[len(prefix):].partition(".")
+    module = model.hf_layer(int(layer))
+    for part in sub.split("."):
+        module = getattr(module, part)
+    return module
+
+
+class LoRAWeights:
+    """LoRA matrices per adapted module: A [r, d_in], B [d_out, r], scale ``alpha / r``.
+
+    Parameters
+    ----------
+    A, B : dict of str -> Tensor
+        Keyed by the module's full name in ``model.hf``.
+    scaling : dict of str -> float
+    transposed : bool
+        The modules store their weight as [d_in, d_out] (GPT-2 ``Conv1D``); only `delta`
+        depends on it.
+    """
+
+    def __init__(self, A: Mapping[str, torch.Tensor], B: Mapping[str, torch.Tensor],
+                 scaling: Mapping[str, float], *, transposed: bool = False):
+        if set(A) != set(B) or set(A) != set(scaling):
+            raise InputError("LoRA A, B and scaling must name the same modules.")
+        self.A = dict(A)
+        self.B = dict(B)
+        self.scaling = {k: float(v) for k, v in scaling.items()}
+        self.transposed = bool(transposed)
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def init(cls, modules: Sequence[tuple[str, int, int, int, float]], *, seed: int = 0,
+             transposed: bool = False) -> LoRAWeights:
+        """Starting matrices for ``modules`` = [(name, d_in, d_out, rank, alpha), ...].
+
+        ``modules`` must be in the model's module order (peft adapts them in that order).
+        Draws as peft 0.21's default init does under ``torch.manual_seed(seed)``: each
+        module's A and B are built as ``nn.Linear`` layers (each drawing its default init),
+        then A is redrawn Kaiming-uniform (a = sqrt 5) and B set to zero.
+        """
+        A, B, scaling = {}, {}, {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for name, d_in, d_out, r, alpha in modules:
+                a = torch.nn.Linear(d_in, r, bias=False)
+                torch.nn.Linear(r, d_out, bias=False)  # drawn and discarded: B starts at zero
+                torch.nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5))
+                A[name] = a.weight.detach().clone()
+                B[name] = torch.zeros(d_out, r)
+                scaling[name] = alpha / r
+        return cls(A, B, scaling, transposed=transposed)
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, torch.Tensor], scaling: Mapping[str, float], *,
+                        transposed: bool = False) -> LoRAWeights:
+        """From peft's layout (``base_model.model.{name}.lora_A.weight`` / ``lora_B``)."""
+        A, B = {}, {}
+        for key, value in state.items():
+            name = key.removeprefix(PEFT_PREFIX)
+            for part, into in ((".lora_A.weight", A), (".lora_B.weight", B)):
+                if name.endswith(part):
+                    into[name[:-len(part)]] = value
+                    break
+            else:
+                raise InputError(f"{key!r} is not a LoRA A or B matrix.")
+        missing = set(scaling) - set(A)
+        unexpected = set(A) - set(scaling)
+        if missing or unexpected or set(A) != set(B):
+            raise InputError("the LoRA checkpoint does not match the run's layout: missing "
+                             f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}.")
+        return cls(A, B, {k: scaling[k] for k in A}, transposed=transposed)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """peft's layout: what `peft.get_peft_model_state_dict` returns for these adapters."""
+        out = {}
+        for name in self.A:
+            out[f"{PEFT_PREFIX}{name}.lora_A.weight"] = self.A[name].detach().contiguous()
+            out[f"{PEFT_PREFIX}{name}.lora_B.weight"] = self.B[name].detach().contiguous()
+        return out
+
+    # -- use ------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.A)
+
+    def n_params(self) -> int:
+        return int(sum(self.A[n].numel() + self.B[n].numel() for n in self.A))
+
+    def to(self, device: Any) -> LoRAWeights:
+        return LoRAWeights({k: v.to(device) for k, v in self.A.items()},
+                           {k: v.to(device) for k, v in self.B.items()}, self.scaling,
+                           transposed=self.transposed)
+
+    def trainable(self) -> LoRAWeights:
+        """A copy whose A and B are fresh leaf tensors that require grad."""
+        return LoRAWeights({k: v.detach().clone().requires_grad_(True) for k, v in self.A.items()},
+                           {k: v.detach().clone().requires_grad_(True) for k, v in self.B.items()},
+                           self.scaling, transposed=self.transposed)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """A and B of every module, in module order (A, B, A, B, ...)."""
+        out = []
+        for name in self.A:
+            out += [self.A[name], self.B[name]]
+        return out
+
+    def delta(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The merged update ``scale * B A`` of module ``name`` in its weight layout, or None."""
+        if name not in self.A:
+            return None
+        d = (self.B[name] @ self.A[name]) * self.scaling[name]  # [d_out, d_in]
+        d = d.T if self.transposed else d
+        return d if dtype is None else d.to(dtype)
+
+    def hooks(self, model: Any, names: Sequence[str] | None = None) -> list[Any]:
+        """Register the forward hooks that add each module's LoRA term; return their handles.
+
+        The caller removes them (``handle.remove()``) in a ``finally``. ``names`` limits the
+        hooks to some modules (default: all).
+        """
+        handles = []
+        for name in (self.names() if names is None else names):
+            if name not in self.A:
+                continue
+
+            def add(_module, inputs, out, A=self.A[name], B=self.B[name], s=self.scaling[name]):
+                x = inputs[0].to(A.dtype)
+                return out + torch.nn.functional.linear(torch.nn.functional.linear(x, A), B) * s
+
+            handles.append(module_at(model, name).register_forward_hook(add))
+        return handles
