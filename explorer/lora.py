@@ -14,18 +14,40 @@ weights are never written; the hooks are removed when the job ends.
   by either path loads in the other.
 - `LoRAWeights.delta` is the merged update ``scale * B A`` in the module's weight layout, for
   code that reads weights instead of calling the module (the circuit forward).
+- `train_in_jobs` trains adapters where the weights are (`explorer.trace.run_on_weights`):
+  on a remote model one job per `STEPS_PER_JOB` steps, the adapters and AdamW's state
+  carried between jobs; gradients are taken with respect to the adapters only, so the
+  served weights are neither written nor given a ``.grad``.
+- `last_token_states` reads every layer's residual and the argmax token at the last
+  position with adapters applied (what task decodability needs of a fine-tuned model).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from explorer._checks import InputError
+from explorer.trace import run_on_weights
 
-__all__ = ["PEFT_PREFIX", "LoRAWeights", "module_at"]
+__all__ = [
+    "PEFT_PREFIX",
+    "STEPS_PER_JOB",
+    "LoRAWeights",
+    "TrainedLoRA",
+    "fast_unembed",
+    "last_token_states",
+    "logits_at",
+    "module_at",
+    "train_in_jobs",
+]
+
+#: Training steps per job (`train_in_jobs`); a job also ends at each checkpoint.
+STEPS_PER_JOB = 10
 
 #: peft's prefix of the adapted module names in `get_peft_model_state_dict`.
 PEFT_PREFIX = "base_model.model."
@@ -170,3 +192,141 @@ class LoRAWeights:
 
             handles.append(module_at(model, name).register_forward_hook(add))
         return handles
+
+
+# -- running with adapters where the weights are -------------------------------------------
+
+def fast_unembed(model: Any) -> bool:
+    """Whether logits at a few positions can be had by unembedding those positions only
+    (``hf.model`` + ``hf.lm_head``, no soft cap): most of a small model's cost is the full
+    unembedding."""
+    return model.arch.logit_softcap_attr is None and model.arch.layers_path == "model.layers"
+
+
+def logits_at(hf: Any, fast: bool, batch: Any, rows: torch.Tensor, cols: torch.Tensor
+              ) -> torch.Tensor:
+    """Logits [n, vocab] at positions (rows, cols) of ``batch`` (local, or the server's tree)."""
+    if fast:
+        out = hf.model(**batch.model_inputs())
+        return hf.lm_head(out.last_hidden_state[rows, cols])
+    return hf(**batch.model_inputs()).logits[rows, cols]
+
+
+@dataclass
+class TrainedLoRA:
+    """What `train_in_jobs` returns: the adapters and, per step, loss, wall and CPU seconds
+    (measured where the steps ran)."""
+
+    lora: LoRAWeights
+    loss: list[float]
+    seconds: list[float]
+    cpu: list[float]
+    jobs: int
+
+
+def train_in_jobs(model: Any, lora: LoRAWeights, plan: Callable[[int], tuple], steps: int, *,
+                  checkpoints: Sequence[int] = (),
+                  on_checkpoint: Callable[[int, LoRAWeights], None] | None = None,
+                  progress: Callable[[int, int], Any] | None = None) -> TrainedLoRA:
+    """AdamW on hook-applied adapters, the loss cross-entropy of chosen positions' logits.
+
+    ``plan(k)`` gives step k's (0-based) inputs: (batch, rows, cols, targets, lr), the
+    positions whose next-token logits are scored and their target tokens. The steps run in
+    jobs where the weights are (`run_on_weights`): a remote model's on the server, up to
+    `STEPS_PER_JOB` steps per job, a job ending at every step in ``checkpoints`` (which
+    then calls ``on_checkpoint(step, adapters)``); ``progress(done, steps)`` after each job.
+    """
+    ends = sorted({*[c for c in checkpoints if 0 < c < steps], steps,
+                   *range(STEPS_PER_JOB, steps, STEPS_PER_JOB)})
+    fast = fast_unembed(model)
+    opt_state = None
+    out = TrainedLoRA(lora, [], [], [], 0)
+    done = 0
+    for end in ends:
+        chunk = [plan(k) for k in range(done, end)]
+        with model.lock:  # a local model's hooks are on its shared modules for the job
+            res = run_on_weights(model, _train_steps, out.lora, opt_state, chunk, fast)
+        out.lora = LoRAWeights(res["A"], res["B"], lora.scaling, transposed=lora.transposed)
+        opt_state = res["opt"]
+        out.loss += res["loss"]
+        out.seconds += res["seconds"]
+        out.cpu += res["cpu"]
+        out.jobs += 1
+        done = end
+        if end in checkpoints and on_checkpoint is not None:
+            on_checkpoint(end, out.lora)
+        if progress is not None:
+            progress(end, steps)
+    return out
+
+
+def _train_steps(weights: Any, lora: LoRAWeights, opt_state: dict | None, plan: list,
+                 fast: bool) -> dict[str, Any]:
+    """Some AdamW steps of hook-applied adapters, where the weights are (one job)."""
+    device = weights.hf.device
+    lora = lora.to(device).trainable()
+    params = lora.parameters()
+    opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    losses, seconds, cpu = [], [], []
+    handles = lora.hooks(weights)
+    try:
+        with torch.enable_grad():
+            for batch, rows, cols, targets, rate in plan:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for group in opt.param_groups:
+                    group["lr"] = rate
+                logits = logits_at(weights.hf, fast, batch.to(device), rows.to(device),
+                                   cols.to(device))
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets.to(device))
+                # the adapters only: the served weights (shared) get no .grad
+                grads = torch.autograd.grad(loss, params)
+                for prm, g in zip(params, grads):
+                    prm.grad = g
+                opt.step()
+                losses.append(float(loss.detach()))
+                seconds.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"A": {k: v.detach() for k, v in lora.A.items()},
+            "B": {k: v.detach() for k, v in lora.B.items()},
+            "opt": opt.state_dict(), "loss": losses, "seconds": seconds, "cpu": cpu}
+
+
+def last_token_states(model: Any, batches: Sequence[Any], lora: LoRAWeights | None
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per batch, every layer's output at the last position [prompt, layer, d_model] and the
+    argmax next token there [prompt], with ``lora`` applied: one job where the weights are."""
+    with model.lock:
+        return run_on_weights(model, _last_token_states, list(batches), lora)
+
+
+def _last_token_states(weights: Any, batches: list, lora: LoRAWeights | None
+                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    device = weights.hf.device
+    handles = [] if lora is None else lora.to(device).hooks(weights)
+    kept: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int):
+        def hook(_m, _inp, out):
+            h = out[0] if isinstance(out, tuple) else out
+            kept[layer] = h[:, -1].detach().float()
+        return hook
+
+    handles += [weights.hf_layer(layer).register_forward_hook(keep(layer))
+                for layer in range(weights.n_layers)]
+    out = []
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                kept.clear()
+                logits = weights.hf(**batch.to(device).model_inputs()).logits[:, -1]
+                resid = torch.stack([kept[layer] for layer in range(weights.n_layers)], 1)
+                out.append((resid, logits.argmax(-1)))
+    finally:
+        for h in handles:
+            h.remove()
+    return out

@@ -103,3 +103,47 @@ def test_cli_icl_finetune_json(capsys):
     assert out["early_layers"] == [0] and out["late_layers"] == [2]
     assert out["early"]["n_trainable"] == out["late"]["n_trainable"] > 0
     assert len(out["base"]["td"]) == 3
+
+
+def test_hooks_engine_trains_the_same_maps_and_td_sees_the_adapters(tiny_model):
+    """LayerLoRA(engine="hooks") trains the same maps as peft without copying the model,
+    and leaves it untouched. task_decodability(lora=...) with zero adapters gives the plain
+    numbers exactly; with trained adapters it gives what the merged peft copy gives."""
+    m = tiny_model
+    before = _snapshot(m)
+    train, held = ft.split_task("uppercase")
+    kw = dict(rank=4, steps=3, lr=5e-2, batch_size=3, n_shots=2, seed=1)
+    hooks = ft.LayerLoRA([0, 2], engine="hooks", **kw).fit(m, train)
+    peft = ft.LayerLoRA([0, 2], **kw).fit(m, train)
+    for k, v in m.hf.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.grad is None for p in m.hf.parameters())
+    assert hooks.model_ is None and peft.model_ is not None
+    assert hooks.trainable_names_ == peft.trainable_names_
+    assert hooks.n_trainable_ == peft.n_trainable_ == hooks.lora_.n_params()
+    assert sorted(hooks.lora_.names()) == sorted(peft.lora_.names()) == sorted(peft.target_modules_)
+    # both start with B = 0, so the first step's loss is the base model's on the same prompts
+    assert hooks.loss_[0] == pytest.approx(peft.loss_[0], rel=1e-5)
+    assert np.isfinite(hooks.loss_).all() and hooks.loss_[1] != pytest.approx(peft.loss_[1])
+    assert all(float(b.abs().max()) > 0 for b in hooks.lora_.B.values())  # B was trained
+
+    tasks = [held, ft.split_task("antonym")[1]]
+    opts = dict(n_prompts=5, n_shots=2, k=3)
+    plain = tv.task_decodability(m, tasks, **opts)
+    zero = peft.lora_.trainable()
+    zero = type(zero)({k: v.detach() for k, v in zero.A.items()},
+                      {k: torch.zeros_like(v) for k, v in zero.B.items()}, zero.scaling)
+    same = tv.task_decodability(m, tasks, lora=zero, **opts)
+    for name in ("td", "td_per_task", "icl_accuracy", "projection"):
+        np.testing.assert_array_equal(same[name].values, plain[name].values, err_msg=name)
+    by_hooks = tv.task_decodability(m, tasks, lora=peft.lora_, **opts)
+    merged = tv.task_decodability(peft.model_, tasks, **opts)
+    np.testing.assert_allclose(by_hooks.projection.values, merged.projection.values,
+                               rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(by_hooks.td.values, merged.td.values)
+    np.testing.assert_array_equal(by_hooks.icl_accuracy.values, merged.icl_accuracy.values)
+    assert not np.allclose(by_hooks.projection.values, plain.projection.values, atol=1e-3)
+    with pytest.raises(InputError, match="takes no `store`"):
+        tv.task_decodability(m, tasks, lora=peft.lora_, store=object(), **opts)
+    with pytest.raises(InputError, match="`engine` must be one of"):
+        ft.LayerLoRA([0], engine="copy")

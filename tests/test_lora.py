@@ -14,6 +14,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from explorer._checks import InputError
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuits as ca
+from explorer import lora as lora_module
 from explorer.lora import PEFT_PREFIX, LoRAWeights
 
 PROMPTS = [f"{a} + {b} =" for a in range(4) for b in range(4)]
@@ -95,7 +96,7 @@ def test_training_by_hooks_is_peft_training(tiny_model, monkeypatch):
     """`finetune_lora`'s hook path (what a remote model runs, in jobs of STEPS_PER_JOB steps
     with the optimiser state carried across) gives peft's losses and adapters exactly, and
     leaves the model's weights and gradients untouched."""
-    monkeypatch.setattr(cl, "STEPS_PER_JOB", 3)
+    monkeypatch.setattr(lora_module, "STEPS_PER_JOB", 3)
     before = {k: v.clone() for k, v in tiny_model.hf.state_dict().items()}
     ds, peft_model = cl.finetune_lora(tiny_model, PROMPTS, ANSWERS, ranks=RANKS, steps=7,
                                       batch_size=4, lr=1e-2, seed=4, warmup=2, schedule="linear")

@@ -387,10 +387,11 @@ def test_lora_finetuning_runs_on_the_server(remote_model, local_model, tmp_path,
     checkpoints' accuracy and circuits are computed on the server with the adapters."""
     from safetensors.torch import load_file
 
+    from explorer import lora as lora_module
     from explorer.analyses import circuit_lora as cl
     from explorer.analyses import circuits as ca
 
-    monkeypatch.setattr(cl, "STEPS_PER_JOB", 2)
+    monkeypatch.setattr(lora_module, "STEPS_PER_JOB", 2)
     task = ca.make_task("add", 6, seed=0)
     kw = dict(ranks={0: 2, 2: 3}, steps=5, batch_size=3, lr=5e-2, seed=2, checkpoints=[0, 3, 5])
     with torch.enable_grad(), remote_run(remote_model) as run:
@@ -431,6 +432,24 @@ def test_lora_finetuning_runs_on_the_server(remote_model, local_model, tmp_path,
     assert _equal(ck_r.in_circuit, ck_l.in_circuit)
     with pytest.raises(ExplorerError, match="use read_checkpoint"):
         cl.load_checkpoint(remote_model, tmp_path / "r", 5)
+
+
+def test_icl_finetuning_runs_on_the_server(remote_model, local_model):
+    """Early- vs late-layer LoRA on a remote model: the adapters train on the server and
+    task decodability of each tuned variant is read there with the adapters hooked. The
+    whole result equals the local run with the same (hooks) engine bit for bit."""
+    from explorer.analyses import icl_finetune as ft
+
+    kw = dict(n_layers_tuned=1, steps=2, n_prompts=4, n_shots=2, k=3, batch_size=2)
+    tasks = ["antonym", "uppercase"]
+    remote = ft.early_late_finetune(remote_model, tasks, **kw)
+    local = ft.early_late_finetune(local_model, tasks, engine="hooks", **kw)
+    for name in ("td", "task_td", "accuracy", "task_accuracy", "train_loss", "n_trainable"):
+        assert _equal(remote[name], local[name]), name
+    assert remote.attrs["task"] == local.attrs["task"]
+    assert np.isfinite(remote.train_loss.sel(variant=["early", "late"])).all()
+    with pytest.raises(ExplorerError, match="remote"):
+        ft.LayerLoRA([0], engine="peft", steps=1).fit(remote_model, "uppercase")
 
 
 def test_itda_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):

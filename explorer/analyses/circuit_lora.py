@@ -37,7 +37,7 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
-from explorer.lora import LoRAWeights
+from explorer.lora import LoRAWeights, fast_unembed, logits_at, train_in_jobs
 from explorer.models import Model, cache_dir, wrap_model
 from explorer.trace import provenance, run_on_weights
 
@@ -50,7 +50,6 @@ __all__ = [
     "uniform_lora_ranks",
     "lora_model",
     "lora_weights_init",
-    "STEPS_PER_JOB",
     "finetune_lora",
     "lr_at",
     "select_lr",
@@ -247,27 +246,12 @@ def _answer_positions(model: Model, pairs: Sequence[tuple[list[int], list[int]]]
     return batch, torch.tensor(rows), torch.tensor(cols), torch.tensor(targets)
 
 
-def _fast_unembed(model: Model) -> bool:
-    """Whether the answer logits can unembed the answer positions only (``model`` +
-    ``lm_head``, no soft cap): most of a small model's cost is the full unembedding."""
-    return model.arch.logit_softcap_attr is None and model.arch.layers_path == "model.layers"
-
-
-def _logits_at(hf: Any, fast: bool, batch: Any, rows: torch.Tensor, cols: torch.Tensor
-               ) -> torch.Tensor:
-    """Logits [n_ans, vocab] at (rows, cols) of ``batch`` (local, or the server's tree)."""
-    if fast:
-        out = hf.model(**batch.model_inputs())
-        return hf.lm_head(out.last_hidden_state[rows, cols])  # [n_ans, vocab]
-    return hf(**batch.model_inputs()).logits[rows, cols]
-
-
 def _answer_logits(hf: torch.nn.Module, model: Model, pairs: Sequence[tuple[list[int], list[int]]]
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Logits predicting each answer token: ([n_ans_total, vocab], targets, row of each)."""
     batch, rows, cols, targets = _answer_positions(model, pairs)
-    fast = _fast_unembed(model) and hasattr(hf, "lm_head")
-    return _logits_at(hf, fast, batch, rows, cols), targets, rows
+    fast = fast_unembed(model) and hasattr(hf, "lm_head")
+    return logits_at(hf, fast, batch, rows, cols), targets, rows
 
 
 def _base_hf(peft_or_hf: torch.nn.Module) -> torch.nn.Module:
@@ -297,7 +281,7 @@ def answer_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str]
     pairs = _encode(model, prompts, answers)
     chunks = [_answer_positions(model, pairs[s:s + batch_size])
               for s in range(0, len(pairs), batch_size)]
-    fast = _fast_unembed(model)
+    fast = fast_unembed(model)
     if isinstance(hf, LoRAWeights) or (hf is None and model.remote):
         lora = hf if isinstance(hf, LoRAWeights) else None
         with model.lock:  # hooks on a local model's shared modules, for this call only
@@ -336,7 +320,7 @@ def _score_answers(weights: Model, hf: Any, chunks: list, fast: bool,
     try:
         with torch.no_grad():
             for batch, rows, cols, targets in chunks:
-                logits = _logits_at(hf, fast, batch.to(device), rows.to(device), cols.to(device))
+                logits = logits_at(hf, fast, batch.to(device), rows.to(device), cols.to(device))
                 targets = targets.to(device)
                 nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
                 out.append((logits.argmax(-1) == targets, nll))
@@ -400,7 +384,7 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
 
     A remote model trains on the server, where its weights cannot be copied: the adapters
     are `explorer.lora.LoRAWeights` held in the job and added by forward hooks, started as
-    peft starts them for the same seed. Each job runs up to `STEPS_PER_JOB` steps (and
+    peft starts them for the same seed. Each job runs up to `explorer.lora.STEPS_PER_JOB` steps (and
     ends at every checkpoint); the adapters and the optimiser state travel between jobs,
     the served weights are never written and get no gradients. The served model stays in
     its eval mode, so the base model's own dropout is off (it is zero for Llama models).
@@ -498,10 +482,6 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     return ds, tuned
 
 
-#: Training steps per job of a remote fine-tuning (a job also ends at each checkpoint).
-STEPS_PER_JOB = 10
-
-
 def _batch_draws(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
     """The problems of each step: drawn without replacement, reshuffled each epoch."""
     rng = np.random.default_rng(seed)
@@ -530,74 +510,14 @@ def _train_by_hooks(model: Model, lora: LoRAWeights, pairs: Sequence[tuple[list[
                     draws: list[list[int]], rates: list[float], ckpts: Sequence[int],
                     save: Callable[[int, LoRAWeights], None], progress: Progress
                     ) -> tuple[LoRAWeights, list[float], list[float], list[float]]:
-    """`finetune_lora`'s loop with hook-applied adapters, in jobs of up to `STEPS_PER_JOB`
-    steps where the weights are (`run_on_weights`); returns the trained adapters and the
-    per-step loss, wall and CPU seconds."""
-    steps = len(draws)
-    ends = sorted({*[c for c in ckpts if c > 0], steps,
-                   *range(STEPS_PER_JOB, steps, STEPS_PER_JOB)})
-    fast = _fast_unembed(model)
-    opt_state = None
-    losses: list[float] = []
-    seconds: list[float] = []
-    cpu: list[float] = []
-    done = 0
-    for end in ends:
-        plan = [(*_answer_positions(model, [pairs[i] for i in draws[k]]), rates[k])
-                for k in range(done, end)]
-        with model.lock:
-            out = run_on_weights(model, _train_steps, lora, opt_state, plan, fast)
-        lora = LoRAWeights(out["A"], out["B"], lora.scaling, transposed=lora.transposed)
-        opt_state = out["opt"]
-        losses += out["loss"]
-        seconds += out["seconds"]
-        cpu += out["cpu"]
-        done = end
-        if end in ckpts:
-            save(end, lora)
-        if progress is not None:
-            progress(end, steps)
-    return lora, losses, seconds, cpu
+    """`finetune_lora`'s loop with hook-applied adapters (`explorer.lora.train_in_jobs`):
+    the trained adapters and the per-step loss, wall and CPU seconds."""
+    def plan(k: int) -> tuple:
+        return (*_answer_positions(model, [pairs[i] for i in draws[k]]), rates[k])
 
-
-def _train_steps(weights: Model, lora: LoRAWeights, opt_state: dict | None, plan: list,
-                 fast: bool) -> dict[str, Any]:
-    """Some AdamW steps of hook-applied adapters, where the weights are (one job).
-
-    ``plan`` holds per step (batch, rows, cols, targets, lr). Gradients are taken with
-    respect to the adapters only (`torch.autograd.grad`), so the served weights, shared by
-    every request, are neither written nor given a ``.grad``.
-    """
-    device = weights.hf.device
-    lora = lora.to(device).trainable()
-    params = lora.parameters()
-    opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
-    if opt_state is not None:
-        opt.load_state_dict(opt_state)
-    losses, seconds, cpu = [], [], []
-    handles = lora.hooks(weights)
-    try:
-        with torch.enable_grad():
-            for batch, rows, cols, targets, rate in plan:
-                t0, c0 = time.perf_counter(), time.thread_time()
-                for group in opt.param_groups:
-                    group["lr"] = rate
-                logits = _logits_at(weights.hf, fast, batch.to(device), rows.to(device),
-                                    cols.to(device))
-                loss = torch.nn.functional.cross_entropy(logits.float(), targets.to(device))
-                grads = torch.autograd.grad(loss, params)
-                for p, g in zip(params, grads):
-                    p.grad = g
-                opt.step()
-                losses.append(float(loss.detach()))
-                seconds.append(time.perf_counter() - t0)
-                cpu.append(time.thread_time() - c0)
-    finally:
-        for h in handles:
-            h.remove()
-    return {"A": {k: v.detach() for k, v in lora.A.items()},
-            "B": {k: v.detach() for k, v in lora.B.items()},
-            "opt": opt.state_dict(), "loss": losses, "seconds": seconds, "cpu": cpu}
+    out = train_in_jobs(model, lora, plan, len(draws), checkpoints=ckpts, on_checkpoint=save,
+                        progress=progress)
+    return out.lora, out.loss, out.seconds, out.cpu
 
 
 def _read_run(folder: str | Path) -> tuple[Path, dict]:

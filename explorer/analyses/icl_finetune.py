@@ -23,9 +23,16 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, check_float, check_int, check_local_weights
+from explorer._checks import (
+    InputError,
+    check_choice,
+    check_float,
+    check_int,
+    check_local_weights,
+)
 from explorer.analyses.icl_heads import ICLTask, _task, answer_token_ids, icl_prompts
 from explorer.analyses.task_vectors import task_decodability
+from explorer.lora import PEFT_PREFIX, LoRAWeights, train_in_jobs
 from explorer.trace import provenance
 
 __all__ = [
@@ -43,6 +50,8 @@ CITATION = ("S. Han, J. Song, J. Gore, P. Agrawal, \"Emergence and Effectiveness
 
 #: The models compared: untouched, first layers tuned, last layers tuned.
 VARIANTS = ("base", "early", "late")
+#: How `LayerLoRA` trains: peft on a copy, or adapters applied by hooks (no copy).
+ENGINES = ("peft", "hooks")
 
 
 def split_task(task: ICLTask | str, *, seed: int = 0) -> tuple[ICLTask, ICLTask]:
@@ -102,11 +111,21 @@ class LayerLoRA:
     n_shots : int, default=3
         Demonstrations per training prompt.
     seed : int, default=0
+    engine : {"peft", "hooks"}, optional
+        ``"peft"`` trains peft adapters on a copy of the model and merges them
+        (``model_``); ``"hooks"`` holds the adapters apart and applies them by hooks where
+        the weights are (`explorer.lora.train_in_jobs`), without a copy (``model_`` is
+        None). Default: ``"peft"`` for a local model, ``"hooks"`` for a remote one (the
+        only choice there).
 
     Attributes
     ----------
-    model_ : explorer.Model
-        The fine-tuned copy (adapters merged), ready for any analysis.
+    model_ : explorer.Model or None
+        The fine-tuned copy (adapters merged), ready for any analysis; None for a remote
+        model, which cannot be copied (use ``lora_``).
+    lora_ : explorer.lora.LoRAWeights
+        The trained adapters, for analyses that apply them by hooks without a copy
+        (`task_vectors.task_decodability`'s ``lora``).
     target_modules_ : list of str
         The adapted linear maps.
     n_trainable_ : int
@@ -120,7 +139,7 @@ class LayerLoRA:
 
     def __init__(self, layers: Sequence[int], *, rank: int = 4, alpha: float = 8.0,
                  steps: int = 30, lr: float = 1e-3, batch_size: int = 4, n_shots: int = 3,
-                 seed: int = 0):
+                 seed: int = 0, engine: str | None = None):
         if isinstance(layers, (int, str)) or not list(layers):
             raise InputError(f"`layers` must be a non-empty list of layer indices; got {layers!r}.")
         self.layers = list(layers)
@@ -131,10 +150,18 @@ class LayerLoRA:
         self.batch_size = check_int("batch_size", batch_size, low=1)
         self.n_shots = n_shots
         self.seed = seed
+        self.engine = None if engine is None else check_choice("engine", engine, ENGINES)
 
-    def fit(self, model: Any, task: ICLTask | str, *, progress: Any = None) -> "LayerLoRA":
-        """Train adapters on ``task`` prompts in a copy of ``model``; ``model`` is unchanged."""
-        from peft import LoraConfig, get_peft_model
+    def fit(self, model: Any, task: ICLTask | str, *, progress: Any = None) -> LayerLoRA:
+        """Train adapters on ``task`` prompts in a copy of ``model``; ``model`` is unchanged.
+
+        With ``engine="hooks"`` (a remote model's only engine) the adapters are held in the
+        jobs and applied by hooks (`explorer.lora.train_in_jobs`; on the server for a remote
+        model), started from peft's draws for ``seed``; the peft engine's start differs,
+        because building its copy draws random numbers first. ``model_`` is then None and
+        ``lora_`` holds the result.
+        """
+        from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
         from explorer.models import wrap_model
 
@@ -143,6 +170,9 @@ class LayerLoRA:
         n_shots = check_int("n_shots", self.n_shots, low=0, high=len(task.pairs) - 1)
         self.target_modules_ = lora_target_modules(model, layers)
         t0 = time.perf_counter()
+        engine = self.engine or ("hooks" if model.remote else "peft")
+        if engine == "hooks":
+            return self._fit_by_hooks(model, task, layers, n_shots, progress, t0)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             config = LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
@@ -169,6 +199,10 @@ class LayerLoRA:
                 losses.append(float(loss.detach()))
                 if callable(progress):
                     progress(step + 1, self.steps)
+        self.lora_ = LoRAWeights.from_state_dict(
+            get_peft_model_state_dict(peft_model),
+            {n: self.alpha / self.rank for n in self.target_modules_},
+            transposed=model.spec.family == "gpt2")
         merged = peft_model.merge_and_unload()
         layer_text = ",".join(map(str, layers))
         self.model_ = wrap_model(merged, model.tokenizer,
@@ -179,12 +213,41 @@ class LayerLoRA:
         self.seconds_ = time.perf_counter() - t0
         return self
 
+    def _step_inputs(self, model: Any, task: ICLTask, n_shots: int, step: int) -> tuple:
+        """Step ``step``'s prompts as `explorer.lora.train_in_jobs` takes them: the last
+        position of each prompt, scored against the answer's first token."""
+        prompts, answers = icl_prompts(task, n_prompts=self.batch_size, n_shots=n_shots,
+                                       seed=self.seed * 100_003 + step)
+        batch = model.tokenize(prompts)
+        n = len(prompts)
+        return (batch, torch.arange(n), torch.full((n,), batch.width - 1),
+                torch.tensor(answer_token_ids(model, answers)), self.lr)
+
+    def _fit_by_hooks(self, model: Any, task: ICLTask, layers: list[int], n_shots: int,
+                      progress: Any, t0: float) -> LayerLoRA:
+        from explorer.analyses.circuit_lora import lora_modules
+
+        mods = lora_modules(model)
+        spec = [(name, d_in, d_out, self.rank, self.alpha)
+                for layer in sorted(layers) for name, d_in, d_out in mods[layer]]
+        start = LoRAWeights.init(spec, seed=self.seed, transposed=model.spec.family == "gpt2")
+        out = train_in_jobs(model, start, lambda k: self._step_inputs(model, task, n_shots, k),
+                            self.steps, progress=progress if callable(progress) else None)
+        self.lora_ = out.lora
+        self.model_ = None
+        self.n_trainable_ = out.lora.n_params()
+        self.trainable_names_ = [f"{PEFT_PREFIX}{name}.lora_{ab}.default.weight"
+                                 for name in out.lora.names() for ab in "AB"]
+        self.loss_ = np.array(out.loss)
+        self.seconds_ = time.perf_counter() - t0
+        return self
+
 
 def early_late_finetune(model: Any, tasks: Sequence[ICLTask | str], *,
                         n_layers_tuned: int | None = None, rank: int = 4, steps: int = 30,
                         lr: float = 1e-3, batch_size: int = 4, n_prompts: int = 12,
                         n_shots: int = 3, k: int = 10, seed: int = 0,
-                        progress: Any = None) -> xr.Dataset:
+                        engine: str | None = None, progress: Any = None) -> xr.Dataset:
     """TD per layer and accuracy before and after LoRA on only the first or only the last layers.
 
     Every task's pairs are split into train and held-out halves (`split_task`); TD and
@@ -192,6 +255,7 @@ def early_late_finetune(model: Any, tasks: Sequence[ICLTask | str], *,
     layers, Null task excluded) is the one tuned. The first and the last
     ``n_layers_tuned`` layers (default ``max(1, n_layers // 4)``) get LoRA adapters on the
     same linear maps, hence equal trainable parameters (Han et al., ICML 2025).
+    ``engine`` is `LayerLoRA`'s; a remote model trains and is measured on the server.
 
     Returns
     -------
@@ -224,8 +288,12 @@ def early_late_finetune(model: Any, tasks: Sequence[ICLTask | str], *,
             if callable(progress):
                 progress(done + (steps if v == "late" else 0), 2 * steps)
         tuned = LayerLoRA(layers, rank=rank, steps=steps, lr=lr, batch_size=batch_size,
-                          n_shots=n_shots, seed=seed).fit(model, train_task, progress=report)
-        results[v] = task_decodability(tuned.model_, held, **td_opts)
+                          n_shots=n_shots, seed=seed, engine=engine).fit(model, train_task,
+                                                                          progress=report)
+        if tuned.model_ is None:  # a remote model: the adapters are applied on the server
+            results[v] = task_decodability(model, held, lora=tuned.lora_, **td_opts)
+        else:
+            results[v] = task_decodability(tuned.model_, held, **td_opts)
         losses[v], n_trainable[v] = tuned.loss_, tuned.n_trainable_
         del tuned
     if n_trainable["early"] != n_trainable["late"]:
@@ -296,6 +364,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--n-shots", type=int, default=3)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", choices=ENGINES, default=None,
+                   help="peft on a copy of the model, or adapters applied by hooks without a "
+                        "copy (default: peft locally, hooks for --remote)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest on a shared machine)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -311,7 +382,7 @@ def _cmd_icl_finetune(args: Any) -> int:
     ds = early_late_finetune(model, tasks, n_layers_tuned=args.n_layers_tuned, rank=args.rank,
                              steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                              n_prompts=args.n_prompts, n_shots=args.n_shots, k=args.k,
-                             seed=args.seed)
+                             seed=args.seed, engine=args.engine)
     summary = {"model": model.spec.name, **finetune_summary(ds)}
     if args.json:
         print_json(summary)

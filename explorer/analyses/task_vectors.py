@@ -23,6 +23,7 @@ from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.icl_heads import (
     ICLTask,
     _task,
+    answer_token_ids,
     few_shot_accuracy,
     icl_prompts,
     task_mean_z,
@@ -189,8 +190,8 @@ def _pca2(x: np.ndarray) -> np.ndarray:
 
 def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 20,
                       n_shots: int = 4, k: int = 10, include_null: bool = True,
-                      seed: int = 0, store: Any = None,
-                      scheduler: str | None = None) -> xr.Dataset:
+                      seed: int = 0, store: Any = None, scheduler: str | None = None,
+                      lora: Any = None) -> xr.Dataset:
     """Task decodability (TD) per layer and its relation to ICL accuracy (Han et al. 2025).
 
     For every task, ``n_prompts`` few-shot prompts are run; the residual (``resid_post``)
@@ -204,6 +205,12 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
     residuals in memory without ``store``). The numbers are the same on every path. The key
     does not see weights changed in place (a fine-tuned copy with the same spec): pass no
     ``store`` for such a model.
+
+    ``lora`` (`explorer.lora.LoRAWeights`, e.g. `icl_finetune.LayerLoRA`'s ``lora_``) measures
+    the model with those adapters applied by hooks, in one job where the weights are
+    (`explorer.trace.run_on_weights`: a remote model's on the server). The prompts are
+    batched as without adapters, so zero adapters give the plain numbers exactly. It takes
+    no ``store``.
 
     Returns
     -------
@@ -219,15 +226,20 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
         from explorer.distributed import check_scheduler
 
         scheduler = check_scheduler(scheduler)
+    if lora is not None and store is not None:
+        raise InputError("task_decodability with `lora` takes no `store` (the cache key does "
+                         "not see adapters); pass one or the other.")
     if include_null:
         tasks = tasks + [null_task(tasks, seed)]
-    prompts, labels, acc = [], [], []
+    prompts, labels, acc, per_task = [], [], [], []
     for task in tasks:
         p, a = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed)
         prompts += p
         labels += [task.name] * len(p)
-        acc.append(np.nan if task.name == "null" and include_null
-                   else few_shot_accuracy(model, p, a))
+        per_task.append((p, a))
+        if lora is None:
+            acc.append(np.nan if task.name == "null" and include_null
+                       else few_shot_accuracy(model, p, a))
     k = check_int("k", k, low=1, high=len(prompts) - 1)
     labels_a = np.array(labels)
     names = [t.name for t in tasks]
@@ -235,7 +247,10 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
     td = np.zeros(n_layers)
     td_task = np.zeros((n_layers, len(tasks)))
     proj = np.zeros((n_layers, len(prompts), 2))
-    if store is None:
+    if lora is not None:                                       # adapters hooked, in one job
+        resid, acc = _with_lora(model, lora, prompts, per_task,
+                                [include_null and t.name == "null" for t in tasks])
+    elif store is None:
         resid = last_token_residuals(model, prompts)           # [prompt, layer, d_model]
     else:                                                      # lazy, dask-backed
         resid = store.get_or_compute(
@@ -275,6 +290,32 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
                             n_shots=n_shots, k=k, include_null=include_null, seed=seed,
                             citation=CITATION),
                "best_layer": best, "td_accuracy_r2": r2})
+
+
+def _with_lora(model: Any, lora: Any, prompts: list[str], per_task: list[tuple[list, list]],
+               skip: list[bool]) -> tuple[np.ndarray, list[float]]:
+    """Last-token residuals [prompt, layer, d_model] and few-shot accuracy per task with
+    ``lora`` applied, batched as `last_token_residuals` and `few_shot_accuracy` batch."""
+    import torch
+
+    from explorer.lora import LoRAWeights, last_token_states
+
+    if not isinstance(lora, LoRAWeights):
+        raise TypeError(f"`lora` must be explorer.lora.LoRAWeights; got {type(lora).__name__}.")
+    size = 16  # last_token_residuals' batch size
+    resid_batches = [model.tokenize(prompts[s:s + size]) for s in range(0, len(prompts), size)]
+    acc_batches = [model.tokenize(list(p)) for (p, _), sk in zip(per_task, skip) if not sk]
+    states = last_token_states(model, resid_batches + acc_batches, lora)
+    resid = np.concatenate([r.numpy() for r, _ in states[:len(resid_batches)]])
+    tops = iter(t for _, t in states[len(resid_batches):])
+    acc = []
+    for (_, a), sk in zip(per_task, skip):
+        if sk:
+            acc.append(np.nan)
+        else:
+            target = torch.tensor(answer_token_ids(model, a))
+            acc.append(float((next(tops) == target).float().mean()))  # as few_shot_accuracy
+    return resid, acc
 
 
 def _residuals_key_parts(model: Any, prompts: Sequence[str]) -> dict[str, Any]:
