@@ -145,11 +145,18 @@ class UnlearningView(pn.viewable.Viewer):
         self._localize_button = pn.widgets.Button(name="Localize", button_type="primary")
         self._run_button = pn.widgets.Button(name="Run unlearning", button_type="success",
                                              disabled=True)
-        self._trains_here = not getattr(model, "remote", False)  # training needs the weights
-        if not self._trains_here:
+        if getattr(model, "remote", False):
+            # training runs on the server with the updates held apart; what trains every
+            # parameter (method "all", the relearning attack) would need a second copy there
+            self.param.method.objects = [m for m in U.METHODS if m != "all"]
+            self.param.relearn_steps.bounds = (0, 0)
+            self.param.relearn_steps.precedence = -1
+            self.relearn_steps = 0
             self._run_button.description = (
-                "Unlearning trains a copy of the weights on this machine; a remote (NDIF) "
-                "model has none here. Localize runs on the server.")
+                "A remote (NDIF) model trains on the server, with the updates held apart "
+                "from the served weights. Method 'all' and the relearning attack train every "
+                "parameter, which would need a second copy of the weights there, so they "
+                "are off.")
         self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True)
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
@@ -236,7 +243,7 @@ class UnlearningView(pn.viewable.Viewer):
         self.param.update(busy=False, status=status)
         self._cancel_button.disabled = True
         self._localize_button.disabled = False
-        self._run_button.disabled = self.probe is None or not self._trains_here
+        self._run_button.disabled = self.probe is None
 
     def _show_result(self, out: tuple[str, Any]) -> None:
         kind, value = out

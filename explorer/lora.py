@@ -39,6 +39,7 @@ __all__ = [
     "STEPS_PER_JOB",
     "LoRAWeights",
     "TrainedLoRA",
+    "WeightDeltas",
     "fast_unembed",
     "last_token_states",
     "logits_at",
@@ -191,6 +192,82 @@ class LoRAWeights:
                 return out + torch.nn.functional.linear(torch.nn.functional.linear(x, A), B) * s
 
             handles.append(module_at(model, name).register_forward_hook(add))
+        return handles
+
+
+class WeightDeltas:
+    """Full-rank additive updates of chosen linear maps' weights and biases, applied by hooks.
+
+    What a remote model's unlearning trains in place of the weights themselves: each
+    chosen ``nn.Linear`` (or GPT-2 ``Conv1D``) inside a layer gets ``out + x dW (+ db)``,
+    so the model computes as if its weight were ``W + dW``. Keyed by parameter name
+    (``"model.layers.3.mlp.down_proj.weight"``).
+    """
+
+    def __init__(self, deltas: Mapping[str, torch.Tensor], transposed: Sequence[str] = ()):
+        self.deltas = dict(deltas)
+        self.transposed = set(transposed)  # modules whose weight is [d_in, d_out] (Conv1D)
+
+    @classmethod
+    def zeros(cls, model: Any, names: Sequence[str]) -> WeightDeltas:
+        """Zero updates for the parameters ``names`` of ``model`` (a local or remote one)."""
+        from transformers.pytorch_utils import Conv1D
+
+        deltas, transposed = {}, []
+        for name in names:
+            module_name, _, kind = name.rpartition(".")
+            try:
+                module = module_at(model, module_name)
+            except (InputError, AttributeError, IndexError, ValueError):
+                module = None
+            if kind not in ("weight", "bias") or not isinstance(module, (torch.nn.Linear, Conv1D)):
+                raise InputError(
+                    f"{name!r} is not the weight or bias of a linear map inside a layer; "
+                    "updates held apart from the weights (a remote model's training) cover "
+                    "only those.")
+            param = getattr(module, kind)
+            deltas[name] = torch.zeros(tuple(param.shape), dtype=torch.float32)
+            if isinstance(module, Conv1D):
+                transposed.append(module_name)
+        return cls(deltas, transposed)
+
+    def n_params(self) -> int:
+        return int(sum(d.numel() for d in self.deltas.values()))
+
+    def names(self) -> list[str]:
+        return list(self.deltas)
+
+    def to(self, device: Any) -> WeightDeltas:
+        return WeightDeltas({k: v.to(device) for k, v in self.deltas.items()}, self.transposed)
+
+    def trainable(self) -> WeightDeltas:
+        return WeightDeltas({k: v.detach().clone().requires_grad_(True)
+                             for k, v in self.deltas.items()}, self.transposed)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.deltas.values())
+
+    def hooks(self, model: Any) -> list[Any]:
+        """Register the forward hooks adding each module's update; return their handles
+        (the caller removes them in a ``finally``)."""
+        modules: dict[str, dict[str, torch.Tensor]] = {}
+        for name, d in self.deltas.items():
+            module_name, _, kind = name.rpartition(".")
+            modules.setdefault(module_name, {})[kind] = d
+        handles = []
+        for module_name, parts in modules.items():
+            dw, db = parts.get("weight"), parts.get("bias")
+
+            def add(_module, inputs, out, dw=dw, db=db, t=module_name in self.transposed):
+                x = inputs[0].to(out.dtype)
+                extra = 0
+                if dw is not None:
+                    extra = x @ dw.to(out.dtype) if t else torch.nn.functional.linear(
+                        x, dw.to(out.dtype))
+                if db is not None:
+                    extra = extra + db.to(out.dtype)
+                return out + extra
+            handles.append(module_at(model, module_name).register_forward_hook(add))
         return handles
 
 

@@ -1,8 +1,9 @@
-"""Methods that train or copy the weights refuse a remote (NDIF) model, before any work.
+"""Methods that copy the weights refuse a remote (NDIF) model, before any work.
 
-A remote model is a meta-device copy with no weights on this machine: training it would
-fail deep inside torch, or train meta tensors. The model here is a tiny local one marked
-remote, which is all these checks look at.
+A remote model is a meta-device copy with no weights on this machine: copying or training
+it here would fail deep inside torch, or train meta tensors. (Its training runs on the
+server with the updates held apart: tests/test_remote.py.) The model here is a tiny local
+one marked remote, which is all these checks look at.
 """
 from __future__ import annotations
 
@@ -30,14 +31,20 @@ def test_lora_fine_tuning_refuses_a_remote_model(remote_like):
         icl_finetune._copy_hf(remote_like)
 
 
-def test_unlearning_refuses_a_remote_model(remote_like):
+def test_unlearning_on_a_remote_model_refuses_what_needs_a_second_copy(remote_like):
+    """A remote model's unlearning holds the updates of linear maps apart (trained on the
+    server, tests/test_remote.py); what would need every parameter copied there is refused
+    before any work: a norm or embedding weight, method 'all', the relearning attack."""
     from explorer.analyses import unlearning
 
     facts = unlearning.load_attribute_facts()[:4]
-    with pytest.raises(InputError, match="unlearning " + MESSAGE):
+    with pytest.raises(InputError, match="'model.norm.weight' is not the weight or bias of a "
+                                         "linear map inside a layer"):
         unlearning.localized_finetune(remote_like, facts[:2], facts[2:], ["model.norm.weight"])
-    with pytest.raises(InputError, match="unlearning " + MESSAGE):
+    with pytest.raises(InputError, match="relearning attack fine-tunes every parameter"):
         unlearning.unlearning_comparison(remote_like, facts[:2], facts[2:])
+    with pytest.raises(InputError, match="method 'all' trains every parameter"):
+        unlearning.unlearning_comparison(remote_like, facts[:2], facts[2:], relearn_steps=0)
 
 
 def test_perturbed_copy_refuses_a_remote_model(remote_like):

@@ -141,3 +141,43 @@ def test_circuits_and_accuracy_with_lora_match_the_merged_copy(family, request, 
     assert mine.correct.values.tolist() == theirs.correct.values.tolist()
     with pytest.raises(TypeError, match="`lora` must be explorer.lora.LoRAWeights"):
         ca.edge_scores(model, task, lora=peft_model)
+
+
+@pytest.mark.parametrize("family", ["tiny_model", "tiny_gpt2"])
+def test_weight_deltas_compute_as_the_updated_weights(family, request):
+    """WeightDeltas' hooks give the forward of a copy whose chosen weights and biases are
+    W + dW (GPT-2's Conv1D [d_in, d_out] included), and are removed afterwards."""
+    import copy
+
+    from explorer.analyses import unlearning as U
+    from explorer.lora import WeightDeltas
+
+    model = request.getfixturevalue(family)
+    names = U.component_parameters(model, "fact_lookup", [0, 2])
+    deltas = WeightDeltas.zeros(model, names)
+    params = dict(model.hf.named_parameters())
+    assert deltas.n_params() == sum(params[n].numel() for n in names)
+    g = torch.Generator().manual_seed(0)
+    deltas = WeightDeltas({n: torch.randn(d.shape, generator=g) * 0.05
+                           for n, d in deltas.deltas.items()}, deltas.transposed)
+    updated = copy.deepcopy(model.hf)
+    with torch.no_grad():
+        for n, p in updated.named_parameters():
+            if n in deltas.deltas:
+                p += deltas.deltas[n]
+    ids = torch.randint(0, model.vocab_size, (2, 8))
+    with torch.no_grad():
+        want = updated(input_ids=ids).logits
+        base = model.hf(input_ids=ids).logits
+        handles = deltas.hooks(model)
+        try:
+            got = model.hf(input_ids=ids).logits
+        finally:
+            for h in handles:
+                h.remove()
+        assert torch.equal(model.hf(input_ids=ids).logits, base)
+    assert (want - base).abs().max() > 1e-3
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    embed = next(n for n, _ in model.hf.named_parameters() if "emb" in n or "wte" in n)
+    with pytest.raises(InputError, match="not the weight or bias of a linear map inside a layer"):
+        WeightDeltas.zeros(model, [embed])

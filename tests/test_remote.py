@@ -452,6 +452,45 @@ def test_icl_finetuning_runs_on_the_server(remote_model, local_model):
         ft.LayerLoRA([0], engine="peft", steps=1).fit(remote_model, "uppercase")
 
 
+def test_unlearning_trains_on_the_server(remote_model, local_model, tmp_path, monkeypatch):
+    """Unlearning on a remote model: the MLP updates are held in the jobs and hooked, and
+    equal the same path run locally bit for bit; the whole comparison matches the local
+    one, which trains a copy of the weights, to float rounding. The served weights do not
+    move. Method 'all' and the relearning attack, which train every parameter, refuse."""
+    from explorer import lora as lora_jobs
+    from explorer.analyses import unlearning as U
+
+    monkeypatch.setattr(lora_jobs, "STEPS_PER_JOB", 2)
+    facts = U.load_attribute_facts(_tiny_fact_file(tmp_path, [a + b for a in "ABCD" for b in "xyz"]))
+    fo, re_ = U.split_facts(facts, 4, 4)
+    names = sorted(U.component_parameters(local_model, "fact_lookup", [1]))
+    args = dict(objective="unlearn", steps=3, lr=1e-2, retain_weight=1.0, clip=1.0,
+                progress=None, should_stop=None)
+    with remote_run(remote_model) as run:
+        d_r, loss_r = U._finetune_by_deltas(remote_model, fo, re_, names, **args)
+    assert len(run.job_ids) == 2  # steps 1-2, 3
+    d_l, loss_l = U._finetune_by_deltas(local_model, fo, re_, names, **args)
+    assert loss_r == loss_l
+    assert all(torch.equal(d_r.deltas[n], d_l.deltas[n]) for n in names)
+    assert _equal(U.format_accuracy(remote_model, fo, "mc", hf=d_r)[1],
+                  U.format_accuracy(local_model, fo, "mc", hf=d_l)[1])
+    assert _equal(trace(remote_model, PROMPTS).resid_post, trace(local_model, PROMPTS).resid_post)
+
+    probe = U.attribute_probe_curve(local_model, facts, n_folds=3)
+    kw = dict(methods=["fact_lookup", "random"], n_layers=1, steps=3, lr=1e-2, relearn_steps=0,
+              probe=probe)
+    remote = U.unlearning_comparison(remote_model, fo, re_, **kw)
+    local = U.unlearning_comparison(local_model, fo, re_, **kw)
+    np.testing.assert_array_equal(remote.accuracy.values, local.accuracy.values)
+    np.testing.assert_allclose(remote.loss.values, local.loss.values, rtol=1e-4)
+    assert _equal(remote.n_params, local.n_params)
+    with pytest.raises(ExplorerError, match="relearning attack fine-tunes every parameter"):
+        U.unlearning_comparison(remote_model, fo, re_, methods=["fact_lookup"], probe=probe,
+                                relearn_steps=1)
+    with pytest.raises(ExplorerError, match="method 'all' trains every parameter"):
+        U.unlearning_comparison(remote_model, fo, re_, methods=["all"], relearn_steps=0)
+
+
 def test_itda_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):
     """The ITDA page on a remote model builds the same dictionary as on the local one; with
     no second model given it cannot perturb weights it does not hold, so it shows no
@@ -486,20 +525,29 @@ def test_cli_runs_an_analysis_remotely(env, folder, local_model, capsys):
     assert remote == local and remote["top_edges"]
 
 
-def test_unlearning_page_localizes_a_remote_model(env, remote_model, tmp_path, monkeypatch):
+def test_unlearning_page_runs_on_a_remote_model(env, remote_model, tmp_path, monkeypatch):
     """The Unlearning page on a remote model: Localize (probe, causal tracing, attribution
-    patching) runs, remotely; Run unlearning, which trains weights, stays disabled with the
-    reason as its tooltip."""
+    patching) and Run unlearning both run on the server. The page offers no method 'all'
+    and no relearning attack there (both train every parameter), and says so on the Run
+    button; a local page keeps both."""
     from apps.unlearning import UnlearningView
 
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
     path = _tiny_fact_file(tmp_path, [a + b for a in "ABCD" for b in "xyz"])
     view = UnlearningView(remote_model, facts_file=path, known_only=False, background=False,
-                          n_forget=3, n_retain=3)
+                          n_forget=3, n_retain=3, n_layers=1, steps=2)
+    assert "all" not in view.param.method.objects and view.relearn_steps == 0
+    assert "relearning attack" in view._run_button.description
     view.localize()
     assert view.probe is not None and view.trace is not None and view.attribution is not None
-    assert view._run_button.disabled and "remote (NDIF) model" in view._run_button.description
-    assert not view._localize_button.disabled
+    assert not view._run_button.disabled and not view._localize_button.disabled
+    view.run()
+    assert view.result is not None, view.status
+    assert view.result["localization"].values.tolist() == ["original", "fact_lookup"]
+    assert "trained" in view.status
+    local = UnlearningView(load_model("tiny-llama"), facts_file=path, known_only=False,
+                           background=False)
+    assert "all" in local.param.method.objects and local.relearn_steps == 3
 
 
 def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):

@@ -505,3 +505,44 @@ def test_edit_objective_is_cross_entropy_to_the_next_attribute(tiny_model, facts
             t = tiny_model.tokenizer(" " + new, add_special_tokens=False)["input_ids"][0]
             ce.append(-float(torch.log(_hand_run(tiny_model, f)[t])))
     assert losses[0] == pytest.approx(float(np.mean(ce)), rel=1e-4)
+
+
+def test_training_with_updates_held_apart_matches_the_copy(tiny_model, facts, monkeypatch):
+    """The remote model's training path (updates dW held apart and hooked, in jobs of
+    STEPS_PER_JOB steps) run here: its losses and W + dW match the trained copy's to float
+    rounding, the shared model is untouched, and format_accuracy reads the same answers."""
+    from explorer import lora as lora_jobs
+    from explorer.lora import WeightDeltas
+
+    monkeypatch.setattr(lora_jobs, "STEPS_PER_JOB", 2)
+    before = {n: p.detach().clone() for n, p in tiny_model.hf.named_parameters()}
+    names = U.component_parameters(tiny_model, "fact_lookup", [1, 2])
+    fo, re_ = facts[:4], facts[4:8]
+    for objective in ("unlearn", "edit"):
+        hf, want = U.localized_finetune(tiny_model, fo, re_, names, objective=objective,
+                                        steps=5, lr=1e-2)
+        seen = []
+        deltas, got = U._finetune_by_deltas(tiny_model, fo, re_, sorted(names),
+                                            objective=objective, steps=5, lr=1e-2,
+                                            retain_weight=1.0, clip=1.0,
+                                            progress=lambda d, t: seen.append(d),
+                                            should_stop=None)
+        assert isinstance(deltas, WeightDeltas) and seen == [1, 2, 3, 4, 5]
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+        trained = dict(hf.named_parameters())
+        for n in names:
+            torch.testing.assert_close(before[n] + deltas.deltas[n], trained[n], rtol=1e-4,
+                                       atol=1e-6)
+            assert float(deltas.deltas[n].abs().max()) > 0
+        for fmt in ("trained", "mc"):
+            ok_d, p_d = U.format_accuracy(tiny_model, fo + re_, fmt, hf=deltas)
+            ok_c, p_c = U.format_accuracy(tiny_model, fo + re_, fmt, hf=hf)
+            assert ok_d.tolist() == ok_c.tolist()
+            np.testing.assert_allclose(p_d, p_c, rtol=1e-4, atol=1e-6)
+    for n, p in tiny_model.hf.named_parameters():
+        assert torch.equal(p, before[n]), n
+        assert p.grad is None
+    with pytest.raises(U.UnlearningCancelled, match="stopped after 0 of 3 steps"):
+        U._finetune_by_deltas(tiny_model, fo, [], sorted(names), objective="unlearn", steps=3,
+                              lr=1e-2, retain_weight=1.0, clip=1.0, progress=None,
+                              should_stop=lambda: True)

@@ -33,8 +33,14 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import (ExplorerError, InputError, check_choice, check_float, check_int,
-                              check_local_weights)
+from explorer._checks import (
+    ExplorerError,
+    InputError,
+    check_choice,
+    check_float,
+    check_int,
+)
+from explorer.lora import WeightDeltas
 from explorer.models import Model, cache_dir
 from explorer.trace import provenance, run_batch, run_on_weights
 
@@ -186,9 +192,12 @@ def _last_logits_hf(hf: torch.nn.Module, model: Model, prompts: Sequence[str],
 
 
 def format_accuracy(model: Model, facts: Sequence[AttributeFact], fmt: str = "trained", *,
-                    hf: torch.nn.Module | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    hf: torch.nn.Module | WeightDeltas | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(correct [fact] bool, p(answer) among the candidates [fact]) for the facts asked in
-    ``fmt``; ``hf`` is a trained copy to evaluate instead of the model's own weights."""
+    ``fmt``; ``hf`` is a trained copy to evaluate instead of the model's own weights, or
+    the `WeightDeltas` a remote model's `localized_finetune` returns (evaluated where the
+    weights are, with the updates hooked; only the candidates' logits come back)."""
     facts = list(facts)
     if not facts:
         return np.zeros(0, bool), np.zeros(0)
@@ -198,11 +207,41 @@ def format_accuracy(model: Model, facts: Sequence[AttributeFact], fmt: str = "tr
     with torch.no_grad():
         if hf is None:
             logits = run_batch(model, model.tokenize(prompts), save_positions=[-1])["logits"][:, 0].float()
+        elif isinstance(hf, WeightDeltas):
+            batches = [model.tokenize(list(prompts[b0:b0 + 32])) for b0 in range(0, len(prompts), 32)]
+            with model.lock:
+                cand = run_on_weights(model, _candidate_logits, batches, hf, list(ids))
+            return _candidate_accuracy(cand, target)
         else:
             logits = _last_logits_hf(hf, model, prompts)
-    pred = candidate_predictions(logits, ids)
-    p = torch.softmax(logits[:, ids], -1).numpy()[np.arange(len(facts)), target]
+    return _candidate_accuracy(logits[:, torch.as_tensor(list(ids), dtype=torch.long)], target)
+
+
+def _candidate_accuracy(cand: torch.Tensor, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax candidate == target, p(target) among the candidates) from the candidates'
+    logits [prompt, candidate] (`candidate_predictions` on the full logits)."""
+    pred = cand.argmax(-1).numpy()
+    p = torch.softmax(cand, -1).numpy()[np.arange(len(target)), target]
     return pred == target, p
+
+
+def _candidate_logits(weights: Model, batches: list, deltas: WeightDeltas,
+                      ids: list[int]) -> torch.Tensor:
+    """Last-position logits of the candidate tokens [prompt, candidate] with ``deltas``
+    hooked (one job where the weights are)."""
+    device = weights.hf.device
+    handles = deltas.to(device).hooks(weights)
+    cols = torch.tensor(ids, device=device)
+    out = []
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                logits = weights.hf(**batch.to(device).model_inputs()).logits[:, -1].float()
+                out.append(logits[:, cols])
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.cat(out)
 
 
 def _cache_file(model: Model, facts: Sequence[AttributeFact], formats: Sequence[str]) -> Path:
@@ -688,7 +727,16 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     al., ICML 2025). AdamW, gradient clipping at ``clip``. The model's own
     weights are never touched: training runs on ``copy.deepcopy(model.hf)`` (or on ``hf``).
 
-    Returns (trained module, loss per step).
+    A remote model trains on the server instead, where its weights cannot be copied: the
+    updates of ``parameters`` are `explorer.lora.WeightDeltas` held in the jobs and added
+    by hooks (the model computes as if each weight were W + dW), up to
+    `explorer.lora.STEPS_PER_JOB` steps per job, the updates and AdamW's state carried
+    between jobs. The same optimiser on dW from zero gives W + dW the steps AdamW gives W,
+    up to float rounding. Only linear maps inside layers can be updated this way (the MLP
+    localizations; not ``"all"``).
+
+    Returns (trained module, loss per step); for a remote model (WeightDeltas, loss per
+    step), which `format_accuracy`'s ``hf`` takes.
     """
     check_choice("objective", objective, OBJECTIVES)
     steps = check_int("steps", steps, low=1)
@@ -697,13 +745,16 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     forget, retain = list(forget), list(retain)
     if not forget:
         raise InputError("`forget` must hold at least one fact; got an empty list.")
-    if hf is None:
-        check_local_weights(model, "unlearning")
-        with model.lock:
-            hf = copy.deepcopy(model.hf)
     names = set(parameters)
     if not names:
         raise InputError("`parameters` must name at least one parameter to train.")
+    if hf is None and model.remote:
+        return _finetune_by_deltas(model, forget, retain, sorted(names), objective=objective,
+                                   steps=steps, lr=lr, retain_weight=retain_weight, clip=clip,
+                                   progress=progress, should_stop=should_stop)
+    if hf is None:
+        with model.lock:
+            hf = copy.deepcopy(model.hf)
     known = dict(hf.named_parameters())
     bad = sorted(names - set(known))
     if bad:
@@ -746,6 +797,89 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     for p in hf.parameters():
         p.requires_grad_(False)
     return hf, losses
+
+
+def _finetune_by_deltas(model: Model, forget: list[AttributeFact], retain: list[AttributeFact],
+                        names: list[str], *, objective: str, steps: int, lr: float,
+                        retain_weight: float, clip: float, progress: Progress,
+                        should_stop: ShouldStop) -> tuple[WeightDeltas, list[float]]:
+    """`localized_finetune` with the updates held apart (`WeightDeltas`), in jobs where the
+    weights are."""
+    from explorer import lora as lora_jobs
+
+    known = {n for n, _ in model.hf.named_parameters()}
+    bad = sorted(set(names) - known)
+    if bad:
+        raise InputError(f"unknown parameter name {bad[0]!r}; names come from "
+                         "`component_parameters`.")
+    deltas = WeightDeltas.zeros(model, names)
+    f_targets = [f.attribute for f in forget] if objective == "unlearn" else _edit_targets(forget)
+    batch, ids = _answer_batch(model, forget + retain, f_targets + [f.attribute for f in retain])
+    cand = torch.tensor(attribute_token_ids(model, forget[0].attributes))
+    f_pos = torch.tensor([f.attributes.index(f.attribute) for f in forget])
+    setup = {"batch": batch, "ids": ids, "cand": cand, "f_pos": f_pos, "nf": len(forget),
+             "retain": bool(retain), "objective": objective, "retain_weight": retain_weight,
+             "clip": clip, "lr": lr}
+    losses: list[float] = []
+    opt_state = None
+    done = 0
+    while done < steps:
+        if should_stop is not None and should_stop():
+            raise UnlearningCancelled(f"training stopped after {done} of {steps} steps.")
+        n = min(lora_jobs.STEPS_PER_JOB, steps - done)
+        with model.lock:
+            out = run_on_weights(model, _delta_steps, deltas, opt_state, setup, n)
+        deltas = WeightDeltas(out["deltas"], deltas.transposed)
+        opt_state = out["opt"]
+        losses += out["loss"]
+        done += n
+        if progress:
+            for k in range(done - n + 1, done + 1):
+                progress(k, steps)
+    return deltas, losses
+
+
+def _delta_steps(weights: Model, deltas: WeightDeltas, opt_state: dict | None,
+                 setup: dict[str, Any], n_steps: int) -> dict[str, Any]:
+    """``n_steps`` steps of `localized_finetune`'s loss on hook-applied updates (one job).
+    Gradients are taken with respect to the updates only: the served weights, shared by
+    every request, are neither written nor given a ``.grad``."""
+    device = weights.hf.device
+    deltas = deltas.to(device).trainable()
+    params = deltas.parameters()
+    opt = torch.optim.AdamW(params, lr=setup["lr"], weight_decay=0.0)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    batch = setup["batch"].to(device)
+    ids, cand, f_pos = (setup[k].to(device) for k in ("ids", "cand", "f_pos"))
+    nf = setup["nf"]
+    rows = torch.arange(len(ids), device=device)
+    losses = []
+    handles = deltas.hooks(weights)
+    try:
+        with torch.enable_grad():
+            for _ in range(n_steps):
+                logits = weights.hf(**batch.model_inputs()).logits[:, -1].float()
+                lp = torch.log_softmax(logits, -1)[rows, ids]
+                if setup["objective"] == "unlearn":
+                    pc = torch.softmax(logits[:nf][:, cand], -1)[torch.arange(nf, device=device),
+                                                                 f_pos]
+                    loss = -torch.log1p(-pc.clamp(max=1 - 1e-6)).mean()
+                else:
+                    loss = -lp[:nf].mean()
+                if setup["retain"] and setup["retain_weight"] > 0:
+                    loss = loss - setup["retain_weight"] * lp[nf:].mean()
+                grads = torch.autograd.grad(loss, params)
+                for prm, g in zip(params, grads):
+                    prm.grad = g
+                torch.nn.utils.clip_grad_norm_(params, setup["clip"])
+                opt.step()
+                losses.append(float(loss.detach()))
+    finally:
+        for h in handles:
+            h.remove()
+    return {"deltas": {k: v.detach() for k, v in deltas.deltas.items()},
+            "opt": opt.state_dict(), "loss": losses}
 
 
 def relearn_halves(facts: Sequence[AttributeFact]) -> tuple[list[AttributeFact],
@@ -836,13 +970,17 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
     that the attack itself does not move held-out answers. ``original=False`` leaves that
     row out (to split one comparison over several calls).
 
+    A remote model trains each method on the server with its updates held apart
+    (`localized_finetune`); there ``relearn_steps`` must be 0 and ``"all"`` is refused,
+    since both train every parameter and would need a second copy of the weights on the
+    server. The relearn rows then read the same facts untouched by any attack.
+
     Returns
     -------
     xr.Dataset
         ``accuracy`` (localization, metric); ``loss`` (localization, step); ``n_params``,
         ``seconds_per_step`` (localization); coord ``trained_layers`` (localization), a string.
     """
-    check_local_weights(model, "unlearning")
     forget, retain = list(forget), list(retain)
     if len(forget) < 2:
         raise InputError(f"`forget` must hold at least 2 facts (half are relearned); got {len(forget)}.")
@@ -851,6 +989,17 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         raise InputError(f"`methods` must name at least one of {', '.join(METHODS)}.")
     steps = check_int("steps", steps, low=1)
     relearn_steps = check_int("relearn_steps", relearn_steps, low=0)
+    if model.remote:  # training runs on the server with updates held apart (WeightDeltas)
+        if relearn_steps:
+            raise InputError(
+                "the relearning attack fine-tunes every parameter; on a remote (NDIF) model "
+                "that needs a second copy of all the weights (and its optimiser state) on "
+                "the server, so it does not run there: pass relearn_steps=0.")
+        if "all" in methods:
+            raise InputError(
+                "method 'all' trains every parameter; on a remote (NDIF) model that needs a "
+                "second copy of all the weights on the server. The MLP localizations "
+                f"({', '.join(m for m in METHODS if m != 'all')}) train there.")
     chosen = {m: localized_layers(model, m, n_layers, probe=probe, trace=trace,
                                   attribution=attribution, seed=seed) for m in methods}
     learn, heldout = relearn_halves(forget)
@@ -885,7 +1034,9 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         acc[i, col["relearn_learned"]] = format_accuracy(model, learn, "trained", hf=hf)[0].mean()
 
     torch.manual_seed(seed)
-    if original:
+    if original and model.remote:  # the served weights as they are (nothing to relearn)
+        evaluate(None, 0)
+    elif original:
         with model.lock:
             base = copy.deepcopy(model.hf)
         evaluate(base, 0)
