@@ -573,7 +573,7 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
 
 @bench("remote")
 def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: int = 3,
-                    repeats: int = 3) -> dict[str, Any]:
+                    ft_steps: int = 10, repeats: int = 3) -> dict[str, Any]:
     """A remote model served on this machine (the loopback NDIF server) against the same
     calls on the local model, in one run.
 
@@ -585,9 +585,18 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
     for EAP-IG(``steps``); ``remote_vs_local_trace_ratio``: `trace` of one prompt
     (resid_post, every layer). ``eap_request_mb``: size of the request an EAP batch sends;
     ``eap_result_mb``: the scores that come back (one float32 per edge).
+
+    Training: `circuit_lora.finetune_lora` (rank 2 on every layer, ``ft_steps`` steps of
+    ``n_prompts`` problems: one job) on the remote model, whose adapters are held in the job
+    and hooked (`explorer.lora`), against the local peft run on a copy and the local hooks
+    path. ``remote_vs_local_finetune_ratio`` is remote over local peft, wall time per call;
+    ``finetune_job_mb`` the largest training request (adapters and optimiser state) and
+    ``finetune_result_mb`` what a job sends back.
     """
     from unittest import mock
 
+    from explorer import lora as lora_jobs
+    from explorer.analyses import circuit_lora as cl
     from explorer.analyses import circuits as ca
     from explorer.models import load_model, smollm2_folder
     from explorer.ndif_server import LoopbackServer
@@ -596,6 +605,7 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
 
     n_prompts = check_int("n_prompts", n_prompts, low=1)
     steps = check_int("steps", steps, low=1, high=100)
+    ft_steps = check_int("ft_steps", ft_steps, low=1, high=lora_jobs.STEPS_PER_JOB)
     repeats = check_int("repeats", repeats, low=1)
     with contextlib.ExitStack() as stack:
         if model == "smollm2-135m":
@@ -618,10 +628,25 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
             with torch.enable_grad():
                 return ca.edge_scores(m, task, method=method, steps=steps, batch_size=n_prompts)
 
+        ft_task = ca.make_task("add", 4 * n_prompts, seed=1)
+        ranks = cl.uniform_lora_ranks(local, 2)
+
+        def finetune(m):
+            return cl.finetune_lora(m, ft_task.clean, ft_task.answer, ranks=ranks,
+                                    steps=ft_steps, batch_size=n_prompts, lr=1e-3, seed=0)
+
+        def finetune_hooks():  # the remote path's loop, run on the local weights
+            pairs = cl._encode(local, ft_task.clean, ft_task.answer)
+            draws = cl._batch_draws(len(pairs), n_prompts, ft_steps, 0)
+            return cl._train_by_hooks(local, cl.lora_weights_init(local, ranks), pairs, draws,
+                                      [1e-3] * ft_steps, [], lambda k, w: None, None)
+
         fns = {"eap_local": lambda: scores(local, "eap"), "eap_remote": lambda: scores(remote, "eap"),
                "ig_local": lambda: scores(local, "eap-ig"),
                "ig_remote": lambda: scores(remote, "eap-ig"),
-               "trace_local": lambda: trace(local, prompt), "trace_remote": lambda: trace(remote, prompt)}
+               "trace_local": lambda: trace(local, prompt), "trace_remote": lambda: trace(remote, prompt),
+               "ft_local": lambda: finetune(local), "ft_hooks": finetune_hooks,
+               "ft_remote": lambda: finetune(remote)}
         wall, _cpu = interleaved_times(fns, repeats=repeats, warmup=1)
         sizes: list[int] = []
         backend = _backend_class()
@@ -634,8 +659,17 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
         backend._serialize = measured
         try:
             result = scores(remote, "eap")
+            eap_sizes, sizes[:] = list(sizes), []
+            ft_remote, lora_remote = finetune(remote)
+            ft_sizes = list(sizes)
         finally:
             backend._serialize = serialize
+        ft_peft, peft_model = finetune(local)
+        from peft import get_peft_model_state_dict
+        theirs = get_peft_model_state_dict(peft_model)
+        ft_same = bool(np.array_equal(ft_remote["loss"].values, ft_peft["loss"].values)) and all(
+            torch.equal(lora_remote.state_dict()[k], theirs[k]) for k in theirs)
+        ft_result_mb = 4 * 3 * lora_remote.n_params() / 2**20  # adapters + AdamW's 2 moments
         expect = scores(local, "eap").score.values
         same = bool(np.array_equal(result.score.values, expect))
         rel = float(np.abs(result.score.values - expect).max() / max(np.abs(expect).max(), 1e-30))
@@ -645,7 +679,8 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
 
     return {
         "params": {"model": model, "n_prompts": n_prompts, "n_pos": int(
-            local.tokenize(task.clean).width), "steps": steps, "repeats": repeats,
+            local.tokenize(task.clean).width), "steps": steps, "ft_steps": ft_steps,
+            "ft_trainable": int(lora_remote.n_params()), "repeats": repeats,
             "n_edges": int(result.sizes["edge"]), "threads": torch.get_num_threads()},
         "figures": {
             "eap_local_ms": med("eap_local") * 1e3, "eap_remote_ms": med("eap_remote") * 1e3,
@@ -656,14 +691,25 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
             "trace_remote_ms": med("trace_remote") * 1e3,
             "remote_vs_local_trace_ratio": _paired_ratio(wall["trace_remote"],
                                                          wall["trace_local"]),
-            "eap_request_mb": max(sizes) / 2**20 if sizes else float("nan"),
+            "eap_request_mb": max(eap_sizes) / 2**20 if eap_sizes else float("nan"),
             "eap_result_mb": 4 * result.sizes["edge"] / 2**20,
+            "finetune_local_ms": med("ft_local") * 1e3,
+            "finetune_local_hooks_ms": med("ft_hooks") * 1e3,
+            "finetune_remote_ms": med("ft_remote") * 1e3,
+            "remote_vs_local_finetune_ratio": _paired_ratio(wall["ft_remote"], wall["ft_local"]),
+            "hooks_vs_peft_finetune_ratio": _paired_ratio(wall["ft_hooks"], wall["ft_local"]),
+            "finetune_job_mb": max(ft_sizes) / 2**20 if ft_sizes else float("nan"),
+            "finetune_result_mb": ft_result_mb,
         },
-        "accuracy": {"remote_scores_equal_local": same, "remote_vs_local_max_rel_diff": rel},
+        "accuracy": {"remote_scores_equal_local": same, "remote_vs_local_max_rel_diff": rel,
+                     "remote_finetune_equals_local_peft": ft_same},
         "notes": {"ratios": "median over interleaved rounds of remote / local wall time; the "
                             "loopback server computes on the same cores",
                   "accuracy": "EAP scores remote vs local: bit for bit when the server and "
                               "this process use the same number of torch threads",
                   "eap_request_mb": "serialised trace of one EAP batch: the code (explorer's, "
-                                    "by value), the prompts' ids and the arguments"},
+                                    "by value), the prompts' ids and the arguments",
+                  "finetune": "LoRA rank 2 on every layer; local: peft on a copy of the "
+                              "weights, local hooks: the remote path's loop on the local "
+                              "weights, remote: the same loop in one job on the server"},
     }

@@ -170,7 +170,7 @@ def test_remote_bench_result_shape():
     import os
 
     before = {k: os.environ.get(k) for k in ("NDIF_API_KEY", "NDIF_HOST")}
-    result = run_bench("remote", model="tiny-llama", n_prompts=2, steps=1, repeats=1)
+    result = run_bench("remote", model="tiny-llama", n_prompts=2, steps=1, ft_steps=2, repeats=1)
     assert {k: os.environ.get(k) for k in before} == before  # the bench's env is undone
     assert_bench_result(result, "remote")
     figures = result["figures"]
@@ -183,6 +183,11 @@ def test_remote_bench_result_shape():
     assert result["params"]["n_edges"] == 118
     assert figures["eap_result_mb"] == pytest.approx(4 * 118 / 2**20)
     assert 0 < figures["eap_request_mb"] < 1
+    # LoRA rank 2 on the 7 maps of 3 layers: 2 * (128 + 96 + 96 + 128 + 3 * 192) * 3 floats
+    assert result["params"]["ft_trainable"] == 2 * 1024 * 3
+    assert figures["finetune_result_mb"] == pytest.approx(4 * 3 * 6144 / 2**20)
+    assert 0 < figures["finetune_job_mb"] < 1
+    assert {"remote_vs_local_finetune_ratio", "hooks_vs_peft_finetune_ratio"} <= set(figures)
 
 
 # -- exact rank counting ------------------------------------------------------------------------

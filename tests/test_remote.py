@@ -525,6 +525,32 @@ def test_cli_runs_an_analysis_remotely(env, folder, local_model, capsys):
     assert remote == local and remote["top_edges"]
 
 
+def test_cli_trains_remotely(env, folder, tmp_path, capsys):
+    """The training commands on `--remote`: `explorer icl-finetune --remote` prints what the
+    local hooks engine prints; `explorer unlearn --remote` with its defaults stops with the
+    one-line reason (the relearning attack trains every parameter)."""
+    from explorer import cli
+
+    args = ["icl-finetune", "--model", str(folder), "--tasks", "antonym,uppercase", "--steps",
+            "2", "--n-prompts", "4", "--n-shots", "2", "--k", "3", "--batch-size", "2",
+            "--json"]
+    threads = torch.get_num_threads()
+    try:  # the command sets torch's thread count (--threads)
+        assert cli.main([*args, "--remote"]) == 0
+        remote = json.loads(capsys.readouterr().out)
+        assert cli.main([*args, "--engine", "hooks"]) == 0
+        local = json.loads(capsys.readouterr().out)
+    finally:
+        torch.set_num_threads(threads)
+    assert remote == local and remote["early"]["n_trainable"] > 0
+    facts = _tiny_fact_file(tmp_path, [a + b for a in "ABCD" for b in "xyz"])
+    code = cli.main(["unlearn", "--model", str(folder), "--remote", "--facts", str(facts),
+                     "--all-facts", "--n-forget", "4", "--n-retain", "2"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "relearning attack" in err and "--relearn-steps 0" in err and API_KEY not in err
+
+
 def test_unlearning_page_runs_on_a_remote_model(env, remote_model, tmp_path, monkeypatch):
     """The Unlearning page on a remote model: Localize (probe, causal tracing, attribution
     patching) and Run unlearning both run on the server. The page offers no method 'all'

@@ -994,12 +994,12 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
             raise InputError(
                 "the relearning attack fine-tunes every parameter; on a remote (NDIF) model "
                 "that needs a second copy of all the weights (and its optimiser state) on "
-                "the server, so it does not run there: pass relearn_steps=0.")
+                "the server, so it does not run there: pass relearn_steps=0 (--relearn-steps 0).")
         if "all" in methods:
             raise InputError(
                 "method 'all' trains every parameter; on a remote (NDIF) model that needs a "
                 "second copy of all the weights on the server. The MLP localizations "
-                f"({', '.join(m for m in METHODS if m != 'all')}) train there.")
+                f"({', '.join(m for m in METHODS if m != 'all')}) train there (--methods).")
     chosen = {m: localized_layers(model, m, n_layers, probe=probe, trace=trace,
                                   attribution=attribution, seed=seed) for m in methods}
     learn, heldout = relearn_halves(forget)
