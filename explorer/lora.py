@@ -44,6 +44,7 @@ __all__ = [
     "last_token_states",
     "logits_at",
     "module_at",
+    "remove_hooks",
     "train_in_jobs",
 ]
 
@@ -52,6 +53,12 @@ STEPS_PER_JOB = 10
 
 #: peft's prefix of the adapted module names in `get_peft_model_state_dict`.
 PEFT_PREFIX = "base_model.model."
+
+
+def remove_hooks(handles: Sequence[Any]) -> None:
+    """Remove hook handles (every one, even if one fails)."""
+    for h in handles:
+        h.remove()
 
 
 def module_at(model: Any, name: str) -> Any:
@@ -179,19 +186,28 @@ class LoRAWeights:
     def hooks(self, model: Any, names: Sequence[str] | None = None) -> list[Any]:
         """Register the forward hooks that add each module's LoRA term; return their handles.
 
-        The caller removes them (``handle.remove()``) in a ``finally``. ``names`` limits the
-        hooks to some modules (default: all).
+        The caller removes them (``handle.remove()``) in a ``finally``; if one cannot be
+        registered, those already registered are removed before the error propagates (the
+        served modules are shared). ``names`` limits the hooks to some modules (default: all).
+        The term is computed in the adapters' dtype and the output keeps the module's, as in
+        peft.
         """
         handles = []
-        for name in (self.names() if names is None else names):
-            if name not in self.A:
-                continue
+        try:
+            for name in (self.names() if names is None else names):
+                if name not in self.A:
+                    continue
 
-            def add(_module, inputs, out, A=self.A[name], B=self.B[name], s=self.scaling[name]):
-                x = inputs[0].to(A.dtype)
-                return out + torch.nn.functional.linear(torch.nn.functional.linear(x, A), B) * s
+                def add(_module, inputs, out, A=self.A[name], B=self.B[name],
+                        s=self.scaling[name]):
+                    x = inputs[0].to(A.dtype)
+                    lora = torch.nn.functional.linear(torch.nn.functional.linear(x, A), B)
+                    return (out + lora * s).to(out.dtype)
 
-            handles.append(module_at(model, name).register_forward_hook(add))
+                handles.append(module_at(model, name).register_forward_hook(add))
+        except BaseException:
+            remove_hooks(handles)
+            raise
         return handles
 
 
@@ -255,19 +271,24 @@ class WeightDeltas:
             module_name, _, kind = name.rpartition(".")
             modules.setdefault(module_name, {})[kind] = d
         handles = []
-        for module_name, parts in modules.items():
-            dw, db = parts.get("weight"), parts.get("bias")
+        try:
+            for module_name, parts in modules.items():
+                dw, db = parts.get("weight"), parts.get("bias")
 
-            def add(_module, inputs, out, dw=dw, db=db, t=module_name in self.transposed):
-                x = inputs[0].to(out.dtype)
-                extra = 0
-                if dw is not None:
-                    extra = x @ dw.to(out.dtype) if t else torch.nn.functional.linear(
-                        x, dw.to(out.dtype))
-                if db is not None:
-                    extra = extra + db.to(out.dtype)
-                return out + extra
-            handles.append(module_at(model, module_name).register_forward_hook(add))
+                def add(_module, inputs, out, dw=dw, db=db, t=module_name in self.transposed):
+                    x = inputs[0].to(out.dtype)
+                    extra = 0
+                    if dw is not None:
+                        extra = x @ dw.to(out.dtype) if t else torch.nn.functional.linear(
+                            x, dw.to(out.dtype))
+                    if db is not None:
+                        extra = extra + db.to(out.dtype)
+                    return out + extra
+
+                handles.append(module_at(model, module_name).register_forward_hook(add))
+        except BaseException:
+            remove_hooks(handles)
+            raise
         return handles
 
 
@@ -384,7 +405,6 @@ def last_token_states(model: Any, batches: Sequence[Any], lora: LoRAWeights | No
 def _last_token_states(weights: Any, batches: list, lora: LoRAWeights | None
                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     device = weights.hf.device
-    handles = [] if lora is None else lora.to(device).hooks(weights)
     kept: dict[int, torch.Tensor] = {}
 
     def keep(layer: int):
@@ -393,10 +413,13 @@ def _last_token_states(weights: Any, batches: list, lora: LoRAWeights | None
             kept[layer] = h[:, -1].detach().float()
         return hook
 
-    handles += [weights.hf_layer(layer).register_forward_hook(keep(layer))
-                for layer in range(weights.n_layers)]
+    handles: list[Any] = []
     out = []
     try:
+        if lora is not None:
+            handles += lora.to(device).hooks(weights)
+        for layer in range(weights.n_layers):
+            handles.append(weights.hf_layer(layer).register_forward_hook(keep(layer)))
         with torch.no_grad():
             for batch in batches:
                 kept.clear()
@@ -404,6 +427,5 @@ def _last_token_states(weights: Any, batches: list, lora: LoRAWeights | None
                 resid = torch.stack([kept[layer] for layer in range(weights.n_layers)], 1)
                 out.append((resid, logits.argmax(-1)))
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     return out

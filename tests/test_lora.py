@@ -11,10 +11,10 @@ import pytest
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
+from explorer import lora as lora_module
 from explorer._checks import InputError
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuits as ca
-from explorer import lora as lora_module
 from explorer.lora import PEFT_PREFIX, LoRAWeights
 
 PROMPTS = [f"{a} + {b} =" for a in range(4) for b in range(4)]

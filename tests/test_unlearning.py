@@ -521,11 +521,11 @@ def test_training_with_updates_held_apart_matches_the_copy(tiny_model, facts, mo
     for objective in ("unlearn", "edit"):
         hf, want = U.localized_finetune(tiny_model, fo, re_, names, objective=objective,
                                         steps=5, lr=1e-2)
-        seen = []
+        seen: list[int] = []
         deltas, got = U._finetune_by_deltas(tiny_model, fo, re_, sorted(names),
                                             objective=objective, steps=5, lr=1e-2,
                                             retain_weight=1.0, clip=1.0,
-                                            progress=lambda d, t: seen.append(d),
+                                            progress=lambda d, t, seen=seen: seen.append(d),
                                             should_stop=None)
         assert isinstance(deltas, WeightDeltas) and seen == [1, 2, 3, 4, 5]
         np.testing.assert_allclose(got, want, rtol=1e-4)

@@ -266,7 +266,7 @@ class _Adapter:
         # hooks to the modules the forward calls (`lora_hooks`)
         self.lora = lora
         self.merged: set[str] = set()
-        if lora is None:
+        if lora is None:  # W_O: [head, d_head, d_model]
             self._W_O = [model.W_O(layer) for layer in range(model.n_layers)]
         else:
             self._W_O = []
@@ -274,7 +274,7 @@ class _Adapter:
                 w = self.weight(layer, model.arch.o_proj_path, model.o_proj(layer))
                 w = w if model.arch.o_proj_transposed else w.T  # [head*d_head, d_model]
                 self._W_O.append(w.reshape(self.n_heads, self.d_head, model.spec.d_model))
-        self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]  # W_O: [head, d_head, d_model]
+        self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]
 
     def weight(self, layer: int, sub: str, module: Any) -> torch.Tensor:
         """``module.weight`` (``sub`` inside layer ``layer``) plus its LoRA update, if any."""
