@@ -31,10 +31,10 @@ hv.extension("bokeh", logo=False)
 
 SHORT_NAMES = {"original": "before", "fact_lookup": "FLU", "causal_tracing": "CT",
                "attribution_patching": "AP", "random": "rand", "all": "all"}
-METRIC_LABELS = {"forget": "forget (trained format)",
-                 "forget_mc_known": "forget (multiple choice, of those known before)",
-                 "retain": "retain", "relearn_heldout": "held-out forget after relearning",
-                 "relearn_learned": "relearned half after relearning"}
+METRIC_LABELS = {"forget": "forget (trained format)",   # short: five groups share one axis
+                 "forget_mc_known": "forget, MC (known before)",
+                 "retain": "retain", "relearn_heldout": "held-out, relearned",
+                 "relearn_learned": "relearned half"}
 
 
 def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) -> hv.Overlay:
@@ -152,11 +152,14 @@ class UnlearningView(pn.viewable.Viewer):
             self.param.relearn_steps.bounds = (0, 0)
             self.param.relearn_steps.precedence = -1
             self.relearn_steps = 0
-            self._run_button.description = (
-                "A remote (NDIF) model trains on the server, with the updates held apart "
-                "from the served weights. Method 'all' and the relearning attack train every "
-                "parameter, which would need a second copy of the weights there, so they "
-                "are off.")
+            self._run_button.description = "Trains on the server; the served weights stay as they are."
+            self._remote_note = (
+                "*Remote model:* training runs on the server, with the updates held apart "
+                "from the served weights. Method `all` and the relearning attack train every "
+                "parameter, which would need a second copy of the weights there, so they are "
+                "off.")
+        else:
+            self._remote_note = ""
         self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True)
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
@@ -305,7 +308,10 @@ class UnlearningView(pn.viewable.Viewer):
                                      visible=self.param.busy)
         return pn.Row(
             pn.Column(controls, self._localize_button, self._run_button, self._cancel_button,
-                      bar, pn.pane.Markdown(self.param.status), self._state, width=320),
+                      bar, pn.pane.Markdown(self.param.status),
+                      pn.pane.Markdown(self._remote_note, visible=bool(self._remote_note),
+                                       styles={"font-size": "0.9em"}),
+                      self._state, width=320),
             pn.Column(pn.Row(pn.pane.HoloViews(self._probe_plot), pn.pane.HoloViews(self._heatmap)),
                       pn.pane.HoloViews(self._bars)),
         )

@@ -563,7 +563,9 @@ def test_unlearning_page_runs_on_a_remote_model(env, remote_model, tmp_path, mon
     view = UnlearningView(remote_model, facts_file=path, known_only=False, background=False,
                           n_forget=3, n_retain=3, n_layers=1, steps=2)
     assert "all" not in view.param.method.objects and view.relearn_steps == 0
-    assert "relearning attack" in view._run_button.description
+    assert "relearning attack" in view._remote_note and "on the server" in view._run_button.description
+    notes = [m.object for m in view.__panel__().select(pn.pane.Markdown) if m.visible]
+    assert view._remote_note in notes
     view.localize()
     assert view.probe is not None and view.trace is not None and view.attribution is not None
     assert not view._run_button.disabled and not view._localize_button.disabled
@@ -574,6 +576,7 @@ def test_unlearning_page_runs_on_a_remote_model(env, remote_model, tmp_path, mon
     local = UnlearningView(load_model("tiny-llama"), facts_file=path, known_only=False,
                            background=False)
     assert "all" in local.param.method.objects and local.relearn_steps == 3
+    assert local._remote_note == ""
 
 
 def test_circuits_page_on_a_remote_model(env, remote_model, local_model, tmp_path, monkeypatch):

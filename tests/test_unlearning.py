@@ -479,8 +479,8 @@ def test_view_plots_and_rows_headless(tiny_model):
                      coords={"localization": ["original", "fact_lookup"], "metric": list(U.METRICS)})
     rows = accuracy_rows(res)
     assert ("forget (trained format)", "FLU", 0.0) in rows
-    assert ("held-out forget after relearning", "before", 1.0) in rows and len(rows) == 10
-    assert ("forget (multiple choice, of those known before)", "FLU", 0.5) in rows
+    assert ("held-out, relearned", "before", 1.0) in rows and len(rows) == 10
+    assert ("forget, MC (known before)", "FLU", 0.5) in rows
     view = UnlearningView(tiny_model)  # opens without computing anything
     assert view.probe is None and view.chosen_layers() == [] and view.param.n_layers.bounds == (1, 3)
     pn.panel(view).get_root()  # the page renders before anything is computed
