@@ -22,6 +22,24 @@ ANSWERS = [f" {a + b}" for a in range(4) for b in range(4)]
 RANKS = {2: 4, 0: 2, 1: 3}  # not in layer order: the draws must still follow module order
 
 
+def _peft_with_random_adapters(model, seed: int):
+    """(random LoRAWeights on RANKS, a peft model on a copy holding the same adapters)."""
+    lora = _random_state(cl.lora_weights_init(model, RANKS), seed=seed)
+    peft_model = cl.lora_model(model, RANKS)
+    set_peft_model_state_dict(peft_model, lora.state_dict())
+    return lora, peft_model
+
+
+def _hooked_logits(model, hooked, ids):
+    """(logits of model.hf with ``hooked``'s hooks on, logits after they are removed)."""
+    handles = hooked.hooks(model)
+    try:
+        on = model.hf(input_ids=ids).logits
+    finally:
+        lora_module.remove_hooks(handles)
+    return on, model.hf(input_ids=ids).logits
+
+
 def _random_state(weights: LoRAWeights, seed: int) -> LoRAWeights:
     g = torch.Generator().manual_seed(seed)
     return LoRAWeights({k: torch.randn(v.shape, generator=g) * 0.1 for k, v in weights.A.items()},
@@ -44,20 +62,12 @@ def test_init_draws_what_peft_draws(family, request):
 @pytest.mark.parametrize("family", ["tiny_model", "tiny_gpt2"])
 def test_hooks_add_what_peft_layers_add_and_are_removed(family, request):
     model = request.getfixturevalue(family)
-    lora = _random_state(cl.lora_weights_init(model, RANKS), seed=1)
-    peft_model = cl.lora_model(model, RANKS)
-    set_peft_model_state_dict(peft_model, lora.state_dict())
+    lora, peft_model = _peft_with_random_adapters(model, seed=1)
     ids = torch.randint(0, model.vocab_size, (2, 9))
     with torch.no_grad():
         base = model.hf(input_ids=ids).logits
         theirs = peft_model(input_ids=ids).logits
-        handles = lora.hooks(model)
-        try:
-            mine = model.hf(input_ids=ids).logits
-        finally:
-            for h in handles:
-                h.remove()
-        after = model.hf(input_ids=ids).logits
+        mine, after = _hooked_logits(model, lora, ids)
     assert (theirs - base).abs().max() > 1e-3  # the adapters change the output
     torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     assert torch.equal(after, base)
@@ -66,9 +76,7 @@ def test_hooks_add_what_peft_layers_add_and_are_removed(family, request):
 @pytest.mark.parametrize("family", ["tiny_model", "tiny_gpt2"])
 def test_delta_is_peft_merged_update(family, request):
     model = request.getfixturevalue(family)
-    lora = _random_state(cl.lora_weights_init(model, RANKS), seed=2)
-    peft_model = cl.lora_model(model, RANKS)
-    set_peft_model_state_dict(peft_model, lora.state_dict())
+    lora, peft_model = _peft_with_random_adapters(model, seed=2)
     merged = dict(peft_model.merge_and_unload().named_parameters())
     base = dict(model.hf.named_parameters())
     for name in lora.names():
@@ -169,13 +177,8 @@ def test_weight_deltas_compute_as_the_updated_weights(family, request):
     with torch.no_grad():
         want = updated(input_ids=ids).logits
         base = model.hf(input_ids=ids).logits
-        handles = deltas.hooks(model)
-        try:
-            got = model.hf(input_ids=ids).logits
-        finally:
-            for h in handles:
-                h.remove()
-        assert torch.equal(model.hf(input_ids=ids).logits, base)
+        got, after = _hooked_logits(model, deltas, ids)
+        assert torch.equal(after, base)
     assert (want - base).abs().max() > 1e-3
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     embed = next(n for n, _ in model.hf.named_parameters() if "emb" in n or "wte" in n)
