@@ -290,7 +290,7 @@ def early_late_finetune(model: Any, tasks: Sequence[ICLTask | str], *,
         tuned = LayerLoRA(layers, rank=rank, steps=steps, lr=lr, batch_size=batch_size,
                           n_shots=n_shots, seed=seed, engine=engine).fit(model, train_task,
                                                                           progress=report)
-        if tuned.model_ is None:  # a remote model: the adapters are applied on the server
+        if tuned.model_ is None:  # hooks engine: the adapters are applied where the weights are
             results[v] = task_decodability(model, held, lora=tuned.lora_, **td_opts)
         else:
             results[v] = task_decodability(tuned.model_, held, **td_opts)
