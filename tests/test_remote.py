@@ -534,18 +534,18 @@ def test_cli_trains_remotely(env, folder, tmp_path, capsys):
     args = ["icl-finetune", "--model", str(folder), "--tasks", "antonym,uppercase", "--steps",
             "2", "--n-prompts", "4", "--n-shots", "2", "--k", "3", "--batch-size", "2",
             "--json"]
+    facts = _tiny_fact_file(tmp_path, [a + b for a in "ABCD" for b in "xyz"])
     threads = torch.get_num_threads()
-    try:  # the command sets torch's thread count (--threads)
+    try:  # both commands set torch's thread count; later tests compare at the server's
         assert cli.main([*args, "--remote"]) == 0
         remote = json.loads(capsys.readouterr().out)
         assert cli.main([*args, "--engine", "hooks"]) == 0
         local = json.loads(capsys.readouterr().out)
+        code = cli.main(["unlearn", "--model", str(folder), "--remote", "--facts", str(facts),
+                         "--all-facts", "--n-forget", "4", "--n-retain", "2"])
     finally:
         torch.set_num_threads(threads)
     assert remote == local and remote["early"]["n_trainable"] > 0
-    facts = _tiny_fact_file(tmp_path, [a + b for a in "ABCD" for b in "xyz"])
-    code = cli.main(["unlearn", "--model", str(folder), "--remote", "--facts", str(facts),
-                     "--all-facts", "--n-forget", "4", "--n-retain", "2"])
     assert code == 2
     err = capsys.readouterr().err
     assert "relearning attack" in err and "--relearn-steps 0" in err and API_KEY not in err
