@@ -40,6 +40,8 @@ __all__ = [
     "LoRAWeights",
     "TrainedLoRA",
     "WeightDeltas",
+    "adamw",
+    "adamw_step",
     "fast_unembed",
     "last_token_states",
     "logits_at",
@@ -56,9 +58,31 @@ PEFT_PREFIX = "base_model.model."
 
 
 def remove_hooks(handles: Sequence[Any]) -> None:
-    """Remove hook handles (every one, even if one fails)."""
+    """Remove the hooks whose handles are given."""
     for h in handles:
         h.remove()
+
+
+def adamw(params: Sequence[torch.Tensor], lr: float, state: dict | None) -> torch.optim.AdamW:
+    """AdamW (no weight decay) over held-apart tensors, resuming ``state`` (its
+    ``state_dict()`` from the previous job) if given."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if state is not None:
+        opt.load_state_dict(state)
+    return opt
+
+
+def adamw_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torch.optim.AdamW,
+               clip: float | None = None) -> None:
+    """One optimiser step on ``params`` only: gradients by `torch.autograd.grad` with
+    respect to them, so the (served, shared) weights are neither written nor given a
+    ``.grad``; ``clip`` clips their total gradient norm first."""
+    grads = torch.autograd.grad(loss, params)
+    for prm, g in zip(params, grads):
+        prm.grad = g
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
 
 
 def module_at(model: Any, name: str) -> Any:
@@ -319,7 +343,6 @@ class TrainedLoRA:
     loss: list[float]
     seconds: list[float]
     cpu: list[float]
-    jobs: int
 
 
 def train_in_jobs(model: Any, lora: LoRAWeights, plan: Callable[[int], tuple], steps: int, *,
@@ -338,7 +361,7 @@ def train_in_jobs(model: Any, lora: LoRAWeights, plan: Callable[[int], tuple], s
                    *range(STEPS_PER_JOB, steps, STEPS_PER_JOB)})
     fast = fast_unembed(model)
     opt_state = None
-    out = TrainedLoRA(lora, [], [], [], 0)
+    out = TrainedLoRA(lora, [], [], [])
     done = 0
     for end in ends:
         chunk = [plan(k) for k in range(done, end)]
@@ -349,7 +372,6 @@ def train_in_jobs(model: Any, lora: LoRAWeights, plan: Callable[[int], tuple], s
         out.loss += res["loss"]
         out.seconds += res["seconds"]
         out.cpu += res["cpu"]
-        out.jobs += 1
         done = end
         if end in checkpoints and on_checkpoint is not None:
             on_checkpoint(end, out.lora)
@@ -364,9 +386,7 @@ def _train_steps(weights: Any, lora: LoRAWeights, opt_state: dict | None, plan: 
     device = weights.hf.device
     lora = lora.to(device).trainable()
     params = lora.parameters()
-    opt = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
-    if opt_state is not None:
-        opt.load_state_dict(opt_state)
+    opt = adamw(params, 0.0, opt_state)  # each step sets its own rate
     losses, seconds, cpu = [], [], []
     handles = lora.hooks(weights)
     try:
@@ -378,17 +398,12 @@ def _train_steps(weights: Any, lora: LoRAWeights, opt_state: dict | None, plan: 
                 logits = logits_at(weights.hf, fast, batch.to(device), rows.to(device),
                                    cols.to(device))
                 loss = torch.nn.functional.cross_entropy(logits.float(), targets.to(device))
-                # the adapters only: the served weights (shared) get no .grad
-                grads = torch.autograd.grad(loss, params)
-                for prm, g in zip(params, grads):
-                    prm.grad = g
-                opt.step()
+                adamw_step(loss, params, opt)
                 losses.append(float(loss.detach()))
                 seconds.append(time.perf_counter() - t0)
                 cpu.append(time.thread_time() - c0)
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     return {"A": {k: v.detach() for k, v in lora.A.items()},
             "B": {k: v.detach() for k, v in lora.B.items()},
             "opt": opt.state_dict(), "loss": losses, "seconds": seconds, "cpu": cpu}

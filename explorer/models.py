@@ -258,9 +258,10 @@ class Model:
     def o_proj(self, layer: int) -> torch.nn.Module:
         return _get_path(self.hf_layer(layer), self.arch.o_proj_path)
 
-    def W_O(self, layer: int) -> torch.Tensor:
-        """Output projection split by head: [head, d_head, d_model]."""
-        w = self.o_proj(layer).weight
+    def W_O(self, layer: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Output projection split by head: [head, d_head, d_model]. ``weight`` splits
+        another tensor laid out as the module's weight (an updated copy) instead."""
+        w = self.o_proj(layer).weight if weight is None else weight
         w = w if self.arch.o_proj_transposed else w.T  # [head*d_head, d_model]
         return w.reshape(self.spec.n_heads, self.spec.d_head, self.spec.d_model)
 

@@ -37,7 +37,7 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
-from explorer.lora import LoRAWeights, fast_unembed, logits_at, train_in_jobs
+from explorer.lora import LoRAWeights, fast_unembed, logits_at, remove_hooks, train_in_jobs
 from explorer.models import Model, cache_dir, wrap_model
 from explorer.trace import provenance, run_on_weights
 
@@ -325,8 +325,7 @@ def _score_answers(weights: Model, hf: Any, chunks: list, fast: bool,
                 nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
                 out.append((logits.argmax(-1) == targets, nll))
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     return out
 
 

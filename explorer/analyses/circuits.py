@@ -50,7 +50,7 @@ from explorer.analyses.circuit_tasks import (
     make_task,
     task_generators,
 )
-from explorer.lora import LoRAWeights
+from explorer.lora import LoRAWeights, remove_hooks
 from explorer.models import Batch, Model
 from explorer.trace import progress_steps, provenance, run_on_weights
 
@@ -266,14 +266,9 @@ class _Adapter:
         # hooks to the modules the forward calls (`lora_hooks`)
         self.lora = lora
         self.merged: set[str] = set()
-        if lora is None:  # W_O: [head, d_head, d_model]
-            self._W_O = [model.W_O(layer) for layer in range(model.n_layers)]
-        else:
-            self._W_O = []
-            for layer in range(model.n_layers):
-                w = self.weight(layer, model.arch.o_proj_path, model.o_proj(layer))
-                w = w if model.arch.o_proj_transposed else w.T  # [head*d_head, d_model]
-                self._W_O.append(w.reshape(self.n_heads, self.d_head, model.spec.d_model))
+        o_path = model.arch.o_proj_path
+        self._W_O = [model.W_O(layer, self.weight(layer, o_path, model.o_proj(layer)))
+                     for layer in range(model.n_layers)]  # [head, d_head, d_model]
         self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]
 
     def weight(self, layer: int, sub: str, module: Any) -> torch.Tensor:
@@ -728,8 +723,7 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
                 corrupt_sum += m_corrupt
                 step(len(rows))
         finally:
-            for h in handles:
-                h.remove()
+            remove_hooks(handles)
     score = (total / n).numpy()
     src = [e[0] for e in graph.edges]
     dst = [e[1] for e in graph.edges]
@@ -791,8 +785,7 @@ def _eap_batch(weights: Model | _Adapter, prep: _Prepared, method: str, steps: i
         try:
             return _eap_batch(ad, prep.to(_weights_device(weights)), method, steps, metric)
         finally:
-            for h in handles:
-                h.remove()
+            remove_hooks(handles)
     ad = weights
     with torch.no_grad():
         corrupt = _forward(ad, prep.corrupt)

@@ -40,7 +40,7 @@ from explorer._checks import (
     check_float,
     check_int,
 )
-from explorer.lora import WeightDeltas
+from explorer.lora import WeightDeltas, adamw, adamw_step, remove_hooks
 from explorer.models import Model, cache_dir
 from explorer.trace import provenance, run_batch, run_on_weights
 
@@ -239,8 +239,7 @@ def _candidate_logits(weights: Model, batches: list, deltas: WeightDeltas,
                 logits = weights.hf(**batch.to(device).model_inputs()).logits[:, -1].float()
                 out.append(logits[:, cols])
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     return torch.cat(out)
 
 
@@ -487,8 +486,7 @@ def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], nois
         with torch.no_grad():
             logits = model.hf(input_ids=ids[None].expand(R, -1)).logits[:, -1].float()
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     return torch.softmax(logits, -1)[:, target]
 
 
@@ -640,8 +638,7 @@ def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise:
             p = torch.softmax(logits, -1)[target]
             grads = torch.autograd.grad(p, acts)  # each [1, pos, d_model]
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     scores = torch.zeros(L, dtype=torch.float64)
     for x in range(L):
         delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
@@ -748,6 +745,10 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     names = set(parameters)
     if not names:
         raise InputError("`parameters` must name at least one parameter to train.")
+    bad = sorted(names - {n for n, _ in (model.hf if hf is None else hf).named_parameters()})
+    if bad:
+        raise InputError(f"unknown parameter name {bad[0]!r}; names come from "
+                         "`component_parameters`.")
     if hf is None and model.remote:
         return _finetune_by_deltas(model, forget, retain, sorted(names), objective=objective,
                                    steps=steps, lr=lr, retain_weight=retain_weight, clip=clip,
@@ -756,37 +757,19 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
         with model.lock:
             hf = copy.deepcopy(model.hf)
     known = dict(hf.named_parameters())
-    bad = sorted(names - set(known))
-    if bad:
-        raise InputError(f"unknown parameter name {bad[0]!r}; names come from "
-                         "`component_parameters`.")
     for n, p in known.items():
         p.requires_grad_(n in names)
     trainable = [known[n] for n in sorted(names)]
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
-    f_targets = [f.attribute for f in forget] if objective == "unlearn" else _edit_targets(forget)
-    # forget and retain prompts share one forward: [forget..., retain...]
-    batch, ids = _answer_batch(model, forget + retain, f_targets + [f.attribute for f in retain])
-    nf = len(forget)
-    rows = torch.arange(len(forget) + len(retain))
-    cand = torch.tensor(attribute_token_ids(model, forget[0].attributes))
-    f_pos = torch.tensor([f.attributes.index(f.attribute) for f in forget])
+    data = _training_batch(model, forget, retain, objective)
     losses = []
     hf.train(False)
     with torch.enable_grad():
         for step in range(steps):
             if should_stop is not None and should_stop():
                 raise UnlearningCancelled(f"training stopped after {step} of {steps} steps.")
-            logits = hf(**batch.model_inputs()).logits[:, -1].float()  # [fact, vocab]
-            lp = torch.log_softmax(logits, -1)[rows, ids]                 # [fact]
-            if objective == "unlearn":
-                # p(answer) among the attributes, the quantity the accuracy reads
-                pc = torch.softmax(logits[:nf][:, cand], -1)[torch.arange(nf), f_pos]
-                loss = -torch.log1p(-pc.clamp(max=1 - 1e-6)).mean()
-            else:
-                loss = -lp[:nf].mean()
-            if retain and retain_weight > 0:
-                loss = loss - retain_weight * lp[nf:].mean()
+            logits = hf(**data["batch"].model_inputs()).logits[:, -1].float()  # [fact, vocab]
+            loss = _unlearning_loss(logits, data, objective, retain_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, clip)
@@ -799,6 +782,38 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
     return hf, losses
 
 
+def _training_batch(model: Model, forget: list[AttributeFact], retain: list[AttributeFact],
+                    objective: str) -> dict[str, Any]:
+    """What every training step scores: the forget and retain prompts in one batch
+    ([forget..., retain...], trained format), each row's target token, the attributes'
+    tokens and each forget fact's answer among them."""
+    f_targets = [f.attribute for f in forget] if objective == "unlearn" else _edit_targets(forget)
+    batch, ids = _answer_batch(model, forget + retain, f_targets + [f.attribute for f in retain])
+    return {"batch": batch, "ids": ids,
+            "cand": torch.tensor(attribute_token_ids(model, forget[0].attributes)),
+            "f_pos": torch.tensor([f.attributes.index(f.attribute) for f in forget]),
+            "nf": len(forget), "n_retain": len(retain)}
+
+
+def _unlearning_loss(logits: torch.Tensor, data: dict[str, Any], objective: str,
+                     retain_weight: float) -> torch.Tensor:
+    """L_forget + retain_weight * CE(retain answers) from the last-position logits
+    [fact, vocab] of `_training_batch`'s prompts (see `localized_finetune`)."""
+    device = logits.device
+    nf, ids = data["nf"], data["ids"].to(device)
+    lp = torch.log_softmax(logits, -1)[torch.arange(len(ids), device=device), ids]  # [fact]
+    if objective == "unlearn":
+        # p(answer) among the attributes, the quantity the accuracy reads
+        pc = torch.softmax(logits[:nf][:, data["cand"].to(device)], -1)[
+            torch.arange(nf, device=device), data["f_pos"].to(device)]
+        loss = -torch.log1p(-pc.clamp(max=1 - 1e-6)).mean()
+    else:
+        loss = -lp[:nf].mean()
+    if data["n_retain"] and retain_weight > 0:
+        loss = loss - retain_weight * lp[nf:].mean()
+    return loss
+
+
 def _finetune_by_deltas(model: Model, forget: list[AttributeFact], retain: list[AttributeFact],
                         names: list[str], *, objective: str, steps: int, lr: float,
                         retain_weight: float, clip: float, progress: Progress,
@@ -807,19 +822,9 @@ def _finetune_by_deltas(model: Model, forget: list[AttributeFact], retain: list[
     weights are."""
     from explorer import lora as lora_jobs
 
-    known = {n for n, _ in model.hf.named_parameters()}
-    bad = sorted(set(names) - known)
-    if bad:
-        raise InputError(f"unknown parameter name {bad[0]!r}; names come from "
-                         "`component_parameters`.")
     deltas = WeightDeltas.zeros(model, names)
-    f_targets = [f.attribute for f in forget] if objective == "unlearn" else _edit_targets(forget)
-    batch, ids = _answer_batch(model, forget + retain, f_targets + [f.attribute for f in retain])
-    cand = torch.tensor(attribute_token_ids(model, forget[0].attributes))
-    f_pos = torch.tensor([f.attributes.index(f.attribute) for f in forget])
-    setup = {"batch": batch, "ids": ids, "cand": cand, "f_pos": f_pos, "nf": len(forget),
-             "retain": bool(retain), "objective": objective, "retain_weight": retain_weight,
-             "clip": clip, "lr": lr}
+    setup = {"data": _training_batch(model, forget, retain, objective), "objective": objective,
+             "retain_weight": retain_weight, "clip": clip, "lr": lr}
     losses: list[float] = []
     opt_state = None
     done = 0
@@ -847,37 +852,20 @@ def _delta_steps(weights: Model, deltas: WeightDeltas, opt_state: dict | None,
     device = weights.hf.device
     deltas = deltas.to(device).trainable()
     params = deltas.parameters()
-    opt = torch.optim.AdamW(params, lr=setup["lr"], weight_decay=0.0)
-    if opt_state is not None:
-        opt.load_state_dict(opt_state)
-    batch = setup["batch"].to(device)
-    ids, cand, f_pos = (setup[k].to(device) for k in ("ids", "cand", "f_pos"))
-    nf = setup["nf"]
-    rows = torch.arange(len(ids), device=device)
+    opt = adamw(params, setup["lr"], opt_state)
+    data = setup["data"]
+    batch = data["batch"].to(device)
     losses = []
     handles = deltas.hooks(weights)
     try:
         with torch.enable_grad():
             for _ in range(n_steps):
                 logits = weights.hf(**batch.model_inputs()).logits[:, -1].float()
-                lp = torch.log_softmax(logits, -1)[rows, ids]
-                if setup["objective"] == "unlearn":
-                    pc = torch.softmax(logits[:nf][:, cand], -1)[torch.arange(nf, device=device),
-                                                                 f_pos]
-                    loss = -torch.log1p(-pc.clamp(max=1 - 1e-6)).mean()
-                else:
-                    loss = -lp[:nf].mean()
-                if setup["retain"] and setup["retain_weight"] > 0:
-                    loss = loss - setup["retain_weight"] * lp[nf:].mean()
-                grads = torch.autograd.grad(loss, params)
-                for prm, g in zip(params, grads):
-                    prm.grad = g
-                torch.nn.utils.clip_grad_norm_(params, setup["clip"])
-                opt.step()
+                loss = _unlearning_loss(logits, data, setup["objective"], setup["retain_weight"])
+                adamw_step(loss, params, opt, clip=setup["clip"])
                 losses.append(float(loss.detach()))
     finally:
-        for h in handles:
-            h.remove()
+        remove_hooks(handles)
     return {"deltas": {k: v.detach() for k, v in deltas.deltas.items()},
             "opt": opt.state_dict(), "loss": losses}
 
