@@ -69,7 +69,13 @@ def export_responses_csv(run: Any, path: str | Path | None = None) -> str:
 
 
 def hygiene_checklist(run: Any) -> list[tuple[str, bool, str]]:
-    """The criteria Pičulin et al. (2025) code user studies by, answered for this run.
+    """The criteria Pičulin et al. (2025) code user studies by, each computed for this run.
+
+    Every item is read from the study file and the run folder, so a study that lacks one is
+    told (with what is missing in the note). The criteria are the paper's coding columns:
+    baseline, placebo, attention check, data-quality check, reproducibility, pre-registration,
+    questionnaire validation, pre-testing, limitations, and an objective (not self-reported)
+    task.
 
     Returns
     -------
@@ -78,17 +84,75 @@ def hygiene_checklist(run: Any) -> list[tuple[str, bool, str]]:
     study = run.study
     kinds = {c.kind for c in study.conditions}
     placebos = sorted({c.placebo for c in study.conditions if c.placebo})
-    return [
-        ("Baseline condition", "baseline" in kinds, "no explanation shown" if "baseline" in kinds else ""),
-        ("Placebo explanation", "placebo" in kinds, ", ".join(placebos)),
-        ("Attention check", study.task.attention_checks > 0,
-         f"{study.task.attention_checks} per participant" if study.task.attention_checks else ""),
-        ("Pre-registered hypotheses and analysis", True,
-         f"in the study file, sha256 {study.sha256[:16]}"),
-        ("Reproducible", True, "study file, items, seeds and versions stored with the run"),
-        ("Objective task (not self-reported trust)", True, "accuracy against the model's behaviour"),
-        ("Limitations stated", True, "below"),
+    checks = study.task.attention_checks
+    rows = [
+        ("Baseline condition", "baseline" in kinds,
+         "no explanation shown" if "baseline" in kinds else "no condition of kind 'baseline'"),
+        ("Placebo explanation", "placebo" in kinds,
+         ", ".join(placebos) if placebos else "no condition of kind 'placebo'"),
+        ("Attention check", checks > 0,
+         f"{checks} per participant" if checks else "task.attention_checks is 0"),
     ]
+    quality = checks > 0 and study.analysis.exclude_failed_attention
+    rows.append(("Data-quality check", quality,
+                 "participants who fail an attention check are excluded from the analysis"
+                 if quality else "no exclusion rule: set task.attention_checks > 0 with "
+                 "analysis.exclude_failed_attention"))
+    rows.append(_preregistration(run))
+    rows.append(_reproducibility(run))
+    objective = all("answer" in it for it in run.items.values() if not it["attention_check"])
+    rows.append(("Objective task (not self-reported trust)", objective,
+                 "accuracy against the model's own behaviour (an answer key per item)"
+                 if objective else "some items have no answer key"))
+    rows.append(("Questionnaire validated", bool(study.questionnaire_validation),
+                 study.questionnaire_validation or
+                 f"the {study.task.confidence_levels}-level confidence rating is not validated "
+                 "(name its source in questionnaire_validation)"))
+    rows.append(("Pre-tested", bool(study.pretest),
+                 study.pretest or "no pilot stated (describe it in pretest)"))
+    rows.append(("Limitations stated", bool(study.limitations),
+                 f"{len(study.limitations)} in the study file, listed below" if study.limitations
+                 else "the study file lists none (the report adds only those the run shows)"))
+    return rows
+
+
+def _preregistration(run: Any) -> tuple[str, bool, str]:
+    """Hypotheses and analysis fixed in the study file, whose hash the run holds, before any
+    response (the run folder refuses a study file edited after preparation)."""
+    study = run.study
+    missing = []
+    if not study.hypotheses:
+        missing.append("no hypotheses")
+    if not study.analysis_in_file:
+        missing.append("no analysis section (defaults only)")
+    created = dt.datetime.fromisoformat(run.info["created"]).timestamp()
+    early = [r for r in run.store.responses() if r["shown_at"] < created - 1.0]
+    if early:
+        missing.append(f"{len(early)} responses recorded before the run was prepared")
+    if missing:
+        return ("Pre-registered hypotheses and analysis", False, "; ".join(missing))
+    return ("Pre-registered hypotheses and analysis", True,
+            f"{len(study.hypotheses)} hypotheses and the analysis in the study file, "
+            f"sha256 {study.sha256[:16]}, fixed at {run.info['created']}")
+
+
+def _reproducibility(run: Any) -> tuple[str, bool, str]:
+    """What another lab needs to rebuild the run: the study file, items, seeds, versions,
+    and the model's weights identified."""
+    info = run.info
+    missing = [what for what, ok in (
+        ("study file copy", any(run.folder.glob("study.*"))),
+        ("items with answers and explanations",
+         bool(run.items) and all("answer" in it and "explanations" in it
+                                 for it in run.items.values())),
+        ("seeds", bool(info.get("seeds"))),
+        ("software versions", bool(info.get("versions"))),
+        ("model weights id", bool(info.get("model", {}).get("weights"))),
+    ) if not ok]
+    if missing:
+        return ("Reproducible", False, "missing: " + ", ".join(missing))
+    return ("Reproducible", True, "study file, items, seeds, versions and the model's weights id "
+            f"({info['model']['weights'][:16]}) stored with the run")
 
 
 def _limitations(run: Any, ds: xr.Dataset) -> list[str]:

@@ -157,6 +157,9 @@ class Study:
     model: str = "smollm2-135m"
     description: str = ""
     limitations: tuple[str, ...] = ()
+    pretest: str = ""                    # how the study was pre-tested (a pilot), if it was
+    questionnaire_validation: str = ""   # the validation source of the rating scales, if any
+    analysis_in_file: bool = False       # the file states its analysis (not only defaults)
     source: str = "<dict>"
     sha256: str = ""
     text: str = field(default="", repr=False)
@@ -339,7 +342,8 @@ def _kind(value: Any) -> str:
 _TOP = {"name": True, "title": True, "description": False, "model": False, "seed": True,
         "design": False, "participants": True, "task": True, "items": True,
         "explanation": True, "conditions": True, "hypotheses": True, "analysis": False,
-        "consent": True, "instructions": True, "limitations": False}
+        "consent": True, "instructions": True, "limitations": False, "pretest": False,
+        "questionnaire_validation": False}
 
 
 def study_from_dict(data: Any, *, source: str = "<dict>", base_dir: str | Path | None = None,
@@ -441,7 +445,10 @@ def study_from_dict(data: Any, *, source: str = "<dict>", base_dir: str | Path |
                  hypotheses=tuple(hypotheses), analysis=analysis,
                  consent=top.string("consent"), instructions=top.string("instructions"),
                  design=design, model=model, description=top.string("description", ""),
-                 limitations=tuple(limitations), source=source, sha256=sha256, text=text)
+                 limitations=tuple(limitations), pretest=top.string("pretest", ""),
+                 questionnaire_validation=top.string("questionnaire_validation", ""),
+                 analysis_in_file=bool(data.get("analysis")),
+                 source=source, sha256=sha256, text=text)
 
 
 def _read_items(where: str, value: Any, base_dir: str | Path | None) -> list[str]:
