@@ -8,6 +8,8 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
     python benchmarks/icl_heads_evidence.py --stages bench,induction
     python benchmarks/icl_heads_evidence.py --stages fv --fv-tasks antonym      # one task a run
     python benchmarks/icl_heads_evidence.py --stages overlap,ablation
+    python benchmarks/icl_heads_evidence.py --stages ablation-means --eval-prompts 16
+        # the same curves with each mean source (cross-task, per-task), with bootstrap intervals
     python benchmarks/icl_heads_evidence.py --stages fvacc,td
     python benchmarks/icl_heads_evidence.py --stages lora
     explorer icl-finetune --tasks choose-first-of-3,choose-middle-of-3,choose-last-of-3,\
@@ -140,6 +142,7 @@ def main() -> None:
     ap.add_argument("--td-tasks", default=",".join(TD_TASKS))
     ap.add_argument("--percents", default="0,1,3,5,10,20")
     ap.add_argument("--lora-steps", type=int, default=30)
+    ap.add_argument("--mean-sources", default="cross-task,per-task")
     args = ap.parse_args()
     import torch
 
@@ -222,6 +225,30 @@ def main() -> None:
                for var in ("mean_accuracy", "mean_answer_prob", "token_loss_difference")},
             "seconds": time.perf_counter() - t0}
         save()
+    if "ablation-means" in stages:
+        # The paper's ablation value is one mean per head over the FV-scoring tasks
+        # (cross-task); per-task replays the evaluated task's own mean. Same prompts, rankings
+        # and percents for both, with a bootstrap interval over prompts.
+        a = np.array(summary["induction"]["induction_score"])
+        b = np.array(summary["overlap"]["fv_score"])
+        fv_pool = summary["overlap"]["fv_tasks"]
+        out = summary.setdefault("ablation_by_mean_source", {})
+        for source in args.mean_sources.split(","):
+            t0 = time.perf_counter()
+            cur = ih.ablation_curves(model, eval_tasks, a, b, percents=percents,
+                                     n_prompts=args.eval_prompts, n_shots=5, loss_sequences=4,
+                                     loss_tokens=128, exclude_fraction=0.05,
+                                     mean_source=source, mean_tasks=fv_pool, n_boot=2000)
+            out[source] = {
+                "tasks": eval_tasks, "mean_tasks": fv_pool if source == "cross-task" else None,
+                "percents": cur.percent.values.tolist(), "n_prompts": args.eval_prompts,
+                "n_shots": 5, "exclude_fraction": 0.05, "n_boot": 2000,
+                **{var: {r: cur[var].sel(ranking=r).values.round(4).tolist()
+                         for r in cur.ranking.values.tolist()}
+                   for var in ("mean_accuracy", "mean_accuracy_low", "mean_accuracy_high",
+                               "mean_answer_prob")},
+                "seconds": time.perf_counter() - t0}
+            save()
     if "fvacc" in stages:
         b = np.array(summary["overlap"]["fv_score"])
         t0 = time.perf_counter()

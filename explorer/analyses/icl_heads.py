@@ -54,6 +54,8 @@ __all__ = [
     "few_shot_accuracy",
     "token_loss_difference",
     "ablation_curves",
+    "MEAN_SOURCES",
+    "cross_task_mean_z",
     "register_cli",
     "bench_icl_heads",
 ]
@@ -582,12 +584,57 @@ def few_shot_accuracy(model: Any, prompts: Sequence[str], answers: Sequence[str]
 def _accuracy_and_answer_prob(model: Any, prompts: Sequence[str], answers: Sequence[str],
                               edits=()) -> tuple[float, float]:
     """Argmax accuracy and mean probability of the answer's first token, one batched run."""
+    correct, prob = _correct_and_answer_prob(model, prompts, answers, edits)
+    return float(correct.mean()), float(prob.mean())
+
+
+def _correct_and_answer_prob(model: Any, prompts: Sequence[str], answers: Sequence[str],
+                             edits=()) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt: whether the argmax next token is the answer's first token, and its probability."""
     batch = model.tokenize(list(prompts))
     probs = _last_probs(model, batch, edits)                     # [prompt, vocab]
     target = torch.tensor(answer_token_ids(model, answers))
     rows = torch.arange(len(target))
-    return (float((probs.argmax(-1) == target).float().mean()),
-            float(probs[rows, target].mean()))
+    return ((probs.argmax(-1) == target).numpy().astype(float),
+            probs[rows, target].float().numpy())
+
+
+#: Where a mean-ablated head's replacement comes from (`ablation_curves`' ``mean_source``).
+MEAN_SOURCES = ("cross-task", "per-task", "zero")
+
+
+def cross_task_mean_z(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
+                      n_shots: int = 5, seed: int = 0) -> np.ndarray:
+    """Every head's last-token output averaged over the per-task means of ``tasks``.
+
+    This is the ablation value of Yin & Steinhardt (2025): one mean per head, the average
+    of the task means ā^t over the tasks the FV scores come from (their
+    ``mean_head_activations.pt``), so that ablating a head removes what it carries for
+    the evaluated task instead of replaying that task's own mean. Returns [layer, head, d_head].
+    """
+    tasks = [_task(t) for t in tasks]
+    if not tasks:
+        raise InputError("`mean_tasks` must name at least one task.")
+    means = [task_mean_z(model, icl_prompts(t, n_prompts=n_prompts, n_shots=n_shots,
+                                            seed=seed)[0]) for t in tasks]
+    return np.mean(means, axis=0)
+
+
+def _bootstrap_mean_accuracy(correct: np.ndarray, *, n_boot: int, level: float,
+                             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of the task-averaged accuracy, resampling prompts within each task.
+
+    ``correct`` is [ranking, percent, task, prompt]; the same resampled prompts are used for
+    every (ranking, percent), so differences between curves are paired.
+    """
+    rng = np.random.default_rng(seed)
+    n_prompt = correct.shape[-1]
+    idx = rng.integers(0, n_prompt, size=(n_boot, correct.shape[2], n_prompt))  # [boot, task, prompt]
+    tasks = np.arange(correct.shape[2])[None, :, None]
+    # [ranking, percent, boot, task, prompt] -> mean over prompts, then tasks
+    resampled = correct[:, :, tasks, idx].mean(-1).mean(-1)
+    tail = (1.0 - level) / 2.0
+    return np.quantile(resampled, tail, axis=-1), np.quantile(resampled, 1.0 - tail, axis=-1)
 
 
 def _corpus_ids(model: Any, n_sequences: int, n_tokens: int) -> list[list[int]]:
@@ -625,22 +672,37 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
                     fv: np.ndarray, *, percents: Sequence[float] = (0, 1, 3, 5, 10, 20),
                     exclude_fraction: float = 0.02, n_prompts: int = 8, n_shots: int = 5,
                     loss_sequences: int = 4, loss_tokens: int = 96, seed: int = 0,
-                    rankings: Sequence[str] = RANKINGS, progress: Any = None) -> xr.Dataset:
+                    rankings: Sequence[str] = RANKINGS, mean_source: str = "cross-task",
+                    mean_tasks: Sequence[ICLTask | str] | None = None, n_boot: int = 1000,
+                    confidence_level: float = 0.95, progress: Any = None) -> xr.Dataset:
     """Few-shot accuracy and token-loss difference with the top p% heads mean-ablated.
 
     Rankings (Yin & Steinhardt 2025): by FV score, by induction score, each after removing
     the other score's top ``exclude_fraction`` heads, and a random ranking (seeded). For
-    the ICL accuracy a head's last-token output is replaced by its task mean over separate
-    clean prompts; for the token-loss difference (on the shipped corpus) by its mean over
-    the run's own tokens, at every position. ``rankings`` picks a subset of `RANKINGS`;
-    the 0% point (nothing ablated) is run once and shared by every ranking.
+    the ICL accuracy a head's last-token output is replaced according to ``mean_source``:
+
+    - ``"cross-task"`` (the paper's ablation, default): one mean per head, the average of
+      the per-task means over ``mean_tasks`` (default: every shipped task), from separate
+      clean prompts (`cross_task_mean_z`);
+    - ``"per-task"``: the mean over clean prompts of the task being evaluated. A
+      function-vector head's task mean is its contribution to the function vector, so this
+      ablation keeps much of what the paper removes;
+    - ``"zero"``: zero.
+
+    For the token-loss difference (on the shipped corpus) a head is replaced by its mean
+    over the run's own tokens, at every position. ``rankings`` picks a subset of
+    `RANKINGS`; the 0% point (nothing ablated) is run once and shared by every ranking.
+    The interval on ``mean_accuracy`` is a percentile bootstrap over prompts (resampled
+    within each task, ``n_boot`` draws, paired across rankings and percents).
 
     Returns
     -------
     xr.Dataset: ``accuracy`` and ``answer_prob`` (ranking, percent, task: argmax accuracy
     and mean probability of the answer's first token), ``mean_accuracy`` and
-    ``mean_answer_prob`` (ranking, percent), ``token_loss_difference`` (ranking, percent),
-    ``ablated`` (ranking, percent): JSON list of the ablated (layer, head).
+    ``mean_answer_prob`` (ranking, percent), ``mean_accuracy_low`` / ``mean_accuracy_high``
+    (ranking, percent: the bootstrap interval), ``correct`` (ranking, percent, task,
+    prompt: 0/1 per prompt), ``token_loss_difference`` (ranking, percent), ``ablated``
+    (ranking, percent): JSON list of the ablated (layer, head).
     """
     tasks = [_task(t) for t in tasks]
     induction, fv = np.asarray(induction, float), np.asarray(fv, float)
@@ -653,6 +715,9 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
         raise InputError(f"`rankings` must be a non-empty list of {list(RANKINGS)}; "
                          f"got {rankings!r}.")
     names = [check_choice("ranking", r, RANKINGS) for r in rankings]
+    mean_source = check_choice("mean_source", mean_source, MEAN_SOURCES)
+    n_boot = check_int("n_boot", n_boot, low=10)
+    confidence_level = check_float("confidence_level", confidence_level, low=0.5, high=0.999)
     rng = np.random.default_rng(seed)
     random_score = rng.random(induction.shape)
     excl_ind = top_heads(induction, exclude_fraction)
@@ -661,14 +726,24 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
              "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
              "random": (random_score, ())}
     rankings = {r: every[r] for r in names}
+    if mean_source == "cross-task":
+        pool = icl_task_names() if mean_tasks is None else list(mean_tasks)
+        shared = cross_task_mean_z(model, pool, n_prompts=n_prompts, n_shots=n_shots,
+                                   seed=seed + 2)
+    elif mean_source == "zero":
+        shared = np.zeros((spec.n_layers, spec.n_heads, spec.d_head))
     evals = []
     for task in tasks:
         prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
-        means_from, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 2)
-        evals.append((prompts, answers, task_mean_z(model, means_from)))
+        if mean_source == "per-task":
+            means_from, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 2)
+            evals.append((prompts, answers, task_mean_z(model, means_from)))
+        else:
+            evals.append((prompts, answers, shared))
     loss_ids = _corpus_ids(model, loss_sequences, loss_tokens)
     acc = np.zeros((len(rankings), len(percents), len(tasks)))
     prob = np.zeros_like(acc)
+    correct = np.zeros((len(rankings), len(percents), len(tasks), n_prompts))
     tld = np.zeros((len(rankings), len(percents)))
     ablated = np.empty((len(rankings), len(percents)), dtype=object)
     unablated: dict[Any, Any] = {}   # the 0% point, shared by every ranking
@@ -679,11 +754,13 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
             ablated[r, j] = json.dumps(heads)
             for t, (prompts, answers, mz) in enumerate(evals):
                 if heads or t not in unablated:
-                    result = _accuracy_and_answer_prob(model, prompts, answers,
-                                                       ablation_edits(heads, mz))
+                    result = _correct_and_answer_prob(model, prompts, answers,
+                                                      ablation_edits(heads, mz))
                     if not heads:
                         unablated[t] = result
-                acc[r, j, t], prob[r, j, t] = result if heads else unablated[t]
+                hits, probs = result if heads else unablated[t]
+                correct[r, j, t] = hits
+                acc[r, j, t], prob[r, j, t] = hits.mean(), probs.mean()
                 done += 1
                 if callable(progress):
                     progress(done, total)
@@ -693,9 +770,14 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
                 if not heads:
                     unablated["loss"] = value
             tld[r, j] = value if heads else unablated["loss"]
+    low, high = _bootstrap_mean_accuracy(correct, n_boot=n_boot, level=confidence_level,
+                                         seed=seed)
     return xr.Dataset(
         {"accuracy": (("ranking", "percent", "task"), acc),
          "mean_accuracy": (("ranking", "percent"), acc.mean(-1)),
+         "mean_accuracy_low": (("ranking", "percent"), low),
+         "mean_accuracy_high": (("ranking", "percent"), high),
+         "correct": (("ranking", "percent", "task", "prompt"), correct),
          "answer_prob": (("ranking", "percent", "task"), prob),
          "mean_answer_prob": (("ranking", "percent"), prob.mean(-1)),
          "token_loss_difference": (("ranking", "percent"), tld),
@@ -705,7 +787,10 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
                          exclude_fraction=exclude_fraction, n_prompts=n_prompts,
                          n_shots=n_shots, loss_sequences=loss_sequences,
                          loss_tokens=loss_tokens, seed=seed, rankings=names,
-                         citation=CITATION))
+                         mean_source=mean_source,
+                         mean_tasks=None if mean_source != "cross-task" else
+                         [_task(t).name for t in pool], n_boot=n_boot,
+                         confidence_level=confidence_level, citation=CITATION))
 
 
 # -- CLI and bench -------------------------------------------------------------------------
