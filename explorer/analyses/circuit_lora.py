@@ -58,6 +58,9 @@ __all__ = [
     "read_checkpoint",
     "answer_accuracy",
     "checkpoint_circuits",
+    "layer_change_noise_floor",
+    "CHECKPOINT_METHOD",
+    "CHECKPOINT_METRIC",
     "jaccard",
     "circuit_similarity",
     "node_layer",
@@ -589,16 +592,40 @@ def load_checkpoint(model: Model, folder: str | Path, step: int) -> Model:
 
 # -- circuits per checkpoint, similarity, edge change ----------------------------------------
 
+#: The edge method and metric Wang et al. score fine-tuning checkpoints with (EAP-IG on KL).
+CHECKPOINT_METHOD, CHECKPOINT_METRIC = "eap-ig", "kl"
+
+
+def _default_metric(method: str) -> str:
+    return CHECKPOINT_METRIC if method == "eap-ig" else "logit_diff"
+
+
+def _circuit_of(model: Model, task: Any, *, method: str, metric: str, ig_steps: int,
+                top_percent: float, batch_size: int, lora: Any = None) -> tuple[Any, Any]:
+    """Edge scores of ``task`` and the circuit: the top ``top_percent`` % by |score|, pruned."""
+    from explorer.analyses import circuits as ca
+
+    s = ca.edge_scores(model, task, method=method, steps=ig_steps, metric=metric,
+                       batch_size=batch_size, lora=lora)
+    top_n = max(1, int(round(top_percent / 100 * s.sizes["edge"])))
+    return s["score"], ca.select_circuit(s, top_n=top_n)
+
+
 def checkpoint_circuits(model: Model, folder: str | Path, task: Any, *,
-                        steps: Sequence[int] | None = None, method: str = "eap",
-                        top_percent: float = 5.0, metric: str = "logit_diff",
-                        batch_size: int = 16, progress: Progress = None) -> xr.Dataset:
+                        steps: Sequence[int] | None = None, method: str = CHECKPOINT_METHOD,
+                        top_percent: float = 5.0, metric: str | None = None,
+                        ig_steps: int = 5, batch_size: int = 16,
+                        progress: Progress = None) -> xr.Dataset:
     """Edge scores and the circuit of each saved checkpoint of a run.
 
     Uses `explorer.analyses.circuits.edge_scores` and `select_circuit` on the model with
     each checkpoint's adapter merged (`load_checkpoint`); a remote model is scored on the
     server with the adapters applied there (`read_checkpoint`, ``lora=``). The circuit is the top
     ``top_percent`` % of edges by |score| (the paper: 5 %), pruned to input -> logits paths.
+    The default scoring is the paper's, EAP-IG (``ig_steps`` interpolation steps) on the KL
+    divergence from the clean run; ``method="eap"`` is the cheaper first-order alternative
+    (one backward per batch instead of ``ig_steps``). ``metric`` None means KL for EAP-IG
+    and the logit difference for EAP (whose gradient of KL at the clean run is zero).
 
     Returns
     -------
@@ -606,33 +633,74 @@ def checkpoint_circuits(model: Model, folder: str | Path, task: Any, *,
         ``score`` (checkpoint, edge) and ``in_circuit`` (checkpoint, edge), with the edge
         coordinates of `edge_scores` (``src``, ``dst``, ``src_layer``, ``dst_layer``).
     """
-    from explorer.analyses import circuits as ca
-
     top_percent = check_float("top_percent", top_percent, low=0.0, high=100.0)
+    metric = _default_metric(method) if metric is None else metric
     steps = checkpoint_steps(folder) if steps is None else list(steps)
     if not steps:
         raise InputError(f"run {str(folder)!r} has no checkpoints.")
+    opts = dict(method=method, metric=metric, ig_steps=ig_steps, top_percent=top_percent,
+                batch_size=batch_size)
     scores, circuits = [], []
     for i, step in enumerate(steps):
         if model.remote:  # the adapters go with each job; the served weights stay as they are
-            s = ca.edge_scores(model, task, method=method, metric=metric, batch_size=batch_size,
-                               lora=read_checkpoint(model, folder, step))
+            score, circuit = _circuit_of(model, task, lora=read_checkpoint(model, folder, step),
+                                         **opts)
         else:
             m = load_checkpoint(model, folder, step)
-            s = ca.edge_scores(m, task, method=method, metric=metric, batch_size=batch_size)
+            score, circuit = _circuit_of(m, task, **opts)
             del m
-        scores.append(s["score"])
-        top_n = max(1, int(round(top_percent / 100 * s.sizes["edge"])))
-        circuits.append(ca.select_circuit(s, top_n=top_n))
+        scores.append(score)
+        circuits.append(circuit)
         if progress is not None:
             progress(i + 1, len(steps))
     ds = xr.Dataset({"score": xr.concat(scores, "checkpoint"),
                      "in_circuit": xr.concat(circuits, "checkpoint")})
     ds = ds.assign_coords(checkpoint=np.array(steps))
     ds.attrs = {**provenance(model, method="checkpoint-circuits", edge_method=method,
-                             top_percent=top_percent, metric=metric, task=getattr(task, "name", "")),
+                             top_percent=top_percent, metric=metric, ig_steps=ig_steps,
+                             task=getattr(task, "name", "")),
                 "folder": str(folder), "citation": CITATION}
     return ds
+
+
+def layer_change_noise_floor(model: Model, tasks: Sequence[Any], *,
+                             method: str = CHECKPOINT_METHOD, metric: str | None = None,
+                             ig_steps: int = 5, top_percent: float = 5.0,
+                             batch_size: int = 16) -> xr.Dataset:
+    """The per-layer edge change D_l that prompt sampling alone gives, on one set of weights.
+
+    Each of ``tasks`` is the same task on a different sample of prompts (e.g.
+    ``make_task(name, n, seed=s)`` for several seeds). Their circuits are computed on
+    ``model`` as `checkpoint_circuits` computes a checkpoint's, and D_l
+    (`layer_edge_change`) is taken between every pair: a per-layer change between two
+    checkpoints that is not above this floor cannot be told from prompt resampling.
+
+    Returns
+    -------
+    xr.Dataset
+        ``edge_change`` (pair, layer), ``noise_mean`` and ``noise_max`` (layer); the pair
+        coordinate names the two samples (``"0-1"``).
+    """
+    if len(tasks) < 2:
+        raise InputError(f"`tasks` must hold at least 2 prompt samples; got {len(tasks)}.")
+    top_percent = check_float("top_percent", top_percent, low=0.0, high=100.0)
+    metric = _default_metric(method) if metric is None else metric
+    opts = dict(method=method, metric=metric, ig_steps=ig_steps, top_percent=top_percent,
+                batch_size=batch_size)
+    samples = []
+    for task in tasks:
+        score, circuit = _circuit_of(model, task, **opts)
+        samples.append(xr.Dataset({"score": score, "in_circuit": circuit}))
+    pairs = [(i, j) for i in range(len(samples)) for j in range(i + 1, len(samples))]
+    change = np.stack([layer_edge_change(samples[i], samples[j], n_layers=model.n_layers)
+                       ["edge_change"].values for i, j in pairs])          # [pair, layer]
+    return xr.Dataset(
+        {"edge_change": (("pair", "layer"), change),
+         "noise_mean": ("layer", change.mean(0)), "noise_max": ("layer", change.max(0))},
+        coords={"pair": [f"{i}-{j}" for i, j in pairs], "layer": np.arange(model.n_layers)},
+        attrs={**provenance(model, method="layer-change-noise-floor", edge_method=method,
+                            metric=metric, ig_steps=ig_steps, top_percent=top_percent,
+                            n_samples=len(tasks)), "citation": CITATION})
 
 
 def jaccard(a: Iterable[Any], b: Iterable[Any]) -> float:
@@ -878,7 +946,8 @@ def _cmd_ranks(args: Any) -> int:
 def run_summary(model: Model, *, task: str = "add", n_train: int = 256, n_test: int = 100,
                 n_circuit: int = 16, steps: int = 20, batch_size: int = 8, lr: float = 1e-3,
                 probe_rank: int = 2, rank: int = 4, r_other: int = 2, k: int = 5,
-                top_percent: float = 5.0, method: str = "eap", seeds: Sequence[int] = (0, 1, 2),
+                top_percent: float = 5.0, method: str = CHECKPOINT_METHOD,
+                seeds: Sequence[int] = (0, 1, 2),
                 n_checkpoints: int = 3, folder: str | Path | None = None,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The whole study: a cheap LoRA with checkpoints, circuits per checkpoint, node/edge
