@@ -1,0 +1,91 @@
+"""The layering rules of DESIGN.md, checked by import-linter and by a scan for dynamic imports.
+
+apps -> commands / bench -> analyses -> core: the core imports no UI library and no analysis,
+analyses import neither apps nor the command layer, nothing under explorer/ imports apps
+statically, and only the command layer (explorer/cli.py, explorer/commands/) loads apps with
+``importlib`` (`explorer serve`, the page benches).
+"""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Files allowed to load a module of apps/ with importlib: the command layer only.
+# explorer/studies/cli.py is the study subcommand, which moves to the command layer with the
+# other analyses' subcommands.
+DYNAMIC_APP_IMPORTS_ALLOWED = ("explorer/cli.py", "explorer/commands/", "explorer/studies/cli.py")
+
+
+def _lint_imports() -> str:
+    exe = Path(sys.executable).with_name("lint-imports")
+    exe = str(exe) if exe.exists() else shutil.which("lint-imports")
+    if exe is None:
+        pytest.fail("lint-imports is not installed: the test set-up (pip install -e '.[test]') "
+                    "installs import-linter")
+    return exe
+
+
+def test_import_contracts_are_kept():
+    """Every import-linter contract in pyproject.toml holds on the tree."""
+    out = subprocess.run([_lint_imports(), "--no-cache"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " 0 broken." in out.stdout.split("Contracts:")[-1]
+
+
+def test_contracts_catch_a_forbidden_import(tmp_path):
+    """The contracts fail on a tree where an analysis imports an app (so they are not vacuous)."""
+    for package in ("explorer", "apps"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    bad = tmp_path / "explorer" / "analyses" / "_layer_break.py"
+    bad.write_text("import apps.theme\n")
+    env_path = f"{tmp_path}"
+    out = subprocess.run([_lint_imports(), "--no-cache"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+    assert out.returncode != 0
+    assert "explorer.analyses._layer_break -> apps.theme" in out.stdout
+
+
+def _dynamic_app_imports(path: Path) -> list[int]:
+    """Lines of ``importlib.import_module("apps...")`` / ``__import__("apps...")`` calls."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        arg = node.args[0]
+        if (name in ("import_module", "__import__") and isinstance(arg, ast.Constant)
+                and isinstance(arg.value, str) and arg.value.split(".")[0] == "apps"):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_command_layer_loads_apps_dynamically():
+    offenders = []
+    for path in sorted((ROOT / "explorer").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(DYNAMIC_APP_IMPORTS_ALLOWED):
+            continue
+        offenders += [f"{rel}:{line}" for line in _dynamic_app_imports(path)]
+    assert offenders == [], f"apps loaded outside the command layer: {offenders}"
+
+
+def test_dynamic_import_scan_finds_a_call(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(textwrap.dedent("""
+        import importlib
+        x = importlib.import_module("apps.gallery")
+        y = importlib.import_module("explorer.models")
+    """))
+    assert _dynamic_app_imports(src) == [3]
