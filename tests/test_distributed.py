@@ -10,7 +10,8 @@ import pytest
 
 from explorer import ActivationStore, trace
 from explorer._checks import InputError
-from explorer.distributed import bench_store, dask_scheduler, open_entry, site_statistics
+from explorer.benches.store import bench_store
+from explorer.distributed import dask_scheduler, open_entry, site_statistics
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Paris is", "One two three four",
            "Water boils at one hundred degrees", "She said", "In 1905 the physicist wrote"]
