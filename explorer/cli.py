@@ -8,15 +8,20 @@ validation, a missing prompts file) print ONE line ``explorer: error: <message>`
 stderr and exit with 2; anything unexpected prints one line suggesting ``--debug``
 (which re-raises, for the traceback) and exits with 1; Ctrl-C exits with 130.
 
-Analysis subcommands
---------------------
-Each module path in `ANALYSIS_MODULES` defines ``register_cli(subparsers)``, which adds
-one or more subcommands with ``subparsers.add_parser(name, help=...)``. Each subcommand
-must have a ``--json`` flag and ``set_defaults(func=handler)``, where ``handler(args)``
-prints its output and returns an exit code (``None`` means 0). The helpers
-`add_model_option`, `read_prompts`, `load_edits`, `parse_int_list` and `print_json`
-keep the flags and parsing the same across commands. Modules are imported when
-``main`` builds its parser; an import error is a bug and is raised, never skipped.
+Method subcommands
+------------------
+Each module path in `COMMAND_MODULES` (the command layer, `explorer.commands`) defines
+``register_cli(subparsers)``, which adds one or more subcommands with
+``subparsers.add_parser(name, help=...)``. Each subcommand must have a ``--json`` flag and
+``set_defaults(func=handler)``, where ``handler(args)`` prints its output and returns an
+exit code (``None`` means 0). The helpers of `explorer.commands._common`
+(`add_model_option`, `read_prompts`, `load_edits`, `parse_int_list`, `print_json`, ...)
+keep the flags and parsing the same across commands. Modules are imported when ``main``
+builds its parser; an import error is a bug and is raised, never skipped.
+
+Every subcommand takes ``--threads N``: torch's CPU thread count while the command runs,
+restored when it ends. A command may set its own default with
+``set_defaults(default_threads=N)`` (the small training commands use 1).
 """
 from __future__ import annotations
 
@@ -34,9 +39,20 @@ from pathlib import Path
 from typing import Any
 
 from ._checks import ExplorerError, InputError, StoreError
+from .commands._common import (
+    _json_safe,
+    add_model_option,
+    add_scheduler_option,
+    load_cli_model,
+    load_edits,
+    parse_int_list,
+    print_json,
+    read_prompts,
+    torch_threads,
+)
 
 __all__ = [
-    "ANALYSIS_MODULES",
+    "COMMAND_MODULES",
     "main",
     "build_parser",
     "add_model_option",
@@ -48,9 +64,9 @@ __all__ = [
     "lens_to_json",
 ]
 
-#: Module paths of analysis modules that add their own subcommands (see the module docstring).
-ANALYSIS_MODULES: tuple[str, ...] = (
-    "explorer.analyses.saturation",
+#: Modules of the command layer that add their own subcommands (see the module docstring).
+COMMAND_MODULES: tuple[str, ...] = (
+    "explorer.commands.saturation",
     "explorer.analyses.conflicts",
     "explorer.analyses.icl_heads",
     "explorer.analyses.task_vectors",
@@ -68,7 +84,6 @@ ANALYSIS_MODULES: tuple[str, ...] = (
 )
 
 _PROG = "explorer"
-_DEFAULT_MODEL = "smollm2-135m"  # explorer.models.DEFAULT_MODEL; not imported here (torch is slow)
 _CACHE_ENV_VAR = "EXPLORER_CACHE"
 _CHUNK_BYTES = 32 * 2**20  # zarr chunks of about this size, split along the first dim
 # Flags whose values may start with "-" (negative positions): "--positions -2,-1" would
@@ -87,115 +102,7 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see '{self.prog} --help')")
 
 
-# -- helpers shared by the commands (and by analysis modules) ---------------------------
-
-def print_json(obj: Any) -> None:
-    """Print ``obj`` as indented JSON on stdout (NaN becomes null)."""
-    print(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False))
-
-
-def add_model_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--model NAME`` (a known name, a local folder or a hub id; default the packaged
-    model) and ``--remote`` (run it on NDIF); `load_cli_model` loads what they name."""
-    parser.add_argument("--model", default=_DEFAULT_MODEL, metavar="NAME",
-                        help=f"known name (see 'explorer models'), local folder or hub id "
-                             f"(default: {_DEFAULT_MODEL})")
-    parser.add_argument("--remote", action="store_true",
-                        help="run the model on NDIF (host and key from NDIF_HOST / NDIF_API_KEY)")
-
-
-def load_cli_model(args: argparse.Namespace):
-    """The model that ``--model`` and ``--remote`` name."""
-    from .models import load_model
-
-    return load_model(args.model, remote=bool(getattr(args, "remote", False)))
-
-
-def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--scheduler`` (where dask work runs; see `explorer.distributed.dask_scheduler`)."""
-    parser.add_argument("--scheduler", default="threads", metavar="WHERE",
-                        help="dask scheduler: threads (default), synchronous, local (a "
-                             "LocalCluster on 127.0.0.1) or a scheduler address tcp://HOST:PORT")
-
-
-def parse_int_list(flag: str, text: str, *, ranges: bool = False) -> list[int]:
-    """Parse ``"0,5,10"`` (and with ``ranges``, ``"0-5"`` inclusive) into a list of ints.
-
-    Raises InputError naming ``flag`` for anything else.
-    """
-    allowed = "comma-separated ints" + (" or ranges like 0-5" if ranges else "")
-    out: list[int] = []
-    items = [item.strip() for item in str(text).split(",")]
-    if not any(items):
-        raise InputError(f"`{flag}` must be {allowed}; got {text!r}.")
-    for item in items:
-        if re.fullmatch(r"[+-]?\d+", item):
-            out.append(int(item))
-            continue
-        match = re.fullmatch(r"(\d+)\s*-\s*(\d+)", item) if ranges else None
-        if match is None:
-            raise InputError(f"`{flag}` must be {allowed}; got {item!r} in {text!r}.")
-        start, stop = int(match[1]), int(match[2])
-        if start > stop:
-            raise InputError(f"`{flag}` range {item!r} runs backwards; write {stop}-{start}.")
-        out.extend(range(start, stop + 1))
-    return out
-
-
-def read_prompts(source: str) -> list[str]:
-    """Prompts from a UTF-8 text file, one per line, or from stdin when ``source`` is ``-``.
-
-    Line ends are stripped and blank lines skipped; the rest of each line is kept as is
-    (leading spaces matter to a tokenizer). InputError if the file is missing, unreadable
-    or holds no prompt.
-    """
-    where = "stdin" if source == "-" else f"prompts file {source!r}"
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{where} does not exist.") from None
-    except UnicodeDecodeError as err:
-        raise InputError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start}).") from None
-    except OSError as err:
-        raise InputError(f"cannot read {where} ({err.strerror or err}).") from None
-    prompts = [line for line in text.splitlines() if line.strip()]
-    if not prompts:
-        raise InputError(f"{where} holds no prompts; write one prompt per line.")
-    return prompts
-
-
-def load_edits(source: str | None) -> list[Any]:
-    """Intervention records from a JSON file (see `explorer.interventions.edits_from_json`)."""
-    if source is None:
-        return []
-    from .interventions import edits_from_json
-
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"edits file {source!r} does not exist.") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read edits file {source!r} ({err}).") from None
-    try:
-        return edits_from_json(text)
-    except json.JSONDecodeError as err:
-        raise InputError(f"edits file {source!r} is not valid JSON ({err}).") from None
-
-
-def _json_safe(x: Any) -> Any:
-    """A copy of ``x`` made of plain JSON values (numpy scalars/arrays, tuples, paths converted)."""
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set, frozenset)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, Path):
-        return str(x)
-    if hasattr(x, "tolist") and type(x).__module__ == "numpy":  # numpy scalar or array
-        return _json_safe(x.tolist())
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
+# -- helpers ------------------------------------------------------------------------------
 
 def _human_bytes(n: int) -> str:
     size = float(n)
@@ -552,13 +459,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------------------
 
 def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
-    """--cache and --debug, accepted before the subcommand and after it."""
+    """--cache, --threads and --debug, accepted before the subcommand and after it."""
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument("--cache", metavar="DIR", default=default,
                         help=f"cache folder for this run (sets {_CACHE_ENV_VAR})")
+    if "--threads" not in parser._option_string_actions:
+        parser.add_argument("--threads", type=int, metavar="N", default=default,
+                            help="torch CPU threads while the command runs (restored "
+                                 "afterwards; default: the command's own, else torch's)")
     parser.add_argument("--debug", action="store_true",
                         default=argparse.SUPPRESS if suppress else False,
                         help="show the full traceback of an error")
+
+
+def _threads(args: argparse.Namespace) -> int | None:
+    """The thread count for the command: ``--threads``, else its ``default_threads``."""
+    from ._checks import check_int
+
+    if args.threads is not None:
+        return check_int("--threads", args.threads, low=1)
+    default = getattr(args, "default_threads", None)
+    return None if default is None else check_int("threads", default, low=1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -648,20 +569,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_bench)
 
-    for path in ANALYSIS_MODULES:
-        _register_analysis(path, sub)
+    for path in COMMAND_MODULES:
+        _register_commands(path, sub)
     for name, p in sub.choices.items():
         if name != "cache":  # its actions carry them instead
             _add_global_options(p, suppress=True)
     return parser
 
 
-def _register_analysis(path: str, sub: Any) -> None:
+def _register_commands(path: str, sub: Any) -> None:
     """Import ``path`` and let it add its subcommands; check they follow the contract."""
     module = importlib.import_module(path)  # an ImportError here is a bug: let it raise
     register = getattr(module, "register_cli", None)
     if not callable(register):
-        raise TypeError(f"analysis module {path} has no register_cli(subparsers) function.")
+        raise TypeError(f"command module {path} has no register_cli(subparsers) function.")
     before = set(sub.choices)
     register(sub)
     added = [name for name in sub.choices if name not in before]
@@ -724,7 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cache is not None:
             os.environ[_CACHE_ENV_VAR] = str(Path(args.cache).expanduser())
         handler: Callable[[argparse.Namespace], int | None] = args.func
-        code = handler(args)
+        with torch_threads(_threads(args)):
+            code = handler(args)
         return 0 if code is None else int(code)
     except KeyboardInterrupt:
         if debug:

@@ -624,7 +624,7 @@ def test_errors(tiny_model):
 def test_cli_circuits_json(capsys, monkeypatch):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.circuits",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.circuits",))
     code = cli.main(["circuits", "--model", "tiny-llama", "--task", "add", "--n", "3",
                      "--all-prompts", "--method", "eap", "--sizes", "0,5", "--top-n", "5",
                      "--show", "3", "--json"])
@@ -644,7 +644,7 @@ def test_cli_circuits_json(capsys, monkeypatch):
 def test_cli_circuits_threshold(capsys, monkeypatch, tiny_model):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.circuits",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.circuits",))
     task = make_task("add", 3, seed=0)
     scores = C.edge_scores(tiny_model, task, method="eap")
     mag = np.abs(scores["score"].values.astype(np.float64))

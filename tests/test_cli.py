@@ -473,7 +473,7 @@ def fake_analysis(monkeypatch, name: str, register) -> None:
     if register is not None:
         module.register_cli = register
     monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", (name,))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", (name,))
 
 
 def test_analysis_module_adds_its_own_subcommand(capsys, monkeypatch, prompts_file):
@@ -495,8 +495,37 @@ def test_analysis_module_adds_its_own_subcommand(capsys, monkeypatch, prompts_fi
     assert json.loads(out) == {"prompts": PROMPTS, "k": 4, "model": "smollm2-135m"}
 
 
+def test_threads_flag_sets_the_count_for_the_command_and_restores_it(capsys, monkeypatch):
+    import torch
+
+    seen = []
+
+    def handler(args):
+        seen.append(torch.get_num_threads())
+        if args.fail:
+            raise RuntimeError("boom")
+
+    def register_cli(subparsers):
+        p = subparsers.add_parser("toy", help="a toy analysis")
+        p.add_argument("--fail", action="store_true")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=handler, default_threads=1)
+
+    fake_analysis(monkeypatch, "fake_threads_analysis", register_cli)
+    before = torch.get_num_threads()
+    target = 2 if before != 2 else 3
+    assert run(capsys, "toy")[0] == 0                      # the command's own default
+    assert run(capsys, "toy", "--threads", str(target))[0] == 0
+    assert run(capsys, "--threads", str(target), "toy", "--fail")[0] == 1   # even on error
+    assert seen == [1, target, target]
+    assert torch.get_num_threads() == before
+    code, _, err = run(capsys, "toy", "--threads", "0")
+    assert code == 2 and "--threads" in assert_one_error_line(err)
+    assert torch.get_num_threads() == before
+
+
 def test_analysis_module_that_fails_to_import_raises(monkeypatch):
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.no_such_module",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.no_such_module",))
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
         cli.main(["models"])
 

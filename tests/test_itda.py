@@ -397,7 +397,7 @@ def test_user_errors_name_the_bad_value(tiny_model):
 def test_cli_itda_json(tiny_model, tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.itda",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.itda",))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS[:3]))
     code = cli.main(["itda", "--model", "tiny-llama", "--prompts", str(prompts), "--layer", "1",

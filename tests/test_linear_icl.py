@@ -363,7 +363,7 @@ def test_errors_name_the_bad_value():
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.linear_icl",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.linear_icl",))
     args = ["linear-icl", "train", "--heads", "1,2", "--steps", "20", "--checkpoint-every", "10",
             "--json", "--cache", str(tmp_path)]
     assert cli.main(args) == 0

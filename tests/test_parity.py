@@ -412,7 +412,7 @@ def test_parity_run_is_stored_and_reused(tmp_path):
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.parity",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.parity",))
     args = ["parity", "train", "--epochs", "2", "--hidden-size", "8", "--checkpoint-every", "1",
             "--json", "--cache", str(tmp_path)]
     assert cli.main(args) == 0
@@ -474,7 +474,7 @@ def test_phase_diagram_rejects_bad_grids_and_settings(tmp_path):
 def test_cli_phase_is_stored_and_reused(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.parity",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.parity",))
     args = ["parity", "phase", "--gains", "0.1,1", "--max-lengths", "3", "--epochs", "4",
             "--hidden-size", "8", "--checkpoint-every", "2", "--n-strings", "2", "--json",
             "--cache", str(tmp_path)]
@@ -571,7 +571,7 @@ def test_cli_retraining_seed_0_reproduces_the_shipped_checkpoints(tmp_path, monk
     from explorer import cli
     from explorer.store import ActivationStore
 
-    monkeypatch.setattr(cli, "ANALYSIS_MODULES", ("explorer.analyses.parity",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.parity",))
     assert cli.main(["parity", "train", "--epochs", "30", "--json", "--cache", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["n_checkpoints"] == 4       # epochs 0, 10, 20, 30
     retrained = par.parity_run(store=ActivationStore(tmp_path), epochs=30)

@@ -39,6 +39,7 @@ from explorer.analyses.saturation import (
     task_labels,
     task_probe,
 )
+from explorer.commands import saturation as sat_cmd
 from explorer.store import ActivationStore
 
 TEXTS = [
@@ -561,7 +562,7 @@ def test_load_corpus_and_chunks(tiny_model, tmp_path):
 
 def run_cli(argv):
     parser = argparse.ArgumentParser(prog="explorer")
-    sat.register_cli(parser.add_subparsers())
+    sat_cmd.register_cli(parser.add_subparsers())
     args = parser.parse_args(argv)
     buf = io.StringIO()
     with redirect_stdout(buf):
@@ -671,7 +672,7 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_saturation_on_tiny_model(tiny_model):
-    res = sat.bench_saturation(tiny_model, n_tokens=200, clicks=8)
+    res = sat_cmd.bench_saturation(tiny_model, n_tokens=200, clicks=8)
     params, figures = res["params"], res["figures"]
     assert params["n_tokens"] <= 200 and params["lens_rows"] == params["n_tokens"] * 3
     assert figures["analysis_vs_forward_ratio"] == pytest.approx(
@@ -683,7 +684,7 @@ def test_bench_saturation_on_tiny_model(tiny_model):
     assert 0 < figures["click_ms"] <= figures["click_p90_ms"] <= figures["click_max_ms"]
     assert {"click_k5_ms", "click_k10_ms", "click_cpu_ms"} <= set(figures)
     with pytest.raises(InputError, match=r"`n_tokens` must be an int in \[8, inf\]; got 2"):
-        sat.bench_saturation(tiny_model, n_tokens=2)
+        sat_cmd.bench_saturation(tiny_model, n_tokens=2)
 
 
 def test_bench_saturation_is_the_registered_bench():

@@ -2,7 +2,7 @@
 participants, analyse, export.
 
 Added to the ``explorer`` command line by `register_cli` (listed in
-``explorer.cli.ANALYSIS_MODULES``). Every action takes ``--json``; errors a user can cause
+``explorer.cli.COMMAND_MODULES``). Every action takes ``--json``; errors a user can cause
 raise `explorer.ExplorerError` subclasses, which ``explorer`` prints as one line.
 """
 from __future__ import annotations
