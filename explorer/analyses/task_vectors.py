@@ -314,7 +314,7 @@ def _with_lora(model: Any, lora: Any, prompts: list[str], per_task: list[tuple[l
             acc.append(np.nan)
         else:
             target = torch.tensor(answer_token_ids(model, a))
-            acc.append(float((next(tops) == target).float().mean()))  # as few_shot_accuracy
+            acc.append(float((next(tops) == target).double().mean()))  # as few_shot_accuracy
     return resid, acc
 
 
