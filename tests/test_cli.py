@@ -578,3 +578,15 @@ def test_entry_point_runs_in_a_subprocess(cache):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert bad.stderr.startswith("explorer: error: no cache entry 'no-such-key'")
+
+
+def test_print_summary_prints_json_or_one_line_per_key(capsys):
+    from explorer.commands._common import print_summary
+
+    summary = {"model": "m", "layers": [1, 2], "acc": {"a": float("nan")}, "n": np.int64(3)}
+    print_summary(summary, as_json=True)
+    assert json.loads(capsys.readouterr().out) == {"model": "m", "layers": [1, 2],
+                                                   "acc": {"a": None}, "n": 3}
+    print_summary(summary, as_json=False)
+    assert capsys.readouterr().out.splitlines() == [
+        "model: m", 'layers: [1, 2]', 'acc: {"a": null}', "n: 3"]

@@ -29,6 +29,7 @@ __all__ = [
     "read_prompts",
     "load_edits",
     "print_json",
+    "print_summary",
     "json_safe",
     "torch_threads",
 ]
@@ -40,6 +41,18 @@ _DEFAULT_MODEL = DEFAULT_MODEL
 def print_json(obj: Any) -> None:
     """Print ``obj`` as indented JSON on stdout (NaN becomes null)."""
     print(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False))
+
+
+def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+    """Print a command's result: indented JSON with ``as_json``, else one ``key: value`` line
+    per entry (dicts and lists as compact JSON). The one printer every command uses."""
+    if as_json:
+        print_json(summary)
+        return
+    for key, value in summary.items():
+        if isinstance(value, (dict, list, tuple)):
+            value = json.dumps(_json_safe(value), ensure_ascii=False)
+        print(f"{key}: {value}")
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,6 @@ token-click latency (the page, `apps.saturation`, is loaded with ``importlib``).
 from __future__ import annotations
 
 import importlib
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ import xarray as xr
 from explorer._checks import InputError, check_int
 from explorer.analyses import saturation as sat
 from explorer.benches._memory import PeakRSS
+from explorer.commands._common import add_model_option, load_cli_model, print_summary
 
 
 def register_cli(subparsers: Any) -> None:
@@ -24,8 +24,6 @@ def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "saturation", help="saturation layers of the top-k tokens, order test, probe, early exit",
         description="Saturation events (Lioubashevski et al., ICML 2025) over a corpus.")
-    from explorer.cli import add_model_option
-
     add_model_option(p)
     p.add_argument("--corpus", default=None, metavar="PATH",
                    help="folder of .txt documents or one text file (default: the shipped corpus)")
@@ -60,7 +58,6 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_saturation(args: Any) -> int:
-    from explorer.cli import load_cli_model, print_json
     from explorer.store import ActivationStore
 
     if args.scheduler is not None:
@@ -85,11 +82,7 @@ def _cmd_saturation(args: Any) -> int:
                              progress=not args.json)
     summary = sat.saturation_summary(ds, k=args.order_k)
     summary.update(model=model.spec.name, seconds=round(time.perf_counter() - t0, 2))
-    if args.json:
-        print_json(summary)
-    else:
-        for key, value in summary.items():
-            print(f"{key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    print_summary(summary, as_json=args.json)
     return 0
 
 
