@@ -80,7 +80,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.analyses.circuit_lora",
     "explorer.analyses.shattering",
     "explorer.analyses.unlearning",
-    "explorer.studies",
+    "explorer.commands.studies",
 )
 
 _PROG = "explorer"

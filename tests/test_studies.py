@@ -742,7 +742,7 @@ def test_report_and_export(prepared, tmp_path):
 
 
 def _main(argv, monkeypatch):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.studies",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.studies",))
     return cli.main(argv)
 
 

@@ -37,7 +37,6 @@ _EXPORTS = {
     "simulate_participants": "explorer.studies.analysis",
     "study_report": "explorer.studies.report",
     "export_responses_csv": "explorer.studies.report",
-    "register_cli": "explorer.studies.cli",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -49,7 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
         simulate_participants,
         simulated_responses,
     )
-    from .cli import register_cli
     from .items import build_items
     from .placebo import mismatched_example, random_heads, shuffled_attributions
     from .randomise import Trial, participant_schedule, study_schedule

@@ -1,9 +1,10 @@
-"""``explorer study ...``: validate a study file, prepare and serve a run, simulate
-participants, analyse, export.
+"""``explorer study ...`` (flags, parsing and printing over `explorer.studies`): validate a
+study file, prepare and serve a run, simulate participants, analyse, export.
 
 Added to the ``explorer`` command line by `register_cli` (listed in
 ``explorer.cli.COMMAND_MODULES``). Every action takes ``--json``; errors a user can cause
-raise `explorer.ExplorerError` subclasses, which ``explorer`` prints as one line.
+raise `explorer.ExplorerError` subclasses, which ``explorer`` prints as one line. ``study
+run`` serves the participant page, `apps.study`, loaded with ``importlib``.
 """
 from __future__ import annotations
 
@@ -14,14 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, check_int
+from explorer.commands._common import print_json
 
 __all__ = ["register_cli", "parse_accuracy"]
-
-
-def _print_json(obj: Any) -> None:
-    from explorer.cli import print_json
-
-    print_json(obj)
 
 
 def _add_action_globals(p: argparse.ArgumentParser) -> None:
@@ -115,11 +111,11 @@ def _json(args: argparse.Namespace) -> bool:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .schema import load_study
+    from explorer.studies.schema import load_study
 
     study = load_study(args.study)
     if _json(args):
-        _print_json({"valid": True, "path": study.source, "sha256": study.sha256,
+        print_json({"valid": True, "path": study.source, "sha256": study.sha256,
                      "study": study.to_dict()})
         return 0
     print(f"{study.source}: valid (sha256 {study.sha256[:16]})")
@@ -136,7 +132,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .run import StudyRun
+    from explorer.studies.run import StudyRun
 
     port = check_int("--port", args.port, low=1, high=65535)
     if not args.address.strip():
@@ -153,7 +149,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     run.close()
     if args.prepare_only:
         if _json(args):
-            _print_json(summary)
+            print_json(summary)
         else:
             print(f"prepared {summary['folder']}: {summary['n_items']} items on "
                   f"{summary['model']}, {summary['n_slots']} participant places "
@@ -162,7 +158,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     host = f"[{args.address}]" if ":" in args.address else args.address
     url = f"http://{host}:{port}/study"
     if _json(args):
-        _print_json({**summary, "url": url})
+        print_json({**summary, "url": url})
     else:
         print(f"serving study {summary['study']} at {url} (Ctrl-C stops; answers are saved "
               f"as they are given)", flush=True)
@@ -174,8 +170,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .analysis import simulate_participants
-    from .run import StudyRun
+    from explorer.studies.analysis import simulate_participants
+    from explorer.studies.run import StudyRun
 
     accuracy = parse_accuracy(args.accuracy)
     with StudyRun.open(args.dir) as run:
@@ -183,7 +179,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                                       spread=args.spread)
         summary = run.summary()
     if _json(args):
-        _print_json({"simulated": codes, **summary})
+        print_json({"simulated": codes, **summary})
     else:
         print(f"simulated {len(codes)} participants in {summary['folder']} "
               f"({summary['n_enrolled']} of {summary['n_slots']} places now taken)")
@@ -191,7 +187,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _write_report(run: Any, ds: Any, path: str, *, force: bool = True) -> str:
-    from .report import study_report
+    from explorer.studies.report import study_report
 
     out = Path(path).expanduser()
     suffix = out.suffix.lower()
@@ -223,14 +219,14 @@ def _analysis_json(ds: Any) -> dict[str, Any]:
 
 
 def _cmd_analyse(args: argparse.Namespace) -> int:
-    from .analysis import analyse
-    from .run import StudyRun
+    from explorer.studies.analysis import analyse
+    from explorer.studies.run import StudyRun
 
     with StudyRun.open(args.dir) as run:
         ds = analyse(run)
         report = _write_report(run, ds, args.report) if args.report else None
     if _json(args):
-        _print_json({**_analysis_json(ds), "report": report})
+        print_json({**_analysis_json(ds), "report": report})
         return 0
     level = int(round(100 * ds.attrs["confidence_level"]))
     print(f"{ds.attrs['study']}: {ds.attrs['n_analysed']} participants analysed "
@@ -251,9 +247,9 @@ def _cmd_analyse(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .analysis import analyse
-    from .report import export_responses_csv
-    from .run import StudyRun
+    from explorer.studies.analysis import analyse
+    from explorer.studies.report import export_responses_csv
+    from explorer.studies.run import StudyRun
 
     out = Path(args.out).expanduser()
     if out.exists() and not args.force:
@@ -266,7 +262,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             report = _write_report(run, analyse(run), args.report, force=args.force)
     n_rows = text.count("\n") - 1
     if _json(args):
-        _print_json({"csv": str(out), "rows": n_rows, "report": report})
+        print_json({"csv": str(out), "rows": n_rows, "report": report})
     else:
         print(f"wrote {out} ({n_rows} responses)" + (f" and {report}" if report else ""))
     return 0
