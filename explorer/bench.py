@@ -45,7 +45,7 @@ _UNITS = ("_ratio", "_ms", "_mb", "_mb_per_s")
 # Benches that live beside their analysis: name -> (module, function).
 ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "saturation": ("explorer.commands.saturation", "bench_saturation"),
-    "conflicts": ("explorer.analyses.conflicts", "bench_conflicts"),
+    "conflicts": ("explorer.benches.conflicts", "bench_conflicts"),
     "icl-heads": ("explorer.analyses.icl_heads", "bench_icl_heads"),
     "itda": ("explorer.analyses.itda", "bench_itda"),
     "store": ("explorer.benches.store", "bench_store"),

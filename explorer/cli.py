@@ -67,7 +67,7 @@ __all__ = [
 #: Modules of the command layer that add their own subcommands (see the module docstring).
 COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.saturation",
-    "explorer.analyses.conflicts",
+    "explorer.commands.conflicts",
     "explorer.analyses.icl_heads",
     "explorer.analyses.task_vectors",
     "explorer.analyses.icl_finetune",

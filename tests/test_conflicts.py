@@ -399,8 +399,10 @@ def test_smollm2_knows_capitals_and_the_context_moves_it(smollm2, tmp_path, monk
 def _cli(argv):
     import argparse
 
+    from explorer.commands.conflicts import register_cli
+
     parser = argparse.ArgumentParser()
-    C.register_cli(parser.add_subparsers())
+    register_cli(parser.add_subparsers())
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -19,13 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import statistics
-import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -60,8 +57,6 @@ __all__ = [
     "juice_alpha_search",
     "answer_probabilities",
     "conflict_accuracy",
-    "register_cli",
-    "bench_conflicts",
 ]
 
 PROMPT_KINDS = ("clean", "substitution", "coherent")
@@ -702,130 +697,3 @@ def conflict_accuracy(model: Model, facts: Sequence[Fact], heads_plus: Heads = (
     )
     ds.attrs["citation"] = CITATION
     return ds
-
-
-# -- CLI and benchmark --------------------------------------------------------------------
-
-def register_cli(subparsers: Any) -> None:
-    """Add ``explorer conflicts``: closed-book filter, head selection, accuracy."""
-    from explorer.cli import add_model_option
-
-    p = subparsers.add_parser(
-        "conflicts", help="knowledge conflicts: JuICE head selection and dual-run accuracy",
-        description="Knowledge conflicts (Li et al., JuICE, ICML 2025) over the shipped facts.")
-    add_model_option(p)
-    p.add_argument("--relations", default=None, help="comma-separated relations (default all)")
-    p.add_argument("--direction", default="parametric", choices=DIRECTIONS)
-    p.add_argument("--k", type=int, default=5, help="heads per set (default 5)")
-    p.add_argument("--select-facts", type=int, default=4, help="facts used to select heads")
-    p.add_argument("--layers", default=None, help="comma-separated layers to score (default all)")
-    p.add_argument("--alpha-l", type=float, default=1.0)
-    p.add_argument("--alpha-s", type=float, default=1.0)
-    p.add_argument("--limit", type=int, default=None, help="evaluate at most N facts")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_cmd_conflicts)
-
-
-def _cmd_conflicts(args: Any) -> int:
-    from explorer.cli import load_cli_model, print_json
-
-    model = load_cli_model(args)
-    rels = None if args.relations is None else [r.strip() for r in args.relations.split(",")]
-    facts = closed_book_facts(model, load_facts(rels))
-    n_sel = check_int("select_facts", args.select_facts, low=1)
-    if len(facts) <= n_sel:
-        raise InputError(f"the model answers only {len(facts)} facts closed book; need more "
-                         f"than --select-facts={n_sel}.")
-    layers = None if args.layers is None else [int(x) for x in args.layers.split(",")]
-    sel = juice_head_selection(model, facts[:n_sel], direction=args.direction, k=args.k,
-                               layers=layers)
-    plus, minus = selected_heads(sel)
-    rest = facts[n_sel:] if args.limit is None else facts[n_sel:n_sel + args.limit]
-    acc = conflict_accuracy(model, rest, plus, minus, alpha_l=args.alpha_l, alpha_s=args.alpha_s)
-    summary = {
-        "model": model.spec.name, "n_closed_book": len(facts), "n_eval": len(rest),
-        "direction": args.direction, "heads_plus": plus, "heads_minus": minus,
-        "alpha_l": args.alpha_l, "alpha_s": args.alpha_s,
-        "memory_accuracy": _table(acc.memory_accuracy),
-        "context_accuracy": _table(acc.context_accuracy),
-    }
-    if args.json:
-        print_json(summary)
-    else:
-        for key, value in summary.items():
-            print(f"{key}: {value}")
-    return 0
-
-
-def _table(da: xr.DataArray) -> dict[str, dict[str, float]]:
-    return {m: {k: float(da.sel(intervention=m, kind=k)) for k in da.kind.values.tolist()}
-            for m in da.intervention.values.tolist()}
-
-
-def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
-    """JuICE dual run vs two plain forwards on one conflict prompt, and the slider update.
-
-    ``dual_vs_two_forwards_ratio``: median dual run (5 heads, run 1 plus run 2, edit
-    construction included) over the median of two plain ``model.hf`` forwards of the same
-    prompt. ``slider_update_ms``: median time of what the view does when an alpha slider
-    moves (run 1 cached per example, so one run 2 resumed at the first chosen layer, plus
-    the answer probabilities), for 5 heads in layers 20-29 of the 51-token coherent prompt
-    (``slider_update_ms``) and the 16-token substitution prompt
-    (``slider_update_substitution_ms``), and for heads from layer 0 on
-    (``slider_update_from_layer0_ms``, the worst case: a whole forward).
-    """
-    from explorer.models import load_model
-
-    if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
-    repeats = check_int("repeats", kw.pop("repeats", 7), low=1)
-    if kw:
-        raise InputError(f"unknown bench option(s) {sorted(kw)}; allowed: repeats.")
-    fact = load_facts(["country_capital"])[0]
-    prompt = conflict_prompt(fact, "coherent")
-    L, H = model.n_layers, model.spec.n_heads
-    heads = [((i * 7) % L, (i * 5) % H) for i in range(5)]
-    late = [(L - 1 - (i * 2) % max(L // 3, 1), (i * 5) % H) for i in range(5)]
-    batch = model.tokenize([prompt])
-    sub = conflict_prompt(fact, "substitution")
-    run1 = juice_first_run(model, [prompt])
-    run1_sub = juice_first_run(model, [sub])
-    fwd, dual, slider, slider_sub, slider0 = [], [], [], [], []
-
-    def slide(r1, hs, alpha):
-        t = time.perf_counter()
-        lg = juice_logits(model, None, hs[:3], hs[3:], alpha_l=alpha, alpha_s=1.0, run1=r1)
-        answer_probabilities(model, lg, [fact])
-        return time.perf_counter() - t
-
-    for r in range(repeats + 1):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model.hf(**batch.model_inputs())
-            model.hf(**batch.model_inputs())
-        t1 = time.perf_counter()
-        juice_logits(model, [prompt], heads[:3], heads[3:], alpha_l=2.0, alpha_s=1.0)
-        t2 = time.perf_counter()
-        times = (slide(run1, late, 1.0 + r), slide(run1_sub, late, 1.0 + r),
-                 slide(run1, heads, 1.0 + r))
-        if r:  # the first round warms up
-            fwd.append(t1 - t0)
-            dual.append(t2 - t1)
-            slider.append(times[0])
-            slider_sub.append(times[1])
-            slider0.append(times[2])
-    med = statistics.median
-    return {
-        "params": {"model": model.spec.name, "prompt_tokens": batch.lengths[0],
-                   "substitution_tokens": run1_sub.batch.lengths[0], "heads": heads,
-                   "slider_heads": late, "repeats": repeats},
-        "figures": {
-            "two_forwards_ms": 1e3 * med(fwd),
-            "dual_run_ms": 1e3 * med(dual),
-            "dual_vs_two_forwards_ratio": med(dual) / med(fwd),
-            "slider_update_ms": 1e3 * med(slider),
-            "slider_update_substitution_ms": 1e3 * med(slider_sub),
-            "slider_update_from_layer0_ms": 1e3 * med(slider0),
-            "slider_vs_two_forwards_ratio": med(slider) / med(fwd),
-        },
-    }
