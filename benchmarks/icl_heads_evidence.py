@@ -168,6 +168,7 @@ def main() -> None:
     from explorer import load_model
     from explorer.analyses import icl_heads as ih
     from explorer.analyses import task_vectors as tv
+    from explorer.benches.icl_heads import bench_icl_heads
 
     fv_tasks, eval_tasks = args.fv_tasks.split(","), args.eval_tasks.split(",")
     td_tasks = args.td_tasks.split(",")
@@ -175,8 +176,8 @@ def main() -> None:
     model = load_model("smollm2-135m")
     summary["model"] = model.spec.name
     if "bench" in stages:
-        summary["bench"] = ih.bench_icl_heads(model, n_prompts=args.fv_prompts,
-                                              n_shots=args.fv_shots, n_heads=6)
+        summary["bench"] = bench_icl_heads(model, n_prompts=args.fv_prompts,
+                                           n_shots=args.fv_shots, n_heads=6)
         save()
     if "induction" in stages:
         t0 = time.perf_counter()

@@ -46,7 +46,7 @@ _UNITS = ("_ratio", "_ms", "_mb", "_mb_per_s")
 ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "saturation": ("explorer.commands.saturation", "bench_saturation"),
     "conflicts": ("explorer.benches.conflicts", "bench_conflicts"),
-    "icl-heads": ("explorer.analyses.icl_heads", "bench_icl_heads"),
+    "icl-heads": ("explorer.benches.icl_heads", "bench_icl_heads"),
     "itda": ("explorer.analyses.itda", "bench_itda"),
     "store": ("explorer.benches.store", "bench_store"),
     "eap": ("explorer.analyses.circuits", "bench_eap"),

@@ -68,7 +68,7 @@ __all__ = [
 COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.saturation",
     "explorer.commands.conflicts",
-    "explorer.analyses.icl_heads",
+    "explorer.commands.icl_heads",
     "explorer.analyses.task_vectors",
     "explorer.analyses.icl_finetune",
     "explorer.analyses.itda",

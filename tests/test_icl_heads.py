@@ -448,8 +448,10 @@ def test_ablation_curves_ranking_subset(tiny_model):
 
 
 def test_cli_icl_heads_json(capsys):
+    from explorer.commands.icl_heads import register_cli
+
     parser = argparse.ArgumentParser()
-    ih.register_cli(parser.add_subparsers())
+    register_cli(parser.add_subparsers())
     args = parser.parse_args(["icl-heads", "--model", "tiny-llama", "--tasks", "antonym",
                               "--eval-tasks", "capitalize", "--percents", "0,25",
                               "--n-prompts", "2", "--n-shots", "2", "--json"])
@@ -461,7 +463,9 @@ def test_cli_icl_heads_json(capsys):
 
 
 def test_bench_icl_heads_reports_ratio(tiny_model):
-    out = ih.bench_icl_heads(tiny_model, n_prompts=2, n_shots=2, n_heads=2)
+    from explorer.benches.icl_heads import bench_icl_heads
+
+    out = bench_icl_heads(tiny_model, n_prompts=2, n_shots=2, n_heads=2)
     assert out["figures"]["fv_head_task_pair_vs_forward_ratio"] > 0
     assert out["figures"]["fv_head_task_pair_ms"] > 0
     assert out["figures"]["per_head_trace_vs_forward_ratio"] > 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +55,6 @@ __all__ = [
     "ablation_curves",
     "MEAN_SOURCES",
     "cross_task_mean_z",
-    "register_cli",
-    "bench_icl_heads",
 ]
 
 CITATION = ("K. Yin, J. Steinhardt, \"Which Attention Heads Matter for In-Context Learning?\", "
@@ -791,148 +788,3 @@ def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.nd
                          mean_tasks=None if mean_source != "cross-task" else
                          [_task(t).name for t in pool], n_boot=n_boot,
                          confidence_level=confidence_level, citation=CITATION))
-
-
-# -- CLI and bench -------------------------------------------------------------------------
-
-def _overlap(a: np.ndarray, b: np.ndarray, fraction: float) -> dict[str, Any]:
-    ta, tb = top_heads(a, fraction), top_heads(b, fraction)
-    return {"fraction": fraction, "top_induction": ta, "top_fv": tb,
-            "shared": sorted(set(ta) & set(tb))}
-
-
-def register_cli(subparsers: Any) -> None:
-    """Add ``explorer icl-heads``: induction and FV scores, optional ablation curves."""
-    from explorer.cli import add_model_option
-
-    p = subparsers.add_parser(
-        "icl-heads", help="induction vs function-vector heads, and ablations",
-        description="Induction and FV head scores (Yin & Steinhardt, ICML 2025).")
-    add_model_option(p)
-    p.add_argument("--tasks", default="antonym,country-capital,english-french",
-                   help="comma-separated FV-scoring tasks (default: %(default)s)")
-    p.add_argument("--eval-tasks", default="",
-                   help="comma-separated tasks for ablation curves (empty: skip ablations)")
-    p.add_argument("--n-prompts", type=int, default=8)
-    p.add_argument("--n-shots", type=int, default=5)
-    p.add_argument("--percents", default="0,1,3,5,10,20")
-    p.add_argument("--top-fraction", type=float, default=0.02,
-                   help="top fraction of heads reported and excluded (default 0.02)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_cmd_icl_heads)
-
-
-def _split(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-def _cmd_icl_heads(args: Any) -> int:
-    from explorer.cli import load_cli_model, print_json
-
-    model = load_cli_model(args)
-    ind = induction_scores(model, seed=args.seed)
-    fv = fv_scores(model, _split(args.tasks), n_prompts=args.n_prompts, n_shots=args.n_shots,
-                   seed=args.seed)
-    a, b = ind["induction_score"].values, fv["fv_score"].values
-    summary: dict[str, Any] = {
-        "model": model.spec.name,
-        "induction_score": a.tolist(), "fv_score": b.tolist(),
-        "overlap": _overlap(a, b, args.top_fraction),
-        "clean_prob": dict(zip(fv.task.values.tolist(), fv.clean_prob.values.tolist())),
-        "corrupted_prob": dict(zip(fv.task.values.tolist(), fv.corrupted_prob.values.tolist())),
-    }
-    if _split(args.eval_tasks):
-        curves = ablation_curves(model, _split(args.eval_tasks), a, b,
-                                 percents=[float(x) for x in _split(args.percents)],
-                                 exclude_fraction=args.top_fraction, n_prompts=args.n_prompts,
-                                 n_shots=args.n_shots, seed=args.seed)
-        summary["percents"] = curves.percent.values.tolist()
-        summary["mean_accuracy"] = {r: curves.mean_accuracy.sel(ranking=r).values.tolist()
-                                    for r in curves.ranking.values.tolist()}
-        summary["token_loss_difference"] = {
-            r: curves.token_loss_difference.sel(ranking=r).values.tolist()
-            for r in curves.ranking.values.tolist()}
-    if args.json:
-        print_json(summary)
-    else:
-        ov = summary["overlap"]
-        print(f"top induction heads: {ov['top_induction']}")
-        print(f"top FV heads:        {ov['top_fv']}")
-        print(f"shared:              {ov['shared']}")
-    return 0
-
-
-def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int = 8,
-                    n_shots: int = 5, n_heads: int = 6, max_rows: int = 256,
-                    **kw: Any) -> dict[str, Any]:
-    """Time per FV head-task pair vs one clean forward of the same prompts.
-
-    ``fv_head_task_pair_ms``: scoring every head of the model as `fv_scores` does (chunks
-    of heads, one batched trace per chunk, ``max_rows`` rows at most), divided by the number
-    of heads. ``per_head_trace_ms``: the one-trace-per-head path (a single-head patched
-    trace resumed at the head's layer) over ``n_heads`` heads, one in each of ``n_heads``
-    equal layer bands (at the band's middle layer, so their mean depth is that of all
-    heads). ``forward_ms``: the clean batched forward (last-token logits). ``accuracy``:
-    the largest difference in answer probability between the two paths on those heads.
-    ``fv_last_token_pair_ms`` (llama family only): every head scored by the last-token
-    path (`fv_last_token_probs`, same chunks), including the once-per-task key/value cache
-    of the earlier positions, divided by the number of heads; its accuracy figure compares
-    it with the per-head traces.
-    """
-    from explorer.models import load_model
-
-    if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
-    check_int("max_rows", max_rows, low=1)
-    prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=0)
-    target = torch.tensor(answer_token_ids(model, answers))
-    mz = task_mean_z(model, prompts)
-    cache = clean_run(model, prompts)
-    heads = _heads(model, None)
-    n_layers, n_h = model.spec.n_layers, model.spec.n_heads
-    n_heads = check_int("n_heads", n_heads, low=1, high=n_layers)
-    picked = [((2 * i + 1) * n_layers // (2 * n_heads), i % n_h) for i in range(n_heads)]
-    _last_probs(model, cache.batch)  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(3):
-        _last_probs(model, cache.batch)
-    forward = (time.perf_counter() - t0) / 3
-    t0 = time.perf_counter()
-    single = [fv_patched_probs(model, cache, [h], mz, target)[0] for h in picked]
-    per_head = (time.perf_counter() - t0) / len(picked)
-    chunks = _head_chunks(heads, max(1, max_rows // len(target)))
-    t0 = time.perf_counter()
-    batched = {}
-    for chunk in chunks:
-        p = fv_patched_probs(model, cache, chunk, mz, target)
-        batched.update(zip(chunk, p))
-    pair = (time.perf_counter() - t0) / len(heads)
-    err = max(float((batched[h] - s).abs().max()) for h, s in zip(picked, single))
-    figures = {"fv_head_task_pair_vs_forward_ratio": pair / forward,
-               "fv_head_task_pair_ms": pair * 1e3,
-               "per_head_trace_vs_forward_ratio": per_head / forward,
-               "per_head_trace_ms": per_head * 1e3,
-               "batched_vs_per_head_ratio": pair / per_head,
-               "forward_ms": forward * 1e3}
-    accuracy = {"max_abs_prob_diff_batched_vs_per_head": err}
-    if last_token_problem(model, cache.batch.width) is None:
-        fv_last_token_probs(model, last_token_cache(model, cache.batch), chunks[0], mz,
-                            target)  # warm-up
-        t0 = time.perf_counter()
-        prefix = last_token_cache(model, cache.batch)
-        fast = {}
-        for chunk in chunks:
-            p = fv_last_token_probs(model, prefix, chunk, mz, target)
-            fast.update(zip(chunk, p))
-        last = (time.perf_counter() - t0) / len(heads)
-        figures.update({"fv_last_token_pair_vs_forward_ratio": last / forward,
-                        "fv_last_token_pair_ms": last * 1e3,
-                        "last_token_vs_batched_ratio": last / pair})
-        accuracy["max_abs_prob_diff_last_token_vs_per_head"] = max(
-            float((fast[h] - s).abs().max()) for h, s in zip(picked, single))
-    return {"params": {"task": task, "n_prompts": n_prompts, "n_shots": n_shots,
-                       "width": cache.batch.width, "n_heads_scored": len(heads),
-                       "n_traces": len(chunks), "max_rows": max_rows,
-                       "n_heads_timed_per_head": len(picked)},
-            "figures": figures, "accuracy": accuracy}
