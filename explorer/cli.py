@@ -69,7 +69,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.saturation",
     "explorer.commands.conflicts",
     "explorer.commands.icl_heads",
-    "explorer.analyses.task_vectors",
+    "explorer.commands.task_vectors",
     "explorer.analyses.icl_finetune",
     "explorer.analyses.itda",
     "explorer.analyses.neuron_eval",

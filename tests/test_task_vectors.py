@@ -132,8 +132,10 @@ def test_task_decodability_on_tiny_model(tiny_model):
 
 
 def test_cli_task_vectors_json(capsys):
+    from explorer.commands.task_vectors import register_cli
+
     parser = argparse.ArgumentParser()
-    tv.register_cli(parser.add_subparsers())
+    register_cli(parser.add_subparsers())
     args = parser.parse_args(["task-vectors", "--model", "tiny-llama", "--tasks",
                               "antonym,uppercase", "--n-prompts", "4", "--n-shots", "2",
                               "--k", "3", "--function-vectors", "--top-fraction", "0.1",

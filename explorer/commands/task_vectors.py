@@ -1,0 +1,73 @@
+"""`explorer task-vectors` (flags, parsing and printing over `explorer.analyses.task_vectors`):
+task decodability per layer and, with ``--function-vectors``, zero-shot function-vector accuracy.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from explorer.analyses import task_vectors as tv
+from explorer.commands._common import (
+    add_model_option,
+    add_scheduler_option,
+    load_cli_model,
+    print_json,
+)
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``explorer task-vectors``: task decodability and function-vector accuracy."""
+    p = subparsers.add_parser(
+        "task-vectors", help="function vectors and task decodability per layer",
+        description="Task decodability (Han et al., ICML 2025) and function vectors "
+                    "(Todd et al., ICLR 2024).")
+    add_model_option(p)
+    p.add_argument("--tasks", default="antonym,country-capital,english-french,present-past",
+                   help="comma-separated tasks (default: %(default)s)")
+    p.add_argument("--n-prompts", type=int, default=20)
+    p.add_argument("--n-shots", type=int, default=4)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--function-vectors", action="store_true",
+                   help="also score FV heads on the tasks and report zero-shot FV accuracy")
+    p.add_argument("--layer", type=int, default=None, help="FV layer (default n_layers // 3)")
+    p.add_argument("--top-fraction", type=float, default=0.02)
+    p.add_argument("--seed", type=int, default=0)
+    add_scheduler_option(p)
+    p.add_argument("--store-residuals", action="store_true",
+                   help="cache the last-token residuals in the activation store; TD then "
+                        "runs with dask over the cached entry, one task per layer")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_task_vectors)
+
+
+def _cmd_task_vectors(args: Any) -> int:
+    from explorer.analyses.icl_heads import fv_scores
+    from explorer.distributed import check_scheduler
+    from explorer.store import ActivationStore
+
+    scheduler = check_scheduler(args.scheduler)
+    model = load_cli_model(args)
+    tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
+    td = tv.task_decodability(model, tasks, n_prompts=args.n_prompts, n_shots=args.n_shots,
+                              k=args.k, seed=args.seed, scheduler=scheduler,
+                              store=ActivationStore() if args.store_residuals else None)
+    summary: dict[str, Any] = {
+        "model": model.spec.name, "td": td.td.values.tolist(),
+        "best_layer": td.attrs["best_layer"], "td_accuracy_r2": td.attrs["td_accuracy_r2"],
+        "icl_accuracy": dict(zip(td.task.values.tolist(), td.icl_accuracy.values.tolist())),
+    }
+    if args.function_vectors:
+        fv = fv_scores(model, tasks, n_prompts=min(args.n_prompts, 8), n_shots=5, seed=args.seed)
+        acc = tv.function_vector_accuracy(model, tasks, fv.fv_score.values, layer=args.layer,
+                                          top_fraction=args.top_fraction, seed=args.seed)
+        summary["fv_layer"] = acc.attrs["layer"]
+        summary["fv_heads"] = acc.attrs["heads"]
+        summary["zero_shot_accuracy"] = dict(zip(tasks, acc.zero_shot_accuracy.values.tolist()))
+        summary["fv_accuracy"] = dict(zip(tasks, acc.fv_accuracy.values.tolist()))
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"TD per layer: {np.round(td.td.values, 3).tolist()}")
+        print(f"best layer {summary['best_layer']}; TD-accuracy R^2 {summary['td_accuracy_r2']:.3f}")
+    return 0
