@@ -218,19 +218,20 @@ def resummarise(weights: str, *, seed: int, part_texts: int, unembed_dtype: str)
     """Speed-ups at fixed accuracies from the stored whole-corpus result (never recomputed)."""
     from explorer import ActivationStore
     from explorer.analyses import saturation as sat
+    from explorer.analyses.saturation import analysis
 
     def refuse(*args, **kwargs):
         raise SystemExit(f"no stored {weights} result with these settings: run the analysis first")
 
     model = _model(weights, seed)
     texts = sat.corpus_chunks(model, sat.load_corpus())
-    real = sat._analyse, sat.saturation_layers
-    sat._analyse = sat.saturation_layers = refuse
+    real = analysis._analyse, analysis.saturation_layers       # patched where they are called
+    analysis._analyse = analysis.saturation_layers = refuse
     try:
         ds = sat.saturation_analysis(model, texts, seed=seed, unembed_dtype=unembed_dtype,
                                      part_texts=part_texts, store=ActivationStore())
     finally:
-        sat._analyse, sat.saturation_layers = real
+        analysis._analyse, analysis.saturation_layers = real
     return {against: _no_nan(sat.speedup_at_accuracy(ds, against=against))
             for against in ("full model", "true next token")}
 

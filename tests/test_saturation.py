@@ -21,6 +21,8 @@ import torch
 
 from explorer._checks import InputError
 from explorer.analyses import saturation as sat
+from explorer.analyses.saturation import analysis as sat_analysis
+from explorer.analyses.saturation import lens_pass as sat_lens
 from explorer.analyses.saturation import (
     NEVER,
     corpus_chunks,
@@ -358,15 +360,18 @@ def test_analysis_is_served_from_the_store(tiny_model, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed instead of read from the store")
 
-    monkeypatch.setattr(sat, "_saturation_pass", boom)
-    monkeypatch.setattr(sat, "_analyse", boom)
+    # patched where they are called (the submodules), so a miss would raise
+    monkeypatch.setattr(sat_lens, "_saturation_pass", boom)
+    monkeypatch.setattr(sat_analysis, "_analyse", boom)
+    with pytest.raises(AssertionError, match="recomputed"):
+        sat.saturation_analysis(tiny_model, TEXTS[:1], **kw)
     second = sat.saturation_analysis(tiny_model, TEXTS, **kw).load()
     np.testing.assert_array_equal(first.sat_layer.values, second.sat_layer.values)
     np.testing.assert_array_equal(first.tau.values, second.tau.values)
     assert second.attrs["summary"] == first.attrs["summary"]
     # the lens pass alone is cached too: a new probe setting re-analyses without re-tracing
     monkeypatch.undo()
-    monkeypatch.setattr(sat, "_saturation_pass", boom)
+    monkeypatch.setattr(sat_lens, "_saturation_pass", boom)
     third = sat.saturation_analysis(tiny_model, TEXTS, **{**kw, "n_permutations": 20})
     np.testing.assert_array_equal(third.sat_layer.values, first.sat_layer.values)
 
@@ -381,7 +386,9 @@ def test_lens_pass_in_cached_parts_equals_one_pass(tiny_model, tmp_path, monkeyp
     assert status == {"parts": 3, "cached": 1, "computed": 1}          # one part, then stop
     status = sat.cache_saturation_parts(tiny_model, texts, store=store, part_texts=2, **kw)
     assert status == {"parts": 3, "cached": 3, "computed": 2}
-    monkeypatch.setattr(sat, "_saturation_pass", None)                 # everything is cached
+    monkeypatch.setattr(sat_lens, "_saturation_pass", None)            # everything is cached
+    with pytest.raises(TypeError):                                     # (the patch is live)
+        saturation_layers(tiny_model, texts[:1], **kw)
     joined = saturation_layers(tiny_model, texts, part_texts=2, store=store, **kw).load()
     for name in one.variables:
         np.testing.assert_array_equal(joined[name].values, one[name].values, err_msg=name)
@@ -516,8 +523,8 @@ def test_min_sat_layer_is_part_of_the_cache_key(tiny_model, tmp_path, monkeypatc
               store=store)
     a = sat.saturation_analysis(tiny_model, TEXTS, min_sat_layer=0, **kw).load()
     calls = []
-    real = sat._analyse
-    monkeypatch.setattr(sat, "_analyse", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = sat_analysis._analyse
+    monkeypatch.setattr(sat_analysis, "_analyse", lambda *a, **k: calls.append(k) or real(*a, **k))
     b = sat.saturation_analysis(tiny_model, TEXTS, min_sat_layer=1, **kw).load()
     assert len(calls) == 1 and calls[0]["min_sat_layer"] == 1       # not served from a's entry
     assert a.attrs["params"]["min_sat_layer"] == 0 and b.attrs["params"]["min_sat_layer"] == 1
@@ -652,8 +659,9 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
     argv = ["saturation", "--model", "tiny-llama", "--corpus", str(corpus), "--k", "5",
             "--permutations", "20", "--sample-positions", "0", "--pairs", "0", "--json"]
     calls = []
-    analyse = sat._analyse
-    monkeypatch.setattr(sat, "_analyse", lambda *a, **k: calls.append(k) or analyse(*a, **k))
+    analyse = sat_analysis._analyse
+    monkeypatch.setattr(sat_analysis, "_analyse",
+                        lambda *a, **k: calls.append(k) or analyse(*a, **k))
     assert cli.main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert len(calls) == 1 and any(cache.rglob("*"))
@@ -661,7 +669,7 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
     def recomputed(*a, **k):
         raise AssertionError("the second run recomputed")
 
-    for module, name in ((sat, "_analyse"), (sat, "saturation_layers"),
+    for module, name in ((sat_analysis, "_analyse"), (sat_analysis, "saturation_layers"),
                          (importlib.import_module("explorer.trace"), "run_batch")):
         monkeypatch.setattr(module, name, recomputed)
     assert cli.main(argv) == 0
