@@ -265,8 +265,15 @@ def test_trace_is_importable_as_a_function_from_the_package():
 
     from explorer import trace as top_level_trace
 
-    assert callable(top_level_trace)
-    assert callable(explorer.trace)
+    import importlib
+
+    # the package attribute is the function (not the submodule it lives in), and calling it
+    # reads what a plain forward computes
+    assert top_level_trace is explorer.trace is importlib.import_module("explorer.trace").trace
+    model = explorer.load_model("tiny-llama")
+    ds = explorer.trace(model, ["the cat sat"], layers=[1])
+    ref = hf_reference(model, "the cat sat")
+    assert_close(real(ds.resid_post.sel(layer=1), 0, len(ref["ids"])), ref["hidden"][2])
 
 
 # -- bad input -------------------------------------------------------------------------------
