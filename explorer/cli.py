@@ -70,7 +70,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.conflicts",
     "explorer.commands.icl_heads",
     "explorer.commands.task_vectors",
-    "explorer.analyses.icl_finetune",
+    "explorer.commands.icl_finetune",
     "explorer.analyses.itda",
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",

@@ -93,8 +93,10 @@ def test_early_late_finetune_tunes_the_lowest_td_task_with_equal_adapters(tiny_m
 
 
 def test_cli_icl_finetune_json(capsys):
+    from explorer.commands.icl_finetune import register_cli
+
     parser = argparse.ArgumentParser()
-    ft.register_cli(parser.add_subparsers())
+    register_cli(parser.add_subparsers())
     args = parser.parse_args(["icl-finetune", "--model", "tiny-llama", "--tasks",
                               "antonym,uppercase", "--steps", "1", "--n-prompts", "4",
                               "--n-shots", "2", "--k", "3", "--batch-size", "2", "--json"])
@@ -104,6 +106,33 @@ def test_cli_icl_finetune_json(capsys):
     assert out["early"]["n_trainable"] == out["late"]["n_trainable"] > 0
     assert len(out["base"]["td"]) == 3
 
+
+
+def test_cli_icl_finetune_runs_at_one_thread_unless_threads_says_otherwise(monkeypatch):
+    """The command's own default is one torch thread; the CLI's global --threads overrides
+    it (no flag of its own clashes with it) and main restores the count afterwards."""
+    from explorer import cli
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.icl_finetune",))
+    parser = cli.build_parser()
+    args = parser.parse_args(["icl-finetune", "--model", "tiny-llama"])
+    assert args.threads is None and args.default_threads == 1
+    assert cli._threads(args) == 1
+    args = parser.parse_args(["icl-finetune", "--threads", "3"])
+    assert cli._threads(args) == 3
+    args = parser.parse_args(["--threads", "2", "icl-finetune"])
+    assert cli._threads(args) == 2
+    seen = []
+
+    def finetune(*args, **kwargs):  # record the thread count the run gets, then stop it
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stopped by the test")
+
+    monkeypatch.setattr(ft, "early_late_finetune", finetune)
+    before = torch.get_num_threads()
+    assert cli.main(["icl-finetune", "--model", "tiny-llama", "--tasks", "antonym,uppercase"]) == 1
+    assert cli.main(["icl-finetune", "--model", "tiny-llama", "--threads", "2"]) == 1
+    assert seen == [1, 2] and torch.get_num_threads() == before
 
 def test_hooks_engine_trains_the_same_maps_and_td_sees_the_adapters(tiny_model):
     """LayerLoRA(engine="hooks") trains the same maps as peft without copying the model,

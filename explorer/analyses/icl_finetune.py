@@ -42,7 +42,6 @@ __all__ = [
     "LayerLoRA",
     "early_late_finetune",
     "finetune_summary",
-    "register_cli",
 ]
 
 CITATION = ("S. Han, J. Song, J. Gore, P. Agrawal, \"Emergence and Effectiveness of Task "
@@ -338,58 +337,3 @@ def finetune_summary(ds: xr.Dataset) -> dict[str, Any]:
             out[v]["final_train_loss"] = float(d.train_loss.values[-1])
             out[v]["first_train_loss"] = float(d.train_loss.values[0])
     return out
-
-
-# -- CLI -----------------------------------------------------------------------------------
-
-def register_cli(subparsers: Any) -> None:
-    """Add ``explorer icl-finetune``: LoRA on the first vs the last layers (Han et al.)."""
-    from explorer.cli import add_model_option
-
-    p = subparsers.add_parser(
-        "icl-finetune", help="LoRA on only the first or only the last layers: TD and accuracy",
-        description="Fine-tune the first or the last layers of a copy of the model on the "
-                    "task with the lowest task decodability (Han et al., ICML 2025).")
-    add_model_option(p)
-    p.add_argument("--tasks", default="antonym,country-capital,english-french,present-past",
-                   help="comma-separated tasks; the one with the lowest TD is tuned "
-                        "(default: %(default)s)")
-    p.add_argument("--n-layers-tuned", type=int, default=None,
-                   help="layers tuned at each end (default n_layers // 4)")
-    p.add_argument("--rank", type=int, default=4)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--n-prompts", type=int, default=12)
-    p.add_argument("--n-shots", type=int, default=3)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine", choices=ENGINES, default=None,
-                   help="peft on a copy of the model, or adapters applied by hooks without a "
-                        "copy (default: peft locally, hooks for --remote)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: fastest on a shared machine)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_cmd_icl_finetune)
-
-
-def _cmd_icl_finetune(args: Any) -> int:
-    from explorer.cli import load_cli_model, print_json
-
-    torch.set_num_threads(check_int("threads", args.threads, low=1))
-    model = load_cli_model(args)
-    tasks = [s.strip() for s in args.tasks.split(",") if s.strip()]
-    ds = early_late_finetune(model, tasks, n_layers_tuned=args.n_layers_tuned, rank=args.rank,
-                             steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                             n_prompts=args.n_prompts, n_shots=args.n_shots, k=args.k,
-                             seed=args.seed, engine=args.engine)
-    summary = {"model": model.spec.name, **finetune_summary(ds)}
-    if args.json:
-        print_json(summary)
-    else:
-        print(f"tuned task: {summary['task']} (lowest TD)")
-        for v in VARIANTS:
-            s = summary[v]
-            print(f"{v:>5}: accuracy {s['accuracy']:.3f}, task TD (mean over layers) "
-                  f"{s['task_td_mean']:.3f}, trainable {s['n_trainable']}")
-    return 0
