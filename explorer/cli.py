@@ -74,7 +74,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.analyses.itda",
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
-    "explorer.analyses.linear_icl",
+    "explorer.commands.linear_icl",
     "explorer.analyses.task_emergence",
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",

@@ -363,7 +363,7 @@ def test_errors_name_the_bad_value():
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.linear_icl",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.linear_icl",))
     args = ["linear-icl", "train", "--heads", "1,2", "--steps", "20", "--checkpoint-every", "10",
             "--json", "--cache", str(tmp_path)]
     assert cli.main(args) == 0
@@ -375,3 +375,27 @@ def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     assert len(summary["runs"]["2"]["omega"]) == 2 and "loss_gap_h1_minus_h2" in summary
     assert cli.main(["linear-icl", "train", "--heads", "0", "--cache", str(tmp_path)]) == 2
     assert "--heads" in capsys.readouterr().err
+
+
+def test_cli_runs_on_one_thread_and_restores_the_thread_count(tmp_path, monkeypatch, capsys):
+    """The command trains on one thread (its default), and leaves torch's thread count as it
+    found it; ``--threads`` overrides the default."""
+    from explorer import cli
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.linear_icl",))
+    seen = []
+    real_run = icl.linear_icl_run
+
+    def recording_run(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(icl, "linear_icl_run", recording_run)
+    torch.set_num_threads(2)
+    args = ["linear-icl", "train", "--heads", "1", "--steps", "4", "--checkpoint-every", "2",
+            "--json", "--cache", str(tmp_path)]
+    assert cli.main(args) == 0
+    assert torch.get_num_threads() == 2 and seen == [1]
+    assert cli.main(args + ["--threads", "3"]) == 0
+    assert torch.get_num_threads() == 2 and seen == [1, 3]
+    capsys.readouterr()
