@@ -75,7 +75,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
     "explorer.commands.linear_icl",
-    "explorer.analyses.task_emergence",
+    "explorer.commands.task_emergence",
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",
     "explorer.analyses.shattering",

@@ -307,7 +307,7 @@ def test_analysis_rejects_bad_runs_and_steps(tiny_run):
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.task_emergence",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.task_emergence",))
     out = tmp_path / "run.safetensors"
     args = ["task-emergence", "train", "--steps", "4", "--checkpoint-every", "2", "--n-layers", "1",
             "--d-model", "16", "--json", "--cache", str(tmp_path)]

@@ -19,7 +19,6 @@ In-Context Learning: An Encoder-Decoder Perspective", ICML 2025.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -35,7 +34,7 @@ from torch import nn
 
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses._training import (datasets_from_safetensors, datasets_to_safetensors,
-                                         stored_training_run, terminal_progress, training_versions)
+                                         stored_training_run, training_versions)
 
 __all__ = [
     "CITATION",
@@ -57,7 +56,6 @@ __all__ = [
     "save_analysis_safetensors",
     "load_analysis_safetensors",
     "default_analysis",
-    "register_cli",
 ]
 
 CITATION = ("S. Han, J. Song, J. Gore, P. Agrawal, \"Emergence and Effectiveness of Task Vectors "
@@ -809,65 +807,3 @@ def default_analysis(*, store=None, progress: ProgressCallback | None = None) ->
         return analysis
     run = stored.load() if stored is not None else task_emergence_run(store=store, progress=progress)
     return stored_task_emergence_analysis(run, store=store)
-
-
-# -- command line ---------------------------------------------------------------------
-
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``explorer task-emergence train|analyse``."""
-    p = subparsers.add_parser(
-        "task-emergence", help="task-vector emergence: train a small transformer on an ICL task mixture",
-        description="train: train a GPT-2-style transformer from scratch on a mixture of sparse linear "
-                    "regressions (Han et al., ICML 2025) and store its checkpoints. analyse: task "
-                    "decodability per layer and ICL loss per task at every checkpoint of the stored "
-                    "run (trained first if missing), with the steps at which each rises.")
-    p.add_argument("action", choices=["train", "analyse"], help="train or analyse")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed (default: 0)")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps (default: 20000)")
-    p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"],
-                   help="steps between checkpoints (default: 250)")
-    p.add_argument("--n-layers", type=int, default=DEFAULTS["n_layers"], help="layers (default: 3)")
-    p.add_argument("--d-model", type=int, default=DEFAULTS["d_model"], help="width (default: 64)")
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak Adam learning rate (default: 1e-3)")
-    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"],
-                   help="steps of linear learning-rate warm-up (default: 500; then cosine decay to 0)")
-    p.add_argument("--n-per-task", type=int, default=100,
-                   help="analyse: evaluation prompts per task (default: 100)")
-    p.add_argument("--k", type=int, default=10, help="analyse: neighbours of the k-NN vote (default: 10)")
-    p.add_argument("--out", default=None,
-                   help="train: also write the checkpoints to this safetensors file")
-    p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_cmd_task_emergence)
-
-
-def _cmd_task_emergence(args: argparse.Namespace) -> int:
-    from explorer.store import ActivationStore
-
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
-    params = {"seed": args.seed, "steps": args.steps, "checkpoint_every": args.checkpoint_every,
-              "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr, "warmup": args.warmup}
-    store = ActivationStore()
-    progress = None if args.json else terminal_progress("training")
-    if args.action == "train":
-        run = task_emergence_run(store=store, retrain=True, progress=progress, **params)
-        out: dict[str, Any] = {
-            "key": store.key(_run_parts({**DEFAULTS, **params})), "store": str(store.path),
-            "params": run.attrs["params"], "seed": run.attrs["seed"],
-            "train_seconds": run.attrs["train_seconds"], "n_checkpoints": int(run.sizes["step"]),
-            "final_train_loss": float(run["train_loss"].values[-1])}
-        if args.out:
-            out["safetensors"] = str(save_run_safetensors(run, args.out))
-    else:
-        run = task_emergence_run(store=store, retrain=args.retrain, progress=progress, **params)
-        analysis = stored_task_emergence_analysis(run, store=store, n_per_task=args.n_per_task, k=args.k)
-        out = {"train_seconds": run.attrs["train_seconds"], "n_checkpoints": int(run.sizes["step"]),
-               **{key: analysis.attrs[key] for key in emergence_summary(analysis)}}
-    if args.json:
-        from explorer.cli import print_json
-
-        print_json(out)
-    else:
-        for name, value in out.items():
-            print(f"{name}: {value}")
-    return 0
