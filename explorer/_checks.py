@@ -20,6 +20,7 @@ __all__ = [
     "check_float",
     "check_prompts",
     "check_local_weights",
+    "safetensors_problem",
     "suggest",
 ]
 
@@ -118,3 +119,32 @@ def check_prompts(prompts: Any) -> list[str]:
         if not p.strip():
             raise InputError(f"`prompts[{i}]` is empty; every prompt needs at least one non-space character.")
     return prompts
+
+
+def safetensors_problem(path: Any) -> str | None:
+    """Why ``path`` is not a whole safetensors file (None when it is): its header must parse
+    and the file must be exactly as long as the header says (a truncated copy is not)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path.name} is {size} bytes, too short for a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                return f"{path.name} has a header length of {n} bytes in a {size}-byte file"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"{path.name} cannot be read as safetensors ({e})"
+    if not isinstance(header, dict):
+        return f"{path.name} has no safetensors header"
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return f"{path.name} is {size} bytes; its header says {expected}"
+    return None

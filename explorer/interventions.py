@@ -10,6 +10,7 @@ different head in each copy of a batch repeated k times (see `CleanRun.repeat`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -87,7 +88,7 @@ class Ablate(Edit):
             if self.mode != "mean":
                 # a value with mode "zero" would be silently ignored by `apply_edits`
                 raise InputError(f"`value` applies to mode 'mean' only; got mode {self.mode!r}.")
-            object.__setattr__(self, "value", _as_tuple(self.value))
+            object.__setattr__(self, "value", _as_tuple(self.value, "value"))
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
             if self.mode == "mean" and self.value is None:
@@ -114,7 +115,7 @@ class Scale(Edit):
 
     def __post_init__(self):
         _check_prompts(self)
-        object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
+        object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
@@ -175,8 +176,8 @@ class Steer(Edit):
 
     def __post_init__(self):
         _check_prompts(self)
-        object.__setattr__(self, "vector", _as_tuple(self.vector))
-        object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
+        object.__setattr__(self, "vector", _as_tuple(self.vector, "vector"))
+        object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
@@ -209,8 +210,8 @@ class AddHead(Edit):
 
     def __post_init__(self):
         _check_prompts(self)
-        object.__setattr__(self, "value", _as_tuple(self.value))
-        object.__setattr__(self, "alpha", check_float("alpha", self.alpha))
+        object.__setattr__(self, "value", _as_tuple(self.value, "value"))
+        object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
@@ -262,12 +263,29 @@ def check_prompt_rows(prompts: Sequence[int] | None, n_prompts: int, what: str =
                          f"prompt{'s' if n_prompts != 1 else ''} (rows 0 to {n_prompts - 1}).")
 
 
-def _as_tuple(values: Any) -> tuple[float, ...]:
+def _as_tuple(values: Any, name: str) -> tuple[float, ...]:
+    """``values`` (a tensor, array or sequence of numbers) as a flat tuple of finite floats;
+    InputError naming ``name`` if an entry is NaN or infinite (it would spread through
+    every later activation of the run)."""
     if isinstance(values, torch.Tensor):
         values = values.detach().float().cpu().reshape(-1).tolist()
     elif hasattr(values, "tolist"):
         values = values.tolist()
-    return tuple(float(v) for v in values)
+    out = tuple(float(v) for v in values)
+    bad = [i for i, v in enumerate(out) if not math.isfinite(v)]
+    if bad:
+        where = ", ".join(f"{out[i]} at {i}" for i in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise InputError(f"`{name}` must hold finite numbers; {len(bad)} of its {len(out)} "
+                         f"entries are not ({where}).")
+    return out
+
+
+def _finite(name: str, value: Any) -> float:
+    """``value`` as a finite float (check_float already rejects NaN and non-numbers)."""
+    value = check_float(name, value)
+    if not math.isfinite(value):
+        raise InputError(f"`{name}` must be a finite number; got {value}.")
+    return value
 
 
 def edit_from_dict(d: dict[str, Any]) -> Edit:

@@ -29,6 +29,7 @@ from ._checks import (
     ModelNotFoundError,
     StoreError,
     check_prompts,
+    safetensors_problem,
     suggest,
 )
 
@@ -510,31 +511,6 @@ def smollm2_folder() -> Path:
     return target
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file (None when it is): its header must parse
-    and the file must be exactly as long as the header says (a truncated copy is not)."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                return f"{path.name} is {size} bytes, too short for a safetensors header"
-            n = int.from_bytes(head, "little")
-            if n <= 0 or 8 + n > size:
-                return f"{path.name} has a header length of {n} bytes in a {size}-byte file"
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as e:
-        return f"{path.name} cannot be read as safetensors ({e})"
-    if not isinstance(header, dict):
-        return f"{path.name} has no safetensors header"
-    ends = [v["data_offsets"][1] for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]
-    expected = 8 + n + max(ends, default=0)
-    if size != expected:
-        return f"{path.name} is {size} bytes; its header says {expected}"
-    return None
-
-
 def _converted_cache_problem(folder: Path, gguf: Path) -> str | None:
     """Why the converted copy in ``folder`` cannot be used for ``gguf`` (None when it can):
     an unreadable source record, a conversion of another GGUF, or missing or truncated
@@ -556,7 +532,7 @@ def _converted_cache_problem(folder: Path, gguf: Path) -> str | None:
     if not weights:
         return "it holds no .safetensors file"
     for path in weights:
-        problem = _safetensors_problem(path)
+        problem = safetensors_problem(path)
         if problem is not None:
             return problem
     return None

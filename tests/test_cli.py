@@ -189,6 +189,27 @@ def test_trace_applies_edits_from_a_json_file(capsys, tmp_path, prompts_file, ti
 
 # -- user errors: one line on stderr, exit 2 -----------------------------------------------
 
+@pytest.mark.parametrize("content, message", [
+    (None, r"edits file '.*edits.json' does not exist\."),
+    ("[{\"kind\": \"ablate\", \"layer\": 0,", r"edits JSON does not parse: Expecting property name"),
+    ('[{"kind": "shift", "layer": 0}]', r"unknown edit kind"),
+    ('[{"kind": "steer", "layer": 0, "vector": [1.0, NaN, Infinity]}]',
+     r"`vector` must hold finite numbers; 2 of its 3 entries are not \(nan at 1, inf at 2\)"),
+])
+def test_bad_edits_file_is_one_line_and_writes_nothing(capsys, tmp_path, prompts_file,
+                                                       content, message):
+    import re
+
+    edits_file = tmp_path / "edits.json"
+    if content is not None:
+        edits_file.write_text(content)
+    out = tmp_path / "edited.zarr"
+    code, _, err = run(capsys, "trace", "--model", "tiny-llama", "--prompts", str(prompts_file),
+                       "--edits", str(edits_file), "--out", str(out))
+    assert code == 2 and re.search(message, assert_one_error_line(err)), err
+    assert not out.exists()
+
+
 def test_unknown_model_is_one_line_listing_the_known_names(capsys, tmp_path, prompts_file):
     code, out, err = run(capsys, "trace", "--model", "tiny-lama", "--prompts", str(prompts_file),
                          "--out", str(tmp_path / "x.zarr"))

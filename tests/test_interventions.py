@@ -423,6 +423,30 @@ def test_bad_record_fields_are_rejected():
         Scale(0, 0, alpha=float("nan"))
 
 
+@pytest.mark.parametrize("make", [
+    lambda bad: Steer(0, torch.tensor([0.0, bad, 1.0])),
+    lambda bad: Ablate(0, 0, mode="mean", value=np.array([bad, 0.0])),
+    lambda bad: AddHead(0, 1, value=[1.0, 2.0, bad]),
+])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_edit_tensors_are_refused(make, bad):
+    with pytest.raises(InputError, match=rf"must hold finite numbers; 1 of its [23] entries are "
+                                         rf"not \({bad} at [012]\)"):
+        make(bad)
+
+
+def test_non_finite_values_are_named_and_alphas_must_be_finite():
+    with pytest.raises(InputError, match=r"`vector` must hold finite numbers; 4 of its 5 "
+                                         r"entries are not \(nan at 0, inf at 1, -inf at 3, \.\.\.\)"):
+        Steer(0, [float("nan"), float("inf"), 0.0, -float("inf"), float("nan")])
+    for make in (lambda a: Steer(0, [1.0], alpha=a), lambda a: Scale(0, 0, alpha=a),
+                 lambda a: AddHead(0, 0, value=[1.0], alpha=a)):
+        with pytest.raises(InputError, match=r"`alpha` must be a finite number; got inf"):
+            make(float("inf"))
+    with pytest.raises(InputError, match=r"`vector` must hold finite numbers"):
+        edits_from_json('[{"kind": "steer", "layer": 0, "vector": [NaN]}]')
+
+
 def test_layer_and_head_out_of_range(tiny_model):
     with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 2\]; got 3\."):
         run_with(tiny_model, PROMPTS, [Ablate(3, 0)])

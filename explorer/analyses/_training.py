@@ -11,7 +11,7 @@ from typing import Any
 
 import xarray as xr
 
-from explorer._checks import InputError
+from explorer._checks import InputError, StoreError, safetensors_problem
 
 __all__ = ["ProgressCallback", "terminal_progress", "training_versions", "stored_training_run",
            "datasets_to_safetensors", "datasets_from_safetensors"]
@@ -135,6 +135,10 @@ def datasets_from_safetensors(path, *, as_float32: Sequence[str] = ()) -> tuple[
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no safetensors file at {str(path)!r}.")
+    problem = safetensors_problem(path)
+    if problem is not None:
+        raise StoreError(f"{str(path)!r} is damaged ({problem}); restore it (`git checkout -- "
+                         f"{path}` for a file that ships with the project) or write it again.")
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata() or {})
         if "layout" not in meta:
