@@ -1,0 +1,89 @@
+"""`explorer serve` as a user starts it: the real server, probed from outside.
+
+By default it listens on loopback only (read from its sockets, and a connection to the
+machine's other address is refused); ``--address`` changes that, with a note on stderr.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests._browser import ROOT, _answers, free_port
+
+
+def _other_ipv4() -> str | None:
+    """A non-loopback IPv4 address of this machine, if it has one."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+@contextlib.contextmanager
+def _serving(tmp_path, *extra: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    with open(log, "w") as out, open(tmp_path / f"serve-{port}.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "serve", "--model",
+                                 "tiny-llama", "--port", str(port), *extra],
+                                cwd=ROOT, stdout=out, stderr=err)
+        try:
+            deadline = time.time() + 180
+            while not _answers(port):
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.time() < deadline, "the server did not answer in 180 s"
+                time.sleep(0.3)
+            yield proc, port
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _listening(proc: subprocess.Popen, port: int) -> set[str]:
+    """The local addresses the server process listens on at ``port``."""
+    return {c.laddr.ip for c in psutil.Process(proc.pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def test_serve_listens_on_loopback_only_by_default(tmp_path):
+    with _serving(tmp_path) as (proc, port):
+        assert _listening(proc, port) == {"127.0.0.1"}
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as page:
+            assert page.status == 200 and b"bokeh" in page.read().lower()
+        other = _other_ipv4()
+        if other is not None:                       # the machine's other address is refused
+            assert not _connects(other, port)
+    assert "serving the explorer gallery (tiny-llama) at http://127.0.0.1:" in \
+        next(tmp_path.glob("serve-*.log")).read_text()
+
+
+def test_serve_address_flag_changes_the_binding(tmp_path):
+    other = _other_ipv4()
+    if other is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to bind")
+    with _serving(tmp_path, "--address", "0.0.0.0") as (proc, port):
+        assert _listening(proc, port) == {"0.0.0.0"}
+        assert _connects(other, port)
+    err = next(tmp_path.glob("serve-*.err")).read_text()
+    assert "note: listening on 0.0.0.0: anyone who can reach it can run the model" in err
