@@ -78,7 +78,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.task_emergence",
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",
-    "explorer.analyses.shattering",
+    "explorer.commands.shattering",
     "explorer.analyses.unlearning",
     "explorer.commands.studies",
 )

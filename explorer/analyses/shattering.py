@@ -31,12 +31,10 @@ Transformer" (MEMIT), ICLR 2023.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -85,7 +83,6 @@ __all__ = [
     "edit_sweep",
     "stored_edit_sweep",
     "sweep_summary",
-    "register_cli",
 ]
 
 CITATION = ("K. Nishi, R. Ramesh, M. Okawa, M. Khona, H. Tanaka, E. S. Lubana, \"Representation "
@@ -1161,95 +1158,3 @@ def _attrs(method: str, km: KnowledgeModel, params: dict[str, Any] | None = None
             "params": params or {}, "seed": km.params["seed"], "citation": CITATION,
             "versions": {"explorer": getattr(explorer, "__version__", "0"), "torch": torch.__version__,
                          "numpy": np.__version__}}
-
-
-# -- command line ---------------------------------------------------------------------
-
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``explorer shattering train|edit|analyse``."""
-    p = subparsers.add_parser(
-        "shattering", help="knowledge editing on a transformer trained on a cyclic knowledge graph",
-        description="train: train the model on random walks of a synthetic cyclic knowledge graph "
-                    "(Nishi et al., ICML 2025) and save it in the cache. edit: one counterfactual "
-                    "edit and its shattering ratio R. analyse: many edits, R vs accuracy drop (r^2) "
-                    "and R by counterfactual distance.")
-    p.add_argument("action", choices=["train", "edit", "analyse"], help="train, edit or analyse")
-    for name in ("seed", "steps", "n_entities", "n_orders", "d_model", "n_layers", "d_mlp", "batch_size"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=DEFAULTS[name],
-                       help=f"{name.replace('_', ' ')} (default: {DEFAULTS[name]})")
-    p.add_argument("--method", choices=sorted(EDIT_METHODS), default="rome", help="edit method (default: rome)")
-    p.add_argument("--layer", type=int, default=0,
-                   help="block whose MLP is edited; memit: the last critical block (default: 0)")
-    p.add_argument("--layers", default=None,
-                   help="memit: comma-separated blocks to spread the edit over (default: 0..layer)")
-    p.add_argument("--entity", type=int, default=0, help="edit: entity id (default: 0)")
-    p.add_argument("--relation", default="A+1", help="edit: relation name, e.g. A+1, B-3 (default: A+1)")
-    p.add_argument("--distance", type=int, default=2, help="edit: counterfactual distance (default: 2)")
-    p.add_argument("--n-edits", type=int, default=80, help="analyse: number of edits (default: 80)")
-    p.add_argument("--retrain", action="store_true", help="train again even if the model is stored")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_cmd_shattering)
-
-
-def _cmd_shattering(args: argparse.Namespace) -> int:
-    from explorer.store import ActivationStore
-
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
-    params = {k: getattr(args, k) for k in ("seed", "steps", "n_entities", "n_orders", "d_model",
-                                            "n_layers", "d_mlp", "batch_size")}
-    layers = None
-    if args.layers is not None:
-        if args.method != "memit":
-            raise InputError(f"`--layers` is for `--method memit` only; got --method {args.method}.")
-        try:
-            layers = [int(x) for x in args.layers.split(",") if x.strip()]
-        except ValueError:
-            raise InputError(f"`--layers` must be comma-separated block numbers, e.g. 0,1; got {args.layers!r}.") \
-                from None
-    store = ActivationStore()
-    progress = None if args.json else _terminal_progress("training")
-    km = knowledge_model(store=store, retrain=args.retrain or args.action == "train",
-                         progress=progress, **params)
-    if args.action == "train":
-        acc = fact_accuracy(km)["accuracy"]
-        out = {"path": str(_model_path(store, km.params)), "params": km.params,
-               "train_seconds": km.train_seconds, "final_loss": km.history["loss"][-1],
-               "accuracy": dict(zip(acc["split"].values.tolist(), map(float, acc.values)))}
-    elif args.action == "edit":
-        relation = km.graph.relation_index(args.relation)
-        edit = edit_fact(km, args.entity, relation, args.distance, method=args.method, layer=args.layer,
-                         layers=layers)
-        emb = edit_embedding(km, edit, [0.0, 1.0])
-        acc0 = fact_accuracy(km, exclude=[(edit.entity, relation)])
-        acc1 = fact_accuracy(km, edited_model(km, edit), exclude=[(edit.entity, relation)])
-        out = {**_edit_attrs(km, edit), "R": float(emb["R"].values[-1]),
-               "success": bool(acc1["prediction"].values[edit.entity, relation] == edit.new_object),
-               "accuracy_before": dict(zip(acc0["split"].values.tolist(), map(float, acc0["accuracy"].values))),
-               "accuracy_after": dict(zip(acc1["split"].values.tolist(), map(float, acc1["accuracy"].values)))}
-    else:
-        sweep = stored_edit_sweep(km, store=store, progress=None if args.json else _terminal_progress("edits"),
-                                  n_edits=args.n_edits, method=args.method, layer=args.layer, layers=layers)
-        out = {**sweep_summary(sweep), "train_seconds": km.train_seconds}
-    if args.json:
-        from explorer.cli import print_json
-
-        print_json(out)
-    else:
-        for name, value in out.items():
-            print(f"{name}: {value}")
-    return 0
-
-
-def _terminal_progress(label: str) -> ProgressCallback:
-    from tqdm import tqdm
-
-    bar: dict[str, Any] = {}
-
-    def update(done: int, total: int) -> None:
-        if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, desc=label, file=sys.stderr, leave=False)
-        bar["bar"].update(done - bar["bar"].n)
-        if done >= total:
-            bar["bar"].close()
-
-    return update
