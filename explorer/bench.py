@@ -47,7 +47,7 @@ ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "saturation": ("explorer.commands.saturation", "bench_saturation"),
     "conflicts": ("explorer.benches.conflicts", "bench_conflicts"),
     "icl-heads": ("explorer.benches.icl_heads", "bench_icl_heads"),
-    "itda": ("explorer.analyses.itda", "bench_itda"),
+    "itda": ("explorer.benches.itda", "bench_itda"),
     "store": ("explorer.benches.store", "bench_store"),
     "eap": ("explorer.analyses.circuits", "bench_eap"),
 }

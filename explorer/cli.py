@@ -71,7 +71,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.icl_heads",
     "explorer.commands.task_vectors",
     "explorer.commands.icl_finetune",
-    "explorer.analyses.itda",
+    "explorer.commands.itda",
     "explorer.analyses.neuron_eval",
     "explorer.analyses.parity",
     "explorer.commands.linear_icl",

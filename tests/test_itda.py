@@ -397,7 +397,7 @@ def test_user_errors_name_the_bad_value(tiny_model):
 def test_cli_itda_json(tiny_model, tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.itda",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.itda",))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS[:3]))
     code = cli.main(["itda", "--model", "tiny-llama", "--prompts", str(prompts), "--layer", "1",
@@ -489,7 +489,7 @@ def test_min_pos_leaves_the_first_tokens_out(tiny_model):
 
 
 def test_bench_itda_reports_the_ratio_of_its_own_times(tiny_model):
-    from explorer.analyses.itda import bench_itda
+    from explorer.benches.itda import bench_itda
 
     out = bench_itda(tiny_model, n_prompts=10, sae_seconds=1.0)
     fig = out["figures"]
