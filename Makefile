@@ -17,7 +17,7 @@ app: setup
 	.venv/bin/explorer serve --model $(MODEL) --port $(PORT) --show
 
 test: setup-test
-	.venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
+	EXPLORER_REQUIRE_BROWSER=1 .venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/explorer bench trace-overhead --json

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,11 +45,85 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-b
                  "--disable-component-update", "--disable-sync"]
 
 
+class WatchedBrowser:
+    """A Playwright browser whose every page reports console errors, uncaught page errors and
+    failed requests into ``problems`` (the autouse check below fails the test on any).
+
+    A test that provokes an error on purpose reads and clears them with `take_problems`.
+    """
+
+    def __init__(self, browser: Any):
+        self._browser = browser
+        self.problems: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._browser, name)
+
+    def new_context(self, **kwargs: Any) -> Any:
+        context = self._browser.new_context(**kwargs)
+        self._watch(context)
+        return context
+
+    def new_page(self, **kwargs: Any) -> Any:
+        page = self._browser.new_page(**kwargs)
+        self._watch(page.context)
+        return page
+
+    def take_problems(self) -> list[str]:
+        problems, self.problems = self.problems, []
+        return problems
+
+    def _watch(self, context: Any) -> None:
+        def console(msg: Any) -> None:
+            if msg.type == "error":
+                self.problems.append(f"console error on {msg.page.url if msg.page else '?'}: "
+                                     f"{msg.text}")
+
+        def failed(request: Any) -> None:
+            # closing a page or navigating away cancels what is in flight: not a page fault
+            if request.failure != "net::ERR_ABORTED":
+                self.problems.append(f"request failed: {request.method} {request.url} "
+                                     f"({request.failure})")
+
+        context.on("console", console)
+        context.on("weberror", lambda err: self.problems.append(f"page error: {err.error}"))
+        context.on("requestfailed", failed)
+
+
+def _browser_unavailable(reason: str) -> None:
+    """Skip the browser tests with ``reason``, or fail when the test command requires them
+    (``EXPLORER_REQUIRE_BROWSER=1``, set by `make test`)."""
+    if os.environ.get("EXPLORER_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason}; the test command runs the browser tests: set them up with "
+                    "./scripts/setup.sh --browser", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def browser():
-    """Headless chromium driven by Playwright, one per test module."""
-    sync_api = pytest.importorskip("playwright.sync_api")
+    """Headless chromium driven by Playwright, one per test module, every page watched."""
+    try:
+        from playwright import sync_api
+    except ImportError:
+        _browser_unavailable("Playwright is not installed")
+    if not Path(CHROMIUM).exists():
+        _browser_unavailable(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
+        try:
+            b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        except sync_api.Error as err:
+            _browser_unavailable(f"chromium at {CHROMIUM} does not start: "
+                                 f"{str(err).splitlines()[0]}")
+        yield WatchedBrowser(b)
         b.close()
+
+
+@pytest.fixture(autouse=True)
+def _browser_problems_fail_the_test(request):
+    """After a test that used the browser: any console error, page error or failed request
+    its pages met fails it."""
+    yield
+    if "browser" in request.fixturenames:
+        problems = request.getfixturevalue("browser").take_problems()
+        if problems:
+            pytest.fail("the browser reported:\n" + "\n".join(problems[:20]), pytrace=False)

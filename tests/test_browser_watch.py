@@ -1,0 +1,28 @@
+"""The browser fixture's watch: console errors, uncaught page errors and failed requests on
+any page are recorded (and fail the test that met them, see conftest)."""
+from __future__ import annotations
+
+import pytest
+
+from tests._browser import free_port
+
+pytestmark = pytest.mark.browser
+
+
+def test_every_page_reports_console_errors_page_errors_and_failed_requests(browser):
+    port = free_port()                                  # nothing listens there
+    page = browser.new_page()
+    page.set_content(f"""<script>
+        console.error("drawn badly");
+        console.log("fine");
+        fetch("http://127.0.0.1:{port}/data.json").catch(() => null);
+        setTimeout(() => {{ throw new Error("boom in a callback"); }}, 0);
+    </script>""")
+    page.wait_for_timeout(1500)
+    page.close()
+    problems = browser.take_problems()
+    assert any(p.startswith("console error") and "drawn badly" in p for p in problems), problems
+    assert any(p.startswith("page error") and "boom in a callback" in p for p in problems)
+    assert any(p.startswith("request failed: GET") and str(port) in p for p in problems)
+    assert not any("fine" in p for p in problems)
+    assert browser.take_problems() == []                # taken: this test ends clean
