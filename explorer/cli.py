@@ -72,7 +72,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.task_vectors",
     "explorer.commands.icl_finetune",
     "explorer.commands.itda",
-    "explorer.analyses.neuron_eval",
+    "explorer.commands.neuron_eval",
     "explorer.analyses.parity",
     "explorer.commands.linear_icl",
     "explorer.commands.task_emergence",

@@ -240,7 +240,7 @@ def test_user_errors_name_the_bad_value():
 def test_cli_neuron_eval_synthetic_json(monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.neuron_eval",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.neuron_eval",))
     code = cli.main(["neuron-eval", "--synthetic", "--n-inputs", "5000", "--frequencies", "0.3,0.01",
                      "--seeds", "5", "--json"])
     assert code == 0
@@ -256,7 +256,7 @@ def test_cli_neuron_eval_synthetic_json(monkeypatch, capsys):
 def test_cli_neuron_eval_real_units(tiny_model, tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.neuron_eval",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.neuron_eval",))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(["the cat and the dog and the bird", "the sun and the moon and the sea",
                                    "the red and the blue and the green", "the one and the two and the three"]))
