@@ -79,7 +79,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.analyses.circuits",
     "explorer.analyses.circuit_lora",
     "explorer.commands.shattering",
-    "explorer.analyses.unlearning",
+    "explorer.commands.unlearning",
     "explorer.commands.studies",
 )
 

@@ -451,6 +451,35 @@ def test_cli_unlearn_json(tiny_model, facts_file, capsys):
     assert out["methods"]["all"]["n_params"] == sum(p.numel() for p in tiny_model.hf.parameters())
 
 
+def test_cli_unlearn_runs_on_one_thread_and_restores_the_thread_count(tiny_model, facts_file,
+                                                                      capsys, monkeypatch):
+    """The command trains on one thread unless --threads says otherwise, and leaves torch's
+    thread count as it found it (it used to leave it at 1)."""
+    from explorer.cli import main
+
+    seen = []
+    real = U.unlearning_comparison
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(U, "unlearning_comparison", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        argv = ["unlearn", "--model", "tiny-llama", "--facts", str(facts_file), "--all-facts",
+                "--methods", "random", "--n-layers", "1", "--n-forget", "2", "--n-retain", "1",
+                "--steps", "1", "--relearn-steps", "0", "--json"]
+        assert main(argv) == 0
+        assert torch.get_num_threads() == 2 and seen == [1]
+        assert set(json.loads(capsys.readouterr().out)["methods"]) == {"original", "random"}
+        assert main(argv + ["--threads", "3"]) == 0
+        assert torch.get_num_threads() == 2 and seen == [1, 3]
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.integration
 def test_smollm2_subject_positions_and_known_facts(smollm2):
     facts = U.load_attribute_facts()

@@ -72,7 +72,6 @@ __all__ = [
     "relearn_halves",
     "relearn",
     "unlearning_comparison",
-    "register_cli",
 ]
 
 FORMATS = ("trained", "mc")
@@ -1058,87 +1057,3 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
     )
     ds.attrs["citation"] = CITATION
     return ds
-
-
-# -- CLI ----------------------------------------------------------------------------------
-
-def register_cli(subparsers: Any) -> None:
-    """Add ``explorer unlearn``: localize, unlearn per method, evaluate."""
-    from explorer.cli import add_model_option
-
-    p = subparsers.add_parser(
-        "unlearn", help="mechanistic unlearning: localize facts, unlearn there, evaluate",
-        description="Mechanistic unlearning (Guo et al., ICML 2025) of athlete -> sport facts.")
-    add_model_option(p)
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated localizations (default all: {','.join(METHODS)})")
-    p.add_argument("--n-layers", type=int, default=4, help="MLP layers per localization (budget)")
-    p.add_argument("--objective", default="unlearn", choices=OBJECTIVES)
-    p.add_argument("--n-forget", type=int, default=16)
-    p.add_argument("--n-retain", type=int, default=8)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--retain-weight", type=float, default=1.0)
-    p.add_argument("--relearn-steps", type=int, default=3)
-    p.add_argument("--relearn-lr", type=float, default=3e-5)
-    p.add_argument("--facts", default=None,
-                   help="fact file (JSON like datasets/unlearning/athlete_sport.json)")
-    p.add_argument("--known-formats", default="trained", choices=("trained", "both"),
-                   help="keep the facts the model answers in the trained format (default) or "
-                        "in both the trained and the multiple-choice format")
-    p.add_argument("--all-facts", action="store_true",
-                   help="use every fact, not only those the model answers (see --known-formats)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_cmd_unlearn)
-
-
-def _cmd_unlearn(args: Any) -> int:
-    from explorer.cli import load_cli_model, print_json
-
-    torch.set_num_threads(1)
-    model = load_cli_model(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        check_choice("method", m, METHODS)
-    everything = load_attribute_facts(args.facts)
-    formats = FORMATS if args.known_formats == "both" else ("trained",)
-    facts = everything if args.all_facts else known_facts(model, everything, formats=formats)
-    forget, retain = split_facts(facts, args.n_forget, args.n_retain, seed=args.seed)
-    probe = trace = attribution = None
-    if "fact_lookup" in methods:
-        _, counts = np.unique([f.attribute for f in everything], return_counts=True)
-        probe = attribute_probe_curve(model, everything, seed=args.seed,
-                                      n_folds=int(min(4, counts.min())))
-    if "causal_tracing" in methods:
-        trace = causal_trace(model, forget, positions=False, seed=args.seed)
-    if "attribution_patching" in methods:
-        attribution = attribution_patching(model, forget, seed=args.seed)
-    ds = unlearning_comparison(
-        model, forget, retain, methods=methods, n_layers=args.n_layers, objective=args.objective,
-        steps=args.steps, lr=args.lr, retain_weight=args.retain_weight,
-        relearn_steps=args.relearn_steps, relearn_lr=args.relearn_lr, probe=probe, trace=trace,
-        attribution=attribution, seed=args.seed)
-    summary = {
-        "model": model.spec.name, "n_known": len(facts), "n_forget": len(forget),
-        "n_retain": len(retain), "objective": args.objective, "steps": args.steps,
-        "lr": args.lr, "relearn_steps": args.relearn_steps, "relearn_lr": args.relearn_lr,
-        "methods": {m: {"layers": str(ds["trained_layers"].sel(localization=m).item()),
-                        "n_params": int(ds.n_params.sel(localization=m)),
-                        "seconds_per_step": _num(ds.seconds_per_step.sel(localization=m)),
-                        **{k: _num(ds.accuracy.sel(localization=m, metric=k)) for k in METRICS}}
-                    for m in ds["localization"].values.tolist()},
-    }
-    if probe is not None:
-        summary["probe_accuracy"] = [round(float(x), 3) for x in probe.probe_accuracy.values]
-    if args.json:
-        print_json(summary)
-    else:
-        for key, value in summary.items():
-            print(f"{key}: {value}")
-    return 0
-
-
-def _num(x: Any) -> float | None:
-    v = float(x)
-    return None if np.isnan(v) else round(v, 4)
