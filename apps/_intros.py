@@ -1,0 +1,171 @@
+"""The few lines each page opens with: what it shows, the paper, how to read the main plot,
+and the one thing to try first.
+
+`INTROS` maps a page's slug (as in `apps.gallery.VIEWS`) to its `Intro`; `intro_pane(slug)`
+renders it as a small Markdown block (CSS class ``page-intro``) for the top of the page.
+The paper link is an arXiv title search, so it always finds the paper; the docs link names
+the file under ``docs/`` that holds the method and the measured results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote_plus
+
+import panel as pn
+
+__all__ = ["Intro", "INTROS", "intro_pane", "paper_url"]
+
+
+@dataclass(frozen=True)
+class Intro:
+    """What a page says about itself before anything else."""
+
+    shows: str           # one sentence: what the page shows
+    paper: str           # authors (venue), or the method's origin
+    title: str           # the paper's title, for the link
+    read: str            # how to read the main plot
+    try_first: str       # the one thing to do first
+    doc: str = ""        # docs/<file> with the method and results
+
+
+def paper_url(title: str) -> str:
+    """An arXiv search for ``title`` (finds the paper without a hard-coded identifier)."""
+    return f"https://arxiv.org/search/?searchtype=title&query={quote_plus(title)}"
+
+
+INTROS: dict[str, Intro] = {
+    "lens": Intro(
+        shows="What each layer would predict for the next token if the model stopped there, "
+              "and how adding a steering vector to one layer changes it.",
+        paper="nostalgebraist (2020), the logit lens; steering by Turner et al. (2023)",
+        title="Steering Language Models With Activation Engineering",
+        read="Rows are layers, columns are input positions; each cell is the layer's top "
+             "token there, coloured by its probability. Read a column upwards to see the "
+             "answer form.",
+        try_first="Type a prompt in the sidebar and press Enter, then move the steering "
+                  "strength slider and watch the top rows change.",
+        doc="README.md"),
+    "saturation": Intro(
+        shows="For every token of a text, the layer from which each of the final top-k "
+              "tokens keeps its rank (its saturation layer), and an early exit built on it.",
+        paper="Lioubashevski, Schlank, Stanovsky & Goldstein (ICML 2025)",
+        title="Looking Beyond the Top-1: Transformers Determine Top Tokens in Order",
+        read="The token strip is coloured by the layer where the top-1 token is decided; "
+             "a staircase that rises with rank (s1 < s2 < ...) is the paper's finding.",
+        try_first="Click a token in the strip to see its layer x rank table and staircase.",
+        doc="docs/saturation.md"),
+    "conflicts": Intro(
+        shows="Which attention heads push the model towards its memorised answer and which "
+              "towards the answer in the context, and the JuICE dual-run intervention on them.",
+        paper="Li, Chen & Tong (ICML 2025), JuICE",
+        title="Taming Knowledge Conflicts in Language Models",
+        read="The heatmap is each head's direct push on logit(memory) minus logit(context): "
+             "red heads favour memory, blue heads the context. The bars show both answers' "
+             "probabilities before and after the intervention.",
+        try_first="Press 'Pick top heads for the direction', then raise α_l (enhance) "
+                  "and watch the bars.",
+        doc="docs/conflicts.md"),
+    "icl-heads": Intro(
+        shows="Induction heads against function-vector (FV) heads, what ablating each kind "
+              "does to few-shot accuracy, and where the task is encoded.",
+        paper="Yin & Steinhardt (ICML 2025); function vectors by Todd et al. (2024)",
+        title="Which Attention Heads Matter for In-Context Learning?",
+        read="Each dot is a head: right means a strong induction score, up a strong FV "
+             "score. In the ablation plot a curve that falls fast means those heads matter.",
+        try_first="Click a dot to see that head's attention, then change the task.",
+        doc="docs/icl_heads.md"),
+    "itda": Intro(
+        shows="A dictionary built from the model's own activations (ITDA), how its size "
+              "and error depend on tau, its atoms, and layer-by-layer similarity to a second "
+              "model.",
+        paper="Leask, Nanda & Al Moubayed (ICML 2025)",
+        title="Inference-Time Decomposition of Activations (ITDA)",
+        read="The curves show dictionary size, reconstruction error and L0 against tau (the "
+             "line marks the current tau). In the heatmap a bright diagonal means the two "
+             "models' layers correspond.",
+        try_first="Move the tau slider, then pick an atom to see the tokens that use it.",
+        doc="docs/representations.md"),
+    "neuron-eval": Intro(
+        shows="Every metric that scores an explanation of a unit, and the two sanity checks "
+              "(missing and extra labels) that a sound metric must pass.",
+        paper="Oikarinen, Yan & Weng (ICML 2025)",
+        title="Evaluating Neuron Explanations: A Unified Framework with Sanity Checks",
+        read="The bars show how much each metric's score drops when the explanation loses "
+             "half its positives or gains as many false ones; a metric passes only if both "
+             "bars fall below zero.",
+        try_first="Change the perturbation seed and watch which metrics stay consistent.",
+        doc="docs/representations.md"),
+    "parity": Intro(
+        shows="A small RNN learning the parity of bit strings, and the automaton its hidden "
+              "states form as it trains.",
+        paper="van Rossem & Saxe (ICML 2025)",
+        title="Algorithm Development in Neural Networks: Insights from the Streaming "
+              "Parity Task",
+        read="Early in training the hidden states spread into a tree; later they merge "
+             "until two states remain, and from then on accuracy holds at any string length.",
+        try_first="Drag the training-step slider from left to right.",
+        doc="docs/dynamics.md"),
+    "linear-icl": Intro(
+        shows="Multi-head softmax attention trained on in-context linear regression, and the "
+              "head pattern it settles into.",
+        paper="He, Pan, Chen & Yang (ICML 2025)",
+        title="In-Context Linear Regression Demystified: Training Dynamics and Mechanistic "
+              "Interpretability of Multi-Head Softmax Attention",
+        read="The KQ heatmaps become a scaled identity and the OV vectors read only y; heads "
+             "pair up with opposite signs, which computes one step of debiased gradient "
+             "descent.",
+        try_first="Drag the training-step slider and compare one head with several.",
+        doc="docs/dynamics.md"),
+    "task-emergence": Intro(
+        shows="A small transformer trained on a mixture of regression tasks, and when its "
+              "query token comes to encode which task a prompt uses.",
+        paper="Han, Song, Gore & Agrawal (ICML 2025)",
+        title="Emergence and Effectiveness of Task Vectors in In-Context Learning: An "
+              "Encoder-Decoder Perspective",
+        read="The projection colours each prompt by its task: separated clusters mean the "
+             "task can be read off that layer (task decodability, the curve beside it).",
+        try_first="Drag the training-step slider and watch the clusters separate.",
+        doc="docs/dynamics.md"),
+    "circuits": Intro(
+        shows="The edges between heads and MLPs that carry a task (edge attribution "
+              "patching), how faithful the circuit is, and how it changes under fine-tuning.",
+        paper="Hanna et al. (2024), EAP-IG; Wang et al. (ICML 2025) for fine-tuning",
+        title="Towards Understanding Fine-Tuning Mechanisms of LLMs via Circuit Analysis",
+        read="Nodes sit layer by layer; an edge's width is the size of its score and its "
+             "colour the sign. The faithfulness curve shows how much of the model's "
+             "behaviour a circuit of that many edges recovers.",
+        try_first="Press 'Compute circuit', then move the top-n edges slider.",
+        doc="docs/circuits.md"),
+    "shattering": Intro(
+        shows="A transformer trained on cyclic facts, one fact edited (ROME, MEMIT or "
+              "fine-tuning), and how far the entity representations move.",
+        paper="Nishi, Ramesh, Okawa, Khona, Tanaka & Lubana (ICML 2025)",
+        title="Representation Shattering in Transformers: A Synthetic Study with Knowledge "
+              "Editing",
+        read="Unedited, the entities lie on rings in cycle order; an edit that distorts the "
+             "rings raises the shattering ratio R, and the scatter shows R against the "
+             "accuracy lost on other facts.",
+        try_first="Move the edit strength slider from 0 to 1.",
+        doc="docs/editing.md"),
+    "unlearning": Intro(
+        shows="Where a fact is looked up in the model, and whether unlearning it at those "
+              "layers holds against relearning.",
+        paper="Guo, Syed, Sheshadri, Ewart & Dziugaite (ICML 2025)",
+        title="Mechanistic Unlearning: Robust Knowledge Unlearning and Editing via "
+              "Mechanistic Localization",
+        read="The probe curve shows where the attribute can be read from the subject token; "
+             "the shaded layers are the ones unlearning will train.",
+        try_first="Press 'Localize', then 'Run unlearning' and compare forget and retain "
+                  "accuracy.",
+        doc="docs/unlearning.md"),
+}
+
+
+def intro_pane(slug: str) -> pn.pane.Markdown:
+    """The intro block for page ``slug`` (KeyError for an unknown slug)."""
+    i = INTROS[slug]
+    doc = f" More: `{i.doc}`." if i.doc else ""
+    text = (f"{i.shows} From [{i.paper}]({paper_url(i.title)}).\n\n"
+            f"**How to read it:** {i.read} **Try first:** {i.try_first}{doc}")
+    return pn.pane.Markdown(text, css_classes=["page-intro"], sizing_mode="stretch_width",
+                            margin=(0, 10, 6, 10))
