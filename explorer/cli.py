@@ -73,7 +73,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.icl_finetune",
     "explorer.commands.itda",
     "explorer.commands.neuron_eval",
-    "explorer.analyses.parity",
+    "explorer.commands.parity",
     "explorer.commands.linear_icl",
     "explorer.commands.task_emergence",
     "explorer.analyses.circuits",

@@ -412,7 +412,7 @@ def test_parity_run_is_stored_and_reused(tmp_path):
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.parity",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
     args = ["parity", "train", "--epochs", "2", "--hidden-size", "8", "--checkpoint-every", "1",
             "--json", "--cache", str(tmp_path)]
     assert cli.main(args) == 0
@@ -426,6 +426,37 @@ def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
     assert cli.main(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
     assert "`epochs` must be an int" in capsys.readouterr().err
 
+
+
+def test_cli_trains_at_one_thread_and_restores_the_thread_count(tmp_path, monkeypatch, capsys):
+    """`explorer parity` trains at one torch thread (or --threads N) and leaves the process's
+    thread count as it found it, even when the command fails."""
+    from explorer import cli
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
+    seen = []
+    train = par.train_parity_rnn
+
+    def recording_train(**kwargs):
+        seen.append(torch.get_num_threads())
+        return train(**kwargs)
+
+    monkeypatch.setattr(par, "train_parity_rnn", recording_train)
+    args = ["parity", "train", "--epochs", "1", "--hidden-size", "4", "--checkpoint-every", "1",
+            "--json", "--cache", str(tmp_path)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # neither 1 nor 2, so a leaked count shows
+    try:
+        assert cli.main(args) == 0
+        assert torch.get_num_threads() == 3
+        assert cli.main(args + ["--threads", "2"]) == 0
+        assert torch.get_num_threads() == 3
+        assert cli.main(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2, 1]  # the failing run is refused inside training, at one thread too
+    capsys.readouterr()
 
 # -- phase diagram ----------------------------------------------------------------------
 
@@ -474,7 +505,7 @@ def test_phase_diagram_rejects_bad_grids_and_settings(tmp_path):
 def test_cli_phase_is_stored_and_reused(tmp_path, monkeypatch, capsys):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.parity",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
     args = ["parity", "phase", "--gains", "0.1,1", "--max-lengths", "3", "--epochs", "4",
             "--hidden-size", "8", "--checkpoint-every", "2", "--n-strings", "2", "--json",
             "--cache", str(tmp_path)]
@@ -571,7 +602,7 @@ def test_cli_retraining_seed_0_reproduces_the_shipped_checkpoints(tmp_path, monk
     from explorer import cli
     from explorer.store import ActivationStore
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.parity",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
     assert cli.main(["parity", "train", "--epochs", "30", "--json", "--cache", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["n_checkpoints"] == 4       # epochs 0, 10, 20, 30
     retrained = par.parity_run(store=ActivationStore(tmp_path), epochs=30)
