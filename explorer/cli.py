@@ -77,7 +77,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.linear_icl",
     "explorer.commands.task_emergence",
     "explorer.analyses.circuits",
-    "explorer.analyses.circuit_lora",
+    "explorer.commands.circuit_lora",
     "explorer.commands.shattering",
     "explorer.commands.unlearning",
     "explorer.commands.studies",
