@@ -12,9 +12,11 @@ The model's own forward is left on torch's kernels (so a run with and without gr
 and every analysis's reference computation, round the same way); only the lens readouts,
 which are computed outside the forward, take `unembed_product`.
 
-- `gemm_backend` decides once per process, by timing both on one unembedding-like shape,
-  whether `unembed_product` runs on torch (``"torch"``) or numpy (``"numpy"``);
-  ``EXPLORER_CPU_GEMM=torch|numpy`` forces one.
+- `gemm_backend` decides whether `unembed_product` runs on torch (``"torch"``) or numpy
+  (``"numpy"``), by timing both at the product that will run: the real weight and the row
+  count rounded up to a power of two (`row_bucket`), once per process and shape; the
+  decisions and both timings are in `gemm_decisions`. ``EXPLORER_CPU_GEMM=torch|numpy``
+  forces one.
 - `unembed_product` is ``x @ weight.T (+ bias)`` in float32 through that backend, with
   numpy's BLAS limited to torch's thread count. It is plain ``F.linear`` whenever a
   gradient could flow (grad mode on and any operand requiring grad), off the CPU, or for
@@ -26,21 +28,43 @@ Both backends compute float32 products; results differ by float32 rounding only.
 from __future__ import annotations
 
 import functools
+import math
 import os
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ._checks import InputError
 
-__all__ = ["gemm_backend", "unembed_product", "bfloat16_matmul_is_fast", "GEMM_BACKENDS"]
+__all__ = ["gemm_backend", "gemm_decisions", "unembed_product", "bfloat16_matmul_is_fast",
+           "row_bucket", "median_seconds", "GEMM_BACKENDS", "ROW_BUCKETS"]
 
 GEMM_BACKENDS = ("auto", "torch", "numpy")
 _ENV = "EXPLORER_CPU_GEMM"
 _SPEEDUP_TO_SWITCH = 1.2
 """numpy must be at least this much faster than torch to be used."""
+
+
+ROW_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+"""Row counts a kernel decision is timed at (a product's rows rounded up; capped at 1024,
+past which the per-row speed no longer changes)."""
+
+_DECISIONS_LOCK = threading.Lock()
+_GEMM_DECISIONS: dict[tuple[int, int, int], dict[str, Any]] = {}
+
+
+def row_bucket(rows: int) -> int:
+    """``rows`` rounded up to the next of `ROW_BUCKETS` (the last one beyond it)."""
+    return next((b for b in ROW_BUCKETS if b >= rows), ROW_BUCKETS[-1])
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls, after one untimed call."""
+    return _median_s(fn, repeats)
 
 
 def _median_s(fn: Callable[[], object], repeats: int = 5) -> float:
@@ -87,17 +111,58 @@ def _measured_backend() -> str:
     return "numpy" if t_torch >= _SPEEDUP_TO_SWITCH * t_numpy else "torch"
 
 
-def gemm_backend() -> str:
+def _gemm_decision(rows: int, weight: torch.Tensor) -> dict[str, Any]:
+    """The backend for ``[rows x d] @ weight.T`` here, timed once per (row bucket, shape)."""
+    vocab, d = weight.shape
+    key = (row_bucket(rows), int(d), int(vocab))
+    with _DECISIONS_LOCK:
+        entry = _GEMM_DECISIONS.get(key)
+    if entry is not None:
+        return entry
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(key[0], key[1], generator=gen)
+    w = weight.detach()
+    with torch.no_grad():
+        t_torch = _median_s(lambda: F.linear(x, w), repeats=3)
+        try:
+            agrees = torch.allclose(_numpy_product(x, w, None), F.linear(x, w),
+                                    rtol=1e-4, atol=1e-3)
+        except (RuntimeError, ImportError):
+            agrees = False
+        t_numpy = _median_s(lambda: _numpy_product(x, w, None), repeats=3) if agrees \
+            else math.inf
+    entry = {"rows": key[0], "d_in": key[1], "d_out": key[2],
+             "chosen": "numpy" if t_torch >= _SPEEDUP_TO_SWITCH * t_numpy else "torch",
+             "torch_ms": round(t_torch * 1e3, 3),
+             "numpy_ms": None if math.isinf(t_numpy) else round(t_numpy * 1e3, 3)}
+    with _DECISIONS_LOCK:
+        return _GEMM_DECISIONS.setdefault(key, entry)
+
+
+def gemm_decisions() -> list[dict[str, Any]]:
+    """Every backend decision `gemm_backend` made at a real shape in this process: the
+    shape (rows bucket, d_in, d_out), the backend chosen and both timings (ms)."""
+    with _DECISIONS_LOCK:
+        return [dict(e) for e in _GEMM_DECISIONS.values()]
+
+
+def gemm_backend(rows: int | None = None, weight: torch.Tensor | None = None) -> str:
     """``"numpy"`` or ``"torch"``: the float32 CPU GEMM that `unembed_product` uses.
 
-    ``EXPLORER_CPU_GEMM`` (``auto``, ``torch`` or ``numpy``) chooses; ``auto`` (the
-    default) times both once per process on a [64 x 576] x [576 x 8192] product and takes
-    numpy only where it is at least 1.2x faster.
+    ``EXPLORER_CPU_GEMM`` (``auto``, ``torch`` or ``numpy``) chooses. ``auto`` (the
+    default) with ``rows`` and ``weight`` [d_out, d_in] times both backends on that
+    product (rows rounded up by `row_bucket`, the real weight), once per process and shape,
+    and takes numpy only where it is at least 1.2x faster; without them, on a
+    [64 x 576] x [576 x 8192] stand-in (what `explorer bench` reports as the machine's).
     """
     choice = os.environ.get(_ENV, "auto").strip().lower() or "auto"
     if choice not in GEMM_BACKENDS:
         raise InputError(f"`{_ENV}` must be one of {', '.join(GEMM_BACKENDS)}; got {choice!r}.")
-    return _measured_backend() if choice == "auto" else choice
+    if choice != "auto":
+        return choice
+    if rows is None or weight is None:
+        return _measured_backend()
+    return _gemm_decision(rows, weight)["chosen"]
 
 
 def _fast_path_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -117,7 +182,8 @@ def _fast_path_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def unembed_product(x: torch.Tensor, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through numpy's BLAS where `gemm_backend` chose it."""
-    if _fast_path_ok(x, weight, bias) and gemm_backend() == "numpy":
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
+    if rows and _fast_path_ok(x, weight, bias) and gemm_backend(rows, weight) == "numpy":
         return _numpy_product(x, weight.detach(), None if bias is None else bias.detach())
     return F.linear(x, weight, bias)
 

@@ -18,8 +18,9 @@ Four things keep an interactive edit (a steering slider) fast without giving up 
   almost always equal the float32 ones, at about half the cost where the CPU has native
   bfloat16 arithmetic (see `lens_readout`). Elsewhere (AVX2-only CPUs) a bfloat16 product
   is several times slower than float32, so ``unembed_dtype="auto"`` takes the screen only
-  where `explorer._kernels.bfloat16_matmul_is_fast` measured it faster, and the exact
-  float32 lens otherwise.
+  where it measured at least 10 % faster than the exact float32 lens, timed on this model's
+  unembedding at the row count the call will use (`resolve_unembed_dtype`, decisions in
+  `screen_decisions`); the exact lens otherwise.
 
 The float32 unembedding goes through `explorer._kernels.unembed_product`: numpy's BLAS
 where it measured faster than torch's (2x on AMD EPYC), torch's otherwise.
@@ -35,26 +36,71 @@ import torch
 import xarray as xr
 
 from ._checks import InputError, check_choice, check_int
-from ._kernels import bfloat16_matmul_is_fast, unembed_product
+from ._kernels import bfloat16_matmul_is_fast, median_seconds, row_bucket, unembed_product
 from .interventions import Edit, first_edit_layer
 from .models import Model
 from .trace import (CleanRun, check_edit_rows, check_edits, check_layers, edits_for_rows,
                     provenance, run_batch, token_coords)
 
-__all__ = ["logit_lens", "lens_readout", "resolve_unembed_dtype", "SCREEN_CANDIDATES",
+__all__ = ["logit_lens", "lens_readout", "resolve_unembed_dtype", "screen_decisions",
+           "SCREEN_CANDIDATES", "SCREEN_MIN_SPEEDUP",
            "CLEAN_READOUT_BUDGET_MB", "UNEMBED_CHOICES"]
 
 _UNEMBED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 UNEMBED_CHOICES = ("auto", *_UNEMBED_DTYPES)
 
 
-def resolve_unembed_dtype(unembed_dtype: str) -> str:
-    """``"float32"`` or ``"bfloat16"`` for an ``unembed_dtype`` option (``"auto"``: the
-    bfloat16 screen where this CPU's bfloat16 matmul is faster than float32, else float32)."""
+SCREEN_MIN_SPEEDUP = 1.1
+"""``auto`` takes the bfloat16 screen only where it is at least this much faster than the
+exact float32 lens (the exact one is preferred when they are close)."""
+
+_SCREEN_KEY = "_screen_decisions"  # per-model dict attached to the Model: bucket -> entry
+
+
+def resolve_unembed_dtype(unembed_dtype: str, model: Model | None = None,
+                          rows: int | None = None) -> str:
+    """``"float32"`` or ``"bfloat16"`` for an ``unembed_dtype`` option.
+
+    ``"auto"`` with ``model`` and ``rows`` (the rows one unembedding will hold) times the
+    lens readout of that many rows both ways on this model (once per model and row bucket,
+    see `screen_decisions`) and takes the bfloat16 screen only where it is at least
+    `SCREEN_MIN_SPEEDUP` times faster; without them (or off the CPU), where a bfloat16
+    matmul beats float32 on a stand-in product (`bfloat16_matmul_is_fast`).
+    """
     check_choice("unembed_dtype", unembed_dtype, UNEMBED_CHOICES)
-    if unembed_dtype == "auto":
+    if unembed_dtype != "auto":
+        return unembed_dtype
+    if model is None or rows is None or model.remote \
+            or model.unembed_module.weight.device.type != "cpu":
         return "bfloat16" if bfloat16_matmul_is_fast() else "float32"
-    return unembed_dtype
+    return _screen_decision(model, rows)["chosen"]
+
+
+def _screen_decision(model: Model, rows: int) -> dict[str, Any]:
+    decisions = model.__dict__.setdefault(_SCREEN_KEY, {})
+    bucket = row_bucket(max(int(rows), 1))
+    if bucket in decisions:
+        return decisions[bucket]
+    gen = torch.Generator().manual_seed(0)
+    resid = torch.randn(bucket, model.spec.d_model, generator=gen)
+    times = {}
+    with torch.no_grad():
+        for mode in ("float32", "bfloat16"):
+            n_cand = _n_candidates(model, 10, None, mode, SCREEN_CANDIDATES)
+            times[mode] = median_seconds(
+                lambda: _read_rows(model, resid, k=10, n_cand=n_cand, unembed_dtype=mode),
+                repeats=3)
+    chosen = "bfloat16" if times["float32"] >= SCREEN_MIN_SPEEDUP * times["bfloat16"] \
+        else "float32"
+    entry = {"rows": bucket, "chosen": chosen, "float32_ms": round(times["float32"] * 1e3, 3),
+             "bfloat16_ms": round(times["bfloat16"] * 1e3, 3)}
+    return decisions.setdefault(bucket, entry)
+
+
+def screen_decisions(model: Model) -> list[dict[str, Any]]:
+    """The ``auto`` decisions made on ``model`` in this process: the row bucket, the mode
+    chosen and the readout time of each mode (ms, k = 10)."""
+    return [dict(e) for e in model.__dict__.get(_SCREEN_KEY, {}).values()]
 
 SCREEN_CANDIDATES = 32
 """Tokens per row that the bfloat16 screen hands to the float32 refinement (at least)."""
@@ -315,9 +361,10 @@ def lens_readout(model: Model, resid: torch.Tensor, *, k: int, targets: torch.Te
     dict
         ``top_id``, ``top_prob`` [n, k]; with targets, ``target_rank``, ``target_prob`` [n, t].
     """
-    unembed_dtype = resolve_unembed_dtype(unembed_dtype)
     check_int("chunk_rows", chunk_rows, low=1)
     check_int("screen_candidates", screen_candidates, low=1)
+    unembed_dtype = resolve_unembed_dtype(unembed_dtype, model,
+                                          min(chunk_rows, max(int(resid.shape[0]), 1)))
     n_cand = _n_candidates(model, k, rank_cap, unembed_dtype, screen_candidates)
     parts: dict[str, list[torch.Tensor]] = {"top_id": [], "top_prob": [], "target_rank": [],
                                             "target_prob": []}
@@ -442,9 +489,9 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     k = check_int("k", k, low=1, high=model.vocab_size)
     if rank_cap is not None:
         rank_cap = check_int("rank_cap", rank_cap, low=1, high=model.vocab_size)
-    unembed_dtype = resolve_unembed_dtype(unembed_dtype)
     check_int("chunk_rows", chunk_rows, low=1)
     check_int("screen_candidates", screen_candidates, low=1)
+    unembed_dtype = resolve_unembed_dtype(unembed_dtype, model, chunk_rows)
     layers = check_layers(model, layers)
     edits = check_edits(edits)
     if model.remote and resume is not None:

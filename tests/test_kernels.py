@@ -1,6 +1,8 @@
 """CPU kernels: the unembedding GEMM backend and the lens screen choice (explorer._kernels)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -53,13 +55,91 @@ def test_bad_backend_name_is_a_clear_error(monkeypatch):
         _kernels.gemm_backend()
 
 
-def test_auto_screen_resolves_by_the_measured_speed(tiny_model):
+def test_gemm_backend_is_timed_at_the_real_shape_and_follows_the_measurement(monkeypatch):
+    monkeypatch.delenv("EXPLORER_CPU_GEMM", raising=False)
+    monkeypatch.setattr(_kernels, "_GEMM_DECISIONS", {})
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 24, generator=gen)
+    shapes = []
+    real_numpy = _kernels._numpy_product
+
+    def slow_numpy(x, weight, bias):                 # numpy made 20 ms slower
+        shapes.append(tuple(x.shape))
+        time.sleep(0.02)
+        return real_numpy(x, weight, bias)
+
+    monkeypatch.setattr(_kernels, "_numpy_product", slow_numpy)
+    assert _kernels.gemm_backend(100, w) == "torch"
+    (entry,) = _kernels.gemm_decisions()
+    assert entry["rows"] == 128 and (entry["d_in"], entry["d_out"]) == (24, 300)
+    assert entry["numpy_ms"] >= 20 and entry["chosen"] == "torch"
+    assert set(shapes) == {(128, 24)}                # timed at the bucketed real shape
+    n = len(shapes)
+    assert _kernels.gemm_backend(120, w) == "torch" and len(shapes) == n   # decided once
+    # torch made slower at another bucket: numpy is chosen there, and used
+    real_f = _kernels.F
+
+    class SlowTorch:
+        @staticmethod
+        def linear(*args, **kwargs):
+            time.sleep(0.03)
+            return real_f.linear(*args, **kwargs)
+
+    monkeypatch.setattr(_kernels, "_numpy_product", real_numpy)
+    monkeypatch.setattr(_kernels, "F", SlowTorch)
+    assert _kernels.gemm_backend(5, w) == "numpy"
+    assert [e["rows"] for e in _kernels.gemm_decisions()] == [128, 16]
+    x = torch.randn(5, 24, generator=gen)
+    expect = x.double() @ w.double().T
+    np.testing.assert_allclose(_kernels.unembed_product(x, w).double(), expect, rtol=1e-5,
+                               atol=1e-5)
+    assert _kernels.row_bucket(1) == 16 and _kernels.row_bucket(256) == 256
+    assert _kernels.row_bucket(257) == 512 and _kernels.row_bucket(10**6) == 1024
+
+
+@pytest.mark.parametrize("times, chosen", [
+    ({"float32": 0.030, "bfloat16": 0.010}, "bfloat16"),
+    ({"float32": 0.030, "bfloat16": 0.028}, "float32"),   # within 10 %: the exact lens
+    ({"float32": 0.010, "bfloat16": 0.050}, "float32"),
+])
+def test_auto_screen_is_decided_on_the_model_at_the_row_count(tiny_model, monkeypatch,
+                                                             times, chosen):
+    from explorer import lens
+
+    tiny_model.__dict__.pop("_screen_decisions", None)
+    last = {}
+    real_read = lens._read_rows
+
+    def read(model, resid, **kw):
+        last.update(mode=kw["unembed_dtype"], rows=resid.shape[0], model=model)
+        return real_read(model, resid, **kw)
+
+    def fake_median(fn, repeats=5):                  # a clock that reads the preset times
+        fn()
+        return times[last["mode"]]
+
+    monkeypatch.setattr(lens, "_read_rows", read)
+    monkeypatch.setattr(lens, "median_seconds", fake_median)
+    try:
+        assert resolve_unembed_dtype("auto", tiny_model, 40) == chosen
+        assert last["rows"] == 64 and last["model"] is tiny_model
+        assert lens.screen_decisions(tiny_model) == [
+            {"rows": 64, "chosen": chosen, "float32_ms": times["float32"] * 1e3,
+             "bfloat16_ms": times["bfloat16"] * 1e3}]
+        # the lens itself resolves "auto" the same way, and computes what that mode computes
+        auto = logit_lens(tiny_model, ["The quick brown fox"], k=3, unembed_dtype="auto",
+                          chunk_rows=64)
+        explicit = logit_lens(tiny_model, ["The quick brown fox"], k=3, unembed_dtype=chosen)
+        assert auto.attrs["params"]["unembed_dtype"] == chosen
+        for name in ("top_token_id", "top_prob", "final_rank", "final_prob"):
+            assert np.array_equal(auto[name].values, explicit[name].values, equal_nan=True)
+    finally:
+        tiny_model.__dict__.pop("_screen_decisions", None)
+
+
+def test_auto_without_a_model_uses_the_machine_stand_in():
     expect = "bfloat16" if _kernels.bfloat16_matmul_is_fast() else "float32"
     assert resolve_unembed_dtype("auto") == expect
-    auto = logit_lens(tiny_model, ["The quick brown fox"], k=3, unembed_dtype="auto")
-    explicit = logit_lens(tiny_model, ["The quick brown fox"], k=3, unembed_dtype=expect)
-    assert auto.attrs["params"]["unembed_dtype"] == expect
-    for name in ("top_token_id", "top_prob", "final_rank", "final_prob"):
-        assert np.array_equal(auto[name].values, explicit[name].values, equal_nan=True), name
+    assert resolve_unembed_dtype("float32") == "float32"
     with pytest.raises(InputError, match="unembed_dtype"):
         resolve_unembed_dtype("int4")
