@@ -487,3 +487,16 @@ def test_view_reports_an_empty_split(tiny_model, tmp_path, monkeypatch):
     view._request("split")
     assert view.accuracy is None
     assert "answers none of the facts closed book" in view.error
+
+
+def test_bench_conflicts_runs_from_the_bench_registry(tmp_path, monkeypatch):
+    from explorer.bench import run_bench
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    out = run_bench("conflicts", model="tiny-llama", repeats=1)
+    fig = out["figures"]
+    assert out["params"]["model"] == "tiny-llama" and out["params"]["repeats"] == 1
+    assert all(v > 0 for v in fig.values())
+    assert fig["dual_vs_two_forwards_ratio"] == pytest.approx(fig["dual_run_ms"] / fig["two_forwards_ms"])
+    assert fig["slider_vs_two_forwards_ratio"] == pytest.approx(
+        fig["slider_update_ms"] / fig["two_forwards_ms"])

@@ -483,3 +483,13 @@ def test_smollm2_has_induction_heads(smollm2):
     # (about 0.4 for the best SmolLM2 head; mass over all rows, half of which have no target)
     assert float(ds.induction_score.max()) > 0.25
     assert float(ds.induction_score.median()) < 0.1
+
+
+def test_bench_icl_heads_is_registered_from_the_bench_layer():
+    import importlib
+
+    from explorer.bench import ANALYSIS_BENCHES
+    from explorer.benches.icl_heads import bench_icl_heads
+
+    module, attr = ANALYSIS_BENCHES["icl-heads"]
+    assert getattr(importlib.import_module(module), attr) is bench_icl_heads

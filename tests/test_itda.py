@@ -496,3 +496,13 @@ def test_bench_itda_reports_the_ratio_of_its_own_times(tiny_model):
     assert fig["itda_vs_sae_time_ratio"] == pytest.approx(fig["itda_build_ms"] / fig["sae_train_ms"])
     assert out["params"]["layer"] == 1 and out["params"]["n_atoms"] > 0
     assert set(out["accuracy"]) >= {"itda_heldout_error", "sae_heldout_error", "sae_reached_target"}
+
+
+def test_bench_itda_is_registered_from_the_bench_layer():
+    import importlib
+
+    from explorer.bench import ANALYSIS_BENCHES
+    from explorer.benches.itda import bench_itda
+
+    module, attr = ANALYSIS_BENCHES["itda"]
+    assert getattr(importlib.import_module(module), attr) is bench_itda
