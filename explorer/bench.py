@@ -49,7 +49,7 @@ ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "icl-heads": ("explorer.benches.icl_heads", "bench_icl_heads"),
     "itda": ("explorer.benches.itda", "bench_itda"),
     "store": ("explorer.benches.store", "bench_store"),
-    "eap": ("explorer.analyses.circuits", "bench_eap"),
+    "eap": ("explorer.commands.circuits", "bench_eap"),
 }
 
 

@@ -76,7 +76,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.parity",
     "explorer.commands.linear_icl",
     "explorer.commands.task_emergence",
-    "explorer.analyses.circuits",
+    "explorer.commands.circuits",
     "explorer.commands.circuit_lora",
     "explorer.commands.shattering",
     "explorer.commands.unlearning",

@@ -624,7 +624,7 @@ def test_errors(tiny_model):
 def test_cli_circuits_json(capsys, monkeypatch):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.circuits",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.circuits",))
     code = cli.main(["circuits", "--model", "tiny-llama", "--task", "add", "--n", "3",
                      "--all-prompts", "--method", "eap", "--sizes", "0,5", "--top-n", "5",
                      "--show", "3", "--json"])
@@ -644,7 +644,7 @@ def test_cli_circuits_json(capsys, monkeypatch):
 def test_cli_circuits_threshold(capsys, monkeypatch, tiny_model):
     from explorer import cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.analyses.circuits",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.circuits",))
     task = make_task("add", 3, seed=0)
     scores = C.edge_scores(tiny_model, task, method="eap")
     mag = np.abs(scores["score"].values.astype(np.float64))
@@ -668,8 +668,10 @@ def test_cli_circuits_threshold(capsys, monkeypatch, tiny_model):
 def test_bench_eap_shape(tiny_model):
     from explorer.bench import ANALYSIS_BENCHES
 
-    assert ANALYSIS_BENCHES["eap"] == ("explorer.analyses.circuits", "bench_eap")
-    out = C.bench_eap(tiny_model, n_prompts=2, steps=2, repeats=1)
+    from explorer.commands.circuits import bench_eap
+
+    assert ANALYSIS_BENCHES["eap"] == ("explorer.commands.circuits", "bench_eap")
+    out = bench_eap(tiny_model, n_prompts=2, steps=2, repeats=1)
     figs = out["figures"]
     assert set(figs) >= {"eap_vs_forward_ratio", "eap_ig_vs_forward_ratio",
                          "patch_one_edge_vs_forward_ratio", "eap_peak_mb",
