@@ -27,7 +27,7 @@ import explorer
 from explorer._checks import ExplorerError
 
 __all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "RunnerStatus",
-           "SessionHooks", "session_hooks", "user_message"]
+           "SessionHooks", "schedule", "session_hooks", "user_message"]
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +176,14 @@ class Runner:
         Called with True once a job has run for ``busy_delay`` seconds, False when it ends.
     background : bool
         Run jobs in a worker thread (served pages) or inline (tests, notebooks).
+    doc : bokeh Document, optional
+        The session's document, for jobs submitted where no session is current (a worker
+        thread); by default the current document at each `submit`.
     """
 
     def __init__(self, *, on_result: Callable[[Any], None], on_error: Callable[[BaseException], None],
-                 on_busy: Callable[[bool], None], background: bool, busy_delay: float = 0.3):
+                 on_busy: Callable[[bool], None], background: bool, busy_delay: float = 0.3,
+                 doc: Any = None):
         self._on_result = on_result
         self._on_error = on_error
         self._on_busy = on_busy
@@ -190,7 +194,8 @@ class Runner:
         self._future: Future | None = None
         self._timer: threading.Timer | None = None
         self._closed = False
-        session_hooks().runners.add(self)
+        self._doc = doc
+        session_hooks(doc).runners.add(self)
 
     # -- lifecycle --------------------------------------------------------------------
     def bind_session(self) -> None:
@@ -216,11 +221,9 @@ class Runner:
         """Start ``job(token)``; any job in flight is cancelled and its result dropped."""
         if self._closed:
             return None
-        import panel as pn
-
-        doc = pn.state.curdoc
-        if doc is not None and doc.session_context is None:
-            doc = None
+        doc = _current_doc()
+        if doc is None:
+            doc = self._doc
         token = CancelToken()
         with self._lock:
             if self._token is not None:
@@ -295,7 +298,7 @@ class Runner:
 
         def on_status(status: Any) -> None:
             if hooks.on_remote_status is not None:
-                self._schedule(doc, lambda: hooks.on_remote_status(status))
+                schedule(doc, lambda: hooks.on_remote_status(status))
 
         with contextlib.ExitStack() as stack:
             runs = [stack.enter_context(remote_run(m, on_status=on_status)) for m in remote]
@@ -315,35 +318,36 @@ class Runner:
             callback(value)
             self._on_busy(False)
 
-        self._schedule(doc, deliver)
+        schedule(doc, deliver)
 
     def _deliver(self, doc: Any, token: CancelToken, callback: Callable[[Any], None], value: Any) -> None:
         def deliver():
             if self._current(token):
                 callback(value)
 
-        self._schedule(doc, deliver)
+        schedule(doc, deliver)
 
-    @staticmethod
-    def _schedule(doc: Any, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the session's event loop (served) or right here."""
-        if doc is None:
-            fn()
-            return
-        from panel.io.state import set_curdoc, state
 
-        def run() -> None:
-            # A result that arrives while the page is still connecting waits for the page to
-            # load: Panel would otherwise queue the model changes it makes, and a widget that
-            # is rebuilt on that path (a DiscreteSlider given its options) can end up detached
-            # from the server, so the browser's moves of it are never heard.
-            with set_curdoc(doc):
-                if state.loaded:
-                    fn()
-                else:
-                    state.onload(fn)
 
-        try:
-            doc.add_next_tick_callback(run)
-        except RuntimeError:  # the session closed between the check and the call
-            log.debug("session gone; result dropped", exc_info=True)
+def schedule(doc: Any, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on ``doc``'s session event loop at its next tick, or right here (no doc)."""
+    if doc is None:
+        fn()
+        return
+    from panel.io.state import set_curdoc, state
+
+    def run() -> None:
+        # A result that arrives while the page is still connecting waits for the page to
+        # load: Panel would otherwise queue the model changes it makes, and a widget that
+        # is rebuilt on that path (a DiscreteSlider given its options) can end up detached
+        # from the server, so the browser's moves of it are never heard.
+        with set_curdoc(doc):
+            if state.loaded:
+                fn()
+            else:
+                state.onload(fn)
+
+    try:
+        doc.add_next_tick_callback(run)
+    except RuntimeError:  # the session closed between the check and the call
+        log.debug("session gone; result dropped", exc_info=True)

@@ -1,0 +1,298 @@
+"""The view base (apps/_view.py): runners, posting from workers, progress, errors, close.
+
+A served session is stood in by a Bokeh document whose next-tick callbacks run on a loop thread
+of their own (as the server's event loop runs them), so the tests can tell on which thread each
+result and each posted value reaches the page.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import queue
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import panel as pn
+import param
+import pytest
+from bokeh.document import Document
+from panel.io.state import set_curdoc
+
+from apps import theme
+from apps._session import Cancelled
+from apps._view import View, serve
+
+APPS = Path(__file__).resolve().parents[1] / "apps"
+NOT_VIEWS = {"__init__.py", "_session.py", "_view.py", "gallery.py", "theme.py"}
+
+
+@pytest.fixture
+def notes(monkeypatch):
+    sent = []
+    monkeypatch.setattr(theme, "notify", lambda kind, message, **kw: sent.append((kind, message)))
+    return sent
+
+
+class _Context:
+    id = "test-session"
+
+
+class LoopDoc:
+    """A document of a served session: next-tick callbacks run in order on ``thread``."""
+
+    def __init__(self):
+        self.doc = Document()
+        self._context = _Context()      # the session context only has to exist
+        self.doc._session_context = weakref.ref(self._context)
+        self.doc.add_next_tick_callback = self._queue_put
+        self._queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="session-loop", daemon=True)
+        self.thread.start()
+        pn.state._loaded[self.doc] = True
+
+    def _queue_put(self, fn):
+        self._queue.put(fn)
+
+    def _loop(self):
+        while True:
+            fn = self._queue.get()
+            if fn is None:
+                return
+            fn()
+
+    def drain(self, timeout=5):
+        """Wait until every callback queued so far has run."""
+        done = threading.Event()
+        self._queue.put(done.set)
+        assert done.wait(timeout), "the loop did not drain"
+
+    def stop(self):
+        self._queue.put(None)
+        self.thread.join(5)
+        pn.state._loaded.pop(self.doc, None)
+
+
+@pytest.fixture
+def loop_doc():
+    loop = LoopDoc()
+    yield loop
+    loop.stop()
+
+
+class Page(View):
+    notify_title = "Lab"
+
+    result = param.Parameter(default=None)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.delivered_on: list[threading.Thread] = []
+        self.runner("work", self._got, progress=True)
+        self.runner("other", self._got)
+
+    def _got(self, value):
+        self.delivered_on.append(threading.current_thread())
+        self.result = value
+
+    def __panel__(self):
+        return pn.Column(pn.pane.Markdown(self.param.status), pn.pane.Markdown(self.param.error))
+
+
+def _wait_until(predicate, timeout=5.0):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_results_and_posts_reach_the_page_on_the_documents_tick_not_the_worker(loop_doc):
+    with set_curdoc(loop_doc.doc):
+        page = Page()                  # served: jobs run in worker threads
+    seen = []
+    page.param.watch(lambda *events: seen.extend((e.name, e.new, threading.current_thread())
+                                                 for e in events),
+                     ["status", "progress", "progress_active"])
+    workers = []
+
+    def job(token):
+        workers.append(threading.current_thread())
+        page.post(status="half way")
+        report = page.progress_fn(token)
+        report(1, 4)
+        report(2, 4)
+        report(4, 4)
+        return 42
+
+    page.submit("work", job)
+    assert _wait_until(lambda: page.result == 42)
+    loop_doc.drain()
+    (worker,) = workers
+    assert worker is not loop_doc.thread and worker is not threading.main_thread()
+    assert page.delivered_on == [loop_doc.thread]
+    assert seen and all(thread is loop_doc.thread for *_, thread in seen)
+    values = [(name, new) for name, new, _ in seen]
+    assert values[0] == ("status", "half way")
+    assert [v for n, v in values if n == "progress"] == [25, 50, 100]
+    assert ("progress_active", True) in values and page.progress_active is False
+
+
+def test_unserved_background_jobs_run_in_a_worker_and_inline_jobs_here():
+    page = Page(background=True)
+    page.submit("work", lambda token: threading.current_thread())
+    page.wait(5)
+    assert page.result is not threading.main_thread()
+    inline = Page()                    # not served: inline (tests, notebooks)
+    inline.submit("work", lambda token: threading.current_thread())
+    assert inline.result is threading.main_thread() and inline.delivered_on == [threading.main_thread()]
+
+
+def test_cancel_stops_a_running_job_and_drops_its_result():
+    page = Page(background=True)
+    started, stopped = threading.Event(), threading.Event()
+
+    def job(token):
+        started.set()
+        try:
+            for _ in range(500):
+                token.check()
+                time.sleep(0.01)
+        except Cancelled:
+            stopped.set()
+            raise
+        return "finished"
+
+    page.submit("work", job)
+    assert started.wait(5)
+    assert _wait_until(lambda: page.busy)           # past the runner's busy delay
+    page.cancel("work")
+    assert stopped.wait(5)                          # the job saw the cancel and stopped
+    page.wait(5)
+    assert page.result is None and page.busy is False
+
+
+def test_a_failing_job_shows_in_the_error_pane_and_clears_busy(notes):
+    page = Page(background=True)
+    layout = page.__panel__()
+    status_pane, error_pane = layout
+    gate = threading.Event()
+
+    def job(token):
+        gate.wait(5)
+        raise RuntimeError("boom")
+
+    page.submit("work", job)
+    assert _wait_until(lambda: page.busy)
+    gate.set()
+    page.wait(5)
+    assert page.busy is False and page.running is False and page.result is None
+    assert page.error == "RuntimeError: boom" and error_pane.object == "RuntimeError: boom"
+    assert page.status == "Failed: RuntimeError: boom" == status_pane.object
+    assert notes == [("error", "Lab: RuntimeError: boom")]
+    page.submit("work", lambda token: (_ for _ in ()).throw(ValueError("`n` must be positive")))
+    page.wait(5)
+    assert page.error == "`n` must be positive"    # a user's error: its message alone
+
+
+def test_busy_stays_while_another_runner_is_still_busy():
+    page = Page(background=True)
+    gate = threading.Event()
+    page.submit("work", lambda token: gate.wait(5) and "slow")
+    page.submit("other", lambda token: (time.sleep(0.5), "quick")[1])
+    assert _wait_until(lambda: page.result == "quick")
+    page._runners["other"].wait(5)
+    assert page.busy                                # "work" is still going
+    gate.set()
+    page.wait(5)
+    assert page.result == "slow" and page.busy is False
+
+
+def test_close_cancels_every_runner_and_refuses_new_jobs():
+    page = Page(background=True)
+    stopped = {"work": threading.Event(), "other": threading.Event()}
+    started = {"work": threading.Event(), "other": threading.Event()}
+
+    def job(name):
+        def run(token):
+            started[name].set()
+            while not token.cancelled:
+                time.sleep(0.01)
+            stopped[name].set()
+            token.check()
+        return run
+
+    page.submit("work", job("work"))
+    page.submit("other", job("other"))
+    assert started["work"].wait(5) and started["other"].wait(5)
+    page.close()
+    assert stopped["work"].wait(5) and stopped["other"].wait(5)
+    assert page.submit("work", lambda token: "late") is None
+    page.wait(5)
+    assert page.result is None
+
+
+def test_status_reporter_throttles_and_reports_the_cancel(loop_doc):
+    with set_curdoc(loop_doc.doc):
+        page = Page()
+    statuses = []
+    page.param.watch(lambda e: statuses.append(e.new), "status")
+    out = []
+
+    def job(token):
+        report = page.status_reporter(token, lambda d, t, s: f"step {d}/{t}", every=60)
+        out.extend(report(i, 5) for i in range(1, 6))
+        token.cancel()
+        out.append(report(5, 5))
+        return None
+
+    page.submit("work", job)
+    assert _wait_until(lambda: len(out) == 6)
+    loop_doc.drain()
+    assert statuses[:2] == ["step 1/5", "step 5/5"]  # the first, then nothing until the end
+    assert out == [True] * 5 + [False]
+
+
+def test_serve_does_nothing_on_import_and_serves_under_panel_serve(monkeypatch):
+    built = []
+    monkeypatch.setattr(pn.template.FastListTemplate, "servable",
+                        lambda self, *a, **k: built.append(self) or self)
+    serve("apps.anything", lambda m: built.append(m), title="T", model=False)
+    assert built == []
+    serve("bokeh_app_0123", lambda m: pn.pane.Markdown(f"model {m}"), title="A page", model=False)
+    assert len(built) == 1 and built[0].title == "A page"
+
+
+# -- every view uses the base ----------------------------------------------------------------
+
+def _view_modules() -> list[str]:
+    return sorted(p.stem for p in APPS.glob("*.py") if p.name not in NOT_VIEWS)
+
+
+def test_no_view_keeps_its_own_plumbing():
+    offenders = []
+    for name in _view_modules():
+        tree = ast.parse((APPS / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in {
+                    "_show_error", "_post", "_set_busy", "_failed"}:
+                offenders.append(f"apps/{name}.py:{node.lineno} defines {node.name}")
+            if isinstance(node, ast.Attribute) and node.attr == "add_next_tick_callback":
+                offenders.append(f"apps/{name}.py:{node.lineno} schedules on the document itself")
+    assert offenders == []
+
+
+def test_every_view_derives_from_the_base():
+    missing, found = [], {}
+    for name in _view_modules():
+        module = importlib.import_module(f"apps.{name}")
+        viewers = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                   if c.__module__ == module.__name__ and issubclass(c, pn.viewable.Viewer)]
+        found[name] = [c.__name__ for c in viewers]
+        missing += [f"apps.{name}.{c.__name__}" for c in viewers if not issubclass(c, View)]
+    assert missing == []
+    assert all(found.values()), f"modules without a view: {[n for n, v in found.items() if not v]}"
+    assert len(found) == 13                         # the twelve gallery pages and the study app
