@@ -1,7 +1,6 @@
 """Tests for explorer.models: loading, specs, tokenisation, weight views, and bad input."""
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -249,19 +248,18 @@ def test_smollm2_spec(smollm2):
 
 @pytest.mark.integration
 def test_smollm2_loads_fast_once_cached(smollm2):
-    # wall time, or this process's CPU time when the shared machine is busy (load > cores)
+    # This process's CPU time, best of three: a loaded machine stretches wall time, not
+    # the work done. A cached load takes ~0.3-0.45 s of CPU here (2 cores, load 6); the
+    # bound is about 10x that, so a regression to a re-conversion or a full weight copy
+    # fails while a busy machine does not. `explorer bench` has no figure for this.
     times = []
-    for _ in range(3):  # best of three
-        wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(3):
+        cpu = time.process_time()
         model = load_model(DEFAULT_MODEL)  # the fixture has converted and cached it already
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        busy = os.getloadavg()[0] > (os.cpu_count() or 1)
-        times.append(min(wall, cpu) if busy else wall)
+        times.append(time.process_time() - cpu)
         assert model.spec == smollm2.spec
         del model
-        if times[-1] < 2.0:
-            break
-    assert min(times) < 2.0, f"loading the cached SmolLM2 took {min(times):.2f} s"
+    assert min(times) < 4.0, f"loading the cached SmolLM2 took {min(times):.2f} s of CPU"
 
 
 # -- a corrupt converted-model cache ----------------------------------------------------------

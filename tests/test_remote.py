@@ -629,7 +629,7 @@ def test_timeout_is_a_clear_error(remote_model, server, queue_delay):
         with pytest.raises(RemoteTimeoutError, match=r"did not complete within 0\.5 s "
                                                      r"\(last status: (RECEIVED|QUEUED)\)"):
             trace(remote_model, PROMPTS[:1])
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20   # the job waits 30 s in the queue: not waited for
     assert isinstance(RemoteTimeoutError("x"), ExplorerError)
     _wait_for_server_status(server, run.job_ids[-1], "ERROR")  # the server dropped it
 
@@ -651,7 +651,7 @@ def test_cancel_stops_a_queued_job(remote_model, server, queue_delay):
     runs[0].cancel()
     worker.join(timeout=20)
     assert not worker.is_alive()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20   # the job waits 30 s in the queue: not waited for
     assert len(errors) == 1 and isinstance(errors[0], RemoteCancelledError)
     assert "was cancelled" in str(errors[0])
     record = _wait_for_server_status(server, runs[0].job_ids[-1], "ERROR")

@@ -868,7 +868,7 @@ def test_click_updates_the_rendered_detail_plots_in_place(smollm2_shaped_view, m
 
 
 def test_click_latency_on_a_30_layer_result(smollm2_shaped_view):
-    """The page's click path on data of SmolLM2's shape: well under 100 ms of CPU.
+    """The page's click path on data of SmolLM2's shape: a few ms of CPU.
 
     Before the plots were updated in place (a DynamicMap refresh and a re-rendered header
     pane, each re-walking the document's models) a click cost about 150 ms of CPU here.
@@ -879,8 +879,10 @@ def test_click_latency_on_a_30_layer_result(smollm2_shaped_view):
     for k in (5, 10):
         t = click_latency(view, list(range(3, 33)), k=k)
         assert len(t["cpu"]) == 30 and view.selected == 32 and view.k == k
-        # process CPU time: on a shared machine other jobs stretch wall time, not this
-        assert np.median(t["cpu"]) < 0.025, (k, np.round(t["cpu"], 4).tolist())
+        # process CPU time: on a shared machine other jobs stretch wall time, not this.
+        # A click costs ~3 ms of CPU here (2 cores, load 6); 40 ms is ~13x that, and far
+        # below the ~150 ms the page cost before its in-place updates
+        assert np.median(t["cpu"]) < 0.040, (k, np.round(t["cpu"], 4).tolist())
 
 
 def test_view_k_changes_the_histogram(view):
