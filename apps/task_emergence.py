@@ -10,7 +10,6 @@ that step, and the ICL loss per task and TD over training with the step marked.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import holoviews as hv
@@ -20,14 +19,15 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, RunnerStatus
+from apps._session import CancelToken
+from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.task_emergence import default_analysis, stored_task_emergence_analysis
 
 __all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_emergence_curves"]
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = theme.PLOT_TOOLS
+_TOOLS = ZOOM_TOOLS
 
 
 _font = theme.font_sizes
@@ -118,7 +118,7 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
 
 # -- the view --------------------------------------------------------------------------------
 
-class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
+class TaskEmergenceView(View):
     """A transformer's training on a task mixture, checkpoint by checkpoint: task encoding and ICL loss.
 
     Parameters
@@ -144,51 +144,25 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
                            doc="Block after which the query-token residual is projected.")
 
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
 
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
                  analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
-        super().__init__(**params)
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._doc = pn.state.curdoc if background else None
-        self._loader = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
-                              background=background)
-        self._loader.bind_session()
+        super().__init__(background=background, **params)
+        self.runner("load", self._loaded)
         if analysis is not None:
             self._use(analysis)
         else:
-            self._loader.submit(lambda token: self._load(run, token))
+            self.submit("load", lambda token: self._load(run, token))
 
     # -- computation ---------------------------------------------------------------------
-    def _post(self, **values: Any) -> None:
-        """Set parameters from a worker thread on the session's event loop."""
-        if self._doc is None:
-            self.param.update(**values)
-            return
-        try:
-            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
-        except Exception:  # the session is gone
-            pass
-
     def _load(self, run: xr.Dataset | None, token: CancelToken) -> xr.Dataset:
-        started = time.perf_counter()
-        last = [0.0]
-
-        def progress(done: int, total: int) -> bool:
-            now = time.perf_counter()
-            if now - last[0] > 0.5 or done == total:
-                last[0] = now
-                self._post(status=f"Training the transformer: step {done}/{total} ({now - started:.0f} s)…")
-            return not token.cancelled
-
+        progress = self.status_reporter(
+            token, lambda done, total, s: f"Training the transformer: step {done}/{total} ({s:.0f} s)…")
         if run is None:
-            self._post(status="Loading the stored analysis (training the run if it is missing)…")
+            self.post(status="Loading the stored analysis (training the run if it is missing)…")
             return default_analysis(progress=progress)
         token.check()
-        self._post(status="Measuring task decodability and ICL loss at every checkpoint…")
+        self.post(status="Measuring task decodability and ICL loss at every checkpoint…")
         return stored_task_emergence_analysis(run)
 
     def _use(self, analysis: xr.Dataset) -> None:
@@ -236,14 +210,6 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
                 + f"predicting 0: "
                 f"{float(self.analysis['zero_loss'].mean()):.3g}).")
 
-    def wait(self, timeout: float | None = 600) -> TaskEmergenceView:
-        """Block until background work has finished (tests, scripts)."""
-        self._loader.wait(timeout)
-        return self
-
-    def close(self) -> None:
-        self._loader.close()
-
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
         widgets = {"step": {"type": pn.widgets.DiscreteSlider},
@@ -269,6 +235,4 @@ class TaskEmergenceView(RunnerStatus, pn.viewable.Viewer):
                       sizing_mode="stretch_width")
 
 
-if pn.state.served:
-    theme.enable_extension()
-    theme.page([TaskEmergenceView()], title=f"{theme.TITLE}: task-vector emergence").servable()
+serve(__name__, TaskEmergenceView, title=f"{theme.TITLE}: task-vector emergence", model=False)
