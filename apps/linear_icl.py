@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from typing import Any
 
 import holoviews as hv
@@ -22,7 +21,8 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, RunnerStatus
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
 from explorer.analyses.linear_icl import (
     attention_patterns,
     linear_icl_run,
@@ -37,7 +37,7 @@ DEFAULT_HEADS: tuple[int, ...] = (1, 2, 4)
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 
 
 _font = theme.font_sizes
@@ -181,7 +181,7 @@ def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.El
 
 # -- the view --------------------------------------------------------------------------------
 
-class LinearICLView(RunnerStatus, pn.viewable.Viewer):
+class LinearICLView(View):
     """Training of one-layer multi-head softmax attention on in-context linear regression.
 
     Parameters
@@ -200,6 +200,7 @@ class LinearICLView(RunnerStatus, pn.viewable.Viewer):
     """
 
     notify_title = "Linear ICL"
+    wait_timeout = 1200
 
     n_heads = param.Selector(default=None, objects=[], label="Heads (H)",
                              doc="Which run the heatmaps and pattern curves show.")
@@ -208,59 +209,35 @@ class LinearICLView(RunnerStatus, pn.viewable.Viewer):
 
     runs = param.Dict(default={}, precedence=-1)
     analyses = param.Dict(default={}, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
 
     def __init__(self, model: Any = None, *, runs: dict[int, xr.Dataset] | None = None,
                  analyses: dict[int, xr.Dataset] | None = None,
                  heads: tuple[int, ...] = DEFAULT_HEADS, background: bool | None = None,
                  **params: Any):
-        super().__init__(**params)
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._doc = pn.state.curdoc if background else None
+        super().__init__(background=background, **params)
         self._lock = threading.Lock()
         self._patterns: dict[tuple[int, int], xr.Dataset] = {}
-        self._runner = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
-                              background=background)
-        self._runner.bind_session()
+        self.runner("load", self._loaded)
         self.param.watch(self._switch_run, "n_heads")
         given = dict(runs or {})
         if given and analyses is not None and set(analyses) == set(given):
             self._loaded({"runs": given, "analyses": dict(analyses)})
         else:
-            self._runner.submit(lambda token: self._load(given, tuple(heads), token))
+            self.submit("load", lambda token: self._load(given, tuple(heads), token))
 
     # -- computation ---------------------------------------------------------------------
-    def _post(self, **values: Any) -> None:
-        if self._doc is None:
-            self.param.update(**values)
-            return
-        try:
-            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
-        except Exception:  # the session is gone
-            pass
-
     def _load(self, given: dict[int, xr.Dataset], heads: tuple[int, ...],
               token: CancelToken) -> dict[str, dict]:
         runs = dict(given)
         for H in ([] if given else heads):
-            started, last = time.perf_counter(), [0.0]
-
-            def progress(done: int, total: int, H=H) -> bool:
-                now = time.perf_counter()
-                if now - last[0] > 0.5 or done == total:
-                    last[0] = now
-                    self._post(status=f"Training H = {H}: step {done}/{total} ({now - started:.0f} s)…")
-                return not token.cancelled
-
-            self._post(status=f"Loading the stored run with H = {H} (training it if missing)…")
+            progress = self.status_reporter(
+                token, lambda done, total, s, H=H: f"Training H = {H}: step {done}/{total} ({s:.0f} s)…")
+            self.post(status=f"Loading the stored run with H = {H} (training it if missing)…")
             runs[H] = linear_icl_run(n_heads=H, progress=progress)
             token.check()
         analyses = {}
         for H, run in sorted(runs.items()):
-            self._post(status=f"Measuring patterns and baselines for H = {H}…")
+            self.post(status=f"Measuring patterns and baselines for H = {H}…")
             analyses[H] = stored_linear_icl_analysis(run) if not given else _analyse(run)
             token.check()
         return {"runs": runs, "analyses": analyses}
@@ -343,14 +320,6 @@ class LinearICLView(RunnerStatus, pn.viewable.Viewer):
                 f"{float(pats['ov_offy_ratio_max']):.4f}, |Σμ|/Σ|μ| {float(pats['mu_sum_ratio']):.3f}; "
                 f"test loss at L = {L}: {loss:.3f}.")
 
-    def wait(self, timeout: float | None = 1200) -> LinearICLView:
-        """Block until background work has finished (tests, scripts)."""
-        self._runner.wait(timeout)
-        return self
-
-    def close(self) -> None:
-        self._runner.close()
-
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
         widgets = {"n_heads": {"type": pn.widgets.RadioButtonGroup, "color": "primary",
@@ -385,6 +354,4 @@ def _analyse(run: xr.Dataset) -> xr.Dataset:
     return linear_icl_analysis(run, n_prompts=512)
 
 
-if pn.state.served:
-    theme.enable_extension()
-    theme.page([LinearICLView()], title=f"{theme.TITLE}: in-context linear regression").servable()
+serve(__name__, LinearICLView, title=f"{theme.TITLE}: in-context linear regression", model=False)
