@@ -192,7 +192,7 @@ def test_trace_applies_edits_from_a_json_file(capsys, tmp_path, prompts_file, ti
 @pytest.mark.parametrize("content, message", [
     (None, r"edits file '.*edits.json' does not exist\."),
     ("[{\"kind\": \"ablate\", \"layer\": 0,", r"edits JSON does not parse: Expecting property name"),
-    ('[{"kind": "shift", "layer": 0}]', r"unknown edit kind"),
+    ('[{"kind": "shift", "layer": 0}]', r"`kind` must be one of 'ablate', .*; got 'shift'"),
     ('[{"kind": "steer", "layer": 0, "vector": [1.0, NaN, Infinity]}]',
      r"`vector` must hold finite numbers; 2 of its 3 entries are not \(nan at 1, inf at 2\)"),
 ])
