@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -23,7 +22,8 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, RunnerStatus
+from apps._session import CancelToken
+from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.parity import (
     parity_automaton,
     parity_automaton_sizes,
@@ -38,7 +38,7 @@ __all__ = ["ParityView", "plot_hidden_pca", "plot_automaton", "plot_accuracy_by_
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = theme.PLOT_TOOLS
+_TOOLS = ZOOM_TOOLS
 _PARITY_COLORS = {"even": theme.CATEGORICAL[0], "odd": theme.CATEGORICAL[1]}
 _SYMBOL_COLORS = {0: theme.CATEGORICAL[2], 1: theme.CATEGORICAL[3]}
 
@@ -290,7 +290,7 @@ def _parity(auto: xr.Dataset) -> bool:
 
 # -- the view --------------------------------------------------------------------------------
 
-class ParityView(RunnerStatus, pn.viewable.Viewer):
+class ParityView(View):
     """A parity RNN's training, checkpoint by checkpoint: hidden states, automaton, accuracy.
 
     Parameters
@@ -323,64 +323,35 @@ class ParityView(RunnerStatus, pn.viewable.Viewer):
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     sizes = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     phase = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
 
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
                  analysis: xr.Dataset | None = None, phase: xr.Dataset | None = None,
                  background: bool | None = None, **params: Any):
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._phase_given = phase is not None
         self.phase = phase
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._doc = pn.state.curdoc if background else None
         self._lock = threading.Lock()
         self._cache: dict[tuple, xr.Dataset] = {}
-        self._loader = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
-                              background=background)
-        self._sizer = Runner(on_result=self._sized, on_error=self._failed, on_busy=self._set_busy,
-                             background=background)
-        self._loader.bind_session()
-        self._sizer.bind_session()
+        self.runner("load", self._loaded)
+        self.runner("sizes", self._sized)
         self.param.watch(self._request_sizes, ["threshold", "max_length"])
         if run is not None:
             self._use_run(run)
         if analysis is not None:
             self.analysis = analysis
         if run is None or analysis is None or phase is None:
-            self._loader.submit(lambda token: self._load(run, analysis, token))
+            self.submit("load", lambda token: self._load(run, analysis, token))
 
     # -- computation ---------------------------------------------------------------------
-    def _post(self, **values: Any) -> None:
-        """Set parameters from a worker thread on the session's event loop."""
-        if self._doc is None:
-            self.param.update(**values)
-            return
-        try:
-            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
-        except Exception:  # the session is gone
-            pass
-
     def _load(self, run: xr.Dataset | None, analysis: xr.Dataset | None,
               token: CancelToken) -> dict[str, xr.Dataset]:
-        started = time.perf_counter()
-        last = [0.0]
-
-        def progress(done: int, total: int) -> bool:
-            now = time.perf_counter()
-            if now - last[0] > 0.5 or done == total:
-                last[0] = now
-                self._post(status=f"Training the parity RNN: epoch {done}/{total} "
-                                  f"({now - started:.0f} s)…")
-            return not token.cancelled
-
+        progress = self.status_reporter(
+            token, lambda done, total, s: f"Training the parity RNN: epoch {done}/{total} ({s:.0f} s)…")
         if run is None:
-            self._post(status="Loading the stored parity run (training it if missing)…")
+            self.post(status="Loading the stored parity run (training it if missing)…")
             run = parity_run(progress=progress)
         token.check()
-        self._post(status="Measuring automata and long-string accuracy at every checkpoint…")
+        self.post(status="Measuring automata and long-string accuracy at every checkpoint…")
         if analysis is None:
             analysis = stored_parity_analysis(run)
         # The phase diagram takes minutes: shown only when stored (`explorer parity phase`).
@@ -411,7 +382,7 @@ class ParityView(RunnerStatus, pn.viewable.Viewer):
         if self.run is None:
             return
         run, threshold, max_length = self.run, self.threshold, self.max_length
-        self._sizer.submit(lambda token: parity_automaton_sizes(
+        self.submit("sizes", lambda token: parity_automaton_sizes(
             run, max_length=max_length, threshold=threshold,
             progress=lambda done, total: not token.cancelled))
 
@@ -494,16 +465,6 @@ class ParityView(RunnerStatus, pn.viewable.Viewer):
         shown = "minimal automaton" if self.minimal else "merged automaton"
         return text + f". Graph: {shown}."
 
-    def wait(self, timeout: float | None = 600) -> ParityView:
-        """Block until background work has finished (tests, scripts)."""
-        self._loader.wait(timeout)
-        self._sizer.wait(timeout)
-        return self
-
-    def close(self) -> None:
-        self._loader.close()
-        self._sizer.close()
-
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
         widgets = {
@@ -538,6 +499,4 @@ class ParityView(RunnerStatus, pn.viewable.Viewer):
                       sizing_mode="stretch_width")
 
 
-if pn.state.served:
-    theme.enable_extension()
-    theme.page([ParityView()], title=f"{theme.TITLE}: streaming parity").servable()
+serve(__name__, ParityView, title=f"{theme.TITLE}: streaming parity", model=False)
