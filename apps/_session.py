@@ -26,8 +26,8 @@ from typing import Any
 import explorer
 from explorer._checks import ExplorerError
 
-__all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "RunnerStatus",
-           "SessionHooks", "schedule", "session_hooks", "user_message"]
+__all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "SessionHooks",
+           "schedule", "session_hooks", "user_message"]
 
 log = logging.getLogger(__name__)
 
@@ -115,27 +115,6 @@ def user_message(exc: BaseException) -> str:
     if isinstance(exc, (ExplorerError, ValueError, TypeError)):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
-
-
-class RunnerStatus:
-    """Runner callbacks for a page with ``status`` and ``busy`` parameters.
-
-    A failed job shows "Failed: ..." in the status line and as a notification titled
-    ``notify_title``; `Runner` never reports `Cancelled` jobs, so they need no case here.
-    """
-
-    notify_title = "Page"
-
-    def _failed(self, exc: BaseException) -> None:
-        from apps import theme
-
-        message = user_message(exc)
-        self.status = f"Failed: {message}"
-        theme.notify("error", f"{self.notify_title}: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
 
 
 class Cancelled(Exception):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from typing import Any
 
 import colorcet as cc
@@ -25,7 +24,8 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, RunnerStatus
+from apps._session import CancelToken
+from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.shattering import (
     DEFAULTS,
     EDIT_METHODS,
@@ -51,7 +51,7 @@ QUICK_PARAMS: dict[str, Any] = {"steps": 1000}
 #: Edits in the page's R vs accuracy-drop sweep.
 SWEEP_EDITS = 40
 
-_TOOLS = theme.PLOT_TOOLS
+_TOOLS = ZOOM_TOOLS
 _CYCLE_CMAP = list(cc.palette["colorwheel"])  # cyclic: the first and last place look alike
 _DISTANCE_COLORS = {d: theme.CATEGORICAL[i] for i, d in enumerate(range(1, 9))}
 #: Component pairs the page offers (0-based indices into the first three components).
@@ -146,7 +146,7 @@ def plot_shattering_scatter(sweep: xr.Dataset | None, current: tuple[float, floa
 
 # -- the view --------------------------------------------------------------------------------
 
-class ShatteringView(RunnerStatus, pn.viewable.Viewer):
+class ShatteringView(View):
     """One counterfactual edit of the knowledge-graph transformer, and R over many edits.
 
     Parameters
@@ -186,27 +186,16 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
     km = param.Parameter(default=None, precedence=-1)
     edit = param.Parameter(default=None, precedence=-1)
     sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
 
     def __init__(self, model: Any = None, *, km: KnowledgeModel | None = None,
                  sweep: xr.Dataset | None = None, background: bool | None = None, **params: Any):
-        super().__init__(**params)
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._doc = pn.state.curdoc if background else None
+        super().__init__(background=background, **params)
         self._lock = threading.Lock()
         self._cov: dict[int, Any] = {}
         self._cache: dict[tuple, Any] = {}
-        self._loader = Runner(on_result=self._loaded, on_error=self._failed, on_busy=self._set_busy,
-                              background=background)
-        self._editor = Runner(on_result=self._edited, on_error=self._failed, on_busy=self._set_busy,
-                              background=background)
-        self._sweeper = Runner(on_result=self._swept, on_error=self._failed, on_busy=self._set_busy,
-                               background=background)
-        for runner in (self._loader, self._editor, self._sweeper):
-            runner.bind_session()
+        self.runner("load", self._loaded)
+        self.runner("edit", self._edited)
+        self.runner("sweep", self._swept)
         self.param.watch(self._request_edit, ["method", "entity", "relation", "distance", "layer"])
         if km is not None:
             self._use_model(km)
@@ -215,39 +204,21 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
             else:
                 self._request_sweep()
         else:
-            self._loader.submit(self._load)
+            self.submit("load", self._load)
 
     # -- computation ---------------------------------------------------------------------
-    def _post(self, **values: Any) -> None:
-        """Set parameters from a worker thread on the session's event loop."""
-        if self._doc is None:
-            self.param.update(**values)
-            return
-        try:
-            self._doc.add_next_tick_callback(lambda: self.param.update(**values))
-        except Exception:  # the session is gone
-            pass
-
     def _load(self, token: CancelToken) -> KnowledgeModel:
         if is_stored(**DEFAULTS):
-            self._post(status="Loading the stored knowledge-graph transformer…")
+            self.post(status="Loading the stored knowledge-graph transformer…")
             return knowledge_model(**DEFAULTS)
         params = {**DEFAULTS, **QUICK_PARAMS}
         if is_stored(**params):
-            self._post(status="Loading the stored quick knowledge-graph transformer…")
+            self.post(status="Loading the stored quick knowledge-graph transformer…")
             return knowledge_model(**params)
-        started = time.perf_counter()
-        last = [0.0]
-
-        def progress(done: int, total: int) -> bool:
-            now = time.perf_counter()
-            if now - last[0] > 0.5 or done == total:
-                last[0] = now
-                self._post(status=f"No trained model in the cache: training a quick one "
-                                  f"(`explorer shattering train` makes the full one), step {done}/{total} "
-                                  f"({now - started:.0f} s)…")
-            return not token.cancelled
-
+        progress = self.status_reporter(
+            token, lambda done, total, s: f"No trained model in the cache: training a quick one "
+                                          f"(`explorer shattering train` makes the full one), step "
+                                          f"{done}/{total} ({s:.0f} s)…")
         return knowledge_model(progress=progress, **params)
 
     def _use_model(self, km: KnowledgeModel) -> None:
@@ -295,7 +266,7 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
             token.check()
             return edit_fact(km, e, r, distance, method=method, layer=layer, cov=cov)
 
-        self._editor.submit(job)
+        self.submit("edit", job)
 
     def _edited(self, edit: KnowledgeEdit) -> None:
         with self._lock:
@@ -308,16 +279,13 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
             return
 
         def job(token: CancelToken) -> xr.Dataset:
-            self._post(status=f"Model ready (trained in {km.train_seconds:.0f} s). Running {SWEEP_EDITS} "
+            self.post(status=f"Model ready (trained in {km.train_seconds:.0f} s). Running {SWEEP_EDITS} "
                               "ROME edits for the R vs accuracy-drop scatter (stored once done)…")
-
-            def progress(done: int, total: int) -> bool:
-                self._post(status=f"Edit sweep: {done}/{total} edits…")
-                return not token.cancelled
-
+            progress = self.status_reporter(
+                token, lambda done, total, s: f"Edit sweep: {done}/{total} edits…", every=0)
             return stored_edit_sweep(km, n_edits=SWEEP_EDITS, progress=progress)
 
-        self._sweeper.submit(job)
+        self.submit("sweep", job)
 
     def _swept(self, sweep: xr.Dataset) -> None:
         self.sweep = sweep
@@ -384,16 +352,6 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
         layers = e.get("layers", [e["layer"]])
         return f"block {layers[0]}" if len(layers) == 1 else "blocks " + ", ".join(map(str, layers))
 
-    def wait(self, timeout: float | None = 600) -> ShatteringView:
-        """Block until background work has finished (tests, scripts)."""
-        for runner in (self._loader, self._editor, self._sweeper):
-            runner.wait(timeout)
-        return self
-
-    def close(self) -> None:
-        for runner in (self._loader, self._editor, self._sweeper):
-            runner.close()
-
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
         widgets = {
@@ -427,6 +385,4 @@ class ShatteringView(RunnerStatus, pn.viewable.Viewer):
                       sizing_mode="stretch_width")
 
 
-if pn.state.served:
-    theme.enable_extension()
-    theme.page([ShatteringView()], title=f"{theme.TITLE}: representation shattering").servable()
+serve(__name__, ShatteringView, title=f"{theme.TITLE}: representation shattering", model=False)

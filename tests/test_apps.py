@@ -396,25 +396,3 @@ def test_serve_binds_localhost_by_default():
     assert sig.parameters["address"].default == "127.0.0.1"
     assert sig.parameters["model"].default == "smollm2-135m"
     assert sig.parameters["show"].default is False
-
-
-def test_runner_status_callbacks_report_a_failure_and_track_busy(notes):
-    import param
-
-    from apps._session import RunnerStatus
-
-    class Page(RunnerStatus, param.Parameterized):
-        notify_title = "Lab"
-        status = param.String(default="")
-        busy = param.Boolean(default=False)
-
-    page = Page()
-    page._failed(explorer.ExplorerError("`steps` must be an int in [1, 100]; got 0."))
-    assert page.status == "Failed: `steps` must be an int in [1, 100]; got 0."
-    assert notes[-1] == ("error", "Lab: `steps` must be an int in [1, 100]; got 0.")
-    page._failed(RuntimeError("boom"))               # not a user error: its type is shown
-    assert page.status == "Failed: RuntimeError: boom"
-    seen = []
-    page.param.watch(lambda e: seen.append(e.new), "busy")
-    page._set_busy(True), page._set_busy(True), page._set_busy(False)
-    assert seen == [True, False]                     # no event when nothing changes

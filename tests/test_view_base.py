@@ -198,6 +198,21 @@ def test_a_failing_job_shows_in_the_error_pane_and_clears_busy(notes):
     assert page.error == "`n` must be positive"    # a user's error: its message alone
 
 
+def test_show_error_words_user_errors_and_busy_changes_only_when_it_changes(notes):
+    import explorer
+
+    page = Page()
+    page.show_error(explorer.ExplorerError("`steps` must be an int in [1, 100]; got 0."))
+    assert page.status == "Failed: `steps` must be an int in [1, 100]; got 0."
+    assert notes[-1] == ("error", "Lab: `steps` must be an int in [1, 100]; got 0.")
+    page.show_error(RuntimeError("boom"))           # not a user error: its type is shown
+    assert page.status == "Failed: RuntimeError: boom"
+    seen = []
+    page.param.watch(lambda e: seen.append(e.new), "busy")
+    page._runner_busy("work", True), page._runner_busy("work", True), page._runner_busy("work", False)
+    assert seen == [True, False]                     # no event when nothing changes
+
+
 def test_busy_stays_while_another_runner_is_still_busy():
     page = Page(background=True)
     gate = threading.Event()
