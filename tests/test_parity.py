@@ -14,6 +14,7 @@ import xarray as xr
 from explorer._checks import InputError
 from explorer.analyses import parity as par
 from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
+from explorer.analyses.parity import runs as par_runs
 
 
 @pytest.fixture(autouse=True)
@@ -441,7 +442,7 @@ def test_cli_trains_at_one_thread_and_restores_the_thread_count(tmp_path, monkey
         seen.append(torch.get_num_threads())
         return train(**kwargs)
 
-    monkeypatch.setattr(par, "train_parity_rnn", recording_train)
+    monkeypatch.setattr(par_runs, "train_parity_rnn", recording_train)  # parity_run calls it there
     args = ["parity", "train", "--epochs", "1", "--hidden-size", "4", "--checkpoint-every", "1",
             "--json", "--cache", str(tmp_path)]
     before = torch.get_num_threads()
@@ -585,8 +586,8 @@ def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_pat
     from explorer.store import ActivationStore
 
     store = ActivationStore(tmp_path)
-    monkeypatch.setattr(par, "train_parity_rnn", lambda **kw: pytest.fail("trained instead of reading"))
-    monkeypatch.setattr(par, "parity_analysis", lambda *a, **kw: pytest.fail("analysed instead of reading"))
+    monkeypatch.setattr(par_runs, "train_parity_rnn", lambda **kw: pytest.fail("trained instead of reading"))
+    monkeypatch.setattr(par_runs, "parity_analysis", lambda *a, **kw: pytest.fail("analysed instead of reading"))
     run = par.parity_run(store=store)
     assert "shipped" in run.attrs["source"]
     analysis = par.stored_parity_analysis(run, store=store)
@@ -595,6 +596,8 @@ def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_pat
     # Any other setting is trained, not read.
     with pytest.raises(pytest.fail.Exception, match="trained instead"):
         par.parity_run(store=store, seed=1)
+    with pytest.raises(pytest.fail.Exception, match="analysed instead"):   # (that patch is live too)
+        par.stored_parity_analysis(run, store=store, max_length=4)
 
 
 @pytest.mark.skipif(not par.SHIPPED_RUN.is_file(), reason="the shipped run is missing")
