@@ -356,6 +356,46 @@ def test_alpha_search_and_first_run_reuse(tiny_model):
         alpha_s=1.0).numpy(), atol=1e-4)
 
 
+def _plain_greedy(model, prompt: str, n_new: int) -> str:
+    """Greedy continuation by Hugging Face's own generate, one unpadded prompt at a time."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    out = model.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                            do_sample=False, pad_token_id=model.tokenizer.pad_token_id)
+    return model.tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_baseline_answers_are_plain_generation_and_scored_as_worked_by_hand(tiny_model):
+    """The baseline's answers equal HF generate's; to_memory / to_context are then read
+    off by hand: each fact's memory value is set to a word the model does generate, its
+    context value to one it does not, so both must come out as stated."""
+    import dataclasses
+
+    base = C.load_facts(["country_capital"])[:2]
+    kinds = ("substitution", "coherent")
+    plain = {(k, i): _plain_greedy(tiny_model, C.conflict_prompt(f, k), 3)
+             for k in kinds for i, f in enumerate(base)}
+    facts = []
+    for i, f in enumerate(base):
+        # the prompts use subject and context value, not the memory value: setting memory to
+        # the first word generated on the substitution prompt leaves every prompt unchanged
+        word = C.normalise_answer(plain[("substitution", i)]).split()[0]
+        facts.append(dataclasses.replace(f, memory=word))
+    ds = C.conflict_accuracy(tiny_model, facts, methods=("baseline",), kinds=kinds, n_new=3)
+    for k in kinds:
+        for i, f in enumerate(facts):
+            got = str(ds.answer.sel(intervention="baseline", kind=k, fact=i).values)
+            assert got == plain[(k, i)], (k, i)
+            words = C.normalise_answer(plain[(k, i)]).split()[:5]
+            assert bool(ds.to_memory.sel(intervention="baseline", kind=k, fact=i)) == \
+                (f.memory in words)
+            assert bool(ds.to_context.sel(intervention="baseline", kind=k, fact=i)) == \
+                (C.normalise_answer(f.context) in words)
+    assert ds.to_memory.sel(intervention="baseline", kind="substitution").values.all()
+    assert not ds.to_context.values.any()        # the capitals are not what it generates
+    np.testing.assert_array_equal(ds.memory_accuracy.sel(intervention="baseline").values,
+                                  ds.to_memory.sel(intervention="baseline").mean("fact").values)
+
+
 def test_head_selection_errors(tiny_model):
     facts = C.load_facts()[:2]
     with pytest.raises(InputError, match="`direction` must be one of 'parametric', 'context'"):
