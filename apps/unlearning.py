@@ -21,7 +21,8 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, user_message
+from apps._session import CancelToken
+from apps._view import View, serve
 from explorer.analyses import unlearning as U
 
 __all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "plot_accuracy_bars",
@@ -106,8 +107,10 @@ def plot_accuracy_bars(rows: list[tuple[str, str, float]]) -> hv.Bars:
     return bars.opts(color="localization", cmap=theme.CATEGORICAL, show_legend=False)
 
 
-class UnlearningView(pn.viewable.Viewer):
+class UnlearningView(View):
     """Localize a fact set, unlearn it on the localized MLPs, measure robustness."""
+
+    notify_title = "Unlearning"
 
     method = param.Selector(default="fact_lookup", objects=list(U.METHODS),
                             doc="Localization that picks the trained MLP layers")
@@ -118,9 +121,7 @@ class UnlearningView(pn.viewable.Viewer):
     n_forget = param.Integer(default=8, bounds=(2, 40), doc="Facts to forget")
     n_retain = param.Integer(default=8, bounds=(1, 40), doc="Facts to retain")
     relearn_steps = param.Integer(default=3, bounds=(0, 20), doc="Relearning attack steps")
-    progress = param.Integer(default=0, bounds=(0, 100))
     status = param.String(default="Press Localize to compute the probe curve and causal tracing.")
-    busy = param.Boolean(default=False)
     probe = param.Parameter(default=None)
     trace = param.Parameter(default=None)
     attribution = param.Parameter(default=None)
@@ -128,7 +129,7 @@ class UnlearningView(pn.viewable.Viewer):
 
     def __init__(self, model: Any, *, facts_file: str | Path | None = None, known_only: bool = True,
                  background: bool | None = None, **params: Any):
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         self._facts_file = facts_file
         self._known_only = known_only
@@ -136,12 +137,7 @@ class UnlearningView(pn.viewable.Viewer):
         self.param.n_layers.bounds = (1, model.n_layers)
         if self.n_layers > model.n_layers:
             self.n_layers = max(1, model.n_layers // 2)
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
-                              on_busy=lambda b: None, background=background)
-        self._runner.bind_session()
+        self.runner("work", self._show_result)
         self._localize_button = pn.widgets.Button(name="Localize", button_type="primary")
         self._run_button = pn.widgets.Button(name="Run unlearning", button_type="success",
                                              disabled=True)
@@ -164,24 +160,20 @@ class UnlearningView(pn.viewable.Viewer):
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
         self._cancel_button.on_click(lambda e: self.cancel())
+        self.param.watch(self._sync_buttons, ["busy", "probe"])
 
     # -- jobs --------------------------------------------------------------------------------
     def _reporter(self, lo: int, hi: int):
-        doc = pn.state.curdoc if self._runner.background else None
+        return self.progress_fn(lo=lo, hi=hi)
 
-        def report(done: int, total: int) -> None:
-            value = int(lo + (hi - lo) * done / max(1, total))
-            if doc is not None and doc.session_context is not None:
-                doc.add_next_tick_callback(lambda: setattr(self, "progress", value))
-            else:
-                self.progress = value
-        return report
+    def _sync_buttons(self, *events: Any) -> None:
+        """Cancel while a job runs; Localize and Run while none does (Run once localized)."""
+        self._cancel_button.disabled = not self.busy
+        self._localize_button.disabled = self.busy
+        self._run_button.disabled = self.busy or self.probe is None
 
     def _start(self, status: str) -> None:
         self.param.update(busy=True, progress=0, status=status)
-        self._cancel_button.disabled = False
-        self._localize_button.disabled = True
-        self._run_button.disabled = True
 
     def facts(self) -> tuple[list[U.AttributeFact], list[U.AttributeFact]]:
         """(forget, retain) for the current sizes (the known-facts filter is cached)."""
@@ -215,7 +207,7 @@ class UnlearningView(pn.viewable.Viewer):
             attribution = U.attribution_patching(model, forget, progress=self._reporter(85, 100))
             return "localize", (probe, trace, attribution, (forget, retain))
 
-        self._runner.submit(job)
+        self.submit("work", job)
 
     def run(self) -> None:
         """Train on the chosen method's layers and evaluate, in the background."""
@@ -236,17 +228,15 @@ class UnlearningView(pn.viewable.Viewer):
                                          should_stop=lambda: token.cancelled, **settings)
             return "run", ds
 
-        self._runner.submit(job)
+        self.submit("work", job)
 
-    def cancel(self) -> None:
-        self._runner.cancel()
+    def cancel(self, name: str | None = None) -> None:
+        """Stop the job in flight (its result is discarded)."""
+        super().cancel(name)
         self._finish("Cancelled.")
 
     def _finish(self, status: str) -> None:
         self.param.update(busy=False, status=status)
-        self._cancel_button.disabled = True
-        self._localize_button.disabled = False
-        self._run_button.disabled = self.probe is None
 
     def _show_result(self, out: tuple[str, Any]) -> None:
         kind, value = out
@@ -261,15 +251,6 @@ class UnlearningView(pn.viewable.Viewer):
             m = value["localization"].values[-1]
             self._finish(f"{m}: trained {int(value.n_params.sel(localization=m)):,} parameters, "
                          f"{float(value.seconds_per_step.sel(localization=m)):.1f} s per step.")
-
-    def _show_error(self, exc: BaseException) -> None:
-        message = user_message(exc)
-        self._finish(f"Failed: {message}")
-        theme.notify("error", f"Unlearning: {message}")
-
-    def wait(self, timeout: float | None = 600) -> UnlearningView:
-        self._runner.wait(timeout)
-        return self
 
     # -- plots -------------------------------------------------------------------------------
     def chosen_layers(self, method: str | None = None) -> list[int]:
@@ -317,8 +298,4 @@ class UnlearningView(pn.viewable.Viewer):
         )
 
 
-if pn.state.served:
-    from apps._session import get_model
-
-    theme.enable_extension()
-    theme.page([UnlearningView(get_model("smollm2-135m"))], title="Mechanistic unlearning").servable()
+serve(__name__, UnlearningView, title="Mechanistic unlearning")
