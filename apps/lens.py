@@ -12,7 +12,6 @@ import hashlib
 import html
 import io
 import json
-import os
 import threading
 import time
 from typing import Any
@@ -27,7 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, Runner, get_model, user_message
+from apps._session import CancelToken, user_message
+from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
 from explorer.trace import trace as trace_sites
 
@@ -37,7 +37,7 @@ STATE_FORMAT = "explorer.lens-state"
 STATE_FORMAT_VERSION = 1
 _MAX_STATE_BYTES = 4_000_000
 _LABEL_CHARS = 8
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 _RUN_PARAMS = ("prompt", "k", "steer_layer", "alpha", "contrast_a", "contrast_b")
 
 hv.extension("bokeh", logo=False)
@@ -203,7 +203,7 @@ table.lens-topk th, table.lens-topk td { padding: 2px 10px; text-align: left;
 
 # -- the view ------------------------------------------------------------------------------
 
-class LensView(pn.viewable.Viewer):
+class LensView(View):
     """Logit lens of a prompt, live under a steering vector set by sliders.
 
     Parameters
@@ -233,29 +233,22 @@ class LensView(pn.viewable.Viewer):
 
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                  doc="The last good lens result (kept while a new one computes).")
-    running = param.Boolean(default=False, precedence=-1, doc="A computation is in flight.")
-    busy = param.Boolean(default=False, precedence=-1,
-                         doc="A computation has run for over 0.3 s (shows the spinner).")
-    status = param.String(default="", precedence=-1, doc="One line on the last run.")
-    error = param.String(default="", precedence=-1,
-                         doc="Message of the last failed run; '' after a good one.")
+
+    notify_title = "Logit lens"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 120
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
         steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         self.param.steer_layer.bounds = (0, model.spec.n_layers - 1)
         self.steer_layer = steer_layer
-        doc = pn.state.curdoc
-        served = doc is not None and doc.session_context is not None
-        if background is None:
-            background = served
+        served = self._doc is not None
         self._cache_lock = threading.Lock()
         self._clean: tuple[str, Any] | None = None                  # (prompt, CleanRun)
         self._vectors: dict[tuple, np.ndarray] = {}                  # (A, B, layer) -> [d_model]
-        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
-                              on_busy=self._set_busy, background=background)
-        self._runner.bind_session()
+        self._runner = self.runner("run", self._show_result)
         self._started = 0.0
         self.param.watch(self._request_run, list(_RUN_PARAMS))
         self._page_loaded = not served
@@ -282,7 +275,7 @@ class LensView(pn.viewable.Viewer):
         p = self._run_params()
         self.running = True
         self._started = time.perf_counter()
-        self._runner.submit(lambda token: self._compute(p, token))
+        self.submit("run", lambda token: self._compute(p, token))
 
     def _steering_vector(self, p: dict[str, Any]) -> np.ndarray:
         a, b = contrast_prompts(p["contrast_a"]), contrast_prompts(p["contrast_b"])
@@ -339,31 +332,19 @@ class LensView(pn.viewable.Viewer):
                           status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
                                  f" · {seconds:.2f} s")
 
-    def _show_error(self, exc: BaseException) -> None:
-        message = user_message(exc)
-        kept = " The previous result is still shown." if self.result is not None else ""
-        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
-        theme.notify("error", f"Logit lens: {message}{kept}")
+    def _error_note(self) -> str:
+        return " The previous result is still shown." if self.result is not None else ""
 
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
-
-    def cancel(self) -> None:
+    def cancel(self, name: str | None = None) -> None:
         """Stop waiting for the run in flight; its result is discarded."""
         was_running = self.running
-        self._runner.cancel()
+        super().cancel(name)
         if was_running:
             self.param.update(running=False, status="Cancelled; showing the previous result.")
 
-    def wait(self, timeout: float | None = 120) -> LensView:
-        """Block until the run in flight has finished (tests, scripts)."""
-        self._runner.wait(timeout)
-        return self
-
     def close(self) -> None:
         """Cancel any run and drop cached activations (the page is gone)."""
-        self._runner.close()
+        super().close()
         with self._cache_lock:
             self._clean = None
             self._vectors.clear()
@@ -504,7 +485,4 @@ class LensView(pn.viewable.Viewer):
         )
 
 
-if pn.state.served:
-    theme.enable_extension()
-    _view = LensView(get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")))
-    theme.page([_view], title=f"{theme.TITLE}: logit lens").servable()
+serve(__name__, LensView, title=f"{theme.TITLE}: logit lens")
