@@ -369,6 +369,47 @@ def test_sae_trains_to_a_target_error_and_the_comparison_reports_the_ratio():
     assert int(cmp_["size"].sel(model_kind="sae")) == int(cmp_["size"].sel(model_kind="itda"))
 
 
+def test_itda_vs_sae_times_are_the_time_each_fit_took(monkeypatch):
+    """Slow each fit's inner step by a known amount: each reported time includes it, so the
+    ratio follows the work done, not a figure computed on its own."""
+    import time
+
+    from explorer.analyses.itda import ITDA
+
+    rng = np.random.default_rng(0)
+    x = (np.abs(rng.normal(size=(300, 6))) @ rng.normal(size=(6, 24))).astype(np.float32)
+    added = {"itda": 0.0, "sae": 0.0}
+    fitting = []
+
+    def slowed(kind, method, pause):
+        def run(self, *args):
+            if fitting:                              # only inside a fit (not reconstruct)
+                time.sleep(pause)
+                added[kind] += pause
+            return method(self, *args)
+        return run
+
+    def flagged(method):
+        def run(self, *args, **kwargs):
+            fitting.append(True)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                fitting.pop()
+        return run
+
+    monkeypatch.setattr(ITDA, "_add_batch", slowed("itda", ITDA._add_batch, 0.05))
+    monkeypatch.setattr(SparseAutoencoder, "_forward",
+                        slowed("sae", SparseAutoencoder._forward, 0.002))
+    monkeypatch.setattr(ITDA, "fit", flagged(ITDA.fit))
+    monkeypatch.setattr(SparseAutoencoder, "fit", flagged(SparseAutoencoder.fit))
+    cmp_ = itda_vs_sae(x, tau=0.1, l0=4, lr=1e-2, max_epochs=20)
+    itda_s, sae_s = (float(v) for v in cmp_["fit_seconds"].values)
+    assert added["itda"] > 0 and added["sae"] > 0
+    assert itda_s >= added["itda"] and sae_s >= added["sae"]
+    assert float(cmp_["time_ratio"]) == pytest.approx(itda_s / sae_s)
+
+
 # -- errors and the command line --------------------------------------------------------------
 
 def test_user_errors_name_the_bad_value(tiny_model):
