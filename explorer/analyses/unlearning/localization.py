@@ -1,0 +1,335 @@
+"""Localization by causal tracing and attribution patching: restore one layer's clean state in
+a run with noised subject embeddings (`causal_trace`), its linear estimate from one gradient
+(`attribution_patching`), and the MLP layers each localization method picks for a budget
+(`top_layers`, `localized_layers`).
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.analyses.unlearning.facts import (
+    CITATION,
+    METHODS,
+    AttributeFact,
+    Progress,
+    attribute_token_ids,
+    fact_prompt,
+    subject_positions,
+)
+from explorer.analyses.unlearning.probe import fact_lookup_layers
+from explorer.lora import remove_hooks
+from explorer.models import Model
+from explorer.trace import provenance, run_batch, run_on_weights
+
+__all__ = ["causal_trace", "attribution_patching", "top_layers", "localized_layers"]
+
+
+def _layer_modules(model: Model) -> list[torch.nn.Module]:
+    return [model.hf_layer(layer) for layer in range(model.n_layers)]
+
+
+def _mlp_module(model: Model, layer: int) -> torch.nn.Module:
+    block = model.hf_layer(layer)
+    if not hasattr(block, "mlp"):
+        raise InputError(f"{model.spec.family} layers have no `mlp` module; unlearning needs one.")
+    return block.mlp
+
+
+def _noise_std(model: Model) -> float:
+    """Standard deviation of the token embedding entries (the noise unit of ROME); read on
+    the server for a remote model."""
+    return float(run_on_weights(model, _embedding_std))
+
+
+def _embedding_std(weights: Model) -> float:
+    return float(weights.hf.get_input_embeddings().weight.float().std())
+
+
+def _fact_noise(model: Model, facts: Sequence[AttributeFact], noise_scale: float,
+                seed: int) -> list[torch.Tensor]:
+    """Gaussian noise per fact, [n_subject_tokens, d_model]: one generator seeded with
+    ``seed`` draws each fact's block in order, scaled by noise_scale * embedding std."""
+    g = torch.Generator().manual_seed(seed)
+    std = _noise_std(model)
+    return [torch.randn(len(subject_positions(model, f)), model.spec.d_model, generator=g)
+            * noise_scale * std for f in facts]
+
+
+def _replace_output(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to a module output that is a tensor or a tuple led by one."""
+    if isinstance(output, tuple):
+        return (fn(output[0]), *output[1:])
+    return fn(output)
+
+
+def _clean_states(model: Model, prompt: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Clean resid_post and mlp_out per layer, each [pos, d_model], from one core trace."""
+    L = model.n_layers
+    out = run_batch(model, model.tokenize([prompt]), logits=False,
+                    save={(x, s) for x in range(L) for s in ("resid_post", "mlp_out")})
+    return ([out[(x, "resid_post")][0].clone() for x in range(L)],
+            [out[(x, "mlp_out")][0].clone() for x in range(L)])
+
+
+def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
+                     target: int, restores: Sequence[tuple[str, int, int | None]],
+                     resid: list[torch.Tensor], mlp: list[torch.Tensor]) -> torch.Tensor:
+    """p(target) at the last position for one corrupted run per restore.
+
+    ``restores`` rows are ("resid", layer, pos): that layer's output at pos set to its
+    clean value; ("mlp", layer, None): that MLP's output at every position set clean;
+    ("none", -1, None): corrupted only. ``ids`` [pos]; the subject embeddings get ``noise``.
+    The runs are plain forwards with torch hooks, where the weights are (on the server for
+    a remote model: `run_on_weights`).
+    """
+    with model.lock:
+        return run_on_weights(model, _corrupted_probs_here, ids, subj, noise, target,
+                              list(restores), resid, mlp)
+
+
+def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
+                          target: int, restores: Sequence[tuple[str, int, int | None]],
+                          resid: list[torch.Tensor], mlp: list[torch.Tensor]) -> torch.Tensor:
+    """`_corrupted_probs` on ``model``'s own weights (local, or the server's module tree)."""
+    device = model.hf.device
+    ids, noise = ids.to(device), noise.to(device)
+    resid = [x.to(device) for x in resid]
+    mlp = [x.to(device) for x in mlp]
+    R = len(restores)
+    handles = []
+    subj_t = torch.tensor(subj)
+
+    def add_noise(_m, _inp, out):
+        out = out.clone()
+        out[:, subj_t] += noise.to(out.dtype)
+        return out
+
+    handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
+    for layer in range(model.n_layers):
+        rows_r = [(i, p) for i, (k, x, p) in enumerate(restores) if k == "resid" and x == layer]
+        rows_m = [i for i, (k, x, _) in enumerate(restores) if k == "mlp" and x == layer]
+        if rows_r:
+            ri = torch.tensor([i for i, _ in rows_r])
+            pi = torch.tensor([p for _, p in rows_r])
+
+            def restore_resid(_m, _inp, out, ri=ri, pi=pi, clean=resid[layer]):
+                def fn(h):
+                    h = h.clone()
+                    h[ri, pi] = clean[pi].to(h.dtype)
+                    return h
+                return _replace_output(out, fn)
+            handles.append(model.hf_layer(layer).register_forward_hook(restore_resid))
+        if rows_m:
+            mi = torch.tensor(rows_m)
+
+            def restore_mlp(_m, _inp, out, mi=mi, clean=mlp[layer]):
+                def fn(h):
+                    h = h.clone()
+                    h[mi] = clean.to(h.dtype)
+                    return h
+                return _replace_output(out, fn)
+            handles.append(_mlp_module(model, layer).register_forward_hook(restore_mlp))
+    try:
+        with torch.no_grad():
+            logits = model.hf(input_ids=ids[None].expand(R, -1)).logits[:, -1].float()
+    finally:
+        remove_hooks(handles)
+    return torch.softmax(logits, -1)[:, target]
+
+
+def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: float = 3.0,
+                 seed: int = 0, positions: bool | Sequence[int] = True, batch_size: int = 64,
+                 progress: Progress = None) -> xr.Dataset:
+    """Causal tracing (Meng et al. 2022, as used by Guo et al., ICML 2025).
+
+    The subject embeddings get Gaussian noise (``noise_scale`` times the embedding std;
+    see `_fact_noise`); one layer's clean state is restored at a time and p(answer) at the
+    last position is read. ``restore_resid`` restores a layer's output (resid_post) at one
+    position (the layer x position heatmap: every position when ``positions`` is True,
+    the listed per-prompt positions (negative from the end) when a list, none when False);
+    ``restore_mlp`` restores one MLP's output at every position (the MLP localization).
+
+    Returns
+    -------
+    xr.Dataset
+        ``restore_resid`` (fact, layer, pos) NaN past a prompt's end; ``restore_mlp``
+        (fact, layer); ``p_clean``, ``p_corrupt`` (fact); coord ``token`` (fact, pos).
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    noise_scale = check_float("noise_scale", noise_scale, low=0.0)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    L = model.n_layers
+    noises = _fact_noise(model, facts, noise_scale, seed)
+    prompts = [fact_prompt(f, "trained") for f in facts]
+    tok_ids = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    T = max(len(t) for t in tok_ids)
+    resid_map = np.full((len(facts), L, T), np.nan)
+    mlp_map = np.zeros((len(facts), L))
+    p_clean = np.zeros(len(facts))
+    p_corrupt = np.zeros(len(facts))
+    tokens = np.full((len(facts), T), "", dtype=object)
+    ans = attribute_token_ids(model, facts[0].attributes)
+    for fi, (f, ids, noise) in enumerate(zip(facts, tok_ids, noises)):
+        n = len(ids)
+        target = ans[f.attributes.index(f.attribute)]
+        subj = subject_positions(model, f)
+        resid, mlp = _clean_states(model, prompts[fi])
+        restores: list[tuple[str, int, int | None]] = [("none", -1, None)]
+        restores += [("mlp", x, None) for x in range(L)]
+        if positions is True:
+            pos = list(range(n))
+        elif positions is False:
+            pos = []
+        else:
+            pos = sorted({p + n if p < 0 else p for p in positions if -n <= p < n})
+        restores += [("resid", x, p) for x in range(L) for p in pos]
+        ids_t = torch.tensor(ids)
+        probs = torch.cat([_corrupted_probs(model, ids_t, subj, noise, target,
+                                            restores[r0:r0 + batch_size], resid, mlp)
+                           for r0 in range(0, len(restores), batch_size)]).numpy()
+        with torch.no_grad():
+            lg = run_batch(model, model.tokenize([prompts[fi]]), save_positions=[-1])["logits"]
+        p_clean[fi] = float(torch.softmax(lg[0, 0].float(), -1)[target])
+        p_corrupt[fi] = probs[0]
+        mlp_map[fi] = probs[1:L + 1]
+        if pos:
+            resid_map[fi][:, pos] = probs[L + 1:].reshape(L, len(pos))
+        tokens[fi, :n] = model.token_strings(ids)
+        if progress:
+            progress(fi + 1, len(facts))
+    ds = xr.Dataset(
+        {"restore_resid": (("fact", "layer", "pos"), resid_map),
+         "restore_mlp": (("fact", "layer"), mlp_map),
+         "p_clean": ("fact", p_clean), "p_corrupt": ("fact", p_corrupt)},
+        coords={"fact": np.arange(len(facts)), "layer": np.arange(L), "pos": np.arange(T),
+                "subject": ("fact", [f.subject for f in facts]),
+                "token": (("fact", "pos"), tokens.astype(str))},
+        attrs=provenance(model, method="causal_trace", noise_scale=noise_scale, seed=seed,
+                         noise_std=_noise_std(model)),
+    )
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
+                         noise_scale: float = 3.0, seed: int = 0,
+                         progress: Progress = None) -> xr.Dataset:
+    """Attribution patching of each MLP (Nanda 2023; Syed et al. 2023; used by Guo et al.).
+
+    In the corrupted run (the same noise as `causal_trace` with the same seed) the score of
+    MLP l is sum over positions of grad_{mlp_out l} p(answer) . (clean - corrupted mlp_out l),
+    the first-order estimate of ``restore_mlp - p_corrupt``.
+
+    Returns
+    -------
+    xr.Dataset
+        ``ap_mlp`` (fact, layer).
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("`facts` must hold at least one fact; got an empty list.")
+    noise_scale = check_float("noise_scale", noise_scale, low=0.0)
+    L = model.n_layers
+    noises = _fact_noise(model, facts, noise_scale, seed)
+    ans = attribute_token_ids(model, facts[0].attributes)
+    scores = np.zeros((len(facts), L))
+    for fi, (f, noise) in enumerate(zip(facts, noises)):
+        prompt = fact_prompt(f, "trained")
+        target = ans[f.attributes.index(f.attribute)]
+        subj = torch.tensor(subject_positions(model, f))
+        _, clean = _clean_states(model, prompt)
+        ids = torch.tensor(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])[None]
+        with model.lock:
+            scores[fi] = run_on_weights(model, _mlp_attribution, ids, subj, noise, target,
+                                        clean).numpy()
+        if progress:
+            progress(fi + 1, len(facts))
+    ds = xr.Dataset({"ap_mlp": (("fact", "layer"), scores)},
+                    coords={"fact": np.arange(len(facts)), "layer": np.arange(L),
+                            "subject": ("fact", [f.subject for f in facts])},
+                    attrs=provenance(model, method="attribution_patching",
+                                     noise_scale=noise_scale, seed=seed))
+    ds.attrs["citation"] = CITATION
+    return ds
+
+
+def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise: torch.Tensor,
+                     target: int, clean: list[torch.Tensor]) -> torch.Tensor:
+    """[layer]: grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l) in one corrupted
+    forward and backward with torch hooks, where the weights are (`run_on_weights`)."""
+    device = model.hf.device
+    ids, noise, clean = ids.to(device), noise.to(device), [x.to(device) for x in clean]
+    L = model.n_layers
+    acts: list[torch.Tensor | None] = [None] * L
+    handles = []
+
+    def add_noise(_m, _inp, out):
+        # a leaf that needs grad: the weights may have requires_grad off
+        out = out.detach().clone().requires_grad_(True)
+        noisy = out.clone()
+        noisy[:, subj] += noise.to(out.dtype)
+        return noisy
+
+    def keep(layer):
+        def hook(_m, _inp, out):
+            acts[layer] = out[0] if isinstance(out, tuple) else out
+        return hook
+
+    handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
+    handles += [_mlp_module(model, x).register_forward_hook(keep(x)) for x in range(L)]
+    try:
+        with torch.enable_grad():
+            logits = model.hf(input_ids=ids).logits[0, -1].float()
+            p = torch.softmax(logits, -1)[target]
+            grads = torch.autograd.grad(p, acts)  # each [1, pos, d_model]
+    finally:
+        remove_hooks(handles)
+    scores = torch.zeros(L, dtype=torch.float64)
+    for x in range(L):
+        delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
+        scores[x] = float((grads[x][0].float() * delta).sum())
+    return scores
+
+
+def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
+    """The ``n_layers`` layers with the highest scores, in layer order."""
+    scores = np.asarray(scores, dtype=float)
+    n_layers = check_int("n_layers", n_layers, low=1, high=len(scores))
+    return sorted(int(i) for i in np.argsort(-scores, kind="stable")[:n_layers])
+
+
+def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None = None,
+                     trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
+                     seed: int = 0) -> list[int]:
+    """The MLP layers a localization method picks for a budget of ``n_layers`` MLPs.
+
+    ``fact_lookup`` needs ``probe``, ``causal_tracing`` ``trace`` (mean restore_mlp over
+    facts), ``attribution_patching`` ``attribution`` (mean ap_mlp); ``random`` draws
+    seeded layers; ``all`` returns every layer (it trains every parameter).
+    """
+    check_choice("method", method, METHODS)
+    L = model.n_layers
+    n_layers = check_int("n_layers", n_layers, low=1, high=L)
+    needs = {"fact_lookup": probe, "causal_tracing": trace, "attribution_patching": attribution}
+    if method in needs and needs[method] is None:
+        arg = {"fact_lookup": "probe", "causal_tracing": "trace",
+               "attribution_patching": "attribution"}[method]
+        raise InputError(f"method {method!r} needs the `{arg}` dataset.")
+    if method == "fact_lookup":
+        return fact_lookup_layers(probe, n_layers)
+    if method == "causal_tracing":
+        return top_layers(trace.restore_mlp.mean("fact").values, n_layers)
+    if method == "attribution_patching":
+        return top_layers(attribution.ap_mlp.mean("fact").values, n_layers)
+    if method == "random":
+        return sorted(random.Random(seed).sample(range(L), n_layers))
+    return list(range(L))
