@@ -12,7 +12,6 @@ token (an attention sink with a huge norm) is left out of every measure.
 from __future__ import annotations
 
 import html
-import os
 import threading
 import time
 from typing import Any
@@ -25,7 +24,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, Runner, get_model, user_message
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError
 from explorer.analyses.itda import ITDA, itda_atom_examples, itda_reconstruction, itda_tau_sweep
 from explorer.analyses.similarity import SIMILARITY_METHODS, layer_similarity, perturbed_copy
@@ -53,7 +53,7 @@ MIN_POS = 1
 #: Taus of the size / error / L0 curve (the slider's own tau is marked on it).
 TAU_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9)
 
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 _RUN_PARAMS = ("probe_text", "layer", "tau", "l0", "method", "noise")
 
 hv.extension("bokeh", logo=False)
@@ -172,7 +172,7 @@ table.itda-examples td, table.itda-examples th { padding: 2px 8px; border-bottom
 
 # -- the view --------------------------------------------------------------------------------------
 
-class ITDAView(pn.viewable.Viewer):
+class ITDAView(View):
     """ITDA dictionary of one layer, live under tau, with an atom browser and layer similarity.
 
     Parameters
@@ -208,15 +208,15 @@ class ITDAView(pn.viewable.Viewer):
     activations = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     summary = param.String(default="", precedence=-1, doc="Size, error, L0 and FVE of the dictionary.")
     n_atoms = param.Integer(default=0, precedence=-1)
-    running = param.Boolean(default=False, precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    error = param.String(default="", precedence=-1)
+
+    notify_title = "ITDA"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 300
 
     def __init__(self, model: explorer.Model, *, other: explorer.Model | None = None,
                  background: bool | None = None, **params: Any):
         layer = params.pop("layer", model.spec.n_layers // 2)
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         self._fixed_other = other
         self.param.layer.bounds = (0, model.spec.n_layers - 1)
@@ -229,18 +229,13 @@ class ITDAView(pn.viewable.Viewer):
             "No second model: a remote model has no weights on this machine to perturb into "
             "one. Pass another model (local or remote) as `other` to compare layers."
             if self._no_sibling else "Computing layer similarity…")
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
         self._lock = threading.Lock()
         self._acts: dict[tuple, xr.Dataset] = {}
         self._sweeps: dict[tuple, xr.Dataset] = {}
         self._sims: dict[tuple, xr.Dataset] = {}
         self._others: dict[float, explorer.Model] = {}
         self._itda: ITDA | None = None
-        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
-                              on_busy=self._set_busy, background=background)
-        self._runner.bind_session()
+        self.runner("run", self._show_result)
         self._started = 0.0
         self.param.watch(self._request_run, list(_RUN_PARAMS))
         self.param.watch(self._request_examples, "atom")
@@ -264,14 +259,14 @@ class ITDAView(pn.viewable.Viewer):
         p["atom"] = self.atom
         self.running = True
         self._started = time.perf_counter()
-        self._runner.submit(lambda token: self._compute(p, token))
+        self.submit("run", lambda token: self._compute(p, token))
 
     def _request_examples(self, *events: Any) -> None:
         if self._itda is None or self.activations is None:
             return
         p = self._run_params()
         p["atom"] = self.atom
-        self._runner.submit(lambda token: self._compute(p, token))
+        self.submit("run", lambda token: self._compute(p, token))
 
     def _other(self, noise: float) -> explorer.Model:
         if self._fixed_other is not None:
@@ -347,23 +342,9 @@ class ITDAView(pn.viewable.Viewer):
                           running=False,
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
 
-    def _show_error(self, exc: BaseException) -> None:
-        message = user_message(exc)
-        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
-        theme.notify("error", f"ITDA: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
-
-    def wait(self, timeout: float | None = 300) -> ITDAView:
-        """Block until the run in flight has finished (tests, scripts)."""
-        self._runner.wait(timeout)
-        return self
-
     def close(self) -> None:
         """Cancel any run and drop cached activations and models."""
-        self._runner.close()
+        super().close()
         with self._lock:
             self._acts.clear()
             self._sweeps.clear()
@@ -407,7 +388,4 @@ class ITDAView(pn.viewable.Viewer):
                       sizing_mode="stretch_width")
 
 
-if pn.state.served:
-    theme.enable_extension()
-    _view = ITDAView(get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")))
-    theme.page([_view], title=f"{theme.TITLE}: ITDA dictionaries").servable()
+serve(__name__, ITDAView, title=f"{theme.TITLE}: ITDA dictionaries")
