@@ -13,7 +13,6 @@ over synthetic units (the paper's theoretical test) and over the model's atoms.
 from __future__ import annotations
 
 import html
-import os
 import threading
 import time
 from typing import Any
@@ -27,7 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, Runner, get_model, user_message
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
 from apps.itda import DEFAULT_PROBE_TEXT, MIN_POS, probe_prompts
 from explorer.analyses.itda import ITDA
 from explorer.analyses.neuron_eval import (
@@ -50,7 +50,7 @@ __all__ = ["NeuronEvalView", "CONCEPTS", "unit_data", "metric_table", "perturbat
 #: Concepts offered: the atom's own token, then the token families.
 CONCEPTS = ("own_token", "digit", "capitalised", "punctuation", "number_word")
 
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 _DATA_PARAMS = ("probe_text", "layer", "tau")
 _VIEW_PARAMS = ("unit", "concept", "binarize", "alpha", "threshold", "seed")
 _SYNTHETIC = dict(frequencies=(0.499, 0.1, 0.01, 0.001), n_inputs=20_000, n_seeds=10)
@@ -236,7 +236,7 @@ def scores_html(table: pd.DataFrame | None, caption: str) -> str:
 
 # -- the view --------------------------------------------------------------------------------------
 
-class NeuronEvalView(pn.viewable.Viewer):
+class NeuronEvalView(View):
     """Metrics of a unit's explanation, the two sanity-check perturbations, the pass/fail table.
 
     Parameters
@@ -268,28 +268,23 @@ class NeuronEvalView(pn.viewable.Viewer):
     synthetic = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     real = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     caption = param.String(default="", precedence=-1)
-    running = param.Boolean(default=False, precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    error = param.String(default="", precedence=-1)
+
+    notify_title = "Neuron evaluation"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 300
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, n_seeds: int = 10,
                  **params: Any):
         layer = params.pop("layer", model.spec.n_layers // 2)
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         self._n_seeds = n_seeds
         self.param.layer.bounds = (0, model.spec.n_layers - 1)
         self.layer = layer
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
         self._lock = threading.Lock()
         self._data: tuple[tuple, dict[str, Any]] | None = None
         self._tables: dict[tuple, xr.Dataset] = {}
-        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
-                              on_busy=self._set_busy, background=background)
-        self._runner.bind_session()
+        self.runner("run", self._show_result)
         self._started = 0.0
         self.param.watch(self._request_run, list(_DATA_PARAMS + _VIEW_PARAMS))
         self._request_run()
@@ -306,7 +301,7 @@ class NeuronEvalView(pn.viewable.Viewer):
         p = self._params()
         self.running = True
         self._started = time.perf_counter()
-        self._runner.submit(lambda token: self._compute(p, token))
+        self.submit("run", lambda token: self._compute(p, token))
 
     def _unit_data(self, p: dict[str, Any]) -> dict[str, Any]:
         prompts = probe_prompts(p["probe_text"])
@@ -371,22 +366,8 @@ class NeuronEvalView(pn.viewable.Viewer):
                           real=out["real"], caption=out["caption"], error="", running=False,
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
 
-    def _show_error(self, exc: BaseException) -> None:
-        message = user_message(exc)
-        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
-        theme.notify("error", f"Neuron evaluation: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
-
-    def wait(self, timeout: float | None = 300) -> NeuronEvalView:
-        """Block until the run in flight has finished (tests, scripts)."""
-        self._runner.wait(timeout)
-        return self
-
     def close(self) -> None:
-        self._runner.close()
+        super().close()
         with self._lock:
             self._data = None
             self._tables.clear()
@@ -430,7 +411,4 @@ class NeuronEvalView(pn.viewable.Viewer):
                       sizing_mode="stretch_width")
 
 
-if pn.state.served:
-    theme.enable_extension()
-    _view = NeuronEvalView(get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")))
-    theme.page([_view], title=f"{theme.TITLE}: evaluating neuron explanations").servable()
+serve(__name__, NeuronEvalView, title=f"{theme.TITLE}: evaluating neuron explanations")
