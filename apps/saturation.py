@@ -35,7 +35,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, Runner, user_message
+from apps._session import CancelToken
+from apps._view import View, serve
 from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.analyses import saturation as sat
 
@@ -402,7 +403,7 @@ def plot_intervention(r: dict[str, Any] | None, decode: Any) -> hv.Element:
 
 # -- the view -------------------------------------------------------------------------------
 
-class SaturationView(pn.viewable.Viewer):
+class SaturationView(View):
     """Saturation events over the shipped corpus, for the trained or a random-init model.
 
     Parameters
@@ -446,17 +447,15 @@ class SaturationView(pn.viewable.Viewer):
 
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     intervention = param.Dict(default=None, allow_None=True, precedence=-1)
-    running = param.Boolean(default=False, precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
-    progress = param.Integer(default=0, bounds=(0, 100), precedence=-1)
-    status = param.String(default="", precedence=-1)
-    error = param.String(default="", precedence=-1)
+
+    notify_title = "Saturation"
+    failed_status = "Last run failed: {message}"
 
     def __init__(self, model: explorer.Model, *, texts: list[str] | None = None,
                  store: Any = "default", background: bool | None = None,
                  analysis_options: dict[str, Any] | None = None,
                  result: xr.Dataset | None = None, **params: Any):
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         self._twin: explorer.Model | None = None
         self._texts = texts
@@ -467,18 +466,11 @@ class SaturationView(pn.viewable.Viewer):
             except ExplorerError:
                 store = None
         self._store = store
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
         self._lock = threading.Lock()
         self._cleans: dict[tuple, Any] = {}
         self._labels: dict[int, str] = {}
-        self._runner = Runner(on_result=self._show_result, on_error=self._show_error,
-                              on_busy=self._set_busy, background=background)
-        self._inj_runner = Runner(on_result=self._show_intervention, on_error=self._show_error,
-                                  on_busy=lambda b: None, background=background)
-        self._runner.bind_session()
-        self._inj_runner.bind_session()
+        self.runner("analysis", self._show_result)
+        self.runner("intervention", self._show_intervention, busy=False)
         n_layers = model.spec.n_layers
         self.param.inj_layer.bounds = (0, max(0, n_layers - 2))
         self.param.watch(self._request_run, ["weights", "n_tokens"])
@@ -532,14 +524,7 @@ class SaturationView(pn.viewable.Viewer):
         self.running = True
         self.progress = 0
         weights, started = self.weights, time.perf_counter()
-        doc = pn.state.curdoc if self._runner.background else None
-
-        def report(done: int, total: int) -> None:
-            value = int(100 * done / max(1, total))
-            if doc is not None and doc.session_context is not None:
-                doc.add_next_tick_callback(lambda: setattr(self, "progress", value))
-            else:
-                self.progress = value
+        report = self.progress_fn()
 
         def job(token: CancelToken):
             model = self.current_model()
@@ -549,7 +534,7 @@ class SaturationView(pn.viewable.Viewer):
                                          **self._options)
             return weights, ds.load(), time.perf_counter() - started
 
-        self._runner.submit(job)
+        self.submit("analysis", job)
 
     def _show_result(self, out: tuple[str, xr.Dataset, float]) -> None:
         weights, ds, seconds = out
@@ -564,24 +549,8 @@ class SaturationView(pn.viewable.Viewer):
         self.param.pair.bounds = (0, max(0, ds.sizes.get("pair", 1) - 1))
         self._pair_changed()
 
-    def _show_error(self, exc: BaseException) -> None:
-        message = user_message(exc)
-        self.param.update(error=message, running=False, status=f"Last run failed: {message}")
-        theme.notify("error", f"Saturation: {message}")
-
-    def _set_busy(self, busy: bool) -> None:
-        if self.busy != busy:
-            self.busy = busy
-
-    def wait(self, timeout: float | None = 600) -> SaturationView:
-        """Block until the analysis and any intervention in flight have finished."""
-        self._runner.wait(timeout)
-        self._inj_runner.wait(timeout)
-        return self
-
     def close(self) -> None:
-        self._runner.close()
-        self._inj_runner.close()
+        super().close()
         with self._lock:
             self._cleans.clear()
 
@@ -642,7 +611,7 @@ class SaturationView(pn.viewable.Viewer):
             return sat.inject_residual(model, text, source_pos=e, target_pos=l, layer=layer,
                                        clean=clean, baseline=base)
 
-        self._inj_runner.submit(job)
+        self.submit("intervention", job)
 
     def _show_intervention(self, r: dict[str, Any]) -> None:
         self.intervention = r
@@ -940,6 +909,4 @@ def export_figures(folder: str | Path, *, max_tokens: int | None = None,
     return saved
 
 
-if pn.state.served:
-    theme.enable_extension()
-    SaturationView(explorer.load_model()).page().servable()
+serve(__name__, SaturationView, title="Saturation events")
