@@ -23,7 +23,8 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, user_message
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 
@@ -32,7 +33,7 @@ __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answ
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 _SET_COLORS = {"S+": theme.CATEGORICAL[2], "S-": theme.CATEGORICAL[3]}
 
 
@@ -138,7 +139,7 @@ def accuracy_table(acc: xr.Dataset) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-class ConflictsView(pn.viewable.Viewer):
+class ConflictsView(View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -171,9 +172,9 @@ class ConflictsView(pn.viewable.Viewer):
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     bar_rows = param.List(default=None, allow_None=True, precedence=-1)
     accuracy = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    error = param.String(default="", precedence=-1)
+
+    notify_title = None
+    failed_status = "error"
 
     def __init__(self, model: Any, *, facts: Any = None, closed_book: bool = True,
                  background: bool | None = None, n_new: int = 5, **params: Any):
@@ -186,22 +187,16 @@ class ConflictsView(pn.viewable.Viewer):
         self.param.heads_plus.objects = names
         self.param.heads_minus.objects = names
         params.setdefault("example", next(iter(self._facts)))
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._closed_book = closed_book
         self._n_new = n_new
         self._run1: tuple[Any, Any] = (None, None)   # (key, JuiceFirstRun)
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._runners = {}
-        for name, on_result in (("example", self._got_example), ("bars", self._got_bars),
-                                ("split", self._got_split)):
-            r = Runner(on_result=on_result, on_error=self._show_error,
-                       on_busy=lambda b: setattr(self, "busy", b), background=background)
-            r.bind_session()
-            self._runners[name] = r
-        self._progress = pn.indicators.Progress(name="progress", value=0, max=100,
-                                                sizing_mode="stretch_width", visible=False)
+        self.runner("example", self._got_example)
+        self.runner("bars", self._got_bars)
+        self.runner("split", self._got_split, progress=True)
+        self._progress = pn.indicators.Progress(name="progress", value=self.param.progress, max=100,
+                                                sizing_mode="stretch_width",
+                                                visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
                          ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode"])
@@ -238,26 +233,20 @@ class ConflictsView(pn.viewable.Viewer):
             a_l, a_s, n_new = self.alpha_l, self.alpha_s, self._n_new
 
             def job(token: CancelToken):
-                def progress(done, total):
-                    token.check()
-                    self._set_progress(done, total)
+                progress = self.progress_fn(token)
                 split = facts
                 if self._closed_book:
-                    self.status = "keeping the facts the model knows closed book…"
+                    self.post(status="keeping the facts the model knows closed book…")
                     split = C.closed_book_facts(model, facts, progress=progress)
                     if not split:
                         raise InputError("the model answers none of the facts closed book; "
                                            "nothing to score.")
-                self.status = f"scoring {len(split)} facts…"
+                self.post(status=f"scoring {len(split)} facts…")
                 return C.conflict_accuracy(model, split, plus, minus, alpha_l=a_l, alpha_s=a_s,
                                            n_new=n_new, progress=progress)
-            self._set_progress(0, 1)
+            self.param.update(progress=0, progress_active=True)
         self.status = f"computing {name}…"
-        self._runners[name].submit(job)
-
-    def _set_progress(self, done: int, total: int) -> None:
-        self._progress.visible = done < total
-        self._progress.value = int(100 * done / max(total, 1))
+        self.submit(name, job)
 
     def _got_example(self, result: tuple) -> None:
         key, scores, run1 = result
@@ -271,14 +260,7 @@ class ConflictsView(pn.viewable.Viewer):
 
     def _got_split(self, ds: xr.Dataset) -> None:
         self.accuracy = ds
-        self._progress.visible = False
         self.status = f"split scored ({ds.sizes['fact']} facts)"
-
-    def _show_error(self, exc: BaseException) -> None:
-        self.error = user_message(exc)
-        self._progress.visible = False
-        self.status = "error"
-        theme.notify("error", self.error)
 
     # -- head picks ---------------------------------------------------------------------------
     def toggle_head(self, layer: int, head: int) -> None:
@@ -380,13 +362,4 @@ class ConflictsView(pn.viewable.Viewer):
         return pn.Row(controls, main, sizing_mode="stretch_width")
 
 
-def app(model_name: str = "smollm2-135m") -> pn.template.FastListTemplate:
-    """The page for `panel serve`."""
-    from apps._session import get_model
-
-    theme.enable_extension()
-    return theme.page([ConflictsView(get_model(model_name))], title="Knowledge conflicts (JuICE)")
-
-
-if __name__.startswith("bokeh"):
-    app().servable()
+serve(__name__, ConflictsView, title="Knowledge conflicts (JuICE)")
