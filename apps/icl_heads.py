@@ -20,7 +20,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, Runner, user_message
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vectors as tv
 
@@ -29,7 +30,7 @@ __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_att
 
 hv.extension("bokeh", logo=False)
 
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
 DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
 DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
@@ -182,7 +183,7 @@ def plot_finetune_td(summary: dict) -> hv.Element:
         title=f"TD of '{summary['task']}' per layer after LoRA on the first / last layers")
 
 
-class ICLHeadsView(pn.viewable.Viewer):
+class ICLHeadsView(View):
     """Induction vs FV heads with ablation curves, function vectors and task encoding.
 
     Parameters
@@ -213,14 +214,14 @@ class ICLHeadsView(pn.viewable.Viewer):
     curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     fv_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     td = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    busy = param.Boolean(default=False, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    error = param.String(default="", precedence=-1)
+
+    notify_title = None
+    failed_status = None
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  n_prompts: int = 6, n_shots: int = 4, fv_tasks=DEFAULT_FV_TASKS,
                  eval_tasks=DEFAULT_EVAL_TASKS, td_tasks=DEFAULT_TD_TASKS, **params: Any):
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         spec = model.spec
         for name in ("layer", "fv_layer", "td_layer"):
@@ -231,19 +232,14 @@ class ICLHeadsView(pn.viewable.Viewer):
         self._opts = dict(n_prompts=n_prompts, n_shots=n_shots)
         self._fv_tasks, self._eval_tasks, self._td_tasks = (list(fv_tasks), list(eval_tasks),
                                                             list(td_tasks))
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._runners = {}
-        for name, on_result in (("scores", self._got_scores), ("patterns", self._got_patterns),
-                                ("curves", self._got_curves), ("fv", self._got_fv),
-                                ("td", self._got_td)):
-            r = Runner(on_result=on_result, on_error=self._show_error,
-                       on_busy=lambda b: setattr(self, "busy", b), background=background)
-            r.bind_session()
-            self._runners[name] = r
-        self._progress = pn.indicators.Progress(name="progress", value=0, max=100,
-                                                sizing_mode="stretch_width", visible=False)
+        self.runner("scores", self._got_scores, progress=True)
+        self.runner("patterns", self._got_patterns)
+        self.runner("curves", self._got_curves, progress=True)
+        self.runner("fv", self._got_fv)
+        self.runner("td", self._got_td)
+        self._progress = pn.indicators.Progress(name="progress", value=self.param.progress, max=100,
+                                                sizing_mode="stretch_width",
+                                                visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
         self.param.watch(lambda *_: self._request("curves"), ["exclude_other"])
@@ -251,21 +247,13 @@ class ICLHeadsView(pn.viewable.Viewer):
         self._request("td")
 
     # -- jobs ---------------------------------------------------------------------------
-    def _set_progress(self, done: int, total: int) -> None:
-        self._progress.visible = done < total
-        self._progress.value = int(100 * done / max(total, 1))
-
     def _request(self, name: str) -> None:
         m, o = self._model, self._opts
         if name == "scores":
             def job(token: CancelToken):
                 ind = ih.induction_scores(m, n_sequences=4, half_len=16)
                 token.check()
-
-                def progress(done, total):
-                    token.check()
-                    self._set_progress(done, total)
-                fv = ih.fv_scores(m, self._fv_tasks, progress=progress, **o)
+                fv = ih.fv_scores(m, self._fv_tasks, progress=self.progress_fn(token), **o)
                 return xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
                                 combine_attrs="drop_conflicts")
         elif name == "patterns":
@@ -284,9 +272,7 @@ class ICLHeadsView(pn.viewable.Viewer):
             exclude = max(self.top_induction, self.top_fv) / 100
 
             def job(token: CancelToken):
-                def progress(done, total):
-                    token.check()
-                    self._set_progress(done, total)
+                progress = self.progress_fn(token)
                 return ih.ablation_curves(m, self._eval_tasks, ind, fv, percents=percents,
                                           rankings=rankings, exclude_fraction=exclude,
                                           loss_sequences=2, loss_tokens=64, progress=progress,
@@ -304,7 +290,7 @@ class ICLHeadsView(pn.viewable.Viewer):
                 n_points = (len(self._td_tasks) + 1) * o["n_prompts"]
                 return tv.task_decodability(m, self._td_tasks, k=min(10, n_points - 1), **o)
         self.status = f"computing {name}…"
-        self._runners[name].submit(job)
+        self.submit(name, job)
 
     def _got_scores(self, ds: xr.Dataset) -> None:
         self.scores = ds
@@ -321,7 +307,6 @@ class ICLHeadsView(pn.viewable.Viewer):
 
     def _got_curves(self, ds: xr.Dataset) -> None:
         self.curves = ds
-        self._progress.visible = False
         self.status = "ablation curves ready"
 
     def _got_fv(self, ds: xr.Dataset) -> None:
@@ -329,10 +314,6 @@ class ICLHeadsView(pn.viewable.Viewer):
 
     def _got_td(self, ds: xr.Dataset) -> None:
         self.td = ds
-
-    def _show_error(self, exc: BaseException) -> None:
-        self.error = user_message(exc)
-        theme.notify("error", self.error)
 
     def _tapped(self, index: list[int]) -> None:
         if index and self.scores is not None:
@@ -432,14 +413,4 @@ class ICLHeadsView(pn.viewable.Viewer):
         return pn.Row(controls, main, sizing_mode="stretch_width")
 
 
-def app(model_name: str = "smollm2-135m") -> pn.template.FastListTemplate:
-    """The page for `panel serve`."""
-    from apps._session import get_model
-
-    theme.enable_extension()
-    view = ICLHeadsView(get_model(model_name))
-    return theme.page([view], title="ICL heads: induction vs function-vector heads")
-
-
-if __name__.startswith("bokeh"):
-    app().servable()
+serve(__name__, ICLHeadsView, title="ICL heads: induction vs function-vector heads")
