@@ -30,7 +30,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, Runner, user_message
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuits as ca
 
@@ -41,7 +42,7 @@ hv.extension("bokeh", logo=False)
 
 MAX_DRAWN_EDGES = 400  # legible, and Bokeh stays fast; larger circuits draw their strongest edges
 GRID_POINTS = 20       # slider positions (and faithfulness points), log-spaced
-_TOOLS = ["save", "box_zoom", "reset"]
+_TOOLS = STATIC_TOOLS
 DIFF_COLORS = {"kept": "#9a9a9a", "added": theme.CATEGORICAL[2], "dropped": theme.CATEGORICAL[1]}
 
 
@@ -209,7 +210,7 @@ def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | Non
         title=mark.opts.get().kwargs["title"])
 
 
-class CircuitsView(pn.viewable.Viewer):
+class CircuitsView(View):
     """Edge-attribution circuit (top-n or threshold, pruned), faithfulness, edge ablation,
     fine-tuning.
 
@@ -243,31 +244,26 @@ class CircuitsView(pn.viewable.Viewer):
     checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                       precedence=-1)
     ablation = param.Dict(default=None, allow_None=True, precedence=-1)
-    status = param.String(default="", precedence=-1)
-    error = param.String(default="", precedence=-1)
     redraw_ms = param.Number(default=0.0, precedence=-1)       # wall time of the last re-draw
     redraw_cpu_ms = param.Number(default=0.0, precedence=-1)   # its CPU time (busy machines)
+
+    notify_title = None
+    failed_status = "error: {message}"
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  autostart: bool | None = None, run_folder: str | Path | None = None,
                  **params: Any):
         checkpoint = params.pop("checkpoint", 0)  # its bounds are known once a run is loaded
         self._chosen_size = "n_edges" in params or "threshold" in params
-        super().__init__(**params)
+        super().__init__(background=background, **params)
         self._model = model
         self._run_folder = Path(run_folder) if run_folder else None
-        if background is None:
-            doc = pn.state.curdoc
-            background = doc is not None and doc.session_context is not None
-        self._runners = {}
-        for name, on_result in (("scores", self._got_scores), ("ablate", self._got_ablation),
-                                ("finetune", self._got_checkpoints)):
-            r = Runner(on_result=on_result, on_error=self._show_error,
-                       on_busy=lambda b: None, background=background)
-            r.bind_session()
-            self._runners[name] = r
-        self._progress = pn.indicators.Progress(value=0, max=100,
-                                                sizing_mode="stretch_width", visible=False)
+        self.runner("scores", self._got_scores, busy=False, progress=True)
+        self.runner("ablate", self._got_ablation, busy=False, progress=True)
+        self.runner("finetune", self._got_checkpoints, busy=False, progress=True)
+        self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
+                                                sizing_mode="stretch_width",
+                                                visible=self.param.progress_active)
         self._order: np.ndarray | None = None          # edge indices by |score|, descending
         self._ck_orders: list[np.ndarray] = []
         self._ck_scores: list[xr.Dataset] = []
@@ -406,31 +402,21 @@ class CircuitsView(pn.viewable.Viewer):
         self._sync_slider()
 
     # -- jobs -----------------------------------------------------------------------------
-    def _set_progress(self, done: int, total: int) -> None:
-        self._progress.visible = done < total
-        self._progress.value = int(100 * done / max(total, 1))
-
-    def _progress_fn(self, token: CancelToken):
-        def progress(done: int, total: int) -> None:
-            token.check()
-            self._set_progress(done, total)
-        return progress
-
     def _request_scores(self) -> None:
         m, task_name, method, n = self._model, self.task, self.method, self.n_prompts
 
         def job(token: CancelToken):
             task = ca.make_task(task_name, n, seed=0)
             scores = ca.edge_scores(m, task, method=method, batch_size=n,
-                                    progress=self._progress_fn(token))
+                                    progress=self.progress_fn(token))
             token.check()
             sizes = [0, *size_grid(scores.sizes["edge"]).tolist()]  # the slider's positions
             curve = ca.faithfulness_curve(m, task, scores, sizes=sizes, batch_size=n,
-                                          progress=self._progress_fn(token))
+                                          progress=self.progress_fn(token))
             return task, scores, curve
 
         self.status = f"scoring edges ({method}, {n} {task_name} pairs)…"
-        self._runners["scores"].submit(job)
+        self.submit("scores", job)
 
     def _got_scores(self, result: tuple) -> None:
         task, scores, curve = result
@@ -441,7 +427,6 @@ class CircuitsView(pn.viewable.Viewer):
         self.n_edges = min(self.n_edges, scores.sizes["edge"])
         self.param.update(scores=scores, curve=curve, ablation=None)
         self._set_default_size()
-        self._progress.visible = False
         self.status = (f"{scores.sizes['edge']:,} edges scored; clean metric "
                        f"{scores.attrs['clean_metric']:.3f}, corrupted "
                        f"{scores.attrs['corrupt_metric']:.3f}")
@@ -457,15 +442,14 @@ class CircuitsView(pn.viewable.Viewer):
             keep = np.ones(scores.sizes["edge"], bool)
             keep[index] = False  # every edge clean but this one
             out = ca.patch_edges_metric(m, task, scores, keep, batch_size=len(task),
-                                        progress=self._progress_fn(token))
+                                        progress=self.progress_fn(token))
             out.update(edge=label, estimate=float(scores["score"].values[index]))
             return out
 
         self.status = f"patching {label}…"
-        self._runners["ablate"].submit(job)
+        self.submit("ablate", job)
 
     def _got_ablation(self, out: dict) -> None:
-        self._progress.visible = False
         self.ablation = out
         self.status = f"patched {out['edge']}"
 
@@ -480,17 +464,16 @@ class CircuitsView(pn.viewable.Viewer):
             ckpts = sorted({0, steps // 3, 2 * steps // 3, steps} - {-1})
             cl.finetune_lora(m, data.clean, data.answer, ranks=cl.uniform_lora_ranks(m, 2),
                              steps=steps, batch_size=8, lr=1e-3, checkpoints=ckpts,
-                             folder=folder, progress=self._progress_fn(token))
+                             folder=folder, progress=self.progress_fn(token))
             token.check()
             return cl.checkpoint_circuits(m, folder, ca.make_task(task_name, n, seed=0),
                                           method=method, batch_size=n,
-                                          progress=self._progress_fn(token))
+                                          progress=self.progress_fn(token))
 
         self.status = f"fine-tuning {steps} LoRA steps, then scoring each checkpoint…"
-        self._runners["finetune"].submit(job)
+        self.submit("finetune", job)
 
     def _got_checkpoints(self, ds: xr.Dataset) -> None:
-        self._progress.visible = False
         self._set_checkpoints(ds)
         self.status = f"{ds.sizes['checkpoint']} checkpoints scored"
 
@@ -508,12 +491,6 @@ class CircuitsView(pn.viewable.Viewer):
         out = ds["score"].isel(checkpoint=i).to_dataset(name="score")
         out.attrs = {"n_layers": self._model.n_layers, "n_heads": self._model.spec.n_heads}
         return out
-
-    def _show_error(self, exc: BaseException) -> None:
-        self._progress.visible = False
-        self.error = user_message(exc)
-        self.status = f"error: {self.error}"
-        theme.notify("error", self.error)
 
     # -- drawing --------------------------------------------------------------------------
     def _current(self) -> tuple[xr.Dataset | None, np.ndarray | None, str]:
@@ -725,14 +702,4 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
             "slider_moves": len(cpu)}
 
 
-def app(model_name: str = "smollm2-135m") -> pn.template.FastListTemplate:
-    """The page for `panel serve`."""
-    from apps._session import get_model
-
-    theme.enable_extension()
-    view = CircuitsView(get_model(model_name))
-    return theme.page([view], title="Circuits: edge attribution and fine-tuning")
-
-
-if __name__.startswith("bokeh"):
-    app().servable()
+serve(__name__, CircuitsView, title="Circuits: edge attribution and fine-tuning")
