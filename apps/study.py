@@ -22,6 +22,7 @@ import panel as pn
 import param
 
 from apps import theme
+from apps._view import View
 from explorer._checks import ExplorerError
 from explorer.studies.randomise import Trial
 from explorer.studies.run import StudyRun
@@ -94,7 +95,7 @@ def explanation_html(explanation: dict[str, Any] | None) -> str:
 
 # -- the session ---------------------------------------------------------------------------
 
-class StudySession(pn.viewable.Viewer):
+class StudySession(View):
     """One participant's pass through a study: consent -> instructions -> items -> done.
 
     Parameters
@@ -104,6 +105,8 @@ class StudySession(pn.viewable.Viewer):
     code : str, optional
         A participant code to offer for resuming (e.g. from ``?code=`` in the link).
     """
+
+    notify_title = None
 
     stage = param.Selector(objects=list(STAGES), default="consent", doc="Page shown")
     code = param.String(default="", doc="This participant's code ('' before consent)")
@@ -162,7 +165,7 @@ class StudySession(pn.viewable.Viewer):
         try:
             participant = self._run.store.enrol()
         except ExplorerError as err:
-            theme.notify("error", str(err))
+            self.show_error(err)
             return
         self.code = participant.code
         self._trials = self._run.store.trials(self.code)
@@ -174,7 +177,7 @@ class StudySession(pn.viewable.Viewer):
             self._trials = self._run.store.trials(participant.code)
             self.code = participant.code
         except (ExplorerError, TypeError) as err:
-            theme.notify("error", str(err))
+            self.show_error(err)
             return
         theme.notify("info", f"Welcome back: continuing as {self.code}.")
         self._show_next()
@@ -288,7 +291,8 @@ class StudySession(pn.viewable.Viewer):
                                  "this page now.")]
 
     def close(self) -> None:
-        """Close this session's connection to the response database."""
+        """Stop this session's jobs and close its connection to the response database."""
+        super().close()
         self._run.close()
 
     def __panel__(self) -> pn.Column:
