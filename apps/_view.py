@@ -23,7 +23,7 @@ import param
 from apps import theme
 from apps._session import CancelToken, Runner, schedule, user_message
 
-__all__ = ["View", "serve", "STATIC_TOOLS", "ZOOM_TOOLS"]
+__all__ = ["View", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS"]
 
 STATIC_TOOLS = ["save", "box_zoom", "reset"]
 """The toolbar of plots that are read rather than explored (no pan or wheel zoom)."""
@@ -180,6 +180,21 @@ class View(pn.viewable.Viewer):
     def _error_note(self) -> str:
         """Text added to a failure's notification (e.g. that the last result is still shown)."""
         return ""
+
+
+def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
+    """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of
+    ``scores`` (a Dataset with ``layer`` and ``head`` dimensions); None when the click is off the
+    grid or there are no scores. Categorical axes give strings; they are read as numbers."""
+    if x is None or y is None or scores is None:
+        return None
+    try:
+        head, layer = int(round(float(x))), int(round(float(y)))
+    except (TypeError, ValueError):
+        return None
+    if 0 <= layer < scores.sizes["layer"] and 0 <= head < scores.sizes["head"]:
+        return layer, head
+    return None
 
 
 # -- the standalone page ------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import xarray as xr
 
 from apps import theme
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 
@@ -296,14 +296,9 @@ class ConflictsView(View):
             self.toggle_head(*divmod(int(index[0]), H))
 
     def _heatmap_tapped(self, x: Any = None, y: Any = None) -> None:
-        if x is None or y is None or self.scores is None:
-            return
-        try:
-            head, layer = int(round(float(x))), int(round(float(y)))
-        except (TypeError, ValueError):
-            return
-        if 0 <= layer < self.scores.sizes["layer"] and 0 <= head < self.scores.sizes["head"]:
-            self.toggle_head(layer, head)
+        cell = head_cell(x, y, self.scores)
+        if cell is not None:
+            self.toggle_head(*cell)
 
     # -- layout ---------------------------------------------------------------------------------
     def _state_html(self, *_: Any) -> str:

@@ -21,7 +21,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vectors as tv
 
@@ -322,14 +322,9 @@ class ICLHeadsView(View):
 
     def _cell_tapped(self, x: Any = None, y: Any = None) -> None:
         """A click on a heatmap cell (x = head, y = layer) selects that head."""
-        if x is None or y is None or self.scores is None:
-            return
-        try:
-            head, layer = int(round(float(x))), int(round(float(y)))
-        except (TypeError, ValueError):
-            return
-        if 0 <= layer < self.scores.sizes["layer"] and 0 <= head < self.scores.sizes["head"]:
-            self.param.update(layer=layer, head=head)
+        cell = head_cell(x, y, self.scores)
+        if cell is not None:
+            self.param.update(layer=cell[0], head=cell[1])
 
     # -- layout ---------------------------------------------------------------------------
     def _fv_text(self) -> str:
