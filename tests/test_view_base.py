@@ -36,8 +36,15 @@ def notes(monkeypatch):
     return sent
 
 
+class _Request:
+    arguments: dict = {}
+    cookies: dict = {}
+    headers: dict = {}
+
+
 class _Context:
     id = "test-session"
+    request = _Request()
 
 
 class LoopDoc:
@@ -312,3 +319,33 @@ def test_every_view_derives_from_the_base():
     assert missing == []
     assert all(found.values()), f"modules without a view: {[n for n, v in found.items() if not v]}"
     assert len(found) == 13                         # the twelve gallery pages and the study app
+
+
+def test_a_served_pages_job_progress_reaches_its_widgets_on_the_session_loop(loop_doc, tiny_model, notes):
+    """The conflicts page once wrote its progress bar from the job thread: now every change of
+    the bar's value and visibility, and the status the job reports, happen on the loop."""
+    from explorer.analyses import conflicts as C
+    from apps.conflicts import ConflictsView
+
+    facts = [C.load_facts(["country_capital"])[i] for i in (0, 2)]
+    with set_curdoc(loop_doc.doc):
+        view = ConflictsView(tiny_model, facts=facts, closed_book=False, n_new=1)
+    for _ in range(3):                               # example, then the bars it asks for
+        view.wait(60)
+        loop_doc.drain()
+    assert view.bar_rows is not None
+    changes = []
+    view._progress.param.watch(lambda *events: changes.extend(
+        (e.name, e.new, threading.current_thread()) for e in events), ["value", "visible"])
+    statuses = []
+    view.param.watch(lambda e: statuses.append((e.new, threading.current_thread())), "status")
+    view._request("split")                           # the button's callback
+    view.wait(120)
+    loop_doc.drain()
+    assert view.accuracy is not None and view.accuracy.sizes["fact"] == 2
+    job_changes = [c for c in changes if c[2] is not threading.main_thread()]
+    assert job_changes and all(thread is loop_doc.thread for *_, thread in job_changes)
+    assert ("value", 100, loop_doc.thread) in changes and changes[-1][:2] == ("visible", False)
+    assert ("scoring 2 facts…", loop_doc.thread) in statuses
+    assert statuses[-1] == ("split scored (2 facts)", loop_doc.thread)
+    view.close()
