@@ -178,11 +178,39 @@ def test_fact_lookup_window_is_the_steepest_rise():
         U.fact_lookup_layers(probe, 8)
 
 
-def test_probe_curve_reads_the_subject_token(tiny_model, facts):
+def test_probe_curve_reads_the_subject_token(tiny_model, facts, monkeypatch):
+    from explorer.analyses.unlearning import probe as probe_module
+
+    seen = []                                   # the features each probe is fitted on
+    real_probe = probe_module.probe_accuracy
+    monkeypatch.setattr(probe_module, "probe_accuracy",
+                        lambda x, y, **kw: seen.append(np.array(x)) or real_probe(x, y, **kw))
     ds = U.attribute_probe_curve(tiny_model, facts, n_folds=2)
     assert ds.probe_accuracy.dims == ("layer",) and ds.sizes["layer"] == tiny_model.n_layers
     assert ds.attrs["method"] == "attribute_probe_curve"
     assert float(ds.chance) == pytest.approx(1 / 3)
+    # the features by hand: each unpadded prompt's embedding and decoder-layer outputs (torch
+    # hooks) at the last token of the subject, found by decoding, not by subject_positions
+    assert len(seen) == tiny_model.n_layers + 1                 # embedding, then each layer
+    for row, f in enumerate(facts):
+        ids = tiny_model.tokenizer(U.fact_prompt(f, "trained"), add_special_tokens=False)["input_ids"]
+        last = next(i for i in range(len(ids))
+                    if tiny_model.tokenizer.decode(ids[:i + 1]).rstrip().endswith(f.subject))
+        assert last < len(ids) - 1                              # not the prompt's last token
+        outs = []
+        hooks = [tiny_model.hf_layer(x).register_forward_hook(
+            lambda _m, _i, out: outs.append(out[0] if isinstance(out, tuple) else out))
+            for x in range(tiny_model.n_layers)]
+        try:
+            embed = tiny_model.hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[0]
+        finally:
+            for h in hooks:
+                h.remove()
+        for j, h in enumerate([embed, *outs]):
+            np.testing.assert_allclose(seen[j][row], h[0, last].float().numpy(), rtol=1e-4,
+                                       atol=1e-5, err_msg=f"fact {row}, feature set {j}")
+    labels = np.array([f.attribute for f in facts])
+    assert float(ds.embed_accuracy) == real_probe(seen[0], labels, n_folds=2, seed=0)
 
 
 # -- causal tracing and attribution patching ------------------------------------------------
