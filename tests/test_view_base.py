@@ -349,3 +349,21 @@ def test_a_served_pages_job_progress_reaches_its_widgets_on_the_session_loop(loo
     assert ("scoring 2 facts…", loop_doc.thread) in statuses
     assert statuses[-1] == ("split scored (2 facts)", loop_doc.thread)
     view.close()
+
+
+def test_every_gallery_page_has_the_one_serving_footer():
+    """Each gallery page's standalone footer is `serve(__name__, ...)`; the study app (one
+    session per participant, served by `explorer study run`) keeps its own `serve(folder)`."""
+    wrong = []
+    for name in _view_modules():
+        if name == "study":
+            continue
+        tree = ast.parse((APPS / f"{name}.py").read_text())
+        footers = [n for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                   and getattr(n.value.func, "id", None) == "serve"
+                   and getattr(n.value.args[0], "id", None) == "__name__"]
+        own = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+               and n.attr in {"servable", "served"}]
+        if len(footers) != 1 or own:
+            wrong.append(f"apps/{name}.py: {len(footers)} serve footers, own serving at lines {own}")
+    assert wrong == []
