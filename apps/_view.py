@@ -132,8 +132,9 @@ class View(pn.viewable.Viewer):
 
     # -- from a job to the page ----------------------------------------------------------------
     def schedule(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the session's event loop at the document's next tick (or here, unserved)."""
-        schedule(self._doc, fn)
+        """Run ``fn`` on the session's event loop at the document's next tick; right here when
+        not served or when jobs run inline (their results arrive at once, so must their posts)."""
+        schedule(self._doc if self._background else None, fn)
 
     def post(self, **values: Any) -> None:
         """Set parameters from any thread: on the session's document at its next tick."""

@@ -158,6 +158,21 @@ def test_unserved_background_jobs_run_in_a_worker_and_inline_jobs_here():
     assert inline.result is threading.main_thread() and inline.delivered_on == [threading.main_thread()]
 
 
+def test_inline_jobs_on_a_served_page_post_at_once_so_their_result_comes_last(loop_doc):
+    with set_curdoc(loop_doc.doc):
+        page = Page(background=False)
+
+    def job(token):
+        page.post(status="working…")
+        return "done"
+
+    with set_curdoc(loop_doc.doc):
+        page.submit("work", job)
+    page.status = f"result {page.result}"
+    loop_doc.drain()
+    assert page.result == "done" and page.status == "result done"   # no late post overwrote it
+
+
 def test_cancel_stops_a_running_job_and_drops_its_result():
     page = Page(background=True)
     started, stopped = threading.Event(), threading.Event()
