@@ -8,6 +8,10 @@ Parts (each writes its numbers into ``docs/figures/dynamics_summary.json``):
              which the minimal automaton becomes the 2-state parity automaton, the step from
              which random strings up to length 10,000 are all classified correctly, and the
              automaton sizes over training. ``--parity-seeds 0,1,2`` repeats it per seed.
+``batching`` The parity recipe's one-length minibatches against uniform minibatches over all
+             lengths, same network and seed: SGD for the default 1,000 epochs and Adam for
+             300; final and lowest training loss, final accuracy, and whether the loss stayed
+             on the 0.25 plateau (predicting one half for both classes) at every checkpoint.
 ``icl``      One attention layer with H = 1, 2, 4 heads on in-context linear regression
              (He et al., ICML 2025; d = 5, L = 40, noise variance 0.1), stored likewise: wall
              time, the step (and seconds) from which the KQ/OV pattern holds, the final pattern
@@ -38,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
 from _figures import CHROMIUM, CHROMIUM_ARGS
@@ -97,6 +103,31 @@ def part_parity(args: argparse.Namespace) -> None:
             f"all lengths correct from step {summary['generalisation_step']}")
     out["machine_after"] = machine()
     write_summary("parity", out)
+
+
+def part_batching(args: argparse.Namespace) -> None:
+    from explorer.analyses.parity import DEFAULTS, train_parity_rnn
+
+    runs = {"sgd_per_length": ("per-length", "sgd", DEFAULTS["epochs"], DEFAULTS["lr"]),
+            "sgd_uniform": ("uniform", "sgd", DEFAULTS["epochs"], DEFAULTS["lr"]),
+            "adam_per_length": ("per-length", "adam", 300, 1e-3),
+            "adam_uniform": ("uniform", "adam", 300, 1e-3)}
+    out: dict[str, Any] = {"params": dict(DEFAULTS), "machine_before": machine(), "runs": {}}
+    for name, (batching, optimizer, epochs, lr) in runs.items():
+        log(f"batching: {name} ({epochs} epochs, lr {lr})")
+        t0 = time.perf_counter()
+        run = train_parity_rnn(batching=batching, optimizer=optimizer, epochs=epochs, lr=lr,
+                               checkpoint_every=10)
+        loss = run["train_loss"].values
+        out["runs"][name] = {
+            "batching": batching, "optimizer": optimizer, "epochs": epochs, "lr": lr,
+            "final_loss": round(float(loss[-1]), 4), "min_loss": round(float(loss.min()), 4),
+            "final_accuracy": round(float(run["train_accuracy"].values[-1]), 4),
+            "on_plateau_throughout": bool(np.all(np.abs(loss[1:] - 0.25) < 0.01)),
+            "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"  {out['runs'][name]}")
+    out["machine_after"] = machine()
+    write_summary("batching", out)
 
 
 # -- part 2: linear ICL ---------------------------------------------------------------------
@@ -318,7 +349,7 @@ def page_screenshots(run, analysis, runs, analyses, transition) -> None:
         srv.stop()
 
 
-PARTS = {"parity": part_parity, "icl": part_icl, "icl4": part_icl4, "ship": part_ship, "figures": part_figures}
+PARTS = {"parity": part_parity, "batching": part_batching, "icl": part_icl, "icl4": part_icl4, "ship": part_ship, "figures": part_figures}
 
 
 def main(argv: list[str] | None = None) -> int:

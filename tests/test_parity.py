@@ -618,3 +618,33 @@ def test_cli_retraining_seed_0_reproduces_the_shipped_checkpoints(tmp_path, monk
     for name in ("W_ih", "W_hh", "b_h", "W_out", "b_out"):
         np.testing.assert_allclose(first[name].values, retrained[name].values, rtol=2e-3, atol=1e-5)
     np.testing.assert_allclose(first["train_loss"].values, retrained["train_loss"].values, rtol=1e-4)
+
+
+def test_uniform_batching_is_one_sgd_step_on_the_mean_loss_of_its_batch():
+    """batching='uniform' with one batch of every string and one epoch is one SGD step on
+    the MSE of each string's readout after its own last symbol, checked by hand."""
+    from explorer.analyses.parity.network import ParityRNN, parity_strings
+
+    kw = dict(hidden_size=6, max_length=4, epochs=1, lr=0.5, gain=0.5, checkpoint_every=1, seed=3)
+    n = len(parity_strings(4)[1])                                  # 30 strings
+    run = par.train_parity_rnn(batching="uniform", batch_size=n, **kw)
+    assert run.attrs["params"]["batching"] == "uniform" and run.attrs["steps_per_epoch"] == 1
+    symbols, lengths = parity_strings(4)
+    net = ParityRNN(6, gain=0.5, seed=3)
+    x = torch.as_tensor(symbols, dtype=torch.long)
+    target = torch.nn.functional.one_hot(torch.as_tensor(symbols.sum(1) % 2), 2).float()
+    with torch.enable_grad():
+        out, _ = net(x)
+        final = out[torch.arange(n), torch.as_tensor(lengths - 1)]
+        ((final - target) ** 2).mean().backward()
+    with torch.no_grad():
+        for p in net.parameters():
+            p -= 0.5 * p.grad
+    after = par.parity_model(run, int(run.step.values[-1])).weights()
+    for name, value in net.weights().items():
+        np.testing.assert_allclose(after[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # the default keeps one length per batch (and its params unchanged)
+    per_length = par.train_parity_rnn(batch_size=n, **kw)
+    assert "batching" not in per_length.attrs["params"] and per_length.attrs["steps_per_epoch"] == 4
+    with pytest.raises(InputError, match="`batching` must be one of 'per-length', 'uniform'"):
+        par.train_parity_rnn(batching="mixed", **kw)

@@ -66,6 +66,7 @@ from explorer.analyses.parity.runs import (
 from explorer.analyses.parity.states import parity_hidden_pca, parity_hidden_states
 from explorer.analyses.parity.training import (
     _OPTIMIZERS,
+    BATCHINGS,
     parity_model,
     parity_run_from_models,
     train_parity_rnn,
@@ -76,6 +77,7 @@ __all__ = [
     "DEFAULTS",
     "ParityRNN",
     "parity_strings",
+    "BATCHINGS",
     "train_parity_rnn",
     "parity_model",
     "parity_run_from_models",

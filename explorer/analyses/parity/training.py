@@ -16,7 +16,10 @@ from torch import nn
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.analyses.parity.network import DEFAULTS, ParityRNN, ProgressCallback, _attrs, parity_strings
 
-__all__ = ["train_parity_rnn", "parity_model", "parity_run_from_models"]
+__all__ = ["train_parity_rnn", "parity_model", "parity_run_from_models", "BATCHINGS"]
+
+BATCHINGS = ("per-length", "uniform")
+"""How `train_parity_rnn` forms minibatches (see its ``batching``)."""
 
 
 _OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -36,6 +39,7 @@ def train_parity_rnn(
     max_length: int = DEFAULTS["max_length"],
     checkpoint_every: int = DEFAULTS["checkpoint_every"],
     seed: int = DEFAULTS["seed"],
+    batching: str = "per-length",
     progress: ProgressCallback | None = None,
 ) -> xr.Dataset:
     """Train the parity RNN on every binary string of length 1..max_length; keep checkpoints.
@@ -58,6 +62,11 @@ def train_parity_rnn(
     epochs : int, default=1000
     max_length : int, default=10
         Train on all 2**(max_length+1) - 2 strings of length 1..max_length.
+    batching : {"per-length", "uniform"}, default="per-length"
+        ``"per-length"``: every minibatch holds strings of one length (the paper's code);
+        ``"uniform"``: minibatches drawn from all strings shuffled together, each string
+        read out after its own last symbol (the control that shows why the recipe matters;
+        recorded in the run's params only when chosen, so default runs keep their key).
     checkpoint_every : int, default=10
         Store the weights every this many epochs (and at step 0).
     seed : int, default=0
@@ -91,9 +100,12 @@ def train_parity_rnn(
     max_length = check_int("max_length", max_length, low=1, high=16)
     checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
     seed = check_int("seed", seed)
+    check_choice("batching", batching, BATCHINGS)
     params = {"hidden_size": hidden_size, "gain": gain, "lr": lr, "optimizer": optimizer,
               "batch_size": batch_size,
               "epochs": epochs, "max_length": max_length, "checkpoint_every": checkpoint_every}
+    if batching != "per-length":
+        params["batching"] = batching
 
     symbols, last, parity, target = _training_set(max_length)
     n = symbols.shape[0]
@@ -102,6 +114,8 @@ def train_parity_rnn(
     optimiser = _OPTIMIZERS[optimizer](model.parameters(), lr=lr)
     order_gen = torch.Generator().manual_seed(int(seed) + 1)
     by_length = [torch.nonzero(last == k - 1).flatten() for k in range(1, max_length + 1)]
+    if batching == "uniform":
+        by_length = [torch.arange(n)]                 # one pool: batches mix the lengths
     steps_per_epoch = sum(-(-len(rows) // batch_size) for rows in by_length)
 
     snapshots: list[dict[str, np.ndarray]] = []
@@ -121,9 +135,10 @@ def train_parity_rnn(
         checkpoint(0)
         for epoch in range(1, epochs + 1):
             for idx in _epoch_batches(by_length, batch_size, order_gen):
-                length = int(last[idx[0]]) + 1
+                length = int(last[idx].max()) + 1
                 out, _ = model(symbols[idx, :length])                  # [batch, length, 2]
-                loss = ((out[:, -1] - target[idx]) ** 2).mean()
+                final = out[torch.arange(len(idx)), last[idx]]         # after each string's end
+                loss = ((final - target[idx]) ** 2).mean()
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
                 optimiser.step()
