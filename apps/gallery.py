@@ -245,7 +245,10 @@ class Gallery(pn.viewable.Viewer):
         return tmpl
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Row(pn.Column(*self.sidebar(), width=theme.SIZES["sidebar_width"]), self._main,
+        # outside the template (Jupyter) the page sits two levels deeper than when served
+        # alone: the layout fix is what lets its nested plots draw
+        return pn.Row(pn.Column(*self.sidebar(), theme.NestedLayoutFix(),
+                                width=theme.SIZES["sidebar_width"]), self._main,
                       sizing_mode="stretch_width")
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "SIZES",
     "Design",
     "enable_extension",
+    "NestedLayoutFix",
     "page",
     "show_token",
     "show_tokens",
@@ -175,11 +176,66 @@ def enable_extension() -> None:
     pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
 
 
+class NestedLayoutFix(pn.custom.JSComponent):
+    """An invisible element that makes BokehJS lay out plots nested at any depth.
+
+    BokehJS (3.x) computes the canvas layout of a plot inside a CSS-laid-out container
+    (a HoloViews ``Layout``'s GridPlot) only down to the grandchildren of a layout root:
+    ``LayoutDOMView._propagate_layout`` visits one level and stops. A GridPlot one level
+    deeper (a page in the gallery's main column, next to another plot) is never laid out:
+    its figures keep a 0 x 0 frame and show a toolbar and scraps of axis text. On first
+    render this replaces ``_propagate_layout`` with one that descends the whole tree (the
+    same rule at every level), then lays out every root again. Idempotent per page.
+    """
+
+    _esm = """
+export function render({ view }) {
+  let proto = Object.getPrototypeOf(view)
+  while (proto != null && !Object.prototype.hasOwnProperty.call(proto, "_propagate_layout"))
+    proto = Object.getPrototypeOf(proto)
+  if (proto != null && !proto._explorer_nested_layout) {
+    proto._propagate_layout = function () {
+      for (const child of this.layoutable_views) {
+        if (child.layout == null)
+          child._compute_layout()
+        else
+          child._propagate_layout()
+      }
+    }
+    proto._explorer_nested_layout = true
+    const index = window.Bokeh != null ? window.Bokeh.index : null
+    if (index != null) {
+      for (const root of index.all_views()) {
+        if (root.is_layout_root && typeof root.invalidate_layout === "function")
+          root.invalidate_layout()
+      }
+    }
+  }
+  const el = document.createElement("span")
+  el.className = "nested-layout-fix"
+  el.dataset.patched = String(proto != null)
+  return el
+}
+"""
+
+    def __init__(self, **params: Any):
+        params.setdefault("width", 0)
+        params.setdefault("height", 0)
+        params.setdefault("sizing_mode", "fixed")
+        params.setdefault("margin", 0)
+        super().__init__(**params)
+
+
 def page(main: Sequence[Any], *, sidebar: Sequence[Any] = (), title: str = TITLE,
          **params: Any) -> pn.template.FastListTemplate:
-    """The template of every page: title bar, sidebar left, main area, busy indicator."""
+    """The template of every page: title bar, sidebar left, main area, busy indicator.
+
+    The header carries `NestedLayoutFix`, so plots draw however deep a page nests them.
+    """
+    header = [*params.pop("header", []), NestedLayoutFix()]
     return pn.template.FastListTemplate(
         title=title,
+        header=header,
         sidebar=list(sidebar),
         main=list(main),
         accent_base_color=ACCENT,

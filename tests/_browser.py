@@ -10,6 +10,7 @@ the `browser` fixture in conftest.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -181,3 +182,118 @@ def slider_handle(page, low: float, high: float):
                 and float(h.get_attribute("aria-valuemax")) == high):
             return h
     raise AssertionError(f"no slider with range {low}..{high}")
+
+
+# -- what a page shows: Bokeh's layout, the pixels, titles, selects ------------------------
+
+_PLOT_VIEWS = """() => [...Bokeh.index.all_views()].filter(v =>
+    (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
+    && v.el.offsetParent != null)"""
+
+# One line per plot in the page now, and whether anything is still spinning.
+_SIGNATURE = f"""() => {{
+  if (window.Bokeh == null || Bokeh.index == null) return null
+  const plots = ({_PLOT_VIEWS})()
+  const spinning = [...Bokeh.index.all_views()].filter(v => v.el != null && v.el.isConnected
+      && v.el.offsetParent != null && (v.model.css_classes || []).includes('spin')).length
+  return {{spinning, ids: plots.map(v => v.model.id),
+          plots: plots.map(v => [v.model.id, Math.round(v.bbox.width), Math.round(v.bbox.height),
+                                 Math.round(v.frame.bbox.width), Math.round(v.frame.bbox.height),
+                                 v.model.title != null ? v.model.title.text : ''])}}
+}}"""
+
+
+def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90,
+                        quiet: float = 3.0) -> bool:
+    """Wait until the page's Bokeh plots stop changing: no spinner shown, the same plots at
+    the same sizes for ``quiet`` seconds, and (when ``before`` lists the plot ids shown
+    before a navigation) not the plots of the page left behind. False on timeout."""
+    deadline = time.time() + timeout
+    last, since = None, time.time()
+    page.wait_for_timeout(1000)
+    while time.time() < deadline:
+        sig = page.evaluate(_SIGNATURE)
+        fresh = sig is not None and sig["ids"] and not set(sig["ids"]) <= set(before)
+        key = json.dumps(sig["plots"]) if sig else None
+        if key != last or not fresh or sig["spinning"]:
+            last, since = key, time.time()
+        elif time.time() - since >= quiet:
+            return True
+        page.wait_for_timeout(500)
+    return False
+
+
+def plot_ids(page) -> list[str]:
+    """Model ids of the Bokeh plots shown now."""
+    sig = page.evaluate(_SIGNATURE)
+    return list(sig["ids"]) if sig else []
+
+
+# Per plot: its outer box, its frame (data area), the canvas size, the share of the frame's
+# pixels that differ from the frame's commonest colour, its title's width as Bokeh measures
+# it and the room the canvas leaves it from where it starts. Per select: label, options.
+_STATE = f"""() => {{
+  const plots = ({_PLOT_VIEWS})().map(v => {{
+    const frame = v.frame.bbox, cv = v.canvas_view
+    const canvas = cv.primary.canvas
+    let ink = 0
+    if (frame.width >= 1 && frame.height >= 1 && canvas.width > 0 && canvas.height > 0) {{
+      const r = canvas.width / Math.max(1, cv.bbox.width)
+      const x = Math.max(0, Math.floor(frame.left * r)), y = Math.max(0, Math.floor(frame.top * r))
+      const w = Math.min(canvas.width - x, Math.floor(frame.width * r))
+      const h = Math.min(canvas.height - y, Math.floor(frame.height * r))
+      if (w > 0 && h > 0) {{
+        const data = canvas.getContext('2d').getImageData(x, y, w, h).data
+        const counts = new Map()
+        for (let i = 0; i < data.length; i += 4) {{
+          const key = (data[i] << 24) | (data[i + 1] << 16) | (data[i + 2] << 8) | data[i + 3]
+          counts.set(key, (counts.get(key) || 0) + 1)
+        }}
+        const commonest = Math.max(...counts.values())
+        ink = 1 - commonest / (w * h)
+      }}
+    }}
+    const title = v.model.title
+    let text = title != null && title.text ? String(title.text) : '', tw = 0, room = Infinity
+    if (text) {{
+      const tv = [...Bokeh.index.all_views()].find(t => t.model === title)
+      const width = cv.bbox.width
+      if (tv != null && tv.layout != null) {{
+        tw = tv._get_size().width
+        const {{sx}} = tv._get_position()
+        room = title.align === 'center' ? 2 * Math.min(sx, width - sx)
+             : title.align === 'right' ? sx : width - sx
+      }} else {{
+        const ctx = document.createElement('canvas').getContext('2d')
+        ctx.font = `${{title.text_font_style}} ${{title.text_font_size}} ${{title.text_font}}`
+        tw = ctx.measureText(text).width
+        room = width - frame.left
+      }}
+    }}
+    return {{id: v.model.id, title: text, title_width: tw, title_room: room,
+            box: [Math.round(v.bbox.width), Math.round(v.bbox.height)],
+            frame: [Math.round(frame.width), Math.round(frame.height)],
+            canvas: [canvas.width, canvas.height], ink}}
+  }})
+  const selects = []
+  const walk = root => {{
+    for (const el of root.querySelectorAll('*')) {{
+      if (el.tagName === 'SELECT' && el.getClientRects().length && el.offsetParent != null) {{
+        const label = el.getRootNode().querySelector('label')
+        const shown = el.selectedIndex >= 0 ? el.options[el.selectedIndex].text.trim() : ''
+        const named = [...el.options].filter(o => o.text.trim()).length
+        selects.push({{label: label ? label.innerText.trim() : '', options: el.options.length,
+                      named, shown}})
+      }}
+      if (el.shadowRoot) walk(el.shadowRoot)
+    }}
+  }}
+  walk(document)
+  return {{plots, selects}}
+}}"""
+
+
+def gallery_page_state(page) -> dict:
+    """What the page shows now: ``plots`` (see `_STATE`) and ``selects`` (label, number of
+    options, how many have text, the text of the option shown)."""
+    return page.evaluate(_STATE)

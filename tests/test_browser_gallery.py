@@ -1,0 +1,235 @@
+"""What a person sees in the gallery: every page opened from the sidebar at 1280 and 1920 px.
+
+One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served for the module
+on the tiny random-init model, with the pages that train or scan a corpus on open given
+small settings (the same ones their own browser tests use); every other page is the
+gallery's own factory. One tab visits every page at 1280 x 1000, then every page again at
+1920 x 1080. After a page settles (no spinner, Bokeh's plots unchanged for a few seconds),
+the checks read the browser: Bokeh's own layout (each plot view's frame), the pixels of
+each plot's canvas inside its frame, each title's rendered width against the room it has,
+the options of every select widget, and the console. Screenshots go to test-artifacts/.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from _browser import ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page
+
+pytestmark = pytest.mark.browser
+
+WIDTHS = {1280: 1000, 1920: 1080}
+MIN_FRAME = 60       # px: a plot's data area narrower or shorter than this reads as collapsed
+MIN_INK = 0.002      # share of a frame's pixels that differ from its background colour
+
+
+def _slugs() -> list[str]:
+    from apps.gallery import VIEWS
+
+    return [slug for _, slug, _ in VIEWS]
+
+
+# Checks that fail on today's view files, not on the gallery: titles set in the view files
+# (a later step shortens, wraps or moves them to captions) and two view faults. Strict, so
+# each one fails loudly once its page is fixed. Keyed by (check, width, slug).
+_TITLES = "titles set in apps/{}.py are wider than their plots at {} px"
+KNOWN_VIEW_FAULTS: dict[tuple[str, int, str], str] = {
+    **{("titles", 1280, slug): _TITLES.format(module, 1280) for slug, module in [
+        ("saturation", "saturation"), ("conflicts", "conflicts"), ("icl-heads", "icl_heads"),
+        ("itda", "itda"), ("neuron-eval", "neuron_eval"), ("parity", "parity"),
+        ("linear-icl", "linear_icl"), ("task-emergence", "task_emergence"),
+        ("circuits", "circuits"), ("unlearning", "unlearning")]},
+    ("titles", 1920, "linear-icl"): _TITLES.format("linear_icl", 1920)
+                                    + " (the fixed-width per-head KQ maps)",
+    ("titles", 1920, "task-emergence"): _TITLES.format("task_emergence", 1920)
+                                        + " (the ICL-loss title names three reference lines)",
+    ("size", 1280, "icl-heads"): "apps/icl_heads.py puts the attention-pattern and task-encoding "
+                                 "plots, with token tick labels and a colour bar, in a 286 px "
+                                 "column at 1280 px: their frames are 34 and 11 px wide",
+    ("selects", 1280, "shattering"): "apps/shattering.py sets the Entity and Relation options "
+                                     "inside discard_events once its model loads, so the widgets "
+                                     "already on the page never get them",
+}
+
+
+def _loading_in_the_background(view_class, km, sweep):
+    """`view_class` (the shattering page) opening as in the gallery, its model arriving from
+    its loader after the widgets exist, but the tiny ``km`` and ``sweep`` instead of the
+    stored or freshly trained ones."""
+
+    class Cheap(view_class):
+        def _load(self, token):
+            return km
+
+        def _request_sweep(self):
+            self._swept(sweep)
+
+    return Cheap
+
+
+@pytest.fixture(scope="module")
+def cheap_views(tmp_path_factory):
+    """The gallery's pages in its order; the slow ones with small settings."""
+    import torch
+
+    from apps.circuits import CircuitsView
+    from apps.conflicts import ConflictsView
+    from apps.gallery import VIEWS
+    from apps.icl_heads import ICLHeadsView
+    from apps.itda import ITDAView
+    from apps.linear_icl import LinearICLView
+    from apps.neuron_eval import NeuronEvalView
+    from apps.saturation import SaturationView
+    from apps.shattering import ShatteringView
+    from apps.unlearning import UnlearningView
+    from explorer.analyses import linear_icl
+    from explorer.analyses import shattering as sh
+    from explorer.analyses.conflicts import load_facts
+
+    tmp = tmp_path_factory.mktemp("gallery-views")
+    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
+    facts_file = tmp / "facts.json"
+    facts_file.write_text(json.dumps({
+        "attributes": attrs,
+        "templates": {"trained": "Fact: {subject} likes the",
+                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
+                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        icl_runs = {H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
+                                                   batch_size=64, n_test=64, test_lengths=[10, 40],
+                                                   seed=0) for H in (1, 2)}
+        km = sh.train_knowledge_model(n_entities=16, n_orders=2, max_hops=2, walk_length=4,
+                                      d_model=32, n_heads=2, d_mlp=64, steps=150, batch_size=64,
+                                      lr=1e-2, seed=0)
+        sweep = sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
+    finally:
+        torch.set_num_threads(before)
+    facts = load_facts(["country_capital"])[:3]
+    cheap = {
+        "saturation": lambda m: SaturationView(m, store=None, n_tokens=400, analysis_options=dict(
+            n_permutations=100, n_pairs=1, sample_positions=200, min_sat_layer=0)),
+        "conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
+        "icl-heads": lambda m: ICLHeadsView(m, n_prompts=3, n_shots=2),
+        "itda": lambda m: ITDAView(m, layer=1),
+        "neuron-eval": lambda m: NeuronEvalView(m, layer=1, n_seeds=3),
+        "linear-icl": lambda m: LinearICLView(m, runs=icl_runs),
+        "circuits": lambda m: CircuitsView(m, n_prompts=4),
+        "shattering": lambda m: _loading_in_the_background(ShatteringView, km, sweep)(m),
+        "unlearning": lambda m: UnlearningView(m, facts_file=facts_file, known_only=False,
+                                               n_forget=4, n_retain=2, n_layers=1, steps=2,
+                                               relearn_steps=1),
+    }
+    return [(title, slug, cheap.get(slug, factory)) for title, slug, factory in VIEWS]
+
+
+@pytest.fixture(scope="module")
+def gallery_url(cheap_views, tmp_path_factory):
+    pytest.importorskip("panel")
+    from _browser import served_in_process
+
+    from apps.gallery import Gallery
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXPLORER_CACHE", str(tmp_path_factory.mktemp("gallery-cache")))
+        with served_in_process({"gallery": lambda: Gallery("tiny-llama",
+                                                           views=cheap_views).template()}) as url:
+            yield f"{url}/gallery"
+
+
+@pytest.fixture(scope="module")
+def observed(browser, gallery_url, cheap_views):
+    """What each page shows, by (width, slug): measured once, on first use, in one tab."""
+    titles = {slug: title for title, slug, _ in cheap_views}
+    tab = browser.new_page(viewport={"width": 1280, "height": WIDTHS[1280]})
+    errors: list[tuple[str, str]] = []
+    current = {"slug": "(loading)"}
+    tab.on("console", lambda msg: errors.append((current["slug"], msg.text))
+           if msg.type == "error" else None)
+    tab.on("pageerror", lambda exc: errors.append((current["slug"], str(exc))))
+    tab.goto(gallery_url, timeout=120_000)
+    tab.wait_for_selector("canvas", state="attached", timeout=180_000)
+    cache: dict[tuple[int, str], dict] = {}
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    def observe(width: int, slug: str) -> dict:
+        if (width, slug) not in cache:
+            if tab.viewport_size["width"] != width:
+                tab.set_viewport_size({"width": width, "height": WIDTHS[width]})
+            current["slug"] = slug
+            seen = len(errors)
+            started = time.time()
+            button = tab.locator(".bk-btn-group button", has_text=titles[slug]).first
+            shown = "bk-active" in (button.get_attribute("class") or "")
+            before = [] if shown else plot_ids(tab)
+            button.click()
+            tab.mouse.move(width // 2, 10)  # off the sidebar: no tooltip over the page
+            settled = settle_gallery_page(tab, before=before, timeout=90)
+            state = gallery_page_state(tab)
+            state.update(settled=settled, seconds=round(time.time() - started, 1),
+                         errors=[text for page, text in errors[seen:] if page == slug])
+            tab.screenshot(path=str(ARTIFACTS / f"gallery-{slug}-{width}.png"), full_page=True)
+            cache[(width, slug)] = state
+        return cache[(width, slug)]
+
+    yield observe
+    (ARTIFACTS / "gallery-observed.json").write_text(json.dumps(
+        {f"{w} {s}": v for (w, s), v in cache.items()}, indent=1))
+    tab.close()
+
+
+def _cases(check: str):
+    return [pytest.param(width, slug, id=f"{slug}-{width}", marks=[
+        pytest.mark.xfail(strict=True, reason=KNOWN_VIEW_FAULTS[(check, width, slug)])]
+        if (check, width, slug) in KNOWN_VIEW_FAULTS else [])
+        for width in WIDTHS for slug in _slugs()]
+
+
+@pytest.mark.parametrize(("width", "slug"), _cases("size"))
+def test_every_plot_is_laid_out_at_a_real_size(observed, width, slug):
+    state = observed(width, slug)
+    assert state["settled"], f"{slug} did not settle in 90 s: {state}"
+    collapsed = [(p["title"], p["frame"], p["canvas"]) for p in state["plots"]
+                 if min(p["frame"]) < MIN_FRAME or min(p["canvas"]) <= 0]
+    assert not collapsed, f"{slug} at {width} px: plots without a real frame: {collapsed}"
+
+
+@pytest.mark.parametrize(("width", "slug"), _cases("ink"))
+def test_every_plot_frame_has_ink(observed, width, slug):
+    state = observed(width, slug)
+    blank = [(p["title"], p["ink"]) for p in state["plots"] if not p["ink"] >= MIN_INK]
+    assert not blank, f"{slug} at {width} px: plots whose frame is blank: {blank}"
+
+
+@pytest.mark.parametrize(("width", "slug"), _cases("titles"))
+def test_every_plot_title_fits(observed, width, slug):
+    state = observed(width, slug)
+    clipped = [(p["title"], round(p["title_width"]), round(p["title_room"])) for p in state["plots"]
+               if p["title"] and p["title_width"] > p["title_room"] + 1]
+    assert not clipped, f"{slug} at {width} px: titles wider than their room (text, px, room): {clipped}"
+
+
+@pytest.mark.parametrize(("width", "slug"), _cases("selects"))
+def test_no_select_widget_is_empty(observed, width, slug):
+    state = observed(width, slug)
+    # a blank option is a fine "none" choice (the circuits page's edge to ablate) but a
+    # select with nothing else offers nothing
+    empty = [s["label"] for s in state["selects"] if s["named"] == 0]
+    assert not empty, f"{slug} at {width} px: select widgets without options: {empty}"
+
+
+@pytest.mark.parametrize(("width", "slug"), _cases("console"))
+def test_no_console_errors(observed, width, slug):
+    state = observed(width, slug)
+    assert not state["errors"], f"{slug} at {width} px: {state['errors']}"
+
+
+def test_every_gallery_page_is_checked(cheap_views):
+    """The checks above run over the gallery's whole navigation, not a copy that drifted."""
+    from apps.gallery import VIEWS
+
+    assert [s for _, s, _ in cheap_views] == [s for _, s, _ in VIEWS] == _slugs()
+    assert len(VIEWS) >= 12
