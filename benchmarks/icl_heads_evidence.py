@@ -11,6 +11,9 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
     python benchmarks/icl_heads_evidence.py --stages ablation-means --eval-prompts 16
         # the same curves with each mean source (cross-task, per-task), with bootstrap intervals
     python benchmarks/icl_heads_evidence.py --stages fvacc,td
+    python benchmarks/icl_heads_evidence.py --stages tv-patching
+        # the causal test of task vectors: each task's mean vector (and the Null task's)
+        # written over the last token of zero-shot prompts, layer by layer
     python benchmarks/icl_heads_evidence.py --stages lora
     explorer icl-finetune --tasks choose-first-of-3,choose-middle-of-3,choose-last-of-3,\
         lowercase-first-letter --n-shots 2 --json      # the low-TD run (stored as lora_choose)
@@ -277,6 +280,26 @@ def main() -> None:
                                      [None if np.isnan(v) else round(float(v), 4)
                                       for v in td.icl_accuracy.values])),
             "td_accuracy_r2": td.attrs["td_accuracy_r2"],
+            "seconds": time.perf_counter() - t0}
+        save()
+    if "tv-patching" in stages:
+        from explorer.analyses.task_vector_patching import task_vector_patching
+
+        t0 = time.perf_counter()
+        tvp = task_vector_patching(model, td_tasks, n_prompts=args.eval_prompts, n_shots=4,
+                                   target_shots=0, mode="replace")
+        acc = tvp.accuracy
+        summary["task_vector_patching"] = {
+            "tasks": td_tasks, "n_prompts": args.eval_prompts, "n_shots": 4,
+            "target_shots": 0, "mode": "replace", "layers": tvp.layer.values.tolist(),
+            "zero_shot": dict(zip(td_tasks, acc.sel(vector="none", layer=0).values
+                                  .round(4).tolist())),
+            "few_shot": dict(zip(td_tasks, tvp.few_shot_accuracy.values.round(4).tolist())),
+            **{f"with_{v}_vector": {t: acc.sel(task=t, vector=v).values.round(4).tolist()
+                                    for t in td_tasks} for v in ("task", "null")},
+            "best_layer_task_vector": {
+                t: int(tvp.layer.values[int(np.argmax(acc.sel(task=t, vector="task").values))])
+                for t in td_tasks},
             "seconds": time.perf_counter() - t0}
         save()
     if "lora" in stages:

@@ -1,0 +1,106 @@
+"""The causal task-vector test (Han et al.): vectors, patches and accuracies against plain
+torch hooks on the Hugging Face module."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from explorer._checks import InputError
+from explorer.analyses import icl_heads as ih
+from explorer.analyses import task_vector_patching as tvp
+from explorer.analyses.task_vectors import null_task
+from explorer.trace import run_batch
+
+TASK = "antonym"
+
+
+def _ids(model, prompt):
+    return torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+
+
+def _layer_outputs(model, prompt):
+    """Each decoder layer's output at the last token of one unpadded prompt (torch hooks)."""
+    outs = []
+    hooks = [model.hf_layer(x).register_forward_hook(
+        lambda _m, _i, out: outs.append((out[0] if isinstance(out, tuple) else out)[0, -1].double()))
+        for x in range(model.n_layers)]
+    try:
+        model.hf(_ids(model, prompt))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(outs)                                   # [layer, d_model]
+
+
+def _patched_last_logits(model, prompt, layer, vector, mode, alpha=1.0):
+    """Next-token logits with layer ``layer``'s output at the last token replaced by (or
+    increased by alpha times) ``vector``, by a forward hook."""
+    v = torch.as_tensor(vector, dtype=torch.float32)
+
+    def hook(_m, _i, out):
+        h = out[0] if isinstance(out, tuple) else out
+        h = h.clone()
+        h[0, -1] = v if mode == "replace" else h[0, -1] + alpha * v
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+    handle = model.hf_layer(layer).register_forward_hook(hook)
+    try:
+        return model.hf(_ids(model, prompt)).logits[0, -1]
+    finally:
+        handle.remove()
+
+
+def test_task_vectors_are_the_mean_last_token_layer_outputs(tiny_model):
+    prompts, _ = ih.icl_prompts(TASK, n_prompts=5, n_shots=3, seed=2)
+    expect = torch.stack([_layer_outputs(tiny_model, p) for p in prompts]).mean(0)
+    got = tvp.task_vectors_by_layer(tiny_model, TASK, n_prompts=5, n_shots=3, seed=2)
+    np.testing.assert_allclose(got, expect.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["replace", "add"])
+def test_patch_edits_equal_a_hooked_forward_in_a_padded_batch(tiny_model, mode):
+    prompts, _ = ih.icl_prompts(TASK, n_prompts=4, n_shots=1, seed=5)   # different lengths
+    assert len({_ids(tiny_model, p).shape[1] for p in prompts}) > 1
+    layer = 1
+    vec = np.random.default_rng(0).normal(size=tiny_model.spec.d_model)
+    own = np.stack([_layer_outputs(tiny_model, p)[layer].numpy() for p in prompts])
+    edits = tvp._patch_edits(layer, vec, own if mode == "replace" else None, 0.7)
+    out = run_batch(tiny_model, tiny_model.tokenize(prompts), edits=edits, save_positions=[-1])
+    for i, p in enumerate(prompts):
+        torch.testing.assert_close(out["logits"][i, -1].float(),
+                                   _patched_last_logits(tiny_model, p, layer, vec, mode, 0.7),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_accuracies_are_those_of_hooked_forwards(tiny_model):
+    kw = dict(n_prompts=4, n_shots=2, seed=0)
+    ds = tvp.task_vector_patching(tiny_model, [TASK], layers=[0, 2], **kw)
+    assert ds.accuracy.dims == ("task", "vector", "layer") and list(ds.layer.values) == [0, 2]
+    vectors = tvp.task_vectors_by_layer(tiny_model, TASK, **kw)
+    task = ih._task(TASK)
+    null = tvp.task_vectors_by_layer(tiny_model, null_task([task], 0), **kw)
+    prompts, answers = ih.icl_prompts(TASK, n_prompts=4, n_shots=0, seed=1)
+    first = ih.answer_token_ids(tiny_model, answers)
+    plain = np.mean([int(tiny_model.hf(_ids(tiny_model, p)).logits[0, -1].argmax()) == t
+                     for p, t in zip(prompts, first)])
+    np.testing.assert_allclose(ds.accuracy.sel(task=TASK, vector="none").values, plain)
+    for layer in (0, 2):
+        for name, vec in (("task", vectors[layer]), ("null", null[layer])):
+            hits = [int(_patched_last_logits(tiny_model, p, layer, vec, "replace").argmax()) == t
+                    for p, t in zip(prompts, first)]
+            assert float(ds.accuracy.sel(task=TASK, vector=name, layer=layer)) == \
+                pytest.approx(np.mean(hits)), (name, layer)
+    ref_prompts, ref_answers = ih.icl_prompts(TASK, **{**kw, "n_prompts": 4})
+    assert float(ds.few_shot_accuracy.sel(task=TASK)) == \
+        pytest.approx(ih.few_shot_accuracy(tiny_model, ref_prompts, ref_answers))
+    assert ds.attrs["method"] == "task_vector_patching" and ds.attrs["params"]["mode"] == "replace"
+
+
+def test_bad_arguments_are_named(tiny_model):
+    with pytest.raises(InputError, match="`tasks` must hold at least one task"):
+        tvp.task_vector_patching(tiny_model, [])
+    with pytest.raises(InputError, match="`mode` must be one of 'replace', 'add'"):
+        tvp.task_vector_patching(tiny_model, [TASK], mode="swap")
+    with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 2\]; got 7"):
+        tvp.task_vector_patching(tiny_model, [TASK], layers=[7])
