@@ -233,6 +233,41 @@ def test_task_probe_on_separable_data_and_control_at_chance():
     assert res.probe_layer_accuracy.values[layer] == pytest.approx(np.mean(recalls))
 
 
+def test_depth_only_and_shuffled_baselines_on_hand_made_cases():
+    rng = np.random.default_rng(1)
+    n, n_layers, d = 160, 6, 8
+    # (a) the label is the depth (0 below layer 3, 1 from it) and the features are noise:
+    # depth alone is perfect, and the probe cannot beat it
+    y = np.broadcast_to((np.arange(n_layers) >= 3).astype(int), (n, n_layers)).copy()
+    res = task_probe(rng.normal(size=(n, n_layers, d)).astype(np.float32), y, seed=0)
+    assert res.attrs["depth_balanced_accuracy"] == 1.0
+    np.testing.assert_array_equal(res.depth_layer_accuracy.values, 1.0)
+    assert res.attrs["probe_beats_depth"] is False
+    assert res.attrs["probe_minus_depth_high"] <= 0.05
+    # (b) the label is the token's, the same at every layer, and the features carry it:
+    # depth alone and shuffled residuals are at chance, the probe is not
+    lab = rng.integers(0, 2, size=n)
+    y = np.repeat(lab[:, None], n_layers, 1)
+    x = (np.where(lab, 2.0, -2.0)[:, None, None] + rng.normal(size=(n, n_layers, d))
+         ).astype(np.float32)
+    res = task_probe(x, y, seed=0)
+    assert res.attrs["balanced_accuracy"] > 0.95
+    assert abs(res.attrs["depth_balanced_accuracy"] - 0.5) < 0.1
+    assert abs(res.attrs["shuffled_balanced_accuracy"] - 0.5) < 0.1
+    lo, hi = res.attrs["probe_minus_depth_low"], res.attrs["probe_minus_depth_high"]
+    assert lo <= res.attrs["probe_minus_depth"] <= hi and lo > 0.3
+    assert res.attrs["probe_beats_depth"] is True
+    # the depth-only probe's predictions depend on the layer alone within each fold: at
+    # most one predicted class per layer and fold (checked through the whole layer column)
+    res_sep = task_probe(*_separable(), seed=0)
+    depth_acc = res_sep.depth_layer_accuracy.values
+    assert np.all((depth_acc >= 0) & (depth_acc <= 1))
+    assert res_sep.attrs["chance"] < res_sep.attrs["depth_balanced_accuracy"] < \
+        res_sep.attrs["balanced_accuracy"]
+    off = task_probe(x, y, seed=0, baselines=False)
+    assert "depth_balanced_accuracy" not in off.attrs and "depth_layer_accuracy" not in off
+
+
 def test_task_probe_needs_two_classes():
     x = np.zeros((20, 3, 4), np.float32)
     with pytest.raises(InputError, match=r"at least 2 tasks"):

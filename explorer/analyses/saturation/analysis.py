@@ -79,7 +79,8 @@ def saturation_analysis(model: Any, texts: Any, *, k: int = 10, max_ratio: float
         Everything of `saturation_layers` but ``resid_sample``, plus: ``kept`` (prompt,
         pos); ``tau``, ``tau_shuffled`` (k_order, prompt, pos), ``mean_tau``, ``p_value``,
         ``n_order_positions`` (k_order), ``null_mean_tau`` (k_order, permutation); the
-        probe (`task_probe`, prefixed ``probe_``/``control_``); ``task_label``
+        probe (`task_probe`, prefixed ``probe_``/``control_``, its depth-only and
+        shuffled-residual baselines ``depth_``/``shuffled_layer_accuracy``); ``task_label``
         (sample, layer); early-exit curves (`early_exit`); intervention results
         ``pair_prompt``, ``pair_early``, ``pair_late`` (pair), ``inj_layer``,
         ``inj_s1_after``, ``inj_changed`` (pair, offset). ``attrs["summary"]`` holds the
@@ -204,10 +205,14 @@ def _analyse(model: Any, texts: list[str], lens: xr.Dataset, *, k: int, max_rati
             ds["probe_task"] = probe.probe_task
             ds["probe_layer_accuracy"] = probe.probe_layer_accuracy
             ds["control_layer_accuracy"] = probe.control_layer_accuracy
+            ds["depth_layer_accuracy"] = probe.depth_layer_accuracy
+            ds["shuffled_layer_accuracy"] = probe.shuffled_layer_accuracy
             ds = ds.assign_coords(task=probe.task.values)
             ds["probe_class_recall"] = probe.probe_class_recall
             ds["probe_summary"] = ((), json.dumps({key: probe.attrs[key] for key in (
-                "balanced_accuracy", "control_balanced_accuracy", "chance", "classes")}))
+                "balanced_accuracy", "control_balanced_accuracy", "chance", "classes",
+                "depth_balanced_accuracy", "shuffled_balanced_accuracy", "probe_minus_depth",
+                "probe_minus_depth_low", "probe_minus_depth_high", "probe_beats_depth")}))
             ee = early_exit(lens.top_token_id.values[sp, sq, :, 0], lens.top_prob.values[sp, sq],
                             lens.cosine.values[sp, sq], s_sat[:, 0], probe.probe_task.values,
                             lens.next_token_id.values[sp, sq])

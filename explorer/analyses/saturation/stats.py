@@ -265,9 +265,29 @@ def _cv_probe(x: np.ndarray, y: np.ndarray, folds: np.ndarray, train_mask: np.nd
     return pred
 
 
+def _bootstrap_difference(y: np.ndarray, a: np.ndarray, b: np.ndarray, scored: np.ndarray,
+                          classes: list[int], n_boot: int,
+                          rng: np.random.Generator) -> tuple[float, float]:
+    """95 % percentile interval of balanced accuracy(a) - balanced accuracy(b) over
+    positions resampled with replacement (all layers of a position move together)."""
+    n = y.shape[0]
+    diffs = []
+    for _ in range(n_boot):
+        pick = rng.integers(0, n, n)
+        ys, sc = y[pick], scored[pick]
+        diffs.append(_balanced_accuracy(ys[sc], a[pick][sc], classes)
+                     - _balanced_accuracy(ys[sc], b[pick][sc], classes))
+    diffs = np.asarray(diffs)
+    diffs = diffs[np.isfinite(diffs)]
+    if not len(diffs):
+        return float("nan"), float("nan")
+    return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+
+
 def task_probe(features: Any, labels: Any, *, train_mask: Any = None, n_splits: int = 5,
                min_layer: int = 0, max_per_class: int = 1000, min_per_class: int = 5,
-               control: bool = True, seed: int = 0) -> xr.Dataset:
+               control: bool = True, baselines: bool = True, n_boot: int = 1000,
+               seed: int = 0) -> xr.Dataset:
     """Cross-validated task probe: which task (`task_labels`) is a hidden state on?
 
     Scikit-learn ``StandardScaler`` + ``LogisticRegression`` (multinomial, max_iter=1000)
@@ -275,6 +295,13 @@ def task_probe(features: Any, labels: Any, *, train_mask: Any = None, n_splits: 
     training fold. Folds split *positions* (all layers of a position are in one fold), so
     no token is seen in training and test. A control fits the same on Gaussian random
     features with the real features' per-dimension mean and std (expected: chance).
+
+    The task labels rise with depth by construction, so a probe can score well from the
+    layer alone. Two baselines measure that (``baselines``): a probe on the layer index
+    only (one-hot; the best any depth-only rule can do under balanced training) and one on
+    the residuals shuffled across positions within each layer (each layer's distribution
+    kept, the token-to-label link broken). ``probe_minus_depth`` is the real probe's
+    balanced accuracy minus the depth-only one, with a bootstrap interval over positions.
 
     Parameters
     ----------
@@ -292,6 +319,10 @@ def task_probe(features: Any, labels: Any, *, train_mask: Any = None, n_splits: 
     min_per_class : int, default=5
         Classes with fewer training samples in any fold are left out.
     control : bool, default=True
+    baselines : bool, default=True
+        Fit the depth-only and shuffled-residual baselines.
+    n_boot : int, default=1000
+        Bootstrap resamples of positions for the probe-minus-depth interval (95 %).
     seed : int, default=0
 
     Returns
@@ -301,6 +332,10 @@ def task_probe(features: Any, labels: Any, *, train_mask: Any = None, n_splits: 
         and ``control_layer_accuracy`` (layer): balanced accuracy per layer;
         ``probe_class_recall`` (layer, task); attrs ``balanced_accuracy``,
         ``control_balanced_accuracy``, ``chance`` (1 / number of classes), ``classes``.
+        With ``baselines``: ``depth_layer_accuracy`` and ``shuffled_layer_accuracy``
+        (layer), attrs ``depth_balanced_accuracy``, ``shuffled_balanced_accuracy``,
+        ``probe_minus_depth`` and its ``probe_minus_depth_low`` / ``_high`` (95 %
+        bootstrap over positions) and ``probe_beats_depth`` (the interval above 0).
 
     References
     ----------
@@ -366,5 +401,21 @@ def task_probe(features: Any, labels: Any, *, train_mask: Any = None, n_splits: 
         cacc, clayer, _ = evaluate(cpred)
         data["control_layer_accuracy"] = (("layer",), clayer)
         attrs["control_balanced_accuracy"] = cacc
+    if baselines:
+        n_boot = check_int("n_boot", n_boot, low=1)
+        depth = np.broadcast_to(np.eye(n_layers, dtype=np.float32)[None], (n, n_layers, n_layers))
+        dpred = _cv_probe(np.ascontiguousarray(depth), y, folds, train_mask, scored, classes,
+                          min_layer, max_per_class, rng)
+        dacc, dlayer, _ = evaluate(dpred)
+        shuffled = np.stack([x[rng.permutation(n), layer] for layer in range(n_layers)], 1)
+        spred = _cv_probe(shuffled, y, folds, train_mask, scored, classes, min_layer,
+                          max_per_class, rng)
+        sacc, slayer, _ = evaluate(spred)
+        data["depth_layer_accuracy"] = (("layer",), dlayer)
+        data["shuffled_layer_accuracy"] = (("layer",), slayer)
+        low, high = _bootstrap_difference(y, pred, dpred, scored, classes, n_boot, rng)
+        attrs.update(depth_balanced_accuracy=dacc, shuffled_balanced_accuracy=sacc,
+                     probe_minus_depth=acc - dacc, probe_minus_depth_low=low,
+                     probe_minus_depth_high=high, probe_beats_depth=bool(low > 0))
     return xr.Dataset(data, coords={"layer": np.arange(n_layers), "task": np.array(classes)},
                       attrs=attrs)
