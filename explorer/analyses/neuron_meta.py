@@ -1,0 +1,163 @@
+"""The known-unit meta-evaluation of neuron-explanation metrics (Oikarinen, Yan & Weng, ICML
+2025, "known neuron AUPRC"): score every metric by how well it ranks each unit's correct
+explanation above the wrong ones.
+
+The paper's procedure (``known_neuron_auprc_eval.ipynb`` of its repository): units whose
+correct concept is known (a classifier's output neurons, each its own class); every metric
+scores every (unit, concept) pair; the meta-score is the binary AUPRC of those scores,
+flattened over all pairs, against the one-hot correct concept. Metrics with a binarisation
+parameter pick ``alpha`` (the top fraction of inputs counted active) on a 5 % validation
+split of the units, by the same AUPRC, and are reported on the other 95 %.
+
+`known_unit_meta_auprc` does this for any activations / concepts / correct-concept triple;
+`itda_known_atom_meta_auprc` supplies the known units of a language model: ITDA atoms, each
+explained by its own source token ("the token is the atom's token"; the unit's activation is
+the cosine of a token's activation with the atom), against the source tokens of the other
+atoms as the wrong explanations.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from explorer._checks import InputError, check_float, check_int
+from explorer.analyses.neuron_eval import CITATION, METRICS, neuron_metrics, token_identity_concepts
+
+__all__ = ["known_unit_meta_auprc", "itda_known_atom_meta_auprc", "ALPHA_METRICS",
+           "ALPHA_GRID", "pooled_auprc"]
+
+#: Metrics that read the binarised activations, so depend on ``alpha`` (tuned on validation).
+ALPHA_METRICS = ("recall", "precision", "f1", "iou", "accuracy", "balanced_accuracy",
+                 "inverse_balanced_accuracy", "auc", "correlation_top_and_random", "wpmi",
+                 "auprc")
+
+#: The paper's grid of ``alpha`` values.
+ALPHA_GRID = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def pooled_auprc(scores: np.ndarray, correct: np.ndarray) -> float:
+    """Binary AUPRC (average precision, scikit-learn) of ``scores`` [unit, concept] against
+    the one-hot ``correct`` [unit, concept], flattened over all pairs; NaN scores rank last."""
+    from sklearn.metrics import average_precision_score
+
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    finite = np.isfinite(s)
+    s = np.where(finite, s, s[finite].min() - 1.0 if finite.any() else 0.0)
+    return float(average_precision_score(np.asarray(correct, bool).ravel(), s))
+
+
+def known_unit_meta_auprc(activations: Any, concepts: Any, correct: Sequence[int], *,
+                          metrics: Sequence[str] = METRICS, alphas: Sequence[float] = ALPHA_GRID,
+                          val_fraction: float = 0.05, seed: int = 0,
+                          **options: Any) -> xr.Dataset:
+    """Meta-AUPRC of every metric on units whose correct concept is known.
+
+    Parameters
+    ----------
+    activations : array-like, shape (n_inputs, n_units)
+    concepts : array-like, shape (n_inputs, n_concepts), in [0, 1]
+    correct : sequence of int, one per unit: the column of ``concepts`` that explains it.
+    alphas : the ``alpha`` grid searched on the validation units (metrics in
+        `ALPHA_METRICS`; the others take none).
+    val_fraction : fraction of units (at least one) for choosing ``alpha``.
+    options : passed to `explorer.analyses.neuron_eval.neuron_metrics` (``lam``, ``k``).
+
+    Returns
+    -------
+    xr.Dataset
+        ``meta_auprc`` (metric) on the test units, ``alpha`` (metric; NaN where none is
+        used), ``val_auprc`` (metric); attrs ``n_units``, ``n_test_units``, ``n_concepts``,
+        ``chance`` (the share of correct pairs, the AUPRC of a random score).
+    """
+    a = np.asarray(activations, dtype=np.float64)
+    c = np.asarray(concepts, dtype=np.float64)
+    correct = np.asarray(correct, dtype=np.int64)
+    if a.ndim != 2 or c.ndim != 2 or a.shape[0] != c.shape[0]:
+        raise InputError(f"`activations` [input, unit] and `concepts` [input, concept] must "
+                         f"share the input axis; got {a.shape} and {c.shape}.")
+    if correct.shape != (a.shape[1],):
+        raise InputError(f"`correct` must give one concept index per unit ({a.shape[1]}); "
+                         f"got {correct.shape[0] if correct.ndim else 'a scalar'}.")
+    if correct.min(initial=0) < 0 or correct.max(initial=0) >= c.shape[1]:
+        raise InputError(f"`correct` holds a concept index outside [0, {c.shape[1] - 1}].")
+    check_float("val_fraction", val_fraction, low=0.0, high=0.5)
+    alphas = [check_float("alpha", x, low=0.0, high=1.0) for x in alphas]
+    if not alphas:
+        raise InputError("`alphas` must hold at least one value.")
+    n_units = a.shape[1]
+    if n_units < 2:
+        raise InputError(f"the meta-evaluation needs at least 2 units; got {n_units}.")
+    check_int("seed", seed)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_units)
+    n_val = max(1, int(val_fraction * n_units))
+    val, test = np.sort(order[:n_val]), np.sort(order[n_val:])
+    onehot = np.zeros((n_units, c.shape[1]), bool)
+    onehot[np.arange(n_units), correct] = True
+
+    def scores(units: np.ndarray, alpha: float) -> xr.DataArray:
+        return neuron_metrics(a[:, units], c, metrics=metrics, alpha=alpha, seed=seed,
+                              **options)["score"]
+
+    metrics = list(metrics)
+    meta, chosen, val_score = [], [], []
+    default = scores(test, alphas[0])
+    for m in metrics:
+        if m in ALPHA_METRICS and len(alphas) > 1:
+            vals = [pooled_auprc(scores(val, x).sel(metric=m).values, onehot[val])
+                    for x in alphas]
+            best = alphas[int(np.argmax(vals))]
+            chosen.append(best)
+            val_score.append(max(vals))
+            test_scores = scores(test, best).sel(metric=m).values
+        else:
+            chosen.append(alphas[0] if m in ALPHA_METRICS else np.nan)
+            val_score.append(pooled_auprc(scores(val, alphas[0]).sel(metric=m).values,
+                                          onehot[val]))
+            test_scores = default.sel(metric=m).values
+        meta.append(pooled_auprc(test_scores, onehot[test]))
+    return xr.Dataset(
+        {"meta_auprc": ("metric", np.array(meta)), "alpha": ("metric", np.array(chosen)),
+         "val_auprc": ("metric", np.array(val_score))},
+        coords={"metric": metrics},
+        attrs={"method": "known_unit_meta_auprc", "n_units": int(n_units),
+               "n_test_units": int(len(test)), "n_concepts": int(c.shape[1]),
+               "chance": float(onehot[test].mean()), "val_fraction": val_fraction,
+               "seed": seed, "citation": CITATION})
+
+
+def itda_known_atom_meta_auprc(itda: Any, activations: Any, *, site: str = "resid_post",
+                               layer: int | None = None, min_count: int = 3,
+                               max_units: int = 200, min_pos: int = 0,
+                               **options: Any) -> xr.Dataset:
+    """`known_unit_meta_auprc` on ITDA atoms of a real model: each atom's correct explanation
+    is its own source token; the candidate explanations are the distinct source tokens of
+    the atoms kept (those whose token occurs at least ``min_count`` times in the probing
+    set, at most ``max_units``). Other options go to `known_unit_meta_auprc`."""
+    from .itda import activation_chunks
+
+    check_int("min_count", min_count, low=1)
+    check_int("max_units", max_units, low=2)
+    xs, ids = [], []
+    for chunk in activation_chunks(activations, site=site, layer=layer, min_pos=min_pos):
+        xs.append(chunk["x"])
+        ids.append(chunk["token_id"])
+    x = np.concatenate(xs).astype(np.float64)
+    tid = np.concatenate(ids)
+    atom_ids = np.asarray(itda.atom_token_id_)
+    counts = np.array([(tid == t).sum() for t in atom_ids])
+    keep = np.flatnonzero((counts >= min_count) & (counts < len(tid)))[:max_units]
+    if keep.size < 2:
+        raise InputError(f"fewer than 2 atoms have a source token seen at least {min_count} "
+                         "times in the probing set; use more prompts or a smaller `min_count`.")
+    tokens = np.unique(atom_ids[keep])
+    concepts = token_identity_concepts(tid, tokens).values              # [input, token]
+    correct = np.searchsorted(tokens, atom_ids[keep])
+    unit_x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
+    acts = unit_x @ np.asarray(itda.atoms_, dtype=np.float64)[keep].T    # [input, unit]
+    out = known_unit_meta_auprc(acts, concepts, correct, **options)
+    out.attrs.update(units="itda_atoms", explanation="own_token", n_inputs=int(len(tid)))
+    return out
