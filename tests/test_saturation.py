@@ -721,12 +721,22 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
     assert first["model"] == "tiny-llama" and first["n_layers"] == 3 and "mean_tau" in first
 
 
-def test_bench_saturation_on_tiny_model(tiny_model):
+def test_bench_saturation_on_tiny_model(tiny_model, monkeypatch):
+    from explorer import _kernels
+
+    floor_rows = []                       # the floor's products (the lens binds its own name)
+    real = _kernels.unembed_product
+    monkeypatch.setattr(_kernels, "unembed_product",
+                        lambda x, w, b=None: floor_rows.append(x.shape[0]) or real(x, w, b))
     res = sat_cmd.bench_saturation(tiny_model, n_tokens=200, clicks=8)
     params, figures = res["params"], res["figures"]
     assert params["n_tokens"] <= 200 and params["lens_rows"] == params["n_tokens"] * 3
     assert figures["analysis_vs_forward_ratio"] == pytest.approx(
         figures["analysis_ms"] / figures["forward_ms"], rel=0.01)
+    # the floor multiplies exactly the lens's rows by the unembedding, 256 at a time
+    assert sum(floor_rows) == params["lens_rows"] and max(floor_rows) <= 256
+    assert figures["saturation_vs_floor_ratio"] == pytest.approx(
+        figures["analysis_ms"] / figures["lens_gemm_floor_ms"], rel=0.02)
     for key, value in figures.items():
         assert key.endswith(("_ratio", "_ms", "_mb")) and isinstance(value, float)
     # the page's click latency on this result: 8 clicks at k = 5 and 8 at k = 10

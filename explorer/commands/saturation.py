@@ -108,7 +108,8 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
         ``figures``: ``forward_ms``, ``analysis_ms`` (median wall times),
         ``analysis_vs_forward_ratio`` (median of per-round wall ratios),
         ``analysis_vs_forward_cpu_ratio`` (the same in process CPU time, steadier on a busy
-        machine), and the peak resident memory above the start of each phase,
+        machine), ``lens_gemm_floor_ms`` (the bare unembedding products for the same lens
+        rows, timed in the same rounds) and ``saturation_vs_floor_ratio``, and the peak resident memory above the start of each phase,
         ``forward_peak_mb`` and ``analysis_peak_mb``; the click latency over all clicks,
         ``click_ms`` (median wall), ``click_p90_ms``, ``click_max_ms``, ``click_cpu_ms``
         (median process CPU) and per k, ``click_k5_ms``, ``click_k10_ms``; ``notes``.
@@ -141,7 +142,27 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
                                          batch_size=batch_size, unembed_dtype=unembed_dtype,
                                          progress=False)
 
-    peaks = {"forward": 0.0, "analysis": 0.0}
+    # the floor: the bare unembedding products for the same lens rows, in the lens's
+    # chunks of 256 rows, through the same kernel (no norm, no top-k, no trace)
+    from explorer._kernels import unembed_product
+
+    n_rows = int(sum(batch.lengths)) * model.n_layers
+    weight = model.unembed_module.weight.detach().float()
+    if unembed_dtype == "bfloat16":
+        weight = weight.to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(256, weight.shape[1], generator=gen).to(weight.dtype)
+
+    def floor() -> None:
+        with torch.no_grad():
+            for r0 in range(0, n_rows, 256):
+                x = rows[: min(256, n_rows - r0)]
+                if unembed_dtype == "bfloat16":
+                    x @ weight.T
+                else:
+                    unembed_product(x, weight)
+
+    peaks = {"forward": 0.0, "analysis": 0.0, "floor": 0.0}
 
     def measured(name: str, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -153,22 +174,29 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
     with torch.no_grad():                       # warm-up: one short forward (lazy inits)
         model.hf(**model.batch_from_ids(batch.token_ids[:1]).model_inputs())
     wall, cpu = interleaved_times({"forward": measured("forward", forward),
-                                   "analysis": measured("analysis", analysis)},
+                                   "analysis": measured("analysis", analysis),
+                                   "floor": measured("floor", floor)},
                                   repeats=repeats, warmup=0)
     ratio = [a / f for a, f in zip(wall["analysis"], wall["forward"])]
     cpu_ratio = [a / f for a, f in zip(cpu["analysis"], cpu["forward"])]
+    floor_ratio = [a / f for a, f in zip(wall["analysis"], wall["floor"])]
     tokens = int(sum(batch.lengths))
     figures = {
         "forward_ms": round(float(np.median(wall["forward"])) * 1000, 1),
         "analysis_ms": round(float(np.median(wall["analysis"])) * 1000, 1),
         "analysis_vs_forward_ratio": round(float(np.median(ratio)), 3),
         "analysis_vs_forward_cpu_ratio": round(float(np.median(cpu_ratio)), 3),
+        "lens_gemm_floor_ms": round(float(np.median(wall["floor"])) * 1000, 3),
+        "saturation_vs_floor_ratio": round(float(np.median(floor_ratio)), 3),
         "forward_peak_mb": round(peaks["forward"], 1),
         "analysis_peak_mb": round(peaks["analysis"], 1),
     }
     notes = {"memory": "resident-set increase above the start of each phase, sampled "
                        "every 5 ms; the phases alternate in one process, so memory one "
                        "freed may be reused by the next",
+             "floor": "the bare unembedding products for the same number of lens rows "
+                      "(tokens x layers), 256 rows at a time, through the kernel the lens "
+                      "uses; saturation_vs_floor_ratio is analysis / floor per round",
              "lens": "run in chunks of 256 rows by explorer.lens.lens_readout; only the "
                      "top rank_cap (50) tokens per row are kept"}
     if clicks:
