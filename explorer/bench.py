@@ -491,7 +491,8 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     screen with exact float32 on the bench text.
     """
     from .interventions import Steer
-    from .lens import logit_lens, resolve_unembed_dtype
+    from ._kernels import gemm_decisions
+    from .lens import logit_lens, resolve_unembed_dtype, screen_decisions
     from .trace import clean_run
 
     tokens = check_int("tokens", tokens, low=2)
@@ -565,7 +566,8 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
         accuracy["bf16_vs_exact"] = lens_agreement(exact, screened)
     params = {"model": model, "tokens": tokens, "layer": layer, "alpha": alpha, "k": k,
               "rank_cap": rank_cap, "repeats": repeats, "fast": fast,
-              "fast_resolves_to": resolve_unembed_dtype("auto"),
+              "fast_resolves_to": resolve_unembed_dtype("auto", m, 256),
+              "kernel_decisions": {"screen": screen_decisions(m), "gemm": gemm_decisions()},
               "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
               "layers": m.n_layers}
     return {"params": params, "figures": figures, "accuracy": accuracy}

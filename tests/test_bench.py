@@ -162,6 +162,13 @@ def test_slider_result_shape():
     assert acc["reuse_identical"] is True
     assert acc["bf16_vs_exact"]["rows"] == 2 * 10 * 3
     assert 0 <= acc["bf16_vs_exact"]["max_top_prob_abs_error"] < 2e-3
+    # the fast mode's dtype was decided on this model at the lens's 256-row products, and
+    # the decision with both timings is reported
+    decisions = result["params"]["kernel_decisions"]
+    (screen,) = [d for d in decisions["screen"] if d["rows"] == 256]
+    assert result["params"]["fast_resolves_to"] == screen["chosen"]
+    assert screen["chosen"] == ("bfloat16" if screen["float32_ms"] >= 1.1 * screen["bfloat16_ms"]
+                                else "float32")
 
 
 def test_remote_bench_result_shape():
