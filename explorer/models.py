@@ -78,6 +78,22 @@ class ArchSpec:
     unembed_path: str
     o_proj_transposed: bool = False
     logit_softcap_attr: str | None = None  # config attribute capping final logits (Gemma 2)
+    # the per-head engine (explorer.heads): module paths relative to the root or a layer
+    embed_path: str | None = None           # token embedding (root)
+    pos_embed_path: str | None = None       # learned position embedding (root), GPT-2
+    rotary_path: str | None = None          # rotary embedding returning (cos, sin) (root)
+    attn_path: str | None = None            # attention module (layer): scaling, sliding window
+    qkv_paths: tuple[str, ...] | None = None  # (q, k, v) projections, or one fused module
+    qkv_layout: str = "separate"            # "separate", "blocks" (q|k|v rows), "per_head"
+    qkv_transposed: bool = False            # GPT-2 Conv1D: weight [in, out]
+    attn_norm_path: str | None = None       # norm before attention (layer)
+    mlp_norm_path: str | None = None        # norm before the MLP (layer)
+    attn_out_norm_path: str | None = None   # norm of the attention output (Gemma 2)
+    mlp_out_norm_path: str | None = None    # norm of the MLP output (Gemma 2)
+    mlp_path: str = "mlp"
+    norm_gain_offset: float = 0.0           # RMSNorm gain = weight + offset (Gemma: 1)
+    parallel_residual_attr: str | None = None  # config flag: MLP reads the attention's input
+    attn_softcap_attr: str | None = None    # config attribute capping attention logits
     notes: str = ""
 
 
@@ -93,6 +109,12 @@ _LLAMA_LIKE = dict(
     o_proj_path="self_attn.o_proj",
     final_norm_path="model.norm",
     unembed_path="lm_head",
+    embed_path="model.embed_tokens",
+    rotary_path="model.rotary_emb",
+    attn_path="self_attn",
+    qkv_paths=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    attn_norm_path="input_layernorm",
+    mlp_norm_path="post_attention_layernorm",
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -110,6 +132,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         final_norm_path="transformer.ln_f",
         unembed_path="lm_head",
         o_proj_transposed=True,
+        embed_path="transformer.wte",
+        pos_embed_path="transformer.wpe",
+        attn_path="attn",
+        qkv_paths=("attn.c_attn",),
+        qkv_layout="blocks",
+        qkv_transposed=True,
+        attn_norm_path="ln_1",
+        mlp_norm_path="ln_2",
     ),
     "llama": ArchSpec(family="llama", **_LLAMA_LIKE),
     "gpt_neox": ArchSpec(
@@ -126,11 +156,23 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         o_proj_path="attention.dense",
         final_norm_path="gpt_neox.final_layer_norm",
         unembed_path="lm_head",
+        embed_path="gpt_neox.embed_in",
+        rotary_path="gpt_neox.rotary_emb",
+        attn_path="attention",
+        qkv_paths=("attention.query_key_value",),
+        qkv_layout="per_head",
+        attn_norm_path="input_layernorm",
+        mlp_norm_path="post_attention_layernorm",
+        parallel_residual_attr="use_parallel_residual",
         notes="parallel residual: attention and MLP read the same resid_pre",
     ),
     "gemma2": ArchSpec(
         family="gemma2",
-        **_LLAMA_LIKE,
+        **{**_LLAMA_LIKE, "mlp_norm_path": "pre_feedforward_layernorm"},
+        attn_out_norm_path="post_attention_layernorm",
+        mlp_out_norm_path="post_feedforward_layernorm",
+        norm_gain_offset=1.0,
+        attn_softcap_attr="attn_logit_softcapping",
         logit_softcap_attr="final_logit_softcapping",
         notes=(
             "post-attention RMSNorm: head_out sums to the o_proj output, which is "
