@@ -202,9 +202,166 @@ def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
     assert n_checked > 30
 
 
+# -- every family: EAP against hooks on model.hf -----------------------------------------------
+
+# 12 tokens each, no padding: wider than tiny-gemma2's sliding window (8)
+LONG_PAIRS = CircuitTask(
+    clean=["The capital of France is Paris; the capital of Italy is",
+           "Water boils at one hundred degrees at sea level. The"],
+    corrupt=["The capital of Italy is Rome; the capital of France is",
+             "Water boils at one hundred degrees at sea level. A"],
+    answer=[" Rome", " quick"], wrong=[" Paris", " lazy"], name="long")
+
+
+def _arch_hook_scores(model, task, layer):
+    """EAP by hand on any family, from its ArchSpec paths: node outputs from hooks on
+    model.hf (embedding (+ positions), o_proj inputs sliced by head -- through the post-
+    attention norm where the family has one, as the factor that norm applies -- and MLP
+    writes), and gradients w.r.t. zero perturbations added where only one destination reads:
+    each KV group of layer ``layer`` (its q/k/v columns recomputed from the perturbed
+    stream), that layer's MLP (its norm's input) and the logits (the final norm's input).
+    Returns ({(src, dst): score}, group -> heads)."""
+    from explorer.models import _get_path
+
+    arch = model.arch
+    ids_clean = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.clean])
+    ids_corrupt = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.corrupt])
+    ans = torch.tensor([C._target_ids(model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
+    wrong = torch.tensor([C._target_ids(model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
+    L, H, G, dh = model.n_layers, model.spec.n_heads, model.spec.n_kv_heads, model.spec.d_head
+    d = model.spec.d_model
+    block = model.hf_layer(layer)
+    norm = _get_path(block, arch.attn_norm_path)
+    groups, members = {}, {}
+    for g in range(G):
+        heads = list(range(g * H // G, (g + 1) * H // G))
+        members[f"group{g}"] = heads
+        if arch.qkv_layout == "separate":
+            q, k, v = (_get_path(block, p) for p in arch.qkv_paths)
+            kv = [g * dh + i for i in range(dh)]
+            cols = {q: [h * dh + i for h in heads for i in range(dh)], k: kv, v: kv}
+        elif arch.qkv_layout == "blocks":   # GPT-2 c_attn: q | k | v blocks of d columns
+            cols = {_get_path(block, arch.qkv_paths[0]):
+                    [part * d + h * dh + i for part in range(3) for h in heads for i in range(dh)]}
+        else:                               # GPT-NeoX: [head, q|k|v, d_head] columns
+            cols = {_get_path(block, arch.qkv_paths[0]):
+                    [h * 3 * dh + i for h in heads for i in range(3 * dh)]}
+        groups[f"group{g}"] = (None, "attn", (norm, cols))
+    groups[f"m{layer}"] = (_get_path(block, arch.mlp_norm_path), "pre", None)
+    groups["logits"] = (model.final_norm_module, "pre", None)
+
+    def node_outputs(ids, perturb=None):
+        outs, handles = {}, []
+        handles.append(_get_path(model.hf, arch.embed_path).register_forward_hook(
+            lambda m, a, o: outs.__setitem__("emb", o)))
+        if arch.pos_embed_path:
+            handles.append(_get_path(model.hf, arch.pos_embed_path).register_forward_hook(
+                lambda m, a, o: outs.__setitem__("pos", o)))
+        for lay in range(L):
+            blk = model.hf_layer(lay)
+            handles.append(model.o_proj(lay).register_forward_hook(
+                lambda m, a, o, _l=lay: outs.update({("z", _l): a[0], ("o", _l): o})))
+            if arch.attn_out_norm_path:
+                handles.append(_get_path(blk, arch.attn_out_norm_path).register_forward_hook(
+                    lambda m, a, o, _l=lay: outs.__setitem__(("attn", _l), o)))
+            handles.append(_get_path(blk, arch.mlp_out_norm_path or arch.mlp_path)
+                           .register_forward_hook(
+                               lambda m, a, o, _l=lay: outs.__setitem__(f"m{_l}", o)))
+        if perturb is not None:
+            handles += perturb()
+        try:
+            logits = model.hf(input_ids=ids).logits[:, -1]
+        finally:
+            for h in handles:
+                h.remove()
+        node = {"input": outs["emb"] + outs["pos"] if "pos" in outs else outs["emb"]}
+        for lay in range(L):
+            z = outs[("z", lay)].reshape(*ids.shape, H, -1)              # [prompt, pos, head, d_head]
+            per_head = torch.einsum("bphe,hed->bphd", z, model.W_O(lay))
+            if arch.attn_out_norm_path:
+                per_head = per_head * (outs[("attn", lay)] / outs[("o", lay)])[:, :, None]
+            for h in range(H):
+                node[f"a{lay}.h{h}"] = per_head[:, :, h]
+            node[f"m{lay}"] = outs[f"m{lay}"]
+        return node, logits
+
+    with torch.no_grad():
+        corrupt_nodes, _ = node_outputs(ids_corrupt)
+    leaves = {dst: torch.zeros(*ids_clean.shape, d, requires_grad=True) for dst in groups}
+
+    def perturb():
+        handles, cache = [], {}
+        for dst, (module, kind, info) in groups.items():
+            leaf = leaves[dst]
+            if kind == "pre":
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, args, _leaf=leaf: (args[0] + _leaf, *args[1:])))
+                continue
+            nrm, proj_cols = info
+            if not cache:
+                handles.append(nrm.register_forward_pre_hook(
+                    lambda m, args: [cache.setdefault("x", args[0]), None][1]))
+                cache["ready"] = True
+            for proj, cols in proj_cols.items():
+                def hook(m, args, out, _leaf=leaf, _cols=cols):
+                    moved = m(nrm(cache["x"] + _leaf))
+                    out = out.clone()
+                    out[..., _cols] = moved[..., _cols]
+                    return out
+                handles.append(proj.register_forward_hook(_guard(hook)))
+        return handles
+
+    with torch.enable_grad():
+        clean_nodes, logits = node_outputs(ids_clean, perturb)
+        rows = torch.arange(len(task))
+        metric = (logits[rows, ans] - logits[rows, wrong]).sum()
+        grads = torch.autograd.grad(metric, [leaves[dst] for dst in groups])
+    out = {}
+    for dst, g in zip(groups, grads):
+        for src in clean_nodes:
+            dz = (corrupt_nodes[src] - clean_nodes[src]).detach()
+            out[(src, dst)] = float((dz * g).sum()) / len(task)
+    return out, members
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-neox",
+                                  "tiny-gemma2"])
+def test_eap_matches_hook_gradients_every_family(name):
+    """EAP on each family's tiny model (random norm gains: Gemma's init is all zeros)
+    against `_arch_hook_scores`: every edge into layer 1's heads (summed over a KV group),
+    its MLP and the logits. GPT-NeoX's MLP reads its layer's input, not its heads: no such
+    edge exists, and the scores into that MLP still match the hooks."""
+    from tests.test_engine import noisy_norms
+
+    m = noisy_norms(name)
+    lens, lens_c = _equal_lengths(m, LONG_PAIRS)
+    assert lens == lens_c and len(set(lens)) == 1 and lens[0] > 8
+    layer = 1
+    ref, members = _arch_hook_scores(m, LONG_PAIRS, layer)
+    ds = C.edge_scores(m, LONG_PAIRS, method="eap")
+    edges = set(zip(ds["src"].values.tolist(), ds["dst"].values.tolist()))
+    parallel = name == "tiny-neox"
+    assert (("a1.h0", "m1") in edges) == (not parallel)
+    big = max(abs(v) for v in ref.values())
+    n_checked = 0
+    for (src, dst), want in ref.items():
+        if dst in members:
+            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
+                continue
+            got = sum(_score_of(ds, src, f"a{layer}.h{h}") for h in members[dst])
+        elif (src, dst) in edges:
+            got = _score_of(ds, src, dst)
+        else:
+            continue
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-5 * big), (src, dst)
+        n_checked += 1
+    assert n_checked > 30 and big > 1e-4
+
+
 # -- the circuit forward reproduces the model ---------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-neox",
+                                  "tiny-gemma2"])
 def test_patching_all_or_no_edges_gives_corrupted_or_clean_run(name):
     m = load_model(name)
     task = CircuitTask(["The quick brown fox jumps", "One two three"],
@@ -597,9 +754,19 @@ def test_errors(tiny_model):
         make_task("addition", 3)
     with pytest.raises(InputError, match="`n` must be an int in"):
         make_task("add", 0)
-    neox = load_model("tiny-neox")
-    with pytest.raises(C.UnsupportedModelError, match="supports the model families llama, gpt2"):
-        C.circuit_graph(neox)
+    import transformers
+
+    from explorer.models import _tiny_tokenizer, wrap_model
+
+    cfg = transformers.AutoConfig.for_model(  # Qwen3: per-head query/key norms
+        "qwen3", num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        hidden_size=32, head_dim=16, intermediate_size=64, vocab_size=512)
+    qwen3 = wrap_model(transformers.AutoModelForCausalLM.from_config(cfg), _tiny_tokenizer(),
+                       name="tiny-qwen3", weights="random")
+    with pytest.raises(C.UnsupportedModelError, match="normalises queries and keys"):
+        C.circuit_graph(qwen3)
+    with pytest.raises(C.UnsupportedModelError, match="normalises queries and keys"):
+        C.edge_scores(qwen3, PAIRS)
     ds = _hand_scores()
     with pytest.raises(InputError, match="exactly one of `top_n`"):
         C.select_circuit(ds)
@@ -636,9 +803,9 @@ def test_cli_circuits_json(capsys, monkeypatch):
     mags = [abs(e["score"]) for e in out["top_edges"]]
     assert mags == sorted(mags, reverse=True)
     code = cli.main(["circuits", "--model", "tiny-neox", "--task", "add", "--n", "2",
-                     "--all-prompts", "--json"])
-    assert code != 0
-    assert "supports the model families llama, gpt2" in capsys.readouterr().err
+                     "--all-prompts", "--method", "eap", "--sizes", "0", "--json"])
+    assert code == 0   # every family of the architecture table has circuits
+    assert json.loads(capsys.readouterr().out)["n_prompts"] == 2
 
 
 def test_cli_circuits_threshold(capsys, monkeypatch, tiny_model):

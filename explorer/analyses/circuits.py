@@ -18,10 +18,13 @@ the last position. EAP takes the gradient at the clean run; EAP-IG averages it o
 prompt (k/steps, k = 1..steps). A score estimates the metric's change when that one edge is
 patched to its corrupted value.
 
-The forward, backward and edge-patched passes are computed here on the model's own weights
-(``model.hf``), because each head needs its own input, which the plain Hugging Face forward
-does not allow; the runs reproduce the Hugging Face logits (tested). Supported families:
-llama (Llama, SmolLM2, Qwen2, Mistral without sliding windows) and gpt2. On a remote (NDIF)
+The forward, backward and edge-patched passes run on the core's per-head engine
+(`explorer.heads.HeadEngine`, on the model's own weights), because each head needs its own
+input, which the plain Hugging Face forward does not allow; the runs reproduce the Hugging
+Face logits (tested). Supported families: every one in `explorer.models.ARCHITECTURES` --
+llama (Llama, SmolLM2, Qwen2, Mistral), gpt2, gpt_neox (Pythia; its MLP reads what its
+layer's heads read, so no head -> MLP edge inside a layer) and gemma2 (a head's write is
+its slice of the attention output through the post-attention norm). On a remote (NDIF)
 model the same code runs on the server, one batch per job (`explorer.trace.run_on_weights`):
 the circuit forward is built over the served module tree, and only each batch's edge scores
 (one float per edge) or patched-metric sums come back.
@@ -33,7 +36,6 @@ Conmy, "Attribution Patching Outperforms Automated Circuit Discovery", 2023 (EAP
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,14 @@ from explorer.analyses.circuit_tasks import (
     CircuitTask,
     make_task,
     task_generators,
+)
+from explorer.heads import (
+    ENGINE_FAMILIES,
+    HeadEngine,
+    UnsupportedModelError,
+    causal_mask,
+    check_engine_family,
+    parallel_attn_mlp,
 )
 from explorer.lora import LoRAWeights, remove_hooks
 from explorer.models import Batch, Model
@@ -77,15 +87,11 @@ __all__ = [
 
 CITATION = ("Wang et al., Towards Understanding Fine-Tuning Mechanisms of LLMs via Circuit "
             "Analysis, ICML 2025; Hanna et al., Have Faith in Faithfulness, COLM 2024 (EAP-IG)")
-SUPPORTED_FAMILIES = ("llama", "gpt2")
+SUPPORTED_FAMILIES = ENGINE_FAMILIES
 METHODS = ("eap", "eap-ig")
 METRICS = ("logit_diff", "kl")
 
 Progress = Callable[[int, int], None] | bool | None
-
-
-class UnsupportedModelError(ExplorerError, ValueError):
-    """The model family has no circuit forward here."""
 
 
 # -- the graph ------------------------------------------------------------------------------
@@ -96,13 +102,16 @@ class CircuitGraph:
 
     ``nodes`` is ``("input", "a0.h0", ..., "a0.h{H-1}", "m0", "a1.h0", ..., "logits")``;
     ``edges`` holds ``(src, dst)`` for every src that writes before dst reads (sequential
-    blocks: an MLP reads the heads of its own layer; heads read only earlier layers).
+    blocks: an MLP reads the heads of its own layer; heads read only earlier layers). With
+    ``parallel`` (GPT-NeoX's parallel attention and MLP) an MLP reads the same stream as its
+    layer's heads, so it reads only earlier layers too.
     """
 
     nodes: tuple[str, ...]
     edges: tuple[tuple[str, str], ...]
     n_layers: int
     n_heads: int
+    parallel: bool = False
 
     def layer_of(self, node: str) -> int:
         """Layer of a node: ``a{L}.h{H}`` and ``m{L}`` -> L, ``input`` -> 0, ``logits`` -> last.
@@ -138,23 +147,24 @@ def _layer_of(node: str, n_layers: int) -> int:
                      "'m{layer}' and 'logits'.")
 
 
-def _graph(n_layers: int, n_heads: int) -> CircuitGraph:
+def _graph(n_layers: int, n_heads: int, parallel: bool = False) -> CircuitGraph:
     nodes = ["input"]
     for layer in range(n_layers):
         nodes += [f"a{layer}.h{h}" for h in range(n_heads)] + [f"m{layer}"]
     nodes.append("logits")
-    valid = _valid_mask(n_layers, n_heads)
+    valid = _valid_mask(n_layers, n_heads, parallel)
     src, dst = nodes[:-1], nodes[1:]
     s_idx, t_idx = np.nonzero(valid)
     edges = tuple((src[s], dst[t]) for s, t in zip(s_idx, t_idx))
-    return CircuitGraph(tuple(nodes), edges, n_layers, n_heads)
+    return CircuitGraph(tuple(nodes), edges, n_layers, n_heads, parallel)
 
 
-def _valid_mask(n_layers: int, n_heads: int) -> np.ndarray:
+def _valid_mask(n_layers: int, n_heads: int, parallel: bool = False) -> np.ndarray:
     """[src, dst] True where src writes before dst reads.
 
     src index: 0 input, 1 + l*(H+1) + h head, 1 + l*(H+1) + H MLP. dst index: the same node's
-    src index minus 1; the logits are dst L*(H+1).
+    src index minus 1; the logits are dst L*(H+1). With ``parallel`` an MLP reads what its
+    layer's heads read (not their writes).
     """
     stride = n_heads + 1
     n_src = 1 + n_layers * stride
@@ -163,38 +173,28 @@ def _valid_mask(n_layers: int, n_heads: int) -> np.ndarray:
     for layer in range(n_layers):
         base = layer * stride
         valid[:1 + base, base:base + n_heads] = True        # heads read earlier layers
-        valid[:1 + base + n_heads, base + n_heads] = True   # MLP reads its own layer's heads
+        # the MLP reads its own layer's heads, or (parallel) only what they read
+        valid[:1 + base + (0 if parallel else n_heads), base + n_heads] = True
     valid[:, n_dst - 1] = True                               # logits read everything
     return valid
 
 
 def circuit_graph(model: Model) -> CircuitGraph:
     """The head/MLP graph of ``model`` (see the module docstring for which edges exist)."""
-    _adapter(model)  # raises for unsupported families
-    return _graph(model.n_layers, model.spec.n_heads)
+    _check_family(model)  # raises for unsupported families
+    return _graph(model.n_layers, model.spec.n_heads, parallel_attn_mlp(model))
 
 
-# -- the per-node forward ---------------------------------------------------------------------
+# -- the per-node forward: the core's per-head engine -------------------------------------------
 
 def _check_family(model: Model) -> None:
-    """Raise UnsupportedModelError unless the circuit forward covers ``model`` (local or remote:
-    only the module structure is read)."""
-    family = model.spec.family
-    if family not in SUPPORTED_FAMILIES:
-        raise UnsupportedModelError(
-            f"circuit discovery supports the model families {', '.join(SUPPORTED_FAMILIES)}; "
-            f"{model.spec.name} is {family!r}.")
-    if family == "llama":
-        attn0 = model.hf_layer(0).self_attn
-        if hasattr(attn0, "q_norm") or hasattr(attn0, "k_norm"):
-            raise UnsupportedModelError(
-                f"{model.spec.name} normalises queries and keys (Qwen3-style), which the circuit "
-                f"forward does not implement; supported families: {', '.join(SUPPORTED_FAMILIES)} "
-                "(Llama, SmolLM2, Qwen2, Mistral).")
+    """Raise UnsupportedModelError unless the per-head engine covers ``model`` (local or
+    remote: only the module structure is read)."""
+    check_engine_family(model)
 
 
-def _adapter(model: Model, lora: LoRAWeights | None = None) -> _Adapter:
-    """The circuit forward on the model's weights (local ones; a remote model's run on the
+def _adapter(model: Model, lora: LoRAWeights | None = None) -> HeadEngine:
+    """The per-head engine on the model's weights (local ones; a remote model's runs on the
     server through `explorer.trace.run_on_weights`), with ``lora``'s adapters if given."""
     _check_family(model)
     if model.remote:
@@ -202,241 +202,11 @@ def _adapter(model: Model, lora: LoRAWeights | None = None) -> _Adapter:
                             "runs on the server (run_on_weights).")
     if lora is not None:
         lora = lora.to(_weights_device(model))
-    if model.spec.family == "llama":
-        return _LlamaAdapter(model, lora)
-    return _GPT2Adapter(model, lora)
+    return HeadEngine(model, lora)
 
 
 def _weights_device(model: Model) -> torch.device:
     return model.hf.device  # a Hugging Face model's, or on the server the root envoy's
-
-
-class _SharedInputQKV(torch.autograd.Function):
-    """Per-head query/key/value of heads that all read the SAME input (an unpatched run).
-
-    Forward normalises the input once and projects it with the model's own q/k/v weights
-    (one key/value per group under grouped-query attention, then copied to its query heads);
-    backward still gives every head its own input gradient, ``J_norm^T (W_h^T d[q|k|v]_h)``,
-    exactly what the per-head computation (`_Adapter.project` on H copies) gives.
-    """
-
-    @staticmethod
-    def forward(ctx, x_heads, norm, W_shared, b_shared, W_heads, rep, n_heads, d_head):
-        # x_heads [head, prompt, pos, d_model] with stride 0 over head: one input read H times
-        x0 = x_heads[0]                                                 # [prompt, pos, d_model]
-        b, p, d = x0.shape
-        y = torch.matmul(norm(x0), W_shared)                            # [prompt, pos, (H+2G)*d_head]
-        if b_shared is not None:
-            y = y + b_shared
-        n_q = n_heads * d_head
-        n_kv = (y.shape[-1] - n_q) // 2
-        q = y[..., :n_q].view(b, p, n_heads, d_head).transpose(1, 2)    # [prompt, head, pos, d_head]
-        k = y[..., n_q:n_q + n_kv].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
-        v = y[..., n_q + n_kv:].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
-        ctx.save_for_backward(x0, W_heads)
-        ctx.norm = norm
-        return q, k, v
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        x0, W_heads = ctx.saved_tensors                                 # W_heads [head, d_model, 3*d_head]
-        H = W_heads.shape[0]
-        b, p, d = x0.shape
-        dqkv = torch.cat([dq, dk, dv], dim=-1).transpose(0, 1).reshape(H, b * p, -1)
-        dnormed = torch.bmm(dqkv, W_heads.transpose(1, 2)).view(H, b, p, d)  # [head, prompt, pos, d_model]
-        _, norm_vjp = torch.func.vjp(ctx.norm, x0)
-        (dx,) = torch.func.vmap(norm_vjp)(dnormed)                      # [head, prompt, pos, d_model]
-        return dx, None, None, None, None, None, None, None
-
-
-class _Adapter:
-    """Embedding, per-head attention on per-head inputs, MLP and unembedding of one family."""
-
-    def __init__(self, model: Model, lora: LoRAWeights | None = None):
-        self.model = model
-        self.hf = model.hf
-        self.n_layers = model.n_layers
-        self.n_heads = model.spec.n_heads
-        self.d_head = model.spec.d_head
-        self.layers = [model.hf_layer(layer) for layer in range(model.n_layers)]
-        # LoRA adapters: merged into the attention weights read below (`weight`), added by
-        # hooks to the modules the forward calls (`lora_hooks`)
-        self.lora = lora
-        self.merged: set[str] = set()
-        o_path = model.arch.o_proj_path
-        self._W_O = [model.W_O(layer, self.weight(layer, o_path, model.o_proj(layer)))
-                     for layer in range(model.n_layers)]  # [head, d_head, d_model]
-        self._b_O = [model.b_O(layer) for layer in range(model.n_layers)]
-
-    def weight(self, layer: int, sub: str, module: Any) -> torch.Tensor:
-        """``module.weight`` (``sub`` inside layer ``layer``) plus its LoRA update, if any."""
-        w = module.weight
-        if self.lora is None:
-            return w
-        name = f"{self.model.arch.layers_path}.{layer}.{sub}"
-        delta = self.lora.delta(name, w.dtype)
-        if delta is None:
-            return w
-        self.merged.add(name)
-        return w + delta
-
-    def lora_hooks(self) -> list[Any]:
-        """Hooks adding the adapters not merged into read weights (the MLP's); the caller
-        removes them."""
-        if self.lora is None:
-            return []
-        return self.lora.hooks(self.model, [n for n in self.lora.names() if n not in self.merged])
-
-    def attn_bias(self, layer: int) -> torch.Tensor | None:
-        return self._b_O[layer]
-
-    def head_out(self, layer: int, z: torch.Tensor) -> torch.Tensor:
-        """[prompt, head, pos, d_head] -> each head's write [head, prompt, pos, d_model]."""
-        b, H, p, dh = z.shape
-        z = z.transpose(0, 1).reshape(H, b * p, dh)
-        return torch.bmm(z, self._W_O[layer].to(z.dtype)).view(H, b, p, -1)
-
-    @staticmethod
-    def project(normed: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None,
-                n_parts: int) -> list[torch.Tensor]:
-        """Per-head projections: normed [head, prompt, pos, d_model], W [head, d_model, k*d_head]
-        -> k tensors [prompt, head, pos, d_head]."""
-        H, b, p, d = normed.shape
-        y = torch.bmm(normed.reshape(H, b * p, d), W)                 # [head, prompt*pos, k*d_head]
-        if bias is not None:
-            y = y + bias[:, None, :]
-        y = y.view(H, b, p, n_parts, -1).permute(3, 1, 0, 2, 4)        # [k, prompt, head, pos, d_head]
-        return list(y.unbind(0))
-
-    @staticmethod
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-               scaling: float) -> torch.Tensor:
-        """Eager causal attention; q, k, v [prompt, head, pos, d_head], mask [prompt, 1, q, k]."""
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [prompt, head, q, k]
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(weights, v)                            # [prompt, head, pos, d_head]
-
-    def logits(self, resid: torch.Tensor) -> torch.Tensor:
-        return self.model.lens_logits(resid)
-
-
-class _LlamaAdapter(_Adapter):
-    def __init__(self, model: Model, lora: LoRAWeights | None = None):
-        # not super(): a remote run rebuilds these methods from their source, without the
-        # __class__ cell a bare super() needs
-        _Adapter.__init__(self, model, lora)
-        cfg = model.hf.config
-        self.sliding_window = getattr(cfg, "sliding_window", None) if getattr(
-            cfg, "use_sliding_window", True) else None
-        self.n_kv = model.spec.n_kv_heads
-        group = self.n_heads // self.n_kv
-        H, dh = self.n_heads, self.d_head
-        self.W, self.b = [], []
-        self.W_shared, self.b_shared = [], []
-        rep = torch.arange(H) // group  # query head -> its key/value head
-        self.rep = rep
-        for layer, block in enumerate(self.layers):
-            a = block.self_attn
-            wq = self.weight(layer, "self_attn.q_proj", a.q_proj)
-            wk = self.weight(layer, "self_attn.k_proj", a.k_proj)
-            wv = self.weight(layer, "self_attn.v_proj", a.v_proj)
-            # [head, d_model, 3*d_head]: query, key, value of each query head side by side
-            w = torch.cat([wq.reshape(H, dh, -1), wk.reshape(self.n_kv, dh, -1)[rep],
-                           wv.reshape(self.n_kv, dh, -1)[rep]], dim=1)
-            self.W.append(w.transpose(1, 2).contiguous())
-            self.W_shared.append(torch.cat([wq, wk, wv], dim=0).T.contiguous())  # [d_model, (H+2G)*d_head]
-            self.b_shared.append(None if a.q_proj.bias is None else torch.cat(
-                [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-            if a.q_proj.bias is None:
-                self.b.append(None)
-            else:
-                self.b.append(torch.cat([a.q_proj.bias.reshape(H, dh),
-                                         a.k_proj.bias.reshape(self.n_kv, dh)[rep],
-                                         a.v_proj.bias.reshape(self.n_kv, dh)[rep]], dim=1))
-        self.scaling = [float(b.self_attn.scaling) for b in self.layers]
-        from transformers.models.llama.modeling_llama import rotate_half
-        self._rotate_half = rotate_half
-
-    def embed(self, batch: Batch) -> torch.Tensor:
-        return self.hf.model.embed_tokens(batch.input_ids)  # the module tree: see run_on_weights
-
-    def prepare(self, x0: torch.Tensor, batch: Batch) -> dict[str, Any]:
-        if self.sliding_window is not None and batch.width > self.sliding_window:
-            raise UnsupportedModelError(
-                f"prompts of {batch.width} tokens exceed the sliding window ({self.sliding_window}) "
-                "of this model, which the circuit forward does not implement.")
-        cos, sin = self.hf.model.rotary_emb(x0, batch.position_ids)  # [prompt, pos, d_head]
-        return {"cos": cos.unsqueeze(1), "sin": sin.unsqueeze(1)}
-
-    def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
-        """Per-head inputs [head, prompt, pos, d_model] -> head writes [head, prompt, pos, d_model]."""
-        block = self.layers[layer]
-        if x.stride(0) == 0:  # every head reads the same stream: normalise and project it once
-            q, k, v = _SharedInputQKV.apply(x, block.input_layernorm, self.W_shared[layer],
-                                            self.b_shared[layer], self.W[layer], self.rep,
-                                            self.n_heads, self.d_head)
-        else:
-            normed = block.input_layernorm(x)                          # [head, prompt, pos, d_model]
-            q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
-        cos, sin = ctx["cos"], ctx["sin"]
-        q = q * cos + self._rotate_half(q) * sin
-        k = k * cos + self._rotate_half(k) * sin
-        z = self.attend(q, k, v, mask, self.scaling[layer])
-        return self.head_out(layer, z)
-
-    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        block = self.layers[layer]
-        return block.mlp(block.post_attention_layernorm(x))
-
-
-class _GPT2Adapter(_Adapter):
-    def __init__(self, model: Model, lora: LoRAWeights | None = None):
-        _Adapter.__init__(self, model, lora)  # not super(): see _LlamaAdapter
-        H, dh = self.n_heads, self.d_head
-        d = model.spec.d_model
-        self.W, self.b, self.W_attn = [], [], []
-        for layer, block in enumerate(self.layers):
-            w = self.weight(layer, "attn.c_attn", block.attn.c_attn)  # Conv1D [d_model, 3*d_model]
-            self.W_attn.append(w)
-            # [head, d_model, 3*d_head]: query, key, value of each head side by side
-            self.W.append(w.T.reshape(3, H, dh, d).permute(1, 3, 0, 2).reshape(H, d, 3 * dh).contiguous())
-            self.b.append(block.attn.c_attn.bias.reshape(3, H, dh).transpose(0, 1).reshape(H, 3 * dh))
-        self.rep = torch.arange(H)
-        self.scaling = 1.0 / math.sqrt(dh) if getattr(model.hf.config, "scale_attn_weights", True) else 1.0
-
-    def embed(self, batch: Batch) -> torch.Tensor:
-        t = self.hf.transformer
-        return t.wte(batch.input_ids) + t.wpe(batch.position_ids)
-
-    def prepare(self, x0: torch.Tensor, batch: Batch) -> dict[str, Any]:
-        return {}
-
-    def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
-        block = self.layers[layer]
-        if x.stride(0) == 0:  # every head reads the same stream: normalise and project it once
-            attn = block.attn.c_attn  # Conv1D: weight [d_model, 3*d_model], q | k | v columns
-            q, k, v = _SharedInputQKV.apply(x, block.ln_1, self.W_attn[layer], attn.bias, self.W[layer],
-                                            self.rep, self.n_heads, self.d_head)
-        else:
-            normed = block.ln_1(x)                                      # [head, prompt, pos, d_model]
-            q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
-        z = self.attend(q, k, v, mask, self.scaling)
-        return self.head_out(layer, z)
-
-    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        block = self.layers[layer]
-        return block.mlp(block.ln_2(x))
-
-
-def _attention_mask(batch: Batch) -> torch.Tensor:
-    """[prompt, 1, q, k]: causal, keys not padding (a padded query attends to itself)."""
-    w = batch.width
-    device = batch.attention_mask.device
-    causal = torch.tril(torch.ones(w, w, dtype=torch.bool, device=device))
-    keys = batch.attention_mask.bool()[:, None, None, :]
-    eye = torch.eye(w, dtype=torch.bool, device=device)
-    return (causal & keys) | eye
 
 
 @dataclass
@@ -479,7 +249,7 @@ def _patched_input(resid: torch.Tensor, corrupt_resid: torch.Tensor, diff: torch
     return resid[None] - _gather(diff, ~keep)
 
 
-def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
+def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None,
              patch: tuple[_Run, torch.Tensor] | None = None) -> _Run:
     """One run over the node graph.
 
@@ -487,12 +257,14 @@ def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
     With ``patch=(corrupt_run, keep)``, ``keep`` a float [src, dst] mask of circuit edges, each
     destination reads the corrupted run's input plus, over its circuit edges, this run's
     minus the corrupted run's source outputs: every non-circuit edge carries its corrupted value.
+    With ``ad.parallel`` (GPT-NeoX) each MLP reads what its layer's heads read.
     """
     L, H = ad.n_layers, ad.n_heads
+    parallel = getattr(ad, "parallel", False)
     x0 = ad.embed(batch) if embeds is None else embeds   # [prompt, pos, d_model]
     b, p, d = x0.shape
     ctx = ad.prepare(x0, batch)
-    mask = _attention_mask(batch)
+    mask = causal_mask(batch)
     stride = H + 1
     n_src = 1 + L * stride
     outs: list[torch.Tensor] = [x0[None]]
@@ -514,21 +286,23 @@ def _forward(ad: _Adapter, batch: Batch, *, embeds: torch.Tensor | None = None,
             x_heads = _patched_input(resid, corrupt.resid_in[g], diff[:n], keep[:n, base:base + H])
         inputs.append(x_heads)
         resid_in.append(resid)
+        resid_pre = resid
         head_out = ad.heads(layer, x_heads, mask, ctx)        # [head, prompt, pos, d_model]
         outs.append(head_out)
         resid = resid + head_out.sum(0)
         bias = ad.attn_bias(layer)
         if bias is not None:
             resid = resid + bias
+        mlp_reads = resid_pre if parallel else resid          # the stream the MLP reads
         if patch is None:
-            x_mlp = resid[None].clone()  # its own tensor: its gradient is the MLP's alone
+            x_mlp = mlp_reads[None].clone()  # its own tensor: its gradient is the MLP's alone
         else:
             diff[1 + base:1 + base + H] = head_out - corrupt.outs[1 + base:1 + base + H]
-            n = 1 + base + H
-            x_mlp = _patched_input(resid, corrupt.resid_in[g + 1], diff[:n],
+            n = 1 + base + (0 if parallel else H)
+            x_mlp = _patched_input(mlp_reads, corrupt.resid_in[g + 1], diff[:n],
                                    keep[:n, base + H:base + H + 1])
         inputs.append(x_mlp)
-        resid_in.append(resid)
+        resid_in.append(mlp_reads)
         mlp_out = ad.mlp(layer, x_mlp[0])                     # [prompt, pos, d_model]
         outs.append(mlp_out[None])
         resid = resid + mlp_out
@@ -611,13 +385,21 @@ def _batches(n: int, batch_size: int) -> list[list[int]]:
     return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
 
 
-def _graph_shape(model: Model, ad: _Adapter | None) -> tuple[int, int]:
-    """(layers, heads) of the graph: the adapter's, or a remote model's spec."""
-    return (model.n_layers, model.spec.n_heads) if ad is None else (ad.n_layers, ad.n_heads)
+def _graph_shape(model: Model, ad: HeadEngine | None) -> tuple[int, int, bool]:
+    """(layers, heads, parallel) of the graph: the engine's, or a remote model's spec and
+    config."""
+    if ad is None:
+        return model.n_layers, model.spec.n_heads, parallel_attn_mlp(model)
+    return ad.n_layers, ad.n_heads, getattr(ad, "parallel", False)
+
+
+def _ad_valid(ad: HeadEngine) -> np.ndarray:
+    """The [src, dst] edge mask of the engine's graph."""
+    return _valid_mask(ad.n_layers, ad.n_heads, getattr(ad, "parallel", False))
 
 
 def _check_common(model: Model, task: Any, metric: str, batch_size: Any,
-                  lora: LoRAWeights | None = None) -> tuple[_Adapter | None, CircuitTask, int]:
+                  lora: LoRAWeights | None = None) -> tuple[HeadEngine | None, CircuitTask, int]:
     """The adapter (None for a remote model, whose runs build theirs on the server), task,
     batch size."""
     task = _check_task(task)
@@ -656,7 +438,7 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     Parameters
     ----------
     model : Model
-        A model of a supported family (llama, gpt2), local or remote (each batch then runs
+        A model of a supported family (`SUPPORTED_FAMILIES`), local or remote (each batch runs
         on the server).
     task : CircuitTask
         Clean/corrupted prompt pairs (each pair the same token length) and targets.
@@ -696,13 +478,12 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     if method == "eap" and metric == "kl":
         raise InputError("metric='kl' has zero gradient at the clean run, so every EAP score would "
                          "be 0; use method='eap-ig' with metric='kl', or metric='logit_diff'.")
-    n_layers, n_heads = _graph_shape(model, ad)
-    graph = _graph(n_layers, n_heads)
-    valid = torch.from_numpy(_valid_mask(n_layers, n_heads))
+    n_layers, n_heads, parallel = _graph_shape(model, ad)
+    graph = _graph(n_layers, n_heads, parallel)
     n = len(task)
     batches = _batches(n, batch_size)
     step = progress_steps(n, progress, unit="prompt", desc=f"{method} scores")
-    total = torch.zeros(int(valid.sum()), dtype=torch.float64)  # the valid edges, in edge order
+    total = torch.zeros(len(graph.edges), dtype=torch.float64)  # the valid edges, in edge order
     clean_sum = corrupt_sum = 0.0
     with model.lock, _frozen(model):
         handles = [] if ad is None else ad.lora_hooks()
@@ -764,7 +545,7 @@ def _contract(delta: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor) -> t
     return out * valid.to(delta.device, delta.dtype)
 
 
-def _eap_batch(weights: Model | _Adapter, prep: _Prepared, method: str, steps: int,
+def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps: int,
                metric: str, lora: LoRAWeights | None = None) -> tuple[torch.Tensor, float, float]:
     """One batch where the weights are: summed (over prompts) scores of the valid edges
     [edge], in `CircuitGraph.edges` order, and the summed clean and corrupted metrics.
@@ -787,11 +568,11 @@ def _eap_batch(weights: Model | _Adapter, prep: _Prepared, method: str, steps: i
     with torch.no_grad():
         corrupt = _forward(ad, prep.corrupt)
     scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric)
-    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)).to(scores.device)
+    valid = torch.from_numpy(_ad_valid(ad)).to(scores.device)
     return scores[valid], m_clean, m_corrupt
 
 
-def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, steps: int,
+def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, steps: int,
                   metric: str) -> tuple[torch.Tensor, float, float]:
     """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics."""
     x_clean = ad.embed(prep.clean)
@@ -822,7 +603,7 @@ def _batch_scores(ad: _Adapter, prep: _Prepared, corrupt: _Run, method: str, ste
     delta = torch.sub(corrupt.outs, clean_outs, out=clean_outs)  # [src, prompt, pos, d_model]
     if not bool(prep.clean.attention_mask.all()):
         delta *= prep.clean.attention_mask.to(delta.dtype)[None, :, :, None]  # padding reads nothing
-    valid = torch.from_numpy(_valid_mask(ad.n_layers, ad.n_heads)).to(delta.device)
+    valid = torch.from_numpy(_ad_valid(ad)).to(delta.device)
     scores = _contract(delta, grad_sum, valid)
     scores /= len(alphas)                                         # mean gradient over the runs
     with torch.no_grad():
@@ -931,11 +712,11 @@ def circuit_nodes(scores: xr.Dataset, in_circuit: Any) -> set[str]:
 
 # -- faithfulness ---------------------------------------------------------------------------------
 
-def _keep_matrix(model: Model, ad: _Adapter | None, scores: xr.Dataset,
+def _keep_matrix(model: Model, ad: HeadEngine | None, scores: xr.Dataset,
                  mask: np.ndarray) -> torch.Tensor:
     """Circuit mask as [src, dst] float over the model's graph."""
-    n_layers, n_heads = _graph_shape(model, ad)
-    graph = _graph(n_layers, n_heads)
+    n_layers, n_heads, parallel = _graph_shape(model, ad)
+    graph = _graph(n_layers, n_heads, parallel)
     src_index = {n: i for i, n in enumerate(graph.sources)}
     dst_index = {n: i for i, n in enumerate(graph.destinations)}
     keep = torch.zeros(len(graph.sources), len(graph.destinations))
@@ -946,13 +727,13 @@ def _keep_matrix(model: Model, ad: _Adapter | None, scores: xr.Dataset,
     except KeyError as err:
         raise InputError(f"`scores` names node {err.args[0]!r}, which {model.spec.name} does not "
                          "have; were the scores computed on another model?") from None
-    valid = torch.from_numpy(_valid_mask(n_layers, n_heads))
+    valid = torch.from_numpy(_valid_mask(n_layers, n_heads, parallel))
     if bool((keep.bool() & ~valid).any()):
         raise InputError("`scores` holds an edge that does not exist in this model's graph.")
     return keep
 
 
-def _patched_eval(model: Model, ad: _Adapter | None, task: CircuitTask, keeps: list[torch.Tensor],
+def _patched_eval(model: Model, ad: HeadEngine | None, task: CircuitTask, keeps: list[torch.Tensor],
                   metric: str, batch_size: int, progress: Progress) -> dict[str, Any]:
     """Metric and accuracy of each circuit (keep matrix) plus clean and corrupted runs.
 
@@ -982,7 +763,7 @@ def _patched_eval(model: Model, ad: _Adapter | None, task: CircuitTask, keeps: l
             "corrupt_accuracy": float(total["corrupt_hits"]) / n}
 
 
-def _patched_batch(weights: Model | _Adapter, prep: _Prepared, keeps: list[torch.Tensor],
+def _patched_batch(weights: Model | HeadEngine, prep: _Prepared, keeps: list[torch.Tensor],
                    metric: str, step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """One batch where the weights are: summed metric and hits of the clean, the corrupted
     and each circuit-patched run (``keeps``, [src, dst] masks)."""
