@@ -191,11 +191,33 @@ _PLOT_VIEWS = """() => [...Bokeh.index.all_views()].filter(v =>
     && v.el.offsetParent != null)"""
 
 # One line per plot in the page now, and whether anything is still spinning.
-_SIGNATURE = f"""() => {{
+_SIGNATURE = f"""(busy) => {{
   if (window.Bokeh == null || Bokeh.index == null) return null
   const plots = ({_PLOT_VIEWS})()
-  const spinning = [...Bokeh.index.all_views()].filter(v => v.el != null && v.el.isConnected
+  let spinning = [...Bokeh.index.all_views()].filter(v => v.el != null && v.el.isConnected
       && v.el.offsetParent != null && (v.model.css_classes || []).includes('spin')).length
+  // a progress bar on show that has not reached its end (or has no value: indeterminate)
+  const walk = root => {{
+    for (const el of root.querySelectorAll('*')) {{
+      if (el.tagName === 'PROGRESS' && el.offsetParent != null
+          && (!el.hasAttribute('value') || el.value < el.max)) spinning += 1
+      if (el.shadowRoot) walk(el.shadowRoot)
+    }}
+  }}
+  walk(document)
+  // a status line on show that says work is under way (``busy``: a regular expression)
+  if (busy) {{
+    const pattern = new RegExp(busy, 'i')
+    const texts = root => {{
+      for (const el of root.querySelectorAll('*')) {{
+        if (el.offsetParent != null)
+          for (const node of el.childNodes)
+            if (node.nodeType === 3 && pattern.test(node.textContent)) spinning += 1
+        if (el.shadowRoot) texts(el.shadowRoot)
+      }}
+    }}
+    texts(document)
+  }}
   return {{spinning, ids: plots.map(v => v.model.id),
           plots: plots.map(v => [v.model.id, Math.round(v.bbox.width), Math.round(v.bbox.height),
                                  Math.round(v.frame.bbox.width), Math.round(v.frame.bbox.height),
@@ -203,16 +225,21 @@ _SIGNATURE = f"""() => {{
 }}"""
 
 
+BUSY_TEXT = r"\b(computing|analysing|training|loading|measuring|running|scoring)\b[^.]*…"
+"""A status line of a page at work ("Training H = 2: step 40/200 (3 s)…", "computing td…")."""
+
+
 def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90,
-                        quiet: float = 3.0) -> bool:
-    """Wait until the page's Bokeh plots stop changing: no spinner shown, the same plots at
-    the same sizes for ``quiet`` seconds, and (when ``before`` lists the plot ids shown
-    before a navigation) not the plots of the page left behind. False on timeout."""
+                        quiet: float = 3.0, busy: str | None = BUSY_TEXT) -> bool:
+    """Wait until the page's Bokeh plots stop changing: no spinner or unfinished progress bar
+    shown, no text matching ``busy`` (default `BUSY_TEXT`) shown, the same plots at the same
+    sizes for ``quiet`` seconds, and (when ``before`` lists the plot ids shown before a
+    navigation) not the plots of the page left behind. False on timeout."""
     deadline = time.time() + timeout
     last, since = None, time.time()
     page.wait_for_timeout(1000)
     while time.time() < deadline:
-        sig = page.evaluate(_SIGNATURE)
+        sig = page.evaluate(_SIGNATURE, busy)
         fresh = sig is not None and sig["ids"] and not set(sig["ids"]) <= set(before)
         key = json.dumps(sig["plots"]) if sig else None
         if key != last or not fresh or sig["spinning"]:
@@ -225,7 +252,7 @@ def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90
 
 def plot_ids(page) -> list[str]:
     """Model ids of the Bokeh plots shown now."""
-    sig = page.evaluate(_SIGNATURE)
+    sig = page.evaluate(_SIGNATURE, None)
     return list(sig["ids"]) if sig else []
 
 

@@ -1,0 +1,78 @@
+"""Reference screenshots of the gallery: one per page, opened from the sidebar at 1400 x 1000.
+
+Serves the gallery as ``make app`` does (`apps.gallery.serve`, in a child process on a free
+127.0.0.1 port), drives Debian's chromium with Playwright, clicks each page in the sidebar,
+waits until it settles (no spinner, its Bokeh plots unchanged for a few seconds; the same
+wait as tests/test_browser_gallery.py) and writes ``docs/figures/gallery_<slug>.png``.
+A page that does not settle in ``--timeout`` seconds is shot as it is, and named on stderr.
+
+    python scripts/gallery_screenshots.py                      # every page, smollm2-135m
+    python scripts/gallery_screenshots.py --pages lens,parity  # some pages
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from _browser import free_port, plot_ids, served_in_subprocess, settle_gallery_page  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"  # as tests/conftest.py: Playwright never downloads a browser
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from apps.gallery import VIEWS
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m", help="model the gallery serves")
+    p.add_argument("--pages", default="", help="comma-separated slugs (default: every page)")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="output folder")
+    p.add_argument("--timeout", type=float, default=420, help="seconds a page may take to settle")
+    args = p.parse_args(argv)
+    slugs = [s for s in args.pages.split(",") if s] or [slug for _, slug, _ in VIEWS]
+    titles = {slug: title for title, slug, _ in VIEWS}
+    unknown = [s for s in slugs if s not in titles]
+    if unknown:
+        p.error(f"unknown pages {unknown}; the gallery has {list(titles)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    serve = f"from apps.gallery import serve; serve(model={args.model!r}, port={port})"
+    unsettled = []
+    with served_in_subprocess(["-c", serve], port, args.out / ".gallery_server.log") as url, \
+            sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport=VIEWPORT)
+        tab.goto(url + "/", timeout=180_000)
+        tab.wait_for_selector("canvas", state="attached", timeout=300_000)
+        for slug in slugs:
+            started = time.time()
+            button = tab.locator(".bk-btn-group button", has_text=titles[slug]).first
+            shown = "bk-active" in (button.get_attribute("class") or "")
+            before = [] if shown else plot_ids(tab)
+            button.click()
+            tab.mouse.move(VIEWPORT["width"] // 2, 10)  # onto the title bar: no tooltip shown
+            if not settle_gallery_page(tab, before=before, timeout=args.timeout):
+                unsettled.append(slug)
+            path = args.out / f"gallery_{slug.replace('-', '_')}.png"
+            tab.screenshot(path=str(path))
+            print(f"{path.relative_to(ROOT)}  ({time.time() - started:.0f} s)", flush=True)
+        browser.close()
+    (args.out / ".gallery_server.log").unlink(missing_ok=True)
+    if unsettled:
+        print(f"did not settle in {args.timeout:.0f} s (shot as they were): {unsettled}",
+              file=sys.stderr)
+    return 1 if unsettled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
