@@ -158,6 +158,18 @@ INTROS: dict[str, Intro] = {
         try_first="Press 'Localize', then 'Run unlearning' and compare forget and retain "
                   "accuracy.",
         doc="docs/unlearning.md"),
+    "attention": Intro(
+        shows="Every head's attention pattern on the sidebar prompt, all layers at once from "
+              "one trace, and one head enlarged with its tokens.",
+        paper="Olsson et al. (2022), induction and previous-token heads",
+        title="In-context Learning and Induction Heads",
+        read="Each small square is one head (layers down, heads across): row = query token, "
+             "column = key token, darker = more attention. A bright left column is a head "
+             "resting on the first token; a line just below the diagonal is a "
+             "previous-token head.",
+        try_first="Click a square to enlarge it, then type a prompt that repeats a phrase "
+                  "and look for heads attending to the token after its first copy.",
+        doc="README.md"),
 }
 
 

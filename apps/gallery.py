@@ -19,6 +19,7 @@ import param
 import explorer
 from apps import theme
 from apps._session import Runner, get_model, session_hooks, user_message
+from apps.attention import AttentionView
 from apps.circuits import CircuitsView
 from apps.conflicts import ConflictsView
 from apps.icl_heads import ICLHeadsView
@@ -54,6 +55,7 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Circuits", "circuits", CircuitsView),
     ("Representation shattering", "shattering", ShatteringView),
     ("Unlearning", "unlearning", UnlearningView),
+    ("Attention", "attention", AttentionView),
 ]
 
 

@@ -1,0 +1,355 @@
+"""Attention page: every head's attention pattern on the user's prompt, and one head enlarged.
+
+All layers' and heads' patterns come from one trace of the prompt (`explorer.trace` at the
+``attn_pattern`` site, eager attention). The grid is drawn as one image: the layer x head
+mosaic of query x key tiles, so 30 layers x 9 heads x 64 tokens is a single glyph of about a
+million pixels rather than 270 plots. Clicking a tile (or picking the layer and head, or
+typing ``L17.H3``) enlarges that head with its tokens on both axes and a hover.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+import time
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._intros import intro_pane
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, serve
+from explorer._checks import InputError, check_prompts
+from explorer.trace import trace as trace_sites
+
+__all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
+           "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_head", "head_pattern", "grid_cell"]
+
+MAX_TOKENS = 128
+"""The longest prompt the page draws (the grid grows with the square of the length)."""
+
+GAP = 1  # px of empty (transparent) space after each tile of the mosaic
+_MAX_TICKS = 32
+_TICK_CHARS = 10
+
+hv.extension("bokeh", logo=False)
+
+
+# -- pure functions: Datasets in, arrays / HoloViews out --------------------------------
+
+def head_label(layer: int, head: int) -> str:
+    """A head's one spelling: ``L17.H3``."""
+    return f"L{int(layer)}.H{int(head)}"
+
+
+_HEAD_RE = re.compile(r"^\s*L(\d+)\s*\.\s*H(\d+)\s*$", re.IGNORECASE)
+
+
+def parse_head(text: str, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """``'L17.H3'`` -> (17, 3); InputError naming the problem for anything else."""
+    m = _HEAD_RE.match(text or "")
+    if not m:
+        raise InputError(f"A head is spelled like L{n_layers - 1}.H{n_heads - 1}; got {text!r}.")
+    layer, head = int(m.group(1)), int(m.group(2))
+    if layer >= n_layers or head >= n_heads:
+        raise InputError(f"{head_label(layer, head)} is not in this model: layers 0-"
+                         f"{n_layers - 1}, heads 0-{n_heads - 1}.")
+    return layer, head
+
+
+def patterns(ds: xr.Dataset, prompt: int = 0) -> xr.DataArray:
+    """The prompt's real-token patterns [layer, head, dst_pos, src_pos] from a trace."""
+    one = ds.isel(prompt=prompt)
+    n = int(one.mask.sum())
+    return one.attn_pattern.isel(dst_pos=slice(0, n), src_pos=slice(0, n))
+
+
+def mosaic(weights: np.ndarray, gap: int = GAP) -> np.ndarray:
+    """[layer, head, query, key] weights -> one float32 image, layer 0's row of tiles on top.
+
+    Tile (l, h) holds ``weights[l, h]`` (query down, key right) at rows ``l*(n+gap)`` and
+    columns ``h*(n+gap)``; the ``gap`` rows and columns after each tile are NaN (drawn empty).
+    """
+    n_layers, n_heads, n_q, n_k = weights.shape
+    out = np.full((n_layers, n_q + gap, n_heads, n_k + gap), np.nan, dtype=np.float32)
+    out[:, :n_q, :, :n_k] = weights.transpose(0, 2, 1, 3)
+    return out.reshape(n_layers * (n_q + gap), n_heads * (n_k + gap))
+
+
+LEVELS = 254
+"""Grey levels of the grid image: weights are sent as uint8 0..254 (255 marks the gaps),
+a quarter of float32's bytes; the colour map has 256 colours, so nothing visible is lost."""
+
+
+def quantize(image: np.ndarray) -> np.ndarray:
+    """A `mosaic` (weights in [0, 1], NaN gaps) as uint8: round(w * LEVELS), gaps LEVELS + 1."""
+    out = np.full(image.shape, LEVELS + 1, dtype=np.uint8)
+    real = ~np.isnan(image)
+    out[real] = np.rint(np.clip(image[real], 0.0, 1.0) * LEVELS).astype(np.uint8)
+    return out
+
+
+def tile_pixels(n_layers: int, n_heads: int) -> int:
+    """Screen pixels of one tile: about 1200 px for all layers, 28-96 px a tile."""
+    return int(min(96, max(28, 1200 // max(1, n_layers), 360 // max(1, n_heads))))
+
+
+def grid_cell(x: Any, y: Any, n_layers: int, n_heads: int) -> tuple[int, int] | None:
+    """(layer, head) of a click at data coordinates (x, y) on `plot_grid`; None off the grid."""
+    if x is None or y is None:
+        return None
+    try:
+        head, row = int(round(float(x))), int(round(float(y)))
+    except (TypeError, ValueError):
+        return None
+    layer = n_layers - 1 - row
+    if 0 <= layer < n_layers and 0 <= head < n_heads:
+        return layer, head
+    return None
+
+
+def plot_grid(ds: xr.Dataset | None) -> hv.Element:
+    """All heads as small multiples: one uint8 image (`quantize` of `mosaic`), layers down,
+    heads across; layer ``l``'s tiles sit at y = n_layers - 1 - l, head ``h``'s at x = h."""
+    if ds is None:
+        return theme.placeholder("Tracing the prompt…")
+    p = patterns(ds)
+    n_layers, n_heads = p.sizes["layer"], p.sizes["head"]
+    img = quantize(mosaic(p.values))
+    tile = tile_pixels(n_layers, n_heads)
+    layers = p.layer.values.tolist()
+    step = max(1, math.ceil(n_layers / 16))
+    yticks = [(n_layers - 1 - i, f"L{layer}") for i, layer in enumerate(layers) if i % step == 0]
+    xticks = [(h, f"H{h}") for h in range(n_heads)]
+    return hv.Image(img, kdims=["head", "layer"], vdims=["weight"],
+                    bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5)).opts(
+        cmap=theme.PROBABILITY_CMAP, clim=(0, LEVELS), clipping_colors={"max": "white"},
+        title="All heads", xlabel="head (key →)", ylabel="layer (query ↓)",
+        xticks=xticks, yticks=yticks, xaxis="top",
+        frame_width=tile * n_heads, frame_height=tile * n_layers,
+        tools=["tap"], default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
+        fontsize=theme.font_sizes(), colorbar=False)
+
+
+def plot_marker(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
+    """The outline of the selected head's tile on `plot_grid`."""
+    if ds is None:
+        return hv.Rectangles([])
+    n_layers = ds.sizes["layer"]
+    y = n_layers - 1 - int(layer)
+    return hv.Rectangles([(head - 0.5, y - 0.5, head + 0.5, y + 0.5)]).opts(
+        fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5)
+
+
+def head_pattern(ds: xr.Dataset, layer: int, head: int) -> xr.DataArray:
+    """One head's [dst_pos, src_pos] weights on the prompt's real tokens."""
+    return patterns(ds).sel(layer=int(layer), head=int(head))
+
+
+def _ticks(tokens: list[str]) -> list[tuple[int, str]]:
+    n = len(tokens)
+    step = max(1, math.ceil(n / _MAX_TICKS))
+    out = []
+    for i in range(0, n, step):
+        t = tokens[i]
+        t = t if len(t) <= _TICK_CHARS else t[:_TICK_CHARS - 1] + "…"
+        out.append((i, f"{i} {t}"))
+    return out
+
+
+def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
+    """One head's query x key pattern, tokens on both axes (thinned past 32), hover per cell."""
+    if ds is None:
+        return theme.placeholder("Tracing the prompt…")
+    a = head_pattern(ds, layer, head).values
+    n = a.shape[0]
+    one = ds.isel(prompt=0)
+    tokens = theme.show_tokens(one.token.values[:n])
+    q, k = np.tril_indices(n)
+    table = {"key": k, "query": q, "weight": a[q, k].astype(float),
+             "key_token": np.array(tokens, dtype=object)[k],
+             "query_token": np.array(tokens, dtype=object)[q]}
+    ticks = _ticks(tokens)
+    size = int(min(760, max(320, 11 * n + 170)))
+    hover = [("query", "@query @query_token"), ("key", "@key @key_token"),
+             ("weight", "@weight{0.000}")]
+    return hv.HeatMap(table, ["key", "query"], ["weight", "key_token", "query_token"]).opts(
+        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True, clabel="attention weight",
+        title=head_label(layer, head), xlabel="key token", ylabel="query token",
+        xticks=ticks, yticks=ticks, xrotation=90 if n > 6 else 0, invert_yaxis=True,
+        tools=["hover"], hover_tooltips=hover, default_tools=STATIC_TOOLS, active_tools=[],
+        toolbar="above", responsive=True, height=size, min_width=320, max_width=size + 80,
+        fontsize=theme.font_sizes(), padding=0)
+
+
+# -- the view ----------------------------------------------------------------------------
+
+class AttentionView(View):
+    """Every head's attention on a prompt (one trace), one head enlarged.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    background : bool, optional
+        Trace in a worker thread (default when served) or inline (tests, notebooks).
+    **params
+        Initial values of the parameters below.
+    """
+
+    notify_title = "Attention"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 300
+
+    prompt = param.String(default="The capital of France is", label="Prompt",
+                          doc="Prompt whose attention patterns are shown (press Enter to run).")
+    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
+                          doc="Layer of the enlarged head.")
+    head = param.Integer(default=0, bounds=(0, None), label="Head",
+                         doc="Head (within the layer) that is enlarged.")
+    selected = param.String(default="L0.H0", label="Enlarged head",
+                            doc="The enlarged head, spelled L<layer>.H<head>; type one to pick it.")
+    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
+                                 doc="The last good trace (attn_pattern of the prompt).")
+    seconds = param.Number(default=None, allow_None=True, precedence=-1,
+                           doc="Seconds from the prompt change to the data ready (last run).")
+
+    def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
+        super().__init__(background=background, **params)
+        self._model = model
+        n_layers, n_heads = model.spec.n_layers, model.spec.n_heads
+        self.param.layer.bounds = (0, n_layers - 1)
+        self.param.head.bounds = (0, n_heads - 1)
+        self._sync_label()
+        self.runner("trace", self._got_trace)
+        self._started = 0.0
+        self.param.watch(self._request_trace, ["prompt"])
+        self.param.watch(self._sync_label, ["layer", "head"])
+        self.param.watch(self._pick_label, ["selected"])
+        self._page_loaded = self._doc is None
+        if self._doc is not None:
+            pn.state.onload(self._on_page_load)  # the gallery sets the prompt first: one run
+        else:
+            self._request_trace()
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    # -- selection -----------------------------------------------------------------------
+    def _sync_label(self, *events: Any) -> None:
+        label = head_label(self.layer, self.head)
+        if self.selected != label:
+            self.selected = label
+
+    def _pick_label(self, event: Any) -> None:
+        try:
+            layer, head = parse_head(event.new, self._model.spec.n_layers,
+                                     self._model.spec.n_heads)
+        except InputError as exc:
+            theme.notify("warning", str(exc), duration=4000)
+            self.selected = head_label(self.layer, self.head)
+            return
+        self.param.update(layer=layer, head=head)
+        self._sync_label()  # normalised spelling (e.g. 'l3.h1' -> 'L3.H1')
+
+    def select(self, layer: int, head: int) -> None:
+        """Enlarge head ``(layer, head)``."""
+        self.param.update(layer=self._model.check_layer(layer),
+                          head=self._model.check_head(head))
+
+    def _grid_tapped(self, x: Any = None, y: Any = None, **_: Any) -> None:
+        spec = self._model.spec
+        cell = grid_cell(x, y, spec.n_layers, spec.n_heads)
+        if cell is not None:
+            self.select(*cell)
+
+    # -- computation -----------------------------------------------------------------------
+    def _on_page_load(self) -> None:
+        self._page_loaded = True
+        self._request_trace()
+
+    def _request_trace(self, *events: Any) -> None:
+        if not self._page_loaded:
+            return
+        prompt, model = self.prompt, self._model
+        self.running = True
+        self._started = time.perf_counter()
+
+        def job(token: CancelToken) -> xr.Dataset:
+            check_prompts(prompt)
+            n = len(model.tokenize(prompt).token_ids[0])
+            if n > MAX_TOKENS:
+                raise InputError(f"The prompt is {n} tokens; this page draws at most "
+                                 f"{MAX_TOKENS} (every head's pattern grows with its square). "
+                                 "Shorten it.")
+            token.check()
+            return trace_sites(model, [prompt], sites=("attn_pattern",), progress=False)
+
+        self.submit("trace", job)
+
+    def _got_trace(self, ds: xr.Dataset) -> None:
+        seconds = time.perf_counter() - self._started
+        n = int(ds.mask.sum())
+        spec = self._model.spec
+        self.param.update(result=ds, seconds=seconds, error="", running=False,
+                          status=f"{spec.name} · {n} tokens · {spec.n_layers} layers × "
+                                 f"{spec.n_heads} heads · traced in {seconds:.2f} s")
+
+    def _error_note(self) -> str:
+        return " The previous prompt's patterns are still shown." if self.result is not None else ""
+
+    def close(self) -> None:
+        """Stop the runner and drop the patterns (the page is gone)."""
+        super().close()
+        self.result = None
+
+    # -- layout ----------------------------------------------------------------------------
+    def _grid(self) -> pn.pane.HoloViews:
+        image = hv.DynamicMap(pn.bind(plot_grid, self.param.result))
+        marker = hv.DynamicMap(pn.bind(plot_marker, self.param.result, self.param.layer,
+                                       self.param.head))
+        hv.streams.Tap(source=image).add_subscriber(self._grid_tapped)
+        return pn.pane.HoloViews(image * marker, sizing_mode="fixed", css_classes=["attention-grid"],
+                                 linked_axes=False)
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.HTML(pn.bind(html.escape, self.param.status),
+                              css_classes=["attention-status"], styles={"color": "#555"},
+                              sizing_mode="stretch_width")
+        alert = pn.pane.Alert(self.param.error, alert_type="danger",
+                              visible=self.param.error.rx.bool(), css_classes=["attention-error"],
+                              sizing_mode="stretch_width")
+        widgets = {
+            "prompt": {"type": pn.widgets.TextInput,
+                       "placeholder": "Enter a prompt and press Enter"},
+            "layer": {"type": pn.widgets.IntSlider, "throttled": True},
+            "head": {"type": pn.widgets.IntSlider, "throttled": True},
+            "selected": {"type": pn.widgets.TextInput},
+        }
+        shown = [name for name in widgets if self.param[name].precedence is None
+                 or self.param[name].precedence >= 0]
+        controls = pn.Param(self, parameters=shown, widgets={k: widgets[k] for k in shown},
+                            show_name=False, default_layout=pn.Row,
+                            sizing_mode="stretch_width", css_classes=["attention-controls"])
+        enlarged = pn.pane.HoloViews(pn.bind(plot_head, self.param.result, self.param.layer,
+                                             self.param.head),
+                                     sizing_mode="stretch_width", css_classes=["attention-head"])
+        return pn.Column(
+            intro_pane("attention"),
+            pn.Row(spinner, status, align="center"),
+            alert,
+            pn.Row(self._grid(), pn.Column(controls, enlarged, sizing_mode="stretch_width"),
+                   sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        )
+
+
+serve(__name__, AttentionView, title=f"{theme.TITLE}: attention")

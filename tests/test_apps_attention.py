@@ -1,0 +1,139 @@
+"""Attention page, headless: the grid and the enlarged head against a plain HF eager forward."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from apps.attention import (LEVELS, MAX_TOKENS, AttentionView, grid_cell, head_pattern, mosaic,
+                            parse_head, patterns, plot_grid, plot_head, quantize)
+
+PROMPT = "The cat sat on the mat because the cat was tired"
+
+
+def _hf_attentions(model, prompt):
+    """[layer, head, q, k] from Hugging Face's own forward with output_attentions (eager)."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    hf = model.hf
+    current = hf.config._attn_implementation
+    hf.set_attn_implementation("eager")
+    try:
+        out = hf(input_ids=ids, output_attentions=True)
+    finally:
+        hf.set_attn_implementation(current)
+    return torch.stack([a[0] for a in out.attentions]).float().numpy()
+
+
+@pytest.mark.parametrize("name", ["tiny_model", "tiny_gpt2"])
+def test_grid_and_enlarged_head_equal_hf_attentions(name, request):
+    model = request.getfixturevalue(name)
+    view = AttentionView(model, background=False, prompt=PROMPT)
+    assert view.error == "" and view.result is not None
+    want = _hf_attentions(model, PROMPT)                      # [L, H, n, n]
+    got = patterns(view.result).values
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    L, H, n, _ = want.shape
+    img = mosaic(got)
+    tile = n + 1
+    for layer in range(L):
+        for head in range(H):
+            np.testing.assert_allclose(img[layer * tile:layer * tile + n, head * tile:head * tile + n],
+                                       want[layer, head], atol=1e-5)
+    assert np.isnan(img[n, :]).all() and np.isnan(img[:, n]).all()   # the gaps
+    shown = plot_grid(view.result).dimension_values(2, flat=False)  # what the page draws
+    q = quantize(img)
+    assert q.dtype == np.uint8 and (q[np.isnan(img)] == LEVELS + 1).all()
+    np.testing.assert_allclose(q[~np.isnan(img)] / LEVELS, img[~np.isnan(img)], atol=0.5 / LEVELS)
+    assert sorted(np.unique(shown).tolist()) == sorted(np.unique(q).tolist())
+    view.select(L - 1, H - 1)
+    assert view.selected == f"L{L - 1}.H{H - 1}"
+    np.testing.assert_allclose(head_pattern(view.result, L - 1, H - 1).values, want[-1, -1],
+                               atol=1e-5)
+    heat = plot_head(view.result, view.layer, view.head)
+    assert heat.opts.get().kwargs["title"] == f"L{L - 1}.H{H - 1}"
+    cells = {(int(k), int(qq)): w for k, qq, w in zip(heat.dimension_values("key"),
+                                                       heat.dimension_values("query"),
+                                                       heat.dimension_values("weight"))}
+    assert len(cells) == n * (n + 1) // 2
+    for (k, qq), w in cells.items():
+        assert w == pytest.approx(want[-1, -1, qq, k], abs=1e-5)
+    view.close()
+
+
+def test_click_and_typed_head_pick_the_head(tiny_model):
+    view = AttentionView(tiny_model, background=False)
+    L, H = tiny_model.spec.n_layers, tiny_model.spec.n_heads
+    assert grid_cell(2.2, L - 1 - 1 + 0.3, L, H) == (1, 2)     # layer 0's row is on top
+    assert grid_cell(H + 1, 0, L, H) is None
+    view._grid_tapped(x=3.1, y=L - 1.0)
+    assert (view.layer, view.head, view.selected) == (0, 3, "L0.H3")
+    view.selected = "l2.h1"
+    assert (view.layer, view.head, view.selected) == (2, 1, "L2.H1")
+    view.selected = "L9.H0"                                     # not in the model: unchanged
+    assert (view.layer, view.head, view.selected) == (2, 1, "L2.H1")
+    with pytest.raises(Exception, match="L2.H3"):
+        parse_head("2/1", L, H)
+    view.close()
+
+
+def test_prompt_change_recomputes_and_bad_prompts_show_a_message(tiny_model):
+    view = AttentionView(tiny_model, background=False, prompt="a b")
+    first = view.result
+    view.prompt = PROMPT
+    n = len(tiny_model.tokenize(PROMPT).token_ids[0])
+    assert view.result is not first and patterns(view.result).sizes["dst_pos"] == n
+    np.testing.assert_allclose(patterns(view.result).values, _hf_attentions(tiny_model, PROMPT),
+                               atol=1e-5)
+    good = view.result
+    view.prompt = "   "
+    assert "empty" in view.error and "Traceback" not in view.error and view.result is good
+    long = "x " * (MAX_TOKENS // 2 + 10)
+    assert MAX_TOKENS < len(tiny_model.tokenize(long).token_ids[0]) <= 256  # the model takes it
+    view.prompt = long
+    assert f"at most {MAX_TOKENS}" in view.error and view.status.startswith("Last run failed")
+    view.prompt = "a b c"
+    assert view.error == ""
+    view.close()
+    view.prompt = PROMPT                                        # closed: nothing runs
+    assert view.result is None and view._runners["trace"].submit(lambda t: 1) is None
+
+
+@pytest.mark.integration
+def test_bench_smollm2_64_tokens(smollm2, capsys):
+    """Not a timed assertion: measures prompt change -> data ready and the render payload."""
+    import panel as pn
+    from bokeh.document import Document
+    from bokeh.document.events import DocumentPatchedEvent
+    from bokeh.protocol import Protocol
+
+    ids = smollm2.tokenize(" ".join([PROMPT] * 8)).token_ids[0][:64]
+    prompt = smollm2.tokenizer.decode(ids)
+    n = len(smollm2.tokenize(prompt).token_ids[0])
+    view = AttentionView(smollm2, background=False)
+    doc = Document()
+    doc.add_root(pn.panel(view).get_root(doc))
+    events = []
+    doc.on_change(events.append)
+    started = time.perf_counter()
+    view.prompt = prompt
+    rendered = time.perf_counter() - started
+    msg = Protocol().create("PATCH-DOC", [e for e in events if isinstance(e, DocumentPatchedEvent)])
+    buffers = sum(memoryview(b.data).nbytes for b in msg.buffers)
+    events.clear()
+    t = time.perf_counter()
+    view.select(17, 3)
+    select_s = time.perf_counter() - t
+    sel = Protocol().create("PATCH-DOC", [e for e in events if isinstance(e, DocumentPatchedEvent)])
+    figures = {"tokens": n, "data_ready_s": round(view.seconds, 3),
+               "prompt_to_models_s": round(rendered, 3),
+               "prompt_payload_bytes": len(msg.content_json) + buffers,
+               "select_s": round(select_s, 3),
+               "select_payload_bytes": len(sel.content_json) + sum(
+                   memoryview(b.data).nbytes for b in sel.buffers)}
+    with capsys.disabled():
+        print("\nattention bench:", json.dumps(figures))
+    assert view.error == "" and patterns(view.result).shape == (30, 9, n, n)
+    view.close()
