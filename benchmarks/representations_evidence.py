@@ -357,9 +357,23 @@ def table_rows(ds: Any, *, every_unit: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def part_sanity(args: argparse.Namespace) -> None:
+def smollm2_atoms(args: argparse.Namespace):
+    """SmolLM2's ITDA at ITDA_LAYER fitted on the training prompts, and the held-out
+    activations the sanity checks and the meta-evaluation probe it on."""
     from explorer import ActivationStore, load_model
     from explorer.analyses.itda import ITDA, cached_activations
+
+    model = load_model("smollm2-135m")
+    prompts = corpus_prompts(model.tokenizer)[: args.itda_prompts]
+    train, held = split(prompts)
+    store = ActivationStore()
+    acts_train = cached_activations(model, train, layers=[ITDA_LAYER], store=store)
+    acts_held = cached_activations(model, held, layers=[ITDA_LAYER], store=store)
+    itda = ITDA(tau=ITDA_TAU, l0=ITDA_L0).fit(acts_train, layer=ITDA_LAYER, min_pos=MIN_POS)
+    return itda, acts_held
+
+
+def part_sanity(args: argparse.Namespace) -> None:
     from explorer.analyses.neuron_eval import itda_atom_sanity_checks, synthetic_sanity_checks
 
     log("synthetic sanity checks")
@@ -371,13 +385,7 @@ def part_sanity(args: argparse.Namespace) -> None:
         "rows": table_rows(syn, every_unit=True)}}
     log(f"  {time.perf_counter() - t0:.0f} s; passed: "
         f"{[r['metric'] for r in result['synthetic']['rows'] if r['passed']]}")
-    model = load_model("smollm2-135m")
-    prompts = corpus_prompts(model.tokenizer)[: args.itda_prompts]
-    train, held = split(prompts)
-    store = ActivationStore()
-    acts_train = cached_activations(model, train, layers=[ITDA_LAYER], store=store)
-    acts_held = cached_activations(model, held, layers=[ITDA_LAYER], store=store)
-    itda = ITDA(tau=ITDA_TAU, l0=ITDA_L0).fit(acts_train, layer=ITDA_LAYER, min_pos=MIN_POS)
+    itda, acts_held = smollm2_atoms(args)
     log(f"real units: {itda.n_atoms} atoms, probing on {int(acts_held['mask'].sum())} held-out tokens")
     t0 = time.perf_counter()
     real = itda_atom_sanity_checks(itda, acts_held, layer=ITDA_LAYER, min_count=args.min_count,
@@ -406,17 +414,9 @@ def part_sanity(args: argparse.Namespace) -> None:
 
 
 def part_meta(args: argparse.Namespace) -> None:
-    from explorer import ActivationStore, load_model
-    from explorer.analyses.itda import ITDA, cached_activations
     from explorer.analyses.neuron_meta import itda_known_atom_meta_auprc
 
-    model = load_model("smollm2-135m")
-    prompts = corpus_prompts(model.tokenizer)[: args.itda_prompts]
-    train, held = split(prompts)
-    store = ActivationStore()
-    acts_train = cached_activations(model, train, layers=[ITDA_LAYER], store=store)
-    acts_held = cached_activations(model, held, layers=[ITDA_LAYER], store=store)
-    itda = ITDA(tau=ITDA_TAU, l0=ITDA_L0).fit(acts_train, layer=ITDA_LAYER, min_pos=MIN_POS)
+    itda, acts_held = smollm2_atoms(args)
     t0 = time.perf_counter()
     out = itda_known_atom_meta_auprc(itda, acts_held, layer=ITDA_LAYER, min_count=args.min_count,
                                      max_units=args.max_units, min_pos=MIN_POS)
