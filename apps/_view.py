@@ -201,14 +201,15 @@ def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
 # -- the standalone page ------------------------------------------------------------------------
 
 def serve(module: str, factory: Callable[[Any], pn.viewable.Viewable], *, title: str,
-          model: bool = True, argv: list[str] | None = None) -> None:
+          model: bool = True, argv: list[str] | None = None, intro: str | None = None) -> None:
     """The footer of a page module: serve the page on its own.
 
     Call it at the end of the module with its ``__name__``. Under ``panel serve apps/X.py`` the
     page is made servable; under ``python -m apps.X [PORT]`` a server on 127.0.0.1:PORT (default
     5006) serves it until interrupted; on a plain import nothing happens. ``factory(model)``
     builds the view; ``model=True`` passes it the model named by ``$EXPLORER_MODEL`` (default
-    smollm2-135m), else None.
+    smollm2-135m), else None. ``intro`` is the page's slug in `apps._intros.INTROS`: its few
+    lines open the page, as they do in the gallery.
     """
     served = module.startswith("bokeh_app_")
     if not served and module != "__main__":
@@ -218,8 +219,11 @@ def serve(module: str, factory: Callable[[Any], pn.viewable.Viewable], *, title:
         from apps._session import get_model
 
         theme.enable_extension()
+        from apps._intros import intro_pane
+
         m = get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")) if model else None
-        return theme.page([factory(m)], title=title)
+        head = [intro_pane(intro)] if intro else []
+        return theme.page([*head, factory(m)], title=title)
 
     if served:
         page().servable()

@@ -22,7 +22,6 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._intros import intro_pane
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_prompts
@@ -343,7 +342,6 @@ class AttentionView(View):
                                              self.param.head),
                                      sizing_mode="stretch_width", css_classes=["attention-head"])
         return pn.Column(
-            intro_pane("attention"),
             pn.Row(spinner, status, align="center"),
             alert,
             pn.Row(self._grid(), pn.Column(controls, enlarged, sizing_mode="stretch_width"),
@@ -352,4 +350,4 @@ class AttentionView(View):
         )
 
 
-serve(__name__, AttentionView, title=f"{theme.TITLE}: attention")
+serve(__name__, AttentionView, title=f"{theme.TITLE}: attention", intro="attention")

@@ -702,4 +702,4 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
             "slider_moves": len(cpu)}
 
 
-serve(__name__, CircuitsView, title="Circuits: edge attribution and fine-tuning")
+serve(__name__, CircuitsView, title="Circuits: edge attribution and fine-tuning", intro="circuits")

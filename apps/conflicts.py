@@ -357,4 +357,4 @@ class ConflictsView(View):
         return pn.Row(controls, main, sizing_mode="stretch_width")
 
 
-serve(__name__, ConflictsView, title="Knowledge conflicts (JuICE)")
+serve(__name__, ConflictsView, title="Knowledge conflicts (JuICE)", intro="conflicts")

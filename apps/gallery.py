@@ -18,6 +18,7 @@ import param
 
 import explorer
 from apps import theme
+from apps._intros import INTROS, intro_pane
 from apps._session import Runner, get_model, session_hooks, user_message
 from apps.attention import AttentionView
 from apps.circuits import CircuitsView
@@ -151,7 +152,8 @@ class Gallery(pn.viewable.Viewer):
         return self._pages[slug]
 
     def _show_page(self, event: Any = None) -> None:
-        self._main.objects = [self.page(self.view)]
+        head = [intro_pane(self.view)] if self.view in INTROS else []
+        self._main.objects = [*head, self.page(self.view)]
 
     def _share_prompt(self, event: Any) -> None:
         for view in self._pages.values():

@@ -408,4 +408,4 @@ class ICLHeadsView(View):
         return pn.Row(controls, main, sizing_mode="stretch_width")
 
 
-serve(__name__, ICLHeadsView, title="ICL heads: induction vs function-vector heads")
+serve(__name__, ICLHeadsView, title="ICL heads: induction vs function-vector heads", intro="icl-heads")

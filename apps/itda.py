@@ -388,4 +388,4 @@ class ITDAView(View):
                       sizing_mode="stretch_width")
 
 
-serve(__name__, ITDAView, title=f"{theme.TITLE}: ITDA dictionaries")
+serve(__name__, ITDAView, title=f"{theme.TITLE}: ITDA dictionaries", intro="itda")

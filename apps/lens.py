@@ -485,4 +485,4 @@ class LensView(View):
         )
 
 
-serve(__name__, LensView, title=f"{theme.TITLE}: logit lens")
+serve(__name__, LensView, title=f"{theme.TITLE}: logit lens", intro="lens")

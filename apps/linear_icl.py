@@ -354,4 +354,4 @@ def _analyse(run: xr.Dataset) -> xr.Dataset:
     return linear_icl_analysis(run, n_prompts=512)
 
 
-serve(__name__, LinearICLView, title=f"{theme.TITLE}: in-context linear regression", model=False)
+serve(__name__, LinearICLView, title=f"{theme.TITLE}: in-context linear regression", model=False, intro="linear-icl")

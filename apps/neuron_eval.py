@@ -411,4 +411,4 @@ class NeuronEvalView(View):
                       sizing_mode="stretch_width")
 
 
-serve(__name__, NeuronEvalView, title=f"{theme.TITLE}: evaluating neuron explanations")
+serve(__name__, NeuronEvalView, title=f"{theme.TITLE}: evaluating neuron explanations", intro="neuron-eval")

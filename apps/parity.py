@@ -499,4 +499,4 @@ class ParityView(View):
                       sizing_mode="stretch_width")
 
 
-serve(__name__, ParityView, title=f"{theme.TITLE}: streaming parity", model=False)
+serve(__name__, ParityView, title=f"{theme.TITLE}: streaming parity", model=False, intro="parity")

@@ -909,4 +909,4 @@ def export_figures(folder: str | Path, *, max_tokens: int | None = None,
     return saved
 
 
-serve(__name__, SaturationView, title="Saturation events")
+serve(__name__, SaturationView, title="Saturation events", intro="saturation")

@@ -385,4 +385,4 @@ class ShatteringView(View):
                       sizing_mode="stretch_width")
 
 
-serve(__name__, ShatteringView, title=f"{theme.TITLE}: representation shattering", model=False)
+serve(__name__, ShatteringView, title=f"{theme.TITLE}: representation shattering", model=False, intro="shattering")

@@ -235,4 +235,4 @@ class TaskEmergenceView(View):
                       sizing_mode="stretch_width")
 
 
-serve(__name__, TaskEmergenceView, title=f"{theme.TITLE}: task-vector emergence", model=False)
+serve(__name__, TaskEmergenceView, title=f"{theme.TITLE}: task-vector emergence", model=False, intro="task-emergence")

@@ -298,4 +298,4 @@ class UnlearningView(View):
         )
 
 
-serve(__name__, UnlearningView, title="Mechanistic unlearning")
+serve(__name__, UnlearningView, title="Mechanistic unlearning", intro="unlearning")

@@ -17,6 +17,31 @@ def _no_grad():
     yield
 
 
+def _torch_globals() -> dict:
+    return {"threads": torch.get_num_threads(), "dtype": torch.get_default_dtype(),
+            "grad": torch.is_grad_enabled(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "matmul_precision": torch.get_float32_matmul_precision()}
+
+
+@pytest.fixture(autouse=True)
+def _torch_globals_unchanged():
+    """A test that leaves torch's thread count, default dtype, grad mode or matmul settings
+    changed makes later comparisons (remote against local, bit for bit) depend on test order;
+    it errors here, and the settings are put back."""
+    before = _torch_globals()
+    yield
+    after = _torch_globals()
+    if after != before:
+        torch.set_num_threads(before["threads"])
+        torch.set_default_dtype(before["dtype"])
+        torch.set_grad_enabled(before["grad"])
+        torch.use_deterministic_algorithms(before["deterministic"])
+        torch.set_float32_matmul_precision(before["matmul_precision"])
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        pytest.fail(f"the test left torch settings changed (before, after): {changed}")
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """A seeded random-init Llama-family model (3 layers, 4 heads, 2 KV heads, d_model 64)."""

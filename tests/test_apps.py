@@ -344,6 +344,19 @@ def test_gallery_lists_every_registered_view(tiny_model):
     assert "Activation cache" in gallery.cache
 
 
+def test_gallery_opens_each_page_with_its_intro(tiny_model):
+    from apps._intros import INTROS
+
+    views = [*VIEWS[:1], ("Another page", "another", lambda model: LensView(model, k=2))]
+    gallery = Gallery("tiny-llama", views=views)
+    intro, page = gallery._main.objects
+    assert "page-intro" in intro.css_classes and "page-intro" not in page.css_classes
+    assert INTROS["lens"].try_first in intro.object
+    gallery.view = "another"  # a page without an intro is shown alone
+    (page,) = gallery._main.objects
+    assert "page-intro" not in page.css_classes
+
+
 def test_gallery_rejects_unknown_view():
     with pytest.raises(explorer.ExplorerError, match="view"):
         Gallery("tiny-llama", view="nope")
