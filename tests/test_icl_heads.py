@@ -447,19 +447,43 @@ def test_ablation_curves_ranking_subset(tiny_model):
 # -- CLI and bench -------------------------------------------------------------------------
 
 
-def test_cli_icl_heads_json(capsys):
+def test_cli_icl_heads_json(tiny_model, capsys):
+    """The command's numbers are the library's on the same model and arguments."""
     from explorer.commands.icl_heads import register_cli
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())
     args = parser.parse_args(["icl-heads", "--model", "tiny-llama", "--tasks", "antonym",
                               "--eval-tasks", "capitalize", "--percents", "0,25",
-                              "--n-prompts", "2", "--n-shots", "2", "--json"])
+                              "--n-prompts", "2", "--n-shots", "2", "--top-fraction", "0.25",
+                              "--json"])
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert np.array(out["fv_score"]).shape == (3, 4)
-    assert set(out["mean_accuracy"]) == set(ih.RANKINGS)
+    ind = ih.induction_scores(tiny_model, seed=0)["induction_score"].values
+    fv = ih.fv_scores(tiny_model, ["antonym"], n_prompts=2, n_shots=2, seed=0)
+    np.testing.assert_allclose(out["induction_score"], ind, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(out["fv_score"], fv["fv_score"].values, rtol=1e-6, atol=1e-9)
+    assert out["clean_prob"]["antonym"] == pytest.approx(float(fv.clean_prob.sel(task="antonym")))
+    assert out["corrupted_prob"]["antonym"] == \
+        pytest.approx(float(fv.corrupted_prob.sel(task="antonym")))
+    top_i = ih.top_heads(ind, 0.25)
+    top_f = ih.top_heads(fv["fv_score"].values, 0.25)
+    assert len(top_i) == 3 == len(top_f)                    # 25 % of 3 x 4 heads
+    assert [tuple(h) for h in out["overlap"]["top_induction"]] == [tuple(h) for h in top_i]
+    assert [tuple(h) for h in out["overlap"]["top_fv"]] == [tuple(h) for h in top_f]
+    assert {tuple(h) for h in out["overlap"]["shared"]} == set(map(tuple, top_i)) & \
+        set(map(tuple, top_f))
+    curves = ih.ablation_curves(tiny_model, ["capitalize"], ind, fv["fv_score"].values,
+                                percents=[0.0, 25.0], exclude_fraction=0.25, n_prompts=2,
+                                n_shots=2, seed=0)
     assert out["percents"] == [0.0, 25.0]
+    assert set(out["mean_accuracy"]) == set(ih.RANKINGS)
+    for r in ih.RANKINGS:
+        np.testing.assert_allclose(out["mean_accuracy"][r],
+                                   curves.mean_accuracy.sel(ranking=r).values, atol=1e-12)
+        np.testing.assert_allclose(out["token_loss_difference"][r],
+                                   curves.token_loss_difference.sel(ranking=r).values,
+                                   rtol=1e-6, atol=1e-9)
 
 
 def test_bench_icl_heads_reports_ratio(tiny_model):

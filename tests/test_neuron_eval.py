@@ -249,6 +249,16 @@ def test_cli_neuron_eval_synthetic_json(monkeypatch, capsys):
     assert rows["iou"]["passed"] and not rows["recall"]["passed"]
     assert rows["recall"]["extra_labels"] == 0.0 and rows["recall"]["missing_labels"] == 1.0
     assert len(rows["f1"]["per_frequency"]["missing_labels"]) == 2
+    # every number is the library's on the same arguments
+    ds = synthetic_sanity_checks(frequencies=[0.3, 0.01], n_inputs=5000, n_seeds=5, epsilon=1e-3)
+    assert set(rows) == {str(m) for m in ds.metric.values}
+    for m, row in rows.items():
+        for test in ("missing_labels", "extra_labels"):
+            assert row[test] == pytest.approx(float(ds.pooled_decrease_accuracy.sel(test=test, metric=m)))
+            assert row["per_frequency"][test] == pytest.approx(
+                ds.decrease_accuracy.sel(test=test, metric=m).values.tolist())
+            assert row[f"passed_{test.split('_')[0]}"] == bool(ds.passed.sel(test=test, metric=m))
+        assert row["passed"] == bool(ds.passed_both.sel(metric=m))
     assert cli.main(["neuron-eval", "--json"]) == 2
     assert "--synthetic, or --prompts" in capsys.readouterr().err
 
@@ -266,6 +276,20 @@ def test_cli_neuron_eval_real_units(tiny_model, tmp_path, monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["units"] == "itda_atoms (own_token)" and out["n_units"] >= 1
     assert {r["metric"] for r in out["table"]} == set(METRICS)
+    # the same pipeline through the library: first half of the prompts builds, second probes
+    from explorer.analyses.itda import ITDA, cached_activations
+
+    lines = prompts.read_text().splitlines()
+    acts = cached_activations(tiny_model, lines, layers=[1])
+    itda = ITDA(tau=0.3, l0=8).fit(acts.isel(prompt=slice(0, 2)), layer=1, min_pos=1)
+    ds = itda_atom_sanity_checks(itda, acts.isel(prompt=slice(2, None)), layer=1, n_seeds=3,
+                                 epsilon=1e-3, alpha=0.1, explanation="own_token", min_pos=1)
+    assert out["n_units"] == ds.sizes["unit"] and out["n_inputs"] == ds.attrs["n_inputs"]
+    for row in out["table"]:
+        m = row["metric"]
+        for test in ("missing_labels", "extra_labels"):
+            assert row[test] == pytest.approx(float(ds.pooled_decrease_accuracy.sel(test=test, metric=m)))
+        assert row["passed"] == bool(ds.passed_both.sel(metric=m))
 
 
 def test_neuron_eval_view_scores_the_chosen_unit_and_concept(tiny_model):
