@@ -14,6 +14,8 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
     python benchmarks/icl_heads_evidence.py --stages tv-patching
         # the causal test of task vectors: each task's mean vector (and the Null task's)
         # written over the last token of zero-shot prompts, layer by layer
+    python benchmarks/icl_heads_evidence.py --stages tv-conflict --eval-prompts 12
+        # conflicting tasks: task A's vector written into few-shot prompts of task B
     python benchmarks/icl_heads_evidence.py --stages lora
     explorer icl-finetune --tasks choose-first-of-3,choose-middle-of-3,choose-last-of-3,\
         lowercase-first-letter --n-shots 2 --json      # the low-TD run (stored as lora_choose)
@@ -41,6 +43,10 @@ SUMMARY = FIGURES / "icl_heads_summary.json"
 FV_TASKS = ["antonym", "country-capital", "english-french", "singular-plural", "uppercase",
             "person-sport", "animal-v-object-3"]
 EVAL_TASKS = ["capitalize", "present-past", "country-capital"]
+# tasks whose answers to each other's queries are defined (rules, or shared inputs)
+CONFLICT_TASKS = ["capitalize", "uppercase", "lowercase-first-letter", "choose-first-of-3",
+                  "choose-middle-of-3", "choose-last-of-3", "country-capital",
+                  "country-currency"]
 TD_TASKS = ["antonym", "country-capital", "english-french", "capitalize", "present-past",
             "singular-plural", "person-sport", "next-item"]
 
@@ -145,6 +151,8 @@ def main() -> None:
     ap.add_argument("--td-tasks", default=",".join(TD_TASKS))
     ap.add_argument("--percents", default="0,1,3,5,10,20")
     ap.add_argument("--lora-steps", type=int, default=30)
+    ap.add_argument("--conflict-tasks", default=",".join(CONFLICT_TASKS))
+    ap.add_argument("--conflict-layers", default="0,8,12,16,18,19,20,21,22,24,28")
     ap.add_argument("--mean-sources", default="cross-task,per-task")
     args = ap.parse_args()
     import torch
@@ -300,6 +308,30 @@ def main() -> None:
             "best_layer_task_vector": {
                 t: int(tvp.layer.values[int(np.argmax(acc.sel(task=t, vector="task").values))])
                 for t in td_tasks},
+            "seconds": time.perf_counter() - t0}
+        save()
+    if "tv-conflict" in stages:
+        from explorer.analyses.task_vector_patching import conflicting_task_patching
+
+        t0 = time.perf_counter()
+        ctasks = args.conflict_tasks.split(",")
+        layers = [int(x) for x in args.conflict_layers.split(",")]
+        ct = conflicting_task_patching(model, ctasks, layers=layers,
+                                       n_prompts=args.eval_prompts, n_shots=4, mode="replace")
+
+        def grid(name):
+            return {s: {t: [None if np.isnan(v) else round(float(v), 4)
+                            for v in ct[name].sel(source=s, target=t).values]
+                        for t in ctasks} for s in ct.source.values}
+
+        summary["task_vector_conflict"] = {
+            "tasks": ctasks, "n_prompts": args.eval_prompts, "n_shots": 4, "mode": "replace",
+            "layers": layers, "best_layer": ct.attrs["best_layer"],
+            "n_scored": {s: dict(zip(ctasks, ct.n_scored.sel(source=s).values.tolist()))
+                         for s in ct.source.values},
+            **{name: grid(name) for name in
+               ("follows_source", "follows_source_low", "follows_source_high",
+                "follows_target", "follows_target_low", "follows_target_high")},
             "seconds": time.perf_counter() - t0}
         save()
     if "lora" in stages:
