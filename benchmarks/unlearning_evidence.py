@@ -8,6 +8,7 @@ Stages (each one process at one CPU thread; several seeds may run side by side):
     python benchmarks/unlearning_evidence.py --stages seed --seed 1
     python benchmarks/unlearning_evidence.py --stages seed --seed 2
     python benchmarks/unlearning_evidence.py --stages merge,figures
+    python benchmarks/unlearning_evidence.py --stages latent --seed 0
 
 ``localize`` keeps the facts SmolLM2 answers (trained format), computes the probe curve
 over all athletes and a causal-tracing layer x position heatmap for one fact. ``sweep``
@@ -19,7 +20,11 @@ its forget set and `unlearning_comparison` for every method with the same MLP bu
 writes ``docs/figures/unlearning_seed<seed>.json`` after each method, so a run cut short
 keeps what it finished. ``merge`` gathers the seeds into
 ``docs/figures/unlearning_summary.json`` (mean, standard deviation, min and max per metric);
-``figures`` draws the PNGs from it.
+``figures`` draws the PNGs from it. ``latent`` (after ``seed`` for that seed) unlearns with
+each method again (same split, layers and settings, no relearning) and fits per-layer probes
+for the sport on the unlearned model's residuals of the known facts outside the forget set,
+read on the forget set (Guo et al.'s latent probe); it writes
+``docs/figures/unlearning_latent_seed<seed>.json``.
 """
 from __future__ import annotations
 
@@ -238,6 +243,48 @@ def stage_seed(model, U, summary: dict[str, Any], seed: int, methods: list[str])
         print(m, out["methods"][m]["layers"], out["methods"][m]["accuracy"], flush=True)
 
 
+def stage_latent(model, U, summary: dict[str, Any], seed: int, methods: list[str]) -> None:
+    """Guo et al.'s latent probe after unlearning, one seed: is the forgotten sport still
+    linearly decodable from the residual stream?"""
+    from explorer.analyses.unlearning.latent import latent_probe_after_unlearning
+
+    seed_out = _load(_seed_file(seed))
+    if "ct_restore_mlp" not in seed_out:
+        raise SystemExit(f"run --stages seed --seed {seed} first")
+    forget, retain = _split(model, U, seed)
+    known = U.known_facts(model, U.load_attribute_facts())
+    gone = {f.subject for f in forget}
+    probe_facts = [f for f in known if f.subject not in gone]
+    probe, trace, ap = _datasets(summary, seed_out["ct_restore_mlp"], seed_out["ap_mlp"])
+    path = FIGURES / f"unlearning_latent_seed{seed}.json"
+    c0, w0 = time.process_time(), time.perf_counter()
+    ds = latent_probe_after_unlearning(
+        model, forget, retain, probe_facts, methods=methods, n_layers=SETTINGS["n_layers"],
+        steps=SETTINGS["steps"], lr=SETTINGS["lr"], retain_weight=SETTINGS["retain_weight"],
+        probe=probe, trace=trace, attribution=ap, seed=seed,
+        progress=lambda d, t: print(f"  latent seed {seed}: {d}/{t}", flush=True))
+    out = {"seed": seed, "settings": SETTINGS, "n_forget": len(forget),
+           "n_probe_facts": len(probe_facts),
+           "probe_facts_by_sport": {a: sum(f.attribute == a for f in probe_facts)
+                                    for a in sorted({f.attribute for f in probe_facts})},
+           "chance": float(ds.chance), "positions": ds.position.values.tolist(),
+           "methods": {}, "cpu_s": None, "wall_s": None}
+    for row in ds.localization.values.tolist():
+        sel = ds.sel(localization=row)
+        out["methods"][row] = {
+            "layers": str(sel.trained_layers.item()),
+            "forget_accuracy": _num(sel.forget_accuracy),
+            **{key: {p: [_num(x) for x in sel[var].sel(position=p).values]
+                     for p in out["positions"]}
+               for key, var in (("probe", "probe_forget_accuracy"),
+                                ("probe_low", "probe_forget_accuracy_low"),
+                                ("probe_high", "probe_forget_accuracy_high"))},
+            "best_layer_accuracy": {p: _num(sel.best_layer_accuracy.sel(position=p))
+                                    for p in out["positions"]}}
+    out["cpu_s"], out["wall_s"] = time.process_time() - c0, time.perf_counter() - w0
+    _save(out, path)
+
+
 def _load1() -> float:
     import os
 
@@ -362,6 +409,9 @@ def main() -> None:
             continue
         elif stage == "seed":  # writes its own file; seeds may run side by side
             stage_seed(model, U, summary, args.seed, args.methods.split(","))
+            continue
+        elif stage == "latent":  # writes its own file
+            stage_latent(model, U, summary, args.seed, args.methods.split(","))
             continue
         elif stage == "probe_known":
             stage_probe_known(model, U, summary)
