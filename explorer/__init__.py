@@ -7,11 +7,13 @@ xarray; models load only when asked.
 __version__ = "0.1.0"
 
 from ._checks import ExplorerError
+from .head_atlas import head_atlas
 from .interventions import Ablate, AddHead, Patch, Scale, Steer, edits_from_json, edits_to_json
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
 from .store import ActivationStore
 from .trace import clean_run, run_with, trace
+from .workspace import Workspace
 
 __all__ = [
     "ActivationStore",
@@ -24,9 +26,11 @@ __all__ = [
     "SITES",
     "Scale",
     "Steer",
+    "Workspace",
     "clean_run",
     "edits_from_json",
     "edits_to_json",
+    "head_atlas",
     "known_models",
     "load_model",
     "logit_lens",

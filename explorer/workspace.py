@@ -1,0 +1,431 @@
+"""The session workspace: one model, the user's prompts, the selected components, the edits.
+
+Every page of the app reads and writes one `Workspace`; a notebook can hold one too. It keeps
+components in their one spelling (`explorer.components`: ``L17.H3``, ``L17.MLP``, ``L17``,
+``input``, ``logits``), checked against the model's shape, and the active edits as the
+intervention records of `explorer.interventions`. `Workspace.to_json` writes the whole state
+(with the explorer and torch versions) and `Workspace.from_json` reads it back, refusing
+anything malformed with an `InputError` (plain JSON only: nothing is evaluated or unpickled).
+`Workspace.copy_as_code` gives a short Python snippet that reproduces the state with the
+library API.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import param
+import torch
+
+from . import components as comp
+from ._checks import InputError
+from .interventions import Ablate, AddHead, Edit, Patch, Scale, Steer, edit_from_dict
+
+__all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES"]
+
+STATE_FORMAT = "explorer-workspace"
+"""The ``format`` field of an exported state."""
+
+STATE_VERSION = 1
+"""The version of the exported state's layout (bumped when a field changes meaning)."""
+
+MAX_STATE_BYTES = 32 * 2**20
+"""The largest state `Workspace.from_json` reads (edits with d_model vectors stay far below)."""
+
+_KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "selected", "edits",
+         "versions"}
+_SNIPPET_FLOATS = 16  # edits holding more numbers than this are read from the state file
+
+
+def edit_label(edit: Edit) -> str:
+    """One line naming an edit with the component spelling: ``ablate L3.H1 (zero)``."""
+    if isinstance(edit, Ablate):
+        where = str(comp.head(edit.layer, edit.head))
+        how = edit.mode if edit.value is None else "mean (given)"
+        text = f"ablate {where} ({how})"
+    elif isinstance(edit, Scale):
+        text = f"scale {comp.head(edit.layer, edit.head)} × {edit.alpha:g}"
+    elif isinstance(edit, AddHead):
+        text = f"add to {comp.head(edit.layer, edit.head)} × {edit.alpha:g}"
+    elif isinstance(edit, Steer):
+        text = f"steer L{edit.layer} × {edit.alpha:g}"
+    elif isinstance(edit, Patch):
+        where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
+                 else f"{edit.patch_site} L{edit.layer}")
+        text = f"patch {where} from {edit.source[:24]!r}"
+    else:  # pragma: no cover - every record kind is named above
+        text = edit.kind
+    positions = getattr(edit, "positions", None)
+    if positions is not None:
+        text += f" at pos {', '.join(str(p) for p in positions[:4])}" + ("…" if len(positions) > 4 else "")
+    if edit.prompts is not None:
+        text += f" in prompt {', '.join(str(p) for p in edit.prompts)}"
+    return text
+
+
+class _Shape:
+    """The parts of a model an edit's ``validate`` reads, from the workspace's numbers."""
+
+    def __init__(self, n_layers: int, n_heads: int, d_head: int | None, d_model: int | None):
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.spec = self  # edits read ``model.spec.d_head`` / ``model.spec.d_model``
+        self.d_head, self.d_model = d_head, d_model
+
+    def check_layer(self, layer: Any, name: str = "layer") -> int:
+        from ._checks import check_int
+
+        return check_int(name, layer, low=0, high=self.n_layers - 1)
+
+    def check_head(self, head: Any, name: str = "head") -> int:
+        from ._checks import check_int
+
+        return check_int(name, head, low=0, high=self.n_heads - 1)
+
+
+class Workspace(param.Parameterized):
+    """A session's shared state: model, prompts, selected components, the stack of edits.
+
+    Parameters
+    ----------
+    model_name : str
+        The model the state belongs to (a name `explorer.load_model` reads).
+    n_layers, n_heads : int, optional
+        The model's shape; selections and edits are checked against it when given.
+    prompts : list of str
+        The user's prompts; the first is the one single-prompt pages show (`prompt`).
+    selected : list of str
+        Selected components in their one spelling, in the order they were selected.
+    edits : list of Edit
+        Active interventions, applied in order by pages that run the model with edits.
+
+    Lists are replaced, never changed in place, so watchers of a parameter see every change.
+    `Workspace.from_model` fills the model fields from a loaded `explorer.Model`.
+    """
+
+    model_name = param.String(default="smollm2-135m", doc="Model the state belongs to.")
+    n_layers = param.Integer(default=None, allow_None=True, bounds=(1, None),
+                             doc="Layers of the model (selections are checked against it).")
+    n_heads = param.Integer(default=None, allow_None=True, bounds=(1, None),
+                            doc="Heads per layer of the model.")
+    prompts = param.List(default=["The capital of France is"], item_type=str,
+                         doc="The user's prompts; the first is the one pages show.")
+    selected = param.List(default=[], item_type=str,
+                          doc="Selected components, canonical spelling, in selection order.")
+    edits = param.List(default=[], item_type=Edit, doc="Active edits, applied in order.")
+
+    def __init__(self, **params: Any):
+        d_head = params.pop("d_head", None)
+        d_model = params.pop("d_model", None)
+        selected = params.pop("selected", [])
+        edits = params.pop("edits", [])
+        if "prompts" in params:
+            params["prompts"] = _check_prompt_list(params["prompts"])
+        super().__init__(**params)
+        self._d_head, self._d_model = d_head, d_model
+        self.selected = self._checked_names(selected)
+        self.edits = [self._checked_edit(e) for e in edits]
+
+    @classmethod
+    def from_model(cls, model: Any, **params: Any) -> Workspace:
+        """A workspace for a loaded `explorer.Model` (its name and shape)."""
+        spec = model.spec
+        return cls(model_name=spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
+                   d_head=spec.d_head, d_model=spec.d_model, **params)
+
+    # -- prompts ---------------------------------------------------------------------------
+    @property
+    def prompt(self) -> str:
+        """The first prompt ('' when there is none)."""
+        return self.prompts[0] if self.prompts else ""
+
+    @prompt.setter
+    def prompt(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"a prompt is a str; got {type(text).__name__}.")
+        if text != self.prompt:
+            self.prompts = [text, *self.prompts[1:]]
+
+    # -- selection -------------------------------------------------------------------------
+    def component(self, name: str | comp.Component) -> str:
+        """``name`` in the one spelling, checked against the model's shape (InputError if bad)."""
+        try:
+            if self.n_layers is not None and self.n_heads is not None:
+                return str(comp.check_in_model(name, self.n_layers, self.n_heads))
+            return comp.canonical(name)
+        except comp.ComponentError as exc:
+            raise InputError(f"{exc}.") from None
+
+    def _checked_names(self, names: Iterable[str | comp.Component]) -> list[str]:
+        if isinstance(names, (str, comp.Component)):
+            names = [names]
+        out: list[str] = []
+        for name in names:
+            c = self.component(name)
+            if c not in out:
+                out.append(c)
+        return out
+
+    def select(self, *names: str | comp.Component) -> list[str]:
+        """Add components to the selection (each once, the newest last); returns their spelling."""
+        new = self._checked_names(names)
+        self.selected = [s for s in self.selected if s not in new] + new
+        return new
+
+    def deselect(self, *names: str | comp.Component) -> None:
+        """Remove components from the selection (names not selected are ignored)."""
+        gone = set(self._checked_names(names))
+        if gone & set(self.selected):
+            self.selected = [s for s in self.selected if s not in gone]
+
+    def toggle(self, name: str | comp.Component) -> bool:
+        """Select ``name`` if it is not selected, else deselect it; True if now selected."""
+        c = self.component(name)
+        if c in self.selected:
+            self.deselect(c)
+            return False
+        self.select(c)
+        return True
+
+    def set_selection(self, names: Iterable[str | comp.Component]) -> None:
+        """Replace the selection (e.g. from a multi-choice widget)."""
+        new = self._checked_names(names)
+        if new != self.selected:
+            self.selected = new
+
+    def clear_selection(self) -> None:
+        if self.selected:
+            self.selected = []
+
+    @property
+    def selected_heads(self) -> list[tuple[int, int]]:
+        """(layer, head) of every selected head, in selection order."""
+        return [(c.layer, c.head) for c in map(comp.parse, self.selected) if c.is_head]
+
+    # -- edits -----------------------------------------------------------------------------
+    def _checked_edit(self, edit: Edit | dict) -> Edit:
+        if isinstance(edit, dict):
+            edit = edit_from_dict(edit)
+        if not isinstance(edit, Edit):
+            raise TypeError(f"an edit is an explorer intervention record (Ablate, Scale, Patch, "
+                            f"Steer, AddHead); got {type(edit).__name__}.")
+        if self.n_layers is not None and self.n_heads is not None:
+            shape = _Shape(self.n_layers, self.n_heads, self._d_head, self._d_model)
+            if self._d_head is None or self._d_model is None:
+                shape.check_layer(edit.layer)
+                if getattr(edit, "head", None) is not None:
+                    shape.check_head(edit.head)
+            else:
+                edit.validate(shape)
+        return edit
+
+    def push_edit(self, edit: Edit | dict) -> Edit:
+        """Put an edit on top of the stack (checked against the model's shape)."""
+        edit = self._checked_edit(edit)
+        self.edits = [*self.edits, edit]
+        return edit
+
+    def remove_edit(self, which: int | Edit) -> Edit:
+        """Take one edit off the stack, by its index or the record itself."""
+        if isinstance(which, Edit):
+            if which not in self.edits:
+                raise InputError(f"{edit_label(which)!r} is not on the edit stack.")
+            index = self.edits.index(which)
+        else:
+            n = len(self.edits)
+            if isinstance(which, bool) or not isinstance(which, int) or not -n <= which < n:
+                raise InputError(f"`which` must be an edit's index in [0, {n - 1}] or the edit "
+                                 f"itself; got {which!r}." if n else "the edit stack is empty.")
+            index = which % n
+        edits = list(self.edits)
+        gone = edits.pop(index)
+        self.edits = edits
+        return gone
+
+    def clear_edits(self) -> None:
+        if self.edits:
+            self.edits = []
+
+    @property
+    def edit_labels(self) -> list[str]:
+        return [edit_label(e) for e in self.edits]
+
+    # -- state -----------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The state as plain JSON-able data (what `to_json` writes)."""
+        from . import __version__
+
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "model": self.model_name,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "prompts": list(self.prompts),
+            "selected": list(self.selected),
+            "edits": [e.to_dict() for e in self.edits],
+            "versions": {"explorer": __version__, "torch": torch.__version__,
+                         "python": platform.python_version()},
+        }
+
+    def to_json(self, *, indent: int | None = 1) -> str:
+        """The state as JSON text (`from_json` reads it back)."""
+        return json.dumps(self.state(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, model: Any = None) -> Workspace:
+        """Read a state written by `to_json`; InputError naming the problem for anything else.
+
+        With ``model`` (a loaded `explorer.Model`), the state must belong to it and its
+        selections and edits are checked against its shape (vector lengths included).
+        """
+        if isinstance(text, (bytes, bytearray)):
+            if len(text) > MAX_STATE_BYTES:
+                raise InputError(f"the state file is {len(text)} bytes; at most "
+                                 f"{MAX_STATE_BYTES} are read.")
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError("the state file is not UTF-8 text (an explorer state is "
+                                 "JSON).") from None
+        if not isinstance(text, str):
+            raise TypeError(f"a state is JSON text; got {type(text).__name__}.")
+        if len(text) > MAX_STATE_BYTES:
+            raise InputError(f"the state is {len(text)} characters; at most {MAX_STATE_BYTES} "
+                             "are read.")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"the state is not valid JSON: {e.msg} at line {e.lineno}, "
+                             f"column {e.colno}.") from None
+        return cls.from_state(data, model=model)
+
+    @classmethod
+    def from_state(cls, data: Any, *, model: Any = None) -> Workspace:
+        """A workspace from `state` data (see `from_json`)."""
+        if not isinstance(data, dict):
+            raise InputError(f"a state is a JSON object; got a JSON {_json_kind(data)}.")
+        if data.get("format") != STATE_FORMAT:
+            raise InputError(f"not an explorer state: its 'format' is {data.get('format')!r}, "
+                             f"not {STATE_FORMAT!r}.")
+        version = data.get("version")
+        if version != STATE_VERSION:
+            raise InputError(f"this explorer reads state version {STATE_VERSION}; the file has "
+                             f"version {version!r}.")
+        unknown = sorted(set(data) - _KEYS)
+        if unknown:
+            raise InputError(f"unknown field(s) in the state: {', '.join(map(repr, unknown))}; "
+                             f"a state has {', '.join(sorted(_KEYS))}.")
+        name = data.get("model")
+        if not isinstance(name, str) or not name:
+            raise InputError(f"the state's 'model' must be a model name; got {name!r}.")
+        shape = {}
+        for key in ("n_layers", "n_heads"):
+            value = data.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise InputError(f"the state's {key!r} must be a positive int or null; "
+                                 f"got {value!r}.")
+            shape[key] = value
+        prompts = data.get("prompts", [])
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise InputError("the state's 'prompts' must be a list of strings.")
+        selected = data.get("selected", [])
+        if not isinstance(selected, list) or not all(isinstance(s, str) for s in selected):
+            raise InputError("the state's 'selected' must be a list of component names "
+                             "(strings such as 'L3.H1').")
+        edits = data.get("edits", [])
+        if not isinstance(edits, list):
+            raise InputError("the state's 'edits' must be a list of edit objects.")
+        if model is not None:
+            spec = model.spec
+            if name != spec.name:
+                raise InputError(f"the state is for model {name!r}; the session runs "
+                                 f"{spec.name!r}.")
+            for key, value in shape.items():
+                if value is not None and value != getattr(spec, key):
+                    raise InputError(f"the state's model has {key}={value}; {spec.name} has "
+                                     f"{getattr(spec, key)}.")
+            ws = cls.from_model(model, prompts=prompts)
+        else:
+            ws = cls(model_name=name, prompts=prompts, **shape)
+        records = []
+        for i, d in enumerate(edits):
+            try:
+                records.append(ws._checked_edit(d))
+            except (InputError, TypeError, ValueError) as exc:
+                raise InputError(f"edit {i} of the state: {exc}") from None
+        try:
+            ws.selected = ws._checked_names(selected)
+        except InputError as exc:
+            raise InputError(f"the state's selection: {exc}") from None
+        ws.edits = records
+        return ws
+
+    def update_from(self, other: Workspace) -> None:
+        """Take ``other``'s prompts, selection and edits (a loaded state), in one update."""
+        if other.model_name != self.model_name:
+            raise InputError(f"the state is for model {other.model_name!r}; this workspace "
+                             f"holds {self.model_name!r}.")
+        self.param.update(prompts=list(other.prompts), selected=list(other.selected),
+                          edits=list(other.edits))
+
+    # -- code ------------------------------------------------------------------------------
+    def copy_as_code(self, *, state_file: str = "explorer-state.json") -> str:
+        """A short Python snippet that rebuilds this state with the library API and runs the
+        prompts clean and with the edits (edits with long vectors are read from the exported
+        state, ``state_file``)."""
+        lines = ["import explorer", "", f"model = explorer.load_model({self.model_name!r})",
+                 f"prompts = {list(self.prompts)!r}"]
+        if self.selected:
+            lines.append(f"selected = {list(self.selected)!r}  # explorer.components spelling")
+        if any(_n_floats(e) > _SNIPPET_FLOATS for e in self.edits):
+            lines += ["from pathlib import Path",
+                      "from explorer.workspace import Workspace",
+                      f"edits = Workspace.from_json(Path({state_file!r}).read_text()).edits"]
+        elif self.edits:
+            names = sorted({type(e).__name__ for e in self.edits})
+            lines[0] = f"import explorer\nfrom explorer import {', '.join(names)}"
+            lines.append("edits = [" + ",\n         ".join(_edit_code(e) for e in self.edits) + "]")
+        else:
+            lines.append("edits = []")
+        lines += ["", "patterns = explorer.trace(model, prompts, sites=('attn_pattern',))"
+                      "  # every head's attention",
+                  "lens = explorer.logit_lens(model, prompts)",
+                  "edited = explorer.run_with(model, prompts, edits)  # logits with the edits"]
+        return "\n".join(lines) + "\n"
+
+    def __repr__(self) -> str:
+        return (f"Workspace(model_name={self.model_name!r}, prompts={list(self.prompts)!r}, "
+                f"selected={list(self.selected)!r}, edits={self.edit_labels!r})")
+
+    __str__ = __repr__
+
+
+def _edit_code(edit: Edit) -> str:
+    d = edit.to_dict()
+    d.pop("kind")
+    if isinstance(edit, Patch):
+        d["patch_site"] = d.pop("site")
+    args = ", ".join(f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in d.items()
+                     if not (v is None and k in ("value", "positions", "prompts", "head")))
+    return f"{type(edit).__name__}({args})"
+
+
+def _n_floats(edit: Edit) -> int:
+    return sum(len(getattr(edit, k, None) or ()) for k in ("value", "vector"))
+
+
+def _check_prompt_list(prompts: Any) -> list[str]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, Sequence) or not all(isinstance(p, str) for p in prompts):
+        raise InputError("`prompts` must be a list of strings.")
+    return list(prompts)
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
