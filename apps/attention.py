@@ -4,13 +4,14 @@ All layers' and heads' patterns come from one trace of the prompt (`explorer.tra
 ``attn_pattern`` site, eager attention). The grid is drawn as one image: the layer x head
 mosaic of query x key tiles, so 30 layers x 9 heads x 64 tokens is a single glyph of about a
 million pixels rather than 270 plots. Clicking a tile (or picking the layer and head, or
-typing ``L17.H3``) enlarges that head with its tokens on both axes and a hover.
+typing ``L17.H3``) enlarges that head with its tokens on both axes and a hover; in the gallery
+it also selects the head in the session's workspace, whose selected heads (`highlighted`) are
+outlined dashed on the grid.
 """
 from __future__ import annotations
 
 import html
 import math
-import re
 import time
 from typing import Any
 
@@ -24,11 +25,13 @@ import explorer
 from apps import theme
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
+from explorer import components
 from explorer._checks import InputError, check_prompts
 from explorer.trace import trace as trace_sites
 
 __all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
-           "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_head", "head_pattern", "grid_cell"]
+           "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_highlight", "plot_head",
+           "head_pattern", "grid_cell", "highlighted_heads"]
 
 MAX_TOKENS = 128
 """The longest prompt the page draws (the grid grows with the square of the length)."""
@@ -43,23 +46,38 @@ hv.extension("bokeh", logo=False)
 # -- pure functions: Datasets in, arrays / HoloViews out --------------------------------
 
 def head_label(layer: int, head: int) -> str:
-    """A head's one spelling: ``L17.H3``."""
-    return f"L{int(layer)}.H{int(head)}"
-
-
-_HEAD_RE = re.compile(r"^\s*L(\d+)\s*\.\s*H(\d+)\s*$", re.IGNORECASE)
+    """A head's one spelling (`explorer.components`): ``L17.H3``."""
+    return str(components.head(layer, head))
 
 
 def parse_head(text: str, n_layers: int, n_heads: int) -> tuple[int, int]:
-    """``'L17.H3'`` -> (17, 3); InputError naming the problem for anything else."""
-    m = _HEAD_RE.match(text or "")
-    if not m:
-        raise InputError(f"A head is spelled like L{n_layers - 1}.H{n_heads - 1}; got {text!r}.")
-    layer, head = int(m.group(1)), int(m.group(2))
-    if layer >= n_layers or head >= n_heads:
-        raise InputError(f"{head_label(layer, head)} is not in this model: layers 0-"
-                         f"{n_layers - 1}, heads 0-{n_heads - 1}.")
-    return layer, head
+    """``'L17.H3'`` (or an older spelling, ``a17.h3``) -> (17, 3); InputError naming the
+    problem for anything else."""
+    example = head_label(n_layers - 1, n_heads - 1)
+    try:
+        c = components.parse(text or "")
+    except components.ComponentError:
+        c = None
+    if c is None or not c.is_head:
+        raise InputError(f"A head is spelled like {example}; got {text!r}.")
+    if c.layer >= n_layers or c.head >= n_heads:
+        raise InputError(f"{c} is not in this model: layers 0-{n_layers - 1}, heads 0-"
+                         f"{n_heads - 1}.")
+    return c.layer, c.head
+
+
+def highlighted_heads(names: list[str], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """(layer, head) of the heads among ``names`` (the workspace selection) that the model has;
+    other components and unreadable names are skipped."""
+    out = []
+    for name in names or ():
+        try:
+            c = components.check_in_model(name, n_layers, n_heads)
+        except components.ComponentError:
+            continue
+        if c.is_head and (c.layer, c.head) not in out:
+            out.append((c.layer, c.head))
+    return out
 
 
 def patterns(ds: xr.Dataset, prompt: int = 0) -> xr.DataArray:
@@ -113,16 +131,25 @@ def grid_cell(x: Any, y: Any, n_layers: int, n_heads: int) -> tuple[int, int] | 
     return None
 
 
-def plot_grid(ds: xr.Dataset | None) -> hv.Element:
+def plot_grid(ds: xr.Dataset | None, n_layers: int | None = None,
+              n_heads: int | None = None) -> hv.Element:
     """All heads as small multiples: one uint8 image (`quantize` of `mosaic`), layers down,
-    heads across; layer ``l``'s tiles sit at y = n_layers - 1 - l, head ``h``'s at x = h."""
+    heads across; layer ``l``'s tiles sit at y = n_layers - 1 - l, head ``h``'s at x = h.
+
+    Without a trace (``ds`` None) it is the same image, sized for ``n_layers`` x ``n_heads``,
+    all gaps: the plot the trace later fills has its real size from the first frame (a
+    DynamicMap keeps the size of the plot it first drew)."""
     if ds is None:
-        return theme.placeholder("Tracing the prompt…")
-    p = patterns(ds)
-    n_layers, n_heads = p.sizes["layer"], p.sizes["head"]
-    img = quantize(mosaic(p.values))
+        if n_layers is None or n_heads is None:
+            return theme.placeholder("Tracing the prompt…")
+        img = np.full((n_layers, n_heads), LEVELS + 1, dtype=np.uint8)
+        layers = list(range(n_layers))
+    else:
+        p = patterns(ds)
+        n_layers, n_heads = p.sizes["layer"], p.sizes["head"]
+        img = quantize(mosaic(p.values))
+        layers = p.layer.values.tolist()
     tile = tile_pixels(n_layers, n_heads)
-    layers = p.layer.values.tolist()
     step = max(1, math.ceil(n_layers / 16))
     yticks = [(n_layers - 1 - i, f"L{layer}") for i, layer in enumerate(layers) if i % step == 0]
     xticks = [(h, f"H{h}") for h in range(n_heads)]
@@ -143,7 +170,16 @@ def plot_marker(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
     n_layers = ds.sizes["layer"]
     y = n_layers - 1 - int(layer)
     return hv.Rectangles([(head - 0.5, y - 0.5, head + 0.5, y + 0.5)]).opts(
-        fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5)
+        fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
+
+
+def plot_highlight(n_layers: int, n_heads: int, names: list[str]) -> hv.Element:
+    """Dashed outlines of the workspace-selected heads' tiles on `plot_grid`."""
+    cells = highlighted_heads(names, n_layers, n_heads)
+    boxes = [(h - 0.5, n_layers - 1 - l - 0.5, h + 0.5, n_layers - 1 - l + 0.5) for l, h in cells]
+    return hv.Rectangles(boxes).opts(fill_alpha=0.0, line_color=theme.CATEGORICAL[2],
+                                     line_width=2.5, line_dash="dashed",
+                                     default_tools=STATIC_TOOLS)
 
 
 def head_pattern(ds: xr.Dataset, layer: int, head: int) -> xr.DataArray:
@@ -213,6 +249,9 @@ class AttentionView(View):
                          doc="Head (within the layer) that is enlarged.")
     selected = param.String(default="L0.H0", label="Enlarged head",
                             doc="The enlarged head, spelled L<layer>.H<head>; type one to pick it.")
+    highlighted = param.List(default=[], item_type=str, precedence=-1,
+                             doc="Components to outline on the grid (the workspace selection; "
+                                 "heads are drawn, other components skipped).")
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                  doc="The last good trace (attn_pattern of the prompt).")
     seconds = param.Number(default=None, allow_None=True, precedence=-1,
@@ -310,12 +349,15 @@ class AttentionView(View):
 
     # -- layout ----------------------------------------------------------------------------
     def _grid(self) -> pn.pane.HoloViews:
-        image = hv.DynamicMap(pn.bind(plot_grid, self.param.result))
+        spec = self._model.spec
+        image = hv.DynamicMap(pn.bind(plot_grid, self.param.result, spec.n_layers, spec.n_heads))
         marker = hv.DynamicMap(pn.bind(plot_marker, self.param.result, self.param.layer,
                                        self.param.head))
+        highlight = hv.DynamicMap(pn.bind(plot_highlight, spec.n_layers, spec.n_heads,
+                                          self.param.highlighted))
         hv.streams.Tap(source=image).add_subscriber(self._grid_tapped)
-        return pn.pane.HoloViews(image * marker, sizing_mode="fixed", css_classes=["attention-grid"],
-                                 linked_axes=False)
+        return pn.pane.HoloViews(image * highlight * marker, sizing_mode="fixed",
+                                 css_classes=["attention-grid"], linked_axes=False)
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,

@@ -137,3 +137,39 @@ def test_bench_smollm2_64_tokens(smollm2, capsys):
         print("\nattention bench:", json.dumps(figures))
     assert view.error == "" and patterns(view.result).shape == (30, 9, n, n)
     view.close()
+
+
+def test_grid_has_its_real_size_before_the_trace_arrives(tiny_model):
+    """The grid is a DynamicMap, which keeps the size of its first frame: without a trace it
+    must already be the image it will be (it was a responsive text placeholder, so the plot
+    stayed 0 px wide in the gallery)."""
+    from apps.attention import AttentionView, plot_grid
+
+    L, H = tiny_model.spec.n_layers, tiny_model.spec.n_heads
+    view = AttentionView(tiny_model, background=False, prompt=PROMPT)
+    empty, full = plot_grid(None, L, H), plot_grid(view.result, L, H)
+    assert type(empty) is type(full)
+    keys = ("frame_width", "frame_height", "xticks", "yticks", "clim")
+    assert ({k: empty.opts.get().kwargs[k] for k in keys}
+            == {k: full.opts.get().kwargs[k] for k in keys})
+    assert empty.bounds.lbrt() == full.bounds.lbrt()
+    assert (empty.dimension_values(2) == LEVELS + 1).all()   # all gaps: nothing drawn yet
+    view.close()
+
+
+def test_workspace_selection_is_outlined_and_labels_use_the_one_spelling(tiny_model):
+    from apps.attention import head_label, highlighted_heads, plot_highlight
+
+    L, H = tiny_model.spec.n_layers, tiny_model.spec.n_heads
+    names = ["L1.H2", "L0.MLP", "a2.h3", "L9.H0", "nonsense", "L1.H2"]
+    assert highlighted_heads(names, L, H) == [(1, 2), (2, 3)]
+    boxes = plot_highlight(L, H, names).data
+    # layer l's row of tiles is at y = L - 1 - l, head h's column at x = h
+    np.testing.assert_allclose(boxes[["x0", "y0", "x1", "y1"]].values,
+                               [[1.5, L - 2 - 0.5, 2.5, L - 2 + 0.5], [2.5, -0.5, 3.5, 0.5]])
+    assert len(plot_highlight(L, H, []).data) == 0
+    assert head_label(17, 3) == "L17.H3" and parse_head("a2.h1", L, H) == (2, 1)
+    view = AttentionView(tiny_model, background=False, highlighted=["L0.H1"])
+    view._grid_tapped(x=1.0, y=L - 1.0)                     # the highlighted tile
+    assert view.selected == "L0.H1"
+    view.close()
