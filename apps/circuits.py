@@ -1,23 +1,27 @@
 """Circuits page: the edge-attribution graph, faithfulness, live edge ablation, fine-tuning.
 
 Edge attribution patching (EAP / EAP-IG, Hanna et al. 2024) scores every edge of the
-head/MLP graph once. The circuit is chosen by top-n edges by |score| or by a |score|
-threshold, then pruned to the edges on an input -> logits path (`circuits.select_circuit`),
-the same circuit the faithfulness curve patches; the slider steps through log-spaced sizes
-from about 0.1 % to 100 % of the edges and re-draws from the cached scores (no new trace).
-When the circuit has more than `MAX_DRAWN_EDGES` edges, the strongest of them are drawn and
-the title says so. Nodes sit layer by layer (heads stacked, the MLP above them); edge width
-is |score| and colour the signed score on the diverging map centred on 0. Picking an edge
-(click it, or choose it in the list) patches that one edge to its corrupted value in the
-full model and shows the metric's change next to the EAP estimate. The faithfulness curve
-(metric recovered against the number of edges in the pruned circuit) marks the current
-circuit. A LoRA fine-tuning run (Wang et al., "Towards
-Understanding Fine-Tuning Mechanisms of LLMs via Circuit Analysis", ICML 2025) adds a
-checkpoint slider that animates the circuit through fine-tuning, with a diff mode that
-colours edges added to / dropped from the first checkpoint's circuit.
+head/MLP graph once; the faithfulness curve patches the top-n circuits (pruned to the edges
+on an input -> logits path, `circuits.select_circuit`) at the slider's log-spaced sizes. The
+page opens on the smallest measured circuit that recovers a chosen share of the metric
+(default 80 %), capped at a size a person can read (`DEFAULT_MAX_EDGES` edges after pruning;
+past the cap, the most faithful circuit within it, and the caption says so). The size slider
+steps through the measured sizes and re-draws from the cached scores (no new trace).
+
+The graph (`apps._circuit_graph`): layers left to right, heads of a layer ordered by the
+score mass they carry (heaviest on top, under the MLP), the layout fixed once the first
+scores arrive so that switching EAP / EAP-IG or fine-tuning checkpoints moves no node. An
+edge's width and opacity grow with |score|, its colour is the sign; every node the circuit
+touches is labelled (L17.H3, L17.MLP, input, logits), the others are small and pale. Hover an
+edge for its score, ends and patch effect; click a node to highlight its edges (the
+``selected`` parameter holds its name), click an edge (or choose it in the list) to patch it
+alone in the full model. The diff view colours edges gained and lost against the other
+attribution method or the first fine-tuning checkpoint (Wang et al., ICML 2025). The shown
+circuit downloads as CSV and the picture as SVG (the plot's save tool gives PNG).
 """
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 from typing import Any
@@ -29,32 +33,32 @@ import param
 import xarray as xr
 
 import explorer
+from apps import _circuit_graph as cg
 from apps import theme
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer.analyses import circuit_lora as cl
+from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
+from explorer.components import canonical
 
-__all__ = ["CircuitsView", "node_positions", "edge_table", "plot_circuit",
-           "plot_faithfulness", "size_grid", "slider_redraw_times", "MAX_DRAWN_EDGES"]
+__all__ = ["CircuitsView", "node_positions", "edge_table", "plot_edges", "plot_faithfulness",
+           "faithfulness_marker", "size_grid", "slider_redraw_times", "MAX_DRAWN_EDGES",
+           "DEFAULT_MAX_EDGES", "METHOD_LABELS"]
 
 hv.extension("bokeh", logo=False)
 
-MAX_DRAWN_EDGES = 400  # legible, and Bokeh stays fast; larger circuits draw their strongest edges
-GRID_POINTS = 20       # slider positions (and faithfulness points), log-spaced
+MAX_DRAWN_EDGES = 400    # legible, and Bokeh stays fast; larger circuits draw their strongest edges
+DEFAULT_MAX_EDGES = 300  # the default circuit is at most this big (after pruning)
+GRID_POINTS = 20         # slider positions (and faithfulness points), log-spaced
 _TOOLS = STATIC_TOOLS
-DIFF_COLORS = {"kept": "#9a9a9a", "added": theme.CATEGORICAL[2], "dropped": theme.CATEGORICAL[1]}
-
-
-def node_positions(n_layers: int, n_heads: int) -> dict[str, tuple[float, float]]:
-    """(x, y) of every node: x = layer (heads at L, the MLP at L + 0.5), heads stacked in y,
-    the MLP above them (odd layers a little higher), input left and logits right."""
-    pos = {"input": (-1.0, (n_heads - 1) / 2), "logits": (float(n_layers), (n_heads - 1) / 2)}
-    for layer in range(n_layers):
-        for h in range(n_heads):
-            pos[f"a{layer}.h{h}"] = (float(layer), float(h))
-        pos[f"m{layer}"] = (layer + 0.5, n_heads + 0.7 * (layer % 2))  # staggered: MLP chains stay visible
-    return pos
+METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
+node_positions = cg.node_positions
+edge_table = cg.edge_table
+_COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "edge", "width", "alpha", "color",
+            "status", "effect")
+_EDGE_HOVER = [("edge", "@src → @dst"), ("score", "@score{+0.0000}"),
+               ("patch effect", "@effect")]
 
 
 def size_grid(n_total: int, *, points: int = GRID_POINTS, low: float = 0.001) -> np.ndarray:
@@ -66,96 +70,51 @@ def size_grid(n_total: int, *, points: int = GRID_POINTS, low: float = 0.001) ->
     return np.unique(np.round(np.geomspace(lo, n_total, points)).astype(int))
 
 
-def edge_table(scores: xr.Dataset, index: np.ndarray, *, reference: np.ndarray | None = None,
-               circuit: np.ndarray | None = None,
-               max_dropped: int = MAX_DRAWN_EDGES) -> dict[str, np.ndarray]:
-    """Columns of the drawn edges ``index`` (edge indices, strongest first).
-
-    With ``reference`` (a bool mask of another circuit over the same edges), the drawn edges
-    are marked ``kept`` (in the reference) or ``added``, and the reference's edges missing
-    from ``circuit`` (this circuit's full bool mask; by default the drawn edges) are appended
-    as ``dropped``, strongest first, at most ``max_dropped`` of them.
-    """
-    n_layers, n_heads = int(scores.attrs["n_layers"]), int(scores.attrs["n_heads"])
-    pos = node_positions(n_layers, n_heads)
-    top = np.asarray(index, dtype=int)
-    status = np.full(len(top), "kept", dtype=object)
-    if reference is not None:
-        status = np.where(reference[top], "kept", "added").astype(object)
-        if circuit is None:
-            circuit = np.zeros(len(reference), bool)
-            circuit[top] = True
-        mag = np.abs(scores["score"].values)
-        dropped = np.flatnonzero(reference & ~circuit)
-        dropped = dropped[np.argsort(-mag[dropped], kind="stable")][:max_dropped]
-        top = np.concatenate([top, dropped]).astype(int)
-        status = np.concatenate([status, np.full(len(dropped), "dropped", dtype=object)])
-    src = scores["src"].values[top].astype(str)
-    dst = scores["dst"].values[top].astype(str)
-    s = scores["score"].values[top].astype(float)
-    xy0 = np.array([pos[n] for n in src]).reshape(-1, 2)
-    xy1 = np.array([pos[n] for n in dst]).reshape(-1, 2)
-    vmax = float(np.abs(s).max()) if len(s) else 1.0
-    vmax = vmax or 1.0
-    return {"x0": xy0[:, 0], "y0": xy0[:, 1], "x1": xy1[:, 0], "y1": xy1[:, 1],
-            "src": src, "dst": dst, "score": s, "edge": top,
-            "width": 1.0 + 5.0 * np.abs(s) / vmax, "status": status,
-            "color": np.array([DIFF_COLORS[k] for k in status], dtype=object)}
+def graph_height(n_heads: int) -> int:
+    """Pixel height of the graph: about 38 px per head row, room above for the MLP labels."""
+    return int(max(380, 38 * (n_heads + 4)))
 
 
-_COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "edge", "width", "status", "color")
+def _ranges(n_layers: int, n_heads: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    return (-1.6, n_layers + 1.4), (-0.8, n_heads + 2.4)
 
 
 def plot_edges(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int, *,
-               diff: bool = False, title: str = "") -> hv.Segments:
-    """The drawn edges: width |score|, colour the signed score (or added/kept/dropped)."""
+               title: str = "") -> hv.Segments:
+    """The drawn edges: width and opacity by |score|, colour the sign (or gained/lost/kept);
+    hover gives both ends, the score and the patch effect."""
     table = table or {k: np.array([]) for k in _COLUMNS}
-    lim = float(np.abs(table["score"]).max()) if len(table["score"]) else 1.0
+    xlim, ylim = _ranges(n_layers, n_heads)
     seg = hv.Segments(table, ["x0", "y0", "x1", "y1"], list(_COLUMNS[4:]))
-    if diff:
-        seg = seg.opts(color="color", line_width="width", colorbar=False)
-    else:
-        seg = seg.opts(color="score", cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True,
-                       line_width="width", clabel="edge score")
-    xt = [(-1, "input")] + [(l, str(l)) for l in range(n_layers)] + [(n_layers, "logits")]
-    return seg.opts(tools=["hover", "tap"], nonselection_alpha=0.35, line_alpha=0.85,
-                    responsive=True, height=max(360, 26 * (n_heads + 2)), default_tools=_TOOLS,
-                    xlabel="layer (heads at L, MLP above at L+0.5)", ylabel="head (MLP on top)",
-                    xticks=xt, title=title, xlim=(-1.5, n_layers + 0.5),
-                    ylim=(-1, n_heads + 1.5))
+    yt = [((n_heads - 1) / 2, "heads"), (n_heads + 0.35, "MLP")]
+    return seg.opts(color="color", line_width="width", line_alpha="alpha", tools=["hover"],
+                    hover_tooltips=_EDGE_HOVER, responsive=True, height=graph_height(n_heads),
+                    default_tools=_TOOLS, xlabel="layer", ylabel="", xticks=cg.layer_ticks(n_layers),
+                    yticks=yt, title=title, xlim=xlim, ylim=ylim, fontsize=theme.font_sizes())
 
 
-def node_style(names: list[str], used: set[str] | frozenset[str]) -> dict[str, list]:
-    """Marker size and fill of each node: the circuit's nodes larger and dark."""
-    return {"size": [9 if n in used else 4 for n in names],
-            "fill": ["black" if n in used else "#c8c8c8" for n in names]}
+def plot_nodes(columns: dict[str, list]) -> hv.Points:
+    """Every node at its place: the circuit's nodes larger and dark, the others pale."""
+    return hv.Points(columns, ["x", "y"], ["name", "size", "fill"]).opts(
+        tools=["hover"], hover_tooltips=[("component", "@name")], size="size", color="fill",
+        line_color="white", line_width=0.5)
 
 
-def plot_nodes(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int) -> hv.Points:
-    """Every node at its place; the circuit's nodes larger and dark."""
-    pos = node_positions(n_layers, n_heads)
-    names = list(pos)
-    used = set() if table is None else set(table["src"].tolist()) | set(table["dst"].tolist())
-    return hv.Points({"x": [pos[n][0] for n in names], "y": [pos[n][1] for n in names],
-                      "node": names, **node_style(names, used)},
-                     ["x", "y"], ["node", "size", "fill"]).opts(
-        tools=["hover"], size="size", color="fill")
-
-
-def plot_circuit(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int, *,
-                 diff: bool = False, title: str = "") -> hv.Overlay:
-    """Nodes layer by layer and the drawn edges (width |score|, colour signed score or diff)."""
-    return plot_edges(table, n_layers, n_heads, diff=diff, title=title) * plot_nodes(
-        table, n_layers, n_heads)
+def plot_node_labels(columns: dict[str, list]) -> hv.Labels:
+    """The names of the circuit's nodes, at 45 degrees up and right of each node so that
+    neighbouring layers' labels run parallel instead of over each other."""
+    return hv.Labels({k: columns[k] for k in ("x", "y", "text")}, ["x", "y"], "text").opts(
+        angle=45, text_align="left", text_baseline="bottom", text_font_size="7pt",
+        text_color="#202020", xoffset=0.12, yoffset=0.12)
 
 
 def _no_curve() -> hv.Text:
-    return hv.Text(0.5, 0.5, "Faithfulness: press Compute circuit (edge scores of the "
-                   "base model)").opts(xaxis=None, yaxis=None, toolbar=None, height=260,
-                                       responsive=True, xlim=(0, 1), ylim=(0, 1))
+    return hv.Text(0.5, 0.5, "Faithfulness: press Compute circuit").opts(
+        xaxis=None, yaxis=None, toolbar=None, height=260, responsive=True, xlim=(0, 1),
+        ylim=(0, 1))
 
 
-_FAITH_X = "edges in the circuit (pruned to input → logits paths)"
+_FAITH_X = "edges in the circuit (pruned)"
 
 
 def faithfulness_line(curve: xr.Dataset) -> hv.Overlay:
@@ -171,48 +130,48 @@ def faithfulness_line(curve: xr.Dataset) -> hv.Overlay:
     return line * pts
 
 
-def faithfulness_marker(curve: xr.Dataset, n_kept: int, n_chosen: int | None = None) -> hv.Scatter:
-    """The current circuit on the curve: x = its pruned size, y = the curve at its top-n
-    ``n_chosen`` (measured there, else interpolated between measured top-n values); the
-    title says which. Empty (no point) when the circuit is empty."""
+def marker_height(curve: xr.Dataset, n_chosen: int) -> tuple[float, str]:
+    """The curve's value at top-n ``n_chosen``: measured there, else interpolated between
+    the measured top-n values."""
     top_n = curve["n_edges"].values
     y = curve["recovered"].values
-    if n_chosen is None:
-        n_chosen = n_kept
     if n_chosen in top_n:
-        here, how = float(y[list(top_n).index(n_chosen)]), "measured"
-    else:
-        here, how = float(np.interp(n_chosen, top_n, y)), "interpolated"
+        return float(y[list(top_n).index(n_chosen)]), "measured"
+    return float(np.interp(n_chosen, top_n, y)), "interpolated"
+
+
+def faithfulness_marker(curve: xr.Dataset, n_kept: int, n_chosen: int | None = None) -> hv.Scatter:
+    """The current circuit on the curve: x = its pruned size, y = the curve at its top-n
+    ``n_chosen`` (`marker_height`); a short title. Empty when the circuit is empty."""
+    here, how = marker_height(curve, n_kept if n_chosen is None else n_chosen)
     if n_kept > 0:
-        title = (f"Faithfulness (edge patching): the {n_kept:,}-edge circuit recovers "
-                 f"{here:.0%} ({how})")
+        title = f"Faithfulness: {n_kept:,} edges recover {here:.0%}"
+        if how == "interpolated":
+            title += " (interp.)"
         data = [(n_kept, here)]
     else:
-        title = "Faithfulness (edge patching): the circuit is empty (no input → logits path)"
-        data = []
+        title, data = "Faithfulness: the circuit is empty", []
     return hv.Scatter(data, _FAITH_X, "metric recovered", group="Current").opts(
         color="black", size=13, marker="diamond", title=title)
 
 
-def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | None = None) -> hv.Element:
+def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | None = None,
+                      fraction: float | None = None) -> hv.Element:
     """Share of the clean-minus-corrupted metric recovered against the number of edges in the
-    pruned circuit (log axis), with the current circuit marked at x = its pruned size.
-
-    ``n_chosen`` is the current circuit's edge count before pruning (its top-n): where the
-    curve was measured at that top-n the marker sits on the measured point, else its height
-    is interpolated between the neighbouring measured top-n values (the title says which).
-    """
+    pruned circuit (log axis), the current circuit marked, the target share as a dashed line."""
     if curve is None:
         return _no_curve()
     mark = faithfulness_marker(curve, n_kept, n_chosen)
-    return (faithfulness_line(curve) * mark).opts(
-        responsive=True, height=260, default_tools=_TOOLS, logx=True,
-        title=mark.opts.get().kwargs["title"])
+    out = faithfulness_line(curve) * mark
+    if fraction is not None:
+        out = out * hv.HLine(fraction).opts(color="#777777", line_dash="dashed", line_width=1)
+    return out.opts(responsive=True, height=260, default_tools=_TOOLS, logx=True,
+                    title=mark.opts.get().kwargs["title"])
 
 
 class CircuitsView(View):
-    """Edge-attribution circuit (top-n or threshold, pruned), faithfulness, edge ablation,
-    fine-tuning.
+    """Edge-attribution circuit (the smallest faithful one by default; top-n or threshold,
+    pruned), faithfulness, edge ablation, EAP / EAP-IG and fine-tuning comparisons, export.
 
     Parameters
     ----------
@@ -230,17 +189,28 @@ class CircuitsView(View):
     task = param.Selector(default="add", objects=list(ca.TASK_NAMES), label="Task")
     method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution")
     n_prompts = param.Integer(default=8, bounds=(1, 64), label="Prompt pairs")
+    fraction = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
+                            label="Default circuit: recovers at least")
+    max_default_edges = param.Integer(default=DEFAULT_MAX_EDGES, bounds=(1, None), precedence=-1,
+                                      doc="The most edges (after pruning) of the default circuit")
     mode = param.Selector(default="top-n", objects=["top-n", "threshold"], label="Circuit by")
     n_edges = param.Integer(default=30, bounds=(0, None),
                             label="Top-n edges by |score| (before pruning)")
     threshold = param.Number(default=0.0, bounds=(0, None), label="|score| threshold")
     checkpoint = param.Integer(default=0, bounds=(0, 0), label="Fine-tuning checkpoint")
-    diff = param.Boolean(default=False, label="Diff vs first checkpoint")
+    diff = param.Boolean(default=False, label="Diff view: edges gained / lost")
+    diff_against = param.Selector(default="other attribution",
+                                  objects=["other attribution", "first checkpoint"],
+                                  label="Diff against")
+    selected = param.String(default="", label="Selected component",
+                            doc="The clicked node, in the one component spelling (L17.H3)")
     edge = param.Selector(default="", objects=[""], label="Ablate edge (patch to corrupted)")
     ft_steps = param.Integer(default=6, bounds=(1, 200), label="Fine-tuning steps")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    other_scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                       precedence=-1)   # the other attribution method's scores
     checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                       precedence=-1)
     ablation = param.Dict(default=None, allow_None=True, precedence=-1)
@@ -255,8 +225,10 @@ class CircuitsView(View):
                  **params: Any):
         checkpoint = params.pop("checkpoint", 0)  # its bounds are known once a run is loaded
         self._chosen_size = "n_edges" in params or "threshold" in params
+        diff_against_given = "diff_against" in params
         super().__init__(background=background, **params)
         self._model = model
+        L, H = model.n_layers, model.spec.n_heads
         self._run_folder = Path(run_folder) if run_folder else None
         self.runner("scores", self._got_scores, busy=False, progress=True)
         self.runner("ablate", self._got_ablation, busy=False, progress=True)
@@ -264,56 +236,90 @@ class CircuitsView(View):
         self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
+        self._results: dict[tuple, tuple] = {}         # (task, n, method) -> (task, scores, curve)
+        self._effects: dict[tuple, dict[int, float]] = {}  # patch effects by result and edge
         self._order: np.ndarray | None = None          # edge indices by |score|, descending
         self._ck_orders: list[np.ndarray] = []
         self._ck_scores: list[xr.Dataset] = []
         self._table: dict[str, np.ndarray] | None = None
+        self._members: np.ndarray = np.zeros(0, dtype=int)
         self._nodes: frozenset[str] = frozenset()
         self._task: ca.CircuitTask | None = None
         self._edge_labels: dict[str, int] = {}
         self._circuit_cache: dict[tuple, np.ndarray] = {}
         self._shown = {"size": 0, "chosen": 0, "drawn": 0}
+        self._default: cs.CircuitChoice | None = None
+        self._shown_method = self.method
+        self._diff_note = ""
+        self._names = cg.node_names(L, H)
+        self._pos = cg.node_positions(L, H, cg.head_mass_order(None, L, H))
+        self._layout_from = ""                          # the scores the layout was ordered by
         self._slider = pn.widgets.DiscreteSlider(label=self.param.n_edges.label, options=[30],
                                                  value=30, sizing_mode="stretch_width")
         self._syncing = False
         self._slider.param.watch(self._slider_moved, "value")
         self.param.watch(self._mode_changed, ["mode"])
         self.param.watch(lambda *_: self._sync_slider(), ["n_edges", "threshold"])
+        # the fraction slider (or the cap) re-chooses the default circuit, also when set to
+        # its current value (a reset after moving the size slider)
+        self.param.watch(lambda *_: self._set_default_size(force=True),
+                         ["fraction", "max_default_edges"], onlychanged=False)
+        self.param.watch(self._method_changed, ["method"])
+        self.param.watch(self._diff_changed, ["diff", "diff_against"])
         streams = [self.param.mode, self.param.n_edges, self.param.threshold,
-                   self.param.checkpoint, self.param.diff, self.param.scores,
-                   self.param.checkpoints]
+                   self.param.checkpoint, self.param.diff, self.param.diff_against,
+                   self.param.scores, self.param.checkpoints, self.param.other_scores,
+                   self.param.selected]
         self._edges_dm = hv.DynamicMap(self._edges_plot, streams=streams)
-        # the nodes are drawn once; when the circuit's node set changes only their size and
-        # fill columns are replaced in the drawn plots' data sources (a HoloViews re-draw of
-        # the 302 SmolLM2 nodes was a third of a slider move's time)
-        self._node_names = list(node_positions(model.n_layers, model.spec.n_heads))
+        # the nodes and their labels are drawn once; when the circuit's node set (or the
+        # selection, or the layout) changes, only their columns are replaced in the drawn
+        # plots' data sources (a HoloViews re-draw of SmolLM2's 302 nodes was a third of a
+        # slider move's time)
         self._node_sources: list[Any] = []
-        self._nodes_el = plot_nodes(None, model.n_layers, model.spec.n_heads).opts(
-            hooks=[self._keep_node_source])
-        self._tap = hv.streams.Selection1D(source=self._edges_dm)
-        self._tap.add_subscriber(self._tapped)
+        self._label_sources: list[Any] = []
+        cols = cg.node_columns(self._names, self._pos, ())
+        self._nodes_el = plot_nodes(cols).opts(hooks=[self._keep_node_source])
+        self._labels_el = plot_node_labels(cols).opts(hooks=[self._keep_label_source])
+        self._tap = hv.streams.Tap(source=self._nodes_el, x=None, y=None)
+        self._tap.add_subscriber(self._clicked)
+        self._csv = pn.widgets.FileDownload(callback=self._csv_file, filename="circuit.csv",
+                                            label="Download circuit (CSV)", embed=False,
+                                            sizing_mode="stretch_width")
+        self._svg = pn.widgets.FileDownload(callback=self._svg_file, filename="circuit.svg",
+                                            label="Download picture (SVG)", embed=False,
+                                            sizing_mode="stretch_width")
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
         if self._run_folder is not None and (self._run_folder / "circuits.nc").is_file():
             self._set_checkpoints(xr.load_dataset(self._run_folder / "circuits.nc"))
             self.checkpoint = min(checkpoint, self.param.checkpoint.bounds[1])
-        small = model.n_layers * model.spec.n_heads <= 64
+            if not diff_against_given:
+                self.diff_against = "first checkpoint"
+        small = L * H <= 64
         if autostart if autostart is not None else small:
             self._request_scores()
         else:
             self.status = "Press **Compute circuit** to score the edges."
 
     # -- the circuit ------------------------------------------------------------------------
+    def _key(self, method: str | None = None) -> tuple:
+        return (self.task, self.n_prompts, method or self.method)
+
+    def _other_method(self) -> str:
+        return next(m for m in ca.METHODS if m != self.method)
+
     def _total(self) -> int:
         scores, _, _ = self._current()
         return 0 if scores is None else int(scores.sizes["edge"])
 
-    def _circuit(self, scores: xr.Dataset) -> np.ndarray:
-        """The pruned circuit (`select_circuit`) of ``scores`` at the current selection."""
+    def _selection_key(self, scores: xr.Dataset) -> tuple:
         n_total = int(scores.sizes["edge"])
         if self.mode == "top-n":
-            key = (id(scores), "top-n", min(self.n_edges, n_total))
-        else:
-            key = (id(scores), "threshold", float(self.threshold))
+            return (id(scores), "top-n", min(self.n_edges, n_total))
+        return (id(scores), "threshold", float(self.threshold))
+
+    def _circuit(self, scores: xr.Dataset) -> np.ndarray:
+        """The pruned circuit (`select_circuit`) of ``scores`` at the current selection."""
+        key = self._selection_key(scores)
         mask = self._circuit_cache.get(key)
         if mask is None:
             if len(self._circuit_cache) > 256:
@@ -329,10 +335,7 @@ class CircuitsView(View):
     def _n_chosen(self, scores: xr.Dataset) -> int:
         """Edges chosen before pruning (top-n, or how many pass the threshold)."""
         self._circuit(scores)
-        n_total = int(scores.sizes["edge"])
-        key = ((id(scores), "top-n", min(self.n_edges, n_total)) if self.mode == "top-n"
-               else (id(scores), "threshold", float(self.threshold)))
-        return int(self._circuit_cache[key + ("chosen",)])
+        return int(self._circuit_cache[self._selection_key(scores) + ("chosen",)])
 
     def _grid(self) -> tuple[np.ndarray, np.ndarray]:
         """Slider sizes (top-n) and the |score| thresholds that choose as many edges."""
@@ -392,18 +395,32 @@ class CircuitsView(View):
         finally:
             self._syncing = False
 
-    def _set_default_size(self) -> None:
-        """A circuit of about 5 % of the edges (at least 30), unless one was asked for."""
+    def _set_default_size(self, force: bool = False) -> None:
+        """The smallest measured circuit recovering ``fraction`` of the metric, at most
+        ``max_default_edges`` edges (`circuit_select.smallest_faithful_circuit`); without a
+        curve (checkpoints only), about 5 % of the edges. A size asked for in the constructor
+        is kept until the fraction slider moves (``force``)."""
         sizes, thresholds = self._grid()
-        if not self._chosen_size and len(sizes):
-            total = self._total()
-            i = int(np.argmin(np.abs(np.log(sizes) - np.log(max(0.05 * total, min(30, total))))))
-            self.param.update(n_edges=int(sizes[i]), threshold=float(thresholds[i]))
+        if self.curve is not None and self.scores is not None:
+            self._default = cs.smallest_faithful_circuit(self.curve, self.fraction,
+                                                         max_edges=self.max_default_edges)
+        if (force or not self._chosen_size) and len(sizes):
+            if self._default is not None and self.curve is not None:
+                n = self._default.n_edges
+            else:
+                total = self._total()
+                n = max(0.05 * total, min(30, total))
+            i = int(np.argmin(np.abs(np.log(np.maximum(sizes, 1)) - np.log(max(n, 1)))))
+            with pn.io.document.hold():
+                self.param.update(n_edges=int(n) if self.curve is not None else int(sizes[i]),
+                                  threshold=float(thresholds[i]))
         self._sync_slider()
 
     # -- jobs -----------------------------------------------------------------------------
-    def _request_scores(self) -> None:
-        m, task_name, method, n = self._model, self.task, self.method, self.n_prompts
+    def _request_scores(self, method: str | None = None) -> None:
+        m, task_name, n = self._model, self.task, self.n_prompts
+        method = method or self.method
+        key = (task_name, n, method)
 
         def job(token: CancelToken):
             task = ca.make_task(task_name, n, seed=0)
@@ -413,45 +430,101 @@ class CircuitsView(View):
             sizes = [0, *size_grid(scores.sizes["edge"]).tolist()]  # the slider's positions
             curve = ca.faithfulness_curve(m, task, scores, sizes=sizes, batch_size=n,
                                           progress=self.progress_fn(token))
-            return task, scores, curve
+            return key, task, scores, curve
 
-        self.status = f"scoring edges ({method}, {n} {task_name} pairs)…"
+        self.status = f"scoring edges ({METHOD_LABELS[method]}, {n} {task_name} pairs)…"
         self.submit("scores", job)
 
     def _got_scores(self, result: tuple) -> None:
-        task, scores, curve = result
+        key, task, scores, curve = result
+        # the first result of a task and prompt count opens on the default circuit; the
+        # other method's, arriving after a toggle, keeps the size shown (a fair comparison)
+        first = not any(k[:2] == key[:2] for k in self._results if k != key)
+        self._results[key] = (task, scores, curve)
+        if key == self._key():
+            self._show(key, default=first)
+        elif key == self._key(self._other_method()):
+            self.other_scores = scores
+            self.status = f"{METHOD_LABELS[key[2]]} scores ready for the diff"
+
+    def _show(self, key: tuple, *, default: bool) -> None:
+        """Make the result ``key`` the page's: scores, curve, order; the first result also
+        fixes the layout (heads by score mass), which no later result changes."""
+        task, scores, curve = self._results[key]
         self._task = task
+        self._shown_method = key[2]
         self._circuit_cache.clear()
         self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
+        if not self._layout_from:
+            self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
+        other = self._results.get((key[0], key[1], self._other_method()))
         self.param.n_edges.bounds = (0, scores.sizes["edge"])
-        self.n_edges = min(self.n_edges, scores.sizes["edge"])
-        self.param.update(scores=scores, curve=curve, ablation=None)
-        self._set_default_size()
-        self.status = (f"{scores.sizes['edge']:,} edges scored; clean metric "
-                       f"{scores.attrs['clean_metric']:.3f}, corrupted "
+        with pn.io.document.hold():
+            self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
+                              curve=curve, ablation=None,
+                              other_scores=None if other is None else other[1])
+            if default:
+                self._set_default_size()
+            else:
+                self._default = cs.smallest_faithful_circuit(curve, self.fraction,
+                                                             max_edges=self.max_default_edges)
+                self._sync_slider()
+        self.status = (f"{scores.sizes['edge']:,} edges scored ({METHOD_LABELS[key[2]]}); "
+                       f"clean metric {scores.attrs['clean_metric']:.3f}, corrupted "
                        f"{scores.attrs['corrupt_metric']:.3f}")
+
+    def _set_layout(self, scores: xr.Dataset, label: str) -> None:
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        self._pos = cg.node_positions(L, H, cg.head_mass_order(scores, L, H))
+        self._layout_from = label
+        self._refresh_nodes(force=True)
+
+    def _method_changed(self, *_: Any) -> None:
+        """EAP <-> EAP-IG: a result already computed is shown at once (same size, same
+        layout); else it is computed when any result has been (else on the button)."""
+        if self._key() in self._results:
+            self._show(self._key(), default=False)
+        elif self._results:
+            self._request_scores()
+        else:
+            self.status = f"Press **Compute circuit** to score the edges ({METHOD_LABELS[self.method]})."
+
+    def _diff_changed(self, *_: Any) -> None:
+        """The diff against the other method needs its scores: computed if missing."""
+        if self.diff and self.diff_against == "other attribution" and self.scores is not None:
+            other = self._key(self._other_method())
+            if other in self._results:
+                self.other_scores = self._results[other][1]
+            else:
+                self._request_scores(self._other_method())
 
     def _request_ablation(self) -> None:
         if not self.edge or self.scores is None or self.edge not in self._edge_labels:
             return
         index = self._edge_labels[self.edge]
         m, task, scores = self._model, self._task, self.scores
-        label = self.edge
+        label, key = self.edge, self._key()
 
         def job(token: CancelToken):
             keep = np.ones(scores.sizes["edge"], bool)
             keep[index] = False  # every edge clean but this one
             out = ca.patch_edges_metric(m, task, scores, keep, batch_size=len(task),
                                         progress=self.progress_fn(token))
-            out.update(edge=label, estimate=float(scores["score"].values[index]))
+            out.update(edge=label, estimate=float(scores["score"].values[index]),
+                       index=int(index), key=key)
             return out
 
         self.status = f"patching {label}…"
         self.submit("ablate", job)
 
     def _got_ablation(self, out: dict) -> None:
+        self._effects.setdefault(out["key"], {})[out["index"]] = out["metric"] - out["clean_metric"]
         self.ablation = out
         self.status = f"patched {out['edge']}"
+        t = self._table
+        if t is not None and out["key"] == self._key() and (t["edge"] == out["index"]).any():
+            t["effect"][t["edge"] == out["index"]] = f"{out['metric'] - out['clean_metric']:+.4f}"
+            self._edges_dm.event()   # the hover's patch effect
 
     def _request_finetune(self) -> None:
         m, task_name, method, n, steps = (self._model, self.task, self.method, self.n_prompts,
@@ -483,6 +556,8 @@ class CircuitsView(View):
         self._ck_orders = [np.argsort(-np.abs(s["score"].values), kind="stable")
                            for s in self._ck_scores]
         self.param.checkpoint.bounds = (0, ds.sizes["checkpoint"] - 1)
+        if not self._layout_from:
+            self._set_layout(self._ck_scores[0], "scores of the first checkpoint")
         self.checkpoints = ds
         if self.scores is None:
             self._set_default_size()
@@ -498,37 +573,75 @@ class CircuitsView(View):
         ck = self.checkpoints
         if ck is not None and self.checkpoint > 0:
             i = min(self.checkpoint, ck.sizes["checkpoint"] - 1)
-            return self._ck_scores[i], self._ck_orders[i], f"checkpoint step {int(ck.checkpoint[i])}"
+            return self._ck_scores[i], self._ck_orders[i], f"step {int(ck.checkpoint[i])}"
         if self.scores is None and ck is not None:
-            return self._ck_scores[0], self._ck_orders[0], f"checkpoint step {int(ck.checkpoint[0])}"
+            return self._ck_scores[0], self._ck_orders[0], f"step {int(ck.checkpoint[0])}"
         return self.scores, self._order, "base model"
 
-    def _selection_label(self, n_chosen: int) -> str:
-        if self.mode == "top-n":
-            return f"top {n_chosen:,} by |score|"
-        return f"|score| ≥ {self.threshold:.3g} ({n_chosen:,} edges)"
+    def _reference(self, showing_base: bool) -> tuple[np.ndarray | None, str]:
+        """The diff's reference circuit (same selection) and what it is, or why there is none."""
+        if not self.diff:
+            return None, ""
+        if self.diff_against == "first checkpoint":
+            if self.checkpoints is None:
+                return None, "no fine-tuning checkpoints yet (press Fine-tune)"
+            return self._circuit(self._ck_scores[0]), \
+                f"step {int(self.checkpoints.checkpoint[0])}"
+        if not showing_base:
+            return None, "the other attribution is scored on the base model only"
+        if self.other_scores is None:
+            return None, f"waiting for the {METHOD_LABELS[self._other_method()]} scores"
+        return self._circuit(self.other_scores), METHOD_LABELS[self._other_method()]
 
-    def _bump_nodes(self) -> None:
+    def _refresh_nodes(self, force: bool = False) -> None:
         t = self._table
-        nodes = frozenset() if t is None else frozenset(t["src"].tolist()) | frozenset(
-            t["dst"].tolist())
-        if nodes != self._nodes:
+        nodes = frozenset() if t is None else frozenset(t["src"][t["status"] != "lost"].tolist()) \
+            | frozenset(t["dst"][t["status"] != "lost"].tolist())
+        if force or nodes != self._nodes or self.selected != getattr(self, "_drawn_selected", ""):
             self._nodes = nodes
-            style = node_style(self._node_names, nodes)
+            self._drawn_selected = self.selected
+            cols = cg.node_columns(self._names, self._pos, nodes, self.selected)
             for source in self._node_sources:
-                source.data.update(style)
+                source.data.update({k: cols[k] for k in ("x", "y", "size", "fill")})
+            for source in self._label_sources:
+                source.data.update({k: cols[k] for k in ("x", "y", "text")})
 
     def _keep_node_source(self, plot: Any, element: Any) -> None:
         """Plot hook: remember each drawn node plot's data source and bring it up to date."""
         source = plot.handles["source"]
         if source not in self._node_sources:
             self._node_sources.append(source)
-        source.data.update(node_style(self._node_names, self._nodes))
+        cols = cg.node_columns(self._names, self._pos, self._nodes, self.selected)
+        source.data.update({k: cols[k] for k in ("x", "y", "size", "fill")})
+
+    def _keep_label_source(self, plot: Any, element: Any) -> None:
+        source = plot.handles["source"]
+        if source not in self._label_sources:
+            self._label_sources.append(source)
+        cols = cg.node_columns(self._names, self._pos, self._nodes, self.selected)
+        source.data.update({k: cols[k] for k in ("x", "y", "text")})
 
     def nodes_drawn(self) -> list[dict[str, list]]:
-        """What each drawn node plot holds: node, size and fill columns (for tests)."""
-        return [{k: list(src.data[k]) for k in ("node", "size", "fill")}
+        """What each drawn node plot holds: name, size and fill columns (for tests)."""
+        return [{k: list(src.data[k]) for k in ("name", "size", "fill")}
                 for src in self._node_sources]
+
+    def labels_drawn(self) -> list[dict[str, list]]:
+        """What each drawn label plot holds: x, y and text columns (for tests)."""
+        return [{k: list(src.data[k]) for k in ("x", "y", "text")} for src in self._label_sources]
+
+    def node_columns(self) -> dict[str, list]:
+        """The node columns the page draws now (places, sizes, fills, labels)."""
+        return cg.node_columns(self._names, self._pos, self._nodes, self.selected)
+
+    def _graph_title(self, n_members: int, n_drawn: int, method: str, label: str,
+                     ref_label: str) -> str:
+        what = f"{n_members:,} edges" + (f" ({n_drawn:,} drawn)" if n_members > n_drawn else "")
+        if ref_label:
+            t = self._table
+            return (f"Diff: {method} vs {ref_label}, +{int((t['status'] == 'gained').sum())} "
+                    f"/ −{int((t['status'] == 'lost').sum())}")
+        return f"Circuit: {what}, {method}, {label}"
 
     def _edges_plot(self, **_: Any) -> hv.Segments:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -536,33 +649,41 @@ class CircuitsView(View):
         scores, order, label = self._current()
         if scores is None:
             self._table = None
+            self._members = np.zeros(0, dtype=int)
             self._shown = {"size": 0, "chosen": 0, "drawn": 0}
-            self._bump_nodes()
+            self._refresh_nodes()
             return plot_edges(None, L, H, title="Circuit: waiting for edge scores")
         mask = self._circuit(scores)
         n_chosen = self._n_chosen(scores)
         members = order[mask[order]]              # the pruned circuit, strongest first
         shown = members[:MAX_DRAWN_EDGES]
-        reference = None
-        diff = self.diff and self.checkpoints is not None
-        if diff:
-            reference = self._circuit(self._ck_scores[0])
-        self._table = edge_table(scores, shown, reference=reference, circuit=mask)
+        base = scores is self.scores
+        reference, ref_label = self._reference(base)
+        self._diff_note = ref_label if reference is None else ""
+        if reference is None:
+            ref_label = ""
+        effects = self._effects.get(self._key(), {}) if base else {}
+        self._table = cg.edge_table(scores, shown, self._pos, reference=reference, circuit=mask,
+                                    max_lost=MAX_DRAWN_EDGES, selected=self.selected,
+                                    effects=effects)
+        self._members = members
         self._shown = {"size": int(len(members)), "chosen": n_chosen, "drawn": int(len(shown))}
-        labels = [f"{s} → {d}" for s, d in zip(self._table["src"], self._table["dst"])]
-        self._edge_labels = dict(zip(labels, self._table["edge"].tolist()))
+        keep_rows = self._table["status"] != "lost"
+        labels = [f"{s} → {d}" for s, d in zip(self._table["src"][keep_rows],
+                                                 self._table["dst"][keep_rows])]
+        self._edge_labels = dict(zip(labels, self._table["edge"][keep_rows].tolist()))
         keep = self.edge if self.edge in self._edge_labels else ""
         self.param.edge.objects = ["", *labels]
         if self.edge != keep:
             self.param.update(edge=keep)
-        what = "diff vs first checkpoint (grey kept, green added, orange dropped)" if diff \
-            else "colour = signed score"
-        title = (f"Circuit: {len(members):,} edges ({self._selection_label(n_chosen)}, pruned "
-                 f"to input → logits paths), {label}")
-        if len(members) > len(shown):
-            title += f"; drawing the strongest {len(shown):,}"
-        plot = plot_edges(self._table, L, H, diff=diff, title=f"{title}; {what}")
-        self._bump_nodes()
+        method = METHOD_LABELS[self._shown_method if base else
+                               str(self.checkpoints.attrs.get("edge_method", self.method))]
+        title = self._graph_title(len(members), len(shown), method, label, ref_label)
+        self._csv.filename = (f"circuit_{self._model.spec.name.split('/')[-1]}_{self.task}_"
+                              f"{method.lower()}_{len(members)}edges.csv")
+        self._svg.filename = self._csv.filename[:-4] + ".svg"
+        plot = plot_edges(self._table, L, H, title=title)
+        self._refresh_nodes()
         self.param.update(redraw_ms=1e3 * (time.perf_counter() - t0),
                           redraw_cpu_ms=1e3 * (time.thread_time() - c0))
         return plot
@@ -573,13 +694,16 @@ class CircuitsView(View):
         if self.curve is None or self.scores is None:
             return plot_faithfulness(None, 0)
         mask = self._circuit(self.scores)
-        return plot_faithfulness(self.curve, int(mask.sum()), self._n_chosen(self.scores))
+        return plot_faithfulness(self.curve, int(mask.sum()), self._n_chosen(self.scores),
+                                 self.fraction)
 
-    def _marker_plot(self, **_: Any) -> hv.Scatter:
+    def _marker_plot(self, **_: Any) -> hv.Overlay:
+        target = hv.HLine(self.fraction).opts(color="#777777", line_dash="dashed", line_width=1)
         if self.curve is None or self.scores is None:
-            return hv.Scatter([], _FAITH_X, "metric recovered", group="Current")
+            return hv.Scatter([], _FAITH_X, "metric recovered", group="Current") * target
         mask = self._circuit(self.scores)
-        return faithfulness_marker(self.curve, int(mask.sum()), self._n_chosen(self.scores))
+        return faithfulness_marker(self.curve, int(mask.sum()),
+                                   self._n_chosen(self.scores)) * target
 
     def _faithfulness_pane(self, curve: xr.Dataset | None) -> hv.Element:
         """The curve, drawn once per set of scores, and the marker as a DynamicMap: a slider
@@ -587,14 +711,43 @@ class CircuitsView(View):
         if curve is None:
             return _no_curve()
         marker = hv.DynamicMap(self._marker_plot, streams=[
-            self.param.mode, self.param.n_edges, self.param.threshold, self.param.scores])
+            self.param.mode, self.param.n_edges, self.param.threshold, self.param.scores,
+            self.param.fraction])
         return (faithfulness_line(curve) * marker).opts(
             responsive=True, height=260, default_tools=_TOOLS, logx=True)
 
-    def _tapped(self, index: list[int]) -> None:
-        if index and self._table is not None and index[0] < len(self._table["src"]):
-            i = index[0]
-            self.edge = f"{self._table['src'][i]} → {self._table['dst'][i]}"
+    def _clicked(self, x: float | None = None, y: float | None = None) -> None:
+        """A click on the graph: a node selects it (again: clears it) and highlights its
+        edges; else an edge under the pointer is patched; empty space clears the selection."""
+        if x is None or y is None:
+            return
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        xlim, ylim = _ranges(L, H)
+        px_x = cg.FRAME_PX_1280 / (xlim[1] - xlim[0])
+        px_y = (graph_height(H) - 70) / (ylim[1] - ylim[0])
+        node = cg.nearest_node(x, y, self._pos, px_per_x=px_x, px_per_y=px_y)
+        if node is not None:
+            name = canonical(node)
+            self.selected = "" if self.selected == name else name
+            return
+        row = cg.nearest_edge(x, y, self._table, px_per_x=px_x, px_per_y=px_y)
+        if row is not None and self._table["status"][row] != "lost":
+            self.edge = f"{self._table['src'][row]} → {self._table['dst'][row]}"
+        elif row is None:
+            self.selected = ""
+
+    # -- export ---------------------------------------------------------------------------
+    def circuit_csv(self) -> str:
+        """The shown circuit's edges as CSV (source, target, score, patch effect)."""
+        return cg.circuit_csv(self._table)
+
+    def _csv_file(self) -> io.StringIO:
+        return io.StringIO(self.circuit_csv())
+
+    def _svg_file(self) -> io.StringIO:
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        return io.StringIO(cg.circuit_svg(self._table, self.node_columns(), n_layers=L,
+                                          n_heads=H, title=self._csv.filename[:-4]))
 
     # -- layout ---------------------------------------------------------------------------
     def _readout(self, *_: Any) -> str:
@@ -609,46 +762,94 @@ class CircuitsView(View):
                 f"{a['clean_metric']:.4f}, corrupted {a['corrupt_metric']:.4f}); change "
                 f"**{change:+.4f}**, EAP estimate {a['estimate']:+.4f}")
 
+    def _caption(self, *_: Any) -> str:
+        """What the graph shows, in words (the title stays short)."""
+        if self.scores is None and self.checkpoints is None:
+            return ""
+        parts = []
+        d = self._default
+        if d is not None and self.scores is not None:
+            if d.reached:
+                parts.append(f"Default: the smallest measured circuit recovering ≥ "
+                             f"{self.fraction:.0%} of the metric, {d.n_kept:,} edges (top "
+                             f"{d.n_edges:,} by |score|, pruned) recovering {d.recovered:.0%}.")
+            else:
+                parts.append(f"No measured circuit of at most {self.max_default_edges:,} edges "
+                             f"recovers {self.fraction:.0%}; the default is the most faithful "
+                             f"within that size: {d.n_kept:,} edges recovering "
+                             f"{d.recovered:.0%}. Move the size slider for larger circuits.")
+        scores, _, _ = self._current()
+        size = int(self._circuit(scores).sum())
+        if size > MAX_DRAWN_EDGES:
+            parts.append(f"The circuit has {size:,} edges; the strongest "
+                         f"{MAX_DRAWN_EDGES:,} are drawn.")
+        if self.diff and self._diff_note:
+            parts.append(f"Diff: {self._diff_note}.")
+        elif self.diff:
+            parts.append("Diff: green edges are gained, orange lost, grey kept.")
+        else:
+            parts.append("Red edges: patching them raises the metric; blue: lowers it (they "
+                         "carry the answer). Width and opacity: |score|.")
+        parts.append("Heads of a layer are ordered by the score mass they carry (heaviest on "
+                     f"top), fixed by the {self._layout_from or 'first scores'}. Click a node "
+                     "to highlight its edges, an edge to patch it.")
+        if self.selected:
+            parts.append(f"Selected: **{self.selected}**.")
+        return " ".join(parts)
+
     def _state_html(self, *_: Any) -> str:
         """Hidden markers of what the page shows (read by the browser test)."""
-        drawn = 0 if self._table is None else int((self._table["status"] != "dropped").sum())
+        t = self._table
+        drawn = 0 if t is None else int((t["status"] != "lost").sum())
         metric = "none" if self.ablation is None else f"{self.ablation['metric']:.9g}"
         edge = "none" if self.ablation is None else self.ablation["edge"]
         n_ck = 0 if self.checkpoints is None else self.checkpoints.sizes["checkpoint"]
+        d = self._default
+        default = "none" if d is None else f"{d.n_edges} {d.n_kept} {d.recovered:.9g} {int(d.reached)}"
         return (f"<div class='circuit-state' data-circuit-scores="
                 f"'{'ready' if self.scores is not None else 'none'}' "
+                f"data-circuit-method='{self.method}' "
                 f"data-circuit-edges='{drawn}' data-circuit-size='{self._shown['size']}' "
                 f"data-circuit-chosen='{self._shown['chosen']}' data-circuit-mode='{self.mode}' "
+                f"data-circuit-fraction='{self.fraction:.6g}' data-circuit-default='{default}' "
+                f"data-circuit-cap='{self.max_default_edges}' "
+                f"data-circuit-selected='{self.selected}' "
                 f"data-circuit-metric='{metric}' "
                 f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
                 f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        graph = self._edges_dm * self._nodes_el
+        graph = self._edges_dm * self._nodes_el * self._labels_el
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
         finetune.on_click(lambda *_: self._request_finetune())
         player = pn.widgets.Player.from_param(self.param.checkpoint, interval=900, loop_policy="loop",
                                               show_value=True, width=260)
-        state = pn.bind(self._state_html, self.param.scores, self.param.ablation,
-                        self.param.mode, self.param.n_edges, self.param.threshold,
-                        self.param.checkpoint, self.param.diff, self.param.checkpoints,
-                        self.param.redraw_ms)
+        shown = [self.param.scores, self.param.ablation, self.param.mode, self.param.n_edges,
+                 self.param.threshold, self.param.checkpoint, self.param.diff,
+                 self.param.diff_against, self.param.checkpoints, self.param.redraw_ms,
+                 self.param.selected, self.param.fraction, self.param.other_scores]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
-            pn.widgets.Select.from_param(self.param.method),
+            pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Attribution"),
             pn.widgets.IntInput.from_param(self.param.n_prompts), compute, self._progress,
+            pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
             pn.widgets.RadioButtonGroup.from_param(self.param.mode), self._slider,
             pn.widgets.Select.from_param(self.param.edge),
+            pn.widgets.Checkbox.from_param(self.param.diff),
+            pn.widgets.Select.from_param(self.param.diff_against),
+            self._csv, self._svg,
             pn.layout.Divider(), pn.widgets.IntInput.from_param(self.param.ft_steps), finetune,
-            player, pn.widgets.Checkbox.from_param(self.param.diff),
-            pn.pane.Markdown(self.param.status), pn.pane.HTML(state),
+            player, pn.pane.Markdown(self.param.status), pn.pane.HTML(pn.bind(self._state_html,
+                                                                              *shown)),
             width=theme.SIZES["controls_width"])
         faith = pn.bind(self._faithfulness_pane, self.param.curve)
         main = pn.Column(
             pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
+            pn.pane.Markdown(pn.bind(self._caption, *shown), css_classes=["circuit-caption"],
+                             sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores),
                              css_classes=["circuit-readout"]),
             pn.pane.HoloViews(faith, linked_axes=False),
@@ -681,7 +882,7 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
     doc = Document()
     with set_curdoc(doc):
         doc.add_root(pn.panel(view).get_root(doc))
-        view._got_scores((task, scores, curve))
+        view._got_scores((view._key(), task, scores, curve))
         options = list(view._slider.options.values())
         start = options.index(view._slider.value)
         order = [i for i in np.random.default_rng(0).permutation(len(options)) if i != start]

@@ -1,13 +1,21 @@
-"""The Circuits view (apps/circuits.py) headless on tiny-llama: the drawn circuit is the pruned
-circuit (top-n or threshold), the faithfulness marker sits at its size, edge ablation, diff."""
+"""The Circuits view (apps/circuits.py) headless on tiny-llama: the default circuit is the
+smallest measured one reaching the chosen fraction (capped), the drawn circuit is the pruned
+circuit (top-n or threshold), the faithfulness marker sits at its size, node labels, edge
+encoding, layout, clicks, edge ablation, EAP / EAP-IG and checkpoint diffs, CSV export."""
 from __future__ import annotations
+
+import csv
+import io
+import re
 
 import numpy as np
 import pytest
 import torch
 
+import apps._circuit_graph as cg
 import apps.circuits as ac
 from apps.circuits import CircuitsView, edge_table, node_positions, size_grid
+from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
 
 
@@ -56,10 +64,25 @@ def top_n_by_hand(scores, n):
     return chosen
 
 
+def spelled(name):
+    """The one component spelling of a graph node name, written out here by hand."""
+    m = re.fullmatch(r"a(\d+)\.h(\d+)", name)
+    if m:
+        return f"L{m[1]}.H{m[2]}"
+    m = re.fullmatch(r"m(\d+)", name)
+    return f"L{m[1]}.MLP" if m else name
+
+
+def spelled_edges(edges):
+    return {(spelled(s), spelled(d)) for s, d in edges}
+
+
 def drawn(view):
+    """The drawn circuit's edges, as graph node names (a0.h1, m2) for comparison by hand."""
     t = view._table
-    keep = t["status"] != "dropped"
-    return set(zip(t["src"][keep].tolist(), t["dst"][keep].tolist()))
+    keep = t["status"] != "lost"
+    back = {spelled(n): n for n in ac.cg.node_names(view._model.n_layers, view._model.spec.n_heads)}
+    return {(back[s], back[d]) for s, d in zip(t["src"][keep].tolist(), t["dst"][keep].tolist())}
 
 
 def marker(view):
@@ -168,7 +191,7 @@ def test_large_circuits_draw_their_strongest_edges(view, monkeypatch):
            zip(scores["src"].values, scores["dst"].values, scores["score"].values)}
     strongest = sorted(circuit, key=lambda e: -mag[e])[:5]
     assert drawn(view) == set(strongest)
-    assert "drawing the strongest 5" in plot.opts.get().kwargs["title"]
+    assert "(5 drawn)" in plot.opts.get().kwargs["title"]
     assert marker(view)[0] == len(circuit)   # the marker counts the whole circuit
 
 
@@ -178,7 +201,10 @@ def test_edge_choice_patches_that_edge(view, tiny_model):
     label = view.param.edge.objects[3]
     view.edge = label
     src, dst = label.split(" → ")
-    keep = ~((view.scores["src"].values == src) & (view.scores["dst"].values == dst))
+    names = np.array([spelled(str(n)) for n in view.scores["src"].values])
+    dsts = np.array([spelled(str(n)) for n in view.scores["dst"].values])
+    keep = ~((names == src) & (dsts == dst))
+    assert keep.sum() == len(keep) - 1
     expected = ca.patch_edges_metric(tiny_model, ca.make_task("add", 4, seed=0), view.scores,
                                      keep, batch_size=4)
     assert view.ablation["edge"] == label
@@ -186,23 +212,48 @@ def test_edge_choice_patches_that_edge(view, tiny_model):
     assert f"**{label}** patched" in view._readout()
 
 
-def test_tap_selects_edge(view):
+def test_clicking_an_edge_patches_it_and_a_node_selects_it(view):
     view.n_edges = 40
     view._edges_plot()
-    view._tapped([2])
-    assert view.edge == f"{view._table['src'][2]} → {view._table['dst'][2]}"
+    t = view._table
+    # the midpoint of an edge whose midpoint is no node's place
+    pos = np.array(list(view._pos.values()))
+    i = next(i for i in range(len(t["x0"]))
+             if np.hypot(*(pos - [(t["x0"][i] + t["x1"][i]) / 2,
+                                  (t["y0"][i] + t["y1"][i]) / 2]).T).min() > 0.5)
+    view._clicked((t["x0"][i] + t["x1"][i]) / 2, (t["y0"][i] + t["y1"][i]) / 2)
+    assert view.edge == f"{t['src'][i]} → {t['dst'][i]}"
+    # a node: its name in the one spelling; its edges keep their opacity, the others fade
+    node = t["src"][i]
+    raw = next(n for n in view._pos if spelled(n) == node)
+    view._clicked(*view._pos[raw])
+    assert view.selected == node
+    view._edges_plot()
+    t2 = view._table
+    touches = (t2["src"] == node) | (t2["dst"] == node)
+    assert touches.any() and (~touches).any()
+    assert np.allclose(t2["alpha"][touches], cg.edge_style(t2["score"])["alpha"][touches])
+    assert (t2["alpha"][~touches] == 0.08).all()
+    cols = view.node_columns()
+    k = cols["name"].index(node)
+    assert cols["size"][k] == max(cols["size"])
+    view._clicked(*view._pos[raw])   # again: cleared
+    assert view.selected == ""
+    view._edges_plot()
+    assert np.allclose(view._table["alpha"], cg.edge_style(view._table["score"])["alpha"])
 
 
-def test_edge_table_diff_marks_added_and_dropped(view):
+def test_edge_table_diff_marks_gained_and_lost(view):
     scores = view.scores
     order = np.argsort(-np.abs(scores["score"].values), kind="stable")
     reference = np.zeros(scores.sizes["edge"], bool)
     reference[order[2:6]] = True              # edges 2..5 of the ranking
-    t = edge_table(scores, order[:4], reference=reference)   # draws edges 0..3
-    assert t["status"].tolist() == ["added", "added", "kept", "kept", "dropped", "dropped"]
-    assert t["edge"].tolist() == order[[0, 1, 2, 3, 4, 5]].tolist()
     pos = node_positions(3, 4)
-    assert (t["x0"][0], t["y0"][0]) == pos[t["src"][0]]
+    t = edge_table(scores, order[:4], pos, reference=reference)   # draws edges 0..3
+    assert t["status"].tolist() == ["gained", "gained", "kept", "kept", "lost", "lost"]
+    assert t["edge"].tolist() == order[[0, 1, 2, 3, 4, 5]].tolist()
+    raw = str(scores["src"].values[order[0]])
+    assert t["src"][0] == spelled(raw) and (t["x0"][0], t["y0"][0]) == pos[raw]
 
 
 def test_finetune_button_adds_checkpoints(view):
@@ -212,15 +263,15 @@ def test_finetune_button_adds_checkpoints(view):
     ck = view.checkpoints
     assert ck is not None and ck["checkpoint"].values.tolist() == [0, 1, 2]
     n = 40
-    view.param.update(checkpoint=2, diff=True, n_edges=n)
+    view.param.update(checkpoint=2, diff=True, diff_against="first checkpoint", n_edges=n)
     view._edges_plot()
     mine = pruned_by_hand(view._ck_scores[2], top_n_by_hand(view._ck_scores[2], n))
     first = pruned_by_hand(view._ck_scores[0], top_n_by_hand(view._ck_scores[0], n))
     t = view._table
     edges = list(zip(t["src"].tolist(), t["dst"].tolist()))
-    assert {e for e, s in zip(edges, t["status"]) if s != "dropped"} == mine
-    assert {e for e, s in zip(edges, t["status"]) if s == "dropped"} == first - mine
-    assert {e for e, s in zip(edges, t["status"]) if s == "kept"} == mine & first
+    assert {e for e, s in zip(edges, t["status"]) if s != "lost"} == spelled_edges(mine)
+    assert {e for e, s in zip(edges, t["status"]) if s == "lost"} == spelled_edges(first - mine)
+    assert {e for e, s in zip(edges, t["status"]) if s == "kept"} == spelled_edges(mine & first)
     view.param.update(checkpoint=0, diff=False)
 
 
@@ -242,8 +293,189 @@ def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
             assert len(segs) == 1
             used = set(segs[0]["src"]) | set(segs[0]["dst"])
             nodes = view.nodes_drawn()[0]
-            big = {n for n, s in zip(nodes["node"], nodes["size"]) if s == 9}
-            dark = {n for n, f in zip(nodes["node"], nodes["fill"]) if f == "black"}
+            big = {n for n, s in zip(nodes["name"], nodes["size"]) if s == 8}
+            dark = {n for n, f in zip(nodes["name"], nodes["fill"]) if f == cg.USED_NODE}
             assert big == dark == used
-            assert len(nodes["node"]) == len(node_positions(view._model.n_layers,
+            assert len(nodes["name"]) == len(node_positions(view._model.n_layers,
                                                             view._model.spec.n_heads))
+            # every drawn node is labelled with its name in the one spelling, at its place
+            labels = view.labels_drawn()[0]
+            at = {(x, y): t for x, y, t in zip(labels["x"], labels["y"], labels["text"]) if t}
+            want = {view._pos[n]: spelled(n) for n in view._pos if spelled(n) in used}
+            assert at == want
+
+
+def choice_by_loop(curve, fraction, cap):
+    """The curve's smallest circuit recovering `fraction` within `cap` edges, by a plain loop
+    over its points in order of size; else the most faithful non-empty one within the cap."""
+    points = sorted(zip(curve["n_kept"].values.tolist(), curve["n_edges"].values.tolist(),
+                        curve["recovered"].values.tolist()))
+    for kept, top_n, rec in points:
+        if kept <= cap and rec >= fraction:
+            return top_n, kept, True
+    best = None
+    for kept, top_n, rec in points:
+        if 0 < kept <= cap and (best is None or rec > best[2]):
+            best = (top_n, kept, rec)
+    if best is None:   # nothing non-empty fits: the smallest circuit
+        best = points[0][1], points[0][0]
+    return best[0], best[1], False
+
+
+def test_default_circuit_is_the_smallest_faithful_prefix_within_the_cap(view):
+    curve, scores = view.curve, view.scores
+    rec = curve["recovered"].values
+    kept_sizes = curve["n_kept"].values
+    caps = [ac.DEFAULT_MAX_EDGES, int(np.median(kept_sizes[kept_sizes > 0])),
+            max(1, int(kept_sizes[kept_sizes > 0].min()) - 1)]   # below it: capped
+    fractions = [0.8, 0.5, float(np.nanmax(rec)), float(np.nanmax(rec)) + 0.1]
+    seen_capped = seen_reached = False
+    try:
+        for cap in caps:
+            view.max_default_edges = cap
+            for f in fractions:
+                f = min(f, 1.0)
+                view.fraction = f      # the fraction slider re-chooses the default
+                top_n, kept, reached = choice_by_loop(curve, f, cap)
+                assert view._default.n_edges == view.n_edges == top_n
+                assert view._default.reached == reached
+                view._edges_plot()
+                assert drawn(view) == pruned_by_hand(scores, top_n_by_hand(scores, top_n))
+                assert len(drawn(view)) == kept <= cap
+                seen_reached |= reached
+                seen_capped |= not reached
+                if kept == 0:
+                    continue
+                x, y = marker(view)
+                assert x == kept and y == pytest.approx(
+                    float(curve["recovered"].sel(n_edges=top_n)))
+                if reached:
+                    assert y >= f
+    finally:
+        view.max_default_edges = ac.DEFAULT_MAX_EDGES
+        view.fraction = 0.8
+    assert seen_reached and seen_capped
+
+
+def test_smallest_faithful_circuit_on_a_hand_made_curve():
+    import xarray as xr
+
+    curve = xr.Dataset({"recovered": ("n_edges", [0.0, 0.0, 0.3, 0.6, 0.6, 0.85, 0.8, 0.95]),
+                        "n_kept": ("n_edges", [0, 0, 5, 12, 12, 40, 80, 200])},
+                       coords={"n_edges": [0, 10, 20, 40, 50, 90, 150, 400]})
+    assert cs.smallest_faithful_circuit(curve, 0.8) == cs.CircuitChoice(90, 40, 0.85, True)
+    assert cs.smallest_faithful_circuit(curve, 0.9).n_edges == 400
+    # past the cap: the most faithful circuit within it (of equals, the smaller top-n)
+    assert cs.smallest_faithful_circuit(curve, 0.9, max_edges=100) == cs.CircuitChoice(
+        90, 40, 0.85, False)
+    assert cs.smallest_faithful_circuit(curve, 0.8, max_edges=30) == cs.CircuitChoice(
+        40, 12, 0.6, False)
+    assert cs.smallest_faithful_circuit(curve, 0.5, max_edges=4).n_kept == 0   # only empty ones
+
+
+def test_smallest_faithful_circuit_rejects_bad_arguments(view):
+    with pytest.raises(ValueError, match=r"`fraction` must be a number in \[0, 1\]; got 1.5"):
+        cs.smallest_faithful_circuit(view.curve, 1.5)
+    with pytest.raises(ValueError, match="`max_edges` must be an int >= 0"):
+        cs.smallest_faithful_circuit(view.curve, 0.5, max_edges=-1)
+    with pytest.raises(TypeError, match="faithfulness_curve"):
+        cs.smallest_faithful_circuit(view.scores, 0.5)
+
+
+def test_edge_width_and_opacity_grow_with_abs_score_and_colour_is_the_sign():
+    s = np.random.default_rng(0).normal(size=200)
+    st = cg.edge_style(s)
+    order = np.argsort(np.abs(s))
+    assert (np.diff(st["width"][order]) > 0).all() and (np.diff(st["alpha"][order]) > 0).all()
+    assert st["width"][order[-1]] == pytest.approx(6.0) and st["alpha"][order[-1]] == 1.0
+    assert ((st["color"] == cg.POSITIVE) == (s >= 0)).all()
+    assert ((st["color"] == cg.NEGATIVE) == (s < 0)).all()
+
+
+def test_layout_orders_heads_by_score_mass_and_stays_fixed(view):
+    L, H = view._model.n_layers, view._model.spec.n_heads
+    scores = view._results[("add", 4, "eap")][1]
+    mass = {}
+    for s, d, v in zip(scores["src"].values, scores["dst"].values, scores["score"].values):
+        for n in (str(s), str(d)):
+            mass[n] = mass.get(n, 0.0) + abs(float(v))
+    before = dict(view._pos)
+    for layer in range(L):
+        heads = [f"a{layer}.h{h}" for h in range(H)]
+        by_y = sorted(heads, key=lambda n: -view._pos[n][1])
+        assert [mass[n] for n in by_y] == sorted((mass[n] for n in heads), reverse=True)
+        assert all(view._pos[n][0] == layer for n in heads)
+        assert view._pos[f"m{layer}"][1] > max(view._pos[n][1] for n in heads)   # MLP on top
+        assert view._pos[f"m{layer}"][0] == layer + 0.5
+    assert view._pos["input"][0] < 0 < L == view._pos["logits"][0]
+    view.method = "eap-ig"
+    try:
+        assert view.scores is view._results[("add", 4, "eap-ig")][1]
+        assert view._pos == before
+    finally:
+        view.method = "eap"
+    assert view._pos == before
+
+
+def test_layer_ticks_do_not_collide_at_1280_px():
+    # SmolLM2's 30 layers over the graph's ~500 px data area at a 1280 px window: 15 px a
+    # layer, a two-digit label with a character's gap each side needs ~26 px: every 2nd layer
+    ticks = cg.layer_ticks(30)
+    assert [x for x, _ in ticks] == list(range(30))          # a tick at every layer
+    labelled = [int(x) for x, t in ticks if t]
+    assert labelled == list(range(0, 30, 2))
+    assert all(t == str(int(x)) for x, t in ticks if t)
+    px_per_layer = cg.FRAME_PX_1280 / 33
+    assert 2 * px_per_layer >= 4 * 6.5
+    assert [t for _, t in cg.layer_ticks(3)] == ["0", "1", "2"]   # tiny-llama: all labelled
+
+
+def test_csv_rows_are_the_shown_edges_and_scores(view):
+    view.n_edges = 40
+    view._edges_plot()
+    rows = list(csv.DictReader(io.StringIO(view._csv_file().read())))
+    assert list(rows[0]) == ["source", "target", "score", "patch_effect"]
+    want = {}
+    for s, d, v in zip(view.scores["src"].values, view.scores["dst"].values,
+                       view.scores["score"].values):
+        want[(spelled(str(s)), spelled(str(d)))] = float(v)
+    assert {(r["source"], r["target"]) for r in rows} == spelled_edges(drawn(view))
+    assert len(rows) == len(drawn(view))
+    for r in rows:
+        assert float(r["score"]) == want[(r["source"], r["target"])]
+    # an edge patched on the page carries its patch effect in the export
+    label = view.param.edge.objects[1]
+    view.edge = label
+    rows = {(r["source"], r["target"]): r for r in csv.DictReader(io.StringIO(view.circuit_csv()))}
+    src, dst = label.split(" → ")
+    a = view.ablation
+    assert float(rows[(src, dst)]["patch_effect"]) == pytest.approx(
+        a["metric"] - a["clean_metric"], abs=1e-4)
+    patched = {(spelled(str(view.scores["src"].values[i])), spelled(str(view.scores["dst"].values[i])))
+               for i in view._effects[view._key()]}   # every edge patched so far on the page
+    assert {e for e, r in rows.items() if r["patch_effect"]} == patched & set(rows)
+    svg = view._svg_file().read()
+    assert svg.startswith("<svg") and svg.count("<line") == len(rows)
+
+
+def test_diff_against_the_other_attribution_is_the_set_difference(view):
+    eap = view._results[("add", 4, "eap")][1]
+    view.param.update(method="eap-ig", n_edges=40)   # computed now if not yet
+    try:
+        ig = view._results[("add", 4, "eap-ig")][1]
+        assert view.scores is ig and view.n_edges == 40
+        view.param.update(diff=True, diff_against="other attribution")
+        view._edges_plot()
+        mine = pruned_by_hand(ig, top_n_by_hand(ig, 40))
+        other = pruned_by_hand(eap, top_n_by_hand(eap, 40))
+        t = view._table
+        edges = list(zip(t["src"].tolist(), t["dst"].tolist()))
+        by = {k: {e for e, s in zip(edges, t["status"]) if s == k} for k in ("gained", "lost", "kept")}
+        assert by["gained"] == spelled_edges(mine - other)
+        assert by["lost"] == spelled_edges(other - mine)
+        assert by["kept"] == spelled_edges(mine & other)
+        assert by == {k: spelled_edges(v) for k, v in cg.edge_diff(mine, other).items()}
+        assert mine != other   # the two methods' circuits differ on this model
+        assert all(c == cg.DIFF_COLORS[s] for c, s in zip(t["color"], t["status"]))
+    finally:
+        view.param.update(diff=False, method="eap")

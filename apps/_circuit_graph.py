@@ -1,0 +1,254 @@
+"""Pure drawing and encoding functions of the Circuits page's graph (no Panel state).
+
+Layout: layers left to right (heads at x = L, the MLP above them at L + 0.5, input left,
+logits right); within a layer the heads sit by the score mass they carry (heaviest at the
+top, just under the MLP). Encoding: an edge's width and opacity grow with |score|, its colour
+is the score's sign (or, in a diff, gained / lost / kept). Node labels use the one component
+spelling of `explorer.components` (L17.H3, L17.MLP, input, logits).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+
+import numpy as np
+import xarray as xr
+
+from apps import theme
+from explorer.components import canonical
+
+__all__ = ["node_names", "head_mass_order", "node_positions", "edge_style", "edge_table",
+           "node_columns", "layer_ticks", "tick_step", "nearest_node", "nearest_edge",
+           "circuit_csv", "circuit_svg", "edge_diff", "POSITIVE", "NEGATIVE", "DIFF_COLORS",
+           "FRAME_PX_1280"]
+
+POSITIVE = theme.SIGNED_CMAP[-20]   # the diverging map's red end: patching the edge raises the metric
+NEGATIVE = theme.SIGNED_CMAP[20]    # its blue end: patching lowers the metric (the edge helps)
+DIFF_COLORS = {"kept": "#8c8c8c", "gained": theme.CATEGORICAL[2], "lost": theme.CATEGORICAL[1]}
+FADED_NODE, USED_NODE = "#d4d4d4", "#303030"
+FRAME_PX_1280 = 500   # the graph's data area at a 1280 px window (gallery sidebar + controls)
+
+
+def node_names(n_layers: int, n_heads: int) -> list[str]:
+    """The graph's node names in drawing order: input, each layer's heads and MLP, logits."""
+    names = ["input"]
+    for layer in range(n_layers):
+        names += [f"a{layer}.h{h}" for h in range(n_heads)] + [f"m{layer}"]
+    return names + ["logits"]
+
+
+def head_mass_order(scores: xr.Dataset | None, n_layers: int, n_heads: int) -> dict[int, list[int]]:
+    """Heads of each layer, heaviest first: the sum of |score| over the edges into and out of
+    each head (ties and no scores: head index order)."""
+    mass: dict[str, float] = {}
+    if scores is not None:
+        mag = np.abs(np.asarray(scores["score"].values, dtype=np.float64))
+        for names in (scores["src"].values, scores["dst"].values):
+            for n, m in zip(names.astype(str), mag):
+                mass[n] = mass.get(n, 0.0) + m
+    return {layer: sorted(range(n_heads), key=lambda h: (-mass.get(f"a{layer}.h{h}", 0.0), h))
+            for layer in range(n_layers)}
+
+
+def node_positions(n_layers: int, n_heads: int,
+                   order: Mapping[int, Sequence[int]] | None = None) -> dict[str, tuple[float, float]]:
+    """(x, y) of every node: x = layer (heads at L, the MLP at L + 0.5, odd layers' MLP a
+    little higher so MLP -> MLP chains stay visible), input at x = -1 and logits at
+    x = n_layers. ``order`` (from `head_mass_order`) puts each layer's first head at the top
+    (y = n_heads - 1); without it head h sits at y = h."""
+    mid = (n_heads - 1) / 2
+    pos = {"input": (-1.0, mid), "logits": (float(n_layers), mid)}
+    for layer in range(n_layers):
+        heads = list(order[layer]) if order is not None else list(range(n_heads - 1, -1, -1))
+        for rank, h in enumerate(heads):
+            pos[f"a{layer}.h{h}"] = (float(layer), float(n_heads - 1 - rank))
+        pos[f"m{layer}"] = (layer + 0.5, n_heads + 0.7 * (layer % 2))
+    return {n: pos[n] for n in node_names(n_layers, n_heads)}
+
+
+def edge_style(score: np.ndarray, vmax: float | None = None) -> dict[str, np.ndarray]:
+    """Width (0.6-6 px) and opacity (0.15-1) growing linearly with |score| / ``vmax`` (by
+    default the largest |score|), and the colour of the sign."""
+    s = np.asarray(score, dtype=np.float64)
+    if vmax is None:
+        vmax = float(np.abs(s).max()) if len(s) else 1.0
+    r = np.clip(np.abs(s) / (vmax or 1.0), 0.0, 1.0)
+    return {"width": 0.6 + 5.4 * r, "alpha": 0.15 + 0.85 * r,
+            "color": np.where(s >= 0, POSITIVE, NEGATIVE).astype(object)}
+
+
+def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[float, float]], *,
+               reference: np.ndarray | None = None, circuit: np.ndarray | None = None,
+               max_lost: int = 400, selected: str = "",
+               effects: Mapping[int, float] | None = None) -> dict[str, np.ndarray]:
+    """Columns of the drawn edges ``index`` (edge indices, strongest first).
+
+    ``src``/``dst`` are the components' names in the one spelling; ``edge`` the edge's index
+    in ``scores``; ``effect`` the measured patch effect (metric change) where ``effects``
+    has one, else "not computed". With ``reference`` (a bool mask of another circuit over the
+    same edges) the drawn edges are ``kept`` (in the reference too) or ``gained``, and the
+    reference's edges missing from ``circuit`` (this circuit's whole mask; by default the
+    drawn edges) follow as ``lost``, strongest first, at most ``max_lost``. With ``selected``
+    (a component name) the edges not touching it are faded to 0.08 opacity.
+    """
+    top = np.asarray(index, dtype=int)
+    status = np.full(len(top), "kept", dtype=object)
+    mag = np.abs(np.asarray(scores["score"].values, dtype=np.float64))
+    if reference is not None:
+        status = np.where(reference[top], "kept", "gained").astype(object)
+        if circuit is None:
+            circuit = np.zeros(len(reference), bool)
+            circuit[top] = True
+        lost = np.flatnonzero(reference & ~circuit)
+        lost = lost[np.argsort(-mag[lost], kind="stable")][:max_lost]
+        top = np.concatenate([top, lost]).astype(int)
+        status = np.concatenate([status, np.full(len(lost), "lost", dtype=object)])
+    raw_src = scores["src"].values[top].astype(str)
+    raw_dst = scores["dst"].values[top].astype(str)
+    s = np.asarray(scores["score"].values[top], dtype=np.float64)
+    xy0 = np.array([pos[n] for n in raw_src], dtype=float).reshape(-1, 2)
+    xy1 = np.array([pos[n] for n in raw_dst], dtype=float).reshape(-1, 2)
+    style = edge_style(s)
+    if reference is not None:
+        style["color"] = np.array([DIFF_COLORS[k] for k in status], dtype=object)
+    src = np.array([canonical(n) for n in raw_src], dtype=object)
+    dst = np.array([canonical(n) for n in raw_dst], dtype=object)
+    alpha = style["alpha"]
+    if selected:
+        touches = (src == selected) | (dst == selected)
+        alpha = np.where(touches, alpha, 0.08)
+    effects = effects or {}
+    effect = np.array([f"{effects[i]:+.4f}" if i in effects else "not computed"
+                       for i in top.tolist()], dtype=object)
+    return {"x0": xy0[:, 0], "y0": xy0[:, 1], "x1": xy1[:, 0], "y1": xy1[:, 1],
+            "src": src, "dst": dst, "score": s, "edge": top, "width": style["width"],
+            "alpha": alpha, "color": style["color"], "status": status, "effect": effect}
+
+
+def node_columns(names: Sequence[str], pos: Mapping[str, tuple[float, float]],
+                 used: Iterable[str], selected: str = "") -> dict[str, list]:
+    """Per node: place, marker size and fill, the name (one spelling) and the label drawn next
+    to it: the name for nodes the circuit touches, empty for the others (drawn small and pale)."""
+    used = {canonical(n) for n in used}
+    label = [canonical(n) for n in names]
+    size, fill = [], []
+    for c in label:
+        if c == selected:
+            size.append(13), fill.append(theme.ACCENT)
+        elif c in used:
+            size.append(8), fill.append(USED_NODE)
+        else:
+            size.append(4), fill.append(FADED_NODE)
+    return {"x": [pos[n][0] for n in names], "y": [pos[n][1] for n in names], "name": label,
+            "size": size, "fill": fill, "text": [c if c in used else "" for c in label]}
+
+
+def tick_step(n_layers: int, frame_px: float = FRAME_PX_1280, font_px: float = 6.5) -> int:
+    """Label every k-th layer so the labels of the widest layer number (plus a gap of one
+    character each side) do not collide in ``frame_px`` over the n_layers + 3 units of the
+    x range."""
+    label_px = (len(str(max(n_layers - 1, 0))) + 2) * font_px
+    per_layer = frame_px / (n_layers + 3)
+    return max(1, math.ceil(label_px / per_layer))
+
+
+def layer_ticks(n_layers: int, frame_px: float = FRAME_PX_1280) -> list[tuple[float, str]]:
+    """A tick at every layer, labelled at every `tick_step`-th (the others unlabelled)."""
+    k = tick_step(n_layers, frame_px)
+    return [(float(layer), str(layer) if layer % k == 0 else "") for layer in range(n_layers)]
+
+
+def nearest_node(x: float, y: float, pos: Mapping[str, tuple[float, float]], *,
+                 px_per_x: float, px_per_y: float, tol_px: float = 9.0) -> str | None:
+    """The node within ``tol_px`` screen pixels of (x, y) (data units), nearest first."""
+    names = list(pos)
+    xy = np.array([pos[n] for n in names])
+    d = np.hypot((xy[:, 0] - x) * px_per_x, (xy[:, 1] - y) * px_per_y)
+    i = int(np.argmin(d))
+    return names[i] if d[i] <= tol_px else None
+
+
+def nearest_edge(x: float, y: float, table: Mapping[str, np.ndarray] | None, *,
+                 px_per_x: float, px_per_y: float, tol_px: float = 6.0) -> int | None:
+    """Row of ``table`` whose segment passes within ``tol_px`` screen pixels of (x, y)."""
+    if table is None or not len(table["x0"]):
+        return None
+    p = np.array([x * px_per_x, y * px_per_y])
+    a = np.stack([table["x0"] * px_per_x, table["y0"] * px_per_y], 1)
+    b = np.stack([table["x1"] * px_per_x, table["y1"] * px_per_y], 1)
+    ab = b - a
+    t = np.clip(((p - a) * ab).sum(1) / np.maximum((ab * ab).sum(1), 1e-12), 0, 1)
+    d = np.hypot(*(a + t[:, None] * ab - p).T)
+    i = int(np.argmin(d))
+    return i if d[i] <= tol_px else None
+
+
+def edge_diff(current: Iterable[tuple[str, str]], reference: Iterable[tuple[str, str]]
+              ) -> dict[str, set[tuple[str, str]]]:
+    """Edges gained (in ``current`` only), lost (in ``reference`` only) and kept (both)."""
+    cur, ref = set(current), set(reference)
+    return {"gained": cur - ref, "lost": ref - cur, "kept": cur & ref}
+
+
+def circuit_csv(table: Mapping[str, np.ndarray] | None) -> str:
+    """The shown circuit as CSV: source, target, score, patch effect (one row per edge of the
+    circuit, strongest first; lost edges of a diff are left out, a ``status`` column added)."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    diff = table is not None and bool((table["status"] != "kept").any())
+    w.writerow(["source", "target", "score", "patch_effect"] + (["status"] if diff else []))
+    if table is not None:
+        for i in range(len(table["src"])):
+            if table["status"][i] == "lost":
+                continue
+            effect = table["effect"][i]
+            row = [table["src"][i], table["dst"][i], repr(float(table["score"][i])),
+                   "" if effect == "not computed" else effect]
+            w.writerow(row + ([table["status"][i]] if diff else []))
+    return out.getvalue()
+
+
+def circuit_svg(table: Mapping[str, np.ndarray] | None, nodes: Mapping[str, list], *,
+                n_layers: int, n_heads: int, title: str = "", width: int = 1200,
+                height: int = 560) -> str:
+    """The graph as a standalone SVG (the same places, widths, opacities, colours and labels
+    as the page's Bokeh plot, whose save tool writes PNG only)."""
+    x_lo, x_hi, y_lo, y_hi = -1.5, n_layers + 1.5, -1.0, n_heads + 2.5
+    m = {"l": 40, "r": 20, "t": 36, "b": 40}
+    sx = (width - m["l"] - m["r"]) / (x_hi - x_lo)
+    sy = (height - m["t"] - m["b"]) / (y_hi - y_lo)
+
+    def X(v: float) -> float:
+        return m["l"] + (v - x_lo) * sx
+
+    def Y(v: float) -> float:
+        return height - m["b"] - (v - y_lo) * sy
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{m["l"]}" y="22" font-size="15" font-weight="bold">{escape(title)}</text>']
+    if table is not None:
+        for i in np.argsort(np.asarray(table["width"]), kind="stable"):  # strongest on top
+            out.append(f'<line x1="{X(table["x0"][i]):.1f}" y1="{Y(table["y0"][i]):.1f}" '
+                       f'x2="{X(table["x1"][i]):.1f}" y2="{Y(table["y1"][i]):.1f}" '
+                       f'stroke="{table["color"][i]}" stroke-width="{table["width"][i]:.2f}" '
+                       f'stroke-opacity="{table["alpha"][i]:.3f}" stroke-linecap="round">'
+                       f'<title>{escape(table["src"][i])} → {escape(table["dst"][i])}: '
+                       f'{table["score"][i]:+.4g}</title></line>')
+    for x, y, size, fill, text in zip(nodes["x"], nodes["y"], nodes["size"], nodes["fill"],
+                                      nodes["text"]):
+        out.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="{size / 2:.1f}" fill="{fill}"/>')
+        if text:
+            out.append(f'<text x="{X(x) + 4:.1f}" y="{Y(y) - 4:.1f}" font-size="9" '
+                       f'transform="rotate(-45 {X(x) + 4:.1f} {Y(y) - 4:.1f})">{escape(text)}</text>')
+    for x, label in layer_ticks(n_layers, frame_px=width - m["l"] - m["r"]):
+        if label:
+            out.append(f'<text x="{X(x):.1f}" y="{height - m["b"] + 16}" font-size="11" '
+                       f'text-anchor="middle">{label}</text>')
+    out.append(f'<text x="{width / 2:.0f}" y="{height - 6}" font-size="12" '
+               'text-anchor="middle">layer</text></svg>')
+    return "\n".join(out)

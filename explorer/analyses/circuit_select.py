@@ -1,0 +1,82 @@
+"""Choosing the circuit to show from a measured faithfulness curve.
+
+The faithfulness curve (`circuits.faithfulness_curve`) patches every edge outside the top-n
+circuit (pruned to input -> logits paths) at a list of sizes n. The circuit worth reading
+first is the smallest of those that recovers a chosen share of the metric, as long as it is
+small enough to read; when none is, the most faithful one within the cap (Hanna et al., "Have
+Faith in Faithfulness", COLM 2024, read circuits the same way: the smallest that is faithful).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from explorer._checks import InputError
+
+__all__ = ["CircuitChoice", "smallest_faithful_circuit"]
+
+
+@dataclass(frozen=True)
+class CircuitChoice:
+    """One point of a faithfulness curve chosen by `smallest_faithful_circuit`.
+
+    ``n_edges`` is the top-n (the curve's coordinate, before pruning), ``n_kept`` the edges
+    left after pruning, ``recovered`` the share of the metric the circuit recovers, and
+    ``reached`` whether that share is at least the fraction asked for.
+    """
+
+    n_edges: int
+    n_kept: int
+    recovered: float
+    reached: bool
+
+
+def smallest_faithful_circuit(curve: xr.Dataset, fraction: float = 0.8, *,
+                              max_edges: int | None = None) -> CircuitChoice:
+    """The smallest measured circuit that recovers at least ``fraction`` of the metric.
+
+    Parameters
+    ----------
+    curve : xr.Dataset
+        From `circuits.faithfulness_curve`: ``recovered`` and ``n_kept`` over ``n_edges``.
+    fraction : float, default=0.8
+        Share of the clean-minus-corrupted metric the circuit must recover.
+    max_edges : int, optional
+        The most edges (after pruning) a chosen circuit may have. When no circuit within it
+        reaches ``fraction``, the one within it that recovers the most is returned
+        (``reached`` False), leaving out the empty circuit unless nothing else fits.
+
+    Returns
+    -------
+    CircuitChoice
+        Sizes are compared after pruning (``n_kept``); of points with equal ``n_kept`` the
+        one with the smaller top-n comes first.
+    """
+    if not isinstance(curve, xr.Dataset) or not {"recovered", "n_kept"} <= set(curve.data_vars):
+        raise TypeError("`curve` must be the Dataset of faithfulness_curve (with `recovered` "
+                        f"and `n_kept` over `n_edges`); got {type(curve).__name__}.")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) \
+            or not 0 <= fraction <= 1:
+        raise InputError(f"`fraction` must be a number in [0, 1]; got {fraction!r}.")
+    if max_edges is not None and (isinstance(max_edges, bool) or not isinstance(
+            max_edges, (int, np.integer)) or max_edges < 0):
+        raise InputError(f"`max_edges` must be an int >= 0 or None; got {max_edges!r}.")
+    top_n = np.asarray(curve["n_edges"].values, dtype=int)
+    kept = np.asarray(curve["n_kept"].values, dtype=int)
+    rec = np.asarray(curve["recovered"].values, dtype=np.float64)
+    order = np.lexsort((top_n, kept))                 # by pruned size, then top-n
+    fits = order if max_edges is None else order[kept[order] <= max_edges]
+    if len(fits) == 0:
+        raise InputError(f"no point of the curve has at most {max_edges} edges; its smallest "
+                         f"circuit has {int(kept.min())}.")
+    reaching = fits[np.nan_to_num(rec[fits], nan=-np.inf) >= fraction]
+    if len(reaching):
+        i, reached = int(reaching[0]), True
+    else:   # the most faithful non-empty circuit that fits (the smallest of equals)
+        pool = fits[kept[fits] > 0] if (kept[fits] > 0).any() else fits
+        best = np.nan_to_num(rec[pool], nan=-np.inf)
+        i, reached = int(pool[int(np.argmax(best))]), False
+    return CircuitChoice(n_edges=int(top_n[i]), n_kept=int(kept[i]), recovered=float(rec[i]),
+                         reached=reached)
