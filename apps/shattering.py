@@ -13,7 +13,9 @@ The scatter shows R against the accuracy drop over many edits, with the fitted l
 from __future__ import annotations
 
 import functools
+import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import colorcet as cc
@@ -24,6 +26,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._controls import labelled_controls
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.shattering import (
@@ -38,10 +41,13 @@ from explorer.analyses.shattering import (
     is_stored,
     key_covariance,
     knowledge_model,
+    load_knowledge_model,
     stored_edit_sweep,
 )
 
-__all__ = ["ShatteringView", "AXES", "QUICK_PARAMS", "SWEEP_EDITS", "plot_embedding", "plot_shattering_scatter"]
+__all__ = ["ShatteringView", "AXES", "QUICK_PARAMS", "SWEEP_EDITS", "SHIPPED_MODEL", "SHIPPED_SWEEP",
+           "plot_embedding", "plot_shattering_scatter", "scatter_caption", "save_shipped_sweep",
+           "load_shipped_sweep"]
 
 hv.extension("bokeh", logo=False)
 
@@ -50,6 +56,15 @@ hv.extension("bokeh", logo=False)
 QUICK_PARAMS: dict[str, Any] = {"steps": 1000}
 #: Edits in the page's R vs accuracy-drop sweep.
 SWEEP_EDITS = 40
+
+_SHIPPED = Path(__file__).resolve().parents[1] / "datasets" / "shattering"
+#: The model trained with `DEFAULTS` (seed 0), shipped so the page opens at once
+#: (`scripts/ship_shattering.py` regenerates it; datasets/shattering/README.md).
+SHIPPED_MODEL = _SHIPPED / "knowledge_model_seed0.safetensors"
+#: The page's sweep (`SWEEP_EDITS` ROME edits at block 0, seed 0) of `SHIPPED_MODEL`.
+SHIPPED_SWEEP = _SHIPPED / "edit_sweep_seed0.json"
+#: About how long retraining the default model takes on one CPU thread (for the button).
+RETRAIN_MINUTES = 8
 
 _TOOLS = ZOOM_TOOLS
 _CYCLE_CMAP = list(cc.palette["colorwheel"])  # cyclic: the first and last place look alike
@@ -62,6 +77,28 @@ _font = theme.font_sizes
 
 
 _placeholder = functools.partial(theme.placeholder, height=420)
+
+
+# -- the shipped result -----------------------------------------------------------------------
+
+def save_shipped_sweep(sweep: xr.Dataset, km: KnowledgeModel, path: str | Path = SHIPPED_SWEEP) -> Path:
+    """Write an `edit_sweep` of ``km`` as JSON, keyed by the model's weights."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"weights_sha256": km.weights_sha256(), "sweep": sweep.to_dict(data="list")}
+    path.write_text(json.dumps(body, indent=None, default=float) + "\n")
+    return path
+
+
+def load_shipped_sweep(km: KnowledgeModel, path: str | Path = SHIPPED_SWEEP) -> xr.Dataset | None:
+    """The sweep written by `save_shipped_sweep` if it is of ``km``'s weights, else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    body = json.loads(path.read_text())
+    if body.get("weights_sha256") != km.weights_sha256():
+        return None
+    return xr.Dataset.from_dict(body["sweep"])
 
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
@@ -82,7 +119,6 @@ def plot_embedding(emb: xr.Dataset | None, order: int = 0, axes: tuple[int, int]
     pos = emb["cycle_position"].sel(order=order).values
     ring = np.argsort(pos)                                                  # entities in cycle order
     names = emb["entity"].values
-    strength = float(emb["strength"].values[-1])
     cols = list(axes)
     before = emb["projection"].values[0][:, cols]                           # [entity, 2]
     after = emb["projection"].values[-1][:, cols]
@@ -104,7 +140,6 @@ def plot_embedding(emb: xr.Dataset | None, order: int = 0, axes: tuple[int, int]
                                 "name": [edit[role]]}, [xname, yname], ["role", "name"],
                                label=f"{role.replace('_', ' ')} {edit[role]}").opts(
             color=colour, marker=marker, size=16, fill_alpha=0.0, line_width=2.5, tools=["hover"]))
-    R = float(emb["R"].values[-1])
     ratio = emb["explained_variance_ratio"].values[cols]
     if np.isfinite(ratio).all():
         xlabel = f"{xname} of unedited ({ratio[0]:.0%} of variance)"
@@ -113,8 +148,8 @@ def plot_embedding(emb: xr.Dataset | None, order: int = 0, axes: tuple[int, int]
         xlabel, ylabel = f"{xname} (fitted on unedited)", yname
     return hv.Overlay([ghost, ghost_pts, path, pts, *marks]).opts(
         responsive=True, height=460, default_tools=_TOOLS, active_tools=["wheel_zoom"], fontsize=_font(),
-        legend_position="top_left", xlabel=xlabel, ylabel=ylabel,
-        title=f"Entities, {edit['method']} edit × {strength:.2f}: R = {R:.3f} (grey: unedited)")
+        legend_position="bottom", legend_cols=3, xlabel=xlabel, ylabel=ylabel,
+        title="Entities: edited (colour), unedited (grey)")
 
 
 def plot_shattering_scatter(sweep: xr.Dataset | None, current: tuple[float, float] | None = None) -> hv.Element:
@@ -137,11 +172,21 @@ def plot_shattering_scatter(sweep: xr.Dataset | None, current: tuple[float, floa
     if current is not None:
         layers.append(hv.Scatter([(current[0], current[1] * 100)], "R", "drop", label="current edit").opts(
             color="black", marker="x", size=14, line_width=3))
-    method = a.get("params", {}).get("edit_method", "?")
     return hv.Overlay(layers).opts(
-        responsive=True, height=380, default_tools=_TOOLS, fontsize=_font(), legend_position="top_left",
+        responsive=True, height=380, default_tools=_TOOLS, fontsize=_font(), legend_position="right",
         xlabel="shattering ratio R", ylabel="accuracy drop on other facts (points of %)",
-        title=f"R vs accuracy drop, {len(R)} {method} edits: r² = {a.get('r2', float('nan')):.2f}")
+        title="R against the accuracy drop, one dot per edit")
+
+
+def scatter_caption(sweep: xr.Dataset | None) -> str:
+    """The line under the scatter: how many edits, which method, the fit's r²."""
+    if sweep is None:
+        return ""
+    a = sweep.attrs
+    p = a.get("params", {})
+    return (f"{int(sweep.sizes['edit'])} {p.get('edit_method', '?')} edits at block {p.get('layer', 0)}, "
+            f"each on the unedited model; least-squares fit r² = {a.get('r2', float('nan')):.2f}; "
+            "× = the current edit at the chosen strength.")
 
 
 # -- the view --------------------------------------------------------------------------------
@@ -164,14 +209,20 @@ class ShatteringView(View):
 
     notify_title = "Shattering"
 
-    method = param.Selector(default="rome", objects=sorted(EDIT_METHODS), label="Edit method")
-    entity = param.Selector(default=None, objects=[], label="Entity (subject)")
-    relation = param.Selector(default=None, objects=[], label="Relation")
+    method = param.Selector(default="rome", objects=sorted(EDIT_METHODS), label="Edit method",
+                            doc="How the fact is edited: fine-tuning one MLP, MEMIT (least squares over "
+                                "several MLPs) or ROME (a rank-one update of one MLP).")
+    entity = param.Selector(default=None, objects=[], label="Entity (subject)",
+                            doc="The subject of the edited fact.")
+    relation = param.Selector(default=None, objects=[], label="Relation",
+                              doc="The relation of the edited fact: a cycle (A, B, C) and a number of "
+                                  "steps along it.")
     distance = param.Integer(default=2, bounds=(1, 4), label="Counterfactual distance",
                              doc="The new object lies this many steps past the true one on the cycle.")
     strength = param.Number(default=1.0, bounds=(0.0, 1.5), step=0.05, label="Edit strength",
                             doc="Multiple of the edit's parameter change (0 = unedited).")
-    order = param.Selector(default=0, objects=[0], check_on_set=False, label="Cycle drawn")
+    order = param.Selector(default=0, objects=[0], check_on_set=False, label="Cycle drawn",
+                           doc="The cycle whose order joins and colours the entities in the plot.")
     projection = param.Selector(default="pca", objects={"PCA": "pca", "Isomap": "isomap"},
                                 label="Projection",
                                 doc="PCA or Isomap of the unedited representations; the edited ones are "
@@ -182,6 +233,10 @@ class ShatteringView(View):
     layer = param.Integer(default=0, bounds=(0, 1), label="Edited block (MLP)",
                           doc="ROME and fine-tuning edit this block's MLP; MEMIT spreads the edit over "
                               "the MLPs of blocks 0 up to this one (its last critical block).")
+    retrain = param.Event(label=f"Retrain the model (about {RETRAIN_MINUTES} min)",
+                          doc="Train the knowledge-graph transformer again from scratch with the default "
+                              "settings (the page opens on the one shipped with the project), then "
+                              "rerun the sweep; progress and the time left show in the status line.")
 
     km = param.Parameter(default=None, precedence=-1)
     edit = param.Parameter(default=None, precedence=-1)
@@ -189,14 +244,18 @@ class ShatteringView(View):
 
     def __init__(self, model: Any = None, *, km: KnowledgeModel | None = None,
                  sweep: xr.Dataset | None = None, background: bool | None = None, **params: Any):
+        # Choices that depend on the model wait for it: set before it, a selector with no
+        # options yet would add them to the class's options, shared by every view.
+        self._wanted = {k: params.pop(k) for k in ("entity", "relation", "order") if k in params}
         super().__init__(background=background, **params)
         self._lock = threading.Lock()
         self._cov: dict[int, Any] = {}
         self._cache: dict[tuple, Any] = {}
-        self.runner("load", self._loaded)
+        self.runner("load", self._loaded, progress=True)
         self.runner("edit", self._edited)
         self.runner("sweep", self._swept)
         self.param.watch(self._request_edit, ["method", "entity", "relation", "distance", "layer"])
+        self.param.watch(self._request_retrain, "retrain")
         if km is not None:
             self._use_model(km)
             if sweep is not None:
@@ -211,31 +270,68 @@ class ShatteringView(View):
         if is_stored(**DEFAULTS):
             self.post(status="Loading the stored knowledge-graph transformer…")
             return knowledge_model(**DEFAULTS)
+        if SHIPPED_MODEL.is_file():
+            self.post(status="Loading the knowledge-graph transformer shipped with the project…")
+            return load_knowledge_model(SHIPPED_MODEL)
         params = {**DEFAULTS, **QUICK_PARAMS}
         if is_stored(**params):
             self.post(status="Loading the stored quick knowledge-graph transformer…")
             return knowledge_model(**params)
-        progress = self.status_reporter(
-            token, lambda done, total, s: f"No trained model in the cache: training a quick one "
-                                          f"(`explorer shattering train` makes the full one), step "
-                                          f"{done}/{total} ({s:.0f} s)…")
-        return knowledge_model(progress=progress, **params)
+        return knowledge_model(progress=self._training_progress(token, "No trained model found: "
+                                                                       "training a quick one"), **params)
+
+    def _training_progress(self, token: CancelToken, what: str):
+        """A training callback: the progress bar, and a status line with the time left."""
+        bar = self.progress_fn(token)
+
+        def line(done: int, total: int, seconds: float) -> str:
+            left = seconds / max(1, done) * (total - done)
+            return f"{what}: step {done}/{total}, {seconds:.0f} s so far, about {left:.0f} s left…"
+
+        status = self.status_reporter(token, line)
+
+        def progress(done: int, total: int) -> bool:
+            bar(done, total)
+            return status(done, total)
+        return progress
+
+    def _request_retrain(self, *events: Any) -> None:
+        self.running = True
+
+        def job(token: CancelToken) -> KnowledgeModel:
+            return knowledge_model(retrain=True, progress=self._training_progress(
+                token, "Retraining the knowledge-graph transformer"), **DEFAULTS)
+
+        self.submit("load", job)
 
     def _use_model(self, km: KnowledgeModel) -> None:
         g = km.graph
-        with param.parameterized.discard_events(self):
-            self.param.entity.objects = g.entity_names
-            self.param.relation.objects = g.relation_names
-            self.param.order.objects = list(range(g.orders.shape[0]))
-            self.param.layer.bounds = (0, km.n_layers - 1)
-            self.param.distance.bounds = (1, min(8, g.n_entities - 1))
-            if self.entity not in g.entity_names:
-                self.entity = g.entity_names[0]
-            if self.relation not in g.relation_names:
-                self.relation = g.relation_names[0]
+        # Options and bounds are set with their events on, so the widgets already on the page
+        # (the model arrives from a worker after they are built) get them.
         self.km = km
+        self.param.entity.objects = list(g.entity_names)
+        self.param.relation.objects = list(g.relation_names)
+        self.param.order.objects = list(range(g.orders.shape[0]))
+        self.param.layer.bounds = (0, km.n_layers - 1)
+        self.param.distance.bounds = (1, min(8, g.n_entities - 1))
+        values: dict[str, Any] = {}
+        for name, names in (("entity", g.entity_names), ("relation", g.relation_names),
+                            ("order", self.param.order.objects)):
+            wanted = self._wanted.pop(name, getattr(self, name))
+            if wanted not in names:
+                wanted = names[0]
+            if wanted != getattr(self, name):
+                values[name] = wanted
+        if self.layer > km.n_layers - 1:
+            values["layer"] = km.n_layers - 1
+        if self.distance > self.param.distance.bounds[1]:
+            values["distance"] = self.param.distance.bounds[1]
         self.status = self._describe(km)
-        self._request_edit()
+        edit_params = {"entity", "relation", "layer", "distance"}
+        if values:
+            self.param.update(**values)      # one event: `_request_edit` runs once
+        if not edit_params & set(values):
+            self._request_edit()
 
     @staticmethod
     def _describe(km: KnowledgeModel) -> str:
@@ -244,6 +340,9 @@ class ShatteringView(View):
                 f"{km.params['steps']} training steps ({km.train_seconds:.0f} s).")
 
     def _loaded(self, km: KnowledgeModel) -> None:
+        self.running = False
+        with self._lock:
+            self._cov.clear()
         self._use_model(km)
         self._request_sweep()
 
@@ -277,6 +376,10 @@ class ShatteringView(View):
         km = self.km
         if km is None:
             return
+        shipped = load_shipped_sweep(km)
+        if shipped is not None:
+            self._swept(shipped)
+            return
 
         def job(token: CancelToken) -> xr.Dataset:
             self.post(status=f"Model ready (trained in {km.train_seconds:.0f} s). Running {SWEEP_EDITS} "
@@ -288,9 +391,7 @@ class ShatteringView(View):
         self.submit("sweep", job)
 
     def _swept(self, sweep: xr.Dataset) -> None:
-        self.sweep = sweep
-        km = self.km
-        self.status = f"{self._describe(km)} Sweep of {int(sweep.sizes['edit'])} edits: r² = {sweep.attrs['r2']:.2f}."
+        self.param.update(sweep=sweep, status=self._describe(self.km))
 
     def _at_strength(self) -> tuple[xr.Dataset, xr.Dataset] | None:
         """The embedding and fact accuracy at the current strength (cached per strength and projection)."""
@@ -354,34 +455,42 @@ class ShatteringView(View):
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
+        toggle = {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"}
         widgets = {
-            "method": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
+            "method": toggle,
             "entity": {"type": pn.widgets.Select},
             "relation": {"type": pn.widgets.Select},
             "distance": {"type": pn.widgets.IntSlider},
             "strength": {"type": pn.widgets.FloatSlider},
             "order": {"type": pn.widgets.Select},
-            "projection": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
-            "axes": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
+            "projection": toggle,
+            "axes": toggle,
             "layer": {"type": pn.widgets.IntSlider},
         }
-        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
-                                  sizing_mode="stretch_width"),
-                         width=theme.SIZES["controls_width"], css_classes=["shattering-controls"])
+        retrain = pn.widgets.Button.from_param(self.param.retrain, color="default",
+                                               description=self.param.retrain.doc,
+                                               sizing_mode="stretch_width", margin=(20, 10, 5, 10))
+        bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
+                                     sizing_mode="stretch_width", height=12, margin=(0, 10))
+        return pn.Column(*labelled_controls(self, widgets), retrain, bar, width=theme.SIZES["controls_width"],
+                         css_classes=["shattering-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
                                                size=theme.SIZES["spinner"], color="primary")
-        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10),
-                             css_classes=["shattering-status"])
-        summary = pn.pane.Markdown(self.summary, css_classes=["shattering-summary"])
+        status = pn.pane.Markdown(self.param.status, styles={"color": "#555"}, margin=(6, 10),
+                                  sizing_mode="stretch_width", css_classes=["shattering-status"])
+        summary = pn.pane.Markdown(self.summary, css_classes=["shattering-summary"],
+                                   sizing_mode="stretch_width")
         embedding = pn.pane.HoloViews(self._embedding_plot, sizing_mode="stretch_width",
                                       css_classes=["shattering-embedding"])
         scatter = pn.pane.HoloViews(self._scatter_plot, sizing_mode="stretch_width",
                                     css_classes=["shattering-scatter"])
+        caption = pn.pane.Markdown(pn.bind(scatter_caption, self.param.sweep), styles={"color": "#555"},
+                                   sizing_mode="stretch_width", css_classes=["shattering-caption"])
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary, embedding, scatter,
-                                sizing_mode="stretch_width"),
+                      pn.Column(pn.Row(spinner, status, sizing_mode="stretch_width"), summary, embedding,
+                                scatter, caption, sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 
 

@@ -406,7 +406,7 @@ def test_cli_edit_json(tmp_path, monkeypatch, capsys):
 def test_view_follows_the_strength_slider(km):
     import holoviews as hv
 
-    from apps.shattering import ShatteringView, plot_shattering_scatter
+    from apps.shattering import ShatteringView, scatter_caption
 
     sweep = sh.edit_sweep(km, n_edits=4, distances=[1, 2], method="finetune")
     view = ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3", relation="A+1",
@@ -420,8 +420,8 @@ def test_view_follows_the_strength_slider(km):
     assert "R = 0.000" in view.summary()
     view.order = 1
     assert isinstance(view._embedding_plot(), hv.Overlay)
-    plot = plot_shattering_scatter(sweep)
-    assert f"r² = {sweep.attrs['r2']:.2f}" in plot.opts.get().kwargs["title"]
+    assert f"r² = {sweep.attrs['r2']:.2f}" in scatter_caption(sweep)
+    assert "4 finetune edits" in scatter_caption(sweep)
     view.param.update(method="memit", layer=1, strength=1.0)
     assert view.edit.method == "memit" and view.edit.info["layers"] == [0, 1]
     assert "memit at blocks 0, 1" in view.summary()
@@ -492,4 +492,124 @@ def test_view_draws_the_chosen_components_of_an_independent_pca(km):
         np.testing.assert_allclose(got, np.sign(ref[:, k] @ got) * ref[:, k], atol=1e-6)
     with pytest.raises(InputError, match="`projection` must be one of"):
         sh.edit_embedding(km, view.edit, [0.0], projection="tsne")
+    view.close()
+
+
+def test_widgets_built_before_the_model_arrives_get_its_options(km):
+    """As in the gallery: the page's widgets exist while its model loads in a worker; once it
+    arrives, the Entity and Relation selects offer the graph's names and show the first."""
+    import threading
+
+    import panel as pn
+
+    from apps.shattering import ShatteringView
+
+    arrive = threading.Event()
+    sweep = sh.edit_sweep(km, n_edits=2, distances=[1], method="finetune")
+
+    class Loading(ShatteringView):
+        def _load(self, token):
+            assert arrive.wait(60)
+            return km
+
+        def _request_sweep(self):
+            self._swept(sweep)
+
+    view = Loading(method="finetune", background=True)
+    selects = {w.name: w for w in view.controls().select(pn.widgets.Select)}
+    try:
+        assert len(selects["Entity (subject)"].options) == 0 and view.km is None
+    finally:
+        arrive.set()
+    view.wait()
+    view.wait()                               # the edit job the model's arrival started
+    assert list(selects["Entity (subject)"].options) == km.graph.entity_names
+    assert list(selects["Relation"].options) == km.graph.relation_names
+    assert selects["Entity (subject)"].value == "e0" and selects["Relation"].value == km.graph.relation_names[0]
+    assert list(selects["Cycle drawn"].options) == [str(o) for o in range(km.graph.orders.shape[0])]
+    (layer,) = [w for w in view.controls().select(pn.widgets.IntSlider) if w.name == "Edited block (MLP)"]
+    assert layer.end == km.n_layers - 1
+    assert view.edit is not None and view.edit.entity == 0 and view.edit.relation == 0
+    view.close()
+
+
+def test_every_control_has_a_label_and_a_tooltip(km):
+    import panel as pn
+
+    from apps.shattering import ShatteringView
+
+    sweep = sh.edit_sweep(km, n_edits=2, distances=[1], method="finetune")
+    view = ShatteringView(km=km, sweep=sweep, method="finetune", background=False)
+    panel = view.controls()
+    widgets = list(panel.select(pn.widgets.Widget))
+    tips = [t.value for t in panel.select(pn.widgets.TooltipIcon)]
+    shown = [w.name for w in widgets] + [str(h.object) for h in panel.select(pn.pane.HTML)]
+    for name in ("method", "entity", "relation", "distance", "strength", "order", "projection", "axes",
+                 "layer", "retrain"):
+        p = view.param[name]
+        assert p.doc, name
+        assert p.doc in tips or any(getattr(w, "description", None) == p.doc for w in widgets), name
+        assert any(p.label in text for text in shown), name
+    view.close()
+
+
+# -- the shipped model and sweep (datasets/shattering/) -------------------------------------------
+
+def test_shipped_model_starts_as_a_fresh_default_run_does():
+    """Retraining the default settings for 50 steps gives the shipped run's first losses."""
+    from apps.shattering import SHIPPED_MODEL
+
+    shipped = sh.load_knowledge_model(SHIPPED_MODEL)
+    assert shipped.params == sh.DEFAULTS
+    assert shipped.history["step"][-1] == sh.DEFAULTS["steps"]
+    fresh = sh.train_knowledge_model(progress=lambda done, total: done < 50, **sh.DEFAULTS)
+    assert fresh.history["step"] == shipped.history["step"][:5]
+    np.testing.assert_allclose(fresh.history["loss"], shipped.history["loss"][:5], rtol=2e-3)
+
+
+def test_shipped_sweep_matches_two_edits_recomputed():
+    """The shipped sweep belongs to the shipped weights, and two of its edits recomputed with
+    ROME and R from the distance matrices give its numbers."""
+    from apps.shattering import SHIPPED_MODEL, SWEEP_EDITS, load_shipped_sweep
+
+    km = sh.load_knowledge_model(SHIPPED_MODEL)
+    sweep = load_shipped_sweep(km)
+    assert sweep is not None and sweep.sizes["edit"] == SWEEP_EDITS
+    assert sweep.attrs["params"]["edit_method"] == "rome"
+    cov = sh.key_covariance(km, 0)
+    n = km.graph.n_entities
+    d0 = sh.distance_matrix(sh.entity_representations(km.model, n))
+    for i in (0, 1):
+        e, r, d = (int(sweep[v].values[i]) for v in ("entity", "relation", "distance"))
+        edit = sh.edit_fact(km, e, r, d, method="rome", layer=0, cov=cov)
+        assert edit.new_object == int(sweep["new_object"].values[i])
+        model = sh.edited_model(km, edit)
+        R = sh.shattering_ratio(d0, sh.distance_matrix(sh.entity_representations(model, n)))
+        np.testing.assert_allclose(R, float(sweep["R"].values[i]), rtol=1e-3)
+    # a different model's weights do not read it
+    other = sh.train_knowledge_model(**TINY)
+    assert load_shipped_sweep(other) is None
+
+
+def test_page_opens_on_the_shipped_result_without_training(tmp_path, monkeypatch):
+    import time
+
+    from apps.shattering import SHIPPED_MODEL, ShatteringView, load_shipped_sweep
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))      # nothing stored
+    from explorer.analyses.shattering import storage
+
+    import apps.shattering
+
+    monkeypatch.setattr(storage, "train_knowledge_model", None)  # training would fail
+    monkeypatch.setattr(apps.shattering, "stored_edit_sweep", None)  # and so would a sweep
+    started = time.perf_counter()
+    view = ShatteringView(background=False)
+    seconds = time.perf_counter() - started
+    shipped = sh.load_knowledge_model(SHIPPED_MODEL)
+    assert view.km.weights_sha256() == shipped.weights_sha256()
+    np.testing.assert_array_equal(view.sweep["R"].values, load_shipped_sweep(shipped)["R"].values)
+    assert view.edit is not None and view.edit.method == "rome"
+    assert not list(tmp_path.rglob("*.safetensors"))           # nothing trained or written
+    print(f"shattering page opened in {seconds:.1f} s")
     view.close()

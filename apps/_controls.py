@@ -1,0 +1,46 @@
+"""Controls with a visible label and a tooltip, built from a view's Parameters.
+
+Panel draws a label and a "?" tooltip (the Parameter's doc) for selects, text and number
+inputs, but none for button groups, and no tooltip for sliders and players. `control` adds
+what is missing (`labelled_control`), so every control of a page says what it is and what it changes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import panel as pn
+import param
+
+__all__ = ["labelled_control", "labelled_controls"]
+
+_GROUPS = (pn.widgets.RadioButtonGroup, pn.widgets.CheckButtonGroup, pn.widgets.RadioBoxGroup,
+           pn.widgets.CheckBoxGroup)
+
+
+def labelled_control(view: param.Parameterized, name: str, kind: type[pn.widgets.Widget],
+            **options: Any) -> pn.viewable.Viewable:
+    """The widget ``kind`` of ``view.param[name]``, with its label shown and its doc as a
+    tooltip; ``options`` go to the widget."""
+    p = view.param[name]
+    doc = p.doc or p.label or name
+    if "description" in kind.param and not issubclass(kind, _GROUPS):
+        options.setdefault("description", doc)
+        return kind.from_param(p, sizing_mode="stretch_width", **options)
+    widget = kind.from_param(p, sizing_mode="stretch_width", **options)
+    icon = pn.widgets.TooltipIcon(value=doc, margin=(0, 0, 0, 4), css_classes=["control-tooltip"])
+    if issubclass(kind, _GROUPS):
+        label = pn.pane.HTML(f"<span style='font-size: 0.9em'>{p.label}</span>", margin=(0, 0, 0, 10))
+        return pn.Column(pn.Row(label, icon, margin=(4, 0, 0, 0)), widget, sizing_mode="stretch_width",
+                         margin=0, css_classes=["control", f"control-{name}"])
+    # sliders and players draw their own title (with the value): the tooltip goes beside it
+    return pn.Row(widget, pn.Column(icon, margin=(10, 6, 0, 0)), sizing_mode="stretch_width", margin=0,
+                  css_classes=["control", f"control-{name}"])
+
+
+def labelled_controls(view: param.Parameterized, spec: dict[str, dict[str, Any]]) -> list[pn.viewable.Viewable]:
+    """`labelled_control` for each ``name: {"type": kind, **options}`` of ``spec``, in its order."""
+    out = []
+    for name, opts in spec.items():
+        opts = dict(opts)
+        out.append(labelled_control(view, name, opts.pop("type"), **opts))
+    return out
