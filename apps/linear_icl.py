@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any
 
 import holoviews as hv
@@ -23,17 +24,23 @@ import xarray as xr
 from apps import theme
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
+from explorer import components
 from explorer.analyses.linear_icl import (
+    DEFAULTS,
+    SHIPPED_HEADS,
+    TEST_LENGTHS,
     attention_patterns,
     linear_icl_run,
     stored_linear_icl_analysis,
+    train_linear_icl,
 )
 
 __all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "plot_ov_heatmap",
-           "plot_loss_curves", "plot_loss_by_length", "plot_pattern_metrics"]
+           "plot_loss_curves", "plot_loss_by_length", "plot_head_curves", "plot_metric_curves",
+           "plot_pattern_metrics", "kq_caption", "ov_caption", "loss_caption", "pattern_caption"]
 
-#: Head counts trained (or loaded) for the page by default.
-DEFAULT_HEADS: tuple[int, ...] = (1, 2, 4)
+#: Head counts loaded for the page by default (shipped with the project: nothing is trained).
+DEFAULT_HEADS: tuple[int, ...] = SHIPPED_HEADS
 
 hv.extension("bokeh", logo=False)
 
@@ -48,8 +55,14 @@ _placeholder = functools.partial(theme.placeholder, height=280)
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
 
+def _head(h: int) -> str:
+    """The head's name in the explorer's one spelling (the model has one layer: L0)."""
+    return str(components.head(0, int(h)))
+
+
 def plot_kq_heatmaps(patterns: xr.Dataset | None) -> hv.Element:
-    """W_KQ of every head at one checkpoint (rows: query feature, columns: key feature)."""
+    """W_KQ of every head at one checkpoint (rows: query feature, columns: key feature), one
+    small map per head at a fixed size (the page wraps them); the colour bar on the last."""
     if patterns is None:
         return _placeholder("No run yet.")
     kq = patterns["W_KQ"].values                                        # [head, q, k]
@@ -58,17 +71,27 @@ def plot_kq_heatmaps(patterns: xr.Dataset | None) -> hv.Element:
     rows_named = feats[:-1] + [f"{feats[-1]} (unused)"]
     lim = float(np.abs(kq[:, :-1]).max()) or 1.0
     panels = []
+    last = kq.shape[0] - 1
     for h in range(kq.shape[0]):
         rows = [(feats[j], rows_named[i], float(kq[h, i, j])) for i in range(len(feats))
                 for j in range(len(feats))]
-        omega = float(patterns["omega"].values[h])
-        err = float(patterns["kq_identity_error"].values[h])
         panels.append(hv.HeatMap(rows, ["key feature", "query feature"], "W_KQ").opts(
-            cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=h == kq.shape[0] - 1,
-            tools=["hover"], invert_yaxis=True, width=280 if h < kq.shape[0] - 1 else 350,
-            height=260, default_tools=_TOOLS, fontsize=_font(), line_color="white", line_width=0.5,
-            title=f"head {h}: ω {omega:+.3f}, err {err:.2f}"))
+            cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=h == last, tools=["hover"],
+            invert_yaxis=True, frame_width=150, frame_height=150, default_tools=_TOOLS,
+            fontsize=_font(), line_color="white", line_width=0.5, title=_head(h),
+            toolbar=None if h < last else "right"))
     return hv.Layout(panels).cols(4).opts(shared_axes=False)
+
+
+def kq_caption(patterns: xr.Dataset | None) -> str:
+    """The numbers behind the KQ maps: each head's omega and distance from omega I."""
+    if patterns is None:
+        return ""
+    heads = "; ".join(f"{_head(h)}: ω {float(o):+.3f}, distance {float(e):.2f}" for h, o, e in zip(
+        patterns["head"].values, patterns["omega"].values, patterns["kq_identity_error"].values))
+    return (f"**W_KQ = W_Q W_Kᵀ per head.** {heads}. ω = mean of the x-block diagonal / √(d+1); "
+            "distance = ‖x-block − ωI‖ / ‖x-block‖ (0: a scaled identity). The y row is unused: "
+            "the query's y entry is always 0.")
 
 
 def plot_ov_heatmap(patterns: xr.Dataset | None) -> hv.Element:
@@ -78,13 +101,22 @@ def plot_ov_heatmap(patterns: xr.Dataset | None) -> hv.Element:
     ov = patterns["W_OV"].values                                        # [head, feature]
     feats = [str(f) for f in patterns["feature"].values]
     lim = float(np.abs(ov).max()) or 1.0
-    rows = [(feats[j], f"head {h}", float(ov[h, j])) for h in range(ov.shape[0]) for j in range(len(feats))]
-    ratio = float(patterns["mu_sum_ratio"])
+    rows = [(feats[j], _head(h), float(ov[h, j])) for h in range(ov.shape[0]) for j in range(len(feats))]
     return hv.HeatMap(rows, ["feature", "head"], "W_OV").opts(
         cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True, tools=["hover"], invert_yaxis=True,
-        responsive=True, height=90 + 36 * ov.shape[0], default_tools=_TOOLS, fontsize=_font(),
-        line_color="white", line_width=0.5,
-        title=f"OV per head (μ = the y column); |Σμ| / Σ|μ| = {ratio:.3f}")
+        responsive=True, height=110 + 36 * ov.shape[0], default_tools=_TOOLS, fontsize=_font(),
+        line_color="white", line_width=0.5, title="W_OV per head")
+
+
+def ov_caption(patterns: xr.Dataset | None) -> str:
+    """The numbers behind the OV map: mu per head and how well the heads cancel."""
+    if patterns is None:
+        return ""
+    mu = ", ".join(f"{_head(h)} {float(m):+.2f}" for h, m in zip(patterns["head"].values,
+                                                                 patterns["mu"].values))
+    return (f"**W_OV = W_V W_O per head**; μ = its y entry: {mu}. |Σμ| / Σ|μ| = "
+            f"{float(patterns['mu_sum_ratio']):.3f} (0: the heads cancel the mean of y); "
+            f"OV energy off y {float(patterns['ov_offy_ratio_max']):.4f}.")
 
 
 def plot_loss_curves(analyses: dict[int, xr.Dataset], step: int | None, n_heads: int | None) -> hv.Element:
@@ -104,16 +136,11 @@ def plot_loss_curves(analyses: dict[int, xr.Dataset], step: int | None, n_heads:
     dgd = float(some["baseline_debiased_gd"].sel(context_length=L))
     curves.append(hv.HLine(bayes).opts(color="black", line_dash="dashed", line_width=1))
     curves.append(hv.HLine(dgd).opts(color="grey", line_dash="dotdash", line_width=1))
-    curves.append(hv.Text(float(some["step"].values[-1]), bayes, "Bayes optimal ", halign="right",
-                          valign="bottom", fontsize=8))
-    curves.append(hv.Text(float(some["step"].values[-1]), dgd, "debiased GD ", halign="right",
-                          valign="bottom", fontsize=8))
     if step is not None:
         curves.append(hv.VLine(float(step)).opts(color="black", line_dash="dashed", line_width=1.2))
     return hv.Overlay(curves).opts(
         logy=True, responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
-        legend_position="top_right", tools=["hover"],
-        title=f"Test loss at context length {L} over training (H = 1 vs H ≥ 2)")
+        legend_position="right", tools=["hover"], title=f"Test loss at L = {L}")
 
 
 def plot_loss_by_length(run: xr.Dataset | None, analysis: xr.Dataset | None, step: int | None) -> hv.Element:
@@ -123,47 +150,67 @@ def plot_loss_by_length(run: xr.Dataset | None, analysis: xr.Dataset | None, ste
     lengths = run["context_length"].values
     model = run["test_loss"].sel(step=step).values
     L = int(run.attrs.get("params", {}).get("context_length", 40))
-    parts = [hv.Curve((lengths, model), "context length", "test MSE", label="model at this step").opts(
+    parts = [hv.Curve((lengths, model), "context length", "test MSE", label="model").opts(
         color=theme.ACCENT, line_width=3),
         hv.Scatter((lengths, model), "context length", "test MSE").opts(color=theme.ACCENT, size=6)]
     base_L = analysis["context_length"].values
-    for i, (name, label) in enumerate((("baseline_debiased_gd", "debiased GD (step size fit at L = "
-                                        f"{L})"), ("baseline_gd", "GD (step size fit at L = "
-                                                                  f"{L})"),
-                                       ("baseline_bayes_expected", "Bayes optimal (ridge)"))):
+    for i, (name, label) in enumerate((("baseline_debiased_gd", "debiased GD"),
+                                       ("baseline_gd", "GD"),
+                                       ("baseline_bayes_expected", "Bayes"))):
         parts.append(hv.Curve((base_L, analysis[name].values), "context length", "test MSE",
                               label=label).opts(color=theme.CATEGORICAL[(i + 1) % len(theme.CATEGORICAL)],
                                                 line_dash=["dotdash", "dotted", "dashed"][i], line_width=2))
     parts.append(hv.VLine(float(L)).opts(color="grey", line_dash="dotted", line_width=1))
     return hv.Overlay(parts).opts(
         logx=True, logy=True, responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
-        legend_position="top_right", tools=["hover"],
-        title=f"Length generalisation at step {step} (dotted: training length)")
+        legend_position="right", tools=["hover"], title=f"Loss by length, step {step}")
 
 
-def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
-    """omega and mu of each head, and the pattern metrics, over training."""
+def loss_caption(analyses: dict[int, xr.Dataset], n_heads: int | None) -> str:
+    """What the two loss plots show, with the reference losses at the training length."""
+    if not analyses:
+        return ""
+    some = analyses.get(n_heads, next(iter(analyses.values())))
+    L = int(some.attrs["params"]["run_params"].get("context_length", 40))
+    bayes = float(some["baseline_bayes_expected"].sel(context_length=L))
+    dgd = float(some["baseline_debiased_gd"].sel(context_length=L))
+    finals = "; ".join(f"H = {H}: {ds.attrs['final_test_loss']:.3f}" for H, ds in sorted(analyses.items())
+                       if ds.attrs.get("final_test_loss") is not None)
+    return (f"**Left:** test MSE on prompts of the training length L = {L} over training (thick: the "
+            f"H shown), against debiased GD (dot-dash, {dgd:.3f}) and the Bayes-optimal ridge "
+            f"(dashed, {bayes:.3f}); the dashed vertical line is the step shown. Final loss: {finals}. "
+            "**Right:** loss against context length at that step; the GD step sizes are fitted at "
+            f"L = {L} (dotted) and kept at every length, as a trained model keeps its weights; Bayes "
+            "= the posterior-mean ridge.")
+
+
+def plot_head_curves(analysis: xr.Dataset | None, step: int | None, quantity: str = "omega") -> hv.Element:
+    """``omega`` or ``mu`` of each head over training, the current step marked."""
     if analysis is None:
         return _placeholder("Measuring patterns…")
     steps = analysis["step"].values
-    marker = theme.step_marker(steps, step)
-    common = dict(responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(),
-                  tools=["hover"], xlabel="training step")
     heads = analysis["head"].values
-    color = {h: theme.CATEGORICAL[i % len(theme.CATEGORICAL)] for i, h in enumerate(heads)}
-    omega = hv.Overlay([hv.Curve((steps, analysis["omega"].sel(head=h).values), "training step", "ω",
-                                 label=f"head {h}").opts(color=color[h], line_width=2) for h in heads]
-                       + [marker]).opts(title="ω per head (KQ x-block / √(d+1))",
-                                        legend_position="bottom_right", **common)
-    mu = hv.Overlay([hv.Curve((steps, analysis["mu"].sel(head=h).values), "training step", "μ",
-                              label=f"head {h}").opts(color=color[h], line_width=2) for h in heads]
-                    + [marker]).opts(title="μ per head (OV weight on y)",
-                                     legend_position="bottom_right", **common)
+    symbol = {"omega": "ω", "mu": "μ"}[quantity]
+    curves = [hv.Curve((steps, analysis[quantity].sel(head=h).values), "training step", symbol,
+                       label=_head(h)).opts(color=theme.CATEGORICAL[i % len(theme.CATEGORICAL)], line_width=2)
+              for i, h in enumerate(heads)]
+    return hv.Overlay(curves + [theme.step_marker(steps, step)]).opts(
+        responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(), tools=["hover"],
+        xlabel="training step", legend_position="right", title=f"{symbol} per head")
+
+
+_METRICS = (("kq_identity_error_max", "KQ off ωI"), ("ov_offy_ratio_max", "OV off y"),
+            ("mu_sum_ratio", "|Σμ|/Σ|μ|"), ("dgd_r2", "1 − R² (dGD)"))
+
+
+def plot_metric_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """The pattern metrics over training (log scale), the current step marked and the step from
+    which the pattern holds as a faint line."""
+    if analysis is None:
+        return _placeholder("Measuring patterns…")
+    steps = analysis["step"].values
     metrics = []
-    for i, (name, label) in enumerate((("kq_identity_error_max", "KQ: distance from ωI"),
-                                       ("ov_offy_ratio_max", "OV: energy off y"),
-                                       ("mu_sum_ratio", "|Σμ| / Σ|μ|"),
-                                       ("dgd_r2", "1 − R² vs debiased GD"))):
+    for i, (name, label) in enumerate(_METRICS):
         values = analysis[name].values
         if name == "dgd_r2":
             values = 1 - values
@@ -172,14 +219,50 @@ def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.El
     reached = analysis.attrs.get("pattern_step")
     if reached is not None:
         metrics.append(hv.VLine(float(reached)).opts(color=theme.CATEGORICAL[0], alpha=0.5, line_width=1))
-    pattern = hv.Overlay(metrics + [marker]).opts(
-        logy=True, legend_position="top_right", legend_opts={"background_fill_alpha": 0.5},
-        title="Pattern metrics" + (f" (pattern from step {reached})" if reached else ""),
-        **common)
-    return hv.Layout([omega, mu, pattern]).cols(3).opts(shared_axes=False)
+    return hv.Overlay(metrics + [theme.step_marker(steps, step)]).opts(
+        logy=True, legend_position="right", responsive=True, height=260, default_tools=_TOOLS,
+        fontsize=_font(), tools=["hover"], xlabel="training step", title="Pattern metrics")
 
+
+def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """omega and mu of each head, and the pattern metrics, over training (three plots)."""
+    if analysis is None:
+        return _placeholder("Measuring patterns…")
+    return hv.Layout([plot_head_curves(analysis, step, "omega"), plot_head_curves(analysis, step, "mu"),
+                      plot_metric_curves(analysis, step)]).cols(3).opts(shared_axes=False)
+
+
+def pattern_caption(analysis: xr.Dataset | None) -> str:
+    """What the pattern curves show, and from which step the paper's pattern holds."""
+    if analysis is None:
+        return ""
+    reached = analysis.attrs.get("pattern_step")
+    when = (f"The pattern holds from step {reached} on (faint vertical line)." if reached is not None
+            else "The pattern never settles in this run (with H > 2 heads some die out or share the work).")
+    return ("**ω** (KQ x-block / √(d+1)) and **μ** (OV weight on y) per head over training, and the "
+            "pattern metrics (log scale, worst active head): KQ distance from ωI, OV energy off y, "
+            "|Σμ| / Σ|μ| (heads cancel) and 1 − R² of the predictions against debiased GD. " + when)
 
 # -- the view --------------------------------------------------------------------------------
+
+def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
+    """A control with a visible label and a tooltip icon that says what it changes: a button
+    group gets its label above it; a slider, which shows its own name, gets the icon beside it."""
+    icon = pn.widgets.TooltipIcon(value=tip, margin=(6, 0, 0, 0))
+    if label is None:
+        return pn.Row(widget, icon, sizing_mode="stretch_width")
+    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
+    return pn.Column(head, widget, sizing_mode="stretch_width")
+
+
+def _is_default_run(run: xr.Dataset) -> bool:
+    """Whether ``run`` was trained with `DEFAULTS` (any head count), so `linear_icl_run` names it."""
+    p = run.attrs.get("params", {})
+    want = {**DEFAULTS, "n_heads": p.get("n_heads")}
+    have = {**{k: p.get(k) for k in DEFAULTS if k != "seed"}, "seed": run.attrs.get("seed")}
+    return (have == want and list(p.get("test_lengths", [])) == list(TEST_LENGTHS)
+            and p.get("n_test") == 2048)
+
 
 class LinearICLView(View):
     """Training of one-layer multi-head softmax attention on in-context linear regression.
@@ -190,25 +273,35 @@ class LinearICLView(View):
         Ignored (the gallery passes its language model; this page trains its own).
     runs : dict of int to xarray.Dataset, optional
         Runs from `explorer.analyses.linear_icl.train_linear_icl` by head count. Default: the
-        stored runs with the paper's settings for H in `DEFAULT_HEADS` (trained on first use).
+        stored runs with the paper's settings for H in `DEFAULT_HEADS`, read from the file
+        shipped with the project when the store lacks them (nothing is trained on open).
     analyses : dict of int to xarray.Dataset, optional
         Their `linear_icl_analysis`, by head count; computed when not given.
     heads : tuple of int, default=DEFAULT_HEADS
-        Head counts to load or train when ``runs`` is not given.
+        Head counts to load when ``runs`` is not given.
     background : bool, optional
         Compute in a worker thread (default when served) or inline (tests, notebooks).
+
+    The "Retrain" button trains the run shown again from its seed (about a minute for the
+    default settings on one core), with a progress bar, and replaces it (and, for the default
+    settings, the stored run).
     """
 
     notify_title = "Linear ICL"
     wait_timeout = 1200
 
     n_heads = param.Selector(default=None, objects=[], label="Heads (H)",
-                             doc="Which run the heatmaps and pattern curves show.")
+                             doc="Which run the heatmaps, the pattern curves and the summary show: "
+                                 "the model trained with this many attention heads.")
     step = param.Selector(default=None, objects=[], label="Training step",
-                          doc="Checkpoint of the heatmaps and of the markers.")
+                          doc="Checkpoint of the heatmaps, the loss-by-length plot and the dashed "
+                              "markers on the curves over training.")
 
     runs = param.Dict(default={}, precedence=-1)
     analyses = param.Dict(default={}, precedence=-1)
+    retraining = param.Boolean(default=False, precedence=-1, doc="A retraining is in flight.")
+    retrain_status = param.String(default="", precedence=-1,
+                                  doc="What the last retraining did (shown under its button).")
 
     def __init__(self, model: Any = None, *, runs: dict[int, xr.Dataset] | None = None,
                  analyses: dict[int, xr.Dataset] | None = None,
@@ -218,11 +311,14 @@ class LinearICLView(View):
         self._lock = threading.Lock()
         self._patterns: dict[tuple[int, int], xr.Dataset] = {}
         self.runner("load", self._loaded)
+        self.runner("retrain", self._retrained, progress=True)
         self.param.watch(self._switch_run, "n_heads")
         given = dict(runs or {})
         if given and analyses is not None and set(analyses) == set(given):
             self._loaded({"runs": given, "analyses": dict(analyses)})
         else:
+            self.param.update(running=True, status="Loading the runs (H = " + ", ".join(
+                map(str, sorted(given) or heads)) + ")…")
             self.submit("load", lambda token: self._load(given, tuple(heads), token))
 
     # -- computation ---------------------------------------------------------------------
@@ -232,7 +328,7 @@ class LinearICLView(View):
         for H in ([] if given else heads):
             progress = self.status_reporter(
                 token, lambda done, total, s, H=H: f"Training H = {H}: step {done}/{total} ({s:.0f} s)…")
-            self.post(status=f"Loading the stored run with H = {H} (training it if missing)…")
+            self.post(status=f"Loading the run with H = {H}…")
             runs[H] = linear_icl_run(n_heads=H, progress=progress)
             token.check()
         analyses = {}
@@ -244,19 +340,20 @@ class LinearICLView(View):
 
     def _loaded(self, out: dict[str, dict]) -> None:
         runs = {int(k): v for k, v in out["runs"].items()}
-        self.analyses = out["analyses"]
-        self.runs = runs
+        choice = self.n_heads if self.n_heads in runs else 2 if 2 in runs else sorted(runs)[0]
+        shipped = any("source" in r.attrs for r in runs.values())
+        # The results arrive without events: the n_heads and step events below draw each plot.
+        with param.parameterized.discard_events(self):
+            self.param.update(analyses=out["analyses"], runs=runs)
         self.param.n_heads.objects = sorted(runs)
-        choice = 2 if 2 in runs else sorted(runs)[0]
+        self.param.update(running=False, status=(
+            f"{len(runs)} runs (H = {', '.join(map(str, sorted(runs)))}), "
+            f"{int(runs[choice].sizes['step'])} checkpoints each"
+            + ("; shipped with the project (float16 weights)." if shipped else ".")))
         if self.n_heads == choice:
             self._switch_run()
         else:
             self.n_heads = choice
-        parts = []
-        for H, ds in sorted(self.analyses.items()):
-            loss = ds.attrs.get("final_test_loss")
-            parts.append(f"H={H}: loss {loss:.3f}" if loss is not None else f"H={H}")
-        self.status = "Runs: " + "; ".join(parts) + "."
 
     def _switch_run(self, *events: Any) -> None:
         run = self.runs.get(self.n_heads)
@@ -268,6 +365,68 @@ class LinearICLView(View):
         with param.parameterized.discard_events(self):
             self.step = keep
         self.param.trigger("step")
+
+    def retrain(self, *events: Any) -> None:
+        """Train the run shown again from its seed, with progress; it replaces the shown run."""
+        run = self.runs.get(self.n_heads)
+        if run is None or self.retraining:
+            return
+        H = int(self.n_heads)
+        default = _is_default_run(run)
+        params = dict(run.attrs.get("params", {}))
+        seed = int(run.attrs.get("seed", 0))
+        self.param.update(retraining=True, running=True, progress=0, progress_active=True,
+                          retrain_status=f"Training H = {H}…")
+
+        def job(token: CancelToken) -> dict[str, Any]:
+            bar = self.progress_fn(token, hi=90)
+            started = time.perf_counter()
+            last = [0.0]
+
+            def progress(done: int, total: int) -> bool:
+                bar(done, total)  # raises Cancelled once cancelled: nothing half-trained is kept
+                now = time.perf_counter()
+                if now - last[0] > 0.5 or done == total:
+                    last[0] = now
+                    seconds = now - started
+                    left = seconds / max(done, 1) * (total - done)
+                    text = (f"Training H = {H}: step {done:,}/{total:,}, {seconds:.0f} s, "
+                            f"about {left:.0f} s left…")
+                    self.post(status=text, retrain_status=text)
+                return not token.cancelled
+
+            def fresh() -> xr.Dataset:
+                if default:
+                    return linear_icl_run(n_heads=H, retrain=True, progress=progress)
+                return train_linear_icl(**params, seed=seed, progress=progress)
+
+            new = fresh()
+            token.check()
+            self.post(retrain_status=f"Measuring patterns and baselines for H = {H}…", progress=92)
+            analysis = stored_linear_icl_analysis(new) if default else _analyse(new)
+            return {"H": H, "run": new, "analysis": analysis}
+
+        self.submit("retrain", job)
+
+    def cancel_retrain(self, *events: Any) -> None:
+        """Stop a retraining; the run shown stays as it was."""
+        if not self.retraining:
+            return
+        self.cancel("retrain")
+        self.param.update(retraining=False, running=False, progress_active=False,
+                          retrain_status="Retraining stopped; the run shown is unchanged.")
+
+    def _retrained(self, out: dict[str, Any]) -> None:
+        H, run = out["H"], out["run"]
+        with self._lock:
+            self._patterns = {k: v for k, v in self._patterns.items() if k[0] != H}
+        self.analyses = {**self.analyses, H: out["analysis"]}
+        self.runs = {**self.runs, H: run}
+        self._switch_run()
+        loss = out["analysis"].attrs.get("final_test_loss")
+        text = (f"Retrained H = {H} in {run.attrs.get('train_seconds', 0):.0f} s"
+                + (f": final test loss {loss:.3f}." if loss is not None else "."))
+        self.param.update(retraining=False, running=False, retrain_status=text, status=text)
 
     @param.depends("n_heads", "step")
     def patterns(self) -> xr.Dataset | None:
@@ -283,13 +442,25 @@ class LinearICLView(View):
                 self._patterns[key] = attention_patterns(run.sel(step=self.step))
             return self._patterns[key]
 
-    @param.depends("n_heads", "step")
-    def _kq_plot(self) -> hv.Element:
-        return plot_kq_heatmaps(self.patterns())
+    @param.depends("runs", "n_heads", "step")
+    def _kq_plots(self) -> pn.FlexBox:
+        # One pane per head at a fixed size, wrapping as the window narrows.
+        layout = plot_kq_heatmaps(self.patterns())
+        plots = list(layout) if isinstance(layout, hv.Layout) else [layout]
+        return pn.FlexBox(*[pn.pane.HoloViews(p, linked_axes=False) for p in plots],
+                          sizing_mode="stretch_width")
 
-    @param.depends("n_heads", "step")
+    @param.depends("runs", "n_heads", "step")
+    def _kq_caption(self) -> str:
+        return kq_caption(self.patterns())
+
+    @param.depends("runs", "n_heads", "step")
     def _ov_plot(self) -> hv.Element:
         return plot_ov_heatmap(self.patterns())
+
+    @param.depends("runs", "n_heads", "step")
+    def _ov_caption(self) -> str:
+        return ov_caption(self.patterns())
 
     @param.depends("analyses", "n_heads", "step")
     def _loss_plot(self) -> hv.Element:
@@ -299,9 +470,25 @@ class LinearICLView(View):
     def _length_plot(self) -> hv.Element:
         return plot_loss_by_length(self.runs.get(self.n_heads), self.analyses.get(self.n_heads), self.step)
 
+    @param.depends("analyses", "n_heads")
+    def _loss_caption(self) -> str:
+        return loss_caption(self.analyses, self.n_heads)
+
+    @param.depends("analyses", "n_heads", "step")
+    def _omega_plot(self) -> hv.Element:
+        return plot_head_curves(self.analyses.get(self.n_heads), self.step, "omega")
+
+    @param.depends("analyses", "n_heads", "step")
+    def _mu_plot(self) -> hv.Element:
+        return plot_head_curves(self.analyses.get(self.n_heads), self.step, "mu")
+
     @param.depends("analyses", "n_heads", "step")
     def _metrics_plot(self) -> hv.Element:
-        return plot_pattern_metrics(self.analyses.get(self.n_heads), self.step)
+        return plot_metric_curves(self.analyses.get(self.n_heads), self.step)
+
+    @param.depends("analyses", "n_heads")
+    def _pattern_caption(self) -> str:
+        return pattern_caption(self.analyses.get(self.n_heads))
 
     @param.depends("analyses", "n_heads", "step")
     def summary(self) -> str:
@@ -322,11 +509,26 @@ class LinearICLView(View):
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
-        widgets = {"n_heads": {"type": pn.widgets.RadioButtonGroup, "color": "primary",
-                               "variant": "outline"},
-                   "step": {"type": pn.widgets.DiscreteSlider}}
-        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
-                                  sizing_mode="stretch_width"),
+        heads = pn.widgets.RadioButtonGroup.from_param(self.param.n_heads, color="primary",
+                                                       variant="outline", label="",
+                                                       sizing_mode="stretch_width")
+        step = pn.widgets.DiscreteSlider.from_param(self.param.step, sizing_mode="stretch_width")
+        retrain = pn.widgets.Button(label="Retrain this run", color="primary",
+                                    description="Train the run shown again from its seed (about a "
+                                                "minute for the default settings), with progress; "
+                                                "the new run replaces it.",
+                                    disabled=self.param.retraining, sizing_mode="stretch_width")
+        retrain.on_click(self.retrain)
+        stop = pn.widgets.Button(label="Stop retraining", color="warning",
+                                 description="Stop the retraining; the run shown stays as it was.",
+                                 visible=self.param.retraining, sizing_mode="stretch_width")
+        stop.on_click(self.cancel_retrain)
+        bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
+                                     sizing_mode="stretch_width", margin=(4, 10))
+        note = pn.pane.Markdown(self.param.retrain_status, css_classes=["icl-retrain-status"],
+                                styles={"color": "#555"}, margin=(0, 10))
+        return pn.Column(_control(heads, self.param.n_heads.doc, self.param.n_heads.label),
+                         _control(step, self.param.step.doc), retrain, stop, bar, note,
                          width=theme.SIZES["controls_width"], css_classes=["icl-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -334,16 +536,31 @@ class LinearICLView(View):
                                                size=theme.SIZES["spinner"], color="primary")
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
 
-        def pane(fn, css):
-            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", css_classes=[css])
+        def pane(fn, css, min_width=340):
+            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
+                                     css_classes=[css], styles={"flex": "1 1 0"})
+
+        def caption(fn, css):
+            return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
+                                    styles={"color": "#444", "font-size": "0.9em"})
 
         summary = pn.pane.Markdown(self.summary, css_classes=["icl-summary"])
+        kq = pn.panel(self._kq_plots, css_classes=["icl-kq"], sizing_mode="stretch_width")
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary,
-                                pane(self._kq_plot, "icl-kq"), pane(self._ov_plot, "icl-ov"),
-                                pn.Row(pane(self._loss_plot, "icl-loss"),
-                                       pane(self._length_plot, "icl-length")),
-                                pane(self._metrics_plot, "icl-metrics"),
+                                kq, caption(self._kq_caption, "icl-kq-caption"),
+                                pn.pane.HoloViews(self._ov_plot, sizing_mode="stretch_width",
+                                                  css_classes=["icl-ov"]),
+                                caption(self._ov_caption, "icl-ov-caption"),
+                                pn.FlexBox(pane(self._loss_plot, "icl-loss"),
+                                           pane(self._length_plot, "icl-length"),
+                                           sizing_mode="stretch_width"),
+                                caption(self._loss_caption, "icl-loss-caption"),
+                                pn.FlexBox(pane(self._omega_plot, "icl-omega", 300),
+                                           pane(self._mu_plot, "icl-mu", 300),
+                                           pane(self._metrics_plot, "icl-metrics", 300),
+                                           sizing_mode="stretch_width"),
+                                caption(self._pattern_caption, "icl-pattern-caption"),
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 

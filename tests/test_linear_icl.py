@@ -399,3 +399,95 @@ def test_cli_runs_on_one_thread_and_restores_the_thread_count(tmp_path, monkeypa
     assert cli.main(args + ["--threads", "3"]) == 0
     assert torch.get_num_threads() == 2 and seen == [1, 3]
     capsys.readouterr()
+
+
+# -- the shipped seed-0 runs ---------------------------------------------------------
+
+
+def test_safetensors_round_trip_keeps_layout_and_rounds_weights_to_float16(tmp_path):
+    runs = {H: icl.train_linear_icl(n_heads=H, d=2, context_length=6, steps=4, checkpoint_every=2,
+                                    batch_size=8, n_test=8, test_lengths=[3, 6], seed=H) for H in (1, 3)}
+    analyses = {H: icl.attention_patterns(r) for H, r in runs.items()}
+    path = icl.save_linear_icl_runs_safetensors(runs, tmp_path / "runs.safetensors", analyses=analyses)
+    back, back_analyses = icl.load_linear_icl_runs_safetensors(path)
+    assert sorted(back) == [1, 3] and sorted(back_analyses) == [1, 3]
+    for H, run in runs.items():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            assert back[H][name].dtype == np.float32 and back[H][name].dims == run[name].dims
+            np.testing.assert_array_equal(back[H][name].values,
+                                          run[name].values.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(back[H]["test_loss"].values, run["test_loss"].values)  # not rounded
+        np.testing.assert_array_equal(back[H]["wall_seconds"].values, run["wall_seconds"].values)
+        assert list(back[H]["feature"].values) == list(run["feature"].values)
+        assert back[H].attrs == json.loads(json.dumps(run.attrs))
+        np.testing.assert_array_equal(back_analyses[H]["W_KQ"].values, analyses[H]["W_KQ"].values)
+    with pytest.raises(InputError, match="no analysis for the run with H = 3"):
+        icl.save_linear_icl_runs_safetensors(runs, tmp_path / "x.safetensors", analyses={1: analyses[1]})
+    with pytest.raises(InputError, match="no safetensors file"):
+        icl.load_linear_icl_runs_safetensors(tmp_path / "missing.safetensors")
+
+
+_shipped = pytest.mark.skipif(not icl.SHIPPED_RUNS.is_file(), reason="the shipped runs are missing")
+
+
+@_shipped
+def test_shipped_runs_are_small_and_their_analyses_are_those_of_their_weights():
+    assert icl.SHIPPED_RUNS.stat().st_size < 1_000_000
+    runs, analyses = icl.load_linear_icl_runs_safetensors(icl.SHIPPED_RUNS)
+    assert sorted(runs) == sorted(analyses) == list(icl.SHIPPED_HEADS)
+    for H, run in runs.items():
+        assert {**run.attrs["params"], "seed": run.attrs["seed"]} == {
+            **icl.DEFAULTS, "n_heads": H, "test_lengths": list(icl.TEST_LENGTHS), "n_test": 2048}
+        assert run.sizes["step"] == 81 and run.sizes["head"] == H
+        # omega and mu of the shipped analysis, recomputed from the shipped (float16) weights
+        # by hand at the last checkpoint: omega = mean diag of the x-block of Q K^T / sqrt(D).
+        last = run.isel(step=-1)
+        kq = np.einsum("hik,hjk->hij", last["W_Q"].values.astype(np.float64), last["W_K"].values)
+        ov = np.einsum("hik,hk->hi", last["W_V"].values.astype(np.float64), last["W_O"].values)
+        omega = np.diagonal(kq[:, :5, :5], axis1=1, axis2=2).mean(-1) / math.sqrt(6)
+        np.testing.assert_allclose(analyses[H]["omega"].isel(step=-1).values, omega, rtol=1e-6)
+        np.testing.assert_allclose(analyses[H]["mu"].isel(step=-1).values, ov[:, -1], rtol=1e-6)
+    # The paper's result: two heads pair up (mu summing to ~0) and beat one head.
+    assert float(analyses[2]["mu_sum_ratio"].isel(step=-1)) < 0.05
+    assert analyses[2].attrs["pattern_step"] is not None
+    assert analyses[1].attrs["final_test_loss"] > analyses[2].attrs["final_test_loss"] + 0.05
+
+
+@_shipped
+def test_retraining_seed_0_reproduces_the_shipped_first_checkpoints():
+    """Same seed, same prompts, same Adam steps: the first 500 steps train to the shipped
+    weights up to their float16 rounding (half a float16 step; one step allowed for float
+    differences between CPUs), and to the same full-precision losses."""
+    runs, _ = icl.load_linear_icl_runs_safetensors(icl.SHIPPED_RUNS)
+    for H in icl.SHIPPED_HEADS:
+        fresh = icl.train_linear_icl(**{**icl.DEFAULTS, "n_heads": H, "steps": 500})
+        shipped = runs[H].isel(step=slice(0, 3))
+        np.testing.assert_array_equal(shipped["step"].values, fresh["step"].values)     # 0, 250, 500
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            want = fresh[name].values
+            got = shipped[name].values
+            ulp = np.spacing(np.abs(got).astype(np.float16)).astype(np.float32)       # float16 step
+            assert np.all(np.abs(got - want) <= ulp), (H, name, float(np.abs(got - want).max()))
+            assert not np.array_equal(got[0], got[-1])                                 # it trained
+        np.testing.assert_allclose(shipped["test_loss"].values, fresh["test_loss"].values, rtol=1e-5)
+        np.testing.assert_allclose(shipped["train_loss"].values[1:], fresh["train_loss"].values[1:], rtol=1e-5)
+
+
+@_shipped
+def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_path, monkeypatch):
+    from explorer.store import ActivationStore
+
+    store = ActivationStore(tmp_path)
+    monkeypatch.setattr(icl, "train_linear_icl", lambda **kw: pytest.fail("trained instead of reading"))
+    monkeypatch.setattr(icl, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed instead of reading"))
+    run = icl.linear_icl_run(store=store, n_heads=4)
+    assert "shipped" in run.attrs["source"] and run.sizes["head"] == 4
+    analysis = icl.stored_linear_icl_analysis(run, store=store)
+    _, shipped = icl.load_linear_icl_runs_safetensors(icl.SHIPPED_RUNS)
+    np.testing.assert_array_equal(analysis["dgd_r2"].values, shipped[4]["dgd_r2"].values)
+    # Any other setting is trained (a head count not shipped, another seed), not read.
+    for other in ({"n_heads": 3}, {"n_heads": 2, "seed": 1}):
+        with pytest.raises(pytest.fail.Exception, match="trained instead"):
+            icl.linear_icl_run(store=store, **other)
+    with pytest.raises(pytest.fail.Exception, match="analysed instead"):
+        icl.stored_linear_icl_analysis(run, store=store, n_prompts=64)

@@ -1,0 +1,104 @@
+"""The Linear ICL page headless: it opens on the shipped runs without training, its captions
+carry the numbers (checked against the weights by hand), every control has a label and a
+tooltip, and "Retrain" trains the run shown again, as `train_linear_icl` does."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("panel")
+
+from explorer.analyses import linear_icl as icl  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {H: icl.train_linear_icl(n_heads=H, steps=40, checkpoint_every=20, batch_size=32,
+                                        n_test=32, test_lengths=[10, 40], seed=0) for H in (1, 2)}
+    finally:
+        torch.set_num_threads(before)
+
+
+def _omega_by_hand(run, step):
+    at = run.sel(step=step)
+    kq = np.einsum("hik,hjk->hij", at["W_Q"].values.astype(np.float64), at["W_K"].values)
+    return np.diagonal(kq[:, :-1, :-1], axis1=1, axis2=2).mean(-1) / math.sqrt(kq.shape[-1])
+
+
+def test_captions_carry_the_numbers_the_titles_leave_out(tiny_runs):
+    from apps.linear_icl import LinearICLView, plot_kq_heatmaps
+
+    view = LinearICLView(runs=tiny_runs, background=False)
+    assert view.n_heads == 2 and view.step == 40
+    omega = _omega_by_hand(tiny_runs[2], 40)
+    caption = view._kq_caption()
+    for h, w in enumerate(omega):
+        assert f"L0.H{h}: ω {w:+.3f}" in caption
+    # Titles are short names (the numbers went to the caption).
+    titles = [p.opts.get().kwargs["title"] for p in plot_kq_heatmaps(view.patterns())]
+    assert titles == ["L0.H0", "L0.H1"]
+    view.step = 20
+    assert f"L0.H0: ω {_omega_by_hand(tiny_runs[2], 20)[0]:+.3f}" in view._kq_caption()
+    assert "H = 1: " in view._loss_caption() and "H = 2: " in view._loss_caption()
+
+
+def test_every_control_has_a_label_and_a_tooltip(tiny_runs):
+    import panel as pn
+
+    from apps.linear_icl import LinearICLView
+
+    view = LinearICLView(runs=tiny_runs, background=False)
+    controls = view.controls()
+    tips = [w.value for w in controls.select(pn.widgets.TooltipIcon)]
+    assert view.param.n_heads.doc in tips and view.param.step.doc in tips
+    labels = " ".join(str(p.object) for p in controls.select(pn.pane.HTML))
+    assert "Heads (H)" in labels
+    sliders = controls.select(pn.widgets.DiscreteSlider)
+    assert [s.name for s in sliders] == ["Training step"]
+    buttons = {b.label: b.description for b in controls.select(pn.widgets.Button)}
+    assert set(buttons) == {"Retrain this run", "Stop retraining"} and all(buttons.values())
+
+
+def test_retrain_trains_the_run_shown_again_from_its_seed(tiny_runs):
+    from apps.linear_icl import LinearICLView
+
+    view = LinearICLView(runs=tiny_runs, background=False)
+    view.n_heads = 1
+    old = view.runs[1]
+    view.retrain()                                             # inline: done when it returns
+    p = dict(old.attrs["params"])
+    want = icl.train_linear_icl(**p, seed=old.attrs["seed"])
+    new = view.runs[1]
+    assert new is not old and not view.retraining and not view.progress_active
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        np.testing.assert_array_equal(new[name].values, want[name].values)
+    assert view.retrain_status.startswith("Retrained H = 1 in ")
+    assert view.runs[2] is tiny_runs[2]                        # the other run is untouched
+
+
+def test_page_opens_on_the_shipped_runs_without_training(tmp_path, monkeypatch):
+    if not icl.SHIPPED_RUNS.is_file():
+        pytest.skip("the shipped runs are missing")
+    from apps.linear_icl import DEFAULT_HEADS, LinearICLView
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    monkeypatch.setattr(icl, "train_linear_icl", lambda **kw: pytest.fail("trained on open"))
+    monkeypatch.setattr(icl, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed on open"))
+    view = LinearICLView(background=False)
+    assert sorted(view.runs) == list(DEFAULT_HEADS) and view.step == 20000
+    assert "shipped with the project" in view.status
+    view.__panel__()
