@@ -8,12 +8,14 @@ Activation Engineering", arXiv:2308.10248).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import io
 import json
 import threading
 import time
+import weakref
 from typing import Any
 
 import bokeh
@@ -26,12 +28,14 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken, user_message
+from apps._session import Cancelled, CancelToken, user_message
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
+from explorer.lens import preview_vocabulary
 from explorer.trace import trace as trace_sites
 
-__all__ = ["LensView", "lens_table", "plot_lens_heatmap", "contrast_vector", "STATE_FORMAT"]
+__all__ = ["LensView", "lens_table", "plot_lens_heatmap", "heatmap_columns", "plot_shape",
+           "is_preview", "contrast_vector", "slider_preview_times", "STATE_FORMAT"]
 
 STATE_FORMAT = "explorer.lens-state"
 STATE_FORMAT_VERSION = 1
@@ -92,19 +96,38 @@ def lens_table(ds: xr.Dataset, *, prompt: int = 0) -> pd.DataFrame:
         "top_prob": probs[..., 0].reshape(-1).astype(float),
         "input": np.repeat(np.array(inputs, dtype=object), n_layers),
     }
-    shown = np.array([theme.show_token(t) for t in toks.reshape(-1)], dtype=object).reshape(toks.shape)
-    table["label"] = np.array([s if len(s) <= _LABEL_CHARS else s[:_LABEL_CHARS - 1] + "…"
-                               for s in shown[..., 0].reshape(-1)], dtype=object)
+    # each distinct token shown once (a slider's redraw builds this table every move)
+    distinct, where = np.unique(toks.reshape(-1).astype(str), return_inverse=True)
+    visible = np.array([theme.show_token(t) for t in distinct.tolist()], dtype=object)
+    shown = visible[where].reshape(toks.shape)
+    short = np.array([s if len(s) <= _LABEL_CHARS else s[:_LABEL_CHARS - 1] + "…"
+                      for s in visible.tolist()], dtype=object)
+    table["label"] = short[where.reshape(toks.shape)[..., 0].reshape(-1)]
     for r in range(k):
         table[f"tok{r}"] = shown[..., r].reshape(-1)
         table[f"id{r}"] = ids[..., r].reshape(-1)
         table[f"p{r}"] = probs[..., r].reshape(-1).astype(float)
-    table["text_color"] = np.array(theme.text_colors(table["top_prob"], theme.PROBABILITY_CMAP),
-                                   dtype=object)
+    table["text_color"] = _text_colors(table["top_prob"])
     df = pd.DataFrame(table)
     # object, not pandas' arrow strings: HoloViews reshapes HeatMap value columns
     text = ["input", "label", "text_color"] + [f"tok{r}" for r in range(k)]
     return df.astype({c: object for c in text})
+
+
+@functools.lru_cache(maxsize=1)
+def _light_cells() -> np.ndarray:
+    """Per colour of the probability map: whether black text reads on it (theme.text_colors)."""
+    n = len(theme.PROBABILITY_CMAP)
+    return np.array([c == "black" for c in theme.text_colors(
+        np.minimum((np.arange(n) + 0.5) / (n - 1), 1.0), theme.PROBABILITY_CMAP)])
+
+
+def _text_colors(values: np.ndarray) -> np.ndarray:
+    """`theme.text_colors` of probabilities in [0, 1] on the probability map, vectorised."""
+    v = np.asarray(values, dtype=float)
+    n = len(theme.PROBABILITY_CMAP)
+    i = np.clip(np.nan_to_num(v, nan=0.0) * (n - 1), 0, n - 1).astype(int)
+    return np.where(np.isnan(v) | _light_cells()[i], "black", "white").astype(object)
 
 
 def steering_summary(edits: list[dict]) -> str:
@@ -115,10 +138,24 @@ def steering_summary(edits: list[dict]) -> str:
     return "; ".join(f"steered at layer {e['layer']}, α = {e['alpha']:g}" for e in steers)
 
 
+def is_preview(ds: xr.Dataset | None) -> bool:
+    """Whether a lens result is a preview (`explorer.logit_lens` ``preview_vocab``)."""
+    return ds is not None and ds.attrs.get("params", {}).get("readout") == "preview"
+
+
+def lens_title(ds: xr.Dataset) -> str:
+    """The heatmap's title; a preview's says so."""
+    what = steering_summary(ds.attrs.get("edits", []))
+    if is_preview(ds):
+        return f"PREVIEW (exact on release) · {what}"
+    return f"Logit lens: top-1 token per layer and position · {what}"
+
+
 def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0) -> hv.Overlay | hv.Element:
     """Layer x position heatmap of the lens's top-1 probability, the top-1 token in each cell.
 
     Hover lists the top-k tokens with ids and probabilities. ``None`` gives a placeholder.
+    A preview's title starts with "PREVIEW".
     """
     if ds is None:
         return hv.Text(0, 0, "Computing the logit lens…").opts(
@@ -136,7 +173,7 @@ def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0) -> hv.Overlay |
     sizes = theme.SIZES
     height = max(sizes["plot_min_height"], sizes["cell_height"] * len(layers) + 140)
     edits = ds.attrs.get("edits", [])
-    title = f"Logit lens: top-1 token per layer and position · {steering_summary(edits)}"
+    title = lens_title(ds)
     vdims = ["top_prob", "input"] + [c for r in range(k) for c in (f"tok{r}", f"id{r}", f"p{r}")]
     heat = hv.HeatMap(table, ["pos", "layer"], vdims).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True,
@@ -158,6 +195,43 @@ def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0) -> hv.Overlay |
                                                       line_dash="dashed")
     # no active scroll zoom: the wheel keeps scrolling the page
     return overlay.opts(responsive=True, height=height, active_tools=[])
+
+
+def plot_shape(ds: xr.Dataset | None, *, prompt: int = 0) -> tuple | None:
+    """What fixes the heatmap's axes and glyphs: tokens, layers, k and the steering line.
+    Results of the same shape are drawn by replacing the plot's data in place."""
+    if ds is None:
+        return None
+    one = ds.isel(prompt=prompt)
+    steer = tuple(e["layer"] for e in ds.attrs.get("edits", []) if e.get("kind") == "steer")
+    return (tuple(one.token.values[one.mask.values].tolist()), tuple(one.layer.values.tolist()),
+            int(one.sizes["rank"]), steer)
+
+
+def _as_text(values: np.ndarray) -> list[str]:
+    """Numbers as HoloViews' hover columns show them (``%.5g``; ids as integers)."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu":
+        return values.astype(str).tolist()
+    return np.char.mod("%.5g", values.astype(float)).tolist()
+
+
+def heatmap_columns(ds: xr.Dataset, *, prompt: int = 0) -> dict[str, dict[str, Any]]:
+    """The ``ColumnDataSource.data`` HoloViews gives the heatmap (``"heat"``) and its labels
+    (``"labels"``) for ``ds``: what a same-shape update writes into the drawn plot."""
+    t = lens_table(ds, prompt=prompt)
+    n = len(t)
+    heat: dict[str, Any] = {"pos": t["pos"].to_numpy(), "layer": t["layer"].to_numpy(),
+                            "zvalues": t["top_prob"].to_numpy(), "width": np.ones(n),
+                            "height": np.ones(n), "top_prob": _as_text(t["top_prob"].to_numpy()),
+                            "input": list(t["input"])}
+    for r in range(ds.sizes["rank"]):
+        heat[f"tok{r}"] = list(t[f"tok{r}"])
+        heat[f"id{r}"] = _as_text(t[f"id{r}"].to_numpy())
+        heat[f"p{r}"] = _as_text(t[f"p{r}"].to_numpy())
+    labels = {"pos": t["pos"].to_numpy(), "layer": t["layer"].to_numpy(),
+              "label": list(t["label"]), "text_color": list(t["text_color"])}
+    return {"heat": heat, "labels": labels}
 
 
 def lens_digest(ds: xr.Dataset) -> str:
@@ -233,6 +307,11 @@ class LensView(View):
 
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                  doc="The last good lens result (kept while a new one computes).")
+    preview = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
+                                  doc="The preview drawn while the steering slider moves; None "
+                                      "once the exact result of the released value is in.")
+    plot_version = param.Integer(default=0, precedence=-1,
+                                 doc="Bumped when the heatmap must be built anew (a new shape).")
 
     notify_title = "Logit lens"
     failed_status = "Last run failed: {message}"
@@ -250,7 +329,22 @@ class LensView(View):
         self._vectors: dict[tuple, np.ndarray] = {}                  # (A, B, layer) -> [d_model]
         self._runner = self.runner("run", self._show_result)
         self._started = 0.0
+        # the preview path: one job at a time, only the newest waiting request kept
+        self.runner("preview", self._show_preview, busy=False)
+        self._preview_lock = threading.Lock()
+        self._preview_busy = False
+        self._preview_pending: tuple[int, dict] | None = None
+        self._seq = 0            # request counter (previews and exact runs)
+        self._exact_seq = 0      # the newest exact request: older previews are not drawn
+        self.preview_runs = 0    # previews computed (tests and the bench read it)
+        self._alpha_slider: pn.widgets.FloatSlider | None = None
+        self._syncing = False
+        # the drawn heatmap's data sources, filled in place for results of the same shape
+        self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
+        self._figures: list[weakref.ref] = []
+        self._drawn_shape: tuple | None = None
         self.param.watch(self._request_run, list(_RUN_PARAMS))
+        self.param.watch(self._draw, ["result", "preview"])
         self._page_loaded = not served
         if served:
             pn.state.onload(self._on_page_load)  # runs at once if the page is already up
@@ -275,7 +369,80 @@ class LensView(View):
         p = self._run_params()
         self.running = True
         self._started = time.perf_counter()
+        self._seq += 1
+        self._exact_seq = self._seq
+        with self._preview_lock:
+            self._preview_pending = None   # previews asked for before this are stale
         self.submit("run", lambda token: self._compute(p, token))
+
+    # -- the preview while the steering slider moves ------------------------------------
+    def request_preview(self, alpha: float) -> None:
+        """Draw a preview at steering strength ``alpha`` (the slider is being dragged).
+
+        One preview computes at a time; a request made meanwhile waits in a single slot
+        that the next request overwrites, so stale positions are dropped, never queued.
+        The exact run follows when the slider is released (`alpha` is set).
+        """
+        if not self._page_loaded:
+            return
+        self._seq += 1
+        request = (self._seq, {**self._run_params(), "alpha": float(alpha)})
+        with self._preview_lock:
+            if self._preview_busy:
+                self._preview_pending = request
+                return
+            self._preview_busy = True
+        self._start_preview(request)
+
+    def _start_preview(self, request: tuple[int, dict]) -> None:
+        if self.submit("preview", lambda token: self._preview_job(request, token)) is None:
+            with self._preview_lock:       # closed: nothing more runs
+                self._preview_busy = False
+                self._preview_pending = None
+
+    def _preview_job(self, request: tuple[int, dict], token: CancelToken) -> tuple:
+        seq, p = request
+        try:
+            return seq, p, self._compute_preview(p, token), None
+        except Cancelled:
+            raise
+        except Exception as exc:  # a failed preview is not shown; the exact run reports
+            return seq, p, None, exc
+
+    def _compute_preview(self, p: dict[str, Any], token: CancelToken) -> xr.Dataset:
+        """The lens at ``p`` read over candidate tokens only (`explorer.logit_lens`
+        ``preview_vocab``): the last results' top tokens and those the steering vector
+        raises; the final layer and the layers before the edit are exact."""
+        check_prompts(p["prompt"])
+        edits = self.edits_for(p)
+        last = self.result
+        if not edits and last is not None and not last.attrs["edits"] \
+                and last.attrs["params"]["prompts"] == [p["prompt"]] \
+                and last.sizes["rank"] == p["k"]:
+            return last  # the unedited lens is already exact
+        token.check()
+        resume = self._clean_run(p["prompt"]) if (edits and not self._model.remote) else None
+        shown = [ds for ds in (self.result, self.preview) if ds is not None
+                 and ds.attrs["params"]["prompts"] == [p["prompt"]]]
+        directions = [np.sign(e.alpha) * np.asarray(e.vector) for e in edits]
+        vocab = preview_vocabulary(self._model, results=shown, directions=directions)
+        token.check()
+        self.preview_runs += 1
+        return explorer.logit_lens(self._model, p["prompt"], k=p["k"], edits=edits, resume=resume,
+                                   rank_cap=p["k"], unembed_dtype="auto", preview_vocab=vocab)
+
+    def _show_preview(self, out: tuple) -> None:
+        seq, p, ds, exc = out
+        if exc is None and seq > self._exact_seq and ds is not None:
+            self.param.update(preview=ds, status=f"Preview at α = {p['alpha']:g} (top tokens "
+                                                 "among candidates, estimated probabilities); "
+                                                 "exact on release")
+        with self._preview_lock:
+            request, self._preview_pending = self._preview_pending, None
+            if request is None:
+                self._preview_busy = False
+        if request is not None:
+            self._start_preview(request)
 
     def _steering_vector(self, p: dict[str, Any]) -> np.ndarray:
         a, b = contrast_prompts(p["contrast_a"]), contrast_prompts(p["contrast_b"])
@@ -328,7 +495,7 @@ class LensView(View):
     def _show_result(self, out: tuple[dict, xr.Dataset]) -> None:
         p, ds = out
         seconds = time.perf_counter() - self._started
-        self.param.update(result=ds, error="", running=False,
+        self.param.update(result=ds, preview=None, error="", running=False,
                           status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
                                  f" · {seconds:.2f} s")
 
@@ -339,6 +506,10 @@ class LensView(View):
         """Stop waiting for the run in flight; its result is discarded."""
         was_running = self.running
         super().cancel(name)
+        if name in (None, "preview"):
+            with self._preview_lock:
+                self._preview_busy = False
+                self._preview_pending = None
         if was_running:
             self.param.update(running=False, status="Cancelled; showing the previous result.")
 
@@ -348,6 +519,63 @@ class LensView(View):
         with self._cache_lock:
             self._clean = None
             self._vectors.clear()
+
+    # -- drawing ---------------------------------------------------------------------------
+    @property
+    def shown(self) -> xr.Dataset | None:
+        """The result the heatmap draws: the preview while there is one, else the result."""
+        return self.preview if self.preview is not None else self.result
+
+    def _source_hook(self, glyph: str):
+        """A HoloViews hook keeping the rendered glyph's data source (and the figure)."""
+        def hook(plot: Any, element: Any) -> None:
+            source = plot.handles.get("source")
+            refs = self._sources[glyph]
+            if source is not None and not any(r() is source for r in refs):
+                refs.append(weakref.ref(source))
+            fig = plot.handles.get("plot")
+            if fig is not None and not any(r() is fig for r in self._figures):
+                self._figures.append(weakref.ref(fig))
+        return hook
+
+    def drawn_sources(self) -> dict[str, list[Any]]:
+        """The rendered heatmap's Bokeh data sources per glyph (live ones only)."""
+        out = {}
+        for glyph, refs in self._sources.items():
+            refs[:] = [r for r in refs if r() is not None]
+            out[glyph] = [r() for r in refs]
+        return out
+
+    def _plot(self, _version: int) -> hv.Overlay | hv.Element:
+        ds = self.shown
+        for refs in (*self._sources.values(), self._figures):
+            refs.clear()                   # the new render registers its own
+        self._drawn_shape = plot_shape(ds)
+        plot = plot_lens_heatmap(ds)
+        if ds is None:
+            return plot
+        return plot.opts(hv.opts.HeatMap(hooks=[self._source_hook("heat")]),
+                         hv.opts.Labels(hooks=[self._source_hook("labels")]))
+
+    def _draw(self, *events: Any) -> None:
+        """Redraw the heatmap: in place when the drawn plot has this result's shape (a
+        slider move: new data, title and colours, no new Bokeh models), else anew."""
+        ds = self.shown
+        sources = self.drawn_sources()
+        if ds is not None and plot_shape(ds) == self._drawn_shape and all(sources.values()):
+            columns = heatmap_columns(ds)
+            if all(set(src.data) <= set(columns[glyph])
+                   for glyph, srcs in sources.items() for src in srcs):
+                for glyph, srcs in sources.items():
+                    for src in srcs:
+                        src.data = {name: columns[glyph][name] for name in src.data}
+                title = lens_title(ds)
+                for ref in self._figures:
+                    fig = ref()
+                    if fig is not None and fig.title is not None:
+                        fig.title.text = title
+                return
+        self.plot_version += 1
 
     # -- session export / import ---------------------------------------------------------
     def export_state(self) -> dict[str, Any]:
@@ -450,11 +678,13 @@ class LensView(View):
             "contrast_a": {"type": pn.widgets.TextAreaInput, "auto_grow": True, "rows": 2},
             "contrast_b": {"type": pn.widgets.TextAreaInput, "auto_grow": True, "rows": 2},
             "steer_layer": {"type": pn.widgets.IntSlider, "throttled": True},
-            "alpha": {"type": pn.widgets.FloatSlider, "throttled": True},
             "k": {"type": pn.widgets.IntSlider, "throttled": True},
         }
         params = pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
                           sizing_mode="stretch_width")
+        layer_at = next(i for i, w in enumerate(params.layout)
+                        if getattr(w, "name", None) == self.param.steer_layer.label)
+        params.layout.insert(layer_at + 1, self.alpha_slider())
         download = pn.widgets.FileDownload(callback=self._state_file, filename="lens-state.json",
                                            label="Export state (JSON)",
                                            sizing_mode="stretch_width")
@@ -465,13 +695,44 @@ class LensView(View):
                          pn.pane.Markdown("Import state (JSON):", margin=(0, 10)), upload,
                          width=theme.SIZES["controls_width"], css_classes=["lens-controls"])
 
+    def alpha_slider(self) -> pn.widgets.FloatSlider:
+        """The steering-strength slider: a preview while it moves (``value``), the exact
+        lens on release (``value_throttled`` sets `alpha`)."""
+        if self._alpha_slider is not None:
+            return self._alpha_slider
+        spec = self.param.alpha
+        slider = pn.widgets.FloatSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
+                                        step=spec.step, value=self.alpha,
+                                        sizing_mode="stretch_width")
+
+        def dragged(event: param.parameterized.Event) -> None:
+            if not self._syncing and event.new != self.alpha:
+                self.request_preview(event.new)
+
+        def released(event: param.parameterized.Event) -> None:
+            if not self._syncing and event.new is not None:
+                self.alpha = event.new
+
+        def synced(event: param.parameterized.Event) -> None:  # alpha set elsewhere (a state)
+            self._syncing = True
+            try:
+                slider.value = event.new
+            finally:
+                self._syncing = False
+
+        slider.param.watch(dragged, "value")
+        slider.param.watch(released, "value_throttled")
+        self.param.watch(synced, "alpha")
+        self._alpha_slider = slider
+        return slider
+
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
                                                size=theme.SIZES["spinner"], color="primary")
         cancel = pn.widgets.Button(label="Cancel", color="default", width=90,
                                    disabled=self.param.running.rx.not_())
         cancel.on_click(lambda _event: self.cancel())
-        plot = pn.pane.HoloViews(pn.bind(plot_lens_heatmap, self.param.result),
+        plot = pn.pane.HoloViews(pn.bind(self._plot, self.param.plot_version),
                                  sizing_mode="stretch_width", css_classes=["lens-plot"])
         details = pn.pane.HTML(pn.bind(details_html, self.param.result),
                                stylesheets=[_DETAILS_CSS], sizing_mode="stretch_width")
@@ -483,6 +744,53 @@ class LensView(View):
                       sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )
+
+
+def slider_preview_times(model: explorer.Model, prompt: str, *, steer_layer: int,
+                         vector: np.ndarray | None = None, alphas: Any = None,
+                         start_alpha: float = 4.0) -> dict[str, Any]:
+    """Server-side time of the steering slider's preview while it moves (`explorer bench
+    slider`): the page attached to a Bokeh Document (as in a served session), jobs inline,
+    released once at ``start_alpha`` (its exact run fills the clean layers' readouts, as
+    the first release does), then dragged through ``alphas``; each move is timed from the
+    widget's value change until the heatmap's data are replaced (the preview's lens and
+    the in-place redraw). ``vector`` replaces the contrast prompts' steering vector.
+    Checks that every move drew a preview in place (no new plot) and returns the moves'
+    wall and thread-CPU seconds and the previews, with the exact results after release.
+    """
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    alphas = list(np.linspace(start_alpha + 0.25, start_alpha + 4.0, 16) if alphas is None
+                  else alphas)
+    view = LensView(model, prompt=prompt, steer_layer=steer_layer, background=False)
+    if vector is not None:
+        key = (tuple(contrast_prompts(view.contrast_a)), tuple(contrast_prompts(view.contrast_b)),
+               steer_layer)
+        view._vectors[key] = np.asarray(vector, dtype=np.float32)
+    doc = Document()
+    wall, cpu, previews = [], [], []
+    try:
+        with set_curdoc(doc):
+            doc.add_root(pn.panel(view).get_root(doc))
+            slider = view.alpha_slider()
+            with param.parameterized.edit_constant(slider):
+                slider.param.update(value=start_alpha, value_throttled=start_alpha)
+            version = view.plot_version
+            for a in alphas:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                slider.value = float(a)
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                if not is_preview(view.preview) or view.plot_version != version:
+                    raise RuntimeError(f"slider move to {a} drew no preview in place")
+                previews.append(view.preview)
+            with param.parameterized.edit_constant(slider):
+                slider.value_throttled = float(alphas[-1])
+            exact = view.result
+    finally:
+        view.close()
+    return {"wall": wall, "cpu": cpu, "previews": previews, "alphas": alphas, "exact": exact}
 
 
 serve(__name__, LensView, title=f"{theme.TITLE}: logit lens", intro="lens")

@@ -479,7 +479,8 @@ def lens_agreement(exact: Any, fast: Any, *, margin: float = 1e-3) -> dict[str, 
 @bench("slider")
 def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None = None,
            alpha: float = 8.0, k: int = 5, rank_cap: int = 32, repeats: int = 15,
-           accuracy_prompts: int = 4, accuracy_tokens: int = 64) -> dict[str, Any]:
+           accuracy_prompts: int = 4, accuracy_tokens: int = 64,
+           preview_moves: int = 16) -> dict[str, Any]:
     """One steering edit + logit lens update, as a slider move in the lens app does it.
 
     ``logit_lens(model, [prompt], k=k, edits=[Steer(layer, vector, alpha)], resume=clean)``
@@ -489,6 +490,16 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     (``slider_bf16_ms``: what "auto" avoids on CPUs without native bfloat16). ``alpha``
     changes slightly on every call, as a slider does. ``accuracy`` compares the bfloat16
     screen with exact float32 on the bench text.
+
+    The preview while the slider moves (``slider_preview_ms``, ``preview_moves`` moves):
+    the lens page attached to a Bokeh Document, released once at ``alpha`` and then
+    dragged from there towards ``alpha / 2``, each move timed from the slider's value
+    change until the heatmap's data are replaced (`apps.lens.slider_preview_times`: the
+    preview lens over candidate tokens, `logit_lens` ``preview_vocab``, and the in-place
+    redraw);
+    ``preview_vs_fast_ratio``: the preview's lens call against the page's exact call
+    (``unembed_dtype="auto", rank_cap=k``), interleaved; ``accuracy.preview_vs_exact``:
+    each move's preview against the exact lens at the same strength.
     """
     from .interventions import Steer
     from ._kernels import gemm_decisions
@@ -522,7 +533,17 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     t0 = time.perf_counter()
     lens(resume=clean, **fast)()
     first_fast_ms = (time.perf_counter() - t0) * 1e3
+    page = {"unembed_dtype": "auto", "rank_cap": k}
+    preview = {}
+    if preview_moves:
+        from .lens import preview_vocabulary
+        shown = logit_lens(m, [prompt], k=k, edits=[Steer(layer, vector, alpha)], resume=clean,
+                           **page)
+        preview = {**page, "preview_vocab": preview_vocabulary(m, results=[shown],
+                                                               directions=[vector])}
     times, cpu = interleaved_times({
+        **({"page_exact": lens(resume=clean, **page),
+            "page_preview": lens(resume=clean, **preview)} if preview_moves else {}),
         "exact_resumed": lens(resume=clean),
         "exact_full": lens(),
         "exact_resumed_no_reuse": lens(resume=clean, reuse_clean=False),
@@ -552,6 +573,42 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
         "first_edit_fast_ms": first_fast_ms,
     }
     accuracy: dict[str, Any] = {}
+    if preview_moves:
+        moves = check_int("preview_moves", preview_moves, low=1)
+        drag = importlib.import_module("apps.lens").slider_preview_times(
+            m, prompt, steer_layer=layer, vector=vector, start_alpha=alpha,
+            alphas=list(alpha * (1 - 0.5 * np.arange(1, moves + 1) / moves)))
+        figures.update({
+            "slider_preview_ms": _median_ms(drag["wall"]),
+            "slider_preview_p90_ms": float(np.percentile(drag["wall"], 90)) * 1e3,
+            "slider_preview_cpu_ms": _median_ms(drag["cpu"]),
+            "preview_lens_ms": _median_ms(times["page_preview"]),
+            "page_exact_ms": _median_ms(times["page_exact"]),
+            "preview_vs_fast_ratio": _paired_ratio(times["page_preview"], times["page_exact"]),
+            "preview_vs_fast_cpu_ratio": _paired_ratio(cpu["page_preview"], cpu["page_exact"]),
+        })
+        top1, topk, err = [], [], []
+        for a, ds in zip(drag["alphas"], drag["previews"]):
+            ex = logit_lens(m, [prompt], k=k, edits=[Steer(layer, vector, a)], resume=clean,
+                            **page)
+            same = ex.top_token_id.values[..., 0] == ds.top_token_id.values[..., 0]
+            top1.append(same.mean())
+            topk.append((ex.top_token_id.values == ds.top_token_id.values).all(-1).mean())
+            err.append(np.abs(ex.top_prob.values[..., 0] - ds.top_prob.values[..., 0])[same])
+        err = np.concatenate(err)
+        accuracy["preview_vs_exact"] = {
+            "moves": len(top1), "rows_per_move": int(drag["previews"][0].top_prob[..., 0].size),
+            "top1_agreement": float(np.mean(top1)), "topk_agreement": float(np.mean(topk)),
+            "top1_prob_abs_error_median": float(np.median(err)),
+            "top1_prob_abs_error_p90": float(np.percentile(err, 90)),
+            "top1_prob_abs_error_max": float(err.max()),
+            "candidate_columns": drag["previews"][-1].attrs["params"]["preview_columns"]}
+        last = drag["exact"]
+        plain = logit_lens(m, [prompt], k=k, edits=[Steer(layer, vector, drag["alphas"][-1])],
+                           unembed_dtype=last.attrs["params"]["unembed_dtype"], rank_cap=k)
+        accuracy["release_equals_full_run"] = all(
+            np.array_equal(last[v].values, plain[v].values, equal_nan=True)
+            for v in ("top_token_id", "top_prob", "final_rank", "final_prob"))
     edits = [Steer(layer, vector, alpha)]
     reused = logit_lens(m, [prompt], k=k, edits=edits, resume=clean)
     recomputed = logit_lens(m, [prompt], k=k, edits=edits)
@@ -569,7 +626,7 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
               "fast_resolves_to": resolve_unembed_dtype("auto", m, 256),
               "kernel_decisions": {"screen": screen_decisions(m), "gemm": gemm_decisions()},
               "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
-              "layers": m.n_layers}
+              "layers": m.n_layers, "preview_moves": preview_moves}
     return {"params": params, "figures": figures, "accuracy": accuracy}
 
 

@@ -43,7 +43,7 @@ from .trace import (CleanRun, check_edit_rows, check_edits, check_layers, edits_
                     provenance, run_batch, token_coords)
 
 __all__ = ["logit_lens", "lens_readout", "resolve_unembed_dtype", "screen_decisions",
-           "SCREEN_CANDIDATES", "SCREEN_MIN_SPEEDUP",
+           "preview_vocabulary", "SCREEN_CANDIDATES", "SCREEN_MIN_SPEEDUP", "PREVIEW_SAMPLE",
            "CLEAN_READOUT_BUDGET_MB", "UNEMBED_CHOICES"]
 
 _UNEMBED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -300,6 +300,92 @@ def _read_rows(model: Model, resid: torch.Tensor, *, k: int, n_cand: int,
                     logits=screen, h=h)
 
 
+PREVIEW_SAMPLE = 1024
+"""Tokens outside a preview's candidates read to estimate the rest of its normaliser."""
+
+
+@dataclass
+class _PreviewVocab:
+    """The columns a preview lens reads: candidates, then a random sample of the others."""
+
+    ids: torch.Tensor        # [c + s] token ids, candidates first
+    weight: torch.Tensor     # [c + s] each column's share of the normaliser (1 or (V - c) / s)
+    index: torch.Tensor      # [vocab] column of each token id, -1 if not read
+    w: torch.Tensor          # [c + s, d_model] their unembedding rows, float32
+
+
+def _preview_vocab(model: Model, candidates: torch.Tensor, sample: int) -> _PreviewVocab:
+    """Candidates (unique ids) plus ``sample`` other tokens drawn with a fixed seed."""
+    vocab = model.vocab_size
+    cand = torch.unique(candidates.long().clamp(0, vocab - 1))
+    is_cand = torch.zeros(vocab, dtype=torch.bool)
+    is_cand[cand] = True
+    rest = (~is_cand).nonzero().squeeze(-1)
+    n_s = min(sample, len(rest))
+    pick = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(0))[:n_s]]
+    ids = torch.cat([cand, pick])
+    weight = torch.ones(len(ids))
+    if n_s:
+        weight[len(cand):] = len(rest) / n_s
+    index = torch.full((vocab,), -1, dtype=torch.long)
+    index[ids] = torch.arange(len(ids))
+    w = _unembed_weight(model, torch.float32)
+    return _PreviewVocab(ids, weight, index, w[ids.to(w.device)].float().contiguous())
+
+
+def _preview_rows(model: Model, resid: torch.Tensor, pv: _PreviewVocab, *, k: int,
+                  n_cand: int) -> _Readout:
+    """The lens of rows [m, d_model] over a preview's columns only (ids are column indices).
+
+    Logits are exact float32 on the columns read; the normaliser counts each sampled
+    column for the (V - c) / s tokens it stands in for (an unbiased estimate of the
+    unread tokens' share).
+    """
+    bias, cap = _unembed_extras(model)
+    h = model.final_norm_module(resid).float()                  # [m, d_model]
+    logits = h @ pv.w.T                                         # [m, c + s]
+    if bias is not None:
+        logits += bias[pv.ids]
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    n_cand = min(n_cand, logits.shape[-1])
+    cand_logit, cand_id = logits.topk(n_cand, dim=-1)
+    m = cand_logit[:, :1]
+    lse = (m + ((logits - m).exp() * pv.weight).sum(-1, keepdim=True).log()).squeeze(-1)
+    return _Readout(top_id=cand_id[:, :k], top_prob=(cand_logit[:, :k] - lse[:, None]).exp(),
+                    cand_id=cand_id, cand_logit=cand_logit, cand_screen=cand_logit,
+                    lse=lse, logits=logits, h=None)
+
+
+def preview_vocabulary(model: Model, *, results: Sequence[xr.Dataset] = (),
+                       directions: Sequence[Any] = (), per_direction: int = 512,
+                       limit: int = 4096) -> np.ndarray:
+    """Candidate token ids for a preview lens (`logit_lens` ``preview_vocab``).
+
+    The top tokens of earlier lens results (``top_token_id`` and ``final_token_id``) and
+    the ``per_direction`` tokens each vector of ``directions`` [d_model] (e.g. a steering
+    vector times the sign of its strength) raises most through the final norm's gain and
+    the unembedding. At most ``limit`` ids.
+    """
+    ids = []
+    for ds in results:
+        for name in ("top_token_id", "final_token_id"):
+            if name in ds.variables:
+                v = np.asarray(ds[name].values).reshape(-1)
+                ids.append(v[v >= 0])
+    w = _unembed_weight(model, torch.float32)
+    gain = _norm_gain(model).to(w.device)
+    for vec in directions:
+        d = torch.as_tensor(np.asarray(vec, dtype=np.float32), device=w.device) * gain
+        with torch.no_grad():
+            ids.append((w @ d).topk(min(per_direction, model.vocab_size)).indices.cpu().numpy())
+    if not ids:
+        return np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(ids).astype(np.int64)
+    _, first = np.unique(flat, return_index=True)
+    return flat[np.sort(first)][:limit]        # unique, in the order given
+
+
 def _read_targets(model: Model, r: _Readout, targets: torch.Tensor, *,
                   rank_cap: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank (0 = top) and probability of token ids ``targets`` [m, t] in the rows of ``r``.
@@ -440,7 +526,7 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
                batch_size: int = 8, unembed_dtype: str = "float32",
                rank_cap: int | None = None, chunk_rows: int = 256,
                screen_candidates: int = SCREEN_CANDIDATES,
-               reuse_clean: bool = True) -> xr.Dataset:
+               reuse_clean: bool = True, preview_vocab: Any = None) -> xr.Dataset:
     """Per layer and position: the lens's top-k tokens, their probabilities, and the ranks
     at every layer of the final layer's top-k tokens (nostalgebraist, "interpreting GPT:
     the logit lens", 2020).
@@ -477,6 +563,15 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
         With ``resume``: keep the readouts of the layers before the first edit on the
         CleanRun (up to `CLEAN_READOUT_BUDGET_MB`) and reuse them; results are identical
         to recomputing them.
+    preview_vocab : sequence of int, optional
+        A preview, not the lens: the layers not reused from ``resume`` are read only at
+        these token ids (and the final layer's top-k), plus `PREVIEW_SAMPLE` other tokens
+        drawn with a fixed seed that stand in for the rest of the vocabulary in the
+        normaliser. Top-k are the best of the tokens read, with exact logits and estimated
+        probabilities; ranks count the tokens read only. The final layer (the model's
+        output) stays exact. About 10x less unembedding work for a slider's preview while
+        it moves (`preview_vocabulary` gives candidates); ``attrs["readout"]`` is
+        ``"preview"``. Ignored by a remote model.
 
     Returns
     -------
@@ -565,6 +660,9 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
         final_logits = out["logits"][pr, pc].float()             # [R, vocab]
         final = final_logits.topk(k, dim=-1).indices             # [R, k]
         final_id[g, po_np] = final.numpy()
+        pv = None if preview_vocab is None else _preview_vocab(
+            model, torch.cat([torch.as_tensor(np.asarray(preview_vocab, dtype=np.int64)),
+                              final.reshape(-1)]), PREVIEW_SAMPLE)
         row_bytes = 4 * (spec.vocab_size if unembed_dtype == "float32" else spec.vocab_size // 2)
         plan = [(group, cached.get(group)) for group in groups]
         if from_logits:
@@ -574,13 +672,19 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
         with torch.no_grad():
             for group, readouts in plan:
                 targets = final.repeat(len(group), 1)            # [G*R, k] layer-major
-                keep = (readouts is None and cache is not None and group[-1] < first_edit
-                        and cache.fits(len(group) * n_r * row_bytes))
+                previewed = readouts is None and pv is not None  # not reused, not the output
+                keep = (readouts is None and not previewed and cache is not None
+                        and group[-1] < first_edit and cache.fits(len(group) * n_r * row_bytes))
                 if readouts is None:
                     resid = torch.cat([out[(layer, "resid_post")][pr, pc] for layer in group])
                     chunks = (resid[c:c + chunk_rows] for c in range(0, resid.shape[0], chunk_rows))
-                    readouts = (_read_rows(model, x, k=k, n_cand=n_cand,
-                                           unembed_dtype=unembed_dtype) for x in chunks)
+                    if previewed:  # column indices into pv; mapped back to token ids below
+                        readouts = (_preview_rows(model, x, pv, k=k, n_cand=n_cand)
+                                    for x in chunks)
+                        targets = pv.index[targets]
+                    else:
+                        readouts = (_read_rows(model, x, k=k, n_cand=n_cand,
+                                               unembed_dtype=unembed_dtype) for x in chunks)
                 columns: dict[str, list[torch.Tensor]] = {"top_id": [], "top_prob": [],
                                                           "rank": [], "prob": []}
                 kept, c0 = [], 0
@@ -588,7 +692,8 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
                     m = r.top_id.shape[0]
                     rank, prob = _read_targets(model, r, targets[c0:c0 + m], rank_cap=rank_cap)
                     c0 += m
-                    for name, x in (("top_id", r.top_id), ("top_prob", r.top_prob),
+                    top = pv.ids[r.top_id] if previewed else r.top_id
+                    for name, x in (("top_id", top), ("top_prob", r.top_prob),
                                     ("rank", rank), ("prob", prob)):
                         columns[name].append(x)
                     if keep:
@@ -629,7 +734,10 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
         attrs=provenance(model, method="logit_lens", edits=edits, k=k, positions=positions,
                          layers=layers, prompts=prompts,
                          unembed_dtype="float32" if model.remote else unembed_dtype,
-                         readout="in-trace" if model.remote else "local",
+                         readout="in-trace" if model.remote else (
+                             "local" if preview_vocab is None else "preview"),
+                         preview_columns=None if (preview_vocab is None or model.remote)
+                         else int(len(pv.ids)),
                          rank_cap=rank_cap, screen_candidates=screen_candidates,
                          n_layers=spec.n_layers),
     )

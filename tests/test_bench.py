@@ -169,6 +169,15 @@ def test_slider_result_shape():
     assert result["params"]["fast_resolves_to"] == screen["chosen"]
     assert screen["chosen"] == ("bfloat16" if screen["float32_ms"] >= 1.1 * screen["bfloat16_ms"]
                                 else "float32")
+    # the slider's preview while it moves: timed on the page, checked against the exact lens
+    fig = result["figures"]
+    assert {"slider_preview_ms", "slider_preview_cpu_ms", "preview_vs_fast_ratio",
+            "slider_preview_p90_ms"} <= set(fig)
+    assert fig["slider_preview_ms"] > 0 and fig["preview_lens_ms"] > 0
+    preview = acc["preview_vs_exact"]
+    assert preview["moves"] == result["params"]["preview_moves"] == 16
+    assert preview["rows_per_move"] == 8 * 3 and 0 <= preview["top1_agreement"] <= 1
+    assert acc["release_equals_full_run"] is True
 
 
 def test_remote_bench_result_shape():

@@ -1,0 +1,215 @@
+"""The logit-lens page's preview while the steering slider moves, and the lens's preview mode.
+
+Checked against a plain-torch lens (forward hooks on the Hugging Face layers, final norm and
+unembedding by hand), against a fresh HoloViews render for the in-place redraw, and with a
+slow fake job for the dropping of stale requests.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import panel as pn
+import param
+import pytest
+import torch
+
+import explorer
+from apps.lens import LensView, heatmap_columns, is_preview, plot_lens_heatmap
+from explorer.lens import logit_lens, preview_vocabulary
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
+
+
+def _lens_logits(model, prompt, *, steer=None):
+    """Plain lens logits [layer, pos, vocab]: each decoder layer's output (hooks; ``steer`` =
+    (layer, vector, alpha) adds alpha * vector there) through the final norm and lm_head."""
+    hf = model.hf
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    outs, hooks = [], []
+    for i, layer in enumerate(hf.model.layers):
+        def hook(_module, _inputs, output, i=i):
+            h = output[0] if isinstance(output, tuple) else output
+            if steer is not None and i == steer[0]:
+                h = h + steer[2] * torch.as_tensor(steer[1], dtype=h.dtype)
+            outs.append(h[0].detach().clone())
+            return (h, *output[1:]) if isinstance(output, tuple) else h
+        hooks.append(layer.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            hf(input_ids=ids)
+            return hf.lm_head(hf.model.norm(torch.stack(outs))).float()
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def _vector(view):
+    return view._steering_vector(view._run_params())
+
+
+def _release(slider, value):
+    with param.parameterized.edit_constant(slider):
+        slider.param.update(value=value, value_throttled=value)
+
+
+# -- explorer.logit_lens(preview_vocab=...) ------------------------------------------------
+
+def test_preview_over_every_token_is_the_exact_lens(tiny_model):
+    vocab = np.arange(tiny_model.vocab_size)       # nothing left to sample: exact normaliser
+    exact = logit_lens(tiny_model, PROMPT, k=3)
+    preview = logit_lens(tiny_model, PROMPT, k=3, preview_vocab=vocab)
+    assert preview.attrs["params"]["readout"] == "preview"
+    np.testing.assert_array_equal(preview.top_token_id.values, exact.top_token_id.values)
+    np.testing.assert_allclose(preview.top_prob.values, exact.top_prob.values, rtol=1e-5)
+    np.testing.assert_array_equal(preview.final_rank.values, exact.final_rank.values)
+
+
+def test_preview_reads_the_candidates_exactly(tiny_model, monkeypatch):
+    monkeypatch.setattr(explorer.lens, "PREVIEW_SAMPLE", 0)  # the candidates alone
+    v = np.random.default_rng(0).normal(size=tiny_model.spec.d_model).astype(np.float32)
+    edits = [explorer.Steer(1, v, 3.0)]
+    logits = _lens_logits(tiny_model, PROMPT, steer=(1, v, 3.0))     # [layer, pos, vocab]
+    cand = np.arange(0, tiny_model.vocab_size, 7)                     # every 7th token
+    ds = logit_lens(tiny_model, PROMPT, k=2, edits=edits, preview_vocab=cand)
+    read = np.zeros(tiny_model.vocab_size, dtype=bool)
+    n_layers = logits.shape[0]
+    top = ds.top_token_id.values[0]                                   # [pos, layer, rank]
+    for layer in range(n_layers - 1):
+        cols = np.concatenate([cand, ds.final_token_id.values[0].reshape(-1)])
+        read[:] = False
+        read[cols] = True
+        for pos in range(logits.shape[1]):
+            got = top[pos, layer, 0]
+            row = logits[layer, pos].numpy()
+            # the best of the tokens read, its probability normalised over them
+            assert read[got] and row[got] >= row[read].max() - 1e-5
+            p = np.exp(row[got] - row[read].max()) / np.exp(row[read] - row[read].max()).sum()
+            np.testing.assert_allclose(ds.top_prob.values[0, pos, layer, 0], p, rtol=1e-4)
+    # the final layer is the model's output, exact
+    final = torch.softmax(logits[-1], -1)
+    np.testing.assert_array_equal(top[:, -1, 0], final.argmax(-1).numpy())
+    np.testing.assert_allclose(ds.top_prob.values[0, :, -1, 0], final.max(-1).values.numpy(),
+                               rtol=1e-4)
+
+
+def test_preview_vocabulary_takes_results_and_direction(tiny_model):
+    ds = logit_lens(tiny_model, PROMPT, k=2)
+    v = np.random.default_rng(1).normal(size=tiny_model.spec.d_model).astype(np.float32)
+    ids = preview_vocabulary(tiny_model, results=[ds], directions=[v], per_direction=5)
+    assert len(set(ids.tolist())) == len(ids)
+    assert set(ds.top_token_id.values.reshape(-1).tolist()) <= set(ids.tolist())
+    w = tiny_model.hf.lm_head.weight.detach()
+    gain = tiny_model.hf.model.norm.weight.detach()
+    raised = (w @ (torch.as_tensor(v) * gain)).topk(5).indices.tolist()
+    assert set(raised) <= set(ids.tolist())
+
+
+# -- the page -------------------------------------------------------------------------------
+
+def test_dragging_shows_a_marked_preview_and_release_the_exact_lens(tiny_model):
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
+    slider = view.alpha_slider()
+    unedited = view.result
+    slider.value = 2.5                                   # dragging: value, not value_throttled
+    assert is_preview(view.preview) and view.preview.attrs["edits"][0]["alpha"] == 2.5
+    assert view.result is unedited and view.alpha == 0.0  # no exact run while dragging
+    assert view.shown is view.preview
+    title = plot_lens_heatmap(view.shown).get(0).opts.get().kwargs["title"]
+    assert title.startswith("PREVIEW") and "Preview" in view.status
+    _release(slider, 2.5)                                # released: the exact lens
+    assert view.preview is None and view.alpha == 2.5 and not is_preview(view.result)
+    # the exact result equals a plain full computation (hooks, no resume, no preview)
+    logits = _lens_logits(tiny_model, PROMPT, steer=(1, _vector(view), 2.5))
+    probs = torch.softmax(logits, -1)                    # [layer, pos, vocab]
+    top_p, top_i = probs.topk(3, dim=-1)
+    np.testing.assert_array_equal(view.result.top_token_id.values[0],
+                                  top_i.transpose(0, 1).numpy())
+    np.testing.assert_allclose(view.result.top_prob.values[0], top_p.transpose(0, 1).numpy(),
+                               rtol=1e-4, atol=1e-6)
+    title = plot_lens_heatmap(view.shown).get(0).opts.get().kwargs["title"]
+    assert not title.startswith("PREVIEW")
+
+
+def test_stale_previews_are_dropped_not_queued(tiny_model):
+    view = LensView(tiny_model, prompt=PROMPT, k=2, steer_layer=1, background=True).wait()
+    gate, started = threading.Event(), threading.Event()
+    computed = []
+
+    def slow(p, token):                                  # a slow fake preview job
+        computed.append(p["alpha"])
+        started.set()
+        gate.wait(10)
+        return view.result.assign_attrs(params={**view.result.attrs["params"],
+                                                "readout": "preview"},
+                                        edits=[{"kind": "steer", "layer": 1,
+                                               "alpha": p["alpha"]}])
+
+    view._compute_preview = slow
+    try:
+        view.request_preview(1.0)
+        assert started.wait(10)
+        for a in (2.0, 3.0, 4.0, 5.0):                   # while 1.0 computes
+            view.request_preview(a)
+        gate.set()
+        deadline = threading.Event()
+        for _ in range(200):
+            if not view._preview_busy:
+                break
+            deadline.wait(0.05)
+        view.wait()
+        assert computed == [1.0, 5.0]                    # 2, 3 and 4 were dropped
+        # a preview asked for before a release is not drawn over the exact result
+        gate.clear()
+        started.clear()
+        view.request_preview(6.0)
+        assert started.wait(10)
+        view.alpha = 1.5                                 # the release's exact run
+        view.wait()
+        assert view.result.attrs["edits"][0]["alpha"] == 1.5
+        gate.set()
+        for _ in range(200):
+            if not view._preview_busy:
+                break
+            deadline.wait(0.05)
+        assert view.preview is None and view.shown is view.result
+    finally:
+        gate.set()
+        view.close()
+
+
+def test_drag_redraws_in_place_like_a_fresh_render(tiny_model):
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource
+    from panel.io.state import set_curdoc
+
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
+    slider = view.alpha_slider()
+    doc = Document()
+    with set_curdoc(doc):
+        doc.add_root(pn.panel(view).get_root(doc))
+        _release(slider, 1.0)                           # steered: the plot gains its line
+        version = view.plot_version
+        slider.value = 3.0
+        assert view.plot_version == version             # same shape: no new plot
+        drawn = view.drawn_sources()
+        assert drawn["heat"] and drawn["labels"]
+    fresh = Document()
+    with set_curdoc(fresh):
+        pane = pn.pane.HoloViews(plot_lens_heatmap(view.preview))
+        fresh.add_root(pane.get_root(fresh))
+    rendered = [s.data for s in fresh.select({"type": ColumnDataSource})]
+    want = heatmap_columns(view.preview)
+    for glyph, sources in drawn.items():
+        for src in sources:
+            match = [d for d in rendered if set(d) == set(src.data)]
+            assert match, f"no fresh {glyph} source with columns {sorted(src.data)}"
+            for name in src.data:
+                got = list(src.data[name])
+                assert got == list(match[0][name]) == list(want[glyph][name]), name
+    view.close()
