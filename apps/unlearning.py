@@ -26,23 +26,30 @@ from apps._view import View, serve
 from explorer.analyses import unlearning as U
 
 __all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "plot_accuracy_bars",
-           "accuracy_rows", "METRIC_LABELS", "SHORT_NAMES"]
+           "accuracy_rows", "probe_caption", "trace_caption", "METRIC_LABELS", "SHORT_NAMES",
+           "BARS_CAPTION"]
 
 hv.extension("bokeh", logo=False)
 
 SHORT_NAMES = {"original": "before", "fact_lookup": "FLU", "causal_tracing": "CT",
                "attribution_patching": "AP", "random": "rand", "all": "all"}
-METRIC_LABELS = {"forget": "forget (trained format)",   # short: five groups share one axis
-                 "forget_mc_known": "forget, MC (known before)",
-                 "retain": "retain", "relearn_heldout": "held-out, relearned",
-                 "relearn_learned": "relearned half"}
+METRIC_LABELS = {"forget": "forget",   # short: five groups share one axis (the caption says more)
+                 "forget_mc_known": "forget MC",
+                 "retain": "retain", "relearn_heldout": "held out",
+                 "relearn_learned": "relearned"}
+BARS_CAPTION = (
+    "Accuracy = the top answer among the attributes. **forget**: the forget facts in the trained "
+    "format; **forget MC**: the same facts as multiple choice (those known before); **retain**: "
+    "facts kept; after a relearning attack on half the forget set, **relearned**: that half, "
+    "**held out**: the other half (low = the unlearning holds). Bars: **before** = the original "
+    "model, then the method (FLU fact lookup, CT causal tracing, AP attribution patching).")
 
 
 def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) -> hv.Overlay:
     """Probe accuracy per layer with the localized MLP layers shaded."""
     if probe is None:
         return (hv.Curve([], "layer", "probe accuracy") * hv.HLine(0)).opts(
-            title="Probe accuracy (press Localize)", responsive=True, height=300)
+            title="Attribute probe", responsive=True, height=300)
     curve = hv.Curve((probe.layer.values, probe.probe_accuracy.values), "layer",
                      "probe accuracy").opts(color=theme.ACCENT, line_width=2, tools=["hover"])
     dots = hv.Scatter((probe.layer.values, probe.probe_accuracy.values), "layer",
@@ -52,7 +59,7 @@ def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) 
     for a, b in _runs(layers or []):
         parts.insert(0, hv.VSpan(a - 0.5, b + 0.5).opts(color="#f0a030", alpha=0.25))
     return hv.Overlay(parts).opts(
-        title="Attribute probe, last subject token (shaded: trained MLPs)",
+        title="Attribute probe",
         responsive=True, height=300, ylim=(0, 1.02), xlabel="layer",
         ylabel="probe accuracy")
 
@@ -72,7 +79,7 @@ def plot_trace_heatmap(trace: xr.Dataset | None, fact: int = 0) -> hv.HeatMap:
     """Causal tracing: p(answer) when one layer's output is restored at one position."""
     if trace is None:
         return hv.HeatMap([], ["token", "layer"], "p_answer").opts(
-            title="Causal tracing (press Localize)", responsive=True, height=360)
+            title="Causal tracing", responsive=True, height=360)
     r = trace.restore_resid.isel(fact=fact)
     tokens = [str(t) for t in trace.token.isel(fact=fact).values]
     keep = [p for p in range(len(tokens)) if tokens[p] != "" and not np.all(np.isnan(r.values[:, p]))]
@@ -82,10 +89,52 @@ def plot_trace_heatmap(trace: xr.Dataset | None, fact: int = 0) -> hv.HeatMap:
     subject = str(trace.subject.values[fact])
     return hv.HeatMap(rows, ["token", "layer"], "p_answer").opts(
         cmap="viridis", colorbar=True, tools=["hover"], xrotation=45, responsive=True,
-        height=360, title=f"Causal tracing, {subject}: p(answer), one layer restored "
-                          f"(clean {float(trace.p_clean[fact]):.2f}, "
-                          f"noised {float(trace.p_corrupt[fact]):.2f})",
+        height=360, title=f"Causal tracing: {_short(subject)}",
         xlabel="position: token", ylabel="layer")
+
+
+def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
+    """The widget with a tooltip saying what it changes: its own (``description``) where
+    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
+    if not doc:
+        return widget
+    if "description" in widget.param:
+        widget.description = doc
+        return widget
+    widget.sizing_mode = "stretch_width"
+    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
+                  margin=0, sizing_mode="stretch_width")
+
+
+def _caption(text: Any) -> pn.pane.Markdown:
+    """A caption under a plot: the numbers and how to read it (the title stays short)."""
+    return pn.pane.Markdown(text, css_classes=["caption"], sizing_mode="stretch_width",
+                            styles={"font-size": "0.9em", "color": "#444"}, margin=(0, 10))
+
+
+def _short(text: str, n: int = 18) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def probe_caption(probe: xr.Dataset | None, layers: list[int]) -> str:
+    """What the probe plot shows, under it."""
+    if probe is None:
+        return "Press **Localize**: a linear probe for the attribute on the last subject token, per layer."
+    best = int(probe.layer.values[int(np.argmax(probe.probe_accuracy.values))])
+    shaded = f"shaded: the MLP layers trained ({', '.join(map(str, layers))})" if layers else \
+        "no layers shaded (method `all` trains every parameter)"
+    return (f"Linear probe for the attribute on the last subject token: best at layer {best} "
+            f"({float(probe.probe_accuracy.max()):.2f}; chance {float(probe.chance):.2f} dashed); "
+            f"{shaded}.")
+
+
+def trace_caption(trace: xr.Dataset | None, fact: int = 0) -> str:
+    """What the causal-tracing heatmap shows, under it."""
+    if trace is None:
+        return "Press **Localize**: p(answer) with one layer's output restored at one position."
+    return (f"**{trace.subject.values[fact]}**: p(answer) when the subject is noised and one "
+            f"layer's output is restored at one position (clean run "
+            f"{float(trace.p_clean[fact]):.2f}, noised {float(trace.p_corrupt[fact]):.2f}).")
 
 
 def accuracy_rows(result: xr.Dataset | None) -> list[tuple[str, str, float]]:
@@ -100,8 +149,7 @@ def accuracy_rows(result: xr.Dataset | None) -> list[tuple[str, str, float]]:
 def plot_accuracy_bars(rows: list[tuple[str, str, float]]) -> hv.Bars:
     bars = hv.Bars(rows, ["metric", "localization"], "accuracy").opts(
         ylim=(0, 1.05), tools=["hover"], multi_level=True, xrotation=0, responsive=True,
-        height=320, title="Accuracy (top answer among the attributes) before and after unlearning",
-        xlabel="", ylabel="accuracy")
+        height=320, title="Accuracy before / after unlearning", xlabel="", ylabel="accuracy")
     if not rows:  # nothing to colour yet
         return bars.opts(title="Accuracy (press Run unlearning)")
     return bars.opts(color="localization", cmap=theme.CATEGORICAL, show_legend=False)
@@ -112,15 +160,23 @@ class UnlearningView(View):
 
     notify_title = "Unlearning"
 
-    method = param.Selector(default="fact_lookup", objects=list(U.METHODS),
-                            doc="Localization that picks the trained MLP layers")
-    n_layers = param.Integer(default=4, bounds=(1, 30), doc="Budget: MLP layers trained")
-    steps = param.Integer(default=8, bounds=(1, 100), doc="Training steps")
+    method = param.Selector(default="fact_lookup", objects=list(U.METHODS), label="Localization",
+                            doc="How the trained MLP layers are picked: fact_lookup (the probe), "
+                                "causal_tracing, attribution_patching, random, or all parameters.")
+    n_layers = param.Integer(default=4, bounds=(1, 30), label="MLP layers trained",
+                             doc="Budget: how many MLP layers the unlearning trains (shaded on "
+                                 "the probe plot).")
+    steps = param.Integer(default=8, bounds=(1, 100), label="Training steps",
+                          doc="Optimiser steps of the unlearning run.")
     lr = param.Selector(default=2e-4, objects=[1e-5, 3e-5, 1e-4, 2e-4, 3e-4, 1e-3],
-                        doc="Learning rate (AdamW)")
-    n_forget = param.Integer(default=8, bounds=(2, 40), doc="Facts to forget")
-    n_retain = param.Integer(default=8, bounds=(1, 40), doc="Facts to retain")
-    relearn_steps = param.Integer(default=3, bounds=(0, 20), doc="Relearning attack steps")
+                        label="Learning rate", doc="Learning rate of the unlearning run (AdamW).")
+    n_forget = param.Integer(default=8, bounds=(2, 40), label="Facts to forget",
+                             doc="Facts the run unlearns (Localize uses them too).")
+    n_retain = param.Integer(default=8, bounds=(1, 40), label="Facts to retain",
+                             doc="Facts the run must keep (the retain loss).")
+    relearn_steps = param.Integer(default=3, bounds=(0, 20), label="Relearning steps",
+                                  doc="Steps of the relearning attack on half the forget set "
+                                      "after unlearning (0: no attack).")
     status = param.String(default="Press Localize to compute the probe curve and causal tracing.")
     probe = param.Parameter(default=None)
     trace = param.Parameter(default=None)
@@ -138,9 +194,14 @@ class UnlearningView(View):
         if self.n_layers > model.n_layers:
             self.n_layers = max(1, model.n_layers // 2)
         self.runner("work", self._show_result)
-        self._localize_button = pn.widgets.Button(name="Localize", button_type="primary")
-        self._run_button = pn.widgets.Button(name="Run unlearning", button_type="success",
-                                             disabled=True)
+        self._localize_button = pn.widgets.Button(
+            name="Localize", button_type="primary",
+            description="Probe curve, causal tracing and attribution patching over the forget "
+                        "facts: where the facts are looked up.")
+        self._run_button = pn.widgets.Button(
+            name="Run unlearning", button_type="success", disabled=True,
+            description="Train a copy of the model on the localized MLP layers to forget the "
+                        "forget facts, then measure it (needs Localize first).")
         if getattr(model, "remote", False):
             # training runs on the server with the updates held apart; what trains every
             # parameter (method "all", the relearning attack) would need a second copy there
@@ -156,7 +217,8 @@ class UnlearningView(View):
                 "off.")
         else:
             self._remote_note = ""
-        self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True)
+        self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True,
+                                                description="Stop the job in flight.")
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
         self._cancel_button.on_click(lambda e: self.cancel())
@@ -265,6 +327,14 @@ class UnlearningView(View):
         layers = self.chosen_layers() if self.method != "all" else []
         return plot_probe_curve(self.probe, layers)
 
+    @param.depends("probe", "method", "n_layers")
+    def _probe_caption(self) -> str:
+        return probe_caption(self.probe, self.chosen_layers() if self.method != "all" else [])
+
+    @param.depends("trace")
+    def _trace_caption(self) -> str:
+        return trace_caption(self.trace)
+
     @param.depends("trace")
     def _heatmap(self) -> hv.HeatMap:
         return plot_trace_heatmap(self.trace)
@@ -283,8 +353,14 @@ class UnlearningView(View):
             f'data-unlearning-method="{self.method}"></div>', height=0, margin=0)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        controls = pn.Param(self, parameters=["method", "n_layers", "steps", "lr", "n_forget",
-                                              "n_retain", "relearn_steps"], show_name=False)
+        p = self.param
+        widgets = {"method": pn.widgets.Select, "n_layers": pn.widgets.IntSlider,
+                   "steps": pn.widgets.IntSlider, "lr": pn.widgets.Select,
+                   "n_forget": pn.widgets.IntSlider, "n_retain": pn.widgets.IntSlider,
+                   "relearn_steps": pn.widgets.IntSlider}
+        controls = pn.Column(*[_tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
+                               for name, kind in widgets.items() if p[name].precedence is None
+                               or p[name].precedence >= 0], sizing_mode="stretch_width")
         bar = pn.indicators.Progress(value=self.param.progress, max=100, sizing_mode="stretch_width",
                                      visible=self.param.busy)
         return pn.Row(
@@ -293,9 +369,18 @@ class UnlearningView(View):
                       pn.pane.Markdown(self._remote_note, visible=bool(self._remote_note),
                                        styles={"font-size": "0.9em"}),
                       self._state, width=320),
-            pn.Column(pn.Row(pn.pane.HoloViews(self._probe_plot), pn.pane.HoloViews(self._heatmap)),
-                      pn.pane.HoloViews(self._bars)),
-        )
+            pn.Column(
+                pn.Row(pn.Column(pn.pane.HoloViews(self._probe_plot, sizing_mode="stretch_width"),
+                                 _caption(self._probe_caption),
+                                 sizing_mode="stretch_width"),
+                       pn.Column(pn.pane.HoloViews(self._heatmap, sizing_mode="stretch_width"),
+                                 _caption(self._trace_caption),
+                                 sizing_mode="stretch_width"),
+                       sizing_mode="stretch_width"),
+                pn.pane.HoloViews(self._bars, sizing_mode="stretch_width"),
+                _caption(BARS_CAPTION),
+                sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
 
 
 serve(__name__, UnlearningView, title="Mechanistic unlearning", intro="unlearning")
