@@ -13,6 +13,7 @@ and JuICE, with a progress bar and a results table.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import holoviews as hv
@@ -25,11 +26,13 @@ import xarray as xr
 from apps import theme
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, head_cell, serve
+from explorer import components
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
-           "answer_bars_data", "accuracy_table", "head_name", "parse_head"]
+           "answer_bars_data", "bars_caption", "accuracy_table", "head_name", "parse_head",
+           "HEATMAP_CAPTION", "SCATTER_CAPTION", "ALPHA_NOTE"]
 
 hv.extension("bokeh", logo=False)
 
@@ -42,12 +45,52 @@ def _label(f: C.Fact) -> str:
 
 
 def head_name(layer: int, head: int) -> str:
-    return f"L{int(layer)}.H{int(head)}"
+    return str(components.head(int(layer), int(head)))
 
 
 def parse_head(name: str) -> tuple[int, int]:
-    layer, head = name[1:].split(".H")
-    return int(layer), int(head)
+    c = components.parse(name)
+    return int(c.layer), int(c.head)
+
+
+HEATMAP_CAPTION = (
+    "Each head's direct contribution to logit(memory answer) − logit(context answer) at the "
+    "last token (red: pushes the memory answer, blue: the context answer). Click a cell to "
+    "add the head to the set *Clicks add heads to* names; click it again to remove it.")
+SCATTER_CAPTION = (
+    "Every head's context score (x) against its memory score (y), coloured by layer; ringed: "
+    "the heads chosen (S+ green, S- red). Heads far from both axes push memory on some "
+    "prompts and context on others.")
+ALPHA_NOTE = (
+    "Raising α_l can lower P(memory), and that is not a sign error. The heatmap ranks heads by "
+    "their direct push on logit(memory) − logit(context); enhancing the picked heads widens "
+    "that gap at first (SmolLM2, France, S+ only: log P(memory)/P(context) 2.8 → 3.7 at "
+    "α_l = 1), but scaled-up head outputs also move probability to other tokens and the later "
+    "layers react, so P(memory) itself falls (0.40, 0.36, 0.03 at α_l = 0, 1, 5). JuICE picks "
+    "heads by the intervention's effect on all three prompt types (*Select heads as JuICE "
+    "does*): there no head qualifies for S+, and suppressing its three S- heads raises "
+    "P(memory) to 0.58.")
+
+
+def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
+    """The widget with a tooltip saying what it changes: its own (``description``) where
+    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
+    if not doc:
+        return widget
+    if "description" in widget.param:
+        widget.description = doc
+        return widget
+    widget.sizing_mode = "stretch_width"
+    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
+                  margin=0, sizing_mode="stretch_width")
+
+
+def _labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
+    """A button group with the label and tooltip Panel does not draw for it."""
+    widget.description = doc
+    return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
+                            pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
+                     widget, margin=0)
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
@@ -69,11 +112,14 @@ def plot_head_heatmap(scores: xr.Dataset | None, plus: list[str] = (),
     lim = float(abs(d).max()) or 1.0
     rows = [(int(h), int(layer), float(d.sel(layer=layer, head=h)))
             for layer in d.layer.values for h in d["head"].values]
+    n_layers, n_heads = d.sizes["layer"], d.sizes["head"]
+    every = max(1, -(-n_layers // 16))          # at most ~16 layer ticks: they never touch
     heat = hv.HeatMap(rows, kdims=["head", "layer"], vdims=["direct_diff"]).opts(
         cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True, tools=["hover", "tap"],
         default_tools=_TOOLS, active_tools=["tap"], clabel="logit(memory) − logit(context)",
-        title="Direct effect on memory − context logit (click: pick)",
-        responsive=True, height=360)
+        title="Direct effect per head", xticks=list(range(n_heads)),
+        yticks=list(range(0, n_layers, every)), invert_yaxis=True,
+        responsive=True, height=max(300, 12 * n_layers + 80))
     chosen = _chosen(list(plus), list(minus))
     marks = hv.Points([(*parse_head(n)[::-1], s) for n, s in chosen.items()],
                       kdims=["head", "layer"], vdims=["set"])
@@ -106,7 +152,7 @@ def plot_head_scatter(scores: xr.Dataset | None, plus: list[str] = (),
                         tools=["hover"], show_legend=False)).opts(
         responsive=True, height=360, xlabel="context score (logit units)",
         ylabel="memory score (logit units)",
-        title="Heads: context vs memory score (click: pick)")
+        title="Context vs memory score", xticks=5)
 
 
 def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, str, float]]:
@@ -120,9 +166,21 @@ def plot_answer_bars(rows: list[tuple[str, str, float]] | None) -> hv.Element:
         return _waiting("Computing…", 300)
     bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
     return bars.redim.values(answer=["memory", "context"], run=["before", "after"]).opts(
-        ylim=(0, 1), tools=["hover"], responsive=True, height=300, multi_level=True,
+        ylim=(0, 1), tools=["hover"], responsive=True, height=260, multi_level=True,
         color="run", cmap={"before": "#999999", "after": theme.ACCENT}, default_tools=_TOOLS,
-        title="P(first answer token), before / after")
+        show_legend=False, xlabel="", title="P(answer)")
+
+
+def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str) -> str:
+    """The numbers of the answer bars, under them."""
+    if rows is None:
+        return "Computing the answer probabilities…"
+    p = {(a, r): v for a, r, v in rows}
+    run = "JuICE dual run" if mode == "juice" else "single run"
+    return (f"P(first token) of the memory answer **{fact.memory}**: {p['memory', 'before']:.2f} "
+            f"→ **{p['memory', 'after']:.2f}**; of the context answer **{fact.context}**: "
+            f"{p['context', 'before']:.2f} → **{p['context', 'after']:.2f}** (grey: no "
+            f"intervention, blue: the {run} with the heads and α above).")
 
 
 def accuracy_table(acc: xr.Dataset) -> pd.DataFrame:
@@ -156,18 +214,31 @@ class ConflictsView(View):
         Tokens generated per answer when scoring the split.
     """
 
-    example = param.Selector(default=None, objects=[], doc="Fact to show")
-    kind = param.Selector(default="substitution", objects=list(C.PROMPT_KINDS), label="Prompt type")
+    example = param.Selector(default=None, objects=[], label="Example",
+                             doc="The fact shown: its true (memory) and its false (context) value.")
+    kind = param.Selector(default="substitution", objects=list(C.PROMPT_KINDS), label="Prompt type",
+                          doc="clean: the question alone; substitution: one sentence stating the "
+                              "false value first; coherent: a short passage supporting it.")
     direction = param.Selector(default="parametric", objects=list(C.DIRECTIONS),
-                               label="Direction (the answer to strengthen)")
+                               label="Answer to strengthen",
+                               doc="Which answer the head-picking buttons strengthen: parametric "
+                                   "= the memory answer, context = the answer the prompt states.")
     pick_set = param.Selector(default="S+ (enhance)", objects=["S+ (enhance)", "S- (suppress)"],
-                              label="Clicks add heads to")
-    heads_plus = param.ListSelector(default=[], objects=[], label="Enhance (S+)")
-    heads_minus = param.ListSelector(default=[], objects=[], label="Suppress (S-)")
-    alpha_l = param.Number(default=1.0, bounds=(0.0, 5.0), step=0.5, label="α_l (enhance)")
-    alpha_s = param.Number(default=1.0, bounds=(0.0, 3.0), step=0.5, label="α_s (suppress)")
-    mode = param.Selector(default="juice", objects=["juice", "single"],
-                          label="Intervention (JuICE dual run / single run)")
+                              label="Clicks add heads to",
+                              doc="The set a click on a head in the heatmap or scatter adds it "
+                                  "to (a second click removes it).")
+    heads_plus = param.ListSelector(default=[], objects=[], label="Enhance (S+)",
+                                    doc="Heads whose output run 2 adds α_l times again.")
+    heads_minus = param.ListSelector(default=[], objects=[], label="Suppress (S-)",
+                                     doc="Heads whose output run 2 subtracts α_s times.")
+    alpha_l = param.Number(default=1.0, bounds=(0.0, 5.0), step=0.5, label="α_l (enhance)",
+                           doc="How many times each S+ head's output is added (0: off).")
+    alpha_s = param.Number(default=1.0, bounds=(0.0, 3.0), step=0.5, label="α_s (suppress)",
+                           doc="How many times each S- head's output is subtracted (1: the head "
+                               "removed; more: pushed the other way).")
+    mode = param.Selector(default="juice", objects=["juice", "single"], label="Intervention",
+                          doc="juice: the dual run (run 1 records the heads' outputs, run 2 adds "
+                              "them); single: each head scaled in place by 1 + α_l or 1 − α_s.")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     bar_rows = param.List(default=None, allow_None=True, precedence=-1)
@@ -194,6 +265,7 @@ class ConflictsView(View):
         self.runner("example", self._got_example)
         self.runner("bars", self._got_bars)
         self.runner("split", self._got_split, progress=True)
+        self.runner("select", self._got_selection, progress=True)
         self._progress = pn.indicators.Progress(name="progress", value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
@@ -227,6 +299,21 @@ class ConflictsView(View):
                     model, run(model, None, plus, minus, alpha_l=a_l, alpha_s=a_s, run1=run1),
                     [fact])[0]
                 return answer_bars_data(before, after)
+        elif name == "select":
+            direction = self.direction
+            started = time.perf_counter()
+            report = self.progress_fn(token=None)
+
+            def job(token: CancelToken):
+                def progress(done: int, total: int) -> None:
+                    token.check()
+                    report(done, total)
+                    left = (time.perf_counter() - started) * (total - done) / max(1, done)
+                    self.post(status=f"scoring heads by intervention: {done}/{total} "
+                                     f"(about {left:.0f} s left)")
+                return C.juice_head_selection(model, [fact], direction=direction, k=3,
+                                              prune=True, progress=progress)
+            self.param.update(progress=0, progress_active=True)
         else:
             facts = list(self._facts.values())
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
@@ -256,7 +343,15 @@ class ConflictsView(View):
 
     def _got_bars(self, rows: list) -> None:
         self.bar_rows = rows
-        self.status = "ready"
+        if self.status.startswith("computing"):
+            self.status = "ready"
+
+    def _got_selection(self, ds: xr.Dataset) -> None:
+        plus, minus = C.selected_heads(ds)
+        self.param.update(heads_plus=[head_name(*h) for h in plus],
+                          heads_minus=[head_name(*h) for h in minus],
+                          status=f"JuICE selection: S+ {len(plus)}, S- {len(minus)} heads "
+                                 "(consistent over the three prompt types)")
 
     def _got_split(self, ds: xr.Dataset) -> None:
         self.accuracy = ds
@@ -325,34 +420,59 @@ class ConflictsView(View):
             return plot
 
         p = self.param
-        pick = pn.widgets.Button(name="Pick top heads for the direction")
+        pick = pn.widgets.Button(
+            name="Pick top heads by direct effect",
+            description="Fill S+ with the 3 heads whose direct effect (the heatmap) pushes "
+                        "hardest toward the answer to strengthen, S- with the 3 pushing against.")
         pick.on_click(lambda *_: self.pick_top_heads())
-        score = pn.widgets.Button(name="Score the whole split", button_type="primary")
+        select = pn.widgets.Button(
+            name="Select heads as JuICE does",
+            description="Score every head by adding its output (α = the paper's grid) on the "
+                        "three prompt types of this example, keep those that help on all three "
+                        "(the paper's selection; about a minute for SmolLM2 on a CPU, time left shown).")
+        select.on_click(lambda *_: self._request("select"))
+        score = pn.widgets.Button(
+            name="Score the whole split", button_type="primary",
+            description="Greedy answers on every fact (the ones known closed book) for no "
+                        "intervention, the single run and JuICE with the heads and α above.")
         score.on_click(lambda *_: self._request("split"))
         table = pn.bind(lambda acc: pn.pane.DataFrame(
             accuracy_table(acc), index=False, float_format="{:.2f}".format,
             sizing_mode="stretch_width") if acc is not None else pn.pane.Markdown(
             "Press *Score the whole split* for accuracy toward the memory and the context "
             "answer (baseline / single run / JuICE)."), p.accuracy)
+
+        def group(name: str) -> pn.Column:
+            return _labelled(pn.widgets.RadioButtonGroup.from_param(
+                p[name], button_type="primary", variant="outline",
+                sizing_mode="stretch_width"), p[name].label, p[name].doc)
+
+        caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
         controls = pn.Column(
-            pn.widgets.Select.from_param(p.example), pn.widgets.RadioButtonGroup.from_param(p.kind),
-            pn.widgets.RadioButtonGroup.from_param(p.direction),
-            pn.widgets.RadioButtonGroup.from_param(p.pick_set),
-            pn.widgets.MultiChoice.from_param(p.heads_plus),
-            pn.widgets.MultiChoice.from_param(p.heads_minus), pick,
-            pn.widgets.FloatSlider.from_param(p.alpha_l), pn.widgets.FloatSlider.from_param(p.alpha_s),
-            pn.widgets.RadioButtonGroup.from_param(p.mode), score, self._progress,
-            pn.pane.Markdown(p.status),
+            _tip(pn.widgets.Select.from_param(p.example), p.example.doc), group("kind"),
+            group("direction"), group("pick_set"),
+            _tip(pn.widgets.MultiChoice.from_param(p.heads_plus), p.heads_plus.doc),
+            _tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick, select,
+            _tip(pn.widgets.FloatSlider.from_param(p.alpha_l), p.alpha_l.doc),
+            _tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
+            group("mode"),
+            pn.pane.HoloViews(pn.bind(plot_answer_bars, p.bar_rows), linked_axes=False,
+                              sizing_mode="stretch_width", css_classes=["cf-bars"]),
+            pn.pane.Markdown(pn.bind(lambda rows, ex, mode: bars_caption(rows, self._facts[ex], mode),
+                                     p.bar_rows, p.example, p.mode), **caption),
+            pn.pane.Markdown(ALPHA_NOTE, **caption),
+            score, self._progress, pn.pane.Markdown(p.status),
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.heads_plus, p.heads_minus,
                                  p.bar_rows, p.accuracy, p.busy)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
-            pn.Row(pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus),
-                                     linked_axes=False),
-                   pn.pane.HoloViews(pn.bind(scatter, p.scores, p.heads_plus, p.heads_minus),
-                                     linked_axes=False)),
-            pn.Row(pn.pane.HoloViews(pn.bind(plot_answer_bars, p.bar_rows), linked_axes=False),
-                   pn.Column(pn.pane.Markdown("### Accuracy over the split"), table)),
+            pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus),
+                              linked_axes=False, sizing_mode="stretch_width"),
+            pn.pane.Markdown(HEATMAP_CAPTION, **caption),
+            pn.pane.HoloViews(pn.bind(scatter, p.scores, p.heads_plus, p.heads_minus),
+                              linked_axes=False, sizing_mode="stretch_width"),
+            pn.pane.Markdown(SCATTER_CAPTION, **caption),
+            pn.pane.Markdown("### Accuracy over the split"), table,
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")
 

@@ -465,6 +465,21 @@ def test_cli_json_summary(tmp_path, monkeypatch, capsys):
     assert all(0 <= layer_head[0] <= 2 for layer_head in out["heads_plus"] + out["heads_minus"])
     assert set(out["memory_accuracy"]) == {"baseline", "single", "juice"}
     assert set(out["memory_accuracy"]["juice"]) == {"substitution", "coherent"}
+    # the same numbers as the library calls on the same facts (split 2 to select, 1 to score)
+    from explorer import load_model
+
+    model = load_model("tiny-llama")
+    facts = [C.load_facts(["country_capital"])[i] for i in (0, 2, 7)]
+    sel = C.juice_head_selection(model, facts[:2], direction="parametric", k=2, layers=[2])
+    plus, minus = C.selected_heads(sel)
+    assert out["heads_plus"] == [list(h) for h in plus]
+    assert out["heads_minus"] == [list(h) for h in minus]
+    acc = C.conflict_accuracy(model, facts[2:], plus, minus, alpha_l=1.0, alpha_s=1.0)
+    for name, var in (("memory_accuracy", acc.memory_accuracy),
+                      ("context_accuracy", acc.context_accuracy)):
+        for m in ("baseline", "single", "juice"):
+            for k in ("substitution", "coherent"):
+                assert out[name][m][k] == pytest.approx(float(var.sel(intervention=m, kind=k)))
 
 
 # -- the view (headless) -------------------------------------------------------------------------
@@ -514,7 +529,43 @@ def test_view_bars_follow_heads_and_alpha(tiny_model):
     assert list(table["intervention"]) == ["baseline (no intervention)", "single run (JuNE)",
                                           "JuICE dual run"]
     assert table["to memory, coherent"].tolist() == acc.memory_accuracy.sel(kind="coherent").values.tolist()
-    assert view.__panel__() is not None
+    # what the page shows: the bars' numbers in the caption, labelled button groups
+    import panel as pn
+
+    from apps.conflicts import bars_caption
+
+    text = bars_caption(view.bar_rows, fact, "juice")
+    after = {(a, r): v for a, r, v in view.bar_rows}
+    assert f"**{after['memory', 'after']:.2f}**" in text and fact.memory in text
+    root = view.__panel__()
+    shown = [o.object for o in root.select(pn.pane.HTML)]
+    for label in ("Prompt type", "Answer to strengthen", "Clicks add heads to", "Intervention"):
+        assert f"<b>{label}</b>" in shown
+    tips = {w.value for w in root.select(pn.widgets.TooltipIcon)}
+    assert view.param.kind.doc in tips and view.param.mode.doc in tips
+    groups = root.select(pn.widgets.RadioButtonGroup)
+    assert {tuple(g.options) for g in groups} == {tuple(C.PROMPT_KINDS), tuple(C.DIRECTIONS),
+                                                  ("S+ (enhance)", "S- (suppress)"),
+                                                  ("juice", "single")}
+
+
+def test_view_selects_heads_as_juice_does(tiny_model):
+    """The page's JuICE button fills S+ / S- with `juice_head_selection` on the example."""
+    import panel as pn
+
+    from apps.conflicts import ConflictsView
+
+    facts = C.load_facts(["country_capital"])[:2]
+    view = ConflictsView(tiny_model, facts=facts, closed_book=False, background=False, n_new=2)
+    view.direction = "context"
+    button = next(b for b in view.__panel__().select(pn.widgets.Button)
+                  if b.name == "Select heads as JuICE does")
+    button.clicks += 1
+    sel = C.juice_head_selection(tiny_model, [view._fact()], direction="context", k=3)
+    plus, minus = C.selected_heads(sel)
+    assert view.heads_plus == [f"L{l}.H{h}" for l, h in plus]
+    assert view.heads_minus == [f"L{l}.H{h}" for l, h in minus]
+    assert view.progress_active is False and view.error == ""
 
 
 def test_view_reports_an_empty_split(tiny_model, tmp_path, monkeypatch):
