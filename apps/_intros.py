@@ -170,6 +170,19 @@ INTROS: dict[str, Intro] = {
         try_first="Click a square to enlarge it, then type a prompt that repeats a phrase "
                   "and look for heads attending to the token after its first copy.",
         doc="README.md"),
+    "atlas": Intro(
+        shows="Every per-head score this session has computed, from every method, in one "
+              "layer x head atlas: attention statistics of the sidebar prompt, induction, "
+              "function-vector, context / memory scores and circuit edge mass per head.",
+        paper="Scores from Olsson et al. (2022), Todd et al. (ICLR 2024), Li et al. (ICML 2025) "
+              "and Hanna et al. (COLM 2024)",
+        title="Function Vectors in Large Language Models",
+        read="Pick a score: the heatmap shows it per head (layers down, heads across); the "
+             "table has every score of every head, sortable and filterable; outlined cells "
+             "and ticked rows are the heads selected in the sidebar.",
+        try_first="Press Add induction scores, sort the table by induction_score and click "
+                  "the top head: it is selected on every page (open Attention to see it).",
+        doc="docs/workspace.md"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The app shell: every view as a page, with a shared sidebar (model, prompt, cache status).
+"""The app shell: every view as a page, with a shared sidebar (model, prompt, workspace, cache).
 
 Serve it with ``python -c "from apps.gallery import serve; serve()"`` or
 ``panel serve apps/gallery.py`` (model from ``$EXPLORER_MODEL``, default smollm2-135m).
@@ -6,20 +6,31 @@ A page is added by appending ``(title, slug, factory)`` to `VIEWS`; ``factory(mo
 returns a ``pn.viewable.Viewer``. A view with a ``prompt`` parameter follows the sidebar's
 prompt (and its own prompt widget is hidden); each page is built on first visit.
 Every browser session gets its own `Gallery` and views; only loaded models are shared.
+
+A session has one `explorer.workspace.Workspace` (`Gallery.workspace`): the sidebar prompt is
+its prompt, the sidebar shows its selected components (a multi-choice: type a head to add it,
+remove a chip to drop it) and its edit stack (each removable), and exports / imports it as
+JSON. A page with a ``selected`` parameter (the head or component it shows) adds what the user
+picks there to the workspace selection and shows the workspace's newest head; a page with a
+``highlighted`` parameter outlines every selected component; a page with ``set_sources`` (the
+head atlas) reads the Datasets the session's pages hold.
 """
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import panel as pn
 import param
+import xarray as xr
 
 import explorer
 from apps import theme
 from apps._intros import INTROS, intro_pane
 from apps._session import Runner, get_model, session_hooks, user_message
+from apps.atlas import AtlasView
 from apps.attention import AttentionView
 from apps.circuits import CircuitsView
 from apps.conflicts import ConflictsView
@@ -33,7 +44,10 @@ from apps.saturation import SaturationView
 from apps.shattering import ShatteringView
 from apps.unlearning import UnlearningView
 from apps.task_emergence import TaskEmergenceView
-from explorer._checks import ExplorerError, check_choice
+from explorer import components
+from explorer._checks import ExplorerError, InputError, check_choice
+from explorer.interventions import Ablate
+from explorer.workspace import Workspace
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
 
@@ -57,6 +71,7 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Representation shattering", "shattering", ShatteringView),
     ("Unlearning", "unlearning", UnlearningView),
     ("Attention", "attention", AttentionView),
+    ("Head atlas", "atlas", AtlasView),
 ]
 
 
@@ -95,6 +110,8 @@ class Gallery(pn.viewable.Viewer):
     loading = param.Boolean(default=False, precedence=-1, doc="A model is loading.")
     remote_status = param.String(default="", precedence=-1,
                                  doc="Latest status of this session's remote (NDIF) job.")
+    state_message = param.String(default="", precedence=-1,
+                                 doc="What the last state import did, or why it failed.")
 
     def __init__(self, model_name: str = DEFAULT_MODEL, *, views: Sequence[tuple] | None = None,
                  view: str | None = None, remote: bool = False, **params: Any):
@@ -108,6 +125,9 @@ class Gallery(pn.viewable.Viewer):
         if view is not None:
             check_choice("view", view, self._specs)
         self._model = get_model(model_name, remote=self._remote)
+        self.workspace = Workspace.from_model(self._model, prompts=[self.prompt])
+        self._pending_state: Workspace | None = None
+        self._pushing_selection = False  # pages following the workspace: not a user's pick
         self._hooks = session_hooks()
         self._hooks.on_remote_status = self._show_remote_status
         self._pages: dict[str, pn.viewable.Viewer] = {}
@@ -121,6 +141,8 @@ class Gallery(pn.viewable.Viewer):
         self.param.watch(self._show_page, "view")
         self.param.watch(self._share_prompt, "prompt")
         self.param.watch(self._switch_model, "model_name")
+        self.workspace.param.watch(self._prompt_from_workspace, "prompts")
+        self.workspace.param.watch(self._share_selection, "selected")
         self.refresh_cache()
         self.view = view or next(iter(self._specs))
 
@@ -148,17 +170,86 @@ class Gallery(pn.viewable.Viewer):
                 view.param["prompt"].precedence = -1  # the sidebar's prompt drives it
                 view.prompt = self.prompt
                 view.param.watch(self._prompt_from_page, "prompt")
+            if "highlighted" in view.param:
+                view.highlighted = list(self.workspace.selected)
+            if "selected" in view.param:
+                self._selection_to_page(view, self.workspace.selected)
+                view.param.watch(self._selection_from_page, "selected")
             self._pages[slug] = view
+            if hasattr(view, "set_sources"):
+                view.set_sources(self.page_results)
         return self._pages[slug]
+
+    def page_results(self) -> list[xr.Dataset]:
+        """Every Dataset the session's pages hold in their parameters (what the atlas reads)."""
+        out = []
+        for view in self._pages.values():
+            if hasattr(view, "set_sources"):
+                continue
+            out += [v for v in view.param.values().values() if isinstance(v, xr.Dataset)]
+        return out
 
     def _show_page(self, event: Any = None) -> None:
         head = [intro_pane(self.view)] if self.view in INTROS else []
-        self._main.objects = [*head, self.page(self.view)]
+        view = self.page(self.view)
+        if hasattr(view, "set_sources") and hasattr(view, "refresh"):
+            view.refresh()  # what the other pages computed since it was last shown
+        self._main.objects = [*head, view]
 
     def _share_prompt(self, event: Any) -> None:
+        self.workspace.prompt = event.new
         for view in self._pages.values():
             if "prompt" in view.param and view.prompt != event.new:
                 view.prompt = event.new
+
+    def _prompt_from_workspace(self, event: Any) -> None:
+        # a loaded state: the sidebar and every page follow
+        if self.workspace.prompt != self.prompt:
+            self.prompt = self.workspace.prompt
+
+    # -- selection -------------------------------------------------------------------------
+    def _selection_from_page(self, event: Any) -> None:
+        """A page picked a component (a click, a typed name): select it in the workspace."""
+        if self._pushing_selection:
+            return
+        new = event.new
+        try:
+            if isinstance(new, str):
+                if new:
+                    self.workspace.select(new)
+            elif isinstance(new, (list, tuple)):
+                old = list(event.old or [])
+                self.workspace.select(*[n for n in new if n not in old])
+                self.workspace.deselect(*[n for n in old if n not in new])
+        except InputError as exc:
+            theme.notify("warning", str(exc), duration=4000)
+
+    def _selection_to_page(self, view: pn.viewable.Viewer, selected: Sequence[str]) -> None:
+        if isinstance(view.param["selected"], param.List):
+            if list(view.selected) != list(selected):
+                view.selected = list(selected)
+            return
+        if not isinstance(view.param["selected"], param.String):
+            return
+        current = view.selected
+        try:
+            current = components.canonical(current) if current else ""
+        except components.ComponentError:
+            pass
+        heads = [name for name in selected if components.parse(name).is_head]
+        if heads and current != heads[-1]:
+            view.selected = heads[-1]  # the newest selected head
+
+    def _share_selection(self, event: Any) -> None:
+        self._pushing_selection = True
+        try:
+            for view in self._pages.values():
+                if "highlighted" in view.param and list(view.highlighted) != list(event.new):
+                    view.highlighted = list(event.new)
+                if "selected" in view.param:
+                    self._selection_to_page(view, event.new)
+        finally:
+            self._pushing_selection = False
 
     def _prompt_from_page(self, event: Any) -> None:
         # a page changed its prompt (a loaded state): the sidebar and other pages follow
@@ -177,13 +268,127 @@ class Gallery(pn.viewable.Viewer):
         self.loading = False
         self.close_pages()
         self._model = model
+        dropped, gone = self.workspace.set_model(model)
+        pending, self._pending_state = self._pending_state, None
+        if pending is not None and pending.model_name == model.spec.name:
+            self._apply_state(pending)
         self._show_page()
         theme.notify("success", f"Loaded {model.spec.name}.", duration=3000)
+        if dropped or gone:
+            theme.notify("warning", f"{model.spec.name} has no {', '.join(dropped) or ''}"
+                         f"{'; ' if dropped and gone else ''}"
+                         f"{f'{len(gone)} edit(s) did not fit it' if gone else ''}: dropped.")
 
     def _model_failed(self, exc: BaseException) -> None:
         self.loading = False
+        self._pending_state = None
         theme.notify("error", f"Could not load the model: {user_message(exc)}")
         self.model_name = self._model.spec.name  # the selector shows the model still running
+
+    # -- state ---------------------------------------------------------------------------
+    def export_state(self) -> str:
+        """The session's workspace as JSON (what Export state downloads)."""
+        return self.workspace.to_json()
+
+    def import_state(self, data: str | bytes) -> None:
+        """Load an exported state: its prompts, selection and edits (switching the model first
+        if the state names another); a bad file shows a message and changes nothing."""
+        try:
+            state = Workspace.from_json(data)
+            if state.model_name != self._model.spec.name:
+                if state.model_name not in self.param.model_name.objects:
+                    raise InputError(f"the state is for model {state.model_name!r}, which this "
+                                     "app does not offer.")
+                self._pending_state = state
+                self.state_message = f"Loading {state.model_name} for the state…"
+                self.model_name = state.model_name
+                return
+            state = Workspace.from_json(data, model=self._model)  # vector lengths checked too
+        except ExplorerError as exc:
+            self.state_message = f"Could not import the state: {exc}"
+            theme.notify("error", f"Could not import the state: {exc}")
+            return
+        self._apply_state(state)
+
+    def _apply_state(self, state: Workspace) -> None:
+        self.workspace.update_from(state)
+        n, e = len(state.selected), len(state.edits)
+        self.state_message = (f"Imported: {len(state.prompts)} prompt(s), {n} selected, "
+                              f"{e} edit(s).")
+
+    def _state_file(self, event: Any) -> None:
+        if event.new:
+            self.import_state(event.new)
+
+    def ablate_selected(self, *_: Any) -> None:
+        """Push a zero-ablation of every selected head not already ablated."""
+        have = {(e.layer, e.head) for e in self.workspace.edits if isinstance(e, Ablate)}
+        for layer, head in self.workspace.selected_heads:
+            if (layer, head) not in have:
+                self.workspace.push_edit(Ablate(layer, head))
+
+    def _component_options(self) -> list[str]:
+        spec = self._model.spec
+        out = []
+        for layer in range(spec.n_layers):
+            out += [str(components.head(layer, h)) for h in range(spec.n_heads)]
+            out += [str(components.mlp(layer)), str(components.layer(layer))]
+        return [*out, "input", "logits"]
+
+    def _edit_rows(self, edits: list) -> pn.Column:
+        rows = []
+        for i, label in enumerate(self.workspace.edit_labels):
+            remove = pn.widgets.Button(label="✕", width=36, color="light",
+                                       css_classes=["remove-edit"], description=f"Remove {label}")
+            remove.on_click(lambda _e, i=i: self.workspace.remove_edit(i))
+            rows.append(pn.Row(pn.pane.Str(label, sizing_mode="stretch_width"), remove,
+                               sizing_mode="stretch_width"))
+        if not rows:
+            rows = [pn.pane.Markdown("No edits. Select heads, then *Ablate selected heads*.",
+                                     styles={"color": "#555"})]
+        return pn.Column(*rows, sizing_mode="stretch_width", css_classes=["edit-stack"])
+
+    def workspace_widgets(self) -> list[pn.viewable.Viewable]:
+        """The sidebar's workspace part: selection, edit stack, export / import, code."""
+        ws = self.workspace
+        choice = pn.widgets.MultiChoice(label="Selected components", options=self._component_options(),
+                                        value=list(ws.selected), sizing_mode="stretch_width",
+                                        placeholder="Type a head, e.g. L3.H1",
+                                        css_classes=["workspace-selection"])
+
+        def from_widget(event: Any) -> None:
+            try:
+                ws.set_selection(event.new)
+            except InputError as exc:
+                theme.notify("warning", str(exc), duration=4000)
+
+        def to_widget(event: Any) -> None:
+            options = self._component_options()
+            if choice.options != options:
+                choice.options = options
+            if list(choice.value) != list(event.new):
+                choice.value = list(event.new)
+
+        choice.param.watch(from_widget, "value")
+        ws.param.watch(to_widget, "selected")
+        ablate = pn.widgets.Button(label="Ablate selected heads", color="light",
+                                   sizing_mode="stretch_width", css_classes=["ablate-selected"])
+        ablate.on_click(self.ablate_selected)
+        export = pn.widgets.FileDownload(callback=lambda: io.StringIO(self.export_state()),
+                                         filename="explorer-state.json", label="Export state",
+                                         color="light", sizing_mode="stretch_width",
+                                         css_classes=["export-state"])
+        upload = pn.widgets.FileInput(accept=".json", multiple=False, sizing_mode="stretch_width",
+                                      css_classes=["import-state"])
+        upload.param.watch(self._state_file, "value")
+        code = pn.pane.Markdown(pn.bind(lambda *_: "```python\n" + ws.copy_as_code() + "```",
+                                        ws.param.prompts, ws.param.selected, ws.param.edits),
+                                sizing_mode="stretch_width", css_classes=["workspace-code"])
+        return [pn.pane.Markdown("### Workspace"), choice,
+                pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,
+                export, pn.pane.Markdown("Import state (JSON):"), upload,
+                pn.pane.Markdown(self.param.state_message, css_classes=["state-message"]),
+                pn.Card(code, title="Copy as code", collapsed=True, sizing_mode="stretch_width")]
 
     def refresh_cache(self, *_: Any) -> None:
         self.cache = cache_status()
@@ -238,7 +443,7 @@ class Gallery(pn.viewable.Viewer):
                   pn.pane.Markdown(self.param.remote_status, css_classes=["remote-status"])
                   ] if self._remote else []
         return [pn.pane.Markdown("### Pages"), nav, pn.layout.Divider(), model, loading, prompt,
-                *remote, stop, pn.layout.Divider(),
+                *remote, stop, pn.layout.Divider(), *self.workspace_widgets(), pn.layout.Divider(),
                 pn.pane.Markdown(self.param.cache, css_classes=["cache-status"]), refresh]
 
     def template(self) -> pn.template.FastListTemplate:

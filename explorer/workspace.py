@@ -134,6 +134,28 @@ class Workspace(param.Parameterized):
         return cls(model_name=spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
                    d_head=spec.d_head, d_model=spec.d_model, **params)
 
+    def set_model(self, model: Any) -> tuple[list[str], list[Edit]]:
+        """Move the workspace to another loaded model: its name and shape; the selections and
+        edits that do not fit it are dropped. Returns (dropped selections, dropped edits)."""
+        spec = model.spec
+        self._d_head, self._d_model = spec.d_head, spec.d_model
+        kept, dropped = [], []
+        with param.parameterized.batch_call_watchers(self):
+            self.param.update(model_name=spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads)
+            for name in self.selected:
+                try:
+                    kept.append(self.component(name))
+                except InputError:
+                    dropped.append(name)
+            edits, gone = [], []
+            for e in self.edits:
+                try:
+                    edits.append(self._checked_edit(e))
+                except (InputError, ValueError, TypeError):
+                    gone.append(e)
+            self.param.update(selected=kept, edits=edits)
+        return dropped, gone
+
     # -- prompts ---------------------------------------------------------------------------
     @property
     def prompt(self) -> str:

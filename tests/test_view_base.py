@@ -333,7 +333,7 @@ def test_every_view_derives_from_the_base():
         missing += [f"apps.{name}.{c.__name__}" for c in viewers if not issubclass(c, View)]
     assert missing == []
     assert all(found.values()), f"modules without a view: {[n for n, v in found.items() if not v]}"
-    assert len(found) == 14                         # the thirteen gallery pages and the study app
+    assert len(found) == 15                         # the fourteen gallery pages and the study app
 
 
 def test_a_served_pages_job_progress_reaches_its_widgets_on_the_session_loop(loop_doc, tiny_model, notes):

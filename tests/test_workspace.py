@@ -207,3 +207,12 @@ def test_edit_labels_use_the_component_spelling():
     assert edit_label(Patch("attn_z", 2, "abc", head=1)) == "patch L2.H1 from 'abc'"
     assert edit_label(Patch("resid_post", 2, "abc")) == "patch resid_post L2 from 'abc'"
     assert edit_label(Steer(4, vector=[1.0], alpha=3)) == "steer L4 × 3"
+
+
+def test_set_model_keeps_what_fits_and_drops_the_rest(tiny_model):
+    big = Workspace(model_name="big", n_layers=8, n_heads=8, selected=["L7.H0", "L1.H1", "L2.MLP"],
+                    edits=[Ablate(6, 6), Scale(1, 1, 0.5)])
+    dropped, gone = big.set_model(tiny_model)               # 3 layers x 4 heads
+    assert (big.model_name, big.n_layers, big.n_heads) == ("tiny-llama", 3, 4)
+    assert big.selected == ["L1.H1", "L2.MLP"] and dropped == ["L7.H0"]
+    assert big.edits == [Scale(1, 1, 0.5)] and gone == [Ablate(6, 6)]

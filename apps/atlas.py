@@ -1,0 +1,354 @@
+"""Head atlas page: every per-head score this session has computed, one heatmap and one table.
+
+The scores are `explorer.head_atlas` of what the session's pages hold (in the gallery: ICL
+heads' induction and FV scores, Knowledge conflicts' context / memory scores, Circuits' EAP
+edge mass per head, ...) plus what the page computes itself: attention statistics of the
+workspace prompt (one trace) and, on request, induction scores. Clicking a cell of the heatmap
+or a row of the table selects that head (`selected`, in the gallery the workspace selection);
+the workspace's selected heads (`highlighted`) are outlined. The table sorts and filters, and
+exports as CSV.
+"""
+from __future__ import annotations
+
+import html
+import io
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, View, head_cell, serve
+from explorer import components
+from explorer._checks import InputError, check_prompts
+from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
+from explorer.trace import trace as trace_sites
+
+__all__ = ["AtlasView", "plot_score", "provenance_markdown", "collect_results", "atlas_csv"]
+
+hv.extension("bokeh", logo=False)
+
+MAX_TOKENS = 256
+"""The longest prompt the page traces for its attention statistics."""
+
+SIGNED = ("fv_score", "ablation_effect")
+"""Scores with a sign (drawn with a diverging map centred on 0)."""
+
+
+# -- pure functions ----------------------------------------------------------------------
+
+def _signed(name: str, values: np.ndarray) -> bool:
+    """Draw with the diverging map: a signed score, or values on both sides of 0."""
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return False
+    return name.startswith(SIGNED) or bool(finite.min() < 0 < finite.max())
+
+
+def plot_score(atlas: xr.Dataset | None, score: str | None,
+               highlighted: Sequence[str] = ()) -> hv.Element:
+    """One score as a layer x head heatmap (layer 0 on top), the highlighted heads outlined."""
+    if atlas is None or not score or score not in atlas:
+        return theme.placeholder("No per-head scores yet: open a page that computes some, "
+                                 "or add induction scores.")
+    da = atlas[score].transpose("layer", "head")
+    values = da.values.astype(np.float64)
+    n_layers, n_heads = values.shape
+    if _signed(score, values):
+        lim = float(np.nanmax(np.abs(values))) or 1.0
+        cmap, clim = theme.SIGNED_CMAP, (-lim, lim)
+    else:
+        finite = values[np.isfinite(values)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        cmap, clim = theme.MAGNITUDE_CMAP, (lo, hi if hi > lo else lo + 1.0)
+    cell_w, cell_h = theme.SIZES["cell_min_width"], theme.SIZES["cell_height"]
+    step = max(1, int(np.ceil(n_layers / 16)))
+    # numeric axes: head h's column spans [h - 0.5, h + 0.5], layer l's row the same in y
+    heat = hv.Image((np.arange(n_heads), np.arange(n_layers), values), kdims=["head", "layer"],
+                    vdims=[hv.Dimension("score", label=score)]).opts(
+        cmap=cmap, clim=clim, colorbar=True, clabel=score, title=score,
+        xlabel="head", ylabel="layer", invert_yaxis=True,
+        xticks=[(h, f"H{h}") for h in range(n_heads)],
+        yticks=[(l, f"L{l}") for l in range(0, n_layers, step)],
+        frame_width=max(300, cell_w * n_heads), frame_height=max(160, cell_h * n_layers),
+        tools=["hover", "tap"], default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
+        fontsize=theme.font_sizes())
+    cells = [(l, h) for l, h in (_head(name, n_layers, n_heads) for name in highlighted)
+             if l is not None]
+    boxes = hv.Rectangles([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in cells]).opts(
+        fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
+    return heat * boxes if cells else heat
+
+
+def _head(name: str, n_layers: int, n_heads: int) -> tuple[int | None, int | None]:
+    try:
+        c = components.check_in_model(name, n_layers, n_heads)
+    except components.ComponentError:
+        return None, None
+    return (c.layer, c.head) if c.is_head else (None, None)
+
+
+def provenance_markdown(atlas: xr.Dataset | None) -> str:
+    """One line per score: its method, how it was reduced to the head, its parameters."""
+    if atlas is None or not atlas.data_vars:
+        return ""
+    lines = ["**Where each score comes from**", ""]
+    for name, da in atlas.data_vars.items():
+        a = da.attrs
+        params = a.get("params", "")
+        try:
+            short = ", ".join(f"{k}={v}" for k, v in json.loads(params).items()
+                              if v is not None and not isinstance(v, (list, dict)))[:160]
+        except (TypeError, ValueError):
+            short = ""
+        what = a.get("description") or a.get("source", "")
+        lines.append(f"- `{name}`: {html.escape(str(a.get('method', '')))}"
+                     f"{' — ' + html.escape(what) if what else ''}"
+                     f"{' (' + html.escape(short) + ')' if short else ''}")
+    return "\n".join(lines)
+
+
+def collect_results(values: Sequence[Any]) -> list[xr.Dataset]:
+    """The Datasets among ``values`` that hold per-head scores (anything `head_atlas` reads),
+    each once; attention traces are left out (the page traces the workspace prompt itself)."""
+    out: list[xr.Dataset] = []
+    seen: set[int] = set()
+    for ds in values:
+        if not isinstance(ds, xr.Dataset) or id(ds) in seen or "attn_pattern" in ds:
+            continue
+        if "layer" not in ds.dims and "edge" not in ds.dims:
+            continue
+        shape = ds.attrs.get("model_spec", {})
+        n_layers = shape.get("n_layers", ds.sizes.get("layer", ds.attrs.get("n_layers", 0)))
+        n_heads = shape.get("n_heads", ds.sizes.get("head", ds.attrs.get("n_heads", 0)))
+        try:
+            if not n_layers or not n_heads or not head_scores_of(ds, int(n_layers), int(n_heads)):
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue
+        seen.add(id(ds))
+        out.append(ds)
+    return out
+
+
+def atlas_csv(atlas: xr.Dataset) -> str:
+    """The atlas table as CSV text (one row per head)."""
+    return atlas_table(atlas).to_csv(index=False, float_format="%.6g")
+
+
+# -- the view ----------------------------------------------------------------------------
+
+class AtlasView(View):
+    """Every per-head score of the session in one [layer, head] atlas.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    sources : callable, optional
+        Returns the Datasets other pages computed (the gallery passes its pages' results);
+        `set_sources` sets it later.
+    background : bool, optional
+    **params
+    """
+
+    notify_title = "Head atlas"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 300
+
+    prompt = param.String(default="The capital of France is", label="Prompt",
+                          doc="Prompt whose attention statistics the atlas holds.")
+    score = param.Selector(default=None, objects=[], label="Score",
+                           doc="The per-head score drawn as a heatmap.")
+    selected = param.String(default="", label="Selected head",
+                            doc="The head last clicked (L<layer>.H<head>).")
+    highlighted = param.List(default=[], item_type=str, precedence=-1,
+                             doc="Components outlined (the workspace selection).")
+    atlas = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
+                                doc="The head atlas shown.")
+    own = param.List(default=[], precedence=-1,
+                     doc="Results the page computed itself (attention statistics, induction).")
+
+    def __init__(self, model: explorer.Model, *, sources: Callable[[], Sequence[Any]] | None = None,
+                 background: bool | None = None, **params: Any):
+        super().__init__(background=background, **params)
+        self._model = model
+        self._sources = sources
+        self._trace: xr.Dataset | None = None
+        self._induction: xr.Dataset | None = None
+        self.runner("trace", self._got_trace)
+        self.runner("induction", self._got_induction)
+        self.param.watch(self._request_trace, ["prompt"])
+        self.param.watch(self._check_selected, ["selected"])
+        self._page_loaded = self._doc is None
+        if self._doc is not None:
+            pn.state.onload(self._on_page_load)
+        else:
+            self._request_trace()
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    def set_sources(self, sources: Callable[[], Sequence[Any]] | None) -> None:
+        """Where the other pages' results come from; the atlas is rebuilt from them."""
+        self._sources = sources
+        self.refresh()
+
+    # -- the atlas -------------------------------------------------------------------------
+    def results(self) -> list[xr.Dataset]:
+        """What the atlas is built from: the pages' results, then the page's own."""
+        pages = collect_results(list(self._sources())) if self._sources is not None else []
+        own = [ds for ds in (self._trace, self._induction) if ds is not None]
+        return pages + own
+
+    def refresh(self, *_: Any) -> None:
+        """Rebuild the atlas from the current results."""
+        try:
+            atlas = head_atlas(self.results(), model=self._model)
+        except (InputError, ValueError, TypeError) as exc:
+            self.show_error(exc)
+            return
+        names = list(atlas.data_vars)
+        self.param.score.objects = names
+        score = self.score if self.score in names else (names[0] if names else None)
+        self.param.update(atlas=atlas, score=score,
+                          status=f"{len(names)} per-head score{'s' if len(names) != 1 else ''} of "
+                                 f"{self._model.spec.name} ({atlas.sizes['layer']} layers × "
+                                 f"{atlas.sizes['head']} heads)")
+
+    def _on_page_load(self) -> None:
+        self._page_loaded = True
+        self._request_trace()
+
+    def _request_trace(self, *_: Any) -> None:
+        if not self._page_loaded:
+            return
+        prompt, model = self.prompt, self._model
+        self.running = True
+
+        def job(token: CancelToken) -> xr.Dataset:
+            check_prompts(prompt)
+            n = len(model.tokenize(prompt).token_ids[0])
+            if n > MAX_TOKENS:
+                raise InputError(f"The prompt is {n} tokens; the atlas traces at most "
+                                 f"{MAX_TOKENS}. Shorten it.")
+            token.check()
+            return trace_sites(model, [prompt], sites=("attn_pattern",), progress=False)
+
+        self.submit("trace", job)
+
+    def _got_trace(self, ds: xr.Dataset) -> None:
+        self._trace = ds
+        self.param.update(error="", running=False)
+        self.refresh()
+
+    def add_induction(self, *_: Any) -> None:
+        """Score every head for induction on repeated random tokens (Olsson et al. 2022)."""
+        from explorer.analyses.icl_heads import induction_scores
+
+        model = self._model
+        self.running = True
+        self.status = "scoring induction heads…"
+        self.submit("induction", lambda token: induction_scores(model, n_sequences=8, half_len=20))
+
+    def _got_induction(self, ds: xr.Dataset) -> None:
+        self._induction = ds
+        self.param.update(error="", running=False)
+        self.refresh()
+
+    # -- selection -------------------------------------------------------------------------
+    def _check_selected(self, event: Any) -> None:
+        if not event.new:
+            return
+        spec = self._model.spec
+        try:
+            c = components.check_in_model(event.new, spec.n_layers, spec.n_heads)
+        except components.ComponentError as exc:
+            theme.notify("warning", str(exc), duration=4000)
+            self.selected = event.old
+            return
+        if str(c) != event.new:
+            self.selected = str(c)
+
+    def select(self, layer: int, head: int) -> None:
+        """Select head ``(layer, head)``."""
+        self.selected = str(components.head(self._model.check_layer(layer),
+                                            self._model.check_head(head)))
+
+    def _heat_tapped(self, x: Any = None, y: Any = None, **_: Any) -> None:
+        cell = head_cell(x, y, self.atlas)
+        if cell is not None:
+            self.select(*cell)
+
+    def _row_clicked(self, event: Any) -> None:
+        table = self._table_frame()
+        if event.row is not None and 0 <= event.row < len(table):
+            self.selected = str(table.iloc[event.row]["component"])
+
+    # -- layout ----------------------------------------------------------------------------
+    def _table_frame(self, atlas: xr.Dataset | None = None, highlighted: Sequence[str] = ()) -> pd.DataFrame:
+        atlas = self.atlas if atlas is None else atlas
+        if atlas is None:
+            return pd.DataFrame({"component": [], "layer": [], "head": []})
+        table = atlas_table(atlas)
+        table.insert(1, "selected", table["component"].isin(list(highlighted)))
+        return table
+
+    def _heatmap(self, atlas: xr.Dataset | None, score: str | None,
+                 highlighted: Sequence[str]) -> hv.Element:
+        plot = plot_score(atlas, score, highlighted)
+        heat = plot.get(0) if isinstance(plot, hv.Overlay) else plot
+        if isinstance(heat, hv.Image):
+            hv.streams.Tap(source=heat).add_subscriber(self._heat_tapped)
+        return plot
+
+    def _csv(self) -> io.StringIO:
+        return io.StringIO(atlas_csv(self.atlas) if self.atlas is not None else "")
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
+        status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["atlas-status"],
+                              styles={"color": "#555"}, sizing_mode="stretch_width")
+        alert = pn.pane.Alert(self.param.error, alert_type="danger",
+                              visible=self.param.error.rx.bool(), sizing_mode="stretch_width")
+        refresh = pn.widgets.Button(label="Refresh from pages", color="primary",
+                                    css_classes=["atlas-refresh"])
+        refresh.on_click(self.refresh)
+        induction = pn.widgets.Button(label="Add induction scores", css_classes=["atlas-induction"])
+        induction.on_click(self.add_induction)
+        download = pn.widgets.FileDownload(callback=self._csv, filename="head_atlas.csv",
+                                           label="Export CSV", css_classes=["atlas-csv"])
+        score = pn.widgets.Select.from_param(self.param.score, width=260)
+        picked = pn.widgets.TextInput.from_param(self.param.selected, width=160)
+        # a fresh plot per change (not a DynamicMap): its size and colour map follow the score
+        heat_pane = pn.pane.HoloViews(pn.bind(self._heatmap, self.param.atlas, self.param.score,
+                                              self.param.highlighted),
+                                      sizing_mode="fixed", css_classes=["atlas-heatmap"],
+                                      linked_axes=False)
+        table = pn.widgets.Tabulator(
+            pn.bind(self._table_frame, self.param.atlas, self.param.highlighted),
+            show_index=False, pagination="local", page_size=16, header_filters=True,
+            disabled=True, sizing_mode="stretch_width", css_classes=["atlas-table"],
+            formatters={"selected": {"type": "tickCross"}})
+        table.on_click(self._row_clicked)
+        return pn.Column(
+            pn.Row(spinner, status, align="center"),
+            alert,
+            pn.Row(score, picked, refresh, induction, download, sizing_mode="stretch_width"),
+            pn.Row(heat_pane, pn.Column(table, pn.pane.Markdown(
+                pn.bind(provenance_markdown, self.param.atlas), css_classes=["atlas-provenance"],
+                sizing_mode="stretch_width"), sizing_mode="stretch_width"),
+                sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
+
+
+serve(__name__, AtlasView, title=f"{theme.TITLE}: head atlas", intro="atlas")
