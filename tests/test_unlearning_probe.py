@@ -99,6 +99,10 @@ def test_rows_probe_the_original_and_each_trained_copy(tiny_model, facts, monkey
         return trained, [0.0]
 
     monkeypatch.setattr(latent, "localized_finetune", fake_finetune)
+    seen = []                               # the features every probe is fitted and read on
+    real_probe = latent.transfer_probe_accuracy
+    monkeypatch.setattr(latent, "transfer_probe_accuracy",
+                        lambda tx, ty, fx, fy: seen.append((tx, fx)) or real_probe(tx, ty, fx, fy))
     ds = latent.latent_probe_after_unlearning(tiny_model, forget, rest[:2], rest,
                                               methods=["random"], n_layers=1, steps=3, lr=1e-3)
     assert list(ds.localization.values) == ["original", "random"]
@@ -108,7 +112,10 @@ def test_rows_probe_the_original_and_each_trained_copy(tiny_model, facts, monkey
         tx = np.stack([_hooked(tiny_model, hf, f) for f in rest])    # [fact, pos, layer, d]
         fx = np.stack([_hooked(tiny_model, hf, f) for f in forget])
         for p, pos in enumerate(latent.PROBE_POSITIONS):
-            want, _ = latent.transfer_probe_accuracy(tx[:, p], ty, fx[:, p], fy)
+            got_tx, got_fx = seen[(row == "random") * 2 + p]         # rows in order, then positions
+            np.testing.assert_allclose(got_tx, tx[:, p], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got_fx, fx[:, p], rtol=1e-4, atol=1e-5)
+            want, _ = real_probe(tx[:, p], ty, fx[:, p], fy)
             np.testing.assert_allclose(ds.probe_forget_accuracy.sel(localization=row, position=pos),
                                        want, err_msg=f"{row} {pos}")
         want_behaviour = U.format_accuracy(tiny_model, forget, "trained",
