@@ -10,6 +10,7 @@ coloured by task and task decodability per layer.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import holoviews as hv
@@ -26,7 +27,8 @@ from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vectors as tv
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
-           "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td"]
+           "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td",
+           "scatter_caption", "td_caption", "fv_caption", "estimated_score_seconds"]
 
 hv.extension("bokeh", logo=False)
 
@@ -34,6 +36,19 @@ _TOOLS = STATIC_TOOLS
 DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
 DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
 DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
+
+
+def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
+    """The widget with a tooltip saying what it changes: its own (``description``) where
+    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
+    if not doc:
+        return widget
+    if "description" in widget.param:
+        widget.description = doc
+        return widget
+    widget.sizing_mode = "stretch_width"
+    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
+                  margin=0, sizing_mode="stretch_width")
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
@@ -44,7 +59,7 @@ def _waiting(text: str, height: int = 300) -> hv.Element:
 def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> hv.Element:
     """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed."""
     if scores is None:
-        return _waiting("Scoring heads…")
+        return _waiting("Head scores appear here")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     ti = set(ih.top_heads(ind, top_induction / 100))
     tf = set(ih.top_heads(fv, top_fv / 100))
@@ -62,16 +77,28 @@ def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: f
                      nonselection_alpha=0.6, clabel="layer")
             * top.opts(size=16, fill_alpha=0, line_color="black", line_width=1.5,
                        tools=["hover"])).opts(
-        responsive=True, height=380, xlabel="induction score (attention on induction target)",
-        ylabel="FV score (indirect effect on P(answer))",
-        title=f"Heads: top {top_induction:g}% induction / top {top_fv:g}% FV ringed "
-              f"({len(ti & tf)} shared)")
+        responsive=True, height=380, xlabel="induction score", ylabel="FV score",
+        title="Induction vs FV score")
+
+
+def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> str:
+    """What the scatter shows, with its numbers."""
+    if scores is None:
+        return ""
+    ind, fv = scores["induction_score"].values, scores["fv_score"].values
+    ti = set(ih.top_heads(ind, top_induction / 100))
+    tf = set(ih.top_heads(fv, top_fv / 100))
+    return (f"One point per head. x: induction score (attention on the induction target of a "
+            f"repeated random sequence); y: FV score (indirect effect on P(answer) of patching "
+            f"the head's mean output into corrupted ICL prompts). Ringed: the top "
+            f"{top_induction:g}% induction and top {top_fv:g}% FV heads, {len(ti & tf)} in "
+            f"both. **Click a point** to show that head's attention just below.")
 
 
 def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white)."""
     if scores is None:
-        return _waiting("Scoring heads…")
+        return _waiting("Head scores appear here")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     n_layers, n_heads = ind.shape
 
@@ -86,10 +113,10 @@ def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     bound = float(np.nanmax(np.abs(fv))) or 1.0
     left = hv.HeatMap(cells(ind), ["head", "layer"], "induction_score").opts(
         cmap=theme.MAGNITUDE_CMAP, clim=(0.0, float(np.nanmax(ind)) or 1.0),
-        title="Induction score (attention on the induction target)", **common)
+        title="Induction score", **common)
     right = hv.HeatMap(cells(fv), ["head", "layer"], "fv_score").opts(
         cmap=theme.SIGNED_CMAP, clim=(-bound, bound),
-        title="FV score (indirect effect on P(answer); 0 = white)", **common)
+        title="FV score (0 = white)", **common)
     return (left + right).cols(2)
 
 
@@ -103,16 +130,15 @@ def plot_attention(ds: xr.Dataset | None, title: str) -> hv.Element:
     rows = [(toks[k], toks[q], float(a[q, k])) for q in range(len(toks)) for k in range(q + 1)]
     return hv.HeatMap(rows, ["key", "query"], "weight").opts(
         cmap=theme.PROBABILITY_CMAP, colorbar=True, tools=["hover"], xrotation=90,
-        invert_yaxis=True, responsive=True, height=max(300, 12 * len(toks) + 120),
+        invert_yaxis=True, responsive=True, height=max(300, 10 * len(toks) + 150),
         default_tools=_TOOLS, title=title, xlabel="key token", ylabel="query token",
         clim=(0, 1), fontsize={"xticks": "7pt", "yticks": "7pt"})
 
 
 _CURVE_LABELS = {
-    "mean_accuracy": ("few-shot accuracy", "Few-shot accuracy with the top heads mean-ablated"),
-    "mean_answer_prob": ("P(answer)", "Probability of the answer with the top heads mean-ablated"),
-    "token_loss_difference": ("loss(early) - loss(late) (nats)",
-                              "Token-loss difference with the top heads mean-ablated"),
+    "mean_accuracy": ("few-shot accuracy", "Ablation: few-shot accuracy"),
+    "mean_answer_prob": ("P(answer)", "Ablation: P(answer)"),
+    "token_loss_difference": ("loss(early) - loss(late) (nats)", "Ablation: token-loss gap"),
 }
 # one colour per ranking on every plot
 _RANKING_COLORS = {r: theme.CATEGORICAL[i % len(theme.CATEGORICAL)]
@@ -134,7 +160,7 @@ def plot_ablation_curves(curves: xr.Dataset | None,
                    .opts(color=c, line_width=2, tools=["hover"]))
         out.append(hv.Scatter((pct, y), "% heads ablated", ylabel).opts(color=c, size=6))
     return hv.Overlay(out).opts(responsive=True, height=320, legend_position="right",
-                                title=title)
+                                title=title, show_legend=True)
 
 
 def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
@@ -145,8 +171,19 @@ def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
     return (curve.opts(line_width=2, color=theme.ACCENT, tools=["hover"])
             * hv.VLine(layer).opts(color="black", line_dash="dashed")).opts(
         responsive=True, height=260, ylim=(0, 1.05), default_tools=_TOOLS,
-        title=f"TD per layer (best {td.attrs['best_layer']}; "
-              f"R² TD vs accuracy {td.attrs['td_accuracy_r2']:.2f})")
+        title="Task decodability")
+
+
+def td_caption(td: xr.Dataset | None, layer: int) -> str:
+    """What the task-encoding plots show, with their numbers."""
+    if td is None:
+        return ""
+    return (f"Left: the last-token residual at layer {layer}, projected on its first two "
+            f"principal components, one point per prompt (grey: the Null task). Right: task "
+            f"decodability (leave-one-out 10-NN accuracy of the task from that residual) per "
+            f"layer, dashed at layer {layer}; best at layer {td.attrs['best_layer']}, R² of TD "
+            f"against few-shot accuracy over the tasks {td.attrs['td_accuracy_r2']:.2f} "
+            f"(Han et al., ICML 2025).")
 
 
 def plot_projection(td: xr.Dataset | None, layer: int) -> hv.Element:
@@ -161,7 +198,7 @@ def plot_projection(td: xr.Dataset | None, layer: int) -> hv.Element:
     pts = hv.Points({"pc1": p[:, 0], "pc2": p[:, 1], "task": tasks}, ["pc1", "pc2"], ["task"])
     return pts.opts(color="task", cmap=colors, size=7, tools=["hover"], legend_position="right",
                     responsive=True, height=300, default_tools=_TOOLS,
-                    title=f"Last-token residual at layer {layer} (PCA), by task")
+                    title=f"Residual PCA, layer {layer}")
 
 
 def plot_finetune_td(summary: dict) -> hv.Element:
@@ -183,6 +220,41 @@ def plot_finetune_td(summary: dict) -> hv.Element:
         title=f"TD of '{summary['task']}' per layer after LoRA on the first / last layers")
 
 
+# SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
+# at 6 prompts of 4 shots over 3 FV tasks; other settings are scaled from that.
+_REF_SECONDS, _REF_SHAPE, _REF_SETTINGS = 30.0, (30, 9, 576), (6, 4, 3)
+OPEN_BUDGET_S = 5.0
+"""Work estimated under this many seconds runs when the page opens; longer waits for a click."""
+
+
+def estimated_score_seconds(n_layers: int, n_heads: int, d_model: int, n_prompts: int,
+                            n_shots: int, n_tasks: int) -> float:
+    """Rough CPU seconds to score every head: one patched run per head (layers x heads), each
+    a forward over the prompts (layers x d_model^2 per token), scaled from SmolLM2's ~30 s."""
+    L, H, d = _REF_SHAPE
+    p, k, t = _REF_SETTINGS
+    return (_REF_SECONDS * (n_layers ** 2 * n_heads * d_model ** 2) / (L ** 2 * H * d ** 2)
+            * (n_prompts / p) * ((n_shots + 1) / (k + 1)) * (n_tasks / t))
+
+
+def fv_caption(ds: xr.Dataset | None, fv_tasks: list[str]) -> str:
+    """The function-vector result in words, and why its heads are the same for every task."""
+    if ds is None:
+        return "Function vector: waiting for the head scores…"
+    heads = ", ".join(str(explorer.components.head(int(l), int(h))) for l, h in ds.attrs["heads"])
+    params = ds.attrs.get("params", {})
+    n = int(params.get("n_prompts", ds.sizes.get("prompt", 1)))
+    top = float(params.get("top_fraction", 0.02))
+    return (f"**Function vector, {ds.task.values[0]}**: the summed mean output of heads {heads} "
+            f"added at layer {ds.attrs['layer']}: zero-shot accuracy "
+            f"**{float(ds.zero_shot_accuracy[0]):.0%}** → with the FV "
+            f"**{float(ds.fv_accuracy[0]):.0%}** (few-shot {float(ds.few_shot_accuracy[0]):.0%}). "
+            f"The heads are the top {top:.0%} by FV score averaged over "
+            f"the FV tasks ({', '.join(fv_tasks)}), as in Todd et al., so every task uses the "
+            f"same heads; only the vector (their mean output on this task) differs. Accuracies "
+            f"count {n} prompts (steps of {1 / n:.0%}), so two tasks often show the same number.")
+
+
 class ICLHeadsView(View):
     """Induction vs FV heads with ablation curves, function vectors and task encoding.
 
@@ -193,21 +265,35 @@ class ICLHeadsView(View):
         Compute in worker threads (default when served) or inline (tests, notebooks).
     n_prompts, n_shots : int
         Prompts per task and demonstrations per prompt of every computation.
+    compute_on_open : bool, optional
+        Score the heads as the page opens; default: when that is estimated to take under
+        `OPEN_BUDGET_S` seconds (`estimated_score_seconds`), else on the *Score heads* button.
     """
 
-    top_induction = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % induction")
-    top_fv = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % FV")
-    layer = param.Integer(default=0, bounds=(0, None), label="Head: layer")
-    head = param.Integer(default=0, bounds=(0, None), label="Head: head")
-    task = param.Selector(default="antonym", objects=ih.icl_task_names(), label="Task")
+    top_induction = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % induction",
+                                 doc="Share of heads with the highest induction score, ringed "
+                                     "on the scatter.")
+    top_fv = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % FV",
+                          doc="Share of heads with the highest FV score, ringed on the scatter.")
+    layer = param.Integer(default=0, bounds=(0, None), label="Head: layer",
+                          doc="Layer of the head whose attention is shown (or click a point).")
+    head = param.Integer(default=0, bounds=(0, None), label="Head: head",
+                         doc="Index of the head whose attention is shown (or click a point).")
+    task = param.Selector(default="antonym", objects=ih.icl_task_names(), label="Task",
+                          doc="ICL task of the attention prompt and of the function vector.")
     max_percent = param.Number(default=20.0, bounds=(1, 50), step=1,
-                               label="Ablate up to % of heads")
+                               label="Ablate up to % of heads",
+                               doc="Largest share of heads mean-ablated on the ablation curves "
+                                   "(release the slider to recompute them).")
     exclude_other = param.Boolean(
         default=False, label="Exclude the other score's top heads",
         doc="Ablate the top FV heads that are not top induction heads and vice versa (the "
             "excluded set is the top % of the larger threshold above)")
-    fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer")
-    td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer")
+    fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer",
+                             doc="Layer whose residual the function vector is added to.")
+    td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer",
+                             doc="Layer of the residual PCA and of the dashed line on the "
+                                 "task-decodability curve.")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
@@ -220,7 +306,8 @@ class ICLHeadsView(View):
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  n_prompts: int = 6, n_shots: int = 4, fv_tasks=DEFAULT_FV_TASKS,
-                 eval_tasks=DEFAULT_EVAL_TASKS, td_tasks=DEFAULT_TD_TASKS, **params: Any):
+                 eval_tasks=DEFAULT_EVAL_TASKS, td_tasks=DEFAULT_TD_TASKS,
+                 compute_on_open: bool | None = None, **params: Any):
         super().__init__(background=background, **params)
         self._model = model
         spec = model.spec
@@ -243,17 +330,40 @@ class ICLHeadsView(View):
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
         self.param.watch(lambda *_: self._request("curves"), ["exclude_other"])
-        self._request("scores")
+        self.estimated_seconds = estimated_score_seconds(
+            spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
+        self._score_button = pn.widgets.Button(
+            name=f"Score heads (about {max(1, round(self.estimated_seconds)):d} s)",
+            button_type="primary", sizing_mode="stretch_width",
+            description="Induction and FV scores of every head (the scatter and heatmaps); "
+                        "then the selected head's attention and the function vector.")
+        self._score_button.on_click(lambda *_: self._request("scores"))
         self._request("td")
+        if compute_on_open is None:
+            compute_on_open = self.estimated_seconds <= OPEN_BUDGET_S
+        if compute_on_open:
+            self._request("scores")
+        else:
+            self.status = (f"Press **Score heads** to score every head (about "
+                           f"{self.estimated_seconds:.0f} s on a CPU).")
 
     # -- jobs ---------------------------------------------------------------------------
     def _request(self, name: str) -> None:
         m, o = self._model, self._opts
         if name == "scores":
+            started = time.perf_counter()
+            self._score_button.disabled = True
+
             def job(token: CancelToken):
                 ind = ih.induction_scores(m, n_sequences=4, half_len=16)
                 token.check()
-                fv = ih.fv_scores(m, self._fv_tasks, progress=self.progress_fn(token), **o)
+                bar = self.progress_fn(token)
+
+                def progress(done: int, total: int) -> None:
+                    bar(done, total)
+                    left = (time.perf_counter() - started) * (total - done) / max(1, done)
+                    self.post(status=f"scoring heads: {done}/{total}, about {left:.0f} s left")
+                fv = ih.fv_scores(m, self._fv_tasks, progress=progress, **o)
                 return xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
                                 combine_attrs="drop_conflicts")
         elif name == "patterns":
@@ -289,11 +399,13 @@ class ICLHeadsView(View):
                 # every prompt of the tasks and the Null task, less the one left out
                 n_points = (len(self._td_tasks) + 1) * o["n_prompts"]
                 return tv.task_decodability(m, self._td_tasks, k=min(10, n_points - 1), **o)
-        self.status = f"computing {name}…"
+        if name != "td":   # task decodability computes quietly beside the rest
+            self.status = f"computing {name}…"
         self.submit(name, job)
 
     def _got_scores(self, ds: xr.Dataset) -> None:
         self.scores = ds
+        self._score_button.param.update(disabled=False, name="Score heads again")
         fv = ds["fv_score"].values
         layer, head = np.unravel_index(int(np.nanargmax(fv)), fv.shape)
         self.param.update(layer=int(layer), head=int(head))
@@ -315,6 +427,10 @@ class ICLHeadsView(View):
     def _got_td(self, ds: xr.Dataset) -> None:
         self.td = ds
 
+    def show_error(self, exc: BaseException) -> None:
+        super().show_error(exc)
+        self._score_button.disabled = False
+
     def _tapped(self, index: list[int]) -> None:
         if index and self.scores is not None:
             n_heads = self.scores.sizes["head"]
@@ -328,13 +444,7 @@ class ICLHeadsView(View):
 
     # -- layout ---------------------------------------------------------------------------
     def _fv_text(self) -> str:
-        ds = self.fv_result
-        if ds is None:
-            return "Function vector: waiting for the FV scores…"
-        return (f"**{ds.task.values[0]}**, FV of heads {ds.attrs['heads']} added at layer "
-                f"{ds.attrs['layer']}: zero-shot accuracy "
-                f"**{float(ds.zero_shot_accuracy[0]):.0%}** → with FV "
-                f"**{float(ds.fv_accuracy[0]):.0%}** (few-shot {float(ds.few_shot_accuracy[0]):.0%})")
+        return fv_caption(self.fv_result, self._fv_tasks)
 
     def _state_html(self, *_: Any) -> str:
         """Hidden markers of what the page shows (read by the browser test)."""
@@ -367,43 +477,62 @@ class ICLHeadsView(View):
 
         heatmaps = pn.bind(heatmaps, self.param.scores)
         pat_rep = pn.bind(lambda d, l, h: plot_attention(
-            None if d is None else d["repeat"], f"L{l}H{h} on a repeated random sequence"),
+            None if d is None else d["repeat"], f"{explorer.components.head(l, h)}, repeated sequence"),
             self.param.patterns, self.param.layer, self.param.head)
         pat_icl = pn.bind(lambda d, l, h, t: plot_attention(
-            None if d is None else d["icl"], f"L{l}H{h} on a {t} prompt"),
+            None if d is None else d["icl"], f"{explorer.components.head(l, h)}, {t} prompt"),
             self.param.patterns, self.param.layer, self.param.head, self.param.task)
         slider = pn.widgets.FloatSlider.from_param(self.param.max_percent)
-        button = pn.widgets.Button(name="Recompute ablation curves", button_type="primary")
+        button = pn.widgets.Button(name="Recompute ablation curves", button_type="primary",
+                                   description="Mean-ablate the top heads by each ranking and "
+                                               "measure the evaluation tasks again.")
         button.on_click(lambda *_: self._request("curves"))
         slider.param.watch(lambda e: (setattr(self, "max_percent", e.new), self._request("curves")),
                            "value_throttled")
+        p = self.param
+        caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
         controls = pn.Column(
-            pn.widgets.FloatSlider.from_param(self.param.top_induction),
-            pn.widgets.FloatSlider.from_param(self.param.top_fv),
-            pn.widgets.IntSlider.from_param(self.param.layer),
-            pn.widgets.IntSlider.from_param(self.param.head),
-            pn.widgets.Select.from_param(self.param.task),
-            slider, pn.widgets.Checkbox.from_param(self.param.exclude_other), button,
-            self._progress,
-            pn.widgets.IntSlider.from_param(self.param.fv_layer),
-            pn.widgets.IntSlider.from_param(self.param.td_layer),
-            pn.pane.Markdown(self.param.status),
-            pn.pane.HTML(pn.bind(self._state_html, self.param.scores, self.param.layer,
-                                 self.param.head, self.param.curves, self.param.fv_result,
-                                 self.param.td)),
+            self._score_button, self._progress, pn.pane.Markdown(p.status),
+            _tip(pn.widgets.FloatSlider.from_param(p.top_induction), p.top_induction.doc),
+            _tip(pn.widgets.FloatSlider.from_param(p.top_fv), p.top_fv.doc),
+            _tip(pn.widgets.IntSlider.from_param(p.layer), p.layer.doc),
+            _tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
+            _tip(pn.widgets.Select.from_param(p.task), p.task.doc),
+            _tip(slider, p.max_percent.doc),
+            _tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
+            _tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
+            _tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
+            pn.pane.HTML(pn.bind(self._state_html, p.scores, p.layer, p.head, p.curves,
+                                 p.fv_result, p.td)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
             pn.pane.HoloViews(scatter, sizing_mode="stretch_width", linked_axes=False),
+            pn.pane.Markdown(pn.bind(scatter_caption, p.scores, p.top_induction, p.top_fv),
+                             **caption),
+            # the clicked head's attention right under the scatter it was clicked on
+            pn.pane.HoloViews(pat_rep, linked_axes=False, sizing_mode="stretch_width"),
+            pn.pane.HoloViews(pat_icl, linked_axes=False, sizing_mode="stretch_width"),
+            pn.pane.Markdown("Attention of the selected head (query rows, key columns): on a "
+                             "repeated random sequence an induction head attends to the token "
+                             "after the current token's earlier copy (a stripe below the "
+                             "diagonal); on an ICL prompt, an FV head reads the demonstrations' "
+                             "answers.", **caption),
             pn.pane.HoloViews(heatmaps, sizing_mode="stretch_width", linked_axes=False),
-            pn.Row(pn.pane.HoloViews(pat_rep, linked_axes=False),
-                   pn.pane.HoloViews(pat_icl, linked_axes=False)),
-            pn.pane.HoloViews(pn.bind(plot_ablation_curves, self.param.curves), linked_axes=False),
-            pn.pane.Markdown(pn.bind(lambda *_: self._fv_text(), self.param.fv_result),
-                             css_classes=["icl-fv"]),
-            pn.Row(pn.pane.HoloViews(pn.bind(plot_projection, self.param.td, self.param.td_layer),
-                                     linked_axes=False),
-                   pn.pane.HoloViews(pn.bind(plot_td, self.param.td, self.param.td_layer),
-                                     linked_axes=False)),
+            pn.pane.Markdown("The same two scores as layer × head maps (click a cell to select "
+                             "the head).", **caption),
+            pn.pane.HoloViews(pn.bind(plot_ablation_curves, p.curves), linked_axes=False,
+                              sizing_mode="stretch_width"),
+            pn.pane.Markdown("Few-shot accuracy on the evaluation tasks with the top heads by "
+                             "each ranking mean-ablated: Yin & Steinhardt find ablating FV heads "
+                             "hurts ICL far more than ablating induction heads.", **caption),
+            pn.pane.Markdown(pn.bind(lambda *_: self._fv_text(), p.fv_result),
+                             css_classes=["icl-fv"], **caption),
+            pn.Row(pn.pane.HoloViews(pn.bind(plot_projection, p.td, p.td_layer),
+                                     linked_axes=False, sizing_mode="stretch_width"),
+                   pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer),
+                                     linked_axes=False, sizing_mode="stretch_width"),
+                   sizing_mode="stretch_width"),
+            pn.pane.Markdown(pn.bind(td_caption, p.td, p.td_layer), **caption),
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")
 

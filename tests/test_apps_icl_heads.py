@@ -64,4 +64,51 @@ def test_view_exclusion_toggle_and_cell_click(tiny_model):
     assert (view.layer, view.head) == (2, 3)
     view._cell_tapped(x=7, y=0)        # outside the model: ignored
     assert (view.layer, view.head) == (2, 3)
-    assert view.__panel__() is not None
+    # what the page shows: the selected head's attention titled with its name, right under
+    # the scatter (a click's result next to it), and every slider's tooltip
+    import panel as pn
+
+    root = view.__panel__()
+    main = root[1]
+    panes = [o for o in main if isinstance(o, pn.pane.HoloViews)]
+    assert main.objects.index(panes[1]) == 2          # scatter, its caption, then the head
+    assert panes[1].object.opts.get().kwargs["title"] == "L2.H3, repeated sequence"
+    sliders = root.select(pn.widgets.IntSlider) + root.select(pn.widgets.FloatSlider)
+    tips = {w.value for w in root.select(pn.widgets.TooltipIcon)}
+    names = ["top_induction", "top_fv", "layer", "head", "max_percent", "fv_layer", "td_layer"]
+    assert len(sliders) == 7 and all(view.param[n].doc in tips for n in names)
+    assert view.param.exclude_other.doc in tips
+
+
+def test_view_scores_on_request_and_explains_the_function_vector(tiny_model, monkeypatch):
+    """With compute_on_open=False nothing is scored until Score heads; its scores are the
+    analyses' own; the FV caption names the heads, which are the same for every task."""
+    from apps import icl_heads as page
+    from explorer.analyses import icl_heads as ih
+    from explorer.analyses import task_vectors as tv
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym", "country-capital"), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"), compute_on_open=False)
+    assert view.scores is None and view.fv_result is None and "Score heads" in view.status
+    view._score_button.clicks += 1
+    fv = ih.fv_scores(tiny_model, ["antonym", "country-capital"], n_prompts=2, n_shots=2)
+    ind = ih.induction_scores(tiny_model, n_sequences=4, half_len=16)
+    np.testing.assert_allclose(view.scores["fv_score"].values, fv["fv_score"].values, rtol=1e-5)
+    np.testing.assert_allclose(view.scores["induction_score"].values,
+                               ind["induction_score"].values, rtol=1e-5)
+    for task in ("antonym", "country-capital"):
+        view.task = task
+        want = tv.function_vector_accuracy(tiny_model, [task], fv["fv_score"].values,
+                                           layer=view.fv_layer, n_prompts=2, n_shots=2)
+        got = view.fv_result
+        assert str(got.task.values[0]) == task
+        assert float(got.few_shot_accuracy[0]) == float(want.few_shot_accuracy[0])
+        heads = ", ".join(f"L{l}.H{h}" for l, h in ih.top_heads(fv["fv_score"].values, 0.02))
+        text = view._fv_text()
+        assert f"heads {heads} added at layer {view.fv_layer}" in text
+        assert "same heads" in text and "count 2 prompts (steps of 50%)" in text
+    # the default: score on open only when the estimate is under the budget
+    monkeypatch.setattr(page, "OPEN_BUDGET_S", 0.0)
+    assert ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), td_tasks=("antonym", "uppercase")).scores is None
