@@ -42,7 +42,8 @@ from explorer.analyses import saturation as sat
 
 __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "detail_header",
            "plot_rank_table", "plot_staircase", "plot_tau_histogram", "plot_probe_accuracy",
-           "plot_pareto", "plot_intervention", "click_latency", "export_figures"]
+           "plot_pareto", "plot_intervention", "click_latency", "export_figures", "tau_caption",
+           "probe_caption", "pareto_caption", "estimated_seconds", "OPEN_BUDGET_S"]
 
 hv.extension("bokeh", logo=False)
 
@@ -158,14 +159,14 @@ _RANK_TABLE_OPTS = (
                        colorbar=True, line_color="white", tools=["hover"]),
     hv.opts.Labels(text_font_size=f"{theme.SIZES['label_font_pt']}pt", text_color="fg"),
     hv.opts.Rectangles("Saturated", fill_alpha=0, line_color=theme.ACCENT, line_width=2),
-    hv.opts.Overlay(title="Lens top-k per layer (outlined: saturated)", xlabel="rank (1 = top)",
+    hv.opts.Overlay(title="Lens top-k per layer", xlabel="rank (1 = top)",
                     ylabel="layer", toolbar="above",
                     min_height=theme.SIZES["plot_min_height"], responsive=True),
 )
 _STAIRCASE_OPTS = (
     hv.opts.Scatter(size=9, color=theme.ACCENT, tools=["hover"]),
     hv.opts.Curve(color=theme.ACCENT),          # the steps are drawn by `steps_mid`
-    hv.opts.Overlay(title="Staircase: saturation layer of each rank", xlabel="rank (1 = top)",
+    hv.opts.Overlay(title="Saturation layer per rank", xlabel="rank (1 = top)",
                     ylabel="saturation layer", min_height=theme.SIZES["plot_min_height"],
                     responsive=True),
 )
@@ -298,7 +299,7 @@ def plot_tau_histogram(h: dict[str, Any] | None) -> hv.Element:
     """Strict Kendall tau per position (observed) over one shuffle per position (null)."""
     if h is None:
         return hv.Text(0, 0, "the order test needs k ≥ 3").opts(
-            title="Kendall tau: rank vs saturation layer", xaxis=None, yaxis=None,
+            title="Kendall tau", xaxis=None, yaxis=None,
             min_height=theme.SIZES["plot_min_height"], responsive=True)
     cat = theme.CMAPS["categorical"]
     null = hv.Histogram((h["edges"], h["null"]), kdims=["tau"], vdims=["positions"],
@@ -308,9 +309,19 @@ def plot_tau_histogram(h: dict[str, Any] | None) -> hv.Element:
                        label="observed").opts(fill_color=cat[0], fill_alpha=0.6, line_color=None)
     mean = hv.VLine(h["mean_tau"]).opts(color="black", line_dash="dashed")
     return (null * obs * mean).opts(
-        title=f"Strict Kendall tau, k={h['k']}: mean {h['mean_tau']:.3f}, p = {h['p_value']:.4f} "
-              f"(n = {h['n']})", xlabel="tau (rank vs saturation layer)", ylabel="positions",
-        legend_position="top_left", min_height=theme.SIZES["plot_min_height"], responsive=True)
+        title=f"Strict Kendall tau, k={h['k']}", xlabel="tau (rank vs saturation layer)",
+        ylabel="positions", legend_position="right", min_height=theme.SIZES["plot_min_height"],
+        responsive=True)
+
+
+def tau_caption(h: dict[str, Any] | None) -> str:
+    """The order test's numbers, under the histogram."""
+    if h is None:
+        return "The order test compares at least 3 ranks: raise Top-k to 3 or more."
+    return (f"Per position, Kendall tau between rank (1..{h['k']}) and saturation layer (1 = the "
+            f"ranks saturate in order), over {h['n']} positions: mean **{h['mean_tau']:.3f}** "
+            f"(dashed), permutation p = **{h['p_value']:.4f}**; orange: the same with the "
+            f"layers shuffled per position.")
 
 
 def plot_probe_accuracy(ds: xr.Dataset) -> hv.Element:
@@ -330,9 +341,19 @@ def plot_probe_accuracy(ds: xr.Dataset) -> hv.Element:
         color=cat[1], line_dash="dotted")
     chance = hv.HLine(info["chance"]).opts(color="grey", line_dash="dashed")
     return (probe * ctrl * chance).opts(
-        title=f"Task probe: tasks 0-{len(info['classes']) - 1} decided, chance {info['chance']:.2f}",
-        ylim=(0, 1.02), legend_position="bottom_right", tools=["hover"],
+        title="Task probe per layer", ylim=(0, 1.02), legend_position="right", tools=["hover"],
         min_height=theme.SIZES["plot_min_height"], responsive=True)
+
+
+def probe_caption(ds: xr.Dataset | None) -> str:
+    """The probe's numbers, under its plot."""
+    if ds is None or "probe_layer_accuracy" not in ds:
+        return ""
+    info = json.loads(str(ds.probe_summary.values))
+    return (f"A linear probe reads from each layer's residual how many leading ranks are "
+            f"already decided (classes 0-{len(info['classes']) - 1}): balanced accuracy "
+            f"{info['balanced_accuracy']:.2f} overall against {info['control_balanced_accuracy']:.2f} "
+            f"for random features; chance {info['chance']:.2f} (dashed).")
 
 
 def pareto_markers(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
@@ -375,10 +396,20 @@ def plot_pareto(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
     oracle = hv.Points([(info["oracle"]["speedup"], info["oracle"][key])], kdims=["speed-up", ylabel],
                        label="oracle (true s_1)").opts(color="black", size=14, marker="star")
     return (m * c * mp * cp * probe * oracle).opts(
-        title=f"Early exit ({info['n_positions']} positions): margin θ={at['margin']['theta']:.2f}, "
-              f"cosine θ={at['cosine']['theta']:.4f}", legend_position="top_right",
+        title=f"Early exit: margin θ={at['margin']['theta']:.2f}, "
+              f"cosine θ={at['cosine']['theta']:.4f}", legend_position="right",
         ylim=(0, 1.02), logx=True, min_height=theme.SIZES["plot_min_height"], responsive=True,
         tools=["hover"])
+
+
+def pareto_caption(ds: xr.Dataset | None) -> str:
+    """How to read the early-exit plot, under it."""
+    if ds is None or "margin_speedup" not in ds:
+        return ""
+    info = json.loads(str(ds.early_exit_summary.values))
+    return (f"Over {info['n_positions']} positions: accuracy of exiting early against the "
+            f"speed-up (layers saved), for the two threshold rules as θ varies (the dots: the "
+            f"θ sliders), the probe's exit and the oracle that exits at the true s_1.")
 
 
 def plot_intervention(r: dict[str, Any] | None, decode: Any) -> hv.Element:
@@ -393,15 +424,69 @@ def plot_intervention(r: dict[str, Any] | None, decode: Any) -> hv.Element:
     after = hv.Curve((np.arange(n), np.asarray(r["rank_after"]) + 1), "layer", "rank + 1",
                      label=f"after (s_1 = {r['s1_after']})").opts(color=cat[3])
     inj = hv.VLine(r["layer"]).opts(color="black", line_dash="dashed")
-    labels = decode([r["top1_before"], r["top1_after"]])
-    changed = "changed" if r["prediction_changed"] else "unchanged"
     return (before * after * inj).opts(
-        title=f"Injected at layer {r['layer']}: s_1 {r['s1_before']} → {r['s1_after']}; prediction "
-              f"{changed} ({labels[r['top1_before']]!r} → {labels[r['top1_after']]!r})",
-        logy=True, legend_position="top_right", responsive=True, min_height=260)
+        title=f"Injection at layer {r['layer']}", logy=True, legend_position="right",
+        responsive=True, min_height=260)
 
 
 # -- the view -------------------------------------------------------------------------------
+
+# SmolLM2-135M (30 layers, d_model 576, vocab 49152) takes ~70 s over 1,024 tokens on a
+# laptop CPU, ~8 s of it the statistics (order test, probe, early exit) whatever the model;
+# the model part is scaled by the per-token cost of the forward (12 d_model^2 a layer) and of
+# the lens readout (d_model x vocab a layer).
+_REF_SECONDS, _STATS_SECONDS, _REF_TOKENS = 62.0, 8.0, 1024
+_REF_COST = 30 * 576 * (49152 + 12 * 576)
+OPEN_BUDGET_S = 5.0
+"""An analysis estimated under this many seconds runs when the page opens; a longer one
+waits for the *Analyse* button (unless its result is in the store)."""
+
+
+def estimated_seconds(n_layers: int, d_model: int, vocab_size: int, n_tokens: int) -> float:
+    """Rough CPU seconds of `saturation_analysis` over ``n_tokens`` tokens."""
+    cost = n_layers * d_model * (vocab_size + 12 * d_model)
+    return (_REF_SECONDS * cost / _REF_COST + _STATS_SECONDS) * n_tokens / _REF_TOKENS
+
+
+class _CachedOnly:
+    """A store that answers from its entries and never computes (`LookupError` on a miss)."""
+
+    def __init__(self, store: Any):
+        self._store = store
+
+    def get_or_compute(self, parts: dict, compute: Any, **_: Any) -> xr.Dataset:
+        hit = self._store.get(self._store.key(parts))
+        if hit is None:
+            raise LookupError("not cached")
+        return hit
+
+
+def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
+    """The widget with a tooltip saying what it changes: its own (``description``) where
+    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
+    if not doc:
+        return widget
+    if "description" in widget.param:
+        widget.description = doc
+        return widget
+    widget.sizing_mode = "stretch_width"
+    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
+                  margin=0, sizing_mode="stretch_width")
+
+
+def _labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
+    """A button group with the label and tooltip Panel does not draw for it."""
+    widget.description = doc
+    return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
+                            pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
+                     widget, margin=0)
+
+
+def _caption(text: Any) -> pn.pane.Markdown:
+    """A caption under a plot: its numbers and how to read it (the title stays short)."""
+    return pn.pane.Markdown(text, sizing_mode="stretch_width", margin=(0, 10),
+                            styles={"font-size": "0.9em", "color": "#444"})
+
 
 class SaturationView(View):
     """Saturation events over the shipped corpus, for the trained or a random-init model.
@@ -420,6 +505,10 @@ class SaturationView(View):
     result : xarray.Dataset, optional
         A computed `saturation_analysis` result to show instead of running the analysis
         (until ``weights`` or ``n_tokens`` change).
+    compute_on_open : bool, optional
+        Run the analysis as the page opens; default: when its result is in the store or it
+        is estimated under `OPEN_BUDGET_S` seconds (`estimated_seconds`), else on the
+        *Analyse* button.
     """
 
     weights = param.Selector(default="trained", objects=list(_WEIGHTS), label="Weights",
@@ -428,7 +517,7 @@ class SaturationView(View):
     n_tokens = param.Integer(default=1024, bounds=(64, 50_000), label="Corpus tokens analysed",
                              doc="Tokens of the shipped corpus run through the analysis.")
     text = param.Integer(default=0, bounds=(0, None), label="Text",
-                         doc="Which text of the corpus the token strip shows.")
+                         doc="Which text (chunk) of the corpus the token strip shows.")
     k = param.Integer(default=5, bounds=(1, 10), label="Top-k",
                       doc="Ranks shown in the detail and used by the order test.")
     selected = param.Integer(default=-1, precedence=-1, doc="Clicked token position.")
@@ -438,12 +527,14 @@ class SaturationView(View):
                                 doc="State-saturation exit threshold: exit once "
                                     "cos(h_l, h_l−1) ≥ θ.")
     against = param.Selector(default="full model", objects=["full model", "true next token"],
-                             label="Accuracy against")
-    pair = param.Integer(default=0, bounds=(0, None), label="Pair",
+                             label="Early-exit accuracy against",
+                             doc="What an early exit must match to count as right: the full "
+                                 "model's prediction or the text's true next token.")
+    pair = param.Integer(default=0, bounds=(0, None), label="Intervention pair",
                          doc="Early/late-saturating token pair for the intervention.")
     inj_layer = param.Integer(default=0, bounds=(0, None), label="Injection layer",
                               doc="Block after which the early token's residual replaces the "
-                                  "late token's.")
+                                  "late token's (the intervention plot).")
 
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     intervention = param.Dict(default=None, allow_None=True, precedence=-1)
@@ -454,7 +545,8 @@ class SaturationView(View):
     def __init__(self, model: explorer.Model, *, texts: list[str] | None = None,
                  store: Any = "default", background: bool | None = None,
                  analysis_options: dict[str, Any] | None = None,
-                 result: xr.Dataset | None = None, **params: Any):
+                 result: xr.Dataset | None = None, compute_on_open: bool | None = None,
+                 **params: Any):
         super().__init__(background=background, **params)
         self._model = model
         self._twin: explorer.Model | None = None
@@ -486,10 +578,22 @@ class SaturationView(View):
         self._detail_row: pn.Row | None = None
         self._strip_widget: TokenStrip | None = None
         self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
+        self._run_button = pn.widgets.Button(
+            button_type="primary", sizing_mode="stretch_width",
+            description="Run the logit lens over the corpus and every analysis of the page "
+                        "(cached in the activation store: the next open is instant).")
+        self._run_button.on_click(lambda *_: self._request_run())
+        self._name_button()
+        self.param.watch(self._name_button, ["n_tokens"])
         if result is not None:
             self._show_result((self.weights, result, 0.0))
-        else:
+        elif compute_on_open or (compute_on_open is None and self._estimate() <= OPEN_BUDGET_S):
             self._request_run()
+        elif compute_on_open is None and self._show_cached():
+            pass
+        else:
+            self.status = (f"Press **Analyse** to run the analysis over {self.n_tokens:,} tokens "
+                           f"(about {self._estimate():.0f} s on a CPU; then cached).")
 
     # -- model and data ---------------------------------------------------------------------
     @property
@@ -520,21 +624,60 @@ class SaturationView(View):
         return out
 
     # -- the analysis -------------------------------------------------------------------------
+    def _estimate(self) -> float:
+        """Estimated seconds of the analysis at the current settings."""
+        spec = self._model.spec
+        try:
+            return estimated_seconds(spec.n_layers, spec.d_model, self._model.vocab_size,
+                                     self.n_tokens)
+        except AttributeError:      # a stand-in model without the shape: assume it is slow
+            return float("inf")
+
+    def _name_button(self, *events: Any) -> None:
+        est = self._estimate()
+        about = f" (about {est:.0f} s)" if est < 1e6 else ""
+        self._run_button.name = f"Analyse {self.n_tokens:,} tokens{about}"
+
+    def _show_cached(self) -> bool:
+        """Show the stored result of the current settings if there is one (no model run)."""
+        if self._store is None or self.weights != "trained":
+            return False
+        try:
+            ds = sat.saturation_analysis(self._model, self.texts(), store=_CachedOnly(self._store),
+                                         **self._options)
+        except (LookupError, ExplorerError, OSError, ValueError):
+            return False
+        self._show_result((self.weights, ds.load(), 0.0))
+        return True
+
     def _request_run(self, *events: Any) -> None:
         self.running = True
         self.progress = 0
+        self._run_button.disabled = True
         weights, started = self.weights, time.perf_counter()
-        report = self.progress_fn()
+        bar = self.progress_fn()
+
+        def report(done: int, total: int) -> None:
+            bar(done, total)
+            left = (time.perf_counter() - started) * (total - done) / max(1, done)
+            self.post(status=f"Logit lens over the corpus: {done}/{total}, about {left:.0f} s "
+                             "left" if done < total else
+                             "Order test, task probe, early exit and intervention…")
 
         def job(token: CancelToken):
             model = self.current_model()
             texts = self.texts()
             token.check()
+            self.post(status=f"Analysing {self.n_tokens:,} tokens…")
             ds = sat.saturation_analysis(model, texts, store=self._store, progress=report,
                                          **self._options)
             return weights, ds.load(), time.perf_counter() - started
 
         self.submit("analysis", job)
+
+    def show_error(self, exc: BaseException) -> None:
+        super().show_error(exc)
+        self._run_button.disabled = False
 
     def _show_result(self, out: tuple[str, xr.Dataset, float]) -> None:
         weights, ds, seconds = out
@@ -542,6 +685,7 @@ class SaturationView(View):
         self.param.text.bounds = (0, n_texts - 1)
         summary = ds.attrs.get("summary", {})
         text = min(self.text, n_texts - 1)
+        self._run_button.disabled = False
         self.param.update(result=ds, error="", running=False, progress=100, text=text,
                           selected=-1, pair=0, intervention=None,
                           status=f"{ds.attrs.get('model', '?')} ({weights}) · {summary.get('n_tokens')} tokens"
@@ -711,14 +855,15 @@ class SaturationView(View):
         return pn.Column(pn.pane.HTML(f'<span data-sat-hist="{digest}"></span>', height=0, margin=0),
                          pn.pane.HoloViews(plot_tau_histogram(h), sizing_mode="stretch_width",
                                            css_classes=["sat-tau-hist"]),
-                         sizing_mode="stretch_width")
+                         _caption(tau_caption(h)), sizing_mode="stretch_width")
 
     @param.depends("result")
     def _probe(self):
         if self.result is None:
             return pn.pane.Markdown("")
-        return pn.pane.HoloViews(plot_probe_accuracy(self.result), sizing_mode="stretch_width",
-                                 css_classes=["sat-probe"])
+        return pn.Column(pn.pane.HoloViews(plot_probe_accuracy(self.result),
+                                           sizing_mode="stretch_width", css_classes=["sat-probe"]),
+                         _caption(probe_caption(self.result)), sizing_mode="stretch_width")
 
     @param.depends("result", "theta_margin", "theta_cosine", "against")
     def _pareto(self):
@@ -734,7 +879,8 @@ class SaturationView(View):
         marker = "|".join(f"{rule}:{m['theta']:.4f}:{m['speedup']:.4f}:{m['accuracy']:.4f}"
                           for rule, m in at.items())
         return pn.Column(pn.pane.HTML(f'<span data-sat-pareto="{marker}"></span>', height=0,
-                                      margin=0), plot, sizing_mode="stretch_width")
+                                      margin=0), plot, _caption(pareto_caption(self.result)),
+                         sizing_mode="stretch_width")
 
     @param.depends("result", "intervention", "pair")
     def _intervention(self):
@@ -768,37 +914,48 @@ class SaturationView(View):
         bar = pn.indicators.Progress(value=self.progress, max=100, active=self.running,
                                      visible=self.running, sizing_mode="stretch_width", height=12)
         text = f"⚠ {self.error}" if self.error else (
-            "Analysing the corpus…" if self.running else self.status)
+            self.status or "Analysing the corpus…" if self.running else self.status)
         return pn.Column(bar, pn.pane.Markdown(text, css_classes=["sat-status"]),
                          sizing_mode="stretch_width")
 
     def controls(self) -> pn.Column:
-        widgets = {
-            "weights": {"type": pn.widgets.RadioButtonGroup},
-            "n_tokens": {"type": pn.widgets.IntInput, "step": 256},
-            "text": {"type": pn.widgets.IntSlider, "throttled": True},
-            "k": {"type": pn.widgets.IntSlider, "css_classes": ["sat-k"]},
-            "theta_margin": {"type": pn.widgets.FloatSlider, "css_classes": ["sat-theta-margin"]},
-            "theta_cosine": {"type": pn.widgets.FloatSlider, "format": "0.0000",
-                             "css_classes": ["sat-theta-cosine"]},
-            "against": {"type": pn.widgets.RadioButtonGroup},
-            "pair": {"type": pn.widgets.IntSlider, "throttled": True},
-            "inj_layer": {"type": pn.widgets.IntSlider, "throttled": True,
-                          "css_classes": ["sat-inj-layer"]},
-        }
-        return pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
-                        width=theme.SIZES["controls_width"])
+        p = self.param
+
+        def group(name: str) -> pn.Column:
+            return _labelled(pn.widgets.RadioButtonGroup.from_param(
+                p[name], button_type="primary", variant="outline",
+                sizing_mode="stretch_width"), p[name].label, p[name].doc)
+
+        def slider(name: str, kind: Any = pn.widgets.IntSlider, **kw: Any) -> pn.viewable.Viewable:
+            return _tip(kind.from_param(p[name], sizing_mode="stretch_width", **kw), p[name].doc)
+
+        return pn.Column(
+            group("weights"),
+            _tip(pn.widgets.IntInput.from_param(p.n_tokens, step=256, sizing_mode="stretch_width"),
+                 p.n_tokens.doc),
+            self._run_button,
+            slider("text", throttled=True),
+            slider("k", css_classes=["sat-k"]),
+            slider("theta_margin", pn.widgets.FloatSlider, css_classes=["sat-theta-margin"]),
+            slider("theta_cosine", pn.widgets.FloatSlider, format="0.0000",
+                   css_classes=["sat-theta-cosine"]),
+            group("against"),
+            slider("pair", throttled=True),
+            slider("inj_layer", throttled=True, css_classes=["sat-inj-layer"]),
+            width=theme.SIZES["controls_width"])
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Row(
             self.controls(),
             pn.Column(
                 self._status,
-                pn.pane.Markdown("### Text, coloured by s_1 (dark: early, yellow: late, grey: "
-                                 "never; click a token)"),
+                pn.pane.Markdown("### Text, coloured by s_1"),
+                _caption("Each token coloured by the layer its top-1 prediction saturates at "
+                         "(dark: early, yellow: late, grey: never). **Click a token** for its "
+                         "layer × rank table of lens predictions (outlined: saturated) and its "
+                         "staircase s_1..s_k, just below."),
                 self._strip, self._header, self._detail_plots(),
-                pn.Row(self._histogram, self._probe, sizing_mode="stretch_width"),
-                pn.Row(self._pareto, self._intervention, sizing_mode="stretch_width"),
+                self._histogram, self._probe, self._pareto, self._intervention,
                 sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
 

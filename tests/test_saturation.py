@@ -971,3 +971,42 @@ def test_view_random_init_toggle_and_layout(view):
     assert view.result.attrs["model_spec"]["weights"] == "random-init:seed=0"
     view.weights = "trained"
     assert view.result.attrs["model"] == "tiny-llama"
+
+
+def test_view_opens_on_request_or_from_the_store(tiny_model, tmp_path, monkeypatch):
+    """A run estimated over the open budget waits for the Analyse button (nothing runs on
+    open); its result is `saturation_analysis`'s own; a later page opens on the stored
+    result without running the model; captions carry the order test's numbers."""
+    import importlib
+
+    import explorer
+    from apps import saturation as page
+    from explorer.analyses import saturation as sat_mod
+
+    options = dict(n_permutations=50, n_pairs=0, sample_positions=100, min_sat_layer=0)
+    store = explorer.ActivationStore(tmp_path / "store")
+    monkeypatch.setattr(page, "OPEN_BUDGET_S", 0.0)
+    v = page.SaturationView(tiny_model, store=store, background=False, n_tokens=128,
+                            analysis_options=options)
+    assert v.result is None and "Press **Analyse**" in v.status
+    assert v._run_button.name.startswith("Analyse 128 tokens (about ")
+    v._run_button.clicks += 1
+    want = sat_mod.saturation_analysis(tiny_model, v.texts(), **options)
+    np.testing.assert_array_equal(v.result.sat_layer.values, want.sat_layer.values)
+    h = page.tau_histogram_data(v.result, 5)
+    assert f"mean **{float(want.mean_tau.sel(k_order=5)):.3f}**" in page.tau_caption(h)
+    assert f"p = **{float(want.p_value.sel(k_order=5)):.4f}**" in page.tau_caption(h)
+    v.close()
+
+    def no_trace(*a, **k):
+        raise AssertionError("opening on a stored result must not run the model")
+
+    monkeypatch.setattr(importlib.import_module("explorer.trace"), "run_batch", no_trace)
+    again = page.SaturationView(tiny_model, store=store, background=False, n_tokens=128,
+                                analysis_options=options)
+    np.testing.assert_array_equal(again.result.sat_layer.values, want.sat_layer.values)
+    again.close()
+    other = page.SaturationView(tiny_model, store=store, background=False, n_tokens=192,
+                                analysis_options=options)      # not stored: waits again
+    assert other.result is None
+    other.close()
