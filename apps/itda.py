@@ -24,6 +24,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._controls import labelled_controls
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError
@@ -31,8 +32,8 @@ from explorer.analyses.itda import ITDA, itda_atom_examples, itda_reconstruction
 from explorer.analyses.similarity import SIMILARITY_METHODS, layer_similarity, perturbed_copy
 from explorer.trace import trace
 
-__all__ = ["ITDAView", "DEFAULT_PROBE_TEXT", "TAU_GRID", "MIN_POS", "plot_tau_curves", "plot_similarity",
-           "atom_examples_html", "probe_prompts"]
+__all__ = ["ITDAView", "DEFAULT_PROBE_TEXT", "TAU_GRID", "MIN_POS", "TAU_CAPTION", "plot_tau_curves",
+           "plot_similarity", "similarity_caption", "atom_examples_html", "probe_prompts"]
 
 #: A small probing set: digits, names, punctuation, number words, repeated function words.
 DEFAULT_PROBE_TEXT = "\n".join([
@@ -54,7 +55,8 @@ MIN_POS = 1
 TAU_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9)
 
 _TOOLS = STATIC_TOOLS
-_RUN_PARAMS = ("probe_text", "layer", "tau", "l0", "method", "noise")
+_RUN_PARAMS = ("probe_text", "layer", "tau", "l0")
+_SIMILARITY_PARAMS = ("method", "noise")
 
 hv.extension("bokeh", logo=False)
 
@@ -75,22 +77,28 @@ _font = theme.font_sizes
 def plot_tau_curves(sweep: xr.Dataset | None, tau: float) -> hv.Layout | hv.Element:
     """Dictionary size, mean relative error and mean L0 against tau, the current tau marked."""
     if sweep is None:
-        return hv.Text(0, 0, "Building dictionaries…").opts(xaxis=None, yaxis=None, toolbar=None,
-                                                             height=220, responsive=True)
+        return hv.Text(0, 0, "Measuring the dictionaries over tau…").opts(
+            xaxis=None, yaxis=None, toolbar=None, height=220, responsive=True)
     taus = sweep["tau"].values
     common = dict(responsive=True, height=220, tools=["hover"], default_tools=_TOOLS,
-                  fontsize=_font(), xlabel="tau (error threshold for a new atom)", padding=0.05,
-                  active_tools=[])
+                  fontsize=_font(), xlabel="tau", padding=0.05, active_tools=[])
     panels = []
-    for var, label, color in (("n_atoms", "dictionary size (atoms)", theme.CATEGORICAL[0]),
-                              ("mean_error", "mean relative error ‖x−x̂‖²/‖x‖²", theme.CATEGORICAL[1]),
-                              ("mean_l0", "mean L0 (atoms per token)", theme.CATEGORICAL[2])):
+    for var, title, label, color in (
+            ("n_atoms", "dictionary size", "atoms", theme.CATEGORICAL[0]),
+            ("mean_error", "mean relative error", "‖x−x̂‖²/‖x‖²", theme.CATEGORICAL[1]),
+            ("mean_l0", "mean L0", "atoms per token", theme.CATEGORICAL[2])):
         curve = hv.Curve((taus, sweep[var].values), "tau", label).opts(color=color, line_width=2)
         dots = hv.Scatter((taus, sweep[var].values), "tau", label).opts(color=color, size=5)
         marker = hv.VLine(float(tau)).opts(color="black", line_dash="dashed", line_width=1.5)
-        panels.append((curve * dots * marker).opts(title=label.split(" (")[0].split(" ‖")[0],
-                                                   ylabel=label, **common))
+        panels.append((curve * dots * marker).opts(title=title, ylabel=label, **common))
     return hv.Layout(panels).cols(3).opts(shared_axes=False)
+
+
+#: The caption under the tau curves.
+TAU_CAPTION = ("One dictionary per tau on the probing set (tau: the relative error above which a "
+               "token becomes a new atom); the dashed line is the slider's tau.")
+
+_SIMILARITY_NAMES = {"itda": "ITDA-Jaccard of atom labels", "cka": "linear CKA", "svcca": "SVCCA"}
 
 
 def plot_similarity(sim: xr.Dataset | None,
@@ -104,18 +112,27 @@ def plot_similarity(sim: xr.Dataset | None,
     s = sim["similarity"].values
     rows = [(int(b), int(a), float(s[i, j])) for i, a in enumerate(la) for j, b in enumerate(lb)]
     method = sim.attrs.get("method", "")
-    names = {"itda": "ITDA-Jaccard of atom labels", "cka": "linear CKA", "svcca": "SVCCA"}
-    acc = float(sim["matched"].values.mean())
-    title = (f"{names.get(method, method)}: {sim.attrs.get('model_a')} (rows) vs "
-             f"{sim.attrs.get('model_b')} (columns); × = best match, {acc:.0%} on the diagonal")
     heat = hv.HeatMap(rows, ["layer_b", "layer_a"], "similarity").opts(
         cmap=theme.MAGNITUDE_CMAP, colorbar=True, clabel="similarity", tools=["hover"],
-        xlabel=f"layer of {sim.attrs.get('model_b')}", ylabel=f"layer of {sim.attrs.get('model_a')}",
-        responsive=True, height=max(320, 14 * len(la) + 120), title=title, fontsize=_font(),
+        xlabel="layer of the second model", ylabel="layer of the model",
+        responsive=True, height=max(320, 14 * len(la) + 120),
+        title=f"Layer similarity ({_SIMILARITY_NAMES.get(method, method)})", fontsize=_font(),
         default_tools=_TOOLS, active_tools=[], line_color="white", line_width=0.3)
     matched = hv.Points([(int(m), int(a)) for a, m in zip(la, sim["matched_layer"].values)],
                         ["layer_b", "layer_a"]).opts(marker="x", size=12, color="black", line_width=2)
     return (heat * matched).opts(responsive=True)
+
+
+def similarity_caption(sim: xr.Dataset | None) -> str:
+    """The line under the heatmap: the two models, the measure, how often the best match is
+    the same layer."""
+    if sim is None:
+        return ""
+    method = sim.attrs.get("method", "")
+    acc = float(sim["matched"].values.mean())
+    return (f"{_SIMILARITY_NAMES.get(method, method)} of every layer of `{sim.attrs.get('model_a')}` "
+            f"(rows) with every layer of `{sim.attrs.get('model_b')}` (columns) on the probing set; "
+            f"× = each row's best match, on the diagonal for {acc:.0%} of the layers.")
 
 
 def atom_examples_html(ex: xr.Dataset | None, acts: xr.Dataset | None, atom: int,
@@ -192,21 +209,29 @@ class ITDAView(View):
     layer = param.Integer(default=0, bounds=(0, None), label="Layer",
                           doc="Layer whose resid_post is decomposed.")
     tau = param.Number(default=0.3, bounds=(0.01, 0.95), step=0.01, label="tau",
-                       doc="A token becomes an atom when its relative reconstruction error exceeds tau.")
+                       doc="A token becomes an atom when its relative reconstruction error exceeds "
+                           "tau: lower tau, more atoms and less error.")
     l0 = param.Integer(default=8, bounds=(1, 32), label="L0 (matching-pursuit steps)",
                        doc="At most this many atoms reconstruct a token.")
     atom = param.Integer(default=0, bounds=(0, None), label="Atom",
                          doc="The atom shown in the browser (0 = the first token added).")
-    method = param.Selector(default="cka", objects=list(SIMILARITY_METHODS), label="Similarity",
-                            doc="itda: Jaccard of atom labels; cka: linear CKA; svcca: SVCCA.")
+    method = param.Selector(default="cka", objects=list(SIMILARITY_METHODS), label="Similarity measure",
+                            doc="How two layers are compared: itda (Jaccard of their ITDA atom labels), "
+                                "cka (linear CKA) or svcca (SVCCA).")
     noise = param.Number(default=0.05, bounds=(0.0, 0.5), step=0.01, label="Second model: weight noise",
-                         doc="Relative weight noise of the second model (when none is given).")
+                         doc="Relative Gaussian noise on the weights of the second model, a copy of "
+                             "this one (when no second model is given).")
+    compare = param.Event(label="Compare layers with a second model",
+                          doc="Trace the second model on the probing prompts and compare every layer "
+                              "of the two (about 10 s on SmolLM2); then the heatmap follows the "
+                              "settings.")
 
     sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     examples = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     similarity = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     activations = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     summary = param.String(default="", precedence=-1, doc="Size, error, L0 and FVE of the dictionary.")
+    similarity_status = param.String(default="", precedence=-1, doc="What the comparison is doing or did.")
     n_atoms = param.Integer(default=0, precedence=-1)
 
     notify_title = "ITDA"
@@ -225,10 +250,12 @@ class ITDAView(View):
         self._no_sibling = bool(getattr(model, "remote", False)) and other is None
         if other is not None or self._no_sibling:
             self.param.noise.precedence = -1
-        self._similarity_message = (
+        self.similarity_status = (
             "No second model: a remote model has no weights on this machine to perturb into "
             "one. Pass another model (local or remote) as `other` to compare layers."
-            if self._no_sibling else "Computing layer similarity…")
+            if self._no_sibling else
+            "Not computed yet: press the button to trace a second model and compare its layers.")
+        self._comparing = False
         self._lock = threading.Lock()
         self._acts: dict[tuple, xr.Dataset] = {}
         self._sweeps: dict[tuple, xr.Dataset] = {}
@@ -236,9 +263,13 @@ class ITDAView(View):
         self._others: dict[float, explorer.Model] = {}
         self._itda: ITDA | None = None
         self.runner("run", self._show_result)
+        self.runner("sweep", self._show_sweep, progress=True)
+        self.runner("similarity", self._show_similarity)
         self._started = 0.0
         self.param.watch(self._request_run, list(_RUN_PARAMS))
         self.param.watch(self._request_examples, "atom")
+        self.param.watch(self._request_compare, "compare")
+        self.param.watch(self._request_similarity, list(_SIMILARITY_PARAMS))
         self._request_run()
 
     @property
@@ -252,7 +283,7 @@ class ITDAView(View):
 
     # -- computation -------------------------------------------------------------------------
     def _run_params(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _RUN_PARAMS}
+        return {name: getattr(self, name) for name in _RUN_PARAMS + _SIMILARITY_PARAMS}
 
     def _request_run(self, *events: Any) -> None:
         p = self._run_params()
@@ -267,6 +298,67 @@ class ITDAView(View):
         p = self._run_params()
         p["atom"] = self.atom
         self.submit("run", lambda token: self._compute(p, token))
+
+    def _request_sweep(self, p: dict[str, Any], acts: xr.Dataset) -> None:
+        """The tau curves of the shown layer and L0 (from the cache, or measured with progress)."""
+        key = (tuple(probe_prompts(p["probe_text"])), p["layer"], p["l0"])
+        with self._lock:
+            sweep = self._sweeps.get(key)
+        if sweep is not None:
+            if self.sweep is not sweep:
+                self.sweep = sweep
+            return
+
+        def job(token: CancelToken) -> xr.Dataset:
+            out = itda_tau_sweep(acts, taus=TAU_GRID, l0=p["l0"], layer=p["layer"], min_pos=MIN_POS,
+                                 progress=self.progress_fn(token))
+            with self._lock:
+                self._sweeps[key] = out
+            return out
+
+        self.submit("sweep", job)
+
+    def _request_compare(self, *events: Any) -> None:
+        if self._no_sibling:
+            return
+        self._comparing = True
+        self._request_similarity()
+
+    def _request_similarity(self, *events: Any) -> None:
+        """Compare the layers with the second model's, once the button has been pressed."""
+        if not self._comparing or self.activations is None:
+            return
+        p, acts = self._run_params(), self.activations
+        prompts = probe_prompts(p["probe_text"])
+
+        def job(token: CancelToken) -> xr.Dataset:
+            started = time.perf_counter()
+
+            def step(i: int, what: str) -> None:
+                self.post(similarity_status=f"Comparing layers ({i}/3): {what} "
+                                            f"({time.perf_counter() - started:.0f} s so far)…")
+
+            step(1, "copying the model with weight noise")
+            other = self._other(p["noise"])
+            token.check()
+            sim_key = (tuple(prompts), p["method"], other.spec.weights,
+                       (p["tau"], p["l0"]) if p["method"] == "itda" else None)
+            with self._lock:
+                sim = self._sims.get(sim_key)
+            if sim is None:
+                step(2, "tracing the second model")
+                other_acts = self._traced(other, prompts)
+                token.check()
+                step(3, f"{p['method']} of every pair of layers")
+                sim = layer_similarity(acts, other_acts, method=p["method"], tau=p["tau"], l0=p["l0"],
+                                       min_pos=MIN_POS)
+                with self._lock:
+                    if len(self._sims) > 16:
+                        self._sims.clear()
+                    self._sims[sim_key] = sim
+            return sim, time.perf_counter() - started
+
+        self.submit("similarity", job)
 
     def _other(self, noise: float) -> explorer.Model:
         if self._fixed_other is not None:
@@ -290,41 +382,16 @@ class ITDAView(View):
         return ds
 
     def _compute(self, p: dict[str, Any], token: CancelToken) -> dict[str, Any]:
+        """The dictionary at the chosen tau and its atom: what the page shows first."""
         prompts = probe_prompts(p["probe_text"])
         acts = self._traced(self._model, prompts)
-        token.check()
-        sweep_key = (tuple(prompts), p["layer"], p["l0"])
-        with self._lock:
-            sweep = self._sweeps.get(sweep_key)
-        if sweep is None:
-            sweep = itda_tau_sweep(acts, taus=TAU_GRID, l0=p["l0"], layer=p["layer"], min_pos=MIN_POS)
-            with self._lock:
-                self._sweeps[sweep_key] = sweep
         token.check()
         itda = ITDA(tau=p["tau"], l0=p["l0"]).fit(acts, layer=p["layer"], min_pos=MIN_POS)
         rec = itda_reconstruction(itda, acts, layer=p["layer"], min_pos=MIN_POS)
         atom = min(max(0, p["atom"]), itda.n_atoms - 1)
         ex = itda_atom_examples(itda, acts, k=5, atoms=[atom], layer=p["layer"], min_pos=MIN_POS)
         token.check()
-        if self._no_sibling:
-            return {"p": p, "acts": acts, "sweep": sweep, "itda": itda, "rec": rec,
-                    "examples": ex, "atom": atom, "similarity": None}
-        other = self._other(p["noise"])
-        sim_key = (tuple(prompts), p["method"], other.spec.weights,
-                   (p["tau"], p["l0"]) if p["method"] == "itda" else None)
-        with self._lock:
-            sim = self._sims.get(sim_key)
-        if sim is None:
-            other_acts = self._traced(other, prompts)
-            token.check()
-            sim = layer_similarity(acts, other_acts, method=p["method"], tau=p["tau"], l0=p["l0"],
-                                   min_pos=MIN_POS)
-            with self._lock:
-                if len(self._sims) > 16:
-                    self._sims.clear()
-                self._sims[sim_key] = sim
-        return {"p": p, "acts": acts, "sweep": sweep, "itda": itda, "rec": rec, "examples": ex,
-                "atom": atom, "similarity": sim}
+        return {"p": p, "acts": acts, "itda": itda, "rec": rec, "examples": ex, "atom": atom}
 
     # -- results (on the session's event loop when served) -----------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:
@@ -337,10 +404,18 @@ class ITDAView(View):
         self.param.atom.bounds = (0, max(0, itda.n_atoms - 1))
         with param.parameterized.discard_events(self):
             self.atom = out["atom"]
-        self.param.update(sweep=out["sweep"], examples=out["examples"], similarity=out["similarity"],
-                          activations=out["acts"], n_atoms=itda.n_atoms, summary=summary, error="",
-                          running=False,
+        self.param.update(examples=out["examples"], activations=out["acts"], n_atoms=itda.n_atoms,
+                          summary=summary, error="", running=False,
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
+        self._request_sweep(out["p"], out["acts"])
+        self._request_similarity()                  # cached unless the data or ITDA's tau changed
+
+    def _show_sweep(self, sweep: xr.Dataset) -> None:
+        self.sweep = sweep
+
+    def _show_similarity(self, out: tuple[xr.Dataset, float]) -> None:
+        sim, seconds = out
+        self.param.update(similarity=sim, similarity_status=f"Compared in {seconds:.1f} s.")
 
     def close(self) -> None:
         """Cancel any run and drop cached activations and models."""
@@ -359,31 +434,46 @@ class ITDAView(View):
             "tau": {"type": pn.widgets.FloatSlider, "throttled": True},
             "l0": {"type": pn.widgets.IntSlider, "throttled": True},
             "atom": {"type": pn.widgets.IntInput},
-            "method": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"},
-            "noise": {"type": pn.widgets.FloatSlider, "throttled": True},
         }
-        names = ["probe_text", "layer", "tau", "l0", "atom", "method", "noise"]
-        return pn.Column(pn.Param(self, parameters=names, widgets=widgets, show_name=False,
-                                  sizing_mode="stretch_width"),
-                         width=theme.SIZES["controls_width"], css_classes=["itda-controls"])
+        return pn.Column(*labelled_controls(self, widgets), width=theme.SIZES["controls_width"],
+                         css_classes=["itda-controls"])
+
+    def similarity_controls(self) -> pn.Row:
+        """The second model's settings and the button, above the heatmap they change."""
+        widgets = {"method": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"}}
+        if self.param.noise.precedence is None or self.param.noise.precedence >= 0:
+            widgets["noise"] = {"type": pn.widgets.FloatSlider, "throttled": True}
+        button = pn.widgets.Button.from_param(self.param.compare, color="primary",
+                                              description=self.param.compare.doc, disabled=self._no_sibling,
+                                              width=280, margin=(18, 10, 5, 10))
+        return pn.Row(*[pn.Column(w, width=240) for w in labelled_controls(self, widgets)], button,
+                      css_classes=["itda-similarity-controls"], sizing_mode="stretch_width")
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
                                                size=theme.SIZES["spinner"], color="primary")
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
+        bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
+                                     sizing_mode="stretch_width", height=10)
         curves = pn.pane.HoloViews(pn.bind(plot_tau_curves, self.param.sweep, self.param.tau),
                                    sizing_mode="stretch_width", css_classes=["itda-curves"])
+        caption = pn.pane.Markdown(TAU_CAPTION, styles={"color": "#555"}, sizing_mode="stretch_width")
         atoms = pn.pane.HTML(pn.bind(atom_examples_html, self.param.examples, self.param.activations,
                                      self.param.atom),
                              stylesheets=[_CSS], sizing_mode="stretch_width", css_classes=["itda-atoms"])
-        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity,
-                                         self._similarity_message),
+        shown = pn.bind(lambda sim: sim is not None, self.param.similarity)
+        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity), visible=shown,
                                  sizing_mode="stretch_width", css_classes=["itda-similarity"])
+        sim_status = pn.pane.Markdown(self.param.similarity_status, styles={"color": "#555"},
+                                      sizing_mode="stretch_width", css_classes=["itda-similarity-status"])
+        sim_caption = pn.pane.Markdown(pn.bind(similarity_caption, self.param.similarity),
+                                       styles={"color": "#555"}, sizing_mode="stretch_width")
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary, curves,
+                      pn.Column(pn.Row(spinner, status, align="center"), summary, bar, curves, caption,
                                 pn.pane.Markdown("#### Atom browser"), atoms,
-                                pn.pane.Markdown("#### Layer similarity with a second model"), heat,
+                                pn.pane.Markdown("#### Layer similarity with a second model"),
+                                self.similarity_controls(), sim_status, heat, sim_caption,
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 

@@ -26,6 +26,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._controls import labelled_controls
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from apps.itda import DEFAULT_PROBE_TEXT, MIN_POS, probe_prompts
@@ -44,8 +45,8 @@ from explorer.analyses.neuron_eval import (
 )
 from explorer.trace import trace
 
-__all__ = ["NeuronEvalView", "CONCEPTS", "unit_data", "metric_table", "perturbation_table",
-           "plot_metric_deltas", "plot_perturbations", "pass_fail_html"]
+__all__ = ["NeuronEvalView", "CONCEPTS", "DELTAS_CAPTION", "STRIPS_CAPTION", "unit_data", "metric_table",
+           "perturbation_table", "plot_metric_deltas", "plot_perturbations", "pass_fail_html"]
 
 #: Concepts offered: the atom's own token, then the token families.
 CONCEPTS = ("own_token", "digit", "capitalised", "punctuation", "number_word")
@@ -153,10 +154,20 @@ def plot_metric_deltas(table: pd.DataFrame | None) -> hv.Element:
     return hv.Bars(long, ["metric", "test"], ["delta", "score"]).opts(
         color="test", cmap=[theme.CATEGORICAL[3], theme.CATEGORICAL[1]], xrotation=60,
         ylabel="Δ score / metric range", xlabel="metric", tools=["hover"], responsive=True,
-        height=340, title="Score change of each metric under the two perturbations (this seed)",
+        height=340, title="Score change under each perturbation",
         fontsize={"title": f"{theme.SIZES['title_font_pt']}pt", "xticks": f"{theme.SIZES['label_font_pt']}pt"},
-        default_tools=_TOOLS, active_tools=[], show_legend=True, legend_position="top_right",
+        default_tools=_TOOLS, active_tools=[], show_legend=True, legend_position="right",
         multi_level=False)
+
+
+#: The caption under the score-change bars.
+DELTAS_CAPTION = ("Each metric's score after the perturbation minus before, divided by the metric's "
+                  "range (unbounded metrics: by the spread of this concept's score over all units). "
+                  "A sound metric falls under both perturbations: both bars below 0.")
+#: The caption under the two strips.
+STRIPS_CAPTION = ("The 80 inputs the unit activates most, coloured by what the perturbation did to "
+                  "their label. Missing labels: each positive dropped with p = 1/2. Extra labels: as "
+                  "many negatives labelled positive, so the positives double in expectation.")
 
 
 def plot_perturbations(strips: list[pd.DataFrame] | None) -> hv.Layout | hv.Element:
@@ -165,12 +176,11 @@ def plot_perturbations(strips: list[pd.DataFrame] | None) -> hv.Layout | hv.Elem
         return hv.Text(0, 0, "…").opts(xaxis=None, yaxis=None, toolbar=None, height=240, responsive=True)
     panels = []
     for df in strips:
-        title = {"missing_labels": "Missing labels: each positive dropped with p = 1/2",
-                 "extra_labels": "Extra labels: positives doubled in expectation"}[df["test"].iloc[0]]
+        title = {"missing_labels": "Missing labels", "extra_labels": "Extra labels"}[df["test"].iloc[0]]
         pts = hv.Scatter(df, "rank", ["activation", "status", "token"]).opts(
             color="status", cmap=_STATUS_COLORS, size=7, tools=["hover"], responsive=True, height=240,
             xlabel="input rank by activation", ylabel="cosine with atom", title=title,
-            legend_position="top_right", default_tools=_TOOLS, active_tools=[],
+            legend_position="bottom", legend_cols=2, default_tools=_TOOLS, active_tools=[],
             fontsize={"title": f"{theme.SIZES['title_font_pt']}pt"})
         panels.append(pts)
     return hv.Layout(panels).cols(2).opts(shared_axes=False)
@@ -250,18 +260,24 @@ class NeuronEvalView(View):
 
     probe_text = param.String(default=DEFAULT_PROBE_TEXT, label="Probing prompts",
                               doc="One prompt a line: the probing set of the units.")
-    layer = param.Integer(default=0, bounds=(0, None), label="Layer", doc="Layer of the ITDA atoms.")
+    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
+                          doc="Layer whose ITDA atoms are the units.")
     tau = param.Number(default=0.3, bounds=(0.05, 0.9), step=0.05, label="ITDA tau",
                        doc="Error threshold of the dictionary whose atoms are the units.")
-    unit = param.Integer(default=0, bounds=(0, None), label="Unit (atom)", doc="The unit evaluated.")
+    unit = param.Integer(default=0, bounds=(0, None), label="Unit (atom)",
+                         doc="The unit evaluated: an ITDA atom of the layer (0 = the first added).")
     concept = param.Selector(default="own_token", objects=list(CONCEPTS), label="Concept",
                              doc="own_token: the atom's source token; or a token family.")
     binarize = param.Selector(default="top_quantile", objects=list(BINARIZATIONS), label="Binarisation",
                               doc="Active inputs: the top alpha fraction, or activation >= threshold.")
-    alpha = param.Number(default=0.05, bounds=(0.001, 0.5), step=0.001, label="alpha (top fraction)")
-    threshold = param.Number(default=0.5, bounds=(-1.0, 1.0), step=0.05, label="threshold")
+    alpha = param.Number(default=0.05, bounds=(0.001, 0.5), step=0.001, label="alpha (top fraction)",
+                         doc="With top_quantile binarisation: the share of inputs, by activation, "
+                             "counted as active.")
+    threshold = param.Number(default=0.5, bounds=(-1.0, 1.0), step=0.05, label="threshold",
+                             doc="With threshold binarisation: the activation (cosine with the atom) "
+                                 "from which an input counts as active.")
     seed = param.Integer(default=0, bounds=(0, 49), label="Perturbation seed",
-                         doc="Play to redraw both perturbations seed after seed.")
+                         doc="Seed of the two random perturbations; play to redraw them seed after seed.")
 
     table = param.ClassSelector(class_=pd.DataFrame, default=None, allow_None=True, precedence=-1)
     strips = param.List(default=[], precedence=-1)
@@ -379,34 +395,38 @@ class NeuronEvalView(View):
             "layer": {"type": pn.widgets.IntSlider, "throttled": True},
             "tau": {"type": pn.widgets.FloatSlider, "throttled": True},
             "unit": {"type": pn.widgets.IntInput},
+            "concept": {"type": pn.widgets.Select},
+            "binarize": {"type": pn.widgets.Select},
             "alpha": {"type": pn.widgets.FloatSlider, "throttled": True},
             "threshold": {"type": pn.widgets.FloatSlider, "throttled": True},
+            "seed": {"type": pn.widgets.Player, "interval": 900, "loop_policy": "loop",
+                     "show_loop_controls": False, "name": "Perturbation seed (play to animate)"},
         }
-        params = pn.Param(self, parameters=["probe_text", "layer", "tau", "unit", "concept", "binarize",
-                                            "alpha", "threshold"],
-                          widgets=widgets, show_name=False, sizing_mode="stretch_width")
-        player = pn.widgets.Player.from_param(self.param.seed, interval=900, loop_policy="loop",
-                                              show_loop_controls=False, sizing_mode="stretch_width",
-                                              name="Perturbation seed (play to animate)")
-        return pn.Column(params, player,
-                         width=theme.SIZES["controls_width"], css_classes=["neuron-controls"])
+        return pn.Column(*labelled_controls(self, widgets), width=theme.SIZES["controls_width"],
+                         css_classes=["neuron-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
                                                size=theme.SIZES["spinner"], color="primary")
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        note = {"styles": {"color": "#555"}, "sizing_mode": "stretch_width"}
         deltas = pn.pane.HoloViews(pn.bind(plot_metric_deltas, self.param.table),
                                    sizing_mode="stretch_width", css_classes=["neuron-deltas"])
         strips = pn.pane.HoloViews(pn.bind(plot_perturbations, self.param.strips),
                                    sizing_mode="stretch_width", css_classes=["neuron-strips"])
         scores = pn.pane.HTML(pn.bind(scores_html, self.param.table, self.param.caption),
-                              stylesheets=[_CSS], css_classes=["neuron-score-table"])
+                              stylesheets=[_CSS], css_classes=["neuron-score-table"], width=440)
         passfail = pn.pane.HTML(pn.bind(pass_fail_html, self.param.synthetic, self.param.real),
-                                stylesheets=[_CSS], css_classes=["neuron-passfail-pane"])
+                                stylesheets=[_CSS], css_classes=["neuron-passfail-pane"],
+                                sizing_mode="stretch_width", min_width=440)
+        # the two tables side by side when there is room, one under the other when not
+        tables = pn.FlexBox(scores, pn.Column(pn.pane.Markdown("#### Sanity checks: pass/fail"), passfail,
+                                              min_width=440, sizing_mode="stretch_width"),
+                            flex_wrap="wrap", gap="24px", sizing_mode="stretch_width")
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), deltas, strips,
-                                pn.Row(scores, pn.Column(pn.pane.Markdown("#### Sanity checks: pass/fail"),
-                                                         passfail)),
+                      pn.Column(pn.Row(spinner, status, align="center"), deltas,
+                                pn.pane.Markdown(DELTAS_CAPTION, **note), strips,
+                                pn.pane.Markdown(STRIPS_CAPTION, **note), tables,
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 

@@ -35,7 +35,7 @@ def test_itda_page_renders_and_tau_slider_rebuilds_the_dictionary(server, browse
     page, errors = open_page(browser, f"{server}/itda")
     before = wait_for_text(page, ".itda-summary", r"\d+ atoms from \d+ tokens")
     assert page.locator(".itda-curves canvas").count() >= 1         # size / error / L0 curves
-    assert page.locator(".itda-similarity canvas").count() >= 1     # the layer heatmap
+    wait_for_text(page, ".itda-similarity-status", r"Not computed yet")  # the heatmap waits for its button
     wait_for_text(page, ".itda-atoms", r"Atom 0")
     assert page.locator(".itda-atoms mark").count() >= 1            # highlighted tokens
     n_before = int(re.search(r"(\d+) atoms", before).group(1))
@@ -51,6 +51,10 @@ def test_itda_page_renders_and_tau_slider_rebuilds_the_dictionary(server, browse
     box.fill("2")
     box.press("Enter")
     wait_for_text(page, ".itda-atoms", r"Atom 2")
+    # compare with the second model: the heatmap and its caption appear under the button
+    page.locator(".itda-similarity-controls button", has_text="Compare layers").click()
+    wait_for_text(page, ".itda-similarity-status", r"Compared in [0-9.]+ s", timeout=120)
+    page.wait_for_selector(".itda-similarity canvas", state="visible", timeout=60_000)
     assert not errors, errors
     page.close()
 

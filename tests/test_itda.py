@@ -475,7 +475,7 @@ def test_itda_view_follows_its_parameters(tiny_model):
     import holoviews as hv
     import panel as pn
 
-    from apps.itda import ITDAView, plot_similarity, plot_tau_curves, probe_prompts
+    from apps.itda import ITDAView, plot_similarity, plot_tau_curves, probe_prompts, similarity_caption
     from explorer.analyses.similarity import layer_similarity
 
     view = ITDAView(tiny_model, background=False, layer=1, tau=0.3, l0=4)
@@ -496,11 +496,28 @@ def test_itda_view_follows_its_parameters(tiny_model):
     view.atom = 2
     assert view.examples["atom"].values.tolist() == [2]
     view.method = "itda"
+    assert view.similarity is None and view._others == {}        # the comparison waits for its button
+    view.compare = True
     expected = layer_similarity(ds, trace(view._other(view.noise), prompts), method="itda", tau=0.1, l0=4,
                                 min_pos=1)
     np.testing.assert_allclose(view.similarity["similarity"].values, expected["similarity"].values)
     assert isinstance(plot_similarity(view.similarity), hv.Overlay)
+    assert f"on the diagonal for {float(expected['matched'].values.mean()):.0%}" in similarity_caption(
+        view.similarity)
+    view.tau = 0.2                                               # ITDA-Jaccard follows the dictionary's tau
+    expected = layer_similarity(ds, trace(view._other(view.noise), prompts), method="itda", tau=0.2, l0=4,
+                                min_pos=1)
+    np.testing.assert_allclose(view.similarity["similarity"].values, expected["similarity"].values)
     assert isinstance(view.__panel__(), pn.Row)
+    # every control shows its label and has its doc as a tooltip
+    panel = pn.Column(view.controls(), view.similarity_controls())
+    widgets = list(panel.select(pn.widgets.Widget))
+    tips = [t.value for t in panel.select(pn.widgets.TooltipIcon)]
+    labels = [w.name for w in widgets] + [str(h.object) for h in panel.select(pn.pane.HTML)]
+    for name in ("probe_text", "layer", "tau", "l0", "atom", "method", "noise", "compare"):
+        p = view.param[name]
+        assert p.doc and (p.doc in tips or any(getattr(w, "description", None) == p.doc for w in widgets)), name
+        assert any(p.label in text for text in labels), name
     shown = view.similarity
     view.probe_text = "   "
     assert "probing set is empty" in view.error and view.similarity is shown   # last result kept

@@ -327,3 +327,15 @@ def test_neuron_eval_view_scores_the_chosen_unit_and_concept(tiny_model):
     page = pass_fail_html(view.synthetic, view.real)
     assert "data-metric='iou'>pass" in page and "data-metric='recall'>fail" in page
     assert isinstance(view.__panel__(), pn.Row)
+    # every control shows its label and has its doc as a tooltip
+    panel = view.controls()
+    widgets = list(panel.select(pn.widgets.Widget))
+    tips = [t.value for t in panel.select(pn.widgets.TooltipIcon)]
+    labels = [w.name for w in widgets] + [str(h.object) for h in panel.select(pn.pane.HTML)]
+    for name in ("probe_text", "layer", "tau", "unit", "concept", "binarize", "alpha", "threshold", "seed"):
+        p = view.param[name]
+        assert p.doc and (p.doc in tips or any(getattr(w, "description", None) == p.doc for w in widgets)), name
+        assert any(p.label in text for text in labels), name
+    (player,) = panel.select(pn.widgets.Player)
+    player.value = 7                                              # the player drives the seed
+    assert view.seed == 7 and "seed 7" in view.caption
