@@ -94,8 +94,7 @@ def _labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
-    return hv.Text(0, 0, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
-                                    responsive=True)
+    return theme.placeholder(text, height=height)
 
 
 def _chosen(plus: list[str], minus: list[str]) -> dict[str, str]:
@@ -421,7 +420,7 @@ class ConflictsView(View):
 
         p = self.param
         pick = pn.widgets.Button(
-            name="Pick top heads by direct effect",
+            name="Pick top heads for the direction",
             description="Fill S+ with the 3 heads whose direct effect (the heatmap) pushes "
                         "hardest toward the answer to strengthen, S- with the 3 pushing against.")
         pick.on_click(lambda *_: self.pick_top_heads())

@@ -52,14 +52,13 @@ def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
-    return hv.Text(0, 0, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
-                                    responsive=True)
+    return theme.placeholder(text, height=height)
 
 
 def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> hv.Element:
     """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed."""
     if scores is None:
-        return _waiting("Head scores appear here")
+        return _waiting("Head scores appear here (Score heads, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     ti = set(ih.top_heads(ind, top_induction / 100))
     tf = set(ih.top_heads(fv, top_fv / 100))
@@ -98,7 +97,7 @@ def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: flo
 def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white)."""
     if scores is None:
-        return _waiting("Head scores appear here")
+        return _waiting("Head scores appear here (Score heads, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     n_layers, n_heads = ind.shape
 
@@ -123,7 +122,7 @@ def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
 def plot_attention(ds: xr.Dataset | None, title: str) -> hv.Element:
     """Query x key heatmap of one head's attention, tokens on both axes."""
     if ds is None:
-        return _waiting("Pick a head (click a point)", 260)
+        return _waiting("The selected head's attention appears here", 260)
     width = len(str(ds.sizes["pos"] - 1))  # zero-padded so the categorical axes keep order
     toks = [f"{i:0{width}d} {theme.show_token(str(t))}" for i, t in enumerate(ds["token"].values)]
     a = ds["attention"].values
@@ -149,7 +148,7 @@ def plot_ablation_curves(curves: xr.Dataset | None,
                          variable: str = "mean_accuracy") -> hv.Element:
     """``variable`` (mean accuracy by default) against % of heads ablated, one curve per ranking."""
     if curves is None:
-        return _waiting("Release the slider to compute ablation curves", 300)
+        return _waiting("Press Recompute ablation curves (left)", 300)
     ylabel, title = _CURVE_LABELS[variable]
     pct = curves["percent"].values
     out = []
@@ -338,14 +337,16 @@ class ICLHeadsView(View):
             description="Induction and FV scores of every head (the scatter and heatmaps); "
                         "then the selected head's attention and the function vector.")
         self._score_button.on_click(lambda *_: self._request("scores"))
+        self._press_note = (f"Press **Score heads** to score every head (about "
+                            f"{self.estimated_seconds:.0f} s on a CPU).")
         self._request("td")
         if compute_on_open is None:
             compute_on_open = self.estimated_seconds <= OPEN_BUDGET_S
         if compute_on_open:
             self._request("scores")
-        else:
-            self.status = (f"Press **Score heads** to score every head (about "
-                           f"{self.estimated_seconds:.0f} s on a CPU).")
+        else:   # the selected head's attention is cheap: show it while the scores wait
+            self._request("patterns")
+            self.status = self._press_note
 
     # -- jobs ---------------------------------------------------------------------------
     def _request(self, name: str) -> None:
@@ -415,7 +416,7 @@ class ICLHeadsView(View):
 
     def _got_patterns(self, d: dict) -> None:
         self.patterns = d
-        self.status = "ready"
+        self.status = "ready" if self.scores is not None else self._press_note
 
     def _got_curves(self, ds: xr.Dataset) -> None:
         self.curves = ds

@@ -647,7 +647,7 @@ class SaturationView(View):
                                          **self._options)
         except (LookupError, ExplorerError, OSError, ValueError):
             return False
-        self._show_result((self.weights, ds.load(), 0.0))
+        self._show_result((self.weights, ds.load(), -1.0))
         return True
 
     def _request_run(self, *events: Any) -> None:
@@ -688,8 +688,9 @@ class SaturationView(View):
         self._run_button.disabled = False
         self.param.update(result=ds, error="", running=False, progress=100, text=text,
                           selected=-1, pair=0, intervention=None,
-                          status=f"{ds.attrs.get('model', '?')} ({weights}) · {summary.get('n_tokens')} tokens"
-                                 f" · kept {summary.get('kept_fraction', 0):.0%} · {seconds:.1f} s")
+                          status=f"{ds.attrs.get('model', '?')} ({weights}) · {summary.get('n_tokens')} "
+                                 f"tokens · kept {summary.get('kept_fraction', 0):.0%} · "
+                                 + ("from the store" if seconds < 0 else f"{seconds:.1f} s"))
         self.param.pair.bounds = (0, max(0, ds.sizes.get("pair", 1) - 1))
         self._pair_changed()
 

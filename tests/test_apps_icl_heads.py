@@ -91,6 +91,9 @@ def test_view_scores_on_request_and_explains_the_function_vector(tiny_model, mon
                         fv_tasks=("antonym", "country-capital"), eval_tasks=("uppercase",),
                         td_tasks=("antonym", "uppercase"), compute_on_open=False)
     assert view.scores is None and view.fv_result is None and "Score heads" in view.status
+    want = ih.head_attention(tiny_model, 0, 0, task="antonym")     # shown while scores wait
+    np.testing.assert_allclose(view.patterns["repeat"]["attention"].values,
+                               want["repeat"]["attention"].values, rtol=1e-5)
     view._score_button.clicks += 1
     fv = ih.fv_scores(tiny_model, ["antonym", "country-capital"], n_prompts=2, n_shots=2)
     ind = ih.induction_scores(tiny_model, n_sequences=4, half_len=16)
