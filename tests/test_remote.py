@@ -502,10 +502,12 @@ def test_itda_page_on_a_remote_model(env, remote_model, local_model, tmp_path, m
     local = ITDAView(local_model, background=False, other=local_model)
     assert remote.error == "" and remote.n_atoms == local.n_atoms > 0
     assert remote.summary.split(" · built")[0] == local.summary.split(" · built")[0]
+    remote.compare = True                                   # the button does nothing here
     assert remote.similarity is None and remote.param.noise.precedence == -1
-    assert "remote model has no weights on this machine" in remote._similarity_message
+    assert "remote model has no weights on this machine" in remote.similarity_status
     # with a second model given, the remote page compares layers as the local one does
     both = ITDAView(remote_model, background=False, other=remote_model)
+    both.compare = local.compare = True
     assert both.error == "" and _equal(both.similarity["similarity"],
                                        local.similarity["similarity"])
 
