@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -79,17 +80,10 @@ def dask_scheduler(scheduler: str = "threads", *, n_workers: int = 1,
 
     if scheduler == "local":
         check_int("n_workers", n_workers, low=1)
-        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
-                               memory_limit=memory_limit or 0, processes=processes,
-                               # worker processes talk over TCP on loopback only; in-process
-                               # workers use dask's inproc transport (no port at all)
-                               host="127.0.0.1" if processes else None,
-                               dashboard_address="127.0.0.1:0" if dashboard else None)
-        try:
+        with _local_cluster(LocalCluster, n_workers, threads_per_worker, memory_limit,
+                            processes, dashboard) as cluster:
             with Client(cluster, set_as_default=True) as client:
                 yield client
-        finally:
-            cluster.close()
         return
     try:
         client = Client(scheduler, timeout=f"{timeout_s}s", set_as_default=True)
@@ -97,6 +91,31 @@ def dask_scheduler(scheduler: str = "threads", *, n_workers: int = 1,
         raise InputError(f"cannot connect to the dask scheduler at {scheduler!r} ({e}).") from None
     with client:
         yield client
+
+
+@contextlib.contextmanager
+def _local_cluster(cls: Any, n_workers: int, threads_per_worker: int, memory_limit: Any,
+                   processes: bool, dashboard: bool) -> Iterator[Any]:
+    environ = dict(os.environ)
+    cluster = cls(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                  memory_limit=memory_limit or 0, processes=processes,
+                  # worker processes talk over TCP on loopback only; in-process
+                  # workers use dask's inproc transport (no port at all)
+                  host="127.0.0.1" if processes else None,
+                  dashboard_address="127.0.0.1:0" if dashboard else None)
+    # the nanny writes its workers' settings (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1,
+    # MALLOC_TRIM_THRESHOLD_, ...) into this process's environment; they are put back on exit,
+    # or every subprocess started later (a loopback NDIF server, a CLI run) gets one BLAS thread
+    written = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        for k in written:
+            if k in environ:
+                os.environ[k] = environ[k]
+            else:
+                os.environ.pop(k, None)
 
 
 def open_entry(store: Any, key: str, *, memory_limit: int | None = None, threads: int = 1,

@@ -21,13 +21,18 @@ def _torch_globals() -> dict:
     return {"threads": torch.get_num_threads(), "dtype": torch.get_default_dtype(),
             "grad": torch.is_grad_enabled(),
             "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "matmul_precision": torch.get_float32_matmul_precision()}
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "thread_env": {k: os.environ.get(k) for k in _THREAD_ENV}}
+
+
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @pytest.fixture(autouse=True)
 def _torch_globals_unchanged():
-    """A test that leaves torch's thread count, default dtype, grad mode or matmul settings
-    changed makes later comparisons (remote against local, bit for bit) depend on test order;
+    """A test that leaves torch's thread count, default dtype, grad mode, matmul settings or
+    the BLAS thread variables of the environment (inherited by servers started later) changed
+    makes later comparisons (remote against local, bit for bit) depend on test order;
     it errors here, and the settings are put back."""
     before = _torch_globals()
     yield
@@ -38,6 +43,11 @@ def _torch_globals_unchanged():
         torch.set_grad_enabled(before["grad"])
         torch.use_deterministic_algorithms(before["deterministic"])
         torch.set_float32_matmul_precision(before["matmul_precision"])
+        for k, v in before["thread_env"].items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
         pytest.fail(f"the test left torch settings changed (before, after): {changed}")
 

@@ -102,3 +102,18 @@ def test_bench_store_scaled_down_stays_under_limit(tmp_path):
     assert all(value > 0 for value in figures.values())
     assert all(key.endswith(("_ratio", "_ms", "_mb", "_mb_per_s")) for key in figures)
     assert list(tmp_path.iterdir()) == []  # the cache was removed
+
+
+def test_local_cluster_leaves_the_environment_as_it_was(monkeypatch):
+    """dask's nanny writes OMP_NUM_THREADS=1 (and more) into the parent's environment; inside
+    the block the workers have them, after it the environment is the one before, so a process
+    started later (a loopback NDIF server) does not run on one BLAS thread."""
+    import os
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    before = dict(os.environ)
+    with dask_scheduler("local", n_workers=1, memory_limit="512MB") as client:
+        worker_env = client.run(lambda: os.environ.get("OMP_NUM_THREADS"))
+        assert list(worker_env.values()) == ["1"]  # the workers keep their setting
+    assert dict(os.environ) == before
