@@ -57,8 +57,9 @@ def plot_score(atlas: xr.Dataset | None, score: str | None,
                highlighted: Sequence[str] = ()) -> hv.Element:
     """One score as a layer x head heatmap (layer 0 on top), the highlighted heads outlined."""
     if atlas is None or not score or score not in atlas:
-        return theme.placeholder("No per-head scores yet: open a page that computes some, "
-                                 "or add induction scores.")
+        # fixed-size (it sits in a fixed-size pane): a responsive text would be 0 px wide
+        return hv.Text(0.5, 0.5, "No per-head scores yet").opts(
+            xaxis=None, yaxis=None, toolbar=None, width=360, height=200, xlim=(0, 1), ylim=(0, 1))
     da = atlas[score].transpose("layer", "head")
     values = da.values.astype(np.float64)
     n_layers, n_heads = values.shape
@@ -320,15 +321,17 @@ class AtlasView(View):
                               styles={"color": "#555"}, sizing_mode="stretch_width")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), sizing_mode="stretch_width")
-        refresh = pn.widgets.Button(label="Refresh from pages", color="primary",
-                                    css_classes=["atlas-refresh"])
+        refresh = pn.widgets.Button(label="Refresh from pages", color="primary", width=180,
+                                    align="end", css_classes=["atlas-refresh"])
         refresh.on_click(self.refresh)
-        induction = pn.widgets.Button(label="Add induction scores", css_classes=["atlas-induction"])
+        induction = pn.widgets.Button(label="Add induction scores", width=190, align="end",
+                                      css_classes=["atlas-induction"])
         induction.on_click(self.add_induction)
         download = pn.widgets.FileDownload(callback=self._csv, filename="head_atlas.csv",
-                                           label="Export CSV", css_classes=["atlas-csv"])
-        score = pn.widgets.Select.from_param(self.param.score, width=260)
-        picked = pn.widgets.TextInput.from_param(self.param.selected, width=160)
+                                           label="Export CSV", width=130, align="end",
+                                           css_classes=["atlas-csv"])
+        score = pn.widgets.Select.from_param(self.param.score, width=240)
+        picked = pn.widgets.TextInput.from_param(self.param.selected, width=140)
         # a fresh plot per change (not a DynamicMap): its size and colour map follow the score
         heat_pane = pn.pane.HoloViews(pn.bind(self._heatmap, self.param.atlas, self.param.score,
                                               self.param.highlighted),
@@ -336,19 +339,28 @@ class AtlasView(View):
                                       linked_axes=False)
         table = pn.widgets.Tabulator(
             pn.bind(self._table_frame, self.param.atlas, self.param.highlighted),
-            show_index=False, pagination="local", page_size=16, header_filters=True,
-            disabled=True, sizing_mode="stretch_width", css_classes=["atlas-table"],
-            formatters={"selected": {"type": "tickCross"}})
+            show_index=False, pagination="local", page_size=15, header_filters=True,
+            disabled=True, layout="fit_data_table", sizing_mode="stretch_width",
+            css_classes=["atlas-table"], formatters=pn.bind(self._formatters, self.param.atlas))
         table.on_click(self._row_clicked)
+        provenance = pn.pane.Markdown(pn.bind(provenance_markdown, self.param.atlas),
+                                      css_classes=["atlas-provenance"], sizing_mode="stretch_width")
         return pn.Column(
             pn.Row(spinner, status, align="center"),
             alert,
-            pn.Row(score, picked, refresh, induction, download, sizing_mode="stretch_width"),
-            pn.Row(heat_pane, pn.Column(table, pn.pane.Markdown(
-                pn.bind(provenance_markdown, self.param.atlas), css_classes=["atlas-provenance"],
-                sizing_mode="stretch_width"), sizing_mode="stretch_width"),
-                sizing_mode="stretch_width"),
+            pn.Row(score, picked, sizing_mode="stretch_width"),
+            pn.Row(refresh, induction, download, sizing_mode="stretch_width"),
+            pn.Row(heat_pane, provenance, sizing_mode="stretch_width"),
+            table,
             sizing_mode="stretch_width")
+
+    @staticmethod
+    def _formatters(atlas: xr.Dataset | None) -> dict[str, Any]:
+        from bokeh.models.widgets.tables import NumberFormatter
+
+        scores = list(atlas.data_vars) if atlas is not None else []
+        return {"selected": {"type": "tickCross", "crossElement": False},
+                **{name: NumberFormatter(format="0.0000") for name in scores}}
 
 
 serve(__name__, AtlasView, title=f"{theme.TITLE}: head atlas", intro="atlas")

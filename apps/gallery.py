@@ -448,6 +448,7 @@ class Gallery(pn.viewable.Viewer):
 
     def template(self) -> pn.template.FastListTemplate:
         """This session's page: the theme's template around the sidebar and the current page."""
+        pn.extension("tabulator")  # the Head atlas table: its script must be in the first page
         tmpl = theme.page([self._main], sidebar=self.sidebar())
         if pn.state.location is not None and _served():
             pn.state.location.sync(self, {"view": "view"})
