@@ -50,6 +50,7 @@ __all__ = [
     "synthetic_sanity_checks",
     "token_concepts",
     "token_identity_concepts",
+    "atom_probe_set",
     "itda_atom_sanity_checks",
     "ATOM_EXPLANATIONS",
     "NUMBER_WORDS",
@@ -571,6 +572,26 @@ def token_identity_concepts(token_ids: Any, ids: Sequence[int], *, names: Sequen
 ATOM_EXPLANATIONS = ("own_token", "token_family")
 
 
+def atom_probe_set(activations: Any, *, site: str = "resid_post", layer: int | None = None,
+                   min_pos: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The probing set of the ITDA-atom evaluations, from a traced activation Dataset.
+
+    Returns ``(unit_x, token_id, token)``: every kept token's activation scaled to unit norm
+    (float64, [input, d_model], so ``unit_x @ atom`` is the cosine an atom's activation is
+    defined by), its token id and its token text (positions below ``min_pos`` left out).
+    """
+    from .itda import activation_chunks
+
+    xs, ids, toks = [], [], []
+    for chunk in activation_chunks(activations, site=site, layer=layer, min_pos=min_pos):
+        xs.append(chunk["x"])
+        ids.append(chunk["token_id"])
+        toks.append(chunk["token"])
+    x = np.concatenate(xs).astype(np.float64)
+    unit_x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
+    return unit_x, np.concatenate(ids), np.concatenate(toks)
+
+
 def itda_atom_sanity_checks(itda: Any, activations: Any, *, site: str = "resid_post",
                             layer: int | None = None, explanation: str = "own_token",
                             min_count: int = 3, max_units: int = 200, min_pos: int = 0,
@@ -597,18 +618,10 @@ def itda_atom_sanity_checks(itda: Any, activations: Any, *, site: str = "resid_p
         As `sanity_checks` (pooled rule), with ``atom_token``, ``explanation`` and
         ``n_concept`` (unit).
     """
-    from .itda import activation_chunks
-
     check_choice("explanation", explanation, ATOM_EXPLANATIONS)
     check_int("min_count", min_count, low=1)
     check_int("max_units", max_units, low=1)
-    xs, ids, toks = [], [], []
-    for chunk in activation_chunks(activations, site=site, layer=layer, min_pos=min_pos):
-        xs.append(chunk["x"])
-        ids.append(chunk["token_id"])
-        toks.append(chunk["token"])
-    x = np.concatenate(xs).astype(np.float64)
-    tid = np.concatenate(ids)
+    unit_x, tid, tokens = atom_probe_set(activations, site=site, layer=layer, min_pos=min_pos)
     atoms = itda.atoms_.astype(np.float64)
     if explanation == "own_token":
         atom_ids = itda.atom_token_id_
@@ -617,7 +630,7 @@ def itda_atom_sanity_checks(itda: Any, activations: Any, *, site: str = "resid_p
         counts = np.array([(tid == t).sum() for t in atom_ids])
         eligible = (counts >= min_count) & (counts < len(tid))
     else:
-        probe = token_concepts(np.concatenate(toks), word_lists=word_lists)      # [input, family]
+        probe = token_concepts(tokens, word_lists=word_lists)                    # [input, family]
         src = token_concepts(itda.atom_token_, word_lists=word_lists).values     # [atom, family]
         fam_counts = probe.values.sum(0)
         single = src.sum(1) == 1
@@ -630,7 +643,6 @@ def itda_atom_sanity_checks(itda: Any, activations: Any, *, site: str = "resid_p
     if keep.size == 0:
         raise InputError(f"no atom's explanation ({explanation}) holds on at least {min_count} tokens of "
                          "the probing set; use more prompts or a smaller `min_count`.")
-    unit_x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
     acts = unit_x @ atoms[keep].T                                     # [n_inputs, units]
     if concepts_all is None:
         concepts = token_identity_concepts(tid, atom_ids[keep]).values

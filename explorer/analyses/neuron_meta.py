@@ -24,7 +24,13 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses.neuron_eval import CITATION, METRICS, neuron_metrics, token_identity_concepts
+from explorer.analyses.neuron_eval import (
+    CITATION,
+    METRICS,
+    atom_probe_set,
+    neuron_metrics,
+    token_identity_concepts,
+)
 
 __all__ = ["known_unit_meta_auprc", "itda_known_atom_meta_auprc", "ALPHA_METRICS",
            "ALPHA_GRID", "pooled_auprc"]
@@ -137,16 +143,9 @@ def itda_known_atom_meta_auprc(itda: Any, activations: Any, *, site: str = "resi
     is its own source token; the candidate explanations are the distinct source tokens of
     the atoms kept (those whose token occurs at least ``min_count`` times in the probing
     set, at most ``max_units``). Other options go to `known_unit_meta_auprc`."""
-    from .itda import activation_chunks
-
     check_int("min_count", min_count, low=1)
     check_int("max_units", max_units, low=2)
-    xs, ids = [], []
-    for chunk in activation_chunks(activations, site=site, layer=layer, min_pos=min_pos):
-        xs.append(chunk["x"])
-        ids.append(chunk["token_id"])
-    x = np.concatenate(xs).astype(np.float64)
-    tid = np.concatenate(ids)
+    unit_x, tid, _ = atom_probe_set(activations, site=site, layer=layer, min_pos=min_pos)
     atom_ids = np.asarray(itda.atom_token_id_)
     counts = np.array([(tid == t).sum() for t in atom_ids])
     keep = np.flatnonzero((counts >= min_count) & (counts < len(tid)))[:max_units]
@@ -156,7 +155,6 @@ def itda_known_atom_meta_auprc(itda: Any, activations: Any, *, site: str = "resi
     tokens = np.unique(atom_ids[keep])
     concepts = token_identity_concepts(tid, tokens).values              # [input, token]
     correct = np.searchsorted(tokens, atom_ids[keep])
-    unit_x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
     acts = unit_x @ np.asarray(itda.atoms_, dtype=np.float64)[keep].T    # [input, unit]
     out = known_unit_meta_auprc(acts, concepts, correct, **options)
     out.attrs.update(units="itda_atoms", explanation="own_token", n_inputs=int(len(tid)))
