@@ -76,7 +76,7 @@ def plot_score(atlas: xr.Dataset | None, score: str | None,
     heat = hv.Image((np.arange(n_heads), np.arange(n_layers), values), kdims=["head", "layer"],
                     vdims=[hv.Dimension("score", label=score)]).opts(
         cmap=cmap, clim=clim, colorbar=True, clabel=score, title=score,
-        xlabel="head", ylabel="layer", invert_yaxis=True,
+        xlabel="head", ylabel="layer", invert_yaxis=True, xaxis="top",
         xticks=[(h, f"H{h}") for h in range(n_heads)],
         yticks=[(l, f"L{l}") for l in range(0, n_layers, step)],
         frame_width=max(300, cell_w * n_heads), frame_height=max(160, cell_h * n_layers),

@@ -345,8 +345,8 @@ class Gallery(pn.viewable.Viewer):
                                sizing_mode="stretch_width"))
         if not rows:
             rows = [pn.pane.Markdown("No edits. Select heads, then *Ablate selected heads*.",
-                                     styles={"color": "#555"})]
-        return pn.Column(*rows, sizing_mode="stretch_width", css_classes=["edit-stack"])
+                                     styles={"color": "#555"}, margin=(0, 10))]
+        return pn.Column(*rows, sizing_mode="stretch_width", css_classes=["edit-stack"], margin=0)
 
     def workspace_widgets(self) -> list[pn.viewable.Viewable]:
         """The sidebar's workspace part: selection, edit stack, export / import, code."""
