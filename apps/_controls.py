@@ -11,13 +11,18 @@ from typing import Any
 import panel as pn
 import param
 
+from apps import theme
+
 __all__ = ["labelled_control", "labelled_controls"]
+
+#: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
+_WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
 
 _GROUPS = (pn.widgets.RadioButtonGroup, pn.widgets.CheckButtonGroup, pn.widgets.RadioBoxGroup,
            pn.widgets.CheckBoxGroup)
 
 
-def labelled_control(view: param.Parameterized, name: str, kind: type[pn.widgets.Widget],
+def labelled_control(view: param.Parameterized, name: str, kind: type[pn.widgets.Widget], /,
             **options: Any) -> pn.viewable.Viewable:
     """The widget ``kind`` of ``view.param[name]``, with its label shown and its doc as a
     tooltip; ``options`` go to the widget."""
@@ -29,11 +34,14 @@ def labelled_control(view: param.Parameterized, name: str, kind: type[pn.widgets
     widget = kind.from_param(p, sizing_mode="stretch_width", **options)
     icon = pn.widgets.TooltipIcon(value=doc, margin=(0, 0, 0, 4), css_classes=["control-tooltip"])
     if issubclass(kind, _GROUPS):
-        label = pn.pane.HTML(f"<span style='font-size: 0.9em'>{p.label}</span>", margin=(0, 0, 0, 10))
+        label = pn.pane.HTML(f"<span style='font-size: 0.9em'>{p.label}</span>", margin=(0, 0, 0, 10),
+                             width=7 * len(p.label) + 6)     # about the text's width: the icon follows it
         return pn.Column(pn.Row(label, icon, margin=(4, 0, 0, 0)), widget, sizing_mode="stretch_width",
                          margin=0, css_classes=["control", f"control-{name}"])
-    # sliders and players draw their own title (with the value): the tooltip goes beside it
-    return pn.Row(widget, pn.Column(icon, margin=(10, 6, 0, 0)), sizing_mode="stretch_width", margin=0,
+    # sliders and players draw their own title (with the value): the tooltip goes beside it,
+    # the widget at a fixed width (a stretching one shrinks next to it)
+    widget.param.update(sizing_mode="fixed", width=options.get("width", _WIDGET_WIDTH))
+    return pn.Row(widget, pn.Column(icon, margin=(8, 0, 0, 0), width=24), margin=0,
                   css_classes=["control", f"control-{name}"])
 
 

@@ -178,12 +178,12 @@ def plot_perturbations(strips: list[pd.DataFrame] | None) -> hv.Layout | hv.Elem
     for df in strips:
         title = {"missing_labels": "Missing labels", "extra_labels": "Extra labels"}[df["test"].iloc[0]]
         pts = hv.Scatter(df, "rank", ["activation", "status", "token"]).opts(
-            color="status", cmap=_STATUS_COLORS, size=7, tools=["hover"], responsive=True, height=240,
+            color="status", cmap=_STATUS_COLORS, size=7, tools=["hover"], responsive=True, height=220,
             xlabel="input rank by activation", ylabel="cosine with atom", title=title,
-            legend_position="bottom", legend_cols=2, default_tools=_TOOLS, active_tools=[],
+            legend_position="right", default_tools=_TOOLS, active_tools=[],
             fontsize={"title": f"{theme.SIZES['title_font_pt']}pt"})
         panels.append(pts)
-    return hv.Layout(panels).cols(2).opts(shared_axes=False)
+    return hv.Layout(panels).cols(1).opts(shared_axes=False)
 
 
 def pass_fail_html(synthetic: xr.Dataset | None, real: xr.Dataset | None) -> str:
