@@ -190,3 +190,36 @@ def test_state_export_import_round_trip_and_bad_files(gallery, tiny_model, notes
             assert fresh.workspace.state() == before             # nothing changed
     finally:
         fresh.close()
+
+
+def test_atlas_in_the_gallery_reads_what_other_pages_hold(tiny_model):
+    """A page holding per-head results in its parameters (as ICL heads holds its scores):
+    the atlas shows them, values unchanged, when it is opened or refreshed."""
+    from apps._view import View
+    import param as _param
+
+    ind = ih.induction_scores(tiny_model, n_sequences=2, half_len=4)
+
+    class Holder(View):
+        scores = _param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                      precedence=-1)
+
+        def __panel__(self):
+            return pn.pane.Markdown("a page")
+
+    holder = Holder(background=False)
+    views = [("Holder", "holder", lambda m: holder),
+             *[(t, s, f) for t, s, f in VIEWS if s == "atlas"]]
+    g = Gallery("tiny-llama", views=views)
+    try:
+        g.view = "atlas"
+        atlas = g.page("atlas")
+        assert "induction_score" not in atlas.atlas
+        holder.scores = ind
+        g.view = "holder"
+        g.view = "atlas"                                      # shown again: rebuilt
+        np.testing.assert_array_equal(atlas.atlas["induction_score"].values,
+                                      ind["induction_score"].values)
+        assert "induction_score" in atlas.param.score.objects
+    finally:
+        g.close()
