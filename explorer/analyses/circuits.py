@@ -572,16 +572,40 @@ def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps:
     return scores[valid], m_clean, m_corrupt
 
 
+def _source_deltas(corrupt_outs: torch.Tensor, clean_outs: torch.Tensor,
+                   batch: Batch) -> tuple[torch.Tensor, slice]:
+    """Corrupted minus clean source outputs over the positions where any differs.
+
+    Returns the difference [src, prompt, live pos, d_model] (written over ``clean_outs``)
+    and the slice of positions it covers: the first to the last position where some source
+    output differs at all. Elsewhere every difference is exactly zero (the prompts' shared
+    prefix: a causal model computes it the same in both runs), so those positions add
+    nothing to any score and the score product skips them.
+    """
+    delta = torch.sub(corrupt_outs, clean_outs, out=clean_outs)   # [src, prompt, pos, d_model]
+    if not bool(batch.attention_mask.all()):
+        delta *= batch.attention_mask.to(delta.dtype)[None, :, :, None]  # padding reads nothing
+    differs = (delta.amax(dim=(0, 1, 3)) != 0) | (delta.amin(dim=(0, 1, 3)) != 0)  # [pos]
+    at = differs.nonzero().flatten()
+    if len(at) == 0:
+        return delta[:, :, :0], slice(0, 0)
+    live = slice(int(at[0]), int(at[-1]) + 1)
+    if live == slice(0, delta.shape[2]):
+        return delta, slice(None)
+    return delta[:, :, live], live
+
+
 def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, steps: int,
                   metric: str) -> tuple[torch.Tensor, float, float]:
     """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics."""
     x_clean = ad.embed(prep.clean)
     alphas = [1.0] if method == "eap" else [k / steps for k in range(steps, 0, -1)]
-    grad_sum = None  # [dst, prompt, pos, d_model], summed over the runs, divided at the end
-    clean_outs = None
+    grad_sum = None  # [dst, prompt, live pos, d_model], summed over the runs, divided at the end
+    delta = None
     clean_logits = None
+    live = slice(None)
     with torch.enable_grad():
-        for alpha in alphas:
+        for alpha in alphas:  # the first run is the clean one (alpha = 1)
             x = corrupt.outs[0] + alpha * (x_clean - corrupt.outs[0])
             x = x.detach().requires_grad_(True)  # the only leaf: weights are frozen
             run = _forward(ad, prep.clean, embeds=x)
@@ -589,20 +613,17 @@ def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, s
                 clean_logits = run.logits.detach()
             m = _metric_values(metric, run.logits, prep, clean_logits).sum()
             grads = torch.autograd.grad(m, run.inputs)
+            if delta is None:
+                # corrupted minus clean source outputs, written over the clean ones
+                delta, live = _source_deltas(corrupt.outs, run.outs.detach(), prep.clean)
             if grad_sum is None:
-                grad_sum = _stack_inputs(grads)
+                grad_sum = _stack_inputs([gr[:, :, live] for gr in grads])
             else:  # accumulate in place: no second [dst, ...] tensor
                 at = 0
                 for gr in grads:
-                    grad_sum[at:at + gr.shape[0]] += gr
+                    grad_sum[at:at + gr.shape[0]] += gr[:, :, live]
                     at += gr.shape[0]
-            if alpha == 1.0:
-                clean_outs = run.outs.detach()
             del run, grads, m
-    # corrupted minus clean source outputs, written over the clean ones (no longer needed)
-    delta = torch.sub(corrupt.outs, clean_outs, out=clean_outs)  # [src, prompt, pos, d_model]
-    if not bool(prep.clean.attention_mask.all()):
-        delta *= prep.clean.attention_mask.to(delta.dtype)[None, :, :, None]  # padding reads nothing
     valid = torch.from_numpy(_ad_valid(ad)).to(delta.device)
     scores = _contract(delta, grad_sum, valid)
     scores /= len(alphas)                                         # mean gradient over the runs
