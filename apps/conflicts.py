@@ -466,7 +466,8 @@ class ConflictsView(View):
             width=theme.SIZES["controls_width"])
         main = pn.Column(
             pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus),
-                              linked_axes=False, sizing_mode="stretch_width"),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["cf-heatmap"]),
             pn.pane.Markdown(HEATMAP_CAPTION, **caption),
             pn.pane.HoloViews(pn.bind(scatter, p.scores, p.heads_plus, p.heads_minus),
                               linked_axes=False, sizing_mode="stretch_width"),

@@ -177,8 +177,8 @@ def td_caption(td: xr.Dataset | None, layer: int) -> str:
     """What the task-encoding plots show, with their numbers."""
     if td is None:
         return ""
-    return (f"Left: the last-token residual at layer {layer}, projected on its first two "
-            f"principal components, one point per prompt (grey: the Null task). Right: task "
+    return (f"Upper plot: the last-token residual at layer {layer}, projected on its first two "
+            f"principal components, one point per prompt (grey: the Null task). Lower plot: task "
             f"decodability (leave-one-out 10-NN accuracy of the task from that residual) per "
             f"layer, dashed at layer {layer}; best at layer {td.attrs['best_layer']}, R² of TD "
             f"against few-shot accuracy over the tasks {td.attrs['td_accuracy_r2']:.2f} "
@@ -424,6 +424,8 @@ class ICLHeadsView(View):
 
     def _got_fv(self, ds: xr.Dataset) -> None:
         self.fv_result = ds
+        if self.status == "computing fv…":
+            self.status = "ready"
 
     def _got_td(self, ds: xr.Dataset) -> None:
         self.td = ds
@@ -528,11 +530,10 @@ class ICLHeadsView(View):
                              "hurts ICL far more than ablating induction heads.", **caption),
             pn.pane.Markdown(pn.bind(lambda *_: self._fv_text(), p.fv_result),
                              css_classes=["icl-fv"], **caption),
-            pn.Row(pn.pane.HoloViews(pn.bind(plot_projection, p.td, p.td_layer),
-                                     linked_axes=False, sizing_mode="stretch_width"),
-                   pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer),
-                                     linked_axes=False, sizing_mode="stretch_width"),
-                   sizing_mode="stretch_width"),
+            pn.pane.HoloViews(pn.bind(plot_projection, p.td, p.td_layer), linked_axes=False,
+                              sizing_mode="stretch_width"),
+            pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer), linked_axes=False,
+                              sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(td_caption, p.td, p.td_layer), **caption),
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")

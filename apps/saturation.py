@@ -166,7 +166,7 @@ _RANK_TABLE_OPTS = (
 _STAIRCASE_OPTS = (
     hv.opts.Scatter(size=9, color=theme.ACCENT, tools=["hover"]),
     hv.opts.Curve(color=theme.ACCENT),          # the steps are drawn by `steps_mid`
-    hv.opts.Overlay(title="Saturation layer per rank", xlabel="rank (1 = top)",
+    hv.opts.Overlay(title="Saturation staircase", xlabel="rank (1 = top)",
                     ylabel="saturation layer", min_height=theme.SIZES["plot_min_height"],
                     responsive=True),
 )

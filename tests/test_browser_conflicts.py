@@ -53,8 +53,8 @@ def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):
     wait_for(page, "data-cf-scores", lambda v: v == "ready")
     before = wait_for(page, "data-cf-after", lambda v: v != "none")
     assert attribute(page, "data-cf-plus") == ""
-    # the heatmap is the first plot; wait for it to render, then click inside its frame
-    canvas = page.locator(".bk-Canvas").first
+    # wait for the heatmap to render, then click inside its frame
+    canvas = page.locator(".cf-heatmap .bk-Canvas").first
     canvas.wait_for(state="visible", timeout=60_000)
     time.sleep(1.5)
     box = canvas.bounding_box()
