@@ -128,6 +128,7 @@ class Gallery(pn.viewable.Viewer):
         self.workspace = Workspace.from_model(self._model, prompts=[self.prompt])
         self._pending_state: Workspace | None = None
         self._pushing_selection = False  # pages following the workspace: not a user's pick
+        self._choices: list[pn.widgets.MultiChoice] = []  # the sidebar's selection widgets
         self._hooks = session_hooks()
         self._hooks.on_remote_status = self._show_remote_status
         self._pages: dict[str, pn.viewable.Viewer] = {}
@@ -269,9 +270,15 @@ class Gallery(pn.viewable.Viewer):
         self.close_pages()
         self._model = model
         dropped, gone = self.workspace.set_model(model)
+        for choice in self._choices:
+            choice.options = self._component_options()
         pending, self._pending_state = self._pending_state, None
         if pending is not None and pending.model_name == model.spec.name:
-            self._apply_state(pending)
+            try:  # checked against the loaded model's shape now
+                self._apply_state(Workspace.from_state(pending.state(), model=model))
+            except ExplorerError as exc:
+                self.state_message = f"Could not import the state: {exc}"
+                theme.notify("error", f"Could not import the state: {exc}")
         self._show_page()
         theme.notify("success", f"Loaded {model.spec.name}.", duration=3000)
         if dropped or gone:
@@ -369,6 +376,7 @@ class Gallery(pn.viewable.Viewer):
             if list(choice.value) != list(event.new):
                 choice.value = list(event.new)
 
+        self._choices.append(choice)
         choice.param.watch(from_widget, "value")
         ws.param.watch(to_widget, "selected")
         ablate = pn.widgets.Button(label="Ablate selected heads", color="light",

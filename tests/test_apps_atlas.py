@@ -223,3 +223,15 @@ def test_atlas_in_the_gallery_reads_what_other_pages_hold(tiny_model):
         assert "induction_score" in atlas.param.score.objects
     finally:
         g.close()
+
+
+def test_a_state_of_another_model_switches_the_model_first(gallery, tiny_gpt2, notes):
+    state = explorer.Workspace.from_model(tiny_gpt2, prompts=["Hello there"],
+                                          selected=["L1.H1"], edits=[Ablate(0, 1)])
+    choice = _sidebar_widget(gallery, pn.widgets.MultiChoice)
+    gallery.import_state(state.to_json())
+    assert gallery.model.spec.name == "tiny-gpt2" and gallery.workspace.model_name == "tiny-gpt2"
+    assert gallery.workspace.selected == ["L1.H1"] and gallery.workspace.edits == [Ablate(0, 1)]
+    assert gallery.prompt == "Hello there" and gallery.state_message.startswith("Imported")
+    spec = tiny_gpt2.spec
+    assert len(choice.options) == spec.n_layers * (spec.n_heads + 2) + 2
