@@ -85,7 +85,7 @@ def plot_tau_curves(sweep: xr.Dataset | None, tau: float) -> hv.Layout | hv.Elem
     panels = []
     for var, title, label, color in (
             ("n_atoms", "dictionary size", "atoms", theme.CATEGORICAL[0]),
-            ("mean_error", "mean relative error", "‖x−x̂‖²/‖x‖²", theme.CATEGORICAL[1]),
+            ("mean_error", "relative error", "mean ‖x−x̂‖²/‖x‖²", theme.CATEGORICAL[1]),
             ("mean_l0", "mean L0", "atoms per token", theme.CATEGORICAL[2])):
         curve = hv.Curve((taus, sweep[var].values), "tau", label).opts(color=color, line_width=2)
         dots = hv.Scatter((taus, sweep[var].values), "tau", label).opts(color=color, size=5)
@@ -223,8 +223,8 @@ class ITDAView(View):
                              "this one (when no second model is given).")
     compare = param.Event(label="Compare layers with a second model",
                           doc="Trace the second model on the probing prompts and compare every layer "
-                              "of the two (about 10 s on SmolLM2); then the heatmap follows the "
-                              "settings.")
+                              "of the two (tens of seconds for SmolLM2 on a CPU; the status under "
+                              "the button says which step runs); then the heatmap follows the settings.")
 
     sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     examples = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -438,16 +438,16 @@ class ITDAView(View):
         return pn.Column(*labelled_controls(self, widgets), width=theme.SIZES["controls_width"],
                          css_classes=["itda-controls"])
 
-    def similarity_controls(self) -> pn.Row:
+    def similarity_controls(self) -> pn.Column:
         """The second model's settings and the button, above the heatmap they change."""
         widgets = {"method": {"type": pn.widgets.RadioButtonGroup, "color": "primary", "variant": "outline"}}
         if self.param.noise.precedence is None or self.param.noise.precedence >= 0:
             widgets["noise"] = {"type": pn.widgets.FloatSlider, "throttled": True}
         button = pn.widgets.Button.from_param(self.param.compare, color="primary",
                                               description=self.param.compare.doc, disabled=self._no_sibling,
-                                              width=280, margin=(18, 10, 5, 10))
-        return pn.Row(*[pn.Column(w, width=240) for w in labelled_controls(self, widgets)], button,
-                      css_classes=["itda-similarity-controls"], sizing_mode="stretch_width")
+                                              width=300, margin=(8, 10, 5, 10))
+        return pn.Column(pn.Row(*[pn.Column(w, width=280) for w in labelled_controls(self, widgets)]),
+                         button, css_classes=["itda-similarity-controls"], sizing_mode="stretch_width")
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
