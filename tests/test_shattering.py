@@ -613,3 +613,29 @@ def test_page_opens_on_the_shipped_result_without_training(tmp_path, monkeypatch
     assert not list(tmp_path.rglob("*.safetensors"))           # nothing trained or written
     print(f"shattering page opened in {seconds:.1f} s")
     view.close()
+
+
+def test_retrain_reports_progress_with_the_time_left_and_shows_the_new_model(km, monkeypatch):
+    import apps.shattering as page
+
+    sweep = sh.edit_sweep(km, n_edits=2, distances=[1], method="finetune")
+    view = page.ShatteringView(km=km, sweep=sweep, method="finetune", background=False)
+    retrained = sh.train_knowledge_model(**{**TINY, "steps": 20})
+    seen = []
+
+    def fake_knowledge_model(*, retrain=False, progress=None, **params):
+        assert retrain and params == sh.DEFAULTS
+        for done in (10, 20, 30):
+            progress(done, 40)
+            seen.append((view.progress, view.progress_active, view.status))
+        return retrained
+
+    monkeypatch.setattr(page, "knowledge_model", fake_knowledge_model)
+    monkeypatch.setattr(page, "stored_edit_sweep", lambda km_, **kw: sweep)
+    view.retrain = True
+    assert [p for p, _, _ in seen] == [25, 50, 75] and all(active for _, active, _ in seen)
+    # the first report: 10 of 40 steps done, so three times as long again is left
+    assert "step 10/40" in seen[0][2] and "left" in seen[0][2]
+    assert view.km is retrained and not view.progress_active and not view.running
+    assert view.edit is not None and view.status.startswith("Model: 16 entities")
+    view.close()
