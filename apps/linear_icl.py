@@ -75,11 +75,12 @@ def plot_kq_heatmaps(patterns: xr.Dataset | None) -> hv.Element:
     for h in range(kq.shape[0]):
         rows = [(feats[j], rows_named[i], float(kq[h, i, j])) for i in range(len(feats))
                 for j in range(len(feats))]
+        # Feature names on the first map's y axis only: the maps sit side by side.
         panels.append(hv.HeatMap(rows, ["key feature", "query feature"], "W_KQ").opts(
             cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=h == last, tools=["hover"],
             invert_yaxis=True, frame_width=150, frame_height=150, default_tools=_TOOLS,
             fontsize=_font(), line_color="white", line_width=0.5, title=_head(h),
-            toolbar=None if h < last else "right"))
+            yaxis="left" if h == 0 else None, toolbar=None if h < last else "right"))
     return hv.Layout(panels).cols(4).opts(shared_axes=False)
 
 
@@ -248,7 +249,7 @@ def pattern_caption(analysis: xr.Dataset | None) -> str:
 def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
     """A control with a visible label and a tooltip icon that says what it changes: a button
     group gets its label above it; a slider, which shows its own name, gets the icon beside it."""
-    icon = pn.widgets.TooltipIcon(value=tip, margin=(6, 0, 0, 0))
+    icon = pn.widgets.TooltipIcon(value=tip, width=20, margin=(6, 4, 0, 0))
     if label is None:
         return pn.Row(widget, icon, sizing_mode="stretch_width")
     head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
@@ -348,8 +349,7 @@ class LinearICLView(View):
         self.param.n_heads.objects = sorted(runs)
         self.param.update(running=False, status=(
             f"{len(runs)} runs (H = {', '.join(map(str, sorted(runs)))}), "
-            f"{int(runs[choice].sizes['step'])} checkpoints each"
-            + ("; shipped with the project (float16 weights)." if shipped else ".")))
+            f"{int(runs[choice].sizes['step'])} checkpoints" + (", shipped (float16)." if shipped else ".")))
         if self.n_heads == choice:
             self._switch_run()
         else:

@@ -34,7 +34,9 @@ from explorer.analyses.parity import (
 )
 
 __all__ = ["ParityView", "plot_hidden_pca", "plot_automaton", "plot_accuracy_by_length",
-           "plot_training_curves", "plot_phase_diagram"]
+           "plot_state_curves", "plot_loss_curve", "plot_long_accuracy_curves",
+           "plot_training_curves", "plot_phase_diagram", "automaton_caption", "accuracy_caption",
+           "curves_caption", "phase_caption"]
 
 hv.extension("bokeh", logo=False)
 
@@ -67,12 +69,12 @@ def plot_hidden_pca(pca: xr.Dataset | None, color_by: str = "parity") -> hv.Elem
                   active_tools=["wheel_zoom"], fontsize=_font(), line_color="white", line_width=0.3,
                   xlabel=f"PC1 ({ratio[0]:.0%} of variance)",
                   ylabel=f"PC2 ({ratio[1]:.0%} of variance)" if len(ratio) > 1 else "PC2",
-                  title=f"Hidden states, strings ≤ {int(pca['length'].max())} symbols, step {step}")
+                  title=f"Hidden states, step {step}")
     if color_by == "length":
         return points.opts(color="length", cmap=theme.MAGNITUDE_CMAP, colorbar=True,
                            clabel="string length", **common)
     return points.opts(color="parity", cmap=_PARITY_COLORS, show_legend=True,
-                       legend_position="top_right", **common)
+                       legend_position="right", **common)
 
 
 def _layout(transitions: np.ndarray, initial: int) -> np.ndarray:
@@ -186,13 +188,26 @@ def plot_automaton(auto: xr.Dataset | None, minimal: bool = False) -> hv.Element
     for a in (0, 1):  # legend entries for the edge colours (a one-point curve draws nothing)
         overlay.append(hv.Curve([(pos[initial, 0], pos[initial, 1])], label=f"reads {a}").opts(
             color=_SYMBOL_COLORS[a], line_width=2))
-    finite = "finite" if auto.attrs["finite"] else "a tree"
-    kind = (f"Minimal automaton: {n} states" if minimal else
-            f"Merged states: {n} ({finite}), minimal {auto.attrs['n_states_minimal']}")
+    kind = "Minimal automaton" if minimal else "Merged automaton"
     return hv.Overlay(overlay).opts(
         responsive=True, height=360, xaxis=None, yaxis=None, default_tools=_TOOLS,
-        active_tools=["wheel_zoom"], fontsize=_font(), legend_position="top_left",
+        active_tools=["wheel_zoom"], fontsize=_font(), legend_position="right",
         title=f"{kind}, step {auto.attrs['params']['step']}", padding=0.15)
+
+
+def automaton_caption(pca: xr.Dataset | None, auto: xr.Dataset | None, minimal: bool = False) -> str:
+    """The numbers behind the two top plots: strings analysed, states merged and minimal."""
+    if auto is None:
+        return ""
+    n, n_min = auto.attrs["n_states"], auto.attrs["n_states_minimal"]
+    shape = "finite" if auto.attrs["finite"] else "not finite (a tree)"
+    longest = int(pca["length"].max()) if pca is not None else auto.attrs["params"].get("max_length")
+    shown = "its Hopcroft-minimised form" if minimal else "the merged states"
+    return (f"**Left:** the hidden state after every prefix of the strings of up to {longest} symbols, "
+            "in its first two principal components. **Right:** the automaton read off those states: "
+            f"{n} merged states ({shape}), {n_min} after Hopcroft minimisation; drawn: {shown}. Node "
+            "colour = output parity, size = prefixes merged, thick outline = start; edges coloured by "
+            "the symbol read.")
 
 
 def plot_accuracy_by_length(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
@@ -210,42 +225,89 @@ def plot_accuracy_by_length(analysis: xr.Dataset | None, step: int | None) -> hv
     seen = hv.VLine(trained).opts(color="black", line_dash="dotted", line_width=1)
     return (curve * dots * chance * seen).opts(
         logx=True, ylim=(-0.02, 1.05), responsive=True, height=300, default_tools=_TOOLS,
-        fontsize=_font(), xlabel="string length (log; dotted = longest training string)",
-        title=f"Accuracy on random strings at step {step} (dashed = chance)")
+        fontsize=_font(), xlabel="string length (log)", title=f"Accuracy by length, step {step}")
+
+
+def accuracy_caption(analysis: xr.Dataset | None, step: int | None) -> str:
+    """What the accuracy plot shows."""
+    if analysis is None or step is None or step not in analysis["step"].values:
+        return ""
+    trained = int(analysis.attrs.get("params", {}).get("run_params", {}).get("max_length", 10))
+    n = analysis.attrs.get("params", {}).get("n_strings")
+    acc = analysis["accuracy"].sel(step=step)
+    return (f"Accuracy on {n} random strings per length at step {step}; the dotted line is the longest "
+            f"training string ({trained}), the dashed line chance (0.5). Worst length: "
+            f"{float(acc.min()):.0%}.")
+
+
+def _curve_opts() -> dict:
+    return dict(responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(),
+                xlabel="training step", tools=["hover"])
+
+
+def plot_state_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """Merged and minimal automaton size over training (log), the step shown and the
+    transition to the parity automaton marked."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    steps = analysis["step"].values
+    transition = analysis.attrs.get("transition_step")
+    sizes = (hv.Curve((steps, analysis["n_states"].values), "training step", "states",
+                      label="merged").opts(color=theme.CATEGORICAL[0], line_width=2)
+             * hv.Curve((steps, analysis["n_states_minimal"].values), "training step", "states",
+                        label="minimal").opts(color=theme.CATEGORICAL[1], line_width=2)
+             * theme.step_marker(steps, step))
+    if transition is not None:
+        sizes = sizes * hv.VLine(float(transition)).opts(color=theme.CATEGORICAL[1], line_width=1,
+                                                          alpha=0.6)
+    return sizes.opts(logy=True, legend_position="right", title="Automaton states", **_curve_opts())
+
+
+def plot_loss_curve(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """Training loss over training (log), the step shown marked."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    steps = analysis["step"].values
+    return (hv.Curve((steps, np.maximum(analysis["train_loss"].values, 1e-12)), "training step",
+                     "training MSE").opts(color=theme.ACCENT, line_width=2)
+            * theme.step_marker(steps, step)).opts(logy=True, title="Training loss", **_curve_opts())
+
+
+def plot_long_accuracy_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """Accuracy at the longest test length and at the worst length over training."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    steps = analysis["step"].values
+    longest = int(analysis["length"].values[-1])
+    return (hv.Curve((steps, analysis["accuracy"].sel(length=longest).values), "training step",
+                     "accuracy", label=f"{longest:,}").opts(color=theme.CATEGORICAL[0], line_width=2)
+            * hv.Curve((steps, analysis["accuracy"].min("length").values), "training step", "accuracy",
+                       label="worst").opts(color=theme.CATEGORICAL[1], line_width=1.5, line_dash="dotdash")
+            * theme.step_marker(steps, step)).opts(ylim=(-0.02, 1.05), legend_position="right",
+                                                   title="Long-string accuracy", **_curve_opts())
 
 
 def plot_training_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Automaton size, training loss and long-string accuracy over training; step marked."""
     if analysis is None:
         return _placeholder("Analysing the checkpoints…", height=280)
-    steps = analysis["step"].values
-    marker = theme.step_marker(steps, step)
-    common = dict(responsive=True, height=260, default_tools=_TOOLS, fontsize=_font(),
-                  xlabel="training step", tools=["hover"])
-    transition = analysis.attrs.get("transition_step")
-    sizes = (hv.Curve((steps, analysis["n_states"].values), "training step", "states",
-                      label="merged states").opts(color=theme.CATEGORICAL[0], line_width=2)
-             * hv.Curve((steps, analysis["n_states_minimal"].values), "training step", "states",
-                        label="minimal (Hopcroft)").opts(color=theme.CATEGORICAL[1], line_width=2)
-             * marker)
-    if transition is not None:
-        sizes = sizes * hv.VLine(float(transition)).opts(color=theme.CATEGORICAL[1], line_width=1,
-                                                          alpha=0.6)
-    sizes = sizes.opts(logy=True, legend_position="top_left",
-                       title="States" + (f" (parity from step {transition})"
-                                         if transition is not None else ""), **common)
-    loss = (hv.Curve((steps, np.maximum(analysis["train_loss"].values, 1e-12)), "training step",
-                     "training MSE").opts(color=theme.ACCENT, line_width=2) * marker).opts(
-        logy=True, title="Training loss", **common)
+    return hv.Layout([plot_state_curves(analysis, step), plot_loss_curve(analysis, step),
+                      plot_long_accuracy_curves(analysis, step)]).cols(3).opts(shared_axes=False)
+
+
+def curves_caption(analysis: xr.Dataset | None) -> str:
+    """What the curves over training show, with the transition and generalisation steps."""
+    if analysis is None:
+        return ""
+    a = analysis.attrs
     longest = int(analysis["length"].values[-1])
-    acc = (hv.Curve((steps, analysis["accuracy"].sel(length=longest).values), "training step",
-                    "accuracy", label=f"length {longest:,}").opts(color=theme.CATEGORICAL[0], line_width=2)
-           * hv.Curve((steps, analysis["accuracy"].min("length").values), "training step", "accuracy",
-                      label="worst length").opts(color=theme.CATEGORICAL[1], line_width=1.5,
-                                                 line_dash="dotdash")
-           * marker).opts(ylim=(-0.02, 1.05), legend_position="bottom_right",
-                          title="Long-string accuracy", **common)
-    return hv.Layout([sizes, loss, acc]).cols(3).opts(shared_axes=False)
+    transition = a.get("transition_step")
+    return ("Over training (the dashed line is the step shown): the number of merged and of "
+            "Hopcroft-minimal automaton states (log), the training MSE, and the accuracy at "
+            f"length {longest:,} and at the worst tested length. "
+            + (f"The 2-state parity automaton appears at step {transition} (faint line); "
+               if transition is not None else "The parity automaton never appears in this run; ")
+            + f"every length is solved from step {a.get('generalisation_step')}.")
 
 
 def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
@@ -274,12 +336,20 @@ def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
                       "worst long-string accuracy").opts(
         xticks=list(enumerate(lengths)), yticks=list(enumerate(gains)),
         cmap=theme.MAGNITUDE_CMAP, clim=(0.5, 1.0), colorbar=True, tools=["hover"],
-        default_tools=_TOOLS, fontsize=_font(), responsive=True, height=300,
-        title=f"Phase diagram ({len(gains)} x {len(lengths)} runs, {phase.attrs['params']['epochs']} "
-              "epochs each): 2-state automaton from epoch ..., or final minimal states")
+        default_tools=_TOOLS, fontsize=_font(), responsive=True, height=300, title="Phase diagram")
     text = hv.Labels(labels, ["longest training string", "initialisation gain"], "text").opts(
         text_font_size="9pt", text_color="black")
     return heat * text
+
+
+def phase_caption(phase: xr.Dataset | None) -> str:
+    """What the phase diagram shows."""
+    if phase is None:
+        return ""
+    return (f"{phase.sizes['gain']} x {phase.sizes['max_length']} runs of "
+            f"{phase.attrs['params']['epochs']} epochs each, by initialisation gain and longest "
+            "training string. Colour: worst long-string accuracy; text: the epoch the 2-state "
+            "automaton appeared, or the final number of minimal states.")
 
 
 def _parity(auto: xr.Dataset) -> bool:
@@ -311,13 +381,21 @@ class ParityView(View):
     notify_title = "Parity"
 
     step = param.Selector(default=None, objects=[], label="Training step",
-                          doc="Checkpoint shown in every panel.")
+                          doc="Checkpoint shown in every panel: the hidden states, the automaton, "
+                              "the accuracy by length and the dashed markers on the curves.")
     threshold = param.Number(default=0.01, bounds=(0.001, 0.2), step=0.001, label="Merge threshold",
-                             doc="States closer than this fraction of the state spread merge.")
+                             doc="Hidden states closer than this fraction of their spread merge into "
+                                 "one automaton state (the automaton and the state counts over "
+                                 "training follow).")
     max_length = param.Integer(default=8, bounds=(2, 9), label="Longest analysed string",
-                               doc="Hidden states of all strings up to this length are merged.")
-    minimal = param.Boolean(default=False, label="Show the Hopcroft-minimised automaton")
-    color_by = param.Selector(default="parity", objects=["parity", "length"], label="Colour states by")
+                               doc="The hidden states of all strings up to this length are drawn and "
+                                   "merged into the automaton.")
+    minimal = param.Boolean(default=False, label="Show the Hopcroft-minimised automaton",
+                            doc="Draw the automaton after Hopcroft minimisation (equivalent states "
+                                "joined) instead of the merged hidden states.")
+    color_by = param.Selector(default="parity", objects=["parity", "length"], label="Colour states by",
+                              doc="Colour the hidden states in the PCA plot by the parity of their "
+                                  "prefix or by its length.")
 
     run = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -340,6 +418,7 @@ class ParityView(View):
         if analysis is not None:
             self.analysis = analysis
         if run is None or analysis is None or phase is None:
+            self.param.update(running=True, status="Loading the stored parity run…")
             self.submit("load", lambda token: self._load(run, analysis, token))
 
     # -- computation ---------------------------------------------------------------------
@@ -360,23 +439,28 @@ class ParityView(View):
 
     def _use_run(self, run: xr.Dataset) -> None:
         steps = [int(s) for s in run["step"].values]
+        # Chosen before the slider gets its options (it snaps to the first one then).
+        keep = self.step if self.step in steps else steps[-1]
         self.param.step.objects = steps
         with param.parameterized.discard_events(self):
             self.run = run
-        self.step = steps[-1] if self.step not in steps else self.step
+            self.step = keep
+        self.param.trigger("step")
 
     def _loaded(self, out: dict[str, xr.Dataset]) -> None:
-        if self.run is None:
-            self._use_run(out["run"])
-        self.analysis = out["analysis"]
-        self.phase = out["phase"]
+        run = self.run if self.run is not None else out["run"]
+        steps = [int(s) for s in run["step"].values]
+        keep = self.step if self.step in steps else steps[-1]
         p = out["run"].attrs.get("params", {})
-        self.status = (f"Run: {p.get('hidden_size', '?')} ReLU units, seed {out['run'].attrs.get('seed')}, "
-                       f"{int(out['run'].sizes['step'])} checkpoints; parity automaton from step "
-                       f"{self.analysis.attrs.get('transition_step')}, all lengths solved from step "
-                       f"{self.analysis.attrs.get('generalisation_step')}."
-                       + (" (The run shipped with the project, float16 weights; `explorer parity train` "
-                          "re-trains it.)" if "source" in out["run"].attrs else ""))
+        self.param.update(running=False, status=(
+            f"{p.get('hidden_size', '?')} ReLU units, seed {out['run'].attrs.get('seed')}, "
+            f"{int(out['run'].sizes['step'])} checkpoints"
+            + (", shipped (float16)." if "source" in out["run"].attrs else ".")))
+        self.param.step.objects = steps
+        # One batch of events: each plot is drawn once with everything in place.
+        with param.parameterized.discard_events(self):
+            self.param.update(run=run, step=keep, analysis=out["analysis"], phase=out["phase"])
+        self.param.trigger("run", "step", "analysis", "phase")
 
     def _request_sizes(self, *events: Any) -> None:
         if self.run is None:
@@ -446,6 +530,34 @@ class ParityView(View):
     def _phase_plot(self) -> hv.Element:
         return plot_phase_diagram(self.phase)
 
+    @param.depends("phase")
+    def _phase_caption(self) -> str:
+        return phase_caption(self.phase)
+
+    @param.depends("analysis", "sizes", "step")
+    def _states_plot(self) -> hv.Element:
+        return plot_state_curves(self.curves(), self.step)
+
+    @param.depends("analysis", "step")
+    def _loss_plot(self) -> hv.Element:
+        return plot_loss_curve(self.analysis, self.step)
+
+    @param.depends("analysis", "step")
+    def _long_plot(self) -> hv.Element:
+        return plot_long_accuracy_curves(self.analysis, self.step)
+
+    @param.depends("analysis", "sizes")
+    def _curves_caption(self) -> str:
+        return curves_caption(self.curves())
+
+    @param.depends("run", "step", "max_length", "threshold", "minimal")
+    def _automaton_caption(self) -> str:
+        return automaton_caption(self.pca(), self.automaton(), self.minimal)
+
+    @param.depends("analysis", "step")
+    def _accuracy_caption(self) -> str:
+        return accuracy_caption(self.analysis, self.step)
+
     @param.depends("run", "step", "max_length", "threshold", "analysis", "minimal")
     def summary(self) -> str:
         """One line on the current checkpoint: automaton, loss, long-string accuracy."""
@@ -467,16 +579,18 @@ class ParityView(View):
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
-        widgets = {
-            "step": {"type": pn.widgets.DiscreteSlider},
-            "threshold": {"type": pn.widgets.FloatSlider, "throttled": True},
-            "max_length": {"type": pn.widgets.IntSlider, "throttled": True},
-            "minimal": {"type": pn.widgets.Checkbox},
-            "color_by": {"type": pn.widgets.RadioButtonGroup, "color": "primary",
-                         "variant": "outline"},
-        }
-        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
-                                  sizing_mode="stretch_width"),
+        p = self.param
+        step = pn.widgets.DiscreteSlider.from_param(p.step, sizing_mode="stretch_width")
+        threshold = pn.widgets.FloatSlider.from_param(p.threshold, throttled=True,
+                                                      sizing_mode="stretch_width")
+        max_length = pn.widgets.IntSlider.from_param(p.max_length, throttled=True,
+                                                     sizing_mode="stretch_width")
+        minimal = pn.widgets.Checkbox.from_param(p.minimal)
+        color_by = pn.widgets.RadioButtonGroup.from_param(p.color_by, color="primary", variant="outline",
+                                                          label="", sizing_mode="stretch_width")
+        return pn.Column(_control(step, p.step.doc), _control(threshold, p.threshold.doc),
+                         _control(max_length, p.max_length.doc), _control(minimal, p.minimal.doc),
+                         _control(color_by, p.color_by.doc, p.color_by.label),
                          width=theme.SIZES["controls_width"], css_classes=["parity-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -484,19 +598,45 @@ class ParityView(View):
                                                size=theme.SIZES["spinner"], color="primary")
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         summary = pn.pane.Markdown(self.summary, css_classes=["parity-summary"])
-        pca = pn.pane.HoloViews(self._pca_plot, sizing_mode="stretch_width", css_classes=["parity-pca"])
-        graph = pn.pane.HoloViews(self._automaton_plot, sizing_mode="stretch_width",
-                                  css_classes=["parity-automaton"])
-        accuracy = pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
-                                     css_classes=["parity-accuracy"])
-        curves = pn.pane.HoloViews(self._curves_plot, sizing_mode="stretch_width",
-                                   css_classes=["parity-curves"])
-        phase = pn.pane.HoloViews(self._phase_plot, sizing_mode="stretch_width",
-                                  css_classes=["parity-phase"])
+
+        def pane(fn, css, min_width=300):
+            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
+                                     css_classes=[css], styles={"flex": "1 1 0"})
+
+        def caption(fn, css):
+            return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
+                                    styles={"color": "#444", "font-size": "0.9em"})
+
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary, pn.Row(pca, graph),
-                                accuracy, curves, phase, sizing_mode="stretch_width"),
+                      pn.Column(pn.Row(spinner, status, align="center"), summary,
+                                pn.FlexBox(pane(self._pca_plot, "parity-pca", 340),
+                                           pane(self._automaton_plot, "parity-automaton", 340),
+                                           sizing_mode="stretch_width"),
+                                caption(self._automaton_caption, "parity-automaton-caption"),
+                                pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
+                                                  css_classes=["parity-accuracy"]),
+                                caption(self._accuracy_caption, "parity-accuracy-caption"),
+                                pn.FlexBox(pane(self._states_plot, "parity-curves"),
+                                           pane(self._loss_plot, "parity-loss"),
+                                           pane(self._long_plot, "parity-long"),
+                                           sizing_mode="stretch_width"),
+                                caption(self._curves_caption, "parity-curves-caption"),
+                                pn.pane.HoloViews(self._phase_plot, sizing_mode="stretch_width",
+                                                  css_classes=["parity-phase"]),
+                                caption(self._phase_caption, "parity-phase-caption"),
+                                sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
+
+
+def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
+    """A control with a visible label and a tooltip icon that says what it changes: a button
+    group gets its label above it; a slider or checkbox, which shows its own name, gets the
+    icon beside it."""
+    icon = pn.widgets.TooltipIcon(value=tip, width=20, margin=(6, 4, 0, 0))
+    if label is None:
+        return pn.Row(widget, icon, sizing_mode="stretch_width")
+    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
+    return pn.Column(head, widget, sizing_mode="stretch_width")
 
 
 serve(__name__, ParityView, title=f"{theme.TITLE}: streaming parity", model=False, intro="parity")

@@ -23,7 +23,8 @@ from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.task_emergence import default_analysis, stored_task_emergence_analysis
 
-__all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_emergence_curves"]
+__all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_icl_loss_curves",
+           "plot_td_curves", "plot_emergence_curves", "projection_caption", "curves_caption"]
 
 hv.extension("bokeh", logo=False)
 
@@ -51,12 +52,25 @@ def plot_task_projection(analysis: xr.Dataset | None, step: int | None, layer: i
     tasks = analysis["prompt_task"].values
     data = {"PC1": pc[:, 0], "PC2": pc[:, 1], "task": [f"task {t}" for t in tasks],
             "prompt": analysis["prompt"].values}
-    td = float(at["td"])
     return hv.Points(data, ["PC1", "PC2"], ["task", "prompt"]).opts(
         color="task", cmap=_task_colors(int(analysis.sizes["task"])), size=6, line_color="white",
         line_width=0.3, tools=["hover"], default_tools=_TOOLS, active_tools=["wheel_zoom"],
-        responsive=True, height=360, fontsize=_font(), legend_position="top_right", show_legend=True,
-        title=f"Query-token residual after layer {layer}, step {step} (TD {td:.2f})")
+        responsive=True, height=360, fontsize=_font(), legend_position="right", show_legend=True,
+        title=f"Query residual, layer {layer}, step {step}")
+
+
+def projection_caption(analysis: xr.Dataset | None, step: int | None, layer: int | None) -> str:
+    """The numbers behind the two top plots: TD at the layer shown and the best layer."""
+    if analysis is None or step is None or layer is None:
+        return ""
+    at = analysis.sel(step=step)
+    chance = 1 / int(analysis.sizes["task"])
+    return (f"**Left:** the residual of the query token after layer {layer} at step {step}, for "
+            f"{analysis.sizes['prompt']} evaluation prompts, in its first two principal components, "
+            f"coloured by the prompt's task; task decodability (TD) there = "
+            f"{float(at['td'].sel(layer=layer)):.2f}. **Right:** TD after every layer at this step "
+            f"(dashed: chance, {chance:.2f}; dotted: the layer shown); best layer "
+            f"{int(analysis['layer'].values[int(np.argmax(at['td'].values))])}.")
 
 
 def plot_td_by_layer(analysis: xr.Dataset | None, step: int | None, layer: int | None = None) -> hv.Element:
@@ -73,17 +87,19 @@ def plot_td_by_layer(analysis: xr.Dataset | None, step: int | None, layer: int |
         over = over * hv.VLine(float(layer)).opts(color="black", line_dash="dotted", line_width=1)
     return over.opts(ylim=(0, 1.05), responsive=True, height=360, default_tools=_TOOLS,
                      fontsize=_font(), xticks=[int(x) for x in layers],
-                     title=f"Task decodability per layer at step {step} (dashed = chance)")
+                     title=f"TD by layer, step {step}")
 
 
-def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
-    """ICL loss per task and TD per layer over training, with the current step marked."""
+def _curve_opts() -> dict:
+    return dict(responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
+                xlabel="training step", tools=["hover"])
+
+
+def plot_icl_loss_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """ICL loss per task over training (log), with the reference losses as grey lines."""
     if analysis is None:
         return _placeholder("Analysing the checkpoints…", height=280)
     steps = analysis["step"].values
-    marker = theme.step_marker(steps, step)
-    common = dict(responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
-                  xlabel="training step", tools=["hover"])
     n_tasks = int(analysis.sizes["task"])
     colors = list(_task_colors(n_tasks).values())
     loss = [hv.Curve((steps, analysis["icl_loss"].sel(task=t).values), "training step",
@@ -93,27 +109,54 @@ def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.E
                                                                    line_width=1),
             hv.HLine(float(analysis["oracle_loss"].mean())).opts(color="grey", line_dash="dotted",
                                                                  line_width=1)]
-    title = "ICL loss per task (dot-dash: task-agnostic; dotted: task known)"
     if "task_mean_loss" in analysis:
         refs.append(hv.HLine(float(analysis["task_mean_loss"].mean())).opts(color="grey", line_dash="dashed",
                                                                            line_width=1))
-        title = "ICL loss per task (dot-dash: agnostic; dashed: task mean; dotted: task known)"
     # The y range takes in both reference lines (HLines do not extend it themselves).
     low = min(float(analysis["oracle_loss"].mean()), float(analysis["icl_loss"].min())) / 1.5
     high = max(float(analysis["icl_loss"].max()), float(analysis["agnostic_loss"].mean())) * 1.2
-    loss_plot = hv.Overlay(loss + refs + [marker]).opts(
-        logy=True, legend_position="top_right", ylim=(low, high),
-        title=title, **common)
+    return hv.Overlay(loss + refs + [theme.step_marker(steps, step)]).opts(
+        logy=True, legend_position="right", ylim=(low, high), title="ICL loss per task", **_curve_opts())
+
+
+def plot_td_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """Task decodability after every layer over training, chance dashed."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    steps = analysis["step"].values
     layer_colors = theme.MAGNITUDE_CMAP
     n_layers = int(analysis.sizes["layer"])
     tds = [hv.Curve((steps, analysis["td"].sel(layer=l).values), "training step", "TD",
                     label=f"layer {l}").opts(
                color=layer_colors[int(l * (len(layer_colors) - 1) / max(1, n_layers - 1))], line_width=2)
            for l in range(n_layers)]
-    chance = hv.HLine(1 / n_tasks).opts(color="grey", line_dash="dashed", line_width=1)
-    td_plot = hv.Overlay(tds + [chance, marker]).opts(
-        ylim=(0, 1.05), legend_position="bottom_right", title="Task decodability over training", **common)
-    return hv.Layout([loss_plot, td_plot]).cols(2).opts(shared_axes=False)
+    chance = hv.HLine(1 / int(analysis.sizes["task"])).opts(color="grey", line_dash="dashed", line_width=1)
+    return hv.Overlay(tds + [chance, theme.step_marker(steps, step)]).opts(
+        ylim=(0, 1.05), legend_position="right", title="TD over training", **_curve_opts())
+
+
+def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
+    """ICL loss per task and TD per layer over training, with the current step marked."""
+    if analysis is None:
+        return _placeholder("Analysing the checkpoints…", height=280)
+    return hv.Layout([plot_icl_loss_curves(analysis, step),
+                      plot_td_curves(analysis, step)]).cols(2).opts(shared_axes=False)
+
+
+def curves_caption(analysis: xr.Dataset | None) -> str:
+    """What the curves over training show: the reference lines and the rise steps."""
+    if analysis is None:
+        return ""
+    a = analysis.attrs
+    refs = (f"task-agnostic ridge (dot-dash, {float(analysis['agnostic_loss'].mean()):.3g}), "
+            + (f"the task's mean weights (dashed, {float(analysis['task_mean_loss'].mean()):.3g}), "
+               if "task_mean_loss" in analysis else "")
+            + f"regression knowing the task (dotted, {float(analysis['oracle_loss'].mean()):.3g})")
+    return (f"**Left:** the in-context loss of each task's query over training, against {refs}. "
+            "**Right:** task decodability after every layer over training (dashed: chance). The "
+            f"dashed vertical line is the step shown. TD (layer {a.get('best_layer')}) is half-way "
+            f"up at step {a.get('td_rise_step_50')}, the ICL performance at step "
+            f"{a.get('icl_rise_step_50')}; their correlation over training is {a.get('td_icl_correlation')}.")
 
 
 # -- the view --------------------------------------------------------------------------------
@@ -139,9 +182,11 @@ class TaskEmergenceView(View):
     notify_title = "Task emergence"
 
     step = param.Selector(default=None, objects=[], label="Training step",
-                          doc="Checkpoint shown in every panel.")
+                          doc="Checkpoint shown in every panel: the projection, TD by layer and the "
+                              "dashed markers on the curves over training.")
     layer = param.Selector(default=None, objects=[], label="Layer",
-                           doc="Block after which the query-token residual is projected.")
+                           doc="Block after which the query-token residual is projected (left plot; "
+                               "dotted line in TD by layer).")
 
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
 
@@ -152,6 +197,7 @@ class TaskEmergenceView(View):
         if analysis is not None:
             self._use(analysis)
         else:
+            self.param.update(running=True, status="Loading the stored analysis…")
             self.submit("load", lambda token: self._load(run, token))
 
     # -- computation ---------------------------------------------------------------------
@@ -168,18 +214,22 @@ class TaskEmergenceView(View):
     def _use(self, analysis: xr.Dataset) -> None:
         steps = [int(s) for s in analysis["step"].values]
         layers = [int(layer) for layer in analysis["layer"].values]
+        best = int(analysis.attrs.get("best_layer", layers[-1]))
+        # Chosen before the widgets get their options (a slider snaps to the first one then).
+        step = steps[-1] if self.step not in steps else self.step
+        layer = best if self.layer not in layers else self.layer
         self.param.step.objects = steps
         self.param.layer.objects = layers
-        best = int(analysis.attrs.get("best_layer", layers[-1]))
-        self.param.update(analysis=analysis, step=steps[-1] if self.step not in steps else self.step,
-                          layer=best if self.layer not in layers else self.layer)
+        with param.parameterized.discard_events(self):
+            self.param.update(analysis=analysis, step=step, layer=layer)
+        self.param.trigger("analysis", "step", "layer")
         a = analysis.attrs
-        self.status = (f"{len(steps)} checkpoints; TD (layer {best}) rises half-way at step "
-                       f"{a.get('td_rise_step_50')}, ICL performance at step {a.get('icl_rise_step_50')}; "
-                       f"correlation over training {a.get('td_icl_correlation')}."
-                       + (" (The analysis shipped with the project.)" if "source" in a else ""))
+        self.status = (f"{len(steps)} checkpoints"
+                       + (" (the analysis shipped with the project)." if "source" in analysis.attrs
+                          else "."))
 
     def _loaded(self, analysis: xr.Dataset) -> None:
+        self.running = False
         self._use(analysis)
 
     @param.depends("analysis", "step", "layer")
@@ -191,8 +241,20 @@ class TaskEmergenceView(View):
         return plot_td_by_layer(self.analysis, self.step, self.layer)
 
     @param.depends("analysis", "step")
-    def _curves_plot(self) -> hv.Element:
-        return plot_emergence_curves(self.analysis, self.step)
+    def _loss_plot(self) -> hv.Element:
+        return plot_icl_loss_curves(self.analysis, self.step)
+
+    @param.depends("analysis", "step")
+    def _td_curves_plot(self) -> hv.Element:
+        return plot_td_curves(self.analysis, self.step)
+
+    @param.depends("analysis", "step", "layer")
+    def _projection_caption(self) -> str:
+        return projection_caption(self.analysis, self.step, self.layer)
+
+    @param.depends("analysis")
+    def _curves_caption(self) -> str:
+        return curves_caption(self.analysis)
 
     @param.depends("analysis", "step", "layer")
     def summary(self) -> str:
@@ -212,11 +274,11 @@ class TaskEmergenceView(View):
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
-        widgets = {"step": {"type": pn.widgets.DiscreteSlider},
-                   "layer": {"type": pn.widgets.RadioButtonGroup, "color": "primary",
-                             "variant": "outline"}}
-        return pn.Column(pn.Param(self, parameters=list(widgets), widgets=widgets, show_name=False,
-                                  sizing_mode="stretch_width"),
+        p = self.param
+        step = pn.widgets.DiscreteSlider.from_param(p.step, sizing_mode="stretch_width")
+        layer = pn.widgets.RadioButtonGroup.from_param(p.layer, color="primary", variant="outline",
+                                                       label="", sizing_mode="stretch_width")
+        return pn.Column(_control(step, p.step.doc), _control(layer, p.layer.doc, p.layer.label),
                          width=theme.SIZES["controls_width"], css_classes=["emergence-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -224,15 +286,36 @@ class TaskEmergenceView(View):
                                                size=theme.SIZES["spinner"], color="primary")
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         summary = pn.pane.Markdown(self.summary, css_classes=["emergence-summary"])
-        projection = pn.pane.HoloViews(self._projection_plot, sizing_mode="stretch_width",
-                                       css_classes=["emergence-projection"])
-        td = pn.pane.HoloViews(self._td_plot, sizing_mode="stretch_width", css_classes=["emergence-td"])
-        curves = pn.pane.HoloViews(self._curves_plot, sizing_mode="stretch_width",
-                                   css_classes=["emergence-curves"])
+
+        def pane(fn, css, min_width=340):
+            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
+                                     css_classes=[css], styles={"flex": "1 1 0"})
+
+        def caption(fn, css):
+            return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
+                                    styles={"color": "#444", "font-size": "0.9em"})
+
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary, pn.Row(projection, td),
-                                curves, sizing_mode="stretch_width"),
+                      pn.Column(pn.Row(spinner, status, align="center"), summary,
+                                pn.FlexBox(pane(self._projection_plot, "emergence-projection"),
+                                           pane(self._td_plot, "emergence-td"), sizing_mode="stretch_width"),
+                                caption(self._projection_caption, "emergence-projection-caption"),
+                                pn.FlexBox(pane(self._loss_plot, "emergence-curves"),
+                                           pane(self._td_curves_plot, "emergence-td-curves"),
+                                           sizing_mode="stretch_width"),
+                                caption(self._curves_caption, "emergence-curves-caption"),
+                                sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
+
+
+def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
+    """A control with a visible label and a tooltip icon that says what it changes: a button
+    group gets its label above it; a slider, which shows its own name, gets the icon beside it."""
+    icon = pn.widgets.TooltipIcon(value=tip, width=20, margin=(6, 4, 0, 0))
+    if label is None:
+        return pn.Row(widget, icon, sizing_mode="stretch_width")
+    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
+    return pn.Column(head, widget, sizing_mode="stretch_width")
 
 
 serve(__name__, TaskEmergenceView, title=f"{theme.TITLE}: task-vector emergence", model=False, intro="task-emergence")

@@ -100,5 +100,5 @@ def test_page_opens_on_the_shipped_runs_without_training(tmp_path, monkeypatch):
     monkeypatch.setattr(icl, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed on open"))
     view = LinearICLView(background=False)
     assert sorted(view.runs) == list(DEFAULT_HEADS) and view.step == 20000
-    assert "shipped with the project" in view.status
+    assert "shipped (float16)" in view.status
     view.__panel__()

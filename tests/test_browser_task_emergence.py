@@ -45,7 +45,7 @@ def _projection_title(page) -> str:
     return page.evaluate("""() => {
         for (const doc of Bokeh.documents) {
             for (const m of doc.all_models) {
-                if (m.type === 'Title' && m.text.startsWith('Query-token residual')) return m.text;
+                if (m.type === 'Title' && m.text.startsWith('Query residual')) return m.text;
             }
         }
         return '';
@@ -58,13 +58,13 @@ def test_task_emergence_page_scrubs_training(server, browser, analysis):
     wait_for_text(page, ".emergence-summary", rf"Step 20\b.*TD after layer {best} =")
     for css in (".emergence-projection", ".emergence-td", ".emergence-curves"):
         wait_for_canvas(page, css)
-    assert "step 20 " in _projection_title(page)
+    assert _projection_title(page) == f"Query residual, layer {best}, step 20"
     press_until(page, ".emergence-controls .noUi-handle", "Home", ".emergence-summary", r"Step 0\b")
     deadline = time.time() + 60
-    while "step 0 " not in _projection_title(page) and time.time() < deadline:
+    while not _projection_title(page).endswith("step 0") and time.time() < deadline:
         page.wait_for_timeout(250)
-    assert "step 0 " in _projection_title(page)
+    assert _projection_title(page).endswith("step 0")
     td0 = float(analysis["td"].sel(step=0, layer=best))
-    assert f"(TD {td0:.2f})" in _projection_title(page)
+    wait_for_text(page, ".emergence-projection-caption", rf"at step 0\b.*TD\) there = {td0:.2f}")
     assert not errors, errors
     page.close()

@@ -525,7 +525,7 @@ def test_cli_phase_is_stored_and_reused(tmp_path, monkeypatch, capsys):
 
 def test_phase_heatmap_shows_each_cell():
     pytest.importorskip("panel")
-    from apps.parity import plot_phase_diagram
+    from apps.parity import phase_caption, plot_phase_diagram
 
     phase = xr.Dataset(
         {"is_parity_automaton": (("gain", "max_length"), [[1.0, 0.0]]),
@@ -537,7 +537,8 @@ def test_phase_heatmap_shows_each_cell():
     heat, labels = overlay.values()
     assert heat.dimension_values("worst long-string accuracy").tolist() == [1.0, 0.5]
     assert labels.dimension_values("text").tolist() == ["epoch 540", "13 states"]
-    assert "1 x 2 runs, 1000 epochs" in heat.opts.get().kwargs["title"]
+    assert heat.opts.get().kwargs["title"] == "Phase diagram"          # short: the rest is below
+    assert phase_caption(phase).startswith("1 x 2 runs of 1000 epochs each")
 
 
 # -- the shipped seed-0 run -------------------------------------------------------------
@@ -648,3 +649,34 @@ def test_uniform_batching_is_one_sgd_step_on_the_mean_loss_of_its_batch():
     assert "batching" not in per_length.attrs["params"] and per_length.attrs["steps_per_epoch"] == 4
     with pytest.raises(InputError, match="`batching` must be one of 'per-length', 'uniform'"):
         par.train_parity_rnn(batching="mixed", **kw)
+
+
+def test_view_titles_are_short_and_captions_and_tooltips_say_the_rest():
+    pytest.importorskip("panel")
+    import panel as pn
+
+    from apps.parity import ParityView
+
+    run = par.train_parity_rnn(hidden_size=16, epochs=20, checkpoint_every=10, max_length=6, seed=0)
+    analysis = par.parity_analysis(run, max_length=5, lengths=[10, 100], n_strings=4)
+    phase = xr.Dataset({"long_accuracy": (("gain", "max_length"), [[1.0]]),
+                        "transition_epoch": (("gain", "max_length"), [[np.nan]]),
+                        "final_n_states_minimal": (("gain", "max_length"), [[5.0]])},
+                       coords={"gain": [0.1], "max_length": [6]}, attrs={"params": {"epochs": 20}})
+    view = ParityView(run=run, analysis=analysis, phase=phase, max_length=5, background=False)
+    view.step = int(run["step"].values[1])
+    auto = par.parity_automaton(run, view.step, max_length=5, threshold=view.threshold)
+    titles = [f().opts.get().kwargs["title"] for f in (view._pca_plot, view._automaton_plot,
+                                                       view._accuracy_plot, view._states_plot,
+                                                       view._loss_plot, view._long_plot)]
+    assert titles == [f"Hidden states, step {view.step}", f"Merged automaton, step {view.step}",
+                      f"Accuracy by length, step {view.step}", "Automaton states", "Training loss",
+                      "Long-string accuracy"]
+    assert (f"{auto.attrs['n_states']} merged states" in view._automaton_caption()
+            and f"{auto.attrs['n_states_minimal']} after Hopcroft" in view._automaton_caption())
+    worst = float(analysis["accuracy"].sel(step=view.step).min())
+    assert view._accuracy_caption().endswith(f"Worst length: {worst:.0%}.")
+    controls = view.controls()
+    tips = [w.value for w in controls.select(pn.widgets.TooltipIcon)]
+    assert tips == [view.param[n].doc for n in ("step", "threshold", "max_length", "minimal", "color_by")]
+    assert all(tips) and "<b>Colour states by</b>" in [str(p.object) for p in controls.select(pn.pane.HTML)]

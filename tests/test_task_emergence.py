@@ -362,3 +362,26 @@ def test_view_follows_the_step_and_layer(tiny_run):
                if list(dict(w.options).values()) == [0, 20, 40, 60]]
     assert sliders and sliders[0].value == 20          # the page's step control follows
     assert len(layout.select(pn.pane.HoloViews)) >= 2  # projection and curves are on it
+
+
+def test_view_titles_are_short_and_captions_and_tooltips_say_the_rest(tiny_run):
+    pytest.importorskip("panel")
+    import panel as pn
+
+    from apps.task_emergence import TaskEmergenceView
+
+    analysis = te.task_emergence_analysis(tiny_run, n_per_task=6, k=3)
+    view = TaskEmergenceView(analysis=analysis, background=False)
+    view.param.update(step=20, layer=0)
+    titles = [view._projection_plot().opts.get().kwargs["title"], view._td_plot().opts.get().kwargs["title"],
+              view._loss_plot().opts.get().kwargs["title"], view._td_curves_plot().opts.get().kwargs["title"]]
+    assert titles == ["Query residual, layer 0, step 20", "TD by layer, step 20", "ICL loss per task",
+                      "TD over training"]
+    td = float(analysis["td"].sel(step=20, layer=0))
+    assert f"TD) there = {td:.2f}" in view._projection_caption()
+    agnostic = float(analysis["agnostic_loss"].mean())
+    assert f"task-agnostic ridge (dot-dash, {agnostic:.3g})" in view._curves_caption()
+    controls = view.controls()
+    tips = [w.value for w in controls.select(pn.widgets.TooltipIcon)]
+    assert tips == [view.param.step.doc, view.param.layer.doc]
+    assert "<b>Layer</b>" in [str(p.object) for p in controls.select(pn.pane.HTML)]
