@@ -28,3 +28,18 @@ def test_intro_names_the_paper_and_its_doc_exists(slug):
     text = intro_pane(slug).object
     assert f"]({paper_url(intro.title)})" in text and "**Try first:**" in text
     assert "page-intro" in intro_pane(slug).css_classes
+
+
+def test_every_gallery_page_has_a_reference_screenshot_shown_in_the_readme():
+    """scripts/gallery_screenshots.py writes docs/figures/gallery_<slug>.png per page; the
+    README's page table shows each one."""
+    from PIL import Image
+
+    from apps.gallery import VIEWS
+
+    readme = (ROOT / "README.md").read_text()
+    for title, slug, _ in VIEWS:
+        name = f"docs/figures/gallery_{slug.replace('-', '_')}.png"
+        with Image.open(ROOT / name) as img:
+            assert img.size[0] >= 1280 and img.size[1] >= 800, (name, img.size)
+        assert f'src="{name}"' in readme and f"| {title} |" in readme, title
