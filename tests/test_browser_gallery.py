@@ -47,8 +47,6 @@ KNOWN_VIEW_FAULTS: dict[tuple[str, int, str], str] = {
     ("size", 1280, "icl-heads"): "apps/icl_heads.py puts the attention-pattern and task-encoding "
                                  "plots, with token tick labels and a colour bar, in a 286 px "
                                  "column at 1280 px: their frames are 34 and 11 px wide",
-    **{(check, 1280, "attention"): "apps/attention.py: at 1280 px its plots have no real "
-       "frame or no ink in the gallery (at 1920 px they draw)" for check in ("size", "ink")},
     ("selects", 1280, "shattering"): "apps/shattering.py sets the Entity and Relation options "
                                      "inside discard_events once its model loads, so the widgets "
                                      "already on the page never get them",
