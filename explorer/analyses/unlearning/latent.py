@@ -13,7 +13,6 @@ the result, beside the original model.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
