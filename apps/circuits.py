@@ -411,9 +411,8 @@ class CircuitsView(View):
                 total = self._total()
                 n = max(0.05 * total, min(30, total))
             i = int(np.argmin(np.abs(np.log(np.maximum(sizes, 1)) - np.log(max(n, 1)))))
-            with pn.io.document.hold():
-                self.param.update(n_edges=int(n) if self.curve is not None else int(sizes[i]),
-                                  threshold=float(thresholds[i]))
+            self.param.update(n_edges=int(n) if self.curve is not None else int(sizes[i]),
+                              threshold=float(thresholds[i]))
         self._sync_slider()
 
     # -- jobs -----------------------------------------------------------------------------
@@ -459,16 +458,15 @@ class CircuitsView(View):
             self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
         other = self._results.get((key[0], key[1], self._other_method()))
         self.param.n_edges.bounds = (0, scores.sizes["edge"])
-        with pn.io.document.hold():
-            self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
-                              curve=curve, ablation=None,
-                              other_scores=None if other is None else other[1])
-            if default:
-                self._set_default_size()
-            else:
-                self._default = cs.smallest_faithful_circuit(curve, self.fraction,
-                                                             max_edges=self.max_default_edges)
-                self._sync_slider()
+        self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
+                          curve=curve, ablation=None,
+                          other_scores=None if other is None else other[1])
+        if default:
+            self._set_default_size()
+        else:
+            self._default = cs.smallest_faithful_circuit(curve, self.fraction,
+                                                         max_edges=self.max_default_edges)
+            self._sync_slider()
         self.status = (f"{scores.sizes['edge']:,} edges scored ({METHOD_LABELS[key[2]]}); "
                        f"clean metric {scores.attrs['clean_metric']:.3f}, corrupted "
                        f"{scores.attrs['corrupt_metric']:.3f}")
@@ -611,6 +609,12 @@ class CircuitsView(View):
         source = plot.handles["source"]
         if source not in self._node_sources:
             self._node_sources.append(source)
+        # HoloViews maps a column that is constant when first drawn (every node pale before
+        # the scores arrive) to a constant: read size and fill from the columns always
+        for glyph in (plot.handles["glyph"], plot.handles.get("selection_glyph"),
+                      plot.handles.get("nonselection_glyph")):
+            if glyph is not None:
+                glyph.update(size={"field": "size"}, fill_color={"field": "fill"})
         cols = cg.node_columns(self._names, self._pos, self._nodes, self.selected)
         source.data.update({k: cols[k] for k in ("x", "y", "size", "fill")})
 
