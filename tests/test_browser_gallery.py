@@ -37,7 +37,7 @@ _TITLES = "titles set in apps/{}.py are wider than their plots at {} px"
 KNOWN_VIEW_FAULTS: dict[tuple[str, int, str], str] = {
     **{("titles", 1280, slug): _TITLES.format(module, 1280) for slug, module in [
         ("saturation", "saturation"), ("conflicts", "conflicts"), ("icl-heads", "icl_heads"),
-        ("itda", "itda"), ("neuron-eval", "neuron_eval"), ("parity", "parity"),
+        ("parity", "parity"),
         ("linear-icl", "linear_icl"), ("task-emergence", "task_emergence"),
         ("circuits", "circuits"), ("unlearning", "unlearning")]},
     ("titles", 1920, "linear-icl"): _TITLES.format("linear_icl", 1920)
@@ -47,9 +47,6 @@ KNOWN_VIEW_FAULTS: dict[tuple[str, int, str], str] = {
     ("size", 1280, "icl-heads"): "apps/icl_heads.py puts the attention-pattern and task-encoding "
                                  "plots, with token tick labels and a colour bar, in a 286 px "
                                  "column at 1280 px: their frames are 34 and 11 px wide",
-    ("selects", 1280, "shattering"): "apps/shattering.py sets the Entity and Relation options "
-                                     "inside discard_events once its model loads, so the widgets "
-                                     "already on the page never get them",
 }
 
 
