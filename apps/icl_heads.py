@@ -58,7 +58,7 @@ def _waiting(text: str, height: int = 300) -> hv.Element:
 def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> hv.Element:
     """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed."""
     if scores is None:
-        return _waiting("Head scores appear here (Score heads, left)")
+        return _waiting("Head scores appear here (Compute scores, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     ti = set(ih.top_heads(ind, top_induction / 100))
     tf = set(ih.top_heads(fv, top_fv / 100))
@@ -97,7 +97,7 @@ def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: flo
 def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white)."""
     if scores is None:
-        return _waiting("Head scores appear here (Score heads, left)")
+        return _waiting("Head scores appear here (Compute scores, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     n_layers, n_heads = ind.shape
 
@@ -165,7 +165,7 @@ def plot_ablation_curves(curves: xr.Dataset | None,
 def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
     """Task decodability (leave-one-out 10-NN accuracy) per layer, current layer marked."""
     if td is None:
-        return _waiting("Computing task decodability…", 260)
+        return _waiting("Task decodability appears here (Compute scores)", 260)
     curve = hv.Curve((td["layer"].values, td["td"].values), "layer", "task decodability")
     return (curve.opts(line_width=2, color=theme.ACCENT, tools=["hover"])
             * hv.VLine(layer).opts(color="black", line_dash="dashed")).opts(
@@ -188,7 +188,7 @@ def td_caption(td: xr.Dataset | None, layer: int) -> str:
 def plot_projection(td: xr.Dataset | None, layer: int) -> hv.Element:
     """2-D PCA of the last-token residual at ``layer``, coloured by task (Null grey)."""
     if td is None:
-        return _waiting("Computing task decodability…", 300)
+        return _waiting("Task encoding appears here (Compute scores)", 300)
     p = td["projection"].sel(layer=layer).values
     tasks = td["prompt_task"].values
     names = [t for t in td["task"].values]
@@ -266,7 +266,8 @@ class ICLHeadsView(View):
         Prompts per task and demonstrations per prompt of every computation.
     compute_on_open : bool, optional
         Score the heads as the page opens; default: when that is estimated to take under
-        `OPEN_BUDGET_S` seconds (`estimated_score_seconds`), else on the *Score heads* button.
+        `OPEN_BUDGET_S` seconds (`estimated_score_seconds`), else on the *Compute scores*
+        button (the task encoding too).
     """
 
     top_induction = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % induction",
@@ -332,23 +333,28 @@ class ICLHeadsView(View):
         self.estimated_seconds = estimated_score_seconds(
             spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
         self._score_button = pn.widgets.Button(
-            name=f"Score heads (about {max(1, round(self.estimated_seconds)):d} s)",
+            name=f"Compute scores (about {max(1, round(self.estimated_seconds)):d} s)",
             button_type="primary", sizing_mode="stretch_width",
-            description="Induction and FV scores of every head (the scatter and heatmaps); "
-                        "then the selected head's attention and the function vector.")
-        self._score_button.on_click(lambda *_: self._request("scores"))
-        self._press_note = (f"Press **Score heads** to score every head (about "
-                            f"{self.estimated_seconds:.0f} s on a CPU).")
-        self._request("td")
+            description="Induction and FV scores of every head (the scatter and heatmaps), "
+                        "then the function vector; and the task encoding (PCA, decodability).")
+        self._score_button.on_click(lambda *_: self._compute())
+        self._press_note = (f"Press **Compute scores** to score every head and the task "
+                            f"encoding (about {self.estimated_seconds:.0f} s on a CPU).")
         if compute_on_open is None:
             compute_on_open = self.estimated_seconds <= OPEN_BUDGET_S
         if compute_on_open:
-            self._request("scores")
+            self._compute()
         else:   # the selected head's attention is cheap: show it while the scores wait
             self._request("patterns")
             self.status = self._press_note
 
     # -- jobs ---------------------------------------------------------------------------
+    def _compute(self) -> None:
+        """The page's heavy work: head scores (then the FV) and the task encoding."""
+        if self.td is None:
+            self._request("td")
+        self._request("scores")
+
     def _request(self, name: str) -> None:
         m, o = self._model, self._opts
         if name == "scores":
@@ -406,7 +412,7 @@ class ICLHeadsView(View):
 
     def _got_scores(self, ds: xr.Dataset) -> None:
         self.scores = ds
-        self._score_button.param.update(disabled=False, name="Score heads again")
+        self._score_button.param.update(disabled=False, name="Compute scores again")
         fv = ds["fv_score"].values
         layer, head = np.unravel_index(int(np.nanargmax(fv)), fv.shape)
         self.param.update(layer=int(layer), head=int(head))

@@ -81,7 +81,7 @@ def test_view_exclusion_toggle_and_cell_click(tiny_model):
 
 
 def test_view_scores_on_request_and_explains_the_function_vector(tiny_model, monkeypatch):
-    """With compute_on_open=False nothing is scored until Score heads; its scores are the
+    """With compute_on_open=False nothing is scored until Compute scores; its scores are the
     analyses' own; the FV caption names the heads, which are the same for every task."""
     from apps import icl_heads as page
     from explorer.analyses import icl_heads as ih
@@ -90,11 +90,13 @@ def test_view_scores_on_request_and_explains_the_function_vector(tiny_model, mon
     view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
                         fv_tasks=("antonym", "country-capital"), eval_tasks=("uppercase",),
                         td_tasks=("antonym", "uppercase"), compute_on_open=False)
-    assert view.scores is None and view.fv_result is None and "Score heads" in view.status
+    assert view.scores is None and view.fv_result is None and view.td is None
+    assert "Compute scores" in view.status
     want = ih.head_attention(tiny_model, 0, 0, task="antonym")     # shown while scores wait
     np.testing.assert_allclose(view.patterns["repeat"]["attention"].values,
                                want["repeat"]["attention"].values, rtol=1e-5)
     view._score_button.clicks += 1
+    assert view.td is not None
     fv = ih.fv_scores(tiny_model, ["antonym", "country-capital"], n_prompts=2, n_shots=2)
     ind = ih.induction_scores(tiny_model, n_sequences=4, half_len=16)
     np.testing.assert_allclose(view.scores["fv_score"].values, fv["fv_score"].values, rtol=1e-5)
