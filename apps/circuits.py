@@ -342,9 +342,17 @@ class CircuitsView(View):
         scores, order, _ = self._current()
         if scores is None:
             return np.array([self.n_edges]), np.array([self.threshold])
-        sizes = size_grid(int(scores.sizes["edge"]))
+        sizes = self._sizes(scores)
         mag = np.abs(scores["score"].values.astype(np.float64))
         return sizes, mag[order[sizes - 1]]
+
+    def _sizes(self, scores: xr.Dataset) -> np.ndarray:
+        """The slider's top-n positions: where the faithfulness curve was measured (the
+        log-spaced grid plus the readable sizes), or the grid for a checkpoint's scores."""
+        if scores is self.scores and self.curve is not None:
+            sizes = self.curve["n_edges"].values
+            return np.asarray(sizes[sizes > 0], dtype=int)
+        return size_grid(int(scores.sizes["edge"]))
 
     def _sync_slider(self) -> None:
         """Slider options and value from the mode and the current n_edges / threshold."""
@@ -426,7 +434,10 @@ class CircuitsView(View):
             scores = ca.edge_scores(m, task, method=method, batch_size=n,
                                     progress=self.progress_fn(token))
             token.check()
-            sizes = [0, *size_grid(scores.sizes["edge"]).tolist()]  # the slider's positions
+            # the slider's positions: log-spaced, plus where the pruned circuit first
+            # reaches 10, 25, ..., 300 edges (log steps can jump past every readable one)
+            sizes = sorted({0, *size_grid(scores.sizes["edge"]).tolist(),
+                            *cs.readable_sizes(scores)})
             curve = ca.faithfulness_curve(m, task, scores, sizes=sizes, batch_size=n,
                                           progress=self.progress_fn(token))
             return key, task, scores, curve

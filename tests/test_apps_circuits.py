@@ -77,6 +77,20 @@ def spelled_edges(edges):
     return {(spelled(s), spelled(d)) for s, d in edges}
 
 
+def readable_by_hand(scores, targets=cs.READABLE_TARGETS):
+    """For each target, the first top-n whose pruned circuit has at least that many edges,
+    by trying every n in turn."""
+    sizes = [len(pruned_by_hand(scores, top_n_by_hand(scores, n)))
+             for n in range(scores.sizes["edge"] + 1)]
+    return sorted({next(n for n, k in enumerate(sizes) if k >= t) for t in targets
+                   if t <= sizes[-1]})
+
+
+def page_sizes(scores):
+    """The slider's positions (and the curve's sizes but 0): log grid plus readable sizes."""
+    return sorted(set(size_grid(scores.sizes["edge"]).tolist()) | set(readable_by_hand(scores)))
+
+
 def drawn(view):
     """The drawn circuit's edges, as graph node names (a0.h1, m2) for comparison by hand."""
     t = view._table
@@ -105,7 +119,9 @@ def test_drawn_edges_are_the_pruned_top_n_circuit(view):
     scores = view.scores
     assert scores is not None and view.curve is not None
     sizes = view.curve["n_edges"].values
-    assert sizes[0] == 0 and sizes[1:].tolist() == size_grid(scores.sizes["edge"]).tolist()
+    assert sizes[0] == 0 and sizes[1:].tolist() == page_sizes(scores)
+    assert cs.readable_sizes(scores) == readable_by_hand(scores)
+    assert len(readable_by_hand(scores)) >= 3   # tiny-llama's pruned graph reaches 10..100
     n_nonempty = 0
     for n in (1, 7, 40, int(sizes[-3])):
         view.n_edges = n
@@ -141,7 +157,7 @@ def test_threshold_mode_draws_the_pruned_threshold_circuit(view):
         # the slider's positions are the thresholds that choose the grid's edge counts
         options = list(view._slider.options.values())
         view._slider.value = options[-4]
-        n = size_grid(scores.sizes["edge"])[-4]
+        n = page_sizes(scores)[-4]
         assert view.threshold == options[-4] and int((mag >= view.threshold).sum()) == n
         view._edges_plot()
         assert drawn(view) == pruned_by_hand(scores, mag >= options[-4])
@@ -154,7 +170,7 @@ def test_threshold_mode_draws_the_pruned_threshold_circuit(view):
 
 def test_slider_moves_set_top_n(view):
     options = list(view._slider.options.values())
-    assert options == size_grid(view.scores.sizes["edge"]).tolist()
+    assert options == page_sizes(view.scores)
     view._slider.value = options[5]
     assert view.n_edges == options[5]
     view.n_edges = options[7]              # set in code: the slider follows
@@ -162,7 +178,7 @@ def test_slider_moves_set_top_n(view):
 
 
 def test_mode_switch_keeps_the_chosen_edges(view):
-    sizes = size_grid(view.scores.sizes["edge"])
+    sizes = page_sizes(view.scores)
     view.n_edges = int(sizes[-5])
     view._edges_plot()
     before = drawn(view)

@@ -82,8 +82,22 @@ def _curve():
     from explorer.analyses import circuits as ca
 
     model, task, scores = _scores()
-    sizes = [0, *size_grid(scores.sizes["edge"]).tolist()]
+    sizes = page_sizes()
     return ca.faithfulness_curve(model, task, scores, sizes=sizes, batch_size=N_PROMPTS)
+
+
+def page_sizes() -> list[int]:
+    """The curve's sizes as the page measures them: 0, the log grid and the top-n where the
+    pruned circuit first reaches each readable size (found here by trying every n)."""
+    from apps.circuits import size_grid
+    from explorer.analyses import circuit_select as cs
+    from explorer.analyses import circuits as ca
+
+    scores = _scores()[2]
+    kept = [int(ca.select_circuit(scores, top_n=n).sum()) for n in range(scores.sizes["edge"] + 1)]
+    readable = {next(n for n, k in enumerate(kept) if k >= t) for t in cs.READABLE_TARGETS
+                if t <= kept[-1]}
+    return sorted({0, *size_grid(scores.sizes["edge"]).tolist(), *readable})
 
 
 def default_by_loop(fraction: float, cap: int) -> tuple[int, int, float]:
@@ -147,7 +161,7 @@ def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
     page.wait_for_selector("canvas", state="attached", timeout=60_000)
     # the slider steps through log-spaced top-n sizes (1..118 edges on tiny-llama); the page
     # opens at the default circuit's and draws that circuit, pruned to input -> logits paths
-    grid = size_grid(118).tolist()
+    grid = page_sizes()[1:]
     start = grid.index(default_by_loop(0.8, 300)[0])
     want = circuit_size(grid[start])
     assert int(wait_for(page, "data-circuit-chosen", lambda v: v == str(grid[start]))) == grid[start]
@@ -321,7 +335,7 @@ def test_default_circuit_labels_and_size_slider(page_url, browser):
     assert labelled == {c: c for c in used}
     assert set(labelled) == {canonical(r) for r in raw_names().values() if canonical(r) in used}
     # one step of the size slider: the edge count and the marker both change
-    grid = size_grid(118).tolist()
+    grid = page_sizes()[1:]
     handles = page.locator(".noUi-handle")
     handle = next(handles.nth(i) for i in range(handles.count())
                   if float(handles.nth(i).get_attribute("aria-valuemax")) == len(grid) - 1)

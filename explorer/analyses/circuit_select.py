@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collections.abc import Sequence
+
 import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError
+from explorer.analyses.circuits import select_circuit
 
-__all__ = ["CircuitChoice", "smallest_faithful_circuit"]
+__all__ = ["CircuitChoice", "smallest_faithful_circuit", "readable_sizes", "READABLE_TARGETS"]
+
+READABLE_TARGETS = (10, 25, 50, 100, 200, 300)   # pruned circuit sizes a person can read
 
 
 @dataclass(frozen=True)
@@ -80,3 +85,33 @@ def smallest_faithful_circuit(curve: xr.Dataset, fraction: float = 0.8, *,
         i, reached = int(pool[int(np.argmax(best))]), False
     return CircuitChoice(n_edges=int(top_n[i]), n_kept=int(kept[i]), recovered=float(rec[i]),
                          reached=reached)
+
+
+def readable_sizes(scores: xr.Dataset, targets: Sequence[int] = READABLE_TARGETS) -> list[int]:
+    """Top-n sizes whose pruned circuits first reach each of ``targets`` edges.
+
+    Log-spaced top-n sizes can jump past every readable circuit (on SmolLM2's `add`, the top
+    373 edges hold no input -> logits path, the top 532 hundreds of edges), so these sizes
+    are measured too. The pruned size never shrinks as n grows (more chosen edges only add
+    paths), so each is found by bisection on n (`circuits.select_circuit`, a few ms a call).
+    Targets larger than the whole pruned graph are left out.
+    """
+    n_total = int(scores.sizes["edge"])
+
+    def kept(n: int) -> int:
+        return int(select_circuit(scores, top_n=n).sum())
+
+    out = set()
+    top = kept(n_total)
+    for target in targets:
+        if target > top:
+            continue
+        lo, hi = 0, n_total             # kept(lo) < target <= kept(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if kept(mid) >= target:
+                hi = mid
+            else:
+                lo = mid
+        out.add(hi)
+    return sorted(out)
