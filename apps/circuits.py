@@ -784,7 +784,12 @@ class CircuitsView(View):
         parts = []
         d = self._default
         if d is not None and self.scores is not None:
-            if d.reached:
+            if d.n_kept > self.max_default_edges:
+                parts.append(f"No measured circuit of at most {self.max_default_edges:,} edges "
+                             f"has an input → logits path; the default is the smallest that "
+                             f"does: {d.n_kept:,} edges (top {d.n_edges:,} by |score|, pruned), "
+                             f"recovering {d.recovered:.0%}.")
+            elif d.reached:
                 parts.append(f"Default: the smallest measured circuit recovering ≥ "
                              f"{self.fraction:.0%} of the metric, {d.n_kept:,} edges (top "
                              f"{d.n_edges:,} by |score|, pruned) recovering {d.recovered:.0%}.")

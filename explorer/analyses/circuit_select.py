@@ -51,7 +51,8 @@ def smallest_faithful_circuit(curve: xr.Dataset, fraction: float = 0.8, *,
     max_edges : int, optional
         The most edges (after pruning) a chosen circuit may have. When no circuit within it
         reaches ``fraction``, the one within it that recovers the most is returned
-        (``reached`` False), leaving out the empty circuit unless nothing else fits.
+        (``reached`` False), leaving out the empty circuit; when no non-empty circuit fits,
+        the smallest non-empty one, past the cap.
 
     Returns
     -------
@@ -73,6 +74,12 @@ def smallest_faithful_circuit(curve: xr.Dataset, fraction: float = 0.8, *,
     rec = np.asarray(curve["recovered"].values, dtype=np.float64)
     order = np.lexsort((top_n, kept))                 # by pruned size, then top-n
     fits = order if max_edges is None else order[kept[order] <= max_edges]
+    if not (kept[fits] > 0).any() and (kept > 0).any():
+        # pruned sizes jump (one edge can complete hundreds of paths): when no non-empty
+        # circuit fits the cap, the smallest non-empty one
+        i = int(order[kept[order] > 0][0])
+        return CircuitChoice(n_edges=int(top_n[i]), n_kept=int(kept[i]), recovered=float(rec[i]),
+                             reached=bool(rec[i] >= fraction))
     if len(fits) == 0:
         raise InputError(f"no point of the curve has at most {max_edges} edges; its smallest "
                          f"circuit has {int(kept.min())}.")
