@@ -36,17 +36,12 @@ def _slugs() -> list[str]:
 _TITLES = "titles set in apps/{}.py are wider than their plots at {} px"
 KNOWN_VIEW_FAULTS: dict[tuple[str, int, str], str] = {
     **{("titles", 1280, slug): _TITLES.format(module, 1280) for slug, module in [
-        ("saturation", "saturation"), ("conflicts", "conflicts"), ("icl-heads", "icl_heads"),
-        ("parity", "parity"),
-        ("linear-icl", "linear_icl"), ("task-emergence", "task_emergence"),
-        ("circuits", "circuits"), ("unlearning", "unlearning")]},
+        ("parity", "parity"), ("linear-icl", "linear_icl"), ("task-emergence", "task_emergence"),
+        ("circuits", "circuits")]},
     ("titles", 1920, "linear-icl"): _TITLES.format("linear_icl", 1920)
                                     + " (the fixed-width per-head KQ maps)",
     ("titles", 1920, "task-emergence"): _TITLES.format("task_emergence", 1920)
                                         + " (the ICL-loss title names three reference lines)",
-    ("size", 1280, "icl-heads"): "apps/icl_heads.py puts the attention-pattern and task-encoding "
-                                 "plots, with token tick labels and a colour bar, in a 286 px "
-                                 "column at 1280 px: their frames are 34 and 11 px wide",
 }
 
 
