@@ -575,7 +575,9 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     accuracy: dict[str, Any] = {}
     if preview_moves:
         moves = check_int("preview_moves", preview_moves, low=1)
-        drag = importlib.import_module("apps.lens").slider_preview_times(
+        from explorer.commands.pages import lens_slider_preview_times
+
+        drag = lens_slider_preview_times(
             m, prompt, steer_layer=layer, vector=vector, start_alpha=alpha,
             alphas=list(alpha * (1 - 0.5 * np.arange(1, moves + 1) / moves)))
         figures.update({
