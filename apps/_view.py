@@ -8,22 +8,44 @@ session's event loop, and what it reports on the way (`View.post`, `View.progres
 the error parameter, the status line and a notification (`View.show_error`); `View.close` stops
 every runner (the gallery calls it when the session goes). `serve` is the standalone footer of a
 page module. docs/views.md describes the pattern.
+
+Reproducibility: `View.export_datasets` (default: every Dataset / DataArray the view holds in
+its parameters), `View.export_tables` (the view's DataFrames and its Datasets' 1-D / 2-D
+variables), `View.export_bytes` (a zip: one NetCDF per Dataset, a CSV per table, the snippet and
+a manifest JSON; nothing pickled) and `View.code_snippet` (Python that recomputes what the page
+shows with the library API; pages override it with their own calls).
 """
 from __future__ import annotations
 
+import io
+import json
+import math
 import os
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import panel as pn
 import param
+import xarray as xr
 
 from apps import theme
 from apps._session import CancelToken, Runner, schedule, user_message
 
-__all__ = ["View", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS"]
+__all__ = ["View", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
+           "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
+
+EXPORT_FORMAT = "explorer-page-data"
+"""The ``format`` field of an exported page's manifest."""
+
+NETCDF_ENGINE = "scipy"
+"""The NetCDF writer of the page exports (NetCDF 3, readable by every NetCDF library)."""
+
+_TABLE_CELLS = 2_000_000  # a Dataset's variables beyond this many cells are not flattened to CSV
 
 STATIC_TOOLS = ["save", "box_zoom", "reset"]
 """The toolbar of plots that are read rather than explored (no pan or wheel zoom)."""
@@ -182,6 +204,119 @@ class View(pn.viewable.Viewer):
         """Text added to a failure's notification (e.g. that the last result is still shown)."""
         return ""
 
+    # -- reproducibility ------------------------------------------------------------------------
+    def export_datasets(self) -> dict[str, xr.Dataset]:
+        """The Datasets behind what the page shows, by name. Default: every parameter holding
+        an xarray Dataset (a DataArray becomes a one-variable Dataset), and those in a dict
+        parameter (named ``<parameter>_<key>``). Pages may override."""
+        out: dict[str, xr.Dataset] = {}
+        for name, value in self.param.values().items():
+            if isinstance(value, xr.DataArray):
+                value = value.to_dataset(name=value.name if value.name is not None else name)
+            if isinstance(value, xr.Dataset):
+                out[name] = value
+            elif isinstance(value, dict):                # e.g. one run per setting
+                for key, item in value.items():
+                    if isinstance(item, xr.DataArray):
+                        item = item.to_dataset(name=item.name if item.name is not None else name)
+                    if isinstance(item, xr.Dataset):
+                        out[f"{name}_{key}"] = item
+        return out
+
+    def export_tables(self) -> dict[str, pd.DataFrame]:
+        """The page's tables, by name: every DataFrame parameter, then its Datasets' 1-D / 2-D
+        variables flattened (`dataset_tables`). Pages may override."""
+        out = {name: value for name, value in self.param.values().items()
+               if isinstance(value, pd.DataFrame)}
+        for name, ds in self.export_datasets().items():
+            for key, table in dataset_tables(ds, name).items():
+                out.setdefault(key, table)
+        return out
+
+    def export_manifest(self) -> dict[str, Any]:
+        """What the export holds and where it came from: page, model, prompt, parameters,
+        versions."""
+        import explorer
+
+        model = getattr(self, "model", None)
+        spec = getattr(model, "spec", None)
+        params = {}
+        for name, p in self.param.objects("existing").items():
+            if name == "name" or p.precedence is not None and p.precedence < 0:
+                continue
+            value = getattr(self, name)
+            if isinstance(value, (str, int, float, bool)) or value is None:
+                params[name] = value if not (isinstance(value, float) and not math.isfinite(value)) else str(value)
+            elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) for v in value):
+                params[name] = list(value)
+        return {"format": EXPORT_FORMAT, "version": 1, "page": type(self).__name__,
+                "module": type(self).__module__,
+                "model": getattr(spec, "name", None), "prompt": getattr(self, "prompt", None),
+                "parameters": params,
+                "versions": {"explorer": getattr(explorer, "__version__", None),
+                             "xarray": xr.__version__, "numpy": np.__version__,
+                             "pandas": pd.__version__},
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def export_bytes(self, fmt: str = "netcdf", *, extra: dict[str, Any] | None = None) -> bytes:
+        """The page's data as one zip: ``<name>.nc`` per Dataset (``fmt="netcdf"``, the scipy
+        engine) or ``<name>.zarr/`` (``fmt="zarr"``), ``<name>.csv`` per table, ``code.py``
+        (`code_snippet`) and ``manifest.json`` (`export_manifest`, updated with ``extra``).
+        Attributes NetCDF cannot store are written as JSON strings (`netcdf_ready`)."""
+        if fmt not in ("netcdf", "zarr"):
+            raise ValueError(f"fmt must be 'netcdf' or 'zarr', not {fmt!r}.")
+        manifest = {**self.export_manifest(), **(extra or {})}
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            files: dict[str, list[str]] = {"datasets": [], "tables": []}
+            for name, ds in self.export_datasets().items():
+                ready = netcdf_ready(ds)
+                if fmt == "netcdf":
+                    path = f"{_safe_name(name)}.nc"
+                    zf.writestr(path, ready.to_netcdf(engine=NETCDF_ENGINE))
+                else:
+                    path = f"{_safe_name(name)}.zarr"
+                    _zarr_into(zf, ready, path)
+                files["datasets"].append(path)
+            for name, table in self.export_tables().items():
+                path = f"{_safe_name(name)}.csv"
+                zf.writestr(path, table.to_csv(index=False))
+                files["tables"].append(path)
+            try:
+                code = self.code_snippet()
+            except Exception as exc:  # noqa: BLE001 - the data export must not fail on it
+                code = f"# the page could not write its snippet: {exc}\n"
+            zf.writestr("code.py", code)
+            manifest.update(files, code="code.py",
+                            netcdf_engine=NETCDF_ENGINE if fmt == "netcdf" else None)
+            zf.writestr("manifest.json", json.dumps(manifest, indent=2, default=str))
+        return buf.getvalue()
+
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows with the library API. Default: load the
+        model, the page's parameters, and the analysis functions its module uses; pages
+        override it with their real calls."""
+        model = getattr(self, "model", None)
+        name = getattr(getattr(model, "spec", None), "name", None)
+        module = sys.modules.get(type(self).__module__)
+        found: dict[str, list[str]] = {}
+        for attr, value in sorted(vars(module).items()) if module is not None else []:
+            where = getattr(value, "__module__", None) or ""
+            if callable(value) and where.startswith("explorer.analyses") and not attr.startswith("_"):
+                pkg = ".".join(where.split(".")[:3])
+                found.setdefault(pkg, []).append(attr)
+        lines = ["import explorer"]
+        lines += [f"from {pkg} import {', '.join(names)}" for pkg, names in sorted(found.items())]
+        lines.append("")
+        if name is not None:
+            lines.append(f"model = explorer.load_model({name!r})")
+        params = self.export_manifest()["parameters"]
+        if params:
+            lines.append(f"params = {params!r}  # the page's settings")
+        lines.append(f"# {type(self).__name__} computes its data with the functions imported above;"
+                     " see its module for the calls.")
+        return "\n".join(lines) + "\n"
+
 
 def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
     """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of
@@ -196,6 +331,150 @@ def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
     if 0 <= layer < scores.sizes["layer"] and 0 <= head < scores.sizes["head"]:
         return layer, head
     return None
+
+
+# -- export helpers ---------------------------------------------------------------------------
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)) or "data"
+
+
+def _attr_ok(value: Any) -> bool:
+    """Whether NetCDF 3 stores the attribute as it is (strings, numbers, 1-D numeric arrays)."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, (bool, np.bool_)):
+        return False                                   # NetCDF has no booleans
+    if isinstance(value, (int, np.integer)):
+        return -2**31 <= int(value) < 2**31
+    if isinstance(value, (float, np.floating)):
+        return True
+    if isinstance(value, (list, tuple, np.ndarray)):
+        arr = np.asarray(value)
+        return arr.ndim == 1 and arr.size > 0 and (arr.dtype.kind == "f" or (
+            arr.dtype.kind in "iu" and -2**31 <= arr.min() and arr.max() < 2**31))
+    return False
+
+
+def _json_attr(value: Any) -> str:
+    def default(v: Any) -> Any:
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, np.ndarray):
+            return v.tolist()
+        return str(v)
+    return json.dumps(value, default=default)
+
+
+JSON_ATTRS = "explorer_json_attrs"
+"""The attribute listing (as JSON) the attributes `netcdf_ready` wrote as JSON strings."""
+
+
+def _ready_attrs(attrs: dict[Any, Any]) -> dict[str, Any]:
+    out = {str(k): (v if _attr_ok(v) else _json_attr(v)) for k, v in attrs.items()}
+    encoded = [str(k) for k, v in attrs.items() if not _attr_ok(v)]
+    if encoded:
+        out[JSON_ATTRS] = json.dumps(encoded)
+    return out
+
+
+def _restore_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    out = dict(attrs)
+    for key in json.loads(out.pop(JSON_ATTRS, "[]")):
+        if key in out:
+            out[key] = json.loads(out[key])
+    return out
+
+
+def read_export(data: bytes) -> dict[str, Any]:
+    """An `View.export_bytes` zip read back: ``{"manifest": dict, "datasets": {name: Dataset},
+    "tables": {name: DataFrame}, "code": str}``; the attributes written as JSON are decoded
+    (a dict comes back a dict, None None)."""
+    out: dict[str, Any] = {"datasets": {}, "tables": {}}
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        out["manifest"] = json.loads(zf.read("manifest.json"))
+        out["code"] = zf.read("code.py").decode()
+        for path in out["manifest"]["datasets"]:
+            if not path.endswith(".nc"):
+                continue
+            with xr.open_dataset(io.BytesIO(zf.read(path)), engine=NETCDF_ENGINE) as ds:
+                ds = ds.load()
+            ds.attrs = _restore_attrs(ds.attrs)
+            for var in ds.variables.values():
+                var.attrs = _restore_attrs(var.attrs)
+            out["datasets"][path[:-3]] = ds
+        for path in out["manifest"]["tables"]:
+            out["tables"][path[:-4]] = pd.read_csv(io.BytesIO(zf.read(path)))
+    return out
+
+
+def _ready_values(var: xr.Variable) -> xr.Variable:
+    kind = var.dtype.kind
+    if var.dtype == np.float16:
+        return var.astype(np.float32)
+    if kind in "iu" and var.dtype.itemsize >= 4 and var.size:
+        lo, hi = int(var.values.min()), int(var.values.max())
+        if lo < -2**31 or hi >= 2**31:
+            return var.astype(np.float64)              # NetCDF 3 stores 32-bit integers
+    if kind == "O":
+        values = var.values
+        if all(isinstance(v, str) for v in values.ravel()):
+            return var.astype(str)
+        return var.copy(data=np.vectorize(_json_attr, otypes=[str])(values) if values.size
+                        else values.astype(str))
+    return var
+
+
+def netcdf_ready(ds: xr.Dataset) -> xr.Dataset:
+    """A copy of ``ds`` that NetCDF 3 (the scipy engine) can write without losing values:
+    attributes it cannot hold (dicts, None, booleans, nested lists) become JSON strings,
+    float16 becomes float32, integers beyond 32 bits become float64, object arrays strings,
+    multi-indexes plain coordinates. Encodings are dropped."""
+    out = ds.copy()
+    for name in list(out.indexes):
+        if isinstance(out.indexes[name], pd.MultiIndex):
+            out = out.reset_index(name)
+    out.attrs = _ready_attrs(out.attrs)
+    for name in list(out.variables):
+        var = out.variables[name]
+        new = _ready_values(var)
+        new.attrs = _ready_attrs(var.attrs)
+        new.encoding = {}
+        if name in out.coords:
+            out = out.assign_coords({name: new})
+        else:
+            out[name] = new
+    return out
+
+
+def dataset_tables(ds: xr.Dataset, name: str) -> dict[str, pd.DataFrame]:
+    """``ds``'s 1-D and 2-D data variables as long tables: one per set of dimensions (named
+    ``name`` when there is one set, else ``name_<dims>``), a row per cell, coordinates as
+    columns. Variables of more cells than a CSV stays readable with are left out."""
+    groups: dict[tuple, list[str]] = {}
+    for var, da in ds.data_vars.items():
+        if 1 <= da.ndim <= 2 and da.size <= _TABLE_CELLS:
+            groups.setdefault(tuple(sorted(da.dims)), []).append(str(var))
+    out = {}
+    for dims, names in groups.items():
+        key = name if len(groups) == 1 else f"{name}_{'_'.join(map(str, dims))}"
+        sub = ds[names]
+        sub = sub.drop_vars([c for c in sub.coords if not set(sub[c].dims) <= set(dims)])
+        out[key] = sub.to_dataframe().reset_index()
+    return out
+
+
+def _zarr_into(zf: zipfile.ZipFile, ds: xr.Dataset, prefix: str) -> None:
+    """Write ``ds`` as a zarr store under ``prefix/`` inside ``zf``."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "store.zarr"
+        ds.to_zarr(path, mode="w")
+        for f in sorted(path.rglob("*")):
+            if f.is_file():
+                zf.write(f, f"{prefix}/{f.relative_to(path).as_posix()}")
 
 
 # -- the standalone page ------------------------------------------------------------------------

@@ -225,6 +225,30 @@ class AtlasView(View):
                                  f"{self._model.spec.name} ({atlas.sizes['layer']} layers × "
                                  f"{atlas.sizes['head']} heads)")
 
+    # -- reproducibility -------------------------------------------------------------------
+    def export_tables(self) -> dict[str, pd.DataFrame]:
+        """The atlas as the page's table: a row per head, its component name and scores."""
+        return {"atlas": atlas_table(self.atlas)} if self.atlas is not None else {}
+
+    def code_snippet(self) -> str:
+        """The atlas the page shows as Python: the page's own trace (and induction scores),
+        then `explorer.head_atlas`; the other pages' Datasets are read from their exports."""
+        lines = ["import explorer", "from explorer.head_atlas import atlas_table", "",
+                 f"model = explorer.load_model({self._model.spec.name!r})",
+                 f"results = [explorer.trace(model, [{self.prompt!r}], sites=('attn_pattern',))]"]
+        if self._induction is not None:
+            lines[1:1] = ["from explorer.analyses.icl_heads import induction_scores"]
+            lines.append("results.append(induction_scores(model, n_sequences=8, half_len=20))")
+        pages = collect_results(list(self._sources())) if self._sources is not None else []
+        if pages:
+            lines[1:1] = ["import xarray as xr"]
+            lines.append(f"# and the {len(pages)} Dataset(s) other pages computed, from their "
+                         "'Export page data' zips, e.g.:")
+            lines.append("# results.append(xr.open_dataset('scores.nc'))")
+        lines += ["atlas = explorer.head_atlas(results, model=model)  # [layer, head]",
+                  "table = atlas_table(atlas)"]
+        return "\n".join(lines) + "\n"
+
     def _on_page_load(self) -> None:
         self._page_loaded = True
         self._request_trace()

@@ -342,6 +342,17 @@ class AttentionView(View):
     def _error_note(self) -> str:
         return " The previous prompt's patterns are still shown." if self.result is not None else ""
 
+    def code_snippet(self) -> str:
+        """The trace the page draws (every head's pattern, the enlarged head) as Python."""
+        return "\n".join([
+            "import explorer", "",
+            f"model = explorer.load_model({self._model.spec.name!r})",
+            f"ds = explorer.trace(model, [{self.prompt!r}], sites=('attn_pattern',))",
+            "n = int(ds.mask.isel(prompt=0).sum())  # the prompt's tokens",
+            "patterns = ds.attn_pattern.isel(prompt=0, dst_pos=slice(0, n), src_pos=slice(0, n))",
+            f"enlarged = patterns.sel(layer={self.layer}, head={self.head})  # {self.selected}",
+        ]) + "\n"
+
     def close(self) -> None:
         """Stop the runner and drop the patterns (the page is gone)."""
         super().close()

@@ -14,10 +14,16 @@ JSON. A page with a ``selected`` parameter (the head or component it shows) adds
 picks there to the workspace selection and shows the workspace's newest head; a page with a
 ``highlighted`` parameter outlines every selected component; a page with ``set_sources`` (the
 head atlas) reads the Datasets the session's pages hold.
+
+The sidebar's *This page* part exports the page shown: *Export page data* downloads its
+Datasets as NetCDF, its tables as CSV, its snippet and a manifest (with the workspace state) in
+one zip (`apps._view.View.export_bytes`); *Copy page as code* shows the Python that recomputes
+it (`apps._view.View.code_snippet`), following the page's settings.
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -75,6 +81,10 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
 ]
 
 
+# a page's parameters that do not change what its snippet says
+_NOT_SNIPPET = {"name", "status", "busy", "running", "progress", "progress_active", "error"}
+
+
 def _model_choices(current: str) -> list[str]:
     names = list(explorer.known_models())
     return names if current in names else [current, *names]
@@ -112,6 +122,9 @@ class Gallery(pn.viewable.Viewer):
                                  doc="Latest status of this session's remote (NDIF) job.")
     state_message = param.String(default="", precedence=-1,
                                  doc="What the last state import did, or why it failed.")
+    page_revision = param.Integer(default=0, precedence=-1,
+                                  doc="Bumped when the page shown changes a setting or a result "
+                                      "(its snippet follows).")
 
     def __init__(self, model_name: str = DEFAULT_MODEL, *, views: Sequence[tuple] | None = None,
                  view: str | None = None, remote: bool = False, **params: Any):
@@ -177,6 +190,8 @@ class Gallery(pn.viewable.Viewer):
                 self._selection_to_page(view, self.workspace.selected)
                 view.param.watch(self._selection_from_page, "selected")
             self._pages[slug] = view
+            view.param.watch(lambda *events, slug=slug: self._page_changed(slug, events),
+                             [n for n in view.param if n not in _NOT_SNIPPET])
             if hasattr(view, "set_sources"):
                 view.set_sources(self.page_results)
         return self._pages[slug]
@@ -189,6 +204,52 @@ class Gallery(pn.viewable.Viewer):
                 continue
             out += [v for v in view.param.values().values() if isinstance(v, xr.Dataset)]
         return out
+
+    def _page_changed(self, slug: str, events: Sequence[Any]) -> None:
+        if slug == self.view:
+            self.page_revision += 1
+
+    # -- the page's data and code ------------------------------------------------------------
+    def export_page_data(self, slug: str | None = None) -> bytes:
+        """The page ``slug``'s (default: the one shown) data zip (`View.export_bytes`), with the
+        gallery page and the workspace state in its manifest."""
+        slug = self.view if slug is None else slug
+        view = self.page(slug)
+        extra = {"gallery_page": slug, "workspace": json.loads(self.workspace.to_json())}
+        return view.export_bytes(extra=extra)
+
+    def page_code(self, slug: str | None = None) -> str:
+        """Python that recomputes what the page ``slug`` (default: the one shown) shows."""
+        view = self.page(self.view if slug is None else slug)
+        code = view.code_snippet() if hasattr(view, "code_snippet") else ""
+        if self.workspace.edits:
+            code += ("# The workspace's edits are not in this snippet: the Workspace's "
+                     "'Copy as code' rebuilds them.\n")
+        return code
+
+    def _page_data_name(self, *_: Any) -> str:
+        return f"explorer-{self.view}.zip"
+
+    def page_widgets(self) -> list[pn.viewable.Viewable]:
+        """The sidebar's part for the page shown: export its data, copy it as code."""
+        download = pn.widgets.FileDownload(callback=lambda: io.BytesIO(self.export_page_data()),
+                                           filename=self._page_data_name(),
+                                           label="Export page data", color="light",
+                                           sizing_mode="stretch_width",
+                                           css_classes=["export-page-data"])
+        self.param.watch(lambda e: setattr(download, "filename", self._page_data_name()), "view")
+
+        def code(*_: Any) -> str:
+            try:
+                return "```python\n" + self.page_code() + "```"
+            except Exception as exc:  # noqa: BLE001 - a page's snippet must not break the sidebar
+                return f"The page could not write its snippet: {user_message(exc)}"
+
+        pane = pn.pane.Markdown(pn.bind(code, self.param.view, self.param.page_revision),
+                                sizing_mode="stretch_width", css_classes=["page-code"])
+        return [pn.pane.Markdown("### This page"), download,
+                pn.Card(pane, title="Copy page as code", collapsed=True,
+                        sizing_mode="stretch_width", css_classes=["page-code-card"])]
 
     def _show_page(self, event: Any = None) -> None:
         head = [intro_pane(self.view)] if self.view in INTROS else []
@@ -452,6 +513,7 @@ class Gallery(pn.viewable.Viewer):
                   ] if self._remote else []
         return [pn.pane.Markdown("### Pages"), nav, pn.layout.Divider(), model, loading, prompt,
                 *remote, stop, pn.layout.Divider(), *self.workspace_widgets(), pn.layout.Divider(),
+                *self.page_widgets(), pn.layout.Divider(),
                 pn.pane.Markdown(self.param.cache, css_classes=["cache-status"]), refresh]
 
     def template(self) -> pn.template.FastListTemplate:

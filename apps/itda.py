@@ -393,6 +393,33 @@ class ITDAView(View):
         token.check()
         return {"p": p, "acts": acts, "itda": itda, "rec": rec, "examples": ex, "atom": atom}
 
+    # -- reproducibility ---------------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """The page's dictionary, its atom, tau curves (and the layer comparison once made) as
+        Python with the library calls the page makes and its current settings."""
+        L, tau, l0 = self.layer, self.tau, self.l0
+        fit = f"layer={L}, min_pos={MIN_POS}"
+        lines = ["import explorer",
+                 "from explorer.analyses.itda import ITDA, itda_atom_examples, "
+                 "itda_reconstruction, itda_tau_sweep", "",
+                 f"model = explorer.load_model({self._model.spec.name!r})",
+                 f"prompts = {probe_prompts(self.probe_text)!r}",
+                 "acts = explorer.trace(model, prompts, sites=('resid_post',))",
+                 f"itda = ITDA(tau={tau!r}, l0={l0!r}).fit(acts, {fit})",
+                 f"reconstruction = itda_reconstruction(itda, acts, {fit})  # error, L0, FVE",
+                 f"examples = itda_atom_examples(itda, acts, k=5, atoms=[{self.atom}], {fit})",
+                 f"sweep = itda_tau_sweep(acts, taus={TAU_GRID!r}, l0={l0!r}, {fit})"]
+        if self.similarity is not None:
+            lines[2:2] = ["from explorer.analyses.similarity import layer_similarity, perturbed_copy"]
+            if self._fixed_other is not None:
+                lines.append(f"other = explorer.load_model({self._fixed_other.spec.name!r})")
+            else:
+                lines.append(f"other = perturbed_copy(model, scale={self.noise!r}, seed=1)")
+            lines += ["other_acts = explorer.trace(other, prompts, sites=('resid_post',))",
+                      f"similarity = layer_similarity(acts, other_acts, method={self.method!r}, "
+                      f"tau={tau!r}, l0={l0!r}, min_pos={MIN_POS})"]
+        return "\n".join(lines) + "\n"
+
     # -- results (on the session's event loop when served) -----------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:
         self._itda = out["itda"]

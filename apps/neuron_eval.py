@@ -371,6 +371,41 @@ class NeuronEvalView(View):
         return {"p": p, "unit": unit, "n_units": n_units, "table": table, "strips": strips,
                 "synthetic": synthetic, "real": real, "caption": caption}
 
+    # -- reproducibility ---------------------------------------------------------------------
+    def export_datasets(self) -> dict[str, xr.Dataset]:
+        """The sanity-check tables, and the shown unit's activations with its concept labels."""
+        out = super().export_datasets()
+        with self._lock:
+            data = self._data[1] if self._data is not None else None
+        if data is not None and self.table is not None:
+            unit = min(max(0, self.unit), data["acts"].shape[1] - 1)
+            out["unit"] = xr.Dataset(
+                {"activation": ("input", data["acts"][:, unit]),
+                 "concept": ("input", concept_vector(data, unit, self.concept))},
+                coords={"token": ("input", data["tokens"].astype(str))},
+                attrs={"unit": unit, "concept_name": self.concept, "layer": self.layer})
+        return out
+
+    def code_snippet(self) -> str:
+        """The page's metric table and sanity checks as Python, with its current settings
+        (the units and the table come from the page module's numpy glue)."""
+        L, tau, unit = self.layer, self.tau, self.unit
+        return "\n".join([
+            "import explorer",
+            "from apps.neuron_eval import concept_vector, metric_table, unit_data  # numpy glue",
+            "from explorer.analyses.neuron_eval import itda_atom_sanity_checks, "
+            "synthetic_sanity_checks", "",
+            f"model = explorer.load_model({self._model.spec.name!r})",
+            f"prompts = {probe_prompts(self.probe_text)!r}",
+            f"data = unit_data(model, prompts, layer={L}, tau={tau!r})  # ITDA atoms as units",
+            f"c = concept_vector(data, {unit}, {self.concept!r})",
+            f"table, perturbed = metric_table(data['acts'], c, {unit}, seed={self.seed}, "
+            f"binarize={self.binarize!r}, alpha={self.alpha!r}, threshold={self.threshold!r})",
+            f"real = itda_atom_sanity_checks(data['itda'], data['activations'], layer={L}, "
+            f"min_count=2, n_seeds={self._n_seeds}, alpha=0.05, min_pos={MIN_POS})",
+            f"synthetic = synthetic_sanity_checks(**{_SYNTHETIC!r})",
+        ]) + "\n"
+
     # -- results -------------------------------------------------------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:
         self.param.unit.bounds = (0, max(0, out["n_units"] - 1))

@@ -251,6 +251,7 @@ class ShatteringView(View):
         self._lock = threading.Lock()
         self._cov: dict[int, Any] = {}
         self._cache: dict[tuple, Any] = {}
+        self._km_file: Path | None = None
         self.runner("load", self._loaded, progress=True)
         self.runner("edit", self._edited)
         self.runner("sweep", self._swept)
@@ -272,6 +273,7 @@ class ShatteringView(View):
             return knowledge_model(**DEFAULTS)
         if SHIPPED_MODEL.is_file():
             self.post(status="Loading the knowledge-graph transformer shipped with the project…")
+            self._km_file = SHIPPED_MODEL          # for the page's snippet
             return load_knowledge_model(SHIPPED_MODEL)
         params = {**DEFAULTS, **QUICK_PARAMS}
         if is_stored(**params):
@@ -410,6 +412,52 @@ class ShatteringView(View):
                                                       self.km.params["d_model"]))
                 self._cache[key] = (emb, acc)
             return self._cache[key]
+
+    # -- reproducibility -------------------------------------------------------------------
+    def export_datasets(self) -> dict[str, xr.Dataset]:
+        """The sweep, and the edit's embedding and fact accuracy at the current strength."""
+        out = super().export_datasets()
+        at = self._at_strength()
+        if at is not None:
+            out["embedding"], out["accuracy"] = at
+        return out
+
+    def code_snippet(self) -> str:
+        """The shown edit, its embedding and accuracy at the current strength as Python."""
+        km, edit = self.km, self.edit
+        if km is None or edit is None:
+            return "# The knowledge-graph model is still loading.\n"
+        names = ["edit_embedding", "edit_fact", "edited_model", "fact_accuracy"]
+        if self._km_file is not None:
+            load = f"km = load_knowledge_model({str(self._km_file)!r})"
+            names.append("load_knowledge_model")
+        else:
+            load = (f"km = knowledge_model(**{dict(km.params)!r})  # from the cache folder, "
+                    "or trained (seeded) and stored")
+            names.append("knowledge_model")
+        layer = self.layer
+        cov = []
+        if self.method == "rome":
+            cov = [f"cov = key_covariance(km, {layer})"]
+        elif self.method == "memit":
+            cov = [f"cov = {{b: key_covariance(km, b) for b in range({layer + 1})}}"]
+        if cov:
+            names.append("key_covariance")
+        strength = round(float(self.strength), 4)
+        n = min(3, km.graph.n_entities - 1, km.params["d_model"])
+        return "\n".join([
+            f"from explorer.analyses.shattering import {', '.join(sorted(names))}", "",
+            load,
+            "graph = km.graph", *cov,
+            f"edit = edit_fact(km, graph.entity_names.index({self.entity!r}), "
+            f"graph.relation_names.index({self.relation!r}), {self.distance}, "
+            f"method={self.method!r}, layer={layer}" + (", cov=cov)" if cov else ")"),
+            f"embedding = edit_embedding(km, edit, [0.0, {strength!r}], "
+            f"projection={self.projection!r}, n_components={n})  # R at the strength: "
+            "embedding['R'][-1]",
+            f"accuracy = fact_accuracy(km, edited_model(km, edit, {strength!r}), "
+            "exclude=[(edit.entity, edit.relation)])",
+        ]) + "\n"
 
     @param.depends("edit", "strength", "projection")
     def embedding(self) -> xr.Dataset | None:

@@ -382,3 +382,107 @@ def test_every_gallery_page_has_the_one_serving_footer():
         if len(footers) != 1 or own:
             wrong.append(f"apps/{name}.py: {len(footers)} serve footers, own serving at lines {own}")
     assert wrong == []
+
+
+# -- reproducibility: export and code ------------------------------------------------------------
+
+def _awkward() -> "xr.Dataset":
+    import numpy as np
+    import xarray as xr
+
+    return xr.Dataset(
+        {"score": (("layer", "head"), np.arange(6, dtype=np.float32).reshape(2, 3),
+                   {"provenance": {"page": "x", "n": 3}, "unit": None}),
+         "half": ("layer", np.array([0.5, 1.25], dtype=np.float16)),
+         "big": ("layer", np.array([2**40, -3], dtype=np.int64)),
+         "flag": ("layer", np.array([True, False])),
+         "label": ("layer", np.array(["a", "bé"], dtype=object)),
+         "curve": ("step", np.linspace(0, 1, 4)),
+         "grid": (("a", "b", "c"), np.zeros((2, 2, 2)))},
+        coords={"layer": [0, 1], "head": [0, 1, 2], "step": [10, 20, 30, 40],
+                "name": ("head", ["L0.H0", "L0.H1", "L0.H2"])},
+        attrs={"model_spec": {"n_layers": 2}, "remote": False, "note": None, "taus": [0.1, 0.2],
+               "nested": [[1, 2]], "count": 3})
+
+
+class DataPage(View):
+    scores = param.ClassSelector(class_=object, default=None, precedence=-1)
+    curve = param.Parameter(default=None, precedence=-1)
+    runs = param.Dict(default={}, precedence=-1)
+    table = param.Parameter(default=None, precedence=-1)
+    layer = param.Integer(default=1)
+    prompt = param.String(default="hello")
+
+
+def test_netcdf_ready_keeps_every_value_and_turns_awkward_attrs_into_json():
+    import io
+    import json
+
+    import numpy as np
+    import xarray as xr
+
+    from apps._view import JSON_ATTRS, netcdf_ready
+
+    ds = _awkward()
+    data = netcdf_ready(ds).to_netcdf(engine="scipy")      # raises on a dict / None / int64 attr
+    back = xr.open_dataset(io.BytesIO(data), engine="scipy").load()
+    np.testing.assert_array_equal(back["score"].values, ds["score"].values)
+    np.testing.assert_array_equal(back["half"].values, [0.5, 1.25])
+    np.testing.assert_array_equal(back["big"].values, [2.0**40, -3.0])   # past int32: as floats
+    assert back["flag"].values.tolist() == [True, False]
+    assert back["label"].values.tolist() == ["a", "bé"]
+    assert back["name"].values.tolist() == ["L0.H0", "L0.H1", "L0.H2"]
+    assert json.loads(back.attrs["model_spec"]) == {"n_layers": 2}
+    assert json.loads(back.attrs["note"]) is None and json.loads(back.attrs["remote"]) is False
+    assert sorted(json.loads(back.attrs[JSON_ATTRS])) == ["model_spec", "nested", "note", "remote"]
+    assert back.attrs["count"] == 3 and list(back.attrs["taus"]) == [0.1, 0.2]
+    assert json.loads(back["score"].attrs["provenance"]) == {"page": "x", "n": 3}
+    assert ds.attrs["model_spec"] == {"n_layers": 2} and ds["big"].dtype == np.int64  # untouched
+
+
+def test_the_default_export_finds_the_views_datasets_tables_and_writes_a_zip():
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    from apps._view import EXPORT_FORMAT, read_export
+
+    ds = _awkward()
+    frame = pd.DataFrame({"metric": ["a", "b"], "score": [0.25, 0.5]})
+    page = DataPage(scores=ds, curve=ds["curve"], runs={2: ds[["score"]], "x": 3}, table=frame)
+    assert sorted(page.export_datasets()) == ["curve", "runs_2", "scores"]
+    tables = page.export_tables()
+    # one long table per set of dimensions; the 3-D variable is not flattened
+    assert sorted(tables) == ["curve", "runs_2", "scores_head_layer", "scores_layer",
+                              "scores_step", "table"]
+    sl = tables["scores_head_layer"]
+    assert len(sl) == 6 and set(sl.columns) >= {"layer", "head", "score", "name"}
+    assert sl.set_index(["layer", "head"])["score"].loc[(1, 2)] == 5.0
+    assert tables["table"] is frame
+    for fmt in ("netcdf", "zarr"):
+        data = page.export_bytes(fmt, extra={"workspace": {"prompts": ["hello"]}})
+        if fmt == "zarr":
+            import io
+            import zipfile
+
+            names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+            assert any(n.startswith("scores.zarr/") for n in names)
+            continue
+        back = read_export(data)
+        m = back["manifest"]
+        assert m["format"] == EXPORT_FORMAT and m["page"] == "DataPage" and m["prompt"] == "hello"
+        assert m["parameters"] == {"layer": 1, "prompt": "hello"}
+        assert m["workspace"] == {"prompts": ["hello"]} and m["versions"]["xarray"] == xr.__version__
+        assert back["datasets"]["scores"].attrs["model_spec"] == {"n_layers": 2}
+        assert back["datasets"]["scores"].attrs["note"] is None
+        xr.testing.assert_allclose(back["datasets"]["scores"]["score"], ds["score"])
+        np.testing.assert_allclose(back["tables"]["table"]["score"], [0.25, 0.5])
+        assert back["code"] == page.code_snippet()
+    with pytest.raises(ValueError, match="fmt"):
+        page.export_bytes("pickle")
+
+
+def test_the_default_snippet_compiles_and_names_the_pages_settings():
+    code = DataPage(layer=2).code_snippet()
+    compile(code, "<snippet>", "exec")
+    assert "import explorer" in code and "'layer': 2" in code and "'prompt': 'hello'" in code

@@ -1,0 +1,278 @@
+"""Reproducibility of the pages: every gallery page exports its data (NetCDF, CSV, a manifest)
+and a snippet of code; for the pages with their own snippet, running it recomputes what the
+page shows.
+
+The exports are re-opened with xarray's own reader and compared with the page's Datasets; the
+snippets run with `exec` in a fresh namespace (they load tiny-llama again by name).
+"""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+NETCDF_VALUES = (np.floating, np.integer, np.bool_)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def cheap_views(tmp_path_factory, one_thread):
+    """The gallery's pages in its order; the slow ones with small settings (as the gallery's
+    browser test builds them)."""
+    from apps.circuits import CircuitsView
+    from apps.conflicts import ConflictsView
+    from apps.gallery import VIEWS
+    from apps.icl_heads import ICLHeadsView
+    from apps.itda import ITDAView
+    from apps.linear_icl import LinearICLView
+    from apps.neuron_eval import NeuronEvalView
+    from apps.saturation import SaturationView
+    from apps.shattering import ShatteringView
+    from apps.unlearning import UnlearningView
+    from explorer.analyses import linear_icl
+    from explorer.analyses import shattering as sh
+    from explorer.analyses.conflicts import load_facts
+
+    tmp = tmp_path_factory.mktemp("export-views")
+    attrs = ["blue", "dog", "moon"]
+    facts_file = tmp / "facts.json"
+    facts_file.write_text(json.dumps({
+        "attributes": attrs,
+        "templates": {"trained": "Fact: {subject} likes the",
+                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
+                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    icl_runs = {H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
+                                               batch_size=64, n_test=64, test_lengths=[10, 40],
+                                               seed=0) for H in (1, 2)}
+    km = sh.train_knowledge_model(**KM_PARAMS)
+    sweep = sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
+    facts = load_facts(["country_capital"])[:3]
+    cheap = {
+        "saturation": lambda m: SaturationView(m, store=None, n_tokens=400, analysis_options=dict(
+            n_permutations=100, n_pairs=1, sample_positions=200, min_sat_layer=0)),
+        "conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
+        "icl-heads": lambda m: ICLHeadsView(m, n_prompts=3, n_shots=2),
+        "itda": lambda m: ITDAView(m, layer=1),
+        "neuron-eval": lambda m: NeuronEvalView(m, layer=1, n_seeds=3),
+        "linear-icl": lambda m: LinearICLView(m, runs=icl_runs),
+        "circuits": lambda m: CircuitsView(m, n_prompts=4),
+        "shattering": lambda m: ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3",
+                                               relation="A+1", distance=2),
+        "unlearning": lambda m: UnlearningView(m, facts_file=facts_file, known_only=False,
+                                               n_forget=4, n_retain=2, n_layers=1, steps=2,
+                                               relearn_steps=1),
+    }
+    return [(title, slug, cheap.get(slug, factory)) for title, slug, factory in VIEWS]
+
+
+KM_PARAMS = dict(n_entities=16, n_orders=2, max_hops=2, walk_length=4, d_model=32, n_heads=2,
+                 d_mlp=64, steps=150, batch_size=64, lr=1e-2, seed=0)
+
+
+def _unzip(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def _same_values(page: xr.Dataset, back: xr.Dataset) -> None:
+    """Every numeric variable and coordinate of ``page`` is in ``back`` with the same values
+    (strings compared as strings)."""
+    for name, var in page.variables.items():
+        assert name in back.variables, f"{name} lost"
+        got = back.variables[name]
+        assert got.dims == var.dims, name
+        a = np.asarray(var.values)
+        b = np.asarray(got.values)
+        if a.dtype.kind in "fiub":
+            np.testing.assert_allclose(b.astype(np.float64), a.astype(np.float64), rtol=1e-6,
+                                       atol=1e-7 if a.dtype != np.float16 else 1e-3, err_msg=name,
+                                       equal_nan=True)
+        elif a.dtype.kind in "UO" and all(isinstance(v, str) for v in a.ravel()):
+            assert b.astype(str).tolist() == a.astype(str).tolist(), name
+
+
+def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, tiny_model,
+                                                                  monkeypatch, tmp_path):
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    exported = {}
+    for title, slug, factory in cheap_views:
+        view = factory(tiny_model)
+        try:
+            view.wait(600)
+            datasets = view.export_datasets()
+            tables = view.export_tables()
+            files = _unzip(view.export_bytes())
+            manifest = json.loads(files["manifest.json"])
+            assert manifest["page"] == type(view).__name__, slug
+            assert sorted(manifest["datasets"]) == sorted(n for n in files if n.endswith(".nc"))
+            for name, ds in datasets.items():
+                with xr.open_dataset(io.BytesIO(files[f"{name}.nc"]), engine="scipy") as back:
+                    back = back.load()
+                _same_values(ds, back)
+                numeric = [v for v in ds.data_vars if ds[v].dtype.kind in "fiu"]
+                if numeric:
+                    xr.testing.assert_allclose(ds[numeric].astype(np.float64),
+                                               back[numeric].astype(np.float64))
+            for name, table in tables.items():
+                back = pd.read_csv(io.BytesIO(files[f"{name}.csv"]))
+                assert list(back.columns) == [str(c) for c in table.columns], (slug, name)
+                assert len(back) == len(table), (slug, name)
+            code = files["code.py"].decode()
+            compile(code, f"<{slug} snippet>", "exec")
+            assert code == view.code_snippet()
+            exported[slug] = (sorted(datasets), sorted(tables))
+        finally:
+            view.close()
+    print(exported)
+    assert set(exported) == {slug for _, slug, _ in cheap_views}
+    # the pages that compute a Dataset on opening export it
+    for slug in ("lens", "attention", "atlas", "itda", "neuron-eval", "shattering"):
+        assert exported[slug][0], slug
+
+
+# -- the pages' own snippets recompute what they show ----------------------------------------
+
+def _run(code: str) -> dict:
+    namespace: dict = {}
+    exec(compile(code, "<snippet>", "exec"), namespace)  # noqa: S102 - the page's own snippet
+    return namespace
+
+
+def test_attention_snippet_recomputes_the_patterns(tiny_model):
+    from apps.attention import AttentionView, head_pattern
+
+    view = AttentionView(tiny_model, background=False, prompt="The cat sat on the mat")
+    view.select(2, 3)
+    ns = _run(view.code_snippet())
+    assert ns["model"].spec.name == "tiny-llama"
+    xr.testing.assert_allclose(ns["ds"]["attn_pattern"], view.result["attn_pattern"])
+    xr.testing.assert_allclose(ns["enlarged"], head_pattern(view.result, 2, 3))
+    assert ns["enlarged"].sizes["dst_pos"] == int(view.result.mask.sum())
+    view.close()
+
+
+def test_atlas_snippet_recomputes_the_atlas_and_its_table(tiny_model):
+    from apps.atlas import AtlasView
+
+    view = AtlasView(tiny_model, background=False, prompt="one two three one two three")
+    view.add_induction()
+    view.wait(300)
+    assert "induction" in " ".join(view.atlas.data_vars)
+    ns = _run(view.code_snippet())
+    xr.testing.assert_allclose(ns["atlas"], view.atlas)
+    pd.testing.assert_frame_equal(ns["table"], view.export_tables()["atlas"])
+    view.close()
+
+
+def test_itda_snippet_recomputes_the_dictionary_atom_sweep_and_comparison(tiny_model):
+    from apps.itda import ITDAView
+
+    view = ITDAView(tiny_model, background=False, layer=1, tau=0.3, l0=4)
+    view.atom = 2
+    view.param.trigger("compare")
+    view.wait(300)
+    assert view.similarity is not None and view.sweep is not None
+    ns = _run(view.code_snippet())
+    np.testing.assert_array_equal(ns["itda"].atoms_, view.dictionary.atoms_)
+    xr.testing.assert_identical(ns["examples"], view.examples)
+    timing = [v for v in view.sweep.data_vars if "seconds" in v]    # wall clock, not results
+    xr.testing.assert_allclose(ns["sweep"].drop_vars(timing), view.sweep.drop_vars(timing))
+    xr.testing.assert_allclose(ns["similarity"], view.similarity)
+    assert f"{float(ns['reconstruction']['fve']):.3f}" in view.summary
+    view.close()
+
+
+def test_neuron_eval_snippet_recomputes_the_table_and_sanity_checks(tiny_model):
+    from apps.neuron_eval import NeuronEvalView
+
+    view = NeuronEvalView(tiny_model, background=False, layer=1, n_seeds=2, unit=3,
+                          concept="own_token", seed=4, alpha=0.1)
+    view.wait(300)
+    ns = _run(view.code_snippet())
+    pd.testing.assert_frame_equal(ns["table"], view.table)
+    xr.testing.assert_allclose(ns["synthetic"], view.synthetic)
+    if view.real is None:
+        assert ns.get("real") is None
+    else:
+        xr.testing.assert_allclose(ns["real"], view.real)
+    unit = view.export_datasets()["unit"]
+    np.testing.assert_allclose(unit["activation"].values, ns["data"]["acts"][:, 3])
+    view.close()
+
+
+@pytest.fixture(scope="module")
+def km(one_thread):
+    from explorer.analyses import shattering as sh
+
+    return sh.train_knowledge_model(**KM_PARAMS)
+
+
+@pytest.mark.parametrize("method", ["finetune", "rome"])
+def test_shattering_snippet_recomputes_the_edit_embedding_and_accuracy(km, method, monkeypatch,
+                                                                       tmp_path):
+    from apps._view import read_export
+    from apps.shattering import ShatteringView
+    from explorer.analyses import shattering as sh
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))  # the snippet retrains km there
+    sweep = sh.edit_sweep(km, n_edits=3, distances=[1, 2], method="finetune")
+    view = ShatteringView(km=km, sweep=sweep, method=method, entity="e3", relation="A+1",
+                          distance=2, background=False)
+    view.strength = 0.6
+    shown_embedding, shown_accuracy = view.embedding(), view._at_strength()[1]
+    ns = _run(view.code_snippet())
+    xr.testing.assert_allclose(ns["embedding"], shown_embedding)
+    xr.testing.assert_allclose(ns["accuracy"], shown_accuracy)
+    # the exported embedding keeps its dict attribute (NetCDF holds it as JSON)
+    back = read_export(view.export_bytes())["datasets"]
+    assert back["embedding"].attrs["edit"] == json.loads(json.dumps(shown_embedding.attrs["edit"]))
+    xr.testing.assert_allclose(back["accuracy"]["accuracy"], shown_accuracy["accuracy"])
+    view.close()
+
+
+def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_model):
+    from apps._view import read_export
+    from apps.attention import AttentionView
+    from apps.gallery import Gallery
+    from apps.lens import LensView
+
+    views = [("Attention", "attention", lambda m: AttentionView(m, background=False)),
+             ("Logit lens", "lens", LensView)]
+    g = Gallery("tiny-llama", views=views)
+    g.prompt = "The cat sat"
+    g.workspace.select("L1.H2")
+    view = g.page("attention")
+    view.wait(300)
+    back = read_export(g.export_page_data())
+    m = back["manifest"]
+    assert m["gallery_page"] == "attention" and m["model"] == "tiny-llama"
+    assert m["prompt"] == "The cat sat" and m["workspace"]["selected"] == ["L1.H2"]
+    xr.testing.assert_allclose(back["datasets"]["result"]["attn_pattern"],
+                               view.result["attn_pattern"])
+    assert "'The cat sat'" in g.page_code() and "head=2)  # L1.H2" in g.page_code()
+    before = g.page_revision
+    view.select(0, 1)                                  # a setting of the page shown changes
+    assert g.page_revision > before and "head=1)  # L0.H1" in g.page_code()
+    sidebar = g.page_widgets()
+    download = sidebar[1]
+    assert download.filename == "explorer-attention.zip"
+    g.view = "lens"
+    assert download.filename == "explorer-lens.zip"
+    g.page("lens").wait(300)
+    assert read_export(g.export_page_data())["manifest"]["page"] == "LensView"
+    g.close()
