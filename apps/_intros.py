@@ -52,7 +52,8 @@ INTROS: dict[str, Intro] = {
         title="Looking Beyond the Top-1: Transformers Determine Top Tokens in Order",
         read="The token strip is coloured by the layer where the top-1 token is decided; "
              "a staircase that rises with rank (s1 < s2 < ...) is the paper's finding.",
-        try_first="Click a token in the strip to see its layer x rank table and staircase.",
+        try_first="Press Analyse if no stored result opens (about a minute on SmolLM2), then "
+                  "click a token in the strip to see its layer x rank table and staircase.",
         doc="docs/saturation.md"),
     "conflicts": Intro(
         shows="Which attention heads push the model towards its memorised answer and which "
@@ -72,7 +73,8 @@ INTROS: dict[str, Intro] = {
         title="Which Attention Heads Matter for In-Context Learning?",
         read="Each dot is a head: right means a strong induction score, up a strong FV "
              "score. In the ablation plot a curve that falls fast means those heads matter.",
-        try_first="Click a dot to see that head's attention, then change the task.",
+        try_first="Press Compute scores (about 30 s on SmolLM2), click a dot to see that "
+                  "head's attention, then change the task.",
         doc="docs/icl_heads.md"),
     "itda": Intro(
         shows="A dictionary built from the model's own activations (ITDA), how its size "
