@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                 unsettled.append(slug)
             path = args.out / f"gallery_{slug.replace('-', '_')}.png"
             tab.screenshot(path=str(path))
-            print(f"{path.relative_to(ROOT)}  ({time.time() - started:.0f} s)", flush=True)
+            shown = path.resolve()
+            shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+            print(f"{shown}  ({time.time() - started:.0f} s)", flush=True)
         browser.close()
     (args.out / ".gallery_server.log").unlink(missing_ok=True)
     if unsettled:
