@@ -13,7 +13,7 @@ import param
 
 from apps import theme
 
-__all__ = ["labelled_control", "labelled_controls"]
+__all__ = ["labelled", "labelled_control", "labelled_controls", "tip"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -52,3 +52,24 @@ def labelled_controls(view: param.Parameterized, spec: dict[str, dict[str, Any]]
         opts = dict(opts)
         out.append(labelled_control(view, name, opts.pop("type"), **opts))
     return out
+
+
+def tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
+    """The widget with a tooltip saying what it changes: its own (``description``) where
+    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
+    if not doc:
+        return widget
+    if "description" in widget.param:
+        widget.description = doc
+        return widget
+    widget.sizing_mode = "stretch_width"
+    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
+                  margin=0, sizing_mode="stretch_width")
+
+
+def labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
+    """A button group with the label and tooltip Panel does not draw for it."""
+    widget.description = doc
+    return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
+                            pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
+                     widget, margin=0)

@@ -24,6 +24,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._controls import labelled, tip
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer import components
@@ -70,27 +71,6 @@ ALPHA_NOTE = (
     "heads by the intervention's effect on all three prompt types (*Select heads as JuICE "
     "does*): there no head qualifies for S+, and suppressing its three S- heads raises "
     "P(memory) to 0.58.")
-
-
-def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
-    """The widget with a tooltip saying what it changes: its own (``description``) where
-    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
-    if not doc:
-        return widget
-    if "description" in widget.param:
-        widget.description = doc
-        return widget
-    widget.sizing_mode = "stretch_width"
-    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
-                  margin=0, sizing_mode="stretch_width")
-
-
-def _labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
-    """A button group with the label and tooltip Panel does not draw for it."""
-    widget.description = doc
-    return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
-                            pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
-                     widget, margin=0)
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
@@ -442,18 +422,18 @@ class ConflictsView(View):
             "answer (baseline / single run / JuICE)."), p.accuracy)
 
         def group(name: str) -> pn.Column:
-            return _labelled(pn.widgets.RadioButtonGroup.from_param(
+            return labelled(pn.widgets.RadioButtonGroup.from_param(
                 p[name], button_type="primary", variant="outline",
                 sizing_mode="stretch_width"), p[name].label, p[name].doc)
 
         caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
         controls = pn.Column(
-            _tip(pn.widgets.Select.from_param(p.example), p.example.doc), group("kind"),
+            tip(pn.widgets.Select.from_param(p.example), p.example.doc), group("kind"),
             group("direction"), group("pick_set"),
-            _tip(pn.widgets.MultiChoice.from_param(p.heads_plus), p.heads_plus.doc),
-            _tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick, select,
-            _tip(pn.widgets.FloatSlider.from_param(p.alpha_l), p.alpha_l.doc),
-            _tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
+            tip(pn.widgets.MultiChoice.from_param(p.heads_plus), p.heads_plus.doc),
+            tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick, select,
+            tip(pn.widgets.FloatSlider.from_param(p.alpha_l), p.alpha_l.doc),
+            tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
             group("mode"),
             pn.pane.HoloViews(pn.bind(plot_answer_bars, p.bar_rows), linked_axes=False,
                               sizing_mode="stretch_width", css_classes=["cf-bars"]),

@@ -21,6 +21,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._controls import tip
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer.analyses import icl_heads as ih
@@ -36,19 +37,6 @@ _TOOLS = STATIC_TOOLS
 DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
 DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
 DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
-
-
-def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
-    """The widget with a tooltip saying what it changes: its own (``description``) where
-    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
-    if not doc:
-        return widget
-    if "description" in widget.param:
-        widget.description = doc
-        return widget
-    widget.sizing_mode = "stretch_width"
-    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
-                  margin=0, sizing_mode="stretch_width")
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
@@ -502,15 +490,15 @@ class ICLHeadsView(View):
         caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
         controls = pn.Column(
             self._score_button, self._progress, pn.pane.Markdown(p.status),
-            _tip(pn.widgets.FloatSlider.from_param(p.top_induction), p.top_induction.doc),
-            _tip(pn.widgets.FloatSlider.from_param(p.top_fv), p.top_fv.doc),
-            _tip(pn.widgets.IntSlider.from_param(p.layer), p.layer.doc),
-            _tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
-            _tip(pn.widgets.Select.from_param(p.task), p.task.doc),
-            _tip(slider, p.max_percent.doc),
-            _tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
-            _tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
-            _tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
+            tip(pn.widgets.FloatSlider.from_param(p.top_induction), p.top_induction.doc),
+            tip(pn.widgets.FloatSlider.from_param(p.top_fv), p.top_fv.doc),
+            tip(pn.widgets.IntSlider.from_param(p.layer), p.layer.doc),
+            tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
+            tip(pn.widgets.Select.from_param(p.task), p.task.doc),
+            tip(slider, p.max_percent.doc),
+            tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
+            tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
+            tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.layer, p.head, p.curves,
                                  p.fv_result, p.td)),
             width=theme.SIZES["controls_width"])

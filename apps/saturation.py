@@ -35,6 +35,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._controls import labelled, tip
 from apps._session import CancelToken
 from apps._view import View, serve
 from explorer._checks import ExplorerError, InputError, check_choice
@@ -459,27 +460,6 @@ class _CachedOnly:
         if hit is None:
             raise LookupError("not cached")
         return hit
-
-
-def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
-    """The widget with a tooltip saying what it changes: its own (``description``) where
-    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
-    if not doc:
-        return widget
-    if "description" in widget.param:
-        widget.description = doc
-        return widget
-    widget.sizing_mode = "stretch_width"
-    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
-                  margin=0, sizing_mode="stretch_width")
-
-
-def _labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
-    """A button group with the label and tooltip Panel does not draw for it."""
-    widget.description = doc
-    return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
-                            pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
-                     widget, margin=0)
 
 
 def _caption(text: Any) -> pn.pane.Markdown:
@@ -923,16 +903,16 @@ class SaturationView(View):
         p = self.param
 
         def group(name: str) -> pn.Column:
-            return _labelled(pn.widgets.RadioButtonGroup.from_param(
+            return labelled(pn.widgets.RadioButtonGroup.from_param(
                 p[name], button_type="primary", variant="outline",
                 sizing_mode="stretch_width"), p[name].label, p[name].doc)
 
         def slider(name: str, kind: Any = pn.widgets.IntSlider, **kw: Any) -> pn.viewable.Viewable:
-            return _tip(kind.from_param(p[name], sizing_mode="stretch_width", **kw), p[name].doc)
+            return tip(kind.from_param(p[name], sizing_mode="stretch_width", **kw), p[name].doc)
 
         return pn.Column(
             group("weights"),
-            _tip(pn.widgets.IntInput.from_param(p.n_tokens, step=256, sizing_mode="stretch_width"),
+            tip(pn.widgets.IntInput.from_param(p.n_tokens, step=256, sizing_mode="stretch_width"),
                  p.n_tokens.doc),
             self._run_button,
             slider("text", throttled=True),

@@ -21,6 +21,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._controls import tip
 from apps._session import CancelToken
 from apps._view import View, serve
 from explorer.analyses import unlearning as U
@@ -91,19 +92,6 @@ def plot_trace_heatmap(trace: xr.Dataset | None, fact: int = 0) -> hv.HeatMap:
         cmap="viridis", colorbar=True, tools=["hover"], xrotation=45, responsive=True,
         height=360, title=f"Causal tracing: {_short(subject)}",
         xlabel="position: token", ylabel="layer")
-
-
-def _tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:
-    """The widget with a tooltip saying what it changes: its own (``description``) where
-    Panel draws one, else an (i) icon beside it (sliders, checkboxes)."""
-    if not doc:
-        return widget
-    if "description" in widget.param:
-        widget.description = doc
-        return widget
-    widget.sizing_mode = "stretch_width"
-    return pn.Row(widget, pn.widgets.TooltipIcon(value=doc, margin=(6, 0, 0, -12), width=20),
-                  margin=0, sizing_mode="stretch_width")
 
 
 def _caption(text: Any) -> pn.pane.Markdown:
@@ -358,7 +346,7 @@ class UnlearningView(View):
                    "steps": pn.widgets.IntSlider, "lr": pn.widgets.Select,
                    "n_forget": pn.widgets.IntSlider, "n_retain": pn.widgets.IntSlider,
                    "relearn_steps": pn.widgets.IntSlider}
-        controls = pn.Column(*[_tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
+        controls = pn.Column(*[tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
                                for name, kind in widgets.items() if p[name].precedence is None
                                or p[name].precedence >= 0], sizing_mode="stretch_width")
         bar = pn.indicators.Progress(value=self.param.progress, max=100, sizing_mode="stretch_width",
