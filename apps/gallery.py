@@ -157,6 +157,7 @@ class Gallery(pn.viewable.Viewer):
         self.param.watch(self._switch_model, "model_name")
         self.workspace.param.watch(self._prompt_from_workspace, "prompts")
         self.workspace.param.watch(self._share_selection, "selected")
+        self.workspace.param.watch(self._share_edits, "edits")
         self.refresh_cache()
         self.view = view or next(iter(self._specs))
 
@@ -189,6 +190,8 @@ class Gallery(pn.viewable.Viewer):
             if "selected" in view.param:
                 self._selection_to_page(view, self.workspace.selected)
                 view.param.watch(self._selection_from_page, "selected")
+            if "edits" in view.param:  # the page runs the model with the workspace's edits
+                view.edits = list(self.workspace.edits)
             self._pages[slug] = view
             view.param.watch(lambda *events, slug=slug: self._page_changed(slug, events),
                              [n for n in view.param if n not in _NOT_SNIPPET])
@@ -312,6 +315,11 @@ class Gallery(pn.viewable.Viewer):
                     self._selection_to_page(view, event.new)
         finally:
             self._pushing_selection = False
+
+    def _share_edits(self, event: Any) -> None:
+        for view in self._pages.values():
+            if "edits" in view.param and list(view.edits) != list(event.new):
+                view.edits = list(event.new)
 
     def _prompt_from_page(self, event: Any) -> None:
         # a page changed its prompt (a loaded state): the sidebar and other pages follow
