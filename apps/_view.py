@@ -294,29 +294,38 @@ class View(pn.viewable.Viewer):
 
     def code_snippet(self) -> str:
         """Python that recomputes what the page shows with the library API. Default: load the
-        model, the page's parameters, and the analysis functions its module uses; pages
-        override it with their real calls."""
-        model = getattr(self, "model", None)
+        model, import the library functions and analysis modules the page's module uses, and
+        its settings; pages override it with their real calls."""
+        model = getattr(self, "model", None) or getattr(self, "_model", None)
         name = getattr(getattr(model, "spec", None), "name", None)
         module = sys.modules.get(type(self).__module__)
+        imports = ["import explorer"]
         found: dict[str, list[str]] = {}
         for attr, value in sorted(vars(module).items()) if module is not None else []:
+            if attr.startswith("_"):
+                continue
+            if isinstance(value, type(sys)):
+                mod = value.__name__
+                if mod.startswith("explorer.analyses."):
+                    pkg, _, leaf = mod.rpartition(".")
+                    imports.append(f"from {pkg} import {leaf}" + (f" as {attr}" if attr != leaf else ""))
+                continue
             where = getattr(value, "__module__", None) or ""
-            if callable(value) and where.startswith("explorer.analyses") and not attr.startswith("_"):
-                pkg = ".".join(where.split(".")[:3])
-                found.setdefault(pkg, []).append(attr)
-        lines = ["import explorer"]
-        lines += [f"from {pkg} import {', '.join(names)}" for pkg, names in sorted(found.items())]
-        lines.append("")
+            if (callable(value) and not isinstance(value, type) and where.startswith("explorer.")
+                    and not where.startswith(("explorer._", "explorer.components"))):
+                real = getattr(value, "__name__", attr)
+                found.setdefault(where, []).append(real if real == attr else f"{real} as {attr}")
+        imports += [f"from {mod} import {', '.join(names)}" for mod, names in sorted(found.items())]
+        lines = [*imports, ""]
         if name is not None:
             lines.append(f"model = explorer.load_model({name!r})")
         params = self.export_manifest()["parameters"]
         if params:
             lines.append(f"params = {params!r}  # the page's settings")
-        lines.append(f"# {type(self).__name__} computes its data with the functions imported above;"
-                     " see its module for the calls.")
+        path = (module.__name__.replace(".", "/") + ".py") if module is not None else "its module"
+        lines.append(f"# {type(self).__name__} is built on the calls imported above; {path} shows "
+                     "how it makes them.")
         return "\n".join(lines) + "\n"
-
 
 def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
     """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of

@@ -108,8 +108,10 @@ def _same_values(page: xr.Dataset, back: xr.Dataset) -> None:
 
 def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, tiny_model,
                                                                   monkeypatch, tmp_path):
+    from apps._view import View
+
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
-    exported = {}
+    exported, defaults = {}, []
     for title, slug, factory in cheap_views:
         view = factory(tiny_model)
         try:
@@ -135,11 +137,16 @@ def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, ti
             code = files["code.py"].decode()
             compile(code, f"<{slug} snippet>", "exec")
             assert code == view.code_snippet()
+            if type(view).code_snippet is View.code_snippet:   # the default: its imports run
+                defaults.append(slug)
+                ns = _run(code)
+                assert "model" not in ns or ns["model"].spec.name == "tiny-llama"
             exported[slug] = (sorted(datasets), sorted(tables))
         finally:
             view.close()
-    print(exported)
+    print("pages with the default snippet:", defaults)
     assert set(exported) == {slug for _, slug, _ in cheap_views}
+    assert not {"attention", "atlas", "itda", "neuron-eval", "shattering"} & set(defaults)
     # the pages that compute a Dataset on opening export it
     for slug in ("lens", "attention", "atlas", "itda", "neuron-eval", "shattering"):
         assert exported[slug][0], slug
