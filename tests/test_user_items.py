@@ -1,0 +1,123 @@
+"""The user's own items: parsers (good input = the hand-built object, bad input = a one-line
+InputError naming the problem) and the pages that run their analysis on a pasted item."""
+from __future__ import annotations
+
+import pytest
+
+from explorer._checks import InputError
+from explorer.analyses import conflicts as C
+from explorer.analyses import icl_heads as ih
+from explorer.analyses import unlearning as U
+from explorer.analyses import user_items as ui
+
+
+# -- parsers ----------------------------------------------------------------------------------
+
+def test_conflict_example_good_equals_hand_built():
+    text = ("subject: France\n\nprompt: The capital city of France is\n"
+            "Context: The capital city of France is Berlin.\nmemory: Paris\ncontext_answer: Berlin\n")
+    want = C.Fact("yours", "France", "Paris", "Berlin", "The capital city of France is",
+                  "The capital city of France is Berlin.", "The capital city of France is Berlin.",
+                  "The capital city of France is")
+    assert ui.parse_conflict_example(text) == want
+    # the shipped templates' fields and placeholders are accepted as they are
+    shipped = C.load_facts(["country_capital"])[0]
+    text = "\n".join(f"{k}: {v}" for k, v in shipped.to_dict().items() if k != "context")
+    text += f"\ncontext answer: {shipped.context}"
+    text = text.replace("statement:", "context:")
+    got = ui.parse_conflict_example(text)
+    assert got == shipped
+    for kind in C.PROMPT_KINDS:
+        assert C.conflict_prompt(got, kind) == C.conflict_prompt(shipped, kind)
+
+
+GOOD_CONFLICT = ui.CONFLICT_FORMAT
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "the conflict example is empty"),
+    ("   \n\n", "the conflict example is empty"),
+    (GOOD_CONFLICT.replace("memory: Paris", "memory Paris"), "line 4: 'memory Paris' has no ':'"),
+    (GOOD_CONFLICT.replace("memory: Paris", "memory:"), "line 4: 'memory' is empty"),
+    (GOOD_CONFLICT.replace("context answer: Berlin", "context answer: paris"),
+     "line 5: the context answer 'paris' is the memory answer"),
+    (GOOD_CONFLICT.replace("memory: Paris\n", ""), "has no 'memory' line"),
+    (GOOD_CONFLICT + "\ncolour: red", "line 6: unknown field 'colour'"),
+    (GOOD_CONFLICT + "\nmemory: Lyon", "line 6: 'memory' is given twice (also on line 4)"),
+    (GOOD_CONFLICT.replace("Berlin.", "Berlin {city}."), "line 3: statement has a brace"),
+    (GOOD_CONFLICT.replace("memory: Paris", "memory: " + "x" * 61),
+     "line 4: the answer is 61 characters long; at most 60"),
+    (GOOD_CONFLICT.replace("prompt: The", "prompt: " + "w " * 250),
+     "line 2: prompt is 5"),
+])
+def test_conflict_example_bad(text, message):
+    with pytest.raises(InputError) as e:
+        ui.parse_conflict_example(text)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_icl_pairs_good_equals_hand_built():
+    got = ui.parse_icl_pairs("hot -> cold\n  big->small \n\nup -> down\n")
+    assert got == ih.ICLTask("yours", (("hot", "cold"), ("big", "small"), ("up", "down")),
+                             "your pairs")
+    # the same structure as a shipped task: the prompts are built the same way
+    shipped = ih.load_icl_task("antonym")
+    pasted = ui.parse_icl_pairs("\n".join(f"{x} -> {y}" for x, y in shipped.pairs),
+                                name="antonym", description=shipped.description)
+    assert pasted == shipped
+    assert ih.icl_prompts(pasted, n_prompts=3, n_shots=2) == ih.icl_prompts("antonym", n_prompts=3,
+                                                                              n_shots=2)
+
+
+@pytest.mark.parametrize("text, kw, message", [
+    ("", {}, "the ICL pairs is empty"),
+    ("hot -> cold\nbig small\nup -> down", {}, "line 2: 'big small' has no '->'"),
+    ("hot -> cold\nbig -> \nup -> down", {}, "line 2: the output after '->' is empty"),
+    ("-> cold\nbig -> small\nup -> down", {}, "line 1: the input before '->' is empty"),
+    ("hot -> cold\nbig -> small", {}, "2 pair(s); the task needs at least 3"),
+    ("a -> b\nc -> d\ne -> f", {"min_pairs": 5}, "3 pair(s); the task needs at least 5"),
+    ("a -> b -> c\nc -> d\ne -> f", {}, "line 1: more than one '->'"),
+    ("a -> b\na -> c\ne -> f", {}, "line 2: the input 'a' is already on line 1"),
+    ("a -> " + "b" * 61 + "\nc -> d\ne -> f", {}, "line 1: the output is 61 characters long"),
+    ("\n".join(f"w{i} -> v{i}" for i in range(ui.MAX_PAIRS + 1)), {},
+     f"line {ui.MAX_PAIRS + 1}: more than {ui.MAX_PAIRS} pairs"),
+])
+def test_icl_pairs_bad(text, kw, message):
+    with pytest.raises(InputError) as e:
+        ui.parse_icl_pairs(text, **kw)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unlearning_fact_good_equals_hand_built():
+    shipped = U.load_attribute_facts()
+    want = U.AttributeFact("Serena Williams", "tennis", shipped[0].attributes,
+                           "Fact: {subject} plays the sport of", shipped[0].mc)
+    assert ui.parse_unlearning_fact(ui.UNLEARNING_FORMAT) == want
+    # a shipped fact written out gives that fact back, with the shipped template
+    f = shipped[3]
+    trained = f.trained.replace("\n", "\\n")      # a line break written as \n
+    text = f"subject: {f.subject}\nprompt: {trained}\nanswer: {f.attribute}"
+    assert ui.parse_unlearning_fact(text) == f
+    got = ui.parse_unlearning_fact(f"subject: {f.subject}\nprompt: {trained.format(subject=f.subject)}"
+                                   f"\nanswer: {f.attribute}")
+    assert got == f
+    assert U.fact_prompt(got, "mc") == U.fact_prompt(f, "mc")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "the fact is empty"),
+    ("subject: A B\nprompt: C plays\nanswer: tennis", "line 2: the prompt does not contain the subject 'A B'"),
+    ("subject: A\nprompt: A plays\nanswer: golf", "line 3: the answer 'golf' is not one of"),
+    ("subject: A\nprompt: A plays\nanswer:", "line 3: 'answer' is empty"),
+    ("subject: A\nprompt: A plays", "the fact has no 'answer' line"),
+    ("subject: A\nprompt A plays\nanswer: tennis", "line 2: 'prompt A plays' has no ':'"),
+    ("subject: A\nprompt: {subject} plays {x}\nanswer: tennis", "line 2: the prompt has a brace"),
+    ("subject: " + "A" * 401 + "\nprompt: x\nanswer: tennis", "line 1: subject is 401 characters"),
+])
+def test_unlearning_fact_bad(text, message):
+    with pytest.raises(InputError) as e:
+        ui.parse_unlearning_fact(text)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
