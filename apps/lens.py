@@ -1,5 +1,10 @@
 """Logit lens page: what each layer would predict, and how a steering vector changes it.
 
+With workspace edits (`LensView.edits`: the session's edit stack, e.g. an ablated head), a
+second heatmap below the first shows the lens of the same prompt with those edits applied
+(after the page's own steering, which both runs share), titled "edited: ..."; the first is
+then titled "clean".
+
 The logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens") reads each layer's
 residual stream through the final norm and the unembedding. The steering vector is the
 difference of mean activations of two sets of contrast prompts, added to one layer's
@@ -31,6 +36,7 @@ from apps import theme
 from apps._session import Cancelled, CancelToken, user_message
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
+from explorer.interventions import Edit
 from explorer.lens import preview_vocabulary
 from explorer.trace import trace as trace_sites
 
@@ -143,15 +149,54 @@ def is_preview(ds: xr.Dataset | None) -> bool:
     return ds is not None and ds.attrs.get("params", {}).get("readout") == "preview"
 
 
-def lens_title(ds: xr.Dataset) -> str:
-    """The heatmap's title; a preview's says so."""
+def lens_title(ds: xr.Dataset, *, clean: bool = False) -> str:
+    """The heatmap's title; a preview's says so. ``clean``: the page also shows an edited
+    lens, and this one (without the workspace edits) is titled "clean"."""
     what = steering_summary(ds.attrs.get("edits", []))
     if is_preview(ds):
-        return f"PREVIEW (exact on release) · {what}"
+        return f"PREVIEW (exact on release) · {'clean · ' if clean else ''}{what}"
+    if clean:
+        return f"clean · {what}" if what != "unedited" else "clean: no workspace edits"
     return f"Logit lens: top-1 token per layer and position · {what}"
 
 
-def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0) -> hv.Overlay | hv.Element:
+_TITLE_EDITS = 2  # workspace edits named in the edited heatmap's title (all in its caption)
+
+
+def edited_title(ds: xr.Dataset, labels: list[str]) -> str:
+    """The edited heatmap's title: ``edited: ablate L1.H0 (zero)`` (+ the page's steering)."""
+    shown = ", ".join(labels[:_TITLE_EDITS])
+    if len(labels) > _TITLE_EDITS:
+        shown += f" +{len(labels) - _TITLE_EDITS} more"
+    what = steering_summary(ds.attrs.get("edits", []))
+    return f"edited: {shown}" + ("" if what == "unedited" else f" · {what}")
+
+
+def extra_labels(ds: xr.Dataset | None) -> list[str]:
+    """The workspace edits an edited lens result carries (their one-line labels)."""
+    return list(ds.attrs.get("workspace_edits", [])) if ds is not None else []
+
+
+def edited_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, *, prompt: int = 0) -> str:
+    """Under the edited heatmap: every workspace edit, and how many cells' top-1 token moved."""
+    if edited is None:
+        return ""
+    labels = extra_labels(edited)
+    text = ("Edited run, same prompt: the page's steering (if any), then "
+            + "; ".join(f"`{html.escape(t)}`" for t in labels) + ".")
+    same = clean is not None and plot_shape(clean, prompt=prompt)[:2] == plot_shape(
+        edited, prompt=prompt)[:2]
+    if same:
+        a, b = clean.isel(prompt=prompt), edited.isel(prompt=prompt)
+        real = a.mask.values
+        moved = a.top_token_id.values[real, :, 0] != b.top_token_id.values[real, :, 0]
+        text += (f" The top-1 token differs from the clean lens in {int(moved.sum())} of "
+                 f"{moved.size} cells.")
+    return text
+
+
+def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0,
+                      title: str | None = None) -> hv.Overlay | hv.Element:
     """Layer x position heatmap of the lens's top-1 probability, the top-1 token in each cell.
 
     Hover lists the top-k tokens with ids and probabilities. ``None`` gives a placeholder.
@@ -173,7 +218,7 @@ def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0) -> hv.Overlay |
     sizes = theme.SIZES
     height = max(sizes["plot_min_height"], sizes["cell_height"] * len(layers) + 140)
     edits = ds.attrs.get("edits", [])
-    title = lens_title(ds)
+    title = lens_title(ds) if title is None else title
     vdims = ["top_prob", "input"] + [c for r in range(k) for c in (f"tok{r}", f"id{r}", f"p{r}")]
     heat = hv.HeatMap(table, ["pos", "layer"], vdims).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True,
@@ -312,6 +357,13 @@ class LensView(View):
                                       "once the exact result of the released value is in.")
     plot_version = param.Integer(default=0, precedence=-1,
                                  doc="Bumped when the heatmap must be built anew (a new shape).")
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="Workspace edits (intervention records): with any, a second "
+                           "heatmap shows the lens with them applied after the steering.")
+    edited_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                        precedence=-1,
+                                        doc="The lens with `edits` (and the steering) applied; "
+                                            "None without workspace edits.")
 
     notify_title = "Logit lens"
     failed_status = "Last run failed: {message}"
@@ -343,7 +395,7 @@ class LensView(View):
         self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
         self._figures: list[weakref.ref] = []
         self._drawn_shape: tuple | None = None
-        self.param.watch(self._request_run, list(_RUN_PARAMS))
+        self.param.watch(self._request_run, [*_RUN_PARAMS, "edits"])
         self.param.watch(self._draw, ["result", "preview"])
         self._page_loaded = not served
         if served:
@@ -373,7 +425,8 @@ class LensView(View):
         self._exact_seq = self._seq
         with self._preview_lock:
             self._preview_pending = None   # previews asked for before this are stale
-        self.submit("run", lambda token: self._compute(p, token))
+        extra = list(self.edits)
+        self.submit("run", lambda token: self._compute(p, token, extra))
 
     # -- the preview while the steering slider moves ------------------------------------
     def request_preview(self, alpha: float) -> None:
@@ -477,7 +530,10 @@ class LensView(View):
             self._clean = (prompt, clean)
         return clean
 
-    def _compute(self, p: dict[str, Any], token: CancelToken) -> tuple[dict, xr.Dataset]:
+    def _compute(self, p: dict[str, Any], token: CancelToken,
+                 extra: list[Edit] | None = None) -> tuple[dict, xr.Dataset, xr.Dataset | None]:
+        """The lens at ``p`` (with its steering) and, with ``extra`` (workspace edits), the
+        lens with the steering and then ``extra`` applied, for the same prompt."""
         check_prompts(p["prompt"])
         edits = self.edits_for(p)
         token.check()
@@ -489,15 +545,27 @@ class LensView(View):
         token.check()
         ds = explorer.logit_lens(self._model, p["prompt"], k=p["k"], edits=edits, resume=resume,
                                  rank_cap=p["k"], unembed_dtype="auto")
-        return p, ds
+        edited = None
+        if extra:
+            from explorer.workspace import edit_label
+
+            token.check()
+            resume = None if remote else self._clean_run(p["prompt"])
+            edited = explorer.logit_lens(self._model, p["prompt"], k=p["k"],
+                                         edits=[*edits, *extra], resume=resume,
+                                         rank_cap=p["k"], unembed_dtype="auto")
+            edited.attrs["workspace_edits"] = [edit_label(e) for e in extra]
+        return p, ds, edited
 
     # -- results (on the session's event loop when served) -------------------------------
-    def _show_result(self, out: tuple[dict, xr.Dataset]) -> None:
-        p, ds = out
+    def _show_result(self, out: tuple[dict, xr.Dataset, xr.Dataset | None]) -> None:
+        p, ds, edited = out
         seconds = time.perf_counter() - self._started
-        self.param.update(result=ds, preview=None, error="", running=False,
+        more = ("" if edited is None
+                else f" · and with {len(extra_labels(edited))} workspace edit(s)")
+        self.param.update(result=ds, edited_result=edited, preview=None, error="", running=False,
                           status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
-                                 f" · {seconds:.2f} s")
+                                 f"{more} · {seconds:.2f} s")
 
     def _error_note(self) -> str:
         return " The previous result is still shown." if self.result is not None else ""
@@ -551,11 +619,38 @@ class LensView(View):
         for refs in (*self._sources.values(), self._figures):
             refs.clear()                   # the new render registers its own
         self._drawn_shape = plot_shape(ds)
-        plot = plot_lens_heatmap(ds)
+        plot = plot_lens_heatmap(ds, title=None if ds is None else
+                                 lens_title(ds, clean=self.edited_result is not None))
         if ds is None:
             return plot
         return plot.opts(hv.opts.HeatMap(hooks=[self._source_hook("heat")]),
                          hv.opts.Labels(hooks=[self._source_hook("labels")]))
+
+    def _plot_edited(self, edited: xr.Dataset | None) -> hv.Overlay | hv.Element:
+        if edited is None:
+            return hv.Text(0, 0, "").opts(xaxis=None, yaxis=None, toolbar=None, height=10,
+                                          responsive=True)
+        return plot_lens_heatmap(edited, title=edited_title(edited, extra_labels(edited)))
+
+    def _edited_panes(self) -> pn.Column:
+        """The edited heatmap and its caption: present only while there are workspace
+        edits (without them the page holds one heatmap, as before)."""
+        box = pn.Column(sizing_mode="stretch_width", css_classes=["lens-edited"], margin=0)
+
+        def fill(*_: Any) -> None:
+            edited = self.edited_result
+            if edited is None:
+                box.objects = []
+                return
+            box.objects = [
+                pn.pane.HoloViews(self._plot_edited(edited), sizing_mode="stretch_width",
+                                  css_classes=["lens-edited-plot"]),
+                pn.pane.Markdown(edited_caption(self.result, edited), sizing_mode="stretch_width",
+                                 css_classes=["lens-edited-caption"])]
+
+        fill()
+        self.param.watch(fill, "edited_result")
+        return box
 
     def _draw(self, *events: Any) -> None:
         """Redraw the heatmap: in place when the drawn plot has this result's shape (a
@@ -569,7 +664,7 @@ class LensView(View):
                 for glyph, srcs in sources.items():
                     for src in srcs:
                         src.data = {name: columns[glyph][name] for name in src.data}
-                title = lens_title(ds)
+                title = lens_title(ds, clean=self.edited_result is not None)
                 for ref in self._figures:
                     fig = ref()
                     if fig is not None and fig.title is not None:
@@ -734,13 +829,14 @@ class LensView(View):
         cancel.on_click(lambda _event: self.cancel())
         plot = pn.pane.HoloViews(pn.bind(self._plot, self.param.plot_version),
                                  sizing_mode="stretch_width", css_classes=["lens-plot"])
+        edited = self._edited_panes()
         details = pn.pane.HTML(pn.bind(details_html, self.param.result),
                                stylesheets=[_DETAILS_CSS], sizing_mode="stretch_width")
         status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["lens-status"],
                               styles={"color": "#555"}, sizing_mode="stretch_width")
         return pn.Row(
             self.controls(),
-            pn.Column(pn.Row(spinner, cancel, status, align="center"), plot, details,
+            pn.Column(pn.Row(spinner, cancel, status, align="center"), plot, edited, details,
                       sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )

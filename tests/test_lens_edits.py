@@ -1,0 +1,139 @@
+"""The Logit lens page with the workspace's edits: clean vs edited, checked against plain torch
+hooks (a head's output zeroed before o_proj) and the library's unedited lens."""
+from __future__ import annotations
+
+import numpy as np
+import panel as pn
+import pytest
+import torch
+
+from apps.lens import LensView, edited_caption
+from explorer.interventions import Ablate
+from explorer.lens import logit_lens
+
+PROMPT = "The quick brown fox jumps over"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def hooked_lens(model, prompt, ablate=(), k=5):
+    """Top-k (ids, probs) [pos, layer, k] of unembed(final_norm(resid_post)) with each
+    (layer, head) in ``ablate`` zeroed at the input of its layer's o_proj, by torch hooks."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    d_head = model.spec.d_head
+    resid, handles = {}, []
+    for layer, head in ablate:
+        def zero(mod, args, _h=head):
+            z = args[0].clone()
+            z[..., _h * d_head:(_h + 1) * d_head] = 0
+            return (z, *args[1:])
+        handles.append(model.o_proj(layer).register_forward_pre_hook(zero))
+    for layer in range(model.spec.n_layers):
+        def keep(mod, args, out, _l=layer):
+            resid[_l] = (out[0] if isinstance(out, tuple) else out)[0]
+        handles.append(model.hf_layer(layer).register_forward_hook(keep))
+    try:
+        with torch.no_grad():
+            model.hf(input_ids=ids)
+            stack = torch.stack([resid[l] for l in range(model.spec.n_layers)], 1)
+            logits = model.unembed_module(model.final_norm_module(stack.float()))
+    finally:
+        for h in handles:
+            h.remove()
+    top = torch.softmax(logits.float(), -1).topk(k, -1)
+    return top.indices.numpy(), top.values.numpy()
+
+
+def assert_lens_equal(ds, ids, probs):
+    one = ds.isel(prompt=0)
+    real = one.mask.values
+    # tiny-llama is random-init: its probabilities are near uniform (~3e-3), hence rtol
+    np.testing.assert_allclose(one.top_prob.values[real], probs, rtol=2e-3, atol=1e-7)
+    # top-1 ids agree wherever the top two probabilities are not (near) tied
+    agree = one.top_token_id.values[real][..., 0] == ids[..., 0]
+    gap = (probs[..., 0] - probs[..., 1]) / probs[..., 0]
+    assert np.all(agree | (gap < 1e-3))
+    assert agree.mean() > 0.9
+
+
+def test_edited_heatmap_is_the_hooked_ablation(tiny_model):
+    model = tiny_model
+    view = LensView(model, prompt=PROMPT, alpha=0.0, background=False)
+    view.wait()
+    assert view.edited_result is None  # no workspace edits: one heatmap, as before
+    clean_ids, clean_p = hooked_lens(model, PROMPT)
+    assert_lens_equal(view.result, clean_ids, clean_p)
+
+    layer, head = 0, 1
+    view.edits = [Ablate(layer, head)]
+    view.wait()
+    ab_ids, ab_p = hooked_lens(model, PROMPT, ablate=[(layer, head)])
+    assert view.edited_result is not None
+    assert_lens_equal(view.edited_result, ab_ids, ab_p)
+    # the clean one is the library's unedited lens, and the ablation changed something
+    ref = logit_lens(model, PROMPT, k=view.k)
+    np.testing.assert_allclose(view.result.top_prob.values, ref.top_prob.values, atol=1e-5)
+    assert np.abs(ab_p / clean_p - 1).max() > 0.02  # the ablation moves the lens
+    assert (ab_ids[..., 0] != clean_ids[..., 0]).any()
+    with pytest.raises(AssertionError):  # the comparison tells the clean lens from the edited
+        assert_lens_equal(view.result, ab_ids, ab_p)
+    assert "ablate L0.H1" in edited_caption(view.result, view.edited_result)
+    assert view.edited_result.attrs["workspace_edits"] == ["ablate L0.H1 (zero)"]
+    layout = view.__panel__()
+    plots = layout.select(pn.pane.HoloViews)
+    assert len(plots) == 2
+    titles = [p.object.get(0).opts.get().kwargs["title"] for p in plots]
+    assert titles[0].startswith("clean") and titles[1] == "edited: ablate L0.H1 (zero)"
+
+    view.edits = []
+    view.wait()
+    assert view.edited_result is None
+    assert edited_caption(view.result, view.edited_result) == ""
+    assert len(layout.select(pn.pane.HoloViews)) == 1  # back to one heatmap
+    assert view.__panel__().select(pn.pane.HoloViews)[0].object.get(0).opts.get().kwargs[
+        "title"].startswith("Logit lens")
+    view.close()
+
+
+def test_edits_stack_with_the_steering(tiny_model):
+    model = tiny_model
+    view = LensView(model, prompt=PROMPT, steer_layer=1, alpha=3.0, background=False)
+    view.wait()
+    view.edits = [Ablate(1, 0)]
+    view.wait()
+    steer = view.edits_for()
+    both = logit_lens(model, PROMPT, k=view.k, edits=[*steer, Ablate(1, 0)])
+    only_steer = logit_lens(model, PROMPT, k=view.k, edits=steer)
+    np.testing.assert_allclose(view.edited_result.top_prob.values, both.top_prob.values, atol=1e-5)
+    np.testing.assert_allclose(view.result.top_prob.values, only_steer.top_prob.values, atol=1e-5)
+    assert not np.allclose(both.top_prob.values, only_steer.top_prob.values, atol=1e-4)
+    view.close()
+
+
+def test_gallery_lens_follows_the_workspace_edits(tiny_model):
+    from apps.gallery import Gallery
+
+    g = Gallery("tiny-llama", view="lens")
+    try:
+        lens = g.page("lens")
+        lens.wait()
+        assert lens.edited_result is None
+        g.workspace.select("L0.H1")
+        g.ablate_selected()
+        lens.wait()
+        assert lens.edits == [Ablate(0, 1)]
+        ab_ids, ab_p = hooked_lens(tiny_model, g.prompt, ablate=[(0, 1)])
+        assert_lens_equal(lens.edited_result, ab_ids, ab_p)
+        clean_ids, clean_p = hooked_lens(tiny_model, g.prompt)
+        assert_lens_equal(lens.result, clean_ids, clean_p)
+        g.workspace.remove_edit(0)
+        lens.wait()
+        assert lens.edits == [] and lens.edited_result is None
+    finally:
+        g.close()
