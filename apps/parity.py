@@ -315,8 +315,7 @@ def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
     appear (colour: worst long-string accuracy; text: the epoch it appeared, or the final
     number of minimal states)."""
     if phase is None:
-        return _placeholder("No phase diagram stored yet: run `explorer parity phase` "
-                            "(a few minutes on the default grid).", height=200)
+        return _placeholder("No phase diagram stored yet.", height=200)
     gains = [f"{g:g}" for g in phase["gain"].values]
     lengths = [str(int(m)) for m in phase["max_length"].values]
     rows, labels = [], []
@@ -345,7 +344,8 @@ def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
 def phase_caption(phase: xr.Dataset | None) -> str:
     """What the phase diagram shows."""
     if phase is None:
-        return ""
+        return ("The phase diagram (initialisation gain x longest training string) is shown once "
+                "stored: run `explorer parity phase` (a few minutes on the default grid).")
     return (f"{phase.sizes['gain']} x {phase.sizes['max_length']} runs of "
             f"{phase.attrs['params']['epochs']} epochs each, by initialisation gain and longest "
             "training string. Colour: worst long-string accuracy; text: the epoch the 2-state "

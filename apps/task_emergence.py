@@ -304,8 +304,11 @@ class TaskEmergenceView(View):
 
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary,
-                                pn.FlexBox(pane(self._projection_plot, "emergence-projection"),
-                                           pane(self._td_plot, "emergence-td"), sizing_mode="stretch_width"),
+                                # Side by side only where the projection keeps room for its
+                                # legend and title (they wrap below about 1,500 px).
+                                pn.FlexBox(pane(self._projection_plot, "emergence-projection", 420),
+                                           pane(self._td_plot, "emergence-td", 420),
+                                           sizing_mode="stretch_width"),
                                 caption(self._projection_caption, "emergence-projection-caption"),
                                 pn.FlexBox(pane(self._loss_plot, "emergence-curves"),
                                            pane(self._td_curves_plot, "emergence-td-curves"),
