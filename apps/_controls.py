@@ -6,6 +6,7 @@ what is missing (`labelled_control`), so every control of a page says what it is
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import panel as pn
@@ -13,7 +14,7 @@ import param
 
 from apps import theme
 
-__all__ = ["labelled", "labelled_control", "labelled_controls", "tip"]
+__all__ = ["OwnItems", "labelled", "labelled_control", "labelled_controls", "tip"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -73,3 +74,27 @@ def labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
     return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
                             pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
                      widget, margin=0)
+
+
+class OwnItems:
+    """A "Your own" text area (its placeholder shows the format) and a Use button that calls
+    ``on_use(text)``; the page parses the text and runs its analysis, or shows the parser's
+    message (`View.show_error`), which `layout` shows under the button."""
+
+    def __init__(self, label: str, placeholder: str, doc: str, on_use: Callable[[str], Any], *,
+                 button: str = "Use"):
+        self.area = pn.widgets.TextAreaInput(
+            name=label, placeholder=placeholder, description=doc,
+            rows=max(3, placeholder.count("\n") + 1), sizing_mode="stretch_width")
+        self.button = pn.widgets.Button(name=button, button_type="primary", sizing_mode="stretch_width",
+                                        description=doc)
+        self.button.on_click(lambda *_: on_use(self.area.value))
+
+    def layout(self, error: Any) -> pn.Column:
+        """The area, the button and the last failure's message (``error``: the view's
+        ``param.error``), in red under the button."""
+        message = pn.pane.Markdown(pn.bind(lambda e: e or "", error), margin=(0, 10),
+                                   styles={"color": "#b00020", "font-size": "0.9em"},
+                                   css_classes=["own-items-error"], sizing_mode="stretch_width")
+        return pn.Column(self.area, self.button, message, margin=0, sizing_mode="stretch_width",
+                         css_classes=["own-items"])

@@ -24,10 +24,11 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import labelled, tip
+from apps._controls import OwnItems, labelled, tip
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer import components
+from explorer.analyses import user_items
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 
@@ -231,6 +232,7 @@ class ConflictsView(View):
         self._model = model
         facts = C.load_facts() if facts is None else list(facts)
         self._facts = {_label(f): f for f in facts}
+        self._split_facts = list(facts)     # the split scored: the shipped (or given) facts only
         names = [head_name(layer, h) for layer in range(model.n_layers)
                  for h in range(model.spec.n_heads)]
         self.param.example.objects = list(self._facts)
@@ -251,7 +253,31 @@ class ConflictsView(View):
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
                          ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode"])
+        self._own = OwnItems(
+            "Your own example", user_items.CONFLICT_FORMAT,
+            "One 'field: value' per line: prompt (the question the model completes), context "
+            "(a sentence stating a false answer), memory (the true answer), context answer (the "
+            "false one); optional subject, passage, question. Use adds it to the examples.",
+            self.use_own)
         self._request("example")
+
+    def use_own(self, text: str) -> C.Fact | None:
+        """Parse the user's example, add it to the examples and show it (the same job as a
+        shipped one); bad text shows the parser's message and keeps the current result."""
+        try:
+            fact = user_items.parse_conflict_example(text)
+        except InputError as e:
+            self.show_error(e)
+            return None
+        label = "yours: " + _label(fact)
+        self._facts[label] = fact
+        self.param.example.objects = list(self._facts)
+        self.error = ""
+        if self.example == label:
+            self._request("example")
+        else:
+            self.example = label
+        return fact
 
     # -- jobs -----------------------------------------------------------------------------
     def _fact(self) -> C.Fact:
@@ -294,7 +320,7 @@ class ConflictsView(View):
                                               prune=True, progress=progress)
             self.param.update(progress=0, progress_active=True)
         else:
-            facts = list(self._facts.values())
+            facts = list(self._split_facts)
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
             a_l, a_s, n_new = self.alpha_l, self.alpha_s, self._n_new
 
@@ -428,7 +454,8 @@ class ConflictsView(View):
 
         caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
         controls = pn.Column(
-            tip(pn.widgets.Select.from_param(p.example), p.example.doc), group("kind"),
+            tip(pn.widgets.Select.from_param(p.example), p.example.doc),
+            self._own.layout(p.error), group("kind"),
             group("direction"), group("pick_set"),
             tip(pn.widgets.MultiChoice.from_param(p.heads_plus), p.heads_plus.doc),
             tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick, select,

@@ -121,3 +121,46 @@ def test_unlearning_fact_bad(text, message):
         ui.parse_unlearning_fact(text)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+def _own_box(view):
+    return view._own.area, view._own.button
+
+
+def test_conflicts_page_runs_a_pasted_example_as_the_library_does(tiny_model):
+    import numpy as np
+    import panel as pn
+
+    from apps.conflicts import ConflictsView, answer_bars_data
+
+    facts = C.load_facts(["country_capital"])[:2]
+    view = ConflictsView(tiny_model, facts=facts, closed_book=False, background=False, n_new=2)
+    root = view.__panel__()
+    area, button = _own_box(view)
+    assert area in root.select(pn.widgets.TextAreaInput) and area.placeholder == ui.CONFLICT_FORMAT
+    text = ("subject: Peru\nprompt: The capital city of Peru is\n"
+            "context: The capital city of Peru is Oslo.\nmemory: Lima\ncontext answer: Oslo")
+    area.value = text
+    button.clicks += 1
+    fact = ui.parse_conflict_example(text)
+    assert view._fact() == fact and view.error == ""
+    want = C.head_context_memory_scores(tiny_model, [fact], kinds=[view.kind], ablation=False)
+    for name in want.data_vars:
+        np.testing.assert_allclose(view.scores[name].values, want[name].values, rtol=1e-5, atol=1e-6)
+    run1 = C.juice_first_run(tiny_model, [C.conflict_prompt(fact, view.kind)])
+    p = C.answer_probabilities(tiny_model, run1.logits, [fact])[0]
+    assert [r[:2] for r in view.bar_rows] == [r[:2] for r in answer_bars_data(p, p)]
+    np.testing.assert_allclose([r[2] for r in view.bar_rows], [r[2] for r in answer_bars_data(p, p)],
+                               rtol=1e-5)
+    # bad text: the parser's one-line message in the page, the example and result unchanged
+    scores, rows, example = view.scores, view.bar_rows, view.example
+    area.value = text.replace("memory: Lima", "memory Lima")
+    button.clicks += 1
+    assert view.error.startswith("line 4: 'memory Lima' has no ':'; write one 'field: value' per line")
+    assert "\n" not in view.error and "Traceback" not in view.error
+    assert view.scores is scores and view.bar_rows is rows and view.example == example
+    assert view.status == "error"
+    shown = [m.object for m in root.select(pn.pane.Markdown) if "own-items-error" in m.css_classes]
+    assert shown == [view.error]
