@@ -1,6 +1,14 @@
-"""Every notebook under examples/ runs top to bottom without an error (nbclient, python3 kernel)."""
+"""Every notebook under examples/ runs top to bottom on the tiny model and shows what it promises.
+
+Each notebook reads its model from ``EXPLORER_EXAMPLE_MODEL`` (default the packaged SmolLM2);
+here it is ``tiny-llama`` (random-init: every call runs, the numbers mean nothing), executed with
+nbclient in a python3 kernel. Besides "no error", each notebook's outputs must hold the objects
+its text promises: an xarray Dataset repr, a HoloViews / Panel plot, a table.
+"""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -9,21 +17,93 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
+TINY = "tiny-llama"
+
+# what each notebook's outputs must contain (see `_kinds`); a new notebook must be listed here
+EXPECTED = {
+    "quickstart.ipynb": {"table", "plot"},
+    "lens_saturation.ipynb": {"dataset", "table", "plot"},
+    "conflicts.ipynb": {"dataset", "table", "plot"},
+    "icl_heads.ipynb": {"dataset", "table", "plot"},
+    "circuits.ipynb": {"dataset", "table", "plot"},
+    "representations.ipynb": {"dataset", "table", "plot"},
+    "dynamics.ipynb": {"table", "plot"},
+    "editing_unlearning.ipynb": {"dataset", "table", "plot"},
+    "workspace_atlas.ipynb": {"dataset", "table", "plot"},
+}
+
+# attributes whose first tokens the tiny byte-level tokenizer tells apart (the shipped sports do not)
+TINY_FACTS = {
+    "attributes": ["blue", "dog", "moon"],
+    "templates": {"trained": "Fact: {subject} likes the",
+                  "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+    "facts": [[f"Person {a}{b}", ["blue", "dog", "moon"][i % 3]]
+              for i, (a, b) in enumerate((a, b) for a in "ABCD" for b in "xyz")],
+}
+
+
+def _kinds(output: dict) -> set[str]:
+    """What one cell output shows: a Dataset repr, a plot (HoloViews / Panel), a table."""
+    data = output.get("data", {})
+    text = data.get("text/plain", "")
+    text = "".join(text) if isinstance(text, list) else text
+    html = data.get("text/html", "")
+    html = "".join(html) if isinstance(html, list) else html
+    kinds = set()
+    if text.startswith("<xarray.Dataset>"):
+        kinds.add("dataset")
+    if "application/vnd.holoviews_exec.v0+json" in data:
+        kinds.add("plot")
+    if "<table" in html and "dataframe" in html:
+        kinds.add("table")
+    return kinds
+
+
+def _text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(str(out.get("text", "")))
+            parts.append(str(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(parts)
 
 
 def test_examples_exist():
     assert NOTEBOOKS, f"no notebooks under {EXAMPLES}"
+    assert {p.name for p in NOTEBOOKS} == set(EXPECTED), "list every notebook in EXPECTED"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path):
+def test_notebook_is_stored_without_outputs(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code
+    assert all(not c["outputs"] and c["execution_count"] is None for c in code)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path, monkeypatch, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(TINY_FACTS))
+    monkeypatch.setenv("EXPLORER_EXAMPLE_MODEL", TINY)      # the kernel inherits the environment
+    monkeypatch.setenv("EXPLORER_EXAMPLE_FACTS", str(facts))
     nb = nbformat.read(path, as_version=4)
+    uses_model = "EXPLORER_EXAMPLE_MODEL" in "".join(c.source for c in nb.cells if c.cell_type == "code")
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
                                      resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
     client.execute()  # raises CellExecutionError naming the cell on any error
+    seconds = time.perf_counter() - start
     errors = [out for cell in nb.cells if cell.cell_type == "code"
               for out in cell.get("outputs", []) if out.get("output_type") == "error"]
     assert not errors
+    shown = set().union(*(_kinds(out) for cell in nb.cells if cell.cell_type == "code"
+                          for out in cell.get("outputs", [])))
+    missing = EXPECTED[path.name] - shown
+    assert not missing, f"{path.name} shows no {sorted(missing)}"
+    if uses_model:  # it ran on the tiny model, not the packaged one
+        assert TINY in _text(nb)
+    print(f"{path.name}: {seconds:.1f} s")
