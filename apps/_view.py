@@ -45,7 +45,7 @@ EXPORT_FORMAT = "explorer-page-data"
 NETCDF_ENGINE = "scipy"
 """The NetCDF writer of the page exports (NetCDF 3, readable by every NetCDF library)."""
 
-_TABLE_CELLS = 2_000_000  # a Dataset's variables beyond this many cells are not flattened to CSV
+_TABLE_CELLS = 200_000  # a Dataset's variables beyond this many cells are not flattened to CSV
 
 STATIC_TOOLS = ["save", "box_zoom", "reset"]
 """The toolbar of plots that are read rather than explored (no pan or wheel zoom)."""
@@ -238,7 +238,7 @@ class View(pn.viewable.Viewer):
         versions."""
         import explorer
 
-        model = getattr(self, "model", None)
+        model = getattr(self, "model", None) or getattr(self, "_model", None)
         spec = getattr(model, "spec", None)
         params = {}
         for name, p in self.param.objects("existing").items():
@@ -319,7 +319,10 @@ class View(pn.viewable.Viewer):
         lines = [*imports, ""]
         if name is not None:
             lines.append(f"model = explorer.load_model({name!r})")
-        params = self.export_manifest()["parameters"]
+        prompt = getattr(self, "prompt", None)
+        if isinstance(prompt, str):
+            lines.append(f"prompt = {prompt!r}")
+        params = {k: v for k, v in self.export_manifest()["parameters"].items() if k != "prompt"}
         if params:
             lines.append(f"params = {params!r}  # the page's settings")
         path = (module.__name__.replace(".", "/") + ".py") if module is not None else "its module"

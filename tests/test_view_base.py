@@ -485,4 +485,4 @@ def test_the_default_export_finds_the_views_datasets_tables_and_writes_a_zip():
 def test_the_default_snippet_compiles_and_names_the_pages_settings():
     code = DataPage(layer=2).code_snippet()
     compile(code, "<snippet>", "exec")
-    assert "import explorer" in code and "'layer': 2" in code and "'prompt': 'hello'" in code
+    assert "import explorer" in code and "'layer': 2" in code and "prompt = 'hello'" in code
