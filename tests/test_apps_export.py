@@ -277,7 +277,12 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
     assert g.page_revision > before and "head=1)  # L0.H1" in g.page_code()
     sidebar = g.page_widgets()
     download = sidebar[1]
-    assert download.filename == "explorer-attention.zip"
+    assert download.filename == "explorer-attention.zip" and download.label == "Export page data"
+    assert any("export-page-data" in getattr(w, "css_classes", []) for w in g.sidebar())
+    with zipfile.ZipFile(io.BytesIO(download.callback().read())) as zf:   # what a click sends
+        assert json.loads(zf.read("manifest.json"))["gallery_page"] == "attention"
+    code_pane = sidebar[2].objects[0]
+    assert "enlarged = patterns.sel(layer=0, head=1)" in str(code_pane.object)
     g.view = "lens"
     assert download.filename == "explorer-lens.zip"
     g.page("lens").wait(300)
