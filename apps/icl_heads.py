@@ -21,11 +21,13 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._controls import tip
+from apps._controls import OwnItems, tip
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, head_cell, serve
+from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vectors as tv
+from explorer.analyses import user_items
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
            "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td",
@@ -37,6 +39,8 @@ _TOOLS = STATIC_TOOLS
 DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
 DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
 DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
+#: The task name of the user's pasted pairs.
+OWN_TASK = "your pairs"
 
 
 def _waiting(text: str, height: int = 300) -> hv.Element:
@@ -326,6 +330,12 @@ class ICLHeadsView(View):
             description="Induction and FV scores of every head (the scatter and heatmaps), "
                         "then the function vector; and the task encoding (PCA, decodability).")
         self._score_button.on_click(lambda *_: self._compute())
+        self._own_task: ih.ICLTask | None = None
+        self._own = OwnItems(
+            "Your own pairs", user_items.ICL_FORMAT,
+            f"One 'input -> output' pair per line, at least {self._min_pairs()}. Use makes them "
+            f"the task '{OWN_TASK}' of the attention prompt and of the function vector.",
+            self.use_own)
         self._press_note = (f"Press **Compute scores** to score every head and the task "
                             f"encoding (about {self.estimated_seconds:.0f} s on a CPU).")
         if compute_on_open is None:
@@ -335,6 +345,34 @@ class ICLHeadsView(View):
         else:   # the selected head's attention is cheap: show it while the scores wait
             self._request("patterns")
             self.status = self._press_note
+
+    def _min_pairs(self) -> int:
+        """Pairs a pasted task needs: the attention prompt's 3 demonstrations and the FV
+        prompts' ``n_shots``, plus the query."""
+        return max(4, self._opts["n_shots"] + 1)
+
+    def _task(self) -> ih.ICLTask | str:
+        """The selected task: a shipped task's name, or the user's pasted task."""
+        return self._own_task if self.task == OWN_TASK and self._own_task is not None else self.task
+
+    def use_own(self, text: str) -> ih.ICLTask | None:
+        """Parse the user's pairs and make them the selected task (the same jobs as a shipped
+        task); bad text shows the parser's message and keeps the current result."""
+        try:
+            task = user_items.parse_icl_pairs(text, name=OWN_TASK, min_pairs=self._min_pairs())
+        except InputError as e:
+            self.show_error(e)
+            return None
+        self._own_task = task
+        if OWN_TASK not in self.param.task.objects:
+            self.param.task.objects = [*self.param.task.objects, OWN_TASK]
+        self.error = ""
+        if self.task == OWN_TASK:
+            self._request("patterns")
+            self._request("fv")
+        else:
+            self.task = OWN_TASK
+        return task
 
     # -- jobs ---------------------------------------------------------------------------
     def _compute(self) -> None:
@@ -362,7 +400,7 @@ class ICLHeadsView(View):
                 return xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
                                 combine_attrs="drop_conflicts")
         elif name == "patterns":
-            layer, head, task = self.layer, self.head, self.task
+            layer, head, task = self.layer, self.head, self._task()
 
             def job(token: CancelToken):
                 return ih.head_attention(m, layer, head, task=task)
@@ -385,7 +423,7 @@ class ICLHeadsView(View):
         elif name == "fv":
             if self.scores is None:
                 return
-            fv, layer, task = self.scores["fv_score"].values, self.fv_layer, self.task
+            fv, layer, task = self.scores["fv_score"].values, self.fv_layer, self._task()
 
             def job(token: CancelToken):
                 return tv.function_vector_accuracy(m, [task], fv, layer=layer, **o)
@@ -494,7 +532,7 @@ class ICLHeadsView(View):
             tip(pn.widgets.FloatSlider.from_param(p.top_fv), p.top_fv.doc),
             tip(pn.widgets.IntSlider.from_param(p.layer), p.layer.doc),
             tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
-            tip(pn.widgets.Select.from_param(p.task), p.task.doc),
+            tip(pn.widgets.Select.from_param(p.task), p.task.doc), self._own.layout(p.error),
             tip(slider, p.max_percent.doc),
             tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
             tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),

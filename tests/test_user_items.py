@@ -164,3 +164,56 @@ def test_conflicts_page_runs_a_pasted_example_as_the_library_does(tiny_model):
     assert view.status == "error"
     shown = [m.object for m in root.select(pn.pane.Markdown) if "own-items-error" in m.css_classes]
     assert shown == [view.error]
+
+
+def test_icl_page_runs_pasted_pairs_as_the_library_does(tiny_model):
+    import numpy as np
+    import panel as pn
+    import xarray as xr
+
+    from apps.icl_heads import OWN_TASK, ICLHeadsView
+    from explorer.analyses import task_vectors as tv
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"), compute_on_open=False)
+    root = view.__panel__()
+    area, button = _own_box(view)
+    assert area in root.select(pn.widgets.TextAreaInput) and area.placeholder == ui.ICL_FORMAT
+    # FV scores as the scores job would leave them (any [layer, head] array does)
+    rng = np.random.default_rng(0)
+    spec = tiny_model.spec
+    fv = rng.random((spec.n_layers, spec.n_heads))
+    view.scores = xr.Dataset({"fv_score": (("layer", "head"), fv),
+                              "induction_score": (("layer", "head"), rng.random(fv.shape))},
+                             coords={"layer": range(spec.n_layers), "head": range(spec.n_heads)})
+    text = "cat -> cats\ndog -> dogs\ncar -> cars\nbook -> books\ntree -> trees"
+    area.value = text
+    button.clicks += 1
+    task = ui.parse_icl_pairs(text, name=OWN_TASK)
+    assert view.task == OWN_TASK and view.error == ""
+    want = ih.head_attention(tiny_model, view.layer, view.head, task=task)
+    for key in ("repeat", "icl"):
+        np.testing.assert_allclose(view.patterns[key]["attention"].values,
+                                   want[key]["attention"].values, rtol=1e-5)
+    assert list(view.patterns["icl"]["token"].values) == list(want["icl"]["token"].values)
+    want = tv.function_vector_accuracy(tiny_model, [task], fv, layer=view.fv_layer, n_prompts=2,
+                                       n_shots=2)
+    for name in ("zero_shot_accuracy", "fv_accuracy", "few_shot_accuracy", "function_vector"):
+        np.testing.assert_allclose(view.fv_result[name].values, want[name].values, rtol=1e-5)
+    # too few pairs (the page needs 3 demonstrations + the query): the message, result kept
+    patterns, fv_result = view.patterns, view.fv_result
+    area.value = "a -> b\nc -> d\ne -> f"
+    button.clicks += 1
+    assert view.error == "3 pair(s); the task needs at least 4 'input -> output' lines."
+    area.value = "a -> b\nc d\ne -> f\ng -> h"
+    button.clicks += 1
+    assert view.error.startswith("line 2: 'c d' has no '->'")
+    assert view.patterns is patterns and view.fv_result is fv_result and view.task == OWN_TASK
+    shown = [m.object for m in root.select(pn.pane.Markdown) if "own-items-error" in m.css_classes]
+    assert shown == [view.error]
+    # a second good paste replaces the task and recomputes
+    area.value = text.replace("tree -> trees", "pen -> pens")
+    button.clicks += 1
+    assert view.error == "" and view.patterns is not patterns
+    assert view._task().pairs[-1] == ("pen", "pens")
