@@ -271,16 +271,15 @@ class CircuitsView(View):
                    self.param.scores, self.param.checkpoints, self.param.other_scores,
                    self.param.selected]
         self._edges_dm = hv.DynamicMap(self._edges_plot, streams=streams)
-        # the nodes and their labels are drawn once; when the circuit's node set (or the
-        # selection, or the layout) changes, only their columns are replaced in the drawn
-        # plots' data sources (a HoloViews re-draw of SmolLM2's 302 nodes was a third of a
-        # slider move's time)
+        # the nodes and their labels are drawn with the edges, in one DynamicMap: replacing
+        # only their columns in the drawn data sources (cheaper) did not reach the browser
+        # in the gallery
         self._node_sources: list[Any] = []
         self._label_sources: list[Any] = []
-        cols = cg.node_columns(self._names, self._pos, ())
-        self._nodes_el = plot_nodes(cols).opts(hooks=[self._keep_node_source])
-        self._labels_el = plot_node_labels(cols).opts(hooks=[self._keep_label_source])
-        self._tap = hv.streams.Tap(source=self._nodes_el, x=None, y=None)
+        # clicks come from a static (empty) element of the graph's overlay: a Tap stream on
+        # the DynamicMap itself did not fire in the browser
+        self._tap_el = hv.Points([], ["x", "y"]).opts(tools=[])
+        self._tap = hv.streams.Tap(source=self._tap_el, x=None, y=None)
         self._tap.add_subscriber(self._clicked)
         self._csv = pn.widgets.FileDownload(callback=self._csv_file, filename="circuit.csv",
                                             label="Download circuit (CSV)", embed=False,
@@ -603,38 +602,32 @@ class CircuitsView(View):
         return self._circuit(self.other_scores), METHOD_LABELS[self._other_method()]
 
     def _refresh_nodes(self, force: bool = False) -> None:
+        """The node set the drawn circuit touches (drawn with the edges)."""
         t = self._table
-        nodes = frozenset() if t is None else frozenset(t["src"][t["status"] != "lost"].tolist()) \
-            | frozenset(t["dst"][t["status"] != "lost"].tolist())
-        if force or nodes != self._nodes or self.selected != getattr(self, "_drawn_selected", ""):
-            self._nodes = nodes
-            self._drawn_selected = self.selected
-            cols = cg.node_columns(self._names, self._pos, nodes, self.selected)
-            for source in self._node_sources:
-                source.data.update({k: cols[k] for k in ("x", "y", "size", "fill")})
-            for source in self._label_sources:
-                source.data.update({k: cols[k] for k in ("x", "y", "text")})
+        self._nodes = frozenset() if t is None else frozenset(
+            t["src"][t["status"] != "lost"].tolist()) | frozenset(t["dst"][t["status"] != "lost"].tolist())
 
     def _keep_node_source(self, plot: Any, element: Any) -> None:
-        """Plot hook: remember each drawn node plot's data source and bring it up to date."""
+        """Plot hook: remember each drawn node plot's data source (for tests); size and fill
+        always read from their columns (HoloViews maps a column constant when first drawn,
+        every node pale before the scores, to a constant)."""
         source = plot.handles["source"]
         if source not in self._node_sources:
             self._node_sources.append(source)
-        # HoloViews maps a column that is constant when first drawn (every node pale before
-        # the scores arrive) to a constant: read size and fill from the columns always
         for glyph in (plot.handles["glyph"], plot.handles.get("selection_glyph"),
                       plot.handles.get("nonselection_glyph")):
             if glyph is not None:
                 glyph.update(size={"field": "size"}, fill_color={"field": "fill"})
-        cols = cg.node_columns(self._names, self._pos, self._nodes, self.selected)
-        source.data.update({k: cols[k] for k in ("x", "y", "size", "fill")})
 
     def _keep_label_source(self, plot: Any, element: Any) -> None:
         source = plot.handles["source"]
         if source not in self._label_sources:
             self._label_sources.append(source)
-        cols = cg.node_columns(self._names, self._pos, self._nodes, self.selected)
-        source.data.update({k: cols[k] for k in ("x", "y", "text")})
+
+    def _nodes_overlay(self) -> hv.Overlay:
+        cols = self.node_columns()
+        return plot_nodes(cols).opts(hooks=[self._keep_node_source]) * \
+            plot_node_labels(cols).opts(hooks=[self._keep_label_source])
 
     def nodes_drawn(self) -> list[dict[str, list]]:
         """What each drawn node plot holds: name, size and fill columns (for tests)."""
@@ -658,7 +651,7 @@ class CircuitsView(View):
                     f"/ −{int((t['status'] == 'lost').sum())}")
         return f"Circuit: {what}, {method}, {label}"
 
-    def _edges_plot(self, **_: Any) -> hv.Segments:
+    def _edges_plot(self, **_: Any) -> hv.Overlay:
         t0, c0 = time.perf_counter(), time.thread_time()
         L, H = self._model.n_layers, self._model.spec.n_heads
         scores, order, label = self._current()
@@ -667,7 +660,8 @@ class CircuitsView(View):
             self._members = np.zeros(0, dtype=int)
             self._shown = {"size": 0, "chosen": 0, "drawn": 0}
             self._refresh_nodes()
-            return plot_edges(None, L, H, title="Circuit: waiting for edge scores")
+            return plot_edges(None, L, H, title="Circuit: waiting for edge scores") * \
+                self._nodes_overlay()
         mask = self._circuit(scores)
         n_chosen = self._n_chosen(scores)
         members = order[mask[order]]              # the pruned circuit, strongest first
@@ -697,8 +691,8 @@ class CircuitsView(View):
         self._csv.filename = (f"circuit_{self._model.spec.name.split('/')[-1]}_{self.task}_"
                               f"{method.lower()}_{len(members)}edges.csv")
         self._svg.filename = self._csv.filename[:-4] + ".svg"
-        plot = plot_edges(self._table, L, H, title=title)
         self._refresh_nodes()
+        plot = plot_edges(self._table, L, H, title=title) * self._nodes_overlay()
         self.param.update(redraw_ms=1e3 * (time.perf_counter() - t0),
                           redraw_cpu_ms=1e3 * (time.thread_time() - c0))
         return plot
@@ -840,7 +834,7 @@ class CircuitsView(View):
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        graph = self._edges_dm * self._nodes_el * self._labels_el
+        graph = self._edges_dm * self._tap_el
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
