@@ -21,10 +21,12 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import tip
+from apps._controls import OwnItems, tip
 from apps._session import CancelToken
 from apps._view import View, serve
+from explorer._checks import InputError
 from explorer.analyses import unlearning as U
+from explorer.analyses import user_items
 
 __all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "plot_accuracy_bars",
            "accuracy_rows", "probe_caption", "trace_caption", "METRIC_LABELS", "SHORT_NAMES",
@@ -178,6 +180,13 @@ class UnlearningView(View):
         self._facts_file = facts_file
         self._known_only = known_only
         self._split: tuple[list, list] | None = None
+        self._own_fact: U.AttributeFact | None = None
+        self._own = OwnItems(
+            "Your own fact", user_items.UNLEARNING_FORMAT,
+            "One fact: subject, prompt (the relation prompt the model completes, with the "
+            "subject in it) and answer (one of the relation's answers). Use makes it the first "
+            "forget fact (the causal-tracing heatmap's) and localizes.",
+            self.use_own)
         self.param.n_layers.bounds = (1, model.n_layers)
         if self.n_layers > model.n_layers:
             self.n_layers = max(1, model.n_layers // 2)
@@ -226,10 +235,31 @@ class UnlearningView(View):
         self.param.update(busy=True, progress=0, status=status)
 
     def facts(self) -> tuple[list[U.AttributeFact], list[U.AttributeFact]]:
-        """(forget, retain) for the current sizes (the known-facts filter is cached)."""
+        """(forget, retain) for the current sizes (the known-facts filter is cached); the
+        user's own fact, once given, is the first forget fact and in neither set otherwise."""
         everything = U.load_attribute_facts(self._facts_file)
         facts = U.known_facts(self._model, everything) if self._known_only else everything
+        own = self._own_fact
+        if own is not None:
+            facts = [f for f in facts if f.subject != own.subject]
+            forget, retain = U.split_facts(facts, max(2, self.n_forget - 1), self.n_retain)
+            return [own, *forget][:self.n_forget], retain
         return U.split_facts(facts, self.n_forget, self.n_retain)
+
+    def use_own(self, text: str) -> U.AttributeFact | None:
+        """Parse the user's fact, make it the first forget fact and localize (the same job as
+        for the shipped facts); bad text shows the parser's message and keeps the result."""
+        try:
+            shipped = U.load_attribute_facts(self._facts_file)[0]
+            fact = user_items.parse_unlearning_fact(text, attributes=shipped.attributes,
+                                                    mc=shipped.mc)
+        except InputError as e:
+            self.show_error(e)
+            return None
+        self._own_fact = fact
+        self.error = ""
+        self.localize()
+        return fact
 
     def localize(self) -> None:
         """Probe curve, causal tracing and attribution patching, in the background."""
@@ -352,7 +382,7 @@ class UnlearningView(View):
         bar = pn.indicators.Progress(value=self.param.progress, max=100, sizing_mode="stretch_width",
                                      visible=self.param.busy)
         return pn.Row(
-            pn.Column(controls, self._localize_button, self._run_button, self._cancel_button,
+            pn.Column(controls, self._own.layout(self.param.error), self._localize_button, self._run_button, self._cancel_button,
                       bar, pn.pane.Markdown(self.param.status),
                       pn.pane.Markdown(self._remote_note, visible=bool(self._remote_note),
                                        styles={"font-size": "0.9em"}),

@@ -217,3 +217,54 @@ def test_icl_page_runs_pasted_pairs_as_the_library_does(tiny_model):
     button.clicks += 1
     assert view.error == "" and view.patterns is not patterns
     assert view._task().pairs[-1] == ("pen", "pens")
+
+
+def test_unlearning_page_localizes_a_pasted_fact_as_the_library_does(tiny_model, tmp_path):
+    import json
+
+    import numpy as np
+    import panel as pn
+
+    from apps.unlearning import UnlearningView
+
+    # a fact file whose answers the tiny byte-level tokenizer tells apart (as test_unlearning's)
+    attrs = ["blue", "dog", "moon"]
+    names = [f"Person {a}{b}" for a in "ABCD" for b in "xyz"]
+    mc = "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps({"attributes": attrs,
+                                "templates": {"trained": "Fact: {subject} likes the", "mc": mc},
+                                "facts": [[n, attrs[i % 3]] for i, n in enumerate(names)]}))
+    view = UnlearningView(tiny_model, facts_file=path, known_only=False, background=False,
+                          n_forget=3, n_retain=2)
+    root = view.__panel__()
+    area, button = _own_box(view)
+    assert area in root.select(pn.widgets.TextAreaInput) and area.placeholder == ui.UNLEARNING_FORMAT
+    text = "subject: Ada Lovelace\nprompt: Fact: Ada Lovelace likes the\nanswer: moon"
+    area.value = text
+    button.clicks += 1
+    fact = ui.parse_unlearning_fact(text, attributes=attrs, mc=mc)
+    assert fact == U.AttributeFact("Ada Lovelace", "moon", tuple(attrs), "Fact: {subject} likes the", mc)
+    assert view.error == "" and view.probe is not None
+    forget, retain = view._split
+    assert forget[0] == fact and len(forget) == 3 and len(retain) == 2
+    assert fact.subject not in [f.subject for f in forget[1:] + retain]
+    # the page's numbers are the library's on the same facts
+    first = U.subject_positions(tiny_model, fact)[0]
+    n = len(tiny_model.tokenizer(U.fact_prompt(fact), add_special_tokens=False)["input_ids"])
+    heat = U.causal_trace(tiny_model, [fact], positions=list(range(first, n)))
+    trace = U.causal_trace(tiny_model, forget, positions=False)
+    np.testing.assert_allclose(view.trace.restore_mlp.values, trace.restore_mlp.values, rtol=1e-5)
+    np.testing.assert_allclose(view.trace.restore_resid.isel(fact=0).values,
+                               heat.restore_resid.isel(fact=0).values, rtol=1e-5)
+    att = U.attribution_patching(tiny_model, forget)
+    for name in att.data_vars:
+        np.testing.assert_allclose(view.attribution[name].values, att[name].values, rtol=1e-5)
+    # bad text: the message in the page, the localization kept
+    probe, trace_shown = view.probe, view.trace
+    area.value = text.replace("moon", "golf")
+    button.clicks += 1
+    assert view.error.startswith("line 3: the answer 'golf' is not one of the relation's answers")
+    assert view.probe is probe and view.trace is trace_shown and view._split[0][0] == fact
+    shown = [m.object for m in root.select(pn.pane.Markdown) if "own-items-error" in m.css_classes]
+    assert shown == [view.error]
