@@ -108,7 +108,8 @@ def test_unlearning_fact_good_equals_hand_built():
 
 @pytest.mark.parametrize("text, message", [
     ("", "the fact is empty"),
-    ("subject: A B\nprompt: C plays\nanswer: tennis", "line 2: the prompt does not contain the subject 'A B'"),
+    ("subject: A B\nprompt: C plays\nanswer: tennis",
+     "line 2: the prompt does not contain the subject 'A B'"),
     ("subject: A\nprompt: A plays\nanswer: golf", "line 3: the answer 'golf' is not one of"),
     ("subject: A\nprompt: A plays\nanswer:", "line 3: 'answer' is empty"),
     ("subject: A\nprompt: A plays", "the fact has no 'answer' line"),
