@@ -100,12 +100,21 @@ def plot_nodes(columns: dict[str, list]) -> hv.Points:
         line_color="white", line_width=0.5)
 
 
-def plot_node_labels(columns: dict[str, list]) -> hv.Labels:
-    """The names of the circuit's nodes, at 45 degrees up and right of each node so that
-    neighbouring layers' labels run parallel instead of over each other."""
-    return hv.Labels({k: columns[k] for k in ("x", "y", "text")}, ["x", "y"], "text").opts(
-        angle=45, text_align="left", text_baseline="bottom", text_font_size="7pt",
-        text_color="#202020", xoffset=0.12, yoffset=0.12)
+def plot_node_labels(columns: dict[str, list]) -> hv.Overlay:
+    """The names of the circuit's nodes: heads, input and logits at 45 degrees up and right
+    of each node, so that neighbouring layers' labels run parallel instead of over each other;
+    the MLPs (one staggered row) straight up."""
+    mlp = np.array([n.endswith(".MLP") for n in columns["name"]])
+
+    def labels(rows: np.ndarray, angle: float) -> hv.Labels:
+        data = {k: np.asarray(columns[k], dtype=object if k == "text" else float)[rows]
+                for k in ("x", "y", "text")}
+        return hv.Labels(data, ["x", "y"], "text").opts(
+            angle=angle, text_align="left", text_baseline="middle" if angle == 90 else "bottom",
+            text_font_size="7pt", text_color="#202020", xoffset=0.0 if angle == 90 else 0.12,
+            yoffset=0.25 if angle == 90 else 0.12)
+
+    return labels(~mlp, 45) * labels(mlp, 90)
 
 
 def _no_curve() -> hv.Text:
@@ -627,16 +636,17 @@ class CircuitsView(View):
     def _nodes_overlay(self) -> hv.Overlay:
         cols = self.node_columns()
         return plot_nodes(cols).opts(hooks=[self._keep_node_source]) * \
-            plot_node_labels(cols).opts(hooks=[self._keep_label_source])
+            plot_node_labels(cols).opts(hv.opts.Labels(hooks=[self._keep_label_source]))
 
     def nodes_drawn(self) -> list[dict[str, list]]:
         """What each drawn node plot holds: name, size and fill columns (for tests)."""
         return [{k: list(src.data[k]) for k in ("name", "size", "fill")}
                 for src in self._node_sources]
 
-    def labels_drawn(self) -> list[dict[str, list]]:
-        """What each drawn label plot holds: x, y and text columns (for tests)."""
-        return [{k: list(src.data[k]) for k in ("x", "y", "text")} for src in self._label_sources]
+    def labels_drawn(self) -> dict[str, list]:
+        """What the drawn label plots hold together: x, y and text columns (for tests)."""
+        return {k: [v for src in self._label_sources for v in src.data[k]]
+                for k in ("x", "y", "text")}
 
     def node_columns(self) -> dict[str, list]:
         """The node columns the page draws now (places, sizes, fills, labels)."""

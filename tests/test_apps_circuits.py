@@ -315,7 +315,7 @@ def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
             assert len(nodes["name"]) == len(node_positions(view._model.n_layers,
                                                             view._model.spec.n_heads))
             # every drawn node is labelled with its name in the one spelling, at its place
-            labels = view.labels_drawn()[0]
+            labels = view.labels_drawn()
             at = {(x, y): t for x, y, t in zip(labels["x"], labels["y"], labels["text"]) if t}
             want = {view._pos[n]: spelled(n) for n in view._pos if spelled(n) in used}
             assert at == want

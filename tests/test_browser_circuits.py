@@ -284,8 +284,10 @@ _GRAPH_JS = """
         const d = r.data_source.data;
         if (r.glyph.type === "Segment")
           out.segments = {src: [...d.src], dst: [...d.dst], alpha: [...d.alpha], score: [...d.score]};
-        else if (r.glyph.type === "Text")
-          out.labels = {text: [...d.text], x: [...d.x], y: [...d.y]};
+        else if (r.glyph.type === "Text") {   // heads' and MLPs' labels: two renderers
+          out.labels = out.labels ?? {text: [], x: [], y: []};
+          out.labels.text.push(...d.text); out.labels.x.push(...d.x); out.labels.y.push(...d.y);
+        }
         else if (r.glyph.type === "Scatter" && d.name)
           out.nodes = {name: [...d.name], x: [...d.x], y: [...d.y],
                        sx: d.x.map(x => rect.left + v.frame.x_scale.compute(x)),
