@@ -21,7 +21,6 @@ import os
 import textwrap
 import time
 
-import numpy as np
 import pytest
 from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, wait_for
 
@@ -78,7 +77,6 @@ def _scores():
 @functools.cache
 def _curve():
     """The faithfulness curve at the slider's sizes, as the page measures it, computed here."""
-    from apps.circuits import size_grid
     from explorer.analyses import circuits as ca
 
     model, task, scores = _scores()
@@ -154,7 +152,6 @@ _SEGMENTS_JS = """
 
 
 def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
-    from apps.circuits import size_grid
 
     page, errors = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state", timeout=240)
     wait_for(page, "data-circuit-scores", lambda v: v == "ready")
@@ -308,7 +305,6 @@ _GRAPH_JS = """
 
 
 def test_default_circuit_labels_and_size_slider(page_url, browser):
-    from apps.circuits import size_grid
     from explorer.components import canonical
 
     page, errors = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state",
