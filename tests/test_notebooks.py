@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,22 +82,43 @@ def test_notebook_is_stored_without_outputs(path):
     assert all(not c["outputs"] and c["execution_count"] is None for c in code)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path, monkeypatch, tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    facts = tmp_path / "facts.json"
-    facts.write_text(json.dumps(TINY_FACTS))
-    monkeypatch.setenv("EXPLORER_EXAMPLE_MODEL", TINY)      # the kernel inherits the environment
-    monkeypatch.setenv("EXPLORER_EXAMPLE_FACTS", str(facts))
+def _execute(path: Path):
+    """Run one notebook in a fresh python3 kernel; (notebook, seconds, exception or None)."""
+    import nbclient
+    import nbformat
+
     nb = nbformat.read(path, as_version=4)
-    uses_model = "EXPLORER_EXAMPLE_MODEL" in "".join(c.source for c in nb.cells if c.cell_type == "code")
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
                                      resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    client.execute()  # raises CellExecutionError naming the cell on any error
-    seconds = time.perf_counter() - start
+    try:
+        client.execute()  # raises CellExecutionError naming the cell on any error
+    except Exception as exc:  # reported by the notebook's own test below
+        return nb, time.perf_counter() - start, exc
+    return nb, time.perf_counter() - start, None
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Every notebook executed on the tiny model, two kernels at a time (their start-up,
+    mostly imports, dominates the run time)."""
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    facts = tmp_path_factory.mktemp("notebooks") / "facts.json"
+    facts.write_text(json.dumps(TINY_FACTS))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXPLORER_EXAMPLE_MODEL", TINY)      # the kernels inherit the environment
+        mp.setenv("EXPLORER_EXAMPLE_FACTS", str(facts))
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return dict(zip([p.name for p in NOTEBOOKS], pool.map(_execute, NOTEBOOKS)))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path, executed):
+    nb, seconds, exc = executed[path.name]
+    if exc is not None:
+        raise exc
     errors = [out for cell in nb.cells if cell.cell_type == "code"
               for out in cell.get("outputs", []) if out.get("output_type") == "error"]
     assert not errors
@@ -104,6 +126,7 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
                           for out in cell.get("outputs", [])))
     missing = EXPECTED[path.name] - shown
     assert not missing, f"{path.name} shows no {sorted(missing)}"
-    if uses_model:  # it ran on the tiny model, not the packaged one
+    source = "".join(c.source for c in nb.cells if c.cell_type == "code")
+    if "EXPLORER_EXAMPLE_MODEL" in source:  # it ran on the tiny model, not the packaged one
         assert TINY in _text(nb)
     print(f"{path.name}: {seconds:.1f} s")
