@@ -164,12 +164,12 @@ _TITLE_EDITS = 2  # workspace edits named in the edited heatmap's title (all in 
 
 
 def edited_title(ds: xr.Dataset, labels: list[str]) -> str:
-    """The edited heatmap's title: ``edited: ablate L1.H0 (zero)`` (+ the page's steering)."""
+    """The edited heatmap's title: ``edited: ablate L1.H0 (zero)`` (the caption says more)."""
     shown = ", ".join(labels[:_TITLE_EDITS])
     if len(labels) > _TITLE_EDITS:
         shown += f" +{len(labels) - _TITLE_EDITS} more"
     what = steering_summary(ds.attrs.get("edits", []))
-    return f"edited: {shown}" + ("" if what == "unedited" else f" · {what}")
+    return f"edited: {shown}" + ("" if what == "unedited" else " + the steering")
 
 
 def extra_labels(ds: xr.Dataset | None) -> list[str]:
@@ -182,17 +182,29 @@ def edited_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, *, promp
     if edited is None:
         return ""
     labels = extra_labels(edited)
-    text = ("Edited run, same prompt: the page's steering (if any), then "
-            + "; ".join(f"`{html.escape(t)}`" for t in labels) + ".")
-    same = clean is not None and plot_shape(clean, prompt=prompt)[:2] == plot_shape(
-        edited, prompt=prompt)[:2]
-    if same:
-        a, b = clean.isel(prompt=prompt), edited.isel(prompt=prompt)
-        real = a.mask.values
-        moved = a.top_token_id.values[real, :, 0] != b.top_token_id.values[real, :, 0]
-        text += (f" The top-1 token differs from the clean lens in {int(moved.sum())} of "
-                 f"{moved.size} cells.")
+    steering = steering_summary(edited.attrs.get("edits", []))
+    text = ("Edited run, same prompt" + ("" if steering == "unedited" else f", {steering}")
+            + ", with " + "; then ".join(f"`{html.escape(t)}`" for t in labels) + ".")
+    moved = moved_cells(clean, edited, prompt=prompt)
+    if moved is not None:
+        n = int(edited.isel(prompt=prompt).mask.sum()) * edited.sizes["layer"]
+        text += (f" The top-1 token differs from the clean lens in {len(moved)} of {n} cells "
+                 "(outlined).")
     return text
+
+
+def moved_cells(clean: xr.Dataset | None, edited: xr.Dataset | None, *,
+                prompt: int = 0) -> list[tuple[int, int]] | None:
+    """(pos, layer) of every cell whose top-1 token differs between two lens results of the
+    same tokens and layers; None when they cannot be compared."""
+    if clean is None or edited is None or plot_shape(clean, prompt=prompt)[:2] != plot_shape(
+            edited, prompt=prompt)[:2]:
+        return None
+    a, b = clean.isel(prompt=prompt), edited.isel(prompt=prompt)
+    real = a.mask.values
+    moved = a.top_token_id.values[real, :, 0] != b.top_token_id.values[real, :, 0]
+    pos, layers = a.pos.values[real], a.layer.values
+    return [(int(pos[i]), int(layers[j])) for i, j in zip(*np.nonzero(moved))]
 
 
 def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0,
@@ -561,8 +573,8 @@ class LensView(View):
     def _show_result(self, out: tuple[dict, xr.Dataset, xr.Dataset | None]) -> None:
         p, ds, edited = out
         seconds = time.perf_counter() - self._started
-        more = ("" if edited is None
-                else f" · and with {len(extra_labels(edited))} workspace edit(s)")
+        n = len(extra_labels(edited))
+        more = "" if edited is None else f" · edited: {n} workspace edit{'s' if n > 1 else ''}"
         self.param.update(result=ds, edited_result=edited, preview=None, error="", running=False,
                           status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
                                  f"{more} · {seconds:.2f} s")
@@ -630,7 +642,12 @@ class LensView(View):
         if edited is None:
             return hv.Text(0, 0, "").opts(xaxis=None, yaxis=None, toolbar=None, height=10,
                                           responsive=True)
-        return plot_lens_heatmap(edited, title=edited_title(edited, extra_labels(edited)))
+        plot = plot_lens_heatmap(edited, title=edited_title(edited, extra_labels(edited)))
+        moved = moved_cells(self.result, edited)
+        if moved:  # outline the cells whose top-1 token differs from the clean lens
+            plot *= hv.Rectangles([(p - 0.5, l - 0.5, p + 0.5, l + 0.5) for p, l in moved]).opts(
+                fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_TOOLS)
+        return plot.opts(active_tools=[])
 
     def _edited_panes(self) -> pn.Column:
         """The edited heatmap and its caption: present only while there are workspace

@@ -7,7 +7,7 @@ import panel as pn
 import pytest
 import torch
 
-from apps.lens import LensView, edited_caption
+from apps.lens import LensView, edited_caption, moved_cells
 from explorer.interventions import Ablate
 from explorer.lens import logit_lens
 
@@ -84,6 +84,14 @@ def test_edited_heatmap_is_the_hooked_ablation(tiny_model):
     with pytest.raises(AssertionError):  # the comparison tells the clean lens from the edited
         assert_lens_equal(view.result, ab_ids, ab_p)
     assert "ablate L0.H1" in edited_caption(view.result, view.edited_result)
+    # the outlined cells are those whose hooked top-1 token moved (up to near ties)
+    moved = set(moved_cells(view.result, view.edited_result))
+    hooked = {(p, l) for p, l in zip(*np.nonzero(ab_ids[..., 0] != clean_ids[..., 0]))}
+    tied = {(p, l) for p, l in zip(*np.nonzero(
+        np.minimum((clean_p[..., 0] - clean_p[..., 1]) / clean_p[..., 0],
+                   (ab_p[..., 0] - ab_p[..., 1]) / ab_p[..., 0]) < 1e-3))}
+    assert moved and moved - tied == hooked - tied
+    assert f"in {len(moved)} of " in edited_caption(view.result, view.edited_result)
     assert view.edited_result.attrs["workspace_edits"] == ["ablate L0.H1 (zero)"]
     layout = view.__panel__()
     plots = layout.select(pn.pane.HoloViews)
