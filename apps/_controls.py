@@ -14,7 +14,7 @@ import param
 
 from apps import theme
 
-__all__ = ["OwnItems", "labelled", "labelled_control", "labelled_controls", "tip"]
+__all__ = ["OwnItems", "control", "labelled", "labelled_control", "labelled_controls", "tip"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -53,6 +53,16 @@ def labelled_controls(view: param.Parameterized, spec: dict[str, dict[str, Any]]
         opts = dict(opts)
         out.append(labelled_control(view, name, opts.pop("type"), **opts))
     return out
+
+
+def control(widget: pn.viewable.Viewable, doc: str, label: str | None = None) -> pn.viewable.Viewable:
+    """A built widget with a tooltip icon saying what it changes: a button group gets
+    ``label`` (bold) above it, a slider or checkbox, which shows its own name, the icon beside it."""
+    icon = pn.widgets.TooltipIcon(value=doc, width=20, margin=(6, 4, 0, 0))
+    if label is None:
+        return pn.Row(widget, icon, sizing_mode="stretch_width")
+    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
+    return pn.Column(head, widget, sizing_mode="stretch_width")
 
 
 def tip(widget: pn.widgets.Widget, doc: str | None) -> pn.viewable.Viewable:

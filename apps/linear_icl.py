@@ -22,6 +22,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._controls import control
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer import components
@@ -245,15 +246,6 @@ def pattern_caption(analysis: xr.Dataset | None) -> str:
             "|Σμ| / Σ|μ| (heads cancel) and 1 − R² of the predictions against debiased GD. " + when)
 
 # -- the view --------------------------------------------------------------------------------
-
-def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
-    """A control with a visible label and a tooltip icon that says what it changes: a button
-    group gets its label above it; a slider, which shows its own name, gets the icon beside it."""
-    icon = pn.widgets.TooltipIcon(value=tip, width=20, margin=(6, 4, 0, 0))
-    if label is None:
-        return pn.Row(widget, icon, sizing_mode="stretch_width")
-    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
-    return pn.Column(head, widget, sizing_mode="stretch_width")
 
 
 def _is_default_run(run: xr.Dataset) -> bool:
@@ -534,8 +526,8 @@ class LinearICLView(View):
                                      sizing_mode="stretch_width", margin=(4, 10))
         note = pn.pane.Markdown(self.param.retrain_status, css_classes=["icl-retrain-status"],
                                 styles={"color": "#555"}, margin=(0, 10))
-        return pn.Column(_control(heads, self.param.n_heads.doc, self.param.n_heads.label),
-                         _control(step, self.param.step.doc), retrain, stop, bar, note,
+        return pn.Column(control(heads, self.param.n_heads.doc, self.param.n_heads.label),
+                         control(step, self.param.step.doc), retrain, stop, bar, note,
                          width=theme.SIZES["controls_width"], css_classes=["icl-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:

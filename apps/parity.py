@@ -22,6 +22,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._controls import control
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.parity import (
@@ -595,9 +596,9 @@ class ParityView(View):
         minimal = pn.widgets.Checkbox.from_param(p.minimal)
         color_by = pn.widgets.RadioButtonGroup.from_param(p.color_by, color="primary", variant="outline",
                                                           label="", sizing_mode="stretch_width")
-        return pn.Column(_control(step, p.step.doc), _control(threshold, p.threshold.doc),
-                         _control(max_length, p.max_length.doc), _control(minimal, p.minimal.doc),
-                         _control(color_by, p.color_by.doc, p.color_by.label),
+        return pn.Column(control(step, p.step.doc), control(threshold, p.threshold.doc),
+                         control(max_length, p.max_length.doc), control(minimal, p.minimal.doc),
+                         control(color_by, p.color_by.doc, p.color_by.label),
                          width=theme.SIZES["controls_width"], css_classes=["parity-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -633,17 +634,6 @@ class ParityView(View):
                                 caption(self._phase_caption, "parity-phase-caption"),
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
-
-
-def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
-    """A control with a visible label and a tooltip icon that says what it changes: a button
-    group gets its label above it; a slider or checkbox, which shows its own name, gets the
-    icon beside it."""
-    icon = pn.widgets.TooltipIcon(value=tip, width=20, margin=(6, 4, 0, 0))
-    if label is None:
-        return pn.Row(widget, icon, sizing_mode="stretch_width")
-    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
-    return pn.Column(head, widget, sizing_mode="stretch_width")
 
 
 serve(__name__, ParityView, title=f"{theme.TITLE}: streaming parity", model=False, intro="parity")

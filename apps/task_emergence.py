@@ -19,6 +19,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._controls import control
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.task_emergence import default_analysis, stored_task_emergence_analysis
@@ -285,7 +286,7 @@ class TaskEmergenceView(View):
         step = pn.widgets.DiscreteSlider.from_param(p.step, sizing_mode="stretch_width")
         layer = pn.widgets.RadioButtonGroup.from_param(p.layer, color="primary", variant="outline",
                                                        label="", sizing_mode="stretch_width")
-        return pn.Column(_control(step, p.step.doc), _control(layer, p.layer.doc, p.layer.label),
+        return pn.Column(control(step, p.step.doc), control(layer, p.layer.doc, p.layer.label),
                          width=theme.SIZES["controls_width"], css_classes=["emergence-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -316,16 +317,6 @@ class TaskEmergenceView(View):
                                 caption(self._curves_caption, "emergence-curves-caption"),
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
-
-
-def _control(widget: pn.viewable.Viewable, tip: str, label: str | None = None) -> pn.viewable.Viewable:
-    """A control with a visible label and a tooltip icon that says what it changes: a button
-    group gets its label above it; a slider, which shows its own name, gets the icon beside it."""
-    icon = pn.widgets.TooltipIcon(value=tip, width=20, margin=(6, 4, 0, 0))
-    if label is None:
-        return pn.Row(widget, icon, sizing_mode="stretch_width")
-    head = pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(6, 4, 0, 10)), icon)
-    return pn.Column(head, widget, sizing_mode="stretch_width")
 
 
 serve(__name__, TaskEmergenceView, title=f"{theme.TITLE}: task-vector emergence", model=False, intro="task-emergence")
