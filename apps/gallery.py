@@ -115,7 +115,9 @@ class Gallery(pn.viewable.Viewer):
                                 doc="Model every page runs; switching reloads the pages.")
     prompt = param.String(default=DEFAULT_PROMPT, label="Prompt",
                           doc="Prompt shared by every page (press Enter to run).")
-    view = param.Selector(default=None, objects=[], label="Page", doc="Which page is shown; the prompt, selection and edits in this sidebar go with you to every page.")
+    view = param.Selector(default=None, objects=[], label="Page",
+                          doc="Which page is shown; the prompt, selection and edits in this "
+                              "sidebar go with you to every page.")
     cache = param.String(default="", precedence=-1, doc="Activation cache status line.")
     loading = param.Boolean(default=False, precedence=-1, doc="A model is loading.")
     remote_status = param.String(default="", precedence=-1,
