@@ -17,6 +17,7 @@ import torch
 import explorer
 from apps.lens import LensView, heatmap_columns, is_preview, plot_lens_heatmap
 from explorer.lens import logit_lens, preview_vocabulary
+from tests.test_apps import _layer_outputs
 
 PROMPT = "The capital of France is"
 
@@ -29,24 +30,9 @@ def _cache_dir(tmp_path, monkeypatch):
 def _lens_logits(model, prompt, *, steer=None):
     """Plain lens logits [layer, pos, vocab]: each decoder layer's output (hooks; ``steer`` =
     (layer, vector, alpha) adds alpha * vector there) through the final norm and lm_head."""
-    hf = model.hf
-    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-    outs, hooks = [], []
-    for i, layer in enumerate(hf.model.layers):
-        def hook(_module, _inputs, output, i=i):
-            h = output[0] if isinstance(output, tuple) else output
-            if steer is not None and i == steer[0]:
-                h = h + steer[2] * torch.as_tensor(steer[1], dtype=h.dtype)
-            outs.append(h[0].detach().clone())
-            return (h, *output[1:]) if isinstance(output, tuple) else h
-        hooks.append(layer.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            hf(input_ids=ids)
-            return hf.lm_head(hf.model.norm(torch.stack(outs))).float()
-    finally:
-        for h in hooks:
-            h.remove()
+    h = _layer_outputs(model, prompt, steer=steer)                      # [layer, pos, d]
+    with torch.no_grad():
+        return model.hf.lm_head(model.hf.model.norm(h)).float()
 
 
 def _vector(view):

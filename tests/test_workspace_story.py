@@ -9,9 +9,9 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from explorer.interventions import Ablate
+from tests.test_lens_edits import assert_lens_equal, hooked_lens
 
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
@@ -19,35 +19,6 @@ PROMPT = "When Mary and John went to the store, John gave a drink to"
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
-
-
-def _lens_by_hooks(model, prompt, ablate=()):
-    """Top-1 ids and probabilities of a logit lens on plain torch hooks: the ablated heads'
-    slices zeroed at the input of o_proj, each layer's output read, final norm, unembedding."""
-    hf = model.hf
-    layers = hf.model.layers
-    d_head = hf.config.hidden_size // hf.config.num_attention_heads
-    handles, resid = [], {}
-    for layer, head in ablate:
-        def zero(module, args, head=head):
-            x = args[0].clone()
-            x[..., head * d_head:(head + 1) * d_head] = 0
-            return (x,)
-        handles.append(layers[layer].self_attn.o_proj.register_forward_pre_hook(zero))
-    for i, block in enumerate(layers):
-        handles.append(block.register_forward_hook(
-            lambda m, a, out, i=i: resid.__setitem__(i, (out[0] if isinstance(out, tuple) else out))))
-    ids = model.tokenizer(prompt, return_tensors="pt").input_ids
-    try:
-        with torch.no_grad():
-            hf(ids)
-            probs = [torch.softmax(hf.lm_head(hf.model.norm(resid[i][0])).float(), -1)
-                     for i in range(len(layers))]
-    finally:
-        for h in handles:
-            h.remove()
-    p = torch.stack(probs)                                   # [layer, pos, vocab]
-    return p.argmax(-1).numpy(), p.max(-1).values.numpy()
 
 
 def _top1(ds):
@@ -82,13 +53,13 @@ def test_prompt_head_atlas_ablation_lens_and_state_travel_together(tiny_model):
         g.ablate_selected()                                   # the sidebar's button
         lens.wait()
         assert g.workspace.edits == [Ablate(1, 2)] and lens.edits == [Ablate(1, 2)]
-        clean_ids, clean_p = _lens_by_hooks(tiny_model, PROMPT)
-        ab_ids, ab_p = _lens_by_hooks(tiny_model, PROMPT, ablate=[(1, 2)])
-        got_ids, got_p = _top1(lens.result)
-        np.testing.assert_allclose(got_p, clean_p, rtol=2e-3, atol=1e-6)
-        e_ids, e_p = _top1(lens.edited_result)
-        np.testing.assert_allclose(e_p, ab_p, rtol=2e-3, atol=1e-6)
+        clean_ids, clean_p = hooked_lens(tiny_model, PROMPT)
+        ab_ids, ab_p = hooked_lens(tiny_model, PROMPT, ablate=[(1, 2)])
+        assert_lens_equal(lens.result, clean_ids, clean_p)
+        assert_lens_equal(lens.edited_result, ab_ids, ab_p)
         assert not np.allclose(clean_p, ab_p)                 # the ablation changes the lens
+        got_p = _top1(lens.result)[1]
+        e_ids, e_p = _top1(lens.edited_result)
 
         state = g.export_state()
         assert json.loads(state)["selected"] == ["L1.H2"]
