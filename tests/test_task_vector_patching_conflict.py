@@ -10,28 +10,10 @@ import torch
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vector_patching as tvp
+from tests.test_task_vector_patching import _ids, _layer_outputs
 
 TASKS = ["capitalize", "uppercase", "lowercase-first-letter", "antonym"]
 KW = dict(n_prompts=4, n_shots=2, seed=3)
-
-
-def _ids(model, prompt):
-    return torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-
-
-def _layer_outputs(model, prompt):
-    """Each decoder layer's output at the last token of one unpadded prompt (torch hooks)."""
-    outs = []
-    hooks = [model.hf_layer(x).register_forward_hook(
-        lambda _m, _i, out: outs.append((out[0] if isinstance(out, tuple) else out)[0, -1].double()))
-        for x in range(model.n_layers)]
-    try:
-        with torch.no_grad():
-            model.hf(_ids(model, prompt))
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.stack(outs)                                   # [layer, d_model]
 
 
 def _hooked_argmax(model, prompt, layer, vector):
