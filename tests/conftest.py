@@ -52,6 +52,16 @@ def _torch_globals_unchanged():
         pytest.fail(f"the test left torch settings changed (before, after): {changed}")
 
 
+@pytest.fixture
+def notes(monkeypatch):
+    """Notifications the pages send (outside a server they are only logged)."""
+    from apps import theme
+
+    sent = []
+    monkeypatch.setattr(theme, "notify", lambda kind, message, **kw: sent.append((kind, message)))
+    return sent
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """A seeded random-init Llama-family model (3 layers, 4 heads, 2 KV heads, d_model 64)."""

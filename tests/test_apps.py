@@ -25,13 +25,6 @@ PROMPT = "The capital of France is"
 A, B = "I love you. You are wonderful.", "I hate you. You are terrible."
 
 
-@pytest.fixture
-def notes(monkeypatch):
-    """Notifications the pages send (outside a server they are only logged)."""
-    sent = []
-    monkeypatch.setattr(theme, "notify", lambda kind, message, **kw: sent.append((kind, message)))
-    return sent
-
 
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path, monkeypatch):

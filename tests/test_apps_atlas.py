@@ -13,7 +13,6 @@ import torch
 import xarray as xr
 
 import explorer
-from apps import theme
 from apps.atlas import AtlasView, collect_results, plot_score, provenance_markdown
 from apps.attention import AttentionView
 from apps.gallery import VIEWS, Gallery
@@ -22,13 +21,6 @@ from explorer.analyses import icl_heads as ih
 
 PROMPT = "The cat sat on the mat because the cat was tired"
 
-
-@pytest.fixture
-def notes(monkeypatch):
-    """Notifications the pages send (outside a server they are only logged)."""
-    sent = []
-    monkeypatch.setattr(theme, "notify", lambda kind, message, **kw: sent.append((kind, message)))
-    return sent
 
 
 @pytest.fixture(autouse=True)

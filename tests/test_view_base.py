@@ -29,12 +29,6 @@ APPS = Path(__file__).resolve().parents[1] / "apps"
 NOT_VIEWS = {"gallery.py", "theme.py"}   # and the helper modules, apps/_*.py
 
 
-@pytest.fixture
-def notes(monkeypatch):
-    sent = []
-    monkeypatch.setattr(theme, "notify", lambda kind, message, **kw: sent.append((kind, message)))
-    return sent
-
 
 class _Request:
     arguments: dict = {}
