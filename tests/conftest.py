@@ -52,6 +52,17 @@ def _torch_globals_unchanged():
         pytest.fail(f"the test left torch settings changed (before, after): {changed}")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch on one thread for a module's tests (tiny models run fastest so, and timings are
+    steadier on a shared machine); its count is put back afterwards. A module asks for it
+    with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def notes(monkeypatch):
     """Notifications the pages send (outside a server they are only logged)."""

@@ -14,12 +14,7 @@ pytest.importorskip("panel")
 from explorer.analyses import linear_icl as icl  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

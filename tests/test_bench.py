@@ -26,13 +26,7 @@ PROMPTS = [
 UNITS = ("_ratio", "_ms", "_mb", "_mb_per_s")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models run fastest on one thread, and the test machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def assert_bench_result(result: dict, name: str) -> None:

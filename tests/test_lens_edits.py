@@ -14,12 +14,7 @@ from explorer.lens import logit_lens
 PROMPT = "The quick brown fox jumps over"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def hooked_lens(model, prompt, ablate=(), k=5):

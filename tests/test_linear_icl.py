@@ -15,13 +15,7 @@ from explorer._checks import InputError
 from explorer.analyses import linear_icl as icl
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one thread is faster than several fighting over shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- helpers --------------------------------------------------------------------------
@@ -391,13 +385,17 @@ def test_cli_runs_on_one_thread_and_restores_the_thread_count(tmp_path, monkeypa
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(icl, "linear_icl_run", recording_run)
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
-    args = ["linear-icl", "train", "--heads", "1", "--steps", "4", "--checkpoint-every", "2",
-            "--json", "--cache", str(tmp_path)]
-    assert cli.main(args) == 0
-    assert torch.get_num_threads() == 2 and seen == [1]
-    assert cli.main(args + ["--threads", "3"]) == 0
-    assert torch.get_num_threads() == 2 and seen == [1, 3]
+    try:
+        args = ["linear-icl", "train", "--heads", "1", "--steps", "4", "--checkpoint-every",
+                "2", "--json", "--cache", str(tmp_path)]
+        assert cli.main(args) == 0
+        assert torch.get_num_threads() == 2 and seen == [1]
+        assert cli.main(args + ["--threads", "3"]) == 0
+        assert torch.get_num_threads() == 2 and seen == [1, 3]
+    finally:
+        torch.set_num_threads(before)
     capsys.readouterr()
 
 

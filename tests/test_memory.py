@@ -15,19 +15,12 @@ from explorer.interventions import Steer
 from explorer.lens import logit_lens
 from explorer.trace import clean_run, run_with
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "One two"]
 WARM_UP, RUNS = 50, 500
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models run fastest on one thread, and the test machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def rss_kib() -> int:

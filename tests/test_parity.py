@@ -17,13 +17,7 @@ from explorer.analyses.automata import Automaton, merge_states, minimise_automat
 from explorer.analyses.parity import runs as par_runs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one thread is faster than several fighting over shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- helpers: independent computations ------------------------------------------------

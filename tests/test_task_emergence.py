@@ -19,12 +19,7 @@ TINY = {"d": 4, "n_tasks": 2, "rank": 2, "n_examples": 4, "noise_std": 0.1, "coe
         "checkpoint_every": 20, "seed": 0}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
