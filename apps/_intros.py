@@ -176,7 +176,7 @@ INTROS: dict[str, Intro] = {
         shows="Every per-head score this session has computed, from every method, in one "
               "layer x head atlas: attention statistics of the sidebar prompt, induction, "
               "function-vector, context / memory scores and circuit edge mass per head.",
-        paper="Scores from Olsson et al. (2022), Todd et al. (ICLR 2024), Li et al. (ICML 2025) "
+        paper="the scores of Olsson et al. (2022), Todd et al. (ICLR 2024), Li et al. (ICML 2025) "
               "and Hanna et al. (COLM 2024)",
         title="Function Vectors in Large Language Models",
         read="Pick a score: the heatmap shows it per head (layers down, heads across); the "
