@@ -15,73 +15,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from _views import KM_PARAMS, cheap_gallery_views
 
 NETCDF_VALUES = (np.floating, np.integer, np.bool_)
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def cheap_views(tmp_path_factory, one_thread):
+def cheap_views(tmp_path_factory, one_torch_thread):
     """The gallery's pages in its order; the slow ones with small settings (as the gallery's
     browser test builds them)."""
-    from apps.circuits import CircuitsView
-    from apps.conflicts import ConflictsView
-    from apps.gallery import VIEWS
-    from apps.icl_heads import ICLHeadsView
-    from apps.itda import ITDAView
-    from apps.linear_icl import LinearICLView
-    from apps.neuron_eval import NeuronEvalView
-    from apps.saturation import SaturationView
     from apps.shattering import ShatteringView
-    from apps.unlearning import UnlearningView
-    from explorer.analyses import linear_icl
-    from explorer.analyses import shattering as sh
-    from explorer.analyses.conflicts import load_facts
 
-    tmp = tmp_path_factory.mktemp("export-views")
-    attrs = ["blue", "dog", "moon"]
-    facts_file = tmp / "facts.json"
-    facts_file.write_text(json.dumps({
-        "attributes": attrs,
-        "templates": {"trained": "Fact: {subject} likes the",
-                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
-        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
-                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
-    icl_runs = {H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
-                                               batch_size=64, n_test=64, test_lengths=[10, 40],
-                                               seed=0) for H in (1, 2)}
-    km = sh.train_knowledge_model(**KM_PARAMS)
-    sweep = sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
-    facts = load_facts(["country_capital"])[:3]
-    cheap = {
-        "saturation": lambda m: SaturationView(m, store=None, n_tokens=400, analysis_options=dict(
-            n_permutations=100, n_pairs=1, sample_positions=200, min_sat_layer=0)),
-        "conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
-        "icl-heads": lambda m: ICLHeadsView(m, n_prompts=3, n_shots=2),
-        "itda": lambda m: ITDAView(m, layer=1),
-        "neuron-eval": lambda m: NeuronEvalView(m, layer=1, n_seeds=3),
-        "linear-icl": lambda m: LinearICLView(m, runs=icl_runs),
-        "circuits": lambda m: CircuitsView(m, n_prompts=4),
-        "shattering": lambda m: ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3",
-                                               relation="A+1", distance=2),
-        "unlearning": lambda m: UnlearningView(m, facts_file=facts_file, known_only=False,
-                                               n_forget=4, n_retain=2, n_layers=1, steps=2,
-                                               relearn_steps=1),
-    }
-    return [(title, slug, cheap.get(slug, factory)) for title, slug, factory in VIEWS]
-
-
-KM_PARAMS = dict(n_entities=16, n_orders=2, max_hops=2, walk_length=4, d_model=32, n_heads=2,
-                 d_mlp=64, steps=150, batch_size=64, lr=1e-2, seed=0)
+    return cheap_gallery_views(
+        tmp_path_factory.mktemp("export-views"),
+        shattering=lambda km, sweep: (lambda m: ShatteringView(
+            km=km, sweep=sweep, method="finetune", entity="e3", relation="A+1", distance=2)))
 
 
 def _unzip(data: bytes) -> dict[str, bytes]:
@@ -223,7 +171,7 @@ def test_neuron_eval_snippet_recomputes_the_table_and_sanity_checks(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def km(one_thread):
+def km(one_torch_thread):
     from explorer.analyses import shattering as sh
 
     return sh.train_knowledge_model(**KM_PARAMS)
