@@ -47,7 +47,8 @@ def _sample_positions(lengths: Sequence[int], n_sample: int, seed: int) -> np.nd
 def saturation_layers(model: Any, texts: Any, *, k: int = 10, rank_cap: int = 50,
                       sample_positions: int = 1000, batch_size: int = 4, seed: int = 0,
                       unembed_dtype: str = "float32", part_texts: int | None = None,
-                      store: Any = None, progress: Any = None) -> xr.Dataset:
+                      store: Any = None, progress: Any = None,
+                      edits: Sequence[Any] = ()) -> xr.Dataset:
     """Logit-lens ranks and saturation layers of the final top-k tokens at every position.
 
     One trace per batch of texts reads ``resid_post`` at every layer; the lens
@@ -80,6 +81,11 @@ def saturation_layers(model: Any, texts: Any, *, k: int = 10, rank_cap: int = 50
     store : ActivationStore, optional
         Cache: a repeated call with the same model, texts and parameters is served from it.
     progress : bool or callable(done, total), optional
+    edits : sequence of Edit, optional
+        Interventions (`explorer.interventions`: Ablate, Scale, Patch, Steer, ...) applied in
+        the trace, so the saturation layers are those of the edited model; rows of
+        ``prompts``-targeted edits index ``texts``. Recorded in ``attrs["edits"]`` and part
+        of the cache key (not with ``part_texts``).
 
     Returns
     -------
@@ -96,32 +102,42 @@ def saturation_layers(model: Any, texts: Any, *, k: int = 10, rank_cap: int = 50
     ----------
     Lioubashevski et al., ICML 2025.
     """
-    from explorer.trace import provenance
+    from explorer.trace import check_edit_rows, check_edits, provenance
 
     texts = check_prompts(texts)
     params = _lens_params(model, k=k, rank_cap=rank_cap, sample_positions=sample_positions,
                           seed=seed, unembed_dtype=unembed_dtype)
     batch_size = check_int("batch_size", batch_size, low=1)
+    edits = check_edits(edits)
+    for e in edits:
+        e.validate(model)
+    check_edit_rows(edits, len(texts))
     if part_texts is not None:
         part_texts = check_int("part_texts", part_texts, low=1)
         _check_part_texts(part_texts, batch_size)
+        if edits:
+            raise InputError("`part_texts` caches the unedited lens pass only; pass it "
+                             "without `edits` (or `edits` without `part_texts`).")
 
     def compute() -> xr.Dataset:
         sample = _sample_positions(model.tokenize(texts).lengths, sample_positions, seed)
         if part_texts is None or store is None or part_texts >= len(texts):
             ds = _saturation_pass(model, texts, sample=sample, batch_size=batch_size,
-                                  progress=progress, **_pass_params(params))
+                                  progress=progress, edits=edits, **_pass_params(params))
         else:
             cache_saturation_parts(model, texts, store=store, part_texts=part_texts,
                                    batch_size=batch_size, progress=progress, **params)
             ds = _join_parts(model, texts, store, part_texts, sample, params)
         ds.attrs.update(provenance(model, method="saturation_layers", citation=CITATION,
-                                   n_texts=len(texts), **params))
+                                   n_texts=len(texts), edits=edits, **params))
         return ds
 
     if store is None:
         return compute()
-    return store.get_or_compute(_lens_key_parts(model, texts, params), compute)
+    key = _lens_key_parts(model, texts, params)
+    if edits:  # unedited keys stay those of earlier cached results
+        key["edits"] = [e.to_dict() for e in edits]
+    return store.get_or_compute(key, compute)
 
 
 def _lens_params(model: Any, *, k: int, rank_cap: int, sample_positions: int, seed: int,
@@ -250,10 +266,11 @@ def _join_parts(model: Any, texts: list[str], store: Any, part_texts: int, sampl
 
 def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
                      sample: np.ndarray, batch_size: int, unembed_dtype: str,
-                     progress: Any) -> xr.Dataset:
-    """The lens pass over ``texts``; ``sample`` [S, 2] are the (prompt, pos) kept whole."""
+                     progress: Any, edits: Sequence[Any] = ()) -> xr.Dataset:
+    """The lens pass over ``texts``; ``sample`` [S, 2] are the (prompt, pos) kept whole;
+    ``edits`` (checked) apply in every batch's trace."""
     from explorer.lens import lens_readout
-    from explorer.trace import progress_steps, trace
+    from explorer.trace import edits_for_rows, progress_steps, resolve_mean_ablations, trace
 
     batch_all = model.tokenize(texts)
     lengths = batch_all.lengths
@@ -268,17 +285,20 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
     step = progress_steps(sum(lengths), progress if progress is not None else len(texts) > batch_size,
                           unit="token", desc="saturation")
 
+    if edits and n > batch_size:  # a mean ablation averages over every text, not per batch
+        edits = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
     for b0 in range(0, n, batch_size):
         rows = list(range(b0, min(b0 + batch_size, n)))
+        batch_edits = edits_for_rows(edits, range(rows[0], rows[-1] + 1)) if edits else ()
         if model.remote:
             batch = model.tokenize([texts[i] for i in rows])
             _remote_saturation_batch(model, batch, rows, k=k, rank_cap=rank_cap, sample=sample,
                                      out=(sat, final_rank, top_id, top_prob, cosine,
-                                          resid_sample))
+                                          resid_sample), edits=batch_edits)
             step(sum(lengths[i] for i in rows))
             continue
         tr = trace(model, [texts[i] for i in rows], sites=("resid_post",), batch_size=len(rows),
-                   progress=False)
+                   edits=batch_edits, progress=False)
         resid = tr.resid_post.values                                   # [b, P, L, d] NaN pad
         real = tr.mask.values                                          # [b, P]
         bi, pi = np.nonzero(real)
@@ -310,7 +330,7 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
 
 def _remote_saturation_batch(model: Any, batch: Any, rows: list[int], *, k: int,
                              rank_cap: int, sample: np.ndarray,
-                             out: tuple[np.ndarray, ...]) -> None:
+                             out: tuple[np.ndarray, ...], edits: Sequence[Any] = ()) -> None:
     """One batch (tokenised ``batch`` of texts ``rows``) of the lens pass on a remote model,
     reduced inside its trace.
 
@@ -329,7 +349,7 @@ def _remote_saturation_batch(model: Any, batch: Any, rows: list[int], *, k: int,
     s_cols = np.array([batch.width - batch.lengths[r] + q
                        for r, q in zip(s_rows, sample[in_batch, 1])], dtype=np.int64)
     saves = {(layer, "resid_post") for layer in range(n_layers)} if len(in_batch) else set()
-    got = run_batch(model, batch, save=saves, logits=False, lens_k=rank_cap,
+    got = run_batch(model, batch, save=saves, edits=edits, logits=False, lens_k=rank_cap,
                     lens_layers=range(n_layers), lens_ranked=k, lens_cosine=True,
                     save_points=(torch.from_numpy(s_rows), torch.from_numpy(s_cols)))
     lens = [got[("lens", layer)] for layer in range(n_layers)]       # (ids, logp, rank, _)
