@@ -3,7 +3,9 @@
 Every page of the app reads and writes one `Workspace`; a notebook can hold one too. It keeps
 components in their one spelling (`explorer.components`: ``L17.H3``, ``L17.MLP``, ``L17``,
 ``input``, ``logits``), checked against the model's shape, and the active edits as the
-intervention records of `explorer.interventions`. `Workspace.to_json` writes the whole state
+intervention records of `explorer.interventions`. It also keeps the user's own items pasted
+on pages with task data (`Workspace.items`: page slug -> the pasted text), so they travel
+with the state. `Workspace.to_json` writes the whole state
 (with the explorer and torch versions) and `Workspace.from_json` reads it back, refusing
 anything malformed with an `InputError` (plain JSON only: nothing is evaluated or unpickled).
 `Workspace.copy_as_code` gives a short Python snippet that reproduces the state with the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,7 +26,8 @@ from . import components as comp
 from ._checks import InputError
 from .interventions import Ablate, AddHead, Edit, Patch, Scale, Steer, edit_from_dict
 
-__all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES"]
+__all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
+           "MAX_ITEM_CHARS", "MAX_ITEMS"]
 
 STATE_FORMAT = "explorer-workspace"
 """The ``format`` field of an exported state."""
@@ -34,8 +38,16 @@ STATE_VERSION = 1
 MAX_STATE_BYTES = 32 * 2**20
 """The largest state `Workspace.from_json` reads (edits with d_model vectors stay far below)."""
 
+MAX_ITEM_CHARS = 100_000
+"""The longest pasted item `Workspace.items` keeps (64 ICL pairs of 400-character inputs fit)."""
+
+MAX_ITEMS = 32
+"""The most pages with a pasted item in one workspace."""
+
 _KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "selected", "edits",
-         "versions"}
+         "items", "versions"}
+_ITEM_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # a page slug: 'conflicts', 'icl-heads'
+
 _SNIPPET_FLOATS = 16  # edits holding more numbers than this are read from the state file
 
 
@@ -99,6 +111,10 @@ class Workspace(param.Parameterized):
         Selected components in their one spelling, in the order they were selected.
     edits : list of Edit
         Active interventions, applied in order by pages that run the model with edits.
+    items : dict of str to str
+        The user's own items pasted on pages with task data: page slug (``"conflicts"``)
+        -> the pasted text, kept as typed (each page parses it). Plain strings only, at
+        most `MAX_ITEM_CHARS` characters each and `MAX_ITEMS` pages.
 
     Lists are replaced, never changed in place, so watchers of a parameter see every change.
     `Workspace.from_model` fills the model fields from a loaded `explorer.Model`.
@@ -114,6 +130,7 @@ class Workspace(param.Parameterized):
     selected = param.List(default=[], item_type=str,
                           doc="Selected components, canonical spelling, in selection order.")
     edits = param.List(default=[], item_type=Edit, doc="Active edits, applied in order.")
+    items = param.Dict(default={}, doc="The user's pasted items: page slug -> text.")
 
     def __init__(self, **params: Any):
         d_head = params.pop("d_head", None)
@@ -122,6 +139,8 @@ class Workspace(param.Parameterized):
         edits = params.pop("edits", [])
         if "prompts" in params:
             params["prompts"] = _check_prompt_list(params["prompts"])
+        if "items" in params:
+            params["items"] = check_items(params["items"])
         super().__init__(**params)
         self._d_head, self._d_model = d_head, d_model
         self.selected = self._checked_names(selected)
@@ -273,6 +292,24 @@ class Workspace(param.Parameterized):
     def edit_labels(self) -> list[str]:
         return [edit_label(e) for e in self.edits]
 
+    # -- the user's own items ---------------------------------------------------------------
+    def set_item(self, page: str, text: str) -> None:
+        """Keep ``text`` as the item pasted on ``page`` (a page slug); '' forgets it."""
+        if not isinstance(text, str):
+            raise InputError(f"a pasted item must be text; got {type(text).__name__}.")
+        items = dict(self.items)
+        if text:
+            items[page] = text
+        else:
+            items.pop(page, None)
+        items = check_items(items)
+        if items != self.items:
+            self.items = items
+
+    def item(self, page: str) -> str:
+        """The text pasted on ``page`` ('' when there is none)."""
+        return self.items.get(page, "")
+
     # -- state -----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The state as plain JSON-able data (what `to_json` writes)."""
@@ -287,6 +324,7 @@ class Workspace(param.Parameterized):
             "prompts": list(self.prompts),
             "selected": list(self.selected),
             "edits": [e.to_dict() for e in self.edits],
+            "items": dict(self.items),
             "versions": {"explorer": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
@@ -360,6 +398,10 @@ class Workspace(param.Parameterized):
         edits = data.get("edits", [])
         if not isinstance(edits, list):
             raise InputError("the state's 'edits' must be a list of edit objects.")
+        try:  # states written before pasted items travelled have none
+            items = check_items(data.get("items", {}))
+        except InputError as exc:
+            raise InputError(f"the state's 'items': {exc}") from None
         if model is not None:
             spec = model.spec
             if name != spec.name:
@@ -369,9 +411,9 @@ class Workspace(param.Parameterized):
                 if value is not None and value != getattr(spec, key):
                     raise InputError(f"the state's model has {key}={value}; {spec.name} has "
                                      f"{getattr(spec, key)}.")
-            ws = cls.from_model(model, prompts=prompts)
+            ws = cls.from_model(model, prompts=prompts, items=items)
         else:
-            ws = cls(model_name=name, prompts=prompts, **shape)
+            ws = cls(model_name=name, prompts=prompts, items=items, **shape)
         records = []
         for i, d in enumerate(edits):
             try:
@@ -386,12 +428,12 @@ class Workspace(param.Parameterized):
         return ws
 
     def update_from(self, other: Workspace) -> None:
-        """Take ``other``'s prompts, selection and edits (a loaded state), in one update."""
+        """Take ``other``'s prompts, selection, edits and items (a loaded state), in one update."""
         if other.model_name != self.model_name:
             raise InputError(f"the state is for model {other.model_name!r}; this workspace "
                              f"holds {self.model_name!r}.")
         self.param.update(prompts=list(other.prompts), selected=list(other.selected),
-                          edits=list(other.edits))
+                          edits=list(other.edits), items=dict(other.items))
 
     # -- code ------------------------------------------------------------------------------
     def copy_as_code(self, *, state_file: str = "explorer-state.json") -> str:
@@ -420,7 +462,8 @@ class Workspace(param.Parameterized):
 
     def __repr__(self) -> str:
         return (f"Workspace(model_name={self.model_name!r}, prompts={list(self.prompts)!r}, "
-                f"selected={list(self.selected)!r}, edits={self.edit_labels!r})")
+                f"selected={list(self.selected)!r}, edits={self.edit_labels!r}"
+                + (f", items={sorted(self.items)!r}" if self.items else "") + ")")
 
     __str__ = __repr__
 
@@ -439,6 +482,29 @@ def _n_floats(edit: Edit) -> int:
     return sum(len(getattr(edit, k, None) or ()) for k in ("value", "vector"))
 
 
+def check_items(items: Any) -> dict[str, str]:
+    """``items`` as a page slug -> pasted text dict; InputError (one line) for anything else."""
+    if not isinstance(items, dict):
+        raise InputError(f"pasted items must be an object of page name -> text; got a JSON "
+                         f"{_json_kind(items)}.")
+    if len(items) > MAX_ITEMS:
+        raise InputError(f"at most {MAX_ITEMS} pages keep a pasted item; got {len(items)}.")
+    out: dict[str, str] = {}
+    for key, text in items.items():
+        if not isinstance(key, str) or not _ITEM_KEY.fullmatch(key):
+            raise InputError(f"a pasted item's page must be a page name such as 'conflicts' "
+                             f"(lower-case letters, digits, '-', '_'); got {str(key)[:40]!r}.")
+        if not isinstance(text, str):
+            raise InputError(f"the item pasted on {key!r} must be text; got a JSON "
+                             f"{_json_kind(text)}.")
+        if len(text) > MAX_ITEM_CHARS:
+            raise InputError(f"the item pasted on {key!r} has {len(text)} characters; at most "
+                             f"{MAX_ITEM_CHARS} are kept.")
+        if text:
+            out[key] = text
+    return out
+
+
 def _check_prompt_list(prompts: Any) -> list[str]:
     if isinstance(prompts, str):
         return [prompts]
@@ -448,6 +514,6 @@ def _check_prompt_list(prompts: Any) -> list[str]:
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
             type(None): "null"}.get(type(value), type(value).__name__)
 
