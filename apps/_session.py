@@ -308,25 +308,66 @@ class Runner:
 
 
 
+class _DocQueue:
+    """The callbacks scheduled for one document, run on its loop in the order scheduled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.fns: list[Callable[[], None]] = []
+        self.pending = False   # a drain is queued on the loop (or waits for the page to load)
+
+
+_QUEUES: weakref.WeakKeyDictionary[Any, _DocQueue] = weakref.WeakKeyDictionary()
+_QUEUES_LOCK = threading.Lock()
+
+
 def schedule(doc: Any, fn: Callable[[], None]) -> None:
-    """Run ``fn`` on ``doc``'s session event loop at its next tick, or right here (no doc)."""
+    """Run ``fn`` on ``doc``'s session event loop, or right here (no doc).
+
+    Callbacks for one document run in the order they were scheduled, whatever the thread
+    and whether the page has loaded: a status posted before a result is never applied after
+    it. A callback scheduled while the page is still connecting waits for the page to load:
+    Panel would otherwise queue the model changes it makes, and a widget rebuilt on that
+    path (a DiscreteSlider given its options) can end up detached from the server, so the
+    browser's moves of it are never heard.
+    """
     if doc is None:
         fn()
         return
+    with _QUEUES_LOCK:
+        queue = _QUEUES.get(doc)
+        if queue is None:
+            queue = _QUEUES[doc] = _DocQueue()
+    with queue.lock:
+        queue.fns.append(fn)
+        if queue.pending:
+            return  # the queued drain will run it, after what came before
+        queue.pending = True
+    try:
+        doc.add_next_tick_callback(lambda: _drain(doc, queue))
+    except RuntimeError:  # the session closed
+        with queue.lock:
+            queue.fns.clear()
+            queue.pending = False
+        log.debug("session gone; result dropped", exc_info=True)
+
+
+def _drain(doc: Any, queue: _DocQueue, *, loaded: bool = False) -> None:
     from panel.io.state import set_curdoc, state
 
-    def run() -> None:
-        # A result that arrives while the page is still connecting waits for the page to
-        # load: Panel would otherwise queue the model changes it makes, and a widget that
-        # is rebuilt on that path (a DiscreteSlider given its options) can end up detached
-        # from the server, so the browser's moves of it are never heard.
-        with set_curdoc(doc):
-            if state.loaded:
-                fn()
-            else:
-                state.onload(fn)
-
-    try:
-        doc.add_next_tick_callback(run)
-    except RuntimeError:  # the session closed between the check and the call
-        log.debug("session gone; result dropped", exc_info=True)
+    with set_curdoc(doc):
+        # Panel runs onload callbacks before it marks the page loaded: ``loaded`` says so.
+        if not (loaded or state.loaded):
+            state.onload(lambda: _drain(doc, queue, loaded=True))
+            return
+        while True:
+            with queue.lock:
+                fns, queue.fns = queue.fns, []
+                if not fns:
+                    queue.pending = False
+                    return
+            for fn in fns:
+                try:
+                    fn()
+                except Exception:  # one failing callback must not drop the ones after it
+                    log.exception("a scheduled page update failed")

@@ -480,3 +480,62 @@ def test_the_default_snippet_compiles_and_names_the_pages_settings():
     code = DataPage(layer=2).code_snippet()
     compile(code, "<snippet>", "exec")
     assert "import explorer" in code and "'layer': 2" in code and "prompt = 'hello'" in code
+
+
+# -- the order of what reaches a page ------------------------------------------------------------
+def _on_loop(loop, fn):
+    loop._queue_put(fn)
+    loop.drain()
+
+
+def test_schedule_waits_for_the_page_to_load_and_keeps_the_order(loop_doc):
+    from apps._session import schedule
+
+    pn.state._loaded[loop_doc.doc] = False         # the page is still connecting
+    ran = []
+    threads = [threading.Thread(target=schedule, args=(loop_doc.doc, lambda k=k: ran.append(k)))
+               for k in ("a", "b")]
+    for t in threads:
+        t.start()
+        t.join()
+    loop_doc.drain()
+    assert ran == []                               # nothing is applied before the page loads
+    _on_loop(loop_doc, lambda: pn.state._on_load(loop_doc.doc))
+    assert ran == ["a", "b"]
+    assert pn.state._loaded[loop_doc.doc] is True
+    schedule(loop_doc.doc, lambda: ran.append("c"))
+    loop_doc.drain()
+    assert ran == ["a", "b", "c"]
+
+
+def test_a_status_posted_before_a_result_is_never_applied_after_it(loop_doc):
+    """A callback that waits for the page's load holds back every one scheduled after it,
+    even one whose tick finds the page marked loaded before the waiting ones have run."""
+    from apps._session import schedule
+
+    pn.state._loaded[loop_doc.doc] = False
+    ran = []
+    schedule(loop_doc.doc, lambda: ran.append("status"))
+    loop_doc.drain()
+    pn.state._loaded[loop_doc.doc] = True          # marked loaded; the onload queue not yet run
+    schedule(loop_doc.doc, lambda: ran.append("result"))
+    loop_doc.drain()
+    assert ran == []
+    pn.state._loaded[loop_doc.doc] = False
+    _on_loop(loop_doc, lambda: pn.state._on_load(loop_doc.doc))
+    assert ran == ["status", "result"]
+
+
+def test_a_failing_callback_does_not_drop_the_ones_after_it(loop_doc, caplog):
+    from apps._session import schedule
+
+    ran = []
+
+    def fail():
+        raise RuntimeError("boom")
+
+    for fn in (lambda: ran.append(1), fail, lambda: ran.append(2)):
+        schedule(loop_doc.doc, fn)
+    loop_doc.drain()
+    assert ran == [1, 2]
+    assert "a scheduled page update failed" in caplog.text
