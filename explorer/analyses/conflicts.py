@@ -31,7 +31,7 @@ import xarray as xr
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.interventions import Ablate, AddHead, Edit, Scale, position_index
 from explorer.models import Batch, Model, cache_dir
-from explorer.trace import CleanRun, provenance, run_batch
+from explorer.trace import CleanRun, check_edits, provenance, run_batch
 
 __all__ = [
     "PROMPT_KINDS",
@@ -180,36 +180,44 @@ class JuiceFirstRun:
     ``clean`` holds every layer's residual (for resuming at the first edited layer),
     ``attn_z`` every layer's head outputs before ``o_proj`` [prompt, pos, head*d_head]
     and ``logits`` the last position's logits [prompt, vocab]. Run 1 does not depend on
-    the heads or the alphas, so a view computes it once per example.
+    the heads or the alphas, so a view computes it once per example. ``edits``: the
+    interventions run 1 was made under (none: the model as it is); run 2 applies them too.
     """
 
     clean: CleanRun
     attn_z: list[torch.Tensor]
     logits: torch.Tensor
+    edits: tuple[Edit, ...] = ()
 
     @property
     def batch(self) -> Batch:
         return self.clean.batch
 
 
-def juice_first_run(model: Model, prompts: Sequence[str] | Batch) -> JuiceFirstRun:
-    """Run 1 of the JuICE dual run: a clean forward keeping every layer's residual and
-    head outputs (`JuiceFirstRun`)."""
+def juice_first_run(model: Model, prompts: Sequence[str] | Batch, *,
+                    edits: Sequence[Edit] = ()) -> JuiceFirstRun:
+    """Run 1 of the JuICE dual run: a forward keeping every layer's residual and head
+    outputs (`JuiceFirstRun`); ``edits`` (intervention records, e.g. a workspace's ablated
+    head) run the edited model instead of the clean one, and run 2 keeps them."""
+    edits = tuple(check_edits(edits))
     batch = _as_batch(model, prompts)
     L = model.n_layers
     save = {(layer, s) for layer in range(L) for s in ("resid_pre", "attn_z")}
-    out = run_batch(model, batch, save=save)
+    out = run_batch(model, batch, save=save, edits=edits)
     clean = CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(L)], out["logits"])
     return JuiceFirstRun(clean, [out[(layer, "attn_z")] for layer in range(L)],
-                         out["logits"][:, -1].float())
+                         out["logits"][:, -1].float(), edits)
 
 
 def _first_run_for(model: Model, prompts: Sequence[str] | Batch | None,
-                   run1: JuiceFirstRun | None) -> JuiceFirstRun:
+                   run1: JuiceFirstRun | None, edits: Sequence[Edit] = ()) -> JuiceFirstRun:
     if run1 is None:
         if prompts is None:
             raise InputError("pass `prompts` or `run1`.")
-        return juice_first_run(model, prompts)
+        return juice_first_run(model, prompts, edits=edits)
+    if edits and tuple(edits) != tuple(run1.edits):
+        raise InputError("`edits` differ from those `run1` was computed with; pass them to "
+                         "`juice_first_run` (run 2 applies run 1's edits).")
     if prompts is not None:
         batch = _as_batch(model, prompts)
         ids = run1.batch.input_ids
@@ -220,7 +228,7 @@ def _first_run_for(model: Model, prompts: Sequence[str] | Batch | None,
 
 def juice_logits(model: Model, prompts: Sequence[str] | Batch | None, heads_plus: Heads = (),
                  heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
-                 run1: JuiceFirstRun | None = None) -> torch.Tensor:
+                 run1: JuiceFirstRun | None = None, edits: Sequence[Edit] = ()) -> torch.Tensor:
     """Last-position logits [prompt, vocab] of the JuICE dual run (Li et al., ICML 2025).
 
     Run 1 is a clean forward that caches the heads' ``attn_z`` at every position (pass
@@ -228,43 +236,47 @@ def juice_logits(model: Model, prompts: Sequence[str] | Batch | None, heads_plus
     for ``heads_plus`` and ``-alpha_s`` times it for ``heads_minus`` (an `AddHead` edit:
     exactly that multiple of run 1's head output, added before ``o_proj``). Run 2 resumes
     from run 1's residual at the first edited layer and keeps only the last position.
+    ``edits`` (or those of ``run1``) apply in both runs: the dual run on the edited model.
     """
     alpha_l = check_float("alpha_l", alpha_l)
     alpha_s = check_float("alpha_s", alpha_s)
     plus = _check_heads(model, heads_plus, "heads_plus")
     minus = _check_heads(model, heads_minus, "heads_minus")
+    edits = check_edits(edits)
     if run1 is None and not plus + minus:
-        return _last_logits(model, prompts)
-    run1 = _first_run_for(model, prompts, run1)
+        return _last_logits(model, prompts, edits)
+    run1 = _first_run_for(model, prompts, run1, edits)
     if not plus + minus:
         return run1.logits.clone()
     batch = run1.batch
     rows, cols = position_index(batch.lengths, batch.width, None)
     d = model.spec.d_head
-    edits: list[Edit] = []
+    run2: list[Edit] = list(run1.edits)
     for group, alpha in ((plus, alpha_l), (minus, -alpha_s)):
         for layer, head in group:
             z = run1.attn_z[layer][rows, cols, head * d:(head + 1) * d]  # [n_tokens, d_head]
-            edits.append(AddHead(layer, head, z.reshape(-1), alpha=alpha))
-    return _last_logits(model, batch, edits, resume=run1.clean)
+            run2.append(AddHead(layer, head, z.reshape(-1), alpha=alpha))
+    return _last_logits(model, batch, run2, resume=run1.clean)
 
 
 def single_run_logits(model: Model, prompts: Sequence[str] | Batch | None, heads_plus: Heads = (),
                       heads_minus: Heads = (), *, alpha_l: float = 1.0, alpha_s: float = 1.0,
-                      run1: JuiceFirstRun | None = None) -> torch.Tensor:
+                      run1: JuiceFirstRun | None = None, edits: Sequence[Edit] = ()) -> torch.Tensor:
     """Last-position logits of the single-run baseline (JuNE): each chosen head's output is
     scaled in place by ``1 + alpha_l`` (plus) or ``1 - alpha_s`` (minus). With ``run1``
-    the run resumes from its clean residual at the first edited layer."""
+    the run resumes from its residual at the first edited layer. ``edits`` (or those of
+    ``run1``) apply before the scaling: the baseline on the edited model."""
     alpha_l = check_float("alpha_l", alpha_l)
     alpha_s = check_float("alpha_s", alpha_s)
-    edits = [Scale(l, h, 1.0 + alpha_l) for l, h in _check_heads(model, heads_plus, "heads_plus")]
-    edits += [Scale(l, h, 1.0 - alpha_s) for l, h in _check_heads(model, heads_minus, "heads_minus")]
+    scales = [Scale(l, h, 1.0 + alpha_l) for l, h in _check_heads(model, heads_plus, "heads_plus")]
+    scales += [Scale(l, h, 1.0 - alpha_s) for l, h in _check_heads(model, heads_minus, "heads_minus")]
+    edits = check_edits(edits)
     if run1 is None:
-        return _last_logits(model, prompts, edits)
-    run1 = _first_run_for(model, prompts, run1)
-    if not edits:
+        return _last_logits(model, prompts, [*edits, *scales])
+    run1 = _first_run_for(model, prompts, run1, edits)
+    if not scales:
         return run1.logits.clone()
-    return _last_logits(model, run1.batch, edits, resume=run1.clean)
+    return _last_logits(model, run1.batch, [*run1.edits, *scales], resume=run1.clean)
 
 
 def answer_probabilities(model: Model, logits: torch.Tensor, facts: Sequence[Fact]) -> np.ndarray:
