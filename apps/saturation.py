@@ -13,7 +13,11 @@ corpus (cached in the activation store) and shows, from that one result:
 * the early-exit Pareto plot, theta sliders for the softmax-margin and cosine baselines,
   markers for the probe and the oracle;
 * an intervention panel: a pair of tokens, an injection layer, the new s_1 (runs the model);
-* a toggle between the trained weights and a random init of the same architecture.
+* a toggle between the trained weights and a random init of the same architecture;
+* the prompt's token view (the gallery's sidebar prompt): s_1..s_k of each of its tokens as a
+  position x rank heatmap and, with workspace edits (`SaturationView.edits`, e.g. an ablated
+  head), the same for the edited model below it, titled with the edits, the cells whose
+  saturation layer moved outlined.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from typing import Any
 
 import holoviews as hv
 import numpy as np
+import pandas as pd
 import panel as pn
 import param
 import xarray as xr
@@ -38,13 +43,16 @@ from apps import theme
 from apps._controls import labelled, tip
 from apps._session import CancelToken
 from apps._view import View, serve
-from explorer._checks import ExplorerError, InputError, check_choice
+from explorer._checks import ExplorerError, InputError, check_choice, check_prompts
 from explorer.analyses import saturation as sat
+from explorer.interventions import Edit
 
 __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "detail_header",
            "plot_rank_table", "plot_staircase", "plot_tau_histogram", "plot_probe_accuracy",
            "plot_pareto", "plot_intervention", "click_latency", "export_figures", "tau_caption",
-           "probe_caption", "pareto_caption", "estimated_seconds", "OPEN_BUDGET_S"]
+           "probe_caption", "pareto_caption", "estimated_seconds", "OPEN_BUDGET_S",
+           "prompt_table", "plot_prompt_saturation", "changed_cells", "prompt_caption",
+           "edited_title", "PROMPT_RANKS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -430,6 +438,118 @@ def plot_intervention(r: dict[str, Any] | None, decode: Any) -> hv.Element:
         responsive=True, min_height=260)
 
 
+# -- the prompt's token view, clean and edited (pure, from saturation_layers results) ---------
+
+PROMPT_RANKS = 10
+"""Ranks the prompt's saturation layers are computed for (the k slider shows up to them)."""
+
+_TITLE_EDITS = 2  # workspace edits named in the edited heatmap's title (all in its caption)
+
+
+def prompt_table(ds: xr.Dataset, k: int, decode: Any) -> pd.DataFrame:
+    """One row per (position, rank) of a one-prompt `saturation_layers` result: the heatmap's
+    input. Columns ``pos``, ``rank`` (1-based), ``input`` (the token at ``pos``), ``final``
+    (the output's rank-j token there), ``s`` (its saturation layer; NaN: never), ``label``
+    (the layer, or "never"), ``fg`` (a text colour readable on the cell)."""
+    one = ds.isel(prompt=0)
+    n = int(one.mask.values.sum())
+    k = min(k, ds.sizes["rank"])
+    s = one.sat_layer.values[:n, :k].astype(int)                          # [pos, k]
+    final = one.final_token_id.values[:n, :k]
+    labels = decode(final)
+    inputs = theme.show_tokens(one.token.values[:n])
+    vals = np.where(s < 0, np.nan, s).astype(float).ravel()
+    top = max(1, ds.sizes["layer"] - 1)
+    return pd.DataFrame({
+        "pos": np.repeat(np.arange(n), k), "rank": np.tile(np.arange(1, k + 1), n),
+        "input": np.repeat(np.array(inputs, dtype=object), k),
+        "final": [labels[int(t)] for t in final.ravel()], "s": vals,
+        "label": ["never" if v < 0 else str(v) for v in s.ravel()],
+        "fg": theme.text_colors(vals, theme.CMAPS["magnitude"], 0.0, float(top))}).astype(
+        {"input": object, "final": object, "label": object, "fg": object})
+
+
+def changed_cells(clean: xr.Dataset | None, edited: xr.Dataset | None,
+                  k: int) -> list[tuple[int, int]] | None:
+    """(pos, rank) (rank 1-based) of every cell whose saturation layer differs between two
+    one-prompt results of the same tokens; None when they cannot be compared."""
+    if clean is None or edited is None:
+        return None
+    a, b = clean.isel(prompt=0), edited.isel(prompt=0)
+    n = int(a.mask.values.sum())
+    if n != int(b.mask.values.sum()) or not np.array_equal(a.token_id.values[:n],
+                                                           b.token_id.values[:n]):
+        return None
+    k = min(k, clean.sizes["rank"], edited.sizes["rank"])
+    moved = a.sat_layer.values[:n, :k] != b.sat_layer.values[:n, :k]
+    return [(int(p), int(r) + 1) for p, r in zip(*np.nonzero(moved))]
+
+
+def _final_moved(clean: xr.Dataset, edited: xr.Dataset, k: int) -> int:
+    """Cells whose final rank-j token differs (same tokens assumed)."""
+    n = int(clean.mask.values[0].sum())
+    return int((clean.final_token_id.values[0, :n, :k]
+                != edited.final_token_id.values[0, :n, :k]).sum())
+
+
+def edited_title(labels: Sequence[str]) -> str:
+    """The edited heatmap's title: ``edited: ablate L1.H0 (zero)`` (the caption lists all)."""
+    shown = ", ".join(labels[:_TITLE_EDITS])
+    if len(labels) > _TITLE_EDITS:
+        shown += f" +{len(labels) - _TITLE_EDITS} more"
+    return f"edited: {shown}"
+
+
+def prompt_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, k: int) -> str:
+    """Under the edited heatmap: every workspace edit, and how many cells moved."""
+    if clean is None or edited is None:
+        return ""
+    labels = list(edited.attrs.get("workspace_edits", []))
+    text = ("Edited run, same prompt, with " + "; then ".join(
+        f"`{html.escape(t)}`" for t in labels) + ".")
+    moved = changed_cells(clean, edited, k)
+    if moved is not None:
+        k = min(k, clean.sizes["rank"])
+        cells = int(clean.mask.values[0].sum()) * k
+        text += (f" The saturation layer differs from the clean run in {len(moved)} of {cells} "
+                 f"cells (outlined); the final rank-j token itself in "
+                 f"{_final_moved(clean, edited, k)}.")
+    return text
+
+
+def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title: str,
+                           changed: Sequence[tuple[int, int]] = ()) -> hv.Element:
+    """Position x rank heatmap of a one-prompt result: cell (pos, j) is the layer from which
+    the output's rank-j token at ``pos`` holds rank j (s_j; grey: never); ``changed`` cells
+    are outlined. Hover names the input token and the final rank-j token."""
+    if ds is None:
+        return theme.placeholder("Computing the prompt's saturation layers…", height=200)
+    table = prompt_table(ds, k, decode)
+    n_layers = ds.sizes["layer"]
+    n = int(table["pos"].max()) + 1 if len(table) else 0
+    k = int(table["rank"].max()) if len(table) else k
+    ticks = [(i, t) for i, t in enumerate(theme.show_tokens(ds.token.values[0, :n]))]
+    sizes = theme.SIZES
+    height = sizes["cell_height"] * k + 150
+    heat = hv.HeatMap(table, ["pos", "rank"], ["s", "input", "final", "label"]).opts(
+        cmap=theme.CMAPS["magnitude"], clim=(0, max(1, n_layers - 1)), colorbar=True,
+        clabel="saturation layer", clipping_colors={"NaN": _NEVER_COLOR},
+        xticks=ticks, yticks=list(range(1, k + 1)), invert_yaxis=True,
+        xrotation=45 if n > 8 else 0, xlabel="position (input token)", ylabel="rank (1 = top)",
+        title=title, tools=["hover"], line_color="white", line_width=0.5,
+        hover_tooltips=[("input", "@pos: @input"), ("rank", "@rank"), ("final token", "@final"),
+                        ("saturation layer", "@label")],
+        responsive=True, height=height, toolbar="above", default_tools=_TOOLS[1:],
+        active_tools=[], fontsize={"title": f"{sizes['title_font_pt']}pt"})
+    labels = hv.Labels(table, ["pos", "rank"], ["label", "fg"]).opts(
+        text_color="fg", text_font_size=f"{sizes['label_font_pt']}pt")
+    plot = heat * labels
+    if changed:
+        plot *= hv.Rectangles([(p - 0.5, r - 0.5, p + 0.5, r + 0.5) for p, r in changed]).opts(
+            fill_alpha=0, line_color=theme.ACCENT, line_width=3)
+    return plot.opts(responsive=True, height=height, active_tools=[])
+
+
 # -- the view -------------------------------------------------------------------------------
 
 # SmolLM2-135M (30 layers, d_model 576, vocab 49152) takes ~70 s over 1,024 tokens on a
@@ -447,6 +567,16 @@ def estimated_seconds(n_layers: int, d_model: int, vocab_size: int, n_tokens: in
     """Rough CPU seconds of `saturation_analysis` over ``n_tokens`` tokens."""
     cost = n_layers * d_model * (vocab_size + 12 * d_model)
     return (_REF_SECONDS * cost / _REF_COST + _STATS_SECONDS) * n_tokens / _REF_TOKENS
+
+
+def prompt_saturation(model: explorer.Model, prompt: str, *,
+                      edits: Sequence[Edit] = ()) -> xr.Dataset:
+    """The page's token view of one prompt: `saturation_layers` over `PROMPT_RANKS` ranks
+    (no probe sample), with ``edits`` applied in the trace."""
+    k = min(PROMPT_RANKS, model.vocab_size)
+    return sat.saturation_layers(model, [prompt], k=k, rank_cap=min(model.vocab_size, max(50, k)),
+                                 sample_positions=0,
+                                 edits=list(edits), progress=False)
 
 
 class _CachedOnly:
@@ -516,8 +646,21 @@ class SaturationView(View):
                               doc="Block after which the early token's residual replaces the "
                                   "late token's (the intervention plot).")
 
+    prompt = param.String(default="The capital of France is", label="Prompt",
+                          doc="Prompt whose tokens' saturation layers s_1..s_k the page shows "
+                              "(the gallery's sidebar prompt), clean and with the edits.")
+
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     intervention = param.Dict(default=None, allow_None=True, precedence=-1)
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="Workspace edits (intervention records): with any, a second heatmap "
+                           "shows the prompt's saturation layers with them applied.")
+    prompt_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                        precedence=-1,
+                                        doc="`saturation_layers` of the prompt, unedited.")
+    prompt_edited = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                        precedence=-1,
+                                        doc="The same with `edits` applied; None without edits.")
 
     notify_title = "Saturation"
     failed_status = "Last run failed: {message}"
@@ -543,6 +686,8 @@ class SaturationView(View):
         self._labels: dict[int, str] = {}
         self.runner("analysis", self._show_result)
         self.runner("intervention", self._show_intervention, busy=False)
+        self.runner("prompt", self._show_prompt)
+        self._prompt_cleans: dict[tuple[str, str], xr.Dataset] = {}   # (weights, prompt)
         n_layers = model.spec.n_layers
         self.param.inj_layer.bounds = (0, max(0, n_layers - 2))
         self.param.watch(self._request_run, ["weights", "n_tokens"])
@@ -565,6 +710,8 @@ class SaturationView(View):
         self._run_button.on_click(lambda *_: self._request_run())
         self._name_button()
         self.param.watch(self._name_button, ["n_tokens"])
+        self.param.watch(self._request_prompt, ["prompt", "edits", "weights"])
+        self._request_prompt()
         if result is not None:
             self._show_result((self.weights, result, 0.0))
         elif compute_on_open or (compute_on_open is None and self._estimate() <= OPEN_BUDGET_S):
@@ -678,6 +825,80 @@ class SaturationView(View):
         super().close()
         with self._lock:
             self._cleans.clear()
+            self._prompt_cleans.clear()
+
+    # -- reproducibility ------------------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """The page's calls as Python: the corpus analysis behind the strip, the order test,
+        probe, early exit and injection, and the prompt's token view clean and edited."""
+        spec = self._model.spec
+        corpus = repr(self._texts) if self._texts is not None else "sat.load_corpus()"
+        options = "".join(f", {k}={v!r}" for k, v in self._options.items())
+        k = min(PROMPT_RANKS, self._model.vocab_size)
+        cap = min(self._model.vocab_size, max(50, k))
+        lines = ["import explorer", "from explorer.analyses import saturation as sat", "",
+                 f"model = explorer.load_model({spec.name!r})"]
+        if self.weights != "trained":
+            lines.append("model = sat.random_init_twin(model, seed=0)  # the random-init weights")
+        lines += [
+            f"texts = sat.corpus_chunks(model, {corpus}, max_tokens={self.n_tokens})",
+            f"result = sat.saturation_analysis(model, texts{options})  # strip, tau, probe, exit",
+            f"text, k = {self.text}, {self.k}",
+            "n = int(result.mask.isel(prompt=text).sum())",
+            "strip = result.sat_layer.isel(prompt=text, pos=slice(0, n), rank=0)  # s_1; -1: never"]
+        if self.selected >= 0:
+            lines.append(f"clicked = result.isel(prompt=text, pos={self.selected}, "
+                         "rank=slice(0, k))  # the rank table and staircase")
+        pairs = self.pairs()
+        if pairs and self.intervention is not None:
+            pt, e, l = pairs[min(self.pair, len(pairs) - 1)]
+            lines.append(f"injection = sat.inject_residual(model, texts[{pt}], source_pos={e}, "
+                         f"target_pos={l}, layer={self.inj_layer})")
+        lines += [
+            "",
+            f"prompt = {self.prompt!r}",
+            f"clean = sat.saturation_layers(model, [prompt], k={k}, rank_cap={cap}, "
+            "sample_positions=0)",
+            "shown = clean.sat_layer.isel(prompt=0, rank=slice(0, k))  # [pos, rank]; -1: never"]
+        if self.edits:
+            lines += [
+                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
+                f"edited = sat.saturation_layers(model, [prompt], k={k}, rank_cap={cap}, "
+                "sample_positions=0, edits=edits)",
+                "edited_shown = edited.sat_layer.isel(prompt=0, rank=slice(0, k))",
+                "changed = shown != edited_shown  # the outlined cells"]
+        return "\n".join(lines) + "\n"
+
+    # -- the prompt's token view ----------------------------------------------------------------
+    def _request_prompt(self, *events: Any) -> None:
+        """Saturation layers of the prompt, clean and (with workspace edits) edited."""
+        prompt, weights, edits = self.prompt, self.weights, list(self.edits)
+
+        def job(token: CancelToken) -> tuple[xr.Dataset, xr.Dataset | None]:
+            check_prompts(prompt)
+            model = self.current_model()
+            with self._lock:
+                clean = self._prompt_cleans.get((weights, prompt))
+            if clean is None:
+                clean = prompt_saturation(model, prompt)
+                with self._lock:
+                    if len(self._prompt_cleans) > 8:
+                        self._prompt_cleans.clear()
+                    self._prompt_cleans[(weights, prompt)] = clean
+            token.check()
+            edited = None
+            if edits:
+                from explorer.workspace import edit_label
+
+                edited = prompt_saturation(model, prompt, edits=edits)
+                edited.attrs["workspace_edits"] = [edit_label(e) for e in edits]
+            return clean, edited
+
+        self.submit("prompt", job)
+
+    def _show_prompt(self, out: tuple[xr.Dataset, xr.Dataset | None]) -> None:
+        clean, edited = out
+        self.param.update(prompt_result=clean, prompt_edited=edited)
 
     def _text_changed(self, *events: Any) -> None:
         self.selected = -1
@@ -826,6 +1047,31 @@ class SaturationView(View):
             for source in sources:
                 source.data = self._columns[glyph]
 
+    @param.depends("prompt_result", "prompt_edited", "k")
+    def _prompt_view(self):
+        """The prompt's s_1..s_k heatmap; with edits, the edited one below, titled with them."""
+        clean, edited = self.prompt_result, self.prompt_edited
+        k = self.k
+        if edited is None:
+            title = f"Saturation layers of the prompt's tokens, top-{k}"
+        else:
+            title = f"clean: no workspace edits · top-{k}"
+        panes = [pn.pane.HoloViews(plot_prompt_saturation(clean, k, self.decode, title=title),
+                                   sizing_mode="stretch_width", css_classes=["sat-prompt-clean"])]
+        if edited is not None:
+            moved = changed_cells(clean, edited, k) or []
+            labels = list(edited.attrs.get("workspace_edits", []))
+            marker = ",".join(f"{p}:{r}" for p, r in moved)
+            panes += [
+                pn.pane.HoloViews(plot_prompt_saturation(edited, k, self.decode,
+                                                         title=edited_title(labels),
+                                                         changed=moved),
+                                  sizing_mode="stretch_width", css_classes=["sat-prompt-edited"]),
+                pn.pane.HTML(f'<span data-sat-prompt-moved="{marker}"></span>', height=0,
+                             margin=0),
+                _caption(prompt_caption(clean, edited, k))]
+        return pn.Column(*panes, sizing_mode="stretch_width")
+
     @param.depends("result", "k")
     def _histogram(self):
         if self.result is None:
@@ -910,7 +1156,13 @@ class SaturationView(View):
         def slider(name: str, kind: Any = pn.widgets.IntSlider, **kw: Any) -> pn.viewable.Viewable:
             return tip(kind.from_param(p[name], sizing_mode="stretch_width", **kw), p[name].doc)
 
+        own_prompt = []
+        if p.prompt.precedence is None or p.prompt.precedence >= 0:  # not driven by a sidebar
+            own_prompt = [tip(pn.widgets.TextInput.from_param(
+                p.prompt, placeholder="Enter a prompt and press Enter",
+                sizing_mode="stretch_width"), p.prompt.doc)]
         return pn.Column(
+            *own_prompt,
             group("weights"),
             tip(pn.widgets.IntInput.from_param(p.n_tokens, step=256, sizing_mode="stretch_width"),
                  p.n_tokens.doc),
@@ -930,7 +1182,12 @@ class SaturationView(View):
             self.controls(),
             pn.Column(
                 self._status,
-                pn.pane.Markdown("### Text, coloured by s_1"),
+                pn.pane.Markdown("### The prompt's tokens: saturation layers s_1..s_k"),
+                _caption("Cell (token, rank j): the layer from which the model's final rank-j "
+                         "token at that position holds rank j (grey: never). With workspace "
+                         "edits the edited run follows below, its changed cells outlined."),
+                self._prompt_view,
+                pn.pane.Markdown("### Corpus text, coloured by s_1"),
                 _caption("Each token coloured by the layer its top-1 prediction saturates at "
                          "(dark: early, yellow: late, grey: never). **Click a token** for its "
                          "layer × rank table of lens predictions (outlined: saturated) and its "
