@@ -15,6 +15,12 @@ picks there to the workspace selection and shows the workspace's newest head; a 
 ``highlighted`` parameter outlines every selected component; a page with ``set_sources`` (the
 head atlas) reads the Datasets the session's pages hold.
 
+Under the selection, a small menu offers what applies to the newest selected component
+(`Gallery.menu_actions`): show a head's attention on the prompt, ablate or scale a head (each
+pushes an edit), add a head to the Knowledge conflicts page's JuICE sets, show a head's or an
+MLP's circuit edges. The text pasted in a page's "Your own" box (`OWN_ITEMS`) is kept in the
+workspace (`Workspace.items`), so it travels in the exported state and comes back on import.
+
 The sidebar's *This page* part exports the page shown: *Export page data* downloads its
 Datasets as NetCDF, its tables as CSV, its snippet and a manifest (with the workspace state) in
 one zip (`apps._view.View.export_bytes`); *Copy page as code* shows the Python that recomputes
@@ -52,10 +58,11 @@ from apps.unlearning import UnlearningView
 from apps.task_emergence import TaskEmergenceView
 from explorer import components
 from explorer._checks import ExplorerError, InputError, check_choice
-from explorer.interventions import Ablate
-from explorer.workspace import Workspace
+from explorer.interventions import Ablate, Scale
+from explorer.workspace import Workspace, edit_label
 
-__all__ = ["VIEWS", "DEFAULT_PROMPT", "Gallery", "create_app", "serve"]
+__all__ = ["VIEWS", "DEFAULT_PROMPT", "MENU_ACTIONS", "OWN_ITEMS", "Gallery", "create_app",
+           "serve"]
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
@@ -80,6 +87,33 @@ VIEWS: list[tuple[str, str, ViewFactory]] = [
     ("Head atlas", "atlas", AtlasView),
 ]
 
+
+# The component menu's actions: name -> (button label, css class, tooltip). Which apply to a
+# component is `Gallery.menu_actions`; the css classes are what a browser test clicks.
+MENU_ACTIONS: dict[str, tuple[str, str, str]] = {
+    "attention": ("Show attention", "menu-attention",
+                  "Open the Attention page with this head enlarged on the prompt."),
+    "ablate": ("Ablate", "menu-ablate",
+               "Push a zero-ablation of this head on the edit stack: pages that run the model "
+               "show clean vs ablated."),
+    "scale": ("Scale", "menu-scale",
+              "Push an edit multiplying this head's output by the factor beside it."),
+    "juice-enhance": ("JuICE S+", "menu-juice-enhance",
+                      "Add this head to the enhance set (S+) of the Knowledge conflicts page's "
+                      "JuICE run."),
+    "juice-suppress": ("JuICE S-", "menu-juice-suppress",
+                       "Add this head to the suppress set (S-) of the Knowledge conflicts "
+                       "page's JuICE run."),
+    "circuit": ("Show circuit edges", "menu-circuit",
+                "Open the Circuits page with this component selected (its edges stand out)."),
+}
+
+# A page's "Your own" box whose text travels in the workspace (`Workspace.items`), by page
+# slug: the name of a page parameter holding the text, else of the page's
+# `apps._controls.OwnItems` box (its text area is read and written; on import the page's
+# ``use_own(text)`` applies it). Pages not named here are looked up by the default.
+OWN_ITEMS: dict[str, str] = {"conflicts": "_own", "icl-heads": "_own", "unlearning": "_own"}
+_OWN_ITEMS_DEFAULT = "_own"
 
 # a page's parameters that do not change what its snippet says
 _NOT_SNIPPET = {"name", "status", "busy", "running", "progress", "progress_active", "error"}
@@ -143,6 +177,8 @@ class Gallery(pn.viewable.Viewer):
         self.workspace = Workspace.from_model(self._model, prompts=[self.prompt])
         self._pending_state: Workspace | None = None
         self._pushing_selection = False  # pages following the workspace: not a user's pick
+        self._pushing_items = False  # boxes following the workspace: not the user's typing
+        self._own_boxes: dict[str, tuple[param.Parameterized, str]] = {}  # slug -> (obj, param)
         self._choices: list[pn.widgets.MultiChoice] = []  # the sidebar's selection widgets
         self._hooks = session_hooks()
         self._hooks.on_remote_status = self._show_remote_status
@@ -160,6 +196,7 @@ class Gallery(pn.viewable.Viewer):
         self.workspace.param.watch(self._prompt_from_workspace, "prompts")
         self.workspace.param.watch(self._share_selection, "selected")
         self.workspace.param.watch(self._share_edits, "edits")
+        self.workspace.param.watch(self._share_items, "items")
         self.refresh_cache()
         self.view = view or next(iter(self._specs))
 
@@ -199,6 +236,7 @@ class Gallery(pn.viewable.Viewer):
                              [n for n in view.param if n not in _NOT_SNIPPET])
             if hasattr(view, "set_sources"):
                 view.set_sources(self.page_results)
+            self._connect_own_items(slug, view)
         return self._pages[slug]
 
     def page_results(self) -> list[xr.Dataset]:
@@ -328,6 +366,47 @@ class Gallery(pn.viewable.Viewer):
         if self.prompt != event.new:
             self.prompt = event.new
 
+    # -- the user's own items ----------------------------------------------------------------
+    def _connect_own_items(self, slug: str, view: pn.viewable.Viewer) -> None:
+        """Keep the page's "Your own" box and the workspace's item for ``slug`` in step."""
+        source = _own_items_source(view, OWN_ITEMS.get(slug, _OWN_ITEMS_DEFAULT))
+        if source is None:
+            return
+        self._own_boxes[slug] = source
+        obj, name = source
+        if self.workspace.item(slug):  # pasted before (an imported state, another model)
+            self._item_to_page(slug, self.workspace.item(slug))
+        obj.param.watch(lambda event, slug=slug: self._item_from_page(slug, event.new), name)
+
+    def _item_from_page(self, slug: str, text: Any) -> None:
+        if self._pushing_items:
+            return
+        try:
+            self.workspace.set_item(slug, text or "")
+        except InputError as exc:
+            theme.notify("warning", f"Not kept in the workspace state: {exc}", duration=5000)
+
+    def _item_to_page(self, slug: str, text: str) -> None:
+        """Show ``text`` in the page's box; a page with ``use_own`` applies it (as its Use
+        button does: a bad text shows the page's parser message)."""
+        obj, name = self._own_boxes[slug]
+        self._pushing_items = True
+        try:
+            setattr(obj, name, text)
+        finally:
+            self._pushing_items = False
+        use = getattr(self._pages.get(slug), "use_own", None)
+        if text and obj is not self._pages.get(slug) and callable(use):
+            use(text)
+
+    def _share_items(self, event: Any) -> None:
+        old = event.old or {}
+        for slug, (obj, name) in list(self._own_boxes.items()):
+            text = event.new.get(slug, "")
+            # only the items that changed: a box whose text the state refused keeps it
+            if text != old.get(slug, "") and (getattr(obj, name) or "") != text:
+                self._item_to_page(slug, text)
+
     # -- model ---------------------------------------------------------------------------
     def _switch_model(self, event: Any) -> None:
         if event.new == self._model.spec.name:
@@ -391,8 +470,9 @@ class Gallery(pn.viewable.Viewer):
     def _apply_state(self, state: Workspace) -> None:
         self.workspace.update_from(state)
         n, e = len(state.selected), len(state.edits)
+        items = f", {len(state.items)} pasted item(s)" if state.items else ""
         self.state_message = (f"Imported: {len(state.prompts)} prompt(s), {n} selected, "
-                              f"{e} edit(s).")
+                              f"{e} edit(s){items}.")
 
     def _state_file(self, event: Any) -> None:
         if event.new:
@@ -404,6 +484,168 @@ class Gallery(pn.viewable.Viewer):
         for layer, head in self.workspace.selected_heads:
             if (layer, head) not in have:
                 self.workspace.push_edit(Ablate(layer, head))
+
+    # -- the component menu ----------------------------------------------------------------
+    def menu_actions(self, name: str) -> list[str]:
+        """The `MENU_ACTIONS` that apply to the component ``name``, in menu order: a head's
+        attention, ablation, scaling and JuICE sets (on the pages offered), a head's or an
+        MLP's (or the input's, the logits') circuit edges. A whole layer has none."""
+        c = components.parse(self.workspace.component(name))
+        out = []
+        if c.is_head:
+            if "attention" in self._specs:
+                out.append("attention")
+            out += ["ablate", "scale"]
+            if "conflicts" in self._specs:
+                out += ["juice-enhance", "juice-suppress"]
+        if c.kind in ("head", "mlp", "input", "logits") and "circuits" in self._specs:
+            out.append("circuit")
+        return out
+
+    def _menu_head(self, name: str) -> components.Component:
+        c = components.parse(self.workspace.component(name))
+        if not c.is_head:
+            raise InputError(f"{c} is not a head; ablate, scale and the JuICE sets take a head "
+                             "such as 'L3.H1'.")
+        return c
+
+    def _set_page_selected(self, slug: str, name: str) -> pn.viewable.Viewer:
+        view = self.page(slug)
+        self._pushing_selection = True  # already in the workspace: not a new pick
+        try:
+            view.selected = name
+        finally:
+            self._pushing_selection = False
+        return view
+
+    def show_attention(self, name: str) -> None:
+        """Open the Attention page with the head ``name`` enlarged."""
+        self._set_page_selected("attention", str(self._menu_head(name)))
+        self.view = "attention"
+
+    def show_circuit_edges(self, name: str) -> None:
+        """Open the Circuits page with the component ``name`` selected."""
+        c = components.parse(self.workspace.component(name))
+        if c.kind not in ("head", "mlp", "input", "logits"):
+            raise InputError(f"{c} is not a node of the circuit graph; its nodes are heads, "
+                             "MLPs, 'input' and 'logits'.")
+        self._set_page_selected("circuits", str(c))
+        self.view = "circuits"
+
+    def ablate_component(self, name: str) -> Ablate | None:
+        """Push a zero-ablation of the head ``name`` (None if it is on the stack already)."""
+        c = self._menu_head(name)
+        edit = Ablate(c.layer, c.head)
+        if edit in self.workspace.edits:
+            theme.notify("info", f"{edit_label(edit)} is on the edit stack already.",
+                         duration=3000)
+            return None
+        return self.workspace.push_edit(edit)
+
+    def scale_component(self, name: str, factor: Any) -> Scale | None:
+        """Push an edit multiplying the head ``name``'s output by ``factor``."""
+        c = self._menu_head(name)
+        if factor is None:
+            raise InputError("type a scale factor first (e.g. 0.5 halves the head's output).")
+        edit = Scale(c.layer, c.head, factor)
+        if edit in self.workspace.edits:
+            theme.notify("info", f"{edit_label(edit)} is on the edit stack already.",
+                         duration=3000)
+            return None
+        return self.workspace.push_edit(edit)
+
+    def juice_available(self) -> bool:
+        """Whether the Knowledge conflicts page takes heads into its JuICE sets
+        (``add_to_juice``), judged without building the page when it is not open yet."""
+        if "conflicts" not in self._specs:
+            return False
+        if "conflicts" in self._pages:
+            return callable(getattr(self._pages["conflicts"], "add_to_juice", None))
+        _, factory = self._specs["conflicts"]
+        factory = getattr(factory, "func", factory)  # a functools.partial of the page class
+        if not isinstance(factory, type):
+            return True  # a factory function: known once the page is built
+        return callable(getattr(factory, "add_to_juice", None))
+
+    def add_to_juice(self, name: str, which: str) -> bool:
+        """Add the head ``name`` to the Knowledge conflicts page's enhance (S+) or suppress
+        (S-) set; False (with a note) when that page cannot take it."""
+        check_choice("which", which, ("enhance", "suppress"))
+        head = str(self._menu_head(name))
+        if "conflicts" not in self._specs:
+            raise InputError("this app has no Knowledge conflicts page.")
+        add = getattr(self.page("conflicts"), "add_to_juice", None)
+        if not callable(add):
+            theme.notify("warning", JUICE_NOTE, duration=5000)
+            return False
+        add(head, which)
+        sets = "S+ (enhance)" if which == "enhance" else "S- (suppress)"
+        theme.notify("success", f"Added {head} to the JuICE set {sets} on the Knowledge "
+                     "conflicts page.", duration=3000)
+        return True
+
+    def component_menu(self, selected: Sequence[str] | None = None) -> pn.Column:
+        """The menu card of the newest selected component: its name and the actions that
+        apply to it (each button has a tooltip and a ``menu-*`` css class)."""
+        selected = self.workspace.selected if selected is None else selected
+        if not selected:
+            return pn.Column(sizing_mode="stretch_width", margin=0,
+                             css_classes=["component-menu", "component-menu-empty"])
+        name = selected[-1]
+        actions = self.menu_actions(name)
+
+        def act(fn: Callable[[], Any]) -> Callable[[Any], None]:
+            def run(_event: Any) -> None:
+                try:
+                    fn()
+                except ExplorerError as exc:
+                    theme.notify("warning", str(exc), duration=5000)
+            return run
+
+        def button(action: str, fn: Callable[[], Any], **kw: Any) -> pn.widgets.Button:
+            label, css, tip = MENU_ACTIONS[action]
+            b = pn.widgets.Button(label=label, description=tip, color="light",
+                                  css_classes=[css], **kw)
+            b.on_click(act(fn))
+            return b
+
+        rows: list[Any] = [pn.pane.Markdown(f"**{name}**", margin=(0, 10),
+                                            css_classes=["component-menu-name"])]
+        if len(selected) > 1:
+            rows[0].object += " (the newest selected)"
+        line = []
+        if "attention" in actions:
+            line.append(button("attention", lambda: self.show_attention(name)))
+        if "circuit" in actions:
+            line.append(button("circuit", lambda: self.show_circuit_edges(name)))
+        if line:
+            rows.append(pn.Row(*line, margin=0, sizing_mode="stretch_width"))
+        if "ablate" in actions:
+            factor = pn.widgets.FloatInput(value=0.5, step=0.1, width=70, margin=(5, 5),
+                                           description="Factor the head's output is "
+                                                       "multiplied by (0 ablates it).",
+                                           css_classes=["menu-scale-factor"])
+            scale = button("scale", lambda: self.scale_component(name, factor.value))
+            rows.append(pn.Row(button("ablate", lambda: self.ablate_component(name)),
+                               scale, pn.pane.Str("×", margin=(12, 0)), factor, margin=0))
+        if "juice-enhance" in actions:
+            if self.juice_available():
+                rows.append(pn.Row(
+                    button("juice-enhance", lambda: self.add_to_juice(name, "enhance")),
+                    button("juice-suppress", lambda: self.add_to_juice(name, "suppress")),
+                    margin=0))
+            else:
+                rows.append(pn.pane.Markdown(JUICE_NOTE, margin=(0, 10),
+                                             css_classes=["menu-juice-note"],
+                                             styles={"color": "#555", "font-size": "0.9em"}))
+        if not actions:
+            rows.append(pn.pane.Markdown(
+                "Nothing in this menu applies to a whole layer: select one of its heads or its "
+                "MLP.", margin=(0, 10), styles={"color": "#555", "font-size": "0.9em"},
+                css_classes=["menu-none"]))
+        return pn.Column(*rows, sizing_mode="stretch_width", margin=(0, 10, 5, 10),
+                         styles={"border": "1px solid #d0d7de", "border-radius": "4px"},
+                         css_classes=["component-menu"])
 
     def _component_options(self) -> list[str]:
         spec = self._model.spec
@@ -464,6 +706,7 @@ class Gallery(pn.viewable.Viewer):
                                         ws.param.prompts, ws.param.selected, ws.param.edits),
                                 sizing_mode="stretch_width", css_classes=["workspace-code"])
         return [pn.pane.Markdown("### Workspace"), choice,
+                pn.bind(self.component_menu, ws.param.selected),
                 pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,
                 export, pn.pane.Markdown("Import state (JSON):"), upload,
                 pn.pane.Markdown(self.param.state_message, css_classes=["state-message"]),
@@ -494,6 +737,7 @@ class Gallery(pn.viewable.Viewer):
             if close is not None:
                 close()
         self._pages.clear()
+        self._own_boxes.clear()
 
     def close(self) -> None:
         """Cancel every page's work (the session is gone)."""
@@ -540,6 +784,21 @@ class Gallery(pn.viewable.Viewer):
         return pn.Row(pn.Column(*self.sidebar(), theme.NestedLayoutFix(),
                                 width=theme.SIZES["sidebar_width"]), self._main,
                       sizing_mode="stretch_width")
+
+
+JUICE_NOTE = ("The Knowledge conflicts page of this version cannot take heads from this menu; "
+              "click the head there (its *clicks add to* toggle picks S+ or S-).")
+
+
+def _own_items_source(view: Any, name: str) -> tuple[param.Parameterized, str] | None:
+    """(object, parameter) holding the text of ``view``'s "Your own" box: the page's string
+    parameter ``name``, or the ``value`` of the text area of its box ``name``; None if none."""
+    if name in view.param and isinstance(view.param[name], param.String):
+        return view, name
+    area = getattr(getattr(view, name, None), "area", None)
+    if isinstance(area, pn.widgets.TextAreaInput):
+        return area, "value"
+    return None
 
 
 def _served() -> bool:
