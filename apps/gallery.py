@@ -569,7 +569,8 @@ class Gallery(pn.viewable.Viewer):
 
     def add_to_juice(self, name: str, which: str) -> bool:
         """Add the head ``name`` to the Knowledge conflicts page's enhance (S+) or suppress
-        (S-) set; False (with a note) when that page cannot take it."""
+        (S-) set (its ``add_to_juice(component, which)``); False (with a note) when that page
+        cannot take it."""
         check_choice("which", which, ("enhance", "suppress"))
         head = str(self._menu_head(name))
         if "conflicts" not in self._specs:
@@ -578,10 +579,13 @@ class Gallery(pn.viewable.Viewer):
         if not callable(add):
             theme.notify("warning", JUICE_NOTE, duration=5000)
             return False
-        add(head, which)
-        sets = "S+ (enhance)" if which == "enhance" else "S- (suppress)"
-        theme.notify("success", f"Added {head} to the JuICE set {sets} on the Knowledge "
-                     "conflicts page.", duration=3000)
+        done = add(head, which)
+        if done is False:  # the page said why (a notification)
+            return False
+        if done is None:   # a page that does not say what it did: say it here
+            sets = "S+ (enhance)" if which == "enhance" else "S- (suppress)"
+            theme.notify("success", f"Added {head} to the JuICE set {sets} on the Knowledge "
+                         "conflicts page.", duration=3000)
         return True
 
     def component_menu(self, selected: Sequence[str] | None = None) -> pn.Column:

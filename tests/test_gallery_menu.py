@@ -93,7 +93,8 @@ def test_the_menu_offers_what_applies_to_the_newest_selection(gallery):
     assert set(_menu(g)) == {"menu-circuit"}
     g.workspace.select("L2")
     card = g.component_menu()
-    assert _menu(g) == {} and card.select(pn.pane.Markdown)[0].object == "**L2**"
+    assert _menu(g) == {}
+    assert card.select(pn.pane.Markdown)[0].object == "**L2** (the newest selected)"
     assert "menu-none" in card.objects[-1].css_classes
     # pages not offered: their actions are not either
     lens_only = gallery(views=[v for v in VIEWS if v[1] == "lens"])
@@ -229,6 +230,8 @@ def test_menu_juice_on_the_real_conflicts_page(gallery):
     _click(_menu(g)["menu-juice-suppress"])
     conflicts = g.pages["conflicts"]
     assert list(conflicts.heads_plus) == ["L1.H2"] and list(conflicts.heads_minus) == ["L0.H3"]
+    _click(_menu(g)["menu-juice-enhance"])                 # the page moves it to S+
+    assert list(conflicts.heads_plus) == ["L1.H2", "L0.H3"] and list(conflicts.heads_minus) == []
 
 
 def test_pasted_items_travel_in_the_exported_state(gallery):
