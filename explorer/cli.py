@@ -43,11 +43,13 @@ from .commands._common import (
     _json_safe,
     add_model_option,
     add_scheduler_option,
+    add_serve_options,
     load_cli_model,
     load_edits,
     parse_int_list,
     print_json,
     read_prompts,
+    served_url,
     torch_threads,
 )
 
@@ -397,19 +399,10 @@ def _cache_stats(store: Any, args: argparse.Namespace) -> int:
 
 # -- serve --------------------------------------------------------------------------------
 
-def _url(address: str, port: int) -> str:
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}/"
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from ._checks import check_int
-
-    port = check_int("--port", args.port, low=1, high=65535)
-    if not args.address.strip():
-        raise InputError("`--address` must be a host name or IP address; got ''.")
+    port, url = served_url(args)
     gallery = importlib.import_module("apps.gallery")
-    print(f"serving the explorer gallery ({args.model}) at {_url(args.address, port)}", flush=True)
+    print(f"serving the explorer gallery ({args.model}) at {url}", flush=True)
     if args.address not in ("127.0.0.1", "localhost", "::1"):
         print(f"{_PROG}: note: listening on {args.address}: anyone who can reach it can run "
               "the model.", file=sys.stderr, flush=True)
@@ -553,12 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the app gallery in the browser")
     add_model_option(p)
-    p.add_argument("--port", type=int, default=5006, help="port (default: 5006)")
-    p.add_argument("--address", default="127.0.0.1",
-                   help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--show", action="store_true", help="open a browser")
-    p.add_argument("--allow-websocket-origin", action="append", metavar="HOST",
-                   help="host[:port] allowed to connect (repeatable)")
+    add_serve_options(p, port=5006)
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("bench", help="run a benchmark and print its result")

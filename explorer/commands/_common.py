@@ -72,6 +72,38 @@ def load_cli_model(args: argparse.Namespace):
     return load_model(args.model, remote=bool(getattr(args, "remote", False)))
 
 
+def add_serve_options(parser: argparse.ArgumentParser, *, port: int) -> None:
+    """Add what a command that serves pages takes: ``--port``, ``--address`` (default
+    127.0.0.1: this machine only), ``--show`` and ``--allow-websocket-origin``."""
+    parser.add_argument("--port", type=int, default=port, help=f"port (default: {port})")
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--show", action="store_true", help="open a browser")
+    parser.add_argument("--allow-websocket-origin", action="append", metavar="HOST",
+                        help="host[:port] allowed to connect (repeatable)")
+
+
+def served_url(args: argparse.Namespace, path: str = "") -> tuple[int, str]:
+    """The checked ``--port`` and the URL ``--address`` and it give (``path`` appended);
+    a bad port or an empty address is an InputError."""
+    from explorer._checks import check_int
+
+    port = check_int("--port", args.port, low=1, high=65535)
+    if not args.address.strip():
+        raise InputError("`--address` must be a host name or IP address; got ''.")
+    host = f"[{args.address}]" if ":" in args.address else args.address
+    return port, f"http://{host}:{port}/{path}"
+
+
+ICL_TASKS = "antonym,country-capital,english-french,present-past"
+
+
+def add_tasks_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--tasks`` (comma-separated ICL task names, default `ICL_TASKS`)."""
+    parser.add_argument("--tasks", default=ICL_TASKS,
+                        help=f"comma-separated tasks{what} (default: %(default)s)")
+
+
 def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
     """Add ``--scheduler`` (where dask work runs; see `explorer.distributed.dask_scheduler`)."""
     parser.add_argument("--scheduler", default="threads", metavar="WHERE",

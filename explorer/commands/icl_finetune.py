@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from explorer.analyses import icl_finetune as ft
-from explorer.commands._common import add_model_option, load_cli_model, print_json
+from explorer.commands._common import (
+    add_model_option,
+    add_tasks_option,
+    load_cli_model,
+    print_json,
+)
 
 
 def register_cli(subparsers: Any) -> None:
@@ -19,9 +24,7 @@ def register_cli(subparsers: Any) -> None:
         description="Fine-tune the first or the last layers of a copy of the model on the "
                     "task with the lowest task decodability (Han et al., ICML 2025).")
     add_model_option(p)
-    p.add_argument("--tasks", default="antonym,country-capital,english-french,present-past",
-                   help="comma-separated tasks; the one with the lowest TD is tuned "
-                        "(default: %(default)s)")
+    add_tasks_option(p, "; the one with the lowest TD is tuned")
     p.add_argument("--n-layers-tuned", type=int, default=None,
                    help="layers tuned at each end (default n_layers // 4)")
     p.add_argument("--rank", type=int, default=4)

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from explorer._checks import InputError, check_int
-from explorer.commands._common import print_json
+from explorer._checks import InputError
+from explorer.commands._common import add_serve_options, print_json, served_url
 
 __all__ = ["register_cli", "parse_accuracy"]
 
@@ -51,12 +51,7 @@ def register_cli(subparsers: Any) -> None:
     a.add_argument("--model", default=None, metavar="NAME",
                    help="override the study file's model (recorded in the run)")
     a.add_argument("--prepare-only", action="store_true", help="prepare the folder, do not serve")
-    a.add_argument("--port", type=int, default=5007, help="port (default: 5007)")
-    a.add_argument("--address", default="127.0.0.1",
-                   help="address to bind (default: 127.0.0.1, this machine only)")
-    a.add_argument("--show", action="store_true", help="open a browser")
-    a.add_argument("--allow-websocket-origin", action="append", metavar="HOST",
-                   help="host[:port] allowed to connect (repeatable)")
+    add_serve_options(a, port=5007)
     a.set_defaults(func=_cmd_run)
 
     a = actions.add_parser("simulate", help="add simulated participants with known accuracies "
@@ -134,9 +129,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from explorer.studies.run import StudyRun
 
-    port = check_int("--port", args.port, low=1, high=65535)
-    if not args.address.strip():
-        raise InputError("`--address` must be a host name or IP address; got ''.")
+    port, url = served_url(args, "study")
 
     def progress(done: int, total: int) -> None:
         if _json(args) or (done < total and not sys.stderr.isatty()):
@@ -155,8 +148,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
                   f"{summary['model']}, {summary['n_slots']} participant places "
                   f"({summary['n_enrolled']} enrolled)")
         return 0
-    host = f"[{args.address}]" if ":" in args.address else args.address
-    url = f"http://{host}:{port}/study"
     if _json(args):
         print_json({**summary, "url": url})
     else:

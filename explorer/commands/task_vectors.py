@@ -11,6 +11,7 @@ from explorer.analyses import task_vectors as tv
 from explorer.commands._common import (
     add_model_option,
     add_scheduler_option,
+    add_tasks_option,
     load_cli_model,
     print_json,
 )
@@ -23,8 +24,7 @@ def register_cli(subparsers: Any) -> None:
         description="Task decodability (Han et al., ICML 2025) and function vectors "
                     "(Todd et al., ICLR 2024).")
     add_model_option(p)
-    p.add_argument("--tasks", default="antonym,country-capital,english-french,present-past",
-                   help="comma-separated tasks (default: %(default)s)")
+    add_tasks_option(p, "")
     p.add_argument("--n-prompts", type=int, default=20)
     p.add_argument("--n-shots", type=int, default=4)
     p.add_argument("--k", type=int, default=10)
