@@ -35,16 +35,19 @@ import xarray as xr
 import explorer
 from apps import _circuit_graph as cg
 from apps import theme
+from apps._controls import OwnItems
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
+from explorer._checks import InputError
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
+from explorer.analyses import user_items
 from explorer.components import canonical
 
 __all__ = ["CircuitsView", "node_positions", "edge_table", "plot_edges", "plot_faithfulness",
            "faithfulness_marker", "size_grid", "slider_redraw_times", "MAX_DRAWN_EDGES",
-           "DEFAULT_MAX_EDGES", "METHOD_LABELS"]
+           "DEFAULT_MAX_EDGES", "METHOD_LABELS", "OWN_TASK"]
 
 hv.extension("bokeh", logo=False)
 
@@ -53,6 +56,7 @@ DEFAULT_MAX_EDGES = 300  # the default circuit is at most this big (after prunin
 GRID_POINTS = 20         # slider positions (and faithfulness points), log-spaced
 _TOOLS = STATIC_TOOLS
 METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
+OWN_TASK = "your pairs"  # the task of the user's own prompt pairs (the "Your own" box)
 node_positions = cg.node_positions
 edge_table = cg.edge_table
 _COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "edge", "width", "alpha", "color",
@@ -246,6 +250,15 @@ class CircuitsView(View):
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
         self._results: dict[tuple, tuple] = {}         # (task, n, method) -> (task, scores, curve)
+        self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
+        self._own_version = 0                          # bumped by each good paste
+        self._own = OwnItems(
+            "Your own prompt pairs", user_items.CIRCUIT_FORMAT,
+            "One pair a line: clean prompt | corrupted prompt | answer | wrong answer (the "
+            "corrupted prompt has as many tokens; the metric is the answer's logit minus the "
+            "wrong answer's). An answer follows its prompt after a space; a field in \"quotes\" "
+            f"is kept exactly. Use makes them the task '{OWN_TASK}' and computes its circuit.",
+            self.use_own)
         self._effects: dict[tuple, dict[int, float]] = {}  # patch effects by result and edge
         self._order: np.ndarray | None = None          # edge indices by |score|, descending
         self._ck_orders: list[np.ndarray] = []
@@ -310,7 +323,37 @@ class CircuitsView(View):
 
     # -- the circuit ------------------------------------------------------------------------
     def _key(self, method: str | None = None) -> tuple:
+        if self.task == OWN_TASK:   # every paste is its own task
+            n = len(self._own_task) if self._own_task is not None else 0
+            return ((OWN_TASK, self._own_version), n, method or self.method)
         return (self.task, self.n_prompts, method or self.method)
+
+    def _task_data(self, name: str, n: int, *, seed: int = 0) -> ca.CircuitTask:
+        """The pairs of the task ``name``: the user's (`use_own`), or ``n`` generated ones."""
+        if name == OWN_TASK:
+            if self._own_task is None:
+                raise InputError(f"the task {OWN_TASK!r} has no pairs yet: paste them in "
+                                 "'Your own prompt pairs' and press Use.")
+            return self._own_task
+        return ca.make_task(name, n, seed=seed)
+
+    def use_own(self, text: str) -> ca.CircuitTask | None:
+        """Parse the user's prompt pairs (`user_items.parse_circuit_pairs`, checked against the
+        model's tokenizer), make them the task and compute their circuit; bad text shows the
+        parser's one-line message and keeps the current result."""
+        try:
+            task = user_items.parse_circuit_pairs(text, self._model, name=OWN_TASK)
+        except InputError as e:
+            self.show_error(e)
+            return None
+        self._own_task = task
+        self._own_version += 1
+        if OWN_TASK not in self.param.task.objects:
+            self.param.task.objects = [*self.param.task.objects, OWN_TASK]
+        self.error = ""
+        self.task = OWN_TASK
+        self._request_scores()
+        return task
 
     def _other_method(self) -> str:
         return next(m for m in ca.METHODS if m != self.method)
@@ -433,12 +476,17 @@ class CircuitsView(View):
 
     # -- jobs -----------------------------------------------------------------------------
     def _request_scores(self, method: str | None = None) -> None:
-        m, task_name, n = self._model, self.task, self.n_prompts
+        m, task_name = self._model, self.task
         method = method or self.method
-        key = (task_name, n, method)
+        key = self._key(method)
+        try:
+            task = self._task_data(task_name, self.n_prompts)
+        except InputError as e:
+            self.show_error(e)
+            return
+        n = len(task)
 
         def job(token: CancelToken):
-            task = ca.make_task(task_name, n, seed=0)
             scores = ca.edge_scores(m, task, method=method, batch_size=n,
                                     progress=self.progress_fn(token))
             token.check()
@@ -546,18 +594,23 @@ class CircuitsView(View):
     def _request_finetune(self) -> None:
         m, task_name, method, n, steps = (self._model, self.task, self.method, self.n_prompts,
                                           self.ft_steps)
+        slug = task_name.replace(" ", "-")
         folder = self._run_folder or (explorer.models.cache_dir() / "circuit_lora" /
-                                      f"{m.spec.name.replace('/', '_')}-view-{task_name}")
+                                      f"{m.spec.name.replace('/', '_')}-view-{slug}")
+        try:   # the user's pairs train and score; a generated task trains on 64 other pairs
+            data = self._task_data(task_name, 64, seed=2)
+            scored = self._task_data(task_name, n, seed=0)
+        except InputError as e:
+            self.show_error(e)
+            return
 
         def job(token: CancelToken):
-            data = ca.make_task(task_name, 64, seed=2)
             ckpts = sorted({0, steps // 3, 2 * steps // 3, steps} - {-1})
             cl.finetune_lora(m, data.clean, data.answer, ranks=cl.uniform_lora_ranks(m, 2),
                              steps=steps, batch_size=8, lr=1e-3, checkpoints=ckpts,
                              folder=folder, progress=self.progress_fn(token))
             token.check()
-            return cl.checkpoint_circuits(m, folder, ca.make_task(task_name, n, seed=0),
-                                          method=method, batch_size=n,
+            return cl.checkpoint_circuits(m, folder, scored, method=method, batch_size=len(scored),
                                           progress=self.progress_fn(token))
 
         self.status = f"fine-tuning {steps} LoRA steps, then scoring each checkpoint…"
@@ -698,7 +751,8 @@ class CircuitsView(View):
         method = METHOD_LABELS[self._shown_method if base else
                                str(self.checkpoints.attrs.get("edge_method", self.method))]
         title = self._graph_title(len(members), len(shown), method, label, ref_label)
-        self._csv.filename = (f"circuit_{self._model.spec.name.split('/')[-1]}_{self.task}_"
+        self._csv.filename = (f"circuit_{self._model.spec.name.split('/')[-1]}_"
+                              f"{self.task.replace(' ', '-')}_"
                               f"{method.lower()}_{len(members)}edges.csv")
         self._svg.filename = self._csv.filename[:-4] + ".svg"
         self._refresh_nodes()
@@ -859,6 +913,7 @@ class CircuitsView(View):
             pn.widgets.Select.from_param(self.param.task),
             pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Attribution"),
             pn.widgets.IntInput.from_param(self.param.n_prompts), compute, self._progress,
+            self._own.layout(self.param.error),
             pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
             pn.widgets.RadioButtonGroup.from_param(self.param.mode), self._slider,
             pn.widgets.Select.from_param(self.param.edge),

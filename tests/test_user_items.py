@@ -124,6 +124,66 @@ def test_unlearning_fact_bad(text, message):
     assert "\n" not in str(e.value)
 
 
+def test_circuit_pairs_good_equals_hand_built(tiny_model):
+    from explorer.analyses.circuit_tasks import CircuitTask
+
+    text = ('When Mary and Tom went out, Tom gave it to | When Mary and Tom went out, Kate gave '
+            'it to |Mary| Tom \n\n"The sum: 12 + 30 = " | "The sum: 12 - 30 = " | "4" | "1"\n')
+    want = CircuitTask(["When Mary and Tom went out, Tom gave it to", "The sum: 12 + 30 = "],
+                       ["When Mary and Tom went out, Kate gave it to", "The sum: 12 - 30 = "],
+                       [" Mary", "4"], [" Tom", "1"], name="your pairs")
+    assert ui.parse_circuit_pairs(text) == want       # without a model: the text alone
+    tiny = '"Tom gave a drink to " | "Kim gave a drink to " | "Mary" | "Bob"'
+    got = ui.parse_circuit_pairs(tiny, tiny_model, name="mine")
+    assert got == CircuitTask(["Tom gave a drink to "], ["Kim gave a drink to "], ["Mary"],
+                              ["Bob"], name="mine")
+    # the shown format is a valid task (the first tokens of Mary / Tom differ on SmolLM2's
+    # tokenizer; tiny-llama's 512 tokens split names, so only its text is checked here)
+    assert len(ui.parse_circuit_pairs(ui.CIRCUIT_FORMAT)) == 2
+
+
+_PAIR = '"Tom gave a drink to " | "Kim gave a drink to " | "Mary" | "Bob"'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "the prompt pairs is empty"),
+    ("a | b | c", "line 1: 3 field(s); write 4 separated by '|'"),
+    (_PAIR + "\na | b | c | d | e", "line 2: 5 field(s)"),
+    ("a | | c | d", "line 1: the corrupted prompt is empty"),
+    ('a | b | "" | d', "line 1: the answer is empty"),
+    ("a | a | c | d", "line 1: the corrupted prompt is the clean prompt"),
+    ("a | b | c | c", "line 1: the answer and the wrong answer are both 'c'"),
+    (_PAIR + "\n" + _PAIR, "line 2: the same pair as line 1"),
+    ("\n".join(f'"x{i} gave a drink to " | "y{i} gave a drink to " | "Mary" | "Bob"'
+               for i in range(65)), "line 65: more than 64 pairs"),
+    ('"Tom gave a drink to " | "Kimberly gave a drink to " | "Mary" | "Bob"',
+     "line 1: the clean prompt has 14 tokens and the corrupted prompt 18"),
+    ("Tom gave a drink to | Kim gave a drink to | Mary | Max",
+     "line 1: the answer ' Mary' and the wrong answer ' Max' both start with the token ' '"),
+    ("w " * 201 + "| b | c | d", "line 1: the clean prompt is 40"),
+    ("a | b | " + "x" * 61 + " | d", "line 1: the answer is 61 characters long; at most 60"),
+])
+def test_circuit_pairs_bad(tiny_model, text, message):
+    with pytest.raises(InputError) as e:
+        ui.parse_circuit_pairs(text, tiny_model)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_circuit_pairs_token_checks_match_the_tokenizer(tiny_model):
+    """The length and first-token checks agree with the tokenizer called here directly."""
+    tok = tiny_model.tokenizer
+
+    def n(text):
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    assert n("Tom gave a drink to ") == n("Kim gave a drink to ")
+    assert (n("Tom gave a drink to "), n("Kimberly gave a drink to ")) == (14, 18)
+    first = [tok("Tom gave a drink to" + a, add_special_tokens=False)["input_ids"][n("Tom gave a drink to")]
+             for a in (" Mary", " Max")]
+    assert first[0] == first[1]      # hence the 'both start with' error above
+
+
 # -- pages -----------------------------------------------------------------------------------
 
 def _own_box(view):

@@ -7,7 +7,9 @@ shipped data loads into, so a page runs its analysis on it by the same path:
   `explorer.analyses.conflicts.Fact`;
 - `parse_icl_pairs`: ``input -> output`` lines -> `explorer.analyses.icl_heads.ICLTask`;
 - `parse_unlearning_fact`: one fact (``subject`` / ``prompt`` / ``answer`` lines) ->
-  `explorer.analyses.unlearning.AttributeFact`.
+  `explorer.analyses.unlearning.AttributeFact`;
+- `parse_circuit_pairs`: ``clean | corrupted | answer | wrong answer`` lines ->
+  `explorer.analyses.circuit_tasks.CircuitTask` (checked against the model's tokenizer).
 
 Bad input raises `explorer.InputError` with a one-line message naming the line and what is
 wrong. Texts are used literally; ``{subject}`` (and ``{value}`` for conflicts) may be written
@@ -16,14 +18,17 @@ as in the shipped templates, and ``\\n`` in a ``field: value`` line stands for a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from explorer._checks import InputError
+from explorer.analyses.circuit_tasks import CircuitTask
 from explorer.analyses.conflicts import Fact, normalise_answer
 from explorer.analyses.icl_heads import ICLTask
 from explorer.analyses.unlearning import AttributeFact, load_attribute_facts
 
 __all__ = ["MAX_FIELD_CHARS", "MAX_PAIRS", "CONFLICT_FORMAT", "ICL_FORMAT", "UNLEARNING_FORMAT",
-           "parse_conflict_example", "parse_icl_pairs", "parse_unlearning_fact"]
+           "CIRCUIT_FORMAT", "parse_conflict_example", "parse_icl_pairs", "parse_unlearning_fact",
+           "parse_circuit_pairs"]
 
 #: Longest value of one field (or one side of a pair), in characters.
 MAX_FIELD_CHARS = 400
@@ -38,6 +43,11 @@ CONFLICT_FORMAT = ("subject: France\n"
                    "memory: Paris\n"
                    "context answer: Berlin")
 ICL_FORMAT = "hot -> cold\nbig -> small\nup -> down\nfast -> slow\nhappy -> sad"
+CIRCUIT_FORMAT = (
+    "When Mary and Tom went to the store, Tom gave a drink to | When Mary and Tom went to the "
+    "store, Kate gave a drink to | Mary | Tom\n"
+    "When Anna and Bob went to the park, Anna gave a ball to | When Anna and Bob went to the "
+    "park, Jim gave a ball to | Bob | Anna")
 UNLEARNING_FORMAT = ("subject: Serena Williams\n"
                      "prompt: Fact: Serena Williams plays the sport of\n"
                      "answer: tennis")
@@ -68,7 +78,8 @@ def _lines(text: object, what: str) -> list[tuple[int, str]]:
 
 
 def _format_for(what: str) -> str:
-    return {"the conflict example": CONFLICT_FORMAT, "the ICL pairs": ICL_FORMAT}.get(
+    return {"the conflict example": CONFLICT_FORMAT, "the ICL pairs": ICL_FORMAT,
+            "the prompt pairs": CIRCUIT_FORMAT}.get(
         what, UNLEARNING_FORMAT)
 
 
@@ -215,3 +226,97 @@ def parse_unlearning_fact(text: str, *, attributes: Sequence[str] | None = None,
                          "{subject}, or no braces.") from None
     mc_template = got["mc"][1] if "mc" in got else (shipped.mc if mc is None else mc)
     return AttributeFact(subject, answer, attributes, prompt, mc_template)
+
+
+_CIRCUIT_FIELDS = ("the clean prompt", "the corrupted prompt", "the answer", "the wrong answer")
+
+
+def _unquote(field: str) -> tuple[str, bool]:
+    """A field as written between the bars: stripped, or, in double quotes, exactly as quoted."""
+    field = field.strip()
+    if len(field) >= 2 and field[0] == field[-1] == '"':
+        return field[1:-1], True
+    return field, False
+
+
+def _first_token(tokenizer: Any, prompt: str, target: str) -> int:
+    """The first token of ``target`` as it continues ``prompt`` (as the circuit metric reads it,
+    `explorer.analyses.circuits`)."""
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    both = tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
+    if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
+        return int(both[len(p_ids)])
+    return int(tokenizer(target, add_special_tokens=False)["input_ids"][0])
+
+
+def parse_circuit_pairs(text: str, model: Any = None, *, name: str = "your pairs",
+                        max_pairs: int = MAX_PAIRS) -> CircuitTask:
+    """``clean prompt | corrupted prompt | answer | wrong answer`` lines -> `CircuitTask`.
+
+    One pair a line (at most ``max_pairs``). The answer is what the model should say after
+    the clean prompt, the wrong answer what the corrupted prompt points to; the circuit's
+    metric is their logit difference at the first token of each. Spaces around the bars
+    are dropped, and an answer continues its prompt after one space (`` Mary``); a field in
+    double quotes is kept exactly, spaces included (``"... = "`` ends a prompt in a space,
+    ``"90"`` joins an answer without one).
+
+    With ``model`` (an `explorer.Model`), each pair is checked against its tokenizer: the
+    clean and corrupted prompts must have the same number of tokens, the answer and wrong
+    answer must start with different known tokens.
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    clean, corrupt, answer, wrong = [], [], [], []
+    seen: dict[tuple[str, ...], int] = {}
+    for n, line in _lines(text, "the prompt pairs"):
+        parts = line.split("|")
+        if len(parts) != 4:
+            raise InputError(f"line {n}: {len(parts)} field(s); write 4 separated by '|': clean "
+                             "prompt | corrupted prompt | answer | wrong answer.")
+        fields = [_unquote(p) for p in parts]
+        for (value, _), what in zip(fields, _CIRCUIT_FIELDS):
+            if not value.strip():
+                raise InputError(f"line {n}: {what} is empty.")
+        (c, _), (k, _) = fields[:2]
+        _check_length(n, "the clean prompt", c)
+        _check_length(n, "the corrupted prompt", k)
+        if c == k:
+            raise InputError(f"line {n}: the corrupted prompt is the clean prompt; it must differ "
+                             "(e.g. another name or operand) so that the answers differ.")
+        targets = []
+        for (value, quoted), what, prompt in zip(fields[2:], _CIRCUIT_FIELDS[2:], (c, c)):
+            _check_length(n, what, value, MAX_ANSWER_CHARS)
+            if not quoted and not value[0].isspace() and not prompt[-1].isspace():
+                value = " " + value   # the answer continues the prompt after a space
+            targets.append(value)
+        a, w = targets
+        if a == w:
+            raise InputError(f"line {n}: the answer and the wrong answer are both {a.strip()!r}; "
+                             "they must differ.")
+        key = (c, k, a, w)
+        if key in seen:
+            raise InputError(f"line {n}: the same pair as line {seen[key]}.")
+        seen[key] = n
+        if tokenizer is not None:
+            lc = len(tokenizer(c, add_special_tokens=False)["input_ids"])
+            lk = len(tokenizer(k, add_special_tokens=False)["input_ids"])
+            if lc != lk:
+                raise InputError(f"line {n}: the clean prompt has {lc} tokens and the corrupted "
+                                 f"prompt {lk}; they must have the same number (change words "
+                                 "for words of as many tokens).")
+            ids = [_first_token(tokenizer, c, t) for t in (a, w)]
+            for t, i, what in zip((a, w), ids, _CIRCUIT_FIELDS[2:]):
+                if unk is not None and i == unk and t.strip() != tokenizer.unk_token:
+                    raise InputError(f"line {n}: {what} {t!r} is not in the model's vocabulary "
+                                     f"(it reads as {tokenizer.unk_token!r}).")
+            if ids[0] == ids[1]:
+                token = tokenizer.decode([ids[0]])
+                raise InputError(
+                    f"line {n}: the answer {a!r} and the wrong answer {w!r} both start with the "
+                    f"token {token!r}, so their logit difference is always 0; choose answers whose "
+                    f"first tokens differ (in quotes a prompt may end in a space, \"... = \", and "
+                    f"an answer join it without one, \"90\").")
+        clean.append(c), corrupt.append(k), answer.append(a), wrong.append(w)
+        if len(clean) > max_pairs:
+            raise InputError(f"line {n}: more than {max_pairs} pairs; keep at most {max_pairs}.")
+    return CircuitTask(clean, corrupt, answer, wrong, name=name)
