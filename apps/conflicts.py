@@ -10,6 +10,13 @@ answer) and P(context answer) before and after. Run 1 of the dual run is compute
 per example, so a slider move costs one run 2 resumed at the first chosen layer. A button
 scores the whole split (the facts the model knows closed book) for baseline, single run
 and JuICE, with a progress bar and a results table.
+
+With workspace edits (`ConflictsView.edits`: the session's edit stack, e.g. an ablated head)
+a second bar chart under the first shows the same P(memory) / P(context), with and without
+the JuICE intervention, on the edited model (both runs of the dual run carry the edits),
+titled "edited: ..."; the first is then titled "clean". `ConflictsView.add_to_juice` adds a
+head named in the component spelling (``L17.H3``) to the enhance or suppress set (the
+gallery's component menu calls it).
 """
 from __future__ import annotations
 
@@ -23,23 +30,30 @@ import panel as pn
 import param
 import xarray as xr
 
+import explorer
 from apps import theme
 from apps._controls import OwnItems, labelled, tip
-from apps._session import CancelToken
+from apps._session import CancelToken, user_message
 from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer import components
 from explorer.analyses import user_items
-from explorer._checks import InputError
+from explorer._checks import InputError, check_choice
 from explorer.analyses import conflicts as C
+from explorer.interventions import Edit
 
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
-           "answer_bars_data", "bars_caption", "accuracy_table", "head_name", "parse_head",
-           "HEATMAP_CAPTION", "SCATTER_CAPTION", "ALPHA_NOTE"]
+           "answer_bars_data", "bars_caption", "edited_bars_caption", "edited_title",
+           "accuracy_table", "head_name", "parse_head", "HEATMAP_CAPTION", "SCATTER_CAPTION",
+           "ALPHA_NOTE", "JUICE_SETS"]
 
 hv.extension("bokeh", logo=False)
 
 _TOOLS = STATIC_TOOLS
 _SET_COLORS = {"S+": theme.CATEGORICAL[2], "S-": theme.CATEGORICAL[3]}
+_TITLE_EDITS = 2  # workspace edits named in the edited bars' title (all in their caption)
+
+JUICE_SETS = {"enhance": "heads_plus", "suppress": "heads_minus"}
+"""`ConflictsView.add_to_juice`'s ``which`` and the head set it fills."""
 
 
 def _label(f: C.Fact) -> str:
@@ -141,14 +155,23 @@ def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, s
             for i, ans in enumerate(("memory", "context"))]
 
 
-def plot_answer_bars(rows: list[tuple[str, str, float]] | None) -> hv.Element:
+def plot_answer_bars(rows: list[tuple[str, str, float]] | None, *,
+                     title: str = "P(answer)") -> hv.Element:
     if rows is None:
         return _waiting("Computing…", 300)
     bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
     return bars.redim.values(answer=["memory", "context"], run=["before", "after"]).opts(
         ylim=(0, 1), tools=["hover"], responsive=True, height=260, multi_level=True,
         color="run", cmap={"before": "#999999", "after": theme.ACCENT}, default_tools=_TOOLS,
-        show_legend=False, xlabel="", title="P(answer)")
+        show_legend=False, xlabel="", title=title)
+
+
+def edited_title(labels: list[str]) -> str:
+    """The edited bars' title: ``edited: ablate L1.H0 (zero)`` (the caption lists every edit)."""
+    shown = ", ".join(labels[:_TITLE_EDITS])
+    if len(labels) > _TITLE_EDITS:
+        shown += f" +{len(labels) - _TITLE_EDITS} more"
+    return f"edited: {shown}"
 
 
 def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str) -> str:
@@ -161,6 +184,26 @@ def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: 
             f"→ **{p['memory', 'after']:.2f}**; of the context answer **{fact.context}**: "
             f"{p['context', 'before']:.2f} → **{p['context', 'after']:.2f}** (grey: no "
             f"intervention, blue: the {run} with the heads and α above).")
+
+
+def edited_bars_caption(rows: list[tuple[str, str, float]] | None,
+                        clean: list[tuple[str, str, float]] | None, labels: list[str],
+                        fact: C.Fact) -> str:
+    """Under the edited bars: every workspace edit and the edited numbers next to the clean."""
+    if rows is None:
+        return ""
+    p = {(a, r): v for a, r, v in rows}
+    c = {(a, r): v for a, r, v in clean or []}
+
+    def pair(answer: str, run: str) -> str:
+        was = f" (clean {c[answer, run]:.2f})" if (answer, run) in c else ""
+        return f"**{p[answer, run]:.2f}**{was}"
+
+    edits = "; then ".join(f"`{t}`" for t in labels)
+    return (f"The same example on the model edited with {edits}: P(memory **{fact.memory}**) "
+            f"{pair('memory', 'before')} without, {pair('memory', 'after')} with the "
+            f"intervention; P(context **{fact.context}**) {pair('context', 'before')} and "
+            f"{pair('context', 'after')}.")
 
 
 def accuracy_table(acc: xr.Dataset) -> pd.DataFrame:
@@ -222,6 +265,11 @@ class ConflictsView(View):
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     bar_rows = param.List(default=None, allow_None=True, precedence=-1)
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="Workspace edits (intervention records): with any, a second bar chart "
+                           "shows the answer probabilities on the model with them applied.")
+    edited_rows = param.List(default=None, allow_None=True, precedence=-1,
+                             doc="The answer bars' rows on the edited model; None without edits.")
     accuracy = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
 
     notify_title = None
@@ -230,6 +278,7 @@ class ConflictsView(View):
     def __init__(self, model: Any, *, facts: Any = None, closed_book: bool = True,
                  background: bool | None = None, n_new: int = 5, **params: Any):
         self._model = model
+        self._shipped = facts is None
         facts = C.load_facts() if facts is None else list(facts)
         self._facts = {_label(f): f for f in facts}
         self._split_facts = list(facts)     # the split scored: the shipped (or given) facts only
@@ -243,6 +292,7 @@ class ConflictsView(View):
         self._closed_book = closed_book
         self._n_new = n_new
         self._run1: tuple[Any, Any] = (None, None)   # (key, JuiceFirstRun)
+        self._run1_edited: tuple[Any, Any] = (None, None)   # the same on the edited model
         self.runner("example", self._got_example)
         self.runner("bars", self._got_bars)
         self.runner("split", self._got_split, progress=True)
@@ -252,7 +302,7 @@ class ConflictsView(View):
                                                 visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
-                         ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode"])
+                         ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode", "edits"])
         self._own = OwnItems(
             "Your own example", user_items.CONFLICT_FORMAT,
             "One 'field: value' per line: prompt (the question the model completes), context "
@@ -297,13 +347,27 @@ class ConflictsView(View):
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
             run = C.juice_logits if self.mode == "juice" else C.single_run_logits
             a_l, a_s = self.alpha_l, self.alpha_s
+            edits = tuple(self.edits)
 
-            def job(token: CancelToken):
-                before = C.answer_probabilities(model, run1.logits, [fact])[0]
+            def bars(first: C.JuiceFirstRun) -> list[tuple[str, str, float]]:
+                before = C.answer_probabilities(model, first.logits, [fact])[0]
                 after = C.answer_probabilities(
-                    model, run(model, None, plus, minus, alpha_l=a_l, alpha_s=a_s, run1=run1),
+                    model, run(model, None, plus, minus, alpha_l=a_l, alpha_s=a_s, run1=first),
                     [fact])[0]
                 return answer_bars_data(before, after)
+
+            def job(token: CancelToken):
+                rows = bars(run1)
+                if not edits:
+                    return rows, None
+                token.check()
+                ekey, first = self._run1_edited
+                if ekey != (fact, kind, edits):     # run 1 of the edited model, once per edits
+                    first = C.juice_first_run(model, [C.conflict_prompt(fact, kind)],
+                                              edits=edits)
+                    self._run1_edited = ((fact, kind, edits), first)
+                token.check()
+                return rows, bars(first)
         elif name == "select":
             direction = self.direction
             started = time.perf_counter()
@@ -346,8 +410,9 @@ class ConflictsView(View):
         self.scores = scores
         self._request("bars")
 
-    def _got_bars(self, rows: list) -> None:
-        self.bar_rows = rows
+    def _got_bars(self, out: tuple[list, list | None]) -> None:
+        rows, edited = out
+        self.param.update(bar_rows=rows, edited_rows=edited)
         if self.status.startswith("computing"):
             self.status = "ready"
 
@@ -363,6 +428,35 @@ class ConflictsView(View):
         self.status = f"split scored ({ds.sizes['fact']} facts)"
 
     # -- head picks ---------------------------------------------------------------------------
+    def add_to_juice(self, component: str, which: str) -> bool:
+        """Add the head ``component`` (``"L17.H3"``; other spellings `explorer.components`
+        reads are accepted) to the JuICE enhance (S+, ``which="enhance"``) or suppress (S-,
+        ``"suppress"``) set; the plots and bars redraw. A head in the other set moves.
+        Anything that is not a head of this model, or a bad ``which``, gives a notification
+        and changes nothing. Returns whether the head is now in the set."""
+        spec = self._model.spec
+        try:
+            check_choice("which", which, list(JUICE_SETS))
+            c = components.check_in_model(component, self._model.n_layers, spec.n_heads)
+            if not c.is_head:
+                raise InputError(f"{c} is not an attention head: the JuICE sets hold heads "
+                                 "(e.g. L3.H1).")
+        except (InputError, components.ComponentError, TypeError) as exc:
+            theme.notify("error", f"Knowledge conflicts: {user_message(exc)}")
+            return False
+        name = str(c)
+        into, other = JUICE_SETS[which], JUICE_SETS["suppress" if which == "enhance" else "enhance"]
+        sets = {into: list(getattr(self, into)), other: list(getattr(self, other))}
+        moved = name in sets[other]
+        if name not in sets[into]:
+            sets[into].append(name)
+        sets[other] = [n for n in sets[other] if n != name]
+        self.param.update(**sets)
+        label = "S+ (enhance)" if which == "enhance" else "S- (suppress)"
+        theme.notify("info", f"Knowledge conflicts: {name} {'moved to' if moved else 'in'} "
+                             f"{label}.", duration=3000)
+        return True
+
     def toggle_head(self, layer: int, head: int) -> None:
         """Add the head to the set the toggle names, or remove it if already chosen."""
         name = head_name(layer, head)
@@ -406,10 +500,69 @@ class ConflictsView(View):
         after = ("none" if self.bar_rows is None
                  else ",".join(f"{r[2]:.6f}" for r in self.bar_rows if r[1] == "after"))
         acc = "none" if self.accuracy is None else str(self.accuracy.sizes["fact"])
+        edited = ("none" if self.edited_rows is None
+                  else ",".join(f"{r[2]:.6f}" for r in self.edited_rows))
         return (f"<div class='cf-state' data-cf-scores='{'none' if self.scores is None else 'ready'}' "
                 f"data-cf-plus='{','.join(self.heads_plus)}' "
                 f"data-cf-minus='{','.join(self.heads_minus)}' data-cf-after='{after}' "
-                f"data-cf-accuracy='{acc}' data-cf-busy='{int(self.busy)}'></div>")
+                f"data-cf-accuracy='{acc}' data-cf-edited='{edited}' "
+                f"data-cf-busy='{int(self.busy)}'></div>")
+
+    def _edited_bars(self, rows: list | None) -> pn.viewable.Viewable:
+        """The bars on the edited model and their caption; nothing without workspace edits."""
+        if rows is None:
+            return pn.Column(height=0, margin=0)
+        from explorer.workspace import edit_label
+
+        labels = [edit_label(e) for e in self.edits]
+        caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
+        return pn.Column(
+            pn.pane.HoloViews(plot_answer_bars(rows, title=edited_title(labels)),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["cf-bars-edited"]),
+            pn.pane.Markdown(edited_bars_caption(rows, self.bar_rows, labels, self._fact()),
+                             **caption),
+            sizing_mode="stretch_width", margin=0)
+
+    # -- reproducibility ------------------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """The page's calls as Python: head scores, the answer bars (clean and, with workspace
+        edits, edited) and, once scored, the split's accuracy."""
+        fact = self._fact()
+        run = "juice_logits" if self.mode == "juice" else "single_run_logits"
+        plus = [parse_head(n) for n in self.heads_plus]
+        minus = [parse_head(n) for n in self.heads_minus]
+        heads = f"{plus!r}, {minus!r}, alpha_l={self.alpha_l!r}, alpha_s={self.alpha_s!r}"
+        lines = [
+            "import explorer", "from explorer.analyses import conflicts as C", "",
+            f"model = explorer.load_model({self._model.spec.name!r})",
+            f"fact = C.Fact(**{fact.to_dict()!r})",
+            f"kind = {self.kind!r}",
+            "prompt = C.conflict_prompt(fact, kind)",
+            "scores = C.head_context_memory_scores(model, [fact], kinds=[kind], ablation=False)",
+            "heatmap = scores.direct_diff.mean(('kind', 'fact'))  # [layer, head]",
+            "run1 = C.juice_first_run(model, [prompt])",
+            "before = C.answer_probabilities(model, run1.logits, [fact])[0]  # P(memory), P(context)",
+            f"after = C.answer_probabilities(model, C.{run}(model, None, {heads}, run1=run1), "
+            "[fact])[0]"]
+        if self.edits:
+            lines += [
+                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
+                "run1_edited = C.juice_first_run(model, [prompt], edits=edits)",
+                "edited_before = C.answer_probabilities(model, run1_edited.logits, [fact])[0]",
+                f"edited_after = C.answer_probabilities(model, C.{run}(model, None, {heads}, "
+                "run1=run1_edited), [fact])[0]"]
+        if self.accuracy is not None:
+            if self._shipped:
+                lines.append("facts = C.load_facts()")
+            else:
+                lines.append("facts = [C.Fact(**d) for d in "
+                             f"{[f.to_dict() for f in self._split_facts]!r}]")
+            if self._closed_book:
+                lines.append(f"facts = C.closed_book_facts(model, facts, n_new={self._n_new})")
+            lines.append(f"accuracy = C.conflict_accuracy(model, facts, {heads}, "
+                         f"n_new={self._n_new})")
+        return "\n".join(lines) + "\n"
 
     def __panel__(self) -> pn.viewable.Viewable:
         def heatmap(scores, plus, minus):
@@ -462,14 +615,17 @@ class ConflictsView(View):
             tip(pn.widgets.FloatSlider.from_param(p.alpha_l), p.alpha_l.doc),
             tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
             group("mode"),
-            pn.pane.HoloViews(pn.bind(plot_answer_bars, p.bar_rows), linked_axes=False,
-                              sizing_mode="stretch_width", css_classes=["cf-bars"]),
+            pn.pane.HoloViews(pn.bind(lambda rows, edited: plot_answer_bars(
+                rows, title="P(answer) · clean" if edited is not None else "P(answer)"),
+                p.bar_rows, p.edited_rows), linked_axes=False, sizing_mode="stretch_width",
+                css_classes=["cf-bars"]),
             pn.pane.Markdown(pn.bind(lambda rows, ex, mode: bars_caption(rows, self._facts[ex], mode),
                                      p.bar_rows, p.example, p.mode), **caption),
+            pn.bind(self._edited_bars, p.edited_rows),
             pn.pane.Markdown(ALPHA_NOTE, **caption),
             score, self._progress, pn.pane.Markdown(p.status),
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.heads_plus, p.heads_minus,
-                                 p.bar_rows, p.accuracy, p.busy)),
+                                 p.bar_rows, p.accuracy, p.busy, p.edited_rows)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
             pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus),
