@@ -30,7 +30,7 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_int
-from explorer.analyses.circuits import patch_edges_metric, select_circuit
+from explorer.analyses.circuits import faithfulness_curve, patch_edges_metric, select_circuit
 
 __all__ = ["CircuitChoice", "smallest_faithful_circuit", "readable_sizes", "READABLE_TARGETS",
            "SELECTION_RULES", "greedy_circuit", "prune_dead_nodes", "circuit_by_rule",
@@ -313,7 +313,9 @@ def rule_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[
     per_pair : bool, default=False
         Patch each prompt pair on its own and keep its values (``pair_metric`` and the pair's
         clean and corrupted metric), for bootstrap intervals (`bootstrap_recovered`). The
-        means are the same either way (each is a mean over the pairs).
+        means are the same either way (each is a mean over the pairs). Without it, top-n is
+        `circuits.faithfulness_curve` (one pass); greedy patches each distinct circuit with
+        `circuits.patch_edges_metric` (its own clean and corrupted runs each time).
     progress : callable(done, total), optional
         Called after each circuit (and pair).
 
@@ -337,6 +339,12 @@ def rule_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[
                        high=n_total) for s in sizes]
     if not sizes:
         raise InputError("`sizes` must hold at least one circuit size; got an empty list.")
+    if rule == "top-n" and not per_pair:
+        # one pass: the clean and corrupted runs shared by every size
+        curve = faithfulness_curve(model, task, scores, sizes=sizes, metric=metric,
+                                   batch_size=batch_size, progress=progress)
+        curve.attrs.update(rule=rule, scores_method=scores.attrs.get("scoring"))
+        return curve
     masks = [circuit_by_rule(scores, s, rule) for s in sizes]
     groups = [[i] for i in range(len(task))] if per_pair else [list(range(len(task)))]
     total_steps, done = len(groups) * len(masks), 0
