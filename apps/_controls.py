@@ -14,7 +14,8 @@ import param
 
 from apps import theme
 
-__all__ = ["OwnItems", "control", "labelled", "labelled_control", "labelled_controls", "tip"]
+__all__ = ["OwnItems", "caption", "control", "flex_plot", "labelled", "labelled_control",
+           "labelled_controls", "tip"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -84,6 +85,18 @@ def labelled(widget: pn.widgets.Widget, label: str, doc: str) -> pn.Column:
     return pn.Column(pn.Row(pn.pane.HTML(f"<b>{label}</b>", margin=(0, 0, 0, 10)),
                             pn.widgets.TooltipIcon(value=doc, margin=(0, 0)), margin=0),
                      widget, margin=0)
+
+
+def flex_plot(fn: Any, css: str, min_width: int = 340) -> pn.pane.HoloViews:
+    """A plot pane that shares a `pn.FlexBox` row with others (wrapping below ``min_width``)."""
+    return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
+                             css_classes=[css], styles={"flex": "1 1 0"})
+
+
+def caption(fn: Any, css: str) -> pn.pane.Markdown:
+    """A caption under a plot: what to read in it (``fn``: text, or a function bound to it)."""
+    return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
+                            styles={"color": "#444", "font-size": "0.9em"})
 
 
 class OwnItems:

@@ -189,6 +189,12 @@ class View(pn.viewable.Viewer):
             return not token.cancelled
         return report
 
+    # -- what every page shows ----------------------------------------------------------------
+    def busy_spinner(self) -> pn.indicators.LoadingSpinner:
+        """The spinner that turns while a job of this page runs (`busy`), hidden otherwise."""
+        return pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                            size=theme.SIZES["spinner"], color="primary")
+
     # -- errors -----------------------------------------------------------------------------------
     def show_error(self, exc: BaseException) -> None:
         """Show a failure: `error`, the status line (``failed_status``) and a notification."""

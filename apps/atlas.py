@@ -339,8 +339,7 @@ class AtlasView(View):
         return io.StringIO(atlas_csv(self.atlas) if self.atlas is not None else "")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["atlas-status"],
                               styles={"color": "#555"}, sizing_mode="stretch_width")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",

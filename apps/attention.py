@@ -371,8 +371,7 @@ class AttentionView(View):
                                  css_classes=["attention-grid"], linked_axes=False)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.HTML(pn.bind(html.escape, self.param.status),
                               css_classes=["attention-status"], styles={"color": "#555"},
                               sizing_mode="stretch_width")

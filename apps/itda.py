@@ -477,8 +477,7 @@ class ITDAView(View):
                          button, css_classes=["itda-similarity-controls"], sizing_mode="stretch_width")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
         bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,

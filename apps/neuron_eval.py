@@ -441,8 +441,7 @@ class NeuronEvalView(View):
                          css_classes=["neuron-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         note = {"styles": {"color": "#555"}, "sizing_mode": "stretch_width"}
         deltas = pn.pane.HoloViews(pn.bind(plot_metric_deltas, self.param.table),

@@ -524,8 +524,7 @@ class ShatteringView(View):
                          css_classes=["shattering-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.Markdown(self.param.status, styles={"color": "#555"}, margin=(6, 10),
                                   sizing_mode="stretch_width", css_classes=["shattering-status"])
         summary = pn.pane.Markdown(self.summary, css_classes=["shattering-summary"],
