@@ -44,10 +44,12 @@ from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
 from explorer.analyses import user_items
 from explorer.components import canonical
+from explorer.interventions import Edit
+from explorer.workspace import edit_label
 
 __all__ = ["CircuitsView", "node_positions", "edge_table", "plot_edges", "plot_faithfulness",
            "faithfulness_marker", "size_grid", "slider_redraw_times", "MAX_DRAWN_EDGES",
-           "DEFAULT_MAX_EDGES", "METHOD_LABELS", "OWN_TASK"]
+           "DEFAULT_MAX_EDGES", "METHOD_LABELS", "OWN_TASK", "task_logit_diff"]
 
 hv.extension("bokeh", logo=False)
 
@@ -63,6 +65,23 @@ _COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "edge", "width", "alp
             "status", "effect")
 _EDGE_HOVER = [("edge", "@src → @dst"), ("score", "@score{+0.0000}"),
                ("patch effect", "@effect")]
+
+
+def task_logit_diff(model: explorer.Model, task: ca.CircuitTask, *,
+                    edits: list[Edit] | tuple = ()) -> dict[str, np.ndarray]:
+    """The task's metric in the full model, with ``edits`` applied (`explorer.run_with`): per
+    pair, the logit of the answer's first token minus the wrong answer's at the last
+    position (the tokens `explorer.analyses.circuits` reads), on the clean and on the
+    corrupted prompts. Returns ``{"clean": [prompt], "corrupt": [prompt]}``."""
+    ids = np.array([[user_items.continuation_token(model.tokenizer, p, t) for t in (a, w)]
+                    for p, a, w in zip(task.clean, task.answer, task.wrong)])   # [prompt, 2]
+    rows = np.arange(len(ids))
+    out = {}
+    for which in ("clean", "corrupt"):
+        logits = explorer.run_with(model, getattr(task, which), list(edits), positions=[-1])
+        last = logits["logits"].values[:, 0].astype(np.float64)   # [prompt, vocab]
+        out[which] = last[rows, ids[:, 0]] - last[rows, ids[:, 1]]
+    return out
 
 
 def size_grid(n_total: int, *, points: int = GRID_POINTS, low: float = 0.001) -> np.ndarray:
@@ -227,6 +246,12 @@ class CircuitsView(View):
     checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                       precedence=-1)
     ablation = param.Dict(default=None, allow_None=True, precedence=-1)
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="Workspace edits (intervention records): with any, the readout shows "
+                           "the task metric of the full model clean vs edited.")
+    edited = param.Dict(default=None, allow_None=True, precedence=-1,
+                        doc="The task metric (mean logit difference) of the full model without "
+                            "and with `edits`; None without edits.")
     redraw_ms = param.Number(default=0.0, precedence=-1)       # wall time of the last re-draw
     redraw_cpu_ms = param.Number(default=0.0, precedence=-1)   # its CPU time (busy machines)
 
@@ -246,6 +271,7 @@ class CircuitsView(View):
         self.runner("scores", self._got_scores, busy=False, progress=True)
         self.runner("ablate", self._got_ablation, busy=False, progress=True)
         self.runner("finetune", self._got_checkpoints, busy=False, progress=True)
+        self.runner("edited", self._got_edited, busy=False)
         self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
@@ -310,6 +336,7 @@ class CircuitsView(View):
                                             label="Download picture (SVG)", embed=False,
                                             sizing_mode="stretch_width")
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
+        self.param.watch(lambda e: self._request_edited(), ["edits"])
         if self._run_folder is not None and (self._run_folder / "circuits.nc").is_file():
             self._set_checkpoints(xr.load_dataset(self._run_folder / "circuits.nc"))
             self.checkpoint = min(checkpoint, self.param.checkpoint.bounds[1])
@@ -537,6 +564,7 @@ class CircuitsView(View):
         self.status = (f"{scores.sizes['edge']:,} edges scored ({METHOD_LABELS[key[2]]}); "
                        f"clean metric {scores.attrs['clean_metric']:.3f}, corrupted "
                        f"{scores.attrs['corrupt_metric']:.3f}")
+        self._request_edited()
 
     def _set_layout(self, scores: xr.Dataset, label: str) -> None:
         L, H = self._model.n_layers, self._model.spec.n_heads
@@ -590,6 +618,35 @@ class CircuitsView(View):
         if t is not None and out["key"] == self._key() and (t["edge"] == out["index"]).any():
             t["effect"][t["edge"] == out["index"]] = f"{out['metric'] - out['clean_metric']:+.4f}"
             self._edges_dm.event()   # the hover's patch effect
+
+    def _request_edited(self) -> None:
+        """The task metric of the full model without and with the workspace edits (on the
+        shown task's pairs); nothing without edits or before a task has been scored."""
+        task, edits = self._task, list(self.edits)
+        if not edits or task is None:
+            if self.edited is not None:
+                self.edited = None
+            return
+        key = (self._key()[:2], tuple(edits))
+        if self.edited is not None and self.edited.get("key") == key:
+            return
+        m = self._model
+
+        def job(token: CancelToken):
+            plain = task_logit_diff(m, task)
+            token.check()
+            edited = task_logit_diff(m, task, edits=edits)
+            return {"key": key, "labels": [edit_label(e) for e in edits],
+                    **{f"{k}_metric": float(v.mean()) for k, v in plain.items()},
+                    **{f"edited_{k}_metric": float(v.mean()) for k, v in edited.items()}}
+
+        self.submit("edited", job)
+
+    def _got_edited(self, out: dict) -> None:
+        span = out["clean_metric"] - out["corrupt_metric"]
+        out["recovered"] = ((out["edited_clean_metric"] - out["corrupt_metric"]) / span
+                            if span else float("nan"))
+        self.edited = out
 
     def _request_finetune(self) -> None:
         m, task_name, method, n, steps = (self._model, self.task, self.method, self.n_prompts,
@@ -772,6 +829,10 @@ class CircuitsView(View):
 
     def _marker_plot(self, **_: Any) -> hv.Overlay:
         target = hv.HLine(self.fraction).opts(color="#777777", line_dash="dashed", line_width=1)
+        # the full model with the workspace edits: the share of the metric it keeps
+        kept = self.edited["recovered"] if self.edited is not None else np.nan
+        target = target * hv.HLine(kept if np.isfinite(kept) else np.nan).opts(
+            color=theme.ACCENT, line_dash="dotted", line_width=2)
         if self.curve is None or self.scores is None:
             return hv.Scatter([], _FAITH_X, "metric recovered", group="Current") * target
         mask = self._circuit(self.scores)
@@ -785,7 +846,7 @@ class CircuitsView(View):
             return _no_curve()
         marker = hv.DynamicMap(self._marker_plot, streams=[
             self.param.mode, self.param.n_edges, self.param.threshold, self.param.scores,
-            self.param.fraction])
+            self.param.fraction, self.param.edited])
         return (faithfulness_line(curve) * marker).opts(
             responsive=True, height=260, default_tools=_TOOLS, logx=True)
 
@@ -824,6 +885,9 @@ class CircuitsView(View):
 
     # -- layout ---------------------------------------------------------------------------
     def _readout(self, *_: Any) -> str:
+        return "\n\n".join(p for p in (self._ablation_text(), self._edited_text()) if p)
+
+    def _ablation_text(self) -> str:
         a, s = self.ablation, self.scores
         if s is None:
             return "**Edge ablation:** waiting for the edge scores."
@@ -834,6 +898,21 @@ class CircuitsView(View):
         return (f"**{a['edge']}** patched: metric **{a['metric']:.4f}** (clean "
                 f"{a['clean_metric']:.4f}, corrupted {a['corrupt_metric']:.4f}); change "
                 f"**{change:+.4f}**, EAP estimate {a['estimate']:+.4f}")
+
+    def _edited_text(self) -> str:
+        """The full model's task metric clean vs with the workspace edits."""
+        e = self.edited
+        if not self.edits:
+            return ""
+        if e is None:
+            return "**Workspace edits:** the task metric with them follows the edge scores."
+        what = ", ".join(e["labels"])
+        return (f"**Full model with the workspace edits** ({what}): logit difference on the "
+                f"clean prompts **{e['clean_metric']:.4f} → {e['edited_clean_metric']:.4f}** "
+                f"(clean → edited), {e['recovered']:.0%} of the clean − corrupted gap kept; on "
+                f"the corrupted prompts {e['corrupt_metric']:.4f} → "
+                f"{e['edited_corrupt_metric']:.4f}. The graph and scores are of the unedited "
+                "model.")
 
     def _caption(self, *_: Any) -> str:
         """What the graph shows, in words (the title stays short)."""
@@ -884,6 +963,8 @@ class CircuitsView(View):
         n_ck = 0 if self.checkpoints is None else self.checkpoints.sizes["checkpoint"]
         d = self._default
         default = "none" if d is None else f"{d.n_edges} {d.n_kept} {d.recovered:.9g} {int(d.reached)}"
+        e = self.edited
+        edited = "none" if e is None else f"{e['clean_metric']:.9g} {e['edited_clean_metric']:.9g}"
         return (f"<div class='circuit-state' data-circuit-scores="
                 f"'{'ready' if self.scores is not None else 'none'}' "
                 f"data-circuit-method='{self.method}' "
@@ -895,6 +976,7 @@ class CircuitsView(View):
                 f"data-circuit-metric='{metric}' "
                 f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
                 f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
+                f"data-circuit-edited='{edited}' "
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -908,7 +990,8 @@ class CircuitsView(View):
         shown = [self.param.scores, self.param.ablation, self.param.mode, self.param.n_edges,
                  self.param.threshold, self.param.checkpoint, self.param.diff,
                  self.param.diff_against, self.param.checkpoints, self.param.redraw_ms,
-                 self.param.selected, self.param.fraction, self.param.other_scores]
+                 self.param.selected, self.param.fraction, self.param.other_scores,
+                 self.param.edited]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Attribution"),
@@ -929,7 +1012,8 @@ class CircuitsView(View):
             pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
             pn.pane.Markdown(pn.bind(self._caption, *shown), css_classes=["circuit-caption"],
                              sizing_mode="stretch_width"),
-            pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores),
+            pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores,
+                                     self.param.edited, self.param.edits),
                              css_classes=["circuit-readout"]),
             pn.pane.HoloViews(faith, linked_axes=False),
             sizing_mode="stretch_width")

@@ -59,3 +59,62 @@ def test_own_pairs_bad_text_shows_one_line_and_keeps_the_result(own_view):
     shown = [m.object for m in root.select(pn.pane.Markdown) if "own-items-error" in m.css_classes]
     assert shown == [view.error]
     area.value = PAIRS
+
+
+def hooked_logit_diff(model, task, ablate=()):
+    """Per pair: the answer's minus the wrong answer's logit at the last token, each prompt run
+    alone by the Hugging Face model with each (layer, head) in ``ablate`` zeroed at the input
+    of its layer's o_proj by torch hooks; the answers' first tokens read from the tokenizer."""
+    tok, d_head = model.tokenizer, model.spec.d_head
+    handles = []
+    for layer, head in ablate:
+        def zero(mod, args, _h=head):
+            z = args[0].clone()
+            z[..., _h * d_head:(_h + 1) * d_head] = 0
+            return (z, *args[1:])
+        handles.append(model.o_proj(layer).register_forward_pre_hook(zero))
+    out = {"clean": [], "corrupt": []}
+    try:
+        for i, (a, w) in enumerate(zip(task.answer, task.wrong)):
+            n = len(tok(task.clean[i], add_special_tokens=False)["input_ids"])
+            first = [tok(task.clean[i] + t, add_special_tokens=False)["input_ids"][n] for t in (a, w)]
+            for which in out:
+                ids = torch.tensor([tok(getattr(task, which)[i], add_special_tokens=False)["input_ids"]])
+                with torch.no_grad():
+                    logits = model.hf(input_ids=ids).logits[0, -1].double()
+                out[which].append(float(logits[first[0]] - logits[first[1]]))
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def test_edits_show_the_task_metric_clean_vs_edited_as_torch_hooks(own_view, tiny_model):
+    import explorer
+
+    view = own_view
+    task = view._task
+    assert view.edited is None and "Workspace edits" not in view._readout()
+    view.edits = [explorer.Ablate(layer=1, head=2), explorer.Ablate(layer=0, head=0)]
+    e = view.edited
+    plain = hooked_logit_diff(tiny_model, task)
+    edited = hooked_logit_diff(tiny_model, task, ablate=[(1, 2), (0, 0)])
+    assert abs(edited["clean"].mean() - plain["clean"].mean()) > 1e-4   # the edit matters
+    assert e["clean_metric"] == pytest.approx(plain["clean"].mean(), abs=1e-4)
+    assert e["corrupt_metric"] == pytest.approx(plain["corrupt"].mean(), abs=1e-4)
+    assert e["edited_clean_metric"] == pytest.approx(edited["clean"].mean(), abs=1e-4)
+    assert e["edited_corrupt_metric"] == pytest.approx(edited["corrupt"].mean(), abs=1e-4)
+    # the unedited metric is the one the edge scores report (the circuit's own forward)
+    assert e["clean_metric"] == pytest.approx(view.scores.attrs["clean_metric"], abs=1e-4)
+    want = (edited["clean"].mean() - plain["corrupt"].mean()) / (plain["clean"].mean() -
+                                                                 plain["corrupt"].mean())
+    assert e["recovered"] == pytest.approx(want, rel=1e-3)
+    text = view._readout()
+    assert "ablate L1.H2 (zero), ablate L0.H0 (zero)" in text
+    assert f"{e['clean_metric']:.4f} → {e['edited_clean_metric']:.4f}" in text
+    assert f"data-circuit-edited='{e['clean_metric']:.9g} " in view._state_html()
+    # the faithfulness panel marks the edited model's share
+    lines = [el for el in view._marker_plot() if type(el).__name__ == "HLine"]
+    assert [round(float(el.data), 6) for el in lines] == [round(view.fraction, 6), round(want, 6)]
+    view.edits = []
+    assert view.edited is None and "Workspace edits" not in view._readout()

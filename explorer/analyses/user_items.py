@@ -28,7 +28,7 @@ from explorer.analyses.unlearning import AttributeFact, load_attribute_facts
 
 __all__ = ["MAX_FIELD_CHARS", "MAX_PAIRS", "CONFLICT_FORMAT", "ICL_FORMAT", "UNLEARNING_FORMAT",
            "CIRCUIT_FORMAT", "parse_conflict_example", "parse_icl_pairs", "parse_unlearning_fact",
-           "parse_circuit_pairs"]
+           "parse_circuit_pairs", "continuation_token"]
 
 #: Longest value of one field (or one side of a pair), in characters.
 MAX_FIELD_CHARS = 400
@@ -239,7 +239,7 @@ def _unquote(field: str) -> tuple[str, bool]:
     return field, False
 
 
-def _first_token(tokenizer: Any, prompt: str, target: str) -> int:
+def continuation_token(tokenizer: Any, prompt: str, target: str) -> int:
     """The first token of ``target`` as it continues ``prompt`` (as the circuit metric reads it,
     `explorer.analyses.circuits`)."""
     p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -304,7 +304,7 @@ def parse_circuit_pairs(text: str, model: Any = None, *, name: str = "your pairs
                 raise InputError(f"line {n}: the clean prompt has {lc} tokens and the corrupted "
                                  f"prompt {lk}; they must have the same number (change words "
                                  "for words of as many tokens).")
-            ids = [_first_token(tokenizer, c, t) for t in (a, w)]
+            ids = [continuation_token(tokenizer, c, t) for t in (a, w)]
             for t, i, what in zip((a, w), ids, _CIRCUIT_FIELDS[2:]):
                 if unk is not None and i == unk and t.strip() != tokenizer.unk_token:
                     raise InputError(f"line {n}: {what} {t!r} is not in the model's vocabulary "
