@@ -10,7 +10,9 @@ coloured by task and task decodability per layer.
 """
 from __future__ import annotations
 
+import html
 import time
+import warnings
 from typing import Any
 
 import holoviews as hv
@@ -26,12 +28,16 @@ from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, head_cell, serve
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
+from explorer.analyses import task_vector_patching as tvp
 from explorer.analyses import task_vectors as tv
 from explorer.analyses import user_items
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
            "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td",
-           "scatter_caption", "td_caption", "fv_caption", "estimated_score_seconds"]
+           "scatter_caption", "td_caption", "fv_caption", "estimated_score_seconds",
+           "conflict_matrix", "plot_conflict_matrix", "plot_conflict_controls",
+           "plot_conflict_layers", "conflict_caption", "default_conflict_layers",
+           "parse_layers", "DEFAULT_CONFLICT_TASKS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -39,6 +45,9 @@ _TOOLS = STATIC_TOOLS
 DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
 DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
 DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
+#: Tasks of the conflict test on opening: two word transforms and two list picks, whose
+#: answers to each other's queries are defined (`task_vector_patching.ANSWER_RULES`).
+DEFAULT_CONFLICT_TASKS = ("capitalize", "uppercase", "choose-first-of-3", "choose-last-of-3")
 #: The task name of the user's pasted pairs.
 OWN_TASK = "your pairs"
 
@@ -211,6 +220,197 @@ def plot_finetune_td(summary: dict) -> hv.Element:
         title=f"TD of '{summary['task']}' per layer after LoRA on the first / last layers")
 
 
+# -- the task-vector conflict test (Han et al.) ------------------------------------------------
+
+def default_conflict_layers(n_layers: int) -> list[int]:
+    """Every 4th layer and every layer at 60-75 % of the depth, where the conflict test finds
+    the task vectors acting on SmolLM2 (layers 18-22 of 30, docs/icl_heads.md)."""
+    band = range(int(0.6 * n_layers), int(0.75 * n_layers) + 1)
+    return sorted({*range(0, n_layers, 4), *band} & set(range(n_layers)))
+
+
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """Layers from a comma-separated text (``"0, 8, 18-22"``; ranges inclusive), checked
+    against the model's ``n_layers``; a clear InputError names what is wrong."""
+    allowed = f"layer numbers in [0, {n_layers - 1}] separated by commas (ranges like 18-22)"
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise InputError(f"`Conflict: layers` must be {allowed}; got {part!r}.") from None
+        if not (0 <= first <= last < n_layers):
+            raise InputError(f"`Conflict: layers` must be {allowed}; got {part!r}.")
+        out.update(range(first, last + 1))
+    if not out:
+        raise InputError(f"`Conflict: layers` must be {allowed}; got none.")
+    return sorted(out)
+
+
+def layers_text(layers: list[int]) -> str:
+    """Layers as the text `parse_layers` reads, runs written as ranges: '0, 4, 16-22'."""
+    out, run = [], []
+    for layer in sorted(layers):
+        if run and layer == run[-1] + 1:
+            run.append(layer)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+        run = [layer]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return ", ".join(out)
+
+
+def _short_task(name: str) -> str:
+    """A task name short enough for a matrix axis (the hover keeps the full one)."""
+    return {"lowercase-first-letter": "lowercase-first"}.get(
+        name, name.removeprefix("choose-"))
+
+
+def conflict_matrix(ds: xr.Dataset, layer: int) -> xr.DataArray:
+    """The page's matrix: ``follows_source`` at ``layer`` for the task sources, [source,
+    target] (NaN where A has no answer to B's queries)."""
+    tasks = list(ds["target"].values)
+    return ds["follows_source"].sel(source=tasks, layer=layer)
+
+
+def _cells(da: xr.DataArray, low: xr.DataArray, high: xr.DataArray, n: xr.DataArray,
+           rows: list[str]) -> list[tuple]:
+    out = []
+    for i, row in enumerate(rows):
+        for j, col in enumerate(da["target"].values):
+            v = float(da.values[i, j])
+            out.append((_short_task(str(col)), row, v, float(low.values[i, j]),
+                        float(high.values[i, j]), int(n.values[i, j]), str(col)))
+    return out
+
+
+def _matrix_plot(cells: list[tuple], rows: list[str], title: str, height: int,
+                 xlabel: str, ylabel: str, value: str) -> hv.Overlay:
+    vdims = [value, "low", "high", "n_scored", "target task"]
+    heat = hv.HeatMap(cells, ["target", "row"], vdims).opts(
+        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True, tools=["hover"],
+        default_tools=_TOOLS, responsive=True, height=height, xlabel=xlabel, ylabel=ylabel,
+        invert_yaxis=True, title=title, clipping_colors={"NaN": "#f0f0f0"},
+        fontsize={"xticks": "8pt", "yticks": "8pt"})
+    values = [c[2] for c in cells]
+    colors = theme.text_colors(values, theme.PROBABILITY_CMAP)
+    labels = hv.Labels([(c[0], c[1], "–" if c[2] != c[2] else f"{c[2]:.2f}", col)
+                        for c, col in zip(cells, colors)], ["target", "row"],
+                       ["text", "color"]).opts(text_color="color", text_font_size="8pt")
+    return (heat * labels).opts(responsive=True, height=height)
+
+
+def plot_conflict_matrix(ds: xr.Dataset | None, layer: int | None) -> hv.Element:
+    """Source task A (rows) x target task B (columns): the fraction of B's prompts answered
+    with A's answer when A's task vector replaces the last token's residual at ``layer``."""
+    if ds is None or layer is None:
+        return _waiting("The conflict matrix appears here (Run the conflict test, left)", 300)
+    tasks = [str(t) for t in ds["target"].values]
+    sel = dict(source=tasks, layer=layer)
+    rows = [_short_task(t) for t in tasks]
+    cells = _cells(ds["follows_source"].sel(**sel), ds["follows_source_low"].sel(**sel),
+                   ds["follows_source_high"].sel(**sel), ds["n_scored"].sel(source=tasks), rows)
+    height = max(260, 34 * len(tasks) + 120)
+    return _matrix_plot(cells, rows, f"Answer follows the patched task A, layer {layer}",
+                        height, "target task B (the prompt's demonstrations)",
+                        "source task A (vector)", "follows A")
+
+
+_CONTROL_ROWS = {"null": "Null vector", "none": "no patch"}
+
+
+def plot_conflict_controls(ds: xr.Dataset | None, layer: int | None) -> hv.Element:
+    """The controls: with the Null task's vector or nothing written at ``layer``, the fraction
+    of B's prompts answered with B's own answer."""
+    if ds is None or layer is None:
+        return _waiting("The Null-vector control appears here", 150)
+    sel = dict(source=list(_CONTROL_ROWS), layer=layer)
+    rows = list(_CONTROL_ROWS.values())
+    cells = _cells(ds["follows_target"].sel(**sel), ds["follows_target_low"].sel(**sel),
+                   ds["follows_target_high"].sel(**sel), ds["n_scored"].sel(source=sel["source"]),
+                   rows)
+    return _matrix_plot(cells, rows, f"Controls: answer follows B, layer {layer}", 190,
+                        "target task B", "", "follows B")
+
+
+FOLLOWS_A, FOLLOWS_B = "follows A (A's vector, A ≠ B)", "follows B (A's vector, A ≠ B)"
+FOLLOWS_B_NULL = "follows B (Null vector)"
+
+
+def _layer_profile(ds: xr.Dataset) -> dict[str, np.ndarray]:
+    """Per layer: the mean over scored A != B cells of follows-A and follows-B, and the mean
+    over targets of follows-B under the Null vector."""
+    tasks = list(ds["target"].values)
+    off = ~np.eye(len(tasks), dtype=bool)[..., None]                 # [source, target, 1]
+    a = np.where(off, ds["follows_source"].sel(source=tasks).values, np.nan)
+    b = np.where(off, ds["follows_target"].sel(source=tasks).values, np.nan)
+    with warnings.catch_warnings():       # a layer with no scored cell is NaN, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {FOLLOWS_A: np.nanmean(a, axis=(0, 1)), FOLLOWS_B: np.nanmean(b, axis=(0, 1)),
+                FOLLOWS_B_NULL: np.nanmean(ds["follows_target"].sel(source="null").values,
+                                           axis=0)}
+
+
+def plot_conflict_layers(ds: xr.Dataset | None, layer: int | None) -> hv.Element:
+    """The layer profile of the conflict test, the shown layer dashed."""
+    if ds is None or layer is None:
+        return _waiting("The conflict test per layer appears here", 220)
+    x = ds["layer"].values
+    curves = []
+    for i, (label, y) in enumerate(_layer_profile(ds).items()):
+        c = theme.CATEGORICAL[i]
+        curves.append(hv.Curve((x, y), "layer", "fraction of prompts", label=label)
+                      .opts(color=c, line_width=2, tools=["hover"]))
+        curves.append(hv.Scatter((x, y), "layer", "fraction of prompts").opts(color=c, size=5))
+    curves.append(hv.VLine(layer).opts(color="black", line_dash="dashed"))
+    return hv.Overlay(curves).opts(responsive=True, height=260, ylim=(-0.02, 1.05),
+                                   legend_position="right", show_legend=True,
+                                   title="Conflict test per layer (means over the matrix)")
+
+
+def conflict_caption(ds: xr.Dataset | None, layer: int | None) -> str:
+    """How to read the conflict matrix, with its numbers at ``layer``."""
+    if ds is None or layer is None:
+        return ("**Does the encoded task drive the answer?** Run the conflict test: each "
+                "task's mean last-token residual (its task vector) is written over the last "
+                "token of few-shot prompts of another task, layer by layer (Han et al., ICML "
+                "2025).")
+    p = ds.attrs.get("params", {})
+    at = list(ds["layer"].values).index(layer)
+    prof = {k: float(v[at]) for k, v in _layer_profile(ds).items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        unpatched = float(np.nanmean(ds["follows_target"].sel(source="none", layer=layer)))
+
+    def num(v: float) -> str:
+        return "–" if v != v else f"{v:.2f}"
+
+    n, shots = p.get("n_prompts"), p.get("n_shots")
+    return (f"**How to read it.** Row A: the task whose vector (its mean last-token residual "
+            f"over {n} {shots}-shot prompts) *replaced* the last token's residual at layer "
+            f"{layer}; column B: the task of the prompt's demonstrations and query ({n} other "
+            f"prompts). A cell is the fraction of B's prompts answered with A's answer to B's "
+            f"query (hover: its {float(p.get('level', 0.95)):.0%} bootstrap interval and the "
+            f"prompts scored, those where A's answer is defined and starts with another token "
+            f"than B's; '–': none). A bright cell off the diagonal means A's vector overrides "
+            f"B's demonstrations: the vector drives the answer. The diagonal writes B's own "
+            f"vector into B's prompts. At layer {layer} the answer follows A on "
+            f"**{num(prof[FOLLOWS_A])}** of the prompts on average over A ≠ B (B on "
+            f"{num(prof[FOLLOWS_B])}). **Controls** (lower matrix): with the Null task's vector "
+            f"(inputs with random outputs) the answer follows B on {num(prof[FOLLOWS_B_NULL])} "
+            f"on average, with no patch on {num(unpatched)}; where the Null vector removes B's "
+            f"answer without giving A's, the switch to A comes from A's vector, not from "
+            f"overwriting the residual. Best layer {ds.attrs.get('best_layer')} (the highest "
+            f"mean over A ≠ B, picked on these prompts); the layer slider (left) moves the "
+            f"matrices and the dashed line.")
+
+
 # SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
 # at 6 prompts of 4 shots over 3 FV tasks; other settings are scaled from that.
 _REF_SECONDS, _REF_SHAPE, _REF_SETTINGS = 30.0, (30, 9, 576), (6, 4, 3)
@@ -287,11 +487,31 @@ class ICLHeadsView(View):
                              doc="Layer of the residual PCA and of the dashed line on the "
                                  "task-decodability curve.")
 
+    conflict_tasks = param.ListSelector(
+        default=list(DEFAULT_CONFLICT_TASKS), objects=ih.icl_task_names(),
+        label="Conflict: tasks",
+        doc="Tasks of the task-vector conflict test: each one's vector is written into the "
+            "others' prompts (at least two; their answers to each other's queries must be "
+            "defined, as for rules like uppercase or choose-first-of-3).")
+    conflict_layers = param.String(
+        default="", label="Conflict: layers",
+        doc="Layers the vectors are written at, e.g. '0, 8, 18-22' (each layer costs one "
+            "patched run of every task pair).")
+    conflict_layer = param.Selector(
+        default=None, objects=[], label="Conflict: layer shown",
+        doc="Layer of the conflict matrices (dashed on the per-layer curves); the layers "
+            "computed are the choices.")
+
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
     curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     fv_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     td = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    conflict = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                   precedence=-1,
+                                   doc="The last conflict test (`conflicting_task_patching`).")
+    conflict_error = param.String(default="", precedence=-1,
+                                  doc="Why the last conflict test did not run ('' after a good one).")
 
     notify_title = None
     failed_status = None
@@ -316,6 +536,13 @@ class ICLHeadsView(View):
         self.runner("curves", self._got_curves, progress=True)
         self.runner("fv", self._got_fv)
         self.runner("td", self._got_td)
+        self.runner("conflict", self._got_conflict, progress=True)
+        self.conflict_layers = layers_text(default_conflict_layers(spec.n_layers))
+        self._conflict_button = pn.widgets.Button(
+            name="Run the conflict test", button_type="primary", sizing_mode="stretch_width",
+            description="Write each chosen task's vector into the other tasks' few-shot "
+                        "prompts at each chosen layer; draw whose task the answer follows.")
+        self._conflict_button.on_click(lambda *_: self.run_conflict())
         self._progress = pn.indicators.Progress(name="progress", value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
@@ -375,6 +602,67 @@ class ICLHeadsView(View):
         return task
 
     # -- jobs ---------------------------------------------------------------------------
+    def conflict_settings(self) -> dict[str, Any]:
+        """The arguments of `conflicting_task_patching` the page runs with (tasks, layers,
+        prompts, shots); raises InputError naming a bad control."""
+        tasks = list(self.conflict_tasks)
+        if len(tasks) < 2:
+            raise InputError(f"`Conflict: tasks` must hold at least two tasks; got "
+                             f"{len(tasks)}{': ' + tasks[0] if tasks else ''}.")
+        layers = parse_layers(self.conflict_layers, self._model.spec.n_layers)
+        return dict(tasks=tasks, layers=layers, **self._opts)
+
+    def run_conflict(self) -> None:
+        """The conflict test for the chosen tasks and layers, in the background with
+        progress. Bad input shows a message under the button and keeps the last matrix."""
+        try:
+            settings = self.conflict_settings()
+        except InputError as e:
+            self._conflict_failed(e)
+            return
+        m = self._model
+        started = time.perf_counter()
+        self._conflict_button.disabled = True
+        self.conflict_error = ""
+
+        def job(token: CancelToken):
+            bar = self.progress_fn(token)
+
+            def progress(done: int, total: int) -> None:
+                bar(done, total)
+                left = (time.perf_counter() - started) * (total - done) / max(1, done)
+                self.post(status=f"conflict test: {done}/{total} patched runs, about "
+                                 f"{left:.0f} s left")
+            try:
+                return tvp.conflicting_task_patching(m, settings.pop("tasks"), progress=progress,
+                                                     **settings)
+            except InputError as e:          # shown under the button, like bad controls
+                return e
+
+        self.status = "computing the conflict test…"
+        self.submit("conflict", job)
+
+    def _conflict_failed(self, exc: BaseException) -> None:
+        self._conflict_button.disabled = False
+        self.conflict_error = str(exc)
+        theme.notify("error", f"Conflict test: {exc}")
+
+    def _got_conflict(self, out: xr.Dataset | InputError) -> None:
+        if isinstance(out, InputError):
+            self._conflict_failed(out)
+            self.status = f"Conflict test not run: {out}"
+            return
+        layers = [int(x) for x in out["layer"].values]
+        best = out.attrs.get("best_layer")
+        keep = (self.conflict_layer if self.conflict_layer in layers
+                else best if best in layers else layers[-1])
+        self.param.conflict_layer.objects = layers
+        with param.parameterized.discard_events(self):
+            self.param.update(conflict=out, conflict_layer=keep)
+        self.param.trigger("conflict", "conflict_layer")
+        self._conflict_button.param.update(disabled=False, name="Run the conflict test again")
+        self.status = "conflict test ready"
+
     def _compute(self) -> None:
         """The page's heavy work: head scores (then the FV) and the task encoding."""
         if self.td is None:
@@ -465,6 +753,7 @@ class ICLHeadsView(View):
     def show_error(self, exc: BaseException) -> None:
         super().show_error(exc)
         self._score_button.disabled = False
+        self._conflict_button.disabled = False
 
     def _tapped(self, index: list[int]) -> None:
         if index and self.scores is not None:
@@ -488,10 +777,14 @@ class ICLHeadsView(View):
         rankings = "none" if self.curves is None else ",".join(
             str(r) for r in self.curves["ranking"].values)
         fv = "none" if self.fv_result is None else str(self.fv_result.attrs["layer"])
+        conflict = ("none" if self.conflict is None else
+                    ",".join(str(t) for t in self.conflict["target"].values))
         return (f"<div class='icl-state' data-icl-scores='{'ready' if self.scores is not None else 'none'}' "
                 f"data-icl-head='{self.layer}:{self.head}' data-icl-curves='{curves}' "
                 f"data-icl-rankings='{rankings}' "
-                f"data-icl-fv='{fv}' data-icl-td='{'ready' if self.td is not None else 'none'}'></div>")
+                f"data-icl-fv='{fv}' data-icl-td='{'ready' if self.td is not None else 'none'}' "
+                f"data-icl-conflict='{html.escape(conflict)}' "
+                f"data-icl-conflict-layer='{self.conflict_layer}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
         def scatter(scores, top_induction, top_fv):
@@ -537,8 +830,19 @@ class ICLHeadsView(View):
             tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
             tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
             tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
+            pn.pane.Markdown("**Task vectors: conflict test**", margin=(10, 10, 0, 10)),
+            tip(pn.widgets.MultiChoice.from_param(p.conflict_tasks, sizing_mode="stretch_width"),
+                p.conflict_tasks.doc),
+            tip(pn.widgets.TextInput.from_param(p.conflict_layers), p.conflict_layers.doc),
+            self._conflict_button,
+            pn.pane.Markdown(pn.bind(lambda e: e or "", p.conflict_error), margin=(0, 10),
+                             styles={"color": "#b00020", "font-size": "0.9em"},
+                             css_classes=["icl-conflict-error"], sizing_mode="stretch_width"),
+            tip(pn.widgets.DiscreteSlider.from_param(p.conflict_layer,
+                                                     sizing_mode="stretch_width"),
+                p.conflict_layer.doc),
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.layer, p.head, p.curves,
-                                 p.fv_result, p.td)),
+                                 p.fv_result, p.td, p.conflict, p.conflict_layer)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
             pn.pane.HoloViews(scatter, sizing_mode="stretch_width", linked_axes=False),
@@ -567,6 +871,16 @@ class ICLHeadsView(View):
             pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer), linked_axes=False,
                               sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(td_caption, p.td, p.td_layer), **caption),
+            pn.pane.HoloViews(pn.bind(plot_conflict_matrix, p.conflict, p.conflict_layer),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["icl-conflict-matrix"]),
+            pn.pane.HoloViews(pn.bind(plot_conflict_controls, p.conflict, p.conflict_layer),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["icl-conflict-controls"]),
+            pn.pane.HoloViews(pn.bind(plot_conflict_layers, p.conflict, p.conflict_layer),
+                              linked_axes=False, sizing_mode="stretch_width"),
+            pn.pane.Markdown(pn.bind(conflict_caption, p.conflict, p.conflict_layer),
+                             css_classes=["icl-conflict-caption"], **caption),
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")
 

@@ -1,6 +1,8 @@
 """ICL heads view, headless: score heatmaps, the exclusion toggle, clicking a heatmap cell."""
 from __future__ import annotations
 
+import re
+
 import holoviews as hv
 import numpy as np
 import pytest
@@ -75,8 +77,13 @@ def test_view_exclusion_toggle_and_cell_click(tiny_model):
     assert panes[1].object.opts.get().kwargs["title"] == "L2.H3, repeated sequence"
     sliders = root.select(pn.widgets.IntSlider) + root.select(pn.widgets.FloatSlider)
     tips = {w.value for w in root.select(pn.widgets.TooltipIcon)}
-    names = ["top_induction", "top_fv", "layer", "head", "max_percent", "fv_layer", "td_layer"]
-    assert len(sliders) == 7 and all(view.param[n].doc in tips for n in names)
+    names = ["top_induction", "top_fv", "layer", "head", "max_percent", "fv_layer", "td_layer",
+             "conflict_layer"]
+    # the conflict test's layer is a DiscreteSlider (an IntSlider inside)
+    assert len(sliders) == 8 and all(view.param[n].doc in tips for n in names)
+    described = {w.description for w in root.select(pn.widgets.MultiChoice)
+                 + root.select(pn.widgets.TextInput)}
+    assert {view.param.conflict_tasks.doc, view.param.conflict_layers.doc} <= described
     assert view.param.exclude_other.doc in tips
 
 
@@ -117,3 +124,135 @@ def test_view_scores_on_request_and_explains_the_function_vector(tiny_model, mon
     monkeypatch.setattr(page, "OPEN_BUDGET_S", 0.0)
     assert ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
                         fv_tasks=("antonym",), td_tasks=("antonym", "uppercase")).scores is None
+
+
+# -- the task-vector conflict test ------------------------------------------------------------
+
+CONFLICT_TASKS = ["capitalize", "uppercase", "choose-first-of-3", "choose-last-of-3"]
+
+
+def _cells(plot) -> dict[tuple[str, str], tuple[float, float, float, int]]:
+    """(column, row) -> (value, low, high, n_scored) of a conflict heatmap overlay."""
+    heat = plot.get(0)
+    cols = [heat.dimension_values(i, flat=True) for i in range(6)]
+    return {(str(c), str(r)): (float(v), float(lo), float(hi), int(n))
+            for c, r, v, lo, hi, n in zip(*cols)}
+
+
+def _same(a: float, b: float) -> bool:
+    return (a != a and b != b) or a == b
+
+
+def test_conflict_matrix_is_the_analysis_result(tiny_model):
+    """Run on request: the page's Dataset, its A x B matrix at the layer shown, the controls
+    and the hover intervals equal `conflicting_task_patching` called directly."""
+    import panel as pn
+
+    from explorer.analyses.task_vector_patching import conflicting_task_patching
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=3, n_shots=2,
+                        fv_tasks=("antonym",), td_tasks=("antonym", "uppercase"),
+                        compute_on_open=False)
+    assert view.conflict is None
+    view.param.update(conflict_tasks=CONFLICT_TASKS, conflict_layers="0, 2")
+    view._conflict_button.clicks += 1                 # what the button does
+    want = conflicting_task_patching(tiny_model, CONFLICT_TASKS, layers=[0, 2], n_prompts=3,
+                                     n_shots=2)
+    got = view.conflict
+    xr.testing.assert_identical(got.drop_attrs(), want.drop_attrs())
+    assert got.attrs["params"] == want.attrs["params"]
+    assert view.param.conflict_layer.objects == [0, 2]
+    assert view.conflict_layer == want.attrs["best_layer"]
+    root = view.__panel__()
+
+    def drawn(css):
+        return next(p for p in root.select(pn.pane.HoloViews) if css in p.css_classes).object
+
+    assert np.isfinite(want.follows_source.values).any()
+    # tiny-llama's answers rarely follow either task, so the drawn cells are also checked on
+    # the same Dataset with distinct random rates (NaN where the analysis has none)
+    rng = np.random.default_rng(0)
+    stats = [v for v in want.data_vars if v.startswith("follows_")]
+    fake = want.assign({v: want[v].copy(data=np.where(np.isnan(want[v].values), np.nan,
+                                                      rng.random(want[v].shape)))
+                        for v in stats})
+    for ds in (want, fake):
+        view.conflict = ds
+        _check_drawn(view, drawn, ds)
+    view.conflict = got
+    # a pair with no defined answer is blank, not 0; uppercase -> choose is scored
+    matrix = _cells(drawn("icl-conflict-matrix"))
+    assert want.n_scored.sel(source="choose-first-of-3", target="capitalize") == 0
+    assert np.isnan(matrix[("capitalize", "first-of-3")][0])
+    assert want.n_scored.sel(source="uppercase", target="choose-first-of-3") > 0
+    assert "data-icl-conflict='capitalize,uppercase,choose-first-of-3,choose-last-of-3'" \
+        in view._state_html()
+    assert "follows A on" in drawn_caption(root) and "Null task's vector" in drawn_caption(root)
+
+
+def _check_drawn(view, drawn, want):
+    from apps.icl_heads import _short_task, conflict_matrix
+
+    for layer in (0, 2):
+        view.conflict_layer = layer                   # the slider moves both matrices
+        matrix = _cells(drawn("icl-conflict-matrix"))
+        assert len(matrix) == len(CONFLICT_TASKS) ** 2
+        for a in CONFLICT_TASKS:
+            for b in CONFLICT_TASKS:
+                w = want.sel(source=a, target=b, layer=layer)
+                cell = matrix[(_short_task(b), _short_task(a))]
+                for v, key in zip(cell, ("follows_source", "follows_source_low",
+                                         "follows_source_high", "n_scored")):
+                    assert _same(v, float(w[key])), (a, b, layer, key)
+        np.testing.assert_array_equal(
+            conflict_matrix(view.conflict, layer).values,
+            want.follows_source.sel(source=CONFLICT_TASKS, layer=layer).values)
+        controls = _cells(drawn("icl-conflict-controls"))
+        for source, row in (("null", "Null vector"), ("none", "no patch")):
+            for b in CONFLICT_TASKS:
+                w = want.sel(source=source, target=b, layer=layer)
+                assert _same(controls[(_short_task(b), row)][0], float(w.follows_target))
+                assert _same(controls[(_short_task(b), row)][1], float(w.follows_target_low))
+
+
+def drawn_caption(root) -> str:
+    import panel as pn
+
+    pane = next(p for p in root.select(pn.pane.Markdown) if "icl-conflict-caption" in p.css_classes)
+    return str(pane.object)
+
+
+def test_conflict_test_bad_input_is_a_clear_message_and_keeps_the_matrix(tiny_model, notes):
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), td_tasks=("antonym", "uppercase"),
+                        compute_on_open=False)
+    view.param.update(conflict_tasks=CONFLICT_TASKS[:2], conflict_layers="1")
+    view.run_conflict()
+    shown = view.conflict
+    assert shown is not None and view.conflict_error == ""
+    for layers, tasks, match in (
+            ("7", CONFLICT_TASKS[:2], r"`Conflict: layers` must be layer numbers in \[0, 2\].*got '7'"),
+            ("1, two", CONFLICT_TASKS[:2], r"`Conflict: layers` must be .*got 'two'"),
+            (" , ", CONFLICT_TASKS[:2], r"`Conflict: layers` must be .*got none"),
+            ("1", ["uppercase"], r"`Conflict: tasks` must hold at least two tasks; got 1: uppercase")):
+        view.param.update(conflict_layers=layers, conflict_tasks=tasks)
+        view.run_conflict()                            # no exception reaches the page
+        assert re.search(match, view.conflict_error), view.conflict_error
+        assert "Traceback" not in view.conflict_error and "\n" not in view.conflict_error
+        assert view.conflict is shown                  # the last good matrix stays
+        assert not view._conflict_button.disabled
+    assert any(kind == "error" and "Conflict test:" in text for kind, text in notes)
+    view.param.update(conflict_layers="0-1", conflict_tasks=CONFLICT_TASKS[:2])
+    view.run_conflict()
+    assert view.conflict_error == "" and list(view.conflict.layer.values) == [0, 1]
+
+
+def test_conflict_layers_text_round_trips():
+    from apps.icl_heads import default_conflict_layers, layers_text, parse_layers
+
+    assert default_conflict_layers(30) == [0, 4, 8, 12, 16, 18, 19, 20, 21, 22, 24, 28]
+    assert layers_text(default_conflict_layers(30)) == "0, 4, 8, 12, 16, 18-22, 24, 28"
+    for n in (1, 3, 12, 30):
+        assert parse_layers(layers_text(default_conflict_layers(n)), n) == \
+            default_conflict_layers(n)
+    assert parse_layers("3, 1-2, 3", 4) == [1, 2, 3]
