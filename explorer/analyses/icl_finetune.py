@@ -33,6 +33,7 @@ from explorer._checks import (
 from explorer.analyses.icl_heads import ICLTask, _task, answer_token_ids, icl_prompts
 from explorer.analyses.task_vectors import task_decodability
 from explorer.lora import PEFT_PREFIX, LoRAWeights, train_in_jobs
+from explorer.models import Model
 from explorer.trace import provenance
 
 __all__ = [
@@ -67,7 +68,7 @@ def split_task(task: ICLTask | str, *, seed: int = 0) -> tuple[ICLTask, ICLTask]
             ICLTask(task.name, held, task.description))
 
 
-def lora_target_modules(model: Any, layers: Sequence[int]) -> list[str]:
+def lora_target_modules(model: Model, layers: Sequence[int]) -> list[str]:
     """Full names of the linear maps (``nn.Linear`` or GPT-2 ``Conv1D``) inside ``layers``."""
     from transformers.pytorch_utils import Conv1D
 
@@ -82,7 +83,7 @@ def lora_target_modules(model: Any, layers: Sequence[int]) -> list[str]:
     return names
 
 
-def _copy_hf(model: Any) -> torch.nn.Module:
+def _copy_hf(model: Model) -> torch.nn.Module:
     """A fresh copy of the Hugging Face model (same config and weights, own tensors)."""
     check_local_weights(model, "LoRA fine-tuning")
     from transformers import AutoModelForCausalLM
@@ -151,7 +152,7 @@ class LayerLoRA:
         self.seed = seed
         self.engine = None if engine is None else check_choice("engine", engine, ENGINES)
 
-    def fit(self, model: Any, task: ICLTask | str, *, progress: Any = None) -> LayerLoRA:
+    def fit(self, model: Model, task: ICLTask | str, *, progress: Any = None) -> LayerLoRA:
         """Train adapters on ``task`` prompts in a copy of ``model``; ``model`` is unchanged.
 
         With ``engine="hooks"`` (a remote model's only engine) the adapters are held in the
@@ -212,7 +213,7 @@ class LayerLoRA:
         self.seconds_ = time.perf_counter() - t0
         return self
 
-    def _step_inputs(self, model: Any, task: ICLTask, n_shots: int, step: int) -> tuple:
+    def _step_inputs(self, model: Model, task: ICLTask, n_shots: int, step: int) -> tuple:
         """Step ``step``'s prompts as `explorer.lora.train_in_jobs` takes them: the last
         position of each prompt, scored against the answer's first token."""
         prompts, answers = icl_prompts(task, n_prompts=self.batch_size, n_shots=n_shots,
@@ -222,7 +223,7 @@ class LayerLoRA:
         return (batch, torch.arange(n), torch.full((n,), batch.width - 1),
                 torch.tensor(answer_token_ids(model, answers)), self.lr)
 
-    def _fit_by_hooks(self, model: Any, task: ICLTask, layers: list[int], n_shots: int,
+    def _fit_by_hooks(self, model: Model, task: ICLTask, layers: list[int], n_shots: int,
                       progress: Any, t0: float) -> LayerLoRA:
         from explorer.analyses.circuit_lora import lora_modules
 
@@ -242,7 +243,7 @@ class LayerLoRA:
         return self
 
 
-def early_late_finetune(model: Any, tasks: Sequence[ICLTask | str], *,
+def early_late_finetune(model: Model, tasks: Sequence[ICLTask | str], *,
                         n_layers_tuned: int | None = None, rank: int = 4, steps: int = 30,
                         lr: float = 1e-3, batch_size: int = 4, n_prompts: int = 12,
                         n_shots: int = 3, k: int = 10, seed: int = 0,

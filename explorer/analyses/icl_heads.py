@@ -28,6 +28,7 @@ import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
 from explorer.interventions import Ablate
+from explorer.models import Model
 from explorer.trace import clean_run, provenance, run_batch, run_on_weights
 
 __all__ = [
@@ -127,12 +128,12 @@ def icl_prompts(task: ICLTask | str, *, n_prompts: int = 8, n_shots: int = 5, se
     return prompts, answers
 
 
-def answer_token_ids(model: Any, answers: Sequence[str]) -> list[int]:
+def answer_token_ids(model: Model, answers: Sequence[str]) -> list[int]:
     """The first token of ``" " + answer`` for each answer (the token scored after ``A:``)."""
     return [model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in answers]
 
 
-def _last_probs(model: Any, batch: Any, edits=(), resume=None) -> torch.Tensor:
+def _last_probs(model: Model, batch: Any, edits=(), resume=None) -> torch.Tensor:
     """Next-token probabilities at each prompt's last token: [prompt, vocab]."""
     out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
     return torch.softmax(out["logits"][:, -1].float(), dim=-1)
@@ -182,7 +183,7 @@ def induction_score_from_patterns(patterns: np.ndarray, ids: np.ndarray,
     return np.mean(scores, axis=0)
 
 
-def _random_repeat_ids(model: Any, n_sequences: int, half_len: int, seed: int) -> np.ndarray:
+def _random_repeat_ids(model: Model, n_sequences: int, half_len: int, seed: int) -> np.ndarray:
     """[BOS?, r_1..r_n, r_1..r_n] with r_i uniform over the non-special vocabulary."""
     special = set(model.tokenizer.all_special_ids)
     allowed = np.array([i for i in range(model.spec.vocab_size) if i not in special])
@@ -195,7 +196,7 @@ def _random_repeat_ids(model: Any, n_sequences: int, half_len: int, seed: int) -
     return ids
 
 
-def induction_scores(model: Any, *, n_sequences: int = 16, half_len: int = 20, seed: int = 42,
+def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20, seed: int = 42,
                      measure: str = "mul", batch_size: int = 8) -> xr.Dataset:
     """Induction score of every head on repeated random-token sequences.
 
@@ -227,7 +228,7 @@ def induction_scores(model: Any, *, n_sequences: int = 16, half_len: int = 20, s
                          half_len=half_len, seed=seed, measure=measure, citation=CITATION))
 
 
-def head_attention(model: Any, layer: int, head: int, *, task: ICLTask | str = "antonym",
+def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str = "antonym",
                    half_len: int = 10, n_shots: int = 3, seed: int = 42) -> dict[str, xr.Dataset]:
     """One head's attention on a repeated random-token sequence and on an ICL prompt.
 
@@ -255,7 +256,7 @@ def head_attention(model: Any, layer: int, head: int, *, task: ICLTask | str = "
 
 # -- FV score ------------------------------------------------------------------------------
 
-def task_mean_z(model: Any, prompts: Sequence[str]) -> np.ndarray:
+def task_mean_z(model: Model, prompts: Sequence[str]) -> np.ndarray:
     """Mean over prompts of every head's output (the ``attn_z`` slice) at the last token.
 
     Returns an array [layer, head, d_head] (the ā of Todd et al.).
@@ -268,7 +269,7 @@ def task_mean_z(model: Any, prompts: Sequence[str]) -> np.ndarray:
     return z.reshape(len(batch.lengths), spec.n_layers, spec.n_heads, spec.d_head).mean(0)
 
 
-def _heads(model: Any, layers: Sequence[int] | None) -> list[tuple[int, int]]:
+def _heads(model: Model, layers: Sequence[int] | None) -> list[tuple[int, int]]:
     layers = range(model.spec.n_layers) if layers is None else [model.check_layer(l) for l in layers]
     return [(l, h) for l in layers for h in range(model.spec.n_heads)]
 
@@ -297,7 +298,7 @@ def _head_chunks(heads: Sequence[tuple[int, int]], size: int) -> list[list[tuple
     return chunks
 
 
-def fv_patched_probs(model: Any, cache: Any, heads: Sequence[tuple[int, int]],
+def fv_patched_probs(model: Model, cache: Any, heads: Sequence[tuple[int, int]],
                      mean_z: np.ndarray, target: torch.Tensor) -> torch.Tensor:
     """Answer-token probability with each head's last-token output set to its mean: [head, prompt].
 
@@ -327,7 +328,7 @@ class LastTokenCache:
     cache: Any   # a transformers Cache over positions [0, width - 1)
 
 
-def last_token_problem(model: Any, width: int | None = None) -> str | None:
+def last_token_problem(model: Model, width: int | None = None) -> str | None:
     """Why `last_token_cache` cannot serve ``model`` (None when it can).
 
     It runs ``model.hf`` with a key/value cache, patching through torch hooks on the
@@ -346,14 +347,14 @@ def last_token_problem(model: Any, width: int | None = None) -> str | None:
     return None
 
 
-def _cache_kwarg(model: Any) -> str:
+def _cache_kwarg(model: Model) -> str:
     """The forward's name for the key/value cache: ``cache`` (transformers 5.24) or older
     ``past_key_values``."""
     params = inspect.signature(model.hf.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def last_token_cache(model: Any, batch: Any) -> LastTokenCache:
+def last_token_cache(model: Model, batch: Any) -> LastTokenCache:
     """Run ``batch`` without its last column once, keeping every layer's keys and values.
 
     The batch is left-padded, so every prompt's last token is in the last column; the
@@ -386,7 +387,7 @@ def _tiled_cache(cache: Any, k: int) -> Any:
     return tiled
 
 
-def fv_last_token_probs(model: Any, prefix: LastTokenCache, heads: Sequence[tuple[int, int]],
+def fv_last_token_probs(model: Model, prefix: LastTokenCache, heads: Sequence[tuple[int, int]],
                         mean_z: np.ndarray | None, target: torch.Tensor) -> torch.Tensor:
     """Answer-token probability with each head's last-token output set to its mean: [head, prompt].
 
@@ -440,7 +441,7 @@ def _fv_last_token_task(weights: Any, batch: Any, chunks: list[list[tuple[int, i
     return base, [fv_last_token_probs(weights, prefix, chunk, mean_z, target) for chunk in chunks]
 
 
-def fv_scores(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
+def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
               n_shots: int = 5, seed: int = 0, layers: Sequence[int] | None = None,
               progress: Any = None, max_rows: int = 256, method: str = "auto") -> xr.Dataset:
     """Function-vector score of every head: the causal indirect effect (Todd et al. 2024).
@@ -572,20 +573,20 @@ def ablation_edits(heads: Sequence[tuple[int, int]], mean_z: np.ndarray | None, 
     return [Ablate(l, h, mode="mean", value=mean_z[l, h], positions=pos) for l, h in heads]
 
 
-def few_shot_accuracy(model: Any, prompts: Sequence[str], answers: Sequence[str],
+def few_shot_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str],
                       edits=()) -> float:
     """Fraction of prompts whose argmax next token is the answer's first token."""
     return _accuracy_and_answer_prob(model, prompts, answers, edits)[0]
 
 
-def _accuracy_and_answer_prob(model: Any, prompts: Sequence[str], answers: Sequence[str],
+def _accuracy_and_answer_prob(model: Model, prompts: Sequence[str], answers: Sequence[str],
                               edits=()) -> tuple[float, float]:
     """Argmax accuracy and mean probability of the answer's first token, one batched run."""
     correct, prob = _correct_and_answer_prob(model, prompts, answers, edits)
     return float(correct.mean()), float(prob.mean())
 
 
-def _correct_and_answer_prob(model: Any, prompts: Sequence[str], answers: Sequence[str],
+def _correct_and_answer_prob(model: Model, prompts: Sequence[str], answers: Sequence[str],
                              edits=()) -> tuple[np.ndarray, np.ndarray]:
     """Per prompt: whether the argmax next token is the answer's first token, and its probability."""
     batch = model.tokenize(list(prompts))
@@ -600,7 +601,7 @@ def _correct_and_answer_prob(model: Any, prompts: Sequence[str], answers: Sequen
 MEAN_SOURCES = ("cross-task", "per-task", "zero")
 
 
-def cross_task_mean_z(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
+def cross_task_mean_z(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
                       n_shots: int = 5, seed: int = 0) -> np.ndarray:
     """Every head's last-token output averaged over the per-task means of ``tasks``.
 
@@ -634,7 +635,7 @@ def _bootstrap_mean_accuracy(correct: np.ndarray, *, n_boot: int, level: float,
     return np.quantile(resampled, tail, axis=-1), np.quantile(resampled, 1.0 - tail, axis=-1)
 
 
-def _corpus_ids(model: Any, n_sequences: int, n_tokens: int) -> list[list[int]]:
+def _corpus_ids(model: Model, n_sequences: int, n_tokens: int) -> list[list[int]]:
     text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(_CORPUS_DIR.glob("*.txt")))
     ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     seqs = [ids[i:i + n_tokens] for i in range(0, len(ids) - n_tokens + 1, n_tokens)]
@@ -643,7 +644,7 @@ def _corpus_ids(model: Any, n_sequences: int, n_tokens: int) -> list[list[int]]:
     return seqs[:n_sequences]
 
 
-def token_loss_difference(model: Any, token_ids: Sequence[Sequence[int]], edits=(), *,
+def token_loss_difference(model: Model, token_ids: Sequence[Sequence[int]], edits=(), *,
                           early: int = 10, window: int = 5) -> float:
     """Mean loss at tokens [early, early+window) minus mean loss over the last ``window``.
 
@@ -665,7 +666,7 @@ def token_loss_difference(model: Any, token_ids: Sequence[Sequence[int]], edits=
     return float(early_loss - late_loss)
 
 
-def ablation_curves(model: Any, tasks: Sequence[ICLTask | str], induction: np.ndarray,
+def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.ndarray,
                     fv: np.ndarray, *, percents: Sequence[float] = (0, 1, 3, 5, 10, 20),
                     exclude_fraction: float = 0.02, n_prompts: int = 8, n_shots: int = 5,
                     loss_sequences: int = 4, loss_tokens: int = 96, seed: int = 0,

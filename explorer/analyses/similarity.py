@@ -35,6 +35,7 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
+from explorer.models import Model
 
 __all__ = [
     "linear_cka",
@@ -468,7 +469,7 @@ def layer_matching(activations: Mapping[str, xr.Dataset], *,
     )
 
 
-def perturbed_copy(model: Any, *, scale: float = 0.02, seed: int = 0) -> Any:
+def perturbed_copy(model: Model, *, scale: float = 0.02, seed: int = 0) -> Any:
     """A copy of ``model`` whose weights get relative Gaussian noise (a stand-in "sibling").
 
     Every weight matrix W becomes ``W + scale * std(W) * N(0, 1)``; norms and biases are

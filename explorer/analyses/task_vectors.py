@@ -30,6 +30,7 @@ from explorer.analyses.icl_heads import (
     top_heads,
 )
 from explorer.interventions import Steer
+from explorer.models import Model
 from explorer.trace import provenance, run_batch, run_on_weights
 
 __all__ = [
@@ -51,7 +52,7 @@ CITATION = ("E. Todd et al., \"Function Vectors in Large Language Models\", ICLR
 
 # -- function vectors ----------------------------------------------------------------------
 
-def function_vector(model: Any, mean_z: np.ndarray, heads: Sequence[tuple[int, int]]) -> np.ndarray:
+def function_vector(model: Model, mean_z: np.ndarray, heads: Sequence[tuple[int, int]]) -> np.ndarray:
     """Sum over ``heads`` of each head's task-mean output written through its slice of W_O.
 
     ``mean_z`` is [layer, head, d_head] (see `explorer.analyses.icl_heads.task_mean_z`);
@@ -75,7 +76,7 @@ def _head_w_o(weights: Any, heads: list[tuple[int, int]]) -> Any:
     return torch.stack([weights.W_O(layer)[head].detach() for layer, head in heads])
 
 
-def function_vector_accuracy(model: Any, tasks: Sequence[ICLTask | str], fv_score: np.ndarray,
+def function_vector_accuracy(model: Model, tasks: Sequence[ICLTask | str], fv_score: np.ndarray,
                              *, layer: int | None = None, top_fraction: float = 0.02,
                              alpha: float = 1.0, n_prompts: int = 16, n_shots: int = 5,
                              seed: int = 0) -> xr.Dataset:
@@ -168,7 +169,7 @@ def null_task(tasks: Sequence[ICLTask], seed: int = 0) -> ICLTask:
     return ICLTask("null", pairs, "inputs paired with random outputs")
 
 
-def last_token_residuals(model: Any, prompts: Sequence[str], *,
+def last_token_residuals(model: Model, prompts: Sequence[str], *,
                          batch_size: int = 16) -> np.ndarray:
     """``resid_post`` of every layer at each prompt's last token: [prompt, layer, d_model]."""
     layers = range(model.spec.n_layers)
@@ -187,7 +188,7 @@ def _pca2(x: np.ndarray) -> np.ndarray:
     return x @ vt[:2].T
 
 
-def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: int = 20,
+def task_decodability(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 20,
                       n_shots: int = 4, k: int = 10, include_null: bool = True,
                       seed: int = 0, store: Any = None, scheduler: str | None = None,
                       lora: Any = None) -> xr.Dataset:
@@ -291,7 +292,7 @@ def task_decodability(model: Any, tasks: Sequence[ICLTask | str], *, n_prompts: 
                "best_layer": best, "td_accuracy_r2": r2})
 
 
-def _with_lora(model: Any, lora: Any, prompts: list[str], per_task: list[tuple[list, list]],
+def _with_lora(model: Model, lora: Any, prompts: list[str], per_task: list[tuple[list, list]],
                skip: list[bool]) -> tuple[np.ndarray, list[float]]:
     """Last-token residuals [prompt, layer, d_model] and few-shot accuracy per task with
     ``lora`` applied, batched as `last_token_residuals` and `few_shot_accuracy` batch."""
@@ -317,7 +318,7 @@ def _with_lora(model: Any, lora: Any, prompts: list[str], per_task: list[tuple[l
     return resid, acc
 
 
-def _residuals_key_parts(model: Any, prompts: Sequence[str]) -> dict[str, Any]:
+def _residuals_key_parts(model: Model, prompts: Sequence[str]) -> dict[str, Any]:
     """Cache key parts of `last_token_residuals`: model provenance and the prompts."""
     return {"model": model.spec.provenance(), "method": "last_token_residuals",
             "site": "resid_post", "prompts": list(prompts)}

@@ -13,6 +13,7 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_int
+from explorer.models import Model
 
 __all__ = ["activation_chunks", "cached_activations"]
 
@@ -130,7 +131,7 @@ def _check_data(data: Any, name: str = "activations") -> None:
                         f"[token, d_model]; got {type(data).__name__}.")
 
 
-def cached_activations(model: Any, prompts: Sequence[str], *, site: str = "resid_post",
+def cached_activations(model: Model, prompts: Sequence[str], *, site: str = "resid_post",
                        layers: Any = None, store: Any = None, batch_size: int = 8,
                        chunk_prompts: int | None = None, progress: Any = None
                        ) -> xr.Dataset | list[xr.Dataset]:

@@ -16,6 +16,7 @@ from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.analyses.itda.activations import _check_data, activation_chunks
 from explorer.analyses.itda.dictionary import CITATION, ITDA
 from explorer.analyses.itda.pursuit import ENCODERS, _decode, _distinct_nonzero, matching_pursuit
+from explorer.models import Model
 
 __all__ = ["itda_reconstruction", "itda_tau_sweep", "itda_atom_examples", "downstream_loss",
            "itda_downstream_loss"]
@@ -185,7 +186,7 @@ def _next_token_loss(logits: np.ndarray, ids: Sequence[int]) -> float:
     return float(torch.nn.functional.cross_entropy(lg, torch.as_tensor(ids[1:])))
 
 
-def downstream_loss(model: Any, prompts: Sequence[str], reconstruct: Callable[[np.ndarray], np.ndarray],
+def downstream_loss(model: Model, prompts: Sequence[str], reconstruct: Callable[[np.ndarray], np.ndarray],
                     *, layer: int, site: str = "resid_post", min_pos: int = 0,
                     method: str = "downstream_loss", progress: Callable[[int, int], None] | None = None,
                     **params: Any) -> xr.Dataset:
@@ -270,7 +271,7 @@ def downstream_loss(model: Any, prompts: Sequence[str], reconstruct: Callable[[n
                          min_pos=min_pos, citation=CITATION, **params))
 
 
-def itda_downstream_loss(model: Any, prompts: Sequence[str], itda: ITDA, *, layer: int,
+def itda_downstream_loss(model: Model, prompts: Sequence[str], itda: ITDA, *, layer: int,
                          site: str = "resid_post", min_pos: int = 0,
                          progress: Callable[[int, int], None] | None = None) -> xr.Dataset:
     """Next-token loss with the ITDA reconstruction spliced in at ``layer`` (see `downstream_loss`)."""
