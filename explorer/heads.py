@@ -100,6 +100,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
+def _shared_qkv(x0: torch.Tensor, norm: Any, W_shared: torch.Tensor, b_shared: torch.Tensor | None,
+                rep: torch.Tensor, n_heads: int, d_head: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query, key and value [prompt, head, pos, d_head] of every head from one input
+    [prompt, pos, d_model]: normalised once, projected with the model's own q/k/v weights
+    (one key/value per group, copied to its query heads)."""
+    b, p, d = x0.shape
+    y = torch.matmul(norm(x0), W_shared)                                # [prompt, pos, (H+2G)*d_head]
+    if b_shared is not None:
+        y = y + b_shared
+    n_q = n_heads * d_head
+    n_kv = (y.shape[-1] - n_q) // 2
+    q = y[..., :n_q].view(b, p, n_heads, d_head).transpose(1, 2)        # [prompt, head, pos, d_head]
+    k = y[..., n_q:n_q + n_kv].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
+    v = y[..., n_q + n_kv:].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
+    return q, k, v
+
+
 class _SharedInputQKV(torch.autograd.Function):
     """Per-head query/key/value of heads that all read the SAME input (an unpatched run).
 
@@ -113,18 +131,9 @@ class _SharedInputQKV(torch.autograd.Function):
     def forward(ctx, x_heads, norm, W_shared, b_shared, W_heads, rep, n_heads, d_head):
         # x_heads [head, prompt, pos, d_model] with stride 0 over head: one input read H times
         x0 = x_heads[0]                                                 # [prompt, pos, d_model]
-        b, p, d = x0.shape
-        y = torch.matmul(norm(x0), W_shared)                            # [prompt, pos, (H+2G)*d_head]
-        if b_shared is not None:
-            y = y + b_shared
-        n_q = n_heads * d_head
-        n_kv = (y.shape[-1] - n_q) // 2
-        q = y[..., :n_q].view(b, p, n_heads, d_head).transpose(1, 2)    # [prompt, head, pos, d_head]
-        k = y[..., n_q:n_q + n_kv].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
-        v = y[..., n_q + n_kv:].view(b, p, -1, d_head).transpose(1, 2)[:, rep]
         ctx.save_for_backward(x0, W_heads)
         ctx.norm = norm
-        return q, k, v
+        return _shared_qkv(x0, norm, W_shared, b_shared, rep, n_heads, d_head)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
@@ -283,15 +292,31 @@ class HeadEngine:
             x = x + _get_path(self.hf, arch.pos_embed_path)(batch.position_ids)
         return x
 
-    def prepare(self, x0: torch.Tensor, batch: Batch) -> dict[str, Any]:
-        """What every layer of this batch shares: rotary cos/sin, sliding-window masks."""
-        ctx: dict[str, Any] = {}
+    def prepare(self, x0: torch.Tensor, batch: Batch, start: int = 0,
+                stop: int | None = None,
+                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """What every layer of this batch shares: rotary cos/sin, the causal mask
+        (``ctx["mask"]``) and the sliding-window masks.
+
+        ``start``/``stop``: a run over the positions [start, stop) only (``x0`` holds those),
+        its queries reading the keys and values of [0, start) from ``past`` (per layer, what
+        an earlier run over those positions recorded: `heads` appends each layer's to
+        ``ctx["record"]`` when that list is present). Positions before ``start`` do not
+        depend on later ones (causal attention), so the run's values are the full run's.
+        """
+        stop = batch.width if stop is None else stop
+        if (start > 0) != (past is not None):
+            raise ValueError("a run from position start > 0 reads the earlier positions' "
+                             f"keys and values (past); got start={start}, past "
+                             f"{'given' if past is not None else 'missing'}.")
+        ctx: dict[str, Any] = {"past": past}
         rotary = self.model.arch.rotary_path
         if rotary is not None:
-            cos, sin = _get_path(self.hf, rotary)(x0, batch.position_ids)  # [prompt, pos, rot]
-            ctx["cos"], ctx["sin"] = cos.unsqueeze(1), sin.unsqueeze(1)
-        windows = {w for w in self.windows if w is not None and w < batch.width}
-        masks = {w: causal_mask(batch, w) for w in windows}
+            cos, sin = _get_path(self.hf, rotary)(x0, batch.position_ids[:, start:stop])
+            ctx["cos"], ctx["sin"] = cos.unsqueeze(1), sin.unsqueeze(1)  # [prompt, 1, pos, rot]
+        ctx["mask"] = causal_mask(batch)[:, :, start:stop, :stop]     # [prompt, 1, q, k]
+        windows = {w for w in self.windows if w is not None and w < stop}
+        masks = {w: causal_mask(batch, w)[:, :, start:stop, :stop] for w in windows}
         ctx["masks"] = {layer: masks[w] for layer, w in enumerate(self.windows) if w in masks}
         return ctx
 
@@ -323,14 +348,19 @@ class HeadEngine:
         z = z.transpose(0, 1).reshape(H, b * p, dh)
         out = torch.bmm(z, self._W_O[layer].to(z.dtype)).view(H, b, p, -1)
         norm = self.attn_out_norm[layer]
-        if norm is not None:  # RMSNorm of the summed output: x * scale(x) * gain, split by head
-            total = out.sum(0).float()                              # [prompt, pos, d_model]
-            eps = getattr(norm, "eps", None)
-            eps = getattr(norm, "variance_epsilon", 1e-6) if eps is None else eps
-            scale = torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + eps)
-            gain = norm.weight.float() + self.model.arch.norm_gain_offset
-            out = (out.float() * (scale * gain)).to(z.dtype)
+        if norm is not None:
+            out = self._out_norm(norm, out.sum(0), out)
         return out
+
+    def _out_norm(self, norm: Any, total: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of the summed attention output ``total`` [prompt, pos, d_model], x *
+        scale(x) * gain, applied to ``out`` (the total, or its per-head terms)."""
+        total = total.float()
+        eps = getattr(norm, "eps", None)
+        eps = getattr(norm, "variance_epsilon", 1e-6) if eps is None else eps
+        scale = torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + eps)
+        gain = norm.weight.float() + self.model.arch.norm_gain_offset
+        return (out.float() * (scale * gain)).to(out.dtype)
 
     def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
         """Per-head inputs [head, prompt, pos, d_model] -> head writes [head, prompt, pos, d_model]."""
@@ -341,11 +371,43 @@ class HeadEngine:
         else:
             normed = norm(x)                                            # [head, prompt, pos, d_model]
             q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]
+        q, k, v = self._rotated_kv(layer, q, k, v, ctx)
+        z = self.attend(q, k, v, ctx["masks"].get(layer, mask), self.scaling[layer])
+        return self.head_out(layer, z)
+
+    def _rotated_kv(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    ctx: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotary embedding of q and k; the keys and values of earlier positions (``past``)
+        put before this run's, and this layer's recorded where ``ctx["record"]`` asks."""
         if "cos" in ctx:
             q = _rotate(q, ctx["cos"], ctx["sin"])
             k = _rotate(k, ctx["cos"], ctx["sin"])
-        z = self.attend(q, k, v, ctx["masks"].get(layer, mask), self.scaling[layer])
-        return self.head_out(layer, z)
+        past = ctx.get("past")
+        if past is not None:                                     # [prompt, head, pos, d_head]
+            k = torch.cat([past[layer][0], k], dim=2)
+            v = torch.cat([past[layer][1], v], dim=2)
+        if "record" in ctx:
+            ctx["record"].append((k, v))
+        return q, k, v
+
+    def attn_write(self, layer: int, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """The attention's write [prompt, pos, d_model] (bias included) when every head reads
+        ``x`` [prompt, pos, d_model]: one output projection, no per-head writes (a run whose
+        head outputs are not needed, such as the prefix run that records keys and values)."""
+        b, p, d = x.shape
+        q, k, v = _shared_qkv(x, self.attn_norm[layer], self.W_shared[layer],
+                              self.b_shared[layer], self.rep, self.n_heads, self.d_head)
+        q, k, v = self._rotated_kv(layer, q, k, v, ctx)
+        z = self.attend(q, k, v, ctx["masks"].get(layer, ctx["mask"]), self.scaling[layer])
+        W_O = self._W_O[layer]                                           # [head, d_head, d_model]
+        out = torch.matmul(z.transpose(1, 2).reshape(b, p, -1),         # [prompt, pos, H*d_head]
+                           W_O.reshape(-1, W_O.shape[-1]).to(z.dtype))
+        norm = self.attn_out_norm[layer]
+        if norm is not None:
+            out = self._out_norm(norm, out, out)
+        if self._b_O[layer] is not None:
+            out = out + self._b_O[layer]
+        return out
 
     def attn_bias(self, layer: int) -> torch.Tensor | None:
         """The output projection's bias [d_model] (written once per layer, no head's), or None."""
@@ -361,12 +423,29 @@ class HeadEngine:
         return self.model.lens_logits(resid)
 
     # -- a whole run ------------------------------------------------------------------------
+    def prefix_kv(self, batch: Batch, stop: int, *, embeds: torch.Tensor | None = None
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Keys and values [prompt, head, pos, d_head] of every layer over the positions
+        [0, stop) of a plain run (every head reading the stream, no head writes kept): what a
+        run over the later positions reads (`prepare`'s ``past``). ``embeds`` [prompt, pos,
+        d_model] replaces the input embeddings (their first ``stop`` positions are read)."""
+        x = (self.embed(batch) if embeds is None else embeds)[:, :stop]  # [prompt, pos, d_model]
+        ctx = self.prepare(x, batch, 0, stop)
+        ctx["record"] = []
+        for layer in range(self.n_layers):
+            attn = self.attn_write(layer, x, ctx)
+            if layer == self.n_layers - 1:
+                break  # the last layer's keys and values are recorded; its stream is not read
+            m = self.mlp(layer, x if self.parallel else x + attn)
+            x = x + attn + m
+        return ctx["record"]
+
     def forward(self, batch: Batch, *, embeds: torch.Tensor | None = None) -> EngineRun:
         """The model's forward with every head's write kept (each head reads the stream)."""
         x = self.embed(batch) if embeds is None else embeds       # [prompt, pos, d_model]
         b, p, d = x.shape
         ctx = self.prepare(x, batch)
-        mask = causal_mask(batch)
+        mask = ctx["mask"]
         pre, heads, mlps = [], [], []
         for layer in range(self.n_layers):
             pre.append(x)

@@ -250,7 +250,8 @@ def _patched_input(resid: torch.Tensor, corrupt_resid: torch.Tensor, diff: torch
 
 
 def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None,
-             patch: tuple[_Run, torch.Tensor] | None = None) -> _Run:
+             patch: tuple[_Run, torch.Tensor] | None = None, start: int = 0,
+             past: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> _Run:
     """One run over the node graph.
 
     Without ``patch`` every node reads the running residual stream (the model's own forward).
@@ -258,13 +259,19 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
     destination reads the corrupted run's input plus, over its circuit edges, this run's
     minus the corrupted run's source outputs: every non-circuit edge carries its corrupted value.
     With ``ad.parallel`` (GPT-NeoX) each MLP reads what its layer's heads read.
+
+    ``start`` (unpatched runs): only the positions from ``start`` on, the heads reading the
+    earlier positions' keys and values from ``past`` (`HeadEngine.prefix_kv`); ``embeds``,
+    the outputs and the inputs then cover those positions only.
     """
+    if patch is not None and start:
+        raise ValueError("a patched run covers every position (start=0).")
     L, H = ad.n_layers, ad.n_heads
     parallel = getattr(ad, "parallel", False)
-    x0 = ad.embed(batch) if embeds is None else embeds   # [prompt, pos, d_model]
+    x0 = ad.embed(batch)[:, start:] if embeds is None else embeds   # [prompt, pos, d_model]
     b, p, d = x0.shape
-    ctx = ad.prepare(x0, batch)
-    mask = causal_mask(batch)
+    ctx = ad.prepare(x0, batch) if past is None else ad.prepare(x0, batch, start, past=past)
+    mask = causal_mask(batch)[:, :, start:]                         # [prompt, 1, q, k]
     stride = H + 1
     n_src = 1 + L * stride
     outs: list[torch.Tensor] = [x0[None]]
@@ -565,63 +572,75 @@ def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps:
         finally:
             remove_hooks(handles)
     ad = weights
-    with torch.no_grad():
-        corrupt = _forward(ad, prep.corrupt)
-    scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric)
+    # an engine that can read back keys and values runs the shared prefix once
+    start = _shared_prefix(prep) if hasattr(ad, "prefix_kv") else 0
+    with torch.no_grad():  # the shared prefix once, then the corrupted run after it
+        past = ad.prefix_kv(prep.clean, start) if start else None
+        corrupt = _forward(ad, prep.corrupt, start=start, past=past)
+    scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric,
+                                               start, past)
     valid = torch.from_numpy(_ad_valid(ad)).to(scores.device)
     return scores[valid], m_clean, m_corrupt
 
 
-def _source_deltas(corrupt_outs: torch.Tensor, clean_outs: torch.Tensor,
-                   batch: Batch) -> tuple[torch.Tensor, slice]:
-    """Corrupted minus clean source outputs over the positions where any differs.
+def _shared_prefix(prep: _Prepared) -> int:
+    """Number of leading positions where every clean prompt has the same tokens as its
+    corrupted one (at most the width minus one: the last position is always run).
 
-    Returns the difference [src, prompt, live pos, d_model] (written over ``clean_outs``)
-    and the slice of positions it covers: the first to the last position where some source
-    output differs at all. Elsewhere every difference is exactly zero (the prompts' shared
-    prefix: a causal model computes it the same in both runs), so those positions add
-    nothing to any score and the score product skips them.
+    A causal model computes those positions the same in both runs (same tokens, positions
+    and padding), so every source's corrupted-minus-clean output is exactly zero there and
+    adds nothing to any score; and a destination's input at a later position has the same
+    gradient whether the earlier positions are recomputed or their keys and values are
+    read back (`HeadEngine.prefix_kv`), since nothing there depends on it.
     """
-    delta = torch.sub(corrupt_outs, clean_outs, out=clean_outs)   # [src, prompt, pos, d_model]
-    if not bool(batch.attention_mask.all()):
-        delta *= batch.attention_mask.to(delta.dtype)[None, :, :, None]  # padding reads nothing
-    differs = (delta.amax(dim=(0, 1, 3)) != 0) | (delta.amin(dim=(0, 1, 3)) != 0)  # [pos]
+    differs = (prep.clean.input_ids != prep.corrupt.input_ids).any(0)   # [pos]
     at = differs.nonzero().flatten()
-    if len(at) == 0:
-        return delta[:, :, :0], slice(0, 0)
-    live = slice(int(at[0]), int(at[-1]) + 1)
-    if live == slice(0, delta.shape[2]):
-        return delta, slice(None)
-    return delta[:, :, live], live
+    width = prep.clean.width
+    return min(int(at[0]) if len(at) else width, width - 1)
+
+
+def _source_deltas(corrupt_outs: torch.Tensor, clean_outs: torch.Tensor, batch: Batch,
+                   start: int) -> torch.Tensor:
+    """Corrupted minus clean source outputs [src, prompt, pos, d_model] over the positions
+    from ``start`` on, written over ``clean_outs``; padding reads nothing (zero)."""
+    delta = torch.sub(corrupt_outs, clean_outs, out=clean_outs)   # [src, prompt, pos, d_model]
+    keys = batch.attention_mask[:, start:]
+    if not bool(keys.all()):
+        delta *= keys.to(delta.dtype)[None, :, :, None]
+    return delta
 
 
 def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, steps: int,
-                  metric: str) -> tuple[torch.Tensor, float, float]:
-    """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics."""
-    x_clean = ad.embed(prep.clean)
+                  metric: str, start: int = 0,
+                  past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                  ) -> tuple[torch.Tensor, float, float]:
+    """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics.
+
+    ``corrupt`` covers the positions from ``start`` on (`_shared_prefix`); every gradient
+    run covers the same positions, reading the shared prefix's keys and values ``past``."""
+    x_clean = ad.embed(prep.clean)[:, start:]                     # [prompt, pos, d_model]
     alphas = [1.0] if method == "eap" else [k / steps for k in range(steps, 0, -1)]
-    grad_sum = None  # [dst, prompt, live pos, d_model], summed over the runs, divided at the end
+    grad_sum = None  # [dst, prompt, pos, d_model], summed over the runs, divided at the end
     delta = None
     clean_logits = None
-    live = slice(None)
     with torch.enable_grad():
         for alpha in alphas:  # the first run is the clean one (alpha = 1)
             x = corrupt.outs[0] + alpha * (x_clean - corrupt.outs[0])
             x = x.detach().requires_grad_(True)  # the only leaf: weights are frozen
-            run = _forward(ad, prep.clean, embeds=x)
+            run = _forward(ad, prep.clean, embeds=x, start=start, past=past)
             if alpha == 1.0:
                 clean_logits = run.logits.detach()
             m = _metric_values(metric, run.logits, prep, clean_logits).sum()
             grads = torch.autograd.grad(m, run.inputs)
             if delta is None:
                 # corrupted minus clean source outputs, written over the clean ones
-                delta, live = _source_deltas(corrupt.outs, run.outs.detach(), prep.clean)
+                delta = _source_deltas(corrupt.outs, run.outs.detach(), prep.clean, start)
             if grad_sum is None:
-                grad_sum = _stack_inputs([gr[:, :, live] for gr in grads])
+                grad_sum = _stack_inputs(list(grads))
             else:  # accumulate in place: no second [dst, ...] tensor
                 at = 0
                 for gr in grads:
-                    grad_sum[at:at + gr.shape[0]] += gr[:, :, live]
+                    grad_sum[at:at + gr.shape[0]] += gr
                     at += gr.shape[0]
             del run, grads, m
     valid = torch.from_numpy(_ad_valid(ad)).to(delta.device)
