@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from explorer import load_model  # noqa: E402
 from explorer.analyses import circuit_select as cs  # noqa: E402
 from explorer.analyses import circuits as ca  # noqa: E402
+
+
+def rule_overlap(scores, sizes: list[int]) -> list[float | None]:
+    """Jaccard overlap of the top-n and greedy circuits (pruned) at each size (None when both
+    are empty)."""
+    out = []
+    for n in sizes:
+        a = cs.circuit_by_rule(scores, n, "top-n").values
+        b = cs.circuit_by_rule(scores, n, "greedy").values
+        union = int((a | b).sum())
+        out.append(None if union == 0 else float((a & b).sum()) / union)
+    return out
 
 
 def _markdown(rows: list[dict], sizes: list[int]) -> str:
@@ -61,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="/tmp/circuit_sizes", help="folder for JSON + markdown")
+    ap.add_argument("--scores-cache", default=None,
+                    help="folder to keep edge scores in and read them back from (a rerun "
+                         "with other sizes skips the scoring)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -72,11 +88,20 @@ def main(argv: list[str] | None = None) -> int:
         task = ca.make_task(task_name, args.pairs, seed=args.seed)
         for method in args.methods:
             t0 = time.time()
-            scores = ca.edge_scores(model, task, method=method, batch_size=args.pairs)
+            cached = None if args.scores_cache is None else Path(args.scores_cache) / (
+                f"{args.model}_{task_name}_{method}_{args.pairs}_{args.seed}.pkl")
+            if cached is not None and cached.exists():
+                scores = pickle.loads(cached.read_bytes())
+            else:
+                scores = ca.edge_scores(model, task, method=method, batch_size=args.pairs)
+                if cached is not None:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    cached.write_bytes(pickle.dumps(scores))
             t_scores = time.time() - t0
             n_total = int(scores.sizes["edge"])
             sizes = cs.default_sizes(n_total, args.max_size, low=args.min_size,
                                      n_points=args.points)
+            overlap = rule_overlap(scores, sizes)
             for rule in args.rules:
                 t0 = time.time()
                 curve = cs.rule_faithfulness_curve(model, task, scores, sizes=sizes, rule=rule,
@@ -89,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                        "clean_accuracy": curve.attrs["clean_accuracy"],
                        "seconds_scores": round(t_scores, 1),
                        "seconds_curve": round(time.time() - t0, 1),
+                       "jaccard_top_n_greedy": overlap,
                        "points": [{"n_edges": int(n), "n_kept": int(k), "recovered": float(r),
                                    "low": float(lo), "high": float(hi), "accuracy": float(a)}
                                   for n, k, r, lo, hi, a in zip(
