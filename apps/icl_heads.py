@@ -558,6 +558,7 @@ class ICLHeadsView(View):
                         "then the function vector; and the task encoding (PCA, decodability).")
         self._score_button.on_click(lambda *_: self._compute())
         self._own_task: ih.ICLTask | None = None
+        self._own_text = ""
         self._own = OwnItems(
             "Your own pairs", user_items.ICL_FORMAT,
             f"One 'input -> output' pair per line, at least {self._min_pairs()}. Use makes them "
@@ -590,7 +591,7 @@ class ICLHeadsView(View):
         except InputError as e:
             self.show_error(e)
             return None
-        self._own_task = task
+        self._own_task, self._own_text = task, text
         if OWN_TASK not in self.param.task.objects:
             self.param.task.objects = [*self.param.task.objects, OWN_TASK]
         self.error = ""
@@ -765,6 +766,67 @@ class ICLHeadsView(View):
         cell = head_cell(x, y, self.scores)
         if cell is not None:
             self.param.update(layer=cell[0], head=cell[1])
+
+    # -- reproducibility ------------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows: the head scores, the selected head's
+        attention, the function vector, the task encoding, and the ablation curves and the
+        conflict test once computed; a result the page has not computed yet is a comment."""
+        o = self._opts
+        opts = ", ".join(f"{k}={v!r}" for k, v in o.items())
+        own = self.task == OWN_TASK and self._own_task is not None
+        lines = ["import xarray as xr", "", "import explorer",
+                 "from explorer.analyses import icl_heads as ih",
+                 "from explorer.analyses import task_vector_patching as tvp",
+                 "from explorer.analyses import task_vectors as tv"]
+        if own:
+            lines.append("from explorer.analyses import user_items")
+        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})",
+                  f"opts = dict({opts})  # prompts per task, demonstrations per prompt"]
+        if own:
+            lines.append(f"task = user_items.parse_icl_pairs({self._own_text!r}, "
+                         f"name={OWN_TASK!r}, min_pairs={self._min_pairs()})  # your pairs")
+        task = "task" if own else repr(self.task)
+        lines.append(f"patterns = ih.head_attention(model, {self.layer}, {self.head}, "
+                     f"task={task})  # {explorer.components.head(self.layer, self.head)}")
+        if self.scores is None:
+            lines.append("# Compute scores on the page for the head scores and what follows")
+        else:
+            lines += ["induction = ih.induction_scores(model, n_sequences=4, half_len=16)",
+                      f"fv = ih.fv_scores(model, {self._fv_tasks!r}, **opts)",
+                      "scores = xr.merge([induction[['induction_score']], "
+                      "fv[['fv_score', 'mean_z']]], combine_attrs='drop_conflicts')"]
+        if self.fv_result is not None:
+            fv_task = task if str(self.fv_result.task.values[0]) == OWN_TASK \
+                else repr(str(self.fv_result.task.values[0]))
+            lines.append(f"fv_result = tv.function_vector_accuracy(model, [{fv_task}], "
+                         f"scores['fv_score'].values, layer={self.fv_result.attrs['layer']}, "
+                         "**opts)")
+        if self.td is not None:
+            k = int(self.td.attrs.get("params", {}).get("k", 10))
+            lines.append(f"td = tv.task_decodability(model, {self._td_tasks!r}, k={k}, **opts)")
+        if self.curves is not None:
+            c = self.curves.attrs.get("params", {})
+            lines.append(
+                f"curves = ih.ablation_curves(model, {self._eval_tasks!r}, "
+                "scores['induction_score'].values, scores['fv_score'].values, "
+                f"percents={[float(x) for x in self.curves.percent.values]!r}, "
+                f"rankings={[str(r) for r in self.curves.ranking.values]!r}, "
+                f"exclude_fraction={c.get('exclude_fraction')!r}, loss_sequences=2, "
+                "loss_tokens=64, **opts)")
+        if self.conflict is not None:
+            tasks = [str(t) for t in self.conflict.target.values]
+            layers = [int(x) for x in self.conflict.layer.values]
+            lines += [f"conflict = tvp.conflicting_task_patching(model, {tasks!r}, "
+                      f"layers={layers!r}, **opts)",
+                      f"matrix = conflict['follows_source'].sel(source={tasks!r}, "
+                      f"layer={self.conflict_layer})  # A x B at the layer shown",
+                      "controls = conflict['follows_target'].sel(source=['null', 'none'], "
+                      f"layer={self.conflict_layer})  # Null vector, no patch"]
+        else:
+            lines.append("# Run the conflict test on the page for "
+                         "tvp.conflicting_task_patching(model, tasks, layers=..., **opts)")
+        return "\n".join(lines) + "\n"
 
     # -- layout ---------------------------------------------------------------------------
     def _fv_text(self) -> str:

@@ -600,6 +600,39 @@ class LensView(View):
             self._clean = None
             self._vectors.clear()
 
+    # -- reproducibility -----------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """Python that recomputes the heatmap's lens (with the page's steering vector) and,
+        with workspace edits, the edited lens below it."""
+        p = self._run_params()
+        lines = ["import explorer", "", f"model = explorer.load_model({self._model.spec.name!r})",
+                 f"prompt = {p['prompt']!r}"]
+        if p["alpha"] == 0:
+            lines.append("steer = []  # steering strength 0: the model unedited")
+        else:
+            layer = p["steer_layer"]
+            lines += [
+                f"a = {contrast_prompts(p['contrast_a'])!r}  # contrast prompts A",
+                f"b = {contrast_prompts(p['contrast_b'])!r}  # contrast prompts B", "",
+                "def mean_resid(prompts, layer):",
+                "    \"\"\"Mean resid_post over the prompts' tokens, the first token left out (its",
+                "    attention-sink norm would swamp the difference).\"\"\"",
+                "    ds = explorer.trace(model, prompts, sites=('resid_post',), layers=[layer])",
+                "    keep = ds.mask & ((ds.pos > 0) | (ds.mask.sum('pos') == 1))",
+                "    return ds.resid_post.sel(layer=layer).where(keep).mean(('prompt', 'pos')).values",
+                "",
+                f"vector = (mean_resid(a, {layer}) - mean_resid(b, {layer})).astype('float32')",
+                f"steer = [explorer.Steer(layer={layer}, vector=vector, alpha={float(p['alpha'])!r})]"]
+        k = p["k"]
+        lines.append(f"lens = explorer.logit_lens(model, prompt, k={k}, edits=steer, rank_cap={k}, "
+                     "unembed_dtype='auto')")
+        if self.edits:
+            lines += [f"workspace = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
+                      f"edited = explorer.logit_lens(model, prompt, k={k}, "
+                      f"edits=[*steer, *workspace], rank_cap={k}, unembed_dtype='auto')"]
+        lines.append("top = lens.top_token.isel(prompt=0, rank=0)  # the heatmap: [pos, layer]")
+        return "\n".join(lines) + "\n"
+
     # -- drawing ---------------------------------------------------------------------------
     @property
     def shown(self) -> xr.Dataset | None:

@@ -506,6 +506,31 @@ class LinearICLView(View):
                 f"{float(pats['ov_offy_ratio_max']):.4f}, |Σμ|/Σ|μ| {float(pats['mu_sum_ratio']):.3f}; "
                 f"test loss at L = {L}: {loss:.3f}.")
 
+    # -- reproducibility -----------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows: the runs (by head count), their
+        analyses over training, and the selected run's KQ / OV patterns at the step shown."""
+        if not self.runs or self.n_heads is None or self.step is None:
+            return "# The runs are still loading.\n"
+        heads = sorted(self.runs)
+        if all(_is_default_run(self.runs[H]) for H in heads):
+            names = ["attention_patterns", "linear_icl_run", "stored_linear_icl_analysis"]
+            lines = [f"runs = {{H: linear_icl_run(n_heads=H) for H in {heads!r}}}  # stored or "
+                     "shipped, else trained",
+                     "analyses = {H: stored_linear_icl_analysis(run) for H, run in runs.items()}"]
+        else:
+            names = ["attention_patterns", "linear_icl_analysis", "train_linear_icl"]
+            lines = ["runs = {"] + [
+                f"    {H}: train_linear_icl(**{dict(self.runs[H].attrs.get('params', {}))!r}, "
+                f"seed={int(self.runs[H].attrs.get('seed', 0))}),"
+                for H in heads] + ["}",
+                "analyses = {H: linear_icl_analysis(run, n_prompts=512) for H, run in "
+                "runs.items()}"]
+        lines.append(f"patterns = attention_patterns(runs[{int(self.n_heads)}].sel(step="
+                     f"{int(self.step)}))  # the heatmaps: kq, ov, omega, mu")
+        return "\n".join([f"from explorer.analyses.linear_icl import {', '.join(names)}", "",
+                          *lines]) + "\n"
+
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:
         heads = pn.widgets.RadioButtonGroup.from_param(self.param.n_heads, color="primary",

@@ -25,6 +25,7 @@ from apps import theme
 from apps._controls import control
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
+from explorer.analyses.parity import DEFAULTS as PARITY_DEFAULTS
 from explorer.analyses.parity import (
     parity_automaton,
     parity_automaton_sizes,
@@ -584,6 +585,40 @@ class ParityView(View):
             text += f"; accuracy at length {longest:,}: {float(acc.isel(length=-1)):.0%}"
         shown = "minimal automaton" if self.minimal else "merged automaton"
         return text + f". Graph: {shown}."
+
+    # -- reproducibility -----------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows at the current step: the run, its
+        analysis over training, the hidden-state PCA and the automaton (and the state counts
+        for a threshold or length other than the analysis's)."""
+        if self.run is None or self.step is None:
+            return "# The parity run is still loading.\n"
+        names = ["parity_automaton", "parity_hidden_pca", "stored_parity_analysis"]
+        params = {k: v for k, v in self.run.attrs.get("params", {}).items()}
+        seed = int(self.run.attrs.get("seed", 0))
+        if params.get("from_models"):
+            load = ["run = ...  # the page's run was built from networks given to it "
+                    "(parity_run_from_models); pass the same networks"]
+        elif set(params) <= set(PARITY_DEFAULTS):
+            names.append("parity_run")
+            given = {k: v for k, v in {**params, "seed": seed}.items()
+                     if PARITY_DEFAULTS.get(k) != v}
+            load = [f"run = parity_run({', '.join(f'{k}={v!r}' for k, v in given.items())})"
+                    "  # from the cache folder, the shipped file or trained (seeded)"]
+        else:
+            names.append("train_parity_rnn")
+            load = [f"run = train_parity_rnn(**{params!r}, seed={seed})"]
+        lines = load + [
+            "analysis = stored_parity_analysis(run)  # automaton sizes and long-string accuracy",
+            f"pca = parity_hidden_pca(run, {self.step}, max_length={self.max_length})",
+            f"automaton = parity_automaton(run, {self.step}, max_length={self.max_length}, "
+            f"threshold={self.threshold!r})  # .attrs['n_states'], ['n_states_minimal']"]
+        if self.sizes is not None:
+            names.append("parity_automaton_sizes")
+            lines.append(f"sizes = parity_automaton_sizes(run, max_length={self.max_length}, "
+                         f"threshold={self.threshold!r})  # the state counts over training")
+        return "\n".join([f"from explorer.analyses.parity import {', '.join(sorted(names))}",
+                          "", *lines]) + "\n"
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:

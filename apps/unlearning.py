@@ -181,6 +181,10 @@ class UnlearningView(View):
         self._known_only = known_only
         self._split: tuple[list, list] | None = None
         self._own_fact: U.AttributeFact | None = None
+        self._own_text = ""
+        # what the shown results were computed with (for `code_snippet`)
+        self._localized_with: dict[str, Any] | None = None
+        self._result_with: dict[str, Any] | None = None
         self._own = OwnItems(
             "Your own fact", user_items.UNLEARNING_FORMAT,
             "One fact: subject, prompt (the relation prompt the model completes, with the "
@@ -256,7 +260,7 @@ class UnlearningView(View):
         except InputError as e:
             self.show_error(e)
             return None
-        self._own_fact = fact
+        self._own_fact, self._own_text = fact, text
         self.error = ""
         self.localize()
         return fact
@@ -265,6 +269,8 @@ class UnlearningView(View):
         """Probe curve, causal tracing and attribution patching, in the background."""
         self._start("Localizing: probe, causal tracing, attribution patching …")
         model = self._model
+        used = {"n_forget": self.n_forget, "n_retain": self.n_retain,
+                "own": self._own_text if self._own_fact is not None else None}
 
         def job(token: CancelToken):
             everything = U.load_attribute_facts(self._facts_file)
@@ -285,7 +291,7 @@ class UnlearningView(View):
             trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=""))
             token.check()
             attribution = U.attribution_patching(model, forget, progress=self._reporter(85, 100))
-            return "localize", (probe, trace, attribution, (forget, retain))
+            return "localize", (probe, trace, attribution, (forget, retain), used)
 
         self.submit("work", job)
 
@@ -300,13 +306,14 @@ class UnlearningView(View):
                                              relearn_steps=self.relearn_steps)
         probe, trace, attribution = self.probe, self.trace, self.attribution
         forget, retain = self._split
+        used = {"method": method, **settings, "localized": self._localized_with}
 
         def job(token: CancelToken):
             ds = U.unlearning_comparison(model, forget, retain, methods=[method], probe=probe,
                                          trace=trace, attribution=attribution,
                                          progress=self._reporter(0, 100),
                                          should_stop=lambda: token.cancelled, **settings)
-            return "run", ds
+            return "run", (ds, used)
 
         self.submit("work", job)
 
@@ -321,16 +328,73 @@ class UnlearningView(View):
     def _show_result(self, out: tuple[str, Any]) -> None:
         kind, value = out
         if kind == "localize":
-            probe, trace, attribution, split = value
+            probe, trace, attribution, split, self._localized_with = value
             self._split = split
             self.param.update(probe=probe, trace=trace, attribution=attribution, progress=100)
             self._finish(f"Localized on {len(split[0])} forget facts; fact lookup picks "
                          f"MLPs {self.chosen_layers('fact_lookup')}.")
         else:
+            value, self._result_with = value
             self.param.update(result=value, progress=100)
             m = value["localization"].values[-1]
             self._finish(f"{m}: trained {int(value.n_params.sel(localization=m)):,} parameters, "
                          f"{float(value.seconds_per_step.sel(localization=m)):.1f} s per step.")
+
+    # -- reproducibility ---------------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows: the forget / retain facts, the probe
+        curve, causal tracing (the heatmap's fact by position, every fact by layer),
+        attribution patching, the layers the method picks, and the unlearning run."""
+        loc = self._localized_with
+        lines = ["import numpy as np", "", "import explorer",
+                 "from explorer.analyses import unlearning as U"]
+        own = loc is not None and loc["own"] is not None
+        if own:
+            lines.append("from explorer.analyses import user_items")
+        path = None if self._facts_file is None else str(self._facts_file)
+        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})",
+                  f"everything = U.load_attribute_facts({path!r})"
+                  + ("  # the shipped facts" if path is None else ""),
+                  "facts = U.known_facts(model, everything)  # those the model gets right"
+                  if self._known_only else "facts = everything"]
+        if loc is None:
+            lines.append(f"forget, retain = U.split_facts(facts, {self.n_forget}, {self.n_retain})")
+            lines.append("# Press Localize on the page for the probe, causal tracing and "
+                         "attribution patching")
+            return "\n".join(lines) + "\n"
+        n_forget, n_retain = loc["n_forget"], loc["n_retain"]
+        if own:
+            lines += [f"own = user_items.parse_unlearning_fact({loc['own']!r}, "
+                      "attributes=everything[0].attributes, mc=everything[0].mc)  # your fact",
+                      "facts = [f for f in facts if f.subject != own.subject]",
+                      f"forget, retain = U.split_facts(facts, {max(2, n_forget - 1)}, {n_retain})",
+                      f"forget = [own, *forget][:{n_forget}]"]
+        else:
+            lines.append(f"forget, retain = U.split_facts(facts, {n_forget}, {n_retain})")
+        lines += [
+            "_, counts = np.unique([f.attribute for f in everything], return_counts=True)",
+            "probe = U.attribute_probe_curve(model, everything, n_folds=int(min(4, counts.min())))",
+            "# the heatmap: the first forget fact, from its subject's first token to the end",
+            "first = U.subject_positions(model, forget[0])[0]",
+            "n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)"
+            "['input_ids'])",
+            "heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)))",
+            "trace = U.causal_trace(model, forget, positions=False)",
+            "trace['restore_resid'] = heat.restore_resid.reindex(fact=trace.fact)",
+            "trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=''))",
+            "attribution = U.attribution_patching(model, forget)",
+            f"layers = U.localized_layers(model, {self.method!r}, {self.n_layers}, probe=probe, "
+            "trace=trace, attribution=attribution)  # shaded on the probe plot"]
+        run = self._result_with
+        if self.result is not None and run is not None and run.get("localized") == loc:
+            settings = ", ".join(f"{k}={run[k]!r}" for k in ("n_layers", "steps", "lr",
+                                                              "relearn_steps"))
+            lines.append(f"result = U.unlearning_comparison(model, forget, retain, "
+                         f"methods=[{run['method']!r}], probe=probe, trace=trace, "
+                         f"attribution=attribution, {settings})  # the bars")
+        else:
+            lines.append("# Press Run unlearning on the page for U.unlearning_comparison(...)")
+        return "\n".join(lines) + "\n"
 
     # -- plots -------------------------------------------------------------------------------
     def chosen_layers(self, method: str | None = None) -> list[int]:

@@ -236,3 +236,221 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
     g.page("lens").wait(300)
     assert read_export(g.export_page_data())["manifest"]["page"] == "LensView"
     g.close()
+
+
+# -- the model pages' and training labs' snippets ----------------------------------------------
+
+def _no_timing(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` without its wall-clock variables and coordinates (they differ run to run)."""
+    return ds.drop_vars([n for n in ds.variables if "seconds" in str(n)])
+
+
+def test_lens_icl_and_lab_pages_write_their_own_snippets():
+    from apps._view import View
+    from apps.icl_heads import ICLHeadsView
+    from apps.lens import LensView
+    from apps.linear_icl import LinearICLView
+    from apps.parity import ParityView
+    from apps.task_emergence import TaskEmergenceView
+    from apps.unlearning import UnlearningView
+
+    for page in (LensView, ICLHeadsView, ParityView, LinearICLView, TaskEmergenceView,
+                 UnlearningView):
+        assert page.code_snippet is not View.code_snippet, page.__name__
+
+
+@pytest.mark.parametrize("alpha", [0.0, 2.0])
+def test_lens_snippet_recomputes_the_steered_and_the_edited_lens(tiny_model, alpha):
+    import torch
+
+    import explorer
+    from apps.lens import LensView
+
+    view = LensView(tiny_model, background=False, prompt="The cat sat on", alpha=alpha,
+                    steer_layer=1, k=3, contrast_a="I love it\nso good", contrast_b="I hate it")
+    view.edits = [explorer.Ablate(layer=1, head=2)]
+    view.wait(120)
+    ns = _run(view.code_snippet())
+    for got, shown in ((ns["lens"], view.result), (ns["edited"], view.edited_result)):
+        np.testing.assert_array_equal(got.top_token_id.values, shown.top_token_id.values)
+        # the page resumes the edited run from the clean one: float32 noise apart
+        np.testing.assert_allclose(got.top_prob.values, shown.top_prob.values, rtol=1e-4,
+                                   atol=1e-6)
+        assert json.dumps(got.attrs["edits"]) == json.dumps(shown.attrs["edits"])
+    assert [type(e).__name__ for e in ns["workspace"]] == ["Ablate"]
+    if alpha == 0:
+        assert ns["steer"] == [] and view.result.attrs["edits"] == []
+        return
+    # the snippet's steering vector against plain HF hidden states: the mean resid_post of
+    # layer 1 over the tokens of A (first token of each prompt left out) minus that of B
+    def mean(prompts):
+        rows = []
+        for p in prompts:
+            ids = tiny_model.tokenizer(p, return_tensors="pt")
+            with torch.no_grad():
+                h = tiny_model.hf(**ids, output_hidden_states=True).hidden_states[2][0]
+            rows.append(h[1:] if h.shape[0] > 1 else h)
+        return torch.cat(rows).mean(0).numpy()
+
+    want = mean(["I love it", "so good"]) - mean(["I hate it"])
+    np.testing.assert_allclose(ns["vector"], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ns["steer"][0].vector, view.edits_for()[0].vector)
+
+
+def test_icl_heads_snippet_recomputes_every_result_the_page_shows(tiny_model):
+    from apps.icl_heads import OWN_TASK, ICLHeadsView
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    first = _run(view.code_snippet())              # before the curves and the conflict test
+    assert "curves" not in first and "conflict" not in first
+    view.max_percent = 10
+    view._request("curves")
+    view.param.update(conflict_tasks=["capitalize", "uppercase", "choose-first-of-3"],
+                      conflict_layers="1-2", conflict_layer=None)
+    view.run_conflict()
+    view.conflict_layer = 1
+    view.use_own("dog -> DOG\ncat -> CAT\nsun -> SUN\nsky -> SKY\nred -> RED")
+    view.param.update(layer=1, head=2)
+    assert view.task == OWN_TASK
+    ns = _run(view.code_snippet())
+    assert ns["model"].spec.name == "tiny-llama" and ns["task"].name == OWN_TASK
+    xr.testing.assert_allclose(ns["scores"], view.scores)
+    for kind in ("repeat", "icl"):
+        xr.testing.assert_allclose(ns["patterns"][kind], view.patterns[kind])
+    xr.testing.assert_allclose(ns["fv_result"], view.fv_result)
+    assert str(ns["fv_result"].task.values[0]) == OWN_TASK
+    xr.testing.assert_allclose(ns["td"], view.td)
+    xr.testing.assert_allclose(ns["curves"], view.curves)
+    xr.testing.assert_identical(ns["conflict"].drop_attrs(), view.conflict.drop_attrs())
+    tasks = ["capitalize", "uppercase", "choose-first-of-3"]
+    xr.testing.assert_identical(ns["matrix"], view.conflict.follows_source.sel(source=tasks,
+                                                                               layer=1))
+
+
+@pytest.fixture()
+def cache(monkeypatch, tmp_path):
+    """An empty cache folder: the labs read their shipped runs (or train) there."""
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_parity_snippet_recomputes_the_shipped_run_at_the_step_shown(cache):
+    from apps.parity import ParityView
+
+    view = ParityView(background=False)
+    view.wait(600)
+    view.param.update(threshold=0.02, max_length=5)  # the state counts are recomputed
+    view.wait(600)
+    view.step = view.param.step.objects[20]
+    ns = _run(view.code_snippet())
+    assert "run = parity_run()" in view.code_snippet()
+    xr.testing.assert_identical(ns["run"], view.run)
+    xr.testing.assert_identical(ns["analysis"], view.analysis)
+    xr.testing.assert_identical(ns["pca"], view.pca())
+    xr.testing.assert_identical(ns["automaton"], view.automaton())
+    xr.testing.assert_identical(ns["sizes"], view.sizes)
+    assert ns["automaton"].attrs["n_states"] == view.automaton().attrs["n_states"]
+    view.close()
+
+
+def test_parity_snippet_retrains_a_reduced_run(cache):
+    from apps.parity import ParityView
+    from explorer.analyses.parity import train_parity_rnn
+
+    run = train_parity_rnn(hidden_size=12, epochs=4, checkpoint_every=2, max_length=6, seed=3)
+    view = ParityView(run=run, background=False)
+    view.wait(600)
+    view.param.update(step=int(run.step.values[1]), max_length=4)
+    code = view.code_snippet()
+    assert "seed=3" in code and "hidden_size=12" in code
+    ns = _run(code)
+    xr.testing.assert_allclose(_no_timing(ns["run"]), _no_timing(run))
+    xr.testing.assert_allclose(ns["pca"], view.pca())
+    xr.testing.assert_identical(ns["automaton"], view.automaton())
+    view.close()
+
+
+def test_linear_icl_snippet_recomputes_reduced_and_shipped_runs(cache):
+    from apps.linear_icl import LinearICLView
+    from explorer.analyses import linear_icl
+
+    runs = {H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
+                                           batch_size=64, n_test=64, test_lengths=[10, 40],
+                                           seed=0) for H in (1, 2)}
+    view = LinearICLView(runs=runs, background=False)
+    view.wait(600)
+    view.step = 40
+    ns = _run(view.code_snippet())
+    assert sorted(ns["runs"]) == [1, 2]
+    xr.testing.assert_allclose(ns["patterns"], view.patterns())
+    for H in (1, 2):
+        xr.testing.assert_allclose(_no_timing(ns["analyses"][H]), _no_timing(view.analyses[H]))
+    view.close()
+    shipped = LinearICLView(background=False)      # the runs shipped with the project
+    shipped.wait(600)
+    shipped.n_heads = 1
+    code = shipped.code_snippet()
+    assert "linear_icl_run(n_heads=H)" in code
+    ns = _run(code)
+    xr.testing.assert_identical(ns["patterns"], shipped.patterns())
+    for H, analysis in shipped.analyses.items():
+        xr.testing.assert_identical(ns["analyses"][H], analysis)
+    shipped.close()
+
+
+def test_task_emergence_snippet_recomputes_shipped_and_reduced_analyses(cache):
+    from apps.task_emergence import TaskEmergenceView
+    from explorer.analyses.task_emergence import train_task_emergence
+
+    view = TaskEmergenceView(background=False)     # the analysis shipped with the project
+    view.wait(600)
+    view.param.update(step=view.param.step.objects[5], layer=0)
+    ns = _run(view.code_snippet())
+    xr.testing.assert_identical(ns["analysis"], view.analysis)
+    xr.testing.assert_identical(ns["projection"],
+                                view.analysis["projection"].sel(step=view.step, layer=0))
+    view.close()
+    small = dict(n_layers=1, d_model=16, n_heads=2, batch_size=32, steps=40,
+                 checkpoint_every=20, warmup=5)
+    run = train_task_emergence(**small, seed=2)
+    view = TaskEmergenceView(run=run, background=False)
+    view.wait(600)
+    code = view.code_snippet()
+    assert "task_emergence_run(" in code and "seed=2" in code
+    ns = _run(code)
+    xr.testing.assert_allclose(_no_timing(ns["analysis"]), _no_timing(view.analysis))
+    np.testing.assert_allclose(ns["td_by_layer"].values,
+                               view.analysis["td"].sel(step=view.step).values)
+    view.close()
+
+
+def test_unlearning_snippet_recomputes_localization_and_the_run(tiny_model, tmp_path):
+    from apps.unlearning import UnlearningView
+
+    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps({
+        "attributes": attrs,
+        "templates": {"trained": "Fact: {subject} likes the",
+                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
+                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    view = UnlearningView(tiny_model, facts_file=facts, known_only=False, n_forget=4, n_retain=2,
+                          n_layers=1, steps=2, relearn_steps=1, background=False)
+    assert "U.split_facts(facts, 4, 2)" in view.code_snippet()   # before Localize
+    view.use_own("subject: Person Q\nprompt: Fact: Person Q likes the\nanswer: moon")
+    view.n_forget = 3                                # after Localize: the split it used stays
+    view.method = "causal_tracing"
+    view.run()
+    view.n_layers = 2                                # after the run: the bars keep its budget
+    ns = _run(view.code_snippet())
+    assert ns["forget"][0].subject == "Person Q" and len(ns["forget"]) == 4
+    assert [f.subject for f in ns["forget"]] == [f.subject for f in view._split[0]]
+    assert [f.subject for f in ns["retain"]] == [f.subject for f in view._split[1]]
+    for name in ("probe", "trace", "attribution"):
+        xr.testing.assert_allclose(ns[name], getattr(view, name))
+    xr.testing.assert_allclose(_no_timing(ns["result"]), _no_timing(view.result))
+    assert ns["layers"] == view.chosen_layers()
+    view.close()
