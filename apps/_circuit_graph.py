@@ -3,8 +3,11 @@
 Layout: layers left to right (heads at x = L, the MLP above them at L + 0.5, input left,
 logits right); within a layer the heads sit by the score mass they carry (heaviest at the
 top, just under the MLP). Encoding: an edge's width and opacity grow with |score|, its colour
-is the score's sign (or, in a diff, gained / lost / kept). Node labels use the one component
-spelling of `explorer.components` (L17.H3, L17.MLP, input, logits).
+is the score's sign (or, in a diff, gained / lost / kept). Nodes are named in the one
+component spelling of `explorer.components` (L17.H3, L17.MLP, input, logits); a head's label
+is its short form ``H3`` above it, in its layer's column (the layer is the x axis; the full
+name is in the hover and the ``name`` column), so that labels of neighbouring layers do not
+run into each other; an MLP's label is its full name, straight up.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from apps import theme
 from explorer.components import canonical
 
 __all__ = ["node_names", "head_mass_order", "node_positions", "edge_style", "edge_table",
-           "node_columns", "layer_ticks", "tick_step", "nearest_node", "nearest_edge",
+           "node_columns", "short_label", "strongest_edges", "OUTSIDE", "layer_ticks", "tick_step", "nearest_node", "nearest_edge",
            "circuit_csv", "circuit_svg", "edge_diff", "POSITIVE", "NEGATIVE", "DIFF_COLORS",
            "FRAME_PX_1280"]
 
@@ -29,6 +32,7 @@ POSITIVE = theme.SIGNED_CMAP[-20]   # the diverging map's red end: patching the 
 NEGATIVE = theme.SIGNED_CMAP[20]    # its blue end: patching lowers the metric (the edge helps)
 DIFF_COLORS = {"kept": "#8c8c8c", "gained": theme.CATEGORICAL[2], "lost": theme.CATEGORICAL[1]}
 FADED_NODE, USED_NODE = "#d4d4d4", "#303030"
+OUTSIDE = theme.CATEGORICAL[4]   # a selected component's strongest edges outside the circuit
 FRAME_PX_1280 = 500   # the graph's data area at a 1280 px window (gallery sidebar + controls)
 
 
@@ -80,10 +84,19 @@ def edge_style(score: np.ndarray, vmax: float | None = None) -> dict[str, np.nda
             "color": np.where(s >= 0, POSITIVE, NEGATIVE).astype(object)}
 
 
+def strongest_edges(scores: xr.Dataset, node: str, k: int = 5) -> np.ndarray:
+    """Indices of the ``k`` edges into or out of ``node`` (a graph node name, ``a3.h1``) with
+    the largest |score|, strongest first."""
+    touches = np.flatnonzero((scores["src"].values == node) | (scores["dst"].values == node))
+    mag = np.abs(np.asarray(scores["score"].values, dtype=np.float64)[touches])
+    return touches[np.argsort(-mag, kind="stable")[:k]]
+
+
 def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[float, float]], *,
                reference: np.ndarray | None = None, circuit: np.ndarray | None = None,
                max_lost: int = 400, selected: str = "",
-               effects: Mapping[int, float] | None = None) -> dict[str, np.ndarray]:
+               effects: Mapping[int, float] | None = None, extra: np.ndarray | None = None,
+               spell: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
     """Columns of the drawn edges ``index`` (edge indices, strongest first).
 
     ``src``/``dst`` are the components' names in the one spelling; ``edge`` the edge's index
@@ -91,8 +104,11 @@ def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[fl
     has one, else "not computed". With ``reference`` (a bool mask of another circuit over the
     same edges) the drawn edges are ``kept`` (in the reference too) or ``gained``, and the
     reference's edges missing from ``circuit`` (this circuit's whole mask; by default the
-    drawn edges) follow as ``lost``, strongest first, at most ``max_lost``. With ``selected``
-    (a component name) the edges not touching it are faded to 0.08 opacity.
+    drawn edges) follow as ``lost``, strongest first, at most ``max_lost``. ``extra`` (edge
+    indices outside the circuit: a selected component's strongest edges) follow as
+    ``outside``, in their own colour. With ``selected`` (a component name) the edges not
+    touching it are faded to 0.08 opacity. ``spell`` maps graph node names to the one
+    spelling (default: `canonical` of each).
     """
     top = np.asarray(index, dtype=int)
     status = np.full(len(top), "kept", dtype=object)
@@ -106,6 +122,9 @@ def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[fl
         lost = lost[np.argsort(-mag[lost], kind="stable")][:max_lost]
         top = np.concatenate([top, lost]).astype(int)
         status = np.concatenate([status, np.full(len(lost), "lost", dtype=object)])
+    if extra is not None and len(extra):
+        top = np.concatenate([top, np.asarray(extra, dtype=int)])
+        status = np.concatenate([status, np.full(len(extra), "outside", dtype=object)])
     raw_src = scores["src"].values[top].astype(str)
     raw_dst = scores["dst"].values[top].astype(str)
     s = np.asarray(scores["score"].values[top], dtype=np.float64)
@@ -113,9 +132,13 @@ def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[fl
     xy1 = np.array([pos[n] for n in raw_dst], dtype=float).reshape(-1, 2)
     style = edge_style(s)
     if reference is not None:
-        style["color"] = np.array([DIFF_COLORS[k] for k in status], dtype=object)
-    src = np.array([canonical(n) for n in raw_src], dtype=object)
-    dst = np.array([canonical(n) for n in raw_dst], dtype=object)
+        style["color"] = np.array([DIFF_COLORS.get(k, OUTSIDE) for k in status], dtype=object)
+    outside = status == "outside"
+    style["color"] = np.where(outside, OUTSIDE, style["color"]).astype(object)
+    style["alpha"] = np.where(outside, np.maximum(style["alpha"], 0.6), style["alpha"])
+    spell = spell if spell is not None else {n: canonical(n) for n in {*raw_src, *raw_dst}}
+    src = np.array([spell[n] for n in raw_src], dtype=object)
+    dst = np.array([spell[n] for n in raw_dst], dtype=object)
     alpha = style["alpha"]
     if selected:
         touches = (src == selected) | (dst == selected)
@@ -128,10 +151,18 @@ def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[fl
             "alpha": alpha, "color": style["color"], "status": status, "effect": effect}
 
 
+def short_label(name: str) -> str:
+    """The label drawn at a node: ``H3`` for the head ``L17.H3`` (its layer is the column),
+    the name itself for an MLP, input and logits."""
+    layer, dot, rest = name.partition(".")
+    return rest if dot and rest.startswith("H") else name
+
+
 def node_columns(names: Sequence[str], pos: Mapping[str, tuple[float, float]],
                  used: Iterable[str], selected: str = "") -> dict[str, list]:
-    """Per node: place, marker size and fill, the name (one spelling) and the label drawn next
-    to it: the name for nodes the circuit touches, empty for the others (drawn small and pale)."""
+    """Per node: place, marker size and fill, the name (one spelling) and the label drawn at
+    it (`short_label`) for nodes the circuit touches and the selected one, empty for the
+    others (drawn small and pale)."""
     used = {canonical(n) for n in used}
     label = [canonical(n) for n in names]
     size, fill = [], []
@@ -143,7 +174,8 @@ def node_columns(names: Sequence[str], pos: Mapping[str, tuple[float, float]],
         else:
             size.append(4), fill.append(FADED_NODE)
     return {"x": [pos[n][0] for n in names], "y": [pos[n][1] for n in names], "name": label,
-            "size": size, "fill": fill, "text": [c if c in used else "" for c in label]}
+            "size": size, "fill": fill,
+            "text": [short_label(c) if c in used or c == selected else "" for c in label]}
 
 
 def tick_step(n_layers: int, frame_px: float = FRAME_PX_1280, font_px: float = 6.5) -> int:
@@ -198,11 +230,11 @@ def circuit_csv(table: Mapping[str, np.ndarray] | None) -> str:
     circuit, strongest first; lost edges of a diff are left out, a ``status`` column added)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    diff = table is not None and bool((table["status"] != "kept").any())
+    diff = table is not None and bool(np.isin(table["status"], ["gained", "lost"]).any())
     w.writerow(["source", "target", "score", "patch_effect"] + (["status"] if diff else []))
     if table is not None:
         for i in range(len(table["src"])):
-            if table["status"][i] == "lost":
+            if table["status"][i] in ("lost", "outside"):
                 continue
             effect = table["effect"][i]
             row = [table["src"][i], table["dst"][i], repr(float(table["score"][i])),
@@ -239,12 +271,12 @@ def circuit_svg(table: Mapping[str, np.ndarray] | None, nodes: Mapping[str, list
                        f'stroke-opacity="{table["alpha"][i]:.3f}" stroke-linecap="round">'
                        f'<title>{escape(table["src"][i])} → {escape(table["dst"][i])}: '
                        f'{table["score"][i]:+.4g}</title></line>')
-    for x, y, size, fill, text in zip(nodes["x"], nodes["y"], nodes["size"], nodes["fill"],
-                                      nodes["text"]):
+    for x, y, size, fill, name, text in zip(nodes["x"], nodes["y"], nodes["size"], nodes["fill"],
+                                            nodes["name"], nodes["text"]):
         out.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="{size / 2:.1f}" fill="{fill}"/>')
-        if text:
+        if text:   # the full name (a wide picture has room for it at 45 degrees)
             out.append(f'<text x="{X(x) + 4:.1f}" y="{Y(y) - 4:.1f}" font-size="9" '
-                       f'transform="rotate(-45 {X(x) + 4:.1f} {Y(y) - 4:.1f})">{escape(text)}</text>')
+                       f'transform="rotate(-45 {X(x) + 4:.1f} {Y(y) - 4:.1f})">{escape(name)}</text>')
     for x, label in layer_ticks(n_layers, frame_px=width - m["l"] - m["r"]):
         if label:
             out.append(f'<text x="{X(x):.1f}" y="{height - m["b"] + 16}" font-size="11" '

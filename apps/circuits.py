@@ -63,6 +63,7 @@ node_positions = cg.node_positions
 edge_table = cg.edge_table
 _COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "edge", "width", "alpha", "color",
             "status", "effect")
+_DRAWN = ("x0", "y0", "x1", "y1", "src", "dst", "score", "width", "alpha", "color", "effect")
 _EDGE_HOVER = [("edge", "@src → @dst"), ("score", "@score{+0.0000}"),
                ("patch effect", "@effect")]
 
@@ -108,7 +109,8 @@ def plot_edges(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int,
     hover gives both ends, the score and the patch effect."""
     table = table or {k: np.array([]) for k in _COLUMNS}
     xlim, ylim = _ranges(n_layers, n_heads)
-    seg = hv.Segments(table, ["x0", "y0", "x1", "y1"], list(_COLUMNS[4:]))
+    # only what is drawn or hovered goes to the plot (each column costs range and update work)
+    seg = hv.Segments({k: table[k] for k in _DRAWN}, ["x0", "y0", "x1", "y1"], list(_DRAWN[4:]))
     yt = [((n_heads - 1) / 2, "heads"), (n_heads + 0.35, "MLP")]
     return seg.opts(color="color", line_width="width", line_alpha="alpha", tools=["hover"],
                     hover_tooltips=_EDGE_HOVER, responsive=True, height=graph_height(n_heads),
@@ -124,20 +126,21 @@ def plot_nodes(columns: dict[str, list]) -> hv.Points:
 
 
 def plot_node_labels(columns: dict[str, list]) -> hv.Overlay:
-    """The names of the circuit's nodes: heads, input and logits at 45 degrees up and right
-    of each node, so that neighbouring layers' labels run parallel instead of over each other;
-    the MLPs (one staggered row) straight up."""
+    """The labels of the circuit's nodes (`cg.short_label`): a head's ``H3`` centred just
+    above it, inside its layer's column (so neighbouring layers' labels never meet), input
+    and logits the same way, the MLPs' names (one staggered row) straight up (the full names
+    are the nodes' hover)."""
     mlp = np.array([n.endswith(".MLP") for n in columns["name"]])
 
     def labels(rows: np.ndarray, angle: float) -> hv.Labels:
         data = {k: np.asarray(columns[k], dtype=object if k == "text" else float)[rows]
                 for k in ("x", "y", "text")}
         return hv.Labels(data, ["x", "y"], "text").opts(
-            angle=angle, text_align="left", text_baseline="middle" if angle == 90 else "bottom",
-            text_font_size="7pt", text_color="#202020", xoffset=0.0 if angle == 90 else 0.12,
-            yoffset=0.25 if angle == 90 else 0.12)
+            angle=angle, text_align="left" if angle == 90 else "center",
+            text_baseline="middle" if angle == 90 else "bottom", text_font_size="7pt",
+            text_color="#202020", xoffset=0.0, yoffset=0.25 if angle == 90 else 0.2)
 
-    return labels(~mlp, 45) * labels(mlp, 90)
+    return labels(~mlp, 0) * labels(mlp, 90)
 
 
 def _no_curve() -> hv.Text:
@@ -301,6 +304,7 @@ class CircuitsView(View):
         self._diff_note = ""
         self._names = cg.node_names(L, H)
         self._pos = cg.node_positions(L, H, cg.head_mass_order(None, L, H))
+        self._pos_version = 0
         self._layout_from = ""                          # the scores the layout was ordered by
         self._slider = pn.widgets.DiscreteSlider(label=self.param.n_edges.label, options=[30],
                                                  value=30, sizing_mode="stretch_width")
@@ -314,14 +318,20 @@ class CircuitsView(View):
                          ["fraction", "max_default_edges"], onlychanged=False)
         self.param.watch(self._method_changed, ["method"])
         self.param.watch(self._diff_changed, ["diff", "diff_against"])
-        streams = [self.param.mode, self.param.n_edges, self.param.threshold,
-                   self.param.checkpoint, self.param.diff, self.param.diff_against,
-                   self.param.scores, self.param.checkpoints, self.param.other_scores,
-                   self.param.selected]
-        self._edges_dm = hv.DynamicMap(self._edges_plot, streams=streams)
-        # the nodes and their labels are drawn with the edges, in one DynamicMap: replacing
-        # only their columns in the drawn data sources (cheaper) did not reach the browser
-        # in the gallery
+        # one stream drives the edges and the nodes (one refresh a change); the nodes'
+        # callback hands back the element it drew last while the node set is unchanged, so
+        # that a slider move which only changes edges re-sends only the edges
+        self._graph_stream = hv.streams.Params(self, [
+            "mode", "n_edges", "threshold", "checkpoint", "diff", "diff_against", "scores",
+            "checkpoints", "other_scores", "selected"])
+        self._edges_dm = hv.DynamicMap(self._edges_element, streams=[self._graph_stream])
+        self._nodes_dm = hv.DynamicMap(self._nodes_element, streams=[self._graph_stream])
+        self._frame_key: tuple | None = None     # what the table was built for
+        self._frame_times: dict[str, tuple[float, float]] = {}
+        self._nodes_el: tuple[tuple, hv.Overlay] | None = None
+        self._outside: np.ndarray = np.zeros(0, dtype=int)   # the selection's edges shown
+        self._spell = {n: canonical(n) for n in self._names}
+        self._raw = {c: n for n, c in self._spell.items()}
         self._node_sources: list[Any] = []
         self._label_sources: list[Any] = []
         # clicks come from a static (empty) element of the graph's overlay: a Tap stream on
@@ -569,6 +579,8 @@ class CircuitsView(View):
     def _set_layout(self, scores: xr.Dataset, label: str) -> None:
         L, H = self._model.n_layers, self._model.spec.n_heads
         self._pos = cg.node_positions(L, H, cg.head_mass_order(scores, L, H))
+        self._pos_version += 1
+        self._frame_key = None
         self._layout_from = label
         self._refresh_nodes(force=True)
 
@@ -617,6 +629,7 @@ class CircuitsView(View):
         t = self._table
         if t is not None and out["key"] == self._key() and (t["edge"] == out["index"]).any():
             t["effect"][t["edge"] == out["index"]] = f"{out['metric'] - out['clean_metric']:+.4f}"
+            self._frame_key = None
             self._edges_dm.event()   # the hover's patch effect
 
     def _request_edited(self) -> None:
@@ -721,10 +734,12 @@ class CircuitsView(View):
         return self._circuit(self.other_scores), METHOD_LABELS[self._other_method()]
 
     def _refresh_nodes(self, force: bool = False) -> None:
-        """The node set the drawn circuit touches (drawn with the edges)."""
+        """The node set the drawn circuit (and the selection's shown edges) touches."""
         t = self._table
         self._nodes = frozenset() if t is None else frozenset(
             t["src"][t["status"] != "lost"].tolist()) | frozenset(t["dst"][t["status"] != "lost"].tolist())
+        if force:
+            self._nodes_el = None
 
     def _keep_node_source(self, plot: Any, element: Any) -> None:
         """Plot hook: remember each drawn node plot's data source (for tests); size and fill
@@ -771,17 +786,29 @@ class CircuitsView(View):
                     f"/ −{int((t['status'] == 'lost').sum())}")
         return f"Circuit: {what}, {method}, {label}"
 
-    def _edges_plot(self, **_: Any) -> hv.Overlay:
-        t0, c0 = time.perf_counter(), time.thread_time()
+    def _current_key(self) -> tuple:
+        return (self.mode, self.n_edges, self.threshold, self.checkpoint, self.diff,
+                self.diff_against, id(self.scores), id(self.checkpoints), id(self.other_scores),
+                self.selected, self._pos_version)
+
+    def _update_table(self) -> None:
+        """The drawn edges for the current selection (once per change: both graph callbacks
+        read it)."""
+        key = self._current_key()
+        if key == self._frame_key:
+            return
+        self._frame_key = key
+        self._frame_times = {}
         L, H = self._model.n_layers, self._model.spec.n_heads
         scores, order, label = self._current()
+        self._outside = np.zeros(0, dtype=int)
         if scores is None:
             self._table = None
             self._members = np.zeros(0, dtype=int)
             self._shown = {"size": 0, "chosen": 0, "drawn": 0}
+            self._title = "Circuit: waiting for edge scores"
             self._refresh_nodes()
-            return plot_edges(None, L, H, title="Circuit: waiting for edge scores") * \
-                self._nodes_overlay()
+            return
         mask = self._circuit(scores)
         n_chosen = self._n_chosen(scores)
         members = order[mask[order]]              # the pruned circuit, strongest first
@@ -792,9 +819,14 @@ class CircuitsView(View):
         if reference is None:
             ref_label = ""
         effects = self._effects.get(self._key(), {}) if base else {}
+        raw = self._raw.get(self.selected)
+        if raw is not None:   # a selection the drawn circuit does not touch: its own edges
+            src, dst = scores["src"].values[shown], scores["dst"].values[shown]
+            if not ((src == raw) | (dst == raw)).any():
+                self._outside = cg.strongest_edges(scores, raw, 5)
         self._table = cg.edge_table(scores, shown, self._pos, reference=reference, circuit=mask,
                                     max_lost=MAX_DRAWN_EDGES, selected=self.selected,
-                                    effects=effects)
+                                    effects=effects, extra=self._outside, spell=self._spell)
         self._members = members
         self._shown = {"size": int(len(members)), "chosen": n_chosen, "drawn": int(len(shown))}
         keep_rows = self._table["status"] != "lost"
@@ -807,16 +839,43 @@ class CircuitsView(View):
             self.param.update(edge=keep)
         method = METHOD_LABELS[self._shown_method if base else
                                str(self.checkpoints.attrs.get("edge_method", self.method))]
-        title = self._graph_title(len(members), len(shown), method, label, ref_label)
+        self._title = self._graph_title(len(members), len(shown), method, label, ref_label)
         self._csv.filename = (f"circuit_{self._model.spec.name.split('/')[-1]}_"
                               f"{self.task.replace(' ', '-')}_"
                               f"{method.lower()}_{len(members)}edges.csv")
         self._svg.filename = self._csv.filename[:-4] + ".svg"
         self._refresh_nodes()
-        plot = plot_edges(self._table, L, H, title=title) * self._nodes_overlay()
-        self.param.update(redraw_ms=1e3 * (time.perf_counter() - t0),
-                          redraw_cpu_ms=1e3 * (time.thread_time() - c0))
+
+    def _timed(self, part: str, t0: float, c0: float) -> None:
+        """Record one graph callback's time; once both ran for this change, publish the sum
+        (`redraw_ms`, `redraw_cpu_ms`)."""
+        self._frame_times[part] = (time.perf_counter() - t0, time.thread_time() - c0)
+        if len(self._frame_times) == 2:
+            wall, cpu = (sum(v) for v in zip(*self._frame_times.values()))
+            self.param.update(redraw_ms=1e3 * wall, redraw_cpu_ms=1e3 * cpu)
+
+    def _edges_element(self, **_: Any) -> hv.Segments:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._update_table()
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        plot = plot_edges(self._table, L, H, title=self._title)
+        self._timed("edges", t0, c0)
         return plot
+
+    def _nodes_element(self, **_: Any) -> hv.Overlay:
+        """The nodes and their labels: the element drawn last while neither the node set,
+        the selection nor the layout changed (its plot then sends nothing)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._update_table()
+        key = (self._nodes, self.selected, self._pos_version)
+        if self._nodes_el is None or self._nodes_el[0] != key:
+            self._nodes_el = (key, self._nodes_overlay())
+        self._timed("nodes", t0, c0)
+        return self._nodes_el[1]
+
+    def _edges_plot(self, **_: Any) -> hv.Overlay:
+        """The whole graph as the page draws it now: edges, nodes and labels."""
+        return self._edges_element() * self._nodes_element()
 
     def _faithfulness_plot(self, *_: Any) -> hv.Element:
         """The base model's curve, marked at its circuit for the current selection (also
@@ -829,26 +888,32 @@ class CircuitsView(View):
 
     def _marker_plot(self, **_: Any) -> hv.Overlay:
         target = hv.HLine(self.fraction).opts(color="#777777", line_dash="dashed", line_width=1)
-        # the full model with the workspace edits: the share of the metric it keeps
-        kept = self.edited["recovered"] if self.edited is not None else np.nan
-        target = target * hv.HLine(kept if np.isfinite(kept) else np.nan).opts(
-            color=theme.ACCENT, line_dash="dotted", line_width=2)
         if self.curve is None or self.scores is None:
             return hv.Scatter([], _FAITH_X, "metric recovered", group="Current") * target
         mask = self._circuit(self.scores)
         return faithfulness_marker(self.curve, int(mask.sum()),
                                    self._n_chosen(self.scores)) * target
 
-    def _faithfulness_pane(self, curve: xr.Dataset | None) -> hv.Element:
-        """The curve, drawn once per set of scores, and the marker as a DynamicMap: a slider
-        move updates the marker's data and the title, not the whole figure."""
+    def edited_line(self) -> hv.HLine | None:
+        """The share of the metric the full model keeps with the workspace edits (a dotted
+        line on the faithfulness curve), or None without edits."""
+        kept = self.edited["recovered"] if self.edited is not None else np.nan
+        if not np.isfinite(kept):
+            return None
+        return hv.HLine(kept).opts(color=theme.ACCENT, line_dash="dotted", line_width=2)
+
+    def _faithfulness_pane(self, curve: xr.Dataset | None, edited: dict | None = None) -> hv.Element:
+        """The curve (and the edited model's line), drawn once per set of scores and edits,
+        and the marker as a DynamicMap: a slider move updates the marker's data and the
+        title, not the whole figure."""
         if curve is None:
             return _no_curve()
         marker = hv.DynamicMap(self._marker_plot, streams=[
             self.param.mode, self.param.n_edges, self.param.threshold, self.param.scores,
-            self.param.fraction, self.param.edited])
-        return (faithfulness_line(curve) * marker).opts(
-            responsive=True, height=260, default_tools=_TOOLS, logx=True)
+            self.param.fraction])
+        line = self.edited_line()
+        out = faithfulness_line(curve) * (line if line is not None else hv.Overlay([]))
+        return (out * marker).opts(responsive=True, height=260, default_tools=_TOOLS, logx=True)
 
     def _clicked(self, x: float | None = None, y: float | None = None) -> None:
         """A click on the graph: a node selects it (again: clears it) and highlights its
@@ -947,17 +1012,35 @@ class CircuitsView(View):
         else:
             parts.append("Red edges: patching them raises the metric; blue: lowers it (they "
                          "carry the answer). Width and opacity: |score|.")
-        parts.append("Heads of a layer are ordered by the score mass they carry (heaviest on "
-                     f"top), fixed by the {self._layout_from or 'first scores'}. Click a node "
-                     "to highlight its edges, an edge to patch it.")
-        if self.selected:
-            parts.append(f"Selected: **{self.selected}**.")
-        return " ".join(parts)
+        parts.append("Heads are labelled H3 in their layer's column (hover for L17.H3) and "
+                     "ordered by the score mass they carry (heaviest on top), fixed by the "
+                     f"{self._layout_from or 'first scores'}. Click a node to highlight its "
+                     "edges, an edge to patch it.")
+        parts.append(self._selection_text())
+        return " ".join(p for p in parts if p)
+
+    def _selection_text(self) -> str:
+        """Where the selected component is in the graph (also when it is not in the circuit)."""
+        if not self.selected:
+            return ""
+        if self.selected not in self._raw:
+            return f"Selected: **{self.selected}** (not a node of this model's graph)."
+        self._update_table()
+        t = self._table
+        if t is None:
+            return f"Selected: **{self.selected}** (highlighted; its edges show once scored)."
+        if len(self._outside):
+            rows = np.flatnonzero(t["status"] == "outside")
+            edges = ", ".join(f"{t['src'][i]} → {t['dst'][i]} ({t['score'][i]:+.3g})"
+                              for i in rows)
+            return (f"**{self.selected}** has no edge in this circuit; its strongest edges "
+                    f"(drawn in purple): {edges}.")
+        return f"Selected: **{self.selected}**; its edges in the circuit stand out."
 
     def _state_html(self, *_: Any) -> str:
         """Hidden markers of what the page shows (read by the browser test)."""
         t = self._table
-        drawn = 0 if t is None else int((t["status"] != "lost").sum())
+        drawn = 0 if t is None else int((~np.isin(t["status"], ["lost", "outside"])).sum())
         metric = "none" if self.ablation is None else f"{self.ablation['metric']:.9g}"
         edge = "none" if self.ablation is None else self.ablation["edge"]
         n_ck = 0 if self.checkpoints is None else self.checkpoints.sizes["checkpoint"]
@@ -973,6 +1056,7 @@ class CircuitsView(View):
                 f"data-circuit-fraction='{self.fraction:.6g}' data-circuit-default='{default}' "
                 f"data-circuit-cap='{self.max_default_edges}' "
                 f"data-circuit-selected='{self.selected}' "
+                f"data-circuit-outside='{len(self._outside)}' "
                 f"data-circuit-metric='{metric}' "
                 f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
                 f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
@@ -980,7 +1064,7 @@ class CircuitsView(View):
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        graph = self._edges_dm * self._tap_el
+        graph = self._edges_dm * self._nodes_dm * self._tap_el
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
@@ -1007,7 +1091,7 @@ class CircuitsView(View):
             player, pn.pane.Markdown(self.param.status), pn.pane.HTML(pn.bind(self._state_html,
                                                                               *shown)),
             width=theme.SIZES["controls_width"])
-        faith = pn.bind(self._faithfulness_pane, self.param.curve)
+        faith = pn.bind(self._faithfulness_pane, self.param.curve, self.param.edited)
         main = pn.Column(
             pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
             pn.pane.Markdown(pn.bind(self._caption, *shown), css_classes=["circuit-caption"],

@@ -3,6 +3,7 @@ user's own prompt pairs, workspace edits (the task metric clean vs edited), a se
 elsewhere drawn in the graph, "Patch all shown edges", and the page's copy-as-code snippet."""
 from __future__ import annotations
 
+import holoviews as hv
 import numpy as np
 import panel as pn
 import pytest
@@ -114,7 +115,82 @@ def test_edits_show_the_task_metric_clean_vs_edited_as_torch_hooks(own_view, tin
     assert f"{e['clean_metric']:.4f} → {e['edited_clean_metric']:.4f}" in text
     assert f"data-circuit-edited='{e['clean_metric']:.9g} " in view._state_html()
     # the faithfulness panel marks the edited model's share
-    lines = [el for el in view._marker_plot() if type(el).__name__ == "HLine"]
-    assert [round(float(el.data), 6) for el in lines] == [round(view.fraction, 6), round(want, 6)]
+    assert float(view.edited_line().data) == pytest.approx(want, rel=1e-3)
+    pane = view._faithfulness_pane(view.curve, view.edited)
+    lines = [el for el in pane[()].values() if isinstance(el, hv.HLine)]   # and the target's
+    assert sorted(float(el.data) for el in lines) == pytest.approx(sorted([want, view.fraction]))
     view.edits = []
     assert view.edited is None and "Workspace edits" not in view._readout()
+
+
+def test_a_selection_outside_the_circuit_is_drawn_with_its_strongest_edges(own_view):
+    view = own_view
+    scores = view.scores
+    view.param.update(mode="top-n", n_edges=6)
+    view._edges_plot()
+    t = view._table
+    used = set(t["src"]) | set(t["dst"])
+    heads = [f"L{layer}.H{h}" for layer in range(3) for h in range(4)]
+    outside = next(h for h in heads if h not in used)
+    view.selected = outside                       # as the gallery sets it
+    view._edges_plot()
+    t = view._table
+    rows = t["status"] == "outside"
+    # its 5 strongest edges by |score|, by a plain sort over the scores here
+    layer, head = outside[1:].split(".H")
+    raw = f"a{layer}.h{head}"
+    mine = [(abs(float(v)), str(s), str(d)) for s, d, v in
+            zip(scores["src"].values, scores["dst"].values, scores["score"].values)
+            if raw in (str(s), str(d))]
+    want = sorted(mine, key=lambda r: -r[0])[:5]
+    spell = {n: c for n, c in view._spell.items()}
+    assert list(zip(t["src"][rows], t["dst"][rows])) == [(spell[s], spell[d]) for _, s, d in want]
+    assert (t["color"][rows] == ac_outside()).all() and (t["alpha"][rows] >= 0.6).all()
+    # the circuit itself is unchanged, and counted without them
+    assert (~rows).sum() == view._shown["drawn"]
+    assert f"data-circuit-edges='{view._shown['drawn']}'" in view._state_html()
+    caption = view._caption()
+    assert f"**{outside}** has no edge in this circuit; its strongest edges" in caption
+    s0, d0 = spell[want[0][1]], spell[want[0][2]]
+    assert f"{s0} → {d0}" in caption
+    # highlighted and labelled: the biggest node, its short label
+    cols = view.node_columns()
+    k = cols["name"].index(outside)
+    assert cols["size"][k] == max(cols["size"]) and cols["text"][k] == f"H{head}"
+    assert "outside" not in view.circuit_csv() and len(view.circuit_csv().splitlines()) == \
+        view._shown["drawn"] + 1
+    # a head the circuit touches: no extra edges, the caption says its edges stand out
+    inside = next(iter(sorted(n for n in used if ".H" in n)))
+    view.selected = inside
+    view._edges_plot()
+    assert not (view._table["status"] == "outside").any()
+    assert f"Selected: **{inside}**; its edges in the circuit stand out." in view._caption()
+    view.selected = ""
+
+
+def ac_outside():
+    from apps import _circuit_graph as cg
+    return cg.OUTSIDE
+
+
+def test_head_labels_are_short_inside_their_layer_column(own_view):
+    """Labels drawn: ``H3`` for a head (its layer is the x axis), full names for MLPs,
+    input and logits; only nodes the circuit touches; centred on the node's column."""
+    from apps.circuits import plot_node_labels
+
+    view = own_view
+    view.param.update(mode="top-n", n_edges=40, selected="")
+    view._edges_plot()
+    t = view._table
+    used = set(t["src"]) | set(t["dst"])
+    cols = view.node_columns()
+    want = {}
+    for name in used:
+        want[name] = name.split(".")[1] if ".H" in name else name
+    got = {n: x for n, x in zip(cols["name"], cols["text"]) if x}
+    assert got == want
+    heads, mlps = plot_node_labels(cols).values()
+    assert heads.opts.get().kwargs["angle"] == 0 and heads.opts.get().kwargs["text_align"] == "center"
+    assert mlps.opts.get().kwargs["angle"] == 90
+    assert all(str(v).endswith(".MLP") for v in mlps.dimension_values("text") if v)
+    assert not any(str(v).endswith(".MLP") for v in heads.dimension_values("text"))
