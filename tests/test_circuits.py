@@ -33,177 +33,6 @@ def _equal_lengths(model, task):
 
 # -- plain-hook reference for EAP -----------------------------------------------------------
 
-def _hook_scores(model, task, dst_groups):
-    """EAP by hand: node outputs from hooks on model.hf, gradients w.r.t. zero perturbations
-    added where only one destination reads.
-
-    ``dst_groups`` maps a destination name to (module, kind, slices): kind "pre" adds a
-    perturbation to the module's input (MLP norm, final norm); kind "attn" recomputes the given
-    q/k/v output columns from the perturbed residual for that destination alone.
-    Returns {(src, dst): score} summed over positions, averaged over prompts.
-    """
-    ids_clean = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.clean])
-    ids_corrupt = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.corrupt])
-    ans = torch.tensor([C._target_ids(model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
-    wrong = torch.tensor([C._target_ids(model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
-    L, H = model.n_layers, model.spec.n_heads
-    fam = model.spec.family
-
-    def node_outputs(ids, perturb=None):
-        outs, handles = {}, []
-        emb = model.hf.get_input_embeddings()
-        handles.append(emb.register_forward_hook(lambda m, a, o: outs.__setitem__("emb", o)))
-        for layer in range(L):
-            block = model.hf_layer(layer)
-
-            def z_hook(m, args, _l=layer):
-                outs[("z", _l)] = args[0]
-            handles.append(model.o_proj(layer).register_forward_pre_hook(z_hook))
-            handles.append(block.mlp.register_forward_hook(
-                lambda m, a, o, _l=layer: outs.__setitem__(f"m{_l}", o)))
-        if perturb is not None:
-            handles += perturb()
-        try:
-            logits = model.hf(input_ids=ids).logits[:, -1]
-        finally:
-            for h in handles:
-                h.remove()
-        node = {"input": outs["emb"] if fam != "gpt2" else outs["emb"] + model.hf.transformer.wpe(
-            torch.arange(ids.shape[1]))[None]}
-        for layer in range(L):
-            z = outs[("z", layer)].reshape(*ids.shape, H, -1)          # [prompt, pos, head, d_head]
-            per_head = torch.einsum("bphe,hed->bphd", z, model.W_O(layer))
-            for h in range(H):
-                node[f"a{layer}.h{h}"] = per_head[:, :, h]
-            node[f"m{layer}"] = outs[f"m{layer}"]
-        return node, logits
-
-    with torch.no_grad():
-        corrupt_nodes, _ = node_outputs(ids_corrupt)
-    deltas = {}
-    leaves = {d: torch.zeros(*ids_clean.shape, model.spec.d_model, requires_grad=True) for d in dst_groups}
-
-    def perturb():
-        handles = []
-        resid_cache = {}
-        for dst, (module, kind, info) in dst_groups.items():
-            leaf = leaves[dst]
-            if kind == "pre":
-                handles.append(module.register_forward_pre_hook(
-                    lambda m, args, _leaf=leaf: (args[0] + _leaf, *args[1:])))
-            else:
-                norm, proj_cols = info  # norm module whose input is the residual; {proj: cols}
-                if norm not in resid_cache:
-                    resid_cache[norm] = {}
-                    handles.append(norm.register_forward_pre_hook(
-                        lambda m, args, _c=resid_cache[norm]: [_c.setdefault("x", args[0]), None][1]))
-                for proj, cols in proj_cols.items():
-                    def hook(m, args, out, _leaf=leaf, _norm=norm, _cols=cols, _c=resid_cache[norm]):
-                        moved = m(_norm(_c["x"] + _leaf))
-                        out = out.clone()
-                        out[..., _cols] = moved[..., _cols]
-                        return out
-                    handles.append(proj.register_forward_hook(_guard(hook)))
-        return handles
-
-    with torch.enable_grad():
-        clean_nodes, logits = node_outputs(ids_clean, perturb)
-        rows = torch.arange(len(task))
-        metric = (logits[rows, ans] - logits[rows, wrong]).sum()
-        grads = torch.autograd.grad(metric, [leaves[d] for d in dst_groups])
-    for name in clean_nodes:
-        deltas[name] = (corrupt_nodes[name] - clean_nodes[name]).detach()
-    out = {}
-    for (dst, g) in zip(dst_groups, grads):
-        for src, dz in deltas.items():
-            out[(src, dst)] = float((dz * g).sum()) / len(task)
-    return out
-
-
-def _guard(hook):
-    """Run a forward hook that calls its own module without re-entering itself."""
-    def wrapped(m, args, out):
-        if getattr(m, "_busy", False):
-            return None
-        m._busy = True
-        try:
-            return hook(m, args, out)
-        finally:
-            m._busy = False
-    return wrapped
-
-
-def _score_of(ds, src, dst):
-    hit = (ds["src"].values == src) & (ds["dst"].values == dst)
-    assert hit.sum() == 1, (src, dst)
-    return float(ds["score"].values[hit][0])
-
-
-def test_eap_matches_hook_gradients_per_head_gpt2(tiny_gpt2):
-    m = tiny_gpt2
-    lens, lens_c = _equal_lengths(m, PAIRS)
-    assert lens == lens_c and len(set(lens)) == 1
-    d, H = m.spec.d_model, m.spec.n_heads
-    dh = m.spec.d_head
-    layer = 1
-    block = m.hf_layer(layer)
-    groups = {}
-    for h in range(H):
-        cols = [part * d + h * dh + i for part in range(3) for i in range(dh)]  # q, k, v columns
-        groups[f"a{layer}.h{h}"] = (None, "attn", (block.ln_1, {block.attn.c_attn: cols}))
-    groups["m1"] = (block.ln_2, "pre", None)
-    groups["logits"] = (m.hf.transformer.ln_f, "pre", None)
-    ref = _hook_scores(m, PAIRS, groups)
-    ds = C.edge_scores(m, PAIRS, method="eap")
-    for (src, dst), want in ref.items():
-        if src in ("input",) or C._layer_of(src, m.n_layers) < layer or dst == "logits" or (
-                dst == "m1" and src.startswith("a1.")):
-            got = _score_of(ds, src, dst)
-            assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
-
-
-def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
-    """Llama with grouped KV heads: MLP and logits per node; heads summed over a KV group
-    (the hooks cannot give one query head its own key/value input; the sum over the group can)."""
-    m = tiny_model
-    lens, lens_c = _equal_lengths(m, PAIRS)
-    assert lens == lens_c and len(set(lens)) == 1
-    H, n_kv, dh = m.spec.n_heads, m.spec.n_kv_heads, m.spec.d_head
-    group = H // n_kv
-    layer = 2
-    block = m.hf_layer(layer)
-    a = block.self_attn
-    groups = {}
-    for g in range(n_kv):
-        heads = range(g * group, (g + 1) * group)
-        q_cols = [h * dh + i for h in heads for i in range(dh)]
-        kv_cols = [g * dh + i for i in range(dh)]
-        groups[f"group{g}"] = (None, "attn", (block.input_layernorm,
-                                               {a.q_proj: q_cols, a.k_proj: kv_cols, a.v_proj: kv_cols}))
-    groups["m2"] = (block.post_attention_layernorm, "pre", None)
-    groups["logits"] = (m.hf.model.norm, "pre", None)
-    ref = _hook_scores(m, PAIRS, groups)
-    ds = C.edge_scores(m, PAIRS, method="eap")
-    n_checked = 0
-    for (src, dst), want in ref.items():
-        if dst.startswith("group"):
-            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
-                continue
-            g = int(dst[5:])
-            got = sum(_score_of(ds, src, f"a{layer}.h{h}") for h in range(g * group, (g + 1) * group))
-        elif dst == "m2" and src.startswith(("a0", "a1", "a2", "m0", "m1", "input")):
-            got = _score_of(ds, src, dst)
-        elif dst == "logits":
-            got = _score_of(ds, src, dst)
-        else:
-            continue
-        assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
-        n_checked += 1
-    assert n_checked > 30
-
-
-# -- every family: EAP against hooks on model.hf -----------------------------------------------
-
 # 12 tokens each, no padding: wider than tiny-gemma2's sliding window (8)
 LONG_PAIRS = CircuitTask(
     clean=["The capital of France is Paris; the capital of Italy is",
@@ -323,6 +152,76 @@ def _arch_hook_scores(model, task, layer):
             out[(src, dst)] = float((dz * g).sum()) / len(task)
     return out, members
 
+
+def _guard(hook):
+    """Run a forward hook that calls its own module without re-entering itself."""
+    def wrapped(m, args, out):
+        if getattr(m, "_busy", False):
+            return None
+        m._busy = True
+        try:
+            return hook(m, args, out)
+        finally:
+            m._busy = False
+    return wrapped
+
+
+def _score_of(ds, src, dst):
+    hit = (ds["src"].values == src) & (ds["dst"].values == dst)
+    assert hit.sum() == 1, (src, dst)
+    return float(ds["score"].values[hit][0])
+
+
+def test_eap_matches_hook_gradients_per_head_gpt2(tiny_gpt2):
+    """GPT-2 (one key/value per head): every edge into each head of layer 1, its MLP and
+    the logits against `_arch_hook_scores`."""
+    m = tiny_gpt2
+    lens, lens_c = _equal_lengths(m, PAIRS)
+    assert lens == lens_c and len(set(lens)) == 1
+    layer = 1
+    ref, members = _arch_hook_scores(m, PAIRS, layer)
+    assert all(len(heads) == 1 for heads in members.values())
+    ds = C.edge_scores(m, PAIRS, method="eap")
+    n_checked = 0
+    for (src, dst), want in ref.items():
+        if dst in members:
+            dst = f"a{layer}.h{members[dst][0]}"
+        if src in ("input",) or C._layer_of(src, m.n_layers) < layer or dst == "logits" or (
+                dst == "m1" and src.startswith("a1.")):
+            got = _score_of(ds, src, dst)
+            assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
+            n_checked += 1
+    assert n_checked > 30
+
+
+def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
+    """Llama with grouped KV heads: MLP and logits per node; heads summed over a KV group
+    (the hooks cannot give one query head its own key/value input; the sum over the group can)."""
+    m = tiny_model
+    lens, lens_c = _equal_lengths(m, PAIRS)
+    assert lens == lens_c and len(set(lens)) == 1
+    assert m.spec.n_kv_heads < m.spec.n_heads
+    layer = 2
+    ref, members = _arch_hook_scores(m, PAIRS, layer)
+    ds = C.edge_scores(m, PAIRS, method="eap")
+    n_checked = 0
+    for (src, dst), want in ref.items():
+        if dst in members:
+            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
+                continue
+            got = sum(_score_of(ds, src, f"a{layer}.h{h}") for h in members[dst])
+        elif dst == "m2" and src.startswith(("a0", "a1", "a2", "m0", "m1", "input")):
+            got = _score_of(ds, src, dst)
+        elif dst == "logits":
+            got = _score_of(ds, src, dst)
+        else:
+            continue
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
+        n_checked += 1
+    assert n_checked > 30
+
+
+# -- every family: EAP against hooks on model.hf -----------------------------------------------
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-neox",
                                   "tiny-gemma2"])
