@@ -249,6 +249,9 @@ class CircuitsView(View):
     checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                       precedence=-1)
     ablation = param.Dict(default=None, allow_None=True, precedence=-1)
+    circuit_patch = param.Dict(default=None, allow_None=True, precedence=-1,
+                               doc="'Patch all shown edges': the metric of the model in which "
+                                   "every edge outside the shown circuit is patched")
     edits = param.List(default=[], item_type=Edit, precedence=-1,
                        doc="Workspace edits (intervention records): with any, the readout shows "
                            "the task metric of the full model clean vs edited.")
@@ -275,6 +278,7 @@ class CircuitsView(View):
         self.runner("ablate", self._got_ablation, busy=False, progress=True)
         self.runner("finetune", self._got_checkpoints, busy=False, progress=True)
         self.runner("edited", self._got_edited, busy=False)
+        self.runner("circuit_patch", self._got_circuit_patch, busy=False, progress=True)
         self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
@@ -632,6 +636,44 @@ class CircuitsView(View):
             self._frame_key = None
             self._edges_dm.event()   # the hover's patch effect
 
+    def shown_edges(self) -> np.ndarray:
+        """Bool mask over the shown scores' edges: the circuit as drawn (its strongest
+        `MAX_DRAWN_EDGES` when larger; no lost or outside edges)."""
+        self._update_table()
+        scores, _, _ = self._current()
+        mask = np.zeros(0 if scores is None else scores.sizes["edge"], bool)
+        t = self._table
+        if t is not None:
+            mask[t["edge"][~np.isin(t["status"], ["lost", "outside"])]] = True
+        return mask
+
+    def request_circuit_patch(self) -> None:
+        """Patch every edge outside the shown circuit to its corrupted value (the shown
+        circuit's own faithfulness, `circuits.patch_edges_metric`)."""
+        scores, _, label = self._current()
+        if scores is None or self._task is None:
+            self.show_error(InputError("no circuit yet: press Compute circuit first."))
+            return
+        if scores is not self.scores:
+            self.show_error(InputError(f"the graph shows the fine-tuning checkpoint ({label}); "
+                                       "patching runs on the base model's circuit (checkpoint 0)."))
+            return
+        keep = self.shown_edges()
+        m, task, key = self._model, self._task, self._key()
+
+        def job(token: CancelToken):
+            out = ca.patch_edges_metric(m, task, scores, keep, batch_size=len(task),
+                                        progress=self.progress_fn(token))
+            out.update(key=key, n_shown=int(keep.sum()), n_circuit=int(self._shown["size"]))
+            return out
+
+        self.status = f"patching every edge outside the {int(keep.sum()):,} shown…"
+        self.submit("circuit_patch", job)
+
+    def _got_circuit_patch(self, out: dict) -> None:
+        self.circuit_patch = out
+        self.status = f"patched every edge outside the {out['n_shown']:,} shown"
+
     def _request_edited(self) -> None:
         """The task metric of the full model without and with the workspace edits (on the
         shown task's pairs); nothing without edits or before a task has been scored."""
@@ -950,7 +992,20 @@ class CircuitsView(View):
 
     # -- layout ---------------------------------------------------------------------------
     def _readout(self, *_: Any) -> str:
-        return "\n\n".join(p for p in (self._ablation_text(), self._edited_text()) if p)
+        return "\n\n".join(p for p in (self._ablation_text(), self._circuit_patch_text(),
+                                        self._edited_text()) if p)
+
+    def _circuit_patch_text(self) -> str:
+        c = self.circuit_patch
+        if c is None or c.get("key") != self._key():
+            return ""
+        more = (f" (the strongest of the circuit's {c['n_circuit']:,})"
+                if c["n_circuit"] > c["n_shown"] else "")
+        return (f"**Only the {c['n_shown']:,} shown edges kept**{more}, every other edge patched "
+                f"to corrupted: metric **{c['metric']:.4f}**, **{c['recovered']:.0%}** of the "
+                f"clean − corrupted gap recovered (clean {c['clean_metric']:.4f}, corrupted "
+                f"{c['corrupt_metric']:.4f}); accuracy {c['accuracy']:.0%} (clean "
+                f"{c['clean_accuracy']:.0%}).")
 
     def _ablation_text(self) -> str:
         a, s = self.ablation, self.scores
@@ -1048,6 +1103,8 @@ class CircuitsView(View):
         default = "none" if d is None else f"{d.n_edges} {d.n_kept} {d.recovered:.9g} {int(d.reached)}"
         e = self.edited
         edited = "none" if e is None else f"{e['clean_metric']:.9g} {e['edited_clean_metric']:.9g}"
+        c = self.circuit_patch
+        patched = "none" if c is None else f"{c['n_shown']} {c['metric']:.9g} {c['recovered']:.9g}"
         return (f"<div class='circuit-state' data-circuit-scores="
                 f"'{'ready' if self.scores is not None else 'none'}' "
                 f"data-circuit-method='{self.method}' "
@@ -1060,7 +1117,7 @@ class CircuitsView(View):
                 f"data-circuit-metric='{metric}' "
                 f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
                 f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
-                f"data-circuit-edited='{edited}' "
+                f"data-circuit-edited='{edited}' data-circuit-patched-all='{patched}' "
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -1068,6 +1125,11 @@ class CircuitsView(View):
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
+        patch_all = pn.widgets.Button(
+            name="Patch all shown edges", sizing_mode="stretch_width",
+            description="Keep only the shown circuit: patch every other edge to its corrupted "
+                        "value and read the metric (the shown circuit's faithfulness).")
+        patch_all.on_click(lambda *_: self.request_circuit_patch())
         finetune.on_click(lambda *_: self._request_finetune())
         player = pn.widgets.Player.from_param(self.param.checkpoint, interval=900, loop_policy="loop",
                                               show_value=True, width=260)
@@ -1075,7 +1137,7 @@ class CircuitsView(View):
                  self.param.threshold, self.param.checkpoint, self.param.diff,
                  self.param.diff_against, self.param.checkpoints, self.param.redraw_ms,
                  self.param.selected, self.param.fraction, self.param.other_scores,
-                 self.param.edited]
+                 self.param.edited, self.param.circuit_patch]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Attribution"),
@@ -1083,7 +1145,7 @@ class CircuitsView(View):
             self._own.layout(self.param.error),
             pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
             pn.widgets.RadioButtonGroup.from_param(self.param.mode), self._slider,
-            pn.widgets.Select.from_param(self.param.edge),
+            pn.widgets.Select.from_param(self.param.edge), patch_all,
             pn.widgets.Checkbox.from_param(self.param.diff),
             pn.widgets.Select.from_param(self.param.diff_against),
             self._csv, self._svg,
@@ -1097,7 +1159,8 @@ class CircuitsView(View):
             pn.pane.Markdown(pn.bind(self._caption, *shown), css_classes=["circuit-caption"],
                              sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores,
-                                     self.param.edited, self.param.edits),
+                                     self.param.edited, self.param.edits,
+                                     self.param.circuit_patch),
                              css_classes=["circuit-readout"]),
             pn.pane.HoloViews(faith, linked_axes=False),
             sizing_mode="stretch_width")

@@ -9,6 +9,7 @@ import panel as pn
 import pytest
 import torch
 
+import apps.circuits as ac
 from apps.circuits import OWN_TASK, CircuitsView
 from explorer.analyses import circuits as ca
 from explorer.analyses import user_items as ui
@@ -194,3 +195,35 @@ def test_head_labels_are_short_inside_their_layer_column(own_view):
     assert mlps.opts.get().kwargs["angle"] == 90
     assert all(str(v).endswith(".MLP") for v in mlps.dimension_values("text") if v)
     assert not any(str(v).endswith(".MLP") for v in heads.dimension_values("text"))
+
+
+def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny_model):
+    view = own_view
+    scores = view.scores
+    view.param.update(mode="top-n", n_edges=12, selected="")
+    view._edges_plot()
+    t = view._table
+    # the shown edges, as (src, dst) in the one spelling -> a mask built here over the scores
+    shown = set(zip(t["src"], t["dst"]))
+    spell = view._spell
+    keep = np.array([(spell[str(s)], spell[str(d)]) in shown
+                     for s, d in zip(scores["src"].values, scores["dst"].values)])
+    assert 0 < keep.sum() == len(shown) < len(keep)
+    buttons = {b.name: b for b in view.__panel__().select(pn.widgets.Button)}
+    buttons["Patch all shown edges"].clicks += 1
+    c = view.circuit_patch
+    want = ca.patch_edges_metric(tiny_model, view._task, scores, keep, batch_size=2)
+    assert c["metric"] == pytest.approx(want["metric"], abs=1e-7)
+    assert c["recovered"] == pytest.approx(want["recovered"], abs=1e-6)
+    assert c["n_shown"] == keep.sum()
+    # where the curve was measured at this size, the shown circuit's faithfulness is the curve's
+    n = int(view.curve["n_edges"].values[3])
+    view.n_edges = n
+    view._edges_plot()
+    buttons["Patch all shown edges"].clicks += 1
+    if view._shown["size"] <= ac.MAX_DRAWN_EDGES:
+        assert view.circuit_patch["recovered"] == pytest.approx(
+            float(view.curve["recovered"].sel(n_edges=n)), abs=1e-6)
+    text = view._readout()
+    assert f"**Only the {view.circuit_patch['n_shown']:,} shown edges kept**" in text
+    assert f"{view.circuit_patch['recovered']:.0%}** of the clean − corrupted gap" in text
