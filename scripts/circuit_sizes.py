@@ -44,19 +44,32 @@ def rule_overlap(scores, sizes: list[int]) -> list[float | None]:
     return out
 
 
-def _markdown(rows: list[dict], sizes: list[int]) -> str:
-    lines = ["| task | method | rule | " + " | ".join(f"n={s}" for s in sizes) + " |",
-             "|---|---|---|" + "---|" * len(sizes)]
-    for r in rows:
-        cells = []
-        for p in r["points"]:
-            if p["n_kept"] == 0:
-                cells.append("0 edges")
-            else:
-                cells.append(f"{p['recovered']:.2f} [{p['low']:.2f}, {p['high']:.2f}] "
-                             f"({p['n_kept']})")
-        lines.append(f"| {r['task']} | {r['method']} | {r['rule']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def _markdown(rows: list[dict]) -> str:
+    """One table per (task, method): a row per size, the rules side by side."""
+    def cell(p: dict) -> str:
+        if p["n_kept"] == 0:
+            return "0 | -"
+        return f"{p['n_kept']} | {p['recovered']:.2f} [{p['low']:.2f}, {p['high']:.2f}]"
+
+    out = []
+    keys = list(dict.fromkeys((r["task"], r["method"]) for r in rows))
+    for task, method in keys:
+        by_rule = {r["rule"]: r for r in rows if (r["task"], r["method"]) == (task, method)}
+        rules = [r for r in ("top-n", "greedy") if r in by_rule]
+        first = by_rule[rules[0]]
+        out.append(f"**{task}, {method}** ({first['n_pairs']} pairs, clean / corrupted logit "
+                   f"diff {first['clean_metric']:.2f} / {first['corrupt_metric']:.2f}, clean "
+                   f"accuracy {first['clean_accuracy']:.2f})\n")
+        head = "| n | " + " | ".join(f"{r} kept | {r} recovered [95 % CI]" for r in rules)
+        out.append(head + " | Jaccard |")
+        out.append("|---:|" + "---:|---|" * len(rules) + "---:|")
+        for i, p in enumerate(first["points"]):
+            jac = first.get("jaccard_top_n_greedy", [None] * len(first["points"]))[i]
+            cells = " | ".join(cell(by_rule[r]["points"][i]) for r in rules)
+            out.append(f"| {p['n_edges']} | {cells} | "
+                       f"{'-' if jac is None else f'{jac:.2f}'} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 (out / "circuit_sizes.json").write_text(json.dumps(
                     {"model": args.model, "seed": args.seed, "sizes": sizes, "rows": rows},
                     indent=1))
-                (out / "circuit_sizes.md").write_text(_markdown(rows, sizes) + "\n")
+                (out / "circuit_sizes.md").write_text(_markdown(rows))
     return 0
 
 
