@@ -284,6 +284,7 @@ class CircuitsView(View):
                                                 visible=self.param.progress_active)
         self._results: dict[tuple, tuple] = {}         # (task, n, method) -> (task, scores, curve)
         self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
+        self._own_text = ""
         self._own_version = 0                          # bumped by each good paste
         self._own = OwnItems(
             "Your own prompt pairs", user_items.CIRCUIT_FORMAT,
@@ -388,6 +389,7 @@ class CircuitsView(View):
             self.show_error(e)
             return None
         self._own_task = task
+        self._own_text = text
         self._own_version += 1
         if OWN_TASK not in self.param.task.objects:
             self.param.task.objects = [*self.param.task.objects, OWN_TASK]
@@ -978,6 +980,58 @@ class CircuitsView(View):
             self.selected = ""
 
     # -- export ---------------------------------------------------------------------------
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows: the task's pairs, the edge scores, the
+        faithfulness curve, the shown circuit (pruned) and its edges, and, with workspace
+        edits, the task metric of the edited model."""
+        scores, _, label = self._current()
+        own = self.task == OWN_TASK and self._own_task is not None
+        lines = ["import explorer", "from explorer.analyses import circuits as ca"]
+        if own:
+            lines.append("from explorer.analyses import user_items")
+        if self.edits:
+            lines.append("from explorer.analyses.user_items import continuation_token")
+        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})"]
+        if own:
+            lines.append(f"task = user_items.parse_circuit_pairs({self._own_text!r}, model, "
+                         f"name={OWN_TASK!r})")
+        else:
+            lines.append(f"task = ca.make_task({self.task!r}, {self.n_prompts}, seed=0)")
+        n = "len(task)"
+        method = self._shown_method if self.scores is not None else self.method
+        lines.append(f"scores = ca.edge_scores(model, task, method={method!r}, batch_size={n})")
+        if self.curve is not None:
+            sizes = [int(v) for v in self.curve["n_edges"].values]
+            lines.append(f"curve = ca.faithfulness_curve(model, task, scores, sizes={sizes}, "
+                         f"batch_size={n})  # the faithfulness plot")
+        if self.mode == "top-n":
+            lines.append(f"circuit = ca.select_circuit(scores, top_n={self.n_edges})  "
+                         "# the shown circuit, pruned to input -> logits paths")
+        else:
+            lines.append(f"circuit = ca.select_circuit(scores, threshold={self.threshold!r})  "
+                         "# the shown circuit, pruned to input -> logits paths")
+        lines.append("edges = sorted(ca.circuit_edges(scores, circuit))  # (src, dst) node names")
+        if self._shown["size"] > MAX_DRAWN_EDGES:
+            lines.append(f"# the page draws the strongest {MAX_DRAWN_EDGES} of them")
+        lines.append(f"faithfulness = ca.patch_edges_metric(model, task, scores, circuit, "
+                     f"batch_size={n})  # 'Patch all shown edges'")
+        if self.edits:
+            lines += [
+                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
+                "ids = [[continuation_token(model.tokenizer, p, t) for t in (a, w)]",
+                "       for p, a, w in zip(task.clean, task.answer, task.wrong)]",
+                "",
+                "def logit_diff(edits=()):  # per pair, on the clean prompts",
+                "    last = explorer.run_with(model, task.clean, edits, positions=[-1])"
+                "['logits'][:, 0]",
+                "    return [float(last[i, a] - last[i, w]) for i, (a, w) in enumerate(ids)]",
+                "",
+                "clean, edited = logit_diff(), logit_diff(edits)  # the readout's clean vs edited"]
+        if scores is not None and scores is not self.scores:
+            lines.append(f"# the graph shows the fine-tuning checkpoint {label} "
+                         "(explorer.analyses.circuit_lora.checkpoint_circuits)")
+        return "\n".join(lines) + "\n"
+
     def circuit_csv(self) -> str:
         """The shown circuit's edges as CSV (source, target, score, patch effect)."""
         return cg.circuit_csv(self._table)

@@ -227,3 +227,32 @@ def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny
     text = view._readout()
     assert f"**Only the {view.circuit_patch['n_shown']:,} shown edges kept**" in text
     assert f"{view.circuit_patch['recovered']:.0%}** of the clean − corrupted gap" in text
+
+
+def test_copy_as_code_recomputes_the_pages_scores_circuit_and_metric(own_view, tiny_model):
+    import explorer
+
+    view = own_view
+    view.param.update(mode="top-n", n_edges=int(view.curve["n_edges"].values[4]))
+    view.edits = [explorer.Ablate(layer=1, head=2)]
+    code = view.code_snippet()
+    assert "user_items.parse_circuit_pairs(" in code and "load_model('tiny-llama')" in code
+    ns: dict = {}
+    with torch.enable_grad():
+        exec(compile(code, "<circuits snippet>", "exec"), ns)  # noqa: S102 - the page's snippet
+    np.testing.assert_allclose(ns["scores"]["score"].values, view.scores["score"].values,
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ns["curve"]["recovered"].values, view.curve["recovered"].values,
+                               rtol=1e-5, atol=1e-6)
+    view._edges_plot()
+    drawn = set(zip(view._table["src"], view._table["dst"]))
+    spell = view._spell
+    assert {(spell[s], spell[d]) for s, d in ns["edges"]} == drawn
+    assert int(ns["circuit"].values.sum()) == view._shown["size"]
+    assert np.mean(ns["clean"]) == pytest.approx(view.edited["clean_metric"], abs=1e-6)
+    assert np.mean(ns["edited"]) == pytest.approx(
+        view.edited["edited_clean_metric"], abs=1e-6)
+    view.edits = []
+    # a generated task's snippet makes the same task as the page
+    assert "ca.make_task('add', 8, seed=0)" in CircuitsView(
+        tiny_model, background=False, autostart=False).code_snippet()
