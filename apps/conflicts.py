@@ -20,6 +20,7 @@ gallery's component menu calls it).
 """
 from __future__ import annotations
 
+import html
 import time
 from typing import Any
 
@@ -161,17 +162,15 @@ def plot_answer_bars(rows: list[tuple[str, str, float]] | None, *,
         return _waiting("Computing…", 300)
     bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
     return bars.redim.values(answer=["memory", "context"], run=["before", "after"]).opts(
-        ylim=(0, 1), tools=["hover"], responsive=True, height=260, multi_level=True,
+        ylim=(0, 1), tools=["hover"], responsive=True, height=280, multi_level=True, xrotation=45,
         color="run", cmap={"before": "#999999", "after": theme.ACCENT}, default_tools=_TOOLS,
         show_legend=False, xlabel="", title=title)
 
 
 def edited_title(labels: list[str]) -> str:
-    """The edited bars' title: ``edited: ablate L1.H0 (zero)`` (the caption lists every edit)."""
-    shown = ", ".join(labels[:_TITLE_EDITS])
-    if len(labels) > _TITLE_EDITS:
-        shown += f" +{len(labels) - _TITLE_EDITS} more"
-    return f"edited: {shown}"
+    """The heading over the edited bars, naming every workspace edit: ``Edited: ablate L1.H0
+    (zero)`` (a heading, not the plot's title: it wraps in the narrow controls column)."""
+    return "Edited: " + "; then ".join(labels)
 
 
 def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str) -> str:
@@ -200,7 +199,7 @@ def edited_bars_caption(rows: list[tuple[str, str, float]] | None,
         return f"**{p[answer, run]:.2f}**{was}"
 
     edits = "; then ".join(f"`{t}`" for t in labels)
-    return (f"The same example on the model edited with {edits}: P(memory **{fact.memory}**) "
+    return (f"The same example on the model with {edits}: P(memory **{fact.memory}**) "
             f"{pair('memory', 'before')} without, {pair('memory', 'after')} with the "
             f"intervention; P(context **{fact.context}**) {pair('context', 'before')} and "
             f"{pair('context', 'after')}.")
@@ -517,7 +516,9 @@ class ConflictsView(View):
         labels = [edit_label(e) for e in self.edits]
         caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
         return pn.Column(
-            pn.pane.HoloViews(plot_answer_bars(rows, title=edited_title(labels)),
+            pn.pane.Markdown(f"**{html.escape(edited_title(labels))}**", margin=(10, 10, 0, 10),
+                             sizing_mode="stretch_width", css_classes=["cf-edited-title"]),
+            pn.pane.HoloViews(plot_answer_bars(rows, title="P(answer), edited"),
                               linked_axes=False, sizing_mode="stretch_width",
                               css_classes=["cf-bars-edited"]),
             pn.pane.Markdown(edited_bars_caption(rows, self.bar_rows, labels, self._fact()),
@@ -616,7 +617,7 @@ class ConflictsView(View):
             tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
             group("mode"),
             pn.pane.HoloViews(pn.bind(lambda rows, edited: plot_answer_bars(
-                rows, title="P(answer) · clean" if edited is not None else "P(answer)"),
+                rows, title="P(answer), clean" if edited is not None else "P(answer)"),
                 p.bar_rows, p.edited_rows), linked_axes=False, sizing_mode="stretch_width",
                 css_classes=["cf-bars"]),
             pn.pane.Markdown(pn.bind(lambda rows, ex, mode: bars_caption(rows, self._facts[ex], mode),

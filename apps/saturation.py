@@ -444,6 +444,7 @@ PROMPT_RANKS = 10
 """Ranks the prompt's saturation layers are computed for (the k slider shows up to them)."""
 
 _TITLE_EDITS = 2  # workspace edits named in the edited heatmap's title (all in its caption)
+_PROMPT_TOOLS = ["save", "reset"]
 
 
 def prompt_table(ds: xr.Dataset, k: int, decode: Any) -> pd.DataFrame:
@@ -539,15 +540,18 @@ def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title:
         title=title, tools=["hover"], line_color="white", line_width=0.5,
         hover_tooltips=[("input", "@pos: @input"), ("rank", "@rank"), ("final token", "@final"),
                         ("saturation layer", "@label")],
-        responsive=True, height=height, toolbar="above", default_tools=_TOOLS[1:],
-        active_tools=[], fontsize={"title": f"{sizes['title_font_pt']}pt"})
+        responsive=True, height=height, toolbar="above", default_tools=_PROMPT_TOOLS,
+        active_tools=[], padding=0, fontsize={"title": f"{sizes['title_font_pt']}pt"})
     labels = hv.Labels(table, ["pos", "rank"], ["label", "fg"]).opts(
-        text_color="fg", text_font_size=f"{sizes['label_font_pt']}pt")
+        text_color="fg", text_font_size=f"{sizes['label_font_pt']}pt",
+        default_tools=_PROMPT_TOOLS)
     plot = heat * labels
     if changed:
         plot *= hv.Rectangles([(p - 0.5, r - 0.5, p + 0.5, r + 0.5) for p, r in changed]).opts(
-            fill_alpha=0, line_color=theme.ACCENT, line_width=3)
-    return plot.opts(responsive=True, height=height, active_tools=[])
+            fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_PROMPT_TOOLS)
+    # no active scroll zoom: the wheel keeps scrolling the page
+    return plot.opts(responsive=True, height=height, active_tools=[],
+                     xlim=(-0.5, n - 0.5), ylim=(0.5, k + 0.5))
 
 
 # -- the view -------------------------------------------------------------------------------
@@ -973,10 +977,11 @@ class SaturationView(View):
             return None
         return detail_data(ds, self.text, self.selected, self.k, self.decode)
 
-    @param.depends("result", "text")
+    @param.depends("result", "text", "running")
     def _strip(self):
         if self.result is None:
-            return pn.pane.Markdown("Computing…")
+            return pn.pane.Markdown("Computing…" if self.running else
+                                    "The corpus text appears here once the analysis has run.")
         strip = TokenStrip(tokens=strip_tokens(self.result, self.text), selected=self.selected,
                            sizing_mode="stretch_width")
         strip.param.watch(lambda e: setattr(self, "selected", e.new), "selected")
@@ -1056,8 +1061,11 @@ class SaturationView(View):
             title = f"Saturation layers of the prompt's tokens, top-{k}"
         else:
             title = f"clean: no workspace edits · top-{k}"
+        # linked_axes=False: the rank axis is not the detail table's (Panel links the axes
+        # of every HoloViews pane in a page that share a dimension name)
         panes = [pn.pane.HoloViews(plot_prompt_saturation(clean, k, self.decode, title=title),
-                                   sizing_mode="stretch_width", css_classes=["sat-prompt-clean"])]
+                                   sizing_mode="stretch_width", linked_axes=False,
+                                   css_classes=["sat-prompt-clean"])]
         if edited is not None:
             moved = changed_cells(clean, edited, k) or []
             labels = list(edited.attrs.get("workspace_edits", []))
@@ -1066,7 +1074,8 @@ class SaturationView(View):
                 pn.pane.HoloViews(plot_prompt_saturation(edited, k, self.decode,
                                                          title=edited_title(labels),
                                                          changed=moved),
-                                  sizing_mode="stretch_width", css_classes=["sat-prompt-edited"]),
+                                  sizing_mode="stretch_width", linked_axes=False,
+                                  css_classes=["sat-prompt-edited"]),
                 pn.pane.HTML(f'<span data-sat-prompt-moved="{marker}"></span>', height=0,
                              margin=0),
                 _caption(prompt_caption(clean, edited, k))]

@@ -167,7 +167,10 @@ def test_page_bars_clean_vs_edited_are_the_hooked_ones(tiny_model):
     # the ablation moves P(memory) well beyond the tolerance above (tiny-llama's answers sit
     # near 1 / vocab, so the change is small in absolute terms)
     assert abs(edited["memory", "before"] / clean["memory", "before"] - 1) > 1e-3
-    assert _bar_titles(view.__panel__()) == ["P(answer) · clean", "edited: ablate L0.H1 (zero)"]
+    layout = view.__panel__()
+    assert _bar_titles(layout) == ["P(answer), clean", "P(answer), edited"]
+    heading = [m.object for m in layout.select(pn.pane.Markdown) if "cf-edited-title" in m.css_classes]
+    assert heading == ["**Edited: ablate L0.H1 (zero)**"]
     state = view._state_html()
     assert f"data-cf-edited='{','.join(f'{r[2]:.6f}' for r in view.edited_rows)}'" in state
     from apps.conflicts import edited_bars_caption
