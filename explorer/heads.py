@@ -440,11 +440,15 @@ class HeadEngine:
             x = x + attn + m
         return ctx["record"]
 
-    def forward(self, batch: Batch, *, embeds: torch.Tensor | None = None) -> EngineRun:
-        """The model's forward with every head's write kept (each head reads the stream)."""
-        x = self.embed(batch) if embeds is None else embeds       # [prompt, pos, d_model]
+    def forward(self, batch: Batch, *, embeds: torch.Tensor | None = None, start: int = 0,
+                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> EngineRun:
+        """The model's forward with every head's write kept (each head reads the stream).
+
+        With ``start`` and ``past`` (`prefix_kv` of the positions before ``start``), only the
+        positions from ``start`` on; ``embeds`` and every result then cover those."""
+        x = self.embed(batch)[:, start:] if embeds is None else embeds  # [prompt, pos, d_model]
         b, p, d = x.shape
-        ctx = self.prepare(x, batch)
+        ctx = self.prepare(x, batch, start, past=past)
         mask = ctx["mask"]
         pre, heads, mlps = [], [], []
         for layer in range(self.n_layers):

@@ -221,6 +221,23 @@ def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
     assert n_checked > 30
 
 
+def test_shared_prefix_is_where_the_pair_tokens_first_differ(tiny_model):
+    """EAP runs only the positions from the first one where some clean token differs from
+    its corrupted one (left padding counted); identical prompts still run the last one."""
+    m = tiny_model
+    task = CircuitTask(["The quick brown fox jumps", "One two three"],
+                       ["The quick brown dog jumps", "One two four"], [" over", " four"],
+                       [" the", " five"], name="toy")   # different lengths: left padding
+    tok = [m.tokenizer(p, add_special_tokens=False)["input_ids"] for p in task.clean + task.corrupt]
+    width = max(len(t) for t in tok)
+    firsts = [width - len(c) + next(i for i, (a, b) in enumerate(zip(c, k)) if a != b)
+              for c, k in zip(tok[:2], tok[2:])]
+    prep = C._prepare(m, task, [0, 1])
+    assert C._shared_prefix(prep) == min(firsts) > 0
+    same = CircuitTask(task.clean, task.clean, task.answer, task.wrong, name="same")
+    assert C._shared_prefix(C._prepare(m, same, [0, 1])) == width - 1
+
+
 # -- every family: EAP against hooks on model.hf -----------------------------------------------
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-neox",
