@@ -526,6 +526,19 @@ class ConflictsView(View):
             sizing_mode="stretch_width", margin=0)
 
     # -- reproducibility ------------------------------------------------------------------------
+    def export_tables(self) -> dict[str, pd.DataFrame]:
+        """The base tables plus the answer bars (clean and, with edits, edited) and the
+        split's accuracy table as the page shows them."""
+        out = super().export_tables()
+        columns = ["answer", "run", "probability"]
+        if self.bar_rows is not None:
+            out["answer_bars"] = pd.DataFrame(self.bar_rows, columns=columns)
+        if self.edited_rows is not None:
+            out["answer_bars_edited"] = pd.DataFrame(self.edited_rows, columns=columns)
+        if self.accuracy is not None:
+            out["accuracy_table"] = accuracy_table(self.accuracy)
+        return out
+
     def code_snippet(self) -> str:
         """The page's calls as Python: head scores, the answer bars (clean and, with workspace
         edits, edited) and, once scored, the split's accuracy."""

@@ -240,6 +240,13 @@ def test_snippet_recomputes_what_the_page_shows(tiny_model):
         np.testing.assert_allclose(ns[name], [rows["memory", run], rows["context", run]],
                                    rtol=1e-5, atol=1e-8)
     xr.testing.assert_allclose(ns["accuracy"].memory_accuracy, view.accuracy.memory_accuracy)
+    # the page's data export holds the same numbers as tables
+    from apps._view import read_export
+
+    tables = read_export(view.export_bytes())["tables"]
+    for name, rows in (("answer_bars", view.bar_rows), ("answer_bars_edited", view.edited_rows)):
+        assert tables[name].values.tolist() == [list(r) for r in rows]
+    assert tables["accuracy_table"].shape == (3, 1 + 2 * view.accuracy.sizes["kind"])
     view.close()
 
 
