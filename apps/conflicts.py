@@ -318,7 +318,7 @@ class ConflictsView(View):
         except InputError as e:
             self.show_error(e)
             return None
-        label = "yours: " + _label(fact)
+        label = _label(fact) if fact.relation == "yours" else "yours: " + _label(fact)
         self._facts[label] = fact
         self.param.example.objects = list(self._facts)
         self.error = ""

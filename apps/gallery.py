@@ -265,7 +265,7 @@ class Gallery(pn.viewable.Viewer):
         """Python that recomputes what the page ``slug`` (default: the one shown) shows."""
         view = self.page(self.view if slug is None else slug)
         code = view.code_snippet() if hasattr(view, "code_snippet") else ""
-        if self.workspace.edits:
+        if self.workspace.edits and "edits_from_json" not in code:
             code += ("# The workspace's edits are not in this snippet: the Workspace's "
                      "'Copy as code' rebuilds them.\n")
         return code

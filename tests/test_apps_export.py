@@ -17,6 +17,8 @@ import pytest
 import xarray as xr
 from _views import KM_PARAMS, cheap_gallery_views
 
+from explorer.interventions import Ablate
+
 NETCDF_VALUES = (np.floating, np.integer, np.bool_)
 
 
@@ -223,6 +225,12 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
     before = g.page_revision
     view.select(0, 1)                                  # a setting of the page shown changes
     assert g.page_revision > before and "head=1)  # L0.H1" in g.page_code()
+    g.workspace.push_edit(Ablate(1, 2))
+    assert "edits are not in this snippet" in g.page_code()   # attention's runs no edits
+    g.page("lens").wait(300)
+    lens_code = g.page_code("lens")                             # the lens's rebuilds them
+    assert "edits_from_json" in lens_code and "not in this snippet" not in lens_code
+    g.workspace.remove_edit(0)
     sidebar = g.page_widgets()
     download = sidebar[1]
     assert download.filename == "explorer-attention.zip" and download.label == "Export page data"

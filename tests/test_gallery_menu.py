@@ -251,6 +251,7 @@ def test_pasted_items_travel_in_the_exported_state(gallery):
     assert fresh.state_message.endswith("0 edit(s), 2 pasted item(s).")
     assert conflicts2._own.area.value == user_items.CONFLICT_FORMAT
     assert conflicts2.example.endswith("France (memory Paris, context Berlin)")  # applied
+    assert conflicts2.example.count("yours") == 1            # one "yours:" on its label
     icl2 = fresh.page("icl-heads")                         # opened after the import
     assert icl2._own.area.value == user_items.ICL_FORMAT
     assert icl2.task == "your pairs" and icl2.error == ""
