@@ -51,7 +51,9 @@ INTROS: dict[str, Intro] = {
         paper="Lioubashevski, Schlank, Stanovsky & Goldstein (ICML 2025)",
         title="Looking Beyond the Top-1: Transformers Determine Top Tokens in Order",
         read="The token strip is coloured by the layer where the top-1 token is decided; "
-             "a staircase that rises with rank (s1 < s2 < ...) is the paper's finding.",
+             "a staircase that rises with rank (s1 < s2 < ...) is the paper's finding. "
+             "With edits in the sidebar, the prompt's token view shows the edited run under "
+             "the clean one.",
         try_first="Press Analyse if no stored result opens (about a minute on SmolLM2), then "
                   "click a token in the strip to see its layer x rank table and staircase.",
         doc="docs/saturation.md"),
@@ -62,7 +64,8 @@ INTROS: dict[str, Intro] = {
         title="Taming Knowledge Conflicts in Language Models",
         read="The heatmap is each head's direct push on logit(memory) minus logit(context): "
              "red heads favour memory, blue heads the context. The bars show both answers' "
-             "probabilities before and after the intervention.",
+             "probabilities before and after the intervention (and on the edited model, "
+             "with edits in the sidebar).",
         try_first="Press 'Pick top heads for the direction', then raise α_l (enhance) "
                   "and watch the bars.",
         doc="docs/conflicts.md"),
