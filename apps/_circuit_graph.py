@@ -136,6 +136,7 @@ def edge_table(scores: xr.Dataset, index: np.ndarray, pos: Mapping[str, tuple[fl
     outside = status == "outside"
     style["color"] = np.where(outside, OUTSIDE, style["color"]).astype(object)
     style["alpha"] = np.where(outside, np.maximum(style["alpha"], 0.6), style["alpha"])
+    style["width"] = np.where(outside, np.maximum(style["width"], 2.5), style["width"])
     spell = spell if spell is not None else {n: canonical(n) for n in {*raw_src, *raw_dst}}
     src = np.array([spell[n] for n in raw_src], dtype=object)
     dst = np.array([spell[n] for n in raw_dst], dtype=object)
