@@ -452,7 +452,8 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     method : {"eap", "eap-ig"}, default="eap"
         EAP: gradient at the clean run (one corrupted forward, one clean forward + backward
         per batch). EAP-IG: gradients averaged over ``steps`` runs on input embeddings
-        interpolated between corrupted and clean.
+        interpolated between corrupted and clean. The positions where every pair's tokens
+        agree (their shared prefix) run once; the other runs cover only the later ones.
     steps : int, default=5
         Interpolation steps of EAP-IG (ignored by EAP).
     metric : {"logit_diff", "kl"}, default="logit_diff"
