@@ -26,6 +26,8 @@ __all__ = [
     "SIZES",
     "Design",
     "enable_extension",
+    "bokeh_theme",
+    "no_overlap_policy",
     "NestedLayoutFix",
     "page",
     "show_token",
@@ -130,13 +132,64 @@ def format_bytes(n: int) -> str:
 
 # -- page -----------------------------------------------------------------------------
 
+def no_overlap_policy() -> Any:
+    """A fresh Bokeh ``NoOverlap`` tick-label policy: labels that would collide are hidden.
+
+    A function, not a model: Bokeh calls a themed default that is a function once per axis,
+    so every axis (in every document) gets its own policy model.
+    """
+    from bokeh.models import NoOverlap
+
+    return NoOverlap()
+
+
+def with_tick_label_policy(bokeh_json: dict[str, Any]) -> dict[str, Any]:
+    """A Bokeh theme's JSON with every axis (numeric, log, categorical) on `no_overlap_policy`.
+
+    The theme is the document's, so it reaches every plot of every page, whatever
+    ``hooks`` or options a page sets; a page that must show every label of an axis sets
+    the axis' own ``major_label_policy`` (or rotates the labels, which NoOverlap keeps).
+    """
+    attrs = dict(bokeh_json.get("attrs", {}))
+    # Keyed by the two concrete axis families (linear, log, datetime are ContinuousAxis),
+    # not "Axis": HoloViews copies the theme's "Axis" entries onto each axis as values.
+    for name in _AXIS_FAMILIES:
+        attrs[name] = {**attrs.get(name, {}), "major_label_policy": no_overlap_policy}
+    return {**bokeh_json, "attrs": attrs}
+
+
+_AXIS_FAMILIES = ("ContinuousAxis", "CategoricalAxis")
+
+
+def bokeh_theme(style: Any = None) -> Any:
+    """The Bokeh theme of every plot: the Fast design's, with non-colliding tick labels."""
+    from bokeh.themes import Theme
+
+    style = style if style is not None else pn.theme.fast.DEFAULT_STYLE
+    return Theme(json=with_tick_label_policy(style.create_bokeh_theme()))
+
+
+class _FastDefaultTheme(pn.theme.fast.FastDefaultTheme):
+    @property
+    def bokeh_theme(self) -> Any:
+        return bokeh_theme(self.style)
+
+
+class _FastDarkTheme(pn.theme.fast.FastDarkTheme):
+    @property
+    def bokeh_theme(self) -> Any:
+        return bokeh_theme(self.style)
+
+
 class Fast(pn.theme.Fast):
     """Panel's Fast design without its web font, so pages load nothing from outside the server.
 
+    Its Bokeh theme (`bokeh_theme`) gives every axis a no-overlap tick-label policy.
     Named ``Fast`` on purpose: Panel finds a design's bundled files under its class name.
     """
 
     _resources = {key: value for key, value in pn.theme.Fast._resources.items() if key != "font"}
+    _themes = {"default": _FastDefaultTheme, "dark": _FastDarkTheme}
 
 
 Design = Fast
@@ -172,8 +225,15 @@ def placeholder(text: str, *, height: int = 320) -> Any:
 
 
 def enable_extension() -> None:
-    """Load the Panel extensions every page needs, with notifications on."""
+    """Load the Panel extensions every page needs, with notifications on.
+
+    HoloViews' own Bokeh renderer (plots shown without Panel, ``hv.render``) gets the same
+    Bokeh theme as the pages, so tick labels never collide there either.
+    """
+    import holoviews as hv
+
     pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
+    hv.renderer("bokeh").theme = bokeh_theme()
 
 
 class NestedLayoutFix(pn.custom.JSComponent):

@@ -1,0 +1,75 @@
+"""The theme's tick-label policy reaches every axis of every plot a page draws."""
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import pytest
+from bokeh.document import Document
+from bokeh.models import Axis, NoOverlap
+
+from apps import theme
+
+
+@pytest.fixture(autouse=True)
+def _extension():
+    theme.enable_extension()
+
+
+def _axes(obj) -> tuple[Document, list[Axis]]:
+    """Render ``obj`` as a page renders it (a Panel pane into a Bokeh document)."""
+    doc = Document()
+    root = pn.panel(obj).get_root(doc)
+    doc.add_root(root)
+    return doc, list(root.select({"type": Axis}))
+
+
+def _crowded_curve() -> hv.Curve:
+    # 40 ticks of 7-digit numbers on a 160-px axis: every label would collide with its neighbour.
+    return hv.Curve((np.arange(40) * 1.0e6, np.arange(40.0))).opts(width=160, xticks=40)
+
+
+def test_crowded_numeric_axis_gets_no_overlap_policy():
+    doc, axes = _axes(_crowded_curve())
+    assert len(axes) == 2
+    assert all(isinstance(axis.major_label_policy, NoOverlap) for axis in axes)
+    # The policy is sent to the browser with the document, one model per axis.
+    assert sum(isinstance(model, NoOverlap) for model in doc.models) == 2
+    assert str(doc.to_json()).count("'NoOverlap'") == 2
+
+
+def test_page_hooks_keep_the_policy():
+    seen = []
+    plot = _crowded_curve().opts(hooks=[lambda p, e: seen.append(p.state)])
+    _, axes = _axes(plot)
+    assert seen, "the page's own hook ran"
+    assert all(isinstance(axis.major_label_policy, NoOverlap) for axis in axes)
+
+
+def test_categorical_log_and_layout_axes_get_the_policy():
+    heat = hv.HeatMap([(f"tok{i}", f"L{j}", i * j) for i in range(30) for j in range(4)])
+    log = hv.Curve(([1, 10, 100, 1000, 10000], [1, 2, 3, 4, 5])).opts(logx=True)
+    overlay = hv.Curve([(0, 1), (1, 2)]) * hv.Scatter([(0, 1)])
+    _, axes = _axes(heat + log + overlay)
+    assert len(axes) == 6
+    assert {type(axis).__name__ for axis in axes} >= {"CategoricalAxis", "LogAxis", "LinearAxis"}
+    assert all(isinstance(axis.major_label_policy, NoOverlap) for axis in axes)
+
+
+def test_each_axis_and_document_has_its_own_policy_model():
+    # A model belongs to one document: a policy shared between two served sessions would fail.
+    _, axes_a = _axes(_crowded_curve())
+    _, axes_b = _axes(_crowded_curve())
+    policies = [axis.major_label_policy for axis in axes_a + axes_b]
+    assert len({id(policy) for policy in policies}) == 4
+
+
+def test_a_page_can_still_choose_its_own_policy():
+    from bokeh.models import AllLabels
+
+    def show_all(plot, element):
+        plot.state.xaxis.major_label_policy = AllLabels()
+
+    _, axes = _axes(_crowded_curve().opts(hooks=[show_all]))
+    policies = sorted(type(axis.major_label_policy).__name__ for axis in axes)
+    assert policies == ["AllLabels", "NoOverlap"]
