@@ -156,7 +156,7 @@ def plot_grid(ds: xr.Dataset | None, n_layers: int | None = None,
     return hv.Image(img, kdims=["head", "layer"], vdims=["weight"],
                     bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5)).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0, LEVELS), clipping_colors={"max": "white"},
-        title="All heads", xlabel="head (key →)", ylabel="layer (query ↓)",
+        title="All heads", xlabel="head", ylabel="layer",
         xticks=xticks, yticks=yticks, xaxis="top",
         frame_width=tile * n_heads, frame_height=tile * n_layers,
         tools=["tap"], default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
@@ -199,7 +199,9 @@ def _ticks(tokens: list[str]) -> list[tuple[int, str]]:
 
 
 def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
-    """One head's query x key pattern, tokens on both axes (thinned past 32), hover per cell."""
+    """One head's query x key pattern, tokens on both axes (thinned past 32), hover per cell.
+
+    Key tokens stand upright: "0 The 1 ·capital" side by side touch even on a short prompt."""
     if ds is None:
         return theme.placeholder("Tracing the prompt…")
     a = head_pattern(ds, layer, head).values
@@ -217,7 +219,7 @@ def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
     return hv.HeatMap(table, ["key", "query"], ["weight", "key_token", "query_token"]).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True, clabel="attention weight",
         title=head_label(layer, head), xlabel="key token", ylabel="query token",
-        xticks=ticks, yticks=ticks, xrotation=90 if n > 6 else 0, invert_yaxis=True,
+        xticks=ticks, yticks=ticks, xrotation=90, invert_yaxis=True,
         tools=["hover"], hover_tooltips=hover, default_tools=STATIC_TOOLS, active_tools=[],
         toolbar="above", responsive=True, height=size, min_width=320, max_width=size + 80,
         fontsize=theme.font_sizes(), padding=0)

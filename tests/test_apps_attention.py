@@ -173,3 +173,17 @@ def test_workspace_selection_is_outlined_and_labels_use_the_one_spelling(tiny_mo
     view._grid_tapped(x=1.0, y=L - 1.0)                     # the highlighted tile
     assert view.selected == "L0.H1"
     view.close()
+
+
+def test_short_prompt_key_tokens_stand_upright_and_grid_axes_say_head_and_layer(tiny_model):
+    """'0 The 1 ·capital 2 ·of' side by side touched on a 5-token prompt: upright labels
+    take one line-height each, so they fit where the flat ones (5 x ~9 characters) did not."""
+    import holoviews as hv
+
+    view = AttentionView(tiny_model, background=False, prompt="The capital of France is")
+    fig = hv.render(plot_head(view.result, 0, 0))
+    assert fig.xaxis[0].major_label_orientation == pytest.approx(np.pi / 2)
+    assert len(fig.xaxis[0].major_label_overrides) == view.result.sizes["pos"]
+    grid = hv.render(plot_grid(view.result))
+    assert (grid.xaxis[0].axis_label, grid.yaxis[0].axis_label) == ("head", "layer")
+    view.close()
