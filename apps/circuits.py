@@ -1210,7 +1210,11 @@ class CircuitsView(View):
         faith = pn.bind(self._faithfulness_pane, self.param.curve, self.param.edited)
         main = pn.Column(
             pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
-            pn.pane.Markdown(pn.bind(self._caption, *shown), css_classes=["circuit-caption"],
+            # the caption re-renders when what it says can change, not on each re-draw's timing
+            pn.pane.Markdown(pn.bind(self._caption, *[p for p in shown if p.name not in
+                                                      ("redraw_ms", "ablation", "edited",
+                                                       "circuit_patch")]),
+                             css_classes=["circuit-caption"],
                              sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(self._readout, self.param.ablation, self.param.scores,
                                      self.param.edited, self.param.edits,
