@@ -639,15 +639,11 @@ class CircuitsView(View):
             self._edges_dm.event()   # the hover's patch effect
 
     def shown_edges(self) -> np.ndarray:
-        """Bool mask over the shown scores' edges: the circuit as drawn (its strongest
-        `MAX_DRAWN_EDGES` when larger; no lost or outside edges)."""
-        self._update_table()
+        """Bool mask over the shown scores' edges: the shown circuit (the pruned circuit of
+        the current selection, the one the title counts and the faithfulness marker places;
+        all of it, also past the `MAX_DRAWN_EDGES` drawn)."""
         scores, _, _ = self._current()
-        mask = np.zeros(0 if scores is None else scores.sizes["edge"], bool)
-        t = self._table
-        if t is not None:
-            mask[t["edge"][~np.isin(t["status"], ["lost", "outside"])]] = True
-        return mask
+        return np.zeros(0, bool) if scores is None else self._circuit(scores).copy()
 
     def request_circuit_patch(self) -> None:
         """Patch every edge outside the shown circuit to its corrupted value (the shown
@@ -666,15 +662,15 @@ class CircuitsView(View):
         def job(token: CancelToken):
             out = ca.patch_edges_metric(m, task, scores, keep, batch_size=len(task),
                                         progress=self.progress_fn(token))
-            out.update(key=key, n_shown=int(keep.sum()), n_circuit=int(self._shown["size"]))
+            out.update(key=key, n_shown=int(keep.sum()), n_drawn=int(self._shown["drawn"]))
             return out
 
-        self.status = f"patching every edge outside the {int(keep.sum()):,} shown…"
+        self.status = f"patching every edge outside the circuit's {int(keep.sum()):,}…"
         self.submit("circuit_patch", job)
 
     def _got_circuit_patch(self, out: dict) -> None:
         self.circuit_patch = out
-        self.status = f"patched every edge outside the {out['n_shown']:,} shown"
+        self.status = f"patched every edge outside the circuit's {out['n_shown']:,}"
 
     def _request_edited(self) -> None:
         """The task metric of the full model without and with the workspace edits (on the
@@ -1053,9 +1049,8 @@ class CircuitsView(View):
         c = self.circuit_patch
         if c is None or c.get("key") != self._key():
             return ""
-        more = (f" (the strongest of the circuit's {c['n_circuit']:,})"
-                if c["n_circuit"] > c["n_shown"] else "")
-        return (f"**Only the {c['n_shown']:,} shown edges kept**{more}, every other edge patched "
+        more = (f" ({c['n_drawn']:,} of them drawn)" if c["n_shown"] > c["n_drawn"] else "")
+        return (f"**Only the circuit's {c['n_shown']:,} edges kept**{more}, every other edge patched "
                 f"to corrupted: metric **{c['metric']:.4f}**, **{c['recovered']:.0%}** of the "
                 f"clean − corrupted gap recovered (clean {c['clean_metric']:.4f}, corrupted "
                 f"{c['corrupt_metric']:.4f}); accuracy {c['accuracy']:.0%} (clean "

@@ -197,7 +197,8 @@ def test_head_labels_are_short_inside_their_layer_column(own_view):
     assert not any(str(v).endswith(".MLP") for v in heads.dimension_values("text"))
 
 
-def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny_model):
+def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny_model,
+                                                                   monkeypatch):
     view = own_view
     scores = view.scores
     view.param.update(mode="top-n", n_edges=12, selected="")
@@ -216,16 +217,19 @@ def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny
     assert c["metric"] == pytest.approx(want["metric"], abs=1e-7)
     assert c["recovered"] == pytest.approx(want["recovered"], abs=1e-6)
     assert c["n_shown"] == keep.sum()
-    # where the curve was measured at this size, the shown circuit's faithfulness is the curve's
-    n = int(view.curve["n_edges"].values[3])
+    # where the curve was measured at this size, the shown circuit's faithfulness is the
+    # curve's; also when only its strongest few edges are drawn (the whole circuit is kept)
+    n = int(view.curve["n_edges"].values[-4])
+    monkeypatch.setattr(ac, "MAX_DRAWN_EDGES", 5)
     view.n_edges = n
     view._edges_plot()
+    assert view._shown["size"] > view._shown["drawn"] == 5
     buttons["Patch all shown edges"].clicks += 1
-    if view._shown["size"] <= ac.MAX_DRAWN_EDGES:
-        assert view.circuit_patch["recovered"] == pytest.approx(
-            float(view.curve["recovered"].sel(n_edges=n)), abs=1e-6)
+    assert view.circuit_patch["n_shown"] == int(view.curve["n_kept"].sel(n_edges=n))
+    assert view.circuit_patch["recovered"] == pytest.approx(
+        float(view.curve["recovered"].sel(n_edges=n)), abs=1e-6)
     text = view._readout()
-    assert f"**Only the {view.circuit_patch['n_shown']:,} shown edges kept**" in text
+    assert f"**Only the circuit's {view.circuit_patch['n_shown']:,} edges kept** (5 of them drawn)" in text
     assert f"{view.circuit_patch['recovered']:.0%}** of the clean − corrupted gap" in text
 
 
