@@ -324,3 +324,60 @@ def gallery_page_state(page) -> dict:
     """What the page shows now: ``plots`` (see `_STATE`) and ``selects`` (label, number of
     options, how many have text, the text of the option shown)."""
     return page.evaluate(_STATE)
+
+
+# Per axis of each plot shown whose tick labels Bokeh draws all of (its `AllLabels` policy;
+# `NoOverlap`, which the app's theme sets, hides the ones that would collide): the neighbouring
+# major tick labels whose boxes overlap along the axis. Text drawn at an angle collides when the distance
+# between neighbouring labels, across the text, is less than the text's height.
+_TICK_COLLISIONS = """() => {
+  const out = []
+  for (const v of Bokeh.index.all_views()) {
+    const type = v.model.type || ''
+    if (!type.endsWith('Axis') || v.parent == null || v.parent.el == null) continue
+    if (!v.parent.el.isConnected || v.parent.el.offsetParent == null || !v.model.visible) continue
+    const policy = v.model.major_label_policy
+    if (policy == null || policy.type !== 'AllLabels') continue
+    let coords, labels
+    try {
+      coords = v.tick_coords.major
+      const dim = v.dimension
+      const ticks = coords[dim]
+      if (ticks.length < 2) continue
+      labels = v.compute_labels(ticks)
+      labels.visuals = v.visuals.major_label_text.values()   // the font the axis draws with
+      const screen = v.scoords(coords)[dim]
+      const orient = v.model.major_label_orientation
+      const angle = typeof orient === 'number' ? orient
+          : orient === 'vertical' ? Math.PI / 2 : orient === 'horizontal' ? 0
+          : orient === 'parallel' ? (dim === 0 ? 0 : Math.PI / 2) : (dim === 0 ? Math.PI / 2 : 0)
+      // the label's direction against the axis: 0 when the text runs along it
+      const across = dim === 0 ? Math.abs(Math.sin(angle)) : Math.abs(Math.cos(angle))
+      const items = labels.items.map((box, i) => ({text: typeof box.text === 'string' ? box.text : '',
+                                                   at: screen[i], size: box.size()}))
+        .filter(x => x.text.trim() && Number.isFinite(x.at)).sort((a, b) => a.at - b.at)
+      for (let i = 1; i < items.length; i++) {
+        const a = items[i - 1], b = items[i]
+        const gap = Math.abs(b.at - a.at)
+        const clash = across > 0.2
+          ? gap * across < 0.9 * Math.max(a.size.height, b.size.height)
+          : gap < (a.size.width + b.size.width) / 2 + 1
+        if (clash) {
+          const title = v.parent.model.title != null ? String(v.parent.model.title.text) : ''
+          out.push({plot: title, axis: dim === 0 ? 'x' : 'y', labels: [a.text, b.text],
+                    gap: Math.round(gap)})
+          break
+        }
+      }
+    } catch (e) {
+      out.push({plot: '', axis: '?', labels: [], error: String(e)})
+    }
+  }
+  return out
+}"""
+
+
+def tick_collisions(page) -> list[dict]:
+    """Axes of the plots shown now whose neighbouring tick labels overlap: one entry per
+    axis (plot title, ``x``/``y``, the first two labels that collide, their distance)."""
+    return page.evaluate(_TICK_COLLISIONS)

@@ -1,13 +1,14 @@
-"""What a person sees in the gallery: every page opened from the sidebar at 1280 and 1920 px.
+"""What a person sees in the gallery: every page opened from the sidebar at 1280, 1400, 1920 px.
 
 One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served for the module
 on the tiny random-init model, with the pages that train or scan a corpus on open given
 small settings (the same ones their own browser tests use); every other page is the
-gallery's own factory. One tab visits every page at 1280 x 1000, then every page again at
-1920 x 1080. After a page settles (no spinner, Bokeh's plots unchanged for a few seconds),
+gallery's own factory. One tab visits every page at 1280 x 1000, then at 1400 x 1000, then
+at 1920 x 1080. After a page settles (no spinner, Bokeh's plots unchanged for a few seconds),
 the checks read the browser: Bokeh's own layout (each plot view's frame), the pixels of
 each plot's canvas inside its frame, each title's rendered width against the room it has,
-the options of every select widget, and the console. Screenshots go to test-artifacts/.
+whether neighbouring tick labels overlap (with each axis's own font), the options of every
+select widget, and the console. Screenshots go to test-artifacts/.
 """
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import json
 import time
 
 import pytest
-from _browser import ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page
+from _browser import ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page, tick_collisions
 from _views import cheap_gallery_views
 
 pytestmark = pytest.mark.browser
 
-WIDTHS = {1280: 1000, 1920: 1080}
+WIDTHS = {1280: 1000, 1400: 1000, 1920: 1080}
 MIN_FRAME = 60       # px: a plot's data area narrower or shorter than this reads as collapsed
 MIN_INK = 0.002      # share of a frame's pixels that differ from its background colour
 
@@ -104,6 +105,7 @@ def observed(browser, gallery_url, cheap_views):
             tab.mouse.move(width // 2, 10)  # off the sidebar: no tooltip over the page
             settled = settle_gallery_page(tab, before=before, timeout=90)
             state = gallery_page_state(tab)
+            state["ticks"] = tick_collisions(tab)
             state.update(settled=settled, seconds=round(time.time() - started, 1),
                          errors=[text for page, text in errors[seen:] if page == slug])
             tab.screenshot(path=str(ARTIFACTS / f"gallery-{slug}-{width}.png"), full_page=True)
@@ -148,6 +150,14 @@ def test_every_plot_title_fits(observed, width, slug):
 
 
 @pytest.mark.parametrize(("width", "slug"), _cases("selects"))
+@pytest.mark.parametrize(("width", "slug"), _cases("ticks"))
+def test_no_tick_labels_collide(observed, width, slug):
+    """Every axis either lets Bokeh hide the tick labels that would overlap (`NoOverlap`) or
+    draws labels that do not overlap, measured with the axis's own font."""
+    state = observed(width, slug)
+    assert not state["ticks"], f"{slug} at {width} px: {state['ticks']}"
+
+
 def test_no_select_widget_is_empty(observed, width, slug):
     state = observed(width, slug)
     # a blank option is a fine "none" choice (the circuits page's edge to ablate) but a
