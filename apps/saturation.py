@@ -181,6 +181,8 @@ _STAIRCASE_OPTS = (
 )
 
 
+_CLICK_HINT = "Click a token in the strip above"
+
 _NO_DETAIL = ('<span data-sat-detail="none"></span>Click a token to see its layer × rank table '
               'and staircase.')
 
@@ -704,6 +706,8 @@ class SaturationView(View):
                                     css_classes=["sat-detail-header"])
         self._columns = detail_columns(empty_detail(n_layers))
         self._sources: dict[str, list[weakref.ref]] = {g: [] for g in DETAIL_GLYPHS}
+        # the "click a token" hints drawn in the empty detail plots: (source, its text data)
+        self._hint_sources: list[tuple[weakref.ref, dict[str, Any]]] = []
         self._detail_row: pn.Row | None = None
         self._strip_widget: TokenStrip | None = None
         self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
@@ -1007,17 +1011,25 @@ class SaturationView(View):
         empty = empty_detail(n_layers)
         empty.update(layer=np.zeros(2, int), rank=np.zeros(2, int), label=["", ""],
                      probability=np.array([0.0, 1.0]), saturated=np.zeros(2, bool))
-        table = rank_table_elements(empty).opts(*_RANK_TABLE_OPTS).opts(
+        # until a click, each plot says so in its frame (the text is emptied on a click)
+        hint = hv.Text(sum(limits["xlim"]) / 2, (n_layers - 1) / 2, _CLICK_HINT).opts(
+            text_color="#555555", text_font_size=f"{theme.SIZES['axis_font_pt']}pt",
+            hooks=[self._hint_hook])
+        table = (rank_table_elements(empty) * hint).opts(*_RANK_TABLE_OPTS).opts(
             hv.opts.Overlay(min_height=height, **limits),
             hv.opts.Rectangles("Cells", hooks=hook["cells"]),
             hv.opts.Labels(hooks=hook["labels"]),
             hv.opts.Rectangles("Saturated", hooks=hook["saturated"]))
-        stair = staircase_elements(empty).opts(*_STAIRCASE_OPTS).opts(
+        stair = (staircase_elements(empty) * hint).opts(*_STAIRCASE_OPTS).opts(
             hv.opts.Overlay(min_height=height, **limits), hv.opts.Curve(hooks=hook["steps"]),
             hv.opts.Scatter(hooks=hook["points"]))
+        # not linked to the page's other plots with a "rank" axis: linking gave the
+        # staircase another plot's range, drawn from 10 down to 0
         self._detail_row = pn.Row(pn.pane.HoloViews(table, sizing_mode="stretch_width",
+                                                    linked_axes=False,
                                                     css_classes=["sat-rank-table"]),
                                   pn.pane.HoloViews(stair, sizing_mode="stretch_width",
+                                                    linked_axes=False,
                                                     css_classes=["sat-staircase"]),
                                   sizing_mode="stretch_width")
         return self._detail_row
@@ -1033,6 +1045,26 @@ class SaturationView(View):
                 refs.append(weakref.ref(source))
             source.data = self._columns[glyph]
         return hook
+
+    def _hint_hook(self, plot: Any, element: Any) -> None:
+        """Keep the rendered hint's data source; empty it while a token's detail is shown."""
+        source = plot.handles.get("source")
+        if source is None:
+            return
+        if not any(ref() is source for ref, _ in self._hint_sources):
+            self._hint_sources.append((weakref.ref(source), dict(source.data)))
+        self._show_hints(len(self._columns["cells"]["probability"]) == 0)
+
+    def _show_hints(self, show: bool) -> None:
+        self._hint_sources[:] = [(ref, data) for ref, data in self._hint_sources
+                                 if ref() is not None]
+        for ref, data in self._hint_sources:
+            ref().data = data if show else {key: [] for key in data}
+
+    def hints_shown(self) -> list[bool]:
+        """Whether each rendered detail plot shows its "click a token" text."""
+        return [bool(len(ref().data.get("text", []))) for ref, _ in self._hint_sources
+                if ref() is not None]
 
     def detail_sources(self) -> dict[str, list[Any]]:
         """The rendered detail plots' Bokeh data sources per glyph (live ones only)."""
@@ -1051,6 +1083,7 @@ class SaturationView(View):
         for glyph, sources in self.detail_sources().items():
             for source in sources:
                 source.data = self._columns[glyph]
+        self._show_hints(d is None)
 
     @param.depends("prompt_result", "prompt_edited", "k")
     def _prompt_view(self):
@@ -1121,6 +1154,9 @@ class SaturationView(View):
     @param.depends("result", "intervention", "pair")
     def _intervention(self):
         pairs = self.pairs()
+        if self.result is None:
+            return pn.pane.Markdown("The injection test waits for the corpus analysis: its "
+                                    "token pairs come from the analysed text.")
         if not pairs:
             return pn.pane.Markdown("No token pairs with the same prediction and far-apart s_1 "
                                     "in the analysed text.")
