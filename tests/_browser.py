@@ -217,6 +217,14 @@ _SIGNATURE = f"""(busy) => {{
       }}
     }}
     texts(document)
+    // and a placeholder drawn inside a plot ("Measuring long-string accuracy…", hv.Text)
+    for (const v of plots)
+      for (const r of v.model.renderers)
+        if (r.glyph != null && r.glyph.type === 'Text' && r.data_source != null) {{
+          const field = r.glyph.text != null ? r.glyph.text.field : null
+          const column = field != null ? r.data_source.data[field] : null
+          if (column != null && Array.from(column).some(t => pattern.test(String(t)))) spinning += 1
+        }}
   }}
   return {{spinning, ids: plots.map(v => v.model.id),
           plots: plots.map(v => [v.model.id, Math.round(v.bbox.width), Math.round(v.bbox.height),
@@ -232,7 +240,8 @@ BUSY_TEXT = r"\b(computing|analysing|training|loading|measuring|running|scoring)
 def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90,
                         quiet: float = 3.0, busy: str | None = BUSY_TEXT) -> bool:
     """Wait until the page's Bokeh plots stop changing: no spinner or unfinished progress bar
-    shown, no text matching ``busy`` (default `BUSY_TEXT`) shown, the same plots at the same
+    shown, no text matching ``busy`` (default `BUSY_TEXT`) shown (in the page or drawn in a
+    plot), the same plots at the same
     sizes for ``quiet`` seconds, and (when ``before`` lists the plot ids shown before a
     navigation) not the plots of the page left behind. False on timeout."""
     deadline = time.time() + timeout
