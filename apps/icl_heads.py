@@ -268,8 +268,8 @@ def layers_text(layers: list[int]) -> str:
 
 def _short_task(name: str) -> str:
     """A task name short enough for a matrix axis (the hover keeps the full one)."""
-    return {"lowercase-first-letter": "lowercase-first"}.get(
-        name, name.removeprefix("choose-"))
+    return {"lowercase-first-letter": "lower-first"}.get(
+        name, name.removeprefix("choose-").removeprefix("country-"))
 
 
 def conflict_matrix(ds: xr.Dataset, layer: int) -> xr.DataArray:
@@ -290,20 +290,41 @@ def _cells(da: xr.DataArray, low: xr.DataArray, high: xr.DataArray, n: xr.DataAr
     return out
 
 
-def _matrix_plot(cells: list[tuple], rows: list[str], title: str, height: int,
+def _frame_width(n_targets: int) -> int:
+    """Pixels of the matrices' plot area: about 70 a column, 300-430 in all; the figure is
+    170 wider for the axes (fixed figure sizes, one left margin so that the two matrices'
+    columns line up). It fits beside the controls at 1280 px."""
+    return int(np.clip(72 * n_targets, 300, 430))
+
+
+def _left_margin(plot: Any, element: Any) -> None:
+    """The matrices' one left margin (room for the longest short task name)."""
+    plot.state.min_border_left = 140
+
+
+def _matrix_plot(cells: list[tuple], rows: list[str], title: str, frame_height: int,
                  xlabel: str, ylabel: str, value: str) -> hv.Overlay:
+    """A heatmap of rates in [0, 1] with the value written in each cell (so no colour bar);
+    fixed pixel sizes, the column labels turned only when they would overlap."""
     vdims = [value, "low", "high", "n_scored", "target task"]
+    n_cols = len({c[0] for c in cells})
+    width = _frame_width(n_cols)
+    longest = max(len(c[0]) for c in cells)
+    turned = 6.5 * longest > width / n_cols
+    height = frame_height + 70 + (int(4.6 * longest) + 20 if turned else 40)
     heat = hv.HeatMap(cells, ["target", "row"], vdims).opts(
-        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True, tools=["hover"],
-        default_tools=_TOOLS, responsive=True, height=height, xlabel=xlabel, ylabel=ylabel,
-        invert_yaxis=True, title=title, clipping_colors={"NaN": "#f0f0f0"},
-        fontsize={"xticks": "8pt", "yticks": "8pt"})
+        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=False, tools=["hover"],
+        default_tools=_TOOLS, width=width + 170, height=height, hooks=[_left_margin],
+        xlabel=xlabel,
+        ylabel=ylabel, invert_yaxis=True, title=title, clipping_colors={"NaN": "#f0f0f0"},
+        xrotation=45 if turned else 0,
+        fontsize={"xticks": "8pt", "yticks": "8pt", "title": "11pt"})
     values = [c[2] for c in cells]
     colors = theme.text_colors(values, theme.PROBABILITY_CMAP)
     labels = hv.Labels([(c[0], c[1], "–" if c[2] != c[2] else f"{c[2]:.2f}", col)
                         for c, col in zip(cells, colors)], ["target", "row"],
                        ["text", "color"]).opts(text_color="color", text_font_size="8pt")
-    return (heat * labels).opts(responsive=True, height=height)
+    return (heat * labels).opts(width=width + 170, height=height)
 
 
 def plot_conflict_matrix(ds: xr.Dataset | None, layer: int | None) -> hv.Element:
@@ -316,10 +337,10 @@ def plot_conflict_matrix(ds: xr.Dataset | None, layer: int | None) -> hv.Element
     rows = [_short_task(t) for t in tasks]
     cells = _cells(ds["follows_source"].sel(**sel), ds["follows_source_low"].sel(**sel),
                    ds["follows_source_high"].sel(**sel), ds["n_scored"].sel(source=tasks), rows)
-    height = max(260, 34 * len(tasks) + 120)
-    return _matrix_plot(cells, rows, f"Answer follows the patched task A, layer {layer}",
-                        height, "target task B (the prompt's demonstrations)",
-                        "source task A (vector)", "follows A")
+    return _matrix_plot(cells, rows, f"Answer follows task A's vector, layer {layer}",
+                        int(np.clip(30 * len(tasks), 120, 300)),
+                        "target task B (the prompt's demonstrations)", "source task A (vector)",
+                        "follows A")
 
 
 _CONTROL_ROWS = {"null": "Null vector", "none": "no patch"}
@@ -335,12 +356,12 @@ def plot_conflict_controls(ds: xr.Dataset | None, layer: int | None) -> hv.Eleme
     cells = _cells(ds["follows_target"].sel(**sel), ds["follows_target_low"].sel(**sel),
                    ds["follows_target_high"].sel(**sel), ds["n_scored"].sel(source=sel["source"]),
                    rows)
-    return _matrix_plot(cells, rows, f"Controls: answer follows B, layer {layer}", 190,
+    return _matrix_plot(cells, rows, f"Controls: answer follows B, layer {layer}", 60,
                         "target task B", "", "follows B")
 
 
-FOLLOWS_A, FOLLOWS_B = "follows A (A's vector, A ≠ B)", "follows B (A's vector, A ≠ B)"
-FOLLOWS_B_NULL = "follows B (Null vector)"
+FOLLOWS_A, FOLLOWS_B = "A's vector: follows A", "A's vector: follows B"
+FOLLOWS_B_NULL = "Null vector: follows B"
 
 
 def _layer_profile(ds: xr.Dataset) -> dict[str, np.ndarray]:
@@ -369,9 +390,10 @@ def plot_conflict_layers(ds: xr.Dataset | None, layer: int | None) -> hv.Element
                       .opts(color=c, line_width=2, tools=["hover"]))
         curves.append(hv.Scatter((x, y), "layer", "fraction of prompts").opts(color=c, size=5))
     curves.append(hv.VLine(layer).opts(color="black", line_dash="dashed"))
-    return hv.Overlay(curves).opts(responsive=True, height=260, ylim=(-0.02, 1.05),
+    return hv.Overlay(curves).opts(width=580, height=260, ylim=(-0.02, 1.05),
                                    legend_position="right", show_legend=True,
-                                   title="Conflict test per layer (means over the matrix)")
+                                   fontsize={"title": "11pt", "legend": "8pt"},
+                                   title="Conflict test per layer (matrix means)")
 
 
 def conflict_caption(ds: xr.Dataset | None, layer: int | None) -> str:
@@ -407,8 +429,9 @@ def conflict_caption(ds: xr.Dataset | None, layer: int | None) -> str:
             f"on average, with no patch on {num(unpatched)}; where the Null vector removes B's "
             f"answer without giving A's, the switch to A comes from A's vector, not from "
             f"overwriting the residual. Best layer {ds.attrs.get('best_layer')} (the highest "
-            f"mean over A ≠ B, picked on these prompts); the layer slider (left) moves the "
-            f"matrices and the dashed line.")
+            f"mean over A ≠ B, picked on these prompts). The curves: per layer, the means over "
+            f"the A ≠ B cells, and over the targets for the Null vector; the layer slider "
+            f"(left) moves the matrices and the dashed line.")
 
 
 # SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
@@ -933,14 +956,14 @@ class ICLHeadsView(View):
             pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer), linked_axes=False,
                               sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(td_caption, p.td, p.td_layer), **caption),
-            pn.pane.HoloViews(pn.bind(plot_conflict_matrix, p.conflict, p.conflict_layer),
-                              linked_axes=False, sizing_mode="stretch_width",
-                              css_classes=["icl-conflict-matrix"]),
-            pn.pane.HoloViews(pn.bind(plot_conflict_controls, p.conflict, p.conflict_layer),
-                              linked_axes=False, sizing_mode="stretch_width",
-                              css_classes=["icl-conflict-controls"]),
-            pn.pane.HoloViews(pn.bind(plot_conflict_layers, p.conflict, p.conflict_layer),
-                              linked_axes=False, sizing_mode="stretch_width"),
+            # each in a Row of its own: Bokeh lines up the plot areas of one column's plots,
+            # which squeezed these fixed-size plots to the attention maps' narrow area
+            *[pn.Row(pn.pane.HoloViews(pn.bind(fn, p.conflict, p.conflict_layer),
+                                       linked_axes=False, css_classes=css),
+                     sizing_mode="stretch_width")
+              for fn, css in ((plot_conflict_matrix, ["icl-conflict-matrix"]),
+                              (plot_conflict_controls, ["icl-conflict-controls"]),
+                              (plot_conflict_layers, []))],
             pn.pane.Markdown(pn.bind(conflict_caption, p.conflict, p.conflict_layer),
                              css_classes=["icl-conflict-caption"], **caption),
             sizing_mode="stretch_width")
