@@ -27,7 +27,7 @@ import explorer
 from explorer._checks import ExplorerError
 
 __all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "SessionHooks",
-           "schedule", "session_hooks", "user_message"]
+           "jobs_running", "schedule", "session_hooks", "user_message"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,19 @@ _LOADING: dict[tuple[str, bool], threading.Lock] = {}
 
 # Work is CPU-bound and forwards are serialised per model: a few threads are enough.
 _EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="explorer-app")
+_RUNNING = 0                       # jobs of every session running now (not yet delivered)
+_RUNNING_LOCK = threading.Lock()
+
+
+def jobs_running() -> int:
+    """How many jobs, of every page and session of this server, are running now."""
+    return _RUNNING
+
+
+def _count_running(step: int) -> None:
+    global _RUNNING
+    with _RUNNING_LOCK:
+        _RUNNING += step
 
 
 def get_model(name: str, *, remote: bool = False) -> explorer.Model:
@@ -250,6 +263,7 @@ class Runner:
         return self._token is token and not token.cancelled and not self._closed
 
     def _run(self, job: Callable[[CancelToken], Any], token: CancelToken, doc: Any) -> None:
+        _count_running(+1)
         try:
             token.check()
             with self._remote_runs(token, doc):
@@ -262,6 +276,8 @@ class Runner:
                 log.exception("view computation failed")
             self._finish(doc, token, self._on_error, exc)
             return
+        finally:
+            _count_running(-1)
         self._finish(doc, token, self._on_result, result)
 
     @contextlib.contextmanager

@@ -34,7 +34,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, schedule, user_message
+from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
 
 __all__ = ["View", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
@@ -122,8 +122,19 @@ class View(pn.viewable.Viewer):
         return r
 
     def submit(self, name: str, job: Callable[[CancelToken], Any]) -> CancelToken | None:
-        """Run ``job(token)`` on the runner ``name``; a job in flight there is superseded."""
-        return self._runners[name].submit(job)
+        """Run ``job(token)`` on the runner ``name``; a job in flight there is superseded.
+
+        Served, a job started while others run (this page's or another page's or session's:
+        they share the worker threads and the model) says so after the page's status, since
+        the time it announces then does not hold."""
+        runner = self._runners[name]
+        others = jobs_running() - (1 if runner.running else 0)
+        token = runner.submit(job)
+        if token is not None and self._background and others > 0:
+            note = (f"(shares the model with {others} other job{'s' if others > 1 else ''} "
+                    "running on this server: it takes longer)")
+            self.status = f"{self.status} {note}" if self.status else note.strip("()").capitalize()
+        return token
 
     def cancel(self, name: str | None = None) -> None:
         """Cancel the job in flight on runner ``name`` (default: on every runner)."""

@@ -539,3 +539,31 @@ def test_a_failing_callback_does_not_drop_the_ones_after_it(loop_doc, caplog):
     loop_doc.drain()
     assert ran == [1, 2]
     assert "a scheduled page update failed" in caplog.text
+
+
+def test_a_job_started_while_another_runs_says_it_shares_the_model(loop_doc):
+    with set_curdoc(loop_doc.doc):
+        first, second = Page(), Page()
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(token):
+        started.set()
+        release.wait(10)
+        return 1
+
+    first.submit("work", slow)
+    assert started.wait(5)
+    second.status = "computing scores…"
+    second.submit("work", lambda token: 2)
+    assert second.status == ("computing scores… (shares the model with 1 other job running on "
+                             "this server: it takes longer)")
+    assert _wait_until(lambda: second.result == 2)
+    release.set()
+    assert _wait_until(lambda: first.result == 1)
+    from apps._session import jobs_running
+    assert _wait_until(lambda: jobs_running() == 0)
+    third = Page(background=False)
+    third.status = "computing…"
+    third.submit("work", lambda token: 3)       # inline: nothing else runs, no note
+    assert third.status == "computing…" and third.result == 3
