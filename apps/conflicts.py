@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable
 from typing import Any
 
 import holoviews as hv
@@ -45,7 +46,7 @@ from explorer.interventions import Edit
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
            "answer_bars_data", "bars_caption", "edited_bars_caption", "edited_title",
            "accuracy_table", "head_name", "parse_head", "HEATMAP_CAPTION", "SCATTER_CAPTION",
-           "ALPHA_NOTE", "JUICE_SETS"]
+           "ALPHA_NOTE", "JUICE_SETS", "NO_HEADS_NOTE", "split_time_left"]
 
 hv.extension("bokeh", logo=False)
 
@@ -173,16 +174,31 @@ def edited_title(labels: list[str]) -> str:
     return "Edited: " + "; then ".join(labels)
 
 
-def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str) -> str:
-    """The numbers of the answer bars, under them."""
+NO_HEADS_NOTE = ("**No head selected yet**, so both runs are the plain model and the bars "
+                 "match. Click heads in the heatmap or scatter below, or press *Pick top heads "
+                 "for the direction* or *Select heads as JuICE does*.")
+
+
+def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str, *,
+                 n_heads: int | None = None) -> str:
+    """The numbers of the answer bars, under them; with ``n_heads`` 0 (empty S+ and S-), the
+    note that nothing is intervened on yet and what to press."""
     if rows is None:
         return "Computing the answer probabilities…"
     p = {(a, r): v for a, r, v in rows}
     run = "JuICE dual run" if mode == "juice" else "single run"
-    return (f"P(first token) of the memory answer **{fact.memory}**: {p['memory', 'before']:.2f} "
+    lead = NO_HEADS_NOTE + " " if n_heads == 0 else ""
+    return lead + (f"P(first token) of the memory answer **{fact.memory}**: {p['memory', 'before']:.2f} "
             f"→ **{p['memory', 'after']:.2f}**; of the context answer **{fact.context}**: "
             f"{p['context', 'before']:.2f} → **{p['context', 'after']:.2f}** (grey: no "
             f"intervention, blue: the {run} with the heads and α above).")
+
+
+def split_time_left(seconds: float) -> str:
+    """'about 40 s left' / 'about 3 min left' for the split's progress line."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s left"
+    return f"about {seconds / 60:.0f} min left"
 
 
 def edited_bars_caption(rows: list[tuple[str, str, float]] | None,
@@ -388,17 +404,30 @@ class ConflictsView(View):
             a_l, a_s, n_new = self.alpha_l, self.alpha_s, self._n_new
 
             def job(token: CancelToken):
-                progress = self.progress_fn(token)
+                bar = self.progress_fn(token)
+
+                def timed(phase: str) -> Callable[[int, int], None]:
+                    """Progress of one phase, with the time left from its rate so far."""
+                    started = time.perf_counter()
+
+                    def progress(done: int, total: int) -> None:
+                        bar(done, total)
+                        left = (time.perf_counter() - started) * (total - done) / max(1, done)
+                        self.post(status=f"{phase}: {done}/{total} facts, "
+                                         f"{split_time_left(left) if done else 'timing…'}")
+                    return progress
+
                 split = facts
                 if self._closed_book:
                     self.post(status="keeping the facts the model knows closed book…")
-                    split = C.closed_book_facts(model, facts, progress=progress)
+                    split = C.closed_book_facts(model, facts,
+                                                progress=timed("keeping the facts known closed book"))
                     if not split:
                         raise InputError("the model answers none of the facts closed book; "
                                            "nothing to score.")
                 self.post(status=f"scoring {len(split)} facts…")
                 return C.conflict_accuracy(model, split, plus, minus, alpha_l=a_l, alpha_s=a_s,
-                                           n_new=n_new, progress=progress)
+                                           n_new=n_new, progress=timed("scoring"))
             self.param.update(progress=0, progress_active=True)
         self.status = f"computing {name}…"
         self.submit(name, job)
@@ -633,8 +662,9 @@ class ConflictsView(View):
                 rows, title="P(answer), clean" if edited is not None else "P(answer)"),
                 p.bar_rows, p.edited_rows), linked_axes=False, sizing_mode="stretch_width",
                 css_classes=["cf-bars"]),
-            pn.pane.Markdown(pn.bind(lambda rows, ex, mode: bars_caption(rows, self._facts[ex], mode),
-                                     p.bar_rows, p.example, p.mode), **caption),
+            pn.pane.Markdown(pn.bind(lambda rows, ex, mode, plus, minus: bars_caption(
+                rows, self._facts[ex], mode, n_heads=len(plus) + len(minus)),
+                p.bar_rows, p.example, p.mode, p.heads_plus, p.heads_minus), **caption),
             pn.bind(self._edited_bars, p.edited_rows),
             pn.pane.Markdown(ALPHA_NOTE, **caption),
             score, self._progress, pn.pane.Markdown(p.status),

@@ -275,3 +275,30 @@ def test_gallery_conflicts_follow_the_edit_stack(tiny_model):
         assert page.edits == [] and page.edited_rows is None
     finally:
         g.close()
+
+
+def test_no_heads_caption_and_split_progress_with_time_left(tiny_model):
+    """With S+ and S- empty both runs are the plain model (before == after), and the caption
+    says no head is selected and what to press; scoring the split posts the time left."""
+    import re
+
+    from apps.conflicts import NO_HEADS_NOTE, bars_caption, split_time_left
+
+    view = _view(tiny_model)
+    assert view.heads_plus == [] and view.heads_minus == []
+    rows = _rows(view.bar_rows)
+    assert rows["memory", "before"] == pytest.approx(rows["memory", "after"], abs=1e-6)
+    fact = view._facts[view.example]
+    assert bars_caption(view.bar_rows, fact, view.mode, n_heads=0).startswith(NO_HEADS_NOTE)
+    assert NO_HEADS_NOTE not in bars_caption(view.bar_rows, fact, view.mode, n_heads=1)
+    shown = [o.object for o in view.__panel__().select(pn.pane.Markdown)]
+    assert any(str(s).startswith("**No head selected yet**") for s in shown)
+    statuses = []
+    view.param.watch(lambda e: statuses.append(e.new), "status")
+    view._request("split")
+    lines = [s for s in statuses if s.startswith("scoring:")]
+    assert lines and all(re.fullmatch(r"scoring: \d+/\d+ facts, (about \d+ s left|timing…)", s)
+                         for s in lines)
+    assert any("left" in s for s in lines)
+    assert (split_time_left(40), split_time_left(200)) == ("about 40 s left", "about 3 min left")
+    view.close()
