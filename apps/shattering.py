@@ -313,12 +313,14 @@ class ShatteringView(View):
         self.km = km
         self.param.entity.objects = list(g.entity_names)
         self.param.relation.objects = list(g.relation_names)
-        self.param.order.objects = list(range(g.orders.shape[0]))
+        cycles = list(range(g.orders.shape[0]))
+        # shown by the cycle's letter, as the relations (A+1) and the colour bar name it
+        self.param.order.objects = {f"cycle {'ABCDEFGH'[i]}": i for i in cycles}
         self.param.layer.bounds = (0, km.n_layers - 1)
         self.param.distance.bounds = (1, min(8, g.n_entities - 1))
         values: dict[str, Any] = {}
         for name, names in (("entity", g.entity_names), ("relation", g.relation_names),
-                            ("order", self.param.order.objects)):
+                            ("order", cycles)):
             wanted = self._wanted.pop(name, getattr(self, name))
             if wanted not in names:
                 wanted = names[0]
