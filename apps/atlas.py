@@ -220,10 +220,10 @@ class AtlasView(View):
         names = list(atlas.data_vars)
         self.param.score.objects = names
         score = self.score if self.score in names else (names[0] if names else None)
-        self.param.update(atlas=atlas, score=score,
-                          status=f"{len(names)} per-head score{'s' if len(names) != 1 else ''} of "
-                                 f"{self._model.spec.name} ({atlas.sizes['layer']} layers × "
-                                 f"{atlas.sizes['head']} heads)")
+        self.param.update(atlas=atlas, score=score)
+        self.status = (f"{len(names)} per-head score{'s' if len(names) != 1 else ''} of "
+                       f"{self._model.spec.name} ({atlas.sizes['layer']} layers × "
+                       f"{atlas.sizes['head']} heads){self.refresh_status_names()}")
 
     # -- reproducibility -------------------------------------------------------------------
     def export_tables(self) -> dict[str, pd.DataFrame]:
@@ -285,9 +285,28 @@ class AtlasView(View):
         self.submit("induction", lambda token: induction_scores(model, n_sequences=8, half_len=20))
 
     def _got_induction(self, ds: xr.Dataset) -> None:
+        # Named by where it comes from when another page's induction scores are already in the
+        # atlas (the atlas only uses the tag on a clash): "induction_score_random_8x20", not
+        # "induction_score_3" (the result's index).
+        params = ds.attrs.get("params", {})
+        params = json.loads(params) if isinstance(params, str) else dict(params)
+        ds = ds.copy()
+        ds.attrs["task"] = (f"random_{params.get('n_sequences', '?')}x"
+                            f"{params.get('half_len', '?')}")
         self._induction = ds
         self.param.update(error="", running=False)
         self.refresh()
+
+    def refresh_status_names(self) -> str:
+        """Which induction column is which, when the atlas has two (the status line's tail)."""
+        atlas = self.atlas
+        if atlas is None or self._induction is None:
+            return ""
+        own = [n for n in atlas.data_vars if n.startswith("induction_score_random_")]
+        if not own or "induction_score" not in atlas:
+            return ""
+        return (f"; {own[0]}: this page's (repeated random tokens), induction_score: "
+                "another page's")
 
     # -- selection -------------------------------------------------------------------------
     def _check_selected(self, event: Any) -> None:
@@ -363,7 +382,8 @@ class AtlasView(View):
         table = pn.widgets.Tabulator(
             pn.bind(self._table_frame, self.param.atlas, self.param.highlighted),
             show_index=False, pagination="local", page_size=15, header_filters=True,
-            disabled=True, layout="fit_data_table", sizing_mode="stretch_width",
+            disabled=True, layout="fit_columns", sizing_mode="stretch_width",
+            titles=pn.bind(column_titles, self.param.atlas), stylesheets=[_WRAPPED_TITLES],
             css_classes=["atlas-table"], formatters=pn.bind(self._formatters, self.param.atlas))
         table.on_click(self._row_clicked)
         provenance = pn.pane.Markdown(pn.bind(provenance_markdown, self.param.atlas),
@@ -384,6 +404,18 @@ class AtlasView(View):
         scores = list(atlas.data_vars) if atlas is not None else []
         return {"selected": {"type": "tickCross", "crossElement": False},
                 **{name: NumberFormatter(format="0.0000") for name in scores}}
+
+
+_WRAPPED_TITLES = """
+.tabulator .tabulator-col .tabulator-col-title { white-space: normal; overflow-wrap: anywhere; }
+"""
+"""Column titles wrap (on the spaces of `column_titles`): every column fits the page's width."""
+
+
+def column_titles(atlas: xr.Dataset | None) -> dict[str, str]:
+    """The table's column titles: score names with spaces for underscores, so they wrap."""
+    names = list(atlas.data_vars) if atlas is not None else []
+    return {name: name.replace("_", " ") for name in names}
 
 
 serve(__name__, AtlasView, title=f"{theme.TITLE}: head atlas", intro="atlas")

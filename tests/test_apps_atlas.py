@@ -227,3 +227,25 @@ def test_a_state_of_another_model_switches_the_model_first(gallery, tiny_gpt2, n
     assert gallery.prompt == "Hello there" and gallery.state_message.startswith("Imported")
     spec = tiny_gpt2.spec
     assert len(choice.options) == spec.n_layers * (spec.n_heads + 2) + 2
+
+
+def test_own_induction_scores_are_named_by_their_provenance_and_the_table_fits(tiny_model):
+    """Another page's induction scores keep 'induction_score'; the page's own (pressed twice:
+    replaced, not added again) is 'induction_score_random_8x20' (its repeated random
+    sequences), not 'induction_score_3'. The table's columns fit the width (wrapped titles)."""
+    page = ih.induction_scores(tiny_model, n_sequences=2, half_len=4)
+    view = AtlasView(tiny_model, background=False)
+    view.set_sources(lambda: [page])
+    view.add_induction()
+    view.add_induction()
+    names = [n for n in view.atlas.data_vars if n.startswith("induction_score")]
+    assert names == ["induction_score", "induction_score_random_8x20"]
+    own = ih.induction_scores(tiny_model, n_sequences=8, half_len=20)
+    np.testing.assert_allclose(view.atlas["induction_score_random_8x20"].values,
+                               own["induction_score"].values)
+    np.testing.assert_allclose(view.atlas["induction_score"].values, page["induction_score"].values)
+    assert "induction_score_random_8x20: this page's" in view.status
+    table = [t for t in view.__panel__().select(pn.widgets.Tabulator)][0]
+    assert table.layout == "fit_columns"
+    assert table.titles["induction_score_random_8x20"] == "induction score random 8x20"
+    view.close()
