@@ -646,7 +646,8 @@ class ICLHeadsView(View):
             return
         m = self._model
         started = time.perf_counter()
-        self._conflict_button.disabled = True
+        # the button stays enabled: a click while the test runs starts it again (the runner
+        # supersedes the job in flight), and a stopped job cannot leave it disabled
         self.conflict_error = ""
 
         def job(token: CancelToken):
