@@ -46,6 +46,7 @@ from explorer.analyses.neuron_eval import (
 from explorer.trace import trace
 
 __all__ = ["NeuronEvalView", "CONCEPTS", "DELTAS_CAPTION", "STRIPS_CAPTION", "unit_data", "metric_table",
+           "unchanged_note",
            "perturbation_table", "plot_metric_deltas", "plot_perturbations", "pass_fail_html"]
 
 #: Concepts offered: the atom's own token, then the token families.
@@ -233,15 +234,41 @@ table.neuron-scores td, table.neuron-scores th { padding: 1px 8px; border-bottom
 """
 
 
-def scores_html(table: pd.DataFrame | None, caption: str) -> str:
+def unchanged_note(c: np.ndarray, perturbed: dict[str, np.ndarray], seed: int) -> str:
+    """Why a perturbation's score changes are all 0, when it changed no label (else '').
+
+    Missing labels keeps each of the n positives with p = 1/2, so with the few positives an
+    atom's own token has on the probing prompts it keeps them all 1 time in 2^n (SmolLM2's
+    atom 0: 2 positives, seed 0 keeps both): the perturbed explanation is the original and
+    every metric's change is exactly 0, the right value, not a failure of the metric.
+    """
+    notes = []
+    n = int(np.asarray(c).sum())
+    for test in SANITY_TESTS:
+        if np.array_equal(perturbed[test], c):
+            if test == "missing_labels":
+                notes.append(f"Missing labels with seed {seed} dropped none of the {n} positive "
+                             f"label{'s' if n != 1 else ''} (each is kept with p = 1/2: all "
+                             f"{n} stay 1 time in {2 ** n}), so the perturbed explanation is the "
+                             "original and every Δ missing is 0. Try another seed.")
+            else:
+                notes.append(f"Extra labels with seed {seed} added no positive label, so every "
+                             "Δ extra is 0. Try another seed.")
+    return " ".join(notes)
+
+
+def scores_html(table: pd.DataFrame | None, caption: str, note: str = "") -> str:
+    """The metric table under its caption; ``note`` (`unchanged_note`) under the table."""
     if table is None:
         return "<div class='neuron-scores'>No scores yet.</div>"
+    note_html = (f"<p class='note' data-unchanged='1' style='color:#555;font-size:12px'>"
+                 f"{html.escape(note)}</p>" if note else "")
     rows = "".join(f"<tr data-metric='{r.metric}'><td><code>{r.metric}</code></td><td>{r.score:.4g}</td>"
                    f"<td>{r.missing_labels:+.4f}</td><td>{r.extra_labels:+.4f}</td></tr>"
                    for r in table.itertuples())
     return (f"<div class='neuron-scores'><b>{html.escape(caption)}</b><table class='neuron-scores'>"
             "<thead><tr><th>metric</th><th>score</th><th>Δ missing</th><th>Δ extra</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table></div>")
+            f"<tbody>{rows}</tbody></table>{note_html}</div>")
 
 
 # -- the view --------------------------------------------------------------------------------------
@@ -284,6 +311,7 @@ class NeuronEvalView(View):
     synthetic = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     real = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     caption = param.String(default="", precedence=-1)
+    note = param.String(default="", precedence=-1, doc="Why a perturbation changed no score (or '').")
 
     notify_title = "Neuron evaluation"
     failed_status = "Last run failed: {message}"
@@ -369,7 +397,8 @@ class NeuronEvalView(View):
         caption = (f"Unit: atom {unit} of {n_units} (source token '{theme.show_token(str(itda.atom_token_[unit]))}'),"
                    f" concept '{label}' on {int(c.sum())} of {len(c)} tokens, seed {p['seed']}")
         return {"p": p, "unit": unit, "n_units": n_units, "table": table, "strips": strips,
-                "synthetic": synthetic, "real": real, "caption": caption}
+                "synthetic": synthetic, "real": real, "caption": caption,
+                "note": unchanged_note(c, perturbed, p["seed"])}
 
     # -- reproducibility ---------------------------------------------------------------------
     def export_datasets(self) -> dict[str, xr.Dataset]:
@@ -414,7 +443,8 @@ class NeuronEvalView(View):
                 self.unit = out["unit"]
         seconds = time.perf_counter() - self._started
         self.param.update(table=out["table"], strips=out["strips"], synthetic=out["synthetic"],
-                          real=out["real"], caption=out["caption"], error="", running=False,
+                          real=out["real"], caption=out["caption"], note=out["note"], error="",
+                          running=False,
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
 
     def close(self) -> None:
@@ -448,7 +478,8 @@ class NeuronEvalView(View):
                                    sizing_mode="stretch_width", css_classes=["neuron-deltas"])
         strips = pn.pane.HoloViews(pn.bind(plot_perturbations, self.param.strips),
                                    sizing_mode="stretch_width", css_classes=["neuron-strips"])
-        scores = pn.pane.HTML(pn.bind(scores_html, self.param.table, self.param.caption),
+        scores = pn.pane.HTML(pn.bind(scores_html, self.param.table, self.param.caption,
+                                      self.param.note),
                               stylesheets=[_CSS], css_classes=["neuron-score-table"], width=440)
         passfail = pn.pane.HTML(pn.bind(pass_fail_html, self.param.synthetic, self.param.real),
                                 stylesheets=[_CSS], css_classes=["neuron-passfail-pane"],
@@ -459,7 +490,10 @@ class NeuronEvalView(View):
                             flex_wrap="wrap", gap="24px", sizing_mode="stretch_width")
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), deltas,
-                                pn.pane.Markdown(DELTAS_CAPTION, **note), strips,
+                                pn.pane.Markdown(DELTAS_CAPTION, **note),
+                                pn.pane.Markdown(self.param.note, visible=self.param.note.rx.bool(),
+                                                 css_classes=["neuron-unchanged"], **note),
+                                strips,
                                 pn.pane.Markdown(STRIPS_CAPTION, **note), tables,
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")

@@ -339,3 +339,29 @@ def test_neuron_eval_view_scores_the_chosen_unit_and_concept(tiny_model):
     (player,) = panel.select(pn.widgets.Player)
     player.value = 7                                              # the player drives the seed
     assert view.seed == 7 and "seed 7" in view.caption
+
+
+def test_missing_labels_that_drop_nothing_give_zero_deltas_and_the_page_says_why(tiny_model):
+    """With few positives, missing labels (keep each with p = 1/2) can keep them all: then the
+    perturbed concept is the original, every Δ missing is exactly 0 (the right value), and the
+    page says so; on a seed that drops one, no note."""
+    from apps.neuron_eval import NeuronEvalView, concept_vector, unchanged_note
+
+    view = NeuronEvalView(tiny_model, background=False, layer=1, n_seeds=2, unit=0)
+    c = concept_vector(view._data[1], view.unit, view.concept)
+    pos = c > 0
+    assert 0 < pos.sum() <= 8
+
+    def keeps_all(seed):   # the draw missing_labels makes first from default_rng(seed)
+        return bool((np.random.default_rng(seed).random(c.size)[pos] > 0.5).all())
+
+    keep = next(s for s in range(200) if keeps_all(s))
+    drop = next(s for s in range(200) if not keeps_all(s))
+    view.seed = keep
+    assert (view.table["missing_labels"] == 0).all()
+    assert f"dropped none of the {int(pos.sum())} positive" in view.note
+    view.seed = drop
+    assert (view.table["missing_labels"] != 0).any() and "Missing labels" not in view.note
+    assert unchanged_note(c, {"missing_labels": c * 0, "extra_labels": c}, 3).startswith(
+        "Extra labels with seed 3 added no positive")
+    view.close()
