@@ -892,7 +892,10 @@ class CircuitsView(View):
         self._frame_times[part] = (time.perf_counter() - t0, time.thread_time() - c0)
         if len(self._frame_times) == 2:
             wall, cpu = (sum(v) for v in zip(*self._frame_times.values()))
-            self.param.update(redraw_ms=1e3 * wall, redraw_cpu_ms=1e3 * cpu)
+            # after the render, not inside it: a pane following these parameters would be
+            # rebuilt mid-render, before its model joins the document (Panel then styles it
+            # with the design's CDN style sheets, which a browser fetches)
+            self.schedule(lambda: self.param.update(redraw_ms=1e3 * wall, redraw_cpu_ms=1e3 * cpu))
 
     def _edges_element(self, **_: Any) -> hv.Segments:
         t0, c0 = time.perf_counter(), time.thread_time()
