@@ -181,7 +181,7 @@ _STAIRCASE_OPTS = (
 )
 
 
-_CLICK_HINT = "Click a token in the strip above"
+_CLICK_HINT = "Click a token\nin the strip above"
 
 _NO_DETAIL = ('<span data-sat-detail="none"></span>Click a token to see its layer × rank table '
               'and staircase.')

@@ -132,15 +132,43 @@ def format_bytes(n: int) -> str:
 
 # -- page -----------------------------------------------------------------------------
 
+# The labels of one axis, in any tick order: sorted along the axis (by their boxes on the
+# screen), the first kept, then each that starts at least `min_distance` px after the last kept.
+# Bokeh's own NoOverlap walks the ticks in the order given and measures a signed distance, so
+# ticks listed high to low (a heatmap's layers top-down) all but the first hid.
+_NO_OVERLAP_JS = """
+const ids = [...indices]
+if (ids.length < 2)
+  return ids
+const spread = (values) => Math.max(...values) - Math.min(...values)
+const along_x = spread(ids.map((i) => bboxes[i].left + bboxes[i].right)) >=
+                spread(ids.map((i) => bboxes[i].top + bboxes[i].bottom))
+const lo = along_x ? (i) => bboxes[i].left : (i) => bboxes[i].top
+const hi = along_x ? (i) => bboxes[i].right : (i) => bboxes[i].bottom
+const first = ids[0]
+ids.sort((a, b) => lo(a) - lo(b))
+if (ids[ids.length - 1] === first)
+  ids.reverse()
+const kept = [ids[0]]
+for (const i of ids.slice(1)) {
+  const last = kept[kept.length - 1]
+  if (Math.max(lo(i) - hi(last), lo(last) - hi(i)) >= min_distance)
+    kept.push(i)
+}
+return kept
+"""
+
+
 def no_overlap_policy() -> Any:
-    """A fresh Bokeh ``NoOverlap`` tick-label policy: labels that would collide are hidden.
+    """A fresh tick-label policy: labels that would collide are hidden, whatever the tick order.
 
     A function, not a model: Bokeh calls a themed default that is a function once per axis,
     so every axis (in every document) gets its own policy model.
     """
-    from bokeh.models import NoOverlap
+    from bokeh.models import CustomLabelingPolicy
 
-    return NoOverlap()
+    return CustomLabelingPolicy(code=_NO_OVERLAP_JS, args={"min_distance": 5},
+                                tags=["explorer-no-overlap"])
 
 
 def with_tick_label_policy(bokeh_json: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +176,7 @@ def with_tick_label_policy(bokeh_json: dict[str, Any]) -> dict[str, Any]:
 
     The theme is the document's, so it reaches every plot of every page, whatever
     ``hooks`` or options a page sets; a page that must show every label of an axis sets
-    the axis' own ``major_label_policy`` (or rotates the labels, which NoOverlap keeps).
+    the axis' own ``major_label_policy`` (or rotates the labels, which the policy keeps when they fit).
     """
     attrs = dict(bokeh_json.get("attrs", {}))
     # Keyed by the two concrete axis families (linear, log, datetime are ContinuousAxis),
@@ -184,7 +212,8 @@ class _FastDarkTheme(pn.theme.fast.FastDarkTheme):
 class Fast(pn.theme.Fast):
     """Panel's Fast design without its web font, so pages load nothing from outside the server.
 
-    Its Bokeh theme (`bokeh_theme`) gives every axis a no-overlap tick-label policy.
+    Its Bokeh theme (`bokeh_theme`) gives every axis a no-overlap tick-label policy
+    (`no_overlap_policy`).
     Named ``Fast`` on purpose: Panel finds a design's bundled files under its class name.
     """
 
