@@ -384,6 +384,8 @@ class AtlasView(View):
             show_index=False, pagination="local", page_size=15, header_filters=True,
             disabled=True, layout="fit_columns", sizing_mode="stretch_width",
             titles=pn.bind(column_titles, self.param.atlas), stylesheets=[_WRAPPED_TITLES],
+            widths={"selected": 76, "layer": 56, "head": 56},
+            configuration={"columnDefaults": {"headerWordWrap": True}},
             css_classes=["atlas-table"], formatters=pn.bind(self._formatters, self.param.atlas))
         table.on_click(self._row_clicked)
         provenance = pn.pane.Markdown(pn.bind(provenance_markdown, self.param.atlas),
@@ -407,7 +409,9 @@ class AtlasView(View):
 
 
 _WRAPPED_TITLES = """
-.tabulator .tabulator-col .tabulator-col-title { white-space: normal; overflow-wrap: anywhere; }
+.tabulator .tabulator-col .tabulator-col-title {
+  white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip !important;
+}
 """
 """Column titles wrap (on the spaces of `column_titles`): every column fits the page's width."""
 

@@ -159,11 +159,13 @@ def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, s
 
 def plot_answer_bars(rows: list[tuple[str, str, float]] | None, *,
                      title: str = "P(answer)") -> hv.Element:
+    """P(memory) and P(context) before and after the intervention; the run labels stand
+    upright (at 45 degrees one answer's 'before' and 'after' collide in the narrow plot)."""
     if rows is None:
         return _waiting("Computing…", 300)
     bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
     return bars.redim.values(answer=["memory", "context"], run=["before", "after"]).opts(
-        ylim=(0, 1), tools=["hover"], responsive=True, height=280, multi_level=True, xrotation=45,
+        ylim=(0, 1), tools=["hover"], responsive=True, height=280, multi_level=True, xrotation=90,
         color="run", cmap={"before": "#999999", "after": theme.ACCENT}, default_tools=_TOOLS,
         show_legend=False, xlabel="", title=title)
 

@@ -145,7 +145,10 @@ def perturbation_table(a: np.ndarray, c: np.ndarray, perturbed: np.ndarray, test
 
 
 def plot_metric_deltas(table: pd.DataFrame | None) -> hv.Element:
-    """Normalised score change of every metric under both perturbations (a sound metric drops)."""
+    """Normalised score change of every metric under both perturbations (a sound metric drops).
+
+    Every metric is named: names stand upright and the legend sits above the plot, so the
+    frame has a column wide enough for each (at 60 degrees beside a legend, 12 of 17 hid)."""
     if table is None:
         return hv.Text(0, 0, "Scoring…").opts(xaxis=None, yaxis=None, toolbar=None, height=300,
                                               responsive=True)
@@ -153,12 +156,12 @@ def plot_metric_deltas(table: pd.DataFrame | None) -> hv.Element:
                       value_name="delta")
     long["test"] = long["test"].map({"missing_labels": "missing labels", "extra_labels": "extra labels"})
     return hv.Bars(long, ["metric", "test"], ["delta", "score"]).opts(
-        color="test", cmap=[theme.CATEGORICAL[3], theme.CATEGORICAL[1]], xrotation=60,
+        color="test", cmap=[theme.CATEGORICAL[3], theme.CATEGORICAL[1]], xrotation=90,
         ylabel="Δ score / metric range", xlabel="metric", tools=["hover"], responsive=True,
-        height=340, title="Score change under each perturbation",
+        height=440, title="Score change under each perturbation",
         fontsize={"title": f"{theme.SIZES['title_font_pt']}pt", "xticks": f"{theme.SIZES['label_font_pt']}pt"},
-        default_tools=_TOOLS, active_tools=[], show_legend=True, legend_position="right",
-        multi_level=False)
+        default_tools=_TOOLS, active_tools=[], show_legend=True, legend_position="top",
+        legend_cols=2, multi_level=False)
 
 
 #: The caption under the score-change bars.
