@@ -6,7 +6,9 @@ clicked (a real mouse click at the tile's place, read from Bokeh's frame scales)
 then selected in the sidebar and highlighted in the Head atlas; the sidebar's menu ablates
 it; the Logit lens shows the clean and the ablated heatmap, and both are read from the
 page's Bokeh data sources and checked against a lens computed here with plain torch hooks;
-the state is exported, imported into a second tab (a fresh session), and the
+the menu's "Show circuit edges" opens the Circuits page, which computes a circuit on two
+prompt pairs typed into it and draws the head's edges (in the circuit, or its strongest
+edges outside it, as its caption then says); the state is exported, imported into a second tab (a fresh session), and the
 second tab's lens shows the same two heatmaps.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 
 import numpy as np
 import pytest
-from _browser import served_in_process, settle_gallery_page, wait_for_text
+from _browser import gallery_page_state, served_in_process, settle_gallery_page, wait_for_text
 
 from tests.test_lens_edits import hooked_lens
 
@@ -25,6 +27,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 LAYER, HEAD = 3, 5           # the head the story picks
 PLACEHOLDER = "Enter a prompt and press Enter"
+PAIRS = ("When Mary and John went to the store, John gave a drink to | When Mary and John went "
+         "to the store, Mary gave a drink to | Mary | John\n"
+         "When Tom and Anna went to the park, Tom gave a ball to | When Tom and Anna went to "
+         "the park, Anna gave a ball to | Anna | Tom")
+
+# The circuit graph's drawn edges: (source, target) of every segment shown.
+_EDGES = """() => [...Bokeh.index.all_views()].filter(v => v.model.type === 'Figure'
+    || v.model.type === 'Plot').flatMap(v => v.model.renderers.map(r => r.data_source).filter(s => s != null && s.data != null
+        && s.data.src != null && s.data.dst != null)
+    .flatMap(s => Array.from(s.data.src, (a, i) => [String(a), String(s.data.dst[i])])))"""
 
 # Every Bokeh plot shown: its title, its css classes, and the lens heatmap's columns if it has one.
 _PLOTS = """() => [...Bokeh.index.all_views()].filter(v =>
@@ -157,7 +169,25 @@ def test_a_prompt_a_head_an_ablation_a_circuit_and_the_state_travel_together(
     _assert_heat_is(edited["heat"], ab_ids, ab_p)
     assert np.abs(ab_p[..., 0] / clean_p[..., 0] - 1).max() > 1e-3  # the ablation shows
 
-    # 6. export the state; import it in a fresh session; the same views
+    # 6. the Circuits page: a circuit on two prompt pairs typed into it, with the head shown
+    tab.locator(".menu-circuit button").first.click()     # the menu opens the page on it
+    settle_gallery_page(tab, timeout=240)
+    tab.locator(".own-items textarea").first.fill(PAIRS)
+    tab.locator(".own-items button").first.click()
+    tab.wait_for_selector(".circuit-state[data-circuit-scores='ready']", state="attached",
+                          timeout=600_000)
+    state_el = tab.locator(".circuit-state").first
+    assert state_el.get_attribute("data-circuit-selected") == name
+    task = [sel for sel in gallery_page_state(tab)["selects"] if sel["label"].startswith("Task")]
+    assert [sel["shown"] for sel in task] == ["your pairs"]  # the circuit of the typed pairs
+    settle_gallery_page(tab, timeout=300)
+    edges = tab.evaluate(_EDGES)
+    assert edges and any(name in pair for pair in edges), "the head has no edge drawn"
+    in_circuit = int(state_el.get_attribute("data-circuit-outside")) == 0
+    if not in_circuit:  # drawn as its strongest edges outside the circuit, and said so
+        _shown(tab, ".circuit-caption", f"{name} has no edge in this circuit")
+
+    # 7. export the state; import it in a fresh session; the same views
     with tab.expect_download() as download:
         tab.locator(".export-state").first.click()
     path = tmp_path / "state.json"
@@ -165,6 +195,7 @@ def test_a_prompt_a_head_an_ablation_a_circuit_and_the_state_travel_together(
     state = json.loads(path.read_text())
     assert state["prompts"] == [PROMPT] and state["selected"] == [name]
     assert [e.get("head") for e in state["edits"]] == [HEAD]
+    assert state["items"]["circuits"] == PAIRS
 
     fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
     fresh.goto(gallery_url, timeout=180_000)
