@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import xarray as xr
+
 from explorer._checks import InputError, check_choice, check_int
+from explorer.models import Model
+from explorer.trace import provenance, run_batch
 
 __all__ = ["CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
-           "CORRUPTIONS"]
+           "CORRUPTIONS", "task_accuracy", "filter_task"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
 #: is the answer's first digit for tokenizers that split numbers into digits.
@@ -239,3 +245,82 @@ def make_task(name: str, n: int, *, seed: int = 0, corruption: str = "operator")
                              f"'sub'; {name!r} has its own corruption (use the default).")
         return _operand_task(n, random.Random(seed), "+" if name == "add" else "-", name)
     return task_generators[name](n, random.Random(seed))
+
+
+# -- the targets of the metric, and which pairs the model solves -----------------------------
+
+def _check_task(task: Any) -> CircuitTask:
+    if not isinstance(task, CircuitTask):
+        raise TypeError(f"`task` must be a CircuitTask (see make_task); got {type(task).__name__}.")
+    return task
+
+
+def _target_ids(model: Model, prompts: Sequence[str], targets: Sequence[str]) -> list[int]:
+    """First token of each target as it continues its prompt."""
+    out = []
+    for prompt, target in zip(prompts, targets):
+        if not target:
+            raise InputError(f"empty target string for the prompt {prompt[-40:]!r}.")
+        p_ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        both = model.tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
+        if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
+            out.append(int(both[len(p_ids)]))
+        else:
+            out.append(int(model.tokenizer(target, add_special_tokens=False)["input_ids"][0]))
+    return out
+
+
+def _batches(n: int, batch_size: int) -> list[list[int]]:
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+
+def task_accuracy(model: Model, task: CircuitTask, *, batch_size: int = 16) -> xr.Dataset:
+    """Per pair: the model's top token on the clean prompt, and whether it is the answer's.
+
+    Returns
+    -------
+    xr.Dataset
+        Over ``prompt``: ``correct`` (argmax == first answer token), ``distinct`` (answer and
+        wrong targets start with different tokens), ``same_length`` (clean and corrupted
+        prompts tokenise to the same length), ``logit_diff`` (clean run), ``top_token``.
+    """
+    task = _check_task(task)
+    batch_size = check_int("batch_size", batch_size, low=1)
+
+    correct, distinct, same, diff, top = [], [], [], [], []
+    for rows in _batches(len(task), batch_size):
+        clean_p = [task.clean[i] for i in rows]
+        batch = model.tokenize(clean_p)
+        lens_c = model.tokenize([task.corrupt[i] for i in rows]).lengths
+        ans = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
+        wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
+        logits = run_batch(model, batch)["logits"][:, -1].float()  # [prompt, vocab]
+        am = logits.argmax(-1)
+        r = torch.arange(len(rows))
+        correct += (am == ans).tolist()
+        distinct += (ans != wrong).tolist()
+        same += [a == c for a, c in zip(batch.lengths, lens_c)]
+        diff += (logits[r, ans] - logits[r, wrong]).tolist()
+        top += model.token_strings(am.tolist())
+    return xr.Dataset(
+        {"correct": ("prompt", np.array(correct, dtype=bool)),
+         "distinct": ("prompt", np.array(distinct, dtype=bool)),
+         "same_length": ("prompt", np.array(same, dtype=bool)),
+         "logit_diff": ("prompt", np.array(diff, dtype=np.float32)),
+         "top_token": ("prompt", np.array(top, dtype=object))},
+        coords={"prompt": np.arange(len(task))},
+        attrs=provenance(model, method="circuit_task_accuracy", task=task.name, n_prompts=len(task)))
+
+
+def filter_task(model: Model, task: CircuitTask, *, correct_only: bool = True,
+                batch_size: int = 16) -> CircuitTask:
+    """The pairs usable for ``model``: same token length, distinct first target tokens and
+    (with ``correct_only``) the clean prompt answered right. Raises if none is left."""
+    acc = task_accuracy(model, task, batch_size=batch_size)
+    ok = acc["distinct"].values & acc["same_length"].values
+    if correct_only:
+        ok &= acc["correct"].values
+    if not ok.any():
+        raise InputError(f"{model.spec.name} answers none of the {len(task)} {task.name!r} pairs "
+                         "usably (right answer, equal lengths, distinct targets).")
+    return task.subset(np.nonzero(ok)[0])

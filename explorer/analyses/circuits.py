@@ -45,10 +45,15 @@ import torch
 import xarray as xr
 
 from explorer._checks import ExplorerError, InputError, check_choice, check_int
-from explorer.analyses.circuit_tasks import (
+from explorer.analyses.circuit_tasks import (  # re-exported: the tasks and what the model solves
     TASK_NAMES,
     CircuitTask,
+    _batches,
+    _check_task,
+    _target_ids,
+    filter_task,
     make_task,
+    task_accuracy,
     task_generators,
 )
 from explorer.heads import (
@@ -327,27 +332,6 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
 
 # -- tasks on a model ---------------------------------------------------------------------------
 
-def _check_task(task: Any) -> CircuitTask:
-    if not isinstance(task, CircuitTask):
-        raise TypeError(f"`task` must be a CircuitTask (see make_task); got {type(task).__name__}.")
-    return task
-
-
-def _target_ids(model: Model, prompts: Sequence[str], targets: Sequence[str]) -> list[int]:
-    """First token of each target as it continues its prompt."""
-    out = []
-    for prompt, target in zip(prompts, targets):
-        if not target:
-            raise InputError(f"empty target string for the prompt {prompt[-40:]!r}.")
-        p_ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        both = model.tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
-        if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
-            out.append(int(both[len(p_ids)]))
-        else:
-            out.append(int(model.tokenizer(target, add_special_tokens=False)["input_ids"][0]))
-    return out
-
-
 @dataclass
 class _Prepared:
     clean: Batch
@@ -386,10 +370,6 @@ def _metric_values(metric: str, logits: torch.Tensor, prep: _Prepared,
     logp = torch.log_softmax(logits, -1)
     clean_logp = torch.log_softmax(clean_logits.float(), -1)
     return (clean_logp.exp() * (clean_logp - logp)).sum(-1)   # KL(clean || run)
-
-
-def _batches(n: int, batch_size: int) -> list[list[int]]:
-    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
 
 
 def _graph_shape(model: Model, ad: HeadEngine | None) -> tuple[int, int, bool]:
@@ -912,58 +892,3 @@ def faithfulness_curve(model: Model, task: CircuitTask, scores: xr.Dataset, *,
          "accuracy": ("n_edges", res["accuracy"]),
          "n_kept": ("n_edges", np.array([int(m.sum()) for m in masks]))},
         coords={"n_edges": np.array(sizes)}, attrs=attrs)
-
-
-# -- which problems the model solves ------------------------------------------------------------
-
-def task_accuracy(model: Model, task: CircuitTask, *, batch_size: int = 16) -> xr.Dataset:
-    """Per pair: the model's top token on the clean prompt, and whether it is the answer's.
-
-    Returns
-    -------
-    xr.Dataset
-        Over ``prompt``: ``correct`` (argmax == first answer token), ``distinct`` (answer and
-        wrong targets start with different tokens), ``same_length`` (clean and corrupted
-        prompts tokenise to the same length), ``logit_diff`` (clean run), ``top_token``.
-    """
-    task = _check_task(task)
-    batch_size = check_int("batch_size", batch_size, low=1)
-    from explorer.trace import run_batch
-
-    correct, distinct, same, diff, top = [], [], [], [], []
-    for rows in _batches(len(task), batch_size):
-        clean_p = [task.clean[i] for i in rows]
-        batch = model.tokenize(clean_p)
-        lens_c = model.tokenize([task.corrupt[i] for i in rows]).lengths
-        ans = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
-        wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
-        logits = run_batch(model, batch)["logits"][:, -1].float()  # [prompt, vocab]
-        am = logits.argmax(-1)
-        r = torch.arange(len(rows))
-        correct += (am == ans).tolist()
-        distinct += (ans != wrong).tolist()
-        same += [a == c for a, c in zip(batch.lengths, lens_c)]
-        diff += (logits[r, ans] - logits[r, wrong]).tolist()
-        top += model.token_strings(am.tolist())
-    return xr.Dataset(
-        {"correct": ("prompt", np.array(correct, dtype=bool)),
-         "distinct": ("prompt", np.array(distinct, dtype=bool)),
-         "same_length": ("prompt", np.array(same, dtype=bool)),
-         "logit_diff": ("prompt", np.array(diff, dtype=np.float32)),
-         "top_token": ("prompt", np.array(top, dtype=object))},
-        coords={"prompt": np.arange(len(task))},
-        attrs=provenance(model, method="circuit_task_accuracy", task=task.name, n_prompts=len(task)))
-
-
-def filter_task(model: Model, task: CircuitTask, *, correct_only: bool = True,
-                batch_size: int = 16) -> CircuitTask:
-    """The pairs usable for ``model``: same token length, distinct first target tokens and
-    (with ``correct_only``) the clean prompt answered right. Raises if none is left."""
-    acc = task_accuracy(model, task, batch_size=batch_size)
-    ok = acc["distinct"].values & acc["same_length"].values
-    if correct_only:
-        ok &= acc["correct"].values
-    if not ok.any():
-        raise InputError(f"{model.spec.name} answers none of the {len(task)} {task.name!r} pairs "
-                         "usably (right answer, equal lengths, distinct targets).")
-    return task.subset(np.nonzero(ok)[0])
