@@ -384,7 +384,7 @@ class AtlasView(View):
             show_index=False, pagination="local", page_size=15, header_filters=True,
             disabled=True, layout="fit_columns", sizing_mode="stretch_width",
             titles=pn.bind(column_titles, self.param.atlas), stylesheets=[_WRAPPED_TITLES],
-            widths={"selected": 76, "layer": 56, "head": 56},
+            widths={"selected": 96, "layer": 72, "head": 70},
             configuration={"columnDefaults": {"headerWordWrap": True}},
             css_classes=["atlas-table"], formatters=pn.bind(self._formatters, self.param.atlas))
         table.on_click(self._row_clicked)
