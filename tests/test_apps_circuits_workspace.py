@@ -13,6 +13,7 @@ import apps.circuits as ac
 from apps.circuits import OWN_TASK, CircuitsView
 from explorer.analyses import circuits as ca
 from explorer.analyses import user_items as ui
+from tests.test_lens_edits import zero_heads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -67,14 +68,8 @@ def hooked_logit_diff(model, task, ablate=()):
     """Per pair: the answer's minus the wrong answer's logit at the last token, each prompt run
     alone by the Hugging Face model with each (layer, head) in ``ablate`` zeroed at the input
     of its layer's o_proj by torch hooks; the answers' first tokens read from the tokenizer."""
-    tok, d_head = model.tokenizer, model.spec.d_head
-    handles = []
-    for layer, head in ablate:
-        def zero(mod, args, _h=head):
-            z = args[0].clone()
-            z[..., _h * d_head:(_h + 1) * d_head] = 0
-            return (z, *args[1:])
-        handles.append(model.o_proj(layer).register_forward_pre_hook(zero))
+    tok = model.tokenizer
+    handles = zero_heads(model, ablate)
     out = {"clean": [], "corrupt": []}
     try:
         for i, (a, w) in enumerate(zip(task.answer, task.wrong)):

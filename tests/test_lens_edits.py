@@ -17,18 +17,25 @@ PROMPT = "The quick brown fox jumps over"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def hooked_lens(model, prompt, ablate=(), k=5):
-    """Top-k (ids, probs) [pos, layer, k] of unembed(final_norm(resid_post)) with each
-    (layer, head) in ``ablate`` zeroed at the input of its layer's o_proj, by torch hooks."""
-    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+def zero_heads(model, ablate):
+    """Torch pre-hooks zeroing each (layer, head) of ``ablate`` at the input of its layer's
+    o_proj; returns their handles (remove them when done)."""
     d_head = model.spec.d_head
-    resid, handles = {}, []
+    handles = []
     for layer, head in ablate:
         def zero(mod, args, _h=head):
             z = args[0].clone()
             z[..., _h * d_head:(_h + 1) * d_head] = 0
             return (z, *args[1:])
         handles.append(model.o_proj(layer).register_forward_pre_hook(zero))
+    return handles
+
+
+def hooked_lens_logits(model, prompt, ablate=()):
+    """[layer, pos, vocab] float32 logits of unembed(final_norm(resid_post)) at every layer,
+    the heads of ``ablate`` zeroed by `zero_heads` (torch hooks, no library code)."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    resid, handles = {}, zero_heads(model, ablate)
     for layer in range(model.spec.n_layers):
         def keep(mod, args, out, _l=layer):
             resid[_l] = (out[0] if isinstance(out, tuple) else out)[0]
@@ -36,11 +43,16 @@ def hooked_lens(model, prompt, ablate=(), k=5):
     try:
         with torch.no_grad():
             model.hf(input_ids=ids)
-            stack = torch.stack([resid[l] for l in range(model.spec.n_layers)], 1)
-            logits = model.unembed_module(model.final_norm_module(stack.float()))
+            stack = torch.stack([resid[l] for l in range(model.spec.n_layers)], 0)
+            return model.unembed_module(model.final_norm_module(stack.float()))
     finally:
         for h in handles:
             h.remove()
+
+
+def hooked_lens(model, prompt, ablate=(), k=5):
+    """Top-k (ids, probs) [pos, layer, k] of `hooked_lens_logits`."""
+    logits = hooked_lens_logits(model, prompt, ablate).transpose(0, 1)
     top = torch.softmax(logits.float(), -1).topk(k, -1)
     return top.indices.numpy(), top.values.numpy()
 

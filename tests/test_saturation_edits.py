@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import panel as pn
 import pytest
-import torch
 import xarray as xr
 
 from explorer._checks import InputError
 from explorer.analyses.saturation import saturation_layers
 from explorer.interventions import Ablate, Scale
+from tests.test_lens_edits import hooked_lens_logits as _hooked_logits
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 TEXTS = ["one two three one two three", "The cat sat on the mat and", "Hello world, hello"]
@@ -22,29 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def hooked_lens_logits(model, prompt, ablate=()):
-    """[layer, pos, vocab] float64 logits of unembed(final_norm(resid_post)) at every layer,
-    each (layer, head) in ``ablate`` zeroed at the input of its layer's o_proj (torch hooks)."""
-    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-    d_head = model.spec.d_head
-    resid, handles = {}, []
-    for layer, head in ablate:
-        def zero(mod, args, _h=head):
-            z = args[0].clone()
-            z[..., _h * d_head:(_h + 1) * d_head] = 0
-            return (z, *args[1:])
-        handles.append(model.o_proj(layer).register_forward_pre_hook(zero))
-    for layer in range(model.spec.n_layers):
-        def keep(mod, args, out, _l=layer):
-            resid[_l] = (out[0] if isinstance(out, tuple) else out)[0]
-        handles.append(model.hf_layer(layer).register_forward_hook(keep))
-    try:
-        with torch.no_grad():
-            model.hf(input_ids=ids)
-            stack = torch.stack([resid[l] for l in range(model.spec.n_layers)], 0)
-            return model.unembed_module(model.final_norm_module(stack.float())).double().numpy()
-    finally:
-        for h in handles:
-            h.remove()
+    """[layer, pos, vocab] float64 logits of the plain-hook lens (`tests.test_lens_edits`)."""
+    return _hooked_logits(model, prompt, ablate).double().numpy()
 
 
 def hooked_saturation(logits, k):
