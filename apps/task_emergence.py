@@ -19,7 +19,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import control
+from apps._controls import caption, control, flex_plot
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.task_emergence import DEFAULTS as TASK_EMERGENCE_DEFAULTS
@@ -67,10 +67,10 @@ def projection_caption(analysis: xr.Dataset | None, step: int | None, layer: int
         return ""
     at = analysis.sel(step=step)
     chance = 1 / int(analysis.sizes["task"])
-    return (f"**Left:** the residual of the query token after layer {layer} at step {step}, for "
+    return (f"**The projection (first plot):** the residual of the query token after layer {layer} at step {step}, for "
             f"{analysis.sizes['prompt']} evaluation prompts, in its first two principal components, "
             f"coloured by the prompt's task; task decodability (TD) there = "
-            f"{float(at['td'].sel(layer=layer)):.2f}. **Right:** TD after every layer at this step "
+            f"{float(at['td'].sel(layer=layer)):.2f}. **TD by layer (second plot):** TD after every layer at this step "
             f"(dashed: chance, {chance:.2f}; dotted: the layer shown); best layer "
             f"{int(analysis['layer'].values[int(np.argmax(at['td'].values))])}.")
 
@@ -100,7 +100,7 @@ def _curve_opts() -> dict:
 def plot_icl_loss_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """ICL loss per task over training (log), with the reference losses as grey lines."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     steps = analysis["step"].values
     n_tasks = int(analysis.sizes["task"])
     colors = list(_task_colors(n_tasks).values())
@@ -124,7 +124,7 @@ def plot_icl_loss_curves(analysis: xr.Dataset | None, step: int | None) -> hv.El
 def plot_td_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Task decodability after every layer over training, chance dashed."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     steps = analysis["step"].values
     layer_colors = theme.MAGNITUDE_CMAP
     n_layers = int(analysis.sizes["layer"])
@@ -140,7 +140,7 @@ def plot_td_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
 def plot_emergence_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """ICL loss per task and TD per layer over training, with the current step marked."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     return hv.Layout([plot_icl_loss_curves(analysis, step),
                       plot_td_curves(analysis, step)]).cols(2).opts(shared_axes=False)
 
@@ -154,8 +154,8 @@ def curves_caption(analysis: xr.Dataset | None) -> str:
             + (f"the task's mean weights (dashed, {float(analysis['task_mean_loss'].mean()):.3g}), "
                if "task_mean_loss" in analysis else "")
             + f"regression knowing the task (dotted, {float(analysis['oracle_loss'].mean()):.3g})")
-    return (f"**Left:** the in-context loss of each task's query over training, against {refs}. "
-            "**Right:** task decodability after every layer over training (dashed: chance). The "
+    return (f"**ICL loss per task:** the in-context loss of each task's query over training, against {refs}. "
+            "**TD over training:** task decodability after every layer over training (dashed: chance). The "
             f"dashed vertical line is the step shown. TD (layer {a.get('best_layer')}) is half-way "
             f"up at step {a.get('td_rise_step_50')}, the ICL performance at step "
             f"{a.get('icl_rise_step_50')}; their correlation over training is {a.get('td_icl_correlation')}.")
@@ -187,7 +187,7 @@ class TaskEmergenceView(View):
                           doc="Checkpoint shown in every panel: the projection, TD by layer and the "
                               "dashed markers on the curves over training.")
     layer = param.Selector(default=None, objects=[], label="Layer",
-                           doc="Block after which the query-token residual is projected (left plot; "
+                           doc="Block after which the query-token residual is projected (the projection plot; "
                                "dotted line in TD by layer).")
 
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -321,29 +321,21 @@ class TaskEmergenceView(View):
                          width=theme.SIZES["controls_width"], css_classes=["emergence-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         summary = pn.pane.Markdown(self.summary, css_classes=["emergence-summary"])
-
-        def pane(fn, css, min_width=340):
-            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
-                                     css_classes=[css], styles={"flex": "1 1 0"})
-
-        def caption(fn, css):
-            return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
-                                    styles={"color": "#444", "font-size": "0.9em"})
-
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary,
                                 # Side by side only where the projection keeps room for its
                                 # legend and title (they wrap below about 1,500 px).
-                                pn.FlexBox(pane(self._projection_plot, "emergence-projection", 420),
-                                           pane(self._td_plot, "emergence-td", 420),
+                                pn.FlexBox(flex_plot(self._projection_plot, "emergence-projection", 420),
+                                           flex_plot(self._td_plot, "emergence-td", 420),
                                            sizing_mode="stretch_width"),
                                 caption(self._projection_caption, "emergence-projection-caption"),
-                                pn.FlexBox(pane(self._loss_plot, "emergence-curves"),
-                                           pane(self._td_curves_plot, "emergence-td-curves"),
+                                # Each curve plot keeps a legend beside its frame: below about
+                                # 480 px the frame would shrink to a sliver, so they wrap instead.
+                                pn.FlexBox(flex_plot(self._loss_plot, "emergence-curves", 480),
+                                           flex_plot(self._td_curves_plot, "emergence-td-curves", 480),
                                            sizing_mode="stretch_width"),
                                 caption(self._curves_caption, "emergence-curves-caption"),
                                 sizing_mode="stretch_width"),

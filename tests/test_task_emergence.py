@@ -380,3 +380,22 @@ def test_view_titles_are_short_and_captions_and_tooltips_say_the_rest(tiny_run):
     tips = [w.value for w in controls.select(pn.widgets.TooltipIcon)]
     assert tips == [view.param.step.doc, view.param.layer.doc]
     assert "<b>Layer</b>" in [str(p.object) for p in controls.select(pn.pane.HTML)]
+
+
+def test_view_captions_name_the_plots_and_curve_plots_wrap_before_they_shrink(tiny_run):
+    pytest.importorskip("panel")
+    import panel as pn
+
+    from apps.task_emergence import TaskEmergenceView
+
+    analysis = te.task_emergence_analysis(tiny_run, n_per_task=6, k=3)
+    view = TaskEmergenceView(analysis=analysis, background=False)
+    # The plots stack on narrow windows, so the captions cannot say "left" and "right".
+    for text in (view._projection_caption(), view._curves_caption()):
+        assert "Left" not in text and "Right" not in text
+    assert "The projection (first plot)" in view._projection_caption()
+    # Each plot of a row keeps a minimum width (the row wraps) so that a frame with a legend
+    # beside it is not squeezed to a sliver.
+    widths = {p.css_classes[0]: p.min_width for p in view.__panel__().select(pn.pane.HoloViews)}
+    assert widths == {"emergence-projection": 420, "emergence-td": 420,
+                      "emergence-curves": 480, "emergence-td-curves": 480}
