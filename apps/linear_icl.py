@@ -22,7 +22,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import control
+from apps._controls import caption, control, flex_plot
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer import components
@@ -36,8 +36,8 @@ from explorer.analyses.linear_icl import (
     train_linear_icl,
 )
 
-__all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "plot_ov_heatmap",
-           "plot_loss_curves", "plot_loss_by_length", "plot_head_curves", "plot_metric_curves",
+__all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "log_ticks", "retrain_estimate",
+           "plot_ov_heatmap", "plot_loss_curves", "plot_loss_by_length", "plot_head_curves", "plot_metric_curves",
            "plot_pattern_metrics", "kq_caption", "ov_caption", "loss_caption", "pattern_caption"]
 
 #: Head counts loaded for the page by default (shipped with the project: nothing is trained).
@@ -121,11 +121,23 @@ def ov_caption(patterns: xr.Dataset | None) -> str:
             f"OV energy off y {float(patterns['ov_offy_ratio_max']):.4f}.")
 
 
+def log_ticks(low: float, high: float) -> list[float]:
+    """Ticks at 1, 2 and 5 times the powers of ten between ``low`` and ``high`` (a log axis
+    spanning less than a decade otherwise shows one or two ticks); the 1s alone when there
+    would be more than eight."""
+    low, high = max(float(low), 1e-12), max(float(high), 1e-12)
+    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+    ticks = [m * 10.0 ** e for e in decades for m in (1, 2, 5) if low <= m * 10.0 ** e <= high]
+    if len(ticks) > 8:
+        ticks = [t for t in ticks if np.isclose(t, 10.0 ** np.round(np.log10(t)))]
+    return ticks
+
+
 def plot_loss_curves(analyses: dict[int, xr.Dataset], step: int | None, n_heads: int | None) -> hv.Element:
     """Test loss at the training context length over training, one line per head count,
     with the debiased-GD and Bayes-optimal losses as horizontal lines."""
     if not analyses:
-        return _placeholder("Training…")
+        return _placeholder("No run loaded yet.")
     curves = []
     some = next(iter(analyses.values()))
     L = int(some.attrs["params"]["run_params"].get("context_length", 40))
@@ -140,15 +152,19 @@ def plot_loss_curves(analyses: dict[int, xr.Dataset], step: int | None, n_heads:
     curves.append(hv.HLine(dgd).opts(color="grey", line_dash="dotdash", line_width=1))
     if step is not None:
         curves.append(hv.VLine(float(step)).opts(color="black", line_dash="dashed", line_width=1.2))
+    losses = [ds["test_loss"].sel(test_context_length=L) for ds in analyses.values()]
+    low = min([float(x.min()) for x in losses] + [bayes]) / 1.2
+    high = max([float(x.max()) for x in losses] + [dgd]) * 1.2
     return hv.Overlay(curves).opts(
-        logy=True, responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
-        legend_position="right", tools=["hover"], title=f"Test loss at L = {L}")
+        logy=True, ylim=(low, high), yticks=log_ticks(low, high), responsive=True, height=300,
+        default_tools=_TOOLS, fontsize=_font(), legend_position="right", tools=["hover"],
+        title=f"Test loss at L = {L}")
 
 
 def plot_loss_by_length(run: xr.Dataset | None, analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Test loss against context length at one checkpoint, with the baselines."""
     if run is None or analysis is None or step is None:
-        return _placeholder("Measuring baselines…")
+        return _placeholder("No run loaded yet.")
     lengths = run["context_length"].values
     model = run["test_loss"].sel(step=step).values
     L = int(run.attrs.get("params", {}).get("context_length", 40))
@@ -163,9 +179,15 @@ def plot_loss_by_length(run: xr.Dataset | None, analysis: xr.Dataset | None, ste
                               label=label).opts(color=theme.CATEGORICAL[(i + 1) % len(theme.CATEGORICAL)],
                                                 line_dash=["dotdash", "dotted", "dashed"][i], line_width=2))
     parts.append(hv.VLine(float(L)).opts(color="grey", line_dash="dotted", line_width=1))
+    values = np.concatenate([model] + [analysis[n].values for n in
+                                       ("baseline_debiased_gd", "baseline_gd", "baseline_bayes_expected")])
+    values = values[np.isfinite(values) & (values > 0)]
+    low, high = float(values.min()) / 1.2, float(values.max()) * 1.2
     return hv.Overlay(parts).opts(
-        logx=True, logy=True, responsive=True, height=300, default_tools=_TOOLS, fontsize=_font(),
-        legend_position="right", tools=["hover"], title=f"Loss by length, step {step}")
+        logx=True, logy=True, ylim=(low, high), yticks=log_ticks(low, high),
+        xticks=[int(x) for x in lengths], responsive=True, height=300, default_tools=_TOOLS,
+        fontsize=_font(), legend_position="right", tools=["hover"],
+        title=f"Loss by length, step {step}")
 
 
 def loss_caption(analyses: dict[int, xr.Dataset], n_heads: int | None) -> str:
@@ -178,10 +200,10 @@ def loss_caption(analyses: dict[int, xr.Dataset], n_heads: int | None) -> str:
     dgd = float(some["baseline_debiased_gd"].sel(context_length=L))
     finals = "; ".join(f"H = {H}: {ds.attrs['final_test_loss']:.3f}" for H, ds in sorted(analyses.items())
                        if ds.attrs.get("final_test_loss") is not None)
-    return (f"**Left:** test MSE on prompts of the training length L = {L} over training (thick: the "
+    return (f"**Test loss (first plot):** test MSE on prompts of the training length L = {L} over training (thick: the "
             f"H shown), against debiased GD (dot-dash, {dgd:.3f}) and the Bayes-optimal ridge "
             f"(dashed, {bayes:.3f}); the dashed vertical line is the step shown. Final loss: {finals}. "
-            "**Right:** loss against context length at that step; the GD step sizes are fitted at "
+            "**Loss by length (second plot):** loss against context length at that step; the GD step sizes are fitted at "
             f"L = {L} (dotted) and kept at every length, as a trained model keeps its weights; Bayes "
             "= the posterior-mean ridge.")
 
@@ -189,7 +211,7 @@ def loss_caption(analyses: dict[int, xr.Dataset], n_heads: int | None) -> str:
 def plot_head_curves(analysis: xr.Dataset | None, step: int | None, quantity: str = "omega") -> hv.Element:
     """``omega`` or ``mu`` of each head over training, the current step marked."""
     if analysis is None:
-        return _placeholder("Measuring patterns…")
+        return _placeholder("No run loaded yet.")
     steps = analysis["step"].values
     heads = analysis["head"].values
     symbol = {"omega": "ω", "mu": "μ"}[quantity]
@@ -209,7 +231,7 @@ def plot_metric_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Elem
     """The pattern metrics over training (log scale), the current step marked and the step from
     which the pattern holds as a faint line."""
     if analysis is None:
-        return _placeholder("Measuring patterns…")
+        return _placeholder("No run loaded yet.")
     steps = analysis["step"].values
     metrics = []
     for i, (name, label) in enumerate(_METRICS):
@@ -229,7 +251,7 @@ def plot_metric_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Elem
 def plot_pattern_metrics(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """omega and mu of each head, and the pattern metrics, over training (three plots)."""
     if analysis is None:
-        return _placeholder("Measuring patterns…")
+        return _placeholder("No run loaded yet.")
     return hv.Layout([plot_head_curves(analysis, step, "omega"), plot_head_curves(analysis, step, "mu"),
                       plot_metric_curves(analysis, step)]).cols(3).opts(shared_axes=False)
 
@@ -244,6 +266,21 @@ def pattern_caption(analysis: xr.Dataset | None) -> str:
     return ("**ω** (KQ x-block / √(d+1)) and **μ** (OV weight on y) per head over training, and the "
             "pattern metrics (log scale, worst active head): KQ distance from ωI, OV energy off y, "
             "|Σμ| / Σ|μ| (heads cancel) and 1 − R² of the predictions against debiased GD. " + when)
+
+def retrain_estimate(run: xr.Dataset | None) -> str:
+    """How long retraining ``run`` should take: its step count times the time a step took when
+    it was trained (``train_seconds`` / ``steps``, recorded on the run)."""
+    if run is None:
+        return ""
+    steps = int(run.attrs.get("params", {}).get("steps", run["step"].values[-1]))
+    seconds = run.attrs.get("train_seconds")
+    if not seconds:
+        return f"Retraining runs {steps:,} steps (no training time is recorded for this run)."
+    per_step = float(seconds) / max(steps, 1)
+    return (f"Retraining takes about {float(seconds):.0f} s: {steps:,} steps at "
+            f"{per_step * 1e3:.1f} ms a step, the rate this run was trained at "
+            "(slower on a busy machine).")
+
 
 # -- the view --------------------------------------------------------------------------------
 
@@ -391,7 +428,7 @@ class LinearICLView(View):
                     left = seconds / max(done, 1) * (total - done)
                     text = (f"Training H = {H}: step {done:,}/{total:,}, {seconds:.0f} s, "
                             f"about {left:.0f} s left…")
-                    self.post(status=text, retrain_status=text)
+                    self.post(retrain_status=text)  # under the button; the status line keeps the runs
                 return not token.cancelled
 
             def fresh() -> xr.Dataset:
@@ -425,7 +462,7 @@ class LinearICLView(View):
         loss = out["analysis"].attrs.get("final_test_loss")
         text = (f"Retrained H = {H} in {run.attrs.get('train_seconds', 0):.0f} s"
                 + (f": final test loss {loss:.3f}." if loss is not None else "."))
-        self.param.update(retraining=False, running=False, retrain_status=text, status=text)
+        self.param.update(retraining=False, running=False, retrain_status=text)
 
     @param.depends("n_heads", "step")
     def patterns(self) -> xr.Dataset | None:
@@ -551,22 +588,17 @@ class LinearICLView(View):
                                      sizing_mode="stretch_width", margin=(4, 10))
         note = pn.pane.Markdown(self.param.retrain_status, css_classes=["icl-retrain-status"],
                                 styles={"color": "#555"}, margin=(0, 10))
+        estimate = pn.pane.Markdown(
+            pn.bind(lambda runs, H: retrain_estimate(runs.get(H)), self.param.runs, self.param.n_heads),
+            visible=self.param.retraining.rx.not_(), css_classes=["icl-retrain-estimate"],
+            styles={"color": "#555", "font-size": "0.9em"}, margin=(0, 10))
         return pn.Column(control(heads, self.param.n_heads.doc, self.param.n_heads.label),
-                         control(step, self.param.step.doc), retrain, stop, bar, note,
+                         control(step, self.param.step.doc), retrain, estimate, stop, bar, note,
                          width=theme.SIZES["controls_width"], css_classes=["icl-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
-
-        def pane(fn, css, min_width=340):
-            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
-                                     css_classes=[css], styles={"flex": "1 1 0"})
-
-        def caption(fn, css):
-            return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
-                                    styles={"color": "#444", "font-size": "0.9em"})
 
         summary = pn.pane.Markdown(self.summary, css_classes=["icl-summary"])
         kq = pn.panel(self._kq_plots, css_classes=["icl-kq"], sizing_mode="stretch_width")
@@ -576,13 +608,15 @@ class LinearICLView(View):
                                 pn.pane.HoloViews(self._ov_plot, sizing_mode="stretch_width",
                                                   css_classes=["icl-ov"]),
                                 caption(self._ov_caption, "icl-ov-caption"),
-                                pn.FlexBox(pane(self._loss_plot, "icl-loss"),
-                                           pane(self._length_plot, "icl-length"),
+                                # Each keeps its legend beside a readable frame: they wrap
+                                # (one above the other) below 480 px each.
+                                pn.FlexBox(flex_plot(self._loss_plot, "icl-loss", 480),
+                                           flex_plot(self._length_plot, "icl-length", 480),
                                            sizing_mode="stretch_width"),
                                 caption(self._loss_caption, "icl-loss-caption"),
-                                pn.FlexBox(pane(self._omega_plot, "icl-omega", 300),
-                                           pane(self._mu_plot, "icl-mu", 300),
-                                           pane(self._metrics_plot, "icl-metrics", 300),
+                                pn.FlexBox(flex_plot(self._omega_plot, "icl-omega", 300),
+                                           flex_plot(self._mu_plot, "icl-mu", 300),
+                                           flex_plot(self._metrics_plot, "icl-metrics", 300),
                                            sizing_mode="stretch_width"),
                                 caption(self._pattern_caption, "icl-pattern-caption"),
                                 sizing_mode="stretch_width"),
