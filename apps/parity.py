@@ -22,7 +22,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import control
+from apps._controls import caption, control, flex_plot
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.parity import DEFAULTS as PARITY_DEFAULTS
@@ -205,8 +205,8 @@ def automaton_caption(pca: xr.Dataset | None, auto: xr.Dataset | None, minimal: 
     shape = "finite" if auto.attrs["finite"] else "not finite (a tree)"
     longest = int(pca["length"].max()) if pca is not None else auto.attrs["params"].get("max_length")
     shown = "its Hopcroft-minimised form" if minimal else "the merged states"
-    return (f"**Left:** the hidden state after every prefix of the strings of up to {longest} symbols, "
-            "in its first two principal components. **Right:** the automaton read off those states: "
+    return (f"**Hidden states (first plot):** the hidden state after every prefix of the strings of up to {longest} symbols, "
+            "in its first two principal components. **Automaton (second plot):** the automaton read off those states: "
             f"{n} merged states ({shape}), {n_min} after Hopcroft minimisation; drawn: {shown}. Node "
             "colour = output parity, size = prefixes merged, thick outline = start; edges coloured by "
             "the symbol read.")
@@ -215,7 +215,7 @@ def automaton_caption(pca: xr.Dataset | None, auto: xr.Dataset | None, minimal: 
 def plot_accuracy_by_length(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Accuracy on random strings of each length at one checkpoint (log length axis)."""
     if analysis is None or step is None or step not in analysis["step"].values:
-        return _placeholder("Measuring long-string accuracy…", height=300)
+        return _placeholder("No analysis loaded yet.", height=300)
     acc = analysis["accuracy"].sel(step=step)
     lengths = analysis["length"].values
     trained = int(analysis.attrs.get("params", {}).get("run_params", {}).get("max_length", 10))
@@ -251,7 +251,7 @@ def plot_state_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Eleme
     """Merged and minimal automaton size over training (log), the step shown and the
     transition to the parity automaton marked."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     steps = analysis["step"].values
     transition = analysis.attrs.get("transition_step")
     sizes = (hv.Curve((steps, analysis["n_states"].values), "training step", "states",
@@ -268,7 +268,7 @@ def plot_state_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Eleme
 def plot_loss_curve(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Training loss over training (log), the step shown marked."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     steps = analysis["step"].values
     return (hv.Curve((steps, np.maximum(analysis["train_loss"].values, 1e-12)), "training step",
                      "training MSE").opts(color=theme.ACCENT, line_width=2)
@@ -278,7 +278,7 @@ def plot_loss_curve(analysis: xr.Dataset | None, step: int | None) -> hv.Element
 def plot_long_accuracy_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Accuracy at the longest test length and at the worst length over training."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     steps = analysis["step"].values
     longest = int(analysis["length"].values[-1])
     return (hv.Curve((steps, analysis["accuracy"].sel(length=longest).values), "training step",
@@ -292,7 +292,7 @@ def plot_long_accuracy_curves(analysis: xr.Dataset | None, step: int | None) -> 
 def plot_training_curves(analysis: xr.Dataset | None, step: int | None) -> hv.Element:
     """Automaton size, training loss and long-string accuracy over training; step marked."""
     if analysis is None:
-        return _placeholder("Analysing the checkpoints…", height=280)
+        return _placeholder("No analysis loaded yet.", height=280)
     return hv.Layout([plot_state_curves(analysis, step), plot_loss_curve(analysis, step),
                       plot_long_accuracy_curves(analysis, step)]).cols(3).opts(shared_axes=False)
 
@@ -637,35 +637,29 @@ class ParityView(View):
                          width=theme.SIZES["controls_width"], css_classes=["parity-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
-                                               size=theme.SIZES["spinner"], color="primary")
+        spinner = self.busy_spinner()
         status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
         summary = pn.pane.Markdown(self.summary, css_classes=["parity-summary"])
-
-        def pane(fn, css, min_width=300):
-            return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
-                                     css_classes=[css], styles={"flex": "1 1 0"})
-
-        def caption(fn, css):
-            return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
-                                    styles={"color": "#444", "font-size": "0.9em"})
-
+        # The phase diagram is shown once stored (it takes minutes: `explorer parity phase`);
+        # until then its caption alone says how to make it.
+        phase_stored = pn.bind(lambda phase: phase is not None, self.param.phase)
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary,
-                                pn.FlexBox(pane(self._pca_plot, "parity-pca", 340),
-                                           pane(self._automaton_plot, "parity-automaton", 340),
+                                # Each keeps its legend beside a frame of ~250 px: they wrap below 420 px.
+                                pn.FlexBox(flex_plot(self._pca_plot, "parity-pca", 420),
+                                           flex_plot(self._automaton_plot, "parity-automaton", 420),
                                            sizing_mode="stretch_width"),
                                 caption(self._automaton_caption, "parity-automaton-caption"),
                                 pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
                                                   css_classes=["parity-accuracy"]),
                                 caption(self._accuracy_caption, "parity-accuracy-caption"),
-                                pn.FlexBox(pane(self._states_plot, "parity-curves"),
-                                           pane(self._loss_plot, "parity-loss"),
-                                           pane(self._long_plot, "parity-long"),
+                                pn.FlexBox(flex_plot(self._states_plot, "parity-curves", 340),
+                                           flex_plot(self._loss_plot, "parity-loss", 340),
+                                           flex_plot(self._long_plot, "parity-long", 340),
                                            sizing_mode="stretch_width"),
                                 caption(self._curves_caption, "parity-curves-caption"),
                                 pn.pane.HoloViews(self._phase_plot, sizing_mode="stretch_width",
-                                                  css_classes=["parity-phase"]),
+                                                  css_classes=["parity-phase"], visible=phase_stored),
                                 caption(self._phase_caption, "parity-phase-caption"),
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")

@@ -674,3 +674,29 @@ def test_view_titles_are_short_and_captions_and_tooltips_say_the_rest():
     tips = [w.value for w in controls.select(pn.widgets.TooltipIcon)]
     assert tips == [view.param[n].doc for n in ("step", "threshold", "max_length", "minimal", "color_by")]
     assert all(tips) and "<b>Colour states by</b>" in [str(p.object) for p in controls.select(pn.pane.HTML)]
+
+
+def test_view_hides_the_phase_box_until_one_is_stored_and_captions_name_the_plots():
+    pytest.importorskip("panel")
+    import panel as pn
+
+    from apps.parity import ParityView
+
+    run = par.train_parity_rnn(hidden_size=16, epochs=20, checkpoint_every=10, max_length=6, seed=0)
+    analysis = par.parity_analysis(run, max_length=5, lengths=[10, 100], n_strings=4)
+    view = ParityView(run=run, analysis=analysis, max_length=5, background=False)
+    view.phase = None                                        # nothing stored
+    layout = view.__panel__()
+    phase_pane = [p for p in layout.select(pn.pane.HoloViews) if "parity-phase" in p.css_classes]
+    assert len(phase_pane) == 1 and not phase_pane[0].visible
+    # Its caption says how to make one, with the command.
+    assert "`explorer parity phase`" in view._phase_caption()
+    view.phase = xr.Dataset({"long_accuracy": (("gain", "max_length"), [[1.0]]),
+                             "transition_epoch": (("gain", "max_length"), [[np.nan]]),
+                             "final_n_states_minimal": (("gain", "max_length"), [[5.0]])},
+                            coords={"gain": [0.1], "max_length": [6]}, attrs={"params": {"epochs": 20}})
+    assert phase_pane[0].visible
+    text = view._automaton_caption()
+    assert "Left" not in text and "Right" not in text and "Hidden states (first plot)" in text
+    widths = {p.css_classes[0]: p.min_width for p in layout.select(pn.pane.HoloViews)}
+    assert widths["parity-pca"] == widths["parity-automaton"] == 420
