@@ -28,7 +28,8 @@ from explorer._checks import InputError
 from explorer.analyses import unlearning as U
 from explorer.analyses import user_items
 
-__all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "plot_accuracy_bars",
+__all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "trace_token_labels",
+           "plot_accuracy_bars",
            "accuracy_rows", "probe_caption", "trace_caption", "METRIC_LABELS", "SHORT_NAMES",
            "BARS_CAPTION"]
 
@@ -51,8 +52,7 @@ BARS_CAPTION = (
 def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) -> hv.Overlay:
     """Probe accuracy per layer with the localized MLP layers shaded."""
     if probe is None:
-        return (hv.Curve([], "layer", "probe accuracy") * hv.HLine(0)).opts(
-            title="Attribute probe", responsive=True, height=300)
+        return theme.placeholder("Press Localize: probe accuracy per layer appears here.", height=140)
     curve = hv.Curve((probe.layer.values, probe.probe_accuracy.values), "layer",
                      "probe accuracy").opts(color=theme.ACCENT, line_width=2, tools=["hover"])
     dots = hv.Scatter((probe.layer.values, probe.probe_accuracy.values), "layer",
@@ -78,22 +78,30 @@ def _runs(layers: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def plot_trace_heatmap(trace: xr.Dataset | None, fact: int = 0) -> hv.HeatMap:
+def trace_token_labels(tokens: list[str], positions: list[int]) -> list[str]:
+    """Short x labels for the causal-tracing columns: each token as the model sees it, cut to
+    8 characters; a label that repeats gets its position in brackets (columns need distinct
+    names). The hover names the position of every column."""
+    short = [_short(theme.show_token(t), 8) for t in tokens]
+    return [f"{label} ({p})" if short.count(label) > 1 else label for label, p in zip(short, positions)]
+
+
+def plot_trace_heatmap(trace: xr.Dataset | None, fact: int = 0) -> hv.Element:
     """Causal tracing: p(answer) when one layer's output is restored at one position."""
     if trace is None:
-        return hv.HeatMap([], ["token", "layer"], "p_answer").opts(
-            title="Causal tracing", responsive=True, height=360)
+        return theme.placeholder("Press Localize: the causal-tracing map (layer x token) "
+                                 "appears here.", height=140)
     r = trace.restore_resid.isel(fact=fact)
     tokens = [str(t) for t in trace.token.isel(fact=fact).values]
     keep = [p for p in range(len(tokens)) if tokens[p] != "" and not np.all(np.isnan(r.values[:, p]))]
-    labels = [f"{p}:{theme.show_token(tokens[p])}" for p in keep]
-    rows = [(labels[i], int(layer), float(r.values[layer, p]))
+    labels = trace_token_labels([tokens[p] for p in keep], keep)
+    rows = [(labels[i], int(layer), float(r.values[layer, p]), p)
             for i, p in enumerate(keep) for layer in range(r.sizes["layer"])]
     subject = str(trace.subject.values[fact])
-    return hv.HeatMap(rows, ["token", "layer"], "p_answer").opts(
-        cmap="viridis", colorbar=True, tools=["hover"], xrotation=45, responsive=True,
+    return hv.HeatMap(rows, ["token", "layer"], ["p_answer", "position"]).opts(
+        cmap="viridis", colorbar=True, tools=["hover"], xrotation=0, responsive=True,
         height=360, title=f"Causal tracing: {_short(subject)}",
-        xlabel="position: token", ylabel="layer")
+        xlabel="restored token (position in the hover)", ylabel="layer")
 
 
 def _caption(text: Any) -> pn.pane.Markdown:
@@ -109,7 +117,7 @@ def _short(text: str, n: int = 18) -> str:
 def probe_caption(probe: xr.Dataset | None, layers: list[int]) -> str:
     """What the probe plot shows, under it."""
     if probe is None:
-        return "Press **Localize**: a linear probe for the attribute on the last subject token, per layer."
+        return ""  # the plot's placeholder says what to press
     best = int(probe.layer.values[int(np.argmax(probe.probe_accuracy.values))])
     shaded = f"shaded: the MLP layers trained ({', '.join(map(str, layers))})" if layers else \
         "no layers shaded (method `all` trains every parameter)"
@@ -121,7 +129,7 @@ def probe_caption(probe: xr.Dataset | None, layers: list[int]) -> str:
 def trace_caption(trace: xr.Dataset | None, fact: int = 0) -> str:
     """What the causal-tracing heatmap shows, under it."""
     if trace is None:
-        return "Press **Localize**: p(answer) with one layer's output restored at one position."
+        return ""  # the plot's placeholder says what to press
     return (f"**{trace.subject.values[fact]}**: p(answer) when the subject is noised and one "
             f"layer's output is restored at one position (clean run "
             f"{float(trace.p_clean[fact]):.2f}, noised {float(trace.p_corrupt[fact]):.2f}).")
@@ -136,12 +144,14 @@ def accuracy_rows(result: xr.Dataset | None) -> list[tuple[str, str, float]]:
             for k in METRIC_LABELS for m in result["localization"].values.tolist()]
 
 
-def plot_accuracy_bars(rows: list[tuple[str, str, float]]) -> hv.Bars:
+def plot_accuracy_bars(rows: list[tuple[str, str, float]]) -> hv.Element:
+    """Accuracy per metric, before and after unlearning with each localization method."""
+    if not rows:  # nothing to draw yet: a line of text, no empty axes
+        return theme.placeholder("Press Run unlearning: accuracy before and after unlearning, "
+                                 "per metric, appears here.", height=120)
     bars = hv.Bars(rows, ["metric", "localization"], "accuracy").opts(
         ylim=(0, 1.05), tools=["hover"], multi_level=True, xrotation=0, responsive=True,
         height=320, title="Accuracy before / after unlearning", xlabel="", ylabel="accuracy")
-    if not rows:  # nothing to colour yet
-        return bars.opts(title="Accuracy (press Run unlearning)")
     return bars.opts(color="localization", cmap=theme.CATEGORICAL, show_legend=False)
 
 
@@ -452,13 +462,17 @@ class UnlearningView(View):
                                        styles={"font-size": "0.9em"}),
                       self._state, width=320),
             pn.Column(
-                pn.Row(pn.Column(pn.pane.HoloViews(self._probe_plot, sizing_mode="stretch_width"),
-                                 _caption(self._probe_caption),
-                                 sizing_mode="stretch_width"),
-                       pn.Column(pn.pane.HoloViews(self._heatmap, sizing_mode="stretch_width"),
-                                 _caption(self._trace_caption),
-                                 sizing_mode="stretch_width"),
-                       sizing_mode="stretch_width"),
+                # Side by side where the heatmap keeps room for its token labels (about
+                # 480 px); one above the other on narrower windows.
+                pn.FlexBox(pn.Column(pn.pane.HoloViews(self._probe_plot, sizing_mode="stretch_width"),
+                                     _caption(self._probe_caption), sizing_mode="stretch_width",
+                                     min_width=360, styles={"flex": "1 1 0"},
+                                     css_classes=["unlearning-probe"]),
+                           pn.Column(pn.pane.HoloViews(self._heatmap, sizing_mode="stretch_width"),
+                                     _caption(self._trace_caption), sizing_mode="stretch_width",
+                                     min_width=480, styles={"flex": "1.3 1 0"},
+                                     css_classes=["unlearning-trace"]),
+                           sizing_mode="stretch_width"),
                 pn.pane.HoloViews(self._bars, sizing_mode="stretch_width"),
                 _caption(BARS_CAPTION),
                 sizing_mode="stretch_width"),

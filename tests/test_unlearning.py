@@ -617,3 +617,32 @@ def test_training_with_updates_held_apart_matches_the_copy(tiny_model, facts, mo
         U._finetune_by_deltas(tiny_model, fo, [], sorted(names), objective="unlearn", steps=3,
                               lr=1e-2, retain_weight=1.0, clip=1.0, progress=None,
                               should_stop=lambda: True)
+
+
+def test_view_placeholders_are_text_and_trace_labels_are_short_tokens():
+    import holoviews as hv
+
+    from apps.unlearning import (plot_accuracy_bars, plot_probe_curve, plot_trace_heatmap,
+                                 trace_token_labels)
+
+    # Before Localize / Run unlearning: a line of text saying what to press, no axes.
+    for element, press in ((plot_probe_curve(None), "Localize"), (plot_trace_heatmap(None), "Localize"),
+                           (plot_accuracy_bars([]), "Run unlearning")):
+        assert isinstance(element, hv.Text) and element.text.startswith(f"Press {press}")
+        assert element.opts.get().kwargs["xaxis"] is None
+    # The token labels: as the model sees them, 8 characters at most, the position only
+    # where a token repeats (worked by hand).
+    assert trace_token_labels([" Derek", " Jeter", " plays", " the", " sport", " of", " the"],
+                              [12, 13, 14, 15, 16, 17, 18]) == \
+        ["·Derek", "·Jeter", "·plays", "·the (15)", "·sport", "·of", "·the (18)"]
+    assert trace_token_labels([" professional"], [3]) == ["·profes…"]
+    tokens = np.array([[" Derek", " Jeter", " plays"]])
+    trace = xr.Dataset({"restore_resid": (("fact", "layer", "pos"), np.arange(6.0).reshape(1, 2, 3))},
+                       coords={"token": (("fact", "pos"), tokens), "subject": ("fact", ["Derek Jeter"])})
+    heat = plot_trace_heatmap(trace)
+    assert sorted(set(heat.dimension_values("token"))) == ["·Derek", "·Jeter", "·plays"]
+    assert heat.opts.get().kwargs["xrotation"] == 0
+    # cell (token ·Jeter, layer 1) holds restore_resid[layer 1, pos 1] = 4, its position in the hover
+    cell = [r for r in zip(*(heat.dimension_values(d) for d in ("token", "layer", "p_answer", "position")))
+            if r[0] == "·Jeter" and r[1] == 1]
+    assert cell == [("·Jeter", 1, 4.0, 1)]
