@@ -120,10 +120,12 @@ def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     return (left + right).cols(2)
 
 
-def plot_attention(ds: xr.Dataset | None, title: str) -> hv.Element:
-    """Query x key heatmap of one head's attention, tokens on both axes."""
+def plot_attention(ds: xr.Dataset | None, title: str, on: str = "a prompt") -> hv.Element:
+    """Query x key heatmap of one head's attention, tokens on both axes (``on``: what the
+    prompt is, named by the placeholder shown before the patterns exist)."""
     if ds is None:
-        return _waiting("The selected head's attention appears here", 260)
+        return _waiting(f"Press Compute scores (left): the attention on {on} of the top FV "
+                        "head (or of a head you click) appears here", 260)
     width = len(str(ds.sizes["pos"] - 1))  # zero-padded so the categorical axes keep order
     toks = [f"{i:0{width}d} {theme.show_token(str(t))}" for i, t in enumerate(ds["token"].values)]
     a = ds["attention"].values
@@ -454,7 +456,8 @@ def estimated_score_seconds(n_layers: int, n_heads: int, d_model: int, n_prompts
 def fv_caption(ds: xr.Dataset | None, fv_tasks: list[str]) -> str:
     """The function-vector result in words, and why its heads are the same for every task."""
     if ds is None:
-        return "Function vector: waiting for the head scores…"
+        return ("**Function vector**: shown after **Compute scores** (left): the summed mean "
+                "output of the top FV heads, added at one layer, and the zero-shot accuracy it gives.")
     heads = ", ".join(str(explorer.components.head(int(l), int(h))) for l, h in ds.attrs["heads"])
     params = ds.attrs.get("params", {})
     n = int(params.get("n_prompts", ds.sizes.get("prompt", 1)))
@@ -891,10 +894,12 @@ class ICLHeadsView(View):
 
         heatmaps = pn.bind(heatmaps, self.param.scores)
         pat_rep = pn.bind(lambda d, l, h: plot_attention(
-            None if d is None else d["repeat"], f"{explorer.components.head(l, h)}, repeated sequence"),
+            None if d is None else d["repeat"], f"{explorer.components.head(l, h)}, repeated sequence",
+            "a repeated random sequence"),
             self.param.patterns, self.param.layer, self.param.head)
         pat_icl = pn.bind(lambda d, l, h, t: plot_attention(
-            None if d is None else d["icl"], f"{explorer.components.head(l, h)}, {t} prompt"),
+            None if d is None else d["icl"], f"{explorer.components.head(l, h)}, {t} prompt",
+            f"a few-shot {t} prompt"),
             self.param.patterns, self.param.layer, self.param.head, self.param.task)
         slider = pn.widgets.FloatSlider.from_param(self.param.max_percent)
         button = pn.widgets.Button(name="Recompute ablation curves", button_type="primary",

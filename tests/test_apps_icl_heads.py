@@ -256,3 +256,16 @@ def test_conflict_layers_text_round_trips():
         assert parse_layers(layers_text(default_conflict_layers(n)), n) == \
             default_conflict_layers(n)
     assert parse_layers("3, 1-2, 3", 4) == [1, 2, 3]
+
+
+def test_placeholders_before_compute_say_what_to_press_and_differ():
+    from apps.icl_heads import fv_caption, plot_attention
+
+    repeat = plot_attention(None, "L0.H0, repeated sequence", "a repeated random sequence")
+    icl = plot_attention(None, "L0.H0, antonym prompt", "a few-shot antonym prompt")
+    assert repeat.text != icl.text                            # the two boxes say different things
+    assert all(t.text.startswith("Press Compute scores") for t in (repeat, icl))
+    assert "antonym" in icl.text and "repeated" in repeat.text
+    # Nothing runs before the button: no "waiting"/"computing" text, the button named instead.
+    text = fv_caption(None, ["antonym"])
+    assert "**Compute scores**" in text and "waiting" not in text.lower()
