@@ -184,7 +184,7 @@ def plot_loss_by_length(run: xr.Dataset | None, analysis: xr.Dataset | None, ste
     values = values[np.isfinite(values) & (values > 0)]
     low, high = float(values.min()) / 1.2, float(values.max()) * 1.2
     return hv.Overlay(parts).opts(
-        logx=True, logy=True, ylim=(low, high), yticks=log_ticks(low, high),
+        logx=True, logy=True, ylim=(low, high), yticks=log_ticks(low, high), padding=(0.05, 0),
         xticks=[int(x) for x in lengths], responsive=True, height=300, default_tools=_TOOLS,
         fontsize=_font(), legend_position="right", tools=["hover"],
         title=f"Loss by length, step {step}")
@@ -614,9 +614,10 @@ class LinearICLView(View):
                                            flex_plot(self._length_plot, "icl-length", 480),
                                            sizing_mode="stretch_width"),
                                 caption(self._loss_caption, "icl-loss-caption"),
-                                pn.FlexBox(flex_plot(self._omega_plot, "icl-omega", 300),
-                                           flex_plot(self._mu_plot, "icl-mu", 300),
-                                           flex_plot(self._metrics_plot, "icl-metrics", 300),
+                                # Legends beside each frame: 400 px keeps the frames readable.
+                                pn.FlexBox(flex_plot(self._omega_plot, "icl-omega", 400),
+                                           flex_plot(self._mu_plot, "icl-mu", 400),
+                                           flex_plot(self._metrics_plot, "icl-metrics", 400),
                                            sizing_mode="stretch_width"),
                                 caption(self._pattern_caption, "icl-pattern-caption"),
                                 sizing_mode="stretch_width"),
