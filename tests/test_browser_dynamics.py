@@ -70,8 +70,11 @@ def test_parity_page_scrubs_training_and_toggles_the_minimal_automaton(server, b
     wait_for_text(page, ".parity-summary", rf"Step {last_step}\b.*merged automaton")
     for css in (".parity-pca", ".parity-automaton", ".parity-accuracy", ".parity-curves", ".parity-phase"):
         wait_for_canvas(page, css)
-    # On open the slider shows the step the plots show (it once read 0 beside "Step 21000").
-    wait_for_text(page, ".parity-controls", rf"Training step: {last_step}\b")
+    # On open the step slider sits on the step the plots show, the last (it once read 0
+    # beside "Step 21000"): its handle at the top of its range of checkpoint indices.
+    step_handle = page.locator(".parity-controls .noUi-handle").first
+    assert (float(step_handle.get_attribute("aria-valuenow"))
+            == float(step_handle.get_attribute("aria-valuemax")) == len(prun["step"]) - 1)
     # The step slider is the first slider: Home moves it to step 0.
     handle = ".parity-controls .noUi-handle"
     press_until(page, handle, "Home", ".parity-summary", r"Step 0 \(epoch 0\)")
