@@ -35,7 +35,7 @@ import xarray as xr
 import explorer
 from apps import _circuit_graph as cg
 from apps import theme
-from apps._controls import OwnItems
+from apps._controls import OwnItems, labelled_control
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError
@@ -222,13 +222,18 @@ class CircuitsView(View):
     """
 
     task = param.Selector(default="add", objects=list(ca.TASK_NAMES), label="Task")
-    method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution")
+    method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution",
+                            doc="EAP: one gradient at the clean run; EAP-IG: gradients averaged "
+                                "along the path from corrupted to clean inputs (slower, the "
+                                "paper's choice).")
     n_prompts = param.Integer(default=8, bounds=(1, 64), label="Prompt pairs")
     fraction = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
                             label="Default circuit: recovers at least")
     max_default_edges = param.Integer(default=DEFAULT_MAX_EDGES, bounds=(1, None), precedence=-1,
                                       doc="The most edges (after pruning) of the default circuit")
-    mode = param.Selector(default="top-n", objects=["top-n", "threshold"], label="Circuit by")
+    mode = param.Selector(default="top-n", objects=["top-n", "threshold"], label="Circuit by",
+                          doc="top-n: the n edges with the largest |score|; threshold: every "
+                              "edge whose |score| is at least the slider's value.")
     n_edges = param.Integer(default=30, bounds=(0, None),
                             label="Top-n edges by |score| (before pruning)")
     threshold = param.Number(default=0.0, bounds=(0, None), label="|score| threshold")
@@ -1192,11 +1197,11 @@ class CircuitsView(View):
                  self.param.edited, self.param.circuit_patch]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
-            pn.widgets.RadioButtonGroup.from_param(self.param.method, name="Attribution"),
+            labelled_control(self, "method", pn.widgets.RadioButtonGroup),
             pn.widgets.IntInput.from_param(self.param.n_prompts), compute, self._progress,
             self._own.layout(self.param.error),
             pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
-            pn.widgets.RadioButtonGroup.from_param(self.param.mode), self._slider,
+            labelled_control(self, "mode", pn.widgets.RadioButtonGroup), self._slider,
             pn.widgets.Select.from_param(self.param.edge), patch_all,
             pn.widgets.Checkbox.from_param(self.param.diff),
             pn.widgets.Select.from_param(self.param.diff_against),

@@ -526,7 +526,8 @@ def test_widgets_built_before_the_model_arrives_get_its_options(km):
     assert list(selects["Entity (subject)"].options) == km.graph.entity_names
     assert list(selects["Relation"].options) == km.graph.relation_names
     assert selects["Entity (subject)"].value == "e0" and selects["Relation"].value == km.graph.relation_names[0]
-    assert list(selects["Cycle drawn"].options) == [str(o) for o in range(km.graph.orders.shape[0])]
+    cycles = range(km.graph.orders.shape[0])
+    assert list(selects["Cycle drawn"].options) == [f"cycle {'ABCDEFGH'[o]}" for o in cycles]
     (layer,) = [w for w in view.controls().select(pn.widgets.IntSlider) if w.name == "Edited block (MLP)"]
     assert layer.end == km.n_layers - 1
     assert view.edit is not None and view.edit.entity == 0 and view.edit.relation == 0
