@@ -336,7 +336,7 @@ def gallery_page_state(page) -> dict:
 
 
 # Per axis of each plot shown whose tick labels Bokeh draws all of (its `AllLabels` policy;
-# `NoOverlap`, which the app's theme sets, hides the ones that would collide): the neighbouring
+# the app's theme sets a policy that hides the ones that would collide): the neighbouring
 # major tick labels whose boxes overlap along the axis. Text drawn at an angle collides when the distance
 # between neighbouring labels, across the text, is less than the text's height.
 _TICK_COLLISIONS = """() => {

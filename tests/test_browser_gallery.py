@@ -149,15 +149,15 @@ def test_every_plot_title_fits(observed, width, slug):
     assert not clipped, f"{slug} at {width} px: titles wider than their room (text, px, room): {clipped}"
 
 
-@pytest.mark.parametrize(("width", "slug"), _cases("selects"))
 @pytest.mark.parametrize(("width", "slug"), _cases("ticks"))
 def test_no_tick_labels_collide(observed, width, slug):
-    """Every axis either lets Bokeh hide the tick labels that would overlap (`NoOverlap`) or
-    draws labels that do not overlap, measured with the axis's own font."""
+    """Every axis either has a labelling policy that hides tick labels that would overlap (the
+    theme's) or draws labels that do not overlap, measured with the axis's own font."""
     state = observed(width, slug)
     assert not state["ticks"], f"{slug} at {width} px: {state['ticks']}"
 
 
+@pytest.mark.parametrize(("width", "slug"), _cases("selects"))
 def test_no_select_widget_is_empty(observed, width, slug):
     state = observed(width, slug)
     # a blank option is a fine "none" choice (the circuits page's edge to ablate) but a
