@@ -14,6 +14,20 @@ KM_PARAMS = dict(n_entities=16, n_orders=2, max_hops=2, walk_length=4, d_model=3
 """A knowledge-graph model small enough to train in a test (representation shattering)."""
 
 
+def tiny_facts_file(folder: Path) -> Path:
+    """A small unlearning fact file for the tiny models, ``folder/facts.json``: 12 people each
+    liking one of three attributes whose first tokens differ in the tiny tokenizer."""
+    attrs = ["blue", "dog", "moon"]
+    path = folder / "facts.json"
+    path.write_text(json.dumps({
+        "attributes": attrs,
+        "templates": {"trained": "Fact: {subject} likes the",
+                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
+        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
+                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    return path
+
+
 def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[Any], Any]]
                         ) -> list[tuple[str, str, Callable[[Any], Any]]]:
     """`apps.gallery.VIEWS` in its order, the slow pages with small settings. ``tmp`` holds
@@ -32,14 +46,7 @@ def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[An
     from explorer.analyses import shattering as sh
     from explorer.analyses.conflicts import load_facts
 
-    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
-    facts_file = tmp / "facts.json"
-    facts_file.write_text(json.dumps({
-        "attributes": attrs,
-        "templates": {"trained": "Fact: {subject} likes the",
-                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
-        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
-                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    facts_file = tiny_facts_file(tmp)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

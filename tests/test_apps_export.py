@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from _views import KM_PARAMS, cheap_gallery_views
+from _views import KM_PARAMS, cheap_gallery_views, tiny_facts_file
 
 from explorer.interventions import Ablate
 
@@ -437,14 +437,7 @@ def test_task_emergence_snippet_recomputes_shipped_and_reduced_analyses(cache):
 def test_unlearning_snippet_recomputes_localization_and_the_run(tiny_model, tmp_path):
     from apps.unlearning import UnlearningView
 
-    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
-    facts = tmp_path / "facts.json"
-    facts.write_text(json.dumps({
-        "attributes": attrs,
-        "templates": {"trained": "Fact: {subject} likes the",
-                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
-        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
-                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    facts = tiny_facts_file(tmp_path)
     view = UnlearningView(tiny_model, facts_file=facts, known_only=False, n_forget=4, n_retain=2,
                           n_layers=1, steps=2, relearn_steps=1, background=False)
     assert "U.split_facts(facts, 4, 2)" in view.code_snippet()   # before Localize

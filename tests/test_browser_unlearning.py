@@ -7,12 +7,12 @@ accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
-import json
 import textwrap
 import time
 
 import pytest
 from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, wait_for
+from _views import tiny_facts_file
 
 pytestmark = pytest.mark.browser
 
@@ -20,14 +20,7 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("unlearning-server")
-    attrs = ["blue", "dog", "moon"]  # distinct first tokens for the tiny tokenizer
-    facts = tmp / "facts.json"
-    facts.write_text(json.dumps({
-        "attributes": attrs,
-        "templates": {"trained": "Fact: {subject} likes the",
-                      "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
-        "facts": [[f"Person {a}{b}", attrs[i % 3]] for i, (a, b) in
-                  enumerate((a, b) for a in "ABCD" for b in "xyz")]}))
+    facts = tiny_facts_file(tmp)
     port = free_port()
     code = textwrap.dedent(f"""
         import panel as pn
