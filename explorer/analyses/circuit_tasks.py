@@ -31,7 +31,7 @@ from explorer.models import Model
 from explorer.trace import provenance, run_batch
 
 __all__ = ["CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
-           "CORRUPTIONS", "task_accuracy", "filter_task"]
+           "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
 #: is the answer's first digit for tokenizers that split numbers into digits.
@@ -255,18 +255,24 @@ def _check_task(task: Any) -> CircuitTask:
     return task
 
 
+def continuation_token(tokenizer: Any, prompt: str, target: str) -> int:
+    """The first token of ``target`` as it continues ``prompt`` (what the circuit metric
+    reads): the token after the prompt's own tokens when ``prompt + target`` starts with them,
+    else the first token of ``target`` alone."""
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    both = tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
+    if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
+        return int(both[len(p_ids)])
+    return int(tokenizer(target, add_special_tokens=False)["input_ids"][0])
+
+
 def _target_ids(model: Model, prompts: Sequence[str], targets: Sequence[str]) -> list[int]:
-    """First token of each target as it continues its prompt."""
+    """First token of each target as it continues its prompt (`continuation_token`)."""
     out = []
     for prompt, target in zip(prompts, targets):
         if not target:
             raise InputError(f"empty target string for the prompt {prompt[-40:]!r}.")
-        p_ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        both = model.tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
-        if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
-            out.append(int(both[len(p_ids)]))
-        else:
-            out.append(int(model.tokenizer(target, add_special_tokens=False)["input_ids"][0]))
+        out.append(continuation_token(model.tokenizer, prompt, target))
     return out
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from explorer._checks import InputError
-from explorer.analyses.circuit_tasks import CircuitTask
+from explorer.analyses.circuit_tasks import CircuitTask, continuation_token  # re-exported
 from explorer.analyses.conflicts import Fact, normalise_answer
 from explorer.analyses.icl_heads import ICLTask
 from explorer.analyses.unlearning import AttributeFact, load_attribute_facts
@@ -143,7 +143,7 @@ def parse_conflict_example(text: str) -> Fact:
     for field in ("memory", "context"):
         n, value = got[field]
         _check_length(n, "the answer", value, MAX_ANSWER_CHARS)
-    (nm, memory), (nc, context) = got["memory"], got["context"]
+    (_, memory), (nc, context) = got["memory"], got["context"]
     if normalise_answer(memory) == normalise_answer(context):
         raise InputError(f"line {nc}: the context answer {context!r} is the memory answer; a "
                          "conflict needs two different answers.")
@@ -237,16 +237,6 @@ def _unquote(field: str) -> tuple[str, bool]:
     if len(field) >= 2 and field[0] == field[-1] == '"':
         return field[1:-1], True
     return field, False
-
-
-def continuation_token(tokenizer: Any, prompt: str, target: str) -> int:
-    """The first token of ``target`` as it continues ``prompt`` (as the circuit metric reads it,
-    `explorer.analyses.circuits`)."""
-    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    both = tokenizer(prompt + target, add_special_tokens=False)["input_ids"]
-    if both[:len(p_ids)] == p_ids and len(both) > len(p_ids):
-        return int(both[len(p_ids)])
-    return int(tokenizer(target, add_special_tokens=False)["input_ids"][0])
 
 
 def parse_circuit_pairs(text: str, model: Any = None, *, name: str = "your pairs",
