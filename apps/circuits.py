@@ -844,7 +844,6 @@ class CircuitsView(View):
             return
         self._frame_key = key
         self._frame_times = {}
-        L, H = self._model.n_layers, self._model.spec.n_heads
         scores, order, label = self._current()
         self._outside = np.zeros(0, dtype=int)
         if scores is None:
