@@ -338,7 +338,6 @@ class LinearICLView(View):
                  heads: tuple[int, ...] = DEFAULT_HEADS, background: bool | None = None,
                  **params: Any):
         super().__init__(background=background, **params)
-        self._ready = False  # the load job's result has arrived
         self._lock = threading.Lock()
         self._patterns: dict[tuple[int, int], xr.Dataset] = {}
         self.runner("load", self._loaded)
@@ -353,29 +352,23 @@ class LinearICLView(View):
             self.submit("load", lambda token: self._load(given, tuple(heads), token))
 
     # -- computation ---------------------------------------------------------------------
-    def _post_loading(self, status: str) -> None:
-        """Post a status line of the load job, dropped if it arrives after the result (a post
-        queued while the page connects can run after the result that follows it)."""
-        self.schedule(lambda: None if self._ready else self.param.update(status=status))
-
     def _load(self, given: dict[int, xr.Dataset], heads: tuple[int, ...],
               token: CancelToken) -> dict[str, dict]:
         runs = dict(given)
         for H in ([] if given else heads):
             progress = self.status_reporter(
                 token, lambda done, total, s, H=H: f"Training H = {H}: step {done}/{total} ({s:.0f} s)…")
-            self._post_loading(f"Loading the run with H = {H}…")
+            self.post(status=f"Loading the run with H = {H}…")
             runs[H] = linear_icl_run(n_heads=H, progress=progress)
             token.check()
         analyses = {}
         for H, run in sorted(runs.items()):
-            self._post_loading(f"Measuring patterns and baselines for H = {H}…")
+            self.post(status=f"Measuring patterns and baselines for H = {H}…")
             analyses[H] = stored_linear_icl_analysis(run) if not given else _analyse(run)
             token.check()
         return {"runs": runs, "analyses": analyses}
 
     def _loaded(self, out: dict[str, dict]) -> None:
-        self._ready = True
         runs = {int(k): v for k, v in out["runs"].items()}
         choice = self.n_heads if self.n_heads in runs else 2 if 2 in runs else sorted(runs)[0]
         shipped = any("source" in r.attrs for r in runs.values())

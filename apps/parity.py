@@ -408,7 +408,6 @@ class ParityView(View):
                  analysis: xr.Dataset | None = None, phase: xr.Dataset | None = None,
                  background: bool | None = None, **params: Any):
         super().__init__(background=background, **params)
-        self._ready = False  # the load job's result has arrived
         self._phase_given = phase is not None
         self.phase = phase
         self._lock = threading.Lock()
@@ -425,20 +424,15 @@ class ParityView(View):
             self.submit("load", lambda token: self._load(run, analysis, token))
 
     # -- computation ---------------------------------------------------------------------
-    def _post_loading(self, status: str) -> None:
-        """Post a status line of the load job, dropped if it arrives after the result (a post
-        queued while the page connects can run after the result that follows it)."""
-        self.schedule(lambda: None if self._ready else self.param.update(status=status))
-
     def _load(self, run: xr.Dataset | None, analysis: xr.Dataset | None,
               token: CancelToken) -> dict[str, xr.Dataset]:
         progress = self.status_reporter(
             token, lambda done, total, s: f"Training the parity RNN: epoch {done}/{total} ({s:.0f} s)…")
         if run is None:
-            self._post_loading("Loading the stored parity run (training it if missing)…")
+            self.post(status="Loading the stored parity run (training it if missing)…")
             run = parity_run(progress=progress)
         token.check()
-        self._post_loading("Measuring automata and long-string accuracy at every checkpoint…")
+        self.post(status="Measuring automata and long-string accuracy at every checkpoint…")
         if analysis is None:
             analysis = stored_parity_analysis(run)
         # The phase diagram takes minutes: shown only when stored (`explorer parity phase`).
@@ -456,7 +450,6 @@ class ParityView(View):
         self.param.trigger("step")
 
     def _loaded(self, out: dict[str, xr.Dataset]) -> None:
-        self._ready = True
         run = self.run if self.run is not None else out["run"]
         steps = [int(s) for s in run["step"].values]
         keep = self.step if self.step in steps else steps[-1]

@@ -195,7 +195,6 @@ class TaskEmergenceView(View):
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
                  analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
         super().__init__(background=background, **params)
-        self._ready = False  # the load job's result has arrived
         self.runner("load", self._loaded)
         if analysis is not None:
             self._use(analysis)
@@ -204,19 +203,14 @@ class TaskEmergenceView(View):
             self.submit("load", lambda token: self._load(run, token))
 
     # -- computation ---------------------------------------------------------------------
-    def _post_loading(self, status: str) -> None:
-        """Post a status line of the load job, dropped if it arrives after the result (a post
-        queued while the page connects can run after the result that follows it)."""
-        self.schedule(lambda: None if self._ready else self.param.update(status=status))
-
     def _load(self, run: xr.Dataset | None, token: CancelToken) -> xr.Dataset:
         progress = self.status_reporter(
             token, lambda done, total, s: f"Training the transformer: step {done}/{total} ({s:.0f} s)…")
         if run is None:
-            self._post_loading("Loading the stored analysis (training the run if it is missing)…")
+            self.post(status="Loading the stored analysis (training the run if it is missing)…")
             return default_analysis(progress=progress)
         token.check()
-        self._post_loading("Measuring task decodability and ICL loss at every checkpoint…")
+        self.post(status="Measuring task decodability and ICL loss at every checkpoint…")
         return stored_task_emergence_analysis(run)
 
     def _use(self, analysis: xr.Dataset) -> None:
@@ -231,13 +225,11 @@ class TaskEmergenceView(View):
         with param.parameterized.discard_events(self):
             self.param.update(analysis=analysis, step=step, layer=layer)
         self.param.trigger("analysis", "step", "layer")
-        a = analysis.attrs
         self.status = (f"{len(steps)} checkpoints"
                        + (" (the analysis shipped with the project)." if "source" in analysis.attrs
                           else "."))
 
     def _loaded(self, analysis: xr.Dataset) -> None:
-        self._ready = True
         self.running = False
         self._use(analysis)
 
