@@ -130,7 +130,8 @@ class View(pn.viewable.Viewer):
         runner = self._runners[name]
         others = jobs_running() - (1 if runner.running else 0)
         token = runner.submit(job)
-        if token is not None and self._background and others > 0:
+        shown = "shares the model" in self.status    # a page that posts no new status
+        if token is not None and self._background and others > 0 and not shown:
             note = (f"(shares the model with {others} other job{'s' if others > 1 else ''} "
                     "running on this server: it takes longer)")
             self.status = f"{self.status} {note}" if self.status else note.strip("()").capitalize()

@@ -559,6 +559,8 @@ def test_a_job_started_while_another_runs_says_it_shares_the_model(loop_doc):
     assert second.status == ("computing scores… (shares the model with 1 other job running on "
                              "this server: it takes longer)")
     assert _wait_until(lambda: second.result == 2)
+    second.submit("other", lambda token: 4)      # a second job: the note is not repeated
+    assert second.status.count("shares the model") == 1
     release.set()
     assert _wait_until(lambda: first.result == 1)
     from apps._session import jobs_running
