@@ -60,7 +60,10 @@ def dask_scheduler(scheduler: str = "threads", *, n_workers: int = 1,
         Or the address of a running ``dask.distributed`` scheduler (``"tcp://host:8786"``).
     n_workers, threads_per_worker, memory_limit, processes, dashboard
         For ``"local"``: the LocalCluster's workers (bound to 127.0.0.1), each with
-        ``memory_limit`` (bytes or a string such as ``"1GB"``; None: no limit).
+        ``memory_limit`` (bytes or a string such as ``"1GB"``; None: no limit). A limit
+        needs worker processes: an in-process worker (``processes=False``) would measure it
+        against everything this process holds and pause, waiting for ever, once the process
+        grows past 80 % of it.
     timeout_s : float, default=10
         How long to try connecting to a scheduler address.
 
@@ -80,6 +83,12 @@ def dask_scheduler(scheduler: str = "threads", *, n_workers: int = 1,
 
     if scheduler == "local":
         check_int("n_workers", n_workers, low=1)
+        if memory_limit and not processes:
+            raise InputError(
+                f"`memory_limit` ({memory_limit!r}) needs worker processes: an in-process worker "
+                f"(processes=False) counts all of this process's memory against it and stops "
+                f"running tasks once the process passes 80 % of the limit. Give "
+                f"processes=True, or no memory_limit.")
         with _local_cluster(LocalCluster, n_workers, threads_per_worker, memory_limit,
                             processes, dashboard) as cluster:
             with Client(cluster, set_as_default=True) as client:

@@ -117,3 +117,13 @@ def test_local_cluster_leaves_the_environment_as_it_was(monkeypatch):
         worker_env = client.run(lambda: os.environ.get("OMP_NUM_THREADS"))
         assert list(worker_env.values()) == ["1"]  # the workers keep their setting
     assert dict(os.environ) == before
+
+
+def test_memory_limit_on_an_in_process_worker_is_refused():
+    """An in-process worker measures its limit against this whole process (a test session
+    holding SmolLM2 passes 3 GB): past 80 % it pauses and a computation waits for ever. The
+    limit is refused up front, with the way out."""
+    with pytest.raises(InputError, match=r"`memory_limit` \('4GB'\) needs worker processes.*"
+                                         r"processes=True, or no memory_limit"):
+        with dask_scheduler("local", n_workers=1, processes=False, memory_limit="4GB"):
+            pass

@@ -197,8 +197,8 @@ def test_decodability_over_store_equals_knn_per_layer_in_memory(tmp_path, schedu
     store, x, labels = _stored_clusters(tmp_path)
     lazy = store.get("td-clusters")
     assert len(lazy.resid_post.chunks[0]) > 1                         # several dask chunks
-    # one in-process worker; a memory limit far above what the test process uses
-    options = (dict(n_workers=1, processes=False, memory_limit="4GB") if scheduler == "local"
+    # one in-process worker, no memory limit (explorer.distributed refuses one in-process)
+    options = (dict(n_workers=1, processes=False) if scheduler == "local"
                else None)
     out = tv.decodability_over_store(lazy, labels, k=5, scheduler=scheduler,
                                      scheduler_options=options)
