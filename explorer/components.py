@@ -12,6 +12,20 @@ A component is one of:
 (``a17.h3`` / ``m17`` from circuit graphs, ``L17H3`` from ICL-head titles, ``L17.H3`` from
 knowledge conflicts); `Component.__str__` always writes the one spelling above, so
 ``str(parse(x))`` is the canonical form of ``x``.
+
+Two more things can be selected, with their own spelling:
+
+- an `Edge` of the circuit graph, ``SRC->DST``: ``L3.H1->L5.MLP``, ``input->L0.H2``,
+  ``L29.MLP->logits``. Its source is ``input``, a head or an MLP; its target a head, an MLP
+  or ``logits``; it goes forward in depth (input, then per layer its heads, then its MLP, then
+  the logits: a head reads earlier layers only, an MLP its own layer's heads too). `parse_edge`
+  also reads the circuit graph's node names (``a3.h1->m5``) and ``→`` for the arrow;
+  `Edge.__str__` writes ``L3.H1->L5.MLP``.
+- a token `Position` of the prompt, ``P5`` (0-based, the ``pos`` index of the results).
+  `parse_position` also reads ``pos 5``, ``pos5``, ``pos=5`` and a bare ``5``;
+  `Position.__str__` writes ``P5``. `check_position` checks it against a prompt's length.
+
+`parse_any` reads any of the three kinds (component, edge, position).
 """
 from __future__ import annotations
 
@@ -20,7 +34,9 @@ from dataclasses import dataclass
 from typing import Iterable, Literal
 
 __all__ = ["Component", "parse", "parse_many", "head", "mlp", "layer", "INPUT", "LOGITS",
-           "canonical", "check_in_model", "ComponentError"]
+           "canonical", "check_in_model", "ComponentError", "Edge", "edge", "parse_edge",
+           "check_edge_in_model", "Position", "parse_position", "check_position", "parse_any",
+           "canonical_any", "check_any"]
 
 Kind = Literal["head", "mlp", "layer", "input", "logits"]
 
@@ -137,3 +153,189 @@ def parse_many(text: "str | Iterable[str | Component]") -> list[Component]:
             out.append(c)
     return out
 
+
+
+# -- circuit edges ------------------------------------------------------------------------------
+
+_EDGE_SOURCES = ("input", "head", "mlp")
+_EDGE_TARGETS = ("head", "mlp", "logits")
+_ARROW = re.compile(r"\s*(?:->|→)\s*")
+_EDGE_HELP = ("write an edge as SRC->DST, e.g. L3.H1->L5.MLP, input->L0.H2 or "
+              "L29.MLP->logits")
+
+
+def _depth(c: Component) -> tuple[float, int]:
+    """Where ``c`` sits in the forward pass: input, (per layer) heads then MLP, logits."""
+    if c.kind == "input":
+        return (-1, 0)
+    if c.kind == "logits":
+        return (float("inf"), 0)
+    return (c.layer, 0 if c.kind == "head" else 1)
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    """An edge of the circuit graph: ``src`` writes into the residual stream that ``dst`` reads.
+
+    ``src`` is ``input``, a head or an MLP; ``dst`` a head, an MLP or ``logits``; ``dst`` comes
+    later in the forward pass (a head reads earlier layers only; an MLP also its own layer's
+    heads). Anything else raises `ComponentError`.
+    """
+
+    src: Component
+    dst: Component
+
+    def __post_init__(self) -> None:
+        for side, c, allowed in (("source", self.src, _EDGE_SOURCES),
+                                 ("target", self.dst, _EDGE_TARGETS)):
+            if not isinstance(c, Component):
+                raise ComponentError(f"an edge's {side} is a Component, got {type(c).__name__}")
+            if c.kind not in allowed:
+                what = f"{c} (a whole layer)" if c.kind == "layer" else str(c)
+                raise ComponentError(
+                    f"{what} cannot be an edge's {side}: a source is input, a head or an "
+                    f"MLP; a target is a head, an MLP or logits ({_EDGE_HELP})")
+        if self.src == self.dst:
+            raise ComponentError(f"{self.src}->{self.dst} is a self edge: an edge joins two "
+                                 "different components")
+        if _depth(self.src) >= _depth(self.dst):
+            why = (f"heads of one layer read the same stream, so {self.dst} cannot read {self.src}"
+                   if self.src.is_head and self.dst.is_head and self.src.layer == self.dst.layer
+                   else f"{self.dst} runs before {self.src} writes"
+                   if _depth(self.src) > _depth(self.dst) else "")
+            raise ComponentError(f"{self.src}->{self.dst} goes backwards: an edge must go "
+                                 f"forward in depth ({why})" if why else
+                                 f"{self.src}->{self.dst} does not go forward in depth")
+
+    def __str__(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+def edge(src: "str | Component", dst: "str | Component") -> Edge:
+    """The edge from ``src`` to ``dst`` (component names in any spelling `parse` reads)."""
+    return Edge(parse(src), parse(dst))
+
+
+def parse_edge(text: "str | Edge") -> Edge:
+    """Read an edge ``SRC->DST`` (each side any spelling `parse` reads; ``→`` also works).
+
+    Raises `ComponentError` for a missing arrow, an unreadable endpoint, a layer endpoint, a
+    self edge or one that goes backwards.
+    """
+    if isinstance(text, Edge):
+        return text
+    if not isinstance(text, str):
+        raise ComponentError(f"an edge is a string such as 'L3.H1->L5.MLP', got "
+                             f"{type(text).__name__}")
+    parts = _ARROW.split(text.strip())
+    if len(parts) != 2 or not all(parts):
+        raise ComponentError(f"cannot read edge {text.strip()[:60]!r}: {_EDGE_HELP}")
+    try:
+        src, dst = parse(parts[0]), parse(parts[1])
+    except ComponentError as exc:
+        raise ComponentError(f"cannot read edge {text.strip()[:60]!r}: {exc}") from None
+    return Edge(src, dst)
+
+
+def check_edge_in_model(e: "str | Edge", n_layers: int, n_heads: int, *,
+                        parallel: bool = False) -> Edge:
+    """Parse ``e`` and check both ends exist in a model of this shape; with ``parallel``
+    (attention and MLP read the same stream, GPT-J style) an MLP does not read its own
+    layer's heads."""
+    e = parse_edge(e)
+    check_in_model(e.src, n_layers, n_heads)
+    check_in_model(e.dst, n_layers, n_heads)
+    if parallel and e.src.is_head and e.dst.kind == "mlp" and e.src.layer == e.dst.layer:
+        raise ComponentError(f"{e} is not an edge of this model: its MLP reads what its "
+                             "layer's heads read, not their output")
+    return e
+
+
+# -- token positions ----------------------------------------------------------------------------
+
+_POSITION = re.compile(r"^(?:p|pos)?\s*[=:]?\s*(\d+)$")
+_POSITION_HELP = "write a token position as P5 (or pos 5), 0-based"
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A token position of the prompt, 0-based (the ``pos`` index of every result)."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise ComponentError(f"a token position is an int >= 0, got {self.index!r}")
+
+    def __str__(self) -> str:
+        return f"P{self.index}"
+
+
+def parse_position(text: "str | int | Position") -> Position:
+    """Read a token position: ``P5``, ``pos 5``, ``pos5``, ``pos=5``, ``5`` or an int."""
+    if isinstance(text, Position):
+        return text
+    if isinstance(text, int) and not isinstance(text, bool):
+        return Position(text)
+    if not isinstance(text, str):
+        raise ComponentError(f"a token position is a string such as 'P5' or an int, got "
+                             f"{type(text).__name__}")
+    m = _POSITION.match(text.strip().lower())
+    if not m:
+        raise ComponentError(f"cannot read token position {text.strip()[:40]!r}: "
+                             f"{_POSITION_HELP}")
+    return Position(int(m.group(1)))
+
+
+def check_position(p: "str | int | Position", n_tokens: int | None) -> Position:
+    """Parse ``p`` and, when the prompt's length ``n_tokens`` is known, check it is inside."""
+    p = parse_position(p)
+    if n_tokens is not None and not p.index < n_tokens:
+        raise ComponentError(
+            f"{p} is out of range: the prompt has {n_tokens} token{'s' if n_tokens != 1 else ''}"
+            + (f" (positions P0..P{n_tokens - 1})" if n_tokens else ""))
+    return p
+
+
+# -- any selectable thing ------------------------------------------------------------------------
+
+def parse_any(text: "str | int | Component | Edge | Position") -> "Component | Edge | Position":
+    """A component, an edge (has an arrow) or a token position (``P5`` / ``pos 5`` / an int)."""
+    if isinstance(text, (Component, Edge, Position)):
+        return text
+    if isinstance(text, int) and not isinstance(text, bool):
+        return Position(text)
+    if not isinstance(text, str):
+        raise ComponentError(f"a name is a string such as 'L3.H1', got {type(text).__name__}")
+    if _ARROW.search(text):
+        return parse_edge(text)
+    key = text.strip().lower()
+    if key.startswith(("p", "pos")) and _POSITION.match(key):
+        return parse_position(text)
+    try:
+        return parse(text)
+    except ComponentError:
+        raise ComponentError(
+            f"cannot read {text.strip()[:40]!r}: write a head as L17.H3, an MLP as L17.MLP, a "
+            "layer as L17, input / logits, an edge as L3.H1->L5.MLP, a token position as "
+            "P5") from None
+
+
+def canonical_any(text: "str | int | Component | Edge | Position") -> str:
+    """The one spelling of a component, edge or position: ``canonical_any("a3.h1->m5")``
+    is ``"L3.H1->L5.MLP"``, ``canonical_any("pos 2")`` is ``"P2"``."""
+    return str(parse_any(text))
+
+
+def check_any(text: "str | int | Component | Edge | Position", n_layers: int | None,
+              n_heads: int | None, n_tokens: int | None = None, *,
+              parallel: bool = False) -> "Component | Edge | Position":
+    """`parse_any`, then the check that applies (model shape when known, prompt length)."""
+    x = parse_any(text)
+    if isinstance(x, Position):
+        return check_position(x, n_tokens)
+    if n_layers is None or n_heads is None:
+        return x
+    if isinstance(x, Edge):
+        return check_edge_in_model(x, n_layers, n_heads, parallel=parallel)
+    return check_in_model(x, n_layers, n_heads)
