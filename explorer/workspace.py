@@ -2,7 +2,9 @@
 
 Every page of the app reads and writes one `Workspace`; a notebook can hold one too. It keeps
 components in their one spelling (`explorer.components`: ``L17.H3``, ``L17.MLP``, ``L17``,
-``input``, ``logits``), checked against the model's shape, and the active edits as the
+``input``, ``logits``), checked against the model's shape, the selected circuit edges
+(``L3.H1->L5.MLP``) and token positions of the prompt (``P5``, checked against its length in
+tokens when the workspace knows the model's tokenizer), and the active edits as the
 intervention records of `explorer.interventions`. It also keeps the user's own items pasted
 on pages with task data (`Workspace.items`: page slug -> the pasted text), so they travel
 with the state. `Workspace.to_json` writes the whole state
@@ -44,8 +46,8 @@ MAX_ITEM_CHARS = 100_000
 MAX_ITEMS = 32
 """The most pages with a pasted item in one workspace."""
 
-_KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "selected", "edits",
-         "items", "versions"}
+_KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "selected",
+         "selected_edges", "selected_positions", "edits", "items", "versions"}
 _ITEM_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # a page slug: 'conflicts', 'icl-heads'
 
 _SNIPPET_FLOATS = 16  # edits holding more numbers than this are read from the state file
@@ -108,7 +110,14 @@ class Workspace(param.Parameterized):
     prompts : list of str
         The user's prompts; the first is the one single-prompt pages show (`prompt`).
     selected : list of str
-        Selected components in their one spelling, in the order they were selected.
+        Selected components (heads, MLPs, layers, input, logits) in their one spelling, in
+        the order they were selected.
+    selected_edges : list of str
+        Selected circuit edges, ``"L3.H1->L5.MLP"`` (`explorer.components.Edge`), in order.
+    selected_positions : list of int
+        Selected token positions of the first prompt (0-based; spelled ``P5``), in order.
+        Checked against the prompt's length in tokens when the workspace has the model's
+        tokenizer (`from_model`); a prompt change drops the positions past its end.
     edits : list of Edit
         Active interventions, applied in order by pages that run the model with edits.
     items : dict of str to str
@@ -116,6 +125,8 @@ class Workspace(param.Parameterized):
         -> the pasted text, kept as typed (each page parses it). Plain strings only, at
         most `MAX_ITEM_CHARS` characters each and `MAX_ITEMS` pages.
 
+    `select`, `deselect`, `toggle` and `set_selection` take any of the three kinds (in any
+    spelling `explorer.components.parse_any` reads) and file each under its list.
     Lists are replaced, never changed in place, so watchers of a parameter see every change.
     `Workspace.from_model` fills the model fields from a loaded `explorer.Model`.
     """
@@ -129,13 +140,22 @@ class Workspace(param.Parameterized):
                          doc="The user's prompts; the first is the one pages show.")
     selected = param.List(default=[], item_type=str,
                           doc="Selected components, canonical spelling, in selection order.")
+    selected_edges = param.List(default=[], item_type=str,
+                                doc="Selected circuit edges, canonical spelling, in order.")
+    selected_positions = param.List(default=[], item_type=int,
+                                    doc="Selected token positions of the first prompt, in order.")
     edits = param.List(default=[], item_type=Edit, doc="Active edits, applied in order.")
     items = param.Dict(default={}, doc="The user's pasted items: page slug -> text.")
 
     def __init__(self, **params: Any):
         d_head = params.pop("d_head", None)
         d_model = params.pop("d_model", None)
-        selected = params.pop("selected", [])
+        selected = list(_as_list(params.pop("selected", [])))
+        selected += _as_list(params.pop("selected_edges", []))
+        selected += _as_list(params.pop("selected_positions", []))
+        self._count_tokens = params.pop("count_tokens", None)
+        self._parallel = bool(params.pop("parallel", False))
+        self._token_counts: dict[str, int] = {}
         edits = params.pop("edits", [])
         if "prompts" in params:
             params["prompts"] = _check_prompt_list(params["prompts"])
@@ -143,27 +163,31 @@ class Workspace(param.Parameterized):
             params["items"] = check_items(params["items"])
         super().__init__(**params)
         self._d_head, self._d_model = d_head, d_model
-        self.selected = self._checked_names(selected)
+        self.param.update(**self._sorted_names(selected))
         self.edits = [self._checked_edit(e) for e in edits]
+        self.param.watch(self._positions_follow_prompt, "prompts")  # before any page's watcher
 
     @classmethod
     def from_model(cls, model: Any, **params: Any) -> Workspace:
         """A workspace for a loaded `explorer.Model` (its name and shape)."""
         spec = model.spec
         return cls(model_name=spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                   d_head=spec.d_head, d_model=spec.d_model, **params)
+                   d_head=spec.d_head, d_model=spec.d_model, count_tokens=_token_counter(model),
+                   parallel=_parallel(model), **params)
 
     def set_model(self, model: Any) -> tuple[list[str], list[Edit]]:
         """Move the workspace to another loaded model: its name and shape; the selections and
         edits that do not fit it are dropped. Returns (dropped selections, dropped edits)."""
         spec = model.spec
         self._d_head, self._d_model = spec.d_head, spec.d_model
+        self._count_tokens, self._parallel = _token_counter(model), _parallel(model)
+        self._token_counts = {}
         kept, dropped = [], []
         with param.parameterized.batch_call_watchers(self):
             self.param.update(model_name=spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads)
-            for name in self.selected:
+            for name in self.selection:
                 try:
-                    kept.append(self.component(name))
+                    kept.append(self._checked(name))
                 except InputError:
                     dropped.append(name)
             edits, gone = [], []
@@ -172,7 +196,7 @@ class Workspace(param.Parameterized):
                     edits.append(self._checked_edit(e))
                 except (InputError, ValueError, TypeError):
                     gone.append(e)
-            self.param.update(selected=kept, edits=edits)
+            self.param.update(edits=edits, **self._sorted_names(kept))
         return dropped, gone
 
     # -- prompts ---------------------------------------------------------------------------
@@ -189,6 +213,16 @@ class Workspace(param.Parameterized):
             self.prompts = [text, *self.prompts[1:]]
 
     # -- selection -------------------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int | None:
+        """The first prompt's length in tokens (None when the workspace has no tokenizer)."""
+        if self._count_tokens is None:
+            return None
+        text = self.prompt
+        if text not in self._token_counts:
+            self._token_counts = {text: int(self._count_tokens(text))}  # the latest prompt only
+        return self._token_counts[text]
+
     def component(self, name: str | comp.Component) -> str:
         """``name`` in the one spelling, checked against the model's shape (InputError if bad)."""
         try:
@@ -198,51 +232,97 @@ class Workspace(param.Parameterized):
         except comp.ComponentError as exc:
             raise InputError(f"{exc}.") from None
 
+    def _checked(self, name: Any) -> comp.Component | comp.Edge | comp.Position:
+        """A component, edge or position, checked against the model and the prompt."""
+        try:
+            x = comp.parse_any(name)
+            if isinstance(x, comp.Position):
+                return comp.check_position(x, self.n_tokens)
+            return comp.check_any(x, self.n_layers, self.n_heads, parallel=self._parallel)
+        except comp.ComponentError as exc:
+            raise InputError(f"{exc}.") from None
+
+    def _sorted_names(self, names: Iterable[Any]) -> dict[str, list]:
+        """``names`` checked, once each, filed as {selected, selected_edges, selected_positions}."""
+        out: dict[str, list] = {"selected": [], "selected_edges": [], "selected_positions": []}
+        for name in _as_list(names):
+            x = self._checked(name)
+            key, value = _filed(x)
+            if value not in out[key]:
+                out[key].append(value)
+        return out
+
     def _checked_names(self, names: Iterable[str | comp.Component]) -> list[str]:
-        if isinstance(names, (str, comp.Component)):
-            names = [names]
+        """Components only (what ``selected`` holds), checked, once each."""
         out: list[str] = []
-        for name in names:
+        for name in _as_list(names):
             c = self.component(name)
             if c not in out:
                 out.append(c)
         return out
 
-    def select(self, *names: str | comp.Component) -> list[str]:
-        """Add components to the selection (each once, the newest last); returns their spelling."""
-        new = self._checked_names(names)
-        self.selected = [s for s in self.selected if s not in new] + new
-        return new
+    @property
+    def selection(self) -> list[str]:
+        """Everything selected, in one spelling: components, then edges, then positions."""
+        return ([*self.selected, *self.selected_edges]
+                + [str(comp.Position(p)) for p in self.selected_positions])
 
-    def deselect(self, *names: str | comp.Component) -> None:
-        """Remove components from the selection (names not selected are ignored)."""
-        gone = set(self._checked_names(names))
-        if gone & set(self.selected):
-            self.selected = [s for s in self.selected if s not in gone]
+    def select(self, *names: Any) -> list[str]:
+        """Add components, edges or positions to the selection (each once, the newest last);
+        returns their spelling."""
+        new = self._sorted_names(names)
+        update = {key: [v for v in getattr(self, key) if v not in values] + values
+                  for key, values in new.items() if values}
+        self.param.update(**update)
+        return [_spelled(key, v) for key, values in new.items() for v in values]
 
-    def toggle(self, name: str | comp.Component) -> bool:
+    def deselect(self, *names: Any) -> None:
+        """Remove components, edges or positions from the selection (those not selected are
+        ignored)."""
+        gone = self._sorted_names(names)
+        update = {key: [v for v in getattr(self, key) if v not in values]
+                  for key, values in gone.items() if set(values) & set(getattr(self, key))}
+        if update:
+            self.param.update(**update)
+
+    def toggle(self, name: Any) -> bool:
         """Select ``name`` if it is not selected, else deselect it; True if now selected."""
-        c = self.component(name)
-        if c in self.selected:
-            self.deselect(c)
+        key, value = _filed(self._checked(name))
+        if value in getattr(self, key):
+            self.deselect(name)
             return False
-        self.select(c)
+        self.select(name)
         return True
 
-    def set_selection(self, names: Iterable[str | comp.Component]) -> None:
-        """Replace the selection (e.g. from a multi-choice widget)."""
-        new = self._checked_names(names)
-        if new != self.selected:
-            self.selected = new
+    def set_selection(self, names: Iterable[Any]) -> None:
+        """Replace the whole selection (components, edges and positions; e.g. from a
+        multi-choice widget)."""
+        new = self._sorted_names(names)
+        update = {key: values for key, values in new.items() if values != getattr(self, key)}
+        if update:
+            self.param.update(**update)
 
     def clear_selection(self) -> None:
-        if self.selected:
-            self.selected = []
+        """Drop every selected component, edge and position."""
+        update = {key: [] for key in ("selected", "selected_edges", "selected_positions")
+                  if getattr(self, key)}
+        if update:
+            self.param.update(**update)
 
     @property
     def selected_heads(self) -> list[tuple[int, int]]:
         """(layer, head) of every selected head, in selection order."""
         return [(c.layer, c.head) for c in map(comp.parse, self.selected) if c.is_head]
+
+    @property
+    def edge_pairs(self) -> list[tuple[str, str]]:
+        """(source, target) of every selected edge, each in the component spelling."""
+        return [(str(e.src), str(e.dst)) for e in map(comp.parse_edge, self.selected_edges)]
+
+    def _positions_follow_prompt(self, event: Any) -> None:
+        n = self.n_tokens
+        if n is not None and any(p >= n for p in self.selected_positions):
+            self.selected_positions = [p for p in self.selected_positions if p < n]
 
     # -- edits -----------------------------------------------------------------------------
     def _checked_edit(self, edit: Edit | dict) -> Edit:
@@ -323,6 +403,8 @@ class Workspace(param.Parameterized):
             "n_heads": self.n_heads,
             "prompts": list(self.prompts),
             "selected": list(self.selected),
+            "selected_edges": list(self.selected_edges),
+            "selected_positions": [str(comp.Position(p)) for p in self.selected_positions],
             "edits": [e.to_dict() for e in self.edits],
             "items": dict(self.items),
             "versions": {"explorer": __version__, "torch": torch.__version__,
@@ -395,6 +477,16 @@ class Workspace(param.Parameterized):
         if not isinstance(selected, list) or not all(isinstance(s, str) for s in selected):
             raise InputError("the state's 'selected' must be a list of component names "
                              "(strings such as 'L3.H1').")
+        edges = data.get("selected_edges", [])  # states written before edges travelled: none
+        if not isinstance(edges, list) or not all(isinstance(s, str) for s in edges):
+            raise InputError("the state's 'selected_edges' must be a list of edge names "
+                             "(strings such as 'L3.H1->L5.MLP').")
+        positions = data.get("selected_positions", [])
+        if not isinstance(positions, list) or not all(
+                isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
+                for p in positions):
+            raise InputError("the state's 'selected_positions' must be a list of token "
+                             "positions (strings such as 'P5').")
         edits = data.get("edits", [])
         if not isinstance(edits, list):
             raise InputError("the state's 'edits' must be a list of edit objects.")
@@ -424,6 +516,13 @@ class Workspace(param.Parameterized):
             ws.selected = ws._checked_names(selected)
         except InputError as exc:
             raise InputError(f"the state's selection: {exc}") from None
+        for key, names, what in (("selected_edges", edges, "edges"),
+                                 ("selected_positions", positions, "positions")):
+            try:
+                filed = ws._sorted_names([_as_kind(key, n) for n in names])
+            except InputError as exc:
+                raise InputError(f"the state's selected {what}: {exc}") from None
+            setattr(ws, key, filed[key])
         ws.edits = records
         return ws
 
@@ -433,6 +532,8 @@ class Workspace(param.Parameterized):
             raise InputError(f"the state is for model {other.model_name!r}; this workspace "
                              f"holds {self.model_name!r}.")
         self.param.update(prompts=list(other.prompts), selected=list(other.selected),
+                          selected_edges=list(other.selected_edges),
+                          selected_positions=list(other.selected_positions),
                           edits=list(other.edits), items=dict(other.items))
 
     # -- code ------------------------------------------------------------------------------
@@ -444,6 +545,11 @@ class Workspace(param.Parameterized):
                  f"prompts = {list(self.prompts)!r}"]
         if self.selected:
             lines.append(f"selected = {list(self.selected)!r}  # explorer.components spelling")
+        if self.selected_edges:
+            lines.append(f"selected_edges = {list(self.selected_edges)!r}  # circuit edges")
+        if self.selected_positions:
+            lines.append(f"selected_positions = {list(self.selected_positions)!r}"
+                         "  # token positions of prompts[0]")
         if any(_n_floats(e) > _SNIPPET_FLOATS for e in self.edits):
             lines += ["from pathlib import Path",
                       "from explorer.workspace import Workspace",
@@ -462,10 +568,56 @@ class Workspace(param.Parameterized):
 
     def __repr__(self) -> str:
         return (f"Workspace(model_name={self.model_name!r}, prompts={list(self.prompts)!r}, "
-                f"selected={list(self.selected)!r}, edits={self.edit_labels!r}"
+                f"selected={self.selection!r}, edits={self.edit_labels!r}"
                 + (f", items={sorted(self.items)!r}" if self.items else "") + ")")
 
     __str__ = __repr__
+
+
+_FILED = {comp.Component: "selected", comp.Edge: "selected_edges",
+          comp.Position: "selected_positions"}
+
+
+def _filed(x: comp.Component | comp.Edge | comp.Position) -> tuple[str, str | int]:
+    """(the parameter ``x`` is kept in, the value kept there)."""
+    key = _FILED[type(x)]
+    return key, (x.index if isinstance(x, comp.Position) else str(x))
+
+
+def _spelled(key: str, value: str | int) -> str:
+    return str(comp.Position(value)) if key == "selected_positions" else value
+
+
+def _as_list(names: Any) -> list:
+    if isinstance(names, (str, int, comp.Component, comp.Edge, comp.Position)):
+        return [names]
+    return list(names)
+
+
+def _as_kind(key: str, name: Any) -> Any:
+    """A state's edge or position name, read as that kind (a component name in the edge list
+    is refused as not an edge)."""
+    try:
+        return comp.parse_edge(name) if key == "selected_edges" else comp.parse_position(name)
+    except comp.ComponentError as exc:
+        raise InputError(f"{exc}.") from None
+
+
+def _token_counter(model: Any) -> Any:
+    """A function giving a prompt's length in tokens, as the pages count them."""
+    def count(text: str) -> int:
+        return len(model.tokenize(text).token_ids[0])
+    return count
+
+
+def _parallel(model: Any) -> bool:
+    """Whether the model's MLPs read what their layer's heads read (no head -> own MLP edge)."""
+    from .heads import parallel_attn_mlp
+
+    try:
+        return bool(parallel_attn_mlp(model))
+    except Exception:  # noqa: BLE001 - a family the edge table does not know: sequential
+        return False
 
 
 def _edit_code(edit: Edit) -> str:

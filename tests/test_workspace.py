@@ -54,8 +54,8 @@ def test_every_selection_change_is_seen_by_a_watcher(ws):
     ("L3.H0", r"L3.H0 is out of range: the model has layers 0..2"),
     ("L0.H4", r"heads 0..3"),
     ("L9.MLP", r"layers 0..2"),
-    ("attention 3", r"cannot read component 'attention 3'"),
-    ("", r"cannot read component ''"),
+    ("attention 3", r"cannot read 'attention 3': write a head as L17.H3"),
+    ("", r"cannot read '': write a head as L17.H3"),
 ])
 def test_bad_components_are_refused_with_the_allowed_spelling(ws, name, match):
     with pytest.raises(InputError, match=match):
