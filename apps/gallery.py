@@ -8,12 +8,19 @@ prompt (and its own prompt widget is hidden); each page is built on first visit.
 Every browser session gets its own `Gallery` and views; only loaded models are shared.
 
 A session has one `explorer.workspace.Workspace` (`Gallery.workspace`): the sidebar prompt is
-its prompt, the sidebar shows its selected components (a multi-choice: type a head to add it,
-remove a chip to drop it) and its edit stack (each removable), and exports / imports it as
-JSON. A page with a ``selected`` parameter (the head or component it shows) adds what the user
-picks there to the workspace selection and shows the workspace's newest head; a page with a
-``highlighted`` parameter outlines every selected component; a page with ``set_sources`` (the
-head atlas) reads the Datasets the session's pages hold.
+its prompt, the sidebar shows its selection (components, circuit edges and token positions,
+one chip each: a chip's ✕ drops it; the list under the chips picks a component with the mouse)
+and its edit stack (each removable), and exports / imports it as JSON. What the user types
+goes into the *Add to selection* box, read with the one spelling (``L3.H1``, ``a3.h1->m5``,
+``P5``; `explorer.components.parse_any`): the chips' own search box is hidden, because its
+fuzzy search picks another head when the one typed is already selected or when Enter comes
+before the search has run. A page with a ``selected`` parameter (the head or component it
+shows) adds what the user picks there to the workspace selection and shows the workspace's
+newest head; a page with a ``highlighted`` parameter outlines every selected component; a page
+with a ``selected_edges`` (list of edge names) or ``selected_positions`` (list of token
+positions) parameter gets the workspace's edges / positions and its changes to them (a click)
+select and deselect them in the workspace; a page with ``set_sources`` (the head atlas) reads
+the Datasets the session's pages hold.
 
 Under the selection, a small menu offers what applies to the newest selected component
 (`Gallery.menu_actions`): show a head's attention on the prompt, ablate or scale a head (each
@@ -31,6 +38,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,8 +69,8 @@ from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.interventions import Ablate, Scale
 from explorer.workspace import Workspace, edit_label
 
-__all__ = ["VIEWS", "DEFAULT_PROMPT", "MENU_ACTIONS", "OWN_ITEMS", "Gallery", "create_app",
-           "serve"]
+__all__ = ["VIEWS", "DEFAULT_PROMPT", "MENU_ACTIONS", "OWN_ITEMS", "PAGE_SELECTIONS", "Gallery",
+           "create_app", "serve"]
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
@@ -114,6 +122,17 @@ MENU_ACTIONS: dict[str, tuple[str, str, str]] = {
 # ``use_own(text)`` applies it). Pages not named here are looked up by the default.
 OWN_ITEMS: dict[str, str] = {"conflicts": "_own", "icl-heads": "_own", "unlearning": "_own"}
 _OWN_ITEMS_DEFAULT = "_own"
+
+# The workspace lists a page can share by having a parameter of the same name (a param.List):
+# the gallery keeps the page's list equal to the workspace's, and the page's own changes (a
+# click) select / deselect in the workspace.
+PAGE_SELECTIONS = ("selected_edges", "selected_positions")
+
+# The chips of the sidebar selection: Choices.js's search box is hidden (see the module
+# docstring); the list still opens on a click, and a chip's ✕ still removes it.
+_CHIPS_CSS = """
+input.choices__input[type="search"], input.choices__input--cloned { display: none !important; }
+"""
 
 # a page's parameters that do not change what its snippet says
 _NOT_SNIPPET = {"name", "status", "busy", "running", "progress", "progress_active", "error"}
@@ -180,6 +199,7 @@ class Gallery(pn.viewable.Viewer):
         self._pushing_items = False  # boxes following the workspace: not the user's typing
         self._own_boxes: dict[str, tuple[param.Parameterized, str]] = {}  # slug -> (obj, param)
         self._choices: list[pn.widgets.MultiChoice] = []  # the sidebar's selection widgets
+        self.add_message = ""  # why the last text typed in *Add to selection* was not added
         self._hooks = session_hooks()
         self._hooks.on_remote_status = self._show_remote_status
         self._pages: dict[str, pn.viewable.Viewer] = {}
@@ -195,6 +215,7 @@ class Gallery(pn.viewable.Viewer):
         self.param.watch(self._switch_model, "model_name")
         self.workspace.param.watch(self._prompt_from_workspace, "prompts")
         self.workspace.param.watch(self._share_selection, "selected")
+        self.workspace.param.watch(self._share_page_selections, list(PAGE_SELECTIONS))
         self.workspace.param.watch(self._share_edits, "edits")
         self.workspace.param.watch(self._share_items, "items")
         self.refresh_cache()
@@ -229,6 +250,10 @@ class Gallery(pn.viewable.Viewer):
             if "selected" in view.param:
                 self._selection_to_page(view, self.workspace.selected)
                 view.param.watch(self._selection_from_page, "selected")
+            for name in PAGE_SELECTIONS:
+                if isinstance(view.param[name] if name in view.param else None, param.List):
+                    setattr(view, name, list(getattr(self.workspace, name)))
+                    view.param.watch(self._page_selection_changed, name)
             if "edits" in view.param:  # the page runs the model with the workspace's edits
                 view.edits = list(self.workspace.edits)
             self._pages[slug] = view
@@ -356,6 +381,53 @@ class Gallery(pn.viewable.Viewer):
         finally:
             self._pushing_selection = False
 
+    def _page_selection_changed(self, event: Any) -> None:
+        """A page changed its edges or positions (a click): the workspace follows."""
+        if self._pushing_selection:
+            return
+        old, new = list(event.old or []), list(event.new or [])
+        try:
+            gone = [n for n in old if n not in new]
+            if gone:
+                self.workspace.deselect(*gone)
+            added = [n for n in new if n not in old]
+            if added:
+                self.workspace.select(*added)
+        except InputError as exc:
+            theme.notify("warning", str(exc), duration=4000)
+        finally:  # the page shows what the workspace took (a refused pick is undone)
+            kept = list(getattr(self.workspace, event.name))
+            if list(getattr(event.obj, event.name)) != kept:
+                self._pushing_selection = True
+                try:
+                    setattr(event.obj, event.name, kept)
+                finally:
+                    self._pushing_selection = False
+
+    def _share_page_selections(self, *events: Any) -> None:
+        self._pushing_selection = True
+        try:
+            for event in events:
+                for view in self._pages.values():
+                    if (event.name in view.param
+                            and list(getattr(view, event.name)) != list(event.new)):
+                        setattr(view, event.name, list(event.new))
+        finally:
+            self._pushing_selection = False
+
+    def add_to_selection(self, text: str) -> list[str]:
+        """Select what ``text`` names: components, edges (``L3.H1->L5.MLP``) and positions
+        (``P5``), separated by commas or semicolons. Returns the names added; for text that
+        cannot be read nothing is added and `add_message` says why (also raised)."""
+        parts = [t.strip() for t in re.split(r"[,;]", text or "") if t.strip()]
+        try:
+            added = self.workspace.select(*parts) if parts else []
+        except InputError as exc:
+            self.add_message = str(exc)
+            raise
+        self.add_message = ""
+        return added
+
     def _share_edits(self, event: Any) -> None:
         for view in self._pages.values():
             if "edits" in view.param and list(view.edits) != list(event.new):
@@ -421,7 +493,7 @@ class Gallery(pn.viewable.Viewer):
         self._model = model
         dropped, gone = self.workspace.set_model(model)
         for choice in self._choices:
-            choice.options = self._component_options()
+            choice.options = self._selection_options()
         pending, self._pending_state = self._pending_state, None
         if pending is not None and pending.model_name == model.spec.name:
             try:  # checked against the loaded model's shape now
@@ -659,6 +731,11 @@ class Gallery(pn.viewable.Viewer):
             out += [str(components.mlp(layer)), str(components.layer(layer))]
         return [*out, "input", "logits"]
 
+    def _selection_options(self) -> list[str]:
+        """The chips' options: every component, then the selected edges and positions."""
+        ws = self.workspace
+        return self._component_options() + [n for n in ws.selection if n not in set(ws.selected)]
+
     def _edit_rows(self, edits: list) -> pn.Column:
         rows = []
         for i, label in enumerate(self.workspace.edit_labels):
@@ -675,27 +752,59 @@ class Gallery(pn.viewable.Viewer):
     def workspace_widgets(self) -> list[pn.viewable.Viewable]:
         """The sidebar's workspace part: selection, edit stack, export / import, code."""
         ws = self.workspace
-        choice = pn.widgets.MultiChoice(label="Selected components", options=self._component_options(),
-                                        value=list(ws.selected), sizing_mode="stretch_width",
-                                        placeholder="Type a head, e.g. L3.H1",
-                                        css_classes=["workspace-selection"])
+        choice = pn.widgets.MultiChoice(
+            label="Selected (✕ drops one; click to pick a component)",
+            options=self._selection_options(), value=ws.selection, sizing_mode="stretch_width",
+            css_classes=["workspace-selection"], stylesheets=[_CHIPS_CSS],
+            description="The workspace's selection: components, circuit edges and token "
+                        "positions. Type in the box below to add by name.")
+        add = pn.widgets.TextInput(
+            label="Add to selection", placeholder="L3.H1, L3.H1->L5.MLP, P5 (Enter)",
+            sizing_mode="stretch_width", css_classes=["workspace-add"],
+            description="A head (L3.H1), an MLP (L3.MLP), a layer (L3), input / logits, a "
+                        "circuit edge (L3.H1->L5.MLP) or a token position of the prompt (P5); "
+                        "several separated by commas. Press Enter to add.")
+        message = pn.pane.Markdown("", visible=False, margin=(0, 10),
+                                   styles={"color": "#b00020", "font-size": "0.9em"},
+                                   css_classes=["workspace-add-message"])
 
         def from_widget(event: Any) -> None:
+            # the chips list in option order: take what was added or dropped, keeping the
+            # workspace's selection order (the menu follows the newest)
+            now = ws.selection
             try:
-                ws.set_selection(event.new)
+                gone = [n for n in now if n not in event.new]
+                if gone:
+                    ws.deselect(*gone)
+                added = [n for n in event.new if n not in now]
+                if added:
+                    ws.select(*added)
             except InputError as exc:
                 theme.notify("warning", str(exc), duration=4000)
+                to_widget()
 
-        def to_widget(event: Any) -> None:
-            options = self._component_options()
+        def to_widget(*_: Any) -> None:
+            options = self._selection_options()
             if choice.options != options:
                 choice.options = options
-            if list(choice.value) != list(event.new):
-                choice.value = list(event.new)
+            if list(choice.value) != ws.selection:
+                choice.value = ws.selection
+
+        def typed(event: Any) -> None:
+            if not (event.new or "").strip():
+                return
+            try:
+                self.add_to_selection(event.new)
+            except InputError:
+                message.object, message.visible = self.add_message, True
+                return
+            message.object, message.visible = "", False
+            add.value = ""  # the same name typed again is a new event
 
         self._choices.append(choice)
         choice.param.watch(from_widget, "value")
-        ws.param.watch(to_widget, "selected")
+        add.param.watch(typed, "value")
+        ws.param.watch(to_widget, ["selected", *PAGE_SELECTIONS])
         ablate = pn.widgets.Button(label="Ablate selected heads", color="light",
                                    sizing_mode="stretch_width", css_classes=["ablate-selected"])
         ablate.on_click(self.ablate_selected)
@@ -707,9 +816,11 @@ class Gallery(pn.viewable.Viewer):
                                       css_classes=["import-state"])
         upload.param.watch(self._state_file, "value")
         code = pn.pane.Markdown(pn.bind(lambda *_: "```python\n" + ws.copy_as_code() + "```",
-                                        ws.param.prompts, ws.param.selected, ws.param.edits),
+                                        ws.param.prompts, ws.param.selected,
+                                        ws.param.selected_edges, ws.param.selected_positions,
+                                        ws.param.edits),
                                 sizing_mode="stretch_width", css_classes=["workspace-code"])
-        return [pn.pane.Markdown("### Workspace"), choice,
+        return [pn.pane.Markdown("### Workspace"), choice, add, message,
                 pn.bind(self.component_menu, ws.param.selected),
                 pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,
                 export, pn.pane.Markdown("Import state (JSON):"), upload,
