@@ -129,10 +129,12 @@ class _SharedInputQKV(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_heads, norm, W_shared, b_shared, W_heads, rep, n_heads, d_head):
-        # x_heads [head, prompt, pos, d_model] with stride 0 over head: one input read H times
+        # x_heads [head, prompt, pos, d_model] with stride 0 over head: one input read H times;
+        # or [3*head, ...]: each head's query, key and value inputs (the q/k/v-split graph)
         x0 = x_heads[0]                                                 # [prompt, pos, d_model]
         ctx.save_for_backward(x0, W_heads)
         ctx.norm = norm
+        ctx.split = x_heads.shape[0] == 3 * n_heads
         return _shared_qkv(x0, norm, W_shared, b_shared, rep, n_heads, d_head)
 
     @staticmethod
@@ -140,10 +142,17 @@ class _SharedInputQKV(torch.autograd.Function):
         x0, W_heads = ctx.saved_tensors                                 # W_heads [head, d_model, 3*d_head]
         H = W_heads.shape[0]
         b, p, d = x0.shape
-        dqkv = torch.cat([dq, dk, dv], dim=-1).transpose(0, 1).reshape(H, b * p, -1)
-        dnormed = torch.bmm(dqkv, W_heads.transpose(1, 2)).view(H, b, p, d)  # [head, prompt, pos, d_model]
+        if ctx.split:  # each of q, k, v through its own slice of the weights: [3*head, ...]
+            dh = W_heads.shape[-1] // 3
+            parts = [torch.bmm(g.transpose(0, 1).reshape(H, b * p, dh),
+                               W_heads[:, :, i * dh:(i + 1) * dh].transpose(1, 2))
+                     for i, g in enumerate((dq, dk, dv))]
+            dnormed = torch.cat(parts, dim=0).view(3 * H, b, p, d)      # [3*head, prompt, pos, d_model]
+        else:
+            dqkv = torch.cat([dq, dk, dv], dim=-1).transpose(0, 1).reshape(H, b * p, -1)
+            dnormed = torch.bmm(dqkv, W_heads.transpose(1, 2)).view(H, b, p, d)  # [head, prompt, pos, d_model]
         _, norm_vjp = torch.func.vjp(ctx.norm, x0)
-        (dx,) = torch.func.vmap(norm_vjp)(dnormed)                      # [head, prompt, pos, d_model]
+        (dx,) = torch.func.vmap(norm_vjp)(dnormed)                      # [head(s), prompt, pos, d_model]
         return dx, None, None, None, None, None, None, None
 
 
@@ -363,11 +372,27 @@ class HeadEngine:
         return (out.float() * (scale * gain)).to(out.dtype)
 
     def heads(self, layer: int, x: torch.Tensor, mask: torch.Tensor, ctx: dict) -> torch.Tensor:
-        """Per-head inputs [head, prompt, pos, d_model] -> head writes [head, prompt, pos, d_model]."""
+        """Per-head inputs [head, prompt, pos, d_model] -> head writes [head, prompt, pos, d_model].
+
+        ``x`` may also be [3*head, prompt, pos, d_model]: every head's query input, then every
+        head's key input, then every head's value input (the q/k/v-split graph of Hanna et
+        al. 2024, TransformerLens's ``use_split_qkv_input``): each is normalised on its own
+        and projected by its own part of the weights. Under grouped-query attention each
+        query head has its own key and value input (its own copy of its group's projection).
+        """
         norm = self.attn_norm[layer]
+        H, dh = self.n_heads, self.d_head
+        if x.shape[0] not in (H, 3 * H):
+            raise ValueError(f"heads() takes {H} or {3 * H} inputs; got {x.shape[0]}.")
         if x.stride(0) == 0:  # every head reads the same stream: normalise and project it once
             q, k, v = _SharedInputQKV.apply(x, norm, self.W_shared[layer], self.b_shared[layer],
-                                            self.W[layer], self.rep, self.n_heads, self.d_head)
+                                            self.W[layer], self.rep, H, dh)
+        elif x.shape[0] == 3 * H:   # separate query, key and value inputs
+            normed = norm(x)                                            # [3*head, prompt, pos, d_model]
+            W, bias = self.W[layer], self.b[layer]
+            q, k, v = (self.project(normed[i * H:(i + 1) * H], W[:, :, i * dh:(i + 1) * dh],
+                                    None if bias is None else bias[:, i * dh:(i + 1) * dh], 1)[0]
+                       for i in range(3))                               # [prompt, head, pos, d_head]
         else:
             normed = norm(x)                                            # [head, prompt, pos, d_model]
             q, k, v = self.project(normed, self.W[layer], self.b[layer], 3)  # [prompt, head, pos, d_head]

@@ -42,13 +42,39 @@ LONG_PAIRS = CircuitTask(
     answer=[" Rome", " quick"], wrong=[" Paris", " lazy"], name="long")
 
 
-def _arch_hook_scores(model, task, layer):
+def _qkv_columns(arch, block, heads, g, dh, d, parts="qkv"):
+    """{projection module: output columns} of ``parts`` of the query heads ``heads`` (KV
+    group ``g``), in the family's q/k/v layout."""
+    from explorer.models import _get_path
+
+    if arch.qkv_layout == "separate":
+        q, k, v = (_get_path(block, p) for p in arch.qkv_paths)
+        kv = [g * dh + i for i in range(dh)]
+        cols = {q: [h * dh + i for h in heads for i in range(dh)], k: kv, v: kv}
+        return {mod: c for mod, c, part in zip((q, k, v), cols.values(), "qkv") if part in parts}
+    idx = ["qkv".index(p) for p in parts]
+    if arch.qkv_layout == "blocks":   # GPT-2 c_attn: q | k | v blocks of d columns
+        return {_get_path(block, arch.qkv_paths[0]):
+                [part * d + h * dh + i for part in idx for h in heads for i in range(dh)]}
+    # GPT-NeoX: [head, q|k|v, d_head] columns
+    return {_get_path(block, arch.qkv_paths[0]):
+            [h * 3 * dh + part * dh + i for h in heads for part in idx for i in range(dh)]}
+
+
+def _arch_hook_scores(model, task, layer, *, split=False, alphas=(1.0,)):
     """EAP by hand on any family, from its ArchSpec paths: node outputs from hooks on
     model.hf (embedding (+ positions), o_proj inputs sliced by head -- through the post-
     attention norm where the family has one, as the factor that norm applies -- and MLP
     writes), and gradients w.r.t. zero perturbations added where only one destination reads:
     each KV group of layer ``layer`` (its q/k/v columns recomputed from the perturbed
     stream), that layer's MLP (its norm's input) and the logits (the final norm's input).
+
+    ``split``: the q/k/v-split graph's destinations instead of the groups: each query head's
+    query input (``a{layer}.h{h}<q>``, its q columns alone recomputed from its own perturbed
+    stream) and each group's key and value inputs (``group{g}<k>``, ``<v>``; a query head's
+    own key input cannot be hooked, the sum over its group can). ``alphas``: the gradient is
+    the mean over runs whose input embeddings are the corrupted ones plus alpha times the
+    clean minus corrupted ones (EAP-IG; (1.0,) is EAP).
     Returns ({(src, dst): score}, group -> heads)."""
     from explorer.models import _get_path
 
@@ -64,18 +90,18 @@ def _arch_hook_scores(model, task, layer):
     groups, members = {}, {}
     for g in range(G):
         heads = list(range(g * H // G, (g + 1) * H // G))
-        members[f"group{g}"] = heads
-        if arch.qkv_layout == "separate":
-            q, k, v = (_get_path(block, p) for p in arch.qkv_paths)
-            kv = [g * dh + i for i in range(dh)]
-            cols = {q: [h * dh + i for h in heads for i in range(dh)], k: kv, v: kv}
-        elif arch.qkv_layout == "blocks":   # GPT-2 c_attn: q | k | v blocks of d columns
-            cols = {_get_path(block, arch.qkv_paths[0]):
-                    [part * d + h * dh + i for part in range(3) for h in heads for i in range(dh)]}
-        else:                               # GPT-NeoX: [head, q|k|v, d_head] columns
-            cols = {_get_path(block, arch.qkv_paths[0]):
-                    [h * 3 * dh + i for h in heads for i in range(3 * dh)]}
-        groups[f"group{g}"] = (None, "attn", (norm, cols))
+        if not split:
+            members[f"group{g}"] = heads
+            groups[f"group{g}"] = (None, "attn", (norm, _qkv_columns(arch, block, heads, g, dh, d)))
+            continue
+        for h in heads:
+            members[f"a{layer}.h{h}<q>"] = [h]
+            groups[f"a{layer}.h{h}<q>"] = (None, "attn",
+                                           (norm, _qkv_columns(arch, block, [h], g, dh, d, "q")))
+        for part in "kv":
+            members[f"group{g}<{part}>"] = heads
+            groups[f"group{g}<{part}>"] = (None, "attn",
+                                           (norm, _qkv_columns(arch, block, heads, g, dh, d, part)))
     groups[f"m{layer}"] = (_get_path(block, arch.mlp_norm_path), "pre", None)
     groups["logits"] = (model.final_norm_module, "pre", None)
 
@@ -114,12 +140,18 @@ def _arch_hook_scores(model, task, layer):
             node[f"m{lay}"] = outs[f"m{lay}"]
         return node, logits
 
+    embed = _get_path(model.hf, arch.embed_path)
     with torch.no_grad():
         corrupt_nodes, _ = node_outputs(ids_corrupt)
-    leaves = {dst: torch.zeros(*ids_clean.shape, d, requires_grad=True) for dst in groups}
+        clean_nodes, _ = node_outputs(ids_clean)
+        corrupt_emb = embed(ids_corrupt)
+    leaves = {}
 
-    def perturb():
+    def perturb(alpha):
         handles, cache = [], {}
+        if alpha != 1.0:   # interpolated token embeddings (positions are the same in both)
+            handles.append(embed.register_forward_hook(
+                lambda m, a, o: corrupt_emb + alpha * (o - corrupt_emb)))
         for dst, (module, kind, info) in groups.items():
             leaf = leaves[dst]
             if kind == "pre":
@@ -140,11 +172,15 @@ def _arch_hook_scores(model, task, layer):
                 handles.append(proj.register_forward_hook(_guard(hook)))
         return handles
 
-    with torch.enable_grad():
-        clean_nodes, logits = node_outputs(ids_clean, perturb)
-        rows = torch.arange(len(task))
-        metric = (logits[rows, ans] - logits[rows, wrong]).sum()
-        grads = torch.autograd.grad(metric, [leaves[dst] for dst in groups])
+    grads = [0.0] * len(groups)
+    for alpha in alphas:
+        leaves.update({dst: torch.zeros(*ids_clean.shape, d, requires_grad=True) for dst in groups})
+        with torch.enable_grad():
+            _, logits = node_outputs(ids_clean, lambda: perturb(alpha))
+            rows = torch.arange(len(task))
+            metric = (logits[rows, ans] - logits[rows, wrong]).sum()
+            step = torch.autograd.grad(metric, [leaves[dst] for dst in groups])
+        grads = [a + b / len(alphas) for a, b in zip(grads, step)]
     out = {}
     for dst, g in zip(groups, grads):
         for src in clean_nodes:

@@ -15,6 +15,11 @@ Two rules build the circuit of n edges from the edge scores (`SELECTION_RULES`):
   logits and repeatedly add the highest-|score| edge INTO a node already in the circuit, so
   every chosen edge leads to the logits; then prune dead nodes (`prune_dead_nodes`).
 
+Both work on the q/k/v-split graph too (`circuits.edge_scores(split_qkv=True)`), as the
+library does: an edge into a head's query, key or value input is an edge into the head, so a
+head joins the circuit (and its in-edges become greedy candidates) through any of the three,
+and patching keeps the other inputs' edges at their corrupted values.
+
 `rule_faithfulness_curve` measures either rule's curve by patching (`circuits.
 patch_edges_metric`), with per-pair values for bootstrap intervals (`bootstrap_recovered`);
 `choose_default_circuit` is the one call that picks the circuit a page opens on.
@@ -30,7 +35,8 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_int
-from explorer.analyses.circuits import faithfulness_curve, patch_edges_metric, select_circuit
+from explorer.analyses.circuits import (faithfulness_curve, node_of, patch_edges_metric,
+                                        select_circuit)
 
 __all__ = ["CircuitChoice", "smallest_faithful_circuit", "readable_sizes", "READABLE_TARGETS",
            "SELECTION_RULES", "greedy_circuit", "prune_dead_nodes", "circuit_by_rule",
@@ -171,7 +177,9 @@ def _edge_nodes(scores: xr.Dataset) -> tuple[list[str], np.ndarray, np.ndarray]:
         raise TypeError("`scores` must be the Dataset returned by edge_scores (a `score` "
                         f"variable over `edge` with `src` and `dst`); got {type(scores).__name__}.")
     src = [str(s) for s in scores["src"].values]
-    dst = [str(d) for d in scores["dst"].values]
+    # the q/k/v-split graph: an edge into a head's query, key or value input leads into the
+    # head (hannamw/EAP-IG: such an edge's child is the AttentionNode)
+    dst = [node_of(str(d)) for d in scores["dst"].values]
     names = sorted(set(src) | set(dst), key=_node_rank)
     index = {n: i for i, n in enumerate(names)}
     return names, np.array([index[s] for s in src], dtype=int), \

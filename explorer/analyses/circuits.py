@@ -8,6 +8,17 @@ key and value are all computed from the same (per-head) copy of the residual str
 head is one downstream node, not three. With grouped-query attention each head gets its own
 copy of its group's key/value projection, so every query head can have its own input.
 
+With ``split_qkv=True`` (`edge_scores`) the graph is the one of Hanna et al. 2024's code
+(hannamw/EAP-IG, TransformerLens's ``use_split_qkv_input``): each head reads the stream
+through THREE inputs, its query, key and value inputs, each normalised on its own, and an
+edge into a head ends at one of them (``dst`` spelled ``a{layer}.h{head}<q>``, ``<k>``,
+``<v>``, the library's edge names; ``dst_node`` names the head). SmolLM2-135M has 123,211
+such edges against 44,371. Under grouped-query attention the library ungroups the key/value
+heads, so each query head has its own key and value input here too. At an unpatched run the
+three inputs are the same tensor, so the gradient w.r.t. a head's combined input is the sum
+of the three (chain rule) and an edge's q, k and v scores sum to its combined score, for EAP
+and for this EAP-IG (whose runs interpolate the input embeddings only; tested).
+
 Edge scores (Syed et al. 2023, EAP; Hanna et al. 2024, EAP-IG), for an edge u -> v::
 
     score(u -> v) = sum over positions of (z_u(corrupt) - z_u(clean)) . dM/d(input of v)
@@ -79,6 +90,10 @@ __all__ = [
     "METHODS",
     "METRICS",
     "UnsupportedModelError",
+    "QKV",
+    "node_of",
+    "input_of",
+    "is_split",
     "edge_scores",
     "select_circuit",
     "circuit_nodes",
@@ -117,6 +132,7 @@ class CircuitGraph:
     n_layers: int
     n_heads: int
     parallel: bool = False
+    split_qkv: bool = False
 
     def layer_of(self, node: str) -> int:
         """Layer of a node: ``a{L}.h{H}`` and ``m{L}`` -> L, ``input`` -> 0, ``logits`` -> last.
@@ -132,11 +148,46 @@ class CircuitGraph:
 
     @property
     def destinations(self) -> tuple[str, ...]:
-        """Nodes that read the residual stream (all but ``input``), in forward order."""
-        return self.nodes[1:]
+        """Node inputs that read the residual stream, in forward order: every node but
+        ``input``; with ``split_qkv`` each layer's heads as their query inputs
+        (``a{L}.h{H}<q>``), then their key and their value inputs, then the MLP."""
+        if not self.split_qkv:
+            return self.nodes[1:]
+        return _destinations(self.n_layers, self.n_heads, True)
+
+
+QKV = ("q", "k", "v")
+
+
+def _destinations(n_layers: int, n_heads: int, split_qkv: bool) -> tuple[str, ...]:
+    out = []
+    for layer in range(n_layers):
+        heads = [f"a{layer}.h{h}" for h in range(n_heads)]
+        out += [f"{n}<{part}>" for part in QKV for n in heads] if split_qkv else heads
+        out.append(f"m{layer}")
+    return tuple(out + ["logits"])
+
+
+def node_of(dst: str) -> str:
+    """The node a destination belongs to: ``a3.h1<k>`` -> ``a3.h1``; other names unchanged."""
+    return dst[:-3] if dst.endswith(("<q>", "<k>", "<v>")) else dst
+
+
+def input_of(dst: str) -> str:
+    """Which input of its head a destination is: ``"q"``, ``"k"``, ``"v"``, or ``""`` (a
+    combined head input, an MLP, the logits)."""
+    return dst[-2] if dst.endswith(("<q>", "<k>", "<v>")) else ""
+
+
+def is_split(scores: xr.Dataset) -> bool:
+    """Whether edge scores are over the q/k/v-split graph (`edge_scores(split_qkv=True)`)."""
+    if "split_qkv" in scores.attrs:
+        return bool(scores.attrs["split_qkv"])
+    return any(input_of(str(d)) for d in scores["dst"].values)
 
 
 def _layer_of(node: str, n_layers: int) -> int:
+    node = node_of(node)
     if node == "input":
         return 0
     if node == "logits":
@@ -152,42 +203,60 @@ def _layer_of(node: str, n_layers: int) -> int:
                      "'m{layer}' and 'logits'.")
 
 
-def _graph(n_layers: int, n_heads: int, parallel: bool = False) -> CircuitGraph:
+def _graph(n_layers: int, n_heads: int, parallel: bool = False,
+           split_qkv: bool = False) -> CircuitGraph:
     nodes = ["input"]
     for layer in range(n_layers):
         nodes += [f"a{layer}.h{h}" for h in range(n_heads)] + [f"m{layer}"]
     nodes.append("logits")
-    valid = _valid_mask(n_layers, n_heads, parallel)
-    src, dst = nodes[:-1], nodes[1:]
+    valid = _valid_mask(n_layers, n_heads, parallel, split_qkv)
+    src, dst = nodes[:-1], _destinations(n_layers, n_heads, split_qkv)
     s_idx, t_idx = np.nonzero(valid)
     edges = tuple((src[s], dst[t]) for s, t in zip(s_idx, t_idx))
-    return CircuitGraph(tuple(nodes), edges, n_layers, n_heads, parallel)
+    return CircuitGraph(tuple(nodes), edges, n_layers, n_heads, parallel, split_qkv)
 
 
-def _valid_mask(n_layers: int, n_heads: int, parallel: bool = False) -> np.ndarray:
+def _dst_layout(n_heads: int, split_qkv: bool) -> tuple[int, int]:
+    """(destinations per layer, head inputs per layer): (H+1, H), or split (3H+1, 3H)."""
+    n_in = 3 * n_heads if split_qkv else n_heads
+    return n_in + 1, n_in
+
+
+def _valid_mask(n_layers: int, n_heads: int, parallel: bool = False,
+                split_qkv: bool = False) -> np.ndarray:
     """[src, dst] True where src writes before dst reads.
 
-    src index: 0 input, 1 + l*(H+1) + h head, 1 + l*(H+1) + H MLP. dst index: the same node's
-    src index minus 1; the logits are dst L*(H+1). With ``parallel`` an MLP reads what its
+    src index: 0 input, 1 + l*(H+1) + h head, 1 + l*(H+1) + H MLP. dst index: layer l's head
+    inputs from l*S (S = H+1: one per head; split, S = 3H+1: the H query, H key, H value
+    inputs), its MLP at l*S + S-1, the logits at L*S. With ``parallel`` an MLP reads what its
     layer's heads read (not their writes).
     """
     stride = n_heads + 1
+    d_stride, n_in = _dst_layout(n_heads, split_qkv)
     n_src = 1 + n_layers * stride
-    n_dst = n_layers * stride + 1
+    n_dst = n_layers * d_stride + 1
     valid = np.zeros((n_src, n_dst), dtype=bool)
     for layer in range(n_layers):
-        base = layer * stride
-        valid[:1 + base, base:base + n_heads] = True        # heads read earlier layers
+        base, dbase = layer * stride, layer * d_stride
+        valid[:1 + base, dbase:dbase + n_in] = True         # heads read earlier layers
         # the MLP reads its own layer's heads, or (parallel) only what they read
-        valid[:1 + base + (0 if parallel else n_heads), base + n_heads] = True
+        valid[:1 + base + (0 if parallel else n_heads), dbase + n_in] = True
     valid[:, n_dst - 1] = True                               # logits read everything
     return valid
 
 
-def circuit_graph(model: Model) -> CircuitGraph:
-    """The head/MLP graph of ``model`` (see the module docstring for which edges exist)."""
+def circuit_graph(model: Model, *, split_qkv: bool = False) -> CircuitGraph:
+    """The head/MLP graph of ``model`` (see the module docstring for which edges exist);
+    ``split_qkv``: each head's query, key and value inputs are separate destinations."""
     _check_family(model)  # raises for unsupported families
-    return _graph(model.n_layers, model.spec.n_heads, parallel_attn_mlp(model))
+    return _graph(model.n_layers, model.spec.n_heads, parallel_attn_mlp(model),
+                  _check_bool("split_qkv", split_qkv))
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False; got {value!r}.")
+    return bool(value)
 
 
 # -- the per-node forward: the core's per-head engine -------------------------------------------
@@ -256,7 +325,8 @@ def _patched_input(resid: torch.Tensor, corrupt_resid: torch.Tensor, diff: torch
 
 def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None,
              patch: tuple[_Run, torch.Tensor] | None = None, start: int = 0,
-             past: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> _Run:
+             past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+             split_qkv: bool = False) -> _Run:
     """One run over the node graph.
 
     Without ``patch`` every node reads the running residual stream (the model's own forward).
@@ -268,11 +338,18 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
     ``start`` (unpatched runs): only the positions from ``start`` on, the heads reading the
     earlier positions' keys and values from ``past`` (`HeadEngine.prefix_kv`); ``embeds``,
     the outputs and the inputs then cover those positions only.
+
+    ``split_qkv``: each head reads three inputs (query, key, value; the heads' group of
+    ``inputs`` is then [3*head, ...]); a patched run is split when ``keep`` has the split
+    graph's destinations.
     """
     if patch is not None and start:
         raise ValueError("a patched run covers every position (start=0).")
     L, H = ad.n_layers, ad.n_heads
     parallel = getattr(ad, "parallel", False)
+    if patch is not None:
+        split_qkv = patch[1].shape[1] == L * (3 * H + 1) + 1
+    d_stride, n_in = _dst_layout(H, split_qkv)
     x0 = ad.embed(batch)[:, start:] if embeds is None else embeds   # [prompt, pos, d_model]
     b, p, d = x0.shape
     ctx = ad.prepare(x0, batch) if past is None else ad.prepare(x0, batch, start, past=past)
@@ -289,13 +366,14 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
         diff[0] = x0 - corrupt.outs[0]
     resid = x0
     for layer in range(L):
-        base = layer * stride
+        base, dbase = layer * stride, layer * d_stride
         g = 2 * layer  # destination group index: heads of layer, then its MLP
         if patch is None:
-            x_heads = resid[None].expand(H, b, p, d)        # [head, prompt, pos, d_model]
+            x_heads = resid[None].expand(n_in, b, p, d)     # [head (x3 split), prompt, pos, d_model]
         else:
             n = 1 + base
-            x_heads = _patched_input(resid, corrupt.resid_in[g], diff[:n], keep[:n, base:base + H])
+            x_heads = _patched_input(resid, corrupt.resid_in[g], diff[:n],
+                                     keep[:n, dbase:dbase + n_in])
         inputs.append(x_heads)
         resid_in.append(resid)
         resid_pre = resid
@@ -312,7 +390,7 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
             diff[1 + base:1 + base + H] = head_out - corrupt.outs[1 + base:1 + base + H]
             n = 1 + base + (0 if parallel else H)
             x_mlp = _patched_input(mlp_reads, corrupt.resid_in[g + 1], diff[:n],
-                                   keep[:n, base + H:base + H + 1])
+                                   keep[:n, dbase + n_in:dbase + n_in + 1])
         inputs.append(x_mlp)
         resid_in.append(mlp_reads)
         mlp_out = ad.mlp(layer, x_mlp[0])                     # [prompt, pos, d_model]
@@ -380,9 +458,9 @@ def _graph_shape(model: Model, ad: HeadEngine | None) -> tuple[int, int, bool]:
     return ad.n_layers, ad.n_heads, getattr(ad, "parallel", False)
 
 
-def _ad_valid(ad: HeadEngine) -> np.ndarray:
+def _ad_valid(ad: HeadEngine, split_qkv: bool = False) -> np.ndarray:
     """The [src, dst] edge mask of the engine's graph."""
-    return _valid_mask(ad.n_layers, ad.n_heads, getattr(ad, "parallel", False))
+    return _valid_mask(ad.n_layers, ad.n_heads, getattr(ad, "parallel", False), split_qkv)
 
 
 def _check_common(model: Model, task: Any, metric: str, batch_size: Any,
@@ -419,7 +497,8 @@ def _frozen(model: Model):
 
 def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: int = 5,
                 metric: str = "logit_diff", batch_size: int = 16,
-                lora: LoRAWeights | None = None, progress: Progress = None) -> xr.Dataset:
+                lora: LoRAWeights | None = None, split_qkv: bool = False,
+                progress: Progress = None) -> xr.Dataset:
     """Attribution score of every edge of the head/MLP graph (EAP or EAP-IG).
 
     Parameters
@@ -446,15 +525,21 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
         `circuit_lora.read_checkpoint`) without merging them into a copy: merged into the
         attention weights the circuit forward reads, added by hooks to the MLP. This is how
         a remote model's fine-tuned circuits are scored; a local model may use it too.
+    split_qkv : bool, default=False
+        Score the graph of Hanna et al. 2024's code: each head's query, key and value inputs
+        are separate destinations (``dst`` ``a{L}.h{H}<q>`` / ``<k>`` / ``<v>``; SmolLM2:
+        123,211 edges instead of 44,371). An edge's three scores sum to its combined score.
     progress : callable(done, total) or bool, optional
 
     Returns
     -------
     xr.Dataset
         ``score`` (edge): estimated change of the mean metric when the edge alone is patched
-        to its corrupted value. Coordinates ``src``, ``dst`` (node names), ``src_layer``,
-        ``dst_layer`` (`CircuitGraph.layer_of`). Attrs: provenance, ``task``, ``n_prompts``,
-        ``clean_metric`` and ``corrupt_metric`` (means over prompts), ``n_layers``, ``n_heads``.
+        to its corrupted value. Coordinates ``src``, ``dst`` (node names; split: head inputs),
+        ``src_layer``, ``dst_layer`` (`CircuitGraph.layer_of`), and with ``split_qkv``
+        ``dst_node`` (the head of a q/k/v input) and ``dst_input`` ("q", "k", "v" or "").
+        Attrs: provenance, ``task``, ``n_prompts``, ``clean_metric`` and ``corrupt_metric``
+        (means over prompts), ``n_layers``, ``n_heads``, ``split_qkv``.
 
     References
     ----------
@@ -463,11 +548,12 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     check_choice("method", method, METHODS)
     steps = check_int("steps", steps, low=1, high=1000)
     ad, task, batch_size = _check_common(model, task, metric, batch_size, lora)
+    split_qkv = _check_bool("split_qkv", split_qkv)
     if method == "eap" and metric == "kl":
         raise InputError("metric='kl' has zero gradient at the clean run, so every EAP score would "
                          "be 0; use method='eap-ig' with metric='kl', or metric='logit_diff'.")
     n_layers, n_heads, parallel = _graph_shape(model, ad)
-    graph = _graph(n_layers, n_heads, parallel)
+    graph = _graph(n_layers, n_heads, parallel, split_qkv)
     n = len(task)
     batches = _batches(n, batch_size)
     step = progress_steps(n, progress, unit="prompt", desc=f"{method} scores")
@@ -480,10 +566,11 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
                 prep = _prepare(model, task, rows)
                 if ad is None:  # remote: the batch runs on the server, its scores come back
                     scores, m_clean, m_corrupt = run_on_weights(model, _eap_batch, prep, method,
-                                                                steps, metric, lora)
+                                                                steps, metric, lora, split_qkv)
                 else:
                     scores, m_clean, m_corrupt = _eap_batch(ad, prep.to(_weights_device(model)),
-                                                            method, steps, metric)
+                                                            method, steps, metric,
+                                                            split_qkv=split_qkv)
                 total += scores.double()
                 clean_sum += m_clean
                 corrupt_sum += m_corrupt
@@ -495,16 +582,17 @@ def edge_scores(model: Model, task: CircuitTask, *, method: str = "eap", steps: 
     dst = [e[1] for e in graph.edges]
     attrs = provenance(model, method=f"circuit_{method.replace('-', '_')}", task=task.name,
                        scoring=method, steps=steps if method == "eap-ig" else None, metric=metric,
-                       batch_size=batch_size, n_prompts=n)
+                       batch_size=batch_size, n_prompts=n, split_qkv=split_qkv)
     attrs.update(task=task.name, n_prompts=n, clean_metric=clean_sum / n,
                  corrupt_metric=corrupt_sum / n, n_layers=n_layers, n_heads=n_heads,
-                 citation=CITATION)
-    return xr.Dataset(
-        {"score": ("edge", score.astype(np.float32))},
-        coords={"src": ("edge", src), "dst": ("edge", dst),
-                "src_layer": ("edge", [graph.layer_of(s) for s in src]),
-                "dst_layer": ("edge", [graph.layer_of(t) for t in dst])},
-        attrs=attrs)
+                 split_qkv=split_qkv, citation=CITATION)
+    coords = {"src": ("edge", src), "dst": ("edge", dst),
+              "src_layer": ("edge", [graph.layer_of(s) for s in src]),
+              "dst_layer": ("edge", [graph.layer_of(t) for t in dst])}
+    if split_qkv:
+        coords.update(dst_node=("edge", [node_of(t) for t in dst]),
+                      dst_input=("edge", [input_of(t) for t in dst]))
+    return xr.Dataset({"score": ("edge", score.astype(np.float32))}, coords=coords, attrs=attrs)
 
 
 def _stack_inputs(inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -534,7 +622,8 @@ def _contract(delta: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor) -> t
 
 
 def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps: int,
-               metric: str, lora: LoRAWeights | None = None) -> tuple[torch.Tensor, float, float]:
+               metric: str, lora: LoRAWeights | None = None,
+               split_qkv: bool = False) -> tuple[torch.Tensor, float, float]:
     """One batch where the weights are: summed (over prompts) scores of the valid edges
     [edge], in `CircuitGraph.edges` order, and the summed clean and corrupted metrics.
 
@@ -549,7 +638,8 @@ def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps:
         ad = _adapter(weights, lora)
         handles = ad.lora_hooks()
         try:
-            return _eap_batch(ad, prep.to(_weights_device(weights)), method, steps, metric)
+            return _eap_batch(ad, prep.to(_weights_device(weights)), method, steps, metric,
+                              split_qkv=split_qkv)
         finally:
             remove_hooks(handles)
     ad = weights
@@ -559,8 +649,8 @@ def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps:
         past = ad.prefix_kv(prep.clean, start) if start else None
         corrupt = _forward(ad, prep.corrupt, start=start, past=past)
     scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric,
-                                               start, past)
-    valid = torch.from_numpy(_ad_valid(ad)).to(scores.device)
+                                               start, past, split_qkv)
+    valid = torch.from_numpy(_ad_valid(ad, split_qkv)).to(scores.device)
     return scores[valid], m_clean, m_corrupt
 
 
@@ -593,8 +683,8 @@ def _source_deltas(corrupt_outs: torch.Tensor, clean_outs: torch.Tensor, batch: 
 
 def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, steps: int,
                   metric: str, start: int = 0,
-                  past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-                  ) -> tuple[torch.Tensor, float, float]:
+                  past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                  split_qkv: bool = False) -> tuple[torch.Tensor, float, float]:
     """Summed (over prompts) edge scores [src, dst] of one batch, and summed metrics.
 
     ``corrupt`` covers the positions from ``start`` on (`_shared_prefix`); every gradient
@@ -608,7 +698,8 @@ def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, s
         for alpha in alphas:  # the first run is the clean one (alpha = 1)
             x = corrupt.outs[0] + alpha * (x_clean - corrupt.outs[0])
             x = x.detach().requires_grad_(True)  # the only leaf: weights are frozen
-            run = _forward(ad, prep.clean, embeds=x, start=start, past=past)
+            run = _forward(ad, prep.clean, embeds=x, start=start, past=past,
+                           split_qkv=split_qkv)
             if alpha == 1.0:
                 clean_logits = run.logits.detach()
             m = _metric_values(metric, run.logits, prep, clean_logits).sum()
@@ -624,7 +715,7 @@ def _batch_scores(ad: HeadEngine, prep: _Prepared, corrupt: _Run, method: str, s
                     grad_sum[at:at + gr.shape[0]] += gr
                     at += gr.shape[0]
             del run, grads, m
-    valid = torch.from_numpy(_ad_valid(ad)).to(delta.device)
+    valid = torch.from_numpy(_ad_valid(ad, split_qkv)).to(delta.device)
     scores = _contract(delta, grad_sum, valid)
     scores /= len(alphas)                                         # mean gradient over the runs
     with torch.no_grad():
@@ -661,6 +752,9 @@ def _on_path(src: Sequence[str], dst: Sequence[str], chosen: np.ndarray) -> np.n
     n = len(chosen)
     codes, names = pd.factorize(np.concatenate([np.asarray(src, dtype=object),
                                                 np.asarray(dst, dtype=object)]))
+    # a head's q/k/v inputs (split graph) lead into the head: one number per node
+    heads, names = pd.factorize(np.array([node_of(str(m)) for m in names], dtype=object))
+    codes = heads[codes]
     s_code, t_code = codes[:n], codes[n:]
     index = {str(name): i for i, name in enumerate(names) if name in ("input", "logits")}
     if "input" not in index or "logits" not in index or not chosen.any():
@@ -737,7 +831,8 @@ def _keep_matrix(model: Model, ad: HeadEngine | None, scores: xr.Dataset,
                  mask: np.ndarray) -> torch.Tensor:
     """Circuit mask as [src, dst] float over the model's graph."""
     n_layers, n_heads, parallel = _graph_shape(model, ad)
-    graph = _graph(n_layers, n_heads, parallel)
+    split_qkv = is_split(scores)
+    graph = _graph(n_layers, n_heads, parallel, split_qkv)
     src_index = {n: i for i, n in enumerate(graph.sources)}
     dst_index = {n: i for i, n in enumerate(graph.destinations)}
     keep = torch.zeros(len(graph.sources), len(graph.destinations))
@@ -748,7 +843,7 @@ def _keep_matrix(model: Model, ad: HeadEngine | None, scores: xr.Dataset,
     except KeyError as err:
         raise InputError(f"`scores` names node {err.args[0]!r}, which {model.spec.name} does not "
                          "have; were the scores computed on another model?") from None
-    valid = torch.from_numpy(_valid_mask(n_layers, n_heads, parallel))
+    valid = torch.from_numpy(_valid_mask(n_layers, n_heads, parallel, split_qkv))
     if bool((keep.bool() & ~valid).any()):
         raise InputError("`scores` holds an edge that does not exist in this model's graph.")
     return keep
