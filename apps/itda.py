@@ -478,7 +478,7 @@ class ITDAView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        status = theme.status_line(self.param.status)
         summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
         bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
                                      sizing_mode="stretch_width", height=10)

@@ -36,7 +36,7 @@ from explorer.analyses.linear_icl import (
     train_linear_icl,
 )
 
-__all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "log_ticks", "retrain_estimate",
+__all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "retrain_estimate",
            "plot_ov_heatmap", "plot_loss_curves", "plot_loss_by_length", "plot_head_curves", "plot_metric_curves",
            "plot_pattern_metrics", "kq_caption", "ov_caption", "loss_caption", "pattern_caption"]
 
@@ -121,18 +121,6 @@ def ov_caption(patterns: xr.Dataset | None) -> str:
             f"OV energy off y {float(patterns['ov_offy_ratio_max']):.4f}.")
 
 
-def log_ticks(low: float, high: float) -> list[float]:
-    """Ticks at 1, 2 and 5 times the powers of ten between ``low`` and ``high`` (a log axis
-    spanning less than a decade otherwise shows one or two ticks); the 1s alone when there
-    would be more than eight."""
-    low, high = max(float(low), 1e-12), max(float(high), 1e-12)
-    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
-    ticks = [m * 10.0 ** e for e in decades for m in (1, 2, 5) if low <= m * 10.0 ** e <= high]
-    if len(ticks) > 8:
-        ticks = [t for t in ticks if np.isclose(t, 10.0 ** np.round(np.log10(t)))]
-    return ticks
-
-
 def plot_loss_curves(analyses: dict[int, xr.Dataset], step: int | None, n_heads: int | None) -> hv.Element:
     """Test loss at the training context length over training, one line per head count,
     with the debiased-GD and Bayes-optimal losses as horizontal lines."""
@@ -156,7 +144,7 @@ def plot_loss_curves(analyses: dict[int, xr.Dataset], step: int | None, n_heads:
     low = min([float(x.min()) for x in losses] + [bayes]) / 1.2
     high = max([float(x.max()) for x in losses] + [dgd]) * 1.2
     return hv.Overlay(curves).opts(
-        logy=True, ylim=(low, high), yticks=log_ticks(low, high), responsive=True, height=300,
+        logy=True, ylim=(low, high), responsive=True, height=300,
         default_tools=_TOOLS, fontsize=_font(), legend_position="right", tools=["hover"],
         title=f"Test loss at L = {L}")
 
@@ -184,7 +172,7 @@ def plot_loss_by_length(run: xr.Dataset | None, analysis: xr.Dataset | None, ste
     values = values[np.isfinite(values) & (values > 0)]
     low, high = float(values.min()) / 1.2, float(values.max()) * 1.2
     return hv.Overlay(parts).opts(
-        logx=True, logy=True, ylim=(low, high), yticks=log_ticks(low, high), padding=(0.05, 0),
+        logx=True, logy=True, ylim=(low, high), padding=(0.05, 0),
         xticks=[int(x) for x in lengths], responsive=True, height=300, default_tools=_TOOLS,
         fontsize=_font(), legend_position="right", tools=["hover"],
         title=f"Loss by length, step {step}")
@@ -591,7 +579,7 @@ class LinearICLView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        status = theme.status_line(self.param.status)
 
         summary = pn.pane.Markdown(self.summary, css_classes=["icl-summary"])
         kq = pn.panel(self._kq_plots, css_classes=["icl-kq"], sizing_mode="stretch_width")

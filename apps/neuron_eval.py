@@ -475,7 +475,7 @@ class NeuronEvalView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        status = theme.status_line(self.param.status)
         note = {"styles": {"color": "#555"}, "sizing_mode": "stretch_width"}
         deltas = pn.pane.HoloViews(pn.bind(plot_metric_deltas, self.param.table),
                                    sizing_mode="stretch_width", css_classes=["neuron-deltas"])

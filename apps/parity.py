@@ -631,7 +631,7 @@ class ParityView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        status = theme.status_line(self.param.status)
         summary = pn.pane.Markdown(self.summary, css_classes=["parity-summary"])
         # The phase diagram is shown once stored (it takes minutes: `explorer parity phase`);
         # until then its caption alone says how to make it.

@@ -314,7 +314,7 @@ class TaskEmergenceView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.Str(self.param.status, styles={"color": "#555"}, margin=(12, 10))
+        status = theme.status_line(self.param.status)
         summary = pn.pane.Markdown(self.summary, css_classes=["emergence-summary"])
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), summary,

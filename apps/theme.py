@@ -28,7 +28,9 @@ __all__ = [
     "enable_extension",
     "bokeh_theme",
     "no_overlap_policy",
+    "log_ticker",
     "NestedLayoutFix",
+    "status_line",
     "page",
     "show_token",
     "show_tokens",
@@ -171,8 +173,70 @@ def no_overlap_policy() -> Any:
                                 tags=["explorer-no-overlap"])
 
 
+# The major ticks of a log axis: 1, 2 and 5 times each power of ten inside the visible range
+# (Bokeh's LogTicker puts ticks only at powers of ten once the range spans two decades, so
+# 0.05..3 shows just 0.1 and 1); the 1s alone when that gives more than `max_ticks`, every
+# n-th power of ten when even those are too many, and 1..9 times the power when the range
+# lies inside one decade and 1-2-5 leave fewer than two ticks. Computed in the browser from
+# the range shown, so zooming keeps readable ticks.
+_LOG_STEPS_JS = """
+const steps = (low, high, mantissas, every) => {
+  const out = []
+  for (let e = Math.floor(Math.log10(low)); e <= Math.ceil(Math.log10(high)); e++) {
+    if (every > 1 && ((e % every) + every) % every !== 0)
+      continue
+    for (const m of mantissas) {
+      const t = Number((m * Math.pow(10, e)).toPrecision(12))
+      if (t >= low * (1 - 1e-9) && t <= high * (1 + 1e-9))
+        out.push(t)
+    }
+  }
+  return out
+}
+"""
+
+_LOG_MAJOR_JS = _LOG_STEPS_JS + """
+const high = Math.max(cb_data.start, cb_data.end)
+const low = Math.max(Math.min(cb_data.start, cb_data.end), high * 1e-15)
+if (!(high > 0) || !isFinite(high))
+  return []
+let ticks = steps(low, high, [1, 2, 5], 1)
+if (ticks.length > max_ticks) {
+  ticks = steps(low, high, [1], 1)
+  const every = Math.ceil(ticks.length / max_ticks)
+  if (every > 1)
+    ticks = steps(low, high, [1], every)
+} else if (ticks.length < 2)
+  ticks = steps(low, high, [1, 2, 3, 4, 5, 6, 7, 8, 9], 1)
+return ticks
+"""
+
+_LOG_MINOR_JS = _LOG_STEPS_JS + """
+const high = Math.max(cb_data.start, cb_data.end)
+const low = Math.max(Math.min(cb_data.start, cb_data.end), high * 1e-15)
+if (!(high > 0) || !isFinite(high) || high / low > 1e6)
+  return []
+return steps(low, high, [1, 2, 3, 4, 5, 6, 7, 8, 9], 1)
+"""
+
+
+def log_ticker(max_ticks: int = 8) -> Any:
+    """A fresh ticker for a log axis: major ticks at 1, 2 and 5 times the powers of ten in
+    the range shown (the 1s alone past ``max_ticks``), minor ticks at 1..9 times them.
+
+    The theme (`bokeh_theme`) gives every `LogAxis` one, so a log axis spanning a decade or
+    two reads 0.05, 0.1, 0.2, 0.5, 1, 2 instead of 0.1 and 1; a page that passes its own
+    ``yticks``/``xticks`` keeps those.
+    """
+    from bokeh.models import CustomJSTicker
+
+    return CustomJSTicker(major_code=_LOG_MAJOR_JS, minor_code=_LOG_MINOR_JS,
+                          args={"max_ticks": int(max_ticks)}, tags=["explorer-log-ticks"])
+
+
 def with_tick_label_policy(bokeh_json: dict[str, Any]) -> dict[str, Any]:
-    """A Bokeh theme's JSON with every axis (numeric, log, categorical) on `no_overlap_policy`.
+    """A Bokeh theme's JSON with every axis (numeric, log, categorical) on `no_overlap_policy`
+    and every log axis on `log_ticker`.
 
     The theme is the document's, so it reaches every plot of every page, whatever
     ``hooks`` or options a page sets; a page that must show every label of an axis sets
@@ -183,6 +247,7 @@ def with_tick_label_policy(bokeh_json: dict[str, Any]) -> dict[str, Any]:
     # not "Axis": HoloViews copies the theme's "Axis" entries onto each axis as values.
     for name in _AXIS_FAMILIES:
         attrs[name] = {**attrs.get(name, {}), "major_label_policy": no_overlap_policy}
+    attrs["LogAxis"] = {**attrs.get("LogAxis", {}), "ticker": log_ticker}
     return {**bokeh_json, "attrs": attrs}
 
 
@@ -190,7 +255,8 @@ _AXIS_FAMILIES = ("ContinuousAxis", "CategoricalAxis")
 
 
 def bokeh_theme(style: Any = None) -> Any:
-    """The Bokeh theme of every plot: the Fast design's, with non-colliding tick labels."""
+    """The Bokeh theme of every plot: the Fast design's, with non-colliding tick labels and
+    1-2-5 ticks on log axes (`log_ticker`)."""
     from bokeh.themes import Theme
 
     style = style if style is not None else pn.theme.fast.DEFAULT_STYLE
@@ -313,6 +379,21 @@ export function render({ view }) {
         params.setdefault("sizing_mode", "fixed")
         params.setdefault("margin", 0)
         super().__init__(**params)
+
+
+# A <pre> keeps its text on one line: a long status ("… (shares the model with 1 other job
+# running)") ran out of the page's column at 1280 px. Wrapped, it keeps its monospace look.
+_STATUS_CSS = "pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }"
+
+
+def status_line(text: Any, **params: Any) -> pn.pane.Str:
+    """A page's status line (``text``: a string or a ``param.String`` to follow), in grey
+    monospace, wrapped to the width it has."""
+    params.setdefault("margin", (12, 10))
+    params.setdefault("sizing_mode", "stretch_width")
+    styles = {"color": "#555", **params.pop("styles", {})}
+    return pn.pane.Str(text, styles=styles, stylesheets=[_STATUS_CSS, *params.pop("stylesheets", [])],
+                       css_classes=["status-line", *params.pop("css_classes", [])], **params)
 
 
 def page(main: Sequence[Any], *, sidebar: Sequence[Any] = (), title: str = TITLE,

@@ -77,3 +77,18 @@ def test_a_page_can_still_choose_its_own_policy():
     _, axes = _axes(_crowded_curve().opts(hooks=[show_all]))
     policies = sorted(type(axis.major_label_policy).__name__ for axis in axes)
     assert policies == ["AllLabels", "CustomLabelingPolicy"]
+
+
+def test_log_axes_get_the_1_2_5_ticker_unless_the_plot_sets_ticks():
+    from bokeh.models import CustomJSTicker, FixedTicker, LogAxis
+
+    auto = hv.Curve(([0, 1], [0.05, 3.0])).opts(logy=True)
+    own = hv.Curve(([0, 1], [0.05, 3.0])).opts(logy=True, yticks=[0.1, 1])
+    for plot, kind in ((auto, CustomJSTicker), (own, FixedTicker)):
+        _, axes = _axes(plot)
+        [log_axis] = [axis for axis in axes if isinstance(axis, LogAxis)]
+        assert isinstance(log_axis.ticker, kind)
+    _, axes = _axes(auto + auto)
+    tickers = [axis.ticker for axis in axes if isinstance(axis, LogAxis)]
+    assert len(tickers) == 2 and tickers[0] is not tickers[1]   # one model per axis
+    assert all("explorer-log-ticks" in t.tags for t in tickers)
