@@ -1,4 +1,5 @@
-"""Pure drawing and encoding functions of the Circuits page's graph (no Panel state).
+"""Drawing and encoding of the Circuits page's graph (no Panel state): pure functions
+and `GraphFigure`, the plain Bokeh figure whose data sources a re-draw updates in place.
 
 Layout: layers left to right (heads at x = L, the MLP above them at L + 0.5, input left,
 logits right); within a layer the heads sit by the score mass they carry (heaviest at the
@@ -16,6 +17,7 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -26,7 +28,8 @@ from explorer.components import canonical
 __all__ = ["node_names", "head_mass_order", "node_positions", "edge_style", "edge_table",
            "node_columns", "short_label", "strongest_edges", "OUTSIDE", "layer_ticks", "tick_step", "nearest_node", "nearest_edge",
            "circuit_csv", "circuit_svg", "edge_diff", "POSITIVE", "NEGATIVE", "DIFF_COLORS",
-           "FRAME_PX_1280"]
+           "FRAME_PX_1280", "GraphFigure", "EDGE_COLUMNS", "EDGE_HOVER", "PICKED",
+           "edge_source_data", "label_source_data", "picked_source_data"]
 
 POSITIVE = theme.SIGNED_CMAP[-20]   # the diverging map's red end: patching the edge raises the metric
 NEGATIVE = theme.SIGNED_CMAP[20]    # its blue end: patching lowers the metric (the edge helps)
@@ -285,3 +288,114 @@ def circuit_svg(table: Mapping[str, np.ndarray] | None, nodes: Mapping[str, list
     out.append(f'<text x="{width / 2:.0f}" y="{height - 6}" font-size="12" '
                'text-anchor="middle">layer</text></svg>')
     return "\n".join(out)
+
+
+# -- the page's Bokeh figure ---------------------------------------------------------------
+
+EDGE_COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "width", "alpha", "color",
+                "effect")
+"""The columns of the drawn edges' data source (what is drawn or hovered)."""
+PICKED = "#ffb000"   # the halo under edges selected in the workspace
+EDGE_HOVER = [("edge", "@src → @dst"), ("score", "@score{+0.0000}"),
+              ("patch effect", "@effect")]
+
+
+def edge_source_data(table: Mapping[str, np.ndarray] | None) -> dict[str, Any]:
+    """The edge data source's columns from an `edge_table` (empty without one)."""
+    if table is None:
+        return {k: [] for k in EDGE_COLUMNS}
+    return {k: table[k] for k in EDGE_COLUMNS}
+
+
+def label_source_data(columns: Mapping[str, list]) -> tuple[dict[str, list], dict[str, list]]:
+    """The labels drawn at the nodes (`node_columns`): (heads, input and logits: level,
+    centred above), (MLPs: straight up); only the non-empty ones."""
+    heads: dict[str, list] = {"x": [], "y": [], "text": []}
+    mlps: dict[str, list] = {"x": [], "y": [], "text": []}
+    for x, y, name, text in zip(columns["x"], columns["y"], columns["name"], columns["text"]):
+        if text:
+            out = mlps if name.endswith(".MLP") else heads
+            out["x"].append(x), out["y"].append(y), out["text"].append(text)
+    return heads, mlps
+
+
+def picked_source_data(pairs: Iterable[tuple[str, str]],
+                       pos: Mapping[str, tuple[float, float]],
+                       raw: Mapping[str, str]) -> dict[str, list]:
+    """Segments of the edges ``pairs`` ((source, target) in the one spelling) that the
+    graph has nodes for; ``raw`` maps the one spelling to graph node names."""
+    out: dict[str, list] = {"x0": [], "y0": [], "x1": [], "y1": [], "edge": []}
+    for s, d in pairs:
+        a, b = raw.get(s), raw.get(d)
+        if a is None or b is None:
+            continue
+        out["x0"].append(pos[a][0]), out["y0"].append(pos[a][1])
+        out["x1"].append(pos[b][0]), out["y1"].append(pos[b][1])
+        out["edge"].append(f"{s}->{d}")
+    return out
+
+
+class GraphFigure:
+    """One drawing of the circuit graph as a plain Bokeh figure: its data sources are
+    updated in place (a slider move sends new columns and a title, no new models).
+
+    Renderers, in drawing order: ``picked-edges`` (a halo under the workspace's selected
+    edges), ``edges`` (Segment: width, opacity, colour per edge; hover), ``nodes`` (Scatter
+    with a ``name`` column; hover), ``head-labels`` and ``mlp-labels`` (Text).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, *, height: int,
+                 xlim: tuple[float, float], ylim: tuple[float, float],
+                 font_sizes: Mapping[str, str], tools: Sequence[str]):
+        from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, Range1d
+        from bokeh.plotting import figure
+        from bokeh.transform import dodge
+
+        fig = figure(height=height, sizing_mode="stretch_width", tools=list(tools),
+                     x_range=Range1d(*xlim), y_range=Range1d(*ylim), toolbar_location="right",
+                     x_axis_label="layer", min_border_right=10)
+        fig.grid.visible = False
+        fig.title.text_font_size = font_sizes["title"]
+        fig.xaxis.axis_label_text_font_size = font_sizes["labels"]
+        fig.xaxis.major_label_text_font_size = font_sizes["xticks"]
+        fig.yaxis.major_label_text_font_size = font_sizes["yticks"]
+        ticks = layer_ticks(n_layers)
+        fig.xaxis.ticker = FixedTicker(ticks=[x for x, _ in ticks], minor_ticks=[])
+        fig.xaxis.major_label_overrides = {x: label for x, label in ticks}
+        ys = [(n_heads - 1) / 2, n_heads + 0.35]
+        fig.yaxis.ticker = FixedTicker(ticks=ys, minor_ticks=[])
+        fig.yaxis.major_label_overrides = {ys[0]: "heads", ys[1]: "MLP"}
+        self.picked = ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": [], "edge": []})
+        fig.segment("x0", "y0", "x1", "y1", source=self.picked, line_color=PICKED,
+                    line_width=9, line_alpha=0.75, line_cap="round", name="picked-edges")
+        self.edges = ColumnDataSource(edge_source_data(None))
+        seg = fig.segment("x0", "y0", "x1", "y1", source=self.edges, line_color="color",
+                          line_width="width", line_alpha="alpha", name="edges")
+        self.nodes = ColumnDataSource({"x": [], "y": [], "name": [], "size": [], "fill": []})
+        pts = fig.scatter("x", "y", source=self.nodes, size="size", fill_color="fill",
+                          line_color="white", line_width=0.5, name="nodes")
+        self.head_labels = ColumnDataSource({"x": [], "y": [], "text": []})
+        self.mlp_labels = ColumnDataSource({"x": [], "y": [], "text": []})
+        style = {"text_font_size": "7pt", "text_color": "#202020"}
+        fig.text(x="x", y=dodge("y", 0.2, range=fig.y_range), text="text",
+                 source=self.head_labels, text_align="center", text_baseline="bottom",
+                 name="head-labels", **style)
+        fig.text(x="x", y=dodge("y", 0.25, range=fig.y_range), text="text",
+                 source=self.mlp_labels, angle=math.pi / 2, text_align="left",
+                 text_baseline="middle", name="mlp-labels", **style)
+        fig.add_tools(HoverTool(renderers=[seg], tooltips=EDGE_HOVER),
+                      HoverTool(renderers=[pts], tooltips=[("component", "@name")]))
+        fig.toolbar.logo = None
+        self.figure = fig
+
+    def show_edges(self, data: Mapping[str, Any], title: str) -> None:
+        self.edges.data = dict(data)
+        self.figure.title.text = title
+
+    def show_nodes(self, columns: Mapping[str, list]) -> None:
+        self.nodes.data = {k: list(columns[k]) for k in ("x", "y", "name", "size", "fill")}
+        heads, mlps = label_source_data(columns)
+        self.head_labels.data, self.mlp_labels.data = heads, mlps
+
+    def show_picked(self, data: Mapping[str, list]) -> None:
+        self.picked.data = dict(data)

@@ -38,6 +38,7 @@ from apps import theme
 from apps._controls import OwnItems, labelled_control
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
+from explorer import components
 from explorer._checks import InputError
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuit_select as cs
@@ -47,7 +48,7 @@ from explorer.components import canonical
 from explorer.interventions import Edit
 from explorer.workspace import edit_label
 
-__all__ = ["CircuitsView", "node_positions", "edge_table", "plot_edges", "plot_faithfulness",
+__all__ = ["CircuitsView", "node_positions", "edge_table", "plot_faithfulness",
            "faithfulness_marker", "size_grid", "slider_redraw_times", "MAX_DRAWN_EDGES",
            "DEFAULT_MAX_EDGES", "METHOD_LABELS", "OWN_TASK", "task_logit_diff"]
 
@@ -61,12 +62,8 @@ METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
 OWN_TASK = "your pairs"  # the task of the user's own prompt pairs (the "Your own" box)
 node_positions = cg.node_positions
 edge_table = cg.edge_table
-_COLUMNS = ("x0", "y0", "x1", "y1", "src", "dst", "score", "edge", "width", "alpha", "color",
-            "status", "effect")
-_DRAWN = ("x0", "y0", "x1", "y1", "src", "dst", "score", "width", "alpha", "color", "effect")
-_EDGE_HOVER = [("edge", "@src → @dst"), ("score", "@score{+0.0000}"),
-               ("patch effect", "@effect")]
-
+_GRAPH_PARAMS = ["mode", "n_edges", "threshold", "checkpoint", "diff", "diff_against", "scores",
+                 "checkpoints", "other_scores", "selected"]
 
 def task_logit_diff(model: explorer.Model, task: ca.CircuitTask, *,
                     edits: list[Edit] | tuple = ()) -> dict[str, np.ndarray]:
@@ -101,46 +98,6 @@ def graph_height(n_heads: int) -> int:
 
 def _ranges(n_layers: int, n_heads: int) -> tuple[tuple[float, float], tuple[float, float]]:
     return (-1.6, n_layers + 1.4), (-0.8, n_heads + 2.4)
-
-
-def plot_edges(table: dict[str, np.ndarray] | None, n_layers: int, n_heads: int, *,
-               title: str = "") -> hv.Segments:
-    """The drawn edges: width and opacity by |score|, colour the sign (or gained/lost/kept);
-    hover gives both ends, the score and the patch effect."""
-    table = table or {k: np.array([]) for k in _COLUMNS}
-    xlim, ylim = _ranges(n_layers, n_heads)
-    # only what is drawn or hovered goes to the plot (each column costs range and update work)
-    seg = hv.Segments({k: table[k] for k in _DRAWN}, ["x0", "y0", "x1", "y1"], list(_DRAWN[4:]))
-    yt = [((n_heads - 1) / 2, "heads"), (n_heads + 0.35, "MLP")]
-    return seg.opts(color="color", line_width="width", line_alpha="alpha", tools=["hover"],
-                    hover_tooltips=_EDGE_HOVER, responsive=True, height=graph_height(n_heads),
-                    default_tools=_TOOLS, xlabel="layer", ylabel="", xticks=cg.layer_ticks(n_layers),
-                    yticks=yt, title=title, xlim=xlim, ylim=ylim, fontsize=theme.font_sizes())
-
-
-def plot_nodes(columns: dict[str, list]) -> hv.Points:
-    """Every node at its place: the circuit's nodes larger and dark, the others pale."""
-    return hv.Points(columns, ["x", "y"], ["name", "size", "fill"]).opts(
-        tools=["hover"], hover_tooltips=[("component", "@name")], size="size", color="fill",
-        line_color="white", line_width=0.5)
-
-
-def plot_node_labels(columns: dict[str, list]) -> hv.Overlay:
-    """The labels of the circuit's nodes (`cg.short_label`): a head's ``H3`` centred just
-    above it, inside its layer's column (so neighbouring layers' labels never meet), input
-    and logits the same way, the MLPs' names (one staggered row) straight up (the full names
-    are the nodes' hover)."""
-    mlp = np.array([n.endswith(".MLP") for n in columns["name"]])
-
-    def labels(rows: np.ndarray, angle: float) -> hv.Labels:
-        data = {k: np.asarray(columns[k], dtype=object if k == "text" else float)[rows]
-                for k in ("x", "y", "text")}
-        return hv.Labels(data, ["x", "y"], "text").opts(
-            angle=angle, text_align="left" if angle == 90 else "center",
-            text_baseline="middle" if angle == 90 else "bottom", text_font_size="7pt",
-            text_color="#202020", xoffset=0.0, yoffset=0.25 if angle == 90 else 0.2)
-
-    return labels(~mlp, 0) * labels(mlp, 90)
 
 
 def _no_curve() -> hv.Text:
@@ -245,6 +202,10 @@ class CircuitsView(View):
     selected = param.String(default="", label="Selected component",
                             doc="The clicked node, in the one component spelling (L17.H3)")
     edge = param.Selector(default="", objects=[""], label="Ablate edge (patch to corrupted)")
+    selected_edges = param.List(default=[], item_type=str, label="Selected edges",
+                                doc="Edges selected in the workspace, in the one spelling "
+                                    "(L3.H1->L5.MLP); a click on an edge adds it, again "
+                                    "removes it; drawn with a halo")
     ft_steps = param.Integer(default=6, bounds=(1, 200), label="Fine-tuning steps")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -328,27 +289,20 @@ class CircuitsView(View):
                          ["fraction", "max_default_edges"], onlychanged=False)
         self.param.watch(self._method_changed, ["method"])
         self.param.watch(self._diff_changed, ["diff", "diff_against"])
-        # one stream drives the edges and the nodes (one refresh a change); the nodes'
-        # callback hands back the element it drew last while the node set is unchanged, so
-        # that a slider move which only changes edges re-sends only the edges
-        self._graph_stream = hv.streams.Params(self, [
-            "mode", "n_edges", "threshold", "checkpoint", "diff", "diff_against", "scores",
-            "checkpoints", "other_scores", "selected"])
-        self._edges_dm = hv.DynamicMap(self._edges_element, streams=[self._graph_stream])
-        self._nodes_dm = hv.DynamicMap(self._nodes_element, streams=[self._graph_stream])
+        # the graph is a plain Bokeh figure per drawing (`cg.GraphFigure`) whose data sources
+        # a change updates in place: a slider move sends the new edge columns and the title
+        # (the nodes and labels only when the node set changes), no new Bokeh models
+        self.param.watch(lambda *_: self.redraw(), _GRAPH_PARAMS)
+        self.param.watch(lambda *_: self._redraw_picked(), ["selected_edges"])
+        self._graphs: list[cg.GraphFigure] = []
+        self._faith_figs: list[tuple[Any, Any, Any]] = []   # (figure, marker source, target)
+        self.param.watch(lambda *_: self._redraw_marker(),
+                         ["mode", "n_edges", "threshold", "scores", "fraction"])
         self._frame_key: tuple | None = None     # what the table was built for
-        self._frame_times: dict[str, tuple[float, float]] = {}
-        self._nodes_el: tuple[tuple, hv.Overlay] | None = None
+        self._drawn_nodes_key: tuple | None = None
         self._outside: np.ndarray = np.zeros(0, dtype=int)   # the selection's edges shown
         self._spell = {n: canonical(n) for n in self._names}
         self._raw = {c: n for n, c in self._spell.items()}
-        self._node_sources: list[Any] = []
-        self._label_sources: list[Any] = []
-        # clicks come from a static (empty) element of the graph's overlay: a Tap stream on
-        # the DynamicMap itself did not fire in the browser
-        self._tap_el = hv.Points([], ["x", "y"]).opts(tools=[])
-        self._tap = hv.streams.Tap(source=self._tap_el, x=None, y=None)
-        self._tap.add_subscriber(self._clicked)
         self._csv = pn.widgets.FileDownload(callback=self._csv_file, filename="circuit.csv",
                                             label="Download circuit (CSV)", embed=False,
                                             sizing_mode="stretch_width")
@@ -493,8 +447,9 @@ class CircuitsView(View):
             return
         self._syncing = True
         try:
-            # one batch of Bokeh events, and the document's model graph recomputed once
-            with pn.io.document.hold(freeze=True):
+            # one batch of Bokeh events; the plots change their sources' data in place, so
+            # no model joins the document and its model graph needs no recompute (freeze)
+            with pn.io.document.hold():
                 if self.mode == "top-n":
                     self.n_edges = int(event.new)
                 else:
@@ -641,7 +596,7 @@ class CircuitsView(View):
         if t is not None and out["key"] == self._key() and (t["edge"] == out["index"]).any():
             t["effect"][t["edge"] == out["index"]] = f"{out['metric'] - out['clean_metric']:+.4f}"
             self._frame_key = None
-            self._edges_dm.event()   # the hover's patch effect
+            self.redraw()   # the hover's patch effect
 
     def shown_edges(self) -> np.ndarray:
         """Bool mask over the shown scores' edges: the shown circuit (the pruned circuit of
@@ -784,39 +739,17 @@ class CircuitsView(View):
         self._nodes = frozenset() if t is None else frozenset(
             t["src"][t["status"] != "lost"].tolist()) | frozenset(t["dst"][t["status"] != "lost"].tolist())
         if force:
-            self._nodes_el = None
-
-    def _keep_node_source(self, plot: Any, element: Any) -> None:
-        """Plot hook: remember each drawn node plot's data source (for tests); size and fill
-        always read from their columns (HoloViews maps a column constant when first drawn,
-        every node pale before the scores, to a constant)."""
-        source = plot.handles["source"]
-        if source not in self._node_sources:
-            self._node_sources.append(source)
-        for glyph in (plot.handles["glyph"], plot.handles.get("selection_glyph"),
-                      plot.handles.get("nonselection_glyph")):
-            if glyph is not None:
-                glyph.update(size={"field": "size"}, fill_color={"field": "fill"})
-
-    def _keep_label_source(self, plot: Any, element: Any) -> None:
-        source = plot.handles["source"]
-        if source not in self._label_sources:
-            self._label_sources.append(source)
-
-    def _nodes_overlay(self) -> hv.Overlay:
-        cols = self.node_columns()
-        return plot_nodes(cols).opts(hooks=[self._keep_node_source]) * \
-            plot_node_labels(cols).opts(hv.opts.Labels(hooks=[self._keep_label_source]))
+            self._drawn_nodes_key = None
 
     def nodes_drawn(self) -> list[dict[str, list]]:
-        """What each drawn node plot holds: name, size and fill columns (for tests)."""
-        return [{k: list(src.data[k]) for k in ("name", "size", "fill")}
-                for src in self._node_sources]
+        """What each drawing's node data source holds: name, size and fill (for tests)."""
+        return [{k: list(g.nodes.data[k]) for k in ("name", "size", "fill")}
+                for g in self._graphs]
 
     def labels_drawn(self) -> dict[str, list]:
-        """What the drawn label plots hold together: x, y and text columns (for tests)."""
-        return {k: [v for src in self._label_sources for v in src.data[k]]
-                for k in ("x", "y", "text")}
+        """What the last drawing's label sources hold together: x, y and text (for tests)."""
+        srcs = [self._graphs[-1].head_labels, self._graphs[-1].mlp_labels] if self._graphs else []
+        return {k: [v for src in srcs for v in src.data[k]] for k in ("x", "y", "text")}
 
     def node_columns(self) -> dict[str, list]:
         """The node columns the page draws now (places, sizes, fills, labels)."""
@@ -890,39 +823,59 @@ class CircuitsView(View):
         self._svg.filename = self._csv.filename[:-4] + ".svg"
         self._refresh_nodes()
 
-    def _timed(self, part: str, t0: float, c0: float) -> None:
-        """Record one graph callback's time; once both ran for this change, publish the sum
-        (`redraw_ms`, `redraw_cpu_ms`)."""
-        self._frame_times[part] = (time.perf_counter() - t0, time.thread_time() - c0)
-        if len(self._frame_times) == 2:
-            wall, cpu = (sum(v) for v in zip(*self._frame_times.values()))
-            # after the render, not inside it: a pane following these parameters would be
-            # rebuilt mid-render, before its model joins the document (Panel then styles it
-            # with the design's CDN style sheets, which a browser fetches)
-            self.schedule(lambda: self.param.update(redraw_ms=1e3 * wall, redraw_cpu_ms=1e3 * cpu))
-
-    def _edges_element(self, **_: Any) -> hv.Segments:
+    def redraw(self) -> dict[str, Any]:
+        """Bring every drawing of the graph up to date (the edge table for the current
+        selection; the nodes and labels when the node set, the selection or the layout
+        changed) and return what is drawn: ``edges`` (the edge source's columns), ``title``,
+        ``nodes`` (`node_columns`). Publishes its time (`redraw_ms`, `redraw_cpu_ms`)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         self._update_table()
-        L, H = self._model.n_layers, self._model.spec.n_heads
-        plot = plot_edges(self._table, L, H, title=self._title)
-        self._timed("edges", t0, c0)
-        return plot
-
-    def _nodes_element(self, **_: Any) -> hv.Overlay:
-        """The nodes and their labels: the element drawn last while neither the node set,
-        the selection nor the layout changed (its plot then sends nothing)."""
-        t0, c0 = time.perf_counter(), time.thread_time()
-        self._update_table()
+        edges = cg.edge_source_data(self._table)
         key = (self._nodes, self.selected, self._pos_version)
-        if self._nodes_el is None or self._nodes_el[0] != key:
-            self._nodes_el = (key, self._nodes_overlay())
-        self._timed("nodes", t0, c0)
-        return self._nodes_el[1]
+        nodes = self.node_columns() if (key != self._drawn_nodes_key or not self._graphs) \
+            else None
+        with pn.io.document.hold():
+            for g in self._graphs:
+                g.show_edges(edges, self._title)
+                if nodes is not None:
+                    g.show_nodes(nodes)
+                    g.show_picked(self._picked_data())
+        self._drawn_nodes_key = key
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        # after the render, not inside it: a pane following these parameters would be
+        # rebuilt mid-render, before its model joins the document (Panel then styles it
+        # with the design's CDN style sheets, which a browser fetches)
+        self.schedule(lambda: self.param.update(redraw_ms=1e3 * wall, redraw_cpu_ms=1e3 * cpu))
+        return {"edges": edges, "title": self._title,
+                "nodes": nodes if nodes is not None else self.node_columns()}
 
-    def _edges_plot(self, **_: Any) -> hv.Overlay:
-        """The whole graph as the page draws it now: edges, nodes and labels."""
-        return self._edges_element() * self._nodes_element()
+    def _picked_data(self) -> dict[str, list]:
+        pairs = [tuple(e.split("->", 1)) for e in self.selected_edges]
+        return cg.picked_source_data(pairs, self._pos, self._raw)
+
+    def _redraw_picked(self) -> None:
+        data = self._picked_data()
+        with pn.io.document.hold():
+            for g in self._graphs:
+                g.show_picked(data)
+
+    def _graph_figure(self) -> Any:
+        """A new drawing of the graph (one per rendering of the page), drawn now and kept up
+        to date by `redraw`; a click on it goes to `_clicked`."""
+        from bokeh.events import Tap
+
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        xlim, ylim = _ranges(L, H)
+        g = cg.GraphFigure(L, H, height=graph_height(H), xlim=xlim, ylim=ylim,
+                           font_sizes=theme.font_sizes(), tools=_TOOLS)
+        g.figure.on_event(Tap, lambda event: self._clicked(event.x, event.y))
+        self._graphs.append(g)
+        self._frame_key = None
+        self._drawn_nodes_key = None
+        self.redraw()
+        return g.figure
+
+    _edges_plot = redraw   # the name the remote-model tests call
 
     def _faithfulness_plot(self, *_: Any) -> hv.Element:
         """The base model's curve, marked at its circuit for the current selection (also
@@ -933,13 +886,29 @@ class CircuitsView(View):
         return plot_faithfulness(self.curve, int(mask.sum()), self._n_chosen(self.scores),
                                  self.fraction)
 
-    def _marker_plot(self, **_: Any) -> hv.Overlay:
-        target = hv.HLine(self.fraction).opts(color="#777777", line_dash="dashed", line_width=1)
+    def _marker_state(self) -> tuple[dict[str, list], str]:
+        """The marker's data source columns (``edges``, ``metric``: the current circuit on
+        the curve, `faithfulness_marker`) and the faithfulness plot's title."""
         if self.curve is None or self.scores is None:
-            return hv.Scatter([], _FAITH_X, "metric recovered", group="Current") * target
+            return {"edges": [], "metric": []}, "Faithfulness"
         mask = self._circuit(self.scores)
-        return faithfulness_marker(self.curve, int(mask.sum()),
-                                   self._n_chosen(self.scores)) * target
+        mark = faithfulness_marker(self.curve, int(mask.sum()), self._n_chosen(self.scores))
+        rows = mark.data
+        return ({"edges": [float(v) for v in rows.iloc[:, 0]],
+                 "metric": [float(v) for v in rows.iloc[:, 1]]},
+                mark.opts.get().kwargs["title"])
+
+    def _redraw_marker(self) -> None:
+        """Move the marker, the title and the target line of every faithfulness drawing (a
+        slider move changes these three, not the figure)."""
+        if not self._faith_figs:
+            return
+        data, title = self._marker_state()
+        with pn.io.document.hold():
+            for fig, marker, target in self._faith_figs:
+                marker.data = data
+                fig.title.text = title
+                target.location = float(self.fraction)
 
     def edited_line(self) -> hv.HLine | None:
         """The share of the metric the full model keeps with the workspace edits (a dotted
@@ -949,22 +918,54 @@ class CircuitsView(View):
             return None
         return hv.HLine(kept).opts(color=theme.ACCENT, line_dash="dotted", line_width=2)
 
-    def _faithfulness_pane(self, curve: xr.Dataset | None, edited: dict | None = None) -> hv.Element:
-        """The curve (and the edited model's line), drawn once per set of scores and edits,
-        and the marker as a DynamicMap: a slider move updates the marker's data and the
-        title, not the whole figure."""
+    def _faithfulness_pane(self, curve: xr.Dataset | None, edited: dict | None = None) -> Any:
+        """The curve (and the edited model's line, dotted) as a plain Bokeh figure, drawn
+        once per set of scores and edits; the marker (a diamond), the title and the target
+        share (dashed) follow the selection in place (`_redraw_marker`)."""
         if curve is None:
             return _no_curve()
-        marker = hv.DynamicMap(self._marker_plot, streams=[
-            self.param.mode, self.param.n_edges, self.param.threshold, self.param.scores,
-            self.param.fraction])
-        line = self.edited_line()
-        out = faithfulness_line(curve) * (line if line is not None else hv.Overlay([]))
-        return (out * marker).opts(responsive=True, height=260, default_tools=_TOOLS, logx=True)
+        from bokeh.models import ColumnDataSource, HoverTool, Span
+        from bokeh.plotting import figure
+
+        kept, y = curve["n_kept"].values, curve["recovered"].values
+        on_axis = kept > 0   # the empty circuit (0 by definition) has no place on a log axis
+        fig = figure(height=260, sizing_mode="stretch_width", x_axis_type="log",
+                     tools=list(_TOOLS), x_axis_label=_FAITH_X, y_axis_label="metric recovered",
+                     toolbar_location="right")
+        fig.toolbar.logo = None
+        fonts = theme.font_sizes()
+        fig.title.text_font_size = fonts["title"]
+        for axis, ticks in ((fig.xaxis, "xticks"), (fig.yaxis, "yticks")):
+            axis.axis_label_text_font_size = fonts["labels"]
+            axis.major_label_text_font_size = fonts[ticks]
+        points = ColumnDataSource({"edges": kept[on_axis].astype(float),
+                                   "metric": y[on_axis].astype(float)})
+        line = fig.line("edges", "metric", source=points, color=theme.ACCENT, line_width=2,
+                        name="faithfulness-curve")
+        fig.scatter("edges", "metric", source=points, color=theme.ACCENT, size=6)
+        fig.add_tools(HoverTool(renderers=[line], tooltips=[(_FAITH_X, "@edges{0,0}"),
+                                                            ("metric recovered", "@metric{0.000}")]))
+        target = Span(location=float(self.fraction), dimension="width", line_color="#777777",
+                      line_dash="dashed", line_width=1, name="target-share")
+        fig.add_layout(target)
+        line_el = self.edited_line()
+        if line_el is not None:
+            fig.add_layout(Span(location=float(line_el.data), dimension="width",
+                                line_color=theme.ACCENT, line_dash="dotted", line_width=2,
+                                name="edited-share"))
+        data, title = self._marker_state()
+        marker = ColumnDataSource(data)
+        fig.scatter("edges", "metric", source=marker, color="black", size=13, marker="diamond",
+                    name="current-circuit")
+        fig.title.text = title
+        self._faith_figs.append((fig, marker, target))
+        return fig
 
     def _clicked(self, x: float | None = None, y: float | None = None) -> None:
         """A click on the graph: a node selects it (again: clears it) and highlights its
-        edges; else an edge under the pointer is patched; empty space clears the selection."""
+        edges; else an edge under the pointer is patched and selected in the workspace
+        (`selected_edges`; a click on a selected edge deselects it); empty space clears the
+        component selection."""
         if x is None or y is None:
             return
         L, H = self._model.n_layers, self._model.spec.n_heads
@@ -978,7 +979,11 @@ class CircuitsView(View):
             return
         row = cg.nearest_edge(x, y, self._table, px_per_x=px_x, px_per_y=px_y)
         if row is not None and self._table["status"][row] != "lost":
-            self.edge = f"{self._table['src'][row]} → {self._table['dst'][row]}"
+            src, dst = self._table["src"][row], self._table["dst"][row]
+            self.edge = f"{src} → {dst}"
+            name = str(components.edge(src, dst))
+            self.selected_edges = ([e for e in self.selected_edges if e != name]
+                                   if name in self.selected_edges else [*self.selected_edges, name])
         elif row is None:
             self.selected = ""
 
@@ -1177,7 +1182,6 @@ class CircuitsView(View):
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        graph = self._edges_dm * self._nodes_dm * self._tap_el
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
         finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
@@ -1211,7 +1215,7 @@ class CircuitsView(View):
             width=theme.SIZES["controls_width"])
         faith = pn.bind(self._faithfulness_pane, self.param.curve, self.param.edited)
         main = pn.Column(
-            pn.pane.HoloViews(graph, sizing_mode="stretch_width", linked_axes=False),
+            pn.pane.Bokeh(self._graph_figure(), sizing_mode="stretch_width"),
             # the caption re-renders when what it says can change, not on each re-draw's timing
             pn.pane.Markdown(pn.bind(self._caption, *[p for p in shown if p.name not in
                                                       ("redraw_ms", "ablation", "edited",
@@ -1222,7 +1226,7 @@ class CircuitsView(View):
                                      self.param.edited, self.param.edits,
                                      self.param.circuit_patch),
                              css_classes=["circuit-readout"]),
-            pn.pane.HoloViews(faith, linked_axes=False),
+            pn.panel(faith, sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")
 
@@ -1236,7 +1240,8 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
     pruned sizes of the slider's positions (no patching: only drawing is timed). Each move
     sets the slider to a position not visited before (no cached circuit), in a fixed
     shuffled order, and is timed from the widget's value change until every pane has been
-    updated: re-pruning (`select_circuit`), the edge table, the three plots' Bokeh updates.
+    updated: re-pruning (`select_circuit`), the edge table, the graph's data source and the
+    faithfulness marker's Bokeh updates.
     Checks that the drawn segments equal the page's circuit after each move.
     """
     from bokeh.document import Document
@@ -1263,7 +1268,7 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
             wall.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
             drawn = [len(m.data["x0"]) for m in doc.select({"type": ColumnDataSource})
-                     if "x0" in m.data]
+                     if "src" in m.data]   # the edges' source (not the selected edges' halo)
             if drawn != [view._shown["drawn"]] or view.n_edges != options[i]:
                 raise RuntimeError(f"slider move to {options[i]} drew {drawn} segments, "
                                    f"expected {view._shown['drawn']}")

@@ -132,7 +132,7 @@ def test_drawn_edges_are_the_pruned_top_n_circuit(view):
     gc.collect()   # a collection of the scoring's garbage is no part of a re-draw's time
     for n in (1, 7, 40, int(sizes[-3])):
         view.n_edges = n
-        view._edges_plot()
+        view.redraw()
         want = pruned_by_hand(scores, top_n_by_hand(scores, n))
         assert drawn(view) == want
         assert want == ca.circuit_edges(scores, ca.select_circuit(scores, top_n=n))
@@ -156,7 +156,7 @@ def test_threshold_mode_draws_the_pruned_threshold_circuit(view):
         for q in (0.5, 0.8, 0.95):
             t = float(np.quantile(mag, q))
             view.threshold = t
-            view._edges_plot()
+            view.redraw()
             want = pruned_by_hand(scores, mag >= t)
             assert drawn(view) == want and view._shown["chosen"] == int((mag >= t).sum())
             if want:
@@ -166,7 +166,7 @@ def test_threshold_mode_draws_the_pruned_threshold_circuit(view):
         view._slider.value = options[-4]
         n = page_sizes(scores)[-4]
         assert view.threshold == options[-4] and int((mag >= view.threshold).sum()) == n
-        view._edges_plot()
+        view.redraw()
         assert drawn(view) == pruned_by_hand(scores, mag >= options[-4])
         x, y = marker(view)
         assert x == int(view.curve["n_kept"].sel(n_edges=n))
@@ -187,14 +187,14 @@ def test_slider_moves_set_top_n(view):
 def test_mode_switch_keeps_the_chosen_edges(view):
     sizes = page_sizes(view.scores)
     view.n_edges = int(sizes[-5])
-    view._edges_plot()
+    view.redraw()
     before = drawn(view)
     view.mode = "threshold"
     try:
         mag = np.abs(view.scores["score"].values.astype(np.float64))
         assert int((mag >= view.threshold).sum()) == sizes[-5]
         assert view._slider.value == view.threshold
-        view._edges_plot()
+        view.redraw()
         assert drawn(view) == before
         view._slider.value = list(view._slider.options.values())[-3]
     finally:
@@ -207,20 +207,20 @@ def test_large_circuits_draw_their_strongest_edges(view, monkeypatch):
     scores = view.scores
     n = scores.sizes["edge"]
     view.n_edges = n
-    plot = view._edges_plot()
+    plot = view.redraw()
     circuit = pruned_by_hand(scores, np.ones(n, bool))
     assert len(circuit) > 5 and view._shown["size"] == len(circuit)
     mag = {(str(s), str(d)): abs(float(v)) for s, d, v in
            zip(scores["src"].values, scores["dst"].values, scores["score"].values)}
     strongest = sorted(circuit, key=lambda e: -mag[e])[:5]
     assert drawn(view) == set(strongest)
-    assert "(5 drawn)" in plot.values()[0].opts.get().kwargs["title"]
+    assert "(5 drawn)" in plot["title"]
     assert marker(view)[0] == len(circuit)   # the marker counts the whole circuit
 
 
 def test_edge_choice_patches_that_edge(view, tiny_model):
     view.n_edges = 40
-    view._edges_plot()
+    view.redraw()
     label = view.param.edge.objects[3]
     view.edge = label
     src, dst = label.split(" → ")
@@ -237,21 +237,33 @@ def test_edge_choice_patches_that_edge(view, tiny_model):
 
 def test_clicking_an_edge_patches_it_and_a_node_selects_it(view):
     view.n_edges = 40
-    view._edges_plot()
+    view.redraw()
     t = view._table
     # the midpoint of an edge whose midpoint is no node's place
     pos = np.array(list(view._pos.values()))
     i = next(i for i in range(len(t["x0"]))
              if np.hypot(*(pos - [(t["x0"][i] + t["x1"][i]) / 2,
                                   (t["y0"][i] + t["y1"][i]) / 2]).T).min() > 0.5)
+    fig = view._graph_figure()
+    halo = fig.select_one({"name": "picked-edges"}).data_source
+    before = list(view.selected_edges)
     view._clicked((t["x0"][i] + t["x1"][i]) / 2, (t["y0"][i] + t["y1"][i]) / 2)
     assert view.edge == f"{t['src'][i]} → {t['dst'][i]}"
+    # the clicked edge is selected (the workspace's edge spelling, SRC->DST) and drawn with
+    # a halo from its source's place to its target's; a second click deselects it
+    name = f"{t['src'][i]}->{t['dst'][i]}"
+    assert view.selected_edges == [*before, name]
+    k = halo.data["edge"].index(name)
+    assert [halo.data[c][k] for c in ("x0", "y0", "x1", "y1")] == \
+        [t["x0"][i], t["y0"][i], t["x1"][i], t["y1"][i]]
+    view._clicked((t["x0"][i] + t["x1"][i]) / 2, (t["y0"][i] + t["y1"][i]) / 2)
+    assert view.selected_edges == before and name not in halo.data["edge"]
     # a node: its name in the one spelling; its edges keep their opacity, the others fade
     node = t["src"][i]
     raw = next(n for n in view._pos if spelled(n) == node)
     view._clicked(*view._pos[raw])
     assert view.selected == node
-    view._edges_plot()
+    view.redraw()
     t2 = view._table
     touches = (t2["src"] == node) | (t2["dst"] == node)
     assert touches.any() and (~touches).any()
@@ -262,7 +274,7 @@ def test_clicking_an_edge_patches_it_and_a_node_selects_it(view):
     assert cols["size"][k] == max(cols["size"])
     view._clicked(*view._pos[raw])   # again: cleared
     assert view.selected == ""
-    view._edges_plot()
+    view.redraw()
     assert np.allclose(view._table["alpha"], cg.edge_style(view._table["score"])["alpha"])
 
 
@@ -287,7 +299,7 @@ def test_finetune_button_adds_checkpoints(view):
     assert ck is not None and ck["checkpoint"].values.tolist() == [0, 1, 2]
     n = 40
     view.param.update(checkpoint=2, diff=True, diff_against="first checkpoint", n_edges=n)
-    view._edges_plot()
+    view.redraw()
     mine = pruned_by_hand(view._ck_scores[2], top_n_by_hand(view._ck_scores[2], n))
     first = pruned_by_hand(view._ck_scores[0], top_n_by_hand(view._ck_scores[0], n))
     t = view._table
@@ -309,13 +321,13 @@ def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
     doc = Document()
     with set_curdoc(doc):
         doc.add_root(pn.panel(view).get_root(doc))
-        assert len(view.nodes_drawn()) == 1
+        assert len(view.nodes_drawn()) >= 1   # this document's drawing is the last
         for value in list(view._slider.options.values())[::4]:
             view._slider.value = value
-            segs = [m.data for m in doc.select({"type": ColumnDataSource}) if "x0" in m.data]
+            segs = [m.data for m in doc.select({"type": ColumnDataSource}) if "src" in m.data]
             assert len(segs) == 1
             used = set(segs[0]["src"]) | set(segs[0]["dst"])
-            nodes = view.nodes_drawn()[0]
+            nodes = view.nodes_drawn()[-1]
             big = {n for n, s in zip(nodes["name"], nodes["size"]) if s == 8}
             dark = {n for n, f in zip(nodes["name"], nodes["fill"]) if f == cg.USED_NODE}
             assert big == dark == used
@@ -364,7 +376,7 @@ def test_default_circuit_is_the_smallest_faithful_prefix_within_the_cap(view):
                 top_n, kept, reached = choice_by_loop(curve, f, cap)
                 assert view._default.n_edges == view.n_edges == top_n
                 assert view._default.reached == reached
-                view._edges_plot()
+                view.redraw()
                 assert drawn(view) == pruned_by_hand(scores, top_n_by_hand(scores, top_n))
                 assert len(drawn(view)) == kept
                 assert kept <= cap or not any(0 < k <= cap for k in kept_sizes)
@@ -461,7 +473,7 @@ def test_layer_ticks_do_not_collide_at_1280_px():
 
 def test_csv_rows_are_the_shown_edges_and_scores(view):
     view.n_edges = 40
-    view._edges_plot()
+    view.redraw()
     rows = list(csv.DictReader(io.StringIO(view._csv_file().read())))
     assert list(rows[0]) == ["source", "target", "score", "patch_effect"]
     want = {}
@@ -494,7 +506,7 @@ def test_diff_against_the_other_attribution_is_the_set_difference(view):
         ig = view._results[("add", 4, "eap-ig")][1]
         assert view.scores is ig and view.n_edges == 40
         view.param.update(diff=True, diff_against="other attribution")
-        view._edges_plot()
+        view.redraw()
         mine = pruned_by_hand(ig, top_n_by_hand(ig, 40))
         other = pruned_by_hand(eap, top_n_by_hand(eap, 40))
         t = view._table

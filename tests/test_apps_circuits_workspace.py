@@ -3,7 +3,6 @@ user's own prompt pairs, workspace edits (the task metric clean vs edited), a se
 elsewhere drawn in the graph, "Patch all shown edges", and the page's copy-as-code snippet."""
 from __future__ import annotations
 
-import holoviews as hv
 import numpy as np
 import panel as pn
 import pytest
@@ -112,9 +111,11 @@ def test_edits_show_the_task_metric_clean_vs_edited_as_torch_hooks(own_view, tin
     assert f"data-circuit-edited='{e['clean_metric']:.9g} " in view._state_html()
     # the faithfulness panel marks the edited model's share
     assert float(view.edited_line().data) == pytest.approx(want, rel=1e-3)
-    pane = view._faithfulness_pane(view.curve, view.edited)
-    lines = [el for el in pane[()].values() if isinstance(el, hv.HLine)]   # and the target's
-    assert sorted(float(el.data) for el in lines) == pytest.approx(sorted([want, view.fraction]))
+    from bokeh.models import Span
+
+    fig = view._faithfulness_pane(view.curve, view.edited)
+    lines = [el for el in fig.center if isinstance(el, Span)]   # and the target's
+    assert sorted(el.location for el in lines) == pytest.approx(sorted([want, view.fraction]))
     view.edits = []
     assert view.edited is None and "Workspace edits" not in view._readout()
 
@@ -123,13 +124,13 @@ def test_a_selection_outside_the_circuit_is_drawn_with_its_strongest_edges(own_v
     view = own_view
     scores = view.scores
     view.param.update(mode="top-n", n_edges=6)
-    view._edges_plot()
+    view.redraw()
     t = view._table
     used = set(t["src"]) | set(t["dst"])
     heads = [f"L{layer}.H{h}" for layer in range(3) for h in range(4)]
     outside = next(h for h in heads if h not in used)
     view.selected = outside                       # as the gallery sets it
-    view._edges_plot()
+    view.redraw()
     t = view._table
     rows = t["status"] == "outside"
     # its 5 strongest edges by |score|, by a plain sort over the scores here
@@ -158,7 +159,7 @@ def test_a_selection_outside_the_circuit_is_drawn_with_its_strongest_edges(own_v
     # a head the circuit touches: no extra edges, the caption says its edges stand out
     inside = next(iter(sorted(n for n in used if ".H" in n)))
     view.selected = inside
-    view._edges_plot()
+    view.redraw()
     assert not (view._table["status"] == "outside").any()
     assert f"Selected: **{inside}**; its edges in the circuit stand out." in view._caption()
     view.selected = ""
@@ -172,11 +173,9 @@ def ac_outside():
 def test_head_labels_are_short_inside_their_layer_column(own_view):
     """Labels drawn: ``H3`` for a head (its layer is the x axis), full names for MLPs,
     input and logits; only nodes the circuit touches; centred on the node's column."""
-    from apps.circuits import plot_node_labels
-
     view = own_view
     view.param.update(mode="top-n", n_edges=40, selected="")
-    view._edges_plot()
+    view.redraw()
     t = view._table
     used = set(t["src"]) | set(t["dst"])
     cols = view.node_columns()
@@ -185,11 +184,14 @@ def test_head_labels_are_short_inside_their_layer_column(own_view):
         want[name] = name.split(".")[1] if ".H" in name else name
     got = {n: x for n, x in zip(cols["name"], cols["text"]) if x}
     assert got == want
-    heads, mlps = plot_node_labels(cols).values()
-    assert heads.opts.get().kwargs["angle"] == 0 and heads.opts.get().kwargs["text_align"] == "center"
-    assert mlps.opts.get().kwargs["angle"] == 90
-    assert all(str(v).endswith(".MLP") for v in mlps.dimension_values("text") if v)
-    assert not any(str(v).endswith(".MLP") for v in heads.dimension_values("text"))
+    fig = view._graph_figure()
+    heads, mlps = (fig.select_one({"name": n}) for n in ("head-labels", "mlp-labels"))
+    assert heads.glyph.angle == 0 and heads.glyph.text_align == "center"
+    assert mlps.glyph.angle == pytest.approx(np.pi / 2)
+    drawn = list(heads.data_source.data["text"]) + list(mlps.data_source.data["text"])
+    assert sorted(drawn) == sorted(want.values())   # every label the circuit needs, once
+    assert all(str(v).endswith(".MLP") for v in mlps.data_source.data["text"])
+    assert not any(str(v).endswith(".MLP") for v in heads.data_source.data["text"])
 
 
 def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny_model,
@@ -197,7 +199,7 @@ def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny
     view = own_view
     scores = view.scores
     view.param.update(mode="top-n", n_edges=12, selected="")
-    view._edges_plot()
+    view.redraw()
     t = view._table
     # the shown edges, as (src, dst) in the one spelling -> a mask built here over the scores
     shown = set(zip(t["src"], t["dst"]))
@@ -217,7 +219,7 @@ def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny
     n = int(view.curve["n_edges"].values[-4])
     monkeypatch.setattr(ac, "MAX_DRAWN_EDGES", 5)
     view.n_edges = n
-    view._edges_plot()
+    view.redraw()
     assert view._shown["size"] > view._shown["drawn"] == 5
     buttons["Patch all shown edges"].clicks += 1
     assert view.circuit_patch["n_shown"] == int(view.curve["n_kept"].sel(n_edges=n))
@@ -243,7 +245,7 @@ def test_copy_as_code_recomputes_the_pages_scores_circuit_and_metric(own_view, t
                                rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(ns["curve"]["recovered"].values, view.curve["recovered"].values,
                                rtol=1e-5, atol=1e-6)
-    view._edges_plot()
+    view.redraw()
     drawn = set(zip(view._table["src"], view._table["dst"]))
     spell = view._spell
     assert {(spell[s], spell[d]) for s, d in ns["edges"]} == drawn

@@ -145,7 +145,7 @@ _SEGMENTS_JS = """
 () => {
   let n = null;
   const walk = (v) => { if (v.model && v.model.renderers) for (const r of v.model.renderers)
-                          if (r.glyph && r.glyph.type === "Segment") n = r.data_source.data.x0.length;
+                          if (r.name === "edges") n = r.data_source.data.x0.length;
                         for (const c of v.children()) walk(c); };
   for (const root of Bokeh.index) walk(root);
   return n;
@@ -231,7 +231,7 @@ _EDGE_MIDPOINT_JS = """
                         for (const c of v.children()) walk(c); };
   for (const root of Bokeh.index) walk(root);
   for (const pv of plots) {
-    const seg = pv.model.renderers.find(r => r.glyph && r.glyph.type === "Segment");
+    const seg = pv.model.renderers.find(r => r.name === "edges");
     const pts = pv.model.renderers.find(r => r.glyph && r.glyph.type === "Scatter"
                                              && r.data_source.data.name);
     if (!seg || !pts) continue;
@@ -281,7 +281,7 @@ _GRAPH_JS = """
       for (const r of v.model.renderers) {
         if (!r.glyph) continue;
         const d = r.data_source.data;
-        if (r.glyph.type === "Segment")
+        if (r.name === "edges")
           out.segments = {src: [...d.src], dst: [...d.dst], alpha: [...d.alpha], score: [...d.score]};
         else if (r.glyph.type === "Text") {   // heads' and MLPs' labels: two renderers
           out.labels = out.labels ?? {text: [], x: [], y: []};
