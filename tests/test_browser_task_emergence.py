@@ -68,3 +68,31 @@ def test_task_emergence_page_scrubs_training(server, browser, analysis):
     wait_for_text(page, ".emergence-projection-caption", rf"at step 0\b.*TD\) there = {td0:.2f}")
     assert not errors, errors
     page.close()
+
+
+def test_icl_loss_axis_reads_in_1_2_5_steps(server, browser, analysis):
+    """The log y axis of "ICL loss per task" has a label at each 1, 2 and 5 times a power of
+    ten inside its range (it read only 1 and 0.1 with Bokeh's own log ticker)."""
+    import math
+
+    from _ticks import axis_ticks
+
+    page, errors = open_page(browser, f"{server}/task_emergence", viewport={"width": 1280, "height": 900})
+    wait_for_canvas(page, ".emergence-curves")
+    deadline = time.time() + 60
+    while not (axes := [a for a in axis_ticks(page, "ICL loss per task") if a["axis"] == "y"]) \
+            and time.time() < deadline:
+        page.wait_for_timeout(250)
+    [axis] = axes
+    assert axis["type"] == "LogAxis"
+    # the range the plot asks for (plot_icl_loss_curves): the oracle loss / 1.5 .. the
+    # largest of the ICL and task-agnostic losses x 1.2
+    low = min(float(analysis["oracle_loss"].mean()), float(analysis["icl_loss"].min())) / 1.5
+    high = max(float(analysis["icl_loss"].max()), float(analysis["agnostic_loss"].mean())) * 1.2
+    expected = [m * 10.0 ** e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                for m in (1, 2, 5) if low <= m * 10.0 ** e <= high]
+    assert 3 <= len(expected) <= 8, (low, high)   # this run's range: no thinning to the 1s
+    assert [round(t, 12) for t in axis["ticks"]] == [round(t, 12) for t in expected], (low, high, axis)
+    assert all(axis["labels"]) and len(set(axis["labels"])) == len(axis["labels"]), axis
+    assert not errors, errors
+    page.close()
