@@ -959,7 +959,7 @@ class CircuitsView(View):
                     name="current-circuit")
         fig.title.text = title
         self._faith_figs.append((fig, marker, target))
-        return fig
+        return theme.BokehPane(fig, sizing_mode="stretch_width")
 
     def _clicked(self, x: float | None = None, y: float | None = None) -> None:
         """A click on the graph: a node selects it (again: clears it) and highlights its
@@ -1215,7 +1215,7 @@ class CircuitsView(View):
             width=theme.SIZES["controls_width"])
         faith = pn.bind(self._faithfulness_pane, self.param.curve, self.param.edited)
         main = pn.Column(
-            pn.pane.Bokeh(self._graph_figure(), sizing_mode="stretch_width"),
+            theme.BokehPane(self._graph_figure(), sizing_mode="stretch_width"),
             # the caption re-renders when what it says can change, not on each re-draw's timing
             pn.pane.Markdown(pn.bind(self._caption, *[p for p in shown if p.name not in
                                                       ("redraw_ms", "ablation", "edited",

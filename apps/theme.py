@@ -17,6 +17,7 @@ import panel as pn
 
 __all__ = [
     "TITLE",
+    "BokehPane",
     "ACCENT",
     "CMAPS",
     "PROBABILITY_CMAP",
@@ -329,6 +330,24 @@ def enable_extension() -> None:
 
     pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
     hv.renderer("bokeh").theme = bokeh_theme()
+
+
+class BokehPane(pn.pane.Bokeh):
+    """`pn.pane.Bokeh` for the pages' own Bokeh figures, safe under a page design.
+
+    Panel's pane copies every layout parameter set on it to its figure when the figure
+    changes. ``design`` is one of them (set from ``pn.config.design``, which
+    `enable_extension` fills, or by a template), but a Bokeh figure has no such property,
+    so a new figure in such a pane raised ``AttributeError: unexpected attribute
+    'design'``. This pane keeps the design to itself.
+    """
+
+    def __init__(self, object: Any = None, **params: Any) -> None:
+        super().__init__(object, **params)
+        self._overrides = [p for p in self._overrides if p != "design"]
+
+    def _track_overrides(self, *events: Any) -> None:
+        super()._track_overrides(*(e for e in events if e.name != "design"))
 
 
 class NestedLayoutFix(pn.custom.JSComponent):

@@ -113,7 +113,7 @@ def test_edits_show_the_task_metric_clean_vs_edited_as_torch_hooks(own_view, tin
     assert float(view.edited_line().data) == pytest.approx(want, rel=1e-3)
     from bokeh.models import Span
 
-    fig = view._faithfulness_pane(view.curve, view.edited)
+    fig = view._faithfulness_pane(view.curve, view.edited).object
     lines = [el for el in fig.center if isinstance(el, Span)]   # and the target's
     assert sorted(el.location for el in lines) == pytest.approx(sorted([want, view.fraction]))
     view.edits = []

@@ -92,3 +92,21 @@ def test_log_axes_get_the_1_2_5_ticker_unless_the_plot_sets_ticks():
     tickers = [axis.ticker for axis in axes if isinstance(axis, LogAxis)]
     assert len(tickers) == 2 and tickers[0] is not tickers[1]   # one model per axis
     assert all("explorer-log-ticks" in t.tags for t in tickers)
+
+
+def test_a_bokeh_pane_takes_a_new_figure_under_the_page_design():
+    """A function bound into a page (``pn.bind``) that returns a Bokeh figure gets a pane
+    made with the page's layout parameters, ``design`` among them. Panel's own Bokeh pane
+    then passes that ``design`` to the next figure and fails; `theme.BokehPane` shows it."""
+    from bokeh.plotting import figure
+
+    plain = pn.pane.Bokeh(figure(height=100), design=theme.Design)
+    with pytest.raises(AttributeError, match="design"):
+        plain.object = figure(height=100)
+    ours = theme.BokehPane(figure(height=100), design=theme.Design, sizing_mode="stretch_width")
+    new = figure(height=120, title="new")
+    ours.object = new
+    root = ours.get_root(Document())
+    assert ours.object is new and root.select_one({"id": new.id}) is new
+    assert new.sizing_mode == "stretch_width"
+
