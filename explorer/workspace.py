@@ -320,7 +320,10 @@ class Workspace(param.Parameterized):
         return [(str(e.src), str(e.dst)) for e in map(comp.parse_edge, self.selected_edges)]
 
     def _positions_follow_prompt(self, event: Any) -> None:
-        n = self.n_tokens
+        try:
+            n = self.n_tokens
+        except InputError:
+            return  # a prompt with no tokens (blank): the pages report it, nothing is dropped
         if n is not None and any(p >= n for p in self.selected_positions):
             self.selected_positions = [p for p in self.selected_positions if p < n]
 

@@ -86,6 +86,18 @@ def test_positions_are_checked_against_the_prompt_length_in_tokens(ws, tiny_mode
     assert ws.n_tokens == short and ws.selected_positions == [p for p in (n - 1, 1) if p < short]
 
 
+def test_a_blank_prompt_is_taken_and_keeps_the_positions(ws, tiny_model):
+    """A blank prompt has no tokens to check positions against: the workspace takes it (the
+    pages then report it) and keeps the selection, which comes back with a real prompt."""
+    ws.select("P3")
+    ws.prompt = "   "
+    assert ws.prompt == "   " and ws.selected_positions == [3]
+    with pytest.raises(InputError, match="empty"):
+        ws.select("P1")
+    ws.prompt = PROMPT
+    assert ws.selected_positions == [3] and ws.n_tokens == _n_tokens(tiny_model, PROMPT)
+
+
 def test_without_a_tokenizer_positions_are_spelled_but_not_range_checked():
     ws = Workspace(model_name="some-model", n_layers=2, n_heads=3)
     assert ws.n_tokens is None
