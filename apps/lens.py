@@ -38,10 +38,12 @@ from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
 from explorer.interventions import Edit
 from explorer.lens import preview_vocabulary
+from explorer.lens_preview import compatible_base, preview_forward_reason, steered_lens_preview
 from explorer.trace import trace as trace_sites
 
 __all__ = ["LensView", "lens_table", "plot_lens_heatmap", "heatmap_columns", "plot_shape",
-           "is_preview", "contrast_vector", "slider_preview_times", "STATE_FORMAT"]
+           "heatmap_updates", "is_preview", "contrast_vector", "slider_preview_times",
+           "STATE_FORMAT"]
 
 STATE_FORMAT = "explorer.lens-state"
 STATE_FORMAT_VERSION = 1
@@ -291,6 +293,39 @@ def heatmap_columns(ds: xr.Dataset, *, prompt: int = 0) -> dict[str, dict[str, A
     return {"heat": heat, "labels": labels}
 
 
+_SHAPE_COLUMNS = {"heat": ("pos", "layer", "width", "height", "input"),
+                  "labels": ("pos", "layer")}
+"""The heatmap's data columns fixed by `plot_shape` (the same for every result of a shape)."""
+
+
+@functools.lru_cache(maxsize=65536)
+def _shown_token(token: str) -> tuple[str, str]:
+    """A token as shown in the hover (`theme.show_token`) and as a cell's short label."""
+    s = theme.show_token(token)
+    return s, (s if len(s) <= _LABEL_CHARS else s[:_LABEL_CHARS - 1] + "…")
+
+
+def heatmap_updates(ds: xr.Dataset, *, prompt: int = 0) -> dict[str, dict[str, Any]]:
+    """The columns of `heatmap_columns` that change between results of one `plot_shape`
+    (top-1 probability, tokens, ids, probabilities, labels and their colours), built
+    straight from the arrays: what a slider move sends to the drawn plot."""
+    one = ds.isel(prompt=prompt)
+    real = one.mask.values                                               # [pos]
+    k = one.sizes["rank"]
+    probs = one.top_prob.values[real].reshape(-1, k)                     # [pos*layer, rank]
+    ids = one.top_token_id.values[real].reshape(-1, k)
+    toks = one.top_token.values[real].reshape(-1, k)
+    shown = [[_shown_token(t) for t in row] for row in toks.tolist()]
+    top = probs[:, 0].astype(float)
+    heat: dict[str, Any] = {"zvalues": top, "top_prob": _as_text(top)}
+    for r in range(k):
+        heat[f"tok{r}"] = [row[r][0] for row in shown]
+        heat[f"id{r}"] = _as_text(ids[:, r])
+        heat[f"p{r}"] = _as_text(probs[:, r].astype(float))
+    labels = {"label": [row[0][1] for row in shown], "text_color": list(_text_colors(top))}
+    return {"heat": heat, "labels": labels}
+
+
 def lens_digest(ds: xr.Dataset) -> str:
     """A short fingerprint of a lens result (changes whenever the displayed cells do)."""
     h = hashlib.sha1(np.ascontiguousarray(ds.top_token_id.values).tobytes())
@@ -401,6 +436,7 @@ class LensView(View):
         self._seq = 0            # request counter (previews and exact runs)
         self._exact_seq = 0      # the newest exact request: older previews are not drawn
         self.preview_runs = 0    # previews computed (tests and the bench read it)
+        self._candidates: tuple[Any, tuple, np.ndarray] | None = None  # the last preview's
         self._alpha_slider: pn.widgets.FloatSlider | None = None
         self._syncing = False
         # the drawn heatmap's data sources, filled in place for results of the same shape
@@ -475,9 +511,10 @@ class LensView(View):
             return seq, p, None, exc
 
     def _compute_preview(self, p: dict[str, Any], token: CancelToken) -> xr.Dataset:
-        """The lens at ``p`` read over candidate tokens only (`explorer.logit_lens`
-        ``preview_vocab``): the last results' top tokens and those the steering vector
-        raises; the final layer and the layers before the edit are exact."""
+        """The lens at ``p``, previewed: the layers before the edit copied from the last
+        exact result, the later ones re-run in plain torch from the clean run and read
+        over candidate tokens (`explorer.lens_preview.steered_lens_preview`); where that
+        forward does not cover the model, `explorer.logit_lens` ``preview_vocab``."""
         check_prompts(p["prompt"])
         edits = self.edits_for(p)
         last = self.result
@@ -487,6 +524,13 @@ class LensView(View):
             return last  # the unedited lens is already exact
         token.check()
         resume = self._clean_run(p["prompt"]) if (edits and not self._model.remote) else None
+        token.check()
+        if resume is not None and preview_forward_reason(self._model, edits) is None \
+                and compatible_base(last, p["prompt"], p["k"], min(e.layer for e in edits)):
+            vocab = self._preview_candidates(last, edits)
+            self.preview_runs += 1
+            return steered_lens_preview(self._model, p["prompt"], k=p["k"], edits=edits,
+                                        clean=resume, base=last, candidates=vocab)
         shown = [ds for ds in (self.result, self.preview) if ds is not None
                  and ds.attrs["params"]["prompts"] == [p["prompt"]]]
         directions = [np.sign(e.alpha) * np.asarray(e.vector) for e in edits]
@@ -495,6 +539,19 @@ class LensView(View):
         self.preview_runs += 1
         return explorer.logit_lens(self._model, p["prompt"], k=p["k"], edits=edits, resume=resume,
                                    rank_cap=p["k"], unembed_dtype="auto", preview_vocab=vocab)
+
+    def _preview_candidates(self, base: xr.Dataset, edits: list[explorer.Steer]) -> np.ndarray:
+        """`preview_vocabulary` of the exact result and the steering direction, kept while
+        they stay the same (every move of one drag reads the same candidates)."""
+        signs = tuple(float(np.sign(e.alpha)) for e in edits)
+        key = (signs, tuple(e.vector for e in edits))
+        if self._candidates is not None and self._candidates[0] is base \
+                and self._candidates[1] == key:
+            return self._candidates[2]
+        vocab = preview_vocabulary(self._model, results=[base], directions=[
+            s * np.asarray(e.vector) for s, e in zip(signs, edits)])
+        self._candidates = (base, key, vocab)
+        return vocab
 
     def _show_preview(self, out: tuple) -> None:
         seq, p, ds, exc = out
@@ -704,16 +761,18 @@ class LensView(View):
 
     def _draw(self, *events: Any) -> None:
         """Redraw the heatmap: in place when the drawn plot has this result's shape (a
-        slider move: new data, title and colours, no new Bokeh models), else anew."""
+        slider move: only the columns that change, the title; no new Bokeh models), else
+        anew."""
         ds = self.shown
         sources = self.drawn_sources()
         if ds is not None and plot_shape(ds) == self._drawn_shape and all(sources.values()):
-            columns = heatmap_columns(ds)
-            if all(set(src.data) <= set(columns[glyph])
+            columns = heatmap_updates(ds)
+            if all(set(src.data) <= set(columns[glyph]) | set(_SHAPE_COLUMNS[glyph])
                    for glyph, srcs in sources.items() for src in srcs):
                 for glyph, srcs in sources.items():
-                    for src in srcs:
-                        src.data = {name: columns[glyph][name] for name in src.data}
+                    for src in srcs:  # one change event carrying the changed columns only
+                        src.data.update({name: columns[glyph][name] for name in src.data
+                                         if name in columns[glyph]})
                 title = lens_title(ds, clean=self.edited_result is not None)
                 for ref in self._figures:
                     fig = ref()

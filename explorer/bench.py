@@ -494,16 +494,19 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     The preview while the slider moves (``slider_preview_ms``, ``preview_moves`` moves):
     the lens page attached to a Bokeh Document, released once at ``alpha`` and then
     dragged from there towards ``alpha / 2``, each move timed from the slider's value
-    change until the heatmap's data are replaced (`apps.lens.slider_preview_times`: the
-    preview lens over candidate tokens, `logit_lens` ``preview_vocab``, and the in-place
-    redraw);
-    ``preview_vs_fast_ratio``: the preview's lens call against the page's exact call
-    (``unembed_dtype="auto", rank_cap=k``), interleaved; ``accuracy.preview_vs_exact``:
-    each move's preview against the exact lens at the same strength.
+    change until the heatmap's data are replaced (`apps.lens.slider_preview_times`: on
+    Llama-style models `explorer.lens_preview.steered_lens_preview`, the layers from the
+    edit on re-run over candidate tokens, and the in-place redraw; its products' backend
+    and both timings in ``params.kernel_decisions.preview``);
+    ``preview_lens_ms`` / ``preview_vs_fast_ratio``: the page's fallback for other models,
+    `logit_lens` ``preview_vocab``, against the page's exact call (``unembed_dtype="auto",
+    rank_cap=k``), interleaved; ``accuracy.preview_vs_exact``: each move's preview against
+    the exact lens at the same strength.
     """
     from .interventions import Steer
     from ._kernels import gemm_decisions
     from .lens import logit_lens, resolve_unembed_dtype, screen_decisions
+    from .lens_preview import gemm_choices as preview_gemm_choices
     from .trace import clean_run
 
     tokens = check_int("tokens", tokens, low=2)
@@ -626,7 +629,8 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     params = {"model": model, "tokens": tokens, "layer": layer, "alpha": alpha, "k": k,
               "rank_cap": rank_cap, "repeats": repeats, "fast": fast,
               "fast_resolves_to": resolve_unembed_dtype("auto", m, 256),
-              "kernel_decisions": {"screen": screen_decisions(m), "gemm": gemm_decisions()},
+              "kernel_decisions": {"screen": screen_decisions(m), "gemm": gemm_decisions(),
+                                   "preview": preview_gemm_choices()},
               "accuracy_prompts": accuracy_prompts, "accuracy_tokens": accuracy_tokens,
               "layers": m.n_layers, "preview_moves": preview_moves}
     return {"params": params, "figures": figures, "accuracy": accuracy}
