@@ -29,9 +29,7 @@ elsewhere.
 """
 from __future__ import annotations
 
-import functools
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +39,7 @@ import torch.nn.functional as F
 import xarray as xr
 
 from ._checks import InputError
-from ._kernels import row_bucket
+from ._kernels import _blas_controller, median_seconds, row_bucket
 from .interventions import Edit, Steer
 from .lens import PREVIEW_SAMPLE, _preview_vocab, _token_strings
 from .models import Model, _get_path
@@ -55,23 +53,6 @@ _SPEEDUP_TO_SWITCH = 1.1
 
 _CHOICES_LOCK = threading.Lock()
 _CHOICES: dict[tuple, dict[str, Any]] = {}
-
-
-def _median(fn: Any, repeats: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[repeats // 2]
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_controller() -> Any:
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
 
 
 class Gemm:
@@ -113,8 +94,9 @@ def choose_backend(key: tuple, gemms: Sequence[Gemm], rows: int) -> str:
                 m(x, backend)
 
         with _blas_controller().limit(limits=torch.get_num_threads(), user_api="blas"):
-            t_torch, t_numpy = _median(lambda: run("torch")), _median(lambda: run("numpy"))
-            t_torch = min(t_torch, _median(lambda: run("torch")))  # each after the other ran
+            t_torch = median_seconds(lambda: run("torch"), 3)
+            t_numpy = median_seconds(lambda: run("numpy"), 3)
+            t_torch = min(t_torch, median_seconds(lambda: run("torch"), 3))  # each after the other
         entry = {"products": len(gemms), "rows": key[-1],
                  "shapes": sorted({tuple(m.weight.shape[::-1]) for m in gemms}),
                  "chosen": "numpy" if t_torch >= _SPEEDUP_TO_SWITCH * t_numpy else "torch",
