@@ -33,17 +33,19 @@ def _cache_dir(tmp_path, monkeypatch):
 
 # -- an independent logit lens ---------------------------------------------------------
 
-def _layer_outputs(model, prompt, *, steer=None):
+def _layer_outputs(model, prompt, *, steer=None, steers=()):
     """Each decoder layer's output [layer, pos, d_model] from plain hooks; ``steer`` =
-    (layer, vector, alpha) adds alpha * vector to that layer's output."""
+    (layer, vector, alpha) adds alpha * vector to that layer's output (``steers``: several)."""
+    steers = [*steers, *([steer] if steer is not None else [])]
     hf = model.hf
     ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
     outs, hooks = [], []
     for i, layer in enumerate(hf.model.layers):
         def hook(_module, _inputs, output, i=i):
             h = output[0] if isinstance(output, tuple) else output
-            if steer is not None and i == steer[0]:
-                h = h + steer[2] * torch.as_tensor(steer[1], dtype=h.dtype)
+            for at, vector, alpha in steers:
+                if i == at:
+                    h = h + alpha * torch.as_tensor(vector, dtype=h.dtype)
             outs.append(h[0].detach().clone())
             return (h, *output[1:]) if isinstance(output, tuple) else h
         hooks.append(layer.register_forward_hook(hook))

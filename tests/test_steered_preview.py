@@ -47,24 +47,8 @@ def test_two_edits_add_up_at_their_layers(tiny_model):
     a, b = _vector(tiny_model, 1), _vector(tiny_model, 2)
     clean = clean_run(tiny_model, [PROMPT])
     got = lp.steered_resid_post(tiny_model, clean, [Steer(0, a, 1.5), Steer(1, b, -2.0)])
-    # by hand: both steers added by hooks on their layers' outputs
-    hf = tiny_model.hf
-    outs, hooks = [], []
-    for i, blk in enumerate(hf.model.layers):
-        def hook(_m, _i, out, i=i):
-            h = out[0] if isinstance(out, tuple) else out
-            h = h + {0: 1.5 * torch.as_tensor(a), 1: -2.0 * torch.as_tensor(b)}.get(i, 0)
-            outs.append(h[0].detach().clone())
-            return (h, *out[1:]) if isinstance(out, tuple) else h
-        hooks.append(blk.register_forward_hook(hook))
-    ids = torch.tensor([tiny_model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]])
-    try:
-        with torch.no_grad():
-            hf(input_ids=ids)
-    finally:
-        for h in hooks:
-            h.remove()
-    torch.testing.assert_close(got, torch.stack(outs).float(), rtol=1e-4, atol=1e-5)
+    want = _layer_outputs(tiny_model, PROMPT, steers=[(0, a, 1.5), (1, b, -2.0)])   # by hooks
+    torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-5)
 
 
 def test_over_the_whole_vocabulary_the_preview_is_the_exact_lens(tiny_model):
