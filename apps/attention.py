@@ -6,7 +6,10 @@ mosaic of query x key tiles, so 30 layers x 9 heads x 64 tokens is a single glyp
 million pixels rather than 270 plots. Clicking a tile (or picking the layer and head, or
 typing ``L17.H3``) enlarges that head with its tokens on both axes and a hover; in the gallery
 it also selects the head in the session's workspace, whose selected heads (`highlighted`) are
-outlined dashed on the grid.
+outlined dashed on the grid. Above the enlarged head the prompt's tokens form a strip: a click
+selects or deselects that token position (`AttentionView.selected_positions`, in the gallery
+the workspace's: ``P5``), and the enlarged head outlines dashed the selected positions' query
+rows (what they attend to) and key columns (what attends to them).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._positions import (PositionStrip, position_caption, position_outlines, shown_positions,
+                             toggled)
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer import components
@@ -31,7 +36,8 @@ from explorer.trace import trace as trace_sites
 
 __all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
            "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_highlight", "plot_head",
-           "head_pattern", "grid_cell", "highlighted_heads"]
+           "head_pattern", "grid_cell", "highlighted_heads", "plot_positions", "plot_enlarged",
+           "prompt_tokens"]
 
 MAX_TOKENS = 128
 """The longest prompt the page draws (the grid grows with the square of the length)."""
@@ -198,6 +204,34 @@ def _ticks(tokens: list[str]) -> list[tuple[int, str]]:
     return out
 
 
+def prompt_tokens(ds: xr.Dataset | None) -> list[str]:
+    """The traced prompt's real tokens as shown ([] before a trace)."""
+    if ds is None:
+        return []
+    one = ds.isel(prompt=0)
+    return theme.show_tokens(one.token.values[:int(one.mask.sum())])
+
+
+def plot_positions(ds: xr.Dataset | None, positions: list[int]) -> hv.Element:
+    """Dashed outlines on `plot_head` of the selected positions: each one's query row (from
+    key 0 to itself: what it attends to) and key column (from itself down: who attends to it)."""
+    n = len(prompt_tokens(ds))
+    shown = shown_positions(positions, n)
+    boxes = ([(-0.5, p - 0.5, p + 0.5, p + 0.5) for p in shown]            # query rows
+             + [(p - 0.5, p - 0.5, p + 0.5, n - 0.5) for p in shown])      # key columns
+    return position_outlines(boxes)
+
+
+def plot_enlarged(ds: xr.Dataset | None, layer: int, head: int,
+                  positions: list[int]) -> hv.Element:
+    """`plot_head` with the selected positions outlined (`plot_positions`)."""
+    heat = plot_head(ds, layer, head)
+    if ds is None or not shown_positions(positions, len(prompt_tokens(ds))):
+        return heat
+    return (heat * plot_positions(ds, positions)).opts(
+        responsive=True, height=heat.opts.get().kwargs["height"])
+
+
 def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
     """One head's query x key pattern, tokens on both axes (thinned past 32), hover per cell.
 
@@ -251,6 +285,9 @@ class AttentionView(View):
                          doc="Head (within the layer) that is enlarged.")
     selected = param.String(default="L0.H0", label="Enlarged head",
                             doc="The enlarged head, spelled L<layer>.H<head>; type one to pick it.")
+    selected_positions = param.List(default=[], item_type=int, precedence=-1,
+                                    doc="Selected token positions of the prompt (0-based; the "
+                                        "workspace's in the gallery), outlined on the head.")
     highlighted = param.List(default=[], item_type=str, precedence=-1,
                              doc="Components to outline on the grid (the workspace selection; "
                                  "heads are drawn, other components skipped).")
@@ -271,6 +308,12 @@ class AttentionView(View):
         self.param.watch(self._request_trace, ["prompt"])
         self.param.watch(self._sync_label, ["layer", "head"])
         self.param.watch(self._pick_label, ["selected"])
+        self._positions = PositionStrip(selected=list(self.selected_positions),
+                                        sizing_mode="stretch_width",
+                                        css_classes=["attention-prompt-tokens"])
+        self._positions.param.watch(self._positions_clicked, "selected")
+        self.param.watch(self._positions_to_strip, ["selected_positions"])
+        self.param.watch(self._tokens_to_strip, ["result"])
         self._page_loaded = self._doc is None
         if self._doc is not None:
             pn.state.onload(self._on_page_load)  # the gallery sets the prompt first: one run
@@ -302,6 +345,26 @@ class AttentionView(View):
         """Enlarge head ``(layer, head)``."""
         self.param.update(layer=self._model.check_layer(layer),
                           head=self._model.check_head(head))
+
+    def toggle_position(self, pos: int) -> None:
+        """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
+        n = len(prompt_tokens(self.result))
+        pos = int(pos)
+        if not 0 <= pos < n:
+            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
+                             f"got {pos}." if n else "the prompt has not been traced yet.")
+        self.selected_positions = toggled(self.selected_positions, pos)
+
+    def _positions_clicked(self, event: Any) -> None:
+        if list(event.new) != list(self.selected_positions):
+            self.selected_positions = list(event.new)
+
+    def _positions_to_strip(self, *_: Any) -> None:
+        if list(self._positions.selected) != list(self.selected_positions):
+            self._positions.selected = list(self.selected_positions)
+
+    def _tokens_to_strip(self, *_: Any) -> None:
+        self._positions.tokens = prompt_tokens(self.result)
 
     def _grid_tapped(self, x: Any = None, y: Any = None, **_: Any) -> None:
         spec = self._model.spec
@@ -392,13 +455,20 @@ class AttentionView(View):
         controls = pn.Param(self, parameters=shown, widgets={k: widgets[k] for k in shown},
                             show_name=False, default_layout=pn.Row,
                             sizing_mode="stretch_width", css_classes=["attention-controls"])
-        enlarged = pn.pane.HoloViews(pn.bind(plot_head, self.param.result, self.param.layer,
-                                             self.param.head),
+        # a new plot per change (not a DynamicMap): its height follows the prompt's length
+        enlarged = pn.pane.HoloViews(pn.bind(plot_enlarged, self.param.result, self.param.layer,
+                                             self.param.head, self.param.selected_positions),
                                      sizing_mode="stretch_width", css_classes=["attention-head"])
+        caption = pn.pane.Markdown(
+            pn.bind(lambda ds, sel: position_caption(sel, prompt_tokens(ds)), self.param.result,
+                    self.param.selected_positions),
+            styles={"color": "#555", "font-size": "0.9em"}, margin=(0, 10),
+            css_classes=["attention-positions-caption"])
         return pn.Column(
             pn.Row(spinner, status, align="center"),
             alert,
-            pn.Row(self._grid(), pn.Column(controls, enlarged, sizing_mode="stretch_width"),
+            pn.Row(self._grid(), pn.Column(controls, self._positions, caption, enlarged,
+                                           sizing_mode="stretch_width"),
                    sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )

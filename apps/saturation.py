@@ -17,7 +17,10 @@ corpus (cached in the activation store) and shows, from that one result:
 * the prompt's token view (the gallery's sidebar prompt): s_1..s_k of each of its tokens as a
   position x rank heatmap and, with workspace edits (`SaturationView.edits`, e.g. an ablated
   head), the same for the edited model below it, titled with the edits, the cells whose
-  saturation layer moved outlined.
+  saturation layer moved outlined. Above it the prompt's tokens as a strip: a click selects
+  or deselects that token position (`SaturationView.selected_positions`, in the gallery the
+  workspace's: ``P5``), and the selected positions' columns are outlined dashed on both
+  heatmaps.
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._controls import labelled, tip
+from apps._positions import (PositionStrip, column_boxes, position_caption, position_outlines,
+                             shown_positions, toggled)
 from apps._session import CancelToken
 from apps._view import View, serve
 from explorer._checks import ExplorerError, InputError, check_choice, check_prompts
@@ -521,10 +526,12 @@ def prompt_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, k: int) 
 
 
 def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title: str,
-                           changed: Sequence[tuple[int, int]] = ()) -> hv.Element:
+                           changed: Sequence[tuple[int, int]] = (),
+                           positions: Sequence[int] = ()) -> hv.Element:
     """Position x rank heatmap of a one-prompt result: cell (pos, j) is the layer from which
     the output's rank-j token at ``pos`` holds rank j (s_j; grey: never); ``changed`` cells
-    are outlined. Hover names the input token and the final rank-j token."""
+    are outlined, the selected ``positions``' columns outlined dashed. Hover names the input
+    token and the final rank-j token."""
     if ds is None:
         return theme.placeholder("Computing the prompt's saturation layers…", height=200)
     table = prompt_table(ds, k, decode)
@@ -551,6 +558,10 @@ def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title:
     if changed:
         plot *= hv.Rectangles([(p - 0.5, r - 0.5, p + 0.5, r + 0.5) for p, r in changed]).opts(
             fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_PROMPT_TOOLS)
+    shown = shown_positions(positions, n)
+    if shown:
+        plot *= position_outlines(column_boxes(shown, 0.5, k + 0.5)).opts(
+            default_tools=_PROMPT_TOOLS)
     # no active scroll zoom: the wheel keeps scrolling the page
     return plot.opts(responsive=True, height=height, active_tools=[],
                      xlim=(-0.5, n - 0.5), ylim=(0.5, k + 0.5))
@@ -637,6 +648,9 @@ class SaturationView(View):
     k = param.Integer(default=5, bounds=(1, 10), label="Top-k",
                       doc="Ranks shown in the detail and used by the order test.")
     selected = param.Integer(default=-1, precedence=-1, doc="Clicked token position.")
+    selected_positions = param.List(default=[], item_type=int, precedence=-1,
+                                    doc="Selected token positions of the prompt (0-based; the "
+                                        "workspace's in the gallery), outlined on its heatmaps.")
     theta_margin = param.Number(default=0.5, bounds=(0.0, 1.0), step=0.02, label="Margin θ",
                                 doc="Softmax-margin exit threshold: exit once p1 − p2 ≥ θ.")
     theta_cosine = param.Number(default=0.99, bounds=(0.5, 1.0), step=0.0005, label="Cosine θ",
@@ -710,6 +724,13 @@ class SaturationView(View):
         self._hint_sources: list[tuple[weakref.ref, dict[str, Any]]] = []
         self._detail_row: pn.Row | None = None
         self._strip_widget: TokenStrip | None = None
+        # the prompt's tokens: one strip for the page's life, a click toggles a position
+        self._positions = PositionStrip(selected=list(self.selected_positions),
+                                        sizing_mode="stretch_width",
+                                        css_classes=["sat-prompt-tokens"])
+        self._positions.param.watch(self._positions_clicked, "selected")
+        self.param.watch(self._positions_to_strip, ["selected_positions"])
+        self.param.watch(self._prompt_tokens, ["prompt_result"])
         self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
         self._run_button = pn.widgets.Button(
             button_type="primary", sizing_mode="stretch_width",
@@ -911,6 +932,35 @@ class SaturationView(View):
     def _text_changed(self, *events: Any) -> None:
         self.selected = -1
 
+    # -- the prompt's token positions ------------------------------------------------------
+    def prompt_tokens(self) -> list[str]:
+        """The prompt's tokens as shown (those of the last prompt result; [] before one)."""
+        ds = self.prompt_result
+        if ds is None:
+            return []
+        n = int(ds.mask.values[0].sum())
+        return theme.show_tokens(ds.token.values[0, :n])
+
+    def toggle_position(self, pos: int) -> None:
+        """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
+        n = len(self.prompt_tokens())
+        pos = int(pos)
+        if not 0 <= pos < n:
+            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
+                             f"got {pos}." if n else "the prompt has no tokens yet.")
+        self.selected_positions = toggled(self.selected_positions, pos)
+
+    def _positions_clicked(self, event: Any) -> None:
+        if list(event.new) != list(self.selected_positions):
+            self.selected_positions = list(event.new)
+
+    def _positions_to_strip(self, *_: Any) -> None:
+        if list(self._positions.selected) != list(self.selected_positions):
+            self._positions.selected = list(self.selected_positions)
+
+    def _prompt_tokens(self, *_: Any) -> None:
+        self._positions.tokens = self.prompt_tokens()
+
     # -- intervention -------------------------------------------------------------------------
     def pairs(self) -> list[tuple[int, int, int]]:
         ds = self.result
@@ -1085,7 +1135,11 @@ class SaturationView(View):
                 source.data = self._columns[glyph]
         self._show_hints(d is None)
 
-    @param.depends("prompt_result", "prompt_edited", "k")
+    @param.depends("prompt_result", "selected_positions")
+    def _position_caption(self):
+        return _caption(position_caption(self.selected_positions, self.prompt_tokens()))
+
+    @param.depends("prompt_result", "prompt_edited", "k", "selected_positions")
     def _prompt_view(self):
         """The prompt's s_1..s_k heatmap; with edits, the edited one below, titled with them."""
         clean, edited = self.prompt_result, self.prompt_edited
@@ -1096,7 +1150,9 @@ class SaturationView(View):
             title = f"clean: no workspace edits · top-{k}"
         # linked_axes=False: the rank axis is not the detail table's (Panel links the axes
         # of every HoloViews pane in a page that share a dimension name)
-        panes = [pn.pane.HoloViews(plot_prompt_saturation(clean, k, self.decode, title=title),
+        positions = list(self.selected_positions)
+        panes = [pn.pane.HoloViews(plot_prompt_saturation(clean, k, self.decode, title=title,
+                                                          positions=positions),
                                    sizing_mode="stretch_width", linked_axes=False,
                                    css_classes=["sat-prompt-clean"])]
         if edited is not None:
@@ -1106,7 +1162,7 @@ class SaturationView(View):
             panes += [
                 pn.pane.HoloViews(plot_prompt_saturation(edited, k, self.decode,
                                                          title=edited_title(labels),
-                                                         changed=moved),
+                                                         changed=moved, positions=positions),
                                   sizing_mode="stretch_width", linked_axes=False,
                                   css_classes=["sat-prompt-edited"]),
                 pn.pane.HTML(f'<span data-sat-prompt-moved="{marker}"></span>', height=0,
@@ -1231,6 +1287,7 @@ class SaturationView(View):
                 _caption("Cell (token, rank j): the layer from which the model's final rank-j "
                          "token at that position holds rank j (grey: never). With workspace "
                          "edits the edited run follows below, its changed cells outlined."),
+                self._positions, self._position_caption,
                 self._prompt_view,
                 pn.pane.Markdown("### Corpus text, coloured by s_1"),
                 _caption("Each token coloured by the layer its top-1 prediction saturates at "

@@ -1,0 +1,135 @@
+"""Token positions of the prompt as something to click and to see: a strip of the prompt's
+tokens (a click selects or deselects that position) and the outlines pages draw around the
+selected positions. Pages keep the selection in a ``selected_positions`` parameter (0-based
+token positions of the prompt, spelled ``P5``: `explorer.components.Position`); in the gallery
+that parameter is the workspace's, so a click on one page shows on every page.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import holoviews as hv
+import panel as pn
+import param
+
+from apps import theme
+from apps._view import STATIC_TOOLS
+from explorer import components
+
+__all__ = ["PositionStrip", "toggled", "shown_positions", "column_boxes", "row_boxes",
+           "position_outlines", "POSITION_COLOR", "position_caption"]
+
+POSITION_COLOR = theme.CATEGORICAL[2]
+"""The colour of a workspace selection on every page (the selected heads' dashed outlines too)."""
+
+
+def toggled(selected: Sequence[int], pos: int) -> list[int]:
+    """``selected`` with ``pos`` removed if it is there, else added last."""
+    pos = int(pos)
+    return [p for p in selected if p != pos] if pos in selected else [*selected, pos]
+
+
+def shown_positions(selected: Iterable[int], n: int) -> list[int]:
+    """The selected positions a prompt of ``n`` tokens has, in selection order, once each."""
+    out: list[int] = []
+    for p in selected or ():
+        if isinstance(p, int) and not isinstance(p, bool) and 0 <= p < n and p not in out:
+            out.append(p)
+    return out
+
+
+def column_boxes(positions: Iterable[int], low: float, high: float) -> list[tuple]:
+    """(x0, y0, x1, y1) of a full-height box around each position's column (x = position)."""
+    return [(p - 0.5, low, p + 0.5, high) for p in positions]
+
+
+def row_boxes(positions: Iterable[int], low: float, high: float) -> list[tuple]:
+    """(x0, y0, x1, y1) of a full-width box around each position's row (y = position)."""
+    return [(low, p - 0.5, high, p + 0.5) for p in positions]
+
+
+def position_outlines(boxes: Sequence[tuple]) -> hv.Rectangles:
+    """Dashed outlines of the selected positions, in the selection colour."""
+    return hv.Rectangles(list(boxes)).opts(
+        fill_alpha=0.0, line_color=POSITION_COLOR, line_width=2.5, line_dash="dashed",
+        default_tools=STATIC_TOOLS)
+
+
+def position_caption(selected: Sequence[int], tokens: Sequence[str]) -> str:
+    """One line naming the selected positions with their tokens: ``Selected: P1 ·capital``."""
+    shown = shown_positions(selected, len(tokens))
+    if not shown:
+        return "Click a token to select its position (again to deselect it)."
+    names = ", ".join(f"{components.Position(p)} {tokens[p]}" for p in shown)
+    return f"Selected positions (dashed): {names}. Click a token to add or drop one."
+
+
+class PositionStrip(pn.custom.ReactiveHTML):
+    """The prompt's tokens as spans; a click (or Enter / Space on a focused token) selects or
+    deselects that position in ``selected``; the selected ones are outlined. The strip's box
+    carries ``data-positions-selected`` (the selection, comma separated) for tests.
+
+    A ReactiveHTML rather than a JSComponent: a JSComponent's view waits for its ES module to
+    load before it renders, and its page's other panes wait with it; a pane whose ``visible``
+    changed meanwhile (the page's busy spinner, as the trace starts) raised in the browser
+    (Panel's HTML view: "Cannot read properties of undefined (reading 'style')")."""
+
+    tokens = param.List(default=[], item_type=str, doc="The prompt's tokens, as shown.")
+    selected = param.List(default=[], item_type=int, doc="Selected positions (0-based).")
+
+    def __init__(self, **params):
+        params.setdefault("margin", (4, 10))  # the page's text panes' left edge
+        super().__init__(**params)
+
+    _template = '<div id="strip" class="pos-strip" data-positions-selected=""></div>'
+
+    # `draw` builds the spans (a new prompt); `mark` outlines the selected ones in place, so a
+    # token focused from the keyboard keeps the focus when it is toggled
+    _scripts = {
+        "render": """
+          state.mark = () => {
+            const sel = data.selected;
+            strip.dataset.positionsSelected = sel.join(",");
+            for (const s of strip.children) {
+              const on = sel.includes(Number(s.dataset.pos));
+              s.classList.toggle("pos-selected", on);
+              s.setAttribute("aria-pressed", on ? "true" : "false");
+            }
+          };
+          const toggle = (i) => {
+            const now = data.selected.slice();
+            const at = now.indexOf(i);
+            if (at >= 0) now.splice(at, 1); else now.push(i);
+            data.selected = now;
+          };
+          state.draw = () => {
+            strip.replaceChildren();
+            data.tokens.forEach((t, i) => {
+              const s = document.createElement("span");
+              s.textContent = t;
+              s.title = "P" + i + " " + t + " (click to select or deselect)";
+              s.dataset.pos = String(i);
+              s.tabIndex = 0;
+              s.setAttribute("role", "button");
+              s.className = "pos-token";
+              s.addEventListener("click", () => toggle(i));
+              s.addEventListener("keydown", (e) => {
+                if (e.key === "Enter" || e.key === " ") { e.preventDefault(); toggle(i); }
+              });
+              strip.appendChild(s);
+            });
+            state.mark();
+          };
+          state.draw();
+        """,
+        "tokens": "state.draw()",
+        "selected": "state.mark()",
+    }
+    _stylesheets = [f"""
+    .pos-strip {{ line-height: 2.0; font-family: ui-monospace, monospace; font-size: 13px; }}
+    .pos-token {{ padding: 1px 3px; margin: 0 1px; border-radius: 3px; cursor: pointer;
+                 white-space: pre; display: inline-block; background: #eef1f4; }}
+    .pos-token:hover {{ outline: 2px solid #444; }}
+    .pos-selected, .pos-selected:hover {{ outline: 2.5px dashed {POSITION_COLOR};
+                                         background: #fff6d5; }}
+    """]
