@@ -12,6 +12,11 @@ table (the one in docs/circuits.md).
 
 Slow on CPU (SmolLM2: a few seconds per pair and circuit); results are written after each
 (task, method, rule), so a stopped run keeps what it measured.
+
+``--split-qkv`` scores the q/k/v-split graph of Hanna et al. 2024's code (each head's query,
+key and value inputs separate destinations: 123,211 edges on SmolLM2, against 44,371);
+``--sizes`` replaces the log-spaced grid with given sizes (those above the graph's edge
+count are dropped).
 """
 from __future__ import annotations
 
@@ -57,7 +62,9 @@ def _markdown(rows: list[dict]) -> str:
         by_rule = {r["rule"]: r for r in rows if (r["task"], r["method"]) == (task, method)}
         rules = [r for r in ("top-n", "greedy") if r in by_rule]
         first = by_rule[rules[0]]
-        out.append(f"**{task}, {method}** ({first['n_pairs']} pairs, clean / corrupted logit "
+        graph = (f"q/k/v-split graph, {first['n_edges_total']:,} edges" if first.get("split_qkv")
+                 else f"combined head inputs, {first['n_edges_total']:,} edges")
+        out.append(f"**{task}, {method}, {graph}** ({first['n_pairs']} pairs, clean / corrupted logit "
                    f"diff {first['clean_metric']:.2f} / {first['corrupt_metric']:.2f}, clean "
                    f"accuracy {first['clean_accuracy']:.2f})\n")
         head = "| n | " + " | ".join(f"{r} kept | {r} recovered [95 % CI]" for r in rules)
@@ -85,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-size", type=int, default=1000)
     ap.add_argument("--points", type=int, default=13, help="log-spaced sizes")
     ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--sizes", type=int, nargs="+", default=None,
+                    help="circuit sizes (chosen edges) instead of the log-spaced grid")
+    ap.add_argument("--split-qkv", action="store_true",
+                    help="the q/k/v-split graph (separate query, key, value inputs per head)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="/tmp/circuit_sizes", help="folder for JSON + markdown")
     ap.add_argument("--scores-cache", default=None,
@@ -102,18 +113,23 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             t0 = time.time()
             cached = None if args.scores_cache is None else Path(args.scores_cache) / (
-                f"{args.model}_{task_name}_{method}_{args.pairs}_{args.seed}.pkl")
+                f"{args.model}_{task_name}_{method}_{args.pairs}_{args.seed}"
+                f"{'_qkv' if args.split_qkv else ''}.pkl")
             if cached is not None and cached.exists():
                 scores = pickle.loads(cached.read_bytes())
             else:
-                scores = ca.edge_scores(model, task, method=method, batch_size=args.pairs)
+                scores = ca.edge_scores(model, task, method=method, batch_size=args.pairs,
+                                        split_qkv=args.split_qkv)
                 if cached is not None:
                     cached.parent.mkdir(parents=True, exist_ok=True)
                     cached.write_bytes(pickle.dumps(scores))
             t_scores = time.time() - t0
             n_total = int(scores.sizes["edge"])
-            sizes = cs.default_sizes(n_total, args.max_size, low=args.min_size,
-                                     n_points=args.points)
+            if args.sizes:
+                sizes = sorted({s for s in args.sizes if 0 <= s <= n_total})
+            else:
+                sizes = cs.default_sizes(n_total, args.max_size, low=args.min_size,
+                                         n_points=args.points)
             overlap = rule_overlap(scores, sizes)
             for rule in args.rules:
                 t0 = time.time()
@@ -121,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    per_pair=True, batch_size=args.pairs)
                 curve = cs.bootstrap_recovered(curve, n_boot=args.n_boot, seed=args.seed)
                 row = {"task": task_name, "method": method, "rule": rule,
+                       "split_qkv": bool(args.split_qkv),
                        "n_pairs": len(task), "n_edges_total": n_total,
                        "clean_metric": curve.attrs["clean_metric"],
                        "corrupt_metric": curve.attrs["corrupt_metric"],
@@ -139,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{p['n_edges']}->{p['n_kept']}:{p['recovered']:.2f}" for p in row["points"])
                     + f"  ({row['seconds_curve']} s)", flush=True)
                 (out / "circuit_sizes.json").write_text(json.dumps(
-                    {"model": args.model, "seed": args.seed, "sizes": sizes, "rows": rows},
+                    {"model": args.model, "seed": args.seed, "sizes": sizes,
+                     "split_qkv": bool(args.split_qkv), "rows": rows},
                     indent=1))
                 (out / "circuit_sizes.md").write_text(_markdown(rows))
     return 0
