@@ -753,11 +753,12 @@ class Gallery(pn.viewable.Viewer):
         """The sidebar's workspace part: selection, edit stack, export / import, code."""
         ws = self.workspace
         choice = pn.widgets.MultiChoice(
-            label="Selected (✕ drops one; click to pick a component)",
+            label="Selected (✕ drops one)",
             options=self._selection_options(), value=ws.selection, sizing_mode="stretch_width",
             css_classes=["workspace-selection"], stylesheets=[_CHIPS_CSS],
             description="The workspace's selection: components, circuit edges and token "
-                        "positions. Type in the box below to add by name.")
+                        "positions. Click a head, node or token on a page to select it, or "
+                        "type in the box below to add by name; ✕ on a chip drops it.")
         add = pn.widgets.TextInput(
             label="Add to selection", placeholder="L3.H1, L3.H1->L5.MLP, P5 (Enter)",
             sizing_mode="stretch_width", css_classes=["workspace-add"],
