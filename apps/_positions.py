@@ -49,10 +49,14 @@ def row_boxes(positions: Iterable[int], low: float, high: float) -> list[tuple]:
 
 
 def position_outlines(boxes: Sequence[tuple]) -> hv.Rectangles:
-    """Dashed outlines of the selected positions, in the selection colour."""
+    """Dashed outlines of the selected positions, in the selection colour.
+
+    The plot they are overlaid on draws on a canvas: HoloViews asks Bokeh for WebGL, whose
+    quads draw a dash pattern as a solid line. Dashes of 8 px (Bokeh's "dashed" is 6 on 6
+    off): at 3 px wide those read as dots on a small cell."""
     return hv.Rectangles(list(boxes)).opts(
-        fill_alpha=0.0, line_color=POSITION_COLOR, line_width=2.5, line_dash="dashed",
-        default_tools=STATIC_TOOLS)
+        fill_alpha=0.0, line_color=POSITION_COLOR, line_width=3, line_dash=(8, 4),
+        default_tools=STATIC_TOOLS, backend_opts={"plot.output_backend": "canvas"})
 
 
 def position_caption(selected: Sequence[int], tokens: Sequence[str]) -> str:

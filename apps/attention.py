@@ -183,9 +183,7 @@ def plot_highlight(n_layers: int, n_heads: int, names: list[str]) -> hv.Element:
     """Dashed outlines of the workspace-selected heads' tiles on `plot_grid`."""
     cells = highlighted_heads(names, n_layers, n_heads)
     boxes = [(h - 0.5, n_layers - 1 - l - 0.5, h + 0.5, n_layers - 1 - l + 0.5) for l, h in cells]
-    return hv.Rectangles(boxes).opts(fill_alpha=0.0, line_color=theme.CATEGORICAL[2],
-                                     line_width=2.5, line_dash="dashed",
-                                     default_tools=STATIC_TOOLS)
+    return position_outlines(boxes)  # the selection's colour and dashes (drawn on a canvas)
 
 
 def head_pattern(ds: xr.Dataset, layer: int, head: int) -> xr.DataArray:

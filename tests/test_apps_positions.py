@@ -61,6 +61,19 @@ def _dashed_boxes(doc):
     return sorted(out)
 
 
+def _dashed_backends(doc):
+    """The output backends of the figures that draw dashed selection outlines: Bokeh's WebGL
+    (HoloViews' default) draws a quad's dashes solid, so each must be "canvas"."""
+    from bokeh.models import Plot
+    out = set()
+    for plot in doc.select({"type": Plot}):
+        for r in plot.renderers:
+            g = getattr(r, "glyph", None)
+            if isinstance(g, Quad) and g.line_dash and g.line_color == POSITION_COLOR:
+                out.add(plot.output_backend)
+    return out
+
+
 def test_toggled_and_caption():
     assert toggled([1, 3], 3) == [1] and toggled([1], 3) == [1, 3]
     assert position_caption([], ["a"]).startswith("Click a token")
@@ -83,6 +96,7 @@ def test_saturation_strip_click_selects_and_outlines_the_columns(tiny_model):
     assert view._positions.selected == [2, n - 1]
     # one column box per selected position on the heatmap: x = pos +- 0.5, all ranks
     assert _dashed_boxes(doc) == [(1.5, 2.5, 0.5, k + 0.5), (n - 1.5, n - 0.5, 0.5, k + 0.5)]
+    assert _dashed_backends(doc) == {"canvas"}
     with set_curdoc(doc):
         view.toggle_position(2)                           # again: deselected
     assert view.selected_positions == [n - 1]
@@ -102,6 +116,7 @@ def test_attention_strip_click_outlines_the_query_row_and_key_column(tiny_model)
     assert view.selected_positions == [3]
     # query row 3: keys 0..3; key column 3: queries 3..n-1 (the causal triangle's edge)
     assert _dashed_boxes(doc) == sorted([(-0.5, 3.5, 2.5, 3.5), (2.5, 3.5, 2.5, n - 0.5)])
+    assert _dashed_backends(doc) == {"canvas"}
     with set_curdoc(doc):
         view.selected_positions = [3, n + 5]                # past the prompt: not drawn
     assert _dashed_boxes(doc) == sorted([(-0.5, 3.5, 2.5, 3.5), (2.5, 3.5, 2.5, n - 0.5)])
@@ -136,6 +151,7 @@ def test_gallery_clicks_select_positions_and_every_page_highlights_them(tiny_mod
             ws.select("L1.H2")
         L = tiny_model.spec.n_layers
         assert (1.5, 2.5, L - 1 - 1 - 0.5, L - 1 - 1 + 0.5) in _dashed_boxes(att_doc)
+        assert _dashed_backends(att_doc) == {"canvas"}        # the grid's too
         assert att.highlighted == ["L1.H2"] and ws.selected_positions == [1, 4]
         with set_curdoc(sat_doc):
             ws.deselect("P1")                              # the sidebar's ✕ on the chip

@@ -64,8 +64,8 @@ def gallery_url(tmp_path_factory):
 
 
 # [left, right, bottom, top] of every dashed quad drawn in the selection colour, per plot
-# title (the plots on show), read from BokehJS's own models: each glyph property is a
-# field of its renderer's data source or one value.
+# title (the plots on show), and those plots' output backends, read from BokehJS's own
+# models: each glyph property is a field of its renderer's data source or one value.
 _OUTLINES = """(color) => {
   const value = (spec, data, n) => {
     if (spec != null && typeof spec === 'object' && 'field' in spec)
@@ -73,7 +73,7 @@ _OUTLINES = """(color) => {
     const v = spec != null && typeof spec === 'object' && 'value' in spec ? spec.value : spec
     return Array(n).fill(v)
   }
-  const out = {}
+  const out = {}, backends = {}
   for (const v of Bokeh.index.all_views()) {
     const m = v.model
     if (!(m.type === 'Figure' || m.type === 'Plot')) continue
@@ -96,17 +96,24 @@ _OUTLINES = """(color) => {
         const ours = String(colour[i]).toLowerCase() === color.toLowerCase() && alpha[i] === 0
         if (!dashed || !ours) continue
         ;(out[title] = out[title] || []).push(cols.map(c => Number(c[i])))
+        backends[title] = m.output_backend
       }
     }
   }
   for (const t in out)
     out[t].sort((a, b) => a[0] - b[0] || a[1] - b[1] || a[2] - b[2] || a[3] - b[3])
-  return out
+  return {boxes: out, backends}
 }"""
 
 
 def _outlines(tab) -> dict[str, list[list[float]]]:
-    return tab.evaluate(_OUTLINES, POSITION_COLOR)
+    return tab.evaluate(_OUTLINES, POSITION_COLOR)["boxes"]
+
+
+def _backends(tab) -> set[str]:
+    """The output backends of the plots that draw outlines: Bokeh's WebGL (HoloViews'
+    default) draws a quad's dashes solid, so "canvas"."""
+    return set(tab.evaluate(_OUTLINES, POSITION_COLOR)["backends"].values())
 
 
 def _wait_outlines(tab, predicate, what, timeout=60.0):
@@ -174,6 +181,7 @@ def test_a_clicked_position_is_outlined_on_attention_and_saturation(gallery_url,
     _wait_chips(tab, [f"P{POS}"])
     got = _wait_outlines(tab, lambda o: any(o.values()), "attention outlines")
     assert list(got.values()) == [attention_boxes], got
+    assert _backends(tab) == {"canvas"}
     wait_for_text(tab, ".attention-positions-caption", rf"P{POS}\b", timeout=30)
     ARTIFACTS.mkdir(exist_ok=True)
     tab.screenshot(path=str(ARTIFACTS / "positions-attention.png"), full_page=True)
@@ -186,6 +194,7 @@ def test_a_clicked_position_is_outlined_on_attention_and_saturation(gallery_url,
     assert strip.get_attribute("data-positions-selected") == str(POS)
     got = _wait_outlines(tab, lambda o: any(o.values()), "saturation outlines", timeout=120)
     assert list(got.values()) == [saturation_box], got
+    assert _backends(tab) == {"canvas"}
     strip.scroll_into_view_if_needed()
     tab.screenshot(path=str(ARTIFACTS / "positions-saturation.png"), full_page=True)
 
