@@ -21,6 +21,7 @@ import json
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import bokeh
@@ -34,6 +35,8 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._session import Cancelled, CancelToken, user_message
+from apps._positions import (PositionStrip, column_boxes, position_caption, position_outlines,
+                             shown_positions)
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
 from explorer.interventions import Edit
@@ -42,7 +45,8 @@ from explorer.lens_preview import compatible_base, preview_forward_reason, steer
 from explorer.trace import trace as trace_sites
 
 __all__ = ["LensView", "lens_table", "plot_lens_heatmap", "heatmap_columns", "plot_shape",
-           "heatmap_updates", "is_preview", "contrast_vector", "slider_preview_times",
+           "heatmap_updates", "is_preview", "lens_tokens", "plot_positions", "contrast_vector",
+           "slider_preview_times",
            "STATE_FORMAT"]
 
 STATE_FORMAT = "explorer.lens-state"
@@ -267,6 +271,31 @@ def plot_shape(ds: xr.Dataset | None, *, prompt: int = 0) -> tuple | None:
             int(one.sizes["rank"]), steer)
 
 
+def lens_tokens(ds: xr.Dataset | None, *, prompt: int = 0) -> list[str]:
+    """The prompt's real tokens as the heatmap's x axis shows them ([] without a result)."""
+    if ds is None:
+        return []
+    one = ds.isel(prompt=prompt)
+    return theme.show_tokens(one.token.values[one.mask.values])
+
+
+def plot_positions(ds: xr.Dataset | None, positions: Sequence[int], *,
+                   prompt: int = 0) -> hv.Rectangles | None:
+    """Dashed outlines of the selected token positions' columns (every layer) on
+    `plot_lens_heatmap`; None when none of them is in the prompt. Position ``P<i>`` is the
+    prompt's i-th real token (its x is that token's ``pos``)."""
+    if ds is None:
+        return None
+    one = ds.isel(prompt=prompt)
+    xs = one.pos.values[one.mask.values]
+    shown = shown_positions(positions, len(xs))
+    if not shown:
+        return None
+    layers = one.layer.values
+    return position_outlines(column_boxes([int(xs[p]) for p in shown],
+                                          float(layers.min()) - 0.5, float(layers.max()) + 0.5))
+
+
 def _as_text(values: np.ndarray) -> list[str]:
     """Numbers as HoloViews' hover columns show them (``%.5g``; ids as integers)."""
     values = np.asarray(values)
@@ -407,6 +436,9 @@ class LensView(View):
     edits = param.List(default=[], item_type=Edit, precedence=-1,
                        doc="Workspace edits (intervention records): with any, a second "
                            "heatmap shows the lens with them applied after the steering.")
+    selected_positions = param.List(default=[], item_type=int, precedence=-1,
+                                    doc="Selected token positions of the prompt (0-based; the "
+                                        "workspace's in the gallery), outlined on the heatmaps.")
     edited_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                         precedence=-1,
                                         doc="The lens with `edits` (and the steering) applied; "
@@ -438,6 +470,13 @@ class LensView(View):
         self.preview_runs = 0    # previews computed (tests and the bench read it)
         self._candidates: tuple[Any, tuple, np.ndarray] | None = None  # the last preview's
         self._alpha_slider: pn.widgets.FloatSlider | None = None
+        # the prompt's tokens: a click toggles a position (the workspace's in the gallery)
+        self._positions = PositionStrip(selected=list(self.selected_positions),
+                                        sizing_mode="stretch_width",
+                                        css_classes=["lens-prompt-tokens"])
+        self._positions.param.watch(self._positions_clicked, "selected")
+        self.param.watch(self._positions_changed, ["selected_positions"])
+        self.param.watch(self._tokens_to_strip, ["result"])
         self._syncing = False
         # the drawn heatmap's data sources, filled in place for results of the same shape
         self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
@@ -716,6 +755,29 @@ class LensView(View):
             out[glyph] = [r() for r in refs]
         return out
 
+    # -- the prompt's token positions ------------------------------------------------------
+    def toggle_position(self, pos: int) -> None:
+        """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
+        n = len(lens_tokens(self.result))
+        pos = int(pos)
+        if not 0 <= pos < n:
+            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
+                             f"got {pos}." if n else "the prompt has not been read yet.")
+        now = list(self.selected_positions)
+        self.selected_positions = [p for p in now if p != pos] if pos in now else [*now, pos]
+
+    def _positions_clicked(self, event: Any) -> None:
+        if list(event.new) != list(self.selected_positions):
+            self.selected_positions = list(event.new)
+
+    def _positions_changed(self, *_: Any) -> None:
+        if list(self._positions.selected) != list(self.selected_positions):
+            self._positions.selected = list(self.selected_positions)
+        self.plot_version += 1      # the outlines are part of the plot: draw it anew
+
+    def _tokens_to_strip(self, *_: Any) -> None:
+        self._positions.tokens = lens_tokens(self.result)
+
     def _plot(self, _version: int) -> hv.Overlay | hv.Element:
         ds = self.shown
         for refs in (*self._sources.values(), self._figures):
@@ -725,6 +787,9 @@ class LensView(View):
                                  lens_title(ds, clean=self.edited_result is not None))
         if ds is None:
             return plot
+        outlines = plot_positions(ds, self.selected_positions)
+        if outlines is not None:
+            plot = (plot * outlines.opts(default_tools=_TOOLS)).opts(active_tools=[])
         return plot.opts(hv.opts.HeatMap(hooks=[self._source_hook("heat")]),
                          hv.opts.Labels(hooks=[self._source_hook("labels")]))
 
@@ -737,6 +802,9 @@ class LensView(View):
         if moved:  # outline the cells whose top-1 token differs from the clean lens
             plot *= hv.Rectangles([(p - 0.5, l - 0.5, p + 0.5, l + 0.5) for p, l in moved]).opts(
                 fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_TOOLS)
+        outlines = plot_positions(edited, self.selected_positions)
+        if outlines is not None:
+            plot *= outlines.opts(default_tools=_TOOLS)
         return plot.opts(active_tools=[])
 
     def _edited_panes(self) -> pn.Column:
@@ -756,7 +824,7 @@ class LensView(View):
                                  css_classes=["lens-edited-caption"])]
 
         fill()
-        self.param.watch(fill, "edited_result")
+        self.param.watch(fill, ["edited_result", "selected_positions"])
         return box
 
     def _draw(self, *events: Any) -> None:
@@ -941,12 +1009,17 @@ class LensView(View):
         edited = self._edited_panes()
         details = pn.pane.HTML(pn.bind(details_html, self.param.result),
                                stylesheets=[_DETAILS_CSS], sizing_mode="stretch_width")
+        caption = pn.pane.Markdown(
+            pn.bind(lambda ds, sel: position_caption(sel, lens_tokens(ds)), self.param.result,
+                    self.param.selected_positions),
+            styles={"color": "#555", "font-size": "0.9em"}, margin=(0, 10),
+            css_classes=["lens-positions-caption"])
         status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["lens-status"],
                               styles={"color": "#555"}, sizing_mode="stretch_width")
         return pn.Row(
             self.controls(),
-            pn.Column(pn.Row(spinner, cancel, status, align="center"), plot, edited, details,
-                      sizing_mode="stretch_width"),
+            pn.Column(pn.Row(spinner, cancel, status, align="center"), self._positions,
+                      caption, plot, edited, details, sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )
 
