@@ -60,7 +60,8 @@ def position_outlines(boxes: Sequence[tuple]) -> hv.Rectangles:
 
 
 def position_caption(selected: Sequence[int], tokens: Sequence[str]) -> str:
-    """One line naming the selected positions with their tokens: ``Selected: P1 ·capital``."""
+    """One line naming the selected positions with their tokens (``Selected positions
+    (dashed): P1 ·capital. …``), or how to select one when none of them is in the prompt."""
     shown = shown_positions(selected, len(tokens))
     if not shown:
         return "Click a token to select its position (again to deselect it)."
