@@ -6,7 +6,8 @@ that parameter is the workspace's, so a click on one page shows on every page.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import holoviews as hv
 import panel as pn
@@ -16,7 +17,7 @@ from apps import theme
 from apps._view import STATIC_TOOLS
 from explorer import components
 
-__all__ = ["PositionStrip", "toggled", "shown_positions", "column_boxes", "row_boxes",
+__all__ = ["PositionStrip", "PagePositions", "toggled", "shown_positions", "column_boxes", "row_boxes",
            "position_outlines", "POSITION_COLOR", "position_caption"]
 
 POSITION_COLOR = theme.CATEGORICAL[2]
@@ -138,3 +139,43 @@ class PositionStrip(pn.custom.ReactiveHTML):
     .pos-selected, .pos-selected:hover {{ outline: 2.5px dashed {POSITION_COLOR};
                                          background: #fff6d5; }}
     """]
+
+
+class PagePositions:
+    """A page's prompt-token strip, kept in step with the page's ``selected_positions``
+    both ways (a click on the strip sets the parameter; the parameter, set by the
+    workspace or the page, marks the strip), its tokens refreshed when ``refresh_on``
+    changes. ``tokens()`` gives the prompt's tokens as shown; ``empty`` is the message of
+    `toggle` before there are any."""
+
+    def __init__(self, view: param.Parameterized, tokens: Callable[[], list[str]], *,
+                 refresh_on: str, css_class: str, empty: str = "the prompt has no tokens yet."):
+        self._view, self._tokens, self._empty = view, tokens, empty
+        self.strip = PositionStrip(selected=list(view.selected_positions),
+                                   sizing_mode="stretch_width", css_classes=[css_class])
+        self.strip.param.watch(self._clicked, "selected")
+        view.param.watch(self._to_strip, ["selected_positions"])
+        view.param.watch(self.refresh, [refresh_on])
+
+    def toggle(self, pos: int) -> None:
+        """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
+        from explorer._checks import InputError
+
+        n = len(self._tokens())
+        pos = int(pos)
+        if not 0 <= pos < n:
+            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
+                             f"got {pos}." if n else self._empty)
+        self._view.selected_positions = toggled(self._view.selected_positions, pos)
+
+    def refresh(self, *_: Any) -> None:
+        """Show the prompt's current tokens."""
+        self.strip.tokens = self._tokens()
+
+    def _clicked(self, event: Any) -> None:
+        if list(event.new) != list(self._view.selected_positions):
+            self._view.selected_positions = list(event.new)
+
+    def _to_strip(self, *_: Any) -> None:
+        if list(self.strip.selected) != list(self._view.selected_positions):
+            self.strip.selected = list(self._view.selected_positions)

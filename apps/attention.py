@@ -26,8 +26,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._positions import (PositionStrip, position_caption, position_outlines, shown_positions,
-                             toggled)
+from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, View, serve
 from explorer import components
@@ -306,12 +305,11 @@ class AttentionView(View):
         self.param.watch(self._request_trace, ["prompt"])
         self.param.watch(self._sync_label, ["layer", "head"])
         self.param.watch(self._pick_label, ["selected"])
-        self._positions = PositionStrip(selected=list(self.selected_positions),
-                                        sizing_mode="stretch_width",
-                                        css_classes=["attention-prompt-tokens"])
-        self._positions.param.watch(self._positions_clicked, "selected")
-        self.param.watch(self._positions_to_strip, ["selected_positions"])
-        self.param.watch(self._tokens_to_strip, ["result"])
+        self._position_links = PagePositions(self, lambda: prompt_tokens(self.result),
+                                             refresh_on="result",
+                                             css_class="attention-prompt-tokens",
+                                             empty="the prompt has not been traced yet.")
+        self._positions = self._position_links.strip
         self._page_loaded = self._doc is None
         if self._doc is not None:
             pn.state.onload(self._on_page_load)  # the gallery sets the prompt first: one run
@@ -346,23 +344,7 @@ class AttentionView(View):
 
     def toggle_position(self, pos: int) -> None:
         """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
-        n = len(prompt_tokens(self.result))
-        pos = int(pos)
-        if not 0 <= pos < n:
-            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
-                             f"got {pos}." if n else "the prompt has not been traced yet.")
-        self.selected_positions = toggled(self.selected_positions, pos)
-
-    def _positions_clicked(self, event: Any) -> None:
-        if list(event.new) != list(self.selected_positions):
-            self.selected_positions = list(event.new)
-
-    def _positions_to_strip(self, *_: Any) -> None:
-        if list(self._positions.selected) != list(self.selected_positions):
-            self._positions.selected = list(self.selected_positions)
-
-    def _tokens_to_strip(self, *_: Any) -> None:
-        self._positions.tokens = prompt_tokens(self.result)
+        self._position_links.toggle(pos)
 
     def _grid_tapped(self, x: Any = None, y: Any = None, **_: Any) -> None:
         spec = self._model.spec

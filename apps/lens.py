@@ -35,7 +35,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._session import Cancelled, CancelToken, user_message
-from apps._positions import (PositionStrip, column_boxes, position_caption, position_outlines,
+from apps._positions import (PagePositions, column_boxes, position_caption, position_outlines,
                              shown_positions)
 from apps._view import STATIC_TOOLS, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
@@ -471,12 +471,11 @@ class LensView(View):
         self._candidates: tuple[Any, tuple, np.ndarray] | None = None  # the last preview's
         self._alpha_slider: pn.widgets.FloatSlider | None = None
         # the prompt's tokens: a click toggles a position (the workspace's in the gallery)
-        self._positions = PositionStrip(selected=list(self.selected_positions),
-                                        sizing_mode="stretch_width",
-                                        css_classes=["lens-prompt-tokens"])
-        self._positions.param.watch(self._positions_clicked, "selected")
+        self._position_links = PagePositions(self, lambda: lens_tokens(self.result),
+                                             refresh_on="result", css_class="lens-prompt-tokens",
+                                             empty="the prompt has not been read yet.")
+        self._positions = self._position_links.strip
         self.param.watch(self._positions_changed, ["selected_positions"])
-        self.param.watch(self._tokens_to_strip, ["result"])
         self._syncing = False
         # the drawn heatmap's data sources, filled in place for results of the same shape
         self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
@@ -758,25 +757,10 @@ class LensView(View):
     # -- the prompt's token positions ------------------------------------------------------
     def toggle_position(self, pos: int) -> None:
         """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
-        n = len(lens_tokens(self.result))
-        pos = int(pos)
-        if not 0 <= pos < n:
-            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
-                             f"got {pos}." if n else "the prompt has not been read yet.")
-        now = list(self.selected_positions)
-        self.selected_positions = [p for p in now if p != pos] if pos in now else [*now, pos]
-
-    def _positions_clicked(self, event: Any) -> None:
-        if list(event.new) != list(self.selected_positions):
-            self.selected_positions = list(event.new)
+        self._position_links.toggle(pos)
 
     def _positions_changed(self, *_: Any) -> None:
-        if list(self._positions.selected) != list(self.selected_positions):
-            self._positions.selected = list(self.selected_positions)
         self.plot_version += 1      # the outlines are part of the plot: draw it anew
-
-    def _tokens_to_strip(self, *_: Any) -> None:
-        self._positions.tokens = lens_tokens(self.result)
 
     def _plot(self, _version: int) -> hv.Overlay | hv.Element:
         ds = self.shown

@@ -44,8 +44,8 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._controls import labelled, tip
-from apps._positions import (PositionStrip, column_boxes, position_caption, position_outlines,
-                             shown_positions, toggled)
+from apps._positions import (PagePositions, column_boxes, position_caption, position_outlines,
+                             shown_positions)
 from apps._session import CancelToken
 from apps._view import View, serve
 from explorer._checks import ExplorerError, InputError, check_choice, check_prompts
@@ -725,12 +725,10 @@ class SaturationView(View):
         self._detail_row: pn.Row | None = None
         self._strip_widget: TokenStrip | None = None
         # the prompt's tokens: one strip for the page's life, a click toggles a position
-        self._positions = PositionStrip(selected=list(self.selected_positions),
-                                        sizing_mode="stretch_width",
-                                        css_classes=["sat-prompt-tokens"])
-        self._positions.param.watch(self._positions_clicked, "selected")
-        self.param.watch(self._positions_to_strip, ["selected_positions"])
-        self.param.watch(self._prompt_tokens, ["prompt_result"])
+        self._position_links = PagePositions(self, self.prompt_tokens,
+                                             refresh_on="prompt_result",
+                                             css_class="sat-prompt-tokens")
+        self._positions = self._position_links.strip
         self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
         self._run_button = pn.widgets.Button(
             button_type="primary", sizing_mode="stretch_width",
@@ -943,23 +941,7 @@ class SaturationView(View):
 
     def toggle_position(self, pos: int) -> None:
         """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
-        n = len(self.prompt_tokens())
-        pos = int(pos)
-        if not 0 <= pos < n:
-            raise InputError(f"`pos` must be a token position of the prompt in [0, {n - 1}]; "
-                             f"got {pos}." if n else "the prompt has no tokens yet.")
-        self.selected_positions = toggled(self.selected_positions, pos)
-
-    def _positions_clicked(self, event: Any) -> None:
-        if list(event.new) != list(self.selected_positions):
-            self.selected_positions = list(event.new)
-
-    def _positions_to_strip(self, *_: Any) -> None:
-        if list(self._positions.selected) != list(self.selected_positions):
-            self._positions.selected = list(self.selected_positions)
-
-    def _prompt_tokens(self, *_: Any) -> None:
-        self._positions.tokens = self.prompt_tokens()
+        self._position_links.toggle(pos)
 
     # -- intervention -------------------------------------------------------------------------
     def pairs(self) -> list[tuple[int, int, int]]:
