@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 from bokeh.document import Document
-from bokeh.models import GlyphRenderer, Quad
 from panel.io.state import set_curdoc
 
-from apps._positions import POSITION_COLOR
 from apps.gallery import Gallery
 from apps.lens import LensView
 from explorer._checks import InputError
 from explorer.interventions import Ablate
+from tests.test_apps_positions import _dashed_boxes
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
@@ -33,20 +32,6 @@ def _doc(view):
     with set_curdoc(doc):
         doc.add_root(view.__panel__().get_root(doc))
     return doc
-
-
-def _dashed_boxes(doc):
-    """[left, right, bottom, top] of every dashed quad in the selection colour."""
-    out = []
-    for r in doc.select({"type": GlyphRenderer}):
-        g = r.glyph
-        if not isinstance(g, Quad) or not g.line_dash or g.line_color != POSITION_COLOR:
-            continue
-        d = r.data_source.data
-        cols = [d[getattr(g, k)] if isinstance(getattr(g, k), str) else d[getattr(g, k).field]
-                for k in ("left", "right", "bottom", "top")]
-        out += [tuple(float(v) for v in box) for box in zip(*cols)]
-    return sorted(out)
 
 
 def test_a_click_outlines_the_position_on_every_layer(tiny_model):
