@@ -56,7 +56,8 @@ __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "det
            "plot_rank_table", "plot_staircase", "plot_tau_histogram", "plot_probe_accuracy",
            "plot_pareto", "plot_intervention", "click_latency", "export_figures", "tau_caption",
            "probe_caption", "pareto_caption", "estimated_seconds", "OPEN_BUDGET_S",
-           "prompt_table", "plot_prompt_saturation", "changed_cells", "prompt_caption",
+           "prompt_table", "plot_prompt_saturation", "LABELLED_POSITIONS", "changed_cells",
+           "prompt_caption",
            "edited_title", "PROMPT_RANKS"]
 
 hv.extension("bokeh", logo=False)
@@ -525,13 +526,20 @@ def prompt_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, k: int) 
     return text
 
 
+LABELLED_POSITIONS = 40
+"""Up to this many prompt tokens the prompt heatmap writes each cell's layer in it; past it
+the cells (~750 px / tokens wide at 1280 px) are narrower than a two-digit label, which
+ran together, so the colour and the hover carry it."""
+
+
 def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title: str,
                            changed: Sequence[tuple[int, int]] = (),
                            positions: Sequence[int] = ()) -> hv.Element:
     """Position x rank heatmap of a one-prompt result: cell (pos, j) is the layer from which
     the output's rank-j token at ``pos`` holds rank j (s_j; grey: never); ``changed`` cells
     are outlined, the selected ``positions``' columns outlined dashed. Hover names the input
-    token and the final rank-j token."""
+    token and the final rank-j token. Cells carry their layer as text up to
+    `LABELLED_POSITIONS` tokens."""
     if ds is None:
         return theme.placeholder("Computing the prompt's saturation layers…", height=200)
     table = prompt_table(ds, k, decode)
@@ -554,7 +562,7 @@ def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title:
     labels = hv.Labels(table, ["pos", "rank"], ["label", "fg"]).opts(
         text_color="fg", text_font_size=f"{sizes['label_font_pt']}pt",
         default_tools=_PROMPT_TOOLS)
-    plot = heat * labels
+    plot = heat * labels if n <= LABELLED_POSITIONS else heat
     if changed:
         plot *= hv.Rectangles([(p - 0.5, r - 0.5, p + 0.5, r + 0.5) for p, r in changed]).opts(
             fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_PROMPT_TOOLS)
@@ -1267,7 +1275,8 @@ class SaturationView(View):
                 self._status,
                 pn.pane.Markdown("### The prompt's tokens: saturation layers s_1..s_k"),
                 _caption("Cell (token, rank j): the layer from which the model's final rank-j "
-                         "token at that position holds rank j (grey: never). With workspace "
+                         "token at that position holds rank j (grey: never; the number in the "
+                         f"cell up to {LABELLED_POSITIONS} tokens, else hover). With workspace "
                          "edits the edited run follows below, its changed cells outlined."),
                 self._positions, self._position_caption,
                 self._prompt_view,

@@ -239,3 +239,24 @@ def test_gallery_saturation_follows_the_prompt_and_the_edits(tiny_model):
         assert page.edits == [] and page.prompt_edited is None
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("words", [5, 60])
+def test_prompt_heatmap_writes_layers_in_cells_only_where_they_fit(tiny_model, words):
+    """Each cell's layer is written in it up to LABELLED_POSITIONS tokens (the hand count
+    from the tokenizer decides which case a prompt is); past it, only the colour and hover."""
+    import holoviews as hv
+
+    from apps.saturation import LABELLED_POSITIONS, plot_prompt_saturation
+
+    text = " ".join(["fox"] * words)
+    n = len(tiny_model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    ds = saturation_layers(tiny_model, [text], k=3, sample_positions=0)
+    plot = plot_prompt_saturation(ds, 3, lambda ids: {int(i): str(i) for i in np.ravel(ids)},
+                                  title="t")
+    labels = [el for el in (plot.values() if isinstance(plot, hv.Overlay) else [plot])
+              if isinstance(el, hv.Labels)]
+    if n <= LABELLED_POSITIONS:
+        assert len(labels) == 1 and len(labels[0]) == n * 3
+    else:
+        assert labels == []
