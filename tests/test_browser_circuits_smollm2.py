@@ -229,7 +229,8 @@ def test_default_circuit_fallback_labels_and_slider_on_smollm2(browser, gallery_
     assert len(g2["segments"]["src"]) != len(g["segments"]["src"])
     assert g2["marker"][0] != g["marker"][0] and g2["marker"][1] != g["marker"][1]
     assert g2["marker"][1] == pytest.approx(new_rec, abs=1e-4)
-    assert attribute(tab, "data-circuit-chosen") == str(grid[step])
+    # the state pane is published after the figures' sources: wait for it, not a race
+    assert wait_for(tab, "data-circuit-chosen", lambda v: v == str(grid[step]), timeout=30)
     # a click on an edge selects it in the workspace (the sidebar's chips) and haloes it
     e = tab.evaluate(_EDGE_JS)
     assert e["click"] is not None and e["halo"] == []
