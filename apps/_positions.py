@@ -16,6 +16,7 @@ import param
 from apps import theme
 from apps._view import STATIC_TOOLS
 from explorer import components
+from explorer._checks import InputError
 
 __all__ = ["PositionStrip", "PagePositions", "toggled", "shown_positions", "column_boxes", "row_boxes",
            "position_outlines", "POSITION_COLOR", "position_caption"]
@@ -159,8 +160,6 @@ class PagePositions:
 
     def toggle(self, pos: int) -> None:
         """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
-        from explorer._checks import InputError
-
         n = len(self._tokens())
         pos = int(pos)
         if not 0 <= pos < n:
