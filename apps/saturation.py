@@ -526,10 +526,10 @@ def prompt_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, k: int) 
     return text
 
 
-LABELLED_POSITIONS = 40
+LABELLED_POSITIONS = 24
 """Up to this many prompt tokens the prompt heatmap writes each cell's layer in it; past it
-the cells (~750 px / tokens wide at 1280 px) are narrower than a two-digit label, which
-ran together, so the colour and the hover carry it."""
+the cells are narrower than a two-digit label (the plot's frame is ~430 px wide in a 1280 px
+window: 18 px a cell at 24 tokens), which ran together, so the colour and the hover carry it."""
 
 
 def plot_prompt_saturation(ds: xr.Dataset | None, k: int, decode: Any, *, title: str,
