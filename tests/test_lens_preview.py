@@ -199,3 +199,19 @@ def test_drag_redraws_in_place_like_a_fresh_render(tiny_model):
                 got = list(src.data[name])
                 assert got == list(match[0][name]) == list(want[glyph][name]), name
     view.close()
+
+
+def test_the_slider_updates_are_the_full_columns(tiny_model):
+    """`heatmap_updates` (built from the arrays, for speed) gives every column it sends equal
+    to `heatmap_columns` (built from the lens table), steered and not."""
+    from apps.lens import heatmap_updates
+
+    vector = np.random.default_rng(0).standard_normal(tiny_model.spec.d_model).astype("float32")
+    for edits in ([], [explorer.Steer(1, vector, 3.0)]):
+        ds = logit_lens(tiny_model, [PROMPT], k=3, edits=edits)
+        full, fast = heatmap_columns(ds), heatmap_updates(ds)
+        assert set(fast) == set(full)
+        for glyph, cols in fast.items():
+            assert cols and set(cols) <= set(full[glyph])
+            for name, values in cols.items():
+                np.testing.assert_array_equal(np.asarray(values), np.asarray(full[glyph][name]))
