@@ -255,6 +255,12 @@ def steered_resid_post(model: Model, clean: CleanRun, edits: Sequence[Edit]) -> 
     rotary embedding). Row ``i`` is layer
     ``first_edit + i``. Raises InputError where `preview_forward_reason` gives a reason.
     """
+    return _steered_forward(model, clean, edits)[0]
+
+
+def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit]
+                     ) -> tuple[torch.Tensor, _Blocks, str]:
+    """`steered_resid_post`, with the model's `_Blocks` and the GEMM backend it ran on."""
     reason = preview_forward_reason(model, edits)
     if reason is not None:
         raise InputError(f"no preview forward here: {reason}.")
@@ -302,7 +308,7 @@ def steered_resid_post(model: Model, clean: CleanRun, edits: Sequence[Edit]) -> 
             if layer in steer:
                 x = x + steer[layer]
             outs.append(x)
-    return torch.stack(outs)                                                # [layer, pos, d]
+    return torch.stack(outs), b, backend                                    # [layer, pos, d]
 
 
 # -- the preview lens ----------------------------------------------------------------------
@@ -351,9 +357,7 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
     if not compatible_base(base, prompt, k, first):
         raise InputError("`base` must be an exact lens of the same prompt and k whose edits "
                          f"start at layer {first} or later.")
-    resid = steered_resid_post(model, clean, edits)                        # [G, pos, d]
-    b = _blocks(model)
-    backend = choose_backend((b.name, first), b.products(first), resid.shape[1])
+    resid, b, backend = _steered_forward(model, clean, edits)              # [G, pos, d]
     n_l, p, d = resid.shape
     cand = np.asarray(candidates, dtype=np.int64).reshape(-1)
     base_final = np.asarray(base.final_token_id.values[0]).reshape(-1)
