@@ -25,7 +25,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -36,7 +36,7 @@ import xarray as xr
 from apps import theme
 from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
 
-__all__ = ["View", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
+__all__ = ["View", "Scope", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
 
 EXPORT_FORMAT = "explorer-page-data"
@@ -61,6 +61,17 @@ def _served_doc() -> Any:
     return doc if doc is not None and doc.session_context is not None else None
 
 
+class Scope(NamedTuple):
+    """What a page runs on and whether the workspace's edits apply to what it shows.
+
+    ``on`` names the inputs, e.g. ``"your prompt"``, ``"task pairs: ioi, 8 pairs"``, ``"its own
+    probe set"``; ``edits`` is ``"applied"`` or ``"not applicable: <why>"``.
+    """
+
+    on: str
+    edits: str
+
+
 class View(pn.viewable.Viewer):
     """A page of the explorer: the plumbing every view shares.
 
@@ -79,6 +90,8 @@ class View(pn.viewable.Viewer):
     notify_title: str | None = "Page"
     failed_status: str | None = "Failed: {message}"
     wait_timeout: float | None = 600
+    link_params: tuple[str, ...] = ()
+    """The page's main settings, by Parameter name, that a link and an export carry."""
 
     status = param.String(default="", precedence=-1, doc="One line on what the page is doing or did.")
     busy = param.Boolean(default=False, precedence=-1,
@@ -206,6 +219,11 @@ class View(pn.viewable.Viewer):
         """The spinner that turns while a job of this page runs (`busy`), hidden otherwise."""
         return pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
                                             size=theme.SIZES["spinner"], color="primary")
+
+    def scope(self) -> Scope | None:
+        """What the page runs on and whether the workspace's edits apply (its header line).
+        Pages override it; None: the page states no scope."""
+        return None
 
     # -- errors -----------------------------------------------------------------------------------
     def show_error(self, exc: BaseException) -> None:
