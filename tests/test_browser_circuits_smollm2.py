@@ -1,5 +1,5 @@
-"""Browser test of the Circuits page in the gallery on the packaged SmolLM2 (issue 25's
-done-when), read from the page's Bokeh models.
+"""Browser test of the Circuits page in the gallery on the packaged SmolLM2, read from
+the page's Bokeh models.
 
 The gallery (`apps.gallery.Gallery`) is served in this process on SmolLM2-135M; a 1280 px
 tab opens the Circuits page, asks for 2 prompt pairs of the task ``add`` (the fewest that

@@ -1,4 +1,4 @@
-"""Issue 21's story, headless on tiny-llama through the gallery's own objects: a prompt typed
+"""The workspace story, headless on tiny-llama through the gallery's own objects: a prompt typed
 in the sidebar reaches every page; a head clicked on the Attention page is selected in the
 workspace, highlighted in the head atlas and on the Circuits page; ablating it from the sidebar
 makes the Logit lens show clean vs ablated (checked against plain torch hooks); the exported
