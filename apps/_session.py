@@ -35,8 +35,11 @@ _MODELS: dict[tuple[str, bool], explorer.Model] = {}
 _MODELS_LOCK = threading.Lock()
 _LOADING: dict[tuple[str, bool], threading.Lock] = {}
 
-# Work is CPU-bound and forwards are serialised per model: a few threads are enough.
+# Work is CPU-bound and forwards are serialised per model: a few threads are enough for light
+# jobs. Heavy jobs wait in the server-wide queue (apps._server) on threads of their own, so a
+# queue of them never holds up a light one.
 _EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="explorer-app")
+_HEAVY_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="explorer-heavy")
 _RUNNING = 0                       # jobs of every session running now (not yet delivered)
 _RUNNING_LOCK = threading.Lock()
 
@@ -92,6 +95,7 @@ class SessionHooks:
 
     on_remote_status: Callable[[Any], None] | None = None
     runners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    release_on_close: bool = False   # a closed session gives its memory back (bind_session)
 
     def stop_all(self) -> int:
         """Cancel every running job of the session; returns how many were running."""
@@ -121,6 +125,15 @@ def session_hooks(doc: Any = None) -> SessionHooks:
     if hooks is None:
         hooks = _HOOKS[doc] = SessionHooks()
     return hooks
+
+
+def _release_memory_soon(delay: float = 2.0) -> None:
+    """Give freed memory back to the system once a closed session's objects are dropped."""
+    from apps._server import release_memory
+
+    timer = threading.Timer(delay, release_memory)
+    timer.daemon = True
+    timer.start()
 
 
 def user_message(exc: BaseException) -> str:
@@ -171,14 +184,21 @@ class Runner:
     doc : bokeh Document, optional
         The session's document, for jobs submitted where no session is current (a worker
         thread); by default the current document at each `submit`.
+    heavy : bool, default=False
+        Served, its jobs wait their turn in the server-wide queue of heavy jobs
+        (`apps._server.job_queue`); ``on_place(k)`` hears the job's place in line while it waits
+        and ``on_place(0)`` when it starts. Inline runs never queue.
     """
 
     def __init__(self, *, on_result: Callable[[Any], None], on_error: Callable[[BaseException], None],
                  on_busy: Callable[[bool], None], background: bool, busy_delay: float = 0.3,
-                 doc: Any = None):
+                 doc: Any = None, heavy: bool = False,
+                 on_place: Callable[[int], None] | None = None):
         self._on_result = on_result
         self._on_error = on_error
         self._on_busy = on_busy
+        self.heavy = bool(heavy)
+        self._on_place = on_place
         self.background = background
         self.busy_delay = busy_delay
         self._lock = threading.Lock()
@@ -197,6 +217,10 @@ class Runner:
         doc = pn.state.curdoc
         if doc is not None and doc.session_context is not None:
             pn.state.on_session_destroyed(lambda _ctx: self.close())
+            hooks = session_hooks(doc)
+            if not hooks.release_on_close:       # once per session: free its memory when it goes
+                hooks.release_on_close = True
+                pn.state.on_session_destroyed(lambda _ctx: _release_memory_soon())
 
     def close(self) -> None:
         """Cancel any job and refuse new ones (the session is gone)."""
@@ -232,7 +256,10 @@ class Runner:
         with self._lock:
             self._timer = timer
         timer.start()
-        self._future = _EXECUTOR.submit(self._run, job, token, doc)
+        if self.heavy:
+            self._future = _HEAVY_EXECUTOR.submit(self._run_queued, job, token, doc)
+        else:
+            self._future = _EXECUTOR.submit(self._run, job, token, doc)
         return token
 
     def cancel(self) -> None:
@@ -261,6 +288,28 @@ class Runner:
 
     def _current(self, token: CancelToken) -> bool:
         return self._token is token and not token.cancelled and not self._closed
+
+    def _run_queued(self, job: Callable[[CancelToken], Any], token: CancelToken, doc: Any) -> None:
+        """Wait for a slot in the server's heavy-job queue, then run ``job`` (and give the
+        freed memory back once it is done)."""
+        from apps._server import QueueCancelled, job_queue, release_memory
+
+        def on_place(place: int) -> None:
+            if self._on_place is not None:
+                self._deliver(doc, token, self._on_place, place)
+
+        queue = job_queue()
+        try:
+            with queue.turn(cancelled=lambda: token.cancelled, on_place=on_place,
+                            owner=session_hooks(doc), on_ticket=lambda t: token.on_cancel.append(
+                                lambda: queue.cancel(t))) as arrived:
+                if arrived:
+                    on_place(0)
+                self._run(job, token, doc)
+        except QueueCancelled:
+            return
+        finally:
+            release_memory()
 
     def _run(self, job: Callable[[CancelToken], Any], token: CancelToken, doc: Any) -> None:
         _count_running(+1)

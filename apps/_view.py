@@ -115,11 +115,13 @@ class View(pn.viewable.Viewer):
 
     # -- runners -----------------------------------------------------------------------------
     def runner(self, name: str, on_result: Callable[[Any], None], *, busy: bool = True,
-               progress: bool = False) -> Runner:
+               progress: bool = False, heavy: bool | None = None) -> Runner:
         """A new runner called ``name`` whose results go to ``on_result`` on the page's loop.
 
         ``busy``: its jobs set `busy` while they run (after the runner's short delay).
         ``progress``: it reports progress, so the bar hides when its job ends.
+        ``heavy`` (default: ``progress``): served, its jobs wait their turn in the server's
+        queue of heavy jobs, and the status line shows their place in line meanwhile.
         Failures go to `show_error`. The runner stops when the session closes or at `close`.
         """
         def done(value: Any) -> None:
@@ -129,10 +131,23 @@ class View(pn.viewable.Viewer):
 
         r = Runner(on_result=done, on_error=self.show_error,
                    on_busy=(lambda b: self._runner_busy(name, b)) if busy else (lambda b: None),
-                   background=self._background, doc=self._doc)
+                   background=self._background, doc=self._doc,
+                   heavy=progress if heavy is None else heavy, on_place=self._queue_place)
         r.bind_session()
         self._runners[name] = r
         return r
+
+    def _queue_place(self, place: int) -> None:
+        """Show a queued heavy job's place in line; put the page's own status back when it
+        starts (``place`` 0)."""
+        from apps._server import job_queue, place_text
+
+        if place > 0:
+            if not self.status.startswith("Waiting for the server:"):
+                self._status_before_queue = self.status
+            self.status = place_text(place, job_queue().running)
+        elif self.status.startswith("Waiting for the server:"):
+            self.status = getattr(self, "_status_before_queue", "")
 
     def submit(self, name: str, job: Callable[[CancelToken], Any]) -> CancelToken | None:
         """Run ``job(token)`` on the runner ``name``; a job in flight there is superseded.

@@ -49,6 +49,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._intros import INTROS, intro_pane
+from apps._server import served_origins, set_heavy_job_limit, with_sign_in_pages
 from apps._session import Runner, get_model, session_hooks, user_message
 from apps.atlas import AtlasView
 from apps.attention import AttentionView
@@ -931,22 +932,27 @@ def create_app(model_name: str = DEFAULT_MODEL, *, view: str | None = None,
 
 def serve(*, model: str = DEFAULT_MODEL, port: int = 5006, address: str = "127.0.0.1",
           show: bool = False, allow_websocket_origin: Sequence[str] | None = None,
-          remote: bool = False, **kwargs: Any) -> Any:
+          remote: bool = False, heavy_jobs: int | None = None, **kwargs: Any) -> Any:
     """Serve the gallery (blocking unless ``threaded=True``); binds 127.0.0.1 by default.
+
+    ``heavy_jobs``: how many heavy analyses run at once (`apps._server`; default one per two
+    cores). Sign-in options (``basic_auth``, ``oauth_provider``, ``cookie_secret``, ...) go to
+    `panel.serve` with ``kwargs``; ``explorer serve`` requires one off loopback.
 
     The model loads before the server starts, so a bad name fails here, once. With
     ``remote=True`` every page runs the model on NDIF (`explorer.remote`).
     ``kwargs`` go to `panel.serve`.
     """
     get_model(model, remote=remote)
+    if heavy_jobs is not None:
+        set_heavy_job_limit(heavy_jobs)
     theme.enable_extension()
-    origins = list(allow_websocket_origin) if allow_websocket_origin else [
-        f"{host}:{port}" for host in dict.fromkeys((address, "127.0.0.1", "localhost"))]
+    origins = list(allow_websocket_origin) if allow_websocket_origin else served_origins(address, port)
     def app() -> pn.template.FastListTemplate:
         return create_app(model, remote=remote)
 
     return pn.serve({"/": app}, port=port, address=address, show=show,
-                    websocket_origin=origins, title=theme.TITLE, **kwargs)
+                    websocket_origin=origins, title=theme.TITLE, **with_sign_in_pages(kwargs))
 
 
 if pn.state.served:

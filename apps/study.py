@@ -22,6 +22,7 @@ import panel as pn
 import param
 
 from apps import theme
+from apps._server import served_origins, with_sign_in_pages
 from apps._view import View
 from explorer._checks import ExplorerError
 from explorer.studies.randomise import Trial
@@ -315,13 +316,16 @@ def session_page(folder: str | Path) -> pn.template.FastListTemplate:
 
 
 def serve(folder: str | Path, *, port: int = 5007, address: str = "127.0.0.1",
-          show: bool = False, allow_websocket_origin: list[str] | None = None) -> None:
-    """Serve the study in ``folder`` at ``http://ADDRESS:PORT/study`` until interrupted."""
+          show: bool = False, allow_websocket_origin: list[str] | None = None,
+          **kwargs: Any) -> None:
+    """Serve the study in ``folder`` at ``http://ADDRESS:PORT/study`` until interrupted.
+    ``kwargs`` (the sign-in: ``basic_auth``, ``cookie_secret``, ...) go to `panel.serve`."""
     StudyRun.open(folder).close()   # fail now, not in the first participant's browser
     theme.enable_extension()
-    origins = allow_websocket_origin or [f"{address}:{port}", f"localhost:{port}"]
+    origins = allow_websocket_origin or served_origins(address, port)
     pn.serve({"study": lambda: session_page(folder)}, port=port, address=address, show=show,
-             websocket_origin=origins, title="Study", threaded=False)
+             websocket_origin=origins, title="Study", threaded=False,
+             **with_sign_in_pages(kwargs))
 
 
 if __name__ == "__main__":   # python -m apps.study FOLDER [PORT]

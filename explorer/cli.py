@@ -50,6 +50,7 @@ from .commands._common import (
     print_json,
     read_prompts,
     served_url,
+    server_sign_in,
     torch_threads,
 )
 
@@ -401,13 +402,21 @@ def _cache_stats(store: Any, args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     port, url = served_url(args)
+    sign_in, described = server_sign_in(args)
+    heavy = args.heavy_jobs
+    if heavy is not None:
+        from explorer._checks import check_int
+
+        check_int("--heavy-jobs", heavy, low=1, high=256)
     gallery = importlib.import_module("apps.gallery")
     print(f"serving the explorer gallery ({args.model}) at {url}", flush=True)
-    if args.address not in ("127.0.0.1", "localhost", "::1"):
-        print(f"{_PROG}: note: listening on {args.address}: anyone who can reach it can run "
-              "the model.", file=sys.stderr, flush=True)
+    print(f"{_PROG}: {described}", file=sys.stderr, flush=True)
+    if args.no_auth:
+        print(f"{_PROG}: warning: --no-auth on {args.address}: anyone who can reach the port can "
+              "run the model and see what it computes.", file=sys.stderr, flush=True)
     gallery.serve(model=args.model, port=port, address=args.address, show=args.show,
-                  allow_websocket_origin=args.allow_websocket_origin, remote=args.remote)
+                  allow_websocket_origin=args.allow_websocket_origin, remote=args.remote,
+                  heavy_jobs=heavy, **sign_in)
     return 0
 
 
@@ -547,6 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the app gallery in the browser")
     add_model_option(p)
     add_serve_options(p, port=5006)
+    p.add_argument("--heavy-jobs", type=int, default=None, metavar="N",
+                   help="heavy analyses (circuits, corpora, training) that run at once; the "
+                        "rest wait in one queue (default: one per two cores, or "
+                        "EXPLORER_HEAVY_JOBS)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("bench", help="run a benchmark and print its result")

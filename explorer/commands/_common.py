@@ -74,13 +74,134 @@ def load_cli_model(args: argparse.Namespace):
 
 def add_serve_options(parser: argparse.ArgumentParser, *, port: int) -> None:
     """Add what a command that serves pages takes: ``--port``, ``--address`` (default
-    127.0.0.1: this machine only), ``--show`` and ``--allow-websocket-origin``."""
+    127.0.0.1: this machine only), ``--show``, ``--allow-websocket-origin`` and the sign-in
+    (``--password-file``, ``--oauth-provider``, ``--no-auth``; see `server_sign_in`).
+    Flags are not abbreviated here, so ``--password SECRET`` is an error, never a file name."""
+    parser.allow_abbrev = False
     parser.add_argument("--port", type=int, default=port, help=f"port (default: {port})")
     parser.add_argument("--address", default="127.0.0.1",
-                        help="address to bind (default: 127.0.0.1, this machine only)")
+                        help="address to bind (default: 127.0.0.1, this machine only); any "
+                             "other address needs a sign-in")
     parser.add_argument("--show", action="store_true", help="open a browser")
     parser.add_argument("--allow-websocket-origin", action="append", metavar="HOST",
-                        help="host[:port] allowed to connect (repeatable)")
+                        help="host[:port] allowed to connect (repeatable; default: the "
+                             "served address, this machine's names, 127.0.0.1 and localhost)")
+    auth = parser.add_argument_group("sign-in (required off 127.0.0.1)")
+    auth.add_argument("--password-file", metavar="FILE",
+                      help=f"password sign-in: FILE holds the password (one line) or JSON "
+                           f"{{\"user\": \"password\", ...}}; or set {PASSWORD_ENV}")
+    auth.add_argument("--oauth-provider", metavar="NAME",
+                      help="sign in with an OAuth provider from Panel's list (github, google, "
+                           "gitlab, azure, okta, auth0, generic, ...); key and secret from "
+                           "PANEL_OAUTH_KEY / PANEL_OAUTH_SECRET")
+    auth.add_argument("--no-auth", action="store_true",
+                      help="serve off 127.0.0.1 with no sign-in: anyone who reaches the port "
+                           "can run the model")
+
+
+PASSWORD_ENV = "EXPLORER_PASSWORD"
+"""Environment variable with the server's password (`server_sign_in`)."""
+
+COOKIE_SECRET_ENV = "EXPLORER_COOKIE_SECRET"
+"""Environment variable with the secret that signs the sign-in cookies (`server_sign_in`)."""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def server_sign_in(args: argparse.Namespace, env: dict[str, str] | None = None
+                   ) -> tuple[dict[str, Any], str]:
+    """The sign-in the serve flags ask for, as keyword arguments of `panel.serve`, and one line
+    that describes it (never the password or a secret).
+
+    Off loopback a method is required: a password (``--password-file`` or the
+    ``EXPLORER_PASSWORD`` environment variable; never a command-line value), an OAuth provider
+    (``--oauth-provider``, key and secret from ``PANEL_OAUTH_KEY`` / ``PANEL_OAUTH_SECRET``), or
+    an explicit ``--no-auth``. The cookie secret comes from ``EXPLORER_COOKIE_SECRET`` (or
+    ``PANEL_COOKIE_SECRET``); without one a random secret is made, so sign-ins last as long as
+    the server. Any problem is an InputError naming the flag.
+    """
+    import os
+    import secrets
+
+    env = dict(os.environ) if env is None else env
+    password_file = getattr(args, "password_file", None)
+    password_env = env.get(PASSWORD_ENV) or None
+    provider = getattr(args, "oauth_provider", None)
+    no_auth = bool(getattr(args, "no_auth", False))
+    chosen = [name for name, on in (("--password-file", password_file),
+                                    (PASSWORD_ENV, password_env),
+                                    ("--oauth-provider", provider), ("--no-auth", no_auth)) if on]
+    if len(chosen) > 1:
+        raise InputError(f"choose one sign-in; got {' and '.join(chosen)}.")
+    loopback = is_loopback(args.address)
+    if not chosen:
+        if loopback:
+            return {}, "no sign-in (this machine only)"
+        raise InputError(
+            f"`--address {args.address}` can be reached from other machines, so the server needs "
+            f"a sign-in: --password-file FILE (or set {PASSWORD_ENV}), --oauth-provider NAME "
+            f"(key and secret in PANEL_OAUTH_KEY / PANEL_OAUTH_SECRET), or, to serve anyone who "
+            f"reaches the port, --no-auth.")
+    if no_auth:
+        return {}, "NO SIGN-IN: anyone who can reach the port can run the model"
+    cookie = env.get(COOKIE_SECRET_ENV) or env.get("PANEL_COOKIE_SECRET") or secrets.token_urlsafe(32)
+    kwargs: dict[str, Any] = {"cookie_secret": cookie}
+    if password_file or password_env:
+        if password_file:
+            path = Path(password_file)
+            if not path.is_file():
+                raise InputError(f"`--password-file` must be a readable file; got {password_file!r}.")
+            text = path.read_text(encoding="utf-8").strip()
+            if not text:
+                raise InputError(f"`--password-file` {password_file!r} is empty.")
+            if text.startswith("{"):
+                try:
+                    users = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"`--password-file` {password_file!r} is not valid JSON: "
+                                     f"{exc.msg} (line {exc.lineno}).") from None
+                if (not isinstance(users, dict) or not users
+                        or not all(isinstance(k, str) and isinstance(v, str) and v
+                                   for k, v in users.items())):
+                    raise InputError(f"`--password-file` {password_file!r} must map user names "
+                                     "to non-empty passwords.")
+                kwargs["basic_auth"] = str(path.resolve())
+                what = f"password per user ({len(users)} user{'s' if len(users) > 1 else ''})"
+            else:
+                kwargs["basic_auth"] = text.splitlines()[0]
+                what = "password (from --password-file)"
+        else:
+            kwargs["basic_auth"] = password_env
+            what = f"password (from {PASSWORD_ENV})"
+        return kwargs, f"sign-in: {what}"
+    from panel.auth import AUTH_PROVIDERS
+
+    if provider not in AUTH_PROVIDERS:
+        import difflib
+
+        near = difflib.get_close_matches(str(provider), list(AUTH_PROVIDERS), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise InputError(f"`--oauth-provider` must be one of {', '.join(sorted(AUTH_PROVIDERS))}; "
+                         f"got {provider!r}.{hint}")
+    missing = [name for name in ("PANEL_OAUTH_KEY", "PANEL_OAUTH_SECRET") if not env.get(name)]
+    if missing and provider not in ("password", "pam"):
+        raise InputError(f"`--oauth-provider {provider}` needs {' and '.join(missing)} in the "
+                         "environment.")
+    kwargs.update(oauth_provider=provider, oauth_key=env.get("PANEL_OAUTH_KEY"),
+                  oauth_secret=env.get("PANEL_OAUTH_SECRET"),
+                  oauth_redirect_uri=env.get("PANEL_OAUTH_REDIRECT_URI"),
+                  oauth_encryption_key=env.get("PANEL_OAUTH_ENCRYPTION"))
+    return {k: v for k, v in kwargs.items() if v is not None}, f"sign-in: OAuth ({provider})"
 
 
 def served_url(args: argparse.Namespace, path: str = "") -> tuple[int, str]:

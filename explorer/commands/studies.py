@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError
-from explorer.commands._common import add_serve_options, print_json, served_url
+from explorer.commands._common import add_serve_options, print_json, served_url, server_sign_in
 
 __all__ = ["register_cli", "parse_accuracy"]
 
@@ -130,6 +130,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from explorer.studies.run import StudyRun
 
     port, url = served_url(args, "study")
+    sign_in, described = server_sign_in(args)     # before any work: a missing sign-in fails now
 
     def progress(done: int, total: int) -> None:
         if _json(args) or (done < total and not sys.stderr.isatty()):
@@ -154,9 +155,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"serving study {summary['study']} at {url} (Ctrl-C stops; answers are saved "
               f"as they are given)", flush=True)
     sys.stdout.flush()
+    print(f"explorer: {described}", file=sys.stderr, flush=True)
     app = importlib.import_module("apps.study")
     app.serve(args.dir, port=port, address=args.address, show=args.show,
-              allow_websocket_origin=args.allow_websocket_origin)
+              allow_websocket_origin=args.allow_websocket_origin, **sign_in)
     return 0
 
 
