@@ -264,7 +264,7 @@ class ITDAView(View):
         self._itda: ITDA | None = None
         self.runner("run", self._show_result)
         self.runner("sweep", self._show_sweep, progress=True)
-        self.runner("similarity", self._show_similarity)
+        self.runner("similarity", self._show_similarity, heavy=True)
         self._started = 0.0
         self.param.watch(self._request_run, list(_RUN_PARAMS))
         self.param.watch(self._request_examples, "atom")

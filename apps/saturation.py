@@ -712,7 +712,7 @@ class SaturationView(View):
         self._lock = threading.Lock()
         self._cleans: dict[tuple, Any] = {}
         self._labels: dict[int, str] = {}
-        self.runner("analysis", self._show_result)
+        self.runner("analysis", self._show_result, heavy=True)   # a corpus: waits its turn
         self.runner("intervention", self._show_intervention, busy=False)
         self.runner("prompt", self._show_prompt)
         self._prompt_cleans: dict[tuple[str, str], xr.Dataset] = {}   # (weights, prompt)

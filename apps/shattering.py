@@ -252,7 +252,8 @@ class ShatteringView(View):
         self._cov: dict[int, Any] = {}
         self._cache: dict[tuple, Any] = {}
         self._km_file: Path | None = None
-        self.runner("load", self._loaded, progress=True)
+        self.runner("load", self._loaded, progress=True, heavy=False)   # the shipped model: quick
+        self.runner("retrain", self._loaded, progress=True)
         self.runner("edit", self._edited)
         self.runner("sweep", self._swept)
         self.param.watch(self._request_edit, ["method", "entity", "relation", "distance", "layer"])
@@ -304,7 +305,7 @@ class ShatteringView(View):
             return knowledge_model(retrain=True, progress=self._training_progress(
                 token, "Retraining the knowledge-graph transformer"), **DEFAULTS)
 
-        self.submit("load", job)
+        self.submit("retrain", job)
 
     def _use_model(self, km: KnowledgeModel) -> None:
         g = km.graph

@@ -204,7 +204,7 @@ class UnlearningView(View):
         self.param.n_layers.bounds = (1, model.n_layers)
         if self.n_layers > model.n_layers:
             self.n_layers = max(1, model.n_layers // 2)
-        self.runner("work", self._show_result)
+        self.runner("work", self._show_result, heavy=True)   # training: waits its turn
         self._localize_button = pn.widgets.Button(
             name="Localize", button_type="primary",
             description="Probe curve, causal tracing and attribution patching over the forget "
