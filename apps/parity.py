@@ -23,6 +23,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, control, flex_plot
+from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.parity import DEFAULTS as PARITY_DEFAULTS
@@ -411,7 +412,7 @@ class ParityView(View):
         self._phase_given = phase is not None
         self.phase = phase
         self._lock = threading.Lock()
-        self._cache: dict[tuple, xr.Dataset] = {}
+        self._cache: BoundedCache = BoundedCache(max_items=64)   # per session: 64 entries, 256 MB at most
         self.runner("load", self._loaded)
         self.runner("sizes", self._sized)
         self.param.watch(self._request_sizes, ["threshold", "max_length"])
@@ -481,8 +482,6 @@ class ParityView(View):
         full = (kind, self.step, *key)
         with self._lock:
             if full not in self._cache:
-                if len(self._cache) > 64:
-                    self._cache.clear()
                 if kind == "pca":
                     self._cache[full] = parity_hidden_pca(self.run, self.step, max_length=key[0])
                 else:

@@ -27,6 +27,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import labelled_controls
+from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.shattering import (
@@ -250,7 +251,7 @@ class ShatteringView(View):
         super().__init__(background=background, **params)
         self._lock = threading.Lock()
         self._cov: dict[int, Any] = {}
-        self._cache: dict[tuple, Any] = {}
+        self._cache: BoundedCache = BoundedCache(max_items=64)   # per session: 64 entries, 256 MB at most
         self._km_file: Path | None = None
         self.runner("load", self._loaded, progress=True, heavy=False)   # the shipped model: quick
         self.runner("retrain", self._loaded, progress=True)
@@ -406,8 +407,6 @@ class ShatteringView(View):
         key = (strength, projection)
         with self._lock:
             if key not in self._cache:
-                if len(self._cache) > 64:
-                    self._cache.clear()
                 skip = [(self.edit.entity, self.edit.relation)]
                 acc = fact_accuracy(self.km, edited_model(self.km, self.edit, strength), exclude=skip)
                 emb = edit_embedding(self.km, self.edit, [0.0, strength], projection=projection,
