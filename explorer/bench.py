@@ -50,6 +50,7 @@ ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "itda": ("explorer.benches.itda", "bench_itda"),
     "store": ("explorer.benches.store", "bench_store"),
     "eap": ("explorer.commands.circuits", "bench_eap"),
+    "serve": ("explorer.benches.serve", "bench_serve"),
 }
 
 
