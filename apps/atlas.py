@@ -314,7 +314,7 @@ class AtlasView(View):
 
         def job(token: CancelToken) -> xr.Dataset:
             check_prompts(prompt)
-            n = len(model.tokenize(prompt).token_ids[0])
+            n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
             if n > MAX_TOKENS:
                 raise InputError(f"The prompt is {n} tokens; the atlas traces at most "
                                  f"{MAX_TOKENS}. Shorten it.")

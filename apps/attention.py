@@ -281,7 +281,7 @@ def trace_patterns(model: explorer.Model, prompt: str, edits: list[Edit] = (), *
     """`explorer.trace` of ``prompt`` at ``attn_pattern`` with ``edits`` applied (their
     one-line labels in the attrs' ``workspace_edits``); InputError past ``max_tokens``."""
     check_prompts(prompt)
-    n = len(model.tokenize(prompt).token_ids[0])
+    n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
     if n > max_tokens:
         raise InputError(f"The prompt is {n} tokens; this page draws at most {max_tokens}"
                          + (f" ({why})" if why else "") + ". Shorten it.")
