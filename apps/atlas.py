@@ -26,13 +26,17 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, head_cell, serve
+from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
 from explorer import components
 from explorer._checks import InputError, check_prompts
 from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
+from explorer.interventions import Edit
+from explorer.trace import run_batch
 from explorer.trace import trace as trace_sites
+from explorer.workspace import edit_label
 
-__all__ = ["AtlasView", "plot_score", "provenance_markdown", "collect_results", "atlas_csv"]
+__all__ = ["AtlasView", "plot_score", "provenance_markdown", "collect_results", "atlas_csv",
+           "edited_induction_scores", "MAX_TOKENS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -75,7 +79,8 @@ def plot_score(atlas: xr.Dataset | None, score: str | None,
     # numeric axes: head h's column spans [h - 0.5, h + 0.5], layer l's row the same in y
     heat = hv.Image((np.arange(n_heads), np.arange(n_layers), values), kdims=["head", "layer"],
                     vdims=[hv.Dimension("score", label=score)]).opts(
-        cmap=cmap, clim=clim, colorbar=True, clabel=score, title=score,
+        cmap=cmap, clim=clim, colorbar=True, clabel=score,
+        title=f"{score} (edited model)" if da.attrs.get("edits") else score,
         xlabel="head", ylabel="layer", invert_yaxis=True, xaxis="top",
         xticks=[(h, f"H{h}") for h in range(n_heads)],
         yticks=[(l, f"L{l}") for l in range(0, n_layers, step)],
@@ -111,9 +116,12 @@ def provenance_markdown(atlas: xr.Dataset | None) -> str:
         except (TypeError, ValueError):
             short = ""
         what = a.get("description") or a.get("source", "")
+        edited = ""
+        if a.get("edits"):
+            edited = f"; on the model with {html.escape(a.get('edit_labels') or 'edits')}"
         lines.append(f"- `{name}`: {html.escape(str(a.get('method', '')))}"
                      f"{' — ' + html.escape(what) if what else ''}"
-                     f"{' (' + html.escape(short) + ')' if short else ''}")
+                     f"{' (' + html.escape(short) + ')' if short else ''}{edited}")
     return "\n".join(lines)
 
 
@@ -138,6 +146,32 @@ def collect_results(values: Sequence[Any]) -> list[xr.Dataset]:
         seen.add(id(ds))
         out.append(ds)
     return out
+
+
+def edited_induction_scores(model: explorer.Model, edits: Sequence[Edit], *, n_sequences: int = 8,
+                            half_len: int = 20) -> xr.Dataset:
+    """`induction_scores` (Olsson et al. 2022; Yin & Steinhardt, ICML 2025) on the model with
+    ``edits`` applied: the same repeated random-token sequences, their attention patterns
+    traced under the edits. Without edits it is `induction_scores` itself."""
+    from explorer.analyses.icl_heads import induction_score_from_patterns, induction_scores
+
+    clean = induction_scores(model, n_sequences=n_sequences, half_len=half_len)
+    if not edits:
+        return clean
+    ids = clean["sequence_ids"].values                                  # [sequence, pos]
+    layers = range(model.spec.n_layers)
+    out = run_batch(model, model.batch_from_ids(ids.tolist()),
+                    save={(l, "attn_pattern") for l in layers}, edits=list(edits), logits=False)
+    patterns = np.stack([out[(l, "attn_pattern")].float().numpy() for l in layers], 1)
+    params = clean.attrs.get("params", {})
+    params = json.loads(params) if isinstance(params, str) else dict(params)
+    measure = params.get("measure", "mul")
+    edited = clean.copy()
+    edited["induction_score"] = (("layer", "head"),
+                                 induction_score_from_patterns(patterns, ids, measure))
+    edited.attrs = {**clean.attrs, "edits": [e.to_dict() for e in edits],
+                    "workspace_edits": [edit_label(e) for e in edits]}
+    return edited
 
 
 def atlas_csv(atlas: xr.Dataset) -> str:
@@ -176,6 +210,11 @@ class AtlasView(View):
                                 doc="The head atlas shown.")
     own = param.List(default=[], precedence=-1,
                      doc="Results the page computed itself (attention statistics, induction).")
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="Workspace edits: the page's own scores (attention statistics of the "
+                           "prompt, induction scores) are computed on the model with them applied.")
+
+    link_params = ("score",)
 
     def __init__(self, model: explorer.Model, *, sources: Callable[[], Sequence[Any]] | None = None,
                  background: bool | None = None, **params: Any):
@@ -184,9 +223,11 @@ class AtlasView(View):
         self._sources = sources
         self._trace: xr.Dataset | None = None
         self._induction: xr.Dataset | None = None
+        self._induction_wanted = False
         self.runner("trace", self._got_trace)
         self.runner("induction", self._got_induction)
-        self.param.watch(self._request_trace, ["prompt"])
+        self.param.watch(self._request_trace, ["prompt", "edits"])
+        self.param.watch(self._edits_changed, ["edits"])
         self.param.watch(self._check_selected, ["selected"])
         self._page_loaded = self._doc is None
         if self._doc is not None:
@@ -197,6 +238,15 @@ class AtlasView(View):
     @property
     def model(self) -> explorer.Model:
         return self._model
+
+    def scope(self) -> Scope:
+        """Your prompt (attention statistics), repeated random tokens (induction), and the
+        other pages' scores as those pages computed them; edits apply to the page's own."""
+        return Scope(on=f"your prompt (at most {MAX_TOKENS} tokens) for the attention statistics"
+                        ", repeated random tokens for induction, and the scores other pages "
+                        "computed (each on its page's inputs)",
+                     edits="applied to the attention statistics and induction scores this page "
+                           "computes; other pages' scores as their pages computed them")
 
     def set_sources(self, sources: Callable[[], Sequence[Any]] | None) -> None:
         """Where the other pages' results come from; the atlas is rebuilt from them."""
@@ -221,9 +271,12 @@ class AtlasView(View):
         self.param.score.objects = names
         score = self.score if self.score in names else (names[0] if names else None)
         self.param.update(atlas=atlas, score=score)
+        n_edits = len(self.edits)
+        edited = (f"; this page's scores under {n_edits} workspace edit"
+                  f"{'s' if n_edits != 1 else ''}") if n_edits else ""
         self.status = (f"{len(names)} per-head score{'s' if len(names) != 1 else ''} of "
                        f"{self._model.spec.name} ({atlas.sizes['layer']} layers × "
-                       f"{atlas.sizes['head']} heads){self.refresh_status_names()}")
+                       f"{atlas.sizes['head']} heads){self.refresh_status_names()}{edited}")
 
     # -- reproducibility -------------------------------------------------------------------
     def export_tables(self) -> dict[str, pd.DataFrame]:
@@ -256,17 +309,20 @@ class AtlasView(View):
     def _request_trace(self, *_: Any) -> None:
         if not self._page_loaded:
             return
-        prompt, model = self.prompt, self._model
+        prompt, model, edits = self.prompt, self._model, list(self.edits)
         self.running = True
 
         def job(token: CancelToken) -> xr.Dataset:
             check_prompts(prompt)
-            n = len(model.tokenize(prompt).token_ids[0])
+            n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
             if n > MAX_TOKENS:
                 raise InputError(f"The prompt is {n} tokens; the atlas traces at most "
                                  f"{MAX_TOKENS}. Shorten it.")
             token.check()
-            return trace_sites(model, [prompt], sites=("attn_pattern",), progress=False)
+            ds = trace_sites(model, [prompt], sites=("attn_pattern",), edits=edits,
+                             progress=False)
+            ds.attrs["workspace_edits"] = [edit_label(e) for e in edits]
+            return ds
 
         self.submit("trace", job)
 
@@ -276,13 +332,18 @@ class AtlasView(View):
         self.refresh()
 
     def add_induction(self, *_: Any) -> None:
-        """Score every head for induction on repeated random tokens (Olsson et al. 2022)."""
-        from explorer.analyses.icl_heads import induction_scores
-
-        model = self._model
+        """Score every head for induction on repeated random tokens (Olsson et al. 2022),
+        on the model with the workspace's edits."""
+        model, edits = self._model, list(self.edits)
+        self._induction_wanted = True
         self.running = True
-        self.status = "scoring induction heads…"
-        self.submit("induction", lambda token: induction_scores(model, n_sequences=8, half_len=20))
+        self.status = "scoring induction heads…" + (" (under the workspace's edits)" if edits else "")
+        self.submit("induction", lambda token: edited_induction_scores(
+            model, edits, n_sequences=8, half_len=20))
+
+    def _edits_changed(self, *_: Any) -> None:
+        if self._induction_wanted and self._page_loaded:
+            self.add_induction()   # the induction column follows the edits too
 
     def _got_induction(self, ds: xr.Dataset) -> None:
         # Named by where it comes from when another page's induction scores are already in the
@@ -385,7 +446,8 @@ class AtlasView(View):
             disabled=True, layout="fit_columns", sizing_mode="stretch_width",
             titles=pn.bind(column_titles, self.param.atlas), stylesheets=[_WRAPPED_TITLES],
             widths={"selected": 96, "layer": 72, "head": 70},
-            configuration={"columnDefaults": {"headerWordWrap": True}},
+            configuration={"columnDefaults": {"headerWordWrap": True,
+                                              "minWidth": _MIN_COLUMN_PX}},
             css_classes=["atlas-table"], formatters=pn.bind(self._formatters, self.param.atlas))
         table.on_click(self._row_clicked)
         provenance = pn.pane.Markdown(pn.bind(provenance_markdown, self.param.atlas),
@@ -410,10 +472,14 @@ class AtlasView(View):
 
 _WRAPPED_TITLES = """
 .tabulator .tabulator-col .tabulator-col-title {
-  white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip !important;
+  white-space: normal !important; overflow-wrap: normal !important; word-break: normal !important;
+  hyphens: none; text-overflow: clip !important;
 }
 """
-"""Column titles wrap (on the spaces of `column_titles`): every column fits the page's width."""
+"""Column titles wrap on the spaces of `column_titles` only, never inside a word; columns are
+at least `_MIN_COLUMN_PX` wide, so the longest word of a title fits."""
+
+_MIN_COLUMN_PX = 112
 
 
 def column_titles(atlas: xr.Dataset | None) -> dict[str, str]:

@@ -28,15 +28,17 @@ import explorer
 from apps import theme
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer import components
 from explorer._checks import InputError, check_prompts
+from explorer.interventions import Edit
 from explorer.trace import trace as trace_sites
+from explorer.workspace import edit_label
 
 __all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
            "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_highlight", "plot_head",
            "head_pattern", "grid_cell", "highlighted_heads", "plot_positions", "plot_enlarged",
-           "prompt_tokens"]
+           "prompt_tokens", "grid_title", "edits_caption", "trace_patterns"]
 
 MAX_TOKENS = 128
 """The longest prompt the page draws (the grid grows with the square of the length)."""
@@ -161,11 +163,27 @@ def plot_grid(ds: xr.Dataset | None, n_layers: int | None = None,
     return hv.Image(img, kdims=["head", "layer"], vdims=["weight"],
                     bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5)).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0, LEVELS), clipping_colors={"max": "white"},
-        title="All heads", xlabel="head", ylabel="layer",
+        title=grid_title(ds), xlabel="head", ylabel="layer",
         xticks=xticks, yticks=yticks, xaxis="top",
         frame_width=tile * n_heads, frame_height=tile * n_layers,
         tools=["tap"], default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
         fontsize=theme.font_sizes(), colorbar=False)
+
+
+def grid_title(ds: xr.Dataset | None) -> str:
+    """"All heads", or "All heads, edited (n)" for a trace run with workspace edits."""
+    n = len(ds.attrs.get("edits", [])) if ds is not None else 0
+    return f"All heads, edited ({n} edit{'s' if n != 1 else ''})" if n else "All heads"
+
+
+def edits_caption(ds: xr.Dataset | None) -> str:
+    """Under the grid: the workspace edits the patterns were computed under ('' without)."""
+    labels = list(ds.attrs.get("workspace_edits", [])) if ds is not None else []
+    if not labels:
+        return ""
+    return ("Patterns of the edited model: " + "; then ".join(f"`{html.escape(t)}`" for t in labels)
+            + ". An edit changes the layers after it; its own layer's patterns are read before "
+              "the head's output is replaced.")
 
 
 def plot_marker(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
@@ -240,20 +258,38 @@ def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
     one = ds.isel(prompt=0)
     tokens = theme.show_tokens(one.token.values[:n])
     q, k = np.tril_indices(n)
+    # the token columns are not named after a key dimension plus a suffix ("query_token"):
+    # HoloViews rewrites "@query" inside "@query_token" and the hover showed "8_token"
     table = {"key": k, "query": q, "weight": a[q, k].astype(float),
-             "key_token": np.array(tokens, dtype=object)[k],
-             "query_token": np.array(tokens, dtype=object)[q]}
+             "src_token": np.array(tokens, dtype=object)[k],
+             "dst_token": np.array(tokens, dtype=object)[q]}
     ticks = _ticks(tokens)
     size = int(min(760, max(320, 11 * n + 170)))
-    hover = [("query", "@query @query_token"), ("key", "@key @key_token"),
+    hover = [("query", "@query @dst_token"), ("key", "@key @src_token"),
              ("weight", "@weight{0.000}")]
-    return hv.HeatMap(table, ["key", "query"], ["weight", "key_token", "query_token"]).opts(
+    return hv.HeatMap(table, ["key", "query"], ["weight", "src_token", "dst_token"]).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True, clabel="attention weight",
         title=head_label(layer, head), xlabel="key token", ylabel="query token",
         xticks=ticks, yticks=ticks, xrotation=90, invert_yaxis=True,
         tools=["hover"], hover_tooltips=hover, default_tools=STATIC_TOOLS, active_tools=[],
         toolbar="above", responsive=True, height=size, min_width=320, max_width=size + 80,
         fontsize=theme.font_sizes(), padding=0)
+
+
+def trace_patterns(model: explorer.Model, prompt: str, edits: list[Edit] = (), *,
+                   max_tokens: int, why: str = "", check: Any = None) -> xr.Dataset:
+    """`explorer.trace` of ``prompt`` at ``attn_pattern`` with ``edits`` applied (their
+    one-line labels in the attrs' ``workspace_edits``); InputError past ``max_tokens``."""
+    check_prompts(prompt)
+    n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
+    if n > max_tokens:
+        raise InputError(f"The prompt is {n} tokens; this page draws at most {max_tokens}"
+                         + (f" ({why})" if why else "") + ". Shorten it.")
+    if check is not None:
+        check()
+    ds = trace_sites(model, [prompt], sites=("attn_pattern",), edits=list(edits), progress=False)
+    ds.attrs["workspace_edits"] = [edit_label(e) for e in edits]
+    return ds
 
 
 # -- the view ----------------------------------------------------------------------------
@@ -288,6 +324,9 @@ class AttentionView(View):
     highlighted = param.List(default=[], item_type=str, precedence=-1,
                              doc="Components to outline on the grid (the workspace selection; "
                                  "heads are drawn, other components skipped).")
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="Workspace edits (intervention records): the patterns are those of the "
+                           "model with them applied.")
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                  doc="The last good trace (attn_pattern of the prompt).")
     seconds = param.Number(default=None, allow_None=True, precedence=-1,
@@ -302,7 +341,7 @@ class AttentionView(View):
         self._sync_label()
         self.runner("trace", self._got_trace)
         self._started = 0.0
-        self.param.watch(self._request_trace, ["prompt"])
+        self.param.watch(self._request_trace, ["prompt", "edits"])
         self.param.watch(self._sync_label, ["layer", "head"])
         self.param.watch(self._pick_label, ["selected"])
         self._position_links = PagePositions(self, lambda: prompt_tokens(self.result),
@@ -316,9 +355,15 @@ class AttentionView(View):
         else:
             self._request_trace()
 
+    link_params = ("layer", "head")
+
     @property
     def model(self) -> explorer.Model:
         return self._model
+
+    def scope(self) -> Scope:
+        """Your prompt; the workspace's edits are applied to the traced model."""
+        return Scope(on=f"your prompt (at most {MAX_TOKENS} tokens)", edits="applied")
 
     # -- selection -----------------------------------------------------------------------
     def _sync_label(self, *events: Any) -> None:
@@ -360,19 +405,14 @@ class AttentionView(View):
     def _request_trace(self, *events: Any) -> None:
         if not self._page_loaded:
             return
-        prompt, model = self.prompt, self._model
+        prompt, model, edits = self.prompt, self._model, list(self.edits)
         self.running = True
         self._started = time.perf_counter()
 
         def job(token: CancelToken) -> xr.Dataset:
-            check_prompts(prompt)
-            n = len(model.tokenize(prompt).token_ids[0])
-            if n > MAX_TOKENS:
-                raise InputError(f"The prompt is {n} tokens; this page draws at most "
-                                 f"{MAX_TOKENS} (every head's pattern grows with its square). "
-                                 "Shorten it.")
-            token.check()
-            return trace_sites(model, [prompt], sites=("attn_pattern",), progress=False)
+            return trace_patterns(model, prompt, edits, max_tokens=MAX_TOKENS,
+                                  check=token.check,
+                                  why="every head's pattern grows with its square")
 
         self.submit("trace", job)
 
@@ -380,19 +420,25 @@ class AttentionView(View):
         seconds = time.perf_counter() - self._started
         n = int(ds.mask.sum())
         spec = self._model.spec
+        n_edits = len(ds.attrs.get("edits", []))
+        edited = f" · {n_edits} workspace edit{'s' if n_edits != 1 else ''} applied" if n_edits else ""
         self.param.update(result=ds, seconds=seconds, error="", running=False,
                           status=f"{spec.name} · {n} tokens · {spec.n_layers} layers × "
-                                 f"{spec.n_heads} heads · traced in {seconds:.2f} s")
+                                 f"{spec.n_heads} heads{edited} · traced in {seconds:.2f} s")
 
     def _error_note(self) -> str:
         return " The previous prompt's patterns are still shown." if self.result is not None else ""
 
     def code_snippet(self) -> str:
         """The trace the page draws (every head's pattern, the enlarged head) as Python."""
+        edits = []
+        if self.edits:
+            edits = [f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})"]
         return "\n".join([
             "import explorer", "",
-            f"model = explorer.load_model({self._model.spec.name!r})",
-            f"ds = explorer.trace(model, [{self.prompt!r}], sites=('attn_pattern',))",
+            f"model = explorer.load_model({self._model.spec.name!r})", *edits,
+            f"ds = explorer.trace(model, [{self.prompt!r}], sites=('attn_pattern',)"
+            + (", edits=edits)" if edits else ")"),
             "n = int(ds.mask.isel(prompt=0).sum())  # the prompt's tokens",
             "patterns = ds.attn_pattern.isel(prompt=0, dst_pos=slice(0, n), src_pos=slice(0, n))",
             f"enlarged = patterns.sel(layer={self.layer}, head={self.head})  # {self.selected}",

@@ -36,7 +36,8 @@ import explorer
 from apps import theme
 from apps._controls import OwnItems, labelled, tip
 from apps._session import CancelToken, user_message
-from apps._view import STATIC_TOOLS, View, head_cell, serve
+from apps._positions import POSITION_COLOR, position_outlines
+from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
 from explorer import components
 from explorer.analyses import user_items
 from explorer._checks import InputError, check_choice
@@ -46,7 +47,8 @@ from explorer.interventions import Edit
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
            "answer_bars_data", "bars_caption", "edited_bars_caption", "edited_title",
            "accuracy_table", "head_name", "parse_head", "HEATMAP_CAPTION", "SCATTER_CAPTION",
-           "ALPHA_NOTE", "JUICE_SETS", "NO_HEADS_NOTE", "split_time_left"]
+           "ALPHA_NOTE", "JUICE_SETS", "NO_HEADS_NOTE", "split_time_left", "selected_heads_in",
+           "prompts_note", "plot_selected_heads"]
 
 hv.extension("bokeh", logo=False)
 
@@ -123,6 +125,43 @@ def plot_head_heatmap(scores: xr.Dataset | None, plus: list[str] = (),
                              fill_alpha=0, line_width=3, show_legend=False)
 
 
+def selected_heads_in(names: list[str], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """(layer, head) of the heads among ``names`` (the workspace selection) that the model
+    has; other components and unreadable names are skipped."""
+    out = []
+    for name in names or ():
+        try:
+            c = components.check_in_model(name, n_layers, n_heads)
+        except components.ComponentError:
+            continue
+        if c.is_head and (c.layer, c.head) not in out:
+            out.append((c.layer, c.head))
+    return out
+
+
+def plot_selected_heads(scores: xr.Dataset | None, highlighted: list[str]) -> hv.Element | None:
+    """Dashed outlines (the selection's colour) of the workspace's selected heads on
+    `plot_head_heatmap`; None when none of them is a head of the scored model."""
+    if scores is None:
+        return None
+    cells = selected_heads_in(highlighted, scores.sizes["layer"], scores.sizes["head"])
+    if not cells:
+        return None
+    return position_outlines([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in cells])
+
+
+def prompts_note(fact: C.Fact, kind: str) -> str:
+    """The line above the plots naming the prompt the page runs (its own fact set, not the
+    sidebar prompt)."""
+    prompt = C.conflict_prompt(fact, kind)
+    text = prompt if len(prompt) <= 160 else prompt[:159] + "…"
+    return (f"**Runs on its own fact set**, not your prompt: the *{kind}* prompt of "
+            f"{html.escape(fact.subject)} ({html.escape(fact.relation)}): "
+            f"“{html.escape(text)}” (memory answer **{html.escape(fact.memory)}**, context "
+            f"answer **{html.escape(fact.context)}**). Pick another under *Example* or add your "
+            "own.")
+
+
 def _scatter_rows(scores: xr.Dataset) -> list[tuple[float, float, str, int]]:
     ms, cs = scores.memory_score, scores.context_score
     return [(float(cs.sel(layer=layer, head=h)), float(ms.sel(layer=layer, head=h)),
@@ -130,13 +169,16 @@ def _scatter_rows(scores: xr.Dataset) -> list[tuple[float, float, str, int]]:
 
 
 def plot_head_scatter(scores: xr.Dataset | None, plus: list[str] = (),
-                      minus: list[str] = ()) -> hv.Element:
+                      minus: list[str] = (), highlighted: list[str] = ()) -> hv.Element:
     """Each head's context score against its memory score, coloured by layer; chosen heads
-    ringed (S+ / S-). Heads far from both axes push memory on some prompts and context on
+    ringed (S+ / S-), the workspace's selected heads (``highlighted``) ringed dashed in the
+    selection's colour. Heads far from both axes push memory on some prompts and context on
     others (superposition)."""
     if scores is None:
         return _waiting("Computing head scores…", 360)
     rows = _scatter_rows(scores)
+    picked = {head_name(l, h) for l, h in selected_heads_in(
+        list(highlighted), scores.sizes["layer"], scores.sizes["head"])}
     pts = hv.Points(rows, kdims=["context_score", "memory_score"], vdims=["head_name", "layer"])
     chosen = _chosen(list(plus), list(minus))
     ring = hv.Points([(*r[:2], r[2], chosen[r[2]]) for r in rows if r[2] in chosen],
@@ -145,7 +187,11 @@ def plot_head_scatter(scores: xr.Dataset | None, plus: list[str] = (),
                      size=8, tools=["hover", "tap"], default_tools=_TOOLS, active_tools=["tap"],
                      nonselection_alpha=0.8)
             * ring.opts(color="set", cmap=_SET_COLORS, size=18, fill_alpha=0, line_width=3,
-                        tools=["hover"], show_legend=False)).opts(
+                        tools=["hover"], show_legend=False)
+            * hv.Points([r[:3] for r in rows if r[2] in picked],
+                        kdims=["context_score", "memory_score"], vdims=["head_name"]).opts(
+                color=POSITION_COLOR, size=24, fill_alpha=0, line_width=2.5,
+                line_dash="dashed", tools=["hover"])).opts(
         responsive=True, height=360, xlabel="context score (logit units)",
         ylabel="memory score (logit units)",
         title="Context vs memory score", xticks=5)
@@ -280,6 +326,9 @@ class ConflictsView(View):
                           doc="juice: the dual run (run 1 records the heads' outputs, run 2 adds "
                               "them); single: each head scaled in place by 1 + α_l or 1 − α_s.")
 
+    highlighted = param.List(default=[], item_type=str, precedence=-1,
+                             doc="Components to outline (the workspace selection): its heads are "
+                                 "outlined dashed on the heatmap and ringed on the scatter.")
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     bar_rows = param.List(default=None, allow_None=True, precedence=-1)
     edits = param.List(default=[], item_type=Edit, precedence=-1,
@@ -291,6 +340,8 @@ class ConflictsView(View):
 
     notify_title = None
     failed_status = "error"
+    link_params = ("example", "kind", "direction", "heads_plus", "heads_minus", "alpha_l",
+                   "alpha_s", "mode")
 
     def __init__(self, model: Any, *, facts: Any = None, closed_book: bool = True,
                  background: bool | None = None, n_new: int = 5, **params: Any):
@@ -345,6 +396,15 @@ class ConflictsView(View):
         else:
             self.example = label
         return fact
+
+    def scope(self) -> Scope:
+        """Its own fact set (the example's prompt of the chosen type), not your prompt; the
+        edits apply to the answer bars."""
+        fact = self._fact()
+        return Scope(on=f"its own fact set: the {self.kind} prompt of {fact.subject} "
+                        f"({fact.relation}), not your prompt",
+                     edits="applied to the answer bars (a second chart); the head scores are "
+                           "those of the unedited model")
 
     # -- jobs -----------------------------------------------------------------------------
     def _fact(self) -> C.Fact:
@@ -556,6 +616,16 @@ class ConflictsView(View):
                              **caption),
             sizing_mode="stretch_width", margin=0)
 
+    def _selection_note(self, highlighted: list[str], scores: xr.Dataset | None) -> str:
+        """Which of the workspace's selected heads the plots outline (dashed)."""
+        spec = self._model.spec
+        cells = selected_heads_in(highlighted, self._model.n_layers, spec.n_heads)
+        if not cells:
+            return ""
+        names = ", ".join(head_name(l, h) for l, h in cells)
+        return (f"Your selected heads, outlined dashed on the heatmap and ringed dashed on the "
+                f"scatter: {names}. *Clicks add heads to* puts a clicked head in S+ or S-.")
+
     # -- reproducibility ------------------------------------------------------------------------
     def export_tables(self) -> dict[str, pd.DataFrame]:
         """The base tables plus the answer bars (clean and, with edits, edited) and the
@@ -610,14 +680,15 @@ class ConflictsView(View):
         return "\n".join(lines) + "\n"
 
     def __panel__(self) -> pn.viewable.Viewable:
-        def heatmap(scores, plus, minus):
+        def heatmap(scores, plus, minus, highlighted):
             plot = plot_head_heatmap(scores, plus, minus)
             if scores is not None:
                 hv.streams.Tap(source=plot.get(0)).add_subscriber(self._heatmap_tapped)
-            return plot
+            outlines = plot_selected_heads(scores, highlighted)
+            return plot if outlines is None else plot * outlines
 
-        def scatter(scores, plus, minus):
-            plot = plot_head_scatter(scores, plus, minus)
+        def scatter(scores, plus, minus, highlighted):
+            plot = plot_head_scatter(scores, plus, minus, highlighted)
             if scores is not None:
                 hv.streams.Selection1D(source=plot.get(0)).add_subscriber(self._scatter_tapped)
             return plot
@@ -674,11 +745,19 @@ class ConflictsView(View):
                                  p.bar_rows, p.accuracy, p.busy, p.edited_rows)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
-            pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus),
+            pn.pane.Markdown(pn.bind(lambda ex, kind: prompts_note(self._facts[ex], kind),
+                                     p.example, p.kind), sizing_mode="stretch_width",
+                             css_classes=["cf-prompts"], styles={"font-size": "0.9em"}),
+            pn.pane.Markdown(pn.bind(self._selection_note, p.highlighted, p.scores),
+                             sizing_mode="stretch_width", css_classes=["cf-selection"],
+                             styles={"font-size": "0.9em", "color": "#444"}),
+            pn.pane.HoloViews(pn.bind(heatmap, p.scores, p.heads_plus, p.heads_minus,
+                                      p.highlighted),
                               linked_axes=False, sizing_mode="stretch_width",
                               css_classes=["cf-heatmap"]),
             pn.pane.Markdown(HEATMAP_CAPTION, **caption),
-            pn.pane.HoloViews(pn.bind(scatter, p.scores, p.heads_plus, p.heads_minus),
+            pn.pane.HoloViews(pn.bind(scatter, p.scores, p.heads_plus, p.heads_minus,
+                                      p.highlighted),
                               linked_axes=False, sizing_mode="stretch_width"),
             pn.pane.Markdown(SCATTER_CAPTION, **caption),
             pn.pane.Markdown("### Accuracy over the split"), table,

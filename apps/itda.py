@@ -26,7 +26,7 @@ import explorer
 from apps import theme
 from apps._controls import labelled_controls
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
 from explorer.analyses.itda import ITDA, itda_atom_examples, itda_reconstruction, itda_tau_sweep
 from explorer.analyses.similarity import SIMILARITY_METHODS, layer_similarity, perturbed_copy
@@ -235,6 +235,15 @@ class ITDAView(View):
     n_atoms = param.Integer(default=0, precedence=-1)
 
     notify_title = "ITDA"
+    link_params = ("probe_text", "layer", "tau", "l0", "atom", "method", "noise")
+
+    def scope(self) -> Scope:
+        """Its own probing prompts, on the unedited model."""
+        n = len(probe_prompts(self.probe_text))
+        return Scope(on=f"its own probing prompts ({n}, editable under *Probing prompts*), "
+                        "not your prompt",
+                     edits="not applicable: the dictionary and the layer similarity are built "
+                           "from the unedited model's activations (and a noised copy of it)")
     failed_status = "Last run failed: {message}"
     wait_timeout = 300
 

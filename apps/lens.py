@@ -37,7 +37,7 @@ from apps import theme
 from apps._session import Cancelled, CancelToken, user_message
 from apps._positions import (PagePositions, column_boxes, position_caption, position_outlines,
                              shown_positions)
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
 from explorer.interventions import Edit
 from explorer.lens import preview_vocabulary
@@ -46,8 +46,13 @@ from explorer.trace import trace as trace_sites
 
 __all__ = ["LensView", "lens_table", "plot_lens_heatmap", "heatmap_columns", "plot_shape",
            "heatmap_updates", "is_preview", "lens_tokens", "plot_positions", "contrast_vector",
-           "slider_preview_times",
+           "slider_preview_times", "check_lens_prompt", "MAX_LENS_TOKENS", "lens_grid_table",
            "STATE_FORMAT"]
+
+MAX_LENS_TOKENS = 256
+"""The longest prompt the lens page runs and draws: one column of every layer per token, so
+wider prompts scroll sideways in the page up to this many columns; longer ones are refused
+with this limit in the message (a prompt of 3,000 words is refused before any forward)."""
 
 STATE_FORMAT = "explorer.lens-state"
 STATE_FORMAT_VERSION = 1
@@ -84,6 +89,40 @@ def contrast_vector(model: explorer.Model, prompts_a: list[str], prompts_b: list
         return x.where(keep).mean(("prompt", "pos")).values
 
     return (mean(prompts_a) - mean(prompts_b)).astype(np.float32)
+
+
+def check_lens_prompt(model: explorer.Model, prompt: str) -> int:
+    """The prompt's token count; InputError naming the page's limit (`MAX_LENS_TOKENS`) when
+    it is longer. Only the tokenizer runs (a long prompt is refused at once)."""
+    check_prompts(prompt)
+    n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
+    if n > MAX_LENS_TOKENS:
+        raise InputError(f"The prompt is {n} tokens; the logit lens draws at most "
+                         f"{MAX_LENS_TOKENS} (one column per token). Shorten it.")
+    return n
+
+
+def lens_grid_table(ds: xr.Dataset, *, prompt: int = 0) -> pd.DataFrame:
+    """The lens grid as a tidy table: one row per (position, layer, rank) with the input
+    token, the rank's token, its id and probability (the page data export's CSV)."""
+    one = ds.isel(prompt=prompt)
+    real = one.mask.values                                               # [pos]
+    pos = one.pos.values[real]
+    layers = one.layer.values
+    k = one.sizes["rank"]
+    inputs = np.array(theme.show_tokens(one.token.values[real]), dtype=object)
+    n_pos, n_layers = len(pos), len(layers)
+    shape = (n_pos, n_layers, k)
+    return pd.DataFrame({
+        "pos": np.broadcast_to(pos[:, None, None], shape).reshape(-1),
+        "input_token": np.broadcast_to(inputs[:, None, None], shape).reshape(-1),
+        "layer": np.broadcast_to(layers[None, :, None], shape).reshape(-1),
+        "rank": np.broadcast_to(np.arange(1, k + 1)[None, None, :], shape).reshape(-1),
+        "token": np.array(theme.show_tokens(one.top_token.values[real].reshape(-1).tolist()),
+                          dtype=object),
+        "token_id": one.top_token_id.values[real].reshape(-1).astype(int),
+        "probability": one.top_prob.values[real].reshape(-1).astype(float),
+    })
 
 
 def lens_table(ds: xr.Dataset, *, prompt: int = 0) -> pd.DataFrame:
@@ -246,7 +285,8 @@ def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0,
         responsive=True, height=height, min_width=max(sizes["plot_min_width"], 56 * n_pos),
         fontsize={"title": f"{sizes['title_font_pt']}pt", "labels": f"{sizes['axis_font_pt']}pt",
                   "xticks": f"{sizes['axis_font_pt']}pt", "yticks": f"{sizes['label_font_pt']}pt"},
-        toolbar="above", default_tools=_TOOLS, active_tools=[], padding=0,
+        # the toolbar on the right: above, it sat over the start of the title
+        toolbar="right", default_tools=_TOOLS, active_tools=[], padding=0,
     )
     labels = hv.Labels(table, ["pos", "layer"], ["label", "text_color"]).opts(
         text_color="text_color", text_font_size=f"{sizes['label_font_pt']}pt",
@@ -447,6 +487,14 @@ class LensView(View):
     notify_title = "Logit lens"
     failed_status = "Last run failed: {message}"
     wait_timeout = 120
+    link_params = ("contrast_a", "contrast_b", "steer_layer", "alpha", "k")
+
+    def scope(self) -> Scope:
+        """Your prompt (and the contrast prompts of the steering vector); the workspace's
+        edits are applied in a second heatmap."""
+        return Scope(on=f"your prompt (at most {MAX_LENS_TOKENS} tokens), steered by the "
+                        "contrast prompts A − B",
+                     edits="applied (a second heatmap: the lens with the workspace's edits)")
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
         steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
@@ -553,7 +601,7 @@ class LensView(View):
         exact result, the later ones re-run in plain torch from the clean run and read
         over candidate tokens (`explorer.lens_preview.steered_lens_preview`); where that
         forward does not cover the model, `explorer.logit_lens` ``preview_vocab``."""
-        check_prompts(p["prompt"])
+        check_lens_prompt(self._model, p["prompt"])
         edits = self.edits_for(p)
         last = self.result
         if not edits and last is not None and not last.attrs["edits"] \
@@ -641,7 +689,7 @@ class LensView(View):
                  extra: list[Edit] | None = None) -> tuple[dict, xr.Dataset, xr.Dataset | None]:
         """The lens at ``p`` (with its steering) and, with ``extra`` (workspace edits), the
         lens with the steering and then ``extra`` applied, for the same prompt."""
-        check_prompts(p["prompt"])
+        check_lens_prompt(self._model, p["prompt"])
         edits = self.edits_for(p)
         token.check()
         # a remote model reduces the lens inside its trace; locally, an edit resumes at its
@@ -833,6 +881,17 @@ class LensView(View):
                 return
         self.plot_version += 1
 
+    # -- page data export ----------------------------------------------------------------
+    def export_tables(self) -> dict[str, pd.DataFrame]:
+        """The lens grid as tidy tables (`lens_grid_table`): ``lens`` (the heatmap's result)
+        and, with workspace edits, ``lens_edited``; a row per (position, layer, rank)."""
+        out = {}
+        if self.result is not None:
+            out["lens"] = lens_grid_table(self.result)
+        if self.edited_result is not None:
+            out["lens_edited"] = lens_grid_table(self.edited_result)
+        return out
+
     # -- session export / import ---------------------------------------------------------
     def export_state(self) -> dict[str, Any]:
         """The page's state as JSON-able data: model, prompts, parameters, edits, versions."""
@@ -1003,7 +1062,11 @@ class LensView(View):
         return pn.Row(
             self.controls(),
             pn.Column(pn.Row(spinner, cancel, status, align="center"), self._positions,
-                      caption, plot, edited, details, sizing_mode="stretch_width"),
+                      caption,
+                      # a wide prompt's heatmap (56 px a token) scrolls sideways in its box
+                      pn.Column(plot, edited, sizing_mode="stretch_width", scroll="x-auto",
+                                css_classes=["lens-scroll"]),
+                      details, sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )
 

@@ -24,8 +24,7 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, control, flex_plot
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
-from explorer import components
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer.analyses.linear_icl import (
     DEFAULTS,
     SHIPPED_HEADS,
@@ -38,7 +37,8 @@ from explorer.analyses.linear_icl import (
 
 __all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "retrain_estimate",
            "plot_ov_heatmap", "plot_loss_curves", "plot_loss_by_length", "plot_head_curves", "plot_metric_curves",
-           "plot_pattern_metrics", "kq_caption", "ov_caption", "loss_caption", "pattern_caption"]
+           "plot_pattern_metrics", "kq_caption", "ov_caption", "loss_caption", "pattern_caption",
+           "toy_head_name"]
 
 #: Head counts loaded for the page by default (shipped with the project: nothing is trained).
 DEFAULT_HEADS: tuple[int, ...] = SHIPPED_HEADS
@@ -56,9 +56,13 @@ _placeholder = functools.partial(theme.placeholder, height=280)
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
 
-def _head(h: int) -> str:
-    """The head's name in the explorer's one spelling (the model has one layer: L0)."""
-    return str(components.head(0, int(h)))
+def toy_head_name(h: int) -> str:
+    """A toy model's head: ``toy head 0``. Not the component spelling (``L0.H0``) of the
+    workspace's model, which these one-layer regression models are not part of."""
+    return f"toy head {int(h)}"
+
+
+_head = toy_head_name
 
 
 def plot_kq_heatmaps(patterns: xr.Dataset | None) -> hv.Element:
@@ -306,6 +310,14 @@ class LinearICLView(View):
     """
 
     notify_title = "Linear ICL"
+    link_params = ("n_heads", "step")
+
+    def scope(self) -> Scope:
+        """Its own one-layer attention models on synthetic regression prompts."""
+        return Scope(on="its own one-layer softmax-attention models (toy head 0, 1, …) trained "
+                        "on synthetic in-context linear regression prompts, not your prompt",
+                     edits="not applicable: the page studies separate toy models, not the "
+                           "workspace's language model")
     wait_timeout = 1200
 
     n_heads = param.Selector(default=None, objects=[], label="Heads (H)",

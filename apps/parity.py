@@ -25,7 +25,7 @@ from apps import theme
 from apps._controls import caption, control, flex_plot
 from apps._server import BoundedCache
 from apps._session import CancelToken
-from apps._view import ZOOM_TOOLS, View, serve
+from apps._view import ZOOM_TOOLS, Scope, View, serve
 from explorer.analyses.parity import DEFAULTS as PARITY_DEFAULTS
 from explorer.analyses.parity import (
     parity_automaton,
@@ -382,6 +382,14 @@ class ParityView(View):
     """
 
     notify_title = "Parity"
+    link_params = ("threshold", "max_length", "minimal", "color_by")
+
+    def scope(self) -> Scope:
+        """Its own parity RNN on binary strings; the workspace's model is not involved."""
+        return Scope(on="its own ReLU RNN trained on the parity of binary strings (lengths "
+                        "1-10), not your prompt",
+                     edits="not applicable: the page studies a separate toy RNN, not the "
+                           "workspace's language model")
 
     step = param.Selector(default=None, objects=[], label="Training step",
                           doc="Checkpoint shown in every panel: the hidden states, the automaton, "

@@ -47,10 +47,11 @@ from apps._controls import labelled, tip
 from apps._positions import (PagePositions, column_boxes, position_caption, position_outlines,
                              shown_positions)
 from apps._session import CancelToken
-from apps._view import View, serve
+from apps._view import Scope, View, serve
 from explorer._checks import ExplorerError, InputError, check_choice, check_prompts
 from explorer.analyses import saturation as sat
 from explorer.interventions import Edit
+from explorer.models import token_text
 
 __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "detail_header",
            "plot_rank_table", "plot_staircase", "plot_tau_histogram", "plot_probe_accuracy",
@@ -692,6 +693,18 @@ class SaturationView(View):
 
     notify_title = "Saturation"
     failed_status = "Last run failed: {message}"
+    link_params = ("weights", "n_tokens", "text", "k", "theta_margin", "theta_cosine", "against",
+                   "pair", "inj_layer")
+
+    def scope(self) -> Scope:
+        """The corpus (its statistics) and your prompt (its token view); the edits apply to
+        the prompt's token view only."""
+        corpus = "your texts" if self._texts is not None else "the shipped corpus"
+        return Scope(on=f"{corpus} ({self.n_tokens} tokens) for the statistics; your prompt "
+                        "for its token view",
+                     edits="applied to your prompt's token view (a second heatmap); not "
+                           "applicable to the corpus statistics: they are the unedited "
+                           "model's, cached once per model")
 
     def __init__(self, model: explorer.Model, *, texts: list[str] | None = None,
                  store: Any = "default", background: bool | None = None,
@@ -781,7 +794,8 @@ class SaturationView(View):
         for i in np.asarray(ids).reshape(-1).tolist():
             i = int(i)
             if i not in self._labels:
-                self._labels[i] = theme.show_token(self._model.tokenizer.decode([i])) if i >= 0 else "∅"
+                self._labels[i] = (theme.show_token(token_text(self._model.tokenizer, i))
+                                   if i >= 0 else "∅")
             out[i] = self._labels[i]
         return out
 

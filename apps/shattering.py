@@ -29,7 +29,7 @@ from apps import theme
 from apps._controls import labelled_controls
 from apps._server import BoundedCache
 from apps._session import CancelToken
-from apps._view import ZOOM_TOOLS, View, serve
+from apps._view import ZOOM_TOOLS, Scope, View, serve
 from explorer.analyses.shattering import (
     DEFAULTS,
     EDIT_METHODS,
@@ -209,6 +209,15 @@ class ShatteringView(View):
     """
 
     notify_title = "Shattering"
+    link_params = ("method", "entity", "relation", "distance", "strength", "projection", "axes",
+                   "layer")
+
+    def scope(self) -> Scope:
+        """Its own knowledge-graph transformer; edits are the page's own knowledge edits."""
+        return Scope(on="its own small transformer trained on random walks over a cyclic "
+                        "knowledge graph, not your prompt",
+                     edits="not applicable: the page makes its own knowledge edit (ROME / MEMIT"
+                           " / fine-tuning) on a separate toy model")
 
     method = param.Selector(default="rome", objects=sorted(EDIT_METHODS), label="Edit method",
                             doc="How the fact is edited: fine-tuning one MLP, MEMIT (least squares over "

@@ -23,7 +23,7 @@ import param
 
 from apps import theme
 from apps._server import served_origins, with_sign_in_pages
-from apps._view import View
+from apps._view import Scope, View
 from explorer._checks import ExplorerError
 from explorer.studies.randomise import Trial
 from explorer.studies.run import StudyRun
@@ -108,6 +108,11 @@ class StudySession(View):
     """
 
     notify_title = None
+
+    def scope(self) -> Scope:
+        """The study's own items, as its run folder prepared them."""
+        return Scope(on="the study's own items (each participant's in their own order)",
+                     edits="not applicable: participants see the prepared items, no workspace")
 
     stage = param.Selector(objects=list(STAGES), default="consent", doc="Page shown")
     code = param.String(default="", doc="This participant's code ('' before consent)")

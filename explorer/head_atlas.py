@@ -54,6 +54,14 @@ def _provenance(ds: xr.Dataset, *, method: str | None = None, source: str, doc: 
            "source": source}
     if doc:
         out["description"] = doc
+    edits = ds.attrs.get("edits")
+    if isinstance(edits, str):
+        edits = json.loads(edits) if edits.strip() else []
+    if edits:                                  # computed on an edited model: said with the score
+        out["edits"] = json.dumps(edits, default=str)
+        labels = ds.attrs.get("workspace_edits")
+        if labels:
+            out["edit_labels"] = "; ".join(str(t) for t in labels)
     if ds.attrs.get("citation"):
         out["citation"] = str(ds.attrs["citation"])
     return out

@@ -503,7 +503,7 @@ def _token_strings(model: Model, ids: np.ndarray) -> np.ndarray:
     strings = []
     for i in distinct.tolist():
         if i not in known:
-            known[i] = model.tokenizer.decode([i]) if i >= 0 else ""
+            known[i] = model.token_strings([i])[0] if i >= 0 else ""
         strings.append(known[i])
     return np.array(strings, dtype=str)[where].reshape(ids.shape)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -379,8 +381,55 @@ class Model:
         return Batch(input_ids, mask, position_ids, lengths, [list(r) for r in ids], tokens)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        """Token strings as the model sees them: each id decoded on its own."""
-        return [self.tokenizer.decode([i]) for i in ids]
+        """Token strings as the model sees them: each id decoded on its own. A token that
+        holds part of a character's UTF-8 bytes (emoji, CJK: decoding it alone gives U+FFFD)
+        reads as its bytes escaped, e.g. ``' \\xf0\\x9f\\x98'`` (`token_text`)."""
+        return [token_text(self.tokenizer, i) for i in ids]
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as -> the byte."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
+    """The raw bytes of one token of a byte-level BPE (GPT-2 alphabet) or SentencePiece
+    byte-fallback (``<0xE2>``) vocabulary; None when the vocabulary is neither."""
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    if not isinstance(piece, str):
+        return None
+    m = _BYTE_TOKEN.fullmatch(piece)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    chars = _byte_level_chars()
+    if piece and all(c in chars for c in piece):
+        return bytes(chars[c] for c in piece)
+    return None
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One token decoded on its own; where that gives U+FFFD for bytes that are part of a
+    character (the rest sits in a neighbouring token), those bytes as ``\\xNN`` escapes."""
+    text = tokenizer.decode([int(token_id)])
+    if "\ufffd" not in text:
+        return text
+    raw = token_bytes(tokenizer, token_id)
+    if raw is None:
+        return text
+    return raw.decode("utf-8", errors="backslashreplace")
 
 
 def _get_path(root: Any, path: str) -> Any:

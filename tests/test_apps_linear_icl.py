@@ -43,12 +43,12 @@ def test_captions_carry_the_numbers_the_titles_leave_out(tiny_runs):
     omega = _omega_by_hand(tiny_runs[2], 40)
     caption = view._kq_caption()
     for h, w in enumerate(omega):
-        assert f"L0.H{h}: ω {w:+.3f}" in caption
+        assert f"toy head {h}: ω {w:+.3f}" in caption
     # Titles are short names (the numbers went to the caption).
     titles = [p.opts.get().kwargs["title"] for p in plot_kq_heatmaps(view.patterns())]
-    assert titles == ["L0.H0", "L0.H1"]
+    assert titles == ["toy head 0", "toy head 1"]
     view.step = 20
-    assert f"L0.H0: ω {_omega_by_hand(tiny_runs[2], 20)[0]:+.3f}" in view._kq_caption()
+    assert f"toy head 0: ω {_omega_by_hand(tiny_runs[2], 20)[0]:+.3f}" in view._kq_caption()
     assert "H = 1: " in view._loss_caption() and "H = 2: " in view._loss_caption()
 
 

@@ -10,7 +10,7 @@ import torch
 from explorer._checks import InputError
 from explorer.interventions import Steer
 from explorer.lens import logit_lens
-from explorer.models import TINY_MODELS, load_model
+from explorer.models import TINY_MODELS, load_model, token_text
 from explorer.trace import clean_run
 
 PROMPTS = [
@@ -56,7 +56,7 @@ def test_last_layer_is_the_model_output(tiny_model):
                                       np.tile(np.arange(k), (n, 1)))
         np.testing.assert_allclose(ds.final_prob.sel(layer=last).values[i, :n],
                                    top.values.numpy(), atol=1e-5)
-        assert list(ds.top_token.values[i, 0, -1]) == [tiny_model.tokenizer.decode([t])
+        assert list(ds.top_token.values[i, 0, -1]) == [token_text(tiny_model.tokenizer, t)
                                                        for t in top.indices[0].tolist()]
         # padding
         assert (ds.top_token_id.values[i, n:] == -1).all()

@@ -30,6 +30,7 @@ from explorer.studies.analysis import (
     simulate_participants,
     simulated_responses,
 )
+from explorer.models import token_text
 from explorer.studies.items import build_items
 from explorer.studies.placebo import (
     mismatched_example,
@@ -340,7 +341,7 @@ def test_next_token_items_match_a_plain_forward(tmp_path, tiny_model):
     lm_head, norm = tiny_model.hf.lm_head, tiny_model.hf.model.norm
     for item, prompt in zip(items, PROMPTS):
         _, resid, logits = _layer_outputs(tiny_model, prompt)
-        ranked = [tiny_model.tokenizer.decode([t]) for t in torch.topk(logits, 20).indices.tolist()]
+        ranked = [token_text(tiny_model.tokenizer, t) for t in torch.topk(logits, 20).indices.tolist()]
         distinct = list(dict.fromkeys(ranked))[:3]   # ids that decode alike count once
         assert item["choices"][item["answer"]] == ranked[0]
         assert sorted(item["choices"]) == sorted(distinct)
@@ -349,7 +350,7 @@ def test_next_token_items_match_a_plain_forward(tmp_path, tiny_model):
         for row, layer in enumerate(real["layers"]):
             probs = torch.softmax(lm_head(norm(resid[layer])), -1)
             p, ids = torch.topk(probs, 2)
-            assert real["tokens"][row] == [tiny_model.tokenizer.decode([i]) for i in ids.tolist()]
+            assert real["tokens"][row] == [token_text(tiny_model.tokenizer, i) for i in ids.tolist()]
             np.testing.assert_allclose(real["probs"][row], p.tolist(), atol=1e-4)
         assert item["explanations"]["none"] is None
         fake = item["explanations"]["fake"]
