@@ -252,12 +252,15 @@ def moved_cells(clean: xr.Dataset | None, edited: xr.Dataset | None, *,
     return [(int(pos[i]), int(layers[j])) for i, j in zip(*np.nonzero(moved))]
 
 
-def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0,
-                      title: str | None = None) -> hv.Overlay | hv.Element:
+def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0, title: str | None = None,
+                      steer_line: int | None = None) -> hv.Overlay | hv.Element:
     """Layer x position heatmap of the lens's top-1 probability, the top-1 token in each cell.
 
     Hover lists the top-k tokens with ids and probabilities. ``None`` gives a placeholder.
-    A preview's title starts with "PREVIEW".
+    A preview's title starts with "PREVIEW". Each steer edit's layer gets a dashed line at
+    its lower edge; with ``steer_line`` (the page's steering layer) one line is drawn there
+    instead, hidden while ``ds`` carries no steer edit, so a steered and an unsteered
+    result draw the same figure (a slider move from 0 updates it in place).
     """
     if ds is None:
         return hv.Text(0, 0, "Computing the logit lens…").opts(
@@ -292,10 +295,13 @@ def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0,
         text_color="text_color", text_font_size=f"{sizes['label_font_pt']}pt",
         default_tools=_TOOLS)
     overlay = heat * labels
-    for e in edits:  # the steered layer's lower edge: rows from here up carry the edit
-        if e.get("kind") == "steer":
-            overlay *= hv.HLine(e["layer"] - 0.5).opts(color=theme.ACCENT, line_width=3,
-                                                      line_dash="dashed")
+    steers = [e["layer"] for e in edits if e.get("kind") == "steer"]
+    line = {"color": theme.ACCENT, "line_width": 3, "line_dash": "dashed"}
+    if steer_line is not None:
+        overlay *= hv.HLine(steer_line - 0.5).opts(visible=bool(steers), **line)
+        steers = [layer for layer in steers if layer != steer_line]
+    for layer in steers:  # the steered layer's lower edge: rows from here up carry the edit
+        overlay *= hv.HLine(layer - 0.5).opts(**line)
     # no active scroll zoom: the wheel keeps scrolling the page
     return overlay.opts(responsive=True, height=height, active_tools=[])
 
@@ -528,6 +534,7 @@ class LensView(View):
         # the drawn heatmap's data sources, filled in place for results of the same shape
         self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
         self._figures: list[weakref.ref] = []
+        self._lines: list[weakref.ref] = []   # the drawn steering line (a Bokeh Span)
         self._drawn_shape: tuple | None = None
         self.param.watch(self._request_run, [*_RUN_PARAMS, "edits"])
         self.param.watch(self._draw, ["result", "preview"])
@@ -640,7 +647,7 @@ class LensView(View):
         return vocab
 
     def _show_preview(self, out: tuple) -> None:
-        seq, p, ds, exc = out
+        seq, p, ds, exc = out   # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
         if exc is None and seq > self._exact_seq and ds is not None:
             self.param.update(preview=ds, status=f"Preview at α = {p['alpha']:g} (top tokens "
                                                  "among candidates, estimated probabilities); "
@@ -721,6 +728,22 @@ class LensView(View):
         self.param.update(result=ds, edited_result=edited, preview=None, error="", running=False,
                           status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
                                  f"{more} · {seconds:.2f} s")
+        self._warm_preview()
+
+    def _warm_preview(self) -> None:
+        """Served, after an exact result: compute one preview that is not drawn, so that the
+        first move of the next drag finds the steering vector, the clean run, the preview's
+        blocks, candidates and GEMM backend ready (seconds on a busy machine) instead of
+        making the hand wait for them. It is a preview request like a move's: a move made
+        meanwhile waits in the single slot."""
+        if not self._background or self._model.remote or self.result is None:
+            return
+        with self._preview_lock:
+            if self._preview_busy:
+                return
+            self._preview_busy = True
+        alpha = self.alpha if self.alpha != 0 else self.param.alpha.step
+        self._start_preview((self._exact_seq, {**self._run_params(), "alpha": float(alpha)}))
 
     def _error_note(self) -> str:
         return " The previous result is still shown." if self.result is not None else ""
@@ -814,16 +837,34 @@ class LensView(View):
         ds = self.shown
         for refs in (*self._sources.values(), self._figures):
             refs.clear()                   # the new render registers its own
-        self._drawn_shape = plot_shape(ds)
+        self._lines.clear()
+        self._drawn_shape = self._page_shape(ds)
+        steers = () if ds is None else plot_shape(ds)[3]
+        line = steers[0] if len(steers) == 1 else self.steer_layer
         plot = plot_lens_heatmap(ds, title=None if ds is None else
-                                 lens_title(ds, clean=self.edited_result is not None))
+                                 lens_title(ds, clean=self.edited_result is not None),
+                                 steer_line=line)
         if ds is None:
             return plot
         outlines = plot_positions(ds, self.selected_positions)
         if outlines is not None:
             plot = (plot * outlines.opts(default_tools=_TOOLS)).opts(active_tools=[])
         return plot.opts(hv.opts.HeatMap(hooks=[self._source_hook("heat")]),
-                         hv.opts.Labels(hooks=[self._source_hook("labels")]))
+                         hv.opts.Labels(hooks=[self._source_hook("labels")]),
+                         hv.opts.HLine(hooks=[self._line_hook]))
+
+    @staticmethod
+    def _page_shape(ds: xr.Dataset | None) -> tuple | None:
+        """`plot_shape` without the steering layer where there is at most one steer edit:
+        the page draws that line always and moves or hides it in place."""
+        shape = plot_shape(ds)
+        return shape if shape is None or len(shape[3]) > 1 else shape[:3]
+
+    def _line_hook(self, plot: Any, element: Any) -> None:
+        """A HoloViews hook keeping the rendered steering line (a Bokeh Span)."""
+        span = plot.handles.get("glyph")
+        if span is not None and not any(r() is span for r in self._lines):
+            self._lines.append(weakref.ref(span))
 
     def _plot_edited(self, edited: xr.Dataset | None) -> hv.Overlay | hv.Element:
         if edited is None:
@@ -865,7 +906,9 @@ class LensView(View):
         anew."""
         ds = self.shown
         sources = self.drawn_sources()
-        if ds is not None and plot_shape(ds) == self._drawn_shape and all(sources.values()):
+        lines = [span for span in (r() for r in self._lines) if span is not None]
+        if ds is not None and self._page_shape(ds) == self._drawn_shape \
+                and all(sources.values()) and len(lines) == 1:
             columns = heatmap_updates(ds)
             if all(set(src.data) <= set(columns[glyph]) | set(_SHAPE_COLUMNS[glyph])
                    for glyph, srcs in sources.items() for src in srcs):
@@ -873,6 +916,10 @@ class LensView(View):
                     for src in srcs:  # one change event carrying the changed columns only
                         src.data.update({name: columns[glyph][name] for name in src.data
                                          if name in columns[glyph]})
+                steers = plot_shape(ds)[3]
+                if steers:
+                    lines[0].location = steers[0] - 0.5
+                lines[0].visible = bool(steers)
                 title = lens_title(ds, clean=self.edited_result is not None)
                 for ref in self._figures:
                     fig = ref()

@@ -637,6 +637,51 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     return {"params": params, "figures": figures, "accuracy": accuracy}
 
 
+def slider_preview_compute(*, model: str = "smollm2-135m", tokens: int = 32,
+                           layer: int | None = None, alpha: float = 8.0, k: int = 5,
+                           moves: int = 16) -> dict[str, Any]:
+    """The slider preview's compute in this process, as a fresh page's first drag runs it:
+    the GEMM backend `explorer.lens_preview.choose_backend` decides (timed on the first
+    preview) and, interleaved over ``moves`` strengths from ``alpha`` towards ``alpha / 2``,
+    `steered_lens_preview` against the page's exact call (`logit_lens` resumed,
+    ``unembed_dtype="auto", rank_cap=k``). `benchmarks/slider_drag.py` runs this in
+    several fresh processes to check that the decision does not flip."""
+    from .interventions import Steer
+    from .lens import logit_lens, preview_vocabulary
+    from .lens_preview import gemm_choices, steered_lens_preview
+    from .trace import clean_run
+
+    m = _load(model)
+    layer = m.n_layers // 2 if layer is None else m.check_layer(layer)
+    prompt = text_prompts(m, 1, check_int("tokens", tokens, low=2))[0]
+    vector = steering_vector(m, layer)
+    clean = clean_run(m, [prompt])
+    base = logit_lens(m, [prompt], k=k, rank_cap=k, unembed_dtype="auto")
+    cand = preview_vocabulary(m, results=[base], directions=[vector])
+    alphas = list(alpha * (1 - 0.5 * np.arange(1, check_int("moves", moves, low=1) + 1) / moves))
+    at = iter(alphas * 4)
+
+    def preview():
+        return steered_lens_preview(m, prompt, k=k, edits=[Steer(layer, vector, next(at))],
+                                    clean=clean, base=base, candidates=cand)
+
+    t0 = time.perf_counter()
+    preview()                                  # decides the backend, as a page's first move
+    first_ms = (time.perf_counter() - t0) * 1e3
+    times, _ = interleaved_times({
+        "preview": preview,
+        "exact": lambda: logit_lens(m, [prompt], k=k, edits=[Steer(layer, vector, next(at))],
+                                    resume=clean, rank_cap=k, unembed_dtype="auto")},
+        repeats=moves)
+    decision = [e for e in gemm_choices() if e["key"][:2] == [m.spec.name, layer]]
+    return {"backend": decision[-1]["chosen"] if decision else "torch",
+            "decision": decision[-1] if decision else None,
+            "preview_ms": _median_ms(times["preview"]), "exact_ms": _median_ms(times["exact"]),
+            "preview_vs_exact_ratio": _paired_ratio(times["preview"], times["exact"]),
+            "first_preview_ms": first_ms, "load": os.getloadavg()[0],
+            "threads": torch.get_num_threads()}
+
+
 @bench("remote")
 def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: int = 3,
                     ft_steps: int = 10, repeats: int = 3) -> dict[str, Any]:

@@ -8,12 +8,16 @@ exact `explorer.logit_lens` follows on release. What it costs and why:
 - The layers from the edit on are re-run from the clean run's residual plus the steering
   (`steered_resid_post`), in plain torch without a trace: the norms and the activation as
   formulas (checked once against the model's own modules, whose calls go through the
-  tracer's wrappers at ~2 ms each), and every product of the preview on one backend, the
-  faster of torch's and numpy's float32 GEMM over the whole sequence of the model's
-  products at the real row count (`choose_backend`, timed once per process, model and row
-  count). One backend, not one per shape: torch's OpenMP threads and numpy's OpenBLAS
-  threads both spin after a call, and alternating the two on 2 cores ran the sequence ~10x
-  slower than either alone. The values are the forward's up to float32 rounding.
+  tracer's wrappers at ~2 ms each), and every product of the preview on one backend:
+  torch's float32 GEMM unless the whole preview (forward and readout, as it really runs)
+  is at least `PREVIEW_MARGIN` times faster with numpy's in every one of
+  `PREVIEW_ROUNDS` paired rounds (`choose_backend`, timed once per process, model, first
+  edited layer and row bucket). One backend, not one per shape: torch's OpenMP threads
+  and numpy's OpenBLAS threads both spin after a call, and alternating the two on 2 cores
+  ran the sequence ~10x slower than either alone; the norms and attention between the
+  products run on torch, so the preview alternates with numpy products too, which a
+  timing of the products alone does not see. The values are the forward's up to float32
+  rounding.
 - Those layers are read at candidate tokens only (`explorer.lens.preview_vocabulary`: the
   exact result's top tokens and those the steering vector raises) plus `PREVIEW_SAMPLE`
   tokens drawn with a fixed seed that stand in for the rest of the normaliser: top-k are
@@ -29,8 +33,10 @@ elsewhere.
 """
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,17 +45,20 @@ import torch.nn.functional as F
 import xarray as xr
 
 from ._checks import InputError
-from ._kernels import _blas_controller, median_seconds, row_bucket
+from ._kernels import _blas_controller, row_bucket
 from .interventions import Edit, Steer
 from .lens import PREVIEW_SAMPLE, _preview_vocab, _token_strings
 from .models import Model, _get_path
 from .trace import CleanRun
 
 __all__ = ["steered_lens_preview", "steered_resid_post", "preview_forward_reason", "Gemm",
-           "gemm_choices", "choose_backend"]
+           "gemm_choices", "choose_backend", "decide_backend", "PREVIEW_MARGIN"]
 
-_SPEEDUP_TO_SWITCH = 1.1
-"""numpy's product must be at least this much faster than torch's to be used."""
+PREVIEW_MARGIN = 1.5
+"""numpy is taken for the preview only where the whole preview (forward and readout) runs at
+least this many times faster on it than on torch, in every timed round."""
+PREVIEW_ROUNDS = 3
+"""Paired rounds (torch then numpy, numpy then torch, ...) timed to decide."""
 
 _CHOICES_LOCK = threading.Lock()
 _CHOICES: dict[tuple, dict[str, Any]] = {}
@@ -78,31 +87,66 @@ class Gemm:
         return out
 
 
-def choose_backend(key: tuple, gemms: Sequence[Gemm], rows: int) -> str:
-    """The faster backend for running all of ``gemms`` in turn at ``rows`` rows, by timing the
-    whole sequence on each (once per process and ``key``); `gemm_choices` keeps both times.
-    numpy must be `_SPEEDUP_TO_SWITCH` times faster to be chosen."""
-    key = (*key, row_bucket(rows))
+def decide_backend(torch_s: Sequence[float], numpy_s: Sequence[float], *,
+                   margin: float = PREVIEW_MARGIN) -> str:
+    """``"numpy"`` only where numpy beat torch by ``margin`` in every paired round
+    (``torch_s[i]`` and ``numpy_s[i]`` timed back to back), else ``"torch"``.
+
+    torch is the default because the preview runs its norms, rotary and attention on torch
+    between the products: numpy's products there alternate OpenBLAS's and OpenMP's spinning
+    threads (`benchmarks/gemm_alternation.py`). Requiring the margin in every round, not in
+    a median, keeps noise from flipping the choice: a round disturbed by another job can
+    only keep torch.
+    """
+    if not torch_s or len(torch_s) != len(numpy_s):
+        raise InputError("decide_backend needs as many numpy timings as torch timings, "
+                         f"at least one; got {len(torch_s)} and {len(numpy_s)}.")
+    return "numpy" if all(t >= margin * n for t, n in zip(torch_s, numpy_s)) else "torch"
+
+
+def choose_backend(key: tuple, run: Callable[[str], object], *,
+                   rounds: int = PREVIEW_ROUNDS,
+                   clock: Callable[[], float] = time.perf_counter) -> str:
+    """The backend the preview ``run(backend)`` runs on, for ``key`` (model, first edited
+    layer, row bucket): decided once per process by timing the real preview on both
+    (`decide_backend`) and kept; `gemm_choices` lists the decisions with their timings.
+
+    ``EXPLORER_CPU_GEMM=torch|numpy`` forces one. Each backend runs once untimed, then in
+    up to ``rounds`` paired rounds whose order alternates; the first round numpy does not
+    win by the margin ends the timing (torch), so a slow numpy costs one round.
+    """
+    forced = os.environ.get("EXPLORER_CPU_GEMM", "auto").strip().lower() or "auto"
+    if forced in ("torch", "numpy"):
+        return forced
     with _CHOICES_LOCK:
         entry = _CHOICES.get(key)
-    if entry is None:
-        g = torch.Generator().manual_seed(0)
-        xs = [torch.randn(key[-1], m.weight.shape[1], generator=g) for m in gemms]
+    if entry is not None:
+        return entry["chosen"]
 
-        def run(backend: str) -> None:
-            for m, x in zip(gemms, xs):
-                m(x, backend)
+    def timed(backend: str) -> float:
+        t0 = clock()
+        run(backend)
+        return clock() - t0
 
-        with _blas_controller().limit(limits=torch.get_num_threads(), user_api="blas"):
-            t_torch = median_seconds(lambda: run("torch"), 3)
-            t_numpy = median_seconds(lambda: run("numpy"), 3)
-            t_torch = min(t_torch, median_seconds(lambda: run("torch"), 3))  # each after the other
-        entry = {"products": len(gemms), "rows": key[-1],
-                 "shapes": sorted({tuple(m.weight.shape[::-1]) for m in gemms}),
-                 "chosen": "numpy" if t_torch >= _SPEEDUP_TO_SWITCH * t_numpy else "torch",
-                 "torch_ms": round(t_torch * 1e3, 3), "numpy_ms": round(t_numpy * 1e3, 3)}
-        with _CHOICES_LOCK:
-            entry = _CHOICES.setdefault(key, entry)
+    run("torch")
+    run("numpy")
+    t_torch: list[float] = []
+    t_numpy: list[float] = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            t_torch.append(timed("torch"))
+            t_numpy.append(timed("numpy"))
+        else:
+            t_numpy.append(timed("numpy"))
+            t_torch.append(timed("torch"))
+        if decide_backend(t_torch, t_numpy) == "torch":
+            break
+    entry = {"key": list(key), "chosen": decide_backend(t_torch, t_numpy),
+             "rounds": len(t_torch), "margin": PREVIEW_MARGIN,
+             "torch_ms": [round(t * 1e3, 3) for t in t_torch],
+             "numpy_ms": [round(t * 1e3, 3) for t in t_numpy]}
+    with _CHOICES_LOCK:
+        entry = _CHOICES.setdefault(key, entry)
     return entry["chosen"]
 
 
@@ -246,27 +290,34 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def steered_resid_post(model: Model, clean: CleanRun, edits: Sequence[Edit]) -> torch.Tensor:
+def steered_resid_post(model: Model, clean: CleanRun, edits: Sequence[Edit], *,
+                       backend: str = "torch") -> torch.Tensor:
     """resid_post of every layer from the first edit on, for one prompt: [layer, pos, d_model].
 
     Starts from the clean run's residual after the first edited layer (``clean.resid_pre``)
     plus its steering, and runs the later blocks in plain torch (`Gemm` products on one
-    backend, `choose_backend`; the norms and activation as checked formulas; the model's
+    ``backend``; the norms and activation as checked formulas; the model's
     rotary embedding). Row ``i`` is layer
     ``first_edit + i``. Raises InputError where `preview_forward_reason` gives a reason.
     """
-    return _steered_forward(model, clean, edits)[0]
+    if backend not in ("torch", "numpy"):
+        raise InputError(f"`backend` must be 'torch' or 'numpy'; got {backend!r}.")
+    return _steered_forward(model, clean, edits, backend)[0]
 
 
-def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit]
-                     ) -> tuple[torch.Tensor, _Blocks, str]:
-    """`steered_resid_post`, with the model's `_Blocks` and the GEMM backend it ran on."""
+def _check_forward(model: Model, clean: CleanRun, edits: Sequence[Edit]) -> None:
     reason = preview_forward_reason(model, edits)
     if reason is not None:
         raise InputError(f"no preview forward here: {reason}.")
     if len(clean.batch.lengths) != 1:
         raise InputError("the preview forward reads one prompt; "
                          f"got a clean run of {len(clean.batch.lengths)}.")
+
+
+def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit], backend: str
+                     ) -> tuple[torch.Tensor, _Blocks]:
+    """`steered_resid_post` on ``backend``, with the model's `_Blocks`."""
+    _check_forward(model, clean, edits)
     spec = model.spec
     b = _blocks(model)
     H, G, dh = spec.n_heads, spec.n_kv_heads, spec.d_head
@@ -279,7 +330,6 @@ def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit]
     p = x.shape[0]
     positions = clean.batch.position_ids[:, -p:]
     outs = [x]
-    backend = choose_backend((b.name, start), b.products(start), p)
     with torch.no_grad(), _blas_controller().limit(limits=torch.get_num_threads(),
                                                    user_api="blas"):
         cos, sin = b.rotary_tables(x, positions)                            # [1, pos, d_head]
@@ -308,7 +358,7 @@ def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit]
             if layer in steer:
                 x = x + steer[layer]
             outs.append(x)
-    return torch.stack(outs), b, backend                                    # [layer, pos, d]
+    return torch.stack(outs), b                                             # [layer, pos, d]
 
 
 # -- the preview lens ----------------------------------------------------------------------
@@ -357,23 +407,31 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
     if not compatible_base(base, prompt, k, first):
         raise InputError("`base` must be an exact lens of the same prompt and k whose edits "
                          f"start at layer {first} or later.")
-    resid, b, backend = _steered_forward(model, clean, edits)              # [G, pos, d]
-    n_l, p, d = resid.shape
+    _check_forward(model, clean, edits)
+    b = _blocks(model)
     cand = np.asarray(candidates, dtype=np.int64).reshape(-1)
     base_final = np.asarray(base.final_token_id.values[0]).reshape(-1)
     pv, gemm = _columns(model, np.unique(np.concatenate([cand, base_final[base_final >= 0]])))
-    with torch.no_grad(), _blas_controller().limit(limits=torch.get_num_threads(),
-                                                   user_api="blas"):
-        h = b.final_norm(resid.reshape(-1, d))                             # [G*pos, d]
-        logits = gemm(h, backend)                                          # [G*pos, c + s]
-        cap_attr = model.arch.logit_softcap_attr
-        cap = getattr(model.hf.config, cap_attr, None) if cap_attr else None
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        top_logit, top_col = logits.topk(min(k, logits.shape[-1]), dim=-1)  # [G*pos, k]
-        m = top_logit[:, :1]
-        lse = m + ((logits - m).exp_() * pv.weight).sum(-1, keepdim=True).log()
-        top_prob = (top_logit - lse).exp()
+    cap_attr = model.arch.logit_softcap_attr
+    cap = getattr(model.hf.config, cap_attr, None) if cap_attr else None
+
+    def run(backend: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        resid, _ = _steered_forward(model, clean, edits, backend)          # [G, pos, d]
+        n_l, p, d = resid.shape
+        with torch.no_grad(), _blas_controller().limit(limits=torch.get_num_threads(),
+                                                       user_api="blas"):
+            h = b.final_norm(resid.reshape(-1, d))                         # [G*pos, d]
+            logits = gemm(h, backend)                                      # [G*pos, c + s]
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            top_logit, top_col = logits.topk(min(k, logits.shape[-1]), dim=-1)  # [G*pos, k]
+            m = top_logit[:, :1]
+            lse = m + ((logits - m).exp_() * pv.weight).sum(-1, keepdim=True).log()
+            return (top_logit - lse).exp(), top_col, n_l, p
+
+    rows = clean.resid_pre[first + 1][0].shape[0]                           # positions
+    backend = choose_backend((b.name, first, row_bucket(rows)), run)
+    top_prob, top_col, n_l, p = run(backend)
     # [G*pos, k] layer-major -> [pos, G, k]
     ids = pv.ids[top_col].reshape(n_l, p, -1).transpose(0, 1).numpy()
     probs = top_prob.reshape(n_l, p, -1).transpose(0, 1).numpy()

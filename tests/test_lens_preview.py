@@ -201,6 +201,31 @@ def test_drag_redraws_in_place_like_a_fresh_render(tiny_model):
     view.close()
 
 
+def test_a_drag_from_zero_shows_the_steering_line_in_place(tiny_model):
+    """The unsteered lens and the first preview share one figure: the steering line is drawn
+    hidden at first, the move shows it at the steered layer's lower edge (no new plot)."""
+    from bokeh.document import Document
+    from bokeh.models import Span
+    from panel.io.state import set_curdoc
+
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
+    slider = view.alpha_slider()
+    doc = Document()
+    with set_curdoc(doc):
+        doc.add_root(pn.panel(view).get_root(doc))
+        spans = list(doc.select({"type": Span}))
+        assert [(s.location, s.visible) for s in spans] == [(0.5, False)]
+        version = view.plot_version
+        slider.value = 2.0                              # a drag from 0: the first preview
+        assert is_preview(view.preview) and view.plot_version == version
+        assert [(s.location, s.visible) for s in doc.select({"type": Span})] == [(0.5, True)]
+        view.steer_layer = 0
+        slider.value = 2.5
+        assert view.plot_version == version
+        assert [(s.location, s.visible) for s in doc.select({"type": Span})] == [(-0.5, True)]
+    view.close()
+
+
 def test_the_slider_updates_are_the_full_columns(tiny_model):
     """`heatmap_updates` (built from the arrays, for speed) gives every column it sends equal
     to `heatmap_columns` (built from the lens table), steered and not."""
