@@ -292,12 +292,17 @@ def test_attribution_patching_is_grad_times_delta(tiny_model, facts):
 
 def test_localization_choices_and_errors(tiny_model):
     ap = xr.Dataset({"ap_mlp": (("fact", "layer"), [[0.1, 0.5, 0.2], [0.1, 0.3, 0.4]])})
-    assert U.localized_layers(tiny_model, "attribution_patching", 2, attribution=ap) == [1, 2]
+    assert U.localized_layers(tiny_model, "attribution_patching_mlp", 2, attribution=ap) == [1, 2]
+    with pytest.raises(InputError, match="need a causal trace with `restore_head` or an "
+                                         "attribution with `ap_head`"):
+        U.localized_layers(tiny_model, "attribution_patching", 2, attribution=ap)
     assert U.localized_layers(tiny_model, "all", 1) == [0, 1, 2]
     assert U.localized_layers(tiny_model, "random", 2, seed=1) == U.localized_layers(
         tiny_model, "random", 2, seed=1)
     with pytest.raises(InputError, match="needs the `trace` dataset"):
         U.localized_layers(tiny_model, "causal_tracing", 1)
+    with pytest.raises(InputError, match="needs the `trace` dataset"):
+        U.localized_layers(tiny_model, "causal_tracing_mlp", 1)
     with pytest.raises(InputError, match="`method` must be one of .*Did you mean 'fact_lookup'"):
         U.localized_layers(tiny_model, "fact_lookp", 1)
 
