@@ -482,6 +482,14 @@ def test_cli_unlearn_json(tiny_model, facts_file, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out["methods"]) == {"original", "attribution_patching", "all"}
     assert out["methods"]["all"]["n_params"] == sum(p.numel() for p in tiny_model.hf.parameters())
+    # perplexity before unlearning: held-out corpus windows of 64 tokens, by the library's
+    # documented split (tested by hand in test_unlearning_components.py)
+    held = U.text_windows(tiny_model, "heldout", window=64, max_windows=16)
+    assert out["methods"]["original"]["perplexity"] == pytest.approx(
+        U.text_perplexity(tiny_model, held), rel=1e-3)
+    ap = out["methods"]["attribution_patching"]
+    assert ap["n_params"] >= U.mlp_budget(tiny_model, 1) and ap["n_heads"] >= 0
+    assert ap["components"] != "-"
 
 
 def test_cli_unlearn_runs_on_one_thread_and_restores_the_thread_count(tiny_model, facts_file,
