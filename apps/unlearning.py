@@ -3,11 +3,14 @@
 Guo, Syed, Sheshadri, Ewart & Dziugaite, "Mechanistic Unlearning" (ICML 2025).
 "Localize" computes the per-layer probe accuracy for the attribute on the subject token,
 a causal-tracing heatmap (layer x position) for one forget fact, and the causal-tracing
-and attribution-patching MLP scores over the forget set. The probe curve shades the MLP
-layers the chosen method picks for the chosen budget. "Run" trains a copy of the model
-on those layers only (unlearning the forget set while keeping the retain set) and shows
-forget, multiple-choice, retain and relearning accuracy next to the original model.
-Both run in the background with a progress bar and can be cancelled.
+and attribution-patching scores of every attention head and MLP over the forget set. The
+probe curve shades the MLP layers fact lookup trains; the component map shows which heads
+and MLPs output tracing picks for the same parameter budget (the contrast of the paper:
+fact-lookup MLPs against the attention / extraction components). "Run" trains a copy of
+the model on the chosen components only (unlearning the forget set while keeping the
+retain facts and general text) and shows forget, multiple-choice, retain and relearning
+accuracy and the perplexity on held-out text next to the original model. Both run in the
+background with a progress bar and can be cancelled.
 """
 from __future__ import annotations
 
@@ -23,20 +26,27 @@ import xarray as xr
 from apps import theme
 from apps._controls import OwnItems, tip
 from apps._session import CancelToken
-from apps._view import View, serve
+from apps._view import Scope, View, serve
 from explorer._checks import InputError
 from explorer.analyses import unlearning as U
 from explorer.analyses import user_items
 
 __all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "trace_token_labels",
-           "plot_accuracy_bars",
+           "plot_accuracy_bars", "component_map_rows", "plot_component_map", "contrast_caption",
+           "perplexity_caption",
            "accuracy_rows", "probe_caption", "trace_caption", "METRIC_LABELS", "SHORT_NAMES",
            "BARS_CAPTION"]
 
 hv.extension("bokeh", logo=False)
 
 SHORT_NAMES = {"original": "before", "fact_lookup": "FLU", "causal_tracing": "CT",
-               "attribution_patching": "AP", "random": "rand", "all": "all"}
+               "attribution_patching": "AP", "causal_tracing_mlp": "CT-MLP",
+               "attribution_patching_mlp": "AP-MLP", "random": "rand", "all": "all"}
+LONG_NAMES = {"fact_lookup": "fact lookup", "causal_tracing": "causal tracing",
+              "attribution_patching": "attribution patching",
+              "causal_tracing_mlp": "causal tracing (MLPs only)",
+              "attribution_patching_mlp": "attribution patching (MLPs only)",
+              "random": "random MLPs", "all": "all parameters"}
 METRIC_LABELS = {"forget": "forget",   # short: five groups share one axis (the caption says more)
                  "forget_mc_known": "forget MC",
                  "retain": "retain", "relearn_heldout": "held out",
@@ -46,7 +56,8 @@ BARS_CAPTION = (
     "format; **forget MC**: the same facts as multiple choice (those known before); **retain**: "
     "facts kept; after a relearning attack on half the forget set, **relearned**: that half, "
     "**held out**: the other half (low = the unlearning holds). Bars: **before** = the original "
-    "model, then the method (FLU fact lookup, CT causal tracing, AP attribution patching).")
+    "model, then the methods (FLU fact lookup, CT causal tracing, AP attribution patching; "
+    "-MLP: their MLP-only variants).")
 
 
 def plot_probe_curve(probe: xr.Dataset | None, layers: list[int] | None = None) -> hv.Overlay:
@@ -155,17 +166,90 @@ def plot_accuracy_bars(rows: list[tuple[str, str, float]]) -> hv.Element:
     return bars.opts(color="localization", cmap=theme.CATEGORICAL, show_legend=False)
 
 
+def component_map_rows(scores: xr.DataArray | None) -> list[tuple[str, int, float, str]]:
+    """(column, layer, score, component) rows of the component map: columns H0..Hn, MLP."""
+    if scores is None:
+        return []
+    rows = []
+    for name, value in zip(scores["component"].values.tolist(), scores.values.tolist()):
+        layer, part = name[1:].split(".")
+        rows.append((part, int(layer), float(value), name))
+    return rows
+
+
+def plot_component_map(scores: xr.DataArray | None, chosen: list[str], lookup: list[str],
+                       score_name: str = "causal tracing") -> hv.Overlay:
+    """Score of every head and MLP (layer x component), signed colours centred on 0; dots
+    mark the components the selected method trains, rings the fact-lookup MLPs."""
+    rows = component_map_rows(scores)
+    if not rows:
+        return theme.placeholder("Press Localize: the score of every attention head and MLP "
+                                 "appears here.", height=140)
+    lim = max(1e-12, max(abs(r[2]) for r in rows))
+    columns = list(dict.fromkeys(r[0] for r in rows))
+    heat = hv.HeatMap(rows, ["component", "layer"], ["score", "name"]).redim.values(
+        component=columns).opts(
+        cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True, tools=["hover"],
+        responsive=True, height=420, xlabel="attention head / MLP", ylabel="layer",
+        title=f"Components: {score_name} score")
+    pick = hv.Points([(c.split(".")[1], int(c[1:].split(".")[0])) for c in chosen],
+                     ["component", "layer"], label="trained by the selected method").opts(
+        color="black", size=7, marker="circle")
+    ring = hv.Points([(c.split(".")[1], int(c[1:].split(".")[0])) for c in lookup],
+                     ["component", "layer"], label="fact-lookup MLPs").opts(
+        color="#f0a030", size=15, marker="square", fill_alpha=0, line_width=3)
+    return (heat * ring * pick).opts(legend_position="top", show_legend=True)
+
+
+def contrast_caption(model: Any, chosen: dict[str, list[str]]) -> str:
+    """What each localization trains, in words: MLPs (which layers) and heads (how many,
+    which layers), with the parameter count."""
+    parts = []
+    for method, comps in chosen.items():
+        if method == "all":
+            parts.append("**all parameters**: every weight")
+            continue
+        n = sum(U.component_parameter_count(model, c) for c in comps)
+        parts.append(f"**{LONG_NAMES.get(method, method)}**: {U.component_label(comps)} "
+                     f"({n / 1e6:.2f} M parameters)")
+    return ("Same parameter budget, different places. " + "; ".join(parts) + ". Fact lookup "
+            "edits the MLPs where the attribute is looked up on the subject token; output "
+            "tracing picks what moves the answer at the last position (heads that extract it "
+            "and the MLPs it finds).")
+
+
+def perplexity_caption(result: xr.Dataset | None) -> str:
+    """Perplexity on held-out general text per row of a run."""
+    if result is None or "perplexity" not in result or np.all(np.isnan(result.perplexity.values)):
+        return ""
+    vals = ", ".join(f"{SHORT_NAMES.get(str(m), str(m))} {float(v):.2f}"
+                     for m, v in zip(result["localization"].values.tolist(),
+                                     result.perplexity.values))
+    return (f"Perplexity on held-out general text (the shipped corpus's held-out documents; "
+            f"training also keeps a cross-entropy term on its other documents): {vals}.")
+
+
 class UnlearningView(View):
     """Localize a fact set, unlearn it on the localized MLPs, measure robustness."""
 
     notify_title = "Unlearning"
+    link_params = ("method", "n_layers", "steps", "lr", "n_forget", "n_retain", "relearn_steps",
+                   "compare", "text_weight")
 
     method = param.Selector(default="fact_lookup", objects=list(U.METHODS), label="Localization",
                             doc="How the trained MLP layers are picked: fact_lookup (the probe), "
                                 "causal_tracing, attribution_patching, random, or all parameters.")
-    n_layers = param.Integer(default=4, bounds=(1, 30), label="MLP layers trained",
-                             doc="Budget: how many MLP layers the unlearning trains (shaded on "
-                                 "the probe plot).")
+    n_layers = param.Integer(default=4, bounds=(1, 30), label="Budget (MLP layers)",
+                             doc="Budget: the parameters of this many MLP layers. Fact lookup "
+                                 "trains that many MLPs (shaded on the probe plot); output "
+                                 "tracing spends the same on its top heads and MLPs.")
+    compare = param.Boolean(default=True, label="Also train fact lookup",
+                            doc="Run trains the fact-lookup MLPs too, beside the selected "
+                                "method, so the bars show the contrast.")
+    text_weight = param.Selector(default=1.0, objects=[0.0, 0.5, 1.0, 2.0],
+                                 label="General-text weight",
+                                 doc="Weight of the retain term on general text (cross-entropy "
+                                     "on the shipped corpus); 0: none.")
     steps = param.Integer(default=8, bounds=(1, 100), label="Training steps",
                           doc="Optimiser steps of the unlearning run.")
     lr = param.Selector(default=2e-4, objects=[1e-5, 3e-5, 1e-4, 2e-4, 3e-4, 1e-3],
@@ -210,8 +294,8 @@ class UnlearningView(View):
             description="Probe curve, causal tracing and attribution patching over the forget "
                         "facts: where the facts are looked up.")
         self._run_button = pn.widgets.Button(
-            name="Run unlearning", button_type="success", disabled=True,
-            description="Train a copy of the model on the localized MLP layers to forget the "
+            name="Run unlearning", button_type="primary",
+            description="Train a copy of the model on the localized components to forget the "
                         "forget facts, then measure it (needs Localize first).")
         if getattr(model, "remote", False):
             # training runs on the server with the updates held apart; what trains every
@@ -228,7 +312,8 @@ class UnlearningView(View):
                 "off.")
         else:
             self._remote_note = ""
-        self._cancel_button = pn.widgets.Button(name="Cancel", button_type="warning", disabled=True,
+        self._cancel_button = pn.widgets.Button(name="Cancel", button_type="default",
+                                                button_style="outline",
                                                 description="Stop the job in flight.")
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
@@ -240,10 +325,17 @@ class UnlearningView(View):
         return self.progress_fn(lo=lo, hi=hi)
 
     def _sync_buttons(self, *events: Any) -> None:
-        """Cancel while a job runs; Localize and Run while none does (Run once localized)."""
-        self._cancel_button.disabled = not self.busy
+        """Localize and Run while no job runs (Run before Localize says to localize
+        first); Cancel stops the job in flight and does nothing otherwise."""
         self._localize_button.disabled = self.busy
-        self._run_button.disabled = self.busy or self.probe is None
+        self._run_button.disabled = self.busy
+        self._cancel_button.button_type = "warning" if self.busy else "default"
+
+    def scope(self) -> Scope:
+        """Its own fact set and the corpus text; edits do not apply (training runs on a copy)."""
+        return Scope(on=f"its own facts: {self.n_forget} to forget, {self.n_retain} to retain "
+                        "(athlete -> sport), and the shipped corpus as general text",
+                     edits="not applicable: unlearning trains a copy of the model's weights")
 
     def _start(self, status: str) -> None:
         self.param.update(busy=True, progress=0, status=status)
@@ -293,10 +385,11 @@ class UnlearningView(View):
             # the heatmap: from the subject's first token to the end of the prompt
             first = U.subject_positions(model, forget[0])[0]
             n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)["input_ids"])
-            heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)),
-                                  progress=self._reporter(40, 60))
+            heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)), heads=False,
+                                  progress=self._reporter(40, 50))
             token.check()
-            trace = U.causal_trace(model, forget, positions=False, progress=self._reporter(60, 85))
+            trace = U.causal_trace(model, forget, positions=False, heads=True,
+                                   progress=self._reporter(50, 85))
             trace["restore_resid"] = heat.restore_resid.reindex(fact=trace.fact)
             trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=""))
             token.check()
@@ -310,17 +403,22 @@ class UnlearningView(View):
         if self.probe is None:
             theme.notify("warning", "Unlearning: press Localize first.")
             return
-        self._start(f"Training {self.method} on {self.n_layers} MLP layer(s) …")
         model = self._model
-        method, settings = self.method, dict(n_layers=self.n_layers, steps=self.steps, lr=self.lr,
-                                             relearn_steps=self.relearn_steps)
+        method = self.method
+        methods = ["fact_lookup", method] if self.compare and method != "fact_lookup" else [method]
+        self._start(f"Training {', '.join(methods)} (budget {self.n_layers} MLP layers) …")
+        settings = dict(n_layers=self.n_layers, steps=self.steps, lr=self.lr,
+                        relearn_steps=self.relearn_steps, text_weight=float(self.text_weight))
         probe, trace, attribution = self.probe, self.trace, self.attribution
         forget, retain = self._split
-        used = {"method": method, **settings, "localized": self._localized_with}
+        used = {"methods": methods, **settings, "localized": self._localized_with}
 
         def job(token: CancelToken):
-            ds = U.unlearning_comparison(model, forget, retain, methods=[method], probe=probe,
-                                         trace=trace, attribution=attribution,
+            text = U.text_windows(model, "train", window=64) if settings["text_weight"] else None
+            heldout = U.text_windows(model, "heldout", window=64, max_windows=16)
+            ds = U.unlearning_comparison(model, forget, retain, methods=methods, probe=probe,
+                                         trace=trace, attribution=attribution, text=text,
+                                         heldout_text=heldout,
                                          progress=self._reporter(0, 100),
                                          should_stop=lambda: token.cancelled, **settings)
             return "run", (ds, used)
@@ -342,7 +440,8 @@ class UnlearningView(View):
             self._split = split
             self.param.update(probe=probe, trace=trace, attribution=attribution, progress=100)
             self._finish(f"Localized on {len(split[0])} forget facts; fact lookup picks "
-                         f"MLPs {self.chosen_layers('fact_lookup')}.")
+                         f"MLPs {self.chosen_layers('fact_lookup')}; causal tracing "
+                         f"{U.component_label(self.chosen_components('causal_tracing'))}.")
         else:
             value, self._result_with = value
             self.param.update(result=value, progress=100)
@@ -388,31 +487,75 @@ class UnlearningView(View):
             "first = U.subject_positions(model, forget[0])[0]",
             "n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)"
             "['input_ids'])",
-            "heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)))",
-            "trace = U.causal_trace(model, forget, positions=False)",
+            "heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)), heads=False)",
+            "trace = U.causal_trace(model, forget, positions=False, heads=True)",
             "trace['restore_resid'] = heat.restore_resid.reindex(fact=trace.fact)",
             "trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=''))",
             "attribution = U.attribution_patching(model, forget)",
-            f"layers = U.localized_layers(model, {self.method!r}, {self.n_layers}, probe=probe, "
-            "trace=trace, attribution=attribution)  # shaded on the probe plot"]
+            f"components = U.localized_components(model, {self.method!r}, {self.n_layers}, "
+            "probe=probe, trace=trace, attribution=attribution)  # dots on the component map"]
         run = self._result_with
         if self.result is not None and run is not None and run.get("localized") == loc:
             settings = ", ".join(f"{k}={run[k]!r}" for k in ("n_layers", "steps", "lr",
-                                                              "relearn_steps"))
+                                                              "relearn_steps", "text_weight"))
+            if run["text_weight"]:
+                lines.append("text = U.text_windows(model, 'train', window=64)")
+            lines.append("heldout = U.text_windows(model, 'heldout', window=64, max_windows=16)")
             lines.append(f"result = U.unlearning_comparison(model, forget, retain, "
-                         f"methods=[{run['method']!r}], probe=probe, trace=trace, "
-                         f"attribution=attribution, {settings})  # the bars")
+                         f"methods={run['methods']!r}, probe=probe, trace=trace, "
+                         f"attribution=attribution, "
+                         f"text={'text' if run['text_weight'] else None}, heldout_text=heldout, "
+                         f"{settings})  # the bars")
         else:
             lines.append("# Press Run unlearning on the page for U.unlearning_comparison(...)")
         return "\n".join(lines) + "\n"
 
     # -- plots -------------------------------------------------------------------------------
     def chosen_layers(self, method: str | None = None) -> list[int]:
-        """The layers ``method`` (default the selected one) picks for the budget."""
+        """The MLP layers ``method`` (default the selected one) trains for the budget."""
         if self.probe is None:
             return []
         return U.localized_layers(self._model, method or self.method, self.n_layers,
                                   probe=self.probe, trace=self.trace, attribution=self.attribution)
+
+    def chosen_components(self, method: str | None = None) -> list[str]:
+        """The heads and MLPs ``method`` (default the selected one) trains for the budget."""
+        if self.probe is None:
+            return []
+        method = method or self.method
+        if method == "all":
+            return U.component_names(self._model)
+        return U.localized_components(self._model, method, self.n_layers, probe=self.probe,
+                                      trace=self.trace, attribution=self.attribution)
+
+    def _map_source(self) -> tuple[xr.DataArray | None, str]:
+        """The scores the component map shows: attribution patching's for the AP methods,
+        causal tracing's otherwise."""
+        if self.trace is None:
+            return None, "causal tracing"
+        if self.method.startswith("attribution_patching"):
+            return U.component_scores(self.attribution), "attribution patching"
+        return U.component_scores(self.trace), "causal tracing (restore effect)"
+
+    @param.depends("trace", "attribution", "method", "n_layers")
+    def _component_map(self) -> hv.Overlay:
+        scores, name = self._map_source()
+        if scores is None:
+            return plot_component_map(None, [], [])
+        chosen = self.chosen_components() if self.method != "all" else []
+        return plot_component_map(scores, chosen, self.chosen_components("fact_lookup"), name)
+
+    @param.depends("trace", "attribution", "method", "n_layers")
+    def _contrast_caption(self) -> str:
+        if self.trace is None:
+            return ""
+        methods = list(dict.fromkeys(["fact_lookup", self.method if self.method not in (
+            "fact_lookup", "all") else "causal_tracing"]))
+        return contrast_caption(self._model, {m: self.chosen_components(m) for m in methods})
+
+    @param.depends("result")
+    def _perplexity_caption(self) -> str:
+        return perplexity_caption(self.result)
 
     @param.depends("probe", "method", "n_layers")
     def _probe_plot(self) -> hv.Overlay:
@@ -447,8 +590,10 @@ class UnlearningView(View):
     def __panel__(self) -> pn.viewable.Viewable:
         p = self.param
         widgets = {"method": pn.widgets.Select, "n_layers": pn.widgets.IntSlider,
+                   "compare": pn.widgets.Checkbox,
                    "steps": pn.widgets.IntSlider, "lr": pn.widgets.Select,
                    "n_forget": pn.widgets.IntSlider, "n_retain": pn.widgets.IntSlider,
+                   "text_weight": pn.widgets.Select,
                    "relearn_steps": pn.widgets.IntSlider}
         controls = pn.Column(*[tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
                                for name, kind in widgets.items() if p[name].precedence is None
@@ -473,8 +618,12 @@ class UnlearningView(View):
                                      min_width=480, styles={"flex": "1.3 1 0"},
                                      css_classes=["unlearning-trace"]),
                            sizing_mode="stretch_width"),
+                pn.Column(pn.pane.HoloViews(self._component_map, sizing_mode="stretch_width"),
+                          _caption(self._contrast_caption), sizing_mode="stretch_width",
+                          css_classes=["unlearning-components"]),
                 pn.pane.HoloViews(self._bars, sizing_mode="stretch_width"),
                 _caption(BARS_CAPTION),
+                _caption(self._perplexity_caption),
                 sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
 

@@ -292,12 +292,17 @@ def test_attribution_patching_is_grad_times_delta(tiny_model, facts):
 
 def test_localization_choices_and_errors(tiny_model):
     ap = xr.Dataset({"ap_mlp": (("fact", "layer"), [[0.1, 0.5, 0.2], [0.1, 0.3, 0.4]])})
-    assert U.localized_layers(tiny_model, "attribution_patching", 2, attribution=ap) == [1, 2]
+    assert U.localized_layers(tiny_model, "attribution_patching_mlp", 2, attribution=ap) == [1, 2]
+    with pytest.raises(InputError, match="need a causal trace with `restore_head` or an "
+                                         "attribution with `ap_head`"):
+        U.localized_layers(tiny_model, "attribution_patching", 2, attribution=ap)
     assert U.localized_layers(tiny_model, "all", 1) == [0, 1, 2]
     assert U.localized_layers(tiny_model, "random", 2, seed=1) == U.localized_layers(
         tiny_model, "random", 2, seed=1)
     with pytest.raises(InputError, match="needs the `trace` dataset"):
         U.localized_layers(tiny_model, "causal_tracing", 1)
+    with pytest.raises(InputError, match="needs the `trace` dataset"):
+        U.localized_layers(tiny_model, "causal_tracing_mlp", 1)
     with pytest.raises(InputError, match="`method` must be one of .*Did you mean 'fact_lookup'"):
         U.localized_layers(tiny_model, "fact_lookp", 1)
 
@@ -477,6 +482,14 @@ def test_cli_unlearn_json(tiny_model, facts_file, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out["methods"]) == {"original", "attribution_patching", "all"}
     assert out["methods"]["all"]["n_params"] == sum(p.numel() for p in tiny_model.hf.parameters())
+    # perplexity before unlearning: held-out corpus windows of 64 tokens, by the library's
+    # documented split (tested by hand in test_unlearning_components.py)
+    held = U.text_windows(tiny_model, "heldout", window=64, max_windows=16)
+    assert out["methods"]["original"]["perplexity"] == pytest.approx(
+        U.text_perplexity(tiny_model, held), rel=1e-3)
+    ap = out["methods"]["attribution_patching"]
+    assert ap["n_params"] >= U.mlp_budget(tiny_model, 1) and ap["n_heads"] >= 0
+    assert ap["components"] != "-"
 
 
 def test_cli_unlearn_runs_on_one_thread_and_restores_the_thread_count(tiny_model, facts_file,
@@ -646,3 +659,44 @@ def test_view_placeholders_are_text_and_trace_labels_are_short_tokens():
     cell = [r for r in zip(*(heat.dimension_values(d) for d in ("token", "layer", "p_answer", "position")))
             if r[0] == "·Jeter" and r[1] == 1]
     assert cell == [("·Jeter", 1, 4.0, 1)]
+
+
+def test_view_shows_the_component_contrast_and_runs_both(tiny_model, facts_file):
+    """Localize fills the component map (the selected method's components as dots, the
+    fact-lookup MLPs as rings); Run trains fact lookup beside the selected method and reads
+    the held-out perplexity; the page states its scope and the settings a link carries."""
+    import holoviews as hv
+
+    from apps.unlearning import UnlearningView, component_map_rows, perplexity_caption
+
+    view = UnlearningView(tiny_model, facts_file=facts_file, known_only=False, background=False,
+                          n_forget=4, n_retain=2, n_layers=1, steps=1, relearn_steps=0)
+    assert view.scope().edits.startswith("not applicable")
+    assert "4 to forget, 2 to retain" in view.scope().on
+    assert set(view.link_params) <= set(view.param) and "method" in view.link_params
+    view.localize()
+    assert view.probe is not None and "restore_head" in view.trace
+    view.method = "causal_tracing"
+    overlay = view._component_map()
+    heat, ring, dots = [el for el in overlay]
+    assert isinstance(heat, hv.HeatMap)
+    expect = U.localized_components(tiny_model, "causal_tracing", 1, probe=view.probe,
+                                    trace=view.trace, attribution=view.attribution)
+    assert sorted(map(tuple, dots.data[["component", "layer"]].values.tolist())) == sorted(
+        (c.split(".")[1], int(c[1:].split(".")[0])) for c in expect)
+    flu = U.localized_components(tiny_model, "fact_lookup", 1, probe=view.probe)
+    assert ring.data[["component", "layer"]].values.tolist() == [["MLP", int(flu[0][1:].split(".")[0])]]
+    # the map's cells are the restore effects of every head and MLP
+    rows = component_map_rows(U.component_scores(view.trace))
+    assert len(rows) == tiny_model.n_layers * (tiny_model.spec.n_heads + 1)
+    eff = float((view.trace.restore_head.sel(layer=2, head=1) - view.trace.p_corrupt).mean())
+    assert ("H1", 2, pytest.approx(eff), "L2.H1") in rows
+    assert "fact lookup" in view._contrast_caption() and "causal tracing" in view._contrast_caption()
+    view.run()
+    res = view.result
+    assert res["localization"].values.tolist() == ["original", "fact_lookup", "causal_tracing"]
+    held = U.text_windows(tiny_model, "heldout", window=64, max_windows=16)
+    assert float(res.perplexity.sel(localization="original")) == pytest.approx(
+        U.text_perplexity(tiny_model, held), rel=1e-5)
+    assert "FLU" in perplexity_caption(res) and "CT" in perplexity_caption(res)
+    assert "text_windows(model, 'train'" in view.code_snippet()

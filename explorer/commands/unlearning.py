@@ -20,13 +20,20 @@ def register_cli(subparsers: Any) -> None:
     add_model_option(p)
     p.add_argument("--methods", default=",".join(U.METHODS),
                    help=f"comma-separated localizations (default all: {','.join(U.METHODS)})")
-    p.add_argument("--n-layers", type=int, default=4, help="MLP layers per localization (budget)")
+    p.add_argument("--n-layers", type=int, default=4,
+                   help="budget: the parameters of this many MLP layers per localization")
     p.add_argument("--objective", default="unlearn", choices=U.OBJECTIVES)
     p.add_argument("--n-forget", type=int, default=16)
     p.add_argument("--n-retain", type=int, default=8)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--retain-weight", type=float, default=1.0)
+    p.add_argument("--text-weight", type=float, default=1.0,
+                   help="weight of the general-text retain term (0: none)")
+    p.add_argument("--text-batch", type=int, default=4, help="text windows per training step")
+    p.add_argument("--text-window", type=int, default=64, help="tokens per text window")
+    p.add_argument("--heldout-windows", type=int, default=16,
+                   help="held-out text windows the perplexity is read on")
     p.add_argument("--relearn-steps", type=int, default=3)
     p.add_argument("--relearn-lr", type=float, default=3e-5)
     p.add_argument("--facts", default=None,
@@ -55,21 +62,30 @@ def _cmd_unlearn(args: Any) -> int:
         _, counts = np.unique([f.attribute for f in everything], return_counts=True)
         probe = U.attribute_probe_curve(model, everything, seed=args.seed,
                                         n_folds=int(min(4, counts.min())))
-    if "causal_tracing" in methods:
-        trace = U.causal_trace(model, forget, positions=False, seed=args.seed)
-    if "attribution_patching" in methods:
+    if {"causal_tracing", "causal_tracing_mlp"} & set(methods):
+        trace = U.causal_trace(model, forget, positions=False, heads="causal_tracing" in methods,
+                               seed=args.seed)
+    if {"attribution_patching", "attribution_patching_mlp"} & set(methods):
         attribution = U.attribution_patching(model, forget, seed=args.seed)
+    text = U.text_windows(model, "train", window=args.text_window) if args.text_weight > 0 else None
+    heldout = U.text_windows(model, "heldout", window=args.text_window,
+                             max_windows=args.heldout_windows)
     ds = U.unlearning_comparison(
         model, forget, retain, methods=methods, n_layers=args.n_layers, objective=args.objective,
         steps=args.steps, lr=args.lr, retain_weight=args.retain_weight,
         relearn_steps=args.relearn_steps, relearn_lr=args.relearn_lr, probe=probe, trace=trace,
-        attribution=attribution, seed=args.seed)
+        attribution=attribution, text=text, text_weight=args.text_weight,
+        text_batch=args.text_batch, heldout_text=heldout, seed=args.seed)
     summary = {
         "model": model.spec.name, "n_known": len(facts), "n_forget": len(forget),
         "n_retain": len(retain), "objective": args.objective, "steps": args.steps,
         "lr": args.lr, "relearn_steps": args.relearn_steps, "relearn_lr": args.relearn_lr,
+        "text_weight": args.text_weight,
         "methods": {m: {"layers": str(ds["trained_layers"].sel(localization=m).item()),
+                        "components": str(ds["trained_components"].sel(localization=m).item()),
+                        "n_heads": int(ds.n_heads.sel(localization=m)),
                         "n_params": int(ds.n_params.sel(localization=m)),
+                        "perplexity": _num(ds.perplexity.sel(localization=m)),
                         "seconds_per_step": _num(ds.seconds_per_step.sel(localization=m)),
                         **{k: _num(ds.accuracy.sel(localization=m, metric=k)) for k in U.METRICS}}
                     for m in ds["localization"].values.tolist()},

@@ -8,14 +8,19 @@ trained format ("Fact: ... plays the sport of") and an unseen multiple-choice fo
 - `attribute_probe_curve`: a logistic-regression probe for the sport on the last subject
   token after each layer (cross-validated); `fact_lookup_layers` takes the window of MLP
   layers where the probe accuracy rises most (fact lookup, FLU).
-- `causal_trace`: noise the subject embeddings, restore one layer's clean state (residual
-  at one position, or the MLP output at every position) and read p(answer).
+- `causal_trace`: noise the subject embeddings, restore one component's clean output (a
+  layer's residual at one position, an MLP or an attention head at every position) and
+  read p(answer).
 - `attribution_patching`: the gradient of p(answer) in the corrupted run times the clean
-  minus corrupted MLP output, a linear estimate of the MLP restore effect.
-- `localized_finetune`: gradient steps on a copy of the model restricted to the chosen MLP
-  layers (forget loss plus a retain term); `unlearning_comparison` runs it for each
+  minus corrupted output of each MLP and head, a linear estimate of the restore effect.
+- `localized_components`: the heads (``L17.H3``) and MLPs (``L17.MLP``) a localization
+  trains for a parameter budget: fact lookup takes MLPs, output tracing the top-scoring
+  heads and MLPs (Guo et al.'s selection).
+- `localized_finetune`: gradient steps on a copy of the model restricted to the chosen
+  parameters (a head: its slice of q_proj and o_proj), with a forget loss and retain terms
+  on facts and on general text (`text_windows`); `unlearning_comparison` runs it for each
   localization with the same parameter budget and evaluates forget / multiple-choice /
-  retain accuracy and a relearning attack.
+  retain accuracy, perplexity on held-out text and a relearning attack.
 
 Modules
 -------
@@ -24,6 +29,9 @@ Modules
 - `probe`: the fact-lookup probe (`attribute_probe_curve`, `fact_lookup_layers`).
 - `localization`: causal tracing, attribution patching and the layers each method picks
   (`causal_trace`, `attribution_patching`, `localized_layers`).
+- `components`: component names, the parameter entries each owns, budgets and the
+  selection (`component_masks`, `localized_components`).
+- `text`: general text windows, their loss and perplexity (`text_windows`, `text_perplexity`).
 - `finetune`: training restricted to the chosen parameters (`component_parameters`,
   `localized_finetune`).
 - `comparison`: the relearning attack and the comparison (`relearn`, `unlearning_comparison`).
@@ -33,7 +41,24 @@ re-exported here. To replace a function in a test, patch it in the submodule tha
 """
 from __future__ import annotations
 
-from explorer.analyses.unlearning.comparison import METRICS, relearn, relearn_halves, unlearning_comparison
+from explorer.analyses.unlearning.comparison import (
+    METRICS,
+    relearn,
+    relearn_halves,
+    trained_parameters,
+    unlearning_comparison,
+)
+from explorer.analyses.unlearning.components import (
+    component_label,
+    component_masks,
+    component_names,
+    component_parameter_count,
+    component_scores,
+    localized_components,
+    mlp_budget,
+    parse_component,
+    top_components,
+)
 from explorer.analyses.unlearning.facts import (
     CITATION,
     FORMATS,
@@ -63,6 +88,7 @@ from explorer.analyses.unlearning.localization import (
     top_layers,
 )
 from explorer.analyses.unlearning.probe import attribute_probe_curve, fact_lookup_layers, probe_accuracy
+from explorer.analyses.unlearning.text import TEXT_SPLITS, text_loss, text_perplexity, text_windows
 
 __all__ = [
     "FORMATS",
@@ -88,6 +114,20 @@ __all__ = [
     "top_layers",
     "localized_layers",
     "component_parameters",
+    "component_names",
+    "parse_component",
+    "component_masks",
+    "component_parameter_count",
+    "component_scores",
+    "component_label",
+    "mlp_budget",
+    "top_components",
+    "localized_components",
+    "trained_parameters",
+    "TEXT_SPLITS",
+    "text_windows",
+    "text_loss",
+    "text_perplexity",
     "localized_finetune",
     "relearn_halves",
     "relearn",

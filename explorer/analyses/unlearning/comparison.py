@@ -1,6 +1,6 @@
 """The comparison of localizations: the relearning attack (`relearn_halves`, `relearn`) and
-`unlearning_comparison`, which localizes, trains and evaluates each method with the same MLP
-budget (accuracy by `METRICS`).
+`unlearning_comparison`, which localizes, trains and evaluates each method with the same
+parameter budget (accuracy by `METRICS`, perplexity on held-out general text).
 """
 from __future__ import annotations
 
@@ -22,12 +22,17 @@ from explorer.analyses.unlearning.facts import (
     UnlearningCancelled,
     format_accuracy,
 )
-from explorer.analyses.unlearning.finetune import _answer_batch, component_parameters, localized_finetune
-from explorer.analyses.unlearning.localization import localized_layers
+from explorer.analyses.unlearning.components import (
+    component_label,
+    component_masks,
+    localized_components,
+)
+from explorer.analyses.unlearning.finetune import _answer_batch, localized_finetune
+from explorer.analyses.unlearning.text import text_perplexity
 from explorer.models import Model
 from explorer.trace import provenance
 
-__all__ = ["METRICS", "relearn_halves", "relearn", "unlearning_comparison"]
+__all__ = ["METRICS", "relearn_halves", "relearn", "trained_parameters", "unlearning_comparison"]
 
 
 def relearn_halves(facts: Sequence[AttributeFact]) -> tuple[list[AttributeFact],
@@ -85,8 +90,23 @@ def relearn(model: Model, hf: torch.nn.Module, facts: Sequence[AttributeFact], *
     return losses
 
 
-def _layer_label(method: str, layers: Sequence[int]) -> str:
-    return "all" if method == "all" else ",".join(map(str, layers))
+def _layer_label(method: str, components: Sequence[str]) -> str:
+    """The MLP layers trained (comma-separated), or "all"."""
+    if method == "all":
+        return "all"
+    return ",".join(c[1:].split(".")[0] for c in components if c.endswith("MLP"))
+
+
+def trained_parameters(model: Model, method: str, components: Sequence[str]
+                       ) -> tuple[list[str], dict[str, torch.Tensor | None], int]:
+    """(parameter names, masks, number of trained entries) of a localization: every
+    parameter for ``all``, else the components' (`component_masks`)."""
+    params = dict(model.hf.named_parameters())
+    if method == "all":
+        return list(params), {}, int(sum(p.numel() for p in params.values()))
+    masks = component_masks(model, components)
+    n = sum(params[k].numel() if m is None else int(m.sum()) for k, m in masks.items())
+    return sorted(masks), masks, int(n)
 
 
 METRICS = ("forget", "forget_mc", "forget_mc_known", "retain", "retain_mc",
@@ -99,12 +119,18 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
                           lr: float = 2e-4, retain_weight: float = 1.0, relearn_steps: int = 3,
                           relearn_lr: float = 3e-5, probe: xr.Dataset | None = None,
                           trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
+                          text: torch.Tensor | None = None, text_weight: float = 1.0,
+                          text_batch: int = 4, heldout_text: torch.Tensor | None = None,
                           seed: int = 0, original: bool = True, progress: Progress = None,
                           should_stop: ShouldStop = None) -> xr.Dataset:
-    """Localize, train and evaluate each method with the same MLP budget (Guo et al., ICML 2025).
+    """Localize, train and evaluate each method with the same parameter budget (Guo et al.,
+    ICML 2025).
 
-    For each method: the layers it picks (`localized_layers`; ``all`` trains every
-    parameter), `localized_finetune` on a copy, then accuracy (top candidate among the
+    For each method: the components it picks for the budget of ``n_layers`` MLP layers
+    (`localized_components`: MLPs, and heads for causal tracing and attribution patching;
+    ``all`` trains every parameter), `localized_finetune` on a copy restricted to them
+    (with the general-text retain term when ``text`` is given), then the perplexity on
+    ``heldout_text`` (before the relearning attack; NaN without it) and accuracy (top candidate among the
     attributes) on the forget set in the trained format (``forget``) and the
     multiple-choice format (``forget_mc``; ``forget_mc_known`` over only the forget facts
     the original model answers right in multiple choice, so the original row reads 1),
@@ -126,8 +152,11 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
     Returns
     -------
     xr.Dataset
-        ``accuracy`` (localization, metric); ``loss`` (localization, step); ``n_params``,
-        ``seconds_per_step`` (localization); coord ``trained_layers`` (localization), a string.
+        ``accuracy`` (localization, metric); ``perplexity`` (localization); ``loss``
+        (localization, step); ``n_params``, ``n_heads``, ``seconds_per_step``
+        (localization); coords ``trained_layers`` (the MLP layers, a string) and
+        ``trained_components`` (a short label, `component_label`); attr ``components``
+        (the full component list per localization).
     """
     forget, retain = list(forget), list(retain)
     if len(forget) < 2:
@@ -148,14 +177,16 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
                 "method 'all' trains every parameter; on a remote (NDIF) model that needs a "
                 "second copy of all the weights on the server. The MLP localizations "
                 f"({', '.join(m for m in METHODS if m != 'all')}) train there (--methods).")
-    chosen = {m: localized_layers(model, m, n_layers, probe=probe, trace=trace,
-                                  attribution=attribution, seed=seed) for m in methods}
+    chosen = {m: localized_components(model, m, n_layers, probe=probe, trace=trace,
+                                      attribution=attribution, seed=seed) for m in methods}
     learn, heldout = relearn_halves(forget)
     mc_known = format_accuracy(model, forget, "mc")[0]
     rows = ["original", *methods] if original else list(methods)
     acc = np.full((len(rows), len(METRICS)), np.nan)
     loss = np.full((len(rows), steps), np.nan)
     n_params = np.zeros(len(rows), dtype=np.int64)
+    n_heads = np.zeros(len(rows), dtype=np.int64)
+    ppl = np.full(len(rows), np.nan)
     per_step = np.full(len(rows), np.nan)
     total = len(methods) * (steps + relearn_steps) + (relearn_steps if original else 0)
     done = [0]
@@ -167,6 +198,8 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
 
     def evaluate(hf, i):
         col = {k: j for j, k in enumerate(METRICS)}
+        if heldout_text is not None and not model.remote:
+            ppl[i] = text_perplexity(model, heldout_text, hf=hf)
         acc[i, col["forget"]] = format_accuracy(model, forget, "trained", hf=hf)[0].mean()
         mc = format_accuracy(model, forget, "mc", hf=hf)[0]
         acc[i, col["forget_mc"]] = mc.mean()
@@ -190,12 +223,14 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         evaluate(base, 0)
         del base
     for i, m in enumerate(methods, start=1 if original else 0):
-        names = component_parameters(model, m, chosen[m])
-        n_params[i] = sum(p.numel() for n, p in model.hf.named_parameters() if n in set(names))
+        names, masks, n_params[i] = trained_parameters(model, m, chosen[m])
+        n_heads[i] = sum(not c.endswith("MLP") for c in chosen[m]) if m != "all" else \
+            model.n_layers * model.spec.n_heads
         t0 = time.perf_counter()
         hf, losses = localized_finetune(
             model, forget, retain, names, objective=objective, steps=steps, lr=lr,
-            retain_weight=retain_weight, should_stop=should_stop,
+            retain_weight=retain_weight, masks=masks, text=text, text_weight=text_weight,
+            text_batch=text_batch, should_stop=should_stop,
             progress=lambda d, t: tick())
         per_step[i] = (time.perf_counter() - t0) / steps
         loss[i] = losses
@@ -203,13 +238,23 @@ def unlearning_comparison(model: Model, forget: Sequence[AttributeFact],
         del hf
     ds = xr.Dataset(
         {"accuracy": (("localization", "metric"), acc), "loss": (("localization", "step"), loss),
-         "n_params": ("localization", n_params), "seconds_per_step": ("localization", per_step)},
+         "perplexity": ("localization", ppl),
+         "n_params": ("localization", n_params), "n_heads": ("localization", n_heads),
+         "seconds_per_step": ("localization", per_step)},
         coords={"localization": rows, "metric": list(METRICS), "step": np.arange(steps),
                 "trained_layers": ("localization", ["-"] * original + [
-                    _layer_label(m, chosen[m]) for m in methods])},
+                    _layer_label(m, chosen[m]) for m in methods]),
+                "trained_components": ("localization", ["-"] * original + [
+                    "all" if m == "all" else component_label(chosen[m]) for m in methods])},
         attrs=provenance(model, method="unlearning_comparison", methods=methods,
                          n_layers=n_layers, objective=objective, steps=steps, lr=lr,
-                         retain_weight=retain_weight, relearn_steps=relearn_steps,
+                         retain_weight=retain_weight, text_weight=text_weight,
+                         text_batch=text_batch,
+                         n_text_windows=0 if text is None else int(len(text)),
+                         n_heldout_windows=0 if heldout_text is None else int(len(heldout_text)),
+                         components={m: list(chosen[m]) if m != "all" else "all"
+                                     for m in methods},
+                         relearn_steps=relearn_steps,
                          relearn_lr=relearn_lr, seed=seed, original=original, n_forget=len(forget),
                          n_retain=len(retain),
                          forget=[f.subject for f in forget], retain=[f.subject for f in retain],

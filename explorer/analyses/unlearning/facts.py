@@ -43,7 +43,8 @@ __all__ = [
 
 
 FORMATS = ("trained", "mc")
-METHODS = ("fact_lookup", "causal_tracing", "attribution_patching", "random", "all")
+METHODS = ("fact_lookup", "causal_tracing", "attribution_patching", "causal_tracing_mlp",
+           "attribution_patching_mlp", "random", "all")
 OBJECTIVES = ("unlearn", "edit")
 CITATION = ("Guo, Syed, Sheshadri, Ewart & Dziugaite, Mechanistic Unlearning: Robust "
             "Knowledge Unlearning and Editing via Mechanistic Localization, ICML 2025")

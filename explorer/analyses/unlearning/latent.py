@@ -29,8 +29,9 @@ from explorer.analyses.unlearning.facts import (
     format_accuracy,
     subject_positions,
 )
-from explorer.analyses.unlearning.finetune import component_parameters, localized_finetune
-from explorer.analyses.unlearning.localization import localized_layers
+from explorer.analyses.unlearning.comparison import _layer_label, trained_parameters
+from explorer.analyses.unlearning.components import localized_components
+from explorer.analyses.unlearning.finetune import localized_finetune
 from explorer.models import Model, _get_path
 from explorer.trace import provenance
 
@@ -112,12 +113,14 @@ def latent_probe_after_unlearning(model: Model, forget: Sequence[AttributeFact],
                                   objective: str = "unlearn", steps: int = 8, lr: float = 2e-4,
                                   retain_weight: float = 1.0, probe: xr.Dataset | None = None,
                                   trace: xr.Dataset | None = None,
-                                  attribution: xr.Dataset | None = None, seed: int = 0,
+                                  attribution: xr.Dataset | None = None,
+                                  text: torch.Tensor | None = None, text_weight: float = 1.0,
+                                  text_batch: int = 4, seed: int = 0,
                                   progress: Progress = None) -> xr.Dataset:
     """Probe accuracy on the forget facts after each localization's unlearning, per layer.
 
     Each method is trained as in `unlearning_comparison` (same layers, budget and
-    settings); then, on the trained copy, per-layer probes are fitted on the residuals of
+    settings, components and text retain term); then, on the trained copy, per-layer probes are fitted on the residuals of
     ``probe_facts`` (facts not in ``forget``, e.g. the other known facts) and read on the
     forget facts' residuals. Row ``original`` is the model before unlearning.
 
@@ -139,8 +142,8 @@ def latent_probe_after_unlearning(model: Model, forget: Sequence[AttributeFact],
         raise InputError(f"`probe_facts` must not hold forget facts; both hold {sorted(overlap)[:3]}.")
     methods = [check_choice("method", m, METHODS) for m in methods]
     steps = check_int("steps", steps, low=1)
-    chosen = {m: localized_layers(model, m, n_layers, probe=probe, trace=trace,
-                                  attribution=attribution, seed=seed) for m in methods}
+    chosen = {m: localized_components(model, m, n_layers, probe=probe, trace=trace,
+                                      attribution=attribution, seed=seed) for m in methods}
     rows = ["original", *methods]
     L, P = model.n_layers, len(PROBE_POSITIONS)
     acc = np.full((len(rows), P, L), np.nan)
@@ -152,9 +155,11 @@ def latent_probe_after_unlearning(model: Model, forget: Sequence[AttributeFact],
         if m == "original":
             hf = None
         else:
-            names = component_parameters(model, m, chosen[m])
+            names, masks, _ = trained_parameters(model, m, chosen[m])
             hf, _ = localized_finetune(model, forget, retain, names, objective=objective,
-                                       steps=steps, lr=lr, retain_weight=retain_weight)
+                                       steps=steps, lr=lr, retain_weight=retain_weight,
+                                       masks=masks, text=text, text_weight=text_weight,
+                                       text_batch=text_batch)
         behaviour[i] = format_accuracy(model, forget, "trained", hf=hf)[0].mean()
         tx = fact_residuals(model, probe_facts, hf=hf)
         fx = fact_residuals(model, forget, hf=hf)
@@ -174,7 +179,7 @@ def latent_probe_after_unlearning(model: Model, forget: Sequence[AttributeFact],
          "forget_accuracy": (("localization",), behaviour), "chance": chance},
         coords={"localization": rows, "position": list(PROBE_POSITIONS), "layer": np.arange(L),
                 "trained_layers": ("localization", ["-"] + [
-                    "all" if m == "all" else ",".join(map(str, chosen[m])) for m in methods])},
+                    _layer_label(m, chosen[m]) for m in methods])},
         attrs=provenance(model, method="latent_probe_after_unlearning", methods=methods,
                          n_layers=n_layers, objective=objective, steps=steps, lr=lr,
                          retain_weight=retain_weight, seed=seed, n_forget=len(forget),

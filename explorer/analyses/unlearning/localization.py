@@ -1,7 +1,8 @@
-"""Localization by causal tracing and attribution patching: restore one layer's clean state in
-a run with noised subject embeddings (`causal_trace`), its linear estimate from one gradient
+"""Localization by causal tracing and attribution patching: restore one component's clean
+output (a layer's residual at one position, an MLP, or one attention head) in a run with
+noised subject embeddings (`causal_trace`), its linear estimate from one gradient
 (`attribution_patching`), and the MLP layers each localization method picks for a budget
-(`top_layers`, `localized_layers`).
+(`top_layers`, `localized_layers`; the components with heads are `components`'s).
 """
 from __future__ import annotations
 
@@ -69,39 +70,49 @@ def _replace_output(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> 
     return fn(output)
 
 
-def _clean_states(model: Model, prompt: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Clean resid_post and mlp_out per layer, each [pos, d_model], from one core trace."""
+def _clean_states(model: Model, prompt: str
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Clean resid_post and mlp_out per layer, each [pos, d_model], and the input of each
+    layer's output projection (attn_z), [pos, head * d_head], from one core trace."""
     L = model.n_layers
     out = run_batch(model, model.tokenize([prompt]), logits=False,
-                    save={(x, s) for x in range(L) for s in ("resid_post", "mlp_out")})
+                    save={(x, s) for x in range(L) for s in ("resid_post", "mlp_out", "attn_z")})
+    z = [out[(x, "attn_z")][0] for x in range(L)]
     return ([out[(x, "resid_post")][0].clone() for x in range(L)],
-            [out[(x, "mlp_out")][0].clone() for x in range(L)])
+            [out[(x, "mlp_out")][0].clone() for x in range(L)],
+            [t.reshape(t.shape[0], -1).clone() for t in z])
 
 
 def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
                      target: int, restores: Sequence[tuple[str, int, int | None]],
-                     resid: list[torch.Tensor], mlp: list[torch.Tensor]) -> torch.Tensor:
+                     resid: list[torch.Tensor], mlp: list[torch.Tensor],
+                     z: list[torch.Tensor] | None = None) -> torch.Tensor:
     """p(target) at the last position for one corrupted run per restore.
 
     ``restores`` rows are ("resid", layer, pos): that layer's output at pos set to its
     clean value; ("mlp", layer, None): that MLP's output at every position set clean;
-    ("none", -1, None): corrupted only. ``ids`` [pos]; the subject embeddings get ``noise``.
+    ("head", layer, head): that head's slice of the output projection's input (its
+    attention output, ``attn_z``) set clean at every position, so the head writes its
+    clean output through its slice of W_O; ("none", -1, None): corrupted only. ``ids`` [pos]; the subject embeddings get ``noise``.
     The runs are plain forwards with torch hooks, where the weights are (on the server for
     a remote model: `run_on_weights`).
     """
     with model.lock:
         return run_on_weights(model, _corrupted_probs_here, ids, subj, noise, target,
-                              list(restores), resid, mlp)
+                              list(restores), resid, mlp, z)
 
 
 def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
                           target: int, restores: Sequence[tuple[str, int, int | None]],
-                          resid: list[torch.Tensor], mlp: list[torch.Tensor]) -> torch.Tensor:
+                          resid: list[torch.Tensor], mlp: list[torch.Tensor],
+                          z: list[torch.Tensor] | None = None) -> torch.Tensor:
     """`_corrupted_probs` on ``model``'s own weights (local, or the server's module tree)."""
     device = model.hf.device
     ids, noise = ids.to(device), noise.to(device)
     resid = [x.to(device) for x in resid]
     mlp = [x.to(device) for x in mlp]
+    z = None if z is None else [x.to(device) for x in z]
+    dh = model.spec.d_head
     R = len(restores)
     handles = []
     subj_t = torch.tensor(subj)
@@ -136,6 +147,14 @@ def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], nois
                     return h
                 return _replace_output(out, fn)
             handles.append(_mlp_module(model, layer).register_forward_hook(restore_mlp))
+        rows_h = [(i, h) for i, (k, x, h) in enumerate(restores) if k == "head" and x == layer]
+        if rows_h:
+            def restore_head(_m, args, rows_h=rows_h, clean=z[layer]):
+                x = args[0].clone()                            # [run, pos, head * d_head]
+                for i, h in rows_h:
+                    x[i, :, h * dh:(h + 1) * dh] = clean[:, h * dh:(h + 1) * dh].to(x.dtype)
+                return (x, *args[1:])
+            handles.append(model.o_proj(layer).register_forward_pre_hook(restore_head))
     try:
         with torch.no_grad():
             logits = model.hf(input_ids=ids[None].expand(R, -1)).logits[:, -1].float()
@@ -145,8 +164,8 @@ def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], nois
 
 
 def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: float = 3.0,
-                 seed: int = 0, positions: bool | Sequence[int] = True, batch_size: int = 64,
-                 progress: Progress = None) -> xr.Dataset:
+                 seed: int = 0, positions: bool | Sequence[int] = True, heads: bool = True,
+                 batch_size: int = 64, progress: Progress = None) -> xr.Dataset:
     """Causal tracing (Meng et al. 2022, as used by Guo et al., ICML 2025).
 
     The subject embeddings get Gaussian noise (``noise_scale`` times the embedding std;
@@ -154,13 +173,17 @@ def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: f
     last position is read. ``restore_resid`` restores a layer's output (resid_post) at one
     position (the layer x position heatmap: every position when ``positions`` is True,
     the listed per-prompt positions (negative from the end) when a list, none when False);
-    ``restore_mlp`` restores one MLP's output at every position (the MLP localization).
+    ``restore_mlp`` restores one MLP's output at every position (the MLP localization);
+    with ``heads``, ``restore_head`` restores one attention head's output at every position
+    (its slice of the output projection's input; Guo et al.'s per-head ``result`` patch),
+    for the component localization (`components.localized_components`).
 
     Returns
     -------
     xr.Dataset
         ``restore_resid`` (fact, layer, pos) NaN past a prompt's end; ``restore_mlp``
-        (fact, layer); ``p_clean``, ``p_corrupt`` (fact); coord ``token`` (fact, pos).
+        (fact, layer); ``restore_head`` (fact, layer, head) with ``heads``; ``p_clean``,
+        ``p_corrupt`` (fact); coord ``token`` (fact, pos).
     """
     facts = list(facts)
     if not facts:
@@ -174,6 +197,8 @@ def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: f
     T = max(len(t) for t in tok_ids)
     resid_map = np.full((len(facts), L, T), np.nan)
     mlp_map = np.zeros((len(facts), L))
+    H = model.spec.n_heads
+    head_map = np.zeros((len(facts), L, H))
     p_clean = np.zeros(len(facts))
     p_corrupt = np.zeros(len(facts))
     tokens = np.full((len(facts), T), "", dtype=object)
@@ -182,9 +207,11 @@ def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: f
         n = len(ids)
         target = ans[f.attributes.index(f.attribute)]
         subj = subject_positions(model, f)
-        resid, mlp = _clean_states(model, prompts[fi])
+        resid, mlp, z = _clean_states(model, prompts[fi])
         restores: list[tuple[str, int, int | None]] = [("none", -1, None)]
         restores += [("mlp", x, None) for x in range(L)]
+        n_head_rows = L * H if heads else 0
+        restores += [("head", x, h) for x in range(L) for h in range(H)] if heads else []
         if positions is True:
             pos = list(range(n))
         elif positions is False:
@@ -194,27 +221,33 @@ def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: f
         restores += [("resid", x, p) for x in range(L) for p in pos]
         ids_t = torch.tensor(ids)
         probs = torch.cat([_corrupted_probs(model, ids_t, subj, noise, target,
-                                            restores[r0:r0 + batch_size], resid, mlp)
+                                            restores[r0:r0 + batch_size], resid, mlp, z)
                            for r0 in range(0, len(restores), batch_size)]).numpy()
         with torch.no_grad():
             lg = run_batch(model, model.tokenize([prompts[fi]]), save_positions=[-1])["logits"]
         p_clean[fi] = float(torch.softmax(lg[0, 0].float(), -1)[target])
         p_corrupt[fi] = probs[0]
         mlp_map[fi] = probs[1:L + 1]
+        if heads:
+            head_map[fi] = probs[L + 1:L + 1 + n_head_rows].reshape(L, H)
         if pos:
-            resid_map[fi][:, pos] = probs[L + 1:].reshape(L, len(pos))
+            resid_map[fi][:, pos] = probs[L + 1 + n_head_rows:].reshape(L, len(pos))
         tokens[fi, :n] = model.token_strings(ids)
         if progress:
             progress(fi + 1, len(facts))
+    data = {"restore_resid": (("fact", "layer", "pos"), resid_map),
+            "restore_mlp": (("fact", "layer"), mlp_map),
+            "p_clean": ("fact", p_clean), "p_corrupt": ("fact", p_corrupt)}
+    if heads:
+        data["restore_head"] = (("fact", "layer", "head"), head_map)
     ds = xr.Dataset(
-        {"restore_resid": (("fact", "layer", "pos"), resid_map),
-         "restore_mlp": (("fact", "layer"), mlp_map),
-         "p_clean": ("fact", p_clean), "p_corrupt": ("fact", p_corrupt)},
+        data,
         coords={"fact": np.arange(len(facts)), "layer": np.arange(L), "pos": np.arange(T),
+                **({"head": np.arange(H)} if heads else {}),
                 "subject": ("fact", [f.subject for f in facts]),
                 "token": (("fact", "pos"), tokens.astype(str))},
         attrs=provenance(model, method="causal_trace", noise_scale=noise_scale, seed=seed,
-                         noise_std=_noise_std(model)),
+                         heads=heads, noise_std=_noise_std(model)),
     )
     ds.attrs["citation"] = CITATION
     return ds
@@ -223,16 +256,19 @@ def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: f
 def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
                          noise_scale: float = 3.0, seed: int = 0,
                          progress: Progress = None) -> xr.Dataset:
-    """Attribution patching of each MLP (Nanda 2023; Syed et al. 2023; used by Guo et al.).
+    """Attribution patching of each MLP and attention head (Nanda 2023; Syed et al. 2023;
+    used by Guo et al.).
 
     In the corrupted run (the same noise as `causal_trace` with the same seed) the score of
     MLP l is sum over positions of grad_{mlp_out l} p(answer) . (clean - corrupted mlp_out l),
-    the first-order estimate of ``restore_mlp - p_corrupt``.
+    the first-order estimate of ``restore_mlp - p_corrupt``; the score of head h of layer l
+    is the same product on that head's slice of the output projection's input (``attn_z``),
+    the first-order estimate of ``restore_head - p_corrupt``.
 
     Returns
     -------
     xr.Dataset
-        ``ap_mlp`` (fact, layer).
+        ``ap_mlp`` (fact, layer); ``ap_head`` (fact, layer, head).
     """
     facts = list(facts)
     if not facts:
@@ -241,20 +277,25 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
     L = model.n_layers
     noises = _fact_noise(model, facts, noise_scale, seed)
     ans = attribute_token_ids(model, facts[0].attributes)
+    H = model.spec.n_heads
     scores = np.zeros((len(facts), L))
+    head_scores = np.zeros((len(facts), L, H))
     for fi, (f, noise) in enumerate(zip(facts, noises)):
         prompt = fact_prompt(f, "trained")
         target = ans[f.attributes.index(f.attribute)]
         subj = torch.tensor(subject_positions(model, f))
-        _, clean = _clean_states(model, prompt)
+        _, clean, clean_z = _clean_states(model, prompt)
         ids = torch.tensor(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])[None]
         with model.lock:
-            scores[fi] = run_on_weights(model, _mlp_attribution, ids, subj, noise, target,
-                                        clean).numpy()
+            mlp_s, head_s = run_on_weights(model, _mlp_attribution, ids, subj, noise, target,
+                                           clean, clean_z)
+        scores[fi], head_scores[fi] = mlp_s.numpy(), head_s.numpy()
         if progress:
             progress(fi + 1, len(facts))
-    ds = xr.Dataset({"ap_mlp": (("fact", "layer"), scores)},
+    ds = xr.Dataset({"ap_mlp": (("fact", "layer"), scores),
+                     "ap_head": (("fact", "layer", "head"), head_scores)},
                     coords={"fact": np.arange(len(facts)), "layer": np.arange(L),
+                            "head": np.arange(H),
                             "subject": ("fact", [f.subject for f in facts])},
                     attrs=provenance(model, method="attribution_patching",
                                      noise_scale=noise_scale, seed=seed))
@@ -263,13 +304,17 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
 
 
 def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise: torch.Tensor,
-                     target: int, clean: list[torch.Tensor]) -> torch.Tensor:
-    """[layer]: grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l) in one corrupted
-    forward and backward with torch hooks, where the weights are (`run_on_weights`)."""
+                     target: int, clean: list[torch.Tensor], clean_z: list[torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """([layer], [layer, head]): grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l),
+    and per head the same on its slice of the o_proj input, in one corrupted forward and
+    backward with torch hooks, where the weights are (`run_on_weights`)."""
     device = model.hf.device
     ids, noise, clean = ids.to(device), noise.to(device), [x.to(device) for x in clean]
-    L = model.n_layers
+    clean_z = [x.to(device) for x in clean_z]
+    L, H, dh = model.n_layers, model.spec.n_heads, model.spec.d_head
     acts: list[torch.Tensor | None] = [None] * L
+    zs: list[torch.Tensor | None] = [None] * L
     handles = []
 
     def add_noise(_m, _inp, out):
@@ -285,19 +330,29 @@ def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise:
         return hook
 
     handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
+    def keep_z(layer):
+        def hook(_m, args):
+            zs[layer] = args[0]
+        return hook
+
     handles += [_mlp_module(model, x).register_forward_hook(keep(x)) for x in range(L)]
+    handles += [model.o_proj(x).register_forward_pre_hook(keep_z(x)) for x in range(L)]
     try:
         with torch.enable_grad():
             logits = model.hf(input_ids=ids).logits[0, -1].float()
             p = torch.softmax(logits, -1)[target]
-            grads = torch.autograd.grad(p, acts)  # each [1, pos, d_model]
+            grads = torch.autograd.grad(p, acts + zs)  # each [1, pos, d_model | head * d_head]
     finally:
         remove_hooks(handles)
     scores = torch.zeros(L, dtype=torch.float64)
+    head_scores = torch.zeros(L, H, dtype=torch.float64)
     for x in range(L):
         delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
         scores[x] = float((grads[x][0].float() * delta).sum())
-    return scores
+        dz = clean_z[x].float() - zs[x][0].detach().float()      # [pos, head * d_head]
+        prod = (grads[L + x][0].float() * dz).reshape(dz.shape[0], H, dh)
+        head_scores[x] = prod.sum((0, 2)).double()
+    return scores, head_scores
 
 
 def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
@@ -310,25 +365,42 @@ def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
 def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None = None,
                      trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
                      seed: int = 0) -> list[int]:
-    """The MLP layers a localization method picks for a budget of ``n_layers`` MLPs.
+    """The MLP layers a localization method trains for a budget of ``n_layers`` MLPs.
 
-    ``fact_lookup`` needs ``probe``, ``causal_tracing`` ``trace`` (mean restore_mlp over
-    facts), ``attribution_patching`` ``attribution`` (mean ap_mlp); ``random`` draws
-    seeded layers; ``all`` returns every layer (it trains every parameter).
+    ``fact_lookup`` needs ``probe``; ``causal_tracing(_mlp)`` ``trace``,
+    ``attribution_patching(_mlp)`` ``attribution``: the ``_mlp`` variants take the top
+    ``n_layers`` MLPs by mean restore_mlp / ap_mlp over the facts, the component methods
+    the MLPs among their components (`components.localized_components`, which may also
+    hold heads); ``random`` draws seeded layers; ``all`` returns every layer (it trains
+    every parameter).
     """
+    if method in ("causal_tracing", "attribution_patching"):
+        from explorer.analyses.unlearning.components import localized_components
+
+        comps = localized_components(model, method, n_layers, probe=probe, trace=trace,
+                                     attribution=attribution, seed=seed)
+        return [int(c[1:].split(".")[0]) for c in comps if c.endswith("MLP")]
+    return _mlp_layers(model, method, n_layers, probe=probe, trace=trace,
+                       attribution=attribution, seed=seed)
+
+
+def _mlp_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None,
+                trace: xr.Dataset | None, attribution: xr.Dataset | None, seed: int) -> list[int]:
+    """`localized_layers` of the methods that pick whole MLP layers only."""
     check_choice("method", method, METHODS)
     L = model.n_layers
     n_layers = check_int("n_layers", n_layers, low=1, high=L)
-    needs = {"fact_lookup": probe, "causal_tracing": trace, "attribution_patching": attribution}
-    if method in needs and needs[method] is None:
-        arg = {"fact_lookup": "probe", "causal_tracing": "trace",
-               "attribution_patching": "attribution"}[method]
-        raise InputError(f"method {method!r} needs the `{arg}` dataset.")
+    method = {"causal_tracing": "causal_tracing_mlp",
+              "attribution_patching": "attribution_patching_mlp"}.get(method, method)
+    needs = {"fact_lookup": ("probe", probe), "causal_tracing_mlp": ("trace", trace),
+             "attribution_patching_mlp": ("attribution", attribution)}
+    if method in needs and needs[method][1] is None:
+        raise InputError(f"method {method!r} needs the `{needs[method][0]}` dataset.")
     if method == "fact_lookup":
         return fact_lookup_layers(probe, n_layers)
-    if method == "causal_tracing":
+    if method == "causal_tracing_mlp":
         return top_layers(trace.restore_mlp.mean("fact").values, n_layers)
-    if method == "attribution_patching":
+    if method == "attribution_patching_mlp":
         return top_layers(attribution.ap_mlp.mean("fact").values, n_layers)
     if method == "random":
         return sorted(random.Random(seed).sample(range(L), n_layers))
