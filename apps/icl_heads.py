@@ -33,7 +33,7 @@ from explorer.analyses import task_vectors as tv
 from explorer.analyses import user_items
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
-           "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td",
+           "plot_ablation_curves", "ablation_caption", "plot_td", "plot_projection", "plot_finetune_td",
            "scatter_caption", "td_caption", "fv_caption", "estimated_score_seconds",
            "conflict_matrix", "plot_conflict_matrix", "plot_conflict_controls",
            "plot_conflict_layers", "conflict_caption", "default_conflict_layers",
@@ -149,20 +149,57 @@ _RANKING_COLORS = {r: theme.CATEGORICAL[i % len(theme.CATEGORICAL)]
 
 def plot_ablation_curves(curves: xr.Dataset | None,
                          variable: str = "mean_accuracy") -> hv.Element:
-    """``variable`` (mean accuracy by default) against % of heads ablated, one curve per ranking."""
+    """``variable`` (mean accuracy by default) against % of heads ablated, one curve per
+    ranking; where the Dataset holds ``<variable>_low`` / ``_high`` (the bootstrap interval
+    over prompts), a shaded band per ranking."""
     if curves is None:
         return _waiting("Press Recompute ablation curves (left)", 300)
     ylabel, title = _CURVE_LABELS[variable]
     pct = curves["percent"].values
+    banded = f"{variable}_low" in curves and f"{variable}_high" in curves
     out = []
     for r in curves["ranking"].values:
         y = curves[variable].sel(ranking=r).values
         c = _RANKING_COLORS.get(str(r), theme.ACCENT)
+        if banded:
+            lo = curves[f"{variable}_low"].sel(ranking=r).values
+            hi = curves[f"{variable}_high"].sel(ranking=r).values
+            out.append(hv.Area((pct, lo, hi), "% heads ablated", [ylabel, "high"])
+                       .opts(color=c, alpha=0.15, line_alpha=0))
         out.append(hv.Curve((pct, y), "% heads ablated", ylabel, label=str(r))
                    .opts(color=c, line_width=2, tools=["hover"]))
         out.append(hv.Scatter((pct, y), "% heads ablated", ylabel).opts(color=c, size=6))
+    if banded:
+        level = float(curves.attrs.get("params", {}).get("confidence_level", 0.95))
+        title = f"{title} (bands: {level:.0%} bootstrap interval over prompts)"
     return hv.Overlay(out).opts(responsive=True, height=320, legend_position="right",
                                 title=title, show_legend=True)
+
+
+def ablation_caption(curves: xr.Dataset | None, mean_source: str) -> str:
+    """How the ablation curves were made: the tasks, the prompts, the ablation value."""
+    what = {"cross-task": "its mean last-token output averaged over the FV-scoring tasks' "
+                          "prompts (the paper's ablation)",
+            "per-task": "its mean last-token output on the evaluated task's own prompts "
+                        "(keeps the head's share of that task's function vector)",
+            "zero": "zero"}
+    if curves is None:
+        return (f"Few-shot accuracy on the evaluation tasks with the top heads by each ranking "
+                f"ablated at the last token; an ablated head's output is replaced with "
+                f"{what[mean_source]}. Yin & Steinhardt find ablating FV heads hurts ICL far "
+                f"more than ablating induction heads.")
+    p = curves.attrs.get("params", {})
+    src = p.get("mean_source", mean_source)
+    pool = p.get("mean_tasks")
+    tasks = ", ".join(str(t) for t in curves["task"].values)
+    return (f"Few-shot accuracy (argmax = the answer's first token) on {tasks}, "
+            f"{p.get('n_prompts')} prompts of {p.get('n_shots')} shots each, with the top "
+            f"heads by each ranking ablated at the last token. An ablated head's output is "
+            f"replaced with {what[src]}" + (f" ({', '.join(pool)})" if pool else "") +
+            f". Bands: {float(p.get('confidence_level', 0.95)):.0%} bootstrap interval over "
+            f"prompts ({p.get('n_boot')} resamples within each task); with few prompts they are "
+            f"wide. Yin & Steinhardt find ablating FV heads hurts ICL far more than ablating "
+            f"induction heads.")
 
 
 def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
@@ -507,6 +544,11 @@ class ICLHeadsView(View):
         default=False, label="Exclude the other score's top heads",
         doc="Ablate the top FV heads that are not top induction heads and vice versa (the "
             "excluded set is the top % of the larger threshold above)")
+    mean_source = param.Selector(
+        default="cross-task", objects=list(ih.MEAN_SOURCES), label="Ablation: mean source",
+        doc="What an ablated head's last-token output is replaced with: its mean over the "
+            "FV-scoring tasks' prompts (cross-task, the paper's), its mean on the evaluated "
+            "task (per-task), or zero.")
     fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer",
                              doc="Layer whose residual the function vector is added to.")
     td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer",
@@ -574,7 +616,7 @@ class ICLHeadsView(View):
                                                 visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
-        self.param.watch(lambda *_: self._request("curves"), ["exclude_other"])
+        self.param.watch(lambda *_: self._request("curves"), ["exclude_other", "mean_source"])
         self.estimated_seconds = estimated_score_seconds(
             spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
         self._score_button = pn.widgets.Button(
@@ -729,13 +771,14 @@ class ICLHeadsView(View):
             rankings = (("fv_excl_induction", "induction_excl_fv", "random")
                         if self.exclude_other else ("fv", "induction", "random"))
             exclude = max(self.top_induction, self.top_fv) / 100
+            source = self.mean_source
 
             def job(token: CancelToken):
                 progress = self.progress_fn(token)
                 return ih.ablation_curves(m, self._eval_tasks, ind, fv, percents=percents,
                                           rankings=rankings, exclude_fraction=exclude,
                                           loss_sequences=2, loss_tokens=64, progress=progress,
-                                          **o)
+                                          mean_source=source, mean_tasks=self._fv_tasks, **o)
         elif name == "fv":
             if self.scores is None:
                 return
@@ -840,7 +883,8 @@ class ICLHeadsView(View):
                 f"percents={[float(x) for x in self.curves.percent.values]!r}, "
                 f"rankings={[str(r) for r in self.curves.ranking.values]!r}, "
                 f"exclude_fraction={c.get('exclude_fraction')!r}, loss_sequences=2, "
-                "loss_tokens=64, **opts)")
+                f"loss_tokens=64, mean_source={c.get('mean_source')!r}, "
+                f"mean_tasks={self._fv_tasks!r}, **opts)")
         if self.conflict is not None:
             tasks = [str(t) for t in self.conflict.target.values]
             layers = [int(x) for x in self.conflict.layer.values]
@@ -918,7 +962,8 @@ class ICLHeadsView(View):
             tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
             tip(pn.widgets.Select.from_param(p.task), p.task.doc), self._own.layout(p.error),
             tip(slider, p.max_percent.doc),
-            tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
+            tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc),
+            tip(pn.widgets.Select.from_param(p.mean_source), p.mean_source.doc), button,
             tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
             tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
             pn.pane.Markdown("**Task vectors: conflict test**", margin=(10, 10, 0, 10)),
@@ -952,9 +997,8 @@ class ICLHeadsView(View):
                              "the head).", **caption),
             pn.pane.HoloViews(pn.bind(plot_ablation_curves, p.curves), linked_axes=False,
                               sizing_mode="stretch_width"),
-            pn.pane.Markdown("Few-shot accuracy on the evaluation tasks with the top heads by "
-                             "each ranking mean-ablated: Yin & Steinhardt find ablating FV heads "
-                             "hurts ICL far more than ablating induction heads.", **caption),
+            pn.pane.Markdown(pn.bind(ablation_caption, p.curves, p.mean_source),
+                             css_classes=["icl-ablation-caption"], **caption),
             pn.pane.Markdown(pn.bind(lambda *_: self._fv_text(), p.fv_result),
                              css_classes=["icl-fv"], **caption),
             pn.pane.HoloViews(pn.bind(plot_projection, p.td, p.td_layer), linked_axes=False,

@@ -269,3 +269,42 @@ def test_placeholders_before_compute_say_what_to_press_and_differ():
     # Nothing runs before the button: no "waiting"/"computing" text, the button named instead.
     text = fv_caption(None, ["antonym"])
     assert "**Compute scores**" in text and "waiting" not in text.lower()
+
+
+def test_ablation_bands_are_the_bootstrap_interval():
+    ds = xr.Dataset({"mean_accuracy": (("ranking", "percent"), [[1.0, 0.5], [1.0, 0.9]]),
+                     "mean_accuracy_low": (("ranking", "percent"), [[0.8, 0.3], [0.8, 0.7]]),
+                     "mean_accuracy_high": (("ranking", "percent"), [[1.0, 0.7], [1.0, 1.0]])},
+                    coords={"ranking": ["fv", "random"], "percent": [0.0, 10.0]},
+                    attrs={"params": {"confidence_level": 0.9}})
+    overlay = plot_ablation_curves(ds)
+    bands = [el for el in overlay if isinstance(el, hv.Area)]
+    assert len(bands) == 2
+    np.testing.assert_allclose(bands[0].dimension_values(1), [0.8, 0.3])
+    np.testing.assert_allclose(bands[0].dimension_values(2), [1.0, 0.7])
+    np.testing.assert_allclose(bands[1].dimension_values(1), [0.8, 0.7])
+    assert "90% bootstrap interval" in overlay.opts.get().kwargs["title"]
+
+
+def test_view_mean_source_recomputes_the_curves_as_the_library(tiny_model):
+    from explorer.analyses import icl_heads as ih
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    view.max_percent = 10
+    view._request("curves")
+    assert view.curves.attrs["params"]["mean_source"] == "cross-task"
+    assert view.curves.attrs["params"]["mean_tasks"] == ["antonym"]   # the FV-scoring tasks
+    view.mean_source = "zero"                                         # recomputes at once
+    got = view.curves
+    want = ih.ablation_curves(tiny_model, ["uppercase"], view.scores["induction_score"].values,
+                              view.scores["fv_score"].values, percents=[0.0, 1.0, 3.0, 5.0, 10.0],
+                              rankings=["fv", "induction", "random"], exclude_fraction=0.05,
+                              loss_sequences=2, loss_tokens=64, mean_source="zero",
+                              n_prompts=2, n_shots=2)
+    for var in ("mean_accuracy", "mean_accuracy_low", "mean_accuracy_high", "answer_prob"):
+        np.testing.assert_allclose(got[var].values, want[var].values)
+    from apps.icl_heads import ablation_caption
+    assert "replaced with zero" in ablation_caption(got, view.mean_source)
+    assert "mean_source='zero'" in view.code_snippet()
