@@ -37,7 +37,8 @@ __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_att
            "scatter_caption", "td_caption", "fv_caption", "estimated_score_seconds",
            "conflict_matrix", "plot_conflict_matrix", "plot_conflict_controls",
            "plot_conflict_layers", "conflict_caption", "default_conflict_layers",
-           "parse_layers", "DEFAULT_CONFLICT_TASKS"]
+           "parse_layers", "DEFAULT_CONFLICT_TASKS", "plot_patching", "patching_caption",
+           "DEFAULT_PATCHING_TASKS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -473,6 +474,71 @@ def conflict_caption(ds: xr.Dataset | None, layer: int | None) -> str:
             f"(left) moves the matrices and the dashed line.")
 
 
+# -- the zero-shot task-vector patching test (Han et al.) ---------------------------------------
+
+#: Tasks of the zero-shot patching test on opening: ones whose vectors move SmolLM2's zero-shot
+#: answers in docs/icl_heads.md, and one lookup task.
+DEFAULT_PATCHING_TASKS = ("antonym", "capitalize", "present-past", "country-capital")
+MEAN_OVER_TASKS = "mean over tasks"
+_PATCH_LABELS = {"task": "task vector", "null": "Null-task vector", "none": "no patch"}
+
+
+def plot_patching(ds: xr.Dataset | None, shown: str | None = MEAN_OVER_TASKS) -> hv.Element:
+    """Zero-shot accuracy by layer with the task's vector, the Null task's vector, or nothing
+    written over the last token's residual; ``shown`` one task (with its Wilson bands) or
+    the mean over the tasks."""
+    if ds is None:
+        return _waiting("Accuracy by layer appears here (Run the patching test, left)", 260)
+    layers = ds["layer"].values
+    one = shown in [str(t) for t in ds["task"].values]
+    acc = ds["accuracy"].sel(task=shown) if one else ds["accuracy"].mean("task")
+    out = []
+    for i, v in enumerate(("task", "null", "none")):
+        c = theme.CATEGORICAL[i]
+        y = acc.sel(vector=v).values
+        if one and "accuracy_low" in ds:
+            lo = ds["accuracy_low"].sel(task=shown, vector=v).values
+            hi = ds["accuracy_high"].sel(task=shown, vector=v).values
+            out.append(hv.Area((layers, lo, hi), "layer", ["zero-shot accuracy", "high"])
+                       .opts(color=c, alpha=0.12, line_alpha=0))
+        out.append(hv.Curve((layers, y), "layer", "zero-shot accuracy", label=_PATCH_LABELS[v])
+                   .opts(color=c, line_width=2, tools=["hover"],
+                         line_dash="dashed" if v == "none" else "solid"))
+        out.append(hv.Scatter((layers, y), "layer", "zero-shot accuracy").opts(color=c, size=5))
+    what = shown if one else f"mean over {ds.sizes['task']} tasks"
+    return hv.Overlay(out).opts(responsive=True, height=300, ylim=(-0.02, 1.05),
+                                legend_position="right", show_legend=True,
+                                default_tools=_TOOLS,
+                                title=f"Task vector written at one layer: {what}")
+
+
+def patching_caption(ds: xr.Dataset | None, shown: str | None = MEAN_OVER_TASKS) -> str:
+    """How to read the zero-shot patching test, with its numbers."""
+    if ds is None:
+        return ("**Does the encoded task drive the answer?** Run the patching test: each task's "
+                "mean last-token residual (its task vector) replaces the last token's residual "
+                "of *zero-shot* prompts, one layer at a time; the Null task's vector (inputs "
+                "with random outputs) is the control (Han et al., ICML 2025).")
+    p = ds.attrs.get("params", {})
+    task = ds["accuracy"].sel(vector="task").mean("task").values
+    null = ds["accuracy"].sel(vector="null").mean("task").values
+    none = float(ds["accuracy"].sel(vector="none").mean("task").values[0])
+    best = int(np.argmax(task))
+    layer = int(ds["layer"].values[best])
+    few = ", ".join(f"{t} {float(a):.2f}" for t, a in zip(ds["task"].values,
+                                                         ds["few_shot_accuracy"].values))
+    return (f"Each task's vector is its mean last-token residual over {p.get('n_prompts')} "
+            f"{p.get('n_shots')}-shot prompts; it {'replaces' if p.get('mode') == 'replace' else 'is added to'} "
+            f"the last token's residual of {p.get('n_prompts')} other "
+            f"{p.get('target_shots')}-shot prompts at the layer on the x axis, and the answer's "
+            f"first token is scored. Mean over the tasks: without a patch "
+            f"**{none:.2f}**; best with the task vector at layer {layer}: **{float(task[best]):.2f}** "
+            f"(picked on these prompts), the Null vector there {float(null[best]):.2f}. A task "
+            f"vector that lifts accuracy where the Null vector does not drives the answer. "
+            f"Few-shot accuracy for reference: {few}. One task's curves carry 95 % Wilson "
+            f"bands over its prompts.")
+
+
 # SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
 # at 6 prompts of 4 shots over 3 FV tasks; other settings are scaled from that.
 _REF_SECONDS, _REF_SHAPE, _REF_SETTINGS = 30.0, (30, 9, 576), (6, 4, 3)
@@ -570,6 +636,21 @@ class ICLHeadsView(View):
         doc="Layer of the conflict matrices (dashed on the per-layer curves); the layers "
             "computed are the choices.")
 
+    patching_tasks = param.ListSelector(
+        default=list(DEFAULT_PATCHING_TASKS), objects=ih.icl_task_names(),
+        label="Patching: tasks",
+        doc="Tasks of the zero-shot patching test: each one's vector is written into its own "
+            "zero-shot prompts, layer by layer, beside the Null task's vector.")
+    patching_layers = param.String(
+        default="", label="Patching: layers",
+        doc="Layers the vectors are written at, e.g. '0, 8, 18-22' (each layer costs two "
+            "patched runs per task).")
+    patching_shown = param.Selector(
+        default=MEAN_OVER_TASKS, objects=[MEAN_OVER_TASKS], label="Patching: task shown",
+        doc="One task's curves (with their intervals) or the mean over the tasks.")
+    patching = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                   precedence=-1,
+                                   doc="The last patching test (`task_vector_patching`).")
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
     curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -605,7 +686,14 @@ class ICLHeadsView(View):
         self.runner("fv", self._got_fv)
         self.runner("td", self._got_td)
         self.runner("conflict", self._got_conflict, progress=True)
+        self.runner("patching", self._got_patching, progress=True)
         self.conflict_layers = layers_text(default_conflict_layers(spec.n_layers))
+        self.patching_layers = layers_text(default_conflict_layers(spec.n_layers))
+        self._patching_button = pn.widgets.Button(
+            name="Run the patching test", button_type="primary", sizing_mode="stretch_width",
+            description="Write each chosen task's vector (and the Null task's) into its "
+                        "zero-shot prompts at each chosen layer; draw the accuracy by layer.")
+        self._patching_button.on_click(lambda *_: self.run_patching())
         self._conflict_button = pn.widgets.Button(
             name="Run the conflict test", button_type="primary", sizing_mode="stretch_width",
             description="Write each chosen task's vector into the other tasks' few-shot "
@@ -711,6 +799,45 @@ class ICLHeadsView(View):
 
         self.status = "computing the conflict test…"
         self.submit("conflict", job)
+
+    def patching_settings(self) -> dict[str, Any]:
+        """The arguments of `task_vector_patching` the page runs with; raises InputError
+        naming a bad control."""
+        tasks = list(self.patching_tasks)
+        if not tasks:
+            raise InputError("`Patching: tasks` must hold at least one task; got none.")
+        try:
+            layers = parse_layers(self.patching_layers, self._model.spec.n_layers)
+        except InputError as e:
+            raise InputError(str(e).replace("`Conflict: layers`", "`Patching: layers`")) from None
+        return dict(tasks=tasks, layers=layers, **self._opts)
+
+    def run_patching(self) -> None:
+        """The zero-shot patching test for the chosen tasks and layers, in the background
+        with progress; bad input is one message and keeps the last result."""
+        try:
+            settings = self.patching_settings()
+        except InputError as e:
+            self.show_error(e)
+            return
+        m = self._model
+
+        def job(token: CancelToken):
+            return tvp.task_vector_patching(m, settings.pop("tasks"),
+                                            progress=self.progress_fn(token), **settings)
+
+        self.status = "computing the patching test…"
+        self.submit("patching", job)
+
+    def _got_patching(self, ds: xr.Dataset) -> None:
+        tasks = [str(t) for t in ds["task"].values]
+        keep = self.patching_shown if self.patching_shown in tasks else MEAN_OVER_TASKS
+        self.param.patching_shown.objects = [MEAN_OVER_TASKS, *tasks]
+        with param.parameterized.discard_events(self):
+            self.param.update(patching=ds, patching_shown=keep)
+        self.param.trigger("patching", "patching_shown")
+        self._patching_button.name = "Run the patching test again"
+        self.status = "patching test ready"
 
     def _conflict_failed(self, exc: BaseException) -> None:
         self._conflict_button.disabled = False
@@ -885,6 +1012,11 @@ class ICLHeadsView(View):
                 f"exclude_fraction={c.get('exclude_fraction')!r}, loss_sequences=2, "
                 f"loss_tokens=64, mean_source={c.get('mean_source')!r}, "
                 f"mean_tasks={self._fv_tasks!r}, **opts)")
+        if self.patching is not None:
+            tasks = [str(t) for t in self.patching.task.values]
+            layers = [int(x) for x in self.patching.layer.values]
+            lines.append(f"patching = tvp.task_vector_patching(model, {tasks!r}, "
+                         f"layers={layers!r}, **opts)  # zero-shot, task / Null / no patch")
         if self.conflict is not None:
             tasks = [str(t) for t in self.conflict.target.values]
             layers = [int(x) for x in self.conflict.layer.values]
@@ -966,6 +1098,12 @@ class ICLHeadsView(View):
             tip(pn.widgets.Select.from_param(p.mean_source), p.mean_source.doc), button,
             tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
             tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
+            pn.pane.Markdown("**Task vectors: zero-shot patching**", margin=(10, 10, 0, 10)),
+            tip(pn.widgets.MultiChoice.from_param(p.patching_tasks, sizing_mode="stretch_width"),
+                p.patching_tasks.doc),
+            tip(pn.widgets.TextInput.from_param(p.patching_layers), p.patching_layers.doc),
+            self._patching_button,
+            tip(pn.widgets.Select.from_param(p.patching_shown), p.patching_shown.doc),
             pn.pane.Markdown("**Task vectors: conflict test**", margin=(10, 10, 0, 10)),
             tip(pn.widgets.MultiChoice.from_param(p.conflict_tasks, sizing_mode="stretch_width"),
                 p.conflict_tasks.doc),
@@ -1006,6 +1144,11 @@ class ICLHeadsView(View):
             pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer), linked_axes=False,
                               sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(td_caption, p.td, p.td_layer), **caption),
+            pn.pane.HoloViews(pn.bind(plot_patching, p.patching, p.patching_shown),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["icl-patching"]),
+            pn.pane.Markdown(pn.bind(patching_caption, p.patching, p.patching_shown),
+                             css_classes=["icl-patching-caption"], **caption),
             # each in a Row of its own: Bokeh lines up the plot areas of one column's plots,
             # which squeezed these fixed-size plots to the attention maps' narrow area
             *[pn.Row(pn.pane.HoloViews(pn.bind(fn, p.conflict, p.conflict_layer),

@@ -308,3 +308,47 @@ def test_view_mean_source_recomputes_the_curves_as_the_library(tiny_model):
     from apps.icl_heads import ablation_caption
     assert "replaced with zero" in ablation_caption(got, view.mean_source)
     assert "mean_source='zero'" in view.code_snippet()
+
+
+def test_patching_test_on_the_page_is_the_library_call(tiny_model, notes):
+    from apps.icl_heads import MEAN_OVER_TASKS, patching_caption, plot_patching
+    from explorer.analyses import task_vector_patching as tvp
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=3, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"), compute_on_open=False)
+    view.param.update(patching_tasks=["antonym", "uppercase"], patching_layers="0, 2")
+    view.run_patching()
+    want = tvp.task_vector_patching(tiny_model, ["antonym", "uppercase"], layers=[0, 2],
+                                    n_prompts=3, n_shots=2)
+    for var in ("accuracy", "accuracy_low", "accuracy_high", "few_shot_accuracy"):
+        np.testing.assert_array_equal(view.patching[var].values, want[var].values)
+    assert view.param.patching_shown.objects == [MEAN_OVER_TASKS, "antonym", "uppercase"]
+    # the mean over tasks: three curves (task, Null, no patch), no bands
+    overlay = plot_patching(view.patching, MEAN_OVER_TASKS)
+    curves = {c.label: c for c in overlay if isinstance(c, hv.Curve)}
+    assert set(curves) == {"task vector", "Null-task vector", "no patch"}
+    np.testing.assert_allclose(curves["task vector"].dimension_values(1),
+                               want.accuracy.sel(vector="task").mean("task").values)
+    assert not [el for el in overlay if isinstance(el, hv.Area)]
+    # one task: its curves with their Wilson bands
+    view.patching_shown = "uppercase"
+    overlay = plot_patching(view.patching, view.patching_shown)
+    curves = {c.label: c for c in overlay if isinstance(c, hv.Curve)}
+    np.testing.assert_allclose(curves["Null-task vector"].dimension_values(1),
+                               want.accuracy.sel(task="uppercase", vector="null").values)
+    bands = [el for el in overlay if isinstance(el, hv.Area)]
+    np.testing.assert_allclose(bands[0].dimension_values(2),
+                               want.accuracy_high.sel(task="uppercase", vector="task").values)
+    assert "Null vector there" in patching_caption(view.patching, view.patching_shown)
+    assert "tvp.task_vector_patching(model, ['antonym', 'uppercase'], layers=[0, 2]" in \
+        view.code_snippet()
+    # bad layers: one clear message, the last result kept
+    kept = view.patching
+    view.patching_layers = "0, 9"
+    view.run_patching()
+    assert view.patching is kept
+    assert "`Patching: layers` must be layer numbers in [0, 2]" in view.error
+    view.patching_tasks = []
+    view.run_patching()
+    assert "`Patching: tasks` must hold at least one task" in view.error
