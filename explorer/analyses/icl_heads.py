@@ -201,12 +201,13 @@ def _random_repeat_ids(model: Model, n_sequences: int, half_len: int, seed: int)
 
 
 def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20, seed: int = 42,
-                     measure: str = "mul", batch_size: int = 8) -> xr.Dataset:
+                     measure: str = "mul", batch_size: int = 8, edits=()) -> xr.Dataset:
     """Induction score of every head on repeated random-token sequences.
 
     Yin & Steinhardt (ICML 2025) score heads with TransformerLens ``detect_head`` on
     ``[BOS, r_1..r_50, r_1..r_50]``; the score is the attention on the token after the
     previous occurrence of the current token (see `induction_score_from_patterns`).
+    ``edits`` (intervention records) apply to every run: the scores of the edited model.
 
     Returns
     -------
@@ -220,7 +221,8 @@ def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20,
     patterns = []
     for start in range(0, n_sequences, batch_size):
         batch = model.batch_from_ids(ids[start:start + batch_size].tolist())
-        out = run_batch(model, batch, save={(l, "attn_pattern") for l in layers}, logits=False)
+        out = run_batch(model, batch, save={(l, "attn_pattern") for l in layers}, logits=False,
+                        edits=edits)
         patterns.append(np.stack([out[(l, "attn_pattern")].float().numpy() for l in layers], 1))
     patterns = np.concatenate(patterns)             # [sequence, layer, head, dst, src]
     score = induction_score_from_patterns(patterns, ids, measure)
@@ -229,11 +231,13 @@ def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20,
          "sequence_ids": (("sequence", "pos"), ids)},
         coords={"layer": list(layers), "head": list(range(model.spec.n_heads))},
         attrs=provenance(model, method="induction_scores", n_sequences=n_sequences,
-                         half_len=half_len, seed=seed, measure=measure, citation=CITATION))
+                         half_len=half_len, seed=seed, measure=measure, edits=list(edits),
+                         citation=CITATION))
 
 
 def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str = "antonym",
-                   half_len: int = 10, n_shots: int = 3, seed: int = 42) -> dict[str, xr.Dataset]:
+                   half_len: int = 10, n_shots: int = 3, seed: int = 42,
+                   edits=()) -> dict[str, xr.Dataset]:
     """One head's attention on a repeated random-token sequence and on an ICL prompt.
 
     Returns ``{"repeat": ds, "icl": ds}``, each with ``attention`` (dst_pos, src_pos) and
@@ -246,7 +250,7 @@ def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str =
     out = {}
     for name, ids in (("repeat", repeat), ("icl", icl)):
         batch = model.batch_from_ids([ids])
-        a = run_batch(model, batch, save={(layer, "attn_pattern")}, logits=False)
+        a = run_batch(model, batch, save={(layer, "attn_pattern")}, logits=False, edits=edits)
         att = a[(layer, "attn_pattern")][0, head].float().numpy()   # [dst, src]
         tokens = batch.tokens[0]
         out[name] = xr.Dataset(
@@ -254,21 +258,22 @@ def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str =
             coords={"dst_pos": range(len(ids)), "src_pos": range(len(ids)),
                     "token": ("pos", tokens), "pos": range(len(ids))},
             attrs=provenance(model, method="head_attention", layer=layer, head=head,
-                             example=name, seed=seed))
+                             example=name, seed=seed, edits=list(edits)))
     return out
 
 
 # -- FV score ------------------------------------------------------------------------------
 
-def task_mean_z(model: Model, prompts: Sequence[str]) -> np.ndarray:
-    """Mean over prompts of every head's output (the ``attn_z`` slice) at the last token.
+def task_mean_z(model: Model, prompts: Sequence[str], edits=()) -> np.ndarray:
+    """Mean over prompts of every head's output (the ``attn_z`` slice) at the last token
+    (of the model under ``edits``, if any).
 
     Returns an array [layer, head, d_head] (the ā of Todd et al.).
     """
     spec = model.spec
     batch = model.tokenize(list(prompts))
     out = run_batch(model, batch, save={(l, "attn_z") for l in range(spec.n_layers)},
-                    save_positions=[-1], logits=False)
+                    save_positions=[-1], logits=False, edits=edits)
     z = np.stack([out[(l, "attn_z")][:, 0].float().numpy() for l in range(spec.n_layers)], 1)
     return z.reshape(len(batch.lengths), spec.n_layers, spec.n_heads, spec.d_head).mean(0)
 
@@ -732,7 +737,7 @@ ABLATION_METHODS = ("auto", "last_token", "full")
 
 
 def cross_task_mean_z(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
-                      n_shots: int = 5, seed: int = 0) -> np.ndarray:
+                      n_shots: int = 5, seed: int = 0, edits=()) -> np.ndarray:
     """Every head's last-token output averaged over the per-task means of ``tasks``.
 
     This is the ablation value of Yin & Steinhardt (2025): one mean per head, the average
@@ -744,7 +749,7 @@ def cross_task_mean_z(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts
     if not tasks:
         raise InputError("`mean_tasks` must name at least one task.")
     means = [task_mean_z(model, icl_prompts(t, n_prompts=n_prompts, n_shots=n_shots,
-                                            seed=seed)[0]) for t in tasks]
+                                            seed=seed)[0], edits) for t in tasks]
     return np.mean(means, axis=0)
 
 
@@ -803,7 +808,7 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                     rankings: Sequence[str] = RANKINGS, mean_source: str = "cross-task",
                     mean_tasks: Sequence[ICLTask | str] | None = None, n_boot: int = 1000,
                     confidence_level: float = 0.95, method: str = "auto", max_rows: int = 512,
-                    progress: Any = None) -> xr.Dataset:
+                    edits=(), progress: Any = None) -> xr.Dataset:
     """Few-shot accuracy and token-loss difference with the top p% heads mean-ablated.
 
     Rankings (Yin & Steinhardt 2025): by FV score, by induction score, each after removing
@@ -827,6 +832,9 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     (ranking, percent) is one copy, at most ``max_rows`` rows a run), ``"full"`` runs every
     position through `explorer.trace.run_batch` with `Ablate` records; ``"auto"`` picks
     ``"last_token"`` where `last_token_problem` finds none. Both give the same numbers.
+    ``edits`` (the workspace's intervention records) apply to every run, the means
+    included: the curves of the edited model; they need ``method="full"`` (``"auto"``
+    picks it).
 
     For the token-loss difference (on the shipped corpus) a head is replaced by its mean
     over the run's own tokens, at every position. ``rankings`` picks a subset of
@@ -862,8 +870,13 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     n_boot = check_int("n_boot", n_boot, low=10)
     confidence_level = check_float("confidence_level", confidence_level, low=0.5, high=0.999)
     n_prompts = check_int("n_prompts", n_prompts, low=1)
+    edits = list(edits)
     if method == "auto":
-        method = "full" if last_token_problem(model) or model.remote else "last_token"
+        method = ("full" if last_token_problem(model) or model.remote or edits
+                  else "last_token")
+    elif method == "last_token" and edits:
+        raise InputError("ablation_curves(method='last_token') runs the unedited model; "
+                         "with `edits` use method='full' or 'auto'.")
     elif method == "last_token" and last_token_problem(model):
         raise InputError(f"ablation_curves(method='last_token') cannot run: "
                          f"{last_token_problem(model)}.")
@@ -881,7 +894,7 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
         pool = ([n for n in icl_task_names() if n not in evaluated] if mean_tasks is None
                 else list(mean_tasks))
         shared = cross_task_mean_z(model, pool, n_prompts=n_prompts, n_shots=n_shots,
-                                   seed=seed + 2)
+                                   seed=seed + 2, edits=edits)
     elif mean_source == "zero":
         shared = np.zeros((spec.n_layers, spec.n_heads, spec.d_head))
     # every (ranking, percent) and its heads; the empty set (0 %) is run once per task
@@ -897,7 +910,7 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
         prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
         if mean_source == "per-task":
             means_from, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 2)
-            mz = task_mean_z(model, means_from)
+            mz = task_mean_z(model, means_from, edits)
         else:
             mz = shared
         result: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -917,7 +930,7 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
         else:
             for hs in sets:
                 result[hs] = _correct_and_answer_prob(model, prompts, answers,
-                                                      ablation_edits(list(hs), mz))
+                                                      [*edits, *ablation_edits(list(hs), mz)])
                 done += 1
                 if callable(progress):
                     progress(done, total)
@@ -933,8 +946,8 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
         ablated[r, j] = json.dumps(heads)
         key = tuple(heads)
         if key not in losses:
-            losses[key] = token_loss_difference(model, loss_ids,
-                                                ablation_edits(heads, None, positions=None))
+            losses[key] = token_loss_difference(
+                model, loss_ids, [*edits, *ablation_edits(heads, None, positions=None)])
         tld[r, j] = losses[key]
     low, high = _bootstrap_mean_accuracy(correct, n_boot=n_boot, level=confidence_level,
                                          seed=seed)
@@ -956,4 +969,4 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                          mean_source=mean_source,
                          mean_tasks=None if mean_source != "cross-task" else
                          [_task(t).name for t in pool], n_boot=n_boot, ablation_method=method,
-                         confidence_level=confidence_level, citation=CITATION))
+                         confidence_level=confidence_level, edits=edits, citation=CITATION))
