@@ -25,12 +25,13 @@ import explorer
 from apps import theme
 from apps._controls import OwnItems, tip
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, head_cell, serve
+from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vector_patching as tvp
 from explorer.analyses import task_vectors as tv
 from explorer.analyses import user_items
+from explorer.interventions import Edit
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
            "plot_ablation_curves", "ablation_caption", "plot_td", "plot_projection", "plot_finetune_td",
@@ -57,8 +58,24 @@ def _waiting(text: str, height: int = 300) -> hv.Element:
     return theme.placeholder(text, height=height)
 
 
-def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> hv.Element:
-    """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed."""
+def selected_heads(names, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """The (layer, head) of the heads among ``names`` (the workspace selection, e.g.
+    ``["L3.H1", "L4.MLP"]``) that exist in the model; other components are left out."""
+    out = []
+    for name in names or ():
+        try:
+            c = explorer.components.check_in_model(name, n_layers, n_heads)
+        except explorer.components.ComponentError:
+            continue
+        if c.is_head:
+            out.append((c.layer, c.head))
+    return out
+
+
+def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float,
+                      highlighted=()) -> hv.Element:
+    """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed,
+    the workspace's selected heads (``highlighted``) in a square outline."""
     if scores is None:
         return _waiting("Head scores appear here (Compute scores, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
@@ -73,11 +90,16 @@ def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: f
     pts = hv.Points(rows, ["induction_score", "fv_score"], ["layer", "head", "top"])
     top = hv.Points([r for r in rows if r[4]], ["induction_score", "fv_score"],
                     ["layer", "head", "top"])
+    chosen = selected_heads(highlighted, *ind.shape)
+    picked = hv.Points([(float(ind[l, h]), float(fv[l, h]), l, h, "selected") for l, h in chosen],
+                       ["induction_score", "fv_score"], ["layer", "head", "top"])
     return (pts.opts(color="layer", cmap=theme.MAGNITUDE_CMAP, colorbar=True, size=9,
                      tools=["hover", "tap"], default_tools=_TOOLS, active_tools=["tap"],
                      nonselection_alpha=0.6, clabel="layer")
             * top.opts(size=16, fill_alpha=0, line_color="black", line_width=1.5,
-                       tools=["hover"])).opts(
+                       tools=["hover"])
+            * picked.opts(marker="square", size=20, fill_alpha=0, line_color=theme.ACCENT,
+                          line_width=2.5)).opts(
         responsive=True, height=380, xlabel="induction score", ylabel="FV score",
         title="Induction vs FV score")
 
@@ -96,8 +118,9 @@ def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: flo
             f"both. **Click a point** to show that head's attention just below.")
 
 
-def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
-    """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white)."""
+def plot_score_heatmaps(scores: xr.Dataset | None, highlighted=()) -> hv.Layout | hv.Element:
+    """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white);
+    the workspace's selected heads (``highlighted``) outlined."""
     if scores is None:
         return _waiting("Head scores appear here (Compute scores, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
@@ -118,6 +141,12 @@ def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     right = hv.HeatMap(cells(fv), ["head", "layer"], "fv_score").opts(
         cmap=theme.SIGNED_CMAP, clim=(-bound, bound),
         title="FV score (0 = white)", **common)
+    chosen = selected_heads(highlighted, n_layers, n_heads)
+    if chosen:   # one box per selected head, over its cell (head h spans h - 0.5 .. h + 0.5)
+        boxes = hv.Rectangles([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in chosen],
+                              kdims=["head", "layer", "x1", "y1"]).opts(
+            fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_TOOLS)
+        left, right = left * boxes, right * boxes
     return (left + right).cols(2)
 
 
@@ -172,9 +201,10 @@ def plot_ablation_curves(curves: xr.Dataset | None,
         out.append(hv.Scatter((pct, y), "% heads ablated", ylabel).opts(color=c, size=6))
     if banded:
         level = float(curves.attrs.get("params", {}).get("confidence_level", 0.95))
-        title = f"{title} (bands: {level:.0%} bootstrap interval over prompts)"
+        title = f"{title} ({level:.0%} bands)"
+    extra = {"ylim": (-0.02, 1.05)} if variable == "mean_accuracy" else {}
     return hv.Overlay(out).opts(responsive=True, height=320, legend_position="right",
-                                title=title, show_legend=True)
+                                title=title, show_legend=True, **extra)
 
 
 def ablation_caption(curves: xr.Dataset | None, mean_source: str) -> str:
@@ -651,6 +681,12 @@ class ICLHeadsView(View):
     patching = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                    precedence=-1,
                                    doc="The last patching test (`task_vector_patching`).")
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="The workspace's edits: the induction scores, the attention and the "
+                           "ablation curves are of the edited model.")
+    highlighted = param.List(default=[], item_type=str, precedence=-1,
+                             doc="Components outlined on the scatter and heatmaps (the "
+                                 "workspace selection).")
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
     curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -664,6 +700,21 @@ class ICLHeadsView(View):
 
     notify_title = None
     failed_status = None
+    link_params = ("top_induction", "top_fv", "layer", "head", "task", "max_percent",
+                   "exclude_other", "mean_source", "fv_layer", "td_layer", "patching_tasks",
+                   "patching_layers", "conflict_tasks", "conflict_layers")
+
+    def scope(self) -> Scope:
+        """Task prompts, not the sidebar prompt; the edits reach what reruns the model as a
+        whole, not the tests that patch or read an unedited run."""
+        n, shots = self._opts["n_prompts"], self._opts["n_shots"]
+        on = (f"task prompts, not your prompt: FV scores on {', '.join(self._fv_tasks)}; "
+              f"ablations on {', '.join(self._eval_tasks)} ({n} prompts x {shots} shots each); "
+              f"induction scores on repeated random tokens")
+        edits = ("applied to the induction scores, the attention and the ablation curves; not "
+                 "applicable to the FV scores, function vector, task encoding and task-vector "
+                 "tests: they patch into or read an unedited cached run")
+        return Scope(on=on, edits=edits)
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  n_prompts: int = 6, n_shots: int = 4, fv_tasks=DEFAULT_FV_TASKS,
@@ -705,6 +756,8 @@ class ICLHeadsView(View):
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
         self.param.watch(lambda *_: self._request("curves"), ["exclude_other", "mean_source"])
+        self.param.watch(lambda *_: self._edits_changed(), ["edits"])
+        self.runner("induction", self._got_induction)
         self.estimated_seconds = estimated_score_seconds(
             spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
         self._score_button = pn.widgets.Button(
@@ -868,12 +921,13 @@ class ICLHeadsView(View):
 
     def _request(self, name: str) -> None:
         m, o = self._model, self._opts
+        edits = list(self.edits)
         if name == "scores":
             started = time.perf_counter()
             self._score_button.disabled = True
 
             def job(token: CancelToken):
-                ind = ih.induction_scores(m, n_sequences=4, half_len=16)
+                ind = ih.induction_scores(m, n_sequences=4, half_len=16, edits=edits)
                 token.check()
                 bar = self.progress_fn(token)
 
@@ -888,7 +942,7 @@ class ICLHeadsView(View):
             layer, head, task = self.layer, self.head, self._task()
 
             def job(token: CancelToken):
-                return ih.head_attention(m, layer, head, task=task)
+                return ih.head_attention(m, layer, head, task=task, edits=edits)
         elif name == "curves":
             if self.scores is None:
                 return
@@ -905,7 +959,8 @@ class ICLHeadsView(View):
                 return ih.ablation_curves(m, self._eval_tasks, ind, fv, percents=percents,
                                           rankings=rankings, exclude_fraction=exclude,
                                           loss_sequences=2, loss_tokens=64, progress=progress,
-                                          mean_source=source, mean_tasks=self._fv_tasks, **o)
+                                          mean_source=source, mean_tasks=self._fv_tasks,
+                                          edits=edits, **o)
         elif name == "fv":
             if self.scores is None:
                 return
@@ -921,6 +976,21 @@ class ICLHeadsView(View):
         if name != "td":   # task decodability computes quietly beside the rest
             self.status = f"computing {name}…"
         self.submit(name, job)
+
+    def _edits_changed(self) -> None:
+        """The workspace's edits changed: recompute what they reach (attention, the induction
+        score, the ablation curves once computed)."""
+        self._request("patterns")
+        if self.scores is not None:
+            m, edits = self._model, list(self.edits)
+            self.submit("induction", lambda token: ih.induction_scores(
+                m, n_sequences=4, half_len=16, edits=edits))
+        if self.curves is not None:
+            self._request("curves")
+
+    def _got_induction(self, ds: xr.Dataset) -> None:
+        if self.scores is not None:
+            self.scores = self.scores.assign(induction_score=ds["induction_score"])
 
     def _got_scores(self, ds: xr.Dataset) -> None:
         self.scores = ds
@@ -1052,23 +1122,24 @@ class ICLHeadsView(View):
                 f"data-icl-conflict-layer='{self.conflict_layer}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        def scatter(scores, top_induction, top_fv):
-            plot = plot_head_scatter(scores, top_induction, top_fv)
+        def scatter(scores, top_induction, top_fv, highlighted):
+            plot = plot_head_scatter(scores, top_induction, top_fv, highlighted)
             if scores is not None:   # clicking a point selects its head
                 points = plot.get(0) if isinstance(plot, hv.Overlay) else plot
                 hv.streams.Selection1D(source=points).add_subscriber(self._tapped)
             return plot
 
-        scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv)
+        scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv,
+                          self.param.highlighted)
 
-        def heatmaps(scores):
-            plot = plot_score_heatmaps(scores)
+        def heatmaps(scores, highlighted):
+            plot = plot_score_heatmaps(scores, highlighted)
             if isinstance(plot, hv.Layout):   # clicking a cell selects its head
                 for panel in plot:
                     hv.streams.Tap(source=panel).add_subscriber(self._cell_tapped)
             return plot
 
-        heatmaps = pn.bind(heatmaps, self.param.scores)
+        heatmaps = pn.bind(heatmaps, self.param.scores, self.param.highlighted)
         pat_rep = pn.bind(lambda d, l, h: plot_attention(
             None if d is None else d["repeat"], f"{explorer.components.head(l, h)}, repeated sequence",
             "a repeated random sequence"),

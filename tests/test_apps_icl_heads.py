@@ -283,7 +283,7 @@ def test_ablation_bands_are_the_bootstrap_interval():
     np.testing.assert_allclose(bands[0].dimension_values(1), [0.8, 0.3])
     np.testing.assert_allclose(bands[0].dimension_values(2), [1.0, 0.7])
     np.testing.assert_allclose(bands[1].dimension_values(1), [0.8, 0.7])
-    assert "90% bootstrap interval" in overlay.opts.get().kwargs["title"]
+    assert overlay.opts.get().kwargs["title"] == "Ablation: few-shot accuracy (90% bands)"
 
 
 def test_view_mean_source_recomputes_the_curves_as_the_library(tiny_model):
@@ -352,3 +352,51 @@ def test_patching_test_on_the_page_is_the_library_call(tiny_model, notes):
     view.patching_tasks = []
     view.run_patching()
     assert "`Patching: tasks` must hold at least one task" in view.error
+
+
+def test_selected_heads_are_outlined_on_the_scatter_and_heatmaps():
+    from apps.icl_heads import plot_head_scatter, selected_heads
+
+    ind = np.array([[0.1, 0.5, 0.0], [0.9, 0.2, 0.3]])
+    fv = np.array([[0.02, -0.05, 0.0], [0.01, 0.04, -0.01]])
+    assert selected_heads(["L1.H2", "L0.MLP", "L7.H0", "L0.H1"], 2, 3) == [(1, 2), (0, 1)]
+    scatter = plot_head_scatter(_scores(ind, fv), 20, 20, ["L1.H2", "L0.MLP"])
+    picked = list(scatter)[-1]
+    assert [(float(x), float(y)) for x, y in zip(picked.dimension_values(0),
+                                                  picked.dimension_values(1))] == [(0.3, -0.01)]
+    left, right = list(plot_score_heatmaps(_scores(ind, fv), ["L1.H2"]))
+    for panel in (left, right):
+        outline = list(panel)[-1]
+        assert isinstance(outline, hv.Rectangles)
+        assert [tuple(float(v) for v in row) for row in outline.array()] == \
+            [(1.5, 0.5, 2.5, 1.5)]                       # head 2, layer 1: its cell
+    assert isinstance(plot_score_heatmaps(_scores(ind, fv), []), hv.Layout)
+    assert not isinstance(list(plot_score_heatmaps(_scores(ind, fv), []))[0], hv.Overlay)
+
+
+def test_view_scope_links_and_edits(tiny_model):
+    from explorer.analyses import icl_heads as ih
+    from explorer.interventions import Ablate
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    scope = view.scope()
+    assert scope.on.startswith("task prompts, not your prompt: FV scores on antonym; "
+                               "ablations on uppercase (2 prompts x 2 shots each)")
+    assert scope.edits.startswith("applied to the induction scores") and \
+        "not applicable to the FV scores" in scope.edits
+    for name in view.link_params:
+        assert name in view.param
+    fv_before = view.scores["fv_score"].values.copy()
+    view.max_percent = 10
+    view._request("curves")
+    edit = Ablate(0, 1, mode="zero")
+    view.edits = [edit]                    # the workspace's edit: recomputes what it reaches
+    want = ih.induction_scores(tiny_model, n_sequences=4, half_len=16, edits=[edit])
+    np.testing.assert_allclose(view.scores["induction_score"].values,
+                               want["induction_score"].values)
+    np.testing.assert_array_equal(view.scores["fv_score"].values, fv_before)
+    assert view.curves.attrs["edits"] == [edit.to_dict()]
+    att = ih.head_attention(tiny_model, view.layer, view.head, task=view.task, edits=[edit])
+    np.testing.assert_allclose(view.patterns["icl"].attention.values, att["icl"].attention.values)
