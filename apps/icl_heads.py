@@ -25,19 +25,21 @@ import explorer
 from apps import theme
 from apps._controls import OwnItems, tip
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, head_cell, serve
+from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vector_patching as tvp
 from explorer.analyses import task_vectors as tv
 from explorer.analyses import user_items
+from explorer.interventions import Edit
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
-           "plot_ablation_curves", "plot_td", "plot_projection", "plot_finetune_td",
+           "plot_ablation_curves", "ablation_caption", "plot_td", "plot_projection", "plot_finetune_td",
            "scatter_caption", "td_caption", "fv_caption", "estimated_score_seconds",
            "conflict_matrix", "plot_conflict_matrix", "plot_conflict_controls",
            "plot_conflict_layers", "conflict_caption", "default_conflict_layers",
-           "parse_layers", "DEFAULT_CONFLICT_TASKS"]
+           "parse_layers", "DEFAULT_CONFLICT_TASKS", "plot_patching", "patching_caption",
+           "DEFAULT_PATCHING_TASKS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -56,8 +58,24 @@ def _waiting(text: str, height: int = 300) -> hv.Element:
     return theme.placeholder(text, height=height)
 
 
-def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> hv.Element:
-    """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed."""
+def selected_heads(names, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """The (layer, head) of the heads among ``names`` (the workspace selection, e.g.
+    ``["L3.H1", "L4.MLP"]``) that exist in the model; other components are left out."""
+    out = []
+    for name in names or ():
+        try:
+            c = explorer.components.check_in_model(name, n_layers, n_heads)
+        except explorer.components.ComponentError:
+            continue
+        if c.is_head:
+            out.append((c.layer, c.head))
+    return out
+
+
+def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float,
+                      highlighted=()) -> hv.Element:
+    """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed,
+    the workspace's selected heads (``highlighted``) in a square outline."""
     if scores is None:
         return _waiting("Head scores appear here (Compute scores, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
@@ -72,11 +90,16 @@ def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: f
     pts = hv.Points(rows, ["induction_score", "fv_score"], ["layer", "head", "top"])
     top = hv.Points([r for r in rows if r[4]], ["induction_score", "fv_score"],
                     ["layer", "head", "top"])
+    chosen = selected_heads(highlighted, *ind.shape)
+    picked = hv.Points([(float(ind[l, h]), float(fv[l, h]), l, h, "selected") for l, h in chosen],
+                       ["induction_score", "fv_score"], ["layer", "head", "top"])
     return (pts.opts(color="layer", cmap=theme.MAGNITUDE_CMAP, colorbar=True, size=9,
                      tools=["hover", "tap"], default_tools=_TOOLS, active_tools=["tap"],
                      nonselection_alpha=0.6, clabel="layer")
             * top.opts(size=16, fill_alpha=0, line_color="black", line_width=1.5,
-                       tools=["hover"])).opts(
+                       tools=["hover"])
+            * picked.opts(marker="square", size=20, fill_alpha=0, line_color=theme.ACCENT,
+                          line_width=2.5)).opts(
         responsive=True, height=380, xlabel="induction score", ylabel="FV score",
         title="Induction vs FV score")
 
@@ -95,8 +118,9 @@ def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: flo
             f"both. **Click a point** to show that head's attention just below.")
 
 
-def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
-    """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white)."""
+def plot_score_heatmaps(scores: xr.Dataset | None, highlighted=()) -> hv.Layout | hv.Element:
+    """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white);
+    the workspace's selected heads (``highlighted``) outlined."""
     if scores is None:
         return _waiting("Head scores appear here (Compute scores, left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
@@ -117,6 +141,12 @@ def plot_score_heatmaps(scores: xr.Dataset | None) -> hv.Layout | hv.Element:
     right = hv.HeatMap(cells(fv), ["head", "layer"], "fv_score").opts(
         cmap=theme.SIGNED_CMAP, clim=(-bound, bound),
         title="FV score (0 = white)", **common)
+    chosen = selected_heads(highlighted, n_layers, n_heads)
+    if chosen:   # one box per selected head, over its cell (head h spans h - 0.5 .. h + 0.5)
+        boxes = hv.Rectangles([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in chosen],
+                              kdims=["head", "layer", "x1", "y1"]).opts(
+            fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_TOOLS)
+        left, right = left * boxes, right * boxes
     return (left + right).cols(2)
 
 
@@ -149,20 +179,58 @@ _RANKING_COLORS = {r: theme.CATEGORICAL[i % len(theme.CATEGORICAL)]
 
 def plot_ablation_curves(curves: xr.Dataset | None,
                          variable: str = "mean_accuracy") -> hv.Element:
-    """``variable`` (mean accuracy by default) against % of heads ablated, one curve per ranking."""
+    """``variable`` (mean accuracy by default) against % of heads ablated, one curve per
+    ranking; where the Dataset holds ``<variable>_low`` / ``_high`` (the bootstrap interval
+    over prompts), a shaded band per ranking."""
     if curves is None:
         return _waiting("Press Recompute ablation curves (left)", 300)
     ylabel, title = _CURVE_LABELS[variable]
     pct = curves["percent"].values
+    banded = f"{variable}_low" in curves and f"{variable}_high" in curves
     out = []
     for r in curves["ranking"].values:
         y = curves[variable].sel(ranking=r).values
         c = _RANKING_COLORS.get(str(r), theme.ACCENT)
+        if banded:
+            lo = curves[f"{variable}_low"].sel(ranking=r).values
+            hi = curves[f"{variable}_high"].sel(ranking=r).values
+            out.append(hv.Area((pct, lo, hi), "% heads ablated", [ylabel, "high"])
+                       .opts(color=c, alpha=0.15, line_alpha=0))
         out.append(hv.Curve((pct, y), "% heads ablated", ylabel, label=str(r))
                    .opts(color=c, line_width=2, tools=["hover"]))
         out.append(hv.Scatter((pct, y), "% heads ablated", ylabel).opts(color=c, size=6))
+    if banded:
+        level = float(curves.attrs.get("params", {}).get("confidence_level", 0.95))
+        title = f"{title} ({level:.0%} bands)"
+    extra = {"ylim": (-0.02, 1.05)} if variable == "mean_accuracy" else {}
     return hv.Overlay(out).opts(responsive=True, height=320, legend_position="right",
-                                title=title, show_legend=True)
+                                title=title, show_legend=True, **extra)
+
+
+def ablation_caption(curves: xr.Dataset | None, mean_source: str) -> str:
+    """How the ablation curves were made: the tasks, the prompts, the ablation value."""
+    what = {"cross-task": "its mean last-token output averaged over the FV-scoring tasks' "
+                          "prompts (the paper's ablation)",
+            "per-task": "its mean last-token output on the evaluated task's own prompts "
+                        "(keeps the head's share of that task's function vector)",
+            "zero": "zero"}
+    if curves is None:
+        return (f"Few-shot accuracy on the evaluation tasks with the top heads by each ranking "
+                f"ablated at the last token; an ablated head's output is replaced with "
+                f"{what[mean_source]}. Yin & Steinhardt find ablating FV heads hurts ICL far "
+                f"more than ablating induction heads.")
+    p = curves.attrs.get("params", {})
+    src = p.get("mean_source", mean_source)
+    pool = p.get("mean_tasks")
+    tasks = ", ".join(str(t) for t in curves["task"].values)
+    return (f"Few-shot accuracy (argmax = the answer's first token) on {tasks}, "
+            f"{p.get('n_prompts')} prompts of {p.get('n_shots')} shots each, with the top "
+            f"heads by each ranking ablated at the last token. An ablated head's output is "
+            f"replaced with {what[src]}" + (f" ({', '.join(pool)})" if pool else "") +
+            f". Bands: {float(p.get('confidence_level', 0.95)):.0%} bootstrap interval over "
+            f"prompts ({p.get('n_boot')} resamples within each task); with few prompts they are "
+            f"wide. Yin & Steinhardt find ablating FV heads hurts ICL far more than ablating "
+            f"induction heads.")
 
 
 def plot_td(td: xr.Dataset | None, layer: int) -> hv.Element:
@@ -436,6 +504,71 @@ def conflict_caption(ds: xr.Dataset | None, layer: int | None) -> str:
             f"(left) moves the matrices and the dashed line.")
 
 
+# -- the zero-shot task-vector patching test (Han et al.) ---------------------------------------
+
+#: Tasks of the zero-shot patching test on opening: ones whose vectors move SmolLM2's zero-shot
+#: answers in docs/icl_heads.md, and one lookup task.
+DEFAULT_PATCHING_TASKS = ("antonym", "capitalize", "present-past", "country-capital")
+MEAN_OVER_TASKS = "mean over tasks"
+_PATCH_LABELS = {"task": "task vector", "null": "Null-task vector", "none": "no patch"}
+
+
+def plot_patching(ds: xr.Dataset | None, shown: str | None = MEAN_OVER_TASKS) -> hv.Element:
+    """Zero-shot accuracy by layer with the task's vector, the Null task's vector, or nothing
+    written over the last token's residual; ``shown`` one task (with its Wilson bands) or
+    the mean over the tasks."""
+    if ds is None:
+        return _waiting("Accuracy by layer appears here (Run the patching test, left)", 260)
+    layers = ds["layer"].values
+    one = shown in [str(t) for t in ds["task"].values]
+    acc = ds["accuracy"].sel(task=shown) if one else ds["accuracy"].mean("task")
+    out = []
+    for i, v in enumerate(("task", "null", "none")):
+        c = theme.CATEGORICAL[i]
+        y = acc.sel(vector=v).values
+        if one and "accuracy_low" in ds:
+            lo = ds["accuracy_low"].sel(task=shown, vector=v).values
+            hi = ds["accuracy_high"].sel(task=shown, vector=v).values
+            out.append(hv.Area((layers, lo, hi), "layer", ["zero-shot accuracy", "high"])
+                       .opts(color=c, alpha=0.12, line_alpha=0))
+        out.append(hv.Curve((layers, y), "layer", "zero-shot accuracy", label=_PATCH_LABELS[v])
+                   .opts(color=c, line_width=2, tools=["hover"],
+                         line_dash="dashed" if v == "none" else "solid"))
+        out.append(hv.Scatter((layers, y), "layer", "zero-shot accuracy").opts(color=c, size=5))
+    what = shown if one else f"mean over {ds.sizes['task']} tasks"
+    return hv.Overlay(out).opts(responsive=True, height=300, ylim=(-0.02, 1.05),
+                                legend_position="right", show_legend=True,
+                                default_tools=_TOOLS,
+                                title=f"Task vector written at one layer: {what}")
+
+
+def patching_caption(ds: xr.Dataset | None, shown: str | None = MEAN_OVER_TASKS) -> str:
+    """How to read the zero-shot patching test, with its numbers."""
+    if ds is None:
+        return ("**Does the encoded task drive the answer?** Run the patching test: each task's "
+                "mean last-token residual (its task vector) replaces the last token's residual "
+                "of *zero-shot* prompts, one layer at a time; the Null task's vector (inputs "
+                "with random outputs) is the control (Han et al., ICML 2025).")
+    p = ds.attrs.get("params", {})
+    task = ds["accuracy"].sel(vector="task").mean("task").values
+    null = ds["accuracy"].sel(vector="null").mean("task").values
+    none = float(ds["accuracy"].sel(vector="none").mean("task").values[0])
+    best = int(np.argmax(task))
+    layer = int(ds["layer"].values[best])
+    few = ", ".join(f"{t} {float(a):.2f}" for t, a in zip(ds["task"].values,
+                                                         ds["few_shot_accuracy"].values))
+    return (f"Each task's vector is its mean last-token residual over {p.get('n_prompts')} "
+            f"{p.get('n_shots')}-shot prompts; it {'replaces' if p.get('mode') == 'replace' else 'is added to'} "
+            f"the last token's residual of {p.get('n_prompts')} other "
+            f"{p.get('target_shots')}-shot prompts at the layer on the x axis, and the answer's "
+            f"first token is scored. Mean over the tasks: without a patch "
+            f"**{none:.2f}**; best with the task vector at layer {layer}: **{float(task[best]):.2f}** "
+            f"(picked on these prompts), the Null vector there {float(null[best]):.2f}. A task "
+            f"vector that lifts accuracy where the Null vector does not drives the answer. "
+            f"Few-shot accuracy for reference: {few}. One task's curves carry 95 % Wilson "
+            f"bands over its prompts.")
+
+
 # SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
 # at 6 prompts of 4 shots over 3 FV tasks; other settings are scaled from that.
 _REF_SECONDS, _REF_SHAPE, _REF_SETTINGS = 30.0, (30, 9, 576), (6, 4, 3)
@@ -507,6 +640,11 @@ class ICLHeadsView(View):
         default=False, label="Exclude the other score's top heads",
         doc="Ablate the top FV heads that are not top induction heads and vice versa (the "
             "excluded set is the top % of the larger threshold above)")
+    mean_source = param.Selector(
+        default="cross-task", objects=list(ih.MEAN_SOURCES), label="Ablation: mean source",
+        doc="What an ablated head's last-token output is replaced with: its mean over the "
+            "FV-scoring tasks' prompts (cross-task, the paper's), its mean on the evaluated "
+            "task (per-task), or zero.")
     fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer",
                              doc="Layer whose residual the function vector is added to.")
     td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer",
@@ -528,6 +666,27 @@ class ICLHeadsView(View):
         doc="Layer of the conflict matrices (dashed on the per-layer curves); the layers "
             "computed are the choices.")
 
+    patching_tasks = param.ListSelector(
+        default=list(DEFAULT_PATCHING_TASKS), objects=ih.icl_task_names(),
+        label="Patching: tasks",
+        doc="Tasks of the zero-shot patching test: each one's vector is written into its own "
+            "zero-shot prompts, layer by layer, beside the Null task's vector.")
+    patching_layers = param.String(
+        default="", label="Patching: layers",
+        doc="Layers the vectors are written at, e.g. '0, 8, 18-22' (each layer costs two "
+            "patched runs per task).")
+    patching_shown = param.Selector(
+        default=MEAN_OVER_TASKS, objects=[MEAN_OVER_TASKS], label="Patching: task shown",
+        doc="One task's curves (with their intervals) or the mean over the tasks.")
+    patching = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                   precedence=-1,
+                                   doc="The last patching test (`task_vector_patching`).")
+    edits = param.List(default=[], item_type=Edit, precedence=-1,
+                       doc="The workspace's edits: the induction scores, the attention and the "
+                           "ablation curves are of the edited model.")
+    highlighted = param.List(default=[], item_type=str, precedence=-1,
+                             doc="Components outlined on the scatter and heatmaps (the "
+                                 "workspace selection).")
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
     curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -541,6 +700,21 @@ class ICLHeadsView(View):
 
     notify_title = None
     failed_status = None
+    link_params = ("top_induction", "top_fv", "layer", "head", "task", "max_percent",
+                   "exclude_other", "mean_source", "fv_layer", "td_layer", "patching_tasks",
+                   "patching_layers", "conflict_tasks", "conflict_layers")
+
+    def scope(self) -> Scope:
+        """Task prompts, not the sidebar prompt; the edits reach what reruns the model as a
+        whole, not the tests that patch or read an unedited run."""
+        n, shots = self._opts["n_prompts"], self._opts["n_shots"]
+        on = (f"task prompts, not your prompt: FV scores on {', '.join(self._fv_tasks)}; "
+              f"ablations on {', '.join(self._eval_tasks)} ({n} prompts x {shots} shots each); "
+              f"induction scores on repeated random tokens")
+        edits = ("applied to the induction scores, the attention and the ablation curves; not "
+                 "applicable to the FV scores, function vector, task encoding and task-vector "
+                 "tests: they patch into or read an unedited cached run")
+        return Scope(on=on, edits=edits)
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  n_prompts: int = 6, n_shots: int = 4, fv_tasks=DEFAULT_FV_TASKS,
@@ -563,7 +737,14 @@ class ICLHeadsView(View):
         self.runner("fv", self._got_fv)
         self.runner("td", self._got_td)
         self.runner("conflict", self._got_conflict, progress=True)
+        self.runner("patching", self._got_patching, progress=True)
         self.conflict_layers = layers_text(default_conflict_layers(spec.n_layers))
+        self.patching_layers = layers_text(default_conflict_layers(spec.n_layers))
+        self._patching_button = pn.widgets.Button(
+            name="Run the patching test", button_type="primary", sizing_mode="stretch_width",
+            description="Write each chosen task's vector (and the Null task's) into its "
+                        "zero-shot prompts at each chosen layer; draw the accuracy by layer.")
+        self._patching_button.on_click(lambda *_: self.run_patching())
         self._conflict_button = pn.widgets.Button(
             name="Run the conflict test", button_type="primary", sizing_mode="stretch_width",
             description="Write each chosen task's vector into the other tasks' few-shot "
@@ -574,7 +755,9 @@ class ICLHeadsView(View):
                                                 visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
-        self.param.watch(lambda *_: self._request("curves"), ["exclude_other"])
+        self.param.watch(lambda *_: self._request("curves"), ["exclude_other", "mean_source"])
+        self.param.watch(lambda *_: self._edits_changed(), ["edits"])
+        self.runner("induction", self._got_induction)
         self.estimated_seconds = estimated_score_seconds(
             spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
         self._score_button = pn.widgets.Button(
@@ -670,6 +853,45 @@ class ICLHeadsView(View):
         self.status = "computing the conflict test…"
         self.submit("conflict", job)
 
+    def patching_settings(self) -> dict[str, Any]:
+        """The arguments of `task_vector_patching` the page runs with; raises InputError
+        naming a bad control."""
+        tasks = list(self.patching_tasks)
+        if not tasks:
+            raise InputError("`Patching: tasks` must hold at least one task; got none.")
+        try:
+            layers = parse_layers(self.patching_layers, self._model.spec.n_layers)
+        except InputError as e:
+            raise InputError(str(e).replace("`Conflict: layers`", "`Patching: layers`")) from None
+        return dict(tasks=tasks, layers=layers, **self._opts)
+
+    def run_patching(self) -> None:
+        """The zero-shot patching test for the chosen tasks and layers, in the background
+        with progress; bad input is one message and keeps the last result."""
+        try:
+            settings = self.patching_settings()
+        except InputError as e:
+            self.show_error(e)
+            return
+        m = self._model
+
+        def job(token: CancelToken):
+            return tvp.task_vector_patching(m, settings.pop("tasks"),
+                                            progress=self.progress_fn(token), **settings)
+
+        self.status = "computing the patching test…"
+        self.submit("patching", job)
+
+    def _got_patching(self, ds: xr.Dataset) -> None:
+        tasks = [str(t) for t in ds["task"].values]
+        keep = self.patching_shown if self.patching_shown in tasks else MEAN_OVER_TASKS
+        self.param.patching_shown.objects = [MEAN_OVER_TASKS, *tasks]
+        with param.parameterized.discard_events(self):
+            self.param.update(patching=ds, patching_shown=keep)
+        self.param.trigger("patching", "patching_shown")
+        self._patching_button.name = "Run the patching test again"
+        self.status = "patching test ready"
+
     def _conflict_failed(self, exc: BaseException) -> None:
         self._conflict_button.disabled = False
         self.conflict_error = str(exc)
@@ -699,12 +921,13 @@ class ICLHeadsView(View):
 
     def _request(self, name: str) -> None:
         m, o = self._model, self._opts
+        edits = list(self.edits)
         if name == "scores":
             started = time.perf_counter()
             self._score_button.disabled = True
 
             def job(token: CancelToken):
-                ind = ih.induction_scores(m, n_sequences=4, half_len=16)
+                ind = ih.induction_scores(m, n_sequences=4, half_len=16, edits=edits)
                 token.check()
                 bar = self.progress_fn(token)
 
@@ -719,7 +942,7 @@ class ICLHeadsView(View):
             layer, head, task = self.layer, self.head, self._task()
 
             def job(token: CancelToken):
-                return ih.head_attention(m, layer, head, task=task)
+                return ih.head_attention(m, layer, head, task=task, edits=edits)
         elif name == "curves":
             if self.scores is None:
                 return
@@ -729,13 +952,15 @@ class ICLHeadsView(View):
             rankings = (("fv_excl_induction", "induction_excl_fv", "random")
                         if self.exclude_other else ("fv", "induction", "random"))
             exclude = max(self.top_induction, self.top_fv) / 100
+            source = self.mean_source
 
             def job(token: CancelToken):
                 progress = self.progress_fn(token)
                 return ih.ablation_curves(m, self._eval_tasks, ind, fv, percents=percents,
                                           rankings=rankings, exclude_fraction=exclude,
                                           loss_sequences=2, loss_tokens=64, progress=progress,
-                                          **o)
+                                          mean_source=source, mean_tasks=self._fv_tasks,
+                                          edits=edits, **o)
         elif name == "fv":
             if self.scores is None:
                 return
@@ -751,6 +976,21 @@ class ICLHeadsView(View):
         if name != "td":   # task decodability computes quietly beside the rest
             self.status = f"computing {name}…"
         self.submit(name, job)
+
+    def _edits_changed(self) -> None:
+        """The workspace's edits changed: recompute what they reach (attention, the induction
+        score, the ablation curves once computed)."""
+        self._request("patterns")
+        if self.scores is not None:
+            m, edits = self._model, list(self.edits)
+            self.submit("induction", lambda token: ih.induction_scores(
+                m, n_sequences=4, half_len=16, edits=edits))
+        if self.curves is not None:
+            self._request("curves")
+
+    def _got_induction(self, ds: xr.Dataset) -> None:
+        if self.scores is not None:
+            self.scores = self.scores.assign(induction_score=ds["induction_score"])
 
     def _got_scores(self, ds: xr.Dataset) -> None:
         self.scores = ds
@@ -840,7 +1080,13 @@ class ICLHeadsView(View):
                 f"percents={[float(x) for x in self.curves.percent.values]!r}, "
                 f"rankings={[str(r) for r in self.curves.ranking.values]!r}, "
                 f"exclude_fraction={c.get('exclude_fraction')!r}, loss_sequences=2, "
-                "loss_tokens=64, **opts)")
+                f"loss_tokens=64, mean_source={c.get('mean_source')!r}, "
+                f"mean_tasks={self._fv_tasks!r}, **opts)")
+        if self.patching is not None:
+            tasks = [str(t) for t in self.patching.task.values]
+            layers = [int(x) for x in self.patching.layer.values]
+            lines.append(f"patching = tvp.task_vector_patching(model, {tasks!r}, "
+                         f"layers={layers!r}, **opts)  # zero-shot, task / Null / no patch")
         if self.conflict is not None:
             tasks = [str(t) for t in self.conflict.target.values]
             layers = [int(x) for x in self.conflict.layer.values]
@@ -876,23 +1122,24 @@ class ICLHeadsView(View):
                 f"data-icl-conflict-layer='{self.conflict_layer}'></div>")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        def scatter(scores, top_induction, top_fv):
-            plot = plot_head_scatter(scores, top_induction, top_fv)
+        def scatter(scores, top_induction, top_fv, highlighted):
+            plot = plot_head_scatter(scores, top_induction, top_fv, highlighted)
             if scores is not None:   # clicking a point selects its head
                 points = plot.get(0) if isinstance(plot, hv.Overlay) else plot
                 hv.streams.Selection1D(source=points).add_subscriber(self._tapped)
             return plot
 
-        scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv)
+        scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv,
+                          self.param.highlighted)
 
-        def heatmaps(scores):
-            plot = plot_score_heatmaps(scores)
+        def heatmaps(scores, highlighted):
+            plot = plot_score_heatmaps(scores, highlighted)
             if isinstance(plot, hv.Layout):   # clicking a cell selects its head
                 for panel in plot:
                     hv.streams.Tap(source=panel).add_subscriber(self._cell_tapped)
             return plot
 
-        heatmaps = pn.bind(heatmaps, self.param.scores)
+        heatmaps = pn.bind(heatmaps, self.param.scores, self.param.highlighted)
         pat_rep = pn.bind(lambda d, l, h: plot_attention(
             None if d is None else d["repeat"], f"{explorer.components.head(l, h)}, repeated sequence",
             "a repeated random sequence"),
@@ -918,9 +1165,16 @@ class ICLHeadsView(View):
             tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
             tip(pn.widgets.Select.from_param(p.task), p.task.doc), self._own.layout(p.error),
             tip(slider, p.max_percent.doc),
-            tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc), button,
+            tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc),
+            tip(pn.widgets.Select.from_param(p.mean_source), p.mean_source.doc), button,
             tip(pn.widgets.IntSlider.from_param(p.fv_layer), p.fv_layer.doc),
             tip(pn.widgets.IntSlider.from_param(p.td_layer), p.td_layer.doc),
+            pn.pane.Markdown("**Task vectors: zero-shot patching**", margin=(10, 10, 0, 10)),
+            tip(pn.widgets.MultiChoice.from_param(p.patching_tasks, sizing_mode="stretch_width"),
+                p.patching_tasks.doc),
+            tip(pn.widgets.TextInput.from_param(p.patching_layers), p.patching_layers.doc),
+            self._patching_button,
+            tip(pn.widgets.Select.from_param(p.patching_shown), p.patching_shown.doc),
             pn.pane.Markdown("**Task vectors: conflict test**", margin=(10, 10, 0, 10)),
             tip(pn.widgets.MultiChoice.from_param(p.conflict_tasks, sizing_mode="stretch_width"),
                 p.conflict_tasks.doc),
@@ -952,9 +1206,8 @@ class ICLHeadsView(View):
                              "the head).", **caption),
             pn.pane.HoloViews(pn.bind(plot_ablation_curves, p.curves), linked_axes=False,
                               sizing_mode="stretch_width"),
-            pn.pane.Markdown("Few-shot accuracy on the evaluation tasks with the top heads by "
-                             "each ranking mean-ablated: Yin & Steinhardt find ablating FV heads "
-                             "hurts ICL far more than ablating induction heads.", **caption),
+            pn.pane.Markdown(pn.bind(ablation_caption, p.curves, p.mean_source),
+                             css_classes=["icl-ablation-caption"], **caption),
             pn.pane.Markdown(pn.bind(lambda *_: self._fv_text(), p.fv_result),
                              css_classes=["icl-fv"], **caption),
             pn.pane.HoloViews(pn.bind(plot_projection, p.td, p.td_layer), linked_axes=False,
@@ -962,6 +1215,11 @@ class ICLHeadsView(View):
             pn.pane.HoloViews(pn.bind(plot_td, p.td, p.td_layer), linked_axes=False,
                               sizing_mode="stretch_width"),
             pn.pane.Markdown(pn.bind(td_caption, p.td, p.td_layer), **caption),
+            pn.pane.HoloViews(pn.bind(plot_patching, p.patching, p.patching_shown),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["icl-patching"]),
+            pn.pane.Markdown(pn.bind(patching_caption, p.patching, p.patching_shown),
+                             css_classes=["icl-patching-caption"], **caption),
             # each in a Row of its own: Bokeh lines up the plot areas of one column's plots,
             # which squeezed these fixed-size plots to the attention maps' narrow area
             *[pn.Row(pn.pane.HoloViews(pn.bind(fn, p.conflict, p.conflict_layer),

@@ -10,6 +10,11 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
     python benchmarks/icl_heads_evidence.py --stages overlap,ablation
     python benchmarks/icl_heads_evidence.py --stages ablation-means --eval-prompts 16
         # the same curves with each mean source (cross-task, per-task), with bootstrap intervals
+    python benchmarks/icl_heads_evidence.py --stages ablation-xfit --eval-prompts 32 \
+        --xfit-shots 10
+        # every shipped task SmolLM2 does above chance (screened on other prompts), in two
+        # folds: heads ranked and the cross-task mean taken on one fold, evaluated on the
+        # other; each mean source; bootstrap intervals over prompts
     python benchmarks/icl_heads_evidence.py --stages fvacc,td
     python benchmarks/icl_heads_evidence.py --stages tv-patching
         # the causal test of task vectors: each task's mean vector (and the Null task's)
@@ -139,6 +144,77 @@ def figures(summary: dict) -> None:
             render_png(plot_finetune_td(summary[key]), FIGURES / name, width=900, height=360)
 
 
+def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float]) -> None:
+    """Ablation curves on every task SmolLM2 does above chance, cross-fitted over two folds.
+
+    The tasks are screened on prompts of another seed (`icl_heads.task_screen`); each task's
+    FV indirect effect is computed once; the above-chance tasks are split in two folds (a
+    seeded permutation), and each fold is evaluated with the FV ranking and the cross-task
+    mean taken from the other fold only, as the paper keeps its FV-scoring and evaluation
+    tasks apart. The per-prompt results of both folds are pooled for the interval.
+    """
+    from explorer.analyses import icl_heads as ih
+
+    shots, n = args.xfit_shots, args.eval_prompts
+    out = summary.setdefault("ablation_cross_fit", {})
+    t0 = time.perf_counter()
+    screen = ih.task_screen(model, n_prompts=n, n_shots=shots, seed=100)
+    above = [str(t) for t in screen.task.values[screen.above_chance.values]]
+    out["screen"] = {"n_prompts": n, "n_shots": shots, "seed": 100,
+                     **{k: dict(zip(screen.task.values.tolist(),
+                                    np.round(screen[k].values.astype(float), 4).tolist()))
+                        for k in ("accuracy", "accuracy_low", "accuracy_high", "chance")},
+                     "above_chance": above, "seconds": time.perf_counter() - t0}
+    save()
+    ie = out.setdefault("indirect_effect", {})
+    for task in above:
+        if task in ie:
+            continue
+        t0 = time.perf_counter()
+        fv = ih.fv_scores(model, [task], n_prompts=args.xfit_fv_prompts, n_shots=shots, seed=0)
+        ie[task] = {"indirect_effect": fv.indirect_effect.values[0].round(5).tolist(),
+                    "clean_prob": float(fv.clean_prob[0]),
+                    "corrupted_prob": float(fv.corrupted_prob[0]),
+                    "seconds": time.perf_counter() - t0}
+        save()
+    perm = np.random.default_rng(0).permutation(len(above))
+    folds = [sorted(above[i] for i in perm[::2]), sorted(above[i] for i in perm[1::2])]
+    out.update(folds=folds, percents=percents, n_prompts=n, n_shots=shots,
+               fv_prompts=args.xfit_fv_prompts, exclude_fraction=0.02, n_boot=2000)
+    ind = np.array(summary["induction"]["induction_score"])
+    by_source = out.setdefault("by_mean_source", {})
+    for source in args.xfit_mean_sources.split(","):
+        t0 = time.perf_counter()
+        parts, tops = [], []
+        for k in range(2):
+            evals, other = folds[k], folds[1 - k]
+            fv = np.mean([ie[t]["indirect_effect"] for t in other], axis=0)
+            tops.append(ih.top_heads(fv, 0.02))
+            parts.append(ih.ablation_curves(
+                model, evals, ind, fv, percents=percents, exclude_fraction=0.02, n_prompts=n,
+                n_shots=shots, loss_sequences=4, loss_tokens=128, mean_source=source,
+                mean_tasks=other, n_boot=2000, seed=0))
+        correct = np.concatenate([p.correct.values for p in parts], axis=2)
+        low, high = ih._bootstrap_mean_accuracy(correct, n_boot=2000, level=0.95, seed=0)
+        rk = parts[0].ranking.values.tolist()
+        tasks = folds[0] + folds[1]
+        acc = np.concatenate([p.accuracy.values for p in parts], axis=2)
+        prob = np.concatenate([p.answer_prob.values for p in parts], axis=2)
+        by_source[source] = {
+            "mean_accuracy": {r: acc[i].mean(-1).round(4).tolist() for i, r in enumerate(rk)},
+            "mean_accuracy_low": {r: low[i].round(4).tolist() for i, r in enumerate(rk)},
+            "mean_accuracy_high": {r: high[i].round(4).tolist() for i, r in enumerate(rk)},
+            "mean_answer_prob": {r: prob[i].mean(-1).round(4).tolist() for i, r in enumerate(rk)},
+            "accuracy_per_task": {r: {t: acc[i, :, j].round(4).tolist()
+                                      for j, t in enumerate(tasks)} for i, r in enumerate(rk)},
+            "token_loss_difference_per_fold": [
+                {r: p.token_loss_difference.sel(ranking=r).values.round(4).tolist() for r in rk}
+                for p in parts],
+            "top2pct_fv_heads_per_fold": tops,
+            "seconds": time.perf_counter() - t0}
+        save()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", default="bench,induction")
@@ -154,6 +230,9 @@ def main() -> None:
     ap.add_argument("--conflict-tasks", default=",".join(CONFLICT_TASKS))
     ap.add_argument("--conflict-layers", default="0,8,12,16,18,19,20,21,22,24,28")
     ap.add_argument("--mean-sources", default="cross-task,per-task")
+    ap.add_argument("--xfit-shots", type=int, default=10)
+    ap.add_argument("--xfit-fv-prompts", type=int, default=16)
+    ap.add_argument("--xfit-mean-sources", default="cross-task,per-task,zero")
     args = ap.parse_args()
     import torch
 
@@ -261,6 +340,8 @@ def main() -> None:
                                "mean_answer_prob")},
                 "seconds": time.perf_counter() - t0}
             save()
+    if "ablation-xfit" in stages:
+        xfit(model, summary, save, args, percents)
     if "fvacc" in stages:
         b = np.array(summary["overlap"]["fv_score"])
         t0 = time.perf_counter()

@@ -269,3 +269,134 @@ def test_placeholders_before_compute_say_what_to_press_and_differ():
     # Nothing runs before the button: no "waiting"/"computing" text, the button named instead.
     text = fv_caption(None, ["antonym"])
     assert "**Compute scores**" in text and "waiting" not in text.lower()
+
+
+def test_ablation_bands_are_the_bootstrap_interval():
+    ds = xr.Dataset({"mean_accuracy": (("ranking", "percent"), [[1.0, 0.5], [1.0, 0.9]]),
+                     "mean_accuracy_low": (("ranking", "percent"), [[0.8, 0.3], [0.8, 0.7]]),
+                     "mean_accuracy_high": (("ranking", "percent"), [[1.0, 0.7], [1.0, 1.0]])},
+                    coords={"ranking": ["fv", "random"], "percent": [0.0, 10.0]},
+                    attrs={"params": {"confidence_level": 0.9}})
+    overlay = plot_ablation_curves(ds)
+    bands = [el for el in overlay if isinstance(el, hv.Area)]
+    assert len(bands) == 2
+    np.testing.assert_allclose(bands[0].dimension_values(1), [0.8, 0.3])
+    np.testing.assert_allclose(bands[0].dimension_values(2), [1.0, 0.7])
+    np.testing.assert_allclose(bands[1].dimension_values(1), [0.8, 0.7])
+    assert overlay.opts.get().kwargs["title"] == "Ablation: few-shot accuracy (90% bands)"
+
+
+def test_view_mean_source_recomputes_the_curves_as_the_library(tiny_model):
+    from explorer.analyses import icl_heads as ih
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    view.max_percent = 10
+    view._request("curves")
+    assert view.curves.attrs["params"]["mean_source"] == "cross-task"
+    assert view.curves.attrs["params"]["mean_tasks"] == ["antonym"]   # the FV-scoring tasks
+    view.mean_source = "zero"                                         # recomputes at once
+    got = view.curves
+    want = ih.ablation_curves(tiny_model, ["uppercase"], view.scores["induction_score"].values,
+                              view.scores["fv_score"].values, percents=[0.0, 1.0, 3.0, 5.0, 10.0],
+                              rankings=["fv", "induction", "random"], exclude_fraction=0.05,
+                              loss_sequences=2, loss_tokens=64, mean_source="zero",
+                              n_prompts=2, n_shots=2)
+    for var in ("mean_accuracy", "mean_accuracy_low", "mean_accuracy_high", "answer_prob"):
+        np.testing.assert_allclose(got[var].values, want[var].values)
+    from apps.icl_heads import ablation_caption
+    assert "replaced with zero" in ablation_caption(got, view.mean_source)
+    assert "mean_source='zero'" in view.code_snippet()
+
+
+def test_patching_test_on_the_page_is_the_library_call(tiny_model, notes):
+    from apps.icl_heads import MEAN_OVER_TASKS, patching_caption, plot_patching
+    from explorer.analyses import task_vector_patching as tvp
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=3, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"), compute_on_open=False)
+    view.param.update(patching_tasks=["antonym", "uppercase"], patching_layers="0, 2")
+    view.run_patching()
+    want = tvp.task_vector_patching(tiny_model, ["antonym", "uppercase"], layers=[0, 2],
+                                    n_prompts=3, n_shots=2)
+    for var in ("accuracy", "accuracy_low", "accuracy_high", "few_shot_accuracy"):
+        np.testing.assert_array_equal(view.patching[var].values, want[var].values)
+    assert view.param.patching_shown.objects == [MEAN_OVER_TASKS, "antonym", "uppercase"]
+    # the mean over tasks: three curves (task, Null, no patch), no bands
+    overlay = plot_patching(view.patching, MEAN_OVER_TASKS)
+    curves = {c.label: c for c in overlay if isinstance(c, hv.Curve)}
+    assert set(curves) == {"task vector", "Null-task vector", "no patch"}
+    np.testing.assert_allclose(curves["task vector"].dimension_values(1),
+                               want.accuracy.sel(vector="task").mean("task").values)
+    assert not [el for el in overlay if isinstance(el, hv.Area)]
+    # one task: its curves with their Wilson bands
+    view.patching_shown = "uppercase"
+    overlay = plot_patching(view.patching, view.patching_shown)
+    curves = {c.label: c for c in overlay if isinstance(c, hv.Curve)}
+    np.testing.assert_allclose(curves["Null-task vector"].dimension_values(1),
+                               want.accuracy.sel(task="uppercase", vector="null").values)
+    bands = [el for el in overlay if isinstance(el, hv.Area)]
+    np.testing.assert_allclose(bands[0].dimension_values(2),
+                               want.accuracy_high.sel(task="uppercase", vector="task").values)
+    assert "Null vector there" in patching_caption(view.patching, view.patching_shown)
+    assert "tvp.task_vector_patching(model, ['antonym', 'uppercase'], layers=[0, 2]" in \
+        view.code_snippet()
+    # bad layers: one clear message, the last result kept
+    kept = view.patching
+    view.patching_layers = "0, 9"
+    view.run_patching()
+    assert view.patching is kept
+    assert "`Patching: layers` must be layer numbers in [0, 2]" in view.error
+    view.patching_tasks = []
+    view.run_patching()
+    assert "`Patching: tasks` must hold at least one task" in view.error
+
+
+def test_selected_heads_are_outlined_on_the_scatter_and_heatmaps():
+    from apps.icl_heads import plot_head_scatter, selected_heads
+
+    ind = np.array([[0.1, 0.5, 0.0], [0.9, 0.2, 0.3]])
+    fv = np.array([[0.02, -0.05, 0.0], [0.01, 0.04, -0.01]])
+    assert selected_heads(["L1.H2", "L0.MLP", "L7.H0", "L0.H1"], 2, 3) == [(1, 2), (0, 1)]
+    scatter = plot_head_scatter(_scores(ind, fv), 20, 20, ["L1.H2", "L0.MLP"])
+    picked = list(scatter)[-1]
+    assert [(float(x), float(y)) for x, y in zip(picked.dimension_values(0),
+                                                  picked.dimension_values(1))] == [(0.3, -0.01)]
+    left, right = list(plot_score_heatmaps(_scores(ind, fv), ["L1.H2"]))
+    for panel in (left, right):
+        outline = list(panel)[-1]
+        assert isinstance(outline, hv.Rectangles)
+        assert [tuple(float(v) for v in row) for row in outline.array()] == \
+            [(1.5, 0.5, 2.5, 1.5)]                       # head 2, layer 1: its cell
+    assert isinstance(plot_score_heatmaps(_scores(ind, fv), []), hv.Layout)
+    assert not isinstance(list(plot_score_heatmaps(_scores(ind, fv), []))[0], hv.Overlay)
+
+
+def test_view_scope_links_and_edits(tiny_model):
+    from explorer.analyses import icl_heads as ih
+    from explorer.interventions import Ablate
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    scope = view.scope()
+    assert scope.on.startswith("task prompts, not your prompt: FV scores on antonym; "
+                               "ablations on uppercase (2 prompts x 2 shots each)")
+    assert scope.edits.startswith("applied to the induction scores") and \
+        "not applicable to the FV scores" in scope.edits
+    for name in view.link_params:
+        assert name in view.param
+    fv_before = view.scores["fv_score"].values.copy()
+    view.max_percent = 10
+    view._request("curves")
+    edit = Ablate(0, 1, mode="zero")
+    view.edits = [edit]                    # the workspace's edit: recomputes what it reaches
+    want = ih.induction_scores(tiny_model, n_sequences=4, half_len=16, edits=[edit])
+    np.testing.assert_allclose(view.scores["induction_score"].values,
+                               want["induction_score"].values)
+    np.testing.assert_array_equal(view.scores["fv_score"].values, fv_before)
+    assert view.curves.attrs["edits"] == [edit.to_dict()]
+    att = ih.head_attention(tiny_model, view.layer, view.head, task=view.task, edits=[edit])
+    np.testing.assert_allclose(view.patterns["icl"].attention.values, att["icl"].attention.values)

@@ -475,8 +475,12 @@ def test_cli_icl_heads_json(tiny_model, capsys):
         set(map(tuple, top_f))
     curves = ih.ablation_curves(tiny_model, ["capitalize"], ind, fv["fv_score"].values,
                                 percents=[0.0, 25.0], exclude_fraction=0.25, n_prompts=2,
-                                n_shots=2, seed=0)
+                                n_shots=2, seed=0, mean_tasks=["antonym"])
     assert out["percents"] == [0.0, 25.0]
+    assert out["mean_source"] == "cross-task" and out["mean_tasks"] == ["antonym"]
+    for var in ("mean_accuracy_low", "mean_accuracy_high"):
+        for r in ih.RANKINGS:
+            np.testing.assert_allclose(out[var][r], curves[var].sel(ranking=r).values)
     assert set(out["mean_accuracy"]) == set(ih.RANKINGS)
     for r in ih.RANKINGS:
         np.testing.assert_allclose(out["mean_accuracy"][r],

@@ -2,9 +2,12 @@
 torch hooks on the Hugging Face module."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
@@ -91,6 +94,10 @@ def test_accuracies_are_those_of_hooked_forwards(tiny_model):
                     for p, t in zip(prompts, first)]
             assert float(ds.accuracy.sel(task=TASK, vector=name, layer=layer)) == \
                 pytest.approx(np.mean(hits)), (name, layer)
+            ci = stats.binomtest(int(np.sum(hits)), 4).proportion_ci(method="wilson")
+            cell = ds.sel(task=TASK, vector=name, layer=layer)
+            assert (float(cell.accuracy_low), float(cell.accuracy_high)) == \
+                pytest.approx((ci.low, ci.high), abs=1e-9)
     ref_prompts, ref_answers = ih.icl_prompts(TASK, **{**kw, "n_prompts": 4})
     assert float(ds.few_shot_accuracy.sel(task=TASK)) == \
         pytest.approx(ih.few_shot_accuracy(tiny_model, ref_prompts, ref_answers))
@@ -104,3 +111,38 @@ def test_bad_arguments_are_named(tiny_model):
         tvp.task_vector_patching(tiny_model, [TASK], mode="swap")
     with pytest.raises(InputError, match=r"`layer` must be an int in \[0, 2\]; got 7"):
         tvp.task_vector_patching(tiny_model, [TASK], layers=[7])
+
+
+def _cli(argv):
+    import argparse
+
+    from explorer.commands.task_vectors import register_cli
+
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    args = parser.parse_args(["task-vectors", "--model", "tiny-llama", *argv])
+    return args.func(args)
+
+
+def test_cli_patching_is_the_library_call(tiny_model, capsys):
+    argv = ["--tasks", "antonym,uppercase", "--n-prompts", "3", "--n-shots", "2", "--k", "2",
+            "--patching", "--patching-layers", "0,1-2"]
+    assert _cli([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["patching"]
+    want = tvp.task_vector_patching(tiny_model, ["antonym", "uppercase"], layers=[0, 1, 2],
+                                    n_prompts=3, n_shots=2)
+    assert out["layers"] == [0, 1, 2] and out["target_shots"] == 0
+    for t in ("antonym", "uppercase"):
+        for v in ("task", "null", "none"):
+            for var in ("accuracy", "accuracy_low", "accuracy_high"):
+                np.testing.assert_allclose(out[var][t][v], want[var].sel(task=t, vector=v).values)
+    assert _cli(argv) == 0
+    text = capsys.readouterr().out
+    null_row = next(line for line in text.splitlines() if line.startswith("uppercase") and " null " in line)
+    a, lo, hi = (float(want[v].sel(task="uppercase", vector="null", layer=2))
+                 for v in ("accuracy", "accuracy_low", "accuracy_high"))
+    assert null_row.rstrip().endswith(f"{a:.2f} [{lo:.2f},{hi:.2f}]")
+    with pytest.raises(InputError, match=r"--patching-layers must be layer numbers in \[0, 2\].*'5'"):
+        _cli([*argv[:-1], "0,5"])
+    with pytest.raises(InputError, match=r"got 'x'"):
+        _cli([*argv[:-1], "x"])

@@ -55,7 +55,11 @@ __all__ = [
     "token_loss_difference",
     "ablation_curves",
     "MEAN_SOURCES",
+    "ABLATION_METHODS",
     "cross_task_mean_z",
+    "ablated_last_token",
+    "chance_accuracy",
+    "task_screen",
 ]
 
 CITATION = ("K. Yin, J. Steinhardt, \"Which Attention Heads Matter for In-Context Learning?\", "
@@ -197,12 +201,13 @@ def _random_repeat_ids(model: Model, n_sequences: int, half_len: int, seed: int)
 
 
 def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20, seed: int = 42,
-                     measure: str = "mul", batch_size: int = 8) -> xr.Dataset:
+                     measure: str = "mul", batch_size: int = 8, edits=()) -> xr.Dataset:
     """Induction score of every head on repeated random-token sequences.
 
     Yin & Steinhardt (ICML 2025) score heads with TransformerLens ``detect_head`` on
     ``[BOS, r_1..r_50, r_1..r_50]``; the score is the attention on the token after the
     previous occurrence of the current token (see `induction_score_from_patterns`).
+    ``edits`` (intervention records) apply to every run: the scores of the edited model.
 
     Returns
     -------
@@ -216,7 +221,8 @@ def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20,
     patterns = []
     for start in range(0, n_sequences, batch_size):
         batch = model.batch_from_ids(ids[start:start + batch_size].tolist())
-        out = run_batch(model, batch, save={(l, "attn_pattern") for l in layers}, logits=False)
+        out = run_batch(model, batch, save={(l, "attn_pattern") for l in layers}, logits=False,
+                        edits=edits)
         patterns.append(np.stack([out[(l, "attn_pattern")].float().numpy() for l in layers], 1))
     patterns = np.concatenate(patterns)             # [sequence, layer, head, dst, src]
     score = induction_score_from_patterns(patterns, ids, measure)
@@ -225,11 +231,13 @@ def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20,
          "sequence_ids": (("sequence", "pos"), ids)},
         coords={"layer": list(layers), "head": list(range(model.spec.n_heads))},
         attrs=provenance(model, method="induction_scores", n_sequences=n_sequences,
-                         half_len=half_len, seed=seed, measure=measure, citation=CITATION))
+                         half_len=half_len, seed=seed, measure=measure, edits=list(edits),
+                         citation=CITATION))
 
 
 def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str = "antonym",
-                   half_len: int = 10, n_shots: int = 3, seed: int = 42) -> dict[str, xr.Dataset]:
+                   half_len: int = 10, n_shots: int = 3, seed: int = 42,
+                   edits=()) -> dict[str, xr.Dataset]:
     """One head's attention on a repeated random-token sequence and on an ICL prompt.
 
     Returns ``{"repeat": ds, "icl": ds}``, each with ``attention`` (dst_pos, src_pos) and
@@ -242,7 +250,7 @@ def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str =
     out = {}
     for name, ids in (("repeat", repeat), ("icl", icl)):
         batch = model.batch_from_ids([ids])
-        a = run_batch(model, batch, save={(layer, "attn_pattern")}, logits=False)
+        a = run_batch(model, batch, save={(layer, "attn_pattern")}, logits=False, edits=edits)
         att = a[(layer, "attn_pattern")][0, head].float().numpy()   # [dst, src]
         tokens = batch.tokens[0]
         out[name] = xr.Dataset(
@@ -250,21 +258,22 @@ def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str =
             coords={"dst_pos": range(len(ids)), "src_pos": range(len(ids)),
                     "token": ("pos", tokens), "pos": range(len(ids))},
             attrs=provenance(model, method="head_attention", layer=layer, head=head,
-                             example=name, seed=seed))
+                             example=name, seed=seed, edits=list(edits)))
     return out
 
 
 # -- FV score ------------------------------------------------------------------------------
 
-def task_mean_z(model: Model, prompts: Sequence[str]) -> np.ndarray:
-    """Mean over prompts of every head's output (the ``attn_z`` slice) at the last token.
+def task_mean_z(model: Model, prompts: Sequence[str], edits=()) -> np.ndarray:
+    """Mean over prompts of every head's output (the ``attn_z`` slice) at the last token
+    (of the model under ``edits``, if any).
 
     Returns an array [layer, head, d_head] (the ā of Todd et al.).
     """
     spec = model.spec
     batch = model.tokenize(list(prompts))
     out = run_batch(model, batch, save={(l, "attn_z") for l in range(spec.n_layers)},
-                    save_positions=[-1], logits=False)
+                    save_positions=[-1], logits=False, edits=edits)
     z = np.stack([out[(l, "attn_z")][:, 0].float().numpy() for l in range(spec.n_layers)], 1)
     return z.reshape(len(batch.lengths), spec.n_layers, spec.n_heads, spec.d_head).mean(0)
 
@@ -431,6 +440,63 @@ def fv_last_token_probs(model: Model, prefix: LastTokenCache, heads: Sequence[tu
     return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
 
 
+def ablated_last_token(model: Model, prefix: LastTokenCache,
+                       head_sets: Sequence[Sequence[tuple[int, int]]], mean_z: np.ndarray,
+                       target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ablation at the last token, one copy of the prompts per head set.
+
+    Copy j runs the batch's last token over the cached keys and values of the earlier
+    positions (`last_token_cache`) with every head ``(layer, head)`` of ``head_sets[j]``
+    writing ``mean_z[layer, head]`` into its slice of the ``o_proj`` input (a torch
+    pre-hook): the ablation of Yin & Steinhardt, which replaces the heads' output at the
+    last token only, so no earlier position changes. An empty set is the unablated run.
+
+    Returns
+    -------
+    (correct, prob): [set, prompt] tensors: whether the argmax next token is ``target``,
+    and the probability of ``target``.
+    """
+    check_local_weights(model, "the last-token ablation")
+    b = prefix.batch
+    n, k, d = len(b.lengths), len(head_sets), model.spec.d_head
+    if k == 0:
+        raise InputError("`head_sets` must hold at least one set of heads.")
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for j, heads in enumerate(head_sets):
+        for layer, head in heads:
+            by_layer.setdefault(int(layer), []).append((j, int(head)))
+
+    def hook_for(layer):
+        values = [(j, head, torch.as_tensor(np.asarray(mean_z[layer, head])))
+                  for j, head in by_layer[layer]]
+
+        def patch(_module, args):
+            z = args[0].clone()                              # [k * n, 1, n_heads * d_head]
+            for j, head, v in values:
+                z[j * n:(j + 1) * n, -1, head * d:(head + 1) * d] = v.to(z.device, z.dtype)
+            return (z, *args[1:])
+        return patch
+
+    handles = [model.o_proj(layer).register_forward_pre_hook(hook_for(layer))
+               for layer in by_layer]
+    try:
+        with model.lock, torch.no_grad():
+            out = model.hf(input_ids=b.input_ids[:, -1:].repeat(k, 1),
+                           attention_mask=b.attention_mask.repeat(k, 1),
+                           position_ids=b.position_ids[:, -1:].repeat(k, 1),
+                           use_cache=True, logits_to_keep=1,
+                           **{_cache_kwarg(model): _tiled_cache(prefix.cache, k)})
+    finally:
+        for h in handles:
+            h.remove()
+    logits = out.logits[:, -1].float()                       # [set * prompt, vocab]
+    rows = torch.arange(k * n, device=logits.device)
+    tgt = target.to(logits.device).repeat(k)
+    prob = torch.softmax(logits, dim=-1)[rows, tgt].reshape(k, n)
+    correct = (logits.argmax(-1) == tgt).reshape(k, n)
+    return correct.cpu(), prob.cpu()
+
+
 def _fv_last_token_task(weights: Any, batch: Any, chunks: list[list[tuple[int, int]]],
                         mean_z: np.ndarray, target: torch.Tensor
                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -531,6 +597,72 @@ def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 
                          fv_method=method, citation=CITATION))
 
 
+# -- which tasks the model does ---------------------------------------------------------------
+
+def chance_accuracy(task: ICLTask | str) -> float:
+    """The first-token accuracy of guessing without reading the demonstrations.
+
+    Where every answer is one of the query's comma-separated items (choose-first-of-3,
+    animal-v-object-3), a uniform pick among the items: 1 / items. Otherwise the best
+    constant answer: the share of the task's pairs whose answer is its most common one.
+    """
+    task = _task(task)
+    items = [[w.strip() for w in x.split(",")] for x, _ in task.pairs]
+    if all(len(i) > 1 and y.strip() in i for i, (_, y) in zip(items, task.pairs)):
+        return float(np.mean([1.0 / len(i) for i in items]))
+    outputs = [y for _, y in task.pairs]
+    return max(outputs.count(y) for y in set(outputs)) / len(outputs)
+
+
+def _wilson(k: float, n: int, level: float) -> tuple[float, float]:
+    """Wilson score interval of a proportion k / n."""
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + level / 2))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def task_screen(model: Model, tasks: Sequence[ICLTask | str] | None = None, *,
+                n_prompts: int = 32, n_shots: int = 5, seed: int = 100,
+                confidence_level: float = 0.95, edits=()) -> xr.Dataset:
+    """Few-shot first-token accuracy of each task against its chance level.
+
+    A task is ``above_chance`` when the lower end of the Wilson interval of its accuracy
+    over ``n_prompts`` prompts exceeds `chance_accuracy`. Use a ``seed`` other than the
+    evaluation's, so that the tasks are picked on other prompts than they are scored on.
+
+    Returns
+    -------
+    xr.Dataset over ``task``: ``accuracy``, ``accuracy_low`` / ``accuracy_high`` (Wilson),
+    ``chance``, ``above_chance`` (bool).
+    """
+    tasks = [_task(t) for t in (icl_task_names() if tasks is None else tasks)]
+    if not tasks:
+        raise InputError("`tasks` must name at least one task; got an empty list.")
+    n_prompts = check_int("n_prompts", n_prompts, low=1)
+    level = check_float("confidence_level", confidence_level, low=0.5, high=0.999)
+    acc, low, high, chance = [], [], [], []
+    for task in tasks:
+        prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed)
+        hits, _ = _correct_and_answer_prob(model, prompts, answers, edits)
+        lo, hi = _wilson(float(hits.sum()), n_prompts, level)
+        acc.append(float(hits.mean()))
+        low.append(lo)
+        high.append(hi)
+        chance.append(chance_accuracy(task))
+    return xr.Dataset(
+        {"accuracy": (("task",), acc), "accuracy_low": (("task",), low),
+         "accuracy_high": (("task",), high), "chance": (("task",), chance),
+         "above_chance": (("task",), np.array(low) > np.array(chance))},
+        coords={"task": [t.name for t in tasks]},
+        attrs=provenance(model, method="task_screen", n_prompts=n_prompts, n_shots=n_shots,
+                         seed=seed, confidence_level=level, edits=list(edits),
+                         citation=CITATION))
+
+
 # -- ablations -----------------------------------------------------------------------------
 
 def top_heads(score: np.ndarray, fraction: float, *,
@@ -599,10 +731,13 @@ def _correct_and_answer_prob(model: Model, prompts: Sequence[str], answers: Sequ
 
 #: Where a mean-ablated head's replacement comes from (`ablation_curves`' ``mean_source``).
 MEAN_SOURCES = ("cross-task", "per-task", "zero")
+#: How `ablation_curves` runs the ablated prompts: ``last_token`` only the last token over a
+#: cache of the earlier positions (`ablated_last_token`), ``full`` every position.
+ABLATION_METHODS = ("auto", "last_token", "full")
 
 
 def cross_task_mean_z(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
-                      n_shots: int = 5, seed: int = 0) -> np.ndarray:
+                      n_shots: int = 5, seed: int = 0, edits=()) -> np.ndarray:
     """Every head's last-token output averaged over the per-task means of ``tasks``.
 
     This is the ablation value of Yin & Steinhardt (2025): one mean per head, the average
@@ -614,7 +749,7 @@ def cross_task_mean_z(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts
     if not tasks:
         raise InputError("`mean_tasks` must name at least one task.")
     means = [task_mean_z(model, icl_prompts(t, n_prompts=n_prompts, n_shots=n_shots,
-                                            seed=seed)[0]) for t in tasks]
+                                            seed=seed)[0], edits) for t in tasks]
     return np.mean(means, axis=0)
 
 
@@ -672,20 +807,34 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                     loss_sequences: int = 4, loss_tokens: int = 96, seed: int = 0,
                     rankings: Sequence[str] = RANKINGS, mean_source: str = "cross-task",
                     mean_tasks: Sequence[ICLTask | str] | None = None, n_boot: int = 1000,
-                    confidence_level: float = 0.95, progress: Any = None) -> xr.Dataset:
+                    confidence_level: float = 0.95, method: str = "auto", max_rows: int = 512,
+                    edits=(), progress: Any = None) -> xr.Dataset:
     """Few-shot accuracy and token-loss difference with the top p% heads mean-ablated.
 
     Rankings (Yin & Steinhardt 2025): by FV score, by induction score, each after removing
     the other score's top ``exclude_fraction`` heads, and a random ranking (seeded). For
-    the ICL accuracy a head's last-token output is replaced according to ``mean_source``:
+    the ICL accuracy a head's output at the last token (the one predicting the answer;
+    their ``ablate.py`` replaces it there and at every generated token, and only the first
+    answer token is scored here) is replaced according to ``mean_source``:
 
     - ``"cross-task"`` (the paper's ablation, default): one mean per head, the average of
-      the per-task means over ``mean_tasks`` (default: every shipped task), from separate
-      clean prompts (`cross_task_mean_z`);
+      the per-task last-token means over ``mean_tasks``, from separate clean prompts
+      (`cross_task_mean_z`). The paper averages over its FV-scoring tasks, which are
+      disjoint from its evaluation tasks; the default ``mean_tasks`` (None) is likewise
+      every shipped task that is not among ``tasks``;
     - ``"per-task"``: the mean over clean prompts of the task being evaluated. A
       function-vector head's task mean is its contribution to the function vector, so this
       ablation keeps much of what the paper removes;
     - ``"zero"``: zero.
+
+    ``method``: ``"last_token"`` runs only the last token of each ablated copy over keys and
+    values of the earlier positions cached once per task (`ablated_last_token`; every
+    (ranking, percent) is one copy, at most ``max_rows`` rows a run), ``"full"`` runs every
+    position through `explorer.trace.run_batch` with `Ablate` records; ``"auto"`` picks
+    ``"last_token"`` where `last_token_problem` finds none. Both give the same numbers.
+    ``edits`` (the workspace's intervention records) apply to every run, the means
+    included: the curves of the edited model; they need ``method="full"`` (``"auto"``
+    picks it).
 
     For the token-loss difference (on the shipped corpus) a head is replaced by its mean
     over the run's own tokens, at every position. ``rankings`` picks a subset of
@@ -703,6 +852,8 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     (ranking, percent): JSON list of the ablated (layer, head).
     """
     tasks = [_task(t) for t in tasks]
+    if not tasks:
+        raise InputError("`tasks` must name at least one evaluation task; got an empty list.")
     induction, fv = np.asarray(induction, float), np.asarray(fv, float)
     spec = model.spec
     if induction.shape != (spec.n_layers, spec.n_heads) or fv.shape != induction.shape:
@@ -714,8 +865,21 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                          f"got {rankings!r}.")
     names = [check_choice("ranking", r, RANKINGS) for r in rankings]
     mean_source = check_choice("mean_source", mean_source, MEAN_SOURCES)
+    method = check_choice("method", method, ABLATION_METHODS)
+    max_rows = check_int("max_rows", max_rows, low=1)
     n_boot = check_int("n_boot", n_boot, low=10)
     confidence_level = check_float("confidence_level", confidence_level, low=0.5, high=0.999)
+    n_prompts = check_int("n_prompts", n_prompts, low=1)
+    edits = list(edits)
+    if method == "auto":
+        method = ("full" if last_token_problem(model) or model.remote or edits
+                  else "last_token")
+    elif method == "last_token" and edits:
+        raise InputError("ablation_curves(method='last_token') runs the unedited model; "
+                         "with `edits` use method='full' or 'auto'.")
+    elif method == "last_token" and last_token_problem(model):
+        raise InputError(f"ablation_curves(method='last_token') cannot run: "
+                         f"{last_token_problem(model)}.")
     rng = np.random.default_rng(seed)
     random_score = rng.random(induction.shape)
     excl_ind = top_heads(induction, exclude_fraction)
@@ -724,50 +888,67 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
              "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
              "random": (random_score, ())}
     rankings = {r: every[r] for r in names}
+    pool: list[Any] = []
     if mean_source == "cross-task":
-        pool = icl_task_names() if mean_tasks is None else list(mean_tasks)
+        evaluated = {t.name for t in tasks}
+        pool = ([n for n in icl_task_names() if n not in evaluated] if mean_tasks is None
+                else list(mean_tasks))
         shared = cross_task_mean_z(model, pool, n_prompts=n_prompts, n_shots=n_shots,
-                                   seed=seed + 2)
+                                   seed=seed + 2, edits=edits)
     elif mean_source == "zero":
         shared = np.zeros((spec.n_layers, spec.n_heads, spec.d_head))
-    evals = []
-    for task in tasks:
-        prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
-        if mean_source == "per-task":
-            means_from, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 2)
-            evals.append((prompts, answers, task_mean_z(model, means_from)))
-        else:
-            evals.append((prompts, answers, shared))
-    loss_ids = _corpus_ids(model, loss_sequences, loss_tokens)
+    # every (ranking, percent) and its heads; the empty set (0 %) is run once per task
+    heads_at = {(r, j): top_heads(score, p / 100.0, exclude=exclude)
+                for r, (score, exclude) in enumerate(rankings.values())
+                for j, p in enumerate(percents)}
+    sets = sorted({tuple(h) for h in heads_at.values()}, key=lambda h: (len(h), h))
     acc = np.zeros((len(rankings), len(percents), len(tasks)))
     prob = np.zeros_like(acc)
     correct = np.zeros((len(rankings), len(percents), len(tasks), n_prompts))
-    tld = np.zeros((len(rankings), len(percents)))
-    ablated = np.empty((len(rankings), len(percents)), dtype=object)
-    unablated: dict[Any, Any] = {}   # the 0% point, shared by every ranking
-    total, done = acc.size, 0
-    for r, (score, exclude) in enumerate(rankings.values()):
-        for j, p in enumerate(percents):
-            heads = top_heads(score, p / 100.0, exclude=exclude)
-            ablated[r, j] = json.dumps(heads)
-            for t, (prompts, answers, mz) in enumerate(evals):
-                if heads or t not in unablated:
-                    result = _correct_and_answer_prob(model, prompts, answers,
-                                                      ablation_edits(heads, mz))
-                    if not heads:
-                        unablated[t] = result
-                hits, probs = result if heads else unablated[t]
-                correct[r, j, t] = hits
-                acc[r, j, t], prob[r, j, t] = hits.mean(), probs.mean()
+    total, done = len(tasks) * len(sets), 0
+    for t, task in enumerate(tasks):
+        prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
+        if mean_source == "per-task":
+            means_from, _ = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 2)
+            mz = task_mean_z(model, means_from, edits)
+        else:
+            mz = shared
+        result: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        if method == "last_token":
+            batch = model.tokenize(list(prompts))
+            prefix = last_token_cache(model, batch)
+            target = torch.tensor(answer_token_ids(model, answers))
+            per_run = max(1, max_rows // n_prompts)
+            for start in range(0, len(sets), per_run):
+                chunk = sets[start:start + per_run]
+                hits, probs = ablated_last_token(model, prefix, chunk, mz, target)
+                for i, hs in enumerate(chunk):
+                    result[hs] = (hits[i].numpy().astype(float), probs[i].numpy())
+                done += len(chunk)
+                if callable(progress):
+                    progress(done, total)
+        else:
+            for hs in sets:
+                result[hs] = _correct_and_answer_prob(model, prompts, answers,
+                                                      [*edits, *ablation_edits(list(hs), mz)])
                 done += 1
                 if callable(progress):
                     progress(done, total)
-            if heads or "loss" not in unablated:
-                value = token_loss_difference(model, loss_ids,
-                                              ablation_edits(heads, None, positions=None))
-                if not heads:
-                    unablated["loss"] = value
-            tld[r, j] = value if heads else unablated["loss"]
+        for (r, j), heads in heads_at.items():
+            hits, probs = result[tuple(heads)]
+            correct[r, j, t] = hits
+            acc[r, j, t], prob[r, j, t] = hits.mean(), probs.mean()
+    loss_ids = _corpus_ids(model, loss_sequences, loss_tokens)
+    tld = np.zeros((len(rankings), len(percents)))
+    ablated = np.empty((len(rankings), len(percents)), dtype=object)
+    losses: dict[tuple, float] = {}
+    for (r, j), heads in heads_at.items():
+        ablated[r, j] = json.dumps(heads)
+        key = tuple(heads)
+        if key not in losses:
+            losses[key] = token_loss_difference(
+                model, loss_ids, [*edits, *ablation_edits(heads, None, positions=None)])
+        tld[r, j] = losses[key]
     low, high = _bootstrap_mean_accuracy(correct, n_boot=n_boot, level=confidence_level,
                                          seed=seed)
     return xr.Dataset(
@@ -787,5 +968,5 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                          loss_tokens=loss_tokens, seed=seed, rankings=names,
                          mean_source=mean_source,
                          mean_tasks=None if mean_source != "cross-task" else
-                         [_task(t).name for t in pool], n_boot=n_boot,
-                         confidence_level=confidence_level, citation=CITATION))
+                         [_task(t).name for t in pool], n_boot=n_boot, ablation_method=method,
+                         confidence_level=confidence_level, edits=edits, citation=CITATION))

@@ -33,8 +33,8 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int
-from explorer.analyses.icl_heads import (ICLTask, _last_probs, _task, answer_token_ids,
-                                         few_shot_accuracy, icl_prompts)
+from explorer.analyses.icl_heads import (ICLTask, _last_probs, _task, _wilson,
+                                         answer_token_ids, few_shot_accuracy, icl_prompts)
 from explorer.analyses.task_vectors import CITATION, last_token_residuals, null_task
 from explorer.interventions import Steer
 from explorer.trace import check_layers, provenance
@@ -87,8 +87,9 @@ def task_vector_patching(model: Any, tasks: Sequence[ICLTask | str], *,
     -------
     xr.Dataset
         ``accuracy`` (task, vector, layer) with vector in ``task`` / ``null`` / ``none`` (the
-        unpatched accuracy, the same at every layer); ``few_shot_accuracy`` (task): the
-        ``n_shots``-shot accuracy for reference.
+        unpatched accuracy, the same at every layer); ``accuracy_low`` / ``accuracy_high``
+        (task, vector, layer): its 95 % Wilson interval over the ``n_prompts`` prompts;
+        ``few_shot_accuracy`` (task): the ``n_shots``-shot accuracy for reference.
     """
     tasks = [_task(t) for t in tasks]
     if not tasks:
@@ -121,8 +122,12 @@ def task_vector_patching(model: Any, tasks: Sequence[ICLTask | str], *,
                 done += 1
                 if progress is not None:
                     progress(done, total)
+    interval = np.array([_wilson(float(round(a * n_prompts)), n_prompts, 0.95)
+                         for a in acc.ravel()]).reshape(*acc.shape, 2)
     ds = xr.Dataset(
         {"accuracy": (("task", "vector", "layer"), acc),
+         "accuracy_low": (("task", "vector", "layer"), interval[..., 0]),
+         "accuracy_high": (("task", "vector", "layer"), interval[..., 1]),
          "few_shot_accuracy": (("task",), few)},
         coords={"task": [t.name for t in tasks], "vector": list(VECTORS), "layer": layers},
         attrs=provenance(model, method="task_vector_patching", n_prompts=n_prompts,

@@ -7,8 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.commands._common import add_model_option, load_cli_model, print_json
+
+
+ABOVE_CHANCE = "above-chance"
 
 
 def _overlap(a: np.ndarray, b: np.ndarray, fraction: float) -> dict[str, Any]:
@@ -27,7 +31,18 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--tasks", default="antonym,country-capital,english-french",
                    help="comma-separated FV-scoring tasks (default: %(default)s)")
     p.add_argument("--eval-tasks", default="",
-                   help="comma-separated tasks for ablation curves (empty: skip ablations)")
+                   help="comma-separated tasks for ablation curves (empty: skip ablations; "
+                        "'above-chance': every shipped task whose few-shot accuracy on "
+                        "other prompts is above its chance level)")
+    p.add_argument("--mean-source", default="cross-task", choices=ih.MEAN_SOURCES,
+                   help="what an ablated head's last-token output is replaced with: the mean "
+                        "over the --mean-tasks' prompts (cross-task, the paper's), the "
+                        "evaluated task's own mean (per-task), or zero (default: %(default)s)")
+    p.add_argument("--mean-tasks", default="",
+                   help="comma-separated tasks of the cross-task mean (default: the FV-scoring "
+                        "--tasks, as in the paper)")
+    p.add_argument("--n-boot", type=int, default=1000,
+                   help="bootstrap resamples of the accuracy interval (default %(default)s)")
     p.add_argument("--n-prompts", type=int, default=8)
     p.add_argument("--n-shots", type=int, default=5)
     p.add_argument("--percents", default="0,1,3,5,10,20")
@@ -55,22 +70,49 @@ def _cmd_icl_heads(args: Any) -> int:
         "clean_prob": dict(zip(fv.task.values.tolist(), fv.clean_prob.values.tolist())),
         "corrupted_prob": dict(zip(fv.task.values.tolist(), fv.corrupted_prob.values.tolist())),
     }
-    if _split(args.eval_tasks):
-        curves = ih.ablation_curves(model, _split(args.eval_tasks), a, b,
+    eval_tasks = _split(args.eval_tasks)
+    if eval_tasks == [ABOVE_CHANCE]:
+        screen = ih.task_screen(model, n_prompts=args.n_prompts, n_shots=args.n_shots,
+                                seed=args.seed + 100)
+        eval_tasks = [str(t) for t in screen.task.values[screen.above_chance.values]]
+        summary["screen"] = {k: dict(zip(screen.task.values.tolist(),
+                                         screen[k].values.tolist()))
+                             for k in ("accuracy", "accuracy_low", "chance", "above_chance")}
+        if not eval_tasks:
+            raise InputError("no shipped task is above chance on this model; name "
+                             "--eval-tasks explicitly.")
+    if eval_tasks:
+        curves = ih.ablation_curves(model, eval_tasks, a, b,
                                     percents=[float(x) for x in _split(args.percents)],
                                     exclude_fraction=args.top_fraction, n_prompts=args.n_prompts,
-                                    n_shots=args.n_shots, seed=args.seed)
-        summary["percents"] = curves.percent.values.tolist()
-        summary["mean_accuracy"] = {r: curves.mean_accuracy.sel(ranking=r).values.tolist()
-                                    for r in curves.ranking.values.tolist()}
-        summary["token_loss_difference"] = {
-            r: curves.token_loss_difference.sel(ranking=r).values.tolist()
-            for r in curves.ranking.values.tolist()}
+                                    n_shots=args.n_shots, seed=args.seed,
+                                    mean_source=args.mean_source,
+                                    mean_tasks=_split(args.mean_tasks) or _split(args.tasks),
+                                    n_boot=args.n_boot)
+        rk = curves.ranking.values.tolist()
+        summary.update({
+            "eval_tasks": eval_tasks, "mean_source": args.mean_source,
+            "mean_tasks": curves.attrs["params"]["mean_tasks"],
+            "confidence_level": curves.attrs["params"]["confidence_level"],
+            "percents": curves.percent.values.tolist(),
+            **{var: {r: curves[var].sel(ranking=r).values.tolist() for r in rk}
+               for var in ("mean_accuracy", "mean_accuracy_low", "mean_accuracy_high",
+                           "mean_answer_prob", "token_loss_difference")}})
     if args.json:
         print_json(summary)
-    else:
-        ov = summary["overlap"]
-        print(f"top induction heads: {ov['top_induction']}")
-        print(f"top FV heads:        {ov['top_fv']}")
-        print(f"shared:              {ov['shared']}")
+        return 0
+    ov = summary["overlap"]
+    print(f"top induction heads: {ov['top_induction']}")
+    print(f"top FV heads:        {ov['top_fv']}")
+    print(f"shared:              {ov['shared']}")
+    if eval_tasks:
+        level = f"{summary['confidence_level']:.0%}"
+        print(f"\nfew-shot accuracy [{level} bootstrap interval] with the top % heads ablated "
+              f"({summary['mean_source']} mean; tasks: {', '.join(eval_tasks)})")
+        print("ranking".ljust(20) + "".join(f"{p:>20g}%" for p in summary["percents"]))
+        for r in summary["mean_accuracy"]:
+            cells = [f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in zip(
+                summary["mean_accuracy"][r], summary["mean_accuracy_low"][r],
+                summary["mean_accuracy_high"][r])]
+            print(r.ljust(20) + "".join(c.rjust(21) for c in cells))
     return 0

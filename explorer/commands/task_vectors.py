@@ -31,6 +31,16 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--function-vectors", action="store_true",
                    help="also score FV heads on the tasks and report zero-shot FV accuracy")
     p.add_argument("--layer", type=int, default=None, help="FV layer (default n_layers // 3)")
+    p.add_argument("--patching", action="store_true",
+                   help="also run the causal test (Han et al.): each task's mean last-token "
+                        "residual, and the Null task's, written over the last token of "
+                        "zero-shot prompts per layer; accuracy with Wilson intervals")
+    p.add_argument("--patching-layers", default="",
+                   help="layers of the patching test, e.g. '0,8,18-22' (default: all)")
+    p.add_argument("--target-shots", type=int, default=0,
+                   help="demonstrations in the patched prompts (default 0: zero-shot)")
+    p.add_argument("--mode", default="replace", choices=("replace", "add"),
+                   help="replace the last token's residual with the vector, or add it")
     p.add_argument("--top-fraction", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
     add_scheduler_option(p)
@@ -65,9 +75,55 @@ def _cmd_task_vectors(args: Any) -> int:
         summary["fv_heads"] = acc.attrs["heads"]
         summary["zero_shot_accuracy"] = dict(zip(tasks, acc.zero_shot_accuracy.values.tolist()))
         summary["fv_accuracy"] = dict(zip(tasks, acc.fv_accuracy.values.tolist()))
+    if args.patching:
+        from explorer.analyses.task_vector_patching import task_vector_patching
+
+        layers = (_parse_layers(args.patching_layers, model.spec.n_layers)
+                  if args.patching_layers.strip() else None)
+        tvp = task_vector_patching(model, tasks, layers=layers, n_prompts=args.n_prompts,
+                                   n_shots=args.n_shots, target_shots=args.target_shots,
+                                   mode=args.mode, seed=args.seed)
+        summary["patching"] = {
+            "layers": tvp.layer.values.tolist(), "target_shots": args.target_shots,
+            "mode": args.mode, "n_prompts": args.n_prompts,
+            "few_shot_accuracy": dict(zip(tasks, tvp.few_shot_accuracy.values.tolist())),
+            **{var: {t: {v: tvp[var].sel(task=t, vector=v).values.tolist()
+                         for v in tvp.vector.values.tolist()} for t in tasks}
+               for var in ("accuracy", "accuracy_low", "accuracy_high")}}
     if args.json:
         print_json(summary)
-    else:
-        print(f"TD per layer: {np.round(td.td.values, 3).tolist()}")
-        print(f"best layer {summary['best_layer']}; TD-accuracy R^2 {summary['td_accuracy_r2']:.3f}")
+        return 0
+    print(f"TD per layer: {np.round(td.td.values, 3).tolist()}")
+    print(f"best layer {summary['best_layer']}; TD-accuracy R^2 {summary['td_accuracy_r2']:.3f}")
+    if args.patching:
+        pt = summary["patching"]
+        print(f"\n{pt['target_shots']}-shot accuracy with the vector written at each layer "
+              f"({pt['mode']}; 95% Wilson interval over {pt['n_prompts']} prompts)")
+        print("task".ljust(22) + "vector".ljust(8) + "".join(f"{x:>18d}" for x in pt["layers"]))
+        for t in tasks:
+            for v in ("task", "null", "none"):
+                cells = [f"{a:.2f} [{lo:.2f},{hi:.2f}]" for a, lo, hi in zip(
+                    pt["accuracy"][t][v], pt["accuracy_low"][t][v], pt["accuracy_high"][t][v])]
+                print(t[:21].ljust(22) + v.ljust(8) + "".join(c.rjust(18) for c in cells))
     return 0
+
+
+def _parse_layers(text: str, n_layers: int) -> list[int]:
+    """Layers from '0,8,18-22' (ranges inclusive); a bad entry is an InputError naming it."""
+    from explorer._checks import InputError
+
+    out: set[int] = set()
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise InputError(f"--patching-layers must be layer numbers in [0, {n_layers - 1}] "
+                             f"separated by commas (ranges like 18-22); got {part!r}.") from None
+        if not 0 <= first <= last < n_layers:
+            raise InputError(f"--patching-layers must be layer numbers in [0, {n_layers - 1}] "
+                             f"separated by commas (ranges like 18-22); got {part!r}.")
+        out.update(range(first, last + 1))
+    return sorted(out)
