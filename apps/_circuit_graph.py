@@ -29,12 +29,16 @@ __all__ = ["node_names", "head_mass_order", "node_positions", "edge_style", "edg
            "node_columns", "short_label", "strongest_edges", "OUTSIDE", "layer_ticks", "tick_step", "nearest_node", "nearest_edge",
            "circuit_csv", "circuit_svg", "edge_diff", "POSITIVE", "NEGATIVE", "DIFF_COLORS",
            "FRAME_PX_1280", "GraphFigure", "EDGE_COLUMNS", "EDGE_HOVER", "PICKED",
-           "edge_source_data", "label_source_data", "picked_source_data"]
+           "edge_source_data", "label_source_data", "picked_source_data", "circuit_source_data",
+           "node_edges_data", "HOVER_JS", "SELECTED_LINE", "PATH_COLOR"]
 
 POSITIVE = theme.SIGNED_CMAP[-20]   # the diverging map's red end: patching the edge raises the metric
 NEGATIVE = theme.SIGNED_CMAP[20]    # its blue end: patching lowers the metric (the edge helps)
 DIFF_COLORS = {"kept": "#8c8c8c", "gained": theme.CATEGORICAL[2], "lost": theme.CATEGORICAL[1]}
 FADED_NODE, USED_NODE = "#d4d4d4", "#303030"
+SELECTED_LINE = "#000000"   # the outline of the selected (pinned) node
+PATH_COLOR = "#000000"      # a hovered or pinned node's strongest paths
+NODE_EDGE_WIDTH = 2.0       # a hovered or pinned node's circuit edges
 OUTSIDE = theme.CATEGORICAL[4]   # a selected component's strongest edges outside the circuit
 FRAME_PX_1280 = 500   # the graph's data area at a 1280 px window (gallery sidebar + controls)
 
@@ -87,10 +91,15 @@ def edge_style(score: np.ndarray, vmax: float | None = None) -> dict[str, np.nda
             "color": np.where(s >= 0, POSITIVE, NEGATIVE).astype(object)}
 
 
-def strongest_edges(scores: xr.Dataset, node: str, k: int = 5) -> np.ndarray:
+def strongest_edges(scores: xr.Dataset, node: str, k: int = 5,
+                    exclude: np.ndarray | None = None) -> np.ndarray:
     """Indices of the ``k`` edges into or out of ``node`` (a graph node name, ``a3.h1``) with
-    the largest |score|, strongest first."""
-    touches = np.flatnonzero((scores["src"].values == node) | (scores["dst"].values == node))
+    the largest |score|, strongest first; ``exclude`` (a bool mask over the edges, e.g. the
+    circuit) leaves those edges out."""
+    touches = (scores["src"].values == node) | (scores["dst"].values == node)
+    if exclude is not None:
+        touches &= ~np.asarray(exclude, dtype=bool)
+    touches = np.flatnonzero(touches)
     mag = np.abs(np.asarray(scores["score"].values, dtype=np.float64)[touches])
     return touches[np.argsort(-mag, kind="stable")[:k]]
 
@@ -163,22 +172,28 @@ def short_label(name: str) -> str:
 
 
 def node_columns(names: Sequence[str], pos: Mapping[str, tuple[float, float]],
-                 used: Iterable[str], selected: str = "") -> dict[str, list]:
-    """Per node: place, marker size and fill, the name (one spelling) and the label drawn at
-    it (`short_label`) for nodes the circuit touches and the selected one, empty for the
-    others (drawn small and pale)."""
+                 used: Iterable[str], selected: str = "",
+                 paths: Mapping[str, str] | None = None) -> dict[str, list]:
+    """Per node: place, marker size, fill and outline, the name (one spelling), the label
+    drawn at it (`short_label`) for nodes of the circuit and the selected one, empty for the
+    others (drawn small and pale), and ``path``: the rows of the circuit's edge source
+    (`circuit_source_data`) on its strongest paths from the input and to the logits, comma
+    separated (what a hover draws). The selected node is outlined in black."""
     used = {canonical(n) for n in used}
     label = [canonical(n) for n in names]
-    size, fill = [], []
+    paths = paths or {}
+    size, fill, line, width = [], [], [], []
     for c in label:
         if c == selected:
-            size.append(13), fill.append(theme.ACCENT)
+            size.append(14), fill.append(theme.ACCENT), line.append(SELECTED_LINE)
+            width.append(3.0)
         elif c in used:
-            size.append(8), fill.append(USED_NODE)
+            size.append(8), fill.append(USED_NODE), line.append("white"), width.append(0.5)
         else:
-            size.append(4), fill.append(FADED_NODE)
+            size.append(4), fill.append(FADED_NODE), line.append("white"), width.append(0.5)
     return {"x": [pos[n][0] for n in names], "y": [pos[n][1] for n in names], "name": label,
-            "size": size, "fill": fill,
+            "size": size, "fill": fill, "line": line, "line_width": width,
+            "path": [paths.get(c, "") for c in label],
             "text": [short_label(c) if c in used or c == selected else "" for c in label]}
 
 
@@ -307,6 +322,57 @@ def edge_source_data(table: Mapping[str, np.ndarray] | None) -> dict[str, Any]:
     return {k: table[k] for k in EDGE_COLUMNS}
 
 
+def circuit_source_data(table: Mapping[str, np.ndarray] | None) -> dict[str, Any]:
+    """The whole circuit's edges (an `edge_table` of every member, drawn or not): what a hover
+    over a node reads to draw that node's circuit edges."""
+    keys = ("x0", "y0", "x1", "y1", "src", "dst", "color")
+    if table is None:
+        return {k: [] for k in keys}
+    return {k: table[k] for k in keys}
+
+
+def node_edges_data(circuit: Mapping[str, Any], name: str, path: str) -> dict[str, list]:
+    """The segments a hover or pin over the node ``name`` draws: its circuit edges (rows of
+    `circuit_source_data` with ``name`` at an end, in their sign's colour) and its strongest
+    paths (rows ``path``, comma separated, in black, wider); ``kind`` says which. The same
+    rule as `HOVER_JS`, for the pinned node (drawn by the server)."""
+    out: dict[str, list] = {k: [] for k in ("x0", "y0", "x1", "y1", "src", "dst", "color",
+                                            "width", "kind")}
+
+    def add(i: int, color: str, width: float, kind: str) -> None:
+        for k in ("x0", "y0", "x1", "y1", "src", "dst"):
+            out[k].append(circuit[k][i])
+        out["color"].append(color), out["width"].append(width), out["kind"].append(kind)
+
+    for i in range(len(circuit["src"])):
+        if circuit["src"][i] == name or circuit["dst"][i] == name:
+            add(i, circuit["color"][i], NODE_EDGE_WIDTH, "edge")
+    for k in (p for p in path.split(",") if p):
+        add(int(k), PATH_COLOR, 3.5, "path")
+    return out
+
+
+HOVER_JS = """
+const idx = cb_data.index.indices;
+const out = {x0: [], y0: [], x1: [], y1: [], src: [], dst: [], color: [], width: [], kind: []};
+const c = circuit.data;
+const add = (i, color, width, kind) => {
+  out.x0.push(c.x0[i]); out.y0.push(c.y0[i]); out.x1.push(c.x1[i]); out.y1.push(c.y1[i]);
+  out.src.push(c.src[i]); out.dst.push(c.dst[i]); out.color.push(color);
+  out.width.push(width); out.kind.push(kind);
+};
+if (idx.length) {
+  const k = idx[0];
+  const name = nodes.data.name[k];
+  for (let i = 0; i < c.src.length; i++)
+    if (c.src[i] === name || c.dst[i] === name) add(i, c.color[i], EDGE_WIDTH, "edge");
+  const path = nodes.data.path[k];
+  if (path) for (const p of path.split(",")) add(Number(p), PATH_COLOR, 3.5, "path");
+}
+hovered.data = out;
+"""
+
+
 def label_source_data(columns: Mapping[str, list]) -> tuple[dict[str, list], dict[str, list]]:
     """The labels drawn at the nodes (`node_columns`): (heads, input and logits: level,
     centred above), (MLPs: straight up); only the non-empty ones."""
@@ -347,7 +413,7 @@ class GraphFigure:
     def __init__(self, n_layers: int, n_heads: int, *, height: int,
                  xlim: tuple[float, float], ylim: tuple[float, float],
                  font_sizes: Mapping[str, str], tools: Sequence[str]):
-        from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, Range1d
+        from bokeh.models import ColumnDataSource, CustomJS, FixedTicker, HoverTool, Range1d
         from bokeh.plotting import figure
         from bokeh.transform import dodge
 
@@ -371,9 +437,19 @@ class GraphFigure:
         self.edges = ColumnDataSource(edge_source_data(None))
         seg = fig.segment("x0", "y0", "x1", "y1", source=self.edges, line_color="color",
                           line_width="width", line_alpha="alpha", name="edges")
-        self.nodes = ColumnDataSource({"x": [], "y": [], "name": [], "size": [], "fill": []})
+        node_edges = {k: [] for k in ("x0", "y0", "x1", "y1", "src", "dst", "color", "width",
+                                      "kind")}
+        self.pinned = ColumnDataSource(dict(node_edges))
+        fig.segment("x0", "y0", "x1", "y1", source=self.pinned, line_color="color",
+                    line_width="width", line_alpha=0.9, name="pinned-edges")
+        self.hovered = ColumnDataSource(dict(node_edges))
+        fig.segment("x0", "y0", "x1", "y1", source=self.hovered, line_color="color",
+                    line_width="width", line_alpha=0.9, name="hover-edges")
+        self.circuit = ColumnDataSource(circuit_source_data(None))
+        self.nodes = ColumnDataSource({"x": [], "y": [], "name": [], "size": [], "fill": [],
+                                       "line": [], "line_width": [], "path": []})
         pts = fig.scatter("x", "y", source=self.nodes, size="size", fill_color="fill",
-                          line_color="white", line_width=0.5, name="nodes")
+                          line_color="line", line_width="line_width", name="nodes")
         self.head_labels = ColumnDataSource({"x": [], "y": [], "text": []})
         self.mlp_labels = ColumnDataSource({"x": [], "y": [], "text": []})
         style = {"text_font_size": "7pt", "text_color": "#202020"}
@@ -383,17 +459,48 @@ class GraphFigure:
         fig.text(x="x", y=dodge("y", 0.25, range=fig.y_range), text="text",
                  source=self.mlp_labels, angle=math.pi / 2, text_align="left",
                  text_baseline="middle", name="mlp-labels", **style)
+        reveal = CustomJS(args={"circuit": self.circuit, "hovered": self.hovered,
+                                "nodes": self.nodes},
+                          code=HOVER_JS.replace("EDGE_WIDTH", str(NODE_EDGE_WIDTH))
+                                       .replace("PATH_COLOR", repr(PATH_COLOR)))
         fig.add_tools(HoverTool(renderers=[seg], tooltips=EDGE_HOVER),
-                      HoverTool(renderers=[pts], tooltips=[("component", "@name")]))
+                      HoverTool(renderers=[pts], tooltips=[("component", "@name")],
+                                callback=reveal))
+        self._legend(fig)
         fig.toolbar.logo = None
         self.figure = fig
+
+    @staticmethod
+    def _legend(fig: Any) -> None:
+        """Colour and width key under the plot (empty renderers stand for the encodings)."""
+        from bokeh.models import ColumnDataSource, Legend, LegendItem
+
+        empty = {"x0": [], "y0": [], "x1": [], "y1": []}
+        items = []
+        for label, color, width in (("red: patching raises the metric", POSITIVE, 3),
+                                    ("blue: lowers it", NEGATIVE, 3),
+                                    ("weak |score|", "#8c8c8c", 0.6),
+                                    ("strong |score|", "#8c8c8c", 6),
+                                    ("node's strongest paths (hover / click)", PATH_COLOR, 3.5)):
+            r = fig.segment("x0", "y0", "x1", "y1", source=ColumnDataSource(dict(empty)),
+                            line_color=color, line_width=width, name="legend-key")
+            items.append(LegendItem(label=label, renderers=[r]))
+        legend = Legend(items=items, orientation="horizontal", label_text_font_size="8pt", nrows=2,
+                        spacing=12, margin=2, padding=2, name="edge-legend",
+                        glyph_width=22, border_line_alpha=0)
+        fig.add_layout(legend, "below")
 
     def show_edges(self, data: Mapping[str, Any], title: str) -> None:
         self.edges.data = dict(data)
         self.figure.title.text = title
 
+    def show_circuit(self, data: Mapping[str, Any], pinned: Mapping[str, list]) -> None:
+        self.circuit.data = dict(data)
+        self.pinned.data = dict(pinned)
+
     def show_nodes(self, columns: Mapping[str, list]) -> None:
-        self.nodes.data = {k: list(columns[k]) for k in ("x", "y", "name", "size", "fill")}
+        self.nodes.data = {k: list(columns[k]) for k in ("x", "y", "name", "size", "fill",
+                                                         "line", "line_width", "path")}
         heads, mlps = label_source_data(columns)
         self.head_labels.data, self.mlp_labels.data = heads, mlps
 

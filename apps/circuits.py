@@ -4,9 +4,17 @@ Edge attribution patching (EAP / EAP-IG, Hanna et al. 2024) scores every edge of
 head/MLP graph once; the faithfulness curve patches the top-n circuits (pruned to the edges
 on an input -> logits path, `circuits.select_circuit`) at the slider's log-spaced sizes. The
 page opens on the smallest measured circuit that recovers a chosen share of the metric
-(default 80 %), capped at a size a person can read (`DEFAULT_MAX_EDGES` edges after pruning;
-past the cap, the most faithful circuit within it, and the caption says so). The size slider
-steps through the measured sizes and re-draws from the cached scores (no new trace).
+(default 80 %), whatever its size, with its recovery and a bootstrap interval over the pairs;
+when no measured circuit reaches the share the caption says so and the page shows the most
+faithful one. The size slider steps through the measured sizes and re-draws from the cached
+scores (no new trace).
+
+A circuit of more than `MAX_DRAWN_EDGES` edges is drawn by its influence-pruned subset
+(`circuit_influence.influence_pruning`, circuit-tracer's ``prune_graph``: the nodes carrying
+80 % and the edges carrying 98 % of the influence on the logits); every node of the circuit is
+drawn and labelled, and hovering or clicking a node draws all its circuit edges and its
+strongest paths from the input and to the logits. The caption gives the share of influence
+the drawn edges carry.
 
 The graph (`apps._circuit_graph`): layers left to right, heads of a layer ordered by the
 score mass they carry (heaviest on top, under the MLP), the layout fixed once the first
@@ -37,9 +45,10 @@ from apps import _circuit_graph as cg
 from apps import theme
 from apps._controls import OwnItems, labelled_control
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer import components
 from explorer._checks import InputError
+from explorer.analyses import circuit_influence as ci
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
@@ -50,14 +59,18 @@ from explorer.workspace import edit_label
 
 __all__ = ["CircuitsView", "node_positions", "edge_table", "plot_faithfulness",
            "faithfulness_marker", "size_grid", "slider_redraw_times", "MAX_DRAWN_EDGES",
-           "DEFAULT_MAX_EDGES", "METHOD_LABELS", "OWN_TASK", "task_logit_diff"]
+           "DEFAULT_MAX_EDGES", "METHOD_LABELS", "OWN_TASK", "task_logit_diff", "default_task",
+           "page_curve_sizes", "CURVE_POINTS", "REFINE_STEPS"]
 
 hv.extension("bokeh", logo=False)
 
-MAX_DRAWN_EDGES = 400    # legible, and Bokeh stays fast; larger circuits draw their strongest edges
-DEFAULT_MAX_EDGES = 300  # the default circuit is at most this big (after pruning)
-GRID_POINTS = 20         # slider positions (and faithfulness points), log-spaced
+MAX_DRAWN_EDGES = 400    # a circuit of more edges is drawn by its influence-pruned subset
+DEFAULT_MAX_EDGES = None  # the default circuit has no size cap (the smallest faithful one)
+GRID_POINTS = 20         # log-spaced points of `size_grid` by default
+CURVE_POINTS = cs.CURVE_POINTS   # the page's faithfulness points (slider positions), log-spaced
+REFINE_STEPS = cs.REFINE_STEPS   # bisection steps narrowing the smallest faithful circuit
 _TOOLS = STATIC_TOOLS
+LEGEND_PX = 44           # the colour / width legend's two rows under the graph
 METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
 OWN_TASK = "your pairs"  # the task of the user's own prompt pairs (the "Your own" box)
 node_positions = cg.node_positions
@@ -82,6 +95,15 @@ def task_logit_diff(model: explorer.Model, task: ca.CircuitTask, *,
     return out
 
 
+def default_task(model: explorer.Model, n_prompts: int = 8) -> str:
+    """The page's first task: ``ioi`` (SmolLM2 answers 62 of 64 pairs right), unless the
+    model's tokenizer splits one of its first ``n_prompts`` clean / corrupted pairs into
+    different lengths (a small test tokenizer): then ``add``."""
+    task = ca.make_task("ioi", max(1, int(n_prompts)), seed=0)
+    clean, corrupt = model.tokenize(list(task.clean)), model.tokenize(list(task.corrupt))
+    return "ioi" if list(clean.lengths) == list(corrupt.lengths) else "add"
+
+
 def size_grid(n_total: int, *, points: int = GRID_POINTS, low: float = 0.001) -> np.ndarray:
     """Circuit sizes of the slider: about ``points`` log-spaced edge counts from ``low`` (0.1 %)
     of the graph's edges (at least 1) to all of them, distinct, ascending."""
@@ -91,9 +113,20 @@ def size_grid(n_total: int, *, points: int = GRID_POINTS, low: float = 0.001) ->
     return np.unique(np.round(np.geomspace(lo, n_total, points)).astype(int))
 
 
+def page_curve_sizes(scores: xr.Dataset, cap: int | None = None) -> list[int]:
+    """The top-n sizes the page measures first: the empty circuit and `CURVE_POINTS`
+    log-spaced sizes (`size_grid`); with a cap on the default's size, also where the pruned
+    circuit first reaches 10, 25, ... edges up to it (`circuit_select.readable_sizes`)."""
+    sizes = {0, *size_grid(scores.sizes["edge"], points=CURVE_POINTS).tolist()}
+    if cap is not None:
+        sizes |= set(cs.readable_sizes(scores, [t for t in cs.READABLE_TARGETS if t <= cap]))
+    return sorted(sizes)
+
+
 def graph_height(n_heads: int) -> int:
-    """Pixel height of the graph: about 38 px per head row, room above for the MLP labels."""
-    return int(max(380, 38 * (n_heads + 4)))
+    """Pixel height of the graph: about 38 px per head row, room above for the MLP labels
+    and below for the legend."""
+    return int(max(380, 38 * (n_heads + 4))) + LEGEND_PX
 
 
 def _ranges(n_layers: int, n_heads: int) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -178,7 +211,9 @@ class CircuitsView(View):
         by ``explorer circuit-lora run``) is loaded if present, else scored on demand.
     """
 
-    task = param.Selector(default="add", objects=list(ca.TASK_NAMES), label="Task")
+    task = param.Selector(default="ioi", objects=list(ca.TASK_NAMES), label="Task",
+                          doc="The task's prompt pairs (SmolLM2 answers 62 of 64 ioi pairs "
+                              "right, 31 of 64 add pairs: docs/circuits.md)")
     method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution",
                             doc="EAP: one gradient at the clean run; EAP-IG: gradients averaged "
                                 "along the path from corrupted to clean inputs (slower, the "
@@ -186,8 +221,10 @@ class CircuitsView(View):
     n_prompts = param.Integer(default=8, bounds=(1, 64), label="Prompt pairs")
     fraction = param.Number(default=0.8, bounds=(0.05, 1.0), step=0.05,
                             label="Default circuit: recovers at least")
-    max_default_edges = param.Integer(default=DEFAULT_MAX_EDGES, bounds=(1, None), precedence=-1,
-                                      doc="The most edges (after pruning) of the default circuit")
+    max_default_edges = param.Integer(default=DEFAULT_MAX_EDGES, bounds=(1, None),
+                                      allow_None=True, precedence=-1,
+                                      doc="The most edges (after pruning) of the default "
+                                          "circuit; None: no cap")
     mode = param.Selector(default="top-n", objects=["top-n", "threshold"], label="Circuit by",
                           doc="top-n: the n edges with the largest |score|; threshold: every "
                               "edge whose |score| is at least the slider's value.")
@@ -200,7 +237,12 @@ class CircuitsView(View):
                                   objects=["other attribution", "first checkpoint"],
                                   label="Diff against")
     selected = param.String(default="", label="Selected component",
-                            doc="The clicked node, in the one component spelling (L17.H3)")
+                            doc="The clicked (pinned) node, in the one component spelling "
+                                "(L17.H3): outlined, its circuit edges and strongest paths drawn")
+    show_outside = param.Boolean(default=False, label="Show the selection's edges outside "
+                                                      "the circuit",
+                                 doc="Draw the selected component's 5 strongest edges that are "
+                                     "not in the circuit (in purple)")
     edge = param.Selector(default="", objects=[""], label="Ablate edge (patch to corrupted)")
     selected_edges = param.List(default=[], item_type=str, label="Selected edges",
                                 doc="Edges selected in the workspace, in the one spelling "
@@ -229,6 +271,18 @@ class CircuitsView(View):
 
     notify_title = None
     failed_status = "error: {message}"
+    link_params = ("task", "method", "n_prompts", "fraction", "mode", "n_edges", "threshold",
+                   "selected")
+
+    def scope(self) -> Scope:
+        """The task's prompt pairs (not the sidebar prompt); edits change only the readout."""
+        if self.task == OWN_TASK:
+            n = len(self._own_task) if self._own_task is not None else 0
+            on = f"your own prompt pairs ({n} pairs), not the sidebar prompt"
+        else:
+            on = f"task pairs: {self.task}, {self.n_prompts} pairs (not the sidebar prompt)"
+        return Scope(on=on, edits="not applicable: the circuit is of the unedited model (the "
+                                  "readout shows the task metric with the edits)")
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  autostart: bool | None = None, run_folder: str | Path | None = None,
@@ -236,6 +290,8 @@ class CircuitsView(View):
         checkpoint = params.pop("checkpoint", 0)  # its bounds are known once a run is loaded
         self._chosen_size = "n_edges" in params or "threshold" in params
         diff_against_given = "diff_against" in params
+        if "task" not in params:
+            params["task"] = default_task(model, params.get("n_prompts", 8))
         super().__init__(background=background, **params)
         self._model = model
         L, H = model.n_layers, model.spec.n_heads
@@ -271,6 +327,11 @@ class CircuitsView(View):
         self._circuit_cache: dict[tuple, np.ndarray] = {}
         self._shown = {"size": 0, "chosen": 0, "drawn": 0}
         self._default: cs.CircuitChoice | None = None
+        self._boot: tuple[int, xr.Dataset] | None = None    # (id of the curve, its intervals)
+        self._influence_cache: dict[tuple, xr.Dataset] = {}
+        self._influence: xr.Dataset | None = None      # the shown circuit's pruning
+        self._circuit_table: dict[str, np.ndarray] | None = None   # every member's edge
+        self._node_paths: dict[str, str] = {}          # node -> circuit rows of its paths
         self._shown_method = self.method
         self._diff_note = ""
         self._names = cg.node_names(L, H)
@@ -292,7 +353,7 @@ class CircuitsView(View):
         # the graph is a plain Bokeh figure per drawing (`cg.GraphFigure`) whose data sources
         # a change updates in place: a slider move sends the new edge columns and the title
         # (the nodes and labels only when the node set changes), no new Bokeh models
-        self.param.watch(lambda *_: self.redraw(), _GRAPH_PARAMS)
+        self.param.watch(lambda *_: self.redraw(), _GRAPH_PARAMS + ["show_outside"])
         self.param.watch(lambda *_: self._redraw_picked(), ["selected_edges"])
         self._graphs: list[cg.GraphFigure] = []
         self._faith_figs: list[tuple[Any, Any, Any]] = []   # (figure, marker source, target)
@@ -489,16 +550,16 @@ class CircuitsView(View):
             return
         n = len(task)
 
+        fraction, cap = self.fraction, self.max_default_edges
+
         def job(token: CancelToken):
             scores = ca.edge_scores(m, task, method=method, batch_size=n,
                                     progress=self.progress_fn(token))
             token.check()
-            # the slider's positions: log-spaced, plus where the pruned circuit first
-            # reaches 10, 25, ..., 300 edges (log steps can jump past every readable one)
-            sizes = sorted({0, *size_grid(scores.sizes["edge"]).tolist(),
-                            *cs.readable_sizes(scores)})
-            curve = ca.faithfulness_curve(m, task, scores, sizes=sizes, batch_size=n,
-                                          progress=self.progress_fn(token))
+            curve = cs.measured_default_curve(m, task, scores, fraction=fraction,
+                                              sizes=page_curve_sizes(scores, cap),
+                                              batch_size=n, progress=self.progress_fn(token),
+                                              check=token.check)
             return key, task, scores, curve
 
         self.status = f"scoring edges ({METHOD_LABELS[method]}, {n} {task_name} pairs)…"
@@ -734,12 +795,55 @@ class CircuitsView(View):
         return self._circuit(self.other_scores), METHOD_LABELS[self._other_method()]
 
     def _refresh_nodes(self, force: bool = False) -> None:
-        """The node set the drawn circuit (and the selection's shown edges) touches."""
-        t = self._table
-        self._nodes = frozenset() if t is None else frozenset(
-            t["src"][t["status"] != "lost"].tolist()) | frozenset(t["dst"][t["status"] != "lost"].tolist())
+        """The node set of the circuit (all of it, drawn edges or not) and of the selection's
+        shown edges."""
+        t, c = self._table, self._circuit_table
+        nodes: frozenset[str] = frozenset()
+        if t is not None:
+            keep = t["status"] != "lost"
+            nodes = frozenset(t["src"][keep].tolist()) | frozenset(t["dst"][keep].tolist())
+        if c is not None:
+            nodes |= frozenset(c["src"].tolist()) | frozenset(c["dst"].tolist())
+        self._nodes = nodes
         if force:
             self._drawn_nodes_key = None
+
+    def _influence_of(self, scores: xr.Dataset, mask: np.ndarray) -> xr.Dataset:
+        """`circuit_influence.influence_pruning` of the circuit ``mask`` (cached)."""
+        key = self._selection_key(scores)
+        out = self._influence_cache.get(key)
+        if out is None:
+            if len(self._influence_cache) > 64:
+                self._influence_cache.clear()
+            out = ci.influence_pruning(scores, mask)
+            self._influence_cache[key] = out
+        return out
+
+    def _set_circuit_table(self, scores: xr.Dataset, mask: np.ndarray, members: np.ndarray,
+                           diff: bool, effects: dict[int, float]) -> None:
+        """Every edge of the shown circuit (what a hover over a node reads) and each node's
+        strongest paths from the input and to the logits, as rows of it."""
+        if diff or not len(members):
+            self._circuit_table, self._node_paths = None, {}
+            return
+        self._circuit_table = cg.edge_table(scores, members, self._pos, spell=self._spell,
+                                            effects=effects)
+        row = {int(e): i for i, e in enumerate(members.tolist())}
+        paths = ci.strongest_paths(scores, mask)
+        self._node_paths = {self._spell[n]: ",".join(str(row[e]) for e in back + fwd)
+                            for n, (back, fwd) in paths.items()}
+
+    def influence_share(self) -> float:
+        """Share of the shown circuit's influence on the logits that its drawn edges carry
+        (1 when the whole circuit is drawn)."""
+        return 1.0 if self._influence is None else float(self._influence.attrs["drawn_share"])
+
+    def _pinned_data(self) -> dict[str, list]:
+        """The selected node's circuit edges and strongest paths (drawn like a hover)."""
+        c = self._circuit_table
+        if not self.selected or c is None:
+            return cg.node_edges_data(cg.circuit_source_data(None), "", "")
+        return cg.node_edges_data(c, self.selected, self._node_paths.get(self.selected, ""))
 
     def nodes_drawn(self) -> list[dict[str, list]]:
         """What each drawing's node data source holds: name, size and fill (for tests)."""
@@ -752,8 +856,9 @@ class CircuitsView(View):
         return {k: [v for src in srcs for v in src.data[k]] for k in ("x", "y", "text")}
 
     def node_columns(self) -> dict[str, list]:
-        """The node columns the page draws now (places, sizes, fills, labels)."""
-        return cg.node_columns(self._names, self._pos, self._nodes, self.selected)
+        """The node columns the page draws now (places, sizes, fills, labels, paths)."""
+        return cg.node_columns(self._names, self._pos, self._nodes, self.selected,
+                               self._node_paths)
 
     def _graph_title(self, n_members: int, n_drawn: int, method: str, label: str,
                      ref_label: str) -> str:
@@ -767,7 +872,7 @@ class CircuitsView(View):
     def _current_key(self) -> tuple:
         return (self.mode, self.n_edges, self.threshold, self.checkpoint, self.diff,
                 self.diff_against, id(self.scores), id(self.checkpoints), id(self.other_scores),
-                self.selected, self._pos_version)
+                self.selected, self.show_outside, self._pos_version)
 
     def _update_table(self) -> None:
         """The drawn edges for the current selection (once per change: both graph callbacks
@@ -789,7 +894,12 @@ class CircuitsView(View):
         mask = self._circuit(scores)
         n_chosen = self._n_chosen(scores)
         members = order[mask[order]]              # the pruned circuit, strongest first
-        shown = members[:MAX_DRAWN_EDGES]
+        self._influence = None
+        if len(members) > MAX_DRAWN_EDGES:        # its influence-pruned subset
+            self._influence = self._influence_of(scores, mask)
+            shown = members[self._influence["drawn"].values[members]]
+        else:
+            shown = members
         base = scores is self.scores
         reference, ref_label = self._reference(base)
         self._diff_note = ref_label if reference is None else ""
@@ -797,15 +907,14 @@ class CircuitsView(View):
             ref_label = ""
         effects = self._effects.get(self._key(), {}) if base else {}
         raw = self._raw.get(self.selected)
-        if raw is not None:   # a selection the drawn circuit does not touch: its own edges
-            src, dst = scores["src"].values[shown], scores["dst"].values[shown]
-            if not ((src == raw) | (dst == raw)).any():
-                self._outside = cg.strongest_edges(scores, raw, 5)
+        if raw is not None and self.show_outside:   # asked for: its strongest other edges
+            self._outside = cg.strongest_edges(scores, raw, 5, exclude=mask)
         self._table = cg.edge_table(scores, shown, self._pos, reference=reference, circuit=mask,
                                     max_lost=MAX_DRAWN_EDGES, selected=self.selected,
                                     effects=effects, extra=self._outside, spell=self._spell)
         self._members = members
         self._shown = {"size": int(len(members)), "chosen": n_chosen, "drawn": int(len(shown))}
+        self._set_circuit_table(scores, mask, members, reference is not None, effects)
         keep_rows = self._table["status"] != "lost"
         labels = [f"{s} → {d}" for s, d in zip(self._table["src"][keep_rows],
                                                  self._table["dst"][keep_rows])]
@@ -831,13 +940,16 @@ class CircuitsView(View):
         t0, c0 = time.perf_counter(), time.thread_time()
         self._update_table()
         edges = cg.edge_source_data(self._table)
-        key = (self._nodes, self.selected, self._pos_version)
+        key = (self._nodes, self.selected, self._pos_version, id(self._circuit_table))
         nodes = self.node_columns() if (key != self._drawn_nodes_key or not self._graphs) \
             else None
+        circuit = cg.circuit_source_data(self._circuit_table) if nodes is not None else None
+        pinned = self._pinned_data() if nodes is not None else None
         with pn.io.document.hold():
             for g in self._graphs:
                 g.show_edges(edges, self._title)
                 if nodes is not None:
+                    g.show_circuit(circuit, pinned)
                     g.show_nodes(nodes)
                     g.show_picked(self._picked_data())
         self._drawn_nodes_key = key
@@ -971,7 +1083,7 @@ class CircuitsView(View):
         L, H = self._model.n_layers, self._model.spec.n_heads
         xlim, ylim = _ranges(L, H)
         px_x = cg.FRAME_PX_1280 / (xlim[1] - xlim[0])
-        px_y = (graph_height(H) - 70) / (ylim[1] - ylim[0])
+        px_y = (graph_height(H) - 70 - LEGEND_PX) / (ylim[1] - ylim[0])
         node = cg.nearest_node(x, y, self._pos, px_per_x=px_x, px_per_y=px_y)
         if node is not None:
             name = canonical(node)
@@ -1041,8 +1153,11 @@ class CircuitsView(View):
         return "\n".join(lines) + "\n"
 
     def circuit_csv(self) -> str:
-        """The shown circuit's edges as CSV (source, target, score, patch effect)."""
-        return cg.circuit_csv(self._table)
+        """The shown circuit's edges as CSV (source, target, score, patch effect): all of
+        them, also those the influence pruning leaves undrawn (a diff: the drawn table)."""
+        self._update_table()
+        return cg.circuit_csv(self._circuit_table if self._circuit_table is not None
+                              else self._table)
 
     def _csv_file(self) -> io.StringIO:
         return io.StringIO(self.circuit_csv())
@@ -1095,43 +1210,79 @@ class CircuitsView(View):
                 f"{e['edited_corrupt_metric']:.4f}. The graph and scores are of the unedited "
                 "model.")
 
+    def default_interval(self) -> tuple[float, float] | None:
+        """95 % bootstrap interval over the pairs of the default circuit's recovered share
+        (`circuit_select.bootstrap_recovered` on the curve's per-pair values), or None."""
+        d, curve = self._default, self.curve
+        if d is None or curve is None or "pair_metric" not in curve \
+                or curve.sizes.get("prompt", 0) < 2:
+            return None
+        if self._boot is None or self._boot[0] != id(curve):
+            self._boot = (id(curve), cs.bootstrap_recovered(curve))
+        b = self._boot[1].sel(n_edges=d.n_edges)
+        return float(b["recovered_low"]), float(b["recovered_high"])
+
+    def default_text(self) -> str:
+        """The default circuit in words: its size, its measured recovery and interval; or
+        that no measured circuit reaches the target, and the most faithful one's number."""
+        d = self._default
+        if d is None or self.scores is None:
+            return ""
+        ci_ = self.default_interval()
+        n_pairs = self.curve.sizes.get("prompt", 0) if self.curve is not None else 0
+        rec = f"**{d.recovered:.0%}**"
+        if ci_ is not None:
+            rec += (f" [{ci_[0]:.0%}, {ci_[1]:.0%}] (95 % bootstrap interval over the "
+                    f"{n_pairs} pairs)")
+        size = f"{d.n_kept:,} edges (top {d.n_edges:,} by |score|, pruned)"
+        cap = self.max_default_edges
+        if cap is not None and d.n_kept > cap:
+            return (f"No measured circuit of at most {cap:,} edges has an input → logits "
+                    f"path; the default is the smallest that does: {size}, recovering {rec}.")
+        if d.reached:
+            within = "" if cap is None else f" within {cap:,} edges"
+            return (f"Default: the smallest measured circuit{within} recovering at least "
+                    f"{self.fraction:.0%} of the metric: {size}, recovering {rec}.")
+        within = "" if cap is None else f" of at most {cap:,} edges"
+        return (f"No measured circuit{within} recovers {self.fraction:.0%}. Shown is the most "
+                f"faithful one: {size}, recovering {rec}.")
+
+    def drawn_text(self) -> str:
+        """What of the circuit is drawn, and the influence share the drawn edges carry."""
+        size, n_drawn = self._shown["size"], self._shown["drawn"]
+        if not size or (self.diff and self._table is not None
+                        and np.isin(self._table["status"], ["gained", "lost"]).any()):
+            return ""
+        n_nodes = len(self._circuit_nodes())
+        if self._influence is None:
+            return (f"All {size:,} edges and {n_nodes:,} nodes of the circuit are drawn "
+                    f"(100% of its influence on the logits).")
+        return (f"Drawn: the {n_drawn:,} of its {size:,} edges that carry "
+                f"**{self.influence_share():.1%}** of the circuit's influence on the logits "
+                f"(influence pruning as in circuit-tracer: nodes to "
+                f"{ci.NODE_THRESHOLD:.0%}, edges to {ci.EDGE_THRESHOLD:.0%} of the "
+                f"influence); all {n_nodes:,} nodes of the circuit are drawn and labelled. "
+                "Hover or click a node for all its circuit edges and its strongest paths "
+                "from the input and to the logits (black).")
+
+    def _circuit_nodes(self) -> set[str]:
+        c = self._circuit_table
+        return set() if c is None else set(c["src"].tolist()) | set(c["dst"].tolist())
+
     def _caption(self, *_: Any) -> str:
         """What the graph shows, in words (the title stays short)."""
         if self.scores is None and self.checkpoints is None:
             return ""
-        parts = []
-        d = self._default
-        if d is not None and self.scores is not None:
-            if d.n_kept > self.max_default_edges:
-                parts.append(f"No measured circuit of at most {self.max_default_edges:,} edges "
-                             f"has an input → logits path; the default is the smallest that "
-                             f"does: {d.n_kept:,} edges (top {d.n_edges:,} by |score|, pruned), "
-                             f"recovering {d.recovered:.0%}.")
-            elif d.reached:
-                parts.append(f"Default: the smallest measured circuit recovering ≥ "
-                             f"{self.fraction:.0%} of the metric, {d.n_kept:,} edges (top "
-                             f"{d.n_edges:,} by |score|, pruned) recovering {d.recovered:.0%}.")
-            else:
-                parts.append(f"No measured circuit of at most {self.max_default_edges:,} edges "
-                             f"recovers {self.fraction:.0%}; the default is the most faithful "
-                             f"within that size: {d.n_kept:,} edges recovering "
-                             f"{d.recovered:.0%}. Move the size slider for larger circuits.")
-        scores, _, _ = self._current()
-        size = int(self._circuit(scores).sum())
-        if size > MAX_DRAWN_EDGES:
-            parts.append(f"The circuit has {size:,} edges; the strongest "
-                         f"{MAX_DRAWN_EDGES:,} are drawn.")
+        self._update_table()
+        parts = [self.default_text(), self.drawn_text()]
         if self.diff and self._diff_note:
             parts.append(f"Diff: {self._diff_note}.")
         elif self.diff:
             parts.append("Diff: green edges are gained, orange lost, grey kept.")
-        else:
-            parts.append("Red edges: patching them raises the metric; blue: lowers it (they "
-                         "carry the answer). Width and opacity: |score|.")
         parts.append("Heads are labelled H3 in their layer's column (hover for L17.H3) and "
                      "ordered by the score mass they carry (heaviest on top), fixed by the "
-                     f"{self._layout_from or 'first scores'}. Click a node to highlight its "
-                     "edges, an edge to patch it.")
+                     f"{self._layout_from or 'first scores'}. Click a node to pin it, an edge "
+                     "to patch it.")
         parts.append(self._selection_text())
         return " ".join(p for p in parts if p)
 
@@ -1145,16 +1296,26 @@ class CircuitsView(View):
         t = self._table
         if t is None:
             return f"Selected: **{self.selected}** (highlighted; its edges show once scored)."
-        if len(self._outside):
-            rows = np.flatnonzero(t["status"] == "outside")
-            edges = ", ".join(f"{t['src'][i]} → {t['dst'][i]} ({t['score'][i]:+.3g})"
-                              for i in rows)
-            return (f"**{self.selected}** has no edge in this circuit; its strongest edges "
-                    f"(drawn in purple): {edges}.")
-        return f"Selected: **{self.selected}**; its edges in the circuit stand out."
+        rows = np.flatnonzero(t["status"] == "outside")
+        outside = ", ".join(f"{t['src'][i]} → {t['dst'][i]} ({t['score'][i]:+.3g})"
+                            for i in rows)
+        inside = self.selected in self._circuit_nodes()
+        if not inside:
+            if len(rows):
+                return (f"**{self.selected}** has no edge in this circuit; its strongest edges "
+                        f"(drawn in purple): {outside}.")
+            return (f"**{self.selected}** has no edge in this circuit (tick \"Show the "
+                    "selection's edges outside the circuit\" to draw its strongest ones).")
+        c = self._circuit_table
+        n = int(((c["src"] == self.selected) | (c["dst"] == self.selected)).sum())
+        more = f" Its strongest edges outside the circuit (purple): {outside}." if len(rows) else ""
+        return (f"Selected: **{self.selected}**; its edges in the circuit stand out: outlined, "
+                f"its {n:,} circuit edges and its strongest paths from the input and to the "
+                f"logits drawn over the graph.{more}")
 
     def _state_html(self, *_: Any) -> str:
         """Hidden markers of what the page shows (read by the browser test)."""
+        self._update_table()
         t = self._table
         drawn = 0 if t is None else int((~np.isin(t["status"], ["lost", "outside"])).sum())
         metric = "none" if self.ablation is None else f"{self.ablation['metric']:.9g}"
@@ -1162,6 +1323,8 @@ class CircuitsView(View):
         n_ck = 0 if self.checkpoints is None else self.checkpoints.sizes["checkpoint"]
         d = self._default
         default = "none" if d is None else f"{d.n_edges} {d.n_kept} {d.recovered:.9g} {int(d.reached)}"
+        interval = self.default_interval() if d is not None else None
+        interval = "none" if interval is None else f"{interval[0]:.9g} {interval[1]:.9g}"
         e = self.edited
         edited = "none" if e is None else f"{e['clean_metric']:.9g} {e['edited_clean_metric']:.9g}"
         c = self.circuit_patch
@@ -1173,6 +1336,9 @@ class CircuitsView(View):
                 f"data-circuit-chosen='{self._shown['chosen']}' data-circuit-mode='{self.mode}' "
                 f"data-circuit-fraction='{self.fraction:.6g}' data-circuit-default='{default}' "
                 f"data-circuit-cap='{self.max_default_edges}' "
+                f"data-circuit-interval='{interval}' "
+                f"data-circuit-share='{self.influence_share():.9g}' "
+                f"data-circuit-nodes='{len(self._circuit_nodes())}' "
                 f"data-circuit-selected='{self.selected}' "
                 f"data-circuit-outside='{len(self._outside)}' "
                 f"data-circuit-metric='{metric}' "
@@ -1197,7 +1363,7 @@ class CircuitsView(View):
                  self.param.threshold, self.param.checkpoint, self.param.diff,
                  self.param.diff_against, self.param.checkpoints, self.param.redraw_ms,
                  self.param.selected, self.param.fraction, self.param.other_scores,
-                 self.param.edited, self.param.circuit_patch]
+                 self.param.edited, self.param.circuit_patch, self.param.show_outside]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             labelled_control(self, "method", pn.widgets.RadioButtonGroup),
@@ -1206,6 +1372,7 @@ class CircuitsView(View):
             pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
             labelled_control(self, "mode", pn.widgets.RadioButtonGroup), self._slider,
             pn.widgets.Select.from_param(self.param.edge), patch_all,
+            pn.widgets.Checkbox.from_param(self.param.show_outside),
             pn.widgets.Checkbox.from_param(self.param.diff),
             pn.widgets.Select.from_param(self.param.diff_against),
             self._csv, self._svg,
@@ -1245,7 +1412,6 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
     Checks that the drawn segments equal the page's circuit after each move.
     """
     from bokeh.document import Document
-    from bokeh.models import ColumnDataSource
     from panel.io.state import set_curdoc
 
     n = int(scores.sizes["edge"])
@@ -1267,8 +1433,7 @@ def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.
             view._slider.value = options[i]
             wall.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
-            drawn = [len(m.data["x0"]) for m in doc.select({"type": ColumnDataSource})
-                     if "src" in m.data]   # the edges' source (not the selected edges' halo)
+            drawn = [len(r.data_source.data["x0"]) for r in doc.select({"name": "edges"})]
             if drawn != [view._shown["drawn"]] or view.n_edges != options[i]:
                 raise RuntimeError(f"slider move to {options[i]} drew {drawn} segments, "
                                    f"expected {view._shown['drawn']}")

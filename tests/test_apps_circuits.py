@@ -24,7 +24,11 @@ from explorer.analyses import circuits as ca
 def view(tiny_model, tmp_path_factory, monkeypatch_module):
     monkeypatch_module.setenv("EXPLORER_CACHE", str(tmp_path_factory.mktemp("cache")))
     with torch.enable_grad():
-        return CircuitsView(tiny_model, background=False, n_prompts=4)
+        VIEW[:] = [CircuitsView(tiny_model, background=False, n_prompts=4)]
+        return VIEW[0]
+
+
+VIEW = []   # the module's view (page_sizes reads its measured curve)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +96,24 @@ def readable_by_hand(scores, targets=cs.READABLE_TARGETS):
                    if t <= sizes[-1]})
 
 
-def page_sizes(scores):
-    """The slider's positions (and the curve's sizes but 0): log grid plus readable sizes."""
-    return sorted(set(size_grid(scores.sizes["edge"]).tolist()) | set(readable_by_hand(scores)))
+def page_sizes(scores, view=None):
+    """The slider's positions (and the curve's sizes but 0): the page's log grid, plus the
+    bisection steps toward the smallest circuit reaching the target (from the page's
+    measured values at the grid, by a plain loop here)."""
+    sizes = sorted(size_grid(scores.sizes["edge"], points=ac.CURVE_POINTS).tolist())
+    view = view or VIEW[0]
+    rec = dict(zip(view.curve["n_edges"].values.tolist(), view.curve["recovered"].values.tolist()))
+    for _ in range(ac.REFINE_STEPS):
+        points = sorted([0, *sizes])
+        first = next((i for i, n in enumerate(points) if rec[n] >= view.fraction), None)
+        if first is None or first == 0:
+            break
+        lo, hi = points[first - 1], points[first]
+        mid = round((max(lo, 1) * hi) ** 0.5)
+        if not lo < mid < hi:
+            break
+        sizes = sorted([*sizes, mid])
+    return sizes
 
 
 def drawn(view):
@@ -202,7 +221,28 @@ def test_mode_switch_keeps_the_chosen_edges(view):
     assert view.n_edges == sizes[-3] and view._slider.value == sizes[-3]
 
 
-def test_large_circuits_draw_their_strongest_edges(view, monkeypatch):
+def share_by_inverse(scores, circuit, drawn_edges):
+    """Share of the circuit's influence on the logits carried by ``drawn_edges``: |score|
+    rows normalised, influence w (I - A)^-1 - w by a matrix inverse, an edge's influence its
+    normalised weight times its target's influence (+1 at the logits); written here."""
+    names = sorted({n for e in circuit for n in e})
+    index = {n: i for i, n in enumerate(names)}
+    mag = {(str(s), str(d)): abs(float(v)) for s, d, v in
+           zip(scores["src"].values, scores["dst"].values, scores["score"].values)}
+    a = np.zeros((len(names), len(names)))
+    for s_, d in circuit:
+        a[index[d], index[s_]] += mag[(s_, d)]
+    a = a / np.maximum(a.sum(1, keepdims=True), 1e-10)
+    w = np.zeros(len(names))
+    w[index["logits"]] = 1.0
+    infl = w @ np.linalg.inv(np.eye(len(names)) - a) - w
+    edge = {(s_, d): a[index[d], index[s_]] * (infl[index[d]] + w[index[d]]) for s_, d in circuit}
+    return sum(edge[e] for e in drawn_edges) / sum(edge.values())
+
+
+def test_large_circuits_draw_their_influence_pruned_subset(view, monkeypatch):
+    from explorer.analyses import circuit_influence as ci
+
     monkeypatch.setattr(ac, "MAX_DRAWN_EDGES", 5)
     scores = view.scores
     n = scores.sizes["edge"]
@@ -210,12 +250,47 @@ def test_large_circuits_draw_their_strongest_edges(view, monkeypatch):
     plot = view.redraw()
     circuit = pruned_by_hand(scores, np.ones(n, bool))
     assert len(circuit) > 5 and view._shown["size"] == len(circuit)
-    mag = {(str(s), str(d)): abs(float(v)) for s, d, v in
-           zip(scores["src"].values, scores["dst"].values, scores["score"].values)}
-    strongest = sorted(circuit, key=lambda e: -mag[e])[:5]
-    assert drawn(view) == set(strongest)
-    assert "(5 drawn)" in plot["title"]
+    pairs = list(zip(scores["src"].values.astype(str), scores["dst"].values.astype(str)))
+    mask = np.array([p in circuit for p in pairs])
+    pruned = ci.influence_pruning(scores, mask)   # (checked by hand in test_circuit_influence)
+    want = {p for p, k in zip(pairs, pruned["drawn"].values) if k}
+    assert drawn(view) == want and 0 < len(want) < len(circuit)
+    assert f"({len(want)} drawn)" in plot["title"]
     assert marker(view)[0] == len(circuit)   # the marker counts the whole circuit
+    # the printed share is the drawn edges' share of the influence, computed here
+    share = share_by_inverse(scores, circuit, want)
+    assert view.influence_share() == pytest.approx(share, abs=1e-9)
+    assert f"carry **{share:.1%}** of the circuit's influence" in view._caption()
+    assert f"data-circuit-share='{view.influence_share():.9g}'" in view._state_html()
+    # every node of the circuit is drawn and labelled, also those without a drawn edge
+    cols = view.node_columns()
+    labelled = {c for c, t in zip(cols["name"], cols["text"]) if t}
+    assert labelled == {spelled(x) for e in circuit for x in e}
+    # a pinned node: all its circuit edges (drawn or not) and its strongest paths, which
+    # run from the input to it and from it to the logits through circuit edges
+    node = next(spelled(s) for s, d in sorted(circuit) if s.startswith("a") and
+                sum(spelled(s) in (spelled(a), spelled(b)) for a, b in circuit) > 2)
+    view.selected = node
+    try:
+        check_pinned(view, node, circuit)
+    finally:
+        view.selected = ""
+
+
+def check_pinned(view, node, circuit):
+    view.redraw()
+    pin = view._pinned_data()      # what the drawings' pinned-edges source holds
+    mine = {(spelled(a), spelled(b)) for a, b in circuit if node in (spelled(a), spelled(b))}
+    edges = [(a, b) for a, b, k in zip(pin["src"], pin["dst"], pin["kind"]) if k == "edge"]
+    assert sorted(edges) == sorted(mine)
+    path = [(a, b) for a, b, k in zip(pin["src"], pin["dst"], pin["kind"]) if k == "path"]
+    chain = [path[0][0]] + [b for _, b in path]
+    assert chain[0] == "input" and chain[-1] == "logits" and node in chain
+    assert all(p in {(spelled(a), spelled(b)) for a, b in circuit} for p in path)
+    assert all(path[i][1] == path[i + 1][0] for i in range(len(path) - 1))
+    cols = view.node_columns()
+    k = cols["name"].index(node)
+    assert cols["line"][k] == cg.SELECTED_LINE and cols["line_width"][k] > 1
 
 
 def test_edge_choice_patches_that_edge(view, tiny_model):
@@ -315,7 +390,6 @@ def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
     marking exactly the nodes of the segments drawn in the same document."""
     import panel as pn
     from bokeh.document import Document
-    from bokeh.models import ColumnDataSource
     from panel.io.state import set_curdoc
 
     doc = Document()
@@ -324,7 +398,7 @@ def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
         assert len(view.nodes_drawn()) >= 1   # this document's drawing is the last
         for value in list(view._slider.options.values())[::4]:
             view._slider.value = value
-            segs = [m.data for m in doc.select({"type": ColumnDataSource}) if "src" in m.data]
+            segs = [r.data_source.data for r in doc.select({"name": "edges"})]
             assert len(segs) == 1
             used = set(segs[0]["src"]) | set(segs[0]["dst"])
             nodes = view.nodes_drawn()[-1]
@@ -343,7 +417,9 @@ def test_drawn_nodes_follow_the_circuit_in_the_served_document(view):
 
 def choice_by_loop(curve, fraction, cap):
     """The curve's smallest circuit recovering `fraction` within `cap` edges, by a plain loop
-    over its points in order of size; else the most faithful non-empty one within the cap."""
+    over its points in order of size; else the most faithful non-empty one within the cap
+    (None: no cap)."""
+    cap = np.inf if cap is None else cap
     points = sorted(zip(curve["n_kept"].values.tolist(), curve["n_edges"].values.tolist(),
                         curve["recovered"].values.tolist()))
     for kept, top_n, rec in points:
@@ -379,9 +455,9 @@ def test_default_circuit_is_the_smallest_faithful_prefix_within_the_cap(view):
                 view.redraw()
                 assert drawn(view) == pruned_by_hand(scores, top_n_by_hand(scores, top_n))
                 assert len(drawn(view)) == kept
-                assert kept <= cap or not any(0 < k <= cap for k in kept_sizes)
+                assert cap is None or kept <= cap or not any(0 < k <= cap for k in kept_sizes)
                 seen_reached |= reached
-                seen_past_cap |= kept > cap
+                seen_past_cap |= cap is not None and kept > cap
                 if kept == 0:
                     continue
                 x, y = marker(view)

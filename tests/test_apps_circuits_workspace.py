@@ -131,6 +131,11 @@ def test_a_selection_outside_the_circuit_is_drawn_with_its_strongest_edges(own_v
     outside = next(h for h in heads if h not in used)
     view.selected = outside                       # as the gallery sets it
     view.redraw()
+    # outlined, but its edges outside the circuit are drawn only when asked for
+    assert not (view._table["status"] == "outside").any()
+    assert f"**{outside}** has no edge in this circuit (tick" in view._caption()
+    view.show_outside = True
+    view.redraw()
     t = view._table
     rows = t["status"] == "outside"
     # its 5 strongest edges by |score|, by a plain sort over the scores here
@@ -158,11 +163,11 @@ def test_a_selection_outside_the_circuit_is_drawn_with_its_strongest_edges(own_v
         view._shown["drawn"] + 1
     # a head the circuit touches: no extra edges, the caption says its edges stand out
     inside = next(iter(sorted(n for n in used if ".H" in n)))
-    view.selected = inside
+    view.param.update(selected=inside, show_outside=False)
     view.redraw()
     assert not (view._table["status"] == "outside").any()
-    assert f"Selected: **{inside}**; its edges in the circuit stand out." in view._caption()
-    view.selected = ""
+    assert f"Selected: **{inside}**; its edges in the circuit stand out" in view._caption()
+    view.param.update(selected="", show_outside=False)
 
 
 def ac_outside():
@@ -220,13 +225,15 @@ def test_patch_all_shown_edges_is_the_shown_circuits_faithfulness(own_view, tiny
     monkeypatch.setattr(ac, "MAX_DRAWN_EDGES", 5)
     view.n_edges = n
     view.redraw()
-    assert view._shown["size"] > view._shown["drawn"] == 5
+    # drawn: the influence-pruned subset (circuit_influence.influence_pruning)
+    n_drawn = int(view._influence["drawn"].sum())
+    assert view._shown["size"] > view._shown["drawn"] == n_drawn
     buttons["Patch all shown edges"].clicks += 1
     assert view.circuit_patch["n_shown"] == int(view.curve["n_kept"].sel(n_edges=n))
     assert view.circuit_patch["recovered"] == pytest.approx(
         float(view.curve["recovered"].sel(n_edges=n)), abs=1e-6)
     text = view._readout()
-    assert f"**Only the circuit's {view.circuit_patch['n_shown']:,} edges kept** (5 of them drawn)" in text
+    assert f"**Only the circuit's {view.circuit_patch['n_shown']:,} edges kept** ({n_drawn:,} of them drawn)" in text
     assert f"{view.circuit_patch['recovered']:.0%}** of the clean − corrupted gap" in text
 
 

@@ -82,22 +82,33 @@ def _curve():
     from explorer.analyses import circuits as ca
 
     model, task, scores = _scores()
-    sizes = page_sizes()
-    return ca.faithfulness_curve(model, task, scores, sizes=sizes, batch_size=N_PROMPTS)
+    return ca.faithfulness_curve(model, task, scores, sizes=page_sizes(), batch_size=N_PROMPTS)
 
 
-def page_sizes() -> list[int]:
-    """The curve's sizes as the page measures them: 0, the log grid and the top-n where the
-    pruned circuit first reaches each readable size (found here by trying every n)."""
-    from apps.circuits import size_grid
-    from explorer.analyses import circuit_select as cs
+@functools.cache
+def page_sizes(fraction: float = 0.8) -> list[int]:
+    """The curve's sizes as the page measures them: 0 and the page's log grid, then up to
+    two bisection steps (geometric midpoints, measured here) between the first size that
+    recovers ``fraction`` and the size below it."""
+    from apps.circuits import CURVE_POINTS, REFINE_STEPS, size_grid
     from explorer.analyses import circuits as ca
 
-    scores = _scores()[2]
-    kept = [int(ca.select_circuit(scores, top_n=n).sum()) for n in range(scores.sizes["edge"] + 1)]
-    readable = {next(n for n, k in enumerate(kept) if k >= t) for t in cs.READABLE_TARGETS
-                if t <= kept[-1]}
-    return sorted({0, *size_grid(scores.sizes["edge"]).tolist(), *readable})
+    model, task, scores = _scores()
+    sizes = [0, *size_grid(scores.sizes["edge"], points=CURVE_POINTS).tolist()]
+    curve = ca.faithfulness_curve(model, task, scores, sizes=sizes, batch_size=N_PROMPTS)
+    rec = dict(zip(sizes, curve["recovered"].values.tolist()))
+    for _ in range(REFINE_STEPS):
+        points = sorted(rec)
+        first = next((i for i, n in enumerate(points) if rec[n] >= fraction), None)
+        if not first:
+            break
+        lo, hi = points[first - 1], points[first]
+        mid = round((max(lo, 1) * hi) ** 0.5)
+        if not lo < mid < hi:
+            break
+        rec[mid] = float(ca.faithfulness_curve(model, task, scores, sizes=[mid],
+                                               batch_size=N_PROMPTS)["recovered"].values[0])
+    return sorted(rec)
 
 
 def default_by_loop(fraction: float, cap: int) -> tuple[int, int, float]:
@@ -106,7 +117,7 @@ def default_by_loop(fraction: float, cap: int) -> tuple[int, int, float]:
     c = _curve()
     for kept, top_n, rec in sorted(zip(c["n_kept"].values.tolist(), c["n_edges"].values.tolist(),
                                        c["recovered"].values.tolist())):
-        if kept <= cap and rec >= fraction:
+        if (cap is None or kept <= cap) and rec >= fraction:
             return top_n, kept, rec
     raise AssertionError(f"no circuit of at most {cap} edges recovers {fraction}")
 
@@ -313,15 +324,16 @@ def test_default_circuit_labels_and_size_slider(page_url, browser):
                              timeout=240)
     wait_for(page, "data-circuit-scores", lambda v: v == "ready")
     page.wait_for_selector("canvas", state="attached", timeout=60_000)
-    fraction, cap = float(attribute(page, "data-circuit-fraction")), int(attribute(page, "data-circuit-cap"))
-    assert (fraction, cap) == (0.8, 300)
+    fraction, cap = float(attribute(page, "data-circuit-fraction")), attribute(page, "data-circuit-cap")
+    assert (fraction, cap) == (0.8, "None")   # no cap: the smallest faithful circuit
+    cap = None
     top_n, kept, recovered = default_by_loop(fraction, cap)
     page.wait_for_function(f"() => ({_GRAPH_JS})().segments.src.length === {kept}", timeout=60_000)
     time.sleep(1.0)
     g = page.evaluate(_GRAPH_JS)
     # the default circuit: the independent loop's, recovering >= the fraction within the cap
     n = len(g["segments"]["src"])
-    assert n == kept == circuit_size(top_n) and 0 < n <= cap
+    assert n == kept == circuit_size(top_n) and 0 < n
     assert g["marker"][0] == n and g["marker"][1] == pytest.approx(recovered)
     assert g["marker"][1] >= fraction
     from explorer.analyses import circuits as ca

@@ -261,3 +261,63 @@ def test_choose_default_circuit(tiny_model, scores):
             assert d.choice.n_kept <= 60 and measured["recovered"] >= 0.5
     with pytest.raises(InputError, match="rule"):
         cs.choose_default_circuit(tiny_model, PAIRS, scores, rule="best")
+
+
+def test_batched_curve_keeps_each_pairs_value(tiny_model, scores):
+    """faithfulness_curve's per-pair values (one batch) are each pair's own patched run."""
+    sizes = [0, 20, scores.sizes["edge"]]
+    curve = ca.faithfulness_curve(tiny_model, PAIRS, scores, sizes=sizes, batch_size=2)
+    for pair in (0, 1):
+        one = ca.patch_edges_metric(tiny_model, PAIRS.subset([pair]), scores,
+                                    ca.select_circuit(scores, top_n=20))
+        assert float(curve["pair_metric"].sel(n_edges=20, prompt=pair)) == pytest.approx(
+            one["metric"], abs=1e-5)
+        assert float(curve["pair_clean_metric"][pair]) == pytest.approx(one["clean_metric"],
+                                                                        abs=1e-5)
+        assert float(curve["pair_corrupt_metric"][pair]) == pytest.approx(
+            one["corrupt_metric"], abs=1e-5)
+    np.testing.assert_allclose(curve["pair_metric"].mean("prompt"), curve["metric"], atol=1e-6)
+    boot = cs.bootstrap_recovered(curve, n_boot=200)
+    assert (boot["recovered_low"] <= boot["recovered_high"]).all()
+
+
+def test_bisection_size_and_merged_curve():
+    curve = xr.Dataset({"recovered": ("n_edges", [0.0, 0.3, 0.7, 0.9, 1.0]),
+                        "n_kept": ("n_edges", [0, 5, 50, 400, 900])},
+                       coords={"n_edges": [0, 10, 100, 1000, 10000]})
+    # first reaching 0.8 at 1000, the point below is 100: geometric midpoint 316
+    assert cs.next_bisection_size(curve, 0.8) == 316
+    assert cs.next_bisection_size(curve, 0.95) == 3162
+    assert cs.next_bisection_size(curve, 1.5) is None        # none reaches it
+    assert cs.next_bisection_size(curve, 0.0) is None        # the smallest does
+    more = xr.Dataset({"recovered": ("n_edges", [0.85]), "n_kept": ("n_edges", [150])},
+                      coords={"n_edges": [316]})
+    merged = cs.merge_curves(curve, more)
+    assert merged["n_edges"].values.tolist() == [0, 10, 100, 316, 1000, 10000]
+    assert merged["recovered"].sel(n_edges=316) == 0.85
+    assert cs.next_bisection_size(merged, 0.8) == 178
+    neighbours = curve.assign_coords(n_edges=[0, 1, 2, 3, 4])
+    assert cs.next_bisection_size(neighbours, 0.8) is None
+
+
+def test_node_circuits_patch_each_left_out_nodes_output(tiny_model, scores):
+    """Node scores are out-edge sums (by a loop here); the curve's ends are the corrupted and
+    the clean run (0 and 1); the top-3 node circuit is the edge patcher's run with every
+    out-edge of the 3 nodes (ranked here) kept."""
+    ns = cs.node_scores(scores)
+    by_loop = {}
+    for s, v in zip(scores["src"].values.astype(str), scores["score"].values):
+        by_loop[s] = by_loop.get(s, 0.0) + float(v)
+    assert dict(zip(ns["node"].values.tolist(), ns.values.tolist())) == pytest.approx(by_loop)
+    n = ns.sizes["node"]
+    curve = cs.node_faithfulness_curve(tiny_model, PAIRS, scores, sizes=[0, 3, n])
+    assert float(curve["recovered"].sel(n_nodes=0)) == pytest.approx(0.0, abs=1e-5)
+    assert float(curve["recovered"].sel(n_nodes=n)) == pytest.approx(1.0, abs=1e-5)
+    top3 = curve.attrs["order"][:3]
+    assert sorted(top3, key=lambda x: -abs(by_loop[x])) == top3
+    keep = np.isin(scores["src"].values.astype(str), top3)
+    direct = ca.patch_edges_metric(tiny_model, PAIRS, scores, keep)
+    assert float(curve["recovered"].sel(n_nodes=3)) == pytest.approx(direct["recovered"],
+                                                                      abs=1e-5)
+    with pytest.raises(ValueError, match=r"`sizes\[i\]` must be an int in"):
+        cs.node_faithfulness_curve(tiny_model, PAIRS, scores, sizes=[n + 1])

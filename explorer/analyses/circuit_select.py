@@ -41,7 +41,12 @@ from explorer.analyses.circuits import (faithfulness_curve, node_of, patch_edges
 __all__ = ["CircuitChoice", "smallest_faithful_circuit", "readable_sizes", "READABLE_TARGETS",
            "SELECTION_RULES", "greedy_circuit", "prune_dead_nodes", "circuit_by_rule",
            "default_sizes", "rule_faithfulness_curve", "bootstrap_recovered", "DefaultCircuit",
-           "choose_default_circuit"]
+           "choose_default_circuit", "next_bisection_size", "merge_curves", "node_scores",
+           "node_circuit_edges", "node_faithfulness_curve", "default_curve_sizes",
+           "measured_default_curve", "CURVE_POINTS", "REFINE_STEPS"]
+
+CURVE_POINTS = 12   # log-spaced top-n sizes a default curve measures first
+REFINE_STEPS = 2    # bisection steps narrowing the smallest circuit reaching the target
 
 READABLE_TARGETS = (10, 25, 50, 100, 200, 300)   # pruned circuit sizes a person can read
 
@@ -477,3 +482,129 @@ def choose_default_circuit(model, task, scores: xr.Dataset, *, fraction: float =
     choice = smallest_faithful_circuit(curve, fraction, max_edges=max_edges)
     return DefaultCircuit(choice=choice, curve=curve,
                           in_circuit=circuit_by_rule(scores, choice.n_edges, rule), rule=rule)
+
+
+def next_bisection_size(curve: xr.Dataset, fraction: float) -> int | None:
+    """The top-n to measure next to narrow the smallest circuit reaching ``fraction``: the
+    geometric midpoint of the first measured size that reaches it and the measured size just
+    below; None when the smallest measured size reaches it, none does, or the two are
+    neighbours."""
+    top_n = np.asarray(curve["n_edges"].values, dtype=int)
+    rec = np.nan_to_num(np.asarray(curve["recovered"].values, dtype=np.float64), nan=-np.inf)
+    order = np.argsort(top_n, kind="stable")
+    top_n, rec = top_n[order], rec[order]
+    reach = np.flatnonzero(rec >= fraction)
+    if not len(reach) or reach[0] == 0:
+        return None
+    lo, hi = int(top_n[reach[0] - 1]), int(top_n[reach[0]])
+    mid = int(round(np.sqrt(max(lo, 1) * hi)))
+    return None if mid <= lo or mid >= hi else mid
+
+
+def merge_curves(curve: xr.Dataset, more: xr.Dataset) -> xr.Dataset:
+    """Two faithfulness curves of the same scores and pairs as one, by top-n (``more``'s
+    points added; the pairs' clean and corrupted values and the attrs are ``curve``'s)."""
+    new = more.sel(n_edges=[n for n in more["n_edges"].values if n not in curve["n_edges"].values])
+    out = xr.concat([curve, new], dim="n_edges", data_vars="minimal", coords="minimal",
+                    compat="override", combine_attrs="override").sortby("n_edges")
+    sizes = [int(n) for n in out["n_edges"].values]
+    out.attrs["sizes"] = sizes
+    return out
+
+
+# -- node-level circuits -------------------------------------------------------------------------
+
+def node_scores(scores: xr.Dataset) -> xr.DataArray:
+    """Attribution of each source node (input, heads, MLPs): the sum of its out-edges' scores.
+
+    An edge's score is (z_u(corrupt) - z_u(clean)) . dM/d(input of v); the input of every
+    reader is the sum of the writers, so the sum over a node's out-edges is the attribution
+    of patching that node's output everywhere (node-level attribution patching)."""
+    names, s_idx, _ = _edge_nodes(scores)
+    total = np.zeros(len(names))
+    np.add.at(total, s_idx, np.asarray(scores["score"].values, dtype=np.float64))
+    keep = [i for i, n in enumerate(names) if n != "logits"]
+    return xr.DataArray(total[keep], dims=("node",), coords={"node": [names[i] for i in keep]},
+                        name="node_score")
+
+
+def node_circuit_edges(scores: xr.Dataset, nodes: Sequence[str]) -> np.ndarray:
+    """Bool mask over the edges: every out-edge of the kept ``nodes``. Patching the others
+    (`circuits.patch_edges_metric`) gives every reader a left-out node's corrupted output:
+    node patching (a node's output replaced by its value on the corrupted prompt)."""
+    kept = np.isin(np.asarray(scores["src"].values).astype(str), list(nodes))
+    return kept
+
+
+def node_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[int],
+                            metric: str = "logit_diff", batch_size: int = 16,
+                            progress: Callable[[int, int], None] | None = None) -> xr.Dataset:
+    """Metric recovered by the top-k nodes by |`node_scores`| (the input counts as a node),
+    every other node's output patched to its corrupted value, at each k of ``sizes``.
+
+    Returns
+    -------
+    xr.Dataset
+        Over ``n_nodes``: ``metric``, ``recovered`` (clean = 1, corrupted = 0), ``accuracy``,
+        ``n_edges_kept`` (the out-edges of the kept nodes); ``nodes`` (attr: the ranking).
+    """
+    from explorer.analyses.circuits import (_check_common, _check_scores, _keep_matrix,
+                                            _patched_eval, _recovered)
+
+    ad, task, batch_size = _check_common(model, task, metric, batch_size)
+    scores = _check_scores(scores)
+    ns = node_scores(scores)
+    order = [str(n) for n in ns["node"].values[np.argsort(-np.abs(ns.values), kind="stable")]]
+    if isinstance(sizes, (int, np.integer)) or not isinstance(sizes, Sequence | np.ndarray):
+        raise TypeError(f"`sizes` must be a list of ints; got {type(sizes).__name__}.")
+    sizes = [check_int("sizes[i]", int(k), low=0, high=len(order)) for k in sizes]
+    if not sizes:
+        raise InputError("`sizes` must hold at least one node count; got an empty list.")
+    masks = [node_circuit_edges(scores, order[:k]) for k in sizes]
+    keeps = [_keep_matrix(model, ad, scores, m) for m in masks]
+    res = _patched_eval(model, ad, task, keeps, metric, batch_size, progress)
+    rec = _recovered(res["metric"], res["clean_metric"], res["corrupt_metric"])
+    return xr.Dataset(
+        {"metric": ("n_nodes", res["metric"]), "recovered": ("n_nodes", rec),
+         "accuracy": ("n_nodes", res["accuracy"]),
+         "n_edges_kept": ("n_nodes", np.array([int(m.sum()) for m in masks]))},
+        coords={"n_nodes": np.array(sizes)},
+        attrs={"clean_metric": float(res["clean_metric"]),
+               "corrupt_metric": float(res["corrupt_metric"]), "order": order,
+               "n_nodes_total": len(order), "metric": metric,
+               "task": getattr(task, "name", "custom"), "n_prompts": len(task)})
+
+
+# -- the default circuit without a size cap ------------------------------------------------------
+
+def default_curve_sizes(n_total: int, *, points: int = CURVE_POINTS,
+                        low: float = 0.001) -> list[int]:
+    """0 and about ``points`` log-spaced top-n sizes from ``low`` (0.1 %) of the ``n_total``
+    edges (at least 1) to all of them, distinct, ascending."""
+    n_total = check_int("n_total", n_total, low=1)
+    lo = max(1, int(round(low * n_total)))
+    return [0, *np.unique(np.round(np.geomspace(lo, n_total, points)).astype(int)).tolist()]
+
+
+def measured_default_curve(model, task, scores: xr.Dataset, *, fraction: float = 0.8,
+                           sizes: Sequence[int] | None = None,
+                           refine_steps: int = REFINE_STEPS, batch_size: int = 16,
+                           progress: Callable[[int, int], None] | None = None,
+                           check: Callable[[], None] | None = None) -> xr.Dataset:
+    """The faithfulness curve a page chooses its default from: top-n circuits measured by
+    patching at ``sizes`` (default `default_curve_sizes`), then ``refine_steps`` bisection
+    steps (`next_bisection_size`) between the first size that recovers ``fraction`` and the
+    size below it, each measured and merged in (`merge_curves`). ``check`` is called between
+    measurements (a cancel check). The default is then `smallest_faithful_circuit` of it."""
+    sizes = list(sizes) if sizes is not None else default_curve_sizes(int(scores.sizes["edge"]))
+    curve = faithfulness_curve(model, task, scores, sizes=sizes, batch_size=batch_size,
+                               progress=progress)
+    for _ in range(check_int("refine_steps", refine_steps, low=0, high=20)):
+        if check is not None:
+            check()
+        more = next_bisection_size(curve, fraction)
+        if more is None:
+            break
+        curve = merge_curves(curve, faithfulness_curve(model, task, scores, sizes=[more],
+                                                       batch_size=batch_size))
+    return curve

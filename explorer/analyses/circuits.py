@@ -860,6 +860,7 @@ def _patched_eval(model: Model, ad: HeadEngine | None, task: CircuitTask, keeps:
                              "clean_metric": 0.0, "corrupt_metric": 0.0, "clean_hits": 0.0,
                              "corrupt_hits": 0.0}
     step = progress_steps(n * len(keeps), progress, unit="run", desc="edge patching")
+    pairs: dict[str, list[np.ndarray]] = {}
     with model.lock:
         for rows in _batches(n, batch_size):
             prep = _prepare(model, task, rows)
@@ -871,8 +872,12 @@ def _patched_eval(model: Model, ad: HeadEngine | None, task: CircuitTask, keeps:
                 sums = _patched_batch(ad, prep.to(_weights_device(model)), keeps, metric,
                                       step=step)
             for key, value in sums.items():
-                total[key] = total[key] + np.asarray(value, dtype=np.float64)
-    return {"metric": total["metric"] / n, "accuracy": total["hits"] / n,
+                if key.startswith("pair_"):   # per-pair values follow each other
+                    pairs.setdefault(key, []).append(np.asarray(value, dtype=np.float64))
+                else:
+                    total[key] = total[key] + np.asarray(value, dtype=np.float64)
+    per_pair = {k: np.concatenate(v, axis=-1) for k, v in pairs.items()}
+    return {**per_pair, "metric": total["metric"] / n, "accuracy": total["hits"] / n,
             "clean_metric": float(total["clean_metric"]) / n,
             "corrupt_metric": float(total["corrupt_metric"]) / n,
             "clean_accuracy": float(total["clean_hits"]) / n,
@@ -892,17 +897,20 @@ def _patched_batch(weights: Model | HeadEngine, prep: _Prepared, keeps: list[tor
     with torch.no_grad():
         clean = _forward(ad, prep.clean)
         corrupt = _forward(ad, prep.corrupt)
+        m_clean = _metric_values(metric, clean.logits, prep, clean.logits)
+        m_corrupt = _metric_values(metric, corrupt.logits, prep, clean.logits)
         out = {
-            "clean_metric": float(_metric_values(metric, clean.logits, prep, clean.logits).sum()),
-            "corrupt_metric": float(_metric_values(metric, corrupt.logits, prep,
-                                                   clean.logits).sum()),
+            "clean_metric": float(m_clean.sum()), "corrupt_metric": float(m_corrupt.sum()),
             "clean_hits": float((clean.logits.argmax(-1) == prep.answer).sum()),
             "corrupt_hits": float((corrupt.logits.argmax(-1) == prep.answer).sum()),
-            "metric": [], "hits": []}
+            "metric": [], "hits": [], "pair_metric": [],
+            "pair_clean_metric": m_clean.double().cpu().tolist(),
+            "pair_corrupt_metric": m_corrupt.double().cpu().tolist()}
         for keep in keeps:
             run = _forward(ad, prep.clean, patch=(corrupt, keep))
-            out["metric"].append(float(_metric_values(metric, run.logits, prep,
-                                                      clean.logits).sum()))
+            values = _metric_values(metric, run.logits, prep, clean.logits)
+            out["metric"].append(float(values.sum()))
+            out["pair_metric"].append(values.double().cpu().tolist())
             out["hits"].append(float((run.logits.argmax(-1) == prep.answer).sum()))
             if step is not None:
                 step(n_rows)
@@ -959,8 +967,10 @@ def faithfulness_curve(model: Model, task: CircuitTask, scores: xr.Dataset, *,
     xr.Dataset
         Over ``n_edges`` (the requested sizes): ``metric`` (circuit-only model, mean over
         prompts), ``recovered`` (normalised so clean = 1, corrupted = 0), ``accuracy``
-        (exact match of the first answer token), ``n_kept`` (edges left after pruning).
-        Attrs: ``clean_metric``, ``corrupt_metric``, ``clean_accuracy``, ``corrupt_accuracy``,
+        (exact match of the first answer token), ``n_kept`` (edges left after pruning);
+        per pair ``pair_metric`` (n_edges, prompt), ``pair_clean_metric`` and
+        ``pair_corrupt_metric`` (prompt), for bootstrap intervals over the pairs
+        (`circuit_select.bootstrap_recovered`). Attrs: ``clean_metric``, ``corrupt_metric``, ``clean_accuracy``, ``corrupt_accuracy``,
         ``n_edges_total`` and provenance.
     """
     ad, task, batch_size = _check_common(model, task, metric, batch_size)
@@ -985,5 +995,8 @@ def faithfulness_curve(model: Model, task: CircuitTask, scores: xr.Dataset, *,
         {"metric": ("n_edges", res["metric"]),
          "recovered": ("n_edges", _recovered(res["metric"], res["clean_metric"], res["corrupt_metric"])),
          "accuracy": ("n_edges", res["accuracy"]),
-         "n_kept": ("n_edges", np.array([int(m.sum()) for m in masks]))},
-        coords={"n_edges": np.array(sizes)}, attrs=attrs)
+         "n_kept": ("n_edges", np.array([int(m.sum()) for m in masks])),
+         "pair_metric": (("n_edges", "prompt"), res["pair_metric"].reshape(len(sizes), -1)),
+         "pair_clean_metric": ("prompt", res["pair_clean_metric"]),
+         "pair_corrupt_metric": ("prompt", res["pair_corrupt_metric"])},
+        coords={"n_edges": np.array(sizes), "prompt": np.arange(len(task))}, attrs=attrs)
