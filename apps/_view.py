@@ -528,13 +528,17 @@ def dataset_tables(ds: xr.Dataset, name: str) -> dict[str, pd.DataFrame]:
 
 
 def _zarr_into(zf: zipfile.ZipFile, ds: xr.Dataset, prefix: str) -> None:
-    """Write ``ds`` as a zarr store under ``prefix/`` inside ``zf``."""
+    """Write ``ds`` as a zarr store under ``prefix/`` inside ``zf``.
+
+    Zarr format 2, as the activation store and ``explorer trace --out`` write: its
+    specification covers the fixed-width unicode arrays that token and component labels
+    are, so other zarr readers open the file (format 3 has no stable data type for them)."""
     import tempfile
     from pathlib import Path
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "store.zarr"
-        ds.to_zarr(path, mode="w")
+        ds.to_zarr(path, mode="w", zarr_format=2)
         for f in sorted(path.rglob("*")):
             if f.is_file():
                 zf.write(f, f"{prefix}/{f.relative_to(path).as_posix()}")
