@@ -182,8 +182,8 @@ def edits_caption(ds: xr.Dataset | None) -> str:
     if not labels:
         return ""
     return ("Patterns of the edited model: " + "; then ".join(f"`{html.escape(t)}`" for t in labels)
-            + ". An edit changes the layers after it; its own layer's patterns are read before "
-              "the head's output is replaced.")
+            + ". An edit changes only the patterns computed after it (a head's ablation: "
+              "the later layers').")
 
 
 def plot_marker(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
@@ -493,7 +493,11 @@ class AttentionView(View):
         return pn.Column(
             pn.Row(spinner, status, align="center"),
             alert,
-            pn.Row(self._grid(), pn.Column(controls, self._positions, caption, enlarged,
+            pn.Row(pn.Column(self._grid(), pn.pane.Markdown(
+                       pn.bind(edits_caption, self.param.result), width=360, margin=(0, 10),
+                       styles={"color": "#555", "font-size": "0.9em"},
+                       css_classes=["attention-edits"])),
+                   pn.Column(controls, self._positions, caption, enlarged,
                                            sizing_mode="stretch_width"),
                    sizing_mode="stretch_width"),
             sizing_mode="stretch_width",

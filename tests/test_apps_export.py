@@ -226,7 +226,9 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
     view.select(0, 1)                                  # a setting of the page shown changes
     assert g.page_revision > before and "head=1)  # L0.H1" in g.page_code()
     g.workspace.push_edit(Ablate(1, 2))
-    assert "edits are not in this snippet" in g.page_code()   # attention's runs no edits
+    view.wait(300)
+    code = g.page_code()                                # attention's trace applies the edits
+    assert "edits_from_json" in code and "edits=edits" in code and "not in this snippet" not in code
     g.page("lens").wait(300)
     lens_code = g.page_code("lens")                             # the lens's rebuilds them
     assert "edits_from_json" in lens_code and "not in this snippet" not in lens_code

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from apps.atlas import AtlasView, edited_induction_scores
-from apps.attention import AttentionView, patterns, plot_grid
+from apps.attention import AttentionView, edits_caption, patterns, plot_grid
 from explorer import Ablate, Patch, Scale, Steer
 from explorer.analyses.icl_heads import induction_score_from_patterns, induction_scores
 
@@ -106,6 +106,7 @@ def test_attention_page_patterns_under_edits_equal_hooked_forward(tiny_model):
     assert view.result.attrs["workspace_edits"] and "edit" in view.status
     assert "edited (4 edits)" in plot_grid(view.result).opts.get().kwargs["title"]
     assert view.scope().edits == "applied"
+    assert "`ablate L0.H1 (zero)`; then `scale L1.H2" in edits_caption(view.result)
     assert "edits=edits" in view.code_snippet()
     view.edits = []
     np.testing.assert_allclose(patterns(view.result).values, clean, atol=1e-6)

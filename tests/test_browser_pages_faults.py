@@ -1,0 +1,165 @@
+"""The pages' drawing in a real chromium, on the gallery (tiny-llama, a selected head and an
+ablation in the workspace, a prompt with an emoji and a CJK character): the lens scrolls a wide
+prompt inside its box and keeps its title clear of the toolbar, Attention's hover names the
+tokens, Head atlas column titles break between words only, byte tokens read as escapes;
+screenshots of each page at 1280 and 1920 px in test-artifacts/."""
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+from _browser import (ARTIFACTS, SHADOW_TEXT, free_port, gallery_page_state, plot_ids,
+                      served_in_subprocess, settle_gallery_page)
+
+pytestmark = pytest.mark.browser
+
+PROMPT = ("The cat 😀 sat on the mat near 中 and the dog ran to the park because the cat was "
+          "tired of waiting for the dog")
+WIDTHS = (1280, 1920)
+PAGES = {"lens": "Logit lens", "attention": "Attention", "atlas": "Head atlas",
+         "conflicts": "Knowledge conflicts", "linear-icl": "Linear ICL"}
+
+
+@pytest.fixture(scope="module")
+def gallery_url(tmp_path_factory):
+    port = free_port()
+    code = textwrap.dedent(f"""
+        import panel as pn
+        import torch
+        torch.set_num_threads(1)
+        from apps import theme
+        from apps.gallery import VIEWS, Gallery
+        from apps.conflicts import ConflictsView
+        from apps.linear_icl import LinearICLView
+        from explorer.analyses import linear_icl
+        from explorer.analyses.conflicts import load_facts
+        from explorer.interventions import Ablate
+
+        runs = {{H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
+                                               batch_size=64, n_test=64, test_lengths=[10, 40],
+                                               seed=0) for H in (1, 2)}}
+        facts = load_facts(["country_capital"])[:2]
+        cheap = {{"conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
+                  "linear-icl": lambda m: LinearICLView(m, runs=runs)}}
+        views = [(t, s, cheap.get(s, f)) for t, s, f in VIEWS if s in {list(PAGES)!r}]
+        theme.enable_extension()
+
+        def app():
+            g = Gallery("tiny-llama", views=views, view="lens", prompt={PROMPT!r})
+            g.workspace.selected = ["L1.H2"]
+            g.workspace.push_edit(Ablate(0, 1))
+            return g.template()
+
+        server = pn.serve({{"/": app}}, port={port}, address="127.0.0.1", threaded=True,
+                          show=False, websocket_origin=["127.0.0.1:{port}"])
+        server.join()
+    """)
+    log_path = tmp_path_factory.mktemp("pages-gallery") / "server.log"
+    with served_in_subprocess(["-c", code], port, log_path, timeout=300) as url:
+        yield url + "/"
+
+
+@pytest.fixture(scope="module")
+def tab(browser, gallery_url):
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(gallery_url, timeout=180_000)
+    page.wait_for_selector("canvas", state="attached", timeout=240_000)
+    yield page
+    page.close()
+
+
+def _show(tab, slug: str, width: int) -> dict:
+    if tab.viewport_size["width"] != width:
+        tab.set_viewport_size({"width": width, "height": 1000})
+    button = tab.locator(".bk-btn-group button", has_text=PAGES[slug]).first
+    before = [] if "bk-active" in (button.get_attribute("class") or "") else plot_ids(tab)
+    button.click()
+    tab.mouse.move(width // 2, 10)
+    assert settle_gallery_page(tab, before=before, timeout=240), f"{slug} did not settle"
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / f"pages-{slug}-{width}.png"), full_page=True)
+    return gallery_page_state(tab)
+
+
+def _texts(tab, css: str) -> str:
+    return " ".join(tab.locator(css).evaluate_all(f"els => els.map({SHADOW_TEXT})"))
+
+
+# the page is no wider than the window (a wide plot scrolls inside its own box)
+_PAGE_WIDTH = "() => [document.documentElement.scrollWidth, window.innerWidth]"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_lens_scrolls_a_wide_prompt_in_its_box_and_shows_byte_tokens(tab, width):
+    state = _show(tab, "lens", width)
+    scroll, inner = tab.evaluate(_PAGE_WIDTH)
+    assert scroll <= inner + 1, (scroll, inner)
+    box = tab.locator(".lens-scroll").first
+    sizes = box.evaluate("el => [el.scrollWidth, el.clientWidth]")
+    assert sizes[0] > sizes[1], sizes        # 56 px a token: this prompt is wider than the box
+    for plot in state["plots"]:              # every title fits its room (none under a toolbar)
+        if plot["title"]:
+            assert plot["title_width"] <= plot["title_room"] + 1, plot
+    strip = _texts(tab, ".lens-prompt-tokens")
+    assert "\\xf0\\x9f\\x98" in strip and "\ufffd" not in strip
+    assert "\\xe4" in strip or "中" in strip
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_attention_hover_names_the_tokens(tab, width):
+    _show(tab, "attention", width)
+    box = tab.locator(".attention-head canvas").first.bounding_box()
+    text = ""
+    # the frame sits somewhere in the pane's canvas: sweep the lower half until a hover shows
+    for fy in (0.8, 0.7, 0.6):
+        for fx in (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5):
+            x, y = box["x"] + box["width"] * fx, box["y"] + box["height"] * fy
+            tab.mouse.move(x, y)
+            tab.mouse.move(x + 2, y + 1)
+            tab.wait_for_timeout(250)
+            text = " ".join(tab.locator(".bk-tooltip-content").evaluate_all(
+                "els => els.map(e => e.innerText)"))
+            if "query" in text:
+                break
+        if "query" in text:
+            break
+    tab.mouse.move(width // 2, 10)
+    assert re.search(r"query:\s*\d+ \S", text), text
+    assert "_token" not in text and "???" not in text, text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_atlas_column_titles_break_between_words(tab, width):
+    _show(tab, "atlas", width)
+    lines = tab.evaluate("""() => {
+      const out = [];
+      const walk = root => { for (const el of root.querySelectorAll('.tabulator-col-title')) {
+          const node = el.firstChild; if (!node || node.nodeType !== 3) continue;
+          const rows = new Map();
+          for (let i = 0; i < node.length; i++) {
+            const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+            const rect = r.getClientRects()[0]; if (!rect) continue;
+            const top = Math.round(rect.top);
+            rows.set(top, (rows.get(top) || '') + node.data[i]);
+          }
+          out.push([node.data, [...rows.values()]]);
+        }
+        for (const el of root.querySelectorAll('*')) if (el.shadowRoot) walk(el.shadowRoot); };
+      walk(document); return out;
+    }""")
+    assert any(" " in title for title, _ in lines), lines
+    for title, rows in lines:
+        words = set(title.split())
+        for row in rows:
+            assert set(row.split()) <= words, (title, rows)   # no line holds part of a word
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_conflicts_and_linear_icl_draw(tab, width):
+    _show(tab, "conflicts", width)
+    assert "not your prompt" in _texts(tab, ".cf-prompts")
+    assert "L1.H2" in _texts(tab, ".cf-selection")
+    state = _show(tab, "linear-icl", width)
+    titles = [p["title"] for p in state["plots"]]
+    assert "toy head 0" in titles and not any(re.fullmatch(r"L\d+\.H\d+", t or "") for t in titles)
