@@ -343,7 +343,7 @@ class CircuitsView(View):
         self._shown = {"size": 0, "chosen": 0, "drawn": 0}
         self._default: cs.CircuitChoice | None = None
         self._boot: tuple[int, xr.Dataset] | None = None    # (id of the curve, its intervals)
-        self._influence_cache: dict[tuple, xr.Dataset] = {}
+        self._influence_cache: dict[tuple, Any] = {}   # pruning and paths by selection
         self._influence: xr.Dataset | None = None      # the shown circuit's pruning
         self._circuit_table: dict[str, np.ndarray] | None = None   # every member's edge
         self._node_paths: dict[str, str] = {}          # node -> circuit rows of its paths
@@ -610,6 +610,7 @@ class CircuitsView(View):
         self._task = task
         self._shown_method = key[2]
         self._circuit_cache.clear()
+        self._influence_cache.clear()
         self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
         if not self._layout_from:
             self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
@@ -854,10 +855,14 @@ class CircuitsView(View):
             return
         self._circuit_table = cg.edge_table(scores, members, self._pos, spell=self._spell,
                                             effects=effects)
-        row = {int(e): i for i, e in enumerate(members.tolist())}
-        paths = ci.strongest_paths(scores, mask)
-        self._node_paths = {self._spell[n]: ",".join(str(row[e]) for e in back + fwd)
-                            for n, (back, fwd) in paths.items()}
+        key = self._selection_key(scores) + ("paths",)
+        paths = self._influence_cache.get(key)
+        if paths is None:   # the same circuit re-drawn (a selection, a hover): computed once
+            row = {int(e): i for i, e in enumerate(members.tolist())}
+            paths = {self._spell[n]: ",".join(str(row[e]) for e in back + fwd)
+                     for n, (back, fwd) in ci.strongest_paths(scores, mask).items()}
+            self._influence_cache[key] = paths
+        self._node_paths = paths
 
     def influence_share(self) -> float:
         """Share of the shown circuit's influence on the logits that its drawn edges carry
