@@ -73,6 +73,7 @@ _TOOLS = STATIC_TOOLS
 LEGEND_PX = 44           # the colour / width legend's two rows under the graph
 METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
 OWN_TASK = "your pairs"  # the task of the user's own prompt pairs (the "Your own" box)
+PROMPT_TASK = "your prompt"  # the sidebar prompt against its counterfactual
 node_positions = cg.node_positions
 edge_table = cg.edge_table
 _GRAPH_PARAMS = ["mode", "n_edges", "threshold", "checkpoint", "diff", "diff_against", "scores",
@@ -211,9 +212,18 @@ class CircuitsView(View):
         by ``explorer circuit-lora run``) is loaded if present, else scored on demand.
     """
 
-    task = param.Selector(default="ioi", objects=list(ca.TASK_NAMES), label="Task",
+    task = param.Selector(default="ioi", objects=[*ca.TASK_NAMES, PROMPT_TASK], label="Task",
                           doc="The task's prompt pairs (SmolLM2 answers 62 of 64 ioi pairs "
                               "right, 31 of 64 add pairs: docs/circuits.md)")
+    prompt = param.String(default="When Mary and John went to the store, John gave a drink to",
+                          label="Prompt", doc="The prompt of the task 'your prompt' (in the "
+                                              "gallery: the sidebar's prompt)")
+    counterfactual = param.String(default="", label="Counterfactual (word=replacement)",
+                                  doc="For the task 'your prompt': the corrupted prompt "
+                                      "replaces this word of the prompt, e.g. John=Paul")
+    explain = param.String(default="", label="Token to explain (empty: the model's top token)",
+                           doc="For the task 'your prompt': the answer whose logit the "
+                               "circuit carries (against the corrupted prompt's top token)")
     method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution",
                             doc="EAP: one gradient at the clean run; EAP-IG: gradients averaged "
                                 "along the path from corrupted to clean inputs (slower, the "
@@ -272,11 +282,16 @@ class CircuitsView(View):
     notify_title = None
     failed_status = "error: {message}"
     link_params = ("task", "method", "n_prompts", "fraction", "mode", "n_edges", "threshold",
-                   "selected")
+                   "selected", "counterfactual", "explain")
 
     def scope(self) -> Scope:
         """The task's prompt pairs (not the sidebar prompt); edits change only the readout."""
-        if self.task == OWN_TASK:
+        if self.task == PROMPT_TASK:
+            t = self._task if self._task is not None and self._task.name == PROMPT_TASK \
+                else None
+            on = (f"your prompt {self.prompt!r}" + ("" if t is None else
+                  f" vs {t.corrupt[0]!r}, explaining {t.answer[0]!r} against {t.wrong[0]!r}"))
+        elif self.task == OWN_TASK:
             n = len(self._own_task) if self._own_task is not None else 0
             on = f"your own prompt pairs ({n} pairs), not the sidebar prompt"
         else:
@@ -328,7 +343,7 @@ class CircuitsView(View):
         self._shown = {"size": 0, "chosen": 0, "drawn": 0}
         self._default: cs.CircuitChoice | None = None
         self._boot: tuple[int, xr.Dataset] | None = None    # (id of the curve, its intervals)
-        self._influence_cache: dict[tuple, xr.Dataset] = {}
+        self._influence_cache: dict[tuple, Any] = {}   # pruning and paths by selection
         self._influence: xr.Dataset | None = None      # the shown circuit's pruning
         self._circuit_table: dict[str, np.ndarray] | None = None   # every member's edge
         self._node_paths: dict[str, str] = {}          # node -> circuit rows of its paths
@@ -388,10 +403,21 @@ class CircuitsView(View):
         if self.task == OWN_TASK:   # every paste is its own task
             n = len(self._own_task) if self._own_task is not None else 0
             return ((OWN_TASK, self._own_version), n, method or self.method)
+        if self.task == PROMPT_TASK:
+            return ((PROMPT_TASK, self.prompt, self.counterfactual, self.explain), 1,
+                    method or self.method)
         return (self.task, self.n_prompts, method or self.method)
 
     def _task_data(self, name: str, n: int, *, seed: int = 0) -> ca.CircuitTask:
         """The pairs of the task ``name``: the user's (`use_own`), or ``n`` generated ones."""
+        if name == PROMPT_TASK:
+            word, eq, by = self.counterfactual.partition("=")
+            if not eq:
+                raise InputError("the task 'your prompt' needs a counterfactual: a word of the "
+                                 "prompt and its replacement, e.g. 'John=Paul'; got "
+                                 f"{self.counterfactual!r}.")
+            return ca.prompt_task(self._model, self.prompt, word, by, answer=self.explain,
+                                  name=PROMPT_TASK)
         if name == OWN_TASK:
             if self._own_task is None:
                 raise InputError(f"the task {OWN_TASK!r} has no pairs yet: paste them in "
@@ -584,6 +610,7 @@ class CircuitsView(View):
         self._task = task
         self._shown_method = key[2]
         self._circuit_cache.clear()
+        self._influence_cache.clear()
         self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
         if not self._layout_from:
             self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
@@ -828,10 +855,14 @@ class CircuitsView(View):
             return
         self._circuit_table = cg.edge_table(scores, members, self._pos, spell=self._spell,
                                             effects=effects)
-        row = {int(e): i for i, e in enumerate(members.tolist())}
-        paths = ci.strongest_paths(scores, mask)
-        self._node_paths = {self._spell[n]: ",".join(str(row[e]) for e in back + fwd)
-                            for n, (back, fwd) in paths.items()}
+        key = self._selection_key(scores) + ("paths",)
+        paths = self._influence_cache.get(key)
+        if paths is None:   # the same circuit re-drawn (a selection, a hover): computed once
+            row = {int(e): i for i, e in enumerate(members.tolist())}
+            paths = {self._spell[n]: ",".join(str(row[e]) for e in back + fwd)
+                     for n, (back, fwd) in ci.strongest_paths(scores, mask).items()}
+            self._influence_cache[key] = paths
+        self._node_paths = paths
 
     def influence_share(self) -> float:
         """Share of the shown circuit's influence on the logits that its drawn edges carry
@@ -1115,6 +1146,10 @@ class CircuitsView(View):
         if own:
             lines.append(f"task = user_items.parse_circuit_pairs({self._own_text!r}, model, "
                          f"name={OWN_TASK!r})")
+        elif self.task == PROMPT_TASK:
+            word, _, by = self.counterfactual.partition("=")
+            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, {word!r}, {by!r}, "
+                         f"answer={self.explain!r}, name={PROMPT_TASK!r})")
         else:
             lines.append(f"task = ca.make_task({self.task!r}, {self.n_prompts}, seed=0)")
         n = "len(task)"
@@ -1367,7 +1402,9 @@ class CircuitsView(View):
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             labelled_control(self, "method", pn.widgets.RadioButtonGroup),
-            pn.widgets.IntInput.from_param(self.param.n_prompts), compute, self._progress,
+            pn.widgets.IntInput.from_param(self.param.n_prompts),
+            pn.widgets.TextInput.from_param(self.param.counterfactual),
+            pn.widgets.TextInput.from_param(self.param.explain), compute, self._progress,
             self._own.layout(self.param.error),
             pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
             labelled_control(self, "mode", pn.widgets.RadioButtonGroup), self._slider,

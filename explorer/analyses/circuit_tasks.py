@@ -30,7 +30,7 @@ from explorer._checks import InputError, check_choice, check_int
 from explorer.models import Model
 from explorer.trace import provenance, run_batch
 
-__all__ = ["CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
+__all__ = ["prompt_task", "CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
            "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
@@ -330,3 +330,50 @@ def filter_task(model: Model, task: CircuitTask, *, correct_only: bool = True,
         raise InputError(f"{model.spec.name} answers none of the {len(task)} {task.name!r} pairs "
                          "usably (right answer, equal lengths, distinct targets).")
     return task.subset(np.nonzero(ok)[0])
+
+
+def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str = "",
+                name: str = "your prompt") -> CircuitTask:
+    """A one-pair task from a prompt and a counterfactual: the corrupted prompt is ``prompt``
+    with the first whole-word ``replace`` replaced by ``by``.
+
+    The token to explain is ``answer`` (its first token as it continues the prompt) or, when
+    empty, the model's top next token on the prompt; the wrong target is the model's top next
+    token on the corrupted prompt, or, when that is the same token, the clean prompt's
+    second most likely one. The two prompts must tokenise to the same length.
+    """
+    import re
+
+    for label, value in (("prompt", prompt), ("replace", replace), ("by", by),
+                         ("answer", answer)):
+        if not isinstance(value, str):
+            raise TypeError(f"`{label}` must be a string; got {type(value).__name__}.")
+    if not prompt.strip():
+        raise InputError("the prompt is empty: type one in the sidebar.")
+    if not replace.strip() or not by.strip():
+        raise InputError("give a counterfactual: a word of the prompt and its replacement "
+                         f"(e.g. 'Mary=John'); got {replace!r} -> {by!r}.")
+    pattern = r"(?<!\w)" + re.escape(replace.strip()) + r"(?!\w)"
+    if not re.search(pattern, prompt):
+        words = sorted(set(re.findall(r"\w+", prompt)))[:12]
+        raise InputError(f"the word {replace.strip()!r} is not in the prompt; its words: "
+                         f"{', '.join(words)}.")
+    corrupt = re.sub(pattern, by.strip(), prompt, count=1)
+    lengths = [len(model.tokenizer(p, add_special_tokens=False)["input_ids"])
+               for p in (prompt, corrupt)]
+    if lengths[0] != lengths[1]:
+        raise InputError(f"the prompt and its counterfactual tokenise to {lengths[0]} and "
+                         f"{lengths[1]} tokens; pick a replacement of the same token length "
+                         f"({replace.strip()!r} -> {by.strip()!r}).")
+    from explorer.trace import run_with
+
+    last = run_with(model, [prompt, corrupt], positions=[-1])["logits"].values[:, 0]  # [prompt, vocab]
+    top = np.argsort(-last[0], kind="stable")
+    clean_top = int(top[0])
+    want = continuation_token(model.tokenizer, prompt, answer) if answer else clean_top
+    wrong = int(np.argmax(last[1]))
+    if wrong == want:
+        wrong = int(top[1]) if int(top[0]) == want else int(top[0])
+    decode = model.tokenizer.decode
+    return CircuitTask(clean=[prompt], corrupt=[corrupt], answer=[answer or decode([want])],
+                       wrong=[decode([wrong])], name=name)

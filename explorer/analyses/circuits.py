@@ -64,6 +64,7 @@ from explorer.analyses.circuit_tasks import (  # re-exported: the tasks and what
     _target_ids,
     filter_task,
     make_task,
+    prompt_task,
     task_accuracy,
     task_generators,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "faithfulness_curve",
     "task_accuracy",
     "filter_task",
+    "prompt_task",
     "CITATION",
 ]
 

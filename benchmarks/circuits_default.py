@@ -1,0 +1,115 @@
+"""The Circuits page's default circuit on SmolLM2-135M, per task and attribution method.
+
+For each task and method: the edge scores, the faithfulness curve the page measures
+(`circuit_select.measured_default_curve`: 12 log-spaced top-n sizes, then two bisection
+steps toward the smallest circuit reaching the target), the default it picks
+(`smallest_faithful_circuit`, no size cap) with its bootstrap interval over the pairs, the
+influence-pruned subset the page draws (`circuit_influence.influence_pruning`), and the
+node-level curve (`circuit_select.node_faithfulness_curve`: the top-k nodes by |node score|,
+every other node's output patched to its corrupted value). Times are wall and process CPU
+seconds of this run, with the load average beside them.
+
+    .venv/bin/python benchmarks/circuits_default.py --out /tmp/circuits_default.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+NODE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+
+
+def one(model, task_name: str, method: str, n_pairs: int, fraction: float, nodes: bool
+        ) -> dict:
+    import torch
+
+    from explorer.analyses import circuit_influence as ci
+    from explorer.analyses import circuit_select as cs
+    from explorer.analyses import circuits as ca
+
+    task = ca.make_task(task_name, n_pairs, seed=0)
+    w0, c0 = time.perf_counter(), time.process_time()
+    with torch.enable_grad():
+        scores = ca.edge_scores(model, task, method=method, batch_size=n_pairs)
+    w1, c1 = time.perf_counter(), time.process_time()
+    curve = cs.measured_default_curve(model, task, scores, fraction=fraction,
+                                      batch_size=n_pairs)
+    choice = cs.smallest_faithful_circuit(curve, fraction)
+    w2, c2 = time.perf_counter(), time.process_time()
+    boot = cs.bootstrap_recovered(curve).sel(n_edges=choice.n_edges)
+    mask = ca.select_circuit(scores, top_n=choice.n_edges).values
+    pruned = ci.influence_pruning(scores, mask)
+    drawn_nodes = {n for s, d, k in zip(scores["src"].values, scores["dst"].values,
+                                        pruned["drawn"].values) if k for n in (str(s), str(d))}
+    out = {"task": task_name, "method": method, "n_pairs": n_pairs,
+           "clean_metric": curve.attrs["clean_metric"],
+           "corrupt_metric": curve.attrs["corrupt_metric"],
+           "clean_accuracy": curve.attrs["clean_accuracy"],
+           "n_edges_total": int(scores.sizes["edge"]),
+           "curve": {int(n): [int(k), round(float(r), 4)] for n, k, r in zip(
+               curve["n_edges"].values, curve["n_kept"].values, curve["recovered"].values)},
+           "default_top_n": choice.n_edges, "default_edges": choice.n_kept,
+           "default_nodes": len(ca.circuit_nodes(scores, mask)),
+           "default_recovered": choice.recovered, "reached": choice.reached,
+           "interval": [float(boot["recovered_low"]), float(boot["recovered_high"])],
+           "drawn_edges": int(pruned.attrs["n_drawn"]), "drawn_nodes": len(drawn_nodes),
+           "drawn_share": float(pruned.attrs["drawn_share"]),
+           "scores_wall_s": w1 - w0, "scores_cpu_s": c1 - c0,
+           "curve_wall_s": w2 - w1, "curve_cpu_s": c2 - c1,
+           "default_wall_s": w2 - w0, "default_cpu_s": c2 - c0,
+           "n_circuits_patched": int(curve.sizes["n_edges"]),
+           "load_after": os.getloadavg()[0]}
+    if nodes:
+        total = cs.node_scores(scores).sizes["node"]
+        sizes = [0, *[k for k in NODE_SIZES if k < total], total]
+        w3 = time.perf_counter()
+        nc = cs.node_faithfulness_curve(model, task, scores, sizes=sizes, batch_size=n_pairs)
+        rec = nc["recovered"].values
+        reach = [int(k) for k, r in zip(nc["n_nodes"].values, rec) if r >= fraction]
+        out.update(node_curve={int(k): round(float(r), 4) for k, r in zip(nc["n_nodes"].values,
+                                                                           rec)},
+                   nodes_for_target=reach[0] if reach else None, n_nodes_total=int(total),
+                   node_curve_wall_s=time.perf_counter() - w3)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", nargs="+", default=["ioi", "greater-than", "add"])
+    p.add_argument("--methods", nargs="+", default=["eap", "eap-ig"])
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--fraction", type=float, default=0.8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-nodes", action="store_true", help="skip the node-level curves")
+    p.add_argument("--out", default="circuits_default.json")
+    args = p.parse_args()
+
+    import torch
+
+    import explorer
+
+    torch.set_num_threads(args.threads)
+    model = explorer.load_model("smollm2-135m")
+    rows = []
+    for task in args.tasks:
+        for method in args.methods:
+            r = one(model, task, method, args.pairs, args.fraction, not args.no_nodes)
+            rows.append(r)
+            print(f"{task:13s} {method:6s} default {r['default_edges']:6,} edges "
+                  f"{r['default_nodes']:3} nodes recovering {r['default_recovered']:.2f} "
+                  f"[{r['interval'][0]:.2f}, {r['interval'][1]:.2f}] "
+                  f"({'reached' if r['reached'] else 'NOT reached'}); drawn "
+                  f"{r['drawn_edges']} edges {r['drawn_nodes']} nodes "
+                  f"({r['drawn_share']:.1%} of the influence); nodes for "
+                  f"{args.fraction:.0%}: {r.get('nodes_for_target')}; default in "
+                  f"{r['default_wall_s']:.0f} s wall / {r['default_cpu_s']:.0f} s CPU, "
+                  f"load {r['load_after']:.1f}", flush=True)
+            with open(args.out, "w") as f:
+                json.dump({"threads": args.threads, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
