@@ -401,6 +401,36 @@ def heatmap_updates(ds: xr.Dataset, *, prompt: int = 0) -> dict[str, dict[str, A
     return {"heat": heat, "labels": labels}
 
 
+_PATCH_SHARE = 0.5
+"""A column whose cells changed in at most this share is patched cell by cell."""
+
+
+def _update_source(source: Any, columns: dict[str, Any]) -> None:
+    """Write ``columns`` into a drawn ``source``, sending only what changed: columns equal
+    to the drawn ones are skipped, a column with few changed cells (a drag: the layers
+    before the edit, and most tokens, stay) goes as a patch of those cells, the others
+    whole, in one change event each."""
+    whole: dict[str, Any] = {}
+    patches: dict[str, list[tuple[int, Any]]] = {}
+    for name, new in columns.items():
+        old = source.data.get(name)
+        if old is None or len(old) != len(new):
+            whole[name] = new
+            continue
+        changed = np.flatnonzero(np.asarray(old, dtype=object) != np.asarray(new, dtype=object))
+        if len(changed) == 0:
+            continue
+        if len(changed) <= _PATCH_SHARE * len(new):
+            values = np.asarray(new, dtype=object)[changed].tolist()   # plain Python values
+            patches[name] = list(zip(changed.tolist(), values))
+        else:
+            whole[name] = new
+    if whole:
+        source.data.update(whole)
+    if patches:
+        source.patch(patches)
+
+
 def lens_digest(ds: xr.Dataset) -> str:
     """A short fingerprint of a lens result (changes whenever the displayed cells do)."""
     h = hashlib.sha1(np.ascontiguousarray(ds.top_token_id.values).tobytes())
@@ -913,9 +943,9 @@ class LensView(View):
             if all(set(src.data) <= set(columns[glyph]) | set(_SHAPE_COLUMNS[glyph])
                    for glyph, srcs in sources.items() for src in srcs):
                 for glyph, srcs in sources.items():
-                    for src in srcs:  # one change event carrying the changed columns only
-                        src.data.update({name: columns[glyph][name] for name in src.data
-                                         if name in columns[glyph]})
+                    for src in srcs:
+                        _update_source(src, {name: columns[glyph][name] for name in src.data
+                                             if name in columns[glyph]})
                 steers = plot_shape(ds)[3]
                 if steers:
                     lines[0].location = steers[0] - 0.5

@@ -169,11 +169,13 @@ def open_lens_page(browser, url: str, *, timeout_s: float = 300):
 
 
 def run_drag(*, threads: int, tokens: int, moves: int, step_px: int, timeout_s: float,
-             drags: int) -> dict[str, Any]:
+             drags: int, omp_wait_policy: str | None = None) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    if omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port),
                              "--threads", str(threads), "--tokens", str(tokens)],
@@ -204,22 +206,26 @@ def run_drag(*, threads: int, tokens: int, moves: int, step_px: int, timeout_s: 
     return summary(each)
 
 
-def kernel_process(threads: int, tokens: int) -> None:
+def kernel_process(threads: int, tokens: int, moves: int) -> None:
     """One fresh process: the slider preview's backend and median ms (JSON on stdout)."""
     import torch
 
     torch.set_num_threads(threads)
     from explorer.bench import slider_preview_compute
 
-    print(json.dumps(slider_preview_compute(model=MODEL, tokens=tokens)))
+    print(json.dumps(slider_preview_compute(model=MODEL, tokens=tokens, moves=moves)))
 
 
-def run_kernel(*, processes: int, threads: int, tokens: int) -> dict[str, Any]:
+def run_kernel(*, processes: int, threads: int, tokens: int, moves: int,
+               omp_wait_policy: str | None = None) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    if omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
     runs = []
     for _ in range(processes):
         out = subprocess.run([sys.executable, __file__, "--kernel-process", "--threads",
-                              str(threads), "--tokens", str(tokens)], cwd=ROOT, env=env,
+                              str(threads), "--tokens", str(tokens), "--kernel-moves",
+                              str(moves)], cwd=ROOT, env=env,
                              capture_output=True, text=True, check=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     chosen = sorted({r["backend"] for r in runs})
@@ -243,7 +249,11 @@ def main() -> None:
     ap.add_argument("--step-px", type=int, default=12)
     ap.add_argument("--timeout", type=float, default=5.0)
     ap.add_argument("--processes", type=int, default=5)
+    ap.add_argument("--kernel-moves", type=int, default=16,
+                    help="previews (and exact calls) timed per kernel process")
     ap.add_argument("--only", choices=("drag", "kernel"), default=None)
+    ap.add_argument("--omp-wait-policy", choices=("ACTIVE", "PASSIVE"), default=None,
+                    help="OMP_WAIT_POLICY of the served and kernel processes (default: unset)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--kernel-process", action="store_true", help=argparse.SUPPRESS)
@@ -251,18 +261,19 @@ def main() -> None:
     if args.serve is not None:
         return serve(args.serve, args.threads, args.tokens)
     if args.kernel_process:
-        return kernel_process(args.threads, args.tokens)
+        return kernel_process(args.threads, args.tokens, args.kernel_moves)
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "uptime_before": _uptime(),
                               "params": {k: v for k, v in vars(args).items()
                                          if k not in ("serve", "kernel_process", "json")}}
     if args.only in (None, "kernel"):
         result["kernel"] = run_kernel(processes=args.processes, threads=args.threads,
-                                      tokens=args.tokens)
+                                      tokens=args.tokens, moves=args.kernel_moves,
+                                      omp_wait_policy=args.omp_wait_policy)
     if args.only in (None, "drag"):
         result["drag"] = run_drag(threads=args.threads, tokens=args.tokens, moves=args.moves,
                                   step_px=args.step_px, timeout_s=args.timeout,
-                                  drags=args.drags)
+                                  drags=args.drags, omp_wait_policy=args.omp_wait_policy)
     result["uptime_after"] = _uptime()
     text = json.dumps(result, indent=1)
     if args.json:

@@ -17,7 +17,9 @@ exact `explorer.logit_lens` follows on release. What it costs and why:
   ran the sequence ~10x slower than either alone; the norms and attention between the
   products run on torch, so the preview alternates with numpy products too, which a
   timing of the products alone does not see. The values are the forward's up to float32
-  rounding.
+  rounding. The preview runs at `PREVIEW_THREADS` torch thread (`preview_threads`): its
+  products are small, and on a loaded 2-core machine two threads' barriers spin-waiting
+  for each other made a move ~10x slower.
 - Those layers are read at candidate tokens only (`explorer.lens.preview_vocabulary`: the
   exact result's top tokens and those the steering vector raises) plus `PREVIEW_SAMPLE`
   tokens drawn with a fixed seed that stand in for the rest of the normaliser: top-k are
@@ -33,6 +35,7 @@ elsewhere.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -52,7 +55,8 @@ from .models import Model, _get_path
 from .trace import CleanRun
 
 __all__ = ["steered_lens_preview", "steered_resid_post", "preview_forward_reason", "Gemm",
-           "gemm_choices", "choose_backend", "decide_backend", "PREVIEW_MARGIN"]
+           "gemm_choices", "choose_backend", "decide_backend", "preview_threads",
+           "PREVIEW_MARGIN", "PREVIEW_THREADS"]
 
 PREVIEW_MARGIN = 1.5
 """numpy is taken for the preview only where the whole preview (forward and readout) runs at
@@ -60,6 +64,14 @@ least this many times faster on it than on torch, in every timed round."""
 PREVIEW_ROUNDS = 3
 """Paired rounds (torch then numpy, numpy then torch, ...) timed to decide."""
 
+PREVIEW_THREADS = 1
+"""torch threads the preview runs at (its products are 32-row GEMMs of < 60 MFLOP each). At
+2 threads every product ends in an OpenMP barrier whose threads spin-wait for each other;
+on a loaded 2-core machine a thread is often descheduled and the other spins out its time
+slice: SmolLM2's preview (32 tokens, from layer 10) took 4.6-5.7 s a move at 2 threads and
+0.42-0.45 s at 1 thread at load 13 (2026-12-04, `benchmarks/slider_drag.py`)."""
+
+_THREADS_LOCK = threading.Lock()
 _CHOICES_LOCK = threading.Lock()
 _CHOICES: dict[tuple, dict[str, Any]] = {}
 
@@ -85,6 +97,22 @@ class Gemm:
         if self.bias is not None:
             out += self.bias
         return out
+
+
+@contextlib.contextmanager
+def preview_threads(n: int = PREVIEW_THREADS):
+    """Run the body at at most ``n`` torch threads, then restore the count. torch's count is
+    the process's: a job running meanwhile in another thread runs at ``n`` too (slower,
+    never wrong); one preview at a time changes it."""
+    with _THREADS_LOCK:
+        before = torch.get_num_threads()
+        if before > n:
+            torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            if before > n:
+                torch.set_num_threads(before)
 
 
 def decide_backend(torch_s: Sequence[float], numpy_s: Sequence[float], *,
@@ -430,8 +458,9 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
             return (top_logit - lse).exp(), top_col, n_l, p
 
     rows = clean.resid_pre[first + 1][0].shape[0]                           # positions
-    backend = choose_backend((b.name, first, row_bucket(rows)), run)
-    top_prob, top_col, n_l, p = run(backend)
+    with preview_threads():
+        backend = choose_backend((b.name, first, row_bucket(rows)), run)
+        top_prob, top_col, n_l, p = run(backend)
     # [G*pos, k] layer-major -> [pos, G, k]
     ids = pv.ids[top_col].reshape(n_l, p, -1).transpose(0, 1).numpy()
     probs = top_prob.reshape(n_l, p, -1).transpose(0, 1).numpy()

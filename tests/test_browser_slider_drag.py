@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest

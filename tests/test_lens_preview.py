@@ -226,6 +226,28 @@ def test_a_drag_from_zero_shows_the_steering_line_in_place(tiny_model):
     view.close()
 
 
+def test_a_redraw_sends_only_the_changed_cells():
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource
+
+    from apps.lens import _update_source
+
+    src = ColumnDataSource({"z": np.array([0.1, 0.2, 0.3, 0.4]), "tok": ["a", "b", "c", "d"],
+                            "same": ["x", "y", "z", "w"]})
+    doc = Document()
+    doc.add_root(src)
+    events = []
+    doc.on_change(lambda event: events.append(event))
+    _update_source(src, {"z": np.array([0.1, 0.25, 0.35, 0.45]), "tok": ["a", "b", "q", "d"],
+                         "same": ["x", "y", "z", "w"]})
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["ColumnDataChangedEvent", "ColumnsPatchedEvent"], kinds
+    assert events[0].cols == ["z"]                          # 3 of 4 changed: sent whole
+    assert events[1].patches == {"tok": [(2, "q")]}         # 1 of 4: that cell only
+    assert list(src.data["z"]) == [0.1, 0.25, 0.35, 0.45]
+    assert src.data["tok"] == ["a", "b", "q", "d"] and src.data["same"] == ["x", "y", "z", "w"]
+
+
 def test_the_slider_updates_are_the_full_columns(tiny_model):
     """`heatmap_updates` (built from the arrays, for speed) gives every column it sends equal
     to `heatmap_columns` (built from the lens table), steered and not."""

@@ -217,3 +217,23 @@ def test_the_page_drags_through_the_preview_forward(tiny_model):
     exact = logit_lens(tiny_model, [PROMPT], k=3, edits=[Steer(1, vector, 2.5)])
     np.testing.assert_array_equal(pre.top_token_id.values, exact.top_token_id.values)
     view.close()
+
+
+def test_the_preview_runs_at_one_thread_and_restores_the_count(tiny_model, monkeypatch):
+    clean = clean_run(tiny_model, [PROMPT])
+    base = logit_lens(tiny_model, [PROMPT], k=3)
+    edits = [Steer(1, _vector(tiny_model), 3.0)]
+    cand = preview_vocabulary(tiny_model, results=[base], directions=[edits[0].vector])
+    seen = []
+    real = lp._steered_forward
+    monkeypatch.setattr(lp, "_steered_forward",
+                        lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lp.steered_lens_preview(tiny_model, PROMPT, k=3, edits=edits, clean=clean, base=base,
+                                candidates=cand)
+        assert seen and set(seen) == {lp.PREVIEW_THREADS}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
