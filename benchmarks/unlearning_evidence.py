@@ -478,6 +478,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", default=None, help="folder of the JSON files (default docs/figures)")
     ap.add_argument("--facts", default=None, help="fact file (default the shipped athletes)")
+    ap.add_argument("--text-weight", type=float, default=None,
+                    help="weight of the general-text retain term (default the settings': 1; "
+                         "0: the facts-only retain term)")
     ap.add_argument("--trace-facts", type=int, default=None,
                     help="causal tracing over the first N forget facts (default all; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
@@ -497,6 +500,8 @@ def main() -> None:
         FIGURES = Path(args.out)
         SUMMARY = FIGURES / "unlearning_summary.json"
     FACTS = args.facts
+    if args.text_weight is not None:
+        SETTINGS["text_weight"] = args.text_weight
     model = load_model(args.model)
     summary = _load()
     for stage in args.stages.split(","):

@@ -57,7 +57,7 @@ def test_localize_pick_method_run_and_bars(page_url, browser):
     wait_for(page, "data-unlearning-method", lambda v: v == "attribution_patching")
     page.get_by_role("button", name="Run unlearning").click()
     assert wait_for(page, "data-unlearning-result", lambda v: v != "none",
-                    timeout=180) == "original,attribution_patching"
+                    timeout=300) == "original,fact_lookup,attribution_patching"
     assert page.locator(".bk-Canvas, canvas").count() >= 3   # probe curve, heatmap, bars
     time.sleep(2)  # let the bars render before the screenshot
     ARTIFACTS.mkdir(exist_ok=True)

@@ -341,3 +341,41 @@ def test_remote_style_training_with_a_head_mask_matches_the_copy(tiny_model, fac
         d = deltas.deltas[n]
         assert torch.equal(d[~masks[n]], torch.zeros_like(d[~masks[n]])), n
         torch.testing.assert_close(params[n].detach() + d, trained[n].detach(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.integration
+def test_smollm2_components_at_reduced_settings(smollm2):
+    """SmolLM2 at reduced settings: head attribution for 2 facts, the budget selection,
+    one training step on the chosen components plus a head, and held-out perplexity."""
+    facts = U.load_attribute_facts()
+    fo = [next(f for f in facts if f.subject == s) for s in ("Derek Jeter", "Tom Brady")]
+    re_ = [next(f for f in facts if f.subject == "Serena Williams")]
+    ap = U.attribution_patching(smollm2, fo, seed=0)
+    assert ap.ap_head.shape == (2, 30, 9)
+    comps = U.localized_components(smollm2, "attribution_patching", 1, attribution=ap)
+    spent = sum(U.component_parameter_count(smollm2, c) for c in comps)
+    assert U.component_parameter_count(smollm2, "L3.H4") == 2 * 64 * 576
+    assert U.mlp_budget(smollm2, 1) == 3 * 576 * 1536
+    # the budget is reached, and without the last component taken it was not
+    assert spent >= U.mlp_budget(smollm2, 1)
+    scores = U.component_scores(ap)
+    order = sorted(comps, key=lambda c: -abs(float(scores.sel(component=c))))
+    assert spent - U.component_parameter_count(smollm2, order[-1]) < U.mlp_budget(smollm2, 1)
+    names, masks, _ = U.trained_parameters(smollm2, "attribution_patching", [*comps, "L20.H4"])
+    text = U.text_windows(smollm2, "train", window=32, max_windows=2)
+    held = U.text_windows(smollm2, "heldout", window=32, max_windows=2)
+    hf, losses = U.localized_finetune(smollm2, fo, re_, names, masks=masks, steps=1, lr=2e-4,
+                                      text=text, text_batch=2)
+    assert np.isfinite(losses[0])
+    q = dict(hf.named_parameters())["model.layers.20.self_attn.q_proj.weight"]
+    q0 = dict(smollm2.hf.named_parameters())["model.layers.20.self_attn.q_proj.weight"]
+    assert torch.equal(q[:4 * 64], q0[:4 * 64]) and torch.equal(q[5 * 64:], q0[5 * 64:])
+    assert not torch.equal(q[4 * 64:5 * 64], q0[4 * 64:5 * 64])
+    with torch.no_grad():
+        nll = []
+        for w in held:
+            logp = torch.log_softmax(smollm2.hf(input_ids=w[None]).logits[0].double(), -1)
+            nll += [-float(logp[t, w[t + 1]]) for t in range(len(w) - 1)]
+    before = U.text_perplexity(smollm2, held)
+    assert before == pytest.approx(math.exp(np.mean(nll)), rel=1e-3)
+    assert 1 < U.text_perplexity(smollm2, held, hf=hf) < 10 * before
