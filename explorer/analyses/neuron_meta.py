@@ -13,7 +13,12 @@ split of the units, by the same AUPRC, and are reported on the other 95 %.
 `itda_known_atom_meta_auprc` supplies the known units of a language model: ITDA atoms, each
 explained by its own source token ("the token is the atom's token"; the unit's activation is
 the cosine of a token's activation with the atom), against the source tokens of the other
-atoms as the wrong explanations.
+atoms as the wrong explanations. That set is easy: the unit's activation is close to an
+indicator of its explanation. `probe_known_unit_meta_auprc` supplies a harder one: linear
+probes trained on one half of the probing set to detect a token category (digits,
+capitalised tokens, punctuation, number words), each explained by its category on the other
+half. `meta_auprc_over_splits` repeats either over validation / test splits of the units and
+gives the spread.
 """
 from __future__ import annotations
 
