@@ -28,7 +28,7 @@ import explorer
 from apps import theme
 from apps._controls import labelled_controls
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from apps.itda import DEFAULT_PROBE_TEXT, MIN_POS, probe_prompts
 from explorer.analyses.itda import ITDA
 from explorer.analyses.neuron_eval import (
@@ -144,11 +144,27 @@ def perturbation_table(a: np.ndarray, c: np.ndarray, perturbed: np.ndarray, test
                          "status": np.array(status, dtype=object), "test": test})
 
 
+def _legend_above(plot: Any, element: Any) -> None:
+    """Move the legend out of the plot frame into the band above it, in one row, so that it
+    covers neither the bars nor the frame's edge."""
+    from bokeh.models import Legend
+
+    fig = plot.state
+    for legend in fig.select(type=Legend):
+        if legend in fig.center:
+            fig.center.remove(legend)
+        if legend not in fig.above:
+            fig.add_layout(legend, "above")
+        legend.update(orientation="horizontal", location="top_left", nrows="auto", ncols="auto",
+                      border_line_alpha=0, background_fill_alpha=0, margin=0, padding=4)
+
+
 def plot_metric_deltas(table: pd.DataFrame | None) -> hv.Element:
     """Normalised score change of every metric under both perturbations (a sound metric drops).
 
-    Every metric is named: names stand upright and the legend sits above the plot, so the
-    frame has a column wide enough for each (at 60 degrees beside a legend, 12 of 17 hid)."""
+    Every metric is named: names stand upright and the legend sits in a row above the frame
+    (`_legend_above`), so the frame has a column wide enough for each (at 60 degrees beside a
+    legend, 12 of 17 hid)."""
     if table is None:
         return hv.Text(0, 0, "Scoring…").opts(xaxis=None, yaxis=None, toolbar=None, height=300,
                                               responsive=True)
@@ -161,7 +177,7 @@ def plot_metric_deltas(table: pd.DataFrame | None) -> hv.Element:
         height=440, title="Score change under each perturbation",
         fontsize={"title": f"{theme.SIZES['title_font_pt']}pt", "xticks": f"{theme.SIZES['label_font_pt']}pt"},
         default_tools=_TOOLS, active_tools=[], show_legend=True, legend_position="top",
-        legend_cols=2, multi_level=False)
+        multi_level=False, hooks=[_legend_above])
 
 
 #: The caption under the score-change bars.
@@ -319,6 +335,16 @@ class NeuronEvalView(View):
     notify_title = "Neuron evaluation"
     failed_status = "Last run failed: {message}"
     wait_timeout = 300
+    link_params = ("probe_text", "layer", "tau", "unit", "concept", "binarize", "alpha",
+                   "threshold", "seed")
+
+    def scope(self) -> Scope:
+        """Its own probing prompts; the units are atoms of a dictionary of unedited activations."""
+        n = len(probe_prompts(self.probe_text)) if self.probe_text.strip() else 0
+        return Scope(on=f"its own probing prompts ({n}, the box on the left), not your prompt",
+                     edits="not applicable: the units are ITDA atoms of the unedited model's "
+                           "activations and the sanity checks perturb concept labels, not "
+                           "the model")
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, n_seeds: int = 10,
                  **params: Any):

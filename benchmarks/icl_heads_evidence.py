@@ -157,15 +157,19 @@ def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float])
 
     shots, n = args.xfit_shots, args.eval_prompts
     out = summary.setdefault("ablation_cross_fit", {})
-    t0 = time.perf_counter()
-    screen = ih.task_screen(model, n_prompts=n, n_shots=shots, seed=100)
-    above = [str(t) for t in screen.task.values[screen.above_chance.values]]
-    out["screen"] = {"n_prompts": n, "n_shots": shots, "seed": 100,
-                     **{k: dict(zip(screen.task.values.tolist(),
-                                    np.round(screen[k].values.astype(float), 4).tolist()))
-                        for k in ("accuracy", "accuracy_low", "accuracy_high", "chance")},
-                     "above_chance": above, "seconds": time.perf_counter() - t0}
-    save()
+    old = out.get("screen", {})
+    if old.get("n_prompts") == n and old.get("n_shots") == shots:   # screened already
+        above = old["above_chance"]
+    else:
+        t0 = time.perf_counter()
+        screen = ih.task_screen(model, n_prompts=n, n_shots=shots, seed=100)
+        above = [str(t) for t in screen.task.values[screen.above_chance.values]]
+        out["screen"] = {"n_prompts": n, "n_shots": shots, "seed": 100,
+                         **{k: dict(zip(screen.task.values.tolist(),
+                                        np.round(screen[k].values.astype(float), 4).tolist()))
+                            for k in ("accuracy", "accuracy_low", "accuracy_high", "chance")},
+                         "above_chance": above, "seconds": time.perf_counter() - t0}
+        save()
     ie = out.setdefault("indirect_effect", {})
     for task in above:
         if task in ie:
@@ -180,7 +184,8 @@ def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float])
     perm = np.random.default_rng(0).permutation(len(above))
     folds = [sorted(above[i] for i in perm[::2]), sorted(above[i] for i in perm[1::2])]
     out.update(folds=folds, percents=percents, n_prompts=n, n_shots=shots,
-               fv_prompts=args.xfit_fv_prompts, exclude_fraction=0.02, n_boot=2000)
+               fv_prompts=args.xfit_fv_prompts, exclude_fraction=0.02, n_boot=2000,
+               loss_sequences=2, loss_tokens=64)
     ind = np.array(summary["induction"]["induction_score"])
     by_source = out.setdefault("by_mean_source", {})
     for source in args.xfit_mean_sources.split(","):
@@ -192,7 +197,7 @@ def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float])
             tops.append(ih.top_heads(fv, 0.02))
             parts.append(ih.ablation_curves(
                 model, evals, ind, fv, percents=percents, exclude_fraction=0.02, n_prompts=n,
-                n_shots=shots, loss_sequences=4, loss_tokens=128, mean_source=source,
+                n_shots=shots, loss_sequences=2, loss_tokens=64, mean_source=source,
                 mean_tasks=other, n_boot=2000, seed=0))
         correct = np.concatenate([p.correct.values for p in parts], axis=2)
         low, high = ih._bootstrap_mean_accuracy(correct, n_boot=2000, level=0.95, seed=0)

@@ -339,6 +339,33 @@ def test_neuron_eval_view_scores_the_chosen_unit_and_concept(tiny_model):
     (player,) = panel.select(pn.widgets.Player)
     player.value = 7                                              # the player drives the seed
     assert view.seed == 7 and "seed 7" in view.caption
+    # scope and link: its own probing set, edits not applicable (and why); the link carries
+    # the page's settings, each a Parameter
+    scope = view.scope()
+    n = len(probe_prompts(view.probe_text))
+    assert scope.on == f"its own probing prompts ({n}, the box on the left), not your prompt"
+    assert scope.edits.startswith("not applicable: ")
+    assert set(view.link_params) == {"probe_text", "layer", "tau", "unit", "concept", "binarize",
+                                     "alpha", "threshold", "seed"}
+
+
+def test_metric_deltas_legend_sits_above_the_frame():
+    import holoviews as hv
+    import pandas as pd
+    from bokeh.models import Legend
+
+    from apps.neuron_eval import plot_metric_deltas
+
+    hv.extension("bokeh", logo=False)
+    table = pd.DataFrame({"metric": ["f1", "iou"], "score": [0.5, 0.4],
+                          "missing_labels": [-0.1, -0.2], "extra_labels": [-0.3, 0.1]})
+    fig = hv.render(plot_metric_deltas(table), backend="bokeh")
+    legends = fig.select(type=Legend)
+    assert len(legends) == 1
+    (legend,) = legends
+    assert legend in fig.above and legend not in fig.center        # outside the frame
+    assert legend.orientation == "horizontal"
+    assert legend.items                                         # the perturbations named
 
 
 def test_missing_labels_that_drop_nothing_give_zero_deltas_and_the_page_says_why(tiny_model):

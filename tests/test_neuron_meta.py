@@ -82,3 +82,67 @@ def test_bad_inputs_are_named():
         nm.known_unit_meta_auprc(a, c, [0, 1, 2, 9])
     with pytest.raises(InputError, match="share the input axis"):
         nm.known_unit_meta_auprc(a[:10], c, correct)
+
+
+def test_split_intervals_are_percentiles_over_seeds():
+    import xarray as xr
+
+    def run(seed):   # a stand-in meta-evaluation whose score is known per seed
+        return xr.Dataset({"meta_auprc": ("metric", [seed / 10.0, 1.0])},
+                          coords={"metric": ["f1", "iou"]}, attrs={"chance": 0.1 * seed, "seed": seed})
+
+    out = nm.meta_auprc_over_splits(run, n_splits=5, level=0.5, seed=1)
+    np.testing.assert_allclose(out.meta_auprc.sel(metric="f1").values, [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert float(out.meta_auprc_mean.sel(metric="f1")) == pytest.approx(0.3)
+    assert float(out.meta_auprc_low.sel(metric="f1")) == pytest.approx(np.quantile([.1, .2, .3, .4, .5], 0.25))
+    assert float(out.meta_auprc_high.sel(metric="f1")) == pytest.approx(np.quantile([.1, .2, .3, .4, .5], 0.75))
+    assert float(out.meta_auprc_low.sel(metric="iou")) == 1.0
+    np.testing.assert_allclose(out.chance.values, [0.1, 0.2, 0.3, 0.4, 0.5])
+    with pytest.raises(InputError, match="`n_splits` must be an int"):
+        nm.meta_auprc_over_splits(run, n_splits=1)
+
+
+def test_probe_units_against_sklearn_probes_and_average_precision(tiny_model):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import average_precision_score
+
+    from explorer.analyses.neuron_eval import atom_probe_set, token_concepts
+    from explorer.trace import trace
+
+    prompts = ["Anna met Bob in Rome, then Carl.", "Dan and Eve saw 12 cats, 3 dogs.",
+               "Fay, Gus and Hal: 7 days, 45 nights!", "Ivy paid 90 coins; Jon paid 8.",
+               "Kim, Lou and Max: 6 cups, 21 plates.", "Ned saw 4 owls, 17 bats; Ola 5."]
+    ds = trace(tiny_model, prompts)
+    out = nm.probe_known_unit_meta_auprc(ds, layer=1, probes_per_concept=2, min_positives=2,
+                                         metrics=("correlation", "f1"), alphas=(0.1,),
+                                         val_fraction=0.2, seed=3)
+    # the same probes, trained here with scikit-learn, and the pooled AUPRC of one metric
+    unit_x, _, tokens = atom_probe_set(ds, layer=1)
+    c = token_concepts(tokens)
+    rng = np.random.default_rng([0, 7])
+    order = rng.permutation(len(tokens))
+    fit, held = np.sort(order[: len(order) // 2]), np.sort(order[len(order) // 2:])
+    names = list(out.attrs["concepts"])
+    acts, correct = [], []
+    for j, name in enumerate(names):
+        y = c.sel(concept=name).values[fit] > 0.5
+        for _ in range(2):
+            idx = rng.integers(0, len(fit), len(fit))
+            while y[idx].all() or not y[idx].any():
+                idx = rng.integers(0, len(fit), len(fit))
+            p = LogisticRegression(class_weight="balanced", max_iter=2000).fit(unit_x[fit][idx], y[idx])
+            acts.append(p.decision_function(unit_x[held]))
+            correct.append(j)
+    acts = np.stack(acts, 1)
+    cc = c.sel(concept=names).values[held]
+    order = np.random.default_rng(3).permutation(acts.shape[1])
+    test = np.sort(order[max(1, int(0.2 * acts.shape[1])):])
+    za = (acts[:, test] - acts[:, test].mean(0)) / acts[:, test].std(0)
+    zc = (cc - cc.mean(0)) / cc.std(0)
+    corr = za.T @ zc / len(held)                                    # Pearson [unit, concept]
+    onehot = np.eye(len(names), dtype=bool)[np.array(correct)[test]]
+    assert float(out.meta_auprc.sel(metric="correlation")) == pytest.approx(
+        average_precision_score(onehot.ravel(), corr.ravel()), abs=1e-6)
+    assert out.attrs["units"] == "category_probes" and out.attrs["chance"] == pytest.approx(onehot.mean())
+    with pytest.raises(InputError, match="fewer than 2 token categories"):
+        nm.probe_known_unit_meta_auprc(ds, layer=1, min_positives=1000)

@@ -13,7 +13,12 @@ split of the units, by the same AUPRC, and are reported on the other 95 %.
 `itda_known_atom_meta_auprc` supplies the known units of a language model: ITDA atoms, each
 explained by its own source token ("the token is the atom's token"; the unit's activation is
 the cosine of a token's activation with the atom), against the source tokens of the other
-atoms as the wrong explanations.
+atoms as the wrong explanations. That set is easy: the unit's activation is close to an
+indicator of its explanation. `probe_known_unit_meta_auprc` supplies a harder one: linear
+probes trained on one half of the probing set to detect a token category (digits,
+capitalised tokens, punctuation, number words), each explained by its category on the other
+half. `meta_auprc_over_splits` repeats either over validation / test splits of the units and
+gives the spread.
 """
 from __future__ import annotations
 
@@ -29,11 +34,12 @@ from explorer.analyses.neuron_eval import (
     METRICS,
     atom_probe_set,
     neuron_metrics,
+    token_concepts,
     token_identity_concepts,
 )
 
 __all__ = ["known_unit_meta_auprc", "itda_known_atom_meta_auprc", "ALPHA_METRICS",
-           "ALPHA_GRID", "pooled_auprc"]
+           "ALPHA_GRID", "pooled_auprc", "probe_known_unit_meta_auprc", "meta_auprc_over_splits"]
 
 #: Metrics that read the binarised activations, so depend on ``alpha`` (tuned on validation).
 ALPHA_METRICS = ("recall", "precision", "f1", "iou", "accuracy", "balanced_accuracy",
@@ -158,4 +164,88 @@ def itda_known_atom_meta_auprc(itda: Any, activations: Any, *, site: str = "resi
     acts = unit_x @ np.asarray(itda.atoms_, dtype=np.float64)[keep].T    # [input, unit]
     out = known_unit_meta_auprc(acts, concepts, correct, **options)
     out.attrs.update(units="itda_atoms", explanation="own_token", n_inputs=int(len(tid)))
+    return out
+
+
+def meta_auprc_over_splits(run: Any, *, n_splits: int = 20, level: float = 0.95,
+                           seed: int = 0) -> xr.Dataset:
+    """A meta-AUPRC and its spread over unit splits: ``run(seed=s)`` (a function returning a
+    `known_unit_meta_auprc` Dataset) for ``n_splits`` seeds of the validation / test split.
+
+    Returns ``meta_auprc`` (split, metric), its mean and the central ``level`` percentile
+    interval over splits (``meta_auprc_mean`` / ``_low`` / ``_high``, metric), and
+    ``chance`` (split): the AUPRC of a random score on each split's test units.
+    """
+    n_splits = check_int("n_splits", n_splits, low=2)
+    level = check_float("level", level, low=0.5, high=0.999)
+    runs = [run(seed=seed + s) for s in range(n_splits)]
+    meta = np.stack([r["meta_auprc"].values for r in runs])            # [split, metric]
+    tail = (1.0 - level) / 2.0
+    first = runs[0]
+    return xr.Dataset(
+        {"meta_auprc": (("split", "metric"), meta),
+         "meta_auprc_mean": ("metric", meta.mean(0)),
+         "meta_auprc_low": ("metric", np.quantile(meta, tail, axis=0)),
+         "meta_auprc_high": ("metric", np.quantile(meta, 1.0 - tail, axis=0)),
+         "chance": ("split", np.array([r.attrs["chance"] for r in runs]))},
+        coords={"metric": first["metric"].values, "split": np.arange(n_splits)},
+        attrs={**{k: v for k, v in first.attrs.items() if k not in ("seed", "chance")},
+               "n_splits": n_splits, "level": level, "seed": seed})
+
+
+def probe_known_unit_meta_auprc(activations: Any, *, site: str = "resid_post",
+                                layer: int | None = None, min_pos: int = 0,
+                                word_lists: Any = None,
+                                families: Sequence[str] = ("digit", "capitalised", "punctuation"),
+                                probes_per_concept: int = 8, min_positives: int = 5,
+                                probe_seed: int = 0, seed: int = 0,
+                                **options: Any) -> xr.Dataset:
+    """`known_unit_meta_auprc` on probe units, whose explanation is a token category.
+
+    The probing set's tokens are split in two halves (seeded). For every category of
+    `explorer.analyses.neuron_eval.token_concepts` (digits, capitalised tokens,
+    punctuation, number words, ``word_lists``) with at least ``min_positives`` tokens in
+    each half, ``probes_per_concept`` logistic-regression probes (scikit-learn, balanced
+    classes, each on its own bootstrap resample of the first half) are trained to detect
+    the category from the unit-norm activation; each probe is a unit, its activation the
+    probe's logit on the second half, its correct explanation the category it was trained
+    on, and the candidates are all kept categories. Unlike an atom explained by its own
+    token, the unit's activation is a learned direction, not a copy of the concept, and the
+    concept is a category of many tokens. ``probe_seed`` draws the halves and the
+    resamples; ``seed`` the validation / test split of the units (`meta_auprc_over_splits`
+    varies it). Other options go to `known_unit_meta_auprc`.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    check_int("probes_per_concept", probes_per_concept, low=1)
+    check_int("min_positives", min_positives, low=1)
+    unit_x, _, tokens = atom_probe_set(activations, site=site, layer=layer, min_pos=min_pos)
+    concepts = token_concepts(tokens, word_lists=word_lists, families=families)
+    c = concepts.values.astype(np.float64)                              # [input, concept]
+    rng = np.random.default_rng([probe_seed, 7])
+    order = rng.permutation(len(tokens))
+    fit, held = np.sort(order[: len(order) // 2]), np.sort(order[len(order) // 2:])
+    keep = [k for k in range(c.shape[1])
+            if c[fit, k].sum() >= min_positives and c[held, k].sum() >= min_positives
+            and c[fit, k].sum() < len(fit)]
+    if len(keep) < 2:
+        raise InputError(f"fewer than 2 token categories have {min_positives} tokens in each "
+                         "half of the probing set; use more prompts or a smaller "
+                         "`min_positives`.")
+    acts, correct = [], []
+    for j, k in enumerate(keep):
+        y = c[fit, k] > 0.5
+        for _ in range(probes_per_concept):
+            idx = rng.integers(0, len(fit), len(fit))
+            while y[idx].all() or not y[idx].any():
+                idx = rng.integers(0, len(fit), len(fit))
+            probe = LogisticRegression(class_weight="balanced", max_iter=2000)
+            probe.fit(unit_x[fit][idx], y[idx])
+            acts.append(unit_x[held] @ probe.coef_[0] + probe.intercept_[0])
+            correct.append(j)
+    out = known_unit_meta_auprc(np.stack(acts, 1), c[held][:, keep], correct, seed=seed,
+                                **options)
+    out.attrs.update(units="category_probes", explanation="token_category",
+                     concepts=[str(concepts["concept"].values[k]) for k in keep],
+                     probes_per_concept=probes_per_concept, n_inputs=int(len(held)))
     return out
