@@ -67,7 +67,9 @@ def lab(tmp_path_factory):
     tracker = settings / "@jupyterlab" / "notebook-extension"
     tracker.mkdir(parents=True)
     # every cell stays laid out (the default skips off-screen cells), so every plot can draw
-    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # and the notebook's kernel starts without asking
+    (tracker / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none", "autoStartDefaultKernel": True}))
     news = settings / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(
@@ -189,11 +191,17 @@ def _prompts(page) -> list[str]:
 def _run_all(page, timeout: float) -> float:
     """Run all cells from the Lab's Run menu once the kernel is idle; seconds until every code
     cell has an execution count."""
+    page.wait_for_timeout(2000)
+    select = page.locator(".jp-Dialog button.jp-mod-accept")  # "Select Kernel", if it asks
+    if select.count():
+        select.first.click()
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached",
                            timeout=240_000)
     start = time.time()
     started = False
     for attempt in range(3):
+        if select.count():
+            select.first.click()
         page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the Lab's current widget
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.locator("li[data-command='runmenu:run-all']").click()
