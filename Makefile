@@ -1,9 +1,13 @@
 # Two commands from a fresh clone:
 #   make app    set up, then open the gallery on the packaged SmolLM2 at http://127.0.0.1:5006
 #   make test   set up (with chromium for the browser tests), then run the whole test suite
-.PHONY: app test setup setup-test bench clean-venv
+# and for notebooks:
+#   make lab    set up, then open JupyterLab on examples/ at http://127.0.0.1:8888 (MODEL= picks
+#               the notebooks' model, e.g. MODEL=tiny-llama)
+.PHONY: app lab test setup setup-test bench clean-venv
 
 PORT ?= 5006
+LAB_PORT ?= 8888
 MODEL ?= smollm2-135m
 PYTEST_ARGS ?=
 
@@ -15,6 +19,13 @@ setup-test:
 
 app: setup
 	.venv/bin/explorer serve --model $(MODEL) --port $(PORT) --show
+
+# JupyterLab comes with the set-up (the `test` extra); the notebooks read their model from
+# EXPLORER_EXAMPLE_MODEL. Jupyter prints the address with its access token.
+lab: setup
+	EXPLORER_EXAMPLE_MODEL=$(MODEL) .venv/bin/jupyter lab \
+	  --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=examples \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 test: setup-test
 	EXPLORER_REQUIRE_BROWSER=1 .venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
