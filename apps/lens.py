@@ -37,7 +37,7 @@ from apps import theme
 from apps._session import Cancelled, CancelToken, user_message
 from apps._positions import (PagePositions, column_boxes, position_caption, position_outlines,
                              shown_positions)
-from apps._view import STATIC_TOOLS, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError, check_float, check_int, check_prompts
 from explorer.interventions import Edit
 from explorer.lens import preview_vocabulary
@@ -447,6 +447,7 @@ class LensView(View):
     notify_title = "Logit lens"
     failed_status = "Last run failed: {message}"
     wait_timeout = 120
+    link_params = ("contrast_a", "contrast_b", "steer_layer", "alpha", "k")
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
         steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
@@ -488,6 +489,10 @@ class LensView(View):
             pn.state.onload(self._on_page_load)  # runs at once if the page is already up
         else:
             self._request_run()
+
+    def scope(self) -> Scope:
+        """The lens reads the sidebar's prompt; the workspace's edits draw the edited heatmap."""
+        return Scope("your prompt", "applied")
 
     @property
     def model(self) -> explorer.Model:
