@@ -70,8 +70,8 @@ from apps.task_emergence import TaskEmergenceView
 from explorer import components
 from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.interventions import Ablate, Scale
-from explorer.workspace import (MAX_PROMPT_CHARS, Workspace, edit_label, read_link,
-                                workspace_link)
+from explorer.workspace import (MAX_PROMPT_CHARS, Workspace, check_settings, edit_label,
+                                read_link, workspace_link)
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "MENU_ACTIONS", "OWN_ITEMS", "PAGE_SELECTIONS", "Gallery",
            "AddressBar", "MAX_PROMPT_TOKENS", "create_app", "serve"]
@@ -787,8 +787,11 @@ window.__explorerCopied = url
         settings = dict(self.workspace.settings)
         for slug in self._pages:
             values = self.page_settings(slug)
-            if values:
-                settings[slug] = values
+            try:  # a value JSON cannot hold stays out of the file (the page's default then)
+                settings.update(check_settings({slug: values}) if values else {})
+            except InputError as exc:
+                theme.notify("warning", f"{self.titles.get(slug, slug)}'s settings are not in "
+                             f"the state: {exc}", duration=5000)
         self.workspace.settings = settings
         return self.workspace.to_json()
 

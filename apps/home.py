@@ -41,7 +41,7 @@ TOUR: list[tuple[str, str]] = [
 _CSS = """
 .home { font-size: 15px; color: #222; max-width: 1100px; }
 .home h2 { margin: 4px 0 6px 0; }
-.home .groups { display: grid; grid-template-columns: repeat(auto-fit, minmax(230px, 1fr));
+.home .groups { display: grid; grid-template-columns: repeat(auto-fit, minmax(190px, 1fr));
   gap: 12px; margin: 12px 0 18px 0; }
 .home .group { border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 12px; background: #fafbfc; }
 .home .group h3 { font-size: 15px; margin: 0 0 2px 0; }
