@@ -36,7 +36,7 @@ import xarray as xr
 from apps import theme
 from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
 
-__all__ = ["View", "Scope", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
+__all__ = ["View", "Scope", "scope_line", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
 
 EXPORT_FORMAT = "explorer-page-data"
@@ -240,6 +240,14 @@ class View(pn.viewable.Viewer):
         Pages override it; None: the page states no scope."""
         return None
 
+    def scope_pane(self) -> pn.pane.Markdown:
+        """The page's header line, "on: … · edits: …" (`scope`), following its parameters;
+        empty for a page that states no scope."""
+        names = [n for n in self.param if n != "name"]
+        return pn.pane.Markdown(pn.bind(lambda *_: scope_line(self), *[self.param[n] for n in names]),
+                                css_classes=["page-scope"], sizing_mode="stretch_width",
+                                margin=(0, 10), styles={"color": "#444", "font-size": "0.9em"})
+
     # -- errors -----------------------------------------------------------------------------------
     def show_error(self, exc: BaseException) -> None:
         """Show a failure: `error`, the status line (``failed_status``) and a notification."""
@@ -249,7 +257,8 @@ class View(pn.viewable.Viewer):
             values["status"] = self.failed_status.format(message=message)
         self.param.update(**values)
         text = message + self._error_note()
-        theme.notify("error", f"{self.notify_title}: {text}" if self.notify_title else text)
+        theme.notify("error", f"{self.notify_title}: {text}" if self.notify_title else text,
+                     source=self.notify_title, fault=text)
 
     def _error_note(self) -> str:
         """Text added to a failure's notification (e.g. that the last result is still shown)."""
@@ -380,6 +389,16 @@ class View(pn.viewable.Viewer):
         lines.append(f"# {type(self).__name__} is built on the calls imported above; {path} shows "
                      "how it makes them.")
         return "\n".join(lines) + "\n"
+
+def scope_line(view: Any) -> str:
+    """The header line of ``view``'s scope, "**on:** your prompt · **edits:** applied";
+    '' when the view states none (or has no `View.scope`)."""
+    scope = getattr(view, "scope", None)
+    s = scope() if callable(scope) else None
+    if s is None:
+        return ""
+    return f"**on:** {s.on} · **edits:** {s.edits}"
+
 
 def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
     """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of
@@ -569,7 +588,10 @@ def serve(module: str, factory: Callable[[Any], pn.viewable.Viewable], *, title:
 
         m = get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")) if model else None
         head = [intro_pane(intro)] if intro else []
-        return theme.page([*head, factory(m)], title=title)
+        view = factory(m)
+        if callable(getattr(view, "scope_pane", None)):
+            head.append(view.scope_pane())
+        return theme.page([*head, view], title=title)
 
     if served:
         page().servable()

@@ -45,12 +45,15 @@ from typing import Any
 import panel as pn
 import param
 import xarray as xr
+from panel.custom import JSComponent
 
 import explorer
 from apps import theme
 from apps._intros import INTROS, intro_pane
 from apps._server import served_origins, set_heavy_job_limit, with_sign_in_pages
 from apps._session import Runner, get_model, session_hooks, user_message
+from apps._view import scope_line
+from apps.home import HomeView
 from apps.atlas import AtlasView
 from apps.attention import AttentionView
 from apps.circuits import CircuitsView
@@ -68,10 +71,11 @@ from apps.task_emergence import TaskEmergenceView
 from explorer import components
 from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.interventions import Ablate, Scale
-from explorer.workspace import Workspace, edit_label
+from explorer.workspace import (MAX_PROMPT_CHARS, Workspace, check_settings, edit_label,
+                                read_link, workspace_link)
 
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "MENU_ACTIONS", "OWN_ITEMS", "PAGE_SELECTIONS", "Gallery",
-           "create_app", "serve"]
+           "AddressBar", "MAX_PROMPT_TOKENS", "create_app", "serve"]
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
@@ -129,10 +133,90 @@ _OWN_ITEMS_DEFAULT = "_own"
 # click) select / deselect in the workspace.
 PAGE_SELECTIONS = ("selected_edges", "selected_positions")
 
+MAX_PROMPT_TOKENS = 2048
+"""The longest prompt the sidebar takes, in tokens (less when the model's context is shorter);
+each page may refuse a shorter one its method cannot draw (it says its limit)."""
+
+
+class AddressBar(JSComponent):
+    """The browser's address bar kept equal to the view, in the browser itself.
+
+    A click on the navigation (a button of the ``gallery-nav`` group) or on a page link
+    (``<a data-view="slug">``, the home page's) writes ``?view=<slug>`` at once, before the
+    server answers, so the address follows the page however busy the server is. The server
+    then sets `query` (the whole link: page and ``s=`` state), which replaces the address, or
+    pushes a new entry when the server itself changed the page. Back / Forward (and page
+    links) send the address to the server as `popped`, which opens its page.
+    """
+
+    query = param.String(default="", doc="The link of the view shown (server -> browser).")
+    popped = param.String(default="", doc="The address after Back / Forward or a page link "
+                                          "(browser -> server), with a counter.")
+    titles = param.Dict(default={}, doc="Navigation title -> page slug.")
+
+    _esm = """
+export function render({ model }) {
+  const slugOf = (search) => new URLSearchParams(search).get('view')
+  const pop = () => { model.popped = window.location.search + '#' + Date.now() + Math.random() }
+  const go = (slug) => {
+    if (slug == null || slugOf(window.location.search) === slug) return
+    window.__explorerNav = slug
+    history.pushState(null, '', '?view=' + encodeURIComponent(slug))
+  }
+  const sync = () => {
+    const want = model.query
+    if (!want || window.location.search === want) return
+    const next = slugOf(want)
+    const pending = window.__explorerNav
+    if (pending != null) {
+      if (next !== pending) return          // an answer from before the user's last click
+      window.__explorerNav = null
+    }
+    if (slugOf(window.location.search) === next) history.replaceState(null, '', want)
+    else history.pushState(null, '', want)
+  }
+  const onclick = (e) => {
+    if (e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || e.altKey) return
+    const path = e.composedPath()
+    const link = path.find(el => el.tagName === 'A' && el.dataset && el.dataset.view)
+    if (link) {
+      e.preventDefault()
+      go(link.dataset.view)
+      pop()
+      return
+    }
+    const button = path.find(el => el.tagName === 'BUTTON')
+    const nav = path.find(el => el.classList && el.classList.contains('gallery-nav'))
+    if (button && nav) go(model.titles[button.textContent.trim()])
+  }
+  const onpop = () => { window.__explorerNav = slugOf(window.location.search); pop() }
+  document.addEventListener('click', onclick, true)
+  window.addEventListener('popstate', onpop)
+  model.on('query', sync)
+  model.on('remove', () => {
+    document.removeEventListener('click', onclick, true)
+    window.removeEventListener('popstate', onpop)
+  })
+  sync()
+  const el = document.createElement('span')
+  el.className = 'address-bar'
+  return el
+}
+"""
+
+
 # The chips of the sidebar selection: Choices.js's search box is hidden (see the module
 # docstring); the list still opens on a click, and a chip's ✕ still removes it.
 _CHIPS_CSS = """
 input.choices__input[type="search"], input.choices__input--cloned { display: none !important; }
+"""
+
+# The sidebar's code cards: the code scrolls inside the card, the copy icon stays in view.
+_CODE_CSS = """
+pre { overflow-x: auto; max-width: 100%; white-space: pre; }
+.codehilite, div.highlight { position: relative; max-width: 100%; }
+.codehilite .copy-button, .highlight .copy-button, button.copy-button {
+  position: absolute; top: 2px; right: 2px; }
 """
 
 # a page's parameters that do not change what its snippet says
@@ -181,12 +265,22 @@ class Gallery(pn.viewable.Viewer):
     page_revision = param.Integer(default=0, precedence=-1,
                                   doc="Bumped when the page shown changes a setting or a result "
                                       "(its snippet follows).")
+    link_message = param.String(default="", precedence=-1,
+                                doc="Why the link this session opened could not be followed.")
+    link_note = param.String(default="", precedence=-1,
+                             doc="What the last Copy link copied.")
+    prompt_info = param.String(default="", precedence=-1,
+                               doc="The prompt box's length in tokens and the limit.")
 
     def __init__(self, model_name: str = DEFAULT_MODEL, *, views: Sequence[tuple] | None = None,
-                 view: str | None = None, remote: bool = False, **params: Any):
+                 view: str | None = None, remote: bool = False, home: bool = False,
+                 **params: Any):
         super().__init__(**params)
         self._remote = bool(remote)
         self._specs = {slug: (title, factory) for title, slug, factory in (views or VIEWS)}
+        if home:
+            titles = {slug: title for slug, (title, _) in self._specs.items()}
+            self._specs = {"home": ("Home", lambda _m: HomeView(titles)), **self._specs}
         if not self._specs:
             raise ValueError("a gallery needs at least one view.")
         self.param.model_name.objects = _model_choices(model_name)
@@ -195,6 +289,10 @@ class Gallery(pn.viewable.Viewer):
             check_choice("view", view, self._specs)
         self._model = get_model(model_name, remote=self._remote)
         self.workspace = Workspace.from_model(self._model, prompts=[self.prompt])
+        self._pending_settings: dict[str, dict[str, Any]] = {}  # slug -> settings to apply
+        self._address = AddressBar(titles={t: s for s, (t, _) in self._specs.items()},
+                                   height=0, width=0, margin=0, visible=True)
+        self._address.param.watch(self._address_popped, "popped")
         self._pending_state: Workspace | None = None
         self._pushing_selection = False  # pages following the workspace: not a user's pick
         self._pushing_items = False  # boxes following the workspace: not the user's typing
@@ -219,6 +317,9 @@ class Gallery(pn.viewable.Viewer):
         self.workspace.param.watch(self._share_page_selections, list(PAGE_SELECTIONS))
         self.workspace.param.watch(self._share_edits, "edits")
         self.workspace.param.watch(self._share_items, "items")
+        self.workspace.param.watch(self._update_address, ["prompts", "selected", "selected_edges",
+                                                          "selected_positions", "edits"])
+        self.param.watch(self._update_address, ["view", "page_revision"])
         self.refresh_cache()
         self.view = view or next(iter(self._specs))
 
@@ -258,6 +359,9 @@ class Gallery(pn.viewable.Viewer):
             if "edits" in view.param:  # the page runs the model with the workspace's edits
                 view.edits = list(self.workspace.edits)
             self._pages[slug] = view
+            settings = self._pending_settings.pop(slug, None)
+            if settings:
+                self._apply_settings(slug, view, settings)
             view.param.watch(lambda *events, slug=slug: self._page_changed(slug, events),
                              [n for n in view.param if n not in _NOT_SNIPPET])
             if hasattr(view, "set_sources"):
@@ -278,6 +382,134 @@ class Gallery(pn.viewable.Viewer):
         if slug == self.view:
             self.page_revision += 1
 
+    # -- links: the address bar, Copy link, the pages' settings ----------------------------------
+    def page_settings(self, slug: str) -> dict[str, Any]:
+        """The settings of page ``slug`` a link and the export carry: its ``link_params``
+        (empty for a page not built yet or without any)."""
+        view = self._pages.get(slug)
+        out: dict[str, Any] = {}
+        for name in getattr(view, "link_params", ()) or ():
+            if name in view.param:
+                value = getattr(view, name)
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def _apply_settings(self, slug: str, view: Any, settings: dict[str, Any]) -> list[str]:
+        """Set ``settings`` on the page; a name it does not carry or a value it refuses is
+        left as it is, and said (returned and shown under the link message)."""
+        allowed = set(getattr(view, "link_params", ()) or ())
+        problems = []
+        for name, value in settings.items():
+            if name not in allowed or name not in view.param:
+                problems.append(f"{self.titles.get(slug, slug)} has no setting {name!r} that "
+                                f"links carry (it carries {', '.join(sorted(allowed)) or 'none'})")
+                continue
+            try:
+                setattr(view, name, value)
+            except (ValueError, TypeError, ExplorerError) as exc:
+                problems.append(f"{self.titles.get(slug, slug)}: {name} = {value!r} refused: {exc}")
+        if problems:
+            self._link_problem("; ".join(problems))
+        return problems
+
+    def link(self) -> tuple[str, int]:
+        """The query string of a link to what this session shows (``?view=<slug>&s=<state>``,
+        `explorer.workspace.workspace_link`), and how many edits it leaves out."""
+        ws = self.workspace
+        settings = self.page_settings(self.view)
+        plain = (ws.prompts == [DEFAULT_PROMPT] and not ws.selection and not ws.edits
+                 and not settings)
+        if plain:
+            return f"?view={self.view}", 0
+        state, left_out = workspace_link(ws, view=self.view, settings=settings)
+        return f"?view={self.view}&s={state}", left_out
+
+    def _update_address(self, *_: Any) -> None:
+        try:
+            query, _ = self.link()
+        except ExplorerError as exc:  # a setting a link cannot hold: the page alone
+            query = f"?view={self.view}"
+            self.link_note = f"The link holds the page only: {exc}"
+        if self._address.query != query:
+            self._address.query = query
+
+    def _address_popped(self, event: Any) -> None:
+        """Back / Forward or a page link: open the page the address names."""
+        search = (event.new or "").split("#", 1)[0]
+        from urllib.parse import parse_qs
+
+        slug = (parse_qs(search.lstrip("?")).get("view") or [None])[0]
+        if slug is None:
+            slug = next(iter(self._specs))
+        if slug in self._specs:
+            if self.view != slug:
+                self.view = slug
+            else:
+                self._update_address()
+        else:
+            self._link_problem(f"there is no page {slug!r}; the pages are "
+                               f"{', '.join(self._specs)}")
+
+    def _link_problem(self, text: str) -> None:
+        message = f"This link could not be opened as it was: {text}."
+        self.link_message = message if not self.link_message else f"{self.link_message} {text}."
+        if _served() and not pn.state.loaded:  # the page is still opening: once it shows
+            pn.state.onload(lambda: theme.notify("error", message, duration=10000))
+        else:
+            theme.notify("error", message, duration=10000)
+        if self.view is not None:
+            self._show_page()
+
+    def open_link(self, view: str | None = None, state: str | None = None) -> bool:
+        """Open what a link holds: the page ``view`` and the ``state`` text
+        (`explorer.workspace.read_link`: prompt, selection, edits, the page's settings). A
+        link that cannot be read or does not fit this app's model opens the page alone (or
+        the first page) with a message saying why; returns whether all of it was followed."""
+        ok = True
+        if state:
+            try:
+                link = read_link(state, model=self._model)
+                self._check_prompt(link.workspace.prompt)
+            except ExplorerError as exc:
+                self._link_problem(str(exc).rstrip("."))
+                ok = False
+            else:
+                if view is not None and link.view is not None and link.view != view:
+                    self._link_problem(f"its page is {view!r} but its state was written on "
+                                       f"{link.view!r}")
+                    ok = False
+                view = view or link.view
+                self.workspace.update_from(link.workspace)
+                if link.settings and view in self._specs:
+                    if view in self._pages:
+                        ok = not self._apply_settings(view, self._pages[view], link.settings) and ok
+                    else:
+                        self._pending_settings[view] = dict(link.settings)
+        if view is not None:
+            if view in self._specs:
+                self.view = view
+            else:
+                self._link_problem(f"there is no page {view!r}; the pages are "
+                                   f"{', '.join(self._specs)}")
+                ok = False
+        self._update_address()
+        return ok
+
+    def _open_session_link(self) -> None:
+        """The link this browser session was opened with (its query arguments)."""
+        args = getattr(pn.state, "session_args", None) or {}
+
+        def arg(name: str) -> str | None:
+            values = args.get(name)
+            if not values:
+                return None
+            value = values[0]
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+        view, state = arg("view"), arg("s")
+        if view is not None or state is not None:
+            self.open_link(view, state)
+
     # -- the page's data and code ------------------------------------------------------------
     def export_page_data(self, slug: str | None = None) -> bytes:
         """The page ``slug``'s (default: the one shown) data zip (`View.export_bytes`), with the
@@ -295,6 +527,14 @@ class Gallery(pn.viewable.Viewer):
             code += ("# The workspace's edits are not in this snippet: the Workspace's "
                      "'Copy as code' rebuilds them.\n")
         return code
+
+    def _link_copied(self, *_: Any) -> None:
+        query, left_out = self.link()
+        text = f"Link copied ({len(query):,} characters)."
+        if left_out:
+            text += (f" {left_out} edit(s) holding a vector are not in it: Export state keeps "
+                     "them.")
+        self.link_note = text
 
     def _page_data_name(self, *_: Any) -> str:
         return f"explorer-{self.view}.zip"
@@ -315,9 +555,22 @@ class Gallery(pn.viewable.Viewer):
                 return f"The page could not write its snippet: {user_message(exc)}"
 
         pane = pn.pane.Markdown(pn.bind(code, self.param.view, self.param.page_revision),
-                                sizing_mode="stretch_width", css_classes=["page-code"])
-        return [pn.pane.Markdown("### This page"), download,
-                pn.Card(pane, title="Copy page as code", collapsed=True,
+                                sizing_mode="stretch_width", css_classes=["page-code"],
+                                stylesheets=[_CODE_CSS])
+        copy = pn.widgets.Button(label="Copy link", color="light", sizing_mode="stretch_width",
+                                 css_classes=["copy-link"],
+                                 description="Copy a link to this view: the page, the prompt, "
+                                             "the selection, the edits and the page's settings.")
+        copy.js_on_click(code="""
+const url = window.location.href
+if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(url).catch(() => {})
+window.__explorerCopied = url
+""")
+        copy.on_click(self._link_copied)
+        note = pn.pane.Markdown(self.param.link_note, css_classes=["link-note"], margin=(0, 10),
+                                styles={"color": "#555", "font-size": "0.85em"})
+        return [pn.pane.Markdown("### This page"), pn.Row(download, copy, margin=0), note,
+                pn.Card(pane, title="Copy page as code", collapsed=True, margin=(5, 10),
                         sizing_mode="stretch_width", css_classes=["page-code-card"])]
 
     def _show_page(self, event: Any = None) -> None:
@@ -325,7 +578,20 @@ class Gallery(pn.viewable.Viewer):
         view = self.page(self.view)
         if hasattr(view, "set_sources") and hasattr(view, "refresh"):
             view.refresh()  # what the other pages computed since it was last shown
-        self._main.objects = [*head, view]
+        if self.link_message:
+            head.insert(0, pn.pane.Markdown(self.link_message, css_classes=["link-message"],
+                                            sizing_mode="stretch_width",
+                                            styles={"color": "#b00020"}))
+        if callable(getattr(view, "scope", None)):
+            head.append(pn.pane.Markdown(
+                pn.bind(lambda *_: scope_line(view), self.param.page_revision,
+                        self.workspace.param.edits, self.workspace.param.prompts,
+                        self.workspace.param.selected),
+                css_classes=["page-scope"], sizing_mode="stretch_width", margin=(0, 10),
+                styles={"color": "#444", "font-size": "0.9em"}))
+        layout = pn.panel(view)
+        _unclamped_numbers(layout)
+        self._main.objects = [*head, layout]
 
     def _share_prompt(self, event: Any) -> None:
         self.workspace.prompt = event.new
@@ -517,7 +783,17 @@ class Gallery(pn.viewable.Viewer):
 
     # -- state ---------------------------------------------------------------------------
     def export_state(self) -> str:
-        """The session's workspace as JSON (what Export state downloads)."""
+        """The session's workspace as JSON (what Export state downloads), with the settings
+        (``link_params``) of every page opened."""
+        settings = dict(self.workspace.settings)
+        for slug in self._pages:
+            values = self.page_settings(slug)
+            try:  # a value JSON cannot hold stays out of the file (the page's default then)
+                settings.update(check_settings({slug: values}) if values else {})
+            except InputError as exc:
+                theme.notify("warning", f"{self.titles.get(slug, slug)}'s settings are not in "
+                             f"the state: {exc}", duration=5000)
+        self.workspace.settings = settings
         return self.workspace.to_json()
 
     def import_state(self, data: str | bytes) -> None:
@@ -542,6 +818,13 @@ class Gallery(pn.viewable.Viewer):
 
     def _apply_state(self, state: Workspace) -> None:
         self.workspace.update_from(state)
+        for slug, settings in state.settings.items():
+            if slug not in self._specs:
+                continue
+            if slug in self._pages:
+                self._apply_settings(slug, self._pages[slug], settings)
+            else:
+                self._pending_settings[slug] = dict(settings)
         n, e = len(state.selected), len(state.edits)
         items = f", {len(state.items)} pasted item(s)" if state.items else ""
         self.state_message = (f"Imported: {len(state.prompts)} prompt(s), {n} selected, "
@@ -821,13 +1104,15 @@ class Gallery(pn.viewable.Viewer):
                                         ws.param.prompts, ws.param.selected,
                                         ws.param.selected_edges, ws.param.selected_positions,
                                         ws.param.edits),
-                                sizing_mode="stretch_width", css_classes=["workspace-code"])
+                                sizing_mode="stretch_width", css_classes=["workspace-code"],
+                                stylesheets=[_CODE_CSS])
         return [pn.pane.Markdown("### Workspace"), choice, add, message,
                 pn.bind(self.component_menu, ws.param.selected),
                 pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,
                 export, pn.pane.Markdown("Import state (JSON):"), upload,
                 pn.pane.Markdown(self.param.state_message, css_classes=["state-message"]),
-                pn.Card(code, title="Copy as code", collapsed=True, sizing_mode="stretch_width")]
+                pn.Card(code, title="Copy as code", collapsed=True, sizing_mode="stretch_width",
+                        css_classes=["workspace-code-card"], margin=(5, 10))]
 
     def refresh_cache(self, *_: Any) -> None:
         self.cache = cache_status()
@@ -863,14 +1148,14 @@ class Gallery(pn.viewable.Viewer):
 
     # -- layout ----------------------------------------------------------------------------
     def sidebar(self) -> list[pn.viewable.Viewable]:
+        # no tooltip on the navigation: Bokeh's stayed over the page after the mouse left it
         nav = pn.widgets.RadioButtonGroup.from_param(
             self.param.view, options={title: slug for slug, title in self.titles.items()},
             orientation="vertical", color="primary", variant="outline",
-            sizing_mode="stretch_width", name="")
+            sizing_mode="stretch_width", name="", description=None, css_classes=["gallery-nav"])
         model = pn.widgets.Select.from_param(self.param.model_name, sizing_mode="stretch_width",
                                              disabled=self.param.loading)
-        prompt = pn.widgets.TextInput.from_param(self.param.prompt, sizing_mode="stretch_width",
-                                                 placeholder="Enter a prompt and press Enter")
+        prompt = self.prompt_box()
         loading = pn.Row(pn.indicators.LoadingSpinner(value=True, size=20),
                          pn.pane.Str("Loading model…"), visible=self.param.loading)
         refresh = pn.widgets.Button(label="Refresh cache status", color="light",
@@ -882,18 +1167,94 @@ class Gallery(pn.viewable.Viewer):
         remote = [pn.pane.Markdown(f"Running on NDIF (`{self._model.spec.name}`)"),
                   pn.pane.Markdown(self.param.remote_status, css_classes=["remote-status"])
                   ] if self._remote else []
-        return [pn.pane.Markdown("### Pages"), nav, pn.layout.Divider(), model, loading, prompt,
+        return [pn.pane.Markdown("### Pages"), nav, pn.layout.Divider(), model, loading, *prompt,
                 *remote, stop, pn.layout.Divider(), *self.workspace_widgets(), pn.layout.Divider(),
                 *self.page_widgets(), pn.layout.Divider(),
                 pn.pane.Markdown(self.param.cache, css_classes=["cache-status"]), refresh]
 
     def template(self) -> pn.template.FastListTemplate:
-        """This session's page: the theme's template around the sidebar and the current page."""
+        """This session's page: the theme's template around the sidebar and the current page;
+        served, it opens the link it was asked for (`open_link`) and keeps the address bar
+        equal to the view (`AddressBar`)."""
         pn.extension("tabulator")  # the Head atlas table: its script must be in the first page
-        tmpl = theme.page([self._main], sidebar=self.sidebar())
-        if pn.state.location is not None and _served():
-            pn.state.location.sync(self, {"view": "view"})
-        return tmpl
+        if _served():
+            self._open_session_link()
+        return theme.page([self._main], sidebar=self.sidebar(), header=[self._address])
+
+    # -- the prompt box ---------------------------------------------------------------------
+    @property
+    def prompt_limit(self) -> int:
+        """The longest prompt the sidebar takes, in tokens: `MAX_PROMPT_TOKENS`, or the
+        model's context when that is shorter."""
+        return min(MAX_PROMPT_TOKENS, int(getattr(self._model.spec, "context_length", 0)
+                                          or MAX_PROMPT_TOKENS))
+
+    def count_tokens(self, text: str) -> int:
+        """``text``'s length in tokens, as the pages tokenise it (no special tokens)."""
+        return len(self._model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _check_prompt(self, text: str) -> int:
+        """The prompt's length in tokens; InputError saying the limit when it is over it."""
+        limit = self.prompt_limit
+        if not text.strip():
+            raise InputError("the prompt is empty; type at least one non-space character.")
+        if len(text) > MAX_PROMPT_CHARS:
+            raise InputError(f"the prompt has {len(text):,} characters; the sidebar takes at "
+                             f"most {limit:,} tokens ({MAX_PROMPT_CHARS:,} characters).")
+        n = self.count_tokens(text)
+        if n > limit:
+            raise InputError(f"the prompt is {n:,} tokens; the sidebar takes at most {limit:,} "
+                             f"tokens ({self._model.spec.name}). Shorten it; nothing was cut.")
+        return n
+
+    def _prompt_line(self, text: str) -> str:
+        try:
+            n = self._check_prompt(text)
+        except InputError as exc:
+            what = "Too long" if "at most" in str(exc) else "Not run"
+            return f"<span style='color:#b00020'>{what}: {exc}</span>"
+        return f"{n:,} / {self.prompt_limit:,} tokens · Enter runs it"
+
+    def submit_prompt(self, text: str) -> bool:
+        """The prompt typed in the sidebar: shared with every page when it fits the limit;
+        refused (one notification saying the limit, the text kept in the box) when not."""
+        try:
+            self._check_prompt(text)
+        except InputError as exc:
+            theme.notify("warning", f"Prompt not run: {exc}", duration=8000)
+            self.prompt_info = self._prompt_line(text)
+            return False
+        self.prompt = text
+        return True
+
+    def prompt_box(self) -> list[pn.viewable.Viewable]:
+        """The sidebar's prompt box (nothing cut: a prompt over the limit is refused with a
+        message) and the line under it: its length in tokens and the limit, as you type."""
+        box = pn.widgets.TextInput(label="Prompt", value=self.prompt, max_length=MAX_PROMPT_CHARS,
+                                   sizing_mode="stretch_width", css_classes=["prompt-box"],
+                                   placeholder="Enter a prompt and press Enter",
+                                   description=self.param.prompt.doc)
+        self.prompt_info = self._prompt_line(self.prompt)
+        info = pn.pane.HTML(self.param.prompt_info, css_classes=["prompt-info"], margin=(0, 10),
+                            styles={"color": "#555", "font-size": "0.85em"},
+                            sizing_mode="stretch_width")
+
+        def typed(event: Any) -> None:
+            self.prompt_info = self._prompt_line(event.new or "")
+
+        def entered(event: Any) -> None:
+            if event.new != self.prompt:
+                self.submit_prompt(event.new)
+
+        def follow(event: Any) -> None:  # a loaded state or link: the box shows its prompt
+            if box.value != event.new:
+                box.value = event.new
+            self.prompt_info = self._prompt_line(event.new)
+
+        box.param.watch(typed, "value_input")
+        box.param.watch(entered, "value")
+        self.param.watch(follow, "prompt")
+        return [box, info]
 
     def __panel__(self) -> pn.viewable.Viewable:
         # outside the template (Jupyter) the page sits two levels deeper than when served
@@ -918,6 +1279,17 @@ def _own_items_source(view: Any, name: str) -> tuple[param.Parameterized, str] |
     return None
 
 
+def _unclamped_numbers(layout: Any) -> None:
+    """Let the number boxes of a page send what was typed: Bokeh's box clamps a value to its
+    bounds (or keeps it from the page) without a word. Without the bounds in the browser the
+    page's Parameter refuses it, and `apps.theme.widget_error` says what is allowed while
+    the box goes back to the value kept."""
+    kinds = (pn.widgets.IntInput, pn.widgets.FloatInput)
+    for widget in layout.select(lambda o: isinstance(o, kinds)):
+        if widget.start is not None or widget.end is not None:
+            widget.param.update(start=None, end=None)
+
+
 def _served() -> bool:
     doc = pn.state.curdoc
     return doc is not None and doc.session_context is not None
@@ -925,9 +1297,10 @@ def _served() -> bool:
 
 def create_app(model_name: str = DEFAULT_MODEL, *, view: str | None = None,
                remote: bool = False) -> pn.template.FastListTemplate:
-    """A fresh app for one browser session: its own gallery and views around a shared model."""
+    """A fresh app for one browser session: its own gallery and views around a shared model,
+    the home page first (a link's ``?view=<slug>`` opens its page)."""
     theme.enable_extension()
-    return Gallery(model_name, view=view, remote=remote).template()
+    return Gallery(model_name, view=view, remote=remote, home=True).template()
 
 
 def serve(*, model: str = DEFAULT_MODEL, port: int = 5006, address: str = "127.0.0.1",

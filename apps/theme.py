@@ -9,11 +9,15 @@ scores on a diverging map centred on 0, categories on a colour-blind safe palett
 from __future__ import annotations
 
 import logging
+import re
+import time
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import colorcet as cc
 import panel as pn
+import param
 
 __all__ = [
     "TITLE",
@@ -330,6 +334,39 @@ def enable_extension() -> None:
 
     pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
     hv.renderer("bokeh").theme = bokeh_theme()
+    if pn.config.exception_handler is None:
+        pn.config.exception_handler = widget_error
+
+
+_PARAM_BOUNDS = re.compile(r"^\w+ parameter '(?:(\w+)\.)?(\w+)' (must be .*)$", re.S)
+
+
+def _param_label(owner: str | None, name: str) -> str:
+    """The label a parameter ``owner.name`` shows (its widget's title), found among the
+    Parameterized classes loaded; the name itself when there is none."""
+    todo = [param.Parameterized]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == owner and name in cls.param:
+            return cls.param[name].label or name
+        todo += cls.__subclasses__()
+    return name
+
+
+def widget_error(exc: BaseException) -> None:
+    """Panel's handler of an error raised by a widget's change (``pn.config.exception_handler``):
+    a value the page refuses (a number out of its bounds, a bad name) becomes one notification
+    saying what is allowed; the widget shows the value kept. Other errors are logged."""
+    from explorer._checks import ExplorerError
+
+    if isinstance(exc, (ExplorerError, ValueError)):
+        text = str(exc)
+        m = _PARAM_BOUNDS.match(text)
+        if m:  # param's "Integer parameter 'CircuitsView.n_prompts' must be at least 1, not 0."
+            text = f"{_param_label(m.group(1), m.group(2))} {m.group(3)} The value is unchanged."
+        notify("warning", text, duration=6000)
+        return
+    log.error("a widget's change failed", exc_info=exc)
 
 
 class BokehPane(pn.pane.Bokeh):
@@ -438,13 +475,43 @@ def page(main: Sequence[Any], *, sidebar: Sequence[Any] = (), title: str = TITLE
     )
 
 
-def notify(kind: str, message: str, *, duration: int = 8000) -> None:
+_SHOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # document -> {key: shown}
+_SHOWN_INLINE: dict = {}  # a notification area without a document (a notebook)
+
+
+def notify(kind: str, message: str, *, duration: int = 8000, source: str | None = None,
+           fault: str | None = None) -> None:
     """Show a notification in the page (``kind`` in error/warning/info/success) and log it.
 
-    Outside a served page (tests, scripts) there is no notification area: the message is
-    only logged.
+    One fault, one notification: the same ``kind`` and ``fault`` (default: the message)
+    shown again while the first is still up (several pages failing on one bad prompt)
+    replaces it, the sources (``source``: the pages, e.g. "Logit lens") named together in
+    front of the fault. Outside a served page (tests, scripts) there is no notification
+    area: the message is only logged.
     """
     getattr(log, "error" if kind == "error" else "info")(message)
+    message = message if fault is None else fault
     area = pn.state.notifications
-    if area is not None:
-        getattr(area, kind)(message, duration=duration)
+    if area is None:
+        return
+    doc = pn.state.curdoc
+    shown = _SHOWN.setdefault(doc, {}) if doc is not None else _SHOWN_INLINE
+    now = time.monotonic()
+    key = (kind, message)
+    sources: list[str] = []
+    if key in shown:
+        until, sources, old = shown[key]
+        if now < until:
+            if source is None or source in sources:
+                return
+            try:
+                old.destroy()
+            except Exception:  # noqa: BLE001 - a notification the page dropped already
+                pass
+        else:
+            sources = []
+    if source is not None:
+        sources = [*sources, source]
+    text = f"{', '.join(sources)}: {message}" if sources else message
+    note = getattr(area, kind)(text, duration=duration)
+    shown[key] = (now + (duration / 1000 if duration else 3600.0), sources, note)

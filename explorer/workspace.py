@@ -15,11 +15,13 @@ library API.
 """
 from __future__ import annotations
 
+import base64
 import json
 import platform
 import re
+import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import param
 import torch
@@ -29,7 +31,8 @@ from ._checks import InputError
 from .interventions import Ablate, AddHead, Edit, Patch, Scale, Steer, edit_from_dict
 
 __all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
-           "MAX_ITEM_CHARS", "MAX_ITEMS"]
+           "MAX_ITEM_CHARS", "MAX_ITEMS", "LINK_VERSION", "MAX_LINK_CHARS", "MAX_PROMPT_CHARS",
+           "Link", "check_settings", "read_link", "workspace_link"]
 
 STATE_FORMAT = "explorer-workspace"
 """The ``format`` field of an exported state."""
@@ -46,8 +49,19 @@ MAX_ITEM_CHARS = 100_000
 MAX_ITEMS = 32
 """The most pages with a pasted item in one workspace."""
 
+MAX_PROMPT_CHARS = 100_000
+"""The longest prompt a workspace keeps (pages refuse what their method cannot run sooner)."""
+
+LINK_VERSION = 1
+"""The version of a shareable link's state (`workspace_link`); a link of another is refused."""
+
+MAX_LINK_CHARS = 16_000
+"""The longest link state `read_link` reads (browsers keep addresses far longer)."""
+
+_LINK_JSON_BYTES = 2 * 2**20  # a link's state, decompressed, is never larger than this
+
 _KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "selected",
-         "selected_edges", "selected_positions", "edits", "items", "versions"}
+         "selected_edges", "selected_positions", "edits", "items", "settings", "versions"}
 _ITEM_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # a page slug: 'conflicts', 'icl-heads'
 
 _SNIPPET_FLOATS = 16  # edits holding more numbers than this are read from the state file
@@ -146,6 +160,8 @@ class Workspace(param.Parameterized):
                                     doc="Selected token positions of the first prompt, in order.")
     edits = param.List(default=[], item_type=Edit, doc="Active edits, applied in order.")
     items = param.Dict(default={}, doc="The user's pasted items: page slug -> text.")
+    settings = param.Dict(default={}, doc="Pages' main settings: page slug -> {parameter: "
+                                          "value} (their ``link_params``).")
 
     def __init__(self, **params: Any):
         d_head = params.pop("d_head", None)
@@ -161,6 +177,8 @@ class Workspace(param.Parameterized):
             params["prompts"] = _check_prompt_list(params["prompts"])
         if "items" in params:
             params["items"] = check_items(params["items"])
+        if "settings" in params:
+            params["settings"] = check_settings(params["settings"])
         super().__init__(**params)
         self._d_head, self._d_model = d_head, d_model
         self.param.update(**self._sorted_names(selected))
@@ -209,6 +227,7 @@ class Workspace(param.Parameterized):
     def prompt(self, text: str) -> None:
         if not isinstance(text, str):
             raise TypeError(f"a prompt is a str; got {type(text).__name__}.")
+        _check_prompt_list([text])
         if text != self.prompt:
             self.prompts = [text, *self.prompts[1:]]
 
@@ -410,6 +429,7 @@ class Workspace(param.Parameterized):
             "selected_positions": [str(comp.Position(p)) for p in self.selected_positions],
             "edits": [e.to_dict() for e in self.edits],
             "items": dict(self.items),
+            "settings": {k: dict(v) for k, v in self.settings.items()},
             "versions": {"explorer": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
@@ -497,6 +517,14 @@ class Workspace(param.Parameterized):
             items = check_items(data.get("items", {}))
         except InputError as exc:
             raise InputError(f"the state's 'items': {exc}") from None
+        try:  # nor pages' settings
+            settings = check_settings(data.get("settings", {}))
+        except InputError as exc:
+            raise InputError(f"the state's 'settings': {exc}") from None
+        try:
+            prompts = _check_prompt_list(prompts)
+        except InputError as exc:
+            raise InputError(f"the state's 'prompts': {exc}") from None
         if model is not None:
             spec = model.spec
             if name != spec.name:
@@ -506,9 +534,9 @@ class Workspace(param.Parameterized):
                 if value is not None and value != getattr(spec, key):
                     raise InputError(f"the state's model has {key}={value}; {spec.name} has "
                                      f"{getattr(spec, key)}.")
-            ws = cls.from_model(model, prompts=prompts, items=items)
+            ws = cls.from_model(model, prompts=prompts, items=items, settings=settings)
         else:
-            ws = cls(model_name=name, prompts=prompts, items=items, **shape)
+            ws = cls(model_name=name, prompts=prompts, items=items, settings=settings, **shape)
         records = []
         for i, d in enumerate(edits):
             try:
@@ -537,7 +565,8 @@ class Workspace(param.Parameterized):
         self.param.update(prompts=list(other.prompts), selected=list(other.selected),
                           selected_edges=list(other.selected_edges),
                           selected_positions=list(other.selected_positions),
-                          edits=list(other.edits), items=dict(other.items))
+                          edits=list(other.edits), items=dict(other.items),
+                          settings={k: dict(v) for k, v in other.settings.items()})
 
     # -- code ------------------------------------------------------------------------------
     def copy_as_code(self, *, state_file: str = "explorer-state.json") -> str:
@@ -662,10 +691,135 @@ def check_items(items: Any) -> dict[str, str]:
 
 def _check_prompt_list(prompts: Any) -> list[str]:
     if isinstance(prompts, str):
-        return [prompts]
+        prompts = [prompts]
     if not isinstance(prompts, Sequence) or not all(isinstance(p, str) for p in prompts):
         raise InputError("`prompts` must be a list of strings.")
+    for p in prompts:
+        if len(p) > MAX_PROMPT_CHARS:
+            raise InputError(f"a prompt has {len(p):,} characters; at most {MAX_PROMPT_CHARS:,} "
+                             "are kept.")
     return list(prompts)
+
+
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_SCALARS = (str, int, float, bool)
+
+
+def check_settings(settings: Any) -> dict[str, dict[str, Any]]:
+    """``settings`` as page slug -> {parameter name: JSON value}: strings, numbers, booleans,
+    null, or lists of those (a page's ``link_params``); InputError (one line) for anything else."""
+    if not isinstance(settings, dict):
+        raise InputError(f"page settings must be an object of page name -> settings; got a "
+                         f"JSON {_json_kind(settings)}.")
+    if len(settings) > MAX_ITEMS:
+        raise InputError(f"at most {MAX_ITEMS} pages keep settings; got {len(settings)}.")
+    out: dict[str, dict[str, Any]] = {}
+    for page, values in settings.items():
+        if not isinstance(page, str) or not _ITEM_KEY.fullmatch(page):
+            raise InputError(f"a page name is lower-case letters, digits, '-' and '_' (such as "
+                             f"'lens'); got {str(page)[:40]!r}.")
+        out[page] = _check_page_settings(page, values)
+    return out
+
+
+def _check_page_settings(page: str, values: Any) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise InputError(f"the settings of {page!r} must be an object of parameter -> value; "
+                         f"got a JSON {_json_kind(values)}.")
+    out = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not _SETTING_NAME.fullmatch(name):
+            raise InputError(f"a setting of {page!r} must be named by a parameter name; got "
+                             f"{str(name)[:40]!r}.")
+        ok = value is None or isinstance(value, _SCALARS) or (
+            isinstance(value, list) and len(value) <= 256
+            and all(v is None or isinstance(v, _SCALARS) for v in value))
+        if not ok or (isinstance(value, str) and len(value) > MAX_ITEM_CHARS):
+            raise InputError(f"the setting {page}.{name} must be a string, number, boolean or a "
+                             f"list of those; got a JSON {_json_kind(value)}.")
+        out[name] = list(value) if isinstance(value, list) else value
+    return out
+
+
+# -- shareable links --------------------------------------------------------------------------
+
+class Link(NamedTuple):
+    """What a link opens: the workspace, the page shown (a slug or None) and that page's
+    settings ({parameter: value})."""
+
+    workspace: Workspace
+    view: str | None
+    settings: dict[str, Any]
+
+
+def workspace_link(ws: Workspace, *, view: str | None = None,
+                   settings: dict[str, Any] | None = None) -> tuple[str, int]:
+    """The compact, versioned text of a link (``"1.<base64url>"``: zlib-compressed JSON, whose
+    checksum refuses a changed character) holding ``ws``'s model, prompts, selection and edits,
+    the page ``view`` and its ``settings``. Returns (text, edits left out): edits holding long
+    vectors (a steering direction) stay in the exported state file, not in a link."""
+    edits = [e.to_dict() for e in ws.edits if _n_floats(e) <= _SNIPPET_FLOATS]
+    data: dict[str, Any] = {"m": ws.model_name, "p": list(ws.prompts)}
+    if ws.selection:
+        data["s"] = ws.selection
+    if edits:
+        data["e"] = edits
+    if view is not None:
+        data["v"] = view
+    if settings:
+        data["o"] = _check_page_settings(view or "page", dict(settings))
+    raw = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 9)
+    text = f"{LINK_VERSION}." + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return text, len(ws.edits) - len(edits)
+
+
+def read_link(text: Any, *, model: Any = None) -> Link:
+    """Read a `workspace_link` text back, checked as a state file is (`Workspace.from_state`:
+    against ``model``'s shape when given); InputError naming what is wrong for a link that
+    was changed, cut, or written by another version."""
+    if not isinstance(text, str) or not text:
+        raise InputError("the link holds no state.")
+    if len(text) > MAX_LINK_CHARS:
+        raise InputError(f"the link's state is {len(text):,} characters; at most "
+                         f"{MAX_LINK_CHARS:,} are read.")
+    version, dot, body = text.partition(".")
+    if not dot or not version.isdigit():
+        raise InputError("the link's state does not start with its version ('1.'): it was "
+                         "cut or changed.")
+    if int(version) != LINK_VERSION:
+        raise InputError(f"the link was written by another version of the explorer (link "
+                         f"version {version}; this one reads {LINK_VERSION}).")
+    try:
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        inflate = zlib.decompressobj()
+        plain = inflate.decompress(raw, _LINK_JSON_BYTES)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError("cut or too large")
+        data = json.loads(plain.decode("utf-8"))
+    except (ValueError, zlib.error, UnicodeDecodeError):
+        raise InputError("the link's state cannot be read (a character was changed or the "
+                         "link was cut): open the link as it was copied.") from None
+    if not isinstance(data, dict) or not isinstance(data.get("m"), str):
+        raise InputError("the link's state is not an explorer view (it names no model).")
+    unknown = sorted(set(data) - {"m", "p", "s", "e", "v", "o"})
+    if unknown:
+        raise InputError(f"unknown field(s) in the link: {', '.join(map(repr, unknown))}.")
+    view = data.get("v")
+    if view is not None and (not isinstance(view, str) or not _ITEM_KEY.fullmatch(view)):
+        raise InputError(f"the link's page must be a page name such as 'lens'; got "
+                         f"{str(view)[:40]!r}.")
+    selection = data.get("s", [])
+    if not isinstance(selection, list) or not all(isinstance(n, (str, int)) for n in selection):
+        raise InputError("the link's selection must be a list of names such as 'L3.H1'.")
+    state = {"format": STATE_FORMAT, "version": STATE_VERSION, "model": data["m"],
+             "prompts": data.get("p", []), "edits": data.get("e", [])}
+    ws = Workspace.from_state(state, model=model)
+    try:
+        ws.set_selection(selection)
+    except InputError as exc:
+        raise InputError(f"the link's selection: {exc}") from None
+    settings = _check_page_settings(view or "page", data.get("o", {}))
+    return Link(ws, view, settings)
 
 
 def _json_kind(value: Any) -> str:

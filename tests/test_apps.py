@@ -344,12 +344,13 @@ def test_gallery_opens_each_page_with_its_intro(tiny_model):
 
     views = [*VIEWS[:1], ("Another page", "another", lambda model: LensView(model, k=2))]
     gallery = Gallery("tiny-llama", views=views)
-    intro, page = gallery._main.objects
+    intro, scope, page = gallery._main.objects
     assert "page-intro" in intro.css_classes and "page-intro" not in page.css_classes
     assert INTROS["lens"].try_first in intro.object
-    gallery.view = "another"  # a page without an intro is shown alone
-    (page,) = gallery._main.objects
-    assert "page-intro" not in page.css_classes
+    assert "page-scope" in scope.css_classes    # the lens states its scope under the intro
+    gallery.view = "another"  # a page without an intro: its scope line, then the page
+    scope, page = gallery._main.objects
+    assert "page-intro" not in page.css_classes and "page-scope" in scope.css_classes
 
 
 def test_gallery_rejects_unknown_view():
@@ -382,7 +383,7 @@ def test_gallery_model_load_failure_is_notified(tiny_model, notes, monkeypatch):
 
 
 def test_two_apps_share_no_view_objects(tiny_model):
-    one, two = create_app("tiny-llama"), create_app("tiny-llama")
+    one, two = create_app("tiny-llama", view="lens"), create_app("tiny-llama", view="lens")
     assert isinstance(one, pn.template.FastListTemplate)
 
     def objects(tmpl):
