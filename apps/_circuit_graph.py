@@ -475,15 +475,15 @@ class GraphFigure:
         """Colour and width key under the plot (empty renderers stand for the encodings)."""
         from bokeh.models import ColumnDataSource, Legend, LegendItem
 
-        empty = {"x0": [], "y0": [], "x1": [], "y1": []}
+        empty = {"x": [], "y": []}   # a line's legend sample is drawn without data
         items = []
         for label, color, width in (("red: patching raises the metric", POSITIVE, 3),
                                     ("blue: lowers it", NEGATIVE, 3),
                                     ("weak |score|", "#8c8c8c", 0.6),
                                     ("strong |score|", "#8c8c8c", 6),
                                     ("node's strongest paths (hover / click)", PATH_COLOR, 3.5)):
-            r = fig.segment("x0", "y0", "x1", "y1", source=ColumnDataSource(dict(empty)),
-                            line_color=color, line_width=width, name="legend-key")
+            r = fig.line("x", "y", source=ColumnDataSource(dict(empty)), line_color=color,
+                         line_width=width, name="legend-key")
             items.append(LegendItem(label=label, renderers=[r]))
         legend = Legend(items=items, orientation="horizontal", label_text_font_size="8pt", nrows=2,
                         spacing=12, margin=2, padding=2, name="edge-legend",
