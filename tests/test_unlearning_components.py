@@ -7,7 +7,6 @@ perplexity against a hand-written cross-entropy; the budget selection on hand-ma
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from explorer.analyses.unlearning.comparison import (
     METRICS,
+    mean_interval,
     relearn,
     relearn_halves,
     trained_parameters,
@@ -129,6 +130,7 @@ __all__ = [
     "text_loss",
     "text_perplexity",
     "localized_finetune",
+    "mean_interval",
     "relearn_halves",
     "relearn",
     "unlearning_comparison",

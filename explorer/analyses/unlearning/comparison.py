@@ -32,7 +32,25 @@ from explorer.analyses.unlearning.text import text_perplexity
 from explorer.models import Model
 from explorer.trace import provenance
 
-__all__ = ["METRICS", "relearn_halves", "relearn", "trained_parameters", "unlearning_comparison"]
+__all__ = ["METRICS", "relearn_halves", "relearn", "trained_parameters", "unlearning_comparison",
+           "mean_interval"]
+
+
+def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t interval for the mean of ``values`` (e.g. one value per
+    seed), mean +/- t_{(1+level)/2, n-1} * sd / sqrt(n) with sd at ddof 1; the bounds are
+    NaN for fewer than 2 values."""
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or not len(v):
+        raise InputError(f"`values` must be a non-empty 1-d sequence; got shape {v.shape}.")
+    level = check_float("level", level, low=0.0, high=1.0)
+    mean = float(v.mean())
+    if len(v) < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+    return mean, mean - half, mean + half
 
 
 def relearn_halves(facts: Sequence[AttributeFact]) -> tuple[list[AttributeFact],

@@ -10,7 +10,6 @@ it) and a held-out part (the perplexity is read there), never mixed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -80,10 +79,3 @@ def windows_for_step(windows: torch.Tensor, step: int, batch: int) -> torch.Tens
     idx = [(step * batch + i) % n for i in range(min(batch, n))]
     return windows[idx]
 
-
-def _check_sequence(windows: Sequence | torch.Tensor) -> torch.Tensor:
-    t = torch.as_tensor(windows, dtype=torch.long)
-    if t.ndim != 2 or t.shape[1] < 2:
-        raise InputError(f"text windows must be [window, n_tokens] with n_tokens >= 2; got "
-                         f"shape {tuple(t.shape)}.")
-    return t
