@@ -44,6 +44,7 @@ import explorer
 from apps import _circuit_graph as cg
 from apps import theme
 from apps._controls import OwnItems, labelled_control
+from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer import components
@@ -319,7 +320,8 @@ class CircuitsView(View):
         self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
-        self._results: dict[tuple, tuple] = {}         # (task, n, method) -> (task, scores, curve)
+        # (task, n, method) -> (task, scores, curve); kept whole: the caches below key on id(scores)
+        self._results: dict[tuple, tuple] = {}
         self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
         self._own_text = ""
         self._own_version = 0                          # bumped by each good paste
@@ -330,7 +332,7 @@ class CircuitsView(View):
             "wrong answer's). An answer follows its prompt after a space; a field in \"quotes\" "
             f"is kept exactly. Use makes them the task '{OWN_TASK}' and computes its circuit.",
             self.use_own)
-        self._effects: dict[tuple, dict[int, float]] = {}  # patch effects by result and edge
+        self._effects = BoundedCache(max_items=16)      # patch effects by result and edge
         self._order: np.ndarray | None = None          # edge indices by |score|, descending
         self._ck_orders: list[np.ndarray] = []
         self._ck_scores: list[xr.Dataset] = []
@@ -339,11 +341,11 @@ class CircuitsView(View):
         self._nodes: frozenset[str] = frozenset()
         self._task: ca.CircuitTask | None = None
         self._edge_labels: dict[str, int] = {}
-        self._circuit_cache: dict[tuple, np.ndarray] = {}
+        self._circuit_cache = BoundedCache(max_items=256)
         self._shown = {"size": 0, "chosen": 0, "drawn": 0}
         self._default: cs.CircuitChoice | None = None
         self._boot: tuple[int, xr.Dataset] | None = None    # (id of the curve, its intervals)
-        self._influence_cache: dict[tuple, Any] = {}   # pruning and paths by selection
+        self._influence_cache = BoundedCache(max_items=32)   # pruning and paths by selection
         self._influence: xr.Dataset | None = None      # the shown circuit's pruning
         self._circuit_table: dict[str, np.ndarray] | None = None   # every member's edge
         self._node_paths: dict[str, str] = {}          # node -> circuit rows of its paths
@@ -462,8 +464,6 @@ class CircuitsView(View):
         key = self._selection_key(scores)
         mask = self._circuit_cache.get(key)
         if mask is None:
-            if len(self._circuit_cache) > 256:
-                self._circuit_cache.clear()
             sel = (ca.select_circuit(scores, top_n=key[2]) if self.mode == "top-n"
                    else ca.select_circuit(scores, threshold=key[2]))
             mask = sel.values
