@@ -410,7 +410,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         check_int("--heavy-jobs", heavy, low=1, high=256)
     gallery = importlib.import_module("apps.gallery")
     print(f"serving the explorer gallery ({args.model}) at {url}", flush=True)
-    print(f"{_PROG}: {described}", file=sys.stderr, flush=True)
+    if sign_in:
+        print(f"{_PROG}: {described}", file=sys.stderr, flush=True)
     if args.no_auth:
         print(f"{_PROG}: warning: --no-auth on {args.address}: anyone who can reach the port can "
               "run the model and see what it computes.", file=sys.stderr, flush=True)

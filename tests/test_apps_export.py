@@ -13,6 +13,7 @@ import zipfile
 
 import numpy as np
 import pandas as pd
+import panel as pn
 import pytest
 import xarray as xr
 from _views import KM_PARAMS, cheap_gallery_views, tiny_facts_file
@@ -234,12 +235,15 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
     assert "edits_from_json" in lens_code and "not in this snippet" not in lens_code
     g.workspace.remove_edit(0)
     sidebar = g.page_widgets()
-    download = sidebar[1]
+    download = sidebar[1][0]                            # beside "Copy link"
+    assert sidebar[1][1].label == "Copy link"
     assert download.filename == "explorer-attention.zip" and download.label == "Export page data"
-    assert any("export-page-data" in getattr(w, "css_classes", []) for w in g.sidebar())
+    assert any("export-page-data" in w.css_classes for item in g.sidebar()
+               if isinstance(item, pn.viewable.Viewable)
+               for w in item.select(pn.widgets.FileDownload))
     with zipfile.ZipFile(io.BytesIO(download.callback().read())) as zf:   # what a click sends
         assert json.loads(zf.read("manifest.json"))["gallery_page"] == "attention"
-    code_pane = sidebar[2].objects[0]
+    code_pane = sidebar[3].objects[0]
     assert "enlarged = patterns.sel(layer=0, head=1)" in str(code_pane.object)
     g.view = "lens"
     assert download.filename == "explorer-lens.zip"

@@ -432,25 +432,38 @@ def test_serve_binds_localhost_by_default_and_prints_the_url(capsys, fake_galler
     code, out, err = run(capsys, "serve", "--model", "tiny-llama")
     assert code == 0, err
     assert fake_gallery == [{"model": "tiny-llama", "port": 5006, "address": "127.0.0.1",
-                             "show": False, "allow_websocket_origin": None, "remote": False}]
+                             "show": False, "allow_websocket_origin": None, "remote": False,
+                             "heavy_jobs": None}]
     assert "http://127.0.0.1:5006/" in out and err == ""
     code, _, err = run(capsys, "serve", "--model", "tiny-llama", "--remote")
     assert code == 0, err
     assert fake_gallery[-1]["remote"] is True and fake_gallery[-1]["address"] == "127.0.0.1"
 
 
-def test_serve_passes_address_port_and_origins_through(capsys, fake_gallery):
+def test_serve_passes_address_port_and_origins_through(capsys, fake_gallery, monkeypatch):
+    monkeypatch.delenv("EXPLORER_PASSWORD", raising=False)
     code, out, err = run(capsys, "serve", "--address", "0.0.0.0", "--port", "8000", "--show",
                          "--allow-websocket-origin", "lab.example:8000",
                          "--allow-websocket-origin", "localhost:8000")
+    assert code == 2 and "needs a sign-in" in assert_one_error_line(err)   # off loopback
+    assert fake_gallery == []
+    code, out, err = run(capsys, "serve", "--address", "0.0.0.0", "--port", "8000", "--show",
+                         "--allow-websocket-origin", "lab.example:8000",
+                         "--allow-websocket-origin", "localhost:8000", "--no-auth")
     assert code == 0
     assert fake_gallery == [{"model": "smollm2-135m", "port": 8000, "address": "0.0.0.0",
-                             "show": True, "remote": False,
+                             "show": True, "remote": False, "heavy_jobs": None,
                              "allow_websocket_origin": ["lab.example:8000", "localhost:8000"]}]
-    assert "http://0.0.0.0:8000/" in out and "anyone who can reach it" in err
+    assert "http://0.0.0.0:8000/" in out and "anyone who can reach the port" in err
+    monkeypatch.setenv("EXPLORER_PASSWORD", "pw-not-printed")
+    code, out, err = run(capsys, "serve", "--address", "0.0.0.0", "--heavy-jobs", "2")
+    assert code == 0 and "pw-not-printed" not in out + err
+    assert fake_gallery[-1]["basic_auth"] == "pw-not-printed" and fake_gallery[-1]["heavy_jobs"] == 2
+    code, _, err = run(capsys, "serve", "--heavy-jobs", "0")
+    assert code == 2 and "`--heavy-jobs` must be an int in [1, 256]" in assert_one_error_line(err)
     code, _, err = run(capsys, "serve", "--port", "70000")
     assert code == 2 and "`--port` must be an int in [1, 65535]" in assert_one_error_line(err)
-    assert len(fake_gallery) == 1
+    assert len(fake_gallery) == 2
 
 
 @pytest.fixture

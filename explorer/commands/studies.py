@@ -155,7 +155,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"serving study {summary['study']} at {url} (Ctrl-C stops; answers are saved "
               f"as they are given)", flush=True)
     sys.stdout.flush()
-    print(f"explorer: {described}", file=sys.stderr, flush=True)
+    if sign_in or args.no_auth:
+        print(f"explorer: {described}", file=sys.stderr, flush=True)
     app = importlib.import_module("apps.study")
     app.serve(args.dir, port=port, address=args.address, show=args.show,
               allow_websocket_origin=args.allow_websocket_origin, **sign_in)
