@@ -50,11 +50,25 @@ def extension(**panel_options: Any) -> None:
     # HoloViews first: its notebook hooks (a displayed element renders as a plot) and its
     # Bokeh renderer; inline=False there would publish CDN script tags.
     hv.extension("bokeh", inline=True, logo=False)
+    # pages call hv.extension("bokeh") when imported; in this notebook that loads inline too
+    hv.extension.inline = True
     pn.extension(**options)
     hv.renderer("bokeh").theme = theme.bokeh_theme()
     # HoloViews' own notebook output links Panel's style sheets on the CDN; shown through
     # Panel they are inlined, as every view's are.
     hv.Store.set_display_hook("html+js", LabelledData, _shown_by_panel)
+    # and so are those of the models a widget's change sends later (a view's new plot)
+    if _inline_style_sheets not in pn.viewable.Viewable._preprocessing_hooks:
+        pn.viewable.Viewable._preprocessing_hooks.append(_inline_style_sheets)
+
+
+def _inline_style_sheets(viewable: Any, root: Any) -> None:
+    """Replace every style sheet linked on Panel's CDN under ``root`` by its installed copy."""
+    from bokeh.models import UIElement
+    from panel.io.notebook import patch_inline_stylesheets
+
+    for model in root.select({"type": UIElement}):
+        patch_inline_stylesheets(model)
 
 
 def _shown_by_panel(obj: Any) -> tuple[dict, dict] | None:
