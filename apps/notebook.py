@@ -57,9 +57,18 @@ def extension(**panel_options: Any) -> None:
     # HoloViews' own notebook output links Panel's style sheets on the CDN; shown through
     # Panel they are inlined, as every view's are.
     hv.Store.set_display_hook("html+js", LabelledData, _shown_by_panel)
-    # and so are those of the models a widget's change sends later (a view's new plot)
-    if _inline_style_sheets not in pn.viewable.Viewable._preprocessing_hooks:
-        pn.viewable.Viewable._preprocessing_hooks.append(_inline_style_sheets)
+    # and so are those of the models a widget's change sends later (a view's new plot), once
+    # every hook (the design's among them) has set them
+    viewable = pn.viewable.Viewable
+    if not getattr(viewable._preprocess, "_inlines_style_sheets", False):
+        preprocess = viewable._preprocess
+
+        def _preprocess(self: Any, root: Any, changed: Any = None, old_models: Any = None) -> None:
+            preprocess(self, root, changed, old_models)
+            _inline_style_sheets(self, root)
+
+        _preprocess._inlines_style_sheets = True
+        viewable._preprocess = _preprocess
 
 
 def _inline_style_sheets(viewable: Any, root: Any) -> None:
