@@ -332,7 +332,9 @@ def test_exported_html_draws_without_network(browser, tmp_path):
     shutil.copy(EXAMPLES / "dynamics.ipynb", tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--execute",
-                    "--ExecutePreprocessor.timeout=600", "dynamics.ipynb"],
+                    "--ExecutePreprocessor.timeout=600", "dynamics.ipynb",
+                    # the template's own MathJax and require.js (the notebook needs neither)
+                    "--HTMLExporter.mathjax_url=", "--HTMLExporter.require_js_url="],
                    cwd=tmp_path, env=env, check=True, capture_output=True)
     html = tmp_path / "dynamics.html"
     page = browser.new_page(viewport=VIEWPORT)
