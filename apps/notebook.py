@@ -50,11 +50,34 @@ def extension(**panel_options: Any) -> None:
     # HoloViews first: its notebook hooks (a displayed element renders as a plot) and its
     # Bokeh renderer; inline=False there would publish CDN script tags.
     hv.extension("bokeh", inline=True, logo=False)
+    # pages call hv.extension("bokeh") when imported; in this notebook that loads inline too
+    hv.extension.inline = True
     pn.extension(**options)
     hv.renderer("bokeh").theme = theme.bokeh_theme()
     # HoloViews' own notebook output links Panel's style sheets on the CDN; shown through
     # Panel they are inlined, as every view's are.
     hv.Store.set_display_hook("html+js", LabelledData, _shown_by_panel)
+    # and so are those of the models a widget's change sends later (a view's new plot), once
+    # every hook (the design's among them) has set them
+    viewable = pn.viewable.Viewable
+    if not getattr(viewable._preprocess, "_inlines_style_sheets", False):
+        preprocess = viewable._preprocess
+
+        def _preprocess(self: Any, root: Any, changed: Any = None, old_models: Any = None) -> None:
+            preprocess(self, root, changed, old_models)
+            _inline_style_sheets(self, root)
+
+        _preprocess._inlines_style_sheets = True
+        viewable._preprocess = _preprocess
+
+
+def _inline_style_sheets(viewable: Any, root: Any) -> None:
+    """Replace every style sheet linked on Panel's CDN under ``root`` by its installed copy."""
+    from bokeh.models import UIElement
+    from panel.io.notebook import patch_inline_stylesheets
+
+    for model in root.select({"type": UIElement}):
+        patch_inline_stylesheets(model)
 
 
 def _shown_by_panel(obj: Any) -> tuple[dict, dict] | None:
