@@ -2,8 +2,9 @@
 
 Pages are served either in this process (`served_in_process`, Panel's threaded server:
 fast, shares the session's fixtures) or in a child process (`served_in_subprocess`: its
-own interpreter, e.g. the gallery as a user starts it). Both wait until the port answers
-and stop the server afterwards. The waits read either a pane's text (`wait_for_text`) or a
+own interpreter, e.g. the gallery as a user starts it). Both wait until the server's own
+process listens on the port and it answers, and stop the server afterwards; the port comes
+from `free_port`, which gives each parallel test worker its own range. The waits read either a pane's text (`wait_for_text`) or a
 data attribute that a page sets on itself (`attribute`, `wait_for`). The browser itself is
 the `browser` fixture in conftest.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -30,16 +32,58 @@ SHADOW_TEXT = """el => el.shadowRoot
     : el.innerText"""
 
 
+_PORTS_FROM = 20000   # the ports tests serve on lie below the kernel's ephemeral range
+_RANDOM = random.SystemRandom()   # not the `random` module's state, which tests may seed
+
+
+def _ports_of_this_process() -> range:
+    """The ports this test process serves on: its own share of ``20000 ..`` the start of the
+    kernel's ephemeral range (where client connections get their ports), one share per
+    xdist worker, so two workers never pick the same port and a client socket never holds
+    one a server is about to bind."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    share = (max(ephemeral, _PORTS_FROM + 1000) - _PORTS_FROM) // max(count, index + 1)
+    start = _PORTS_FROM + index * share
+    return range(start, start + share)
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on right now, from this test process's own
+    share (`_ports_of_this_process`); another test session on the machine may pick from the
+    same share, so the port is checked by binding it, and picked at random."""
+    ports = _ports_of_this_process()
+    for _ in range(200):
+        port = _RANDOM.choice(ports)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {ports.start}..{ports.stop - 1}")
 
 
 def _answers(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself listens on ``port`` (not some other server that took
+    the port meanwhile: another test session on the machine may pick from the same range)."""
+    import psutil
+
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="inet"))
+    except psutil.Error:
+        return False
 
 
 @contextlib.contextmanager
@@ -59,10 +103,10 @@ def served_in_process(pages: dict[str, Callable], *, timeout: float = 30,
                       websocket_origin=[f"127.0.0.1:{port}"], **serve_options)
     try:
         deadline = time.time() + timeout
-        while not _answers(port):
+        while not (_listens(os.getpid(), port) and _answers(port)):
             if time.time() > deadline:
                 raise RuntimeError(f"the page server did not answer on port {port} in {timeout} s")
-            time.sleep(0.2)
+            time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
@@ -81,7 +125,7 @@ def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
                                 stderr=subprocess.STDOUT)
         try:
             deadline = time.time() + timeout
-            while not _answers(port):
+            while not (_listens(proc.pid, port) and _answers(port)):
                 if proc.poll() is not None:
                     raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
                 if time.time() > deadline:
@@ -155,6 +199,45 @@ def press_until(page, handle_css: str, key: str, selector: str, pattern: str, *,
             if attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _page_of(target):
+    return target if hasattr(target, "goto") else target.page
+
+
+def painted(target, *, timeout: float = 30, interval: float = 0.15, **screenshot) -> bytes:
+    """A screenshot (PNG bytes) of ``target`` (a page or a locator) once two taken
+    ``interval`` s apart are identical: layout, canvases and animations done. After
+    ``timeout`` s the last one (a page that keeps moving, e.g. a spinner). ``screenshot``
+    goes to Playwright's ``screenshot`` (``path``, ``full_page``): the file written is the
+    settled image."""
+    path = screenshot.pop("path", None)
+    page = _page_of(target)
+    deadline = time.time() + timeout
+    last = target.screenshot(**screenshot)
+    while time.time() < deadline:
+        page.wait_for_timeout(interval * 1000)
+        now = target.screenshot(**screenshot)
+        if now == last:
+            break
+        last = now
+    if path is not None:
+        Path(path).write_bytes(last)
+    return last
+
+
+def steady(page, expression: str, *, timeout: float = 30, interval: float = 0.15):
+    """The value of the JavaScript ``expression`` (a function of no arguments) once it is not
+    null and the same twice in a row ``interval`` s apart (Bokeh's layout and data settled)."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        value = page.evaluate(expression)
+        if value is not None and value == last:
+            return value
+        last = value
+        page.wait_for_timeout(interval * 1000)
+    raise AssertionError(f"the page's value never settled in {timeout} s; last {last!r}")
 
 
 def attribute(page, name: str) -> str:
@@ -246,7 +329,6 @@ def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90
     navigation) not the plots of the page left behind. False on timeout."""
     deadline = time.time() + timeout
     last, since = None, time.time()
-    page.wait_for_timeout(1000)
     while time.time() < deadline:
         sig = page.evaluate(_SIGNATURE, busy)
         fresh = sig is not None and sig["ids"] and not set(sig["ids"]) <= set(before)

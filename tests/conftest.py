@@ -1,6 +1,24 @@
-"""Shared fixtures: tiny random-init models (fast) and the packaged SmolLM2 (integration)."""
+"""Shared fixtures (tiny random-init models, the packaged SmolLM2, the browser) and how the
+suite runs in parallel workers (pytest-xdist). The rules for a new test are in tests/README.md.
+
+Parallel runs (`make test`, `make test-fast`: ``-n 2 --dist loadfile --no-loadscope-reorder``):
+
+- Each test process has its own cache folder (``$EXPLORER_CACHE``, under the process's own
+  pytest temp folder); the converted SmolLM2 in the user's cache is linked into it, read only.
+- A file's tests run in one worker, in file order, so module-scoped fixtures are built once.
+- Files start in order of their expected cost, the costliest first (the slowest file must
+  not start last): the seconds they took in the last parallel run on this machine (pytest's
+  cache), else an estimate from their marks (``browser``, ``slow``, ``integration``).
+- A test marked ``timing`` (it asserts a wall-clock time) runs while no other test runs:
+  the other workers finish the test they are in and wait (a reader-writer lock on a file
+  shared by the session's workers), so the load it is timed under is its own.
+- Torch gets the cores divided among the workers (one thread each on 2 cores), and the BLAS
+  thread variables say the same to the servers the tests start.
+"""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 from typing import Any
@@ -9,6 +27,159 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")                # "gw0", ... in an xdist worker
+_N_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def _share_the_cores() -> None:
+    """In an xdist worker: torch (and, through the environment, the servers tests start) on
+    cores / workers threads, so the workers do not oversubscribe the machine."""
+    if _WORKER is None or _N_WORKERS < 2:
+        return
+    threads = max(1, (os.cpu_count() or 1) // _N_WORKERS)
+    for name in _THREAD_ENV:
+        os.environ.setdefault(name, str(threads))
+    torch.set_num_threads(threads)
+
+
+_share_the_cores()
+
+
+# -- parallel runs: files in order of cost, the timing lock --------------------------------
+#
+# The suite distributes whole files (``--dist loadfile``). ``--dist loadgroup`` does not group
+# with pytest 9.2: xdist 3.8 names a test's group by editing ``item._nodeid``, which pytest no
+# longer reads, so ``xdist_group`` marks have no effect and are not used here.
+
+_SECONDS_KEY = "explorer/file-seconds"
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _estimated_seconds(items: list[pytest.Item]) -> float:
+    """A file's cost guessed from its marks when no earlier run here measured it."""
+    fixed, each = 0.0, 0.5
+    if any(i.get_closest_marker("browser") for i in items):
+        fixed, each = 60.0, 5.0
+    elif any(i.get_closest_marker("slow") for i in items):
+        fixed, each = 40.0, 5.0
+    elif any(i.get_closest_marker("integration") for i in items):
+        fixed, each = 20.0, 2.0
+    return fixed + each * len(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller, per worker: the seconds each file took in the last parallel
+    run here (pytest's cache), so that every worker orders its collection alike."""
+    cache = getattr(node.config, "cache", None)          # None with -p no:cacheprovider
+    node.workerinput["explorer_file_seconds"] = cache.get(_SECONDS_KEY, {}) if cache else {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the files in order of expected cost, costliest first (ties in
+    file order; each file's tests keep theirs). With ``--no-loadscope-reorder`` the
+    controller hands out files in this order, so the slowest file does not start last."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(_file_of(item.nodeid), []).append(item)
+    measured = workerinput.get("explorer_file_seconds", {})
+    cost = {name: float(measured.get(name) or _estimated_seconds(members))
+            for name, members in files.items()}
+    order = {name: rank for rank, name in enumerate(files)}
+    ranked = sorted(files, key=lambda name: (-cost[name], order[name]))
+    items[:] = [item for name in ranked for item in files[name]]
+
+
+class _FileClock:
+    """In the controller of a parallel run: the seconds each file's tests took (setup, call
+    and teardown), kept in pytest's cache at the end for the next run's order."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        name = _file_of(report.nodeid)
+        self.seconds[name] = self.seconds.get(name, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        cache = getattr(self.config, "cache", None)
+        if cache is None or not self.seconds:
+            return
+        known = dict(cache.get(_SECONDS_KEY, {}))
+        known.update({k: round(v, 1) for k, v in self.seconds.items()})
+        cache.set(_SECONDS_KEY, known)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _WORKER is None and config.getoption("numprocesses", default=None):
+        config.pluginmanager.register(_FileClock(config), "explorer-file-clock")
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    with open(path, "a+") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock_files(item: pytest.Item) -> tuple[Path, Path]:
+    """The turnstile and the lock: files in the session's temp folder (each worker's temp
+    folder is one of its folders)."""
+    folder = item.config._tmp_path_factory.getbasetemp().parent
+    return folder / "timing-turnstile.lock", folder / "timing.lock"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """In an xdist worker, a test marked ``timing`` holds the session's lock alone for its
+    setup, call and teardown; every other test shares it. A test first passes the turnstile,
+    which a waiting ``timing`` test holds, so tests that come later queue behind it (writer
+    priority). The wait happens outside the test's timeout (this wrapper runs first)."""
+    if _WORKER is None:
+        yield
+        return
+    turnstile, lock = _lock_files(item)
+    if item.get_closest_marker("timing") is not None:
+        with _flock(turnstile, fcntl.LOCK_EX), _flock(lock, fcntl.LOCK_EX):
+            yield
+        return
+    with _flock(turnstile, fcntl.LOCK_EX):
+        pass
+    with _flock(lock, fcntl.LOCK_SH):
+        yield
+
+
+# -- the test process's own cache folder ----------------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_folder(tmp_path_factory):
+    """``$EXPLORER_CACHE`` points into this process's temp folder for the whole session, so
+    workers never share (or race on) stored results and nothing lands in the user's cache;
+    the converted SmolLM2 there is linked in, to be read only (a re-conversion into the link
+    fails instead of replacing it). Tests that need an empty cache still set their own."""
+    from explorer.models import DEFAULT_MODEL, cache_dir
+
+    converted = cache_dir() / "models" / DEFAULT_MODEL
+    folder = tmp_path_factory.mktemp("explorer-cache")
+    if (converted / "explorer-source.json").exists():
+        (folder / "models").mkdir()
+        (folder / "models" / DEFAULT_MODEL).symlink_to(converted.resolve(), target_is_directory=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXPLORER_CACHE", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,9 +194,6 @@ def _torch_globals() -> dict:
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "matmul_precision": torch.get_float32_matmul_precision(),
             "thread_env": {k: os.environ.get(k) for k in _THREAD_ENV}}
-
-
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @pytest.fixture(autouse=True)

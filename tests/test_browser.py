@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _browser import free_port, served_in_process, served_in_subprocess
+from _browser import free_port, painted, served_in_process, served_in_subprocess
 
 pytestmark = pytest.mark.browser
 
@@ -74,7 +74,7 @@ def wait_for_change(page, attribute: str, old: str, timeout: float = 120) -> str
 def shot(page, name: str) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
-    page.screenshot(path=str(path), full_page=True)
+    painted(page, path=str(path), full_page=True)   # once the page has stopped moving
     return path
 
 
@@ -95,8 +95,7 @@ def test_steering_slider_changes_the_plot(browser, tiny_server):
     page, errors = open_lens(browser, tiny_server)
     before = digest(page)
     plot = page.locator(".lens-plot").first
-    time.sleep(0.5)  # let the canvas finish painting
-    pixels_before = plot.screenshot()
+    pixels_before = painted(plot)
     handle = page.locator(".bk-input-group", has_text="Steering strength").locator(".noUi-handle")
     handle.focus()
     for _ in range(4):  # 4 steps of 0.5: α = 2, applied on release (value_throttled)
@@ -105,8 +104,10 @@ def test_steering_slider_changes_the_plot(browser, tiny_server):
     assert after != before
     details = page.locator(".lens-details").inner_text()
     assert "α = 2" in details
-    time.sleep(0.5)
-    assert plot.screenshot() != pixels_before
+    deadline = time.time() + 30                     # until the new plot has been painted
+    while (pixels_after := painted(plot)) == pixels_before and time.time() < deadline:
+        page.wait_for_timeout(150)
+    assert pixels_after != pixels_before
     shot(page, "lens-steered-tiny.png")
     page.close()
     assert errors == []
@@ -123,8 +124,7 @@ def test_bad_prompt_shows_a_notification_and_keeps_the_plot(browser, tiny_server
     assert "Prompt not run" in toast.inner_text()   # refused by the sidebar, once
     assert digest(page) == before                   # the last good result stays
     assert page.locator(".lens-plot canvas").count() > 0
-    time.sleep(1)  # the toast has slid in
-    shot(page, "lens-error-tiny.png")
+    shot(page, "lens-error-tiny.png")               # once the toast has slid in
     page.close()
     assert errors == []
 
@@ -188,7 +188,6 @@ def test_smollm2_lens_page_renders(browser, tmp_path):
         assert "·Paris" in details  # SmolLM2 completes "The capital of France is"
         ticks = page.locator(".lens-tokens").inner_text()
         assert "·France" in ticks
-        time.sleep(1)
         shot(page, "lens-smollm2.png")
         page.close()
         assert errors == []

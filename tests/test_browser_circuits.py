@@ -24,7 +24,8 @@ import textwrap
 import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, wait_for
+from _browser import (ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess,
+                      steady, wait_for)
 
 pytestmark = pytest.mark.browser
 
@@ -164,6 +165,7 @@ _SEGMENTS_JS = """
 """
 
 
+@pytest.mark.timing
 def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
 
     page, errors = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state", timeout=240)
@@ -226,9 +228,8 @@ def test_slider_redraws_edges_and_edge_choice_ablates(page_url, browser):
     assert second != first
     # the readout (bold edge name, then the metric) names the edge now patched
     page.locator("strong", has_text=labels[1]).first.wait_for(state="attached", timeout=30_000)
-    time.sleep(1.5)
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "circuits_page.png"), full_page=True)
+    painted(page, path=str(ARTIFACTS / "circuits_page.png"), full_page=True)
     assert not errors, errors
     page.close()
 
@@ -268,9 +269,9 @@ def test_clicking_an_edge_ablates_it(page_url, browser):
     page, _ = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state", timeout=240)
     wait_for(page, "data-circuit-scores", lambda v: v == "ready")
     page.wait_for_selector("canvas", state="attached", timeout=60_000)
-    time.sleep(1.5)
-    # click the midpoint of the top-ranked drawn edge (screen position from Bokeh's own scales)
-    target = page.evaluate(_EDGE_MIDPOINT_JS)
+    # click the midpoint of the top-ranked drawn edge (screen position from Bokeh's own scales,
+    # once the layout has settled)
+    target = steady(page, _EDGE_MIDPOINT_JS)
     assert target is not None, "no edge renderer found"
     page.mouse.click(target["x"], target["y"])
     ablated = wait_for(page, "data-circuit-ablated", lambda v: v != "none", timeout=60)
@@ -329,8 +330,7 @@ def test_default_circuit_labels_and_size_slider(page_url, browser):
     cap = None
     top_n, kept, recovered = default_by_loop(fraction, cap)
     page.wait_for_function(f"() => ({_GRAPH_JS})().segments.src.length === {kept}", timeout=60_000)
-    time.sleep(1.0)
-    g = page.evaluate(_GRAPH_JS)
+    g = steady(page, _GRAPH_JS)
     # the default circuit: the independent loop's, recovering >= the fraction within the cap
     n = len(g["segments"]["src"])
     assert n == kept == circuit_size(top_n) and 0 < n

@@ -9,10 +9,10 @@ press "Score the whole split" (a results table appears). A screenshot goes to
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, slider_handle, wait_for
+from _browser import (ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess,
+                      slider_handle, wait_for)
 
 pytestmark = pytest.mark.browser
 
@@ -56,7 +56,7 @@ def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):
     # wait for the heatmap to render, then click inside its frame
     canvas = page.locator(".cf-heatmap .bk-Canvas").first
     canvas.wait_for(state="visible", timeout=60_000)
-    time.sleep(1.5)
+    painted(canvas)
     box = canvas.bounding_box()
     page.mouse.click(box["x"] + 0.45 * box["width"], box["y"] + 0.5 * box["height"])
     plus = wait_for(page, "data-cf-plus", lambda v: v != "", timeout=30)
@@ -73,8 +73,7 @@ def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):
     table = page.locator("table").filter(has_text="JuICE dual run")
     table.first.wait_for(state="visible", timeout=30_000)
     assert "to context, substitution" in table.first.inner_text()
-    time.sleep(1.5)
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "conflicts_page.png"), full_page=True)
+    painted(page, path=str(ARTIFACTS / "conflicts_page.png"), full_page=True)
     assert not errors, errors
     page.close()

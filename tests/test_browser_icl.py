@@ -9,10 +9,10 @@ to ``test-artifacts/`` (gitignored).
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, slider_handle, wait_for
+from _browser import (ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess,
+                      slider_handle, wait_for)
 
 pytestmark = pytest.mark.browser
 
@@ -65,8 +65,7 @@ def test_scores_head_slider_and_ablation_curves(page_url, browser):
     page.locator("input[type=checkbox]").first.check()   # the exclusion toggle: the only one
     assert wait_for(page, "data-icl-rankings", lambda v: "excl" in v) == (
         "fv_excl_induction,induction_excl_fv,random")
-    time.sleep(2)  # let the curves render before the screenshot
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "icl_heads_page.png"), full_page=True)
+    ARTIFACTS.mkdir(exist_ok=True)     # the screenshot once the curves have rendered
+    painted(page, path=str(ARTIFACTS / "icl_heads_page.png"), full_page=True)
     assert not errors, errors
     page.close()

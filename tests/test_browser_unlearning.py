@@ -8,10 +8,9 @@ accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, free_port, open_page, served_in_subprocess, wait_for
+from _browser import ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess, wait_for
 from _views import tiny_facts_file
 
 pytestmark = pytest.mark.browser
@@ -59,8 +58,7 @@ def test_localize_pick_method_run_and_bars(page_url, browser):
     assert wait_for(page, "data-unlearning-result", lambda v: v != "none",
                     timeout=300) == "original,fact_lookup,attribution_patching"
     assert page.locator(".bk-Canvas, canvas").count() >= 3   # probe curve, heatmap, bars
-    time.sleep(2)  # let the bars render before the screenshot
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "unlearning_page.png"), full_page=True)
+    ARTIFACTS.mkdir(exist_ok=True)     # the screenshot once the bars have rendered
+    painted(page, path=str(ARTIFACTS / "unlearning_page.png"), full_page=True)
     assert not errors, errors
     page.close()

@@ -624,6 +624,7 @@ def test_status_updates_reach_the_callback(remote_model):
     assert run.status == "COMPLETED" and len(run.job_ids) == 1
 
 
+@pytest.mark.timing
 def test_timeout_is_a_clear_error(remote_model, server, queue_delay):
     queue_delay(30)
     start = time.monotonic()
@@ -636,6 +637,7 @@ def test_timeout_is_a_clear_error(remote_model, server, queue_delay):
     _wait_for_server_status(server, run.job_ids[-1], "ERROR")  # the server dropped it
 
 
+@pytest.mark.timing
 def test_cancel_stops_a_queued_job(remote_model, server, queue_delay):
     queue_delay(30)
     errors, runs, queued = [], [], threading.Event()
