@@ -817,7 +817,8 @@ window.__explorerCopied = url
         self._apply_state(state)
 
     def _apply_state(self, state: Workspace) -> None:
-        self.workspace.update_from(state)
+        # the pages' settings first: pasted items the state carries are applied after them
+        # (using pasted pairs sets the page's example, which a stored setting must not undo)
         for slug, settings in state.settings.items():
             if slug not in self._specs:
                 continue
@@ -825,6 +826,7 @@ window.__explorerCopied = url
                 self._apply_settings(slug, self._pages[slug], settings)
             else:
                 self._pending_settings[slug] = dict(settings)
+        self.workspace.update_from(state)
         n, e = len(state.selected), len(state.edits)
         items = f", {len(state.items)} pasted item(s)" if state.items else ""
         self.state_message = (f"Imported: {len(state.prompts)} prompt(s), {n} selected, "

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -384,52 +382,68 @@ class Model:
         """Token strings as the model sees them: each id decoded on its own. A token that
         holds part of a character's UTF-8 bytes (emoji, CJK: decoding it alone gives U+FFFD)
         reads as its bytes escaped, e.g. ``' \\xf0\\x9f\\x98'`` (`token_text`)."""
-        return [token_text(self.tokenizer, i) for i in ids]
+        return [_TokenText.text(self.tokenizer, i) for i in ids]
 
 
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+class _TokenText:
+    """Token decoding with readable bytes, written so that no module-level name of this package
+    is looked up when it runs: a remote (NDIF) job may call `Model.token_strings` on a server
+    where this package is not installed."""
 
+    _chars: dict[str, int] | None = None
 
-@functools.lru_cache(maxsize=1)
-def _byte_level_chars() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the character each byte is written as -> the byte."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars, n = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + n)] = b
-            n += 1
-    return chars
+    @classmethod
+    def byte_level_chars(cls) -> dict[str, int]:
+        """GPT-2's byte-level alphabet: the character each byte is written as -> the byte."""
+        if cls._chars is None:
+            printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                         + list(range(ord("®"), ord("ÿ") + 1)))
+            chars, n = {}, 0
+            for b in range(256):
+                if b in printable:
+                    chars[chr(b)] = b
+                else:
+                    chars[chr(256 + n)] = b
+                    n += 1
+            cls._chars = chars
+        return cls._chars
+
+    @classmethod
+    def raw(cls, tokenizer: Any, token_id: int) -> bytes | None:
+        piece = tokenizer.convert_ids_to_tokens(int(token_id))
+        if not isinstance(piece, str):
+            return None
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        chars = cls.byte_level_chars()
+        if piece and all(c in chars for c in piece):
+            return bytes(chars[c] for c in piece)
+        return None
+
+    @classmethod
+    def text(cls, tokenizer: Any, token_id: int) -> str:
+        text = tokenizer.decode([int(token_id)])
+        if "\ufffd" not in text:
+            return text
+        raw = cls.raw(tokenizer, token_id)
+        if raw is None:
+            return text
+        return raw.decode("utf-8", errors="backslashreplace")
 
 
 def token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
     """The raw bytes of one token of a byte-level BPE (GPT-2 alphabet) or SentencePiece
     byte-fallback (``<0xE2>``) vocabulary; None when the vocabulary is neither."""
-    piece = tokenizer.convert_ids_to_tokens(int(token_id))
-    if not isinstance(piece, str):
-        return None
-    m = _BYTE_TOKEN.fullmatch(piece)
-    if m:
-        return bytes([int(m.group(1), 16)])
-    chars = _byte_level_chars()
-    if piece and all(c in chars for c in piece):
-        return bytes(chars[c] for c in piece)
-    return None
+    return _TokenText.raw(tokenizer, token_id)
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
     """One token decoded on its own; where that gives U+FFFD for bytes that are part of a
     character (the rest sits in a neighbouring token), those bytes as ``\\xNN`` escapes."""
-    text = tokenizer.decode([int(token_id)])
-    if "\ufffd" not in text:
-        return text
-    raw = token_bytes(tokenizer, token_id)
-    if raw is None:
-        return text
-    return raw.decode("utf-8", errors="backslashreplace")
+    return _TokenText.text(tokenizer, token_id)
 
 
 def _get_path(root: Any, path: str) -> Any:

@@ -459,5 +459,5 @@ def test_unlearning_snippet_recomputes_localization_and_the_run(tiny_model, tmp_
     for name in ("probe", "trace", "attribution"):
         xr.testing.assert_allclose(ns[name], getattr(view, name))
     xr.testing.assert_allclose(_no_timing(ns["result"]), _no_timing(view.result))
-    assert ns["layers"] == view.chosen_layers()
+    assert ns["components"] == view.chosen_components()
     view.close()

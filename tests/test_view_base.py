@@ -26,7 +26,7 @@ from apps._session import Cancelled
 from apps._view import View, serve
 
 APPS = Path(__file__).resolve().parents[1] / "apps"
-NOT_VIEWS = {"gallery.py", "theme.py"}   # and the helper modules, apps/_*.py
+NOT_VIEWS = {"gallery.py", "theme.py", "notebook.py"}   # and the helper modules, apps/_*.py
 
 
 
@@ -91,7 +91,7 @@ class Page(View):
     def __init__(self, **params):
         super().__init__(**params)
         self.delivered_on: list[threading.Thread] = []
-        self.runner("work", self._got, progress=True)
+        self.runner("work", self._got, progress=True, heavy=False)  # two run side by side
         self.runner("other", self._got)
 
     def _got(self, value):

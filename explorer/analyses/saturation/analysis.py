@@ -271,9 +271,10 @@ def saturation_summary(ds: xr.Dataset, *, k: int | None = None) -> dict[str, Any
     if ks:
         kk = k if k in ks else (5 if 5 in ks else ks[-1])
         sel = ds.sel(k_order=kk)
+        null = sel.null_mean_tau.values[np.isfinite(sel.null_mean_tau.values)]
         out.update(order_k=int(kk), mean_tau=float(sel.mean_tau), p_value=float(sel.p_value),
                    n_order_positions=int(sel.n_order_positions),
-                   null_mean_tau_mean=float(np.nanmean(sel.null_mean_tau.values)),
+                   null_mean_tau_mean=float(null.mean()) if null.size else float("nan"),
                    mean_tau_by_k={str(x): float(ds.mean_tau.sel(k_order=x)) for x in ks})
     if "probe_summary" in ds:
         out["probe"] = json.loads(str(ds.probe_summary.values))
