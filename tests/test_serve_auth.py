@@ -11,17 +11,16 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 
 from explorer._checks import InputError
 from explorer.commands._common import add_serve_options, is_loopback, server_sign_in
 from tests._browser import ROOT, _answers, free_port
+from tests.test_serve_binding import serving
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -121,33 +120,6 @@ def test_the_password_is_not_a_command_line_flag():
 
 # -- the served gallery ----------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _serving(tmp_path, *extra: str, env: dict[str, str] | None = None
-             ) -> Iterator[tuple[subprocess.Popen, int]]:
-    import os
-
-    port = free_port()
-    err = tmp_path / f"serve-{port}.err"
-    with open(tmp_path / f"serve-{port}.log", "w") as out, open(err, "w") as errf:
-        proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "serve", "--model",
-                                 "tiny-llama", "--port", str(port), *extra],
-                                cwd=ROOT, stdout=out, stderr=errf, env={**os.environ, **(env or {})})
-        try:
-            deadline = time.time() + 180
-            while not _answers(port):
-                assert proc.poll() is None, err.read_text()[-2000:]
-                assert time.time() < deadline, "the server did not answer in 180 s"
-                time.sleep(0.2)
-            yield proc, port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None
@@ -191,7 +163,7 @@ def test_serve_off_loopback_without_sign_in_exits_before_listening(tmp_path):
 @pytest.mark.slow
 def test_a_password_server_sends_strangers_to_its_login_page(tmp_path):
     secret = "correct horse battery"
-    with _serving(tmp_path, "--address", "0.0.0.0",
+    with serving(tmp_path, "--address", "0.0.0.0",
                   env={"EXPLORER_PASSWORD": secret}) as (proc, port):
         status, headers, _ = _get(f"http://127.0.0.1:{port}/")
         assert status == 302 and "/login" in headers["Location"]
@@ -214,7 +186,7 @@ def test_a_password_server_sends_strangers_to_its_login_page(tmp_path):
 
 @pytest.mark.slow
 def test_no_auth_serves_with_a_warning(tmp_path):
-    with _serving(tmp_path, "--address", "0.0.0.0", "--no-auth") as (proc, port):
+    with serving(tmp_path, "--address", "0.0.0.0", "--no-auth") as (proc, port):
         status, _, body = _get(f"http://127.0.0.1:{port}/")
         assert status == 200 and b"bokeh" in body.lower()
     err = next(tmp_path.glob("serve-*.err")).read_text()
@@ -225,7 +197,7 @@ def test_no_auth_serves_with_a_warning(tmp_path):
 @pytest.mark.slow
 def test_browser_signs_in_through_the_login_page(tmp_path, browser):
     secret = "s3cret-for-the-test"
-    with _serving(tmp_path, "--address", "0.0.0.0", env={"EXPLORER_PASSWORD": secret}) as (proc, port):
+    with serving(tmp_path, "--address", "0.0.0.0", env={"EXPLORER_PASSWORD": secret}) as (proc, port):
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
         page.wait_for_selector("input[name=password]", timeout=60_000)

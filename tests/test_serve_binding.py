@@ -7,6 +7,7 @@ off loopback it needs a sign-in or an explicit ``--no-auth`` (tests/test_serve_a
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -20,17 +21,23 @@ from tests._browser import ROOT, _answers, free_port
 
 
 @contextlib.contextmanager
-def _serving(tmp_path, *extra: str) -> Iterator[tuple[subprocess.Popen, int]]:
+def serving(tmp_path, *extra: str, env: dict[str, str] | None = None
+            ) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`explorer serve --model tiny-llama` with ``extra`` flags (and ``env`` added to the
+    environment) on a free port, until it answers; stdout and stderr go to
+    ``serve-PORT.log`` / ``.err`` in ``tmp_path``."""
     port = free_port()
     log = tmp_path / f"serve-{port}.log"
-    with open(log, "w") as out, open(tmp_path / f"serve-{port}.err", "w") as err:
+    errors = tmp_path / f"serve-{port}.err"
+    with open(log, "w") as out, open(errors, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "serve", "--model",
                                  "tiny-llama", "--port", str(port), *extra],
-                                cwd=ROOT, stdout=out, stderr=err)
+                                cwd=ROOT, stdout=out, stderr=err,
+                                env={**os.environ, **(env or {})})
         try:
             deadline = time.time() + 180
             while not _answers(port):
-                assert proc.poll() is None, log.read_text()[-2000:]
+                assert proc.poll() is None, (log.read_text() + errors.read_text())[-2000:]
                 assert time.time() < deadline, "the server did not answer in 180 s"
                 time.sleep(0.3)
             yield proc, port
@@ -58,7 +65,7 @@ def _connects(host: str, port: int) -> bool:
 
 
 def test_serve_listens_on_loopback_only_by_default(tmp_path):
-    with _serving(tmp_path) as (proc, port):
+    with serving(tmp_path) as (proc, port):
         assert _listening(proc, port) == {"127.0.0.1"}
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as page:
             assert page.status == 200 and b"bokeh" in page.read().lower()
@@ -67,7 +74,7 @@ def test_serve_listens_on_loopback_only_by_default(tmp_path):
 
 
 def test_serve_address_flag_changes_the_binding(tmp_path):
-    with _serving(tmp_path, "--address", "0.0.0.0", "--no-auth") as (proc, port):
+    with serving(tmp_path, "--address", "0.0.0.0", "--no-auth") as (proc, port):
         assert _listening(proc, port) == {"0.0.0.0"}
         assert _connects("127.0.0.1", port)
     err = next(tmp_path.glob("serve-*.err")).read_text()

@@ -220,3 +220,18 @@ def test_cancelling_a_view_takes_its_job_out_of_the_line(monkeypatch):
     gate.set()
     first.wait(WAIT)
     assert not ran.is_set()
+
+
+def test_sessions_share_one_model_and_its_weights():
+    """Every session's gallery reads the same loaded model: its weights exist once per server."""
+    from apps._session import get_model, loaded_models
+    from apps.gallery import Gallery
+
+    first, second = Gallery("tiny-llama"), Gallery("tiny-llama")
+    assert first._model is second._model is get_model("tiny-llama")
+    a = dict(first._model.hf.named_parameters())
+    b = dict(second._model.hf.named_parameters())
+    assert all(a[name].data_ptr() == b[name].data_ptr() for name in a)
+    assert loaded_models().count("tiny-llama") == 1
+    first.close()
+    second.close()
