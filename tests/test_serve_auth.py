@@ -112,6 +112,13 @@ def test_oauth_provider_is_checked_and_its_secrets_come_from_the_environment():
     assert said == "sign-in: OAuth (github)"
 
 
+def test_the_provider_list_is_panels():
+    from panel.auth import AUTH_PROVIDERS as PANELS
+
+    from explorer.commands._common import AUTH_PROVIDERS
+    assert set(AUTH_PROVIDERS) == set(PANELS)
+
+
 def test_the_password_is_not_a_command_line_flag():
     with pytest.raises(SystemExit):
         with contextlib.redirect_stderr(None):

@@ -99,6 +99,11 @@ def add_serve_options(parser: argparse.ArgumentParser, *, port: int) -> None:
                            "can run the model")
 
 
+AUTH_PROVIDERS = ("auth0", "auth_code", "azure", "azurev2", "bitbucket", "generic", "github",
+                  "gitlab", "google", "okta", "pam", "password")
+"""Panel's OAuth providers (``panel.auth.AUTH_PROVIDERS``; named here so the command layer
+imports no UI library; tests/test_serve_auth.py checks the two agree)."""
+
 PASSWORD_ENV = "EXPLORER_PASSWORD"
 """Environment variable with the server's password (`server_sign_in`)."""
 
@@ -184,8 +189,6 @@ def server_sign_in(args: argparse.Namespace, env: dict[str, str] | None = None
             kwargs["basic_auth"] = password_env
             what = f"password (from {PASSWORD_ENV})"
         return kwargs, f"sign-in: {what}"
-    from panel.auth import AUTH_PROVIDERS
-
     if provider not in AUTH_PROVIDERS:
         import difflib
 
