@@ -608,7 +608,8 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
             "top1_prob_abs_error_median": float(np.median(err)),
             "top1_prob_abs_error_p90": float(np.percentile(err, 90)),
             "top1_prob_abs_error_max": float(err.max()),
-            "candidate_columns": drag["previews"][-1].attrs["params"]["preview_columns"]}
+            "candidate_columns": drag["previews"][-1].attrs["params"]["preview_columns"],
+            "preview_dtype": drag["previews"][-1].attrs["params"].get("preview_dtype")}
         last = drag["exact"]
         plain = logit_lens(m, [prompt], k=k, edits=[Steer(layer, vector, drag["alphas"][-1])],
                            unembed_dtype=last.attrs["params"]["unembed_dtype"], rank_cap=k)

@@ -171,6 +171,8 @@ def test_slider_result_shape():
     preview = acc["preview_vs_exact"]
     assert preview["moves"] == result["params"]["preview_moves"] == 16
     assert preview["rows_per_move"] == 8 * 3 and 0 <= preview["top1_agreement"] <= 1
+    from explorer._kernels import bfloat16_matmul_is_fast
+    assert preview["preview_dtype"] == ("bfloat16" if bfloat16_matmul_is_fast() else "float32")
     assert acc["release_equals_full_run"] is True
 
 
