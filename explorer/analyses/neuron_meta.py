@@ -110,9 +110,16 @@ def known_unit_meta_auprc(activations: Any, concepts: Any, correct: Sequence[int
     onehot = np.zeros((n_units, c.shape[1]), bool)
     onehot[np.arange(n_units), correct] = True
 
+    computed: dict[tuple[str, float], xr.DataArray] = {}
+
     def scores(units: np.ndarray, alpha: float) -> xr.DataArray:
-        return neuron_metrics(a[:, units], c, metrics=metrics, alpha=alpha, seed=seed,
-                              **options)["score"]
+        """Every metric's scores of ``units`` (the validation or the test units) at
+        ``alpha``, computed once per (unit set, alpha)."""
+        key = ("val" if units is val else "test", alpha)
+        if key not in computed:
+            computed[key] = neuron_metrics(a[:, units], c, metrics=metrics, alpha=alpha,
+                                           seed=seed, **options)["score"]
+        return computed[key]
 
     metrics = list(metrics)
     meta, chosen, val_score = [], [], []
