@@ -182,7 +182,7 @@ def _average_precision(target: np.ndarray, score: np.ndarray) -> np.ndarray:
         order = np.argsort(-s, kind="stable")
         s_sorted = s[order]
         ends = np.r_[np.flatnonzero(np.diff(s_sorted) != 0), n - 1]   # last index of each tie group
-        t = target[order][:, col] if not shared else target[order]
+        t = target[order] if shared else target[:, col][order]        # [n, 1 or p]
         tp = np.cumsum(t, axis=0)[ends]                                 # [groups, cols]
         n1 = t.sum(0)
         prec = tp / (ends + 1)[:, None]
