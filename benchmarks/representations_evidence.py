@@ -413,22 +413,51 @@ def part_sanity(args: argparse.Namespace) -> None:
     write_summary("sanity", result)
 
 
+def _meta_rows(over) -> dict[str, dict[str, float]]:
+    """Per metric: the mean meta-AUPRC over unit splits and its percentile interval."""
+    return {str(m): {"mean": round(float(over.meta_auprc_mean.sel(metric=m)), 4),
+                     "low": round(float(over.meta_auprc_low.sel(metric=m)), 4),
+                     "high": round(float(over.meta_auprc_high.sel(metric=m)), 4)}
+            for m in over.metric.values}
+
+
 def part_meta(args: argparse.Namespace) -> None:
-    from explorer.analyses.neuron_meta import itda_known_atom_meta_auprc
+    """Known-unit meta-AUPRC on two unit sets of SmolLM2's layer-15 residual: ITDA atoms
+    explained by their own source token (the easy set) and logistic-regression probes
+    explained by the token category they were trained on (a learned direction, a concept
+    of many tokens); each over ``--meta-splits`` validation / test splits of the units."""
+    from functools import partial
+
+    from explorer.analyses.neuron_meta import (itda_known_atom_meta_auprc,
+                                               meta_auprc_over_splits,
+                                               probe_known_unit_meta_auprc)
 
     itda, acts_held = smollm2_atoms(args)
+    result: dict[str, Any] = {"layer": ITDA_LAYER, "tau": ITDA_TAU, "n_splits": args.meta_splits}
     t0 = time.perf_counter()
-    out = itda_known_atom_meta_auprc(itda, acts_held, layer=ITDA_LAYER, min_count=args.min_count,
-                                     max_units=args.max_units, min_pos=MIN_POS)
-    result = {"layer": ITDA_LAYER, "tau": ITDA_TAU, "min_count": args.min_count,
-              **{k: out.attrs[k] for k in ("n_units", "n_test_units", "n_concepts", "chance",
-                                           "n_inputs")},
-              "meta_auprc": {m: round(float(v), 4) for m, v in
-                             zip(out.metric.values, out.meta_auprc.values)},
-              "alpha": {m: (None if np.isnan(v) else float(v)) for m, v in
-                        zip(out.metric.values, out.alpha.values)},
-              "seconds": time.perf_counter() - t0}
-    log(f"meta-AUPRC over {result['n_units']} atoms: {result['meta_auprc']}")
+    atoms = partial(itda_known_atom_meta_auprc, itda, acts_held, layer=ITDA_LAYER,
+                    min_count=args.min_count, max_units=args.max_units, min_pos=MIN_POS)
+    one = atoms(seed=0)
+    over = meta_auprc_over_splits(atoms, n_splits=args.meta_splits)
+    result["atoms"] = {
+        "min_count": args.min_count,
+        **{k: one.attrs[k] for k in ("n_units", "n_test_units", "n_concepts", "chance",
+                                     "n_inputs")},
+        "chance_mean": round(float(over.chance.mean()), 4),
+        "meta_auprc": _meta_rows(over), "seconds": time.perf_counter() - t0}
+    log(f"atoms: {result['atoms']['n_units']} units, {result['atoms']['n_concepts']} concepts")
+    t0 = time.perf_counter()
+    probes = partial(probe_known_unit_meta_auprc, acts_held, layer=ITDA_LAYER, min_pos=MIN_POS)
+    one = probes(seed=0)
+    over = meta_auprc_over_splits(probes, n_splits=args.meta_splits)
+    result["probes"] = {
+        "concepts": list(one.attrs["concepts"]),
+        "probes_per_concept": int(one.attrs["probes_per_concept"]),
+        **{k: one.attrs[k] for k in ("n_units", "n_test_units", "n_concepts", "chance",
+                                     "n_inputs")},
+        "chance_mean": round(float(over.chance.mean()), 4),
+        "meta_auprc": _meta_rows(over), "seconds": time.perf_counter() - t0}
+    log(f"probes: {result['probes']['n_units']} units over {result['probes']['concepts']}")
     write_summary("meta", result)
 
 
@@ -643,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-seeds", type=int, default=50)
     p.add_argument("--min-count", type=int, default=3)
     p.add_argument("--max-units", type=int, default=300)
+    p.add_argument("--meta-splits", type=int, default=20,
+                   help="with --part meta: validation / test splits of the units")
     p.add_argument("--alpha", type=float, default=0.01)
     p.add_argument("--stream-tokens", type=int, default=1_000_000)
     p.add_argument("--stream-tau", type=float, default=0.2)
