@@ -708,9 +708,10 @@ class LensView(View):
         if seq == self._exact_seq:
             self._mark_preview_ready(exc is None)
         if exc is None and seq > self._exact_seq and ds is not None:
-            self.param.update(preview=ds, status=f"Preview at α = {p['alpha']:g} (top tokens "
-                                                 "among candidates, estimated probabilities); "
-                                                 "exact on release")
+            # the status stays the same through a drag (the title names alpha): a changed
+            # status line re-lays the page out in the browser on every move
+            self.param.update(preview=ds, status="Preview: top tokens among candidates, "
+                                                 "estimated probabilities; exact on release")
         with self._preview_lock:
             request, self._preview_pending = self._preview_pending, None
             if request is None:
