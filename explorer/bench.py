@@ -667,16 +667,18 @@ def slider_preview_compute(*, model: str = "smollm2-135m", tokens: int = 32,
                                     clean=clean, base=base, candidates=cand)
 
     t0 = time.perf_counter()
-    preview()                                  # decides the backend, as a page's first move
+    first = preview()                          # decides the backend, as a page's first move
     first_ms = (time.perf_counter() - t0) * 1e3
+    ran_on = first.attrs["params"].get("preview_backend", "torch")
     times, _ = interleaved_times({
         "preview": preview,
         "exact": lambda: logit_lens(m, [prompt], k=k, edits=[Steer(layer, vector, next(at))],
                                     resume=clean, rank_cap=k, unembed_dtype="auto")},
         repeats=moves)
     decision = [e for e in gemm_choices() if e["key"][:2] == [m.spec.name, layer]]
-    return {"backend": decision[-1]["chosen"] if decision else "torch",
-            "decision": decision[-1] if decision else None,
+    return {"backend": ran_on,
+            "decision": ("the CPU has native bfloat16 arithmetic" if ran_on == "bfloat16"
+                         else decision[-1] if decision else "forced by EXPLORER_CPU_GEMM"),
             "preview_ms": _median_ms(times["preview"]), "exact_ms": _median_ms(times["exact"]),
             "preview_vs_exact_ratio": _paired_ratio(times["preview"], times["exact"]),
             "first_preview_ms": first_ms, "load": os.getloadavg()[0],

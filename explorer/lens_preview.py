@@ -486,8 +486,9 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
     ``candidates``: token ids read exactly (`explorer.lens.preview_vocabulary`).
     ``precision``: the products' (`preview_backend`): "auto" (bfloat16 where the CPU has
     native bfloat16 arithmetic, else float32), "float32" or "bfloat16". Returns a Dataset
-    shaped as ``base`` with ``attrs["params"]["readout"] == "preview"`` and
-    ``attrs["params"]["preview_dtype"]`` the products' dtype.
+    shaped as ``base`` with ``attrs["params"]["readout"] == "preview"``,
+    ``attrs["params"]["preview_dtype"]`` the products' dtype and ``["preview_backend"]``
+    their backend (`Gemm.BACKENDS`).
     """
     edits = list(edits)
     first = min(e.layer for e in edits) if edits else model.n_layers
@@ -550,7 +551,8 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
     attrs["params"] = {**base.attrs["params"], "readout": "preview",
                        "preview_columns": int(len(pv.ids)), "preview_from_layer": int(first),
                        "unembed_dtype": "float32",
-                       "preview_dtype": "bfloat16" if backend == "bfloat16" else "float32"}
+                       "preview_dtype": "bfloat16" if backend == "bfloat16" else "float32",
+                       "preview_backend": backend}
     attrs["edits"] = [_edit_record(e) for e in edits]
     out.attrs = attrs
     return out

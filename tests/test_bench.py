@@ -349,3 +349,15 @@ def test_fast_lens_on_smollm2_text(smollm2):
     agreement = bench_module.lens_agreement(exact, fast)
     assert agreement["top1_agreement_clear_margin"] == 1.0
     assert agreement["max_top_prob_abs_error"] < FAST_PROB_ATOL
+
+
+def test_slider_preview_compute_names_the_backend_the_preview_ran_on(monkeypatch):
+    from explorer._kernels import bfloat16_matmul_is_fast
+    from explorer.bench import slider_preview_compute
+
+    monkeypatch.delenv("EXPLORER_CPU_GEMM", raising=False)
+    got = slider_preview_compute(model="tiny-llama", tokens=8, moves=2)
+    assert got["backend"] == ("bfloat16" if bfloat16_matmul_is_fast() else got["backend"])
+    assert got["backend"] in ("bfloat16", "torch", "numpy") and got["preview_ms"] > 0
+    monkeypatch.setenv("EXPLORER_CPU_GEMM", "numpy")       # a forced float32 backend
+    assert slider_preview_compute(model="tiny-llama", tokens=8, moves=2)["backend"] == "numpy"
