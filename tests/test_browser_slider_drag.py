@@ -3,11 +3,12 @@
 The gallery is served in a child process at 2 torch threads with a 32-token prompt
 (`benchmarks/slider_drag.py`, the same code the benchmark figures come from); chromium drags
 the handle in 12 px moves and each move is timed from its pointer event to the frame whose
-heatmap pixels changed. The targets are p50 <= 150 ms and p90 <= 300 ms on 2 cores; the
-assertions allow 4x (p50 <= 600 ms) and 5x (p90 <= 1,500 ms) and every move drawn within
-5 s, because the shared 2-core machines this suite runs on are often loaded 5-10x
-(benchmarks/README.md gives the figures and the load), while a 10x regression of the
-drag (a figure re-created per move, moves queued instead of dropped: 1-2 s a move) fails.
+heatmap pixels changed. The targets are p50 <= 150 ms and p90 <= 300 ms on 2 cores (measured
+on a quiet machine: p50 180, p90 230 ms, benchmarks/README.md); the test runs with no other
+test running (``timing``) and allows 3x (p50 <= 450 ms, p90 <= 900 ms) for a busy CI host,
+and every move drawn within 5 s, while a regression to a figure re-created per move, moves
+queued instead of dropped, or the debounce and the WebGL copy-back restored (p50 >= 320 ms quiet,
+1-2 s loaded) fails.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from _browser import free_port
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timing]
 
 ROOT = Path(__file__).resolve().parents[1]
-P50_MS, P90_MS = 600.0, 1500.0
+P50_MS, P90_MS = 450.0, 900.0
 
 
 def _slider_drag():
