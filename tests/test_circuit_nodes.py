@@ -29,9 +29,15 @@ def scores(tiny_model):
 
 
 def hook_node_patched_metric(model, task, kept: set[str]) -> tuple[float, float, float]:
-    """Mean logit difference (answer - wrong, last position) of the clean prompts with every
-    node not in ``kept`` patched to its corrupted output, by forward hooks on model.hf;
-    also the clean and corrupted metrics. Returns (patched, clean, corrupt)."""
+    """Mean over the pairs of the logit difference (answer - wrong, last position) of the
+    clean prompt with every node not in ``kept`` patched to its corrupted output, by forward
+    hooks on model.hf (one pair at a time: no padding); also the clean and corrupted
+    metrics. Returns (patched, clean, corrupt)."""
+    out = np.array([_pair_metrics(model, task.subset([i]), kept) for i in range(len(task))])
+    return tuple(float(v) for v in out.mean(0))
+
+
+def _pair_metrics(model, task, kept):
     arch = model.arch
     ids = {w: torch.tensor([model.tokenize([p]).token_ids[0] for p in getattr(task, w)])
            for w in ("clean", "corrupt")}
