@@ -268,6 +268,11 @@ class CircuitsView(View):
                                     "(L3.H1->L5.MLP); a click on an edge adds it, again "
                                     "removes it; drawn with a halo")
     ft_steps = param.Integer(default=6, bounds=(1, 200), label="Fine-tuning steps")
+    ft_method = param.Selector(default=cl.CHECKPOINT_METHOD, objects=list(ca.METHODS),
+                               label="Checkpoint circuits by",
+                               doc="The attribution that scores each fine-tuning checkpoint: "
+                                   "EAP-IG on the KL divergence from the clean run (Wang et "
+                                   "al.'s choice), or EAP on the logit difference (cheaper)")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -854,8 +859,8 @@ class CircuitsView(View):
         self.edited = out
 
     def _request_finetune(self) -> None:
-        m, task_name, method, n, steps = (self._model, self.task, self.method, self.n_prompts,
-                                          self.ft_steps)
+        m, task_name, method, n, steps = (self._model, self.task, self.ft_method,
+                                          self.n_prompts, self.ft_steps)
         slug = task_name.replace(" ", "-")
         folder = self._run_folder or (explorer.models.cache_dir() / "circuit_lora" /
                                       f"{m.spec.name.replace('/', '_')}-view-{slug}")
@@ -875,7 +880,8 @@ class CircuitsView(View):
             return cl.checkpoint_circuits(m, folder, scored, method=method, batch_size=len(scored),
                                           progress=self.progress_fn(token))
 
-        self.status = f"fine-tuning {steps} LoRA steps, then scoring each checkpoint…"
+        self.status = (f"fine-tuning {steps} LoRA steps, then scoring each checkpoint "
+                       f"({METHOD_LABELS[method]})…")
         self.submit("finetune", job)
 
     def _got_checkpoints(self, ds: xr.Dataset) -> None:
@@ -1606,7 +1612,8 @@ class CircuitsView(View):
             pn.widgets.Checkbox.from_param(self.param.diff),
             pn.widgets.Select.from_param(self.param.diff_against),
             self._csv, self._svg,
-            pn.layout.Divider(), pn.widgets.IntInput.from_param(self.param.ft_steps), finetune,
+            pn.layout.Divider(), pn.widgets.IntInput.from_param(self.param.ft_steps),
+            labelled_control(self, "ft_method", pn.widgets.RadioButtonGroup), finetune,
             player, pn.pane.Markdown(self.param.status), pn.pane.HTML(pn.bind(self._state_html,
                                                                               *shown)),
             width=theme.SIZES["controls_width"])
