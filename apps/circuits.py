@@ -44,6 +44,7 @@ import explorer
 from apps import _circuit_graph as cg
 from apps import theme
 from apps._controls import OwnItems, labelled_control
+from apps._positions import PositionStrip
 from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -223,7 +224,13 @@ class CircuitsView(View):
                                               "gallery: the sidebar's prompt)")
     counterfactual = param.String(default="", label="Counterfactual (word=replacement)",
                                   doc="For the task 'your prompt': the corrupted prompt "
-                                      "replaces this word of the prompt, e.g. John=Paul")
+                                      "replaces this word of the prompt, e.g. John=Paul (or "
+                                      "click the word in the token strip and type its "
+                                      "replacement); empty: mean ablation, each node's output "
+                                      "averaged over the prompt's positions")
+    replacement = param.String(default="", label="Replace the clicked word by",
+                               doc="For the task 'your prompt': the clicked token's "
+                                   "replacement (sets the counterfactual)")
     explain = param.String(default="", label="Token to explain (empty: the model's top token)",
                            doc="For the task 'your prompt': the answer whose logit the "
                                "circuit carries (against the corrupted prompt's top token)")
@@ -305,8 +312,15 @@ class CircuitsView(View):
         if self.task == PROMPT_TASK:
             t = self._task if self._task is not None and self._task.name == PROMPT_TASK \
                 else None
-            on = (f"your prompt {self.prompt!r}" + ("" if t is None else
-                  f" vs {t.corrupt[0]!r}, explaining {t.answer[0]!r} against {t.wrong[0]!r}"))
+            if not self.counterfactual.strip():
+                against = ("mean ablation (no counterfactual: each node's output averaged "
+                           "over the prompt's positions)")
+            else:
+                against = (f"its counterfactual {self.counterfactual!r}" if t is None
+                           else repr(t.corrupt[0]))
+            on = f"your prompt {self.prompt!r} vs {against}"
+            if t is not None:
+                on += f", explaining {t.answer[0]!r} against {t.wrong[0]!r}"
         elif self.task == OWN_TASK:
             n = len(self._own_task) if self._own_task is not None else 0
             on = f"your own prompt pairs ({n} pairs), not the sidebar prompt"
@@ -409,6 +423,13 @@ class CircuitsView(View):
                                             label="Download picture (SVG)", embed=False,
                                             sizing_mode="stretch_width")
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
+        # the prompt's tokens: a click picks the word the counterfactual replaces
+        self._strip = PositionStrip(tokens=self.prompt_tokens(), sizing_mode="stretch_width",
+                                    css_classes=["circuit-prompt-strip"])
+        self._strip.param.watch(self._token_clicked, "selected")
+        self._clicked_word = ""
+        self.param.watch(lambda *_: self._prompt_changed(), ["prompt"])
+        self.param.watch(lambda *_: self._set_counterfactual(), ["replacement"])
         self.param.watch(lambda e: self._request_edited(), ["edits"])
         if self._run_folder is not None and (self._run_folder / "circuits.nc").is_file():
             self._set_checkpoints(xr.load_dataset(self._run_folder / "circuits.nc"))
@@ -435,10 +456,13 @@ class CircuitsView(View):
         """The pairs of the task ``name``: the user's (`use_own`), or ``n`` generated ones."""
         if name == PROMPT_TASK:
             word, eq, by = self.counterfactual.partition("=")
+            if not self.counterfactual.strip():   # no counterfactual: the mean baseline
+                return ca.prompt_task(self._model, self.prompt, "", "", answer=self.explain,
+                                      name=PROMPT_TASK)
             if not eq:
                 raise InputError("the task 'your prompt' needs a counterfactual: a word of the "
-                                 "prompt and its replacement, e.g. 'John=Paul'; got "
-                                 f"{self.counterfactual!r}.")
+                                 "prompt and its replacement, e.g. 'John=Paul' (or none, for "
+                                 f"mean ablation); got {self.counterfactual!r}.")
             return ca.prompt_task(self._model, self.prompt, word, by, answer=self.explain,
                                   name=PROMPT_TASK)
         if name == OWN_TASK:
@@ -466,6 +490,47 @@ class CircuitsView(View):
         self.task = OWN_TASK
         self._request_scores()
         return task
+
+    def prompt_tokens(self) -> list[str]:
+        """The prompt's tokens as the model sees them (spaces shown), for the token strip."""
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        return [theme.show_token(self._model.tokenizer.decode([i])) for i in ids]
+
+    def click_token(self, pos: int) -> None:
+        """Pick token ``pos`` of the prompt as the word the counterfactual replaces (what a
+        click on the token strip does); the counterfactual becomes ``word=replacement``."""
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        pos = int(pos)
+        if not 0 <= pos < len(ids):
+            raise InputError(f"`pos` must be a token position of the prompt in "
+                             f"[0, {len(ids) - 1}]; got {pos}.")
+        word = self._model.tokenizer.decode([ids[pos]]).strip()
+        if not word:
+            raise InputError(f"token {pos} of the prompt is whitespace; click a word.")
+        self._clicked_word = word
+        if list(self._strip.selected) != [pos]:
+            self._strip.selected = [pos]
+        self._set_counterfactual()
+
+    def _token_clicked(self, event: Any) -> None:
+        new = [p for p in event.new if p not in event.old]
+        if not new:            # a click on the picked token again: keep it picked
+            if not event.new and self._clicked_word:
+                self._strip.selected = list(event.old)
+            return
+        try:
+            self.click_token(new[-1])
+        except InputError as e:
+            self.show_error(e)
+            self._strip.selected = list(event.old)
+
+    def _set_counterfactual(self) -> None:
+        if self._clicked_word:
+            self.counterfactual = f"{self._clicked_word}={self.replacement.strip()}"
+
+    def _prompt_changed(self) -> None:
+        self._clicked_word = ""
+        self._strip.param.update(tokens=self.prompt_tokens(), selected=[])
 
     def _other_method(self) -> str:
         return next(m for m in ca.METHODS if m != self.method)
@@ -1288,6 +1353,9 @@ class CircuitsView(View):
         if own:
             lines.append(f"task = user_items.parse_circuit_pairs({self._own_text!r}, model, "
                          f"name={OWN_TASK!r})")
+        elif self.task == PROMPT_TASK and not self.counterfactual.strip():
+            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, '', '', "
+                         f"answer={self.explain!r}, name={PROMPT_TASK!r})  # mean ablation")
         elif self.task == PROMPT_TASK:
             word, _, by = self.counterfactual.partition("=")
             lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, {word!r}, {by!r}, "
@@ -1579,6 +1647,16 @@ class CircuitsView(View):
                 f"data-circuit-node-default='{node_default}' "
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
+    def _prompt_controls(self) -> pn.Column:
+        """The token strip and the replacement box, shown for the task 'your prompt'."""
+        col = pn.Column(
+            pn.pane.Markdown("Click the word to replace, then type its replacement (no "
+                             "counterfactual: mean ablation):", margin=(4, 10, 0, 10)),
+            self._strip, pn.widgets.TextInput.from_param(self.param.replacement),
+            visible=self.task == PROMPT_TASK, sizing_mode="stretch_width")
+        self.param.watch(lambda e: setattr(col, "visible", e.new == PROMPT_TASK), ["task"])
+        return col
+
     def __panel__(self) -> pn.viewable.Viewable:
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
         compute.on_click(lambda *_: self._request_scores())
@@ -1601,6 +1679,7 @@ class CircuitsView(View):
             pn.widgets.Select.from_param(self.param.task),
             labelled_control(self, "method", pn.widgets.RadioButtonGroup),
             pn.widgets.IntInput.from_param(self.param.n_prompts),
+            self._prompt_controls(),
             pn.widgets.TextInput.from_param(self.param.counterfactual),
             pn.widgets.TextInput.from_param(self.param.explain), compute, self._progress,
             self._own.layout(self.param.error),

@@ -418,11 +418,30 @@ class _Prepared:
     corrupt: Batch
     answer: torch.Tensor  # [prompt] token ids
     wrong: torch.Tensor
+    mean_baseline: bool = False   # mean ablation (`CircuitTask.baseline`): no corrupted run
 
     def to(self, device: torch.device) -> _Prepared:
         """The same batch with its tensors on ``device`` (the weights' device)."""
         return _Prepared(self.clean.to(device), self.corrupt.to(device), self.answer.to(device),
-                         self.wrong.to(device))
+                         self.wrong.to(device), self.mean_baseline)
+
+
+def _position_mean(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., prompt, pos, d_model] averaged over each prompt's real positions
+    (``keys`` [prompt, pos], 1 where a token is), broadcast back to every position."""
+    w = keys.to(x.dtype)[..., None]                               # [prompt, pos, 1]
+    mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True)  # [..., prompt, 1, d_model]
+    return mean.expand_as(x).contiguous()
+
+
+def _mean_run(ad: HeadEngine, clean: _Run, batch: Batch) -> _Run:
+    """The mean-ablation baseline as a corrupted run: every node's output (and so every
+    destination's input, their sum) averaged over the positions of its own clean prompt;
+    the logits those averaged inputs give at the last position."""
+    keys = batch.attention_mask
+    outs = _position_mean(clean.outs, keys)                       # [src, prompt, pos, d_model]
+    resid_in = [_position_mean(r, keys) for r in clean.resid_in]  # each [prompt, pos, d_model]
+    return _Run(outs, [], resid_in, ad.logits(resid_in[-1][:, -1]))
 
 
 def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
@@ -437,7 +456,7 @@ def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
                 f"must have the same length ({clean_p[i][-40:]!r} vs {corrupt_p[i][-40:]!r}).")
     answer = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
     wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
-    return _Prepared(clean, corrupt, answer, wrong)
+    return _Prepared(clean, corrupt, answer, wrong, task.baseline == "mean")
 
 
 def _metric_values(metric: str, logits: torch.Tensor, prep: _Prepared,
@@ -645,11 +664,15 @@ def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps:
         finally:
             remove_hooks(handles)
     ad = weights
-    # an engine that can read back keys and values runs the shared prefix once
-    start = _shared_prefix(prep) if hasattr(ad, "prefix_kv") else 0
+    # an engine that can read back keys and values runs the shared prefix once (a mean
+    # baseline differs from the clean run at every position: no shared prefix)
+    start = _shared_prefix(prep) if hasattr(ad, "prefix_kv") and not prep.mean_baseline else 0
     with torch.no_grad():  # the shared prefix once, then the corrupted run after it
         past = ad.prefix_kv(prep.clean, start) if start else None
-        corrupt = _forward(ad, prep.corrupt, start=start, past=past)
+        if prep.mean_baseline:
+            corrupt = _mean_run(ad, _forward(ad, prep.clean), prep.clean)
+        else:
+            corrupt = _forward(ad, prep.corrupt, start=start, past=past)
     scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric,
                                                start, past, split_qkv)
     valid = torch.from_numpy(_ad_valid(ad, split_qkv)).to(scores.device)
@@ -898,7 +921,8 @@ def _patched_batch(weights: Model | HeadEngine, prep: _Prepared, keeps: list[tor
     n_rows = len(prep.clean.lengths)
     with torch.no_grad():
         clean = _forward(ad, prep.clean)
-        corrupt = _forward(ad, prep.corrupt)
+        corrupt = (_mean_run(ad, clean, prep.clean) if prep.mean_baseline
+                   else _forward(ad, prep.corrupt))
         m_clean = _metric_values(metric, clean.logits, prep, clean.logits)
         m_corrupt = _metric_values(metric, corrupt.logits, prep, clean.logits)
         out = {
