@@ -407,7 +407,9 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
     inputs.append(x_logits)
     resid_in.append(resid)
     logits = ad.logits(x_logits[0, :, -1])                    # [prompt, vocab], left padding
-    return _Run(torch.cat(outs, dim=0), inputs, resid_in, logits)
+    # a patched run's callers read its logits only: its outputs are not stacked
+    return _Run(torch.cat(outs, dim=0) if patch is None else x0.new_zeros(0), inputs,
+                resid_in, logits)
 
 
 # -- tasks on a model ---------------------------------------------------------------------------
@@ -932,12 +934,20 @@ def _patched_batch(weights: Model | HeadEngine, prep: _Prepared, keeps: list[tor
             "metric": [], "hits": [], "pair_metric": [],
             "pair_clean_metric": m_clean.double().cpu().tolist(),
             "pair_corrupt_metric": m_corrupt.double().cpu().tolist()}
+        n_valid = int(_ad_valid(ad, keeps[0].shape[1] != ad.n_layers * (ad.n_heads + 1) + 1)
+                      .sum()) if keeps else 0
         for keep in keeps:
-            run = _forward(ad, prep.clean, patch=(corrupt, keep))
-            values = _metric_values(metric, run.logits, prep, clean.logits)
+            kept = int(keep.bool().sum())
+            if kept == 0 or kept == n_valid:
+                # no edge kept is the corrupted run, every edge kept the clean one (each
+                # destination then reads exactly that run's input): nothing to patch
+                logits = corrupt.logits if kept == 0 else clean.logits
+            else:
+                logits = _forward(ad, prep.clean, patch=(corrupt, keep)).logits
+            values = _metric_values(metric, logits, prep, clean.logits)
             out["metric"].append(float(values.sum()))
             out["pair_metric"].append(values.double().cpu().tolist())
-            out["hits"].append(float((run.logits.argmax(-1) == prep.answer).sum()))
+            out["hits"].append(float((logits.argmax(-1) == prep.answer).sum()))
             if step is not None:
                 step(n_rows)
     return out
