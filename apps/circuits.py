@@ -1073,8 +1073,9 @@ class CircuitsView(View):
             t = self._table
             return (f"Diff: {method} vs {ref_label}, +{int((t['status'] == 'gained').sum())} "
                     f"/ −{int((t['status'] == 'lost').sum())}")
-        if self.nodes_mode():
-            return f"Node circuit: {self._shown['chosen']:,} nodes, {what}, {method}, {label}"
+        if self.nodes_mode():   # short enough for the plot's width at 1280 px
+            where = "" if label == "base model" else f", {label}"
+            return f"{self._shown['chosen']:,} nodes, {what}, {method}{where}"
         return f"Circuit: {what}, {method}, {label}"
 
     def _current_key(self) -> tuple:

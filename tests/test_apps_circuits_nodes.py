@@ -57,7 +57,7 @@ def test_node_toggle_opens_on_the_smallest_faithful_node_circuit(view, tiny_mode
     got = {(s, d) for s, d in zip(view._table["src"], view._table["dst"])}
     spell = view._spell
     assert got == {(spell[s], spell[d]) for s, d in by_hand}
-    assert drawn["title"].startswith(f"Node circuit: {view.n_nodes:,} nodes, {len(by_hand):,} edges")
+    assert drawn["title"].startswith(f"{view.n_nodes:,} nodes, {len(by_hand):,} edges")
     # its faithfulness, on the page's pairs, is node patching by hooks
     patched, clean, corrupt = hook_node_patched_metric(tiny_model, view._task, kept)
     k = view.n_nodes
