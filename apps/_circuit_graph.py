@@ -472,10 +472,13 @@ class GraphFigure:
 
     @staticmethod
     def _legend(fig: Any) -> None:
-        """Colour and width key under the plot (empty renderers stand for the encodings)."""
+        """Colour and width key under the plot (renderers of one NaN point stand for the
+        encodings: their line samples render, nothing is drawn in the plot)."""
         from bokeh.models import ColumnDataSource, Legend, LegendItem
 
-        empty = {"x": [], "y": []}   # a line's legend sample is drawn without data
+        # one NaN point: Bokeh draws no legend sample for a renderer without data, and
+        # draws nothing in the plot for a NaN point
+        empty = {"x": [math.nan], "y": [math.nan]}
         items = []
         for label, color, width in (("red: patching raises the metric", POSITIVE, 3),
                                     ("blue: lowers it", NEGATIVE, 3),

@@ -44,6 +44,7 @@ import explorer
 from apps import _circuit_graph as cg
 from apps import theme
 from apps._controls import OwnItems, labelled_control
+from apps._positions import PositionStrip
 from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -78,7 +79,8 @@ PROMPT_TASK = "your prompt"  # the sidebar prompt against its counterfactual
 node_positions = cg.node_positions
 edge_table = cg.edge_table
 _GRAPH_PARAMS = ["mode", "n_edges", "threshold", "checkpoint", "diff", "diff_against", "scores",
-                 "checkpoints", "other_scores", "selected"]
+                 "checkpoints", "other_scores", "selected", "granularity", "n_nodes"]
+GRANULARITIES = ("edges", "nodes")   # a circuit of edges (EAP's) or of nodes (node patching)
 
 def task_logit_diff(model: explorer.Model, task: ca.CircuitTask, *,
                     edits: list[Edit] | tuple = ()) -> dict[str, np.ndarray]:
@@ -142,6 +144,7 @@ def _no_curve() -> hv.Text:
 
 
 _FAITH_X = "edges in the circuit (pruned)"
+_NODE_X = "nodes in the circuit (heads, MLPs, input)"
 
 
 def faithfulness_line(curve: xr.Dataset) -> hv.Overlay:
@@ -221,7 +224,13 @@ class CircuitsView(View):
                                               "gallery: the sidebar's prompt)")
     counterfactual = param.String(default="", label="Counterfactual (word=replacement)",
                                   doc="For the task 'your prompt': the corrupted prompt "
-                                      "replaces this word of the prompt, e.g. John=Paul")
+                                      "replaces this word of the prompt, e.g. John=Paul (or "
+                                      "click the word in the token strip and type its "
+                                      "replacement); empty: mean ablation, each node's output "
+                                      "averaged over the prompt's positions")
+    replacement = param.String(default="", label="Replace the clicked word by",
+                               doc="For the task 'your prompt': the clicked token's "
+                                   "replacement (sets the counterfactual)")
     explain = param.String(default="", label="Token to explain (empty: the model's top token)",
                            doc="For the task 'your prompt': the answer whose logit the "
                                "circuit carries (against the corrupted prompt's top token)")
@@ -236,6 +245,12 @@ class CircuitsView(View):
                                       allow_None=True, precedence=-1,
                                       doc="The most edges (after pruning) of the default "
                                           "circuit; None: no cap")
+    granularity = param.Selector(default="edges", objects=list(GRANULARITIES), label="Circuit of",
+                                 doc="edges: the top-n edges by |score|, pruned; nodes: the "
+                                     "top-k heads / MLPs by |node score| (the sum of their "
+                                     "out-edges' scores), every other node's output patched "
+                                     "to its corrupted value; its own faithfulness curve")
+    n_nodes = param.Integer(default=0, bounds=(0, None), label="Top-k nodes by |node score|")
     mode = param.Selector(default="top-n", objects=["top-n", "threshold"], label="Circuit by",
                           doc="top-n: the n edges with the largest |score|; threshold: every "
                               "edge whose |score| is at least the slider's value.")
@@ -260,9 +275,16 @@ class CircuitsView(View):
                                     "(L3.H1->L5.MLP); a click on an edge adds it, again "
                                     "removes it; drawn with a halo")
     ft_steps = param.Integer(default=6, bounds=(1, 200), label="Fine-tuning steps")
+    ft_method = param.Selector(default=cl.CHECKPOINT_METHOD, objects=list(ca.METHODS),
+                               label="Checkpoint circuits by",
+                               doc="The attribution that scores each fine-tuning checkpoint: "
+                                   "EAP-IG on the KL divergence from the clean run (Wang et "
+                                   "al.'s choice), or EAP on the logit difference (cheaper)")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    node_curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                     precedence=-1)   # the node-level faithfulness curve
     other_scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                        precedence=-1)   # the other attribution method's scores
     checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
@@ -282,16 +304,23 @@ class CircuitsView(View):
 
     notify_title = None
     failed_status = "error: {message}"
-    link_params = ("task", "method", "n_prompts", "fraction", "mode", "n_edges", "threshold",
-                   "selected", "counterfactual", "explain")
+    link_params = ("task", "method", "n_prompts", "fraction", "granularity", "mode", "n_edges",
+                   "threshold", "n_nodes", "selected", "counterfactual", "explain")
 
     def scope(self) -> Scope:
         """The task's prompt pairs (not the sidebar prompt); edits change only the readout."""
         if self.task == PROMPT_TASK:
             t = self._task if self._task is not None and self._task.name == PROMPT_TASK \
                 else None
-            on = (f"your prompt {self.prompt!r}" + ("" if t is None else
-                  f" vs {t.corrupt[0]!r}, explaining {t.answer[0]!r} against {t.wrong[0]!r}"))
+            if not self.counterfactual.strip():
+                against = ("mean ablation (no counterfactual: each node's output averaged "
+                           "over the prompt's positions)")
+            else:
+                against = (f"its counterfactual {self.counterfactual!r}" if t is None
+                           else repr(t.corrupt[0]))
+            on = f"your prompt {self.prompt!r} vs {against}"
+            if t is not None:
+                on += f", explaining {t.answer[0]!r} against {t.wrong[0]!r}"
         elif self.task == OWN_TASK:
             n = len(self._own_task) if self._own_task is not None else 0
             on = f"your own prompt pairs ({n} pairs), not the sidebar prompt"
@@ -317,11 +346,16 @@ class CircuitsView(View):
         self.runner("finetune", self._got_checkpoints, busy=False, progress=True)
         self.runner("edited", self._got_edited, busy=False)
         self.runner("circuit_patch", self._got_circuit_patch, busy=False, progress=True)
+        self.runner("nodes", self._got_node_curve, busy=False, progress=True)
         self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
         # (task, n, method) -> (task, scores, curve); kept whole: the caches below key on id(scores)
         self._results: dict[tuple, tuple] = {}
+        self._node_curves: dict[tuple, xr.Dataset] = {}   # (task, n, method) -> node curve
+        self._node_default: cs.CircuitChoice | None = None
+        self._node_boot: tuple[int, xr.Dataset] | None = None
+        self._chosen_nodes = "n_nodes" in params
         self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
         self._own_text = ""
         self._own_version = 0                          # bumped by each good paste
@@ -360,12 +394,13 @@ class CircuitsView(View):
         self._syncing = False
         self._slider.param.watch(self._slider_moved, "value")
         self.param.watch(self._mode_changed, ["mode"])
-        self.param.watch(lambda *_: self._sync_slider(), ["n_edges", "threshold"])
+        self.param.watch(lambda *_: self._sync_slider(), ["n_edges", "threshold", "n_nodes"])
         # the fraction slider (or the cap) re-chooses the default circuit, also when set to
         # its current value (a reset after moving the size slider)
         self.param.watch(lambda *_: self._set_default_size(force=True),
                          ["fraction", "max_default_edges"], onlychanged=False)
         self.param.watch(self._method_changed, ["method"])
+        self.param.watch(lambda *_: self._granularity_changed(), ["granularity"])
         self.param.watch(self._diff_changed, ["diff", "diff_against"])
         # the graph is a plain Bokeh figure per drawing (`cg.GraphFigure`) whose data sources
         # a change updates in place: a slider move sends the new edge columns and the title
@@ -375,7 +410,7 @@ class CircuitsView(View):
         self._graphs: list[cg.GraphFigure] = []
         self._faith_figs: list[tuple[Any, Any, Any]] = []   # (figure, marker source, target)
         self.param.watch(lambda *_: self._redraw_marker(),
-                         ["mode", "n_edges", "threshold", "scores", "fraction"])
+                         ["mode", "n_edges", "threshold", "scores", "fraction", "n_nodes"])
         self._frame_key: tuple | None = None     # what the table was built for
         self._drawn_nodes_key: tuple | None = None
         self._outside: np.ndarray = np.zeros(0, dtype=int)   # the selection's edges shown
@@ -388,6 +423,13 @@ class CircuitsView(View):
                                             label="Download picture (SVG)", embed=False,
                                             sizing_mode="stretch_width")
         self.param.watch(lambda e: self._request_ablation(), ["edge"])
+        # the prompt's tokens: a click picks the word the counterfactual replaces
+        self._strip = PositionStrip(tokens=self.prompt_tokens(), sizing_mode="stretch_width",
+                                    css_classes=["circuit-prompt-strip"])
+        self._strip.param.watch(self._token_clicked, "selected")
+        self._clicked_word = ""
+        self.param.watch(lambda *_: self._prompt_changed(), ["prompt"])
+        self.param.watch(lambda *_: self._set_counterfactual(), ["replacement"])
         self.param.watch(lambda e: self._request_edited(), ["edits"])
         if self._run_folder is not None and (self._run_folder / "circuits.nc").is_file():
             self._set_checkpoints(xr.load_dataset(self._run_folder / "circuits.nc"))
@@ -414,10 +456,13 @@ class CircuitsView(View):
         """The pairs of the task ``name``: the user's (`use_own`), or ``n`` generated ones."""
         if name == PROMPT_TASK:
             word, eq, by = self.counterfactual.partition("=")
+            if not self.counterfactual.strip():   # no counterfactual: the mean baseline
+                return ca.prompt_task(self._model, self.prompt, "", "", answer=self.explain,
+                                      name=PROMPT_TASK)
             if not eq:
                 raise InputError("the task 'your prompt' needs a counterfactual: a word of the "
-                                 "prompt and its replacement, e.g. 'John=Paul'; got "
-                                 f"{self.counterfactual!r}.")
+                                 "prompt and its replacement, e.g. 'John=Paul' (or none, for "
+                                 f"mean ablation); got {self.counterfactual!r}.")
             return ca.prompt_task(self._model, self.prompt, word, by, answer=self.explain,
                                   name=PROMPT_TASK)
         if name == OWN_TASK:
@@ -446,6 +491,47 @@ class CircuitsView(View):
         self._request_scores()
         return task
 
+    def prompt_tokens(self) -> list[str]:
+        """The prompt's tokens as the model sees them (spaces shown), for the token strip."""
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        return [theme.show_token(self._model.tokenizer.decode([i])) for i in ids]
+
+    def click_token(self, pos: int) -> None:
+        """Pick token ``pos`` of the prompt as the word the counterfactual replaces (what a
+        click on the token strip does); the counterfactual becomes ``word=replacement``."""
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        pos = int(pos)
+        if not 0 <= pos < len(ids):
+            raise InputError(f"`pos` must be a token position of the prompt in "
+                             f"[0, {len(ids) - 1}]; got {pos}.")
+        word = self._model.tokenizer.decode([ids[pos]]).strip()
+        if not word:
+            raise InputError(f"token {pos} of the prompt is whitespace; click a word.")
+        self._clicked_word = word
+        if list(self._strip.selected) != [pos]:
+            self._strip.selected = [pos]
+        self._set_counterfactual()
+
+    def _token_clicked(self, event: Any) -> None:
+        new = [p for p in event.new if p not in event.old]
+        if not new:            # a click on the picked token again: keep it picked
+            if not event.new and self._clicked_word:
+                self._strip.selected = list(event.old)
+            return
+        try:
+            self.click_token(new[-1])
+        except InputError as e:
+            self.show_error(e)
+            self._strip.selected = list(event.old)
+
+    def _set_counterfactual(self) -> None:
+        if self._clicked_word:
+            self.counterfactual = f"{self._clicked_word}={self.replacement.strip()}"
+
+    def _prompt_changed(self) -> None:
+        self._clicked_word = ""
+        self._strip.param.update(tokens=self.prompt_tokens(), selected=[])
+
     def _other_method(self) -> str:
         return next(m for m in ca.METHODS if m != self.method)
 
@@ -453,8 +539,14 @@ class CircuitsView(View):
         scores, _, _ = self._current()
         return 0 if scores is None else int(scores.sizes["edge"])
 
+    def nodes_mode(self) -> bool:
+        """Whether the page shows a node circuit (granularity "nodes")."""
+        return self.granularity == "nodes"
+
     def _selection_key(self, scores: xr.Dataset) -> tuple:
         n_total = int(scores.sizes["edge"])
+        if self.nodes_mode():
+            return (id(scores), "nodes", int(self.n_nodes))
         if self.mode == "top-n":
             return (id(scores), "top-n", min(self.n_edges, n_total))
         return (id(scores), "threshold", float(self.threshold))
@@ -464,16 +556,23 @@ class CircuitsView(View):
         key = self._selection_key(scores)
         mask = self._circuit_cache.get(key)
         if mask is None:
-            sel = (ca.select_circuit(scores, top_n=key[2]) if self.mode == "top-n"
-                   else ca.select_circuit(scores, threshold=key[2]))
+            if key[1] == "nodes":
+                total = len(cs.node_ranking(scores))
+                sel = cs.node_circuit(scores, min(key[2], total))
+                chosen = int(sel.attrs["n_nodes"])
+            else:
+                sel = (ca.select_circuit(scores, top_n=key[2]) if self.mode == "top-n"
+                       else ca.select_circuit(scores, threshold=key[2]))
+                chosen = sel.attrs["n_chosen"]
             mask = sel.values
             mask.flags.writeable = False
             self._circuit_cache[key] = mask
-            self._circuit_cache[key + ("chosen",)] = sel.attrs["n_chosen"]
+            self._circuit_cache[key + ("chosen",)] = chosen
         return mask
 
     def _n_chosen(self, scores: xr.Dataset) -> int:
-        """Edges chosen before pruning (top-n, or how many pass the threshold)."""
+        """Edges chosen before pruning (top-n, or how many pass the threshold); for a node
+        circuit, its nodes."""
         self._circuit(scores)
         return int(self._circuit_cache[self._selection_key(scores) + ("chosen",)])
 
@@ -494,9 +593,31 @@ class CircuitsView(View):
             return np.asarray(sizes[sizes > 0], dtype=int)
         return size_grid(int(scores.sizes["edge"]))
 
+    def _node_sizes(self) -> list[int]:
+        """The slider's node counts: where the node curve was measured, else log-spaced."""
+        if self.node_curve is not None:
+            return [int(k) for k in self.node_curve["n_nodes"].values if k > 0]
+        scores, _, _ = self._current()
+        if scores is None:
+            return [max(1, self.n_nodes)]
+        return cs.default_node_sizes(len(cs.node_ranking(scores)))[1:]
+
     def _sync_slider(self) -> None:
-        """Slider options and value from the mode and the current n_edges / threshold."""
+        """Slider options and value from the mode and the current n_edges / threshold (or
+        n_nodes for a node circuit)."""
         if self._syncing:
+            return
+        if self.nodes_mode():
+            values = self._node_sizes()
+            options = {f"{k} nodes": k for k in values}
+            value = self.n_nodes if self.n_nodes in values else min(
+                values, key=lambda v: abs(np.log1p(v) - np.log1p(self.n_nodes)))
+            self._syncing = True
+            try:
+                self._slider.param.update(options=options, value=value,
+                                          label=self.param.n_nodes.label)
+            finally:
+                self._syncing = False
             return
         sizes, thresholds = self._grid()
         total = self._total()
@@ -537,7 +658,9 @@ class CircuitsView(View):
             # one batch of Bokeh events; the plots change their sources' data in place, so
             # no model joins the document and its model graph needs no recompute (freeze)
             with pn.io.document.hold():
-                if self.mode == "top-n":
+                if self.nodes_mode():
+                    self.n_nodes = int(event.new)
+                elif self.mode == "top-n":
                     self.n_edges = int(event.new)
                 else:
                     self.threshold = float(event.new)
@@ -548,7 +671,9 @@ class CircuitsView(View):
         """The smallest measured circuit recovering ``fraction`` of the metric, at most
         ``max_default_edges`` edges (`circuit_select.smallest_faithful_circuit`); without a
         curve (checkpoints only), about 5 % of the edges. A size asked for in the constructor
-        is kept until the fraction slider moves (``force``)."""
+        is kept until the fraction slider moves (``force``). The node circuit's default is
+        chosen the same way from the node curve (`circuit_select.smallest_faithful_nodes`)."""
+        self._set_node_default(force)
         sizes, thresholds = self._grid()
         if self.curve is not None and self.scores is not None:
             self._default = cs.smallest_faithful_circuit(self.curve, self.fraction,
@@ -564,7 +689,53 @@ class CircuitsView(View):
                               threshold=float(thresholds[i]))
         self._sync_slider()
 
+    def _set_node_default(self, force: bool = False) -> None:
+        """The smallest measured node circuit recovering ``fraction`` (from the node curve);
+        n_nodes moves to it unless a count was asked for in the constructor."""
+        if self.node_curve is None:
+            self._node_default = None
+            return
+        self._node_default = cs.smallest_faithful_nodes(self.node_curve, self.fraction)
+        if force or not self._chosen_nodes:
+            self.n_nodes = self._node_default.n_edges
+        self._chosen_nodes = False
+
+    def _granularity_changed(self) -> None:
+        """Edges <-> nodes: the node curve of the shown scores is measured on first use."""
+        if self.nodes_mode() and self.scores is not None and self.node_curve is None:
+            self._request_node_curve()
+        self._sync_slider()
+        self._redraw_marker()
+
     # -- jobs -----------------------------------------------------------------------------
+    def _request_node_curve(self) -> None:
+        """Measure the node-level faithfulness curve of the shown scores
+        (`circuit_select.measured_node_curve`) in a worker."""
+        key, task, scores = self._key(self._shown_method), self._task, self.scores
+        if scores is None or task is None:
+            return
+        m, fraction = self._model, self.fraction
+
+        def job(token: CancelToken):
+            curve = cs.measured_node_curve(m, task, scores, fraction=fraction,
+                                           batch_size=len(task),
+                                           progress=self.progress_fn(token), check=token.check)
+            return key, curve
+
+        self.status = f"patching node circuits ({len(task)} pairs)…"
+        self.submit("nodes", job)
+
+    def _got_node_curve(self, result: tuple) -> None:
+        key, curve = result
+        self._node_curves[key] = curve
+        if key == self._key() and self.scores is not None:
+            self.node_curve = curve
+            self._set_node_default()
+            self._sync_slider()
+            d = self._node_default
+            self.status = (f"node curve measured: {d.n_edges} nodes recover {d.recovered:.0%}"
+                           if d is not None else "node curve measured")
+
     def _request_scores(self, method: str | None = None) -> None:
         m, task_name = self._model, self.task
         method = method or self.method
@@ -616,9 +787,12 @@ class CircuitsView(View):
             self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
         other = self._results.get((key[0], key[1], self._other_method()))
         self.param.n_edges.bounds = (0, scores.sizes["edge"])
+        node_curve = self._node_curves.get(key)
         self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
-                          curve=curve, ablation=None,
+                          curve=curve, ablation=None, node_curve=node_curve,
                           other_scores=None if other is None else other[1])
+        if node_curve is None and self.nodes_mode():
+            self._request_node_curve()
         if default:
             self._set_default_size()
         else:
@@ -750,8 +924,8 @@ class CircuitsView(View):
         self.edited = out
 
     def _request_finetune(self) -> None:
-        m, task_name, method, n, steps = (self._model, self.task, self.method, self.n_prompts,
-                                          self.ft_steps)
+        m, task_name, method, n, steps = (self._model, self.task, self.ft_method,
+                                          self.n_prompts, self.ft_steps)
         slug = task_name.replace(" ", "-")
         folder = self._run_folder or (explorer.models.cache_dir() / "circuit_lora" /
                                       f"{m.spec.name.replace('/', '_')}-view-{slug}")
@@ -771,7 +945,8 @@ class CircuitsView(View):
             return cl.checkpoint_circuits(m, folder, scored, method=method, batch_size=len(scored),
                                           progress=self.progress_fn(token))
 
-        self.status = f"fine-tuning {steps} LoRA steps, then scoring each checkpoint…"
+        self.status = (f"fine-tuning {steps} LoRA steps, then scoring each checkpoint "
+                       f"({METHOD_LABELS[method]})…")
         self.submit("finetune", job)
 
     def _got_checkpoints(self, ds: xr.Dataset) -> None:
@@ -898,10 +1073,14 @@ class CircuitsView(View):
             t = self._table
             return (f"Diff: {method} vs {ref_label}, +{int((t['status'] == 'gained').sum())} "
                     f"/ −{int((t['status'] == 'lost').sum())}")
+        if self.nodes_mode():   # short enough for the plot's width at 1280 px
+            where = "" if label == "base model" else f", {label}"
+            return f"{self._shown['chosen']:,} nodes, {what}, {method}{where}"
         return f"Circuit: {what}, {method}, {label}"
 
     def _current_key(self) -> tuple:
-        return (self.mode, self.n_edges, self.threshold, self.checkpoint, self.diff,
+        return (self.granularity, self.n_nodes, self.mode, self.n_edges, self.threshold,
+                self.checkpoint, self.diff,
                 self.diff_against, id(self.scores), id(self.checkpoints), id(self.other_scores),
                 self.selected, self.show_outside, self._pos_version)
 
@@ -1032,6 +1211,8 @@ class CircuitsView(View):
     def _marker_state(self) -> tuple[dict[str, list], str]:
         """The marker's data source columns (``edges``, ``metric``: the current circuit on
         the curve, `faithfulness_marker`) and the faithfulness plot's title."""
+        if self.nodes_mode():
+            return self._node_marker_state()
         if self.curve is None or self.scores is None:
             return {"edges": [], "metric": []}, "Faithfulness"
         mask = self._circuit(self.scores)
@@ -1040,6 +1221,20 @@ class CircuitsView(View):
         return ({"edges": [float(v) for v in rows.iloc[:, 0]],
                  "metric": [float(v) for v in rows.iloc[:, 1]]},
                 mark.opts.get().kwargs["title"])
+
+    def _node_marker_state(self) -> tuple[dict[str, list], str]:
+        """The node circuit on the node curve (x: its nodes) and the plot's title."""
+        c = self.node_curve
+        if c is None or self.scores is None:
+            return {"edges": [], "metric": []}, "Node faithfulness: measuring…"
+        k = int(self.n_nodes)
+        ks, y = c["n_nodes"].values, c["recovered"].values
+        here = float(y[list(ks).index(k)]) if k in ks else float(np.interp(k, ks, y))
+        how = "" if k in ks else " (interp.)"
+        if k == 0:
+            return {"edges": [], "metric": []}, "Node faithfulness: the circuit is empty"
+        return ({"edges": [float(k)], "metric": [here]},
+                f"Node faithfulness: {k:,} nodes recover {here:.0%}{how}")
 
     def _redraw_marker(self) -> None:
         """Move the marker, the title and the target line of every faithfulness drawing (a
@@ -1061,19 +1256,32 @@ class CircuitsView(View):
             return None
         return hv.HLine(kept).opts(color=theme.ACCENT, line_dash="dotted", line_width=2)
 
-    def _faithfulness_pane(self, curve: xr.Dataset | None, edited: dict | None = None) -> Any:
+    def _faithfulness_pane(self, curve: xr.Dataset | None, edited: dict | None = None,
+                           node_curve: xr.Dataset | None = None,
+                           granularity: str = "edges") -> Any:
         """The curve (and the edited model's line, dotted) as a plain Bokeh figure, drawn
         once per set of scores and edits; the marker (a diamond), the title and the target
-        share (dashed) follow the selection in place (`_redraw_marker`)."""
+        share (dashed) follow the selection in place (`_redraw_marker`). For a node circuit,
+        the node curve (recovered against the nodes kept)."""
+        nodes = granularity == "nodes"
+        if nodes and node_curve is None:
+            return hv.Text(0.5, 0.5, "Node faithfulness: measuring the node circuits…").opts(
+                xaxis=None, yaxis=None, toolbar=None, height=260, responsive=True,
+                xlim=(0, 1), ylim=(0, 1))
         if curve is None:
             return _no_curve()
         from bokeh.models import ColumnDataSource, HoverTool, Span
         from bokeh.plotting import figure
 
-        kept, y = curve["n_kept"].values, curve["recovered"].values
+        if nodes:
+            kept, y = node_curve["n_nodes"].values, node_curve["recovered"].values
+            x_label = _NODE_X
+        else:
+            kept, y = curve["n_kept"].values, curve["recovered"].values
+            x_label = _FAITH_X
         on_axis = kept > 0   # the empty circuit (0 by definition) has no place on a log axis
         fig = figure(height=260, sizing_mode="stretch_width", x_axis_type="log",
-                     tools=list(_TOOLS), x_axis_label=_FAITH_X, y_axis_label="metric recovered",
+                     tools=list(_TOOLS), x_axis_label=x_label, y_axis_label="metric recovered",
                      toolbar_location="right")
         fig.toolbar.logo = None
         fonts = theme.font_sizes()
@@ -1086,7 +1294,7 @@ class CircuitsView(View):
         line = fig.line("edges", "metric", source=points, color=theme.ACCENT, line_width=2,
                         name="faithfulness-curve")
         fig.scatter("edges", "metric", source=points, color=theme.ACCENT, size=6)
-        fig.add_tools(HoverTool(renderers=[line], tooltips=[(_FAITH_X, "@edges{0,0}"),
+        fig.add_tools(HoverTool(renderers=[line], tooltips=[(x_label, "@edges{0,0}"),
                                                             ("metric recovered", "@metric{0.000}")]))
         target = Span(location=float(self.fraction), dimension="width", line_color="#777777",
                       line_dash="dashed", line_width=1, name="target-share")
@@ -1146,6 +1354,9 @@ class CircuitsView(View):
         if own:
             lines.append(f"task = user_items.parse_circuit_pairs({self._own_text!r}, model, "
                          f"name={OWN_TASK!r})")
+        elif self.task == PROMPT_TASK and not self.counterfactual.strip():
+            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, '', '', "
+                         f"answer={self.explain!r}, name={PROMPT_TASK!r})  # mean ablation")
         elif self.task == PROMPT_TASK:
             word, _, by = self.counterfactual.partition("=")
             lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, {word!r}, {by!r}, "
@@ -1159,7 +1370,15 @@ class CircuitsView(View):
             sizes = [int(v) for v in self.curve["n_edges"].values]
             lines.append(f"curve = ca.faithfulness_curve(model, task, scores, sizes={sizes}, "
                          f"batch_size={n})  # the faithfulness plot")
-        if self.mode == "top-n":
+        if self.nodes_mode():
+            lines.insert(1, "from explorer.analyses import circuit_select as cs")
+            if self.node_curve is not None:
+                k = [int(v) for v in self.node_curve["n_nodes"].values]
+                lines.append(f"node_curve = cs.node_faithfulness_curve(model, task, scores, "
+                             f"sizes={k}, batch_size={n})  # the node faithfulness plot")
+            lines.append(f"circuit = cs.node_circuit(scores, {self.n_nodes})  # the top "
+                         f"{self.n_nodes} nodes by |node score| and the edges between them")
+        elif self.mode == "top-n":
             lines.append(f"circuit = ca.select_circuit(scores, top_n={self.n_edges})  "
                          "# the shown circuit, pruned to input -> logits paths")
         else:
@@ -1257,9 +1476,48 @@ class CircuitsView(View):
         b = self._boot[1].sel(n_edges=d.n_edges)
         return float(b["recovered_low"]), float(b["recovered_high"])
 
+    def node_default_interval(self) -> tuple[float, float] | None:
+        """95 % bootstrap interval over the pairs of the node default's recovered share."""
+        d, curve = self._node_default, self.node_curve
+        if d is None or curve is None or curve.sizes.get("prompt", 0) < 2:
+            return None
+        if self._node_boot is None or self._node_boot[0] != id(curve):
+            self._node_boot = (id(curve), cs.bootstrap_recovered(curve))
+        b = self._node_boot[1].sel(n_nodes=d.n_edges)
+        return float(b["recovered_low"]), float(b["recovered_high"])
+
+    def node_default_text(self) -> str:
+        """The node circuit's default in words, beside the edge circuit's node count (whether
+        the node circuit is the smaller faithful picture)."""
+        d = self._node_default
+        if self.node_curve is None or d is None:
+            return ("Node circuit: measuring the node circuits (every node outside the top k "
+                    "patched to its corrupted output)…") if self.scores is not None else ""
+        ci_ = self.node_default_interval()
+        rec = f"**{d.recovered:.0%}**"
+        if ci_ is not None:
+            rec += (f" [{ci_[0]:.0%}, {ci_[1]:.0%}] (95 % bootstrap interval over the "
+                    f"{self.node_curve.sizes['prompt']} pairs)")
+        edge = self._default
+        compare = ""
+        if edge is not None and self.scores is not None:
+            n_edge_nodes = len(ca.circuit_nodes(self.scores, ca.select_circuit(
+                self.scores, top_n=edge.n_edges)))
+            compare = (f" The default edge circuit ({edge.n_kept:,} edges, recovering "
+                       f"{edge.recovered:.0%}) touches {n_edge_nodes:,} nodes.")
+        if d.reached:
+            return (f"Node circuit: the smallest measured set of nodes recovering at least "
+                    f"{self.fraction:.0%} of the metric: {d.n_edges:,} nodes (top {d.n_edges:,} "
+                    f"by |node score|; every other node's output patched to its corrupted "
+                    f"value), recovering {rec}.{compare}")
+        return (f"No measured node circuit recovers {self.fraction:.0%}. Shown is the most "
+                f"faithful one: {d.n_edges:,} nodes, recovering {rec}.{compare}")
+
     def default_text(self) -> str:
         """The default circuit in words: its size, its measured recovery and interval; or
         that no measured circuit reaches the target, and the most faithful one's number."""
+        if self.nodes_mode():
+            return self.node_default_text()
         d = self._default
         if d is None or self.scores is None:
             return ""
@@ -1289,6 +1547,8 @@ class CircuitsView(View):
                         and np.isin(self._table["status"], ["gained", "lost"]).any()):
             return ""
         n_nodes = len(self._circuit_nodes())
+        if self.nodes_mode():
+            n_nodes = self._shown["chosen"]
         if self._influence is None:
             return (f"All {size:,} edges and {n_nodes:,} nodes of the circuit are drawn "
                     f"(100% of its influence on the logits).")
@@ -1362,6 +1622,9 @@ class CircuitsView(View):
         interval = "none" if interval is None else f"{interval[0]:.9g} {interval[1]:.9g}"
         e = self.edited
         edited = "none" if e is None else f"{e['clean_metric']:.9g} {e['edited_clean_metric']:.9g}"
+        nd = self._node_default
+        node_default = ("none" if nd is None else
+                        f"{nd.n_edges} {nd.recovered:.9g} {int(nd.reached)}")
         c = self.circuit_patch
         patched = "none" if c is None else f"{c['n_shown']} {c['metric']:.9g} {c['recovered']:.9g}"
         return (f"<div class='circuit-state' data-circuit-scores="
@@ -1380,7 +1643,20 @@ class CircuitsView(View):
                 f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
                 f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
                 f"data-circuit-edited='{edited}' data-circuit-patched-all='{patched}' "
+                f"data-circuit-granularity='{self.granularity}' "
+                f"data-circuit-n-nodes='{self.n_nodes}' "
+                f"data-circuit-node-default='{node_default}' "
                 f"data-circuit-checkpoints='{n_ck}'></div>")
+
+    def _prompt_controls(self) -> pn.Column:
+        """The token strip and the replacement box, shown for the task 'your prompt'."""
+        col = pn.Column(
+            pn.pane.Markdown("Click the word to replace, then type its replacement (no "
+                             "counterfactual: mean ablation):", margin=(4, 10, 0, 10)),
+            self._strip, pn.widgets.TextInput.from_param(self.param.replacement),
+            visible=self.task == PROMPT_TASK, sizing_mode="stretch_width")
+        self.param.watch(lambda e: setattr(col, "visible", e.new == PROMPT_TASK), ["task"])
+        return col
 
     def __panel__(self) -> pn.viewable.Viewable:
         compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
@@ -1398,26 +1674,31 @@ class CircuitsView(View):
                  self.param.threshold, self.param.checkpoint, self.param.diff,
                  self.param.diff_against, self.param.checkpoints, self.param.redraw_ms,
                  self.param.selected, self.param.fraction, self.param.other_scores,
-                 self.param.edited, self.param.circuit_patch, self.param.show_outside]
+                 self.param.edited, self.param.circuit_patch, self.param.show_outside,
+                 self.param.granularity, self.param.n_nodes, self.param.node_curve]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             labelled_control(self, "method", pn.widgets.RadioButtonGroup),
             pn.widgets.IntInput.from_param(self.param.n_prompts),
+            self._prompt_controls(),
             pn.widgets.TextInput.from_param(self.param.counterfactual),
             pn.widgets.TextInput.from_param(self.param.explain), compute, self._progress,
             self._own.layout(self.param.error),
             pn.widgets.FloatSlider.from_param(self.param.fraction, format="0%"),
+            labelled_control(self, "granularity", pn.widgets.RadioButtonGroup),
             labelled_control(self, "mode", pn.widgets.RadioButtonGroup), self._slider,
             pn.widgets.Select.from_param(self.param.edge), patch_all,
             pn.widgets.Checkbox.from_param(self.param.show_outside),
             pn.widgets.Checkbox.from_param(self.param.diff),
             pn.widgets.Select.from_param(self.param.diff_against),
             self._csv, self._svg,
-            pn.layout.Divider(), pn.widgets.IntInput.from_param(self.param.ft_steps), finetune,
+            pn.layout.Divider(), pn.widgets.IntInput.from_param(self.param.ft_steps),
+            labelled_control(self, "ft_method", pn.widgets.RadioButtonGroup), finetune,
             player, pn.pane.Markdown(self.param.status), pn.pane.HTML(pn.bind(self._state_html,
                                                                               *shown)),
             width=theme.SIZES["controls_width"])
-        faith = pn.bind(self._faithfulness_pane, self.param.curve, self.param.edited)
+        faith = pn.bind(self._faithfulness_pane, self.param.curve, self.param.edited,
+                        self.param.node_curve, self.param.granularity)
         main = pn.Column(
             theme.BokehPane(self._graph_figure(), sizing_mode="stretch_width"),
             # the caption re-renders when what it says can change, not on each re-draw's timing

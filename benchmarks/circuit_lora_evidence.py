@@ -16,7 +16,8 @@ as soon as it is done (a rerun skips finished jobs; several ``train`` processes 
 folder share the jobs out, each claiming one at a time):
 
 1. ``probe``: a cheap rank-2 LoRA on every layer (the paper's step 1), adapter checkpoints;
-   the EAP circuit (top 5 % of edges, ``--n-circuit`` problem pairs) of each checkpoint;
+   the circuit (``--method``: EAP-IG on KL by default, or EAP; top 5 % of edges,
+   ``--n-circuit`` problem pairs) of each checkpoint;
    node / edge Jaccard against step 0; the prompt-sampling noise floor (circuits of the same
    model on other samples of pairs: three at step 0, two at the last step); the per-layer
    edge change D_l of each checkpoint against step 0 and between two prompt samples; the
@@ -177,12 +178,24 @@ def run_train(model, folder: Path, spec: dict, args: argparse.Namespace) -> dict
             "load_average": os.getloadavg()}
 
 
+def circuit_scoring(args: argparse.Namespace) -> dict:
+    """The edge method and metric of every circuit of the run (checkpoints and noise floor):
+    EAP-IG on KL (Wang et al.'s), or EAP on the logit difference."""
+    from explorer.analyses import circuit_lora as cl
+
+    if args.method == "eap-ig":
+        return {"method": "eap-ig", "metric": cl.CHECKPOINT_METRIC}
+    return {"method": "eap", "metric": "logit_diff"}
+
+
 def _circuit_tools(model, args: argparse.Namespace, top_n: int):
     from explorer.analyses import circuit_lora as cl
     from explorer.analyses import circuits as ca
 
     def circuit_on(m, seed):
-        s = ca.edge_scores(m, ca.make_task(args.task, args.n_circuit, seed=seed), batch_size=8)
+        # the prompt-resampling noise floor: the checkpoints' own scoring (`--method`)
+        s = ca.edge_scores(m, ca.make_task(args.task, args.n_circuit, seed=seed),
+                           batch_size=8, **circuit_scoring(args))
         return s.assign(in_circuit=ca.select_circuit(s, top_n=top_n))
 
     def pair(a, b):
@@ -217,7 +230,7 @@ def run_probe(model, folder: Path, args: argparse.Namespace) -> dict:
     log(f"probe trained: {t_train:.0f} s, {float(np.median(ds.step_cpu_seconds)):.2f} s CPU/step")
     task = ca.make_task(args.task, args.n_circuit, seed=1)
     ends = cl.checkpoint_circuits(model, run, task, steps=[ckpts[0], ckpts[-1]], batch_size=8,
-                                  top_percent=5.0)
+                                  top_percent=5.0, **circuit_scoring(args))
     change = cl.layer_edge_change(ends.isel(checkpoint=0), ends.isel(checkpoint=-1),
                                   n_layers=model.n_layers)["edge_change"].values
     return {"rank": 2, "lr": args.probe_lr, "checkpoints": ckpts,
@@ -259,7 +272,8 @@ def run_probe_circuits(model, folder: Path, args: argparse.Namespace) -> dict:
         del m
     task = ca.make_task(args.task, args.n_circuit, seed=1)
     circuits = cl.checkpoint_circuits(model, run, task, batch_size=8, top_percent=5.0,
-                                      progress=lambda i, n: log(f"circuit {i}/{n}"))
+                                      progress=lambda i, n: log(f"circuit {i}/{n}"),
+                                      **circuit_scoring(args))
     cl.save_netcdf(circuits, run / "circuits.nc")
     sim = cl.circuit_similarity(circuits)
     top_n = int(round(0.05 * circuits.sizes["edge"]))
@@ -508,6 +522,9 @@ def main() -> None:
                     help="run folder (jobs, probe checkpoints); default under the cache")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--task", default="add")
+    ap.add_argument("--method", default="eap-ig", choices=("eap", "eap-ig"),
+                    help="edge scoring of the checkpoint circuits and of the prompt-resampling "
+                         "noise floor (eap-ig: on KL, the paper's; eap: on the logit difference)")
     ap.add_argument("--n-train", type=int, default=800)
     ap.add_argument("--n-val", type=int, default=100, help="learning-rate selection split")
     ap.add_argument("--n-test", type=int, default=300, help="held-out problems")

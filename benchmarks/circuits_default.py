@@ -4,12 +4,17 @@ For each task and method: the edge scores, the faithfulness curve the page measu
 (`circuit_select.measured_default_curve`: 12 log-spaced top-n sizes, then two bisection
 steps toward the smallest circuit reaching the target), the default it picks
 (`smallest_faithful_circuit`, no size cap) with its bootstrap interval over the pairs, the
-influence-pruned subset the page draws (`circuit_influence.influence_pruning`), and the
-node-level curve (`circuit_select.node_faithfulness_curve`: the top-k nodes by |node score|,
-every other node's output patched to its corrupted value). Times are wall and process CPU
-seconds of this run, with the load average beside them.
+influence-pruned subset the page draws (`circuit_influence.influence_pruning`; "drawn
+nodes" are the nodes its edges join, while the page draws and labels every node of the
+circuit), and the node-level curve (`circuit_select.node_faithfulness_curve` at the fixed
+counts `NODE_SIZES`: the top-k nodes by |node score|, every other node's output patched to its
+corrupted value; "nodes for 80 %" is the first of them that reaches it). Times are wall and
+process CPU seconds of this run, with the load average beside them. One command, from the
+repository root:
 
-    .venv/bin/python benchmarks/circuits_default.py --out /tmp/circuits_default.json
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/circuits_default.py --out /tmp/circuits_default.json
+
+``--tasks ioi --methods eap --no-nodes`` times only the page's default for ioi, EAP.
 """
 from __future__ import annotations
 

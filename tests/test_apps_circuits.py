@@ -366,12 +366,22 @@ def test_edge_table_diff_marks_gained_and_lost(view):
     assert t["src"][0] == spelled(raw) and (t["x0"][0], t["y0"][0]) == pos[raw]
 
 
-def test_finetune_button_adds_checkpoints(view):
+def test_finetune_button_adds_checkpoints(view, tiny_model):
     view.ft_steps = 2
     with torch.enable_grad():
         view._request_finetune()
     ck = view.checkpoints
     assert ck is not None and ck["checkpoint"].values.tolist() == [0, 1, 2]
+    # scored the paper's way by default: EAP-IG on KL, as edge_scores gives it here
+    assert view.ft_method == "eap-ig"
+    assert ck.attrs["params"]["edge_method"] == "eap-ig" and ck.attrs["params"]["metric"] == "kl"
+    from explorer.analyses import circuit_lora as cl
+    task = view._task_data(view.task, view.n_prompts, seed=0)
+    with torch.enable_grad():
+        want = ca.edge_scores(cl.load_checkpoint(tiny_model, ck.attrs["folder"], 2), task,
+                              method="eap-ig", metric="kl", batch_size=len(task))
+    np.testing.assert_allclose(ck["score"].isel(checkpoint=2).values, want["score"].values,
+                               rtol=1e-4, atol=1e-6)
     n = 40
     view.param.update(checkpoint=2, diff=True, diff_against="first checkpoint", n_edges=n)
     view.redraw()

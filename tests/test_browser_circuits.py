@@ -378,3 +378,52 @@ def test_default_circuit_labels_and_size_slider(page_url, browser):
     page.screenshot(path=str(ARTIFACTS / "circuits_default.png"), full_page=True)
     assert not errors, errors
     page.close()
+
+
+_LEGEND_BOX_JS = """
+() => {
+  let out = null;
+  const walk = (v) => {
+    if (v.frame !== undefined && v.model.renderers && v.el.isConnected
+        && v.model.renderers.some(r => r.name === "edges")) {
+      const rect = (v.canvas_view ?? v.canvas).el.getBoundingClientRect();
+      out = {left: rect.left, right: rect.right, bottom: rect.bottom,
+             frame_bottom: rect.top + v.frame.bbox.bottom};
+    }
+    for (const c of v.children()) walk(c);
+  };
+  for (const root of Bokeh.index) walk(root);
+  return out;
+}
+"""
+
+
+def test_legend_line_samples_render(page_url, browser):
+    """The colour / width key under the graph draws its line samples: below the x axis,
+    where only the legend is, the screenshot holds pixels of the positive (red) and the
+    negative (blue) edge colours (`apps._circuit_graph.POSITIVE`, `NEGATIVE`)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from apps._circuit_graph import NEGATIVE, POSITIVE
+
+    page, errors = open_page(browser, page_url, viewport=VIEWPORT, ready=".circuit-state",
+                             timeout=240)
+    wait_for(page, "data-circuit-scores", lambda v: v == "ready")
+    page.wait_for_function(f"() => ({_LEGEND_BOX_JS})() !== null", timeout=60_000)
+    box = page.evaluate(_LEGEND_BOX_JS)
+    top = box["frame_bottom"] + 40            # under the tick labels and the axis label
+    clip = {"x": box["left"], "y": top, "width": box["right"] - box["left"],
+            "height": box["bottom"] - top}
+    assert clip["height"] > 20, box
+    px = np.asarray(Image.open(io.BytesIO(painted(page, clip=clip))).convert("RGB"), dtype=int)
+
+    def count(color: str) -> int:
+        rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
+        return int((np.abs(px - rgb).max(-1) <= 24).sum())
+
+    assert count(POSITIVE) >= 20 and count(NEGATIVE) >= 20, (count(POSITIVE), count(NEGATIVE))
+    assert not errors, errors
+    page.close()

@@ -286,3 +286,15 @@ def test_select_lr_hand_made():
     assert cl.select_lr(lrs, [0.7, 0.7, 0.7], [0.8, 0.9, 0.8]) == 1e-3   # then smaller lr
     with pytest.raises(InputError, match="one length"):
         cl.select_lr(lrs, [0.5, 0.7], [1.0, 0.9, 0.8])
+
+
+def test_cli_run_scores_checkpoints_with_eap_ig_by_default():
+    """`explorer circuit-lora` scores checkpoint circuits the paper's way unless told."""
+    from explorer import cli
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["circuit-lora", "--model", "tiny-llama"]).method == "eap-ig"
+    assert parser.parse_args(["circuit-lora", "--model", "tiny-llama",
+                              "--method", "eap"]).method == "eap"
+    with pytest.raises(Exception, match=r"argument --method: invalid choice: 'acdc'"):
+        parser.parse_args(["circuit-lora", "--method", "acdc"])

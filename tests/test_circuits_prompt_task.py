@@ -27,9 +27,17 @@ def test_prompt_task_pair_targets_and_scores(tiny_model):
     # the wrong target: the corrupted prompt's top next token, by a run here
     last = explorer.run_with(tiny_model, [PROMPT, corrupt], positions=[-1])["logits"].values[:, 0]
     the = tiny_model.tokenizer(PROMPT + " the", add_special_tokens=False)["input_ids"][-1]
-    top = int(np.argmax(last[1]))
+    n = len(tiny_model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+
+    def readable(t):   # a target string names it again after the prompt (no byte fragment)
+        text = tiny_model.tokenizer.decode([t])
+        return bool(text) and tiny_model.tokenizer(
+            PROMPT + text, add_special_tokens=False)["input_ids"][n:n + 1] == [t]
+
+    top = next(int(i) for i in np.argsort(-last[1], kind="stable") if readable(int(i)))
     if top == the:   # then the clean prompt's best other token
-        top = next(int(i) for i in np.argsort(-last[0], kind="stable") if int(i) != the)
+        top = next(int(i) for i in np.argsort(-last[0], kind="stable")
+                   if int(i) != the and readable(int(i)))
     assert task.wrong == [tiny_model.tokenizer.decode([top])]
     mine = CircuitTask(clean=[PROMPT], corrupt=[corrupt], answer=[" the"],
                        wrong=[tiny_model.tokenizer.decode([top])], name=PROMPT_TASK)
@@ -61,3 +69,48 @@ def test_scope_and_link_params_of_the_task_pairs(tiny_model):
     assert view.scope().edits.startswith("not applicable")
     assert {"task", "method", "n_edges", "selected"} <= set(view.link_params)
     assert all(name in view.param for name in view.link_params)
+
+
+def test_no_counterfactual_is_mean_ablation_and_the_page_says_so(tiny_model):
+    """An empty counterfactual: the task's baseline is the mean (the scores those of
+    `prompt_task` without a replacement, recomputed here), and the scope line says so."""
+    view = CircuitsView(tiny_model, background=False, autostart=False, task=PROMPT_TASK,
+                        prompt=PROMPT, counterfactual="", explain=" the")
+    assert "mean ablation" in view.scope().on and PROMPT in view.scope().on
+    with torch.enable_grad():
+        view._request_scores()
+    assert view.error == "" and view._task.baseline == "mean"
+    with torch.enable_grad():
+        want = ca.edge_scores(tiny_model, ca.prompt_task(tiny_model, PROMPT, "", "",
+                                                         answer=" the"), batch_size=1)
+    np.testing.assert_allclose(view.scores["score"].values, want["score"].values, atol=1e-6)
+    assert "mean ablation" in view.scope().on and "' the'" in view.scope().on
+    assert "ca.prompt_task(model, " in view.code_snippet() and "# mean ablation" in \
+        view.code_snippet()
+
+
+def test_clicking_a_token_and_typing_its_replacement_sets_the_counterfactual(tiny_model):
+    view = CircuitsView(tiny_model, background=False, autostart=False, task=PROMPT_TASK,
+                        prompt=PROMPT)
+    ids = tiny_model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    pieces = [tiny_model.tokenizer.decode([i]) for i in ids]
+    assert view._strip.tokens == [p.replace(" ", "·") for p in pieces]
+    the = pieces.index(" the")                # a one-token word of tiny-llama's tokenizer
+    view._strip.selected = [the]             # a click on the strip
+    assert view.counterfactual == "the=" and view._strip.selected == [the]
+    view.replacement = "a"
+    assert view.counterfactual == "the=a"
+    with torch.enable_grad():
+        view._request_scores()
+    assert view.error == ""
+    assert view._task.corrupt == [PROMPT.replace(" the ", " a ", 1)]
+    assert view._task.baseline == "counterfactual"
+    blank = pieces.index(" ")
+    with pytest.raises(ValueError, match=rf"token {blank} of the prompt is whitespace"):
+        view.click_token(blank)
+    with pytest.raises(ValueError, match=r"`pos` must be a token position of the prompt in "
+                                         r"\[0, \d+\]; got 99"):
+        view.click_token(99)
+    view.prompt = "Hello there"                # a new prompt: new tokens, nothing picked
+    assert view._strip.selected == [] and len(view._strip.tokens) == len(
+        tiny_model.tokenizer("Hello there", add_special_tokens=False)["input_ids"])

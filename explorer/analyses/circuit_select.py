@@ -42,7 +42,8 @@ __all__ = ["CircuitChoice", "smallest_faithful_circuit", "readable_sizes", "READ
            "SELECTION_RULES", "greedy_circuit", "prune_dead_nodes", "circuit_by_rule",
            "default_sizes", "rule_faithfulness_curve", "bootstrap_recovered", "DefaultCircuit",
            "choose_default_circuit", "next_bisection_size", "merge_curves", "node_scores",
-           "node_circuit_edges", "node_faithfulness_curve", "default_curve_sizes",
+           "node_circuit_edges", "node_faithfulness_curve", "node_ranking", "node_circuit",
+           "default_node_sizes", "smallest_faithful_nodes", "measured_node_curve", "default_curve_sizes",
            "measured_default_curve", "CURVE_POINTS", "REFINE_STEPS"]
 
 CURVE_POINTS = 12   # log-spaced top-n sizes a default curve measures first
@@ -416,7 +417,8 @@ def bootstrap_recovered(curve: xr.Dataset, *, n_boot: int = 2000, level: float =
     Returns
     -------
     xr.Dataset
-        The curve plus ``recovered_low`` and ``recovered_high`` over ``n_edges``.
+        The curve plus ``recovered_low`` and ``recovered_high`` over ``n_edges`` (or
+        ``n_nodes``: a node curve).
     """
     if not isinstance(curve, xr.Dataset) or "pair_metric" not in curve:
         raise InputError("`curve` needs per-pair values; measure it with "
@@ -424,7 +426,8 @@ def bootstrap_recovered(curve: xr.Dataset, *, n_boot: int = 2000, level: float =
     n_boot = check_int("n_boot", n_boot, low=1)
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
         raise InputError(f"`level` must be a number in (0, 1); got {level!r}.")
-    m = np.asarray(curve["pair_metric"].transpose("n_edges", "prompt").values, dtype=np.float64)
+    dim = "n_nodes" if "n_nodes" in curve.dims else "n_edges"
+    m = np.asarray(curve["pair_metric"].transpose(dim, "prompt").values, dtype=np.float64)
     clean = np.asarray(curve["pair_clean_metric"].values, dtype=np.float64)
     corrupt = np.asarray(curve["pair_corrupt_metric"].values, dtype=np.float64)
     rng = np.random.default_rng(seed)
@@ -438,8 +441,8 @@ def bootstrap_recovered(curve: xr.Dataset, *, n_boot: int = 2000, level: float =
     low = np.nanquantile(rec, alpha, axis=1)
     high = np.nanquantile(rec, 1 - alpha, axis=1)
     out = curve.copy()
-    out["recovered_low"] = ("n_edges", low)
-    out["recovered_high"] = ("n_edges", high)
+    out["recovered_low"] = (dim, low)
+    out["recovered_high"] = (dim, high)
     out.attrs.update(bootstrap_n=n_boot, bootstrap_level=level, bootstrap_seed=seed)
     return out
 
@@ -484,12 +487,13 @@ def choose_default_circuit(model, task, scores: xr.Dataset, *, fraction: float =
                           in_circuit=circuit_by_rule(scores, choice.n_edges, rule), rule=rule)
 
 
-def next_bisection_size(curve: xr.Dataset, fraction: float) -> int | None:
-    """The top-n to measure next to narrow the smallest circuit reaching ``fraction``: the
-    geometric midpoint of the first measured size that reaches it and the measured size just
-    below; None when the smallest measured size reaches it, none does, or the two are
-    neighbours."""
-    top_n = np.asarray(curve["n_edges"].values, dtype=int)
+def next_bisection_size(curve: xr.Dataset, fraction: float, *, dim: str = "n_edges"
+                        ) -> int | None:
+    """The top-n (or node count, ``dim="n_nodes"``) to measure next to narrow the smallest
+    circuit reaching ``fraction``: the geometric midpoint of the first measured size that
+    reaches it and the measured size just below; None when the smallest measured size
+    reaches it, none does, or the two are neighbours."""
+    top_n = np.asarray(curve[dim].values, dtype=int)
     rec = np.nan_to_num(np.asarray(curve["recovered"].values, dtype=np.float64), nan=-np.inf)
     order = np.argsort(top_n, kind="stable")
     top_n, rec = top_n[order], rec[order]
@@ -501,13 +505,14 @@ def next_bisection_size(curve: xr.Dataset, fraction: float) -> int | None:
     return None if mid <= lo or mid >= hi else mid
 
 
-def merge_curves(curve: xr.Dataset, more: xr.Dataset) -> xr.Dataset:
-    """Two faithfulness curves of the same scores and pairs as one, by top-n (``more``'s
-    points added; the pairs' clean and corrupted values and the attrs are ``curve``'s)."""
-    new = more.sel(n_edges=[n for n in more["n_edges"].values if n not in curve["n_edges"].values])
-    out = xr.concat([curve, new], dim="n_edges", data_vars="minimal", coords="minimal",
-                    compat="override", combine_attrs="override").sortby("n_edges")
-    sizes = [int(n) for n in out["n_edges"].values]
+def merge_curves(curve: xr.Dataset, more: xr.Dataset, *, dim: str = "n_edges") -> xr.Dataset:
+    """Two faithfulness curves of the same scores and pairs as one, by top-n (or node count,
+    ``dim="n_nodes"``; ``more``'s points added; the pairs' clean and corrupted values and
+    the attrs are ``curve``'s)."""
+    new = more.sel({dim: [n for n in more[dim].values if n not in curve[dim].values]})
+    out = xr.concat([curve, new], dim=dim, data_vars="minimal", coords="minimal",
+                    compat="override", combine_attrs="override").sortby(dim)
+    sizes = [int(n) for n in out[dim].values]
     out.attrs["sizes"] = sizes
     return out
 
@@ -528,12 +533,38 @@ def node_scores(scores: xr.Dataset) -> xr.DataArray:
                         name="node_score")
 
 
+def node_ranking(scores: xr.Dataset) -> list[str]:
+    """Source nodes (input, heads, MLPs) by |`node_scores`|, largest first (ties in forward
+    order)."""
+    ns = node_scores(scores)
+    return [str(n) for n in ns["node"].values[np.argsort(-np.abs(ns.values), kind="stable")]]
+
+
 def node_circuit_edges(scores: xr.Dataset, nodes: Sequence[str]) -> np.ndarray:
     """Bool mask over the edges: every out-edge of the kept ``nodes``. Patching the others
     (`circuits.patch_edges_metric`) gives every reader a left-out node's corrupted output:
     node patching (a node's output replaced by its value on the corrupted prompt)."""
     kept = np.isin(np.asarray(scores["src"].values).astype(str), list(nodes))
     return kept
+
+
+def node_circuit(scores: xr.Dataset, n_nodes: int) -> xr.DataArray:
+    """The node circuit of the top ``n_nodes`` nodes by |node score| (`node_ranking`) as an
+    edge mask: the edges between kept nodes and from kept nodes to the logits.
+
+    Patched (`circuits.patch_edges_metric`) it gives the same metric as node patching
+    (`node_circuit_edges`): an edge into a left-out node is patched here and kept there,
+    but the left-out node's own output is corrupted either way, so no reader sees the
+    difference. It is the picture of the node circuit: what runs clean between its nodes.
+    """
+    order = node_ranking(scores)
+    n_nodes = check_int("n_nodes", n_nodes, low=0, high=len(order))
+    kept = set(order[:n_nodes])
+    src = np.asarray(scores["src"].values).astype(str)
+    dst = [node_of(str(d)) for d in scores["dst"].values]
+    mask = np.isin(src, list(kept)) & np.array([d in kept or d == "logits" for d in dst],
+                                               dtype=bool)
+    return _mask_array(scores, mask, rule="nodes", n_nodes=n_nodes, nodes=order[:n_nodes])
 
 
 def node_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[int],
@@ -546,33 +577,82 @@ def node_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[
     -------
     xr.Dataset
         Over ``n_nodes``: ``metric``, ``recovered`` (clean = 1, corrupted = 0), ``accuracy``,
-        ``n_edges_kept`` (the out-edges of the kept nodes); ``nodes`` (attr: the ranking).
+        ``n_edges_kept`` (the edges between kept nodes and to the logits, `node_circuit`);
+        per pair ``pair_metric`` (n_nodes, prompt), ``pair_clean_metric`` and
+        ``pair_corrupt_metric`` (prompt), for `bootstrap_recovered`; ``order`` (attr: the
+        ranking).
     """
     from explorer.analyses.circuits import (_check_common, _check_scores, _keep_matrix,
                                             _patched_eval, _recovered)
 
     ad, task, batch_size = _check_common(model, task, metric, batch_size)
     scores = _check_scores(scores)
-    ns = node_scores(scores)
-    order = [str(n) for n in ns["node"].values[np.argsort(-np.abs(ns.values), kind="stable")]]
+    order = node_ranking(scores)
     if isinstance(sizes, (int, np.integer)) or not isinstance(sizes, Sequence | np.ndarray):
         raise TypeError(f"`sizes` must be a list of ints; got {type(sizes).__name__}.")
     sizes = [check_int("sizes[i]", int(k), low=0, high=len(order)) for k in sizes]
     if not sizes:
         raise InputError("`sizes` must hold at least one node count; got an empty list.")
-    masks = [node_circuit_edges(scores, order[:k]) for k in sizes]
+    masks = [node_circuit(scores, k).values for k in sizes]
     keeps = [_keep_matrix(model, ad, scores, m) for m in masks]
     res = _patched_eval(model, ad, task, keeps, metric, batch_size, progress)
     rec = _recovered(res["metric"], res["clean_metric"], res["corrupt_metric"])
     return xr.Dataset(
         {"metric": ("n_nodes", res["metric"]), "recovered": ("n_nodes", rec),
          "accuracy": ("n_nodes", res["accuracy"]),
-         "n_edges_kept": ("n_nodes", np.array([int(m.sum()) for m in masks]))},
-        coords={"n_nodes": np.array(sizes)},
+         "n_edges_kept": ("n_nodes", np.array([int(m.sum()) for m in masks])),
+         "pair_metric": (("n_nodes", "prompt"), res["pair_metric"].reshape(len(sizes), -1)),
+         "pair_clean_metric": ("prompt", res["pair_clean_metric"]),
+         "pair_corrupt_metric": ("prompt", res["pair_corrupt_metric"])},
+        coords={"n_nodes": np.array(sizes), "prompt": np.arange(len(task))},
         attrs={"clean_metric": float(res["clean_metric"]),
-               "corrupt_metric": float(res["corrupt_metric"]), "order": order,
-               "n_nodes_total": len(order), "metric": metric,
+               "corrupt_metric": float(res["corrupt_metric"]),
+               "clean_accuracy": float(res["clean_accuracy"]), "order": order,
+               "n_nodes_total": len(order), "metric": metric, "sizes": sizes,
                "task": getattr(task, "name", "custom"), "n_prompts": len(task)})
+
+
+def default_node_sizes(n_total: int, *, points: int = CURVE_POINTS) -> list[int]:
+    """0 and about ``points`` log-spaced node counts from 1 to all ``n_total`` nodes."""
+    n_total = check_int("n_total", n_total, low=1)
+    return [0, *np.unique(np.round(np.geomspace(1, n_total, points)).astype(int)).tolist()]
+
+
+def smallest_faithful_nodes(curve: xr.Dataset, fraction: float = 0.8) -> CircuitChoice:
+    """The smallest measured node circuit of a node curve (`node_faithfulness_curve`) that
+    recovers at least ``fraction``; when none does, the most faithful non-empty one
+    (``reached`` False). ``n_edges`` and ``n_kept`` of the choice hold its node count."""
+    if not isinstance(curve, xr.Dataset) or "n_nodes" not in curve.dims:
+        raise TypeError("`curve` must be the Dataset of node_faithfulness_curve (over "
+                        f"`n_nodes`); got {type(curve).__name__}.")
+    view = curve.rename(n_nodes="n_edges")
+    view["n_kept"] = ("n_edges", np.asarray(curve["n_nodes"].values, dtype=int))
+    return smallest_faithful_circuit(view, fraction)
+
+
+def measured_node_curve(model, task, scores: xr.Dataset, *, fraction: float = 0.8,
+                        sizes: Sequence[int] | None = None, refine_steps: int = REFINE_STEPS,
+                        batch_size: int = 16,
+                        progress: Callable[[int, int], None] | None = None,
+                        check: Callable[[], None] | None = None) -> xr.Dataset:
+    """The node-level counterpart of `measured_default_curve`: node circuits measured by
+    patching at ``sizes`` (default `default_node_sizes`), then ``refine_steps`` bisection
+    steps between the first node count that recovers ``fraction`` and the count below it.
+    The node default is then `smallest_faithful_nodes` of it."""
+    n_total = int(node_scores(scores).sizes["node"])
+    sizes = list(sizes) if sizes is not None else default_node_sizes(n_total)
+    curve = node_faithfulness_curve(model, task, scores, sizes=sizes, batch_size=batch_size,
+                                    progress=progress)
+    for _ in range(check_int("refine_steps", refine_steps, low=0, high=20)):
+        if check is not None:
+            check()
+        more = next_bisection_size(curve, fraction, dim="n_nodes")
+        if more is None:
+            break
+        extra = node_faithfulness_curve(model, task, scores, sizes=[more],
+                                        batch_size=batch_size)
+        curve = merge_curves(curve, extra, dim="n_nodes")
+    return curve
 
 
 # -- the default circuit without a size cap ------------------------------------------------------

@@ -30,13 +30,16 @@ from explorer._checks import InputError, check_choice, check_int
 from explorer.models import Model
 from explorer.trace import provenance, run_batch
 
-__all__ = ["prompt_task", "CircuitTask", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
+__all__ = ["prompt_task", "CircuitTask", "BASELINES", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
            "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
 #: is the answer's first digit for tokenizers that split numbers into digits.
 ARITHMETIC_TEMPLATE = ("Calculate the result of the following arithmetic expression and provide "
                        "only the final answer: {a} {op} {b} = ")
+
+
+BASELINES = ("counterfactual", "mean")   # what a patched edge carries (`CircuitTask.baseline`)
 
 
 @dataclass
@@ -46,6 +49,10 @@ class CircuitTask:
     ``clean[i]`` and ``corrupt[i]`` must tokenise to the same length. ``answer[i]`` is the
     right continuation of ``clean[i]``; ``wrong[i]`` the continuation the corrupted prompt
     points to.
+
+    ``baseline`` says what a patched edge carries: ``"counterfactual"`` (the corrupted
+    prompt's activations) or ``"mean"`` (mean ablation: each node's output averaged over the
+    positions of its own clean prompt; ``corrupt`` then repeats ``clean`` and is not run).
     """
 
     clean: list[str]
@@ -53,6 +60,7 @@ class CircuitTask:
     answer: list[str]
     wrong: list[str]
     name: str = "custom"
+    baseline: str = "counterfactual"
 
     def __post_init__(self) -> None:
         for field in ("clean", "corrupt", "answer", "wrong"):
@@ -63,6 +71,9 @@ class CircuitTask:
             for i, s in enumerate(value):
                 if not isinstance(s, str):
                     raise TypeError(f"`{field}[{i}]` must be a string; got {type(s).__name__}.")
+        if self.baseline not in BASELINES:
+            raise InputError(f"`baseline` must be one of {list(BASELINES)}; got "
+                             f"{self.baseline!r}.")
         n = len(self.clean)
         if n == 0:
             raise InputError("a CircuitTask needs at least one prompt pair; `clean` is empty.")
@@ -78,11 +89,12 @@ class CircuitTask:
         """The task restricted to the pairs at ``index`` (a list of ints)."""
         idx = [int(i) for i in index]
         return CircuitTask([self.clean[i] for i in idx], [self.corrupt[i] for i in idx],
-                           [self.answer[i] for i in idx], [self.wrong[i] for i in idx], self.name)
+                           [self.answer[i] for i in idx], [self.wrong[i] for i in idx], self.name,
+                           self.baseline)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "clean": self.clean, "corrupt": self.corrupt,
-                "answer": self.answer, "wrong": self.wrong}
+                "answer": self.answer, "wrong": self.wrong, "baseline": self.baseline}
 
 
 def _data_dir() -> Path:
@@ -255,6 +267,15 @@ def _check_task(task: Any) -> CircuitTask:
     return task
 
 
+def _readable_tokens(model: Model, prompt: str, order: Sequence[int], limit: int = 200):
+    """The token ids of ``order`` (the first ``limit``) that a target string can name: they
+    decode to text whose first token after the prompt is the same id (not a byte fragment)."""
+    for t in order[:limit]:
+        text = model.tokenizer.decode([int(t)])
+        if text and continuation_token(model.tokenizer, prompt, text) == int(t):
+            yield int(t)
+
+
 def continuation_token(tokenizer: Any, prompt: str, target: str) -> int:
     """The first token of ``target`` as it continues ``prompt`` (what the circuit metric
     reads): the token after the prompt's own tokens when ``prompt + target`` starts with them,
@@ -340,7 +361,13 @@ def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str
     The token to explain is ``answer`` (its first token as it continues the prompt) or, when
     empty, the model's top next token on the prompt; the wrong target is the model's top next
     token on the corrupted prompt, or, when that is the same token, the clean prompt's
-    second most likely one. The two prompts must tokenise to the same length.
+    most likely other one (tokens that decode to no string naming them again, such as byte
+    fragments, are passed over). The two prompts must tokenise to the same length.
+
+    With ``replace`` and ``by`` both empty there is no counterfactual: the task's baseline is
+    mean ablation (``baseline="mean"``: each node's output averaged over the prompt's
+    positions) and the wrong target is the clean prompt's most likely token other than the
+    one explained.
     """
     import re
 
@@ -350,6 +377,16 @@ def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str
             raise TypeError(f"`{label}` must be a string; got {type(value).__name__}.")
     if not prompt.strip():
         raise InputError("the prompt is empty: type one in the sidebar.")
+    if not replace.strip() and not by.strip():
+        from explorer.trace import run_with
+
+        last = run_with(model, [prompt], positions=[-1])["logits"].values[0, 0]   # [vocab]
+        usable = _readable_tokens(model, prompt, np.argsort(-last, kind="stable"))
+        want = continuation_token(model.tokenizer, prompt, answer) if answer else next(usable)
+        wrong = next(t for t in usable if t != want)
+        decode = model.tokenizer.decode
+        return CircuitTask(clean=[prompt], corrupt=[prompt], answer=[answer or decode([want])],
+                           wrong=[decode([wrong])], name=name, baseline="mean")
     if not replace.strip() or not by.strip():
         raise InputError("give a counterfactual: a word of the prompt and its replacement "
                          f"(e.g. 'Mary=John'); got {replace!r} -> {by!r}.")
@@ -369,11 +406,12 @@ def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str
 
     last = run_with(model, [prompt, corrupt], positions=[-1])["logits"].values[:, 0]  # [prompt, vocab]
     top = np.argsort(-last[0], kind="stable")
-    clean_top = int(top[0])
-    want = continuation_token(model.tokenizer, prompt, answer) if answer else clean_top
-    wrong = int(np.argmax(last[1]))
+    # tokens a target string can name (not byte fragments), most likely first
+    want = continuation_token(model.tokenizer, prompt, answer) if answer \
+        else next(_readable_tokens(model, prompt, top))
+    wrong = next(_readable_tokens(model, prompt, np.argsort(-last[1], kind="stable")))
     if wrong == want:
-        wrong = int(top[1]) if int(top[0]) == want else int(top[0])
+        wrong = next(t for t in _readable_tokens(model, prompt, top) if t != want)
     decode = model.tokenizer.decode
     return CircuitTask(clean=[prompt], corrupt=[corrupt], answer=[answer or decode([want])],
                        wrong=[decode([wrong])], name=name)

@@ -407,7 +407,9 @@ def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None
     inputs.append(x_logits)
     resid_in.append(resid)
     logits = ad.logits(x_logits[0, :, -1])                    # [prompt, vocab], left padding
-    return _Run(torch.cat(outs, dim=0), inputs, resid_in, logits)
+    # a patched run's callers read its logits only: its outputs are not stacked
+    return _Run(torch.cat(outs, dim=0) if patch is None else x0.new_zeros(0), inputs,
+                resid_in, logits)
 
 
 # -- tasks on a model ---------------------------------------------------------------------------
@@ -418,11 +420,30 @@ class _Prepared:
     corrupt: Batch
     answer: torch.Tensor  # [prompt] token ids
     wrong: torch.Tensor
+    mean_baseline: bool = False   # mean ablation (`CircuitTask.baseline`): no corrupted run
 
     def to(self, device: torch.device) -> _Prepared:
         """The same batch with its tensors on ``device`` (the weights' device)."""
         return _Prepared(self.clean.to(device), self.corrupt.to(device), self.answer.to(device),
-                         self.wrong.to(device))
+                         self.wrong.to(device), self.mean_baseline)
+
+
+def _position_mean(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., prompt, pos, d_model] averaged over each prompt's real positions
+    (``keys`` [prompt, pos], 1 where a token is), broadcast back to every position."""
+    w = keys.to(x.dtype)[..., None]                               # [prompt, pos, 1]
+    mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True)  # [..., prompt, 1, d_model]
+    return mean.expand_as(x).contiguous()
+
+
+def _mean_run(ad: HeadEngine, clean: _Run, batch: Batch) -> _Run:
+    """The mean-ablation baseline as a corrupted run: every node's output (and so every
+    destination's input, their sum) averaged over the positions of its own clean prompt;
+    the logits those averaged inputs give at the last position."""
+    keys = batch.attention_mask
+    outs = _position_mean(clean.outs, keys)                       # [src, prompt, pos, d_model]
+    resid_in = [_position_mean(r, keys) for r in clean.resid_in]  # each [prompt, pos, d_model]
+    return _Run(outs, [], resid_in, ad.logits(resid_in[-1][:, -1]))
 
 
 def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
@@ -437,7 +458,7 @@ def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
                 f"must have the same length ({clean_p[i][-40:]!r} vs {corrupt_p[i][-40:]!r}).")
     answer = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
     wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
-    return _Prepared(clean, corrupt, answer, wrong)
+    return _Prepared(clean, corrupt, answer, wrong, task.baseline == "mean")
 
 
 def _metric_values(metric: str, logits: torch.Tensor, prep: _Prepared,
@@ -645,11 +666,15 @@ def _eap_batch(weights: Model | HeadEngine, prep: _Prepared, method: str, steps:
         finally:
             remove_hooks(handles)
     ad = weights
-    # an engine that can read back keys and values runs the shared prefix once
-    start = _shared_prefix(prep) if hasattr(ad, "prefix_kv") else 0
+    # an engine that can read back keys and values runs the shared prefix once (a mean
+    # baseline differs from the clean run at every position: no shared prefix)
+    start = _shared_prefix(prep) if hasattr(ad, "prefix_kv") and not prep.mean_baseline else 0
     with torch.no_grad():  # the shared prefix once, then the corrupted run after it
         past = ad.prefix_kv(prep.clean, start) if start else None
-        corrupt = _forward(ad, prep.corrupt, start=start, past=past)
+        if prep.mean_baseline:
+            corrupt = _mean_run(ad, _forward(ad, prep.clean), prep.clean)
+        else:
+            corrupt = _forward(ad, prep.corrupt, start=start, past=past)
     scores, m_clean, m_corrupt = _batch_scores(ad, prep, corrupt, method, steps, metric,
                                                start, past, split_qkv)
     valid = torch.from_numpy(_ad_valid(ad, split_qkv)).to(scores.device)
@@ -898,7 +923,8 @@ def _patched_batch(weights: Model | HeadEngine, prep: _Prepared, keeps: list[tor
     n_rows = len(prep.clean.lengths)
     with torch.no_grad():
         clean = _forward(ad, prep.clean)
-        corrupt = _forward(ad, prep.corrupt)
+        corrupt = (_mean_run(ad, clean, prep.clean) if prep.mean_baseline
+                   else _forward(ad, prep.corrupt))
         m_clean = _metric_values(metric, clean.logits, prep, clean.logits)
         m_corrupt = _metric_values(metric, corrupt.logits, prep, clean.logits)
         out = {
@@ -908,12 +934,20 @@ def _patched_batch(weights: Model | HeadEngine, prep: _Prepared, keeps: list[tor
             "metric": [], "hits": [], "pair_metric": [],
             "pair_clean_metric": m_clean.double().cpu().tolist(),
             "pair_corrupt_metric": m_corrupt.double().cpu().tolist()}
+        n_valid = int(_ad_valid(ad, keeps[0].shape[1] != ad.n_layers * (ad.n_heads + 1) + 1)
+                      .sum()) if keeps else 0
         for keep in keeps:
-            run = _forward(ad, prep.clean, patch=(corrupt, keep))
-            values = _metric_values(metric, run.logits, prep, clean.logits)
+            kept = int(keep.bool().sum())
+            if kept == 0 or kept == n_valid:
+                # no edge kept is the corrupted run, every edge kept the clean one (each
+                # destination then reads exactly that run's input): nothing to patch
+                logits = corrupt.logits if kept == 0 else clean.logits
+            else:
+                logits = _forward(ad, prep.clean, patch=(corrupt, keep)).logits
+            values = _metric_values(metric, logits, prep, clean.logits)
             out["metric"].append(float(values.sum()))
             out["pair_metric"].append(values.double().cpu().tolist())
-            out["hits"].append(float((run.logits.argmax(-1) == prep.answer).sum()))
+            out["hits"].append(float((logits.argmax(-1) == prep.answer).sum()))
             if step is not None:
                 step(n_rows)
     return out

@@ -43,7 +43,9 @@ def register_cli(subparsers: Any) -> None:
     run.add_argument("--k", type=int, default=5, help="critical layers")
     run.add_argument("--top-percent", type=float, default=5.0,
                      help="circuit = top %% of edges by |score| (default 5)")
-    run.add_argument("--method", default="eap", choices=("eap", "eap-ig"))
+    run.add_argument("--method", default="eap-ig", choices=("eap", "eap-ig"),
+                     help="edge attribution of the checkpoint circuits: eap-ig on the KL "
+                          "divergence (the paper's, default) or eap on the logit difference")
     run.add_argument("--seeds", default="0,1,2")
     run.add_argument("--checkpoints", type=int, default=3, help="checkpoints after step 0")
     run.add_argument("--folder", default=None, help="run folder (default under the cache)")
