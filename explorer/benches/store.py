@@ -19,7 +19,7 @@ import xarray as xr
 
 from explorer._checks import InputError, check_int
 from explorer.benches._memory import PeakRSS
-from explorer.distributed import _add_partial_sums, _partial_sums, dask_scheduler, site_statistics
+from explorer.distributed import add_partial_sums, partial_sums, dask_scheduler, site_statistics
 
 __all__ = ["bench_store"]
 
@@ -56,8 +56,8 @@ def _numpy_blockwise_statistics(path: Path, rows: int) -> dict[str, np.ndarray]:
         for start in range(0, shape[0], rows):
             n = min(rows, shape[0] - start)
             block = np.fromfile(f, dtype=dtype, count=n * row).reshape(n, *shape[1:])
-            parts.append(_partial_sums(block, 2))
-    count, total, square, norm_sum, norm_count = _add_partial_sums(parts)
+            parts.append(partial_sums(block, 2))
+    count, total, square, norm_sum, norm_count = add_partial_sums(parts)
     mean = total / count
     return {"mean": mean, "var": square / count - mean * mean, "norm_mean": norm_sum / norm_count,
             "count": count}
