@@ -10,13 +10,8 @@ from typing import Any
 import torch
 
 from explorer._checks import InputError, check_int
-from explorer.analyses.conflicts import (
-    answer_probabilities,
-    conflict_prompt,
-    juice_first_run,
-    juice_logits,
-    load_facts,
-)
+from explorer.analyses.conflicts import answer_probabilities, conflict_prompt, juice_first_run
+from explorer.analyses.conflicts import juice_logits, load_facts
 from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_conflicts"]

@@ -9,18 +9,10 @@ from typing import Any
 import torch
 
 from explorer._checks import check_int
-from explorer.analyses.icl_heads import (
-    head_chunks,
-    heads_of_layers,
-    last_token_probs,
-    answer_token_ids,
-    fv_last_token_probs,
-    fv_patched_probs,
-    icl_prompts,
-    last_token_cache,
-    last_token_problem,
-    task_mean_z,
-)
+from explorer.analyses.icl_heads import head_chunks, heads_of_layers, last_token_probs
+from explorer.analyses.icl_heads import answer_token_ids, fv_last_token_probs, fv_patched_probs
+from explorer.analyses.icl_heads import icl_prompts, last_token_cache, last_token_problem
+from explorer.analyses.icl_heads import task_mean_z
 from explorer.defaults import DEFAULT_MODEL
 from explorer.trace import clean_run
 

@@ -24,6 +24,7 @@ from explorer.defaults import DEFAULT_MODEL
 __all__ = [
     "DEFAULT_MODEL",
     "add_model_option",
+    "add_number_options",
     "load_cli_model",
     "add_scheduler_option",
     "parse_int_list",
@@ -225,6 +226,13 @@ def add_tasks_option(parser: argparse.ArgumentParser, what: str) -> None:
     """Add ``--tasks`` (comma-separated ICL task names, default `ICL_TASKS`)."""
     parser.add_argument("--tasks", default=ICL_TASKS,
                         help=f"comma-separated tasks{what} (default: %(default)s)")
+
+
+def add_number_options(parser: argparse.ArgumentParser, **defaults: int | float) -> None:
+    """Add one ``--name`` option per keyword, typed and defaulted by its value
+    (``n_prompts=20``: ``--n-prompts``, an int, default 20)."""
+    for name, default in defaults.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
 
 
 def add_scheduler_option(parser: argparse.ArgumentParser) -> None:

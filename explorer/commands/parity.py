@@ -11,18 +11,9 @@ import argparse
 
 from explorer._checks import InputError
 from explorer.analyses._training import terminal_progress
-from explorer.analyses.parity import (
-    OPTIMIZERS,
-    DEFAULTS,
-    PHASE_GAINS,
-    PHASE_MAX_LENGTHS,
-    run_key_parts,
-    analysis_summary,
-    parity_run,
-    phase_summary,
-    stored_parity_analysis,
-    stored_parity_phase_diagram,
-)
+from explorer.analyses.parity import OPTIMIZERS, DEFAULTS, PHASE_GAINS, PHASE_MAX_LENGTHS
+from explorer.analyses.parity import run_key_parts, analysis_summary, parity_run, phase_summary
+from explorer.analyses.parity import stored_parity_analysis, stored_parity_phase_diagram
 from explorer.commands._common import print_summary
 
 

@@ -16,7 +16,8 @@ import xarray as xr
 from explorer._checks import InputError, check_int
 from explorer.analyses import saturation as sat
 from explorer.benches._memory import PeakRSS
-from explorer.commands._common import add_model_option, load_cli_model, print_summary
+from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import print_summary
 from explorer.defaults import DEFAULT_MODEL
 
 
@@ -35,8 +36,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--order-k", type=int, default=5, help="k of the reported order test")
     p.add_argument("--max-ratio", type=float, default=0.85,
                    help="keep positions with s_1 + 1 <= ratio * layers (default 0.85)")
-    p.add_argument("--permutations", type=int, default=1000)
-    p.add_argument("--sample-positions", type=int, default=1000)
+    add_number_options(p, permutations=1000, sample_positions=1000)
     p.add_argument("--pairs", type=int, default=8, help="intervention pairs (0: skip)")
     p.add_argument("--min-gap", type=int, default=None, metavar="N",
                    help="pairs: s_1(late) - s_1(early) >= N (default round(10 L / 48))")
