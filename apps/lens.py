@@ -474,6 +474,14 @@ table.lens-topk th, table.lens-topk td { padding: 2px 10px; text-align: left;
 
 # -- the view ------------------------------------------------------------------------------
 
+class _DragSlider(pn.widgets.FloatSlider):
+    """A float slider whose moves reach the server at once: Panel holds a widget's browser
+    changes 50 ms to merge bursts (its debounce), which a drag's preview does itself (one
+    preview computes, the newest move waits, older ones are dropped)."""
+
+    _priority_changes = ["value"]
+
+
 class LensView(View):
     """Logit lens of a prompt, live under a steering vector set by sliders.
 
@@ -586,9 +594,20 @@ class LensView(View):
         self._page_loaded = True
         self._request_run()
 
+    def _mark_preview_ready(self, ready: bool) -> None:
+        """The steering slider carries the CSS class ``preview-ready`` while a drag's first
+        move finds the preview's inputs ready (`_warm_preview` done for the exact result
+        shown); a page script or a test can wait on it."""
+        slider = self._alpha_slider
+        if slider is None:
+            return
+        classes = [c for c in slider.css_classes if c != "preview-ready"]
+        slider.css_classes = classes + ["preview-ready"] if ready else classes
+
     def _request_run(self, *events: Any) -> None:
         if not self._page_loaded:  # changes before the page is up coalesce into its first run
             return
+        self._mark_preview_ready(False)
         p = self._run_params()
         self.running = True
         self._started = time.perf_counter()
@@ -646,14 +665,22 @@ class LensView(View):
                 and last.sizes["rank"] == p["k"]:
             return last  # the unedited lens is already exact
         token.check()
-        resume = self._clean_run(p["prompt"]) if (edits and not self._model.remote) else None
+        # alpha 0 after a steered exact result: the unedited lens, previewed as a zero
+        # steering from the same layer (the preview forward runs it as fast as any move)
+        forward = edits or [explorer.Steer(layer=p["steer_layer"],
+                                           vector=self._steering_vector(p), alpha=0.0)]
+        resume = self._clean_run(p["prompt"]) if not self._model.remote else None
         token.check()
-        if resume is not None and preview_forward_reason(self._model, edits) is None \
-                and compatible_base(last, p["prompt"], p["k"], min(e.layer for e in edits)):
-            vocab = self._preview_candidates(last, edits)
+        if resume is not None and preview_forward_reason(self._model, forward) is None \
+                and compatible_base(last, p["prompt"], p["k"], min(e.layer for e in forward)):
+            vocab = self._preview_candidates(last, forward)
             self.preview_runs += 1
-            return steered_lens_preview(self._model, p["prompt"], k=p["k"], edits=edits,
-                                        clean=resume, base=last, candidates=vocab)
+            out = steered_lens_preview(self._model, p["prompt"], k=p["k"], edits=forward,
+                                       clean=resume, base=last, candidates=vocab)
+            if not edits:
+                out.attrs["edits"] = []
+            return out
+        resume = resume if edits else None
         shown = [ds for ds in (self.result, self.preview) if ds is not None
                  and ds.attrs["params"]["prompts"] == [p["prompt"]]]
         directions = [np.sign(e.alpha) * np.asarray(e.vector) for e in edits]
@@ -678,6 +705,8 @@ class LensView(View):
 
     def _show_preview(self, out: tuple) -> None:
         seq, p, ds, exc = out   # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
+        if seq == self._exact_seq:
+            self._mark_preview_ready(exc is None)
         if exc is None and seq > self._exact_seq and ds is not None:
             self.param.update(preview=ds, status=f"Preview at α = {p['alpha']:g} (top tokens "
                                                  "among candidates, estimated probabilities); "
@@ -1093,9 +1122,8 @@ class LensView(View):
         if self._alpha_slider is not None:
             return self._alpha_slider
         spec = self.param.alpha
-        slider = pn.widgets.FloatSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
-                                        step=spec.step, value=self.alpha,
-                                        sizing_mode="stretch_width")
+        slider = _DragSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
+                             step=spec.step, value=self.alpha, sizing_mode="stretch_width")
 
         def dragged(event: param.parameterized.Event) -> None:
             if not self._syncing and event.new != self.alpha:

@@ -329,8 +329,18 @@ def enable_extension() -> None:
 
     HoloViews' own Bokeh renderer (plots shown without Panel, ``hv.render``) gets the same
     Bokeh theme as the pages, so tick labels never collide there either.
+
+    Plots draw on the 2D canvas, not WebGL (HoloViews' default): the pages' glyph counts
+    (a few thousand cells at most) draw fast on canvas, while a WebGL plot is copied back
+    into the canvas on every repaint, which costs ~50 ms a repaint of the lens heatmap in
+    a browser without a GPU (headless chromium, software GL; 2026-12-04,
+    `benchmarks/slider_drag.py`).
     """
     import holoviews as hv
+    from holoviews.plotting.bokeh import BokehRenderer
+
+    BokehRenderer.webgl = False
+    hv.renderer("bokeh").webgl = False
 
     pn.extension(notifications=True, design=Design, sizing_mode="stretch_width")
     hv.renderer("bokeh").theme = bokeh_theme()

@@ -157,14 +157,34 @@ def summary(latencies: list[float | None]) -> dict[str, Any]:
             "max_ms": max(drawn) if drawn else None, "each_ms": latencies}
 
 
+# The drawn heatmap is the exact lens (its title is not a preview's) and the steering
+# slider says a drag's first move finds the preview's inputs ready (`preview-ready`).
+_READY = """() => {
+  const views = [...Bokeh.index.all_views()].filter(v =>
+      (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
+      && v.model.title != null && /Logit lens|PREVIEW/.test(String(v.model.title.text)))
+  if (!views.length || /PREVIEW/.test(String(views[0].model.title.text))) return false
+  return [...Bokeh.index.all_views()].some(v => v.model.type === 'Slider'
+      && (v.model.css_classes || []).includes('preview-ready'))
+}"""
+
+
+def wait_ready(page, *, timeout_s: float = 300) -> float:
+    """Wait until the exact lens is drawn and the page's drag preview is warm; seconds."""
+    t0 = time.perf_counter()
+    page.wait_for_function(_READY, timeout=timeout_s * 1000)
+    return time.perf_counter() - t0
+
+
 def open_lens_page(browser, url: str, *, timeout_s: float = 300):
-    """A page on the gallery's lens once its first (exact) lens is drawn."""
+    """A page on the gallery's lens once its first (exact) lens is drawn and its drag
+    preview is warm."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(url, timeout=180_000)
     page.locator("[data-lens-digest]").first.wait_for(state="attached",
                                                       timeout=timeout_s * 1000)
     page.wait_for_function(f"({_FRAME_HASH})() !== null", timeout=timeout_s * 1000)
-    page.wait_for_timeout(1000)
+    wait_ready(page, timeout_s=timeout_s)
     return page
 
 
@@ -196,7 +216,7 @@ def run_drag(*, threads: int, tokens: int, moves: int, step_px: int, timeout_s: 
             each: list[float | None] = []
             for d in range(drags):
                 if d:
-                    page.wait_for_timeout(3000)   # the exact run on release has drawn
+                    wait_ready(page)   # the exact run on release has drawn, the preview warm
                 each += drag_latencies(page, moves=moves, step_px=step_px,
                                        timeout_s=timeout_s, direction=1 if d % 2 == 0 else -1)
             browser.close()

@@ -21,7 +21,8 @@ which are computed outside the forward, take `unembed_product`.
   numpy's BLAS limited to torch's thread count. It is plain ``F.linear`` whenever a
   gradient could flow (grad mode on and any operand requiring grad), off the CPU, or for
   other dtypes.
-- `bfloat16_matmul_is_fast` tells whether a bfloat16 screen is worth it on this CPU.
+- `bfloat16_matmul_is_fast` tells whether a bfloat16 product is worth it on this CPU (by its
+  flags where Linux lists them).
 
 Both backends compute float32 products; results differ by float32 rounding only.
 """
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 from ._checks import InputError
 
 __all__ = ["gemm_backend", "gemm_decisions", "unembed_product", "bfloat16_matmul_is_fast",
+           "cpu_flags", "NATIVE_BFLOAT16_FLAGS",
            "row_bucket", "median_seconds", "GEMM_BACKENDS", "ROW_BUCKETS"]
 
 GEMM_BACKENDS = ("auto", "torch", "numpy")
@@ -188,13 +190,39 @@ def unembed_product(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
+NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""x86 CPU flags (Linux ``/proc/cpuinfo``) of native bfloat16 arithmetic."""
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature flags as Linux lists them (None where that file is not there)."""
+    return _read_flags(path)
+
+
+def _read_flags(path: str) -> frozenset[str] | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags") and ":" in line:
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def bfloat16_matmul_is_fast() -> bool:
-    """Whether a bfloat16 matmul beats float32 (`unembed_product`) here, timed once per process.
+    """Whether a bfloat16 matmul beats float32 (`unembed_product`) here.
 
-    True on CPUs with native bfloat16 arithmetic (AVX512-BF16, AMX); on AVX2-only CPUs
-    the bfloat16 product is emulated and several times slower than float32.
+    Decided by the CPU family, not by a timing that noise could flip: on x86 Linux, True
+    exactly where the CPU lists native bfloat16 arithmetic (`NATIVE_BFLOAT16_FLAGS`:
+    AVX512-BF16 or AMX); on AVX2-only CPUs a bfloat16 product is emulated and several
+    times slower than float32. Elsewhere (no ``/proc/cpuinfo``, other architectures) both
+    products are timed once per process.
     """
+    flags = cpu_flags()
+    if flags is not None and ("avx2" in flags or "avx512f" in flags):
+        return any(f in flags for f in NATIVE_BFLOAT16_FLAGS)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 576, generator=gen)
     w = torch.randn(4096, 576, generator=gen)

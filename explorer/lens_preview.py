@@ -8,18 +8,24 @@ exact `explorer.logit_lens` follows on release. What it costs and why:
 - The layers from the edit on are re-run from the clean run's residual plus the steering
   (`steered_resid_post`), in plain torch without a trace: the norms and the activation as
   formulas (checked once against the model's own modules, whose calls go through the
-  tracer's wrappers at ~2 ms each), and every product of the preview on one backend:
-  torch's float32 GEMM unless the whole preview (forward and readout, as it really runs)
-  is at least `PREVIEW_MARGIN` times faster with numpy's in every one of
-  `PREVIEW_ROUNDS` paired rounds (`choose_backend`, timed once per process, model, first
-  edited layer and row bucket). One backend, not one per shape: torch's OpenMP threads
-  and numpy's OpenBLAS threads both spin after a call, and alternating the two on 2 cores
-  ran the sequence ~10x slower than either alone; the norms and attention between the
-  products run on torch, so the preview alternates with numpy products too, which a
-  timing of the products alone does not see. The values are the forward's up to float32
-  rounding. The preview runs at `PREVIEW_THREADS` torch thread (`preview_threads`): its
-  products are small, and on a loaded 2-core machine two threads' barriers spin-waiting
-  for each other made a move ~10x slower.
+  tracer's wrappers at ~2 ms each), and every product of the preview on one backend
+  (`preview_backend`). With ``precision="auto"`` (the page's) that is bfloat16 where the
+  CPU has native bfloat16 arithmetic (`explorer._kernels.bfloat16_matmul_is_fast`: decided
+  by the CPU's flags, so it cannot flip between processes): the products read bfloat16
+  copies of the weights, half the bytes of float32; the preview is memory-bound (a move
+  streams every later layer's weights) and runs ~1.9x faster (SmolLM2, 32 tokens, from
+  layer 10: 47 vs 88 ms at 1 thread, Xeon with AMX, 2026-12-04). The residual stream, norms,
+  attention and softmax stay float32; each product's output carries bfloat16 rounding
+  (relative ~4e-3). Elsewhere, or with ``precision="float32"``, the products are float32:
+  torch's GEMM unless the whole preview (forward and readout, as it really runs) is at
+  least `PREVIEW_MARGIN` times faster with numpy's in every one of `PREVIEW_ROUNDS` paired
+  rounds (`choose_backend`, timed once per process, model, first edited layer and row
+  bucket), and the values are the forward's up to float32 rounding. One backend, not one
+  per shape: torch's OpenMP threads and numpy's OpenBLAS threads both spin after a call,
+  and alternating the two on 2 cores ran the sequence ~10x slower than either alone. The
+  preview runs at `PREVIEW_THREADS` torch thread (`preview_threads`): its products are
+  small, and on a loaded 2-core machine two threads' barriers spin-waiting for each other
+  made a move ~10x slower.
 - Those layers are read at candidate tokens only (`explorer.lens.preview_vocabulary`: the
   exact result's top tokens and those the steering vector raises) plus `PREVIEW_SAMPLE`
   tokens drawn with a fixed seed that stand in for the rest of the normaliser: top-k are
@@ -48,14 +54,15 @@ import torch.nn.functional as F
 import xarray as xr
 
 from ._checks import InputError
-from ._kernels import _blas_controller, row_bucket
+from ._kernels import _blas_controller, bfloat16_matmul_is_fast, row_bucket
 from .interventions import Edit, Steer
 from .lens import PREVIEW_SAMPLE, _preview_vocab, _token_strings
 from .models import Model, _get_path
 from .trace import CleanRun
 
 __all__ = ["steered_lens_preview", "steered_resid_post", "preview_forward_reason", "Gemm",
-           "gemm_choices", "choose_backend", "decide_backend", "preview_threads",
+           "gemm_choices", "choose_backend", "decide_backend", "preview_backend", "preview_threads",
+           "PRECISIONS",
            "PREVIEW_MARGIN", "PREVIEW_THREADS"]
 
 PREVIEW_MARGIN = 1.5
@@ -77,21 +84,44 @@ _CHOICES: dict[tuple, dict[str, Any]] = {}
 
 
 class Gemm:
-    """``x @ weight.T (+ bias)`` in float32 on a given backend (``"torch"`` or ``"numpy"``).
+    """``x @ weight.T (+ bias)`` with float32 rows in and out, on a given backend:
+    ``"torch"`` (float32 ``F.linear``), ``"numpy"`` (float32, numpy's BLAS) or
+    ``"bfloat16"`` (``F.linear`` on bfloat16 copies of the rows and the weight, summed in
+    float32 by the CPU's native bfloat16 kernels; the output rounded to bfloat16).
 
-    Keeps the weight [d_out, d_in] and a contiguous transposed numpy copy [d_in, d_out]
-    (numpy's BLAS is fastest on that layout).
+    Keeps the float32 weight [d_out, d_in]; the copies the other backends read (numpy's
+    contiguous transpose [d_in, d_out], the bfloat16 weight) are made on first use.
     """
+
+    BACKENDS = ("torch", "numpy", "bfloat16")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float()
-        self.wt = np.ascontiguousarray(self.weight.numpy().T)          # [d_in, d_out]
+        self._wt: np.ndarray | None = None
+        self._wb: torch.Tensor | None = None
+
+    @property
+    def wt(self) -> np.ndarray:
+        """The weight transposed, contiguous, as numpy [d_in, d_out] (numpy's BLAS is
+        fastest on that layout)."""
+        if self._wt is None:
+            self._wt = np.ascontiguousarray(self.weight.numpy().T)
+        return self._wt
+
+    @property
+    def wb(self) -> torch.Tensor:
+        """The weight in bfloat16 [d_out, d_in]."""
+        if self._wb is None:
+            self._wb = self.weight.to(torch.bfloat16)
+        return self._wb
 
     def __call__(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-        """x [rows, d_in] float32 -> [rows, d_out]."""
+        """x [rows, d_in] float32 -> [rows, d_out] float32."""
         if backend == "numpy":
             out = torch.from_numpy(x.contiguous().numpy() @ self.wt)
+        elif backend == "bfloat16":
+            out = F.linear(x.to(torch.bfloat16), self.wb).float()
         else:
             out = F.linear(x, self.weight)
         if self.bias is not None:
@@ -176,6 +206,31 @@ def choose_backend(key: tuple, run: Callable[[str], object], *,
     with _CHOICES_LOCK:
         entry = _CHOICES.setdefault(key, entry)
     return entry["chosen"]
+
+
+def _blas_limit(backend: str) -> contextlib.AbstractContextManager:
+    """numpy's BLAS held to torch's thread count while the numpy backend runs."""
+    if backend != "numpy":
+        return contextlib.nullcontext()
+    return _blas_controller().limit(limits=torch.get_num_threads(), user_api="blas")
+
+
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def preview_backend(key: tuple, run: Callable[[str], object], precision: str = "auto") -> str:
+    """The backend the preview ``run(backend)`` runs on: ``"bfloat16"`` for ``precision``
+    "bfloat16", and for "auto" where the CPU has native bfloat16 arithmetic
+    (`explorer._kernels.bfloat16_matmul_is_fast`); otherwise float32 on the backend
+    `choose_backend` decides. ``EXPLORER_CPU_GEMM=torch|numpy`` forces a float32 one."""
+    if precision not in PRECISIONS:
+        raise InputError(f"`precision` must be one of {', '.join(map(repr, PRECISIONS))}; "
+                         f"got {precision!r}.")
+    forced = os.environ.get("EXPLORER_CPU_GEMM", "auto").strip().lower() or "auto"
+    if precision == "bfloat16" or (precision == "auto" and forced not in ("torch", "numpy")
+                                   and bfloat16_matmul_is_fast()):
+        return "bfloat16"
+    return choose_backend(key, run)
 
 
 def gemm_choices() -> list[dict[str, Any]]:
@@ -328,8 +383,9 @@ def steered_resid_post(model: Model, clean: CleanRun, edits: Sequence[Edit], *,
     rotary embedding). Row ``i`` is layer
     ``first_edit + i``. Raises InputError where `preview_forward_reason` gives a reason.
     """
-    if backend not in ("torch", "numpy"):
-        raise InputError(f"`backend` must be 'torch' or 'numpy'; got {backend!r}.")
+    if backend not in Gemm.BACKENDS:
+        raise InputError(f"`backend` must be one of {', '.join(map(repr, Gemm.BACKENDS))}; "
+                         f"got {backend!r}.")
     return _steered_forward(model, clean, edits, backend)[0]
 
 
@@ -358,8 +414,7 @@ def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit], backe
     p = x.shape[0]
     positions = clean.batch.position_ids[:, -p:]
     outs = [x]
-    with torch.no_grad(), _blas_controller().limit(limits=torch.get_num_threads(),
-                                                   user_api="blas"):
+    with torch.no_grad(), _blas_limit(backend):
         cos, sin = b.rotary_tables(x, positions)                            # [1, pos, d_head]
         masks: dict[int | None, torch.Tensor | None] = {None: None}
         for layer in range(start + 1, spec.n_layers):
@@ -422,13 +477,17 @@ def compatible_base(base: xr.Dataset | None, prompt: str, k: int, first_edit: in
 
 
 def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[Steer],
-                         clean: CleanRun, base: xr.Dataset, candidates: Any) -> xr.Dataset:
+                         clean: CleanRun, base: xr.Dataset, candidates: Any,
+                         precision: str = "auto") -> xr.Dataset:
     """The logit lens of ``prompt`` under steering ``edits``, previewed (see the module doc).
 
     ``base``: an exact `explorer.logit_lens` of the same prompt and k whose layers before
     the first edit are unedited (`compatible_base`); its rows there are copied.
-    ``candidates``: token ids read exactly (`explorer.lens.preview_vocabulary`). Returns a
-    Dataset shaped as ``base`` with ``attrs["params"]["readout"] == "preview"``.
+    ``candidates``: token ids read exactly (`explorer.lens.preview_vocabulary`).
+    ``precision``: the products' (`preview_backend`): "auto" (bfloat16 where the CPU has
+    native bfloat16 arithmetic, else float32), "float32" or "bfloat16". Returns a Dataset
+    shaped as ``base`` with ``attrs["params"]["readout"] == "preview"`` and
+    ``attrs["params"]["preview_dtype"]`` the products' dtype.
     """
     edits = list(edits)
     first = min(e.layer for e in edits) if edits else model.n_layers
@@ -446,8 +505,7 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
     def run(backend: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         resid, _ = _steered_forward(model, clean, edits, backend)          # [G, pos, d]
         n_l, p, d = resid.shape
-        with torch.no_grad(), _blas_controller().limit(limits=torch.get_num_threads(),
-                                                       user_api="blas"):
+        with torch.no_grad(), _blas_limit(backend):
             h = b.final_norm(resid.reshape(-1, d))                         # [G*pos, d]
             logits = gemm(h, backend)                                      # [G*pos, c + s]
             if cap:
@@ -459,7 +517,7 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
 
     rows = clean.resid_pre[first + 1][0].shape[0]                           # positions
     with preview_threads():
-        backend = choose_backend((b.name, first, row_bucket(rows)), run)
+        backend = preview_backend((b.name, first, row_bucket(rows)), run, precision)
         top_prob, top_col, n_l, p = run(backend)
     # [G*pos, k] layer-major -> [pos, G, k]
     ids = pv.ids[top_col].reshape(n_l, p, -1).transpose(0, 1).numpy()
@@ -491,7 +549,8 @@ def steered_lens_preview(model: Model, prompt: str, *, k: int, edits: Sequence[S
     attrs = dict(base.attrs)
     attrs["params"] = {**base.attrs["params"], "readout": "preview",
                        "preview_columns": int(len(pv.ids)), "preview_from_layer": int(first),
-                       "unembed_dtype": "float32"}
+                       "unembed_dtype": "float32",
+                       "preview_dtype": "bfloat16" if backend == "bfloat16" else "float32"}
     attrs["edits"] = [_edit_record(e) for e in edits]
     out.attrs = attrs
     return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from _browser import free_port
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration]
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timing]
 
 ROOT = Path(__file__).resolve().parents[1]
 P50_MS, P90_MS = 600.0, 1500.0
@@ -49,9 +49,9 @@ def test_the_heatmap_follows_a_drag(browser, drag_server):
     page.goto(drag_server, timeout=180_000)
     page.locator("[data-lens-digest]").first.wait_for(state="attached", timeout=300_000)
     page.wait_for_function(f"({sd._FRAME_HASH})() !== null", timeout=120_000)
-    page.wait_for_timeout(3000)   # the page's warm-up preview after its first lens
+    sd.wait_ready(page, timeout_s=120)   # the page's warm-up preview after its first lens
     each = sd.drag_latencies(page, moves=8, step_px=12, timeout_s=5.0)
-    page.wait_for_timeout(3000)   # the exact lens on release
+    sd.wait_ready(page, timeout_s=120)   # the exact lens on release, and the warm-up again
     each += sd.drag_latencies(page, moves=8, step_px=12, timeout_s=5.0, direction=-1)
     got = sd.summary(each)
     load = os.getloadavg()[0]

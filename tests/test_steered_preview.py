@@ -59,9 +59,10 @@ def test_over_the_whole_vocabulary_the_preview_is_the_exact_lens(tiny_model):
     edits = [Steer(layer, v, 2.0)]
     cand = preview_vocabulary(tiny_model, results=[base], directions=[v])
     pre = lp.steered_lens_preview(tiny_model, PROMPT, k=k, edits=edits, clean=clean, base=base,
-                                  candidates=cand)
+                                  candidates=cand, precision="float32")
     exact = logit_lens(tiny_model, [PROMPT], k=k, edits=edits)
     assert pre.attrs["params"]["readout"] == "preview"
+    assert pre.attrs["params"]["preview_dtype"] == "float32"
     assert pre.attrs["params"]["preview_columns"] == tiny_model.hf.config.vocab_size
     np.testing.assert_array_equal(pre.top_token_id.values[..., :layer, :],
                                   base.top_token_id.values[..., :layer, :])
@@ -120,6 +121,83 @@ def test_both_backends_compute_the_same_product():
     want = x @ gemm.weight.T + gemm.bias
     for backend in ("torch", "numpy"):
         torch.testing.assert_close(gemm(x, backend), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_bfloat16_product_is_the_rounded_operands_product():
+    """bfloat16 rows times bfloat16 weights, summed exactly (float64 here), the sum rounded
+    to bfloat16 (one unit in the last place apart for another summation order), plus the
+    float32 bias; and it is not the float32 product (the rounding is there)."""
+    g = torch.Generator().manual_seed(0)
+    gemm = lp.Gemm(torch.randn(48, 64, generator=g), torch.randn(48, generator=g))
+    x = torch.randn(7, 64, generator=g)
+    bf = torch.bfloat16
+    exact = x.to(bf).double() @ gemm.weight.to(bf).double().T
+    want = exact.to(bf).float() + gemm.bias
+    got = gemm(x, "bfloat16")
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-6)
+    assert not torch.allclose(got, x @ gemm.weight.T + gemm.bias, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="`backend` must be one of"):
+        lp.steered_resid_post(None, None, [], backend="float16")
+
+
+def test_bfloat16_is_decided_by_the_cpu_flags(tmp_path, monkeypatch):
+    from explorer import _kernels
+
+    info = tmp_path / "cpuinfo"
+    cases = {"fpu sse2 avx2 fma": False, "avx2 avx512f avx512_bf16": True,
+             "avx2 avx512f amx_bf16 amx_tile": True, "avx2 avx512f avx512bw": False}
+    try:
+        for flags, want in cases.items():
+            info.write_text(f"processor\t: 0\nflags\t\t: {flags}\nbugs\t\t: none\n")
+            monkeypatch.setattr(_kernels, "cpu_flags", lambda: _kernels._read_flags(str(info)))
+            _kernels.bfloat16_matmul_is_fast.cache_clear()
+            assert _kernels.bfloat16_matmul_is_fast() is want, flags
+    finally:
+        monkeypatch.undo()
+        _kernels.bfloat16_matmul_is_fast.cache_clear()
+    assert _kernels.cpu_flags(str(tmp_path / "absent")) is None
+
+
+def test_auto_precision_is_bfloat16_exactly_where_the_cpu_has_it(tiny_model, monkeypatch):
+    from explorer import _kernels
+
+    monkeypatch.delenv("EXPLORER_CPU_GEMM", raising=False)
+    clean = clean_run(tiny_model, [PROMPT])
+    base = logit_lens(tiny_model, [PROMPT], k=3)
+    edits = [Steer(1, _vector(tiny_model), 3.0)]
+    cand = preview_vocabulary(tiny_model, results=[base], directions=[edits[0].vector])
+
+    def preview(precision):
+        return lp.steered_lens_preview(tiny_model, PROMPT, k=3, edits=edits, clean=clean,
+                                       base=base, candidates=cand, precision=precision)
+
+    native = _kernels.bfloat16_matmul_is_fast()
+    assert preview("auto").attrs["params"]["preview_dtype"] == ("bfloat16" if native
+                                                                  else "float32")
+    monkeypatch.setenv("EXPLORER_CPU_GEMM", "torch")            # a forced float32 backend
+    assert preview("auto").attrs["params"]["preview_dtype"] == "float32"
+    assert preview("bfloat16").attrs["params"]["preview_dtype"] == "bfloat16"
+    with pytest.raises(InputError, match="`precision` must be one of"):
+        preview("float16")
+
+
+def test_the_bfloat16_preview_follows_the_float32_one(tiny_model):
+    """bfloat16 products move each layer's residual by bfloat16 rounding only: every
+    resid_post within 2 % of its norm, probabilities within 0.02 of the float32 preview."""
+    clean = clean_run(tiny_model, [PROMPT])
+    edits = [Steer(0, _vector(tiny_model), 2.0)]
+    r32 = lp.steered_resid_post(tiny_model, clean, edits, backend="torch")
+    r16 = lp.steered_resid_post(tiny_model, clean, edits, backend="bfloat16")
+    rel = (r16 - r32).norm(dim=-1) / r32.norm(dim=-1)
+    assert rel.max() < 0.02 and rel[1:].min() > 0           # rounded, and only rounded
+    base = logit_lens(tiny_model, [PROMPT], k=3)
+    cand = preview_vocabulary(tiny_model, results=[base], directions=[edits[0].vector])
+    out = {p: lp.steered_lens_preview(tiny_model, PROMPT, k=3, edits=edits, clean=clean,
+                                      base=base, candidates=cand, precision=p)
+           for p in ("float32", "bfloat16")}
+    np.testing.assert_allclose(out["bfloat16"].top_prob.values, out["float32"].top_prob.values,
+                               atol=0.02)
 
 
 class _FakeClock:
@@ -198,7 +276,8 @@ def test_the_preview_runs_on_the_chosen_backend(tiny_model, monkeypatch):
         monkeypatch.setattr(lp, "_steered_forward",
                             lambda *a, real=real, seen=seen: seen.append(a[-1]) or real(*a))
         out[backend] = lp.steered_lens_preview(tiny_model, PROMPT, k=3, edits=edits,
-                                               clean=clean, base=base, candidates=cand)
+                                               clean=clean, base=base, candidates=cand,
+                                               precision="float32")
         assert seen == [backend]
     np.testing.assert_array_equal(out["torch"].top_token_id.values,
                                   out["numpy"].top_token_id.values)
@@ -206,7 +285,8 @@ def test_the_preview_runs_on_the_chosen_backend(tiny_model, monkeypatch):
                                rtol=1e-4, atol=1e-6)
 
 
-def test_the_page_drags_through_the_preview_forward(tiny_model):
+def test_the_page_drags_through_the_preview_forward(tiny_model, monkeypatch):
+    monkeypatch.setenv("EXPLORER_CPU_GEMM", "torch")    # float32 products: exact ids
     view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
     slider = view.alpha_slider()
     slider.value = 2.5                                   # a drag: value, not value_throttled
@@ -215,6 +295,27 @@ def test_the_page_drags_through_the_preview_forward(tiny_model):
     assert pre.attrs["params"]["preview_from_layer"] == 1
     vector = view._steering_vector(view._run_params())
     exact = logit_lens(tiny_model, [PROMPT], k=3, edits=[Steer(1, vector, 2.5)])
+    np.testing.assert_array_equal(pre.top_token_id.values, exact.top_token_id.values)
+    view.close()
+
+
+def test_a_drag_back_to_zero_previews_the_unedited_lens_through_the_forward(tiny_model,
+                                                                            monkeypatch):
+    """After a steered exact result, a move to alpha 0 runs the preview forward (a zero
+    steering) rather than a whole lens, and shows the unedited lens without a steer."""
+    monkeypatch.setenv("EXPLORER_CPU_GEMM", "torch")    # float32 products: exact ids
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1, alpha=2.0)
+    view.wait()
+    assert view.result.attrs["edits"]                    # the exact result is steered
+    calls = []
+    real = lp.steered_lens_preview
+    monkeypatch.setattr("apps.lens.steered_lens_preview",
+                        lambda *a, **k: calls.append(k["edits"]) or real(*a, **k))
+    view.alpha_slider().value = 0.0
+    pre = view.preview
+    assert is_preview(pre) and len(calls) == 1 and calls[0][0].alpha == 0.0
+    assert pre.attrs["edits"] == []
+    exact = logit_lens(tiny_model, [PROMPT], k=3)
     np.testing.assert_array_equal(pre.top_token_id.values, exact.top_token_id.values)
     view.close()
 
