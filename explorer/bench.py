@@ -680,7 +680,7 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     from explorer.analyses import circuits as ca
     from explorer.models import load_model, smollm2_folder
     from explorer.ndif_server import LoopbackServer
-    from explorer.remote import _backend_class
+    from explorer.remote import remote_backend_class
     from explorer.trace import trace
 
     n_prompts = check_int("n_prompts", n_prompts, low=1)
@@ -729,7 +729,7 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
                "ft_remote": lambda: finetune(remote)}
         wall, _cpu = interleaved_times(fns, repeats=repeats, warmup=1)
         sizes: list[int] = []
-        backend = _backend_class()
+        backend = remote_backend_class()
         serialize = backend._serialize
 
         def measured(self, tracer):

@@ -37,6 +37,7 @@ __all__ = [
     "remote_config",
     "remote_connection",
     "remote_meta_model",
+    "remote_backend_class",
     "redact",
     "RemoteStatus",
     "RemoteRun",
@@ -277,8 +278,11 @@ def _connection(model: Any) -> _Connection:
 
 
 @functools.cache
-def _backend_class() -> type:
-    """nnsight's RemoteBackend with a time limit, cancellation, status reports, clear errors."""
+def remote_backend_class() -> type:
+    """nnsight's RemoteBackend with a time limit, cancellation, status reports, clear errors.
+
+    The class is built once (nnsight is imported on first use); `explorer.bench` wraps its
+    serialiser to measure the size of the requests a remote run sends."""
     from nnsight.intervention.backends.display import StatusDisplay
     from nnsight.intervention.backends.remote import RemoteBackend
     from nnsight.intervention.backends.remote import RemoteError as NNsightRemoteError
@@ -414,7 +418,7 @@ def _remote_model_class() -> type:
         def _remote_backend(self, remote: Any, blocking: bool, job_id: Any, verbose: bool) -> Any:
             if remote == "local" or not blocking or job_id is not None:
                 return super()._remote_backend(remote, blocking, job_id, verbose)
-            return _backend_class()(self.to_model_key(), self._explorer_connection,
+            return remote_backend_class()(self.to_model_key(), self._explorer_connection,
                                     self._remoteable_get_env())
 
         def __reduce_ex__(self, protocol: int) -> Any:
