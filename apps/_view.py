@@ -35,6 +35,7 @@ import xarray as xr
 
 from apps import theme
 from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
+from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["View", "Scope", "scope_line", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
@@ -586,7 +587,7 @@ def serve(module: str, factory: Callable[[Any], pn.viewable.Viewable], *, title:
         theme.enable_extension()
         from apps._intros import intro_pane
 
-        m = get_model(os.environ.get("EXPLORER_MODEL", "smollm2-135m")) if model else None
+        m = get_model(os.environ.get("EXPLORER_MODEL", DEFAULT_MODEL)) if model else None
         head = [intro_pane(intro)] if intro else []
         view = factory(m)
         if callable(getattr(view, "scope_pane", None)):

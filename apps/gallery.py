@@ -70,6 +70,7 @@ from apps.unlearning import UnlearningView
 from apps.task_emergence import TaskEmergenceView
 from explorer import components
 from explorer._checks import ExplorerError, InputError, check_choice
+from explorer.defaults import DEFAULT_MODEL
 from explorer.interventions import Ablate, Scale
 from explorer.workspace import (MAX_PROMPT_CHARS, Workspace, check_settings, edit_label,
                                 read_link, workspace_link)
@@ -77,7 +78,6 @@ from explorer.workspace import (MAX_PROMPT_CHARS, Workspace, check_settings, edi
 __all__ = ["VIEWS", "DEFAULT_PROMPT", "MENU_ACTIONS", "OWN_ITEMS", "PAGE_SELECTIONS", "Gallery",
            "AddressBar", "MAX_PROMPT_TOKENS", "create_app", "serve"]
 
-DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = "The capital of France is"
 
 ViewFactory = Callable[[explorer.Model], pn.viewable.Viewer]

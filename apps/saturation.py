@@ -50,6 +50,7 @@ from apps._session import CancelToken
 from apps._view import Scope, View, serve
 from explorer._checks import ExplorerError, InputError, check_choice, check_prompts
 from explorer.analyses import saturation as sat
+from explorer.defaults import DEFAULT_MODEL
 from explorer.interventions import Edit
 from explorer.models import token_text
 
@@ -1349,7 +1350,7 @@ def click_latency(view: SaturationView, positions: Sequence[int], *, k: int | No
 
 def export_figures(folder: str | Path, *, max_tokens: int | None = None,
                    random_tokens: int | None = None, seed: int = 0,
-                   model: str = "smollm2-135m",
+                   model: str = DEFAULT_MODEL,
                    analysis_options: dict[str, Any] | None = None,
                    weights: Sequence[str] = _WEIGHTS) -> list[Path]:
     """Screenshots of the page's plots for SmolLM2 (trained and random-init) from the store.

@@ -189,12 +189,12 @@ def analyse_cached_parts(weights: str, *, seed: int, part_texts: int, unembed_dt
     t0 = time.perf_counter()
     lens = sat._join_parts(model, sub, store, part_texts, sub_sample.astype(np.int64), params)
     n_layers = model.n_layers
-    min_gap, min_sat_layer = sat._pair_defaults(n_layers, None, None)
+    min_gap, min_sat_layer = sat.intervention_pair_defaults(n_layers, None, None)
     settings = dict(k=10, max_ratio=0.85, min_ranks=3, n_permutations=1000, n_tasks=4,
                     sample_positions=int(keep.sum()), probe_min_layer=0, n_pairs=8,
                     min_gap=min_gap, min_sat_layer=min_sat_layer,
                     window=max(1, round(5 * n_layers / 48)), rank_cap=50, seed=seed)
-    ds = sat._analyse(model, sub, lens, **settings)
+    ds = sat.saturation_from_lens(model, sub, lens, **settings)
     summary = sat.saturation_summary(ds)
     summary.update(model=model.spec.name, weights=weights, complete=False,
                    unembed_dtype=unembed_dtype, cached_parts=[list(x) for x in have],
@@ -225,13 +225,13 @@ def resummarise(weights: str, *, seed: int, part_texts: int, unembed_dtype: str)
 
     model = _model(weights, seed)
     texts = sat.corpus_chunks(model, sat.load_corpus())
-    real = analysis._analyse, analysis.saturation_layers       # patched where they are called
-    analysis._analyse = analysis.saturation_layers = refuse
+    real = analysis.saturation_from_lens, analysis.saturation_layers       # patched where they are called
+    analysis.saturation_from_lens = analysis.saturation_layers = refuse
     try:
         ds = sat.saturation_analysis(model, texts, seed=seed, unembed_dtype=unembed_dtype,
                                      part_texts=part_texts, store=ActivationStore())
     finally:
-        analysis._analyse, analysis.saturation_layers = real
+        analysis.saturation_from_lens, analysis.saturation_layers = real
     return {against: _no_nan(sat.speedup_at_accuracy(ds, against=against))
             for against in ("full model", "true next token")}
 

@@ -151,14 +151,14 @@ def seed_curves(args: argparse.Namespace) -> None:
     import holoviews as hv
 
     from explorer.analyses.task_emergence import DEFAULTS, stored_task_emergence_analysis
-    from explorer.analyses.task_emergence import _run_parts
+    from explorer.analyses.task_emergence import run_key_parts
     from explorer.store import ActivationStore
 
     store = ActivationStore()
     colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
     tds, losses, refs = [], [], None
     for i, seed in enumerate(args.seeds):
-        stored = store.get(store.key(_run_parts({**DEFAULTS, "seed": seed})), verify=False)
+        stored = store.get(store.key(run_key_parts({**DEFAULTS, "seed": seed})), verify=False)
         if stored is None:
             continue
         a = stored_task_emergence_analysis(stored.load(), store=store)

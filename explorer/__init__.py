@@ -4,9 +4,8 @@ The core API: `load_model`, `trace`, `logit_lens`, `run_with` and the interventi
 records, and `ActivationStore`. Importing has no side effects beyond importing torch and
 xarray; models load only when asked.
 """
-__version__ = "0.1.0"
-
 from ._checks import ExplorerError
+from ._version import __version__
 from .head_atlas import head_atlas
 from .interventions import Ablate, AddHead, Patch, Scale, Steer, edits_from_json, edits_to_json
 from .lens import logit_lens

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 from ._checks import InputError, check_choice, check_int, suggest
+from .benches.timing import interleaved_times, median_ms, paired_ratio
+from .defaults import DEFAULT_MODEL
 
 __all__ = ["BENCHES", "ANALYSIS_BENCHES", "bench", "run_bench", "machine_info", "interleaved_times"]
 
@@ -127,7 +129,7 @@ def machine_info() -> dict[str, Any]:
     import nnsight
     import transformers
 
-    from . import __version__
+    from ._version import __version__
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -154,39 +156,6 @@ def machine_info() -> dict[str, Any]:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "unembed_gemm": gemm_backend(), "bfloat16_matmul_fast": bfloat16_matmul_is_fast(),
             "platform": platform.platform(), "versions": versions}
-
-
-def interleaved_times(fns: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 1
-                      ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Wall and process-CPU seconds of each function over ``repeats`` rounds.
-
-    Within a round the functions run in turn; the order rotates from round to round so
-    that no function always follows another. CPU time (all threads of this process) is
-    what to compare on a busy machine at one torch thread: other processes do not add
-    to it, while they do stretch wall time.
-    """
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    wall: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            c0, t0 = time.process_time(), time.perf_counter()
-            fns[name]()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
-    return wall, cpu
-
-
-def _median_ms(times: list[float]) -> float:
-    return statistics.median(times) * 1e3
-
-
-def _paired_ratio(a: list[float], b: list[float]) -> float:
-    """Median over rounds of a[i] / b[i]."""
-    return statistics.median(x / y for x, y in zip(a, b))
 
 
 # -- text -----------------------------------------------------------------------------------
@@ -328,7 +297,7 @@ def _peer_bridge(model: Any) -> tuple[Any, str | None]:
 
 
 @bench("trace-overhead")
-def trace_overhead(*, model: str = "smollm2-135m", prompts: int = 8, tokens: int = 128,
+def trace_overhead(*, model: str = DEFAULT_MODEL, prompts: int = 8, tokens: int = 128,
                    repeats: int = 7, peer: bool = True, store: bool = True) -> dict[str, Any]:
     """`trace` of resid_post and attn_z at every layer vs a plain Hugging Face forward.
 
@@ -389,23 +358,23 @@ def trace_overhead(*, model: str = "smollm2-135m", prompts: int = 8, tokens: int
         notes["peer"] = "not measured (peer=False)"
     times, cpu = interleaved_times(fns, repeats=repeats)
     figures = {
-        "trace_overhead_ratio": _paired_ratio(times["trace"], times["plain"]),
-        "trace_overhead_cpu_ratio": _paired_ratio(cpu["trace"], cpu["plain"]),
-        "trace_vs_plain_no_logits_ratio": _paired_ratio(times["trace"], times["plain_no_logits"]),
-        "run_batch_overhead_ratio": _paired_ratio(times["run_batch"], times["plain"]),
-        "run_batch_overhead_cpu_ratio": _paired_ratio(cpu["run_batch"], cpu["plain"]),
-        "plain_forward_ms": _median_ms(times["plain"]),
-        "plain_forward_no_logits_ms": _median_ms(times["plain_no_logits"]),
-        "trace_ms": _median_ms(times["trace"]),
-        "run_batch_ms": _median_ms(times["run_batch"]),
+        "trace_overhead_ratio": paired_ratio(times["trace"], times["plain"]),
+        "trace_overhead_cpu_ratio": paired_ratio(cpu["trace"], cpu["plain"]),
+        "trace_vs_plain_no_logits_ratio": paired_ratio(times["trace"], times["plain_no_logits"]),
+        "run_batch_overhead_ratio": paired_ratio(times["run_batch"], times["plain"]),
+        "run_batch_overhead_cpu_ratio": paired_ratio(cpu["run_batch"], cpu["plain"]),
+        "plain_forward_ms": median_ms(times["plain"]),
+        "plain_forward_no_logits_ms": median_ms(times["plain_no_logits"]),
+        "trace_ms": median_ms(times["trace"]),
+        "run_batch_ms": median_ms(times["run_batch"]),
     }
     if "peer_cache" in times:
-        figures["peer_overhead_ratio"] = _paired_ratio(times["peer_cache"], times["peer_plain"])
-        figures["peer_overhead_cpu_ratio"] = _paired_ratio(cpu["peer_cache"], cpu["peer_plain"])
-        figures["trace_vs_peer_ratio"] = _paired_ratio(times["trace"], times["peer_cache"])
-        figures["trace_vs_peer_cpu_ratio"] = _paired_ratio(cpu["trace"], cpu["peer_cache"])
-        figures["peer_plain_forward_ms"] = _median_ms(times["peer_plain"])
-        figures["peer_run_with_cache_ms"] = _median_ms(times["peer_cache"])
+        figures["peer_overhead_ratio"] = paired_ratio(times["peer_cache"], times["peer_plain"])
+        figures["peer_overhead_cpu_ratio"] = paired_ratio(cpu["peer_cache"], cpu["peer_plain"])
+        figures["trace_vs_peer_ratio"] = paired_ratio(times["trace"], times["peer_cache"])
+        figures["trace_vs_peer_cpu_ratio"] = paired_ratio(cpu["trace"], cpu["peer_cache"])
+        figures["peer_plain_forward_ms"] = median_ms(times["peer_plain"])
+        figures["peer_run_with_cache_ms"] = median_ms(times["peer_cache"])
     del bridge
 
     ds = ours()
@@ -432,7 +401,7 @@ def trace_overhead(*, model: str = "smollm2-135m", prompts: int = 8, tokens: int
                                       repeats=max(3, repeats // 2))
         figures["store_write_mb_per_s"] = figures["dataset_mb"] / statistics.median(wt["store"])
         figures["npsave_write_mb_per_s"] = figures["dataset_mb"] / statistics.median(wt["np_save"])
-        figures["store_vs_npsave_time_ratio"] = _paired_ratio(wt["store"], wt["np_save"])
+        figures["store_vs_npsave_time_ratio"] = paired_ratio(wt["store"], wt["np_save"])
     params = {"model": model, "prompts": n_prompts, "tokens": tokens, "repeats": repeats,
               "sites": list(sites), "layers": m.n_layers, "peer": bool(peer),
               "store": bool(store)}
@@ -478,7 +447,7 @@ def lens_agreement(exact: Any, fast: Any, *, margin: float = 1e-3) -> dict[str, 
 
 
 @bench("slider")
-def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None = None,
+def slider(*, model: str = DEFAULT_MODEL, tokens: int = 32, layer: int | None = None,
            alpha: float = 8.0, k: int = 5, rank_cap: int = 32, repeats: int = 15,
            accuracy_prompts: int = 4, accuracy_tokens: int = 64,
            preview_moves: int = 16) -> dict[str, Any]:
@@ -556,22 +525,22 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
         "bf16_resumed": lens(resume=clean, **bf16),
     }, repeats=repeats)
     figures = {
-        "slider_exact_ms": _median_ms(times["exact_resumed"]),
-        "slider_fast_ms": _median_ms(times["fast_resumed"]),
-        "slider_bf16_ms": _median_ms(times["bf16_resumed"]),
-        "bf16_vs_fast_ratio": _paired_ratio(times["bf16_resumed"], times["fast_resumed"]),
-        "exact_resumed_vs_full_ratio": _paired_ratio(times["exact_resumed"], times["exact_full"]),
-        "fast_resumed_vs_full_ratio": _paired_ratio(times["fast_resumed"], times["fast_full"]),
-        "exact_reuse_vs_no_reuse_ratio": _paired_ratio(times["exact_resumed"],
+        "slider_exact_ms": median_ms(times["exact_resumed"]),
+        "slider_fast_ms": median_ms(times["fast_resumed"]),
+        "slider_bf16_ms": median_ms(times["bf16_resumed"]),
+        "bf16_vs_fast_ratio": paired_ratio(times["bf16_resumed"], times["fast_resumed"]),
+        "exact_resumed_vs_full_ratio": paired_ratio(times["exact_resumed"], times["exact_full"]),
+        "fast_resumed_vs_full_ratio": paired_ratio(times["fast_resumed"], times["fast_full"]),
+        "exact_reuse_vs_no_reuse_ratio": paired_ratio(times["exact_resumed"],
                                                        times["exact_resumed_no_reuse"]),
-        "fast_vs_exact_ratio": _paired_ratio(times["fast_resumed"], times["exact_resumed"]),
-        "exact_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["exact_resumed"], cpu["exact_full"]),
-        "fast_resumed_vs_full_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["fast_full"]),
-        "fast_vs_exact_cpu_ratio": _paired_ratio(cpu["fast_resumed"], cpu["exact_resumed"]),
-        "slider_exact_cpu_ms": _median_ms(cpu["exact_resumed"]),
-        "slider_fast_cpu_ms": _median_ms(cpu["fast_resumed"]),
-        "exact_full_ms": _median_ms(times["exact_full"]),
-        "fast_full_ms": _median_ms(times["fast_full"]),
+        "fast_vs_exact_ratio": paired_ratio(times["fast_resumed"], times["exact_resumed"]),
+        "exact_resumed_vs_full_cpu_ratio": paired_ratio(cpu["exact_resumed"], cpu["exact_full"]),
+        "fast_resumed_vs_full_cpu_ratio": paired_ratio(cpu["fast_resumed"], cpu["fast_full"]),
+        "fast_vs_exact_cpu_ratio": paired_ratio(cpu["fast_resumed"], cpu["exact_resumed"]),
+        "slider_exact_cpu_ms": median_ms(cpu["exact_resumed"]),
+        "slider_fast_cpu_ms": median_ms(cpu["fast_resumed"]),
+        "exact_full_ms": median_ms(times["exact_full"]),
+        "fast_full_ms": median_ms(times["fast_full"]),
         "clean_run_ms": clean_ms,
         "first_edit_exact_ms": first_ms,
         "first_edit_fast_ms": first_fast_ms,
@@ -585,13 +554,13 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
             m, prompt, steer_layer=layer, vector=vector, start_alpha=alpha,
             alphas=list(alpha * (1 - 0.5 * np.arange(1, moves + 1) / moves)))
         figures.update({
-            "slider_preview_ms": _median_ms(drag["wall"]),
+            "slider_preview_ms": median_ms(drag["wall"]),
             "slider_preview_p90_ms": float(np.percentile(drag["wall"], 90)) * 1e3,
-            "slider_preview_cpu_ms": _median_ms(drag["cpu"]),
-            "preview_lens_ms": _median_ms(times["page_preview"]),
-            "page_exact_ms": _median_ms(times["page_exact"]),
-            "preview_vs_fast_ratio": _paired_ratio(times["page_preview"], times["page_exact"]),
-            "preview_vs_fast_cpu_ratio": _paired_ratio(cpu["page_preview"], cpu["page_exact"]),
+            "slider_preview_cpu_ms": median_ms(drag["cpu"]),
+            "preview_lens_ms": median_ms(times["page_preview"]),
+            "page_exact_ms": median_ms(times["page_exact"]),
+            "preview_vs_fast_ratio": paired_ratio(times["page_preview"], times["page_exact"]),
+            "preview_vs_fast_cpu_ratio": paired_ratio(cpu["page_preview"], cpu["page_exact"]),
         })
         top1, topk, err = [], [], []
         for a, ds in zip(drag["alphas"], drag["previews"]):
@@ -638,7 +607,7 @@ def slider(*, model: str = "smollm2-135m", tokens: int = 32, layer: int | None =
     return {"params": params, "figures": figures, "accuracy": accuracy}
 
 
-def slider_preview_compute(*, model: str = "smollm2-135m", tokens: int = 32,
+def slider_preview_compute(*, model: str = DEFAULT_MODEL, tokens: int = 32,
                            layer: int | None = None, alpha: float = 8.0, k: int = 5,
                            moves: int = 16) -> dict[str, Any]:
     """The slider preview's compute in this process, as a fresh page's first drag runs it:
@@ -679,14 +648,14 @@ def slider_preview_compute(*, model: str = "smollm2-135m", tokens: int = 32,
     return {"backend": ran_on,
             "decision": ("the CPU has native bfloat16 arithmetic" if ran_on == "bfloat16"
                          else decision[-1] if decision else "forced by EXPLORER_CPU_GEMM"),
-            "preview_ms": _median_ms(times["preview"]), "exact_ms": _median_ms(times["exact"]),
-            "preview_vs_exact_ratio": _paired_ratio(times["preview"], times["exact"]),
+            "preview_ms": median_ms(times["preview"]), "exact_ms": median_ms(times["exact"]),
+            "preview_vs_exact_ratio": paired_ratio(times["preview"], times["exact"]),
             "first_preview_ms": first_ms, "load": os.getloadavg()[0],
             "threads": torch.get_num_threads()}
 
 
 @bench("remote")
-def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: int = 3,
+def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: int = 3,
                     ft_steps: int = 10, repeats: int = 3) -> dict[str, Any]:
     """A remote model served on this machine (the loopback NDIF server) against the same
     calls on the local model, in one run.
@@ -714,7 +683,7 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
     from explorer.analyses import circuits as ca
     from explorer.models import load_model, smollm2_folder
     from explorer.ndif_server import LoopbackServer
-    from explorer.remote import _backend_class
+    from explorer.remote import remote_backend_class
     from explorer.trace import trace
 
     n_prompts = check_int("n_prompts", n_prompts, low=1)
@@ -722,7 +691,7 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
     ft_steps = check_int("ft_steps", ft_steps, low=1, high=lora_jobs.STEPS_PER_JOB)
     repeats = check_int("repeats", repeats, low=1)
     with contextlib.ExitStack() as stack:
-        if model == "smollm2-135m":
+        if model == DEFAULT_MODEL:
             folder = smollm2_folder()
         else:  # save the model to a folder the server can load
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -750,9 +719,9 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
                                     steps=ft_steps, batch_size=n_prompts, lr=1e-3, seed=0)
 
         def finetune_hooks():  # the remote path's loop, run on the local weights
-            pairs = cl._encode(local, ft_task.clean, ft_task.answer)
-            draws = cl._batch_draws(len(pairs), n_prompts, ft_steps, 0)
-            return cl._train_by_hooks(local, cl.lora_weights_init(local, ranks), pairs, draws,
+            pairs = cl.encode_answers(local, ft_task.clean, ft_task.answer)
+            draws = cl.batch_draws(len(pairs), n_prompts, ft_steps, 0)
+            return cl.train_by_hooks(local, cl.lora_weights_init(local, ranks), pairs, draws,
                                       [1e-3] * ft_steps, [], lambda k, w: None, None)
 
         fns = {"eap_local": lambda: scores(local, "eap"), "eap_remote": lambda: scores(remote, "eap"),
@@ -763,7 +732,7 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
                "ft_remote": lambda: finetune(remote)}
         wall, _cpu = interleaved_times(fns, repeats=repeats, warmup=1)
         sizes: list[int] = []
-        backend = _backend_class()
+        backend = remote_backend_class()
         serialize = backend._serialize
 
         def measured(self, tracer):
@@ -798,20 +767,20 @@ def remote_overhead(*, model: str = "smollm2-135m", n_prompts: int = 8, steps: i
             "n_edges": int(result.sizes["edge"]), "threads": torch.get_num_threads()},
         "figures": {
             "eap_local_ms": med("eap_local") * 1e3, "eap_remote_ms": med("eap_remote") * 1e3,
-            "remote_vs_local_eap_ratio": _paired_ratio(wall["eap_remote"], wall["eap_local"]),
+            "remote_vs_local_eap_ratio": paired_ratio(wall["eap_remote"], wall["eap_local"]),
             "eap_ig_local_ms": med("ig_local") * 1e3, "eap_ig_remote_ms": med("ig_remote") * 1e3,
-            "remote_vs_local_eap_ig_ratio": _paired_ratio(wall["ig_remote"], wall["ig_local"]),
+            "remote_vs_local_eap_ig_ratio": paired_ratio(wall["ig_remote"], wall["ig_local"]),
             "trace_local_ms": med("trace_local") * 1e3,
             "trace_remote_ms": med("trace_remote") * 1e3,
-            "remote_vs_local_trace_ratio": _paired_ratio(wall["trace_remote"],
+            "remote_vs_local_trace_ratio": paired_ratio(wall["trace_remote"],
                                                          wall["trace_local"]),
             "eap_request_mb": max(eap_sizes) / 2**20 if eap_sizes else float("nan"),
             "eap_result_mb": 4 * result.sizes["edge"] / 2**20,
             "finetune_local_ms": med("ft_local") * 1e3,
             "finetune_local_hooks_ms": med("ft_hooks") * 1e3,
             "finetune_remote_ms": med("ft_remote") * 1e3,
-            "remote_vs_local_finetune_ratio": _paired_ratio(wall["ft_remote"], wall["ft_local"]),
-            "hooks_vs_peft_finetune_ratio": _paired_ratio(wall["ft_hooks"], wall["ft_local"]),
+            "remote_vs_local_finetune_ratio": paired_ratio(wall["ft_remote"], wall["ft_local"]),
+            "hooks_vs_peft_finetune_ratio": paired_ratio(wall["ft_hooks"], wall["ft_local"]),
             "finetune_job_mb": max(ft_sizes) / 2**20 if ft_sizes else float("nan"),
             "finetune_result_mb": ft_result_mb,
         },

@@ -40,7 +40,7 @@ from typing import Any
 
 from ._checks import ExplorerError, InputError, StoreError
 from .commands._common import (
-    _json_safe,
+    json_safe,
     add_model_option,
     add_scheduler_option,
     add_serve_options,
@@ -171,9 +171,9 @@ def _zarr_ready(ds: Any) -> Any:
     """Copy of ``ds`` for ``to_zarr`` (format 2, like ActivationStore): JSON attrs, chunks
     of about 32 MiB along the first dim so no chunk outgrows zarr's limits."""
     out = ds.copy(deep=False)
-    out.attrs = _json_safe(ds.attrs)
+    out.attrs = json_safe(ds.attrs)
     for name, var in out.variables.items():
-        var.attrs = _json_safe(ds.variables[name].attrs)
+        var.attrs = json_safe(ds.variables[name].attrs)
         var.encoding = {}
         if var.ndim == 0 or name in out.indexes:
             continue
@@ -450,11 +450,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     if not isinstance(result, dict):
-        print(json.dumps(_json_safe(result)))
+        print(json.dumps(json_safe(result)))
         return 0
     width = max((len(str(k)) for k in result), default=0)
     for key, value in result.items():
-        shown = value if isinstance(value, str) else json.dumps(_json_safe(value), ensure_ascii=False)
+        shown = value if isinstance(value, str) else json.dumps(json_safe(value), ensure_ascii=False)
         print(f"{key!s:<{width}}  {shown}")
     return 0
 
@@ -487,7 +487,7 @@ def _threads(args: argparse.Namespace) -> int | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``explorer`` parser, with every built-in and analysis subcommand."""
-    from . import __version__
+    from ._version import __version__
 
     parser = _ArgumentParser(
         prog=_PROG, description="Look inside language models: trace, logit lens, cache, apps.")

@@ -211,15 +211,15 @@ def site_statistics(ds: xr.Dataset, site: str = "resid_post", *,
     if isinstance(x.data, da.Array):
         # chunks split only the reduced dims (the store splits prompt); partials per chunk
         data = x.data.rechunk({i: -1 for i in range(n_over, x.ndim)})
-        parts = [dask.delayed(_partial_sums)(block, n_over)
+        parts = [dask.delayed(partial_sums)(block, n_over)
                  for block in data.to_delayed().ravel()]
-        total = dask.delayed(_add_partial_sums)(parts)
+        total = dask.delayed(add_partial_sums)(parts)
         shapes = [kept, kept, kept, kept[:-1], kept[:-1]]
         dtypes = [np.int64, np.float64, np.float64, np.float64, np.int64]
         sums = [da.from_delayed(total[i], shape, dtype)
                 for i, (shape, dtype) in enumerate(zip(shapes, dtypes))]
     else:
-        sums = _partial_sums(np.asarray(x.data), n_over)
+        sums = partial_sums(np.asarray(x.data), n_over)
     count, total_sum, square_sum, norm_sum, norm_count = sums
     mean = total_sum / count
     dims, norm_dims = (*rest, vector_dim), tuple(rest)
@@ -234,7 +234,7 @@ def site_statistics(ds: xr.Dataset, site: str = "resid_post", *,
 _SUB_BLOCK_ELEMENTS = 2**21  # float64 temporaries of 16 MiB, whatever the chunk size
 
 
-def _partial_sums(block: np.ndarray, n_over: int) -> tuple[np.ndarray, ...]:
+def partial_sums(block: np.ndarray, n_over: int) -> tuple[np.ndarray, ...]:
     """Count, sum and sum of squares over the first ``n_over`` axes, skipping NaN; and the
     sum and count of the (last-axis) vector norms. Works through the block in slices of
     the first axis, so its float64 temporaries stay small next to the chunk itself."""
@@ -255,5 +255,6 @@ def _partial_sums(block: np.ndarray, n_over: int) -> tuple[np.ndarray, ...]:
     return sums
 
 
-def _add_partial_sums(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+def add_partial_sums(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """The element-wise sums of several `partial_sums` results (blocks combined)."""
     return tuple(sum(values) for values in zip(*parts))

@@ -24,14 +24,17 @@ from typing import Any
 
 import torch
 
+from . import remote
 from ._checks import (
     InputError,
     ModelNotFoundError,
+    RemoteError,
     StoreError,
     check_prompts,
     safetensors_problem,
     suggest,
 )
+from .defaults import DEFAULT_MODEL
 
 __all__ = [
     "SITES",
@@ -41,12 +44,13 @@ __all__ = [
     "Model",
     "Batch",
     "load_model",
+    "load_remote_model",
     "known_models",
     "cache_dir",
     "DEFAULT_MODEL",
+    "submodule_at",
 ]
 
-DEFAULT_MODEL = "smollm2-135m"
 
 SITES = (
     "resid_pre",     # input of layer l: [prompt, pos, d_model]
@@ -246,7 +250,7 @@ def _versions() -> dict[str, str]:
     import nnsight
     import transformers
 
-    from . import __version__
+    from ._version import __version__
 
     return {"explorer": __version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "nnsight": nnsight.__version__}
@@ -297,10 +301,10 @@ class Model:
         return self.spec.vocab_size
 
     def hf_layer(self, layer: int) -> torch.nn.Module:
-        return _get_path(self.hf, self.arch.layers_path)[layer]
+        return submodule_at(self.hf, self.arch.layers_path)[layer]
 
     def o_proj(self, layer: int) -> torch.nn.Module:
-        return _get_path(self.hf_layer(layer), self.arch.o_proj_path)
+        return submodule_at(self.hf_layer(layer), self.arch.o_proj_path)
 
     def W_O(self, layer: int, weight: torch.Tensor | None = None) -> torch.Tensor:
         """Output projection split by head: [head, d_head, d_model]. ``weight`` splits
@@ -315,11 +319,11 @@ class Model:
 
     @property
     def final_norm_module(self) -> torch.nn.Module:
-        return _get_path(self.hf, self.arch.final_norm_path)
+        return submodule_at(self.hf, self.arch.final_norm_path)
 
     @property
     def unembed_module(self) -> torch.nn.Module:
-        return _get_path(self.hf, self.arch.unembed_path)
+        return submodule_at(self.hf, self.arch.unembed_path)
 
     def unembed(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits from final-normed residuals, with the family's soft cap if it has one."""
@@ -446,11 +450,16 @@ def token_text(tokenizer: Any, token_id: int) -> str:
     return _TokenText.text(tokenizer, token_id)
 
 
-def _get_path(root: Any, path: str) -> Any:
+def submodule_at(root: Any, path: str) -> Any:
+    """The object at dotted ``path`` under ``root`` (``"model.layers.3.mlp"``; digits index)."""
     obj = root
     for part in path.split("."):
         obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
     return obj
+
+
+# The private spelling, still used by the engine, the preview and tests.
+_get_path = submodule_at
 
 
 # -- the tiny random-init models -------------------------------------------------------
@@ -746,8 +755,6 @@ def load_model(name_or_path: str = DEFAULT_MODEL, *, remote: bool = False,
     torch_dtype = _DTYPES[dtype]
 
     if remote:
-        from .remote import load_remote_model
-
         return load_remote_model(name, dtype=dtype)
 
     if name in TINY_MODELS:
@@ -798,6 +805,65 @@ def wrap_model(hf: torch.nn.Module, tokenizer: Any, *, name: str, weights: str,
     nn_model = TransformersModel(hf, task="text-generation", tokenizer=tokenizer,
                                  rename=dict(arch.rename))
     return Model(nn_model, hf, tokenizer, spec, arch)
+
+
+def load_remote_model(name: str, *, dtype: str = "float32", host: str | None = None,
+                      timeout_s: float = remote.DEFAULT_TIMEOUT_S) -> Model:
+    """A `Model` whose traces run on NDIF (or another server speaking its protocol).
+
+    Parameters
+    ----------
+    name : str
+        A hub id NDIF serves (e.g. ``"meta-llama/Llama-3.1-70B"``), or a local Hugging Face
+        folder that the server also serves (the loopback server's case).
+    dtype : str, default="float32"
+        Recorded in the spec; the server holds the weights in its own dtype.
+    host : str, optional
+        Server URL; default ``NDIF_HOST`` or nnsight's config.
+    timeout_s : float, default=600
+        Time limit of each job (see `explorer.remote.remote_run` to change it per piece of work).
+
+    Returns
+    -------
+    Model
+        ``remote=True``; ``hf`` is the meta-device module (shapes, config, no weights).
+
+    Raises
+    ------
+    RemoteError
+        No API key configured, or the model's config cannot be read.
+    """
+    connection = remote.remote_connection(host, timeout_s)
+    folder = Path(name).expanduser()
+    is_folder = folder.is_dir()
+    if is_folder:
+        name = str(folder.resolve())
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+        family = _MODEL_TYPES.get(config.model_type)
+        if family is None:
+            raise RemoteError(f"model type {config.model_type!r} has no entry in the "
+                              f"architecture table; supported: {', '.join(sorted(_MODEL_TYPES))}.")
+        arch = ARCHITECTURES[family]
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        nn_model = remote.remote_meta_model(name, tokenizer, dict(arch.rename), connection,
+                                            is_folder=is_folder)
+    except RemoteError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to build the meta model is reported
+        where = ("the folder must hold config.json and the tokenizer files" if is_folder else
+                 "the model's config and tokenizer must be reachable on the Hugging Face hub")
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RemoteError(f"could not prepare remote model {name!r}: "
+                          f"{connection.redact(first)[:200]}; {where}.") from None
+    hf = nn_model._module
+    spec = _spec_from_config(hf, name=name, weights=f"remote:{connection.redact(connection.host)}")
+    return Model(nn_model, hf, tokenizer, spec, arch, remote=True)
 
 
 def _spec_from_config(hf: torch.nn.Module, *, name: str, weights: str) -> ModelSpec:

@@ -29,14 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ._checks import RemoteError, check_float
 
 __all__ = [
     "remote_config",
-    "load_remote_model",
+    "remote_connection",
+    "remote_meta_model",
+    "remote_backend_class",
     "redact",
     "RemoteStatus",
     "RemoteRun",
@@ -277,8 +278,11 @@ def _connection(model: Any) -> _Connection:
 
 
 @functools.cache
-def _backend_class() -> type:
-    """nnsight's RemoteBackend with a time limit, cancellation, status reports, clear errors."""
+def remote_backend_class() -> type:
+    """nnsight's RemoteBackend with a time limit, cancellation, status reports, clear errors.
+
+    The class is built once (nnsight is imported on first use); `explorer.bench` wraps its
+    serialiser to measure the size of the requests a remote run sends."""
     from nnsight.intervention.backends.display import StatusDisplay
     from nnsight.intervention.backends.remote import RemoteBackend
     from nnsight.intervention.backends.remote import RemoteError as NNsightRemoteError
@@ -414,7 +418,7 @@ def _remote_model_class() -> type:
         def _remote_backend(self, remote: Any, blocking: bool, job_id: Any, verbose: bool) -> Any:
             if remote == "local" or not blocking or job_id is not None:
                 return super()._remote_backend(remote, blocking, job_id, verbose)
-            return _backend_class()(self.to_model_key(), self._explorer_connection,
+            return remote_backend_class()(self.to_model_key(), self._explorer_connection,
                                     self._remoteable_get_env())
 
         def __reduce_ex__(self, protocol: int) -> Any:
@@ -425,38 +429,17 @@ def _remote_model_class() -> type:
     return ExplorerRemoteModel
 
 
-# -- loading -------------------------------------------------------------------------------
+# -- loading (the Model itself is built by `explorer.models.load_remote_model`) ------------
 
-def load_remote_model(name: str, *, dtype: str = "float32", host: str | None = None,
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
-    """A `Model` whose traces run on NDIF (or another server speaking its protocol).
-
-    Parameters
-    ----------
-    name : str
-        A hub id NDIF serves (e.g. ``"meta-llama/Llama-3.1-70B"``), or a local Hugging Face
-        folder that the server also serves (the loopback server's case).
-    dtype : str, default="float32"
-        Recorded in the spec; the server holds the weights in its own dtype.
-    host : str, optional
-        Server URL; default ``NDIF_HOST`` or nnsight's config.
-    timeout_s : float, default=600
-        Time limit of each job (see `remote_run` to change it per piece of work).
-
-    Returns
-    -------
-    Model
-        ``remote=True``; ``hf`` is the meta-device module (shapes, config, no weights).
+def remote_connection(host: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> _Connection:
+    """Where a remote model's jobs go: ``host`` (default ``NDIF_HOST`` or nnsight's config),
+    the API key, and each job's time limit ``timeout_s``.
 
     Raises
     ------
     RemoteError
-        No API key configured, or the model's config cannot be read.
+        No API key configured, or a host that is not an http(s) URL.
     """
-    from nnsight.modeling import huggingface
-
-    from .models import ARCHITECTURES, _MODEL_TYPES, Model, _spec_from_config  # noqa: PLC2701
-
     cfg = remote_config()
     key = _api_key()
     if not key:
@@ -469,43 +452,29 @@ def load_remote_model(name: str, *, dtype: str = "float32", host: str | None = N
         raise RemoteError(f"the NDIF host must start with http:// or https://; got "
                           f"{redact(host)!r}.")
     check_float("timeout_s", timeout_s, low=0.0)
-    folder = Path(name).expanduser()
-    is_folder = folder.is_dir()
-    if is_folder:
-        name = str(folder.resolve())
-        # nnsight's model key canonicalises a repo id through the hub; a folder's id is its path
-        huggingface._ID_CACHE.setdefault(name, name)
-    from transformers import AutoConfig, AutoTokenizer
+    return _Connection(host, key, timeout_s)
 
-    try:
-        config = AutoConfig.from_pretrained(name)
-        family = _MODEL_TYPES.get(config.model_type)
-        if family is None:
-            raise RemoteError(f"model type {config.model_type!r} has no entry in the "
-                              f"architecture table; supported: {', '.join(sorted(_MODEL_TYPES))}.")
-        arch = ARCHITECTURES[family]
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        tokenizer.padding_side = "left"
-        nn_model = _remote_model_class()(name, task="text-generation", tokenizer=tokenizer,
-                                         rename=dict(arch.rename))
-        nn_model.to_model_key()  # resolves (and caches) the hub id now, not mid-trace
-    except RemoteError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure to build the meta model is reported
-        where = ("the folder must hold config.json and the tokenizer files" if is_folder else
-                 "the model's config and tokenizer must be reachable on the Hugging Face hub")
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise RemoteError(f"could not prepare remote model {name!r}: "
-                          f"{redact(first, (key,))[:200]}; {where}.") from None
-    # NDIF servers do not have explorer installed: its code travels with each request.
+
+def remote_meta_model(name: str, tokenizer: Any, rename: dict[str, str],
+                      connection: _Connection, *, is_folder: bool) -> Any:
+    """The nnsight model of ``name`` on the meta device whose traces go through ``connection``.
+
+    ``rename`` is the family's site aliases (`ArchSpec.rename`); ``is_folder``: ``name`` is a
+    local folder's absolute path, which is then its model key. Explorer's own code is
+    registered with nnsight here, since NDIF servers do not have it installed: it travels
+    with each request.
+    """
     import importlib
 
     import nnsight
+    from nnsight.modeling import huggingface
 
+    if is_folder:
+        # nnsight's model key canonicalises a repo id through the hub; a folder's id is its path
+        huggingface._ID_CACHE.setdefault(name, name)
+    nn_model = _remote_model_class()(name, task="text-generation", tokenizer=tokenizer,
+                                     rename=rename)
+    nn_model.to_model_key()  # resolves (and caches) the hub id now, not mid-trace
     nnsight.register(importlib.import_module(__package__))
-    nn_model._explorer_connection = _Connection(host, key, timeout_s)
-    hf = nn_model._module
-    spec = _spec_from_config(hf, name=name, weights=f"remote:{redact(host, (key,))}")
-    return Model(nn_model, hf, tokenizer, spec, arch, remote=True)
+    nn_model._explorer_connection = connection
+    return nn_model

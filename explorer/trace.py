@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from .interventions import (
 )
 from .models import SITES, Batch, Model
 
-__all__ = ["trace", "run_with", "run_batch", "CleanRun", "clean_run", "provenance",
+__all__ = ["trace", "run_with", "run_batch", "Readouts", "CleanRun", "clean_run", "provenance",
            "check_sites", "check_layers", "check_positions", "check_edits", "check_edit_rows",
            "edits_for_rows", "run_on_weights"]
 
@@ -182,37 +182,29 @@ def _attention(model: Model, implementation: str | None):
         model.hf.set_attn_implementation(current)
 
 
-def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozenset(),
-              edits: Sequence[Edit] = (), save_positions: Sequence[int] | None = None,
-              resume: CleanRun | None = None, logits: bool = True,
-              save_final: Sequence[str] = (), lens_k: int = 0,
-              lens_layers: Sequence[int] = (), lens_ranked: int | None = None,
-              lens_cosine: bool = False,
-              save_points: tuple[torch.Tensor, torch.Tensor] | None = None,
-              dla_ids: torch.Tensor | None = None) -> dict[Any, torch.Tensor]:
-    """One nnsight trace over a padded batch; the only function that drives nnsight.
+@dataclass(frozen=True, eq=False)
+class Readouts:
+    """What one `run_batch` brings back besides applying its edits: a record, like an edit.
 
     Parameters
     ----------
     save : set of (layer, site)
         Layer sites to return, as padded tensors (``attn_z`` as [prompt, pos, head*d_head]).
-    edits : sequence of Edit
-        Applied in place at their (layer, site) as the forward passes.
+        ``(layer, "head_out")`` is computed inside the trace: each head's write [prompt, pos,
+        head, d_model] through its slice of W_O.
     save_positions : sequence of int, optional
         Keep only these per-prompt positions; tensors become [prompt, n_positions, ...].
-    resume : CleanRun, optional
-        Skip the layers before the first edit, feeding the cached clean residual instead.
+    logits : bool, default=True
+        Return the output logits.
     save_final : subset of {"final_norm"}
         Non-layer sites to return.
     lens_k, lens_layers : int, sequence of int
         Logit-lens readouts computed inside the trace (for remote runs: only these small
         tensors cross the network): per layer in ``lens_layers`` the top ``lens_k`` tokens
         and log-probabilities, and the rank and log-probability of the output's top
-        ``lens_k`` tokens. ``(layer, "head_out")`` in ``save`` is also computed inside the
-        trace: each head's write [prompt, pos, head, d_model] through its slice of W_O.
+        ``lens_k`` tokens.
     lens_ranked : int, optional
-        Rank only the output's top ``lens_ranked`` (<= ``lens_k``) tokens; default all
-        ``lens_k``.
+        Rank only the output's top ``lens_ranked`` (<= ``lens_k``) tokens; default all.
     lens_cosine : bool, default=False
         With ``lens_layers``: also ("lens_cos", layer) [prompt, pos], the cosine of
         resid_post at ``layer`` with resid_post at ``layer - 1`` (both in ``lens_layers``).
@@ -221,10 +213,72 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
         becomes [points, ...]. Exclusive with ``save_positions``.
     dla_ids : tensor [prompt, t] of token ids, optional
         Direct logit attribution computed inside the trace (see `direct_logit_attribution`):
-        the logit of each of the t tokens at each kept position, split into the
-        embedding, every head, every attention-output bias, every MLP and the final norm's
-        bias, through the final norm linearised at the run's own scale. Only these
-        per-head scalars cross the network on a remote run.
+        the logit of each of the t tokens at each kept position, split into the embedding,
+        every head, every attention-output bias, every MLP and the final norm's bias,
+        through the final norm linearised at the run's own scale. Only these per-head
+        scalars cross the network on a remote run.
+    """
+
+    save: Any = frozenset()
+    save_positions: Sequence[int] | None = None
+    logits: bool = True
+    save_final: Sequence[str] = ()
+    lens_k: int = 0
+    lens_layers: Sequence[int] = ()
+    lens_ranked: int | None = None
+    lens_cosine: bool = False
+    save_points: tuple[torch.Tensor, torch.Tensor] | None = None
+    dla_ids: torch.Tensor | None = None
+
+
+class _DlaConstants(NamedTuple):
+    """What the attribution reads from the model before the trace (not inside: remote)."""
+
+    centred: bool          # the final norm subtracts the mean (LayerNorm)
+    eps: float
+    dtype: torch.dtype     # the final norm's weight dtype
+    unembed_bias: bool
+    o_bias: bool           # attention output projections have a bias
+
+
+@dataclass
+class _Plan:
+    """A run's readouts checked against its batch: what the trace body reads, and where.
+
+    Holds no `Model` (the body of a remote trace must not refer to one): only the spec and
+    the few values read from the model beforehand.
+    """
+
+    spec: Any
+    save: Any
+    sel: tuple[torch.Tensor, torch.Tensor] | None      # save_positions as (rows, cols)
+    points: tuple[torch.Tensor, torch.Tensor] | None
+    logits: bool
+    logits_last: bool      # only the last position's logits are read: unembed only there
+    save_final: Sequence[str]
+    lens_k: int
+    lens_layers: list[int]
+    n_ranked: int
+    lens_cosine: bool
+    softcap: float | None
+    dla_ids: torch.Tensor | None
+    dla: _DlaConstants | None
+    by_point: dict[tuple[int, str], list[Edit]]
+    clone: bool
+    n_prompts: int
+    o_proj_transposed: bool
+    start: int = 0
+
+
+def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
+              resume: CleanRun | None = None, readouts: Readouts | None = None,
+              **options: Any) -> dict[Any, torch.Tensor]:
+    """One nnsight trace over a padded batch; the only function that drives nnsight.
+
+    ``edits`` apply in place at their (layer, site) as the forward passes. With ``resume``
+    (a `CleanRun` of the same batch) the layers before the first edit are skipped and the
+    cached clean residual is fed instead. What comes back is ``readouts`` (a `Readouts`),
+    or the same fields given as keywords (``save=...``, ``lens_k=...``).
 
     Returns
     -------
@@ -233,11 +287,35 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
     top ids, top log-probs, final-token ranks, final-token log-probs, each [prompt, pos, k];
     with ``dla_ids``: ("dla", part) for the parts of `direct_logit_attribution`.
     """
+    if readouts is None:
+        readouts = Readouts(**options)
+    elif options:
+        raise TypeError(f"give the readouts as `readouts` or as keywords, not both; got "
+                        f"`readouts` and {sorted(options)}.")
     edits = check_edits(edits)
+    ctx = _edit_context(model, batch, edits)
+    plan = _plan(model, batch, readouts, edits)
+    if resume is not None and edits and not plan.lens_layers and plan.dla_ids is None:
+        plan.start = _resume_layer(batch, resume, edits, plan.save)
+    result: dict[Any, Any] = {}
+    if plan.start:  # saves before the first edit come from the clean run
+        for layer, site in plan.save:
+            if layer < plan.start:
+                result[(layer, site)] = _at_sel(
+                    plan, resume.resid_pre[layer if site == "resid_pre" else layer + 1])
+    needs_pattern = any(site == "attn_pattern" for _, site in plan.save)
+    with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
+        result = _traced(model.nn, batch, plan, ctx, resume, result, remote=model.remote)
+    return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
+            for k, v in result.items()}
+
+
+def _edit_context(model: Model, batch: Batch, edits: list[Edit]) -> EditContext:
+    """The edits validated against the model and batch, with their position indices and
+    patch sources."""
     for e in edits:
         e.validate(model)
-    spec = model.spec
-    ctx = EditContext(d_head=spec.d_head, mask=batch.attention_mask)
+    ctx = EditContext(d_head=model.spec.d_head, mask=batch.attention_mask)
     for e in edits:
         key = index_key(e)  # (positions, prompts)
         check_prompt_rows(key[1], len(batch.lengths), f"{type(e).__name__} at layer {e.layer}")
@@ -245,192 +323,231 @@ def run_batch(model: Model, batch: Batch, *, save: set[tuple[int, str]] = frozen
             ctx.index[key] = position_index(batch.lengths, batch.width, *key)
         if isinstance(e, Patch):
             ctx.sources[e] = _patch_source(model, e, batch)  # by value: ids change remotely
+    return ctx
+
+
+def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
+    """``r`` checked against ``batch`` (clear errors for bad points, ids or lens options)."""
     sel = None
-    if save_positions is not None:
-        sel = position_index(batch.lengths, batch.width, save_positions)
-    points = None
-    if save_points is not None:
-        if save_positions is not None:
-            raise InputError("`save_points` and `save_positions` cannot both be given.")
-        points = tuple(torch.as_tensor(x, dtype=torch.long) for x in save_points)
-        if len(points) != 2 or points[0].shape != points[1].shape or points[0].ndim != 1:
-            raise InputError("`save_points` must be two 1-d tensors (rows, cols) of one length.")
-        if points[0].numel() and not (0 <= int(points[0].min()) and
-                                      int(points[0].max()) < len(batch.lengths) and
-                                      0 <= int(points[1].min()) and
-                                      int(points[1].max()) < batch.width):
-            raise InputError(f"`save_points` must lie in [0, {len(batch.lengths)}) x "
-                             f"[0, {batch.width}).")
-    if dla_ids is not None:
-        dla_ids = torch.as_tensor(dla_ids, dtype=torch.long)
-        if dla_ids.ndim != 2 or dla_ids.shape[0] != len(batch.lengths):
-            raise InputError(f"`dla_ids` must be [prompt, tokens] with {len(batch.lengths)} "
-                             f"rows; got shape {tuple(dla_ids.shape)}.")
-        if dla_ids.numel() and not (0 <= int(dla_ids.min()) and
-                                    int(dla_ids.max()) < model.vocab_size):
-            raise InputError(f"`dla_ids` must be token ids in [0, {model.vocab_size}).")
-    start = 0
-    lens_layers = [int(x) for x in lens_layers] if lens_k else []
-    n_ranked = lens_k if lens_ranked is None else int(lens_ranked)
-    if lens_layers and not 1 <= n_ranked <= lens_k:
-        raise InputError(f"`lens_ranked` must be an int in [1, {lens_k}]; got {lens_ranked}.")
-    if lens_cosine and any(x - 1 not in lens_layers for x in lens_layers if x > 0):
+    if r.save_positions is not None:
+        sel = position_index(batch.lengths, batch.width, r.save_positions)
+    points = _check_points(r.save_points, r.save_positions, batch)
+    dla_ids = _check_dla_ids(r.dla_ids, batch, model.vocab_size)
+    lens_layers = [int(x) for x in r.lens_layers] if r.lens_k else []
+    n_ranked = r.lens_k if r.lens_ranked is None else int(r.lens_ranked)
+    if lens_layers and not 1 <= n_ranked <= r.lens_k:
+        raise InputError(f"`lens_ranked` must be an int in [1, {r.lens_k}]; got {r.lens_ranked}.")
+    if r.lens_cosine and any(x - 1 not in lens_layers for x in lens_layers if x > 0):
         raise InputError("`lens_cosine` needs every lens layer's predecessor in `lens_layers`.")
     softcap = None
     if model.arch.logit_softcap_attr:
         softcap = getattr(model.hf.config, model.arch.logit_softcap_attr, None)
-    if resume is not None and edits and not lens_layers and dla_ids is None:
-        if resume.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
-                resume.batch.input_ids, batch.input_ids):
-            raise InputError("`resume` was computed for different prompts than this run.")
-        start = first_edit_layer(edits)
-        # saves before the first edit come from the clean run; other sites need a full run
-        early = [(layer, site) for layer, site in save if layer < start]
-        if any(site not in ("resid_pre", "resid_post") for _, site in early):
-            start = 0
-
+    dla = None
+    if dla_ids is not None:  # read here: the trace body must not refer to `model` (remote)
+        dla = _DlaConstants(*final_norm_kind(model), model.final_norm_module.weight.dtype,
+                            model.unembed_module.bias is not None, model.b_O(0) is not None)
     by_point: dict[tuple[int, str], list[Edit]] = {}
     for e in edits:
         by_point.setdefault((e.layer, e.edit_site), []).append(e)
-    needs_pattern = any(site == "attn_pattern" for _, site in save)
-    clone = bool(edits)
-    n_prompts = len(batch.lengths)
-    result: dict[Any, Any] = {}
+    # the unembedding runs for the last position only (~20% of a forward) when no other
+    # position's logits are read; left padding puts every prompt's last token there
+    logits_last = bool(r.logits and not lens_layers and sel is not None
+                       and list(r.save_positions) == [-1])
+    return _Plan(spec=model.spec, save=r.save, sel=sel, points=points, logits=r.logits,
+                 logits_last=logits_last, save_final=r.save_final, lens_k=r.lens_k,
+                 lens_layers=lens_layers, n_ranked=n_ranked, lens_cosine=r.lens_cosine,
+                 softcap=softcap, dla_ids=dla_ids, dla=dla, by_point=by_point,
+                 clone=bool(edits), n_prompts=len(batch.lengths),
+                 o_proj_transposed=model.arch.o_proj_transposed)
 
-    def keep(key, value):
-        value = value.detach()
-        if points is not None and key[1] != "attn_pattern":
-            value = value[points[0], points[1]]                     # [points, ...]
-        elif sel is not None and key[1] != "attn_pattern":
-            value = value[sel[0], sel[1]].reshape(n_prompts, -1, *value.shape[2:])
-        elif clone:
-            value = value.clone()
-        result[key] = value.save() if hasattr(value, "save") else value
 
-    if start:
-        for layer, site in save:
-            if layer < start:
-                clean = resume.resid_pre[layer if site == "resid_pre" else layer + 1]
-                result[(layer, site)] = clean if sel is None else clean[sel[0], sel[1]].reshape(
-                    n_prompts, -1, clean.shape[-1])
-    nn = model.nn
-    arch_transposed = model.arch.o_proj_transposed
+def _check_points(save_points: Any, save_positions: Any, batch: Batch) -> tuple | None:
+    if save_points is None:
+        return None
+    if save_positions is not None:
+        raise InputError("`save_points` and `save_positions` cannot both be given.")
+    points = tuple(torch.as_tensor(x, dtype=torch.long) for x in save_points)
+    if len(points) != 2 or points[0].shape != points[1].shape or points[0].ndim != 1:
+        raise InputError("`save_points` must be two 1-d tensors (rows, cols) of one length.")
+    if points[0].numel() and not (0 <= int(points[0].min()) and
+                                  int(points[0].max()) < len(batch.lengths) and
+                                  0 <= int(points[1].min()) and
+                                  int(points[1].max()) < batch.width):
+        raise InputError(f"`save_points` must lie in [0, {len(batch.lengths)}) x "
+                         f"[0, {batch.width}).")
+    return points
+
+
+def _check_dla_ids(dla_ids: Any, batch: Batch, vocab_size: int) -> torch.Tensor | None:
+    if dla_ids is None:
+        return None
+    dla_ids = torch.as_tensor(dla_ids, dtype=torch.long)
+    if dla_ids.ndim != 2 or dla_ids.shape[0] != len(batch.lengths):
+        raise InputError(f"`dla_ids` must be [prompt, tokens] with {len(batch.lengths)} "
+                         f"rows; got shape {tuple(dla_ids.shape)}.")
+    if dla_ids.numel() and not (0 <= int(dla_ids.min()) and int(dla_ids.max()) < vocab_size):
+        raise InputError(f"`dla_ids` must be token ids in [0, {vocab_size}).")
+    return dla_ids
+
+
+def _resume_layer(batch: Batch, resume: CleanRun, edits: list[Edit], save: Any) -> int:
+    """The layer an edited run resumes at: the first edit's, or 0 where a site saved before
+    it is not in the clean run (only resid_pre / resid_post are)."""
+    if resume.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
+            resume.batch.input_ids, batch.input_ids):
+        raise InputError("`resume` was computed for different prompts than this run.")
+    start = first_edit_layer(edits)
+    early = [(layer, site) for layer, site in save if layer < start]
+    if any(site not in ("resid_pre", "resid_post") for _, site in early):
+        return 0
+    return start
+
+
+def _at_sel(plan: _Plan, x: Any) -> Any:
+    """``x`` [prompt, padded_pos, ...] at the kept positions: [prompt, n_positions, ...]."""
+    if plan.sel is None:
+        return x
+    return x[plan.sel[0], plan.sel[1]].reshape(plan.n_prompts, -1, *x.shape[2:])
+
+
+def _traced(nn: Any, batch: Batch, plan: _Plan, ctx: EditContext, resume: CleanRun | None,
+            result: dict[Any, Any], *, remote: bool) -> dict[Any, Any]:
+    """The trace itself: edits and readouts layer by layer, then the outputs, the lens and
+    the attribution. ``result`` is saved whole, so a remote run sends it back as one dict."""
+    last_only = {}
+    if plan.logits_last or not (plan.logits or plan.lens_layers):
+        last_only = {"logits_to_keep": 1}
     lens_resid: dict[int, Any] = {}
     dla_parts: dict[Any, Any] = {}
-    o_bias = False
-    if dla_ids is not None:  # read here: the trace body must not refer to `model` (remote)
-        o_bias = model.b_O(0) is not None
-        dla_centred, dla_eps = final_norm_kind(model)
-        dla_dtype = model.final_norm_module.weight.dtype
-        dla_u_bias = model.unembed_module.bias is not None
+    with nn.trace(**batch.model_inputs(), **last_only, remote=remote) as tracer:  # noqa: F841
+        if plan.start:
+            # a copy: an edit at resid_pre[start] works in place and must not touch the cache
+            replacement = resume.resid_pre[plan.start].clone()
+            for layer in range(plan.start):
+                nn.layers[layer].skip(replacement)
+        for layer in range(plan.start, plan.spec.n_layers):
+            _layer_readouts(nn.layers[layer], layer, plan, ctx, result, lens_resid, dla_parts)
+        _output_readouts(nn, plan, result)
+        if plan.lens_layers:
+            _lens_readouts(nn, plan, result, lens_resid)
+        if plan.dla_ids is not None:
+            _dla_readouts(nn, plan, result, dla_parts)
+        result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
+    return result
 
-    def at_sel(x):
-        return x if sel is None else x[sel[0], sel[1]].reshape(n_prompts, -1, *x.shape[2:])
-    with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
-        # the unembedding runs for the last position only (~20% of a forward) when no other
-        # position's logits are read; left padding puts every prompt's last token there
-        logits_last = logits and not lens_layers and sel is not None and list(
-            save_positions) == [-1]
-        last_only = {"logits_to_keep": 1} if (logits_last or not (logits or lens_layers)) else {}
-        with nn.trace(**batch.model_inputs(), **last_only,
-                      remote=model.remote) as tracer:  # noqa: F841
-            if start:
-                # a copy: an edit at resid_pre[start] works in place and must not touch the cache
-                replacement = resume.resid_pre[start].clone()
-                for layer in range(start):
-                    nn.layers[layer].skip(replacement)
-            for layer in range(start, spec.n_layers):
-                block = nn.layers[layer]
-                for site in _LAYER_SITES:
-                    point = (layer, site)
-                    wanted = point in save
-                    to_apply = by_point.get(point, ())
-                    head_out = site == "attn_z" and (layer, "head_out") in save
-                    lens_here = site == "resid_post" and layer in lens_layers
-                    dla_here = dla_ids is not None and (
-                        site in ("attn_z", "mlp_out") or (site, layer) in (
-                            ("resid_pre", 0), ("resid_post", spec.n_layers - 1)))
-                    if not (wanted or to_apply or head_out or lens_here or dla_here):
-                        continue
-                    if site == "resid_pre":
-                        value = block.input
-                    elif site == "attn_z":
-                        value = block.attn.o_proj.input
-                    elif site == "attn_pattern":
-                        value = block.attn.output[1]
-                    elif site == "mlp_out":
-                        value = block.mlp.output
-                    else:
-                        value = block.output
-                    if to_apply:
-                        apply_edits(value, to_apply, ctx)
-                    if wanted:
-                        keep(point, value)
-                    if head_out:
-                        w = block.attn.o_proj.weight  # Linear [d_model, head*d_head]; Conv1D .T
-                        w = w if arch_transposed else w.T
-                        w = w.reshape(spec.n_heads, spec.d_head, spec.d_model)
-                        z = value.reshape(*value.shape[:2], spec.n_heads, spec.d_head)
-                        keep((layer, "head_out"), torch.einsum("pshd,hdm->pshm", z, w))
-                    if lens_here:
-                        lens_resid[layer] = value.clone() if clone else value
-                    if dla_here:
-                        x = at_sel(value).detach()
-                        dla_parts[(layer, site)] = x.clone() if clone and sel is None else x
-                        if site == "attn_z":
-                            w = block.attn.o_proj.weight
-                            dla_parts[(layer, "W_O")] = w if arch_transposed else w.T
-                            if o_bias:
-                                dla_parts[(layer, "b_O")] = block.attn.o_proj.bias
-            if "final_norm" in save_final:
-                fn = nn.final_norm.output.detach()
-                if sel is not None:
-                    fn = fn[sel[0], sel[1]].reshape(n_prompts, -1, fn.shape[-1])
-                result["final_norm"] = fn.save()
-            if logits:
-                lg = nn.output.logits.detach()  # [prompt, 1, vocab] when logits_last
-                if sel is not None and not logits_last:
-                    lg = lg[sel[0], sel[1]].reshape(n_prompts, -1, lg.shape[-1])
-                result["logits"] = lg.save()
-            if lens_layers:
-                out_logits = nn.output.logits.detach()
-                if sel is not None:
-                    out_logits = out_logits[sel[0], sel[1]].reshape(n_prompts, -1,
-                                                                    out_logits.shape[-1])
-                final_id = out_logits.float().topk(lens_k, dim=-1).indices  # [prompt, pos, k]
-                result["lens_final_id"] = final_id
-                ranked = final_id[..., :n_ranked]                            # [prompt, pos, r]
-                for layer in lens_layers:
-                    x = at_sel(lens_resid[layer])
-                    if lens_cosine and layer > 0:
-                        y = at_sel(lens_resid[layer - 1])
-                        result[("lens_cos", layer)] = torch.nn.functional.cosine_similarity(
-                            x.float(), y.float(), dim=-1)                # [prompt, pos]
-                    lg = nn.unembed(nn.final_norm(x)).float()          # [prompt, pos, vocab]
-                    if softcap:
-                        lg = torch.tanh(lg / softcap) * softcap
-                    lse = lg.logsumexp(-1, keepdim=True)
-                    top = lg.topk(lens_k, dim=-1)
-                    target = lg.gather(-1, ranked)                      # [prompt, pos, r]
-                    rank = torch.stack([(lg > target[..., j:j + 1]).sum(-1)
-                                        for j in range(n_ranked)], -1)
-                    result[("lens", layer)] = (top.indices, top.values - lse, rank,
-                                               target - lse)
-            if dla_ids is not None:
-                fn = nn.final_norm
-                probe = torch.ones(2, spec.d_model)
-                probe[:, 1::2] = -1.0
-                probe[1] *= -1.0
-                normed = fn(probe.to(dla_dtype)).detach()
-                u_bias = nn.unembed.bias if dla_u_bias else None
-                for part, value in direct_logit_attribution(
-                        dla_parts, normed, nn.unembed.weight, u_bias, dla_ids,
-                        n_layers=spec.n_layers, n_heads=spec.n_heads, eps=dla_eps,
-                        centred=dla_centred).items():
-                    result[("dla", part)] = value
-            result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
-    return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
-            for k, v in result.items()}
+
+def _keep(plan: _Plan, result: dict[Any, Any], key: tuple[int, str], value: Any) -> None:
+    """Save one layer site's value at the kept positions or points (a copy if edits follow)."""
+    value = value.detach()
+    if plan.points is not None and key[1] != "attn_pattern":
+        value = value[plan.points[0], plan.points[1]]              # [points, ...]
+    elif plan.sel is not None and key[1] != "attn_pattern":
+        value = _at_sel(plan, value)
+    elif plan.clone:
+        value = value.clone()
+    result[key] = value.save() if hasattr(value, "save") else value
+
+
+def _site_value(block: Any, site: str) -> Any:
+    """The envoy value of ``site`` in one layer's block (read only when needed: in order)."""
+    if site == "resid_pre":
+        return block.input
+    if site == "attn_z":
+        return block.attn.o_proj.input
+    if site == "attn_pattern":
+        return block.attn.output[1]
+    if site == "mlp_out":
+        return block.mlp.output
+    return block.output
+
+
+def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
+                    result: dict[Any, Any], lens_resid: dict[int, Any],
+                    dla_parts: dict[Any, Any]) -> None:
+    """One layer's sites in forward order: apply its edits, keep what the readouts ask for."""
+    spec = plan.spec
+    for site in _LAYER_SITES:
+        point = (layer, site)
+        wanted = point in plan.save
+        to_apply = plan.by_point.get(point, ())
+        head_out = site == "attn_z" and (layer, "head_out") in plan.save
+        lens_here = site == "resid_post" and layer in plan.lens_layers
+        dla_here = plan.dla_ids is not None and (
+            site in ("attn_z", "mlp_out") or (site, layer) in (
+                ("resid_pre", 0), ("resid_post", spec.n_layers - 1)))
+        if not (wanted or to_apply or head_out or lens_here or dla_here):
+            continue
+        value = _site_value(block, site)
+        if to_apply:
+            apply_edits(value, to_apply, ctx)
+        if wanted:
+            _keep(plan, result, point, value)
+        if head_out:
+            w = block.attn.o_proj.weight  # Linear [d_model, head*d_head]; Conv1D .T
+            w = w if plan.o_proj_transposed else w.T
+            w = w.reshape(spec.n_heads, spec.d_head, spec.d_model)
+            z = value.reshape(*value.shape[:2], spec.n_heads, spec.d_head)
+            _keep(plan, result, (layer, "head_out"), torch.einsum("pshd,hdm->pshm", z, w))
+        if lens_here:
+            lens_resid[layer] = value.clone() if plan.clone else value
+        if dla_here:
+            x = _at_sel(plan, value).detach()
+            dla_parts[(layer, site)] = x.clone() if plan.clone and plan.sel is None else x
+            if site == "attn_z":
+                w = block.attn.o_proj.weight
+                dla_parts[(layer, "W_O")] = w if plan.o_proj_transposed else w.T
+                if plan.dla.o_bias:
+                    dla_parts[(layer, "b_O")] = block.attn.o_proj.bias
+
+
+def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
+    """The final norm's output and the logits ([prompt, 1, vocab] when ``plan.logits_last``)."""
+    if "final_norm" in plan.save_final:
+        result["final_norm"] = _at_sel(plan, nn.final_norm.output.detach()).save()
+    if plan.logits:
+        lg = nn.output.logits.detach()
+        if not plan.logits_last:
+            lg = _at_sel(plan, lg)
+        result["logits"] = lg.save()
+
+
+def _lens_readouts(nn: Any, plan: _Plan, result: dict[Any, Any],
+                   lens_resid: dict[int, Any]) -> None:
+    """Per lens layer: top tokens and log-probs, and the output's top tokens' ranks there."""
+    final_id = _at_sel(plan, nn.output.logits.detach()).float().topk(
+        plan.lens_k, dim=-1).indices                                 # [prompt, pos, k]
+    result["lens_final_id"] = final_id
+    ranked = final_id[..., :plan.n_ranked]                            # [prompt, pos, r]
+    for layer in plan.lens_layers:
+        x = _at_sel(plan, lens_resid[layer])
+        if plan.lens_cosine and layer > 0:
+            y = _at_sel(plan, lens_resid[layer - 1])
+            result[("lens_cos", layer)] = torch.nn.functional.cosine_similarity(
+                x.float(), y.float(), dim=-1)                        # [prompt, pos]
+        lg = nn.unembed(nn.final_norm(x)).float()                    # [prompt, pos, vocab]
+        if plan.softcap:
+            lg = torch.tanh(lg / plan.softcap) * plan.softcap
+        lse = lg.logsumexp(-1, keepdim=True)
+        top = lg.topk(plan.lens_k, dim=-1)
+        target = lg.gather(-1, ranked)                                # [prompt, pos, r]
+        rank = torch.stack([(lg > target[..., j:j + 1]).sum(-1)
+                            for j in range(plan.n_ranked)], -1)
+        result[("lens", layer)] = (top.indices, top.values - lse, rank, target - lse)
+
+
+def _dla_readouts(nn: Any, plan: _Plan, result: dict[Any, Any],
+                  dla_parts: dict[Any, Any]) -> None:
+    """Direct logit attribution of ``plan.dla_ids`` from the parts kept layer by layer."""
+    spec = plan.spec
+    probe = torch.ones(2, spec.d_model)
+    probe[:, 1::2] = -1.0
+    probe[1] *= -1.0
+    normed = nn.final_norm(probe.to(plan.dla.dtype)).detach()
+    unembed = (nn.unembed.weight, nn.unembed.bias if plan.dla.unembed_bias else None)
+    for part, value in direct_logit_attribution(
+            dla_parts, normed, unembed, plan.dla_ids, n_layers=spec.n_layers,
+            n_heads=spec.n_heads, eps=plan.dla.eps, centred=plan.dla.centred).items():
+        result[("dla", part)] = value
 
 
 def run_on_weights(model: Model, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -494,7 +611,7 @@ def final_norm_kind(model: Model) -> tuple[bool, float]:
 
 
 def direct_logit_attribution(parts: dict[Any, torch.Tensor], normed_probe: torch.Tensor,
-                             w_unembed: torch.Tensor, b_unembed: torch.Tensor | None,
+                             unembed: tuple[torch.Tensor, torch.Tensor | None],
                              ids: torch.Tensor, *, n_layers: int, n_heads: int, eps: float,
                              centred: bool) -> dict[str, torch.Tensor]:
     """Split the logits of tokens ``ids`` [prompt, t] into the residual stream's writers.
@@ -509,12 +626,14 @@ def direct_logit_attribution(parts: dict[Any, torch.Tensor], normed_probe: torch
     ``parts`` holds the trace's tensors at the kept positions: (0, "resid_pre"),
     (L-1, "resid_post"), (layer, "attn_z"), (layer, "mlp_out"), (layer, "W_O") as
     [head*d_head, d_model], optionally (layer, "b_O"). ``normed_probe`` is the final norm
-    applied to a zero-mean +-1 vector and its negation [2, d_model]. All in float64.
+    applied to a zero-mean +-1 vector and its negation [2, d_model]; ``unembed`` the
+    unembedding's weight [vocab, d_model] and bias (or None). All in float64.
 
     Returns ``embed`` [prompt, pos, t], ``head`` [prompt, pos, layer, head, t],
     ``attn_bias`` and ``mlp`` [prompt, pos, layer, t], ``norm_bias`` [prompt, pos, t]
     (the norm's and the unembedding's biases).
     """
+    w_unembed, b_unembed = unembed
     probe = torch.ones(normed_probe.shape[-1], dtype=torch.float64)
     probe[1::2] = -1.0
     y = normed_probe.double()
@@ -670,7 +789,6 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     if len(chunks) > 1:  # a mean ablation averages over every prompt, whatever the batch size
         run_edits = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
 
-    spec = model.spec
     collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     for rows in chunks:
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
@@ -678,43 +796,62 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
         out = run_batch(model, batch, save=save, edits=batch_edits, save_positions=positions,
                         logits="unembed" in sites,
                         save_final=("final_norm",) if "final_norm" in sites else ())
-        if positions is None:
-            def unpad(x, _b=batch):
-                return _unpad(x, _b.lengths, _b.width, n_pos)
-        else:
-            def unpad(x):
-                return x.float().numpy()
+        arrays = _batch_arrays(model.spec, out, batch, sites, layers, positions, n_pos, n_src)
         for s in sites:
-            if s == "final_norm":
-                collected[s].append(unpad(out["final_norm"]))
-            elif s == "unembed":
-                collected[s].append(unpad(out["logits"]))
-            elif s == "attn_pattern":
-                pats = [_unpad_pattern(out[(layer, s)], batch.lengths, batch.width, positions,
-                                       n_pos, n_src) for layer in layers]
-                collected[s].append(np.stack(pats, axis=1))  # [prompt, layer, head, dst, src]
-            else:
-                stacked = None  # [prompt, pos, layer, ...], filled layer by layer: one copy
-                for li, layer in enumerate(layers):
-                    x = out[(layer, s)].detach().cpu()
-                    x = x.float() if x.dtype != torch.float64 else x  # [prompt, padded_pos, ...]
-                    if s == "attn_z":
-                        x = x.reshape(*x.shape[:2], spec.n_heads, spec.d_head)
-                    xn = x.numpy()
-                    if stacked is None:
-                        stacked = np.empty((len(rows), n_pos, len(layers), *xn.shape[2:]),
-                                           dtype=xn.dtype)
-                    if positions is not None:
-                        stacked[:, :, li] = xn
-                    else:
-                        for i, n in enumerate(batch.lengths):
-                            stacked[i, :n, li] = xn[i, batch.width - n:]
-                            stacked[i, n:, li] = np.nan
-                collected[s].append(stacked)
+            collected[s].append(arrays[s])
         step(len(rows))
 
     return _to_dataset(model, batch_all, prompts, collected, sites=sites, layers=layers,
-                       positions=positions, n_pos=n_pos, edits=edits)
+                       positions=positions, edits=edits)
+
+
+def _batch_arrays(spec: Any, out: dict[Any, Any], batch: Batch, sites: Sequence[str],
+                  layers: Sequence[int], positions: Sequence[int] | None, n_pos: int,
+                  n_src: int) -> dict[str, np.ndarray]:
+    """One batch's `run_batch` output as an array per site, positions unpadded to ``n_pos``
+    (NaN past a prompt's end); layer sites stacked on a layer axis after pos."""
+    if positions is None:
+        def unpad(x):
+            return _unpad(x, batch.lengths, batch.width, n_pos)
+    else:
+        def unpad(x):
+            return x.float().numpy()
+    arrays = {}
+    for s in sites:
+        if s == "final_norm":
+            arrays[s] = unpad(out["final_norm"])
+        elif s == "unembed":
+            arrays[s] = unpad(out["logits"])
+        elif s == "attn_pattern":
+            pats = [_unpad_pattern(out[(layer, s)], batch.lengths, batch.width, positions,
+                                   n_pos, n_src) for layer in layers]
+            arrays[s] = np.stack(pats, axis=1)  # [prompt, layer, head, dst, src]
+        else:
+            arrays[s] = _stack_layers(spec, out, s, batch, layers, positions, n_pos)
+    return arrays
+
+
+def _stack_layers(spec: Any, out: dict[Any, Any], site: str, batch: Batch,
+                  layers: Sequence[int], positions: Sequence[int] | None,
+                  n_pos: int) -> np.ndarray:
+    """[prompt, pos, layer, ...] of one layer site, filled layer by layer: one copy."""
+    stacked = None
+    for li, layer in enumerate(layers):
+        x = out[(layer, site)].detach().cpu()
+        x = x.float() if x.dtype != torch.float64 else x  # [prompt, padded_pos, ...]
+        if site == "attn_z":
+            x = x.reshape(*x.shape[:2], spec.n_heads, spec.d_head)
+        xn = x.numpy()
+        if stacked is None:
+            stacked = np.empty((len(batch.lengths), n_pos, len(layers), *xn.shape[2:]),
+                               dtype=xn.dtype)
+        if positions is not None:
+            stacked[:, :, li] = xn
+        else:
+            for i, n in enumerate(batch.lengths):
+                stacked[i, :n, li] = xn[i, batch.width - n:]
+                stacked[i, n:, li] = np.nan
+    return stacked
 
 
 def check_edit_rows(edits: Sequence[Edit], n_prompts: int) -> None:
@@ -830,7 +967,10 @@ def token_coords(model: Model, batch: Batch, positions: Sequence[int] | None,
             "mask": ids >= 0}
 
 
-def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, positions, n_pos, edits):
+def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, positions, edits):
+    """The Dataset of `trace` / `run_with`: the collected arrays with token coords, mask and
+    provenance."""
+    n_pos = len(positions) if positions is not None else max(batch_all.lengths)
     tc = token_coords(model, batch_all, positions, n_pos)
     data = {s: (_DIMS[s], c[0] if len(c := collected[s]) == 1 else np.concatenate(c, axis=0))
             for s in sites}
@@ -871,23 +1011,11 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     out = run_batch(model, batch, save={(layer, s) for layer in layers for s in sites},
                     edits=edits, save_positions=positions, resume=resume)
     n_pos = len(positions) if positions is not None else max(batch.lengths)
-
-    def unpad(x):
-        if positions is not None:
-            return x.float().numpy()
-        return _unpad(x, batch.lengths, batch.width, n_pos)
-
-    collected = {"unembed": [unpad(out["logits"])]}
-    for s in sites:
-        per_layer = []
-        for layer in layers:
-            x = unpad(out[(layer, s)])
-            if s == "attn_z":
-                x = x.reshape(*x.shape[:2], model.spec.n_heads, model.spec.d_head)
-            per_layer.append(x)
-        collected[s] = [np.stack(per_layer, axis=2)]
+    arrays = _batch_arrays(model.spec, out, batch, ("unembed", *sites), layers, positions, n_pos,
+                           n_src=max(batch.lengths))
+    collected = {s: [a] for s, a in arrays.items()}
     ds = _to_dataset(model, batch, prompts, collected, sites=("unembed", *sites), layers=layers,
-                     positions=positions, n_pos=n_pos, edits=edits)
+                     positions=positions, edits=edits)
     ds = ds.rename({"unembed": "logits"})
     ds.attrs["method"] = "run_with"
     ds.attrs["edits_json"] = edits_to_json(edits)

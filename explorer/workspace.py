@@ -28,6 +28,7 @@ import torch
 
 from . import components as comp
 from ._checks import InputError
+from .defaults import DEFAULT_MODEL
 from .interventions import Ablate, AddHead, Edit, Patch, Scale, Steer, edit_from_dict
 
 __all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
@@ -145,7 +146,7 @@ class Workspace(param.Parameterized):
     `Workspace.from_model` fills the model fields from a loaded `explorer.Model`.
     """
 
-    model_name = param.String(default="smollm2-135m", doc="Model the state belongs to.")
+    model_name = param.String(default=DEFAULT_MODEL, doc="Model the state belongs to.")
     n_layers = param.Integer(default=None, allow_None=True, bounds=(1, None),
                              doc="Layers of the model (selections are checked against it).")
     n_heads = param.Integer(default=None, allow_None=True, bounds=(1, None),
@@ -415,7 +416,7 @@ class Workspace(param.Parameterized):
     # -- state -----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The state as plain JSON-able data (what `to_json` writes)."""
-        from . import __version__
+        from ._version import __version__
 
         return {
             "format": STATE_FORMAT,

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             from explorer.store import ActivationStore
 
             store = ActivationStore(args.cache)
-            run = store.get_or_compute(lin._run_parts(full), lambda: lin.train_linear_icl(**full)).load()
+            run = store.get_or_compute(lin.run_key_parts(full), lambda: lin.train_linear_icl(**full)).load()
         trained = time.perf_counter() - started
         rounded = run.copy()
         for name in ("W_Q", "W_K", "W_V", "W_O"):

@@ -624,3 +624,17 @@ def test_print_summary_prints_json_or_one_line_per_key(capsys):
     print_summary(summary, as_json=False)
     assert capsys.readouterr().out.splitlines() == [
         "model: m", 'layers: [1, 2]', 'acc: {"a": null}', "n: 3"]
+
+
+def test_number_options_take_their_type_and_default_from_the_keyword():
+    from explorer.commands._common import add_number_options
+
+    parser = argparse.ArgumentParser()
+    add_number_options(parser, n_prompts=12, lr=1e-3)
+    args = parser.parse_args([])
+    assert (args.n_prompts, args.lr) == (12, 1e-3)
+    assert type(args.n_prompts) is int and type(args.lr) is float
+    args = parser.parse_args(["--n-prompts", "3", "--lr", "0.5"])
+    assert (args.n_prompts, args.lr) == (3, 0.5)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--n-prompts", "2.5"])        # an int option refuses a float

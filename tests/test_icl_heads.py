@@ -283,12 +283,12 @@ def test_batched_fv_scores_equal_one_trace_per_head(tiny_model):
     rows = torch.arange(len(target))
     mz = ih.task_mean_z(m, clean)
     batch = m.tokenize(corr)
-    base = ih._last_probs(m, batch)[rows, target]
+    base = ih.last_token_probs(m, batch)[rows, target]
     expect = np.zeros((m.spec.n_layers, m.spec.n_heads))
     for layer in range(m.spec.n_layers):
         for head in range(m.spec.n_heads):
             edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
-            p = ih._last_probs(m, batch, [edit])[rows, target]
+            p = ih.last_token_probs(m, batch, [edit])[rows, target]
             expect[layer, head] = float((p - base).mean())
     # the random-init model's answer probabilities are ~2e-3 and the effects ~1e-6, so the
     # comparison is relative: float32 resolves them to ~1e-10, and heads differ by ~1e-6
@@ -317,7 +317,7 @@ def test_last_token_cache_reproduces_the_full_forward(tiny_model):
     batch = m.tokenize(corr)
     assert len(set(batch.lengths)) >= 3
     rows = torch.arange(len(corr))
-    full = ih._last_probs(m, batch)[rows, target]
+    full = ih.last_token_probs(m, batch)[rows, target]
     prefix = ih.last_token_cache(m, batch)
     keys = [layer.keys.clone() for layer in prefix.cache.layers]
     np.testing.assert_allclose(ih.fv_last_token_probs(m, prefix, [], None, target)[0], full,
@@ -327,7 +327,7 @@ def test_last_token_cache_reproduces_the_full_forward(tiny_model):
     got = ih.fv_last_token_probs(m, prefix, heads, mz, target)            # [head, prompt]
     for j, (layer, head) in enumerate(heads):
         edit = Ablate(layer, head, mode="mean", value=mz[layer, head], positions=(-1,))
-        ref = ih._last_probs(m, batch, [edit])[rows, target]
+        ref = ih.last_token_probs(m, batch, [edit])[rows, target]
         assert not np.allclose(ref, full, rtol=1e-3)
         np.testing.assert_allclose(got[j], ref, rtol=1e-5)
         one = ih.fv_last_token_probs(m, prefix, [(layer, head)], mz, target)[0]
@@ -349,12 +349,12 @@ def test_last_token_path_only_where_it_applies(tiny_model, tiny_gpt2):
 
 def test_head_chunks_keep_layers_together():
     heads = [(layer, h) for layer in range(3) for h in range(4)]
-    assert ih._head_chunks(heads, 8) == [heads[:8], heads[8:]]
-    assert ih._head_chunks(heads, 5) == [heads[:4], heads[4:8], heads[8:]]
-    assert ih._head_chunks(heads, 3) == [heads[0:3], heads[3:4], heads[4:7], heads[7:8],
+    assert ih.head_chunks(heads, 8) == [heads[:8], heads[8:]]
+    assert ih.head_chunks(heads, 5) == [heads[:4], heads[4:8], heads[8:]]
+    assert ih.head_chunks(heads, 3) == [heads[0:3], heads[3:4], heads[4:7], heads[7:8],
                                          heads[8:11], heads[11:]]
-    assert ih._head_chunks(heads[2:], 100) == [heads[2:]]
-    assert [len(c) for c in ih._head_chunks(heads, 1)] == [1] * 12
+    assert ih.head_chunks(heads[2:], 100) == [heads[2:]]
+    assert [len(c) for c in ih.head_chunks(heads, 1)] == [1] * 12
 
 
 # -- ablations -----------------------------------------------------------------------------

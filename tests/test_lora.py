@@ -108,12 +108,12 @@ def test_training_by_hooks_is_peft_training(tiny_model, monkeypatch):
     before = {k: v.clone() for k, v in tiny_model.hf.state_dict().items()}
     ds, peft_model = cl.finetune_lora(tiny_model, PROMPTS, ANSWERS, ranks=RANKS, steps=7,
                                       batch_size=4, lr=1e-2, seed=4, warmup=2, schedule="linear")
-    pairs = cl._encode(tiny_model, PROMPTS, ANSWERS)
+    pairs = cl.encode_answers(tiny_model, PROMPTS, ANSWERS)
     seen = []
     with torch.enable_grad():
-        lora, losses, _, _ = cl._train_by_hooks(
+        lora, losses, _, _ = cl.train_by_hooks(
             tiny_model, cl.lora_weights_init(tiny_model, RANKS, seed=4), pairs,
-            cl._batch_draws(len(pairs), 4, 7, 4), ds["lr"].values.tolist(), [],
+            cl.batch_draws(len(pairs), 4, 7, 4), ds["lr"].values.tolist(), [],
             lambda step, w: None, lambda done, total: seen.append(done))
     assert seen == [3, 6, 7]  # three jobs
     assert np.array_equal(np.array(losses), ds["loss"].values)

@@ -398,7 +398,7 @@ def test_analysis_is_served_from_the_store(tiny_model, tmp_path, monkeypatch):
 
     # patched where they are called (the submodules), so a miss would raise
     monkeypatch.setattr(sat_lens, "_saturation_pass", boom)
-    monkeypatch.setattr(sat_analysis, "_analyse", boom)
+    monkeypatch.setattr(sat_analysis, "saturation_from_lens", boom)
     with pytest.raises(AssertionError, match="recomputed"):
         sat.saturation_analysis(tiny_model, TEXTS[:1], **kw)
     second = sat.saturation_analysis(tiny_model, TEXTS, **kw).load()
@@ -559,8 +559,8 @@ def test_min_sat_layer_is_part_of_the_cache_key(tiny_model, tmp_path, monkeypatc
               store=store)
     a = sat.saturation_analysis(tiny_model, TEXTS, min_sat_layer=0, **kw).load()
     calls = []
-    real = sat_analysis._analyse
-    monkeypatch.setattr(sat_analysis, "_analyse", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = sat_analysis.saturation_from_lens
+    monkeypatch.setattr(sat_analysis, "saturation_from_lens", lambda *a, **k: calls.append(k) or real(*a, **k))
     b = sat.saturation_analysis(tiny_model, TEXTS, min_sat_layer=1, **kw).load()
     assert len(calls) == 1 and calls[0]["min_sat_layer"] == 1       # not served from a's entry
     assert a.attrs["params"]["min_sat_layer"] == 0 and b.attrs["params"]["min_sat_layer"] == 1
@@ -701,8 +701,8 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
     argv = ["saturation", "--model", "tiny-llama", "--corpus", str(corpus), "--k", "5",
             "--permutations", "20", "--sample-positions", "0", "--pairs", "0", "--json"]
     calls = []
-    analyse = sat_analysis._analyse
-    monkeypatch.setattr(sat_analysis, "_analyse",
+    analyse = sat_analysis.saturation_from_lens
+    monkeypatch.setattr(sat_analysis, "saturation_from_lens",
                         lambda *a, **k: calls.append(k) or analyse(*a, **k))
     assert cli.main(argv) == 0
     first = json.loads(capsys.readouterr().out)
@@ -711,7 +711,7 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
     def recomputed(*a, **k):
         raise AssertionError("the second run recomputed")
 
-    for module, name in ((sat_analysis, "_analyse"), (sat_analysis, "saturation_layers"),
+    for module, name in ((sat_analysis, "saturation_from_lens"), (sat_analysis, "saturation_layers"),
                          (importlib.import_module("explorer.trace"), "run_batch")):
         monkeypatch.setattr(module, name, recomputed)
     assert cli.main(argv) == 0

@@ -516,3 +516,58 @@ def test_bad_in_trace_lens_options_are_clear_errors(tiny_model):
                   save_points=(torch.tensor([2]), torch.tensor([0])))
     with pytest.raises(InputError, match="two 1-d tensors"):
         run_batch(tiny_model, batch, save_points=(torch.tensor([0, 1]), torch.tensor([0])))
+
+
+def test_readouts_record_equals_the_keywords_and_plain_hidden_states(tiny_model):
+    """A `Readouts` record and the same fields as keywords run the same trace; both agree
+    with a plain forward's hidden states and logits at the kept positions."""
+    from explorer.trace import Readouts, run_batch
+
+    m = tiny_model
+    batch = m.tokenize(PROMPTS)
+    record = Readouts(save={(1, "resid_post")}, save_positions=[-2, -1], lens_k=3,
+                      lens_layers=[0, 1])
+    by_record = run_batch(m, batch, readouts=record)
+    by_keywords = run_batch(m, batch, save={(1, "resid_post")}, save_positions=[-2, -1],
+                            lens_k=3, lens_layers=[0, 1])
+    assert by_record.keys() == by_keywords.keys()
+    for key in by_record:
+        a, b = by_record[key], by_keywords[key]
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert torch.equal(x, y), key
+    with eager_attention(m):
+        hf = m.hf(**batch.model_inputs(), output_hidden_states=True)
+    cols = [batch.width - 2, batch.width - 1]
+    np.testing.assert_allclose(by_record[(1, "resid_post")].numpy(),
+                               hf.hidden_states[2][:, cols].numpy(), atol=ATOL)
+    np.testing.assert_allclose(by_record["logits"].numpy(), hf.logits[:, cols].numpy(),
+                               atol=1e-4)
+
+
+def test_readouts_given_twice_or_unknown_are_errors(tiny_model):
+    from explorer.trace import Readouts, run_batch
+
+    batch = tiny_model.tokenize(PROMPTS[:2])
+    with pytest.raises(TypeError, match=r"not both; got `readouts` and \['lens_k'\]"):
+        run_batch(tiny_model, batch, readouts=Readouts(), lens_k=3)
+    with pytest.raises(TypeError, match="save_sites"):
+        run_batch(tiny_model, batch, save_sites={(0, "resid_post")})
+
+
+def test_trace_module_functions_fit_on_one_screen():
+    """Every function in explorer/trace.py has at most 80 lines and 8 parameters."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    tree = ast.parse(Path(sys.modules["explorer.trace"].__file__).read_text())
+    too_big = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            n_params = (len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+                        + (a.vararg is not None) + (a.kwarg is not None))
+            n_lines = node.end_lineno - node.lineno + 1
+            if n_lines > 80 or n_params > 8:
+                too_big.append((node.name, n_lines, n_params))
+    assert too_big == []

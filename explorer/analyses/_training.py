@@ -40,7 +40,7 @@ def training_versions() -> dict[str, str]:
     import numpy as np
     import torch
 
-    from explorer import __version__
+    from explorer._version import __version__
 
     return {"explorer": __version__, "torch": torch.__version__, "numpy": np.__version__,
             "xarray": xr.__version__}

@@ -188,7 +188,8 @@ def is_split(scores: xr.Dataset) -> bool:
     return any(input_of(str(d)) for d in scores["dst"].values)
 
 
-def _layer_of(node: str, n_layers: int) -> int:
+def node_layer(node: str, n_layers: int) -> int:
+    """The layer a graph node belongs to (``"input"`` 0, ``"logits"`` ``n_layers``)."""
     node = node_of(node)
     if node == "input":
         return 0
@@ -224,8 +225,8 @@ def _dst_layout(n_heads: int, split_qkv: bool) -> tuple[int, int]:
     return n_in + 1, n_in
 
 
-def _valid_mask(n_layers: int, n_heads: int, parallel: bool = False,
-                split_qkv: bool = False) -> np.ndarray:
+def valid_edge_mask(n_layers: int, n_heads: int, parallel: bool = False,
+                    split_qkv: bool = False) -> np.ndarray:
     """[src, dst] True where src writes before dst reads.
 
     src index: 0 input, 1 + l*(H+1) + h head, 1 + l*(H+1) + H MLP. dst index: layer l's head
@@ -269,7 +270,7 @@ def _check_family(model: Model) -> None:
     check_engine_family(model)
 
 
-def _adapter(model: Model, lora: LoRAWeights | None = None) -> HeadEngine:
+def circuit_engine(model: Model, lora: LoRAWeights | None = None) -> HeadEngine:
     """The per-head engine on the model's weights (local ones; a remote model's runs on the
     server through `explorer.trace.run_on_weights`), with ``lora``'s adapters if given."""
     _check_family(model)
@@ -325,10 +326,10 @@ def _patched_input(resid: torch.Tensor, corrupt_resid: torch.Tensor, diff: torch
     return resid[None] - _gather(diff, ~keep)
 
 
-def _forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None,
-             patch: tuple[_Run, torch.Tensor] | None = None, start: int = 0,
-             past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-             split_qkv: bool = False) -> _Run:
+def graph_forward(ad: HeadEngine, batch: Batch, *, embeds: torch.Tensor | None = None,
+                  patch: tuple[_Run, torch.Tensor] | None = None, start: int = 0,
+                  past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                  split_qkv: bool = False) -> _Run:
     """One run over the node graph.
 
     Without ``patch`` every node reads the running residual stream (the model's own forward).
@@ -446,7 +447,10 @@ def _mean_run(ad: HeadEngine, clean: _Run, batch: Batch) -> _Run:
     return _Run(outs, [], resid_in, ad.logits(resid_in[-1][:, -1]))
 
 
-def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
+def prepare_pairs(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
+    """The clean and corrupted batches of ``task``'s ``rows`` with their answer and wrong
+    token ids (``.clean``, ``.corrupt``, ``.answer``, ``.wrong``); pairs must tokenise to
+    equal lengths."""
     clean_p = [task.clean[i] for i in rows]
     corrupt_p = [task.corrupt[i] for i in rows]
     clean = model.tokenize(clean_p)
@@ -459,6 +463,11 @@ def _prepare(model: Model, task: CircuitTask, rows: Sequence[int]) -> _Prepared:
     answer = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
     wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
     return _Prepared(clean, corrupt, answer, wrong, task.baseline == "mean")
+
+
+# The private spellings, used by this module's own calls and its tests.
+_layer_of, _valid_mask, _adapter = node_layer, valid_edge_mask, circuit_engine
+_forward, _prepare = graph_forward, prepare_pairs
 
 
 def _metric_values(metric: str, logits: torch.Tensor, prep: _Prepared,

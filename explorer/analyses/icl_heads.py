@@ -137,7 +137,7 @@ def answer_token_ids(model: Model, answers: Sequence[str]) -> list[int]:
     return [model.tokenizer(" " + a, add_special_tokens=False)["input_ids"][0] for a in answers]
 
 
-def _last_probs(model: Model, batch: Any, edits=(), resume=None) -> torch.Tensor:
+def last_token_probs(model: Model, batch: Any, edits=(), resume=None) -> torch.Tensor:
     """Next-token probabilities at each prompt's last token: [prompt, vocab]."""
     out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
     return torch.softmax(out["logits"][:, -1].float(), dim=-1)
@@ -278,12 +278,13 @@ def task_mean_z(model: Model, prompts: Sequence[str], edits=()) -> np.ndarray:
     return z.reshape(len(batch.lengths), spec.n_layers, spec.n_heads, spec.d_head).mean(0)
 
 
-def _heads(model: Model, layers: Sequence[int] | None) -> list[tuple[int, int]]:
+def heads_of_layers(model: Model, layers: Sequence[int] | None) -> list[tuple[int, int]]:
+    """Every ``(layer, head)`` of ``layers`` (all layers when ``None``), layer-major."""
     layers = range(model.spec.n_layers) if layers is None else [model.check_layer(l) for l in layers]
     return [(l, h) for l in layers for h in range(model.spec.n_heads)]
 
 
-def _head_chunks(heads: Sequence[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
+def head_chunks(heads: Sequence[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
     """Heads (layer-major) in chunks of at most ``size``, whole layers together where they fit.
 
     A chunk's trace resumes at its lowest layer, so chunks of whole neighbouring layers
@@ -321,7 +322,7 @@ def fv_patched_probs(model: Model, cache: Any, heads: Sequence[tuple[int, int]],
     edits = [Ablate(layer, head, mode="mean", value=mean_z[layer, head], positions=(-1,),
                     prompts=tuple(range(j * n, (j + 1) * n)) if k > 1 else None)
              for j, (layer, head) in enumerate(heads)]
-    p = _last_probs(model, big.batch, edits, resume=big)          # [head * prompt, vocab]
+    p = last_token_probs(model, big.batch, edits, resume=big)          # [head * prompt, vocab]
     return p[torch.arange(k * n), target.repeat(k)].reshape(k, n)
 
 
@@ -546,7 +547,7 @@ def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 
     if method == "auto":
         method = "resume" if last_token_problem(model) else "last_token"
     spec = model.spec
-    heads = _heads(model, layers)
+    heads = heads_of_layers(model, layers)
     ie = np.full((len(tasks), spec.n_layers, spec.n_heads), np.nan)
     mean_z = np.zeros((len(tasks), spec.n_layers, spec.n_heads, spec.d_head))
     p_clean, p_corr = np.zeros(len(tasks)), np.zeros(len(tasks))
@@ -558,8 +559,8 @@ def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 
         target = torch.tensor(answer_token_ids(model, answers))
         rows = torch.arange(len(target))
         mean_z[t] = task_mean_z(model, clean)
-        p_clean[t] = float(_last_probs(model, model.tokenize(clean))[rows, target].mean())
-        chunks = list(_head_chunks(heads, max(1, max_rows // len(target))))
+        p_clean[t] = float(last_token_probs(model, model.tokenize(clean))[rows, target].mean())
+        chunks = list(head_chunks(heads, max(1, max_rows // len(target))))
         remote_p = None
         if method == "last_token" and model.remote:  # the task's runs as one server job
             base, remote_p = run_on_weights(model, _fv_last_token_task,
@@ -722,7 +723,7 @@ def _correct_and_answer_prob(model: Model, prompts: Sequence[str], answers: Sequ
                              edits=()) -> tuple[np.ndarray, np.ndarray]:
     """Per prompt: whether the argmax next token is the answer's first token, and its probability."""
     batch = model.tokenize(list(prompts))
-    probs = _last_probs(model, batch, edits)                     # [prompt, vocab]
+    probs = last_token_probs(model, batch, edits)                     # [prompt, vocab]
     target = torch.tensor(answer_token_ids(model, answers))
     rows = torch.arange(len(target))
     return ((probs.argmax(-1) == target).numpy().astype(float),

@@ -683,7 +683,8 @@ def linear_icl_analysis(run: xr.Dataset, *, n_prompts: int = 2048, seed: int = 1
 
 # -- cached runs ----------------------------------------------------------------------
 
-def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
+def run_key_parts(params: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them)."""
     return {"method": "linear_icl", "format": 1, **params}
 
 
@@ -760,7 +761,7 @@ def linear_icl_run(*, store=None, retrain: bool = False, progress: ProgressCallb
     read from `SHIPPED_RUNS` (float16 weights, with its analysis) instead of being trained.
     ``retrain=True`` trains again and replaces the stored run.
     """
-    return stored_training_run(_run_parts, train_linear_icl, DEFAULTS, params, what="linear-ICL",
+    return stored_training_run(run_key_parts, train_linear_icl, DEFAULTS, params, what="linear-ICL",
                                store=store, retrain=retrain, progress=progress, shipped=_shipped_run)
 
 

@@ -744,14 +744,15 @@ def emergence_summary(analysis: xr.Dataset) -> dict[str, Any]:
 
 # -- cached runs ----------------------------------------------------------------------
 
-def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
+def run_key_parts(params: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them)."""
     return {"method": "task_emergence_run", "format": 1, **params}
 
 
 def task_emergence_run(*, store=None, retrain: bool = False, progress: ProgressCallback | None = None,
                        **params: Any) -> xr.Dataset:
     """The training run for ``params`` (see `train_task_emergence`), from the store or trained."""
-    return stored_training_run(_run_parts, train_task_emergence, DEFAULTS, params,
+    return stored_training_run(run_key_parts, train_task_emergence, DEFAULTS, params,
                                what="task-emergence", store=store, retrain=retrain,
                                progress=progress)
 
@@ -799,7 +800,7 @@ def default_analysis(*, store=None, progress: ProgressCallback | None = None) ->
     from explorer.store import ActivationStore
 
     store = ActivationStore() if store is None else store
-    stored = store.get(store.key(_run_parts(dict(DEFAULTS))), verify=False)
+    stored = store.get(store.key(run_key_parts(dict(DEFAULTS))), verify=False)
     if stored is None and SHIPPED_ANALYSIS.is_file():
         analysis = load_analysis_safetensors(SHIPPED_ANALYSIS)
         analysis.attrs["source"] = (f"shipped with the project ({SHIPPED_ANALYSIS.name}); "

@@ -33,7 +33,7 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int
-from explorer.analyses.icl_heads import (ICLTask, _last_probs, _task, _wilson,
+from explorer.analyses.icl_heads import (ICLTask, last_token_probs, _task, _wilson,
                                          answer_token_ids, few_shot_accuracy, icl_prompts)
 from explorer.analyses.task_vectors import CITATION, last_token_residuals, null_task
 from explorer.interventions import Steer
@@ -256,7 +256,7 @@ def conflicting_task_patching(model: Any, tasks: Sequence[ICLTask | str], *,
     done = 0
     for bi, prompts, run in plan:
         batch = model.tokenize(list(prompts))
-        pred[sources.index("none"), bi, :] = _last_probs(model, batch).argmax(-1).numpy()
+        pred[sources.index("none"), bi, :] = last_token_probs(model, batch).argmax(-1).numpy()
         done += 1
         own = last_token_residuals(model, prompts).astype(np.float64) if mode == "replace" \
             else None
@@ -265,7 +265,7 @@ def conflicting_task_patching(model: Any, tasks: Sequence[ICLTask | str], *,
             for li, layer in enumerate(layers):
                 edits = _patch_edits(layer, vec[layer], None if own is None else own[:, layer],
                                      alpha)
-                pred[ai, bi, li] = _last_probs(model, batch, edits).argmax(-1).numpy()
+                pred[ai, bi, li] = last_token_probs(model, batch, edits).argmax(-1).numpy()
                 done += 1
                 if progress is not None:
                     progress(done, total)

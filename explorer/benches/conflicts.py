@@ -10,13 +10,9 @@ from typing import Any
 import torch
 
 from explorer._checks import InputError, check_int
-from explorer.analyses.conflicts import (
-    answer_probabilities,
-    conflict_prompt,
-    juice_first_run,
-    juice_logits,
-    load_facts,
-)
+from explorer.analyses.conflicts import answer_probabilities, conflict_prompt, juice_first_run
+from explorer.analyses.conflicts import juice_logits, load_facts
+from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_conflicts"]
 
@@ -36,7 +32,7 @@ def bench_conflicts(model: Any = None, **kw: Any) -> dict[str, Any]:
     from explorer.models import load_model
 
     if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
+        model = load_model(model or DEFAULT_MODEL)
     repeats = check_int("repeats", kw.pop("repeats", 7), low=1)
     if kw:
         raise InputError(f"unknown bench option(s) {sorted(kw)}; allowed: repeats.")

@@ -9,18 +9,11 @@ from typing import Any
 import torch
 
 from explorer._checks import check_int
-from explorer.analyses.icl_heads import (
-    _head_chunks,
-    _heads,
-    _last_probs,
-    answer_token_ids,
-    fv_last_token_probs,
-    fv_patched_probs,
-    icl_prompts,
-    last_token_cache,
-    last_token_problem,
-    task_mean_z,
-)
+from explorer.analyses.icl_heads import head_chunks, heads_of_layers, last_token_probs
+from explorer.analyses.icl_heads import answer_token_ids, fv_last_token_probs, fv_patched_probs
+from explorer.analyses.icl_heads import icl_prompts, last_token_cache, last_token_problem
+from explorer.analyses.icl_heads import task_mean_z
+from explorer.defaults import DEFAULT_MODEL
 from explorer.trace import clean_run
 
 __all__ = ["bench_icl_heads"]
@@ -46,25 +39,25 @@ def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int 
     from explorer.models import load_model
 
     if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
+        model = load_model(model or DEFAULT_MODEL)
     check_int("max_rows", max_rows, low=1)
     prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=0)
     target = torch.tensor(answer_token_ids(model, answers))
     mz = task_mean_z(model, prompts)
     cache = clean_run(model, prompts)
-    heads = _heads(model, None)
+    heads = heads_of_layers(model, None)
     n_layers, n_h = model.spec.n_layers, model.spec.n_heads
     n_heads = check_int("n_heads", n_heads, low=1, high=n_layers)
     picked = [((2 * i + 1) * n_layers // (2 * n_heads), i % n_h) for i in range(n_heads)]
-    _last_probs(model, cache.batch)  # warm-up
+    last_token_probs(model, cache.batch)  # warm-up
     t0 = time.perf_counter()
     for _ in range(3):
-        _last_probs(model, cache.batch)
+        last_token_probs(model, cache.batch)
     forward = (time.perf_counter() - t0) / 3
     t0 = time.perf_counter()
     single = [fv_patched_probs(model, cache, [h], mz, target)[0] for h in picked]
     per_head = (time.perf_counter() - t0) / len(picked)
-    chunks = _head_chunks(heads, max(1, max_rows // len(target)))
+    chunks = head_chunks(heads, max(1, max_rows // len(target)))
     t0 = time.perf_counter()
     batched = {}
     for chunk in chunks:

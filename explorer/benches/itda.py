@@ -7,6 +7,7 @@ from typing import Any
 
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.itda import itda_vs_sae
+from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_itda"]
 
@@ -63,7 +64,7 @@ def bench_itda(model: Any = None, n_prompts: int = 100, layer: int | None = None
     check_int("n_prompts", n_prompts, low=10)
     check_float("sae_seconds", sae_seconds, low=1.0)
     if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
+        model = load_model(model or DEFAULT_MODEL)
     layer = model.n_layers // 2 if layer is None else model.check_layer(layer)
     prompts = _corpus_prompts(model, n_prompts=n_prompts)
     held = [p for i, p in enumerate(prompts) if i % 5 == 4]

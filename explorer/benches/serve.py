@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, check_int
+from explorer.benches.timing import median_ms
+from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_serve"]
 
@@ -152,11 +153,7 @@ def _say(text: str) -> None:
     print(f"[bench serve] {text}", file=sys.stderr, flush=True)
 
 
-def _median_ms(values: list[float]) -> float:
-    return 1000 * statistics.median(values)
-
-
-def bench_serve(*, model: str = "smollm2-135m", sessions: str = "1,4,10", heavy: int = 3,
+def bench_serve(*, model: str = DEFAULT_MODEL, sessions: str = "1,4,10", heavy: int = 3,
                 updates: int = 3, heavy_page: str = "saturation", heavy_button: str = "^Analyse",
                 heavy_jobs: int | None = None, idle_sessions: int = 6, close_wait_s: int = 45,
                 timeout_s: int = 600) -> dict[str, Any]:
@@ -221,8 +218,8 @@ def bench_serve(*, model: str = "smollm2-135m", sessions: str = "1,4,10", heavy:
                     quiet_update += [_lens_update(page, timeout_ms, keys[j % 2]) for j in range(updates)]
                     figures["server_one_session_mb"] = _rss_mb(proc.pid)
                 ctx.close()
-            figures["lens_open_quiet_ms"] = _median_ms(quiet_open)
-            figures["lens_update_quiet_ms"] = _median_ms(quiet_update)
+            figures["lens_open_quiet_ms"] = median_ms(quiet_open)
+            figures["lens_update_quiet_ms"] = median_ms(quiet_update)
             idle_sessions = check_int("idle_sessions", idle_sessions, low=0, high=64)
             if idle_sessions > 1:                    # memory of idle sessions, nothing else running
                 contexts = [browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -251,7 +248,7 @@ def bench_serve(*, model: str = "smollm2-135m", sessions: str = "1,4,10", heavy:
                     opens.append(took)
                     lens_tabs.append(page)
                 _say(f"N={n}: {n_heavy} heavy job(s) started, {len(opens)} lens session(s) "
-                     f"opened (median {_median_ms(opens):.0f} ms)")
+                     f"opened (median {median_ms(opens):.0f} ms)")
                 idle_mb = _rss_mb(proc.pid)
                 for page in lens_tabs:
                     ups += [_lens_update(page, timeout_ms, keys[j % 2]) for j in range(updates)]
@@ -274,13 +271,13 @@ def bench_serve(*, model: str = "smollm2-135m", sessions: str = "1,4,10", heavy:
                     ctx.close()
                 time.sleep(close_wait_s)
                 after_mb = _rss_mb(proc.pid)
-                _say(f"N={n}: updates median {_median_ms(ups):.0f} ms, queue waits "
+                _say(f"N={n}: updates median {median_ms(ups):.0f} ms, queue waits "
                      f"{[round(w, 1) for w in waits]} s, memory {peak_mb:.0f} MB -> {after_mb:.0f} MB "
                      "after closing")
                 entry = {"light_sessions": n - n_heavy, "heavy_sessions": n_heavy,
-                         "lens_open_ms": round(_median_ms(opens), 1),
+                         "lens_open_ms": round(median_ms(opens), 1),
                          "lens_open_max_ms": round(1000 * max(opens), 1),
-                         "lens_update_ms": round(_median_ms(ups), 1),
+                         "lens_update_ms": round(median_ms(ups), 1),
                          "lens_update_max_ms": round(1000 * max(ups), 1),
                          "queue_wait_ms": [round(1000 * w, 1) for w in waits],
                          "server_open_mb": round(idle_mb, 1), "server_peak_mb": round(peak_mb, 1),

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -19,7 +19,7 @@ import xarray as xr
 
 from explorer._checks import InputError, check_int
 from explorer.benches._memory import PeakRSS
-from explorer.distributed import _add_partial_sums, _partial_sums, dask_scheduler, site_statistics
+from explorer.distributed import add_partial_sums, dask_scheduler, partial_sums, site_statistics
 
 __all__ = ["bench_store"]
 
@@ -44,20 +44,23 @@ def _files(folder: Path) -> list[Path]:
     return [Path(p, n) for p, _, names in os.walk(folder) for n in names]
 
 
-def _numpy_blockwise_statistics(path: Path, rows: int) -> dict[str, np.ndarray]:
-    """The same statistics from a .npy file read with plain numpy, block by block."""
+def _npy_blocks(path: Path, rows: int) -> Iterator[np.ndarray]:
+    """A .npy file's array read with plain numpy, ``rows`` rows of the first axis at a time."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)
         shape, _, dtype = read_header(f)
         row = int(np.prod(shape[1:]))
-        parts = []
         for start in range(0, shape[0], rows):
             n = min(rows, shape[0] - start)
-            block = np.fromfile(f, dtype=dtype, count=n * row).reshape(n, *shape[1:])
-            parts.append(_partial_sums(block, 2))
-    count, total, square, norm_sum, norm_count = _add_partial_sums(parts)
+            yield np.fromfile(f, dtype=dtype, count=n * row).reshape(n, *shape[1:])
+
+
+def _numpy_blockwise_statistics(path: Path, rows: int) -> dict[str, np.ndarray]:
+    """The same statistics from a .npy file read with plain numpy, block by block."""
+    parts = [partial_sums(block, 2) for block in _npy_blocks(path, rows)]
+    count, total, square, norm_sum, norm_count = add_partial_sums(parts)
     mean = total / count
     return {"mean": mean, "var": square / count - mean * mean, "norm_mean": norm_sum / norm_count,
             "count": count}
@@ -65,17 +68,7 @@ def _numpy_blockwise_statistics(path: Path, rows: int) -> dict[str, np.ndarray]:
 
 def _numpy_read(path: Path, rows: int) -> int:
     """Read a .npy file's data with plain numpy, block by block; return the bytes read."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read_header(f)
-        row = int(np.prod(shape[1:]))
-        done = 0
-        for start in range(0, shape[0], rows):
-            n = min(rows, shape[0] - start)
-            done += np.fromfile(f, dtype=dtype, count=n * row).nbytes
-    return done
+    return sum(block.nbytes for block in _npy_blocks(path, rows))
 
 
 def _synthetic_trace(n_prompts: int, n_pos: int, n_layers: int, d_model: int, seed: int,

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError
+from explorer.defaults import DEFAULT_MODEL
 
 __all__ = [
     "DEFAULT_MODEL",
     "add_model_option",
+    "add_number_options",
     "load_cli_model",
     "add_scheduler_option",
     "parse_int_list",
@@ -34,13 +36,11 @@ __all__ = [
     "torch_threads",
 ]
 
-DEFAULT_MODEL = "smollm2-135m"  # explorer.models.DEFAULT_MODEL; not imported here (torch is slow)
-_DEFAULT_MODEL = DEFAULT_MODEL
 
 
 def print_json(obj: Any) -> None:
     """Print ``obj`` as indented JSON on stdout (NaN becomes null)."""
-    print(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False))
+    print(json.dumps(json_safe(obj), indent=2, ensure_ascii=False))
 
 
 def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -51,16 +51,16 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         return
     for key, value in summary.items():
         if isinstance(value, (dict, list, tuple)):
-            value = json.dumps(_json_safe(value), ensure_ascii=False)
+            value = json.dumps(json_safe(value), ensure_ascii=False)
         print(f"{key}: {value}")
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
     """Add ``--model NAME`` (a known name, a local folder or a hub id; default the packaged
     model) and ``--remote`` (run it on NDIF); `load_cli_model` loads what they name."""
-    parser.add_argument("--model", default=_DEFAULT_MODEL, metavar="NAME",
+    parser.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME",
                         help=f"known name (see 'explorer models'), local folder or hub id "
-                             f"(default: {_DEFAULT_MODEL})")
+                             f"(default: {DEFAULT_MODEL})")
     parser.add_argument("--remote", action="store_true",
                         help="run the model on NDIF (host and key from NDIF_HOST / NDIF_API_KEY)")
 
@@ -228,6 +228,13 @@ def add_tasks_option(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"comma-separated tasks{what} (default: %(default)s)")
 
 
+def add_number_options(parser: argparse.ArgumentParser, **defaults: int | float) -> None:
+    """Add one ``--name`` option per keyword, typed and defaulted by its value
+    (``n_prompts=20``: ``--n-prompts``, an int, default 20)."""
+    for name, default in defaults.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+
+
 def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
     """Add ``--scheduler`` (where dask work runs; see `explorer.distributed.dask_scheduler`)."""
     parser.add_argument("--scheduler", default="threads", metavar="WHERE",
@@ -299,22 +306,20 @@ def load_edits(source: str | None) -> list[Any]:
         raise InputError(f"edits file {source!r} is not valid JSON ({err}).") from None
 
 
-def _json_safe(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """A copy of ``x`` made of plain JSON values (numpy scalars/arrays, tuples, paths converted)."""
     if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, set, frozenset)):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, Path):
         return str(x)
     if hasattr(x, "tolist") and type(x).__module__ == "numpy":  # numpy scalar or array
-        return _json_safe(x.tolist())
+        return json_safe(x.tolist())
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
 
-
-json_safe = _json_safe
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from explorer.analyses import circuits as ca
 from explorer.analyses.circuit_tasks import CORRUPTIONS, TASK_NAMES
 from explorer.benches._memory import PeakRSS
 from explorer.commands._common import add_model_option, load_cli_model, parse_int_list, print_summary
+from explorer.defaults import DEFAULT_MODEL
 
 
 def register_cli(subparsers: Any) -> None:
@@ -92,7 +93,7 @@ def _cmd_circuits(args: Any) -> int:
         "circuit": {"top_n": top_n, "threshold": args.threshold,
                     "n_chosen": int(in_circuit.attrs["n_chosen"]), "n_edges": int(in_circuit.sum()),
                     "nodes": sorted(ca.circuit_nodes(scores, in_circuit), key=lambda n: (
-                        ca._layer_of(n, model.n_layers), n)),
+                        ca.node_layer(n, model.n_layers), n)),
                     "recovered": recovered, "accuracy": accuracy},
         "top_edges": [{"src": str(scores["src"].values[i]), "dst": str(scores["dst"].values[i]),
                        "score": float(scores["score"].values[i])} for i in order],
@@ -122,7 +123,7 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
     (`apps.circuits.slider_redraw_times`; target < 100 ms, no re-trace). Shaped for `explorer.bench`
     (``explorer bench eap``).
     """
-    from explorer.bench import interleaved_times
+    from explorer.benches.timing import interleaved_times
     from explorer.models import load_model
 
     check_choice("task", task, TASK_NAMES)
@@ -130,13 +131,13 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
     steps = check_int("steps", steps, low=1, high=100)
     repeats = check_int("repeats", repeats, low=1)
     if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
-    ad = ca._adapter(model)
+        model = load_model(model or DEFAULT_MODEL)
+    ad = ca.circuit_engine(model)
     t = ca.make_task(task, n_prompts)
-    prep = ca._prepare(model, t, list(range(n_prompts)))
+    prep = ca.prepare_pairs(model, t, list(range(n_prompts)))
     with torch.no_grad():
-        corrupt = ca._forward(ad, prep.corrupt)
-    valid = torch.from_numpy(ca._valid_mask(ad.n_layers, ad.n_heads)).float()
+        corrupt = ca.graph_forward(ad, prep.corrupt)
+    valid = torch.from_numpy(ca.valid_edge_mask(ad.n_layers, ad.n_heads)).float()
     keep_one = valid.clone()
     keep_one[0, -1] = 0.0  # the input -> logits edge patched, all others clean
 
@@ -152,7 +153,7 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
 
     def patch_one():
         with torch.no_grad():
-            ca._forward(ad, prep.clean, patch=(corrupt, keep_one))
+            ca.graph_forward(ad, prep.clean, patch=(corrupt, keep_one))
 
     fns = {"forward": forward, "eap": eap, "eap_ig": eap_ig, "patch_one": patch_one}
     wall, cpu = interleaved_times(fns, repeats=repeats, warmup=1)

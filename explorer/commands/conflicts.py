@@ -9,7 +9,8 @@ import xarray as xr
 
 from explorer._checks import InputError, check_int
 from explorer.analyses import conflicts as C
-from explorer.commands._common import add_model_option, load_cli_model, print_summary
+from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import print_summary
 
 
 def register_cli(subparsers: Any) -> None:
@@ -23,8 +24,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--k", type=int, default=5, help="heads per set (default 5)")
     p.add_argument("--select-facts", type=int, default=4, help="facts used to select heads")
     p.add_argument("--layers", default=None, help="comma-separated layers to score (default all)")
-    p.add_argument("--alpha-l", type=float, default=1.0)
-    p.add_argument("--alpha-s", type=float, default=1.0)
+    add_number_options(p, alpha_l=1.0, alpha_s=1.0)
     p.add_argument("--limit", type=int, default=None, help="evaluate at most N facts")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_conflicts)

@@ -9,12 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from explorer.analyses import icl_finetune as ft
-from explorer.commands._common import (
-    add_model_option,
-    add_tasks_option,
-    load_cli_model,
-    print_json,
-)
+from explorer.commands._common import add_number_options, add_model_option, add_tasks_option
+from explorer.commands._common import load_cli_model, print_json
 
 
 def register_cli(subparsers: Any) -> None:
@@ -27,14 +23,8 @@ def register_cli(subparsers: Any) -> None:
     add_tasks_option(p, "; the one with the lowest TD is tuned")
     p.add_argument("--n-layers-tuned", type=int, default=None,
                    help="layers tuned at each end (default n_layers // 4)")
-    p.add_argument("--rank", type=int, default=4)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--n-prompts", type=int, default=12)
-    p.add_argument("--n-shots", type=int, default=3)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    add_number_options(p, rank=4, steps=30, lr=1e-3, batch_size=4, n_prompts=12, n_shots=3, k=10,
+                       seed=0)
     p.add_argument("--engine", choices=ft.ENGINES, default=None,
                    help="peft on a copy of the model, or adapters applied by hooks without a "
                         "copy (default: peft locally, hooks for --remote)")

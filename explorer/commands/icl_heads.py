@@ -9,7 +9,8 @@ import numpy as np
 
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
-from explorer.commands._common import add_model_option, load_cli_model, print_json
+from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import print_json
 
 
 ABOVE_CHANCE = "above-chance"
@@ -43,8 +44,7 @@ def register_cli(subparsers: Any) -> None:
                         "--tasks, as in the paper)")
     p.add_argument("--n-boot", type=int, default=1000,
                    help="bootstrap resamples of the accuracy interval (default %(default)s)")
-    p.add_argument("--n-prompts", type=int, default=8)
-    p.add_argument("--n-shots", type=int, default=5)
+    add_number_options(p, n_prompts=8, n_shots=5)
     p.add_argument("--percents", default="0,1,3,5,10,20")
     p.add_argument("--top-fraction", type=float, default=0.02,
                    help="top fraction of heads reported and excluded (default 0.02)")

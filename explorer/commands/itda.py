@@ -8,22 +8,10 @@ import argparse
 from typing import Any
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses.itda import (
-    ENCODERS,
-    ITDA,
-    cached_activations,
-    itda_downstream_loss,
-    itda_reconstruction,
-    itda_tau_sweep,
-    itda_vs_sae,
-)
-from explorer.commands._common import (
-    add_model_option,
-    add_scheduler_option,
-    load_cli_model,
-    print_json,
-    read_prompts,
-)
+from explorer.analyses.itda import ENCODERS, ITDA, cached_activations, itda_downstream_loss
+from explorer.analyses.itda import itda_reconstruction, itda_tau_sweep, itda_vs_sae
+from explorer.commands._common import add_model_option, add_scheduler_option, load_cli_model
+from explorer.commands._common import print_json, read_prompts
 
 
 def register_cli(subparsers: Any) -> None:

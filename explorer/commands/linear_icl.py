@@ -55,7 +55,7 @@ def _cmd_linear_icl(args: argparse.Namespace) -> int:
         run = lin.linear_icl_run(store=store, retrain=args.retrain or args.action == "train",
                                  progress=progress, n_heads=H, **base)
         if args.action == "train":
-            parts = lin._run_parts({**lin.DEFAULTS, **base, "n_heads": H})
+            parts = lin.run_key_parts({**lin.DEFAULTS, **base, "n_heads": H})
             out[str(H)] = {"key": store.key(parts),
                            "train_seconds": run.attrs["train_seconds"],
                            "n_checkpoints": int(run.sizes["step"]),

@@ -10,12 +10,8 @@ from typing import Any
 import xarray as xr
 
 from explorer._checks import InputError, check_int
-from explorer.analyses.neuron_eval import (
-    ATOM_EXPLANATIONS,
-    SANITY_TESTS,
-    itda_atom_sanity_checks,
-    synthetic_sanity_checks,
-)
+from explorer.analyses.neuron_eval import ATOM_EXPLANATIONS, SANITY_TESTS, itda_atom_sanity_checks
+from explorer.analyses.neuron_eval import synthetic_sanity_checks
 from explorer.commands._common import add_model_option, load_cli_model, print_json, read_prompts
 
 

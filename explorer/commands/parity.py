@@ -11,18 +11,9 @@ import argparse
 
 from explorer._checks import InputError
 from explorer.analyses._training import terminal_progress
-from explorer.analyses.parity import (
-    _OPTIMIZERS,
-    DEFAULTS,
-    PHASE_GAINS,
-    PHASE_MAX_LENGTHS,
-    _run_parts,
-    analysis_summary,
-    parity_run,
-    phase_summary,
-    stored_parity_analysis,
-    stored_parity_phase_diagram,
-)
+from explorer.analyses.parity import OPTIMIZERS, DEFAULTS, PHASE_GAINS, PHASE_MAX_LENGTHS
+from explorer.analyses.parity import run_key_parts, analysis_summary, parity_run, phase_summary
+from explorer.analyses.parity import stored_parity_analysis, stored_parity_phase_diagram
 from explorer.commands._common import print_summary
 
 
@@ -42,7 +33,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gain", type=float, default=DEFAULTS["gain"],
                    help="initialisation gain (default: 0.1)")
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (default: 0.02)")
-    p.add_argument("--optimizer", choices=sorted(_OPTIMIZERS), default=DEFAULTS["optimizer"],
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=DEFAULTS["optimizer"],
                    help="optimiser (default: sgd, plain SGD as in the paper)")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="epochs between checkpoints (default: 10; phase: 25)")
@@ -87,7 +78,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     elif args.action == "train":
         run = parity_run(store=store, retrain=True, progress=progress, **params)
         final = run.isel(step=-1)
-        out = {"key": store.key(_run_parts({**DEFAULTS, **params})), "store": str(store.path),
+        out = {"key": store.key(run_key_parts({**DEFAULTS, **params})), "store": str(store.path),
                "params": run.attrs["params"], "seed": run.attrs["seed"],
                "train_seconds": run.attrs["train_seconds"], "n_checkpoints": int(run.sizes["step"]),
                "final_train_loss": float(final["train_loss"]),

@@ -16,7 +16,9 @@ import xarray as xr
 from explorer._checks import InputError, check_int
 from explorer.analyses import saturation as sat
 from explorer.benches._memory import PeakRSS
-from explorer.commands._common import add_model_option, load_cli_model, print_summary
+from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import print_summary
+from explorer.defaults import DEFAULT_MODEL
 
 
 def register_cli(subparsers: Any) -> None:
@@ -34,8 +36,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--order-k", type=int, default=5, help="k of the reported order test")
     p.add_argument("--max-ratio", type=float, default=0.85,
                    help="keep positions with s_1 + 1 <= ratio * layers (default 0.85)")
-    p.add_argument("--permutations", type=int, default=1000)
-    p.add_argument("--sample-positions", type=int, default=1000)
+    add_number_options(p, permutations=1000, sample_positions=1000)
     p.add_argument("--pairs", type=int, default=8, help="intervention pairs (0: skip)")
     p.add_argument("--min-gap", type=int, default=None, metavar="N",
                    help="pairs: s_1(late) - s_1(early) >= N (default round(10 L / 48))")
@@ -92,7 +93,7 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
     """Saturation layers of ``n_tokens`` corpus tokens vs a plain forward over them, and
     the page's token-click latency on that result.
 
-    Both run over the same prompts in this process, alternating (`explorer.bench.
+    Both run over the same prompts in this process, alternating (`explorer.benches.timing.
     interleaved_times`, ``repeats`` rounds after a short warm-up forward); the analysis is
     `saturation_layers` (trace + lens in chunks of 256 rows + ranks), uncached. Then the
     order test runs on the last lens pass (100 permutations, no probe or intervention),
@@ -115,7 +116,7 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
         (median process CPU) and per k, ``click_k5_ms``, ``click_k10_ms``; ``notes``.
     """
     from explorer._checks import check_choice
-    from explorer.bench import interleaved_times
+    from explorer.benches.timing import interleaved_times
     from explorer.models import load_model
 
     n_tokens = check_int("n_tokens", n_tokens, low=8)
@@ -125,7 +126,7 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
     clicks = check_int("clicks", clicks, low=0)
     unembed_dtype = check_choice("unembed_dtype", unembed_dtype, ("float32", "bfloat16"))
     if model is None or isinstance(model, str):
-        model = load_model(model or "smollm2-135m")
+        model = load_model(model or DEFAULT_MODEL)
     texts = sat.corpus_chunks(model, sat.load_corpus(), max_tokens=n_tokens)
     batch = model.tokenize(texts)
 
@@ -221,8 +222,8 @@ def _click_figures(model: Any, texts: list[str], lens: xr.Dataset, *, k: int,
     page = importlib.import_module("apps.saturation")
 
     n_layers = model.n_layers
-    min_gap, min_sat_layer = sat._pair_defaults(n_layers, None, None)
-    ds = sat._analyse(model, texts, lens, k=k, max_ratio=0.85, min_ranks=3, n_permutations=100,
+    min_gap, min_sat_layer = sat.intervention_pair_defaults(n_layers, None, None)
+    ds = sat.saturation_from_lens(model, texts, lens, k=k, max_ratio=0.85, min_ranks=3, n_permutations=100,
                   n_tasks=4, sample_positions=0, probe_min_layer=0, n_pairs=0,
                   min_gap=min_gap, min_sat_layer=min_sat_layer,
                   window=max(1, round(5 * n_layers / 48)), rank_cap=50, seed=0)

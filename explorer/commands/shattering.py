@@ -61,7 +61,7 @@ def _cmd_shattering(args: argparse.Namespace) -> int:
                             progress=progress, **params)
     if args.action == "train":
         acc = sh.fact_accuracy(km)["accuracy"]
-        out = {"path": str(sh._model_path(store, km.params)), "params": km.params,
+        out = {"path": str(sh.knowledge_model_path(store, km.params)), "params": km.params,
                "train_seconds": km.train_seconds, "final_loss": km.history["loss"][-1],
                "accuracy": dict(zip(acc["split"].values.tolist(), map(float, acc.values)))}
     elif args.action == "edit":
@@ -71,7 +71,7 @@ def _cmd_shattering(args: argparse.Namespace) -> int:
         emb = sh.edit_embedding(km, edit, [0.0, 1.0])
         acc0 = sh.fact_accuracy(km, exclude=[(edit.entity, relation)])
         acc1 = sh.fact_accuracy(km, sh.edited_model(km, edit), exclude=[(edit.entity, relation)])
-        out = {**sh._edit_attrs(km, edit), "R": float(emb["R"].values[-1]),
+        out = {**sh.edit_attrs(km, edit), "R": float(emb["R"].values[-1]),
                "success": bool(acc1["prediction"].values[edit.entity, relation] == edit.new_object),
                "accuracy_before": dict(zip(acc0["split"].values.tolist(), map(float, acc0["accuracy"].values))),
                "accuracy_after": dict(zip(acc1["split"].values.tolist(), map(float, acc1["accuracy"].values)))}

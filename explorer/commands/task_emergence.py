@@ -52,7 +52,7 @@ def _cmd_task_emergence(args: argparse.Namespace) -> int:
     if args.action == "train":
         run = te.task_emergence_run(store=store, retrain=True, progress=progress, **params)
         out: dict[str, Any] = {
-            "key": store.key(te._run_parts({**te.DEFAULTS, **params})), "store": str(store.path),
+            "key": store.key(te.run_key_parts({**te.DEFAULTS, **params})), "store": str(store.path),
             "params": run.attrs["params"], "seed": run.attrs["seed"],
             "train_seconds": run.attrs["train_seconds"], "n_checkpoints": int(run.sizes["step"]),
             "final_train_loss": float(run["train_loss"].values[-1])}

@@ -8,13 +8,8 @@ from typing import Any
 import numpy as np
 
 from explorer.analyses import task_vectors as tv
-from explorer.commands._common import (
-    add_model_option,
-    add_scheduler_option,
-    add_tasks_option,
-    load_cli_model,
-    print_json,
-)
+from explorer.commands._common import add_number_options, add_model_option, add_scheduler_option
+from explorer.commands._common import add_tasks_option, load_cli_model, print_json
 
 
 def register_cli(subparsers: Any) -> None:
@@ -25,9 +20,7 @@ def register_cli(subparsers: Any) -> None:
                     "(Todd et al., ICLR 2024).")
     add_model_option(p)
     add_tasks_option(p, "")
-    p.add_argument("--n-prompts", type=int, default=20)
-    p.add_argument("--n-shots", type=int, default=4)
-    p.add_argument("--k", type=int, default=10)
+    add_number_options(p, n_prompts=20, n_shots=4, k=10)
     p.add_argument("--function-vectors", action="store_true",
                    help="also score FV heads on the tasks and report zero-shot FV accuracy")
     p.add_argument("--layer", type=int, default=None, help="FV layer (default n_layers // 3)")
@@ -41,8 +34,7 @@ def register_cli(subparsers: Any) -> None:
                    help="demonstrations in the patched prompts (default 0: zero-shot)")
     p.add_argument("--mode", default="replace", choices=("replace", "add"),
                    help="replace the last token's residual with the vector, or add it")
-    p.add_argument("--top-fraction", type=float, default=0.02)
-    p.add_argument("--seed", type=int, default=0)
+    add_number_options(p, top_fraction=0.02, seed=0)
     add_scheduler_option(p)
     p.add_argument("--store-residuals", action="store_true",
                    help="cache the last-token residuals in the activation store; TD then "

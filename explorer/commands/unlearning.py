@@ -9,7 +9,8 @@ import numpy as np
 
 from explorer._checks import check_choice
 from explorer.analyses import unlearning as U
-from explorer.commands._common import add_model_option, load_cli_model, print_summary
+from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import print_summary
 
 
 def register_cli(subparsers: Any) -> None:
@@ -23,19 +24,14 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--n-layers", type=int, default=4,
                    help="budget: the parameters of this many MLP layers per localization")
     p.add_argument("--objective", default="unlearn", choices=U.OBJECTIVES)
-    p.add_argument("--n-forget", type=int, default=16)
-    p.add_argument("--n-retain", type=int, default=8)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--retain-weight", type=float, default=1.0)
+    add_number_options(p, n_forget=16, n_retain=8, steps=8, lr=2e-4, retain_weight=1.0)
     p.add_argument("--text-weight", type=float, default=1.0,
                    help="weight of the general-text retain term (0: none)")
     p.add_argument("--text-batch", type=int, default=4, help="text windows per training step")
     p.add_argument("--text-window", type=int, default=64, help="tokens per text window")
     p.add_argument("--heldout-windows", type=int, default=16,
                    help="held-out text windows the perplexity is read on")
-    p.add_argument("--relearn-steps", type=int, default=3)
-    p.add_argument("--relearn-lr", type=float, default=3e-5)
+    add_number_options(p, relearn_steps=3, relearn_lr=3e-5)
     p.add_argument("--facts", default=None,
                    help="fact file (JSON like datasets/unlearning/athlete_sport.json)")
     p.add_argument("--known-formats", default="trained", choices=("trained", "both"),

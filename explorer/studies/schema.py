@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, suggest
+from explorer.defaults import DEFAULT_MODEL
 
 __all__ = [
     "StudyFileError",
@@ -154,7 +155,7 @@ class Study:
     consent: str
     instructions: str
     design: str = "within"
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     description: str = ""
     limitations: tuple[str, ...] = ()
     pretest: str = ""                    # how the study was pre-tested (a pilot), if it was
@@ -370,7 +371,7 @@ def study_from_dict(data: Any, *, source: str = "<dict>", base_dir: str | Path |
     name = top.string("name", pattern=_NAME, hint="a name of letters, digits, '_' or '-' starting "
                                                "with a letter (at most 64 characters)")
     title = top.string("title")
-    model = top.string("model", "smollm2-135m")
+    model = top.string("model", DEFAULT_MODEL)
     seed = top.integer("seed", low=0, high=2**63 - 1)
     design = top.choice("design", DESIGNS, "within")
     participants = top.integer("participants", low=1, high=100_000)

@@ -36,7 +36,7 @@ Modules
 - `comparison`: CircuitLoRA vs LoRA (`circuit_lora_comparison`).
 - `study`: the whole study (`run_summary`, `comparison_summary`, `save_netcdf`).
 
-Every public name (and the private helpers `_encode`, `_batch_draws`, `_train_by_hooks` that
+Every public name (and the helpers `encode_answers`, `batch_draws`, `train_by_hooks` that
 the benchmarks and tests use) is re-exported here. To replace a function in a test, patch it
 in the submodule that calls it.
 """
@@ -52,7 +52,7 @@ from explorer.analyses.circuit_lora.adapters import (
     lora_weights_init,
     uniform_lora_ranks,
 )
-from explorer.analyses.circuit_lora.answers import _encode, answer_accuracy
+from explorer.analyses.circuit_lora.answers import encode_answers, answer_accuracy
 from explorer.analyses.circuit_lora.checkpoints import checkpoint_steps, load_checkpoint, read_checkpoint
 from explorer.analyses.circuit_lora.circuit_change import (
     CHECKPOINT_METHOD,
@@ -68,8 +68,8 @@ from explorer.analyses.circuit_lora.circuit_change import (
 from explorer.analyses.circuit_lora.comparison import circuit_lora_comparison
 from explorer.analyses.circuit_lora.study import comparison_summary, run_summary, save_netcdf
 from explorer.analyses.circuit_lora.training import (
-    _batch_draws,
-    _train_by_hooks,
+    batch_draws,
+    train_by_hooks,
     finetune_lora,
     lr_at,
     select_lr,
@@ -106,5 +106,5 @@ __all__ = [
     "save_netcdf",
 ]
 
-# Not in __all__ but importable from here: `_encode`, `_batch_draws` and `_train_by_hooks`
+# Not in __all__ but importable from here: `encode_answers`, `batch_draws` and `train_by_hooks`
 # (explorer.bench, tests/test_lora.py), imported above.

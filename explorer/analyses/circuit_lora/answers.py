@@ -19,7 +19,10 @@ from explorer.trace import provenance, run_on_weights
 __all__ = ["answer_accuracy"]
 
 
-def _encode(model: Model, prompts: Sequence[str], answers: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+def encode_answers(model: Model, prompts: Sequence[str], answers: Sequence[str]
+                   ) -> list[tuple[list[int], list[int]]]:
+    """Each problem's prompt and answer token ids, without special tokens; a clear error for
+    unequal lengths, no problems, or a prompt or answer that tokenises to nothing."""
     if len(prompts) != len(answers):
         raise InputError(f"`prompts` and `answers` must have the same length; got {len(prompts)} "
                          f"and {len(answers)}.")
@@ -84,7 +87,7 @@ def answer_accuracy(model: Model, prompts: Sequence[str], answers: Sequence[str]
         attrs ``accuracy``, ``token_accuracy``, ``loss``.
     """
     check_int("batch_size", batch_size, low=1)
-    pairs = _encode(model, prompts, answers)
+    pairs = encode_answers(model, prompts, answers)
     chunks = [_answer_positions(model, pairs[s:s + batch_size])
               for s in range(0, len(pairs), batch_size)]
     fast = fast_unembed(model)

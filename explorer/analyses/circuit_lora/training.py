@@ -23,7 +23,7 @@ from explorer.analyses.circuit_lora.adapters import (
     lora_model,
     lora_weights_init,
 )
-from explorer.analyses.circuit_lora.answers import _answer_logits, _answer_positions, _base_hf, _encode
+from explorer.analyses.circuit_lora.answers import _answer_logits, _answer_positions, _base_hf, encode_answers
 from explorer.analyses.circuit_lora.checkpoints import _RUN_FILE
 from explorer.lora import LoRAWeights, train_in_jobs
 from explorer.models import Model, cache_dir
@@ -111,7 +111,7 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     check_choice("schedule", schedule, SCHEDULES)
     ranks = _check_ranks(model, ranks)
     ckpts = sorted({check_int("checkpoint", c, low=0, high=steps) for c in checkpoints})
-    pairs = _encode(model, prompts, answers)
+    pairs = encode_answers(model, prompts, answers)
     if ckpts and folder is None:
         raise InputError("`folder` is required when `checkpoints` are saved.")
     folder = Path(folder) if folder is not None else None
@@ -138,11 +138,11 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
 
     rates = [lr_at(k, lr=lr, steps=steps, warmup=warmup, schedule=schedule)
              for k in range(1, steps + 1)]
-    draws = _batch_draws(len(pairs), batch_size, steps, seed)
+    draws = batch_draws(len(pairs), batch_size, steps, seed)
     if 0 in ckpts:
         save(0, lora.state_dict() if peft_model is None else get_peft_model_state_dict(peft_model))
     if peft_model is None:
-        lora, losses, seconds, cpu = _train_by_hooks(
+        lora, losses, seconds, cpu = train_by_hooks(
             model, lora, pairs, draws, rates, ckpts,
             lambda step, w: save(step, w.state_dict()), progress)
         tuned: Any = lora
@@ -184,7 +184,7 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
     return ds, tuned
 
 
-def _batch_draws(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
+def batch_draws(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
     """The problems of each step: drawn without replacement, reshuffled each epoch."""
     rng = np.random.default_rng(seed)
     order: list[int] = []
@@ -197,7 +197,7 @@ def _batch_draws(n: int, batch_size: int, steps: int, seed: int) -> list[list[in
     return draws
 
 
-def _train_by_hooks(model: Model, lora: LoRAWeights, pairs: Sequence[tuple[list[int], list[int]]],
+def train_by_hooks(model: Model, lora: LoRAWeights, pairs: Sequence[tuple[list[int], list[int]]],
                     draws: list[list[int]], rates: list[float], ckpts: Sequence[int],
                     save: Callable[[int, LoRAWeights], None], progress: Progress
                     ) -> tuple[LoRAWeights, list[float], list[float], list[float]]:

@@ -30,7 +30,7 @@ Modules
 * `phase`: the phase diagram (`parity_phase_diagram`, `stored_parity_phase_diagram`,
   `phase_summary`).
 
-Every public name (and the private helpers `_OPTIMIZERS`, `_run_parts` and `_WEIGHTS` that
+Every public name (and the helpers `OPTIMIZERS`, `run_key_parts` and the private `_WEIGHTS` that
 the command layer and benchmarks use) is re-exported here. To replace a function in a test,
 patch it in the submodule that calls it (e.g. ``explorer.analyses.parity.runs.train_parity_rnn``
 for `parity_run`): patching it here changes only this package's attribute.
@@ -55,7 +55,7 @@ from explorer.analyses.parity.phase import (
 from explorer.analyses.parity.runs import (
     _WEIGHTS,
     SHIPPED_RUN,
-    _run_parts,
+    run_key_parts,
     analysis_summary,
     load_parity_run_safetensors,
     parity_analysis,
@@ -65,7 +65,7 @@ from explorer.analyses.parity.runs import (
 )
 from explorer.analyses.parity.states import parity_hidden_pca, parity_hidden_states
 from explorer.analyses.parity.training import (
-    _OPTIMIZERS,
+    OPTIMIZERS,
     BATCHINGS,
     parity_model,
     parity_run_from_models,
@@ -99,5 +99,5 @@ __all__ = [
 ]
 
 # Not in __all__ but importable from here: `LONG_LENGTHS`, `PHASE_GAINS`, `PHASE_MAX_LENGTHS`,
-# and the private helpers `_OPTIMIZERS`, `_run_parts` (explorer.commands.parity) and `_WEIGHTS`
+# the helpers `OPTIMIZERS`, `run_key_parts` (explorer.commands.parity) and the private `_WEIGHTS`
 # (benchmarks/dynamics_evidence.py), imported above.

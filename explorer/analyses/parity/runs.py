@@ -36,7 +36,8 @@ __all__ = [
 ]
 
 
-def _run_parts(params: dict[str, Any]) -> dict[str, Any]:
+def run_key_parts(params: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them)."""
     return {"method": "parity_rnn", "format": 1, **params}
 
 
@@ -101,7 +102,7 @@ def parity_run(*, store=None, retrain: bool = False, progress: ProgressCallback 
     **params
         Arguments of `train_parity_rnn`; missing ones take `DEFAULTS`.
     """
-    return stored_training_run(_run_parts, train_parity_rnn, DEFAULTS, params, what="parity",
+    return stored_training_run(run_key_parts, train_parity_rnn, DEFAULTS, params, what="parity",
                                store=store, retrain=retrain, progress=progress, shipped=_shipped_run)
 
 

@@ -22,7 +22,8 @@ BATCHINGS = ("per-length", "uniform")
 """How `train_parity_rnn` forms minibatches (see its ``batching``)."""
 
 
-_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+#: The optimisers `train_parity_rnn` accepts, by the name its ``optimizer`` option takes.
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,    # plain SGD, no momentum
     "adam": lambda params, lr: torch.optim.Adam(params, lr=lr, amsgrad=True),
 }
@@ -94,7 +95,7 @@ def train_parity_rnn(
     hidden_size = check_int("hidden_size", hidden_size, low=1, high=4096)
     gain = check_float("gain", gain, low=0.0)
     lr = check_float("lr", lr, low=0.0)
-    check_choice("optimizer", optimizer, _OPTIMIZERS)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
     batch_size = check_int("batch_size", batch_size, low=1)
     epochs = check_int("epochs", epochs, low=0)
     max_length = check_int("max_length", max_length, low=1, high=16)
@@ -111,7 +112,7 @@ def train_parity_rnn(
     n = symbols.shape[0]
 
     model = ParityRNN(hidden_size, gain=gain, seed=seed)
-    optimiser = _OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    optimiser = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
     order_gen = torch.Generator().manual_seed(int(seed) + 1)
     by_length = [torch.nonzero(last == k - 1).flatten() for k in range(1, max_length + 1)]
     if batching == "uniform":

@@ -34,7 +34,7 @@ Modules
 
 Every public name (and the few private helpers the command layer and benchmarks use) is
 re-exported here. To replace a function in a test, patch it in the submodule that calls it
-(e.g. ``explorer.analyses.saturation.analysis._analyse``): patching it here changes only
+(e.g. ``explorer.analyses.saturation.analysis.saturation_from_lens``): patching it here changes only
 this package's attribute.
 
 Conventions
@@ -64,7 +64,7 @@ Transformers Determine Top Tokens in Order", ICML 2025.
 """
 from __future__ import annotations
 
-from explorer.analyses.saturation.analysis import _analyse, saturation_analysis, saturation_summary
+from explorer.analyses.saturation.analysis import saturation_from_lens, saturation_analysis, saturation_summary
 from explorer.analyses.saturation.corpus import CORPUS_DIR, corpus_chunks, load_corpus
 from explorer.analyses.saturation.exits import (
     EXIT_ACCURACY_TARGETS,
@@ -74,7 +74,7 @@ from explorer.analyses.saturation.exits import (
     speedup_at_accuracy,
 )
 from explorer.analyses.saturation.intervention import (
-    _pair_defaults,
+    intervention_pair_defaults,
     inject_residual,
     intervention_pairs,
 )
@@ -128,6 +128,6 @@ __all__ = [
     "random_init_twin",
 ]
 
-# Not in __all__ but importable from here: the private helpers `_analyse`, `_pair_defaults`
+# Not in __all__ but importable from here: the helpers `saturation_from_lens`, `intervention_pair_defaults`
 # (explorer.commands.saturation) and `_join_parts`, `_lens_params`, `_part_key_parts`,
 # `_sample_positions` (benchmarks/saturation_evidence.py), imported above.

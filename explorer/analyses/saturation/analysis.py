@@ -13,7 +13,7 @@ import xarray as xr
 from explorer._checks import InputError, check_float, check_int, check_prompts
 from explorer.analyses.saturation.exits import early_exit
 from explorer.analyses.saturation.intervention import (
-    _pair_defaults,
+    intervention_pair_defaults,
     inject_residual,
     intervention_pairs,
 )
@@ -104,7 +104,7 @@ def saturation_analysis(model: Any, texts: Any, *, k: int = 10, max_ratio: float
     if window is None:
         window = max(1, round(5 * n_layers / 48))
     window = check_int("window", window, low=0, high=n_layers)
-    min_gap, min_sat_layer = _pair_defaults(n_layers, min_gap, min_sat_layer)
+    min_gap, min_sat_layer = intervention_pair_defaults(n_layers, min_gap, min_sat_layer)
     if scheduler is not None:
         from explorer.distributed import check_scheduler
 
@@ -128,7 +128,7 @@ def saturation_analysis(model: Any, texts: Any, *, k: int = 10, max_ratio: float
             per_position = saturation_over_store(
                 lens, n_layers=n_layers, max_ratio=max_ratio, k_orders=_order_ks(k, min_ranks),
                 min_ranks=min_ranks, scheduler=scheduler)
-        ds = _analyse(model, texts, lens.load(), per_position=per_position,
+        ds = saturation_from_lens(model, texts, lens.load(), per_position=per_position,
                       **{key: v for key, v in params.items() if key != "unembed_dtype"})
         ds.attrs = provenance(model, method="saturation", citation=CITATION,
                               n_texts=len(texts), **params)
@@ -147,10 +147,14 @@ def _order_ks(k: int, min_ranks: int) -> list[int]:
     return list(range(max(3, min_ranks), k + 1))
 
 
-def _analyse(model: Any, texts: list[str], lens: xr.Dataset, *, k: int, max_ratio: float,
-             min_ranks: int, n_permutations: int, n_tasks: int, sample_positions: int,
-             probe_min_layer: int, n_pairs: int, min_gap: int, min_sat_layer: int, window: int,
-             rank_cap: int, seed: int, per_position: xr.Dataset | None = None) -> xr.Dataset:
+def saturation_from_lens(model: Any, texts: list[str], lens: xr.Dataset, *, k: int,
+                         max_ratio: float, min_ranks: int, n_permutations: int, n_tasks: int,
+                         sample_positions: int, probe_min_layer: int, n_pairs: int, min_gap: int,
+                         min_sat_layer: int, window: int, rank_cap: int, seed: int,
+                         per_position: xr.Dataset | None = None) -> xr.Dataset:
+    """`saturation_analysis` on a lens pass already computed (``lens``, from the lens pass of
+    ``texts``), every option explicit: the order test, the task probes and the injection pairs.
+    The command layer and the evidence benchmark call it with their own settings."""
     n_layers = model.n_layers
     ds = lens.drop_vars(["resid_sample"])
     mask = lens.mask.values

@@ -37,7 +37,7 @@ def intervention_pairs(sat_layer: Any, final_top1: Any, mask: Any, n_layers: int
     """
     s1 = np.asarray(sat_layer)[..., 0]
     top1 = np.asarray(final_top1)
-    min_gap, min_sat_layer = _pair_defaults(n_layers, min_gap, min_sat_layer)
+    min_gap, min_sat_layer = intervention_pair_defaults(n_layers, min_gap, min_sat_layer)
     ok = np.asarray(mask, bool) & (s1 >= 0) & (s1 >= min_sat_layer)
     max_distance = check_int("max_distance", max_distance, low=1)
     n_pairs = check_int("n_pairs", n_pairs, low=0)
@@ -137,8 +137,8 @@ def inject_residual(model: Any, text: str, *, source_pos: int, target_pos: int, 
     }
 
 
-def _pair_defaults(n_layers: int, min_gap: int | None,
-                   min_sat_layer: int | None) -> tuple[int, int]:
+def intervention_pair_defaults(n_layers: int, min_gap: int | None,
+                               min_sat_layer: int | None) -> tuple[int, int]:
     """Pair selection thresholds: the paper's 10 of GPT-2's 48 layers, scaled to the model."""
     scaled = max(1, round(10 * n_layers / 48))
     min_gap = scaled if min_gap is None else min_gap

@@ -35,7 +35,7 @@ Modules
 * `embedding`: one edit's representations, projected (`edit_embedding`).
 * `sweep`: many edits (`edit_sweep`, `stored_edit_sweep`, `sweep_summary`).
 
-Every public name (and the private helpers `_model_path`, `_edit_attrs` that the command
+Every public name (and the helpers `knowledge_model_path`, `edit_attrs` that the command
 layer uses) is re-exported here. To replace a function in a test, patch it in the submodule
 that calls it.
 
@@ -64,7 +64,7 @@ from explorer.analyses.shattering.edits import (
     rome_edit,
     rome_update,
 )
-from explorer.analyses.shattering.embedding import PROJECTIONS, _edit_attrs, edit_embedding
+from explorer.analyses.shattering.embedding import PROJECTIONS, edit_attrs, edit_embedding
 from explorer.analyses.shattering.evaluation import (
     distance_matrix,
     entity_representations,
@@ -81,7 +81,7 @@ from explorer.analyses.shattering.graph import (
 )
 from explorer.analyses.shattering.model import KnowledgeGPT, KnowledgeModel, train_knowledge_model
 from explorer.analyses.shattering.storage import (
-    _model_path,
+    knowledge_model_path,
     is_stored,
     knowledge_model,
     load_knowledge_model,
@@ -126,5 +126,5 @@ __all__ = [
     "sweep_summary",
 ]
 
-# Not in __all__ but importable from here: `_model_path` and `_edit_attrs`
+# Not in __all__ but importable from here: `knowledge_model_path` and `edit_attrs`
 # (explorer.commands.shattering), imported above.

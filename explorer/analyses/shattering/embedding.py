@@ -92,10 +92,11 @@ def edit_embedding(km: KnowledgeModel, edit: KnowledgeEdit, strengths: Sequence[
         attrs=_attrs("edit_embedding", km, {"strengths": strengths, "layer": layer, "projection": projection,
                                             "n_components": n_components,
                                             **({"n_neighbors": n_neighbors} if projection == "isomap" else {})},
-                     edit=_edit_attrs(km, edit)))
+                     edit=edit_attrs(km, edit)))
 
 
-def _edit_attrs(km: KnowledgeModel, edit: KnowledgeEdit) -> dict[str, Any]:
+def edit_attrs(km: KnowledgeModel, edit: KnowledgeEdit) -> dict[str, Any]:
+    """``edit`` as JSON-able attributes, entities and relation by name (for Dataset attrs)."""
     g = km.graph
     return {"entity": g.entity_names[edit.entity], "relation": g.relation_names[edit.relation],
             "true_object": g.entity_names[edit.true_object], "new_object": g.entity_names[edit.new_object],

@@ -60,7 +60,8 @@ def load_knowledge_model(path: str | Path) -> KnowledgeModel:
                           float(meta["train_seconds"]))
 
 
-def _model_path(store, params: dict[str, Any]) -> Path:
+def knowledge_model_path(store, params: dict[str, Any]) -> Path:
+    """Where ``store`` keeps the trained knowledge model of ``params`` (a safetensors file)."""
     key = store.key({"method": "knowledge_gpt", "format": _MODEL_FORMAT, **params})
     return Path(store.path) / "shattering" / f"{key}.safetensors"
 
@@ -81,7 +82,7 @@ def knowledge_model(*, store=None, retrain: bool = False, progress: ProgressCall
 
     full = _check_params(params)
     store = ActivationStore() if store is None else store
-    path = _model_path(store, full)
+    path = knowledge_model_path(store, full)
     if path.is_file() and not retrain:
         return load_knowledge_model(path)
     km = train_knowledge_model(progress=progress, **full)
@@ -95,4 +96,4 @@ def is_stored(*, store=None, **params: Any) -> bool:
     from explorer.store import ActivationStore
 
     store = ActivationStore() if store is None else store
-    return _model_path(store, _check_params(params)).is_file()
+    return knowledge_model_path(store, _check_params(params)).is_file()

@@ -16,6 +16,7 @@ head and a head component leaves them untouched.
 """
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Sequence
 
@@ -25,11 +26,12 @@ import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_int
 from explorer.analyses.unlearning.facts import METHODS
-from explorer.models import Model, _get_path
+from explorer.analyses.unlearning.probe import fact_lookup_layers
+from explorer.models import Model, submodule_at
 
 __all__ = ["component_names", "parse_component", "component_masks", "component_parameter_count",
            "mlp_budget", "top_components", "component_scores", "localized_components",
-           "component_label"]
+           "component_label", "top_layers"]
 
 _NAME = re.compile(r"^L(\d+)\.(MLP|H(\d+))$")
 
@@ -75,7 +77,7 @@ def _head_modules(model: Model, layer: int) -> tuple[torch.nn.Module, torch.nn.M
         raise InputError(f"{model.spec.family} models fuse the query, key and value projections "
                          "(or store the output projection transposed); head components need "
                          "separate q_proj / o_proj linear maps. Use the MLP localizations.")
-    q = _get_path(block, paths[0])
+    q = submodule_at(block, paths[0])
     o = model.o_proj(layer)
     if not isinstance(q, torch.nn.Linear) or not isinstance(o, torch.nn.Linear):
         raise InputError(f"{model.spec.family} attention projections are not nn.Linear; head "
@@ -93,7 +95,7 @@ def component_masks(model: Model, components: Sequence[str]) -> dict[str, torch.
     for comp in components:
         layer, head = parse_component(model, comp)
         if head is None:
-            mlp = _get_path(model.hf_layer(layer), model.arch.mlp_path)
+            mlp = submodule_at(model.hf_layer(layer), model.arch.mlp_path)
             for p in mlp.parameters():
                 out[names[id(p)]] = None
             continue
@@ -175,8 +177,6 @@ def localized_components(model: Model, method: str, n_layers: int, *,
     ``causal_tracing_mlp`` / ``attribution_patching_mlp``: the top ``n_layers`` MLPs alone.
     ``random``: seeded MLP layers; ``all``: every MLP (method ``all`` trains every parameter).
     """
-    from explorer.analyses.unlearning.localization import _mlp_layers
-
     check_choice("method", method, METHODS)
     n_layers = check_int("n_layers", n_layers, low=1, high=model.n_layers)
     if method in ("causal_tracing", "attribution_patching"):
@@ -210,3 +210,32 @@ def component_scores(data: xr.Dataset) -> xr.DataArray:
         values.append(float(mlp.values[li]))
     return xr.DataArray(np.array(values), dims="component", coords={"component": names})
 
+
+def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
+    """The ``n_layers`` layers with the highest scores, in layer order."""
+    scores = np.asarray(scores, dtype=float)
+    n_layers = check_int("n_layers", n_layers, low=1, high=len(scores))
+    return sorted(int(i) for i in np.argsort(-scores, kind="stable")[:n_layers])
+
+
+def _mlp_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None,
+                trace: xr.Dataset | None, attribution: xr.Dataset | None, seed: int) -> list[int]:
+    """`localization.localized_layers` of the methods that pick whole MLP layers only."""
+    check_choice("method", method, METHODS)
+    L = model.n_layers
+    n_layers = check_int("n_layers", n_layers, low=1, high=L)
+    method = {"causal_tracing": "causal_tracing_mlp",
+              "attribution_patching": "attribution_patching_mlp"}.get(method, method)
+    needs = {"fact_lookup": ("probe", probe), "causal_tracing_mlp": ("trace", trace),
+             "attribution_patching_mlp": ("attribution", attribution)}
+    if method in needs and needs[method][1] is None:
+        raise InputError(f"method {method!r} needs the `{needs[method][0]}` dataset.")
+    if method == "fact_lookup":
+        return fact_lookup_layers(probe, n_layers)
+    if method == "causal_tracing_mlp":
+        return top_layers(trace.restore_mlp.mean("fact").values, n_layers)
+    if method == "attribution_patching_mlp":
+        return top_layers(attribution.ap_mlp.mean("fact").values, n_layers)
+    if method == "random":
+        return sorted(random.Random(seed).sample(range(L), n_layers))
+    return list(range(L))

@@ -32,7 +32,7 @@ from explorer.analyses.unlearning.facts import (
 from explorer.analyses.unlearning.comparison import _layer_label, trained_parameters
 from explorer.analyses.unlearning.components import localized_components
 from explorer.analyses.unlearning.finetune import localized_finetune
-from explorer.models import Model, _get_path
+from explorer.models import Model, submodule_at
 from explorer.trace import provenance
 
 __all__ = ["PROBE_POSITIONS", "fact_residuals", "transfer_probe_accuracy",
@@ -49,7 +49,7 @@ def fact_residuals(model: Model, facts: Sequence[AttributeFact], *,
     the last subject token: [fact, position (`PROBE_POSITIONS`), layer, d_model] float32."""
     facts = list(facts)
     hf = model.hf if hf is None else hf
-    layers = _get_path(hf, model.arch.layers_path)
+    layers = submodule_at(hf, model.arch.layers_path)
     out = np.zeros((len(facts), len(PROBE_POSITIONS), model.n_layers, model.spec.d_model),
                    dtype=np.float32)
     for b0 in range(0, len(facts), batch_size):

@@ -24,7 +24,7 @@ from explorer.analyses.unlearning.facts import (
     fact_prompt,
     subject_positions,
 )
-from explorer.analyses.unlearning.probe import fact_lookup_layers
+from explorer.analyses.unlearning.components import _mlp_layers, localized_components, top_layers
 from explorer.lora import remove_hooks
 from explorer.models import Model
 from explorer.trace import provenance, run_batch, run_on_weights
@@ -355,13 +355,6 @@ def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise:
     return scores, head_scores
 
 
-def top_layers(scores: Sequence[float], n_layers: int) -> list[int]:
-    """The ``n_layers`` layers with the highest scores, in layer order."""
-    scores = np.asarray(scores, dtype=float)
-    n_layers = check_int("n_layers", n_layers, low=1, high=len(scores))
-    return sorted(int(i) for i in np.argsort(-scores, kind="stable")[:n_layers])
-
-
 def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None = None,
                      trace: xr.Dataset | None = None, attribution: xr.Dataset | None = None,
                      seed: int = 0) -> list[int]:
@@ -375,33 +368,8 @@ def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Data
     every parameter).
     """
     if method in ("causal_tracing", "attribution_patching"):
-        from explorer.analyses.unlearning.components import localized_components
-
         comps = localized_components(model, method, n_layers, probe=probe, trace=trace,
                                      attribution=attribution, seed=seed)
         return [int(c[1:].split(".")[0]) for c in comps if c.endswith("MLP")]
     return _mlp_layers(model, method, n_layers, probe=probe, trace=trace,
                        attribution=attribution, seed=seed)
-
-
-def _mlp_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None,
-                trace: xr.Dataset | None, attribution: xr.Dataset | None, seed: int) -> list[int]:
-    """`localized_layers` of the methods that pick whole MLP layers only."""
-    check_choice("method", method, METHODS)
-    L = model.n_layers
-    n_layers = check_int("n_layers", n_layers, low=1, high=L)
-    method = {"causal_tracing": "causal_tracing_mlp",
-              "attribution_patching": "attribution_patching_mlp"}.get(method, method)
-    needs = {"fact_lookup": ("probe", probe), "causal_tracing_mlp": ("trace", trace),
-             "attribution_patching_mlp": ("attribution", attribution)}
-    if method in needs and needs[method][1] is None:
-        raise InputError(f"method {method!r} needs the `{needs[method][0]}` dataset.")
-    if method == "fact_lookup":
-        return fact_lookup_layers(probe, n_layers)
-    if method == "causal_tracing_mlp":
-        return top_layers(trace.restore_mlp.mean("fact").values, n_layers)
-    if method == "attribution_patching_mlp":
-        return top_layers(attribution.ap_mlp.mean("fact").values, n_layers)
-    if method == "random":
-        return sorted(random.Random(seed).sample(range(L), n_layers))
-    return list(range(L))
