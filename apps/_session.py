@@ -418,10 +418,7 @@ def schedule(doc: Any, fn: Callable[[], None]) -> None:
 
 
 def _drain(doc: Any, queue: _DocQueue, *, loaded: bool = False) -> None:
-    """Run ``queue``'s callbacks on ``doc``'s loop. The model changes of each batch reach
-    the browser as one document patch (Panel's `hold`): a result that sets a status line,
-    a plot's data and its title is drawn in one repaint, not one per change."""
-    from panel.io.document import hold
+    """Run ``queue``'s callbacks on ``doc``'s loop, in the order scheduled."""
     from panel.io.state import set_curdoc, state
 
     with set_curdoc(doc):
@@ -435,9 +432,8 @@ def _drain(doc: Any, queue: _DocQueue, *, loaded: bool = False) -> None:
                 if not fns:
                     queue.pending = False
                     return
-            with hold(doc):
-                for fn in fns:
-                    try:
-                        fn()
-                    except Exception:  # one failing callback must not drop the ones after it
-                        log.exception("a scheduled page update failed")
+            for fn in fns:
+                try:
+                    fn()
+                except Exception:  # one failing callback must not drop the ones after it
+                    log.exception("a scheduled page update failed")

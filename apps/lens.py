@@ -13,6 +13,7 @@ Activation Engineering", arXiv:2308.10248).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import html
@@ -30,6 +31,7 @@ import numpy as np
 import pandas as pd
 import panel as pn
 import param
+from panel.io.document import hold
 import xarray as xr
 
 import explorer
@@ -709,9 +711,14 @@ class LensView(View):
             self._mark_preview_ready(exc is None)
         if exc is None and seq > self._exact_seq and ds is not None:
             # the status stays the same through a drag (the title names alpha): a changed
-            # status line re-lays the page out in the browser on every move
-            self.param.update(preview=ds, status="Preview: top tokens among candidates, "
-                                                 "estimated probabilities; exact on release")
+            # status line re-lays the page out in the browser on every move. A redraw in
+            # place (no new Bokeh models) reaches the browser as one document patch
+            # (Panel's `hold`): data, title and line drawn in one repaint.
+            held = hold(self._doc) if self._doc is not None and self._draws_in_place(ds) \
+                else contextlib.nullcontext()
+            with held:
+                self.param.update(preview=ds, status="Preview: top tokens among candidates, "
+                                                     "estimated probabilities; exact on release")
         with self._preview_lock:
             request, self._preview_pending = self._preview_pending, None
             if request is None:
@@ -959,6 +966,13 @@ class LensView(View):
         fill()
         self.param.watch(fill, ["edited_result", "selected_positions"])
         return box
+
+    def _draws_in_place(self, ds: xr.Dataset | None) -> bool:
+        """Whether `_draw` would redraw ``ds`` in the drawn plot (same shape, its data
+        sources and steering line alive) rather than build a new one."""
+        lines = [span for span in (r() for r in self._lines) if span is not None]
+        return ds is not None and self._page_shape(ds) == self._drawn_shape \
+            and all(self.drawn_sources().values()) and len(lines) == 1
 
     def _draw(self, *events: Any) -> None:
         """Redraw the heatmap: in place when the drawn plot has this result's shape (a
