@@ -120,7 +120,42 @@ class _FileClock:
         cache.set(_SECONDS_KEY, known)
 
 
+class _CpuLog:
+    """With ``EXPLORER_TEST_CPU_LOG=path``: one JSON line per test appended to ``path``, its
+    wall seconds and the CPU seconds of the test process and the children it waited for
+    (setup, call and teardown), to mark tests ``slow`` by what they cost on a quiet machine
+    rather than by their wall time on a busy one (tests/README.md)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def _cpu() -> float:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        import json
+        import time
+
+        wall, used = time.perf_counter(), self._cpu()
+        yield
+        line = {"test": item.nodeid, "wall": round(time.perf_counter() - wall, 2),
+                "cpu": round(self._cpu() - used, 2),
+                "marks": sorted({m.name for m in item.iter_markers()} & {
+                    "integration", "browser", "slow", "timing"})}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("EXPLORER_TEST_CPU_LOG"):
+        config.pluginmanager.register(_CpuLog(os.environ["EXPLORER_TEST_CPU_LOG"]),
+                                      "explorer-cpu-log")
     if _WORKER is None and config.getoption("numprocesses", default=None):
         config.pluginmanager.register(_FileClock(config), "explorer-file-clock")
 
