@@ -8,7 +8,8 @@ Parallel runs (`make test`, `make test-fast`: ``-n 2 --dist loadfile --no-loadsc
 - A file's tests run in one worker, in file order, so module-scoped fixtures are built once.
 - Files start in order of their expected cost, the costliest first (the slowest file must
   not start last): the seconds they took in the last parallel run on this machine (pytest's
-  cache), else an estimate from their marks (``browser``, ``slow``, ``integration``).
+  cache), else in the full run recorded in tests/file-seconds.json, else an estimate from
+  their marks (``browser``, ``slow``, ``integration``).
 - A test marked ``timing`` (it asserts a wall-clock time) runs while no other test runs:
   the other workers finish the test they are in and wait (a reader-writer lock on a file
   shared by the session's workers), so the load it is timed under is its own.
@@ -72,6 +73,17 @@ def _estimated_seconds(items: list[pytest.Item]) -> float:
     return fixed + each * len(items)
 
 
+def _shipped_file_seconds() -> dict[str, float]:
+    """The seconds each file took in a full parallel run on a 2-core machine
+    (tests/file-seconds.json), for a fresh clone, whose pytest cache holds none yet."""
+    import json
+
+    try:
+        return json.loads((Path(__file__).parent / "file-seconds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist, in the controller, per worker: the seconds each file took in the last parallel
@@ -91,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
         files.setdefault(_file_of(item.nodeid), []).append(item)
-    measured = workerinput.get("explorer_file_seconds", {})
+    measured = {**_shipped_file_seconds(), **workerinput.get("explorer_file_seconds", {})}
     cost = {name: float(measured.get(name) or _estimated_seconds(members))
             for name, members in files.items()}
     order = {name: rank for rank, name in enumerate(files)}
