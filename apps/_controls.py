@@ -107,9 +107,9 @@ class OwnItems:
     def __init__(self, label: str, placeholder: str, doc: str, on_use: Callable[[str], Any], *,
                  button: str = "Use"):
         self.area = pn.widgets.TextAreaInput(
-            name=label, placeholder=placeholder, description=doc,
+            label=label, placeholder=placeholder, description=doc,
             rows=max(3, placeholder.count("\n") + 1), sizing_mode="stretch_width")
-        self.button = pn.widgets.Button(name=button, button_type="primary", sizing_mode="stretch_width",
+        self.button = pn.widgets.Button(label=button, color="primary", sizing_mode="stretch_width",
                                         description=doc)
         self.button.on_click(lambda *_: on_use(self.area.value))
 

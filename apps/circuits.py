@@ -1659,11 +1659,11 @@ class CircuitsView(View):
         return col
 
     def __panel__(self) -> pn.viewable.Viewable:
-        compute = pn.widgets.Button(name="Compute circuit", button_type="primary")
+        compute = pn.widgets.Button(label="Compute circuit", color="primary")
         compute.on_click(lambda *_: self._request_scores())
-        finetune = pn.widgets.Button(name="Fine-tune (LoRA) and score checkpoints")
+        finetune = pn.widgets.Button(label="Fine-tune (LoRA) and score checkpoints")
         patch_all = pn.widgets.Button(
-            name="Patch all shown edges", sizing_mode="stretch_width",
+            label="Patch all shown edges", sizing_mode="stretch_width",
             description="Keep only the shown circuit: patch every other edge to its corrupted "
                         "value and read the metric (the shown circuit's faithfulness).")
         patch_all.on_click(lambda *_: self.request_circuit_patch())

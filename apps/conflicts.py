@@ -365,7 +365,7 @@ class ConflictsView(View):
         self.runner("bars", self._got_bars)
         self.runner("split", self._got_split, progress=True)
         self.runner("select", self._got_selection, progress=True)
-        self._progress = pn.indicators.Progress(name="progress", value=self.param.progress, max=100,
+        self._progress = pn.indicators.Progress(label="progress", value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
@@ -695,18 +695,18 @@ class ConflictsView(View):
 
         p = self.param
         pick = pn.widgets.Button(
-            name="Pick top heads for the direction",
+            label="Pick top heads for the direction",
             description="Fill S+ with the 3 heads whose direct effect (the heatmap) pushes "
                         "hardest toward the answer to strengthen, S- with the 3 pushing against.")
         pick.on_click(lambda *_: self.pick_top_heads())
         select = pn.widgets.Button(
-            name="Select heads as JuICE does",
+            label="Select heads as JuICE does",
             description="Score every head by adding its output (α = the paper's grid) on the "
                         "three prompt types of this example, keep those that help on all three "
                         "(the paper's selection; about a minute for SmolLM2 on a CPU, time left shown).")
         select.on_click(lambda *_: self._request("select"))
         score = pn.widgets.Button(
-            name="Score the whole split", button_type="primary",
+            label="Score the whole split", color="primary",
             description="Greedy answers on every fact (the ones known closed book) for no "
                         "intervention, the single run and JuICE with the heads and α above.")
         score.on_click(lambda *_: self._request("split"))
@@ -718,7 +718,7 @@ class ConflictsView(View):
 
         def group(name: str) -> pn.Column:
             return labelled(pn.widgets.RadioButtonGroup.from_param(
-                p[name], button_type="primary", variant="outline",
+                p[name], color="primary", variant="outline",
                 sizing_mode="stretch_width"), p[name].label, p[name].doc)
 
         caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})

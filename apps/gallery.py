@@ -1154,7 +1154,7 @@ window.__explorerCopied = url
         nav = pn.widgets.RadioButtonGroup.from_param(
             self.param.view, options={title: slug for slug, title in self.titles.items()},
             orientation="vertical", color="primary", variant="outline",
-            sizing_mode="stretch_width", name="", description=None, css_classes=["gallery-nav"])
+            sizing_mode="stretch_width", label="", description=None, css_classes=["gallery-nav"])
         model = pn.widgets.Select.from_param(self.param.model_name, sizing_mode="stretch_width",
                                              disabled=self.param.loading)
         prompt = self.prompt_box()

@@ -741,16 +741,16 @@ class ICLHeadsView(View):
         self.conflict_layers = layers_text(default_conflict_layers(spec.n_layers))
         self.patching_layers = layers_text(default_conflict_layers(spec.n_layers))
         self._patching_button = pn.widgets.Button(
-            name="Run the patching test", button_type="primary", sizing_mode="stretch_width",
+            label="Run the patching test", color="primary", sizing_mode="stretch_width",
             description="Write each chosen task's vector (and the Null task's) into its "
                         "zero-shot prompts at each chosen layer; draw the accuracy by layer.")
         self._patching_button.on_click(lambda *_: self.run_patching())
         self._conflict_button = pn.widgets.Button(
-            name="Run the conflict test", button_type="primary", sizing_mode="stretch_width",
+            label="Run the conflict test", color="primary", sizing_mode="stretch_width",
             description="Write each chosen task's vector into the other tasks' few-shot "
                         "prompts at each chosen layer; draw whose task the answer follows.")
         self._conflict_button.on_click(lambda *_: self.run_conflict())
-        self._progress = pn.indicators.Progress(name="progress", value=self.param.progress, max=100,
+        self._progress = pn.indicators.Progress(label="progress", value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
@@ -761,8 +761,8 @@ class ICLHeadsView(View):
         self.estimated_seconds = estimated_score_seconds(
             spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
         self._score_button = pn.widgets.Button(
-            name=f"Compute scores (about {max(1, round(self.estimated_seconds)):d} s)",
-            button_type="primary", sizing_mode="stretch_width",
+            label=f"Compute scores (about {max(1, round(self.estimated_seconds)):d} s)",
+            color="primary", sizing_mode="stretch_width",
             description="Induction and FV scores of every head (the scatter and heatmaps), "
                         "then the function vector; and the task encoding (PCA, decodability).")
         self._score_button.on_click(lambda *_: self._compute())
@@ -889,7 +889,7 @@ class ICLHeadsView(View):
         with param.parameterized.discard_events(self):
             self.param.update(patching=ds, patching_shown=keep)
         self.param.trigger("patching", "patching_shown")
-        self._patching_button.name = "Run the patching test again"
+        self._patching_button.label = "Run the patching test again"
         self.status = "patching test ready"
 
     def _conflict_failed(self, exc: BaseException) -> None:
@@ -1149,7 +1149,7 @@ class ICLHeadsView(View):
             f"a few-shot {t} prompt"),
             self.param.patterns, self.param.layer, self.param.head, self.param.task)
         slider = pn.widgets.FloatSlider.from_param(self.param.max_percent)
-        button = pn.widgets.Button(name="Recompute ablation curves", button_type="primary",
+        button = pn.widgets.Button(label="Recompute ablation curves", color="primary",
                                    description="Mean-ablate the top heads by each ranking and "
                                                "measure the evaluation tasks again.")
         button.on_click(lambda *_: self._request("curves"))

@@ -753,7 +753,7 @@ class SaturationView(View):
         self._positions = self._position_links.strip
         self.param.watch(self._send_detail, ["result", "text", "selected", "k"])
         self._run_button = pn.widgets.Button(
-            button_type="primary", sizing_mode="stretch_width",
+            color="primary", sizing_mode="stretch_width",
             description="Run the logit lens over the corpus and every analysis of the page "
                         "(cached in the activation store: the next open is instant).")
         self._run_button.on_click(lambda *_: self._request_run())
@@ -813,7 +813,7 @@ class SaturationView(View):
     def _name_button(self, *events: Any) -> None:
         est = self._estimate()
         about = f" (about {est:.0f} s)" if est < 1e6 else ""
-        self._run_button.name = f"Analyse {self.n_tokens:,} tokens{about}"
+        self._run_button.label = f"Analyse {self.n_tokens:,} tokens{about}"
 
     def _show_cached(self) -> bool:
         """Show the stored result of the current settings if there is one (no model run)."""
@@ -1256,7 +1256,7 @@ class SaturationView(View):
 
         def group(name: str) -> pn.Column:
             return labelled(pn.widgets.RadioButtonGroup.from_param(
-                p[name], button_type="primary", variant="outline",
+                p[name], color="primary", variant="outline",
                 sizing_mode="stretch_width"), p[name].label, p[name].doc)
 
         def slider(name: str, kind: Any = pn.widgets.IntSlider, **kw: Any) -> pn.viewable.Viewable:

@@ -127,22 +127,22 @@ class StudySession(View):
         self._shown_at = 0.0
         self._choice: int | None = None
         self._confidence: int | None = None
-        self._agree = pn.widgets.Checkbox(name="I have read the information above and agree to take part")
-        self._start = pn.widgets.Button(name="Start the study", button_type="primary", disabled=True,
+        self._agree = pn.widgets.Checkbox(label="I have read the information above and agree to take part")
+        self._start = pn.widgets.Button(label="Start the study", color="primary", disabled=True,
                                         width=200)
-        self._decline = pn.widgets.Button(name="I do not want to take part", button_type="light",
+        self._decline = pn.widgets.Button(label="I do not want to take part", color="light",
                                           width=240)
-        self._resume_code = pn.widgets.TextInput(name="Participant code", value=code,
+        self._resume_code = pn.widgets.TextInput(label="Participant code", value=code,
                                                  placeholder="e.g. K7QX-M2PA", width=220)
-        self._resume = pn.widgets.Button(name="Resume", button_type="default", width=120,
+        self._resume = pn.widgets.Button(label="Resume", color="default", width=120,
                                          align="end")
-        self._begin = pn.widgets.Button(name="Begin", button_type="primary", width=200)
-        self._submit = pn.widgets.Button(name="Submit answer", button_type="primary", disabled=True,
+        self._begin = pn.widgets.Button(label="Begin", color="primary", width=200)
+        self._submit = pn.widgets.Button(label="Submit answer", color="primary", disabled=True,
                                          width=200)
         self._choice_buttons: list[pn.widgets.Button] = []
         self._confidence_buttons = [
-            pn.widgets.Button(name=self._confidence_label(i, study.task.confidence_levels),
-                              button_type="primary", button_style="outline", width=110)
+            pn.widgets.Button(label=self._confidence_label(i, study.task.confidence_levels),
+                              color="primary", variant="outline", width=110)
             for i in range(1, study.task.confidence_levels + 1)]
         for i, b in enumerate(self._confidence_buttons, start=1):
             b.on_click(lambda _event, level=i: self._set_confidence(level))
@@ -204,13 +204,13 @@ class StudySession(View):
     def _set_choice(self, index: int) -> None:
         self._choice = index
         for i, b in enumerate(self._choice_buttons):
-            b.button_style = "solid" if i == index else "outline"
+            b.variant = "solid" if i == index else "outline"
         self._submit.disabled = self._confidence is None
 
     def _set_confidence(self, level: int) -> None:
         self._confidence = level
         for i, b in enumerate(self._confidence_buttons, start=1):
-            b.button_style = "solid" if i == level else "outline"
+            b.variant = "solid" if i == level else "outline"
         self._submit.disabled = self._choice is None
 
     def _on_submit(self, _event: Any = None) -> None:
@@ -257,13 +257,13 @@ class StudySession(View):
     def _item_page(self) -> list[Any]:
         display = self._run.trial_display(self._trial)
         n = len(self._trials)
-        self._choice_buttons = [pn.widgets.Button(name=theme.show_token(c), button_type="primary",
-                                                  button_style="outline", width=160)
+        self._choice_buttons = [pn.widgets.Button(label=theme.show_token(c), color="primary",
+                                                  variant="outline", width=160)
                                 for c in display["choices"]]
         for i, b in enumerate(self._choice_buttons):
             b.on_click(lambda _event, index=i: self._set_choice(index))
         for b in self._confidence_buttons:
-            b.button_style = "outline"
+            b.variant = "outline"
         self._submit.disabled = True
         parts: list[Any] = [
             pn.pane.Markdown(f"**Question {self.n_answered + 1} of {n}**"),

@@ -290,11 +290,11 @@ class UnlearningView(View):
             self.n_layers = max(1, model.n_layers // 2)
         self.runner("work", self._show_result, heavy=True)   # training: waits its turn
         self._localize_button = pn.widgets.Button(
-            name="Localize", button_type="primary",
+            label="Localize", color="primary",
             description="Probe curve, causal tracing and attribution patching over the forget "
                         "facts: where the facts are looked up.")
         self._run_button = pn.widgets.Button(
-            name="Run unlearning", button_type="primary",
+            label="Run unlearning", color="primary",
             description="Train a copy of the model on the localized components to forget the "
                         "forget facts, then measure it (needs Localize first).")
         if getattr(model, "remote", False):
@@ -312,8 +312,8 @@ class UnlearningView(View):
                 "off.")
         else:
             self._remote_note = ""
-        self._cancel_button = pn.widgets.Button(name="Cancel", button_type="default",
-                                                button_style="outline",
+        self._cancel_button = pn.widgets.Button(label="Cancel", color="default",
+                                                variant="outline",
                                                 description="Stop the job in flight.")
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
@@ -329,7 +329,7 @@ class UnlearningView(View):
         first); Cancel stops the job in flight and does nothing otherwise."""
         self._localize_button.disabled = self.busy
         self._run_button.disabled = self.busy
-        self._cancel_button.button_type = "warning" if self.busy else "default"
+        self._cancel_button.color = "warning" if self.busy else "default"
 
     def scope(self) -> Scope:
         """Its own fact set and the corpus text; edits do not apply (training runs on a copy)."""

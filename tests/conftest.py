@@ -8,7 +8,8 @@ Parallel runs (`make test`, `make test-fast`: ``-n 2 --dist loadfile --no-loadsc
 - A file's tests run in one worker, in file order, so module-scoped fixtures are built once.
 - Files start in order of their expected cost, the costliest first (the slowest file must
   not start last): the seconds they took in the last parallel run on this machine (pytest's
-  cache), else an estimate from their marks (``browser``, ``slow``, ``integration``).
+  cache), else in the full run recorded in tests/file-seconds.json, else an estimate from
+  their marks (``browser``, ``slow``, ``integration``).
 - A test marked ``timing`` (it asserts a wall-clock time) runs while no other test runs:
   the other workers finish the test they are in and wait (a reader-writer lock on a file
   shared by the session's workers), so the load it is timed under is its own.
@@ -72,6 +73,17 @@ def _estimated_seconds(items: list[pytest.Item]) -> float:
     return fixed + each * len(items)
 
 
+def _shipped_file_seconds() -> dict[str, float]:
+    """The seconds each file took in a full parallel run on a 2-core machine
+    (tests/file-seconds.json), for a fresh clone, whose pytest cache holds none yet."""
+    import json
+
+    try:
+        return json.loads((Path(__file__).parent / "file-seconds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist, in the controller, per worker: the seconds each file took in the last parallel
@@ -91,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
         files.setdefault(_file_of(item.nodeid), []).append(item)
-    measured = workerinput.get("explorer_file_seconds", {})
+    measured = {**_shipped_file_seconds(), **workerinput.get("explorer_file_seconds", {})}
     cost = {name: float(measured.get(name) or _estimated_seconds(members))
             for name, members in files.items()}
     order = {name: rank for rank, name in enumerate(files)}
@@ -120,7 +132,42 @@ class _FileClock:
         cache.set(_SECONDS_KEY, known)
 
 
+class _CpuLog:
+    """With ``EXPLORER_TEST_CPU_LOG=path``: one JSON line per test appended to ``path``, its
+    wall seconds and the CPU seconds of the test process and the children it waited for
+    (setup, call and teardown), to mark tests ``slow`` by what they cost on a quiet machine
+    rather than by their wall time on a busy one (tests/README.md)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def _cpu() -> float:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        import json
+        import time
+
+        wall, used = time.perf_counter(), self._cpu()
+        yield
+        line = {"test": item.nodeid, "wall": round(time.perf_counter() - wall, 2),
+                "cpu": round(self._cpu() - used, 2),
+                "marks": sorted({m.name for m in item.iter_markers()} & {
+                    "integration", "browser", "slow", "timing"})}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("EXPLORER_TEST_CPU_LOG"):
+        config.pluginmanager.register(_CpuLog(os.environ["EXPLORER_TEST_CPU_LOG"]),
+                                      "explorer-cpu-log")
     if _WORKER is None and config.getoption("numprocesses", default=None):
         config.pluginmanager.register(_FileClock(config), "explorer-file-clock")
 

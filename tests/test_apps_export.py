@@ -57,6 +57,7 @@ def _same_values(page: xr.Dataset, back: xr.Dataset) -> None:
             assert b.astype(str).tolist() == a.astype(str).tolist(), name
 
 
+@pytest.mark.slow
 def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, tiny_model,
                                                                   monkeypatch, tmp_path):
     from apps._view import View
@@ -180,6 +181,7 @@ def km(one_torch_thread):
     return sh.train_knowledge_model(**KM_PARAMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["finetune", "rome"])
 def test_shattering_snippet_recomputes_the_edit_embedding_and_accuracy(km, method, monkeypatch,
                                                                        tmp_path):
@@ -386,6 +388,7 @@ def test_parity_snippet_retrains_a_reduced_run(cache):
     view.close()
 
 
+@pytest.mark.slow
 def test_linear_icl_snippet_recomputes_reduced_and_shipped_runs(cache):
     from apps.linear_icl import LinearICLView
     from explorer.analyses import linear_icl

@@ -81,6 +81,7 @@ def test_toggled_and_caption():
         [1, 9], ["a", "·b"])
 
 
+@pytest.mark.slow
 def test_saturation_strip_click_selects_and_outlines_the_columns(tiny_model):
     view = _saturation(tiny_model, prompt=PROMPT)
     view.wait()
@@ -123,6 +124,7 @@ def test_attention_strip_click_outlines_the_query_row_and_key_column(tiny_model)
     view.close()
 
 
+@pytest.mark.slow
 def test_gallery_clicks_select_positions_and_every_page_highlights_them(tiny_model):
     views = [("Saturation events", "saturation", lambda m: _saturation(m)),
              ("Attention", "attention", lambda m: AttentionView(m, background=False))]

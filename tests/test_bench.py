@@ -176,6 +176,7 @@ def test_slider_result_shape():
     assert acc["release_equals_full_run"] is True
 
 
+@pytest.mark.slow
 def test_remote_bench_result_shape():
     """`explorer bench remote`: the loopback server on a saved tiny model, remote against
     local, and the remote scores equal the local ones (to float32 summation order)."""
@@ -341,6 +342,7 @@ def test_clean_readouts_do_not_mix_options(tiny_model):
     assert len(clean._lens_readouts.entries) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_fast_lens_on_smollm2_text(smollm2):
     texts = text_prompts(smollm2, 1, 24)

@@ -41,12 +41,13 @@ def server(analysis):
 
 
 def _projection_title(page) -> str:
-    """The title of the projection plot, read from the Bokeh document (canvas text is not in the DOM)."""
+    """The title of the projection plot shown, read from Bokeh's views of the plots on the
+    page (canvas text is not in the DOM; a document's models can include a replaced plot's)."""
     return page.evaluate("""() => {
-        for (const doc of Bokeh.documents) {
-            for (const m of doc.all_models) {
-                if (m.type === 'Title' && m.text.startsWith('Query residual')) return m.text;
-            }
+        for (const v of Bokeh.index.all_views()) {
+            const t = v.model.title
+            if ((v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
+                && t != null && String(t.text).startsWith('Query residual')) return String(t.text);
         }
         return '';
     }""")

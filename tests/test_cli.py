@@ -354,6 +354,7 @@ def small_dataset(seed: int) -> xr.Dataset:
     return xr.Dataset({"resid_post": (("prompt", "d_model"), values)}, attrs={"model": "tiny-llama"})
 
 
+@pytest.mark.slow
 def test_cache_stats_reduces_an_entry_on_each_scheduler(capsys, cache):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 5, 2, 4)).astype("float32")   # [prompt, pos, layer, d_model]
@@ -600,6 +601,7 @@ def test_negative_positions_may_follow_the_flag_with_a_space():
 
 # -- the installed entry point -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_entry_point_runs_in_a_subprocess(cache):
     env = {**os.environ, "EXPLORER_CACHE": str(cache)}
     done = subprocess.run([sys.executable, "-m", "explorer.cli", "models"], capture_output=True,

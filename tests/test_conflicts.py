@@ -342,7 +342,7 @@ def test_alpha_search_and_first_run_reuse(tiny_model):
             got = float(ds.target_prob.sel(alpha_s=a_s, alpha_l=a_l))
             assert got == pytest.approx(np.mean(probs), abs=1e-5)
     best = ds.target_prob.where(ds.accuracy == ds.accuracy.max())
-    i, j = np.unravel_index(int(best.argmax()), best.shape)
+    i, j = np.unravel_index(int(np.nanargmax(best.values)), best.shape)
     assert (ds.attrs["best_alpha_s"], ds.attrs["best_alpha_l"]) == (
         float(ds.alpha_s[i]), float(ds.alpha_l[j]))
     run1 = C.juice_first_run(tiny_model, ["The capital city of France is"])

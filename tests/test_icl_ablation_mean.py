@@ -265,6 +265,7 @@ def test_cli_above_chance_refuses_when_no_task_is(tiny_model):
               "--n-prompts", "2", "--n-shots", "2", "--json"])
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_smollm2_screen_and_last_token_ablation(smollm2):
     """On SmolLM2: the screen keeps the tasks it does (capitalize few-shot) and drops those

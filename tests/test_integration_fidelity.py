@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _ids(model, text):

@@ -471,6 +471,7 @@ def test_cli_itda_json(tiny_model, tmp_path, monkeypatch, capsys):
 
 # -- the view (headless) ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_itda_view_follows_its_parameters(tiny_model):
     import holoviews as hv
     import panel as pn

@@ -34,6 +34,7 @@ def _doc(view):
     return doc
 
 
+@pytest.mark.slow
 def test_a_click_outlines_the_position_on_every_layer(tiny_model):
     view = LensView(tiny_model, prompt=PROMPT, k=3, background=False)
     n, L = _n_tokens(tiny_model), tiny_model.n_layers

@@ -451,6 +451,7 @@ def test_shipped_runs_are_small_and_their_analyses_are_those_of_their_weights():
     assert analyses[1].attrs["final_test_loss"] > analyses[2].attrs["final_test_loss"] + 0.05
 
 
+@pytest.mark.slow
 @_shipped
 def test_retraining_seed_0_reproduces_the_shipped_first_checkpoints():
     """Same seed, same prompts, same Adam steps: the first 500 steps train to the shipped

@@ -306,6 +306,7 @@ def test_converted_cache_problems_are_named(tmp_path):
     assert models._converted_cache_problem(folder, gguf) == "config.json is missing or not valid JSON"
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_truncated_converted_cache_is_reported_and_converted_again(tmp_path, monkeypatch,
                                                                    smollm2):

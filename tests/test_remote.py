@@ -30,6 +30,9 @@ from explorer.remote import (
     run_remote_async,
 )
 
+# a server in a child process, models saved and traced remotely: over a minute of CPU in all
+pytestmark = pytest.mark.slow
+
 API_KEY = "ndif-test-key-7f3a9c2e51"
 PROMPTS = ["The quick brown fox", "The capital of France is Paris"]
 

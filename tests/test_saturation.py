@@ -721,6 +721,7 @@ def test_cli_second_run_is_served_from_the_cache(tmp_path, monkeypatch, capsys):
     assert first["model"] == "tiny-llama" and first["n_layers"] == 3 and "mean_tau" in first
 
 
+@pytest.mark.slow
 def test_bench_saturation_on_tiny_model(tiny_model, monkeypatch):
     from explorer import _kernels
 
@@ -771,6 +772,7 @@ def test_shipped_corpus_has_20k_tokens(smollm2):
     assert n >= 20_000
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_smollm2_top_tokens_saturate_in_order(smollm2):
     texts = corpus_chunks(smollm2, load_corpus(), max_tokens=400)
@@ -961,6 +963,7 @@ def test_view_intervention_matches_the_analysis_function(view, tiny_model):
     assert r["s1_before"] == direct["s1_before"]
 
 
+@pytest.mark.slow
 def test_view_random_init_toggle_and_layout(view):
     import panel as pn
 
@@ -973,6 +976,7 @@ def test_view_random_init_toggle_and_layout(view):
     assert view.result.attrs["model"] == "tiny-llama"
 
 
+@pytest.mark.slow
 def test_view_opens_on_request_or_from_the_store(tiny_model, tmp_path, monkeypatch):
     """A run estimated over the open budget waits for the Analyse button (nothing runs on
     open); its result is `saturation_analysis`'s own; a later page opens on the stored

@@ -155,6 +155,7 @@ def _login(port: int, user: str, password: str) -> tuple[int, dict[str, str], st
     return status, dict(headers), cookies
 
 
+@pytest.mark.slow
 def test_serve_off_loopback_without_sign_in_exits_before_listening(tmp_path):
     port = free_port()
     done = subprocess.run([sys.executable, "-m", "explorer.cli", "serve", "--model", "tiny-llama",

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import psutil
+import pytest
 
 from tests._browser import ROOT, _answers, free_port
 
@@ -64,6 +65,7 @@ def _connects(host: str, port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_serve_listens_on_loopback_only_by_default(tmp_path):
     with serving(tmp_path) as (proc, port):
         assert _listening(proc, port) == {"127.0.0.1"}
@@ -73,6 +75,7 @@ def test_serve_listens_on_loopback_only_by_default(tmp_path):
         next(tmp_path.glob("serve-*.log")).read_text()
 
 
+@pytest.mark.slow
 def test_serve_address_flag_changes_the_binding(tmp_path):
     with serving(tmp_path, "--address", "0.0.0.0", "--no-auth") as (proc, port):
         assert _listening(proc, port) == {"0.0.0.0"}

@@ -320,6 +320,7 @@ def test_write_failing_before_the_manifest_leaves_no_entry(store, monkeypatch):
     assert store.ls() == [] and leftovers(store) == []
 
 
+@pytest.mark.slow
 def test_write_killed_mid_way_leaves_no_valid_entry_and_clean_removes_it(store):
     # A real process dies (os._exit: no cleanup, no finally) after the data but before the manifest.
     script = textwrap.dedent(

@@ -536,6 +536,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_after", [5, 30, 60])
 def test_store_survives_sigkill_mid_session(tmp_path, kill_after):
     """A writer process is SIGKILLed while it commits responses: every acknowledged answer is
@@ -784,6 +785,7 @@ def test_cli_prepare_simulate_analyse_export(monkeypatch, capsys, tmp_path):
     assert "`--accuracy` must be COND=P pairs" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_no_panel_in_the_core_package():
     code = ("import sys, explorer.studies as s\n"
             "for name in s.__all__: getattr(s, name)\n"
@@ -803,6 +805,7 @@ def test_deepcopy_of_items_is_not_shared(tmp_path, tiny_model):
     assert reals(items) == reals(before)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_example_study_items_on_smollm2(tmp_path, smollm2):
     """The worked example on the packaged model: the correct choice is the model's top-1 from

@@ -342,6 +342,7 @@ def test_remote_style_training_with_a_head_mask_matches_the_copy(tiny_model, fac
         torch.testing.assert_close(params[n].detach() + d, trained[n].detach(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_smollm2_components_at_reduced_settings(smollm2):
     """SmolLM2 at reduced settings: head attribution for 2 facts, the budget selection,
