@@ -317,10 +317,15 @@ def step_marker(steps: Sequence[float], step: float | None) -> Any:
 
 
 def placeholder(text: str, *, height: int = 320) -> Any:
-    """A plot-sized text element shown where a plot will appear (no run yet, computing)."""
+    """A plot-sized text element shown where a plot will appear (no run yet, computing).
+
+    The text is broken into lines of at most 56 characters: Bokeh draws a text glyph on one
+    line, and a longer sentence ran past both edges of a half-width plot at 1280 px."""
+    import textwrap
+
     import holoviews as hv
 
-    return hv.Text(0.5, 0.5, text).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
+    return hv.Text(0.5, 0.5, textwrap.fill(text, 56)).opts(xaxis=None, yaxis=None, toolbar=None, height=height,
                                         responsive=True, xlim=(0, 1), ylim=(0, 1))
 
 

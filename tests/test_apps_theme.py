@@ -110,3 +110,22 @@ def test_a_bokeh_pane_takes_a_new_figure_under_the_page_design():
     assert ours.object is new and root.select_one({"id": new.id}) is new
     assert new.sizing_mode == "stretch_width"
 
+
+
+def test_a_long_placeholder_is_drawn_in_lines_that_fit_a_half_width_plot():
+    """Bokeh draws a text glyph's string as given; a sentence of 90 characters must reach the
+    document broken at word boundaries into lines of at most 56 characters, all words kept."""
+    from bokeh.models import GlyphRenderer
+    from bokeh.models import Text as TextGlyph
+
+    sentence = ("Press Run unlearning: accuracy before and after unlearning, per metric, "
+                "appears here.")
+    doc = Document()
+    root = pn.panel(theme.placeholder(sentence)).get_root(doc)
+    renderers = [r for r in root.select({"type": GlyphRenderer})
+                 if isinstance(r.glyph, TextGlyph)]
+    assert len(renderers) == 1
+    drawn = renderers[0].data_source.data[renderers[0].glyph.text]
+    lines = str(drawn[0]).split("\n")
+    assert len(lines) >= 2 and max(map(len, lines)) <= 56
+    assert " ".join(lines).split() == sentence.split()
