@@ -37,7 +37,7 @@ from apps import theme
 from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
 from explorer.defaults import DEFAULT_MODEL
 
-__all__ = ["View", "Scope", "scope_line", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
+__all__ = ["View", "Scope", "scope_line", "serve", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
 
 EXPORT_FORMAT = "explorer-page-data"
@@ -399,21 +399,6 @@ def scope_line(view: Any) -> str:
     if s is None:
         return ""
     return f"**on:** {s.on} · **edits:** {s.edits}"
-
-
-def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
-    """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of
-    ``scores`` (a Dataset with ``layer`` and ``head`` dimensions); None when the click is off the
-    grid or there are no scores. Categorical axes give strings; they are read as numbers."""
-    if x is None or y is None or scores is None:
-        return None
-    try:
-        head, layer = int(round(float(x))), int(round(float(y)))
-    except (TypeError, ValueError):
-        return None
-    if 0 <= layer < scores.sizes["layer"] and 0 <= head < scores.sizes["head"]:
-        return layer, head
-    return None
 
 
 # -- export helpers ---------------------------------------------------------------------------

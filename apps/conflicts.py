@@ -36,8 +36,9 @@ import explorer
 from apps import theme
 from apps._controls import OwnItems, labelled, tip
 from apps._session import CancelToken, user_message
-from apps._positions import POSITION_COLOR, position_outlines
-from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
+from apps._positions import POSITION_COLOR
+from apps._heads_heatmap import head_cell, heads_heatmap, heads_in, on_head_click, selected_outlines
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer import components
 from explorer.analyses import user_items
 from explorer._checks import InputError, check_choice
@@ -106,18 +107,10 @@ def plot_head_heatmap(scores: xr.Dataset | None, plus: list[str] = (),
     chosen heads marked (S+ / S-)."""
     if scores is None:
         return _waiting("Computing head scores…", 360)
-    d = scores.direct_diff.mean(("kind", "fact"))
-    lim = float(abs(d).max()) or 1.0
-    rows = [(int(h), int(layer), float(d.sel(layer=layer, head=h)))
-            for layer in d.layer.values for h in d["head"].values]
-    n_layers, n_heads = d.sizes["layer"], d.sizes["head"]
-    every = max(1, -(-n_layers // 16))          # at most ~16 layer ticks: they never touch
-    heat = hv.HeatMap(rows, kdims=["head", "layer"], vdims=["direct_diff"]).opts(
-        cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True, tools=["hover", "tap"],
-        default_tools=_TOOLS, active_tools=["tap"], clabel="logit(memory) − logit(context)",
-        title="Direct effect per head", xticks=list(range(n_heads)),
-        yticks=list(range(0, n_layers, every)), invert_yaxis=True,
-        responsive=True, height=max(300, 12 * n_layers + 80))
+    d = scores.direct_diff.mean(("kind", "fact")).transpose("layer", "head")
+    heat = heads_heatmap(d.values, name="direct_diff", label="logit(memory) − logit(context)",
+                         title="Direct effect per head", signed=True,
+                         height=max(300, 12 * d.sizes["layer"] + 80))
     chosen = _chosen(list(plus), list(minus))
     marks = hv.Points([(*parse_head(n)[::-1], s) for n, s in chosen.items()],
                       kdims=["head", "layer"], vdims=["set"])
@@ -125,29 +118,15 @@ def plot_head_heatmap(scores: xr.Dataset | None, plus: list[str] = (),
                              fill_alpha=0, line_width=3, show_legend=False)
 
 
-def selected_heads_in(names: list[str], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
-    """(layer, head) of the heads among ``names`` (the workspace selection) that the model
-    has; other components and unreadable names are skipped."""
-    out = []
-    for name in names or ():
-        try:
-            c = components.check_in_model(name, n_layers, n_heads)
-        except components.ComponentError:
-            continue
-        if c.is_head and (c.layer, c.head) not in out:
-            out.append((c.layer, c.head))
-    return out
+selected_heads_in = heads_in   # the workspace's selected heads that the model has
 
 
 def plot_selected_heads(scores: xr.Dataset | None, highlighted: list[str]) -> hv.Element | None:
     """Dashed outlines (the selection's colour) of the workspace's selected heads on
     `plot_head_heatmap`; None when none of them is a head of the scored model."""
-    if scores is None:
+    if scores is None or not heads_in(highlighted, scores.sizes["layer"], scores.sizes["head"]):
         return None
-    cells = selected_heads_in(highlighted, scores.sizes["layer"], scores.sizes["head"])
-    if not cells:
-        return None
-    return position_outlines([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in cells])
+    return selected_outlines(highlighted, scores.sizes["layer"], scores.sizes["head"])
 
 
 def prompts_note(fact: C.Fact, kind: str) -> str:
@@ -681,9 +660,7 @@ class ConflictsView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         def heatmap(scores, plus, minus, highlighted):
-            plot = plot_head_heatmap(scores, plus, minus)
-            if scores is not None:
-                hv.streams.Tap(source=plot.get(0)).add_subscriber(self._heatmap_tapped)
+            plot = on_head_click(plot_head_heatmap(scores, plus, minus), self._heatmap_tapped)
             outlines = plot_selected_heads(scores, highlighted)
             return plot if outlines is None else plot * outlines
 

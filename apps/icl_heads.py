@@ -25,7 +25,8 @@ import explorer
 from apps import theme
 from apps._controls import OwnItems, tip
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
+from apps._heads_heatmap import head_cell, heads_heatmap, heads_in, on_head_click
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vector_patching as tvp
@@ -58,18 +59,7 @@ def _waiting(text: str, height: int = 300) -> hv.Element:
     return theme.placeholder(text, height=height)
 
 
-def selected_heads(names, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
-    """The (layer, head) of the heads among ``names`` (the workspace selection, e.g.
-    ``["L3.H1", "L4.MLP"]``) that exist in the model; other components are left out."""
-    out = []
-    for name in names or ():
-        try:
-            c = explorer.components.check_in_model(name, n_layers, n_heads)
-        except explorer.components.ComponentError:
-            continue
-        if c.is_head:
-            out.append((c.layer, c.head))
-    return out
+selected_heads = heads_in   # the workspace's selected heads that the model has
 
 
 def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float,
@@ -119,34 +109,14 @@ def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: flo
 
 
 def plot_score_heatmaps(scores: xr.Dataset | None, highlighted=()) -> hv.Layout | hv.Element:
-    """Layer x head heatmaps: induction score (sequential map) and FV score (diverging, 0 white);
-    the workspace's selected heads (``highlighted``) outlined."""
+    """Layer x head heatmaps: induction score (sequential map from 0) and FV score (diverging,
+    0 white); the workspace's selected heads (``highlighted``) outlined."""
     if scores is None:
         return _waiting("Head scores appear here (Compute scores, left)")
-    ind, fv = scores["induction_score"].values, scores["fv_score"].values
-    n_layers, n_heads = ind.shape
-
-    def cells(a):
-        return [(h, l, float(a[l, h])) for l in range(n_layers) for h in range(n_heads)]
-
-    height = max(260, theme.SIZES["cell_height"] * n_layers + 90)
-    common = dict(tools=["hover", "tap"], colorbar=True, responsive=True, height=height,
-                  default_tools=_TOOLS, xlabel="head", ylabel="layer", invert_yaxis=True,
-                  xticks=list(range(n_heads)), yticks=list(range(n_layers)),
-                  fontsize={"xticks": "7pt", "yticks": "7pt"})
-    bound = float(np.nanmax(np.abs(fv))) or 1.0
-    left = hv.HeatMap(cells(ind), ["head", "layer"], "induction_score").opts(
-        cmap=theme.MAGNITUDE_CMAP, clim=(0.0, float(np.nanmax(ind)) or 1.0),
-        title="Induction score", **common)
-    right = hv.HeatMap(cells(fv), ["head", "layer"], "fv_score").opts(
-        cmap=theme.SIGNED_CMAP, clim=(-bound, bound),
-        title="FV score (0 = white)", **common)
-    chosen = selected_heads(highlighted, n_layers, n_heads)
-    if chosen:   # one box per selected head, over its cell (head h spans h - 0.5 .. h + 0.5)
-        boxes = hv.Rectangles([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in chosen],
-                              kdims=["head", "layer", "x1", "y1"]).opts(
-            fill_alpha=0, line_color=theme.ACCENT, line_width=3, default_tools=_TOOLS)
-        left, right = left * boxes, right * boxes
+    left = heads_heatmap(scores["induction_score"].values, name="induction_score",
+                         title="Induction score", low=0.0, highlighted=highlighted)
+    right = heads_heatmap(scores["fv_score"].values, name="fv_score", signed=True,
+                          title="FV score (0 = white)", highlighted=highlighted)
     return (left + right).cols(2)
 
 
@@ -1132,12 +1102,8 @@ class ICLHeadsView(View):
         scatter = pn.bind(scatter, self.param.scores, self.param.top_induction, self.param.top_fv,
                           self.param.highlighted)
 
-        def heatmaps(scores, highlighted):
-            plot = plot_score_heatmaps(scores, highlighted)
-            if isinstance(plot, hv.Layout):   # clicking a cell selects its head
-                for panel in plot:
-                    hv.streams.Tap(source=panel).add_subscriber(self._cell_tapped)
-            return plot
+        def heatmaps(scores, highlighted):   # clicking a cell selects its head
+            return on_head_click(plot_score_heatmaps(scores, highlighted), self._cell_tapped)
 
         heatmaps = pn.bind(heatmaps, self.param.scores, self.param.highlighted)
         pat_rep = pn.bind(lambda d, l, h: plot_attention(
