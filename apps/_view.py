@@ -34,7 +34,8 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
+from apps._session import (CancelToken, Runner, jobs_running, schedule, served_document,
+                           user_message)
 from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["View", "Scope", "scope_line", "serve", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
@@ -55,11 +56,6 @@ ZOOM_TOOLS = theme.PLOT_TOOLS
 """The toolbar of the pages' zoomable plots."""
 
 _DEFAULT = object()
-
-
-def _served_doc() -> Any:
-    doc = pn.state.curdoc
-    return doc if doc is not None and doc.session_context is not None else None
 
 
 class Scope(NamedTuple):
@@ -108,7 +104,7 @@ class View(pn.viewable.Viewer):
 
     def __init__(self, *, background: bool | None = None, **params: Any):
         super().__init__(**params)
-        doc = _served_doc()
+        doc = served_document()
         self._background = (doc is not None) if background is None else bool(background)
         self._doc = doc
         self._runners: dict[str, Runner] = {}
