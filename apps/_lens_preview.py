@@ -53,7 +53,7 @@ def slider_preview_times(model: explorer.Model, prompt: str, *, steer_layer: int
     if vector is not None:
         key = (tuple(contrast_prompts(view.contrast_a)), tuple(contrast_prompts(view.contrast_b)),
                steer_layer)
-        view._vectors[key] = np.asarray(vector, dtype=np.float32)
+        view.cache_put("steering vectors", key, np.asarray(vector, dtype=np.float32), limit=16)
     doc = Document()
     wall, cpu, previews = [], [], []
     try:

@@ -99,8 +99,8 @@ class StatePart:
                 key = (tuple(contrast_prompts(new["contrast_a"])),
                        tuple(contrast_prompts(new["contrast_b"])), e.layer)
                 if len(e.vector) == self._model.spec.d_model:
-                    with self._cache_lock:
-                        self._vectors[key] = np.asarray(e.vector, dtype=np.float32)
+                    self.cache_put("steering vectors", key,
+                                   np.asarray(e.vector, dtype=np.float32), limit=16)
         self.param.update(**new)
 
     def _checked_params(self, p: dict[str, Any]) -> dict[str, Any]:

@@ -2,9 +2,8 @@
 contrast prompts' steering vector, the prompt's length check, the lens as a table."""
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+from typing import Any
 
 import holoviews as hv
 import numpy as np

@@ -79,15 +79,9 @@ class InjectionPart:
 
         def job(token: CancelToken):
             model = self.current_model()
-            key = (weights, text)
-            with self._lock:
-                clean = self._cleans.get(key)
-            if clean is None and not model.remote:  # a remote injection does not resume
-                clean = explorer.clean_run(model, [text])
-                with self._lock:
-                    if len(self._cleans) > 4:
-                        self._cleans.clear()
-                    self._cleans[key] = clean
+            clean = None if model.remote else self.cached(   # a remote injection does not resume
+                "injection clean", (weights, text), lambda: explorer.clean_run(model, [text]),
+                limit=4)
             token.check()
             return sat.inject_residual(model, text, source_pos=e, target_pos=l, layer=layer,
                                        clean=clean, baseline=base)

@@ -177,14 +177,8 @@ class PromptPart:
         def job(token: CancelToken) -> tuple[xr.Dataset, xr.Dataset | None]:
             check_prompts(prompt)
             model = self.current_model()
-            with self._lock:
-                clean = self._prompt_cleans.get((weights, prompt))
-            if clean is None:
-                clean = prompt_saturation(model, prompt)
-                with self._lock:
-                    if len(self._prompt_cleans) > 8:
-                        self._prompt_cleans.clear()
-                    self._prompt_cleans[(weights, prompt)] = clean
+            clean = self.cached("prompt clean", (weights, prompt),
+                                lambda: prompt_saturation(model, prompt), limit=8)
             token.check()
             edited = None
             if edits:

@@ -17,11 +17,13 @@ shows with the library API; pages override it with their own calls).
 """
 from __future__ import annotations
 
+import html
 import io
 import json
 import math
 import os
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -56,6 +58,7 @@ ZOOM_TOOLS = theme.PLOT_TOOLS
 """The toolbar of the pages' zoomable plots."""
 
 _DEFAULT = object()
+_MISSING = object()   # a cache miss (None is a value a cache may hold)
 
 
 class Scope(NamedTuple):
@@ -109,6 +112,8 @@ class View(pn.viewable.Viewer):
         self._doc = doc
         self._runners: dict[str, Runner] = {}
         self._busy_runners: set[str] = set()
+        self._page_caches: dict[str, dict[Any, Any]] = {}   # store -> key -> value
+        self._page_cache_lock = threading.Lock()
 
     # -- runners -----------------------------------------------------------------------------
     def runner(self, name: str, on_result: Callable[[Any], None], *, busy: bool = True,
@@ -176,9 +181,56 @@ class View(pn.viewable.Viewer):
         return self
 
     def close(self) -> None:
-        """Cancel every job and refuse new ones (the page is gone)."""
+        """Cancel every job and refuse new ones, and empty the page's caches (the page is
+        gone)."""
         for r in self._runners.values():
             r.close()
+        self.forget()
+
+    # -- per-page caches (any thread) ----------------------------------------------------------
+    def cache_get(self, store: str, key: Any, default: Any = None) -> Any:
+        """Entry ``key`` of the page's cache ``store``; ``default`` when it holds none."""
+        with self._page_cache_lock:
+            return self._page_caches.get(store, {}).get(key, default)
+
+    def cache_put(self, store: str, key: Any, value: Any, *, limit: int | None = None) -> Any:
+        """Keep ``value`` as entry ``key`` of ``store`` (a store holding more than ``limit``
+        entries is emptied first); returns ``value``."""
+        with self._page_cache_lock:
+            entries = self._page_caches.setdefault(store, {})
+            if limit is not None and len(entries) > limit:
+                entries.clear()
+            entries[key] = value
+        return value
+
+    def cached(self, store: str, key: Any, compute: Callable[[], Any], *,
+               limit: int | None = None) -> Any:
+        """Entry ``key`` of ``store``, from ``compute()`` on a miss (run outside the lock: a
+        slow computation holds up no other thread; two threads missing at once both compute,
+        and the later one is kept)."""
+        value = self.cache_get(store, key, _MISSING)
+        if value is _MISSING:
+            value = self.cache_put(store, key, compute(), limit=limit)
+        return value
+
+    def forget(self, *stores: str) -> None:
+        """Empty the page's caches ``stores`` (every one without names)."""
+        with self._page_cache_lock:
+            for name in stores or list(self._page_caches):
+                self._page_caches.pop(name, None)
+
+    def progress_bar(self, **options: Any) -> pn.indicators.Progress:
+        """The page's progress bar: it follows `progress` and shows while `progress_active`
+        (``options`` go to the widget, e.g. ``height``, ``margin`` or another ``visible``)."""
+        options = {"sizing_mode": "stretch_width", "visible": self.param.progress_active,
+                   **options}
+        return pn.indicators.Progress(value=self.param.progress, max=100, **options)
+
+    def status_text(self, css_class: str) -> pn.pane.HTML:
+        """The page's status line as plain grey text (escaped: a file name or a prompt in it
+        stays text), following `status`."""
+        return pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=[css_class],
+                            styles={"color": "#555"}, sizing_mode="stretch_width")
 
     def _runner_busy(self, name: str, busy: bool) -> None:
         if busy:

@@ -25,8 +25,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._session import CancelToken
 from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
+from apps._session import CancelToken
 from apps._view import Scope, View, serve
 from explorer import components
 from explorer._checks import InputError, check_prompts
@@ -386,8 +386,7 @@ class AtlasView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["atlas-status"],
-                              styles={"color": "#555"}, sizing_mode="stretch_width")
+        status = self.status_text("atlas-status")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), sizing_mode="stretch_width")
         refresh = pn.widgets.Button(label="Refresh from pages", color="primary", width=180,

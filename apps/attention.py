@@ -26,7 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._heads_heatmap import current_head_box, head_ticks, heads_in, layer_ticks, selected_outlines
+from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_ticks,
+                                 selected_outlines)
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -445,9 +446,7 @@ class AttentionView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.HTML(pn.bind(html.escape, self.param.status),
-                              css_classes=["attention-status"], styles={"color": "#555"},
-                              sizing_mode="stretch_width")
+        status = self.status_text("attention-status")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), css_classes=["attention-error"],
                               sizing_mode="stretch_width")

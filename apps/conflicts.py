@@ -142,9 +142,7 @@ class ConflictsView(HeadsPart, View):
         self.runner("bars", self._got_bars)
         self.runner("split", self._got_split, progress=True)
         self.runner("select", self._got_selection, progress=True)
-        self._progress = pn.indicators.Progress(label="progress", value=self.param.progress, max=100,
-                                                sizing_mode="stretch_width",
-                                                visible=self.param.progress_active)
+        self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
                          ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode", "edits"])

@@ -200,9 +200,7 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
             description="Write each chosen task's vector into the other tasks' few-shot "
                         "prompts at each chosen layer; draw whose task the answer follows.")
         self._conflict_button.on_click(lambda *_: self.run_conflict())
-        self._progress = pn.indicators.Progress(label="progress", value=self.param.progress, max=100,
-                                                sizing_mode="stretch_width",
-                                                visible=self.param.progress_active)
+        self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
         self.param.watch(lambda *_: self._request("curves"), ["exclude_other", "mean_source"])

@@ -13,7 +13,6 @@ Activation Engineering", arXiv:2308.10248).
 """
 from __future__ import annotations
 
-import html
 import threading
 import time
 import weakref
@@ -126,9 +125,8 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
         self.param.steer_layer.bounds = (0, model.spec.n_layers - 1)
         self.steer_layer = steer_layer
         served = self._doc is not None
-        self._cache_lock = threading.Lock()
-        self._clean: tuple[str, Any] | None = None                  # (prompt, CleanRun)
-        self._vectors: dict[tuple, np.ndarray] = {}                  # (A, B, layer) -> [d_model]
+        # its caches (`View.cached`): "clean" the prompt's clean run (one), "steering
+        # vectors" (contrast A, contrast B, layer) -> [d_model]
         self._runner = self.runner("run", self._show_result)
         self._started = 0.0
         # the preview path: one job at a time, only the newest waiting request kept
@@ -249,15 +247,8 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
             if not prompts:
                 raise InputError(f"`{name}` needs at least one prompt to steer with; got none.")
         key = (tuple(a), tuple(b), p["steer_layer"])
-        with self._cache_lock:
-            vec = self._vectors.get(key)
-        if vec is None:
-            vec = contrast_vector(self._model, a, b, p["steer_layer"])
-            with self._cache_lock:
-                if len(self._vectors) > 16:
-                    self._vectors.clear()
-                self._vectors[key] = vec
-        return vec
+        return self.cached("steering vectors", key,
+                           lambda: contrast_vector(self._model, a, b, p["steer_layer"]), limit=16)
 
     def edits_for(self, p: dict[str, Any] | None = None) -> list[explorer.Steer]:
         """The intervention records of the current (or given) parameters."""
@@ -268,13 +259,8 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                                alpha=p["alpha"])]
 
     def _clean_run(self, prompt: str) -> Any:
-        with self._cache_lock:
-            if self._clean is not None and self._clean[0] == prompt:
-                return self._clean[1]
-        clean = explorer.clean_run(self._model, prompt)
-        with self._cache_lock:
-            self._clean = (prompt, clean)
-        return clean
+        return self.cached("clean", prompt, lambda: explorer.clean_run(self._model, prompt),
+                           limit=0)        # the last prompt's only
 
     def _compute(self, p: dict[str, Any], token: CancelToken,
                  extra: list[Edit] | None = None) -> tuple[dict, xr.Dataset, xr.Dataset | None]:
@@ -328,13 +314,6 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                 self._preview_pending = None
         if was_running:
             self.param.update(running=False, status="Cancelled; showing the previous result.")
-
-    def close(self) -> None:
-        """Cancel any run and drop cached activations (the page is gone)."""
-        super().close()
-        with self._cache_lock:
-            self._clean = None
-            self._vectors.clear()
 
     # -- reproducibility -----------------------------------------------------------------
     def code_snippet(self) -> str:
@@ -422,8 +401,7 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                     self.param.selected_positions),
             styles={"color": "#555", "font-size": "0.9em"}, margin=(0, 10),
             css_classes=["lens-positions-caption"])
-        status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["lens-status"],
-                              styles={"color": "#555"}, sizing_mode="stretch_width")
+        status = self.status_text("lens-status")
         return pn.Row(
             self.controls(),
             pn.Column(pn.Row(spinner, cancel, status, align="center"), self._positions,

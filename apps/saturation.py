@@ -169,12 +169,10 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
                 store = None
         self._store = store
         self._lock = threading.Lock()
-        self._cleans: dict[tuple, Any] = {}
         self._labels: dict[int, str] = {}
         self.runner("analysis", self._show_result, heavy=True)   # a corpus: waits its turn
         self.runner("intervention", self._show_intervention, busy=False)
         self.runner("prompt", self._show_prompt)
-        self._prompt_cleans: dict[tuple[str, str], xr.Dataset] = {}   # (weights, prompt)
         n_layers = model.spec.n_layers
         self.param.inj_layer.bounds = (0, max(0, n_layers - 2))
         self.param.watch(self._request_run, ["weights", "n_tokens"])
@@ -251,13 +249,6 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
     def show_error(self, exc: BaseException) -> None:
         super().show_error(exc)
         self._run_button.disabled = False
-
-
-    def close(self) -> None:
-        super().close()
-        with self._lock:
-            self._cleans.clear()
-            self._prompt_cleans.clear()
 
     # -- reproducibility ------------------------------------------------------------------------
     def code_snippet(self) -> str:
