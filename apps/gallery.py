@@ -2,8 +2,9 @@
 
 Serve it with ``python -c "from apps.gallery import serve; serve()"`` or
 ``panel serve apps/gallery.py`` (model from ``$EXPLORER_MODEL``, default smollm2-135m).
-A page is added by appending ``(title, slug, factory)`` to `VIEWS`; ``factory(model)``
-returns a ``pn.viewable.Viewer``. A view with a ``prompt`` parameter follows the sidebar's
+A page is added with its title in `apps._page_titles.PAGE_TITLES` and its class in
+``_FACTORIES`` (`VIEWS` pairs them, in navigation order); ``factory(model)`` returns a
+``pn.viewable.Viewer``. A view with a ``prompt`` parameter follows the sidebar's
 prompt (and its own prompt widget is hidden); each page is built on first visit.
 Every browser session gets its own `Gallery` and views; only loaded models are shared.
 
