@@ -93,10 +93,11 @@ def flex_plot(fn: Any, css: str, min_width: int = 340) -> pn.pane.HoloViews:
                              css_classes=[css], styles={"flex": "1 1 0"})
 
 
-def caption(fn: Any, css: str) -> pn.pane.Markdown:
-    """A caption under a plot: what to read in it (``fn``: text, or a function bound to it)."""
-    return pn.pane.Markdown(fn, css_classes=[css], sizing_mode="stretch_width",
-                            styles={"color": "#444", "font-size": "0.9em"})
+def caption(fn: Any, css: str | None = None, **options: Any) -> pn.pane.Markdown:
+    """A caption under a plot: what to read in it (``fn``: text, or a function bound to it);
+    ``options`` go to the pane (e.g. ``margin``)."""
+    return pn.pane.Markdown(fn, css_classes=[css] if css else [], sizing_mode="stretch_width",
+                            styles={"color": "#444", "font-size": "0.9em"}, **options)
 
 
 class OwnItems:

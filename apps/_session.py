@@ -27,7 +27,7 @@ import explorer
 from explorer._checks import ExplorerError
 
 __all__ = ["get_model", "loaded_models", "Cancelled", "CancelToken", "Runner", "SessionHooks",
-           "jobs_running", "schedule", "session_hooks", "user_message"]
+           "jobs_running", "schedule", "served_document", "session_hooks", "user_message"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,9 @@ _HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _INLINE_HOOKS = SessionHooks()  # notebooks and tests: no browser session
 
 
-def _current_doc() -> Any:
+def served_document() -> Any:
+    """The Bokeh document of the browser session running this code; None in a notebook, a
+    test or a script (no session)."""
     import panel as pn
 
     doc = pn.state.curdoc
@@ -118,7 +120,7 @@ def _current_doc() -> Any:
 
 def session_hooks(doc: Any = None) -> SessionHooks:
     """The hooks of ``doc``'s session (default: the current one; inline when not served)."""
-    doc = doc if doc is not None else _current_doc()
+    doc = doc if doc is not None else served_document()
     if doc is None:
         return _INLINE_HOOKS
     hooks = _HOOKS.get(doc)
@@ -237,7 +239,7 @@ class Runner:
         """Start ``job(token)``; any job in flight is cancelled and its result dropped."""
         if self._closed:
             return None
-        doc = _current_doc()
+        doc = served_document()
         if doc is None:
             doc = self._doc
         token = CancelToken()

@@ -17,11 +17,13 @@ shows with the library API; pages override it with their own calls).
 """
 from __future__ import annotations
 
+import html
 import io
 import json
 import math
 import os
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -34,10 +36,11 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._session import CancelToken, Runner, jobs_running, schedule, user_message
+from apps._session import (CancelToken, Runner, jobs_running, schedule, served_document,
+                           user_message)
 from explorer.defaults import DEFAULT_MODEL
 
-__all__ = ["View", "Scope", "scope_line", "serve", "head_cell", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
+__all__ = ["View", "Scope", "scope_line", "serve", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
 
 EXPORT_FORMAT = "explorer-page-data"
@@ -55,11 +58,7 @@ ZOOM_TOOLS = theme.PLOT_TOOLS
 """The toolbar of the pages' zoomable plots."""
 
 _DEFAULT = object()
-
-
-def _served_doc() -> Any:
-    doc = pn.state.curdoc
-    return doc if doc is not None and doc.session_context is not None else None
+_MISSING = object()   # a cache miss (None is a value a cache may hold)
 
 
 class Scope(NamedTuple):
@@ -108,11 +107,13 @@ class View(pn.viewable.Viewer):
 
     def __init__(self, *, background: bool | None = None, **params: Any):
         super().__init__(**params)
-        doc = _served_doc()
+        doc = served_document()
         self._background = (doc is not None) if background is None else bool(background)
         self._doc = doc
         self._runners: dict[str, Runner] = {}
         self._busy_runners: set[str] = set()
+        self._page_caches: dict[str, dict[Any, Any]] = {}   # store -> key -> value
+        self._page_cache_lock = threading.Lock()
 
     # -- runners -----------------------------------------------------------------------------
     def runner(self, name: str, on_result: Callable[[Any], None], *, busy: bool = True,
@@ -180,9 +181,56 @@ class View(pn.viewable.Viewer):
         return self
 
     def close(self) -> None:
-        """Cancel every job and refuse new ones (the page is gone)."""
+        """Cancel every job and refuse new ones, and empty the page's caches (the page is
+        gone)."""
         for r in self._runners.values():
             r.close()
+        self.forget()
+
+    # -- per-page caches (any thread) ----------------------------------------------------------
+    def cache_get(self, store: str, key: Any, default: Any = None) -> Any:
+        """Entry ``key`` of the page's cache ``store``; ``default`` when it holds none."""
+        with self._page_cache_lock:
+            return self._page_caches.get(store, {}).get(key, default)
+
+    def cache_put(self, store: str, key: Any, value: Any, *, limit: int | None = None) -> Any:
+        """Keep ``value`` as entry ``key`` of ``store`` (a store holding more than ``limit``
+        entries is emptied first); returns ``value``."""
+        with self._page_cache_lock:
+            entries = self._page_caches.setdefault(store, {})
+            if limit is not None and len(entries) > limit:
+                entries.clear()
+            entries[key] = value
+        return value
+
+    def cached(self, store: str, key: Any, compute: Callable[[], Any], *,
+               limit: int | None = None) -> Any:
+        """Entry ``key`` of ``store``, from ``compute()`` on a miss (run outside the lock: a
+        slow computation holds up no other thread; two threads missing at once both compute,
+        and the later one is kept)."""
+        value = self.cache_get(store, key, _MISSING)
+        if value is _MISSING:
+            value = self.cache_put(store, key, compute(), limit=limit)
+        return value
+
+    def forget(self, *stores: str) -> None:
+        """Empty the page's caches ``stores`` (every one without names)."""
+        with self._page_cache_lock:
+            for name in stores or list(self._page_caches):
+                self._page_caches.pop(name, None)
+
+    def progress_bar(self, **options: Any) -> pn.indicators.Progress:
+        """The page's progress bar: it follows `progress` and shows while `progress_active`
+        (``options`` go to the widget, e.g. ``height``, ``margin`` or another ``visible``)."""
+        options = {"sizing_mode": "stretch_width", "visible": self.param.progress_active,
+                   **options}
+        return pn.indicators.Progress(value=self.param.progress, max=100, **options)
+
+    def status_text(self, css_class: str) -> pn.pane.HTML:
+        """The page's status line as plain grey text (escaped: a file name or a prompt in it
+        stays text), following `status`."""
+        return pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=[css_class],
+                            styles={"color": "#555"}, sizing_mode="stretch_width")
 
     def _runner_busy(self, name: str, busy: bool) -> None:
         if busy:
@@ -399,21 +447,6 @@ def scope_line(view: Any) -> str:
     if s is None:
         return ""
     return f"**on:** {s.on} · **edits:** {s.edits}"
-
-
-def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
-    """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of
-    ``scores`` (a Dataset with ``layer`` and ``head`` dimensions); None when the click is off the
-    grid or there are no scores. Categorical axes give strings; they are read as numbers."""
-    if x is None or y is None or scores is None:
-        return None
-    try:
-        head, layer = int(round(float(x))), int(round(float(y)))
-    except (TypeError, ValueError):
-        return None
-    if 0 <= layer < scores.sizes["layer"] and 0 <= head < scores.sizes["head"]:
-        return layer, head
-    return None
 
 
 # -- export helpers ---------------------------------------------------------------------------

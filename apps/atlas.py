@@ -25,8 +25,9 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
+from apps._view import Scope, View, serve
 from explorer import components
 from explorer._checks import InputError, check_prompts
 from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
@@ -66,40 +67,9 @@ def plot_score(atlas: xr.Dataset | None, score: str | None,
             xaxis=None, yaxis=None, toolbar=None, width=360, height=200, xlim=(0, 1), ylim=(0, 1))
     da = atlas[score].transpose("layer", "head")
     values = da.values.astype(np.float64)
-    n_layers, n_heads = values.shape
-    if _signed(score, values):
-        lim = float(np.nanmax(np.abs(values))) or 1.0
-        cmap, clim = theme.SIGNED_CMAP, (-lim, lim)
-    else:
-        finite = values[np.isfinite(values)]
-        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        cmap, clim = theme.MAGNITUDE_CMAP, (lo, hi if hi > lo else lo + 1.0)
-    cell_w, cell_h = theme.SIZES["cell_min_width"], theme.SIZES["cell_height"]
-    step = max(1, int(np.ceil(n_layers / 16)))
-    # numeric axes: head h's column spans [h - 0.5, h + 0.5], layer l's row the same in y
-    heat = hv.Image((np.arange(n_heads), np.arange(n_layers), values), kdims=["head", "layer"],
-                    vdims=[hv.Dimension("score", label=score)]).opts(
-        cmap=cmap, clim=clim, colorbar=True, clabel=score,
-        title=f"{score} (edited model)" if da.attrs.get("edits") else score,
-        xlabel="head", ylabel="layer", invert_yaxis=True, xaxis="top",
-        xticks=[(h, f"H{h}") for h in range(n_heads)],
-        yticks=[(l, f"L{l}") for l in range(0, n_layers, step)],
-        frame_width=max(300, cell_w * n_heads), frame_height=max(160, cell_h * n_layers),
-        tools=["hover", "tap"], default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
-        fontsize=theme.font_sizes())
-    cells = [(l, h) for l, h in (_head(name, n_layers, n_heads) for name in highlighted)
-             if l is not None]
-    boxes = hv.Rectangles([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in cells]).opts(
-        fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
-    return heat * boxes if cells else heat
-
-
-def _head(name: str, n_layers: int, n_heads: int) -> tuple[int | None, int | None]:
-    try:
-        c = components.check_in_model(name, n_layers, n_heads)
-    except components.ComponentError:
-        return None, None
-    return (c.layer, c.head) if c.is_head else (None, None)
+    return heads_heatmap(values, name="score", label=score, signed=_signed(score, values),
+                         title=f"{score} (edited model)" if da.attrs.get("edits") else score,
+                         highlighted=highlighted, fixed=True)
 
 
 def provenance_markdown(atlas: xr.Dataset | None) -> str:
@@ -409,19 +379,14 @@ class AtlasView(View):
 
     def _heatmap(self, atlas: xr.Dataset | None, score: str | None,
                  highlighted: Sequence[str]) -> hv.Element:
-        plot = plot_score(atlas, score, highlighted)
-        heat = plot.get(0) if isinstance(plot, hv.Overlay) else plot
-        if isinstance(heat, hv.Image):
-            hv.streams.Tap(source=heat).add_subscriber(self._heat_tapped)
-        return plot
+        return on_head_click(plot_score(atlas, score, highlighted), self._heat_tapped)
 
     def _csv(self) -> io.StringIO:
         return io.StringIO(atlas_csv(self.atlas) if self.atlas is not None else "")
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.HTML(pn.bind(html.escape, self.param.status), css_classes=["atlas-status"],
-                              styles={"color": "#555"}, sizing_mode="stretch_width")
+        status = self.status_text("atlas-status")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), sizing_mode="stretch_width")
         refresh = pn.widgets.Button(label="Refresh from pages", color="primary", width=180,

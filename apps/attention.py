@@ -26,6 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_ticks,
+                                 selected_outlines)
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -73,18 +75,7 @@ def parse_head(text: str, n_layers: int, n_heads: int) -> tuple[int, int]:
     return c.layer, c.head
 
 
-def highlighted_heads(names: list[str], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
-    """(layer, head) of the heads among ``names`` (the workspace selection) that the model has;
-    other components and unreadable names are skipped."""
-    out = []
-    for name in names or ():
-        try:
-            c = components.check_in_model(name, n_layers, n_heads)
-        except components.ComponentError:
-            continue
-        if c.is_head and (c.layer, c.head) not in out:
-            out.append((c.layer, c.head))
-    return out
+highlighted_heads = heads_in   # the workspace's selected heads that the model has
 
 
 def patterns(ds: xr.Dataset, prompt: int = 0) -> xr.DataArray:
@@ -157,14 +148,11 @@ def plot_grid(ds: xr.Dataset | None, n_layers: int | None = None,
         img = quantize(mosaic(p.values))
         layers = p.layer.values.tolist()
     tile = tile_pixels(n_layers, n_heads)
-    step = max(1, math.ceil(n_layers / 16))
-    yticks = [(n_layers - 1 - i, f"L{layer}") for i, layer in enumerate(layers) if i % step == 0]
-    xticks = [(h, f"H{h}") for h in range(n_heads)]
     return hv.Image(img, kdims=["head", "layer"], vdims=["weight"],
                     bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5)).opts(
         cmap=theme.PROBABILITY_CMAP, clim=(0, LEVELS), clipping_colors={"max": "white"},
         title=grid_title(ds), xlabel="head", ylabel="layer",
-        xticks=xticks, yticks=yticks, xaxis="top",
+        xticks=head_ticks(n_heads), yticks=layer_ticks(layers, flip=True), xaxis="top",
         frame_width=tile * n_heads, frame_height=tile * n_layers,
         tools=["tap"], default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
         fontsize=theme.font_sizes(), colorbar=False)
@@ -190,17 +178,12 @@ def plot_marker(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
     """The outline of the selected head's tile on `plot_grid`."""
     if ds is None:
         return hv.Rectangles([])
-    n_layers = ds.sizes["layer"]
-    y = n_layers - 1 - int(layer)
-    return hv.Rectangles([(head - 0.5, y - 0.5, head + 0.5, y + 0.5)]).opts(
-        fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
+    return current_head_box(layer, head, n_layers=ds.sizes["layer"])
 
 
 def plot_highlight(n_layers: int, n_heads: int, names: list[str]) -> hv.Element:
     """Dashed outlines of the workspace-selected heads' tiles on `plot_grid`."""
-    cells = highlighted_heads(names, n_layers, n_heads)
-    boxes = [(h - 0.5, n_layers - 1 - l - 0.5, h + 0.5, n_layers - 1 - l + 0.5) for l, h in cells]
-    return position_outlines(boxes)  # the selection's colour and dashes (drawn on a canvas)
+    return selected_outlines(names, n_layers, n_heads, flip=True)
 
 
 def head_pattern(ds: xr.Dataset, layer: int, head: int) -> xr.DataArray:
@@ -463,9 +446,7 @@ class AttentionView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         spinner = self.busy_spinner()
-        status = pn.pane.HTML(pn.bind(html.escape, self.param.status),
-                              css_classes=["attention-status"], styles={"color": "#555"},
-                              sizing_mode="stretch_width")
+        status = self.status_text("attention-status")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), css_classes=["attention-error"],
                               sizing_mode="stretch_width")

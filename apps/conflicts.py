@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import holoviews as hv
-import numpy as np
 import pandas as pd
 import panel as pn
 import param
@@ -34,14 +33,20 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._conflicts_heads import HeadsPart, JUICE_SETS
+from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, SCATTER_CAPTION,
+                                   _label, accuracy_table, answer_bars_data, bars_caption,
+                                   edited_bars_caption, edited_title, head_name, parse_head,
+                                   plot_answer_bars, plot_head_heatmap, plot_head_scatter,
+                                   plot_selected_heads, prompts_note, selected_heads_in,
+                                   split_time_left)
 from apps._controls import OwnItems, labelled, tip
-from apps._session import CancelToken, user_message
-from apps._positions import POSITION_COLOR, position_outlines
-from apps._view import STATIC_TOOLS, Scope, View, head_cell, serve
-from explorer import components
-from explorer.analyses import user_items
-from explorer._checks import InputError, check_choice
+from apps._heads_heatmap import on_head_click
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, Scope, View, serve
+from explorer._checks import InputError
 from explorer.analyses import conflicts as C
+from explorer.analyses import user_items
 from explorer.interventions import Edit
 
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
@@ -53,237 +58,9 @@ __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answ
 hv.extension("bokeh", logo=False)
 
 _TOOLS = STATIC_TOOLS
-_SET_COLORS = {"S+": theme.CATEGORICAL[2], "S-": theme.CATEGORICAL[3]}
-_TITLE_EDITS = 2  # workspace edits named in the edited bars' title (all in their caption)
-
-JUICE_SETS = {"enhance": "heads_plus", "suppress": "heads_minus"}
-"""`ConflictsView.add_to_juice`'s ``which`` and the head set it fills."""
 
 
-def _label(f: C.Fact) -> str:
-    return f"{f.relation}: {f.subject} (memory {f.memory}, context {f.context})"
-
-
-def head_name(layer: int, head: int) -> str:
-    return str(components.head(int(layer), int(head)))
-
-
-def parse_head(name: str) -> tuple[int, int]:
-    c = components.parse(name)
-    return int(c.layer), int(c.head)
-
-
-HEATMAP_CAPTION = (
-    "Each head's direct contribution to logit(memory answer) − logit(context answer) at the "
-    "last token (red: pushes the memory answer, blue: the context answer). Click a cell to "
-    "add the head to the set *Clicks add heads to* names; click it again to remove it.")
-SCATTER_CAPTION = (
-    "Every head's context score (x) against its memory score (y), coloured by layer; ringed: "
-    "the heads chosen (S+ green, S- red). Heads far from both axes push memory on some "
-    "prompts and context on others.")
-ALPHA_NOTE = (
-    "Raising α_l can lower P(memory), and that is not a sign error. The heatmap ranks heads by "
-    "their direct push on logit(memory) − logit(context); enhancing the picked heads widens "
-    "that gap at first (SmolLM2, France, S+ only: log P(memory)/P(context) 2.8 → 3.7 at "
-    "α_l = 1), but scaled-up head outputs also move probability to other tokens and the later "
-    "layers react, so P(memory) itself falls (0.40, 0.36, 0.03 at α_l = 0, 1, 5). JuICE picks "
-    "heads by the intervention's effect on all three prompt types (*Select heads as JuICE "
-    "does*): there no head qualifies for S+, and suppressing its three S- heads raises "
-    "P(memory) to 0.58.")
-
-
-def _waiting(text: str, height: int = 300) -> hv.Element:
-    return theme.placeholder(text, height=height)
-
-
-def _chosen(plus: list[str], minus: list[str]) -> dict[str, str]:
-    return {**{n: "S+" for n in plus}, **{n: "S-" for n in minus}}
-
-
-def plot_head_heatmap(scores: xr.Dataset | None, plus: list[str] = (),
-                      minus: list[str] = ()) -> hv.Element:
-    """Layer x head direct contribution to memory minus context logit (mean over prompts);
-    chosen heads marked (S+ / S-)."""
-    if scores is None:
-        return _waiting("Computing head scores…", 360)
-    d = scores.direct_diff.mean(("kind", "fact"))
-    lim = float(abs(d).max()) or 1.0
-    rows = [(int(h), int(layer), float(d.sel(layer=layer, head=h)))
-            for layer in d.layer.values for h in d["head"].values]
-    n_layers, n_heads = d.sizes["layer"], d.sizes["head"]
-    every = max(1, -(-n_layers // 16))          # at most ~16 layer ticks: they never touch
-    heat = hv.HeatMap(rows, kdims=["head", "layer"], vdims=["direct_diff"]).opts(
-        cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True, tools=["hover", "tap"],
-        default_tools=_TOOLS, active_tools=["tap"], clabel="logit(memory) − logit(context)",
-        title="Direct effect per head", xticks=list(range(n_heads)),
-        yticks=list(range(0, n_layers, every)), invert_yaxis=True,
-        responsive=True, height=max(300, 12 * n_layers + 80))
-    chosen = _chosen(list(plus), list(minus))
-    marks = hv.Points([(*parse_head(n)[::-1], s) for n, s in chosen.items()],
-                      kdims=["head", "layer"], vdims=["set"])
-    return heat * marks.opts(color="set", cmap=_SET_COLORS, marker="square", size=14,
-                             fill_alpha=0, line_width=3, show_legend=False)
-
-
-def selected_heads_in(names: list[str], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
-    """(layer, head) of the heads among ``names`` (the workspace selection) that the model
-    has; other components and unreadable names are skipped."""
-    out = []
-    for name in names or ():
-        try:
-            c = components.check_in_model(name, n_layers, n_heads)
-        except components.ComponentError:
-            continue
-        if c.is_head and (c.layer, c.head) not in out:
-            out.append((c.layer, c.head))
-    return out
-
-
-def plot_selected_heads(scores: xr.Dataset | None, highlighted: list[str]) -> hv.Element | None:
-    """Dashed outlines (the selection's colour) of the workspace's selected heads on
-    `plot_head_heatmap`; None when none of them is a head of the scored model."""
-    if scores is None:
-        return None
-    cells = selected_heads_in(highlighted, scores.sizes["layer"], scores.sizes["head"])
-    if not cells:
-        return None
-    return position_outlines([(h - 0.5, l - 0.5, h + 0.5, l + 0.5) for l, h in cells])
-
-
-def prompts_note(fact: C.Fact, kind: str) -> str:
-    """The line above the plots naming the prompt the page runs (its own fact set, not the
-    sidebar prompt)."""
-    prompt = C.conflict_prompt(fact, kind)
-    text = prompt if len(prompt) <= 160 else prompt[:159] + "…"
-    return (f"**Runs on its own fact set**, not your prompt: the *{kind}* prompt of "
-            f"{html.escape(fact.subject)} ({html.escape(fact.relation)}): "
-            f"“{html.escape(text)}” (memory answer **{html.escape(fact.memory)}**, context "
-            f"answer **{html.escape(fact.context)}**). Pick another under *Example* or add your "
-            "own.")
-
-
-def _scatter_rows(scores: xr.Dataset) -> list[tuple[float, float, str, int]]:
-    ms, cs = scores.memory_score, scores.context_score
-    return [(float(cs.sel(layer=layer, head=h)), float(ms.sel(layer=layer, head=h)),
-             head_name(layer, h), int(layer)) for layer in ms.layer.values for h in ms["head"].values]
-
-
-def plot_head_scatter(scores: xr.Dataset | None, plus: list[str] = (),
-                      minus: list[str] = (), highlighted: list[str] = ()) -> hv.Element:
-    """Each head's context score against its memory score, coloured by layer; chosen heads
-    ringed (S+ / S-), the workspace's selected heads (``highlighted``) ringed dashed in the
-    selection's colour. Heads far from both axes push memory on some prompts and context on
-    others (superposition)."""
-    if scores is None:
-        return _waiting("Computing head scores…", 360)
-    rows = _scatter_rows(scores)
-    picked = {head_name(l, h) for l, h in selected_heads_in(
-        list(highlighted), scores.sizes["layer"], scores.sizes["head"])}
-    pts = hv.Points(rows, kdims=["context_score", "memory_score"], vdims=["head_name", "layer"])
-    chosen = _chosen(list(plus), list(minus))
-    ring = hv.Points([(*r[:2], r[2], chosen[r[2]]) for r in rows if r[2] in chosen],
-                     kdims=["context_score", "memory_score"], vdims=["head_name", "set"])
-    return (pts.opts(color="layer", cmap=theme.MAGNITUDE_CMAP, colorbar=True, clabel="layer",
-                     size=8, tools=["hover", "tap"], default_tools=_TOOLS, active_tools=["tap"],
-                     nonselection_alpha=0.8)
-            * ring.opts(color="set", cmap=_SET_COLORS, size=18, fill_alpha=0, line_width=3,
-                        tools=["hover"], show_legend=False)
-            * hv.Points([r[:3] for r in rows if r[2] in picked],
-                        kdims=["context_score", "memory_score"], vdims=["head_name"]).opts(
-                color=POSITION_COLOR, size=24, fill_alpha=0, line_width=2.5,
-                line_dash="dashed", tools=["hover"])).opts(
-        responsive=True, height=360, xlabel="context score (logit units)",
-        ylabel="memory score (logit units)",
-        title="Context vs memory score", xticks=5)
-
-
-def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, str, float]]:
-    """(answer, run, probability) rows from two [2] arrays (memory, context)."""
-    return [(ans, run, float(p[i])) for run, p in (("before", before), ("after", after))
-            for i, ans in enumerate(("memory", "context"))]
-
-
-def plot_answer_bars(rows: list[tuple[str, str, float]] | None, *,
-                     title: str = "P(answer)") -> hv.Element:
-    """P(memory) and P(context) before and after the intervention; the run labels stand
-    upright (at 45 degrees one answer's 'before' and 'after' collide in the narrow plot)."""
-    if rows is None:
-        return _waiting("Computing…", 300)
-    bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
-    return bars.redim.values(answer=["memory", "context"], run=["before", "after"]).opts(
-        ylim=(0, 1), tools=["hover"], responsive=True, height=280, multi_level=True, xrotation=90,
-        color="run", cmap={"before": "#999999", "after": theme.ACCENT}, default_tools=_TOOLS,
-        show_legend=False, xlabel="", title=title)
-
-
-def edited_title(labels: list[str]) -> str:
-    """The heading over the edited bars, naming every workspace edit: ``Edited: ablate L1.H0
-    (zero)`` (a heading, not the plot's title: it wraps in the narrow controls column)."""
-    return "Edited: " + "; then ".join(labels)
-
-
-NO_HEADS_NOTE = ("**No head selected yet**, so both runs are the plain model and the bars "
-                 "match. Click heads in the heatmap or scatter below, or press *Pick top heads "
-                 "for the direction* or *Select heads as JuICE does*.")
-
-
-def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str, *,
-                 n_heads: int | None = None) -> str:
-    """The numbers of the answer bars, under them; with ``n_heads`` 0 (empty S+ and S-), the
-    note that nothing is intervened on yet and what to press."""
-    if rows is None:
-        return "Computing the answer probabilities…"
-    p = {(a, r): v for a, r, v in rows}
-    run = "JuICE dual run" if mode == "juice" else "single run"
-    lead = NO_HEADS_NOTE + " " if n_heads == 0 else ""
-    return lead + (f"P(first token) of the memory answer **{fact.memory}**: {p['memory', 'before']:.2f} "
-            f"→ **{p['memory', 'after']:.2f}**; of the context answer **{fact.context}**: "
-            f"{p['context', 'before']:.2f} → **{p['context', 'after']:.2f}** (grey: no "
-            f"intervention, blue: the {run} with the heads and α above).")
-
-
-def split_time_left(seconds: float) -> str:
-    """'about 40 s left' / 'about 3 min left' for the split's progress line."""
-    if seconds < 90:
-        return f"about {seconds:.0f} s left"
-    return f"about {seconds / 60:.0f} min left"
-
-
-def edited_bars_caption(rows: list[tuple[str, str, float]] | None,
-                        clean: list[tuple[str, str, float]] | None, labels: list[str],
-                        fact: C.Fact) -> str:
-    """Under the edited bars: every workspace edit and the edited numbers next to the clean."""
-    if rows is None:
-        return ""
-    p = {(a, r): v for a, r, v in rows}
-    c = {(a, r): v for a, r, v in clean or []}
-
-    def pair(answer: str, run: str) -> str:
-        was = f" (clean {c[answer, run]:.2f})" if (answer, run) in c else ""
-        return f"**{p[answer, run]:.2f}**{was}"
-
-    edits = "; then ".join(f"`{t}`" for t in labels)
-    return (f"The same example on the model with {edits}: P(memory **{fact.memory}**) "
-            f"{pair('memory', 'before')} without, {pair('memory', 'after')} with the "
-            f"intervention; P(context **{fact.context}**) {pair('context', 'before')} and "
-            f"{pair('context', 'after')}.")
-
-
-def accuracy_table(acc: xr.Dataset) -> pd.DataFrame:
-    """One row per intervention, columns accuracy toward memory / context per prompt type."""
-    names = {"baseline": "baseline (no intervention)", "single": "single run (JuNE)",
-             "juice": "JuICE dual run"}
-    rows = []
-    for m in acc.intervention.values.tolist():
-        row = {"intervention": names.get(m, m)}
-        for k in acc.kind.values.tolist():
-            row[f"to memory, {k}"] = float(acc.memory_accuracy.sel(intervention=m, kind=k))
-            row[f"to context, {k}"] = float(acc.context_accuracy.sel(intervention=m, kind=k))
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-class ConflictsView(View):
+class ConflictsView(HeadsPart, View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -365,9 +142,7 @@ class ConflictsView(View):
         self.runner("bars", self._got_bars)
         self.runner("split", self._got_split, progress=True)
         self.runner("select", self._got_selection, progress=True)
-        self._progress = pn.indicators.Progress(label="progress", value=self.param.progress, max=100,
-                                                sizing_mode="stretch_width",
-                                                visible=self.param.progress_active)
+        self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
                          ["heads_plus", "heads_minus", "alpha_l", "alpha_s", "mode", "edits"])
@@ -411,8 +186,12 @@ class ConflictsView(View):
         return self._facts[self.example]
 
     def _request(self, name: str) -> None:
+        """Start the page's job ``name``: example, bars, select (`HeadsPart._select_job`) or
+        split."""
         model, fact, kind = self._model, self._fact(), self.kind
-        if name == "example":
+        if name == "select":
+            job = self._select_job()
+        elif name == "example":
             def job(token: CancelToken):
                 scores = C.head_context_memory_scores(model, [fact], kinds=[kind], ablation=False)
                 token.check()
@@ -445,21 +224,6 @@ class ConflictsView(View):
                     self._run1_edited = ((fact, kind, edits), first)
                 token.check()
                 return rows, bars(first)
-        elif name == "select":
-            direction = self.direction
-            started = time.perf_counter()
-            report = self.progress_fn(token=None)
-
-            def job(token: CancelToken):
-                def progress(done: int, total: int) -> None:
-                    token.check()
-                    report(done, total)
-                    left = (time.perf_counter() - started) * (total - done) / max(1, done)
-                    self.post(status=f"scoring heads by intervention: {done}/{total} "
-                                     f"(about {left:.0f} s left)")
-                return C.juice_head_selection(model, [fact], direction=direction, k=3,
-                                              prune=True, progress=progress)
-            self.param.update(progress=0, progress_active=True)
         else:
             facts = list(self._split_facts)
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
@@ -506,83 +270,9 @@ class ConflictsView(View):
         if self.status.startswith("computing"):
             self.status = "ready"
 
-    def _got_selection(self, ds: xr.Dataset) -> None:
-        plus, minus = C.selected_heads(ds)
-        self.param.update(heads_plus=[head_name(*h) for h in plus],
-                          heads_minus=[head_name(*h) for h in minus],
-                          status=f"JuICE selection: S+ {len(plus)}, S- {len(minus)} heads "
-                                 "(consistent over the three prompt types)")
-
     def _got_split(self, ds: xr.Dataset) -> None:
         self.accuracy = ds
         self.status = f"split scored ({ds.sizes['fact']} facts)"
-
-    # -- head picks ---------------------------------------------------------------------------
-    def add_to_juice(self, component: str, which: str) -> bool:
-        """Add the head ``component`` (``"L17.H3"``; other spellings `explorer.components`
-        reads are accepted) to the JuICE enhance (S+, ``which="enhance"``) or suppress (S-,
-        ``"suppress"``) set; the plots and bars redraw. A head in the other set moves.
-        Anything that is not a head of this model, or a bad ``which``, gives a notification
-        and changes nothing. Returns whether the head is now in the set."""
-        spec = self._model.spec
-        try:
-            check_choice("which", which, list(JUICE_SETS))
-            c = components.check_in_model(component, self._model.n_layers, spec.n_heads)
-            if not c.is_head:
-                raise InputError(f"{c} is not an attention head: the JuICE sets hold heads "
-                                 "(e.g. L3.H1).")
-        except (InputError, components.ComponentError, TypeError) as exc:
-            theme.notify("error", f"Knowledge conflicts: {user_message(exc)}")
-            return False
-        name = str(c)
-        into, other = JUICE_SETS[which], JUICE_SETS["suppress" if which == "enhance" else "enhance"]
-        sets = {into: list(getattr(self, into)), other: list(getattr(self, other))}
-        moved = name in sets[other]
-        if name not in sets[into]:
-            sets[into].append(name)
-        sets[other] = [n for n in sets[other] if n != name]
-        self.param.update(**sets)
-        label = "S+ (enhance)" if which == "enhance" else "S- (suppress)"
-        theme.notify("info", f"Knowledge conflicts: {name} {'moved to' if moved else 'in'} "
-                             f"{label}.", duration=3000)
-        return True
-
-    def toggle_head(self, layer: int, head: int) -> None:
-        """Add the head to the set the toggle names, or remove it if already chosen."""
-        name = head_name(layer, head)
-        plus, minus = list(self.heads_plus), list(self.heads_minus)
-        if name in plus or name in minus:
-            plus = [n for n in plus if n != name]
-            minus = [n for n in minus if n != name]
-        elif self.pick_set.startswith("S+"):
-            plus.append(name)
-        else:
-            minus.append(name)
-        self.param.update(heads_plus=plus, heads_minus=minus)
-
-    def pick_top_heads(self, k: int = 3) -> None:
-        """Fill S+ with the k heads whose direct effect pushes hardest toward the direction's
-        answer on this example, and S- with the k pushing hardest against it."""
-        if self.scores is None:
-            return
-        d = self.scores.direct_diff.mean(("kind", "fact")).values     # [layer, head]
-        if self.direction == "context":
-            d = -d
-        order = np.argsort(d, axis=None)
-        H = d.shape[1]
-        plus = [head_name(*divmod(int(i), H)) for i in order[::-1][:k] if d.flat[i] > 0]
-        minus = [head_name(*divmod(int(i), H)) for i in order[:k] if d.flat[i] < 0]
-        self.param.update(heads_plus=plus, heads_minus=minus)
-
-    def _scatter_tapped(self, index: list[int]) -> None:
-        if index and self.scores is not None:
-            H = self.scores.sizes["head"]
-            self.toggle_head(*divmod(int(index[0]), H))
-
-    def _heatmap_tapped(self, x: Any = None, y: Any = None) -> None:
-        cell = head_cell(x, y, self.scores)
-        if cell is not None:
-            self.toggle_head(*cell)
 
     # -- layout ---------------------------------------------------------------------------------
     def _state_html(self, *_: Any) -> str:
@@ -616,15 +306,6 @@ class ConflictsView(View):
                              **caption),
             sizing_mode="stretch_width", margin=0)
 
-    def _selection_note(self, highlighted: list[str], scores: xr.Dataset | None) -> str:
-        """Which of the workspace's selected heads the plots outline (dashed)."""
-        spec = self._model.spec
-        cells = selected_heads_in(highlighted, self._model.n_layers, spec.n_heads)
-        if not cells:
-            return ""
-        names = ", ".join(head_name(l, h) for l, h in cells)
-        return (f"Your selected heads, outlined dashed on the heatmap and ringed dashed on the "
-                f"scatter: {names}. *Clicks add heads to* puts a clicked head in S+ or S-.")
 
     # -- reproducibility ------------------------------------------------------------------------
     def export_tables(self) -> dict[str, pd.DataFrame]:
@@ -681,9 +362,7 @@ class ConflictsView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         def heatmap(scores, plus, minus, highlighted):
-            plot = plot_head_heatmap(scores, plus, minus)
-            if scores is not None:
-                hv.streams.Tap(source=plot.get(0)).add_subscriber(self._heatmap_tapped)
+            plot = on_head_click(plot_head_heatmap(scores, plus, minus), self._heatmap_tapped)
             outlines = plot_selected_heads(scores, highlighted)
             return plot if outlines is None else plot * outlines
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import panel as pn
 
+from apps._page_titles import PAGE_TITLES
 from apps._view import View, serve
 
 __all__ = ["GROUPS", "TOUR", "HomeView", "home_html"]
@@ -92,9 +93,7 @@ class HomeView(View):
 
 
 def _gallery_titles(_model: object) -> HomeView:
-    from apps.gallery import VIEWS
-
-    return HomeView({slug: title for title, slug, _ in VIEWS})
+    return HomeView(PAGE_TITLES)
 
 
 serve(__name__, _gallery_titles, title="Explorer", model=False)

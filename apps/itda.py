@@ -266,9 +266,7 @@ class ITDAView(View):
             "Not computed yet: press the button to trace a second model and compare its layers.")
         self._comparing = False
         self._lock = threading.Lock()
-        self._acts: dict[tuple, xr.Dataset] = {}
-        self._sweeps: dict[tuple, xr.Dataset] = {}
-        self._sims: dict[tuple, xr.Dataset] = {}
+        # its caches (`View.cached`): "activations", "sweeps" and "similarities"
         self._others: dict[float, explorer.Model] = {}
         self._itda: ITDA | None = None
         self.runner("run", self._show_result)
@@ -311,8 +309,7 @@ class ITDAView(View):
     def _request_sweep(self, p: dict[str, Any], acts: xr.Dataset) -> None:
         """The tau curves of the shown layer and L0 (from the cache, or measured with progress)."""
         key = (tuple(probe_prompts(p["probe_text"])), p["layer"], p["l0"])
-        with self._lock:
-            sweep = self._sweeps.get(key)
+        sweep = self.cache_get("sweeps", key)
         if sweep is not None:
             if self.sweep is not sweep:
                 self.sweep = sweep
@@ -321,9 +318,7 @@ class ITDAView(View):
         def job(token: CancelToken) -> xr.Dataset:
             out = itda_tau_sweep(acts, taus=TAU_GRID, l0=p["l0"], layer=p["layer"], min_pos=MIN_POS,
                                  progress=self.progress_fn(token))
-            with self._lock:
-                self._sweeps[key] = out
-            return out
+            return self.cache_put("sweeps", key, out)
 
         self.submit("sweep", job)
 
@@ -352,8 +347,7 @@ class ITDAView(View):
             token.check()
             sim_key = (tuple(prompts), p["method"], other.spec.weights,
                        (p["tau"], p["l0"]) if p["method"] == "itda" else None)
-            with self._lock:
-                sim = self._sims.get(sim_key)
+            sim = self.cache_get("similarities", sim_key)
             if sim is None:
                 step(2, "tracing the second model")
                 other_acts = self._traced(other, prompts)
@@ -361,10 +355,7 @@ class ITDAView(View):
                 step(3, f"{p['method']} of every pair of layers")
                 sim = layer_similarity(acts, other_acts, method=p["method"], tau=p["tau"], l0=p["l0"],
                                        min_pos=MIN_POS)
-                with self._lock:
-                    if len(self._sims) > 16:
-                        self._sims.clear()
-                    self._sims[sim_key] = sim
+                self.cache_put("similarities", sim_key, sim, limit=16)
             return sim, time.perf_counter() - started
 
         self.submit("similarity", job)
@@ -380,15 +371,9 @@ class ITDAView(View):
 
     def _traced(self, model: explorer.Model, prompts: list[str]) -> xr.Dataset:
         key = (model.spec.name, model.spec.weights, tuple(prompts))
-        with self._lock:
-            if key in self._acts:
-                return self._acts[key]
-        ds = trace(model, prompts, sites=("resid_post",), progress=False)
-        with self._lock:
-            if len(self._acts) > 6:
-                self._acts.clear()
-            self._acts[key] = ds
-        return ds
+        return self.cached("activations", key,
+                           lambda: trace(model, prompts, sites=("resid_post",), progress=False),
+                           limit=6)
 
     def _compute(self, p: dict[str, Any], token: CancelToken) -> dict[str, Any]:
         """The dictionary at the chosen tau and its atom: what the page shows first."""
@@ -457,9 +442,6 @@ class ITDAView(View):
         """Cancel any run and drop cached activations and models."""
         super().close()
         with self._lock:
-            self._acts.clear()
-            self._sweeps.clear()
-            self._sims.clear()
             self._others.clear()
 
     # -- layout ------------------------------------------------------------------------------
@@ -489,8 +471,7 @@ class ITDAView(View):
         spinner = self.busy_spinner()
         status = theme.status_line(self.param.status)
         summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
-        bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
-                                     sizing_mode="stretch_width", height=10)
+        bar = self.progress_bar(height=10)
         curves = pn.pane.HoloViews(pn.bind(plot_tau_curves, self.param.sweep, self.param.tau),
                                    sizing_mode="stretch_width", css_classes=["itda-curves"])
         caption = pn.pane.Markdown(TAU_CAPTION, styles={"color": "#555"}, sizing_mode="stretch_width")

@@ -577,8 +577,7 @@ class LinearICLView(View):
                                  description="Stop the retraining; the run shown stays as it was.",
                                  visible=self.param.retraining, sizing_mode="stretch_width")
         stop.on_click(self.cancel_retrain)
-        bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
-                                     sizing_mode="stretch_width", margin=(4, 10))
+        bar = self.progress_bar(margin=(4, 10))
         note = pn.pane.Markdown(self.param.retrain_status, css_classes=["icl-retrain-status"],
                                 styles={"color": "#555"}, margin=(0, 10))
         estimate = pn.pane.Markdown(

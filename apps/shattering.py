@@ -529,8 +529,7 @@ class ShatteringView(View):
         retrain = pn.widgets.Button.from_param(self.param.retrain, color="default",
                                                description=self.param.retrain.doc,
                                                sizing_mode="stretch_width", margin=(20, 10, 5, 10))
-        bar = pn.indicators.Progress(value=self.param.progress, max=100, visible=self.param.progress_active,
-                                     sizing_mode="stretch_width", height=12, margin=(0, 10))
+        bar = self.progress_bar(height=12, margin=(0, 10))
         return pn.Column(*labelled_controls(self, widgets), retrain, bar, width=theme.SIZES["controls_width"],
                          css_classes=["shattering-controls"])
 

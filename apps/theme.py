@@ -42,6 +42,7 @@ __all__ = [
     "text_colors",
     "format_bytes",
     "notify",
+    "CODE_CSS",
 ]
 
 log = logging.getLogger(__name__)
@@ -450,6 +451,15 @@ export function render({ view }) {
         params.setdefault("sizing_mode", "fixed")
         params.setdefault("margin", 0)
         super().__init__(**params)
+
+
+# The sidebar's code cards: the code scrolls inside the card, the copy icon stays in view.
+CODE_CSS = """
+pre { overflow-x: auto; max-width: 100%; white-space: pre; }
+.codehilite, div.highlight { position: relative; max-width: 100%; }
+.codehilite .copy-button, .highlight .copy-button, button.copy-button {
+  position: absolute; top: 2px; right: 2px; }
+"""
 
 
 # A <pre> keeps its text on one line: a long status ("… (shares the model with 1 other job

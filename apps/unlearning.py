@@ -598,8 +598,7 @@ class UnlearningView(View):
         controls = pn.Column(*[tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
                                for name, kind in widgets.items() if p[name].precedence is None
                                or p[name].precedence >= 0], sizing_mode="stretch_width")
-        bar = pn.indicators.Progress(value=self.param.progress, max=100, sizing_mode="stretch_width",
-                                     visible=self.param.busy)
+        bar = self.progress_bar(visible=self.param.busy)
         return pn.Row(
             pn.Column(controls, self._own.layout(self.param.error), self._localize_button, self._run_button, self._cancel_button,
                       bar, pn.pane.Markdown(self.param.status),

@@ -70,8 +70,8 @@ def test_conflicts_says_which_prompts_it_runs_and_outlines_the_selected_heads(ti
     boxes = cf.plot_selected_heads(view.scores, view.highlighted)
     assert boxes.data[["x0", "y0", "x1", "y1"]].values.tolist() == [[1.5, 0.5, 2.5, 1.5]]
     heat = cf.plot_head_heatmap(view.scores)
-    cell = heat.get(0).data
-    assert ((cell["head"] == 2) & (cell["layer"] == 1)).any()   # the outline sits on a cell
+    cells = set(zip(heat.get(0).dimension_values("head"), heat.get(0).dimension_values("layer")))
+    assert (2, 1) in cells                                      # the outline sits on a cell
     scatter = cf.plot_head_scatter(view.scores, [], [], view.highlighted)
     ring = scatter.get(2)
     assert ring.dimension_values("head_name").tolist() == ["L1.H2"]

@@ -197,7 +197,7 @@ def test_closed_session_cancels_its_work(browser):
             time.sleep(0.2)
         assert view._runner._closed and gallery._loader._closed
         assert not gallery.pages                     # views (and their cached runs) dropped
-        assert view._clean is None and not view._vectors
+        assert not view._page_caches                 # its clean run and steering vectors too
         assert errors == []
 
 

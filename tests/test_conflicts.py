@@ -512,7 +512,7 @@ def test_view_bars_follow_heads_and_alpha(tiny_model):
     view._heatmap_tapped("0", "2")
     assert view.heads_minus == ["L2.H0"]
     scores = view.scores
-    assert len(plot_head_heatmap(scores, [], ["L2.H0"]).get(0).data) == 12
+    assert len(plot_head_heatmap(scores, [], ["L2.H0"]).get(0).dimension_values(2)) == 12
     assert len(plot_head_scatter(scores).get(0)) == 12
     assert len(plot_answer_bars(rows1)) == 4
     # direction: the top heads by direct effect toward the memory (or context) answer

@@ -569,3 +569,60 @@ def test_a_job_started_while_another_runs_says_it_shares_the_model(loop_doc):
     third.status = "computing…"
     third.submit("work", lambda token: 3)       # inline: nothing else runs, no note
     assert third.status == "computing…" and third.result == 3
+
+
+# -- what every page repeats, owned by the base -------------------------------------------------
+
+def test_a_page_cache_computes_once_per_key_keeps_its_limit_and_empties_on_close():
+    view = View(background=False)
+    calls = []
+
+    def compute(key):
+        calls.append(key)
+        return None if key == "none" else key * 2
+
+    assert view.cached("a", 3, lambda: compute(3)) == 6
+    assert view.cached("a", 3, lambda: compute(3)) == 6            # a hit: not computed again
+    assert view.cached("a", "none", lambda: compute("none")) is None
+    assert view.cached("a", "none", lambda: compute("none")) is None   # None is kept as a value
+    assert calls == [3, "none"]
+    # limit=1: a store already holding more than one entry is emptied before the next one
+    for key in (1, 2, 4):
+        view.cached("b", key, lambda k=key: compute(k), limit=1)
+    assert view.cache_get("b", 1) is None and view.cache_get("b", 2) is None
+    assert view.cache_get("b", 4) == 8
+    assert view.cache_put("c", "k", [1], limit=0) == [1]
+    assert view.cache_put("c", "j", [2], limit=0) == [2] and view.cache_get("c", "k") is None
+    view.forget("a")
+    assert view.cache_get("a", 3, "missing") == "missing" and view.cache_get("b", 4) == 8
+    view.close()
+    assert view.cache_get("b", 4) is None and view.cache_get("c", "j") is None
+
+
+def test_the_base_progress_bar_and_status_text_follow_the_page():
+    view = View(background=False)
+    bar = view.progress_bar(height=10)
+    assert (bar.value, bar.visible, bar.height, bar.max) == (0, False, 10, 100)
+    view.param.update(progress=40, progress_active=True)
+    assert (bar.value, bar.visible) == (40, True)
+    busy_bar = view.progress_bar(visible=view.param.busy)          # another condition to show
+    assert busy_bar.visible is False
+    view.busy = True
+    assert busy_bar.visible is True
+    text = view.status_text("x-status")
+    view.status = "reading <b>file</b> & co"
+    assert text.css_classes == ["x-status"]
+    assert text.object == "reading &lt;b&gt;file&lt;/b&gt; &amp; co"     # shown as text
+
+
+def test_no_page_builds_its_own_progress_bar():
+    offenders = []
+    for path in sorted(APPS.glob("*.py")):
+        if path.name in {"_view.py", "circuits.py", "_circuit_graph.py", "notebook.py"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Progress":
+                value = next((k.value for k in node.keywords if k.arg == "value"), None)
+                if ast.unparse(value or ast.Constant(None)) == "self.param.progress":
+                    offenders.append(f"apps/{path.name}:{node.lineno}")
+    assert offenders == []

@@ -1,0 +1,232 @@
+"""The ICL heads page's head scores (Yin & Steinhardt, ICML 2025): every head's induction
+score against its FV score (Todd et al. 2024) as a scatter and as two layer x head
+heatmaps, and the selected head's attention on a repeated sequence and on an ICL prompt."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import xarray as xr
+
+from apps import theme
+from apps._controls import caption, tip
+from apps._heads_heatmap import head_cell, heads_heatmap, heads_in, on_head_click
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS
+from explorer import components
+from explorer.analyses import icl_heads as ih
+
+hv.extension("bokeh", logo=False)
+
+
+def _waiting(text: str, height: int = 300) -> hv.Element:
+    return theme.placeholder(text, height=height)
+
+
+selected_heads = heads_in   # the workspace's selected heads that the model has
+
+
+def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: float,
+                      highlighted=()) -> hv.Element:
+    """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed,
+    the workspace's selected heads (``highlighted``) in a square outline."""
+    if scores is None:
+        return _waiting("Head scores appear here (Compute scores, left)")
+    ind, fv = scores["induction_score"].values, scores["fv_score"].values
+    ti = set(ih.top_heads(ind, top_induction / 100))
+    tf = set(ih.top_heads(fv, top_fv / 100))
+    rows = []
+    for layer in range(ind.shape[0]):
+        for head in range(ind.shape[1]):
+            kind = ("both" if (layer, head) in ti & tf else "induction" if (layer, head) in ti
+                    else "FV" if (layer, head) in tf else "")
+            rows.append((float(ind[layer, head]), float(fv[layer, head]), layer, head, kind))
+    pts = hv.Points(rows, ["induction_score", "fv_score"], ["layer", "head", "top"])
+    top = hv.Points([r for r in rows if r[4]], ["induction_score", "fv_score"],
+                    ["layer", "head", "top"])
+    chosen = selected_heads(highlighted, *ind.shape)
+    picked = hv.Points([(float(ind[l, h]), float(fv[l, h]), l, h, "selected") for l, h in chosen],
+                       ["induction_score", "fv_score"], ["layer", "head", "top"])
+    return (pts.opts(color="layer", cmap=theme.MAGNITUDE_CMAP, colorbar=True, size=9,
+                     tools=["hover", "tap"], default_tools=STATIC_TOOLS, active_tools=["tap"],
+                     nonselection_alpha=0.6, clabel="layer")
+            * top.opts(size=16, fill_alpha=0, line_color="black", line_width=1.5,
+                       tools=["hover"])
+            * picked.opts(marker="square", size=20, fill_alpha=0, line_color=theme.ACCENT,
+                          line_width=2.5)).opts(
+        responsive=True, height=380, xlabel="induction score", ylabel="FV score",
+        title="Induction vs FV score")
+
+
+def scatter_caption(scores: xr.Dataset | None, top_induction: float, top_fv: float) -> str:
+    """What the scatter shows, with its numbers."""
+    if scores is None:
+        return ""
+    ind, fv = scores["induction_score"].values, scores["fv_score"].values
+    ti = set(ih.top_heads(ind, top_induction / 100))
+    tf = set(ih.top_heads(fv, top_fv / 100))
+    return (f"One point per head. x: induction score (attention on the induction target of a "
+            f"repeated random sequence); y: FV score (indirect effect on P(answer) of patching "
+            f"the head's mean output into corrupted ICL prompts). Ringed: the top "
+            f"{top_induction:g}% induction and top {top_fv:g}% FV heads, {len(ti & tf)} in "
+            f"both. **Click a point** to show that head's attention just below.")
+
+
+def plot_score_heatmaps(scores: xr.Dataset | None, highlighted=()) -> hv.Layout | hv.Element:
+    """Layer x head heatmaps: induction score (sequential map from 0) and FV score (diverging,
+    0 white); the workspace's selected heads (``highlighted``) outlined."""
+    if scores is None:
+        return _waiting("Head scores appear here (Compute scores, left)")
+    left = heads_heatmap(scores["induction_score"].values, name="induction_score",
+                         title="Induction score", low=0.0, highlighted=highlighted)
+    right = heads_heatmap(scores["fv_score"].values, name="fv_score", signed=True,
+                          title="FV score (0 = white)", highlighted=highlighted)
+    return (left + right).cols(2)
+
+
+def plot_attention(ds: xr.Dataset | None, title: str, on: str = "a prompt") -> hv.Element:
+    """Query x key heatmap of one head's attention, tokens on both axes (``on``: what the
+    prompt is, named by the placeholder shown before the patterns exist)."""
+    if ds is None:
+        return _waiting(f"Press Compute scores (left): the attention on {on} of the top FV "
+                        "head (or of a head you click) appears here", 260)
+    width = len(str(ds.sizes["pos"] - 1))  # zero-padded so the categorical axes keep order
+    toks = [f"{i:0{width}d} {theme.show_token(str(t))}" for i, t in enumerate(ds["token"].values)]
+    a = ds["attention"].values
+    rows = [(toks[k], toks[q], float(a[q, k])) for q in range(len(toks)) for k in range(q + 1)]
+    return hv.HeatMap(rows, ["key", "query"], "weight").opts(
+        cmap=theme.PROBABILITY_CMAP, colorbar=True, tools=["hover"], xrotation=90,
+        invert_yaxis=True, responsive=True, height=max(300, 10 * len(toks) + 150),
+        default_tools=STATIC_TOOLS, title=title, xlabel="key token", ylabel="query token",
+        clim=(0, 1), fontsize={"xticks": "7pt", "yticks": "7pt"})
+
+
+# SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
+# at 6 prompts of 4 shots over 3 FV tasks; other settings are scaled from that.
+_REF_SECONDS, _REF_SHAPE, _REF_SETTINGS = 30.0, (30, 9, 576), (6, 4, 3)
+OPEN_BUDGET_S = 5.0
+"""Work estimated under this many seconds runs when the page opens; longer waits for a click."""
+
+
+def estimated_score_seconds(n_layers: int, n_heads: int, d_model: int, n_prompts: int,
+                            n_shots: int, n_tasks: int) -> float:
+    """Rough CPU seconds to score every head: one patched run per head (layers x heads), each
+    a forward over the prompts (layers x d_model^2 per token), scaled from SmolLM2's ~30 s."""
+    L, H, d = _REF_SHAPE
+    p, k, t = _REF_SETTINGS
+    return (_REF_SECONDS * (n_layers ** 2 * n_heads * d_model ** 2) / (L ** 2 * H * d ** 2)
+            * (n_prompts / p) * ((n_shots + 1) / (k + 1)) * (n_tasks / t))
+
+
+class ScoresPart:
+    """The head scores and the selected head's attention of `ICLHeadsView`."""
+
+    def _compute(self) -> None:
+        """The page's heavy work: head scores (then the FV) and the task encoding."""
+        if self.td is None:
+            self._request("td")
+        self._request("scores")
+
+    def _got_induction(self, ds: xr.Dataset) -> None:
+        if self.scores is not None:
+            self.scores = self.scores.assign(induction_score=ds["induction_score"])
+
+    def _got_scores(self, ds: xr.Dataset) -> None:
+        self.scores = ds
+        self._score_button.param.update(disabled=False, name="Compute scores again")
+        fv = ds["fv_score"].values
+        layer, head = np.unravel_index(int(np.nanargmax(fv)), fv.shape)
+        self.param.update(layer=int(layer), head=int(head))
+        self._request("patterns")
+        self._request("fv")
+        self.status = "scores ready"
+
+    def _got_patterns(self, d: dict) -> None:
+        self.patterns = d
+        self.status = "ready" if self.scores is not None else self._press_note
+
+    def _tapped(self, index: list[int]) -> None:
+        if index and self.scores is not None:
+            n_heads = self.scores.sizes["head"]
+            self.param.update(layer=index[0] // n_heads, head=index[0] % n_heads)
+
+    def _cell_tapped(self, x: Any = None, y: Any = None) -> None:
+        """A click on a heatmap cell (x = head, y = layer) selects that head."""
+        cell = head_cell(x, y, self.scores)
+        if cell is not None:
+            self.param.update(layer=cell[0], head=cell[1])
+
+    def _scores_job(self) -> Callable[[CancelToken], xr.Dataset]:
+        """Every head's induction score (on the edited model), then its FV score."""
+        m, o, edits = self._model, self._opts, list(self.edits)
+        started = time.perf_counter()
+        self._score_button.disabled = True
+
+        def job(token: CancelToken) -> xr.Dataset:
+            ind = ih.induction_scores(m, n_sequences=4, half_len=16, edits=edits)
+            token.check()
+            bar = self.progress_fn(token)
+
+            def progress(done: int, total: int) -> None:
+                bar(done, total)
+                left = (time.perf_counter() - started) * (total - done) / max(1, done)
+                self.post(status=f"scoring heads: {done}/{total}, about {left:.0f} s left")
+            fv = ih.fv_scores(m, self._fv_tasks, progress=progress, **o)
+            return xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
+                            combine_attrs="drop_conflicts")
+        return job
+
+    def _patterns_job(self) -> Callable[[CancelToken], dict]:
+        """The selected head's attention on a repeated sequence and on the task's prompt."""
+        m, edits = self._model, list(self.edits)
+        layer, head, task = self.layer, self.head, self._task()
+        return lambda token: ih.head_attention(m, layer, head, task=task, edits=edits)
+
+    def _scores_controls(self) -> list[pn.viewable.Viewable]:
+        p = self.param
+        return [self._score_button, self._progress, pn.pane.Markdown(p.status),
+                tip(pn.widgets.FloatSlider.from_param(p.top_induction), p.top_induction.doc),
+                tip(pn.widgets.FloatSlider.from_param(p.top_fv), p.top_fv.doc),
+                tip(pn.widgets.IntSlider.from_param(p.layer), p.layer.doc),
+                tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
+                tip(pn.widgets.Select.from_param(p.task), p.task.doc), self._own.layout(p.error)]
+
+    def _scores_panes(self) -> list[pn.viewable.Viewable]:
+        p = self.param
+
+        def scatter(scores, top_induction, top_fv, highlighted):
+            plot = plot_head_scatter(scores, top_induction, top_fv, highlighted)
+            if scores is not None:   # clicking a point selects its head
+                points = plot.get(0) if isinstance(plot, hv.Overlay) else plot
+                hv.streams.Selection1D(source=points).add_subscriber(self._tapped)
+            return plot
+
+        def heatmaps(scores, highlighted):   # clicking a cell selects its head
+            return on_head_click(plot_score_heatmaps(scores, highlighted), self._cell_tapped)
+
+        pat_rep = pn.bind(lambda d, l, h: plot_attention(
+            None if d is None else d["repeat"], f"{components.head(l, h)}, repeated sequence",
+            "a repeated random sequence"), p.patterns, p.layer, p.head)
+        pat_icl = pn.bind(lambda d, l, h, t: plot_attention(
+            None if d is None else d["icl"], f"{components.head(l, h)}, {t} prompt",
+            f"a few-shot {t} prompt"), p.patterns, p.layer, p.head, p.task)
+        return [
+            pn.pane.HoloViews(pn.bind(scatter, p.scores, p.top_induction, p.top_fv,
+                                      p.highlighted),
+                              sizing_mode="stretch_width", linked_axes=False),
+            caption(pn.bind(scatter_caption, p.scores, p.top_induction, p.top_fv)),
+            # the clicked head's attention right under the scatter it was clicked on
+            pn.pane.HoloViews(pat_rep, linked_axes=False, sizing_mode="stretch_width"),
+            pn.pane.HoloViews(pat_icl, linked_axes=False, sizing_mode="stretch_width"),
+            caption("Attention of the selected head (query rows, key columns): on a repeated "
+                    "random sequence an induction head attends to the token after the current "
+                    "token's earlier copy (a stripe below the diagonal); on an ICL prompt, an "
+                    "FV head reads the demonstrations' answers."),
+            pn.pane.HoloViews(pn.bind(heatmaps, p.scores, p.highlighted),
+                              sizing_mode="stretch_width", linked_axes=False),
+            caption("The same two scores as layer × head maps (click a cell to select the "
+                    "head).")]

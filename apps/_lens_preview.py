@@ -1,0 +1,192 @@
+"""The logit lens page's preview controller: while the steering slider moves, one preview
+computes at a time and the newest move waits in one slot (older ones are dropped); a
+preview newer than the last exact result is drawn in place; releasing the slider runs the
+exact lens. `_DragSlider` sends each move at once (no debounce)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+from panel.io.document import hold
+
+import explorer
+from apps._lens_heatmap import is_preview
+from apps._lens_tables import contrast_prompts
+from apps._session import CancelToken, Cancelled
+
+hv.extension("bokeh", logo=False)
+
+
+class _DragSlider(pn.widgets.FloatSlider):
+    """A float slider whose moves reach the server at once: Panel holds a widget's browser
+    changes 50 ms to merge bursts (its debounce), which a drag's preview does itself (one
+    preview computes, the newest move waits, older ones are dropped)."""
+
+    _priority_changes = ["value"]
+
+
+def slider_preview_times(model: explorer.Model, prompt: str, *, steer_layer: int,
+                         vector: np.ndarray | None = None, alphas: Any = None,
+                         start_alpha: float = 4.0) -> dict[str, Any]:
+    """Server-side time of the steering slider's preview while it moves (`explorer bench
+    slider`): the page attached to a Bokeh Document (as in a served session), jobs inline,
+    released once at ``start_alpha`` (its exact run fills the clean layers' readouts, as
+    the first release does), then dragged through ``alphas``; each move is timed from the
+    widget's value change until the heatmap's data are replaced (the preview's lens and
+    the in-place redraw). ``vector`` replaces the contrast prompts' steering vector.
+    Checks that every move drew a preview in place (no new plot) and returns the moves'
+    wall and thread-CPU seconds and the previews, with the exact results after release.
+    """
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    from apps.lens import LensView   # the page module imports this one
+
+    alphas = list(np.linspace(start_alpha + 0.25, start_alpha + 4.0, 16) if alphas is None
+                  else alphas)
+    view = LensView(model, prompt=prompt, steer_layer=steer_layer, background=False)
+    if vector is not None:
+        key = (tuple(contrast_prompts(view.contrast_a)), tuple(contrast_prompts(view.contrast_b)),
+               steer_layer)
+        view.cache_put("steering vectors", key, np.asarray(vector, dtype=np.float32), limit=16)
+    doc = Document()
+    wall, cpu, previews = [], [], []
+    try:
+        with set_curdoc(doc):
+            doc.add_root(pn.panel(view).get_root(doc))
+            slider = view.alpha_slider()
+            with param.parameterized.edit_constant(slider):
+                slider.param.update(value=start_alpha, value_throttled=start_alpha)
+            version = view.plot_version
+            for a in alphas:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                slider.value = float(a)
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                if not is_preview(view.preview) or view.plot_version != version:
+                    raise RuntimeError(f"slider move to {a} drew no preview in place")
+                previews.append(view.preview)
+            with param.parameterized.edit_constant(slider):
+                slider.value_throttled = float(alphas[-1])
+            exact = view.result
+    finally:
+        view.close()
+    return {"wall": wall, "cpu": cpu, "previews": previews, "alphas": alphas, "exact": exact}
+
+
+class PreviewPart:
+    """The steering slider's preview of `apps.lens.LensView`."""
+
+    def _mark_preview_ready(self, ready: bool) -> None:
+        """The steering slider carries the CSS class ``preview-ready`` while a drag's first
+        move finds the preview's inputs ready (`_warm_preview` done for the exact result
+        shown); a page script or a test can wait on it."""
+        slider = self._alpha_slider
+        if slider is None:
+            return
+        classes = [c for c in slider.css_classes if c != "preview-ready"]
+        slider.css_classes = classes + ["preview-ready"] if ready else classes
+
+    def request_preview(self, alpha: float) -> None:
+        """Draw a preview at steering strength ``alpha`` (the slider is being dragged).
+
+        One preview computes at a time; a request made meanwhile waits in a single slot
+        that the next request overwrites, so stale positions are dropped, never queued.
+        The exact run follows when the slider is released (`alpha` is set).
+        """
+        if not self._page_loaded:
+            return
+        self._seq += 1
+        request = (self._seq, {**self._run_params(), "alpha": float(alpha)})
+        with self._preview_lock:
+            if self._preview_busy:
+                self._preview_pending = request
+                return
+            self._preview_busy = True
+        self._start_preview(request)
+
+    def _start_preview(self, request: tuple[int, dict]) -> None:
+        if self.submit("preview", lambda token: self._preview_job(request, token)) is None:
+            with self._preview_lock:       # closed: nothing more runs
+                self._preview_busy = False
+                self._preview_pending = None
+
+    def _preview_job(self, request: tuple[int, dict], token: CancelToken) -> tuple:
+        seq, p = request
+        try:
+            return seq, p, self._compute_preview(p, token), None
+        except Cancelled:
+            raise
+        except Exception as exc:  # a failed preview is not shown; the exact run reports
+            return seq, p, None, exc
+
+    def _show_preview(self, out: tuple) -> None:
+        seq, p, ds, exc = out   # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
+        if seq == self._exact_seq:
+            self._mark_preview_ready(exc is None)
+        if exc is None and seq > self._exact_seq and ds is not None:
+            # the status stays the same through a drag (the title names alpha): a changed
+            # status line re-lays the page out in the browser on every move. A redraw in
+            # place (no new Bokeh models) reaches the browser as one document patch
+            # (Panel's `hold`): data, title and line drawn in one repaint.
+            held = hold(self._doc) if self._doc is not None and self._draws_in_place(ds) \
+                else contextlib.nullcontext()
+            with held:
+                self.param.update(preview=ds, status="Preview: top tokens among candidates, "
+                                                     "estimated probabilities; exact on release")
+        with self._preview_lock:
+            request, self._preview_pending = self._preview_pending, None
+            if request is None:
+                self._preview_busy = False
+        if request is not None:
+            self._start_preview(request)
+
+    def _warm_preview(self) -> None:
+        """Served, after an exact result: compute one preview that is not drawn, so that the
+        first move of the next drag finds the steering vector, the clean run, the preview's
+        blocks, candidates and GEMM backend ready (seconds on a busy machine) instead of
+        making the hand wait for them. It is a preview request like a move's: a move made
+        meanwhile waits in the single slot."""
+        if not self._background or self._model.remote or self.result is None:
+            return
+        with self._preview_lock:
+            if self._preview_busy:
+                return
+            self._preview_busy = True
+        alpha = self.alpha if self.alpha != 0 else self.param.alpha.step
+        self._start_preview((self._exact_seq, {**self._run_params(), "alpha": float(alpha)}))
+
+    def alpha_slider(self) -> pn.widgets.FloatSlider:
+        """The steering-strength slider: a preview while it moves (``value``), the exact
+        lens on release (``value_throttled`` sets `alpha`)."""
+        if self._alpha_slider is not None:
+            return self._alpha_slider
+        spec = self.param.alpha
+        slider = _DragSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
+                             step=spec.step, value=self.alpha, sizing_mode="stretch_width")
+
+        def dragged(event: param.parameterized.Event) -> None:
+            if not self._syncing and event.new != self.alpha:
+                self.request_preview(event.new)
+
+        def released(event: param.parameterized.Event) -> None:
+            if not self._syncing and event.new is not None:
+                self.alpha = event.new
+
+        def synced(event: param.parameterized.Event) -> None:  # alpha set elsewhere (a state)
+            self._syncing = True
+            try:
+                slider.value = event.new
+            finally:
+                self._syncing = False
+
+        slider.param.watch(dragged, "value")
+        slider.param.watch(released, "value_throttled")
+        self.param.watch(synced, "alpha")
+        self._alpha_slider = slider
+        return slider

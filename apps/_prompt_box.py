@@ -1,0 +1,95 @@
+"""The gallery sidebar's prompt box: the shared prompt, its length in tokens against the
+limit (`MAX_PROMPT_TOKENS`, or the model's context when shorter), and a clear message for a
+prompt that is empty or too long."""
+from __future__ import annotations
+
+from typing import Any
+
+import panel as pn
+
+from apps import theme
+from explorer._checks import InputError
+from explorer.workspace import MAX_PROMPT_CHARS
+
+
+MAX_PROMPT_TOKENS = 2048
+"""The longest prompt the sidebar takes, in tokens (less when the model's context is shorter);
+each page may refuse a shorter one its method cannot draw (it says its limit)."""
+
+
+class PromptBoxPart:
+    """The prompt box of `apps.gallery.Gallery`."""
+
+    @property
+    def prompt_limit(self) -> int:
+        """The longest prompt the sidebar takes, in tokens: `MAX_PROMPT_TOKENS`, or the
+        model's context when that is shorter."""
+        return min(MAX_PROMPT_TOKENS, int(getattr(self._model.spec, "context_length", 0)
+                                          or MAX_PROMPT_TOKENS))
+
+    def count_tokens(self, text: str) -> int:
+        """``text``'s length in tokens, as the pages tokenise it (no special tokens)."""
+        return len(self._model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _check_prompt(self, text: str) -> int:
+        """The prompt's length in tokens; InputError saying the limit when it is over it."""
+        limit = self.prompt_limit
+        if not text.strip():
+            raise InputError("the prompt is empty; type at least one non-space character.")
+        if len(text) > MAX_PROMPT_CHARS:
+            raise InputError(f"the prompt has {len(text):,} characters; the sidebar takes at "
+                             f"most {limit:,} tokens ({MAX_PROMPT_CHARS:,} characters).")
+        n = self.count_tokens(text)
+        if n > limit:
+            raise InputError(f"the prompt is {n:,} tokens; the sidebar takes at most {limit:,} "
+                             f"tokens ({self._model.spec.name}). Shorten it; nothing was cut.")
+        return n
+
+    def _prompt_line(self, text: str) -> str:
+        try:
+            n = self._check_prompt(text)
+        except InputError as exc:
+            what = "Too long" if "at most" in str(exc) else "Not run"
+            return f"<span style='color:#b00020'>{what}: {exc}</span>"
+        return f"{n:,} / {self.prompt_limit:,} tokens · Enter runs it"
+
+    def submit_prompt(self, text: str) -> bool:
+        """The prompt typed in the sidebar: shared with every page when it fits the limit;
+        refused (one notification saying the limit, the text kept in the box) when not."""
+        try:
+            self._check_prompt(text)
+        except InputError as exc:
+            theme.notify("warning", f"Prompt not run: {exc}", duration=8000)
+            self.prompt_info = self._prompt_line(text)
+            return False
+        self.prompt = text
+        return True
+
+    def prompt_box(self) -> list[pn.viewable.Viewable]:
+        """The sidebar's prompt box (nothing cut: a prompt over the limit is refused with a
+        message) and the line under it: its length in tokens and the limit, as you type."""
+        box = pn.widgets.TextInput(label="Prompt", value=self.prompt, max_length=MAX_PROMPT_CHARS,
+                                   sizing_mode="stretch_width", css_classes=["prompt-box"],
+                                   placeholder="Enter a prompt and press Enter",
+                                   description=self.param.prompt.doc)
+        self.prompt_info = self._prompt_line(self.prompt)
+        info = pn.pane.HTML(self.param.prompt_info, css_classes=["prompt-info"], margin=(0, 10),
+                            styles={"color": "#555", "font-size": "0.85em"},
+                            sizing_mode="stretch_width")
+
+        def typed(event: Any) -> None:
+            self.prompt_info = self._prompt_line(event.new or "")
+
+        def entered(event: Any) -> None:
+            if event.new != self.prompt:
+                self.submit_prompt(event.new)
+
+        def follow(event: Any) -> None:  # a loaded state or link: the box shows its prompt
+            if box.value != event.new:
+                box.value = event.new
+            self.prompt_info = self._prompt_line(event.new)
+
+        box.param.watch(typed, "value_input")
+        box.param.watch(entered, "value")
+        self.param.watch(follow, "prompt")
+        return [box, info]
