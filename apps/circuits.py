@@ -42,6 +42,7 @@ import xarray as xr
 
 import explorer
 from apps import _circuit_graph as cg
+from apps._circuits_finetune import FinetuneComparison
 from apps import theme
 from apps._controls import OwnItems, labelled_control
 from apps._positions import PositionStrip
@@ -199,7 +200,7 @@ def plot_faithfulness(curve: xr.Dataset | None, n_kept: int, n_chosen: int | Non
                     title=mark.opts.get().kwargs["title"])
 
 
-class CircuitsView(View):
+class CircuitsView(FinetuneComparison, View):
     """Edge-attribution circuit (the smallest faithful one by default; top-n or threshold,
     pruned), faithfulness, edge ablation, EAP / EAP-IG and fine-tuning comparisons, export.
 
@@ -289,6 +290,12 @@ class CircuitsView(View):
                                        precedence=-1)   # the other attribution method's scores
     checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                       precedence=-1)
+    noise_floor = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                      precedence=-1,
+                                      doc="The per-layer change that prompt resampling of the "
+                                          "base model gives (`layer_change_noise_floor`)")
+    noise_note = param.String(default="", precedence=-1,
+                              doc="Why there is no noise floor (yet), or empty")
     ablation = param.Dict(default=None, allow_None=True, precedence=-1)
     circuit_patch = param.Dict(default=None, allow_None=True, precedence=-1,
                                doc="'Patch all shown edges': the metric of the model in which "
@@ -347,6 +354,8 @@ class CircuitsView(View):
         self.runner("edited", self._got_edited, busy=False)
         self.runner("circuit_patch", self._got_circuit_patch, busy=False, progress=True)
         self.runner("nodes", self._got_node_curve, busy=False, progress=True)
+        self.runner("noise", self._got_noise_floor, busy=False, progress=True)
+        self._floors: dict[tuple, xr.Dataset] = {}   # noise floors by task and scoring
         self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
                                                 sizing_mode="stretch_width",
                                                 visible=self.param.progress_active)
@@ -922,53 +931,6 @@ class CircuitsView(View):
         out["recovered"] = ((out["edited_clean_metric"] - out["corrupt_metric"]) / span
                             if span else float("nan"))
         self.edited = out
-
-    def _request_finetune(self) -> None:
-        m, task_name, method, n, steps = (self._model, self.task, self.ft_method,
-                                          self.n_prompts, self.ft_steps)
-        slug = task_name.replace(" ", "-")
-        folder = self._run_folder or (explorer.models.cache_dir() / "circuit_lora" /
-                                      f"{m.spec.name.replace('/', '_')}-view-{slug}")
-        try:   # the user's pairs train and score; a generated task trains on 64 other pairs
-            data = self._task_data(task_name, 64, seed=2)
-            scored = self._task_data(task_name, n, seed=0)
-        except InputError as e:
-            self.show_error(e)
-            return
-
-        def job(token: CancelToken):
-            ckpts = sorted({0, steps // 3, 2 * steps // 3, steps} - {-1})
-            cl.finetune_lora(m, data.clean, data.answer, ranks=cl.uniform_lora_ranks(m, 2),
-                             steps=steps, batch_size=8, lr=1e-3, checkpoints=ckpts,
-                             folder=folder, progress=self.progress_fn(token))
-            token.check()
-            return cl.checkpoint_circuits(m, folder, scored, method=method, batch_size=len(scored),
-                                          progress=self.progress_fn(token))
-
-        self.status = (f"fine-tuning {steps} LoRA steps, then scoring each checkpoint "
-                       f"({METHOD_LABELS[method]})…")
-        self.submit("finetune", job)
-
-    def _got_checkpoints(self, ds: xr.Dataset) -> None:
-        self._set_checkpoints(ds)
-        self.status = f"{ds.sizes['checkpoint']} checkpoints scored"
-
-    def _set_checkpoints(self, ds: xr.Dataset) -> None:
-        self._circuit_cache.clear()
-        self._ck_scores = [self._checkpoint_scores(ds, i) for i in range(ds.sizes["checkpoint"])]
-        self._ck_orders = [np.argsort(-np.abs(s["score"].values), kind="stable")
-                           for s in self._ck_scores]
-        self.param.checkpoint.bounds = (0, ds.sizes["checkpoint"] - 1)
-        if not self._layout_from:
-            self._set_layout(self._ck_scores[0], "scores of the first checkpoint")
-        self.checkpoints = ds
-        if self.scores is None:
-            self._set_default_size()
-
-    def _checkpoint_scores(self, ds: xr.Dataset, i: int) -> xr.Dataset:
-        out = ds["score"].isel(checkpoint=i).to_dataset(name="score")
-        out.attrs = {"n_layers": self._model.n_layers, "n_heads": self._model.spec.n_heads}
-        return out
 
     # -- drawing --------------------------------------------------------------------------
     def _current(self) -> tuple[xr.Dataset | None, np.ndarray | None, str]:
@@ -1646,6 +1608,7 @@ class CircuitsView(View):
                 f"data-circuit-granularity='{self.granularity}' "
                 f"data-circuit-n-nodes='{self.n_nodes}' "
                 f"data-circuit-node-default='{node_default}' "
+                f"data-circuit-floor='{'ready' if self.noise_floor is not None else 'none'}' "
                 f"data-circuit-checkpoints='{n_ck}'></div>")
 
     def _prompt_controls(self) -> pn.Column:
@@ -1675,7 +1638,8 @@ class CircuitsView(View):
                  self.param.diff_against, self.param.checkpoints, self.param.redraw_ms,
                  self.param.selected, self.param.fraction, self.param.other_scores,
                  self.param.edited, self.param.circuit_patch, self.param.show_outside,
-                 self.param.granularity, self.param.n_nodes, self.param.node_curve]
+                 self.param.granularity, self.param.n_nodes, self.param.node_curve,
+                 self.param.noise_floor]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             labelled_control(self, "method", pn.widgets.RadioButtonGroup),
@@ -1712,6 +1676,9 @@ class CircuitsView(View):
                                      self.param.circuit_patch),
                              css_classes=["circuit-readout"]),
             pn.panel(faith, sizing_mode="stretch_width"),
+            pn.panel(pn.bind(self._layer_change_pane, self.param.checkpoints,
+                             self.param.noise_floor, self.param.checkpoint,
+                             self.param.noise_note), sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")
 
