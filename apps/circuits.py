@@ -29,8 +29,10 @@ circuit downloads as CSV and the picture as SVG (the plot's save tool gives PNG)
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +314,8 @@ class CircuitsView(FinetuneComparison, View):
     notify_title = None
     failed_status = "error: {message}"
     link_params = ("task", "method", "n_prompts", "fraction", "granularity", "mode", "n_edges",
-                   "threshold", "n_nodes", "selected", "counterfactual", "explain")
+                   "threshold", "n_nodes", "selected", "counterfactual", "explain", "show_outside",
+                   "diff", "diff_against", "ft_method")
 
     def scope(self) -> Scope:
         """The task's prompt pairs (not the sidebar prompt); edits change only the readout."""
@@ -365,6 +368,8 @@ class CircuitsView(FinetuneComparison, View):
         self._node_default: cs.CircuitChoice | None = None
         self._node_boot: tuple[int, xr.Dataset] | None = None
         self._chosen_nodes = "n_nodes" in params
+        self._sizing = 0            # > 0 while the page itself sets the size (not a user or link)
+        self._scoring = False       # a scoring job is in flight
         self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
         self._own_text = ""
         self._own_version = 0                          # bumped by each good paste
@@ -409,6 +414,9 @@ class CircuitsView(FinetuneComparison, View):
         self.param.watch(lambda *_: self._set_default_size(force=True),
                          ["fraction", "max_default_edges"], onlychanged=False)
         self.param.watch(self._method_changed, ["method"])
+        self.param.watch(self._task_changed, ["task", "n_prompts"])
+        self.param.watch(self._size_asked, ["n_edges", "threshold", "n_nodes"])
+        self.param.watch(self._check_selected, ["selected"])
         self.param.watch(lambda *_: self._granularity_changed(), ["granularity"])
         self.param.watch(self._diff_changed, ["diff", "diff_against"])
         # the graph is a plain Bokeh figure per drawing (`cg.GraphFigure`) whose data sources
@@ -651,12 +659,13 @@ class CircuitsView(FinetuneComparison, View):
         """Switching top-n <-> threshold keeps the slider's position (the same edges chosen)."""
         sizes, thresholds = self._grid()
         if self.scores is not None or self.checkpoints is not None:
-            if self.mode == "threshold":
-                i = int(np.argmin(np.abs(np.log(sizes) - np.log(max(self.n_edges, 1)))))
-                self.threshold = float(thresholds[i])
-            else:
-                i = int(np.argmin(np.abs(thresholds - self.threshold)))
-                self.n_edges = int(sizes[i])
+            with self._sizing_by_page():
+                if self.mode == "threshold":
+                    i = int(np.argmin(np.abs(np.log(sizes) - np.log(max(self.n_edges, 1)))))
+                    self.threshold = float(thresholds[i])
+                else:
+                    i = int(np.argmin(np.abs(thresholds - self.threshold)))
+                    self.n_edges = int(sizes[i])
         self._sync_slider()
 
     def _slider_moved(self, event: param.parameterized.Event) -> None:
@@ -694,8 +703,9 @@ class CircuitsView(FinetuneComparison, View):
                 total = self._total()
                 n = max(0.05 * total, min(30, total))
             i = int(np.argmin(np.abs(np.log(np.maximum(sizes, 1)) - np.log(max(n, 1)))))
-            self.param.update(n_edges=int(n) if self.curve is not None else int(sizes[i]),
-                              threshold=float(thresholds[i]))
+            with self._sizing_by_page():
+                self.param.update(n_edges=int(n) if self.curve is not None else int(sizes[i]),
+                                  threshold=float(thresholds[i]))
         self._sync_slider()
 
     def _set_node_default(self, force: bool = False) -> None:
@@ -706,8 +716,61 @@ class CircuitsView(FinetuneComparison, View):
             return
         self._node_default = cs.smallest_faithful_nodes(self.node_curve, self.fraction)
         if force or not self._chosen_nodes:
-            self.n_nodes = self._node_default.n_edges
+            with self._sizing_by_page():
+                self.n_nodes = self._node_default.n_edges
         self._chosen_nodes = False
+
+    @contextlib.contextmanager
+    def _sizing_by_page(self) -> Iterator[None]:
+        """The page sets the size (its default, a mode switch, a new result): not a size the
+        user or a link asked for."""
+        self._sizing += 1
+        try:
+            yield
+        finally:
+            self._sizing -= 1
+
+    def _size_asked(self, *events: param.parameterized.Event) -> None:
+        """A size set from outside (code, a link, a state file) is kept when the scores
+        arrive, as one given to the constructor is; the page's own moves and the slider's
+        are not."""
+        if self._sizing or self._syncing:
+            return
+        for event in events:
+            if event.name == "n_nodes":
+                self._chosen_nodes = True
+            else:
+                self._chosen_size = True
+
+    def _check_selected(self, event: param.parameterized.Event) -> None:
+        """The pinned node must be a node of this model's graph, in any spelling
+        `components.canonical` reads (set to its canonical one); else it is refused and the
+        previous one kept."""
+        name = event.new
+        if not name or name in self._raw:
+            return
+        try:
+            spelled = canonical(name)
+        except components.ComponentError:
+            spelled = None
+        if spelled in self._raw:
+            self.selected = spelled
+            return
+        self.param.update(selected=event.old)
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        raise InputError(f"`selected` must be a node of this model's graph: L0.H0 to "
+                         f"L{L - 1}.H{H - 1}, L0.MLP to L{L - 1}.MLP, input or logits (or "
+                         f"empty); got {str(name)[:60]!r}.")
+
+    def _task_changed(self, *_: Any) -> None:
+        """Another task or prompt count: a result already computed is shown at once; else,
+        once the page has scored (or is scoring) anything, the new one is computed (a link or
+        a state file that names the task opens on its graph); else on the button."""
+        if self._key() in self._results:
+            self._show(self._key(), default=False)
+        elif (self._results or self._scoring) and not (
+                self.task == OWN_TASK and self._own_task is None):
+            self._request_scores()
 
     def _granularity_changed(self) -> None:
         """Edges <-> nodes: the node curve of the shown scores is measured on first use."""
@@ -769,10 +832,12 @@ class CircuitsView(FinetuneComparison, View):
             return key, task, scores, curve
 
         self.status = f"scoring edges ({METHOD_LABELS[method]}, {n} {task_name} pairs)…"
+        self._scoring = True
         self.submit("scores", job)
 
     def _got_scores(self, result: tuple) -> None:
         key, task, scores, curve = result
+        self._scoring = False
         # the first result of a task and prompt count opens on the default circuit; the
         # other method's, arriving after a toggle, keeps the size shown (a fair comparison)
         first = not any(k[:2] == key[:2] for k in self._results if k != key)
@@ -797,9 +862,10 @@ class CircuitsView(FinetuneComparison, View):
         other = self._results.get((key[0], key[1], self._other_method()))
         self.param.n_edges.bounds = (0, scores.sizes["edge"])
         node_curve = self._node_curves.get(key)
-        self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
-                          curve=curve, ablation=None, node_curve=node_curve,
-                          other_scores=None if other is None else other[1])
+        with self._sizing_by_page():
+            self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
+                              curve=curve, ablation=None, node_curve=node_curve,
+                              other_scores=None if other is None else other[1])
         if node_curve is None and self.nodes_mode():
             self._request_node_curve()
         if default:
@@ -826,7 +892,7 @@ class CircuitsView(FinetuneComparison, View):
         layout); else it is computed when any result has been (else on the button)."""
         if self._key() in self._results:
             self._show(self._key(), default=False)
-        elif self._results:
+        elif self._results or self._scoring:
             self._request_scores()
         else:
             self.status = f"Press **Compute circuit** to score the edges ({METHOD_LABELS[self.method]})."
