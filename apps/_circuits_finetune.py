@@ -20,6 +20,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._circuits_scoring import METHOD_LABELS
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS
 from explorer._checks import InputError
@@ -30,8 +31,7 @@ __all__ = ["NOISE_SAMPLES", "checkpoint_params", "layer_changes", "layer_change_
            "FinetuneComparison"]
 
 NOISE_SAMPLES = 3          # prompt samples of the base model: 3 pairs of samples
-FLOOR_LABEL = "noise floor (max over prompt resamples)"
-METHOD_NAMES = {"eap": "EAP", "eap-ig": "EAP-IG"}
+FLOOR_LABEL = "noise floor: prompt resamples (max)"
 METRIC_NAMES = {"kl": "KL", "logit_diff": "logit difference"}
 
 
@@ -68,8 +68,8 @@ def layer_change_figure(changes: xr.DataArray, floor: xr.Dataset | None, shown: 
     steps = [int(s) for s in changes["checkpoint"].values]
     i = shown if 0 < shown < len(steps) else len(steps) - 1
     layers = changes["layer"].values.astype(float)
-    fig = figure(height=240, sizing_mode="stretch_width", tools=list(STATIC_TOOLS),
-                 x_axis_label="layer", y_axis_label="edge change D_l (sum of |Δ score|)",
+    fig = figure(height=300, sizing_mode="stretch_width", tools=list(STATIC_TOOLS),
+                 x_axis_label="layer", y_axis_label="edge change D_l",
                  toolbar_location="right")
     fig.toolbar.logo = None
     fig.xaxis.ticker = BasicTicker(min_interval=1)    # whole layers
@@ -78,7 +78,9 @@ def layer_change_figure(changes: xr.DataArray, floor: xr.Dataset | None, shown: 
     for axis, ticks in ((fig.xaxis, "xticks"), (fig.yaxis, "yticks")):
         axis.axis_label_text_font_size = fonts["labels"]
         axis.major_label_text_font_size = fonts[ticks]
-    fig.add_layout(Legend(location="top_left", label_text_font_size=fonts["xticks"]), "right")
+    # under the plot, in two columns: the plot keeps the page's width at 1280 px
+    fig.add_layout(Legend(orientation="horizontal", ncols=2, label_text_font_size=fonts["xticks"],
+                          spacing=4, margin=4, padding=4), "below")
     if floor is not None:
         top = floor["noise_max"].values.astype(float)
         band = ColumnDataSource({"layer": layers, "low": np.zeros_like(top), "floor": top,
@@ -140,7 +142,7 @@ class FinetuneComparison:
                                           progress=self.progress_fn(token))
 
         self.status = (f"fine-tuning {steps} LoRA steps, then scoring each checkpoint "
-                       f"({METHOD_NAMES[method]})…")
+                       f"({METHOD_LABELS[method]})…")
         self.submit("finetune", job)
 
     def _got_checkpoints(self, ds: xr.Dataset) -> None:
@@ -198,7 +200,7 @@ class FinetuneComparison:
             floor = cl.layer_change_noise_floor(m, tasks, batch_size=len(tasks[0]), **opts)
             return key, floor
 
-        self.noise_note = (f"measuring the noise floor: {METHOD_NAMES[opts['method']]} on "
+        self.noise_note = (f"measuring the noise floor: {METHOD_LABELS[opts['method']]} on "
                            f"{NOISE_SAMPLES} prompt samples of the base model…")
         self.submit("noise", job)
 
@@ -216,7 +218,7 @@ class FinetuneComparison:
         steps = [int(s) for s in changes["checkpoint"].values]
         i = self.checkpoint if 0 < self.checkpoint < len(steps) else len(steps) - 1
         p = checkpoint_params(ck)
-        how = (f"{METHOD_NAMES.get(p.get('edge_method'), p.get('edge_method'))} on "
+        how = (f"{METHOD_LABELS.get(p.get('edge_method'), p.get('edge_method'))} on "
                f"{METRIC_NAMES.get(p.get('metric'), p.get('metric'))}, circuits of the top "
                f"{float(p.get('top_percent', 5.0)):g} % of edges")
         head = (f"**Per-layer edge change** of step {steps[i]} against step {steps[0]} "
@@ -239,7 +241,7 @@ class FinetuneComparison:
         ck = self.checkpoints
         changes = layer_changes(ck, self._model.n_layers)
         p = checkpoint_params(ck)
-        what = (f"{METHOD_NAMES.get(p.get('edge_method'), p.get('edge_method'))} on "
+        what = (f"{METHOD_LABELS.get(p.get('edge_method'), p.get('edge_method'))} on "
                 f"{METRIC_NAMES.get(p.get('metric'), p.get('metric'))}")
         return layer_change_figure(changes, self.noise_floor, int(self.checkpoint), what=what)
 
