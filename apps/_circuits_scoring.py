@@ -102,8 +102,9 @@ class CircuitScoring:
         if OWN_TASK not in self.param.task.objects:
             self.param.task.objects = [*self.param.task.objects, OWN_TASK]
         self.error = ""
-        self.task = OWN_TASK
-        self._request_scores()
+        self.task = OWN_TASK     # computed by `_task_changed` when the page has scored before
+        if not self._scoring and self._key() not in self._results:
+            self._request_scores()
         return task
 
     def prompt_tokens(self) -> list[str]:
