@@ -6,11 +6,12 @@ steps toward the smallest circuit reaching the target), the default it picks
 (`smallest_faithful_circuit`, no size cap) with its bootstrap interval over the pairs, the
 influence-pruned subset the page draws (`circuit_influence.influence_pruning`; "drawn
 nodes" are the nodes its edges join, while the page draws and labels every node of the
-circuit), and the node-level curve (`circuit_select.node_faithfulness_curve` at the fixed
-counts `NODE_SIZES`: the top-k nodes by |node score|, every other node's output patched to its
-corrupted value; "nodes for 80 %" is the first of them that reaches it). Times are wall and
-process CPU seconds of this run, with the load average beside them. One command, from the
-repository root:
+circuit), and the page's node default (`circuit_select.measured_node_curve`: the top-k nodes
+by |node score|, every other node's output patched to its corrupted value, at log-spaced
+counts then two bisection steps; `smallest_faithful_nodes` picks the smallest reaching the
+target, "nodes for 80 %", with its bootstrap interval). Times are wall and process CPU
+seconds of this run, with the load average beside them. One command, from the repository
+root:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/circuits_default.py --out /tmp/circuits_default.json
 
@@ -22,9 +23,6 @@ import argparse
 import json
 import os
 import time
-
-
-NODE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 
 def one(model, task_name: str, method: str, n_pairs: int, fraction: float, nodes: bool
@@ -67,17 +65,20 @@ def one(model, task_name: str, method: str, n_pairs: int, fraction: float, nodes
            "default_wall_s": w2 - w0, "default_cpu_s": c2 - c0,
            "n_circuits_patched": int(curve.sizes["n_edges"]),
            "load_after": os.getloadavg()[0]}
-    if nodes:
-        total = cs.node_scores(scores).sizes["node"]
-        sizes = [0, *[k for k in NODE_SIZES if k < total], total]
-        w3 = time.perf_counter()
-        nc = cs.node_faithfulness_curve(model, task, scores, sizes=sizes, batch_size=n_pairs)
-        rec = nc["recovered"].values
-        reach = [int(k) for k, r in zip(nc["n_nodes"].values, rec) if r >= fraction]
-        out.update(node_curve={int(k): round(float(r), 4) for k, r in zip(nc["n_nodes"].values,
-                                                                           rec)},
-                   nodes_for_target=reach[0] if reach else None, n_nodes_total=int(total),
-                   node_curve_wall_s=time.perf_counter() - w3)
+    if nodes:   # the page's node default: its measured node curve, refined the same way
+        w3, c3 = time.perf_counter(), time.process_time()
+        nc = cs.measured_node_curve(model, task, scores, fraction=fraction, batch_size=n_pairs)
+        nd = cs.smallest_faithful_nodes(nc, fraction)
+        nboot = cs.bootstrap_recovered(nc).sel(n_nodes=nd.n_edges)
+        out.update(node_curve={int(k): round(float(r), 4) for k, r in zip(
+                       nc["n_nodes"].values, nc["recovered"].values)},
+                   nodes_for_target=nd.n_edges if nd.reached else None,
+                   node_default=nd.n_edges, node_default_recovered=nd.recovered,
+                   node_reached=nd.reached,
+                   node_interval=[float(nboot["recovered_low"]), float(nboot["recovered_high"])],
+                   n_nodes_total=int(cs.node_scores(scores).sizes["node"]),
+                   node_curve_wall_s=time.perf_counter() - w3,
+                   node_curve_cpu_s=time.process_time() - c3)
     return out
 
 
@@ -109,7 +110,10 @@ def main() -> None:
                   f"({'reached' if r['reached'] else 'NOT reached'}); drawn "
                   f"{r['drawn_edges']} edges {r['drawn_nodes']} nodes "
                   f"({r['drawn_share']:.1%} of the influence); nodes for "
-                  f"{args.fraction:.0%}: {r.get('nodes_for_target')}; default in "
+                  f"{args.fraction:.0%}: {r.get('nodes_for_target')} "
+                  f"({r.get('node_default_recovered', float('nan')):.2f} "
+                  f"[{', '.join(f'{v:.2f}' for v in r.get('node_interval', []))}], "
+                  f"node curve {r.get('node_curve_wall_s', float('nan')):.0f} s wall); default in "
                   f"{r['default_wall_s']:.0f} s wall / {r['default_cpu_s']:.0f} s CPU, "
                   f"load {r['load_after']:.1f}", flush=True)
             with open(args.out, "w") as f:

@@ -8,7 +8,8 @@ presses Compute circuit. Then, from the page and from a recomputation here:
 - the default circuit, patched here (edge scores and patching redone in the test), recovers
   the share the page prints, and at least the target, or the caption says that no measured
   circuit does;
-- every node of that circuit (found here) is drawn and labelled;
+- every node of that circuit (found here) is drawn and labelled, and the caption's node
+  count is theirs;
 - hovering a node draws exactly its circuit edges (found here) and its strongest paths,
   which run from the input through it to the logits;
 - the share of the circuit's influence on the logits that the drawn edges carry, computed
@@ -156,6 +157,9 @@ def test_default_circuit_is_faithful_and_drawn_readably_on_smollm2(browser, gall
     labelled = {place[(x, y)]: t for x, y, t in g["labels"] if t}
     assert labelled == {c: (c.split(".")[1] if re.fullmatch(r"L\d+\.H\d+", c) else c)
                         for c in nodes}
+    assert nodes <= set(g["nodes"]["name"])
+    assert int(attribute(tab, "data-circuit-nodes")) == len(nodes)
+    assert f"all {len(nodes):,} nodes of the circuit are drawn and labelled" in caption
     drawn = set(zip(g["edges"]["src"], g["edges"]["dst"]))
     circuit_pairs = {pairs[i] for i in circuit}
     assert drawn <= circuit_pairs and 0 < len(drawn) < len(circuit_pairs)

@@ -99,7 +99,8 @@ def checkpoint_circuits(model: Model, folder: str | Path, task: Any, *,
     ds = ds.assign_coords(checkpoint=np.array(steps))
     ds.attrs = {**provenance(model, method="checkpoint-circuits", edge_method=method,
                              top_percent=top_percent, metric=metric, ig_steps=ig_steps,
-                             task=getattr(task, "name", "")),
+                             task=getattr(task, "name", ""),
+                             n_pairs=len(getattr(task, "clean", ()))),
                 "folder": str(folder), "citation": CITATION}
     return ds
 

@@ -1,0 +1,144 @@
+"""The Circuits page's exports: the code that recomputes what the page shows, the circuit
+as CSV and the picture as SVG, and the hidden state markers the browser tests read."""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+import explorer
+from apps import _circuit_graph as cg
+from apps._circuits_scoring import OWN_TASK, PROMPT_TASK
+from explorer.analyses import circuit_select as cs
+from explorer.analyses import circuits as ca
+from explorer.analyses import user_items
+
+__all__ = ["CircuitExport"]
+
+
+class CircuitExport:
+    """The export part of `apps.circuits.CircuitsView` (a mixin)."""
+
+    def code_snippet(self) -> str:
+        """Python that recomputes what the page shows: the task's pairs, the edge scores, the
+        faithfulness curve, the shown circuit (pruned) and its edges, and, with workspace
+        edits, the task metric of the edited model."""
+        scores, _, label = self._current()
+        own = self.task == OWN_TASK and self._own_task is not None
+        lines = ["import explorer", "from explorer.analyses import circuits as ca"]
+        if own:
+            lines.append("from explorer.analyses import user_items")
+        if self.edits:
+            lines.append("from explorer.analyses.user_items import continuation_token")
+        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})"]
+        if own:
+            lines.append(f"task = user_items.parse_circuit_pairs({self._own_text!r}, model, "
+                         f"name={OWN_TASK!r})")
+        elif self.task == PROMPT_TASK and not self.counterfactual.strip():
+            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, '', '', "
+                         f"answer={self.explain!r}, name={PROMPT_TASK!r})  # mean ablation")
+        elif self.task == PROMPT_TASK:
+            word, _, by = self.counterfactual.partition("=")
+            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, {word!r}, {by!r}, "
+                         f"answer={self.explain!r}, name={PROMPT_TASK!r})")
+        else:
+            lines.append(f"task = ca.make_task({self.task!r}, {self.n_prompts}, seed=0)")
+        n = "len(task)"
+        method = self._shown_method if self.scores is not None else self.method
+        lines.append(f"scores = ca.edge_scores(model, task, method={method!r}, batch_size={n})")
+        if self.curve is not None:
+            sizes = [int(v) for v in self.curve["n_edges"].values]
+            lines.append(f"curve = ca.faithfulness_curve(model, task, scores, sizes={sizes}, "
+                         f"batch_size={n})  # the faithfulness plot")
+        if self.nodes_mode():
+            lines.insert(1, "from explorer.analyses import circuit_select as cs")
+            if self.node_curve is not None:
+                k = [int(v) for v in self.node_curve["n_nodes"].values]
+                lines.append(f"node_curve = cs.node_faithfulness_curve(model, task, scores, "
+                             f"sizes={k}, batch_size={n})  # the node faithfulness plot")
+            lines.append(f"circuit = cs.node_circuit(scores, {self.n_nodes})  # the top "
+                         f"{self.n_nodes} nodes by |node score| and the edges between them")
+        elif self.mode == "top-n":
+            lines.append(f"circuit = ca.select_circuit(scores, top_n={self.n_edges})  "
+                         "# the shown circuit, pruned to input -> logits paths")
+        else:
+            lines.append(f"circuit = ca.select_circuit(scores, threshold={self.threshold!r})  "
+                         "# the shown circuit, pruned to input -> logits paths")
+        lines.append("edges = sorted(ca.circuit_edges(scores, circuit))  # (src, dst) node names")
+        if self._shown["size"] > self.max_drawn_edges:
+            lines.append(f"# the page draws the strongest {self.max_drawn_edges} of them")
+        lines.append(f"faithfulness = ca.patch_edges_metric(model, task, scores, circuit, "
+                     f"batch_size={n})  # 'Patch all shown edges'")
+        if self.edits:
+            lines += [
+                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
+                "ids = [[continuation_token(model.tokenizer, p, t) for t in (a, w)]",
+                "       for p, a, w in zip(task.clean, task.answer, task.wrong)]",
+                "",
+                "def logit_diff(edits=()):  # per pair, on the clean prompts",
+                "    last = explorer.run_with(model, task.clean, edits, positions=[-1])"
+                "['logits'][:, 0]",
+                "    return [float(last[i, a] - last[i, w]) for i, (a, w) in enumerate(ids)]",
+                "",
+                "clean, edited = logit_diff(), logit_diff(edits)  # the readout's clean vs edited"]
+        if scores is not None and scores is not self.scores:
+            lines.append(f"# the graph shows the fine-tuning checkpoint {label} "
+                         "(explorer.analyses.circuit_lora.checkpoint_circuits)")
+        return "\n".join(lines) + "\n"
+
+    def circuit_csv(self) -> str:
+        """The shown circuit's edges as CSV (source, target, score, patch effect): all of
+        them, also those the influence pruning leaves undrawn (a diff: the drawn table)."""
+        self._update_table()
+        return cg.circuit_csv(self._circuit_table if self._circuit_table is not None
+                              else self._table)
+
+    def _csv_file(self) -> io.StringIO:
+        return io.StringIO(self.circuit_csv())
+
+    def _svg_file(self) -> io.StringIO:
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        return io.StringIO(cg.circuit_svg(self._table, self.node_columns(), n_layers=L,
+                                          n_heads=H, title=self._csv.filename[:-4]))
+
+    def _state_html(self, *_: Any) -> str:
+        """Hidden markers of what the page shows (read by the browser test)."""
+        self._update_table()
+        t = self._table
+        drawn = 0 if t is None else int((~np.isin(t["status"], ["lost", "outside"])).sum())
+        metric = "none" if self.ablation is None else f"{self.ablation['metric']:.9g}"
+        edge = "none" if self.ablation is None else self.ablation["edge"]
+        n_ck = 0 if self.checkpoints is None else self.checkpoints.sizes["checkpoint"]
+        d = self._default
+        default = "none" if d is None else f"{d.n_edges} {d.n_kept} {d.recovered:.9g} {int(d.reached)}"
+        interval = self.default_interval() if d is not None else None
+        interval = "none" if interval is None else f"{interval[0]:.9g} {interval[1]:.9g}"
+        e = self.edited
+        edited = "none" if e is None else f"{e['clean_metric']:.9g} {e['edited_clean_metric']:.9g}"
+        nd = self._node_default
+        node_default = ("none" if nd is None else
+                        f"{nd.n_edges} {nd.recovered:.9g} {int(nd.reached)}")
+        c = self.circuit_patch
+        patched = "none" if c is None else f"{c['n_shown']} {c['metric']:.9g} {c['recovered']:.9g}"
+        return (f"<div class='circuit-state' data-circuit-scores="
+                f"'{'ready' if self.scores is not None else 'none'}' "
+                f"data-circuit-method='{self.method}' "
+                f"data-circuit-edges='{drawn}' data-circuit-size='{self._shown['size']}' "
+                f"data-circuit-chosen='{self._shown['chosen']}' data-circuit-mode='{self.mode}' "
+                f"data-circuit-fraction='{self.fraction:.6g}' data-circuit-default='{default}' "
+                f"data-circuit-cap='{self.max_default_edges}' "
+                f"data-circuit-interval='{interval}' "
+                f"data-circuit-share='{self.influence_share():.9g}' "
+                f"data-circuit-nodes='{len(self._circuit_nodes())}' "
+                f"data-circuit-selected='{self.selected}' "
+                f"data-circuit-outside='{len(self._outside)}' "
+                f"data-circuit-metric='{metric}' "
+                f"data-circuit-ablated='{edge}' data-circuit-redraw-ms='{self.redraw_ms:.1f}' "
+                f"data-circuit-redraw-cpu-ms='{self.redraw_cpu_ms:.1f}' "
+                f"data-circuit-edited='{edited}' data-circuit-patched-all='{patched}' "
+                f"data-circuit-granularity='{self.granularity}' "
+                f"data-circuit-n-nodes='{self.n_nodes}' "
+                f"data-circuit-node-default='{node_default}' "
+                f"data-circuit-floor='{'ready' if self.noise_floor is not None else 'none'}' "
+                f"data-circuit-checkpoints='{n_ck}'></div>")

@@ -1,0 +1,288 @@
+"""The Circuits page's tasks and scoring: the task's pairs (generated, the user's own, or
+the sidebar prompt against its counterfactual), the edge-scoring job (EAP / EAP-IG, then the
+measured faithfulness curve), the node curve's job, and showing a result (a method or task
+switch shows a computed one at once)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+import explorer
+from apps import _circuit_graph as cg
+from apps import theme
+from apps._session import CancelToken
+from apps._circuits_curve import page_curve_sizes
+from explorer._checks import InputError
+from explorer.analyses import circuit_select as cs
+from explorer.analyses import circuits as ca
+from explorer.analyses import user_items
+from explorer.interventions import Edit
+
+__all__ = ["METHOD_LABELS", "OWN_TASK", "PROMPT_TASK", "task_logit_diff", "default_task",
+           "CircuitScoring"]
+
+METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
+OWN_TASK = "your pairs"  # the task of the user's own prompt pairs (the "Your own" box)
+PROMPT_TASK = "your prompt"  # the sidebar prompt against its counterfactual
+
+
+def task_logit_diff(model: explorer.Model, task: ca.CircuitTask, *,
+                    edits: list[Edit] | tuple = ()) -> dict[str, np.ndarray]:
+    """The task's metric in the full model, with ``edits`` applied (`explorer.run_with`): per
+    pair, the logit of the answer's first token minus the wrong answer's at the last
+    position (the tokens `explorer.analyses.circuits` reads), on the clean and on the
+    corrupted prompts. Returns ``{"clean": [prompt], "corrupt": [prompt]}``."""
+    ids = np.array([[user_items.continuation_token(model.tokenizer, p, t) for t in (a, w)]
+                    for p, a, w in zip(task.clean, task.answer, task.wrong)])   # [prompt, 2]
+    rows = np.arange(len(ids))
+    out = {}
+    for which in ("clean", "corrupt"):
+        logits = explorer.run_with(model, getattr(task, which), list(edits), positions=[-1])
+        last = logits["logits"].values[:, 0].astype(np.float64)   # [prompt, vocab]
+        out[which] = last[rows, ids[:, 0]] - last[rows, ids[:, 1]]
+    return out
+
+
+def default_task(model: explorer.Model, n_prompts: int = 8) -> str:
+    """The page's first task: ``ioi`` (SmolLM2 answers 62 of 64 pairs right), unless the
+    model's tokenizer splits one of its first ``n_prompts`` clean / corrupted pairs into
+    different lengths (a small test tokenizer): then ``add``."""
+    task = ca.make_task("ioi", max(1, int(n_prompts)), seed=0)
+    clean, corrupt = model.tokenize(list(task.clean)), model.tokenize(list(task.corrupt))
+    return "ioi" if list(clean.lengths) == list(corrupt.lengths) else "add"
+
+
+class CircuitScoring:
+    """The scoring part of `apps.circuits.CircuitsView` (a mixin): which pairs, which
+    result, the jobs that compute them and what a result sets on the page."""
+
+    def _key(self, method: str | None = None) -> tuple:
+        if self.task == OWN_TASK:   # every paste is its own task
+            n = len(self._own_task) if self._own_task is not None else 0
+            return ((OWN_TASK, self._own_version), n, method or self.method)
+        if self.task == PROMPT_TASK:
+            return ((PROMPT_TASK, self.prompt, self.counterfactual, self.explain), 1,
+                    method or self.method)
+        return (self.task, self.n_prompts, method or self.method)
+
+    def _task_data(self, name: str, n: int, *, seed: int = 0) -> ca.CircuitTask:
+        """The pairs of the task ``name``: the user's (`use_own`), or ``n`` generated ones."""
+        if name == PROMPT_TASK:
+            word, eq, by = self.counterfactual.partition("=")
+            if not self.counterfactual.strip():   # no counterfactual: the mean baseline
+                return ca.prompt_task(self._model, self.prompt, "", "", answer=self.explain,
+                                      name=PROMPT_TASK)
+            if not eq:
+                raise InputError("the task 'your prompt' needs a counterfactual: a word of the "
+                                 "prompt and its replacement, e.g. 'John=Paul' (or none, for "
+                                 f"mean ablation); got {self.counterfactual!r}.")
+            return ca.prompt_task(self._model, self.prompt, word, by, answer=self.explain,
+                                  name=PROMPT_TASK)
+        if name == OWN_TASK:
+            if self._own_task is None:
+                raise InputError(f"the task {OWN_TASK!r} has no pairs yet: paste them in "
+                                 "'Your own prompt pairs' and press Use.")
+            return self._own_task
+        return ca.make_task(name, n, seed=seed)
+
+    def use_own(self, text: str) -> ca.CircuitTask | None:
+        """Parse the user's prompt pairs (`user_items.parse_circuit_pairs`, checked against the
+        model's tokenizer), make them the task and compute their circuit; bad text shows the
+        parser's one-line message and keeps the current result."""
+        try:
+            task = user_items.parse_circuit_pairs(text, self._model, name=OWN_TASK)
+        except InputError as e:
+            self.show_error(e)
+            return None
+        self._own_task = task
+        self._own_text = text
+        self._own_version += 1
+        if OWN_TASK not in self.param.task.objects:
+            self.param.task.objects = [*self.param.task.objects, OWN_TASK]
+        self.error = ""
+        self.task = OWN_TASK     # computed by `_task_changed` when the page has scored before
+        if not self._scoring and self._key() not in self._results:
+            self._request_scores()
+        return task
+
+    def prompt_tokens(self) -> list[str]:
+        """The prompt's tokens as the model sees them (spaces shown), for the token strip."""
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        return [theme.show_token(self._model.tokenizer.decode([i])) for i in ids]
+
+    def click_token(self, pos: int) -> None:
+        """Pick token ``pos`` of the prompt as the word the counterfactual replaces (what a
+        click on the token strip does); the counterfactual becomes ``word=replacement``."""
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        pos = int(pos)
+        if not 0 <= pos < len(ids):
+            raise InputError(f"`pos` must be a token position of the prompt in "
+                             f"[0, {len(ids) - 1}]; got {pos}.")
+        word = self._model.tokenizer.decode([ids[pos]]).strip()
+        if not word:
+            raise InputError(f"token {pos} of the prompt is whitespace; click a word.")
+        self._clicked_word = word
+        if list(self._strip.selected) != [pos]:
+            self._strip.selected = [pos]
+        self._set_counterfactual()
+
+    def _token_clicked(self, event: Any) -> None:
+        new = [p for p in event.new if p not in event.old]
+        if not new:            # a click on the picked token again: keep it picked
+            if not event.new and self._clicked_word:
+                self._strip.selected = list(event.old)
+            return
+        try:
+            self.click_token(new[-1])
+        except InputError as e:
+            self.show_error(e)
+            self._strip.selected = list(event.old)
+
+    def _set_counterfactual(self) -> None:
+        if self._clicked_word:
+            self.counterfactual = f"{self._clicked_word}={self.replacement.strip()}"
+
+    def _prompt_changed(self) -> None:
+        self._clicked_word = ""
+        self._strip.param.update(tokens=self.prompt_tokens(), selected=[])
+
+    def _other_method(self) -> str:
+        return next(m for m in ca.METHODS if m != self.method)
+
+    def _request_node_curve(self) -> None:
+        """Measure the node-level faithfulness curve of the shown scores
+        (`circuit_select.measured_node_curve`) in a worker."""
+        key, task, scores = self._key(self._shown_method), self._task, self.scores
+        if scores is None or task is None:
+            return
+        m, fraction = self._model, self.fraction
+
+        def job(token: CancelToken):
+            curve = cs.measured_node_curve(m, task, scores, fraction=fraction,
+                                           batch_size=len(task),
+                                           progress=self.progress_fn(token), check=token.check)
+            return key, curve
+
+        self.status = f"patching node circuits ({len(task)} pairs)…"
+        self.submit("nodes", job)
+
+    def _got_node_curve(self, result: tuple) -> None:
+        key, curve = result
+        self._node_curves[key] = curve
+        if key == self._key() and self.scores is not None:
+            self.node_curve = curve
+            self._set_node_default()
+            self._sync_slider()
+            d = self._node_default
+            self.status = (f"node curve measured: {d.n_edges} nodes recover {d.recovered:.0%}"
+                           if d is not None else "node curve measured")
+
+    def _request_scores(self, method: str | None = None) -> None:
+        m, task_name = self._model, self.task
+        method = method or self.method
+        key = self._key(method)
+        try:
+            task = self._task_data(task_name, self.n_prompts)
+        except InputError as e:
+            self.show_error(e)
+            return
+        n = len(task)
+
+        fraction, cap = self.fraction, self.max_default_edges
+
+        def job(token: CancelToken):
+            scores = ca.edge_scores(m, task, method=method, batch_size=n,
+                                    progress=self.progress_fn(token))
+            token.check()
+            curve = cs.measured_default_curve(m, task, scores, fraction=fraction,
+                                              sizes=page_curve_sizes(scores, cap),
+                                              batch_size=n, progress=self.progress_fn(token),
+                                              check=token.check)
+            return key, task, scores, curve
+
+        self.status = f"scoring edges ({METHOD_LABELS[method]}, {n} {task_name} pairs)…"
+        self._scoring = True
+        self.submit("scores", job)
+
+    def _got_scores(self, result: tuple) -> None:
+        key, task, scores, curve = result
+        self._scoring = False
+        # the first result of a task and prompt count opens on the default circuit; the
+        # other method's, arriving after a toggle, keeps the size shown (a fair comparison)
+        first = not any(k[:2] == key[:2] for k in self._results if k != key)
+        self._results[key] = (task, scores, curve)
+        if key == self._key():
+            self._show(key, default=first)
+        elif key == self._key(self._other_method()):
+            self.other_scores = scores
+            self.status = f"{METHOD_LABELS[key[2]]} scores ready for the diff"
+
+    def _show(self, key: tuple, *, default: bool) -> None:
+        """Make the result ``key`` the page's: scores, curve, order; the first result also
+        fixes the layout (heads by score mass), which no later result changes."""
+        task, scores, curve = self._results[key]
+        self._task = task
+        self._shown_method = key[2]
+        self._circuit_cache.clear()
+        self._influence_cache.clear()
+        self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
+        if not self._layout_from:
+            self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
+        other = self._results.get((key[0], key[1], self._other_method()))
+        self.param.n_edges.bounds = (0, scores.sizes["edge"])
+        node_curve = self._node_curves.get(key)
+        with self._sizing_by_page():
+            self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
+                              curve=curve, ablation=None, node_curve=node_curve,
+                              other_scores=None if other is None else other[1])
+        if node_curve is None and self.nodes_mode():
+            self._request_node_curve()
+        if default:
+            self._set_default_size()
+        else:
+            self._default = cs.smallest_faithful_circuit(curve, self.fraction,
+                                                         max_edges=self.max_default_edges)
+            self._sync_slider()
+        self.status = (f"{scores.sizes['edge']:,} edges scored ({METHOD_LABELS[key[2]]}); "
+                       f"clean metric {scores.attrs['clean_metric']:.3f}, corrupted "
+                       f"{scores.attrs['corrupt_metric']:.3f}")
+        self._request_edited()
+
+    def _set_layout(self, scores: xr.Dataset, label: str) -> None:
+        L, H = self._model.n_layers, self._model.spec.n_heads
+        self._pos = cg.node_positions(L, H, cg.head_mass_order(scores, L, H))
+        self._pos_version += 1
+        self._frame_key = None
+        self._layout_from = label
+        self._refresh_nodes(force=True)
+
+    def _method_changed(self, *_: Any) -> None:
+        """EAP <-> EAP-IG: a result already computed is shown at once (same size, same
+        layout); else it is computed when any result has been (else on the button)."""
+        if self._key() in self._results:
+            self._show(self._key(), default=False)
+        elif self._results or self._scoring:
+            self._request_scores()
+        else:
+            self.status = f"Press **Compute circuit** to score the edges ({METHOD_LABELS[self.method]})."
+
+    def _task_changed(self, *_: Any) -> None:
+        """Another task or prompt count: a result already computed is shown at once; else,
+        once the page has scored (or is scoring) anything, the new one is computed (a link or
+        a state file that names the task opens on its graph); else on the button."""
+        if self._key() in self._results:
+            self._show(self._key(), default=False)
+        elif (self._results or self._scoring) and not (
+                self.task == OWN_TASK and self._own_task is None):
+            self._request_scores()
+
+    def _diff_changed(self, *_: Any) -> None:
+        """The diff against the other method needs its scores: computed if missing."""
+        if self.diff and self.diff_against == "other attribution" and self.scores is not None:
+            other = self._key(self._other_method())
+            if other in self._results:
+                self.other_scores = self._results[other][1]
+            else:
+                self._request_scores(self._other_method())
