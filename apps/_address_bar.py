@@ -14,6 +14,8 @@ from apps._session import served_document
 from explorer._checks import ExplorerError
 from explorer.workspace import Workspace, read_link, workspace_link
 
+__all__ = ["AddressBar", "LinksPart"]
+
 
 class AddressBar(JSComponent):
     """The browser's address bar kept equal to the view, in the browser itself.

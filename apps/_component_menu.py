@@ -13,6 +13,8 @@ from explorer._checks import ExplorerError, InputError, check_choice
 from explorer.interventions import Ablate, Scale
 from explorer.workspace import edit_label
 
+__all__ = ["JUICE_NOTE", "ComponentMenuPart"]
+
 
 # The component menu's actions: name -> (button label, css class, tooltip). Which apply to a
 # component is `Gallery.menu_actions`; the css classes are what a browser test clicks.

@@ -18,6 +18,8 @@ from explorer import components
 from explorer._checks import InputError, check_choice
 from explorer.analyses import conflicts as C
 
+__all__ = ["JUICE_SETS", "HeadsPart"]
+
 
 JUICE_SETS = {"enhance": "heads_plus", "suppress": "heads_minus"}
 """`ConflictsView.add_to_juice`'s ``which`` and the head set it fills."""

@@ -17,6 +17,12 @@ from apps._view import STATIC_TOOLS
 from explorer import components
 from explorer.analyses import conflicts as C
 
+__all__ = ["head_name", "parse_head", "HEATMAP_CAPTION", "SCATTER_CAPTION", "ALPHA_NOTE",
+           "plot_head_heatmap", "selected_heads_in", "plot_selected_heads", "prompts_note",
+           "plot_head_scatter", "answer_bars_data", "plot_answer_bars", "edited_title",
+           "NO_HEADS_NOTE", "bars_caption", "split_time_left", "edited_bars_caption",
+           "accuracy_table"]
+
 hv.extension("bokeh", logo=False)
 
 

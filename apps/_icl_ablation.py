@@ -14,6 +14,8 @@ from apps._icl_scores import _waiting
 from apps._session import CancelToken
 from explorer.analyses import icl_heads as ih
 
+__all__ = ["plot_ablation_curves", "ablation_caption", "AblationPart"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -21,6 +21,12 @@ from apps._view import STATIC_TOOLS
 from explorer._checks import InputError
 from explorer.analyses import task_vector_patching as tvp
 
+__all__ = ["FOLLOWS_A", "FOLLOWS_B", "DEFAULT_CONFLICT_TASKS", "default_conflict_layers",
+           "parse_layers", "layers_text", "conflict_matrix", "plot_conflict_matrix",
+           "plot_conflict_controls", "FOLLOWS_B_NULL", "plot_conflict_layers", "conflict_caption",
+           "DEFAULT_PATCHING_TASKS", "MEAN_OVER_TASKS", "plot_patching", "patching_caption",
+           "PatchingPart"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -20,6 +20,9 @@ from apps._view import STATIC_TOOLS
 from explorer import components
 from explorer.analyses import icl_heads as ih
 
+__all__ = ["selected_heads", "plot_head_scatter", "scatter_caption", "plot_score_heatmaps",
+           "plot_attention", "OPEN_BUDGET_S", "estimated_score_seconds", "ScoresPart"]
+
 hv.extension("bokeh", logo=False)
 
 

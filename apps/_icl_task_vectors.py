@@ -17,6 +17,9 @@ from apps._session import CancelToken
 from apps._view import STATIC_TOOLS
 from explorer.analyses import task_vectors as tv
 
+__all__ = ["plot_td", "td_caption", "plot_projection", "plot_finetune_td", "fv_caption",
+           "TaskVectorsPart"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -16,6 +16,8 @@ from apps._lens_heatmap import (_SHAPE_COLUMNS, _update_source, edited_caption, 
                                 plot_lens_heatmap, plot_positions, plot_shape)
 from apps._view import STATIC_TOOLS
 
+__all__ = ["DrawingPart"]
+
 hv.extension("bokeh", logo=False)
 
 

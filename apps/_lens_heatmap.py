@@ -18,6 +18,10 @@ from apps._lens_tables import _LABEL_CHARS, _text_colors, lens_table, steering_s
 from apps._positions import column_boxes, position_outlines, shown_positions
 from apps._view import STATIC_TOOLS
 
+__all__ = ["is_preview", "lens_title", "edited_title", "extra_labels", "edited_caption",
+           "moved_cells", "plot_lens_heatmap", "plot_shape", "lens_tokens", "plot_positions",
+           "heatmap_columns", "heatmap_updates", "lens_digest", "details_html"]
+
 hv.extension("bokeh", logo=False)
 
 

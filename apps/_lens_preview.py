@@ -19,6 +19,8 @@ from apps._lens_heatmap import is_preview
 from apps._lens_tables import contrast_prompts
 from apps._session import CancelToken, Cancelled
 
+__all__ = ["slider_preview_times", "PreviewPart"]
+
 hv.extension("bokeh", logo=False)
 
 

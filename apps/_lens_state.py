@@ -19,6 +19,8 @@ from apps._lens_tables import contrast_prompts, lens_grid_table
 from apps._session import user_message
 from explorer._checks import InputError, check_float, check_int
 
+__all__ = ["STATE_FORMAT", "STATE_FORMAT_VERSION", "StatePart"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -15,6 +15,9 @@ from apps import theme
 from explorer._checks import InputError, check_prompts
 from explorer.trace import trace as trace_sites
 
+__all__ = ["MAX_LENS_TOKENS", "contrast_prompts", "contrast_vector", "check_lens_prompt",
+           "lens_grid_table", "lens_table", "steering_summary"]
+
 hv.extension("bokeh", logo=False)
 
 

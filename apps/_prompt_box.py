@@ -11,6 +11,8 @@ from apps import theme
 from explorer._checks import InputError
 from explorer.workspace import MAX_PROMPT_CHARS
 
+__all__ = ["MAX_PROMPT_TOKENS", "PromptBoxPart"]
+
 
 MAX_PROMPT_TOKENS = 2048
 """The longest prompt the sidebar takes, in tokens (less when the model's context is shorter);

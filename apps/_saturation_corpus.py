@@ -20,6 +20,10 @@ from apps._session import CancelToken
 from explorer._checks import ExplorerError
 from explorer.analyses import saturation as sat
 
+__all__ = ["tau_histogram_data", "plot_tau_histogram", "tau_caption", "plot_probe_accuracy",
+           "probe_caption", "pareto_markers", "plot_pareto", "pareto_caption", "OPEN_BUDGET_S",
+           "estimated_seconds", "CorpusPart"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -16,6 +16,10 @@ import xarray as xr
 from apps import theme
 from apps._saturation_strip import TokenStrip, strip_tokens
 
+__all__ = ["detail_data", "detail_header", "empty_detail", "steps_mid", "DETAIL_GLYPHS",
+           "detail_columns", "rank_table_elements", "staircase_elements", "plot_rank_table",
+           "plot_staircase", "DetailPart"]
+
 hv.extension("bokeh", logo=False)
 
 

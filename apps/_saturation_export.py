@@ -15,6 +15,8 @@ from apps._saturation_corpus import _WEIGHTS
 from explorer._checks import InputError, check_choice
 from explorer.defaults import DEFAULT_MODEL
 
+__all__ = ["click_latency", "export_figures"]
+
 
 if TYPE_CHECKING:   # the page imports this module to re-export it
     from apps.saturation import SaturationView

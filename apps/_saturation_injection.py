@@ -16,6 +16,8 @@ from apps import theme
 from apps._session import CancelToken
 from explorer.analyses import saturation as sat
 
+__all__ = ["plot_intervention", "InjectionPart"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -24,6 +24,9 @@ from explorer._checks import check_prompts
 from explorer.analyses import saturation as sat
 from explorer.interventions import Edit
 
+__all__ = ["PROMPT_RANKS", "prompt_table", "changed_cells", "edited_title", "prompt_caption",
+           "LABELLED_POSITIONS", "plot_prompt_saturation", "prompt_saturation", "PromptPart"]
+
 hv.extension("bokeh", logo=False)
 
 

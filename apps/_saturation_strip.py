@@ -10,6 +10,8 @@ import xarray as xr
 
 from apps import theme
 
+__all__ = ["TokenStrip", "strip_tokens"]
+
 hv.extension("bokeh", logo=False)
 
 

@@ -39,8 +39,10 @@ from apps import theme
 from apps._session import (CancelToken, Runner, jobs_running, schedule, served_document,
                            user_message)
 from explorer.defaults import DEFAULT_MODEL
+from explorer.interventions import Edit
 
-__all__ = ["View", "Scope", "scope_line", "serve", "STATIC_TOOLS", "ZOOM_TOOLS", "netcdf_ready",
+__all__ = ["View", "Scope", "scope_line", "serve", "STATIC_TOOLS", "workspace_edits",
+           "workspace_selection", "workspace_positions", "ZOOM_TOOLS", "netcdf_ready",
            "dataset_tables", "read_export", "EXPORT_FORMAT", "NETCDF_ENGINE", "JSON_ATTRS"]
 
 EXPORT_FORMAT = "explorer-page-data"
@@ -438,6 +440,25 @@ class View(pn.viewable.Viewer):
         lines.append(f"# {type(self).__name__} is built on the calls imported above; {path} shows "
                      "how it makes them.")
         return "\n".join(lines) + "\n"
+
+# -- the workspace's lists a page follows (the gallery keeps them equal to the workspace's) ----
+
+def workspace_edits(*, doc: str) -> param.List:
+    """A page's ``edits`` Parameter: the workspace's edit stack (intervention records);
+    ``doc`` says what they change on the page."""
+    return param.List(default=[], item_type=Edit, precedence=-1, doc=doc)
+
+
+def workspace_selection(*, doc: str) -> param.List:
+    """A page's ``highlighted`` Parameter: the workspace's selected components (``L3.H1``)."""
+    return param.List(default=[], item_type=str, precedence=-1, doc=doc)
+
+
+def workspace_positions(*, doc: str) -> param.List:
+    """A page's ``selected_positions`` Parameter: the workspace's selected token positions
+    (0-based)."""
+    return param.List(default=[], item_type=int, precedence=-1, doc=doc)
+
 
 def scope_line(view: Any) -> str:
     """The header line of ``view``'s scope, "**on:** your prompt · **edits:** applied";

@@ -14,6 +14,8 @@ from apps import theme
 from explorer import components
 from explorer._checks import InputError
 
+__all__ = ["PAGE_SELECTIONS", "SharingPart"]
+
 
 # A page's "Your own" box whose text travels in the workspace (`Workspace.items`), by page
 # slug: the name of a page parameter holding the text, else of the page's

@@ -13,6 +13,8 @@ from explorer import components
 from explorer._checks import ExplorerError, InputError
 from explorer.workspace import Workspace, check_settings
 
+__all__ = ["WorkspaceSidebarPart"]
+
 
 # The chips of the sidebar selection: Choices.js's search box is hidden (see the module
 # docstring); the list still opens on a click, and a chip's ✕ still removes it.

@@ -27,7 +27,7 @@ import explorer
 from apps import theme
 from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
 from apps._session import CancelToken
-from apps._view import Scope, View, serve
+from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer import components
 from explorer._checks import InputError, check_prompts
 from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
@@ -174,15 +174,14 @@ class AtlasView(View):
                            doc="The per-head score drawn as a heatmap.")
     selected = param.String(default="", label="Selected head",
                             doc="The head last clicked (L<layer>.H<head>).")
-    highlighted = param.List(default=[], item_type=str, precedence=-1,
-                             doc="Components outlined (the workspace selection).")
+    highlighted = workspace_selection(doc="Components outlined (the workspace selection).")
     atlas = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                 doc="The head atlas shown.")
     own = param.List(default=[], precedence=-1,
                      doc="Results the page computed itself (attention statistics, induction).")
-    edits = param.List(default=[], item_type=Edit, precedence=-1,
-                       doc="Workspace edits: the page's own scores (attention statistics of the "
-                           "prompt, induction scores) are computed on the model with them applied.")
+    edits = workspace_edits(doc="Workspace edits: the page's own scores (attention statistics of "
+                                "the prompt, induction scores) are computed on the model with "
+                                "them applied.")
 
     link_params = ("score",)
 

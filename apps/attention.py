@@ -30,7 +30,8 @@ from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_t
                                  selected_outlines)
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve
+from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions,
+                        workspace_selection)
 from explorer import components
 from explorer._checks import InputError, check_prompts
 from explorer.interventions import Edit
@@ -301,15 +302,13 @@ class AttentionView(View):
                          doc="Head (within the layer) that is enlarged.")
     selected = param.String(default="L0.H0", label="Enlarged head",
                             doc="The enlarged head, spelled L<layer>.H<head>; type one to pick it.")
-    selected_positions = param.List(default=[], item_type=int, precedence=-1,
-                                    doc="Selected token positions of the prompt (0-based; the "
-                                        "workspace's in the gallery), outlined on the head.")
-    highlighted = param.List(default=[], item_type=str, precedence=-1,
-                             doc="Components to outline on the grid (the workspace selection; "
-                                 "heads are drawn, other components skipped).")
-    edits = param.List(default=[], item_type=Edit, precedence=-1,
-                       doc="Workspace edits (intervention records): the patterns are those of the "
-                           "model with them applied.")
+    selected_positions = workspace_positions(doc="Selected token positions of the prompt "
+                                                 "(0-based; the workspace's in the gallery), "
+                                                 "outlined on the head.")
+    highlighted = workspace_selection(doc="Components to outline on the grid (the workspace "
+                                          "selection; heads are drawn, other components skipped).")
+    edits = workspace_edits(doc="Workspace edits (intervention records): the patterns are those "
+                                "of the model with them applied.")
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                  doc="The last good trace (attn_pattern of the prompt).")
     seconds = param.Number(default=None, allow_None=True, precedence=-1,

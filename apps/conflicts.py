@@ -43,11 +43,10 @@ from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, S
 from apps._controls import OwnItems, labelled, tip
 from apps._heads_heatmap import on_head_click
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 from explorer.analyses import user_items
-from explorer.interventions import Edit
 
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
            "answer_bars_data", "bars_caption", "edited_bars_caption", "edited_title",
@@ -103,14 +102,14 @@ class ConflictsView(HeadsPart, View):
                           doc="juice: the dual run (run 1 records the heads' outputs, run 2 adds "
                               "them); single: each head scaled in place by 1 + α_l or 1 − α_s.")
 
-    highlighted = param.List(default=[], item_type=str, precedence=-1,
-                             doc="Components to outline (the workspace selection): its heads are "
-                                 "outlined dashed on the heatmap and ringed on the scatter.")
+    highlighted = workspace_selection(doc="Components to outline (the workspace selection): its "
+                                          "heads are outlined dashed on the heatmap and ringed on"
+                                          " the scatter.")
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     bar_rows = param.List(default=None, allow_None=True, precedence=-1)
-    edits = param.List(default=[], item_type=Edit, precedence=-1,
-                       doc="Workspace edits (intervention records): with any, a second bar chart "
-                           "shows the answer probabilities on the model with them applied.")
+    edits = workspace_edits(doc="Workspace edits (intervention records): with any, a second bar "
+                                "chart shows the answer probabilities on the model with them "
+                                "applied.")
     edited_rows = param.List(default=None, allow_None=True, precedence=-1,
                              doc="The answer bars' rows on the edited model; None without edits.")
     accuracy = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)

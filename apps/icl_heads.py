@@ -32,11 +32,10 @@ from apps._icl_scores import (OPEN_BUDGET_S, ScoresPart, estimated_score_seconds
                               selected_heads)
 from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_td,
                                     plot_projection, plot_td, td_caption)
-from apps._view import Scope, View, serve
+from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import user_items
-from explorer.interventions import Edit
 
 __all__ = ["ICLHeadsView", "plot_head_scatter", "plot_score_heatmaps", "plot_attention",
            "plot_ablation_curves", "ablation_caption", "plot_td", "plot_projection", "plot_finetune_td",
@@ -131,12 +130,10 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
     patching = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                    precedence=-1,
                                    doc="The last patching test (`task_vector_patching`).")
-    edits = param.List(default=[], item_type=Edit, precedence=-1,
-                       doc="The workspace's edits: the induction scores, the attention and the "
-                           "ablation curves are of the edited model.")
-    highlighted = param.List(default=[], item_type=str, precedence=-1,
-                             doc="Components outlined on the scatter and heatmaps (the "
-                                 "workspace selection).")
+    edits = workspace_edits(doc="The workspace's edits: the induction scores, the attention and "
+                                "the ablation curves are of the edited model.")
+    highlighted = workspace_selection(doc="Components outlined on the scatter and heatmaps (the "
+                                          "workspace selection).")
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
     curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)

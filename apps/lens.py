@@ -37,7 +37,7 @@ from apps._lens_tables import (MAX_LENS_TOKENS, check_lens_prompt, contrast_prom
                                contrast_vector, lens_grid_table, lens_table, steering_summary)
 from apps._positions import PagePositions, position_caption
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions
 from explorer._checks import InputError
 from explorer.interventions import Edit
 from explorer.lens import preview_vocabulary
@@ -95,12 +95,11 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                                       "once the exact result of the released value is in.")
     plot_version = param.Integer(default=0, precedence=-1,
                                  doc="Bumped when the heatmap must be built anew (a new shape).")
-    edits = param.List(default=[], item_type=Edit, precedence=-1,
-                       doc="Workspace edits (intervention records): with any, a second "
-                           "heatmap shows the lens with them applied after the steering.")
-    selected_positions = param.List(default=[], item_type=int, precedence=-1,
-                                    doc="Selected token positions of the prompt (0-based; the "
-                                        "workspace's in the gallery), outlined on the heatmaps.")
+    edits = workspace_edits(doc="Workspace edits (intervention records): with any, a second "
+                                "heatmap shows the lens with them applied after the steering.")
+    selected_positions = workspace_positions(doc="Selected token positions of the prompt "
+                                                 "(0-based; the workspace's in the gallery), "
+                                                 "outlined on the heatmaps.")
     edited_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                         precedence=-1,
                                         doc="The lens with `edits` (and the steering) applied; "

@@ -52,10 +52,9 @@ from apps._saturation_prompt import (LABELLED_POSITIONS, PROMPT_RANKS, PromptPar
                                      edited_title, plot_prompt_saturation, prompt_caption,
                                      prompt_saturation, prompt_table)
 from apps._saturation_strip import TokenStrip, strip_tokens
-from apps._view import Scope, View, serve
+from apps._view import Scope, View, serve, workspace_edits, workspace_positions
 from explorer._checks import ExplorerError
 from explorer.analyses import saturation as sat
-from explorer.interventions import Edit
 from explorer.models import token_text
 
 __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "detail_header",
@@ -103,9 +102,9 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
     k = param.Integer(default=5, bounds=(1, 10), label="Top-k",
                       doc="Ranks shown in the detail and used by the order test.")
     selected = param.Integer(default=-1, precedence=-1, doc="Clicked token position.")
-    selected_positions = param.List(default=[], item_type=int, precedence=-1,
-                                    doc="Selected token positions of the prompt (0-based; the "
-                                        "workspace's in the gallery), outlined on its heatmaps.")
+    selected_positions = workspace_positions(doc="Selected token positions of the prompt "
+                                                 "(0-based; the workspace's in the gallery), "
+                                                 "outlined on its heatmaps.")
     theta_margin = param.Number(default=0.5, bounds=(0.0, 1.0), step=0.02, label="Margin θ",
                                 doc="Softmax-margin exit threshold: exit once p1 − p2 ≥ θ.")
     theta_cosine = param.Number(default=0.99, bounds=(0.5, 1.0), step=0.0005, label="Cosine θ",
@@ -127,9 +126,8 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
 
     result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     intervention = param.Dict(default=None, allow_None=True, precedence=-1)
-    edits = param.List(default=[], item_type=Edit, precedence=-1,
-                       doc="Workspace edits (intervention records): with any, a second heatmap "
-                           "shows the prompt's saturation layers with them applied.")
+    edits = workspace_edits(doc="Workspace edits (intervention records): with any, a second "
+                                "heatmap shows the prompt's saturation layers with them applied.")
     prompt_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                         precedence=-1,
                                         doc="`saturation_layers` of the prompt, unedited.")

@@ -626,3 +626,22 @@ def test_no_page_builds_its_own_progress_bar():
                 if ast.unparse(value or ast.Constant(None)) == "self.param.progress":
                     offenders.append(f"apps/{path.name}:{node.lineno}")
     assert offenders == []
+
+
+def test_the_workspace_lists_of_every_page_have_the_types_the_gallery_sets():
+    from explorer.interventions import Edit
+
+    kinds = {"edits": Edit, "highlighted": str, "selected_positions": int}
+    seen = set()
+    for name in _view_modules():
+        module = importlib.import_module(f"apps.{name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not issubclass(cls, View):
+                continue
+            for pname, kind in kinds.items():
+                if pname in cls.param:
+                    p = cls.param[pname]
+                    assert isinstance(p, param.List) and p.item_type is kind, (cls, pname)
+                    assert p.default == [] and p.precedence == -1 and p.doc, (cls, pname)
+                    seen.add(pname)
+    assert seen == set(kinds)
