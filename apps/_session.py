@@ -96,6 +96,25 @@ class SessionHooks:
     on_remote_status: Callable[[Any], None] | None = None
     runners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     release_on_close: bool = False   # a closed session gives its memory back (bind_session)
+    on_active: Callable[[int], None] | None = None
+    """Hears the number of the session's background jobs submitted and not yet finished
+    (waiting in the heavy-job queue or running), on the session's event loop, each time
+    it changes (the sidebar's stop button follows it)."""
+    active: int = 0
+    _active_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def job_started(self, doc: Any) -> None:
+        self._count(doc, +1)
+
+    def job_ended(self, doc: Any) -> None:
+        self._count(doc, -1)
+
+    def _count(self, doc: Any, delta: int) -> None:
+        with self._active_lock:
+            self.active += delta
+            now = self.active
+        if self.on_active is not None:
+            schedule(doc, lambda: self.on_active(now) if self.on_active is not None else None)
 
     def stop_all(self) -> int:
         """Cancel every running job of the session; returns how many were running."""
@@ -258,10 +277,14 @@ class Runner:
         with self._lock:
             self._timer = timer
         timer.start()
+        hooks = session_hooks(doc)
+        hooks.job_started(doc)
         if self.heavy:
-            self._future = _HEAVY_EXECUTOR.submit(self._run_queued, job, token, doc)
+            future = _HEAVY_EXECUTOR.submit(self._run_queued, job, token, doc)
         else:
-            self._future = _EXECUTOR.submit(self._run, job, token, doc)
+            future = _EXECUTOR.submit(self._run, job, token, doc)
+        self._future = future
+        future.add_done_callback(lambda _f: hooks.job_ended(doc))   # run, failed or cancelled
         return token
 
     def cancel(self) -> None:

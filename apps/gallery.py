@@ -181,6 +181,7 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
         self.add_message = ""  # why the last text typed in *Add to selection* was not added
         self._hooks = session_hooks()
         self._hooks.on_remote_status = self._show_remote_status
+        self._hooks.on_active = self._show_active
         self._pages: dict[str, pn.viewable.Viewer] = {}
         self._main = pn.Column(sizing_mode="stretch_width")
         self._loader = Runner(on_result=self._model_loaded, on_error=self._model_failed,
@@ -400,6 +401,14 @@ window.__explorerCopied = url
             text += f": {status.description[:200]}"
         self.remote_status = text
 
+    def _show_active(self, active: int) -> None:
+        """The stop button is live (and orange) while this session has jobs to stop."""
+        button = getattr(self, "_stop_button", None)
+        if button is None:
+            return
+        button.param.update(disabled=active <= 0, button_type="warning" if active > 0 else "light",
+                            name="Stop running work" + (f" ({active})" if active > 1 else ""))
+
     def stop(self, *_: Any) -> None:
         """Stop every page's running work in this session (remote jobs included)."""
         stopped = self._hooks.stop_all()
@@ -436,9 +445,11 @@ window.__explorerCopied = url
         refresh = pn.widgets.Button(label="Refresh cache status", color="light",
                                     sizing_mode="stretch_width")
         refresh.on_click(self.refresh_cache)
-        stop = pn.widgets.Button(label="Stop running work", color="warning",
-                                 sizing_mode="stretch_width", css_classes=["stop-work"])
+        stop = self._stop_button = pn.widgets.Button(
+            label="Stop running work", color="light", disabled=True,
+            sizing_mode="stretch_width", css_classes=["stop-work"])
         stop.on_click(self.stop)
+        self._show_active(self._hooks.active)
         remote = [pn.pane.Markdown(f"Running on NDIF (`{self._model.spec.name}`)"),
                   pn.pane.Markdown(self.param.remote_status, css_classes=["remote-status"])
                   ] if self._remote else []

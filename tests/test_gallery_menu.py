@@ -281,3 +281,54 @@ def test_a_state_with_malformed_items_changes_nothing(gallery):
                                "pasted on 'conflicts' must be text; got a JSON number.")
     assert g.workspace.items == {"conflicts": "kept"}
     assert g.pages["conflicts"]._own.area.value == "kept"
+
+
+
+def _wait_until(condition, timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_stop_button_is_live_only_while_the_session_has_background_jobs(gallery):
+    """The sidebar's "Stop running work" is disabled and plain while nothing runs, orange
+    and enabled while a background job is submitted and not finished, plain again once the
+    job has ended; the gallery's stop (the button's click) cancels a running job."""
+    import threading
+
+    from apps._session import Runner
+
+    g = gallery()
+    stop = next(w for w in g.sidebar() if "stop-work" in (getattr(w, "css_classes", None) or []))
+    assert stop.disabled and stop.button_type == "light"
+    started, release = threading.Event(), threading.Event()
+    results = []
+
+    def job(token):
+        started.set()
+        while not release.wait(0.01):
+            token.check()
+        return "done"
+
+    runner = Runner(on_result=results.append, on_error=results.append,
+                    on_busy=lambda _busy: None, background=True)
+    runner.submit(job)
+    assert started.wait(10)
+    assert not stop.disabled and stop.button_type == "warning"
+    release.set()
+    runner.wait(10)
+    assert _wait_until(lambda: stop.disabled)
+    assert stop.button_type == "light" and results == ["done"]
+
+    started.clear()
+    release.clear()
+    runner.submit(job)
+    assert started.wait(10) and not stop.disabled
+    g.stop()
+    runner.wait(10)
+    assert _wait_until(lambda: stop.disabled)
+    assert results == ["done"]          # the cancelled job delivered nothing
+    runner.close()
