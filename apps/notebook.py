@@ -12,7 +12,9 @@ draws as it does in the gallery.
 
 Then display a view (``LensView(model)``) or a HoloViews element as the last expression of
 a cell. Widgets in the output talk to the kernel through Panel's JupyterLab extension
-(installed with Panel). A notebook exported to HTML (``jupyter nbconvert --to html``) keeps
+(installed with Panel); what the kernel sends back after a widget's change (a new plot, a
+pane's new text) carries its style sheets inline too, where Panel alone would link its CDN.
+A notebook exported to HTML (``jupyter nbconvert --to html``) keeps
 its plots, drawn from the embedded data, with no network either.
 
 Two things the served pages have stay off here, because Panel loads them from its CDN even
@@ -52,32 +54,74 @@ def extension(**panel_options: Any) -> None:
     hv.extension("bokeh", inline=True, logo=False)
     # pages call hv.extension("bokeh") when imported; in this notebook that loads inline too
     hv.extension.inline = True
-    pn.extension(**options)
+    # the Head atlas view's table (Tabulator): its script must be in the notebook before a
+    # view shows one, as in the gallery's first page
+    pn.extension(*EXTENSIONS, **options)
     hv.renderer("bokeh").theme = theme.bokeh_theme()
     # HoloViews' own notebook output links Panel's style sheets on the CDN; shown through
     # Panel they are inlined, as every view's are.
     hv.Store.set_display_hook("html+js", LabelledData, _shown_by_panel)
-    # and so are those of the models a widget's change sends later (a view's new plot), once
-    # every hook (the design's among them) has set them
-    viewable = pn.viewable.Viewable
-    if not getattr(viewable._preprocess, "_inlines_style_sheets", False):
-        preprocess = viewable._preprocess
-
-        def _preprocess(self: Any, root: Any, changed: Any = None, old_models: Any = None) -> None:
-            preprocess(self, root, changed, old_models)
-            _inline_style_sheets(self, root)
-
-        _preprocess._inlines_style_sheets = True
-        viewable._preprocess = _preprocess
+    _inline_style_sheets_of_updates()
 
 
-def _inline_style_sheets(viewable: Any, root: Any) -> None:
-    """Replace every style sheet linked on Panel's CDN under ``root`` by its installed copy."""
+EXTENSIONS = ("tabulator",)
+"""Panel extensions whose scripts `extension` loads (inline) for the views."""
+
+
+def _inline_style_sheets_of_updates() -> None:
+    """Inline the style sheets of every update a widget's change sends to the notebook.
+
+    Panel inlines the style sheets of a view's first output (`config.inline`), but the
+    models an update carries (a pane's new text, a view's new plot, a layout's new child)
+    get theirs from the component's and the design's style sheet lists, which link Panel's
+    CDN (`panel.io.resources.CDN_DIST`) in a notebook. Every update to a notebook's output
+    passes `panel.io.model.diff`, which first applies `monkeypatch_events` to the events it
+    sends: wrapped here, it also replaces each linked style sheet under ``CDN_DIST`` by its
+    copy in the installed package, in the events' new values and on the models they carry.
+    """
+    from panel.io import model as panel_model
+
+    patch = panel_model.monkeypatch_events
+    if getattr(patch, "_inlines_style_sheets", False):
+        return
+
+    def monkeypatch_events(events: Any) -> None:
+        _inline_events(events)
+        patch(events)
+
+    monkeypatch_events._inlines_style_sheets = True
+    panel_model.monkeypatch_events = monkeypatch_events
+
+
+def _inline_events(events: Any) -> None:
+    """Replace the CDN style sheets that ``events`` would send by inline copies."""
+    from bokeh.document.events import ModelChangedEvent
+    from bokeh.model.util import collect_models
     from bokeh.models import UIElement
-    from panel.io.notebook import patch_inline_stylesheets
 
-    for model in root.select({"type": UIElement}):
-        patch_inline_stylesheets(model)
+    for event in events:
+        if not isinstance(event, ModelChangedEvent):
+            continue
+        if event.attr == "stylesheets" and isinstance(event.new, list):
+            inlined = _inlined(event.new)
+            if inlined != event.new:
+                event.new = inlined
+                event.model.stylesheets = inlined  # what a later full render sends too
+        for model in collect_models(event.new):
+            if isinstance(model, UIElement):
+                inlined = _inlined(model.stylesheets)
+                if inlined != model.stylesheets:
+                    model.stylesheets = inlined
+
+
+def _inlined(stylesheets: list) -> list:
+    """``stylesheets`` with each one linked under Panel's CDN replaced by its installed copy
+    (`panel.io.notebook.replace_inline_css`, which leaves any other untouched)."""
+    from bokeh.models import ImportedStyleSheet
+    from panel.io.notebook import replace_inline_css
+
+    return [replace_inline_css(sheet) if isinstance(sheet, ImportedStyleSheet) else sheet
+            for sheet in stylesheets]
 
 
 def _shown_by_panel(obj: Any) -> tuple[dict, dict] | None:

@@ -1,0 +1,398 @@
+"""What the JupyterLab notebook tests share: the Lab, running a notebook from its UI, reading its plots.
+
+The example notebooks in a real JupyterLab, offline: every view cell draws, widgets reach the
+kernel. Each test file (`test_browser_notebooks.py`, `test_browser_notebooks_methods.py`) takes
+its share of the notebooks (`NOTEBOOK_FILES`), so two test workers run them side by side. A
+file serves JupyterLab itself (127.0.0.1, a free port, its own token, a temporary copy of
+examples/, the kernel is this interpreter with the worktree first on the path), opens each
+notebook in headless chromium (a Lab workspace of its own), waits until the server and the page
+both have its kernel idle, runs all cells from the Lab's Run menu on ``tiny-llama``, and reads
+from the page that every cell that shows a plot drew it: a Bokeh figure whose data area has
+pixels other than its background, a title that fits, no plot wider than the output area.
+Every request to a host other than the Lab fails the test (the page must load everything from
+the installed packages), after a widget's change too. For the lens view and the attention
+view, moving a slider in the browser must redraw the plot (the value goes to the kernel, the
+kernel sends a new plot). The notebook's kernel is stopped after its test. What was measured
+(seconds to run all cells, view cells drawn) goes to test-artifacts/lab_<notebook>.json.
+
+A notebook exported with ``jupyter nbconvert --to html --execute`` must draw its plots in a page
+that may fetch nothing but the file itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from _browser import ARTIFACTS, ROOT, _answers, free_port
+from test_notebooks import TINY, TINY_FACTS, TINY_KNOWLEDGE
+
+EXAMPLES = ROOT / "examples"
+
+# Per notebook: the cells (0-based, over all cells) that show a plot or a view.
+VIEW_CELLS = {
+    "quickstart.ipynb": [10],
+    "lens_saturation.ipynb": [8],
+    "conflicts.ipynb": [7],
+    "icl_heads.ipynb": [8, 13],
+    "circuits.ipynb": [11],
+    "representations.ipynb": [7],
+    "dynamics.ipynb": [4, 8],
+    "editing_unlearning.ipynb": [8],
+    "workspace_atlas.ipynb": [13, 15, 16],
+}
+
+RUN_TIMEOUT = 420  # seconds for one notebook's cells (tiny model; the CI machine has 2 cores)
+VIEWPORT = {"width": 1330, "height": 1000}  # with the file browser open: an output area of 900 px
+
+# Per notebook with a live view: the view's cell and the key pressed on its first slider
+# (quickstart: steering strength α from 4 to -10; workspace_atlas: the attention view's layer
+# from the last to 0). The plot in that cell must change: the kernel re-ran and sent it.
+ROUND_TRIP = {"quickstart.ipynb": (10, "Home"), "workspace_atlas.ipynb": (15, "Home")}
+
+# Which test file checks which notebooks: about equal shares of the run time (each file starts
+# its own JupyterLab; `--dist loadfile` gives each file to one worker).
+NOTEBOOK_FILES = {
+    "test_browser_notebooks.py": ["dynamics.ipynb", "editing_unlearning.ipynb", "quickstart.ipynb",
+                                  "workspace_atlas.ipynb"],
+    "test_browser_notebooks_methods.py": ["circuits.ipynb", "conflicts.ipynb", "icl_heads.ipynb",
+                                          "lens_saturation.ipynb", "representations.ipynb"],
+}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on a copy of examples/: yields (base URL, token, notebook folder)."""
+    pytest.importorskip("jupyterlab")
+    tmp = tmp_path_factory.mktemp("lab")
+    notebooks = tmp / "notebooks"
+    shutil.copytree(EXAMPLES, notebooks, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    facts = tmp / "facts.json"
+    facts.write_text(json.dumps(TINY_FACTS))
+    settings = tmp / "settings"
+    tracker = settings / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)
+    # every cell stays laid out (the default skips off-screen cells), so every plot can draw
+    # and the notebook's kernel starts without asking
+    (tracker / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none", "autoStartDefaultKernel": True}))
+    news = settings / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "EXPLORER_EXAMPLE_MODEL": TINY, "EXPLORER_EXAMPLE_FACTS": str(facts),
+           "EXPLORER_EXAMPLE_KNOWLEDGE": json.dumps(TINY_KNOWLEDGE),
+           "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+           "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "TOKENIZERS_PARALLELISM": "false"}
+    argv = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={notebooks}", "--LabServerApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        argv.append("--allow-root")
+    log_path = tmp / "lab.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, cwd=notebooks, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 300
+            while not _answers(port):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"JupyterLab exited: {log_path.read_text()[-2000:]}")
+                if time.time() > deadline:
+                    raise RuntimeError(f"JupyterLab did not answer on port {port} in 300 s")
+                time.sleep(0.3)
+            yield f"http://127.0.0.1:{port}", token, notebooks
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _block_outside(page, allowed: str, outside: list[str]) -> None:
+    """Fail (abort and record) every request of ``page`` that does not start with ``allowed``."""
+    def route(r):
+        url = r.request.url
+        if url.startswith((allowed, "data:", "blob:")):
+            r.continue_()
+        else:
+            outside.append(url)
+            r.abort()
+    page.route("**/*", route)
+
+
+# Per Bokeh figure on show: the notebook cell it is in (index over all cells, through shadow
+# roots), its size, the output area's width, the share of its data area's pixels that differ
+# from the commonest colour, its title's width and the room for it, and a hash of its canvas.
+_PLOTS = """() => {
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')]
+  const cellOf = el => {
+    let node = el
+    while (node != null) {
+      const cell = node.closest ? node.closest('.jp-Cell') : null
+      if (cell != null) return cell
+      const root = node.getRootNode()
+      node = root && root.host ? root.host : null
+    }
+    return null
+  }
+  if (window.Bokeh == null || Bokeh.index == null) return []
+  const out = []
+  for (const v of Bokeh.index.all_views()) {
+    if (!(v.model.type === 'Figure' || v.model.type === 'Plot') || !v.el.isConnected) continue
+    const cell = cellOf(v.el)
+    const area = cell != null ? cell.querySelector('.jp-OutputArea-output') : null
+    const frame = v.frame.bbox, cv = v.canvas_view, canvas = cv.primary.canvas
+    let ink = 0
+    const r = canvas.width / Math.max(1, cv.bbox.width)
+    const x = Math.max(0, Math.floor(frame.left * r)), y = Math.max(0, Math.floor(frame.top * r))
+    const w = Math.min(canvas.width - x, Math.floor(frame.width * r))
+    const h = Math.min(canvas.height - y, Math.floor(frame.height * r))
+    if (w > 0 && h > 0) {
+      const data = canvas.getContext('2d').getImageData(x, y, w, h).data
+      const counts = new Map()
+      for (let i = 0; i < data.length; i += 4) {
+        const key = (data[i] << 24) | (data[i + 1] << 16) | (data[i + 2] << 8) | data[i + 3]
+        counts.set(key, (counts.get(key) || 0) + 1)
+      }
+      ink = 1 - Math.max(...counts.values()) / (w * h)
+    }
+    const title = v.model.title
+    const text = title != null && title.text ? String(title.text) : ''
+    let tw = 0, room = Infinity
+    if (text) {
+      const ctx = document.createElement('canvas').getContext('2d')
+      ctx.font = `${title.text_font_style} ${title.text_font_size} ${title.text_font}`
+      tw = ctx.measureText(text).width
+      room = cv.bbox.width - (title.align === 'left' ? frame.left : 0)
+    }
+    const box = v.el.getBoundingClientRect()
+    const areaBox = area != null ? area.getBoundingClientRect() : null
+    out.push({cell: cell != null ? cells.indexOf(cell) : -1, id: v.model.id, title: text,
+              title_width: tw, title_room: room, width: Math.round(box.width),
+              right: Math.round(box.right), area_right: areaBox ? Math.round(areaBox.right) : null,
+              area_width: areaBox ? Math.round(areaBox.width) : null,
+              area_overflow: area != null ? area.scrollWidth - area.clientWidth : null,
+              ink, image: canvas.toDataURL()})
+  }
+  return out
+}"""
+
+
+def _plots(page) -> list[dict]:
+    plots = page.evaluate(_PLOTS)
+    for p in plots:
+        p["image"] = hashlib.sha1(p["image"].encode()).hexdigest()
+    return plots
+
+
+def _prompts(page) -> list[str]:
+    return page.eval_on_selector_all(".jp-Notebook .jp-CodeCell .jp-InputPrompt",
+                                     "els => els.map(e => e.innerText.trim())")
+
+
+def _kernel_state(lab, name: str) -> str | None:
+    """The execution state of the kernel of ``name``'s session, as the Lab's server has it."""
+    base, token, _ = lab
+    request = urllib.request.Request(f"{base}/api/sessions", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request) as r:
+        sessions = json.load(r)
+    states = [s["kernel"]["execution_state"] for s in sessions
+              if s.get("path") == name and s.get("kernel")]
+    return states[0] if states else None
+
+
+# the kernel as the page has it: the status bar reads "Python 3 (ipykernel) | Idle" once the
+# page is connected to it (the notebook's execution indicator reads idle before that)
+_STATUS_BAR = "() => [...document.querySelectorAll('.jp-StatusBar-TextItem')].map(e => e.innerText).join(' ')"
+
+
+def _run_all(page, lab, name: str, timeout: float) -> float:
+    """Run all cells from the Lab's Run menu once the kernel is idle, for the server and in
+    the page; seconds until every code cell has an execution count."""
+    select = page.locator(".jp-Dialog button.jp-mod-accept")  # "Select Kernel", if it asks
+    deadline = time.time() + 240
+    while not ("| Idle" in page.evaluate(_STATUS_BAR) and _kernel_state(lab, name) == "idle"):
+        if select.count():
+            select.first.click()
+        assert time.time() < deadline, (f"the notebook's kernel was not idle after 240 s: "
+                                        f"{page.evaluate(_STATUS_BAR)!r}, {_kernel_state(lab, name)}")
+        page.wait_for_timeout(200)
+    start = time.time()
+    started = False
+    for attempt in range(3):
+        if select.count():
+            select.first.click()
+        page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the Lab's current widget
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.locator("li[data-command='runmenu:run-all']").click()
+        for _ in range(60):
+            if any(p != "[ ]:" for p in _prompts(page)):
+                started = True
+                break
+            page.wait_for_timeout(500)
+        if started:
+            break
+    if not started:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "lab_not_started.png"))
+        raise AssertionError("Run > Run All Cells started no cell (see lab_not_started.png)")
+    stalled_since = None
+    while True:
+        prompts = _prompts(page)
+        if prompts and all(p[1:-2].strip().isdigit() for p in prompts):
+            return time.time() - start
+        # cells left unrun while none runs or waits and the kernel is idle: the run stopped
+        if "[*]:" not in prompts and _kernel_state(lab, name) == "idle":
+            stalled_since = stalled_since or time.time()
+            assert time.time() - stalled_since < 10, f"Run All stopped with cells unrun: {prompts}"
+        else:
+            stalled_since = None
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        traceback = page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']")
+        if traceback.count():
+            raise AssertionError(f"a cell failed: {traceback.first.inner_text()[-1500:]}")
+        if time.time() - start > timeout:
+            raise AssertionError(f"cells not done after {timeout} s: {prompts}; "
+                                 f"stderr: {[e.inner_text()[-300:] for e in errors.all()[:3]]}")
+        page.wait_for_timeout(500)
+
+
+def _drawn(page, view_cells: list[int], timeout: float = 120) -> list[dict]:
+    """The plots once every view cell has a figure with ink and the images stop changing."""
+    deadline = time.time() + timeout
+    last, since = None, time.time()
+    while True:
+        plots = _plots(page)
+        cells = {p["cell"] for p in plots if p["ink"] > 0.005}
+        key = json.dumps(sorted((p["id"], p["image"]) for p in plots))
+        if key != last:
+            last, since = key, time.time()
+        if set(view_cells) <= cells and time.time() - since > 2:
+            return plots
+        if time.time() > deadline:
+            return plots
+        page.wait_for_timeout(500)
+
+
+def _open(browser, lab, name: str, outside: list[str]):
+    base, token, _ = lab
+    page = browser.new_page(viewport=VIEWPORT)
+    _block_outside(page, base, outside)
+    # a workspace of its own: the Lab reopens no other notebook's tab (nor starts its kernel)
+    workspace = "nb-" + name.removesuffix(".ipynb").replace("_", "-")
+    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?token={token}", timeout=180_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=180_000)
+    return page
+
+
+def _shut_down_kernels(lab) -> None:
+    """Stop every kernel the Lab runs (one notebook's kernel at a time keeps the load low)."""
+    base, token, _ = lab
+    headers = {"Authorization": f"token {token}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers)) as r:
+        kernels = json.load(r)
+    for kernel in kernels:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels/{kernel['id']}",
+                                                      method="DELETE", headers=headers)).close()
+
+
+def check_in_lab(browser, lab, name: str) -> None:
+    """Open ``name`` in the Lab, run all its cells, check its views (`_check_notebook`); its
+    kernel is stopped afterwards, whatever the outcome."""
+    outside: list[str] = []
+    page = _open(browser, lab, name, outside)
+    try:
+        _check_notebook(page, lab, name, outside)
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_failed.png"))
+        raise
+    finally:
+        page.close()
+        _shut_down_kernels(lab)
+
+
+def _check_notebook(page, lab, name: str, outside: list[str]) -> None:
+    seconds = _run_all(page, lab, name, RUN_TIMEOUT)
+    plots = _drawn(page, VIEW_CELLS[name])
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}.png"), full_page=True)
+    drawn = sorted({p["cell"] for p in plots if p["ink"] > 0.005})
+    assert drawn == VIEW_CELLS[name], f"cells with a drawn plot {drawn}, expected {VIEW_CELLS[name]}"
+    for p in plots:
+        if p["cell"] not in VIEW_CELLS[name]:
+            continue
+        assert p["right"] <= p["area_right"] + 1, f"plot {p['title']!r} runs past the output area: {p}"
+        assert p["area_overflow"] <= 1, f"cell {p['cell']} scrolls sideways: {p}"
+        assert p["title_width"] <= p["title_room"] + 1, f"title {p['title']!r} is clipped: {p}"
+    assert not outside, f"requests left the Lab: {outside[:5]}"
+    for cell in VIEW_CELLS[name]:  # each view's output as a reader sees it
+        output = page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".jp-OutputArea")
+        output.scroll_into_view_if_needed()
+        output.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_cell{cell}.png"))
+    record = {"notebook": name, "run_all_cells_s": round(seconds, 1), "view_cells_drawn": len(drawn),
+              "figures": len(plots), "output_area_px": plots[0]["area_width"]}
+    print(f"{name}: all cells ran in {seconds:.1f} s, {len(drawn)} view cells drew "
+          f"({len(plots)} figures, output area {plots[0]['area_width']} px)")
+    if name in ROUND_TRIP:
+        cell, key = ROUND_TRIP[name]
+        before = {p["image"] for p in plots if p["cell"] == cell}
+        handle = page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".noUi-handle").first
+        handle.scroll_into_view_if_needed()
+        handle.focus()
+        handle.press(key)
+        start, deadline = time.time(), time.time() + 240
+        while True:
+            now = {p["image"] for p in _plots(page) if p["cell"] == cell}
+            if now and now != before:
+                break
+            assert time.time() < deadline, f"moving the slider in cell {cell} changed no plot"
+            page.wait_for_timeout(500)
+        record["redraw_after_key_s"] = round(time.time() - start, 1)
+        print(f"{name}: the plot in cell {cell} redrew {time.time() - start:.1f} s after the key press")
+        page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_moved.png"))
+        assert not outside, f"after the widget change the page requested {sorted(set(outside))[:5]}"
+    # what was measured, for a look after the run (test-artifacts/ is not tracked)
+    (ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}.json").write_text(json.dumps(record))
+
+
+def check_exported_html(browser, tmp_path) -> None:
+    """dynamics.ipynb executed and exported with nbconvert: its four plots draw in a page that
+    can load nothing but the file."""
+    pytest.importorskip("nbconvert")
+    shutil.copy(EXAMPLES / "dynamics.ipynb", tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--execute",
+                    "--ExecutePreprocessor.timeout=600", "dynamics.ipynb",
+                    # the template's own MathJax and require.js (the notebook needs neither)
+                    "--HTMLExporter.mathjax_url=", "--HTMLExporter.require_js_url="],
+                   cwd=tmp_path, env=env, check=True, capture_output=True)
+    html = tmp_path / "dynamics.html"
+    page = browser.new_page(viewport=VIEWPORT)
+    outside: list[str] = []
+    _block_outside(page, "file://", outside)
+    page.goto(html.as_uri(), timeout=180_000)
+    deadline = time.time() + 120
+    while True:
+        inked = [p for p in page.evaluate(_PLOTS) if p["ink"] > 0.005]
+        if len(inked) >= 4 or time.time() > deadline:
+            break
+        page.wait_for_timeout(500)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "html_dynamics.png"), full_page=True)
+    assert sorted(p["title"] for p in inked) == sorted(
+        ["Automaton size", "Generalisation", "In-context loss", "Task decodability (layer 1)"]), inked
+    assert not outside, f"the exported page requested {outside[:5]}"
+    page.close()
