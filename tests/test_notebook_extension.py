@@ -45,7 +45,9 @@ def _rendered_in_notebook(layout):
     from panel.io.state import state
 
     layout._repr_mimebundle_()
-    ref = next(ref for ref, view in state._views.items() if view[0] is layout)
+    # keyed by the root's id; with a design set (the gallery's theme) the root is the design's
+    # wrapper around ``layout``, so the layout is found by the root it has a model under
+    ref = next(ref for ref in state._views if ref in layout._models)
     _, root, doc, comm = state._views[ref]
     return root, doc, comm
 
