@@ -347,9 +347,46 @@ def plot_ids(page) -> list[str]:
     return list(sig["ids"]) if sig else []
 
 
+# A plot's title: its text, its width as Bokeh measures it and the room it has from where it
+# starts: to the canvas's edge, or to the toolbar's left edge where the toolbar shares the
+# title's row (a toolbar "above" is drawn in the title's band and covers what runs under it).
+TITLE_FIT = """(v) => {
+  const title = v.model.title
+  const text = title != null && title.text ? String(title.text) : ''
+  if (!text) return {text, tw: 0, room: Infinity}
+  const cv = v.canvas_view, width = cv.bbox.width
+  const tv = [...Bokeh.index.all_views()].find(t => t.model === title)
+  let tw, room, sx, band = null
+  if (tv != null && tv.layout != null) {
+    tw = tv._get_size().width
+    sx = tv._get_position().sx
+    room = title.align === 'center' ? 2 * Math.min(sx, width - sx)
+         : title.align === 'right' ? sx : width - sx
+    band = tv.layout.bbox
+  } else {
+    const ctx = document.createElement('canvas').getContext('2d')
+    ctx.font = `${title.text_font_style} ${title.text_font_size} ${title.text_font}`
+    tw = ctx.measureText(text).width
+    sx = v.frame.bbox.left
+    room = width - sx
+  }
+  const panel = v.toolbar_panel
+  const bar = panel != null && panel.toolbar_view != null ? panel.toolbar_view.el : null
+  if (band != null && bar != null && bar.isConnected) {
+    const c = cv.el.getBoundingClientRect(), t = bar.getBoundingClientRect()
+    const left = t.left - c.left, top = t.top - c.top, bottom = t.bottom - c.top
+    if (t.width > 0 && t.height > 0 && top < band.bottom && bottom > band.top && left > 0) {
+      room = Math.min(room, title.align === 'center' ? 2 * (left - sx)
+                          : title.align === 'right' ? (left >= sx ? room : 0) : left - sx)
+    }
+  }
+  return {text, tw, room}
+}"""
+
+
 # Per plot: its outer box, its frame (data area), the canvas size, the share of the frame's
-# pixels that differ from the frame's commonest colour, its title's width as Bokeh measures
-# it and the room the canvas leaves it from where it starts. Per select: label, options.
+# pixels that differ from the frame's commonest colour, its title's width and room
+# (`TITLE_FIT`). Per select: label, options.
 _STATE = f"""() => {{
   const plots = ({_PLOT_VIEWS})().map(v => {{
     const frame = v.frame.bbox, cv = v.canvas_view
@@ -371,23 +408,7 @@ _STATE = f"""() => {{
         ink = 1 - commonest / (w * h)
       }}
     }}
-    const title = v.model.title
-    let text = title != null && title.text ? String(title.text) : '', tw = 0, room = Infinity
-    if (text) {{
-      const tv = [...Bokeh.index.all_views()].find(t => t.model === title)
-      const width = cv.bbox.width
-      if (tv != null && tv.layout != null) {{
-        tw = tv._get_size().width
-        const {{sx}} = tv._get_position()
-        room = title.align === 'center' ? 2 * Math.min(sx, width - sx)
-             : title.align === 'right' ? sx : width - sx
-      }} else {{
-        const ctx = document.createElement('canvas').getContext('2d')
-        ctx.font = `${{title.text_font_style}} ${{title.text_font_size}} ${{title.text_font}}`
-        tw = ctx.measureText(text).width
-        room = width - frame.left
-      }}
-    }}
+    const {{text, tw, room}} = ({TITLE_FIT})(v)
     return {{id: v.model.id, title: text, title_width: tw, title_room: room,
             box: [Math.round(v.bbox.width), Math.round(v.bbox.height)],
             frame: [Math.round(frame.width), Math.round(frame.height)],

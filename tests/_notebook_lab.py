@@ -31,7 +31,7 @@ import time
 import urllib.request
 
 import pytest
-from _browser import ARTIFACTS, ROOT, _answers, free_port
+from _browser import ARTIFACTS, ROOT, TITLE_FIT, _answers, free_port
 from test_notebooks import TINY, TINY_FACTS, TINY_KNOWLEDGE
 
 EXAMPLES = ROOT / "examples"
@@ -168,15 +168,7 @@ _PLOTS = """() => {
       }
       ink = 1 - Math.max(...counts.values()) / (w * h)
     }
-    const title = v.model.title
-    const text = title != null && title.text ? String(title.text) : ''
-    let tw = 0, room = Infinity
-    if (text) {
-      const ctx = document.createElement('canvas').getContext('2d')
-      ctx.font = `${title.text_font_style} ${title.text_font_size} ${title.text_font}`
-      tw = ctx.measureText(text).width
-      room = cv.bbox.width - (title.align === 'left' ? frame.left : 0)
-    }
+    const {text, tw, room} = (""" + TITLE_FIT + """)(v)
     const box = v.el.getBoundingClientRect()
     const areaBox = area != null ? area.getBoundingClientRect() : null
     out.push({cell: cell != null ? cells.indexOf(cell) : -1, id: v.model.id, title: text,

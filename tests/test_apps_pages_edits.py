@@ -104,7 +104,7 @@ def test_attention_page_patterns_under_edits_equal_hooked_forward(tiny_model):
     assert np.abs(got[2] - clean[2]).max() > 1e-3
     np.testing.assert_allclose(got[0], clean[0], atol=1e-6)  # layer 0 reads no edit
     assert view.result.attrs["workspace_edits"] and "edit" in view.status
-    assert "edited (4 edits)" in plot_grid(view.result).opts.get().kwargs["title"]
+    assert plot_grid(view.result).opts.get().kwargs["title"] == "All heads · 4 edits"
     assert view.scope().edits == "applied"
     assert "`ablate L0.H1 (zero)`; then `scale L1.H2" in edits_caption(view.result)
     assert "edits=edits" in view.code_snippet()

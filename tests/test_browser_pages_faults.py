@@ -82,6 +82,13 @@ def _show(tab, slug: str, width: int) -> dict:
     return gallery_page_state(tab)
 
 
+def _assert_titles_fit(state: dict) -> None:
+    """Every plot title fits its room: within the canvas and clear of a toolbar in its row."""
+    for plot in state["plots"]:
+        if plot["title"]:
+            assert plot["title_width"] <= plot["title_room"] + 1, plot
+
+
 def _texts(tab, css: str) -> str:
     return " ".join(tab.locator(css).evaluate_all(f"els => els.map({SHADOW_TEXT})"))
 
@@ -98,9 +105,7 @@ def test_lens_scrolls_a_wide_prompt_in_its_box_and_shows_byte_tokens(tab, width)
     box = tab.locator(".lens-scroll").first
     sizes = box.evaluate("el => [el.scrollWidth, el.clientWidth]")
     assert sizes[0] > sizes[1], sizes        # 56 px a token: this prompt is wider than the box
-    for plot in state["plots"]:              # every title fits its room (none under a toolbar)
-        if plot["title"]:
-            assert plot["title_width"] <= plot["title_room"] + 1, plot
+    _assert_titles_fit(state)
     strip = _texts(tab, ".lens-prompt-tokens")
     assert "\\xf0\\x9f\\x98" in strip and "\ufffd" not in strip
     assert "\\xe4" in strip or "中" in strip
@@ -122,7 +127,7 @@ _FRAME_BOX = """canvas => {
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_attention_hover_names_the_tokens(tab, width):
-    _show(tab, "attention", width)
+    _assert_titles_fit(_show(tab, "attention", width))    # "All heads" says the edit shown
     canvas = tab.locator(".attention-head canvas").first
     canvas.scroll_into_view_if_needed()         # at 1280 px the plot starts below the fold
     x0, y0, w, h = canvas.evaluate(_FRAME_BOX)
