@@ -8,7 +8,10 @@ examples/, the kernel is this interpreter with the worktree first on the path), 
 notebook in headless chromium (a Lab workspace of its own), waits until the server and the page
 both have its kernel idle, runs all cells from the Lab's Run menu on ``tiny-llama``, and reads
 from the page that every cell that shows a plot drew it: a Bokeh figure whose data area has
-pixels other than its background, a title that fits, no plot wider than the output area.
+pixels other than its background, a title that fits, no plot wider than the output area. The
+notebook is then saved from the Lab's File menu and the saved file checked
+(`test_notebooks.check_outputs`: every cell ran, no error, the objects the notebook promises,
+the tiny model named).
 Every request to a host other than the Lab fails the test (the page must load everything from
 the installed packages), after a widget's change too. For the lens view and the attention
 view, moving a slider in the browser must redraw the plot (the value goes to the kernel, the
@@ -32,7 +35,7 @@ import urllib.request
 
 import pytest
 from _browser import ARTIFACTS, ROOT, TITLE_FIT, _answers, free_port
-from test_notebooks import TINY, TINY_FACTS, TINY_KNOWLEDGE
+from test_notebooks import TINY, TINY_FACTS, TINY_KNOWLEDGE, check_outputs
 
 EXAMPLES = ROOT / "examples"
 
@@ -316,9 +319,27 @@ def check_in_lab(browser, lab, name: str) -> None:
         _shut_down_kernels(lab)
 
 
+def _saved(page, lab, name: str, timeout: float = 60) -> dict:
+    """The notebook as the Lab saves it from its File menu, outputs included (JSON)."""
+    path = lab[2] / name
+    before = path.stat().st_mtime_ns
+    page.get_by_role("menuitem", name="File", exact=True).click()
+    page.locator("li[data-command='docmanager:save']").click()
+    deadline = time.time() + timeout
+    while True:
+        if path.stat().st_mtime_ns != before:
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:        # read while the Lab writes it
+                pass
+        assert time.time() < deadline, f"the Lab did not save {name} in {timeout} s"
+        page.wait_for_timeout(250)
+
+
 def _check_notebook(page, lab, name: str, outside: list[str]) -> None:
     seconds = _run_all(page, lab, name, RUN_TIMEOUT)
     plots = _drawn(page, VIEW_CELLS[name])
+    check_outputs(_saved(page, lab, name), name)    # no error, the outputs its text promises
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}.png"), full_page=True)
     drawn = sorted({p["cell"] for p in plots if p["ink"] > 0.005})
