@@ -23,9 +23,14 @@ HISTORY = re.compile(r"\b(first version|earlier default|before the default chang
 
 
 def _markdown_files() -> list[Path]:
-    skip = {".venv", ".git", "node_modules"}
+    """The project's Markdown files: not those in folders that tools write (the ones
+    .gitignore names, e.g. pytest's cache with its README), so a fresh clone and a worked-in
+    checkout check the same files."""
+    skip = {".venv", ".git", "node_modules", ".pytest_cache", "test-artifacts", "build", "dist",
+            ".ipynb_checkpoints", ".whl", ".gl", "__pycache__"}
     return sorted(p for p in ROOT.rglob("*.md")
-                  if not skip.intersection(p.relative_to(ROOT).parts))
+                  if not skip.intersection(p.relative_to(ROOT).parts)
+                  and not any(part.endswith(".egg-info") for part in p.relative_to(ROOT).parts))
 
 
 def _test_modules() -> list[Path]:
