@@ -160,8 +160,8 @@ def plot_grid(ds: xr.Dataset | None, n_layers: int | None = None,
 
 
 def grid_title(ds: xr.Dataset | None) -> str:
-    """"All heads", or "All heads · n edits" for a trace run with workspace edits (short: the
-    toolbar shares the title's row, 174 px left of it on a 4-head model)."""
+    """"All heads", or "All heads · n edits" for a trace run with workspace edits. Kept short:
+    the plot's toolbar shares the title's row and leaves it 174 px on a 4-head model."""
     n = len(ds.attrs.get("edits", [])) if ds is not None else 0
     return f"All heads · {n} edit{'s' if n != 1 else ''}" if n else "All heads"
 
