@@ -384,6 +384,18 @@ TITLE_FIT = """(v) => {
 }"""
 
 
+def title_fits(plot: dict) -> bool:
+    """A plot's title (`TITLE_FIT`, as `gallery_page_state` reports it) is no wider than its
+    room, within a pixel; a plot without a title fits."""
+    return not plot["title"] or plot["title_width"] <= plot["title_room"] + 1
+
+
+def clipped_titles(plots: list[dict]) -> list[tuple[str, int, int]]:
+    """The titles that do not fit (`title_fits`): (text, width px, room px)."""
+    return [(p["title"], round(p["title_width"]), round(p["title_room"]))
+            for p in plots if not title_fits(p)]
+
+
 # Per plot: its outer box, its frame (data area), the canvas size, the share of the frame's
 # pixels that differ from the frame's commonest colour, its title's width and room
 # (`TITLE_FIT`). Per select: label, options.

@@ -16,7 +16,8 @@ import json
 import time
 
 import pytest
-from _browser import ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page, tick_collisions
+from _browser import (ARTIFACTS, clipped_titles, gallery_page_state, plot_ids, settle_gallery_page,
+                      tick_collisions)
 from _views import cheap_gallery_views
 
 pytestmark = pytest.mark.browser
@@ -144,8 +145,7 @@ def test_every_plot_frame_has_ink(observed, width, slug):
 @pytest.mark.parametrize(("width", "slug"), _cases("titles"))
 def test_every_plot_title_fits(observed, width, slug):
     state = observed(width, slug)
-    clipped = [(p["title"], round(p["title_width"]), round(p["title_room"])) for p in state["plots"]
-               if p["title"] and p["title_width"] > p["title_room"] + 1]
+    clipped = clipped_titles(state["plots"])
     assert not clipped, f"{slug} at {width} px: titles wider than their room (text, px, room): {clipped}"
 
 

@@ -744,6 +744,7 @@ def test_bench_saturation_on_tiny_model(tiny_model, monkeypatch):
     assert len(wall["forward"]) == params["repeats"]
     assert figures["forward_ms"] == round(statistics.median(wall["forward"]) * 1000, 1)
     assert figures["analysis_ms"] == round(statistics.median(wall["analysis"]) * 1000, 1)
+    assert figures["lens_gemm_floor_ms"] == round(statistics.median(wall["floor"]) * 1000, 3)
     for key, (num, den, times) in {"analysis_vs_forward_ratio": ("analysis", "forward", wall),
                                    "analysis_vs_forward_cpu_ratio": ("analysis", "forward", cpu),
                                    "saturation_vs_floor_ratio": ("analysis", "floor", wall)}.items():
