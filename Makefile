@@ -7,6 +7,12 @@
 #                   picks the notebooks' model, e.g. MODEL=tiny-llama)
 .PHONY: app lab test test-fast setup setup-test bench clean-venv
 
+# Python keeps the byte code of what it imports (.venv and the tree's __pycache__/, both
+# ignored by git): with PYTHONDONTWRITEBYTECODE set, every process (each test worker, served
+# page, notebook kernel) compiles transformers, torch and the rest again, about 5 s of one
+# core each (tests/README.md)
+unexport PYTHONDONTWRITEBYTECODE
+
 PORT ?= 5006
 LAB_PORT ?= 8888
 MODEL ?= smollm2-135m

@@ -19,7 +19,9 @@ done
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 # --no-compile: pip would byte-compile every file of every package (about 19,000, 45 s of one
-# core measured 2026-12-04); Python compiles the modules that are imported, when first imported.
+# core measured 2026-12-04); Python compiles the modules that are imported, when first imported,
+# and keeps them (so the byte code is written even where the environment says not to).
+unset PYTHONDONTWRITEBYTECODE
 pip_q() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile "$@" 2>&1 \
             | grep -v "Location 'file:" || true; }
 

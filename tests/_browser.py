@@ -309,7 +309,14 @@ _SIGNATURE = f"""(busy) => {{
           if (column != null && Array.from(column).some(t => pattern.test(String(t)))) spinning += 1
         }}
   }}
-  return {{spinning, ids: plots.map(v => v.model.id),
+  // the gallery's "Stop running work" button: live while the session has a job submitted and
+  // not finished (queued, running or about to deliver), whatever page it belongs to
+  const stop = [...Bokeh.index.all_views()].filter(v =>
+      (v.model.css_classes || []).includes('stop-work'))
+  if (stop.some(v => !v.model.disabled)) spinning += 1
+  // a document whose roots have not all finished their first render
+  if (Bokeh.documents.some(d => !d.is_idle)) spinning += 1
+  return {{spinning, gallery: stop.length > 0, ids: plots.map(v => v.model.id),
           plots: plots.map(v => [v.model.id, Math.round(v.bbox.width), Math.round(v.bbox.height),
                                  Math.round(v.frame.bbox.width), Math.round(v.frame.bbox.height),
                                  v.model.title != null ? v.model.title.text : ''])}}
@@ -320,24 +327,32 @@ BUSY_TEXT = r"\b(computing|analysing|training|loading|measuring|running|scoring)
 """A status line of a page at work ("Training H = 2: step 40/200 (3 s)…", "computing td…")."""
 
 
+QUIET_S = {"gallery": 1.5, "page": 3.0}
+"""Seconds a page's plots must stay unchanged to count as settled: in the gallery, whose stop
+button says when the session has no job in flight, and on a page served alone, which can
+only be watched."""
+
+
 def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90,
-                        quiet: float = 3.0, busy: str | None = BUSY_TEXT) -> bool:
+                        quiet: float | None = None, busy: str | None = BUSY_TEXT) -> bool:
     """Wait until the page's Bokeh plots stop changing: no spinner or unfinished progress bar
     shown, no text matching ``busy`` (default `BUSY_TEXT`) shown (in the page or drawn in a
-    plot), the same plots at the same
-    sizes for ``quiet`` seconds, and (when ``before`` lists the plot ids shown before a
-    navigation) not the plots of the page left behind. False on timeout."""
+    plot), no job of the session in flight (the gallery's stop button is off), every Bokeh
+    document idle, the same plots at the same sizes for ``quiet`` seconds (default `QUIET_S`),
+    and (when ``before`` lists the plot ids shown before a navigation) not the plots of the
+    page left behind. False on timeout."""
     deadline = time.time() + timeout
     last, since = None, time.time()
     while time.time() < deadline:
         sig = page.evaluate(_SIGNATURE, busy)
         fresh = sig is not None and sig["ids"] and not set(sig["ids"]) <= set(before)
         key = json.dumps(sig["plots"]) if sig else None
+        wait = quiet if quiet is not None else QUIET_S["gallery" if sig and sig["gallery"] else "page"]
         if key != last or not fresh or sig["spinning"]:
             last, since = key, time.time()
-        elif time.time() - since >= quiet:
+        elif time.time() - since >= wait:
             return True
-        page.wait_for_timeout(500)
+        page.wait_for_timeout(250)
     return False
 
 

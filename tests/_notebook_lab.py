@@ -307,9 +307,10 @@ def check_in_lab(browser, lab, name: str) -> None:
     """Open ``name`` in the Lab, run all its cells, check its views (`_check_notebook`); its
     kernel is stopped afterwards, whatever the outcome."""
     outside: list[str] = []
+    opened = time.time()
     page = _open(browser, lab, name, outside)
     try:
-        _check_notebook(page, lab, name, outside)
+        _check_notebook(page, lab, name, outside, open_s=time.time() - opened)
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_failed.png"))
@@ -337,10 +338,15 @@ def _saved(page, lab, name: str, timeout: float = 60) -> dict:
         page.wait_for_timeout(250)
 
 
-def _check_notebook(page, lab, name: str, outside: list[str]) -> None:
+def _check_notebook(page, lab, name: str, outside: list[str], open_s: float) -> None:
+    phases = {"open_s": open_s}
+    mark = time.time()
     seconds = _run_all(page, lab, name, RUN_TIMEOUT)
+    phases["kernel_and_run_s"], mark = time.time() - mark, time.time()
     plots = _drawn(page, VIEW_CELLS[name])
+    phases["drawn_s"], mark = time.time() - mark, time.time()
     check_outputs(_saved(page, lab, name), name)    # no error, the outputs its text promises
+    phases["saved_s"], mark = time.time() - mark, time.time()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}.png"), full_page=True)
     drawn = sorted({p["cell"] for p in plots if p["ink"] > 0.005})
@@ -356,8 +362,10 @@ def _check_notebook(page, lab, name: str, outside: list[str]) -> None:
         output = page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".jp-OutputArea")
         output.scroll_into_view_if_needed()
         output.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_cell{cell}.png"))
+    phases["screenshots_s"] = time.time() - mark
     record = {"notebook": name, "run_all_cells_s": round(seconds, 1), "view_cells_drawn": len(drawn),
-              "figures": len(plots), "output_area_px": plots[0]["area_width"]}
+              "figures": len(plots), "output_area_px": plots[0]["area_width"],
+              **{k: round(v, 1) for k, v in phases.items()}}
     print(f"{name}: all cells ran in {seconds:.1f} s, {len(drawn)} view cells drew "
           f"({len(plots)} figures, output area {plots[0]['area_width']} px)")
     if name in ROUND_TRIP:

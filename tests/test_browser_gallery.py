@@ -4,7 +4,8 @@ One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served f
 on the tiny random-init model, with the pages that train or scan a corpus on open given
 small settings (the same ones their own browser tests use); every other page is the
 gallery's own factory. One tab visits every page at 1280 x 1000, then at 1400 x 1000, then
-at 1920 x 1080. After a page settles (no spinner, Bokeh's plots unchanged for a few seconds),
+at 1920 x 1080. After a page settles (no spinner, no job of the session in flight by the stop button,
+Bokeh's plots unchanged for 1.5 s: `_browser.settle_gallery_page`),
 the checks read the browser: Bokeh's own layout (each plot view's frame), the pixels of
 each plot's canvas inside its frame, each title's rendered width against the room it has,
 whether neighbouring tick labels overlap (with each axis's own font), the options of every
