@@ -7,14 +7,17 @@ screenshotted in Debian's chromium with Playwright once its canvas exists.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from explorer.benches.child import child_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +49,28 @@ def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500,
     return path
 
 
+def log(msg: str) -> None:
+    """One progress line with the time of day, flushed at once."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def update_summary(path: Path, part: str, data: Any) -> None:
+    """Set ``part`` of the JSON summary at ``path`` (the other parts stay as they are)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    old[part] = data
+    path.write_text(json.dumps(old, indent=1) + "\n")
+
+
+def machine() -> dict[str, Any]:
+    """What the timings were measured on (the load matters: the CPUs are shared)."""
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
+
+
 @contextlib.contextmanager
 def page_server(code: str, *, timeout: float = 300, quiet: bool = False) -> Iterator[str]:
     """Run ``code`` in a child Python (from the repository root) with ``PORT`` set to a free
@@ -54,22 +79,6 @@ def page_server(code: str, *, timeout: float = 300, quiet: bool = False) -> Iter
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen([sys.executable, "-c", f"PORT = {port}\n{code}"], cwd=ROOT,
-                            stdout=out, stderr=out)
-    try:
-        deadline = time.time() + timeout
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("the page server did not start")
-            time.sleep(0.5)
+    argv = [sys.executable, "-c", f"PORT = {port}\n{code}"]
+    with child_server(argv, port, cwd=ROOT, timeout=timeout, poll=0.5, quiet=quiet):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()

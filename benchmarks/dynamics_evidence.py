@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
-from _figures import CHROMIUM, CHROMIUM_ARGS
+from _figures import CHROMIUM, CHROMIUM_ARGS, log, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,24 +54,8 @@ SUMMARY = FIGURES / "dynamics_summary.json"
 ICL_HEADS = (1, 2, 4)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def write_summary(part: str, data: dict[str, Any]) -> None:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-    old[part] = data
-    SUMMARY.write_text(json.dumps(old, indent=1) + "\n")
-
-
-def machine() -> dict[str, Any]:
-    """What the timings were measured on (the load matters: the CPUs are shared)."""
-    import torch
-
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
+    _figures.update_summary(SUMMARY, part, data)
 
 
 # -- part 1: parity -------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
-from _figures import CHROMIUM
+from _figures import CHROMIUM, log
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,15 +59,8 @@ MIN_POS = 1              # each prompt's first token is SmolLM2's attention sink
 
 # -- bookkeeping ------------------------------------------------------------------------------
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def write_summary(part: str, data: dict[str, Any]) -> None:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-    old[part] = data
-    SUMMARY.write_text(json.dumps(old, indent=1) + "\n")
+    _figures.update_summary(SUMMARY, part, data)
 
 
 def read_summary() -> dict[str, Any]:

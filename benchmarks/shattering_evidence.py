@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import _figures  # benchmarks/_figures.py, beside this script
-from _figures import CHROMIUM, CHROMIUM_ARGS
+from _figures import CHROMIUM, CHROMIUM_ARGS, log, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,23 +59,8 @@ EXAMPLE = {"entity": 5, "relation": "B+1", "distance": 4}
 EXAMPLE_ORDER = 1  # the cycle drawn (B, the edited relation's)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def write_summary(part: str, data: dict[str, Any]) -> None:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-    old[part] = data
-    SUMMARY.write_text(json.dumps(old, indent=1) + "\n")
-
-
-def machine() -> dict[str, Any]:
-    import torch
-
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
+    _figures.update_summary(SUMMARY, part, data)
 
 
 def ring_ratios(km) -> dict[str, list[float]]:

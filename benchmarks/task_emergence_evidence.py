@@ -23,7 +23,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,16 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _figures  # noqa: E402  (benchmarks/_figures.py)
 from dynamics_evidence import CHROMIUM, CHROMIUM_ARGS, FIGURES, log, machine, render_png  # noqa: E402
 
 SUMMARY = FIGURES / "task_emergence_summary.json"
 
 
 def write_summary(part: str, data: dict[str, Any]) -> None:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    old = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-    old[part] = data
-    SUMMARY.write_text(json.dumps(old, indent=1) + "\n")
+    _figures.update_summary(SUMMARY, part, data)
 
 
 def _settled_below(values, level, steps):

@@ -16,11 +16,12 @@ import os
 import random
 import re
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+from explorer.benches.child import answers, child_server, listens
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"   # gitignored screenshots for a look by eye
@@ -69,23 +70,6 @@ def free_port() -> int:
     raise RuntimeError(f"no free port on 127.0.0.1 in {ports.start}..{ports.stop - 1}")
 
 
-def _answers(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _listens(pid: int, port: int) -> bool:
-    """Whether process ``pid`` itself listens on ``port`` (not some other server that took
-    the port meanwhile: another test session on the machine may pick from the same range)."""
-    import psutil
-
-    try:
-        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
-                   for c in psutil.Process(pid).net_connections(kind="inet"))
-    except psutil.Error:
-        return False
-
-
 @contextlib.contextmanager
 def served_in_process(pages: dict[str, Callable], *, timeout: float = 30,
                       **serve_options) -> Iterator[str]:
@@ -103,7 +87,7 @@ def served_in_process(pages: dict[str, Callable], *, timeout: float = 30,
                       websocket_origin=[f"127.0.0.1:{port}"], **serve_options)
     try:
         deadline = time.time() + timeout
-        while not (_listens(os.getpid(), port) and _answers(port)):
+        while not (listens(os.getpid(), port) and answers(port)):
             if time.time() > deadline:
                 raise RuntimeError(f"the page server did not answer on port {port} in {timeout} s")
             time.sleep(0.1)
@@ -120,25 +104,9 @@ def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
     The child's output goes to ``log_path``; its tail is in the error if it exits early.
     """
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + timeout
-            while not (_listens(proc.pid, port) and _answers(port)):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
-                if time.time() > deadline:
-                    raise RuntimeError(f"the server did not answer on port {port} in {timeout} s")
-                time.sleep(0.3)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    with child_server([sys.executable, *argv], port, log=log_path, env=env, cwd=ROOT,
+                      timeout=timeout, own_port=True, poll=0.3):
+        yield f"http://127.0.0.1:{port}"
 
 
 def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300,

@@ -34,8 +34,10 @@ import time
 import urllib.request
 
 import pytest
-from _browser import ARTIFACTS, ROOT, TITLE_FIT, _answers, free_port, title_fits
+from _browser import ARTIFACTS, ROOT, TITLE_FIT, free_port, title_fits
 from test_notebooks import TINY, TINY_FACTS, TINY_KNOWLEDGE, check_outputs
+
+from explorer.benches.child import child_server
 
 EXAMPLES = ROOT / "examples"
 
@@ -102,25 +104,9 @@ def lab(tmp_path_factory):
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
     if hasattr(os, "getuid") and os.getuid() == 0:
         argv.append("--allow-root")
-    log_path = tmp / "lab.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, cwd=notebooks, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + 300
-            while not _answers(port):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"JupyterLab exited: {log_path.read_text()[-2000:]}")
-                if time.time() > deadline:
-                    raise RuntimeError(f"JupyterLab did not answer on port {port} in 300 s")
-                time.sleep(0.3)
-            yield f"http://127.0.0.1:{port}", token, notebooks
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    with child_server(argv, port, log=tmp / "lab.log", env=env, cwd=notebooks, timeout=300,
+                      poll=0.3):
+        yield f"http://127.0.0.1:{port}", token, notebooks
 
 
 def _block_outside(page, allowed: str, outside: list[str]) -> None:

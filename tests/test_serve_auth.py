@@ -18,8 +18,9 @@ import urllib.request
 import pytest
 
 from explorer._checks import InputError
+from explorer.benches.child import answers
 from explorer.commands._common import add_serve_options, is_loopback, server_sign_in
-from tests._browser import ROOT, _answers, free_port
+from tests._browser import ROOT, free_port
 from tests.test_serve_binding import serving
 
 
@@ -165,7 +166,7 @@ def test_serve_off_loopback_without_sign_in_exits_before_listening(tmp_path):
                                if k != "EXPLORER_PASSWORD"})
     assert done.returncode == 2
     assert "needs a sign-in" in done.stderr and "--no-auth" in done.stderr
-    assert not _answers(port)
+    assert not answers(port)
 
 
 @pytest.mark.slow

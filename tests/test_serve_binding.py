@@ -11,14 +11,14 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 
 import psutil
 import pytest
 
-from tests._browser import ROOT, _answers, free_port
+from explorer.benches.child import child_server
+from tests._browser import ROOT, free_port
 
 
 @contextlib.contextmanager
@@ -30,25 +30,11 @@ def serving(tmp_path, *extra: str, env: dict[str, str] | None = None
     port = free_port()
     log = tmp_path / f"serve-{port}.log"
     errors = tmp_path / f"serve-{port}.err"
-    with open(log, "w") as out, open(errors, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "serve", "--model",
-                                 "tiny-llama", "--port", str(port), *extra],
-                                cwd=ROOT, stdout=out, stderr=err,
-                                env={**os.environ, **(env or {})})
-        try:
-            deadline = time.time() + 180
-            while not _answers(port):
-                assert proc.poll() is None, (log.read_text() + errors.read_text())[-2000:]
-                assert time.time() < deadline, "the server did not answer in 180 s"
-                time.sleep(0.3)
-            yield proc, port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    argv = [sys.executable, "-m", "explorer.cli", "serve", "--model", "tiny-llama", "--port",
+            str(port), *extra]
+    with child_server(argv, port, log=log, errors=errors, cwd=ROOT, timeout=180, poll=0.3,
+                      env={**os.environ, **(env or {})}) as proc:
+        yield proc, port
 
 
 def _listening(proc: subprocess.Popen, port: int) -> set[str]:

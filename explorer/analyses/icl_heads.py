@@ -409,63 +409,24 @@ def fv_last_token_probs(model: Model, prefix: LastTokenCache, heads: Sequence[tu
     """
     check_local_weights(model, "the last-token run (fv_scores runs it on the server)")
     b = prefix.batch
-    n, k, d = len(b.lengths), max(1, len(heads)), model.spec.d_head
+    n, k = len(b.lengths), max(1, len(heads))
     by_layer: dict[int, list[tuple[int, int]]] = {}
     for j, (layer, head) in enumerate(heads):
         by_layer.setdefault(layer, []).append((j, head))
 
-    def hook_for(layer):
-        values = [(j, head, torch.as_tensor(mean_z[layer, head]))
-                  for j, head in by_layer[layer]]
-
-        def patch(_module, args):
-            z = args[0].clone()                              # [k * n, 1, n_heads * d_head]
-            for j, head, v in values:
-                z[j * n:(j + 1) * n, -1, head * d:(head + 1) * d] = v.to(z.device, z.dtype)
-            return (z, *args[1:])
-        return patch
-
-    handles = [model.o_proj(layer).register_forward_pre_hook(hook_for(layer))
-               for layer in by_layer]
-    try:
-        with model.lock, torch.no_grad():
-            out = model.hf(input_ids=b.input_ids[:, -1:].repeat(k, 1),
-                           attention_mask=b.attention_mask.repeat(k, 1),
-                           position_ids=b.position_ids[:, -1:].repeat(k, 1),
-                           use_cache=True, logits_to_keep=1,
-                           **{_cache_kwarg(model): _tiled_cache(prefix.cache, k)})
-    finally:
-        for h in handles:
-            h.remove()
-    p = torch.softmax(out.logits[:, -1].float(), dim=-1)     # [head * prompt, vocab]
+    p = torch.softmax(_last_token_logits(model, prefix, by_layer, mean_z, k), dim=-1)
     return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
 
 
-def ablated_last_token(model: Model, prefix: LastTokenCache,
-                       head_sets: Sequence[Sequence[tuple[int, int]]], mean_z: np.ndarray,
-                       target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean ablation at the last token, one copy of the prompts per head set.
-
-    Copy j runs the batch's last token over the cached keys and values of the earlier
-    positions (`last_token_cache`) with every head ``(layer, head)`` of ``head_sets[j]``
-    writing ``mean_z[layer, head]`` into its slice of the ``o_proj`` input (a torch
-    pre-hook): the ablation of Yin & Steinhardt, which replaces the heads' output at the
-    last token only, so no earlier position changes. An empty set is the unablated run.
-
-    Returns
-    -------
-    (correct, prob): [set, prompt] tensors: whether the argmax next token is ``target``,
-    and the probability of ``target``.
-    """
-    check_local_weights(model, "the last-token ablation")
+def _last_token_logits(model: Model, prefix: LastTokenCache,
+                       by_layer: dict[int, list[tuple[int, int]]], mean_z: Any,
+                       k: int) -> torch.Tensor:
+    """Logits of the batch's last token run in ``k`` copies over the cached keys and values
+    of the earlier positions, where in copy j head ``head`` of ``layer`` (each ``(j, head)``
+    of ``by_layer[layer]``) writes ``mean_z[layer, head]`` into its slice of the ``o_proj``
+    input (a torch pre-hook). [k * prompt, vocab], copy-major."""
     b = prefix.batch
-    n, k, d = len(b.lengths), len(head_sets), model.spec.d_head
-    if k == 0:
-        raise InputError("`head_sets` must hold at least one set of heads.")
-    by_layer: dict[int, list[tuple[int, int]]] = {}
-    for j, heads in enumerate(head_sets):
-        for layer, head in heads:
-            by_layer.setdefault(int(layer), []).append((j, int(head)))
+    n, d = len(b.lengths), model.spec.d_head
 
     def hook_for(layer):
         values = [(j, head, torch.as_tensor(np.asarray(mean_z[layer, head])))
@@ -490,7 +451,36 @@ def ablated_last_token(model: Model, prefix: LastTokenCache,
     finally:
         for h in handles:
             h.remove()
-    logits = out.logits[:, -1].float()                       # [set * prompt, vocab]
+    return out.logits[:, -1].float()
+
+
+def ablated_last_token(model: Model, prefix: LastTokenCache,
+                       head_sets: Sequence[Sequence[tuple[int, int]]], mean_z: np.ndarray,
+                       target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ablation at the last token, one copy of the prompts per head set.
+
+    Copy j runs the batch's last token over the cached keys and values of the earlier
+    positions (`last_token_cache`) with every head ``(layer, head)`` of ``head_sets[j]``
+    writing ``mean_z[layer, head]`` into its slice of the ``o_proj`` input (a torch
+    pre-hook): the ablation of Yin & Steinhardt, which replaces the heads' output at the
+    last token only, so no earlier position changes. An empty set is the unablated run.
+
+    Returns
+    -------
+    (correct, prob): [set, prompt] tensors: whether the argmax next token is ``target``,
+    and the probability of ``target``.
+    """
+    check_local_weights(model, "the last-token ablation")
+    b = prefix.batch
+    n, k = len(b.lengths), len(head_sets)
+    if k == 0:
+        raise InputError("`head_sets` must hold at least one set of heads.")
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for j, heads in enumerate(head_sets):
+        for layer, head in heads:
+            by_layer.setdefault(int(layer), []).append((j, int(head)))
+
+    logits = _last_token_logits(model, prefix, by_layer, mean_z, k)     # [set * prompt, vocab]
     rows = torch.arange(k * n, device=logits.device)
     tgt = target.to(logits.device).repeat(k)
     prob = torch.softmax(logits, dim=-1)[rows, tgt].reshape(k, n)

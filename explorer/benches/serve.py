@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, check_int
+from explorer.benches.child import child_server
 from explorer.benches.timing import median_ms
 from explorer.defaults import DEFAULT_MODEL
 
@@ -46,12 +47,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _answers(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _rss_mb(pid: int) -> float:
@@ -74,25 +69,8 @@ def _server(model: str, heavy_jobs: int | None, log_dir: Path, timeout: float = 
     if heavy_jobs is not None:
         env["EXPLORER_HEAVY_JOBS"] = str(heavy_jobs)
     argv = [sys.executable, "-m", "explorer.cli", "serve", "--model", model, "--port", str(port)]
-    with open(log_dir / "serve.log", "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + timeout
-            while not _answers(port):
-                if proc.poll() is not None:
-                    raise RuntimeError("the server exited: "
-                                       + (log_dir / "serve.log").read_text()[-2000:])
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the server did not answer in {timeout:.0f} s")
-                time.sleep(0.2)
-            yield proc, port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(20)
+    with child_server(argv, port, log=log_dir / "serve.log", env=env, timeout=timeout) as proc:
+        yield proc, port
 
 
 def _lens_open(context: Any, url: str, timeout_ms: float) -> tuple[Any, float]:
