@@ -6,6 +6,7 @@ at a time, no padding) or by hand.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import numpy as np
@@ -197,10 +198,21 @@ def test_induction_scores_match_eager_attention_from_plain_hf(tiny_model):
     ds = ih.induction_scores(m, n_sequences=3, half_len=6, seed=1)
     ids = ds.sequence_ids.values
     assert ids.shape == (3, 13) and np.array_equal(ids[:, 1:7], ids[:, 7:])
+    np.testing.assert_allclose(ds.induction_score.values, induction_by_eager_attention(m, ids),
+                               atol=1e-5)
+    assert ds.attrs["method"] == "induction_scores"
+
+
+def induction_by_eager_attention(m, ids, edited=contextlib.nullcontext) -> np.ndarray:
+    """[layer, head] induction scores from plain transformers' eager attention weights (run
+    inside ``edited(m)``): per sequence, the mean over destinations i of the attention to
+    every source j whose previous token repeats token i."""
     current = m.hf.config._attn_implementation
     m.hf.set_attn_implementation("eager")
     try:
-        att = [m.hf(torch.tensor(row[None]), output_attentions=True).attentions for row in ids]
+        with edited(m):
+            att = [m.hf(torch.tensor(row[None]), output_attentions=True).attentions
+                   for row in ids]
     finally:
         m.hf.set_attn_implementation(current)
     expect = np.zeros((m.spec.n_layers, m.spec.n_heads))
@@ -211,9 +223,7 @@ def test_induction_scores_match_eager_attention_from_plain_hf(tiny_model):
                 for j in range(1, i + 1):
                     if row[j - 1] == row[i]:
                         expect[layer] += a[:, i, j] / len(row)
-    expect /= len(ids)
-    np.testing.assert_allclose(ds.induction_score.values, expect, atol=1e-5)
-    assert ds.attrs["method"] == "induction_scores"
+    return expect / len(ids)
 
 
 # -- position-restricted Ablate ------------------------------------------------------------

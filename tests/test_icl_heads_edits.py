@@ -13,6 +13,7 @@ import torch
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.interventions import Ablate
+from tests.test_icl_heads import induction_by_eager_attention
 
 EDIT = Ablate(0, 1, mode="zero")            # the workspace's edit: L0.H1 zeroed everywhere
 
@@ -58,24 +59,8 @@ def test_induction_score_and_attention_under_an_edit(tiny_model):
     ds = ih.induction_scores(m, n_sequences=2, half_len=6, seed=1, edits=[EDIT])
     plain = ih.induction_scores(m, n_sequences=2, half_len=6, seed=1)
     ids = ds.sequence_ids.values
-    current = m.hf.config._attn_implementation
-    m.hf.set_attn_implementation("eager")
-    try:
-        with _edited(m):
-            att = [m.hf(torch.tensor(row[None]), output_attentions=True).attentions
-                   for row in ids]
-    finally:
-        m.hf.set_attn_implementation(current)
-    expect = np.zeros((m.spec.n_layers, m.spec.n_heads))
-    for row, layers in zip(ids, att):
-        for layer, a in enumerate(layers):
-            a = a[0].double().numpy()                                 # [head, dst, src]
-            for i in range(len(row)):
-                for j in range(1, i + 1):
-                    if row[j - 1] == row[i]:
-                        expect[layer] += a[:, i, j] / len(row)
-    expect /= len(ids)
-    np.testing.assert_allclose(ds.induction_score.values, expect, atol=1e-5)
+    np.testing.assert_allclose(ds.induction_score.values,
+                               induction_by_eager_attention(m, ids, _edited), atol=1e-5)
     # the edit reaches the later layers' scores (so the test can tell it was applied)
     assert np.abs(ds.induction_score.values[1:] - plain.induction_score.values[1:]).max() > 1e-4
     np.testing.assert_allclose(ds.induction_score.values[0], plain.induction_score.values[0],
@@ -84,6 +69,7 @@ def test_induction_score_and_attention_under_an_edit(tiny_model):
     # one head's attention on the ICL prompt, edited
     got = ih.head_attention(m, 2, 0, task="antonym", n_shots=2, edits=[EDIT])["icl"]
     prompt, _ = ih.icl_prompts("antonym", n_prompts=1, n_shots=2, seed=42)
+    current = m.hf.config._attn_implementation
     m.hf.set_attn_implementation("eager")
     try:
         with _edited(m):

@@ -1,7 +1,8 @@
 """Shared pieces of the training-dynamics modules (parity, linear ICL, task emergence).
 
-A terminal progress bar for the command line, the version stamp of a run's attrs, and the
-store lookup that returns a stored training run or trains and stores it.
+A terminal progress bar for the command line, the version stamp of a run's attrs, the
+store lookup that returns a stored training run or trains and stores it, and the step loop
+of the regression labs (linear ICL, task emergence).
 """
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 import xarray as xr
 
 from explorer._checks import InputError, StoreError, safetensors_problem
 
 __all__ = ["ProgressCallback", "terminal_progress", "training_versions", "stored_training_run",
-           "datasets_to_safetensors", "datasets_from_safetensors"]
+           "datasets_to_safetensors", "datasets_from_safetensors", "run_training_steps"]
 
 ProgressCallback = Callable[[int, int], Any]
 
@@ -156,3 +158,25 @@ def datasets_from_safetensors(path, *, as_float32: Sequence[str] = ()) -> tuple[
                            in entry.get("text_coords", {}).items()})
             out[name] = xr.Dataset(data, coords=coords, attrs=entry["attrs"])
     return out, {k: json.loads(v) for k, v in meta.items()}
+
+
+def run_training_steps(steps: int, step_loss: Callable[[int], torch.Tensor],
+                       optimiser: torch.optim.Optimizer, *, losses: list[float],
+                       checkpoint: Callable[[int], None], checkpoint_every: int,
+                       progress: Callable[[int, int], bool | None] | None = None) -> bool:
+    """Steps 1..``steps`` with gradients on: ``step_loss(step)`` (which samples its batch),
+    backward, one optimiser step; the loss goes to ``losses``. Every ``checkpoint_every``
+    steps and at the last, ``checkpoint(step)``, then ``progress(step, steps)``: False
+    stops the loop. Returns whether it stopped early (cancelled)."""
+    with torch.enable_grad():
+        for step in range(1, steps + 1):
+            loss = step_loss(step)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            losses.append(float(loss.detach()))
+            if step % checkpoint_every == 0 or step == steps:
+                checkpoint(step)
+                if progress is not None and progress(step, steps) is False:
+                    return True
+    return False

@@ -38,6 +38,7 @@ from explorer._checks import InputError, check_float, check_int
 from explorer.analyses._training import (
     datasets_from_safetensors,
     datasets_to_safetensors,
+    run_training_steps,
     stored_training_run,
     training_versions,
 )
@@ -332,22 +333,16 @@ def train_linear_icl(
         walls.append(time.perf_counter() - start)
         running.clear()
 
-    cancelled = False
+    def step_loss(_step: int) -> torch.Tensor:
+        batch = sample_regression_prompts(batch_size, context_length, d, noise_var=noise_var,
+                                          generator=data_gen)
+        return ((model(batch["X"], batch["y"], batch["x_q"]) - batch["y_q"]) ** 2).mean()
+
     with torch.enable_grad():
         checkpoint(0)
-        for step in range(1, steps + 1):
-            batch = sample_regression_prompts(batch_size, context_length, d, noise_var=noise_var,
-                                              generator=data_gen)
-            loss = ((model(batch["X"], batch["y"], batch["x_q"]) - batch["y_q"]) ** 2).mean()
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            running.append(float(loss.detach()))
-            if step % checkpoint_every == 0 or step == steps:
-                checkpoint(step)
-                if progress is not None and progress(step, steps) is False:
-                    cancelled = True
-                    break
+    cancelled = run_training_steps(steps, step_loss, optimiser, losses=running,
+                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                                   progress=progress)
     seconds = time.perf_counter() - start
     return _run_dataset(snapshots, at_steps, train_losses, test_losses, test_lengths,
                         _attrs("linear_icl", params, seed, train_seconds=round(seconds, 3),

@@ -34,7 +34,8 @@ from torch import nn
 
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses._training import (datasets_from_safetensors, datasets_to_safetensors,
-                                         stored_training_run, training_versions)
+                                         run_training_steps, stored_training_run,
+                                         training_versions)
 
 __all__ = [
     "CITATION",
@@ -395,23 +396,17 @@ def train_task_emergence(
         losses.append(float(np.mean(running)) if running else float("nan"))
         running.clear()
 
-    cancelled = False
+    def step_loss(step: int) -> torch.Tensor:
+        for group in optimiser.param_groups:
+            group["lr"] = rate(step)
+        batch = _sample(bases, batch_size, n_examples, noise_std, None, gen, coef_mean, coef_std)
+        return ((model(batch["x"], batch["y"]) - batch["y"][:, -1]) ** 2).mean()
+
     with torch.enable_grad():
         checkpoint(0)
-        for step in range(1, steps + 1):
-            for group in optimiser.param_groups:
-                group["lr"] = rate(step)
-            batch = _sample(bases, batch_size, n_examples, noise_std, None, gen, coef_mean, coef_std)
-            loss = ((model(batch["x"], batch["y"]) - batch["y"][:, -1]) ** 2).mean()
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            running.append(float(loss.detach()))
-            if step % checkpoint_every == 0 or step == steps:
-                checkpoint(step)
-                if progress is not None and progress(step, steps) is False:
-                    cancelled = True
-                    break
+    cancelled = run_training_steps(steps, step_loss, optimiser, losses=running,
+                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                                   progress=progress)
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     names = [n for n, _ in model.named_parameters()]

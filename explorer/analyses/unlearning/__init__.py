@@ -60,6 +60,7 @@ from explorer.analyses.unlearning.components import (
     parse_component,
     top_components,
 )
+from explorer.analyses.unlearning import facts
 from explorer.analyses.unlearning.facts import (
     CITATION,
     FORMATS,
@@ -92,21 +93,8 @@ from explorer.analyses.unlearning.probe import attribute_probe_curve, fact_looku
 from explorer.analyses.unlearning.text import TEXT_SPLITS, text_loss, text_perplexity, text_windows
 
 __all__ = [
-    "FORMATS",
-    "METHODS",
+    *facts.__all__,
     "METRICS",
-    "OBJECTIVES",
-    "AttributeFact",
-    "UnlearningCancelled",
-    "facts_path",
-    "load_attribute_facts",
-    "fact_prompt",
-    "attribute_token_ids",
-    "subject_positions",
-    "candidate_predictions",
-    "format_accuracy",
-    "known_facts",
-    "split_facts",
     "probe_accuracy",
     "attribute_probe_curve",
     "fact_lookup_layers",
