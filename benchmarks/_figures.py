@@ -27,6 +27,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--disable-sync"]
 
 
+def fixed(obj: Any, width: int, height: int) -> Any:
+    """``obj`` at a fixed size in pixels (not responsive)."""
+    return obj.opts(responsive=False, width=width, height=height)
+
+
 def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500,
                settle_ms: int = 1000) -> Path:
     """Write HoloViews object ``obj`` to ``path`` as a PNG of about ``width`` x ``height``."""

@@ -226,10 +226,6 @@ def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500) ->
     log(f"  wrote {path.relative_to(ROOT)}")
 
 
-def _fixed(obj: Any, width: int, height: int) -> Any:
-    return obj.opts(responsive=False, width=width, height=height)
-
-
 def part_figures(args: argparse.Namespace) -> None:
     import holoviews as hv
 
@@ -247,13 +243,14 @@ def part_figures(args: argparse.Namespace) -> None:
     transition = analysis.attrs["transition_step"] or int(run["step"].values[-1])
     tree = int(analysis["step"].values[int(analysis["n_states"].values.argmax())])
     curves = parity_app.plot_training_curves(analysis, transition)
-    render_png(hv.Layout([_fixed(p, 380, 280) for p in curves]).cols(3).opts(shared_axes=False),
+    render_png(hv.Layout([_figures.fixed(p, 380, 280) for p in curves]).cols(3).opts(shared_axes=False),
                FIGURES / "dynamics_parity_training.png", width=1180, height=300)
     panels = []
     for step in (tree, int(run["step"].values[-1])):
-        panels.append(_fixed(parity_app.plot_hidden_pca(parity_hidden_pca(run, step)), 420, 340))
-        panels.append(_fixed(parity_app.plot_automaton(parity_automaton(run, step), minimal=False), 420, 340))
-    panels.append(_fixed(parity_app.plot_automaton(parity_automaton(run, int(run["step"].values[-1])),
+        panels.append(_figures.fixed(parity_app.plot_hidden_pca(parity_hidden_pca(run, step)), 420, 340))
+        panels.append(_figures.fixed(parity_app.plot_automaton(parity_automaton(run, step), minimal=False),
+                                     420, 340))
+    panels.append(_figures.fixed(parity_app.plot_automaton(parity_automaton(run, int(run["step"].values[-1])),
                                                    minimal=True), 420, 340))
     render_png(hv.Layout(panels).cols(2).opts(shared_axes=False), FIGURES / "dynamics_parity_automata.png",
                width=880, height=1080)
@@ -270,17 +267,17 @@ def part_figures(args: argparse.Namespace) -> None:
     runs = {H: linear_icl_run(n_heads=H) for H in ICL_HEADS}
     analyses = {H: stored_linear_icl_analysis(runs[H]) for H in ICL_HEADS}
     final = int(runs[2]["step"].values[-1])
-    render_png(hv.Layout([_fixed(icl_app.plot_loss_curves(analyses, final, 2), 560, 320),
-                          _fixed(icl_app.plot_loss_by_length(runs[2], analyses[2], final), 560, 320)])
+    render_png(hv.Layout([_figures.fixed(icl_app.plot_loss_curves(analyses, final, 2), 560, 320),
+                          _figures.fixed(icl_app.plot_loss_by_length(runs[2], analyses[2], final), 560, 320)])
                .cols(2).opts(shared_axes=False), FIGURES / "dynamics_icl_loss.png", width=1140, height=340)
     for H in (2, 4):
         pats = attention_patterns(runs[H].sel(step=final))
         render_png(icl_app.plot_kq_heatmaps(pats), FIGURES / f"dynamics_icl_kq_h{H}.png",
                    width=300 * H + 80, height=280)
-        render_png(_fixed(icl_app.plot_ov_heatmap(pats), 700, 90 + 36 * H),
+        render_png(_figures.fixed(icl_app.plot_ov_heatmap(pats), 700, 90 + 36 * H),
                    FIGURES / f"dynamics_icl_ov_h{H}.png", width=700, height=90 + 36 * H)
     metrics = icl_app.plot_pattern_metrics(analyses[2], final)
-    render_png(hv.Layout([_fixed(p, 380, 280) for p in metrics]).cols(3).opts(shared_axes=False),
+    render_png(hv.Layout([_figures.fixed(p, 380, 280) for p in metrics]).cols(3).opts(shared_axes=False),
                FIGURES / "dynamics_icl_patterns.png", width=1180, height=300)
     page_screenshots(run, analysis, runs, analyses, transition)
 

@@ -174,10 +174,6 @@ def render_png(obj: Any, path: Path, *, width: int = 1100, height: int = 500) ->
     log(f"  wrote {path.relative_to(ROOT)}")
 
 
-def _fixed(obj: Any, width: int, height: int) -> Any:
-    return obj.opts(responsive=False, width=width, height=height)
-
-
 def part_figures(args: argparse.Namespace) -> None:
     import holoviews as hv
     import numpy as np
@@ -193,20 +189,20 @@ def part_figures(args: argparse.Namespace) -> None:
     for projection in ("pca", "isomap"):
         for method in METHODS:
             emb = sh.edit_embedding(km, edits[method], [0.0, 1.0], projection=projection)
-            panels.append(_fixed(plot_embedding(emb, order=EXAMPLE_ORDER), 560, 460))
+            panels.append(_figures.fixed(plot_embedding(emb, order=EXAMPLE_ORDER), 560, 460))
     cols = len(METHODS)
     render_png(hv.Layout(panels).cols(cols).opts(shared_axes=False), FIGURES / "shattering_embedding.png",
                width=570 * cols, height=470 * 2)
     scatters, bars = [], []
     for method in METHODS:
         sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method=method, **METHOD_OPTIONS.get(method, {}))
-        scatters.append(_fixed(plot_shattering_scatter(sweep), 560, 380))
+        scatters.append(_figures.fixed(plot_shattering_scatter(sweep), 560, 380))
         d = sweep["distance"].values
         R = sweep["R"].values
         rows = [(str(k), float(R[d == k].mean())) for k in sorted(set(d.tolist()))]
         err = [(i + 1, float(R[d == k].mean()), float(R[d == k].std() / np.sqrt((d == k).sum())))
                for i, k in enumerate(sorted(set(d.tolist())))]
-        bars.append(_fixed((hv.Bars(rows, "counterfactual distance", "mean R").opts(color="#1f77b4")
+        bars.append(_figures.fixed((hv.Bars(rows, "counterfactual distance", "mean R").opts(color="#1f77b4")
                             * hv.ErrorBars([(str(k), m, e) for (_, m, e), k in zip(err, sorted(set(d.tolist())))],
                                            "counterfactual distance", ["mean R", "err"]))
                            .opts(title=f"{method}: mean R by distance (± s.e.)"), 360, 300))

@@ -17,6 +17,7 @@ import random
 import re
 import socket
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -107,6 +108,28 @@ def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
     with child_server([sys.executable, *argv], port, log=log_path, env=env, cwd=ROOT,
                       timeout=timeout, own_port=True, poll=0.3):
         yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def served_view(folder: Path, name: str, setup: str, app: str, *, one_thread: bool = False,
+                timeout: float = 240, env: dict[str, str] | None = None) -> Iterator[str]:
+    """One page served alone by a child interpreter, as `panel serve` would; yields its URL.
+
+    ``setup`` is the module code run once (imports, ``model = load_model(...)``), ``app`` the
+    body of the function that makes the page for each session (it returns it). The child
+    loads the theme's extension after ``setup``; with ``one_thread`` torch runs on one
+    thread. Its output goes to ``folder``/server.log; ``EXPLORER_CACHE`` is
+    ``folder``/cache unless ``env`` says otherwise."""
+    port = free_port()
+    threads = "import torch\ntorch.set_num_threads(1)\n" if one_thread else ""
+    code = (f"{threads}import panel as pn\nfrom apps import theme\n"
+            f"{textwrap.dedent(setup).strip()}\ntheme.enable_extension()\n\n"
+            f"def app():\n{textwrap.indent(textwrap.dedent(app).strip(), '    ')}\n\n"
+            f"pn.serve({{{name!r}: app}}, port={port}, address='127.0.0.1', threaded=True,\n"
+            f"         show=False).join()  # keep the interpreter (and the worker pool) alive\n")
+    with served_in_subprocess(["-c", code], port, folder / "server.log", timeout=timeout,
+                              env={"EXPLORER_CACHE": str(folder / "cache"), **(env or {})}) as url:
+        yield f"{url}/{name}"
 
 
 def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300,

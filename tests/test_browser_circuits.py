@@ -20,12 +20,10 @@ import re
 
 import functools
 import os
-import textwrap
 import time
 
 import pytest
-from _browser import (ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess,
-                      steady, wait_for)
+from _browser import ARTIFACTS, attribute, open_page, painted, served_view, steady, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -35,30 +33,15 @@ VIEWPORT = {"width": 1500, "height": 1400}
 
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import torch
-        torch.set_num_threads(1)
-        import panel as pn
-        from apps import theme
-        from apps.circuits import CircuitsView
-        from explorer import load_model
-
-        model = load_model("tiny-llama")
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp_path_factory.mktemp("circuits-server"), "circuits", """
+            from apps.circuits import CircuitsView
+            from explorer import load_model
+            model = load_model("tiny-llama")
+            """, f"""
             view = CircuitsView(model, n_prompts={N_PROMPTS})
             return theme.page([view], title="Circuits")
-
-        server = pn.serve({{"circuits": app}}, port={port}, address="127.0.0.1", threaded=True,
-                          show=False)
-        server.join()
-    """)
-    tmp = tmp_path_factory.mktemp("circuits-server")
-    with served_in_subprocess(["-c", code], port, tmp / "server.log", timeout=240,
-                              env={"EXPLORER_CACHE": str(tmp / "cache")}) as url:
-        yield f"{url}/circuits"
+            """, one_thread=True) as url:
+        yield url
 
 
 @functools.cache

@@ -8,43 +8,26 @@ press "Score the whole split" (a results table appears). A screenshot goes to
 """
 from __future__ import annotations
 
-import textwrap
 
 import pytest
-from _browser import (ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess,
-                      slider_handle, wait_for)
+from _browser import ARTIFACTS, attribute, open_page, painted, served_view, slider_handle, wait_for
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import socket
-        import panel as pn
-        import torch
-        torch.set_num_threads(1)
-        from apps import theme
-        from apps.conflicts import ConflictsView
-        from explorer import load_model
-        from explorer.analyses.conflicts import load_facts
-
-        model = load_model("tiny-llama")
-        facts = load_facts(["country_capital"])[:3]
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp_path_factory.mktemp("conflicts-server"), "conflicts", """
+            from apps.conflicts import ConflictsView
+            from explorer import load_model
+            from explorer.analyses.conflicts import load_facts
+            model = load_model("tiny-llama")
+            facts = load_facts(["country_capital"])[:3]
+            """, """
             view = ConflictsView(model, facts=facts, closed_book=False, n_new=2)
             return theme.page([view], title="Knowledge conflicts")
-
-        server = pn.serve({{"conflicts": app}}, port={port}, address="127.0.0.1", threaded=True,
-                          show=False)
-        server.join()
-    """)
-    log_path = tmp_path_factory.mktemp("conflicts-server") / "server.log"
-    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
-        yield f"{url}/conflicts"
+            """, one_thread=True) as url:
+        yield url
 
 
 def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):

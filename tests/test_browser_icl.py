@@ -8,38 +8,24 @@ to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
-import textwrap
 
 import pytest
-from _browser import (ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess,
-                      slider_handle, wait_for)
+from _browser import ARTIFACTS, attribute, open_page, painted, served_view, slider_handle, wait_for
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import panel as pn
-        from apps import theme
-        from apps.icl_heads import ICLHeadsView
-        from explorer import load_model
-
-        model = load_model("tiny-llama")
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp_path_factory.mktemp("icl-server"), "icl", """
+            from apps.icl_heads import ICLHeadsView
+            from explorer import load_model
+            model = load_model("tiny-llama")
+            """, """
             view = ICLHeadsView(model, n_prompts=3, n_shots=2)
             return theme.page([view], title="ICL heads")
-
-        server = pn.serve({{"icl": app}}, port={port}, address="127.0.0.1", threaded=True,
-                          show=False)
-        server.join()  # keep the interpreter (and the worker pool) alive
-    """)
-    log_path = tmp_path_factory.mktemp("icl-server") / "server.log"
-    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
-        yield f"{url}/icl"
+            """) as url:
+        yield url
 
 
 def test_scores_head_slider_and_ablation_curves(page_url, browser):

@@ -10,11 +10,10 @@ s_1 and prediction update, equal to `inject_residual` run here). Screenshots go 
 """
 from __future__ import annotations
 
-import textwrap
 import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, free_port, served_in_subprocess, slider_handle, wait_for
+from _browser import ARTIFACTS, attribute, served_view, slider_handle, wait_for
 
 from explorer.analyses.saturation import corpus_chunks, inject_residual, load_corpus
 
@@ -23,27 +22,17 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import panel as pn
-        from apps import theme
-        from apps.saturation import SaturationView
-        from explorer import load_model
-
-        model = load_model("tiny-llama")
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp_path_factory.mktemp("saturation-server"), "saturation", """
+            from apps.saturation import SaturationView
+            from explorer import load_model
+            model = load_model("tiny-llama")
+            """, """
             view = SaturationView(model, store=None, n_tokens=400, analysis_options=dict(
                 n_permutations=100, n_pairs=1, sample_positions=200,
                 min_sat_layer=0))         # 3 layers: no pair has both s_1 >= 1
             return view.page()
-
-        pn.serve(app, port={port}, address="127.0.0.1", show=False)
-    """)
-    log_path = tmp_path_factory.mktemp("saturation-server") / "server.log"
-    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
-        yield f"{url}/"
+            """) as url:
+        yield url
 
 
 def wait_for_change(page, name: str, old: str, timeout: float = 60) -> str:

@@ -7,10 +7,9 @@ accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
-import textwrap
 
 import pytest
-from _browser import ARTIFACTS, attribute, free_port, open_page, painted, served_in_subprocess, wait_for
+from _browser import ARTIFACTS, attribute, open_page, painted, served_view, wait_for
 from _views import tiny_facts_file
 
 pytestmark = pytest.mark.browser
@@ -20,28 +19,16 @@ pytestmark = pytest.mark.browser
 def page_url(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("unlearning-server")
     facts = tiny_facts_file(tmp)
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import panel as pn
-        from apps import theme
-        from apps.unlearning import UnlearningView
-        from explorer import load_model
-
-        model = load_model("tiny-llama")
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp, "unlearning", """
+            from apps.unlearning import UnlearningView
+            from explorer import load_model
+            model = load_model("tiny-llama")
+            """, f"""
             view = UnlearningView(model, facts_file={str(facts)!r}, known_only=False,
                                   n_forget=4, n_retain=2, n_layers=1, steps=2, relearn_steps=1)
             return theme.page([view], title="Unlearning")
-
-        server = pn.serve({{"unlearning": app}}, port={port}, address="127.0.0.1",
-                          threaded=True, show=False)
-        server.join()
-    """)
-    with served_in_subprocess(["-c", code], port, tmp / "server.log", timeout=240,
-                              env={"EXPLORER_CACHE": str(tmp / "cache")}) as url:
-        yield f"{url}/unlearning"
+            """) as url:
+        yield url
 
 
 def test_localize_pick_method_run_and_bars(page_url, browser):

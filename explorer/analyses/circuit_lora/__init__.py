@@ -42,6 +42,10 @@ in the submodule that calls it.
 """
 from __future__ import annotations
 
+# the submodules' __all__ make up this package's
+from explorer.analyses.circuit_lora import (  # noqa: I001
+    adapters, training, answers, checkpoints, circuit_change, study,
+)
 from explorer.analyses.circuit_lora.adapters import (
     CITATION,
     METHODS,
@@ -76,34 +80,13 @@ from explorer.analyses.circuit_lora.training import (
 )
 
 __all__ = [
-    "CITATION",
-    "METHODS",
-    "lora_modules",
-    "lora_parameter_count",
-    "allocate_lora_ranks",
-    "uniform_lora_ranks",
-    "lora_model",
-    "lora_weights_init",
-    "finetune_lora",
-    "lr_at",
-    "select_lr",
-    "checkpoint_steps",
-    "load_checkpoint",
-    "read_checkpoint",
-    "answer_accuracy",
-    "checkpoint_circuits",
-    "layer_change_noise_floor",
-    "CHECKPOINT_METHOD",
-    "CHECKPOINT_METRIC",
-    "jaccard",
-    "circuit_similarity",
-    "node_layer",
-    "layer_edge_change",
-    "critical_layers",
+    *adapters.__all__,
+    *training.__all__,
+    *answers.__all__,
+    *checkpoints.__all__,
+    *circuit_change.__all__,
+    *study.__all__,
     "circuit_lora_comparison",
-    "comparison_summary",
-    "run_summary",
-    "save_netcdf",
 ]
 
 # Not in __all__ but importable from here: `encode_answers`, `batch_draws` and `train_by_hooks`

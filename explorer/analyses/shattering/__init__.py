@@ -50,6 +50,10 @@ Transformer" (MEMIT), ICLR 2023.
 """
 from __future__ import annotations
 
+# the submodules' __all__ make up this package's
+from explorer.analyses.shattering import (  # noqa: I001
+    graph, model, edits, evaluation, sweep, embedding, storage,
+)
 from explorer.analyses.shattering.edits import (
     EDIT_METHODS,
     KnowledgeEdit,
@@ -90,40 +94,13 @@ from explorer.analyses.shattering.storage import (
 from explorer.analyses.shattering.sweep import edit_sweep, stored_edit_sweep, sweep_summary
 
 __all__ = [
-    "CITATION",
-    "DEFAULTS",
-    "EDIT_METHODS",
-    "SPLITS",
-    "KnowledgeGraph",
-    "knowledge_graph",
-    "random_walks",
-    "KnowledgeGPT",
-    "KnowledgeModel",
-    "train_knowledge_model",
-    "save_knowledge_model",
-    "load_knowledge_model",
-    "knowledge_model",
-    "is_stored",
-    "fact_accuracy",
-    "entity_representations",
-    "distance_matrix",
-    "shattering_ratio",
-    "key_covariance",
-    "rome_update",
-    "memit_update",
-    "KnowledgeEdit",
-    "counterfactual_target",
-    "rome_edit",
-    "memit_edits",
-    "memit_edit",
-    "finetune_edit",
-    "edit_fact",
-    "edited_model",
-    "edit_embedding",
-    "PROJECTIONS",
-    "edit_sweep",
-    "stored_edit_sweep",
-    "sweep_summary",
+    *graph.__all__,
+    *model.__all__,
+    *edits.__all__,
+    *evaluation.__all__,
+    *sweep.__all__,
+    *embedding.__all__,
+    *storage.__all__,
 ]
 
 # Not in __all__ but importable from here: `knowledge_model_path` and `edit_attrs`
