@@ -76,6 +76,19 @@ def machine() -> dict[str, Any]:
             "load_average_1_5_15": [round(x, 2) for x in load] if load else None}
 
 
+def run_parts(parts: dict[str, Any], names: list[str], args: Any) -> int:
+    """Run the evidence script's parts ``names`` in order (each ``parts[name](args)``) with
+    torch on ``args.threads`` threads, logging each part's seconds; 0 (the exit status)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    for name in names:
+        t0 = time.perf_counter()
+        parts[name](args)
+        log(f"{name}: done in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 @contextlib.contextmanager
 def page_server(code: str, *, timeout: float = 300, quiet: bool = False) -> Iterator[str]:
     """Run ``code`` in a child Python (from the repository root) with ``PORT`` set to a free

@@ -342,14 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="random strings per length in the long-string test (default: 20)")
     args = p.parse_args(argv)
     args.parity_seeds = [int(s) for s in args.parity_seeds.split(",") if s.strip()]
-    import torch
-
-    torch.set_num_threads(args.threads)
-    for part in args.part or list(PARTS):
-        t0 = time.perf_counter()
-        PARTS[part](args)
-        log(f"{part}: done in {time.perf_counter() - t0:.0f} s")
-    return 0
+    return _figures.run_parts(PARTS, args.part or list(PARTS), args)
 
 
 if __name__ == "__main__":

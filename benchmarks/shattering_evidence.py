@@ -269,14 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--search-scale", type=float, default=1.0,
                    help="search: fraction of every run's steps (default 1; below 1 a smoke run)")
     args = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    for part in args.part or list(PARTS):
-        t0 = time.perf_counter()
-        PARTS[part](args)
-        log(f"{part}: done in {time.perf_counter() - t0:.0f} s")
-    return 0
+    return _figures.run_parts(PARTS, args.part or list(PARTS), args)
 
 
 if __name__ == "__main__":

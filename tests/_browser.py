@@ -113,7 +113,8 @@ def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
 @contextlib.contextmanager
 def served_view(folder: Path, name: str, setup: str, app: str, *, one_thread: bool = False,
                 timeout: float = 240, env: dict[str, str] | None = None) -> Iterator[str]:
-    """One page served alone by a child interpreter, as `panel serve` would; yields its URL.
+    """One page (``name`` its path; "/" for the root) served by a child interpreter, as
+    `panel serve` would; yields its URL.
 
     ``setup`` is the module code run once (imports, ``model = load_model(...)``), ``app`` the
     body of the function that makes the page for each session (it returns it). The child
@@ -125,11 +126,11 @@ def served_view(folder: Path, name: str, setup: str, app: str, *, one_thread: bo
     code = (f"{threads}import panel as pn\nfrom apps import theme\n"
             f"{textwrap.dedent(setup).strip()}\ntheme.enable_extension()\n\n"
             f"def app():\n{textwrap.indent(textwrap.dedent(app).strip(), '    ')}\n\n"
-            f"pn.serve({{{name!r}: app}}, port={port}, address='127.0.0.1', threaded=True,\n"
-            f"         show=False).join()  # keep the interpreter (and the worker pool) alive\n")
+            f"pn.serve({{{name!r}: app}}, port={port}, address='127.0.0.1', threaded=True, show=False,\n"
+            f"         websocket_origin=['127.0.0.1:{port}']).join()  # the interpreter stays\n")
     with served_in_subprocess(["-c", code], port, folder / "server.log", timeout=timeout,
                               env={"EXPLORER_CACHE": str(folder / "cache"), **(env or {})}) as url:
-        yield f"{url}/{name}"
+        yield f"{url}/{name.strip('/')}"
 
 
 def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300,

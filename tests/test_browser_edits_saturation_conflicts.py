@@ -4,12 +4,10 @@ one, titled with the edit, with the numbers of a plain torch-hook ablation; noth
 runs past the window."""
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 
-from _browser import (free_port, gallery_page_state, plot_ids, served_in_subprocess, settle_gallery_page,
-                      title_fits)
+from _browser import gallery_page_state, plot_ids, served_view, settle_gallery_page, title_fits
 
 pytestmark = pytest.mark.browser
 
@@ -20,38 +18,24 @@ WIDTH = 1280
 
 @pytest.fixture(scope="module")
 def gallery_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import panel as pn
-        import torch
-        torch.set_num_threads(1)
-        from apps import theme
-        from apps.conflicts import ConflictsView
-        from apps.gallery import Gallery
-        from apps.saturation import SaturationView
-        from explorer.analyses.conflicts import load_facts
-        from explorer.interventions import Ablate
-
-        facts = load_facts(["country_capital"])[:2]
-        options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
-        views = [("Saturation events", "saturation",
-                  lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options)),
-                 ("Knowledge conflicts", "conflicts",
-                  lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2))]
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp_path_factory.mktemp("edits-gallery"), "/", """
+            from apps.conflicts import ConflictsView
+            from apps.gallery import Gallery
+            from apps.saturation import SaturationView
+            from explorer.analyses.conflicts import load_facts
+            from explorer.interventions import Ablate
+            facts = load_facts(["country_capital"])[:2]
+            options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
+            views = [("Saturation events", "saturation",
+                      lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options)),
+                     ("Knowledge conflicts", "conflicts",
+                      lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2))]
+            """, f"""
             g = Gallery("tiny-llama", views=views, view="saturation", prompt={PROMPT!r})
             g.workspace.push_edit(Ablate(*{HEAD!r}))
             return g.template()
-
-        server = pn.serve({{"/": app}}, port={port}, address="127.0.0.1", threaded=True,
-                          show=False, websocket_origin=["127.0.0.1:{port}"])
-        server.join()
-    """)
-    log_path = tmp_path_factory.mktemp("edits-gallery") / "server.log"
-    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
-        yield url + "/"
+            """, one_thread=True) as url:
+        yield url
 
 
 _OVERFLOW = """() => {

@@ -6,11 +6,10 @@ screenshots of each page at 1280 and 1920 px in test-artifacts/."""
 from __future__ import annotations
 
 import re
-import textwrap
 
 import pytest
-from _browser import (ARTIFACTS, SHADOW_TEXT, clipped_titles, free_port, gallery_page_state,
-                      plot_ids, served_in_subprocess, settle_gallery_page)
+from _browser import (ARTIFACTS, SHADOW_TEXT, clipped_titles, gallery_page_state, plot_ids,
+                      served_view, settle_gallery_page)
 
 pytestmark = pytest.mark.browser
 
@@ -23,41 +22,27 @@ PAGES = {"lens": "Logit lens", "attention": "Attention", "atlas": "Head atlas",
 
 @pytest.fixture(scope="module")
 def gallery_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import panel as pn
-        import torch
-        torch.set_num_threads(1)
-        from apps import theme
-        from apps.gallery import VIEWS, Gallery
-        from apps.conflicts import ConflictsView
-        from apps.linear_icl import LinearICLView
-        from explorer.analyses import linear_icl
-        from explorer.analyses.conflicts import load_facts
-        from explorer.interventions import Ablate
-
-        runs = {{H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
-                                               batch_size=64, n_test=64, test_lengths=[10, 40],
-                                               seed=0) for H in (1, 2)}}
-        facts = load_facts(["country_capital"])[:2]
-        cheap = {{"conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
-                  "linear-icl": lambda m: LinearICLView(m, runs=runs)}}
-        views = [(t, s, cheap.get(s, f)) for t, s, f in VIEWS if s in {list(PAGES)!r}]
-        theme.enable_extension()
-
-        def app():
+    with served_view(tmp_path_factory.mktemp("pages-gallery"), "/", f"""
+            from apps.gallery import VIEWS, Gallery
+            from apps.conflicts import ConflictsView
+            from apps.linear_icl import LinearICLView
+            from explorer.analyses import linear_icl
+            from explorer.analyses.conflicts import load_facts
+            from explorer.interventions import Ablate
+            runs = {{H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
+                                                   batch_size=64, n_test=64, test_lengths=[10, 40],
+                                                   seed=0) for H in (1, 2)}}
+            facts = load_facts(["country_capital"])[:2]
+            cheap = {{"conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
+                      "linear-icl": lambda m: LinearICLView(m, runs=runs)}}
+            views = [(t, s, cheap.get(s, f)) for t, s, f in VIEWS if s in {list(PAGES)!r}]
+            """, f"""
             g = Gallery("tiny-llama", views=views, view="lens", prompt={PROMPT!r})
             g.workspace.selected = ["L1.H2"]
             g.workspace.push_edit(Ablate(0, 1))
             return g.template()
-
-        server = pn.serve({{"/": app}}, port={port}, address="127.0.0.1", threaded=True,
-                          show=False, websocket_origin=["127.0.0.1:{port}"])
-        server.join()
-    """)
-    log_path = tmp_path_factory.mktemp("pages-gallery") / "server.log"
-    with served_in_subprocess(["-c", code], port, log_path, timeout=300) as url:
-        yield url + "/"
+            """, one_thread=True, timeout=300) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

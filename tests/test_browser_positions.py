@@ -11,12 +11,10 @@ the prompt's length (its tokenizer's count). Console errors, page errors and fai
 fail the test (the `browser` fixture). About 45 s."""
 from __future__ import annotations
 
-import textwrap
 import time
 
 import pytest
-from _browser import (ARTIFACTS, free_port, plot_ids, served_in_subprocess,
-                      settle_gallery_page, wait_for_text)
+from _browser import ARTIFACTS, plot_ids, served_view, settle_gallery_page, wait_for_text
 
 from apps._positions import POSITION_COLOR
 
@@ -30,37 +28,24 @@ WIDTH = 1280
 
 @pytest.fixture(scope="module")
 def gallery_url(tmp_path_factory):
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import panel as pn
-        import torch
-        torch.set_num_threads(1)
-        from apps import theme
-        from apps.attention import AttentionView
-        from apps.gallery import Gallery
-        from apps.saturation import SaturationView
+    with served_view(tmp_path_factory.mktemp("positions-gallery"), "/", """
+            from apps.attention import AttentionView
+            from apps.gallery import Gallery
+            from apps.saturation import SaturationView
 
-        class Blank(pn.viewable.Viewer):
-            def __panel__(self):
-                return pn.pane.Markdown("A page that computes nothing.")
+            class Blank(pn.viewable.Viewer):
+                def __panel__(self):
+                    return pn.pane.Markdown("A page that computes nothing.")
 
-        options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
-        views = [("Start", "start", lambda m: Blank()),
-                 ("Attention", "attention", lambda m: AttentionView(m)),
-                 ("Saturation events", "saturation",
-                  lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options))]
-        theme.enable_extension()
-
-        def app():
+            options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
+            views = [("Start", "start", lambda m: Blank()),
+                     ("Attention", "attention", lambda m: AttentionView(m)),
+                     ("Saturation events", "saturation",
+                      lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options))]
+            """, f"""
             return Gallery("tiny-llama", views=views, view="start", prompt={PROMPT!r}).template()
-
-        server = pn.serve({{"/": app}}, port={port}, address="127.0.0.1", threaded=True,
-                          show=False, websocket_origin=["127.0.0.1:{port}"])
-        server.join()
-    """)
-    log_path = tmp_path_factory.mktemp("positions-gallery") / "server.log"
-    with served_in_subprocess(["-c", code], port, log_path, timeout=240) as url:
-        yield url + "/"
+            """, one_thread=True) as url:
+        yield url
 
 
 # [left, right, bottom, top] of every dashed quad drawn in the selection colour, per plot

@@ -7,13 +7,13 @@ perplexity against a hand-written cross-entropy; the budget selection on hand-ma
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
 import torch
 import xarray as xr
+from _views import tiny_facts_file
 
 from explorer._checks import InputError
 from explorer.analyses import unlearning as U
@@ -23,13 +23,7 @@ ATTRS = ["blue", "dog", "moon"]
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory):
-    names = [f"Person {a}{b}" for a in "ABCD" for b in "xyz"]
-    data = {"attributes": ATTRS,
-            "templates": {"trained": "Fact: {subject} likes the",
-                          "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
-            "facts": [[n, ATTRS[i % 3]] for i, n in enumerate(names)]}
-    path = tmp_path_factory.mktemp("unlearning-components") / "facts.json"
-    path.write_text(json.dumps(data))
+    path = tiny_facts_file(tmp_path_factory.mktemp("unlearning-components"))  # 12 people, ATTRS
     return U.load_attribute_facts(path)
 
 

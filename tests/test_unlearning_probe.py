@@ -3,11 +3,11 @@ the (trained) module, the transfer probe against hand-made cases, the wiring of 
 from __future__ import annotations
 
 import copy
-import json
 
 import numpy as np
 import pytest
 import torch
+from _views import tiny_facts_file
 
 from explorer._checks import InputError
 from explorer.analyses import unlearning as U
@@ -18,13 +18,7 @@ ATTRS = ["blue", "dog", "moon"]  # distinct first tokens for the tiny byte-level
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory):
-    names = [f"Person {a}{b}" for a in "ABCD" for b in "xyz"]
-    data = {"attributes": ATTRS,
-            "templates": {"trained": "Fact: {subject} likes the",
-                          "mc": "Q: What does {subject} like? Options: {options}\nA: {subject} likes the"},
-            "facts": [[n, ATTRS[i % 3]] for i, n in enumerate(names)]}
-    path = tmp_path_factory.mktemp("latent") / "facts.json"
-    path.write_text(json.dumps(data))
+    path = tiny_facts_file(tmp_path_factory.mktemp("latent"))  # 12 people, ATTRS
     return U.load_attribute_facts(path)
 
 

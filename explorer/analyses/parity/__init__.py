@@ -42,6 +42,10 @@ the Streaming Parity Task", ICML 2025.
 """
 from __future__ import annotations
 
+# the submodules' __all__ make up this package's
+from explorer.analyses.parity import (  # noqa: I001
+    network, training, states, automaton, generalisation, runs, phase,
+)
 from explorer.analyses.parity.automaton import parity_automaton, parity_automaton_sizes
 from explorer.analyses.parity.generalisation import parity_long_accuracy
 from explorer.analyses.parity.network import CITATION, DEFAULTS, LONG_LENGTHS, ParityRNN, parity_strings
@@ -73,29 +77,13 @@ from explorer.analyses.parity.training import (
 )
 
 __all__ = [
-    "CITATION",
-    "DEFAULTS",
-    "ParityRNN",
-    "parity_strings",
-    "BATCHINGS",
-    "train_parity_rnn",
-    "parity_model",
-    "parity_run_from_models",
-    "parity_hidden_states",
-    "parity_hidden_pca",
-    "parity_automaton",
-    "parity_automaton_sizes",
-    "parity_long_accuracy",
-    "parity_run",
-    "SHIPPED_RUN",
-    "save_parity_run_safetensors",
-    "load_parity_run_safetensors",
-    "parity_analysis",
-    "stored_parity_analysis",
-    "parity_phase_diagram",
-    "stored_parity_phase_diagram",
-    "phase_summary",
-    "analysis_summary",
+    *network.__all__,
+    *training.__all__,
+    *states.__all__,
+    *automaton.__all__,
+    *generalisation.__all__,
+    *runs.__all__,
+    *phase.__all__,
 ]
 
 # Not in __all__ but importable from here: `LONG_LENGTHS`, `PHASE_GAINS`, `PHASE_MAX_LENGTHS`,
