@@ -305,10 +305,11 @@ _SIGNATURE = f"""(busy) => {{
   // not finished (queued, running or about to deliver), whatever page it belongs to
   const stop = [...Bokeh.index.all_views()].filter(v =>
       (v.model.css_classes || []).includes('stop-work'))
-  if (stop.some(v => !v.model.disabled)) spinning += 1
+  const active = stop.some(v => !v.model.disabled)
+  if (active) spinning += 1
   // a document whose roots have not all finished their first render
   if (Bokeh.documents.some(d => !d.is_idle)) spinning += 1
-  return {{spinning, gallery: stop.length > 0, ids: plots.map(v => v.model.id),
+  return {{spinning, gallery: stop.length > 0, active, ids: plots.map(v => v.model.id),
           plots: plots.map(v => [v.model.id, Math.round(v.bbox.width), Math.round(v.bbox.height),
                                  Math.round(v.frame.bbox.width), Math.round(v.frame.bbox.height),
                                  v.model.title != null ? v.model.title.text : ''])}}
