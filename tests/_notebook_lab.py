@@ -16,7 +16,8 @@ Every request to a host other than the Lab fails the test (the page must load ev
 the installed packages), after a widget's change too. For the lens view and the attention
 view, moving a slider in the browser must redraw the plot (the value goes to the kernel, the
 kernel sends a new plot). The notebook's kernel is stopped after its test. What was measured
-(seconds to run all cells, view cells drawn) goes to test-artifacts/lab_<notebook>.json.
+(seconds to run all cells, view cells drawn, the seconds of each phase: open, kernel and run,
+drawn, saved, screenshots) goes to test-artifacts/lab_<notebook>.json.
 
 A notebook exported with ``jupyter nbconvert --to html --execute`` must draw its plots in a page
 that may fetch nothing but the file itself.
