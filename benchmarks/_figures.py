@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from explorer.benches.child import child_server
+from explorer.benches.child import child_server, unused_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,9 +93,7 @@ def page_server(code: str, *, timeout: float = 300, quiet: bool = False) -> Iter
     """Run ``code`` in a child Python (from the repository root) with ``PORT`` set to a free
     port; it must serve its pages on 127.0.0.1:PORT. Yields the base URL once the port
     answers; stops the child afterwards. ``quiet`` drops the child's output."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = unused_port()
     argv = [sys.executable, "-c", f"PORT = {port}\n{code}"]
     with child_server(argv, port, cwd=ROOT, timeout=timeout, poll=0.5, quiet=quiet):
         yield f"http://127.0.0.1:{port}"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from explorer.benches.child import answers, child_server, listens
+from explorer.benches.child import answers, child_server, listens, unused_port
 from tests._browser import free_port
 
 pytestmark = pytest.mark.slow   # starts child interpreters
@@ -46,7 +46,8 @@ def test_a_child_that_exits_raises_with_its_output(tmp_path):
 
 
 def test_a_child_that_never_answers_times_out(tmp_path):
-    port = free_port()
+    port = unused_port()
+    assert not answers(port)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=f"did not answer on port {port} in 1 s"), \
             child_server([sys.executable, "-c", "import time; time.sleep(60)"], port,

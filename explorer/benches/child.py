@@ -16,7 +16,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["answers", "listens", "child_server", "stop"]
+__all__ = ["unused_port", "answers", "listens", "child_server", "stop"]
+
+
+def unused_port() -> int:
+    """A port on 127.0.0.1 that the system reports unused now (it may be taken before use)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def answers(port: int, host: str = "127.0.0.1") -> bool:

@@ -20,7 +20,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, check_int
-from explorer.benches.child import child_server
+from explorer.benches.child import child_server, unused_port
 from explorer.benches.timing import median_ms
 from explorer.defaults import DEFAULT_MODEL
 
@@ -41,12 +40,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-b
                  "--disable-component-update", "--disable-sync"]
 _WAITING = "Waiting for the server:"
 _DIGEST = "[data-lens-digest]"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -64,7 +57,7 @@ def _rss_mb(pid: int) -> float:
 @contextlib.contextmanager
 def _server(model: str, heavy_jobs: int | None, log_dir: Path, timeout: float = 600
             ) -> Iterator[tuple[subprocess.Popen, int]]:
-    port = _free_port()
+    port = unused_port()
     env = dict(os.environ)
     if heavy_jobs is not None:
         env["EXPLORER_HEAVY_JOBS"] = str(heavy_jobs)
