@@ -15,6 +15,10 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
         # every shipped task SmolLM2 does above chance (screened on other prompts), in two
         # folds: heads ranked and the cross-task mean taken on one fold, evaluated on the
         # other; each mean source; bootstrap intervals over prompts
+    python benchmarks/icl_heads_evidence.py --stages token-loss-long --long-ablations bos
+        # the paper's token-loss difference: loss at token 50 minus loss at token 500 of
+        # BOS-prefixed 505-token corpus windows, heads ablated with their BOS output (the
+        # paper's code) or their mean; FV score from the cross-fit's above-chance tasks
     python benchmarks/icl_heads_evidence.py --stages fvacc,td
     python benchmarks/icl_heads_evidence.py --stages tv-patching
         # the causal test of task vectors: each task's mean vector (and the Null task's)
@@ -220,6 +224,41 @@ def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float])
         save()
 
 
+def token_loss_long(model: Any, summary: dict, save: Any, args: Any,
+                    percents: list[float]) -> None:
+    """The token-loss difference over long contexts (`icl_token_loss.long_context_token_loss`)
+    for each ablation value, heads ranked by the induction score and by the FV indirect
+    effect averaged over every above-chance task of the cross-fit."""
+    from explorer.analyses import icl_token_loss as itl
+
+    xf = summary["ablation_cross_fit"]
+    tasks = xf["screen"]["above_chance"]
+    fv = np.mean([xf["indirect_effect"][t]["indirect_effect"] for t in tasks], axis=0)
+    ind = np.array(summary["induction"]["induction_score"])
+    out = summary.setdefault("token_loss_long", {})
+    for ablation in args.long_ablations.split(","):
+        t0, c0 = time.perf_counter(), time.process_time()
+        ds = itl.long_context_token_loss(
+            model, ind, fv, percents=percents, n_sequences=args.long_sequences,
+            ablation=ablation, n_boot=2000, seed=0,
+            progress=lambda d, t: print(f"  token loss ({ablation}): {d}/{t}", flush=True))
+        rk = ds.ranking.values.tolist()
+        out[ablation] = {
+            "fv_tasks": tasks, "percents": percents, **ds.attrs["params"],
+            **{var: {r: ds[var].sel(ranking=r).values.round(4).tolist() for r in rk}
+               for var in ("token_loss_difference", "token_loss_difference_low",
+                           "token_loss_difference_high", "change", "change_low",
+                           "change_high")},
+            "loss_early_mean": {r: ds.loss_early.sel(ranking=r).mean("sequence").values
+                                .round(4).tolist() for r in rk},
+            "loss_late_mean": {r: ds.loss_late.sel(ranking=r).mean("sequence").values
+                               .round(4).tolist() for r in rk},
+            "ablated": {r: ds.ablated.sel(ranking=r).values.tolist() for r in rk},
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+            "date": time.strftime("%Y-%m-%d")}
+        save()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", default="bench,induction")
@@ -238,6 +277,8 @@ def main() -> None:
     ap.add_argument("--xfit-shots", type=int, default=10)
     ap.add_argument("--xfit-fv-prompts", type=int, default=16)
     ap.add_argument("--xfit-mean-sources", default="cross-task,per-task,zero")
+    ap.add_argument("--long-ablations", default="bos")
+    ap.add_argument("--long-sequences", type=int, default=64)
     args = ap.parse_args()
     import torch
 
@@ -347,6 +388,8 @@ def main() -> None:
             save()
     if "ablation-xfit" in stages:
         xfit(model, summary, save, args, percents)
+    if "token-loss-long" in stages:
+        token_loss_long(model, summary, save, args, percents)
     if "fvacc" in stages:
         b = np.array(summary["overlap"]["fv_score"])
         t0 = time.perf_counter()

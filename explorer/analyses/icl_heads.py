@@ -50,7 +50,9 @@ __all__ = [
     "fv_last_token_probs",
     "fv_scores",
     "top_heads",
+    "ranked_head_sets",
     "ablation_edits",
+    "corpus_token_ids",
     "few_shot_accuracy",
     "token_loss_difference",
     "ablation_curves",
@@ -681,6 +683,27 @@ def top_heads(score: np.ndarray, fraction: float, *,
     return picked
 
 
+def ranked_head_sets(induction: np.ndarray, fv: np.ndarray, percents: Sequence[float], *,
+                     rankings: Sequence[str] = RANKINGS, exclude_fraction: float = 0.02,
+                     seed: int = 0) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """The heads ablated at each (ranking, percent) of Yin & Steinhardt's curves.
+
+    Rankings: by FV score, by induction score, each after removing the other score's top
+    ``exclude_fraction`` heads, and a random ranking (uniform scores from ``seed``). Keys
+    are (index in ``rankings``, index in ``percents``); values `top_heads` lists.
+    """
+    induction, fv = np.asarray(induction, float), np.asarray(fv, float)
+    random_score = np.random.default_rng(seed).random(induction.shape)
+    excl_ind = top_heads(induction, exclude_fraction)
+    excl_fv = top_heads(fv, exclude_fraction)
+    every = {"fv": (fv, ()), "induction": (induction, ()),
+             "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
+             "random": (random_score, ())}
+    chosen = [every[check_choice("ranking", r, RANKINGS)] for r in rankings]
+    return {(r, j): top_heads(score, p / 100.0, exclude=exclude)
+            for r, (score, exclude) in enumerate(chosen) for j, p in enumerate(percents)}
+
+
 def ablation_edits(heads: Sequence[tuple[int, int]], mean_z: np.ndarray | None, *,
                    positions: Sequence[int] | None = (-1,)) -> list[Ablate]:
     """Mean-ablation records: each head's output := ``mean_z[layer, head]`` at ``positions``.
@@ -761,7 +784,10 @@ def _bootstrap_mean_accuracy(correct: np.ndarray, *, n_boot: int, level: float,
     return np.quantile(resampled, tail, axis=-1), np.quantile(resampled, 1.0 - tail, axis=-1)
 
 
-def _corpus_ids(model: Model, n_sequences: int, n_tokens: int) -> list[list[int]]:
+def corpus_token_ids(model: Model, n_sequences: int, n_tokens: int) -> list[list[int]]:
+    """Up to ``n_sequences`` consecutive, non-overlapping windows of ``n_tokens`` tokens of
+    the shipped prose corpus (`datasets/corpus`, its files in name order joined by blank
+    lines), tokenized without special tokens."""
     text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(_CORPUS_DIR.glob("*.txt")))
     ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     seqs = [ids[i:i + n_tokens] for i in range(0, len(ids) - n_tokens + 1, n_tokens)]
@@ -871,14 +897,8 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     elif method == "last_token" and last_token_problem(model):
         raise InputError(f"ablation_curves(method='last_token') cannot run: "
                          f"{last_token_problem(model)}.")
-    rng = np.random.default_rng(seed)
-    random_score = rng.random(induction.shape)
-    excl_ind = top_heads(induction, exclude_fraction)
-    excl_fv = top_heads(fv, exclude_fraction)
-    every = {"fv": (fv, ()), "induction": (induction, ()),
-             "fv_excl_induction": (fv, excl_ind), "induction_excl_fv": (induction, excl_fv),
-             "random": (random_score, ())}
-    rankings = {r: every[r] for r in names}
+    heads_at = ranked_head_sets(induction, fv, percents, rankings=names,
+                                exclude_fraction=exclude_fraction, seed=seed)
     pool: list[Any] = []
     if mean_source == "cross-task":
         evaluated = {t.name for t in tasks}
@@ -888,14 +908,11 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                                    seed=seed + 2, edits=edits)
     elif mean_source == "zero":
         shared = np.zeros((spec.n_layers, spec.n_heads, spec.d_head))
-    # every (ranking, percent) and its heads; the empty set (0 %) is run once per task
-    heads_at = {(r, j): top_heads(score, p / 100.0, exclude=exclude)
-                for r, (score, exclude) in enumerate(rankings.values())
-                for j, p in enumerate(percents)}
+    # the empty set (0 %) is run once per task
     sets = sorted({tuple(h) for h in heads_at.values()}, key=lambda h: (len(h), h))
-    acc = np.zeros((len(rankings), len(percents), len(tasks)))
+    acc = np.zeros((len(names), len(percents), len(tasks)))
     prob = np.zeros_like(acc)
-    correct = np.zeros((len(rankings), len(percents), len(tasks), n_prompts))
+    correct = np.zeros((len(names), len(percents), len(tasks), n_prompts))
     total, done = len(tasks) * len(sets), 0
     for t, task in enumerate(tasks):
         prompts, answers = icl_prompts(task, n_prompts=n_prompts, n_shots=n_shots, seed=seed + 1)
@@ -929,9 +946,9 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
             hits, probs = result[tuple(heads)]
             correct[r, j, t] = hits
             acc[r, j, t], prob[r, j, t] = hits.mean(), probs.mean()
-    loss_ids = _corpus_ids(model, loss_sequences, loss_tokens)
-    tld = np.zeros((len(rankings), len(percents)))
-    ablated = np.empty((len(rankings), len(percents)), dtype=object)
+    loss_ids = corpus_token_ids(model, loss_sequences, loss_tokens)
+    tld = np.zeros((len(names), len(percents)))
+    ablated = np.empty((len(names), len(percents)), dtype=object)
     losses: dict[tuple, float] = {}
     for (r, j), heads in heads_at.items():
         ablated[r, j] = json.dumps(heads)
