@@ -32,7 +32,6 @@ from explorer import components
 from explorer._checks import InputError, check_prompts
 from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
 from explorer.interventions import Edit
-from explorer.trace import run_batch
 from explorer.trace import trace as trace_sites
 from explorer.workspace import edit_label
 
@@ -129,10 +128,8 @@ def edited_induction_scores(model: explorer.Model, edits: Sequence[Edit], *, n_s
     if not edits:
         return clean
     ids = clean["sequence_ids"].values                                  # [sequence, pos]
-    layers = range(model.spec.n_layers)
-    out = run_batch(model, model.batch_from_ids(ids.tolist()),
-                    save={(l, "attn_pattern") for l in layers}, edits=list(edits), logits=False)
-    patterns = np.stack([out[(l, "attn_pattern")].float().numpy() for l in layers], 1)
+    patterns = trace_sites(model, ids.tolist(), sites="attn_pattern", edits=list(edits),
+                     batch_size=len(ids), progress=False).attn_pattern.values
     params = clean.attrs.get("params", {})
     params = json.loads(params) if isinstance(params, str) else dict(params)
     measure = params.get("measure", "mul")

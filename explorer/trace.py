@@ -31,7 +31,7 @@ from .interventions import (
 )
 from .models import SITES, Batch, Model
 
-__all__ = ["trace", "run_with", "run_batch", "Readouts", "CleanRun", "clean_run", "provenance",
+__all__ = ["trace", "run_with", "as_batch", "run_batch", "Readouts", "CleanRun", "clean_run", "provenance",
            "check_sites", "check_layers", "check_positions", "check_edits", "check_edit_rows",
            "edits_for_rows", "run_on_weights"]
 
@@ -734,6 +734,34 @@ def progress_steps(total: int, progress: Any, *, unit: str = "prompt",
     return lambda k: None
 
 
+def as_batch(model: Model, prompts: Any) -> tuple[Batch, list[str] | None]:
+    """The batch `trace` and `run_with` run, from text (a string or a list of strings),
+    token id lists (each non-empty, at most the context length) or a `Batch`; with the
+    prompt texts when given as text (None otherwise)."""
+    if isinstance(prompts, Batch):
+        return prompts, None
+    if (isinstance(prompts, Sequence) and not isinstance(prompts, str) and prompts
+            and not isinstance(prompts[0], str)):
+        ids = []
+        for i, row in enumerate(prompts):
+            if isinstance(row, str) or not isinstance(row, Sequence | np.ndarray | torch.Tensor):
+                raise TypeError(f"`prompts[{i}]` must be a token id list like the others; got "
+                                f"{type(row).__name__}.")
+            row = [int(t) for t in row]
+            if not row:
+                raise InputError(f"`prompts[{i}]` holds no tokens.")
+            if len(row) > model.spec.context_length:
+                raise InputError(f"`prompts[{i}]` is {len(row)} tokens; {model.spec.name} takes "
+                                 f"at most {model.spec.context_length}.")
+            if min(row) < 0 or max(row) >= model.vocab_size:
+                raise InputError(f"`prompts[{i}]` holds a token id outside [0, "
+                                 f"{model.vocab_size}).")
+            ids.append(row)
+        return model.batch_from_ids(ids), None
+    batch = model.tokenize(prompts)
+    return batch, [prompts] if isinstance(prompts, str) else list(prompts)
+
+
 def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: Any = None,
           positions: Sequence[int] | None = None, edits: Sequence[Edit] = (),
           batch_size: int = 8, progress: Any = None) -> xr.Dataset:
@@ -742,7 +770,7 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     Parameters
     ----------
     model : Model
-    prompts : str or list of str
+    prompts : str, list of str, list of token id lists, or a `Batch`
     sites : str or sequence of {"resid_pre", "resid_post", "attn_z", "head_out",
         "attn_pattern", "mlp_out", "final_norm", "unembed"}, default=("resid_post",)
     layers : int or sequence of int, optional
@@ -771,16 +799,15 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     check_int("batch_size", batch_size, low=1)
     positions = check_positions(positions)
     edits = check_edits(edits)
-    batch_all = model.tokenize(prompts)  # validates every prompt before any work
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    batch_all, prompts = as_batch(model, prompts)  # validates every prompt before any work
+    n_total = len(batch_all.lengths)
     if positions is not None:
         position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
-    check_edit_rows(edits, len(prompts))
+    check_edit_rows(edits, n_total)
     layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
     save = {(layer, s) for layer in layers for s in layer_sites}  # head_out: made in the trace
     n_pos = len(positions) if positions is not None else max(batch_all.lengths)
     n_src = max(batch_all.lengths)  # attn_pattern sources: every real token
-    n_total = len(prompts)
     chunks = _batches(n_total, batch_size)
     if progress is None:
         progress = len(chunks) > 1
@@ -791,7 +818,8 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
 
     collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     for rows in chunks:
-        batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
+        batch = (batch_all if len(chunks) == 1
+                 else model.batch_from_ids([batch_all.token_ids[i] for i in rows]))
         batch_edits = edits_for_rows(run_edits, rows) if len(chunks) > 1 else run_edits
         out = run_batch(model, batch, save=save, edits=batch_edits, save_positions=positions,
                         logits="unembed" in sites,
@@ -976,7 +1004,7 @@ def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, position
             for s in sites}
     data["mask"] = (("prompt", "pos"), tc.pop("mask"))
     coords = {
-        "prompt": np.arange(len(prompts)),
+        "prompt": np.arange(len(batch_all.lengths)),
         "pos": np.array(positions) if positions is not None else np.arange(n_pos),
         "layer": np.array(layers),
         **tc,
@@ -996,6 +1024,8 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
              resume: CleanRun | None = None) -> xr.Dataset:
     """Run prompts under ``edits``; return ``logits`` (prompt, pos, vocab) and any sites.
 
+    ``prompts`` as in `trace` (text, token id lists or a `Batch`).
+
     With ``resume`` (from `clean_run` on the same prompts), layers before the first edit
     are not re-run: their clean output is fed forward instead (exact, and faster).
     """
@@ -1003,8 +1033,7 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     layers = check_layers(model, layers)
     positions = check_positions(positions)
     edits = check_edits(edits)
-    batch = model.tokenize(prompts)
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    batch, prompts = as_batch(model, prompts)
     bad = [s for s in sites if s in ("final_norm", "unembed", "attn_pattern")]
     if bad:
         raise InputError(f"run_with reads layer sites; use `trace` for {bad[0]!r}.")

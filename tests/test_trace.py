@@ -571,3 +571,29 @@ def test_trace_module_functions_fit_on_one_screen():
             if n_lines > 80 or n_params > 8:
                 too_big.append((node.name, n_lines, n_params))
     assert too_big == []
+
+
+def test_token_id_lists_and_batches_read_like_text(family_run):
+    """`trace` and `run_with` take token id lists or a `Batch` as well as text: the same
+    values as the text's hooked reference, the same token coords, and no prompt texts."""
+    from explorer.trace import run_with
+
+    model, _, refs = family_run
+    ids = [r["ids"].tolist() for r in refs]
+    by_ids = trace(model, ids, sites=("resid_post", "unembed"), batch_size=2, progress=False)
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        assert_close(real(by_ids.unembed, i, n), ref["logits"], atol=1e-4)
+        assert_close(real(by_ids.resid_post.sel(layer=0), i, n), ref["hidden"][1])
+        np.testing.assert_array_equal(by_ids.token_id.values[i, :n], ref["ids"].numpy())
+    assert by_ids.attrs["params"]["prompts"] is None
+    batch = model.batch_from_ids(ids)
+    last = run_with(model, batch, positions=[-1])
+    np.testing.assert_allclose(last.logits.values[:, 0],
+                               np.stack([r["logits"][-1].numpy() for r in refs]), atol=1e-4)
+    with pytest.raises(InputError, match="no tokens"):
+        trace(model, [ids[0], []])
+    with pytest.raises(InputError, match="token id outside"):
+        run_with(model, [[0, model.vocab_size]])
+    with pytest.raises(TypeError, match="token id list"):
+        trace(model, [ids[0], "text"])

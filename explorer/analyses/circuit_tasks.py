@@ -28,7 +28,7 @@ import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_int
 from explorer.models import Model
-from explorer.trace import provenance, run_batch
+from explorer.trace import provenance, run_with
 
 __all__ = ["prompt_task", "CircuitTask", "BASELINES", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
            "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token"]
@@ -321,7 +321,7 @@ def task_accuracy(model: Model, task: CircuitTask, *, batch_size: int = 16) -> x
         lens_c = model.tokenize([task.corrupt[i] for i in rows]).lengths
         ans = torch.tensor(_target_ids(model, clean_p, [task.answer[i] for i in rows]))
         wrong = torch.tensor(_target_ids(model, clean_p, [task.wrong[i] for i in rows]))
-        logits = run_batch(model, batch)["logits"][:, -1].float()  # [prompt, vocab]
+        logits = torch.from_numpy(run_with(model, batch, positions=[-1]).logits.values[:, 0])
         am = logits.argmax(-1)
         r = torch.arange(len(rows))
         correct += (am == ans).tolist()

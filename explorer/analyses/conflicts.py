@@ -31,7 +31,7 @@ import xarray as xr
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.interventions import Ablate, AddHead, Edit, Scale, position_index
 from explorer.models import Batch, Model, cache_dir
-from explorer.trace import CleanRun, check_edits, provenance, run_batch
+from explorer.trace import CleanRun, check_edits, provenance, run_batch, run_with
 
 __all__ = [
     "PROMPT_KINDS",
@@ -168,9 +168,9 @@ def _as_batch(model: Model, prompts: Sequence[str] | Batch) -> Batch:
 def _last_logits(model: Model, prompts: Sequence[str] | Batch, edits: Sequence[Edit] = (),
                  resume: CleanRun | None = None) -> torch.Tensor:
     batch = _as_batch(model, prompts) if resume is None else resume.batch
-    # only the last position is unembedded (run_batch passes logits_to_keep=1)
-    out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
-    return out["logits"][:, 0].float()  # [prompt, vocab]
+    # only the last position is unembedded
+    logits = run_with(model, batch, edits, positions=[-1], resume=resume).logits.values
+    return torch.from_numpy(logits[:, 0])  # [prompt, vocab]
 
 
 @dataclass
@@ -423,8 +423,9 @@ def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
             if ablation:
                 for layer in range(L):
                     for head in range(H):
-                        lg2 = run_batch(model, batch, edits=[Ablate(layer, head)],
-                                        save_positions=[-1])["logits"][:, 0].double()
+                        lg2 = torch.from_numpy(run_with(
+                            model, batch, [Ablate(layer, head)], positions=[-1]
+                        ).logits.values[:, 0]).double()
                         effect[ki, sl, layer, head] = (
                             lg2[idx, mem_ids[sl]] - lg2[idx, ctx_ids[sl]]).numpy() - base
                         done += sl.stop - sl.start

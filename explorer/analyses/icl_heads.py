@@ -29,7 +29,7 @@ import xarray as xr
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
 from explorer.interventions import Ablate
 from explorer.models import Model
-from explorer.trace import clean_run, provenance, run_batch, run_on_weights
+from explorer.trace import clean_run, provenance, run_on_weights, run_with, trace
 
 __all__ = [
     "ICL_DIR",
@@ -141,8 +141,8 @@ def answer_token_ids(model: Model, answers: Sequence[str]) -> list[int]:
 
 def last_token_probs(model: Model, batch: Any, edits=(), resume=None) -> torch.Tensor:
     """Next-token probabilities at each prompt's last token: [prompt, vocab]."""
-    out = run_batch(model, batch, edits=edits, save_positions=[-1], resume=resume)
-    return torch.softmax(out["logits"][:, -1].float(), dim=-1)
+    logits = run_with(model, batch, edits, positions=[-1], resume=resume).logits
+    return torch.softmax(torch.from_numpy(logits.values[:, -1]), dim=-1)
 
 
 # -- induction score -----------------------------------------------------------------------
@@ -220,13 +220,8 @@ def induction_scores(model: Model, *, n_sequences: int = 16, half_len: int = 20,
     check_choice("measure", measure, ("mul", "abs"))
     ids = _random_repeat_ids(model, n_sequences, half_len, seed)
     layers = range(model.spec.n_layers)
-    patterns = []
-    for start in range(0, n_sequences, batch_size):
-        batch = model.batch_from_ids(ids[start:start + batch_size].tolist())
-        out = run_batch(model, batch, save={(l, "attn_pattern") for l in layers}, logits=False,
-                        edits=edits)
-        patterns.append(np.stack([out[(l, "attn_pattern")].float().numpy() for l in layers], 1))
-    patterns = np.concatenate(patterns)             # [sequence, layer, head, dst, src]
+    patterns = trace(model, ids.tolist(), sites="attn_pattern", edits=edits,
+                     batch_size=batch_size, progress=False).attn_pattern.values
     score = induction_score_from_patterns(patterns, ids, measure)
     return xr.Dataset(
         {"induction_score": (("layer", "head"), score),
@@ -251,10 +246,9 @@ def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str =
     icl = model.tokenizer(prompt[0], add_special_tokens=False)["input_ids"]
     out = {}
     for name, ids in (("repeat", repeat), ("icl", icl)):
-        batch = model.batch_from_ids([ids])
-        a = run_batch(model, batch, save={(layer, "attn_pattern")}, logits=False, edits=edits)
-        att = a[(layer, "attn_pattern")][0, head].float().numpy()   # [dst, src]
-        tokens = batch.tokens[0]
+        read = trace(model, [ids], sites="attn_pattern", layers=[layer], edits=edits)
+        att = read.attn_pattern.values[0, 0, head]                    # [dst, src]
+        tokens = list(read.token.values[0])
         out[name] = xr.Dataset(
             {"attention": (("dst_pos", "src_pos"), att)},
             coords={"dst_pos": range(len(ids)), "src_pos": range(len(ids)),
@@ -272,12 +266,9 @@ def task_mean_z(model: Model, prompts: Sequence[str], edits=()) -> np.ndarray:
 
     Returns an array [layer, head, d_head] (the ā of Todd et al.).
     """
-    spec = model.spec
-    batch = model.tokenize(list(prompts))
-    out = run_batch(model, batch, save={(l, "attn_z") for l in range(spec.n_layers)},
-                    save_positions=[-1], logits=False, edits=edits)
-    z = np.stack([out[(l, "attn_z")][:, 0].float().numpy() for l in range(spec.n_layers)], 1)
-    return z.reshape(len(batch.lengths), spec.n_layers, spec.n_heads, spec.d_head).mean(0)
+    z = trace(model, list(prompts), sites="attn_z", positions=[-1], edits=edits,
+              batch_size=len(prompts), progress=False).attn_z.values   # [prompt, 1, layer, head, d_head]
+    return z[:, 0].mean(0)
 
 
 def heads_of_layers(model: Model, layers: Sequence[int] | None) -> list[tuple[int, int]]:
@@ -808,7 +799,7 @@ def token_loss_difference(model: Model, token_ids: Sequence[Sequence[int]], edit
     if early + window > n - window:
         raise InputError(f"sequences of {n} tokens are too short for early={early}, "
                          f"window={window}.")
-    logits = run_batch(model, batch, edits=edits)["logits"].float()   # [seq, pos, vocab]
+    logits = torch.from_numpy(run_with(model, batch, edits).logits.values)  # [seq, pos, vocab]
     ids = batch.input_ids
     logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
     loss = -logp                                                       # [seq, pos-1]

@@ -34,7 +34,7 @@ from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.analyses.icl_heads import (CITATION, RANKINGS, ablation_edits, corpus_token_ids,
                                          ranked_head_sets)
 from explorer.models import Model
-from explorer.trace import provenance, run_batch
+from explorer.trace import provenance, run_with, trace
 
 __all__ = ["ABLATIONS", "bos_head_outputs", "mean_head_outputs", "token_losses",
            "long_context_token_loss"]
@@ -48,11 +48,7 @@ def bos_head_outputs(model: Model) -> np.ndarray:
     bos = model.tokenizer.bos_token_id
     if bos is None:
         raise InputError(f"{model.spec.name}'s tokenizer has no BOS token; use ablation='mean'.")
-    spec = model.spec
-    out = run_batch(model, model.batch_from_ids([[int(bos)]]), logits=False,
-                    save={(l, "attn_z") for l in range(spec.n_layers)})
-    z = np.stack([out[(l, "attn_z")][0, 0].float().numpy() for l in range(spec.n_layers)])
-    return z.reshape(spec.n_layers, spec.n_heads, spec.d_head)
+    return trace(model, [[int(bos)]], sites="attn_z").attn_z.values[0, 0]  # [layer, head, d_head]
 
 
 def mean_head_outputs(model: Model, sequences: Sequence[Sequence[int]], *,
@@ -60,15 +56,12 @@ def mean_head_outputs(model: Model, sequences: Sequence[Sequence[int]], *,
     """Every head's output (``attn_z`` slice) averaged over every token of ``sequences``
     (one length, no padding): [layer, head, d_head]."""
     spec = model.spec
-    total, count = np.zeros((spec.n_layers, spec.n_heads * spec.d_head)), 0
-    for i in range(0, len(sequences), batch_size):
-        chunk = [list(map(int, s)) for s in sequences[i:i + batch_size]]
-        out = run_batch(model, model.batch_from_ids(chunk), logits=False,
-                        save={(l, "attn_z") for l in range(spec.n_layers)})
-        for l in range(spec.n_layers):
-            total[l] += out[(l, "attn_z")].double().sum((0, 1)).numpy()
-        count += sum(len(s) for s in chunk)
-    return (total / count).reshape(spec.n_layers, spec.n_heads, spec.d_head)
+    total, count = np.zeros((spec.n_layers, spec.n_heads, spec.d_head)), 0
+    for i in range(0, len(sequences), batch_size):   # a chunk at a time: [seq, pos, layer, ...]
+        z = trace(model, list(sequences[i:i + batch_size]), sites="attn_z").attn_z.values
+        total += z.astype(np.float64).sum((0, 1))
+        count += z.shape[0] * z.shape[1]
+    return total / count
 
 
 def token_losses(model: Model, sequences: Sequence[Sequence[int]], positions: Sequence[int],
@@ -85,9 +78,8 @@ def token_losses(model: Model, sequences: Sequence[Sequence[int]], positions: Se
     rows = []
     for i in range(0, len(sequences), batch_size):
         chunk = sequences[i:i + batch_size]
-        batch = model.batch_from_ids(chunk)
-        logits = run_batch(model, batch, edits=edits, save_positions=positions)["logits"]
-        logp = torch.log_softmax(logits.float(), -1)                  # [seq, position, vocab]
+        logits = run_with(model, chunk, edits, positions=positions).logits.values
+        logp = torch.log_softmax(torch.from_numpy(logits), -1)        # [seq, position, vocab]
         nxt = torch.tensor([[s[p + 1] for p in positions] for s in chunk])
         rows.append((-logp.gather(-1, nxt[..., None])[..., 0]).numpy())
     return np.concatenate(rows)

@@ -31,7 +31,7 @@ from explorer.analyses.icl_heads import (
 )
 from explorer.interventions import Steer
 from explorer.models import Model
-from explorer.trace import provenance, run_batch, run_on_weights
+from explorer.trace import provenance, run_on_weights, trace
 
 __all__ = [
     "function_vector",
@@ -172,14 +172,8 @@ def null_task(tasks: Sequence[ICLTask], seed: int = 0) -> ICLTask:
 def last_token_residuals(model: Model, prompts: Sequence[str], *,
                          batch_size: int = 16) -> np.ndarray:
     """``resid_post`` of every layer at each prompt's last token: [prompt, layer, d_model]."""
-    layers = range(model.spec.n_layers)
-    out = []
-    for start in range(0, len(prompts), batch_size):
-        batch = model.tokenize(list(prompts[start:start + batch_size]))
-        res = run_batch(model, batch, save={(l, "resid_post") for l in layers},
-                        save_positions=[-1], logits=False)
-        out.append(np.stack([res[(l, "resid_post")][:, 0].float().numpy() for l in layers], 1))
-    return np.concatenate(out)
+    return trace(model, list(prompts), sites="resid_post", positions=[-1],
+                 batch_size=batch_size, progress=False).resid_post.values[:, 0]
 
 
 def _pca2(x: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ import torch
 from explorer._checks import ExplorerError, InputError, check_choice, check_int
 from explorer.lora import WeightDeltas, remove_hooks
 from explorer.models import Model, cache_dir
-from explorer.trace import run_batch, run_on_weights
+from explorer.trace import run_on_weights, run_with
 
 __all__ = [
     "FORMATS",
@@ -172,7 +172,7 @@ def format_accuracy(model: Model, facts: Sequence[AttributeFact], fmt: str = "tr
     target = np.array([f.attributes.index(f.attribute) for f in facts])
     with torch.no_grad():
         if hf is None:
-            logits = run_batch(model, model.tokenize(prompts), save_positions=[-1])["logits"][:, 0].float()
+            logits = torch.from_numpy(run_with(model, prompts, positions=[-1]).logits.values[:, 0])
         elif isinstance(hf, WeightDeltas):
             batches = [model.tokenize(list(prompts[b0:b0 + 32])) for b0 in range(0, len(prompts), 32)]
             with model.lock:

@@ -6,7 +6,6 @@ noised subject embeddings (`causal_trace`), its linear estimate from one gradien
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,10 +13,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.unlearning.facts import (
     CITATION,
-    METHODS,
     AttributeFact,
     Progress,
     attribute_token_ids,
@@ -27,7 +25,7 @@ from explorer.analyses.unlearning.facts import (
 from explorer.analyses.unlearning.components import _mlp_layers, localized_components, top_layers
 from explorer.lora import remove_hooks
 from explorer.models import Model
-from explorer.trace import provenance, run_batch, run_on_weights
+from explorer.trace import provenance, run_on_weights, run_with, trace
 
 __all__ = ["causal_trace", "attribution_patching", "top_layers", "localized_layers"]
 
@@ -74,13 +72,11 @@ def _clean_states(model: Model, prompt: str
                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Clean resid_post and mlp_out per layer, each [pos, d_model], and the input of each
     layer's output projection (attn_z), [pos, head * d_head], from one core trace."""
-    L = model.n_layers
-    out = run_batch(model, model.tokenize([prompt]), logits=False,
-                    save={(x, s) for x in range(L) for s in ("resid_post", "mlp_out", "attn_z")})
-    z = [out[(x, "attn_z")][0] for x in range(L)]
-    return ([out[(x, "resid_post")][0].clone() for x in range(L)],
-            [out[(x, "mlp_out")][0].clone() for x in range(L)],
-            [t.reshape(t.shape[0], -1).clone() for t in z])
+    read = trace(model, [prompt], sites=("resid_post", "mlp_out", "attn_z"))
+    per_layer = {s: [torch.from_numpy(x) for x in np.moveaxis(read[s].values[0], 1, 0)]
+                 for s in ("resid_post", "mlp_out", "attn_z")}          # [pos, ...] per layer
+    return (per_layer["resid_post"], per_layer["mlp_out"],
+            [z.reshape(z.shape[0], -1) for z in per_layer["attn_z"]])
 
 
 def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
@@ -224,8 +220,8 @@ def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: f
                                             restores[r0:r0 + batch_size], resid, mlp, z)
                            for r0 in range(0, len(restores), batch_size)]).numpy()
         with torch.no_grad():
-            lg = run_batch(model, model.tokenize([prompts[fi]]), save_positions=[-1])["logits"]
-        p_clean[fi] = float(torch.softmax(lg[0, 0].float(), -1)[target])
+            lg = run_with(model, [prompts[fi]], positions=[-1]).logits.values
+        p_clean[fi] = float(torch.softmax(torch.from_numpy(lg[0, 0]), -1)[target])
         p_corrupt[fi] = probs[0]
         mlp_map[fi] = probs[1:L + 1]
         if heads:

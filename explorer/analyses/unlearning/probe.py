@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_int
@@ -19,7 +18,7 @@ from explorer.analyses.unlearning.facts import (
     subject_positions,
 )
 from explorer.models import Model
-from explorer.trace import provenance, run_batch
+from explorer.trace import provenance, trace
 
 __all__ = ["probe_accuracy", "attribute_probe_curve", "fact_lookup_layers"]
 
@@ -70,17 +69,15 @@ def attribute_probe_curve(model: Model, facts: Sequence[AttributeFact], *, n_fol
     L = model.n_layers
     labels = np.array([f.attribute for f in facts])
     feats = [[] for _ in range(L + 1)]  # embed, then layer 0..L-1
-    save = {(0, "resid_pre")} | {(layer, "resid_post") for layer in range(L)}
     for b0 in range(0, len(facts), batch_size):
         chunk = facts[b0:b0 + batch_size]
-        batch = model.tokenize([fact_prompt(f, "trained") for f in chunk])
-        out = run_batch(model, batch, save=save, logits=False)
-        rows = torch.arange(len(chunk))
-        cols = torch.tensor([batch.width - n + subject_positions(model, f)[-1]
-                             for f, n in zip(chunk, batch.lengths)])
-        feats[0].append(out[(0, "resid_pre")][rows, cols].float().numpy())
+        read = trace(model, [fact_prompt(f, "trained") for f in chunk],
+                     sites=("resid_pre", "resid_post"), batch_size=len(chunk), progress=False)
+        rows = np.arange(len(chunk))
+        cols = np.array([subject_positions(model, f)[-1] for f in chunk])  # unpadded positions
+        feats[0].append(read.resid_pre.values[rows, cols, 0])
         for layer in range(L):
-            feats[layer + 1].append(out[(layer, "resid_post")][rows, cols].float().numpy())
+            feats[layer + 1].append(read.resid_post.values[rows, cols, layer])
         if progress:
             progress(min(b0 + batch_size, len(facts)), len(facts) + L + 1)
     accs = []
