@@ -31,7 +31,7 @@ from .interventions import (
 )
 from .models import SITES, Batch, Model
 
-__all__ = ["trace", "run_with", "as_batch", "run_batch", "Readouts", "CleanRun", "clean_run", "provenance",
+__all__ = ["trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts", "CleanRun", "clean_run", "provenance",
            "check_sites", "check_layers", "check_positions", "check_edits", "check_edit_rows",
            "edits_for_rows", "run_on_weights"]
 
@@ -1016,6 +1016,49 @@ def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, position
         coords["src_pos"] = np.arange(max(batch_all.lengths))
     attrs = provenance(model, method="trace", edits=edits, sites=list(sites), layers=layers,
                        positions=positions, prompts=prompts)
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+_DLA_VARS = {"embed": ("embed", ("prompt", "pos", "target")),
+             "heads": ("head", ("prompt", "pos", "layer", "head", "target")),
+             "attn_bias": ("attn_bias", ("prompt", "pos", "layer", "target")),
+             "mlp": ("mlp", ("prompt", "pos", "layer", "target")),
+             "norm_bias": ("norm_bias", ("prompt", "pos", "target"))}
+"""`logit_attribution`'s variables: name -> (the `direct_logit_attribution` part, dims)."""
+
+
+def logit_attribution(model: Model, prompts: Any, target_ids: Any, *,
+                      positions: Sequence[int] = (-1,), edits: Sequence[Edit] = ()) -> xr.Dataset:
+    """Direct logit attribution of ``target_ids`` [prompt, target] at each prompt's
+    ``positions``, computed inside the trace (`direct_logit_attribution`: only these
+    scalars leave a remote run), under ``edits``.
+
+    ``prompts`` as in `trace`. Returns, in float64, ``embed``, ``heads`` (layer, head),
+    ``attn_bias`` and ``mlp`` (layer) and ``norm_bias`` terms over (prompt, pos, ...,
+    target) and ``logit`` (prompt, pos, target), the targets' logits; where the residual
+    stream is a plain sum (not under Gemma 2's post-norms, nor a logit soft cap) the terms
+    add up to it. Coord ``target_id`` (prompt, target).
+    """
+    positions = check_positions(positions)
+    if positions is None:
+        raise InputError("`positions` must name the positions to attribute; got None.")
+    edits = check_edits(edits)
+    batch, prompts = as_batch(model, prompts)
+    ids = torch.as_tensor(np.asarray(target_ids), dtype=torch.long)
+    if ids.dim() != 2 or ids.shape[0] != len(batch.lengths):
+        raise InputError(f"`target_ids` must be [prompt, target] with {len(batch.lengths)} "
+                         f"rows; got shape {tuple(ids.shape)}.")
+    out = run_batch(model, batch, edits=edits, save_positions=positions, dla_ids=ids)
+    data = {name: (dims, out[("dla", part)].double().numpy())
+            for name, (part, dims) in _DLA_VARS.items()}
+    logits = out["logits"].double()                                       # [prompt, pos, vocab]
+    data["logit"] = (("prompt", "pos", "target"),
+                     logits.gather(-1, ids[:, None, :].expand(-1, logits.shape[1], -1)).numpy())
+    coords = {"prompt": np.arange(len(batch.lengths)), "pos": np.array(positions),
+              "layer": np.arange(model.n_layers), "head": np.arange(model.spec.n_heads),
+              "target": np.arange(ids.shape[1]), "target_id": (("prompt", "target"), ids.numpy())}
+    attrs = provenance(model, method="logit_attribution", edits=edits, positions=positions,
+                       prompts=prompts)
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 

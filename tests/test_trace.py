@@ -597,3 +597,30 @@ def test_token_id_lists_and_batches_read_like_text(family_run):
         run_with(model, [[0, model.vocab_size]])
     with pytest.raises(TypeError, match="token id list"):
         trace(model, [ids[0], "text"])
+
+
+def test_logit_attribution_is_the_hand_split_as_a_dataset(family_run):
+    """`logit_attribution`: each term equals the split computed by hand with hooks, the
+    targets' logits are the plain forward's at each prompt's last token, and where the
+    residual stream is a plain sum (all but Gemma 2's post-norms) the terms add up to them."""
+    from explorer.trace import logit_attribution
+
+    model, _, refs = family_run
+    targets = np.array([[3, 17], [5, 5], [0, 40]])
+    got = logit_attribution(model, PROMPTS, targets)
+    assert got.heads.dims == ("prompt", "pos", "layer", "head", "target")
+    total = (got.embed + got.heads.sum(("layer", "head")) + got.attn_bias.sum("layer")
+             + got.mlp.sum("layer") + got.norm_bias)
+    for i, (prompt, ref) in enumerate(zip(PROMPTS, refs)):
+        hand = _hand_dla(model, prompt, targets[i].tolist())
+        for var, part in (("embed", "embed"), ("heads", "head"), ("attn_bias", "attn_bias"),
+                          ("mlp", "mlp"), ("norm_bias", "norm_bias")):
+            np.testing.assert_allclose(got[var].values[i, 0], hand[part].numpy(), atol=2e-5,
+                                       rtol=1e-4, err_msg=var)
+        want = ref["logits"][-1].double().numpy()[targets[i]]
+        np.testing.assert_allclose(got.logit.values[i, 0], want, atol=1e-4)
+        if model.spec.family != "gemma2":
+            np.testing.assert_allclose(total.values[i, 0], want, atol=1e-3)
+    np.testing.assert_array_equal(got.target_id.values, targets)
+    with pytest.raises(InputError, match="target_ids"):
+        logit_attribution(model, PROMPTS, targets[:2])

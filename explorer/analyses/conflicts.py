@@ -31,7 +31,8 @@ import xarray as xr
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.interventions import Ablate, AddHead, Edit, Scale, position_index
 from explorer.models import Batch, Model, cache_dir
-from explorer.trace import CleanRun, check_edits, provenance, run_batch, run_with
+from explorer.trace import (CleanRun, check_edits, logit_attribution, provenance, run_batch,
+                             run_with)
 
 __all__ = [
     "PROMPT_KINDS",
@@ -408,17 +409,16 @@ def head_context_memory_scores(model: Model, facts: Sequence[Fact], *,
             batch = model.tokenize([conflict_prompt(f, kind) for f in facts[sl]])
             # the split is computed inside the trace (only these scalars leave a remote run)
             ids = torch.stack([mem_ids[sl], ctx_ids[sl]], 1)             # [prompt, 2]
-            out = run_batch(model, batch, save_positions=[-1], dla_ids=ids)
-            dla = {part: out[("dla", part)][:, 0] for part in
-                   ("embed", "head", "attn_bias", "mlp", "norm_bias")}    # drop the pos dim
+            read = logit_attribution(model, batch, ids)                   # at the last token
+            dla = {part: torch.from_numpy(read[part].values[:, 0]) for part in
+                   ("embed", "heads", "attn_bias", "mlp", "norm_bias")}   # drop the pos dim
             embed[ki, sl] = mem_minus_ctx(dla["embed"])
-            direct[ki, sl] = dla["head"].permute(0, 3, 1, 2).numpy()     # [prompt, 2, L, H]
+            direct[ki, sl] = dla["heads"].permute(0, 3, 1, 2).numpy()     # [prompt, 2, L, H]
             abias[ki, sl] = mem_minus_ctx(dla["attn_bias"].transpose(1, 2))
             mlp[ki, sl] = mem_minus_ctx(dla["mlp"].transpose(1, 2))
             nbias[ki, sl] = mem_minus_ctx(dla["norm_bias"])
-            lg = out["logits"][:, 0].double()
-            idx = torch.arange(lg.shape[0])
-            base = (lg[idx, mem_ids[sl]] - lg[idx, ctx_ids[sl]]).numpy()
+            idx = torch.arange(len(ids))
+            base = read.logit.values[:, 0, 0] - read.logit.values[:, 0, 1]   # memory - context
             logit[ki, sl] = base
             if ablation:
                 for layer in range(L):
