@@ -16,7 +16,9 @@ import torch
 
 import explorer
 from apps.lens import LensView, heatmap_columns, is_preview, plot_lens_heatmap
+import explorer.lens_preview
 from explorer.lens import logit_lens, preview_vocabulary
+from explorer.models import TINY_MODELS
 from tests.test_apps import _layer_outputs
 
 PROMPT = "The capital of France is"
@@ -262,3 +264,45 @@ def test_the_slider_updates_are_the_full_columns(tiny_model):
             assert cols and set(cols) <= set(full[glyph])
             for name, values in cols.items():
                 np.testing.assert_array_equal(np.asarray(values), np.asarray(full[glyph][name]))
+
+
+# -- every family of the architecture table -------------------------------------------------
+
+@pytest.fixture(scope="module", params=TINY_MODELS)
+def family_model(request):
+    return explorer.load_model(request.param)
+
+
+def test_a_steered_preview_over_every_token_is_the_exact_lens_in_every_family(family_model):
+    m = family_model
+    v = np.random.default_rng(2).normal(size=m.spec.d_model).astype(np.float32)
+    edits = [explorer.Steer(1, v, 2.0)]
+    exact = logit_lens(m, PROMPT, k=3, edits=edits)
+    preview = logit_lens(m, PROMPT, k=3, edits=edits, preview_vocab=np.arange(m.vocab_size))
+    assert preview.attrs["params"]["readout"] == "preview"
+    np.testing.assert_array_equal(preview.top_token_id.values, exact.top_token_id.values)
+    np.testing.assert_allclose(preview.top_prob.values, exact.top_prob.values, rtol=1e-5)
+
+
+def test_the_page_previews_a_drag_in_every_family(family_model):
+    """A drag on the lens page draws a marked preview on every family: through the preview
+    forward where it covers the blocks (`preview_forward_reason`), through the trace's lens
+    elsewhere, whose final layer is the model's exact output. Layers before the steered one
+    are the exact lens's, and the release gives the exact lens."""
+    m = family_model
+    view = LensView(m, prompt=PROMPT, k=3, steer_layer=1)
+    try:
+        slider = view.alpha_slider()
+        slider.value = 2.5
+        assert is_preview(view.preview)
+        edits = [explorer.Steer(1, _vector(view), 2.5)]
+        exact = logit_lens(m, PROMPT, k=3, edits=edits)
+        got, want = view.preview.top_token_id.values[0], exact.top_token_id.values[0]
+        np.testing.assert_array_equal(got[:, :1], want[:, :1])     # layer 0, before the steer
+        if explorer.lens_preview.preview_forward_reason(m, edits) is not None:
+            np.testing.assert_array_equal(got[:, -1, 0], want[:, -1, 0])
+        _release(slider, 2.5)
+        assert view.preview is None and not is_preview(view.result)
+        np.testing.assert_array_equal(view.result.top_token_id.values, exact.top_token_id.values)
+    finally:
+        view.close()
