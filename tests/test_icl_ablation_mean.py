@@ -147,8 +147,11 @@ def test_bootstrap_resamples_within_tasks():
     assert float(low[0, 0]) == float(high[0, 0]) == 0.5
 
 
-def test_last_token_and_full_ablation_agree_on_every_point(tiny_model):
-    m = tiny_model
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox"])
+def test_last_token_and_full_ablation_agree_on_every_point(name):
+    from explorer import load_model
+
+    m = load_model(name)
     rng = np.random.default_rng(7)
     shape = (m.spec.n_layers, m.spec.n_heads)
     induction, fv = rng.random(shape), rng.random(shape)
@@ -163,16 +166,19 @@ def test_last_token_and_full_ablation_agree_on_every_point(tiny_model):
     np.testing.assert_allclose(fast.token_loss_difference, slow.token_loss_difference)
 
 
-def test_last_token_ablation_refused_where_it_cannot_run(tiny_gpt2):
-    shape = (tiny_gpt2.spec.n_layers, tiny_gpt2.spec.n_heads)
-    with pytest.raises(InputError, match="method='last_token'.*llama family"):
-        ih.ablation_curves(tiny_gpt2, ["antonym"], np.zeros(shape), np.zeros(shape),
+def test_last_token_ablation_refused_where_it_cannot_run():
+    from explorer import load_model
+
+    gemma = load_model("tiny-gemma2")
+    shape = (gemma.spec.n_layers, gemma.spec.n_heads)
+    with pytest.raises(InputError, match="method='last_token'.*gpt_neox families"):
+        ih.ablation_curves(gemma, ["antonym"], np.zeros(shape), np.zeros(shape),
                            method="last_token")
     with pytest.raises(InputError, match="Did you mean 'last_token'"):
-        ih.ablation_curves(tiny_gpt2, ["antonym"], np.zeros(shape), np.zeros(shape),
+        ih.ablation_curves(gemma, ["antonym"], np.zeros(shape), np.zeros(shape),
                            method="last-token")
     with pytest.raises(InputError, match="at least one evaluation task"):
-        ih.ablation_curves(tiny_gpt2, [], np.zeros(shape), np.zeros(shape))
+        ih.ablation_curves(gemma, [], np.zeros(shape), np.zeros(shape))
 
 
 def test_default_mean_pool_leaves_out_the_evaluated_tasks(tiny_model):

@@ -316,11 +316,15 @@ def test_batched_fv_scores_equal_one_trace_per_head(tiny_model):
         ih.fv_scores(m, ["uppercase"], max_rows=0, **kw)
 
 
-def test_last_token_cache_reproduces_the_full_forward(tiny_model):
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox", "tiny-qwen2"])
+def test_last_token_cache_reproduces_the_full_forward(name):
     """The cached last-token run gives the full forward's last-token probabilities on a
     left-padded batch (prompts of different lengths), unpatched and with heads patched,
-    and leaves the per-task cache unchanged between runs."""
-    m = tiny_model
+    and leaves the per-task cache unchanged between runs, in every family it serves."""
+    from explorer import load_model
+
+    m = load_model(name)
+    assert ih.last_token_problem(m) is None
     corr, answers = ih.icl_prompts("antonym", n_prompts=3, n_shots=2, seed=1, shuffle_labels=True)
     corr = corr + ["Q: big\nA:"]
     target = torch.tensor(ih.answer_token_ids(m, answers + ["small"]))
@@ -346,13 +350,17 @@ def test_last_token_cache_reproduces_the_full_forward(tiny_model):
 
 
 def test_last_token_path_only_where_it_applies(tiny_model, tiny_gpt2):
-    assert ih.last_token_problem(tiny_model) is None
-    assert "llama family" in ih.last_token_problem(tiny_gpt2)
+    from explorer import load_model
+
+    gemma = load_model("tiny-gemma2")
+    assert ih.last_token_problem(tiny_model) is None and ih.last_token_problem(tiny_gpt2) is None
+    assert "gemma2" in ih.last_token_problem(gemma)
     kw = dict(n_prompts=2, n_shots=2, seed=0, layers=[0])
-    ds = ih.fv_scores(tiny_gpt2, ["antonym"], **kw)
+    assert ih.fv_scores(tiny_gpt2, ["antonym"], **kw).attrs["params"]["fv_method"] == "last_token"
+    ds = ih.fv_scores(gemma, ["antonym"], **kw)
     assert ds.attrs["params"]["fv_method"] == "resume"
-    with pytest.raises(InputError, match="llama family"):
-        ih.fv_scores(tiny_gpt2, ["antonym"], method="last_token", **kw)
+    with pytest.raises(InputError, match="handles the llama, gpt2, gpt_neox families"):
+        ih.fv_scores(gemma, ["antonym"], method="last_token", **kw)
     with pytest.raises(InputError, match="`method` must be one of"):
         ih.fv_scores(tiny_model, ["antonym"], method="fast", **kw)
 

@@ -46,6 +46,7 @@ __all__ = [
     "fv_patched_probs",
     "LastTokenCache",
     "last_token_problem",
+    "LAST_TOKEN_FAMILIES",
     "last_token_cache",
     "fv_last_token_probs",
     "fv_scores",
@@ -331,18 +332,23 @@ class LastTokenCache:
     cache: Any   # a transformers Cache over positions [0, width - 1)
 
 
+LAST_TOKEN_FAMILIES = ("llama", "gpt2", "gpt_neox")
+"""Model families whose cached last-token run equals the full forward (tested on each)."""
+
+
 def last_token_problem(model: Model, width: int | None = None) -> str | None:
     """Why `last_token_cache` cannot serve ``model`` (None when it can).
 
     It runs ``model.hf`` with a key/value cache, patching through torch hooks on the
     attention output projection (on a remote model, on the server: `fv_scores` sends each
-    task's runs as one job): only the llama family (Llama, Qwen2/3, Mistral) is checked to
-    give the full forward's logits; a sliding attention window narrower than the batch is
-    not handled.
+    task's runs as one job). The families checked to give the full forward's logits are
+    `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia); Gemma 2's
+    alternating sliding-window layers keep a hybrid cache it does not handle, and a
+    sliding attention window narrower than the batch is not handled.
     """
-    if model.arch.family != "llama":
-        return (f"the last-token path handles the llama family only; {model.spec.name} is "
-                f"{model.arch.family}")
+    if model.arch.family not in LAST_TOKEN_FAMILIES:
+        return (f"the last-token path handles the {', '.join(LAST_TOKEN_FAMILIES)} families; "
+                f"{model.spec.name} is {model.arch.family}")
     cfg = model.hf.config
     window = getattr(cfg, "sliding_window", None)
     if window and getattr(cfg, "use_sliding_window", True) and (width is None or window < width):

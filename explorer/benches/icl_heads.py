@@ -31,7 +31,7 @@ def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int 
     equal layer bands (at the band's middle layer, so their mean depth is that of all
     heads). ``forward_ms``: the clean batched forward (last-token logits). ``accuracy``:
     the largest difference in answer probability between the two paths on those heads.
-    ``fv_last_token_pair_ms`` (llama family only): every head scored by the last-token
+    ``fv_last_token_pair_ms`` (the `LAST_TOKEN_FAMILIES` only): every head scored by the last-token
     path (`fv_last_token_probs`, same chunks), including the once-per-task key/value cache
     of the earlier positions, divided by the number of heads; its accuracy figure compares
     it with the per-head traces.
