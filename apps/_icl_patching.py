@@ -18,7 +18,7 @@ from apps._controls import caption, tip
 from apps._icl_scores import _waiting
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS
-from explorer._checks import InputError
+from explorer._checks import InputError, parse_layer_list
 from explorer.analyses import task_vector_patching as tvp
 
 __all__ = ["FOLLOWS_A", "FOLLOWS_B", "DEFAULT_CONFLICT_TASKS", "default_conflict_layers",
@@ -48,23 +48,7 @@ def default_conflict_layers(n_layers: int) -> list[int]:
 def parse_layers(text: str, n_layers: int) -> list[int]:
     """Layers from a comma-separated text (``"0, 8, 18-22"``; ranges inclusive), checked
     against the model's ``n_layers``; a clear InputError names what is wrong."""
-    allowed = f"layer numbers in [0, {n_layers - 1}] separated by commas (ranges like 18-22)"
-    out: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if dash else int(lo)
-        except ValueError:
-            raise InputError(f"`Conflict: layers` must be {allowed}; got {part!r}.") from None
-        if not (0 <= first <= last < n_layers):
-            raise InputError(f"`Conflict: layers` must be {allowed}; got {part!r}.")
-        out.update(range(first, last + 1))
-    if not out:
-        raise InputError(f"`Conflict: layers` must be {allowed}; got none.")
-    return sorted(out)
+    return parse_layer_list(text, n_layers, "`Conflict: layers`")
 
 
 def layers_text(layers: list[int]) -> str:

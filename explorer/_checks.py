@@ -19,6 +19,7 @@ __all__ = [
     "check_int",
     "check_float",
     "check_prompts",
+    "parse_layer_list",
     "check_local_weights",
     "safetensors_problem",
     "suggest",
@@ -102,6 +103,29 @@ def check_local_weights(model: Any, method: str) -> None:
         raise InputError(f"{method} trains or reads a copy of the weights on this machine, and "
                          "a remote (NDIF) model has none here; load the model without "
                          "remote=True.")
+
+
+def parse_layer_list(text: Any, n_layers: int, what: str) -> list[int]:
+    """Layers from a comma-separated text (``"0, 8, 18-22"``; ranges inclusive), checked
+    against ``n_layers``, sorted and without repeats. A bad entry, or none, raises an
+    InputError that names ``what`` (the field or option the text came from)."""
+    allowed = f"layer numbers in [0, {n_layers - 1}] separated by commas (ranges like 18-22)"
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise InputError(f"{what} must be {allowed}; got {part!r}.") from None
+        if not 0 <= first <= last < n_layers:
+            raise InputError(f"{what} must be {allowed}; got {part!r}.")
+        out.update(range(first, last + 1))
+    if not out:
+        raise InputError(f"{what} must be {allowed}; got none.")
+    return sorted(out)
 
 
 def check_prompts(prompts: Any) -> list[str]:

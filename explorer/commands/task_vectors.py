@@ -44,6 +44,7 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_task_vectors(args: Any) -> int:
+    from explorer._checks import parse_layer_list
     from explorer.analyses.icl_heads import fv_scores
     from explorer.distributed import check_scheduler
     from explorer.store import ActivationStore
@@ -70,7 +71,8 @@ def _cmd_task_vectors(args: Any) -> int:
     if args.patching:
         from explorer.analyses.task_vector_patching import task_vector_patching
 
-        layers = (_parse_layers(args.patching_layers, model.spec.n_layers)
+        layers = (parse_layer_list(args.patching_layers, model.spec.n_layers,
+                                   "--patching-layers")
                   if args.patching_layers.strip() else None)
         tvp = task_vector_patching(model, tasks, layers=layers, n_prompts=args.n_prompts,
                                    n_shots=args.n_shots, target_shots=args.target_shots,
@@ -98,24 +100,3 @@ def _cmd_task_vectors(args: Any) -> int:
                     pt["accuracy"][t][v], pt["accuracy_low"][t][v], pt["accuracy_high"][t][v])]
                 print(t[:21].ljust(22) + v.ljust(8) + "".join(c.rjust(18) for c in cells))
     return 0
-
-
-def _parse_layers(text: str, n_layers: int) -> list[int]:
-    """Layers from '0,8,18-22' (ranges inclusive); a bad entry is an InputError naming it."""
-    from explorer._checks import InputError
-
-    out: set[int] = set()
-    for part in (x.strip() for x in text.split(",")):
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if dash else int(lo)
-        except ValueError:
-            raise InputError(f"--patching-layers must be layer numbers in [0, {n_layers - 1}] "
-                             f"separated by commas (ranges like 18-22); got {part!r}.") from None
-        if not 0 <= first <= last < n_layers:
-            raise InputError(f"--patching-layers must be layer numbers in [0, {n_layers - 1}] "
-                             f"separated by commas (ranges like 18-22); got {part!r}.")
-        out.update(range(first, last + 1))
-    return sorted(out)
