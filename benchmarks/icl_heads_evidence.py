@@ -113,6 +113,17 @@ def figures(summary: dict) -> None:
             coords={"ranking": rk, "percent": ab["percents"]})
         render_png(view.plot_ablation_curves(tl, "token_loss_difference"),
                    FIGURES / "icl_heads_token_loss.png", width=700, height=360)
+    for ablation, tll in summary.get("token_loss_long", {}).items():
+        rk = list(tll["token_loss_difference"])
+        arr = {k: (("ranking", "percent"), np.array([tll[k][r] for r in rk]))
+               for k in ("token_loss_difference", "token_loss_difference_low",
+                         "token_loss_difference_high")}
+        ds = xr.Dataset(arr, coords={"ranking": rk, "percent": tll["percents"]},
+                        attrs={"params": {"confidence_level": tll["confidence_level"]}})
+        render_png(view.plot_ablation_curves(ds, "token_loss_difference").opts(
+            title=f"Loss at token {tll['early']} minus loss at token {tll['late']} "
+                  f"({tll['n_sequences']} corpus sequences, heads ablated: {ablation}; 95 % bands)"),
+            FIGURES / f"icl_heads_token_loss_long_{ablation}.png", width=900, height=380)
     if "function_vectors" in summary:
         f = summary["function_vectors"]
         rows = [(t, kind, f[key][t]) for t in f["zero_shot"]
