@@ -14,6 +14,7 @@ from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
 from explorer.analyses.circuit_tasks import CircuitTask
 from explorer.models import _get_path
+from tests._hooks import removed_after
 
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
@@ -45,12 +46,8 @@ def node_outputs(model, ids):
             lambda m, a, _l=lay: out.__setitem__(("z", _l), a[0])))
         handles.append(_get_path(model.hf_layer(lay), arch.mlp_path).register_forward_hook(
             lambda m, a, o, _l=lay: out.__setitem__(("m", _l), o)))
-    try:
-        with torch.no_grad():
-            logits = model.hf(input_ids=ids).logits[0, -1].double()
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), torch.no_grad():
+        logits = model.hf(input_ids=ids).logits[0, -1].double()
     return out, logits
 
 

@@ -13,6 +13,7 @@ import xarray as xr
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 from explorer.interventions import Ablate, Scale
+from tests._hooks import removed_after
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,12 +51,8 @@ def hooked_last_probs(model, prompt, *, ablate=(), add=(), scale=(), capture=())
             seen[_l] = x[0].clone()
             return (x, *args[1:])
         handles.append(model.o_proj(layer).register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            logits = model.hf(input_ids=ids).logits[0, -1].float()
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), torch.no_grad():
+        logits = model.hf(input_ids=ids).logits[0, -1].float()
     return torch.softmax(logits, -1), seen
 
 

@@ -14,6 +14,7 @@ import torch
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import icl_token_loss as tl
+from tests._hooks import removed_after
 
 
 def _o_proj_inputs(model, ids):
@@ -22,12 +23,8 @@ def _o_proj_inputs(model, ids):
     handles = [model.o_proj(l).register_forward_pre_hook(
         lambda mod, args, l=l: got.__setitem__(l, args[0][0].detach().clone()))
         for l in range(model.spec.n_layers)]
-    try:
-        with torch.no_grad():
-            model.hf(torch.tensor([ids]))
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), torch.no_grad():
+        model.hf(torch.tensor([ids]))
     return torch.stack([got[l] for l in range(model.spec.n_layers)])
 
 
@@ -42,12 +39,8 @@ def _losses_with_heads_set(model, seqs, writes, positions):
             z[..., head * d:(head + 1) * d] = value
             return (z,)
         handles.append(model.o_proj(layer).register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            logits = model.hf(torch.tensor(seqs)).logits.float()
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), torch.no_grad():
+        logits = model.hf(torch.tensor(seqs)).logits.float()
     ids = torch.tensor(seqs)
     loss = -torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
     return loss[:, positions].numpy()

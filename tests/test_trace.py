@@ -17,6 +17,7 @@ import torch
 from explorer._checks import InputError
 from explorer.models import SITES, TINY_MODELS, load_model
 from explorer.trace import trace
+from tests._hooks import removed_after
 
 # lengths 17, 2 and 7 tokens: different enough to pad, and longer than Gemma 2's window of 8
 PROMPTS = [
@@ -385,12 +386,8 @@ def _hand_dla(model, prompt: str, token_ids: list[int]) -> dict[str, torch.Tenso
             lambda mod, args: got["z"].append(args[0][0, -1].double())))
         hooks.append(model.hf_layer(layer).mlp.register_forward_hook(
             lambda mod, args, out: got["mlp"].append(out[0, -1].double())))
-    try:
-        with torch.no_grad():
-            logits = model.hf(input_ids=ids).logits[0, -1].double()
-    finally:
-        for h in hooks:
-            h.remove()
+    with removed_after(hooks), torch.no_grad():
+        logits = model.hf(input_ids=ids).logits[0, -1].double()
     fn = model.final_norm_module
     centred = isinstance(fn, torch.nn.LayerNorm)
     x = got["x"][0]
