@@ -230,6 +230,26 @@ def test_eap_matches_hook_gradients_per_head_gpt2(tiny_gpt2):
     assert n_checked > 30
 
 
+def checked_against_hooks(ds, ref, members, layer, n_layers, *, head, other, tol) -> int:
+    """Assert EAP scores ``ds`` equal the hook reference ``ref`` (`_arch_hook_scores`):
+    into ``layer``'s heads the sum over each KV group's ``members`` (``head(h, dst)`` names
+    a member's destination in ``ds``), from sources before ``layer``; any other edge where
+    ``other(src, dst)``. Returns how many edges were compared."""
+    n_checked = 0
+    for (src, dst), want in ref.items():
+        if dst in members:
+            if src != "input" and C._layer_of(src, n_layers) >= layer:
+                continue
+            got = sum(_score_of(ds, src, head(h, dst)) for h in members[dst])
+        elif other(src, dst):
+            got = _score_of(ds, src, dst)
+        else:
+            continue
+        assert got == pytest.approx(want, rel=1e-3, abs=tol), (src, dst)
+        n_checked += 1
+    return n_checked
+
+
 def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
     """Llama with grouped KV heads: MLP and logits per node; heads summed over a KV group
     (the hooks cannot give one query head its own key/value input; the sum over the group can)."""
@@ -240,20 +260,10 @@ def test_eap_matches_hook_gradients_llama_gqa(tiny_model):
     layer = 2
     ref, members = _arch_hook_scores(m, PAIRS, layer)
     ds = C.edge_scores(m, PAIRS, method="eap")
-    n_checked = 0
-    for (src, dst), want in ref.items():
-        if dst in members:
-            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
-                continue
-            got = sum(_score_of(ds, src, f"a{layer}.h{h}") for h in members[dst])
-        elif dst == "m2" and src.startswith(("a0", "a1", "a2", "m0", "m1", "input")):
-            got = _score_of(ds, src, dst)
-        elif dst == "logits":
-            got = _score_of(ds, src, dst)
-        else:
-            continue
-        assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
-        n_checked += 1
+    n_checked = checked_against_hooks(
+        ds, ref, members, layer, m.n_layers, head=lambda h, dst: f"a{layer}.h{h}", tol=1e-6,
+        other=lambda src, dst: dst == "logits" or (
+            dst == "m2" and src.startswith(("a0", "a1", "a2", "m0", "m1", "input"))))
     assert n_checked > 30
 
 
@@ -295,18 +305,9 @@ def test_eap_matches_hook_gradients_every_family(name):
     parallel = name == "tiny-neox"
     assert (("a1.h0", "m1") in edges) == (not parallel)
     big = max(abs(v) for v in ref.values())
-    n_checked = 0
-    for (src, dst), want in ref.items():
-        if dst in members:
-            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
-                continue
-            got = sum(_score_of(ds, src, f"a{layer}.h{h}") for h in members[dst])
-        elif (src, dst) in edges:
-            got = _score_of(ds, src, dst)
-        else:
-            continue
-        assert got == pytest.approx(want, rel=1e-3, abs=1e-5 * big), (src, dst)
-        n_checked += 1
+    n_checked = checked_against_hooks(ds, ref, members, layer, m.n_layers,
+                                      head=lambda h, dst: f"a{layer}.h{h}", tol=1e-5 * big,
+                                      other=lambda src, dst: (src, dst) in edges)
     assert n_checked > 30 and big > 1e-4
 
 

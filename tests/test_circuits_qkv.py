@@ -16,7 +16,8 @@ from explorer import load_model
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as C
 from explorer.analyses.circuit_tasks import CircuitTask
-from tests.test_circuits import LONG_PAIRS, PAIRS, _arch_hook_scores, _equal_lengths, _score_of
+from tests.test_circuits import (LONG_PAIRS, PAIRS, _arch_hook_scores, _equal_lengths, _score_of,
+                                 checked_against_hooks)
 
 FAMILIES = ["tiny-llama", "tiny-gpt2", "tiny-qwen2", "tiny-neox", "tiny-gemma2"]
 
@@ -48,20 +49,10 @@ def _check_against_hooks(m, task, ds, layer, ref, members):
     reference is the sum over its query heads' own k / v scores."""
     edges = set(zip(ds["src"].values.tolist(), ds["dst"].values.tolist()))
     big = max(abs(v) for v in ref.values())
-    n_checked, parts = 0, set()
-    for (src, dst), want in ref.items():
-        if dst in members:
-            if src != "input" and C._layer_of(src, m.n_layers) >= layer:
-                continue
-            part = dst[-2]
-            got = sum(_score_of(ds, src, f"a{layer}.h{h}<{part}>") for h in members[dst])
-            parts.add(part)
-        elif (src, dst) in edges:
-            got = _score_of(ds, src, dst)
-        else:
-            continue
-        assert got == pytest.approx(want, rel=1e-3, abs=1e-5 * big), (src, dst)
-        n_checked += 1
+    n_checked = checked_against_hooks(ds, ref, members, layer, m.n_layers,
+                                      head=lambda h, dst: f"a{layer}.h{h}<{dst[-2]}>",
+                                      other=lambda src, dst: (src, dst) in edges, tol=1e-5 * big)
+    parts = {dst[-2] for _, dst in ref if dst in members}       # every group's q, k and v
     assert parts == {"q", "k", "v"} and n_checked > 60 and big > 1e-4
 
 
