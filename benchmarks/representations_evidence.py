@@ -211,6 +211,30 @@ def corpus_tokenizer(vocab_size: int = 1024) -> Any:
                                    pad_token="<|endoftext|>", bos_token="<|endoftext|>")
 
 
+def lm_steps(hf: Any, ids: Any, opt: Any, *, steps: int, seq: int, batch: int, seed: int,
+             sched: Any = None, clip: float | None = None, every: int = 1, label: str) -> None:
+    """``steps`` next-token steps of ``hf`` on random ``seq``-token windows of ``ids``
+    (``batch`` a step, drawn from a generator seeded with ``seed``), logging the loss every
+    ``every`` steps and at the last."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.enable_grad():
+        for step in range(steps):
+            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
+            x = torch.stack([ids[s: s + seq] for s in starts])
+            loss = hf(input_ids=x, labels=x).loss
+            opt.zero_grad()
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(hf.parameters(), clip)
+            opt.step()
+            if sched is not None:
+                sched.step()
+            if step % every == 0 or step == steps - 1:
+                log(f"    {label} {step}: loss {loss.item():.3f}")
+
+
 def train_small_llama(tokenizer: Any, texts: list[str], *, seed: int, steps: int, n_layers: int = 6,
                       d_model: int = 64, seq: int = 64, batch: int = 16, lr: float = 3e-3) -> Any:
     """A small Llama trained from scratch on ``texts``; the seed sets the init and the batches.
@@ -235,22 +259,11 @@ def train_small_llama(tokenizer: Any, texts: list[str], *, seed: int, steps: int
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(config)
     ids = torch.tensor([i for t in texts for i in tokenizer(t + "\n\n")["input_ids"]])
-    gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     hf.train()
-    with torch.enable_grad():
-        for step in range(steps):
-            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
-            x = torch.stack([ids[s: s + seq] for s in starts])
-            loss = hf(input_ids=x, labels=x).loss
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            if step % 100 == 0 or step == steps - 1:
-                log(f"    seed {seed} step {step}: loss {loss.item():.3f}")
+    lm_steps(hf, ids, opt, steps=steps, seq=seq, batch=batch, seed=seed, sched=sched, clip=1.0,
+             every=100, label=f"seed {seed} step")
     hf.save_pretrained(folder)
     return wrap_model(hf, tokenizer, name=name, weights=weights)
 
@@ -268,17 +281,8 @@ def finetuned_copy(model: Any, texts: list[str], *, steps: int, lr: float, seq: 
     hf.requires_grad_(True)
     hf.train()
     ids = torch.tensor([i for t in texts for i in model.tokenizer(t + "\n\n")["input_ids"]])
-    gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(hf.parameters(), lr=lr)
-    with torch.enable_grad():
-        for step in range(steps):
-            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
-            x = torch.stack([ids[s: s + seq] for s in starts])
-            loss = hf(input_ids=x, labels=x).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            log(f"    fine-tune step {step}: loss {loss.item():.3f}")
+    lm_steps(hf, ids, opt, steps=steps, seq=seq, batch=batch, seed=seed, label="fine-tune step")
     return wrap_model(hf, model.tokenizer, name=f"{model.spec.name}-ft{steps}",
                       weights=f"{model.spec.weights}+finetune(steps={steps},lr={lr},seed={seed})")
 
