@@ -129,7 +129,7 @@ def edited_induction_scores(model: explorer.Model, edits: Sequence[Edit], *, n_s
         return clean
     ids = clean["sequence_ids"].values                                  # [sequence, pos]
     patterns = trace_sites(model, ids.tolist(), sites="attn_pattern", edits=list(edits),
-                     batch_size=len(ids), progress=False).attn_pattern.values
+                           batch_size=len(ids), progress=False).attn_pattern.values
     params = clean.attrs.get("params", {})
     params = json.loads(params) if isinstance(params, str) else dict(params)
     measure = params.get("measure", "mul")
