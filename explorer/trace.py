@@ -31,9 +31,10 @@ from .interventions import (
 )
 from .models import SITES, Batch, Model
 
-__all__ = ["trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts", "CleanRun", "clean_run", "provenance",
-           "check_sites", "check_layers", "check_positions", "check_edits", "check_edit_rows",
-           "edits_for_rows", "run_on_weights"]
+__all__ = ["trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts",
+           "CleanRun", "clean_run", "provenance", "check_sites", "check_layers",
+           "check_positions", "check_edits", "check_edit_rows", "edits_for_rows",
+           "run_on_weights"]
 
 # Sites inside a layer, in the order the forward pass reaches them.
 _LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")

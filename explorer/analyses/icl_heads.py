@@ -52,6 +52,8 @@ __all__ = [
     "fv_scores",
     "top_heads",
     "ranked_head_sets",
+    "check_head_scores",
+    "check_rankings",
     "ablation_edits",
     "corpus_token_ids",
     "few_shot_accuracy",
@@ -680,6 +682,24 @@ def top_heads(score: np.ndarray, fraction: float, *,
     return picked
 
 
+def check_head_scores(model: Model, induction: Any, fv: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The induction and FV scores as float arrays, both [layer, head] of ``model``."""
+    induction, fv = np.asarray(induction, float), np.asarray(fv, float)
+    shape = (model.spec.n_layers, model.spec.n_heads)
+    if induction.shape != shape or fv.shape != induction.shape:
+        raise InputError(f"scores must be [layer, head] = {shape}; "
+                         f"got {induction.shape} and {fv.shape}.")
+    return induction, fv
+
+
+def check_rankings(rankings: Any) -> list[str]:
+    """A non-empty list of `RANKINGS` names (a bare string is refused)."""
+    if isinstance(rankings, str) or not rankings:
+        raise InputError(f"`rankings` must be a non-empty list of {list(RANKINGS)}; "
+                         f"got {rankings!r}.")
+    return [check_choice("ranking", r, RANKINGS) for r in rankings]
+
+
 def ranked_head_sets(induction: np.ndarray, fv: np.ndarray, percents: Sequence[float], *,
                      rankings: Sequence[str] = RANKINGS, exclude_fraction: float = 0.02,
                      seed: int = 0) -> dict[tuple[int, int], list[tuple[int, int]]]:
@@ -868,16 +888,10 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     tasks = [_task(t) for t in tasks]
     if not tasks:
         raise InputError("`tasks` must name at least one evaluation task; got an empty list.")
-    induction, fv = np.asarray(induction, float), np.asarray(fv, float)
+    induction, fv = check_head_scores(model, induction, fv)
     spec = model.spec
-    if induction.shape != (spec.n_layers, spec.n_heads) or fv.shape != induction.shape:
-        raise InputError(f"scores must be [layer, head] = {(spec.n_layers, spec.n_heads)}; "
-                         f"got {induction.shape} and {fv.shape}.")
     percents = [check_float("percent", p, low=0.0, high=100.0) for p in percents]
-    if isinstance(rankings, str) or not rankings:
-        raise InputError(f"`rankings` must be a non-empty list of {list(RANKINGS)}; "
-                         f"got {rankings!r}.")
-    names = [check_choice("ranking", r, RANKINGS) for r in rankings]
+    names = check_rankings(rankings)
     mean_source = check_choice("mean_source", mean_source, MEAN_SOURCES)
     method = check_choice("method", method, ABLATION_METHODS)
     max_rows = check_int("max_rows", max_rows, low=1)

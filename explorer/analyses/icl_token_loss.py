@@ -31,8 +31,8 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int
-from explorer.analyses.icl_heads import (CITATION, RANKINGS, ablation_edits, corpus_token_ids,
-                                         ranked_head_sets)
+from explorer.analyses.icl_heads import (CITATION, RANKINGS, ablation_edits, check_head_scores,
+                                         check_rankings, corpus_token_ids, ranked_head_sets)
 from explorer.models import Model
 from explorer.trace import provenance, run_with, trace
 
@@ -120,15 +120,8 @@ def long_context_token_loss(model: Model, induction: np.ndarray, fv: np.ndarray,
     n_boot = check_int("n_boot", n_boot, low=10)
     level = check_float("confidence_level", confidence_level, low=0.5, high=0.999)
     percents = [check_float("percent", p, low=0.0, high=100.0) for p in percents]
-    if isinstance(rankings, str) or not rankings:
-        raise InputError(f"`rankings` must be a non-empty list of {list(RANKINGS)}; "
-                         f"got {rankings!r}.")
-    names = [check_choice("ranking", r, RANKINGS) for r in rankings]
-    induction, fv = np.asarray(induction, float), np.asarray(fv, float)
-    shape = (model.spec.n_layers, model.spec.n_heads)
-    if induction.shape != shape or fv.shape != shape:
-        raise InputError(f"scores must be [layer, head] = {shape}; got {induction.shape} "
-                         f"and {fv.shape}.")
+    names = check_rankings(rankings)
+    induction, fv = check_head_scores(model, induction, fv)
     bos = model.tokenizer.bos_token_id
     body = late + 5 - (0 if bos is None else 1)
     sequences = corpus_token_ids(model, n_sequences, body)
