@@ -1,7 +1,8 @@
 """explorer: look inside language models, interactively.
 
-The core API: `load_model`, `trace`, `logit_lens`, `run_with` and the intervention
-records, and `ActivationStore`. Importing has no side effects beyond importing torch and
+The core API: `load_model`; `read` with the readout records (`Save`, `Logits`, `FinalNorm`,
+`Lens`, `DLA`) and the intervention records, and the assemblers over it (`trace`,
+`run_with`, `logit_lens`); `ActivationStore`. Importing has no side effects beyond importing torch and
 xarray; models load only when asked.
 """
 from ._checks import ExplorerError
@@ -11,13 +12,19 @@ from .interventions import Ablate, AddHead, Patch, Scale, Steer, edits_from_json
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
 from .store import ActivationStore
-from .trace import clean_run, run_with, trace
+from .readouts import DLA, FinalNorm, Lens, Logits, Save, readouts_from_json, readouts_to_json
+from .trace import clean_run, read, run_with, trace
 from .workspace import Workspace
 
 __all__ = [
     "ActivationStore",
     "Ablate",
     "AddHead",
+    "DLA",
+    "FinalNorm",
+    "Lens",
+    "Logits",
+    "Save",
     "ExplorerError",
     "Model",
     "ModelSpec",
@@ -33,6 +40,9 @@ __all__ = [
     "known_models",
     "load_model",
     "logit_lens",
+    "read",
+    "readouts_from_json",
+    "readouts_to_json",
     "run_with",
     "trace",
 ]

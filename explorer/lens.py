@@ -39,8 +39,9 @@ from ._checks import InputError, check_choice, check_int
 from ._kernels import bfloat16_matmul_is_fast, median_seconds, row_bucket, unembed_product
 from .interventions import Edit, first_edit_layer
 from .models import Model
-from .trace import (CleanRun, check_edit_rows, check_edits, check_layers, edits_for_rows,
-                    provenance, run_batch, token_coords)
+from .readouts import Lens
+from .trace import (CleanRun, check_edit_rows, check_edits, check_layers, edits_for_rows, read,
+                    provenance, resolve_mean_ablations, run_batch, token_coords)
 
 __all__ = ["logit_lens", "lens_readout", "resolve_unembed_dtype", "screen_decisions",
            "preview_vocabulary", "SCREEN_CANDIDATES", "SCREEN_MIN_SPEEDUP", "PREVIEW_SAMPLE",
@@ -607,11 +608,23 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     final_rank = np.full((n, n_pos, len(layers), k), -1, dtype=np.int64)
     final_prob = np.full((n, n_pos, len(layers), k), np.nan, dtype=np.float32)
     layer_index = {layer: i for i, layer in enumerate(layers)}
+    edits_run = edits
+    if model.remote:  # reduced inside the trace: only [prompt, pos, layer, k] comes back
+        got = read(model, batch_all, [Lens(k, tuple(layers))], edits=edits, positions=positions,
+                   batch_size=batch_size, progress=False)
+        final_id[:] = got.lens_final_id.values
+        top_id[:] = got.lens_top_id.values
+        top_prob[:] = np.exp(got.lens_top_logprob.values)
+        rank = got.lens_rank.values
+        final_rank[:] = rank if rank_cap is None else np.minimum(rank, rank_cap)
+        final_prob[:] = np.exp(got.lens_logprob.values)
+    elif n > batch_size:  # a mean ablation averages over every prompt, as in `read`
+        edits_run = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
 
-    for s in range(0, n, batch_size):
+    for s in range(0, n if not model.remote else 0, batch_size):
         rows = range(s, min(s + batch_size, n))
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
-        batch_edits = edits_for_rows(edits, rows) if len(rows) < n else edits
+        batch_edits = edits_for_rows(edits_run, rows) if len(rows) < n else edits
         use_resume = resume if (resume is not None and len(rows) == n) else None
         if positions is None:
             # gather real tokens only: [rows] of (prompt, padded col, output pos)
@@ -628,18 +641,6 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
         n_r = len(pr)
         g = (pr + s).numpy()
         po_np = po.numpy()
-        if model.remote:  # reduced inside the trace: only [prompt, pos, layer, k] comes back
-            out = run_batch(model, batch, edits=batch_edits, save_positions=positions,
-                            logits=False, lens_k=k, lens_layers=layers)
-            final_id[g, po_np] = out["lens_final_id"][pr, pc].numpy()
-            for li, layer in enumerate(layers):
-                ids, logp, rank, final_logp = (x[pr, pc] for x in out[("lens", layer)])
-                top_id[g, po_np, li] = ids.numpy()
-                top_prob[g, po_np, li] = logp.exp().numpy()
-                final_rank[g, po_np, li] = (rank if rank_cap is None
-                                            else rank.clamp(max=rank_cap)).numpy()
-                final_prob[g, po_np, li] = final_logp.exp().numpy()
-            continue
         # the last layer's lens is the model's output: read it from the run's own logits
         from_logits = layers[-1] == spec.n_layers - 1
         groups = _layer_groups(layers[:-1] if from_logits else layers, first_edit, n_r,

@@ -1,9 +1,12 @@
-"""Tracing: run prompts through the model once, read uniform sites, apply edits.
+"""Tracing: run prompts through the model once, apply edits, bring back readouts.
 
-`trace` returns an ``xarray.Dataset`` with one variable per site; `run_with` adds the
-logits of an edited run. Both go through `run_batch`, the one place that talks to
-nnsight: it visits sites in forward order (nnsight 0.8 requires it), applies the edits
-for each (layer, site) as it passes, and saves only what was asked for.
+Edits (`explorer.interventions`) and readouts (`explorer.readouts`) are records. `read`
+runs prompts in batches with both and returns an ``xarray.Dataset`` of the readouts'
+labelled variables; `trace` (uniform sites), `run_with` (the logits of an edited run) and
+`logit_attribution` are assemblers over it. Each batch is one `run_batch`, the one place
+that talks to nnsight: it visits sites in forward order (nnsight 0.8 requires it), applies
+the edits for each (layer, site) as it passes, and computes and saves only what the
+readouts ask for.
 """
 from __future__ import annotations
 
@@ -30,8 +33,20 @@ from .interventions import (
     position_index,
 )
 from .models import SITES, Batch, Model
+from .readouts import (
+    DLA,
+    SAVE_SITES,
+    Chunk,
+    FinalNorm,
+    Logits,
+    Readout,
+    Save,
+    check_readouts,
+    merge_requests,
+    readouts_to_json,
+)
 
-__all__ = ["trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts",
+__all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts",
            "CleanRun", "clean_run", "provenance", "check_sites", "check_layers",
            "check_positions", "check_edits", "check_edit_rows", "edits_for_rows",
            "run_on_weights"]
@@ -698,16 +713,6 @@ def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:
 
 # -- public API ------------------------------------------------------------------------
 
-def _unpad(x: torch.Tensor, lengths: Sequence[int], width: int, n_pos: int) -> np.ndarray:
-    """[prompt, padded_pos, ...] left-padded -> [prompt, n_pos, ...] right-aligned at 0, NaN pad."""
-    x = x.detach().cpu()
-    x = x.float().numpy() if x.dtype != torch.float64 else x.numpy()
-    out = np.full((x.shape[0], n_pos, *x.shape[2:]), np.nan, dtype=x.dtype)
-    for i, n in enumerate(lengths):
-        out[i, :n] = x[i, width - n:]
-    return out
-
-
 def _batches(n: int, batch_size: int) -> list[range]:
     return [range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
 
@@ -763,10 +768,105 @@ def as_batch(model: Model, prompts: Any) -> tuple[Batch, list[str] | None]:
     return batch, [prompts] if isinstance(prompts, str) else list(prompts)
 
 
+def read(model: Model, prompts: Any, readouts: Any, *, edits: Sequence[Edit] = (),
+         positions: Sequence[int] | None = None, batch_size: int = 8, progress: Any = None,
+         resume: CleanRun | None = None) -> xr.Dataset:
+    """Run prompts under ``edits`` and return what the ``readouts`` records ask for.
+
+    The one function that runs batches with edits and readouts: each batch is one nnsight
+    trace (`run_batch`) that applies the edits as the forward passes and computes every
+    record's values inside it, so a remote run sends the same records and only their
+    values come back. `trace`, `run_with` and `logit_attribution` are assemblers over it.
+
+    Parameters
+    ----------
+    model : Model
+    prompts : str, list of str, list of token id lists, or a `Batch`
+    readouts : sequence of `explorer.readouts.Readout`
+        `Save`, `Logits`, `FinalNorm`, `Lens`, `DLA` records (see `explorer.readouts`).
+    edits : sequence of Edit
+        Interventions applied during the run; a value-less mean `Ablate` averages over
+        every prompt whatever the batch size.
+    positions : sequence of int, optional
+        Per-prompt positions to keep (negative from the end); default every token.
+    batch_size : int, default=8
+    progress : bool or callable(done, total), optional
+        tqdm bar (True), a callback, or nothing; default: a bar when there is more than one
+        batch.
+    resume : CleanRun, optional
+        The clean run of the same prompts (one batch): layers before the first edit are not
+        re-run.
+
+    Returns
+    -------
+    xarray.Dataset
+        The records' variables over (prompt, pos, ...), NaN (or -1 for ids and ranks) past a
+        prompt's end; ``mask`` (prompt, pos) True on real tokens; coords ``token_id`` and
+        ``token``; attrs: provenance, the edits and the readouts as JSON.
+    """
+    records = check_readouts(model, readouts)
+    check_int("batch_size", batch_size, low=1)
+    positions = check_positions(positions)
+    edits = check_edits(edits)
+    batch_all, texts = as_batch(model, prompts)  # validates every prompt before any work
+    n_total = len(batch_all.lengths)
+    if positions is not None:
+        position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
+    check_edit_rows(edits, n_total)
+    for r in records:
+        r.check_run(n_total, positions)
+    chunks = _batches(n_total, batch_size)
+    if resume is not None and len(chunks) > 1:
+        raise InputError(f"`resume` holds one batch; pass batch_size >= {n_total} with it.")
+    step = progress_steps(n_total, len(chunks) > 1 if progress is None else progress)
+    run_edits = edits
+    if len(chunks) > 1:  # a mean ablation averages over every prompt, whatever the batch size
+        run_edits = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
+    n_pos = len(positions) if positions is not None else max(batch_all.lengths)
+    parts: list[dict[str, list[np.ndarray]]] = [{} for _ in records]
+    for rows in chunks:
+        one = len(chunks) == 1
+        batch = batch_all if one else model.batch_from_ids(
+            [batch_all.token_ids[i] for i in rows])
+        chunk = Chunk(model.spec, batch, rows, positions, n_pos, max(batch_all.lengths))
+        fields = merge_requests([r.request(chunk) for r in records])
+        out = run_batch(model, batch, edits=run_edits if one else edits_for_rows(run_edits, rows),
+                        resume=resume, readouts=Readouts(save_positions=positions, **fields))
+        for r, acc in zip(records, parts):
+            for name, a in r.arrays(out, chunk).items():
+                acc.setdefault(name, []).append(a)
+        step(len(rows))
+    return _read_dataset(model, batch_all, texts, records, parts, positions, edits)
+
+
+def _read_dataset(model: Model, batch_all: Batch, texts: list[str] | None,
+                  records: list[Readout], parts: list[dict[str, list[np.ndarray]]],
+                  positions: list[int] | None, edits: list[Edit]) -> xr.Dataset:
+    """`read`'s Dataset: the records' variables, token coords, mask and provenance."""
+    n_pos = len(positions) if positions is not None else max(batch_all.lengths)
+    tc = token_coords(model, batch_all, positions, n_pos)
+    data: dict[str, Any] = {"mask": (("prompt", "pos"), tc.pop("mask"))}
+    coords: dict[str, Any] = {
+        "prompt": np.arange(len(batch_all.lengths)),
+        "pos": np.array(positions) if positions is not None else np.arange(n_pos), **tc}
+    for r, acc in zip(records, parts):
+        dims = r.dims()
+        data.update({name: (dims[name], a) for name, a in r.finish(acc).items()})
+        coords.update(r.coords(model.spec))
+        if isinstance(r, Save) and r.site == "attn_pattern":
+            coords["dst_pos"] = coords["pos"]
+            coords["src_pos"] = np.arange(max(batch_all.lengths))
+    attrs = provenance(model, method="read", edits=edits, positions=positions, prompts=texts)
+    attrs["edits_json"] = edits_to_json(edits)
+    attrs["readouts_json"] = readouts_to_json(records)
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
 def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: Any = None,
           positions: Sequence[int] | None = None, edits: Sequence[Edit] = (),
           batch_size: int = 8, progress: Any = None) -> xr.Dataset:
-    """Read uniform sites for every prompt; one nnsight trace per batch.
+    """Read uniform sites for every prompt; one nnsight trace per batch (`read` with a
+    `Save` per layer site, `FinalNorm` and `Logits` for ``final_norm`` / ``unembed``).
 
     Parameters
     ----------
@@ -797,90 +897,19 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     """
     sites = check_sites(sites)
     layers = check_layers(model, layers)
-    check_int("batch_size", batch_size, low=1)
-    positions = check_positions(positions)
-    edits = check_edits(edits)
-    batch_all, prompts = as_batch(model, prompts)  # validates every prompt before any work
-    n_total = len(batch_all.lengths)
-    if positions is not None:
-        position_index(batch_all.lengths, batch_all.width, positions)  # range check up front
-    check_edit_rows(edits, n_total)
-    layer_sites = [s for s in sites if s in _LAYER_SITES or s == "head_out"]
-    save = {(layer, s) for layer in layers for s in layer_sites}  # head_out: made in the trace
-    n_pos = len(positions) if positions is not None else max(batch_all.lengths)
-    n_src = max(batch_all.lengths)  # attn_pattern sources: every real token
-    chunks = _batches(n_total, batch_size)
-    if progress is None:
-        progress = len(chunks) > 1
-    step = progress_steps(n_total, progress)
-    run_edits = edits
-    if len(chunks) > 1:  # a mean ablation averages over every prompt, whatever the batch size
-        run_edits = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
-
-    collected: dict[str, list[np.ndarray]] = {s: [] for s in sites}
-    for rows in chunks:
-        batch = (batch_all if len(chunks) == 1
-                 else model.batch_from_ids([batch_all.token_ids[i] for i in rows]))
-        batch_edits = edits_for_rows(run_edits, rows) if len(chunks) > 1 else run_edits
-        out = run_batch(model, batch, save=save, edits=batch_edits, save_positions=positions,
-                        logits="unembed" in sites,
-                        save_final=("final_norm",) if "final_norm" in sites else ())
-        arrays = _batch_arrays(model.spec, out, batch, sites, layers, positions, n_pos, n_src)
-        for s in sites:
-            collected[s].append(arrays[s])
-        step(len(rows))
-
-    return _to_dataset(model, batch_all, prompts, collected, sites=sites, layers=layers,
-                       positions=positions, edits=edits)
-
-
-def _batch_arrays(spec: Any, out: dict[Any, Any], batch: Batch, sites: Sequence[str],
-                  layers: Sequence[int], positions: Sequence[int] | None, n_pos: int,
-                  n_src: int) -> dict[str, np.ndarray]:
-    """One batch's `run_batch` output as an array per site, positions unpadded to ``n_pos``
-    (NaN past a prompt's end); layer sites stacked on a layer axis after pos."""
-    if positions is None:
-        def unpad(x):
-            return _unpad(x, batch.lengths, batch.width, n_pos)
-    else:
-        def unpad(x):
-            return x.float().numpy()
-    arrays = {}
-    for s in sites:
-        if s == "final_norm":
-            arrays[s] = unpad(out["final_norm"])
-        elif s == "unembed":
-            arrays[s] = unpad(out["logits"])
-        elif s == "attn_pattern":
-            pats = [_unpad_pattern(out[(layer, s)], batch.lengths, batch.width, positions,
-                                   n_pos, n_src) for layer in layers]
-            arrays[s] = np.stack(pats, axis=1)  # [prompt, layer, head, dst, src]
-        else:
-            arrays[s] = _stack_layers(spec, out, s, batch, layers, positions, n_pos)
-    return arrays
-
-
-def _stack_layers(spec: Any, out: dict[Any, Any], site: str, batch: Batch,
-                  layers: Sequence[int], positions: Sequence[int] | None,
-                  n_pos: int) -> np.ndarray:
-    """[prompt, pos, layer, ...] of one layer site, filled layer by layer: one copy."""
-    stacked = None
-    for li, layer in enumerate(layers):
-        x = out[(layer, site)].detach().cpu()
-        x = x.float() if x.dtype != torch.float64 else x  # [prompt, padded_pos, ...]
-        if site == "attn_z":
-            x = x.reshape(*x.shape[:2], spec.n_heads, spec.d_head)
-        xn = x.numpy()
-        if stacked is None:
-            stacked = np.empty((len(batch.lengths), n_pos, len(layers), *xn.shape[2:]),
-                               dtype=xn.dtype)
-        if positions is not None:
-            stacked[:, :, li] = xn
-        else:
-            for i, n in enumerate(batch.lengths):
-                stacked[i, :n, li] = xn[i, batch.width - n:]
-                stacked[i, n:, li] = np.nan
-    return stacked
+    records: list[Readout] = [Save(s, tuple(layers)) for s in sites if s in SAVE_SITES]
+    if "final_norm" in sites:
+        records.append(FinalNorm())
+    if "unembed" in sites:
+        records.append(Logits())
+    ds = read(model, prompts, records, edits=edits, positions=positions,
+              batch_size=batch_size, progress=progress)
+    ds = ds.rename({"logits": "unembed"}) if "unembed" in sites else ds
+    ds = ds[[*sites, "mask"]].assign_coords(layer=np.array(layers))
+    ds.attrs = provenance(model, method="trace", edits=edits, sites=list(sites), layers=layers,
+                          positions=check_positions(positions),
+                          prompts=ds.attrs["params"]["prompts"])
+    return ds
 
 
 def check_edit_rows(edits: Sequence[Edit], n_prompts: int) -> None:
@@ -951,35 +980,6 @@ def resolve_mean_ablations(model: Model, token_ids: list[list[int]], edits: Sequ
     return resolved
 
 
-def _unpad_pattern(p: torch.Tensor, lengths: Sequence[int], width: int,
-                   positions: Sequence[int] | None, n_dst: int, n_src: int) -> np.ndarray:
-    """Padded [prompt, head, dst, src] weights -> [prompt, head, n_dst, n_src], NaN padded.
-
-    Destination rows are each prompt's ``positions`` (every real token if None); source
-    columns are every real token, so a selected row still shows all it attends to.
-    """
-    p = p.float().numpy()
-    out = np.full((p.shape[0], p.shape[1], n_dst, n_src), np.nan, dtype=p.dtype)
-    for i, n in enumerate(lengths):
-        offset = width - n
-        rows = range(n) if positions is None else [q + n if q < 0 else q for q in positions]
-        rows = [offset + r for r in rows]
-        out[i, :, :len(rows), :n] = p[i][:, rows, offset:]  # [head, dst, src]
-    return out
-
-
-_DIMS = {
-    "resid_pre": ("prompt", "pos", "layer", "d_model"),
-    "resid_post": ("prompt", "pos", "layer", "d_model"),
-    "mlp_out": ("prompt", "pos", "layer", "d_model"),
-    "attn_z": ("prompt", "pos", "layer", "head", "d_head"),
-    "head_out": ("prompt", "pos", "layer", "head", "d_model"),
-    "attn_pattern": ("prompt", "layer", "head", "dst_pos", "src_pos"),
-    "final_norm": ("prompt", "pos", "d_model"),
-    "unembed": ("prompt", "pos", "vocab"),
-}
-
-
 def token_coords(model: Model, batch: Batch, positions: Sequence[int] | None,
                  n_pos: int) -> dict[str, Any]:
     """token_id / token (prompt, pos) coords and the mask; -1 / "" on padding."""
@@ -996,43 +996,11 @@ def token_coords(model: Model, batch: Batch, positions: Sequence[int] | None,
             "mask": ids >= 0}
 
 
-def _to_dataset(model, batch_all, prompts, collected, *, sites, layers, positions, edits):
-    """The Dataset of `trace` / `run_with`: the collected arrays with token coords, mask and
-    provenance."""
-    n_pos = len(positions) if positions is not None else max(batch_all.lengths)
-    tc = token_coords(model, batch_all, positions, n_pos)
-    data = {s: (_DIMS[s], c[0] if len(c := collected[s]) == 1 else np.concatenate(c, axis=0))
-            for s in sites}
-    data["mask"] = (("prompt", "pos"), tc.pop("mask"))
-    coords = {
-        "prompt": np.arange(len(batch_all.lengths)),
-        "pos": np.array(positions) if positions is not None else np.arange(n_pos),
-        "layer": np.array(layers),
-        **tc,
-    }
-    if any(s in sites for s in ("attn_z", "head_out", "attn_pattern")):
-        coords["head"] = np.arange(model.spec.n_heads)
-    if "attn_pattern" in sites:
-        coords["dst_pos"] = np.array(positions) if positions is not None else np.arange(n_pos)
-        coords["src_pos"] = np.arange(max(batch_all.lengths))
-    attrs = provenance(model, method="trace", edits=edits, sites=list(sites), layers=layers,
-                       positions=positions, prompts=prompts)
-    return xr.Dataset(data, coords=coords, attrs=attrs)
-
-
-_DLA_VARS = {"embed": ("embed", ("prompt", "pos", "target")),
-             "heads": ("head", ("prompt", "pos", "layer", "head", "target")),
-             "attn_bias": ("attn_bias", ("prompt", "pos", "layer", "target")),
-             "mlp": ("mlp", ("prompt", "pos", "layer", "target")),
-             "norm_bias": ("norm_bias", ("prompt", "pos", "target"))}
-"""`logit_attribution`'s variables: name -> (the `direct_logit_attribution` part, dims)."""
-
-
 def logit_attribution(model: Model, prompts: Any, target_ids: Any, *,
                       positions: Sequence[int] = (-1,), edits: Sequence[Edit] = ()) -> xr.Dataset:
     """Direct logit attribution of ``target_ids`` [prompt, target] at each prompt's
     ``positions``, computed inside the trace (`direct_logit_attribution`: only these
-    scalars leave a remote run), under ``edits``.
+    scalars leave a remote run), under ``edits``: `read` with one `DLA` record.
 
     ``prompts`` as in `trace`. Returns, in float64, ``embed``, ``heads`` (layer, head),
     ``attn_bias`` and ``mlp`` (layer) and ``norm_bias`` terms over (prompt, pos, ...,
@@ -1043,30 +1011,24 @@ def logit_attribution(model: Model, prompts: Any, target_ids: Any, *,
     positions = check_positions(positions)
     if positions is None:
         raise InputError("`positions` must name the positions to attribute; got None.")
-    edits = check_edits(edits)
-    batch, prompts = as_batch(model, prompts)
-    ids = torch.as_tensor(np.asarray(target_ids), dtype=torch.long)
-    if ids.dim() != 2 or ids.shape[0] != len(batch.lengths):
+    batch, _ = as_batch(model, prompts)
+    ids = np.asarray(target_ids)
+    if ids.ndim != 2 or ids.shape[0] != len(batch.lengths):
         raise InputError(f"`target_ids` must be [prompt, target] with {len(batch.lengths)} "
                          f"rows; got shape {tuple(ids.shape)}.")
-    out = run_batch(model, batch, edits=edits, save_positions=positions, dla_ids=ids)
-    data = {name: (dims, out[("dla", part)].double().numpy())
-            for name, (part, dims) in _DLA_VARS.items()}
-    logits = out["logits"].double()                                       # [prompt, pos, vocab]
-    data["logit"] = (("prompt", "pos", "target"),
-                     logits.gather(-1, ids[:, None, :].expand(-1, logits.shape[1], -1)).numpy())
-    coords = {"prompt": np.arange(len(batch.lengths)), "pos": np.array(positions),
-              "layer": np.arange(model.n_layers), "head": np.arange(model.spec.n_heads),
-              "target": np.arange(ids.shape[1]), "target_id": (("prompt", "target"), ids.numpy())}
-    attrs = provenance(model, method="logit_attribution", edits=edits, positions=positions,
-                       prompts=prompts)
-    return xr.Dataset(data, coords=coords, attrs=attrs)
+    ds = read(model, prompts, [DLA(ids)], edits=edits, positions=positions,
+              batch_size=len(batch.lengths))
+    ds = ds.drop_vars(["mask", "token_id", "token"])
+    ds.attrs = provenance(model, method="logit_attribution", edits=edits, positions=positions,
+                          prompts=ds.attrs["params"]["prompts"])
+    return ds
 
 
 def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: Any = (),
              layers: Any = None, positions: Sequence[int] | None = None,
              resume: CleanRun | None = None) -> xr.Dataset:
-    """Run prompts under ``edits``; return ``logits`` (prompt, pos, vocab) and any sites.
+    """Run prompts under ``edits``; return ``logits`` (prompt, pos, vocab) and any sites
+    (`read` with `Logits` and a `Save` per site, as one batch).
 
     ``prompts`` as in `trace` (text, token id lists or a `Batch`).
 
@@ -1075,21 +1037,14 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     """
     sites = check_sites(sites) if sites else ()
     layers = check_layers(model, layers)
-    positions = check_positions(positions)
-    edits = check_edits(edits)
-    batch, prompts = as_batch(model, prompts)
     bad = [s for s in sites if s in ("final_norm", "unembed", "attn_pattern")]
     if bad:
         raise InputError(f"run_with reads layer sites; use `trace` for {bad[0]!r}.")
-    out = run_batch(model, batch, save={(layer, s) for layer in layers for s in sites},
-                    edits=edits, save_positions=positions, resume=resume)
-    n_pos = len(positions) if positions is not None else max(batch.lengths)
-    arrays = _batch_arrays(model.spec, out, batch, ("unembed", *sites), layers, positions, n_pos,
-                           n_src=max(batch.lengths))
-    collected = {s: [a] for s, a in arrays.items()}
-    ds = _to_dataset(model, batch, prompts, collected, sites=("unembed", *sites), layers=layers,
-                     positions=positions, edits=edits)
-    ds = ds.rename({"unembed": "logits"})
-    ds.attrs["method"] = "run_with"
-    ds.attrs["edits_json"] = edits_to_json(edits)
+    batch, _ = as_batch(model, prompts)
+    ds = read(model, prompts, [Logits(), *(Save(s, tuple(layers)) for s in sites)],
+              edits=edits, positions=positions, batch_size=len(batch.lengths), resume=resume)
+    ds = ds[["logits", *sites, "mask"]].assign_coords(layer=np.array(layers))
+    ds.attrs.update(method="run_with",
+                    params={**ds.attrs["params"], "sites": list(sites), "layers": layers})
+    del ds.attrs["readouts_json"]
     return ds

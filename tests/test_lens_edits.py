@@ -152,3 +152,22 @@ def test_gallery_lens_follows_the_workspace_edits(tiny_model):
         assert lens.edits == [] and lens.edited_result is None
     finally:
         g.close()
+
+
+def test_a_mean_ablation_over_batches_averages_over_every_prompt(tiny_model):
+    """Split into batches of one, a value-less mean ablation uses the mean over every
+    prompt's real tokens: the lens equals the one-batch lens, and the lens with that mean
+    given explicitly."""
+    from explorer.trace import trace
+
+    prompts = [PROMPT, "One two", "Water boils at one hundred"]
+    edit = Ablate(layer=1, head=0, mode="mean")
+    one = logit_lens(tiny_model, prompts, k=3, edits=[edit], batch_size=8)
+    split = logit_lens(tiny_model, prompts, k=3, edits=[edit], batch_size=1)
+    z = trace(tiny_model, prompts, sites="attn_z", layers=1)
+    mean = z.attn_z.sel(layer=1, head=0).values[z.mask.values].mean(0)   # [d_head]
+    given = logit_lens(tiny_model, prompts, k=3, batch_size=1,
+                       edits=[Ablate(layer=1, head=0, mode="mean", value=mean)])
+    for other in (split, given):
+        assert np.array_equal(other.top_token_id.values, one.top_token_id.values)
+        np.testing.assert_allclose(other.top_prob.values, one.top_prob.values, atol=1e-5)
