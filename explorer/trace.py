@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -140,6 +140,7 @@ class CleanRun:
     batch: Batch
     resid_pre: Sequence[torch.Tensor]   # per layer, [prompt, padded_pos, d_model]
     logits: torch.Tensor                # [prompt, padded_pos, vocab]
+    kept: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # site -> per layer
 
     def repeat(self, k: int, *, logits: bool = False) -> CleanRun:
         """The clean run of this batch repeated ``k`` times, block-wise.
@@ -149,7 +150,7 @@ class CleanRun:
         Nothing is copied up front: each layer's residual is tiled when it is read (a
         resumed run reads one layer). The logits are tiled only with ``logits=True`` (k
         copies of [prompt, pos, vocab]); otherwise the result's ``logits`` is empty
-        ([0, pos, vocab]), which a resumed run never reads.
+        ([0, pos, vocab]), which a resumed run never reads. ``kept`` sites are not repeated.
         """
         k = check_int("k", k, low=1)
         b = self.batch
@@ -176,12 +177,26 @@ class _TiledLayers(Sequence):
         return x.repeat(self._k, *([1] * (x.dim() - 1)))
 
 
-def clean_run(model: Model, prompts: Any) -> CleanRun:
-    """Run the prompts once without edits, keeping every layer's resid_pre for resumption."""
-    batch = model.tokenize(prompts)
-    out = run_batch(model, batch, save={(layer, "resid_pre") for layer in range(model.n_layers)})
-    return CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(model.n_layers)],
-                    out["logits"])
+def clean_run(model: Model, prompts: Any, *, edits: Sequence[Edit] = (),
+              keep: Sequence[str] = ()) -> CleanRun:
+    """Run the prompts once as one batch, keeping every layer's resid_pre for resumption.
+
+    ``prompts`` as in `trace`. ``edits`` run the edited model instead (the run that edited
+    runs then resume from, e.g. run 1 of the JuICE dual run on a workspace's edits);
+    ``keep`` names further layer sites kept at every layer, padded, in ``kept`` (e.g.
+    ``("attn_z",)``: [prompt, padded_pos, head*d_head] per layer).
+    """
+    keep = tuple(keep)
+    bad = [s for s in keep if s not in _LAYER_SITES or s == "attn_pattern"]
+    if bad:
+        raise InputError(f"`keep` names layer sites among {_LAYER_SITES[:2] + _LAYER_SITES[3:]}"
+                         f"; got {bad[0]!r}.")
+    batch, _ = as_batch(model, prompts)
+    L = model.n_layers
+    out = run_batch(model, batch, edits=edits,
+                    save={(layer, s) for layer in range(L) for s in ("resid_pre", *keep)})
+    return CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(L)], out["logits"],
+                    {s: [out[(layer, s)] for layer in range(L)] for s in keep})
 
 
 @contextlib.contextmanager

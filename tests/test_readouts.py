@@ -188,3 +188,38 @@ def test_bad_record_values_are_clear_errors(tiny_model):
         readout_from_dict({"kind": "probe"})
     with pytest.raises(InputError, match="bad fields for a 'save' readout"):
         readout_from_dict({"kind": "save", "site": "resid_post", "depth": 2})
+
+
+def test_clean_run_keeps_sites_under_edits_like_hooked_forward(tiny_model):
+    """`clean_run(..., edits=, keep=("attn_z",))` (run 1 of the JuICE dual run) against a
+    plain padded forward with torch hooks: o_proj's input per layer, a head zeroed by a
+    pre-hook where the run ablates it, and the edited logits."""
+    from explorer.trace import clean_run
+    from tests._hooks import removed_after
+
+    m = tiny_model
+    d = m.spec.d_head
+    run = clean_run(m, PROMPTS, edits=[Ablate(layer=1, head=2)], keep=("attn_z",))
+    batch = m.tokenize(PROMPTS)
+    seen = {}
+
+    def zero(_mod, args):
+        z = args[0].clone()
+        z[..., 2 * d:3 * d] = 0
+        return (z, *args[1:])
+
+    def keep(layer):
+        return lambda _mod, args: seen.__setitem__(layer, args[0].clone())
+
+    handles = [m.o_proj(1).register_forward_pre_hook(zero)]
+    handles += [m.o_proj(x).register_forward_pre_hook(keep(x)) for x in range(m.n_layers)]
+    with removed_after(handles):
+        logits = m.hf(**batch.model_inputs()).logits
+    real = batch.attention_mask.bool()
+    for layer in range(m.n_layers):
+        np.testing.assert_allclose(run.kept["attn_z"][layer][real].numpy(),
+                                   seen[layer][real].numpy(), atol=ATOL)
+    assert not run.kept["attn_z"][1][..., 2 * d:3 * d].any()
+    np.testing.assert_allclose(run.logits[real].numpy(), logits[real].numpy(), atol=1e-4)
+    with pytest.raises(InputError, match="`keep` names layer sites"):
+        clean_run(m, PROMPTS, keep=("attn_pattern",))

@@ -31,7 +31,7 @@ import xarray as xr
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.interventions import Ablate, AddHead, Edit, Scale, position_index
 from explorer.models import Batch, Model, cache_dir
-from explorer.trace import (CleanRun, check_edits, logit_attribution, provenance, run_batch,
+from explorer.trace import (CleanRun, check_edits, clean_run, logit_attribution, provenance,
                              run_with)
 
 __all__ = [
@@ -202,12 +202,8 @@ def juice_first_run(model: Model, prompts: Sequence[str] | Batch, *,
     head) run the edited model instead of the clean one, and run 2 keeps them."""
     edits = tuple(check_edits(edits))
     batch = _as_batch(model, prompts)
-    L = model.n_layers
-    save = {(layer, s) for layer in range(L) for s in ("resid_pre", "attn_z")}
-    out = run_batch(model, batch, save=save, edits=edits)
-    clean = CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(L)], out["logits"])
-    return JuiceFirstRun(clean, [out[(layer, "attn_z")] for layer in range(L)],
-                         out["logits"][:, -1].float(), edits)
+    clean = clean_run(model, batch, edits=edits, keep=("attn_z",))
+    return JuiceFirstRun(clean, clean.kept["attn_z"], clean.logits[:, -1].float(), edits)
 
 
 def _first_run_for(model: Model, prompts: Sequence[str] | Batch | None,

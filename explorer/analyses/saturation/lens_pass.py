@@ -340,36 +340,30 @@ def _remote_saturation_batch(model: Any, batch: Any, rows: list[int], *, k: int,
     Ranks are exact counts there, so a token at rank >= ``rank_cap`` reads as
     ``rank_cap``, as in the local pass.
     """
-    from explorer.trace import run_batch
+    from explorer.readouts import Lens, Save
+    from explorer.trace import read
 
     sat, final_rank, top_id, top_prob, cosine, resid_sample = out
     n_layers = model.n_layers
     in_batch = np.flatnonzero((sample[:, 0] >= rows[0]) & (sample[:, 0] <= rows[-1]))
-    s_rows = sample[in_batch, 0] - rows[0]
-    s_cols = np.array([batch.width - batch.lengths[r] + q
-                       for r, q in zip(s_rows, sample[in_batch, 1])], dtype=np.int64)
-    saves = {(layer, "resid_post") for layer in range(n_layers)} if len(in_batch) else set()
-    got = run_batch(model, batch, save=saves, edits=edits, logits=False, lens_k=rank_cap,
-                    lens_layers=range(n_layers), lens_ranked=k, lens_cosine=True,
-                    save_points=(torch.from_numpy(s_rows), torch.from_numpy(s_cols)))
-    lens = [got[("lens", layer)] for layer in range(n_layers)]       # (ids, logp, rank, _)
-    ids = torch.stack([x[0][..., :k] for x in lens], 2).numpy()          # [b, width, L, k]
-    prob = torch.stack([x[1][..., :k] for x in lens], 2).exp().numpy()
-    ranks = torch.stack([x[2] for x in lens], 2).clamp(max=rank_cap).numpy().astype(np.int16)
-    cos = (torch.stack([got[("lens_cos", layer)] for layer in range(1, n_layers)], 2).numpy()
-           if n_layers > 1 else None)                                  # [b, width, L-1]
+    records = [Lens(rank_cap, ranked=k, cosine=True)]
+    if len(in_batch):
+        records.append(Save("resid_post", points=[(p - rows[0], q) for p, q in sample[in_batch]]))
+    got = read(model, batch, records, edits=edits, batch_size=len(rows), progress=False)
+    ids = got.lens_top_id.values[..., :k]                             # [b, P, L, k], -1 pad
+    prob = np.exp(got.lens_top_logprob.values[..., :k])
+    ranks = np.minimum(got.lens_rank.values, rank_cap).astype(np.int16)
+    cos = got.lens_cos.values                                          # [b, P, L], NaN at 0
     for i, length in enumerate(batch.lengths):
-        cols = slice(batch.width - length, batch.width)            # real tokens of row i
         g = rows[i]
-        final_rank[g, :length] = ranks[i, cols]
-        sat[g, :length] = saturation_from_ranks(ranks[i, cols])
-        top_id[g, :length] = ids[i, cols]
-        top_prob[g, :length] = prob[i, cols]
-        if cos is not None:
-            cosine[g, :length, 1:] = cos[i, cols]
-    for j, si in enumerate(in_batch):
-        resid_sample[si] = np.stack([got[(layer, "resid_post")][j].float().numpy()
-                                     for layer in range(n_layers)])
+        final_rank[g, :length] = ranks[i, :length]
+        sat[g, :length] = saturation_from_ranks(ranks[i, :length])
+        top_id[g, :length] = ids[i, :length]
+        top_prob[g, :length] = prob[i, :length]
+        if n_layers > 1:
+            cosine[g, :length, 1:] = cos[i, :length, 1:]
+    if len(in_batch):
+        resid_sample[in_batch] = got.resid_post.values                # [points, L, d]
 
 
 def _lens_dataset(model: Any, texts: list[str], sat: np.ndarray, final_rank: np.ndarray,
