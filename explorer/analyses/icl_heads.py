@@ -864,7 +864,7 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     ``method``: ``"last_token"`` runs only the last token of each ablated copy over keys and
     values of the earlier positions cached once per task (`ablated_last_token`; every
     (ranking, percent) is one copy, at most ``max_rows`` rows a run), ``"full"`` runs every
-    position through `explorer.trace.run_batch` with `Ablate` records; ``"auto"`` picks
+    position through `explorer.trace.run_with` with `Ablate` records; ``"auto"`` picks
     ``"last_token"`` where `last_token_problem` finds none. Both give the same numbers.
     ``edits`` (the workspace's intervention records) apply to every run, the means
     included: the curves of the edited model; they need ``method="full"`` (``"auto"``
