@@ -6,7 +6,8 @@ Message template: "`layer` must be an int in [0, 29]; got 31." Names get a
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "check_float",
     "check_prompts",
     "parse_layer_list",
+    "records_from_json",
     "check_local_weights",
     "safetensors_problem",
     "suggest",
@@ -126,6 +128,19 @@ def parse_layer_list(text: Any, n_layers: int, what: str) -> list[int]:
     if not out:
         raise InputError(f"{what} must be {allowed}; got none.")
     return sorted(out)
+
+
+def records_from_json(text: str, what: str, from_dict: Callable[[Any], Any]) -> list[Any]:
+    """The records (edits, readouts) of a JSON list written by their ``to_dict``, each read
+    by ``from_dict``; InputError naming ``what`` ("edit", "readout") on bad JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{what}s JSON does not parse: {e.msg} at line {e.lineno}, "
+                         f"column {e.colno}.") from None
+    if not isinstance(data, list):
+        raise InputError(f"{what}s JSON must be a list of {what} objects.")
+    return [from_dict(d) for d in data]
 
 
 def check_prompts(prompts: Any) -> list[str]:

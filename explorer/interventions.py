@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ._checks import InputError, check_choice, check_float, check_int
+from ._checks import InputError, check_choice, check_float, check_int, records_from_json
 
 __all__ = [
     "Edit",
@@ -313,14 +313,7 @@ def edits_to_json(edits: Iterable[Edit]) -> str:
 
 
 def edits_from_json(text: str) -> list[Edit]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"edits JSON does not parse: {e.msg} at line {e.lineno}, "
-                         f"column {e.colno}.") from None
-    if not isinstance(data, list):
-        raise InputError("edits JSON must be a list of edit objects.")
-    return [edit_from_dict(d) for d in data]
+    return records_from_json(text, "edit", edit_from_dict)
 
 
 def first_edit_layer(edits: Sequence[Edit]) -> int | None:

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import InputError, check_choice, check_int
+from ._checks import InputError, check_choice, check_int, records_from_json
 from .models import Batch
 
 __all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Chunk", "check_readouts",
@@ -260,35 +260,42 @@ def _unpad_pattern(p: torch.Tensor, chunk: Chunk) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Logits(Readout):
-    """The output logits: ``logits`` (prompt, pos, vocab)."""
+class _Output(Readout):
+    """An output of the model's last layers (not a layer site): variable ``var`` (prompt,
+    pos, ``dim``) at the run's positions."""
 
-    kind: ClassVar[str] = "logits"
+    var: ClassVar[str] = ""
+    dim: ClassVar[str] = ""
+    needs: ClassVar[dict[str, Any]] = {}
 
     def request(self, chunk: Chunk) -> dict[str, Any]:
-        return {"logits": True}
+        return dict(self.needs)
 
     def arrays(self, out: dict[Any, Any], chunk: Chunk) -> dict[str, np.ndarray]:
-        return {"logits": chunk.unpad(out["logits"])}
+        return {self.var: chunk.unpad(out[self.var])}
 
     def dims(self) -> dict[str, tuple[str, ...]]:
-        return {"logits": ("prompt", "pos", "vocab")}
+        return {self.var: ("prompt", "pos", self.dim)}
 
 
 @dataclass(frozen=True)
-class FinalNorm(Readout):
+class Logits(_Output):
+    """The output logits: ``logits`` (prompt, pos, vocab)."""
+
+    kind: ClassVar[str] = "logits"
+    var: ClassVar[str] = "logits"
+    dim: ClassVar[str] = "vocab"
+    needs: ClassVar[dict[str, Any]] = {"logits": True}
+
+
+@dataclass(frozen=True)
+class FinalNorm(_Output):
     """The final norm's output: ``final_norm`` (prompt, pos, d_model)."""
 
     kind: ClassVar[str] = "final_norm"
-
-    def request(self, chunk: Chunk) -> dict[str, Any]:
-        return {"save_final": ("final_norm",)}
-
-    def arrays(self, out: dict[Any, Any], chunk: Chunk) -> dict[str, np.ndarray]:
-        return {"final_norm": chunk.unpad(out["final_norm"])}
-
-    def dims(self) -> dict[str, tuple[str, ...]]:
-        return {"final_norm": ("prompt", "pos", "d_model")}
+    var: ClassVar[str] = "final_norm"
+    dim: ClassVar[str] = "d_model"
+    needs: ClassVar[dict[str, Any]] = {"save_final": ("final_norm",)}
 
 
 @dataclass(frozen=True)
@@ -502,10 +509,4 @@ def readouts_to_json(readouts: Iterable[Readout]) -> str:
 
 
 def readouts_from_json(text: str) -> list[Readout]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"readouts are not valid JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise InputError("readouts JSON must be a list of records.")
-    return [readout_from_dict(d) for d in data]
+    return records_from_json(text, "readout", readout_from_dict)

@@ -186,6 +186,10 @@ def test_bad_record_values_are_clear_errors(tiny_model):
         read(tiny_model, PROMPTS, ["resid_post"])
     with pytest.raises(InputError, match="kind"):
         readout_from_dict({"kind": "probe"})
+    with pytest.raises(InputError, match="readouts JSON does not parse"):
+        readouts_from_json("[{")
+    with pytest.raises(InputError, match="readouts JSON must be a list of readout objects"):
+        readouts_from_json('{"kind": "logits"}')
     with pytest.raises(InputError, match="bad fields for a 'save' readout"):
         readout_from_dict({"kind": "save", "site": "resid_post", "depth": 2})
 
