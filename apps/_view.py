@@ -13,7 +13,8 @@ Reproducibility: `View.export_datasets` (default: every Dataset / DataArray the 
 its parameters), `View.export_tables` (the view's DataFrames and its Datasets' 1-D / 2-D
 variables), `View.export_bytes` (a zip: one NetCDF per Dataset, a CSV per table, the snippet and
 a manifest JSON; nothing pickled) and `View.code_snippet` (Python that recomputes what the page
-shows with the library API; pages override it with their own calls).
+shows with the library API: `apps._recipe.render` of the page's `View.code_recipe`, the records
+of its calls, which pages override with their own).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._recipe import Let, Note, Recipe, render
 from apps._session import (CancelToken, Runner, jobs_running, schedule, served_document,
                            user_message)
 from explorer.defaults import DEFAULT_MODEL
@@ -404,42 +406,43 @@ class View(pn.viewable.Viewer):
         return buf.getvalue()
 
     def code_snippet(self) -> str:
-        """Python that recomputes what the page shows with the library API. Default: load the
-        model, import the library functions and analysis modules the page's module uses, and
-        its settings; pages override it with their real calls."""
+        """Python that recomputes what the page shows with the library API: its
+        `code_recipe` written by `apps._recipe.render`."""
+        return render(self.code_recipe())
+
+    def code_recipe(self) -> Recipe:
+        """What the page computes, as records (`apps._recipe`). Default: load the model,
+        import the library functions and analysis modules the page's module uses, and its
+        settings; pages override it with their real calls."""
         model = getattr(self, "model", None) or getattr(self, "_model", None)
         name = getattr(getattr(model, "spec", None), "name", None)
         module = sys.modules.get(type(self).__module__)
-        imports = ["import explorer"]
-        found: dict[str, list[str]] = {}
+        imports, aliases = ["explorer"], {}
         for attr, value in sorted(vars(module).items()) if module is not None else []:
-            if attr.startswith("_"):
+            if attr.startswith("_") or attr in ("model", "prompt", "params", "edits"):
                 continue
             if isinstance(value, type(sys)):
-                mod = value.__name__
-                if mod.startswith("explorer.analyses."):
-                    pkg, _, leaf = mod.rpartition(".")
-                    imports.append(f"from {pkg} import {leaf}" + (f" as {attr}" if attr != leaf else ""))
-                continue
-            where = getattr(value, "__module__", None) or ""
-            if (callable(value) and not isinstance(value, type) and where.startswith("explorer.")
-                    and not where.startswith(("explorer._", "explorer.components"))):
-                real = getattr(value, "__name__", attr)
-                found.setdefault(where, []).append(real if real == attr else f"{real} as {attr}")
-        imports += [f"from {mod} import {', '.join(names)}" for mod, names in sorted(found.items())]
-        lines = [*imports, ""]
-        if name is not None:
-            lines.append(f"model = explorer.load_model({name!r})")
+                path = value.__name__
+                if not path.startswith("explorer.analyses."):
+                    continue
+            else:
+                where = getattr(value, "__module__", None) or ""
+                if (not callable(value) or isinstance(value, type)
+                        or not where.startswith("explorer.")
+                        or where.startswith(("explorer._", "explorer.components"))):
+                    continue
+                path = f"{where}.{getattr(value, '__name__', attr)}"
+            imports.append(path)
+            if attr != path.rpartition(".")[2]:
+                aliases[path] = attr
         prompt = getattr(self, "prompt", None)
-        if isinstance(prompt, str):
-            lines.append(f"prompt = {prompt!r}")
         params = {k: v for k, v in self.export_manifest()["parameters"].items() if k != "prompt"}
-        if params:
-            lines.append(f"params = {params!r}  # the page's settings")
         path = (module.__name__.replace(".", "/") + ".py") if module is not None else "its module"
-        lines.append(f"# {type(self).__name__} is built on the calls imported above; {path} shows "
-                     "how it makes them.")
-        return "\n".join(lines) + "\n"
+        steps: list[Any] = [Let("params", params, "the page's settings")] if params else []
+        steps.append(Note(f"{type(self).__name__} is built on the calls imported above; {path} "
+                          "shows how it makes them."))
+        return Recipe(model=name, imports=imports, aliases=aliases, steps=steps,
+                      inputs={"prompt": prompt} if isinstance(prompt, str) else {})
 
 # -- the workspace's lists a page follows (the gallery keeps them equal to the workspace's) ----
 
