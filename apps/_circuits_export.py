@@ -7,12 +7,9 @@ from typing import Any
 
 import numpy as np
 
-import explorer
 from apps import _circuit_graph as cg
 from apps._circuits_scoring import OWN_TASK, PROMPT_TASK
-from explorer.analyses import circuit_select as cs
-from explorer.analyses import circuits as ca
-from explorer.analyses import user_items
+from apps._recipe import MODEL, Call, Expr, Note, Recipe, Ref, Step
 
 __all__ = ["CircuitExport"]
 
@@ -20,72 +17,68 @@ __all__ = ["CircuitExport"]
 class CircuitExport:
     """The export part of `apps.circuits.CircuitsView` (a mixin)."""
 
-    def code_snippet(self) -> str:
-        """Python that recomputes what the page shows: the task's pairs, the edge scores, the
-        faithfulness curve, the shown circuit (pruned) and its edges, and, with workspace
-        edits, the task metric of the edited model."""
+    def code_recipe(self) -> Recipe:
+        """What the page shows as records: the task's pairs, the edge scores, the faithfulness
+        curve, the shown circuit (pruned) and its edges, and, with workspace edits, the task
+        metric of the edited model."""
         scores, _, label = self._current()
-        own = self.task == OWN_TASK and self._own_task is not None
-        lines = ["import explorer", "from explorer.analyses import circuits as ca"]
-        if own:
-            lines.append("from explorer.analyses import user_items")
-        if self.edits:
-            lines.append("from explorer.analyses.user_items import continuation_token")
-        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})"]
-        if own:
-            lines.append(f"task = user_items.parse_circuit_pairs({self._own_text!r}, model, "
-                         f"name={OWN_TASK!r})")
-        elif self.task == PROMPT_TASK and not self.counterfactual.strip():
-            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, '', '', "
-                         f"answer={self.explain!r}, name={PROMPT_TASK!r})  # mean ablation")
+        c, s = "explorer.analyses.circuits", "explorer.analyses.circuit_select"
+        task, n = Ref("task"), Ref("len(task)")
+        if self.task == OWN_TASK and self._own_task is not None:
+            steps: list[Step] = [Call("task", "explorer.analyses.user_items.parse_circuit_pairs",
+                                      (self._own_text, MODEL), {"name": OWN_TASK})]
         elif self.task == PROMPT_TASK:
             word, _, by = self.counterfactual.partition("=")
-            lines.append(f"task = ca.prompt_task(model, {self.prompt!r}, {word!r}, {by!r}, "
-                         f"answer={self.explain!r}, name={PROMPT_TASK!r})")
+            mean = not self.counterfactual.strip()
+            steps = [Call("task", f"{c}.prompt_task", (MODEL, self.prompt, *(
+                ("", "") if mean else (word, by))), {"answer": self.explain, "name": PROMPT_TASK},
+                "mean ablation" if mean else "")]
         else:
-            lines.append(f"task = ca.make_task({self.task!r}, {self.n_prompts}, seed=0)")
-        n = "len(task)"
+            steps = [Call("task", f"{c}.make_task", (self.task, self.n_prompts), {"seed": 0})]
         method = self._shown_method if self.scores is not None else self.method
-        lines.append(f"scores = ca.edge_scores(model, task, method={method!r}, batch_size={n})")
+        steps.append(Call("scores", f"{c}.edge_scores", (MODEL, task),
+                          {"method": method, "batch_size": n}))
         if self.curve is not None:
-            sizes = [int(v) for v in self.curve["n_edges"].values]
-            lines.append(f"curve = ca.faithfulness_curve(model, task, scores, sizes={sizes}, "
-                         f"batch_size={n})  # the faithfulness plot")
+            steps.append(Call("curve", f"{c}.faithfulness_curve", (MODEL, task, Ref("scores")),
+                              {"sizes": [int(v) for v in self.curve["n_edges"].values],
+                               "batch_size": n}, "the faithfulness plot"))
+        pruned = "the shown circuit, pruned to input -> logits paths"
         if self.nodes_mode():
-            lines.insert(1, "from explorer.analyses import circuit_select as cs")
             if self.node_curve is not None:
-                k = [int(v) for v in self.node_curve["n_nodes"].values]
-                lines.append(f"node_curve = cs.node_faithfulness_curve(model, task, scores, "
-                             f"sizes={k}, batch_size={n})  # the node faithfulness plot")
-            lines.append(f"circuit = cs.node_circuit(scores, {self.n_nodes})  # the top "
-                         f"{self.n_nodes} nodes by |node score| and the edges between them")
+                steps.append(Call(
+                    "node_curve", f"{s}.node_faithfulness_curve", (MODEL, task, Ref("scores")),
+                    {"sizes": [int(v) for v in self.node_curve["n_nodes"].values],
+                     "batch_size": n}, "the node faithfulness plot"))
+            steps.append(Call("circuit", f"{s}.node_circuit", (Ref("scores"), self.n_nodes),
+                              comment=f"the top {self.n_nodes} nodes by |node score| and the "
+                              "edges between them"))
         elif self.mode == "top-n":
-            lines.append(f"circuit = ca.select_circuit(scores, top_n={self.n_edges})  "
-                         "# the shown circuit, pruned to input -> logits paths")
+            steps.append(Call("circuit", f"{c}.select_circuit", (Ref("scores"),),
+                              {"top_n": self.n_edges}, pruned))
         else:
-            lines.append(f"circuit = ca.select_circuit(scores, threshold={self.threshold!r})  "
-                         "# the shown circuit, pruned to input -> logits paths")
-        lines.append("edges = sorted(ca.circuit_edges(scores, circuit))  # (src, dst) node names")
+            steps.append(Call("circuit", f"{c}.select_circuit", (Ref("scores"),),
+                              {"threshold": self.threshold}, pruned))
+        steps.append(Call("edges", "sorted", (Call(None, f"{c}.circuit_edges", (
+            Ref("scores"), Ref("circuit"))),), comment="(src, dst) node names"))
         if self._shown["size"] > self.max_drawn_edges:
-            lines.append(f"# the page draws the strongest {self.max_drawn_edges} of them")
-        lines.append(f"faithfulness = ca.patch_edges_metric(model, task, scores, circuit, "
-                     f"batch_size={n})  # 'Patch all shown edges'")
+            steps.append(Note(f"the page draws the strongest {self.max_drawn_edges} of them"))
+        steps.append(Call("faithfulness", f"{c}.patch_edges_metric",
+                          (MODEL, task, Ref("scores"), Ref("circuit")), {"batch_size": n},
+                          "'Patch all shown edges'"))
         if self.edits:
-            lines += [
-                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
-                "ids = [[continuation_token(model.tokenizer, p, t) for t in (a, w)]",
-                "       for p, a, w in zip(task.clean, task.answer, task.wrong)]",
-                "",
-                "def logit_diff(edits=()):  # per pair, on the clean prompts",
-                "    last = explorer.run_with(model, task.clean, edits, positions=[-1])"
-                "['logits'][:, 0]",
-                "    return [float(last[i, a] - last[i, w]) for i, (a, w) in enumerate(ids)]",
-                "",
-                "clean, edited = logit_diff(), logit_diff(edits)  # the readout's clean vs edited"]
+            steps.append(Expr("ids", "[[user_items.continuation_token(model.tokenizer, p, t) "
+                              "for t in (a, w)] for p, a, w in zip(task.clean, task.answer, "
+                              "task.wrong)]"))
+            for name, edits in (("clean", "[]"), ("edited", "edits")):
+                steps += [Expr("last", f"explorer.run_with(model, task.clean, {edits}, "
+                               "positions=[-1])['logits'][:, 0]"),
+                          Expr(name, "[float(last[i, a] - last[i, w]) for i, (a, w) in "
+                               "enumerate(ids)]", f"the logit difference per pair, {name}")]
         if scores is not None and scores is not self.scores:
-            lines.append(f"# the graph shows the fine-tuning checkpoint {label} "
-                         "(explorer.analyses.circuit_lora.checkpoint_circuits)")
-        return "\n".join(lines) + "\n"
+            steps.append(Note(f"the graph shows the fine-tuning checkpoint {label} "
+                              "(explorer.analyses.circuit_lora.checkpoint_circuits)"))
+        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=steps,
+                      aliases={c: "ca", s: "cs", "explorer.analyses.user_items": "user_items"})
 
     def circuit_csv(self) -> str:
         """The shown circuit's edges as CSV (source, target, score, patch effect): all of

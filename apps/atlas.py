@@ -26,6 +26,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
+from apps._recipe import MODEL, Call, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer import components
@@ -249,24 +250,25 @@ class AtlasView(View):
         """The atlas as the page's table: a row per head, its component name and scores."""
         return {"atlas": atlas_table(self.atlas)} if self.atlas is not None else {}
 
-    def code_snippet(self) -> str:
-        """The atlas the page shows as Python: the page's own trace (and induction scores),
+    def code_recipe(self) -> Recipe:
+        """The atlas the page shows as records: the page's own trace (and induction scores),
         then `explorer.head_atlas`; the other pages' Datasets are read from their exports."""
-        lines = ["import explorer", "from explorer.head_atlas import atlas_table", "",
-                 f"model = explorer.load_model({self._model.spec.name!r})",
-                 f"results = [explorer.trace(model, [{self.prompt!r}], sites=('attn_pattern',))]"]
+        steps: list[Step] = [Let("results", [Call(None, "explorer.trace", (MODEL, [self.prompt]),
+                                                  {"sites": ("attn_pattern",)})])]
         if self._induction is not None:
-            lines[1:1] = ["from explorer.analyses.icl_heads import induction_scores"]
-            lines.append("results.append(induction_scores(model, n_sequences=8, half_len=20))")
+            steps.append(Call(None, "results.append", (Call(
+                None, "explorer.analyses.icl_heads.induction_scores", (MODEL,),
+                {"n_sequences": 8, "half_len": 20}),)))
         pages = collect_results(list(self._sources())) if self._sources is not None else []
         if pages:
-            lines[1:1] = ["import xarray as xr"]
-            lines.append(f"# and the {len(pages)} Dataset(s) other pages computed, from their "
-                         "'Export page data' zips, e.g.:")
-            lines.append("# results.append(xr.open_dataset('scores.nc'))")
-        lines += ["atlas = explorer.head_atlas(results, model=model)  # [layer, head]",
-                  "table = atlas_table(atlas)"]
-        return "\n".join(lines) + "\n"
+            steps += [Note(f"and the {len(pages)} Dataset(s) other pages computed, from their "
+                           "'Export page data' zips, e.g.:"),
+                      Note("results.append(xr.open_dataset('scores.nc'))")]
+        steps += [Call("atlas", "explorer.head_atlas", (Ref("results"),), {"model": MODEL},
+                       "[layer, head]"),
+                  Call("table", "explorer.head_atlas.atlas_table", (Ref("atlas"),))]
+        return Recipe(model=self._model.spec.name, steps=steps, aliases={"xarray": "xr"},
+                      imports=["xarray"] if pages else [])
 
     def _on_page_load(self) -> None:
         self._page_loaded = True

@@ -29,6 +29,7 @@ from apps import theme
 from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_ticks,
                                  selected_outlines)
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
+from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
 from apps._session import CancelToken
 from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions,
                         workspace_selection)
@@ -412,20 +413,17 @@ class AttentionView(View):
     def _error_note(self) -> str:
         return " The previous prompt's patterns are still shown." if self.result is not None else ""
 
-    def code_snippet(self) -> str:
-        """The trace the page draws (every head's pattern, the enlarged head) as Python."""
-        edits = []
-        if self.edits:
-            edits = [f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})"]
-        return "\n".join([
-            "import explorer", "",
-            f"model = explorer.load_model({self._model.spec.name!r})", *edits,
-            f"ds = explorer.trace(model, [{self.prompt!r}], sites=('attn_pattern',)"
-            + (", edits=edits)" if edits else ")"),
-            "n = int(ds.mask.isel(prompt=0).sum())  # the prompt's tokens",
-            "patterns = ds.attn_pattern.isel(prompt=0, dst_pos=slice(0, n), src_pos=slice(0, n))",
-            f"enlarged = patterns.sel(layer={self.layer}, head={self.head})  # {self.selected}",
-        ]) + "\n"
+    def code_recipe(self) -> Recipe:
+        """The trace the page draws (every head's pattern, the enlarged head) as records."""
+        edits = {"edits": EDITS} if self.edits else {}
+        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=[
+            Call("ds", "explorer.trace", (MODEL, [self.prompt]),
+                 {"sites": ("attn_pattern",), **edits}),
+            Expr("n", "int(ds.mask.isel(prompt=0).sum())", "the prompt's tokens"),
+            Expr("patterns", "ds.attn_pattern.isel(prompt=0, dst_pos=slice(0, n), "
+                 "src_pos=slice(0, n))"),
+            Call("enlarged", "patterns.sel", kwargs={"layer": self.layer, "head": self.head},
+                 comment=self.selected)])
 
     def close(self) -> None:
         """Stop the runner and drop the patterns (the page is gone)."""

@@ -31,7 +31,6 @@ import panel as pn
 import param
 import xarray as xr
 
-import explorer
 from apps import theme
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
 from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, SCATTER_CAPTION,
@@ -42,6 +41,7 @@ from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, S
                                    split_time_left)
 from apps._controls import OwnItems, labelled, tip
 from apps._heads_heatmap import on_head_click
+from apps._recipe import EDITS, MODEL, Call, Expr, Let, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
@@ -320,44 +320,45 @@ class ConflictsView(HeadsPart, View):
             out["accuracy_table"] = accuracy_table(self.accuracy)
         return out
 
-    def code_snippet(self) -> str:
-        """The page's calls as Python: head scores, the answer bars (clean and, with workspace
+    def code_recipe(self) -> Recipe:
+        """The page's calls as records: head scores, the answer bars (clean and, with workspace
         edits, edited) and, once scored, the split's accuracy."""
-        fact = self._fact()
-        run = "juice_logits" if self.mode == "juice" else "single_run_logits"
-        plus = [parse_head(n) for n in self.heads_plus]
-        minus = [parse_head(n) for n in self.heads_minus]
-        heads = f"{plus!r}, {minus!r}, alpha_l={self.alpha_l!r}, alpha_s={self.alpha_s!r}"
-        lines = [
-            "import explorer", "from explorer.analyses import conflicts as C", "",
-            f"model = explorer.load_model({self._model.spec.name!r})",
-            f"fact = C.Fact(**{fact.to_dict()!r})",
-            f"kind = {self.kind!r}",
-            "prompt = C.conflict_prompt(fact, kind)",
-            "scores = C.head_context_memory_scores(model, [fact], kinds=[kind], ablation=False)",
-            "heatmap = scores.direct_diff.mean(('kind', 'fact'))  # [layer, head]",
-            "run1 = C.juice_first_run(model, [prompt])",
-            "before = C.answer_probabilities(model, run1.logits, [fact])[0]  # P(memory), P(context)",
-            f"after = C.answer_probabilities(model, C.{run}(model, None, {heads}, run1=run1), "
-            "[fact])[0]"]
+        c = "explorer.analyses.conflicts"
+        run = f"{c}.{'juice_logits' if self.mode == 'juice' else 'single_run_logits'}"
+        heads = ([parse_head(n) for n in self.heads_plus],
+                 [parse_head(n) for n in self.heads_minus])
+        alphas = {"alpha_l": self.alpha_l, "alpha_s": self.alpha_s}
+        steps: list[Step] = [
+            Call("fact", f"{c}.Fact", kwargs=self._fact().to_dict()),
+            Let("kind", self.kind),
+            Call("prompt", f"{c}.conflict_prompt", (Ref("fact"), Ref("kind"))),
+            Call("scores", f"{c}.head_context_memory_scores", (MODEL, [Ref("fact")]),
+                 {"kinds": [Ref("kind")], "ablation": False}),
+            Expr("heatmap", "scores.direct_diff.mean(('kind', 'fact'))", "[layer, head]")]
+        runs = [("run1", "steered", "before", "after", {})]
         if self.edits:
-            lines += [
-                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
-                "run1_edited = C.juice_first_run(model, [prompt], edits=edits)",
-                "edited_before = C.answer_probabilities(model, run1_edited.logits, [fact])[0]",
-                f"edited_after = C.answer_probabilities(model, C.{run}(model, None, {heads}, "
-                "run1=run1_edited), [fact])[0]"]
+            runs.append(("run1_edited", "steered_edited", "edited_before", "edited_after",
+                         {"edits": EDITS}))
+        for run1, steered, before, after, edits in runs:
+            steps += [
+                Call(run1, f"{c}.juice_first_run", (MODEL, [Ref("prompt")]), edits),
+                Expr(before, f"C.answer_probabilities(model, {run1}.logits, [fact])[0]",
+                     "P(memory), P(context)"),
+                Call(steered, run, (MODEL, None, *heads), {**alphas, "run1": Ref(run1)}),
+                Expr(after, f"C.answer_probabilities(model, {steered}, [fact])[0]")]
         if self.accuracy is not None:
             if self._shipped:
-                lines.append("facts = C.load_facts()")
+                steps.append(Call("facts", f"{c}.load_facts"))
             else:
-                lines.append("facts = [C.Fact(**d) for d in "
-                             f"{[f.to_dict() for f in self._split_facts]!r}]")
+                steps.append(Let("facts", [Call(None, f"{c}.Fact", kwargs=f.to_dict())
+                                           for f in self._split_facts]))
             if self._closed_book:
-                lines.append(f"facts = C.closed_book_facts(model, facts, n_new={self._n_new})")
-            lines.append(f"accuracy = C.conflict_accuracy(model, facts, {heads}, "
-                         f"n_new={self._n_new})")
-        return "\n".join(lines) + "\n"
+                steps.append(Call("facts", f"{c}.closed_book_facts", (MODEL, Ref("facts")),
+                                  {"n_new": self._n_new}))
+            steps.append(Call("accuracy", f"{c}.conflict_accuracy", (MODEL, Ref("facts"), *heads),
+                              {**alphas, "n_new": self._n_new}))
+        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=steps,
+                      aliases={c: "C"})
 
     def __panel__(self) -> pn.viewable.Viewable:
         def heatmap(scores, plus, minus, highlighted):

@@ -32,6 +32,7 @@ from apps._icl_scores import (OPEN_BUDGET_S, ScoresPart, estimated_score_seconds
                               selected_heads)
 from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_td,
                                     plot_projection, plot_td, td_caption)
+from apps._recipe import MODEL, Call, Note, Recipe, Ref, Step
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
@@ -288,71 +289,73 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
 
 
     # -- reproducibility ------------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """Python that recomputes what the page shows: the head scores, the selected head's
-        attention, the function vector, the task encoding, and the ablation curves and the
-        conflict test once computed; a result the page has not computed yet is a comment."""
-        o = self._opts
-        opts = ", ".join(f"{k}={v!r}" for k, v in o.items())
+    def code_recipe(self) -> Recipe:
+        """What the page shows as records: the head scores, the selected head's attention, the
+        function vector, the task encoding, and the ablation curves and the conflict test once
+        computed; a result the page has not computed yet is a comment."""
+        ih, tv = "explorer.analyses.icl_heads", "explorer.analyses.task_vectors"
+        tvp = "explorer.analyses.task_vector_patching"
+        opts = dict(self._opts)                  # prompts per task, demonstrations per prompt
         own = self.task == OWN_TASK and self._own_task is not None
-        lines = ["import xarray as xr", "", "import explorer",
-                 "from explorer.analyses import icl_heads as ih",
-                 "from explorer.analyses import task_vector_patching as tvp",
-                 "from explorer.analyses import task_vectors as tv"]
+        steps: list[Step] = []
         if own:
-            lines.append("from explorer.analyses import user_items")
-        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})",
-                  f"opts = dict({opts})  # prompts per task, demonstrations per prompt"]
-        if own:
-            lines.append(f"task = user_items.parse_icl_pairs({self._own_text!r}, "
-                         f"name={OWN_TASK!r}, min_pairs={self._min_pairs()})  # your pairs")
-        task = "task" if own else repr(self.task)
-        lines.append(f"patterns = ih.head_attention(model, {self.layer}, {self.head}, "
-                     f"task={task})  # {explorer.components.head(self.layer, self.head)}")
+            steps.append(Call("task", "explorer.analyses.user_items.parse_icl_pairs",
+                              (self._own_text,), {"name": OWN_TASK, "min_pairs": self._min_pairs()},
+                              "your pairs"))
+        task = Ref("task") if own else self.task
+        steps.append(Call("patterns", f"{ih}.head_attention", (MODEL, self.layer, self.head),
+                          {"task": task}, str(explorer.components.head(self.layer, self.head))))
         if self.scores is None:
-            lines.append("# Compute scores on the page for the head scores and what follows")
+            steps.append(Note("Compute scores on the page for the head scores and what follows"))
         else:
-            lines += ["induction = ih.induction_scores(model, n_sequences=4, half_len=16)",
-                      f"fv = ih.fv_scores(model, {self._fv_tasks!r}, **opts)",
-                      "scores = xr.merge([induction[['induction_score']], "
-                      "fv[['fv_score', 'mean_z']]], combine_attrs='drop_conflicts')"]
+            steps += [Call("induction", f"{ih}.induction_scores", (MODEL,),
+                           {"n_sequences": 4, "half_len": 16}),
+                      Call("fv", f"{ih}.fv_scores", (MODEL, self._fv_tasks), opts),
+                      Call("scores", "xarray.merge", ([Ref("induction[['induction_score']]"),
+                                                       Ref("fv[['fv_score', 'mean_z']]")],),
+                           {"combine_attrs": "drop_conflicts"})]
         if self.fv_result is not None:
-            fv_task = task if str(self.fv_result.task.values[0]) == OWN_TASK \
-                else repr(str(self.fv_result.task.values[0]))
-            lines.append(f"fv_result = tv.function_vector_accuracy(model, [{fv_task}], "
-                         f"scores['fv_score'].values, layer={self.fv_result.attrs['layer']}, "
-                         "**opts)")
+            shown = str(self.fv_result.task.values[0])
+            steps.append(Call("fv_result", f"{tv}.function_vector_accuracy",
+                              (MODEL, [task if shown == OWN_TASK else shown],
+                               Ref("scores['fv_score'].values")),
+                              {"layer": self.fv_result.attrs["layer"], **opts}))
         if self.td is not None:
             k = int(self.td.attrs.get("params", {}).get("k", 10))
-            lines.append(f"td = tv.task_decodability(model, {self._td_tasks!r}, k={k}, **opts)")
+            steps.append(Call("td", f"{tv}.task_decodability", (MODEL, self._td_tasks),
+                              {"k": k, **opts}))
         if self.curves is not None:
             c = self.curves.attrs.get("params", {})
-            lines.append(
-                f"curves = ih.ablation_curves(model, {self._eval_tasks!r}, "
-                "scores['induction_score'].values, scores['fv_score'].values, "
-                f"percents={[float(x) for x in self.curves.percent.values]!r}, "
-                f"rankings={[str(r) for r in self.curves.ranking.values]!r}, "
-                f"exclude_fraction={c.get('exclude_fraction')!r}, loss_sequences=2, "
-                f"loss_tokens=64, mean_source={c.get('mean_source')!r}, "
-                f"mean_tasks={self._fv_tasks!r}, **opts)")
+            steps.append(Call(
+                "curves", f"{ih}.ablation_curves",
+                (MODEL, self._eval_tasks, Ref("scores['induction_score'].values"),
+                 Ref("scores['fv_score'].values")),
+                {"percents": [float(x) for x in self.curves.percent.values],
+                 "rankings": [str(r) for r in self.curves.ranking.values],
+                 "exclude_fraction": c.get("exclude_fraction"), "loss_sequences": 2,
+                 "loss_tokens": 64, "mean_source": c.get("mean_source"),
+                 "mean_tasks": self._fv_tasks, **opts}))
         if self.patching is not None:
-            tasks = [str(t) for t in self.patching.task.values]
-            layers = [int(x) for x in self.patching.layer.values]
-            lines.append(f"patching = tvp.task_vector_patching(model, {tasks!r}, "
-                         f"layers={layers!r}, **opts)  # zero-shot, task / Null / no patch")
+            steps.append(Call("patching", f"{tvp}.task_vector_patching",
+                              (MODEL, [str(t) for t in self.patching.task.values]),
+                              {"layers": [int(x) for x in self.patching.layer.values], **opts},
+                              "zero-shot, task / Null / no patch"))
         if self.conflict is not None:
             tasks = [str(t) for t in self.conflict.target.values]
-            layers = [int(x) for x in self.conflict.layer.values]
-            lines += [f"conflict = tvp.conflicting_task_patching(model, {tasks!r}, "
-                      f"layers={layers!r}, **opts)",
-                      f"matrix = conflict['follows_source'].sel(source={tasks!r}, "
-                      f"layer={self.conflict_layer})  # A x B at the layer shown",
-                      "controls = conflict['follows_target'].sel(source=['null', 'none'], "
-                      f"layer={self.conflict_layer})  # Null vector, no patch"]
+            steps += [Call("conflict", f"{tvp}.conflicting_task_patching", (MODEL, tasks),
+                           {"layers": [int(x) for x in self.conflict.layer.values], **opts}),
+                      Call("matrix", "conflict['follows_source'].sel", (),
+                           {"source": tasks, "layer": self.conflict_layer},
+                           "A x B at the layer shown"),
+                      Call("controls", "conflict['follows_target'].sel", (),
+                           {"source": ["null", "none"], "layer": self.conflict_layer},
+                           "Null vector, no patch")]
         else:
-            lines.append("# Run the conflict test on the page for "
-                         "tvp.conflicting_task_patching(model, tasks, layers=..., **opts)")
-        return "\n".join(lines) + "\n"
+            steps.append(Note("Run the conflict test on the page for "
+                              "tvp.conflicting_task_patching(model, tasks, layers=...)"))
+        return Recipe(model=self._model.spec.name, steps=steps,
+                      aliases={"xarray": "xr", ih: "ih", tv: "tv", tvp: "tvp",
+                               "explorer.analyses.user_items": "user_items"})
 
     # -- layout ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._controls import labelled_controls
+from apps._recipe import MODEL, Call, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
@@ -388,31 +389,34 @@ class ITDAView(View):
         return {"p": p, "acts": acts, "itda": itda, "rec": rec, "examples": ex, "atom": atom}
 
     # -- reproducibility ---------------------------------------------------------------------
-    def code_snippet(self) -> str:
+    def code_recipe(self) -> Recipe:
         """The page's dictionary, its atom, tau curves (and the layer comparison once made) as
-        Python with the library calls the page makes and its current settings."""
-        L, tau, l0 = self.layer, self.tau, self.l0
-        fit = f"layer={L}, min_pos={MIN_POS}"
-        lines = ["import explorer",
-                 "from explorer.analyses.itda import ITDA, itda_atom_examples, "
-                 "itda_reconstruction, itda_tau_sweep", "",
-                 f"model = explorer.load_model({self._model.spec.name!r})",
-                 f"prompts = {probe_prompts(self.probe_text)!r}",
-                 "acts = explorer.trace(model, prompts, sites=('resid_post',))",
-                 f"itda = ITDA(tau={tau!r}, l0={l0!r}).fit(acts, {fit})",
-                 f"reconstruction = itda_reconstruction(itda, acts, {fit})  # error, L0, FVE",
-                 f"examples = itda_atom_examples(itda, acts, k=5, atoms=[{self.atom}], {fit})",
-                 f"sweep = itda_tau_sweep(acts, taus={TAU_GRID!r}, l0={l0!r}, {fit})"]
+        records of the library calls the page makes with its current settings."""
+        it, sim = "explorer.analyses.itda", "explorer.analyses.similarity"
+        tau, l0, fit = self.tau, self.l0, {"layer": self.layer, "min_pos": MIN_POS}
+        steps: list[Step] = [
+            Call("acts", "explorer.trace", (MODEL, Ref("prompts")), {"sites": ("resid_post",)}),
+            Call("itda", f"{it}.ITDA", (), {"tau": tau, "l0": l0}),
+            Call("itda", "itda.fit", (Ref("acts"),), fit),
+            Call("reconstruction", f"{it}.itda_reconstruction", (Ref("itda"), Ref("acts")), fit,
+                 "error, L0, FVE"),
+            Call("examples", f"{it}.itda_atom_examples", (Ref("itda"), Ref("acts")),
+                 {"k": 5, "atoms": [self.atom], **fit}),
+            Call("sweep", f"{it}.itda_tau_sweep", (Ref("acts"),),
+                 {"taus": TAU_GRID, "l0": l0, **fit})]
         if self.similarity is not None:
-            lines[2:2] = ["from explorer.analyses.similarity import layer_similarity, perturbed_copy"]
             if self._fixed_other is not None:
-                lines.append(f"other = explorer.load_model({self._fixed_other.spec.name!r})")
+                steps.append(Call("other", "explorer.load_model", (self._fixed_other.spec.name,)))
             else:
-                lines.append(f"other = perturbed_copy(model, scale={self.noise!r}, seed=1)")
-            lines += ["other_acts = explorer.trace(other, prompts, sites=('resid_post',))",
-                      f"similarity = layer_similarity(acts, other_acts, method={self.method!r}, "
-                      f"tau={tau!r}, l0={l0!r}, min_pos={MIN_POS})"]
-        return "\n".join(lines) + "\n"
+                steps.append(Call("other", f"{sim}.perturbed_copy", (MODEL,),
+                                  {"scale": self.noise, "seed": 1}))
+            steps += [Call("other_acts", "explorer.trace", (Ref("other"), Ref("prompts")),
+                           {"sites": ("resid_post",)}),
+                      Call("similarity", f"{sim}.layer_similarity",
+                           (Ref("acts"), Ref("other_acts")),
+                           {"method": self.method, "tau": tau, "l0": l0, "min_pos": MIN_POS})]
+        return Recipe(model=self._model.spec.name, steps=steps,
+                      inputs={"prompts": probe_prompts(self.probe_text)})
 
     # -- results (on the session's event loop when served) -----------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:

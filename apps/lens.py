@@ -36,6 +36,7 @@ from apps._lens_state import STATE_FORMAT, StatePart, _RUN_PARAMS
 from apps._lens_tables import (MAX_LENS_TOKENS, check_lens_prompt, contrast_prompts,
                                contrast_vector, lens_grid_table, lens_table, steering_summary)
 from apps._positions import PagePositions, position_caption
+from apps._recipe import MODEL, Call, Expr, Let, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions
 from explorer._checks import InputError
@@ -315,37 +316,42 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
             self.param.update(running=False, status="Cancelled; showing the previous result.")
 
     # -- reproducibility -----------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """Python that recomputes the heatmap's lens (with the page's steering vector) and,
-        with workspace edits, the edited lens below it."""
+    def code_recipe(self) -> Recipe:
+        """The heatmap's lens (with the page's steering vector) and, with workspace edits, the
+        edited lens below it, as records."""
         p = self._run_params()
-        lines = ["import explorer", "", f"model = explorer.load_model({self._model.spec.name!r})",
-                 f"prompt = {p['prompt']!r}"]
+        k, layer = p["k"], p["steer_layer"]
+        inputs: dict[str, Any] = {"prompt": p["prompt"]}
+        steps: list[Step] = []
         if p["alpha"] == 0:
-            lines.append("steer = []  # steering strength 0: the model unedited")
+            steps.append(Let("steer", [], "steering strength 0: the model unedited"))
         else:
-            layer = p["steer_layer"]
-            lines += [
-                f"a = {contrast_prompts(p['contrast_a'])!r}  # contrast prompts A",
-                f"b = {contrast_prompts(p['contrast_b'])!r}  # contrast prompts B", "",
-                "def mean_resid(prompts, layer):",
-                "    \"\"\"Mean resid_post over the prompts' tokens, the first token left out (its",
-                "    attention-sink norm would swamp the difference).\"\"\"",
-                "    ds = explorer.trace(model, prompts, sites=('resid_post',), layers=[layer])",
-                "    keep = ds.mask & ((ds.pos > 0) | (ds.mask.sum('pos') == 1))",
-                "    return ds.resid_post.sel(layer=layer).where(keep).mean(('prompt', 'pos')).values",
-                "",
-                f"vector = (mean_resid(a, {layer}) - mean_resid(b, {layer})).astype('float32')",
-                f"steer = [explorer.Steer(layer={layer}, vector=vector, alpha={float(p['alpha'])!r})]"]
-        k = p["k"]
-        lines.append(f"lens = explorer.logit_lens(model, prompt, k={k}, edits=steer, rank_cap={k}, "
-                     "unembed_dtype='auto')")
+            inputs.update(a=contrast_prompts(p["contrast_a"]), b=contrast_prompts(p["contrast_b"]),
+                          steer_layer=layer)
+            for side in ("a", "b"):              # the mean resid_post over contrast prompts
+                ds = f"ds_{side}"
+                steps += [
+                    Call(ds, "explorer.trace", (MODEL, Ref(side)),
+                         {"sites": ("resid_post",), "layers": [Ref("steer_layer")]}),
+                    Expr(f"keep_{side}", f"{ds}.mask & (({ds}.pos > 0) | ({ds}.mask.sum('pos') "
+                         "== 1))", "the first token left out (its attention-sink norm would "
+                         "swamp the difference)"),
+                    Expr(f"mean_{side}", f"{ds}.resid_post.sel(layer=steer_layer)"
+                         f".where(keep_{side}).mean(('prompt', 'pos')).values")]
+            steps += [Expr("vector", "(mean_a - mean_b).astype('float32')"),
+                      Let("steer", [Call(None, "explorer.Steer", (), {
+                          "layer": Ref("steer_layer"), "vector": Ref("vector"),
+                          "alpha": float(p["alpha"])})])]
+        lens = {"k": k, "rank_cap": k, "unembed_dtype": "auto"}
+        steps.append(Call("lens", "explorer.logit_lens", (MODEL, Ref("prompt")),
+                          {**lens, "edits": Ref("steer")}))
         if self.edits:
-            lines += [f"workspace = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
-                      f"edited = explorer.logit_lens(model, prompt, k={k}, "
-                      f"edits=[*steer, *workspace], rank_cap={k}, unembed_dtype='auto')"]
-        lines.append("top = lens.top_token.isel(prompt=0, rank=0)  # the heatmap: [pos, layer]")
-        return "\n".join(lines) + "\n"
+            steps.append(Call("edited", "explorer.logit_lens", (MODEL, Ref("prompt")),
+                              {**lens, "edits": Ref("[*steer, *edits]")}, "the workspace's edits"))
+        steps.append(Expr("top", "lens.top_token.isel(prompt=0, rank=0)",
+                          "the heatmap: [pos, layer]"))
+        return Recipe(model=self._model.spec.name, edits=list(self.edits), inputs=inputs,
+                      steps=steps)
 
     # -- drawing ---------------------------------------------------------------------------
 

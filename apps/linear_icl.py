@@ -23,6 +23,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, control, flex_plot
+from apps._recipe import Call, Expr, Let, Note, Recipe, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer.analyses.linear_icl import (
@@ -537,29 +538,31 @@ class LinearICLView(View):
                 f"test loss at L = {L}: {loss:.3f}.")
 
     # -- reproducibility -----------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """Python that recomputes what the page shows: the runs (by head count), their
-        analyses over training, and the selected run's KQ / OV patterns at the step shown."""
+    def code_recipe(self) -> Recipe:
+        """What the page shows as records: the runs (by head count), their analyses over
+        training, and the selected run's KQ / OV patterns at the step shown."""
         if not self.runs or self.n_heads is None or self.step is None:
-            return "# The runs are still loading.\n"
-        heads = sorted(self.runs)
+            return Recipe(steps=[Note("The runs are still loading.")])
+        la, heads = "explorer.analyses.linear_icl", sorted(self.runs)
         if all(_is_default_run(self.runs[H]) for H in heads):
-            names = ["attention_patterns", "linear_icl_run", "stored_linear_icl_analysis"]
-            lines = [f"runs = {{H: linear_icl_run(n_heads=H) for H in {heads!r}}}  # stored or "
-                     "shipped, else trained",
-                     "analyses = {H: stored_linear_icl_analysis(run) for H, run in runs.items()}"]
+            imports = [f"{la}.linear_icl_run", f"{la}.stored_linear_icl_analysis"]
+            steps: list[Step] = [
+                Let("heads", heads),
+                Expr("runs", "{H: linear_icl_run(n_heads=H) for H in heads}",
+                     "stored or shipped, else trained"),
+                Expr("analyses", "{H: stored_linear_icl_analysis(run) for H, run in runs.items()}")]
         else:
-            names = ["attention_patterns", "linear_icl_analysis", "train_linear_icl"]
-            lines = ["runs = {"] + [
-                f"    {H}: train_linear_icl(**{dict(self.runs[H].attrs.get('params', {}))!r}, "
-                f"seed={int(self.runs[H].attrs.get('seed', 0))}),"
-                for H in heads] + ["}",
-                "analyses = {H: linear_icl_analysis(run, n_prompts=512) for H, run in "
-                "runs.items()}"]
-        lines.append(f"patterns = attention_patterns(runs[{int(self.n_heads)}].sel(step="
-                     f"{int(self.step)}))  # the heatmaps: kq, ov, omega, mu")
-        return "\n".join([f"from explorer.analyses.linear_icl import {', '.join(names)}", "",
-                          *lines]) + "\n"
+            imports = [f"{la}.linear_icl_analysis"]
+            steps = [Let("runs", {H: Call(None, f"{la}.train_linear_icl", (), {
+                         **self.runs[H].attrs.get("params", {}),
+                         "seed": int(self.runs[H].attrs.get("seed", 0))}) for H in heads}),
+                     Expr("analyses", "{H: linear_icl_analysis(run, n_prompts=512) "
+                          "for H, run in runs.items()}")]
+        steps += [Let("shown", int(self.n_heads), "the head count shown"),
+                  Call("patterns", f"{la}.attention_patterns",
+                       (Call(None, "runs[shown].sel", (), {"step": int(self.step)}),),
+                       comment="the heatmaps: kq, ov, omega, mu")]
+        return Recipe(steps=steps, imports=imports)
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:

@@ -27,6 +27,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._controls import labelled_controls
+from apps._recipe import MODEL, Call, Note, Recipe, Ref
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from apps.itda import DEFAULT_PROBE_TEXT, MIN_POS, probe_prompts
@@ -444,25 +445,24 @@ class NeuronEvalView(View):
                 attrs={"unit": unit, "concept_name": self.concept, "layer": self.layer})
         return out
 
-    def code_snippet(self) -> str:
-        """The page's metric table and sanity checks as Python, with its current settings
+    def code_recipe(self) -> Recipe:
+        """The page's metric table and sanity checks as records, with its current settings
         (the units and the table come from the page module's numpy glue)."""
-        L, tau, unit = self.layer, self.tau, self.unit
-        return "\n".join([
-            "import explorer",
-            "from apps.neuron_eval import concept_vector, metric_table, unit_data  # numpy glue",
-            "from explorer.analyses.neuron_eval import itda_atom_sanity_checks, "
-            "synthetic_sanity_checks", "",
-            f"model = explorer.load_model({self._model.spec.name!r})",
-            f"prompts = {probe_prompts(self.probe_text)!r}",
-            f"data = unit_data(model, prompts, layer={L}, tau={tau!r})  # ITDA atoms as units",
-            f"c = concept_vector(data, {unit}, {self.concept!r})",
-            f"table, perturbed = metric_table(data['acts'], c, {unit}, seed={self.seed}, "
-            f"binarize={self.binarize!r}, alpha={self.alpha!r}, threshold={self.threshold!r})",
-            f"real = itda_atom_sanity_checks(data['itda'], data['activations'], layer={L}, "
-            f"min_count=2, n_seeds={self._n_seeds}, alpha=0.05, min_pos={MIN_POS})",
-            f"synthetic = synthetic_sanity_checks(**{_SYNTHETIC!r})",
-        ]) + "\n"
+        L, unit, ne = self.layer, self.unit, "explorer.analyses.neuron_eval"
+        return Recipe(model=self._model.spec.name, inputs={
+            "prompts": probe_prompts(self.probe_text)}, steps=[
+            Note("the units, the concept and the table: apps.neuron_eval's numpy glue"),
+            Call("data", "apps.neuron_eval.unit_data", (MODEL, Ref("prompts")),
+                 {"layer": L, "tau": self.tau}, "ITDA atoms as units"),
+            Call("c", "apps.neuron_eval.concept_vector", (Ref("data"), unit, self.concept)),
+            Call("table, perturbed", "apps.neuron_eval.metric_table", (Ref("data['acts']"),
+                 Ref("c"), unit), {"seed": self.seed, "binarize": self.binarize,
+                                   "alpha": self.alpha, "threshold": self.threshold}),
+            Call("real", f"{ne}.itda_atom_sanity_checks",
+                 (Ref("data['itda']"), Ref("data['activations']")),
+                 {"layer": L, "min_count": 2, "n_seeds": self._n_seeds, "alpha": 0.05,
+                  "min_pos": MIN_POS}),
+            Call("synthetic", f"{ne}.synthetic_sanity_checks", (), dict(_SYNTHETIC))])
 
     # -- results -------------------------------------------------------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, control, flex_plot
+from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
@@ -587,38 +588,36 @@ class ParityView(View):
         return text + f". Graph: {shown}."
 
     # -- reproducibility -----------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """Python that recomputes what the page shows at the current step: the run, its
-        analysis over training, the hidden-state PCA and the automaton (and the state counts
-        for a threshold or length other than the analysis's)."""
+    def code_recipe(self) -> Recipe:
+        """What the page shows at the current step as records: the run, its analysis over
+        training, the hidden-state PCA and the automaton (and the state counts for a threshold
+        or length other than the analysis's)."""
         if self.run is None or self.step is None:
-            return "# The parity run is still loading.\n"
-        names = ["parity_automaton", "parity_hidden_pca", "stored_parity_analysis"]
-        params = {k: v for k, v in self.run.attrs.get("params", {}).items()}
+            return Recipe(steps=[Note("The parity run is still loading.")])
+        pa = "explorer.analyses.parity"
+        params = dict(self.run.attrs.get("params", {}))
         seed = int(self.run.attrs.get("seed", 0))
         if params.get("from_models"):
-            load = ["run = ...  # the page's run was built from networks given to it "
-                    "(parity_run_from_models); pass the same networks"]
+            load: Step = Expr("run", "...", "the page's run was built from networks given to it "
+                              "(parity_run_from_models); pass the same networks")
         elif set(params) <= set(PARITY_DEFAULTS):
-            names.append("parity_run")
-            given = {k: v for k, v in {**params, "seed": seed}.items()
-                     if PARITY_DEFAULTS.get(k) != v}
-            load = [f"run = parity_run({', '.join(f'{k}={v!r}' for k, v in given.items())})"
-                    "  # from the cache folder, the shipped file or trained (seeded)"]
+            load = Call("run", f"{pa}.parity_run", (), {
+                k: v for k, v in {**params, "seed": seed}.items() if PARITY_DEFAULTS.get(k) != v},
+                "from the cache folder, the shipped file or trained (seeded)")
         else:
-            names.append("train_parity_rnn")
-            load = [f"run = train_parity_rnn(**{params!r}, seed={seed})"]
-        lines = load + [
-            "analysis = stored_parity_analysis(run)  # automaton sizes and long-string accuracy",
-            f"pca = parity_hidden_pca(run, {self.step}, max_length={self.max_length})",
-            f"automaton = parity_automaton(run, {self.step}, max_length={self.max_length}, "
-            f"threshold={self.threshold!r})  # .attrs['n_states'], ['n_states_minimal']"]
+            load = Call("run", f"{pa}.train_parity_rnn", (), {**params, "seed": seed})
+        at = {"max_length": self.max_length, "threshold": self.threshold}
+        steps = [load,
+                 Call("analysis", f"{pa}.stored_parity_analysis", (Ref("run"),),
+                      comment="automaton sizes and long-string accuracy"),
+                 Call("pca", f"{pa}.parity_hidden_pca", (Ref("run"), self.step),
+                      {"max_length": self.max_length}),
+                 Call("automaton", f"{pa}.parity_automaton", (Ref("run"), self.step), at,
+                      ".attrs['n_states'], ['n_states_minimal']")]
         if self.sizes is not None:
-            names.append("parity_automaton_sizes")
-            lines.append(f"sizes = parity_automaton_sizes(run, max_length={self.max_length}, "
-                         f"threshold={self.threshold!r})  # the state counts over training")
-        return "\n".join([f"from explorer.analyses.parity import {', '.join(sorted(names))}",
-                          "", *lines]) + "\n"
+            steps.append(Call("sizes", f"{pa}.parity_automaton_sizes", (Ref("run"),), at,
+                              "the state counts over training"))
+        return Recipe(steps=steps)
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:

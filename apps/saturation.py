@@ -38,6 +38,7 @@ import explorer
 from apps import theme
 from apps._controls import labelled, tip
 from apps._positions import PagePositions
+from apps._recipe import EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._saturation_corpus import (CorpusPart, OPEN_BUDGET_S, _WEIGHTS, _note,
                                      estimated_seconds, pareto_caption, pareto_markers,
                                      plot_pareto, plot_probe_accuracy, plot_tau_histogram,
@@ -249,46 +250,45 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
         self._run_button.disabled = False
 
     # -- reproducibility ------------------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """The page's calls as Python: the corpus analysis behind the strip, the order test,
+    def code_recipe(self) -> Recipe:
+        """The page's calls as records: the corpus analysis behind the strip, the order test,
         probe, early exit and injection, and the prompt's token view clean and edited."""
-        spec = self._model.spec
-        corpus = repr(self._texts) if self._texts is not None else "sat.load_corpus()"
-        options = "".join(f", {k}={v!r}" for k, v in self._options.items())
+        s = "explorer.analyses.saturation"
         k = min(PROMPT_RANKS, self._model.vocab_size)
-        cap = min(self._model.vocab_size, max(50, k))
-        lines = ["import explorer", "from explorer.analyses import saturation as sat", "",
-                 f"model = explorer.load_model({spec.name!r})"]
-        if self.weights != "trained":
-            lines.append("model = sat.random_init_twin(model, seed=0)  # the random-init weights")
-        lines += [
-            f"texts = sat.corpus_chunks(model, {corpus}, max_tokens={self.n_tokens})",
-            f"result = sat.saturation_analysis(model, texts{options})  # strip, tau, probe, exit",
-            f"text, k = {self.text}, {self.k}",
-            "n = int(result.mask.isel(prompt=text).sum())",
-            "strip = result.sat_layer.isel(prompt=text, pos=slice(0, n), rank=0)  # s_1; -1: never"]
+        layers = {"k": k, "rank_cap": min(self._model.vocab_size, max(50, k)),
+                  "sample_positions": 0}
+        corpus = self._texts if self._texts is not None else Call(None, f"{s}.load_corpus")
+        steps: list[Step] = [
+            Call("texts", f"{s}.corpus_chunks", (MODEL, corpus), {"max_tokens": self.n_tokens}),
+            Call("result", f"{s}.saturation_analysis", (MODEL, Ref("texts")), self._options,
+                 "strip, tau, probe, exit"),
+            Let("text", self.text), Let("k", self.k),
+            Expr("n", "int(result.mask.isel(prompt=text).sum())"),
+            Expr("strip", "result.sat_layer.isel(prompt=text, pos=slice(0, n), rank=0)",
+                 "s_1; -1: never")]
         if self.selected >= 0:
-            lines.append(f"clicked = result.isel(prompt=text, pos={self.selected}, "
-                         "rank=slice(0, k))  # the rank table and staircase")
+            steps.append(Call("clicked", "result.isel", (), {
+                "prompt": Ref("text"), "pos": self.selected, "rank": Ref("slice(0, k)")},
+                "the rank table and staircase"))
         pairs = self.pairs()
         if pairs and self.intervention is not None:
             pt, e, l = pairs[min(self.pair, len(pairs) - 1)]
-            lines.append(f"injection = sat.inject_residual(model, texts[{pt}], source_pos={e}, "
-                         f"target_pos={l}, layer={self.inj_layer})")
-        lines += [
-            "",
-            f"prompt = {self.prompt!r}",
-            f"clean = sat.saturation_layers(model, [prompt], k={k}, rank_cap={cap}, "
-            "sample_positions=0)",
-            "shown = clean.sat_layer.isel(prompt=0, rank=slice(0, k))  # [pos, rank]; -1: never"]
+            steps.append(Call("injection", f"{s}.inject_residual",
+                              (MODEL, Ref(f"texts[{int(pt)}]")),
+                              {"source_pos": e, "target_pos": l, "layer": self.inj_layer}))
+        steps += [Note(),
+                  Call("clean", f"{s}.saturation_layers", (MODEL, [Ref("prompt")]), layers),
+                  Expr("shown", "clean.sat_layer.isel(prompt=0, rank=slice(0, k))",
+                       "[pos, rank]; -1: never")]
         if self.edits:
-            lines += [
-                f"edits = explorer.edits_from_json({explorer.edits_to_json(self.edits)!r})",
-                f"edited = sat.saturation_layers(model, [prompt], k={k}, rank_cap={cap}, "
-                "sample_positions=0, edits=edits)",
-                "edited_shown = edited.sat_layer.isel(prompt=0, rank=slice(0, k))",
-                "changed = shown != edited_shown  # the outlined cells"]
-        return "\n".join(lines) + "\n"
+            steps += [Call("edited", f"{s}.saturation_layers", (MODEL, [Ref("prompt")]),
+                           {**layers, "edits": EDITS}),
+                      Expr("edited_shown", "edited.sat_layer.isel(prompt=0, rank=slice(0, k))"),
+                      Expr("changed", "shown != edited_shown", "the outlined cells")]
+        twin = None if self.weights == "trained" else Call(
+            "model", f"{s}.random_init_twin", (MODEL,), {"seed": 0}, "the random-init weights")
+        return Recipe(model=self._model.spec.name, transform=twin, edits=list(self.edits),
+                      inputs={"prompt": self.prompt}, steps=steps, aliases={s: "sat"})
 
     # -- the prompt's token view ----------------------------------------------------------------
 

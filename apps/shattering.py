@@ -27,6 +27,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import labelled_controls
+from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
@@ -433,42 +434,39 @@ class ShatteringView(View):
             out["embedding"], out["accuracy"] = at
         return out
 
-    def code_snippet(self) -> str:
-        """The shown edit, its embedding and accuracy at the current strength as Python."""
+    def code_recipe(self) -> Recipe:
+        """The shown edit, its embedding and accuracy at the current strength as records."""
         km, edit = self.km, self.edit
         if km is None or edit is None:
-            return "# The knowledge-graph model is still loading.\n"
-        names = ["edit_embedding", "edit_fact", "edited_model", "fact_accuracy"]
+            return Recipe(steps=[Note("The knowledge-graph model is still loading.")])
+        sh, layer = "explorer.analyses.shattering", self.layer
         if self._km_file is not None:
-            load = f"km = load_knowledge_model({str(self._km_file)!r})"
-            names.append("load_knowledge_model")
+            steps: list[Step] = [Call("km", f"{sh}.load_knowledge_model", (str(self._km_file),))]
         else:
-            load = (f"km = knowledge_model(**{dict(km.params)!r})  # from the cache folder, "
-                    "or trained (seeded) and stored")
-            names.append("knowledge_model")
-        layer = self.layer
-        cov = []
-        if self.method == "rome":
-            cov = [f"cov = key_covariance(km, {layer})"]
-        elif self.method == "memit":
-            cov = [f"cov = {{b: key_covariance(km, b) for b in range({layer + 1})}}"]
-        if cov:
-            names.append("key_covariance")
+            steps = [Call("km", f"{sh}.knowledge_model", (), dict(km.params),
+                          "from the cache folder, or trained (seeded) and stored")]
+        steps.append(Expr("graph", "km.graph"))
+        cov = {}
+        if self.method in ("rome", "memit"):
+            covariance = [Call(None, f"{sh}.key_covariance", (Ref("km"), b))
+                          for b in range(layer + 1)]
+            steps.append(Let("cov", covariance[-1] if self.method == "rome"
+                             else dict(enumerate(covariance))))
+            cov = {"cov": Ref("cov")}
         strength = round(float(self.strength), 4)
-        n = min(3, km.graph.n_entities - 1, km.params["d_model"])
-        return "\n".join([
-            f"from explorer.analyses.shattering import {', '.join(sorted(names))}", "",
-            load,
-            "graph = km.graph", *cov,
-            f"edit = edit_fact(km, graph.entity_names.index({self.entity!r}), "
-            f"graph.relation_names.index({self.relation!r}), {self.distance}, "
-            f"method={self.method!r}, layer={layer}" + (", cov=cov)" if cov else ")"),
-            f"embedding = edit_embedding(km, edit, [0.0, {strength!r}], "
-            f"projection={self.projection!r}, n_components={n})  # R at the strength: "
-            "embedding['R'][-1]",
-            f"accuracy = fact_accuracy(km, edited_model(km, edit, {strength!r}), "
-            "exclude=[(edit.entity, edit.relation)])",
-        ]) + "\n"
+        steps += [
+            Call("edit", f"{sh}.edit_fact", (
+                Ref("km"), Call(None, "graph.entity_names.index", (self.entity,)),
+                Call(None, "graph.relation_names.index", (self.relation,)), self.distance),
+                {"method": self.method, "layer": layer, **cov}),
+            Call("embedding", f"{sh}.edit_embedding", (Ref("km"), Ref("edit"), [0.0, strength]),
+                 {"projection": self.projection,
+                  "n_components": min(3, km.graph.n_entities - 1, km.params["d_model"])},
+                 "R at the strength: embedding['R'][-1]"),
+            Call("accuracy", f"{sh}.fact_accuracy", (Ref("km"), Call(
+                None, f"{sh}.edited_model", (Ref("km"), Ref("edit"), strength))),
+                {"exclude": [Ref("(edit.entity, edit.relation)")]})]
+        return Recipe(steps=steps)
 
     @param.depends("edit", "strength", "projection")
     def embedding(self) -> xr.Dataset | None:

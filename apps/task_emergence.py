@@ -20,6 +20,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, control, flex_plot
+from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
 from explorer.analyses.task_emergence import DEFAULTS as TASK_EMERGENCE_DEFAULTS
@@ -274,11 +275,12 @@ class TaskEmergenceView(View):
                 f"{float(self.analysis['zero_loss'].mean()):.3g}).")
 
     # -- reproducibility -----------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """Python that recomputes what the page shows: the analysis over training and, at
-        the step and layer shown, the residual projection and TD per layer."""
+    def code_recipe(self) -> Recipe:
+        """What the page shows as records: the analysis over training and, at the step and
+        layer shown, the residual projection and TD per layer."""
         if self.analysis is None or self.step is None:
-            return "# The analysis is still loading.\n"
+            return Recipe(steps=[Note("The analysis is still loading.")])
+        te = "explorer.analyses.task_emergence"
         a = self.analysis.attrs
         p = a.get("params", {})
         run_params, run_seed = dict(p.get("run_params") or {}), p.get("run_seed", 0)
@@ -287,21 +289,19 @@ class TaskEmergenceView(View):
         defaults = {k: v for k, v in TASK_EMERGENCE_DEFAULTS.items() if k != "seed"}
         if "source" in a or (run_params == defaults and run_seed == 0
                              and settings == {"n_per_task": 100, "k": 10, "seed": 1}):
-            lines = ["from explorer.analyses.task_emergence import default_analysis", "",
-                     "analysis = default_analysis()  # the stored run's, else the one shipped "
-                     "with the project"]
+            steps: list[Step] = [Call("analysis", f"{te}.default_analysis", comment=(
+                "the stored run's, else the one shipped with the project"))]
         else:
-            args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-            lines = ["from explorer.analyses.task_emergence import "
-                     "stored_task_emergence_analysis, task_emergence_run", "",
-                     f"run = task_emergence_run(**{run_params!r}, seed={run_seed})  # stored, "
-                     "else trained (seeded)",
-                     f"analysis = stored_task_emergence_analysis(run, {args})"]
-        lines += [f"projection = analysis['projection'].sel(step={self.step}, layer={self.layer})"
-                  "  # [prompt, component]; analysis['prompt_task'] colours it",
-                  f"td_by_layer = analysis['td'].sel(step={self.step})",
-                  "curves = analysis[['icl_loss', 'td']]  # over training"]
-        return "\n".join(lines) + "\n"
+            steps = [Call("run", f"{te}.task_emergence_run", (), {**run_params, "seed": run_seed},
+                          "stored, else trained (seeded)"),
+                     Call("analysis", f"{te}.stored_task_emergence_analysis", (Ref("run"),),
+                          settings)]
+        steps += [Call("projection", "analysis['projection'].sel", (),
+                       {"step": self.step, "layer": self.layer},
+                       "[prompt, component]; analysis['prompt_task'] colours it"),
+                  Call("td_by_layer", "analysis['td'].sel", (), {"step": self.step}),
+                  Expr("curves", "analysis[['icl_loss', 'td']]", "over training")]
+        return Recipe(steps=steps)
 
     # -- layout --------------------------------------------------------------------------
     def controls(self) -> pn.Column:

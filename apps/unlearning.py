@@ -25,6 +25,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import OwnItems, tip
+from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import Scope, View, serve
 from explorer._checks import InputError
@@ -450,65 +451,74 @@ class UnlearningView(View):
                          f"{float(value.seconds_per_step.sel(localization=m)):.1f} s per step.")
 
     # -- reproducibility ---------------------------------------------------------------------
-    def code_snippet(self) -> str:
-        """Python that recomputes what the page shows: the forget / retain facts, the probe
-        curve, causal tracing (the heatmap's fact by position, every fact by layer),
-        attribution patching, the layers the method picks, and the unlearning run."""
-        loc = self._localized_with
-        lines = ["import numpy as np", "", "import explorer",
-                 "from explorer.analyses import unlearning as U"]
-        own = loc is not None and loc["own"] is not None
-        if own:
-            lines.append("from explorer.analyses import user_items")
+    def code_recipe(self) -> Recipe:
+        """What the page shows as records: the forget / retain facts, the probe curve, causal
+        tracing (the heatmap's fact by position, every fact by layer), attribution patching,
+        the layers the method picks, and the unlearning run."""
+        u, loc = "explorer.analyses.unlearning", self._localized_with
         path = None if self._facts_file is None else str(self._facts_file)
-        lines += ["", f"model = explorer.load_model({self._model.spec.name!r})",
-                  f"everything = U.load_attribute_facts({path!r})"
-                  + ("  # the shipped facts" if path is None else ""),
-                  "facts = U.known_facts(model, everything)  # those the model gets right"
-                  if self._known_only else "facts = everything"]
+        steps: list[Step] = [
+            Call("everything", f"{u}.load_attribute_facts", (path,),
+                 comment="the shipped facts" if path is None else ""),
+            Call("facts", f"{u}.known_facts", (MODEL, Ref("everything")),
+                 comment="those the model gets right") if self._known_only
+            else Expr("facts", "everything")]
+        aliases = {u: "U", "numpy": "np", "explorer.analyses.user_items": "user_items"}
         if loc is None:
-            lines.append(f"forget, retain = U.split_facts(facts, {self.n_forget}, {self.n_retain})")
-            lines.append("# Press Localize on the page for the probe, causal tracing and "
-                         "attribution patching")
-            return "\n".join(lines) + "\n"
+            steps += [Call("forget, retain", f"{u}.split_facts",
+                           (Ref("facts"), self.n_forget, self.n_retain)),
+                      Note("Press Localize on the page for the probe, causal tracing and "
+                           "attribution patching")]
+            return Recipe(model=self._model.spec.name, steps=steps, aliases=aliases)
         n_forget, n_retain = loc["n_forget"], loc["n_retain"]
-        if own:
-            lines += [f"own = user_items.parse_unlearning_fact({loc['own']!r}, "
-                      "attributes=everything[0].attributes, mc=everything[0].mc)  # your fact",
-                      "facts = [f for f in facts if f.subject != own.subject]",
-                      f"forget, retain = U.split_facts(facts, {max(2, n_forget - 1)}, {n_retain})",
-                      f"forget = [own, *forget][:{n_forget}]"]
+        if loc["own"] is not None:
+            steps += [Call("own", "explorer.analyses.user_items.parse_unlearning_fact",
+                           (loc["own"],), {"attributes": Ref("everything[0].attributes"),
+                                           "mc": Ref("everything[0].mc")}, "your fact"),
+                      Expr("facts", "[f for f in facts if f.subject != own.subject]"),
+                      Call("forget, retain", f"{u}.split_facts",
+                           (Ref("facts"), max(2, n_forget - 1), n_retain)),
+                      Let("n_forget", n_forget),
+                      Expr("forget", "[own, *forget][:n_forget]")]
         else:
-            lines.append(f"forget, retain = U.split_facts(facts, {n_forget}, {n_retain})")
-        lines += [
-            "_, counts = np.unique([f.attribute for f in everything], return_counts=True)",
-            "probe = U.attribute_probe_curve(model, everything, n_folds=int(min(4, counts.min())))",
-            "# the heatmap: the first forget fact, from its subject's first token to the end",
-            "first = U.subject_positions(model, forget[0])[0]",
-            "n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)"
-            "['input_ids'])",
-            "heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)), heads=False)",
-            "trace = U.causal_trace(model, forget, positions=False, heads=True)",
-            "trace['restore_resid'] = heat.restore_resid.reindex(fact=trace.fact)",
-            "trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=''))",
-            "attribution = U.attribution_patching(model, forget)",
-            f"components = U.localized_components(model, {self.method!r}, {self.n_layers}, "
-            "probe=probe, trace=trace, attribution=attribution)  # dots on the component map"]
+            steps.append(Call("forget, retain", f"{u}.split_facts",
+                              (Ref("facts"), n_forget, n_retain)))
+        steps += [
+            Expr("_, counts", "np.unique([f.attribute for f in everything], return_counts=True)"),
+            Call("probe", f"{u}.attribute_probe_curve", (MODEL, Ref("everything")),
+                 {"n_folds": Ref("int(min(4, counts.min()))")}),
+            Note("the heatmap: the first forget fact, from its subject's first token to the end"),
+            Expr("first", "U.subject_positions(model, forget[0])[0]"),
+            Expr("n", "len(model.tokenizer(U.fact_prompt(forget[0]), "
+                 "add_special_tokens=False)['input_ids'])"),
+            Call("heat", f"{u}.causal_trace", (MODEL, Ref("forget[:1]")),
+                 {"positions": Ref("list(range(first, n))"), "heads": False}),
+            Call("trace", f"{u}.causal_trace", (MODEL, Ref("forget")),
+                 {"positions": False, "heads": True}),
+            Expr("trace['restore_resid']", "heat.restore_resid.reindex(fact=trace.fact)"),
+            Expr("trace", "trace.assign_coords(token=heat.token.reindex(fact=trace.fact, "
+                 "fill_value=''))"),
+            Call("attribution", f"{u}.attribution_patching", (MODEL, Ref("forget"))),
+            Call("components", f"{u}.localized_components", (MODEL, self.method, self.n_layers),
+                 {"probe": Ref("probe"), "trace": Ref("trace"),
+                  "attribution": Ref("attribution")}, "dots on the component map")]
         run = self._result_with
-        if self.result is not None and run is not None and run.get("localized") == loc:
-            settings = ", ".join(f"{k}={run[k]!r}" for k in ("n_layers", "steps", "lr",
-                                                              "relearn_steps", "text_weight"))
-            if run["text_weight"]:
-                lines.append("text = U.text_windows(model, 'train', window=64)")
-            lines.append("heldout = U.text_windows(model, 'heldout', window=64, max_windows=16)")
-            lines.append(f"result = U.unlearning_comparison(model, forget, retain, "
-                         f"methods={run['methods']!r}, probe=probe, trace=trace, "
-                         f"attribution=attribution, "
-                         f"text={'text' if run['text_weight'] else None}, heldout_text=heldout, "
-                         f"{settings})  # the bars")
-        else:
-            lines.append("# Press Run unlearning on the page for U.unlearning_comparison(...)")
-        return "\n".join(lines) + "\n"
+        if self.result is None or run is None or run.get("localized") != loc:
+            steps.append(Note("Press Run unlearning on the page for U.unlearning_comparison(...)"))
+            return Recipe(model=self._model.spec.name, steps=steps, aliases=aliases)
+        if run["text_weight"]:
+            steps.append(Call("text", f"{u}.text_windows", (MODEL, "train"), {"window": 64}))
+        steps += [
+            Call("heldout", f"{u}.text_windows", (MODEL, "heldout"),
+                 {"window": 64, "max_windows": 16}),
+            Call("result", f"{u}.unlearning_comparison", (MODEL, Ref("forget"), Ref("retain")), {
+                "methods": run["methods"], "probe": Ref("probe"), "trace": Ref("trace"),
+                "attribution": Ref("attribution"),
+                "text": Ref("text") if run["text_weight"] else None,
+                "heldout_text": Ref("heldout"),
+                **{k: run[k] for k in ("n_layers", "steps", "lr", "relearn_steps",
+                                       "text_weight")}}, "the bars")]
+        return Recipe(model=self._model.spec.name, steps=steps, aliases=aliases)
 
     # -- plots -------------------------------------------------------------------------------
     def chosen_layers(self, method: str | None = None) -> list[int]:

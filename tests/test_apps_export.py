@@ -89,7 +89,7 @@ def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, ti
             code = files["code.py"].decode()
             compile(code, f"<{slug} snippet>", "exec")
             assert code == view.code_snippet()
-            if type(view).code_snippet is View.code_snippet:   # the default: its imports run
+            if type(view).code_recipe is View.code_recipe:     # the default: its imports run
                 defaults.append(slug)
                 ns = _run(code)
                 assert "model" not in ns or ns["model"].spec.name == "tiny-llama"
@@ -261,18 +261,28 @@ def _no_timing(ds: xr.Dataset) -> xr.Dataset:
     return ds.drop_vars([n for n in ds.variables if "seconds" in str(n)])
 
 
-def test_lens_icl_and_lab_pages_write_their_own_snippets():
+def test_pages_with_their_own_calls_write_their_own_recipes():
     from apps._view import View
+    from apps.atlas import AtlasView
+    from apps.attention import AttentionView
+    from apps.circuits import CircuitsView
+    from apps.conflicts import ConflictsView
     from apps.icl_heads import ICLHeadsView
+    from apps.itda import ITDAView
     from apps.lens import LensView
     from apps.linear_icl import LinearICLView
+    from apps.neuron_eval import NeuronEvalView
     from apps.parity import ParityView
+    from apps.saturation import SaturationView
+    from apps.shattering import ShatteringView
     from apps.task_emergence import TaskEmergenceView
     from apps.unlearning import UnlearningView
 
     for page in (LensView, ICLHeadsView, ParityView, LinearICLView, TaskEmergenceView,
-                 UnlearningView):
-        assert page.code_snippet is not View.code_snippet, page.__name__
+                 UnlearningView, AtlasView, AttentionView, CircuitsView, ConflictsView, ITDAView,
+                 NeuronEvalView, SaturationView, ShatteringView):
+        assert page.code_recipe is not View.code_recipe, page.__name__
+        assert page.code_snippet is View.code_snippet, page.__name__   # written by render
 
 
 @pytest.mark.parametrize("alpha", [0.0, 2.0])
@@ -293,7 +303,7 @@ def test_lens_snippet_recomputes_the_steered_and_the_edited_lens(tiny_model, alp
         np.testing.assert_allclose(got.top_prob.values, shown.top_prob.values, rtol=1e-4,
                                    atol=1e-6)
         assert json.dumps(got.attrs["edits"]) == json.dumps(shown.attrs["edits"])
-    assert [type(e).__name__ for e in ns["workspace"]] == ["Ablate"]
+    assert [type(e).__name__ for e in ns["edits"]] == ["Ablate"]
     if alpha == 0:
         assert ns["steer"] == [] and view.result.attrs["edits"] == []
         return
