@@ -21,6 +21,7 @@ __all__ = [
     "check_float",
     "check_prompts",
     "parse_layer_list",
+    "record_from_dict",
     "records_from_json",
     "check_local_weights",
     "safetensors_problem",
@@ -128,6 +129,27 @@ def parse_layer_list(text: Any, n_layers: int, what: str) -> list[int]:
     if not out:
         raise InputError(f"{what} must be {allowed}; got none.")
     return sorted(out)
+
+
+def record_from_dict(d: Any, kinds: dict[str, type], what: str,
+                     fields: Callable[[type, dict[str, Any]], None] | None = None) -> Any:
+    """The record (an edit, a readout) a ``to_dict`` wrote: ``kinds[d["kind"]](**rest)``,
+    after ``fields(cls, rest)`` adjusts the fields in place; InputError naming ``what`` for
+    a missing or unknown kind and for fields the record does not take."""
+    article = "an" if what[:1] in "aeiou" else "a"
+    if not isinstance(d, dict) or "kind" not in d:
+        raise InputError(f"{article} {what} must be a dict with a 'kind' key; got {d!r:.80}.")
+    d = dict(d)
+    kind = d.pop("kind")
+    cls = kinds.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        check_choice("kind", kind, kinds)  # raises with the allowed list
+    if fields is not None:
+        fields(cls, d)
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise InputError(f"bad fields for a {kind!r} {what}: {e}.") from None
 
 
 def records_from_json(text: str, what: str, from_dict: Callable[[Any], Any]) -> list[Any]:

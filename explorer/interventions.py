@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ._checks import InputError, check_choice, check_float, check_int, records_from_json
+from ._checks import (InputError, check_choice, check_float, check_int, record_from_dict,
+                      records_from_json)
 
 __all__ = [
     "Edit",
@@ -290,22 +291,16 @@ def _finite(name: str, value: Any) -> float:
 
 def edit_from_dict(d: dict[str, Any]) -> Edit:
     """Rebuild an edit from `Edit.to_dict` output; unknown kinds raise InputError."""
-    if not isinstance(d, dict) or "kind" not in d:
-        raise InputError(f"an edit must be a dict with a 'kind' key; got {d!r:.80}.")
-    d = dict(d)
-    kind = d.pop("kind")
-    cls = _KINDS.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        check_choice("kind", kind, _KINDS)  # raises with the allowed list
+    return record_from_dict(d, _KINDS, "edit", _edit_fields)
+
+
+def _edit_fields(cls: type[Edit], d: dict[str, Any]) -> None:
+    """An edit dict's fields as the record takes them: Patch's site, lists as tuples."""
     if cls is Patch:
         d["patch_site"] = d.pop("site", None)  # a missing site fails `check_choice` by name
     for key in ("value", "vector", "positions", "prompts"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
-    try:
-        return cls(**d)
-    except TypeError as e:
-        raise InputError(f"bad fields for a {cls.kind!r} edit: {e}.") from None
 
 
 def edits_to_json(edits: Iterable[Edit]) -> str:

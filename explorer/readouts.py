@@ -30,7 +30,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import InputError, check_choice, check_int, records_from_json
+from ._checks import InputError, check_choice, check_int, record_from_dict, records_from_json
 from .models import Batch
 
 __all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Chunk", "check_readouts",
@@ -491,17 +491,7 @@ def merge_requests(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def readout_from_dict(d: dict[str, Any]) -> Readout:
     """A readout record from its `Readout.to_dict` form (e.g. read back from JSON)."""
-    if not isinstance(d, dict):
-        raise TypeError(f"a readout record dict is expected; got {type(d).__name__}.")
-    d = dict(d)
-    kind = d.pop("kind", None)
-    cls = _KINDS.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        check_choice("kind", kind, _KINDS)  # raises with the allowed list
-    try:
-        return cls(**d)
-    except TypeError as exc:
-        raise InputError(f"bad fields for a {kind!r} readout: {exc}") from None
+    return record_from_dict(d, _KINDS, "readout")
 
 
 def readouts_to_json(readouts: Iterable[Readout]) -> str:
