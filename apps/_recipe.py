@@ -13,24 +13,27 @@ steps.
 Every value is written with `repr` (non-finite floats as ``float('nan')``, ``float('inf')``), so
 text a user typed is only ever a string literal. The code a page writes itself (a `Call`'s
 function, an `Expr`, a `Ref`) is parsed, never run: a name it reads that the snippet has not
-defined or imported by then is a `ValueError` at render time.
+defined or imported by then is a `ValueError` at render time. `recipe_to_json` and
+`recipe_from_json` write the records as JSON and read them back.
 """
 from __future__ import annotations
 
 import ast
 import builtins
 import importlib.util
+import json
 import keyword
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 import numpy as np
 
-from explorer.interventions import Edit, edits_to_json
+from explorer.interventions import Edit, edits_from_json, edits_to_json
 
-__all__ = ["Recipe", "Call", "Expr", "Let", "Note", "Ref", "Step", "MODEL", "EDITS", "render"]
+__all__ = ["Recipe", "Call", "Expr", "Let", "Note", "Ref", "Step", "MODEL", "EDITS", "render",
+           "recipe_to_json", "recipe_from_json"]
 
 _FIRST_PARTY = ("explorer", "apps")
 
@@ -363,3 +366,66 @@ def _parse_dotted(text: str) -> str | None:
     """The first name of ``text`` when it is a dotted name (``a.b.c``), else None."""
     parts = text.split(".")
     return parts[0] if all(p.isidentifier() and p not in _KEYWORDS for p in parts) else None
+
+
+# -- the records as JSON ---------------------------------------------------------------------
+
+_STEPS: dict[str, type] = {"call": Call, "expr": Expr, "let": Let, "note": Note}
+
+
+def recipe_to_json(recipe: Recipe) -> str:
+    """``recipe`` as JSON (`recipe_from_json` reads it back): the edits as
+    `explorer.edits_to_json` writes them; a `Ref`, a step, a tuple, a dict and a non-finite
+    float as an object with one tag key (``ref``, ``step``, ``tuple``, ``dict``, ``float``)."""
+    return json.dumps({
+        "model": recipe.model, "transform": _encode(recipe.transform),
+        "edits": json.loads(edits_to_json(recipe.edits)), "inputs": _encode(dict(recipe.inputs)),
+        "steps": [_encode(s) for s in recipe.steps], "aliases": dict(recipe.aliases),
+        "imports": list(recipe.imports)})
+
+
+def recipe_from_json(text: str) -> Recipe:
+    """The `Recipe` that `recipe_to_json` wrote as ``text``."""
+    d = json.loads(text)
+    return Recipe(model=d["model"], transform=_decode(d["transform"]),
+                  edits=edits_from_json(json.dumps(d["edits"])), inputs=_decode(d["inputs"]),
+                  steps=[_decode(s) for s in d["steps"]], aliases=d["aliases"],
+                  imports=d["imports"])
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, Ref):
+        return {"ref": v.expr}
+    if isinstance(v, (Call, Expr, Let, Note)):
+        kind = next(k for k, t in _STEPS.items() if isinstance(v, t))
+        return {"step": kind, **{f.name: _encode(getattr(v, f.name)) for f in fields(v)}}
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": repr(v)}
+    if isinstance(v, tuple):
+        return {"tuple": [_encode(x) for x in v]}
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    if isinstance(v, Mapping):
+        return {"dict": [[_encode(k), _encode(x)] for k, x in v.items()]}
+    return v
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if "step" in v:
+        return _STEPS[v["step"]](**{k: _decode(x) for k, x in v.items() if k != "step"})
+    (tag, body), = v.items()
+    if tag == "ref":
+        return Ref(body)
+    if tag == "float":
+        return float(body)
+    if tag == "tuple":
+        return tuple(_decode(x) for x in body)
+    if tag == "dict":
+        return {_decode(k): _decode(x) for k, x in body}
+    raise ValueError(f"not a recipe's JSON value: {v!r:.80}")

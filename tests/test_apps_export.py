@@ -60,6 +60,7 @@ def _same_values(page: xr.Dataset, back: xr.Dataset) -> None:
 @pytest.mark.slow
 def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, tiny_model,
                                                                   monkeypatch, tmp_path):
+    from apps._recipe import recipe_from_json, recipe_to_json, render
     from apps._view import View
 
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
@@ -89,6 +90,8 @@ def test_every_gallery_page_exports_its_datasets_tables_and_code(cheap_views, ti
             code = files["code.py"].decode()
             compile(code, f"<{slug} snippet>", "exec")
             assert code == view.code_snippet()
+            recipe = view.code_recipe()            # its records, through JSON, write the same
+            assert render(recipe_from_json(recipe_to_json(recipe))) == code
             if type(view).code_recipe is View.code_recipe:     # the default: its imports run
                 defaults.append(slug)
                 ns = _run(code)

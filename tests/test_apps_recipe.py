@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from apps._recipe import EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, render
+from apps._recipe import (EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, recipe_from_json,
+                          recipe_to_json, render)
 
 
 def _run(code: str) -> dict:
@@ -20,8 +21,13 @@ def _run(code: str) -> dict:
 
 
 def test_a_hand_worked_recipe_renders_to_the_expected_text():
+    recipe = _hand_worked()
+    assert render(recipe) == HAND_WORKED
+
+
+def _hand_worked() -> Recipe:
     sat = "explorer.analyses.saturation"
-    recipe = Recipe(
+    return Recipe(
         model="tiny-llama",
         transform=Call("model", f"{sat}.random_init_twin", (MODEL,), {"seed": 0},
                        "the random-init weights"),
@@ -45,7 +51,9 @@ def test_a_hand_worked_recipe_renders_to_the_expected_text():
                                           (Ref("ds"), None)),)),
             Let("runs", {1: Call(None, "explorer.analyses.parity.parity_run")}, "by head count"),
         ])
-    assert render(recipe) == '''\
+
+
+HAND_WORKED = '''\
 import numpy as np
 
 import explorer
@@ -70,6 +78,28 @@ table = atlas_table(explorer.head_atlas([ds], model=model))
 edges = sorted(circuit_edges(ds, None))
 runs = {1: parity_run()}  # by head count
 '''
+
+
+def test_the_records_round_trip_through_json():
+    import json
+
+    from explorer.interventions import Ablate, Steer
+
+    edits = [Ablate(0, 1), Steer(layer=1, vector=[0.5, -1.0], alpha=2.0)]
+    values = {"nan": float("nan"), "pair": ("a", 1), "keys": {(1, 2): [3], "k": {"x": None}},
+              "ref": [Ref("prompt")]}
+    recipe = _hand_worked()
+    recipe = Recipe(model=recipe.model, transform=recipe.transform, edits=edits,
+                    inputs={**recipe.inputs, **values}, steps=recipe.steps,
+                    aliases=recipe.aliases, imports=["xarray"])
+    text = recipe_to_json(recipe)
+    back = recipe_from_json(json.dumps(json.loads(text)))
+    assert render(back) == render(recipe) and recipe_to_json(back) == text
+    assert back.steps == recipe.steps and back.transform == recipe.transform
+    assert back.inputs["pair"] == ("a", 1) and back.inputs["keys"] == {(1, 2): [3],
+                                                                         "k": {"x": None}}
+    assert math.isnan(back.inputs["nan"]) and back.inputs["ref"] == [Ref("prompt")]
+    assert [e.to_dict() for e in back.edits] == [e.to_dict() for e in edits]
 
 
 def test_rendered_code_compiles_and_runs():
