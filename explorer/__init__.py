@@ -8,7 +8,8 @@ xarray; models load only when asked.
 from ._checks import ExplorerError
 from ._version import __version__
 from .head_atlas import head_atlas
-from .interventions import Ablate, AddHead, Patch, Scale, Steer, edits_from_json, edits_to_json
+from .interventions import (Ablate, AddHead, Patch, Scale, Set, Steer, edits_from_json,
+                            edits_to_json)
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
 from .store import ActivationStore
@@ -31,6 +32,7 @@ __all__ = [
     "Patch",
     "SITES",
     "Scale",
+    "Set",
     "Steer",
     "Workspace",
     "clean_run",

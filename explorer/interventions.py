@@ -28,6 +28,7 @@ __all__ = [
     "Patch",
     "Steer",
     "AddHead",
+    "Set",
     "PATCH_SITES",
     "edit_from_dict",
     "edits_to_json",
@@ -225,7 +226,59 @@ class AddHead(Edit):
                              f"got {len(self.value)} entries.")
 
 
-_KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer, AddHead)}
+@dataclass(frozen=True)
+class Set(Edit):
+    """Write ``value`` into ``set_site`` of ``layer`` at the selected (prompt, position)
+    pairs, or add it there with ``add``.
+
+    ``value`` holds vectors (d_model wide; d_head with ``head``, which restricts an
+    ``attn_z`` write to that head's slice) flattened: one per selected pair, prompt-major
+    (in the order of ``prompts`` when given), or one per position, the same for every
+    selected prompt. Restoring a clean state in a corrupted run (causal tracing) sets the
+    clean run's values there; the corruption adds noise at ``resid_pre`` of layer 0.
+    """
+
+    set_site: str
+    layer: int
+    value: tuple[float, ...]
+    head: int | None = None
+    add: bool = False
+    positions: tuple[int, ...] | None = None
+    prompts: tuple[int, ...] | None = None
+    kind: ClassVar[str] = "set"
+
+    def __post_init__(self):
+        _check_prompts(self)
+        check_choice("site", self.set_site, PATCH_SITES)
+        if self.head is not None and self.set_site != "attn_z":
+            raise InputError(f"`head` applies to site 'attn_z' only; got site {self.set_site!r}.")
+        object.__setattr__(self, "value", _as_tuple(self.value, "value"))
+        object.__setattr__(self, "add", bool(self.add))
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+
+    @property
+    def edit_site(self) -> str:
+        return self.set_site
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["site"] = d.pop("set_site")
+        return d
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        if self.head is not None:
+            model.check_head(self.head)
+        spec = model.spec
+        width = (spec.d_head if self.head is not None else
+                 spec.n_heads * spec.d_head if self.set_site == "attn_z" else spec.d_model)
+        if not self.value or len(self.value) % width:
+            raise InputError(f"`value` must hold a whole number of {width}-wide vectors; got "
+                             f"{len(self.value)} entries.")
+
+
+_KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer, AddHead, Set)}
 
 
 def _check_prompts(e: Edit) -> None:
@@ -269,8 +322,13 @@ def _as_tuple(values: Any, name: str) -> tuple[float, ...]:
     InputError naming ``name`` if an entry is NaN or infinite (it would spread through
     every later activation of the run)."""
     if isinstance(values, torch.Tensor):
-        values = values.detach().float().cpu().reshape(-1).tolist()
-    elif hasattr(values, "tolist"):
+        values = values.detach().float().cpu().reshape(-1).numpy()
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        flat = values.reshape(-1)
+        if np.isfinite(flat).all():  # the common case, checked at once (restores are large)
+            return tuple(flat.tolist())
+        values = flat
+    if hasattr(values, "tolist"):
         values = values.tolist()
     out = tuple(float(v) for v in values)
     bad = [i for i, v in enumerate(out) if not math.isfinite(v)]
@@ -298,6 +356,8 @@ def _edit_fields(cls: type[Edit], d: dict[str, Any]) -> None:
     """An edit dict's fields as the record takes them: Patch's site, lists as tuples."""
     if cls is Patch:
         d["patch_site"] = d.pop("site", None)  # a missing site fails `check_choice` by name
+    elif cls is Set:
+        d["set_site"] = d.pop("site", None)
     for key in ("value", "vector", "positions", "prompts"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
@@ -382,6 +442,8 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
                                  f"{len(rows)} (prompt, position) pairs.")
             sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
             value[rows, cols, sl] += e.alpha * vec.reshape(len(rows), ctx.d_head)
+        elif isinstance(e, Set):
+            _apply_set(value, e, ctx)
         elif isinstance(e, Patch):
             rows, cols = ctx.index[index_key(e)]
             src = ctx.sources[e].to(value.dtype)  # [n_selected, d]
@@ -392,6 +454,29 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
                 value[rows, cols] = src
         else:  # pragma: no cover - every record type is handled above
             raise TypeError(f"unknown edit {e!r}")
+
+
+def _apply_set(value: torch.Tensor, e: Set, ctx: EditContext) -> None:
+    """`Set` ``e`` on the live ``value`` [prompt, padded_pos, d]: one vector per selected
+    pair, or one per position repeated for every selected prompt."""
+    rows, cols = ctx.index[index_key(e)]
+    sl = (slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head) if e.head is not None
+          else slice(None))
+    vec = torch.tensor(e.value, dtype=value.dtype, device=value.device)
+    width = value.shape[-1] if e.head is None else ctx.d_head
+    vec = vec.reshape(-1, width)
+    n_rows = len(e.prompts) if e.prompts is not None else value.shape[0]
+    if vec.shape[0] != len(rows):
+        if vec.shape[0] * n_rows != len(rows) or (e.positions is None and len(
+                {int(x) for x in ctx.mask[_row_selector(e.prompts, ctx.mask.device)].sum(1)}) > 1):
+            raise InputError(f"Set at {e.set_site} layer {e.layer} holds {vec.shape[0]} vectors; "
+                             f"the run selects {len(rows)} (prompt, position) pairs in "
+                             f"{n_rows} prompts: give one vector per pair or per position.")
+        vec = vec.repeat(n_rows, 1)
+    if e.add:
+        value[rows, cols, sl] += vec
+    else:
+        value[rows, cols, sl] = vec
 
 
 def position_index(lengths: Sequence[int], width: int, positions: Sequence[int] | None,

@@ -29,7 +29,7 @@ import torch
 from . import components as comp
 from ._checks import InputError
 from .defaults import DEFAULT_MODEL
-from .interventions import Ablate, AddHead, Edit, Patch, Scale, Steer, edit_from_dict
+from .interventions import Ablate, AddHead, Edit, Patch, Scale, Set, Steer, edit_from_dict
 
 __all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
            "MAX_ITEM_CHARS", "MAX_ITEMS", "LINK_VERSION", "MAX_LINK_CHARS", "MAX_PROMPT_CHARS",
@@ -84,6 +84,10 @@ def edit_label(edit: Edit) -> str:
         where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
                  else f"{edit.patch_site} L{edit.layer}")
         text = f"patch {where} from {edit.source[:24]!r}"
+    elif isinstance(edit, Set):
+        where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
+                 else f"{edit.set_site} L{edit.layer}")
+        text = f"{'add to' if edit.add else 'set'} {where} (given values)"
     else:  # pragma: no cover - every record kind is named above
         text = edit.kind
     positions = getattr(edit, "positions", None)
@@ -353,7 +357,7 @@ class Workspace(param.Parameterized):
             edit = edit_from_dict(edit)
         if not isinstance(edit, Edit):
             raise TypeError(f"an edit is an explorer intervention record (Ablate, Scale, Patch, "
-                            f"Steer, AddHead); got {type(edit).__name__}.")
+                            f"Steer, AddHead, Set); got {type(edit).__name__}.")
         if self.n_layers is not None and self.n_heads is not None:
             shape = _Shape(self.n_layers, self.n_heads, self._d_head, self._d_model)
             if self._d_head is None or self._d_model is None:

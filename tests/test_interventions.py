@@ -19,6 +19,7 @@ from explorer.interventions import (
     AddHead,
     Patch,
     Scale,
+    Set,
     Steer,
     edit_from_dict,
     edits_from_json,
@@ -151,6 +152,23 @@ def reference_hook(model, batch, edit):
             return x
         module, when = site_module(model, edit.patch_site, edit.layer)
         return (module, when, fn)
+    if isinstance(edit, Set):
+        cols = columns(lengths, width, edit.positions)
+        rows = range(len(lengths)) if edit.prompts is None else edit.prompts
+        sl = slice(None) if edit.head is None else head_slice(model, edit.head)
+
+        def fn(x):
+            vec = torch.tensor(edit.value).reshape(-1, x[..., sl].shape[-1])
+            per_pair = len(vec) == sum(len(cols[i]) for i in rows)
+            j = 0
+            for i in rows:
+                for k, c in enumerate(cols[i]):
+                    v = vec[j] if per_pair else vec[k]   # one per pair, or one per position
+                    x[i, c, sl] = x[i, c, sl] + v if edit.add else v
+                    j += 1
+            return x
+        module, when = site_module(model, edit.set_site, edit.layer)
+        return (module, when, fn)
     raise TypeError(edit)
 
 
@@ -265,6 +283,64 @@ def test_a_single_edit_need_not_be_in_a_list(tiny_model):
                                   run_with(tiny_model, PROMPTS, [edit]).logits.values)
 
 
+@pytest.mark.parametrize("case", ["resid_post per pair", "attn_z head per position, added",
+                                  "mlp_out of one prompt", "resid_pre added per position"])
+def test_set_writes_or_adds_given_values_like_a_hook(family_model, case):
+    m = family_model
+    d, dh = m.spec.d_model, m.spec.d_head
+    lengths = m.tokenize(PROMPTS).lengths
+    edit = {
+        "resid_post per pair": lambda: Set("resid_post", 1, random_vector(3 * 2 * d, 1),
+                                           positions=(0, -1)),
+        "attn_z head per position, added": lambda: Set("attn_z", 0, random_vector(2 * dh, 2),
+                                                       head=1, add=True, positions=(0, -1)),
+        "mlp_out of one prompt": lambda: Set("mlp_out", 2, random_vector(lengths[2] * d, 3),
+                                             prompts=(2,)),
+        "resid_pre added per position": lambda: Set("resid_pre", 0, random_vector(2 * d, 4),
+                                                    add=True, positions=(0, 1)),
+    }[case]()
+    assert_edit_matches_hooks(m, PROMPTS, [edit])
+
+
+def test_noise_at_resid_pre_of_layer_0_is_noise_on_the_embeddings(family_model):
+    """What causal tracing relies on: adding ``noise`` at resid_pre of layer 0 equals adding
+    it to the token embedding module's output (GPT-2 adds its position embedding to both;
+    Gemma's scale by sqrt(d_model) is inside that module)."""
+    m = family_model
+    noise = torch.tensor(random_vector(2 * m.spec.d_model, 6)).reshape(2, -1)
+    batch = m.tokenize(PROMPTS)
+    cols = columns(batch.lengths, batch.width, (0, 1))
+
+    def add(_mod, _args, out):
+        out = out.clone()
+        for i, cs in enumerate(cols):
+            out[i, cs] += noise
+        return out
+    handle = m.hf.get_input_embeddings().register_forward_hook(add)
+    try:
+        expected = real_logits(m, batch, m.hf(**batch.model_inputs()).logits)
+    finally:
+        handle.remove()
+    got = ds_logits(run_with(m, PROMPTS, [Set("resid_pre", 0, noise, add=True,
+                                              positions=(0, 1))]))
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, atol=1e-4, rtol=1e-4)
+
+
+def test_set_with_values_that_do_not_fit_is_a_clear_error(tiny_model):
+    d = tiny_model.spec.d_model
+    with pytest.raises(InputError, match="holds 5 vectors; the run selects 6"):
+        run_with(tiny_model, PROMPTS, [Set("resid_post", 0, (0.0,) * (5 * d), positions=(0, 1))])
+    with pytest.raises(InputError, match="per pair or per position"):
+        run_with(tiny_model, PROMPTS, [Set("resid_post", 0, (0.0,) * (2 * d))])
+    with pytest.raises(InputError, match=f"whole number of {d}-wide vectors"):
+        run_with(tiny_model, PROMPTS, [Set("mlp_out", 0, (0.0,) * 7)])
+    with pytest.raises(InputError, match="`head` applies to site 'attn_z' only"):
+        Set("mlp_out", 0, (0.0,) * d, head=1)
+    with pytest.raises(InputError, match="finite"):
+        Set("resid_post", 0, (float("nan"),) * d)
+
+
 # -- serialisation --------------------------------------------------------------------------
 
 ALL_EDITS = [
@@ -278,6 +354,8 @@ ALL_EDITS = [
     Patch("resid_post", 2, "Paris"),
     Steer(1, torch.randn(64, generator=torch.Generator().manual_seed(5)), alpha=0.3),
     Steer(2, np.linspace(-1, 1, 64, dtype=np.float32), positions=[-1, 0]),
+    Set("resid_post", 1, (0.25,) * 128, positions=(0, -1), prompts=(1,)),
+    Set("attn_z", 0, (1.5,) * 16, head=2, add=True),
 ]
 
 
@@ -387,7 +465,8 @@ def test_resume_from_other_prompts_is_rejected(tiny_model):
 def test_bad_edit_kind_in_json_lists_the_kinds():
     text = json.dumps([{"kind": "ablte", "layer": 0, "head": 1}])
     with pytest.raises(InputError, match=r"`kind` must be one of 'ablate', 'scale', 'patch', "
-                                         r"'steer', 'add_head'; got 'ablte'\. Did you mean 'ablate'\?"):
+                                         r"'steer', 'add_head', 'set'; got 'ablte'\. Did you mean "
+                                         r"'ablate'\?"):
         edits_from_json(text)
     with pytest.raises(InputError, match="an edit must be a dict with a 'kind' key"):
         edits_from_json(json.dumps([{"layer": 0}]))

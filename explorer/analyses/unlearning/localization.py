@@ -23,6 +23,7 @@ from explorer.analyses.unlearning.facts import (
     subject_positions,
 )
 from explorer.analyses.unlearning.components import _mlp_layers, localized_components, top_layers
+from explorer.interventions import Set
 from explorer.lora import remove_hooks
 from explorer.models import Model
 from explorer.trace import provenance, run_on_weights, run_with, trace
@@ -89,74 +90,26 @@ def _corrupted_probs(model: Model, ids: torch.Tensor, subj: list[int], noise: to
     clean value; ("mlp", layer, None): that MLP's output at every position set clean;
     ("head", layer, head): that head's slice of the output projection's input (its
     attention output, ``attn_z``) set clean at every position, so the head writes its
-    clean output through its slice of W_O; ("none", -1, None): corrupted only. ``ids`` [pos]; the subject embeddings get ``noise``.
-    The runs are plain forwards with torch hooks, where the weights are (on the server for
-    a remote model: `run_on_weights`).
+    clean output through its slice of W_O; ("none", -1, None): corrupted only. ``ids``
+    [pos]; the subject's token embeddings get ``noise`` (added at resid_pre of layer 0:
+    the embedding module's output, plus GPT-2's position embedding). The runs are one
+    batch of `run_with`, one row per restore, the noise and the restores `Set` edits (a
+    remote model runs it on the server).
     """
-    with model.lock:
-        return run_on_weights(model, _corrupted_probs_here, ids, subj, noise, target,
-                              list(restores), resid, mlp, z)
-
-
-def _corrupted_probs_here(model: Model, ids: torch.Tensor, subj: list[int], noise: torch.Tensor,
-                          target: int, restores: Sequence[tuple[str, int, int | None]],
-                          resid: list[torch.Tensor], mlp: list[torch.Tensor],
-                          z: list[torch.Tensor] | None = None) -> torch.Tensor:
-    """`_corrupted_probs` on ``model``'s own weights (local, or the server's module tree)."""
-    device = model.hf.device
-    ids, noise = ids.to(device), noise.to(device)
-    resid = [x.to(device) for x in resid]
-    mlp = [x.to(device) for x in mlp]
-    z = None if z is None else [x.to(device) for x in z]
     dh = model.spec.d_head
-    R = len(restores)
-    handles = []
-    subj_t = torch.tensor(subj)
-
-    def add_noise(_m, _inp, out):
-        out = out.clone()
-        out[:, subj_t] += noise.to(out.dtype)
-        return out
-
-    handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
-    for layer in range(model.n_layers):
-        rows_r = [(i, p) for i, (k, x, p) in enumerate(restores) if k == "resid" and x == layer]
-        rows_m = [i for i, (k, x, _) in enumerate(restores) if k == "mlp" and x == layer]
-        if rows_r:
-            ri = torch.tensor([i for i, _ in rows_r])
-            pi = torch.tensor([p for _, p in rows_r])
-
-            def restore_resid(_m, _inp, out, ri=ri, pi=pi, clean=resid[layer]):
-                def fn(h):
-                    h = h.clone()
-                    h[ri, pi] = clean[pi].to(h.dtype)
-                    return h
-                return _replace_output(out, fn)
-            handles.append(model.hf_layer(layer).register_forward_hook(restore_resid))
-        if rows_m:
-            mi = torch.tensor(rows_m)
-
-            def restore_mlp(_m, _inp, out, mi=mi, clean=mlp[layer]):
-                def fn(h):
-                    h = h.clone()
-                    h[mi] = clean.to(h.dtype)
-                    return h
-                return _replace_output(out, fn)
-            handles.append(_mlp_module(model, layer).register_forward_hook(restore_mlp))
-        rows_h = [(i, h) for i, (k, x, h) in enumerate(restores) if k == "head" and x == layer]
-        if rows_h:
-            def restore_head(_m, args, rows_h=rows_h, clean=z[layer]):
-                x = args[0].clone()                            # [run, pos, head * d_head]
-                for i, h in rows_h:
-                    x[i, :, h * dh:(h + 1) * dh] = clean[:, h * dh:(h + 1) * dh].to(x.dtype)
-                return (x, *args[1:])
-            handles.append(model.o_proj(layer).register_forward_pre_hook(restore_head))
-    try:
-        with torch.no_grad():
-            logits = model.hf(input_ids=ids[None].expand(R, -1)).logits[:, -1].float()
-    finally:
-        remove_hooks(handles)
-    return torch.softmax(logits, -1)[:, target]
+    edits = [Set("resid_pre", 0, noise, add=True, positions=tuple(int(p) for p in subj))]
+    for row, (kind, layer, x) in enumerate(restores):
+        if kind == "resid":
+            edits.append(Set("resid_post", layer, resid[layer][x], positions=(x,),
+                             prompts=(row,)))
+        elif kind == "mlp":
+            edits.append(Set("mlp_out", layer, mlp[layer], prompts=(row,)))
+        elif kind == "head":
+            edits.append(Set("attn_z", layer, z[layer][:, x * dh:(x + 1) * dh], head=x,
+                             prompts=(row,)))
+    rows = [[int(t) for t in ids]] * len(restores)
+    logits = run_with(model, rows, edits, positions=[-1]).logits.values[:, 0]  # [run, vocab]
+    return torch.softmax(torch.from_numpy(logits).float(), -1)[:, target]
 
 
 def causal_trace(model: Model, facts: Sequence[AttributeFact], *, noise_scale: float = 3.0,
