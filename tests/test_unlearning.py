@@ -700,3 +700,18 @@ def test_view_shows_the_component_contrast_and_runs_both(tiny_model, facts_file)
         U.text_perplexity(tiny_model, held), rel=1e-5)
     assert "FLU" in perplexity_caption(res) and "CT" in perplexity_caption(res)
     assert "text_windows(model, 'train'" in view.code_snippet()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma2", "tiny-gpt2"])
+def test_noise_unit_is_the_std_of_the_embedding_outputs(name):
+    """Causal tracing's noise unit (ROME's: the std of the subject embeddings as the model
+    feeds them on) is the std of the token embedding module's outputs over the whole
+    vocabulary, Gemma's sqrt(d_model) scale included."""
+    from explorer.analyses.unlearning.localization import _noise_std
+    from explorer.models import load_model
+
+    m = load_model(name)
+    emb = m.hf.get_input_embeddings()
+    with torch.no_grad():
+        every = emb(torch.arange(m.vocab_size)).float()
+    assert _noise_std(m) == pytest.approx(float(every.std()), rel=1e-5)

@@ -43,13 +43,21 @@ def _mlp_module(model: Model, layer: int) -> torch.nn.Module:
 
 
 def _noise_std(model: Model) -> float:
-    """Standard deviation of the token embedding entries (the noise unit of ROME); read on
+    """Standard deviation of the token embedding outputs (the noise unit of ROME); read on
     the server for a remote model."""
     return float(run_on_weights(model, _embedding_std))
 
 
 def _embedding_std(weights: Model) -> float:
-    return float(weights.hf.get_input_embeddings().weight.float().std())
+    """Std of the token embedding module's outputs over the vocabulary: its weight's std
+    times the scale the module applies (Gemma's sqrt(d_model); 1 elsewhere), read off the
+    row of largest norm."""
+    emb = weights.hf.get_input_embeddings()
+    w = emb.weight.float()
+    row = w.norm(dim=-1).argmax()
+    with torch.no_grad():
+        scale = emb(row[None].to(emb.weight.device)).float().norm() / w[row].norm()
+    return float(w.std() * scale)
 
 
 def _fact_noise(model: Model, facts: Sequence[AttributeFact], noise_scale: float,
