@@ -7,6 +7,7 @@ from typing import Any
 
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.itda import itda_vs_sae
+from explorer.analyses.saturation.corpus import pack_units
 from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_itda"]
@@ -28,16 +29,8 @@ def _corpus_prompts(model: Any, *, n_prompts: int, max_tokens: int = 64) -> list
 
     for f in files:
         for par in re.split(r"\n\s*\n", f.read_text(encoding="utf-8")):
-            cur = ""
-            for sent in re.split(r"(?<=[.!?;:])\s+", par.strip()):
-                cand = f"{cur} {sent}".strip()
-                if cur and n_tok(cand) > max_tokens:
-                    out.append(cur)
-                    cur = sent
-                else:
-                    cur = cand
-            if cur:
-                out.append(cur)
+            sentences = [x for x in re.split(r"(?<=[.!?;:])\s+", par.strip()) if x]
+            out += pack_units(sentences, n_tok, max_tokens)
     out = [p for p in out if 4 <= n_tok(p) <= max_tokens]
     return out[:n_prompts]
 

@@ -7,16 +7,35 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, check_int, check_prompts
 
-__all__ = ["CORPUS_DIR", "load_corpus", "corpus_chunks"]
+__all__ = ["CORPUS_DIR", "load_corpus", "corpus_chunks", "pack_units"]
 
 #: The shipped corpus: plain-text documents written for the project (see datasets/README.md).
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "datasets" / "corpus"
+
+
+def pack_units(units: list[str], n_tokens: Callable[[str], int], limit: int, *,
+               sep: str = " ") -> list[str]:
+    """``units`` (paragraphs, sentences) joined greedily with ``sep`` into pieces of at most
+    ``limit`` tokens (``n_tokens`` counts them), in order; a unit longer than ``limit`` is a
+    piece of its own."""
+    out: list[str] = []
+    cur = ""
+    for unit in units:
+        trial = unit if not cur else cur + sep + unit
+        if cur and n_tokens(trial) > limit:
+            out.append(cur)
+            cur = unit
+        else:
+            cur = trial
+    if cur:
+        out.append(cur)
+    return out
 
 
 def load_corpus(path: str | Path | None = None) -> list[str]:
@@ -92,17 +111,8 @@ def corpus_chunks(model: Any, documents: Sequence[str], *, chunk_tokens: int = 2
     chunks: list[str] = []
     total = 0
     for doc in documents:
-        cur = ""
-        units = [(p, "\n\n") for par in _paragraphs(doc) for p in pieces(par)]
-        for unit, sep in units:
-            trial = unit if not cur else cur + sep + unit
-            if cur and n_tok(trial) > chunk_tokens:
-                chunks.append(cur)
-                cur = unit
-            else:
-                cur = trial
-        if cur:
-            chunks.append(cur)
+        chunks += pack_units([p for par in _paragraphs(doc) for p in pieces(par)], n_tok,
+                             chunk_tokens, sep="\n\n")
     if max_tokens is None:
         return chunks
     kept = []

@@ -235,17 +235,25 @@ def cache_saturation_parts(model: Any, texts: Any, *, store: Any, part_texts: in
     return {"parts": len(bounds), "cached": cached, "computed": computed}
 
 
+def _pass_arrays(n: int, n_pos: int, n_layers: int, k: int, rank_cap: int, n_sample: int,
+                 d: int) -> tuple[np.ndarray, ...]:
+    """The lens pass's arrays before any text is read: saturation layers (never), final
+    ranks (the cap), top ids (-1), top probabilities and cosines (NaN), sampled residuals."""
+    return (np.full((n, n_pos, k), NEVER, dtype=np.int16),
+            np.full((n, n_pos, n_layers, k), rank_cap, dtype=np.int16),
+            np.full((n, n_pos, n_layers, k), -1, dtype=np.int32),
+            np.full((n, n_pos, n_layers, k), np.nan, dtype=np.float32),
+            np.full((n, n_pos, n_layers), np.nan, dtype=np.float32),
+            np.zeros((n_sample, n_layers, d), dtype=np.float32))
+
+
 def _join_parts(model: Any, texts: list[str], store: Any, part_texts: int, sample: np.ndarray,
                 params: dict[str, Any]) -> xr.Dataset:
     """The one-pass Dataset of `saturation_layers` assembled from its cached parts."""
     n, k, cap = len(texts), params["k"], params["rank_cap"]
     n_pos, n_layers, d = max(model.tokenize(texts).lengths), model.n_layers, model.spec.d_model
-    sat = np.full((n, n_pos, k), NEVER, dtype=np.int16)
-    final_rank = np.full((n, n_pos, n_layers, k), cap, dtype=np.int16)
-    top_id = np.full((n, n_pos, n_layers, k), -1, dtype=np.int32)
-    top_prob = np.full((n, n_pos, n_layers, k), np.nan, dtype=np.float32)
-    cosine = np.full((n, n_pos, n_layers), np.nan, dtype=np.float32)
-    resid_sample = np.zeros((len(sample), n_layers, d), dtype=np.float32)
+    sat, final_rank, top_id, top_prob, cosine, resid_sample = _pass_arrays(
+        n, n_pos, n_layers, k, cap, len(sample), d)
     for a in range(0, n, part_texts):
         b = min(a + part_texts, n)
         part = store.get(store.key(_part_key_parts(model, texts, a, b, sample, params)))
@@ -276,12 +284,8 @@ def _saturation_pass(model: Any, texts: list[str], *, k: int, rank_cap: int,
     lengths = batch_all.lengths
     n, n_pos, n_layers, d = len(texts), max(lengths), model.n_layers, model.spec.d_model
     sample = np.asarray(sample, dtype=np.int64).reshape(-1, 2)          # [S, 2]
-    sat = np.full((n, n_pos, k), NEVER, dtype=np.int16)
-    final_rank = np.full((n, n_pos, n_layers, k), rank_cap, dtype=np.int16)
-    top_id = np.full((n, n_pos, n_layers, k), -1, dtype=np.int32)
-    top_prob = np.full((n, n_pos, n_layers, k), np.nan, dtype=np.float32)
-    cosine = np.full((n, n_pos, n_layers), np.nan, dtype=np.float32)
-    resid_sample = np.zeros((len(sample), n_layers, d), dtype=np.float32)
+    sat, final_rank, top_id, top_prob, cosine, resid_sample = _pass_arrays(
+        n, n_pos, n_layers, k, rank_cap, len(sample), d)
     step = progress_steps(sum(lengths), progress if progress is not None else len(texts) > batch_size,
                           unit="token", desc="saturation")
 
