@@ -73,3 +73,19 @@ def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[An
                                                relearn_steps=1),
     }
     return [(title, slug, cheap.get(slug, factory)) for title, slug, factory in VIEWS]
+
+
+def ablate_then_remove_l0h1(g: Any, page: Any, edited: str, check: Callable[[], None]) -> None:
+    """The gallery ablates head L0.H1 from its workspace: ``page`` reruns under the edit and
+    ``check()`` compares what it shows with a hooked run; removing the edit clears the page's
+    ``edited`` result."""
+    from explorer.interventions import Ablate
+
+    g.workspace.select("L0.H1")
+    g.ablate_selected()
+    page.wait()
+    assert page.edits == [Ablate(0, 1)]
+    check()
+    g.workspace.remove_edit(0)
+    page.wait()
+    assert page.edits == [] and getattr(page, edited) is None

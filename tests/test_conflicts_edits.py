@@ -14,6 +14,7 @@ from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 from explorer.interventions import Ablate, Scale
 from tests._hooks import removed_after
+from tests._views import ablate_then_remove_l0h1
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -257,19 +258,15 @@ def test_gallery_conflicts_follow_the_edit_stack(tiny_model):
     try:
         page = g.page("conflicts")
         page.wait()
-        g.workspace.select("L0.H1")
-        g.ablate_selected()
-        page.wait()
-        assert page.edits == [Ablate(0, 1)]
-        fact = page._fact()
-        want = _pm(tiny_model, fact, hooked_last_probs(
-            tiny_model, C.conflict_prompt(fact, page.kind), ablate=[(0, 1)])[0])
-        got = _rows(page.edited_rows)
-        assert [got["memory", "before"], got["context", "before"]] == pytest.approx(
-            want, rel=1e-4, abs=1e-7)
-        g.workspace.remove_edit(0)
-        page.wait()
-        assert page.edits == [] and page.edited_rows is None
+
+        def check():
+            fact = page._fact()
+            want = _pm(tiny_model, fact, hooked_last_probs(
+                tiny_model, C.conflict_prompt(fact, page.kind), ablate=[(0, 1)])[0])
+            got = _rows(page.edited_rows)
+            assert [got["memory", "before"], got["context", "before"]] == pytest.approx(
+                want, rel=1e-4, abs=1e-7)
+        ablate_then_remove_l0h1(g, page, "edited_rows", check)
     finally:
         g.close()
 

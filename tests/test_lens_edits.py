@@ -10,6 +10,7 @@ import torch
 from apps.lens import LensView, edited_caption, moved_cells
 from explorer.interventions import Ablate
 from explorer.lens import logit_lens
+from tests._views import ablate_then_remove_l0h1
 
 PROMPT = "The quick brown fox jumps over"
 
@@ -139,17 +140,13 @@ def test_gallery_lens_follows_the_workspace_edits(tiny_model):
         lens = g.page("lens")
         lens.wait()
         assert lens.edited_result is None
-        g.workspace.select("L0.H1")
-        g.ablate_selected()
-        lens.wait()
-        assert lens.edits == [Ablate(0, 1)]
-        ab_ids, ab_p = hooked_lens(tiny_model, g.prompt, ablate=[(0, 1)])
-        assert_lens_equal(lens.edited_result, ab_ids, ab_p)
-        clean_ids, clean_p = hooked_lens(tiny_model, g.prompt)
-        assert_lens_equal(lens.result, clean_ids, clean_p)
-        g.workspace.remove_edit(0)
-        lens.wait()
-        assert lens.edits == [] and lens.edited_result is None
+
+        def check():
+            ab_ids, ab_p = hooked_lens(tiny_model, g.prompt, ablate=[(0, 1)])
+            assert_lens_equal(lens.edited_result, ab_ids, ab_p)
+            clean_ids, clean_p = hooked_lens(tiny_model, g.prompt)
+            assert_lens_equal(lens.result, clean_ids, clean_p)
+        ablate_then_remove_l0h1(g, lens, "edited_result", check)
     finally:
         g.close()
 

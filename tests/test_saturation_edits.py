@@ -12,6 +12,7 @@ import xarray as xr
 from explorer._checks import InputError
 from explorer.analyses.saturation import saturation_layers
 from explorer.interventions import Ablate, Scale
+from tests._views import ablate_then_remove_l0h1
 from tests.test_lens_edits import hooked_lens_logits as _hooked_logits
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -228,15 +229,11 @@ def test_gallery_saturation_follows_the_prompt_and_the_edits(tiny_model):
         assert page.prompt == PROMPT and page.param.prompt.precedence == -1
         assert not any(isinstance(w, pn.widgets.TextInput) for w in page.controls().select(
             pn.widgets.TextInput))                # the sidebar's prompt drives it
-        g.workspace.select("L0.H1")
-        g.ablate_selected()
-        page.wait()
-        assert page.edits == [Ablate(0, 1)]
-        ref, gap = hooked_saturation(hooked_lens_logits(tiny_model, PROMPT, [(0, 1)]), page.k)
-        assert_saturation_equal(page.prompt_edited, ref, gap)
-        g.workspace.remove_edit(0)
-        page.wait()
-        assert page.edits == [] and page.prompt_edited is None
+
+        def check():
+            ref, gap = hooked_saturation(hooked_lens_logits(tiny_model, PROMPT, [(0, 1)]), page.k)
+            assert_saturation_equal(page.prompt_edited, ref, gap)
+        ablate_then_remove_l0h1(g, page, "prompt_edited", check)
     finally:
         g.close()
 
