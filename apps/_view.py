@@ -6,8 +6,10 @@ never touches the page itself: its return value reaches the runner's ``on_result
 session's event loop, and what it reports on the way (`View.post`, `View.progress_fn`,
 `View.status_reporter`) is applied there too, at the document's next tick. A failed job shows in
 the error parameter, the status line and a notification (`View.show_error`); `View.close` stops
-every runner (the gallery calls it when the session goes). `serve` is the standalone footer of a
-page module. docs/views.md describes the pattern.
+every runner and empties the page's caches (`apps._page_cache.PageCaches`, a base of `View`;
+the gallery calls it when the session goes). A pasted item of the user's comes in through
+`View.adopt_own`. `serve` is the standalone footer of a page module. docs/views.md describes
+the pattern.
 
 Reproducibility: `View.export_datasets` (default: every Dataset / DataArray the view holds in
 its parameters), `View.export_tables` (the view's DataFrames and its Datasets' 1-D / 2-D
@@ -24,11 +26,10 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -37,9 +38,11 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._page_cache import PageCaches
 from apps._recipe import Let, Note, Recipe, render
 from apps._session import (CancelToken, Runner, jobs_running, schedule, served_document,
                            user_message)
+from explorer._checks import InputError
 from explorer.defaults import DEFAULT_MODEL
 from explorer.interventions import Edit
 
@@ -62,7 +65,7 @@ ZOOM_TOOLS = theme.PLOT_TOOLS
 """The toolbar of the pages' zoomable plots."""
 
 _DEFAULT = object()
-_MISSING = object()   # a cache miss (None is a value a cache may hold)
+_Item = TypeVar("_Item")
 
 
 class Scope(NamedTuple):
@@ -76,7 +79,7 @@ class Scope(NamedTuple):
     edits: str
 
 
-class View(pn.viewable.Viewer):
+class View(PageCaches, pn.viewable.Viewer):
     """A page of the explorer: the plumbing every view shares.
 
     Parameters
@@ -116,8 +119,6 @@ class View(pn.viewable.Viewer):
         self._doc = doc
         self._runners: dict[str, Runner] = {}
         self._busy_runners: set[str] = set()
-        self._page_caches: dict[str, dict[Any, Any]] = {}   # store -> key -> value
-        self._page_cache_lock = threading.Lock()
 
     # -- runners -----------------------------------------------------------------------------
     def runner(self, name: str, on_result: Callable[[Any], None], *, busy: bool = True,
@@ -190,38 +191,6 @@ class View(pn.viewable.Viewer):
         for r in self._runners.values():
             r.close()
         self.forget()
-
-    # -- per-page caches (any thread) ----------------------------------------------------------
-    def cache_get(self, store: str, key: Any, default: Any = None) -> Any:
-        """Entry ``key`` of the page's cache ``store``; ``default`` when it holds none."""
-        with self._page_cache_lock:
-            return self._page_caches.get(store, {}).get(key, default)
-
-    def cache_put(self, store: str, key: Any, value: Any, *, limit: int | None = None) -> Any:
-        """Keep ``value`` as entry ``key`` of ``store`` (a store holding more than ``limit``
-        entries is emptied first); returns ``value``."""
-        with self._page_cache_lock:
-            entries = self._page_caches.setdefault(store, {})
-            if limit is not None and len(entries) > limit:
-                entries.clear()
-            entries[key] = value
-        return value
-
-    def cached(self, store: str, key: Any, compute: Callable[[], Any], *,
-               limit: int | None = None) -> Any:
-        """Entry ``key`` of ``store``, from ``compute()`` on a miss (run outside the lock: a
-        slow computation holds up no other thread; two threads missing at once both compute,
-        and the later one is kept)."""
-        value = self.cache_get(store, key, _MISSING)
-        if value is _MISSING:
-            value = self.cache_put(store, key, compute(), limit=limit)
-        return value
-
-    def forget(self, *stores: str) -> None:
-        """Empty the page's caches ``stores`` (every one without names)."""
-        with self._page_cache_lock:
-            for name in stores or list(self._page_caches):
-                self._page_caches.pop(name, None)
 
     def progress_bar(self, **options: Any) -> pn.indicators.Progress:
         """The page's progress bar: it follows `progress` and shows while `progress_active`
@@ -312,6 +281,36 @@ class View(pn.viewable.Viewer):
         text = message + self._error_note()
         theme.notify("error", f"{self.notify_title}: {text}" if self.notify_title else text,
                      source=self.notify_title, fault=text)
+
+    def adopt_own(self, text: str, parse: Callable[[str], _Item],
+                  use: Callable[[_Item], Any]) -> _Item | None:
+        """Take in an item the user pasted (the Use button of a page's own-items box).
+
+        Parameters
+        ----------
+        text : str
+            The pasted text.
+        parse : callable
+            The page's parser (one of `explorer.analyses.user_items`): ``parse(text)`` is the
+            item, or raises `InputError` with a one-line message.
+        use : callable
+            ``use(item)`` takes the item in (the page's options) and starts what the page
+            shows of it; it runs after `error` is cleared, so a failure of its job shows.
+
+        Returns
+        -------
+        item or None
+            The parsed item; None when ``text`` is refused: the message shows (`show_error`)
+            and the page's result stays as it is.
+        """
+        try:
+            item = parse(text)
+        except InputError as exc:
+            self.show_error(exc)
+            return None
+        self.error = ""
+        use(item)
+        return item
 
     def _error_note(self) -> str:
         """Text added to a failure's notification (e.g. that the last result is still shown)."""

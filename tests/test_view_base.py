@@ -599,6 +599,65 @@ def test_a_page_cache_computes_once_per_key_keeps_its_limit_and_empties_on_close
     assert view.cache_get("b", 4) is None and view.cache_get("c", "j") is None
 
 
+def test_a_bounded_page_cache_drops_the_entry_used_longest_ago_and_forget_can_pick_keys():
+    import numpy as np
+
+    view = View(background=False)
+    view.bound_cache("lru", max_items=2, max_bytes=None)
+    view.cache_put("lru", "a", 1)
+    view.cache_put("lru", "b", 2)
+    assert view.cache_get("lru", "a") == 1          # "a" read last: "b" is the oldest now
+    view.cache_put("lru", "c", 3)
+    assert [view.cache_get("lru", k, "gone") for k in "abc"] == [1, "gone", 3]
+    view.forget("lru")                               # the bound outlives an emptying
+    for k in "xyz":
+        view.cache_put("lru", k, k)
+    assert [view.cache_get("lru", k) for k in "xyz"] == [None, "y", "z"]
+    # 100 float64 values are 800 bytes: a store of at most 1600 bytes keeps the newest two
+    view.bound_cache("bytes", max_items=10, max_bytes=1600)
+    for k in range(3):
+        view.cache_put("bytes", k, np.zeros(100))
+    assert [view.cache_get("bytes", k) is None for k in range(3)] == [True, False, False]
+    with pytest.raises(ValueError, match="max_items"):
+        view.bound_cache("none", max_items=0)
+    # where: only the entries whose key it is true for go
+    keys = [(1, 0), (1, 1), (2, 0)]
+    for key in keys:
+        view.cache_put("plain", key, key[1])
+    view.forget("plain", where=lambda key: key[0] == 1)
+    assert [view.cache_get("plain", k, "gone") for k in keys] == ["gone", "gone", 0]
+    view.close()
+    assert view._page_caches == {}
+
+
+def test_a_pasted_item_goes_through_the_page_parser_and_a_refused_one_shows_its_message():
+    from explorer._checks import InputError
+
+    view = View(background=False)
+    used = []
+
+    def parse(text):
+        if ":" not in text:
+            raise InputError(f"line 1: {text!r} has no ':'.")
+        return tuple(text.split(":"))
+
+    def use(item):
+        used.append((item, view.error))
+
+    view.error = "an earlier failure"
+    assert view.adopt_own("a:b", parse, use) == ("a", "b")
+    assert used == [(("a", "b"), "")] and view.error == ""     # cleared before the page uses it
+    assert view.adopt_own("ab", parse, use) is None
+    assert view.error == "line 1: 'ab' has no ':'." and len(used) == 1
+    assert view.status == "Failed: line 1: 'ab' has no ':'."
+    # the job the item starts may fail: its message stays
+    assert view.adopt_own("c:d", parse, lambda item: view.show_error(ValueError("no room"))) \
+        == ("c", "d")
+    assert view.error == "no room"
+    with pytest.raises(ZeroDivisionError):                    # not the user's text: raised
+        view.adopt_own("e:f", lambda text: 1 / 0, use)
+
+
 def test_the_base_progress_bar_and_status_text_follow_the_page():
     view = View(background=False)
     bar = view.progress_bar(height=10)
