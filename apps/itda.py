@@ -12,7 +12,6 @@ token (an attention sink with a huge norm) is left out of every measure.
 from __future__ import annotations
 
 import html
-import threading
 import time
 from typing import Any
 
@@ -266,9 +265,8 @@ class ITDAView(View):
             if self._no_sibling else
             "Not computed yet: press the button to trace a second model and compare its layers.")
         self._comparing = False
-        self._lock = threading.Lock()
-        # its caches (`View.cached`): "activations", "sweeps" and "similarities"
-        self._others: dict[float, explorer.Model] = {}
+        # its caches (`View.cached`): "activations", "sweeps", "similarities" and "others"
+        # (the perturbed copy of the model: one at a time, it is a whole model's weights)
         self._itda: ITDA | None = None
         self.runner("run", self._show_result)
         self.runner("sweep", self._show_sweep, progress=True)
@@ -364,11 +362,8 @@ class ITDAView(View):
     def _other(self, noise: float) -> explorer.Model:
         if self._fixed_other is not None:
             return self._fixed_other
-        with self._lock:
-            if noise not in self._others:
-                self._others.clear()                          # keep one copy of the weights
-                self._others[noise] = perturbed_copy(self._model, scale=noise, seed=1)
-            return self._others[noise]
+        return self.cached("others", noise,                   # one copy of the weights at most
+                           lambda: perturbed_copy(self._model, scale=noise, seed=1), limit=0)
 
     def _traced(self, model: explorer.Model, prompts: list[str]) -> xr.Dataset:
         key = (model.spec.name, model.spec.weights, tuple(prompts))
@@ -441,12 +436,6 @@ class ITDAView(View):
     def _show_similarity(self, out: tuple[xr.Dataset, float]) -> None:
         sim, seconds = out
         self.param.update(similarity=sim, similarity_status=f"Compared in {seconds:.1f} s.")
-
-    def close(self) -> None:
-        """Cancel any run and drop cached activations and models."""
-        super().close()
-        with self._lock:
-            self._others.clear()
 
     # -- layout ------------------------------------------------------------------------------
     def controls(self) -> pn.Column:

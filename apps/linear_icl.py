@@ -11,7 +11,6 @@ against context length and the markers on the loss and pattern curves over train
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from typing import Any
 
@@ -339,8 +338,7 @@ class LinearICLView(View):
                  heads: tuple[int, ...] = DEFAULT_HEADS, background: bool | None = None,
                  **params: Any):
         super().__init__(background=background, **params)
-        self._lock = threading.Lock()
-        self._patterns: dict[tuple[int, int], xr.Dataset] = {}
+        # its cache (`View.cached`): "patterns", the KQ/OV patterns by (heads, step)
         self.runner("load", self._loaded)
         self.runner("retrain", self._retrained, progress=True)
         self.param.watch(self._switch_run, "n_heads")
@@ -448,8 +446,7 @@ class LinearICLView(View):
 
     def _retrained(self, out: dict[str, Any]) -> None:
         H, run = out["H"], out["run"]
-        with self._lock:
-            self._patterns = {k: v for k, v in self._patterns.items() if k[0] != H}
+        self.forget("patterns", where=lambda key: key[0] == H)
         self.analyses = {**self.analyses, H: out["analysis"]}
         self.runs = {**self.runs, H: run}
         self._switch_run()
@@ -464,13 +461,9 @@ class LinearICLView(View):
         run = self.runs.get(self.n_heads)
         if run is None or self.step is None or self.step not in run["step"].values:
             return None
-        key = (self.n_heads, self.step)
-        with self._lock:
-            if key not in self._patterns:
-                if len(self._patterns) > 256:
-                    self._patterns.clear()
-                self._patterns[key] = attention_patterns(run.sel(step=self.step))
-            return self._patterns[key]
+        step = self.step
+        return self.cached("patterns", (self.n_heads, step),
+                           lambda: attention_patterns(run.sel(step=step)), limit=256)
 
     @param.depends("runs", "n_heads", "step")
     def _kq_plots(self) -> pn.FlexBox:

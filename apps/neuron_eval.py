@@ -13,7 +13,6 @@ over synthetic units (the paper's theoretical test) and over the model's atoms.
 from __future__ import annotations
 
 import html
-import threading
 import time
 from typing import Any
 
@@ -355,9 +354,8 @@ class NeuronEvalView(View):
         self._n_seeds = n_seeds
         self.param.layer.bounds = (0, model.spec.n_layers - 1)
         self.layer = layer
-        self._lock = threading.Lock()
-        self._data: tuple[tuple, dict[str, Any]] | None = None
-        self._tables: dict[tuple, xr.Dataset] = {}
+        # its caches (`View.cached`): "units" (the units of one probing set, layer and tau)
+        # and "sanity" (the sanity-check tables, by probing set, layer and tau)
         self.runner("run", self._show_result)
         self._started = 0.0
         self.param.watch(self._request_run, list(_DATA_PARAMS + _VIEW_PARAMS))
@@ -377,36 +375,29 @@ class NeuronEvalView(View):
         self._started = time.perf_counter()
         self.submit("run", lambda token: self._compute(p, token))
 
+    @staticmethod
+    def _data_key(p: dict[str, Any]) -> tuple:
+        return tuple(probe_prompts(p["probe_text"])), p["layer"], p["tau"]
+
     def _unit_data(self, p: dict[str, Any]) -> dict[str, Any]:
-        prompts = probe_prompts(p["probe_text"])
-        key = (tuple(prompts), p["layer"], p["tau"])
-        with self._lock:
-            if self._data is not None and self._data[0] == key:
-                return self._data[1]
-        data = unit_data(self._model, prompts, layer=p["layer"], tau=p["tau"])
-        with self._lock:
-            self._data = (key, data)
-        return data
+        key = self._data_key(p)
+        return self.cached("units", key, lambda: unit_data(
+            self._model, list(key[0]), layer=p["layer"], tau=p["tau"]), limit=0)
 
     def _sanity_tables(self, key: tuple, data: dict[str, Any], token: CancelToken
                        ) -> tuple[xr.Dataset, xr.Dataset | None]:
-        with self._lock:
-            synthetic = self._tables.get(("synthetic",))
-            real = self._tables.get(key, None)
-        if synthetic is None:
-            synthetic = synthetic_sanity_checks(**_SYNTHETIC)
-            with self._lock:
-                self._tables[("synthetic",)] = synthetic
+        synthetic = self.cached("sanity", ("synthetic",),
+                                lambda: synthetic_sanity_checks(**_SYNTHETIC))
         token.check()
-        if key not in self._tables:
+
+        def checks() -> xr.Dataset | None:
             try:
-                real = itda_atom_sanity_checks(data["itda"], data["activations"], layer=key[1], min_count=2,
-                                               n_seeds=self._n_seeds, alpha=0.05, min_pos=MIN_POS)
+                return itda_atom_sanity_checks(data["itda"], data["activations"], layer=key[1],
+                                               min_count=2, n_seeds=self._n_seeds, alpha=0.05,
+                                               min_pos=MIN_POS)
             except explorer.ExplorerError:
-                real = None                            # no atom token repeats in the probing set
-            with self._lock:
-                self._tables[key] = real
-        return synthetic, real
+                return None                            # no atom token repeats in the probing set
+        return synthetic, self.cached("sanity", key, checks)
 
     def _compute(self, p: dict[str, Any], token: CancelToken) -> dict[str, Any]:
         data = self._unit_data(p)
@@ -419,8 +410,7 @@ class NeuronEvalView(View):
         a = data["acts"][:, unit]
         strips = [perturbation_table(a, c, perturbed[t], t, data["tokens"]) for t in SANITY_TESTS]
         token.check()
-        key = (tuple(probe_prompts(p["probe_text"])), p["layer"], p["tau"])
-        synthetic, real = self._sanity_tables(key, data, token)
+        synthetic, real = self._sanity_tables(self._data_key(p), data, token)
         itda = data["itda"]
         label = (theme.show_token(str(itda.atom_token_[unit])) if p["concept"] == "own_token"
                  else p["concept"])
@@ -434,8 +424,7 @@ class NeuronEvalView(View):
     def export_datasets(self) -> dict[str, xr.Dataset]:
         """The sanity-check tables, and the shown unit's activations with its concept labels."""
         out = super().export_datasets()
-        with self._lock:
-            data = self._data[1] if self._data is not None else None
+        data = self.cache_get("units", self._data_key(self._params()))
         if data is not None and self.table is not None:
             unit = min(max(0, self.unit), data["acts"].shape[1] - 1)
             out["unit"] = xr.Dataset(
@@ -475,12 +464,6 @@ class NeuronEvalView(View):
                           real=out["real"], caption=out["caption"], note=out["note"], error="",
                           running=False,
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
-
-    def close(self) -> None:
-        super().close()
-        with self._lock:
-            self._data = None
-            self._tables.clear()
 
     # -- layout ------------------------------------------------------------------------------
     def controls(self) -> pn.Column:

@@ -11,7 +11,6 @@ accuracy over training with the current step marked.
 from __future__ import annotations
 
 import functools
-import threading
 from collections import deque
 from typing import Any
 
@@ -24,7 +23,6 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, control, flex_plot
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
-from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
 from explorer.analyses.parity import DEFAULTS as PARITY_DEFAULTS
@@ -420,8 +418,7 @@ class ParityView(View):
         super().__init__(background=background, **params)
         self._phase_given = phase is not None
         self.phase = phase
-        self._lock = threading.Lock()
-        self._cache: BoundedCache = BoundedCache(max_items=64)   # per session: 64 entries, 256 MB at most
+        self.bound_cache("views", max_items=64)   # PCA and automata: 64 entries, 256 MB at most
         self.runner("load", self._loaded)
         self.runner("sizes", self._sized)
         self.param.watch(self._request_sizes, ["threshold", "max_length"])
@@ -488,15 +485,13 @@ class ParityView(View):
     def _cached(self, kind: str, *key: Any) -> xr.Dataset | None:
         if self.run is None or self.step is None:
             return None
-        full = (kind, self.step, *key)
-        with self._lock:
-            if full not in self._cache:
-                if kind == "pca":
-                    self._cache[full] = parity_hidden_pca(self.run, self.step, max_length=key[0])
-                else:
-                    self._cache[full] = parity_automaton(self.run, self.step, max_length=key[0],
-                                                         threshold=key[1])
-            return self._cache[full]
+        run, step = self.run, self.step
+
+        def compute() -> xr.Dataset:
+            if kind == "pca":
+                return parity_hidden_pca(run, step, max_length=key[0])
+            return parity_automaton(run, step, max_length=key[0], threshold=key[1])
+        return self.cached("views", (kind, step, *key), compute)
 
     @param.depends("run", "step", "max_length")
     def pca(self) -> xr.Dataset | None:

@@ -24,7 +24,6 @@ corpus (cached in the activation store) and shows, from that one result:
 """
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any
 
@@ -158,7 +157,6 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
                  **params: Any):
         super().__init__(background=background, **params)
         self._model = model
-        self._twin: explorer.Model | None = None
         self._texts = texts
         self._options = dict(analysis_options or {})
         if store == "default":
@@ -167,7 +165,6 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
             except ExplorerError:
                 store = None
         self._store = store
-        self._lock = threading.Lock()
         self._labels: dict[int, str] = {}
         self.runner("analysis", self._show_result, heavy=True)   # a corpus: waits its turn
         self.runner("intervention", self._show_intervention, busy=False)
@@ -222,10 +219,8 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
         """The trained model or its random-init twin (built once, seeded)."""
         if self.weights == "trained":
             return self._model
-        with self._lock:
-            if self._twin is None:
-                self._twin = sat.random_init_twin(self._model, seed=0)
-            return self._twin
+        seed = 0
+        return self.cached("twin", seed, lambda: sat.random_init_twin(self._model, seed=seed))
 
     def texts(self) -> list[str]:
         docs = self._texts if self._texts is not None else sat.load_corpus()
@@ -302,14 +297,19 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
     # -- panes ----------------------------------------------------------------------------------
 
 
-    @param.depends("status", "error", "busy", "progress", "running")
-    def _status(self):
-        bar = pn.indicators.Progress(value=self.progress, max=100, active=self.running,
-                                     visible=self.running, sizing_mode="stretch_width", height=12)
-        text = f"⚠ {self.error}" if self.error else (
-            self.status or "Analysing the corpus…" if self.running else self.status)
-        return pn.Column(bar, pn.pane.Markdown(text, css_classes=["sat-status"]),
-                         sizing_mode="stretch_width")
+    def _status(self) -> pn.Column:
+        """The base's progress bar, shown while a run is in flight (`running`), over the
+        status line: Markdown (the status names buttons in bold), the error after a ⚠."""
+        def line(status: str, error: str, running: bool) -> str:
+            if error:
+                return f"⚠ {error}"
+            return status or "Analysing the corpus…" if running else status
+
+        bar = self.progress_bar(visible=self.param.running, active=self.param.running, height=12)
+        text = pn.pane.Markdown(pn.bind(line, self.param.status, self.param.error,
+                                        self.param.running), css_classes=["sat-status"],
+                                sizing_mode="stretch_width")
+        return pn.Column(bar, text, sizing_mode="stretch_width")
 
     def controls(self) -> pn.Column:
         p = self.param
@@ -347,7 +347,7 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
         return pn.Row(
             self.controls(),
             pn.Column(
-                self._status,
+                self._status(),
                 pn.pane.Markdown("### The prompt's tokens: saturation layers s_1..s_k"),
                 _note("Cell (token, rank j): the layer from which the model's final rank-j "
                          "token at that position holds rank j (grey: never; the number in the "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import xarray as xr
 from apps import theme
 from apps._controls import labelled_controls
 from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
-from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
 from explorer.analyses.shattering import (
@@ -259,9 +257,9 @@ class ShatteringView(View):
         # options yet would add them to the class's options, shared by every view.
         self._wanted = {k: params.pop(k) for k in ("entity", "relation", "order") if k in params}
         super().__init__(background=background, **params)
-        self._lock = threading.Lock()
-        self._cov: dict[int, Any] = {}
-        self._cache: BoundedCache = BoundedCache(max_items=64)   # per session: 64 entries, 256 MB at most
+        # its caches (`View.cached`): "covariances" (ROME's key covariance, by model and
+        # block) and "strengths" (embedding and fact accuracy of the shown edit, by strength)
+        self.bound_cache("strengths", max_items=64)   # per session: 64 entries, 256 MB at most
         self._km_file: Path | None = None
         self.runner("load", self._loaded, progress=True, heavy=False)   # the shipped model: quick
         self.runner("retrain", self._loaded, progress=True)
@@ -357,8 +355,7 @@ class ShatteringView(View):
 
     def _loaded(self, km: KnowledgeModel) -> None:
         self.running = False
-        with self._lock:
-            self._cov.clear()
+        self.forget("covariances")
         self._use_model(km)
         self._request_sweep()
 
@@ -373,19 +370,17 @@ class ShatteringView(View):
             cov: Any = None
             if method in ("rome", "memit"):
                 blocks = [layer] if method == "rome" else list(range(layer + 1))
-                with self._lock:
-                    for b in blocks:
-                        if b not in self._cov:
-                            self._cov[b] = key_covariance(km, b)
-                    cov = self._cov[layer] if method == "rome" else {b: self._cov[b] for b in blocks}
+                # keyed by the model too: a job of the model before a retraining keeps its own
+                covs = {b: self.cached("covariances", (id(km), b),
+                                       lambda b=b: key_covariance(km, b)) for b in blocks}
+                cov = covs[layer] if method == "rome" else covs
             token.check()
             return edit_fact(km, e, r, distance, method=method, layer=layer, cov=cov)
 
         self.submit("edit", job)
 
     def _edited(self, edit: KnowledgeEdit) -> None:
-        with self._lock:
-            self._cache.clear()
+        self.forget("strengths")
         self.edit = edit
 
     def _request_sweep(self) -> None:
@@ -414,16 +409,15 @@ class ShatteringView(View):
         if self.km is None or self.edit is None:
             return None
         strength, projection = round(float(self.strength), 4), self.projection
-        key = (strength, projection)
-        with self._lock:
-            if key not in self._cache:
-                skip = [(self.edit.entity, self.edit.relation)]
-                acc = fact_accuracy(self.km, edited_model(self.km, self.edit, strength), exclude=skip)
-                emb = edit_embedding(self.km, self.edit, [0.0, strength], projection=projection,
-                                     n_components=min(3, self.km.graph.n_entities - 1,
-                                                      self.km.params["d_model"]))
-                self._cache[key] = (emb, acc)
-            return self._cache[key]
+        km, edit = self.km, self.edit
+
+        def compute() -> tuple[xr.Dataset, xr.Dataset]:
+            skip = [(edit.entity, edit.relation)]
+            acc = fact_accuracy(km, edited_model(km, edit, strength), exclude=skip)
+            emb = edit_embedding(km, edit, [0.0, strength], projection=projection,
+                                 n_components=min(3, km.graph.n_entities - 1, km.params["d_model"]))
+            return emb, acc
+        return self.cached("strengths", (strength, projection), compute)
 
     # -- reproducibility -------------------------------------------------------------------
     def export_datasets(self) -> dict[str, xr.Dataset]:
