@@ -91,21 +91,16 @@ class CircuitScoring:
         """Parse the user's prompt pairs (`user_items.parse_circuit_pairs`, checked against the
         model's tokenizer), make them the task and compute their circuit; bad text shows the
         parser's one-line message and keeps the current result."""
-        try:
-            task = user_items.parse_circuit_pairs(text, self._model, name=OWN_TASK)
-        except InputError as e:
-            self.show_error(e)
-            return None
-        self._own_task = task
-        self._own_text = text
-        self._own_version += 1
-        if OWN_TASK not in self.param.task.objects:
-            self.param.task.objects = [*self.param.task.objects, OWN_TASK]
-        self.error = ""
-        self.task = OWN_TASK     # computed by `_task_changed` when the page has scored before
-        if not self._scoring and self._key() not in self._results:
-            self._request_scores()
-        return task
+        def use(task: ca.CircuitTask) -> None:
+            self._own_task, self._own_text = task, text
+            self._own_version += 1
+            if OWN_TASK not in self.param.task.objects:
+                self.param.task.objects = [*self.param.task.objects, OWN_TASK]
+            self.task = OWN_TASK     # computed by `_task_changed` when the page has scored before
+            if not self._scoring and self._key() not in self._results:
+                self._request_scores()
+        return self.adopt_own(text, lambda t: user_items.parse_circuit_pairs(
+            t, self._model, name=OWN_TASK), use)
 
     def prompt_tokens(self) -> list[str]:
         """The prompt's tokens as the model sees them (spaces shown), for the token strip."""

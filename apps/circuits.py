@@ -244,9 +244,7 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self.runner("nodes", self._got_node_curve, busy=False, progress=True)
         self.runner("noise", self._got_noise_floor, busy=False, progress=True)
         self._floors: dict[tuple, xr.Dataset] = {}   # noise floors by task and scoring
-        self._progress = pn.indicators.Progress(value=self.param.progress, max=100,
-                                                sizing_mode="stretch_width",
-                                                visible=self.param.progress_active)
+        self._progress = self.progress_bar()
         # (task, n, method) -> (task, scores, curve); kept whole: the caches below key on id(scores)
         self._results: dict[tuple, tuple] = {}
         self._node_curves: dict[tuple, xr.Dataset] = {}   # (task, n, method) -> node curve

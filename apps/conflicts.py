@@ -156,20 +156,15 @@ class ConflictsView(HeadsPart, View):
     def use_own(self, text: str) -> C.Fact | None:
         """Parse the user's example, add it to the examples and show it (the same job as a
         shipped one); bad text shows the parser's message and keeps the current result."""
-        try:
-            fact = user_items.parse_conflict_example(text)
-        except InputError as e:
-            self.show_error(e)
-            return None
-        label = _label(fact) if fact.relation == "yours" else "yours: " + _label(fact)
-        self._facts[label] = fact
-        self.param.example.objects = list(self._facts)
-        self.error = ""
-        if self.example == label:
-            self._request("example")
-        else:
-            self.example = label
-        return fact
+        def use(fact: C.Fact) -> None:
+            label = _label(fact) if fact.relation == "yours" else "yours: " + _label(fact)
+            self._facts[label] = fact
+            self.param.example.objects = list(self._facts)
+            if self.example == label:
+                self._request("example")
+            else:
+                self.example = label
+        return self.adopt_own(text, user_items.parse_conflict_example, use)
 
     def scope(self) -> Scope:
         """Its own fact set (the example's prompt of the chosen type), not your prompt; the

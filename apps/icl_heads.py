@@ -34,7 +34,6 @@ from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_t
                                     plot_projection, plot_td, td_caption)
 from apps._recipe import MODEL, Call, Note, Recipe, Ref, Step
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
-from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import user_items
 
@@ -241,21 +240,17 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
     def use_own(self, text: str) -> ih.ICLTask | None:
         """Parse the user's pairs and make them the selected task (the same jobs as a shipped
         task); bad text shows the parser's message and keeps the current result."""
-        try:
-            task = user_items.parse_icl_pairs(text, name=OWN_TASK, min_pairs=self._min_pairs())
-        except InputError as e:
-            self.show_error(e)
-            return None
-        self._own_task, self._own_text = task, text
-        if OWN_TASK not in self.param.task.objects:
-            self.param.task.objects = [*self.param.task.objects, OWN_TASK]
-        self.error = ""
-        if self.task == OWN_TASK:
-            self._request("patterns")
-            self._request("fv")
-        else:
-            self.task = OWN_TASK
-        return task
+        def use(task: ih.ICLTask) -> None:
+            self._own_task, self._own_text = task, text
+            if OWN_TASK not in self.param.task.objects:
+                self.param.task.objects = [*self.param.task.objects, OWN_TASK]
+            if self.task == OWN_TASK:
+                self._request("patterns")
+                self._request("fv")
+            else:
+                self.task = OWN_TASK
+        return self.adopt_own(text, lambda t: user_items.parse_icl_pairs(
+            t, name=OWN_TASK, min_pairs=self._min_pairs()), use)
 
     # -- jobs ---------------------------------------------------------------------------
 

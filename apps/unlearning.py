@@ -28,7 +28,6 @@ from apps._controls import OwnItems, tip
 from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import Scope, View, serve
-from explorer._checks import InputError
 from explorer.analyses import unlearning as U
 from explorer.analyses import user_items
 
@@ -322,9 +321,6 @@ class UnlearningView(View):
         self.param.watch(self._sync_buttons, ["busy", "probe"])
 
     # -- jobs --------------------------------------------------------------------------------
-    def _reporter(self, lo: int, hi: int):
-        return self.progress_fn(lo=lo, hi=hi)
-
     def _sync_buttons(self, *events: Any) -> None:
         """Localize and Run while no job runs (Run before Localize says to localize
         first); Cancel stops the job in flight and does nothing otherwise."""
@@ -356,17 +352,14 @@ class UnlearningView(View):
     def use_own(self, text: str) -> U.AttributeFact | None:
         """Parse the user's fact, make it the first forget fact and localize (the same job as
         for the shipped facts); bad text shows the parser's message and keeps the result."""
-        try:
-            shipped = U.load_attribute_facts(self._facts_file)[0]
-            fact = user_items.parse_unlearning_fact(text, attributes=shipped.attributes,
-                                                    mc=shipped.mc)
-        except InputError as e:
-            self.show_error(e)
-            return None
-        self._own_fact, self._own_text = fact, text
-        self.error = ""
-        self.localize()
-        return fact
+        def parse(text: str) -> U.AttributeFact:
+            known = U.load_attribute_facts(self._facts_file)[0]   # the shipped attributes
+            return user_items.parse_unlearning_fact(text, attributes=known.attributes, mc=known.mc)
+
+        def use(fact: U.AttributeFact) -> None:
+            self._own_fact, self._own_text = fact, text
+            self.localize()
+        return self.adopt_own(text, parse, use)
 
     def localize(self) -> None:
         """Probe curve, causal tracing and attribution patching, in the background."""
@@ -381,20 +374,21 @@ class UnlearningView(View):
             token.check()
             _, counts = np.unique([f.attribute for f in everything], return_counts=True)
             probe = U.attribute_probe_curve(model, everything, n_folds=int(min(4, counts.min())),
-                                            progress=self._reporter(0, 40))
+                                            progress=self.progress_fn(lo=0, hi=40))
             token.check()
             # the heatmap: from the subject's first token to the end of the prompt
             first = U.subject_positions(model, forget[0])[0]
             n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)["input_ids"])
             heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)), heads=False,
-                                  progress=self._reporter(40, 50))
+                                  progress=self.progress_fn(lo=40, hi=50))
             token.check()
             trace = U.causal_trace(model, forget, positions=False, heads=True,
-                                   progress=self._reporter(50, 85))
+                                   progress=self.progress_fn(lo=50, hi=85))
             trace["restore_resid"] = heat.restore_resid.reindex(fact=trace.fact)
             trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=""))
             token.check()
-            attribution = U.attribution_patching(model, forget, progress=self._reporter(85, 100))
+            attribution = U.attribution_patching(model, forget,
+                                                 progress=self.progress_fn(lo=85, hi=100))
             return "localize", (probe, trace, attribution, (forget, retain), used)
 
         self.submit("work", job)
@@ -420,7 +414,7 @@ class UnlearningView(View):
             ds = U.unlearning_comparison(model, forget, retain, methods=methods, probe=probe,
                                          trace=trace, attribution=attribution, text=text,
                                          heldout_text=heldout,
-                                         progress=self._reporter(0, 100),
+                                         progress=self.progress_fn(lo=0, hi=100),
                                          should_stop=lambda: token.cancelled, **settings)
             return "run", (ds, used)
 

@@ -677,14 +677,29 @@ def test_the_base_progress_bar_and_status_text_follow_the_page():
 def test_no_page_builds_its_own_progress_bar():
     offenders = []
     for path in sorted(APPS.glob("*.py")):
-        if path.name in {"_view.py", "circuits.py", "_circuit_graph.py", "notebook.py"}:
+        if path.name == "_view.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Progress":
                 value = next((k.value for k in node.keywords if k.arg == "value"), None)
-                if ast.unparse(value or ast.Constant(None)) == "self.param.progress":
+                if ast.unparse(value or ast.Constant(None)) in {"self.param.progress",
+                                                                "self.progress"}:
                     offenders.append(f"apps/{path.name}:{node.lineno}")
     assert offenders == []
+
+
+def test_no_page_keeps_a_lock_of_its_own_but_the_lens_preview_slot():
+    """Caches go in the base's (one lock for them all); the lens keeps the lock of its
+    preview's single waiting slot (a busy flag and the request waiting: no cache)."""
+    locks = []
+    for path in sorted(APPS.glob("*.py")):
+        if path.name in {"_view.py", "_page_cache.py", "_session.py", "_server.py"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") in {"Lock", "RLock"}
+                    and isinstance(node.func, ast.Attribute)):
+                locks.append(f"{path.name}:{ast.unparse(node)}")
+    assert locks == ["lens.py:threading.Lock()"]
 
 
 def test_the_workspace_lists_of_every_page_have_the_types_the_gallery_sets():
