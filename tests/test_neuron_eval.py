@@ -375,7 +375,7 @@ def test_missing_labels_that_drop_nothing_give_zero_deltas_and_the_page_says_why
     from apps.neuron_eval import NeuronEvalView, concept_vector, unchanged_note
 
     view = NeuronEvalView(tiny_model, background=False, layer=1, n_seeds=2, unit=0)
-    c = concept_vector(view._data[1], view.unit, view.concept)
+    c = concept_vector(view._unit_data(view._params()), view.unit, view.concept)   # cached
     pos = c > 0
     assert 0 < pos.sum() <= 8
 
