@@ -87,3 +87,17 @@ def test_dynamic_import_scan_finds_a_call(tmp_path):
         y = importlib.import_module("explorer.models")
     """))
     assert _dynamic_app_imports(src) == [3]
+
+
+def test_pages_come_in_parts_a_person_can_hold_in_mind():
+    """No file of apps/ over 700 lines and no class over 400 (a page is a composition of
+    parts; see docs/architecture.md)."""
+    long_files, long_classes = [], []
+    for path in sorted((ROOT / "apps").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 700:
+            long_files.append((path.name, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400:
+                long_classes.append((path.name, node.name, node.end_lineno - node.lineno + 1))
+    assert not long_files and not long_classes, (long_files, long_classes)
