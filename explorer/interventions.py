@@ -125,7 +125,37 @@ class Scale(Edit):
 
 
 @dataclass(frozen=True)
-class Patch(Edit):
+class _AtSite(Edit):
+    """An edit that names its site in a field (``site_field``; "site" in its dict) and may
+    restrict an ``attn_z`` edit to one ``head``."""
+
+    site_field: ClassVar[str] = ""
+
+    @property
+    def edit_site(self) -> str:
+        return getattr(self, self.site_field)
+
+    def _check_site(self) -> None:
+        _check_prompts(self)
+        site = check_choice("site", self.edit_site, PATCH_SITES)
+        if self.head is not None and site != "attn_z":
+            raise InputError(f"`head` applies to site 'attn_z' only; got site {site!r}.")
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["site"] = d.pop(self.site_field)
+        return d
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        if self.head is not None:
+            model.check_head(self.head)
+
+
+@dataclass(frozen=True)
+class Patch(_AtSite):
     """Write the activation of ``source`` (a prompt) at ``site``/``layer`` into the run.
 
     Without ``positions`` the source must have as many tokens as every prompt in the
@@ -141,27 +171,10 @@ class Patch(Edit):
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "patch"
 
+    site_field: ClassVar[str] = "patch_site"
+
     def __post_init__(self):
-        _check_prompts(self)
-        check_choice("site", self.patch_site, PATCH_SITES)
-        if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
-        if self.head is not None and self.patch_site != "attn_z":
-            raise InputError(f"`head` applies to site 'attn_z' only; got site {self.patch_site!r}.")
-
-    @property
-    def edit_site(self) -> str:
-        return self.patch_site
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["site"] = d.pop("patch_site")
-        return d
-
-    def validate(self, model: Any) -> None:
-        model.check_layer(self.layer)
-        if self.head is not None:
-            model.check_head(self.head)
+        self._check_site()
 
 
 @dataclass(frozen=True)
@@ -227,7 +240,7 @@ class AddHead(Edit):
 
 
 @dataclass(frozen=True)
-class Set(Edit):
+class Set(_AtSite):
     """Write ``value`` into ``set_site`` of ``layer`` at the selected (prompt, position)
     pairs, or add it there with ``add``.
 
@@ -247,29 +260,15 @@ class Set(Edit):
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "set"
 
+    site_field: ClassVar[str] = "set_site"
+
     def __post_init__(self):
-        _check_prompts(self)
-        check_choice("site", self.set_site, PATCH_SITES)
-        if self.head is not None and self.set_site != "attn_z":
-            raise InputError(f"`head` applies to site 'attn_z' only; got site {self.set_site!r}.")
+        self._check_site()
         object.__setattr__(self, "value", _as_tuple(self.value, "value"))
         object.__setattr__(self, "add", bool(self.add))
-        if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
-
-    @property
-    def edit_site(self) -> str:
-        return self.set_site
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["site"] = d.pop("set_site")
-        return d
 
     def validate(self, model: Any) -> None:
-        model.check_layer(self.layer)
-        if self.head is not None:
-            model.check_head(self.head)
+        super().validate(model)
         spec = model.spec
         width = (spec.d_head if self.head is not None else
                  spec.n_heads * spec.d_head if self.set_site == "attn_z" else spec.d_model)

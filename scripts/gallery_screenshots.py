@@ -1,4 +1,5 @@
-"""Reference screenshots of the gallery: one per page, opened from the sidebar at 1400 x 1000.
+"""Reference screenshots of the gallery: one per page, opened from the sidebar at 1400 x 1000
+(or ``--width`` x 1000).
 
 Serves the gallery as ``make app`` does (`apps.gallery.serve`, in a child process on a free
 127.0.0.1 port), drives Debian's chromium with Playwright, clicks each page in the sidebar,
@@ -8,6 +9,7 @@ A page that does not settle in ``--timeout`` seconds is shot as it is, and named
 
     python scripts/gallery_screenshots.py                      # every page, smollm2-135m
     python scripts/gallery_screenshots.py --pages lens,parity  # some pages
+    python scripts/gallery_screenshots.py --width 1280 --out /tmp/shots
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from _browser import free_port, plot_ids, served_in_subprocess, settle_gallery_p
 CHROMIUM = "/usr/bin/chromium"  # as tests/conftest.py: Playwright never downloads a browser
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 1400, "height": 1000}
+WIDTH, HEIGHT = 1400, 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pages", default="", help="comma-separated slugs (default: every page)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="output folder")
     p.add_argument("--timeout", type=float, default=420, help="seconds a page may take to settle")
+    p.add_argument("--width", type=int, default=WIDTH, help="browser width in pixels")
     args = p.parse_args(argv)
     slugs = [s for s in args.pages.split(",") if s] or [slug for _, slug, _ in VIEWS]
     titles = {slug: title for title, slug, _ in VIEWS}
@@ -51,16 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     with served_in_subprocess(["-c", serve], port, args.out / ".gallery_server.log") as url, \
             sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport=VIEWPORT)
+        viewport = {"width": args.width, "height": HEIGHT}
+        tab = browser.new_page(viewport=viewport)
         tab.goto(url + "/", timeout=180_000)
-        tab.wait_for_selector("canvas", state="attached", timeout=300_000)
+        # the gallery opens on its home page (no plot): wait for the sidebar's page buttons
+        tab.wait_for_selector(".bk-btn-group button", state="attached", timeout=300_000)
         for slug in slugs:
             started = time.time()
             button = tab.locator(".bk-btn-group button", has_text=titles[slug]).first
             shown = "bk-active" in (button.get_attribute("class") or "")
             before = [] if shown else plot_ids(tab)
             button.click()
-            tab.mouse.move(VIEWPORT["width"] // 2, 10)  # onto the title bar: no tooltip shown
+            tab.mouse.move(args.width // 2, 10)  # onto the title bar: no tooltip shown
             if not settle_gallery_page(tab, before=before, timeout=args.timeout):
                 unsettled.append(slug)
             path = args.out / f"gallery_{slug.replace('-', '_')}.png"
