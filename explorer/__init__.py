@@ -2,8 +2,8 @@
 
 The core API: `load_model`; `read` with the readout records (`Save`, `Logits`, `FinalNorm`,
 `Lens`, `DLA`) and the intervention records, and the assemblers over it (`trace`,
-`run_with`, `logit_lens`); `ActivationStore`. Importing has no side effects beyond importing torch and
-xarray; models load only when asked.
+`run_with`, `logit_lens`); `ActivationStore`. Importing has no side effects beyond
+importing torch and xarray; models load only when asked.
 """
 from ._checks import ExplorerError
 from ._version import __version__

@@ -497,7 +497,7 @@ def test_itda_view_follows_its_parameters(tiny_model):
     view.atom = 2
     assert view.examples["atom"].values.tolist() == [2]
     view.method = "itda"
-    assert view.similarity is None                               # the comparison waits for its button
+    assert view.similarity is None               # the comparison waits for its button
     assert view.cache_get("others", view.noise) is None          # and no perturbed copy is made
     view.compare = True
     expected = layer_similarity(ds, trace(view._other(view.noise), prompts), method="itda", tau=0.1, l0=4,
