@@ -45,10 +45,11 @@ def default_conflict_layers(n_layers: int) -> list[int]:
     return sorted({*range(0, n_layers, 4), *band} & set(range(n_layers)))
 
 
-def parse_layers(text: str, n_layers: int) -> list[int]:
+def parse_layers(text: str, n_layers: int, what: str = "`Conflict: layers`") -> list[int]:
     """Layers from a comma-separated text (``"0, 8, 18-22"``; ranges inclusive), checked
-    against the model's ``n_layers``; a clear InputError names what is wrong."""
-    return parse_layer_list(text, n_layers, "`Conflict: layers`")
+    against the model's ``n_layers``; a clear InputError names the field ``what`` and what
+    is wrong."""
+    return parse_layer_list(text, n_layers, what)
 
 
 def layers_text(layers: list[int]) -> str:
@@ -350,10 +351,8 @@ class PatchingPart:
         tasks = list(self.patching_tasks)
         if not tasks:
             raise InputError("`Patching: tasks` must hold at least one task; got none.")
-        try:
-            layers = parse_layers(self.patching_layers, self._model.spec.n_layers)
-        except InputError as e:
-            raise InputError(str(e).replace("`Conflict: layers`", "`Patching: layers`")) from None
+        layers = parse_layers(self.patching_layers, self._model.spec.n_layers,
+                              "`Patching: layers`")
         return dict(tasks=tasks, layers=layers, **self._opts)
 
     def run_patching(self) -> None:
