@@ -101,7 +101,7 @@ def test_preview_vocabulary_takes_results_and_direction(tiny_model):
 # -- the page -------------------------------------------------------------------------------
 
 def test_dragging_shows_a_marked_preview_and_release_the_exact_lens(tiny_model):
-    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1, background=False)
     slider = view.alpha_slider()
     unedited = view.result
     slider.value = 2.5                                   # dragging: value, not value_throttled
@@ -176,7 +176,7 @@ def test_drag_redraws_in_place_like_a_fresh_render(tiny_model):
     from bokeh.models import ColumnDataSource
     from panel.io.state import set_curdoc
 
-    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1, background=False)
     slider = view.alpha_slider()
     doc = Document()
     with set_curdoc(doc):
@@ -210,7 +210,7 @@ def test_a_drag_from_zero_shows_the_steering_line_in_place(tiny_model):
     from bokeh.models import Span
     from panel.io.state import set_curdoc
 
-    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1)
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1, background=False)
     slider = view.alpha_slider()
     doc = Document()
     with set_curdoc(doc):
@@ -290,7 +290,7 @@ def test_the_page_previews_a_drag_in_every_family(family_model):
     elsewhere, whose final layer is the model's exact output. Layers before the steered one
     are the exact lens's, and the release gives the exact lens."""
     m = family_model
-    view = LensView(m, prompt=PROMPT, k=3, steer_layer=1)
+    view = LensView(m, prompt=PROMPT, k=3, steer_layer=1, background=False)
     try:
         slider = view.alpha_slider()
         slider.value = 2.5
