@@ -621,7 +621,8 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     elif n > batch_size:  # a mean ablation averages over every prompt, as in `read`
         edits_run = resolve_mean_ablations(model, batch_all.token_ids, edits, batch_size)
 
-    for s in range(0, n if not model.remote else 0, batch_size):
+    local_batches = () if model.remote else range(0, n, batch_size)  # remote: read above
+    for s in local_batches:
         rows = range(s, min(s + batch_size, n))
         batch = model.batch_from_ids([batch_all.token_ids[i] for i in rows])
         batch_edits = edits_for_rows(edits_run, rows) if len(rows) < n else edits

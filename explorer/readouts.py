@@ -407,15 +407,18 @@ class DLA(Readout):
             raise InputError(f"`DLA.target_ids` must have one row per prompt ({n_prompts}); "
                              f"got {len(self.target_ids)}.")
 
-    def request(self, chunk: Chunk) -> dict[str, Any]:
+    def _batch_ids(self, chunk: Chunk) -> torch.Tensor:
+        """The target ids of this batch's prompts, [prompt, target]."""
         ids = torch.tensor([self.target_ids[i] for i in chunk.rows], dtype=torch.long)
-        return {"dla_ids": ids.reshape(len(chunk.rows), -1), "logits": True}
+        return ids.reshape(len(chunk.rows), -1)
+
+    def request(self, chunk: Chunk) -> dict[str, Any]:
+        return {"dla_ids": self._batch_ids(chunk), "logits": True}
 
     def arrays(self, out: dict[Any, Any], chunk: Chunk) -> dict[str, np.ndarray]:
         got = {name: out[("dla", part)].double().numpy()
                for name, (part, _) in _DLA_PARTS.items()}
-        ids = torch.tensor([self.target_ids[i] for i in chunk.rows], dtype=torch.long)
-        ids = ids.reshape(len(chunk.rows), -1)
+        ids = self._batch_ids(chunk)
         logits = out["logits"].double()                                 # [prompt, pos, vocab]
         got["logit"] = logits.gather(-1, ids[:, None, :].expand(-1, logits.shape[1], -1)).numpy()
         return got

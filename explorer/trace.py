@@ -1026,16 +1026,16 @@ def logit_attribution(model: Model, prompts: Any, target_ids: Any, *,
     positions = check_positions(positions)
     if positions is None:
         raise InputError("`positions` must name the positions to attribute; got None.")
-    batch, _ = as_batch(model, prompts)
+    batch, texts = as_batch(model, prompts)   # tokenised once: `read` takes the Batch
     ids = np.asarray(target_ids)
     if ids.ndim != 2 or ids.shape[0] != len(batch.lengths):
         raise InputError(f"`target_ids` must be [prompt, target] with {len(batch.lengths)} "
                          f"rows; got shape {tuple(ids.shape)}.")
-    ds = read(model, prompts, [DLA(ids)], edits=edits, positions=positions,
+    ds = read(model, batch, [DLA(ids)], edits=edits, positions=positions,
               batch_size=len(batch.lengths))
     ds = ds.drop_vars(["mask", "token_id", "token"])
     ds.attrs = provenance(model, method="logit_attribution", edits=edits, positions=positions,
-                          prompts=ds.attrs["params"]["prompts"])
+                          prompts=texts)
     return ds
 
 
@@ -1055,11 +1055,11 @@ def run_with(model: Model, prompts: Any, edits: Sequence[Edit] = (), *, sites: A
     bad = [s for s in sites if s in ("final_norm", "unembed", "attn_pattern")]
     if bad:
         raise InputError(f"run_with reads layer sites; use `trace` for {bad[0]!r}.")
-    batch, _ = as_batch(model, prompts)
-    ds = read(model, prompts, [Logits(), *(Save(s, tuple(layers)) for s in sites)],
+    batch, texts = as_batch(model, prompts)   # tokenised once: `read` takes the Batch
+    ds = read(model, batch, [Logits(), *(Save(s, tuple(layers)) for s in sites)],
               edits=edits, positions=positions, batch_size=len(batch.lengths), resume=resume)
     ds = ds[["logits", *sites, "mask"]].assign_coords(layer=np.array(layers))
-    ds.attrs.update(method="run_with",
-                    params={**ds.attrs["params"], "sites": list(sites), "layers": layers})
+    ds.attrs.update(method="run_with", params={**ds.attrs["params"], "prompts": texts,
+                                               "sites": list(sites), "layers": layers})
     del ds.attrs["readouts_json"]
     return ds
