@@ -408,7 +408,7 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
     """
     for e in edits:
         if isinstance(e, (Ablate, Scale)):
-            sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+            sl = _head_slice(e.head, ctx.d_head)
             r = _row_selector(e.prompts, value.device)
             if isinstance(e, Scale):
                 value[r, :, sl] *= e.alpha
@@ -439,7 +439,7 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
                 raise InputError(f"AddHead at layer {e.layer}, head {e.head} holds "
                                  f"{vec.numel() // ctx.d_head} vectors but the run selects "
                                  f"{len(rows)} (prompt, position) pairs.")
-            sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+            sl = _head_slice(e.head, ctx.d_head)
             value[rows, cols, sl] += e.alpha * vec.reshape(len(rows), ctx.d_head)
         elif isinstance(e, Set):
             _apply_set(value, e, ctx)
@@ -447,7 +447,7 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             rows, cols = ctx.index[index_key(e)]
             src = ctx.sources[e].to(value.dtype)  # [n_selected, d]
             if e.head is not None:
-                sl = slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head)
+                sl = _head_slice(e.head, ctx.d_head)
                 value[rows, cols, sl] = src[:, sl]
             else:
                 value[rows, cols] = src
@@ -455,23 +455,26 @@ def apply_edits(value: torch.Tensor, edits: Sequence[Edit], ctx: EditContext) ->
             raise TypeError(f"unknown edit {e!r}")
 
 
+def _head_slice(head: int, d_head: int) -> slice:
+    """One head's columns of ``attn_z`` [..., head * d_head]."""
+    return slice(head * d_head, (head + 1) * d_head)
+
+
 def _apply_set(value: torch.Tensor, e: Set, ctx: EditContext) -> None:
     """`Set` ``e`` on the live ``value`` [prompt, padded_pos, d]: one vector per selected
     pair, or one per position repeated for every selected prompt."""
-    rows, cols = ctx.index[index_key(e)]
-    sl = (slice(e.head * ctx.d_head, (e.head + 1) * ctx.d_head) if e.head is not None
-          else slice(None))
-    vec = torch.tensor(e.value, dtype=value.dtype, device=value.device)
+    rows, cols = ctx.index[index_key(e)]                  # prompt-major (row, col) pairs
+    sl = slice(None) if e.head is None else _head_slice(e.head, ctx.d_head)
     width = value.shape[-1] if e.head is None else ctx.d_head
-    vec = vec.reshape(-1, width)
-    n_rows = len(e.prompts) if e.prompts is not None else value.shape[0]
-    if vec.shape[0] != len(rows):
-        if vec.shape[0] * n_rows != len(rows) or (e.positions is None and len(
-                {int(x) for x in ctx.mask[_row_selector(e.prompts, ctx.mask.device)].sum(1)}) > 1):
+    vec = torch.tensor(e.value, dtype=value.dtype, device=value.device).reshape(-1, width)
+    if vec.shape[0] != len(rows):                         # one per position, every prompt
+        per_prompt = torch.unique_consecutive(rows, return_counts=True)[1]
+        if not bool((per_prompt == vec.shape[0]).all()):
             raise InputError(f"Set at {e.set_site} layer {e.layer} holds {vec.shape[0]} vectors; "
                              f"the run selects {len(rows)} (prompt, position) pairs in "
-                             f"{n_rows} prompts: give one vector per pair or per position.")
-        vec = vec.repeat(n_rows, 1)
+                             f"{len(per_prompt)} prompts: give one vector per pair or per "
+                             "position.")
+        vec = vec.repeat(len(per_prompt), 1)
     if e.add:
         value[rows, cols, sl] += vec
     else:
