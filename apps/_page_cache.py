@@ -69,8 +69,14 @@ class PageCaches:
                limit: int | None = None) -> Any:
         """Entry ``key`` of ``store``, from ``compute()`` on a miss (run outside the lock: a
         slow computation holds up no other thread; two threads missing at once both compute,
-        and the later one is kept)."""
-        value = self.cache_get(store, key, _MISSING)
+        and the later one is kept). A store that ``limit`` will empty is emptied before the
+        computation, so what it held (e.g. a model copy, ``limit=0``) is not kept alongside
+        the new value while that is made."""
+        with self._page_cache_lock:
+            entries = self._page_caches.get(store, {})
+            value = entries.get(key, _MISSING)
+            if value is _MISSING and limit is not None and len(entries) > limit:
+                entries.clear()
         if value is _MISSING:
             value = self.cache_put(store, key, compute(), limit=limit)
         return value

@@ -593,6 +593,12 @@ def test_a_page_cache_computes_once_per_key_keeps_its_limit_and_empties_on_close
     assert view.cache_get("b", 4) == 8
     assert view.cache_put("c", "k", [1], limit=0) == [1]
     assert view.cache_put("c", "j", [2], limit=0) == [2] and view.cache_get("c", "k") is None
+    # limit=0 keeps one value: the old one is dropped before the new one is computed
+    seen_during = []
+    view.cached("c", "i", lambda: seen_during.append(view.cache_get("c", "j")) or [3], limit=0)
+    assert seen_during == [None] and view.cache_get("c", "i") == [3]
+    assert view.cache_get("c", "j") is None
+    view.cache_put("c", "j", [2], limit=0)
     view.forget("a")
     assert view.cache_get("a", 3, "missing") == "missing" and view.cache_get("b", 4) == 8
     view.close()
