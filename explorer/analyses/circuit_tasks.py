@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_choice, check_int
 from explorer.models import Model
 from explorer.trace import provenance, run_with
@@ -98,7 +99,7 @@ class CircuitTask:
 
 
 def _data_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "datasets" / "circuits"
+    return DATASETS_DIR / "circuits"
 
 
 def _load(name: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.interventions import Ablate, AddHead, Edit, Scale, position_index
 from explorer.models import Batch, Model, cache_dir
@@ -93,7 +94,7 @@ class Fact:
 
 def facts_path() -> Path:
     """The shipped fact file, ``datasets/conflicts/facts.json``."""
-    return Path(__file__).resolve().parents[2] / "datasets" / "conflicts" / "facts.json"
+    return DATASETS_DIR / "conflicts" / "facts.json"
 
 
 def load_facts(relations: Sequence[str] | None = None, *, path: str | Path | None = None) -> list[Fact]:

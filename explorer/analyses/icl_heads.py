@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
 from explorer.interventions import Ablate
 from explorer.models import Model
@@ -71,8 +72,8 @@ CITATION = ("K. Yin, J. Steinhardt, \"Which Attention Heads Matter for In-Contex
             "ICML 2025; E. Todd et al., \"Function Vectors in Large Language Models\", ICLR 2024.")
 
 #: The shipped ICL tasks (see datasets/README.md).
-ICL_DIR = Path(__file__).resolve().parents[2] / "datasets" / "icl"
-_CORPUS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "corpus"
+ICL_DIR = DATASETS_DIR / "icl"
+_CORPUS_DIR = DATASETS_DIR / "corpus"
 
 RANKINGS = ("fv", "induction", "fv_excl_induction", "induction_excl_fv", "random")
 FV_METHODS = ("auto", "last_token", "resume")

@@ -34,6 +34,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses._training import (
     datasets_from_safetensors,
@@ -690,7 +691,7 @@ SHIPPED_HEADS: tuple[int, ...] = (1, 2, 4)
 #: The shipped runs: weights at every checkpoint in float16, losses at full precision, and the
 #: `linear_icl_analysis` of those float16 weights; ``scripts/ship_linear_icl_runs.py`` writes it
 #: and `tests/test_linear_icl.py` checks that re-training reproduces its first checkpoints.
-SHIPPED_RUNS = Path(__file__).resolve().parents[2] / "datasets" / "dynamics" / "linear_icl_seed0.safetensors"
+SHIPPED_RUNS = DATASETS_DIR / "dynamics" / "linear_icl_seed0.safetensors"
 
 _WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 

@@ -32,6 +32,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses._training import (datasets_from_safetensors, datasets_to_safetensors,
                                          run_training_steps, stored_training_run,
@@ -770,7 +771,7 @@ def stored_task_emergence_analysis(run: xr.Dataset, *, store=None, n_per_task: i
 
 #: The analysis of the seed-0 run with `DEFAULTS`, shipped with the project so the page shows
 #: it without training (the run's 81 checkpoints would take 50 MB; the analysis is small).
-SHIPPED_ANALYSIS = (Path(__file__).resolve().parents[2] / "datasets" / "dynamics"
+SHIPPED_ANALYSIS = (DATASETS_DIR / "dynamics"
                     / "task_emergence_seed0_analysis.safetensors")
 
 

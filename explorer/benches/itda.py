@@ -8,7 +8,7 @@ from typing import Any
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.itda import itda_vs_sae
 from explorer.analyses.saturation.corpus import pack_units
-from explorer.defaults import DEFAULT_MODEL
+from explorer.defaults import DATASETS_DIR, DEFAULT_MODEL
 
 __all__ = ["bench_itda"]
 
@@ -16,9 +16,8 @@ __all__ = ["bench_itda"]
 def _corpus_prompts(model: Any, *, n_prompts: int, max_tokens: int = 64) -> list[str]:
     """Sentences of the shipped corpus packed into prompts of at most ``max_tokens`` tokens."""
     import re
-    from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[2] / "datasets" / "corpus"
+    folder = DATASETS_DIR / "corpus"
     files = sorted(folder.glob("*.txt"))
     if not files:
         raise InputError(f"the shipped corpus is missing: no .txt file in {str(folder)!r}.")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError
 from explorer.analyses._training import (
     datasets_from_safetensors,
@@ -44,7 +45,7 @@ def run_key_parts(params: dict[str, Any]) -> dict[str, Any]:
 #: The seed-0 run with `DEFAULTS`, shipped with the project: its weights at every checkpoint
 #: in float16 and the `parity_analysis` of those float16 weights (``explorer parity train``
 #: re-trains it in full precision; `tests/test_parity.py` checks that the two agree).
-SHIPPED_RUN = Path(__file__).resolve().parents[3] / "datasets" / "dynamics" / "parity_seed0.safetensors"
+SHIPPED_RUN = DATASETS_DIR / "dynamics" / "parity_seed0.safetensors"
 
 _WEIGHTS = ("W_ih", "W_hh", "b_h", "W_out", "b_out")
 

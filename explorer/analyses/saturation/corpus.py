@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_int, check_prompts
 
 __all__ = ["CORPUS_DIR", "load_corpus", "corpus_chunks", "pack_units"]
 
 #: The shipped corpus: plain-text documents written for the project (see datasets/README.md).
-CORPUS_DIR = Path(__file__).resolve().parents[3] / "datasets" / "corpus"
+CORPUS_DIR = DATASETS_DIR / "corpus"
 
 
 def pack_units(units: list[str], n_tokens: Callable[[str], int], limit: int, *,

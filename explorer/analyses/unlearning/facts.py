@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from explorer.defaults import DATASETS_DIR
 from explorer._checks import ExplorerError, InputError, check_choice, check_int
 from explorer.lora import WeightDeltas, remove_hooks
 from explorer.models import Model, cache_dir
@@ -73,7 +74,7 @@ class AttributeFact:
 
 def facts_path() -> Path:
     """The shipped fact file, ``datasets/unlearning/athlete_sport.json``."""
-    return Path(__file__).resolve().parents[3] / "datasets" / "unlearning" / "athlete_sport.json"
+    return DATASETS_DIR / "unlearning" / "athlete_sport.json"
 
 
 def load_attribute_facts(path: str | Path | None = None) -> list[AttributeFact]:
