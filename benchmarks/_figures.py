@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +97,29 @@ def page_server(code: str, *, timeout: float = 300, quiet: bool = False) -> Iter
     argv = [sys.executable, "-c", f"PORT = {port}\n{code}"]
     with child_server(argv, port, cwd=ROOT, timeout=timeout, poll=0.5, quiet=quiet):
         yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def browser_on_pages(pages: dict[str, Callable[[], Any]]) -> Iterator[tuple[str, Any]]:
+    """Serve ``pages`` (slug -> page factory) in this process on 127.0.0.1, threaded, with
+    the explorer theme, and launch headless Chromium. Yields the base URL and the browser;
+    closes the browser and stops the server afterwards."""
+    import panel as pn
+    from playwright.sync_api import sync_playwright
+
+    from apps import theme
+
+    theme.enable_extension()
+    port = unused_port()
+    srv = pn.serve(pages, port=port, address="127.0.0.1", threaded=True, show=False,
+                   websocket_origin=[f"127.0.0.1:{port}"])
+    time.sleep(2)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                yield f"http://127.0.0.1:{port}", browser
+            finally:
+                browser.close()
+    finally:
+        srv.stop()

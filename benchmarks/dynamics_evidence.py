@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
-from _figures import CHROMIUM, CHROMIUM_ARGS, log, machine
+from _figures import browser_on_pages, log, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -284,50 +284,31 @@ def part_figures(args: argparse.Namespace) -> None:
 
 def page_screenshots(run, analysis, runs, analyses, transition) -> None:
     """Screenshots of both pages at the interesting step."""
-    import socket
-
-    import panel as pn
-    from playwright.sync_api import sync_playwright
-
     from apps import theme
     from apps.linear_icl import LinearICLView
     from apps.parity import ParityView
-
-    theme.enable_extension()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
 
     def parity_page():
         view = ParityView(run=run, analysis=analysis)
         view.step = transition
         return theme.page([view], title="Explorer: streaming parity")
 
-    srv = pn.serve({"parity": parity_page,
-                    "linear_icl": lambda: theme.page([LinearICLView(runs=runs, analyses=analyses)],
-                                                     title="Explorer: in-context linear regression")},
-                   port=port, address="127.0.0.1", threaded=True, show=False,
-                   websocket_origin=[f"127.0.0.1:{port}"])
-    time.sleep(2)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            for slug in ("parity", "linear_icl"):
-                page = browser.new_page(viewport={"width": 1500, "height": 1100})
-                page.goto(f"http://127.0.0.1:{port}/{slug}", timeout=120_000)
-                css = {"parity": ".parity", "linear_icl": ".icl"}[slug]
-                for part in ("-summary", "-curves" if slug == "parity" else "-metrics"):
-                    page.wait_for_selector(f"{css}{part}", state="attached", timeout=600_000)
-                page.wait_for_selector(f"{css}-{'curves' if slug == 'parity' else 'metrics'} canvas",
-                                       state="attached", timeout=600_000)
-                page.wait_for_timeout(15000)  # every pane drawn
-                page.screenshot(path=str(FIGURES / f"dynamics_{slug}_page.png"), full_page=True)
-                log(f"  wrote docs/figures/dynamics_{slug}_page.png")
-                page.close()
-            browser.close()
-    finally:
-        srv.stop()
-
+    pages = {"parity": parity_page,
+             "linear_icl": lambda: theme.page([LinearICLView(runs=runs, analyses=analyses)],
+                                              title="Explorer: in-context linear regression")}
+    with browser_on_pages(pages) as (url, browser):
+        for slug in ("parity", "linear_icl"):
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"{url}/{slug}", timeout=120_000)
+            css = {"parity": ".parity", "linear_icl": ".icl"}[slug]
+            for part in ("-summary", "-curves" if slug == "parity" else "-metrics"):
+                page.wait_for_selector(f"{css}{part}", state="attached", timeout=600_000)
+            page.wait_for_selector(f"{css}-{'curves' if slug == 'parity' else 'metrics'} canvas",
+                                   state="attached", timeout=600_000)
+            page.wait_for_timeout(15000)  # every pane drawn
+            page.screenshot(path=str(FIGURES / f"dynamics_{slug}_page.png"), full_page=True)
+            log(f"  wrote docs/figures/dynamics_{slug}_page.png")
+            page.close()
 
 PARTS = {"parity": part_parity, "batching": part_batching, "icl": part_icl, "icl4": part_icl4, "ship": part_ship, "figures": part_figures}
 

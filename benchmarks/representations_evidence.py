@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
-from _figures import CHROMIUM, log
+from _figures import browser_on_pages, log
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -595,54 +595,33 @@ def part_figures(args: argparse.Namespace) -> None:
 
 def page_screenshots(args: argparse.Namespace) -> None:
     """Screenshots of both pages, served with SmolLM2."""
-    import socket
-
-    import panel as pn
-    from playwright.sync_api import sync_playwright
-
     from apps import theme
     from apps._session import get_model
     from apps.itda import ITDAView
     from apps.neuron_eval import NeuronEvalView
 
     model = get_model(args.page_model)
-    theme.enable_extension()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = pn.serve({"itda": lambda: theme.page([ITDAView(model)], title="Explorer: ITDA dictionaries"),
-                    "neuron": lambda: theme.page([NeuronEvalView(model)],
-                                                 title="Explorer: evaluating neuron explanations")},
-                   port=port, address="127.0.0.1", threaded=True, show=False,
-                   websocket_origin=[f"127.0.0.1:{port}"])
-    time.sleep(2)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-quic",
-                                              "--disable-background-networking",
-                                              "--disable-component-update", "--disable-sync"])
-            shadow_text = """el => el.shadowRoot
-                ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
-                    .map(c => c.innerText).join(' ')
-                : el.innerText"""
-            for slug, ready, done in (("itda", ".itda-summary", r"atoms from"),
-                                      ("neuron", ".neuron-score-table", r"Unit: atom")):
-                page = browser.new_page(viewport={"width": 1500, "height": 1900 if slug == "itda" else 1500})
-                page.goto(f"http://127.0.0.1:{port}/{slug}", timeout=120_000)
-                page.wait_for_selector(ready, state="attached", timeout=600_000)
-                for _ in range(900):                       # wait for the first result
-                    if re.search(done, page.locator(ready).first.evaluate(shadow_text)):
-                        break
-                    page.wait_for_timeout(1000)
-                page.wait_for_timeout(4000)
-                page.screenshot(path=str(FIGURES / f"representations_{slug}_page.png"), full_page=True)
-                log(f"  wrote docs/figures/representations_{slug}_page.png")
-                page.close()
-            browser.close()
-    finally:
-        srv.stop()
-
+    pages = {"itda": lambda: theme.page([ITDAView(model)], title="Explorer: ITDA dictionaries"),
+             "neuron": lambda: theme.page([NeuronEvalView(model)],
+                                          title="Explorer: evaluating neuron explanations")}
+    shadow_text = """el => el.shadowRoot
+        ? Array.from(el.shadowRoot.children).filter(c => !['STYLE', 'LINK'].includes(c.tagName))
+            .map(c => c.innerText).join(' ')
+        : el.innerText"""
+    with browser_on_pages(pages) as (url, browser):
+        for slug, ready, done in (("itda", ".itda-summary", r"atoms from"),
+                                  ("neuron", ".neuron-score-table", r"Unit: atom")):
+            page = browser.new_page(viewport={"width": 1500, "height": 1900 if slug == "itda" else 1500})
+            page.goto(f"{url}/{slug}", timeout=120_000)
+            page.wait_for_selector(ready, state="attached", timeout=600_000)
+            for _ in range(900):                       # wait for the first result
+                if re.search(done, page.locator(ready).first.evaluate(shadow_text)):
+                    break
+                page.wait_for_timeout(1000)
+            page.wait_for_timeout(4000)
+            page.screenshot(path=str(FIGURES / f"representations_{slug}_page.png"), full_page=True)
+            log(f"  wrote docs/figures/representations_{slug}_page.png")
+            page.close()
 
 PARTS = {"itda": part_itda, "matching": part_matching, "sanity": part_sanity, "meta": part_meta,
          "streaming": part_streaming, "figures": part_figures}

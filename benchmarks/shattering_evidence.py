@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import _figures  # benchmarks/_figures.py, beside this script
-from _figures import CHROMIUM, CHROMIUM_ARGS, log, machine
+from _figures import browser_on_pages, log, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -214,20 +214,11 @@ def part_figures(args: argparse.Namespace) -> None:
 
 
 def page_screenshot(km, args) -> None:
-    import socket
-
-    import panel as pn
-    from playwright.sync_api import sync_playwright
-
     from apps import theme
     from apps.shattering import ShatteringView
     from explorer.analyses import shattering as sh
 
-    theme.enable_extension()
     sweep = sh.stored_edit_sweep(km, n_edits=args.n_edits, method="rome")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
 
     def page_factory():
         view = ShatteringView(km=km, sweep=sweep, entity=f"e{EXAMPLE['entity']}",
@@ -235,23 +226,14 @@ def page_screenshot(km, args) -> None:
                               order=EXAMPLE_ORDER)
         return theme.page([view], title="Explorer: representation shattering")
 
-    srv = pn.serve({"shattering": page_factory}, port=port, address="127.0.0.1", threaded=True,
-                   show=False, websocket_origin=[f"127.0.0.1:{port}"])
-    time.sleep(2)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.goto(f"http://127.0.0.1:{port}/shattering", timeout=120_000)
-            page.wait_for_selector(".shattering-scatter canvas", state="attached", timeout=300_000)
-            page.wait_for_selector(".shattering-embedding canvas", state="attached", timeout=300_000)
-            page.wait_for_timeout(8000)
-            page.screenshot(path=str(FIGURES / "shattering_page.png"), full_page=True)
-            log("  wrote docs/figures/shattering_page.png")
-            browser.close()
-    finally:
-        srv.stop()
-
+    with browser_on_pages({"shattering": page_factory}) as (url, browser):
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{url}/shattering", timeout=120_000)
+        page.wait_for_selector(".shattering-scatter canvas", state="attached", timeout=300_000)
+        page.wait_for_selector(".shattering-embedding canvas", state="attached", timeout=300_000)
+        page.wait_for_timeout(8000)
+        page.screenshot(path=str(FIGURES / "shattering_page.png"), full_page=True)
+        log("  wrote docs/figures/shattering_page.png")
 
 PARTS = {"train": part_train, "sweep": part_sweep, "search": part_search,
          "figures": part_figures}

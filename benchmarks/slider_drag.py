@@ -32,12 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-MODEL = "smollm2-135m"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _figures import CHROMIUM, CHROMIUM_ARGS, ROOT  # noqa: E402  (benchmarks/_figures.py)
+
+from explorer.defaults import DEFAULT_MODEL as MODEL  # noqa: E402
 
 # The lens heatmap's frame: a cheap fingerprint of its pixels (every 3rd pixel of every 3rd
 # row, the frame only: a title change does not count as a redraw). The samples are taken by

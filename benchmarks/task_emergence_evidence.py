@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _figures  # noqa: E402  (benchmarks/_figures.py)
-from dynamics_evidence import CHROMIUM, CHROMIUM_ARGS, FIGURES, log, machine, render_png  # noqa: E402
+from dynamics_evidence import FIGURES, log, machine, render_png  # noqa: E402
 
 SUMMARY = FIGURES / "task_emergence_summary.json"
 
@@ -182,39 +182,21 @@ def seed_curves(args: argparse.Namespace) -> None:
 
 
 def page_screenshot(analysis) -> None:
-    import socket
-
-    import panel as pn
-    from playwright.sync_api import sync_playwright
-
     from apps import theme
     from apps.task_emergence import TaskEmergenceView
 
-    theme.enable_extension()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     step = int(analysis.attrs["td_rise_step_50"] or analysis["step"].values[-1])
 
     def page():
         return theme.page([TaskEmergenceView(analysis=analysis, step=step)], title="Task-vector emergence")
 
-    srv = pn.serve({"task_emergence": page}, port=port, address="127.0.0.1", threaded=True, show=False,
-                   websocket_origin=[f"127.0.0.1:{port}"])
-    try:
-        time.sleep(2)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            pg = browser.new_page(viewport={"width": 1500, "height": 1100})
-            pg.goto(f"http://127.0.0.1:{port}/task_emergence", timeout=180_000)
-            pg.wait_for_selector(".emergence-curves canvas", state="attached", timeout=180_000)
-            pg.wait_for_timeout(3000)
-            pg.screenshot(path=str(FIGURES / "dynamics_task_emergence_page.png"), full_page=True)
-            browser.close()
-        log("  wrote docs/figures/dynamics_task_emergence_page.png")
-    finally:
-        srv.stop()
-
+    with _figures.browser_on_pages({"task_emergence": page}) as (url, browser):
+        pg = browser.new_page(viewport={"width": 1500, "height": 1100})
+        pg.goto(f"{url}/task_emergence", timeout=180_000)
+        pg.wait_for_selector(".emergence-curves canvas", state="attached", timeout=180_000)
+        pg.wait_for_timeout(3000)
+        pg.screenshot(path=str(FIGURES / "dynamics_task_emergence_page.png"), full_page=True)
+    log("  wrote docs/figures/dynamics_task_emergence_page.png")
 
 PARTS = {"emergence": part_emergence, "phase": part_phase, "figures": part_figures}
 
