@@ -38,44 +38,43 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_study_help)
     actions = p.add_subparsers(dest="study_action", metavar="ACTION")
+    positional = {"study": dict(metavar="STUDY", help="study file (.yaml, .yml or .json)"),
+                  "dir": dict(metavar="FOLDER", help="run folder")}
 
-    a = actions.add_parser("validate", help="check a study file; print its design")
-    a.add_argument("study", metavar="STUDY", help="study file (.yaml, .yml or .json)")
-    a.set_defaults(func=_cmd_validate)
+    def action(name: str, on: str, func: Any, help: str) -> argparse.ArgumentParser:
+        """The subcommand ``name`` on a study file (``on="study"``) or a run folder (``"dir"``)."""
+        a = actions.add_parser(name, help=help)
+        a.add_argument(on, **positional[on])
+        a.set_defaults(func=func)
+        return a
 
-    a = actions.add_parser("run", help="prepare a run folder (computes items once), then serve "
-                                       "the participant app")
-    a.add_argument("study", metavar="STUDY", help="study file (.yaml, .yml or .json)")
+    action("validate", "study", _cmd_validate, "check a study file; print its design")
+
+    a = action("run", "study", _cmd_run,
+               "prepare a run folder (computes items once), then serve the participant app")
     a.add_argument("--dir", required=True, metavar="FOLDER",
                    help="run folder: created, or reopened if it holds this study file")
     a.add_argument("--model", default=None, metavar="NAME",
                    help="override the study file's model (recorded in the run)")
     a.add_argument("--prepare-only", action="store_true", help="prepare the folder, do not serve")
     add_serve_options(a, port=5007)
-    a.set_defaults(func=_cmd_run)
 
-    a = actions.add_parser("simulate", help="add simulated participants with known accuracies "
-                                            "(to check the analysis and power; reports flag them)")
-    a.add_argument("dir", metavar="FOLDER", help="run folder")
+    a = action("simulate", "dir", _cmd_simulate, "add simulated participants with known "
+               "accuracies (to check the analysis and power; reports flag them)")
     a.add_argument("--accuracy", required=True, metavar="COND=P,...",
                    help="accuracy per condition, e.g. real=0.8,baseline=0.5,placebo=0.5")
     a.add_argument("--n", type=int, default=None, help="participants (default: every free place)")
     a.add_argument("--spread", type=float, default=0.0,
                    help="per-participant offset, uniform in [-spread, spread] (default: 0)")
     a.add_argument("--seed", type=int, default=0, help="simulation seed (default: 0)")
-    a.set_defaults(func=_cmd_simulate)
 
-    a = actions.add_parser("analyse", help="accuracy per condition, hypotheses; write the report")
-    a.add_argument("dir", metavar="FOLDER", help="run folder")
+    a = action("analyse", "dir", _cmd_analyse, "accuracy per condition, hypotheses; write the report")
     a.add_argument("--report", metavar="PATH", help="write the report (.md or .html)")
-    a.set_defaults(func=_cmd_analyse)
 
-    a = actions.add_parser("export", help="responses as CSV (participant codes only)")
-    a.add_argument("dir", metavar="FOLDER", help="run folder")
+    a = action("export", "dir", _cmd_export, "responses as CSV (participant codes only)")
     a.add_argument("--out", required=True, metavar="PATH", help="CSV file to write")
     a.add_argument("--report", metavar="PATH", help="also write the report (.md or .html)")
     a.add_argument("--force", action="store_true", help="replace existing files")
-    a.set_defaults(func=_cmd_export)
 
     for a in actions.choices.values():
         _add_action_globals(a)
