@@ -14,8 +14,8 @@ import param
 
 from apps import theme
 
-__all__ = ["OwnItems", "caption", "control", "flex_plot", "labelled", "labelled_control",
-           "labelled_controls", "tip"]
+__all__ = ["OwnItems", "caption", "control", "flex_plot", "flex_row", "labelled",
+           "labelled_control", "labelled_controls", "run_page", "tip"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -91,6 +91,24 @@ def flex_plot(fn: Any, css: str, min_width: int = 340) -> pn.pane.HoloViews:
     """A plot pane that shares a `pn.FlexBox` row with others (wrapping below ``min_width``)."""
     return pn.pane.HoloViews(fn, sizing_mode="stretch_width", min_width=min_width,
                              css_classes=[css], styles={"flex": "1 1 0"})
+
+
+def flex_row(min_width: int, *plots: tuple[Any, str]) -> pn.FlexBox:
+    """Plots side by side, each ``(fn, css class)`` a `flex_plot`: they wrap one above the
+    other where a row would leave one under ``min_width`` px."""
+    return pn.FlexBox(*[flex_plot(fn, css, min_width) for fn, css in plots],
+                      sizing_mode="stretch_width")
+
+
+def run_page(view: Any, controls: pn.viewable.Viewable, summary_css: str,
+             *body: pn.viewable.Viewable) -> pn.Row:
+    """The layout of a page that shows a training run: ``controls`` on the left; on the
+    right ``view``'s busy spinner and status line, its ``summary`` (Markdown, css class
+    ``summary_css``) and ``body``, top to bottom."""
+    status = pn.Row(view.busy_spinner(), theme.status_line(view.param.status), align="center")
+    summary = pn.pane.Markdown(view.summary, css_classes=[summary_css])
+    return pn.Row(controls, pn.Column(status, summary, *body, sizing_mode="stretch_width"),
+                  sizing_mode="stretch_width")
 
 
 def caption(fn: Any, css: str | None = None, **options: Any) -> pn.pane.Markdown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import holoviews as hv
@@ -317,11 +318,12 @@ class PatchingPart:
     def run_conflict(self) -> None:
         """The conflict test for the chosen tasks and layers, in the background with
         progress. Bad input shows a message under the button and keeps the last matrix."""
-        try:
-            settings = self.conflict_settings()
-        except InputError as e:
-            self._conflict_failed(e)
-            return
+        self._request("conflict")
+
+    def _conflict_job(self) -> Callable[[CancelToken], xr.Dataset | InputError]:
+        """The conflict test's job; InputError naming a bad control (`_conflict_failed`
+        shows it)."""
+        settings = self.conflict_settings()
         m = self._model
         started = time.perf_counter()
         # the button stays enabled: a click while the test runs starts it again (the runner
@@ -341,9 +343,7 @@ class PatchingPart:
                                                      **settings)
             except InputError as e:          # shown under the button, like bad controls
                 return e
-
-        self.status = "computing the conflict test…"
-        self.submit("conflict", job)
+        return job
 
     def patching_settings(self) -> dict[str, Any]:
         """The arguments of `task_vector_patching` the page runs with; raises InputError
@@ -358,19 +358,14 @@ class PatchingPart:
     def run_patching(self) -> None:
         """The zero-shot patching test for the chosen tasks and layers, in the background
         with progress; bad input is one message and keeps the last result."""
-        try:
-            settings = self.patching_settings()
-        except InputError as e:
-            self.show_error(e)
-            return
-        m = self._model
+        self._request("patching")
 
-        def job(token: CancelToken):
-            return tvp.task_vector_patching(m, settings.pop("tasks"),
-                                            progress=self.progress_fn(token), **settings)
-
-        self.status = "computing the patching test…"
-        self.submit("patching", job)
+    def _patching_job(self) -> Callable[[CancelToken], xr.Dataset]:
+        """The patching test's job; InputError naming a bad control (`show_error` shows
+        it)."""
+        settings, m = self.patching_settings(), self._model
+        return lambda token: tvp.task_vector_patching(m, settings.pop("tasks"),
+                                                      progress=self.progress_fn(token), **settings)
 
     def _got_patching(self, ds: xr.Dataset) -> None:
         tasks = [str(t) for t in ds["task"].values]

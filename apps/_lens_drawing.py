@@ -3,7 +3,6 @@
 the edited heatmap below it; the selected positions outlined."""
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import holoviews as hv
@@ -11,6 +10,7 @@ import panel as pn
 import xarray as xr
 
 from apps import theme
+from apps._drawn import keep_drawn, live_drawn, live_drawn_by_key
 from apps._lens_heatmap import (_SHAPE_COLUMNS, _update_source, edited_caption, edited_title,
                                 extra_labels, heatmap_updates, lens_title, moved_cells,
                                 plot_lens_heatmap, plot_positions, plot_shape)
@@ -32,22 +32,13 @@ class DrawingPart:
     def _source_hook(self, glyph: str):
         """A HoloViews hook keeping the rendered glyph's data source (and the figure)."""
         def hook(plot: Any, element: Any) -> None:
-            source = plot.handles.get("source")
-            refs = self._sources[glyph]
-            if source is not None and not any(r() is source for r in refs):
-                refs.append(weakref.ref(source))
-            fig = plot.handles.get("plot")
-            if fig is not None and not any(r() is fig for r in self._figures):
-                self._figures.append(weakref.ref(fig))
+            keep_drawn(self._sources[glyph], plot.handles.get("source"))
+            keep_drawn(self._figures, plot.handles.get("plot"))
         return hook
 
     def drawn_sources(self) -> dict[str, list[Any]]:
         """The rendered heatmap's Bokeh data sources per glyph (live ones only)."""
-        out = {}
-        for glyph, refs in self._sources.items():
-            refs[:] = [r for r in refs if r() is not None]
-            out[glyph] = [r() for r in refs]
-        return out
+        return live_drawn_by_key(self._sources)
 
     def toggle_position(self, pos: int) -> None:
         """Select token position ``pos`` of the prompt, or deselect it (a click on it)."""
@@ -85,9 +76,7 @@ class DrawingPart:
 
     def _line_hook(self, plot: Any, element: Any) -> None:
         """A HoloViews hook keeping the rendered steering line (a Bokeh Span)."""
-        span = plot.handles.get("glyph")
-        if span is not None and not any(r() is span for r in self._lines):
-            self._lines.append(weakref.ref(span))
+        keep_drawn(self._lines, plot.handles.get("glyph"))
 
     def _plot_edited(self, edited: xr.Dataset | None) -> hv.Overlay | hv.Element:
         if edited is None:
@@ -126,7 +115,7 @@ class DrawingPart:
     def _draws_in_place(self, ds: xr.Dataset | None) -> bool:
         """Whether `_draw` would redraw ``ds`` in the drawn plot (same shape, its data
         sources and steering line alive) rather than build a new one."""
-        lines = [span for span in (r() for r in self._lines) if span is not None]
+        lines = live_drawn(self._lines)
         return ds is not None and self._page_shape(ds) == self._drawn_shape \
             and all(self.drawn_sources().values()) and len(lines) == 1
 
@@ -136,7 +125,7 @@ class DrawingPart:
         anew."""
         ds = self.shown
         sources = self.drawn_sources()
-        lines = [span for span in (r() for r in self._lines) if span is not None]
+        lines = live_drawn(self._lines)
         if ds is not None and self._page_shape(ds) == self._drawn_shape \
                 and all(sources.values()) and len(lines) == 1:
             columns = heatmap_updates(ds)
@@ -151,9 +140,8 @@ class DrawingPart:
                     lines[0].location = steers[0] - 0.5
                 lines[0].visible = bool(steers)
                 title = lens_title(ds, clean=self.edited_result is not None)
-                for ref in self._figures:
-                    fig = ref()
-                    if fig is not None and fig.title is not None:
+                for fig in live_drawn(self._figures):
+                    if fig.title is not None:
                         fig.title.text = title
                 return
         self.plot_version += 1

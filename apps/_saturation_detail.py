@@ -14,6 +14,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._drawn import keep_drawn, live_drawn_by_key
 from apps._saturation_strip import TokenStrip, strip_tokens
 
 __all__ = ["detail_data", "detail_header", "empty_detail", "steps_mid", "DETAIL_GLYPHS",
@@ -256,9 +257,7 @@ class DetailPart:
             source = plot.handles.get("source")
             if source is None:
                 return
-            refs = self._sources[glyph]
-            if not any(r() is source for r in refs):
-                refs.append(weakref.ref(source))
+            keep_drawn(self._sources[glyph], source)
             source.data = self._columns[glyph]
         return hook
 
@@ -284,11 +283,7 @@ class DetailPart:
 
     def detail_sources(self) -> dict[str, list[Any]]:
         """The rendered detail plots' Bokeh data sources per glyph (live ones only)."""
-        out = {}
-        for glyph, refs in self._sources.items():
-            refs[:] = [r for r in refs if r() is not None]
-            out[glyph] = [r() for r in refs]
-        return out
+        return live_drawn_by_key(self._sources)
 
     def _send_detail(self, *events: Any) -> None:
         d = self.detail()

@@ -192,6 +192,28 @@ class View(PageCaches, pn.viewable.Viewer):
             r.close()
         self.forget()
 
+    def run_once_loaded(self, request: Callable[[], Any]) -> None:
+        """Call ``request`` now, or, served, once the browser has loaded the page (it runs at
+        once if the page is already up). Until then ``self._page_loaded`` is False, and a page's
+        requests return at once while it is: the changes made before the page is up (the
+        gallery sets the prompt first) coalesce into its first run."""
+        self._page_loaded = self._doc is None
+        if self._page_loaded:
+            request()
+            return
+
+        def loaded() -> None:
+            self._page_loaded = True
+            request()
+        pn.state.onload(loaded)
+
+    def bound_layer(self, name: str, value: int, n_layers: int) -> None:
+        """Bound the layer Parameter ``name`` to the model's ``n_layers`` layers, then set it
+        to ``value`` (a page takes it out of its ``params`` before `View.__init__`, where the
+        bounds are not known yet, so a value past the model's layers is refused here)."""
+        self.param[name].bounds = (0, n_layers - 1)
+        setattr(self, name, value)
+
     def progress_bar(self, **options: Any) -> pn.indicators.Progress:
         """The page's progress bar: it follows `progress` and shows while `progress_active`
         (``options`` go to the widget, e.g. ``height``, ``margin`` or another ``visible``)."""

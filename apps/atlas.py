@@ -25,12 +25,12 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._attention_trace import trace_patterns
 from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
 from apps._recipe import MODEL, Call, Let, Note, Recipe, Ref, Step
-from apps._session import CancelToken
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer import components
-from explorer._checks import InputError, check_prompts
+from explorer._checks import InputError
 from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
 from explorer.interventions import Edit
 from explorer.trace import trace as trace_sites
@@ -196,11 +196,7 @@ class AtlasView(View):
         self.param.watch(self._request_trace, ["prompt", "edits"])
         self.param.watch(self._edits_changed, ["edits"])
         self.param.watch(self._check_selected, ["selected"])
-        self._page_loaded = self._doc is None
-        if self._doc is not None:
-            pn.state.onload(self._on_page_load)
-        else:
-            self._request_trace()
+        self.run_once_loaded(self._request_trace)
 
     @property
     def model(self) -> explorer.Model:
@@ -270,29 +266,15 @@ class AtlasView(View):
         return Recipe(model=self._model.spec.name, steps=steps, aliases={"xarray": "xr"},
                       imports=["xarray"] if pages else [])
 
-    def _on_page_load(self) -> None:
-        self._page_loaded = True
-        self._request_trace()
-
     def _request_trace(self, *_: Any) -> None:
         if not self._page_loaded:
             return
         prompt, model, edits = self.prompt, self._model, list(self.edits)
         self.running = True
 
-        def job(token: CancelToken) -> xr.Dataset:
-            check_prompts(prompt)
-            n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
-            if n > MAX_TOKENS:
-                raise InputError(f"The prompt is {n} tokens; the atlas traces at most "
-                                 f"{MAX_TOKENS}. Shorten it.")
-            token.check()
-            ds = trace_sites(model, [prompt], sites=("attn_pattern",), edits=edits,
-                             progress=False)
-            ds.attrs["workspace_edits"] = [edit_label(e) for e in edits]
-            return ds
-
-        self.submit("trace", job)
+        self.submit("trace", lambda token: trace_patterns(
+            model, prompt, edits, max_tokens=MAX_TOKENS, check=token.check,
+            limit="the atlas traces"))
 
     def _got_trace(self, ds: xr.Dataset) -> None:
         self._trace = ds

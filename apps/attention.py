@@ -26,6 +26,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._attention_trace import trace_patterns
 from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_ticks,
                                  selected_outlines)
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
@@ -34,10 +35,7 @@ from apps._session import CancelToken
 from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions,
                         workspace_selection)
 from explorer import components
-from explorer._checks import InputError, check_prompts
-from explorer.interventions import Edit
-from explorer.trace import trace as trace_sites
-from explorer.workspace import edit_label
+from explorer._checks import InputError
 
 __all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
            "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_highlight", "plot_head",
@@ -262,22 +260,6 @@ def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
         fontsize=theme.font_sizes(), padding=0)
 
 
-def trace_patterns(model: explorer.Model, prompt: str, edits: list[Edit] = (), *,
-                   max_tokens: int, why: str = "", check: Any = None) -> xr.Dataset:
-    """`explorer.trace` of ``prompt`` at ``attn_pattern`` with ``edits`` applied (their
-    one-line labels in the attrs' ``workspace_edits``); InputError past ``max_tokens``."""
-    check_prompts(prompt)
-    n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
-    if n > max_tokens:
-        raise InputError(f"The prompt is {n} tokens; this page draws at most {max_tokens}"
-                         + (f" ({why})" if why else "") + ". Shorten it.")
-    if check is not None:
-        check()
-    ds = trace_sites(model, [prompt], sites=("attn_pattern",), edits=list(edits), progress=False)
-    ds.attrs["workspace_edits"] = [edit_label(e) for e in edits]
-    return ds
-
-
 # -- the view ----------------------------------------------------------------------------
 
 class AttentionView(View):
@@ -333,11 +315,7 @@ class AttentionView(View):
                                              css_class="attention-prompt-tokens",
                                              empty="the prompt has not been traced yet.")
         self._positions = self._position_links.strip
-        self._page_loaded = self._doc is None
-        if self._doc is not None:
-            pn.state.onload(self._on_page_load)  # the gallery sets the prompt first: one run
-        else:
-            self._request_trace()
+        self.run_once_loaded(self._request_trace)  # the gallery sets the prompt first: one run
 
     link_params = ("layer", "head")
 
@@ -382,10 +360,6 @@ class AttentionView(View):
             self.select(*cell)
 
     # -- computation -----------------------------------------------------------------------
-    def _on_page_load(self) -> None:
-        self._page_loaded = True
-        self._request_trace()
-
     def _request_trace(self, *events: Any) -> None:
         if not self._page_loaded:
             return

@@ -34,6 +34,7 @@ from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_t
                                     plot_projection, plot_td, td_caption)
 from apps._recipe import MODEL, Call, Note, Recipe, Ref, Step
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
+from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import user_items
 
@@ -50,6 +51,8 @@ hv.extension("bokeh", logo=False)
 DEFAULT_FV_TASKS = ("antonym", "country-capital", "english-french")
 DEFAULT_EVAL_TASKS = ("capitalize", "present-past")
 DEFAULT_TD_TASKS = ("antonym", "country-capital", "english-french", "capitalize")
+_JOB_TITLES = {"conflict": "the conflict test", "patching": "the patching test"}
+"""The status line's words for a job whose runner's name alone would not say what it computes."""
 #: The task name of the user's pasted pairs.
 OWN_TASK = "your pairs"
 
@@ -256,13 +259,19 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
 
 
     def _request(self, name: str) -> None:
-        """Start the page's job ``name`` (scores, patterns, curves, fv or td), built by its
-        part (``_<name>_job``; None when there is nothing to compute yet)."""
-        job = getattr(self, f"_{name}_job")()
+        """Start the page's job ``name`` (scores, patterns, curves, fv, td, conflict or
+        patching), built by its part (``_<name>_job``; None when there is nothing to compute
+        yet). A builder that raises InputError names a bad control: ``_<name>_failed`` (else
+        `show_error`) shows it, and the last result stays."""
+        try:
+            job = getattr(self, f"_{name}_job")()
+        except InputError as exc:
+            getattr(self, f"_{name}_failed", self.show_error)(exc)
+            return
         if job is None:
             return
         if name != "td":   # task decodability computes quietly beside the rest
-            self.status = f"computing {name}…"
+            self.status = f"computing {_JOB_TITLES.get(name, name)}…"
         self.submit(name, job)
 
     def _edits_changed(self) -> None:

@@ -253,8 +253,7 @@ class ITDAView(View):
         super().__init__(background=background, **params)
         self._model = model
         self._fixed_other = other
-        self.param.layer.bounds = (0, model.spec.n_layers - 1)
-        self.layer = layer
+        self.bound_layer("layer", layer, model.spec.n_layers)
         # a remote model's weights are on the server: no perturbed copy to compare with
         self._no_sibling = bool(getattr(model, "remote", False)) and other is None
         if other is not None or self._no_sibling:

@@ -122,9 +122,7 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
         steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
         super().__init__(background=background, **params)
         self._model = model
-        self.param.steer_layer.bounds = (0, model.spec.n_layers - 1)
-        self.steer_layer = steer_layer
-        served = self._doc is not None
+        self.bound_layer("steer_layer", steer_layer, model.spec.n_layers)
         # its caches (`View.cached`): "clean" the prompt's clean run (one), "steering
         # vectors" (contrast A, contrast B, layer) -> [d_model]
         self._runner = self.runner("run", self._show_result)
@@ -153,11 +151,7 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
         self._drawn_shape: tuple | None = None
         self.param.watch(self._request_run, [*_RUN_PARAMS, "edits"])
         self.param.watch(self._draw, ["result", "preview"])
-        self._page_loaded = not served
-        if served:
-            pn.state.onload(self._on_page_load)  # runs at once if the page is already up
-        else:
-            self._request_run()
+        self.run_once_loaded(self._request_run)
 
     @property
     def model(self) -> explorer.Model:
@@ -166,11 +160,6 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
     # -- computation ---------------------------------------------------------------------
     def _run_params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _RUN_PARAMS}
-
-    def _on_page_load(self) -> None:
-        self._page_loaded = True
-        self._request_run()
-
 
     def _request_run(self, *events: Any) -> None:
         if not self._page_loaded:  # changes before the page is up coalesce into its first run

@@ -21,7 +21,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import caption, control, flex_plot
+from apps._controls import caption, control, flex_row, run_page
 from apps._recipe import Call, Expr, Let, Note, Recipe, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -585,31 +585,20 @@ class LinearICLView(View):
                          width=theme.SIZES["controls_width"], css_classes=["icl-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = self.busy_spinner()
-        status = theme.status_line(self.param.status)
-
-        summary = pn.pane.Markdown(self.summary, css_classes=["icl-summary"])
         kq = pn.panel(self._kq_plots, css_classes=["icl-kq"], sizing_mode="stretch_width")
-        return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary,
-                                kq, caption(self._kq_caption, "icl-kq-caption"),
-                                pn.pane.HoloViews(self._ov_plot, sizing_mode="stretch_width",
-                                                  css_classes=["icl-ov"]),
-                                caption(self._ov_caption, "icl-ov-caption"),
-                                # Each keeps its legend beside a readable frame: they wrap
-                                # (one above the other) below 480 px each.
-                                pn.FlexBox(flex_plot(self._loss_plot, "icl-loss", 480),
-                                           flex_plot(self._length_plot, "icl-length", 480),
-                                           sizing_mode="stretch_width"),
-                                caption(self._loss_caption, "icl-loss-caption"),
-                                # Legends beside each frame: 400 px keeps the frames readable.
-                                pn.FlexBox(flex_plot(self._omega_plot, "icl-omega", 400),
-                                           flex_plot(self._mu_plot, "icl-mu", 400),
-                                           flex_plot(self._metrics_plot, "icl-metrics", 400),
-                                           sizing_mode="stretch_width"),
-                                caption(self._pattern_caption, "icl-pattern-caption"),
-                                sizing_mode="stretch_width"),
-                      sizing_mode="stretch_width")
+        return run_page(
+            self, self.controls(), "icl-summary",
+            kq, caption(self._kq_caption, "icl-kq-caption"),
+            pn.pane.HoloViews(self._ov_plot, sizing_mode="stretch_width", css_classes=["icl-ov"]),
+            caption(self._ov_caption, "icl-ov-caption"),
+            # Each keeps its legend beside a readable frame: they wrap (one above the other)
+            # below 480 px each.
+            flex_row(480, (self._loss_plot, "icl-loss"), (self._length_plot, "icl-length")),
+            caption(self._loss_caption, "icl-loss-caption"),
+            # Legends beside each frame: 400 px keeps the frames readable.
+            flex_row(400, (self._omega_plot, "icl-omega"), (self._mu_plot, "icl-mu"),
+                     (self._metrics_plot, "icl-metrics")),
+            caption(self._pattern_caption, "icl-pattern-caption"))
 
 
 def _analyse(run: xr.Dataset) -> xr.Dataset:

@@ -352,8 +352,7 @@ class NeuronEvalView(View):
         super().__init__(background=background, **params)
         self._model = model
         self._n_seeds = n_seeds
-        self.param.layer.bounds = (0, model.spec.n_layers - 1)
-        self.layer = layer
+        self.bound_layer("layer", layer, model.spec.n_layers)
         # its caches (`View.cached`): "units" (the units of one probing set, layer and tau)
         # and "sanity" (the sanity-check tables, by probing set, layer and tau)
         self.runner("run", self._show_result)

@@ -21,7 +21,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import caption, control, flex_plot
+from apps._controls import caption, control, flex_row, run_page
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
@@ -631,32 +631,23 @@ class ParityView(View):
                          width=theme.SIZES["controls_width"], css_classes=["parity-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = self.busy_spinner()
-        status = theme.status_line(self.param.status)
-        summary = pn.pane.Markdown(self.summary, css_classes=["parity-summary"])
         # The phase diagram is shown once stored (it takes minutes: `explorer parity phase`);
         # until then its caption alone says how to make it.
         phase_stored = pn.bind(lambda phase: phase is not None, self.param.phase)
-        return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary,
-                                # Each keeps its legend beside a frame of ~250 px: they wrap below 420 px.
-                                pn.FlexBox(flex_plot(self._pca_plot, "parity-pca", 420),
-                                           flex_plot(self._automaton_plot, "parity-automaton", 420),
-                                           sizing_mode="stretch_width"),
-                                caption(self._automaton_caption, "parity-automaton-caption"),
-                                pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
-                                                  css_classes=["parity-accuracy"]),
-                                caption(self._accuracy_caption, "parity-accuracy-caption"),
-                                pn.FlexBox(flex_plot(self._states_plot, "parity-curves", 340),
-                                           flex_plot(self._loss_plot, "parity-loss", 340),
-                                           flex_plot(self._long_plot, "parity-long", 340),
-                                           sizing_mode="stretch_width"),
-                                caption(self._curves_caption, "parity-curves-caption"),
-                                pn.pane.HoloViews(self._phase_plot, sizing_mode="stretch_width",
-                                                  css_classes=["parity-phase"], visible=phase_stored),
-                                caption(self._phase_caption, "parity-phase-caption"),
-                                sizing_mode="stretch_width"),
-                      sizing_mode="stretch_width")
+        return run_page(
+            self, self.controls(), "parity-summary",
+            # Each keeps its legend beside a frame of ~250 px: they wrap below 420 px.
+            flex_row(420, (self._pca_plot, "parity-pca"), (self._automaton_plot, "parity-automaton")),
+            caption(self._automaton_caption, "parity-automaton-caption"),
+            pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
+                              css_classes=["parity-accuracy"]),
+            caption(self._accuracy_caption, "parity-accuracy-caption"),
+            flex_row(340, (self._states_plot, "parity-curves"), (self._loss_plot, "parity-loss"),
+                     (self._long_plot, "parity-long")),
+            caption(self._curves_caption, "parity-curves-caption"),
+            pn.pane.HoloViews(self._phase_plot, sizing_mode="stretch_width",
+                              css_classes=["parity-phase"], visible=phase_stored),
+            caption(self._phase_caption, "parity-phase-caption"))
 
 
 serve(__name__, ParityView, title=f"{theme.TITLE}: streaming parity", model=False, intro="parity")

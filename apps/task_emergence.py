@@ -19,7 +19,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import caption, control, flex_plot
+from apps._controls import caption, control, flex_row, run_page
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
@@ -313,25 +313,18 @@ class TaskEmergenceView(View):
                          width=theme.SIZES["controls_width"], css_classes=["emergence-controls"])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        spinner = self.busy_spinner()
-        status = theme.status_line(self.param.status)
-        summary = pn.pane.Markdown(self.summary, css_classes=["emergence-summary"])
-        return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary,
-                                # Side by side only where the projection keeps room for its
-                                # legend and title (they wrap below about 1,500 px).
-                                pn.FlexBox(flex_plot(self._projection_plot, "emergence-projection", 420),
-                                           flex_plot(self._td_plot, "emergence-td", 420),
-                                           sizing_mode="stretch_width"),
-                                caption(self._projection_caption, "emergence-projection-caption"),
-                                # Each curve plot keeps a legend beside its frame: below about
-                                # 480 px the frame would shrink to a sliver, so they wrap instead.
-                                pn.FlexBox(flex_plot(self._loss_plot, "emergence-curves", 480),
-                                           flex_plot(self._td_curves_plot, "emergence-td-curves", 480),
-                                           sizing_mode="stretch_width"),
-                                caption(self._curves_caption, "emergence-curves-caption"),
-                                sizing_mode="stretch_width"),
-                      sizing_mode="stretch_width")
+        return run_page(
+            self, self.controls(), "emergence-summary",
+            # Side by side only where the projection keeps room for its legend and title
+            # (they wrap below about 1,500 px).
+            flex_row(420, (self._projection_plot, "emergence-projection"),
+                     (self._td_plot, "emergence-td")),
+            caption(self._projection_caption, "emergence-projection-caption"),
+            # Each curve plot keeps a legend beside its frame: below about 480 px the frame
+            # would shrink to a sliver, so they wrap instead.
+            flex_row(480, (self._loss_plot, "emergence-curves"),
+                     (self._td_curves_plot, "emergence-td-curves")),
+            caption(self._curves_caption, "emergence-curves-caption"))
 
 
 serve(__name__, TaskEmergenceView, title=f"{theme.TITLE}: task-vector emergence", model=False, intro="task-emergence")
