@@ -2,7 +2,8 @@
 
 Pages are served either in this process (`served_in_process`, Panel's threaded server:
 fast, shares the session's fixtures) or in a child process (`served_in_subprocess`: its
-own interpreter, e.g. the gallery as a user starts it). Both wait until the server's own
+own interpreter, e.g. the gallery as a user starts it; `served_view` and the module fixture
+`served_view_fixture` serve one page so). Both wait until the server's own
 process listens on the port and it answers, and stop the server afterwards; the port comes
 from `free_port`, which gives each parallel test worker its own range. The waits read either a pane's text (`wait_for_text`) or a
 data attribute that a page sets on itself (`attribute`, `wait_for`). The browser itself is
@@ -131,6 +132,26 @@ def served_view(folder: Path, name: str, setup: str, app: str, *, one_thread: bo
     with served_in_subprocess(["-c", code], port, folder / "server.log", timeout=timeout,
                               env={"EXPLORER_CACHE": str(folder / "cache"), **(env or {})}) as url:
         yield f"{url}/{name.strip('/')}"
+
+
+def served_view_fixture(name: str, setup: str | Callable[[Path], str],
+                        app: str | Callable[[Path], str], **options):
+    """A module-scoped ``page_url`` fixture: the page ``name`` served by `served_view` from a
+    temp folder of its own, for the module's tests; it yields the page's URL.
+
+    ``setup`` and ``app`` are the code `served_view` takes, or functions of that folder that
+    give it (for code that reads files written there first); ``options`` go to `served_view`.
+    A test module assigns it: ``page_url = served_view_fixture("icl", setup, app)``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def page_url(tmp_path_factory):
+        folder = tmp_path_factory.mktemp(f"{name.strip('/') or 'root'}-server")
+        code = [part(folder) if callable(part) else part for part in (setup, app)]
+        with served_view(folder, name, *code, **options) as url:
+            yield url
+
+    return page_url
 
 
 def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300,

@@ -20,6 +20,7 @@ from apps import theme
 from apps._session import Runner
 from apps.gallery import VIEWS, Gallery, create_app, serve
 from apps.lens import LensView, lens_table, plot_lens_heatmap
+from tests._hooks import removed_after
 
 PROMPT = "The capital of France is"
 A, B = "I love you. You are wonderful.", "I hate you. You are terrible."
@@ -49,12 +50,8 @@ def _layer_outputs(model, prompt, *, steer=None, steers=()):
             outs.append(h[0].detach().clone())
             return (h, *output[1:]) if isinstance(output, tuple) else h
         hooks.append(layer.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            hf(input_ids=ids)
-    finally:
-        for h in hooks:
-            h.remove()
+    with removed_after(hooks), torch.no_grad():
+        hf(input_ids=ids)
     return torch.stack(outs)
 
 

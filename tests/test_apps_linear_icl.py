@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 pn = pytest.importorskip("panel")
 hv = pytest.importorskip("holoviews")
@@ -19,14 +18,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_runs():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return {H: icl.train_linear_icl(n_heads=H, steps=40, checkpoint_every=20, batch_size=32,
-                                        n_test=32, test_lengths=[10, 40], seed=0) for H in (1, 2)}
-    finally:
-        torch.set_num_threads(before)
+def tiny_runs(one_torch_thread):
+    return {H: icl.train_linear_icl(n_heads=H, steps=40, checkpoint_every=20, batch_size=32,
+                                    n_test=32, test_lengths=[10, 40], seed=0) for H in (1, 2)}
 
 
 def _omega_by_hand(run, step):

@@ -23,7 +23,7 @@ import os
 import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, open_page, painted, served_view, steady, wait_for
+from _browser import ARTIFACTS, attribute, open_page, painted, served_view_fixture, steady, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -31,17 +31,14 @@ N_PROMPTS = 4
 VIEWPORT = {"width": 1500, "height": 1400}
 
 
-@pytest.fixture(scope="module")
-def page_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("circuits-server"), "circuits", """
-            from apps.circuits import CircuitsView
-            from explorer import load_model
-            model = load_model("tiny-llama")
-            """, f"""
-            view = CircuitsView(model, n_prompts={N_PROMPTS})
-            return theme.page([view], title="Circuits")
-            """, one_thread=True) as url:
-        yield url
+page_url = served_view_fixture("circuits", """
+    from apps.circuits import CircuitsView
+    from explorer import load_model
+    model = load_model("tiny-llama")
+    """, f"""
+    view = CircuitsView(model, n_prompts={N_PROMPTS})
+    return theme.page([view], title="Circuits")
+    """, one_thread=True)
 
 
 @functools.cache

@@ -6,9 +6,10 @@ them, one value per layer (tests/test_apps_circuits_finetune.py checks the value
 D_l by hand). A screenshot goes to ``test-artifacts/`` (gitignored)."""
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
-from _browser import ARTIFACTS, open_page, painted, served_view, wait_for, wait_for_text
+from _browser import ARTIFACTS, open_page, painted, served_view_fixture, wait_for, wait_for_text
 
 from apps._circuits_finetune import FLOOR_LABEL
 
@@ -33,28 +34,35 @@ _FLOOR_JS = """(label) => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def page_url(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("circuits-ft")
-    run = tmp / "run"
-    with served_view(tmp, "circuits", f"""
-            from apps.circuits import CircuitsView
-            from explorer import load_model
-            from explorer.analyses import circuit_lora as cl
-            from explorer.analyses import circuits as ca
-            model = load_model("tiny-llama")
-            data = ca.make_task("add", 16, seed=2)
-            cl.finetune_lora(model, data.clean, data.answer, ranks=cl.uniform_lora_ranks(model, 2),
-                             steps=3, batch_size=4, lr=1e-2, checkpoints=[0, 1, 3], folder={str(run)!r})
-            ck = cl.checkpoint_circuits(model, {str(run)!r}, ca.make_task("add", 4, seed=0),
-                                        batch_size=4)
-            cl.save_netcdf(ck, {str(run / "circuits.nc")!r})
-            """, f"""
-            view = CircuitsView(model, task="add", n_prompts=4, run_folder={str(run)!r},
-                                autostart=False, checkpoint=2)
-            return theme.page([view], title="Circuits")
-            """, one_thread=True, timeout=300) as url:
-        yield url
+def _train_and_score(folder: Path) -> str:
+    """The server's setup: a LoRA run with checkpoints in ``folder``/run, scored and saved."""
+    run = folder / "run"
+    return f"""
+        from apps.circuits import CircuitsView
+        from explorer import load_model
+        from explorer.analyses import circuit_lora as cl
+        from explorer.analyses import circuits as ca
+        model = load_model("tiny-llama")
+        data = ca.make_task("add", 16, seed=2)
+        cl.finetune_lora(model, data.clean, data.answer, ranks=cl.uniform_lora_ranks(model, 2),
+                         steps=3, batch_size=4, lr=1e-2, checkpoints=[0, 1, 3], folder={str(run)!r})
+        ck = cl.checkpoint_circuits(model, {str(run)!r}, ca.make_task("add", 4, seed=0),
+                                    batch_size=4)
+        cl.save_netcdf(ck, {str(run / "circuits.nc")!r})
+        """
+
+
+def _page_of_the_run(folder: Path) -> str:
+    """The page: the Circuits view on the run in ``folder``/run."""
+    return f"""
+        view = CircuitsView(model, task="add", n_prompts=4, run_folder={str(folder / "run")!r},
+                            autostart=False, checkpoint=2)
+        return theme.page([view], title="Circuits")
+        """
+
+
+page_url = served_view_fixture("circuits", _train_and_score, _page_of_the_run, one_thread=True,
+                               timeout=300)
 
 
 def test_the_layer_change_plot_draws_the_noise_floor_with_a_legend_entry(page_url, browser):

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 
 import pytest
-from _browser import ARTIFACTS, attribute, open_page, painted, served_view, slider_handle, wait_for
+from _browser import (ARTIFACTS, attribute, open_page, painted, served_view_fixture, slider_handle,
+                      wait_for)
 
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def page_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("conflicts-server"), "conflicts", """
-            from apps.conflicts import ConflictsView
-            from explorer import load_model
-            from explorer.analyses.conflicts import load_facts
-            model = load_model("tiny-llama")
-            facts = load_facts(["country_capital"])[:3]
-            """, """
-            view = ConflictsView(model, facts=facts, closed_book=False, n_new=2)
-            return theme.page([view], title="Knowledge conflicts")
-            """, one_thread=True) as url:
-        yield url
+page_url = served_view_fixture("conflicts", """
+    from apps.conflicts import ConflictsView
+    from explorer import load_model
+    from explorer.analyses.conflicts import load_facts
+    model = load_model("tiny-llama")
+    facts = load_facts(["country_capital"])[:3]
+    """, """
+    view = ConflictsView(model, facts=facts, closed_book=False, n_new=2)
+    return theme.page([view], title="Knowledge conflicts")
+    """, one_thread=True)
 
 
 def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):

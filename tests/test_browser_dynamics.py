@@ -9,6 +9,8 @@ import re
 import pytest
 from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
 
+from explorer.commands._common import torch_threads
+
 pytestmark = pytest.mark.browser
 
 VIEWPORT = {"width": 1500, "height": 1200}
@@ -17,20 +19,14 @@ VIEWPORT = {"width": 1500, "height": 1200}
 @pytest.fixture(scope="module")
 def runs():
     """Tiny runs: a few seconds of training each, single-threaded."""
-    import torch
-
     from explorer.analyses import linear_icl, parity
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         prun = parity.train_parity_rnn(hidden_size=16, epochs=20, checkpoint_every=5, max_length=6, seed=0)
         panalysis = parity.parity_analysis(prun, max_length=5, lengths=[10, 100, 1000], n_strings=4)
         icl_runs = {H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20, batch_size=64,
                                                    n_test=64, test_lengths=[10, 40], seed=0)
                     for H in (1, 2)}
-    finally:
-        torch.set_num_threads(before)
     return {"parity": (prun, panalysis), "icl": icl_runs}
 
 

@@ -10,22 +10,20 @@ from __future__ import annotations
 
 
 import pytest
-from _browser import ARTIFACTS, attribute, open_page, painted, served_view, slider_handle, wait_for
+from _browser import (ARTIFACTS, attribute, open_page, painted, served_view_fixture, slider_handle,
+                      wait_for)
 
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def page_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("icl-server"), "icl", """
-            from apps.icl_heads import ICLHeadsView
-            from explorer import load_model
-            model = load_model("tiny-llama")
-            """, """
-            view = ICLHeadsView(model, n_prompts=3, n_shots=2)
-            return theme.page([view], title="ICL heads")
-            """) as url:
-        yield url
+page_url = served_view_fixture("icl", """
+    from apps.icl_heads import ICLHeadsView
+    from explorer import load_model
+    model = load_model("tiny-llama")
+    """, """
+    view = ICLHeadsView(model, n_prompts=3, n_shots=2)
+    return theme.page([view], title="ICL heads")
+    """)
 
 
 def test_scores_head_slider_and_ablation_curves(page_url, browser):

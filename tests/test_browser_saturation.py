@@ -13,26 +13,23 @@ from __future__ import annotations
 import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, served_view, slider_handle, wait_for
+from _browser import ARTIFACTS, attribute, served_view_fixture, slider_handle, wait_for
 
 from explorer.analyses.saturation import corpus_chunks, inject_residual, load_corpus
 
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def page_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("saturation-server"), "saturation", """
-            from apps.saturation import SaturationView
-            from explorer import load_model
-            model = load_model("tiny-llama")
-            """, """
-            view = SaturationView(model, store=None, n_tokens=400, analysis_options=dict(
-                n_permutations=100, n_pairs=1, sample_positions=200,
-                min_sat_layer=0))         # 3 layers: no pair has both s_1 >= 1
-            return view.page()
-            """) as url:
-        yield url
+page_url = served_view_fixture("saturation", """
+    from apps.saturation import SaturationView
+    from explorer import load_model
+    model = load_model("tiny-llama")
+    """, """
+    view = SaturationView(model, store=None, n_tokens=400, analysis_options=dict(
+        n_permutations=100, n_pairs=1, sample_positions=200,
+        min_sat_layer=0))         # 3 layers: no pair has both s_1 >= 1
+    return view.page()
+    """)
 
 
 def wait_for_change(page, name: str, old: str, timeout: float = 60) -> str:

@@ -7,6 +7,9 @@ import re
 
 import pytest
 from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
+from _views import KM_PARAMS
+
+from explorer.commands._common import torch_threads
 
 pytestmark = pytest.mark.browser
 
@@ -14,18 +17,11 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def trained():
     """A tiny model (seconds of training, one thread) and a short edit sweep."""
-    import torch
-
     from explorer.analyses import shattering as sh
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        km = sh.train_knowledge_model(n_entities=16, n_orders=2, max_hops=2, walk_length=4, d_model=32,
-                                      n_heads=2, d_mlp=64, steps=150, batch_size=64, lr=1e-2, seed=0)
+    with torch_threads(1):
+        km = sh.train_knowledge_model(**KM_PARAMS)
         sweep = sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
-    finally:
-        torch.set_num_threads(before)
     return km, sweep
 
 

@@ -8,23 +8,19 @@ import time
 import pytest
 from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
 
+from explorer.commands._common import torch_threads
+
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def analysis():
-    import torch
-
     from explorer.analyses import task_emergence as te
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         run = te.train_task_emergence(d=4, n_tasks=2, rank=2, n_examples=4, n_layers=2, d_model=16,
                                       n_heads=2, steps=20, checkpoint_every=10, batch_size=16, seed=0)
         return te.task_emergence_analysis(run, n_per_task=10, k=5)
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

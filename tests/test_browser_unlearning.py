@@ -7,28 +7,29 @@ accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
-from _browser import ARTIFACTS, attribute, open_page, painted, served_view, wait_for
+from _browser import ARTIFACTS, attribute, open_page, painted, served_view_fixture, wait_for
 from _views import tiny_facts_file
 
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def page_url(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("unlearning-server")
-    facts = tiny_facts_file(tmp)
-    with served_view(tmp, "unlearning", """
-            from apps.unlearning import UnlearningView
-            from explorer import load_model
-            model = load_model("tiny-llama")
-            """, f"""
-            view = UnlearningView(model, facts_file={str(facts)!r}, known_only=False,
-                                  n_forget=4, n_retain=2, n_layers=1, steps=2, relearn_steps=1)
-            return theme.page([view], title="Unlearning")
-            """) as url:
-        yield url
+def _page_on_a_fact_file(folder: Path) -> str:
+    """The page, on a small fact file written into ``folder``."""
+    return f"""
+        view = UnlearningView(model, facts_file={str(tiny_facts_file(folder))!r}, known_only=False,
+                              n_forget=4, n_retain=2, n_layers=1, steps=2, relearn_steps=1)
+        return theme.page([view], title="Unlearning")
+        """
+
+
+page_url = served_view_fixture("unlearning", """
+    from apps.unlearning import UnlearningView
+    from explorer import load_model
+    model = load_model("tiny-llama")
+    """, _page_on_a_fact_file)
 
 
 def test_localize_pick_method_run_and_bars(page_url, browser):

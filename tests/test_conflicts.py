@@ -16,6 +16,7 @@ from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 from explorer.interventions import AddHead, edit_from_dict
 from explorer.trace import run_with
+from tests._cli import parse_and_run
 
 # -- helpers: plain torch hooks -------------------------------------------------------------
 
@@ -437,14 +438,7 @@ def test_smollm2_knows_capitals_and_the_context_moves_it(smollm2, tmp_path, monk
 # -- CLI -----------------------------------------------------------------------------------------
 
 def _cli(argv):
-    import argparse
-
-    from explorer.commands.conflicts import register_cli
-
-    parser = argparse.ArgumentParser()
-    register_cli(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return parse_and_run("conflicts", argv)
 
 
 def test_cli_reports_too_few_known_facts(tmp_path, monkeypatch):

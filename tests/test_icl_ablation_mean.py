@@ -12,6 +12,7 @@ from scipy import stats
 
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
+from tests._cli import parse_and_run
 
 TASKS = ["antonym", "uppercase"]
 
@@ -225,14 +226,7 @@ def test_task_screen_against_plain_forwards_and_scipy_wilson(tiny_model):
 
 
 def _cli(argv):
-    import argparse
-
-    from explorer.commands.icl_heads import register_cli
-
-    parser = argparse.ArgumentParser()
-    register_cli(parser.add_subparsers())
-    args = parser.parse_args(["icl-heads", "--model", "tiny-llama", *argv])
-    return args.func(args)
+    return parse_and_run("icl_heads", ["icl-heads", "--model", "tiny-llama", *argv])
 
 
 def test_cli_mean_source_and_intervals_are_the_library_call(tiny_model, capsys):

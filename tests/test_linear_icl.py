@@ -13,6 +13,9 @@ import torch
 
 from explorer._checks import InputError
 from explorer.analyses import linear_icl as icl
+from explorer.commands._common import torch_threads
+from tests._cli import OneCommand
+from tests._threads import record_threads
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -355,47 +358,30 @@ def test_errors_name_the_bad_value():
 
 
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
-    from explorer import cli
-
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.linear_icl",))
+    command = OneCommand("linear_icl", monkeypatch, capsys)
     args = ["linear-icl", "train", "--heads", "1,2", "--steps", "20", "--checkpoint-every", "10",
             "--json", "--cache", str(tmp_path)]
-    assert cli.main(args) == 0
-    trained = json.loads(capsys.readouterr().out)
+    trained = command.json(args)
     assert set(trained["runs"]) == {"1", "2"} and trained["runs"]["2"]["n_checkpoints"] == 3
     args[1] = "analyse"
-    assert cli.main(args + ["--n-prompts", "64"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = command.json(args + ["--n-prompts", "64"])
     assert len(summary["runs"]["2"]["omega"]) == 2 and "loss_gap_h1_minus_h2" in summary
-    assert cli.main(["linear-icl", "train", "--heads", "0", "--cache", str(tmp_path)]) == 2
+    assert command(["linear-icl", "train", "--heads", "0", "--cache", str(tmp_path)]) == 2
     assert "--heads" in capsys.readouterr().err
 
 
 def test_cli_runs_on_one_thread_and_restores_the_thread_count(tmp_path, monkeypatch, capsys):
     """The command trains on one thread (its default), and leaves torch's thread count as it
     found it; ``--threads`` overrides the default."""
-    from explorer import cli
-
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.linear_icl",))
-    seen = []
-    real_run = icl.linear_icl_run
-
-    def recording_run(*args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return real_run(*args, **kwargs)
-
-    monkeypatch.setattr(icl, "linear_icl_run", recording_run)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    command = OneCommand("linear_icl", monkeypatch, capsys)
+    seen = record_threads(monkeypatch, icl, "linear_icl_run")
+    with torch_threads(2):
         args = ["linear-icl", "train", "--heads", "1", "--steps", "4", "--checkpoint-every",
                 "2", "--json", "--cache", str(tmp_path)]
-        assert cli.main(args) == 0
+        assert command(args) == 0
         assert torch.get_num_threads() == 2 and seen == [1]
-        assert cli.main(args + ["--threads", "3"]) == 0
+        assert command(args + ["--threads", "3"]) == 0
         assert torch.get_num_threads() == 2 and seen == [1, 3]
-    finally:
-        torch.set_num_threads(before)
     capsys.readouterr()
 
 

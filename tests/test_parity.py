@@ -15,6 +15,9 @@ from explorer._checks import InputError
 from explorer.analyses import parity as par
 from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
 from explorer.analyses.parity import runs as par_runs
+from explorer.commands._common import torch_threads
+from tests._cli import OneCommand
+from tests._threads import record_threads
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -405,20 +408,16 @@ def test_parity_run_is_stored_and_reused(tmp_path):
 
 
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
-    from explorer import cli
-
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
+    command = OneCommand("parity", monkeypatch, capsys)
     args = ["parity", "train", "--epochs", "2", "--hidden-size", "8", "--checkpoint-every", "1",
             "--json", "--cache", str(tmp_path)]
-    assert cli.main(args) == 0
-    trained = json.loads(capsys.readouterr().out)
+    trained = command.json(args)
     assert trained["n_checkpoints"] == 3 and trained["params"]["hidden_size"] == 8
     args[1] = "analyse"
-    assert cli.main(args + ["--max-length", "4", "--n-strings", "2"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = command.json(args + ["--max-length", "4", "--n-strings", "2"])
     assert set(summary["final_accuracy"]) == {str(n) for n in par.LONG_LENGTHS}
     assert summary["final_n_states"] >= 1
-    assert cli.main(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
+    assert command(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
     assert "`epochs` must be an int" in capsys.readouterr().err
 
 
@@ -426,30 +425,17 @@ def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
 def test_cli_trains_at_one_thread_and_restores_the_thread_count(tmp_path, monkeypatch, capsys):
     """`explorer parity` trains at one torch thread (or --threads N) and leaves the process's
     thread count as it found it, even when the command fails."""
-    from explorer import cli
-
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
-    seen = []
-    train = par.train_parity_rnn
-
-    def recording_train(**kwargs):
-        seen.append(torch.get_num_threads())
-        return train(**kwargs)
-
-    monkeypatch.setattr(par_runs, "train_parity_rnn", recording_train)  # parity_run calls it there
+    command = OneCommand("parity", monkeypatch, capsys)
+    seen = record_threads(monkeypatch, par_runs, "train_parity_rnn")  # parity_run calls it there
     args = ["parity", "train", "--epochs", "1", "--hidden-size", "4", "--checkpoint-every", "1",
             "--json", "--cache", str(tmp_path)]
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)  # neither 1 nor 2, so a leaked count shows
-    try:
-        assert cli.main(args) == 0
+    with torch_threads(3):  # neither 1 nor 2, so a leaked count shows
+        assert command(args) == 0
         assert torch.get_num_threads() == 3
-        assert cli.main(args + ["--threads", "2"]) == 0
+        assert command(args + ["--threads", "2"]) == 0
         assert torch.get_num_threads() == 3
-        assert cli.main(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
+        assert command(["parity", "train", "--epochs", "-1", "--cache", str(tmp_path)]) == 2
         assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
     assert seen == [1, 2, 1]  # the failing run is refused inside training, at one thread too
     capsys.readouterr()
 
@@ -498,22 +484,18 @@ def test_phase_diagram_rejects_bad_grids_and_settings(tmp_path):
 
 
 def test_cli_phase_is_stored_and_reused(tmp_path, monkeypatch, capsys):
-    from explorer import cli
-
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
+    command = OneCommand("parity", monkeypatch, capsys)
     args = ["parity", "phase", "--gains", "0.1,1", "--max-lengths", "3", "--epochs", "4",
             "--hidden-size", "8", "--checkpoint-every", "2", "--n-strings", "2", "--json",
             "--cache", str(tmp_path)]
-    assert cli.main(args) == 0
-    first = json.loads(capsys.readouterr().out)
+    first = command.json(args)
     assert first["gains"] == [0.1, 1.0] and first["max_lengths"] == [3]
     assert np.shape(first["is_parity_automaton"]) == (2, 1)
     assert first["settings"]["epochs"] == 4
-    assert cli.main(args) == 0  # read back from the store: the same numbers
-    assert json.loads(capsys.readouterr().out) == first
-    assert cli.main(args[:2] + ["--gains", "0.1,x", "--cache", str(tmp_path)]) == 2
+    assert command.json(args) == first  # read back from the store: the same numbers
+    assert command(args[:2] + ["--gains", "0.1,x", "--cache", str(tmp_path)]) == 2
     assert "`--gains` must be comma-separated numbers" in capsys.readouterr().err
-    assert cli.main(args[:2] + ["--max-lengths", "3.5", "--cache", str(tmp_path)]) == 2
+    assert command(args[:2] + ["--max-lengths", "3.5", "--cache", str(tmp_path)]) == 2
     assert "`--max-lengths` must be comma-separated ints" in capsys.readouterr().err
 
 
@@ -597,12 +579,11 @@ def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_pat
 
 @pytest.mark.skipif(not par.SHIPPED_RUN.is_file(), reason="the shipped run is missing")
 def test_cli_retraining_seed_0_reproduces_the_shipped_checkpoints(tmp_path, monkeypatch, capsys):
-    from explorer import cli
     from explorer.store import ActivationStore
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.parity",))
-    assert cli.main(["parity", "train", "--epochs", "30", "--json", "--cache", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out)["n_checkpoints"] == 4       # epochs 0, 10, 20, 30
+    command = OneCommand("parity", monkeypatch, capsys)
+    trained = command.json(["parity", "train", "--epochs", "30", "--json", "--cache", str(tmp_path)])
+    assert trained["n_checkpoints"] == 4       # epochs 0, 10, 20, 30
     retrained = par.parity_run(store=ActivationStore(tmp_path), epochs=30)
     assert "source" not in retrained.attrs
     shipped, _ = par.load_parity_run_safetensors(par.SHIPPED_RUN)

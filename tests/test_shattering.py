@@ -15,18 +15,12 @@ TINY = {"n_entities": 16, "n_orders": 2, "max_hops": 2, "heldout_fraction": 0.1,
         "d_model": 32, "n_layers": 2, "n_heads": 2, "d_mlp": 64, "steps": 150, "batch_size": 64,
         "lr": 1e-2, "seed": 0}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is much faster than two on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# tiny models: one thread is much faster than two on a shared machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def km(one_thread):
+def km(one_torch_thread):
     return sh.train_knowledge_model(**TINY)
 
 
@@ -200,16 +194,22 @@ def _spd(gen, d, n=40):
     return A @ A.T / n
 
 
+def _memit_problem(seed: int, d_out: int, d_in: int, n_edits: int):
+    """A random MEMIT problem drawn from ``seed`` and its update: the key covariance C
+    (symmetric positive definite, [d_in, d_in]), the keys K [d_in, n_edits], the residuals R
+    [d_out, n_edits] (float64 tensors) and Δ = `memit_update`(C, K, R) as an array."""
+    gen = torch.Generator().manual_seed(seed)
+    C = _spd(gen, d_in)
+    K = torch.randn(d_in, n_edits, generator=gen, dtype=torch.float64)
+    R = torch.randn(d_out, n_edits, generator=gen, dtype=torch.float64)
+    return C, K, R, sh.memit_update(C, K, R).numpy()
+
+
 def test_memit_update_one_key_matches_the_hand_derived_closed_form():
     # One key k, residual r: Δ (C + k k^T) = r k^T, and by Sherman-Morrison
     # Δ = r (C^{-1} k)^T / (1 + s), s = k^T C^{-1} k, so Δ k = r s / (1 + s).
-    gen = torch.Generator().manual_seed(1)
-    d_out, d_in = 5, 7
-    C = _spd(gen, d_in)
-    k = torch.randn(d_in, generator=gen, dtype=torch.float64)
-    r = torch.randn(d_out, generator=gen, dtype=torch.float64)
-    delta = sh.memit_update(C, k[:, None], r[:, None]).numpy()
-    Cn, kn, rn = C.numpy(), k.numpy(), r.numpy()
+    C, K, R, delta = _memit_problem(1, d_out=5, d_in=7, n_edits=1)
+    Cn, kn, rn = C.numpy(), K.numpy()[:, 0], R.numpy()[:, 0]
     u = np.linalg.solve(Cn, kn)
     s = kn @ u
     np.testing.assert_allclose(delta, np.outer(rn, u) / (1 + s), rtol=0, atol=1e-12)
@@ -221,12 +221,8 @@ def test_memit_update_one_key_matches_the_hand_derived_closed_form():
 def test_memit_update_is_the_regularised_least_squares_solution():
     # Δ minimises ||Δ K - R||² + ||Δ C^{1/2}||²: an ordinary least-squares problem on the
     # stacked system Δ [K, C^{1/2}] = [R, 0], solved here by numpy.linalg.lstsq.
-    gen = torch.Generator().manual_seed(2)
     d_out, d_in, n_edits = 4, 6, 3
-    C = _spd(gen, d_in)
-    K = torch.randn(d_in, n_edits, generator=gen, dtype=torch.float64)
-    R = torch.randn(d_out, n_edits, generator=gen, dtype=torch.float64)
-    delta = sh.memit_update(C, K, R).numpy()
+    C, K, R, delta = _memit_problem(2, d_out, d_in, n_edits)
     w, v = np.linalg.eigh(C.numpy())
     c_half = v @ np.diag(np.sqrt(w)) @ v.T
     A = np.hstack([K.numpy(), c_half])                                   # [d_in, n_edits + d_in]
@@ -239,12 +235,8 @@ def test_memit_update_is_the_regularised_least_squares_solution():
 
 def test_memit_update_keeps_keys_c_inverse_orthogonal_to_the_edited_ones():
     # Woodbury: Δ = R (I + K^T C^{-1} K)^{-1} K^T C^{-1}, so K^T C^{-1} x = 0 gives Δ x = 0.
-    gen = torch.Generator().manual_seed(3)
-    d_out, d_in, n_edits = 5, 8, 3
-    C = _spd(gen, d_in)
-    K = torch.randn(d_in, n_edits, generator=gen, dtype=torch.float64)
-    R = torch.randn(d_out, n_edits, generator=gen, dtype=torch.float64)
-    delta = sh.memit_update(C, K, R).numpy()
+    d_in, n_edits = 8, 3
+    C, K, _, delta = _memit_problem(3, d_out=5, d_in=d_in, n_edits=n_edits)
     U = np.linalg.solve(C.numpy(), K.numpy())                            # C^{-1} K, [d_in, n_edits]
     q, _ = np.linalg.qr(U)
     rng = np.random.default_rng(0)

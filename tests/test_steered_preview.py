@@ -14,9 +14,11 @@ import torch
 from apps.lens import LensView, is_preview
 from explorer import lens_preview as lp
 from explorer._checks import InputError
+from explorer.commands._common import torch_threads
 from explorer.interventions import Steer
 from explorer.lens import logit_lens, preview_vocabulary
 from explorer.trace import clean_run
+from tests._threads import record_threads
 from tests.test_apps import _layer_outputs
 
 PROMPT = "The capital of France is"
@@ -325,16 +327,9 @@ def test_the_preview_runs_at_one_thread_and_restores_the_count(tiny_model, monke
     base = logit_lens(tiny_model, [PROMPT], k=3)
     edits = [Steer(1, _vector(tiny_model), 3.0)]
     cand = preview_vocabulary(tiny_model, results=[base], directions=[edits[0].vector])
-    seen = []
-    real = lp._steered_forward
-    monkeypatch.setattr(lp, "_steered_forward",
-                        lambda *a: seen.append(torch.get_num_threads()) or real(*a))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    seen = record_threads(monkeypatch, lp, "_steered_forward")
+    with torch_threads(2):
         lp.steered_lens_preview(tiny_model, PROMPT, k=3, edits=edits, clean=clean, base=base,
                                 candidates=cand)
         assert seen and set(seen) == {lp.PREVIEW_THREADS}
         assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

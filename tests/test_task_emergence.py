@@ -12,6 +12,7 @@ import torch
 
 from explorer._checks import InputError
 from explorer.analyses import task_emergence as te
+from tests._cli import OneCommand
 
 TINY = {"d": 4, "n_tasks": 2, "rank": 2, "n_examples": 4, "noise_std": 0.1, "coef_mean": 1.0,
         "coef_std": 0.5, "n_layers": 2,
@@ -23,13 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_run():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return te.train_task_emergence(**TINY)
-    finally:
-        torch.set_num_threads(before)
+def tiny_run(one_torch_thread):
+    return te.train_task_emergence(**TINY)
 
 
 # -- tasks ----------------------------------------------------------------------------
@@ -309,25 +305,21 @@ def test_analysis_rejects_bad_runs_and_steps(tiny_run):
 
 
 def test_cli_train_and_analyse(tmp_path, monkeypatch, capsys):
-    from explorer import cli
-
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("explorer.commands.task_emergence",))
+    command = OneCommand("task_emergence", monkeypatch, capsys)
     out = tmp_path / "run.safetensors"
     args = ["task-emergence", "train", "--steps", "4", "--checkpoint-every", "2", "--n-layers", "1",
             "--d-model", "16", "--json", "--cache", str(tmp_path)]
-    assert cli.main(args + ["--out", str(out)]) == 0
-    trained = json.loads(capsys.readouterr().out)
+    trained = command.json(args + ["--out", str(out)])
     assert trained["n_checkpoints"] == 3 and trained["params"]["d_model"] == 16
     assert out.is_file()
     args[1] = "analyse"
-    assert cli.main(args + ["--n-per-task", "5", "--k", "3"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = command.json(args + ["--n-per-task", "5", "--k", "3"])
     assert len(summary["final_td"]) == 1 and len(summary["final_icl_loss"]) == 4
     # the printed figures are the library's on the same run and settings
     run = te.load_run_safetensors(out)
     expect = te.emergence_summary(te.task_emergence_analysis(run, n_per_task=5, k=3))
     assert {key: summary[key] for key in expect} == json.loads(json.dumps(expect))
-    assert cli.main(["task-emergence", "train", "--steps", "-1", "--cache", str(tmp_path)]) == 2
+    assert command(["task-emergence", "train", "--steps", "-1", "--cache", str(tmp_path)]) == 2
     assert "`steps` must be an int" in capsys.readouterr().err
 
 

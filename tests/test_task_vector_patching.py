@@ -14,6 +14,7 @@ from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vector_patching as tvp
 from explorer.analyses.task_vectors import null_task
 from explorer.trace import run_batch
+from tests._cli import parse_and_run
 
 TASK = "antonym"
 
@@ -114,14 +115,7 @@ def test_bad_arguments_are_named(tiny_model):
 
 
 def _cli(argv):
-    import argparse
-
-    from explorer.commands.task_vectors import register_cli
-
-    parser = argparse.ArgumentParser()
-    register_cli(parser.add_subparsers())
-    args = parser.parse_args(["task-vectors", "--model", "tiny-llama", *argv])
-    return args.func(args)
+    return parse_and_run("task_vectors", ["task-vectors", "--model", "tiny-llama", *argv])
 
 
 def test_cli_patching_is_the_library_call(tiny_model, capsys):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -57,12 +58,8 @@ def hf_reference(model, prompt: str) -> dict[str, torch.Tensor]:
             lambda mod, args, out: captured["mlp"].append(out[0].clone())))
     handles.append(model.final_norm_module.register_forward_hook(
         lambda mod, args, out: captured["norm"].append(out[0].clone())))
-    try:
-        with eager_attention(model):
-            out = model.hf(input_ids=ids, output_hidden_states=True, output_attentions=True)
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), eager_attention(model):
+        out = model.hf(input_ids=ids, output_hidden_states=True, output_attentions=True)
     return {
         "ids": ids[0],
         "hidden": [h[0] for h in out.hidden_states],            # L+1 x [pos, d_model]
@@ -93,75 +90,81 @@ def assert_close(actual, expected, atol=ATOL, rtol=1e-4):
     torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
 
 
+def each_prompt(refs: list[dict]) -> Iterator[tuple[int, dict, int]]:
+    """Every prompt: its index, its reference and its number of real tokens."""
+    for i, ref in enumerate(refs):
+        yield i, ref, len(ref["ids"])
+
+
+def each_prompt_and_layer(model, refs: list[dict]) -> Iterator[tuple[int, dict, int, int]]:
+    """Every prompt at every layer: its index, its reference, its number of real tokens and
+    the layer."""
+    for i, ref, n in each_prompt(refs):
+        for layer in range(model.n_layers):
+            yield i, ref, n, layer
+
+
+def assert_site_is_reference(family_run, site: str, key: str) -> None:
+    """The real positions of ``site`` equal the reference's ``key`` at every layer of every
+    prompt."""
+    model, ds, refs = family_run
+    for i, ref, n, layer in each_prompt_and_layer(model, refs):
+        assert_close(real(ds[site].sel(layer=layer), i, n), ref[key][layer])
+
+
 # -- every site against plain torch ----------------------------------------------------------
 
 def test_resid_post_matches_hidden_states(family_run):
     model, ds, refs = family_run
     L = model.n_layers
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
-        for layer in range(L - 1):
-            assert_close(real(ds.resid_post.sel(layer=layer), i, n), ref["hidden"][layer + 1])
-        # HF applies the final norm to its last hidden state
-        last = real(ds.resid_post.sel(layer=L - 1), i, n)
-        assert_close(model.final_norm_module(last), ref["hidden"][L])
+    for i, ref, n, layer in each_prompt_and_layer(model, refs):
+        resid = real(ds.resid_post.sel(layer=layer), i, n)
+        if layer < L - 1:
+            assert_close(resid, ref["hidden"][layer + 1])
+        else:  # HF applies the final norm to its last hidden state
+            assert_close(model.final_norm_module(resid), ref["hidden"][L])
 
 
 def test_resid_pre_matches_hidden_states(family_run):
-    model, ds, refs = family_run
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
-        for layer in range(model.n_layers):
-            assert_close(real(ds.resid_pre.sel(layer=layer), i, n), ref["hidden"][layer])
+    assert_site_is_reference(family_run, "resid_pre", "hidden")
 
 
 def test_head_out_sums_to_o_proj_output(family_run):
     model, ds, refs = family_run
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
-        for layer in range(model.n_layers):
-            summed = real(ds.head_out.sel(layer=layer), i, n).sum(dim=1)  # [pos, d_model]
-            bias = model.b_O(layer)
-            if bias is not None:
-                summed = summed + bias
-            assert_close(summed, ref["o_out"][layer])
+    for i, ref, n, layer in each_prompt_and_layer(model, refs):
+        summed = real(ds.head_out.sel(layer=layer), i, n).sum(dim=1)  # [pos, d_model]
+        bias = model.b_O(layer)
+        if bias is not None:
+            summed = summed + bias
+        assert_close(summed, ref["o_out"][layer])
 
 
 def test_attn_z_is_o_proj_input_by_head(family_run):
     model, ds, refs = family_run
     H, D = model.spec.n_heads, model.spec.d_head
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
-        for layer in range(model.n_layers):
-            z = real(ds.attn_z.sel(layer=layer), i, n)           # [pos, head, d_head]
-            assert z.shape == (n, H, D)
-            assert_close(z, ref["o_in"][layer].reshape(n, H, D))
+    for i, ref, n, layer in each_prompt_and_layer(model, refs):
+        z = real(ds.attn_z.sel(layer=layer), i, n)           # [pos, head, d_head]
+        assert z.shape == (n, H, D)
+        assert_close(z, ref["o_in"][layer].reshape(n, H, D))
 
 
 def test_attn_pattern_matches_eager_attentions(family_run):
     model, ds, refs = family_run
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
-        for layer in range(model.n_layers):
-            pat = torch.from_numpy(ds.attn_pattern.isel(prompt=i).sel(layer=layer).values)
-            assert_close(pat[:, :n, :n], ref["attentions"][layer])
-            # rows sum to 1 over the real source tokens; nothing is attributed to padding
-            torch.testing.assert_close(pat[:, :n, :n].sum(-1), torch.ones(pat.shape[0], n))
-            assert torch.isnan(pat[:, n:, :]).all() and torch.isnan(pat[:, :, n:]).all()
+    for i, ref, n, layer in each_prompt_and_layer(model, refs):
+        pat = torch.from_numpy(ds.attn_pattern.isel(prompt=i).sel(layer=layer).values)
+        assert_close(pat[:, :n, :n], ref["attentions"][layer])
+        # rows sum to 1 over the real source tokens; nothing is attributed to padding
+        torch.testing.assert_close(pat[:, :n, :n].sum(-1), torch.ones(pat.shape[0], n))
+        assert torch.isnan(pat[:, n:, :]).all() and torch.isnan(pat[:, :, n:]).all()
 
 
 def test_mlp_out_matches_mlp_hook(family_run):
-    model, ds, refs = family_run
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
-        for layer in range(model.n_layers):
-            assert_close(real(ds.mlp_out.sel(layer=layer), i, n), ref["mlp"][layer])
+    assert_site_is_reference(family_run, "mlp_out", "mlp")
 
 
 def test_final_norm_and_unembed_match_hf(family_run):
     model, ds, refs = family_run
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
+    for i, ref, n in each_prompt(refs):
         assert_close(real(ds.final_norm, i, n), ref["final_norm"])
         assert_close(real(ds.unembed, i, n), ref["logits"], atol=1e-4)
 
@@ -172,8 +175,7 @@ def test_padding_is_nan_and_mask_marks_real_tokens(family_run):
     assert ds.sizes["pos"] == max(lengths)
     expected_mask = np.arange(max(lengths))[None, :] < np.array(lengths)[:, None]
     np.testing.assert_array_equal(ds["mask"].values, expected_mask)
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
+    for i, ref, n in each_prompt(refs):
         np.testing.assert_array_equal(ds.token_id.values[i, :n], ref["ids"].numpy())
         assert list(ds.token.values[i, :n]) == [model.tokenizer.decode([t]) for t in ref["ids"]]
         assert (ds.token_id.values[i, n:] == -1).all()
@@ -578,8 +580,7 @@ def test_token_id_lists_and_batches_read_like_text(family_run):
     model, _, refs = family_run
     ids = [r["ids"].tolist() for r in refs]
     by_ids = trace(model, ids, sites=("resid_post", "unembed"), batch_size=2, progress=False)
-    for i, ref in enumerate(refs):
-        n = len(ref["ids"])
+    for i, ref, n in each_prompt(refs):
         assert_close(real(by_ids.unembed, i, n), ref["logits"], atol=1e-4)
         assert_close(real(by_ids.resid_post.sel(layer=0), i, n), ref["hidden"][1])
         np.testing.assert_array_equal(by_ids.token_id.values[i, :n], ref["ids"].numpy())

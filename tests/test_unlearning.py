@@ -14,6 +14,8 @@ import xarray as xr
 
 from explorer._checks import InputError
 from explorer.analyses import unlearning as U
+from explorer.commands._common import torch_threads
+from tests._threads import record_threads
 
 ATTRS = ["blue", "dog", "moon"]  # distinct first tokens for the tiny byte-level tokenizer
 
@@ -498,17 +500,8 @@ def test_cli_unlearn_runs_on_one_thread_and_restores_the_thread_count(tiny_model
     thread count as it found it (it used to leave it at 1)."""
     from explorer.cli import main
 
-    seen = []
-    real = U.unlearning_comparison
-
-    def recording(*args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(U, "unlearning_comparison", recording)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    seen = record_threads(monkeypatch, U, "unlearning_comparison")
+    with torch_threads(2):
         argv = ["unlearn", "--model", "tiny-llama", "--facts", str(facts_file), "--all-facts",
                 "--methods", "random", "--n-layers", "1", "--n-forget", "2", "--n-retain", "1",
                 "--steps", "1", "--relearn-steps", "0", "--json"]
@@ -517,8 +510,6 @@ def test_cli_unlearn_runs_on_one_thread_and_restores_the_thread_count(tiny_model
         assert set(json.loads(capsys.readouterr().out)["methods"]) == {"original", "random"}
         assert main(argv + ["--threads", "3"]) == 0
         assert torch.get_num_threads() == 2 and seen == [1, 3]
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.integration

@@ -17,6 +17,7 @@ from _views import tiny_facts_file
 
 from explorer._checks import InputError
 from explorer.analyses import unlearning as U
+from tests._hooks import removed_after
 
 ATTRS = ["blue", "dog", "moon"]
 
@@ -46,12 +47,8 @@ def _clean_o_inputs(hf, model, ids):
     got = {}
     handles = [model.o_proj(x).register_forward_pre_hook(
         lambda _m, a, x=x: got.__setitem__(x, a[0][0].detach().clone())) for x in range(model.n_layers)]
-    try:
-        with torch.no_grad():
-            hf(input_ids=ids)
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), torch.no_grad():
+        hf(input_ids=ids)
     return got
 
 
@@ -75,12 +72,8 @@ def _p_with_head(model, fact, noise, layer, head, value):
     handles = [model.hf.get_input_embeddings().register_forward_hook(add)]
     if value is not None:
         handles.append(model.o_proj(layer).register_forward_pre_hook(put))
-    try:
-        with torch.no_grad():
-            return float(torch.softmax(model.hf(input_ids=ids).logits[0, -1].double(), -1)[_target(model, fact)])
-    finally:
-        for h in handles:
-            h.remove()
+    with removed_after(handles), torch.no_grad():
+        return float(torch.softmax(model.hf(input_ids=ids).logits[0, -1].double(), -1)[_target(model, fact)])
 
 
 def test_head_restore_equals_hand_hooks(tiny_model, facts):
@@ -113,11 +106,8 @@ def test_head_attribution_is_the_directional_derivative(tiny_model, facts):
         out = out.clone()
         out[0, subj] += noise
         return out
-    handles = [tiny_model.hf.get_input_embeddings().register_forward_hook(add)]
-    try:
+    with removed_after([tiny_model.hf.get_input_embeddings().register_forward_hook(add)]):
         corrupt = _clean_o_inputs(tiny_model.hf, tiny_model, ids)
-    finally:
-        handles[0].remove()
     dh = tiny_model.spec.d_head
     eps = 1e-3
     checked = 0
