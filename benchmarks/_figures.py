@@ -17,13 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from explorer.benches.child import child_server, unused_port
+from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHROMIUM = "/usr/bin/chromium"  # never a Playwright-downloaded browser
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 
 
 def fixed(obj: Any, width: int, height: int) -> Any:

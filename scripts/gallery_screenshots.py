@@ -23,9 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from _browser import free_port, plot_ids, served_in_subprocess, settle_gallery_page  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"  # as tests/conftest.py: Playwright never downloads a browser
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 WIDTH, HEIGHT = 1400, 1000
 
 

@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import torch
 
+from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -309,11 +311,6 @@ def smollm2():
     from explorer import load_model
 
     return load_model("smollm2-135m")
-
-
-CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; Playwright never downloads a browser here
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 
 
 class WatchedBrowser:

@@ -11,6 +11,7 @@ import pytest
 from _browser import free_port, served_in_subprocess
 
 from apps.theme import show_token
+from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS
 from explorer.studies.randomise import ATTENTION_CONDITION
 from explorer.studies.run import StudyRun
 
@@ -18,9 +19,6 @@ pytestmark = pytest.mark.browser
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts"   # gitignored screenshots for a look by eye
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 STUDY = {
     "name": "browser-study", "title": "Browser study", "model": "tiny-llama", "seed": 3,
     "design": "within", "participants": 3,

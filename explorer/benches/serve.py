@@ -35,6 +35,8 @@ from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_serve"]
 
+#: How the project launches a browser (the serve bench, the browser tests, the screenshot
+#: scripts): Debian's chromium, never a Playwright-downloaded one, with these flags.
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
