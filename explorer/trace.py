@@ -11,6 +11,7 @@ readouts ask for.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._checks import InputError, check_choice, check_int
+from ._checks import InputError, check_choice, check_int, check_local_weights
 from .interventions import (
     Ablate,
     Edit,
@@ -47,7 +48,8 @@ from .readouts import (
 )
 
 __all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts",
-           "CleanRun", "clean_run", "provenance", "check_sites", "check_layers",
+           "CleanRun", "clean_run", "KeyValuePrefix", "key_value_prefix", "prefix_inputs",
+           "provenance", "check_sites", "check_layers",
            "check_positions", "check_edits", "check_edit_rows", "edits_for_rows",
            "run_on_weights"]
 
@@ -153,12 +155,8 @@ class CleanRun:
         ([0, pos, vocab]), which a resumed run never reads. ``kept`` sites are not repeated.
         """
         k = check_int("k", k, low=1)
-        b = self.batch
-        batch = Batch(b.input_ids.repeat(k, 1), b.attention_mask.repeat(k, 1),
-                      b.position_ids.repeat(k, 1), list(b.lengths) * k,
-                      [list(r) for r in b.token_ids] * k, [list(t) for t in b.tokens] * k)
         lg = self.logits.repeat(k, 1, 1) if logits else self.logits[:0]
-        return CleanRun(batch, _TiledLayers(self.resid_pre, k), lg)
+        return CleanRun(_repeat_batch(self.batch, k), _TiledLayers(self.resid_pre, k), lg)
 
 
 class _TiledLayers(Sequence):
@@ -197,6 +195,101 @@ def clean_run(model: Model, prompts: Any, *, edits: Sequence[Edit] = (),
                     save={(layer, s) for layer in range(L) for s in ("resid_pre", *keep)})
     return CleanRun(batch, [out[(layer, "resid_pre")] for layer in range(L)], out["logits"],
                     {s: [out[(layer, s)] for layer in range(L)] for s in keep})
+
+
+@dataclass(frozen=True, eq=False)
+class KeyValuePrefix:
+    """Keys and values of every position but the last of a left-padded batch.
+
+    A `run_batch` over it (``prefix=``) computes only the batch's last column, attending
+    over these cached keys and values: the result equals the full run wherever nothing
+    before the last position changes (edits at position -1 only; no earlier position can
+    attend to the last). Build one with `key_value_prefix`; `repeat` reuses it for ``k``
+    block-wise copies of the batch.
+    """
+
+    batch: Batch        # the full left-padded batch (with ``copies`` copies of the prompts)
+    cache: Any          # a transformers Cache over positions [0, width - 1) of the prompts
+    copies: int = 1
+
+    def repeat(self, k: int) -> KeyValuePrefix:
+        """The prefix of this batch repeated ``k`` times, block-wise (row ``j * n + i`` is
+        prompt ``i``): run ``k`` copies, e.g. a different edit in each (edits' ``prompts``).
+        The cache is tiled when a run starts, not here."""
+        k = check_int("k", k, low=1)
+        return KeyValuePrefix(_repeat_batch(self.batch, k), self.cache, self.copies * k)
+
+    def fresh_cache(self) -> Any:
+        """A new cache of ``copies`` block-wise copies: a run appends the last token's keys
+        and values to the cache it is given, so every run gets its own."""
+        from transformers import DynamicCache
+
+        tiled = DynamicCache()
+        for i, layer in enumerate(self.cache.layers):
+            tiled.update(layer.keys.repeat(self.copies, 1, 1, 1),
+                         layer.values.repeat(self.copies, 1, 1, 1), i)
+        return tiled
+
+
+def key_value_prefix(model: Model, prompts: Any) -> KeyValuePrefix:
+    """One unedited run of ``prompts`` (as in `trace`) without their last column, keeping
+    every layer's keys and values: the prefix `run_batch` resumes from at the last token.
+
+    The batch is left-padded, so every prompt's last token is in the last column, and its
+    explicit position ids make the cached run match the full forward. Local models only
+    (the cache would travel with every request of a remote run).
+    """
+    check_local_weights(model, "a key/value prefix")
+    batch, _ = as_batch(model, prompts)
+    if batch.width < 2:
+        raise InputError("a key/value prefix needs prompts of at least 2 tokens.")
+    head = replace(batch, input_ids=batch.input_ids[:, :-1],
+                   attention_mask=batch.attention_mask[:, :-1],
+                   position_ids=batch.position_ids[:, :-1])
+    out = run_batch(model, head, readouts=Readouts(logits=False, kv_cache=True))
+    return KeyValuePrefix(batch, out["kv_cache"])
+
+
+def _repeat_batch(b: Batch, k: int) -> Batch:
+    """``k`` block-wise copies of ``b``: row ``j * n + i`` is prompt ``i``."""
+    return Batch(b.input_ids.repeat(k, 1), b.attention_mask.repeat(k, 1),
+                 b.position_ids.repeat(k, 1), list(b.lengths) * k,
+                 [list(r) for r in b.token_ids] * k, [list(t) for t in b.tokens] * k)
+
+
+def _cache_kwarg(model: Model) -> str:
+    """The forward's name for the key/value cache: ``cache`` (transformers 5.24) or the
+    older ``past_key_values``."""
+    params = inspect.signature(model.hf.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def prefix_inputs(model: Model, batch: Batch, prefix: KeyValuePrefix,
+                  edits: Sequence[Edit] = (), r: Readouts | None = None
+                  ) -> tuple[Batch, dict[str, Any]]:
+    """The last column of ``batch`` as the batch a run over ``prefix`` traces, and the
+    forward's inputs (the full attention mask and a fresh copy of the cache); ``edits`` and
+    ``r`` are checked to be of the last token only."""
+    check_local_weights(model, "a run over a key/value prefix")
+    if prefix.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
+            prefix.batch.input_ids, batch.input_ids):
+        raise InputError("`prefix` was computed for different prompts than this run.")
+    for e in edits:
+        if getattr(e, "positions", None) != (-1,):
+            raise InputError("a run over a key/value prefix computes only the last token, so "
+                             f"every edit must act at positions=(-1,); got {e!r}.")
+    r = Readouts() if r is None else r
+    if r.save_points is not None or (r.save_positions is not None
+                                     and list(r.save_positions) != [-1]):
+        raise InputError("a run over a key/value prefix computes only the last token: read "
+                         "it with save_positions=[-1] (or none).")
+    n = len(batch.lengths)
+    tail = Batch(batch.input_ids[:, -1:], batch.attention_mask[:, -1:],
+                 batch.position_ids[:, -1:], [1] * n, [list(t[-1:]) for t in batch.token_ids],
+                 [list(t[-1:]) for t in batch.tokens])
+    inputs = dict(tail.model_inputs(), attention_mask=batch.attention_mask, use_cache=True)
+    inputs[_cache_kwarg(model)] = prefix.fresh_cache()
+    return tail, inputs
 
 
 @contextlib.contextmanager
@@ -248,6 +341,9 @@ class Readouts:
         every head, every attention-output bias, every MLP and the final norm's bias,
         through the final norm linearised at the run's own scale. Only these per-head
         scalars cross the network on a remote run.
+    kv_cache : bool, default=False
+        Return the run's key/value cache as "kv_cache" (a transformers Cache; local models:
+        `key_value_prefix`).
     """
 
     save: Any = frozenset()
@@ -260,6 +356,7 @@ class Readouts:
     lens_cosine: bool = False
     save_points: tuple[torch.Tensor, torch.Tensor] | None = None
     dla_ids: torch.Tensor | None = None
+    kv_cache: bool = False
 
 
 class _DlaConstants(NamedTuple):
@@ -298,18 +395,22 @@ class _Plan:
     clone: bool
     n_prompts: int
     o_proj_transposed: bool
+    kv_cache: bool = False
     start: int = 0
 
 
 def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
-              resume: CleanRun | None = None, readouts: Readouts | None = None,
-              **options: Any) -> dict[Any, torch.Tensor]:
+              resume: CleanRun | None = None, prefix: KeyValuePrefix | None = None,
+              readouts: Readouts | None = None, **options: Any) -> dict[Any, torch.Tensor]:
     """One nnsight trace over a padded batch; the only function that drives nnsight.
 
     ``edits`` apply in place at their (layer, site) as the forward passes. With ``resume``
     (a `CleanRun` of the same batch) the layers before the first edit are skipped and the
-    cached clean residual is fed instead. What comes back is ``readouts`` (a `Readouts`),
-    or the same fields given as keywords (``save=...``, ``lens_k=...``).
+    cached clean residual is fed instead. With ``prefix`` (a `KeyValuePrefix` of the same
+    batch) only the last column runs, over the cached keys and values of the others: every
+    edit must act at ``positions=(-1,)``, and the readouts are of the last token ([prompt,
+    1, ...]). What comes back is ``readouts`` (a `Readouts`), or the same fields given as
+    keywords (``save=...``, ``lens_k=...``).
 
     Returns
     -------
@@ -324,6 +425,11 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
         raise TypeError(f"give the readouts as `readouts` or as keywords, not both; got "
                         f"`readouts` and {sorted(options)}.")
     edits = check_edits(edits)
+    inputs = batch.model_inputs()
+    if prefix is not None:
+        if resume is not None:
+            raise InputError("give `resume` or `prefix`, not both.")
+        batch, inputs = prefix_inputs(model, batch, prefix, edits, readouts)
     ctx = _edit_context(model, batch, edits)
     plan = _plan(model, batch, readouts, edits)
     if resume is not None and edits and not plan.lens_layers and plan.dla_ids is None:
@@ -336,7 +442,7 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
                     plan, resume.resid_pre[layer if site == "resid_pre" else layer + 1])
     needs_pattern = any(site == "attn_pattern" for _, site in plan.save)
     with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
-        result = _traced(model.nn, batch, plan, ctx, resume, result, remote=model.remote)
+        result = _traced(model.nn, inputs, plan, ctx, resume, result, remote=model.remote)
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
 
@@ -389,7 +495,7 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
                  lens_layers=lens_layers, n_ranked=n_ranked, lens_cosine=r.lens_cosine,
                  softcap=softcap, dla_ids=dla_ids, dla=dla, by_point=by_point,
                  clone=bool(edits), n_prompts=len(batch.lengths),
-                 o_proj_transposed=model.arch.o_proj_transposed)
+                 o_proj_transposed=model.arch.o_proj_transposed, kv_cache=r.kv_cache)
 
 
 def _check_points(save_points: Any, save_positions: Any, batch: Batch) -> tuple | None:
@@ -441,16 +547,19 @@ def _at_sel(plan: _Plan, x: Any) -> Any:
     return x[plan.sel[0], plan.sel[1]].reshape(plan.n_prompts, -1, *x.shape[2:])
 
 
-def _traced(nn: Any, batch: Batch, plan: _Plan, ctx: EditContext, resume: CleanRun | None,
-            result: dict[Any, Any], *, remote: bool) -> dict[Any, Any]:
-    """The trace itself: edits and readouts layer by layer, then the outputs, the lens and
-    the attribution. ``result`` is saved whole, so a remote run sends it back as one dict."""
+def _traced(nn: Any, inputs: dict[str, Any], plan: _Plan, ctx: EditContext,
+            resume: CleanRun | None, result: dict[Any, Any], *, remote: bool) -> dict[Any, Any]:
+    """The trace itself (the forward's ``inputs``): edits and readouts layer by layer, then
+    the outputs, the lens and the attribution. ``result`` is saved whole, so a remote run
+    sends it back as one dict."""
     last_only = {}
     if plan.logits_last or not (plan.logits or plan.lens_layers):
         last_only = {"logits_to_keep": 1}
+    if plan.kv_cache:
+        last_only["use_cache"] = True
     lens_resid: dict[int, Any] = {}
     dla_parts: dict[Any, Any] = {}
-    with nn.trace(**batch.model_inputs(), **last_only, remote=remote) as tracer:  # noqa: F841
+    with nn.trace(**inputs, **last_only, remote=remote) as tracer:  # noqa: F841
         if plan.start:
             # a copy: an edit at resid_pre[start] works in place and must not touch the cache
             replacement = resume.resid_pre[plan.start].clone()
@@ -535,6 +644,10 @@ def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
     """The final norm's output and the logits ([prompt, 1, vocab] when ``plan.logits_last``)."""
     if "final_norm" in plan.save_final:
         result["final_norm"] = _at_sel(plan, nn.final_norm.output.detach()).save()
+    if plan.kv_cache:
+        out = nn.output
+        cache = getattr(out, "cache", None)
+        result["kv_cache"] = out.past_key_values if cache is None else cache
     if plan.logits:
         lg = nn.output.logits.detach()
         if not plan.logits_last:

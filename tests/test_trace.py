@@ -622,3 +622,96 @@ def test_logit_attribution_is_the_hand_split_as_a_dataset(family_run):
     np.testing.assert_array_equal(got.target_id.values, targets)
     with pytest.raises(InputError, match="target_ids"):
         logit_attribution(model, PROMPTS, targets[:2])
+
+
+# -- runs over a key/value prefix: the last token only ---------------------------------------
+
+def _hooked_last_token(model, prompt: str, layer: int, head: int, z: np.ndarray,
+                       steer: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """One unpadded prompt's full forward with plain torch hooks: head ``head`` of ``layer``
+    writes ``z`` at the last position, and ``steer`` is added to the last layer's output
+    there. (last logits [vocab], layer-1 resid_post at the last position [d_model])."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    dh = model.spec.d_head
+
+    def set_head(_m, args):
+        x = args[0].clone()
+        x[0, -1, head * dh:(head + 1) * dh] = torch.as_tensor(z, dtype=x.dtype)
+        return (x, *args[1:])
+
+    def add(_m, _args, out):
+        h = (out[0] if isinstance(out, tuple) else out).clone()
+        h[0, -1] += torch.as_tensor(steer, dtype=h.dtype)
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+    last = model.hf_layer(model.n_layers - 1)
+    handles = [model.o_proj(layer).register_forward_pre_hook(set_head),
+               last.register_forward_hook(add)]
+    with removed_after(handles), torch.no_grad():
+        out = model.hf(input_ids=ids, output_hidden_states=True)
+    return out.logits[0, -1], out.hidden_states[2][0, -1]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox", "tiny-qwen2"])
+def test_run_over_a_key_value_prefix_equals_a_hooked_full_forward(name):
+    """`run_batch(prefix=...)` runs only the last column of a left-padded batch over the
+    cached keys and values, with edits at the last token in per-copy rows; its logits and
+    readouts equal each prompt's own full forward with the same edits as torch hooks, and
+    the prefix's cache is the same after the runs."""
+    from explorer import Ablate, Steer
+    from explorer.trace import Readouts, key_value_prefix, run_batch
+
+    m = load_model(name)
+    prompts = PROMPTS[1:] + ["The capital of France is the city of"]
+    batch = m.tokenize(prompts)
+    n, L = len(prompts), m.n_layers
+    prefix = key_value_prefix(m, batch)
+    keys = [layer.keys.clone() for layer in prefix.cache.layers]
+    rng = np.random.default_rng(3)
+    heads = [(1, 2), (0, 1)]                                  # copy j ablates heads[j]
+    zs = rng.normal(size=(len(heads), m.spec.d_head))
+    steer = rng.normal(size=m.spec.d_model)
+    big = prefix.repeat(len(heads))
+    edits = [Ablate(layer, head, mode="mean", value=zs[j], positions=(-1,),
+                    prompts=tuple(range(j * n, (j + 1) * n)))
+             for j, (layer, head) in enumerate(heads)]
+    edits.append(Steer(L - 1, steer, positions=(-1,)))
+    out = run_batch(m, big.batch, edits=edits, prefix=big,
+                    readouts=Readouts(save={(1, "resid_post")}, save_positions=[-1]))
+    assert out["logits"].shape == (len(heads) * n, 1, m.vocab_size)
+    for j, (layer, head) in enumerate(heads):
+        for i, prompt in enumerate(prompts):
+            logits, resid = _hooked_last_token(m, prompt, layer, head, zs[j], steer)
+            torch.testing.assert_close(out["logits"][j * n + i, 0], logits, rtol=1e-4,
+                                       atol=1e-5)
+            torch.testing.assert_close(out[(1, "resid_post")][j * n + i, 0], resid,
+                                       rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(a, b.keys) for a, b in zip(keys, prefix.cache.layers))
+    plain = run_batch(m, batch, prefix=prefix)["logits"][:, 0]
+    full = run_batch(m, batch, save_positions=[-1])["logits"][:, 0]
+    torch.testing.assert_close(plain, full, rtol=1e-4, atol=1e-5)
+
+
+def test_run_over_a_key_value_prefix_refuses_what_it_cannot_compute(tiny_model):
+    """Edits or readouts before the last token, another batch's prefix, a prefix with a
+    resumed run, and a one-token batch are clear errors."""
+    from explorer import Ablate, Scale, Steer
+    from explorer.trace import clean_run, key_value_prefix, run_batch
+
+    batch = tiny_model.tokenize(["one two three", "a b"])
+    prefix = key_value_prefix(tiny_model, batch)
+    vec = np.ones(tiny_model.spec.d_model)
+    for edit in (Steer(0, vec), Steer(0, vec, positions=(0,)), Scale(0, 1, 2.0),
+                 Ablate(0, 1, positions=(-2,))):
+        with pytest.raises(InputError, match=r"computes only the last token, so every edit "
+                                             r"must act at positions=\(-1,\)"):
+            run_batch(tiny_model, batch, edits=[edit], prefix=prefix)
+    with pytest.raises(InputError, match=r"read it with save_positions=\[-1\]"):
+        run_batch(tiny_model, batch, prefix=prefix, save_positions=[0])
+    with pytest.raises(InputError, match="computed for different prompts"):
+        run_batch(tiny_model, tiny_model.tokenize(["one two four", "a b"]), prefix=prefix)
+    with pytest.raises(InputError, match="give `resume` or `prefix`, not both"):
+        run_batch(tiny_model, batch, prefix=prefix, resume=clean_run(tiny_model, batch),
+                  edits=[Ablate(0, 1, positions=(-1,))])
+    with pytest.raises(InputError, match="at least 2 tokens"):
+        key_value_prefix(tiny_model, [[5], [7]])

@@ -15,7 +15,6 @@ Every function returns an ``xr.Dataset`` whose attrs come from `explorer.trace.p
 """
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,9 +27,20 @@ import xarray as xr
 
 from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
-from explorer.interventions import Ablate
+from explorer.interventions import Ablate, EditContext, apply_edits, index_key, position_index
 from explorer.models import Model
-from explorer.trace import clean_run, provenance, run_on_weights, run_with, trace
+from explorer.trace import (
+    KeyValuePrefix,
+    Readouts,
+    clean_run,
+    key_value_prefix,
+    prefix_inputs,
+    provenance,
+    run_batch,
+    run_on_weights,
+    run_with,
+    trace,
+)
 
 __all__ = [
     "ICL_DIR",
@@ -45,7 +55,6 @@ __all__ = [
     "head_attention",
     "task_mean_z",
     "fv_patched_probs",
-    "LastTokenCache",
     "last_token_problem",
     "LAST_TOKEN_FAMILIES",
     "last_token_cache",
@@ -327,14 +336,6 @@ def fv_patched_probs(model: Model, cache: Any, heads: Sequence[tuple[int, int]],
 # positions cannot attend to it), so the patched runs process that one token, attending over
 # the keys and values of the earlier positions computed once per task.
 
-@dataclass
-class LastTokenCache:
-    """Keys and values of every position but the last of a batch (plain HF, no edits)."""
-
-    batch: Any   # the full left-padded Batch
-    cache: Any   # a transformers Cache over positions [0, width - 1)
-
-
 LAST_TOKEN_FAMILIES = ("llama", "gpt2", "gpt_neox")
 """Model families whose cached last-token run equals the full forward (tested on each)."""
 
@@ -342,9 +343,9 @@ LAST_TOKEN_FAMILIES = ("llama", "gpt2", "gpt_neox")
 def last_token_problem(model: Model, width: int | None = None) -> str | None:
     """Why `last_token_cache` cannot serve ``model`` (None when it can).
 
-    It runs ``model.hf`` with a key/value cache, patching through torch hooks on the
-    attention output projection (on a remote model, on the server: `fv_scores` sends each
-    task's runs as one job). The families checked to give the full forward's logits are
+    The last-token path runs the trace over a key/value prefix (`explorer.trace.
+    KeyValuePrefix`; on a remote model, on the server: `fv_scores` sends each task's runs
+    as one job). The families checked to give the full forward's logits are
     `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia); Gemma 2's
     alternating sliding-window layers keep a hybrid cache it does not handle, and a
     sliding attention window narrower than the batch is not handled.
@@ -359,59 +360,39 @@ def last_token_problem(model: Model, width: int | None = None) -> str | None:
     return None
 
 
-def _cache_kwarg(model: Model) -> str:
-    """The forward's name for the key/value cache: ``cache`` (transformers 5.24) or older
-    ``past_key_values``."""
-    params = inspect.signature(model.hf.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def last_token_cache(model: Model, batch: Any) -> LastTokenCache:
-    """Run ``batch`` without its last column once, keeping every layer's keys and values.
-
-    The batch is left-padded, so every prompt's last token is in the last column; the
-    explicit position ids of the Batch make the cached run match the full forward.
-    """
+def last_token_cache(model: Model, batch: Any) -> KeyValuePrefix:
+    """Run ``batch`` without its last column once, keeping every layer's keys and values
+    (`explorer.trace.key_value_prefix`), for the last-token runs of this model family."""
     problem = last_token_problem(model, batch.width)
     if problem:
         raise InputError(f"fv_scores(method='last_token') cannot run: {problem}.")
     check_local_weights(model, "the last-token cache (fv_scores runs it on the server)")
     if batch.width < 2:
         raise InputError("the last-token path needs prompts of at least 2 tokens.")
-    with model.lock, torch.no_grad():
-        out = model.hf(input_ids=batch.input_ids[:, :-1],
-                       attention_mask=batch.attention_mask[:, :-1],
-                       position_ids=batch.position_ids[:, :-1], use_cache=True, logits_to_keep=1)
-    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-    return LastTokenCache(batch, cache)
+    return key_value_prefix(model, batch)
 
 
-def _tiled_cache(cache: Any, k: int) -> Any:
-    """A fresh cache holding ``k`` block-wise copies of ``cache`` (row j*n + i is prompt i).
-
-    Fresh for every run: the forward appends the last token's keys and values to it.
-    """
-    from transformers import DynamicCache
-
-    tiled = DynamicCache()
-    for i, layer in enumerate(cache.layers):
-        tiled.update(layer.keys.repeat(k, 1, 1, 1), layer.values.repeat(k, 1, 1, 1), i)
-    return tiled
+def _last_token_edits(by_layer: dict[int, list[tuple[int, int]]], mean_z: Any, n: int,
+                      k: int) -> list[Ablate]:
+    """In copy j of ``k`` (rows j*n to (j+1)*n), head ``head`` of ``layer`` (each ``(j,
+    head)`` of ``by_layer[layer]``) set to ``mean_z[layer, head]`` at the last token."""
+    return [Ablate(layer, head, mode="mean", value=np.asarray(mean_z[layer, head]),
+                   positions=(-1,), prompts=tuple(range(j * n, (j + 1) * n)) if k > 1 else None)
+            for layer in sorted(by_layer) for j, head in by_layer[layer]]
 
 
-def fv_last_token_probs(model: Model, prefix: LastTokenCache, heads: Sequence[tuple[int, int]],
+def fv_last_token_probs(model: Model, prefix: KeyValuePrefix, heads: Sequence[tuple[int, int]],
                         mean_z: np.ndarray | None, target: torch.Tensor) -> torch.Tensor:
     """Answer-token probability with each head's last-token output set to its mean: [head, prompt].
 
-    Same result as `fv_patched_probs`, computing only the last token: the batch's last
-    column is repeated once per head and run over ``k`` copies of the cached keys and
-    values of the earlier positions, with head j's slice of the ``o_proj`` input set to
-    ``mean_z[layer, head]`` in copy j (a torch pre-hook). With no ``heads`` (and ``mean_z``
-    None) it returns the unpatched probabilities, [1, prompt].
+    Same result as `fv_patched_probs`, computing only the last token: one trace over ``k``
+    copies of the prompts runs the last column over the cached keys and values of the
+    earlier positions (``prefix.repeat(k)``), with head j's slice of the ``o_proj`` input
+    set to ``mean_z[layer, head]`` in copy j (an ``Ablate`` record on copy j's rows). With
+    no ``heads`` (and ``mean_z`` None) it returns the unpatched probabilities, [1, prompt].
     """
     check_local_weights(model, "the last-token run (fv_scores runs it on the server)")
-    b = prefix.batch
-    n, k = len(b.lengths), max(1, len(heads))
+    n, k = len(prefix.batch.lengths), max(1, len(heads))
     by_layer: dict[int, list[tuple[int, int]]] = {}
     for j, (layer, head) in enumerate(heads):
         by_layer.setdefault(layer, []).append((j, head))
@@ -420,52 +401,29 @@ def fv_last_token_probs(model: Model, prefix: LastTokenCache, heads: Sequence[tu
     return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
 
 
-def _last_token_logits(model: Model, prefix: LastTokenCache,
+def _last_token_logits(model: Model, prefix: KeyValuePrefix,
                        by_layer: dict[int, list[tuple[int, int]]], mean_z: Any,
                        k: int) -> torch.Tensor:
     """Logits of the batch's last token run in ``k`` copies over the cached keys and values
-    of the earlier positions, where in copy j head ``head`` of ``layer`` (each ``(j, head)``
-    of ``by_layer[layer]``) writes ``mean_z[layer, head]`` into its slice of the ``o_proj``
-    input (a torch pre-hook). [k * prompt, vocab], copy-major."""
-    b = prefix.batch
-    n, d = len(b.lengths), model.spec.d_head
-
-    def hook_for(layer):
-        values = [(j, head, torch.as_tensor(np.asarray(mean_z[layer, head])))
-                  for j, head in by_layer[layer]]
-
-        def patch(_module, args):
-            z = args[0].clone()                              # [k * n, 1, n_heads * d_head]
-            for j, head, v in values:
-                z[j * n:(j + 1) * n, -1, head * d:(head + 1) * d] = v.to(z.device, z.dtype)
-            return (z, *args[1:])
-        return patch
-
-    handles = [model.o_proj(layer).register_forward_pre_hook(hook_for(layer))
-               for layer in by_layer]
-    try:
-        with model.lock, torch.no_grad():
-            out = model.hf(input_ids=b.input_ids[:, -1:].repeat(k, 1),
-                           attention_mask=b.attention_mask.repeat(k, 1),
-                           position_ids=b.position_ids[:, -1:].repeat(k, 1),
-                           use_cache=True, logits_to_keep=1,
-                           **{_cache_kwarg(model): _tiled_cache(prefix.cache, k)})
-    finally:
-        for h in handles:
-            h.remove()
-    return out.logits[:, -1].float()
+    of the earlier positions, with `_last_token_edits`: [k * prompt, vocab], copy-major."""
+    big = prefix.repeat(k)
+    edits = _last_token_edits(by_layer, mean_z, len(prefix.batch.lengths), k)
+    out = run_batch(model, big.batch, edits=edits, prefix=big,
+                    readouts=Readouts(save_positions=[-1]))
+    return out["logits"][:, -1].float()
 
 
-def ablated_last_token(model: Model, prefix: LastTokenCache,
+def ablated_last_token(model: Model, prefix: KeyValuePrefix,
                        head_sets: Sequence[Sequence[tuple[int, int]]], mean_z: np.ndarray,
                        target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean ablation at the last token, one copy of the prompts per head set.
 
     Copy j runs the batch's last token over the cached keys and values of the earlier
     positions (`last_token_cache`) with every head ``(layer, head)`` of ``head_sets[j]``
-    writing ``mean_z[layer, head]`` into its slice of the ``o_proj`` input (a torch
-    pre-hook): the ablation of Yin & Steinhardt, which replaces the heads' output at the
-    last token only, so no earlier position changes. An empty set is the unablated run.
+    writing ``mean_z[layer, head]`` into its slice of the ``o_proj`` input (``Ablate``
+    records on copy j's rows): the ablation of Yin & Steinhardt, which replaces the heads'
+    output at the last token only, so no earlier position changes. An empty set is the
+    unablated run.
 
     Returns
     -------
@@ -473,8 +431,7 @@ def ablated_last_token(model: Model, prefix: LastTokenCache,
     and the probability of ``target``.
     """
     check_local_weights(model, "the last-token ablation")
-    b = prefix.batch
-    n, k = len(b.lengths), len(head_sets)
+    n, k = len(prefix.batch.lengths), len(head_sets)
     if k == 0:
         raise InputError("`head_sets` must hold at least one set of heads.")
     by_layer: dict[int, list[tuple[int, int]]] = {}
@@ -493,11 +450,58 @@ def ablated_last_token(model: Model, prefix: LastTokenCache,
 def _fv_last_token_task(weights: Any, batch: Any, chunks: list[list[tuple[int, int]]],
                         mean_z: np.ndarray, target: torch.Tensor
                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One task's last-token runs where the weights are (`run_on_weights`): the unpatched
-    probabilities [prompt] and, per chunk of heads, the patched ones [head, prompt]."""
-    prefix = last_token_cache(weights, batch.to(weights.hf.device))
-    base = fv_last_token_probs(weights, prefix, [], None, target)[0]
-    return base, [fv_last_token_probs(weights, prefix, chunk, mean_z, target) for chunk in chunks]
+    """One task's last-token runs on the server (`run_on_weights`): the unpatched
+    probabilities [prompt] and, per chunk of heads, the patched ones [head, prompt].
+
+    The job runs inside the request's own trace, where no second trace can open, so it
+    calls the served model directly: the same inputs as `run_batch` over a prefix
+    (`explorer.trace.prefix_inputs`) and the same ``Ablate`` records, applied to each
+    ``o_proj`` input by `explorer.interventions.apply_edits` in a pre-hook that is removed
+    before the job returns.
+    """
+    batch = batch.to(weights.hf.device)
+    n = len(batch.lengths)
+    with torch.no_grad():
+        head = weights.hf(input_ids=batch.input_ids[:, :-1],
+                          attention_mask=batch.attention_mask[:, :-1],
+                          position_ids=batch.position_ids[:, :-1], use_cache=True,
+                          logits_to_keep=1)
+    prefix = KeyValuePrefix(batch, head.cache if getattr(head, "cache", None) is not None
+                            else head.past_key_values)
+
+    def probs(chunk: list[tuple[int, int]]) -> torch.Tensor:
+        k = max(1, len(chunk))
+        by_layer: dict[int, list[tuple[int, int]]] = {}
+        for j, (layer, h) in enumerate(chunk):
+            by_layer.setdefault(layer, []).append((j, h))
+        edits = _last_token_edits(by_layer, mean_z, n, k)
+        big = prefix.repeat(k)
+        tail, inputs = prefix_inputs(weights, big.batch, big, edits)
+        ctx = EditContext(d_head=weights.spec.d_head, mask=tail.attention_mask)
+        for e in edits:
+            ctx.index.setdefault(index_key(e), position_index(tail.lengths, 1, *index_key(e)))
+
+        def hook_for(layer: int) -> Any:
+            here = [e for e in edits if e.layer == layer]
+
+            def patch(_module: Any, args: tuple) -> tuple:
+                z = args[0].clone()                          # [k * n, 1, n_heads * d_head]
+                apply_edits(z, here, ctx)
+                return (z, *args[1:])
+            return patch
+
+        handles = [weights.o_proj(layer).register_forward_pre_hook(hook_for(layer))
+                   for layer in by_layer]
+        try:
+            with torch.no_grad():
+                logits = weights.hf(**inputs, logits_to_keep=1).logits[:, -1].float()
+        finally:
+            for h in handles:
+                h.remove()
+        p = torch.softmax(logits, -1)
+        return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
+
+    return probs([])[0], [probs(chunk) for chunk in chunks]
 
 
 def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
