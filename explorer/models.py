@@ -291,6 +291,19 @@ class Model:
         return (f"Model({s.name!r}, family={s.family}, layers={s.n_layers}, heads={s.n_heads}, "
                 f"d_model={s.d_model}, remote={self.remote})")
 
+    def over(self, hf_model: torch.nn.Module) -> Model:
+        """This model (tokenizer, spec, architecture) over ``hf_model``, another module of
+        its architecture such as a trained copy of its weights: the result's traces run
+        ``hf_model``. Local models only."""
+        from nnsight import TransformersModel
+
+        if self.remote:
+            raise InputError("a remote (NDIF) model's weights are on the server; a module "
+                             "over them cannot be traced here.")
+        nn_model = TransformersModel(hf_model, task="text-generation", tokenizer=self.tokenizer,
+                                     rename=dict(self.arch.rename))
+        return Model(nn_model, hf_model, self.tokenizer, self.spec, self.arch)
+
     # -- structure -------------------------------------------------------------
     @property
     def n_layers(self) -> int:

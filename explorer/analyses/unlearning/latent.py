@@ -32,8 +32,8 @@ from explorer.analyses.unlearning.facts import (
 from explorer.analyses.unlearning.comparison import _layer_label, trained_parameters
 from explorer.analyses.unlearning.components import localized_components
 from explorer.analyses.unlearning.finetune import localized_finetune
-from explorer.models import Model, submodule_at
-from explorer.trace import provenance
+from explorer.models import Model
+from explorer.trace import provenance, trace
 
 __all__ = ["PROBE_POSITIONS", "fact_residuals", "transfer_probe_accuracy",
            "latent_probe_after_unlearning"]
@@ -45,33 +45,20 @@ PROBE_POSITIONS = ("last", "subject")
 def fact_residuals(model: Model, facts: Sequence[AttributeFact], *,
                    hf: torch.nn.Module | None = None, batch_size: int = 32) -> np.ndarray:
     """Every layer's output (``resid_post``) of the trained-format prompts of ``facts``, run
-    through ``hf`` (a trained copy; default the model's own module), at the last token and
-    the last subject token: [fact, position (`PROBE_POSITIONS`), layer, d_model] float32."""
+    through ``hf`` (a trained copy, traced as `Model.over`; default the model's own module),
+    at the last token and the last subject token: [fact, position (`PROBE_POSITIONS`),
+    layer, d_model] float32."""
     facts = list(facts)
-    hf = model.hf if hf is None else hf
-    layers = submodule_at(hf, model.arch.layers_path)
+    traced = model if hf is None else model.over(hf)
+    read = trace(traced, [fact_prompt(f, "trained") for f in facts], sites=("resid_post",),
+                 batch_size=batch_size, progress=False)
+    resid = read.resid_post.values                       # [fact, pos, layer, d_model]
+    lengths = read["mask"].values.sum(1)
     out = np.zeros((len(facts), len(PROBE_POSITIONS), model.n_layers, model.spec.d_model),
                    dtype=np.float32)
-    for b0 in range(0, len(facts), batch_size):
-        chunk = facts[b0:b0 + batch_size]
-        batch = model.tokenize([fact_prompt(f, "trained") for f in chunk])
-        # left padding: a prompt of n tokens occupies the last n columns
-        subj = [batch.width - n + subject_positions(model, f)[-1]
-                for f, n in zip(chunk, batch.lengths)]
-        got: list[torch.Tensor] = []
-        hooks = [layer.register_forward_hook(
-            lambda _m, _i, o: got.append((o[0] if isinstance(o, tuple) else o).detach()))
-            for layer in list(layers)[:model.n_layers]]
-        try:
-            with torch.no_grad():
-                hf(**batch.model_inputs())
-        finally:
-            for h in hooks:
-                h.remove()
-        rows = torch.arange(len(chunk))
-        for li, h in enumerate(got):                                # h: [batch, pos, d_model]
-            out[b0:b0 + len(chunk), 0, li] = h[:, -1].float().numpy()
-            out[b0:b0 + len(chunk), 1, li] = h[rows, torch.tensor(subj)].float().numpy()
+    for i, f in enumerate(facts):
+        out[i, 0] = resid[i, int(lengths[i]) - 1]
+        out[i, 1] = resid[i, subject_positions(model, f)[-1]]
     return out
 
 
