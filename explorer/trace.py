@@ -344,6 +344,12 @@ class Readouts:
     kv_cache : bool, default=False
         Return the run's key/value cache as "kv_cache" (a transformers Cache; local models:
         `key_value_prefix`).
+    grad, grad_ids : set of (layer, site), tensor [prompt] of token ids
+        Gradients (local models): ("grad", layer, site) is the gradient of the sum over
+        prompts of the probability of ``grad_ids[i]`` at prompt i's last position with
+        respect to that site's value (after the site's edits), as a saved site is kept
+        (``attn_z`` as [prompt, pos, head*d_head]). The forward tracks gradients from
+        layer 0's input on; the weights get none.
     """
 
     save: Any = frozenset()
@@ -357,6 +363,8 @@ class Readouts:
     save_points: tuple[torch.Tensor, torch.Tensor] | None = None
     dla_ids: torch.Tensor | None = None
     kv_cache: bool = False
+    grad: Any = frozenset()
+    grad_ids: torch.Tensor | None = None
 
 
 class _DlaConstants(NamedTuple):
@@ -396,6 +404,8 @@ class _Plan:
     n_prompts: int
     o_proj_transposed: bool
     kv_cache: bool = False
+    grad: Any = frozenset()
+    grad_ids: torch.Tensor | None = None
     start: int = 0
 
 
@@ -432,7 +442,8 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
         batch, inputs = prefix_inputs(model, batch, prefix, edits, readouts)
     ctx = _edit_context(model, batch, edits)
     plan = _plan(model, batch, readouts, edits)
-    if resume is not None and edits and not plan.lens_layers and plan.dla_ids is None:
+    if resume is not None and edits and not (plan.lens_layers or plan.grad
+                                             or plan.dla_ids is not None):
         plan.start = _resume_layer(batch, resume, edits, plan.save)
     result: dict[Any, Any] = {}
     if plan.start:  # saves before the first edit come from the clean run
@@ -441,7 +452,8 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
                 result[(layer, site)] = _at_sel(
                     plan, resume.resid_pre[layer if site == "resid_pre" else layer + 1])
     needs_pattern = any(site == "attn_pattern" for _, site in plan.save)
-    with model.lock, torch.no_grad(), _attention(model, "eager" if needs_pattern else None):
+    grad_mode = torch.enable_grad() if plan.grad else torch.no_grad()
+    with model.lock, grad_mode, _attention(model, "eager" if needs_pattern else None):
         result = _traced(model.nn, inputs, plan, ctx, resume, result, remote=model.remote)
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
@@ -495,7 +507,30 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
                  lens_layers=lens_layers, n_ranked=n_ranked, lens_cosine=r.lens_cosine,
                  softcap=softcap, dla_ids=dla_ids, dla=dla, by_point=by_point,
                  clone=bool(edits), n_prompts=len(batch.lengths),
-                 o_proj_transposed=model.arch.o_proj_transposed, kv_cache=r.kv_cache)
+                 o_proj_transposed=model.arch.o_proj_transposed, kv_cache=r.kv_cache,
+                 grad=frozenset(r.grad), grad_ids=_check_grad(model, batch, r))
+
+
+_GRAD_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
+
+
+def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
+    """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers."""
+    if not r.grad and r.grad_ids is None:
+        return None
+    if not r.grad or r.grad_ids is None:
+        raise InputError("gradients need both `grad` (the sites) and `grad_ids` (the tokens).")
+    check_local_weights(model, "gradients in the trace")
+    for layer, site in r.grad:
+        check_choice("gradient site", site, _GRAD_SITES)
+        model.check_layer(layer)
+    ids = torch.as_tensor(r.grad_ids, dtype=torch.long)
+    if ids.shape != (len(batch.lengths),):
+        raise InputError(f"`grad_ids` must hold one token id per prompt ({len(batch.lengths)}); "
+                         f"got shape {tuple(ids.shape)}.")
+    if not (0 <= int(ids.min()) and int(ids.max()) < model.vocab_size):
+        raise InputError(f"`grad_ids` must be token ids in [0, {model.vocab_size}).")
+    return ids
 
 
 def _check_points(save_points: Any, save_positions: Any, batch: Batch) -> tuple | None:
@@ -559,6 +594,7 @@ def _traced(nn: Any, inputs: dict[str, Any], plan: _Plan, ctx: EditContext,
         last_only["use_cache"] = True
     lens_resid: dict[int, Any] = {}
     dla_parts: dict[Any, Any] = {}
+    live: dict[tuple[int, str], Any] = {}  # the values whose gradients are read
     with nn.trace(**inputs, **last_only, remote=remote) as tracer:  # noqa: F841
         if plan.start:
             # a copy: an edit at resid_pre[start] works in place and must not touch the cache
@@ -566,8 +602,11 @@ def _traced(nn: Any, inputs: dict[str, Any], plan: _Plan, ctx: EditContext,
             for layer in range(plan.start):
                 nn.layers[layer].skip(replacement)
         for layer in range(plan.start, plan.spec.n_layers):
-            _layer_readouts(nn.layers[layer], layer, plan, ctx, result, lens_resid, dla_parts)
+            _layer_readouts(nn.layers[layer], layer, plan, ctx, result, lens_resid,
+                            dla_parts, live)
         _output_readouts(nn, plan, result)
+        if plan.grad:
+            _grad_readouts(nn, plan, result, live)
         if plan.lens_layers:
             _lens_readouts(nn, plan, result, lens_resid)
         if plan.dla_ids is not None:
@@ -603,11 +642,13 @@ def _site_value(block: Any, site: str) -> Any:
 
 def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
                     result: dict[Any, Any], lens_resid: dict[int, Any],
-                    dla_parts: dict[Any, Any]) -> None:
-    """One layer's sites in forward order: apply its edits, keep what the readouts ask for."""
+                    dla_parts: dict[Any, Any], live: dict[tuple[int, str], Any]) -> None:
+    """One layer's sites in forward order: apply its edits, keep what the readouts ask for
+    (``live``: the values whose gradients are read after the forward)."""
     spec = plan.spec
     for site in _LAYER_SITES:
         point = (layer, site)
+        track = bool(plan.grad) and point == (0, "resid_pre")  # where gradients start
         wanted = point in plan.save
         to_apply = plan.by_point.get(point, ())
         head_out = site == "attn_z" and (layer, "head_out") in plan.save
@@ -615,9 +656,15 @@ def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
         dla_here = plan.dla_ids is not None and (
             site in ("attn_z", "mlp_out") or (site, layer) in (
                 ("resid_pre", 0), ("resid_post", spec.n_layers - 1)))
-        if not (wanted or to_apply or head_out or lens_here or dla_here):
+        if not (wanted or to_apply or head_out or lens_here or dla_here or track
+                or point in plan.grad):
             continue
         value = _site_value(block, site)
+        if track:  # a copy that tracks gradients, edited in place below like the input
+            value = value.detach().requires_grad_(True).clone()
+            block.input = value
+        if point in plan.grad:
+            live[point] = value
         if to_apply:
             apply_edits(value, to_apply, ctx)
         if wanted:
@@ -653,6 +700,21 @@ def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
         if not plan.logits_last:
             lg = _at_sel(plan, lg)
         result["logits"] = lg.save()
+
+
+def _grad_readouts(nn: Any, plan: _Plan, result: dict[Any, Any],
+                   live: dict[tuple[int, str], Any]) -> None:
+    """The gradients of the summed ``grad_ids`` probabilities at the last position, read in
+    reverse forward order as the backward pass reaches each value."""
+    logits = nn.output.logits[:, -1].float()
+    rows = torch.arange(plan.n_prompts, device=logits.device)
+    p = torch.softmax(logits, -1)[rows, plan.grad_ids.to(logits.device)].sum()
+    with p.backward():
+        for layer, site in sorted(live, key=lambda k: (k[0], _LAYER_SITES.index(k[1])),
+                                  reverse=True):
+            g = live[(layer, site)].grad
+            g = _at_sel(plan, g) if plan.points is None else g[plan.points[0], plan.points[1]]
+            result[("grad", layer, site)] = g.save()
 
 
 def _lens_readouts(nn: Any, plan: _Plan, result: dict[Any, Any],

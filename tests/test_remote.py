@@ -283,10 +283,10 @@ def test_function_vector_reads_w_o_on_the_server(remote_model, local_model):
 
 
 def test_fv_scores_last_token_path_runs_on_the_server(remote_model, local_model):
-    """FV scores' last-token path (a key/value cache of the earlier positions and torch
-    pre-hooks on o_proj) on a remote model: each task's runs are one server job, and the
-    scores equal the local last-token path bit for bit (which tests/test_icl_heads.py checks
-    against per-head traces)."""
+    """FV scores' last-token path on a remote model: each task's runs are one server job (a
+    key/value cache of the earlier positions, the Ablate records applied in pre-hooks on
+    o_proj), and the scores equal the local last-token path, which runs through the trace,
+    bit for bit (tests/test_icl_heads.py checks it against per-head traces)."""
     from explorer._checks import InputError
     from explorer.analyses import icl_heads as ih
 
@@ -298,6 +298,21 @@ def test_fv_scores_last_token_path_runs_on_the_server(remote_model, local_model)
     assert np.abs(local.indirect_effect.values).max() > 0
     with pytest.raises(InputError, match="runs it on the server"):
         ih.last_token_cache(remote_model, remote_model.tokenize(["a b c", "d e f"]))
+
+
+def test_local_only_trace_features_refuse_a_remote_model(remote_model, local_model):
+    """A key/value prefix, gradient readouts and a trace over a module copy need the
+    weights here: on a remote model each is a clear error."""
+    from explorer._checks import InputError
+    from explorer.trace import key_value_prefix, run_batch
+
+    batch = remote_model.tokenize(["a b c", "d e f"])
+    with pytest.raises(InputError, match="a key/value prefix trains or reads a copy"):
+        key_value_prefix(remote_model, batch)
+    with pytest.raises(InputError, match="gradients in the trace"):
+        run_batch(remote_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1, 2]))
+    with pytest.raises(InputError, match="weights are on the server"):
+        remote_model.over(local_model.hf)
 
 
 def test_circuits_run_on_the_server(remote_model, local_model):
@@ -367,8 +382,9 @@ def _tiny_fact_file(folder, names):
 def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
     """The unlearning lab's localisation on a remote model: causal tracing (hooked runs that
     restore clean states) and attribution patching (a hooked forward and backward) run on
-    the server, and equal the local results bit for bit (the local ones are checked against
-    hand-written torch hooks in tests/test_unlearning.py)."""
+    the server, and equal the local results bit for bit (locally attribution patching is
+    one trace with gradient readouts; both are checked against hand-written torch hooks in
+    tests/test_unlearning.py)."""
     from explorer.analyses import unlearning as U
 
     facts = U.load_attribute_facts(_tiny_fact_file(tmp_path, ["A", "B", "C"]))

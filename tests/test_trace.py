@@ -715,3 +715,89 @@ def test_run_over_a_key_value_prefix_refuses_what_it_cannot_compute(tiny_model):
                   edits=[Ablate(0, 1, positions=(-1,))])
     with pytest.raises(InputError, match="at least 2 tokens"):
         key_value_prefix(tiny_model, [[5], [7]])
+
+
+# -- gradients in the trace ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_gradient_readouts_equal_torch_autograd(name):
+    """``grad`` / ``grad_ids`` readouts: the gradient of the summed answer probabilities at
+    the last position with respect to attn_z, mlp_out and resid_post of every layer, in a
+    run with a steering edit, equal torch.autograd on each prompt's own hooked forward (the
+    steering added by a hook, the values kept by hooks); the weights get no gradient."""
+    from explorer import Steer
+    from explorer.trace import Readouts, run_batch
+
+    m = load_model(name)
+    prompts = PROMPTS[1:]
+    batch = m.tokenize(prompts)
+    L = m.n_layers
+    target = torch.tensor([3, 11])
+    steer = np.random.default_rng(5).normal(size=m.spec.d_model)
+    sites = {(x, s) for x in range(L) for s in ("attn_z", "mlp_out", "resid_post")}
+    out = run_batch(m, batch, edits=[Steer(0, steer, positions=(0,))],
+                    readouts=Readouts(logits=False, grad=sites, grad_ids=target))
+    assert all(p.grad is None for p in m.hf.parameters())
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([m.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        n = ids.shape[1]
+        got: dict[tuple[int, str], torch.Tensor] = {}
+
+        def keep(key, pre=False):
+            def hook(_m, args, out=None):
+                value = args[0] if pre else (out[0] if isinstance(out, tuple) else out)
+                got[key] = value
+            return hook
+
+        def steer_first(_m, _args, out):
+            h = (out[0] if isinstance(out, tuple) else out).clone()
+            h[0, 0] += torch.as_tensor(steer, dtype=h.dtype)
+            got[(0, "resid_post")] = h
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+
+        def track(_m, _args, out):
+            return out.detach().requires_grad_(True).clone()
+
+        handles = [m.hf.get_input_embeddings().register_forward_hook(track)]
+        if m.arch.family == "gpt2":   # resid_pre 0 is wte + wpe: track the position part too
+            handles.append(m.hf.transformer.wpe.register_forward_hook(track))
+        for x in range(L):
+            handles.append(m.o_proj(x).register_forward_pre_hook(
+                lambda mod, args, k=(x, "attn_z"): keep(k, pre=True)(mod, args)))
+            handles.append(m.hf_layer(x).mlp.register_forward_hook(keep((x, "mlp_out"))))
+            handles.append(m.hf_layer(x).register_forward_hook(
+                steer_first if x == 0 else keep((x, "resid_post"))))
+        with removed_after(handles), torch.enable_grad():
+            logits = m.hf(input_ids=ids).logits[0, -1].float()
+            p = torch.softmax(logits, -1)[target[i]]
+            keys = sorted(got)
+            grads = dict(zip(keys, torch.autograd.grad(p, [got[k] for k in keys],
+                                                       allow_unused=True)))
+        assert set(keys) == sites
+        for key in keys:
+            ref = torch.zeros_like(got[key][0]) if grads[key] is None else grads[key][0]
+            mine = out[("grad", *key)][i, batch.width - n:]
+            torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-7, msg=str(key))
+            assert float(out[("grad", *key)][i, :batch.width - n].abs().sum()) == 0.0
+        assert float(grads[(0, "mlp_out")][0].abs().max()) > 0
+
+
+def test_gradient_readouts_refuse_what_they_cannot_compute(tiny_model):
+    """Gradients need both sites and token ids, one id per prompt inside the vocabulary,
+    and known sites."""
+    from explorer.trace import run_batch
+
+    batch = tiny_model.tokenize(["one two three", "a b"])
+    ids = torch.tensor([1, 2])
+    with pytest.raises(InputError, match="need both `grad`"):
+        run_batch(tiny_model, batch, grad={(0, "mlp_out")})
+    with pytest.raises(InputError, match="need both `grad`"):
+        run_batch(tiny_model, batch, grad_ids=ids)
+    with pytest.raises(InputError, match="one token id per prompt"):
+        run_batch(tiny_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1]))
+    with pytest.raises(InputError, match="token ids in"):
+        run_batch(tiny_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1, 10**6]))
+    with pytest.raises(InputError, match="gradient site"):
+        run_batch(tiny_model, batch, grad={(0, "attn_pattern")}, grad_ids=ids)
+    with pytest.raises(InputError, match="layer"):
+        run_batch(tiny_model, batch, grad={(9, "mlp_out")}, grad_ids=ids)

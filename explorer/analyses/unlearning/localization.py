@@ -26,7 +26,7 @@ from explorer.analyses.unlearning.components import _mlp_layers, localized_compo
 from explorer.interventions import Set
 from explorer.lora import remove_hooks
 from explorer.models import Model
-from explorer.trace import provenance, run_on_weights, run_with, trace
+from explorer.trace import Readouts, provenance, run_batch, run_on_weights, run_with, trace
 
 __all__ = ["causal_trace", "attribution_patching", "top_layers", "localized_layers"]
 
@@ -220,7 +220,10 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
     MLP l is sum over positions of grad_{mlp_out l} p(answer) . (clean - corrupted mlp_out l),
     the first-order estimate of ``restore_mlp - p_corrupt``; the score of head h of layer l
     is the same product on that head's slice of the output projection's input (``attn_z``),
-    the first-order estimate of ``restore_head - p_corrupt``.
+    the first-order estimate of ``restore_head - p_corrupt``. The corrupted run is one
+    trace with the noise as a `Set` edit and gradient readouts; a remote model runs it as a
+    server job (`run_on_weights`, torch hooks on the served modules): a request's own forward
+    runs without gradient tracking there.
 
     Returns
     -------
@@ -243,9 +246,12 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
         subj = torch.tensor(subject_positions(model, f))
         _, clean, clean_z = _clean_states(model, prompt)
         ids = torch.tensor(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])[None]
-        with model.lock:
-            mlp_s, head_s = run_on_weights(model, _mlp_attribution, ids, subj, noise, target,
-                                           clean, clean_z)
+        if model.remote:
+            with model.lock:
+                mlp_s, head_s = run_on_weights(model, _mlp_attribution, ids, subj, noise,
+                                               target, clean, clean_z)
+        else:
+            mlp_s, head_s = _traced_attribution(model, ids, subj, noise, target, clean, clean_z)
         scores[fi], head_scores[fi] = mlp_s.numpy(), head_s.numpy()
         if progress:
             progress(fi + 1, len(facts))
@@ -260,16 +266,54 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
     return ds
 
 
+def _traced_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor,
+                        noise: torch.Tensor, target: int, clean: list[torch.Tensor],
+                        clean_z: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([layer], [layer, head]) as `_mlp_attribution`, from one trace: the noise is a `Set`
+    edit at resid_pre 0, and the corrupted values and their gradients are readouts."""
+    L = model.n_layers
+    sites = {(x, s) for x in range(L) for s in ("attn_z", "mlp_out")}
+    edits = [Set("resid_pre", 0, noise, add=True, positions=tuple(int(p) for p in subj))]
+    out = run_batch(model, model.batch_from_ids([ids[0].tolist()]), edits=edits,
+                    readouts=Readouts(save=sites, logits=False, grad=sites,
+                                      grad_ids=torch.tensor([target])))
+    return _grad_times_delta(model, clean, clean_z,
+                             [out[(x, "mlp_out")][0] for x in range(L)],
+                             [out[(x, "attn_z")][0] for x in range(L)],
+                             [out[("grad", x, "mlp_out")][0] for x in range(L)],
+                             [out[("grad", x, "attn_z")][0] for x in range(L)])
+
+
+def _grad_times_delta(model: Model, clean: list[torch.Tensor], clean_z: list[torch.Tensor],
+                      acts: list[torch.Tensor], zs: list[torch.Tensor],
+                      g_mlp: Sequence[torch.Tensor], g_z: Sequence[torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per layer, sum over positions of grad . (clean - corrupted) for the MLP output
+    ([layer]) and per head on its slice of the o_proj input ([layer, head]); every
+    tensor is one prompt's [pos, ...]."""
+    L, H, dh = model.n_layers, model.spec.n_heads, model.spec.d_head
+    scores = torch.zeros(L, dtype=torch.float64)
+    head_scores = torch.zeros(L, H, dtype=torch.float64)
+    for x in range(L):
+        delta = clean[x].float() - acts[x].detach().float()     # [pos, d_model]
+        scores[x] = float((g_mlp[x].float() * delta).sum())
+        dz = clean_z[x].float() - zs[x].detach().float()        # [pos, head * d_head]
+        prod = (g_z[x].float() * dz).reshape(dz.shape[0], H, dh)
+        head_scores[x] = prod.sum((0, 2)).double()
+    return scores, head_scores
+
+
 def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise: torch.Tensor,
                      target: int, clean: list[torch.Tensor], clean_z: list[torch.Tensor]
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """([layer], [layer, head]): grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l),
     and per head the same on its slice of the o_proj input, in one corrupted forward and
-    backward with torch hooks, where the weights are (`run_on_weights`)."""
+    backward with torch hooks on the served model (a remote model's server job,
+    `run_on_weights`: a request's own forward runs without gradient tracking there)."""
     device = model.hf.device
     ids, noise, clean = ids.to(device), noise.to(device), [x.to(device) for x in clean]
     clean_z = [x.to(device) for x in clean_z]
-    L, H, dh = model.n_layers, model.spec.n_heads, model.spec.d_head
+    L = model.n_layers
     acts: list[torch.Tensor | None] = [None] * L
     zs: list[torch.Tensor | None] = [None] * L
     handles = []
@@ -296,20 +340,13 @@ def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise:
     handles += [model.o_proj(x).register_forward_pre_hook(keep_z(x)) for x in range(L)]
     try:
         with torch.enable_grad():
-            logits = model.hf(input_ids=ids).logits[0, -1].float()
+            logits = model.hf(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
             p = torch.softmax(logits, -1)[target]
             grads = torch.autograd.grad(p, acts + zs)  # each [1, pos, d_model | head * d_head]
     finally:
         remove_hooks(handles)
-    scores = torch.zeros(L, dtype=torch.float64)
-    head_scores = torch.zeros(L, H, dtype=torch.float64)
-    for x in range(L):
-        delta = clean[x].float() - acts[x][0].detach().float()   # [pos, d_model]
-        scores[x] = float((grads[x][0].float() * delta).sum())
-        dz = clean_z[x].float() - zs[x][0].detach().float()      # [pos, head * d_head]
-        prod = (grads[L + x][0].float() * dz).reshape(dz.shape[0], H, dh)
-        head_scores[x] = prod.sum((0, 2)).double()
-    return scores, head_scores
+    return _grad_times_delta(model, clean, clean_z, [a[0] for a in acts], [z[0] for z in zs],
+                             [g[0] for g in grads[:L]], [g[0] for g in grads[L:]])
 
 
 def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None = None,
