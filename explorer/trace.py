@@ -11,6 +11,7 @@ readouts ask for.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -221,13 +222,16 @@ class KeyValuePrefix:
 
     def fresh_cache(self) -> Any:
         """A new cache of ``copies`` block-wise copies: a run appends the last token's keys
-        and values to the cache it is given, so every run gets its own."""
-        from transformers import DynamicCache
-
-        tiled = DynamicCache()
-        for i, layer in enumerate(self.cache.layers):
-            tiled.update(layer.keys.repeat(self.copies, 1, 1, 1),
-                         layer.values.repeat(self.copies, 1, 1, 1), i)
+        and values to the cache it is given, so every run gets its own. Each layer is a
+        copy of the prefix's own layer object, so a sliding-window layer (Gemma 2, Mistral)
+        keeps its kind and its count of the tokens seen, from which the masks are built."""
+        tiled = copy.copy(self.cache)
+        tiled.layers = []
+        for layer in self.cache.layers:
+            twin = copy.copy(layer)
+            twin.keys = layer.keys.repeat(self.copies, 1, 1, 1)
+            twin.values = layer.values.repeat(self.copies, 1, 1, 1)
+            tiled.layers.append(twin)
         return tiled
 
 

@@ -148,7 +148,7 @@ def test_bootstrap_resamples_within_tasks():
     assert float(low[0, 0]) == float(high[0, 0]) == 0.5
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox", "tiny-gemma2"])
 def test_last_token_and_full_ablation_agree_on_every_point(name):
     from explorer import load_model
 
@@ -167,10 +167,12 @@ def test_last_token_and_full_ablation_agree_on_every_point(name):
     np.testing.assert_allclose(fast.token_loss_difference, slow.token_loss_difference)
 
 
-def test_last_token_ablation_refused_where_it_cannot_run():
+def test_last_token_ablation_refused_where_it_cannot_run(monkeypatch):
+    """A family outside LAST_TOKEN_FAMILIES (here Gemma 2 taken out of it) is refused."""
     from explorer import load_model
 
     gemma = load_model("tiny-gemma2")
+    monkeypatch.setattr(ih, "LAST_TOKEN_FAMILIES", ("llama", "gpt2", "gpt_neox"))
     shape = (gemma.spec.n_layers, gemma.spec.n_heads)
     with pytest.raises(InputError, match="method='last_token'.*gpt_neox families"):
         ih.ablation_curves(gemma, ["antonym"], np.zeros(shape), np.zeros(shape),

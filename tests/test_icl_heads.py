@@ -316,7 +316,8 @@ def test_batched_fv_scores_equal_one_trace_per_head(tiny_model):
         ih.fv_scores(m, ["uppercase"], max_rows=0, **kw)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox", "tiny-qwen2"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-neox", "tiny-qwen2",
+                                  "tiny-gemma2"])
 def test_last_token_cache_reproduces_the_full_forward(name):
     """The cached last-token run gives the full forward's last-token probabilities on a
     left-padded batch (prompts of different lengths), unpatched and with heads patched,
@@ -349,14 +350,21 @@ def test_last_token_cache_reproduces_the_full_forward(name):
     assert all(torch.equal(a, b.keys) for a, b in zip(keys, prefix.cache.layers))
 
 
-def test_last_token_path_only_where_it_applies(tiny_model, tiny_gpt2):
+def test_last_token_path_only_where_it_applies(tiny_model, tiny_gpt2, monkeypatch):
+    """Every family of the architecture table takes the last-token path; a family outside
+    LAST_TOKEN_FAMILIES (here Gemma 2 taken out of it) falls back to resuming under "auto"
+    and is refused under "last_token"."""
     from explorer import load_model
+    from explorer.models import ARCHITECTURES
 
     gemma = load_model("tiny-gemma2")
-    assert ih.last_token_problem(tiny_model) is None and ih.last_token_problem(tiny_gpt2) is None
-    assert "gemma2" in ih.last_token_problem(gemma)
+    assert set(ARCHITECTURES) <= set(ih.LAST_TOKEN_FAMILIES)
+    assert all(ih.last_token_problem(m) is None for m in (tiny_model, tiny_gpt2, gemma))
     kw = dict(n_prompts=2, n_shots=2, seed=0, layers=[0])
     assert ih.fv_scores(tiny_gpt2, ["antonym"], **kw).attrs["params"]["fv_method"] == "last_token"
+    assert ih.fv_scores(gemma, ["antonym"], **kw).attrs["params"]["fv_method"] == "last_token"
+    monkeypatch.setattr(ih, "LAST_TOKEN_FAMILIES", ("llama", "gpt2", "gpt_neox"))
+    assert "gemma2" in ih.last_token_problem(gemma)
     ds = ih.fv_scores(gemma, ["antonym"], **kw)
     assert ds.attrs["params"]["fv_method"] == "resume"
     with pytest.raises(InputError, match="handles the llama, gpt2, gpt_neox families"):

@@ -801,3 +801,59 @@ def test_gradient_readouts_refuse_what_they_cannot_compute(tiny_model):
         run_batch(tiny_model, batch, grad={(0, "attn_pattern")}, grad_ids=ids)
     with pytest.raises(InputError, match="layer"):
         run_batch(tiny_model, batch, grad={(9, "mlp_out")}, grad_ids=ids)
+
+
+def _sliding_window_model(kind: str):
+    """A random-init Mistral (window 4 on every layer) or Qwen2 (window 4 above layer 0)
+    over the tiny tokenizer; tiny-gemma2 alternates a window of 8 with full layers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from explorer.models import _tiny_tokenizer, wrap_model
+
+    if kind == "gemma2":
+        return load_model("tiny-gemma2")
+    extra = {"mistral": dict(sliding_window=4),
+             "qwen2": dict(sliding_window=4, use_sliding_window=True, max_window_layers=1)}[kind]
+    config = AutoConfig.for_model(kind, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, hidden_size=64, intermediate_size=128,
+                                  max_position_embeddings=256, vocab_size=512, bos_token_id=0,
+                                  eos_token_id=0, pad_token_id=0, **extra)
+    torch.manual_seed(0)
+    return wrap_model(AutoModelForCausalLM.from_config(config), _tiny_tokenizer(),
+                      name=f"tiny-{kind}-window", weights="random-init seed=0")
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "mistral", "qwen2"])
+def test_run_over_a_key_value_prefix_with_sliding_windows(kind):
+    """Sliding attention windows narrower than the prompts: the prefix keeps the model's own
+    sliding-window cache layers (truncated to the window), and a run over them equals the
+    full forward's last-token logits and a hooked full forward's edited ones."""
+    from explorer import Ablate
+    from explorer.trace import key_value_prefix, run_batch
+
+    m = _sliding_window_model(kind)
+    window = m.hf.config.sliding_window
+    batch = m.tokenize(PROMPTS)
+    assert batch.width > 2 * window
+    prefix = key_value_prefix(m, batch)
+    sliding = [layer for layer in prefix.cache.layers if layer.keys.shape[-2] == window - 1]
+    assert len(sliding) == {"gemma2": 2, "mistral": 3, "qwen2": 2}[kind]
+    full = run_batch(m, batch, save_positions=[-1])["logits"][:, 0]
+    big = prefix.repeat(2)
+    plain = run_batch(m, big.batch, prefix=big)["logits"][:, 0]
+    torch.testing.assert_close(plain, full.repeat(2, 1), rtol=1e-4, atol=1e-5)
+    z = np.random.default_rng(1).normal(size=m.spec.d_head)
+    edited = run_batch(m, batch, prefix=prefix,
+                       edits=[Ablate(2, 1, mode="mean", value=z, positions=(-1,))])["logits"]
+    for i, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([m.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        dh = m.spec.d_head
+
+        def set_head(_m, args):
+            x = args[0].clone()
+            x[0, -1, dh:2 * dh] = torch.as_tensor(z, dtype=x.dtype)
+            return (x, *args[1:])
+
+        with removed_after([m.o_proj(2).register_forward_pre_hook(set_head)]), torch.no_grad():
+            ref = m.hf(input_ids=ids).logits[0, -1]
+        torch.testing.assert_close(edited[i, 0], ref, rtol=1e-4, atol=1e-5)

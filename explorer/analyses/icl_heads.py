@@ -336,34 +336,31 @@ def fv_patched_probs(model: Model, cache: Any, heads: Sequence[tuple[int, int]],
 # positions cannot attend to it), so the patched runs process that one token, attending over
 # the keys and values of the earlier positions computed once per task.
 
-LAST_TOKEN_FAMILIES = ("llama", "gpt2", "gpt_neox")
-"""Model families whose cached last-token run equals the full forward (tested on each)."""
+LAST_TOKEN_FAMILIES = ("llama", "gpt2", "gpt_neox", "gemma2")
+"""Model families whose cached last-token run equals the full forward (tested on each, with
+sliding attention windows narrower than the prompts: Gemma 2, Mistral, Qwen2)."""
 
 
-def last_token_problem(model: Model, width: int | None = None) -> str | None:
+def last_token_problem(model: Model) -> str | None:
     """Why `last_token_cache` cannot serve ``model`` (None when it can).
 
     The last-token path runs the trace over a key/value prefix (`explorer.trace.
     KeyValuePrefix`; on a remote model, on the server: `fv_scores` sends each task's runs
     as one job). The families checked to give the full forward's logits are
-    `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia); Gemma 2's
-    alternating sliding-window layers keep a hybrid cache it does not handle, and a
-    sliding attention window narrower than the batch is not handled.
+    `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia; Gemma 2/3),
+    sliding-window layers included: the prefix keeps the model's own cache layers, whose
+    count of the tokens seen places the window.
     """
     if model.arch.family not in LAST_TOKEN_FAMILIES:
         return (f"the last-token path handles the {', '.join(LAST_TOKEN_FAMILIES)} families; "
                 f"{model.spec.name} is {model.arch.family}")
-    cfg = model.hf.config
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True) and (width is None or window < width):
-        return f"{model.spec.name} has a sliding attention window ({window} tokens)"
     return None
 
 
 def last_token_cache(model: Model, batch: Any) -> KeyValuePrefix:
     """Run ``batch`` without its last column once, keeping every layer's keys and values
     (`explorer.trace.key_value_prefix`), for the last-token runs of this model family."""
-    problem = last_token_problem(model, batch.width)
+    problem = last_token_problem(model)
     if problem:
         raise InputError(f"fv_scores(method='last_token') cannot run: {problem}.")
     check_local_weights(model, "the last-token cache (fv_scores runs it on the server)")

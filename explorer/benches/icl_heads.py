@@ -72,7 +72,7 @@ def bench_icl_heads(model: Any = None, *, task: str = "antonym", n_prompts: int 
                "batched_vs_per_head_ratio": pair / per_head,
                "forward_ms": forward * 1e3}
     accuracy = {"max_abs_prob_diff_batched_vs_per_head": err}
-    if last_token_problem(model, cache.batch.width) is None:
+    if last_token_problem(model) is None:
         fv_last_token_probs(model, last_token_cache(model, cache.batch), chunks[0], mz,
                             target)  # warm-up
         t0 = time.perf_counter()
