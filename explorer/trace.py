@@ -431,7 +431,9 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
     dict mapping (layer, site) -> tensor, "final_norm" -> tensor, "logits" -> [prompt, pos, vocab],
     and with ``lens_k``: "lens_final_id" [prompt, pos, k] and ("lens", layer) -> tuple of
     top ids, top log-probs, final-token ranks, final-token log-probs, each [prompt, pos, k];
-    with ``dla_ids``: ("dla", part) for the parts of `direct_logit_attribution`.
+    with ``dla_ids``: ("dla", part) for the parts of `direct_logit_attribution`; with
+    ``kv_cache``: "kv_cache" (a transformers Cache); with ``grad``: ("grad", layer, site)
+    -> tensor, shaped as a saved site.
     """
     if readouts is None:
         readouts = Readouts(**options)
@@ -519,7 +521,10 @@ _GRAD_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
 
 
 def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
-    """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers."""
+    """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers (and a
+    local model for them and for ``r.kv_cache``)."""
+    if r.kv_cache:
+        check_local_weights(model, "a key/value cache readout")
     if not r.grad and r.grad_ids is None:
         return None
     if not r.grad or r.grad_ids is None:
@@ -589,8 +594,8 @@ def _at_sel(plan: _Plan, x: Any) -> Any:
 def _traced(nn: Any, inputs: dict[str, Any], plan: _Plan, ctx: EditContext,
             resume: CleanRun | None, result: dict[Any, Any], *, remote: bool) -> dict[Any, Any]:
     """The trace itself (the forward's ``inputs``): edits and readouts layer by layer, then
-    the outputs, the lens and the attribution. ``result`` is saved whole, so a remote run
-    sends it back as one dict."""
+    the outputs, the gradients, the lens and the attribution. ``result`` is saved whole, so
+    a remote run sends it back as one dict."""
     last_only = {}
     if plan.logits_last or not (plan.logits or plan.lens_layers):
         last_only = {"logits_to_keep": 1}
@@ -692,7 +697,8 @@ def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
 
 
 def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
-    """The final norm's output and the logits ([prompt, 1, vocab] when ``plan.logits_last``)."""
+    """The final norm's output, the key/value cache and the logits ([prompt, 1, vocab] when
+    ``plan.logits_last``)."""
     if "final_norm" in plan.save_final:
         result["final_norm"] = _at_sel(plan, nn.final_norm.output.detach()).save()
     if plan.kv_cache:

@@ -309,6 +309,8 @@ def test_local_only_trace_features_refuse_a_remote_model(remote_model, local_mod
     batch = remote_model.tokenize(["a b c", "d e f"])
     with pytest.raises(InputError, match="a key/value prefix trains or reads a copy"):
         key_value_prefix(remote_model, batch)
+    with pytest.raises(InputError, match="a key/value cache readout"):
+        run_batch(remote_model, batch, kv_cache=True)
     with pytest.raises(InputError, match="gradients in the trace"):
         run_batch(remote_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1, 2]))
     with pytest.raises(InputError, match="weights are on the server"):

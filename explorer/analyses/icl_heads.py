@@ -347,8 +347,8 @@ def last_token_problem(model: Model) -> str | None:
     The last-token path runs the trace over a key/value prefix (`explorer.trace.
     KeyValuePrefix`; on a remote model, on the server: `fv_scores` sends each task's runs
     as one job). The families checked to give the full forward's logits are
-    `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia; Gemma 2/3),
-    sliding-window layers included: the prefix keeps the model's own cache layers, whose
+    `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia; Gemma 2, whose
+    family entry Gemma 3 shares untested), sliding-window layers included: the prefix keeps the model's own cache layers, whose
     count of the tokens seen places the window.
     """
     if model.arch.family not in LAST_TOKEN_FAMILIES:
