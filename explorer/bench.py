@@ -656,7 +656,7 @@ def slider_preview_compute(*, model: str = DEFAULT_MODEL, tokens: int = 32,
 
 @bench("remote")
 def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: int = 3,
-                    ft_steps: int = 10, repeats: int = 3) -> dict[str, Any]:
+                    ft_steps: int = 10, fv_prompts: int = 8, repeats: int = 3) -> dict[str, Any]:
     """A remote model served on this machine (the loopback NDIF server) against the same
     calls on the local model, in one run.
 
@@ -675,12 +675,18 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     path. ``remote_vs_local_finetune_ratio`` is remote over local peft, wall time per call;
     ``finetune_job_mb`` the largest training request (adapters and optimiser state) and
     ``finetune_result_mb`` what a job sends back.
+
+    FV scores: `icl_heads.fv_scores` on the antonym task (``fv_prompts`` prompts of 5 shots,
+    the heads of every third layer) by the last-token path, whose remote runs are one NDIF
+    session (`explorer.trace.runs_over_prefix`); ``remote_vs_local_fv_ratio`` remote over
+    local, wall time.
     """
     from unittest import mock
 
     from explorer import lora as lora_jobs
     from explorer.analyses import circuit_lora as cl
     from explorer.analyses import circuits as ca
+    from explorer.analyses import icl_heads as ih
     from explorer.models import load_model, smollm2_folder
     from explorer.ndif_server import LoopbackServer
     from explorer.remote import remote_backend_class
@@ -689,6 +695,7 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     n_prompts = check_int("n_prompts", n_prompts, low=1)
     steps = check_int("steps", steps, low=1, high=100)
     ft_steps = check_int("ft_steps", ft_steps, low=1, high=lora_jobs.STEPS_PER_JOB)
+    fv_prompts = check_int("fv_prompts", fv_prompts, low=1)
     repeats = check_int("repeats", repeats, low=1)
     with contextlib.ExitStack() as stack:
         if model == DEFAULT_MODEL:
@@ -724,12 +731,17 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
             return cl.train_by_hooks(local, cl.lora_weights_init(local, ranks), pairs, draws,
                                       [1e-3] * ft_steps, [], lambda k, w: None, None)
 
+        def fv(m):
+            return ih.fv_scores(m, ["antonym"], n_prompts=fv_prompts, n_shots=5,
+                                layers=list(range(0, m.n_layers, 3)), method="last_token")
+
         fns = {"eap_local": lambda: scores(local, "eap"), "eap_remote": lambda: scores(remote, "eap"),
                "ig_local": lambda: scores(local, "eap-ig"),
                "ig_remote": lambda: scores(remote, "eap-ig"),
                "trace_local": lambda: trace(local, prompt), "trace_remote": lambda: trace(remote, prompt),
                "ft_local": lambda: finetune(local), "ft_hooks": finetune_hooks,
-               "ft_remote": lambda: finetune(remote)}
+               "ft_remote": lambda: finetune(remote),
+               "fv_local": lambda: fv(local), "fv_remote": lambda: fv(remote)}
         wall, _cpu = interleaved_times(fns, repeats=repeats, warmup=1)
         sizes: list[int] = []
         backend = remote_backend_class()
@@ -753,6 +765,7 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
         ft_same = bool(np.array_equal(ft_remote["loss"].values, ft_peft["loss"].values)) and all(
             torch.equal(lora_remote.state_dict()[k], theirs[k]) for k in theirs)
         ft_result_mb = 4 * 3 * lora_remote.n_params() / 2**20  # adapters + AdamW's 2 moments
+        fv_same = bool(fv(remote).fv_score.equals(fv(local).fv_score))
         expect = scores(local, "eap").score.values
         same = bool(np.array_equal(result.score.values, expect))
         rel = float(np.abs(result.score.values - expect).max() / max(np.abs(expect).max(), 1e-30))
@@ -763,7 +776,8 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     return {
         "params": {"model": model, "n_prompts": n_prompts, "n_pos": int(
             local.tokenize(task.clean).width), "steps": steps, "ft_steps": ft_steps,
-            "ft_trainable": int(lora_remote.n_params()), "repeats": repeats,
+            "ft_trainable": int(lora_remote.n_params()), "fv_prompts": fv_prompts,
+            "repeats": repeats,
             "n_edges": int(result.sizes["edge"]), "threads": torch.get_num_threads()},
         "figures": {
             "eap_local_ms": med("eap_local") * 1e3, "eap_remote_ms": med("eap_remote") * 1e3,
@@ -783,9 +797,12 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
             "hooks_vs_peft_finetune_ratio": paired_ratio(wall["ft_hooks"], wall["ft_local"]),
             "finetune_job_mb": max(ft_sizes) / 2**20 if ft_sizes else float("nan"),
             "finetune_result_mb": ft_result_mb,
+            "fv_local_ms": med("fv_local") * 1e3, "fv_remote_ms": med("fv_remote") * 1e3,
+            "remote_vs_local_fv_ratio": paired_ratio(wall["fv_remote"], wall["fv_local"]),
         },
         "accuracy": {"remote_scores_equal_local": same, "remote_vs_local_max_rel_diff": rel,
-                     "remote_finetune_equals_local_peft": ft_same},
+                     "remote_finetune_equals_local_peft": ft_same,
+                     "remote_fv_scores_equal_local": fv_same},
         "notes": {"ratios": "median over interleaved rounds of remote / local wall time; the "
                             "loopback server computes on the same cores",
                   "accuracy": "EAP scores remote vs local: bit for bit when the server and "

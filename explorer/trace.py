@@ -49,7 +49,7 @@ from .readouts import (
 )
 
 __all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts",
-           "CleanRun", "clean_run", "KeyValuePrefix", "key_value_prefix", "prefix_inputs",
+           "CleanRun", "clean_run", "KeyValuePrefix", "key_value_prefix", "runs_over_prefix",
            "provenance", "check_sites", "check_layers",
            "check_positions", "check_edits", "check_edit_rows", "edits_for_rows",
            "run_on_weights"]
@@ -268,21 +268,27 @@ def _cache_kwarg(model: Model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def prefix_inputs(model: Model, batch: Batch, prefix: KeyValuePrefix,
-                  edits: Sequence[Edit] = (), r: Readouts | None = None
-                  ) -> tuple[Batch, dict[str, Any]]:
+def _prefix_inputs(model: Model, batch: Batch, prefix: KeyValuePrefix, edits: Sequence[Edit],
+                   r: Readouts) -> tuple[Batch, dict[str, Any]]:
     """The last column of ``batch`` as the batch a run over ``prefix`` traces, and the
-    forward's inputs (the full attention mask and a fresh copy of the cache); ``edits`` and
-    ``r`` are checked to be of the last token only."""
-    check_local_weights(model, "a run over a key/value prefix")
+    forward's inputs with a fresh copy of the cache (local models)."""
+    check_local_weights(model, "a run over a key/value prefix (remote: `runs_over_prefix`)")
     if prefix.batch.input_ids.shape != batch.input_ids.shape or not torch.equal(
             prefix.batch.input_ids, batch.input_ids):
         raise InputError("`prefix` was computed for different prompts than this run.")
+    tail, inputs = _tail_inputs(batch, edits, r)
+    inputs[_cache_kwarg(model)] = prefix.fresh_cache()
+    return tail, inputs
+
+
+def _tail_inputs(batch: Batch, edits: Sequence[Edit], r: Readouts
+                 ) -> tuple[Batch, dict[str, Any]]:
+    """The last column of ``batch`` and the forward's inputs for it but the cache (the full
+    attention mask); ``edits`` and ``r`` checked to be of the last token only."""
     for e in edits:
         if getattr(e, "positions", None) != (-1,):
             raise InputError("a run over a key/value prefix computes only the last token, so "
                              f"every edit must act at positions=(-1,); got {e!r}.")
-    r = Readouts() if r is None else r
     if r.save_points is not None or (r.save_positions is not None
                                      and list(r.save_positions) != [-1]):
         raise InputError("a run over a key/value prefix computes only the last token: read "
@@ -291,9 +297,52 @@ def prefix_inputs(model: Model, batch: Batch, prefix: KeyValuePrefix,
     tail = Batch(batch.input_ids[:, -1:], batch.attention_mask[:, -1:],
                  batch.position_ids[:, -1:], [1] * n, [list(t[-1:]) for t in batch.token_ids],
                  [list(t[-1:]) for t in batch.tokens])
-    inputs = dict(tail.model_inputs(), attention_mask=batch.attention_mask, use_cache=True)
-    inputs[_cache_kwarg(model)] = prefix.fresh_cache()
-    return tail, inputs
+    return tail, dict(tail.model_inputs(), attention_mask=batch.attention_mask, use_cache=True)
+
+
+def runs_over_prefix(model: Model, prompts: Any,
+                     runs: Sequence[tuple[int, Sequence[Edit], Readouts]]) -> list[dict]:
+    """Several runs of the last token of ``prompts`` over one key/value prefix of the rest.
+
+    Each run is ``(k, edits, readouts)``: ``k`` block-wise copies of the prompts (row
+    ``j * n + i`` is prompt ``i``) with ``edits`` at position -1, returning what
+    `run_batch` returns for ``readouts``. A local model computes `key_value_prefix` once and
+    each run with ``run_batch(prefix=...)``. A remote model runs them all in one NDIF
+    session: the prefix's trace keeps its cache on the server, each run's trace takes a
+    fresh copy of it there, and only the runs' readouts come back.
+    """
+    batch, _ = as_batch(model, prompts)
+    if batch.width < 2:
+        raise InputError("a key/value prefix needs prompts of at least 2 tokens.")
+    runs = [(check_int("k", k, low=1), check_edits(e), r) for k, e, r in runs]
+    if not model.remote:
+        prefix = key_value_prefix(model, batch)
+        return [run_batch(model, big.batch, edits=e, prefix=big, readouts=r)
+                for big, e, r in ((prefix.repeat(k), e, r) for k, e, r in runs)]
+    planned = []
+    for k, e, r in runs:
+        tail, inputs = _tail_inputs(_repeat_batch(batch, k), e, r)
+        planned.append((k, inputs, _plan(model, tail, r, e), _edit_context(model, tail, e)))
+    with model.lock, torch.no_grad():
+        results = _session_over_prefix(model.nn, batch, planned, _cache_kwarg(model))
+    return [{key: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
+             for key, v in result.items()} for result in results]
+
+
+def _session_over_prefix(nn: Any, batch: Batch, planned: list[tuple], kwarg: str) -> list[dict]:
+    """One remote session: the prompts but their last column, keeping the cache on the
+    server, then each planned run's trace (`_traced`) over a fresh copy of it."""
+    head = {key: value[:, :-1] for key, value in batch.model_inputs().items()}
+    with nn.session(remote=True) as session:  # noqa: F841
+        with nn.trace(**head, use_cache=True, logits_to_keep=1) as tracer:  # noqa: F841
+            out = nn.output
+            cache = out.past_key_values if getattr(out, "cache", None) is None else out.cache
+        results = []
+        for k, inputs, plan, ctx in planned:
+            inputs = {**inputs, kwarg: KeyValuePrefix(batch, cache, k).fresh_cache()}
+            results.append(_traced(nn, inputs, plan, ctx, None, {}, remote=False))
+        results.save()  # the list itself, so that the session sends it back whole
+    return results
 
 
 @contextlib.contextmanager
@@ -348,6 +397,10 @@ class Readouts:
     kv_cache : bool, default=False
         Return the run's key/value cache as "kv_cache" (a transformers Cache; local models:
         `key_value_prefix`).
+    prob_ids : tensor [prompt] of token ids, optional
+        "prob" [prompt]: the probability of prompt i's token ``prob_ids[i]`` at its last
+        position (softmax of the float32 logits), computed in the trace, so that only these
+        numbers cross the network on a remote run.
     grad, grad_ids : set of (layer, site), tensor [prompt] of token ids
         Gradients (local models): ("grad", layer, site) is the gradient of the sum over
         prompts of the probability of ``grad_ids[i]`` at prompt i's last position with
@@ -367,6 +420,7 @@ class Readouts:
     save_points: tuple[torch.Tensor, torch.Tensor] | None = None
     dla_ids: torch.Tensor | None = None
     kv_cache: bool = False
+    prob_ids: torch.Tensor | None = None
     grad: Any = frozenset()
     grad_ids: torch.Tensor | None = None
 
@@ -408,6 +462,7 @@ class _Plan:
     n_prompts: int
     o_proj_transposed: bool
     kv_cache: bool = False
+    prob_ids: torch.Tensor | None = None
     grad: Any = frozenset()
     grad_ids: torch.Tensor | None = None
     start: int = 0
@@ -432,8 +487,8 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
     and with ``lens_k``: "lens_final_id" [prompt, pos, k] and ("lens", layer) -> tuple of
     top ids, top log-probs, final-token ranks, final-token log-probs, each [prompt, pos, k];
     with ``dla_ids``: ("dla", part) for the parts of `direct_logit_attribution`; with
-    ``kv_cache``: "kv_cache" (a transformers Cache); with ``grad``: ("grad", layer, site)
-    -> tensor, shaped as a saved site.
+    ``kv_cache``: "kv_cache" (a transformers Cache); with ``prob_ids``: "prob" [prompt];
+    with ``grad``: ("grad", layer, site) -> tensor, shaped as a saved site.
     """
     if readouts is None:
         readouts = Readouts(**options)
@@ -445,7 +500,7 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
     if prefix is not None:
         if resume is not None:
             raise InputError("give `resume` or `prefix`, not both.")
-        batch, inputs = prefix_inputs(model, batch, prefix, edits, readouts)
+        batch, inputs = _prefix_inputs(model, batch, prefix, edits, readouts)
     ctx = _edit_context(model, batch, edits)
     plan = _plan(model, batch, readouts, edits)
     if resume is not None and edits and not (plan.lens_layers or plan.grad
@@ -514,6 +569,7 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
                  softcap=softcap, dla_ids=dla_ids, dla=dla, by_point=by_point,
                  clone=bool(edits), n_prompts=len(batch.lengths),
                  o_proj_transposed=model.arch.o_proj_transposed, kv_cache=r.kv_cache,
+                 prob_ids=_token_ids("prob_ids", r.prob_ids, model, batch),
                  grad=frozenset(r.grad), grad_ids=_check_grad(model, batch, r))
 
 
@@ -533,12 +589,19 @@ def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
     for layer, site in r.grad:
         check_choice("gradient site", site, _GRAD_SITES)
         model.check_layer(layer)
-    ids = torch.as_tensor(r.grad_ids, dtype=torch.long)
+    return _token_ids("grad_ids", r.grad_ids, model, batch)
+
+
+def _token_ids(name: str, ids: Any, model: Model, batch: Batch) -> torch.Tensor | None:
+    """One token id per prompt of ``batch``, inside the vocabulary (None stays None)."""
+    if ids is None:
+        return None
+    ids = torch.as_tensor(ids, dtype=torch.long)
     if ids.shape != (len(batch.lengths),):
-        raise InputError(f"`grad_ids` must hold one token id per prompt ({len(batch.lengths)}); "
+        raise InputError(f"`{name}` must hold one token id per prompt ({len(batch.lengths)}); "
                          f"got shape {tuple(ids.shape)}.")
     if not (0 <= int(ids.min()) and int(ids.max()) < model.vocab_size):
-        raise InputError(f"`grad_ids` must be token ids in [0, {model.vocab_size}).")
+        raise InputError(f"`{name}` must be token ids in [0, {model.vocab_size}).")
     return ids
 
 
@@ -697,14 +760,18 @@ def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
 
 
 def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
-    """The final norm's output, the key/value cache and the logits ([prompt, 1, vocab] when
-    ``plan.logits_last``)."""
+    """The final norm's output, the key/value cache, the tokens' probabilities and the
+    logits ([prompt, 1, vocab] when ``plan.logits_last``)."""
     if "final_norm" in plan.save_final:
         result["final_norm"] = _at_sel(plan, nn.final_norm.output.detach()).save()
     if plan.kv_cache:
         out = nn.output
         cache = getattr(out, "cache", None)
         result["kv_cache"] = out.past_key_values if cache is None else cache
+    if plan.prob_ids is not None:
+        last = nn.output.logits[:, -1].detach().float()
+        rows = torch.arange(plan.n_prompts, device=last.device)
+        result["prob"] = torch.softmax(last, -1)[rows, plan.prob_ids.to(last.device)].save()
     if plan.logits:
         lg = nn.output.logits.detach()
         if not plan.logits_last:

@@ -183,12 +183,15 @@ def test_remote_bench_result_shape():
     import os
 
     before = {k: os.environ.get(k) for k in ("NDIF_API_KEY", "NDIF_HOST")}
-    result = run_bench("remote", model="tiny-llama", n_prompts=2, steps=1, ft_steps=2, repeats=1)
+    result = run_bench("remote", model="tiny-llama", n_prompts=2, steps=1, ft_steps=2,
+                       fv_prompts=2, repeats=1)
     assert {k: os.environ.get(k) for k in before} == before  # the bench's env is undone
     assert_bench_result(result, "remote")
     figures = result["figures"]
     assert {"remote_vs_local_eap_ratio", "remote_vs_local_eap_ig_ratio",
-            "remote_vs_local_trace_ratio", "eap_request_mb"} <= set(figures)
+            "remote_vs_local_trace_ratio", "eap_request_mb", "remote_vs_local_fv_ratio"
+            } <= set(figures)
+    assert result["accuracy"]["remote_fv_scores_equal_local"] is True
     # the server computes at its own thread count, this test at one thread: equal up to
     # float32 summation order
     assert result["accuracy"]["remote_vs_local_max_rel_diff"] < 1e-5

@@ -283,10 +283,10 @@ def test_function_vector_reads_w_o_on_the_server(remote_model, local_model):
 
 
 def test_fv_scores_last_token_path_runs_on_the_server(remote_model, local_model):
-    """FV scores' last-token path on a remote model: each task's runs are one server job (a
-    key/value cache of the earlier positions, the Ablate records applied in pre-hooks on
-    o_proj), and the scores equal the local last-token path, which runs through the trace,
-    bit for bit (tests/test_icl_heads.py checks it against per-head traces)."""
+    """FV scores' last-token path on a remote model: each task's runs are one NDIF session
+    (the key/value cache of the earlier positions kept on the server, each chunk's trace
+    over a copy of it), and the scores equal the local last-token path bit for bit
+    (tests/test_icl_heads.py checks it against per-head traces)."""
     from explorer._checks import InputError
     from explorer.analyses import icl_heads as ih
 
@@ -298,6 +298,34 @@ def test_fv_scores_last_token_path_runs_on_the_server(remote_model, local_model)
     assert np.abs(local.indirect_effect.values).max() > 0
     with pytest.raises(InputError, match="runs it on the server"):
         ih.last_token_cache(remote_model, remote_model.tokenize(["a b c", "d e f"]))
+
+
+def test_runs_over_a_key_value_prefix_run_in_one_session(remote_model, local_model):
+    """`runs_over_prefix` on a remote model: the prefix's cache stays on the server, in one
+    NDIF session with every run (copies of the prompts, edits at the last token, saved
+    sites), and the readouts equal the local runs bit for bit; a bad edit is refused before
+    anything is sent."""
+    from explorer._checks import InputError
+    from explorer.trace import Readouts, runs_over_prefix
+
+    prompts = ["The quick brown fox jumps", "One two", "The capital of France is Paris"]
+    n, dh = len(prompts), local_model.spec.d_head
+    read = Readouts(save={(1, "resid_post"), (2, "attn_z")}, save_positions=[-1])
+    runs = [(1, [], read),
+            (2, [Ablate(1, 2, mode="mean", value=[0.3] * dh, positions=(-1,),
+                        prompts=tuple(range(n, 2 * n)))], read),
+            (1, [Steer(0, np.linspace(-1, 1, local_model.spec.d_model), positions=(-1,))],
+             Readouts(save_positions=[-1]))]
+    remote = runs_over_prefix(remote_model, prompts, runs)
+    local = runs_over_prefix(local_model, prompts, runs)
+    assert [sorted(map(str, r)) for r in remote] == [sorted(map(str, r)) for r in local]
+    for r, lo in zip(remote, local):
+        for key in lo:
+            assert torch.equal(r[key], lo[key]), key
+    assert remote[1]["logits"].shape == (2 * n, 1, local_model.vocab_size)
+    assert not torch.equal(remote[1]["logits"][:n], remote[1]["logits"][n:])
+    with pytest.raises(InputError, match=r"positions=\(-1,\)"):
+        runs_over_prefix(remote_model, prompts, [(1, [Steer(0, [0.0] * 64)], read)])
 
 
 def test_local_only_trace_features_refuse_a_remote_model(remote_model, local_model):

@@ -857,3 +857,35 @@ def test_run_over_a_key_value_prefix_with_sliding_windows(kind):
         with removed_after([m.o_proj(2).register_forward_pre_hook(set_head)]), torch.no_grad():
             ref = m.hf(input_ids=ids).logits[0, -1]
         torch.testing.assert_close(edited[i, 0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_token_probability_readout_equals_the_softmax_of_hf_logits(tiny_model):
+    """``prob_ids``: each prompt's token probability at its last position, computed in the
+    trace (with an edit), equals the softmax of each prompt's own hooked HF forward; bad
+    ids are clear errors."""
+    from explorer import Steer
+    from explorer.trace import run_batch
+
+    prompts = ["one two three four five", "a b", "the cat sat"]
+    batch = tiny_model.tokenize(prompts)
+    ids = torch.tensor([7, 100, 3])
+    vec = np.linspace(-2, 2, tiny_model.spec.d_model)
+    out = run_batch(tiny_model, batch, edits=[Steer(1, vec, positions=(-1,))], logits=False,
+                    prob_ids=ids)
+    assert set(out) == {"prob"} and out["prob"].shape == (3,)
+
+    def steer(_m, _args, o):
+        h = (o[0] if isinstance(o, tuple) else o).clone()
+        h[0, -1] += torch.as_tensor(vec, dtype=h.dtype)
+        return (h, *o[1:]) if isinstance(o, tuple) else h
+
+    for i, prompt in enumerate(prompts):
+        x = torch.tensor([tiny_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        with removed_after([tiny_model.hf_layer(1).register_forward_hook(steer)]), \
+                torch.no_grad():
+            p = torch.softmax(tiny_model.hf(input_ids=x).logits[0, -1].float(), -1)[ids[i]]
+        torch.testing.assert_close(out["prob"][i], p, rtol=1e-4, atol=1e-7)
+    with pytest.raises(InputError, match="`prob_ids` must hold one token id per prompt"):
+        run_batch(tiny_model, batch, prob_ids=torch.tensor([1, 2]))
+    with pytest.raises(InputError, match="`prob_ids` must be token ids"):
+        run_batch(tiny_model, batch, prob_ids=torch.tensor([1, 2, -1]))

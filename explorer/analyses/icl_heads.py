@@ -27,18 +27,17 @@ import xarray as xr
 
 from explorer.defaults import DATASETS_DIR
 from explorer._checks import InputError, check_choice, check_float, check_int, check_local_weights
-from explorer.interventions import Ablate, EditContext, apply_edits, index_key, position_index
+from explorer.interventions import Ablate
 from explorer.models import Model
 from explorer.trace import (
     KeyValuePrefix,
     Readouts,
     clean_run,
     key_value_prefix,
-    prefix_inputs,
     provenance,
     run_batch,
-    run_on_weights,
     run_with,
+    runs_over_prefix,
     trace,
 )
 
@@ -345,11 +344,12 @@ def last_token_problem(model: Model) -> str | None:
     """Why `last_token_cache` cannot serve ``model`` (None when it can).
 
     The last-token path runs the trace over a key/value prefix (`explorer.trace.
-    KeyValuePrefix`; on a remote model, on the server: `fv_scores` sends each task's runs
-    as one job). The families checked to give the full forward's logits are
-    `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia; Gemma 2, whose
-    family entry Gemma 3 shares untested), sliding-window layers included: the prefix keeps the model's own cache layers, whose
-    count of the tokens seen places the window.
+    KeyValuePrefix`; a remote model's runs of a task are one session on the server,
+    `explorer.trace.runs_over_prefix`). The families checked to give the full forward's
+    logits are `LAST_TOKEN_FAMILIES` (Llama, Qwen2/3, Mistral; GPT-2; GPT-NeoX / Pythia;
+    Gemma 2, whose family entry Gemma 3 shares untested), sliding-window layers included:
+    the prefix keeps the model's own cache layers, whose count of the tokens seen places
+    the window.
     """
     if model.arch.family not in LAST_TOKEN_FAMILIES:
         return (f"the last-token path handles the {', '.join(LAST_TOKEN_FAMILIES)} families; "
@@ -389,13 +389,29 @@ def fv_last_token_probs(model: Model, prefix: KeyValuePrefix, heads: Sequence[tu
     no ``heads`` (and ``mean_z`` None) it returns the unpatched probabilities, [1, prompt].
     """
     check_local_weights(model, "the last-token run (fv_scores runs it on the server)")
-    n, k = len(prefix.batch.lengths), max(1, len(heads))
+    n = len(prefix.batch.lengths)
+    k, edits = _chunk_edits(heads, mean_z, n)
+    big = prefix.repeat(k)
+    out = run_batch(model, big.batch, edits=edits, prefix=big,
+                    readouts=_answer_readout(target, k))
+    return out["prob"].reshape(k, n)
+
+
+def _chunk_edits(heads: Sequence[tuple[int, int]], mean_z: Any, n: int
+                 ) -> tuple[int, list[Ablate]]:
+    """(copies, edits) of a chunk of ``heads``: head j set to its mean in copy j (one
+    unedited copy when there are none)."""
     by_layer: dict[int, list[tuple[int, int]]] = {}
     for j, (layer, head) in enumerate(heads):
         by_layer.setdefault(layer, []).append((j, head))
+    k = max(1, len(heads))
+    return k, _last_token_edits(by_layer, mean_z, n, k)
 
-    p = torch.softmax(_last_token_logits(model, prefix, by_layer, mean_z, k), dim=-1)
-    return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
+
+def _answer_readout(target: torch.Tensor, k: int) -> Readouts:
+    """The probability of each prompt's ``target`` token at the last position, in ``k``
+    copies of the prompts, and nothing else (no logits cross the network)."""
+    return Readouts(save_positions=[-1], logits=False, prob_ids=target.repeat(k))
 
 
 def _last_token_logits(model: Model, prefix: KeyValuePrefix,
@@ -444,61 +460,18 @@ def ablated_last_token(model: Model, prefix: KeyValuePrefix,
     return correct.cpu(), prob.cpu()
 
 
-def _fv_last_token_task(weights: Any, batch: Any, chunks: list[list[tuple[int, int]]],
-                        mean_z: np.ndarray, target: torch.Tensor
-                        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One task's last-token runs on the server (`run_on_weights`): the unpatched
-    probabilities [prompt] and, per chunk of heads, the patched ones [head, prompt].
-
-    The job runs inside the request's own trace, where no second trace can open, so it
-    calls the served model directly: the same inputs as `run_batch` over a prefix
-    (`explorer.trace.prefix_inputs`) and the same ``Ablate`` records, applied to each
-    ``o_proj`` input by `explorer.interventions.apply_edits` in a pre-hook that is removed
-    before the job returns.
-    """
-    batch = batch.to(weights.hf.device)
-    n = len(batch.lengths)
-    with torch.no_grad():
-        head = weights.hf(input_ids=batch.input_ids[:, :-1],
-                          attention_mask=batch.attention_mask[:, :-1],
-                          position_ids=batch.position_ids[:, :-1], use_cache=True,
-                          logits_to_keep=1)
-    prefix = KeyValuePrefix(batch, head.cache if getattr(head, "cache", None) is not None
-                            else head.past_key_values)
-
-    def probs(chunk: list[tuple[int, int]]) -> torch.Tensor:
-        k = max(1, len(chunk))
-        by_layer: dict[int, list[tuple[int, int]]] = {}
-        for j, (layer, h) in enumerate(chunk):
-            by_layer.setdefault(layer, []).append((j, h))
-        edits = _last_token_edits(by_layer, mean_z, n, k)
-        big = prefix.repeat(k)
-        tail, inputs = prefix_inputs(weights, big.batch, big, edits)
-        ctx = EditContext(d_head=weights.spec.d_head, mask=tail.attention_mask)
-        for e in edits:
-            ctx.index.setdefault(index_key(e), position_index(tail.lengths, 1, *index_key(e)))
-
-        def hook_for(layer: int) -> Any:
-            here = [e for e in edits if e.layer == layer]
-
-            def patch(_module: Any, args: tuple) -> tuple:
-                z = args[0].clone()                          # [k * n, 1, n_heads * d_head]
-                apply_edits(z, here, ctx)
-                return (z, *args[1:])
-            return patch
-
-        handles = [weights.o_proj(layer).register_forward_pre_hook(hook_for(layer))
-                   for layer in by_layer]
-        try:
-            with torch.no_grad():
-                logits = weights.hf(**inputs, logits_to_keep=1).logits[:, -1].float()
-        finally:
-            for h in handles:
-                h.remove()
-        p = torch.softmax(logits, -1)
-        return p[torch.arange(k * n, device=p.device), target.to(p.device).repeat(k)].reshape(k, n)
-
-    return probs([])[0], [probs(chunk) for chunk in chunks]
+def _remote_last_token_probs(model: Model, prompts: list[str],
+                             chunks: list[list[tuple[int, int]]], mean_z: np.ndarray,
+                             target: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A remote model's last-token runs of one task, in one session on the server
+    (`explorer.trace.runs_over_prefix`): the unpatched probabilities [prompt] and, per chunk
+    of heads, the patched ones [head, prompt]."""
+    n = len(prompts)
+    runs = [(k, edits, _answer_readout(target, k)) for k, edits in
+            [(1, [])] + [_chunk_edits(chunk, mean_z, n) for chunk in chunks]]
+    outs = runs_over_prefix(model, model.tokenize(prompts), runs)
+    probs = [out["prob"].reshape(k, n) for (k, _, _), out in zip(runs, outs)]
+    return probs[0][0], probs[1:]
 
 
 def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 8,
@@ -555,9 +528,9 @@ def fv_scores(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts: int = 
         p_clean[t] = float(last_token_probs(model, model.tokenize(clean))[rows, target].mean())
         chunks = list(head_chunks(heads, max(1, max_rows // len(target))))
         remote_p = None
-        if method == "last_token" and model.remote:  # the task's runs as one server job
-            base, remote_p = run_on_weights(model, _fv_last_token_task,
-                                            model.tokenize(corrupted), chunks, mean_z[t], target)
+        if method == "last_token" and model.remote:  # the task's runs as one NDIF session
+            base, remote_p = _remote_last_token_probs(model, corrupted, chunks, mean_z[t],
+                                                      target)
         elif method == "last_token":
             prefix = last_token_cache(model, model.tokenize(corrupted))
             base = fv_last_token_probs(model, prefix, [], None, target)[0]     # [prompt]
