@@ -679,7 +679,11 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     FV scores: `icl_heads.fv_scores` on the antonym task (``fv_prompts`` prompts of 5 shots,
     the heads of every third layer) by the last-token path, whose remote runs are one NDIF
     session (`explorer.trace.runs_over_prefix`); ``remote_vs_local_fv_ratio`` remote over
-    local, wall time.
+    local, wall time. Attribution patching: `unlearning.attribution_patching` of 2 shipped
+    facts (2 facts with the attributes blue, dog and moon where the model's tokenizer
+    cannot tell the shipped sports apart: ``params["ap_facts"]``), one trace with gradient readouts per
+    fact (remote: an NDIF session that turns gradient tracking on);
+    ``remote_vs_local_attribution_ratio``.
     """
     from unittest import mock
 
@@ -687,6 +691,7 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     from explorer.analyses import circuit_lora as cl
     from explorer.analyses import circuits as ca
     from explorer.analyses import icl_heads as ih
+    from explorer.analyses import unlearning as ul
     from explorer.models import load_model, smollm2_folder
     from explorer.ndif_server import LoopbackServer
     from explorer.remote import remote_backend_class
@@ -735,13 +740,27 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
             return ih.fv_scores(m, ["antonym"], n_prompts=fv_prompts, n_shots=5,
                                 layers=list(range(0, m.n_layers, 3)), method="last_token")
 
+        facts, ap_facts = ul.load_attribute_facts()[:2], "shipped"
+        try:
+            ul.attribute_token_ids(local, facts[0].attributes)
+        except InputError:
+            attrs = ("blue", "dog", "moon")
+            facts, ap_facts = [ul.AttributeFact(f"Person {x}", attrs[i], attrs,
+                                                "Fact: {subject} likes the",
+                                                "Q: {subject} likes? {options}\nA:")
+                               for i, x in enumerate("AB")], "blue-dog-moon"
+
+        def attribution(m):
+            return ul.attribution_patching(m, facts)
+
         fns = {"eap_local": lambda: scores(local, "eap"), "eap_remote": lambda: scores(remote, "eap"),
                "ig_local": lambda: scores(local, "eap-ig"),
                "ig_remote": lambda: scores(remote, "eap-ig"),
                "trace_local": lambda: trace(local, prompt), "trace_remote": lambda: trace(remote, prompt),
                "ft_local": lambda: finetune(local), "ft_hooks": finetune_hooks,
                "ft_remote": lambda: finetune(remote),
-               "fv_local": lambda: fv(local), "fv_remote": lambda: fv(remote)}
+               "fv_local": lambda: fv(local), "fv_remote": lambda: fv(remote),
+               "ap_local": lambda: attribution(local), "ap_remote": lambda: attribution(remote)}
         wall, _cpu = interleaved_times(fns, repeats=repeats, warmup=1)
         sizes: list[int] = []
         backend = remote_backend_class()
@@ -766,6 +785,8 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
             torch.equal(lora_remote.state_dict()[k], theirs[k]) for k in theirs)
         ft_result_mb = 4 * 3 * lora_remote.n_params() / 2**20  # adapters + AdamW's 2 moments
         fv_same = bool(fv(remote).fv_score.equals(fv(local).fv_score))
+        ap_remote, ap_local = attribution(remote), attribution(local)
+        ap_same = all(bool(ap_remote[v].equals(ap_local[v])) for v in ("ap_mlp", "ap_head"))
         expect = scores(local, "eap").score.values
         same = bool(np.array_equal(result.score.values, expect))
         rel = float(np.abs(result.score.values - expect).max() / max(np.abs(expect).max(), 1e-30))
@@ -777,6 +798,7 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
         "params": {"model": model, "n_prompts": n_prompts, "n_pos": int(
             local.tokenize(task.clean).width), "steps": steps, "ft_steps": ft_steps,
             "ft_trainable": int(lora_remote.n_params()), "fv_prompts": fv_prompts,
+            "ap_facts": ap_facts,
             "repeats": repeats,
             "n_edges": int(result.sizes["edge"]), "threads": torch.get_num_threads()},
         "figures": {
@@ -799,10 +821,15 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
             "finetune_result_mb": ft_result_mb,
             "fv_local_ms": med("fv_local") * 1e3, "fv_remote_ms": med("fv_remote") * 1e3,
             "remote_vs_local_fv_ratio": paired_ratio(wall["fv_remote"], wall["fv_local"]),
+            "attribution_local_ms": med("ap_local") * 1e3,
+            "attribution_remote_ms": med("ap_remote") * 1e3,
+            "remote_vs_local_attribution_ratio": paired_ratio(wall["ap_remote"],
+                                                              wall["ap_local"]),
         },
         "accuracy": {"remote_scores_equal_local": same, "remote_vs_local_max_rel_diff": rel,
                      "remote_finetune_equals_local_peft": ft_same,
-                     "remote_fv_scores_equal_local": fv_same},
+                     "remote_fv_scores_equal_local": fv_same,
+                     "remote_attribution_equals_local": ap_same},
         "notes": {"ratios": "median over interleaved rounds of remote / local wall time; the "
                             "loopback server computes on the same cores",
                   "accuracy": "EAP scores remote vs local: bit for bit when the server and "

@@ -402,11 +402,12 @@ class Readouts:
         position (softmax of the float32 logits), computed in the trace, so that only these
         numbers cross the network on a remote run.
     grad, grad_ids : set of (layer, site), tensor [prompt] of token ids
-        Gradients (local models): ("grad", layer, site) is the gradient of the sum over
+        Gradients: ("grad", layer, site) is the gradient of the sum over
         prompts of the probability of ``grad_ids[i]`` at prompt i's last position with
         respect to that site's value (after the site's edits), as a saved site is kept
         (``attn_z`` as [prompt, pos, head*d_head]). The forward tracks gradients from
-        layer 0's input on; the weights get none.
+        layer 0's input on; the weights get none. A remote run is one NDIF session that
+        turns gradient tracking on around its trace.
     """
 
     save: Any = frozenset()
@@ -515,7 +516,10 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
     needs_pattern = any(site == "attn_pattern" for _, site in plan.save)
     grad_mode = torch.enable_grad() if plan.grad else torch.no_grad()
     with model.lock, grad_mode, _attention(model, "eager" if needs_pattern else None):
-        result = _traced(model.nn, inputs, plan, ctx, resume, result, remote=model.remote)
+        if plan.grad and model.remote:
+            result = _remote_traced_with_grad(model.nn, inputs, plan, ctx)
+        else:
+            result = _traced(model.nn, inputs, plan, ctx, resume, result, remote=model.remote)
     return {k: (v.value if hasattr(v, "value") and not isinstance(v, torch.Tensor) else v)
             for k, v in result.items()}
 
@@ -578,14 +582,13 @@ _GRAD_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
 
 def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
     """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers (and a
-    local model for them and for ``r.kv_cache``)."""
+    local model for ``r.kv_cache``)."""
     if r.kv_cache:
         check_local_weights(model, "a key/value cache readout")
     if not r.grad and r.grad_ids is None:
         return None
     if not r.grad or r.grad_ids is None:
         raise InputError("gradients need both `grad` (the sites) and `grad_ids` (the tokens).")
-    check_local_weights(model, "gradients in the trace")
     for layer, site in r.grad:
         check_choice("gradient site", site, _GRAD_SITES)
         model.check_layer(layer)
@@ -684,6 +687,17 @@ def _traced(nn: Any, inputs: dict[str, Any], plan: _Plan, ctx: EditContext,
         if plan.dla_ids is not None:
             _dla_readouts(nn, plan, result, dla_parts)
         result.save()  # the dict itself, so that a remote (NDIF) run sends it back whole
+    return result
+
+
+def _remote_traced_with_grad(nn: Any, inputs: dict[str, Any], plan: _Plan,
+                             ctx: EditContext) -> dict[Any, Any]:
+    """A remote run with gradient readouts: one NDIF session whose body turns gradient
+    tracking on around the trace (the server runs a request's own forward without it)."""
+    with nn.session(remote=True) as session:  # noqa: F841
+        with torch.enable_grad():
+            result = _traced(nn, inputs, plan, ctx, None, {}, remote=False)
+        result.save()  # the dict itself, so that the session sends it back whole
     return result
 
 
@@ -840,7 +854,7 @@ def run_on_weights(model: Model, fn: Callable[..., Any], *args: Any, **kwargs: A
     NDIF server inside one nnsight trace, on a `Model` over the server's module tree (the
     trace's envoys: same structure, the served weights), and only its return value comes
     back. This is how computations that need the weights outside a plain forward (the
-    circuits' per-head forward and backward, causal tracing's hooked runs, a function
+    circuits' per-head forward and backward, LoRA training steps, a function
     vector's W_O slices) run on NDIF: ``fn`` and everything it calls are explorer code,
     which travels with the request by value.
 

@@ -192,6 +192,8 @@ def test_remote_bench_result_shape():
             "remote_vs_local_trace_ratio", "eap_request_mb", "remote_vs_local_fv_ratio"
             } <= set(figures)
     assert result["accuracy"]["remote_fv_scores_equal_local"] is True
+    assert result["accuracy"]["remote_attribution_equals_local"] is True
+    assert figures["remote_vs_local_attribution_ratio"] > 0
     # the server computes at its own thread count, this test at one thread: equal up to
     # float32 summation order
     assert result["accuracy"]["remote_vs_local_max_rel_diff"] < 1e-5

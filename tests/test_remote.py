@@ -329,7 +329,7 @@ def test_runs_over_a_key_value_prefix_run_in_one_session(remote_model, local_mod
 
 
 def test_local_only_trace_features_refuse_a_remote_model(remote_model, local_model):
-    """A key/value prefix, gradient readouts and a trace over a module copy need the
+    """A key/value prefix (and its cache readout) and a trace over a module copy need the
     weights here: on a remote model each is a clear error."""
     from explorer._checks import InputError
     from explorer.trace import key_value_prefix, run_batch
@@ -339,8 +339,6 @@ def test_local_only_trace_features_refuse_a_remote_model(remote_model, local_mod
         key_value_prefix(remote_model, batch)
     with pytest.raises(InputError, match="a key/value cache readout"):
         run_batch(remote_model, batch, kv_cache=True)
-    with pytest.raises(InputError, match="gradients in the trace"):
-        run_batch(remote_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1, 2]))
     with pytest.raises(InputError, match="weights are on the server"):
         remote_model.over(local_model.hf)
 
@@ -411,9 +409,9 @@ def _tiny_fact_file(folder, names):
 
 def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
     """The unlearning lab's localisation on a remote model: causal tracing (hooked runs that
-    restore clean states) and attribution patching (a hooked forward and backward) run on
-    the server, and equal the local results bit for bit (locally attribution patching is
-    one trace with gradient readouts; both are checked against hand-written torch hooks in
+    restore clean states) and attribution patching (one trace with gradient readouts, in an
+    NDIF session that turns gradient tracking on) run on the server, and equal the local
+    results bit for bit (both are checked against hand-written torch hooks in
     tests/test_unlearning.py)."""
     from explorer.analyses import unlearning as U
 
@@ -427,6 +425,7 @@ def test_causal_tracing_runs_on_the_server(remote_model, local_model, tmp_path):
         ap_remote = U.attribution_patching(remote_model, facts)
         ap_local = U.attribution_patching(local_model, facts)
     assert _equal(ap_remote.ap_mlp, ap_local.ap_mlp) and np.abs(ap_local.ap_mlp.values).max() > 0
+    assert _equal(ap_remote.ap_head, ap_local.ap_head) and np.abs(ap_local.ap_head.values).max() > 0
 
 
 def test_lora_finetuning_runs_on_the_server(remote_model, local_model, tmp_path, monkeypatch):

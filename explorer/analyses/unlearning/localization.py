@@ -6,8 +6,7 @@ noised subject embeddings (`causal_trace`), its linear estimate from one gradien
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,15 +23,10 @@ from explorer.analyses.unlearning.facts import (
 )
 from explorer.analyses.unlearning.components import _mlp_layers, localized_components, top_layers
 from explorer.interventions import Set
-from explorer.lora import remove_hooks
 from explorer.models import Model
 from explorer.trace import Readouts, provenance, run_batch, run_on_weights, run_with, trace
 
 __all__ = ["causal_trace", "attribution_patching", "top_layers", "localized_layers"]
-
-
-def _layer_modules(model: Model) -> list[torch.nn.Module]:
-    return [model.hf_layer(layer) for layer in range(model.n_layers)]
 
 
 def _mlp_module(model: Model, layer: int) -> torch.nn.Module:
@@ -68,13 +62,6 @@ def _fact_noise(model: Model, facts: Sequence[AttributeFact], noise_scale: float
     std = _noise_std(model)
     return [torch.randn(len(subject_positions(model, f)), model.spec.d_model, generator=g)
             * noise_scale * std for f in facts]
-
-
-def _replace_output(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to a module output that is a tensor or a tuple led by one."""
-    if isinstance(output, tuple):
-        return (fn(output[0]), *output[1:])
-    return fn(output)
 
 
 def _clean_states(model: Model, prompt: str
@@ -221,9 +208,8 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
     the first-order estimate of ``restore_mlp - p_corrupt``; the score of head h of layer l
     is the same product on that head's slice of the output projection's input (``attn_z``),
     the first-order estimate of ``restore_head - p_corrupt``. The corrupted run is one
-    trace with the noise as a `Set` edit and gradient readouts; a remote model runs it as a
-    server job (`run_on_weights`, torch hooks on the served modules): a request's own forward
-    runs without gradient tracking there.
+    trace with the noise as a `Set` edit and gradient readouts (on a remote model, one NDIF
+    session that turns gradient tracking on around it).
 
     Returns
     -------
@@ -246,12 +232,7 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
         subj = torch.tensor(subject_positions(model, f))
         _, clean, clean_z = _clean_states(model, prompt)
         ids = torch.tensor(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])[None]
-        if model.remote:
-            with model.lock:
-                mlp_s, head_s = run_on_weights(model, _mlp_attribution, ids, subj, noise,
-                                               target, clean, clean_z)
-        else:
-            mlp_s, head_s = _traced_attribution(model, ids, subj, noise, target, clean, clean_z)
+        mlp_s, head_s = _traced_attribution(model, ids, subj, noise, target, clean, clean_z)
         scores[fi], head_scores[fi] = mlp_s.numpy(), head_s.numpy()
         if progress:
             progress(fi + 1, len(facts))
@@ -269,8 +250,9 @@ def attribution_patching(model: Model, facts: Sequence[AttributeFact], *,
 def _traced_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor,
                         noise: torch.Tensor, target: int, clean: list[torch.Tensor],
                         clean_z: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """([layer], [layer, head]) as `_mlp_attribution`, from one trace: the noise is a `Set`
-    edit at resid_pre 0, and the corrupted values and their gradients are readouts."""
+    """([layer], [layer, head]): grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l),
+    and per head the same on its slice of the o_proj input, from one trace: the noise is a
+    `Set` edit at resid_pre 0, and the corrupted values and their gradients are readouts."""
     L = model.n_layers
     sites = {(x, s) for x in range(L) for s in ("attn_z", "mlp_out")}
     edits = [Set("resid_pre", 0, noise, add=True, positions=tuple(int(p) for p in subj))]
@@ -301,52 +283,6 @@ def _grad_times_delta(model: Model, clean: list[torch.Tensor], clean_z: list[tor
         prod = (g_z[x].float() * dz).reshape(dz.shape[0], H, dh)
         head_scores[x] = prod.sum((0, 2)).double()
     return scores, head_scores
-
-
-def _mlp_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor, noise: torch.Tensor,
-                     target: int, clean: list[torch.Tensor], clean_z: list[torch.Tensor]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """([layer], [layer, head]): grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l),
-    and per head the same on its slice of the o_proj input, in one corrupted forward and
-    backward with torch hooks on the served model (a remote model's server job,
-    `run_on_weights`: a request's own forward runs without gradient tracking there)."""
-    device = model.hf.device
-    ids, noise, clean = ids.to(device), noise.to(device), [x.to(device) for x in clean]
-    clean_z = [x.to(device) for x in clean_z]
-    L = model.n_layers
-    acts: list[torch.Tensor | None] = [None] * L
-    zs: list[torch.Tensor | None] = [None] * L
-    handles = []
-
-    def add_noise(_m, _inp, out):
-        # a leaf that needs grad: the weights may have requires_grad off
-        out = out.detach().clone().requires_grad_(True)
-        noisy = out.clone()
-        noisy[:, subj] += noise.to(out.dtype)
-        return noisy
-
-    def keep(layer):
-        def hook(_m, _inp, out):
-            acts[layer] = out[0] if isinstance(out, tuple) else out
-        return hook
-
-    handles.append(model.hf.get_input_embeddings().register_forward_hook(add_noise))
-    def keep_z(layer):
-        def hook(_m, args):
-            zs[layer] = args[0]
-        return hook
-
-    handles += [_mlp_module(model, x).register_forward_hook(keep(x)) for x in range(L)]
-    handles += [model.o_proj(x).register_forward_pre_hook(keep_z(x)) for x in range(L)]
-    try:
-        with torch.enable_grad():
-            logits = model.hf(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
-            p = torch.softmax(logits, -1)[target]
-            grads = torch.autograd.grad(p, acts + zs)  # each [1, pos, d_model | head * d_head]
-    finally:
-        remove_hooks(handles)
-    return _grad_times_delta(model, clean, clean_z, [a[0] for a in acts], [z[0] for z in zs],
-                             [g[0] for g in grads[:L]], [g[0] for g in grads[L:]])
 
 
 def localized_layers(model: Model, method: str, n_layers: int, *, probe: xr.Dataset | None = None,
