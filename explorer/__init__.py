@@ -1,7 +1,7 @@
 """explorer: look inside language models, interactively.
 
 The core API: `load_model`; `read` with the readout records (`Save`, `Logits`, `FinalNorm`,
-`Lens`, `DLA`) and the intervention records, and the assemblers over it (`trace`,
+`Lens`, `DLA`, `Grad`) and the intervention records, and the assemblers over it (`trace`,
 `run_with`, `logit_lens`); `ActivationStore`. Importing has no side effects beyond
 importing torch and xarray; models load only when asked.
 """
@@ -13,7 +13,8 @@ from .interventions import (Ablate, AddHead, Patch, Scale, Set, Steer, edits_fro
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
 from .store import ActivationStore
-from .readouts import DLA, FinalNorm, Lens, Logits, Save, readouts_from_json, readouts_to_json
+from .readouts import (DLA, FinalNorm, Grad, Lens, Logits, Save, readouts_from_json,
+                       readouts_to_json)
 from .trace import clean_run, read, run_with, trace
 from .workspace import Workspace
 
@@ -23,6 +24,7 @@ __all__ = [
     "AddHead",
     "DLA",
     "FinalNorm",
+    "Grad",
     "Lens",
     "Logits",
     "Save",

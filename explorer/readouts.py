@@ -18,6 +18,8 @@ edits and readouts:
 `Lens`          the logit lens reduced in the trace: top tokens per layer, the ranks
                 and log-probs of the output's top tokens, cosines of adjacent layers
 `DLA`           direct logit attribution of target tokens (per head, MLP, embedding)
+`Grad`          gradients of the answer tokens' probability at the last position with
+                respect to layer sites
 ==============  ====================================================================
 """
 from __future__ import annotations
@@ -33,7 +35,8 @@ import torch
 from ._checks import InputError, check_choice, check_int, record_from_dict, records_from_json
 from .models import Batch
 
-__all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Chunk", "check_readouts",
+__all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Grad", "Chunk",
+           "check_readouts",
            "merge_requests", "readout_from_dict", "readouts_to_json", "readouts_from_json"]
 
 SAVE_SITES = ("resid_pre", "attn_z", "head_out", "attn_pattern", "mlp_out", "resid_post")
@@ -434,7 +437,80 @@ class DLA(Readout):
                 "target": np.arange(ids.shape[1]), "target_id": (("prompt", "target"), ids)}
 
 
-_KINDS: dict[str, type[Readout]] = {c.kind: c for c in (Save, Logits, FinalNorm, Lens, DLA)}
+GRAD_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
+"""Layer sites a `Grad` differentiates by."""
+
+
+@dataclass(frozen=True)
+class Grad(Readout):
+    """Gradients of the summed probability of ``token_ids`` (one token per prompt) at each
+    prompt's last position with respect to ``sites`` at ``layers`` (None: every layer).
+
+    Variables ``grad_<site>`` (prompt, pos, layer, ...) shaped as the site's `Save`
+    (``attn_z`` [head, d_head]), float32: the gradient with respect to the site's value
+    after the run's edits there. The trace tracks gradients from layer 0's input on, so
+    the weights get none; a remote run is one NDIF session that turns gradient tracking on
+    around the trace (the server runs a request's own forward without it).
+    """
+
+    sites: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    layers: tuple[int, ...] | None = None
+    kind: ClassVar[str] = "grad"
+
+    def __post_init__(self):
+        sites = (self.sites,) if isinstance(self.sites, str) else tuple(self.sites)
+        if not sites:
+            raise InputError("`Grad.sites` is empty: name at least one of "
+                             f"{', '.join(GRAD_SITES)}.")
+        object.__setattr__(self, "sites", tuple(check_choice("site", x, GRAD_SITES)
+                                                for x in dict.fromkeys(sites)))
+        ids = np.asarray(self.token_ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise InputError(f"`Grad.token_ids` must be one token id per prompt; got shape "
+                             f"{ids.shape}.")
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in ids))
+        if self.layers is not None and not isinstance(self.layers, (int, np.integer)):
+            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+
+    def checked(self, model: Any) -> Grad:
+        ids = np.asarray(self.token_ids)
+        if ids.size and not (ids.min() >= 0 and ids.max() < model.vocab_size):
+            raise InputError(f"`Grad.token_ids` must be token ids in [0, {model.vocab_size}).")
+        return Grad(self.sites, self.token_ids, _layer_tuple(model, self.layers, "Grad"))
+
+    def check_run(self, n_prompts: int, positions: list[int] | None) -> None:
+        if len(self.token_ids) != n_prompts:
+            raise InputError(f"`Grad.token_ids` must hold one token per prompt ({n_prompts}); "
+                             f"got {len(self.token_ids)}.")
+
+    def request(self, chunk: Chunk) -> dict[str, Any]:
+        return {"grad": {(layer, site) for layer in self.layers for site in self.sites},
+                "grad_ids": torch.tensor([self.token_ids[i] for i in chunk.rows])}
+
+    def arrays(self, out: dict[Any, Any], chunk: Chunk) -> dict[str, np.ndarray]:
+        spec, got = chunk.spec, {}
+        for site in self.sites:
+            per_layer = [out[("grad", layer, site)] for layer in self.layers]
+            if site == "attn_z":
+                per_layer = [x.reshape(*x.shape[:-1], spec.n_heads, spec.d_head)
+                             for x in per_layer]
+            got[f"grad_{site}"] = _stack_layers(per_layer, chunk)
+        return got
+
+    def dims(self) -> dict[str, tuple[str, ...]]:
+        return {f"grad_{site}": ("prompt", "pos", "layer", *_SITE_DIMS[site])
+                for site in self.sites}
+
+    def coords(self, spec: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"layer": np.array(self.layers)}
+        if "attn_z" in self.sites:
+            out["head"] = np.arange(spec.n_heads)
+        return out
+
+
+_KINDS: dict[str, type[Readout]] = {c.kind: c for c in (Save, Logits, FinalNorm, Lens, DLA,
+                                                          Grad)}
 
 
 def check_readouts(model: Any, readouts: Any) -> list[Readout]:
@@ -445,17 +521,17 @@ def check_readouts(model: Any, readouts: Any) -> list[Readout]:
         readouts = [readouts]
     if isinstance(readouts, (str, bytes, dict)) or not isinstance(readouts, Iterable):
         raise TypeError("`readouts` must be a list of readout records (Save, Logits, FinalNorm, "
-                        f"Lens, DLA); got {type(readouts).__name__}.")
+                        f"Lens, DLA, Grad); got {type(readouts).__name__}.")
     out: list[Readout] = []
     for i, r in enumerate(readouts):
         if not isinstance(r, Readout):
             raise TypeError(f"`readouts[{i}]` must be a readout record (Save, Logits, FinalNorm, "
-                            f"Lens, DLA); got {type(r).__name__}. Records saved as JSON load "
-                            "with `readouts_from_json`.")
+                            f"Lens, DLA, Grad); got {type(r).__name__}. Records saved as JSON "
+                            "load with `readouts_from_json`.")
         out.append(r.checked(model))
     if not out:
         raise InputError("`readouts` is empty: name at least one of Save, Logits, FinalNorm, "
-                         "Lens, DLA.")
+                         "Lens, DLA, Grad.")
     seen: dict[str, int] = {}
     for i, r in enumerate(out):
         for name in r.dims():
@@ -463,7 +539,7 @@ def check_readouts(model: Any, readouts: Any) -> list[Readout]:
                 raise InputError(f"`readouts[{seen[name]}]` and `readouts[{i}]` both write "
                                  f"{name!r}; read it once.")
             seen[name] = i
-    for cls in (Lens, DLA):
+    for cls in (Lens, DLA, Grad):
         if sum(isinstance(r, cls) for r in out) > 1:
             raise InputError(f"one run computes one `{cls.__name__}`; got several.")
     saves = [r for r in out if isinstance(r, Save)]

@@ -37,6 +37,7 @@ from .interventions import (
 from .models import SITES, Batch, Model
 from .readouts import (
     DLA,
+    GRAD_SITES,
     SAVE_SITES,
     Chunk,
     FinalNorm,
@@ -577,9 +578,6 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
                  grad=frozenset(r.grad), grad_ids=_check_grad(model, batch, r))
 
 
-_GRAD_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
-
-
 def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
     """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers (and a
     local model for ``r.kv_cache``)."""
@@ -590,7 +588,7 @@ def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
     if not r.grad or r.grad_ids is None:
         raise InputError("gradients need both `grad` (the sites) and `grad_ids` (the tokens).")
     for layer, site in r.grad:
-        check_choice("gradient site", site, _GRAD_SITES)
+        check_choice("gradient site", site, GRAD_SITES)
         model.check_layer(layer)
     return _token_ids("grad_ids", r.grad_ids, model, batch)
 
@@ -1064,7 +1062,8 @@ def read(model: Model, prompts: Any, readouts: Any, *, edits: Sequence[Edit] = (
     model : Model
     prompts : str, list of str, list of token id lists, or a `Batch`
     readouts : sequence of `explorer.readouts.Readout`
-        `Save`, `Logits`, `FinalNorm`, `Lens`, `DLA` records (see `explorer.readouts`).
+        `Save`, `Logits`, `FinalNorm`, `Lens`, `DLA`, `Grad` records (see
+        `explorer.readouts`).
     edits : sequence of Edit
         Interventions applied during the run; a value-less mean `Ablate` averages over
         every prompt whatever the batch size.

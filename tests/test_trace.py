@@ -889,3 +889,43 @@ def test_token_probability_readout_equals_the_softmax_of_hf_logits(tiny_model):
         run_batch(tiny_model, batch, prob_ids=torch.tensor([1, 2]))
     with pytest.raises(InputError, match="`prob_ids` must be token ids"):
         run_batch(tiny_model, batch, prob_ids=torch.tensor([1, 2, -1]))
+
+
+def test_grad_record_reads_the_trace_gradients_as_labelled_arrays(tiny_model):
+    """`read` with a `Grad` record: ``grad_<site>`` over (prompt, pos, layer, ...) equals the
+    trace's gradient tensors unpadded (NaN past a prompt's end), batches split or not; the
+    record round-trips through JSON; bad records are clear errors."""
+    from explorer import Grad, Save, read
+    from explorer.readouts import readouts_from_json, readouts_to_json
+    from explorer.trace import Readouts, run_batch
+
+    prompts = ["one two three four five", "a b", "the cat sat"]
+    ids = [5, 9, 2]
+    record = Grad(("attn_z", "mlp_out"), ids, layers=[0, 2])
+    assert readouts_from_json(readouts_to_json([record])) == [record]
+    ds = read(tiny_model, prompts, [record, Save("mlp_out", layers=[0, 2])], batch_size=2)
+    assert ds.grad_attn_z.dims == ("prompt", "pos", "layer", "head", "d_head")
+    assert list(ds.layer.values) == [0, 2]
+    batch = tiny_model.tokenize(prompts)
+    sites = {(x, s) for x in (0, 2) for s in ("attn_z", "mlp_out")}
+    ref = run_batch(tiny_model, batch, readouts=Readouts(logits=False, grad=sites,
+                                                        grad_ids=torch.tensor(ids)))
+    H, dh = tiny_model.spec.n_heads, tiny_model.spec.d_head
+    for i, n in enumerate(batch.lengths):
+        for j, layer in enumerate((0, 2)):
+            z = ref[("grad", layer, "attn_z")][i, batch.width - n:].reshape(n, H, dh)
+            np.testing.assert_allclose(ds.grad_attn_z.values[i, :n, j], z.numpy(), rtol=1e-5,
+                                       atol=1e-9)
+            np.testing.assert_allclose(ds.grad_mlp_out.values[i, :n, j],
+                                       ref[("grad", layer, "mlp_out")][i, batch.width - n:],
+                                       rtol=1e-5, atol=1e-9)
+        assert np.isnan(ds.grad_mlp_out.values[i, n:]).all()
+    assert float(np.abs(ds.grad_mlp_out.values[~np.isnan(ds.grad_mlp_out.values)]).max()) > 0
+    with pytest.raises(InputError, match="one token per prompt"):
+        read(tiny_model, prompts, [Grad("mlp_out", [1, 2])])
+    with pytest.raises(InputError, match="one run computes one `Grad`"):
+        read(tiny_model, prompts, [Grad("mlp_out", ids), Grad("attn_z", ids)])
+    with pytest.raises(InputError, match="`site` must be one of"):
+        Grad("attn_pattern", ids)
+    with pytest.raises(InputError, match="token ids in"):
+        read(tiny_model, prompts, [Grad("mlp_out", [1, 2, 10**6])])

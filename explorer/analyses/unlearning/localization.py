@@ -24,7 +24,8 @@ from explorer.analyses.unlearning.facts import (
 from explorer.analyses.unlearning.components import _mlp_layers, localized_components, top_layers
 from explorer.interventions import Set
 from explorer.models import Model
-from explorer.trace import Readouts, provenance, run_batch, run_on_weights, run_with, trace
+from explorer.readouts import Grad, Save
+from explorer.trace import provenance, read, run_on_weights, run_with, trace
 
 __all__ = ["causal_trace", "attribution_patching", "top_layers", "localized_layers"]
 
@@ -251,19 +252,18 @@ def _traced_attribution(model: Model, ids: torch.Tensor, subj: torch.Tensor,
                         noise: torch.Tensor, target: int, clean: list[torch.Tensor],
                         clean_z: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """([layer], [layer, head]): grad_{mlp_out l} p(target) . (clean - corrupted mlp_out l),
-    and per head the same on its slice of the o_proj input, from one trace: the noise is a
-    `Set` edit at resid_pre 0, and the corrupted values and their gradients are readouts."""
-    L = model.n_layers
-    sites = {(x, s) for x in range(L) for s in ("attn_z", "mlp_out")}
+    and per head the same on its slice of the o_proj input, from one trace (`read`): the
+    noise is a `Set` edit at resid_pre 0, the corrupted values `Save` and their gradients
+    `Grad` records."""
     edits = [Set("resid_pre", 0, noise, add=True, positions=tuple(int(p) for p in subj))]
-    out = run_batch(model, model.batch_from_ids([ids[0].tolist()]), edits=edits,
-                    readouts=Readouts(save=sites, logits=False, grad=sites,
-                                      grad_ids=torch.tensor([target])))
-    return _grad_times_delta(model, clean, clean_z,
-                             [out[(x, "mlp_out")][0] for x in range(L)],
-                             [out[(x, "attn_z")][0] for x in range(L)],
-                             [out[("grad", x, "mlp_out")][0] for x in range(L)],
-                             [out[("grad", x, "attn_z")][0] for x in range(L)])
+    sites = ("attn_z", "mlp_out")
+    ds = read(model, [ids[0].tolist()], [Save("attn_z"), Save("mlp_out"),
+                                         Grad(sites, [target])], edits=edits, progress=False)
+    per_layer = {name: [torch.from_numpy(x).reshape(x.shape[0], -1)       # [pos, ...]
+                        for x in np.moveaxis(ds[name].values[0], 1, 0)]
+                 for name in ("mlp_out", "attn_z", "grad_mlp_out", "grad_attn_z")}
+    return _grad_times_delta(model, clean, clean_z, per_layer["mlp_out"], per_layer["attn_z"],
+                             per_layer["grad_mlp_out"], per_layer["grad_attn_z"])
 
 
 def _grad_times_delta(model: Model, clean: list[torch.Tensor], clean_z: list[torch.Tensor],
