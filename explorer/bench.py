@@ -794,6 +794,13 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
     def med(name):
         return statistics.median(wall[name])
 
+    def pair(figure, local_run, remote_run):
+        """Local and remote medians (ms) of one call and their paired ratio."""
+        return {f"{figure}_local_ms": med(local_run) * 1e3,
+                f"{figure}_remote_ms": med(remote_run) * 1e3,
+                f"remote_vs_local_{figure}_ratio": paired_ratio(wall[remote_run],
+                                                                wall[local_run])}
+
     return {
         "params": {"model": model, "n_prompts": n_prompts, "n_pos": int(
             local.tokenize(task.clean).width), "steps": steps, "ft_steps": ft_steps,
@@ -802,29 +809,16 @@ def remote_overhead(*, model: str = DEFAULT_MODEL, n_prompts: int = 8, steps: in
             "repeats": repeats,
             "n_edges": int(result.sizes["edge"]), "threads": torch.get_num_threads()},
         "figures": {
-            "eap_local_ms": med("eap_local") * 1e3, "eap_remote_ms": med("eap_remote") * 1e3,
-            "remote_vs_local_eap_ratio": paired_ratio(wall["eap_remote"], wall["eap_local"]),
-            "eap_ig_local_ms": med("ig_local") * 1e3, "eap_ig_remote_ms": med("ig_remote") * 1e3,
-            "remote_vs_local_eap_ig_ratio": paired_ratio(wall["ig_remote"], wall["ig_local"]),
-            "trace_local_ms": med("trace_local") * 1e3,
-            "trace_remote_ms": med("trace_remote") * 1e3,
-            "remote_vs_local_trace_ratio": paired_ratio(wall["trace_remote"],
-                                                         wall["trace_local"]),
+            **pair("eap", "eap_local", "eap_remote"), **pair("eap_ig", "ig_local", "ig_remote"),
+            **pair("trace", "trace_local", "trace_remote"),
             "eap_request_mb": max(eap_sizes) / 2**20 if eap_sizes else float("nan"),
             "eap_result_mb": 4 * result.sizes["edge"] / 2**20,
-            "finetune_local_ms": med("ft_local") * 1e3,
+            **pair("finetune", "ft_local", "ft_remote"),
             "finetune_local_hooks_ms": med("ft_hooks") * 1e3,
-            "finetune_remote_ms": med("ft_remote") * 1e3,
-            "remote_vs_local_finetune_ratio": paired_ratio(wall["ft_remote"], wall["ft_local"]),
             "hooks_vs_peft_finetune_ratio": paired_ratio(wall["ft_hooks"], wall["ft_local"]),
             "finetune_job_mb": max(ft_sizes) / 2**20 if ft_sizes else float("nan"),
             "finetune_result_mb": ft_result_mb,
-            "fv_local_ms": med("fv_local") * 1e3, "fv_remote_ms": med("fv_remote") * 1e3,
-            "remote_vs_local_fv_ratio": paired_ratio(wall["fv_remote"], wall["fv_local"]),
-            "attribution_local_ms": med("ap_local") * 1e3,
-            "attribution_remote_ms": med("ap_remote") * 1e3,
-            "remote_vs_local_attribution_ratio": paired_ratio(wall["ap_remote"],
-                                                              wall["ap_local"]),
+            **pair("fv", "fv_local", "fv_remote"), **pair("attribution", "ap_local", "ap_remote"),
         },
         "accuracy": {"remote_scores_equal_local": same, "remote_vs_local_max_rel_diff": rel,
                      "remote_finetune_equals_local_peft": ft_same,
