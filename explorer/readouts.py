@@ -110,6 +110,21 @@ class Readout:
                 for name, p in parts.items()}
 
 
+def _normalise_layers(record: Readout) -> None:
+    """A record's ``layers`` as a tuple of ints (None and a single int stay as given, for
+    `_layer_tuple` to resolve against the model)."""
+    layers = record.layers
+    if layers is not None and not isinstance(layers, (int, np.integer)):
+        object.__setattr__(record, "layers", tuple(int(x) for x in layers))
+
+
+def _check_vocab(name: str, ids: Any, model: Any) -> None:
+    """Raise InputError unless every id of ``ids`` is a token id of ``model``."""
+    ids = np.asarray(ids)
+    if ids.size and not (ids.min() >= 0 and ids.max() < model.vocab_size):
+        raise InputError(f"`{name}` must be token ids in [0, {model.vocab_size}).")
+
+
 def _layer_tuple(model: Any, layers: Any, what: str) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(model.n_layers))
@@ -142,8 +157,7 @@ class Save(Readout):
 
     def __post_init__(self):
         check_choice("site", self.site, SAVE_SITES)
-        if self.layers is not None and not isinstance(self.layers, (int, np.integer)):
-            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        _normalise_layers(self)
         if self.points is not None:
             if self.site == "attn_pattern":
                 raise InputError("`points` apply to sites other than 'attn_pattern'.")
@@ -323,8 +337,7 @@ class Lens(Readout):
 
     def __post_init__(self):
         check_int("k", self.k, low=1)
-        if self.layers is not None and not isinstance(self.layers, (int, np.integer)):
-            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        _normalise_layers(self)
         object.__setattr__(self, "cosine", bool(self.cosine))
 
     def checked(self, model: Any) -> Lens:
@@ -398,9 +411,7 @@ class DLA(Readout):
         object.__setattr__(self, "target_ids", tuple(tuple(int(t) for t in r) for r in ids))
 
     def checked(self, model: Any) -> DLA:
-        ids = np.asarray(self.target_ids)
-        if ids.size and not (ids.min() >= 0 and ids.max() < model.vocab_size):
-            raise InputError(f"`DLA.target_ids` must be token ids in [0, {model.vocab_size}).")
+        _check_vocab("DLA.target_ids", self.target_ids, model)
         return self
 
     def check_run(self, n_prompts: int, positions: list[int] | None) -> None:
@@ -470,13 +481,10 @@ class Grad(Readout):
             raise InputError(f"`Grad.token_ids` must be one token id per prompt; got shape "
                              f"{ids.shape}.")
         object.__setattr__(self, "token_ids", tuple(int(t) for t in ids))
-        if self.layers is not None and not isinstance(self.layers, (int, np.integer)):
-            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        _normalise_layers(self)
 
     def checked(self, model: Any) -> Grad:
-        ids = np.asarray(self.token_ids)
-        if ids.size and not (ids.min() >= 0 and ids.max() < model.vocab_size):
-            raise InputError(f"`Grad.token_ids` must be token ids in [0, {model.vocab_size}).")
+        _check_vocab("Grad.token_ids", self.token_ids, model)
         return Grad(self.sites, self.token_ids, _layer_tuple(model, self.layers, "Grad"))
 
     def check_run(self, n_prompts: int, positions: list[int] | None) -> None:

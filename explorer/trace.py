@@ -318,8 +318,11 @@ def runs_over_prefix(model: Model, prompts: Any,
     runs = [(check_int("k", k, low=1), check_edits(e), r) for k, e, r in runs]
     if not model.remote:
         prefix = key_value_prefix(model, batch)
-        return [run_batch(model, big.batch, edits=e, prefix=big, readouts=r)
-                for big, e, r in ((prefix.repeat(k), e, r) for k, e, r in runs)]
+        outs = []
+        for k, e, r in runs:
+            big = prefix.repeat(k)
+            outs.append(run_batch(model, big.batch, edits=e, prefix=big, readouts=r))
+        return outs
     planned = []
     for k, e, r in runs:
         tail, inputs = _tail_inputs(_repeat_batch(batch, k), e, r)
@@ -336,8 +339,7 @@ def _session_over_prefix(nn: Any, batch: Batch, planned: list[tuple], kwarg: str
     head = {key: value[:, :-1] for key, value in batch.model_inputs().items()}
     with nn.session(remote=True) as session:  # noqa: F841
         with nn.trace(**head, use_cache=True, logits_to_keep=1) as tracer:  # noqa: F841
-            out = nn.output
-            cache = out.past_key_values if getattr(out, "cache", None) is None else out.cache
+            cache = _output_cache(nn.output)
         results = []
         for k, inputs, plan, ctx in planned:
             inputs = {**inputs, kwarg: KeyValuePrefix(batch, cache, k).fresh_cache()}
@@ -554,6 +556,8 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
         raise InputError(f"`lens_ranked` must be an int in [1, {r.lens_k}]; got {r.lens_ranked}.")
     if r.lens_cosine and any(x - 1 not in lens_layers for x in lens_layers if x > 0):
         raise InputError("`lens_cosine` needs every lens layer's predecessor in `lens_layers`.")
+    if r.kv_cache:
+        check_local_weights(model, "a key/value cache readout")
     softcap = None
     if model.arch.logit_softcap_attr:
         softcap = getattr(model.hf.config, model.arch.logit_softcap_attr, None)
@@ -579,10 +583,7 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
 
 
 def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
-    """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers (and a
-    local model for ``r.kv_cache``)."""
-    if r.kv_cache:
-        check_local_weights(model, "a key/value cache readout")
+    """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers."""
     if not r.grad and r.grad_ids is None:
         return None
     if not r.grad or r.grad_ids is None:
@@ -702,13 +703,18 @@ def _remote_traced_with_grad(nn: Any, inputs: dict[str, Any], plan: _Plan,
 def _keep(plan: _Plan, result: dict[Any, Any], key: tuple[int, str], value: Any) -> None:
     """Save one layer site's value at the kept positions or points (a copy if edits follow)."""
     value = value.detach()
-    if plan.points is not None and key[1] != "attn_pattern":
-        value = value[plan.points[0], plan.points[1]]              # [points, ...]
-    elif plan.sel is not None and key[1] != "attn_pattern":
-        value = _at_sel(plan, value)
+    if key[1] != "attn_pattern" and (plan.points is not None or plan.sel is not None):
+        value = _kept(plan, value)
     elif plan.clone:
         value = value.clone()
     result[key] = value.save() if hasattr(value, "save") else value
+
+
+def _kept(plan: _Plan, x: Any) -> Any:
+    """``x`` [prompt, padded_pos, ...] at the kept points ([points, ...]) or positions."""
+    if plan.points is not None:
+        return x[plan.points[0], plan.points[1]]
+    return _at_sel(plan, x)
 
 
 def _site_value(block: Any, site: str) -> Any:
@@ -777,13 +783,9 @@ def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
     if "final_norm" in plan.save_final:
         result["final_norm"] = _at_sel(plan, nn.final_norm.output.detach()).save()
     if plan.kv_cache:
-        out = nn.output
-        cache = getattr(out, "cache", None)
-        result["kv_cache"] = out.past_key_values if cache is None else cache
+        result["kv_cache"] = _output_cache(nn.output)
     if plan.prob_ids is not None:
-        last = nn.output.logits[:, -1].detach().float()
-        rows = torch.arange(plan.n_prompts, device=last.device)
-        result["prob"] = torch.softmax(last, -1)[rows, plan.prob_ids.to(last.device)].save()
+        result["prob"] = _last_token_prob(nn.output.logits.detach(), plan.prob_ids).save()
     if plan.logits:
         lg = nn.output.logits.detach()
         if not plan.logits_last:
@@ -791,19 +793,30 @@ def _output_readouts(nn: Any, plan: _Plan, result: dict[Any, Any]) -> None:
         result["logits"] = lg.save()
 
 
+def _output_cache(out: Any) -> Any:
+    """The key/value cache of a forward's output: ``cache`` (transformers 5.24) or the
+    older ``past_key_values``."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
+def _last_token_prob(logits: Any, ids: torch.Tensor) -> Any:
+    """Each row's probability of its token ``ids[row]`` at the last position (float32
+    softmax): [row], from logits [row, pos, vocab]."""
+    last = logits[:, -1].float()
+    rows = torch.arange(last.shape[0], device=last.device)
+    return torch.softmax(last, -1)[rows, ids.to(last.device)]
+
+
 def _grad_readouts(nn: Any, plan: _Plan, result: dict[Any, Any],
                    live: dict[tuple[int, str], Any]) -> None:
     """The gradients of the summed ``grad_ids`` probabilities at the last position, read in
     reverse forward order as the backward pass reaches each value."""
-    logits = nn.output.logits[:, -1].float()
-    rows = torch.arange(plan.n_prompts, device=logits.device)
-    p = torch.softmax(logits, -1)[rows, plan.grad_ids.to(logits.device)].sum()
+    p = _last_token_prob(nn.output.logits, plan.grad_ids).sum()
     with p.backward():
         for layer, site in sorted(live, key=lambda k: (k[0], _LAYER_SITES.index(k[1])),
                                   reverse=True):
-            g = live[(layer, site)].grad
-            g = _at_sel(plan, g) if plan.points is None else g[plan.points[0], plan.points[1]]
-            result[("grad", layer, site)] = g.save()
+            result[("grad", layer, site)] = _kept(plan, live[(layer, site)].grad).save()
 
 
 def _lens_readouts(nn: Any, plan: _Plan, result: dict[Any, Any],
