@@ -9,6 +9,7 @@ different head in each copy of a batch repeated k times (see `CleanRun.repeat`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -43,10 +44,10 @@ PATCH_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
 
 @dataclass(frozen=True)
 class Edit:
-    """Base of the intervention records."""
+    """Base of the intervention records. Each has a ``site`` (a class constant, or a field
+    where the record can act at several sites)."""
 
     kind: ClassVar[str] = ""
-    site: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind, **asdict(self)}
@@ -56,7 +57,7 @@ class Edit:
 
     @property
     def edit_site(self) -> str:
-        return self.site
+        return self.site  # type: ignore[attr-defined]
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
@@ -126,27 +127,16 @@ class Scale(Edit):
 
 @dataclass(frozen=True)
 class _AtSite(Edit):
-    """An edit that names its site in a field (``site_field``; "site" in its dict) and may
-    restrict an ``attn_z`` edit to one ``head``."""
-
-    site_field: ClassVar[str] = ""
-
-    @property
-    def edit_site(self) -> str:
-        return getattr(self, self.site_field)
+    """An edit whose ``site`` is a field (one of `PATCH_SITES`) and that may restrict an
+    ``attn_z`` edit to one ``head``."""
 
     def _check_site(self) -> None:
         _check_prompts(self)
-        site = check_choice("site", self.edit_site, PATCH_SITES)
+        site = check_choice("site", self.site, PATCH_SITES)
         if self.head is not None and site != "attn_z":
             raise InputError(f"`head` applies to site 'attn_z' only; got site {site!r}.")
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["site"] = d.pop(self.site_field)
-        return d
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
@@ -156,22 +146,20 @@ class _AtSite(Edit):
 
 @dataclass(frozen=True)
 class Patch(_AtSite):
-    """Write the activation of ``source`` (a prompt) at ``site``/``layer`` into the run.
+    """Write the activation of ``source`` (a prompt) at ``site`` of ``layer`` into the run.
 
     Without ``positions`` the source must have as many tokens as every prompt in the
     run (every row in ``prompts`` when given). ``head`` restricts an ``attn_z`` patch to
     one head.
     """
 
-    patch_site: str
+    site: str
     layer: int
     source: str
     head: int | None = None
     positions: tuple[int, ...] | None = None
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "patch"
-
-    site_field: ClassVar[str] = "patch_site"
 
     def __post_init__(self):
         self._check_site()
@@ -241,7 +229,7 @@ class AddHead(Edit):
 
 @dataclass(frozen=True)
 class Set(_AtSite):
-    """Write ``value`` into ``set_site`` of ``layer`` at the selected (prompt, position)
+    """Write ``value`` into ``site`` of ``layer`` at the selected (prompt, position)
     pairs, or add it there with ``add``.
 
     ``value`` holds vectors (d_model wide; d_head with ``head``, which restricts an
@@ -251,7 +239,7 @@ class Set(_AtSite):
     clean run's values there; the corruption adds noise at ``resid_pre`` of layer 0.
     """
 
-    set_site: str
+    site: str
     layer: int
     value: tuple[float, ...]
     head: int | None = None
@@ -259,8 +247,6 @@ class Set(_AtSite):
     positions: tuple[int, ...] | None = None
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "set"
-
-    site_field: ClassVar[str] = "set_site"
 
     def __post_init__(self):
         self._check_site()
@@ -271,13 +257,35 @@ class Set(_AtSite):
         super().validate(model)
         spec = model.spec
         width = (spec.d_head if self.head is not None else
-                 spec.n_heads * spec.d_head if self.set_site == "attn_z" else spec.d_model)
+                 spec.n_heads * spec.d_head if self.site == "attn_z" else spec.d_model)
         if not self.value or len(self.value) % width:
             raise InputError(f"`value` must hold a whole number of {width}-wide vectors; got "
                              f"{len(self.value)} entries.")
 
 
 _KINDS: dict[str, type[Edit]] = {c.kind: c for c in (Ablate, Scale, Patch, Steer, AddHead, Set)}
+
+# Site keywords of older releases: refused when constructing, read from saved JSON.
+_OLD_SITE_KEYS: dict[type[Edit], str] = {Patch: "patch_site", Set: "set_site"}
+
+
+def _refuse_old_site_keyword(cls: type[Edit], old: str) -> None:
+    """Make ``cls(old=...)`` raise an InputError naming ``site=`` (instead of Python's
+    "unexpected keyword argument")."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if old in kwargs:
+            raise InputError(f"{cls.__name__} names its site with `site=`: use "
+                             f"site={kwargs[old]!r}, not {old}=.")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
+for _cls, _old in _OLD_SITE_KEYS.items():
+    _refuse_old_site_keyword(_cls, _old)
 
 
 def _check_prompts(e: Edit) -> None:
@@ -352,11 +360,13 @@ def edit_from_dict(d: dict[str, Any]) -> Edit:
 
 
 def _edit_fields(cls: type[Edit], d: dict[str, Any]) -> None:
-    """An edit dict's fields as the record takes them: Patch's site, lists as tuples."""
-    if cls is Patch:
-        d["patch_site"] = d.pop("site", None)  # a missing site fails `check_choice` by name
-    elif cls is Set:
-        d["set_site"] = d.pop("site", None)
+    """An edit dict's fields as the record takes them: lists as tuples; a site saved under
+    an older key (``patch_site``, ``set_site``) read as ``site``."""
+    if cls in (Patch, Set):
+        old = _OLD_SITE_KEYS[cls]
+        if old in d and "site" not in d:
+            d["site"] = d.pop(old)
+        d.setdefault("site", None)  # a missing site fails `check_choice` by name
     for key in ("value", "vector", "positions", "prompts"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
@@ -470,7 +480,7 @@ def _apply_set(value: torch.Tensor, e: Set, ctx: EditContext) -> None:
     if vec.shape[0] != len(rows):                         # one per position, every prompt
         per_prompt = torch.unique_consecutive(rows, return_counts=True)[1]
         if not bool((per_prompt == vec.shape[0]).all()):
-            raise InputError(f"Set at {e.set_site} layer {e.layer} holds {vec.shape[0]} vectors; "
+            raise InputError(f"Set at {e.site} layer {e.layer} holds {vec.shape[0]} vectors; "
                              f"the run selects {len(rows)} (prompt, position) pairs in "
                              f"{len(per_prompt)} prompts: give one vector per pair or per "
                              "position.")

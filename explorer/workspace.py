@@ -82,11 +82,11 @@ def edit_label(edit: Edit) -> str:
         text = f"steer L{edit.layer} × {edit.alpha:g}"
     elif isinstance(edit, Patch):
         where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
-                 else f"{edit.patch_site} L{edit.layer}")
+                 else f"{edit.site} L{edit.layer}")
         text = f"patch {where} from {edit.source[:24]!r}"
     elif isinstance(edit, Set):
         where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
-                 else f"{edit.set_site} L{edit.layer}")
+                 else f"{edit.site} L{edit.layer}")
         text = f"{'add to' if edit.add else 'set'} {where} (given values)"
     else:  # pragma: no cover - every record kind is named above
         text = edit.kind
@@ -660,8 +660,6 @@ def _parallel(model: Any) -> bool:
 def _edit_code(edit: Edit) -> str:
     d = edit.to_dict()
     d.pop("kind")
-    if isinstance(edit, Patch):
-        d["patch_site"] = d.pop("site")
     args = ", ".join(f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in d.items()
                      if not (v is None and k in ("value", "positions", "prompts", "head")))
     return f"{type(edit).__name__}({args})"

@@ -23,7 +23,7 @@ def _edits(model):
     rng = np.random.default_rng(0)
     vector = rng.normal(size=model.spec.d_model).astype(np.float32) * 2.0
     return [Ablate(layer=0, head=1), Scale(layer=1, head=2, alpha=3.0),
-            Patch(patch_site="resid_pre", layer=1, source=SOURCE, positions=(2, 3)),
+            Patch(site="resid_pre", layer=1, source=SOURCE, positions=(2, 3)),
             Steer(layer=1, vector=tuple(float(v) for v in vector), alpha=1.5)]
 
 

@@ -138,7 +138,7 @@ def reference_hook(model, batch, edit):
             return x
         return (model.hf_layer(edit.layer), "post", fn)
     if isinstance(edit, Patch):
-        src = captured(model, edit.source, edit.patch_site, edit.layer)  # [n_src, d]
+        src = captured(model, edit.source, edit.site, edit.layer)  # [n_src, d]
         n_src = src.shape[0]
         cols = columns(lengths, width, edit.positions)
         src_pos = [range(n) if edit.positions is None else
@@ -150,7 +150,7 @@ def reference_hook(model, batch, edit):
                 for c, q in zip(cs, qs):
                     x[i, c, sl] = src[q, sl]
             return x
-        module, when = site_module(model, edit.patch_site, edit.layer)
+        module, when = site_module(model, edit.site, edit.layer)
         return (module, when, fn)
     if isinstance(edit, Set):
         cols = columns(lengths, width, edit.positions)
@@ -167,7 +167,7 @@ def reference_hook(model, batch, edit):
                     x[i, c, sl] = x[i, c, sl] + v if edit.add else v
                     j += 1
             return x
-        module, when = site_module(model, edit.set_site, edit.layer)
+        module, when = site_module(model, edit.site, edit.layer)
         return (module, when, fn)
     raise TypeError(edit)
 
@@ -369,6 +369,26 @@ def test_json_round_trip_of_every_record(edit):
 def test_json_round_trip_of_a_list():
     assert edits_from_json(edits_to_json(ALL_EDITS)) == ALL_EDITS
     assert edits_from_json(edits_to_json([])) == []
+
+
+def test_site_is_named_site_on_every_record():
+    assert Patch(site="mlp_out", layer=1, source="x").site == "mlp_out"
+    assert Set(site="resid_pre", layer=0, value=(1.0,)).site == "resid_pre"
+    with pytest.raises(InputError, match=r"use site='resid_pre', not patch_site="):
+        Patch(patch_site="resid_pre", layer=1, source="x")
+    with pytest.raises(InputError, match=r"use site='mlp_out', not set_site="):
+        Set(set_site="mlp_out", layer=1, value=(1.0,))
+
+
+def test_saved_edits_with_older_site_keys_still_read():
+    text = json.dumps([
+        {"kind": "patch", "patch_site": "resid_pre", "layer": 1, "source": "x", "head": None,
+         "positions": [0, -1]},
+        {"kind": "set", "set_site": "attn_z", "layer": 0, "value": [1.5] * 16, "head": 2,
+         "add": True},
+    ])
+    assert edits_from_json(text) == [Patch("resid_pre", 1, "x", positions=(0, -1)),
+                                     Set("attn_z", 0, (1.5,) * 16, head=2, add=True)]
 
 
 def test_records_normalise_their_fields():

@@ -136,7 +136,7 @@ def test_run_with_ablate_and_steer_matches_local(remote_model, local_model):
 
 
 def test_patch_matches_local(remote_model, local_model):
-    edits = [Patch(patch_site="resid_pre", layer=1, source="Paris is", positions=(-1,))]
+    edits = [Patch(site="resid_pre", layer=1, source="Paris is", positions=(-1,))]
     prompts = ["The quick brown fox", "One two three"]
     remote = run_with(remote_model, prompts, edits)
     local = run_with(local_model, prompts, edits)
