@@ -31,6 +31,7 @@ __all__ = [
     "AddHead",
     "Set",
     "PATCH_SITES",
+    "STEER_SITES",
     "edit_from_dict",
     "edits_to_json",
     "edits_from_json",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 PATCH_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
+# the d_model-wide sites a steering vector is added to
+STEER_SITES = ("resid_pre", "mlp_out", "resid_post")
 
 
 @dataclass(frozen=True)
@@ -167,18 +170,20 @@ class Patch(_AtSite):
 
 @dataclass(frozen=True)
 class Steer(Edit):
-    """Add ``alpha * vector`` to ``resid_post`` of ``layer`` at ``positions`` (all if None)."""
+    """Add ``alpha * vector`` (d_model wide) to ``site`` of ``layer`` at ``positions`` (all
+    if None) in ``prompts`` rows (all if None); ``site`` is one of `STEER_SITES`."""
 
     layer: int
     vector: tuple[float, ...]
     alpha: float = 1.0
     positions: tuple[int, ...] | None = None
     prompts: tuple[int, ...] | None = None
+    site: str = "resid_post"
     kind: ClassVar[str] = "steer"
-    site: ClassVar[str] = "resid_post"
 
     def __post_init__(self):
         _check_prompts(self)
+        check_choice("site", self.site, STEER_SITES)
         object.__setattr__(self, "vector", _as_tuple(self.vector, "vector"))
         object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
         if self.positions is not None:

@@ -79,7 +79,8 @@ def edit_label(edit: Edit) -> str:
     elif isinstance(edit, AddHead):
         text = f"add to {comp.head(edit.layer, edit.head)} × {edit.alpha:g}"
     elif isinstance(edit, Steer):
-        text = f"steer L{edit.layer} × {edit.alpha:g}"
+        at = "" if edit.site == "resid_post" else f"{edit.site} "
+        text = f"steer {at}L{edit.layer} × {edit.alpha:g}"
     elif isinstance(edit, Patch):
         where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
                  else f"{edit.site} L{edit.layer}")

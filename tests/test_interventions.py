@@ -130,13 +130,15 @@ def reference_hook(model, batch, edit):
     if isinstance(edit, Steer):
         cols = columns(lengths, width, edit.positions)
         vec = torch.tensor(edit.vector)
+        rows = range(len(lengths)) if edit.prompts is None else edit.prompts
 
         def fn(x):  # [prompt, padded_pos, d_model]
-            for i, cs in enumerate(cols):
-                for c in cs:
+            for i in rows:
+                for c in cols[i]:
                     x[i, c] = x[i, c] + edit.alpha * vec
             return x
-        return (model.hf_layer(edit.layer), "post", fn)
+        module, when = site_module(model, edit.site, edit.layer)
+        return (module, when, fn)
     if isinstance(edit, Patch):
         src = captured(model, edit.source, edit.site, edit.layer)  # [n_src, d]
         n_src = src.shape[0]
@@ -378,6 +380,23 @@ def test_site_is_named_site_on_every_record():
         Patch(patch_site="resid_pre", layer=1, source="x")
     with pytest.raises(InputError, match=r"use site='mlp_out', not set_site="):
         Set(set_site="mlp_out", layer=1, value=(1.0,))
+
+
+@pytest.mark.parametrize("site", ["resid_pre", "mlp_out", "resid_post"])
+def test_steer_at_each_site_adds_the_vector_there(tiny_model, site):
+    d = tiny_model.spec.d_model
+    vec = random_vector(d, 7)
+    edit = Steer(1, vec, alpha=2.5, positions=(0, -1), prompts=(0, 2), site=site)
+    assert edit.edit_site == site and edit_from_dict(edit.to_dict()) == edit
+    assert_edit_matches_hooks(tiny_model, PROMPTS, [edit])
+
+
+def test_steer_site_defaults_to_resid_post_and_names_the_allowed_sites():
+    assert Steer(0, (1.0,)).site == "resid_post"
+    assert edit_from_dict({"kind": "steer", "layer": 0, "vector": [1.0]}).site == "resid_post"
+    with pytest.raises(InputError, match=r"`site` must be one of 'resid_pre', 'mlp_out', "
+                                         r"'resid_post'; got 'attn_z'"):
+        Steer(0, (1.0,), site="attn_z")
 
 
 def test_saved_edits_with_older_site_keys_still_read():
