@@ -84,6 +84,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.shattering",
     "explorer.commands.unlearning",
     "explorer.commands.studies",
+    "explorer.commands.dla",
 )
 
 _PROG = "explorer"

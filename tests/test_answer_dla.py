@@ -150,3 +150,24 @@ def test_answers_by_text_positions_and_errors(tiny_model):
         answer_token_id(m, "The quick brown fox")
     with pytest.raises(InputError, match="outside the prompt's"):
         answer_logit_attribution(m, PROMPT, positions=[40])
+
+
+def test_command_prints_the_largest_components_as_hooks_give_them(tiny_model, monkeypatch,
+                                                                  capsys):
+    from tests._cli import OneCommand
+
+    run = OneCommand("dla", monkeypatch, capsys)
+    out = run.json(["dla", "--model", "tiny-llama", "--prompt", PROMPT, "--answer", "#5",
+                    "--alt", "#9", "--top", "3", "--json"])
+    heads, mlps, diff, *_ = _hand_terms(tiny_model, PROMPT, 5, 9)
+    names = [f"L{la}.H{h}" for la in range(3) for h in range(4)] + [f"L{la}.MLP" for la in range(3)]
+    values = np.concatenate([heads.ravel(), mlps])
+    order = np.argsort(-np.abs(values))[:3]
+    clean = out["positions"][0]["clean"]
+    assert [c["component"] for c in clean["top"]] == [names[i] for i in order]
+    np.testing.assert_allclose([c["contribution"] for c in clean["top"]], values[order],
+                               rtol=RTOL)
+    np.testing.assert_allclose(clean["logit_diff"], diff, rtol=RTOL)
+    assert run(["dla", "--model", "tiny-llama", "--prompt", PROMPT, "--answer", "#5",
+                "--alt", "#5"]) != 0
+    assert "must differ" in capsys.readouterr().err
