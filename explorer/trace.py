@@ -53,7 +53,7 @@ __all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_ba
            "CleanRun", "clean_run", "KeyValuePrefix", "key_value_prefix", "runs_over_prefix",
            "provenance", "check_sites", "check_layers",
            "check_positions", "check_edits", "check_edit_rows", "edits_for_rows",
-           "run_on_weights"]
+           "run_on_weights", "at_positions", "real_lengths"]
 
 # Sites inside a layer, in the order the forward pass reaches them.
 _LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
@@ -1287,6 +1287,93 @@ def token_coords(model: Model, batch: Batch, positions: Sequence[int] | None,
     return {"token_id": (("prompt", "pos"), ids),
             "token": (("prompt", "pos"), toks.astype(str)),
             "mask": ids >= 0}
+
+
+def real_lengths(obj: xr.Dataset | xr.DataArray) -> xr.DataArray:
+    """Each prompt's count of real tokens in a Dataset `read` returned (or one of its
+    variables): from its ``mask``, or from the ``token_id`` coord (-1 on padding)."""
+    if isinstance(obj, xr.Dataset) and "mask" in obj.data_vars:
+        real = obj["mask"].astype(bool)
+    elif "token_id" in obj.coords:
+        real = obj.coords["token_id"] >= 0
+    else:
+        raise InputError("per-prompt positions need the run's `mask` variable or its "
+                         "`token_id` coord; index the Dataset `trace`/`read` returned, or a "
+                         "variable of it.")
+    if "pos" not in real.dims:
+        raise InputError("this result has no `pos` dimension to index.")
+    return real.sum("pos")
+
+
+def at_positions(obj: xr.Dataset | xr.DataArray, pos: Any) -> xr.Dataset | xr.DataArray:
+    """``obj`` at per-prompt positions ``pos`` (an int or a list of ints): a negative
+    position counts from each prompt's own end, so ``-1`` is every prompt's last real token
+    in a padded batch, never a padding column. Where the run kept chosen ``positions``, the
+    ``pos`` labels are those positions and ``pos`` picks among them by label.
+
+    With one int the ``pos`` dimension goes and ``pos`` becomes a (prompt,) coord of the
+    column each prompt's value came from; with a list, ``pos`` holds the positions asked for.
+    """
+    many = not isinstance(pos, (int, np.integer))
+    wanted = check_positions(pos)
+    labels = obj.coords["pos"].values if "pos" in obj.coords else None
+    if labels is None or "pos" not in obj.dims:
+        raise InputError("this result has no `pos` dimension to index.")
+    if not np.array_equal(labels, np.arange(len(labels))):   # kept positions: by label
+        missing = [p for p in wanted if p not in labels.tolist()]
+        if missing:
+            raise InputError(f"position {missing[0]} was not kept by this run; it kept "
+                             f"positions {labels.tolist()}.")
+        return obj.sel(pos=wanted if many else wanted[0])
+    lengths = real_lengths(obj)
+    picked = []
+    for p in wanted:
+        q = lengths + p if p < 0 else xr.full_like(lengths, p)
+        bad = (q < 0) | (q >= lengths)
+        if bool(bad.any()):
+            where = {d: int(v) for d, v in zip(bad.dims, np.argwhere(bad.values)[0])}
+            n = int(lengths.values[tuple(where.values())]) if where else int(lengths)
+            who = f"prompt {where['prompt']}" if "prompt" in where else "the prompt"
+            raise InputError(f"position {p} is out of range for {who} with {n} tokens "
+                             f"(allowed: -{n} to {n - 1}).")
+        picked.append(obj.isel(pos=q))
+    if not many:
+        return picked[0]
+    out = xr.concat([x.drop_vars("pos") for x in picked], dim="pos")
+    return out.assign_coords(pos=np.array(wanted)).transpose(*obj.dims, ...)
+
+
+@xr.register_dataset_accessor("explorer")
+@xr.register_dataarray_accessor("explorer")
+class PositionsAccessor:
+    """``ds.explorer``: positions as a person means them on a Dataset `trace`, `read` or
+    `run_with` returned, or on one of its variables.
+
+    Results are aligned at each prompt's first token, so a shorter prompt of a padded
+    batch ends in padding (NaN) and plain ``isel(pos=-1)`` is the batch's last column.
+    ``ds.resid_post.explorer.isel(prompt=2, pos=-1)`` is prompt 2's own last token, and
+    ``ds.explorer.last`` every prompt's last token (see `at_positions`).
+    """
+
+    def __init__(self, obj: xr.Dataset | xr.DataArray):
+        self._obj = obj
+
+    def isel(self, indexers: dict[str, Any] | None = None, **more: Any):
+        """``obj.isel(...)`` where ``pos`` counts per prompt (negative: from its end)."""
+        indexers = {**(indexers or {}), **more}
+        pos = indexers.pop("pos", None)
+        obj = self._obj.isel(indexers) if indexers else self._obj
+        return obj if pos is None else at_positions(obj, pos)
+
+    @property
+    def last(self):
+        """Every prompt's last real token (``pos`` -1 of each prompt)."""
+        return at_positions(self._obj, -1)
+
+    @property
+    def lengths(self) -> xr.DataArray:
+        """Real tokens per prompt (prompt,)."""
+        return real_lengths(self._obj)
 
 
 def logit_attribution(model: Model, prompts: Any, target_ids: Any, *,

@@ -929,3 +929,41 @@ def test_grad_record_reads_the_trace_gradients_as_labelled_arrays(tiny_model):
         Grad("attn_pattern", ids)
     with pytest.raises(InputError, match="token ids in"):
         read(tiny_model, prompts, [Grad("mlp_out", [1, 2, 10**6])])
+
+
+# -- positions a person means: negative positions per prompt on a padded batch ---------------
+
+def test_negative_positions_are_each_prompts_own_tokens(tiny_model):
+    ds = trace(tiny_model, PROMPTS, sites=["resid_post", "resid_pre"])
+    refs = [hf_reference(tiny_model, p) for p in PROMPTS]
+    layer = 1
+    # the padded batch ends in padding for the shorter prompts: the raw last column is NaN
+    assert np.isnan(ds.resid_post.sel(layer=layer).isel(prompt=1, pos=-1).values).all()
+    for i, ref in enumerate(refs):
+        n = len(ref["ids"])
+        alone = ref["hidden"][layer + 1]                                   # [pos, d_model]
+        got = ds.resid_post.sel(layer=layer).explorer.isel(prompt=i, pos=-1)
+        assert_close(torch.from_numpy(got.values), alone[-1])
+        assert int(got.pos) == n - 1 and int(got.token_id) == int(ref["ids"][-1])
+        two = ds.resid_pre.sel(layer=layer).explorer.isel(prompt=i, pos=[0, -2])
+        assert two.pos.values.tolist() == [0, -2]
+        assert_close(torch.from_numpy(two.values), ref["hidden"][layer][[0, n - 2]])
+    last = ds.explorer.last                                 # every prompt at once, a Dataset
+    assert last.resid_post.dims == ("prompt", "layer", "d_model")
+    assert last.pos.values.tolist() == [len(r["ids"]) - 1 for r in refs]
+    for i, ref in enumerate(refs):
+        assert_close(torch.from_numpy(last.resid_post.sel(layer=0).values[i]), ref["hidden"][1][-1])
+    assert ds.explorer.lengths.values.tolist() == [len(r["ids"]) for r in refs]
+
+
+def test_positions_accessor_on_kept_positions_and_errors(tiny_model):
+    kept = trace(tiny_model, PROMPTS, positions=[0, -1])
+    whole = trace(tiny_model, PROMPTS)
+    np.testing.assert_array_equal(kept.resid_post.explorer.isel(pos=-1).values,
+                                  whole.resid_post.explorer.last.values)
+    with pytest.raises(InputError, match=r"position 3 was not kept by this run; it kept "
+                                         r"positions \[0, -1\]"):
+        kept.explorer.isel(pos=3)
+    with pytest.raises(InputError, match=r"position -3 is out of range for prompt 1 with 2 "
+                                         r"tokens \(allowed: -2 to 1\)"):
+        whole.resid_post.explorer.isel(pos=-3)
