@@ -17,6 +17,8 @@ __all__ = [
     "RemoteError",
     "InputError",
     "check_choice",
+    "check_site",
+    "transformer_lens_hint",
     "check_int",
     "check_float",
     "check_prompts",
@@ -64,6 +66,76 @@ def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
             f"`{name}` must be one of {listed}; got {value!r}.{suggest(value, allowed)}"
         )
     return value
+
+
+# TransformerLens hook names (the part after ``blocks.{layer}.``) -> (site, note). None: no
+# site reads that value; the note says what does.
+_TL_LAYER_HOOKS: dict[str, tuple[str | None, str]] = {
+    "hook_resid_pre": ("resid_pre", ""),
+    "hook_resid_post": ("resid_post", ""),
+    "hook_resid_mid": (None, "no site holds the residual between attention and MLP: it is "
+                             "`resid_pre` plus the layer's `head_out` summed over heads"),
+    "attn.hook_z": ("attn_z", ""),
+    "attn.hook_result": ("head_out", ""),
+    "hook_attn_out": ("head_out", "`head_out` is per head: its sum over `head` plus the "
+                                  "output bias is TransformerLens' hook_attn_out."),
+    "attn.hook_pattern": ("attn_pattern", ""),
+    "attn.hook_attn_scores": (None, "no site holds the scores before the softmax; "
+                                    "`attn_pattern` holds the pattern after it"),
+    "attn.hook_q": ("attn_q", "`attn_q` is after rotary, as TransformerLens' hook_rot_q."),
+    "attn.hook_k": ("attn_k", "`attn_k` is after rotary, as TransformerLens' hook_rot_k."),
+    "attn.hook_rot_q": ("attn_q", ""),
+    "attn.hook_rot_k": ("attn_k", ""),
+    "attn.hook_v": ("attn_v", ""),
+    "hook_mlp_out": ("mlp_out", ""),
+    "mlp.hook_post": ("mlp_hidden", ""),
+    "mlp.hook_pre": (None, "no site holds the MLP's pre-activation; `mlp_hidden` holds the "
+                           "input of the down projection"),
+}
+_TL_ROOT_HOOKS: dict[str, str] = {
+    "hook_embed": "`resid_pre` at layer 0 (the embedding, plus GPT-2's position embedding: "
+                  "TransformerLens' hook_embed + hook_pos_embed)",
+    "hook_pos_embed": "`resid_pre` at layer 0 (the embedding, plus GPT-2's position "
+                      "embedding: TransformerLens' hook_embed + hook_pos_embed)",
+    "ln_final.hook_normalized": "`final_norm`",
+    "unembed": "`unembed` (the logits)",
+}
+
+
+def transformer_lens_hint(value: Any, allowed: Iterable[Any] | None = None) -> str:
+    """' That is a TransformerLens hook name: did you mean ...?' for a TransformerLens hook
+    name (``blocks.10.hook_resid_post``, ``hook_embed``), or ''. A site outside ``allowed``
+    (when given) is named with a word that this argument does not take it."""
+    if not isinstance(value, str):
+        return ""
+    text = value.strip()
+    lead = " That is a TransformerLens hook name"
+    if text in _TL_ROOT_HOOKS:
+        return f"{lead}: did you mean {_TL_ROOT_HOOKS[text]}?"
+    parts = text.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit():
+        layer, hook = int(parts[1]), parts[2]
+        site, note = _TL_LAYER_HOOKS.get(hook, (None, ""))
+        if site is not None:
+            hint = f"{lead}: did you mean `{site}` at layer {layer} (site={site!r}, layer={layer})?"
+            if allowed is not None and site not in list(allowed):
+                hint += f" (`{site}` is not among the sites this argument takes.)"
+            return hint + (f" {note}" if note else "")
+        if note:
+            return f"{lead}: {note}."
+        return f"{lead}; explorer's sites are named without `blocks.{layer}.` and `hook_`."
+    return ""
+
+
+def check_site(value: Any, allowed: Iterable[Any], name: str = "site") -> Any:
+    """`check_choice` for a site name; a TransformerLens hook name gets the site it means."""
+    allowed = list(allowed)
+    if value not in allowed:
+        hint = transformer_lens_hint(value, allowed)
+        if hint:
+            listed = ", ".join(repr(a) for a in allowed)
+            raise InputError(f"`{name}` must be one of {listed}; got {value!r}.{hint}")
+    return check_choice(name, value, allowed)
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:

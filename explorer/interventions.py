@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ._checks import (InputError, check_choice, check_float, check_int, record_from_dict,
-                      records_from_json)
+from ._checks import (InputError, check_choice, check_float, check_int, check_site,
+                      record_from_dict, records_from_json)
 
 __all__ = [
     "Edit",
@@ -135,7 +135,7 @@ class _AtSite(Edit):
 
     def _check_site(self) -> None:
         _check_prompts(self)
-        site = check_choice("site", self.site, PATCH_SITES)
+        site = check_site(self.site, PATCH_SITES)
         if self.head is not None and site != "attn_z":
             raise InputError(f"`head` applies to site 'attn_z' only; got site {site!r}.")
         if self.positions is not None:
@@ -183,7 +183,7 @@ class Steer(Edit):
 
     def __post_init__(self):
         _check_prompts(self)
-        check_choice("site", self.site, STEER_SITES)
+        check_site(self.site, STEER_SITES)
         object.__setattr__(self, "vector", _as_tuple(self.vector, "vector"))
         object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
         if self.positions is not None:

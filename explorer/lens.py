@@ -22,6 +22,14 @@ Four things keep an interactive edit (a steering slider) fast without giving up 
   unembedding at the row count the call will use (`resolve_unembed_dtype`, decisions in
   `screen_decisions`); the exact lens otherwise.
 
+Layer convention: the lens at ``layer`` l reads ``resid_post`` of layer l, the output of
+block l, so the ``layer`` coordinate runs 0 .. n_layers-1 with no embedding row, and layer
+n_layers-1 is the model's own output. In TransformerLens terms, layer l is
+``blocks.{l}.hook_resid_post``, which is ``blocks.{l+1}.hook_resid_pre``: a TransformerLens
+logit lens over ``accumulated_resid`` labels the same row l+1 (its row 0 being the
+embedding, ``hook_embed``, which this lens does not read; `trace` with
+``sites="resid_pre"`` at layer 0 gives it).
+
 The float32 unembedding goes through `explorer._kernels.unembed_product`: numpy's BLAS
 where it measured faster than torch's (2x on AMD EPYC), torch's otherwise.
 """
@@ -531,6 +539,10 @@ def logit_lens(model: Model, prompts: Any, *, k: int = 5, positions: Sequence[in
     """Per layer and position: the lens's top-k tokens, their probabilities, and the ranks
     at every layer of the final layer's top-k tokens (nostalgebraist, "interpreting GPT:
     the logit lens", 2020).
+
+    Layer l is ``resid_post`` of layer l (the block's output; TransformerLens'
+    ``blocks.{l}.hook_resid_post``, row l+1 of its ``accumulated_resid``); there is no
+    embedding row, and the last layer is the model's output (see the module docstring).
 
     Parameters
     ----------

@@ -32,7 +32,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import InputError, check_choice, check_int, record_from_dict, records_from_json
+from ._checks import (InputError, check_choice, check_int, check_site, record_from_dict,
+                      records_from_json)
 from .models import Batch
 
 __all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Grad", "Chunk",
@@ -156,7 +157,7 @@ class Save(Readout):
     kind: ClassVar[str] = "save"
 
     def __post_init__(self):
-        check_choice("site", self.site, SAVE_SITES)
+        check_site(self.site, SAVE_SITES)
         _normalise_layers(self)
         if self.points is not None:
             if self.site == "attn_pattern":
@@ -317,7 +318,9 @@ class FinalNorm(_Output):
 
 @dataclass(frozen=True)
 class Lens(Readout):
-    """The logit lens at ``layers`` (None: every layer), reduced inside the trace.
+    """The logit lens at ``layers`` (None: every layer), reduced inside the trace. Layer l
+    reads ``resid_post`` of layer l (TransformerLens' ``blocks.{l}.hook_resid_post``; no
+    embedding row).
 
     Variables: ``lens_top_id`` / ``lens_top_logprob`` (prompt, pos, lens_layer, top): each
     layer's ``k`` most likely tokens through the final norm and unembedding;
@@ -474,7 +477,7 @@ class Grad(Readout):
         if not sites:
             raise InputError("`Grad.sites` is empty: name at least one of "
                              f"{', '.join(GRAD_SITES)}.")
-        object.__setattr__(self, "sites", tuple(check_choice("site", x, GRAD_SITES)
+        object.__setattr__(self, "sites", tuple(check_site(x, GRAD_SITES)
                                                 for x in dict.fromkeys(sites)))
         ids = np.asarray(self.token_ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._checks import InputError, check_choice, check_int, check_local_weights
+from ._checks import InputError, check_choice, check_int, check_local_weights, check_site
 from .interventions import (
     Ablate,
     Edit,
@@ -92,7 +92,7 @@ def check_sites(sites: Any) -> tuple[str, ...]:
     if not sites:
         raise InputError(f"`sites` must name at least one of {', '.join(SITES)}.")
     for s in sites:
-        check_choice("site", s, SITES)
+        check_site(s, SITES)
     return tuple(dict.fromkeys(sites))
 
 
@@ -589,7 +589,7 @@ def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
     if not r.grad or r.grad_ids is None:
         raise InputError("gradients need both `grad` (the sites) and `grad_ids` (the tokens).")
     for layer, site in r.grad:
-        check_choice("gradient site", site, GRAD_SITES)
+        check_site(site, GRAD_SITES, "gradient site")
         model.check_layer(layer)
     return _token_ids("grad_ids", r.grad_ids, model, batch)
 

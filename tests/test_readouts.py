@@ -227,3 +227,33 @@ def test_clean_run_keeps_sites_under_edits_like_hooked_forward(tiny_model):
     np.testing.assert_allclose(run.logits[real].numpy(), logits[real].numpy(), atol=1e-4)
     with pytest.raises(InputError, match="`keep` names layer sites"):
         clean_run(m, PROMPTS, keep=("attn_pattern",))
+
+
+# -- TransformerLens hook names get the site they mean ----------------------------------------
+
+@pytest.mark.parametrize(("hook", "expected"), [
+    ("blocks.10.hook_resid_post", r"did you mean `resid_post` at layer 10 \(site='resid_post', "
+                                  r"layer=10\)\?"),
+    ("blocks.3.attn.hook_z", r"did you mean `attn_z` at layer 3"),
+    ("hook_embed", r"did you mean `resid_pre` at layer 0"),
+    ("blocks.5.hook_mlp_out", r"did you mean `mlp_out` at layer 5"),
+    ("blocks.2.attn.hook_pattern", r"did you mean `attn_pattern` at layer 2"),
+    ("blocks.2.hook_resid_mid", r"no site holds the residual between attention and MLP"),
+])
+def test_transformer_lens_hook_names_are_mapped_in_errors(hook, expected):
+    from explorer import Patch, Save, Set, Steer
+
+    with pytest.raises(InputError, match=r"That is a TransformerLens hook name.*" + expected):
+        Save(hook, (0,))
+    for make in (lambda: Patch(hook, 0, "x"), lambda: Set(hook, 0, (1.0,)),
+                 lambda: Steer(0, (1.0,), site=hook)):
+        with pytest.raises(InputError, match=r"That is a TransformerLens hook name"):
+            make()
+
+
+def test_a_mapped_site_the_argument_does_not_take_is_said_so():
+    from explorer import Steer
+
+    with pytest.raises(InputError, match=r"did you mean `attn_z` at layer 1.*is not among the "
+                                         r"sites this argument takes"):
+        Steer(0, (1.0,), site="blocks.1.attn.hook_z")
