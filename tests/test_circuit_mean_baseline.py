@@ -12,7 +12,7 @@ import torch
 from explorer._checks import InputError
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
-from explorer.analyses.circuit_tasks import CircuitTask
+from explorer.analyses.circuit_tasks import CircuitTask, _target_ids
 from explorer.models import _get_path
 from tests._hooks import removed_after
 
@@ -103,8 +103,8 @@ def test_prompt_without_counterfactual_is_a_mean_baseline(tiny_model, task):
 def test_node_circuits_under_mean_ablation_equal_hook_patching(tiny_model, task, scores, k):
     curve = cs.node_faithfulness_curve(tiny_model, task, scores, sizes=[k], batch_size=1)
     ids = ids_of(tiny_model, PROMPT)
-    a = ca._target_ids(tiny_model, [PROMPT], task.answer)[0]
-    w = ca._target_ids(tiny_model, [PROMPT], task.wrong)[0]
+    a = _target_ids(tiny_model, [PROMPT], task.answer)[0]
+    w = _target_ids(tiny_model, [PROMPT], task.wrong)[0]
     _, clean = node_outputs(tiny_model, ids)
     ablated = mean_patched_logits(tiny_model, ids, set())
     patched = mean_patched_logits(tiny_model, ids, set(curve.attrs["order"][:k]))
@@ -121,8 +121,8 @@ def test_eap_scores_into_the_logits_under_mean_ablation(tiny_model, task, scores
     """The EAP score of src -> logits: (mean - clean output of src) at the last position,
     dotted with the gradient of the metric w.r.t. the final norm's input (a hook here)."""
     ids = ids_of(tiny_model, PROMPT)
-    a = ca._target_ids(tiny_model, [PROMPT], task.answer)[0]
-    w = ca._target_ids(tiny_model, [PROMPT], task.wrong)[0]
+    a = _target_ids(tiny_model, [PROMPT], task.answer)[0]
+    w = _target_ids(tiny_model, [PROMPT], task.wrong)[0]
     out, _ = node_outputs(tiny_model, ids)
     leaf = torch.zeros(1, ids.shape[1], tiny_model.spec.d_model, requires_grad=True)
     h = tiny_model.final_norm_module.register_forward_pre_hook(

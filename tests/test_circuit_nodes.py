@@ -13,7 +13,7 @@ import xarray as xr
 from explorer._checks import InputError
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
-from explorer.analyses.circuit_tasks import CircuitTask
+from explorer.analyses.circuit_tasks import CircuitTask, _target_ids
 from explorer.models import _get_path
 
 # equal lengths, no padding: hooks on model.hf see the same positions as the engine
@@ -41,9 +41,9 @@ def _pair_metrics(model, task, kept):
     arch = model.arch
     ids = {w: torch.tensor([model.tokenize([p]).token_ids[0] for p in getattr(task, w)])
            for w in ("clean", "corrupt")}
-    ans = torch.tensor([ca._target_ids(model, [c], [a])[0]
+    ans = torch.tensor([_target_ids(model, [c], [a])[0]
                         for c, a in zip(task.clean, task.answer)])
-    wrong = torch.tensor([ca._target_ids(model, [c], [w])[0]
+    wrong = torch.tensor([_target_ids(model, [c], [w])[0]
                           for c, w in zip(task.clean, task.wrong)])
     L, H, dh = model.n_layers, model.spec.n_heads, model.spec.d_head
     embed = _get_path(model.hf, arch.embed_path)

@@ -16,7 +16,10 @@ import xarray as xr
 from explorer import load_model
 from explorer._checks import InputError
 from explorer.analyses import circuits as C
-from explorer.analyses.circuit_tasks import CircuitTask, make_task
+from explorer.analyses.circuit_tasks import CircuitTask, _target_ids, make_task
+from explorer.analyses.circuits import scores as eap_scores
+from explorer.analyses.circuits.graph import _graph
+from explorer.analyses.circuits.scores import _shared_prefix
 
 # prompt pairs of equal length and no padding, so hooks on model.hf see the same positions
 PAIRS = CircuitTask(
@@ -81,8 +84,8 @@ def _arch_hook_scores(model, task, layer, *, split=False, alphas=(1.0,)):
     arch = model.arch
     ids_clean = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.clean])
     ids_corrupt = torch.tensor([model.tokenize([p]).token_ids[0] for p in task.corrupt])
-    ans = torch.tensor([C._target_ids(model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
-    wrong = torch.tensor([C._target_ids(model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
+    ans = torch.tensor([_target_ids(model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
+    wrong = torch.tensor([_target_ids(model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
     L, H, G, dh = model.n_layers, model.spec.n_heads, model.spec.n_kv_heads, model.spec.d_head
     d = model.spec.d_model
     block = model.hf_layer(layer)
@@ -222,7 +225,7 @@ def test_eap_matches_hook_gradients_per_head_gpt2(tiny_gpt2):
     for (src, dst), want in ref.items():
         if dst in members:
             dst = f"a{layer}.h{members[dst][0]}"
-        if src in ("input",) or C._layer_of(src, m.n_layers) < layer or dst == "logits" or (
+        if src in ("input",) or C.node_layer(src, m.n_layers) < layer or dst == "logits" or (
                 dst == "m1" and src.startswith("a1.")):
             got = _score_of(ds, src, dst)
             assert got == pytest.approx(want, rel=1e-3, abs=1e-6), (src, dst)
@@ -238,7 +241,7 @@ def checked_against_hooks(ds, ref, members, layer, n_layers, *, head, other, tol
     n_checked = 0
     for (src, dst), want in ref.items():
         if dst in members:
-            if src != "input" and C._layer_of(src, n_layers) >= layer:
+            if src != "input" and C.node_layer(src, n_layers) >= layer:
                 continue
             got = sum(_score_of(ds, src, head(h, dst)) for h in members[dst])
         elif other(src, dst):
@@ -278,10 +281,10 @@ def test_shared_prefix_is_where_the_pair_tokens_first_differ(tiny_model):
     width = max(len(t) for t in tok)
     firsts = [width - len(c) + next(i for i, (a, b) in enumerate(zip(c, k)) if a != b)
               for c, k in zip(tok[:2], tok[2:])]
-    prep = C._prepare(m, task, [0, 1])
-    assert C._shared_prefix(prep) == min(firsts) > 0
+    prep = C.prepare_pairs(m, task, [0, 1])
+    assert _shared_prefix(prep) == min(firsts) > 0
     same = CircuitTask(task.clean, task.clean, task.answer, task.wrong, name="same")
-    assert C._shared_prefix(C._prepare(m, same, [0, 1])) == width - 1
+    assert _shared_prefix(C.prepare_pairs(m, same, [0, 1])) == width - 1
 
 
 # -- every family: EAP against hooks on model.hf -----------------------------------------------
@@ -322,8 +325,8 @@ def test_patching_all_or_no_edges_gives_corrupted_or_clean_run(name):
                        [" the", " five"], name="toy")  # different lengths: left padding
     ids = [m.tokenizer(p, add_special_tokens=False)["input_ids"] for p in task.clean + task.corrupt]
     assert len({len(i) for i in ids}) > 1
-    ans = [C._target_ids(m, [c], [a])[0] for c, a in zip(task.clean, task.answer)]
-    wrong = [C._target_ids(m, [c], [w])[0] for c, w in zip(task.clean, task.wrong)]
+    ans = [_target_ids(m, [c], [a])[0] for c, a in zip(task.clean, task.answer)]
+    wrong = [_target_ids(m, [c], [w])[0] for c, w in zip(task.clean, task.wrong)]
 
     def plain_metric(prompts):
         vals = []
@@ -364,7 +367,7 @@ def test_patching_one_edge_changes_only_its_destination(tiny_model):
             lg = m.hf(input_ids=ids_c).logits[0, -1]
         finally:
             h.remove()
-        ai, wi = C._target_ids(m, [c], [a])[0], C._target_ids(m, [c], [w])[0]
+        ai, wi = _target_ids(m, [c], [a])[0], _target_ids(m, [c], [w])[0]
         vals.append(float(lg[ai] - lg[wi]))
     assert res["metric"] == pytest.approx(np.mean(vals), abs=1e-4)
 
@@ -445,17 +448,17 @@ def _linear_exact_effects(lin, ids_clean, ids_corrupt, ans, wrong, edges):
 
 def test_eap_ig_equals_exact_patching_on_linear_network(tiny_model, monkeypatch):
     lin = _LinearAdapter()
-    monkeypatch.setattr(C, "_adapter", lambda model, lora=None: lin)
+    monkeypatch.setattr(eap_scores, "circuit_engine", lambda model, lora=None: lin)
     task = PAIRS
     ig = C.edge_scores(tiny_model, task, method="eap-ig", steps=3)
     eap = C.edge_scores(tiny_model, task, method="eap")
     ids_c = torch.tensor([tiny_model.tokenize([p]).token_ids[0] for p in task.clean])
     ids_k = torch.tensor([tiny_model.tokenize([p]).token_ids[0] for p in task.corrupt])
-    ans = torch.tensor([C._target_ids(tiny_model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
-    wrong = torch.tensor([C._target_ids(tiny_model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
+    ans = torch.tensor([_target_ids(tiny_model, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
+    wrong = torch.tensor([_target_ids(tiny_model, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
     edges = list(zip(ig["src"].values.tolist(), ig["dst"].values.tolist()))
     # hand count: layer-0 heads 2 x 1, m0 3, layer-1 heads 2 x 4, m1 6, logits 7
-    assert len(edges) == len(C._graph(2, 2).edges) == 2 + 3 + 8 + 6 + 7
+    assert len(edges) == len(_graph(2, 2).edges) == 2 + 3 + 8 + 6 + 7
     exact = _linear_exact_effects(lin, ids_c, ids_k, ans, wrong, edges)
     want = np.array([exact[e] for e in edges])
     assert np.abs(want).max() > 1e-2
@@ -470,8 +473,8 @@ def _plain_runs(m, task):
     returns each node's output (hooks on the embedding, o_proj inputs and MLPs)."""
     ids_c = torch.tensor([m.tokenize([p]).token_ids[0] for p in task.clean])
     ids_k = torch.tensor([m.tokenize([p]).token_ids[0] for p in task.corrupt])
-    ans = torch.tensor([C._target_ids(m, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
-    wrong = torch.tensor([C._target_ids(m, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
+    ans = torch.tensor([_target_ids(m, [c], [a])[0] for c, a in zip(task.clean, task.answer)])
+    wrong = torch.tensor([_target_ids(m, [c], [w])[0] for c, w in zip(task.clean, task.wrong)])
     L, H = m.n_layers, m.spec.n_heads
 
     def run(embeds, leaves=None):
@@ -536,7 +539,7 @@ def test_eap_ig_matches_integrated_gradients_by_hand(tiny_model, metric, steps):
                 grads = torch.autograd.grad(value, [leaves[d] for d in dsts])
             for d, g in zip(dsts, grads):
                 total[d] += g
-        edges = set(C._graph(m.n_layers, m.spec.n_heads).edges)  # hand-counted in another test
+        edges = set(_graph(m.n_layers, m.spec.n_heads).edges)  # hand-counted in another test
         out = {}
         for d in dsts:
             for src in clean_nodes:
@@ -677,7 +680,7 @@ def test_operand_corruption(name, tiny_model):
     acc = C.task_accuracy(tiny_model, t)
     kept = C.filter_task(tiny_model, t, correct_only=False)
     assert len(kept) == int((acc["same_length"] & acc["distinct"]).sum()) > 0
-    C._prepare(tiny_model, kept, list(range(len(kept))))
+    C.prepare_pairs(tiny_model, kept, list(range(len(kept))))
     assert make_task(name, 30, seed=4).corrupt != t.corrupt   # the default flips the operator
     with pytest.raises(InputError, match="applies to the arithmetic tasks"):
         make_task("ioi", 3, corruption="operand")
@@ -811,12 +814,12 @@ def test_smollm2_tasks_tokenise_in_pairs_and_forward_matches(smollm2):
     SmolLM2 (which splits numbers into digits); the circuit forward matches its logits."""
     for name in ("add", "sub", "ioi", "greater-than"):
         t = make_task(name, 24, seed=1)
-        prep = C._prepare(smollm2, t, list(range(len(t))))   # raises on unequal lengths
+        prep = C.prepare_pairs(smollm2, t, list(range(len(t))))   # raises on unequal lengths
         assert (prep.answer != prep.wrong).all(), name
         if name in ("add", "sub"):  # the first digit, as the next token after "= "
             assert smollm2.token_strings(prep.answer.tolist()) == [a[0] for a in t.answer]
     t = make_task("add", 3)
-    prep = C._prepare(smollm2, t, [0, 1, 2])
-    run = C._forward(C._adapter(smollm2), prep.clean)
+    prep = C.prepare_pairs(smollm2, t, [0, 1, 2])
+    run = C.graph_forward(C.circuit_engine(smollm2), prep.clean)
     ref = smollm2.hf(**prep.clean.model_inputs()).logits[:, -1]
     torch.testing.assert_close(run.logits, ref, atol=2e-4, rtol=1e-4)

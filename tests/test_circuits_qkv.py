@@ -15,7 +15,8 @@ import xarray as xr
 from explorer import load_model
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as C
-from explorer.analyses.circuit_tasks import CircuitTask
+from explorer.analyses.circuit_tasks import CircuitTask, _target_ids
+from explorer.analyses.circuits.graph import _graph
 from tests.test_circuits import (LONG_PAIRS, PAIRS, _arch_hook_scores, _equal_lengths, _score_of,
                                  checked_against_hooks)
 
@@ -26,9 +27,9 @@ def test_split_graph_edges_and_names():
     """Every edge into a head becomes three (q, k, v); MLP and logits edges stay. SmolLM2's
     shape (30 layers, 9 heads) gives the 123,211 edges of the EAP-IG library against 44,371
     (the library's count: n_forward x n_backward over its real edges)."""
-    assert len(C._graph(30, 9).edges) == 44_371
-    assert len(C._graph(30, 9, split_qkv=True).edges) == 123_211
-    g, s = C._graph(3, 4), C._graph(3, 4, split_qkv=True)
+    assert len(_graph(30, 9).edges) == 44_371
+    assert len(_graph(30, 9, split_qkv=True).edges) == 123_211
+    g, s = _graph(3, 4), _graph(3, 4, split_qkv=True)
     into_heads = [(a, b) for a, b in g.edges if b.startswith("a")]
     others = [(a, b) for a, b in g.edges if not b.startswith("a")]
     assert len(s.edges) == 3 * len(into_heads) + len(others)
@@ -179,7 +180,7 @@ def test_split_patching_endpoints_and_one_input_edge():
         finally:
             for h in handles:
                 h.remove()
-        ai, wi = C._target_ids(m, [c], [a])[0], C._target_ids(m, [c], [w])[0]
+        ai, wi = _target_ids(m, [c], [a])[0], _target_ids(m, [c], [w])[0]
         vals.append(float(lg[ai] - lg[wi]))
     assert abs(got - every["metric"]) > 1e-4          # the edge matters
     assert got == pytest.approx(np.mean(vals), abs=1e-5)
@@ -190,7 +191,7 @@ def test_split_patching_endpoints_and_one_input_edge():
 
 
 def _split_table(seed):
-    g = C._graph(3, 2, split_qkv=True)
+    g = _graph(3, 2, split_qkv=True)
     rng = np.random.default_rng(seed)
     src, dst = zip(*g.edges)
     return xr.Dataset({"score": ("edge", rng.standard_normal(len(src)))},

@@ -3,7 +3,7 @@ canonical form round-trips, and bad names get a clear error."""
 import pytest
 
 from explorer import components as comp
-from explorer.analyses import circuits as ca
+from explorer.analyses.circuits.graph import _graph
 
 
 @pytest.mark.parametrize("text, canonical", [
@@ -31,7 +31,7 @@ def test_circuit_graph_node_names_map_onto_the_spelling():
     raw = ["input"] + [n for l in range(2) for n in [f"a{l}.h{h}" for h in range(3)] + [f"m{l}"]]
     raw.append("logits")
     assert [comp.canonical(n) for n in raw] == expected
-    assert [comp.canonical(n) for n in ca._graph(2, 3).nodes] == expected
+    assert [comp.canonical(n) for n in _graph(2, 3).nodes] == expected
 
 
 @pytest.mark.parametrize("bad", ["", "L", "H3", "L3.H", "L-1.H2", "layer 3", "a3", "L3.H2.x", "3"])
@@ -83,7 +83,7 @@ def test_every_circuit_graph_edge_round_trips_and_no_other_pair_is_an_edge():
     # the circuit analysis's own [src, dst] mask decides which pairs are edges; the spelling's
     # forward-in-depth rule must accept exactly those (sequential and parallel attn/MLP)
     for parallel in (False, True):
-        g = ca._graph(3, 2, parallel)
+        g = _graph(3, 2, parallel)
         graph_edges = {(comp.canonical(s), comp.canonical(t)) for s, t in g.edges}
         accepted = set()
         for s in g.nodes:

@@ -37,6 +37,9 @@ import xarray as xr
 from explorer._checks import InputError, check_choice, check_int
 from explorer.analyses.circuits import (faithfulness_curve, node_of, patch_edges_metric,
                                         select_circuit)
+from explorer.analyses.circuits.faithfulness import keep_matrix, patched_metrics, recovered_fraction
+from explorer.analyses.circuits.scores import prepare_circuit_run
+from explorer.analyses.circuits.selection import check_scores
 
 __all__ = ["CircuitChoice", "smallest_faithful_circuit", "readable_sizes", "READABLE_TARGETS",
            "SELECTION_RULES", "greedy_circuit", "prune_dead_nodes", "circuit_by_rule",
@@ -582,11 +585,8 @@ def node_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[
         ``pair_corrupt_metric`` (prompt), for `bootstrap_recovered`; ``order`` (attr: the
         ranking).
     """
-    from explorer.analyses.circuits import (_check_common, _check_scores, _keep_matrix,
-                                            _patched_eval, _recovered)
-
-    ad, task, batch_size = _check_common(model, task, metric, batch_size)
-    scores = _check_scores(scores)
+    ad, task, batch_size = prepare_circuit_run(model, task, metric, batch_size)
+    scores = check_scores(scores)
     order = node_ranking(scores)
     if isinstance(sizes, (int, np.integer)) or not isinstance(sizes, Sequence | np.ndarray):
         raise TypeError(f"`sizes` must be a list of ints; got {type(sizes).__name__}.")
@@ -594,9 +594,9 @@ def node_faithfulness_curve(model, task, scores: xr.Dataset, *, sizes: Sequence[
     if not sizes:
         raise InputError("`sizes` must hold at least one node count; got an empty list.")
     masks = [node_circuit(scores, k).values for k in sizes]
-    keeps = [_keep_matrix(model, ad, scores, m) for m in masks]
-    res = _patched_eval(model, ad, task, keeps, metric, batch_size, progress)
-    rec = _recovered(res["metric"], res["clean_metric"], res["corrupt_metric"])
+    keeps = [keep_matrix(model, ad, scores, m) for m in masks]
+    res = patched_metrics(model, ad, task, keeps, metric, batch_size, progress)
+    rec = recovered_fraction(res["metric"], res["clean_metric"], res["corrupt_metric"])
     return xr.Dataset(
         {"metric": ("n_nodes", res["metric"]), "recovered": ("n_nodes", rec),
          "accuracy": ("n_nodes", res["accuracy"]),
