@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError
-from explorer.analyses.circuit_select import _edge_nodes
+from explorer.analyses.circuit_select.rules import edge_nodes
 
 __all__ = ["influence_pruning", "node_influence", "edge_influence", "influence_threshold",
            "strongest_paths", "NODE_THRESHOLD", "EDGE_THRESHOLD"]
@@ -108,7 +108,7 @@ def influence_pruning(scores: xr.Dataset, in_circuit: Any, *,
         pruning's last pass). Attrs: ``drawn_share`` (sum of ``influence`` over the drawn
         edges / over the circuit), ``n_circuit``, ``n_drawn``, the thresholds, ``citation``.
     """
-    names, s_idx, t_idx = _edge_nodes(scores)
+    names, s_idx, t_idx = edge_nodes(scores)
     mask = np.asarray(in_circuit.values if isinstance(in_circuit, xr.DataArray) else in_circuit)
     if mask.dtype != bool or mask.shape != (scores.sizes["edge"],):
         raise InputError(f"`in_circuit` must be a bool array over the {scores.sizes['edge']} "
@@ -166,7 +166,7 @@ def strongest_paths(scores: xr.Dataset, in_circuit: Any) -> dict[str, tuple[list
     """For each node of the circuit: (edge indices of the path from the input to it, of the
     path from it to the logits) with the largest product of normalised weights (Â, as in
     `influence_pruning`); an empty list where there is no such path (or the node is an end)."""
-    names, s_idx, t_idx = _edge_nodes(scores)
+    names, s_idx, t_idx = edge_nodes(scores)
     mask = np.asarray(in_circuit.values if isinstance(in_circuit, xr.DataArray) else in_circuit)
     weight = np.where(mask, np.abs(np.asarray(scores["score"].values, dtype=np.float64)), 0.0)
     _, a_e = _normalised(len(names), s_idx, t_idx, weight)
