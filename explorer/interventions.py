@@ -40,7 +40,10 @@ __all__ = [
     "index_key",
 ]
 
-PATCH_SITES = ("resid_pre", "attn_z", "mlp_out", "resid_post")
+PATCH_SITES = ("resid_pre", "attn_q", "attn_k", "attn_v", "attn_z", "mlp_hidden", "mlp_out",
+               "resid_post")
+# sites split into heads: an edit's ``head`` selects one (attn_k / attn_v: a key/value head)
+HEAD_SITES = ("attn_q", "attn_k", "attn_v", "attn_z")
 # the d_model-wide sites a steering vector is added to
 STEER_SITES = ("resid_pre", "mlp_out", "resid_post")
 
@@ -131,20 +134,21 @@ class Scale(Edit):
 @dataclass(frozen=True)
 class _AtSite(Edit):
     """An edit whose ``site`` is a field (one of `PATCH_SITES`) and that may restrict an
-    ``attn_z`` edit to one ``head``."""
+    edit of a head site (`HEAD_SITES`) to one ``head``."""
 
     def _check_site(self) -> None:
         _check_prompts(self)
         site = check_site(self.site, PATCH_SITES)
-        if self.head is not None and site != "attn_z":
-            raise InputError(f"`head` applies to site 'attn_z' only; got site {site!r}.")
+        if self.head is not None and site not in HEAD_SITES:
+            raise InputError(f"`head` applies to the head sites {', '.join(HEAD_SITES)} only; "
+                             f"got site {site!r}.")
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
         if self.head is not None:
-            model.check_head(self.head)
+            model.check_head(self.head, kv=self.site in ("attn_k", "attn_v"))
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,8 @@ class Patch(_AtSite):
     """Write the activation of ``source`` (a prompt) at ``site`` of ``layer`` into the run.
 
     Without ``positions`` the source must have as many tokens as every prompt in the
-    run (every row in ``prompts`` when given). ``head`` restricts an ``attn_z`` patch to
-    one head.
+    run (every row in ``prompts`` when given). ``head`` restricts a patch of a head site
+    (``attn_z``, ``attn_q``; ``attn_k``/``attn_v`` by key/value head) to one head.
     """
 
     site: str
@@ -237,8 +241,9 @@ class Set(_AtSite):
     """Write ``value`` into ``site`` of ``layer`` at the selected (prompt, position)
     pairs, or add it there with ``add``.
 
-    ``value`` holds vectors (d_model wide; d_head with ``head``, which restricts an
-    ``attn_z`` write to that head's slice) flattened: one per selected pair, prompt-major
+    ``value`` holds vectors as wide as the site (`Model.site_width`: d_model; heads x d_head
+    at a head site; d_mlp at ``mlp_hidden``; d_head with ``head``, which restricts a head
+    site's write to that head's slice) flattened: one per selected pair, prompt-major
     (in the order of ``prompts`` when given), or one per position, the same for every
     selected prompt. Restoring a clean state in a corrupted run (causal tracing) sets the
     clean run's values there; the corruption adds noise at ``resid_pre`` of layer 0.
@@ -260,9 +265,7 @@ class Set(_AtSite):
 
     def validate(self, model: Any) -> None:
         super().validate(model)
-        spec = model.spec
-        width = (spec.d_head if self.head is not None else
-                 spec.n_heads * spec.d_head if self.site == "attn_z" else spec.d_model)
+        width = model.spec.d_head if self.head is not None else model.site_width(self.site)
         if not self.value or len(self.value) % width:
             raise InputError(f"`value` must hold a whole number of {width}-wide vectors; got "
                              f"{len(self.value)} entries.")

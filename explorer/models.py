@@ -58,6 +58,10 @@ SITES = (
     "attn_z",        # input of the attention output projection: [prompt, pos, head, d_head]
     "head_out",      # each head's write through its slice of W_O: [prompt, pos, head, d_model]
     "attn_pattern",  # attention weights (eager): [prompt, head, dst_pos, src_pos]
+    "attn_q",        # queries, after rotary where the family has it: [prompt, pos, head, d_head]
+    "attn_k",        # keys, after rotary: [prompt, pos, kv_head, d_head] (kv heads under GQA)
+    "attn_v",        # values: [prompt, pos, kv_head, d_head]
+    "mlp_hidden",    # the MLP's neurons, the input of its down projection: [prompt, pos, d_mlp]
     "mlp_out",       # MLP output: [prompt, pos, d_model]
     "final_norm",    # output of the final norm: [prompt, pos, d_model]
     "unembed",       # logits: [prompt, pos, vocab]
@@ -95,6 +99,10 @@ class ArchSpec:
     attn_out_norm_path: str | None = None   # norm of the attention output (Gemma 2)
     mlp_out_norm_path: str | None = None    # norm of the MLP output (Gemma 2)
     mlp_path: str = "mlp"
+    mlp_down_path: str = "mlp.down_proj"    # the MLP's down projection (layer): mlp_hidden is its input
+    # the call inside the attention's forward returning (q, k) after rotary (an nnsight
+    # source operation); None where the family has no rotary (GPT-2: q, k from the projection)
+    rotary_call: str | None = None
     norm_gain_offset: float = 0.0           # RMSNorm gain = weight + offset (Gemma: 1)
     parallel_residual_attr: str | None = None  # config flag: MLP reads the attention's input
     attn_softcap_attr: str | None = None    # config attribute capping attention logits
@@ -119,6 +127,7 @@ _LLAMA_LIKE = dict(
     qkv_paths=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     attn_norm_path="input_layernorm",
     mlp_norm_path="post_attention_layernorm",
+    rotary_call="apply_rotary_pos_emb_0",
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -144,6 +153,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         qkv_transposed=True,
         attn_norm_path="ln_1",
         mlp_norm_path="ln_2",
+        mlp_down_path="mlp.c_proj",
     ),
     "llama": ArchSpec(family="llama", **_LLAMA_LIKE),
     "gpt_neox": ArchSpec(
@@ -168,6 +178,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_norm_path="input_layernorm",
         mlp_norm_path="post_attention_layernorm",
         parallel_residual_attr="use_parallel_residual",
+        mlp_down_path="mlp.dense_4h_to_h",
+        rotary_call="apply_rotary_pos_emb_0",
         notes="parallel residual: attention and MLP read the same resid_pre",
     ),
     "gemma2": ArchSpec(
@@ -357,10 +369,31 @@ class Model:
 
         return check_int(name, layer, low=0, high=self.n_layers - 1)
 
-    def check_head(self, head: Any, name: str = "head") -> int:
+    def check_head(self, head: Any, name: str = "head", *, kv: bool = False) -> int:
+        """``head`` as an int in [0, n_heads) ([0, n_kv_heads) with ``kv``: a key/value head)."""
         from ._checks import check_int
 
-        return check_int(name, head, low=0, high=self.spec.n_heads - 1)
+        n = self.spec.n_kv_heads if kv else self.spec.n_heads
+        return check_int(name, head, low=0, high=n - 1)
+
+    @property
+    def d_mlp(self) -> int:
+        """Width of the MLP's hidden layer (the ``mlp_hidden`` site)."""
+        cfg = (self.hf if self.hf is not None else self.nn).config
+        width = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
+        return int(width or 4 * self.spec.d_model)  # GPT-2's n_inner=None means 4 * d_model
+
+    def site_width(self, site: str) -> int:
+        """Entries per (prompt, position) of a layer site, as edits and saves hold it flat:
+        head sites are heads x d_head (``attn_k``/``attn_v``: key/value heads)."""
+        s = self.spec
+        if site in ("attn_z", "attn_q"):
+            return s.n_heads * s.d_head
+        if site in ("attn_k", "attn_v"):
+            return s.n_kv_heads * s.d_head
+        if site == "mlp_hidden":
+            return self.d_mlp
+        return s.d_model
 
     def tokenize(self, prompts: Any) -> Batch:
         """Tokenise prompts (no special tokens added), left-pad, and derive position ids.

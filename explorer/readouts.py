@@ -40,12 +40,15 @@ __all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Grad", "Chu
            "check_readouts",
            "merge_requests", "readout_from_dict", "readouts_to_json", "readouts_from_json"]
 
-SAVE_SITES = ("resid_pre", "attn_z", "head_out", "attn_pattern", "mlp_out", "resid_post")
+SAVE_SITES = ("resid_pre", "attn_q", "attn_k", "attn_v", "attn_z", "head_out", "attn_pattern",
+              "mlp_hidden", "mlp_out", "resid_post")
 """Layer sites a `Save` reads (``head_out`` is each head's write, made inside the trace)."""
 
 _SITE_DIMS = {
     "resid_pre": ("d_model",), "resid_post": ("d_model",), "mlp_out": ("d_model",),
     "attn_z": ("head", "d_head"), "head_out": ("head", "d_model"),
+    "attn_q": ("head", "d_head"), "attn_k": ("kv_head", "d_head"), "attn_v": ("kv_head", "d_head"),
+    "mlp_hidden": ("neuron",),
 }
 
 
@@ -144,7 +147,10 @@ class Save(Readout):
     """Keep ``site`` at ``layers`` (None: every layer).
 
     Variable ``site``: (prompt, pos, layer, ...) with ``resid_*`` / ``mlp_out`` [d_model],
-    ``attn_z`` [head, d_head], ``head_out`` [head, d_model]; ``attn_pattern`` is (prompt,
+    ``attn_z`` / ``attn_q`` [head, d_head], ``attn_k`` / ``attn_v`` [kv_head, d_head] (the
+    key/value heads: under grouped-query attention query head h reads kv head
+    h // (n_heads // n_kv_heads)), ``mlp_hidden`` [neuron] (d_mlp), ``head_out`` [head,
+    d_model]; ``attn_pattern`` is (prompt,
     layer, head, dst_pos, src_pos). With ``points`` ((prompt, pos) pairs, pos negative from
     the prompt's end) only those tokens are kept: (point, layer, ...), in the given order,
     with coords ``point_prompt`` and ``point_pos``. Every `Save` of a run keeps the same
@@ -206,8 +212,10 @@ class Save(Readout):
         per_layer = []
         for layer in self.layers:
             x = out[(layer, self.site)]
-            if self.site == "attn_z":
+            if self.site in ("attn_z", "attn_q"):
                 x = x.reshape(*x.shape[:-1], spec.n_heads, spec.d_head)
+            elif self.site in ("attn_k", "attn_v"):
+                x = x.reshape(*x.shape[:-1], spec.n_kv_heads, spec.d_head)
             per_layer.append(x)
         if self.points is not None:
             idx, _, _ = self._padded_points(chunk)
@@ -232,8 +240,10 @@ class Save(Readout):
 
     def coords(self, spec: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"layer": np.array(self.layers)}
-        if self.site in ("attn_z", "head_out", "attn_pattern"):
+        if self.site in ("attn_z", "attn_q", "head_out", "attn_pattern"):
             out["head"] = np.arange(spec.n_heads)
+        if self.site in ("attn_k", "attn_v"):
+            out["kv_head"] = np.arange(spec.n_kv_heads)
         if self.points is not None:
             pts = np.array(self.points, dtype=np.int64).reshape(-1, 2)
             out.update(point=np.arange(len(pts)), point_prompt=("point", pts[:, 0]),

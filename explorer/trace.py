@@ -56,7 +56,9 @@ __all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_ba
            "run_on_weights", "at_positions", "real_lengths"]
 
 # Sites inside a layer, in the order the forward pass reaches them.
-_LAYER_SITES = ("resid_pre", "attn_z", "attn_pattern", "mlp_out", "resid_post")
+_LAYER_SITES = ("resid_pre", "attn_q", "attn_k", "attn_v", "attn_z", "attn_pattern",
+                "mlp_hidden", "mlp_out", "resid_post")
+_QKV_SITES = ("attn_q", "attn_k", "attn_v")
 
 
 def provenance(model: Model, *, method: str, edits: Sequence[Edit] = (), **params: Any) -> dict:
@@ -189,7 +191,8 @@ def clean_run(model: Model, prompts: Any, *, edits: Sequence[Edit] = (),
     keep = tuple(keep)
     bad = [s for s in keep if s not in _LAYER_SITES or s == "attn_pattern"]
     if bad:
-        raise InputError(f"`keep` names layer sites among {_LAYER_SITES[:2] + _LAYER_SITES[3:]}"
+        raise InputError(f"`keep` names layer sites among "
+                         f"{tuple(x for x in _LAYER_SITES if x != 'attn_pattern')}"
                          f"; got {bad[0]!r}.")
     batch, _ = as_batch(model, prompts)
     L = model.n_layers
@@ -429,6 +432,28 @@ class Readouts:
     grad_ids: torch.Tensor | None = None
 
 
+class _Layout(NamedTuple):
+    """Where a family's queries, keys, values and MLP neurons are, read from its `ArchSpec`
+    before the trace (the trace body must not refer to the model: remote)."""
+
+    qkv: tuple[str, ...]          # projection envoys under the layer (q, k, v) or one fused
+    qkv_layout: str               # "separate", "blocks" (q|k|v columns), "per_head"
+    rotary_call: str | None       # the attention's source call returning (q, k) after rotary
+    mlp_down: str                 # the MLP's down projection under the layer
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+
+
+def _layout(model: Model) -> _Layout:
+    arch, spec = model.arch, model.spec
+    attn = arch.attn_path or ""
+    qkv = tuple("attn" + p[len(attn):] if attn and p.startswith(attn + ".") else p
+                for p in (arch.qkv_paths or ()))
+    return _Layout(qkv, arch.qkv_layout, arch.rotary_call, arch.mlp_down_path, spec.n_heads,
+                   spec.n_kv_heads, spec.d_head)
+
+
 class _DlaConstants(NamedTuple):
     """What the attribution reads from the model before the trace (not inside: remote)."""
 
@@ -470,6 +495,7 @@ class _Plan:
     grad: Any = frozenset()
     grad_ids: torch.Tensor | None = None
     start: int = 0
+    layout: _Layout | None = None
 
 
 def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
@@ -579,7 +605,8 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
                  clone=bool(edits), n_prompts=len(batch.lengths),
                  o_proj_transposed=model.arch.o_proj_transposed, kv_cache=r.kv_cache,
                  prob_ids=_token_ids("prob_ids", r.prob_ids, model, batch),
-                 grad=frozenset(r.grad), grad_ids=_check_grad(model, batch, r))
+                 grad=frozenset(r.grad), grad_ids=_check_grad(model, batch, r),
+                 layout=_layout(model))
 
 
 def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
@@ -717,7 +744,7 @@ def _kept(plan: _Plan, x: Any) -> Any:
     return _at_sel(plan, x)
 
 
-def _site_value(block: Any, site: str) -> Any:
+def _site_value(block: Any, site: str, layout: _Layout) -> Any:
     """The envoy value of ``site`` in one layer's block (read only when needed: in order)."""
     if site == "resid_pre":
         return block.input
@@ -725,9 +752,79 @@ def _site_value(block: Any, site: str) -> Any:
         return block.attn.o_proj.input
     if site == "attn_pattern":
         return block.attn.output[1]
+    if site == "mlp_hidden":
+        return _envoy(block, layout.mlp_down).input
     if site == "mlp_out":
         return block.mlp.output
     return block.output
+
+
+def _envoy(block: Any, path: str) -> Any:
+    for part in path.split("."):
+        block = getattr(block, part)
+    return block
+
+
+def _rotary_op(block: Any, layer: int, plan: _Plan) -> Any:
+    """The attention's rotary call as an nnsight source operation, where this layer reads
+    or edits queries or keys after rotary (None otherwise). Taken before the layer runs:
+    the forward is instrumented when the source is first asked for."""
+    if plan.layout.rotary_call is None or not any(
+            (layer, s) in plan.save or plan.by_point.get((layer, s))
+            for s in ("attn_q", "attn_k")):
+        return None
+    return getattr(block.attn.source, plan.layout.rotary_call)
+
+
+def _qkv_values(block: Any, sites: Sequence[str], layout: _Layout,
+                rotary: Any) -> dict[str, Any]:
+    """The asked-for of ``attn_q``/``attn_k``/``attn_v`` in one layer as 4-d [prompt, pos,
+    head, d_head] tensors that share memory with the forward's own (views, so an in-place
+    write edits the run), read in forward order: the projections, then the rotary call."""
+    out: dict[str, Any] = {}
+    n, kv, dh = layout.n_heads, layout.n_kv_heads, layout.d_head
+    from_proj = [s for s in sites if s == "attn_v" or layout.rotary_call is None]
+    if from_proj:
+        if layout.qkv_layout == "separate":
+            for s in from_proj:
+                x = _envoy(block, layout.qkv[_QKV_SITES.index(s)]).output
+                out[s] = x.view(*x.shape[:2], n if s == "attn_q" else kv, dh)
+        else:
+            x = _envoy(block, layout.qkv[0]).output
+            b, p = x.shape[:2]
+            if layout.qkv_layout == "blocks":            # [q | k | v] columns (GPT-2)
+                x = x.view(b, p, 3, n, dh)
+                for s in from_proj:
+                    out[s] = x[:, :, _QKV_SITES.index(s)]
+            else:                                          # per head [q k v] (GPT-NeoX)
+                x = x.view(b, p, n, 3, dh)
+                for s in from_proj:
+                    out[s] = x[:, :, :, _QKV_SITES.index(s)]
+    rotated = [s for s in sites if s in ("attn_q", "attn_k") and s not in out]
+    if rotated:
+        q, k = rotary.output                               # [prompt, head, pos, d_head]
+        for s in rotated:
+            out[s] = (q if s == "attn_q" else k).transpose(1, 2)
+    return out
+
+
+def _qkv_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
+                  result: dict[Any, Any], rotary: Any) -> None:
+    """One layer's queries, keys and values: apply their edits, keep what is asked for.
+    Each is edited as [prompt, pos, head*d_head] and written back where that is a copy."""
+    needed = [s for s in _QKV_SITES
+              if (layer, s) in plan.save or plan.by_point.get((layer, s))]
+    if not needed:
+        return
+    for site, x4 in _qkv_values(block, needed, plan.layout, rotary).items():
+        flat = x4.reshape(*x4.shape[:2], -1)
+        edits = plan.by_point.get((layer, site), ())
+        if edits:
+            apply_edits(flat, edits, ctx)
+            if flat.untyped_storage().data_ptr() != x4.untyped_storage().data_ptr():
+                x4.copy_(flat.view(x4.shape))     # a copy (non-contiguous heads): write back
+        if (layer, site) in plan.save:
+            _keep(plan, result, (layer, site), flat)
 
 
 def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
@@ -736,7 +833,12 @@ def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
     """One layer's sites in forward order: apply its edits, keep what the readouts ask for
     (``live``: the values whose gradients are read after the forward)."""
     spec = plan.spec
+    rotary = _rotary_op(block, layer, plan)
     for site in _LAYER_SITES:
+        if site in _QKV_SITES:  # read together, once per layer (one projection may hold all)
+            if site == "attn_q":
+                _qkv_readouts(block, layer, plan, ctx, result, rotary)
+            continue
         point = (layer, site)
         track = bool(plan.grad) and point == (0, "resid_pre")  # where gradients start
         wanted = point in plan.save
@@ -749,7 +851,7 @@ def _layer_readouts(block: Any, layer: int, plan: _Plan, ctx: EditContext,
         if not (wanted or to_apply or head_out or lens_here or dla_here or track
                 or point in plan.grad):
             continue
-        value = _site_value(block, site)
+        value = _site_value(block, site, plan.layout)
         if track:  # a copy that tracks gradients, edited in place below like the input
             value = value.detach().requires_grad_(True).clone()
             block.input = value
@@ -1165,8 +1267,9 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     ----------
     model : Model
     prompts : str, list of str, list of token id lists, or a `Batch`
-    sites : str or sequence of {"resid_pre", "resid_post", "attn_z", "head_out",
-        "attn_pattern", "mlp_out", "final_norm", "unembed"}, default=("resid_post",)
+    sites : str or sequence of {"resid_pre", "resid_post", "attn_q", "attn_k", "attn_v",
+        "attn_z", "head_out", "attn_pattern", "mlp_hidden", "mlp_out", "final_norm",
+        "unembed"}, default=("resid_post",)
     layers : int or sequence of int, optional
         Layers to read (default all).
     positions : sequence of int, optional
@@ -1181,7 +1284,9 @@ def trace(model: Model, prompts: Any, *, sites: Any = ("resid_post",), layers: A
     -------
     xarray.Dataset
         One variable per site: ``resid_pre``/``resid_post``/``mlp_out`` (prompt, pos, layer,
-        d_model); ``attn_z`` (prompt, pos, layer, head, d_head); ``head_out`` (prompt, pos,
+        d_model); ``attn_z`` and ``attn_q`` (prompt, pos, layer, head, d_head); ``attn_k``,
+        ``attn_v`` (prompt, pos, layer, kv_head, d_head); ``mlp_hidden`` (prompt, pos,
+        layer, neuron); ``head_out`` (prompt, pos,
         layer, head, d_model); ``attn_pattern`` (prompt, layer, head, dst_pos, src_pos),
         with ``dst_pos`` the kept positions and ``src_pos`` every token;
         ``final_norm`` (prompt, pos, d_model); ``unembed`` (prompt, pos, vocab). ``mask``

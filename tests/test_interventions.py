@@ -337,7 +337,7 @@ def test_set_with_values_that_do_not_fit_is_a_clear_error(tiny_model):
         run_with(tiny_model, PROMPTS, [Set("resid_post", 0, (0.0,) * (2 * d))])
     with pytest.raises(InputError, match=f"whole number of {d}-wide vectors"):
         run_with(tiny_model, PROMPTS, [Set("mlp_out", 0, (0.0,) * 7)])
-    with pytest.raises(InputError, match="`head` applies to site 'attn_z' only"):
+    with pytest.raises(InputError, match="`head` applies to the head sites attn_q, attn_k, attn_v, attn_z only"):
         Set("mlp_out", 0, (0.0,) * d, head=1)
     with pytest.raises(InputError, match="finite"):
         Set("resid_post", 0, (float("nan"),) * d)
@@ -529,7 +529,7 @@ def test_bad_record_fields_are_rejected():
     with pytest.raises(InputError, match=r"`site` must be one of .*got 'resid_psot'.*"
                                          r"Did you mean 'resid_post'"):
         Patch("resid_psot", 0, "x")
-    with pytest.raises(InputError, match=r"`head` applies to site 'attn_z' only"):
+    with pytest.raises(InputError, match=r"`head` applies to the head sites attn_q, attn_k, attn_v, attn_z only"):
         Patch("mlp_out", 0, "x", head=1)
     with pytest.raises(InputError, match=r"`alpha` must be a number in \[-inf, inf\]; got nan"):
         Scale(0, 0, alpha=float("nan"))
