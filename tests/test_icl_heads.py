@@ -181,7 +181,7 @@ def _planted_induction_model(tokenizer):
 
 def test_induction_score_ranks_a_hand_built_induction_head_first(tiny_gpt2):
     m = _planted_induction_model(tiny_gpt2.tokenizer)
-    ds = ih.induction_scores(m, n_sequences=4, half_len=20, seed=3)
+    ds = ih.induction_scores(m, n_sequences=4, half_len=20, seed=3, measure="mul")
     score = ds.induction_score.values
     order = np.argsort(-score, axis=None)
     assert np.unravel_index(order[0], score.shape) == (1, 0)
@@ -193,20 +193,33 @@ def test_induction_score_ranks_a_hand_built_induction_head_first(tiny_gpt2):
     assert (rep[1:].argmax(-1) == np.arange(rep.shape[0] - 1)).all()
 
 
-def test_induction_scores_match_eager_attention_from_plain_hf(tiny_model):
+@pytest.mark.parametrize("measure", ["abs", "mul"])
+def test_induction_scores_match_eager_attention_from_plain_hf(tiny_model, measure):
     m = tiny_model
-    ds = ih.induction_scores(m, n_sequences=3, half_len=6, seed=1)
+    ds = ih.induction_scores(m, n_sequences=3, half_len=6, seed=1, measure=measure,
+                             batch_size=2)           # two batches: the average spans both
     ids = ds.sequence_ids.values
     assert ids.shape == (3, 13) and np.array_equal(ids[:, 1:7], ids[:, 7:])
-    np.testing.assert_allclose(ds.induction_score.values, induction_by_eager_attention(m, ids),
-                               atol=1e-5)
+    np.testing.assert_allclose(ds.induction_score.values,
+                               induction_by_eager_attention(m, ids, measure=measure), atol=1e-5)
     assert ds.attrs["method"] == "induction_scores"
 
 
-def induction_by_eager_attention(m, ids, edited=contextlib.nullcontext) -> np.ndarray:
+def test_induction_scores_default_to_the_paper_code_setting(tiny_model):
+    """Yin & Steinhardt's find_induction_heads.py: detect_head(..., error_measure="abs") on
+    [BOS, r_1..r_50, r_1..r_50], seed 42."""
+    ds = ih.induction_scores(tiny_model, n_sequences=1)
+    params = ds.attrs["params"]
+    assert (params["measure"], params["half_len"], params["seed"]) == ("abs", 50, 42)
+    assert ds.sequence_ids.shape[1] == 1 + 2 * 50
+
+
+def induction_by_eager_attention(m, ids, edited=contextlib.nullcontext,
+                                 measure: str = "mul") -> np.ndarray:
     """[layer, head] induction scores from plain transformers' eager attention weights (run
-    inside ``edited(m)``): per sequence, the mean over destinations i of the attention to
-    every source j whose previous token repeats token i."""
+    inside ``edited(m)``). ``mul``: per sequence, the mean over destinations i of the
+    attention to every source j whose previous token repeats token i. ``abs``: 1 minus the
+    mean over i of sum_j |A[i, j] - P[i, j]| (TransformerLens detect_head's abs error)."""
     current = m.hf.config._attn_implementation
     m.hf.set_attn_implementation("eager")
     try:
@@ -219,6 +232,12 @@ def induction_by_eager_attention(m, ids, edited=contextlib.nullcontext) -> np.nd
     for row, layers in zip(ids, att):
         for layer, a in enumerate(layers):
             a = a[0].double().numpy()  # [head, dst, src]
+            if measure == "abs":
+                for i in range(len(row)):
+                    target = np.array([1.0 if 1 <= j <= i and row[j - 1] == row[i] else 0.0
+                                       for j in range(len(row))])
+                    expect[layer] += (1.0 - np.abs(a[:, i, :] - target).sum(-1)) / len(row)
+                continue
             for i in range(len(row)):
                 for j in range(1, i + 1):
                     if row[j - 1] == row[i]:
@@ -532,7 +551,7 @@ def test_bench_icl_heads_reports_ratio(tiny_model):
 
 @pytest.mark.integration
 def test_smollm2_has_induction_heads(smollm2):
-    ds = ih.induction_scores(smollm2, n_sequences=4, half_len=20, seed=42)
+    ds = ih.induction_scores(smollm2, n_sequences=4, half_len=20, seed=42, measure="mul")
     # a pretrained model has heads with much of their attention on the induction target
     # (about 0.4 for the best SmolLM2 head; mass over all rows, half of which have no target)
     assert float(ds.induction_score.max()) > 0.25

@@ -56,8 +56,8 @@ def _ids(model, prompt):
 
 def test_induction_score_and_attention_under_an_edit(tiny_model):
     m = tiny_model
-    ds = ih.induction_scores(m, n_sequences=2, half_len=6, seed=1, edits=[EDIT])
-    plain = ih.induction_scores(m, n_sequences=2, half_len=6, seed=1)
+    ds = ih.induction_scores(m, n_sequences=2, half_len=6, seed=1, edits=[EDIT], measure="mul")
+    plain = ih.induction_scores(m, n_sequences=2, half_len=6, seed=1, measure="mul")
     ids = ds.sequence_ids.values
     np.testing.assert_allclose(ds.induction_score.values,
                                induction_by_eager_attention(m, ids, _edited), atol=1e-5)
