@@ -12,6 +12,7 @@ import panel as pn
 import xarray as xr
 
 from apps import theme
+from apps._circuits_text import ShownCircuit, circuit_text, pairs_text
 from apps._view import STATIC_TOOLS
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
@@ -272,29 +273,36 @@ class FaithfulnessCurve:
         return (f"No measured node circuit recovers {self.fraction:.0%}. Shown is the most "
                 f"faithful one: {d.n_edges:,} nodes, recovering {rec}.{compare}")
 
-    def default_text(self) -> str:
-        """The default circuit in words: its size, its measured recovery and interval; or
-        that no measured circuit reaches the target, and the most faithful one's number."""
-        if self.nodes_mode():
-            return self.node_default_text()
+    def shown_circuit(self) -> ShownCircuit | None:
+        """The numbers of the shown base circuit and of its default (`ShownCircuit`), or None
+        before a result with its curve."""
+        if self.scores is None or self.curve is None:
+            return None
+        mask = self._circuit(self.scores)
+        n_top = self._n_chosen(self.scores)
+        here, how = marker_height(self.curve, n_top)
         d = self._default
-        if d is None or self.scores is None:
+        return ShownCircuit(
+            n_kept=int(mask.sum()), n_top=int(n_top), n_total=int(self.scores.sizes["edge"]),
+            recovered=here, how=how, mode=self.mode, threshold=float(self.threshold),
+            default_kept=None if d is None else int(d.n_kept),
+            default_top=None if d is None else int(d.n_edges),
+            default_recovered=None if d is None else float(d.recovered),
+            default_reached=bool(d is not None and d.reached), fraction=float(self.fraction),
+            cap=self.max_default_edges, interval=self.default_interval())
+
+    def default_text(self) -> str:
+        """The shown circuit and the default in words, from the shown result's provenance
+        (`apps._circuits_text.circuit_text`), then the clean - corrupted gap and, for one
+        pair, why there is no interval (`pairs_text`)."""
+        if self.nodes_mode():
+            text = self.node_default_text()
+            if text and self.shown is not None and self.node_curve is not None:
+                extra = pairs_text(self.shown, interval=self.node_default_interval() is not None)
+                text += f" {extra}" if extra else ""
+            return text
+        c = self.shown_circuit()
+        if c is None or self.shown is None:
             return ""
-        ci_ = self.default_interval()
-        n_pairs = self.curve.sizes.get("prompt", 0) if self.curve is not None else 0
-        rec = f"**{d.recovered:.0%}**"
-        if ci_ is not None:
-            rec += (f" [{ci_[0]:.0%}, {ci_[1]:.0%}] (95 % bootstrap interval over the "
-                    f"{n_pairs} pairs)")
-        size = f"{d.n_kept:,} edges (top {d.n_edges:,} by |score|, pruned)"
-        cap = self.max_default_edges
-        if cap is not None and d.n_kept > cap:
-            return (f"No measured circuit of at most {cap:,} edges has an input → logits "
-                    f"path; the default is the smallest that does: {size}, recovering {rec}.")
-        if d.reached:
-            within = "" if cap is None else f" within {cap:,} edges"
-            return (f"Default: the smallest measured circuit{within} recovering at least "
-                    f"{self.fraction:.0%} of the metric: {size}, recovering {rec}.")
-        within = "" if cap is None else f" of at most {cap:,} edges"
-        return (f"No measured circuit{within} recovers {self.fraction:.0%}. Shown is the most "
-                f"faithful one: {size}, recovering {rec}.")
+        extra = pairs_text(self.shown, interval=c.interval is not None)
+        return circuit_text(self.shown, c) + (f" {extra}" if extra else "")

@@ -15,6 +15,7 @@ from apps import _circuit_graph as cg
 from apps import theme
 from apps._circuits_curve import TOOLS
 from apps._circuits_scoring import METHOD_LABELS
+from apps._circuits_text import graph_title
 from explorer import components
 from explorer._checks import InputError
 from explorer.analyses import circuit_influence as ci
@@ -137,21 +138,22 @@ class CircuitDrawing:
 
     def _graph_title(self, n_members: int, n_drawn: int, method: str, label: str,
                      ref_label: str) -> str:
-        what = f"{n_members:,} edges" + (f" ({n_drawn:,} drawn)" if n_members > n_drawn else "")
+        """`apps._circuits_text.graph_title` of the shown scores' method (``method``: the
+        shown result's provenance, or the checkpoints'); a diff's counts."""
         if ref_label:
             t = self._table
-            return (f"Diff: {method} vs {ref_label}, +{int((t['status'] == 'gained').sum())} "
+            return (f"Diff: {METHOD_LABELS.get(method, method)} vs {ref_label}, "
+                    f"+{int((t['status'] == 'gained').sum())} "
                     f"/ −{int((t['status'] == 'lost').sum())}")
-        if self.nodes_mode():   # short enough for the plot's width at 1280 px
-            where = "" if label == "base model" else f", {label}"
-            return f"{self._shown['chosen']:,} nodes, {what}, {method}{where}"
-        return f"Circuit: {what}, {method}, {label}"
+        stale = label == "base model" and bool(self.stale_note())
+        return graph_title(method, n_members, n_drawn, where=label, stale=stale,
+                           n_nodes=self._shown["chosen"] if self.nodes_mode() else None)
 
     def _current_key(self) -> tuple:
         return (self.granularity, self.n_nodes, self.mode, self.n_edges, self.threshold,
                 self.checkpoint, self.diff,
                 self.diff_against, id(self.scores), id(self.checkpoints), id(self.other_scores),
-                self.selected, self.show_outside, self._pos_version)
+                self.selected, self.show_outside, self._pos_version, self._key())
 
     def _update_table(self) -> None:
         """The drawn edges for the current selection (once per change: both graph callbacks
@@ -202,12 +204,12 @@ class CircuitDrawing:
         self.param.edge.objects = ["", *labels]
         if self.edge != keep:
             self.param.update(edge=keep)
-        method = METHOD_LABELS[self._shown_method if base else
-                               str(self.checkpoints.attrs.get("edge_method", self.method))]
+        method = (self._shown_method if base else
+                  str(self.checkpoints.attrs.get("edge_method", self.method)))
         self._title = self._graph_title(len(members), len(shown), method, label, ref_label)
         self._csv.filename = (f"circuit_{self._model.spec.name.split('/')[-1]}_"
                               f"{self.task.replace(' ', '-')}_"
-                              f"{method.lower()}_{len(members)}edges.csv")
+                              f"{method}_{len(members)}edges.csv")
         self._svg.filename = self._csv.filename[:-4] + ".svg"
         self._refresh_nodes()
 
@@ -343,15 +345,18 @@ class CircuitDrawing:
         if self.scores is None and self.checkpoints is None:
             return ""
         self._update_table()
-        parts = [self.default_text(), self.drawn_text()]
+        stale = self.stale_note()
+        parts = [f"**Outdated.** {stale}" if stale else "", self.default_text(),
+                 self.drawn_text()]
         if self.diff and self._diff_note:
             parts.append(f"Diff: {self._diff_note}.")
         elif self.diff:
             parts.append("Diff: green edges are gained, orange lost, grey kept.")
-        parts.append("Heads are labelled H3 in their layer's column (hover for L17.H3) and "
-                     "ordered by the score mass they carry (heaviest on top), fixed by the "
-                     f"{self._layout_from or 'first scores'}. Click a node to pin it, an edge "
-                     "to patch it.")
+        parts.append("Layout: heads are labelled H3 in their layer's column (hover for L17.H3) "
+                     "and ordered by the score mass they carry (heaviest on top) in the first "
+                     f"scores this page computed ({self._layout_from or 'none yet'}), kept so "
+                     "that no node moves between results. Click a node to pin it, an edge to "
+                     "patch it.")
         parts.append(self._selection_text())
         return " ".join(p for p in parts if p)
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from apps import _circuit_graph as cg
-from apps._circuits_scoring import OWN_TASK, PROMPT_TASK
+from apps._circuits_scoring import OWN_TASK, PROMPT_TASK, parse_counterfactual
 from apps._recipe import MODEL, Call, Expr, Note, Recipe, Ref, Step
 
 __all__ = ["CircuitExport"]
@@ -24,18 +24,31 @@ class CircuitExport:
         scores, _, label = self._current()
         c, s = "explorer.analyses.circuits", "explorer.analyses.circuit_select"
         task, n = Ref("task"), Ref("len(task)")
-        if self.task == OWN_TASK and self._own_task is not None:
+        # the shown result's inputs (its provenance), not the widgets: the code recomputes
+        # what the page shows, also after the prompt or the method changed without a compute
+        prov = self.shown if self.scores is not None and self.shown is not None \
+            else self.request_provenance()
+        request = dict(prov.request)
+        if prov.task == OWN_TASK and self._own_task is not None:
             steps: list[Step] = [Call("task", "explorer.analyses.user_items.parse_circuit_pairs",
                                       (self._own_text, MODEL), {"name": OWN_TASK})]
-        elif self.task == PROMPT_TASK:
-            word, _, by = self.counterfactual.partition("=")
-            mean = not self.counterfactual.strip()
-            steps = [Call("task", f"{c}.prompt_task", (MODEL, self.prompt, *(
-                ("", "") if mean else (word, by))), {"answer": self.explain, "name": PROMPT_TASK},
-                "mean ablation" if mean else "")]
+        elif prov.task == PROMPT_TASK:
+            prompt = prov.prompts[0] if prov.prompts else self.prompt
+            cf = prov.counterfactual
+            if cf is not None:
+                args, options, note = (cf.old.strip(), cf.new.strip()), {
+                    "position": cf.position}, f"position {cf.position}: {cf.old!r} -> {cf.new!r}"
+            elif not request.get("counterfactual"):
+                args, options, note = ("", ""), {}, "mean ablation"
+            else:
+                word, pos, by = parse_counterfactual(request["counterfactual"])
+                args, options, note = (word, by), ({} if pos is None else {"position": pos}), ""
+            steps = [Call("task", f"{c}.prompt_task", (MODEL, prompt, *args),
+                          {"answer": request.get("explain", ""), "name": PROMPT_TASK, **options},
+                          note)]
         else:
-            steps = [Call("task", f"{c}.make_task", (self.task, self.n_prompts), {"seed": 0})]
-        method = self._shown_method if self.scores is not None else self.method
+            steps = [Call("task", f"{c}.make_task", (prov.task, prov.n_pairs), {"seed": 0})]
+        method = prov.method
         steps.append(Call("scores", f"{c}.edge_scores", (MODEL, task),
                           {"method": method, "batch_size": n}))
         if self.curve is not None:

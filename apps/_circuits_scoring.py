@@ -4,6 +4,8 @@ measured faithfulness curve), the node curve's job, and showing a result (a meth
 switch shows a computed one at once)."""
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -14,18 +16,38 @@ from apps import _circuit_graph as cg
 from apps import theme
 from apps._session import CancelToken
 from apps._circuits_curve import page_curve_sizes
+from apps._circuits_text import METHOD_LABELS, OWN_TASK, PROMPT_TASK
+from apps._provenance import Counterfactual, Provenance, computed_at_now
 from explorer._checks import InputError
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
 from explorer.analyses import user_items
+from explorer.analyses.circuit_tasks import TokenReplacement, token_replacement
 from explorer.interventions import Edit
 
 __all__ = ["METHOD_LABELS", "OWN_TASK", "PROMPT_TASK", "task_logit_diff", "default_task",
-           "CircuitScoring"]
+           "parse_counterfactual", "counterfactual_spec", "CircuitScoring"]
 
-METHOD_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG"}
-OWN_TASK = "your pairs"  # the task of the user's own prompt pairs (the "Your own" box)
-PROMPT_TASK = "your prompt"  # the sidebar prompt against its counterfactual
+
+
+_SPEC = re.compile(r"^(?P<word>.*?)(?:@(?P<pos>\d+))?=(?P<by>.*)$", re.DOTALL)
+
+
+def parse_counterfactual(text: str) -> tuple[str, int | None, str]:
+    """``word=replacement`` or ``word@position=replacement`` (what a click on the token strip
+    writes) as ``(word, position or None, replacement)``. Raises on text without ``=``."""
+    m = _SPEC.match(text)
+    if m is None:
+        raise InputError("the task 'your prompt' needs a counterfactual: a word of the prompt "
+                         "and its replacement, e.g. 'John=Paul' or 'John@9=Paul' (the token at "
+                         f"position 9), or none, for mean ablation; got {text!r}.")
+    pos = m.group("pos")
+    return m.group("word").strip(), None if pos is None else int(pos), m.group("by")
+
+
+def counterfactual_spec(word: str, position: int | None, by: str) -> str:
+    """The text `parse_counterfactual` reads back: ``John@9=Mary``."""
+    return f"{word.strip()}{'' if position is None else f'@{int(position)}'}={by.strip()}"
 
 
 def task_logit_diff(model: explorer.Model, task: ca.CircuitTask, *,
@@ -70,16 +92,12 @@ class CircuitScoring:
     def _task_data(self, name: str, n: int, *, seed: int = 0) -> ca.CircuitTask:
         """The pairs of the task ``name``: the user's (`use_own`), or ``n`` generated ones."""
         if name == PROMPT_TASK:
-            word, eq, by = self.counterfactual.partition("=")
             if not self.counterfactual.strip():   # no counterfactual: the mean baseline
                 return ca.prompt_task(self._model, self.prompt, "", "", answer=self.explain,
                                       name=PROMPT_TASK)
-            if not eq:
-                raise InputError("the task 'your prompt' needs a counterfactual: a word of the "
-                                 "prompt and its replacement, e.g. 'John=Paul' (or none, for "
-                                 f"mean ablation); got {self.counterfactual!r}.")
+            word, pos, by = parse_counterfactual(self.counterfactual)
             return ca.prompt_task(self._model, self.prompt, word, by, answer=self.explain,
-                                  name=PROMPT_TASK)
+                                  name=PROMPT_TASK, position=pos)
         if name == OWN_TASK:
             if self._own_task is None:
                 raise InputError(f"the task {OWN_TASK!r} has no pairs yet: paste them in "
@@ -102,14 +120,74 @@ class CircuitScoring:
         return self.adopt_own(text, lambda t: user_items.parse_circuit_pairs(
             t, self._model, name=OWN_TASK), use)
 
+    def replacement_of(self, prompt: str, counterfactual: str) -> TokenReplacement | None:
+        """Where ``counterfactual`` changes ``prompt`` (`circuit_tasks.token_replacement`);
+        None without one. Raises `InputError` on one that does not fit the prompt (a word
+        that occurs more than once, without its position, included)."""
+        if not counterfactual.strip():
+            return None
+        word, pos, by = parse_counterfactual(counterfactual)
+        return token_replacement(self._model.tokenizer, prompt, word, by, position=pos)
+
+    def request_provenance(self, method: str | None = None) -> Provenance:
+        """The inputs Compute would run on now (what the shown result is compared with)."""
+        method = method or self.method
+        request: dict[str, Any] = {}
+        prompts: tuple[str, ...] = ()
+        if self.task == PROMPT_TASK:
+            prompts = (self.prompt,)
+            request = {"counterfactual": self.counterfactual.strip(),
+                       "explain": self.explain}
+            n = 1
+        elif self.task == OWN_TASK:
+            request = {"own": self._own_version}
+            n = len(self._own_task) if self._own_task is not None else 0
+        else:
+            n = int(self.n_prompts)
+        return Provenance(page="circuits", model=self._model.spec.name, method=method,
+                          task=self.task, prompts=prompts, n_pairs=n,
+                          request=tuple(sorted(request.items())))
+
+    def _result_provenance(self, wanted: Provenance, task: ca.CircuitTask,
+                           scores: xr.Dataset) -> Provenance:
+        """``wanted`` completed by what the computation found: the pairs, the counterfactual
+        by position, the targets, the metrics, the time."""
+        cf = None
+        if wanted.task == PROMPT_TASK and task.baseline == "counterfactual":
+            r = self.replacement_of(task.clean[0], dict(wanted.request)["counterfactual"])
+            cf = Counterfactual(r.position, r.old, r.new)
+        metrics = tuple((k, float(scores.attrs[k])) for k in ("clean_metric", "corrupt_metric")
+                        if k in scores.attrs)
+        prompts = wanted.prompts if wanted.task == PROMPT_TASK else tuple(task.clean)
+        return dataclasses.replace(wanted, prompts=prompts, corrupt=tuple(task.corrupt),
+                                   counterfactual=cf, baseline=task.baseline,
+                                   answer=task.answer[0], wrong=task.wrong[0],
+                                   n_pairs=len(task), computed_at=computed_at_now(),
+                                   metrics=metrics)
+
+    def stale_note(self) -> str:
+        """Empty when the shown circuit is of the current inputs; else what it was computed
+        on and what changed (`apps._provenance.stale_text`)."""
+        from apps._provenance import stale_text
+
+        if self.shown is None:
+            return ""
+        return stale_text(self.shown, self.request_provenance(), action="Compute circuit")
+
+    @property
+    def _shown_method(self) -> str:
+        """The attribution method of the shown scores (its provenance's), else the chosen one."""
+        return self.shown.method if self.shown is not None else self.method
+
     def prompt_tokens(self) -> list[str]:
         """The prompt's tokens as the model sees them (spaces shown), for the token strip."""
         ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
         return [theme.show_token(self._model.tokenizer.decode([i])) for i in ids]
 
     def click_token(self, pos: int) -> None:
-        """Pick token ``pos`` of the prompt as the word the counterfactual replaces (what a
-        click on the token strip does); the counterfactual becomes ``word=replacement``."""
+        """Pick token ``pos`` of the prompt as the one the counterfactual replaces (what a
+        click on the token strip does); the counterfactual becomes ``word@pos=replacement``:
+        that position, not the first place the word occurs."""
         ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
         pos = int(pos)
         if not 0 <= pos < len(ids):
@@ -118,15 +196,17 @@ class CircuitScoring:
         word = self._model.tokenizer.decode([ids[pos]]).strip()
         if not word:
             raise InputError(f"token {pos} of the prompt is whitespace; click a word.")
-        self._clicked_word = word
+        self.clicked = pos
         if list(self._strip.selected) != [pos]:
             self._strip.selected = [pos]
         self._set_counterfactual()
 
     def _token_clicked(self, event: Any) -> None:
         new = [p for p in event.new if p not in event.old]
+        if new and new[-1] == self.clicked:   # the strip following the counterfactual's text
+            return
         if not new:            # a click on the picked token again: keep it picked
-            if not event.new and self._clicked_word:
+            if not event.new and self.clicked is not None:
                 self._strip.selected = list(event.old)
             return
         try:
@@ -136,11 +216,33 @@ class CircuitScoring:
             self._strip.selected = list(event.old)
 
     def _set_counterfactual(self) -> None:
-        if self._clicked_word:
-            self.counterfactual = f"{self._clicked_word}={self.replacement.strip()}"
+        """The clicked token and the typed replacement as the counterfactual's text."""
+        pos = self.clicked
+        if pos is None:
+            return
+        ids = self._model.tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+        if pos < len(ids):
+            word = self._model.tokenizer.decode([ids[pos]]).strip()
+            self.counterfactual = counterfactual_spec(word, pos, self.replacement)
+
+    def _counterfactual_typed(self, *_: Any) -> None:
+        """A counterfactual typed (or from a link) that names a position picks that token in
+        the strip; one without a position unpicks it."""
+        try:
+            _, pos, _ = parse_counterfactual(self.counterfactual) \
+                if self.counterfactual.strip() else ("", None, "")
+        except InputError:
+            pos = None
+        n = len(self._strip.tokens)
+        pos = pos if pos is not None and pos < n else None
+        if pos != self.clicked:
+            self.clicked = pos
+        want = [] if pos is None else [pos]
+        if list(self._strip.selected) != want:
+            self._strip.selected = want
 
     def _prompt_changed(self) -> None:
-        self._clicked_word = ""
+        self.clicked = None
         self._strip.param.update(tokens=self.prompt_tokens(), selected=[])
 
     def _other_method(self) -> str:
@@ -184,6 +286,7 @@ class CircuitScoring:
             self.show_error(e)
             return
         n = len(task)
+        wanted = self.request_provenance(method)
 
         fraction, cap = self.fraction, self.max_default_edges
 
@@ -195,19 +298,22 @@ class CircuitScoring:
                                               sizes=page_curve_sizes(scores, cap),
                                               batch_size=n, progress=self.progress_fn(token),
                                               check=token.check)
-            return key, task, scores, curve
+            return key, task, scores, curve, wanted
 
         self.status = f"scoring edges ({METHOD_LABELS[method]}, {n} {task_name} pairs)…"
         self._scoring = True
         self.submit("scores", job)
 
     def _got_scores(self, result: tuple) -> None:
-        key, task, scores, curve = result
+        key, task, scores, curve, *rest = result
         self._scoring = False
         # the first result of a task and prompt count opens on the default circuit; the
         # other method's, arriving after a toggle, keeps the size shown (a fair comparison)
         first = not any(k[:2] == key[:2] for k in self._results if k != key)
-        self._results[key] = (task, scores, curve)
+        wanted = rest[0] if rest else self.request_provenance(key[2])
+        prov = self._result_provenance(wanted, task, scores)
+        scores.attrs["page_provenance"] = prov.to_json()
+        self._results[key] = (task, scores, curve, prov)
         if key == self._key():
             self._show(key, default=first)
         elif key == self._key(self._other_method()):
@@ -217,9 +323,8 @@ class CircuitScoring:
     def _show(self, key: tuple, *, default: bool) -> None:
         """Make the result ``key`` the page's: scores, curve, order; the first result also
         fixes the layout (heads by score mass), which no later result changes."""
-        task, scores, curve = self._results[key]
+        task, scores, curve, prov = self._results[key]
         self._task = task
-        self._shown_method = key[2]
         self._circuit_cache.clear()
         self._influence_cache.clear()
         self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
@@ -230,7 +335,7 @@ class CircuitScoring:
         node_curve = self._node_curves.get(key)
         with self._sizing_by_page():
             self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
-                              curve=curve, ablation=None, node_curve=node_curve,
+                              shown=prov, curve=curve, ablation=None, node_curve=node_curve,
                               other_scores=None if other is None else other[1])
         if node_curve is None and self.nodes_mode():
             self._request_node_curve()

@@ -62,12 +62,15 @@ from apps._circuits_scoring import (METHOD_LABELS, OWN_TASK, PROMPT_TASK, Circui
 from apps._circuits_size import GRANULARITIES, CircuitSize
 from apps._controls import OwnItems, labelled_control
 from apps._positions import PositionStrip
+from apps._provenance import Provenance, one_line, outdated_text
+from apps._circuits_text import scope_on
 from apps._server import BoundedCache
 from apps._view import Scope, View, serve
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
 from explorer.analyses import user_items
+from explorer._checks import InputError
 from explorer.components import canonical
 from explorer.interventions import Edit
 
@@ -112,10 +115,14 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                                               "gallery: the sidebar's prompt)")
     counterfactual = param.String(default="", label="Counterfactual (word=replacement)",
                                   doc="For the task 'your prompt': the corrupted prompt "
-                                      "replaces this word of the prompt, e.g. John=Paul (or "
-                                      "click the word in the token strip and type its "
-                                      "replacement); empty: mean ablation, each node's output "
-                                      "averaged over the prompt's positions")
+                                      "replaces this word of the prompt, e.g. John=Paul (a "
+                                      "word that occurs once), or the token at a position, "
+                                      "John@9=Paul (what a click on the token strip writes); "
+                                      "empty: mean ablation, each node's output averaged "
+                                      "over the prompt's positions")
+    clicked = param.Integer(default=None, allow_None=True, bounds=(0, None), precedence=-1,
+                            doc="The token position picked in the strip (the counterfactual "
+                                "replaces the token there), or None")
     replacement = param.String(default="", label="Replace the clicked word by",
                                doc="For the task 'your prompt': the clicked token's "
                                    "replacement (sets the counterfactual)")
@@ -170,6 +177,10 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                                    "al.'s choice), or EAP on the logit difference (cheaper)")
 
     scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
+                                doc="What the shown scores were computed on (model, task, "
+                                    "prompts, counterfactual by position, method, when): the "
+                                    "title, caption, scope line and code are written from it")
     curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     node_curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                      precedence=-1)   # the node-level faithfulness curve
@@ -203,26 +214,32 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                    "diff", "diff_against", "ft_method")
 
     def scope(self) -> Scope:
-        """The task's prompt pairs (not the sidebar prompt); edits change only the readout."""
-        if self.task == PROMPT_TASK:
-            t = self._task if self._task is not None and self._task.name == PROMPT_TASK \
-                else None
-            if not self.counterfactual.strip():
-                against = ("mean ablation (no counterfactual: each node's output averaged "
-                           "over the prompt's positions)")
-            else:
-                against = (f"its counterfactual {self.counterfactual!r}" if t is None
-                           else repr(t.corrupt[0]))
-            on = f"your prompt {self.prompt!r} vs {against}"
-            if t is not None:
-                on += f", explaining {t.answer[0]!r} against {t.wrong[0]!r}"
-        elif self.task == OWN_TASK:
-            n = len(self._own_task) if self._own_task is not None else 0
-            on = f"your own prompt pairs ({n} pairs), not the sidebar prompt"
+        """What the shown circuit was computed on (its provenance; `scope_on`), and, when the
+        inputs have changed since, that it is outdated; before any result, what Compute will
+        run on. Edits change only the readout."""
+        shown = self.shown
+        if shown is None:
+            on = scope_on(self.request_provenance(), self._request_counterfactual(),
+                          own_n=len(self._own_task) if self._own_task is not None else 0)
+            if self.task == PROMPT_TASK or self.task == OWN_TASK:
+                on += " (to compute)"
         else:
-            on = f"task pairs: {self.task}, {self.n_prompts} pairs (not the sidebar prompt)"
+            on = scope_on(shown)
+            outdated = outdated_text(shown, self.request_provenance(), action="Compute circuit")
+            if outdated:
+                on += f". Outdated: {outdated}"
         return Scope(on=on, edits="not applicable: the circuit is of the unedited model (the "
                                   "readout shows the task metric with the edits)")
+
+    def _request_counterfactual(self) -> str:
+        """The current counterfactual in words (by position), or why it does not fit."""
+        if not self.counterfactual.strip():
+            return ""
+        try:
+            r = self.replacement_of(self.prompt, self.counterfactual)
+        except InputError as e:
+            return f"the counterfactual {self.counterfactual!r}, which does not fit: {e}"
+        return f"{one_line(r.corrupt)} ({r.describe()})"
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None,
                  autostart: bool | None = None, run_folder: str | Path | None = None,
@@ -280,7 +297,6 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self._influence: xr.Dataset | None = None      # the shown circuit's pruning
         self._circuit_table: dict[str, np.ndarray] | None = None   # every member's edge
         self._node_paths: dict[str, str] = {}          # node -> circuit rows of its paths
-        self._shown_method = self.method
         self._diff_note = ""
         self._names = cg.node_names(L, H)
         self._pos = cg.node_positions(L, H, cg.head_mass_order(None, L, H))
@@ -306,6 +322,9 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         # a change updates in place: a slider move sends the new edge columns and the title
         # (the nodes and labels only when the node set changes), no new Bokeh models
         self.param.watch(lambda *_: self.redraw(), _GRAPH_PARAMS + ["show_outside"])
+        # the title says when the shown result is no longer of the current inputs
+        self.param.watch(lambda *_: self.redraw(), ["prompt", "counterfactual", "explain",
+                                                    "task", "n_prompts"])
         self.param.watch(lambda *_: self._redraw_picked(), ["selected_edges"])
         self._graphs: list[cg.GraphFigure] = []
         self._faith_figs: list[tuple[Any, Any, Any]] = []   # (figure, marker source, target)
@@ -327,8 +346,9 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self._strip = PositionStrip(tokens=self.prompt_tokens(), sizing_mode="stretch_width",
                                     css_classes=["circuit-prompt-strip"])
         self._strip.param.watch(self._token_clicked, "selected")
-        self._clicked_word = ""
         self.param.watch(lambda *_: self._prompt_changed(), ["prompt"])
+        self.param.watch(self._counterfactual_typed, ["counterfactual"])
+        self._counterfactual_typed()
         self.param.watch(lambda *_: self._set_counterfactual(), ["replacement"])
         self.param.watch(lambda e: self._request_edited(), ["edits"])
         if self._run_folder is not None and (self._run_folder / "circuits.nc").is_file():
@@ -375,7 +395,9 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                  self.param.selected, self.param.fraction, self.param.other_scores,
                  self.param.edited, self.param.circuit_patch, self.param.show_outside,
                  self.param.granularity, self.param.n_nodes, self.param.node_curve,
-                 self.param.noise_floor]
+                 self.param.noise_floor, self.param.shown, self.param.prompt,
+                 self.param.counterfactual, self.param.explain, self.param.method,
+                 self.param.task, self.param.n_prompts]
         controls = pn.Column(
             pn.widgets.Select.from_param(self.param.task),
             labelled_control(self, "method", pn.widgets.RadioButtonGroup),

@@ -97,9 +97,9 @@ def test_clicking_a_token_and_typing_its_replacement_sets_the_counterfactual(tin
     assert view._strip.tokens == [p.replace(" ", "·") for p in pieces]
     the = pieces.index(" the")                # a one-token word of tiny-llama's tokenizer
     view._strip.selected = [the]             # a click on the strip
-    assert view.counterfactual == "the=" and view._strip.selected == [the]
+    assert view.counterfactual == f"the@{the}=" and view._strip.selected == [the]
     view.replacement = "a"
-    assert view.counterfactual == "the=a"
+    assert view.counterfactual == f"the@{the}=a"
     with torch.enable_grad():
         view._request_scores()
     assert view.error == ""
@@ -114,3 +114,45 @@ def test_clicking_a_token_and_typing_its_replacement_sets_the_counterfactual(tin
     view.prompt = "Hello there"                # a new prompt: new tokens, nothing picked
     assert view._strip.selected == [] and len(view._strip.tokens) == len(
         tiny_model.tokenizer("Hello there", add_special_tokens=False)["input_ids"])
+
+
+def _second_john(tokenizer) -> tuple[int, int]:
+    """Token positions (first token of each) of the two ' John's of PROMPT, found from the
+    characters here: 14 and 38 are where 'John' starts."""
+    enc = tokenizer(PROMPT, add_special_tokens=False, return_offsets_mapping=True)
+    spans = enc["offset_mapping"]
+    assert PROMPT.index("John") == 14 and PROMPT.rindex("John") == 38
+    first = next(i for i, (a, b) in enumerate(spans) if a <= 14 < b)
+    second = next(i for i, (a, b) in enumerate(spans) if a <= 38 < b)
+    return first, second
+
+
+@pytest.mark.parametrize("model_name", ["tiny_model", pytest.param("smollm2",
+                                                                  marks=pytest.mark.integration)])
+def test_a_clicked_token_is_replaced_at_its_position(model_name, request):
+    """Clicking the second John and typing its replacement replaces the second John, and the
+    page says which position; the typed 'John=Mary', ambiguous, is refused naming both
+    positions."""
+    model = request.getfixturevalue(model_name)
+    tok = model.tokenizer
+    first, second = _second_john(tok)
+    view = CircuitsView(model, background=False, autostart=False, task=PROMPT_TASK,
+                        prompt=PROMPT)
+    view._strip.selected = [second]
+    token = tok.decode([tok(PROMPT, add_special_tokens=False)["input_ids"][second]])
+    view.replacement = " M" if token.strip() == "J" else " Mary"   # tiny-llama: one letter
+    r = view.replacement_of(PROMPT, view.counterfactual)
+    if token.strip() == "J":    # tiny-llama spells John in letters: its J becomes M
+        want = ("When Mary and John went to the store, Mohn gave a drink to", "'J' -> 'M'")
+    else:                       # SmolLM2: the token ' John' becomes ' Mary'
+        want = ("When Mary and John went to the store, Mary gave a drink to",
+                "' John' -> ' Mary'")
+    assert view.counterfactual == f"{token.strip()}@{second}={view.replacement.strip()}"
+    assert r.position == second and r.corrupt == want[0]
+    assert r.describe() == f"position {second}: {want[1]}"
+    with pytest.raises(ValueError, match=rf"the word 'John' occurs 2 times in the prompt, at "
+                                         rf"token positions {first} and {second}; click"):
+        view.replacement_of(PROMPT, "John=Mary")
+    view.counterfactual = "John=Mary"
+    view._request_scores()
+    assert f"positions {first} and {second}" in view.error and view.scores is None

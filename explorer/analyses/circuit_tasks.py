@@ -31,7 +31,7 @@ from explorer._checks import InputError, check_choice, check_int
 from explorer.models import Model
 from explorer.trace import provenance, run_with
 
-__all__ = ["prompt_task", "CircuitTask", "BASELINES", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
+__all__ = ["prompt_task", "TokenReplacement", "token_replacement", "token_spans", "CircuitTask", "BASELINES", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
            "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
@@ -354,10 +354,113 @@ def filter_task(model: Model, task: CircuitTask, *, correct_only: bool = True,
     return task.subset(np.nonzero(ok)[0])
 
 
+@dataclass(frozen=True)
+class TokenReplacement:
+    """A counterfactual of a prompt: the text ``old`` of characters ``[start, end)``, which
+    begins at token ``position``, replaced by ``new``; ``corrupt`` is the prompt after it."""
+
+    position: int
+    start: int
+    end: int
+    old: str
+    new: str
+    corrupt: str
+
+    def describe(self) -> str:
+        """One line a page shows: ``position 9: ' John' -> ' Mary'``."""
+        return f"position {self.position}: {self.old!r} -> {self.new!r}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "start": self.start, "end": self.end,
+                "old": self.old, "new": self.new, "corrupt": self.corrupt}
+
+
+def token_spans(tokenizer: Any, prompt: str) -> list[tuple[int, int]]:
+    """Character span ``[start, end)`` of each token of ``prompt`` (no special tokens): the
+    tokenizer's offsets where it has them, else the lengths of the decoded prefixes."""
+    try:
+        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        spans = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+    except (NotImplementedError, KeyError, TypeError, ValueError):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ends = [len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))]
+        spans = list(zip([0, *ends[:-1]], ends))
+    # a span that leaves out the leading whitespace its token decodes with (metaspace
+    # tokenizers) takes it in, so the replaced text is the token as the strip shows it
+    out = []
+    for a, b in spans:
+        while a > 0 and prompt[a - 1].isspace() and (not out or a - 1 >= out[-1][1]):
+            a -= 1
+        out.append((a, b))
+    return out
+
+
+def token_replacement(tokenizer: Any, prompt: str, replace: str, by: str, *,
+                      position: int | None = None) -> TokenReplacement:
+    """Where a counterfactual replaces ``prompt``: by ``position`` (the token there, whose
+    text must be ``replace`` when that is given), or by the one whole-word match of
+    ``replace``. The replacement keeps the replaced text's leading whitespace (``John`` at
+    ``' John'`` becomes ``' Mary'`` for ``Mary``). A word that occurs more than once without a
+    position is refused with the positions it occurs at: strings are ambiguous, positions
+    are not."""
+    import re
+
+    word, new_word = replace.strip(), by.strip()
+    if not new_word:
+        raise InputError(f"give the replacement of {word or 'the clicked token'!r} (e.g. "
+                         f"'{word or 'John'}=Paul'); got {by!r}.")
+    spans = token_spans(tokenizer, prompt)
+    if position is not None:
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+            raise TypeError(f"`position` must be an int; got {type(position).__name__}.")
+        position = int(position)
+        if not 0 <= position < len(spans):
+            raise InputError(f"`position` must be a token position of the prompt in "
+                             f"[0, {len(spans) - 1}]; got {position}.")
+        start, end = spans[position]
+        token = prompt[start:end]
+        if not token.strip():
+            raise InputError(f"token {position} of the prompt is whitespace ({token!r}); "
+                             "pick a word.")
+        if word and token.strip() != word:
+            raise InputError(f"token {position} of the prompt is {token!r}, not {word!r}.")
+        lead = token[:len(token) - len(token.lstrip())]
+        new = lead + new_word
+        return TokenReplacement(position, start, end, token, new,
+                                prompt[:start] + new + prompt[end:])
+    if not word:
+        raise InputError("give the word of the prompt to replace (e.g. 'John=Paul'), or click "
+                         f"its token; got {replace!r}.")
+    pattern = r"(?<!\w)" + re.escape(word) + r"(?!\w)"
+    matches = list(re.finditer(pattern, prompt))
+    if not matches:
+        words = sorted(set(re.findall(r"\w+", prompt)))[:12]
+        raise InputError(f"the word {word!r} is not in the prompt; its words: "
+                         f"{', '.join(words)}.")
+
+    def token_at(char: int) -> int:
+        return next(i for i, (a, b) in enumerate(spans) if a <= char < b)
+
+    places = [token_at(m.start()) for m in matches]
+    if len(matches) > 1:
+        listed = ", ".join(str(p) for p in places[:-1]) + f" and {places[-1]}"
+        raise InputError(f"the word {word!r} occurs {len(matches)} times in the prompt, at token "
+                         f"positions {listed}; click the one to replace in the token strip, or "
+                         f"name it: '{word}@{places[-1]}={new_word}'.")
+    p, m = places[0], matches[0]
+    start = min(spans[p][0], m.start())
+    end = m.end()
+    new = prompt[start:m.start()] + new_word
+    return TokenReplacement(p, start, end, prompt[start:end], new,
+                            prompt[:start] + new + prompt[end:])
+
+
 def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str = "",
-                name: str = "your prompt") -> CircuitTask:
+                name: str = "your prompt", position: int | None = None) -> CircuitTask:
     """A one-pair task from a prompt and a counterfactual: the corrupted prompt is ``prompt``
-    with the first whole-word ``replace`` replaced by ``by``.
+    with the token at ``position`` (its text ``replace``, when given) or the one whole-word
+    ``replace`` replaced by ``by`` (`token_replacement`; a word that occurs more than once
+    needs its position).
 
     The token to explain is ``answer`` (its first token as it continues the prompt) or, when
     empty, the model's top next token on the prompt; the wrong target is the model's top next
@@ -370,15 +473,13 @@ def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str
     positions) and the wrong target is the clean prompt's most likely token other than the
     one explained.
     """
-    import re
-
     for label, value in (("prompt", prompt), ("replace", replace), ("by", by),
                          ("answer", answer)):
         if not isinstance(value, str):
             raise TypeError(f"`{label}` must be a string; got {type(value).__name__}.")
     if not prompt.strip():
         raise InputError("the prompt is empty: type one in the sidebar.")
-    if not replace.strip() and not by.strip():
+    if not replace.strip() and not by.strip() and position is None:
         from explorer.trace import run_with
 
         last = run_with(model, [prompt], positions=[-1])["logits"].values[0, 0]   # [vocab]
@@ -388,21 +489,16 @@ def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str
         decode = model.tokenizer.decode
         return CircuitTask(clean=[prompt], corrupt=[prompt], answer=[answer or decode([want])],
                            wrong=[decode([wrong])], name=name, baseline="mean")
-    if not replace.strip() or not by.strip():
+    if (not replace.strip() and position is None) or not by.strip():
         raise InputError("give a counterfactual: a word of the prompt and its replacement "
                          f"(e.g. 'Mary=John'); got {replace!r} -> {by!r}.")
-    pattern = r"(?<!\w)" + re.escape(replace.strip()) + r"(?!\w)"
-    if not re.search(pattern, prompt):
-        words = sorted(set(re.findall(r"\w+", prompt)))[:12]
-        raise InputError(f"the word {replace.strip()!r} is not in the prompt; its words: "
-                         f"{', '.join(words)}.")
-    corrupt = re.sub(pattern, by.strip(), prompt, count=1)
+    corrupt = token_replacement(model.tokenizer, prompt, replace, by, position=position).corrupt
     lengths = [len(model.tokenizer(p, add_special_tokens=False)["input_ids"])
                for p in (prompt, corrupt)]
     if lengths[0] != lengths[1]:
         raise InputError(f"the prompt and its counterfactual tokenise to {lengths[0]} and "
                          f"{lengths[1]} tokens; pick a replacement of the same token length "
-                         f"({replace.strip()!r} -> {by.strip()!r}).")
+                         f"({replace.strip()!r} -> {by.strip()!r}: {corrupt!r}).")
     from explorer.trace import run_with
 
     last = run_with(model, [prompt, corrupt], positions=[-1])["logits"].values[:, 0]  # [prompt, vocab]
