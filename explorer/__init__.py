@@ -12,6 +12,7 @@ from .interventions import (Ablate, AddHead, Patch, Scale, Set, Steer, edits_fro
                             edits_to_json)
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
+from .patching import activation_patching
 from .store import ActivationStore
 from .readouts import (DLA, FinalNorm, Grad, Lens, Logits, Save, readouts_from_json,
                        readouts_to_json)
@@ -37,6 +38,7 @@ __all__ = [
     "Set",
     "Steer",
     "Workspace",
+    "activation_patching",
     "clean_run",
     "edits_from_json",
     "edits_to_json",

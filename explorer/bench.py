@@ -17,7 +17,6 @@ registered with the `bench` decorator; `explorer bench NAME --json` runs it.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import inspect
 import os
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from ._checks import InputError, check_choice, check_int, suggest
+from .benches.peers import transformer_lens_bridge
 from .benches.timing import interleaved_times, median_ms, paired_ratio
 from .defaults import DEFAULT_MODEL
 
@@ -273,29 +273,6 @@ def _load(model: str) -> Any:
 
 # -- trace-overhead -------------------------------------------------------------------------
 
-def _peer_bridge(model: Any) -> tuple[Any, str | None]:
-    """TransformerLens's TransformerBridge around a copy of the same weights, or a reason."""
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError as e:
-        return None, f"transformer_lens unavailable: {e}"
-    folder = tempfile.mkdtemp(prefix="explorer-bench-")
-    try:
-        hf = copy.deepcopy(model.hf)          # the bridge rewires the modules it is given
-        hf.save_pretrained(folder)            # config + tokenizer for the bridge to read
-        model.tokenizer.save_pretrained(folder)
-        bridge = TransformerBridge.boot_transformers(folder, hf_model=hf, device="cpu",
-                                                     dtype=next(hf.parameters()).dtype)
-        bridge.eval()
-    except Exception as e:  # noqa: BLE001 - a failing optional peer is reported, not raised
-        return None, f"transformer_lens could not load the model: {type(e).__name__}: {e}"[:300]
-    finally:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
-    return bridge, None
-
-
 @bench("trace-overhead")
 def trace_overhead(*, model: str = DEFAULT_MODEL, prompts: int = 8, tokens: int = 128,
                    repeats: int = 7, peer: bool = True, store: bool = True) -> dict[str, Any]:
@@ -333,7 +310,7 @@ def trace_overhead(*, model: str = DEFAULT_MODEL, prompts: int = 8, tokens: int 
     notes: dict[str, str] = {}
     bridge = None
     if peer:
-        bridge, reason = _peer_bridge(m)
+        bridge, reason = transformer_lens_bridge(m)
         if reason:
             notes["peer"] = reason
         else:
