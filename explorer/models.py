@@ -231,6 +231,20 @@ class ModelSpec:
         """JSON-able description of the model for attrs and cache keys."""
         return dataclasses.asdict(self)
 
+    # TransformerLens' names for the same numbers (``model.cfg`` is this spec), beside
+    # n_layers, n_heads, d_model and d_head, which it spells as TransformerLens does
+    @property
+    def d_vocab(self) -> int:
+        return self.vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self.context_length
+
+    @property
+    def n_key_value_heads(self) -> int:
+        return self.n_kv_heads
+
 
 @dataclass
 class Batch:
@@ -317,6 +331,13 @@ class Model:
         return Model(nn_model, hf_model, self.tokenizer, self.spec, self.arch)
 
     # -- structure -------------------------------------------------------------
+    @property
+    def cfg(self) -> ModelSpec:
+        """The spec (`spec`) under TransformerLens' name: ``cfg.n_layers``, ``n_heads``,
+        ``d_model``, ``d_head``, ``d_vocab``, ``n_ctx``, ``n_key_value_heads``; the MLP's
+        width is `d_mlp` on the model."""
+        return self.spec
+
     @property
     def n_layers(self) -> int:
         return self.spec.n_layers
@@ -427,6 +448,23 @@ class Model:
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         tokens = [self.token_strings(row) for row in ids]
         return Batch(input_ids, mask, position_ids, lengths, [list(r) for r in ids], tokens)
+
+    def str_tokens(self, prompt: Any) -> list[str] | list[list[str]]:
+        """The token strings of ``prompt`` as the model sees them (no special tokens added),
+        spelled as the ``token`` coord of a Dataset; a list of prompts gives one list each.
+        A list of token ids is read as ids (TransformerLens' ``to_str_tokens``)."""
+        if isinstance(prompt, str):
+            return self.tokenize([prompt]).tokens[0]
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        if isinstance(prompt, (list, tuple)) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InputError(f"token id {bad[0]} is outside the vocabulary [0, "
+                                 f"{self.vocab_size}).")
+            return self.token_strings(list(prompt))
+        return self.tokenize(prompt).tokens
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Token strings as the model sees them: each id decoded on its own. A token that

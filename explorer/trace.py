@@ -1480,6 +1480,13 @@ class PositionsAccessor:
         """Real tokens per prompt (prompt,)."""
         return real_lengths(self._obj)
 
+    def as_torch(self) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The values as a torch tensor (a Dataset: a dict of its variables' tensors), in
+        the order of ``dims``; padding stays NaN. No copy where the array is contiguous."""
+        if isinstance(self._obj, xr.Dataset):
+            return {str(k): v.explorer.as_torch() for k, v in self._obj.data_vars.items()}
+        return torch.from_numpy(np.ascontiguousarray(self._obj.values))
+
 
 def logit_attribution(model: Model, prompts: Any, target_ids: Any, *,
                       positions: Sequence[int] = (-1,), edits: Sequence[Edit] = ()) -> xr.Dataset:
