@@ -2,7 +2,7 @@
 
 The core API: `load_model`; `read` with the readout records (`Save`, `Logits`, `FinalNorm`,
 `Lens`, `DLA`, `Grad`) and the intervention records, and the assemblers over it (`trace`,
-`run_with`, `logit_lens`); `ActivationStore`. Importing has no side effects beyond
+`run_with`, `logit_lens`); `generate` under edits; `ActivationStore`. Importing has no side effects beyond
 importing torch and xarray; models load only when asked.
 """
 from ._checks import ExplorerError
@@ -10,6 +10,7 @@ from ._version import __version__
 from .head_atlas import head_atlas
 from .interventions import (Ablate, AddHead, Patch, Scale, Set, Steer, edits_from_json,
                             edits_to_json)
+from .generate import Generation, generate
 from .lens import logit_lens
 from .models import SITES, Model, ModelSpec, known_models, load_model
 from .patching import activation_patching
@@ -40,6 +41,8 @@ __all__ = [
     "Workspace",
     "activation_patching",
     "clean_run",
+    "Generation",
+    "generate",
     "edits_from_json",
     "edits_to_json",
     "head_atlas",
