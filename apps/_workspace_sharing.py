@@ -1,6 +1,12 @@
 """How the gallery keeps its pages and its workspace in step: a component, an edge or a
-token position picked on a page joins the workspace selection and every page follows the
-workspace's selection, prompt, edits and the text of the pages' "Your own" boxes."""
+token position picked on a page joins the workspace selection, and the pages follow the
+workspace's selection, prompt, edits and the text of the pages' "Your own" boxes.
+
+Only what the person asked for runs: a workspace change reaches the page in view at once
+(it recomputes); the other pages built so far keep what they show, on the inputs they showed
+it for, and catch up when opened (`SharingPart.sync_page`, called by the gallery as it shows a
+page). So a prompt that a method refuses gets one message, from the page in view, and no
+hidden page computes in the background."""
 from __future__ import annotations
 
 import re
@@ -47,9 +53,48 @@ def _own_items_source(view: Any, name: str) -> tuple[param.Parameterized, str] |
 class SharingPart:
     """The workspace sharing of `apps.gallery.Gallery`."""
 
+    def _page_in_view(self) -> list[pn.viewable.Viewer]:
+        """The page shown, when built: the one page a workspace change reaches at once."""
+        view = self._pages.get(self.view)
+        return [] if view is None else [view]
+
+    def sync_page(self, slug: str) -> None:
+        """Bring the built page ``slug`` up to the workspace: its prompt, selection, edges,
+        positions, edits, pasted item and the settings a state or link left for it. The
+        gallery calls it as it shows the page; a page already up to date is left alone (no
+        parameter is set, nothing recomputes)."""
+        view = self._pages.get(slug)
+        if view is None:
+            return
+        ws = self.workspace
+        settings = self._pending_settings.pop(slug, None)
+        if settings:
+            self._apply_settings(slug, view, settings)
+        self._pushing_selection = True
+        try:
+            if "highlighted" in view.param and list(view.highlighted) != list(ws.selected):
+                view.highlighted = list(ws.selected)
+            if "selected" in view.param:
+                self._selection_to_page(view, ws.selected)
+            for name in PAGE_SELECTIONS:
+                if (name in view.param and isinstance(view.param[name], param.List)
+                        and list(getattr(view, name)) != list(getattr(ws, name))):
+                    setattr(view, name, list(getattr(ws, name)))
+        finally:
+            self._pushing_selection = False
+        if "edits" in view.param and list(view.edits) != list(ws.edits):
+            view.edits = list(ws.edits)
+        if "prompt" in view.param and view.prompt != self.prompt:
+            view.prompt = self.prompt
+        if slug in self._items_behind and slug in self._own_boxes:
+            self._items_behind.discard(slug)
+            obj, name = self._own_boxes[slug]
+            if (getattr(obj, name) or "") != ws.item(slug):
+                self._item_to_page(slug, ws.item(slug))
+
     def _share_prompt(self, event: Any) -> None:
         self.workspace.prompt = event.new
-        for view in self._pages.values():
+        for view in self._page_in_view():
             if "prompt" in view.param and view.prompt != event.new:
                 view.prompt = event.new
 
@@ -93,7 +138,7 @@ class SharingPart:
     def _share_selection(self, event: Any) -> None:
         self._pushing_selection = True
         try:
-            for view in self._pages.values():
+            for view in self._page_in_view():
                 if "highlighted" in view.param and list(view.highlighted) != list(event.new):
                     view.highlighted = list(event.new)
                 if "selected" in view.param:
@@ -128,7 +173,7 @@ class SharingPart:
         self._pushing_selection = True
         try:
             for event in events:
-                for view in self._pages.values():
+                for view in self._page_in_view():
                     if (event.name in view.param
                             and list(getattr(view, event.name)) != list(event.new)):
                         setattr(view, event.name, list(event.new))
@@ -149,7 +194,7 @@ class SharingPart:
         return added
 
     def _share_edits(self, event: Any) -> None:
-        for view in self._pages.values():
+        for view in self._page_in_view():
             if "edits" in view.param and list(view.edits) != list(event.new):
                 view.edits = list(event.new)
 
@@ -196,4 +241,7 @@ class SharingPart:
             text = event.new.get(slug, "")
             # only the items that changed: a box whose text the state refused keeps it
             if text != old.get(slug, "") and (getattr(obj, name) or "") != text:
-                self._item_to_page(slug, text)
+                if slug == self.view:
+                    self._item_to_page(slug, text)
+                else:  # applied (and run) when the page is opened
+                    self._items_behind.add(slug)

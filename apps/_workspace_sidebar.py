@@ -8,6 +8,7 @@ from typing import Any
 import panel as pn
 
 from apps import theme
+from apps._copy_code import CopyCode
 from apps._workspace_sharing import PAGE_SELECTIONS
 from explorer import components
 from explorer._checks import ExplorerError, InputError
@@ -66,9 +67,9 @@ class WorkspaceSidebarPart:
         for slug, settings in state.settings.items():
             if slug not in self._specs:
                 continue
-            if slug in self._pages:
+            if slug in self._pages and slug == self.view:
                 self._apply_settings(slug, self._pages[slug], settings)
-            else:
+            else:  # applied when the page is built or next shown (`sync_page`)
                 self._pending_settings[slug] = dict(settings)
         self.workspace.update_from(state)
         n, e = len(state.selected), len(state.edits)
@@ -173,16 +174,13 @@ class WorkspaceSidebarPart:
         upload = pn.widgets.FileInput(accept=".json", multiple=False, sizing_mode="stretch_width",
                                       css_classes=["import-state"])
         upload.param.watch(self._state_file, "value")
-        code = pn.pane.Markdown(pn.bind(lambda *_: "```python\n" + ws.copy_as_code() + "```",
-                                        ws.param.prompts, ws.param.selected,
-                                        ws.param.selected_edges, ws.param.selected_positions,
-                                        ws.param.edits),
-                                sizing_mode="stretch_width", css_classes=["workspace-code"],
-                                stylesheets=[theme.CODE_CSS])
+        code = CopyCode(code=ws.copy_as_code(), label="Copy as code",
+                        title="The workspace as code: model, prompt, selection and edits",
+                        css_classes=["workspace-code"])
+        ws.param.watch(lambda *_: setattr(code, "code", ws.copy_as_code()),
+                       ["prompts", "selected", "selected_edges", "selected_positions", "edits"])
         return [pn.pane.Markdown("### Workspace"), choice, add, message,
                 pn.bind(self.component_menu, ws.param.selected),
                 pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,
                 export, pn.pane.Markdown("Import state (JSON):"), upload,
-                pn.pane.Markdown(self.param.state_message, css_classes=["state-message"]),
-                pn.Card(code, title="Copy as code", collapsed=True, sizing_mode="stretch_width",
-                        css_classes=["workspace-code-card"], margin=(5, 10))]
+                pn.pane.Markdown(self.param.state_message, css_classes=["state-message"]), code]

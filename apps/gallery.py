@@ -31,8 +31,9 @@ workspace (`Workspace.items`), so it travels in the exported state and comes bac
 
 The sidebar's *This page* part exports the page shown: *Export page data* downloads its
 Datasets as NetCDF, its tables as CSV, its snippet and a manifest (with the workspace state) in
-one zip (`apps._view.View.export_bytes`); *Copy page as code* shows the Python that recomputes
-it (`apps._view.View.code_snippet`), following the page's settings.
+one zip (`apps._view.View.export_bytes`); *Copy page as code* copies the Python that recomputes
+it (`apps._view.View.code_snippet`, following the page's settings) to the clipboard and shows
+it in a dialog over the page (`apps._copy_code.CopyCode`).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ import explorer
 from apps import theme
 from apps._address_bar import AddressBar, LinksPart
 from apps._component_menu import ComponentMenuPart, MENU_ACTIONS
+from apps._copy_code import CopyCode
 from apps._intros import INTROS, intro_pane
 from apps._page_titles import PAGE_TITLES
 from apps._prompt_box import MAX_PROMPT_TOKENS, PromptBoxPart
@@ -177,6 +179,7 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
         self._pushing_selection = False  # pages following the workspace: not a user's pick
         self._pushing_items = False  # boxes following the workspace: not the user's typing
         self._own_boxes: dict[str, tuple[param.Parameterized, str]] = {}  # slug -> (obj, param)
+        self._items_behind: set[str] = set()  # pages whose box the workspace's item changed
         self._choices: list[pn.widgets.MultiChoice] = []  # the sidebar's selection widgets
         self.add_message = ""  # why the last text typed in *Add to selection* was not added
         self._hooks = session_hooks()
@@ -299,13 +302,15 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
 
         def code(*_: Any) -> str:
             try:
-                return "```python\n" + self.page_code() + "```"
+                return self.page_code()
             except Exception as exc:  # noqa: BLE001 - a page's snippet must not break the sidebar
-                return f"The page could not write its snippet: {user_message(exc)}"
+                return f"# The page could not write its snippet: {user_message(exc)}\n"
 
-        pane = pn.pane.Markdown(pn.bind(code, self.param.view, self.param.page_revision),
-                                sizing_mode="stretch_width", css_classes=["page-code"],
-                                stylesheets=[theme.CODE_CSS])
+        copy_code = CopyCode(code=code(), label="Copy page as code",
+                             title="This page as code: the Python that recomputes it",
+                             css_classes=["page-code"])
+        self.param.watch(lambda *_: setattr(copy_code, "code", code()),
+                         ["view", "page_revision"])
         copy = pn.widgets.Button(label="Copy link", color="light", sizing_mode="stretch_width",
                                  css_classes=["copy-link"],
                                  description="Copy a link to this view: the page, the prompt, "
@@ -319,12 +324,12 @@ window.__explorerCopied = url
         note = pn.pane.Markdown(self.param.link_note, css_classes=["link-note"], margin=(0, 10),
                                 styles={"color": "#555", "font-size": "0.85em"})
         return [pn.pane.Markdown("### This page"), pn.Row(download, copy, margin=0), note,
-                pn.Card(pane, title="Copy page as code", collapsed=True, margin=(5, 10),
-                        sizing_mode="stretch_width", css_classes=["page-code-card"])]
+                copy_code]
 
     def _show_page(self, event: Any = None) -> None:
         head = [intro_pane(self.view)] if self.view in INTROS else []
         view = self.page(self.view)
+        self.sync_page(self.view)  # what the workspace did while the page was not in view
         if hasattr(view, "set_sources") and hasattr(view, "refresh"):
             view.refresh()  # what the other pages computed since it was last shown
         if self.link_message:
@@ -424,6 +429,7 @@ window.__explorerCopied = url
                 close()
         self._pages.clear()
         self._own_boxes.clear()
+        self._items_behind.clear()
 
     def close(self) -> None:
         """Cancel every page's work (the session is gone)."""

@@ -108,12 +108,15 @@ def test_gallery_shares_the_selection_between_attention_and_atlas(gallery, tiny_
     assert table.loc[table["selected"], "component"].tolist() == ["L1.H2"]
     atlas._heat_tapped(x=0.0, y=2.0)                         # L2.H0 on the atlas
     assert ws.selected == ["L1.H2", "L2.H0"]
+    gallery.view = "attention"                              # it follows when opened
     assert attention.highlighted == ["L1.H2", "L2.H0"] and attention.selected == "L2.H0"
     assert (attention.layer, attention.head) == (2, 0)     # the enlarged head follows
     outlined = attention._grid().object  # image * highlight * marker
     assert outlined is not None
     ws.deselect("L2.H0")
-    assert atlas.highlighted == ["L1.H2"] and attention.highlighted == ["L1.H2"]
+    assert attention.highlighted == ["L1.H2"]
+    gallery.view = "atlas"
+    assert atlas.highlighted == ["L1.H2"]
     # the atlas reads what the other pages hold, in the one spelling
     assert gallery.page_results() == [v for v in attention.param.values().values()
                                       if isinstance(v, xr.Dataset)]

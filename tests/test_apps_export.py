@@ -235,9 +235,11 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
     view.wait(300)
     code = g.page_code()                                # attention's trace applies the edits
     assert "edits_from_json" in code and "edits=edits" in code and "not in this snippet" not in code
+    g.view = "lens"                                     # opened, the lens runs with them
     g.page("lens").wait(300)
     lens_code = g.page_code("lens")                             # the lens's rebuilds them
     assert "edits_from_json" in lens_code and "not in this snippet" not in lens_code
+    g.view = "attention"
     g.workspace.remove_edit(0)
     sidebar = g.page_widgets()
     download = sidebar[1][0]                            # beside "Copy link"
@@ -248,8 +250,9 @@ def test_the_gallery_exports_the_page_shown_and_its_code_follows_the_page(tiny_m
                for w in item.select(pn.widgets.FileDownload))
     with zipfile.ZipFile(io.BytesIO(download.callback().read())) as zf:   # what a click sends
         assert json.loads(zf.read("manifest.json"))["gallery_page"] == "attention"
-    code_pane = sidebar[3].objects[0]
-    assert "enlarged = patterns.sel(layer=0, head=1)" in str(code_pane.object)
+    copy_code = sidebar[3]                              # Copy page as code
+    assert "enlarged = patterns.sel(layer=0, head=1)" in copy_code.code
+    assert copy_code.code == g.page_code()
     g.view = "lens"
     assert download.filename == "explorer-lens.zip"
     g.page("lens").wait(300)

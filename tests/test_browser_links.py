@@ -330,15 +330,11 @@ def test_a_number_out_of_range_says_so(browser, served, typed):
 
 
 def test_sidebar_at_1280_and_1920(browser, served):
-    """The code card inside the sidebar (its copy icon in view) and the nav without a tooltip
-    left over the page, screenshot at both widths."""
+    """The copy-as-code buttons inside the sidebar and the nav without a tooltip left over the
+    page, screenshot at both widths."""
     url, _ = served
     tab = _open(browser, f"{url}?view=lens")
     _lens_drawn(tab)
-    for card in (".page-code-card", ".workspace-code-card"):
-        tab.locator(card).first.scroll_into_view_if_needed()
-        tab.locator(f"{card} .card-header, {card} button").first.click()
-    wait_for_text(tab, ".page-code", "import explorer")
     _nav(tab, "Second lens").hover()
     tab.mouse.move(900, 400)
     tab.wait_for_timeout(800)
@@ -348,10 +344,10 @@ def test_sidebar_at_1280_and_1920(browser, served):
         tab.wait_for_timeout(800)
         sidebar = tab.locator("#sidebar").first.bounding_box()
         for name in ("page-code", "workspace-code"):
-            card = tab.locator(f".{name}-card").first
-            card.scroll_into_view_if_needed()
-            box = card.bounding_box()
+            button = tab.locator(f".{name} button.copy-code-open").first
+            button.scroll_into_view_if_needed()
+            box = button.bounding_box()
             assert box["x"] + box["width"] <= sidebar["x"] + sidebar["width"] + 1, (box, sidebar)
-            card.screenshot(path=str(ARTIFACTS / f"gallery-{name}-card-{width}.png"))
+            button.screenshot(path=str(ARTIFACTS / f"gallery-{name}-button-{width}.png"))
         tab.screenshot(path=str(ARTIFACTS / f"gallery-sidebar-{width}.png"))
     tab.close()

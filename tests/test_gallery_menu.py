@@ -157,6 +157,7 @@ def test_menu_show_circuit_edges_selects_an_mlp_on_the_circuits_page(gallery):
     g = gallery()
     circuits = g.page("circuits")
     g.workspace.select("L1.H2", "L0.MLP")
+    g.view = "circuits"                                    # a page follows when in view
     assert circuits.selected == "L1.H2"                    # pages follow the newest *head*
     _click(_menu(g)["menu-circuit"])
     assert g.view == "circuits" and circuits.selected == "L0.MLP"
@@ -249,6 +250,8 @@ def test_pasted_items_travel_in_the_exported_state(gallery):
     conflicts2 = fresh.page("conflicts")                   # open before the import
     fresh.import_state(state)
     assert fresh.state_message.endswith("0 edit(s), 2 pasted item(s).")
+    assert conflicts2._own.area.value == ""                # not in view: nothing runs yet
+    fresh.view = "conflicts"                               # opened: it takes the item
     assert conflicts2._own.area.value == user_items.CONFLICT_FORMAT
     assert conflicts2.example.endswith("France (memory Paris, context Berlin)")  # applied
     assert conflicts2.example.count("yours") == 1            # one "yours:" on its label

@@ -80,8 +80,11 @@ def test_pages_share_edges_and_positions_both_ways(gallery, notes):
     assert ws.selected_positions == [1, 2] and ws.selected_edges == []
     b = gallery.page("b")
     assert b.selected_positions == [1, 2]
-    ws.deselect("P1")
-    assert a.selected_positions == b.selected_positions == [2]
+    ws.deselect("P1")                                          # the page in view follows
+    assert a.selected_positions == [2] and b.selected_positions == [1, 2]
+    gallery.view = "b"                                         # the other when opened
+    assert b.selected_positions == [2]
+    gallery.view = "a"
     a.selected_positions = [2, 999]                            # past the prompt: refused
     assert ws.selected_positions == [2] and a.selected_positions == [2]
     assert "out of range" in notes[-1][1]
