@@ -12,6 +12,7 @@ pn = pytest.importorskip("panel")
 hv = pytest.importorskip("holoviews")
 
 from explorer.analyses import linear_icl as icl  # noqa: E402
+from explorer.analyses.linear_icl import runs as icl_runs  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -86,8 +87,8 @@ def test_page_opens_on_the_shipped_runs_without_training(tmp_path, monkeypatch):
     from apps.linear_icl import DEFAULT_HEADS, LinearICLView
 
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
-    monkeypatch.setattr(icl, "train_linear_icl", lambda **kw: pytest.fail("trained on open"))
-    monkeypatch.setattr(icl, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed on open"))
+    monkeypatch.setattr(icl_runs, "train_linear_icl", lambda **kw: pytest.fail("trained on open"))
+    monkeypatch.setattr(icl_runs, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed on open"))
     view = LinearICLView(background=False)
     assert sorted(view.runs) == list(DEFAULT_HEADS) and view.step == 20000
     assert "shipped (float16)" in view.status

@@ -13,6 +13,7 @@ import torch
 
 from explorer._checks import InputError
 from explorer.analyses import linear_icl as icl
+from explorer.analyses.linear_icl import runs as icl_runs
 from explorer.commands._common import torch_threads
 from tests._cli import OneCommand
 from tests._threads import record_threads
@@ -463,8 +464,8 @@ def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_pat
     from explorer.store import ActivationStore
 
     store = ActivationStore(tmp_path)
-    monkeypatch.setattr(icl, "train_linear_icl", lambda **kw: pytest.fail("trained instead of reading"))
-    monkeypatch.setattr(icl, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed instead of reading"))
+    monkeypatch.setattr(icl_runs, "train_linear_icl", lambda **kw: pytest.fail("trained instead of reading"))
+    monkeypatch.setattr(icl_runs, "linear_icl_analysis", lambda *a, **kw: pytest.fail("analysed instead of reading"))
     run = icl.linear_icl_run(store=store, n_heads=4)
     assert "shipped" in run.attrs["source"] and run.sizes["head"] == 4
     analysis = icl.stored_linear_icl_analysis(run, store=store)

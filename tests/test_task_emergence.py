@@ -12,6 +12,7 @@ import torch
 
 from explorer._checks import InputError
 from explorer.analyses import task_emergence as te
+from explorer.analyses.task_emergence import runs as te_runs
 from tests._cli import OneCommand
 
 TINY = {"d": 4, "n_tasks": 2, "rank": 2, "n_examples": 4, "noise_std": 0.1, "coef_mean": 1.0,
@@ -257,7 +258,7 @@ def test_analysis_round_trips_through_safetensors(tiny_run, tmp_path):
 def test_default_analysis_reads_the_shipped_one_without_training(tmp_path, monkeypatch):
     from explorer.store import ActivationStore
 
-    monkeypatch.setattr(te, "train_task_emergence", lambda **kw: pytest.fail("trained instead of reading"))
+    monkeypatch.setattr(te_runs, "train_task_emergence", lambda **kw: pytest.fail("trained instead of reading"))
     a = te.default_analysis(store=ActivationStore(tmp_path))
     assert "shipped" in a.attrs["source"]
     assert {**a.attrs["params"]["run_params"], "seed": a.attrs["params"]["run_seed"]} == {**te.DEFAULTS, "seed": 0}

@@ -1,7 +1,7 @@
 """Shared pieces of the training-dynamics modules (parity, linear ICL, task emergence).
 
-A terminal progress bar for the command line, the version stamp of a run's attrs, the
-store lookup that returns a stored training run or trains and stores it, and the step loop
+A terminal progress bar for the command line, a run's attrs (`training_attrs`) and its check
+(`check_training_run`), the store lookup that returns a stored training run or trains and stores it, and the step loop
 of the regression labs (linear ICL, task emergence).
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import xarray as xr
 
 from explorer._checks import InputError, StoreError, safetensors_problem
 
-__all__ = ["ProgressCallback", "terminal_progress", "training_versions", "stored_training_run",
+__all__ = ["ProgressCallback", "terminal_progress", "training_versions", "training_attrs",
+           "check_training_run", "stored_training_run",
            "datasets_to_safetensors", "datasets_from_safetensors", "run_training_steps"]
 
 ProgressCallback = Callable[[int, int], Any]
@@ -46,6 +47,25 @@ def training_versions() -> dict[str, str]:
 
     return {"explorer": __version__, "torch": torch.__version__, "numpy": np.__version__,
             "xarray": xr.__version__}
+
+
+def training_attrs(method: str, params: dict, seed: int, citation: str, **extra: Any) -> dict:
+    """A training run's (or its analysis') attrs: method, params, seed, versions, citation."""
+    return {"method": method, "params": params, "seed": int(seed),
+            "versions": training_versions(), "citation": citation, **extra}
+
+
+def check_training_run(run: Any, *, trainer: str, kind: str, variables: Sequence[str],
+                       dims: Sequence[str] = (), attrs: Sequence[str] = ()) -> xr.Dataset:
+    """``run`` when it is a run of ``trainer`` (an xarray.Dataset holding ``variables``, over
+    ``dims``, with ``attrs``); a TypeError or InputError naming what is missing otherwise."""
+    if not isinstance(run, xr.Dataset):
+        raise TypeError(f"`run` must be an xarray.Dataset from {trainer}; got {type(run).__name__}.")
+    missing = [v for v in variables if v not in run]
+    if missing or any(d not in run.dims for d in dims) or any(a not in run.attrs for a in attrs):
+        raise InputError(f"`run` is not a {kind} training run (missing "
+                         f"{', '.join(missing) or '/'.join([*dims, *attrs])}); make one with {trainer}.")
+    return run
 
 
 def stored_training_run(parts_of: Callable[[dict[str, Any]], dict[str, Any]],

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import training_versions
+from explorer.analyses._training import training_attrs
 
 __all__ = ["CITATION", "DEFAULTS", "ParityRNN", "parity_strings"]
 
@@ -162,5 +162,4 @@ def _prefix_names(symbols: np.ndarray, lengths: np.ndarray) -> list[str]:
 
 
 def _attrs(method: str, params: dict, seed: int, **extra: Any) -> dict:
-    return {"method": method, "params": params, "seed": int(seed),
-            "versions": training_versions(), "citation": CITATION, **extra}
+    return training_attrs(method, params, seed, CITATION, **extra)

@@ -14,6 +14,7 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_choice, check_float, check_int
+from explorer.analyses._training import check_training_run
 from explorer.analyses.parity.network import DEFAULTS, ParityRNN, ProgressCallback, _attrs, parity_strings
 
 __all__ = ["train_parity_rnn", "parity_model", "parity_run_from_models", "BATCHINGS"]
@@ -237,13 +238,9 @@ def parity_run_from_models(models: Sequence[ParityRNN], *, steps: Sequence[int] 
 
 
 def _check_run(run: Any) -> xr.Dataset:
-    if not isinstance(run, xr.Dataset):
-        raise TypeError(f"`run` must be an xarray.Dataset from train_parity_rnn; got {type(run).__name__}.")
-    missing = [v for v in ("W_ih", "W_hh", "b_h", "W_out", "b_out", "h0") if v not in run]
-    if missing or "step" not in run.dims:
-        raise InputError(f"`run` is not a parity training run (missing {', '.join(missing) or 'step'}); "
-                         "make one with train_parity_rnn.")
-    return run
+    return check_training_run(run, trainer="train_parity_rnn", kind="parity",
+                              variables=("W_ih", "W_hh", "b_h", "W_out", "b_out", "h0"),
+                              dims=("step",))
 
 
 def _check_step(run: xr.Dataset, step: int) -> int:
