@@ -193,6 +193,17 @@ INTROS: dict[str, Intro] = {
         try_first="Press Add induction scores, sort the table by induction_score and click "
                   "the top head: it is selected on every page (open Attention to see it).",
         doc="docs/workspace.md"),
+    "dla": Intro(
+        shows="Which heads and MLPs write the model's answer against an alternative on the "
+              "sidebar prompt: each one's direct contribution to the logit difference, clean "
+              "and under the workspace's edits.",
+        paper="Elhage et al. (2021), direct logit attribution",
+        title="A Mathematical Framework for Transformer Circuits",
+        read="Rows are layers, columns the heads and the layer's MLP; red writes the answer, "
+             "blue the alternative (logits, through the final norm of the clean run).",
+        try_first="Click the reddest cell to select it, ablate it from the sidebar's menu and "
+                  "read the edited and difference panels.",
+        doc="docs/dla.md"),
 }
 
 

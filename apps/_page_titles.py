@@ -22,4 +22,5 @@ PAGE_TITLES: dict[str, str] = {
     "unlearning": "Unlearning",
     "attention": "Attention",
     "atlas": "Head atlas",
+    "dla": "Logit attribution",
 }

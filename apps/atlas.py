@@ -2,8 +2,9 @@
 
 The scores are `explorer.head_atlas` of what the session's pages hold (in the gallery: ICL
 heads' induction and FV scores, Knowledge conflicts' context / memory scores, Circuits' EAP
-edge mass per head, ...) plus what the page computes itself: attention statistics of the
-workspace prompt (one trace) and, on request, induction scores. Clicking a cell of the heatmap
+edge mass per head, ...) plus what the page computes itself: attention statistics and the
+direct logit attribution of the top token against the second (`dla`, and `dla_edited` under
+edits) on the workspace prompt, and, on request, induction scores. Clicking a cell of the heatmap
 or a row of the table selects that head (`selected`, in the gallery the workspace selection);
 the workspace's selected heads (`highlighted`) are outlined. The table sorts and filters, and
 exports as CSV.
@@ -31,6 +32,7 @@ from apps._recipe import MODEL, Call, Let, Note, Recipe, Ref, Step
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer import components
 from explorer._checks import InputError
+from explorer.analyses.answer_dla import answer_logit_attribution
 from explorer.head_atlas import atlas_table, head_atlas, head_scores_of
 from explorer.interventions import Edit
 from explorer.trace import trace as trace_sites
@@ -44,7 +46,7 @@ hv.extension("bokeh", logo=False)
 MAX_TOKENS = 256
 """The longest prompt the page traces for its attention statistics."""
 
-SIGNED = ("fv_score", "ablation_effect")
+SIGNED = ("fv_score", "ablation_effect", "dla")
 """Scores with a sign (drawn with a diverging map centred on 0)."""
 
 
@@ -189,6 +191,7 @@ class AtlasView(View):
         self._model = model
         self._sources = sources
         self._trace: xr.Dataset | None = None
+        self._dla: xr.Dataset | None = None    # direct logit attribution of the top token
         self._induction: xr.Dataset | None = None
         self._induction_wanted = False
         self.runner("trace", self._got_trace)
@@ -206,9 +209,10 @@ class AtlasView(View):
         """Your prompt (attention statistics), repeated random tokens (induction), and the
         other pages' scores as those pages computed them; edits apply to the page's own."""
         return Scope(on=f"your prompt (at most {MAX_TOKENS} tokens) for the attention statistics"
-                        ", repeated random tokens for induction, and the scores other pages "
+                        " and direct logit attribution, repeated random tokens for induction, and the scores other pages "
                         "computed (each on its page's inputs)",
-                     edits="applied to the attention statistics and induction scores this page "
+                     edits="applied to the attention statistics, attribution and induction scores "
+                           "this page "
                            "computes; other pages' scores as their pages computed them")
 
     def set_sources(self, sources: Callable[[], Sequence[Any]] | None) -> None:
@@ -220,7 +224,7 @@ class AtlasView(View):
     def results(self) -> list[xr.Dataset]:
         """What the atlas is built from: the pages' results, then the page's own."""
         pages = collect_results(list(self._sources())) if self._sources is not None else []
-        own = [ds for ds in (self._trace, self._induction) if ds is not None]
+        own = [ds for ds in (self._trace, self._dla, self._induction) if ds is not None]
         return pages + own
 
     def refresh(self, *_: Any) -> None:
@@ -249,8 +253,10 @@ class AtlasView(View):
     def code_recipe(self) -> Recipe:
         """The atlas the page shows as records: the page's own trace (and induction scores),
         then `explorer.head_atlas`; the other pages' Datasets are read from their exports."""
-        steps: list[Step] = [Let("results", [Call(None, "explorer.trace", (MODEL, [self.prompt]),
-                                                  {"sites": ("attn_pattern",)})])]
+        steps: list[Step] = [Let("results", [
+            Call(None, "explorer.trace", (MODEL, [self.prompt]), {"sites": ("attn_pattern",)}),
+            Call(None, "explorer.analyses.answer_dla.answer_logit_attribution",
+                 (MODEL, self.prompt))])]
         if self._induction is not None:
             steps.append(Call(None, "results.append", (Call(
                 None, "explorer.analyses.icl_heads.induction_scores", (MODEL,),
@@ -272,12 +278,16 @@ class AtlasView(View):
         prompt, model, edits = self.prompt, self._model, list(self.edits)
         self.running = True
 
-        self.submit("trace", lambda token: trace_patterns(
-            model, prompt, edits, max_tokens=MAX_TOKENS, check=token.check,
-            limit="the atlas traces"))
+        def job(token: Any) -> tuple[xr.Dataset, xr.Dataset]:
+            patterns = trace_patterns(model, prompt, edits, max_tokens=MAX_TOKENS,
+                                      check=token.check, limit="the atlas traces")
+            token.check()
+            return patterns, answer_logit_attribution(model, prompt, edits=edits)
 
-    def _got_trace(self, ds: xr.Dataset) -> None:
-        self._trace = ds
+        self.submit("trace", job)
+
+    def _got_trace(self, result: tuple[xr.Dataset, xr.Dataset]) -> None:
+        self._trace, self._dla = result
         self.param.update(error="", running=False)
         self.refresh()
 

@@ -64,6 +64,7 @@ from apps.atlas import AtlasView
 from apps.attention import AttentionView
 from apps.circuits import CircuitsView
 from apps.conflicts import ConflictsView
+from apps.dla import DLAView
 from apps.home import HomeView
 from apps.icl_heads import ICLHeadsView
 from apps.itda import ITDAView
@@ -93,6 +94,7 @@ _FACTORIES: dict[str, ViewFactory] = {
     "parity": ParityView, "linear-icl": LinearICLView, "task-emergence": TaskEmergenceView,
     "circuits": CircuitsView, "shattering": ShatteringView, "unlearning": UnlearningView,
     "attention": AttentionView, "atlas": AtlasView,
+    "dla": DLAView,
 }
 
 # (title, slug, factory): the navigation, in order (`PAGE_TITLES`). Later pages append theirs.

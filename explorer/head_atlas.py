@@ -5,7 +5,8 @@ turns each into [layer, head] scores: variables that already are [layer, head] (
 FV scores of ``icl_heads``, context / memory scores of ``conflicts``, ...), the mean ablation
 effect of ``head_context_memory_scores``, the edge mass in and out of every head of an EAP
 edge-score Dataset (``circuits.edge_scores``), and three attention statistics of a trace with
-``attn_pattern`` (the Attention page's). Each variable keeps its provenance in its attrs
+``attn_pattern`` (the Attention page's), and the clean (and edited) direct logit
+attribution of `explorer.analyses.answer_dla` (``dla``, ``dla_edited``). Each variable keeps its provenance in its attrs
 (``method``, ``params`` as JSON, ``model``, ``source``: which variable, reduced how).
 Nothing here imports an analysis: the conversions read only the Datasets' names and attrs.
 """
@@ -144,6 +145,17 @@ def head_scores_of(ds: xr.Dataset, n_layers: int, n_heads: int) -> dict[str, xr.
         put("eap_out_mass", outflow, _provenance(
             ds, method=method, source="sum of |score| over the edges out of the head",
             doc="attribution mass of the edges the head writes"))
+        return out
+    if ds.attrs.get("method") == "answer_logit_attribution" and "heads" in ds:
+        at = ds.isel(pos=0)
+        what = (f"direct contribution to logit({ds.attrs.get('answer', '')!r}) - "
+                f"logit({ds.attrs.get('alternative', '')!r}) at position "
+                f"{int(at['position'])}, through the final norm frozen at the clean run")
+        put("dla", _grid(at["heads"].sel(run="clean")).values, _provenance(
+            ds, source="heads of the clean run", doc=what))
+        if ds.attrs.get("edits"):
+            put("dla_edited", _grid(at["heads"].sel(run="edited")).values, _provenance(
+                ds, source="heads of the edited run", doc=what))
         return out
     if _is_attention_trace(ds):
         docs = {"first_token_attention": "mean weight on the first token",

@@ -327,7 +327,9 @@ def test_every_view_derives_from_the_base():
         missing += [f"apps.{name}.{c.__name__}" for c in viewers if not issubclass(c, View)]
     assert missing == []
     assert all(found.values()), f"modules without a view: {[n for n, v in found.items() if not v]}"
-    assert len(found) == 16    # the fourteen gallery pages, the home page and the study app
+    from apps._page_titles import PAGE_TITLES
+
+    assert len(found) == len(PAGE_TITLES) + 2    # the gallery pages, the home page, the study app
 
 
 def test_a_served_pages_job_progress_reaches_its_widgets_on_the_session_loop(loop_doc, tiny_model, notes):

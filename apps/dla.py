@@ -1,0 +1,405 @@
+"""Direct logit attribution page: which heads and MLPs write your answer against an alternative.
+
+One result of `explorer.analyses.answer_dla.answer_logit_attribution` on the workspace prompt:
+each head's and MLP's direct contribution to logit(answer) - logit(alternative) at the last
+position, through the final norm frozen at the clean run, drawn as a layer x (heads + MLP)
+heatmap on the diverging colour map centred on 0. With workspace edits the edited run and its
+difference from the clean one sit beside it, in the same units. The answer and alternative
+default to the clean model's top two tokens; typing a token (or ``#id``) picks another. A click
+on a cell selects that component (``L3.H1``, ``L3.MLP``) in the workspace. Titles, captions
+and the stale note are written from the shown result's attrs, never from the widgets.
+"""
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._heads_heatmap import layer_ticks
+from apps._positions import position_outlines
+from apps._provenance import one_line
+from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_selection
+from explorer import components
+from explorer._checks import InputError
+from explorer.analyses.answer_dla import answer_logit_attribution, answer_token_id
+from explorer.interventions import Edit
+from explorer.workspace import edit_label
+
+__all__ = ["DLAView", "dla_grid", "grid_component", "plot_dla", "dla_title", "dla_caption",
+           "stale_note", "parse_token", "MAX_TOKENS", "PANELS"]
+
+hv.extension("bokeh", logo=False)
+
+MAX_TOKENS = 256
+"""The longest prompt the page attributes."""
+
+PANELS = ("clean", "edited", "difference")
+"""The heatmaps the page draws (the last two only under workspace edits)."""
+
+
+# -- pure functions: Datasets in, arrays / text / HoloViews out ---------------------------
+
+def parse_token(text: str) -> int | str | None:
+    """A picker's text as `answer_logit_attribution` takes it: '' -> None (the default),
+    ``#123`` -> token id 123, anything else the token's text as typed."""
+    if not text:
+        return None
+    if text.startswith("#") and text[1:].isdigit():
+        return int(text[1:])
+    return text
+
+
+def dla_grid(ds: xr.Dataset, panel: str) -> np.ndarray:
+    """[layer, head + 1] contributions at the first position of ``ds``: the heads, then the
+    MLP in the last column. ``panel`` is a run ("clean", "edited") or "difference"
+    (edited - clean)."""
+    one = ds.isel(pos=0)
+
+    def grid(run: str) -> np.ndarray:
+        r = one.sel(run=run)
+        return np.concatenate([r.heads.transpose("layer", "head").values,
+                               r.mlp.values[:, None]], axis=1)
+
+    if panel == "difference":
+        return grid("edited") - grid("clean")
+    return grid(panel)
+
+
+def grid_component(x: Any, y: Any, n_layers: int, n_heads: int) -> str | None:
+    """The component at a click (x = column, y = layer) on `plot_dla`: ``L3.H1``, or
+    ``L3.MLP`` in the last column; None off the grid."""
+    if x is None or y is None:
+        return None
+    try:
+        col, layer = int(round(float(x))), int(round(float(y)))
+    except (TypeError, ValueError):
+        return None
+    if not (0 <= layer < n_layers and 0 <= col <= n_heads):
+        return None
+    return str(components.mlp(layer) if col == n_heads else components.head(layer, col))
+
+
+def _limit(ds: xr.Dataset, panel: str) -> float:
+    """Colour limit: clean and edited share one (same colour, same value); the difference
+    has its own."""
+    values = (dla_grid(ds, "difference") if panel == "difference"
+              else np.concatenate([dla_grid(ds, "clean"), dla_grid(ds, "edited")]))
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+
+
+def dla_title(ds: xr.Dataset | None, panel: str = "clean") -> str:
+    """The heatmap's title from the result's attrs: the logit difference it splits."""
+    if ds is None:
+        return "Direct logit attribution"
+    a, b = theme.show_token(ds.attrs["answer"]), theme.show_token(ds.attrs["alternative"])
+    what = {"clean": "clean", "edited": "edited", "difference": "edited − clean"}[panel]
+    return f"{what}: logit({a}) − logit({b})"
+
+
+def dla_caption(ds: xr.Dataset | None) -> str:
+    """Under the heatmaps, from the result's attrs and values: the prompt position, the
+    answer and alternative (ids), the logit difference and how much the terms explain."""
+    if ds is None:
+        return ""
+    one = ds.isel(pos=0)
+    a, b = ds.attrs["answer"], ds.attrs["alternative"]
+    clean = one.sel(run="clean")
+    lines = [
+        f"Answer `{html.escape(theme.show_token(a))}` (#{ds.attrs['answer_id']}) against "
+        f"`{html.escape(theme.show_token(b))}` (#{ds.attrs['alternative_id']}), read at "
+        f"position {int(one.position)} `{html.escape(theme.show_token(str(one.token.item())))}`"
+        f" ({ds.attrs['params'].get('picked', 'given')}).",
+        f"Clean logit difference {float(clean.logit_diff):+.3f}; the embedding gives "
+        f"{float(clean.embed):+.3f}, heads {float(clean.heads.sum()):+.3f}, MLPs "
+        f"{float(clean.mlp.sum()):+.3f}, biases "
+        f"{float(clean.attn_bias.sum() + clean.norm_bias):+.3f} (sum {float(clean.total):+.3f})."]
+    labels = ds.attrs.get("workspace_edits") or []
+    if ds.attrs.get("edits"):
+        edited = one.sel(run="edited")
+        lines.append(
+            f"Edited ({'; '.join(html.escape(t) for t in labels)}): logit difference "
+            f"{float(edited.logit_diff):+.3f}; its writers read through the clean run's final "
+            f"norm sum to {float(edited.total):+.3f}.")
+    else:
+        lines.append("No workspace edits: add one (e.g. ablate a head from the sidebar's "
+                     "component menu) to see the edited run and its difference beside this.")
+    return "  \n".join(lines)
+
+
+def stale_note(ds: xr.Dataset | None, prompt: str, edits: Sequence[Edit], answer: str,
+               alternative: str) -> str:
+    """'' when the shown result is of the current prompt, edits and pickers; else what it was
+    computed on."""
+    if ds is None:
+        return ""
+    changed = []
+    if ds.attrs.get("prompt") != prompt:
+        changed.append("the prompt")
+    if list(ds.attrs.get("edits", [])) != [e.to_dict() for e in edits]:
+        changed.append("the edits")
+    if (ds.attrs.get("requested_answer", ""), ds.attrs.get("requested_alternative", "")) != (
+            answer, alternative):
+        changed.append("the answer or alternative")
+    if not changed:
+        return ""
+    n = len(ds.attrs.get("edits", []))
+    return (f"**Outdated** (changed since: {', '.join(changed)}). Shown: computed on "
+            f"{html.escape(one_line(ds.attrs.get('prompt', '')), quote=False)} with {n} edit"
+            f"{'s' if n != 1 else ''}.")
+
+
+def plot_dla(ds: xr.Dataset | None, panel: str = "clean", selected: str = "",
+             highlighted: Sequence[str] = ()) -> hv.Element:
+    """One panel's [layer, heads + MLP] heatmap (layer 0 on top), diverging map centred on 0,
+    the workspace's selected components outlined dashed and the clicked one solid."""
+    if ds is None:
+        return theme.placeholder("Attributing the prompt…", height=300)
+    values = dla_grid(ds, panel)
+    n_layers, n_cols = values.shape
+    n_heads = n_cols - 1
+    head_comp = ds.head_component.transpose("layer", "head").values
+    names = np.concatenate([head_comp, ds.mlp_component.values[:, None]], axis=1)
+    cols, layers = np.meshgrid(np.arange(n_cols), np.arange(n_layers))
+    table = {"column": cols.ravel(), "layer": layers.ravel(), "value": values.ravel(),
+             "component": names.ravel().astype(object)}
+    lim = _limit(ds, panel)
+    cell_w = max(14, min(28, 260 // n_cols))
+    cell_h = max(12, min(22, 440 // n_layers))
+    xticks = [(h, f"H{h}") for h in range(n_heads)] + [(n_heads, "MLP")]
+    heat = hv.HeatMap(table, ["column", "layer"], ["value", "component"]).opts(
+        cmap=theme.SIGNED_CMAP, clim=(-lim, lim), colorbar=True,
+        clabel="contribution (logits)", title=dla_title(ds, panel), xlabel="", ylabel="layer",
+        xticks=xticks, yticks=layer_ticks(range(n_layers)), invert_yaxis=True, xaxis="top",
+        xrotation=90 if n_cols > 6 else 0,
+        tools=["hover", "tap"], hover_tooltips=[("component", "@component"),
+                                                ("contribution", "@value{+0.000}")],
+        default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
+        frame_width=max(160, cell_w * n_cols), frame_height=max(120, cell_h * n_layers),
+        fontsize=theme.font_sizes(), padding=0)
+    boxes = []
+    for name in highlighted or ():
+        box = _box(name, n_layers, n_heads)
+        if box is not None:
+            boxes.append(box)
+    out = heat * position_outlines(boxes)
+    current = _box(selected, n_layers, n_heads) if selected else None
+    if current is not None:
+        out = out * hv.Rectangles([current]).opts(
+            fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
+    return out
+
+
+def _box(name: str, n_layers: int, n_heads: int) -> tuple | None:
+    """(x0, y0, x1, y1) of a component's cell on `plot_dla` (None: not a head or MLP here)."""
+    try:
+        c = components.check_in_model(name, n_layers, n_heads)
+    except components.ComponentError:
+        return None
+    if c.is_head:
+        x = c.head
+    elif str(c) == str(components.mlp(c.layer)):
+        x = n_heads
+    else:
+        return None
+    return (x - 0.5, c.layer - 0.5, x + 0.5, c.layer + 0.5)
+
+
+# -- the view ----------------------------------------------------------------------------
+
+class DLAView(View):
+    """Direct logit attribution of an answer against an alternative on the prompt.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    background : bool, optional
+        Compute in a worker thread (default when served) or inline (tests, notebooks).
+    **params
+        Initial values of the parameters below.
+    """
+
+    notify_title = "Logit attribution"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 300
+
+    prompt = param.String(default="The capital of France is", label="Prompt",
+                          doc="Prompt whose last position is attributed.")
+    answer = param.String(default="", label="Answer",
+                          doc="The answer token: empty for the model's top token; type a token "
+                              "as the model spells it (mind the leading space) or #id.")
+    alternative = param.String(default="", label="Alternative",
+                               doc="The token the answer is compared with: empty for the "
+                                   "model's second token; a token or #id.")
+    selected = param.String(default="", label="Selected component",
+                            doc="The component last clicked (L3.H1 or L3.MLP); in the gallery "
+                                "it is selected in the workspace.")
+    highlighted = workspace_selection(doc="Components outlined on the heatmaps (the workspace "
+                                          "selection).")
+    edits = workspace_edits(doc="Workspace edits: the edited run (and its difference from the "
+                                "clean one) is the model with them applied.")
+    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
+                                 doc="The attribution shown.")
+    seconds = param.Number(default=None, allow_None=True, precedence=-1,
+                           doc="Seconds from the request to the result (last run).")
+
+    link_params = ("answer", "alternative")
+
+    def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
+        super().__init__(background=background, **params)
+        self._model = model
+        self._started = 0.0
+        self.runner("dla", self._got_dla)
+        self.param.watch(self._request, ["prompt", "edits", "answer", "alternative"])
+        self.param.watch(self._check_selected, ["selected"])
+        self.run_once_loaded(self._request)
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    def scope(self) -> Scope:
+        """Your prompt's last position; the edits make the edited run."""
+        return Scope(on=f"your prompt's last position (at most {MAX_TOKENS} tokens)",
+                     edits="applied to the edited run, shown beside the clean one")
+
+    # -- computation -----------------------------------------------------------------------
+    def _request(self, *events: Any) -> None:
+        if not self._page_loaded:
+            return
+        model, prompt, edits = self._model, self.prompt, list(self.edits)
+        answer, alternative = self.answer, self.alternative
+        try:  # a token that is not one token is said now, and the shown result stays
+            for name, text in (("answer", answer), ("alternative", alternative)):
+                token = parse_token(text)
+                if token is not None:
+                    answer_token_id(model, token, name=name)
+        except InputError as exc:
+            self.show_error(exc)
+            return
+        self.running = True
+        self._started = time.perf_counter()
+
+        def job(token: CancelToken) -> xr.Dataset:
+            n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if n > MAX_TOKENS:
+                raise InputError(f"The prompt is {n} tokens; this page attributes at most "
+                                 f"{MAX_TOKENS}. Shorten it.")
+            token.check()
+            ds = answer_logit_attribution(model, prompt, answer=parse_token(answer),
+                                          alternative=parse_token(alternative), edits=edits)
+            ds.attrs.update(workspace_edits=[edit_label(e) for e in edits],
+                            requested_answer=answer, requested_alternative=alternative)
+            return ds
+
+        self.submit("dla", job)
+
+    def _got_dla(self, ds: xr.Dataset) -> None:
+        seconds = time.perf_counter() - self._started
+        n_edits = len(ds.attrs.get("edits", []))
+        edited = f" · {n_edits} edit{'s' if n_edits != 1 else ''}" if n_edits else ""
+        self.param.update(result=ds, seconds=seconds, error="", running=False,
+                          status=f"{self._model.spec.name} · {ds.attrs['n_tokens']} tokens"
+                                 f"{edited} · attributed in {seconds:.2f} s")
+
+    def _error_note(self) -> str:
+        return " The previous attribution is still shown." if self.result is not None else ""
+
+    # -- selection -------------------------------------------------------------------------
+    def _check_selected(self, event: Any) -> None:
+        if not event.new:
+            return
+        spec = self._model.spec
+        try:
+            c = components.check_in_model(event.new, spec.n_layers, spec.n_heads)
+        except components.ComponentError as exc:
+            theme.notify("warning", str(exc), duration=4000)
+            self.selected = event.old
+            return
+        if str(c) != event.new:
+            self.selected = str(c)
+
+    def select(self, component: str) -> None:
+        """Select ``component`` (``L3.H1`` or ``L3.MLP``), as a click on its cell does."""
+        self.selected = component
+
+    def _tapped(self, x: Any = None, y: Any = None, **_: Any) -> None:
+        spec = self._model.spec
+        name = grid_component(x, y, spec.n_layers, spec.n_heads)
+        if name is not None:
+            self.select(name)
+
+    def _panel(self, ds: xr.Dataset | None, panel: str, selected: str,
+               highlighted: Sequence[str]) -> hv.Element:
+        plot = plot_dla(ds, panel, selected, highlighted)
+        if ds is not None:
+            for el in plot.traverse(lambda el: el, [hv.HeatMap]):
+                hv.streams.Tap(source=el).add_subscriber(self._tapped)
+        return plot
+
+    # -- reproducibility -------------------------------------------------------------------
+    def code_recipe(self) -> Recipe:
+        """The attribution the page shows, as one library call."""
+        ds = self.result
+        kwargs: dict[str, Any] = {}
+        if ds is not None:
+            kwargs = {"answer": int(ds.attrs["answer_id"]),
+                      "alternative": int(ds.attrs["alternative_id"])}
+        if self.edits:
+            kwargs["edits"] = EDITS
+        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=[
+            Call("ds", "explorer.analyses.answer_dla.answer_logit_attribution",
+                 (MODEL, self.prompt), kwargs),
+            Expr("clean", "ds.sel(run='clean', pos=-1)", "heads [layer, head], mlp [layer]"),
+            Expr("difference", "ds.sel(pos=-1, run='edited') - clean",
+                 "what the edits changed in each writer")])
+
+    # -- layout ----------------------------------------------------------------------------
+    def __panel__(self) -> pn.viewable.Viewable:
+        controls = pn.Row(
+            pn.widgets.TextInput.from_param(self.param.answer, placeholder="top-1 token",
+                                            description=self.param.answer.doc, width=180),
+            pn.widgets.TextInput.from_param(self.param.alternative, placeholder="top-2 token",
+                                            description=self.param.alternative.doc, width=180),
+            pn.widgets.TextInput.from_param(self.param.selected, placeholder="L3.H1 or L3.MLP",
+                                            description=self.param.selected.doc, width=180),
+            css_classes=["dla-controls"])
+        alert = pn.pane.Alert(self.param.error, alert_type="danger",
+                              visible=self.param.error.rx.bool(), css_classes=["dla-error"],
+                              sizing_mode="stretch_width")
+        stale = pn.pane.Markdown(
+            pn.bind(stale_note, self.param.result, self.param.prompt, self.param.edits,
+                    self.param.answer, self.param.alternative),
+            css_classes=["dla-stale"], styles={"color": "#a33"}, margin=(0, 10))
+        has_edits = self.param.result.rx.pipe(lambda ds: ds is not None
+                                              and bool(ds.attrs.get("edits")))
+        panes = []
+        for panel in PANELS:
+            pane = pn.pane.HoloViews(
+                pn.bind(self._panel, self.param.result, panel, self.param.selected,
+                        self.param.highlighted),
+                css_classes=[f"dla-{panel}"], linked_axes=False, margin=(0, 6))
+            if panel != "clean":
+                pane.visible = has_edits
+            panes.append(pane)
+        caption = pn.pane.Markdown(pn.bind(dla_caption, self.param.result),
+                                   css_classes=["dla-caption"], sizing_mode="stretch_width",
+                                   styles={"color": "#444", "font-size": "0.9em"})
+        return pn.Column(
+            pn.Row(self.busy_spinner(), self.status_text("dla-status"), align="center"),
+            alert, controls, stale, pn.FlexBox(*panes, sizing_mode="stretch_width"), caption,
+            sizing_mode="stretch_width")
+
+
+serve(__name__, DLAView, title=f"{theme.TITLE}: logit attribution", intro="dla")
