@@ -215,7 +215,7 @@ def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float])
                 n_shots=shots, loss_sequences=2, loss_tokens=64, mean_source=source,
                 mean_tasks=other, n_boot=2000, seed=0))
         correct = np.concatenate([p.correct.values for p in parts], axis=2)
-        low, high = ih._bootstrap_mean_accuracy(correct, n_boot=2000, level=0.95, seed=0)
+        low, high = ih.bootstrap_mean_accuracy(correct, n_boot=2000, level=0.95, seed=0)
         rk = parts[0].ranking.values.tolist()
         tasks = folds[0] + folds[1]
         acc = np.concatenate([p.accuracy.values for p in parts], axis=2)

@@ -12,6 +12,7 @@ from scipy import stats
 
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
+from explorer.analyses.icl_heads import last_token as ih_last_token
 from tests._cli import parse_and_run
 
 TASKS = ["antonym", "uppercase"]
@@ -131,7 +132,7 @@ def test_bootstrap_interval_matches_scipy_on_one_task():
     rng = np.random.default_rng(0)
     hits = (rng.random(40) < 0.6).astype(float)
     correct = hits[None, None, None, :]                      # [ranking, percent, task, prompt]
-    low, high = ih._bootstrap_mean_accuracy(correct, n_boot=20000, level=0.9, seed=1)
+    low, high = ih.bootstrap_mean_accuracy(correct, n_boot=20000, level=0.9, seed=1)
     ref = stats.bootstrap((hits,), np.mean, n_resamples=20000, confidence_level=0.9,
                           method="percentile", random_state=2).confidence_interval
     # both are Monte-Carlo percentiles of the same resampling distribution, whose support is
@@ -144,7 +145,7 @@ def test_bootstrap_interval_matches_scipy_on_one_task():
 def test_bootstrap_resamples_within_tasks():
     # task 0 always right, task 1 always wrong: every resample within tasks gives exactly 0.5
     correct = np.stack([np.ones(6), np.zeros(6)])[None, None]
-    low, high = ih._bootstrap_mean_accuracy(correct, n_boot=500, level=0.95, seed=0)
+    low, high = ih.bootstrap_mean_accuracy(correct, n_boot=500, level=0.95, seed=0)
     assert float(low[0, 0]) == float(high[0, 0]) == 0.5
 
 
@@ -172,7 +173,7 @@ def test_last_token_ablation_refused_where_it_cannot_run(monkeypatch):
     from explorer import load_model
 
     gemma = load_model("tiny-gemma2")
-    monkeypatch.setattr(ih, "LAST_TOKEN_FAMILIES", ("llama", "gpt2", "gpt_neox"))
+    monkeypatch.setattr(ih_last_token, "LAST_TOKEN_FAMILIES", ("llama", "gpt2", "gpt_neox"))
     shape = (gemma.spec.n_layers, gemma.spec.n_heads)
     with pytest.raises(InputError, match="method='last_token'.*gpt_neox families"):
         ih.ablation_curves(gemma, ["antonym"], np.zeros(shape), np.zeros(shape),

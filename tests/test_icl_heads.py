@@ -15,6 +15,7 @@ import torch
 
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
+from explorer.analyses.icl_heads import last_token as ih_last_token
 from explorer.interventions import Ablate, edits_from_json, edits_to_json
 from explorer.trace import run_with
 
@@ -382,7 +383,7 @@ def test_last_token_path_only_where_it_applies(tiny_model, tiny_gpt2, monkeypatc
     kw = dict(n_prompts=2, n_shots=2, seed=0, layers=[0])
     assert ih.fv_scores(tiny_gpt2, ["antonym"], **kw).attrs["params"]["fv_method"] == "last_token"
     assert ih.fv_scores(gemma, ["antonym"], **kw).attrs["params"]["fv_method"] == "last_token"
-    monkeypatch.setattr(ih, "LAST_TOKEN_FAMILIES", ("llama", "gpt2", "gpt_neox"))
+    monkeypatch.setattr(ih_last_token, "LAST_TOKEN_FAMILIES", ("llama", "gpt2", "gpt_neox"))
     assert "gemma2" in ih.last_token_problem(gemma)
     ds = ih.fv_scores(gemma, ["antonym"], **kw)
     assert ds.attrs["params"]["fv_method"] == "resume"

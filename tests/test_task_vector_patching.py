@@ -82,7 +82,7 @@ def test_accuracies_are_those_of_hooked_forwards(tiny_model):
     ds = tvp.task_vector_patching(tiny_model, [TASK], layers=[0, 2], **kw)
     assert ds.accuracy.dims == ("task", "vector", "layer") and list(ds.layer.values) == [0, 2]
     vectors = tvp.task_vectors_by_layer(tiny_model, TASK, **kw)
-    task = ih._task(TASK)
+    task = ih.as_icl_task(TASK)
     null = tvp.task_vectors_by_layer(tiny_model, null_task([task], 0), **kw)
     prompts, answers = ih.icl_prompts(TASK, n_prompts=4, n_shots=0, seed=1)
     first = ih.answer_token_ids(tiny_model, answers)

@@ -30,7 +30,7 @@ from explorer._checks import (
     check_int,
     check_local_weights,
 )
-from explorer.analyses.icl_heads import ICLTask, _task, answer_token_ids, icl_prompts
+from explorer.analyses.icl_heads import ICLTask, as_icl_task, answer_token_ids, icl_prompts
 from explorer.analyses.task_vectors import task_decodability
 from explorer.lora import PEFT_PREFIX, LoRAWeights, train_in_jobs
 from explorer.models import Model
@@ -56,7 +56,7 @@ ENGINES = ("peft", "hooks")
 
 def split_task(task: ICLTask | str, *, seed: int = 0) -> tuple[ICLTask, ICLTask]:
     """A seeded split of a task's pairs into (train, held-out) halves with the same name."""
-    task = _task(task)
+    task = as_icl_task(task)
     if len(task.pairs) < 10:
         raise InputError(f"task {task.name!r} has {len(task.pairs)} pairs; splitting it "
                          "into train and held-out halves needs at least 10.")
@@ -165,7 +165,7 @@ class LayerLoRA:
 
         from explorer.models import wrap_model
 
-        task = _task(task)
+        task = as_icl_task(task)
         layers = [model.check_layer(l) for l in self.layers]
         n_shots = check_int("n_shots", self.n_shots, low=0, high=len(task.pairs) - 1)
         self.target_modules_ = lora_target_modules(model, layers)
@@ -264,7 +264,7 @@ def early_late_finetune(model: Model, tasks: Sequence[ICLTask | str], *,
     ``task_accuracy`` (variant, task), ``train_loss`` (variant, step; NaN for ``base``),
     ``n_trainable`` (variant); attrs ``task``, ``early_layers``, ``late_layers``.
     """
-    tasks = [_task(t) for t in tasks]
+    tasks = [as_icl_task(t) for t in tasks]
     if len(tasks) < 2:
         raise InputError(f"early_late_finetune needs at least 2 tasks; got {len(tasks)}.")
     n_layers = model.spec.n_layers

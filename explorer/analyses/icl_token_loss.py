@@ -17,8 +17,9 @@ Ablation value (``ablation``):
 - ``"mean"``: the head's mean output over every token of the evaluated sequences
   (`mean_head_outputs`), at every position.
 
-The sequences are windows of the shipped prose corpus (`icl_heads.corpus_token_ids`); the
-interval on each figure is a percentile bootstrap over sequences, and the change against
+The per-token loss is `icl_heads.token_losses` (the one the short-window
+`icl_heads.token_loss_difference` reads too; re-exported here). The sequences are windows of
+the shipped prose corpus (`icl_heads.corpus_token_ids`); the interval on each figure is a percentile bootstrap over sequences, and the change against
 no ablation is paired (the same resampled sequences).
 """
 from __future__ import annotations
@@ -27,14 +28,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.analyses.icl_heads import (CITATION, RANKINGS, ablation_edits, check_head_scores,
-                                         check_rankings, corpus_token_ids, ranked_head_sets)
+                                         check_rankings, corpus_token_ids, ranked_head_sets,
+                                         token_losses)
 from explorer.models import Model
-from explorer.trace import provenance, run_with, trace
+from explorer.trace import provenance, trace
 
 __all__ = ["ABLATIONS", "bos_head_outputs", "mean_head_outputs", "token_losses",
            "long_context_token_loss"]
@@ -63,26 +64,6 @@ def mean_head_outputs(model: Model, sequences: Sequence[Sequence[int]], *,
         count += z.shape[0] * z.shape[1]
     return total / count
 
-
-def token_losses(model: Model, sequences: Sequence[Sequence[int]], positions: Sequence[int],
-                 edits=(), *, batch_size: int = 4) -> np.ndarray:
-    """Per-token loss [sequence, position]: at index i, -log p(token i + 1 | tokens 0..i),
-    of the model under ``edits``. The sequences must have one length (no padding)."""
-    sequences = [list(map(int, s)) for s in sequences]
-    n = {len(s) for s in sequences}
-    if len(n) != 1:
-        raise InputError(f"token_losses needs sequences of one length; got lengths {sorted(n)}.")
-    length = n.pop()
-    positions = [check_int("position", p, low=0, high=length - 2) for p in positions]
-    batch_size = check_int("batch_size", batch_size, low=1)
-    rows = []
-    for i in range(0, len(sequences), batch_size):
-        chunk = sequences[i:i + batch_size]
-        logits = run_with(model, chunk, edits, positions=positions).logits.values
-        logp = torch.log_softmax(torch.from_numpy(logits), -1)        # [seq, position, vocab]
-        nxt = torch.tensor([[s[p + 1] for p in positions] for s in chunk])
-        rows.append((-logp.gather(-1, nxt[..., None])[..., 0]).numpy())
-    return np.concatenate(rows)
 
 
 def _interval(values: np.ndarray, idx: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:

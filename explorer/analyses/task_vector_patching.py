@@ -33,8 +33,8 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int
-from explorer.analyses.icl_heads import (ICLTask, last_token_probs, _task, _wilson,
-                                         answer_token_ids, few_shot_accuracy, icl_prompts)
+from explorer.analyses.icl_heads import (ICLTask, answer_token_ids, as_icl_task, few_shot_accuracy,
+                                         icl_prompts, last_token_probs, wilson_interval)
 from explorer.analyses.task_vectors import CITATION, last_token_residuals, null_task
 from explorer.interventions import Steer
 from explorer.trace import check_layers, provenance
@@ -51,7 +51,7 @@ def task_vectors_by_layer(model: Any, task: ICLTask | str, *, n_prompts: int = 2
                           n_shots: int = 4, seed: int = 0) -> np.ndarray:
     """The task vector of every layer: the mean last-token ``resid_post`` over ``n_prompts``
     ``n_shots``-shot prompts of ``task``, [layer, d_model] (float64)."""
-    prompts, _ = icl_prompts(_task(task), n_prompts=n_prompts, n_shots=n_shots, seed=seed)
+    prompts, _ = icl_prompts(as_icl_task(task), n_prompts=n_prompts, n_shots=n_shots, seed=seed)
     return last_token_residuals(model, prompts).astype(np.float64).mean(0)
 
 
@@ -91,7 +91,7 @@ def task_vector_patching(model: Any, tasks: Sequence[ICLTask | str], *,
         (task, vector, layer): its 95 % Wilson interval over the ``n_prompts`` prompts;
         ``few_shot_accuracy`` (task): the ``n_shots``-shot accuracy for reference.
     """
-    tasks = [_task(t) for t in tasks]
+    tasks = [as_icl_task(t) for t in tasks]
     if not tasks:
         raise InputError("`tasks` must hold at least one task; got none.")
     mode = check_choice("mode", mode, PATCH_MODES)
@@ -122,7 +122,7 @@ def task_vector_patching(model: Any, tasks: Sequence[ICLTask | str], *,
                 done += 1
                 if progress is not None:
                     progress(done, total)
-    interval = np.array([_wilson(float(round(a * n_prompts)), n_prompts, 0.95)
+    interval = np.array([wilson_interval(float(round(a * n_prompts)), n_prompts, 0.95)
                          for a in acc.ravel()]).reshape(*acc.shape, 2)
     ds = xr.Dataset(
         {"accuracy": (("task", "vector", "layer"), acc),
@@ -158,7 +158,7 @@ ANSWER_RULES = {
 def task_answer(task: ICLTask | str, query: str) -> str | None:
     """``task``'s answer to ``query``: its rule (`ANSWER_RULES`) where it has one, else its
     output for ``query`` among its pairs, else None (undefined)."""
-    task = _task(task)
+    task = as_icl_task(task)
     if task.name in ANSWER_RULES:
         if task.name.startswith("choose-") and len(query.split(",")) != 3:
             return None
@@ -214,7 +214,7 @@ def conflicting_task_patching(model: Any, tasks: Sequence[ICLTask | str], *,
         equal to the target is the same task's own vector. attrs ``best_layer``: the layer
         with the highest mean ``follows_source`` over the scored source != target cells.
     """
-    tasks = [_task(t) for t in tasks]
+    tasks = [as_icl_task(t) for t in tasks]
     if len(tasks) < 2:
         raise InputError(f"`tasks` must hold at least two tasks; got {len(tasks)}.")
     names = [t.name for t in tasks]

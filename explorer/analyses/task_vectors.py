@@ -22,7 +22,7 @@ import xarray as xr
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.icl_heads import (
     ICLTask,
-    _task,
+    as_icl_task,
     answer_token_ids,
     few_shot_accuracy,
     icl_prompts,
@@ -92,7 +92,7 @@ def function_vector_accuracy(model: Model, tasks: Sequence[ICLTask | str], fv_sc
     xr.Dataset: ``zero_shot_accuracy``, ``fv_accuracy``, ``few_shot_accuracy`` (task),
     ``function_vector`` (task, d_model); attrs carry ``layer`` and the heads used.
     """
-    tasks = [_task(t) for t in tasks]
+    tasks = [as_icl_task(t) for t in tasks]
     spec = model.spec
     layer = spec.n_layers // 3 if layer is None else model.check_layer(layer)
     alpha = check_float("alpha", alpha)
@@ -213,7 +213,7 @@ def task_decodability(model: Model, tasks: Sequence[ICLTask | str], *, n_prompts
     the residuals, ``prompt_task`` (prompt); attrs ``best_layer`` and ``td_accuracy_r2``
     (R^2 of each real task's TD, averaged over layers, against its ICL accuracy).
     """
-    tasks = [_task(t) for t in tasks]
+    tasks = [as_icl_task(t) for t in tasks]
     if len(tasks) < 2:
         raise InputError(f"task decodability needs at least 2 tasks; got {len(tasks)}.")
     if scheduler is not None:
