@@ -19,6 +19,7 @@ from apps._positions import column_boxes, position_outlines, shown_positions
 from apps._view import STATIC_TOOLS
 
 __all__ = ["is_preview", "lens_title", "edited_title", "extra_labels", "edited_caption",
+           "answer_line",
            "moved_cells", "plot_lens_heatmap", "plot_shape", "lens_tokens", "plot_positions",
            "heatmap_columns", "heatmap_updates", "lens_digest", "details_html"]
 
@@ -72,6 +73,28 @@ def edited_caption(clean: xr.Dataset | None, edited: xr.Dataset | None, *, promp
         text += (f" The top-1 token differs from the clean lens in {len(moved)} of {n} cells "
                  "(outlined).")
     return text
+
+
+def _percent(p: float) -> str:
+    return f"{100 * p:.1f} %" if p >= 0.001 else f"{100 * p:.2g} %"
+
+
+def answer_line(edited: xr.Dataset | None) -> str:
+    """Above the edited heatmap: the clean run's answer (its top-1 after the prompt's last
+    token) and its probability clean and edited, read from the edited result's ``answer``
+    attribute (`apps._lens_tables.answer_probabilities`); '' without one."""
+    answer = edited.attrs.get("answer") if edited is not None else None
+    if not answer:
+        return ""
+    def quoted(token: str) -> str:
+        return f"<code>{html.escape(repr(token))}</code>"
+    text = (f"Answer {quoted(answer['answer'])} (the clean run's top-1 after the last token, "
+            f"position {answer['position']}): <b>{_percent(answer['clean_prob'])}</b> clean → "
+            f"<b>{_percent(answer['edited_prob'])}</b> edited")
+    if answer["edited_top_id"] != answer["answer_id"]:
+        text += (f"; the edited run's top-1 is {quoted(answer['edited_top'])} "
+                 f"({_percent(answer['edited_top_prob'])})")
+    return text + "."
 
 
 def moved_cells(clean: xr.Dataset | None, edited: xr.Dataset | None, *,

@@ -16,7 +16,7 @@ from explorer._checks import InputError, check_prompts
 from explorer.trace import trace as trace_sites
 
 __all__ = ["MAX_LENS_TOKENS", "contrast_prompts", "contrast_vector", "check_lens_prompt",
-           "lens_grid_table", "lens_table", "steering_summary"]
+           "lens_grid_table", "lens_table", "steering_summary", "answer_probabilities"]
 
 hv.extension("bokeh", logo=False)
 
@@ -64,6 +64,35 @@ def check_lens_prompt(model: explorer.Model, prompt: str) -> int:
         raise InputError(f"The prompt is {n} tokens; the logit lens draws at most "
                          f"{MAX_LENS_TOKENS} (one column per token). Shorten it.")
     return n
+
+
+def _last_token_probs(model: explorer.Model, prompt: str, edits: list[Any],
+                      resume: Any = None) -> tuple[int, np.ndarray]:
+    """(position, [vocab] float64 probabilities) of the next token after ``prompt``'s last
+    token, with ``edits`` applied."""
+    ds = explorer.run_with(model, prompt, edits, positions=[-1], resume=resume)
+    logits = ds.logits.values[0, -1].astype(np.float64)                 # [vocab]
+    probs = np.exp(logits - logits.max())
+    return model.tokenize(prompt).lengths[0] - 1, probs / probs.sum()
+
+
+def answer_probabilities(model: explorer.Model, prompt: str, edits: list[Any],
+                         extra: list[Any], *, resume: Any = None) -> dict[str, Any]:
+    """The clean run's answer (its most probable next token after the prompt) and its
+    probability without and with the workspace edits ``extra`` (``edits``, the page's
+    steering, apply to both runs), with the edited run's own top-1 token.
+
+    Returns a JSON-able dict: ``position``, ``answer_id``, ``answer``, ``clean_prob``,
+    ``edited_prob``, ``edited_top_id``, ``edited_top``, ``edited_top_prob``.
+    """
+    position, clean = _last_token_probs(model, prompt, list(edits),
+                                        resume if edits else None)
+    _, edited = _last_token_probs(model, prompt, [*edits, *extra], resume)
+    answer, top = int(clean.argmax()), int(edited.argmax())
+    answer_text, top_text = model.token_strings([answer, top])
+    return {"position": position, "answer_id": answer, "answer": answer_text,
+            "clean_prob": float(clean[answer]), "edited_prob": float(edited[answer]),
+            "edited_top_id": top, "edited_top": top_text, "edited_top_prob": float(edited[top])}
 
 
 def lens_grid_table(ds: xr.Dataset, *, prompt: int = 0) -> pd.DataFrame:

@@ -27,14 +27,15 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._lens_drawing import DrawingPart
-from apps._lens_heatmap import (_DETAILS_CSS, _update_source, details_html, edited_caption,
-                                extra_labels, heatmap_columns, heatmap_updates, is_preview,
-                                lens_tokens, moved_cells, plot_lens_heatmap, plot_positions,
-                                plot_shape)
+from apps._lens_heatmap import (_DETAILS_CSS, _update_source, answer_line, details_html,
+                                edited_caption, extra_labels, heatmap_columns, heatmap_updates,
+                                is_preview, lens_tokens, moved_cells, plot_lens_heatmap,
+                                plot_positions, plot_shape)
 from apps._lens_preview import PreviewPart, _DragSlider, slider_preview_times
 from apps._lens_state import STATE_FORMAT, StatePart, _RUN_PARAMS
-from apps._lens_tables import (MAX_LENS_TOKENS, check_lens_prompt, contrast_prompts,
-                               contrast_vector, lens_grid_table, lens_table, steering_summary)
+from apps._lens_tables import (MAX_LENS_TOKENS, answer_probabilities, check_lens_prompt,
+                               contrast_prompts, contrast_vector, lens_grid_table, lens_table,
+                               steering_summary)
 from apps._positions import PagePositions, position_caption
 from apps._recipe import MODEL, Call, Expr, Let, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -276,6 +277,9 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                                          edits=[*edits, *extra], resume=resume,
                                          rank_cap=p["k"], unembed_dtype="auto")
             edited.attrs["workspace_edits"] = [edit_label(e) for e in extra]
+            token.check()
+            edited.attrs["answer"] = answer_probabilities(self._model, p["prompt"], edits, extra,
+                                                          resume=resume)
         return p, ds, edited
 
     # -- results (on the session's event loop when served) -------------------------------
@@ -396,10 +400,14 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
             styles={"color": "#555", "font-size": "0.9em"}, margin=(0, 10),
             css_classes=["lens-positions-caption"])
         status = self.status_text("lens-status")
+        answer = pn.pane.HTML(pn.bind(answer_line, self.param.edited_result),
+                              visible=self.param.edited_result.rx.is_not(None),
+                              css_classes=["lens-answer"], sizing_mode="stretch_width",
+                              margin=(0, 10))
         return pn.Row(
             self.controls(),
             pn.Column(pn.Row(spinner, cancel, status, align="center"), self._positions,
-                      caption,
+                      caption, answer,
                       # a wide prompt's heatmap (56 px a token) scrolls sideways in its box
                       pn.Column(plot, edited, sizing_mode="stretch_width", scroll="x-auto",
                                 css_classes=["lens-scroll"]),
