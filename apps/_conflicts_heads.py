@@ -107,8 +107,12 @@ class HeadsPart:
     def _select_job(self) -> Callable[[CancelToken], xr.Dataset]:
         """JuICE's head selection on the example (the intervention's effect on the three
         prompt types), with progress and the time left."""
-        model, fact = self._model, self._fact()
-        direction = self.direction
+        model, direction = self._model, self.direction
+        labels = list(self._facts)
+        start = labels.index(self.example)
+        facts = [self._facts[labels[(start + i) % len(labels)]]
+                 for i in range(min(int(self.select_facts), len(labels)))]
+        k = int(self.select_k)
         started = time.perf_counter()
         report = self.progress_fn(token=None)
 
@@ -119,7 +123,7 @@ class HeadsPart:
                 left = (time.perf_counter() - started) * (total - done) / max(1, done)
                 self.post(status=f"scoring heads by intervention: {done}/{total} "
                                  f"(about {left:.0f} s left)")
-            return C.juice_head_selection(model, [fact], direction=direction, k=3,
+            return C.juice_head_selection(model, facts, direction=direction, k=k,
                                           prune=True, progress=progress)
         self.param.update(progress=0, progress_active=True)
         return job

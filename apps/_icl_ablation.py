@@ -104,7 +104,7 @@ class AblationPart:
         percents = sorted({0.0, *[p for p in (1, 3, 5, 10, 20, 30, 50) if p <= top], top})
         rankings = (("fv_excl_induction", "induction_excl_fv", "random")
                     if self.exclude_other else ("fv", "induction", "random"))
-        exclude = max(self.top_induction, self.top_fv) / 100
+        exclude = float(self.exclude_percent) / 100
         source = self.mean_source
 
         def job(token: CancelToken) -> xr.Dataset:
@@ -127,6 +127,7 @@ class AblationPart:
         button.on_click(lambda *_: self._request("curves"))
         return [tip(slider, p.max_percent.doc),
                 tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc),
+                tip(pn.widgets.FloatSlider.from_param(p.exclude_percent), p.exclude_percent.doc),
                 tip(pn.widgets.Select.from_param(p.mean_source), p.mean_source.doc), button]
 
     def _ablation_panes(self) -> list[pn.viewable.Viewable]:

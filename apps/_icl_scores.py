@@ -166,11 +166,12 @@ class ScoresPart:
     def _scores_job(self) -> Callable[[CancelToken], xr.Dataset]:
         """Every head's induction score (on the edited model), then its FV score."""
         m, o, edits = self._model, self._opts, list(self.edits)
+        induction = self._induction_kwargs()
         started = time.perf_counter()
         self._score_button.disabled = True
 
         def job(token: CancelToken) -> xr.Dataset:
-            ind = ih.induction_scores(m, n_sequences=4, half_len=16, edits=edits)
+            ind = ih.induction_scores(m, edits=edits, **induction)
             token.check()
             bar = self.progress_fn(token)
 
@@ -196,7 +197,11 @@ class ScoresPart:
                 tip(pn.widgets.FloatSlider.from_param(p.top_fv), p.top_fv.doc),
                 tip(pn.widgets.IntSlider.from_param(p.layer), p.layer.doc),
                 tip(pn.widgets.IntSlider.from_param(p.head), p.head.doc),
-                tip(pn.widgets.Select.from_param(p.task), p.task.doc), self._own.layout(p.error)]
+                tip(pn.widgets.Select.from_param(p.task), p.task.doc), self._own.layout(p.error),
+                tip(pn.widgets.IntInput.from_param(p.induction_sequences),
+                    p.induction_sequences.doc),
+                tip(pn.widgets.IntInput.from_param(p.induction_half_len), p.induction_half_len.doc),
+                tip(pn.widgets.Select.from_param(p.induction_measure), p.induction_measure.doc)]
 
     def _scores_panes(self) -> list[pn.viewable.Viewable]:
         p = self.param

@@ -32,6 +32,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._paper import paper_panel
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
 from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, SCATTER_CAPTION,
                                    _label, accuracy_table, answer_bars_data, bars_caption,
@@ -98,6 +99,13 @@ class ConflictsView(HeadsPart, View):
     alpha_s = param.Number(default=1.0, bounds=(0.0, 3.0), step=0.5, label="α_s (suppress)",
                            doc="How many times each S- head's output is subtracted (1: the head "
                                "removed; more: pushed the other way).")
+    select_k = param.Integer(default=3, bounds=(1, 20), label="JuICE selection: heads per set (K)",
+                             doc="Heads kept in S+ and in S- by *Select heads as JuICE does* "
+                                 "(the paper: 5).")
+    select_facts = param.Integer(
+        default=1, bounds=(1, 8), label="JuICE selection: facts",
+        doc="Facts the selection averages over: this example and the next ones in the list (the "
+            "paper: 4; each fact costs about as much as the first).")
     mode = param.Selector(default="juice", objects=["juice", "single"], label="Intervention",
                           doc="juice: the dual run (run 1 records the heads' outputs, run 2 adds "
                               "them); single: each head scaled in place by 1 + α_l or 1 − α_s.")
@@ -376,7 +384,7 @@ class ConflictsView(HeadsPart, View):
         select = pn.widgets.Button(
             label="Select heads as JuICE does",
             description="Score every head by adding its output (α = the paper's grid) on the "
-                        "three prompt types of this example, keep those that help on all three "
+                        "three prompt types of the selection facts, keep those that help on all three "
                         "(the paper's selection; about a minute for SmolLM2 on a CPU, time left shown).")
         select.on_click(lambda *_: self._request("select"))
         score = pn.widgets.Button(
@@ -401,7 +409,9 @@ class ConflictsView(HeadsPart, View):
             self._own.layout(p.error), group("kind"),
             group("direction"), group("pick_set"),
             tip(pn.widgets.MultiChoice.from_param(p.heads_plus), p.heads_plus.doc),
-            tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick, select,
+            tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick,
+            tip(pn.widgets.IntInput.from_param(p.select_k), p.select_k.doc),
+            tip(pn.widgets.IntInput.from_param(p.select_facts), p.select_facts.doc), select,
             tip(pn.widgets.FloatSlider.from_param(p.alpha_l), p.alpha_l.doc),
             tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
             group("mode"),
@@ -419,6 +429,7 @@ class ConflictsView(HeadsPart, View):
                                  p.bar_rows, p.accuracy, p.busy, p.edited_rows)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
+            paper_panel("conflicts", self),
             pn.pane.Markdown(pn.bind(lambda ex, kind: prompts_note(self._facts[ex], kind),
                                      p.example, p.kind), sizing_mode="stretch_width",
                              css_classes=["cf-prompts"], styles={"font-size": "0.9em"}),

@@ -20,6 +20,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import OwnItems
 from apps._icl_ablation import AblationPart, ablation_caption, plot_ablation_curves
 from apps._icl_patching import (DEFAULT_CONFLICT_TASKS, DEFAULT_PATCHING_TASKS, MEAN_OVER_TASKS,
@@ -89,9 +90,24 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
                                doc="Largest share of heads mean-ablated on the ablation curves "
                                    "(release the slider to recompute them).")
     exclude_other = param.Boolean(
-        default=False, label="Exclude the other score's top heads",
+        default=True, label="Exclude the other score's top heads",
         doc="Ablate the top FV heads that are not top induction heads and vice versa (the "
-            "excluded set is the top % of the larger threshold above)")
+            "paper's exclusion variant; the excluded set is the other score's top "
+            "'Excluded top %').")
+    exclude_percent = param.Number(
+        default=2.0, bounds=(0.5, 20), step=0.5, label="Excluded top % of the other score",
+        doc="Share of heads with the other score's highest values removed from a ranking "
+            "before its top p% are ablated (the paper's code: 2 %).")
+    induction_sequences = param.Integer(
+        default=4, bounds=(1, 1000), label="Induction: sequences",
+        doc="Repeated random-token sequences the induction score averages (the paper: 1,000).")
+    induction_half_len = param.Integer(
+        default=50, bounds=(2, 200), label="Induction: tokens per half",
+        doc="Random tokens repeated once in each sequence (the paper: 50).")
+    induction_measure = param.Selector(
+        default="abs", objects=["abs", "mul"], label="Induction: measure",
+        doc="abs: 1 - mean L1 distance to the induction pattern (TransformerLens detect_head, "
+            "the paper's); mul: attention mass on the induction target.")
     mean_source = param.Selector(
         default="cross-task", objects=list(ih.MEAN_SOURCES), label="Ablation: mean source",
         doc="What an ablated head's last-token output is replaced with: its mean over the "
@@ -151,7 +167,9 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
     notify_title = None
     failed_status = None
     link_params = ("top_induction", "top_fv", "layer", "head", "task", "max_percent",
-                   "exclude_other", "mean_source", "fv_layer", "td_layer", "patching_tasks",
+                   "exclude_other", "exclude_percent", "induction_sequences",
+                   "induction_half_len", "induction_measure", "mean_source", "fv_layer",
+                   "td_layer", "patching_tasks",
                    "patching_layers", "conflict_tasks", "conflict_layers")
 
     def scope(self) -> Scope:
@@ -203,7 +221,10 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
         self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
-        self.param.watch(lambda *_: self._request("curves"), ["exclude_other", "mean_source"])
+        self.param.watch(lambda *_: self._request("curves"),
+                         ["exclude_other", "exclude_percent", "mean_source"])
+        self.param.watch(lambda *_: self._induction_changed(),
+                         ["induction_sequences", "induction_half_len", "induction_measure"])
         self.param.watch(lambda *_: self._edits_changed(), ["edits"])
         self.runner("induction", self._got_induction)
         self.estimated_seconds = estimated_score_seconds(
@@ -274,14 +295,26 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
             self.status = f"computing {_JOB_TITLES.get(name, name)}…"
         self.submit(name, job)
 
+    def _induction_kwargs(self) -> dict:
+        """The induction score's settings on the page (sequences, tokens per half, measure)."""
+        return {"n_sequences": int(self.induction_sequences),
+                "half_len": int(self.induction_half_len), "measure": self.induction_measure}
+
+    def _induction_changed(self) -> None:
+        """New induction settings: rescore induction once the scores exist."""
+        if self.scores is not None:
+            m, edits, kwargs = self._model, list(self.edits), self._induction_kwargs()
+            self.submit("induction", lambda token: ih.induction_scores(m, edits=edits, **kwargs))
+
     def _edits_changed(self) -> None:
         """The workspace's edits changed: recompute what they reach (attention, the induction
         score, the ablation curves once computed)."""
         self._request("patterns")
         if self.scores is not None:
             m, edits = self._model, list(self.edits)
+            kwargs = self._induction_kwargs()
             self.submit("induction", lambda token: ih.induction_scores(
-                m, n_sequences=4, half_len=16, edits=edits))
+                m, edits=edits, **kwargs))
         if self.curves is not None:
             self._request("curves")
 
@@ -313,7 +346,7 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
             steps.append(Note("Compute scores on the page for the head scores and what follows"))
         else:
             steps += [Call("induction", f"{ih}.induction_scores", (MODEL,),
-                           {"n_sequences": 4, "half_len": 16}),
+                           self._induction_kwargs()),
                       Call("fv", f"{ih}.fv_scores", (MODEL, self._fv_tasks), opts),
                       Call("scores", "xarray.merge", ([Ref("induction[['induction_score']]"),
                                                        Ref("fv[['fv_score', 'mean_z']]")],),
@@ -387,7 +420,7 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.layer, p.head, p.curves,
                                  p.fv_result, p.td, p.conflict, p.conflict_layer)),
             width=theme.SIZES["controls_width"])
-        main = pn.Column(*self._scores_panes(), *self._ablation_panes(),
+        main = pn.Column(paper_panel("icl-heads", self), *self._scores_panes(), *self._ablation_panes(),
                          *self._task_vector_panes(), *self._patching_panes(),
                          sizing_mode="stretch_width")
         return pn.Row(controls, main, sizing_mode="stretch_width")

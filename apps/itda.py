@@ -23,6 +23,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import labelled_controls
 from apps._recipe import MODEL, Call, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -211,11 +212,11 @@ class ITDAView(View):
     tau = param.Number(default=0.3, bounds=(0.01, 0.95), step=0.01, label="tau",
                        doc="A token becomes an atom when its relative reconstruction error exceeds "
                            "tau: lower tau, more atoms and less error.")
-    l0 = param.Integer(default=8, bounds=(1, 32), label="L0 (matching-pursuit steps)",
+    l0 = param.Integer(default=8, bounds=(1, 64), label="L0 (matching-pursuit steps)",
                        doc="At most this many atoms reconstruct a token.")
     atom = param.Integer(default=0, bounds=(0, None), label="Atom",
                          doc="The atom shown in the browser (0 = the first token added).")
-    method = param.Selector(default="cka", objects=list(SIMILARITY_METHODS), label="Similarity measure",
+    method = param.Selector(default="itda", objects=list(SIMILARITY_METHODS), label="Similarity measure",
                             doc="How two layers are compared: itda (Jaccard of their ITDA atom labels), "
                                 "cka (linear CKA) or svcca (SVCCA).")
     noise = param.Number(default=0.05, bounds=(0.0, 0.5), step=0.01, label="Second model: weight noise",
@@ -478,7 +479,8 @@ class ITDAView(View):
         sim_caption = pn.pane.Markdown(pn.bind(similarity_caption, self.param.similarity),
                                        styles={"color": "#555"}, sizing_mode="stretch_width")
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), summary, bar, curves, caption,
+                      pn.Column(pn.Row(spinner, status, align="center"), paper_panel("itda", self),
+                                summary, bar, curves, caption,
                                 pn.pane.Markdown("#### Atom browser"), atoms,
                                 pn.pane.Markdown("#### Layer similarity with a second model"),
                                 self.similarity_controls(), sim_status, heat, sim_caption,

@@ -21,6 +21,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import caption, control, flex_row, run_page
 from apps._recipe import Call, Expr, Let, Note, Recipe, Step
 from apps._session import CancelToken
@@ -587,7 +588,7 @@ class LinearICLView(View):
     def __panel__(self) -> pn.viewable.Viewable:
         kq = pn.panel(self._kq_plots, css_classes=["icl-kq"], sizing_mode="stretch_width")
         return run_page(
-            self, self.controls(), "icl-summary",
+            self, self.controls(), "icl-summary", paper_panel("linear-icl", self),
             kq, caption(self._kq_caption, "icl-kq-caption"),
             pn.pane.HoloViews(self._ov_plot, sizing_mode="stretch_width", css_classes=["icl-ov"]),
             caption(self._ov_caption, "icl-ov-caption"),

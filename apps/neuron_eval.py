@@ -25,6 +25,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import labelled_controls
 from apps._recipe import MODEL, Call, Note, Recipe, Ref
 from apps._session import CancelToken
@@ -500,7 +501,8 @@ class NeuronEvalView(View):
                                               min_width=440, sizing_mode="stretch_width"),
                             flex_wrap="wrap", gap="24px", sizing_mode="stretch_width")
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, align="center"), deltas,
+                      pn.Column(pn.Row(spinner, status, align="center"),
+                                paper_panel("neuron-eval", self), deltas,
                                 pn.pane.Markdown(DELTAS_CAPTION, **note),
                                 pn.pane.Markdown(self.param.note, visible=self.param.note.rx.bool(),
                                                  css_classes=["neuron-unchanged"], **note),

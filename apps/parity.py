@@ -21,6 +21,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import caption, control, flex_row, run_page
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -635,7 +636,7 @@ class ParityView(View):
         # until then its caption alone says how to make it.
         phase_stored = pn.bind(lambda phase: phase is not None, self.param.phase)
         return run_page(
-            self, self.controls(), "parity-summary",
+            self, self.controls(), "parity-summary", paper_panel("parity", self),
             # Each keeps its legend beside a frame of ~250 px: they wrap below 420 px.
             flex_row(420, (self._pca_plot, "parity-pca"), (self._automaton_plot, "parity-automaton")),
             caption(self._automaton_caption, "parity-automaton-caption"),

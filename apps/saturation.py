@@ -35,6 +35,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import labelled, tip
 from apps._positions import PagePositions
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
@@ -347,7 +348,7 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
         return pn.Row(
             self.controls(),
             pn.Column(
-                self._status(),
+                self._status(), paper_panel("saturation", self),
                 pn.pane.Markdown("### The prompt's tokens: saturation layers s_1..s_k"),
                 _note("Cell (token, rank j): the layer from which the model's final rank-j "
                          "token at that position holds rank j (grey: never; the number in the "

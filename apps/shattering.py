@@ -25,6 +25,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import labelled_controls
 from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -538,7 +539,8 @@ class ShatteringView(View):
         caption = pn.pane.Markdown(pn.bind(scatter_caption, self.param.sweep), styles={"color": "#555"},
                                    sizing_mode="stretch_width", css_classes=["shattering-caption"])
         return pn.Row(self.controls(),
-                      pn.Column(pn.Row(spinner, status, sizing_mode="stretch_width"), summary, embedding,
+                      pn.Column(pn.Row(spinner, status, sizing_mode="stretch_width"),
+                                paper_panel("shattering", self), summary, embedding,
                                 scatter, caption, sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 

@@ -19,6 +19,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import caption, control, flex_row, run_page
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -314,7 +315,7 @@ class TaskEmergenceView(View):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return run_page(
-            self, self.controls(), "emergence-summary",
+            self, self.controls(), "emergence-summary", paper_panel("task-emergence", self),
             # Side by side only where the projection keeps room for its legend and title
             # (they wrap below about 1,500 px).
             flex_row(420, (self._projection_plot, "emergence-projection"),

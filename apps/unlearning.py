@@ -24,6 +24,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._paper import paper_panel
 from apps._controls import OwnItems, tip
 from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -610,6 +611,7 @@ class UnlearningView(View):
                                        styles={"font-size": "0.9em"}),
                       self._state, width=320),
             pn.Column(
+                paper_panel("unlearning", self),
                 # Side by side where the heatmap keeps room for its token labels (about
                 # 480 px); one above the other on narrower windows.
                 pn.FlexBox(pn.Column(pn.pane.HoloViews(self._probe_plot, sizing_mode="stretch_width"),

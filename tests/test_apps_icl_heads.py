@@ -56,12 +56,15 @@ def test_view_exclusion_toggle_and_cell_click(tiny_model):
     assert view.scores is not None and view.td is not None
     view.max_percent = 10
     view._request("curves")
-    assert list(view.curves.ranking.values) == ["fv", "induction", "random"]
-    view.exclude_other = True          # recomputes at once
+    # the paper's exclusion variant by default: the other score's top 2 % left out
     assert list(view.curves.ranking.values) == ["fv_excl_induction", "induction_excl_fv",
                                                 "random"]
-    assert view.curves.attrs["params"]["exclude_fraction"] == pytest.approx(0.05)
+    assert view.curves.attrs["params"]["exclude_fraction"] == pytest.approx(0.02)
     assert "data-icl-rankings='fv_excl_induction,induction_excl_fv,random'" in view._state_html()
+    view.exclude_percent = 5.0         # recomputes at once
+    assert view.curves.attrs["params"]["exclude_fraction"] == pytest.approx(0.05)
+    view.exclude_other = False
+    assert list(view.curves.ranking.values) == ["fv", "induction", "random"]
     view._cell_tapped(x=3, y=2)
     assert (view.layer, view.head) == (2, 3)
     view._cell_tapped(x=7, y=0)        # outside the model: ignored
@@ -73,14 +76,15 @@ def test_view_exclusion_toggle_and_cell_click(tiny_model):
     root = view.__panel__()
     main = root[1]
     panes = [o for o in main if isinstance(o, pn.pane.HoloViews)]
-    assert main.objects.index(panes[1]) == 2          # scatter, its caption, then the head
+    # the paper's setting and card, the scatter, its caption, then the head
+    assert main.objects.index(panes[1]) == 3
     assert panes[1].object.opts.get().kwargs["title"] == "L2.H3, repeated sequence"
     sliders = root.select(pn.widgets.IntSlider) + root.select(pn.widgets.FloatSlider)
     tips = {w.value for w in root.select(pn.widgets.TooltipIcon)}
-    names = ["top_induction", "top_fv", "layer", "head", "max_percent", "fv_layer", "td_layer",
-             "conflict_layer"]
+    names = ["top_induction", "top_fv", "layer", "head", "max_percent", "exclude_percent",
+             "fv_layer", "td_layer", "conflict_layer"]
     # the conflict test's layer is a DiscreteSlider (an IntSlider inside)
-    assert len(sliders) == 8 and all(view.param[n].doc in tips for n in names)
+    assert len(sliders) == 9 and all(view.param[n].doc in tips for n in names)
     described = {w.description for w in root.select(pn.widgets.MultiChoice)
                  + root.select(pn.widgets.TextInput)}
     assert {view.param.conflict_tasks.doc, view.param.conflict_layers.doc} <= described
@@ -105,7 +109,7 @@ def test_view_scores_on_request_and_explains_the_function_vector(tiny_model, mon
     view._score_button.clicks += 1
     assert view.td is not None
     fv = ih.fv_scores(tiny_model, ["antonym", "country-capital"], n_prompts=2, n_shots=2)
-    ind = ih.induction_scores(tiny_model, n_sequences=4, half_len=16)
+    ind = ih.induction_scores(tiny_model, n_sequences=4, half_len=50)
     np.testing.assert_allclose(view.scores["fv_score"].values, fv["fv_score"].values, rtol=1e-5)
     np.testing.assert_allclose(view.scores["induction_score"].values,
                                ind["induction_score"].values, rtol=1e-5)
@@ -393,7 +397,7 @@ def test_view_scope_links_and_edits(tiny_model):
     view._request("curves")
     edit = Ablate(0, 1, mode="zero")
     view.edits = [edit]                    # the workspace's edit: recomputes what it reaches
-    want = ih.induction_scores(tiny_model, n_sequences=4, half_len=16, edits=[edit])
+    want = ih.induction_scores(tiny_model, n_sequences=4, half_len=50, edits=[edit])
     np.testing.assert_allclose(view.scores["induction_score"].values,
                                want["induction_score"].values)
     np.testing.assert_array_equal(view.scores["fv_score"].values, fv_before)

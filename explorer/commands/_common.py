@@ -337,3 +337,34 @@ def torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def add_paper_option(parser: argparse.ArgumentParser, method: str) -> None:
+    """Add ``--paper``: set every option the paper's setting names to the paper's value
+    (`explorer.paper_settings.PAPER_SETTINGS`); an option given a value other than its
+    default on the same line keeps that value."""
+    from explorer.paper_settings import flag_values, paper_setting
+
+    setting = paper_setting(method)
+    values = ", ".join(f"--{flag.replace('_', '-')} {value}"
+                       for flag, value in flag_values(method).items())
+    parser.add_argument("--paper", action="store_true",
+                        help=f"the paper's setting ({setting.paper}; read from {setting.code}): "
+                             f"{values} (an option given another value keeps it)")
+    parser.set_defaults(_paper_parser=parser)
+
+
+def apply_paper_option(args: argparse.Namespace, method: str) -> None:
+    """With ``--paper``, set the paper's values on ``args`` and say so on stderr (stdout
+    stays the result, JSON included)."""
+    if not getattr(args, "paper", False):
+        return
+    from explorer.paper_settings import apply_paper_flags, paper_setting
+
+    parser = getattr(args, "_paper_parser", None)
+    kept = {flag for flag in vars(args)
+            if parser is not None and getattr(args, flag) != parser.get_default(flag)}
+    done = apply_paper_flags(args, method, keep=kept)
+    setting = paper_setting(method)
+    beyond = f"; not set here: {setting.beyond}" if setting.beyond else ""
+    print(f"--paper ({setting.paper}): {', '.join(done)}{beyond}", file=sys.stderr)

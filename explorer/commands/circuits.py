@@ -16,6 +16,7 @@ from explorer.analyses import circuits as ca
 from explorer.analyses.circuit_tasks import CORRUPTIONS, TASK_NAMES
 from explorer.benches._memory import PeakRSS
 from explorer.commands._common import add_model_option, load_cli_model, parse_int_list, print_summary
+from explorer.commands._common import add_paper_option, apply_paper_option
 from explorer.defaults import DEFAULT_MODEL
 
 
@@ -50,10 +51,12 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--show", type=int, default=20, help="top edges listed (default 20)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_paper_option(p, "circuits")
     p.set_defaults(func=_cmd_circuits)
 
 
 def _cmd_circuits(args: Any) -> int:
+    apply_paper_option(args, "circuits")
     model = load_cli_model(args)
     task = ca.make_task(args.task, args.n, seed=args.seed, corruption=args.corruption)
     n_generated = len(task)

@@ -10,7 +10,7 @@ import numpy as np
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.commands._common import add_model_option, add_number_options, load_cli_model
-from explorer.commands._common import print_json
+from explorer.commands._common import add_paper_option, apply_paper_option, print_json
 
 
 ABOVE_CHANCE = "above-chance"
@@ -48,8 +48,17 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--percents", default="0,1,3,5,10,20")
     p.add_argument("--top-fraction", type=float, default=0.02,
                    help="top fraction of heads reported and excluded (default 0.02)")
+    p.add_argument("--induction-sequences", type=int, default=16,
+                   help="repeated random-token sequences of the induction score (default "
+                        "%(default)s; the paper: 1000)")
+    p.add_argument("--induction-half-len", type=int, default=50,
+                   help="random tokens per half of each sequence (default %(default)s, the paper's)")
+    p.add_argument("--induction-measure", default="abs", choices=("abs", "mul"),
+                   help="abs: TransformerLens detect_head's error measure (the paper's); mul: "
+                        "attention mass on the induction target (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_paper_option(p, "icl-heads")
     p.set_defaults(func=_cmd_icl_heads)
 
 
@@ -58,13 +67,16 @@ def _split(text: str) -> list[str]:
 
 
 def _cmd_icl_heads(args: Any) -> int:
+    apply_paper_option(args, "icl-heads")
     model = load_cli_model(args)
-    ind = ih.induction_scores(model, seed=args.seed)
+    ind = ih.induction_scores(model, seed=args.seed, n_sequences=args.induction_sequences,
+                              half_len=args.induction_half_len, measure=args.induction_measure)
     fv = ih.fv_scores(model, _split(args.tasks), n_prompts=args.n_prompts, n_shots=args.n_shots,
                       seed=args.seed)
     a, b = ind["induction_score"].values, fv["fv_score"].values
     summary: dict[str, Any] = {
         "model": model.spec.name,
+        "induction": {k: ind.attrs["params"][k] for k in ("n_sequences", "half_len", "measure")},
         "induction_score": a.tolist(), "fv_score": b.tolist(),
         "overlap": _overlap(a, b, args.top_fraction),
         "clean_prob": dict(zip(fv.task.values.tolist(), fv.clean_prob.values.tolist())),

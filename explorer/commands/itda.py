@@ -11,7 +11,8 @@ from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.itda import ENCODERS, ITDA, cached_activations, itda_downstream_loss
 from explorer.analyses.itda import itda_reconstruction, itda_tau_sweep, itda_vs_sae
 from explorer.commands._common import add_model_option, add_scheduler_option, load_cli_model
-from explorer.commands._common import print_json, read_prompts
+from explorer.commands._common import add_paper_option, apply_paper_option, print_json
+from explorer.commands._common import read_prompts
 
 
 def register_cli(subparsers: Any) -> None:
@@ -39,8 +40,20 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--chunk-prompts", type=int, metavar="N",
                    help="trace and store N prompts per cache entry; the build streams the "
                         "entries one stored chunk at a time (default: one entry)")
+    second = p.add_mutually_exclusive_group()
+    second.add_argument("--compare-model", metavar="NAME_OR_PATH",
+                        help="compare every layer with this second model's on the same prompts "
+                             "(another checkpoint or a fine-tuned copy: same tokenizer, same "
+                             "number of layers), the paper's cross-model similarity")
+    second.add_argument("--compare-noise", type=float, metavar="S",
+                        help="compare with a copy of --model whose weights get relative "
+                             "Gaussian noise S (a stand-in second model, not a trained one)")
+    p.add_argument("--similarity", default="itda", choices=("itda", "cka", "svcca"),
+                   help="layer similarity of the comparison: itda (Jaccard index of the atom "
+                        "labels, the paper's), cka or svcca (default: %(default)s)")
     add_scheduler_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_paper_option(p, "itda")
     p.set_defaults(func=_cmd_itda)
 
 
@@ -52,7 +65,44 @@ def _cmd_itda(args: argparse.Namespace) -> int:
         return _itda_command(args)
 
 
+def _second_model(args: argparse.Namespace, model: Any) -> tuple[Any, str]:
+    """The model compared with ``model`` and how the output names it."""
+    if args.compare_model is not None:
+        from explorer.models import load_model
+
+        other = load_model(args.compare_model)
+        return other, f"a second model: {other.spec.name}"
+    from explorer.analyses.similarity import perturbed_copy
+
+    scale = check_float("--compare-noise", args.compare_noise, low=0.0)
+    return (perturbed_copy(model, scale=scale, seed=1),
+            f"a copy of {model.spec.name} with relative weight noise {scale:g} (a stand-in, "
+            "not a second trained model)")
+
+
+def _cross_model(args: argparse.Namespace, model: Any, prompts: list[str], min_pos: int
+                 ) -> dict[str, Any]:
+    """Every layer of ``model`` against every layer of the second model (Leask et al. sec. 5)."""
+    from explorer.analyses.similarity import layer_matching_accuracy, layer_similarity
+    from explorer.trace import trace
+
+    other, described = _second_model(args, model)
+    acts = trace(model, prompts, sites=(args.site,), progress=False)
+    other_acts = trace(other, prompts, sites=(args.site,), progress=False)
+    sim = layer_similarity(acts, other_acts, method=args.similarity, site=args.site, tau=args.tau,
+                           l0=args.l0, min_pos=min_pos)
+    matrix = sim["similarity"].values
+    square = matrix.shape[0] == matrix.shape[1]
+    return {"second_model": described, "similarity": args.similarity,
+            "n_tokens": int(sim.attrs["n_tokens"]),
+            "matched_layer": sim["matched_layer"].values.tolist(),
+            "layer_matching_accuracy": layer_matching_accuracy(matrix) if square else None,
+            "diagonal": [float(matrix[i, i]) for i in range(min(matrix.shape))],
+            "matrix": matrix.tolist()}
+
+
 def _itda_command(args: argparse.Namespace) -> int:
+    apply_paper_option(args, "itda")
     prompts = read_prompts(args.prompts)
     check_float("--tau", args.tau, low=0.0, high=1.0)
     check_int("--l0", args.l0, low=1)
@@ -78,7 +128,7 @@ def _itda_command(args: argparse.Namespace) -> int:
         "encoder": args.encoder, "n_tokens": int(itda.n_tokens_seen_), "n_atoms": itda.n_atoms,
         "mean_error": float(rec["mean_error"]), "mean_l0": float(rec["mean_l0"]),
         "fve": float(rec["fve"]), "fit_seconds": itda.fit_seconds_,
-        "atoms": [{"atom": i, "prompt": int(p), "pos": int(q), "token": t}
+        "atoms": [{"atom": i, "prompt": int(p), "pos": int(q), "token": str(t)}
                   for i, (p, q, t) in enumerate(zip(itda.atom_prompt_[: args.top],
                                                     itda.atom_pos_[: args.top],
                                                     itda.atom_token_[: args.top]))],
@@ -105,6 +155,8 @@ def _itda_command(args: argparse.Namespace) -> int:
                          for k in ("fit_seconds", "mean_error", "fve", "size")}
         result["sae"]["time_ratio"] = float(cmp_["time_ratio"])
         result["sae"]["sae_reached_target"] = bool(cmp_["sae_reached_target"])
+    if args.compare_model is not None or args.compare_noise is not None:
+        result["comparison"] = _cross_model(args, model, prompts, min_pos)
     if args.json:
         print_json(result)
         return 0
@@ -125,4 +177,12 @@ def _itda_command(args: argparse.Namespace) -> int:
               f"(SAE reached target: {s['sae_reached_target']})")
     for a in result["atoms"]:
         print(f"  atom {a['atom']:>4}: prompt {a['prompt']} pos {a['pos']} token {a['token']!r}")
+    if "comparison" in result:
+        c = result["comparison"]
+        acc = c["layer_matching_accuracy"]
+        print(f"compared with {c['second_model']} ({c['similarity']}, {c['n_tokens']} tokens):")
+        if acc is not None:
+            print(f"  layer-matching accuracy {acc:.3f} (chance {1 / len(c['diagonal']):.3f})")
+        print("  most similar layer of the second model, per layer: "
+              + " ".join(str(x) for x in c["matched_layer"]))
     return 0

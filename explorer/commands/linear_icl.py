@@ -12,6 +12,7 @@ from explorer._checks import check_int
 from explorer.analyses import linear_icl as lin
 from explorer.analyses._training import terminal_progress
 from explorer.commands._common import parse_int_list, print_json
+from explorer.commands._common import add_paper_option, apply_paper_option
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -36,10 +37,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain", action="store_true", help="train again even if a run is stored")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # The model is tiny: one thread beats several (by 3-20x on a busy 2-core machine).
+    add_paper_option(p, "linear-icl")
     p.set_defaults(func=_cmd_linear_icl, default_threads=1)
 
 
 def _cmd_linear_icl(args: argparse.Namespace) -> int:
+    apply_paper_option(args, "linear-icl")
     from explorer.store import ActivationStore
 
     heads = parse_int_list("--heads", args.heads)

@@ -13,6 +13,7 @@ from explorer._checks import InputError, check_int
 from explorer.analyses.neuron_eval import ATOM_EXPLANATIONS, SANITY_TESTS, itda_atom_sanity_checks
 from explorer.analyses.neuron_eval import synthetic_sanity_checks
 from explorer.commands._common import add_model_option, load_cli_model, print_json, read_prompts
+from explorer.commands._common import add_paper_option, apply_paper_option
 
 
 def register_cli(subparsers: Any) -> None:
@@ -38,6 +39,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--min-pos", type=int, default=1,
                    help="real units: leave out positions below this (default: 1, the attention sink)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_paper_option(p, "neuron-eval")
     p.set_defaults(func=_cmd_neuron_eval)
 
 
@@ -57,6 +59,7 @@ def _table(ds: xr.Dataset) -> list[dict[str, Any]]:
 
 
 def _cmd_neuron_eval(args: argparse.Namespace) -> int:
+    apply_paper_option(args, "neuron-eval")
     check_int("--seeds", args.seeds, low=1)
     if args.synthetic:
         try:

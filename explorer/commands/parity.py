@@ -15,6 +15,7 @@ from explorer.analyses.parity import OPTIMIZERS, DEFAULTS, PHASE_GAINS, PHASE_MA
 from explorer.analyses.parity import run_key_parts, analysis_summary, parity_run, phase_summary
 from explorer.analyses.parity import stored_parity_analysis, stored_parity_phase_diagram
 from explorer.commands._common import print_summary
+from explorer.commands._common import add_paper_option, apply_paper_option
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -50,10 +51,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # the model is tiny: one thread beats several (by 3-20x on a busy 2-core machine)
+    add_paper_option(p, "parity")
     p.set_defaults(func=_cmd_parity, default_threads=1)
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
+    apply_paper_option(args, "parity")
     from explorer.store import ActivationStore
 
     every = args.checkpoint_every

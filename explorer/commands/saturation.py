@@ -17,6 +17,7 @@ from explorer._checks import InputError, check_int
 from explorer.analyses import saturation as sat
 from explorer.benches._memory import PeakRSS
 from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import add_paper_option, apply_paper_option
 from explorer.commands._common import print_summary
 from explorer.defaults import DEFAULT_MODEL
 
@@ -55,10 +56,12 @@ def register_cli(subparsers: Any) -> None:
                    help="analyse a random-init model of the same architecture instead")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_paper_option(p, "saturation")
     p.set_defaults(func=_cmd_saturation)
 
 
 def _cmd_saturation(args: Any) -> int:
+    apply_paper_option(args, "saturation")
     from explorer.store import ActivationStore
 
     if args.scheduler is not None:

@@ -10,6 +10,7 @@ from explorer._checks import InputError
 from explorer.analyses import shattering as sh
 from explorer.analyses._training import terminal_progress
 from explorer.commands._common import print_summary
+from explorer.commands._common import add_paper_option, apply_paper_option
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -38,10 +39,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain", action="store_true", help="train again even if the model is stored")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # A tiny model: one thread is fastest on a shared machine.
+    add_paper_option(p, "shattering")
     p.set_defaults(func=_cmd_shattering, default_threads=1)
 
 
 def _cmd_shattering(args: argparse.Namespace) -> int:
+    apply_paper_option(args, "shattering")
     from explorer.store import ActivationStore
 
     params = {k: getattr(args, k) for k in ("seed", "steps", "n_entities", "n_orders", "d_model",

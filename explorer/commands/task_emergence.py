@@ -9,7 +9,20 @@ from typing import Any
 
 from explorer.analyses import task_emergence as te
 from explorer.analyses._training import terminal_progress
-from explorer.commands._common import print_summary
+from explorer.commands._common import add_paper_option, apply_paper_option, print_summary
+
+#: The task mixture's and the model's settings that are command options: (name, type, help).
+_SETTING_FLAGS = (
+    ("d", int, "input dimension"),
+    ("n_tasks", int, "latent tasks (disjoint orthogonal bases)"),
+    ("rank", int, "rank of each task's basis"),
+    ("n_examples", int, "in-context examples per prompt"),
+    ("noise_std", float, "label noise standard deviation"),
+    ("coef_mean", float, "mean of the coefficients in a basis"),
+    ("coef_std", float, "standard deviation of the coefficients in a basis"),
+    ("n_heads", int, "attention heads"),
+    ("batch_size", int, "prompts per training step"),
+)
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +44,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=defaults["lr"], help="peak Adam learning rate (default: 1e-3)")
     p.add_argument("--warmup", type=int, default=defaults["warmup"],
                    help="steps of linear learning-rate warm-up (default: 500; then cosine decay to 0)")
+    for name, kind, words in _SETTING_FLAGS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=defaults[name],
+                       help=f"{words} (default: {defaults[name]})")
     p.add_argument("--n-per-task", type=int, default=100,
                    help="analyse: evaluation prompts per task (default: 100)")
     p.add_argument("--k", type=int, default=10, help="analyse: neighbours of the k-NN vote (default: 10)")
@@ -38,6 +54,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
                    help="train: also write the checkpoints to this safetensors file")
     p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_paper_option(p, "task-emergence")
     # A tiny model: one thread is fastest on a shared machine.
     p.set_defaults(func=_cmd_task_emergence, default_threads=1)
 
@@ -45,8 +62,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_task_emergence(args: argparse.Namespace) -> int:
     from explorer.store import ActivationStore
 
+    apply_paper_option(args, "task-emergence")
     params = {"seed": args.seed, "steps": args.steps, "checkpoint_every": args.checkpoint_every,
-              "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr, "warmup": args.warmup}
+              "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr, "warmup": args.warmup,
+              **{name: getattr(args, name) for name, _, _ in _SETTING_FLAGS}}
     store = ActivationStore()
     progress = None if args.json else terminal_progress("training")
     if args.action == "train":

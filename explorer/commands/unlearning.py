@@ -10,6 +10,7 @@ import numpy as np
 from explorer._checks import check_choice
 from explorer.analyses import unlearning as U
 from explorer.commands._common import add_model_option, add_number_options, load_cli_model
+from explorer.commands._common import add_paper_option, apply_paper_option
 from explorer.commands._common import print_summary
 
 
@@ -41,10 +42,12 @@ def register_cli(subparsers: Any) -> None:
                    help="use every fact, not only those the model answers (see --known-formats)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_paper_option(p, "unlearning")
     p.set_defaults(func=_cmd_unlearn, default_threads=1)
 
 
 def _cmd_unlearn(args: Any) -> int:
+    apply_paper_option(args, "unlearning")
     model = load_cli_model(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
