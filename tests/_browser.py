@@ -154,6 +154,63 @@ def served_view_fixture(name: str, setup: str | Callable[[Path], str],
     return page_url
 
 
+# -- one page server per test process, shared by the browser tests that read pages --------
+
+_SHARED: dict[str, Callable[[], object] | None] = {}
+"""The apps of the shared server, by path: reserved when a test module is imported (every
+module is imported before the first test runs, so the server knows every path when it
+starts) and set by the module's ``page_url`` fixture for its tests."""
+
+
+def shared_page(slug: str, build: Callable[[object], Callable[[], object]]):
+    """A module-scoped ``page_url`` fixture for a page served by the test process's shared
+    server (the `shared_server` fixture in conftest: Panel's threaded server in this
+    process, started once per test worker), at ``/<slug>``; it yields the page's URL.
+
+    ``build(request)`` runs once, when the module's first test needs the page (``request``
+    is that fixture's request: ``request.getfixturevalue`` gives other fixtures), and
+    returns the app: a function of no arguments that makes one browser session's page
+    (``lambda: Gallery("tiny-llama", views=...).template()``). Each browser session gets a
+    page of its own, so tests that open the page in fresh browser contexts share nothing
+    but the server and the process's models. The pages read ``$EXPLORER_CACHE`` of the
+    process. A module assigns it: ``page_url = shared_page("positions", build)``; the
+    module must import it from ``_browser`` (not ``tests._browser``)."""
+    import pytest
+
+    if slug in _SHARED:
+        raise ValueError(f"the shared server already has a page at /{slug}: pick another slug")
+    _SHARED[slug] = None
+
+    @pytest.fixture(scope="module")
+    def page_url(request, shared_server):
+        _SHARED[slug] = build(request)
+        try:
+            yield f"{shared_server}/{slug}"
+        finally:
+            _SHARED[slug] = None
+
+    return page_url
+
+
+@contextlib.contextmanager
+def serve_shared(**serve_options) -> Iterator[str]:
+    """Serve every path reserved by `shared_page` (the app its module set, or a note that
+    none is set); yields the base URL. The `shared_server` fixture's body."""
+    import panel as pn
+
+    def app(slug: str):
+        def session():
+            made = _SHARED.get(slug)
+            if made is None:
+                return pn.pane.Markdown(f"No test module serves /{slug} now.")
+            return made()
+        return session
+
+    with served_in_process({slug: app(slug) for slug in _SHARED}, timeout=60,
+                           **serve_options) as url:
+        yield url
+
+
 def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float = 300,
               ready: str = ".bk-Canvas canvas, canvas"):
     """A new tab on ``url`` once ``ready`` (by default a Bokeh canvas) is attached; returns
