@@ -14,6 +14,7 @@ import torch
 from explorer import load_model
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
+from explorer.analyses.conflicts import runs as conflict_runs
 from explorer.interventions import AddHead, edit_from_dict
 from explorer.trace import run_with
 from tests._cli import parse_and_run
@@ -111,7 +112,7 @@ def test_closed_book_filter_keeps_known_facts_and_caches(tiny_model, tmp_path, m
     def boom(*a, **k):
         raise AssertionError("the cache was not used")
 
-    monkeypatch.setattr(C, "greedy_answers", boom)
+    monkeypatch.setattr(conflict_runs, "greedy_answers", boom)
     assert C.closed_book_facts(tiny_model, [unknown, known]) == [known]
 
 
