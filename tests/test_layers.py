@@ -101,3 +101,13 @@ def test_pages_come_in_parts_a_person_can_hold_in_mind():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400:
                 long_classes.append((path.name, node.name, node.end_lineno - node.lineno + 1))
     assert not long_files and not long_classes, (long_files, long_classes)
+
+
+def test_analyses_come_in_modules_of_one_concern():
+    """No module of explorer/analyses/ over 600 lines: a method with more concerns is a package
+    of one module per concern (circuits/, icl_heads/, saturation/, ...)."""
+    lines = {path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8").count("\n")
+             for path in sorted((ROOT / "explorer" / "analyses").rglob("*.py"))}
+    assert len(lines) > 50                      # the scan reads the tree, sub-packages included
+    long = {name: n for name, n in lines.items() if n > 600}
+    assert not long, long
