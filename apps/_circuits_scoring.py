@@ -165,14 +165,12 @@ class CircuitScoring:
                                    n_pairs=len(task), computed_at=computed_at_now(),
                                    metrics=metrics)
 
-    def stale_note(self) -> str:
-        """Empty when the shown circuit is of the current inputs; else what it was computed
-        on and what changed (`apps._provenance.stale_text`)."""
-        from apps._provenance import stale_text
+    def shown_provenance(self) -> Provenance | None:
+        """The shown scores' record (`View.shown_provenance`)."""
+        return self.shown
 
-        if self.shown is None:
-            return ""
-        return stale_text(self.shown, self.request_provenance(), action="Compute circuit")
+    def requested_provenance(self) -> Provenance:
+        return self.request_provenance()
 
     @property
     def _shown_method(self) -> str:
@@ -242,8 +240,10 @@ class CircuitScoring:
             self._strip.selected = want
 
     def _prompt_changed(self) -> None:
+        """New tokens in the strip; the counterfactual's position (if any) picked in them."""
         self.clicked = None
         self._strip.param.update(tokens=self.prompt_tokens(), selected=[])
+        self._counterfactual_typed()
 
     def _other_method(self) -> str:
         return next(m for m in ca.METHODS if m != self.method)
@@ -306,6 +306,7 @@ class CircuitScoring:
 
     def _got_scores(self, result: tuple) -> None:
         key, task, scores, curve, *rest = result
+        self.param.update(error="")
         self._scoring = False
         # the first result of a task and prompt count opens on the default circuit; the
         # other method's, arriving after a toggle, keeps the size shown (a fair comparison)

@@ -284,6 +284,30 @@ class View(PageCaches, pn.viewable.Viewer):
         Pages override it; None: the page states no scope."""
         return None
 
+    # -- what the shown result was computed on ---------------------------------------------------
+    compute_action = "Compute"   # the control that recomputes the page (named in stale notes)
+
+    def shown_provenance(self) -> Any:
+        """The record of what the shown result was computed on (`apps._provenance.Provenance`),
+        or None. Pages that keep one override it; their words about the result come from it."""
+        return None
+
+    def requested_provenance(self) -> Any:
+        """The record of what the page would compute from its current inputs, or None."""
+        return None
+
+    def stale_note(self) -> str:
+        """Empty while the shown result is of the current inputs (or the page keeps no
+        record); else what it was computed on and what changed since
+        (`apps._provenance.stale_text`)."""
+        shown = self.shown_provenance()
+        wanted = self.requested_provenance() if shown is not None else None
+        if shown is None or wanted is None:
+            return ""
+        from apps._provenance import stale_text
+
+        return stale_text(shown, wanted, action=self.compute_action)
+
     def scope_pane(self) -> pn.pane.Markdown:
         """The page's header line, "on: … · edits: …" (`scope`), following its parameters;
         empty for a page that states no scope."""
@@ -387,6 +411,8 @@ class View(PageCaches, pn.viewable.Viewer):
                 "module": type(self).__module__,
                 "model": getattr(spec, "name", None), "prompt": getattr(self, "prompt", None),
                 "parameters": params,
+                **({"provenance": shown.to_dict()} if (shown := self.shown_provenance())
+                   is not None else {}),
                 "versions": {"explorer": getattr(explorer, "__version__", None),
                              "xarray": xr.__version__, "numpy": np.__version__,
                              "pandas": pd.__version__},

@@ -209,6 +209,7 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
 
     notify_title = None
     failed_status = "error: {message}"
+    compute_action = "Compute circuit"
     link_params = ("task", "method", "n_prompts", "fraction", "granularity", "mode", "n_edges",
                    "threshold", "n_nodes", "selected", "counterfactual", "explain", "show_outside",
                    "diff", "diff_against", "ft_method")
@@ -225,7 +226,7 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                 on += " (to compute)"
         else:
             on = scope_on(shown)
-            outdated = outdated_text(shown, self.request_provenance(), action="Compute circuit")
+            outdated = outdated_text(shown, self.request_provenance(), action=self.compute_action)
             if outdated:
                 on += f". Outdated: {outdated}"
         return Scope(on=on, edits="not applicable: the circuit is of the unedited model (the "
