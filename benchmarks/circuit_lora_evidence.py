@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import _figures  # benchmarks/_figures.py, beside this script
+from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
@@ -520,7 +521,7 @@ def main() -> None:
                     help="comma-separated: train, report, screenshot")
     ap.add_argument("--folder", default=None,
                     help="run folder (jobs, probe checkpoints); default under the cache")
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--task", default="add")
     ap.add_argument("--method", default="eap-ig", choices=("eap", "eap-ig"),
                     help="edge scoring of the checkpoint circuits and of the prompt-resampling "

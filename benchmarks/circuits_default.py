@@ -24,6 +24,8 @@ import json
 import os
 import time
 
+from explorer.defaults import DEFAULT_MODEL
+
 
 def one(model, task_name: str, method: str, n_pairs: int, fraction: float, nodes: bool
         ) -> dict:
@@ -98,7 +100,7 @@ def main() -> None:
     import explorer
 
     torch.set_num_threads(args.threads)
-    model = explorer.load_model("smollm2-135m")
+    model = explorer.load_model(DEFAULT_MODEL)
     rows = []
     for task in args.tasks:
         for method in args.methods:

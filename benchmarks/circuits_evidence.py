@@ -30,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from explorer.defaults import DEFAULT_MODEL  # noqa: E402
 from explorer import load_model  # noqa: E402
 from explorer.analyses import circuits as C  # noqa: E402
 
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         figures(_load())
         return 0
     torch.set_num_threads(args.threads)
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     summary = _load()
     summary["settings"] = {"model": model.spec.name, "n": args.n, "max_prompts": args.max_prompts,
                            "steps": args.steps, "metric": "logit_diff", "batch_size": args.batch_size,

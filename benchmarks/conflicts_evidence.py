@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import _figures  # benchmarks/_figures.py, beside this script
+from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,7 +54,7 @@ def page_screenshot(plus, minus, alpha_l, alpha_s, example: str, path: Path) -> 
         from apps import theme
         from apps.conflicts import ConflictsView
         from explorer import load_model
-        model = load_model("smollm2-135m")
+        model = load_model(DEFAULT_MODEL)
         theme.enable_extension()
         def app():
             v = ConflictsView(model, example={example!r}, heads_plus={plus!r},
@@ -103,7 +104,7 @@ def main() -> int:
     FIGURES.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     load = os.getloadavg()
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     kept = C.closed_book_facts(model, progress=ticker("closed book", 16))
     log(f"closed book: {len(kept)} of {len(C.load_facts())} facts kept")
     caps = [f for f in kept if f.relation == "country_capital"]

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
+from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
@@ -320,7 +321,7 @@ def main() -> None:
     fv_tasks, eval_tasks = args.fv_tasks.split(","), args.eval_tasks.split(",")
     td_tasks = args.td_tasks.split(",")
     percents = [float(p) for p in args.percents.split(",")]
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     summary["model"] = model.spec.name
     if "bench" in stages:
         summary["bench"] = bench_icl_heads(model, n_prompts=args.fv_prompts,

@@ -43,6 +43,7 @@ import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
 from _figures import browser_on_pages, log
+from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -110,7 +111,7 @@ def part_itda(args: argparse.Namespace) -> None:
         itda_tau_sweep,
     )
 
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     prompts = corpus_prompts(model.tokenizer)[: args.itda_prompts]
     train, held = split(prompts)
     store = ActivationStore()
@@ -321,7 +322,7 @@ def part_matching(args: argparse.Namespace) -> None:
     log(f"  accuracy {results['small_llama_seeds']['accuracy']}")
     write_summary("matching", results)
     # (b) SmolLM2 and a lightly fine-tuned copy
-    base = load_model("smollm2-135m")
+    base = load_model(DEFAULT_MODEL)
     sm_prompts = corpus_prompts(base.tokenizer)
     sm_train, sm_held = split(sm_prompts)
     log(f"fine-tuning SmolLM2 for {args.ft_steps} steps")
@@ -360,7 +361,7 @@ def smollm2_atoms(args: argparse.Namespace):
     from explorer import ActivationStore, load_model
     from explorer.analyses.itda import ITDA, cached_activations
 
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     prompts = corpus_prompts(model.tokenizer)[: args.itda_prompts]
     train, held = split(prompts)
     store = ActivationStore()
@@ -655,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-tau", type=float, default=0.2)
     p.add_argument("--stream-chunk-prompts", type=int, default=1000)
     p.add_argument("--pages", action="store_true", help="with --part figures: screenshot both pages")
-    p.add_argument("--page-model", default="smollm2-135m")
+    p.add_argument("--page-model", default=DEFAULT_MODEL)
     args = p.parse_args(argv)
     import torch
 

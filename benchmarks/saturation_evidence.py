@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from explorer.defaults import DEFAULT_MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
 SUMMARY = FIGURES / "saturation_summary.json"
@@ -55,7 +57,7 @@ def _model(weights: str, seed: int):
     from explorer import load_model
     from explorer.analyses import saturation as sat
 
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     return sat.random_init_twin(model, seed=seed) if weights == "random" else model
 
 

@@ -20,6 +20,8 @@ import json
 import time
 from pathlib import Path
 
+from explorer.defaults import DEFAULT_MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "figures" / "saturation_settings.json"
 TASKS = ["antonym", "capitalize", "country-capital", "english-french", "present-past",
@@ -57,7 +59,7 @@ def main() -> None:
     from explorer.analyses import saturation as sat
     from explorer.analyses.saturation.language_modelling import rank2_accuracy_by_saturation
 
-    model = load_model("smollm2-135m")
+    model = load_model(DEFAULT_MODEL)
     out = json.loads(OUT.read_text()) if OUT.exists() else {}
     for setting in args.settings.split(","):
         t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
+from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -475,7 +476,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--settings", default="full", choices=("full", "reduced"),
                     help="full: the documented run; reduced: seconds on a tiny model (tests)")
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", default=None, help="folder of the JSON files (default docs/figures)")
     ap.add_argument("--facts", default=None, help="fact file (default the shipped athletes)")
     ap.add_argument("--text-weight", type=float, default=None,

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from explorer.defaults import DEFAULT_MODEL  # noqa: E402
 from explorer import load_model  # noqa: E402
 from explorer.analyses import circuit_select as cs  # noqa: E402
 from explorer.analyses import circuits as ca  # noqa: E402
@@ -81,7 +82,7 @@ def _markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tasks", nargs="+", default=["add", "ioi"], choices=ca.TASK_NAMES)
     ap.add_argument("--methods", nargs="+", default=["eap", "eap-ig"], choices=ca.METHODS)
     ap.add_argument("--rules", nargs="+", default=list(cs.SELECTION_RULES),

@@ -23,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from _browser import free_port, plot_ids, served_in_subprocess, settle_gallery_page  # noqa: E402
 
+from explorer.defaults import DEFAULT_MODEL  # noqa: E402
 from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 WIDTH, HEIGHT = 1400, 1000
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from apps.gallery import VIEWS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="model the gallery serves")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model the gallery serves")
     p.add_argument("--pages", default="", help="comma-separated slugs (default: every page)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="output folder")
     p.add_argument("--timeout", type=float, default=420, help="seconds a page may take to settle")
