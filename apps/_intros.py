@@ -204,6 +204,18 @@ INTROS: dict[str, Intro] = {
         try_first="Click the reddest cell to select it, ablate it from the sidebar's menu and "
                   "read the edited and difference panels.",
         doc="docs/dla.md"),
+    "features": Intro(
+        shows="A dictionary's features as dashboards: where each fires in the shipped corpus, "
+              "how strongly, on the sidebar prompt, and which tokens its decoder direction "
+              "promotes; ITDA atoms or the TopK SAE baseline.",
+        paper="Leask et al. (ICML 2025), ITDA; dashboards after Bricken et al. (2023)",
+        title="Inference-Time Decomposition of Activations (ITDA)",
+        read="Top contexts: the activating token outlined, every token shaded by the "
+             "feature's activation (orange positive, blue negative); beside them the "
+             "activation histogram and the logit effect W_U·d (red promoted, blue suppressed).",
+        try_first="Type a word in Find features (e.g. bread), open the first feature, then "
+                  "Steer with this feature and look at the Logit lens.",
+        doc="docs/features.md"),
 }
 
 

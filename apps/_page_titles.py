@@ -23,4 +23,5 @@ PAGE_TITLES: dict[str, str] = {
     "attention": "Attention",
     "atlas": "Head atlas",
     "dla": "Logit attribution",
+    "features": "Feature dashboards",
 }

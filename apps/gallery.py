@@ -65,6 +65,7 @@ from apps.attention import AttentionView
 from apps.circuits import CircuitsView
 from apps.conflicts import ConflictsView
 from apps.dla import DLAView
+from apps.features import FeaturesView
 from apps.home import HomeView
 from apps.icl_heads import ICLHeadsView
 from apps.itda import ITDAView
@@ -94,7 +95,7 @@ _FACTORIES: dict[str, ViewFactory] = {
     "parity": ParityView, "linear-icl": LinearICLView, "task-emergence": TaskEmergenceView,
     "circuits": CircuitsView, "shattering": ShatteringView, "unlearning": UnlearningView,
     "attention": AttentionView, "atlas": AtlasView,
-    "dla": DLAView,
+    "dla": DLAView, "features": FeaturesView,
 }
 
 # (title, slug, factory): the navigation, in order (`PAGE_TITLES`). Later pages append theirs.
@@ -252,6 +253,8 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
                              [n for n in view.param if n not in _NOT_SNIPPET])
             if hasattr(view, "set_sources"):
                 view.set_sources(self.page_results)
+            if hasattr(view, "set_edit_sink"):  # a page that adds edits to the workspace
+                view.set_edit_sink(self.workspace.push_edit)
             self._connect_own_items(slug, view)
         return self._pages[slug]
 

@@ -37,7 +37,8 @@ from explorer.interventions import Steer
 from explorer.models import Model
 from explorer.trace import provenance, trace
 
-__all__ = ["KINDS", "FeatureDictionary", "feature_index", "index_dictionary",
+__all__ = ["KINDS", "FeatureDictionary", "feature_index", "cached_feature_index",
+           "index_dictionary",
            "top_activating_contexts", "feature_histogram", "feature_on_prompt",
            "feature_logit_effects", "search_features", "feature_steering_edit"]
 
@@ -210,6 +211,29 @@ def feature_index(model: Model, texts: Sequence[str], *, kind: str = "itda", lay
                  settings=dict(features.settings), n_tokens=int(n),
                  seconds=round(time.perf_counter() - t0, 3), train_seconds=round(trained, 3))
     return xr.Dataset(data, coords={"feature": np.arange(features.n_features)}, attrs=attrs)
+
+
+def cached_feature_index(model: Model, texts: Sequence[str], *, store: Any = None,
+                         **settings: Any) -> tuple[xr.Dataset, bool]:
+    """`feature_index` kept in the activation store: (the index, loaded into memory, and
+    whether it came from the store). The key covers the model's provenance, the texts and
+    every setting, so the first call trains and later calls (any session) read it back."""
+    from explorer.store import ActivationStore
+
+    store = ActivationStore() if store is None else store
+    model_parts = model.spec.provenance()
+    model_parts.pop("versions", None)
+    progress = settings.pop("progress", None)
+    parts = {"model": model_parts, "method": "feature_index", "texts": list(texts),
+             "settings": {k: settings[k] for k in sorted(settings)}}
+    computed = []
+
+    def compute() -> xr.Dataset:
+        computed.append(True)
+        return feature_index(model, texts, progress=progress, **settings)
+
+    index = store.get_or_compute(parts, compute).load()
+    return index, not computed
 
 
 def index_dictionary(index: xr.Dataset) -> FeatureDictionary:

@@ -1,0 +1,435 @@
+"""Feature dashboards: browse a dictionary's features the way Neuronpedia shows them.
+
+A dictionary (an ITDA dictionary of real activations, or the TopK SAE baseline the ITDA page
+compares it with) is trained on the shipped prose corpus (`datasets/corpus`) at one layer's
+residual stream and kept in the activation store, so only the first visit with given settings
+trains it. For the selected feature the page shows its top-activating corpus contexts (the
+activating token outlined, every token shaded by the feature's activation on it), the
+histogram of its activations, its activation on each token of the workspace prompt, and its
+logit effects: the decoder direction through the unembedding, W_U d, its most promoted and
+suppressed tokens. The search box finds features by a token they fire on or promote. *Steer
+with this feature* adds the decoder direction as a `Steer` edit to the workspace, so every page
+runs the steered model. Every text on the page is written from the shown results' attrs.
+"""
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable
+from typing import Any
+
+import holoviews as hv
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+import explorer
+from apps import theme
+from apps._recipe import MODEL, Call, Recipe, Ref
+from apps._session import CancelToken
+from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits
+from explorer._checks import InputError
+from explorer.analyses import feature_dashboards as F
+from explorer.analyses.saturation.corpus import corpus_chunks, load_corpus
+from explorer.interventions import Edit
+
+__all__ = ["FeaturesView", "contexts_html", "prompt_html", "plot_histogram",
+           "plot_logit_effects", "search_html", "index_caption", "CHUNK_TOKENS"]
+
+CHUNK_TOKENS = 128
+"""The corpus is cut into prompts of at most this many tokens (at paragraph breaks)."""
+
+hv.extension("bokeh", logo=False)
+
+
+# -- pure functions: Datasets in, HTML / HoloViews out -------------------------------------
+
+def _shade(value: float, top: float) -> str:
+    """Background of a token by a feature's activation (orange; blue where negative)."""
+    if not np.isfinite(value) or value == 0 or top <= 0:
+        return "transparent"
+    a = min(1.0, abs(value) / top) * 0.85
+    return f"rgba(230, 120, 20, {a:.2f})" if value > 0 else f"rgba(40, 110, 220, {a:.2f})"
+
+
+def _feature_name(ds: xr.Dataset) -> str:
+    kind = {"itda": "ITDA atom", "sae": "SAE latent"}.get(str(ds.attrs.get("kind")), "feature")
+    return f"{kind} {ds.attrs.get('feature')} (L{ds.attrs.get('layer')} {ds.attrs.get('site')})"
+
+
+def contexts_html(top: xr.Dataset | None) -> str:
+    """The top-activating contexts: one line each, its activation, the activating token
+    outlined, every token shaded by the feature's activation on it (hover: the value)."""
+    if top is None:
+        return "<div class='features-contexts'>No feature shown yet.</div>"
+    peak = float(np.nanmax(np.abs(top.context_activation.values))) if top.sizes["rank"] else 0
+    rows = []
+    for r in range(top.sizes["rank"]):
+        parts = []
+        for j, o in enumerate(top.offset.values.tolist()):
+            tok = str(top.context_token.values[r, j])
+            if not tok:
+                continue
+            v = float(top.context_activation.values[r, j])
+            style = f"background: {_shade(v, peak)};"
+            if o == 0:
+                style += " outline: 2px solid #b35900; font-weight: bold;"
+            parts.append(f"<span class='features-token' style='{style}' title='{v:.3f}'>"
+                         f"{html.escape(theme.show_token(tok))}</span>")
+        rows.append(f"<div class='features-context'><code>{float(top.activation[r]):.3f}"
+                    f"</code> {''.join(parts)} <span style='color:#888'>(text "
+                    f"{int(top.token_prompt[r])}, position {int(top.token_pos[r])})</span></div>")
+    if not rows:
+        rows = ["<div>This feature is zero on every corpus token.</div>"]
+    return (f"<div class='features-contexts'><b>Top activations of {_feature_name(top)}</b>"
+            f"{''.join(rows)}</div>")
+
+
+def prompt_html(on_prompt: xr.Dataset | None, prompt: str = "") -> str:
+    """The workspace prompt's tokens shaded by the feature's activation on each (hover: the
+    value); marked outdated when ``prompt`` is not the one it was computed on."""
+    if on_prompt is None:
+        return "<div class='features-prompt'>No prompt activation yet.</div>"
+    values = on_prompt.activation.values[0]
+    peak = float(np.abs(values).max()) if values.size else 0.0
+    toks = "".join(
+        f"<span class='features-token' style='background: {_shade(float(v), peak)}' "
+        f"title='position {i}: {float(v):.3f}'>{html.escape(theme.show_token(str(t)))}</span>"
+        for i, (t, v) in enumerate(zip(on_prompt.token.values, values)))
+    stale = ""
+    if prompt and on_prompt.attrs.get("prompt") != prompt:
+        stale = ("<div class='features-stale' style='color:#a33'><b>Outdated</b>: computed on "
+                 f"{html.escape(repr(on_prompt.attrs.get('prompt', '')))}.</div>")
+    n_active = int((values != 0).sum())
+    return (f"<div class='features-prompt'>{stale}<b>{_feature_name(on_prompt)} on your "
+            f"prompt</b>: nonzero on {n_active} of {values.size} tokens, peak "
+            f"{float(values.max()) if values.size else 0:.3f}.<div>{toks}</div></div>")
+
+
+def plot_histogram(hist: xr.Dataset | None) -> hv.Element:
+    """The feature's nonzero activations over the corpus, as a histogram."""
+    if hist is None:
+        return theme.placeholder("Training the dictionary…", height=260)
+    edges = np.append(hist.left.values, hist.right.values[-1])
+    n_act, n_tok = hist.attrs["n_active"], hist.attrs["n_tokens"]
+    return hv.Histogram((edges, hist.token_count.values), kdims=["activation"],
+                        vdims=["tokens"]).opts(
+        title=f"{_feature_name(hist)}: {n_act} of {n_tok} corpus tokens nonzero",
+        color=theme.ACCENT, line_color=None, xlabel="activation", ylabel="tokens",
+        responsive=True, height=260, min_width=300, default_tools=STATIC_TOOLS,
+        tools=["hover"], toolbar="above", fontsize=theme.font_sizes())
+
+
+def plot_logit_effects(effects: xr.Dataset | None) -> hv.Element:
+    """The most promoted (red) and suppressed (blue) tokens of W_U d, one bar each."""
+    if effects is None:
+        return theme.placeholder("Training the dictionary…", height=300)
+    up = [(theme.show_token(str(t)), float(v)) for t, v in
+          zip(effects.promoted_token.values, effects.promoted_logit.values)]
+    down = [(theme.show_token(str(t)), float(v)) for t, v in
+            zip(effects.suppressed_token.values, effects.suppressed_logit.values)]
+    rows = [(f"{i + 1}. {t}", v, "promoted") for i, (t, v) in enumerate(up)] + \
+           [(f"{i + 1}. {t} ", v, "suppressed") for i, (t, v) in enumerate(reversed(down))]
+    lim = max([abs(v) for _, v, _ in rows] + [1e-9])
+    colours = {"promoted": theme.SIGNED_CMAP[-30], "suppressed": theme.SIGNED_CMAP[30]}
+    return hv.Bars(rows, kdims=["token"], vdims=["logit", "effect"]).opts(
+        invert_axes=True, color="effect", cmap=colours, show_legend=False,
+        title=f"{_feature_name(effects)}: logit effect W_U·d", xlabel="", ylabel="logit",
+        ylim=(-lim * 1.05, lim * 1.05), responsive=True, height=max(260, 16 * len(rows) + 80),
+        min_width=300, default_tools=STATIC_TOOLS, tools=["hover"], toolbar="above",
+        fontsize=theme.font_sizes())
+
+
+def search_html(found: xr.Dataset | None) -> str:
+    """The search's results: features that fire on the token, and that promote it."""
+    if found is None:
+        return ""
+    parts = []
+    for how in found.how.values.tolist():
+        row = found.sel(how=how)
+        items = [f"<code>{int(f)}</code> ({float(s):.2f})"
+                 for f, s in zip(row.feature.values, row.score.values) if int(f) >= 0]
+        parts.append(f"<div><b>{html.escape(how)}</b> "
+                     f"{html.escape(repr(found.attrs['query']))}: "
+                     f"{', '.join(items) if items else 'none in the corpus'}</div>")
+    return f"<div class='features-search-results'>{''.join(parts)}</div>"
+
+
+def index_caption(index: xr.Dataset | None, cached: bool | None, seconds: float | None) -> str:
+    """What the dictionary is, from its attrs: kind, layer, size, corpus tokens and where it
+    came from (trained now, or read from the store)."""
+    if index is None:
+        return ""
+    kind = {"itda": "ITDA dictionary", "sae": "TopK SAE"}[str(index.attrs["kind"])]
+    settings = ", ".join(f"{k}={v}" for k, v in dict(index.attrs["settings"]).items())
+    where = ("read from the activation cache" if cached else
+             f"trained on this visit in {index.attrs['seconds']:.1f} s and cached for the "
+             "next ones")
+    shown = f"; shown in {seconds:.1f} s" if seconds is not None else ""
+    return (f"{kind} ({settings}) at layer {index.attrs['layer']} {index.attrs['site']}: "
+            f"{index.sizes['feature']} features over {index.attrs['n_tokens']} corpus tokens "
+            f"({len(index.attrs['texts'])} texts of the shipped corpus); {where}{shown}.")
+
+
+# -- the view ----------------------------------------------------------------------------
+
+class FeaturesView(View):
+    """Dashboards of a dictionary's features over the shipped corpus and the prompt.
+
+    Parameters
+    ----------
+    model : explorer.Model
+    background : bool, optional
+    store : explorer.ActivationStore, optional
+        Where trained dictionaries are kept (default ``$EXPLORER_CACHE``).
+    **params
+    """
+
+    notify_title = "Feature dashboards"
+    failed_status = "Last run failed: {message}"
+    wait_timeout = 600
+
+    prompt = param.String(default="The capital of France is", label="Prompt",
+                          doc="Prompt whose tokens show the feature's activation.")
+    kind = param.Selector(default="itda", objects=list(F.KINDS), label="Dictionary",
+                          doc="ITDA (atoms of real activations) or the TopK SAE baseline.")
+    layer = param.Integer(default=None, allow_None=True, bounds=(0, None), label="Layer",
+                          doc="Layer whose residual stream (resid_post) the dictionary reads.")
+    corpus_tokens = param.Integer(default=2048, bounds=(64, 40000), label="Corpus tokens",
+                                  doc="Tokens of the shipped corpus the dictionary is trained on "
+                                      "and its contexts come from.")
+    tau = param.Number(default=0.3, bounds=(0.01, 0.95), label="ITDA tau",
+                       doc="ITDA adds an atom where the relative error exceeds tau.")
+    n_latents = param.Integer(default=1024, bounds=(16, 8192), label="SAE latents",
+                              doc="Latents of the SAE baseline.")
+    feature = param.Integer(default=0, bounds=(0, None), label="Feature",
+                            doc="The feature shown (an atom or latent index).")
+    query = param.String(default="", label="Find features",
+                         doc="A token (e.g. ' bread'): features that fire on it in the corpus "
+                             "or promote it through the unembedding.")
+    alpha = param.Number(default=None, allow_None=True, label="Steering strength",
+                         doc="Multiple of the decoder direction a steering edit adds (empty: "
+                             "the feature's largest corpus activation).")
+    edits = workspace_edits(doc="Workspace edits; Steer with this feature adds one. The "
+                                "dictionary and its activations read the clean model.")
+    index = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                precedence=-1, doc="The dictionary and its corpus codes.")
+    contexts = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                   precedence=-1)
+    histogram = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                    precedence=-1)
+    effects = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                  precedence=-1)
+    on_prompt = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                    precedence=-1)
+    found = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
+                                precedence=-1)
+    cached = param.Boolean(default=None, allow_None=True, precedence=-1,
+                           doc="Whether the dictionary came from the store.")
+    seconds = param.Number(default=None, allow_None=True, precedence=-1,
+                           doc="Seconds from the request to the first dashboard.")
+
+    link_params = ("kind", "layer", "corpus_tokens", "feature")
+
+    def __init__(self, model: explorer.Model, *, background: bool | None = None,
+                 store: Any = None, **params: Any):
+        super().__init__(background=background, **params)
+        self._model = model
+        self._store = store
+        self._push_edit: Callable[[Edit], Any] | None = None
+        self._started = 0.0
+        self.param.layer.bounds = (0, model.spec.n_layers - 1)
+        if self.layer is None:
+            self.layer = model.spec.n_layers // 2
+        self.runner("index", self._got_index, progress=True)
+        self.runner("dashboard", self._got_dashboard, busy=False)
+        self.param.watch(self._request_index, ["kind", "layer", "corpus_tokens", "tau",
+                                               "n_latents"])
+        self.param.watch(self._request_dashboard, ["feature", "prompt"])
+        self.param.watch(self._search, ["query"])
+        self.run_once_loaded(self._request_index)
+
+    @property
+    def model(self) -> explorer.Model:
+        return self._model
+
+    def scope(self) -> Scope:
+        """The shipped corpus and your prompt; the edits do not apply (clean model)."""
+        return Scope(on=f"the shipped corpus ({self.corpus_tokens} tokens) and your prompt",
+                     edits="not applicable: the dictionary reads the clean model (Steer with "
+                           "this feature adds an edit)")
+
+    def set_edit_sink(self, push: Callable[[Edit], Any] | None) -> None:
+        """Where *Steer with this feature* sends its edit (the gallery: the workspace)."""
+        self._push_edit = push
+
+    # -- computation -----------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """`feature_index`'s settings for the current parameters."""
+        out: dict[str, Any] = {"kind": self.kind, "layer": int(self.layer)}
+        if self.kind == "itda":
+            out.update(tau=float(self.tau), l0=8)
+        else:
+            out.update(n_latents=int(self.n_latents), k=16, max_epochs=10)
+        return out
+
+    def texts(self) -> list[str]:
+        """The corpus prompts the dictionary is trained on."""
+        return corpus_chunks(self._model, load_corpus(), chunk_tokens=CHUNK_TOKENS,
+                             max_tokens=self.corpus_tokens)
+
+    def _request_index(self, *events: Any) -> None:
+        if not self._page_loaded:
+            return
+        model, store, settings = self._model, self._store, self.settings()
+        texts = self.texts()
+        feature, prompt = self.feature, self.prompt
+        self.running = True
+        self._started = time.perf_counter()
+        self.status = (f"Reading or training the {settings['kind'].upper()} dictionary on "
+                       f"{self.corpus_tokens} corpus tokens (the first time takes a while; it "
+                       "is cached afterwards)…")
+
+        def job(token: CancelToken) -> tuple:
+            index, cached = F.cached_feature_index(model, texts, store=store,
+                                                   progress=self.progress_fn(token), **settings)
+            token.check()
+            return index, cached, self._dashboard(model, index, feature, prompt)
+
+        self.submit("index", job)
+
+    @staticmethod
+    def _dashboard(model: explorer.Model, index: xr.Dataset, feature: int,
+                   prompt: str) -> dict[str, xr.Dataset]:
+        feature = min(int(feature), index.sizes["feature"] - 1)
+        return {"contexts": F.top_activating_contexts(index, feature, k=12),
+                "histogram": F.feature_histogram(index, feature),
+                "effects": F.feature_logit_effects(model, index, feature, k=10),
+                "on_prompt": F.feature_on_prompt(model, index, prompt, [feature])}
+
+    def _got_index(self, result: tuple) -> None:
+        index, cached, dash = result
+        seconds = time.perf_counter() - self._started
+        self.param.feature.bounds = (0, index.sizes["feature"] - 1)
+        feature = int(dash["contexts"].attrs["feature"])
+        with param.parameterized.discard_events(self):
+            self.feature = feature
+        self.param.update(index=index, cached=cached, seconds=seconds, error="", running=False,
+                          found=None, **dash,
+                          status=f"{index.sizes['feature']} features · "
+                                 f"{'from the cache' if cached else 'trained now'} · first "
+                                 f"dashboard in {seconds:.1f} s")
+
+    def _request_dashboard(self, *events: Any) -> None:
+        if self.index is None or not self._page_loaded:
+            return
+        model, index, feature, prompt = self._model, self.index, self.feature, self.prompt
+        self.submit("dashboard", lambda token: self._dashboard(model, index, feature, prompt))
+
+    def _got_dashboard(self, dash: dict[str, xr.Dataset]) -> None:
+        self.param.update(error="", **dash)
+
+    def _search(self, *events: Any) -> None:
+        if self.index is None or not self.query.strip():
+            self.found = None
+            return
+        try:
+            found = F.search_features(self._model, self.index, self.query, k=8)
+        except InputError as exc:
+            self.show_error(exc)
+            return
+        self.found = found
+        first = [int(f) for how in ("fires on", "promotes")
+                 for f in found.feature.sel(how=how).values[:1] if int(f) >= 0]
+        if first:
+            self.feature = first[0]
+
+    def steer(self, *events: Any) -> Edit | None:
+        """Add the shown feature's decoder direction as a `Steer` edit (to the workspace in
+        the gallery, else to the page's own edits)."""
+        if self.index is None:
+            return None
+        try:
+            edit = F.feature_steering_edit(self.index, self.feature, alpha=self.alpha)
+        except InputError as exc:
+            self.show_error(exc)
+            return None
+        if self._push_edit is not None:
+            return self._push_edit(edit)
+        self.edits = [*self.edits, edit]
+        return edit
+
+    def _error_note(self) -> str:
+        return " The last dashboards are still shown." if self.index is not None else ""
+
+    # -- reproducibility -------------------------------------------------------------------
+    def code_recipe(self) -> Recipe:
+        """The dictionary (cached) and the shown feature's dashboards as library calls."""
+        s = self.settings()
+        f = int(self.feature)
+        lib = "explorer.analyses.feature_dashboards"
+        return Recipe(model=self._model.spec.name, steps=[
+            Call("texts", "explorer.analyses.saturation.corpus.corpus_chunks",
+                 (MODEL, Call(None, "explorer.analyses.saturation.corpus.load_corpus")),
+                 {"chunk_tokens": CHUNK_TOKENS, "max_tokens": self.corpus_tokens}),
+            Call("index, cached", f"{lib}.cached_feature_index", (MODEL, Ref("texts")), s,
+                 "trained once, then read from the activation cache"),
+            Call("contexts", f"{lib}.top_activating_contexts", (Ref("index"), f), {"k": 12}),
+            Call("histogram", f"{lib}.feature_histogram", (Ref("index"), f)),
+            Call("effects", f"{lib}.feature_logit_effects", (MODEL, Ref("index"), f),
+                 {"k": 10}),
+            Call("on_prompt", f"{lib}.feature_on_prompt", (MODEL, Ref("index"), self.prompt,
+                                                           [f]))])
+
+    # -- layout ----------------------------------------------------------------------------
+    def __panel__(self) -> pn.viewable.Viewable:
+        settings = pn.Param(self, parameters=["kind", "layer", "corpus_tokens", "tau",
+                                              "n_latents"], show_name=False,
+                            widgets={"layer": {"type": pn.widgets.IntInput},
+                                     "corpus_tokens": {"type": pn.widgets.IntInput,
+                                                       "step": 1024}},
+                            default_layout=pn.Row, css_classes=["features-settings"])
+        feature = pn.widgets.IntInput.from_param(self.param.feature, width=140,
+                                                 css_classes=["features-feature"])
+        query = pn.widgets.TextInput.from_param(self.param.query, placeholder="e.g. bread",
+                                                width=200, css_classes=["features-search"])
+        alpha = pn.widgets.FloatInput.from_param(self.param.alpha, width=140)
+        steer = pn.widgets.Button(label="Steer with this feature", color="primary",
+                                  css_classes=["features-steer"], align="end",
+                                  description="Add the feature's decoder direction, times the "
+                                              "strength, to the layer's residual stream as a "
+                                              "workspace edit.")
+        steer.on_click(self.steer)
+        alert = pn.pane.Alert(self.param.error, alert_type="danger",
+                              visible=self.param.error.rx.bool(), css_classes=["features-error"],
+                              sizing_mode="stretch_width")
+        text = {"styles": {"font-size": "0.95em"}, "sizing_mode": "stretch_width"}
+        return pn.Column(
+            pn.Row(self.busy_spinner(), self.status_text("features-status"), align="center"),
+            self.progress_bar(sizing_mode="stretch_width"),
+            alert, settings,
+            pn.pane.Markdown(pn.bind(index_caption, self.param.index, self.param.cached,
+                                     self.param.seconds), css_classes=["features-caption"],
+                             styles={"color": "#444", "font-size": "0.9em"},
+                             sizing_mode="stretch_width"),
+            pn.Row(feature, query, alpha, steer),
+            pn.pane.HTML(pn.bind(search_html, self.param.found), **text),
+            pn.pane.HTML(pn.bind(prompt_html, self.param.on_prompt, self.param.prompt),
+                         **text),
+            pn.FlexBox(
+                pn.pane.HTML(pn.bind(contexts_html, self.param.contexts),
+                             styles={"font-size": "0.9em", "flex": "2 1 0"}, min_width=420),
+                pn.Column(
+                    pn.pane.HoloViews(pn.bind(plot_histogram, self.param.histogram),
+                                      sizing_mode="stretch_width",
+                                      css_classes=["features-histogram"]),
+                    pn.pane.HoloViews(pn.bind(plot_logit_effects, self.param.effects),
+                                      sizing_mode="stretch_width",
+                                      css_classes=["features-effects"]),
+                    min_width=320, styles={"flex": "1 1 0"}),
+                sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
+
+
+serve(__name__, FeaturesView, title=f"{theme.TITLE}: feature dashboards", intro="features")
