@@ -53,15 +53,31 @@ def paper_card_markdown(method: str, numbers: dict[str, dict[str, float | None]]
             f"{mark} {reproduction_line(method, numbers)} Details: `{result.doc}`.")
 
 
+def _run_settings(method: str) -> dict[str, Any]:
+    """The training settings of the runs a training page shows (the library's defaults, which
+    the shipped and stored runs use), by command option."""
+    if method == "parity":
+        from explorer.analyses.parity import DEFAULTS
+    elif method == "linear-icl":
+        from explorer.analyses.linear_icl import DEFAULTS
+    elif method == "task-emergence":
+        from explorer.analyses.task_emergence import DEFAULTS
+    elif method == "shattering":
+        from explorer.analyses.shattering import DEFAULTS
+    else:
+        return {}
+    return dict(DEFAULTS)
+
+
 def page_differs_line(method: str, view: param.Parameterized) -> str:
-    """`differs_line` of the page's current values of the parameters the table ties to it;
-    a page whose parameters the table does not reach says where the paper's setting runs."""
+    """`differs_line` of the page's current values of the parameters the table ties to it and,
+    on a page of trained runs, of the runs' training settings."""
     values = page_values(method)
-    if not values:
-        return (f"This page shows stored runs; the paper's setting is a training setting: "
-                f"`explorer {method} train --paper` (and `--help` for its values).")
     current = {name: getattr(view, name) for name in values if name in view.param}
-    return differs_line(method, current)
+    line = differs_line(method, current, _run_settings(method))
+    if not values:
+        line += f" Train the paper's setting with `explorer {method} train --paper`."
+    return line
 
 
 def apply_paper_setting(method: str, view: param.Parameterized) -> dict[str, Any]:

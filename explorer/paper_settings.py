@@ -157,14 +157,14 @@ PAPER_SETTINGS: dict[str, PaperSetting] = {s.method: s for s in (
          PaperValue("optimizer", "sgd", flag="optimizer"),
          PaperValue("merge threshold", 0.01, page="threshold", flag="threshold",
                     note="thresh_factor")),
-        beyond="strings of length 1-10 for training"),
+        beyond=""),
     PaperSetting(
         "linear-icl", "He, Pan, Chen & Yang, 2025",
         "XintianPan/ICL_linear (utils/config.py, icl_linear.ipynb)",
         (PaperValue("learning rate", 0.001, flag="lr"),
          PaperValue("training steps", 500_000, flag="steps"),
          PaperValue("heads (the notebook's example)", "4", flag="heads")),
-        beyond="d = 5, L = 40, noise variance 0.1, batch 256 (the library's defaults)"),
+        beyond=""),
     PaperSetting(
         "shattering", "Nishi et al., ICML 2025",
         "KentoNishi/KE-ICML-2025 (not in the index); the paper's section 3",
@@ -215,7 +215,7 @@ def flag_values(method: str) -> dict[str, Any]:
 def _words(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
-    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
+    if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):
         return f"{value:,}"
@@ -228,23 +228,36 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def differences_from_paper(method: str, current: Mapping[str, Any]) -> list[str]:
-    """Each of the page's values (``current``: page parameter -> value) that is not the
-    paper's, in words: ``"induction sequences 4 (paper: 1,000)"``. Parameters the table does
-    not tie to the page are not looked at."""
+def differences_from_paper(method: str, current: Mapping[str, Any], *, by: str = "page"
+                           ) -> list[str]:
+    """Each value of ``current`` that is not the paper's, in words: ``"induction sequences 4
+    (paper: 1,000)"``. ``by="page"``: ``current`` maps page parameters to values; ``"flag"``:
+    command options (e.g. the training settings of a stored run). Names the table does not tie
+    are not looked at."""
+    if by not in ("page", "flag"):
+        raise InputError(f"`by` must be 'page' or 'flag'; got {by!r}.")
     out = []
     for v in paper_setting(method).values:
-        if v.page and v.page in current and not _same(current[v.page], v.value):
-            out.append(f"{v.name} {_words(current[v.page])} (paper: {_words(v.value)})")
+        key = v.page if by == "page" else v.flag
+        if key and key in current and not _same(current[key], v.value):
+            out.append(f"{v.name} {_words(current[key])} (paper: {_words(v.value)})")
     return out
 
 
-def differs_line(method: str, current: Mapping[str, Any]) -> str:
-    """The page's one line on the paper's setting: which values differ, or that none does."""
+def differs_line(method: str, current: Mapping[str, Any],
+                 run: Mapping[str, Any] | None = None) -> str:
+    """The page's line on the paper's setting: which of the page's values (``current``) and of
+    the shown run's training settings (``run``, by command option) differ from the paper's,
+    or that none does; then what the page cannot set (the paper's models and scale)."""
     diffs = differences_from_paper(method, current)
+    trained = differences_from_paper(method, run, by="flag") if run else []
+    if trained:
+        diffs.append("the shown run was trained with " + ", ".join(trained))
+    beyond = paper_setting(method).beyond
+    tail = f" Not set on this page: {beyond}." if beyond else ""
     if not diffs:
-        return "The paper's setting: every value on this page is the paper's."
-    return "Differs from the paper: " + "; ".join(diffs) + "."
+        return "The paper's setting: every value set on this page is the paper's." + tail
+    return "Differs from the paper: " + "; ".join(diffs) + "." + tail
 
 
 def apply_paper_flags(args: Any, method: str, *, keep: Any = ()) -> list[str]:

@@ -24,13 +24,22 @@ def test_differs_line_names_each_value_not_the_papers_in_words():
                "max_percent": 20.0}
     assert P.differs_line("icl-heads", current) == (
         "Differs from the paper: induction sequences 4 (paper: 1,000); induction measure mul "
-        "(paper: abs); exclusion of the other score's top heads off (paper: on).")
+        "(paper: abs); exclusion of the other score's top heads off (paper: on). Not set on "
+        "this page: 12 models (Pythia 70M-6.9B, GPT-2 S-XL, Llama-2-7B), 37 FV tasks.")
+
+
+def test_differs_line_names_the_shown_runs_training_settings():
+    run = {"d": 8, "n_tasks": 4, "rank": 4, "n_examples": 20, "coef_mean": 0.0, "coef_std": 1.0,
+           "n_layers": 3, "d_model": 128, "n_heads": 8, "lr": 1e-3}
+    assert P.differs_line("task-emergence", {}, run).startswith(
+        "Differs from the paper: the shown run was trained with input dimension 8 (paper: 16), "
+        "layers 3 (paper: 12). Not set on this page:")
 
 
 def test_differs_line_with_every_value_the_papers_and_unknown_parameters_ignored():
     current = {**P.page_values("icl-heads"), "layer": 3}
-    assert P.differs_line("icl-heads", current) == (
-        "The paper's setting: every value on this page is the paper's.")
+    assert P.differs_line("icl-heads", current).startswith(
+        "The paper's setting: every value set on this page is the paper's. Not set on this page")
     assert P.differences_from_paper("unlearning", {"lr": 2e-4, "steps": 50}) == [
         "learning rate 0.0002 (paper: 1e-05)"]
 
@@ -93,7 +102,7 @@ def test_icl_page_paper_button_sets_the_papers_values(tiny_model):
     view = ICLHeadsView(tiny_model, background=False, compute_on_open=False, n_prompts=2,
                         n_shots=2)
     view.param.update(exclude_other=False, exclude_percent=5.0)
-    assert page_differs_line("icl-heads", view) == (
+    assert page_differs_line("icl-heads", view).startswith(
         "Differs from the paper: induction sequences 4 (paper: 1,000); exclusion of the other "
         "score's top heads off (paper: on); excluded top % of the other score 5 (paper: 2).")
     panel = paper_panel("icl-heads", view)
@@ -103,7 +112,7 @@ def test_icl_page_paper_button_sets_the_papers_values(tiny_model):
             view.exclude_other, view.exclude_percent) == (1000, 50, "abs", True, 2.0)
     assert page_differs_line("icl-heads", view).startswith("The paper's setting: every value")
     line = next(p for p in panel.select(pn.pane.Markdown) if "paper-differs" in p.css_classes)
-    assert "every value on this page is the paper's" in str(line.object)
+    assert "every value set on this page is the paper's" in str(line.object)
 
 
 def test_every_method_page_has_the_button_and_the_card():
