@@ -5,23 +5,14 @@ exact lens. `_DragSlider` sends each move at once (no debounce)."""
 from __future__ import annotations
 
 import contextlib
-import time
-from typing import Any
 
-import holoviews as hv
-import numpy as np
 import panel as pn
 import param
 from panel.io.document import hold
 
-import explorer
-from apps._lens_heatmap import is_preview
-from apps._lens_tables import contrast_prompts
 from apps._session import CancelToken, Cancelled
 
-__all__ = ["slider_preview_times", "PreviewPart"]
-
-hv.extension("bokeh", logo=False)
+__all__ = ["PreviewPart"]
 
 
 class _DragSlider(pn.widgets.FloatSlider):
@@ -31,54 +22,6 @@ class _DragSlider(pn.widgets.FloatSlider):
 
     _priority_changes = ["value"]
 
-
-def slider_preview_times(model: explorer.Model, prompt: str, *, steer_layer: int,
-                         vector: np.ndarray | None = None, alphas: Any = None,
-                         start_alpha: float = 4.0) -> dict[str, Any]:
-    """Server-side time of the steering slider's preview while it moves (`explorer bench
-    slider`): the page attached to a Bokeh Document (as in a served session), jobs inline,
-    released once at ``start_alpha`` (its exact run fills the clean layers' readouts, as
-    the first release does), then dragged through ``alphas``; each move is timed from the
-    widget's value change until the heatmap's data are replaced (the preview's lens and
-    the in-place redraw). ``vector`` replaces the contrast prompts' steering vector.
-    Checks that every move drew a preview in place (no new plot) and returns the moves'
-    wall and thread-CPU seconds and the previews, with the exact results after release.
-    """
-    from bokeh.document import Document
-    from panel.io.state import set_curdoc
-
-    from apps.lens import LensView   # the page module imports this one
-
-    alphas = list(np.linspace(start_alpha + 0.25, start_alpha + 4.0, 16) if alphas is None
-                  else alphas)
-    view = LensView(model, prompt=prompt, steer_layer=steer_layer, background=False)
-    if vector is not None:
-        key = (tuple(contrast_prompts(view.contrast_a)), tuple(contrast_prompts(view.contrast_b)),
-               steer_layer)
-        view.cache_put("steering vectors", key, np.asarray(vector, dtype=np.float32), limit=16)
-    doc = Document()
-    wall, cpu, previews = [], [], []
-    try:
-        with set_curdoc(doc):
-            doc.add_root(pn.panel(view).get_root(doc))
-            slider = view.alpha_slider()
-            with param.parameterized.edit_constant(slider):
-                slider.param.update(value=start_alpha, value_throttled=start_alpha)
-            version = view.plot_version
-            for a in alphas:
-                t0, c0 = time.perf_counter(), time.thread_time()
-                slider.value = float(a)
-                wall.append(time.perf_counter() - t0)
-                cpu.append(time.thread_time() - c0)
-                if not is_preview(view.preview) or view.plot_version != version:
-                    raise RuntimeError(f"slider move to {a} drew no preview in place")
-                previews.append(view.preview)
-            with param.parameterized.edit_constant(slider):
-                slider.value_throttled = float(alphas[-1])
-            exact = view.result
-    finally:
-        view.close()
-    return {"wall": wall, "cpu": cpu, "previews": previews, "alphas": alphas, "exact": exact}
 
 
 class PreviewPart:

@@ -31,7 +31,7 @@ from apps._lens_heatmap import (_DETAILS_CSS, _update_source, answer_line, detai
                                 edited_caption, extra_labels, heatmap_columns, heatmap_updates,
                                 is_preview, lens_tokens, moved_cells, plot_lens_heatmap,
                                 plot_positions, plot_shape)
-from apps._lens_preview import PreviewPart, _DragSlider, slider_preview_times
+from apps._lens_preview import PreviewPart, _DragSlider
 from apps._lens_state import STATE_FORMAT, StatePart, _RUN_PARAMS
 from apps._lens_tables import (MAX_LENS_TOKENS, answer_probabilities, check_lens_prompt,
                                contrast_prompts, contrast_vector, lens_grid_table, lens_table,
@@ -47,7 +47,7 @@ from explorer.lens_preview import compatible_base, preview_forward_reason, steer
 
 __all__ = ["LensView", "lens_table", "plot_lens_heatmap", "heatmap_columns", "plot_shape",
            "heatmap_updates", "is_preview", "lens_tokens", "plot_positions", "contrast_vector",
-           "slider_preview_times", "check_lens_prompt", "MAX_LENS_TOKENS", "lens_grid_table",
+           "check_lens_prompt", "MAX_LENS_TOKENS", "lens_grid_table",
            "STATE_FORMAT", "edited_caption", "moved_cells"]
 
 

@@ -47,7 +47,6 @@ from apps._saturation_detail import (DETAIL_GLYPHS, DetailPart, _NO_DETAIL, _RAN
                                      _STAIRCASE_OPTS, detail_columns, detail_data, detail_header,
                                      empty_detail, plot_rank_table, plot_staircase,
                                      rank_table_elements, steps_mid)
-from apps._saturation_export import click_latency, export_figures
 from apps._saturation_injection import InjectionPart, plot_intervention
 from apps._saturation_prompt import (LABELLED_POSITIONS, PROMPT_RANKS, PromptPart, changed_cells,
                                      edited_title, plot_prompt_saturation, prompt_caption,
@@ -60,7 +59,7 @@ from explorer.models import token_text
 
 __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "detail_header",
            "plot_rank_table", "plot_staircase", "plot_tau_histogram", "plot_probe_accuracy",
-           "plot_pareto", "plot_intervention", "click_latency", "export_figures", "tau_caption",
+           "plot_pareto", "plot_intervention", "tau_caption",
            "probe_caption", "pareto_caption", "estimated_seconds", "OPEN_BUDGET_S",
            "prompt_table", "plot_prompt_saturation", "LABELLED_POSITIONS", "changed_cells",
            "prompt_caption", "edited_title", "PROMPT_RANKS", "strip_tokens", "tau_histogram_data",

@@ -248,7 +248,7 @@ def write_summary(weights: str, summary: dict) -> None:
 def figures(*, max_tokens: int | None, seed: int, unembed_dtype: str,
             weights: tuple[str, ...]) -> None:
     """Render the view's plots to PNG files from the cached results."""
-    from apps.saturation import export_figures
+    from apps._page_benches import export_figures
 
     export_figures(FIGURES, max_tokens=max_tokens, random_tokens=max_tokens, seed=seed,
                    analysis_options={"unembed_dtype": unembed_dtype},

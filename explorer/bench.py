@@ -48,6 +48,7 @@ _UNITS = ("_ratio", "_ms", "_mb", "_mb_per_s")
 ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "saturation": ("explorer.commands.saturation", "bench_saturation"),
     "conflicts": ("explorer.benches.conflicts", "bench_conflicts"),
+    "patching": ("explorer.benches.patching", "bench_patching"),
     "icl-heads": ("explorer.benches.icl_heads", "bench_icl_heads"),
     "itda": ("explorer.benches.itda", "bench_itda"),
     "store": ("explorer.benches.store", "bench_store"),
@@ -441,7 +442,7 @@ def slider(*, model: str = DEFAULT_MODEL, tokens: int = 32, layer: int | None = 
     The preview while the slider moves (``slider_preview_ms``, ``preview_moves`` moves):
     the lens page attached to a Bokeh Document, released once at ``alpha`` and then
     dragged from there towards ``alpha / 2``, each move timed from the slider's value
-    change until the heatmap's data are replaced (`apps.lens.slider_preview_times`: on
+    change until the heatmap's data are replaced (`apps._page_benches.slider_preview_times`: on
     Llama-style models `explorer.lens_preview.steered_lens_preview`, the layers from the
     edit on re-run over candidate tokens, and the in-place redraw; its products' backend
     and both timings in ``params.kernel_decisions.preview``);

@@ -53,6 +53,23 @@ def test_contracts_catch_a_forbidden_import(tmp_path):
     assert "explorer.analyses._layer_break -> apps.theme" in out.stdout
 
 
+def test_contracts_catch_an_import_cycle_among_pages(tmp_path):
+    """The apps/ cycle contract fails on a tree where a page's part imports its page back
+    inside a function (as a timing harness in a page part would)."""
+    for package in ("explorer", "apps"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    part = tmp_path / "apps" / "_lens_preview.py"
+    part.write_text(part.read_text() + "\n\ndef _back():\n    from apps.lens import LensView\n")
+    out = subprocess.run([_lint_imports(), "--no-cache"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={"PYTHONPATH": f"{tmp_path}", "PATH": "/usr/bin:/bin"})
+    assert out.returncode != 0 and "1 broken." in out.stdout
+    broken = " ".join(out.stdout.split("Broken contracts")[-1].split())
+    assert "No import cycles among the modules of apps/" in broken
+    assert ".lens -> ._lens_preview" in broken
+
+
 def _dynamic_app_imports(path: Path) -> list[int]:
     """Lines of ``importlib.import_module("apps...")`` / ``__import__("apps...")`` calls."""
     tree = ast.parse(path.read_text(), filename=str(path))

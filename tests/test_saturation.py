@@ -941,7 +941,7 @@ def test_click_latency_on_a_30_layer_result(smollm2_shaped_view):
     Before the plots were updated in place (a DynamicMap refresh and a re-rendered header
     pane, each re-walking the document's models) a click cost about 150 ms of CPU here.
     """
-    from apps.saturation import click_latency
+    from apps._page_benches import click_latency
 
     view = smollm2_shaped_view
     for k in (5, 10):

@@ -5,9 +5,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["lens_slider_preview_times"]
+__all__ = ["lens_slider_preview_times", "saturation_click_latency"]
+
+PAGE_BENCHES = "apps._page_benches"   # the page harnesses; no page imports them
 
 
 def lens_slider_preview_times(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """`apps.lens.slider_preview_times`: the lens page's redraws while its slider moves."""
-    return importlib.import_module("apps.lens").slider_preview_times(*args, **kwargs)
+    """`apps._page_benches.slider_preview_times`: the lens page's redraws while its slider
+    moves."""
+    return importlib.import_module(PAGE_BENCHES).slider_preview_times(*args, **kwargs)
+
+
+def saturation_click_latency(*args: Any, **kwargs: Any) -> dict[str, list[float]]:
+    """`apps._page_benches.click_latency`: the saturation page's token clicks."""
+    return importlib.import_module(PAGE_BENCHES).click_latency(*args, **kwargs)

@@ -19,6 +19,7 @@ from explorer.benches._memory import PeakRSS
 from explorer.commands._common import add_model_option, add_number_options, load_cli_model
 from explorer.commands._common import add_paper_option, apply_paper_option
 from explorer.commands._common import print_summary
+from explorer.commands.pages import saturation_click_latency
 from explorer.defaults import DEFAULT_MODEL
 
 
@@ -102,7 +103,7 @@ def bench_saturation(model: Any = None, n_tokens: int = 2000, batch_size: int = 
     order test runs on the last lens pass (100 permutations, no probe or intervention),
     the saturation page (`apps.saturation.SaturationView`) is given that result and
     attached to a Bokeh document, and ``clicks`` tokens of the first text are clicked at
-    k = 5 and again at k = 10 (`apps.saturation.click_latency`; 0 skips this). Shaped for
+    k = 5 and again at k = 10 (`apps._page_benches.click_latency`; 0 skips this). Shaped for
     `explorer.bench` (``explorer bench saturation --json``).
 
     Returns
@@ -237,7 +238,7 @@ def _click_figures(model: Any, texts: list[str], lens: xr.Dataset, *, k: int,
     wall, cpu, out = [], [], {}
     try:
         for kk in sorted({min(5, k), k}):
-            t = page.click_latency(view, positions, k=kk)
+            t = saturation_click_latency(view, positions, k=kk)
             out[f"click_k{kk}_ms"] = round(float(np.median(t["wall"])) * 1000, 2)
             wall += t["wall"]
             cpu += t["cpu"]

@@ -1,25 +1,86 @@
-"""Measuring and exporting the saturation page: the click latency through the page's own
-update path, and screenshots of its plots for the paper's figures."""
+"""Page benches: the harnesses that time a page (or export its plots) by driving its view
+in-process, as a served session holds it.
+
+They live in apps/, not in the bench layer (`explorer.bench`, `explorer.benches`), because
+they build the pages' views and attach them to a Bokeh ``Document``: they import the pages
+and Panel, which the import contracts forbid the bench and command layers. No page imports
+this module; the command layer loads it with ``importlib`` (`explorer.commands.pages`), so
+the measured pages and their harnesses form no import cycle (a contract checks apps/ for
+cycles). The bench layer turns what these return into figures and ratios.
+"""
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import panel as pn
+import param
 
 import explorer
+from apps._lens_heatmap import is_preview
+from apps._lens_tables import contrast_prompts
 from apps._saturation_corpus import _WEIGHTS
+from apps.lens import LensView
+from apps.saturation import SaturationView
 from explorer._checks import InputError, check_choice
 from explorer.defaults import DEFAULT_MODEL
 
-__all__ = ["click_latency", "export_figures"]
+__all__ = ["slider_preview_times", "click_latency", "export_figures"]
 
 
-if TYPE_CHECKING:   # the page imports this module to re-export it
-    from apps.saturation import SaturationView
+# -- the logit lens page -------------------------------------------------------------------
+
+def slider_preview_times(model: explorer.Model, prompt: str, *, steer_layer: int,
+                         vector: np.ndarray | None = None, alphas: Any = None,
+                         start_alpha: float = 4.0) -> dict[str, Any]:
+    """Server-side time of the steering slider's preview while it moves (`explorer bench
+    slider`): the page attached to a Bokeh Document (as in a served session), jobs inline,
+    released once at ``start_alpha`` (its exact run fills the clean layers' readouts, as
+    the first release does), then dragged through ``alphas``; each move is timed from the
+    widget's value change until the heatmap's data are replaced (the preview's lens and
+    the in-place redraw). ``vector`` replaces the contrast prompts' steering vector.
+    Checks that every move drew a preview in place (no new plot) and returns the moves'
+    wall and thread-CPU seconds and the previews, with the exact results after release.
+    """
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    alphas = list(np.linspace(start_alpha + 0.25, start_alpha + 4.0, 16) if alphas is None
+                  else alphas)
+    view = LensView(model, prompt=prompt, steer_layer=steer_layer, background=False)
+    if vector is not None:
+        key = (tuple(contrast_prompts(view.contrast_a)), tuple(contrast_prompts(view.contrast_b)),
+               steer_layer)
+        view.cache_put("steering vectors", key, np.asarray(vector, dtype=np.float32), limit=16)
+    doc = Document()
+    wall, cpu, previews = [], [], []
+    try:
+        with set_curdoc(doc):
+            doc.add_root(pn.panel(view).get_root(doc))
+            slider = view.alpha_slider()
+            with param.parameterized.edit_constant(slider):
+                slider.param.update(value=start_alpha, value_throttled=start_alpha)
+            version = view.plot_version
+            for a in alphas:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                slider.value = float(a)
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                if not is_preview(view.preview) or view.plot_version != version:
+                    raise RuntimeError(f"slider move to {a} drew no preview in place")
+                previews.append(view.preview)
+            with param.parameterized.edit_constant(slider):
+                slider.value_throttled = float(alphas[-1])
+            exact = view.result
+    finally:
+        view.close()
+    return {"wall": wall, "cpu": cpu, "previews": previews, "alphas": alphas, "exact": exact}
+
+
+# -- the saturation page -------------------------------------------------------------------
 
 
 def click_latency(view: SaturationView, positions: Sequence[int], *, k: int | None = None,
@@ -76,8 +137,6 @@ def export_figures(folder: str | Path, *, max_tokens: int | None = None,
     import socket
 
     from playwright.sync_api import sync_playwright
-
-    from apps.saturation import SaturationView
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
