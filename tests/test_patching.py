@@ -263,3 +263,39 @@ def test_grid_equals_transformer_lens(model, bridge, kind):
     theirs = getattr(patching, _TL_FUNCTIONS[kind])(bridge, torch.tensor([CORRUPT]), cache,
                                                       metric)
     np.testing.assert_allclose(ds.effect.values, theirs.numpy(), rtol=1e-4, atol=1e-5)
+
+
+# -- the command line -------------------------------------------------------------------
+
+def test_command_prints_the_grid(tiny_model, monkeypatch, capsys):
+    from tests._cli import OneCommand
+
+    run = OneCommand("patching", monkeypatch, capsys)
+    out = run.json(["patching", "--model", "tiny-llama", "--clean", "abcdef", "--corrupt",
+                    "abxdef", "--kind", "resid_pre", "--answer", "q", "--alt", "#9", "--json"])
+    assert out["dims"] == ["layer", "pos"] and out["changed_positions"] == [2]
+    assert out["coords"] == {"layer": [0, 1, 2], "pos": list(range(6))}
+    assert out["answer"] == "q" and out["alternative_id"] == 9
+    effect = np.array(out["effect"])
+    assert effect.shape == (3, 6)
+    # layer 0's residual at the changed position is all that differs there: patching it
+    # restores the clean run; positions before it are the same in both runs
+    np.testing.assert_allclose(effect[0, 2], 1.0, rtol=1e-4)
+    assert (effect[:, :2] == 0).all()
+    top = out["top"][0]
+    assert abs(top["effect"]) == np.abs(effect).max()
+    assert top["token"] == out["tokens"][top["pos"]] == tiny_model.token_strings(
+        [tiny_model.tokenizer("abcdef", add_special_tokens=False)["input_ids"][top["pos"]]])[0]
+    # the whole grid is the library's (tested against torch hooks above)
+    lib = activation_patching(tiny_model, "abcdef", "abxdef", answer="q", alternative=9)
+    np.testing.assert_allclose(effect, lib.effect.values, rtol=1e-6)
+
+
+def test_command_refuses_prompts_of_different_lengths(monkeypatch, capsys):
+    from tests._cli import OneCommand
+
+    run = OneCommand("patching", monkeypatch, capsys)
+    assert run(["patching", "--model", "tiny-llama", "--clean", "abcdef", "--corrupt",
+                "abxdefg"]) == 2
+    err = capsys.readouterr().err
+    assert "same number of tokens; clean has 6" in err and len(err.strip().splitlines()) == 1
