@@ -21,7 +21,9 @@ prompt in a few batched traces: the copies resume from the target's cached resid
 the first layer any of them patches (`explorer.trace.CleanRun.repeat`), each copy with one
 `explorer.interventions.Set` edit restricted to its row (``prompts=``), and only the last
 position is unembedded. Cells are grouped by layer so that late layers' copies skip the
-layers before them, in batches of at most ``batch_tokens`` tokens.
+layers before them, in batches of at most ``batch_tokens`` tokens. A cell whose source
+value equals the target's (every position before the first changed token) is not run: its
+patched run is the unpatched one.
 """
 from __future__ import annotations
 
@@ -251,21 +253,25 @@ def _cells(kind: str, layers: list[int], pos: list[int], n_heads: int) -> list[t
     return [(layer, p) for layer in layers for p in pos]
 
 
-def _cell_edit(kind: str, cell: tuple, source: CleanRun, row: int, d_head: int) -> Set:
-    """The `Set` writing ``source``'s activation of ``cell`` into copy ``row``."""
+def _cell_value(kind: str, cell: tuple, run: CleanRun, d_head: int) -> torch.Tensor:
+    """``run``'s activation that ``cell`` patches: [d] at one position, or one head's
+    [pos, d_head] at every position ("heads")."""
     site = _KIND_SITE[kind]
     layer = cell[0]
-    act = source.resid_pre[layer] if site == "resid_pre" else source.kept[site][layer]
+    act = run.resid_pre[layer] if site == "resid_pre" else run.kept[site][layer]
     act = act[0]                                          # [pos, d] (one prompt, unpadded)
-    if kind in ("resid_pre", "attn_out", "mlp_out"):
-        p = cell[1]
-        return Set(site, layer, act[p], positions=(p,), prompts=(row,))
-    h = cell[-1]
-    head = act[:, h * d_head:(h + 1) * d_head]            # [pos, d_head]
-    if kind == "heads":
-        return Set(site, layer, head, head=h, prompts=(row,))
-    p = cell[1]
-    return Set(site, layer, head[p], head=h, positions=(p,), prompts=(row,))
+    if kind in ("heads", "heads_by_pos"):
+        h = cell[-1]
+        act = act[:, h * d_head:(h + 1) * d_head]         # [pos, d_head]
+    return act if kind == "heads" else act[cell[1]]
+
+
+def _cell_edit(kind: str, cell: tuple, value: torch.Tensor, row: int) -> Set:
+    """The `Set` writing ``value`` (see `_cell_value`) into ``cell`` of copy ``row``."""
+    site, layer = _KIND_SITE[kind], cell[0]
+    head = cell[-1] if kind in ("heads", "heads_by_pos") else None
+    positions = None if kind == "heads" else (cell[1],)
+    return Set(site, layer, value, head=head, positions=positions, prompts=(row,))
 
 
 def _chunks(cells: list[tuple], n_layers: int, max_copies: int) -> list[list[tuple]]:
@@ -309,21 +315,39 @@ def _patched_runs(model: Model, cells: list[tuple], kind: str, source: CleanRun,
                   target: CleanRun, base: list[Edit], ids: torch.Tensor, batch_tokens: int,
                   progress: Any) -> tuple[np.ndarray, np.ndarray]:
     """Each cell's patched run of the target prompt: logit(ids[0]) - logit(ids[1]) and the
-    probability of ids[0] at the last position, in cell order (float64)."""
+    probability of ids[0] at the last position, in cell order (float64).
+
+    A cell whose source value equals the target's own (every cell before the first changed
+    position, where both prompts are the same so far, and the embedding of an unchanged
+    token) is not run: writing an equal value changes nothing, so its patched run is the
+    unpatched target run.
+    """
     n = target.batch.lengths[0]
-    step = progress_steps(len(cells), progress, unit="run", desc="patching")
-    ld, prob = [], []
     d_head = model.spec.d_head
-    for chunk in _chunks(cells, model.n_layers, max(1, batch_tokens // n)):
+    step = progress_steps(len(cells), progress, unit="run", desc="patching")
+    lg0 = target.logits[0, -1].float()
+    ld = np.full(len(cells), float(lg0[ids[0]] - lg0[ids[1]]))
+    prob = np.full(len(cells), float(torch.softmax(lg0, -1)[ids[0]]))
+    values = {}
+    for i, c in enumerate(cells):
+        value = _cell_value(kind, c, source, d_head)
+        if not torch.equal(value, _cell_value(kind, c, target, d_head)):
+            values[i] = value
+    step(len(cells) - len(values))
+    todo = list(values)
+    for chunk in _chunks([(*cells[i], i) for i in todo], model.n_layers,
+                         max(1, batch_tokens // n)):
         big = target.repeat(len(chunk))
-        edits = base + [_cell_edit(kind, c, source, j, d_head) for j, c in enumerate(chunk)]
+        edits = base + [_cell_edit(kind, c[:-1], values[c[-1]], j)
+                        for j, c in enumerate(chunk)]
         out = run_batch(model, big.batch, edits=edits, resume=big,
                         readouts=Readouts(save_positions=[-1]))
         lg = out["logits"][:, -1].float()                       # [copies, vocab]
-        ld.append((lg[:, ids[0]] - lg[:, ids[1]]).double())
-        prob.append(torch.softmax(lg, -1)[:, ids[0]].double())
+        rows = [c[-1] for c in chunk]
+        ld[rows] = (lg[:, ids[0]] - lg[:, ids[1]]).double().numpy()
+        prob[rows] = torch.softmax(lg, -1)[:, ids[0]].double().numpy()
         step(len(chunk))
-    return torch.cat(ld).numpy(), torch.cat(prob).numpy()
+    return ld, prob
 
 
 def _dataset(model: Model, kind: str, cells: list[tuple], layers: list[int], pos: list[int],
