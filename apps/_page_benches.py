@@ -18,17 +18,20 @@ from typing import Any
 import numpy as np
 import panel as pn
 import param
+import xarray as xr
 
 import explorer
 from apps._lens_heatmap import is_preview
 from apps._lens_tables import contrast_prompts
 from apps._saturation_corpus import _WEIGHTS
+from apps.circuits import CircuitsView, size_grid
 from apps.lens import LensView
 from apps.saturation import SaturationView
 from explorer._checks import InputError, check_choice
+from explorer.analyses import circuits as ca
 from explorer.defaults import DEFAULT_MODEL
 
-__all__ = ["slider_preview_times", "click_latency", "export_figures"]
+__all__ = ["slider_preview_times", "slider_redraw_times", "click_latency", "export_figures"]
 
 
 # -- the logit lens page -------------------------------------------------------------------
@@ -78,6 +81,54 @@ def slider_preview_times(model: explorer.Model, prompt: str, *, steer_layer: int
     finally:
         view.close()
     return {"wall": wall, "cpu": cpu, "previews": previews, "alphas": alphas, "exact": exact}
+
+
+# -- the circuits page ----------------------------------------------------------------------
+
+
+def slider_redraw_times(model: explorer.Model, task: ca.CircuitTask, scores: xr.Dataset,
+                        moves: int = 20) -> dict[str, float]:
+    """Server-side time of a slider move on the Circuits page (`explorer bench eap`).
+
+    The page is attached to a Bokeh Document (as in a served session, with the document as
+    ``pn.state.curdoc``) and given ``scores``; its faithfulness curve is stood in by the
+    pruned sizes of the slider's positions (no patching: only drawing is timed). Each move
+    sets the slider to a position not visited before (no cached circuit), in a fixed
+    shuffled order, and is timed from the widget's value change until every pane has been
+    updated: re-pruning (`select_circuit`), the edge table, the graph's data source and the
+    faithfulness marker's Bokeh updates.
+    Checks that the drawn segments equal the page's circuit after each move.
+    """
+    from bokeh.document import Document
+    from panel.io.state import set_curdoc
+
+    n = int(scores.sizes["edge"])
+    sizes = [0, *size_grid(n).tolist()]
+    kept = [int(ca.select_circuit(scores, top_n=k).sum()) for k in sizes]
+    curve = xr.Dataset({"recovered": ("n_edges", np.array(kept) / n),
+                        "n_kept": ("n_edges", np.array(kept))}, coords={"n_edges": sizes})
+    view = CircuitsView(model, background=False, autostart=False)
+    doc = Document()
+    with set_curdoc(doc):
+        doc.add_root(pn.panel(view).get_root(doc))
+        view._got_scores((view._key(), task, scores, curve))
+        options = list(view._slider.options.values())
+        start = options.index(view._slider.value)
+        order = [i for i in np.random.default_rng(0).permutation(len(options)) if i != start]
+        wall, cpu = [], []
+        for i in order[:moves]:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            view._slider.value = options[i]
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+            drawn = [len(r.data_source.data["x0"]) for r in doc.select({"name": "edges"})]
+            if drawn != [view._shown["drawn"]] or view.n_edges != options[i]:
+                raise RuntimeError(f"slider move to {options[i]} drew {drawn} segments, "
+                                   f"expected {view._shown['drawn']}")
+    return {"slider_redraw_ms": float(np.median(wall)) * 1e3,
+            "slider_redraw_cpu_ms": float(np.median(cpu)) * 1e3,
+            "slider_redraw_max_cpu_ms": float(np.max(cpu)) * 1e3,
+            "slider_moves": len(cpu)}
 
 
 # -- the saturation page -------------------------------------------------------------------

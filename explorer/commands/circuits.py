@@ -1,10 +1,9 @@
 """`explorer circuits` (flags, parsing and printing over `explorer.analyses.circuits`) and the
 ``eap`` bench, which times EAP and EAP-IG against a plain forward and the Circuits page's
-slider redraw (the page, `apps.circuits`, is loaded with ``importlib``).
+slider redraw (`explorer.commands.pages` loads its harness with ``importlib``).
 """
 from __future__ import annotations
 
-import importlib
 import statistics
 from typing import Any
 
@@ -17,6 +16,7 @@ from explorer.analyses.circuit_tasks import CORRUPTIONS, TASK_NAMES
 from explorer.benches._memory import PeakRSS
 from explorer.commands._common import add_model_option, load_cli_model, parse_int_list, print_summary
 from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands.pages import circuits_slider_redraw_times
 from explorer.defaults import DEFAULT_MODEL
 
 
@@ -123,7 +123,7 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
     set above its level before each stage. With ``redraw``, ``slider_redraw_ms`` /
     ``slider_redraw_cpu_ms``: median wall / CPU time (the serving thread) of a slider move on
     the Circuits page attached to a Bokeh Document, drawing this run's EAP scores
-    (`apps.circuits.slider_redraw_times`; target < 100 ms, no re-trace). Shaped for `explorer.bench`
+    (`apps._page_benches.slider_redraw_times`; target < 100 ms, no re-trace). Shaped for `explorer.bench`
     (``explorer bench eap``).
     """
     from explorer.benches.timing import interleaved_times
@@ -172,8 +172,7 @@ def bench_eap(model: Any = None, task: str = "add", n_prompts: int = 16, steps: 
     n_edges = int(valid.sum())
     page = {}
     if redraw:
-        slider_redraw_times = importlib.import_module("apps.circuits").slider_redraw_times
-        page = slider_redraw_times(model, t, ca.edge_scores(model, t, method="eap",
+        page = circuits_slider_redraw_times(model, t, ca.edge_scores(model, t, method="eap",
                                                              batch_size=n_prompts))
     return {
         "params": {"model": model.spec.name, "task": task, "n_prompts": n_prompts,
