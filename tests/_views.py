@@ -2,6 +2,7 @@
 (the gallery's browser test, the page-export test)."""
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +29,47 @@ def tiny_facts_file(folder: Path) -> Path:
     return path
 
 
+def _one_thread_own_rng(train: Callable[[], Any]) -> Any:
+    """``train()`` on one torch thread, the caller's torch random state kept as it was."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng():
+            return train()
+    finally:
+        torch.set_num_threads(before)
+
+
+@functools.cache
+def linear_icl_runs() -> dict[int, Any]:
+    """The Linear ICL page's runs for 1 and 2 heads (60 steps, seeded), trained once per test
+    process: the tests that build that page share them (the page only reads them)."""
+    from explorer.analyses import linear_icl
+
+    return _one_thread_own_rng(lambda: {
+        H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20, batch_size=64,
+                                       n_test=64, test_lengths=[10, 40], seed=0)
+        for H in (1, 2)})
+
+
+@functools.cache
+def knowledge_model_and_sweep() -> tuple[Any, Any]:
+    """The tiny knowledge model (`KM_PARAMS`) and its edit sweep (6 edits, fine-tuning),
+    trained once per test process for the shattering page."""
+    from explorer.analyses import shattering as sh
+
+    def train():
+        km = sh.train_knowledge_model(**KM_PARAMS)
+        return km, sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
+
+    return _one_thread_own_rng(train)
+
+
 def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[Any], Any]]
                         ) -> list[tuple[str, str, Callable[[Any], Any]]]:
     """`apps.gallery.VIEWS` in its order, the slow pages with small settings. ``tmp`` holds
     the unlearning page's fact file; ``shattering(km, sweep)`` returns that page's factory
-    for the tiny knowledge model and sweep trained here (on one torch thread)."""
+    for the tiny knowledge model and sweep (`knowledge_model_and_sweep`)."""
     from apps.circuits import CircuitsView
     from apps.conflicts import ConflictsView
     from apps.gallery import VIEWS
@@ -42,21 +79,11 @@ def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[An
     from apps.neuron_eval import NeuronEvalView
     from apps.saturation import SaturationView
     from apps.unlearning import UnlearningView
-    from explorer.analyses import linear_icl
-    from explorer.analyses import shattering as sh
     from explorer.analyses.conflicts import load_facts
 
     facts_file = tiny_facts_file(tmp)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        icl_runs = {H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
-                                                   batch_size=64, n_test=64, test_lengths=[10, 40],
-                                                   seed=0) for H in (1, 2)}
-        km = sh.train_knowledge_model(**KM_PARAMS)
-        sweep = sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
-    finally:
-        torch.set_num_threads(before)
+    icl_runs = linear_icl_runs()
+    km, sweep = knowledge_model_and_sweep()
     facts = load_facts(["country_capital"])[:3]
     cheap = {
         "saturation": lambda m: SaturationView(m, store=None, n_tokens=400, analysis_options=dict(

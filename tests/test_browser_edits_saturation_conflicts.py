@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from _browser import gallery_page_state, plot_ids, served_view, settle_gallery_page, title_fits
+from _browser import gallery_page_state, plot_ids, settle_gallery_page, shared_page, title_fits
 
 pytestmark = pytest.mark.browser
 
@@ -16,26 +16,31 @@ HEAD = (0, 1)
 WIDTH = 1280
 
 
-@pytest.fixture(scope="module")
-def gallery_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("edits-gallery"), "/", """
-            from apps.conflicts import ConflictsView
-            from apps.gallery import Gallery
-            from apps.saturation import SaturationView
-            from explorer.analyses.conflicts import load_facts
-            from explorer.interventions import Ablate
-            facts = load_facts(["country_capital"])[:2]
-            options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
-            views = [("Saturation events", "saturation",
-                      lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options)),
-                     ("Knowledge conflicts", "conflicts",
-                      lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2))]
-            """, f"""
-            g = Gallery("tiny-llama", views=views, view="saturation", prompt={PROMPT!r})
-            g.workspace.push_edit(Ablate(*{HEAD!r}))
-            return g.template()
-            """, one_thread=True) as url:
-        yield url
+def _gallery(request):
+    """The gallery on tiny-llama with cheap Saturation and Knowledge-conflicts pages; each
+    session starts on Saturation with the prompt and the head ablated."""
+    from apps.conflicts import ConflictsView
+    from apps.gallery import Gallery
+    from apps.saturation import SaturationView
+    from explorer.analyses.conflicts import load_facts
+    from explorer.interventions import Ablate
+
+    facts = load_facts(["country_capital"])[:2]
+    options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
+    views = [("Saturation events", "saturation",
+              lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options)),
+             ("Knowledge conflicts", "conflicts",
+              lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2))]
+
+    def app():
+        g = Gallery("tiny-llama", views=views, view="saturation", prompt=PROMPT)
+        g.workspace.push_edit(Ablate(*HEAD))
+        return g.template()
+
+    return app
+
+
+gallery_url = shared_page("edits", _gallery)
 
 
 _OVERFLOW = """() => {

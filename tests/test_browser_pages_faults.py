@@ -9,7 +9,7 @@ import re
 
 import pytest
 from _browser import (ARTIFACTS, SHADOW_TEXT, clipped_titles, gallery_page_state, plot_ids,
-                      served_view, settle_gallery_page)
+                      settle_gallery_page, shared_page)
 
 pytestmark = pytest.mark.browser
 
@@ -20,29 +20,33 @@ PAGES = {"lens": "Logit lens", "attention": "Attention", "atlas": "Head atlas",
          "conflicts": "Knowledge conflicts", "linear-icl": "Linear ICL"}
 
 
-@pytest.fixture(scope="module")
-def gallery_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("pages-gallery"), "/", f"""
-            from apps.gallery import VIEWS, Gallery
-            from apps.conflicts import ConflictsView
-            from apps.linear_icl import LinearICLView
-            from explorer.analyses import linear_icl
-            from explorer.analyses.conflicts import load_facts
-            from explorer.interventions import Ablate
-            runs = {{H: linear_icl.train_linear_icl(n_heads=H, steps=60, checkpoint_every=20,
-                                                   batch_size=64, n_test=64, test_lengths=[10, 40],
-                                                   seed=0) for H in (1, 2)}}
-            facts = load_facts(["country_capital"])[:2]
-            cheap = {{"conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
-                      "linear-icl": lambda m: LinearICLView(m, runs=runs)}}
-            views = [(t, s, cheap.get(s, f)) for t, s, f in VIEWS if s in {list(PAGES)!r}]
-            """, f"""
-            g = Gallery("tiny-llama", views=views, view="lens", prompt={PROMPT!r})
-            g.workspace.selected = ["L1.H2"]
-            g.workspace.push_edit(Ablate(0, 1))
-            return g.template()
-            """, one_thread=True, timeout=300) as url:
-        yield url
+def _gallery(request):
+    """The gallery on tiny-llama with the five pages, the cheap Linear ICL runs and two facts;
+    each session starts on the lens with the prompt, a selected head and an ablation."""
+    from _views import linear_icl_runs
+
+    from apps.conflicts import ConflictsView
+    from apps.gallery import VIEWS, Gallery
+    from apps.linear_icl import LinearICLView
+    from explorer.analyses.conflicts import load_facts
+    from explorer.interventions import Ablate
+
+    runs = linear_icl_runs()
+    facts = load_facts(["country_capital"])[:2]
+    cheap = {"conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
+             "linear-icl": lambda m: LinearICLView(m, runs=runs)}
+    views = [(t, s, cheap.get(s, f)) for t, s, f in VIEWS if s in PAGES]
+
+    def app():
+        g = Gallery("tiny-llama", views=views, view="lens", prompt=PROMPT)
+        g.workspace.selected = ["L1.H2"]
+        g.workspace.push_edit(Ablate(0, 1))
+        return g.template()
+
+    return app
+
+
+gallery_url = shared_page("pages-faults", _gallery)
 
 
 @pytest.fixture(scope="module")

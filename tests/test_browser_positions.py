@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _browser import ARTIFACTS, plot_ids, served_view, settle_gallery_page, wait_for_text
+from _browser import ARTIFACTS, plot_ids, settle_gallery_page, shared_page, wait_for_text
 
 from apps._positions import POSITION_COLOR
 
@@ -26,26 +26,28 @@ K = 5            # the Saturation page's default top-k: its heatmap's ranks 1..K
 WIDTH = 1280
 
 
-@pytest.fixture(scope="module")
-def gallery_url(tmp_path_factory):
-    with served_view(tmp_path_factory.mktemp("positions-gallery"), "/", """
-            from apps.attention import AttentionView
-            from apps.gallery import Gallery
-            from apps.saturation import SaturationView
+def _gallery(request):
+    """The gallery on tiny-llama with a blank start page, Attention and a cheap Saturation
+    page; each session starts on the blank page with the prompt."""
+    import panel as pn
 
-            class Blank(pn.viewable.Viewer):
-                def __panel__(self):
-                    return pn.pane.Markdown("A page that computes nothing.")
+    from apps.attention import AttentionView
+    from apps.gallery import Gallery
+    from apps.saturation import SaturationView
 
-            options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
-            views = [("Start", "start", lambda m: Blank()),
-                     ("Attention", "attention", lambda m: AttentionView(m)),
-                     ("Saturation events", "saturation",
-                      lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options))]
-            """, f"""
-            return Gallery("tiny-llama", views=views, view="start", prompt={PROMPT!r}).template()
-            """, one_thread=True) as url:
-        yield url
+    class Blank(pn.viewable.Viewer):
+        def __panel__(self):
+            return pn.pane.Markdown("A page that computes nothing.")
+
+    options = dict(n_permutations=50, n_pairs=1, sample_positions=100, min_sat_layer=0)
+    views = [("Start", "start", lambda m: Blank()),
+             ("Attention", "attention", lambda m: AttentionView(m)),
+             ("Saturation events", "saturation",
+              lambda m: SaturationView(m, store=None, n_tokens=200, analysis_options=options))]
+    return lambda: Gallery("tiny-llama", views=views, view="start", prompt=PROMPT).template()
+
+
+gallery_url = shared_page("positions", _gallery)
 
 
 # [left, right, bottom, top] of every dashed quad drawn in the selection colour, per plot
