@@ -324,7 +324,11 @@ def early_late_finetune(model: Model, tasks: Sequence[ICLTask | str], *,
 
 
 def finetune_summary(ds: xr.Dataset) -> dict[str, Any]:
-    """The JSON-able headline numbers of an `early_late_finetune` result."""
+    """The JSON-able headline numbers of an `early_late_finetune` result.
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
+    """
     out: dict[str, Any] = {"task": ds.attrs["task"], "early_layers": ds.attrs["early_layers"],
                            "late_layers": ds.attrs["late_layers"],
                            "base_task_td": ds.attrs["base_task_td"]}

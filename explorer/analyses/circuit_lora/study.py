@@ -39,7 +39,10 @@ def run_summary(model: Model, *, task: str = "add", n_train: int = 256, n_test: 
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The whole study: a cheap LoRA with checkpoints, circuits per checkpoint, node/edge
     Jaccard, per-layer edge change, critical layers, CircuitLoRA vs LoRA. JSON-able dict;
-    the datasets are saved as netCDF beside the checkpoints."""
+    the datasets are saved as netCDF beside the checkpoints.
+
+    A dict, not a Dataset: several Datasets of different dims (saved beside the checkpoints)
+    and the study's JSON headline numbers, what the benchmark writes to docs/figures."""
     from explorer.analyses import circuits as ca
 
     say = log or (lambda s: None)
@@ -97,7 +100,11 @@ def run_summary(model: Model, *, task: str = "add", n_train: int = 256, n_test: 
 
 
 def comparison_summary(comp: xr.Dataset) -> dict[str, Any]:
-    """JSON-able table of `circuit_lora_comparison`: per-seed accuracy, mean and spread."""
+    """JSON-able table of `circuit_lora_comparison`: per-seed accuracy, mean and spread.
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
+    """
     def spread(da: xr.DataArray) -> float:
         return float(da.std(ddof=1)) if da.sizes["seed"] > 1 else 0.0
 

@@ -137,7 +137,11 @@ def stored_linear_icl_analysis(run: xr.Dataset, *, store=None, n_prompts: int = 
 
 
 def analysis_summary(analyses: dict[int, xr.Dataset]) -> dict[str, Any]:
-    """Headline numbers of `linear_icl_analysis` for runs with different head counts."""
+    """Headline numbers of `linear_icl_analysis` for runs with different head counts.
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
+    """
     out: dict[str, Any] = {"runs": {}}
     for H, ds in sorted(analyses.items()):
         last = ds.isel(step=-1)

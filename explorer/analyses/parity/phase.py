@@ -158,7 +158,11 @@ def stored_parity_phase_diagram(gains: Sequence[float] = PHASE_GAINS,
 
 
 def phase_summary(phase: xr.Dataset) -> dict[str, Any]:
-    """The phase diagram as JSON-able lists (rows: gains; columns: max_lengths)."""
+    """The phase diagram as JSON-able lists (rows: gains; columns: max_lengths).
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
+    """
     def grid(name: str) -> list[list[Any]]:
         return [[None if np.isnan(v) else (int(v) if name != "long_accuracy" and name != "final_train_loss"
                                            and name != "train_seconds" else round(float(v), 6))

@@ -166,7 +166,11 @@ def stored_parity_analysis(run: xr.Dataset, *, store=None, max_length: int = 8,
 
 
 def analysis_summary(analysis: xr.Dataset) -> dict[str, Any]:
-    """The headline numbers of `parity_analysis`, JSON-able."""
+    """The headline numbers of `parity_analysis`, JSON-able.
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
+    """
     last = analysis.isel(step=-1)
     return {
         "transition_step": analysis.attrs["transition_step"],

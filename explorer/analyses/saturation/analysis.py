@@ -266,6 +266,9 @@ def saturation_summary(ds: xr.Dataset, *, k: int | None = None) -> dict[str, Any
     ``probe`` (balanced accuracy, control, chance), ``early_exit`` (speed-ups at the
     probe's accuracy, oracle) and ``intervention`` (pairs, mean s_1 change at the early
     token's saturation layer, fraction of predictions changed).
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
     """
     n_tokens = int(ds.mask.values.sum())
     out: dict[str, Any] = {"n_tokens": n_tokens, "n_texts": int(ds.sizes["prompt"]),

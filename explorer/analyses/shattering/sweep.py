@@ -151,7 +151,11 @@ def stored_edit_sweep(km: KnowledgeModel, *, store=None, progress: ProgressCallb
 
 
 def sweep_summary(sweep: xr.Dataset) -> dict[str, Any]:
-    """Headline numbers of an `edit_sweep`, JSON-able."""
+    """Headline numbers of an `edit_sweep`, JSON-able.
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
+    """
     a = sweep.attrs
     return {"method": a["params"]["edit_method"], "n_edits": int(sweep.sizes["edit"]),
             "layer": a["params"]["layer"], **({"layers": list(a["params"]["layers"])}

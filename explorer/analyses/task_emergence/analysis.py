@@ -191,6 +191,9 @@ def emergence_summary(analysis: xr.Dataset) -> dict[str, Any]:
     50% and 90% of its rise, and the Pearson correlation of TD and ``icl_r2`` over the
     checkpoints, overall and per task (TD per task at the best layer against that task's
     r2).
+
+    A dict, not a Dataset: it is the Dataset's headline numbers as nested JSON scalars and
+    lists, what the command's ``--json`` prints and a benchmark writes to docs/figures.
     """
     steps = analysis["step"].values
     td_all = analysis["td"].values
