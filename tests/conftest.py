@@ -15,8 +15,8 @@ Parallel runs (`make test`, `make test-fast`: ``-n 2 --dist loadfile --no-loadsc
   shared by the session's workers), so the load it is timed under is its own.
 - Torch gets the cores divided among the workers (one thread each on 2 cores), and the BLAS
   thread variables say the same to the servers the tests start.
-- Each test process starts one chromium (`browser`, a watched view of it per module) and one
-  page server (`shared_server`, for the pages modules declare with `_browser.shared_page`).
+- Each test process starts one page server (`shared_server`) for the pages that browser test
+  modules declare with `_browser.shared_page`; chromium is started per module (`browser`).
 """
 from __future__ import annotations
 
@@ -320,20 +320,11 @@ class WatchedBrowser:
     failed requests into ``problems`` (the autouse check below fails the test on any).
 
     A test that provokes an error on purpose reads and clears them with `take_problems`.
-    Each test module gets its own (over the test process's one chromium); `close_contexts`
-    closes the browser contexts (tabs) it opened that are still open.
     """
 
     def __init__(self, browser: Any):
         self._browser = browser
         self.problems: list[str] = []
-        self._contexts: list[Any] = []
-
-    def close_contexts(self) -> None:
-        for context in self._contexts:
-            with contextlib.suppress(Exception):     # closed already, or the browser is gone
-                context.close()
-        self._contexts.clear()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._browser, name)
@@ -353,8 +344,6 @@ class WatchedBrowser:
         return problems
 
     def _watch(self, context: Any) -> None:
-        self._contexts.append(context)
-
         def console(msg: Any) -> None:
             if msg.type == "error":
                 self.problems.append(f"console error on {msg.page.url if msg.page else '?'}: "
@@ -380,12 +369,13 @@ def _browser_unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def _chromium():
-    """Headless chromium driven by Playwright, started once per test process (on first use):
-    a launch costs about a second of CPU, and every browser test module needs one. Tests get
-    it through `browser`; each page lives in a browser context of its own, so nothing
-    (cookies, storage) passes from one test to the next."""
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium driven by Playwright, one per test module, every page watched.
+
+    Not one per test process: Playwright's sync API marks its event loop as running in this
+    thread while chromium is up, so a later module's own Playwright, or `asyncio.run`, would
+    refuse to start."""
     try:
         from playwright import sync_api
     except ImportError:
@@ -398,17 +388,8 @@ def _chromium():
         except sync_api.Error as err:
             _browser_unavailable(f"chromium at {CHROMIUM} does not start: "
                                  f"{str(err).splitlines()[0]}")
-        yield b
+        yield WatchedBrowser(b)
         b.close()
-
-
-@pytest.fixture(scope="module")
-def browser(_chromium):
-    """The test process's chromium for one test module, every page watched; the tabs and
-    contexts the module left open are closed after its last test."""
-    watched = WatchedBrowser(_chromium)
-    yield watched
-    watched.close_contexts()
 
 
 @pytest.fixture(scope="session")
