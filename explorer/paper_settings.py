@@ -83,9 +83,9 @@ PAPER_SETTINGS: dict[str, PaperSetting] = {s.method: s for s in (
                     note="MAX_TOP_1_SATUR_LAYER_RATIO"),
          PaperValue("permutations of the order test", 1000, flag="permutations",
                     note="KENDALLS_TAU_NUM_PERMUTATIONS"),
-         PaperValue("tokens per text", 1024, flag="chunk_tokens", note="TEXT_INPUT_LENGTH"),
          PaperValue("weights", "trained", page="weights")),
-        beyond="GPT2-XL, Llama3-8B, Mistral-7B and Falcon-7B on ~1k MMLU questions"),
+        beyond="GPT2-XL, Llama3-8B, Mistral-7B and Falcon-7B on ~1k MMLU questions, texts of "
+               "up to 1,024 tokens (TEXT_INPUT_LENGTH)"),
     PaperSetting(
         "icl-heads", "Yin & Steinhardt, ICML 2025",
         "kayoyin/icl-heads (src/find_induction_heads.py, src/find_fv_heads.py, src/ablate.py)",
