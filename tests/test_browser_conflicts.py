@@ -1,7 +1,7 @@
 """Browser test of the knowledge-conflicts page (apps/conflicts.py) on the tiny model.
 
-The page is served in a subprocess on a free 127.0.0.1 port; Playwright drives Debian's
-chromium: wait for the head scores and the bars, click a cell of the layer x head heatmap
+The page is served by the test process's shared server (`_browser.shared_page`); Playwright
+drives Debian's chromium: wait for the head scores and the bars, click a cell of the layer x head heatmap
 (the head joins S+), move the alpha_l slider with the keyboard (the "after" bars change),
 press "Score the whole split" (a results table appears). A screenshot goes to
 ``test-artifacts/`` (gitignored).
@@ -10,22 +10,26 @@ from __future__ import annotations
 
 
 import pytest
-from _browser import (ARTIFACTS, attribute, open_page, painted, served_view_fixture, slider_handle,
+from _browser import (ARTIFACTS, attribute, open_page, painted, shared_page, slider_handle,
                       wait_for)
 
 pytestmark = pytest.mark.browser
 
 
-page_url = served_view_fixture("conflicts", """
+def _page(request):
+    """The Knowledge-conflicts page on its own copy of tiny-llama, three facts."""
+    from apps import theme
     from apps.conflicts import ConflictsView
     from explorer import load_model
     from explorer.analyses.conflicts import load_facts
+
     model = load_model("tiny-llama")
     facts = load_facts(["country_capital"])[:3]
-    """, """
-    view = ConflictsView(model, facts=facts, closed_book=False, n_new=2)
-    return theme.page([view], title="Knowledge conflicts")
-    """, one_thread=True)
+    return lambda: theme.page([ConflictsView(model, facts=facts, closed_book=False, n_new=2)],
+                              title="Knowledge conflicts")
+
+
+page_url = shared_page("conflicts", _page)
 
 
 def test_click_a_head_move_alpha_and_score_the_split(page_url, browser):

@@ -1,7 +1,7 @@
 """Browser test of the ICL heads page (apps/icl_heads.py) on the tiny model.
 
-The page is served in a subprocess on a free 127.0.0.1 port; Playwright drives Debian's
-chromium: wait for the head scores, move the head slider with the keyboard (the selected
+The page is served by the test process's shared server (`_browser.shared_page`); Playwright
+drives Debian's chromium: wait for the head scores, move the head slider with the keyboard (the selected
 head and its attention plots follow), press the ablation button (curves appear), tick the
 exclusion toggle (the curves are recomputed for the exclusion rankings). A screenshot goes
 to ``test-artifacts/`` (gitignored).
@@ -10,20 +10,23 @@ from __future__ import annotations
 
 
 import pytest
-from _browser import (ARTIFACTS, attribute, open_page, painted, served_view_fixture, slider_handle,
+from _browser import (ARTIFACTS, attribute, open_page, painted, shared_page, slider_handle,
                       wait_for)
 
 pytestmark = pytest.mark.browser
 
 
-page_url = served_view_fixture("icl", """
+def _page(request):
+    """The ICL-heads page on its own copy of tiny-llama, 3 prompts of 2 shots."""
+    from apps import theme
     from apps.icl_heads import ICLHeadsView
     from explorer import load_model
+
     model = load_model("tiny-llama")
-    """, """
-    view = ICLHeadsView(model, n_prompts=3, n_shots=2)
-    return theme.page([view], title="ICL heads")
-    """)
+    return lambda: theme.page([ICLHeadsView(model, n_prompts=3, n_shots=2)], title="ICL heads")
+
+
+page_url = shared_page("icl", _page)
 
 
 def test_scores_head_slider_and_ablation_curves(page_url, browser):

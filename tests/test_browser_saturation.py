@@ -1,7 +1,7 @@
 """Browser test of the saturation page (apps/saturation.py) on the tiny model.
 
-The page is served in a subprocess on a free 127.0.0.1 port; Playwright drives Debian's
-chromium: wait for the Bokeh canvases, click a token (the detail header and the rank
+The page is served by the test process's shared server (`_browser.shared_page`); Playwright
+drives Debian's chromium: wait for the Bokeh canvases, click a token (the detail header and the rank
 table's data in the browser follow), move the k slider with the keyboard (the Kendall-tau
 histogram changes), move the softmax-margin θ slider (the Pareto marker moves to the
 speed-up a zero threshold must give) and the injection-layer slider (the intervention's
@@ -13,23 +13,25 @@ from __future__ import annotations
 import time
 
 import pytest
-from _browser import ARTIFACTS, attribute, served_view_fixture, slider_handle, wait_for
+from _browser import ARTIFACTS, attribute, shared_page, slider_handle, wait_for
 
 from explorer.analyses.saturation import corpus_chunks, inject_residual, load_corpus
 
 pytestmark = pytest.mark.browser
 
 
-page_url = served_view_fixture("saturation", """
+def _page(request):
+    """The Saturation page on its own copy of tiny-llama, small settings."""
     from apps.saturation import SaturationView
     from explorer import load_model
+
     model = load_model("tiny-llama")
-    """, """
-    view = SaturationView(model, store=None, n_tokens=400, analysis_options=dict(
+    return lambda: SaturationView(model, store=None, n_tokens=400, analysis_options=dict(
         n_permutations=100, n_pairs=1, sample_positions=200,
-        min_sat_layer=0))         # 3 layers: no pair has both s_1 >= 1
-    return view.page()
-    """)
+        min_sat_layer=0)).page()  # 3 layers: no pair has both s_1 >= 1
+
+
+page_url = shared_page("saturation", _page)
 
 
 def wait_for_change(page, name: str, old: str, timeout: float = 60) -> str:
