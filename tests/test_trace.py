@@ -967,3 +967,25 @@ def test_positions_accessor_on_kept_positions_and_errors(tiny_model):
     with pytest.raises(InputError, match=r"position -3 is out of range for prompt 1 with 2 "
                                          r"tokens \(allowed: -2 to 1\)"):
         whole.resid_post.explorer.isel(pos=-3)
+
+
+@pytest.mark.slow
+def test_readme_quickstart_runs_as_written(smollm2, monkeypatch):
+    """The README's first Python block, as written, on SmolLM2 (a padded batch of two
+    prompts): the per-prompt last token is a number where the batch's last column is
+    padding, and generation returns the tokens it chose."""
+    import re
+    from pathlib import Path
+
+    import explorer
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(import explorer\n.*?)```", readme, re.S).group(1)
+    monkeypatch.setattr(explorer, "load_model", lambda *a, **k: smollm2)   # loaded once
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the project's own README
+    ds, gen = scope["ds"], scope["gen"]
+    assert np.isnan(ds.resid_post.sel(layer=10).isel(prompt=1, pos=-1).values).all()
+    last = ds.resid_post.sel(layer=10).explorer.isel(prompt=1, pos=-1)
+    assert np.isfinite(last.values).all() and str(last.token.values) == " is"
+    assert len(gen.token_ids) >= 1 and gen.full_text.startswith("The capital of France is")
