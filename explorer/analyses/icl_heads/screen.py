@@ -7,6 +7,7 @@ import numpy as np
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
+from explorer.analyses._intervals import wilson_interval
 from explorer.analyses.icl_heads.ablation import _correct_and_answer_prob
 from explorer.analyses.icl_heads.tasks import (CITATION, ICLTask, as_icl_task, icl_prompts,
                                                icl_task_names)
@@ -29,17 +30,6 @@ def chance_accuracy(task: ICLTask | str) -> float:
         return float(np.mean([1.0 / len(i) for i in items]))
     outputs = [y for _, y in task.pairs]
     return max(outputs.count(y) for y in set(outputs)) / len(outputs)
-
-
-def wilson_interval(k: float, n: int, level: float) -> tuple[float, float]:
-    """Wilson score interval of a proportion k / n (a (low, high) pair, as intervals are)."""
-    from scipy.stats import norm
-
-    z = float(norm.ppf(0.5 + level / 2))
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
 def task_screen(model: Model, tasks: Sequence[ICLTask | str] | None = None, *,

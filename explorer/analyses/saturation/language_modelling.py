@@ -17,18 +17,9 @@ import numpy as np
 from scipy.stats import norm
 
 from explorer._checks import check_int
+from explorer.analyses._intervals import wilson_interval
 
 __all__ = ["rank2_accuracy_by_saturation", "two_proportion_z_test", "wilson_interval"]
-
-
-def wilson_interval(hits: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval of a proportion (NaNs for n = 0)."""
-    if n == 0:
-        return math.nan, math.nan
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
 
 
 def two_proportion_z_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, float]:

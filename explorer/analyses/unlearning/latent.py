@@ -20,6 +20,7 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_int
+from explorer.analyses._intervals import wilson_interval
 from explorer.analyses.unlearning.facts import (
     CITATION,
     METHODS,
@@ -86,13 +87,6 @@ def transfer_probe_accuracy(train_x: np.ndarray, train_y: Sequence[str], test_x:
     return correct.mean(1), correct
 
 
-def _wilson(hits: np.ndarray, n: int, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
-
-
 def latent_probe_after_unlearning(model: Model, forget: Sequence[AttributeFact],
                                   retain: Sequence[AttributeFact],
                                   probe_facts: Sequence[AttributeFact], *,
@@ -155,7 +149,7 @@ def latent_probe_after_unlearning(model: Model, forget: Sequence[AttributeFact],
         del hf
         if progress:
             progress(i + 1, len(rows))
-    low, high = _wilson(acc * len(forget), len(forget))
+    low, high = wilson_interval(acc * len(forget), len(forget))
     values, counts = np.unique(ty, return_counts=True)
     chance = float(np.mean(np.asarray(fy) == values[np.argmax(counts)]))
     ds = xr.Dataset(
