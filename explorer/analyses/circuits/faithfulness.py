@@ -153,6 +153,9 @@ def patch_edges_metric(model: Model, task: CircuitTask, scores: xr.Dataset, in_c
         ``accuracy`` (argmax at the last position equals the answer's first token),
         ``clean_metric``, ``corrupt_metric``, ``clean_accuracy``, ``corrupt_accuracy``,
         ``n_edges`` (circuit size).
+
+    A dict of scalars, not a Dataset: one circuit's numbers over no dimension (its curve,
+    `faithfulness_curve`, is the Dataset).
     """
     ad, task, batch_size = prepare_circuit_run(model, task, metric, batch_size)
     scores = check_scores(scores)

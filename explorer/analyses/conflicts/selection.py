@@ -130,7 +130,11 @@ def juice_head_selection(model: Model, facts: Sequence[Fact], *, direction: str 
 
 
 def selected_heads(selection: xr.Dataset) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(S+, S-) as lists of (layer, head) from a `juice_head_selection` Dataset."""
+    """(S+, S-) as lists of (layer, head) from a `juice_head_selection` Dataset.
+
+    A pair (S+, S-): the two head lists the JuICE runs take as ``heads_plus`` and
+    ``heads_minus``.
+    """
     out = []
     for s in ("plus", "minus"):
         pairs = zip(selection[f"{s}_layer"].values.tolist(), selection[f"{s}_head"].values.tolist())

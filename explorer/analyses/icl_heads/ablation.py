@@ -57,7 +57,10 @@ def top_heads(score: np.ndarray, fraction: float, *,
 
 
 def check_head_scores(model: Model, induction: Any, fv: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The induction and FV scores as float arrays, both [layer, head] of ``model``."""
+    """The induction and FV scores as float arrays, both [layer, head] of ``model``.
+
+    A pair: the two checked arrays, returned in the order they were given.
+    """
     induction, fv = np.asarray(induction, float), np.asarray(fv, float)
     shape = (model.spec.n_layers, model.spec.n_heads)
     if induction.shape != shape or fv.shape != induction.shape:
@@ -82,6 +85,9 @@ def ranked_head_sets(induction: np.ndarray, fv: np.ndarray, percents: Sequence[f
     Rankings: by FV score, by induction score, each after removing the other score's top
     ``exclude_fraction`` heads, and a random ranking (uniform scores from ``seed``). Keys
     are (index in ``rankings``, index in ``percents``); values `top_heads` lists.
+
+    A dict keyed by (ranking index, percent index): the head lists the ablation runs loop
+    over.
     """
     induction, fv = np.asarray(induction, float), np.asarray(fv, float)
     random_score = np.random.default_rng(seed).random(induction.shape)

@@ -115,6 +115,9 @@ def head_attention(model: Model, layer: int, head: int, *, task: ICLTask | str =
 
     Returns ``{"repeat": ds, "icl": ds}``, each with ``attention`` (dst_pos, src_pos) and
     ``token`` (pos) coordinates, for the view's query x key heatmaps.
+
+    A dict of two Datasets, not one: the two sequences differ in length and tokens, so their
+    (dst_pos, src_pos) grids do not share coordinates.
     """
     layer, head = model.check_layer(layer), model.check_head(head)
     repeat = _random_repeat_ids(model, 1, half_len, seed)[0].tolist()

@@ -123,6 +123,9 @@ def ablated_last_token(model: Model, prefix: KeyValuePrefix,
     -------
     (correct, prob): [set, prompt] tensors: whether the argmax next token is ``target``,
     and the probability of ``target``.
+
+    A pair of tensors, not a Dataset: the inner step whose values `ablation_curves` gathers
+    into its Dataset.
     """
     check_local_weights(model, "the last-token ablation")
     n, k = len(prefix.batch.lengths), len(head_sets)

@@ -66,6 +66,9 @@ def icl_prompts(task: ICLTask | str, *, n_prompts: int = 8, n_shots: int = 5, se
     ``shuffle_labels`` permutes the demonstrations' outputs among themselves (the corrupted
     prompts of Todd et al.); the query and its answer are unchanged. ``n_shots=0`` gives
     zero-shot prompts.
+
+    A pair of lists (prompts, answers): plain strings, which every runner (`explorer.trace`,
+    `run_with`, the pages) takes as they are.
     """
     task = as_icl_task(task)
     n_prompts = check_int("n_prompts", n_prompts, low=1)

@@ -153,6 +153,9 @@ def sample_regression_prompts(n_prompts: int, context_length: int, d: int, *, no
     dict of torch.Tensor
         ``X`` (prompt, L, d), ``y`` (prompt, L), ``x_q`` (prompt, d), ``y_q`` (prompt,),
         ``beta`` (prompt, d).
+
+    A dict of tensors: one training step's batch of differently shaped arrays, read by name
+    by the training loop and the losses.
     """
     n_prompts = check_int("n_prompts", n_prompts, low=1)
     context_length = check_int("context_length", context_length, low=1)

@@ -26,7 +26,10 @@ __all__ = [
 
 
 def run_key_parts(params: dict[str, Any]) -> dict[str, Any]:
-    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them)."""
+    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them).
+
+    A dict: the store key's parts (JSON), not data.
+    """
     return {"method": "linear_icl", "format": 1, **params}
 
 
@@ -67,7 +70,11 @@ def save_linear_icl_runs_safetensors(runs: Mapping[int, xr.Dataset], path: str |
 
 def load_linear_icl_runs_safetensors(path: str | Path) -> tuple[dict[int, xr.Dataset], dict[int, xr.Dataset]]:
     """Read a file of `save_linear_icl_runs_safetensors`: the runs by head count (weights back
-    in float32, the stored float16 values exactly) and the analyses it holds, by head count."""
+    in float32, the stored float16 values exactly) and the analyses it holds, by head count.
+
+    A pair of dicts keyed by head count: the runs and their analyses, two Datasets of
+    different dims each.
+    """
     parts, _ = datasets_from_safetensors(path, as_float32=_WEIGHTS)
     runs = {int(k[len("run_H"):]): _check_run(v) for k, v in parts.items() if k.startswith("run_H")}
     if not runs:

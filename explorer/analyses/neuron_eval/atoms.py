@@ -25,6 +25,9 @@ def atom_probe_set(activations: Any, *, site: str = "resid_post", layer: int | N
     Returns ``(unit_x, token_id, token)``: every kept token's activation scaled to unit norm
     (float64, [input, d_model], so ``unit_x @ atom`` is the cosine an atom's activation is
     defined by), its token id and its token text (positions below ``min_pos`` left out).
+
+    A triple of arrays: the activations, token ids and concept matrix that `sanity_checks`
+    takes as arguments.
     """
     from explorer.analyses.itda import activation_chunks
 

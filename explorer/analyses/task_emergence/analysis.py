@@ -21,7 +21,11 @@ __all__ = ['query_residuals', 'task_emergence_analysis', 'rise_step', 'emergence
 def query_residuals(model: TaskICLTransformer, x: torch.Tensor,
                     y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Query predictions [prompt] and the query token's residual after every block
-    [prompt, layer, d_model]."""
+    [prompt, layer, d_model].
+
+    A pair of arrays: the predictions and the residuals of one forward, which the analysis
+    loop reads at once for every checkpoint.
+    """
     with torch.no_grad():
         pred, kept = model(x, y, residuals=True)
     return pred.numpy(), torch.stack(kept, 1).numpy()

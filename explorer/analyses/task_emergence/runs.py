@@ -23,7 +23,10 @@ __all__ = [
 
 
 def run_key_parts(params: dict[str, Any]) -> dict[str, Any]:
-    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them)."""
+    """The parts of the store key of the training run with ``params`` (`Store.key` hashes them).
+
+    A dict: the store key's parts (JSON), not data.
+    """
     return {"method": "task_emergence_run", "format": 1, **params}
 
 
