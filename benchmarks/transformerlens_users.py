@@ -29,6 +29,7 @@ import explorer  # noqa: E402
 from explorer import Ablate, Steer  # noqa: E402
 from explorer.benches.peers import transformer_lens_bridge  # noqa: E402
 from explorer.benches.timing import interleaved_times, median_ms  # noqa: E402
+from explorer.defaults import DEFAULT_MODEL  # noqa: E402
 
 PROMPTS = ["The capital of France is", "The Eiffel Tower is in the city of",
            "When Mary and John went to the store, John gave a drink to"]
@@ -38,7 +39,7 @@ CORRUPT = "Then, when Mary and John went to the store, Mary gave a drink to"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--patch-repeats", type=int, default=1,
                     help="rounds of the patching pair (TransformerLens runs one forward per "

@@ -128,3 +128,17 @@ def test_analyses_come_in_modules_of_one_concern():
     assert len(lines) > 50                      # the scan reads the tree, sub-packages included
     long = {name: n for name, n in lines.items() if n > 600}
     assert not long, long
+
+
+def test_benchmarks_and_scripts_load_the_default_model_by_its_constant():
+    """benchmarks/ and scripts/ name the default model as `explorer.defaults.DEFAULT_MODEL`,
+    never by its spelling (the scan of `tests/test_public_seams.py`, over these folders)."""
+    from explorer.defaults import DEFAULT_MODEL
+    from tests.test_public_seams import default_model_spellings
+
+    paths = sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "scripts").glob("*.py")])
+    assert len(paths) > 10
+    found = [f"{p.relative_to(ROOT).as_posix()}:{line}" for p in paths
+             for line in default_model_spellings(p, DEFAULT_MODEL)]
+    assert found == [], f"the default model spelled instead of DEFAULT_MODEL: {found}"
+
