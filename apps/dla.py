@@ -18,6 +18,7 @@ from typing import Any
 
 import holoviews as hv
 import numpy as np
+import pandas as pd
 import panel as pn
 import param
 import xarray as xr
@@ -104,8 +105,9 @@ def dla_title(ds: xr.Dataset | None, panel: str = "clean") -> str:
     if ds is None:
         return "Direct logit attribution"
     a, b = theme.show_token(ds.attrs["answer"]), theme.show_token(ds.attrs["alternative"])
-    what = {"clean": "clean", "edited": "edited", "difference": "edited − clean"}[panel]
-    return f"{what}: logit({a}) − logit({b})"
+    if panel == "clean":
+        return f"clean: logit({a}) − logit({b})"
+    return {"edited": "edited (same colours)", "difference": "edited − clean"}[panel]
 
 
 def dla_caption(ds: xr.Dataset | None) -> str:
@@ -172,8 +174,10 @@ def plot_dla(ds: xr.Dataset | None, panel: str = "clean", selected: str = "",
     head_comp = ds.head_component.transpose("layer", "head").values
     names = np.concatenate([head_comp, ds.mlp_component.values[:, None]], axis=1)
     cols, layers = np.meshgrid(np.arange(n_cols), np.arange(n_layers))
-    table = {"column": cols.ravel(), "layer": layers.ravel(), "value": values.ravel(),
-             "component": names.ravel().astype(object)}
+    # object dtype: HoloViews reshapes the vdims, which an Arrow-backed string column refuses
+    table = pd.DataFrame({"column": cols.ravel(), "layer": layers.ravel(),
+                          "value": values.ravel(),
+                          "component": pd.Series(names.ravel().tolist(), dtype=object)})
     lim = _limit(ds, panel)
     cell_w = max(14, min(28, 260 // n_cols))
     cell_h = max(12, min(22, 440 // n_layers))

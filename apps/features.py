@@ -115,7 +115,7 @@ def plot_histogram(hist: xr.Dataset | None) -> hv.Element:
     n_act, n_tok = hist.attrs["n_active"], hist.attrs["n_tokens"]
     return hv.Histogram((edges, hist.token_count.values), kdims=["activation"],
                         vdims=["tokens"]).opts(
-        title=f"{_feature_name(hist)}: {n_act} of {n_tok} corpus tokens nonzero",
+        title=f"Activations: {n_act} of {n_tok} tokens nonzero",
         color=theme.ACCENT, line_color=None, xlabel="activation", ylabel="tokens",
         responsive=True, height=260, min_width=300, default_tools=STATIC_TOOLS,
         tools=["hover"], toolbar="above", fontsize=theme.font_sizes())
@@ -135,7 +135,7 @@ def plot_logit_effects(effects: xr.Dataset | None) -> hv.Element:
     colours = {"promoted": theme.SIGNED_CMAP[-30], "suppressed": theme.SIGNED_CMAP[30]}
     return hv.Bars(rows, kdims=["token"], vdims=["logit", "effect"]).opts(
         invert_axes=True, color="effect", cmap=colours, show_legend=False,
-        title=f"{_feature_name(effects)}: logit effect W_U·d", xlabel="", ylabel="logit",
+        title="Logit effect W_U·d", xlabel="", ylabel="logit",
         ylim=(-lim * 1.05, lim * 1.05), responsive=True, height=max(260, 16 * len(rows) + 80),
         min_width=300, default_tools=STATIC_TOOLS, tools=["hover"], toolbar="above",
         fontsize=theme.font_sizes())

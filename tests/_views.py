@@ -72,6 +72,7 @@ def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[An
     for the tiny knowledge model and sweep (`knowledge_model_and_sweep`)."""
     from apps.circuits import CircuitsView
     from apps.conflicts import ConflictsView
+    from apps.features import FeaturesView
     from apps.gallery import VIEWS
     from apps.icl_heads import ICLHeadsView
     from apps.itda import ITDAView
@@ -91,6 +92,7 @@ def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[An
         "conflicts": lambda m: ConflictsView(m, facts=facts, closed_book=False, n_new=2),
         "icl-heads": lambda m: ICLHeadsView(m, n_prompts=3, n_shots=2),
         "itda": lambda m: ITDAView(m, layer=1),
+        "features": lambda m: FeaturesView(m, layer=1, corpus_tokens=128),
         "neuron-eval": lambda m: NeuronEvalView(m, layer=1, n_seeds=3),
         "linear-icl": lambda m: LinearICLView(m, runs=icl_runs),
         "circuits": lambda m: CircuitsView(m, n_prompts=4),

@@ -355,7 +355,7 @@ def feature_on_prompt(model: Model, index: xr.Dataset, prompt: str,
                 "token": ("pos", ds.token.values[0, :n].astype(str)),
                 "token_id": ("pos", ds.token_id.values[0, :n])},
         attrs=_attrs(index, "feature_on_prompt", prompt=prompt, features=feats)
-        | {"prompt": prompt})
+        | {"prompt": prompt, "feature": feats[0] if len(feats) == 1 else feats})
 
 
 def feature_logit_effects(model: Model, index: xr.Dataset, feature: int, *,

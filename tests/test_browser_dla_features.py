@@ -1,0 +1,119 @@
+"""The Logit attribution and Feature dashboards pages in a real browser (tiny-llama gallery):
+both open from the sidebar, their plots are drawn at real sizes with ink in them, a click on
+a DLA heatmap cell selects that component in the workspace, and the features page shows its
+contexts and steers the workspace."""
+from __future__ import annotations
+
+import pytest
+from _browser import (ARTIFACTS, gallery_page_state, plot_ids, served_in_process,
+                      settle_gallery_page, wait_for_text)
+
+from explorer.interventions import Ablate
+
+pytestmark = pytest.mark.browser
+
+MIN_FRAME = 60
+
+# The frame (data area) of the first plot inside the pane with CSS class `css`, in page
+# pixels: {left, top, width, height}.
+_FRAME_IN = """(css) => {
+  const views = [...Bokeh.index.all_views()].filter(v =>
+      (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
+      && v.el.offsetParent != null)
+  for (const v of views) {
+    let node = v.el, inside = false
+    while (node != null) {
+      if (node.classList != null && node.classList.contains(css)) { inside = true; break }
+      node = node.parentNode || node.host
+    }
+    if (!inside) continue
+    const c = v.canvas_view.el.getBoundingClientRect(), f = v.frame.bbox
+    return {left: c.left + f.left, top: c.top + f.top, width: f.width, height: f.height}
+  }
+  return null
+}"""
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model, tmp_path_factory):
+    from apps.dla import DLAView
+    from apps.features import FeaturesView
+    from apps.gallery import Gallery
+
+    views = [("Logit attribution", "dla", DLAView),
+             ("Feature dashboards", "features",
+              lambda m: FeaturesView(m, corpus_tokens=128, layer=1))]
+    sessions: list[Gallery] = []
+
+    def app():
+        g = Gallery("tiny-llama", views=views, view="dla")
+        sessions.append(g)
+        return g.template()
+
+    with served_in_process({"/": app}) as url:
+        yield url, sessions
+
+
+def _open(tab, title):
+    before = plot_ids(tab)
+    tab.locator(".bk-btn-group button", has_text=title).first.click()
+    tab.mouse.move(640, 10)
+    assert settle_gallery_page(tab, before=before, timeout=240)
+
+
+def _sizes_and_ink(tab):
+    plots = gallery_page_state(tab)["plots"]
+    assert plots, "no plot drawn"
+    for p in plots:
+        assert min(p["frame"]) >= MIN_FRAME, p
+        assert p["ink"] > 0.002, p
+    return plots
+
+
+def test_both_pages_open_draw_and_a_cell_click_selects(browser, served):
+    url, sessions = served
+    tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+    tab.goto(url, timeout=180_000)
+    tab.wait_for_selector(".dla-clean", timeout=180_000)
+    assert settle_gallery_page(tab, timeout=240)
+    ws = sessions[-1].workspace
+    g = sessions[-1]
+    _sizes_and_ink(tab)
+    wait_for_text(tab, ".dla-caption", r"Clean logit difference", timeout=60)
+    n_layers, n_cols = 3, 5                           # tiny-llama: 4 heads + the MLP column
+    for col, layer, name in [(4, 1, "L1.MLP"), (2, 0, "L0.H2")]:
+        assert settle_gallery_page(tab, timeout=120)   # the outline of the last click drawn
+        frame = tab.evaluate(_FRAME_IN, "dla-clean")
+        assert frame is not None
+        tab.mouse.click(frame["left"] + (col + 0.5) * frame["width"] / n_cols,
+                        frame["top"] + (layer + 0.5) * frame["height"] / n_layers)
+        for _ in range(100):
+            if name in ws.selected:
+                break
+            tab.wait_for_timeout(100)
+        assert name in ws.selected, (name, ws.selected)
+    # an edit from the workspace: the edited and difference panels appear
+    ws.push_edit(Ablate(layer=1, head=0))
+    tab.wait_for_selector(".dla-difference", state="visible", timeout=120_000)
+    assert settle_gallery_page(tab, timeout=240)
+    plots = _sizes_and_ink(tab)
+    assert len(plots) >= 3
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / "dla-tiny-1280.png"), full_page=True)
+
+    _open(tab, "Feature dashboards")
+    wait_for_text(tab, ".features-contexts", r"Top activations of", timeout=240)
+    _sizes_and_ink(tab)
+    tab.locator(".features-search input").first.fill("the")
+    tab.locator(".features-search input").first.press("Enter")
+    wait_for_text(tab, ".features-search-results", r"fires on", timeout=60)
+    n_edits = len(ws.edits)
+    tab.locator(".features-steer button").first.click()
+    for _ in range(100):
+        if len(ws.edits) > n_edits:
+            break
+        tab.wait_for_timeout(100)
+    assert len(ws.edits) == n_edits + 1 and ws.edits[-1].kind == "steer"
+    assert g.page("features").index is not None
+    tab.screenshot(path=str(ARTIFACTS / "features-tiny-1280.png"), full_page=True)
+    tab.close()
