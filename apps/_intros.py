@@ -216,6 +216,17 @@ INTROS: dict[str, Intro] = {
         try_first="Type a word in Find features (e.g. bread), open the first feature, then "
                   "Steer with this feature and look at the Logit lens.",
         doc="docs/features.md"),
+    "patching": Intro(
+        shows="Which activations carry the difference between the sidebar prompt and a "
+              "counterfactual of it: each cell copies one activation from one run into the "
+              "other and shows how much of the answer moves with it.",
+        paper="Meng et al. (NeurIPS 2022); Heimersheim & Nanda (2024)",
+        title="How to use and interpret activation patching",
+        read="Rows are layers, columns positions (or heads); red restores the clean answer "
+             "(1 = the clean run's logit difference), 0 is the corrupted run's.",
+        try_first="Click a name in the prompt, type the other name as its replacement, and "
+                  "click the reddest late cell to select it.",
+        doc="docs/patching.md"),
 }
 
 

@@ -24,4 +24,5 @@ PAGE_TITLES: dict[str, str] = {
     "atlas": "Head atlas",
     "dla": "Logit attribution",
     "features": "Feature dashboards",
+    "patching": "Activation patching",
 }

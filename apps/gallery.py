@@ -73,6 +73,7 @@ from apps.lens import LensView
 from apps.linear_icl import LinearICLView
 from apps.neuron_eval import NeuronEvalView
 from apps.parity import ParityView
+from apps.patching import PatchingView
 from apps.saturation import SaturationView
 from apps.shattering import ShatteringView
 from apps.task_emergence import TaskEmergenceView
@@ -96,6 +97,7 @@ _FACTORIES: dict[str, ViewFactory] = {
     "circuits": CircuitsView, "shattering": ShatteringView, "unlearning": UnlearningView,
     "attention": AttentionView, "atlas": AtlasView,
     "dla": DLAView, "features": FeaturesView,
+    "patching": PatchingView,
 }
 
 # (title, slug, factory): the navigation, in order (`PAGE_TITLES`). Later pages append theirs.

@@ -97,14 +97,14 @@ def _patch_hook(model, kind, cell, source, d_head):
     return lambda: mod.register_forward_hook(post)
 
 
-def _reference(model, kind, direction, answer, alt):
+def _reference(model, kind, direction, answer, alt, clean=CLEAN, corrupt=CORRUPT):
     """The grid by hooks, one forward per cell: the normalised logit difference, the logit
     difference and the answer's probability over the cells in (layer, pos, head) order."""
-    src, dst = (CLEAN, CORRUPT) if direction == "denoising" else (CORRUPT, CLEAN)
+    src, dst = (clean, corrupt) if direction == "denoising" else (corrupt, clean)
     source = _capture(model, src, kind)
     lds = {name: float(lg[answer] - lg[alt]) for name, lg in
-           (("clean", _last_logits(model, CLEAN)), ("corrupt", _last_logits(model, CORRUPT)))}
-    n, heads = len(CLEAN), range(model.spec.n_heads)
+           (("clean", _last_logits(model, clean)), ("corrupt", _last_logits(model, corrupt)))}
+    n, heads = len(clean), range(model.spec.n_heads)
     layers = range(model.n_layers)
     cells = {"heads": [(la, h) for la in layers for h in heads],
              "heads_by_pos": [(la, p, h) for la in layers for p in range(n) for h in heads]
