@@ -970,7 +970,7 @@ def test_positions_accessor_on_kept_positions_and_errors(tiny_model):
 
 
 @pytest.mark.slow
-def test_readme_quickstart_runs_as_written(smollm2, monkeypatch):
+def test_readme_quickstart_runs_as_written(smollm2, monkeypatch, tmp_path):
     """The README's first Python block, as written, on SmolLM2 (a padded batch of two
     prompts): the per-prompt last token is a number where the batch's last column is
     padding, and generation returns the tokens it chose."""
@@ -982,8 +982,10 @@ def test_readme_quickstart_runs_as_written(smollm2, monkeypatch):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     block = re.search(r"```python\n(import explorer\n.*?)```", readme, re.S).group(1)
     monkeypatch.setattr(explorer, "load_model", lambda *a, **k: smollm2)   # loaded once
+    script = tmp_path / "readme_quickstart.py"   # a file: nnsight reads a trace's source
+    script.write_text(block, encoding="utf-8")
     scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the project's own README
+    exec(compile(block, str(script), "exec"), scope)  # noqa: S102 - the project's own README
     ds, gen = scope["ds"], scope["gen"]
     assert np.isnan(ds.resid_post.sel(layer=10).isel(prompt=1, pos=-1).values).all()
     last = ds.resid_post.sel(layer=10).explorer.isel(prompt=1, pos=-1)
