@@ -1,35 +1,35 @@
 """Browser test of the unlearning page (apps/unlearning.py) on the tiny model.
 
-The page is served in a subprocess on a free 127.0.0.1 port with a small hand-made fact
-file; Playwright drives Debian's chromium: the page opens with nothing computed, Localize
+The page is served by the test process's shared server (`_browser.shared_page`) with a small
+hand-made fact file; Playwright drives Debian's chromium: the page opens with nothing
+computed, Localize
 fills the probe curve and the tracing heatmap, a method is picked, Run trains it, and the
 accuracy bars appear. A screenshot goes to ``test-artifacts/`` (gitignored).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from _browser import ARTIFACTS, attribute, open_page, painted, served_view_fixture, wait_for
+from _browser import ARTIFACTS, attribute, open_page, painted, shared_page, wait_for
 from _views import tiny_facts_file
 
 pytestmark = pytest.mark.browser
 
 
-def _page_on_a_fact_file(folder: Path) -> str:
-    """The page, on a small fact file written into ``folder``."""
-    return f"""
-        view = UnlearningView(model, facts_file={str(tiny_facts_file(folder))!r}, known_only=False,
-                              n_forget=4, n_retain=2, n_layers=1, steps=2, relearn_steps=1)
-        return theme.page([view], title="Unlearning")
-        """
-
-
-page_url = served_view_fixture("unlearning", """
+def _page_on_a_fact_file(request):
+    """The page on its own copy of tiny-llama, on a small fact file in a temp folder."""
+    from apps import theme
     from apps.unlearning import UnlearningView
     from explorer import load_model
+
     model = load_model("tiny-llama")
-    """, _page_on_a_fact_file)
+    facts_file = tiny_facts_file(request.getfixturevalue("tmp_path_factory").mktemp("unlearning"))
+    return lambda: theme.page([UnlearningView(
+        model, facts_file=facts_file, known_only=False, n_forget=4, n_retain=2, n_layers=1,
+        steps=2, relearn_steps=1)], title="Unlearning")
+
+
+page_url = shared_page("unlearning", _page_on_a_fact_file)
 
 
 def test_localize_pick_method_run_and_bars(page_url, browser):
