@@ -20,7 +20,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
@@ -154,6 +154,17 @@ class WorkspaceWalk(RuleBasedStateMachine):
         options = list(self.page._slider.options.values())
         self.page._slider.value = options[index % len(options)]
 
+    def _stale(self) -> bool:
+        """This test's own reading of whether the shown result is of other inputs than the
+        page's current ones."""
+        page, shown = self.page, self.page.shown
+        request = dict(shown.request)
+        return (shown.prompts[0] != page.prompt or shown.method != page.method
+                or request["counterfactual"] != page.counterfactual.strip()
+                or request["explain"] != page.explain)
+
+    # a person presses Compute when there is something to compute (or to retry)
+    @precondition(lambda self: self.page.shown is None or self.page.error or self._stale())
     @rule()
     def compute(self):
         self._step(faults_allowed=1)
@@ -243,11 +254,7 @@ class WorkspaceWalk(RuleBasedStateMachine):
     def a_stale_result_is_marked_stale(self):
         if not hasattr(self, "gallery") or self.page.shown is None:
             return
-        page, shown = self.page, self.page.shown
-        request = dict(shown.request)
-        stale = (shown.prompts[0] != page.prompt or shown.method != page.method
-                 or request["counterfactual"] != page.counterfactual.strip()
-                 or request["explain"] != page.explain)
+        page, stale = self.page, self._stale()
         assert page.redraw()["title"].endswith("(outdated)") == stale
         assert page._caption().startswith("**Outdated.**") == stale
         assert ("Outdated:" in page.scope().on) == stale
@@ -298,7 +305,8 @@ def test_the_walk_of_a_person_on_the_ioi_sentence(tiny_model):
 def test_walking_the_workspace_keeps_every_page_text_true(tiny_model):
     """Fixed seed, a few short walks (about 30 s here); EXPLORER_MACHINE_EXAMPLES for more."""
     run_state_machine_as_test(WorkspaceWalk, settings=settings(
-        max_examples=EXAMPLES or 3, stateful_step_count=12 if not EXAMPLES else 25,
+        max_examples=EXAMPLES or 6, stateful_step_count=10 if not EXAMPLES else 25,
         derandomize=True, deadline=None, database=None, print_blob=False,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                HealthCheck.filter_too_much]))
