@@ -41,7 +41,7 @@ from explorer.analyses.circuit_select.choice import (CircuitChoice, smallest_fai
 from explorer.analyses.circuit_select.rules import (SELECTION_RULES, greedy_circuit,
                                                     prune_dead_nodes, circuit_by_rule,
                                                     default_sizes, rule_faithfulness_curve,
-                                                    bootstrap_recovered)
+                                                    bootstrap_recovered, edge_nodes)
 from explorer.analyses.circuit_select.nodes import (node_scores, node_circuit_edges,
                                                     node_faithfulness_curve, node_ranking,
                                                     node_circuit, default_node_sizes,
@@ -56,6 +56,7 @@ __all__ = [
     'readable_sizes',
     'READABLE_TARGETS',
     'SELECTION_RULES',
+    'edge_nodes',
     'greedy_circuit',
     'prune_dead_nodes',
     'circuit_by_rule',
