@@ -115,7 +115,7 @@ def plot_histogram(hist: xr.Dataset | None) -> hv.Element:
     n_act, n_tok = hist.attrs["n_active"], hist.attrs["n_tokens"]
     return hv.Histogram((edges, hist.token_count.values), kdims=["activation"],
                         vdims=["tokens"]).opts(
-        title=f"Activations: {n_act} of {n_tok} tokens nonzero",
+        title=f"{n_act} of {n_tok} tokens nonzero",
         color=theme.ACCENT, line_color=None, xlabel="activation", ylabel="tokens",
         responsive=True, height=260, min_width=300, default_tools=STATIC_TOOLS,
         tools=["hover"], toolbar="above", fontsize=theme.font_sizes())
@@ -134,7 +134,7 @@ def plot_logit_effects(effects: xr.Dataset | None) -> hv.Element:
     lim = max([abs(v) for _, v, _ in rows] + [1e-9])
     colours = {"promoted": theme.SIGNED_CMAP[-30], "suppressed": theme.SIGNED_CMAP[30]}
     return hv.Bars(rows, kdims=["token"], vdims=["logit", "effect"]).opts(
-        invert_axes=True, color="effect", cmap=colours, show_legend=False,
+        invert_axes=True, color=hv.dim("effect").categorize(colours), show_legend=False,
         title="Logit effect W_U·d", xlabel="", ylabel="logit",
         ylim=(-lim * 1.05, lim * 1.05), responsive=True, height=max(260, 16 * len(rows) + 80),
         min_width=300, default_tools=STATIC_TOOLS, tools=["hover"], toolbar="above",
@@ -419,7 +419,7 @@ class FeaturesView(View):
                          **text),
             pn.FlexBox(
                 pn.pane.HTML(pn.bind(contexts_html, self.param.contexts),
-                             styles={"font-size": "0.9em", "flex": "2 1 0"}, min_width=420),
+                             styles={"font-size": "0.9em", "flex": "1 1 0"}, min_width=420),
                 pn.Column(
                     pn.pane.HoloViews(pn.bind(plot_histogram, self.param.histogram),
                                       sizing_mode="stretch_width",
@@ -427,7 +427,7 @@ class FeaturesView(View):
                     pn.pane.HoloViews(pn.bind(plot_logit_effects, self.param.effects),
                                       sizing_mode="stretch_width",
                                       css_classes=["features-effects"]),
-                    min_width=320, styles={"flex": "1 1 0"}),
+                    min_width=380, styles={"flex": "1 1 0"}),
                 sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
 

@@ -85,6 +85,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.unlearning",
     "explorer.commands.studies",
     "explorer.commands.dla",
+    "explorer.commands.features",
     "explorer.commands.patching",
 )
 

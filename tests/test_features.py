@@ -152,3 +152,26 @@ def test_errors_name_the_bad_value(tiny_model, index):
         F.search_features(tiny_model, index, "  ")
     with pytest.raises(InputError, match="`kind` must be one of"):
         F.feature_index(tiny_model, TEXTS, kind="pca", layer=0)
+
+
+def test_command_shows_a_feature_and_finds_features(tmp_path, monkeypatch, capsys, tiny_model):
+    from tests._cli import OneCommand
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
+    run = OneCommand("features", monkeypatch, capsys)
+    argv = ["features", "--model", "tiny-llama", "--layer", "1", "--corpus-tokens", "96"]
+    out = run.json([*argv, "--feature", "2", "--json"])
+    assert out["cached"] is False and out["feature"] == 2
+    again = run.json([*argv, "--query", "the", "--json"])
+    assert again["cached"] is True                    # the same dictionary, from the store
+    from explorer.store import ActivationStore
+    from explorer.analyses.saturation.corpus import corpus_chunks, load_corpus
+
+    texts = corpus_chunks(tiny_model, load_corpus(), chunk_tokens=128, max_tokens=96)
+    index, cached = F.cached_feature_index(tiny_model, texts, store=ActivationStore(),
+                                           kind="itda", layer=1, tau=0.3, l0=8)
+    assert cached
+    d = torch.as_tensor(index.decoder.values[2], dtype=torch.float64)
+    by_hand = tiny_model.unembed_module.weight.detach().double() @ d
+    assert out["promoted"] == tiny_model.token_strings(by_hand.topk(10).indices.tolist())
+    assert out["n_active"] == int((index.entry_feature.values == 2).sum())
