@@ -1,0 +1,92 @@
+"""The Activation patching page in a real browser (tiny-llama gallery): it opens from the
+sidebar, a click on a token and a typed replacement make the counterfactual, the grid is
+drawn at a real size with ink in it, and a click on a cell selects that component and
+position in the workspace."""
+from __future__ import annotations
+
+import pytest
+from _browser import (ARTIFACTS, gallery_page_state, plot_ids, served_in_process,
+                      settle_gallery_page, wait_for_text)
+
+pytestmark = pytest.mark.browser
+
+MIN_FRAME = 60
+
+# The frame (data area) of the first plot inside the pane with CSS class `css`, in page
+# pixels: {left, top, width, height}.
+_FRAME_IN = """(css) => {
+  const views = [...Bokeh.index.all_views()].filter(v =>
+      (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
+      && v.el.offsetParent != null)
+  for (const v of views) {
+    let node = v.el, inside = false
+    while (node != null) {
+      if (node.classList != null && node.classList.contains(css)) { inside = true; break }
+      node = node.parentNode || node.host
+    }
+    if (!inside) continue
+    const c = v.canvas_view.el.getBoundingClientRect(), f = v.frame.bbox
+    return {left: c.left + f.left, top: c.top + f.top, width: f.width, height: f.height}
+  }
+  return null
+}"""
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model):
+    from apps.dla import DLAView
+    from apps.gallery import Gallery
+    from apps.patching import PatchingView
+
+    views = [("Logit attribution", "dla", DLAView),
+             ("Activation patching", "patching", PatchingView)]
+    sessions: list[Gallery] = []
+
+    def app():
+        g = Gallery("tiny-llama", views=views, view="dla")
+        sessions.append(g)
+        return g.template()
+
+    with served_in_process({"/": app}) as url:
+        yield url, sessions
+
+
+def test_page_opens_draws_and_a_cell_click_selects(browser, served):
+    url, sessions = served
+    tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+    tab.goto(url, timeout=180_000)
+    tab.wait_for_selector(".dla-clean", timeout=180_000)
+    assert settle_gallery_page(tab, timeout=240)
+    ws = sessions[-1].workspace
+    before = plot_ids(tab)
+    tab.locator(".bk-btn-group button", has_text="Activation patching").first.click()
+    tab.wait_for_selector(".patching-strip .pos-token", timeout=120_000)
+    tokens = tab.locator(".patching-strip .pos-token")
+    n_tokens = tokens.count()
+    assert n_tokens >= 3
+    tokens.nth(2).click()                                   # the token to replace
+    box = tab.locator(".patching-controls input").first
+    box.fill("#5")
+    box.press("Enter")
+    wait_for_text(tab, ".patching-caption", r"Counterfactual: position 2:", timeout=240)
+    assert settle_gallery_page(tab, before=before, timeout=240)
+    plots = gallery_page_state(tab)["plots"]
+    assert plots, "no plot drawn"
+    for p in plots:
+        assert min(p["frame"]) >= MIN_FRAME, p
+        assert p["ink"] > 0.002, p
+    frame = tab.evaluate(_FRAME_IN, "patching-grid")
+    assert frame is not None and frame["width"] >= MIN_FRAME
+    n_layers = 3
+    col, layer = n_tokens - 1, 2               # the last position at layer 2: resid_pre = L1
+    tab.mouse.click(frame["left"] + (col + 0.5) * frame["width"] / n_tokens,
+                    frame["top"] + (layer + 0.5) * frame["height"] / n_layers)
+    for _ in range(100):
+        if "L1" in ws.selected and col in ws.selected_positions:
+            break
+        tab.wait_for_timeout(100)
+    assert "L1" in ws.selected and col in ws.selected_positions, (ws.selected,
+                                                                  ws.selected_positions)
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / "patching-tiny-1280.png"), full_page=True)
+    tab.close()
