@@ -140,7 +140,9 @@ def plot_lens_heatmap(ds: xr.Dataset | None, *, prompt: int = 0, title: str | No
     title = lens_title(ds) if title is None else title
     vdims = ["top_prob", "input"] + [c for r in range(k) for c in (f"tok{r}", f"id{r}", f"p{r}")]
     heat = hv.HeatMap(table, ["pos", "layer"], vdims).opts(
-        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True,
+        # the colour bar left of the layers: a wide prompt's heatmap scrolls sideways in its
+        # box, and the bar stays in view at the start of it
+        cmap=theme.PROBABILITY_CMAP, clim=(0.0, 1.0), colorbar=True, colorbar_position="left",
         clabel="top-1 probability", xticks=ticks, yticks=layers,
         xrotation=45 if n_pos > 8 else 0, xlabel="position (input token)", ylabel="layer",
         title=title, tools=["hover"], hover_tooltips=hover, line_color="white", line_width=0.5,

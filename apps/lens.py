@@ -408,10 +408,11 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
             self.controls(),
             pn.Column(pn.Row(spinner, cancel, status, align="center"), self._positions,
                       caption, answer,
-                      # a wide prompt's heatmap (56 px a token) scrolls sideways in its box
+                      # a wide prompt's heatmap (56 px a token) scrolls sideways in its box,
+                      # not the page: the boxes around it may be narrower than the plot
                       pn.Column(plot, edited, sizing_mode="stretch_width", scroll="x-auto",
-                                css_classes=["lens-scroll"]),
-                      details, sizing_mode="stretch_width"),
+                                css_classes=["lens-scroll"], styles={"min-width": "0"}),
+                      details, sizing_mode="stretch_width", styles={"min-width": "0"}),
             sizing_mode="stretch_width",
         )
 
