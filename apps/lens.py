@@ -3,7 +3,9 @@
 With workspace edits (`LensView.edits`: the session's edit stack, e.g. an ablated head), a
 second heatmap below the first shows the lens of the same prompt with those edits applied
 (after the page's own steering, which both runs share), titled "edited: ..."; the first is
-then titled "clean".
+then titled "clean". A line above them gives the clean run's answer (its top-1 after the last
+token) and its probability clean and edited (`apps._lens_heatmap.answer_line`). A prompt wider
+than the page scrolls sideways in the heatmaps' own box, the colour bar left of the layers.
 
 The logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens") reads each layer's
 residual stream through the final norm and the unembedding. The steering vector is the
