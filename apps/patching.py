@@ -113,10 +113,15 @@ def patching_title(ds: xr.Dataset | None) -> str:
     if ds is None:
         return "Activation patching"
     p = ds.attrs["params"]
+    return f"{_KIND_WORDS[p['kind']]}, {p['direction']}"
+
+
+def _metric_label(ds: xr.Dataset) -> str:
+    """The colour bar's label: the metric with the answer and alternative."""
+    p = ds.attrs["params"]
     a, b = theme.show_token(p["answer"]), theme.show_token(p["alternative"])
-    metric = (f"normalised logit({a}) − logit({b})" if p["metric"] == "logit_diff"
-              else f"p({a})")
-    return f"{_KIND_WORDS[p['kind']]}, {p['direction']}: {metric}"
+    return (f"normalised logit({a}) − logit({b})" if p["metric"] == "logit_diff"
+            else f"p({a})")
 
 
 def _changes(ds: xr.Dataset) -> str:
@@ -192,14 +197,14 @@ def plot_patching(ds: xr.Dataset | None, selected: str = "",
         style = dict(cmap=theme.PROBABILITY_CMAP, clim=(0.0, float(max(finite.max(), 1e-6))))
     n = len(cols)
     heat = hv.HeatMap(table, ["column", "layer"], ["value", "label"]).opts(
-        **style, colorbar=True, clabel="effect" if p["metric"] == "logit_diff" else "p(answer)",
+        **style, colorbar=True, clabel=_metric_label(ds),
         title=patching_title(ds), xlabel="position" if col_dim == "pos" else "head",
         ylabel="layer", xticks=list(enumerate(labels)), yticks=layer_ticks(layers),
         invert_yaxis=True, xrotation=60 if col_dim == "pos" else 0,
         tools=["hover", "tap"], hover_tooltips=[("layer", "@layer"), (col_dim, "@label"),
                                                 ("effect", "@value{0.000}")],
         default_tools=STATIC_TOOLS, active_tools=[], toolbar="above",
-        frame_width=max(240, min(760, 34 * n)), frame_height=max(160, min(520, 16 * len(layers))),
+        frame_width=max(300, min(760, 34 * n)), frame_height=max(160, min(420, 14 * len(layers))),
         fontsize=theme.font_sizes(), padding=0)
     out = heat
     if col_dim == "pos":
@@ -452,11 +457,12 @@ class PatchingView(View):
             return pn.widgets.Select.from_param(self.param[name], width=140,
                                                 description=self.param[name].doc)
 
-        controls = pn.Row(text("cf_token", "' Mary' or #id"), text("corrupt", "or type it all",
-                                                                   260),
-                          choice("kind"), choice("metric"), choice("direction"),
-                          text("answer", "top token", 120), text("alternative", "runner-up", 120),
-                          css_classes=["patching-controls"])
+        controls = pn.FlexBox(text("cf_token", "' Mary' or #id"),
+                              text("corrupt", "or type it all", 260), choice("kind"),
+                              choice("metric"), choice("direction"),
+                              text("answer", "top token", 120),
+                              text("alternative", "runner-up", 120),
+                              css_classes=["patching-controls"], sizing_mode="stretch_width")
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), css_classes=["patching-error"],
                               sizing_mode="stretch_width")

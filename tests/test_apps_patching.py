@@ -56,7 +56,10 @@ def test_typed_corrupt_prompt_answers_and_metric(tiny_model):
                         answer="#7", alternative="#9", metric="prob")
     p = view.result.attrs["params"]
     assert (p["answer_id"], p["alternative_id"], p["metric"]) == (7, 9, "prob")
-    assert p["changed_positions"] == [4] and "p(" in patching_title(view.result)
+    assert p["changed_positions"] == [4]
+    heat = plot_patching(view.result)
+    heat = heat.get(0) if hasattr(heat, "get") else heat
+    assert heat.opts.get().kwargs["clabel"].startswith("p(")          # the metric's label
     assert "position 4: 'e' -> 'x'" in patching_caption(view.result)
     view.close()
 
