@@ -1,8 +1,8 @@
 """What a person sees in the gallery: every page opened from the sidebar at 1280, 1400, 1920 px.
 
 One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served for the module
-by the test process's shared server (`_browser.shared_page`) on the tiny random-init model,
-with the pages that train or scan a corpus on open given small settings (the same ones their own browser tests use); every other page is the
+on the tiny random-init model, with the pages that train or scan a corpus on open given
+small settings (the same ones their own browser tests use); every other page is the
 gallery's own factory. One tab visits every page at 1280 x 1000, then at 1400 x 1000, then
 at 1920 x 1080. After a page settles (no spinner, no job of the session in flight by the stop button,
 Bokeh's plots unchanged for 1.5 s: `_browser.settle_gallery_page`),
@@ -18,7 +18,7 @@ import time
 
 import pytest
 from _browser import (ARTIFACTS, clipped_titles, gallery_page_state, plot_ids, settle_gallery_page,
-                      shared_page, tick_collisions)
+                      tick_collisions)
 from _views import cheap_gallery_views
 
 pytestmark = pytest.mark.browser
@@ -26,6 +26,23 @@ pytestmark = pytest.mark.browser
 WIDTHS = {1280: 1000, 1400: 1000, 1920: 1080}
 MIN_FRAME = 60       # px: a plot's data area narrower or shorter than this reads as collapsed
 MIN_INK = 0.002      # share of a frame's pixels that differ from its background colour
+
+# How wide the page is against the room it has: the document and the template's main area
+# (which scrolls on its own), and every Bokeh colour bar shown (left and right edge, px).
+_SIDEWAYS = """() => {
+  const se = document.scrollingElement, main = document.querySelector('#main')
+  const bars = []
+  for (const v of Bokeh.index.all_views()) {
+    if ((v.model.type || '') !== 'ColorBar' || !v.parent || !v.parent.el) continue
+    const el = v.parent.el
+    if (!el.isConnected || el.offsetParent == null || !v.model.visible) continue
+    const c = el.getBoundingClientRect()
+    if (v.bbox.width > 0) bars.push([c.left + v.bbox.left, c.left + v.bbox.right])
+  }
+  return {document: [se.scrollWidth, se.clientWidth],
+          main: main ? [main.scrollWidth, main.clientWidth] : null, bars,
+          width: window.innerWidth}
+}"""
 
 
 def _slugs() -> list[str]:
@@ -64,14 +81,18 @@ def cheap_views(tmp_path_factory):
         shattering=lambda km, sweep: _loading_in_the_background(ShatteringView, km, sweep))
 
 
-def _gallery(request):
+@pytest.fixture(scope="module")
+def gallery_url(cheap_views, tmp_path_factory):
+    pytest.importorskip("panel")
+    from _browser import served_in_process
+
     from apps.gallery import Gallery
 
-    views = request.getfixturevalue("cheap_views")
-    return lambda: Gallery("tiny-llama", views=views).template()
-
-
-gallery_url = shared_page("gallery", _gallery)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXPLORER_CACHE", str(tmp_path_factory.mktemp("gallery-cache")))
+        with served_in_process({"gallery": lambda: Gallery("tiny-llama",
+                                                           views=cheap_views).template()}) as url:
+            yield f"{url}/gallery"
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +125,7 @@ def observed(browser, gallery_url, cheap_views):
             settled = settle_gallery_page(tab, before=before, timeout=90)
             state = gallery_page_state(tab)
             state["ticks"] = tick_collisions(tab)
+            state["sideways"] = tab.evaluate(_SIDEWAYS)
             state.update(settled=settled, seconds=round(time.time() - started, 1),
                          errors=[text for page, text in errors[seen:] if page == slug])
             tab.screenshot(path=str(ARTIFACTS / f"gallery-{slug}-{width}.png"), full_page=True)
@@ -161,6 +183,25 @@ def test_no_select_widget_is_empty(observed, width, slug):
     # select with nothing else offers nothing
     empty = [s["label"] for s in state["selects"] if s["named"] == 0]
     assert not empty, f"{slug} at {width} px: select widgets without options: {empty}"
+
+
+@pytest.mark.parametrize(("width", "slug"), _cases("sideways"))
+def test_no_page_scrolls_sideways(observed, width, slug):
+    """Neither the document nor the main area is wider than the window; a wide plot scrolls
+    in its own box."""
+    seen = observed(width, slug)["sideways"]
+    (doc, doc_room), main = seen["document"], seen["main"]
+    assert doc <= doc_room, f"{slug} at {width} px: the page is {doc} px wide in {doc_room}"
+    assert main is None or main[0] <= main[1], \
+        f"{slug} at {width} px: the main area is {main[0]} px wide in {main[1]}"
+
+
+def test_the_lens_colour_bar_is_in_view(observed):
+    for width in WIDTHS:
+        bars = observed(width, "lens")["sideways"]["bars"]
+        assert bars, f"the lens at {width} px shows no colour bar"
+        cut = [b for b in bars if not 0 <= b[0] < b[1] <= width]
+        assert not cut, f"the lens at {width} px: colour bars out of the window: {cut}"
 
 
 @pytest.mark.parametrize(("width", "slug"), _cases("console"))
