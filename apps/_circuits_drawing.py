@@ -354,7 +354,7 @@ class CircuitDrawing:
             parts.append("Diff: green edges are gained, orange lost, grey kept.")
         parts.append("Layout: heads are labelled H3 in their layer's column (hover for L17.H3) "
                      "and ordered by the score mass they carry (heaviest on top) in the first "
-                     f"scores this page computed ({self._layout_from or 'none yet'}), kept so "
+                     f"scores this page computed ({self.layout_from or 'none yet'}), kept so "
                      "that no node moves between results. Click a node to pin it, an edge to "
                      "patch it.")
         parts.append(self._selection_text())

@@ -155,7 +155,7 @@ class FinetuneComparison:
         self._ck_orders = [np.argsort(-np.abs(s["score"].values), kind="stable")
                            for s in self._ck_scores]
         self.param.checkpoint.bounds = (0, ds.sizes["checkpoint"] - 1)
-        if not self._layout_from:
+        if not self.layout_from:
             self._set_layout(self._ck_scores[0], "scores of the first checkpoint")
         self.checkpoints = ds
         if self.scores is None:

@@ -115,7 +115,7 @@ class CircuitScoring:
             if OWN_TASK not in self.param.task.objects:
                 self.param.task.objects = [*self.param.task.objects, OWN_TASK]
             self.task = OWN_TASK     # computed by `_task_changed` when the page has scored before
-            if not self._scoring and self._key() not in self._results:
+            if not self.scoring and self._key() not in self._results:
                 self._request_scores()
         return self.adopt_own(text, lambda t: user_items.parse_circuit_pairs(
             t, self._model, name=OWN_TASK), use)
@@ -301,13 +301,13 @@ class CircuitScoring:
             return key, task, scores, curve, wanted
 
         self.status = f"scoring edges ({METHOD_LABELS[method]}, {n} {task_name} pairs)…"
-        self._scoring = True
+        self.scoring = True
         self.submit("scores", job)
 
     def _got_scores(self, result: tuple) -> None:
         key, task, scores, curve, *rest = result
         self.param.update(error="")
-        self._scoring = False
+        self.scoring = False
         # the first result of a task and prompt count opens on the default circuit; the
         # other method's, arriving after a toggle, keeps the size shown (a fair comparison)
         first = not any(k[:2] == key[:2] for k in self._results if k != key)
@@ -329,7 +329,7 @@ class CircuitScoring:
         self._circuit_cache.clear()
         self._influence_cache.clear()
         self._order = np.argsort(-np.abs(scores["score"].values), kind="stable")
-        if not self._layout_from:
+        if not self.layout_from:
             self._set_layout(scores, f"{METHOD_LABELS[key[2]]} scores of the base model")
         other = self._results.get((key[0], key[1], self._other_method()))
         self.param.n_edges.bounds = (0, scores.sizes["edge"])
@@ -356,7 +356,7 @@ class CircuitScoring:
         self._pos = cg.node_positions(L, H, cg.head_mass_order(scores, L, H))
         self._pos_version += 1
         self._frame_key = None
-        self._layout_from = label
+        self.layout_from = label
         self._refresh_nodes(force=True)
 
     def _method_changed(self, *_: Any) -> None:
@@ -364,7 +364,7 @@ class CircuitScoring:
         layout); else it is computed when any result has been (else on the button)."""
         if self._key() in self._results:
             self._show(self._key(), default=False)
-        elif self._results or self._scoring:
+        elif self._results or self.scoring:
             self._request_scores()
         else:
             self.status = f"Press **Compute circuit** to score the edges ({METHOD_LABELS[self.method]})."
@@ -375,7 +375,7 @@ class CircuitScoring:
         a state file that names the task opens on its graph); else on the button."""
         if self._key() in self._results:
             self._show(self._key(), default=False)
-        elif (self._results or self._scoring) and not (
+        elif (self._results or self.scoring) and not (
                 self.task == OWN_TASK and self._own_task is None):
             self._request_scores()
 

@@ -203,6 +203,9 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
     edited = param.Dict(default=None, allow_None=True, precedence=-1,
                         doc="The task metric (mean logit difference) of the full model without "
                             "and with `edits`; None without edits.")
+    scoring = param.Boolean(default=False, precedence=-1, doc="A scoring job is in flight")
+    layout_from = param.String(default="", precedence=-1,
+                               doc="The scores the graph's layout was ordered by (fixed once)")
     redraw_ms = param.Number(default=0.0, precedence=-1)       # wall time of the last re-draw
     redraw_cpu_ms = param.Number(default=0.0, precedence=-1)   # its CPU time (busy machines)
 
@@ -269,7 +272,6 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self._node_boot: tuple[int, xr.Dataset] | None = None
         self._chosen_nodes = "n_nodes" in params
         self._sizing = 0            # > 0 while the page itself sets the size (not a user or link)
-        self._scoring = False       # a scoring job is in flight
         self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
         self._own_text = ""
         self._own_version = 0                          # bumped by each good paste
@@ -301,7 +303,6 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self._names = cg.node_names(L, H)
         self._pos = cg.node_positions(L, H, cg.head_mass_order(None, L, H))
         self._pos_version = 0
-        self._layout_from = ""                          # the scores the layout was ordered by
         self._slider = pn.widgets.DiscreteSlider(label=self.param.n_edges.label, options=[30],
                                                  value=30, sizing_mode="stretch_width")
         self._syncing = False

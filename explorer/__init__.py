@@ -4,6 +4,8 @@ The core API: `load_model`; `read` with the readout records (`Save`, `Logits`, `
 `Lens`, `DLA`, `Grad`) and the intervention records, and the assemblers over it (`trace`,
 `run_with`, `logit_lens`); `generate` under edits; `ActivationStore`. Importing has no side effects beyond
 importing torch and xarray; models load only when asked.
+
+``explorer.trace`` is the function (it shadows the module; use ``from explorer.trace import ...``).
 """
 from ._checks import ExplorerError
 from ._version import __version__

@@ -16,7 +16,7 @@ import torch
 from ._checks import InputError, check_float, check_int, check_prompts
 from .interventions import Edit
 from .models import Model
-from .trace import Readouts, check_edit_rows, check_edits, run_batch
+from .trace import TraceRequest, check_edit_rows, check_edits, run_batch
 
 __all__ = ["generate", "Generation"]
 
@@ -93,7 +93,7 @@ def generate(model: Model, prompt: str | Sequence[str], *, edits: Sequence[Edit]
     for _ in range(max_new_tokens):
         batch = model.batch_from_ids(ids)
         out = run_batch(model, batch, edits=edits,
-                        readouts=Readouts(save_positions=[-1], logits=True))
+                        readouts=TraceRequest(save_positions=[-1], logits=True))
         logits = out["logits"][:, -1].float()                   # [prompt, vocab]
         if rng is None:
             nxt = logits.argmax(-1)

@@ -39,7 +39,7 @@ import xarray as xr
 from ._checks import InputError, check_choice, check_int
 from .interventions import Edit, Set
 from .models import Batch, Model
-from .trace import (CleanRun, Readouts, as_batch, check_edit_rows, check_edits, check_layers,
+from .trace import (CleanRun, TraceRequest, as_batch, check_edit_rows, check_edits, check_layers,
                     clean_run, progress_steps, provenance, run_batch)
 
 __all__ = ["activation_patching", "PATCHING_KINDS", "PATCHING_METRICS",
@@ -341,7 +341,7 @@ def _patched_runs(model: Model, cells: list[tuple], kind: str, source: CleanRun,
         edits = base + [_cell_edit(kind, c[:-1], values[c[-1]], j)
                         for j, c in enumerate(chunk)]
         out = run_batch(model, big.batch, edits=edits, resume=big,
-                        readouts=Readouts(save_positions=[-1]))
+                        readouts=TraceRequest(save_positions=[-1]))
         lg = out["logits"][:, -1].float()                       # [copies, vocab]
         rows = [c[-1] for c in chunk]
         ld[rows] = (lg[:, ids[0]] - lg[:, ids[1]]).double().numpy()

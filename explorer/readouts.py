@@ -6,8 +6,8 @@ and does two things for `explorer.trace.read`, the one function that runs a batc
 edits and readouts:
 
 * `Readout.request` names what the single nnsight trace must compute for it (the fields of
-  `explorer.trace.Readouts`: layer sites to keep, the lens or the attribution reduced inside
-  the trace), so a remote run sends the same records and gets back only these values;
+  `explorer.trace.TraceRequest`: layer sites to keep, the lens or the attribution reduced
+  inside the trace), so a remote run sends the same records and gets back only these values;
 * `Readout.arrays` turns that batch's tensors into named arrays (positions unpadded, NaN or
   -1 past a prompt's end), and `Readout.dims` / `Readout.coords` label them.
 
@@ -93,7 +93,7 @@ class Readout:
         """Raise InputError where the record does not fit the run's prompts or positions."""
 
     def request(self, chunk: Chunk) -> dict[str, Any]:
-        """The `explorer.trace.Readouts` fields this record needs for one batch."""
+        """The `explorer.trace.TraceRequest` fields this record needs for one batch."""
         raise NotImplementedError
 
     def arrays(self, out: dict[Any, Any], chunk: Chunk) -> dict[str, np.ndarray]:
@@ -574,7 +574,7 @@ def check_readouts(model: Any, readouts: Any) -> list[Readout]:
 
 
 def merge_requests(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The `explorer.trace.Readouts` fields of one batch: the records' requests combined."""
+    """The `explorer.trace.TraceRequest` fields of one batch: the records' requests combined."""
     fields: dict[str, Any] = {"save": set(), "logits": False, "save_final": ()}
     for req in requests:
         for key, value in req.items():

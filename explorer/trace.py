@@ -49,8 +49,8 @@ from .readouts import (
     readouts_to_json,
 )
 
-__all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_batch", "Readouts",
-           "CleanRun", "clean_run", "KeyValuePrefix", "key_value_prefix", "runs_over_prefix",
+__all__ = ["read", "trace", "run_with", "as_batch", "logit_attribution", "run_batch",
+           "TraceRequest", "CleanRun", "clean_run", "KeyValuePrefix", "key_value_prefix", "runs_over_prefix",
            "provenance", "check_sites", "check_layers",
            "check_positions", "check_edits", "check_edit_rows", "edits_for_rows",
            "run_on_weights", "at_positions", "real_lengths"]
@@ -254,7 +254,7 @@ def key_value_prefix(model: Model, prompts: Any) -> KeyValuePrefix:
     head = replace(batch, input_ids=batch.input_ids[:, :-1],
                    attention_mask=batch.attention_mask[:, :-1],
                    position_ids=batch.position_ids[:, :-1])
-    out = run_batch(model, head, readouts=Readouts(logits=False, kv_cache=True))
+    out = run_batch(model, head, readouts=TraceRequest(logits=False, kv_cache=True))
     return KeyValuePrefix(batch, out["kv_cache"])
 
 
@@ -273,7 +273,7 @@ def _cache_kwarg(model: Model) -> str:
 
 
 def _prefix_inputs(model: Model, batch: Batch, prefix: KeyValuePrefix, edits: Sequence[Edit],
-                   r: Readouts) -> tuple[Batch, dict[str, Any]]:
+                   r: TraceRequest) -> tuple[Batch, dict[str, Any]]:
     """The last column of ``batch`` as the batch a run over ``prefix`` traces, and the
     forward's inputs with a fresh copy of the cache (local models)."""
     check_local_weights(model, "a run over a key/value prefix (remote: `runs_over_prefix`)")
@@ -285,7 +285,7 @@ def _prefix_inputs(model: Model, batch: Batch, prefix: KeyValuePrefix, edits: Se
     return tail, inputs
 
 
-def _tail_inputs(batch: Batch, edits: Sequence[Edit], r: Readouts
+def _tail_inputs(batch: Batch, edits: Sequence[Edit], r: TraceRequest
                  ) -> tuple[Batch, dict[str, Any]]:
     """The last column of ``batch`` and the forward's inputs for it but the cache (the full
     attention mask); ``edits`` and ``r`` checked to be of the last token only."""
@@ -305,7 +305,7 @@ def _tail_inputs(batch: Batch, edits: Sequence[Edit], r: Readouts
 
 
 def runs_over_prefix(model: Model, prompts: Any,
-                     runs: Sequence[tuple[int, Sequence[Edit], Readouts]]) -> list[dict]:
+                     runs: Sequence[tuple[int, Sequence[Edit], TraceRequest]]) -> list[dict]:
     """Several runs of the last token of ``prompts`` over one key/value prefix of the rest.
 
     Each run is ``(k, edits, readouts)``: ``k`` block-wise copies of the prompts (row
@@ -366,8 +366,9 @@ def _attention(model: Model, implementation: str | None):
 
 
 @dataclass(frozen=True, eq=False)
-class Readouts:
-    """What one `run_batch` brings back besides applying its edits: a record, like an edit.
+class TraceRequest:
+    """The request of one `run_batch`: what its trace computes and brings back besides applying
+    its edits, a record like an edit (the readout records' `Readout.request` fields combined).
 
     Parameters
     ----------
@@ -500,7 +501,7 @@ class _Plan:
 
 def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
               resume: CleanRun | None = None, prefix: KeyValuePrefix | None = None,
-              readouts: Readouts | None = None, **options: Any) -> dict[Any, torch.Tensor]:
+              readouts: TraceRequest | None = None, **options: Any) -> dict[Any, torch.Tensor]:
     """One nnsight trace over a padded batch; the only function that drives nnsight.
 
     ``edits`` apply in place at their (layer, site) as the forward passes. With ``resume``
@@ -508,7 +509,7 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
     cached clean residual is fed instead. With ``prefix`` (a `KeyValuePrefix` of the same
     batch) only the last column runs, over the cached keys and values of the others: every
     edit must act at ``positions=(-1,)``, and the readouts are of the last token ([prompt,
-    1, ...]). What comes back is ``readouts`` (a `Readouts`), or the same fields given as
+    1, ...]). What comes back is ``readouts`` (a `TraceRequest`), or the same fields given as
     keywords (``save=...``, ``lens_k=...``).
 
     Returns
@@ -521,7 +522,7 @@ def run_batch(model: Model, batch: Batch, *, edits: Sequence[Edit] = (),
     with ``grad``: ("grad", layer, site) -> tensor, shaped as a saved site.
     """
     if readouts is None:
-        readouts = Readouts(**options)
+        readouts = TraceRequest(**options)
     elif options:
         raise TypeError(f"give the readouts as `readouts` or as keywords, not both; got "
                         f"`readouts` and {sorted(options)}.")
@@ -569,7 +570,7 @@ def _edit_context(model: Model, batch: Batch, edits: list[Edit]) -> EditContext:
     return ctx
 
 
-def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
+def _plan(model: Model, batch: Batch, r: TraceRequest, edits: list[Edit]) -> _Plan:
     """``r`` checked against ``batch`` (clear errors for bad points, ids or lens options)."""
     sel = None
     if r.save_positions is not None:
@@ -609,7 +610,7 @@ def _plan(model: Model, batch: Batch, r: Readouts, edits: list[Edit]) -> _Plan:
                  layout=_layout(model))
 
 
-def _check_grad(model: Model, batch: Batch, r: Readouts) -> torch.Tensor | None:
+def _check_grad(model: Model, batch: Batch, r: TraceRequest) -> torch.Tensor | None:
     """``r.grad_ids`` checked against the batch, with ``r.grad``'s sites and layers."""
     if not r.grad and r.grad_ids is None:
         return None
@@ -1226,7 +1227,7 @@ def read(model: Model, prompts: Any, readouts: Any, *, edits: Sequence[Edit] = (
         chunk = Chunk(model.spec, batch, rows, positions, n_pos, max(batch_all.lengths))
         fields = merge_requests([r.request(chunk) for r in records])
         out = run_batch(model, batch, edits=run_edits if one else edits_for_rows(run_edits, rows),
-                        resume=resume, readouts=Readouts(save_positions=positions, **fields))
+                        resume=resume, readouts=TraceRequest(save_positions=positions, **fields))
         for r, acc in zip(records, parts):
             for name, a in r.arrays(out, chunk).items():
                 acc.setdefault(name, []).append(a)

@@ -1,7 +1,8 @@
 """Browser test of the Circuits page in the gallery on the packaged SmolLM2: the default
 circuit is faithful and drawn readably.
 
-The gallery (`apps.gallery.Gallery`) is served in this process on SmolLM2-135M; a 1280 px
+The gallery (`apps.gallery.Gallery`) is served on SmolLM2-135M by the test process's shared
+server (`_browser.shared_page`); a 1280 px
 tab opens the Circuits page, which starts on the task ``ioi`` with 8 prompt pairs, and
 presses Compute circuit. Then, from the page and from a recomputation here:
 
@@ -26,7 +27,8 @@ import time
 
 import numpy as np
 import pytest
-from _browser import ARTIFACTS, attribute, served_in_process, wait_for, wait_for_text
+from _browser import ARTIFACTS, attribute, shared_page, wait_for, wait_for_text
+from _story import smollm2_gallery
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration,
               pytest.mark.usefixtures("one_torch_thread")]
@@ -64,15 +66,7 @@ _GRAPH_JS = """
 """
 
 
-@pytest.fixture(scope="module")
-def gallery_url(tmp_path_factory, smollm2):
-    from apps.gallery import Gallery
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EXPLORER_CACHE", str(tmp_path_factory.mktemp("circuits-smollm2-cache")))
-        with served_in_process({"gallery": lambda: Gallery("smollm2-135m").template()},
-                               timeout=60) as url:
-            yield f"{url}/gallery"
+gallery_url = shared_page("circuits-smollm2", smollm2_gallery)
 
 
 def influence_share_by_inverse(pairs, mag, circuit, drawn):

@@ -1,8 +1,8 @@
 """What a person sees in the gallery: every page opened from the sidebar at 1280, 1400, 1920 px.
 
 One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served for the module
-on the tiny random-init model, with the pages that train or scan a corpus on open given
-small settings (the same ones their own browser tests use); every other page is the
+by the test process's shared server (`_browser.shared_page`) on the tiny random-init model,
+with the pages that train or scan a corpus on open given small settings (the same ones their own browser tests use); every other page is the
 gallery's own factory. One tab visits every page at 1280 x 1000, then at 1400 x 1000, then
 at 1920 x 1080. After a page settles (no spinner, no job of the session in flight by the stop button,
 Bokeh's plots unchanged for 1.5 s: `_browser.settle_gallery_page`),
@@ -18,7 +18,7 @@ import time
 
 import pytest
 from _browser import (ARTIFACTS, clipped_titles, gallery_page_state, plot_ids, settle_gallery_page,
-                      tick_collisions)
+                      shared_page, tick_collisions)
 from _views import cheap_gallery_views
 
 pytestmark = pytest.mark.browser
@@ -81,18 +81,14 @@ def cheap_views(tmp_path_factory):
         shattering=lambda km, sweep: _loading_in_the_background(ShatteringView, km, sweep))
 
 
-@pytest.fixture(scope="module")
-def gallery_url(cheap_views, tmp_path_factory):
-    pytest.importorskip("panel")
-    from _browser import served_in_process
-
+def _gallery(request):
     from apps.gallery import Gallery
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EXPLORER_CACHE", str(tmp_path_factory.mktemp("gallery-cache")))
-        with served_in_process({"gallery": lambda: Gallery("tiny-llama",
-                                                           views=cheap_views).template()}) as url:
-            yield f"{url}/gallery"
+    views = request.getfixturevalue("cheap_views")
+    return lambda: Gallery("tiny-llama", views=views).template()
+
+
+gallery_url = shared_page("gallery", _gallery)
 
 
 @pytest.fixture(scope="module")

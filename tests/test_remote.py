@@ -306,16 +306,16 @@ def test_runs_over_a_key_value_prefix_run_in_one_session(remote_model, local_mod
     sites), and the readouts equal the local runs bit for bit; a bad edit is refused before
     anything is sent."""
     from explorer._checks import InputError
-    from explorer.trace import Readouts, runs_over_prefix
+    from explorer.trace import TraceRequest, runs_over_prefix
 
     prompts = ["The quick brown fox jumps", "One two", "The capital of France is Paris"]
     n, dh = len(prompts), local_model.spec.d_head
-    read = Readouts(save={(1, "resid_post"), (2, "attn_z")}, save_positions=[-1])
+    read = TraceRequest(save={(1, "resid_post"), (2, "attn_z")}, save_positions=[-1])
     runs = [(1, [], read),
             (2, [Ablate(1, 2, mode="mean", value=[0.3] * dh, positions=(-1,),
                         prompts=tuple(range(n, 2 * n)))], read),
             (1, [Steer(0, np.linspace(-1, 1, local_model.spec.d_model), positions=(-1,))],
-             Readouts(save_positions=[-1]))]
+             TraceRequest(save_positions=[-1]))]
     remote = runs_over_prefix(remote_model, prompts, runs)
     local = runs_over_prefix(local_model, prompts, runs)
     assert [sorted(map(str, r)) for r in remote] == [sorted(map(str, r)) for r in local]

@@ -518,13 +518,13 @@ def test_bad_in_trace_lens_options_are_clear_errors(tiny_model):
 
 
 def test_readouts_record_equals_the_keywords_and_plain_hidden_states(tiny_model):
-    """A `Readouts` record and the same fields as keywords run the same trace; both agree
+    """A `TraceRequest` record and the same fields as keywords run the same trace; both agree
     with a plain forward's hidden states and logits at the kept positions."""
-    from explorer.trace import Readouts, run_batch
+    from explorer.trace import TraceRequest, run_batch
 
     m = tiny_model
     batch = m.tokenize(PROMPTS)
-    record = Readouts(save={(1, "resid_post")}, save_positions=[-2, -1], lens_k=3,
+    record = TraceRequest(save={(1, "resid_post")}, save_positions=[-2, -1], lens_k=3,
                       lens_layers=[0, 1])
     by_record = run_batch(m, batch, readouts=record)
     by_keywords = run_batch(m, batch, save={(1, "resid_post")}, save_positions=[-2, -1],
@@ -544,11 +544,11 @@ def test_readouts_record_equals_the_keywords_and_plain_hidden_states(tiny_model)
 
 
 def test_readouts_given_twice_or_unknown_are_errors(tiny_model):
-    from explorer.trace import Readouts, run_batch
+    from explorer.trace import TraceRequest, run_batch
 
     batch = tiny_model.tokenize(PROMPTS[:2])
     with pytest.raises(TypeError, match=r"not both; got `readouts` and \['lens_k'\]"):
-        run_batch(tiny_model, batch, readouts=Readouts(), lens_k=3)
+        run_batch(tiny_model, batch, readouts=TraceRequest(), lens_k=3)
     with pytest.raises(TypeError, match="save_sites"):
         run_batch(tiny_model, batch, save_sites={(0, "resid_post")})
 
@@ -659,7 +659,7 @@ def test_run_over_a_key_value_prefix_equals_a_hooked_full_forward(name):
     readouts equal each prompt's own full forward with the same edits as torch hooks, and
     the prefix's cache is the same after the runs."""
     from explorer import Ablate, Steer
-    from explorer.trace import Readouts, key_value_prefix, run_batch
+    from explorer.trace import TraceRequest, key_value_prefix, run_batch
 
     m = load_model(name)
     prompts = PROMPTS[1:] + ["The capital of France is the city of"]
@@ -677,7 +677,7 @@ def test_run_over_a_key_value_prefix_equals_a_hooked_full_forward(name):
              for j, (layer, head) in enumerate(heads)]
     edits.append(Steer(L - 1, steer, positions=(-1,)))
     out = run_batch(m, big.batch, edits=edits, prefix=big,
-                    readouts=Readouts(save={(1, "resid_post")}, save_positions=[-1]))
+                    readouts=TraceRequest(save={(1, "resid_post")}, save_positions=[-1]))
     assert out["logits"].shape == (len(heads) * n, 1, m.vocab_size)
     for j, (layer, head) in enumerate(heads):
         for i, prompt in enumerate(prompts):
@@ -726,7 +726,7 @@ def test_gradient_readouts_equal_torch_autograd(name):
     run with a steering edit, equal torch.autograd on each prompt's own hooked forward (the
     steering added by a hook, the values kept by hooks); the weights get no gradient."""
     from explorer import Steer
-    from explorer.trace import Readouts, run_batch
+    from explorer.trace import TraceRequest, run_batch
 
     m = load_model(name)
     prompts = PROMPTS[1:]
@@ -736,7 +736,7 @@ def test_gradient_readouts_equal_torch_autograd(name):
     steer = np.random.default_rng(5).normal(size=m.spec.d_model)
     sites = {(x, s) for x in range(L) for s in ("attn_z", "mlp_out", "resid_post")}
     out = run_batch(m, batch, edits=[Steer(0, steer, positions=(0,))],
-                    readouts=Readouts(logits=False, grad=sites, grad_ids=target))
+                    readouts=TraceRequest(logits=False, grad=sites, grad_ids=target))
     assert all(p.grad is None for p in m.hf.parameters())
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([m.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
@@ -897,7 +897,7 @@ def test_grad_record_reads_the_trace_gradients_as_labelled_arrays(tiny_model):
     record round-trips through JSON; bad records are clear errors."""
     from explorer import Grad, Save, read
     from explorer.readouts import readouts_from_json, readouts_to_json
-    from explorer.trace import Readouts, run_batch
+    from explorer.trace import TraceRequest, run_batch
 
     prompts = ["one two three four five", "a b", "the cat sat"]
     ids = [5, 9, 2]
@@ -908,7 +908,7 @@ def test_grad_record_reads_the_trace_gradients_as_labelled_arrays(tiny_model):
     assert list(ds.layer.values) == [0, 2]
     batch = tiny_model.tokenize(prompts)
     sites = {(x, s) for x in (0, 2) for s in ("attn_z", "mlp_out")}
-    ref = run_batch(tiny_model, batch, readouts=Readouts(logits=False, grad=sites,
+    ref = run_batch(tiny_model, batch, readouts=TraceRequest(logits=False, grad=sites,
                                                         grad_ids=torch.tensor(ids)))
     H, dh = tiny_model.spec.n_heads, tiny_model.spec.d_head
     for i, n in enumerate(batch.lengths):

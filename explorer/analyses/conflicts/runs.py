@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from explorer._checks import InputError, check_float, check_int
+from explorer.analyses._files import write_json_atomic
 from explorer.analyses.conflicts.facts import (Fact, Heads, Progress, _first_token, answer_in,
                                                conflict_prompt, load_facts)
 from explorer.interventions import AddHead, Edit, Scale, position_index
@@ -201,8 +202,5 @@ def closed_book_facts(model: Model, facts: Sequence[Fact] | None = None, *, n_ne
         if progress:
             progress(min(b0 + batch_size, len(facts)), len(facts))
     if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model": model.spec.name, "n_new": n_new, "kept": keep}))
-        tmp.replace(path)
+        write_json_atomic(path, {"model": model.spec.name, "n_new": n_new, "kept": keep})
     return [facts[i] for i in keep]

@@ -15,7 +15,8 @@ from explorer._checks import InputError, check_local_weights
 from explorer.heads import ENGINE_FAMILIES as LAST_TOKEN_FAMILIES
 from explorer.interventions import Ablate
 from explorer.models import Model
-from explorer.trace import KeyValuePrefix, Readouts, key_value_prefix, run_batch, runs_over_prefix
+from explorer.trace import (KeyValuePrefix, TraceRequest, key_value_prefix, run_batch,
+                            runs_over_prefix)
 
 __all__ = ['LAST_TOKEN_FAMILIES', 'last_token_problem', 'last_token_cache', 'fv_last_token_probs',
            'ablated_last_token']
@@ -89,10 +90,10 @@ def _chunk_edits(heads: Sequence[tuple[int, int]], mean_z: Any, n: int
     return k, _last_token_edits(by_layer, mean_z, n, k)
 
 
-def _answer_readout(target: torch.Tensor, k: int) -> Readouts:
+def _answer_readout(target: torch.Tensor, k: int) -> TraceRequest:
     """The probability of each prompt's ``target`` token at the last position, in ``k``
     copies of the prompts, and nothing else (no logits cross the network)."""
-    return Readouts(save_positions=[-1], logits=False, prob_ids=target.repeat(k))
+    return TraceRequest(save_positions=[-1], logits=False, prob_ids=target.repeat(k))
 
 
 def _last_token_logits(model: Model, prefix: KeyValuePrefix,
@@ -103,7 +104,7 @@ def _last_token_logits(model: Model, prefix: KeyValuePrefix,
     big = prefix.repeat(k)
     edits = _last_token_edits(by_layer, mean_z, len(prefix.batch.lengths), k)
     out = run_batch(model, big.batch, edits=edits, prefix=big,
-                    readouts=Readouts(save_positions=[-1]))
+                    readouts=TraceRequest(save_positions=[-1]))
     return out["logits"][:, -1].float()
 
 

@@ -21,6 +21,7 @@ import torch
 
 from explorer.defaults import DATASETS_DIR
 from explorer._checks import ExplorerError, InputError, check_choice, check_int
+from explorer.analyses._files import write_json_atomic
 from explorer.lora import WeightDeltas, remove_hooks
 from explorer.models import Model, cache_dir
 from explorer.trace import run_on_weights, run_with
@@ -233,10 +234,7 @@ def known_facts(model: Model, facts: Sequence[AttributeFact] | None = None, *,
         ok &= format_accuracy(model, facts, fmt)[0]
     keep = [int(i) for i in np.flatnonzero(ok)]
     if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model": model.spec.name, "formats": formats, "kept": keep}))
-        tmp.replace(path)
+        write_json_atomic(path, {"model": model.spec.name, "formats": formats, "kept": keep})
     return [facts[i] for i in keep]
 
 
