@@ -64,7 +64,7 @@ from apps._positions import PositionStrip
 from apps._provenance import Provenance, one_line, outdated_text
 from apps._circuits_text import scope_on
 from apps._server import BoundedCache
-from apps._view import Scope, View, serve
+from apps._view import Scope, View, serve, workspace_selection
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
@@ -159,6 +159,9 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
     selected = param.String(default="", label="Selected component",
                             doc="The clicked (pinned) node, in the one component spelling "
                                 "(L17.H3): outlined, its circuit edges and strongest paths drawn")
+    highlighted = workspace_selection(doc="The workspace's selected components: dropping the "
+                                          "pinned node there unpins it (a link then reopens "
+                                          "the same selection)")
     show_outside = param.Boolean(default=False, label="Show the selection's edges outside "
                                                       "the circuit",
                                  doc="Draw the selected component's 5 strongest edges that are "
@@ -317,6 +320,7 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self.param.watch(self._task_changed, ["task", "n_prompts"])
         self.param.watch(self._size_asked, ["n_edges", "threshold", "n_nodes"])
         self.param.watch(self._check_selected, ["selected"])
+        self.param.watch(self._selection_dropped, ["highlighted"])
         self.param.watch(lambda *_: self._granularity_changed(), ["granularity"])
         self.param.watch(self._diff_changed, ["diff", "diff_against"])
         # the graph is a plain Bokeh figure per drawing (`cg.GraphFigure`) whose data sources
@@ -362,6 +366,11 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
             self._request_scores()
         else:
             self.status = "Press **Compute circuit** to score the edges."
+
+    def _selection_dropped(self, event: param.parameterized.Event) -> None:
+        """The workspace dropped the pinned node: the page unpins it."""
+        if self.selected and self.selected in event.old and self.selected not in event.new:
+            self.selected = ""
 
     @property
     def max_drawn_edges(self) -> int:

@@ -310,3 +310,15 @@ def test_walking_the_workspace_keeps_every_page_text_true(tiny_model):
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                HealthCheck.filter_too_much]))
+
+
+def test_a_head_selected_then_dropped_is_not_reopened_by_a_link(tiny_model):
+    """Selecting a head pins it on the Circuits page; dropping it from the workspace unpins
+    it, so the page's link reopens the empty selection (a walk the machine found)."""
+    m = walk([("select_component", {"name": "L0.H1"})])
+    try:
+        assert m.page.selected == "L0.H1"
+        walk([("drop_component", {}), ("follow_link", {})], m)
+        assert m.gallery.workspace.selected == [] and m.page.selected == ""
+    finally:
+        m.teardown()
