@@ -299,3 +299,14 @@ def test_command_refuses_prompts_of_different_lengths(monkeypatch, capsys):
                 "abxdefg"]) == 2
     err = capsys.readouterr().err
     assert "same number of tokens; clean has 6" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_times_the_grid_against_one_forward():
+    from explorer.bench import run_bench
+
+    out = run_bench("patching", model="tiny-llama", peer=False, repeats=1, clean="abcdefg",
+                    corrupt="abxdefg")
+    assert out["params"]["cells"] == 3 * 7 and out["params"]["tokens"] == 7
+    f = out["figures"]
+    assert f["grid_vs_forward_ratio"] > 0 and f["plain_forward_ms"] > 0
+    assert "peer_over_ours_ratio" not in f and out["notes"]["peer"].startswith("not measured")
