@@ -334,6 +334,12 @@ class CircuitScoring:
         other = self._results.get((key[0], key[1], self._other_method()))
         self.param.n_edges.bounds = (0, scores.sizes["edge"])
         node_curve = self._node_curves.get(key)
+        # the default of these scores before they are shown: the caption re-renders when they
+        # are set, and must not describe the previous result's default
+        self._default = cs.smallest_faithful_circuit(curve, self.fraction,
+                                                     max_edges=self.max_default_edges)
+        self._node_default = None if node_curve is None else cs.smallest_faithful_nodes(
+            node_curve, self.fraction)
         with self._sizing_by_page():
             self.param.update(n_edges=min(self.n_edges, scores.sizes["edge"]), scores=scores,
                               shown=prov, curve=curve, ablation=None, node_curve=node_curve,
@@ -343,8 +349,6 @@ class CircuitScoring:
         if default:
             self._set_default_size()
         else:
-            self._default = cs.smallest_faithful_circuit(curve, self.fraction,
-                                                         max_edges=self.max_default_edges)
             self._sync_slider()
         self.status = (f"{scores.sizes['edge']:,} edges scored ({METHOD_LABELS[key[2]]}); "
                        f"clean metric {scores.attrs['clean_metric']:.3f}, corrupted "

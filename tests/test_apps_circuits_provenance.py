@@ -101,3 +101,19 @@ def test_a_new_prompt_marks_the_old_result_outdated_and_never_relabels_it(tiny_m
     assert repr(PROMPT) in view.code_snippet() and long[:50] not in view.code_snippet()
     view.prompt = PROMPT     # back to the computed inputs: not outdated
     assert "Outdated" not in view._caption() and not view.redraw()["title"].endswith("(outdated)")
+
+
+def test_the_rendered_caption_is_the_shown_results_after_a_method_switch(walked):
+    """The caption pane (what a browser shows, re-rendered when the scores change) says what
+    `_caption` says now: the EAP-IG default, not the EAP one it had before the switch."""
+    import panel as pn
+
+    view, _ = walked
+    root = view.__panel__()
+    pane = next(p for p in root.select(pn.pane.Markdown) if "circuit-caption" in p.css_classes)
+    with torch.enable_grad():
+        view.method = "eap"
+        view.method = "eap-ig"    # shown at once from the results kept
+    rendered = pane.object() if callable(pane.object) else pane.object
+    assert rendered == view._caption()
+    assert rendered.startswith("EAP-IG scores of 1 pair.")
