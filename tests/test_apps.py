@@ -328,8 +328,12 @@ def test_gallery_lists_every_registered_view(tiny_model):
     assert list(gallery.pages) == ["lens"] and not calls  # pages are built on first visit
     gallery.view = "another"
     assert calls == [gallery.model] and set(gallery.pages) == {"lens", "another"}
-    # the sidebar prompt drives every page that has one, and hides the page's own box
+    # the sidebar prompt drives every page that has one (the one in view at once, the
+    # others when opened), and hides the page's own box
     gallery.prompt = "Water boils at"
+    assert gallery.pages["another"].prompt == "Water boils at"
+    assert gallery.pages["lens"].prompt != "Water boils at"
+    gallery.view = "lens"
     assert all(p.prompt == "Water boils at" for p in gallery.pages.values())
     assert gallery.pages["lens"].param["prompt"].precedence < 0
     assert LensView.param.prompt.precedence is None or LensView.param.prompt.precedence >= 0
