@@ -1,10 +1,11 @@
 """What the JupyterLab notebook tests share: the Lab, running a notebook from its UI, reading its plots.
 
 The example notebooks in a real JupyterLab, offline: every view cell draws, widgets reach the
-kernel. Each test file (`test_browser_notebooks.py`, `test_browser_notebooks_methods.py`) takes
-its share of the notebooks (`NOTEBOOK_FILES`), so two test workers run them side by side. A
-file serves JupyterLab itself (127.0.0.1, a free port, its own token, a temporary copy of
-examples/, the kernel is this interpreter with the worktree first on the path), opens each
+kernel. `test_browser_notebooks.py` checks every notebook (`LAB_NOTEBOOKS`) in one JupyterLab
+(one server start for all of them); `test_browser_notebook_export.py` checks the HTML export,
+so a second test worker runs it meanwhile. The `lab` fixture serves JupyterLab (127.0.0.1, a
+free port, its own token, a temporary copy of examples/, the kernel is this interpreter with
+the worktree first on the path); `check_in_lab` opens each
 notebook in headless chromium (a Lab workspace of its own), waits until the server and the page
 both have its kernel idle, runs all cells from the Lab's Run menu on ``tiny-llama``, and reads
 from the page that every cell that shows a plot drew it: a Bokeh figure whose data area has
@@ -63,14 +64,11 @@ VIEWPORT = {"width": 1330, "height": 1000}  # with the file browser open: an out
 # from the last to 0). The plot in that cell must change: the kernel re-ran and sent it.
 ROUND_TRIP = {"quickstart.ipynb": (10, "Home"), "workspace_atlas.ipynb": (15, "Home")}
 
-# Which test file checks which notebooks: about equal shares of the run time (each file starts
-# its own JupyterLab; `--dist loadfile` gives each file to one worker).
-NOTEBOOK_FILES = {
-    "test_browser_notebooks.py": ["dynamics.ipynb", "editing_unlearning.ipynb", "quickstart.ipynb",
-                                  "workspace_atlas.ipynb"],
-    "test_browser_notebooks_methods.py": ["circuits.ipynb", "conflicts.ipynb", "icl_heads.ipynb",
-                                          "lens_saturation.ipynb", "representations.ipynb"],
-}
+# The notebooks `test_browser_notebooks.py` runs in its one JupyterLab, in this order. Each
+# runs in a kernel of its own (started as the notebook opens, stopped after its test): a
+# kernel shared between notebooks would let one notebook's imports and extension calls hide
+# another's omissions.
+LAB_NOTEBOOKS = list(VIEW_CELLS)
 
 
 @pytest.fixture(scope="module")
