@@ -141,6 +141,7 @@ def test_atlas_snippet_recomputes_the_atlas_and_its_table(tiny_model):
     view.close()
 
 
+@pytest.mark.slow
 def test_itda_snippet_recomputes_the_dictionary_atom_sweep_and_comparison(tiny_model):
     from apps.itda import ITDAView
 
@@ -329,6 +330,7 @@ def test_lens_snippet_recomputes_the_steered_and_the_edited_lens(tiny_model, alp
     np.testing.assert_allclose(ns["steer"][0].vector, view.edits_for()[0].vector)
 
 
+@pytest.mark.slow
 def test_icl_heads_snippet_recomputes_every_result_the_page_shows(tiny_model):
     from apps.icl_heads import OWN_TASK, ICLHeadsView
 
@@ -459,6 +461,7 @@ def test_task_emergence_snippet_recomputes_shipped_and_reduced_analyses(cache):
     view.close()
 
 
+@pytest.mark.slow
 def test_unlearning_snippet_recomputes_localization_and_the_run(tiny_model, tmp_path):
     from apps.unlearning import UnlearningView
 

@@ -60,6 +60,7 @@ def test_first_visit_trains_then_the_store_serves_and_dashboards_match(tiny_mode
     view.close()
 
 
+@pytest.mark.slow
 def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model, store):
     from apps.gallery import VIEWS, Gallery
 

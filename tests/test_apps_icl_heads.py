@@ -147,6 +147,7 @@ def _same(a: float, b: float) -> bool:
     return (a != a and b != b) or a == b
 
 
+@pytest.mark.slow
 def test_conflict_matrix_is_the_analysis_result(tiny_model):
     """Run on request: the page's Dataset, its A x B matrix at the layer shown, the controls
     and the hover intervals equal `conflicting_task_patching` called directly."""

@@ -81,6 +81,7 @@ def test_retrain_trains_the_run_shown_again_from_its_seed(tiny_runs):
     assert view.runs[2] is tiny_runs[2]                        # the other run is untouched
 
 
+@pytest.mark.slow
 def test_page_opens_on_the_shipped_runs_without_training(tmp_path, monkeypatch):
     if not icl.SHIPPED_RUNS.is_file():
         pytest.skip("the shipped runs are missing")

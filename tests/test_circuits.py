@@ -808,6 +808,7 @@ def test_bench_eap_shape(tiny_model):
 
 # -- SmolLM2 --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_smollm2_tasks_tokenise_in_pairs_and_forward_matches(smollm2):
     """Every generated pair has equal token lengths and distinct first target tokens on

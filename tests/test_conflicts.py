@@ -292,6 +292,7 @@ def test_head_selection_finds_a_head_built_to_write_the_context_answer():
     assert sel.delta_plus.shape == (3, model.n_layers, H)
 
 
+@pytest.mark.slow
 def test_head_selection_delta_equals_scaling_runs(tiny_model):
     """Delta+ / Delta- of one head against plain hooks scaling the head by 1 + alpha."""
     facts = [C.load_facts(["country_capital"])[i] for i in (0, 2, 7)]
@@ -422,6 +423,7 @@ def test_accuracy_counts_answers(tiny_model):
 
 # -- SmolLM2 -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_smollm2_knows_capitals_and_the_context_moves_it(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
@@ -450,6 +452,7 @@ def test_cli_reports_too_few_known_facts(tmp_path, monkeypatch):
         _cli(["conflicts", "--model", "tiny-llama", "--relations", "country_capital"])
 
 
+@pytest.mark.slow
 def test_cli_json_summary(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
     monkeypatch.setattr(C, "closed_book_facts", lambda model, facts: [facts[i] for i in (0, 2, 7)])
@@ -544,6 +547,7 @@ def test_view_bars_follow_heads_and_alpha(tiny_model):
                                                   ("juice", "single")}
 
 
+@pytest.mark.slow
 def test_view_selects_heads_as_juice_does(tiny_model):
     """The page's JuICE button fills S+ / S- with `juice_head_selection` on the example."""
     import panel as pn

@@ -92,6 +92,7 @@ def test_unreachable_scheduler_address():
             pass
 
 
+@pytest.mark.slow
 def test_bench_store_scaled_down_stays_under_limit(tmp_path):
     result = bench_store(size_mb=64, memory_limit_mb=32, chunk_mb=1, processes=False, repeats=1,
                          n_pos=32, n_layers=4, d_model=64, folder=str(tmp_path))

@@ -154,6 +154,7 @@ def test_errors_name_the_bad_value(tiny_model, index):
         F.feature_index(tiny_model, TEXTS, kind="pca", layer=0)
 
 
+@pytest.mark.slow
 def test_command_shows_a_feature_and_finds_features(tmp_path, monkeypatch, capsys, tiny_model):
     from tests._cli import OneCommand
 

@@ -60,6 +60,7 @@ def test_a_click_outlines_the_position_on_every_layer(tiny_model):
     view.close()
 
 
+@pytest.mark.slow
 def test_with_edits_both_heatmaps_are_outlined(tiny_model):
     view = LensView(tiny_model, prompt=PROMPT, k=3, background=False)
     L = tiny_model.n_layers
@@ -73,6 +74,7 @@ def test_with_edits_both_heatmaps_are_outlined(tiny_model):
     view.close()
 
 
+@pytest.mark.slow
 def test_the_gallery_carries_the_lens_click_to_the_workspace(tiny_model):
     views = [("Logit lens", "lens", lambda m: LensView(m, k=3, background=False))]
     g = Gallery("tiny-llama", views=views, view="lens")

@@ -240,6 +240,7 @@ def test_smollm2_spec(smollm2):
     assert smollm2.W_O(0).shape == (9, 64, 576)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_smollm2_loads_fast_once_cached(smollm2):
     # This process's CPU time, best of three: a loaded machine stretches wall time, not

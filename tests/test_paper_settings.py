@@ -184,6 +184,7 @@ def test_task_emergence_setting_flags_reach_the_training_run(monkeypatch, capsys
     assert (seen["n_examples"], seen["coef_mean"], seen["d"]) == (6, 0.5, te.DEFAULTS["d"])
 
 
+@pytest.mark.slow
 def test_conflicts_alpha_search_picks_the_alphas_of_the_library_search(monkeypatch, capsys,
                                                                         tmp_path):
     from explorer import load_model

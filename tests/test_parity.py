@@ -577,6 +577,7 @@ def test_empty_store_reads_the_shipped_run_and_analysis_without_training(tmp_pat
         par.stored_parity_analysis(run, store=store, max_length=4)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not par.SHIPPED_RUN.is_file(), reason="the shipped run is missing")
 def test_cli_retraining_seed_0_reproduces_the_shipped_checkpoints(tmp_path, monkeypatch, capsys):
     from explorer.store import ActivationStore

@@ -27,6 +27,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("explorer", "apps")
 
@@ -100,6 +102,7 @@ def private_reaches(root: Path, path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_private_names_are_used_across_packages():
     found = []
     for package in PACKAGES:
@@ -184,6 +187,7 @@ def default_model_spellings(path: Path, name: str) -> list[int]:
     return sorted(set(lines))
 
 
+@pytest.mark.slow
 def test_the_default_model_is_named_in_one_place():
     from explorer.defaults import DEFAULT_MODEL
     from explorer.models import known_models

@@ -388,6 +388,7 @@ def test_saturation_layers_input_errors(tiny_model):
         saturation_layers(tiny_model, [])
 
 
+@pytest.mark.slow
 def test_analysis_is_served_from_the_store(tiny_model, tmp_path, monkeypatch):
     store = ActivationStore(tmp_path)
     kw = dict(k=5, n_permutations=50, sample_positions=60, n_pairs=1, seed=0, store=store)
@@ -935,6 +936,7 @@ def test_click_updates_the_rendered_detail_plots_in_place(smollm2_shaped_view, m
                                           err_msg=f"{glyph}.{col}")
 
 
+@pytest.mark.slow
 def test_click_latency_on_a_30_layer_result(smollm2_shaped_view):
     """The page's click path on data of SmolLM2's shape: a few ms of CPU.
 

@@ -134,6 +134,7 @@ def _titles(layout):
     return [p.object.get(0).opts.get().kwargs["title"] for p in panes]
 
 
+@pytest.mark.slow
 def test_prompt_view_clean_vs_edited_is_the_hooked_ablation(tiny_model):
     from apps.saturation import changed_cells, prompt_caption
 
@@ -183,6 +184,7 @@ def test_prompt_view_bad_prompt_keeps_the_result(tiny_model, notes):
     view.close()
 
 
+@pytest.mark.slow
 def test_snippet_recomputes_what_the_page_shows(tiny_model):
     from apps.saturation import strip_tokens
 
@@ -215,6 +217,7 @@ def test_snippet_recomputes_what_the_page_shows(tiny_model):
     view.close()
 
 
+@pytest.mark.slow
 def test_gallery_saturation_follows_the_prompt_and_the_edits(tiny_model):
     from apps.gallery import Gallery
     from apps.saturation import SaturationView

@@ -395,6 +395,7 @@ def test_cli_edit_json(tmp_path, monkeypatch, capsys):
 
 # -- view (headless) ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_view_follows_the_strength_slider(km):
     import holoviews as hv
 
@@ -560,6 +561,7 @@ def test_shipped_model_starts_as_a_fresh_default_run_does():
     np.testing.assert_allclose(fresh.history["loss"], shipped.history["loss"][:5], rtol=2e-3)
 
 
+@pytest.mark.slow
 def test_shipped_sweep_matches_two_edits_recomputed():
     """The shipped sweep belongs to the shipped weights, and two of its edits recomputed with
     ROME and R from the distance matrices give its numbers."""

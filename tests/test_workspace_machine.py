@@ -302,6 +302,7 @@ def test_the_walk_of_a_person_on_the_ioi_sentence(tiny_model):
         m.teardown()
 
 
+@pytest.mark.slow
 def test_walking_the_workspace_keeps_every_page_text_true(tiny_model):
     """Fixed seed, a few short walks (about 30 s here); EXPLORER_MACHINE_EXAMPLES for more."""
     run_state_machine_as_test(WorkspaceWalk, settings=settings(
