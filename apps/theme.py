@@ -16,8 +16,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import colorcet as cc
+import pandas as pd
 import panel as pn
 import param
+
+# HoloViews aggregates a HeatMap's value columns with numpy's reshape, which pandas' pyarrow-backed
+# strings (pandas 3's default str storage wherever pyarrow is installed) refuse; the pages'
+# heatmaps carry token strings as hover columns. Python-backed strings keep them drawable.
+pd.set_option("mode.string_storage", "python")
 
 __all__ = [
     "TITLE",
