@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Provenance", "Counterfactual", "one_line", "counterfactual_text", "changed_inputs",
-           "outdated_text", "stale_text", "computed_at_now", "INPUT_NAMES"]
+           "outdated_text", "stale_text", "computed_at_now", "INPUT_NAMES", "ShownResult"]
 
 LINE_CHARS = 90   # a prompt shown on one line: at most this many characters
 
@@ -147,3 +147,31 @@ def stale_text(shown: Provenance, wanted: Provenance, *, action: str = "Compute"
           if shown.counterfactual is not None else "")
     method = f", {shown.method.upper()}" if shown.method else ""
     return f"Shown: computed on {on}{cf}{method} at {shown.computed_at[11:16]} UTC; {changed}"
+
+
+class ShownResult:
+    """What a page says about the result it shows: the base of every `apps._view.View`.
+
+    A page that keeps a `Provenance` beside its shown result overrides `shown_provenance` and
+    `requested_provenance` (what it would compute from its current inputs); `stale_note` then
+    says what the shown result was computed on once the two differ."""
+
+    compute_action = "Compute"   # the control that recomputes the page (named in stale notes)
+
+    def shown_provenance(self) -> Provenance | None:
+        """The record of what the shown result was computed on, or None. Pages that keep one
+        override it; their words about the result come from it."""
+        return None
+
+    def requested_provenance(self) -> Provenance | None:
+        """The record of what the page would compute from its current inputs, or None."""
+        return None
+
+    def stale_note(self) -> str:
+        """Empty while the shown result is of the current inputs (or the page keeps no
+        record); else what it was computed on and what changed since (`stale_text`)."""
+        shown = self.shown_provenance()
+        wanted = self.requested_provenance() if shown is not None else None
+        if shown is None or wanted is None:
+            return ""
+        return stale_text(shown, wanted, action=self.compute_action)

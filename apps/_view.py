@@ -39,6 +39,7 @@ import xarray as xr
 
 from apps import theme
 from apps._page_cache import PageCaches
+from apps._provenance import ShownResult
 from apps._recipe import Let, Note, Recipe, render
 from apps._session import (CancelToken, Runner, jobs_running, schedule, served_document,
                            user_message)
@@ -79,7 +80,7 @@ class Scope(NamedTuple):
     edits: str
 
 
-class View(PageCaches, pn.viewable.Viewer):
+class View(PageCaches, ShownResult, pn.viewable.Viewer):
     """A page of the explorer: the plumbing every view shares.
 
     Parameters
@@ -283,30 +284,6 @@ class View(PageCaches, pn.viewable.Viewer):
         """What the page runs on and whether the workspace's edits apply (its header line).
         Pages override it; None: the page states no scope."""
         return None
-
-    # -- what the shown result was computed on ---------------------------------------------------
-    compute_action = "Compute"   # the control that recomputes the page (named in stale notes)
-
-    def shown_provenance(self) -> Any:
-        """The record of what the shown result was computed on (`apps._provenance.Provenance`),
-        or None. Pages that keep one override it; their words about the result come from it."""
-        return None
-
-    def requested_provenance(self) -> Any:
-        """The record of what the page would compute from its current inputs, or None."""
-        return None
-
-    def stale_note(self) -> str:
-        """Empty while the shown result is of the current inputs (or the page keeps no
-        record); else what it was computed on and what changed since
-        (`apps._provenance.stale_text`)."""
-        shown = self.shown_provenance()
-        wanted = self.requested_provenance() if shown is not None else None
-        if shown is None or wanted is None:
-            return ""
-        from apps._provenance import stale_text
-
-        return stale_text(shown, wanted, action=self.compute_action)
 
     def scope_pane(self) -> pn.pane.Markdown:
         """The page's header line, "on: … · edits: …" (`scope`), following its parameters;

@@ -230,6 +230,23 @@ def perplexity_caption(result: xr.Dataset | None) -> str:
             f"training also keeps a cross-entropy term on its other documents): {vals}.")
 
 
+# the page's settings a person sets, in order, with the widget of each
+_CONTROLS = {"method": pn.widgets.Select, "n_layers": pn.widgets.IntSlider,
+             "compare": pn.widgets.Checkbox, "steps": pn.widgets.IntSlider,
+             "lr": pn.widgets.Select, "n_forget": pn.widgets.IntSlider,
+             "n_retain": pn.widgets.IntSlider, "text_weight": pn.widgets.Select,
+             "relearn_steps": pn.widgets.IntSlider}
+
+
+def _shown_controls(view: param.Parameterized) -> pn.Column:
+    """The settings of ``view`` not hidden by their precedence, each with its tip."""
+    p = view.param
+    return pn.Column(*[tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
+                       for name, kind in _CONTROLS.items()
+                       if p[name].precedence is None or p[name].precedence >= 0],
+                     sizing_mode="stretch_width")
+
+
 class UnlearningView(View):
     """Localize a fact set, unlearn it on the localized MLPs, measure robustness."""
 
@@ -593,16 +610,7 @@ class UnlearningView(View):
             f'data-unlearning-method="{self.method}"></div>', height=0, margin=0)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        p = self.param
-        widgets = {"method": pn.widgets.Select, "n_layers": pn.widgets.IntSlider,
-                   "compare": pn.widgets.Checkbox,
-                   "steps": pn.widgets.IntSlider, "lr": pn.widgets.Select,
-                   "n_forget": pn.widgets.IntSlider, "n_retain": pn.widgets.IntSlider,
-                   "text_weight": pn.widgets.Select,
-                   "relearn_steps": pn.widgets.IntSlider}
-        controls = pn.Column(*[tip(kind.from_param(p[name], sizing_mode="stretch_width"), p[name].doc)
-                               for name, kind in widgets.items() if p[name].precedence is None
-                               or p[name].precedence >= 0], sizing_mode="stretch_width")
+        controls = _shown_controls(self)
         bar = self.progress_bar(visible=self.param.busy)
         return pn.Row(
             pn.Column(controls, self._own.layout(self.param.error), self._localize_button, self._run_button, self._cancel_button,
