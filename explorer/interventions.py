@@ -153,16 +153,19 @@ class _AtSite(Edit):
 
 @dataclass(frozen=True)
 class Patch(_AtSite):
-    """Write the activation of ``source`` (a prompt) at ``site`` of ``layer`` into the run.
+    """Write the activation of ``source`` at ``site`` of ``layer`` into the run.
 
-    Without ``positions`` the source must have as many tokens as every prompt in the
-    run (every row in ``prompts`` when given). ``head`` restricts a patch of a head site
-    (``attn_z``, ``attn_q``; ``attn_k``/``attn_v`` by key/value head) to one head.
+    ``source`` is a prompt (a str) or its token ids (a sequence of ints, run as given: no
+    special tokens added). Without ``positions`` the source must have as many tokens as every
+    prompt in the run (every row in ``prompts`` when given). ``head`` restricts a patch of a
+    head site (``attn_z``, ``attn_q``; ``attn_k``/``attn_v`` by key/value head) to one head.
+    Values already computed (a cached run's activations) go in with `Set`, which runs no
+    source forward at all; `explorer.activation_patching` does a whole grid that way.
     """
 
     site: str
     layer: int
-    source: str
+    source: str | tuple[int, ...]
     head: int | None = None
     positions: tuple[int, ...] | None = None
     prompts: tuple[int, ...] | None = None
@@ -170,6 +173,33 @@ class Patch(_AtSite):
 
     def __post_init__(self):
         self._check_site()
+        if not isinstance(self.source, str):
+            object.__setattr__(self, "source", _token_ids("source", self.source))
+
+    def validate(self, model: Any) -> None:
+        super().validate(model)
+        if not isinstance(self.source, str):
+            bad = [t for t in self.source if t >= model.vocab_size]
+            if bad:
+                raise InputError(f"`source` token ids must be in [0, {model.vocab_size - 1}]; "
+                                 f"got {bad[0]}.")
+
+
+def _token_ids(name: str, value: Any) -> tuple[int, ...]:
+    """``value`` as a non-empty tuple of token ids (ints >= 0), or a clear error."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    try:
+        ids = tuple(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be a prompt (str) or its token ids (ints); "
+                        f"got {type(value).__name__}.") from None
+    if not ids:
+        raise InputError(f"`{name}` must hold at least one token id; got none.")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+            raise InputError(f"`{name}` token ids must be ints >= 0; got {t!r}.")
+    return tuple(int(t) for t in ids)
 
 
 @dataclass(frozen=True)
@@ -375,7 +405,7 @@ def _edit_fields(cls: type[Edit], d: dict[str, Any]) -> None:
         if old in d and "site" not in d:
             d["site"] = d.pop(old)
         d.setdefault("site", None)  # a missing site fails `check_choice` by name
-    for key in ("value", "vector", "positions", "prompts"):
+    for key in ("value", "vector", "positions", "prompts", "source"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
 

@@ -1083,7 +1083,8 @@ def direct_logit_attribution(parts: dict[Any, torch.Tensor], normed_probe: torch
 
 def _patch_source(model: Model, e: Patch, batch: Batch) -> torch.Tensor:
     """Activation of the patch source at the edit's site, lined up with the run's positions."""
-    src_batch = model.tokenize([e.source])
+    src_batch = (model.tokenize([e.source]) if isinstance(e.source, str)
+                 else model.batch_from_ids([list(e.source)]))
     n_src = src_batch.lengths[0]
     lengths = batch.lengths if e.prompts is None else [batch.lengths[i] for i in e.prompts]
     if e.positions is None:

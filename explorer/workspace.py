@@ -84,7 +84,9 @@ def edit_label(edit: Edit) -> str:
     elif isinstance(edit, Patch):
         where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
                  else f"{edit.site} L{edit.layer}")
-        text = f"patch {where} from {edit.source[:24]!r}"
+        source = (repr(edit.source[:24]) if isinstance(edit.source, str)
+                  else f"{len(edit.source)} token ids")
+        text = f"patch {where} from {source}"
     elif isinstance(edit, Set):
         where = (str(comp.head(edit.layer, edit.head)) if edit.head is not None
                  else f"{edit.site} L{edit.layer}")

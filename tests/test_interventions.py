@@ -94,8 +94,10 @@ def site_module(model, site, layer):
 
 
 def captured(model, prompt, site, layer) -> torch.Tensor:
-    """The site's activation [pos, d] from a plain forward of one prompt alone."""
-    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    """The site's activation [pos, d] from a plain forward of one prompt (or its token ids)
+    alone."""
+    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                        if isinstance(prompt, str) else list(prompt)])
     module, when = site_module(model, site, layer)
     seen = []
     if when == "pre":
@@ -228,6 +230,28 @@ def test_patch_site_at_chosen_positions(family_model, site):
 def test_patch_attn_z_one_head(family_model):
     edit = Patch("attn_z", 2, SOURCE, head=1, positions=(1, -2))
     assert_edit_matches_hooks(family_model, PROMPTS, [edit])
+
+
+def test_patch_from_token_ids(family_model):
+    # ids no text need tokenise to: the source runs as given
+    ids = [(7 * i + 3) % family_model.vocab_size for i in range(6)]
+    edit = Patch("resid_pre", 1, ids, positions=(0, -1))
+    assert edit.source == tuple(ids)
+    assert_edit_matches_hooks(family_model, PROMPTS, [edit])
+    assert edits_from_json(edits_to_json([edit])) == [edit]
+
+
+def test_patch_token_ids_are_checked(tiny_model):
+    with pytest.raises(InputError, match=r"`source` must hold at least one token id"):
+        Patch("resid_pre", 0, [])
+    with pytest.raises(InputError, match=r"`source` token ids must be ints >= 0; got -1"):
+        Patch("resid_pre", 0, [3, -1])
+    with pytest.raises(TypeError, match=r"`source` must be a prompt \(str\) or its token ids"):
+        Patch("resid_pre", 0, 5)
+    big = tiny_model.vocab_size
+    with pytest.raises(InputError, match=rf"`source` token ids must be in \[0, {big - 1}\]; "
+                                         rf"got {big}"):
+        run_with(tiny_model, PROMPTS, [Patch("resid_pre", 0, [1, big], positions=(0,))])
 
 
 def test_patch_every_position_of_same_length_prompts(tiny_model):
