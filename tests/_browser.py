@@ -433,6 +433,25 @@ def plot_ids(page) -> list[str]:
     return list(sig["ids"]) if sig else []
 
 
+# The frame (data area) of the first plot inside the pane with CSS class `css`, in page
+# pixels: {left, top, width, height}.
+FRAME_IN_PANE = """(css) => {
+  const views = [...Bokeh.index.all_views()].filter(v =>
+      (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
+      && v.el.offsetParent != null)
+  for (const v of views) {
+    let node = v.el, inside = false
+    while (node != null) {
+      if (node.classList != null && node.classList.contains(css)) { inside = true; break }
+      node = node.parentNode || node.host
+    }
+    if (!inside) continue
+    const c = v.canvas_view.el.getBoundingClientRect(), f = v.frame.bbox
+    return {left: c.left + f.left, top: c.top + f.top, width: f.width, height: f.height}
+  }
+  return null
+}"""
+
 # A plot's title: its text, its width as Bokeh measures it and the room it has from where it
 # starts: to the canvas's edge, or to the toolbar's left edge where the toolbar shares the
 # title's row (a toolbar "above" is drawn in the title's band and covers what runs under it).

@@ -5,33 +5,14 @@ contexts and steers the workspace."""
 from __future__ import annotations
 
 import pytest
-from _browser import (ARTIFACTS, gallery_page_state, plot_ids, served_in_process,
-                      settle_gallery_page, wait_for_text)
+from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, plot_ids,
+                      served_in_process, settle_gallery_page, wait_for_text)
 
 from explorer.interventions import Ablate
 
 pytestmark = pytest.mark.browser
 
 MIN_FRAME = 60
-
-# The frame (data area) of the first plot inside the pane with CSS class `css`, in page
-# pixels: {left, top, width, height}.
-_FRAME_IN = """(css) => {
-  const views = [...Bokeh.index.all_views()].filter(v =>
-      (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
-      && v.el.offsetParent != null)
-  for (const v of views) {
-    let node = v.el, inside = false
-    while (node != null) {
-      if (node.classList != null && node.classList.contains(css)) { inside = true; break }
-      node = node.parentNode || node.host
-    }
-    if (!inside) continue
-    const c = v.canvas_view.el.getBoundingClientRect(), f = v.frame.bbox
-    return {left: c.left + f.left, top: c.top + f.top, width: f.width, height: f.height}
-  }
-  return null
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +64,7 @@ def test_both_pages_open_draw_and_a_cell_click_selects(browser, served):
     n_layers, n_cols = 3, 5                           # tiny-llama: 4 heads + the MLP column
     for col, layer, name in [(4, 1, "L1.MLP"), (2, 0, "L0.H2")]:
         assert settle_gallery_page(tab, timeout=120)   # the outline of the last click drawn
-        frame = tab.evaluate(_FRAME_IN, "dla-clean")
+        frame = tab.evaluate(FRAME_IN_PANE, "dla-clean")
         assert frame is not None
         tab.mouse.click(frame["left"] + (col + 0.5) * frame["width"] / n_cols,
                         frame["top"] + (layer + 0.5) * frame["height"] / n_layers)

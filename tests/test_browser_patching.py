@@ -5,31 +5,12 @@ position in the workspace."""
 from __future__ import annotations
 
 import pytest
-from _browser import (ARTIFACTS, gallery_page_state, plot_ids, served_in_process,
-                      settle_gallery_page, wait_for_text)
+from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, plot_ids,
+                      served_in_process, settle_gallery_page, wait_for_text)
 
 pytestmark = pytest.mark.browser
 
 MIN_FRAME = 60
-
-# The frame (data area) of the first plot inside the pane with CSS class `css`, in page
-# pixels: {left, top, width, height}.
-_FRAME_IN = """(css) => {
-  const views = [...Bokeh.index.all_views()].filter(v =>
-      (v.model.type === 'Figure' || v.model.type === 'Plot') && v.el.isConnected
-      && v.el.offsetParent != null)
-  for (const v of views) {
-    let node = v.el, inside = false
-    while (node != null) {
-      if (node.classList != null && node.classList.contains(css)) { inside = true; break }
-      node = node.parentNode || node.host
-    }
-    if (!inside) continue
-    const c = v.canvas_view.el.getBoundingClientRect(), f = v.frame.bbox
-    return {left: c.left + f.left, top: c.top + f.top, width: f.width, height: f.height}
-  }
-  return null
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +56,7 @@ def test_page_opens_draws_and_a_cell_click_selects(browser, served):
     for p in plots:
         assert min(p["frame"]) >= MIN_FRAME, p
         assert p["ink"] > 0.002, p
-    frame = tab.evaluate(_FRAME_IN, "patching-grid")
+    frame = tab.evaluate(FRAME_IN_PANE, "patching-grid")
     assert frame is not None and frame["width"] >= MIN_FRAME
     n_layers = 3
     col, layer = n_tokens - 1, 2               # the last position at layer 2: resid_pre = L1
