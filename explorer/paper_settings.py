@@ -188,7 +188,7 @@ PAPER_SETTINGS: dict[str, PaperSetting] = {s.method: s for s in (
     PaperSetting(
         "circuits", "Wang et al. (CircuitLoRA), ICML 2025",
         "Xu0615/FinetuneCircuits (eap/attribute.py, find_circuit_100 notebooks)",
-        (PaperValue("attribution", "eap-ig", flag="method"),
+        (PaperValue("attribution", "eap-ig", page="method", flag="method"),
          PaperValue("integration steps", 5, flag="steps", note="ig_steps"),
          PaperValue("metric", "kl", flag="metric")),
         beyond="Pythia-1.4B-deduped on add/sub with operands up to 100"),

@@ -242,3 +242,28 @@ def test_itda_compares_two_models_with_the_jaccard_of_atom_labels(tmp_path, monk
         la, lb = labels(a, layer), labels(b, layer)
         assert got == pytest.approx(len(la & lb) / len(la | lb))
     assert np.asarray(comp["matrix"]).shape == (model.n_layers, model.n_layers)
+
+
+def test_circuits_page_paper_button_sets_eap_ig():
+    """The Circuits page opens on EAP and its line says so; the button sets EAP-IG."""
+    import panel as pn
+    import param
+
+    from apps._paper import page_differs_line, paper_panel
+    from apps.circuits import CircuitsView
+
+    assert 'paper_panel("circuits", self)' in (
+        Path(__file__).resolve().parents[1] / "apps" / "circuits.py").read_text()
+    assert CircuitsView.param["method"].default == "eap"
+
+    class Page(param.Parameterized):   # the page's one parameter the table ties
+        method = param.Selector(default="eap", objects=list(CircuitsView.param["method"].objects))
+
+    view = Page()
+    assert page_differs_line("circuits", view).startswith(
+        "Differs from the paper: attribution eap (paper: eap-ig).")
+    panel = paper_panel("circuits", view)
+    button = next(w for w in panel.select(pn.widgets.Button) if w.label == "Paper's setting")
+    button.clicks += 1
+    assert view.method == "eap-ig"
+    assert page_differs_line("circuits", view).startswith("The paper's setting: every value")
