@@ -394,7 +394,8 @@ class FeaturesView(View):
                                                  css_classes=["features-feature"])
         query = pn.widgets.TextInput.from_param(self.param.query, placeholder="e.g. bread",
                                                 width=200, css_classes=["features-search"])
-        alpha = pn.widgets.FloatInput.from_param(self.param.alpha, width=140)
+        alpha = pn.widgets.FloatInput.from_param(self.param.alpha, width=140,
+                                             placeholder="largest activation")
         steer = pn.widgets.Button(label="Steer with this feature", color="primary",
                                   css_classes=["features-steer"], align="end",
                                   description="Add the feature's decoder direction, times the "
