@@ -39,7 +39,7 @@ def lens_title(ds: xr.Dataset, *, clean: bool = False) -> str:
         return f"PREVIEW (exact on release) · {'clean · ' if clean else ''}{what}"
     if clean:
         return f"clean · {what}" if what != "unedited" else "clean: no workspace edits"
-    return f"Top-1 token per layer and position · {what}"
+    return f"Logit lens: top-1 token · {what}"
 
 
 _TITLE_EDITS = 2  # workspace edits named in the edited heatmap's title (all in its caption)
