@@ -14,8 +14,8 @@ import param
 
 from apps import theme
 
-__all__ = ["OwnItems", "caption", "control", "flex_plot", "flex_row", "labelled",
-           "labelled_control", "labelled_controls", "run_page", "tip"]
+__all__ = ["OwnItems", "caption", "check_selected_component", "control", "flex_plot", "flex_row",
+           "labelled", "labelled_control", "labelled_controls", "run_page", "tip"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -140,3 +140,21 @@ class OwnItems:
                                    css_classes=["own-items-error"], sizing_mode="stretch_width")
         return pn.Column(self.area, self.button, message, margin=0, sizing_mode="stretch_width",
                          css_classes=["own-items"])
+
+
+def check_selected_component(view: param.Parameterized, spec: Any, event: Any) -> None:
+    """Watcher of a page's ``selected`` component: a component the model (``spec``) lacks is
+    refused with a notification and the previous one kept; any other spelling becomes the
+    one spelling (``L3.H1``, ``L3.MLP``)."""
+    from explorer import components
+
+    if not event.new:
+        return
+    try:
+        c = components.check_in_model(event.new, spec.n_layers, spec.n_heads)
+    except components.ComponentError as exc:
+        theme.notify("warning", str(exc), duration=4000)
+        view.selected = event.old
+        return
+    if str(c) != event.new:
+        view.selected = str(c)

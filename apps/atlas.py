@@ -27,6 +27,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._attention_trace import trace_patterns
+from apps._controls import check_selected_component
 from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
 from apps._recipe import MODEL, Call, Let, Note, Recipe, Ref, Step
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
@@ -331,17 +332,7 @@ class AtlasView(View):
 
     # -- selection -------------------------------------------------------------------------
     def _check_selected(self, event: Any) -> None:
-        if not event.new:
-            return
-        spec = self._model.spec
-        try:
-            c = components.check_in_model(event.new, spec.n_layers, spec.n_heads)
-        except components.ComponentError as exc:
-            theme.notify("warning", str(exc), duration=4000)
-            self.selected = event.old
-            return
-        if str(c) != event.new:
-            self.selected = str(c)
+        check_selected_component(self, self._model.spec, event)
 
     def select(self, layer: int, head: int) -> None:
         """Select head ``(layer, head)``."""

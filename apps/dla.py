@@ -25,6 +25,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._controls import check_selected_component
 from apps._heads_heatmap import layer_ticks
 from apps._positions import position_outlines
 from apps._provenance import one_line
@@ -322,17 +323,7 @@ class DLAView(View):
 
     # -- selection -------------------------------------------------------------------------
     def _check_selected(self, event: Any) -> None:
-        if not event.new:
-            return
-        spec = self._model.spec
-        try:
-            c = components.check_in_model(event.new, spec.n_layers, spec.n_heads)
-        except components.ComponentError as exc:
-            theme.notify("warning", str(exc), duration=4000)
-            self.selected = event.old
-            return
-        if str(c) != event.new:
-            self.selected = str(c)
+        check_selected_component(self, self._model.spec, event)
 
     def select(self, component: str) -> None:
         """Select ``component`` (``L3.H1`` or ``L3.MLP``), as a click on its cell does."""
