@@ -122,7 +122,8 @@ class LinksPart:
         ws = self.workspace
         settings = self.page_settings(self.view)
         opening = Workspace.param["prompts"].default      # the sidebar's prompt on opening
-        plain = ws.prompts == opening and not ws.selection and not ws.edits and not settings
+        plain = (ws.prompts == opening and not ws.second_prompt and not ws.selection
+                 and not ws.edits and not settings)
         if plain:
             return f"?view={self.view}", 0
         state, left_out = workspace_link(ws, view=self.view, settings=settings)
@@ -174,6 +175,7 @@ class LinksPart:
             try:
                 link = read_link(state, model=self._model)
                 self._check_prompt(link.workspace.prompt)
+                self._check_second_prompt(link.workspace.second_prompt)
             except ExplorerError as exc:
                 self._link_problem(str(exc).rstrip("."))
                 ok = False

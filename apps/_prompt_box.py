@@ -1,6 +1,7 @@
 """The gallery sidebar's prompt box: the shared prompt, its length in tokens against the
 limit (`MAX_PROMPT_TOKENS`, or the model's context when shorter), and a clear message for a
-prompt that is empty or too long."""
+prompt that is empty or too long; under it the second prompt (`Workspace.second_prompt`, the
+Two prompts page's B), in a card collapsed while it is empty."""
 from __future__ import annotations
 
 from typing import Any
@@ -95,3 +96,73 @@ class PromptBoxPart:
         box.param.watch(entered, "value")
         self.param.watch(follow, "prompt")
         return [box, info]
+
+    def _check_second_prompt(self, text: str) -> int:
+        """The second prompt's length in tokens (0 when blank: no second prompt); InputError
+        saying the limit when it is over it."""
+        if not text.strip():
+            return 0
+        return self._check_prompt(text)
+
+    def _second_prompt_line(self, text: str) -> str:
+        if not text.strip():
+            return ("Empty: the Two prompts page shows your prompt alone. Type the prompt to "
+                    "compare with (e.g. two names swapped) and press Enter.")
+        try:
+            n = self._check_second_prompt(text)
+        except InputError as exc:
+            return f"<span style='color:#b00020'>Not set: {exc}</span>"
+        return f"{n:,} / {self.prompt_limit:,} tokens · Enter sets it"
+
+    def submit_second_prompt(self, text: str) -> bool:
+        """The second prompt typed in the sidebar: kept in the workspace when it fits the
+        limit ('' clears it); refused with one notification when not (the text stays)."""
+        try:
+            self._check_second_prompt(text)
+        except InputError as exc:
+            theme.notify("warning", f"Second prompt not set: {exc}", duration=8000)
+            return False
+        self.workspace.second_prompt = text if text.strip() else ""
+        return True
+
+    def second_prompt_box(self) -> pn.Card:
+        """The sidebar's second prompt (`Workspace.second_prompt`), collapsed while empty: the
+        prompt the Two prompts page sets beside the first one."""
+        ws = self.workspace
+        box = pn.widgets.TextInput(
+            label="Second prompt (compare)", value=ws.second_prompt, max_length=MAX_PROMPT_CHARS,
+            sizing_mode="stretch_width", css_classes=["second-prompt-box"],
+            placeholder="Prompt B; Enter sets it",
+            description="A second prompt (B) that the Two prompts page shows beside your "
+                        "prompt (A), with their difference. Empty for none.")
+        info = pn.pane.HTML(self._second_prompt_line(ws.second_prompt),
+                            css_classes=["second-prompt-info"], margin=(0, 10),
+                            styles={"color": "#555", "font-size": "0.85em"},
+                            sizing_mode="stretch_width")
+        copy = pn.widgets.Button(label="Start from the prompt", color="light",
+                                 sizing_mode="stretch_width", css_classes=["second-from-first"],
+                                 description="Set the second prompt to the first one, to "
+                                             "change a word of it (then press Enter).")
+        card = pn.Card(box, info, copy, title="Second prompt (compare)",
+                       collapsed=not ws.second_prompt, sizing_mode="stretch_width",
+                       css_classes=["second-prompt"], margin=(5, 10))
+
+        def typed(event: Any) -> None:
+            info.object = self._second_prompt_line(event.new or "")
+
+        def entered(event: Any) -> None:
+            if (event.new or "") != ws.second_prompt:
+                self.submit_second_prompt(event.new or "")
+
+        def follow(event: Any) -> None:  # a loaded state or link: the box shows its prompt
+            if box.value != event.new:
+                box.value = event.new
+            info.object = self._second_prompt_line(event.new)
+            if event.new:
+                card.collapsed = False
+
+        box.param.watch(typed, "value_input")
+        box.param.watch(entered, "value")
+        copy.on_click(lambda _e: setattr(box, "value", self.prompt))  # then edit a word
+        ws.param.watch(follow, "second_prompt")
+        return card

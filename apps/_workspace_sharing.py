@@ -1,6 +1,7 @@
 """How the gallery keeps its pages and its workspace in step: a component, an edge or a
 token position picked on a page joins the workspace selection, and the pages follow the
-workspace's selection, prompt, edits and the text of the pages' "Your own" boxes.
+workspace's selection, prompt (and second prompt), edits and the text of the pages' "Your
+own" boxes.
 
 Only what the person asked for runs: a workspace change reaches the page in view at once
 (it recomputes); the other pages built so far keep what they show, on the inputs they showed
@@ -86,6 +87,8 @@ class SharingPart:
             view.edits = list(ws.edits)
         if "prompt" in view.param and view.prompt != self.prompt:
             view.prompt = self.prompt
+        if "second_prompt" in view.param and view.second_prompt != ws.second_prompt:
+            view.second_prompt = ws.second_prompt
         if slug in self._items_behind and slug in self._own_boxes:
             self._items_behind.discard(slug)
             obj, name = self._own_boxes[slug]
@@ -97,6 +100,13 @@ class SharingPart:
         for view in self._page_in_view():
             if "prompt" in view.param and view.prompt != event.new:
                 view.prompt = event.new
+
+    def _share_second_prompt(self, event: Any) -> None:
+        """The workspace's second prompt changed (the sidebar box, a state, a link): the page
+        in view that shows it follows (`Workspace.second_prompt`)."""
+        for view in self._page_in_view():
+            if "second_prompt" in view.param and view.second_prompt != event.new:
+                view.second_prompt = event.new
 
     def _prompt_from_workspace(self, event: Any) -> None:
         # a loaded state: the sidebar and every page follow

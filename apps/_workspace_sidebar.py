@@ -178,7 +178,8 @@ class WorkspaceSidebarPart:
                         title="The workspace as code: model, prompt, selection and edits",
                         css_classes=["workspace-code"])
         ws.param.watch(lambda *_: setattr(code, "code", ws.copy_as_code()),
-                       ["prompts", "selected", "selected_edges", "selected_positions", "edits"])
+                       ["prompts", "second_prompt", "selected", "selected_edges",
+                        "selected_positions", "edits"])
         return [pn.pane.Markdown("### Workspace"), choice, add, message,
                 pn.bind(self.component_menu, ws.param.selected),
                 pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,

@@ -202,12 +202,14 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
         self.param.watch(self._share_prompt, "prompt")
         self.param.watch(self._switch_model, "model_name")
         self.workspace.param.watch(self._prompt_from_workspace, "prompts")
+        self.workspace.param.watch(self._share_second_prompt, "second_prompt")
         self.workspace.param.watch(self._share_selection, "selected")
         self.workspace.param.watch(self._share_page_selections, list(PAGE_SELECTIONS))
         self.workspace.param.watch(self._share_edits, "edits")
         self.workspace.param.watch(self._share_items, "items")
-        self.workspace.param.watch(self._update_address, ["prompts", "selected", "selected_edges",
-                                                          "selected_positions", "edits"])
+        self.workspace.param.watch(self._update_address, ["prompts", "second_prompt", "selected",
+                                                          "selected_edges", "selected_positions",
+                                                          "edits"])
         self.param.watch(self._update_address, ["view", "page_revision"])
         self.refresh_cache()
         self.view = view or next(iter(self._specs))
@@ -236,6 +238,9 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
                 view.param["prompt"].precedence = -1  # the sidebar's prompt drives it
                 view.prompt = self.prompt
                 view.param.watch(self._prompt_from_page, "prompt")
+            if "second_prompt" in view.param:  # the sidebar's second prompt drives it
+                view.param["second_prompt"].precedence = -1
+                view.second_prompt = self.workspace.second_prompt
             if "highlighted" in view.param:
                 view.highlighted = list(self.workspace.selected)
             if "selected" in view.param:
@@ -467,7 +472,7 @@ window.__explorerCopied = url
                   pn.pane.Markdown(self.param.remote_status, css_classes=["remote-status"])
                   ] if self._remote else []
         return [pn.pane.Markdown("### Pages"), nav, pn.layout.Divider(), model, loading, *prompt,
-                *remote, stop, pn.layout.Divider(), *self.workspace_widgets(), pn.layout.Divider(),
+                self.second_prompt_box(), *remote, stop, pn.layout.Divider(), *self.workspace_widgets(), pn.layout.Divider(),
                 *self.page_widgets(), pn.layout.Divider(),
                 pn.pane.Markdown(self.param.cache, css_classes=["cache-status"]), refresh]
 

@@ -33,7 +33,7 @@ from .interventions import Ablate, AddHead, Edit, Patch, Scale, Set, Steer, edit
 
 __all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
            "MAX_ITEM_CHARS", "MAX_ITEMS", "LINK_VERSION", "MAX_LINK_CHARS", "MAX_PROMPT_CHARS",
-           "Link", "check_settings", "read_link", "workspace_link"]
+           "Link", "check_second_prompt", "check_settings", "read_link", "workspace_link"]
 
 STATE_FORMAT = "explorer-workspace"
 """The ``format`` field of an exported state."""
@@ -61,7 +61,7 @@ MAX_LINK_CHARS = 16_000
 
 _LINK_JSON_BYTES = 2 * 2**20  # a link's state, decompressed, is never larger than this
 
-_KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "selected",
+_KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "second_prompt", "selected",
          "selected_edges", "selected_positions", "edits", "items", "settings", "versions"}
 _ITEM_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # a page slug: 'conflicts', 'icl-heads'
 
@@ -131,6 +131,9 @@ class Workspace(param.Parameterized):
         The model's shape; selections and edits are checked against it when given.
     prompts : list of str
         The user's prompts; the first is the one single-prompt pages show (`prompt`).
+    second_prompt : str
+        A second prompt to set beside the first (the *Two prompts* page shows both and
+        their difference); '' (the default) when there is none.
     selected : list of str
         Selected components (heads, MLPs, layers, input, logits) in their one spelling, in
         the order they were selected.
@@ -160,6 +163,8 @@ class Workspace(param.Parameterized):
                             doc="Heads per layer of the model.")
     prompts = param.List(default=["The capital of France is"], item_type=str,
                          doc="The user's prompts; the first is the one pages show.")
+    second_prompt = param.String(default="", doc="A second prompt shown beside the first "
+                                                 "(the Two prompts page); '' for none.")
     selected = param.List(default=[], item_type=str,
                           doc="Selected components, canonical spelling, in selection order.")
     selected_edges = param.List(default=[], item_type=str,
@@ -183,6 +188,8 @@ class Workspace(param.Parameterized):
         edits = params.pop("edits", [])
         if "prompts" in params:
             params["prompts"] = _check_prompt_list(params["prompts"])
+        if "second_prompt" in params:
+            params["second_prompt"] = check_second_prompt(params["second_prompt"])
         if "items" in params:
             params["items"] = check_items(params["items"])
         if "settings" in params:
@@ -432,6 +439,7 @@ class Workspace(param.Parameterized):
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "prompts": list(self.prompts),
+            "second_prompt": self.second_prompt,
             "selected": list(self.selected),
             "selected_edges": list(self.selected_edges),
             "selected_positions": [str(comp.Position(p)) for p in self.selected_positions],
@@ -504,6 +512,10 @@ class Workspace(param.Parameterized):
         prompts = data.get("prompts", [])
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise InputError("the state's 'prompts' must be a list of strings.")
+        try:  # states written before the second prompt travelled have none
+            second = check_second_prompt(data.get("second_prompt", ""))
+        except InputError as exc:
+            raise InputError(f"the state's 'second_prompt': {exc}") from None
         selected = data.get("selected", [])
         if not isinstance(selected, list) or not all(isinstance(s, str) for s in selected):
             raise InputError("the state's 'selected' must be a list of component names "
@@ -542,9 +554,11 @@ class Workspace(param.Parameterized):
                 if value is not None and value != getattr(spec, key):
                     raise InputError(f"the state's model has {key}={value}; {spec.name} has "
                                      f"{getattr(spec, key)}.")
-            ws = cls.from_model(model, prompts=prompts, items=items, settings=settings)
+            ws = cls.from_model(model, prompts=prompts, second_prompt=second, items=items,
+                                settings=settings)
         else:
-            ws = cls(model_name=name, prompts=prompts, items=items, settings=settings, **shape)
+            ws = cls(model_name=name, prompts=prompts, second_prompt=second, items=items,
+                     settings=settings, **shape)
         records = []
         for i, d in enumerate(edits):
             try:
@@ -566,11 +580,13 @@ class Workspace(param.Parameterized):
         return ws
 
     def update_from(self, other: Workspace) -> None:
-        """Take ``other``'s prompts, selection, edits and items (a loaded state), in one update."""
+        """Take ``other``'s prompts (the second one too), selection, edits and items (a loaded
+        state), in one update."""
         if other.model_name != self.model_name:
             raise InputError(f"the state is for model {other.model_name!r}; this workspace "
                              f"holds {self.model_name!r}.")
-        self.param.update(prompts=list(other.prompts), selected=list(other.selected),
+        self.param.update(prompts=list(other.prompts), second_prompt=other.second_prompt,
+                          selected=list(other.selected),
                           selected_edges=list(other.selected_edges),
                           selected_positions=list(other.selected_positions),
                           edits=list(other.edits), items=dict(other.items),
@@ -583,6 +599,8 @@ class Workspace(param.Parameterized):
         state, ``state_file``)."""
         lines = ["import explorer", "", f"model = explorer.load_model({self.model_name!r})",
                  f"prompts = {list(self.prompts)!r}"]
+        if self.second_prompt:
+            lines.append(f"second_prompt = {self.second_prompt!r}  # the Two prompts page's B")
         if self.selected:
             lines.append(f"selected = {list(self.selected)!r}  # explorer.components spelling")
         if self.selected_edges:
@@ -609,6 +627,7 @@ class Workspace(param.Parameterized):
     def __repr__(self) -> str:
         return (f"Workspace(model_name={self.model_name!r}, prompts={list(self.prompts)!r}, "
                 f"selected={self.selection!r}, edits={self.edit_labels!r}"
+                + (f", second_prompt={self.second_prompt!r}" if self.second_prompt else "")
                 + (f", items={sorted(self.items)!r}" if self.items else "") + ")")
 
     __str__ = __repr__
@@ -695,6 +714,17 @@ def check_items(items: Any) -> dict[str, str]:
     return out
 
 
+def check_second_prompt(text: Any) -> str:
+    """The second prompt as kept: a str of at most `MAX_PROMPT_CHARS` characters ('' for none);
+    InputError (one line) for anything else."""
+    if not isinstance(text, str):
+        raise InputError(f"the second prompt must be text; got a JSON {_json_kind(text)}.")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InputError(f"the second prompt has {len(text):,} characters; at most "
+                         f"{MAX_PROMPT_CHARS:,} are kept.")
+    return text
+
+
 def _check_prompt_list(prompts: Any) -> list[str]:
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -761,11 +791,14 @@ class Link(NamedTuple):
 def workspace_link(ws: Workspace, *, view: str | None = None,
                    settings: dict[str, Any] | None = None) -> tuple[str, int]:
     """The compact, versioned text of a link (``"1.<base64url>"``: zlib-compressed JSON, whose
-    checksum refuses a changed character) holding ``ws``'s model, prompts, selection and edits,
+    checksum refuses a changed character) holding ``ws``'s model, prompts (and the second
+    prompt, when there is one), selection and edits,
     the page ``view`` and its ``settings``. Returns (text, edits left out): edits holding long
     vectors (a steering direction) stay in the exported state file, not in a link."""
     edits = [e.to_dict() for e in ws.edits if _n_floats(e) <= _SNIPPET_FLOATS]
     data: dict[str, Any] = {"m": ws.model_name, "p": list(ws.prompts)}
+    if ws.second_prompt:
+        data["q"] = ws.second_prompt
     if ws.selection:
         data["s"] = ws.selection
     if edits:
@@ -807,7 +840,7 @@ def read_link(text: Any, *, model: Any = None) -> Link:
                          "link was cut): open the link as it was copied.") from None
     if not isinstance(data, dict) or not isinstance(data.get("m"), str):
         raise InputError("the link's state is not an explorer view (it names no model).")
-    unknown = sorted(set(data) - {"m", "p", "s", "e", "v", "o"})
+    unknown = sorted(set(data) - {"m", "p", "q", "s", "e", "v", "o"})
     if unknown:
         raise InputError(f"unknown field(s) in the link: {', '.join(map(repr, unknown))}.")
     view = data.get("v")
@@ -819,6 +852,8 @@ def read_link(text: Any, *, model: Any = None) -> Link:
         raise InputError("the link's selection must be a list of names such as 'L3.H1'.")
     state = {"format": STATE_FORMAT, "version": STATE_VERSION, "model": data["m"],
              "prompts": data.get("p", []), "edits": data.get("e", [])}
+    if "q" in data:  # links written before the second prompt travelled have none
+        state["second_prompt"] = data["q"]
     ws = Workspace.from_state(state, model=model)
     try:
         ws.set_selection(selection)
