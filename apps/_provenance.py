@@ -91,7 +91,14 @@ class Provenance:
 INPUT_NAMES = {"model": "the model", "method": "the attribution method", "task": "the task",
                "prompts": "the prompt", "counterfactual": "the counterfactual",
                "n_pairs": "the number of pairs", "edits": "the edits",
-               "explain": "the token to explain", "own": "your pairs"}
+               "explain": "the token to explain", "own": "your pairs",
+               "pickers": "the answer or alternative", "replacement": "the replacement token",
+               "corrupt": "the corrupted prompt", "grid": "the grid", "metric": "the metric",
+               "direction": "the direction", "dictionary": "the dictionary",
+               "feature": "the feature", "example": "the example",
+               "prompt_type": "the prompt type", "heads": "the enhanced or suppressed heads",
+               "alphas": "the alphas", "intervention": "the intervention",
+               "induction": "the induction settings"}
 
 
 def computed_at_now() -> str:

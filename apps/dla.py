@@ -7,11 +7,13 @@ heatmap on the diverging colour map centred on 0. With workspace edits the edite
 difference from the clean one sit beside it, in the same units. The answer and alternative
 default to the clean model's top two tokens; typing a token (or ``#id``) picks another. A click
 on a cell selects that component (``L3.H1``, ``L3.MLP``) in the workspace. Titles, captions
-and the stale note are written from the shown result's attrs, never from the widgets.
+and the stale note are written from the shown result's record (`dla_provenance`, read from its
+attrs), never from the widgets.
 """
 from __future__ import annotations
 
 import html
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,18 +30,18 @@ from apps import theme
 from apps._controls import check_selected_component
 from apps._heads_heatmap import layer_ticks
 from apps._positions import position_outlines
-from apps._provenance import one_line
+from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_selection
 from explorer import components
 from explorer._checks import InputError
 from explorer.analyses.answer_dla import answer_logit_attribution, answer_token_id
-from explorer.interventions import Edit
+from explorer.interventions import Edit, edit_from_dict
 from explorer.workspace import edit_label
 
 __all__ = ["DLAView", "dla_grid", "grid_component", "plot_dla", "dla_title", "dla_caption",
-           "stale_note", "parse_token", "MAX_TOKENS", "PANELS"]
+           "dla_provenance", "dla_request", "stale_note", "parse_token", "MAX_TOKENS", "PANELS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -101,11 +103,42 @@ def _limit(ds: xr.Dataset, panel: str) -> float:
     return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
 
 
-def dla_title(ds: xr.Dataset | None, panel: str = "clean") -> str:
-    """The heatmap's title from the result's attrs: the logit difference it splits."""
+def _edit_keys(edits: Sequence[Any]) -> tuple[str, ...]:
+    """Edits (records or their ``to_dict``) as sorted JSON texts, to compare two stacks."""
+    return tuple(json.dumps(e if isinstance(e, dict) else e.to_dict(), sort_keys=True)
+                 for e in edits)
+
+
+def dla_request(model: str, prompt: str, edits: Sequence[Edit], answer: str,
+                alternative: str) -> Provenance:
+    """What the page would attribute from these inputs (compared with `dla_provenance`)."""
+    return Provenance(page="dla", model=model, prompts=(prompt,),
+                      edits=tuple(edit_label(e) for e in edits),
+                      request=(("edits", _edit_keys(edits)),
+                               ("pickers", (answer, alternative))))
+
+
+def dla_provenance(ds: xr.Dataset | None) -> Provenance | None:
+    """The record of an attribution, from its attrs: the model, the prompt, the edits, the
+    pickers as typed and the answer and alternative they resolved to, when computed."""
     if ds is None:
+        return None
+    a = ds.attrs
+    return Provenance(page="dla", model=str(a["model"]), prompts=(str(a["prompt"]),),
+                      answer=str(a["answer"]), wrong=str(a["alternative"]),
+                      edits=tuple(a.get("workspace_edits") or ()),
+                      request=(("edits", _edit_keys(a.get("edits", []))),
+                               ("pickers", (a.get("requested_answer", ""),
+                                            a.get("requested_alternative", "")))),
+                      computed_at=str(a.get("computed_at", "")))
+
+
+def dla_title(ds: xr.Dataset | None, panel: str = "clean") -> str:
+    """The heatmap's title from the result's record: the logit difference it splits."""
+    shown = dla_provenance(ds)
+    if shown is None:
         return "Direct logit attribution"
-    a, b = theme.show_token(ds.attrs["answer"]), theme.show_token(ds.attrs["alternative"])
+    a, b = theme.show_token(shown.answer), theme.show_token(shown.wrong)
     if panel == "clean":
         return f"clean: logit({a}) − logit({b})"
     return {"edited": "edited (same colours)", "difference": "edited − clean"}[panel]
@@ -114,12 +147,14 @@ def dla_title(ds: xr.Dataset | None, panel: str = "clean") -> str:
 def dla_caption(ds: xr.Dataset | None) -> str:
     """Under the heatmaps, from the result's attrs and values: the prompt position, the
     answer and alternative (ids), the logit difference and how much the terms explain."""
-    if ds is None:
+    shown = dla_provenance(ds)
+    if shown is None:
         return ""
     one = ds.isel(pos=0)
-    a, b = ds.attrs["answer"], ds.attrs["alternative"]
+    a, b = shown.answer, shown.wrong
     clean = one.sel(run="clean")
     lines = [
+        f"On {html.escape(one_line(shown.prompts[0]), quote=False)} ({shown.model}).",
         f"Answer `{html.escape(theme.show_token(a))}` (#{ds.attrs['answer_id']}) against "
         f"`{html.escape(theme.show_token(b))}` (#{ds.attrs['alternative_id']}), read at "
         f"position {int(one.position)} `{html.escape(theme.show_token(str(one.token.item())))}`"
@@ -128,11 +163,10 @@ def dla_caption(ds: xr.Dataset | None) -> str:
         f"{float(clean.embed):+.3f}, heads {float(clean.heads.sum()):+.3f}, MLPs "
         f"{float(clean.mlp.sum()):+.3f}, biases "
         f"{float(clean.attn_bias.sum() + clean.norm_bias):+.3f} (sum {float(clean.total):+.3f})."]
-    labels = ds.attrs.get("workspace_edits") or []
-    if ds.attrs.get("edits"):
+    if shown.edits:
         edited = one.sel(run="edited")
         lines.append(
-            f"Edited ({'; '.join(html.escape(t) for t in labels)}): logit difference "
+            f"Edited ({'; '.join(html.escape(t) for t in shown.edits)}): logit difference "
             f"{float(edited.logit_diff):+.3f}; its writers read through the clean run's final "
             f"norm sum to {float(edited.total):+.3f}.")
     else:
@@ -143,24 +177,24 @@ def dla_caption(ds: xr.Dataset | None) -> str:
 
 def stale_note(ds: xr.Dataset | None, prompt: str, edits: Sequence[Edit], answer: str,
                alternative: str) -> str:
-    """'' when the shown result is of the current prompt, edits and pickers; else what it was
-    computed on."""
-    if ds is None:
+    """'' when the shown result is of the current prompt, edits and pickers; else, as
+    Markdown, what it was computed on and what changed since (`stale_text`)."""
+    shown = dla_provenance(ds)
+    if shown is None:
         return ""
-    changed = []
-    if ds.attrs.get("prompt") != prompt:
-        changed.append("the prompt")
-    if list(ds.attrs.get("edits", [])) != [e.to_dict() for e in edits]:
-        changed.append("the edits")
-    if (ds.attrs.get("requested_answer", ""), ds.attrs.get("requested_alternative", "")) != (
-            answer, alternative):
-        changed.append("the answer or alternative")
-    if not changed:
+    text = stale_text(shown, dla_request(shown.model, prompt, edits, answer, alternative),
+                      action=DLAView.compute_action)
+    return outdated_markdown(text, shown)
+
+
+def outdated_markdown(text: str, shown: Provenance) -> str:
+    """A stale text as the page shows it: bold *Outdated*, the edits it was computed with."""
+    if not text:
         return ""
-    n = len(ds.attrs.get("edits", []))
-    return (f"**Outdated** (changed since: {', '.join(changed)}). Shown: computed on "
-            f"{html.escape(one_line(ds.attrs.get('prompt', '')), quote=False)} with {n} edit"
-            f"{'s' if n != 1 else ''}.")
+    n = len(shown.edits)
+    text = text.replace("&", "&amp;").replace("<", "&lt;")   # Markdown keeps '->'
+    return (f"**Outdated**. {text} (It was computed with {n} edit"
+            f"{'s' if n != 1 else ''}.)")
 
 
 def plot_dla(ds: xr.Dataset | None, panel: str = "clean", selected: str = "",
@@ -236,6 +270,7 @@ class DLAView(View):
     """
 
     notify_title = "Logit attribution"
+    compute_action = "Enter"   # each input recomputes the page as it changes
     failed_status = "Last run failed: {message}"
     wait_timeout = 300
 
@@ -279,6 +314,19 @@ class DLAView(View):
         return Scope(on=f"your prompt's last position (at most {MAX_TOKENS} tokens)",
                      edits="applied to the edited run, shown beside the clean one")
 
+    def shown_provenance(self) -> Provenance | None:
+        """The shown attribution's record (`dla_provenance`)."""
+        return dla_provenance(self.result)
+
+    def requested_provenance(self) -> Provenance:
+        return dla_request(self._model.spec.name, self.prompt, list(self.edits), self.answer,
+                           self.alternative)
+
+    def stale_markdown(self, *_: Any) -> str:
+        """The stale note as the page shows it ('' while the result is of the inputs)."""
+        shown = self.shown_provenance()
+        return "" if shown is None else outdated_markdown(self.stale_note(), shown)
+
     # -- computation -----------------------------------------------------------------------
     def _request(self, *events: Any) -> None:
         if not self._page_loaded:
@@ -305,7 +353,8 @@ class DLAView(View):
             ds = answer_logit_attribution(model, prompt, answer=parse_token(answer),
                                           alternative=parse_token(alternative), edits=edits)
             ds.attrs.update(workspace_edits=[edit_label(e) for e in edits],
-                            requested_answer=answer, requested_alternative=alternative)
+                            requested_answer=answer, requested_alternative=alternative,
+                            computed_at=computed_at_now())
             return ds
 
         self.submit("dla", job)
@@ -348,14 +397,17 @@ class DLAView(View):
         """The attribution the page shows, as one library call."""
         ds = self.result
         kwargs: dict[str, Any] = {}
-        if ds is not None:
+        prompt, edits = self.prompt, list(self.edits)
+        if ds is not None:   # the shown attribution's inputs
             kwargs = {"answer": int(ds.attrs["answer_id"]),
                       "alternative": int(ds.attrs["alternative_id"])}
-        if self.edits:
+            prompt = ds.attrs["prompt"]
+            edits = [edit_from_dict(d) for d in ds.attrs.get("edits", [])]
+        if edits:
             kwargs["edits"] = EDITS
-        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=[
+        return Recipe(model=self._model.spec.name, edits=edits, steps=[
             Call("ds", "explorer.analyses.answer_dla.answer_logit_attribution",
-                 (MODEL, self.prompt), kwargs),
+                 (MODEL, prompt), kwargs),
             Expr("clean", "ds.sel(run='clean', pos=-1)", "heads [layer, head], mlp [layer]"),
             Expr("difference", "ds.sel(pos=-1, run='edited') - clean",
                  "what the edits changed in each writer")])
@@ -373,9 +425,11 @@ class DLAView(View):
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), css_classes=["dla-error"],
                               sizing_mode="stretch_width")
+        inputs = (self.param.result, self.param.prompt, self.param.edits, self.param.answer,
+                  self.param.alternative)
         stale = pn.pane.Markdown(
-            pn.bind(stale_note, self.param.result, self.param.prompt, self.param.edits,
-                    self.param.answer, self.param.alternative),
+            pn.bind(self.stale_markdown, *inputs),
+            visible=pn.bind(lambda *_: bool(self.stale_note()), *inputs),
             css_classes=["dla-stale"], styles={"color": "#a33"}, margin=(0, 10))
         has_edits = self.param.result.rx.pipe(lambda ds: ds is not None
                                               and bool(ds.attrs.get("edits")))

@@ -9,11 +9,14 @@ for the per-head grid) on the diverging colour map centred on 0: the normalised 
 difference (patched - corrupted) / (clean - corrupted) of the answer against the alternative,
 or the answer's probability. A click on a cell selects its component (``L3.MLP``, ``L3.H1``,
 the residual stream ``L2`` / ``input``) and its position in the workspace. Titles, captions,
-the scope line and the stale note are written from the shown result's attrs.
+the scope line and the stale note are written from the shown result's record
+(`patching_provenance`, read from its attrs), never from the widgets.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,17 +31,21 @@ import explorer
 from apps import theme
 from apps._heads_heatmap import layer_ticks
 from apps._positions import PositionStrip, column_boxes, position_outlines
+from apps._provenance import (Counterfactual, Provenance, computed_at_now, one_line,
+                              stale_text)
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
 from apps._session import CancelToken
 from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions,
                         workspace_selection)
 from explorer import components
 from explorer._checks import InputError
+from explorer.interventions import edit_from_dict
 from explorer.patching import activation_patching
 from explorer.workspace import edit_label
 
 __all__ = ["PatchingView", "counterfactual_ids", "cell_component", "plot_patching",
-           "patching_title", "patching_caption", "stale_note", "parse_token", "PAGE_KINDS",
+           "patching_title", "patching_caption", "patching_provenance", "patching_request",
+           "stale_note", "parse_token", "PAGE_KINDS",
            "MAX_TOKENS"]
 
 hv.extension("bokeh", logo=False)
@@ -108,12 +115,45 @@ def _columns(ds: xr.Dataset) -> tuple[str, list[int], list[str]]:
     return "head", heads, [f"H{h}" for h in heads]
 
 
-def patching_title(ds: xr.Dataset | None) -> str:
-    """The heatmap's title from the result's attrs: what was patched, which way, the metric."""
+def patching_request(model: str, state: dict[str, Any],
+                     edit_labels: Sequence[str] = ()) -> Provenance:
+    """The record of what the page computes from its inputs ``state`` (`PatchingView.
+    request_state`: the prompt, the counterfactual, the grid, metric, direction, pickers and
+    edits as dicts)."""
+    edits = tuple(json.dumps(e, sort_keys=True) for e in state.get("edits", []))
+    request = {"replacement": (int(state["cf_position"]), str(state["cf_token"])),
+               "corrupt": str(state["corrupt"]), "grid": str(state["kind"]),
+               "metric": str(state["metric"]), "direction": str(state["direction"]),
+               "pickers": (str(state["answer"]), str(state["alternative"])), "edits": edits}
+    return Provenance(page="patching", model=model, prompts=(str(state["prompt"]),),
+                      edits=tuple(edit_labels), request=tuple(sorted(request.items())))
+
+
+def patching_provenance(ds: xr.Dataset | None) -> Provenance | None:
+    """The record of a grid, from its attrs: the inputs it was requested with, completed by
+    what the run found (the corrupted prompt's tokens, the counterfactual by position, the
+    answer and alternative), when computed."""
     if ds is None:
-        return "Activation patching"
+        return None
     p = ds.attrs["params"]
-    return f"{_KIND_WORDS[p['kind']]}, {p['direction']}"
+    wanted = patching_request(str(ds.attrs["model"]), ds.attrs["request"],
+                              ds.attrs.get("workspace_edits") or ())
+    changed = [int(q) for q in p["changed_positions"]]
+    cf = (Counterfactual(changed[0], p["clean_tokens"][changed[0]],
+                         p["corrupt_tokens"][changed[0]]) if len(changed) == 1 else None)
+    return dataclasses.replace(wanted, corrupt=("".join(p["corrupt_tokens"]),),
+                               counterfactual=cf, positions=tuple(changed),
+                               answer=str(p["answer"]), wrong=str(p["alternative"]),
+                               computed_at=str(ds.attrs.get("computed_at", "")))
+
+
+def patching_title(ds: xr.Dataset | None) -> str:
+    """The heatmap's title from the result's record: what was patched, which way."""
+    shown = patching_provenance(ds)
+    if shown is None:
+        return "Activation patching"
+    r = dict(shown.request)
+    return f"{_KIND_WORDS[r['grid']]}, {r['direction']}"
 
 
 def _metric_label(ds: xr.Dataset) -> str:
@@ -138,13 +178,16 @@ def _changes(ds: xr.Dataset) -> str:
 def patching_caption(ds: xr.Dataset | None) -> str:
     """Under the heatmap, from the result's attrs: the counterfactual, the answer and the
     unpatched runs' values, and how to read the colours."""
-    if ds is None:
+    shown = patching_provenance(ds)
+    if shown is None:
         return ""
     p = ds.attrs["params"]
-    a, b = theme.show_token(p["answer"]), theme.show_token(p["alternative"])
-    into = "the corrupted run" if p["direction"] == "denoising" else "the clean run"
-    source = "clean" if p["direction"] == "denoising" else "corrupted"
+    a, b = theme.show_token(shown.answer), theme.show_token(shown.wrong)
+    direction = dict(shown.request)["direction"]
+    into = "the corrupted run" if direction == "denoising" else "the clean run"
+    source = "clean" if direction == "denoising" else "corrupted"
     lines = [
+        f"On {html.escape(one_line(shown.prompts[0]), quote=False)} ({shown.model}).",
         f"Counterfactual: {_changes(ds)}.",
         f"Answer `{html.escape(a)}` (#{p['answer_id']}) against `{html.escape(b)}` "
         f"(#{p['alternative_id']}): logit difference {p['clean_logit_diff']:+.3f} clean, "
@@ -152,26 +195,32 @@ def patching_caption(ds: xr.Dataset | None) -> str:
         f"{p['corrupt_prob']:.3f} corrupted.",
         f"Each cell: the {source} run's activation written into {into} at that cell only. "
         + ("1 = the clean run's logit difference, 0 = the corrupted run's."
-           if p["metric"] == "logit_diff" else "The patched run's probability of the answer.")]
-    if ds.attrs.get("edits"):
-        labels = ds.attrs.get("workspace_edits") or []
-        lines.append(f"Under the workspace's edits ({'; '.join(html.escape(t) for t in labels)})"
-                     ", applied to every run.")
+           if dict(shown.request)["metric"] == "logit_diff"
+           else "The patched run's probability of the answer.")]
+    if shown.edits:
+        lines.append(f"Under the workspace's edits "
+                     f"({'; '.join(html.escape(t) for t in shown.edits)}), applied to every run.")
     return "  \n".join(lines)
 
 
 def stale_note(ds: xr.Dataset | None, request: dict[str, Any]) -> str:
-    """'' when the shown result is of the current inputs; else what it was computed on."""
-    if ds is None:
+    """'' when the shown result is of the inputs ``request`` (`PatchingView.request_state`);
+    else, as Markdown, what it was computed on and what changed since (`stale_text`)."""
+    shown = patching_provenance(ds)
+    if shown is None:
         return ""
-    shown = ds.attrs.get("request", {})
-    changed = [name for name in request if shown.get(name) != request[name]]
-    if not changed:
+    return outdated_markdown(stale_text(shown, patching_request(shown.model, request),
+                                        action=PatchingView.compute_action), shown)
+
+
+def outdated_markdown(text: str, shown: Provenance) -> str:
+    """A stale text as the page shows it: bold *Outdated*, the grid it was computed on."""
+    if not text:
         return ""
-    p = ds.attrs["params"]
-    return (f"**Outdated** (changed since: {', '.join(changed)}). Shown: computed on "
-            f"{html.escape(repr(p.get('clean') or ''), quote=False)}, "
-            f"{_changes(ds)}, {p['kind']}, {p['direction']}.")
+    r = dict(shown.request)
+    text = text.replace("&", "&amp;").replace("<", "&lt;")   # Markdown keeps '->'
+    return (f"**Outdated**. {text} (It was computed on the "
+            f"{r['grid']} grid, {r['direction']}, with {len(shown.edits)} edits.)")
 
 
 def plot_patching(ds: xr.Dataset | None, selected: str = "",
@@ -292,6 +341,7 @@ class PatchingView(View):
 
     link_params = ("cf_position", "cf_token", "corrupt", "kind", "metric", "direction",
                    "answer", "alternative")
+    compute_action = "Enter"   # each input recomputes the page as it changes
     _inputs = ("prompt", "cf_position", "cf_token", "corrupt", "kind", "metric", "direction",
                "answer", "alternative")
 
@@ -340,6 +390,18 @@ class PatchingView(View):
         return {name: getattr(self, name) for name in self._inputs} | {
             "edits": [e.to_dict() for e in self.edits]}
 
+    def shown_provenance(self) -> Provenance | None:
+        """The shown grid's record (`patching_provenance`)."""
+        return patching_provenance(self.result)
+
+    def requested_provenance(self) -> Provenance:
+        return patching_request(self._model.spec.name, self.request_state())
+
+    def stale_markdown(self, *_: Any) -> str:
+        """The stale note as the page shows it ('' while the grid is of the inputs)."""
+        shown = self.shown_provenance()
+        return "" if shown is None else outdated_markdown(self.stale_note(), shown)
+
     def _corrupt_input(self) -> Any:
         """The corrupted prompt: the typed one, else the counterfactual's ids, else None."""
         if self.corrupt:
@@ -379,7 +441,8 @@ class PatchingView(View):
             p = ds.attrs["params"]
             p.update(clean=prompt, clean_tokens=model.token_strings(p["clean_ids"]),
                      corrupt_tokens=model.token_strings(p["corrupt_ids"]))
-            ds.attrs.update(workspace_edits=[edit_label(e) for e in edits], request=state)
+            ds.attrs.update(workspace_edits=[edit_label(e) for e in edits], request=state,
+                            computed_at=computed_at_now())
             return ds
 
         self.submit("patching", job)
@@ -441,10 +504,14 @@ class PatchingView(View):
             kwargs = {"kind": p["kind"], "metric": p["metric"], "direction": p["direction"],
                       "answer": int(p["answer_id"]), "alternative": int(p["alternative_id"])}
             corrupt = p["corrupt"] or list(p["corrupt_ids"])
-        if self.edits:
+        prompt, edits = self.prompt, list(self.edits)
+        if ds is not None:   # the shown grid's inputs
+            prompt = ds.attrs["request"]["prompt"]
+            edits = [edit_from_dict(d) for d in ds.attrs["request"]["edits"]]
+        if edits:
             kwargs["edits"] = EDITS
-        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=[
-            Call("ds", "explorer.activation_patching", (MODEL, self.prompt, corrupt), kwargs),
+        return Recipe(model=self._model.spec.name, edits=edits, steps=[
+            Call("ds", "explorer.activation_patching", (MODEL, prompt, corrupt), kwargs),
             Expr("grid", "ds.effect", "the grid: (layer, pos) or (layer, head)")])
 
     # -- layout ----------------------------------------------------------------------------
@@ -466,9 +533,10 @@ class PatchingView(View):
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), css_classes=["patching-error"],
                               sizing_mode="stretch_width")
+        inputs = (self.param.result, *[self.param[n] for n in (*self._inputs, "edits")])
         stale = pn.pane.Markdown(
-            pn.bind(lambda ds, *_: stale_note(ds, self.request_state()), self.param.result,
-                    *[self.param[n] for n in (*self._inputs, "edits")]),
+            pn.bind(self.stale_markdown, *inputs),
+            visible=pn.bind(lambda *_: bool(self.stale_note()), *inputs),
             css_classes=["patching-stale"], styles={"color": "#a33"}, margin=(0, 10))
         plot = pn.pane.HoloViews(pn.bind(self._plot, self.param.result, self.param.cell,
                                          self.param.selected_positions),

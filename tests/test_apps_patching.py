@@ -71,7 +71,7 @@ def test_words_come_from_the_shown_result_and_stale_marking(tiny_model):
     assert stale_note(ds, view.request_state()) == ""
     state = {**view.request_state(), "kind": "mlp_out", "prompt": "other"}
     note = stale_note(ds, state)
-    assert note.startswith("**Outdated**") and "prompt" in note and "kind" in note
+    assert note.startswith("**Outdated**") and "the prompt, the grid changed" in note
     assert "position 1: 'b' -> 'z'" in note and "resid_pre" in note   # what it was computed on
     # a refused input keeps the shown grid, says why and leaves the words of the old result
     view.cf_token = "zz"
