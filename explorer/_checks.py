@@ -20,6 +20,7 @@ __all__ = [
     "check_site",
     "transformer_lens_hint",
     "check_int",
+    "check_token_ids",
     "check_float",
     "check_prompts",
     "parse_layer_list",
@@ -136,6 +137,15 @@ def check_site(value: Any, allowed: Iterable[Any], name: str = "site") -> Any:
             listed = ", ".join(repr(a) for a in allowed)
             raise InputError(f"`{name}` must be one of {listed}; got {value!r}.{hint}")
     return check_choice(name, value, allowed)
+
+
+def check_token_ids(name: str, ids: Any, vocab_size: int) -> None:
+    """Raise InputError unless every id of ``ids`` (ints, an array or a tensor) is a token id
+    of a vocabulary of ``vocab_size``: "`name` must be token ids in [0, 49151]; got 49152."."""
+    flat = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+    bad = next((t for t in flat if not 0 <= int(t) < vocab_size), None)
+    if bad is not None:
+        raise InputError(f"`{name}` must be token ids in [0, {vocab_size - 1}]; got {int(bad)}.")
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:

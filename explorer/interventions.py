@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ._checks import (InputError, check_choice, check_float, check_int, check_site,
-                      record_from_dict, records_from_json)
+                      check_token_ids, record_from_dict, records_from_json)
 
 __all__ = [
     "Edit",
@@ -179,10 +179,7 @@ class Patch(_AtSite):
     def validate(self, model: Any) -> None:
         super().validate(model)
         if not isinstance(self.source, str):
-            bad = [t for t in self.source if t >= model.vocab_size]
-            if bad:
-                raise InputError(f"`source` token ids must be in [0, {model.vocab_size - 1}]; "
-                                 f"got {bad[0]}.")
+            check_token_ids("source", self.source, model.vocab_size)
 
 
 def _token_ids(name: str, value: Any) -> tuple[int, ...]:

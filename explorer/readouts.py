@@ -32,8 +32,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import (InputError, check_choice, check_int, check_site, record_from_dict,
-                      records_from_json)
+from ._checks import (InputError, check_choice, check_int, check_site, check_token_ids,
+                      record_from_dict, records_from_json)
 from .models import Batch
 
 __all__ = ["Readout", "Save", "Logits", "FinalNorm", "Lens", "DLA", "Grad", "Chunk",
@@ -120,13 +120,6 @@ def _normalise_layers(record: Readout) -> None:
     layers = record.layers
     if layers is not None and not isinstance(layers, (int, np.integer)):
         object.__setattr__(record, "layers", tuple(int(x) for x in layers))
-
-
-def _check_vocab(name: str, ids: Any, model: Any) -> None:
-    """Raise InputError unless every id of ``ids`` is a token id of ``model``."""
-    ids = np.asarray(ids)
-    if ids.size and not (ids.min() >= 0 and ids.max() < model.vocab_size):
-        raise InputError(f"`{name}` must be token ids in [0, {model.vocab_size}).")
 
 
 def _layer_tuple(model: Any, layers: Any, what: str) -> tuple[int, ...]:
@@ -424,7 +417,7 @@ class DLA(Readout):
         object.__setattr__(self, "target_ids", tuple(tuple(int(t) for t in r) for r in ids))
 
     def checked(self, model: Any) -> DLA:
-        _check_vocab("DLA.target_ids", self.target_ids, model)
+        check_token_ids("DLA.target_ids", np.asarray(self.target_ids), model.vocab_size)
         return self
 
     def check_run(self, n_prompts: int, positions: list[int] | None) -> None:
@@ -497,7 +490,7 @@ class Grad(Readout):
         _normalise_layers(self)
 
     def checked(self, model: Any) -> Grad:
-        _check_vocab("Grad.token_ids", self.token_ids, model)
+        check_token_ids("Grad.token_ids", np.asarray(self.token_ids), model.vocab_size)
         return Grad(self.sites, self.token_ids, _layer_tuple(model, self.layers, "Grad"))
 
     def check_run(self, n_prompts: int, positions: list[int] | None) -> None:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._checks import InputError, check_choice, check_int, check_local_weights, check_site
+from ._checks import (InputError, check_choice, check_int, check_local_weights, check_site,
+                      check_token_ids)
 from .interventions import (
     Ablate,
     Edit,
@@ -630,8 +631,7 @@ def _token_ids(name: str, ids: Any, model: Model, batch: Batch) -> torch.Tensor 
     if ids.shape != (len(batch.lengths),):
         raise InputError(f"`{name}` must hold one token id per prompt ({len(batch.lengths)}); "
                          f"got shape {tuple(ids.shape)}.")
-    if not (0 <= int(ids.min()) and int(ids.max()) < model.vocab_size):
-        raise InputError(f"`{name}` must be token ids in [0, {model.vocab_size}).")
+    check_token_ids(name, ids, model.vocab_size)
     return ids
 
 

@@ -249,7 +249,7 @@ def test_patch_token_ids_are_checked(tiny_model):
     with pytest.raises(TypeError, match=r"`source` must be a prompt \(str\) or its token ids"):
         Patch("resid_pre", 0, 5)
     big = tiny_model.vocab_size
-    with pytest.raises(InputError, match=rf"`source` token ids must be in \[0, {big - 1}\]; "
+    with pytest.raises(InputError, match=rf"`source` must be token ids in \[0, {big - 1}\]; "
                                          rf"got {big}"):
         run_with(tiny_model, PROMPTS, [Patch("resid_pre", 0, [1, big], positions=(0,))])
 

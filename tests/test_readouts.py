@@ -180,8 +180,10 @@ def test_bad_record_values_are_clear_errors(tiny_model):
         Save("attn_pattern", points=[(0, 0)])
     with pytest.raises(InputError, match=r"\[prompt, target\] ints"):
         DLA([1, 2])
-    with pytest.raises(InputError, match="token ids in"):
-        read(tiny_model, PROMPTS[:1], [DLA([[tiny_model.vocab_size]])], positions=[-1])
+    big = tiny_model.vocab_size
+    with pytest.raises(InputError, match=rf"`DLA.target_ids` must be token ids in \[0, {big - 1}\]; "
+                                         rf"got {big}\."):
+        read(tiny_model, PROMPTS[:1], [DLA([[big]])], positions=[-1])
     with pytest.raises(TypeError, match="must be a readout record"):
         read(tiny_model, PROMPTS, ["resid_post"])
     with pytest.raises(InputError, match="kind"):

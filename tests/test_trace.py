@@ -795,7 +795,8 @@ def test_gradient_readouts_refuse_what_they_cannot_compute(tiny_model):
         run_batch(tiny_model, batch, grad_ids=ids)
     with pytest.raises(InputError, match="one token id per prompt"):
         run_batch(tiny_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1]))
-    with pytest.raises(InputError, match="token ids in"):
+    top = tiny_model.vocab_size - 1
+    with pytest.raises(InputError, match=rf"`grad_ids` must be token ids in \[0, {top}\]; got 1000000\."):
         run_batch(tiny_model, batch, grad={(0, "mlp_out")}, grad_ids=torch.tensor([1, 10**6]))
     with pytest.raises(InputError, match="gradient site"):
         run_batch(tiny_model, batch, grad={(0, "attn_pattern")}, grad_ids=ids)
@@ -927,7 +928,7 @@ def test_grad_record_reads_the_trace_gradients_as_labelled_arrays(tiny_model):
         read(tiny_model, prompts, [Grad("mlp_out", ids), Grad("attn_z", ids)])
     with pytest.raises(InputError, match="`site` must be one of"):
         Grad("attn_pattern", ids)
-    with pytest.raises(InputError, match="token ids in"):
+    with pytest.raises(InputError, match=r"`Grad.token_ids` must be token ids in .*; got 1000000\."):
         read(tiny_model, prompts, [Grad("mlp_out", [1, 2, 10**6])])
 
 
