@@ -9,10 +9,14 @@ histogram of its activations, its activation on each token of the workspace prom
 logit effects: the decoder direction through the unembedding, W_U d, its most promoted and
 suppressed tokens. The search box finds features by a token they fire on or promote. *Steer
 with this feature* adds the decoder direction as a `Steer` edit to the workspace, so every page
-runs the steered model. Every text on the page is written from the shown results' attrs.
+runs the steered model. Every text on the page is written from the shown results' attrs and
+the page's record of them (`FeaturesView.shown`, a `Provenance`): the dictionary's settings,
+the feature and the prompt. The dictionary reads the clean model, so the record holds no
+edits: a workspace edit leaves what the page shows current.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import time
 from collections.abc import Callable
@@ -26,6 +30,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._provenance import Provenance, computed_at_now, one_line
 from apps._recipe import MODEL, Call, Recipe, Ref
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits
@@ -35,7 +40,8 @@ from explorer.analyses.saturation.corpus import corpus_chunks, load_corpus
 from explorer.interventions import Edit
 
 __all__ = ["FeaturesView", "contexts_html", "prompt_html", "plot_histogram",
-           "plot_logit_effects", "search_html", "index_caption", "CHUNK_TOKENS"]
+           "plot_logit_effects", "search_html", "index_caption", "dashboard_title",
+           "CHUNK_TOKENS"]
 
 CHUNK_TOKENS = 128
 """The corpus is cut into prompts of at most this many tokens (at paragraph breaks)."""
@@ -105,6 +111,18 @@ def prompt_html(on_prompt: xr.Dataset | None, prompt: str = "") -> str:
     return (f"<div class='features-prompt'>{stale}<b>{_feature_name(on_prompt)} on your "
             f"prompt</b>: nonzero on {n_active} of {values.size} tokens, peak "
             f"{float(values.max()) if values.size else 0:.3f}.<div>{toks}</div></div>")
+
+
+def dashboard_title(shown: Provenance | None) -> str:
+    """The dashboards' heading from their record: the dictionary, the feature, the prompt."""
+    if shown is None:
+        return ""
+    r = dict(shown.request)
+    kind, layer, tokens, _ = r["dictionary"]
+    name = {"itda": "ITDA atom", "sae": "SAE latent"}.get(kind, "feature")
+    return (f"**{name} {r['feature']}** of the {kind.upper()} dictionary at layer {layer} "
+            f"({tokens} corpus tokens) · on "
+            f"{html.escape(one_line(shown.prompts[0]), quote=False)} ({shown.model})")
 
 
 def plot_histogram(hist: xr.Dataset | None) -> hv.Element:
@@ -229,6 +247,8 @@ class FeaturesView(View):
                            doc="Whether the dictionary came from the store.")
     seconds = param.Number(default=None, allow_None=True, precedence=-1,
                            doc="Seconds from the request to the first dashboard.")
+    shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
+                                doc="What the shown dashboards were computed on.")
 
     link_params = ("kind", "layer", "corpus_tokens", "feature")
 
@@ -274,6 +294,36 @@ class FeaturesView(View):
             out.update(n_latents=int(self.n_latents), k=16, max_epochs=10)
         return out
 
+    def request_provenance(self, feature: int | None = None) -> Provenance:
+        """The record of what the page computes from its current inputs (the dictionary's
+        settings, the feature, the prompt); no edits: the dictionary reads the clean model."""
+        s = self.settings()
+        dictionary = (s["kind"], s["layer"], int(self.corpus_tokens),
+                      tuple(sorted((k, v) for k, v in s.items() if k not in ("kind", "layer"))))
+        return Provenance(page="features", model=self._model.spec.name, prompts=(self.prompt,),
+                          request=(("dictionary", dictionary),
+                                   ("feature", int(self.feature if feature is None
+                                                   else feature))))
+
+    def shown_provenance(self) -> Provenance | None:
+        """The shown dashboards' record (`shown`)."""
+        return self.shown
+
+    def requested_provenance(self) -> Provenance:
+        return self.request_provenance()
+
+    def stale_markdown(self, *_: Any) -> str:
+        """The stale note as the page shows it ('' while the dashboards are of the inputs)."""
+        note = self.stale_note()
+        return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}" if note else ""
+
+    def _record(self, wanted: Provenance, dash: dict[str, xr.Dataset]) -> Provenance:
+        """``wanted`` with the feature the dashboards show (a feature past the dictionary's
+        last is shown as its last) and the time."""
+        request = dict(wanted.request) | {"feature": int(dash["contexts"].attrs["feature"])}
+        return dataclasses.replace(wanted, request=tuple(sorted(request.items())),
+                                   computed_at=computed_at_now())
+
     def texts(self) -> list[str]:
         """The corpus prompts the dictionary is trained on."""
         return corpus_chunks(self._model, load_corpus(), chunk_tokens=CHUNK_TOKENS,
@@ -285,6 +335,7 @@ class FeaturesView(View):
         model, store, settings = self._model, self._store, self.settings()
         texts = self.texts()
         feature, prompt = self.feature, self.prompt
+        wanted = self.request_provenance()
         self.running = True
         self._started = time.perf_counter()
         self.status = (f"Reading or training the {settings['kind'].upper()} dictionary on "
@@ -295,7 +346,7 @@ class FeaturesView(View):
             index, cached = F.cached_feature_index(model, texts, store=store,
                                                    progress=self.progress_fn(token), **settings)
             token.check()
-            return index, cached, self._dashboard(model, index, feature, prompt)
+            return index, cached, wanted, self._dashboard(model, index, feature, prompt)
 
         self.submit("index", job)
 
@@ -309,14 +360,14 @@ class FeaturesView(View):
                 "on_prompt": F.feature_on_prompt(model, index, prompt, [feature])}
 
     def _got_index(self, result: tuple) -> None:
-        index, cached, dash = result
+        index, cached, wanted, dash = result
         seconds = time.perf_counter() - self._started
         self.param.feature.bounds = (0, index.sizes["feature"] - 1)
         feature = int(dash["contexts"].attrs["feature"])
         with param.parameterized.discard_events(self):
             self.feature = feature
         self.param.update(index=index, cached=cached, seconds=seconds, error="", running=False,
-                          found=None, **dash,
+                          found=None, shown=self._record(wanted, dash), **dash,
                           status=f"{index.sizes['feature']} features · "
                                  f"{'from the cache' if cached else 'trained now'} · first "
                                  f"dashboard in {seconds:.1f} s")
@@ -325,10 +376,16 @@ class FeaturesView(View):
         if self.index is None or not self._page_loaded:
             return
         model, index, feature, prompt = self._model, self.index, self.feature, self.prompt
-        self.submit("dashboard", lambda token: self._dashboard(model, index, feature, prompt))
+        # dashboards of the shown dictionary (a new one is on its way when the settings moved)
+        wanted = Provenance(page="features", model=model.spec.name, prompts=(prompt,),
+                            request=(("dictionary", dict(self.shown.request)["dictionary"]),
+                                     ("feature", int(feature))))
+        self.submit("dashboard", lambda token: (
+            wanted, self._dashboard(model, index, feature, prompt)))
 
-    def _got_dashboard(self, dash: dict[str, xr.Dataset]) -> None:
-        self.param.update(error="", **dash)
+    def _got_dashboard(self, result: tuple) -> None:
+        wanted, dash = result
+        self.param.update(error="", shown=self._record(wanted, dash), **dash)
 
     def _search(self, *events: Any) -> None:
         if self.index is None or not self.query.strip():
@@ -365,22 +422,26 @@ class FeaturesView(View):
 
     # -- reproducibility -------------------------------------------------------------------
     def code_recipe(self) -> Recipe:
-        """The dictionary (cached) and the shown feature's dashboards as library calls."""
-        s = self.settings()
-        f = int(self.feature)
+        """The dictionary (cached) and the shown feature's dashboards as library calls (of
+        the shown record's inputs once dashboards are shown)."""
+        s, f, prompt, tokens = self.settings(), int(self.feature), self.prompt, self.corpus_tokens
+        if self.shown is not None:
+            r = dict(self.shown.request)
+            kind, layer, tokens, rest = r["dictionary"]
+            s, f, prompt = {"kind": kind, "layer": layer, **dict(rest)}, r["feature"], \
+                self.shown.prompts[0]
         lib = "explorer.analyses.feature_dashboards"
         return Recipe(model=self._model.spec.name, steps=[
             Call("texts", "explorer.analyses.saturation.corpus.corpus_chunks",
                  (MODEL, Call(None, "explorer.analyses.saturation.corpus.load_corpus")),
-                 {"chunk_tokens": CHUNK_TOKENS, "max_tokens": self.corpus_tokens}),
+                 {"chunk_tokens": CHUNK_TOKENS, "max_tokens": tokens}),
             Call("index, cached", f"{lib}.cached_feature_index", (MODEL, Ref("texts")), s,
                  "trained once, then read from the activation cache"),
             Call("contexts", f"{lib}.top_activating_contexts", (Ref("index"), f), {"k": 12}),
             Call("histogram", f"{lib}.feature_histogram", (Ref("index"), f)),
             Call("effects", f"{lib}.feature_logit_effects", (MODEL, Ref("index"), f),
                  {"k": 10}),
-            Call("on_prompt", f"{lib}.feature_on_prompt", (MODEL, Ref("index"), self.prompt,
-                                                           [f]))])
+            Call("on_prompt", f"{lib}.feature_on_prompt", (MODEL, Ref("index"), prompt, [f]))])
 
     # -- layout ----------------------------------------------------------------------------
     def __panel__(self) -> pn.viewable.Viewable:
@@ -406,6 +467,8 @@ class FeaturesView(View):
                               visible=self.param.error.rx.bool(), css_classes=["features-error"],
                               sizing_mode="stretch_width")
         text = {"styles": {"font-size": "0.95em"}, "sizing_mode": "stretch_width"}
+        inputs = [self.param[n] for n in ("shown", "prompt", "kind", "layer", "corpus_tokens",
+                                          "tau", "n_latents", "feature")]
         return pn.Column(
             pn.Row(self.busy_spinner(), self.status_text("features-status"), align="center"),
             self.progress_bar(sizing_mode="stretch_width"),
@@ -416,8 +479,12 @@ class FeaturesView(View):
                              sizing_mode="stretch_width"),
             pn.Row(feature, query, alpha, steer),
             pn.pane.HTML(pn.bind(search_html, self.param.found), **text),
-            pn.pane.HTML(pn.bind(prompt_html, self.param.on_prompt, self.param.prompt),
-                         **text),
+            pn.pane.Markdown(pn.bind(dashboard_title, self.param.shown),
+                             css_classes=["features-title"], sizing_mode="stretch_width"),
+            pn.pane.Markdown(pn.bind(self.stale_markdown, *inputs), visible=pn.bind(
+                lambda *_: bool(self.stale_note()), *inputs), css_classes=["features-stale"],
+                styles={"color": "#a33"}, sizing_mode="stretch_width"),
+            pn.pane.HTML(pn.bind(prompt_html, self.param.on_prompt), **text),
             pn.FlexBox(
                 pn.pane.HTML(pn.bind(contexts_html, self.param.contexts),
                              styles={"font-size": "0.9em", "flex": "1 1 0"}, min_width=420),
