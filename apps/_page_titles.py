@@ -25,4 +25,5 @@ PAGE_TITLES: dict[str, str] = {
     "dla": "Logit attribution",
     "features": "Feature dashboards",
     "patching": "Activation patching",
+    "study": "User study",
 }

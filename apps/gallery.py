@@ -76,6 +76,7 @@ from apps.parity import ParityView
 from apps.patching import PatchingView
 from apps.saturation import SaturationView
 from apps.shattering import ShatteringView
+from apps.study_builder import StudyBuilderView, participant_page
 from apps.task_emergence import TaskEmergenceView
 from apps.unlearning import UnlearningView
 from explorer._checks import ExplorerError, check_choice
@@ -97,7 +98,7 @@ _FACTORIES: dict[str, ViewFactory] = {
     "circuits": CircuitsView, "shattering": ShatteringView, "unlearning": UnlearningView,
     "attention": AttentionView, "atlas": AtlasView,
     "dla": DLAView, "features": FeaturesView,
-    "patching": PatchingView,
+    "patching": PatchingView, "study": StudyBuilderView,
 }
 
 # (title, slug, factory): the navigation, in order (`PAGE_TITLES`). Later pages append theirs.
@@ -260,6 +261,8 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
                              [n for n in view.param if n not in _NOT_SNIPPET])
             if hasattr(view, "set_sources"):
                 view.set_sources(self.page_results)
+            if hasattr(view, "set_gallery_pages"):  # a page that reads the other pages
+                view.set_gallery_pages(lambda: self.pages)
             if hasattr(view, "set_edit_sink"):  # a page that adds edits to the workspace
                 view.set_edit_sink(self.workspace.push_edit)
             self._connect_own_items(slug, view)
@@ -536,7 +539,8 @@ def serve(*, model: str = DEFAULT_MODEL, port: int = 5006, address: str = "127.0
     def app() -> pn.template.FastListTemplate:
         return create_app(model, remote=remote)
 
-    return pn.serve({"/": app}, port=port, address=address, show=show,
+    # /study: the participants of the studies opened on the User study page
+    return pn.serve({"/": app, "/study": participant_page}, port=port, address=address, show=show,
                     websocket_origin=origins, title=theme.TITLE, **with_sign_in_pages(kwargs))
 
 

@@ -29,6 +29,8 @@ GROUPS: list[tuple[str, str, list[str]]] = [
      "or change knowledge.", ["circuits", "unlearning", "shattering"]),
     ("How does it learn?", "Small models trained in the page, watched as skills appear.",
      ["parity", "linear-icl", "task-emergence"]),
+    ("Does an explanation help people?", "Show a page's explanation to participants, with a "
+     "baseline and a placebo, and test it.", ["study"]),
 ]
 
 TOUR: list[tuple[str, str]] = [

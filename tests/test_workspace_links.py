@@ -175,7 +175,7 @@ def test_home_page_links_every_gallery_page_once():
 
     titles = {slug: title for title, slug, _ in VIEWS}
     grouped = [s for _, _, slugs in GROUPS for s in slugs]
-    assert sorted(grouped) == sorted(titles) and len(grouped) == len(set(grouped)) == 17
+    assert sorted(grouped) == sorted(titles) and len(grouped) == len(set(grouped)) == 18
     text = home_html(titles)
     for slug, title in titles.items():
         assert text.count(f"data-view='{slug}' class='home-link'") == 1

@@ -35,6 +35,8 @@ _EXPORTS = {
     "analyse_responses": "explorer.studies.analysis",
     "simulated_responses": "explorer.studies.analysis",
     "simulate_participants": "explorer.studies.analysis",
+    "reader_choice": "explorer.studies.readers",
+    "explanation_pick": "explorer.studies.readers",
     "study_report": "explorer.studies.report",
     "export_responses_csv": "explorer.studies.report",
 }
@@ -51,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .items import build_items
     from .placebo import mismatched_example, random_heads, shuffled_attributions
     from .randomise import Trial, participant_schedule, study_schedule
+    from .readers import explanation_pick, reader_choice
     from .report import export_responses_csv, study_report
     from .responses import ResponseStore
     from .run import StudyRun
