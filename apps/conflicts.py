@@ -17,10 +17,14 @@ the JuICE intervention, on the edited model (both runs of the dual run carry the
 titled "edited: ..."; the first is then titled "clean". `ConflictsView.add_to_juice` adds a
 head named in the component spelling (``L17.H3``) to the enhance or suppress set (the
 gallery's component menu calls it).
+
+The bars' captions and the edited bars' heading are written from the bars' record
+(`apps._conflicts_record`: the fact's prompt, heads, alphas, intervention and edits they were
+computed with); the page runs on its own facts, not the sidebar's prompt, so that prompt is no
+part of the record.
 """
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +38,7 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
+from apps._conflicts_record import RecordPart
 from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, SCATTER_CAPTION,
                                    _label, accuracy_table, answer_bars_data, bars_caption,
                                    edited_bars_caption, edited_title, head_name, parse_head,
@@ -60,7 +65,7 @@ hv.extension("bokeh", logo=False)
 _TOOLS = STATIC_TOOLS
 
 
-class ConflictsView(HeadsPart, View):
+class ConflictsView(HeadsPart, RecordPart, View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -206,6 +211,7 @@ class ConflictsView(HeadsPart, View):
             run = C.juice_logits if self.mode == "juice" else C.single_run_logits
             a_l, a_s = self.alpha_l, self.alpha_s
             edits = tuple(self.edits)
+            wanted = self.request_provenance()
 
             def bars(first: C.JuiceFirstRun) -> list[tuple[str, str, float]]:
                 before = C.answer_probabilities(model, first.logits, [fact])[0]
@@ -217,7 +223,7 @@ class ConflictsView(HeadsPart, View):
             def job(token: CancelToken):
                 rows = bars(run1)
                 if not edits:
-                    return rows, None
+                    return wanted, rows, None
                 token.check()
                 ekey, first = self._run1_edited
                 if ekey != (fact, kind, edits):     # run 1 of the edited model, once per edits
@@ -225,7 +231,7 @@ class ConflictsView(HeadsPart, View):
                                               edits=edits)
                     self._run1_edited = ((fact, kind, edits), first)
                 token.check()
-                return rows, bars(first)
+                return wanted, rows, bars(first)
         else:
             facts = list(self._split_facts)
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
@@ -266,9 +272,9 @@ class ConflictsView(HeadsPart, View):
         self.scores = scores
         self._request("bars")
 
-    def _got_bars(self, out: tuple[list, list | None]) -> None:
-        rows, edited = out
-        self.param.update(bar_rows=rows, edited_rows=edited)
+    def _got_bars(self, out: tuple[Any, list, list | None]) -> None:
+        wanted, rows, edited = out
+        self.param.update(bar_rows=rows, edited_rows=edited, shown=self._shown_bars(wanted))
         if self.status.startswith("computing"):
             self.status = "ready"
 
@@ -289,24 +295,6 @@ class ConflictsView(HeadsPart, View):
                 f"data-cf-minus='{','.join(self.heads_minus)}' data-cf-after='{after}' "
                 f"data-cf-accuracy='{acc}' data-cf-edited='{edited}' "
                 f"data-cf-busy='{int(self.busy)}'></div>")
-
-    def _edited_bars(self, rows: list | None) -> pn.viewable.Viewable:
-        """The bars on the edited model and their caption; nothing without workspace edits."""
-        if rows is None:
-            return pn.Column(height=0, margin=0)
-        from explorer.workspace import edit_label
-
-        labels = [edit_label(e) for e in self.edits]
-        caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
-        return pn.Column(
-            pn.pane.Markdown(f"**{html.escape(edited_title(labels))}**", margin=(10, 10, 0, 10),
-                             sizing_mode="stretch_width", css_classes=["cf-edited-title"]),
-            pn.pane.HoloViews(plot_answer_bars(rows, title="P(answer), edited"),
-                              linked_axes=False, sizing_mode="stretch_width",
-                              css_classes=["cf-bars-edited"]),
-            pn.pane.Markdown(edited_bars_caption(rows, self.bar_rows, labels, self._fact()),
-                             **caption),
-            sizing_mode="stretch_width", margin=0)
 
 
     # -- reproducibility ------------------------------------------------------------------------
@@ -404,6 +392,8 @@ class ConflictsView(HeadsPart, View):
                 sizing_mode="stretch_width"), p[name].label, p[name].doc)
 
         caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
+        stale_inputs = [p[n] for n in ("shown", "example", "kind", "mode", "heads_plus",
+                                       "heads_minus", "alpha_l", "alpha_s", "edits")]
         controls = pn.Column(
             tip(pn.widgets.Select.from_param(p.example), p.example.doc),
             self._own.layout(p.error), group("kind"),
@@ -419,9 +409,10 @@ class ConflictsView(HeadsPart, View):
                 rows, title="P(answer), clean" if edited is not None else "P(answer)"),
                 p.bar_rows, p.edited_rows), linked_axes=False, sizing_mode="stretch_width",
                 css_classes=["cf-bars"]),
-            pn.pane.Markdown(pn.bind(lambda rows, ex, mode, plus, minus: bars_caption(
-                rows, self._facts[ex], mode, n_heads=len(plus) + len(minus)),
-                p.bar_rows, p.example, p.mode, p.heads_plus, p.heads_minus), **caption),
+            pn.pane.Markdown(pn.bind(self.stale_markdown, *stale_inputs),
+                             visible=pn.bind(lambda *_: bool(self.stale_note()), *stale_inputs),
+                             css_classes=["cf-stale"], styles={"color": "#a33"}, margin=(0, 10)),
+            pn.pane.Markdown(pn.bind(self.bars_words, p.bar_rows, p.shown), **caption),
             pn.bind(self._edited_bars, p.edited_rows),
             pn.pane.Markdown(ALPHA_NOTE, **caption),
             score, self._progress, pn.pane.Markdown(p.status),

@@ -1,0 +1,107 @@
+"""What the Knowledge conflicts page's answer bars were computed on, and the words about them.
+
+The bars are the page's shown result: P(memory answer) and P(context answer) before and after
+the JuICE (or single-run) intervention, on one fact's prompt of one type, and again on the
+edited model when the workspace has edits. Their record (`ConflictsView.shown`, a
+`Provenance`) holds what they depend on: the model, the fact's prompt of the chosen type and its
+two answers, the head sets, the alphas, the intervention and the workspace's edits. The page
+runs on its own facts, never on the sidebar's prompt, so the sidebar's prompt is no part of
+the record and changing it leaves the bars current. The bars' captions and the edited bars'
+heading are written from the record, and the stale note says when the inputs moved on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import panel as pn
+import param
+
+from apps._conflicts_plots import (bars_caption, edited_bars_caption, edited_title,
+                                   plot_answer_bars)
+from apps._provenance import Provenance, computed_at_now
+from explorer.analyses import conflicts as C
+from explorer.interventions import Edit
+from explorer.workspace import edit_label
+
+__all__ = ["conflicts_request", "RecordPart"]
+
+
+def conflicts_request(model: str, fact: C.Fact, kind: str, mode: str, plus: Sequence[str],
+                      minus: Sequence[str], alpha_l: float, alpha_s: float,
+                      edits: Sequence[Edit]) -> Provenance:
+    """The record of the answer bars these inputs give: the fact's prompt of type ``kind``
+    (with its memory and context answers), the heads, the alphas, the intervention, the edits."""
+    request = {"prompt_type": kind, "intervention": mode,
+               "heads": (tuple(plus), tuple(minus)),
+               "alphas": (float(alpha_l), float(alpha_s)),
+               "edits": tuple(json.dumps(e.to_dict(), sort_keys=True) for e in edits)}
+    return Provenance(page="conflicts", model=model, prompts=(C.conflict_prompt(fact, kind),),
+                      answer=fact.memory, wrong=fact.context,
+                      selection=(*plus, *minus), edits=tuple(edit_label(e) for e in edits),
+                      request=tuple(sorted(request.items())))
+
+
+def _answers(shown: Provenance) -> SimpleNamespace:
+    """The shown fact's two answers, as the captions read them."""
+    return SimpleNamespace(memory=shown.answer, context=shown.wrong)
+
+
+class RecordPart(param.Parameterized):
+    """The answer bars' record of `apps.conflicts.ConflictsView` and the words it writes."""
+
+    shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
+                                doc="What the shown answer bars were computed on.")
+
+    def request_provenance(self) -> Provenance:
+        """The record of the bars the page computes from its current inputs."""
+        return conflicts_request(self._model.spec.name, self._fact(), self.kind, self.mode,
+                                 self.heads_plus, self.heads_minus, self.alpha_l, self.alpha_s,
+                                 list(self.edits))
+
+    def shown_provenance(self) -> Provenance | None:
+        """The shown bars' record (`shown`)."""
+        return self.shown
+
+    def requested_provenance(self) -> Provenance:
+        return self.request_provenance()
+
+    def _shown_bars(self, wanted: Provenance) -> Provenance:
+        """``wanted`` (the request the bars were computed for) with the time they arrived."""
+        return dataclasses.replace(wanted, computed_at=computed_at_now())
+
+    def stale_markdown(self, *_: Any) -> str:
+        """The stale note as the page shows it ('' while the bars are of the inputs)."""
+        note = self.stale_note()
+        return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}" if note else ""
+
+    def bars_words(self, *_: Any) -> str:
+        """The clean bars' caption, from the record."""
+        shown = self.shown
+        if shown is None or self.bar_rows is None:
+            return bars_caption(None, None, "")
+        r = dict(shown.request)
+        return bars_caption(self.bar_rows, _answers(shown), r["intervention"],
+                            n_heads=len(shown.selection))
+
+    def _edited_bars(self, rows: list | None) -> pn.viewable.Viewable:
+        """The bars on the edited model, their heading and caption (naming the edits they were
+        computed with); nothing without workspace edits."""
+        shown = self.shown
+        if rows is None or shown is None:
+            return pn.Column(height=0, margin=0)
+        caption = dict(sizing_mode="stretch_width", styles={"font-size": "0.9em", "color": "#444"})
+        return pn.Column(
+            pn.pane.Markdown(f"**{html.escape(edited_title(list(shown.edits)))}**",
+                             margin=(10, 10, 0, 10), sizing_mode="stretch_width",
+                             css_classes=["cf-edited-title"]),
+            pn.pane.HoloViews(plot_answer_bars(rows, title="P(answer), edited"),
+                              linked_axes=False, sizing_mode="stretch_width",
+                              css_classes=["cf-bars-edited"]),
+            pn.pane.Markdown(edited_bars_caption(rows, self.bar_rows, list(shown.edits),
+                                                 _answers(shown)), **caption),
+            sizing_mode="stretch_width", margin=0)
