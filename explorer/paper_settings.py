@@ -422,6 +422,21 @@ PAPER_RESULTS: dict[str, PaperResult] = {r.method: r for r in (
         ("probe accuracy at the best layer (known facts)", ">", "chance"),
         "a probe finds the attribute above chance in the fact-lookup layers",
         "docs/unlearning.md"),
+    PaperResult(
+        "circuits",
+        "at equal trainable parameters, LoRA with more rank on the layers whose circuit edges "
+        "change most in a cheap fine-tune (CircuitLoRA) beats uniform LoRA",
+        "Pythia-1.4B-deduped, arithmetic with operands up to 100; EAP-IG circuits, K = 5 "
+        "critical layers",
+        "circuit_lora_summary.json",
+        "SmolLM2-135M on addition, ranks 4 (LoRA) vs 14 / 2 (CircuitLoRA), 1,221,120 "
+        "parameters each, mean test accuracy of 3 seeds on 300 problems",
+        (Measured("CircuitLoRA accuracy",
+                  "comparison/variants/circuit-lora/test_accuracy_mean_sd/0"),
+         Measured("LoRA accuracy", "comparison/variants/lora/test_accuracy_mean_sd/0")),
+        ("CircuitLoRA accuracy", ">", "LoRA accuracy"),
+        "CircuitLoRA's mean test accuracy above LoRA's",
+        "docs/circuit_lora.md"),
 )}
 
 

@@ -120,7 +120,7 @@ def test_every_method_page_has_the_button_and_the_card():
     pages = {"saturation": "saturation", "conflicts": "conflicts", "icl_heads": "icl-heads",
              "itda": "itda", "neuron_eval": "neuron-eval", "parity": "parity",
              "linear_icl": "linear-icl", "task_emergence": "task-emergence",
-             "shattering": "shattering", "unlearning": "unlearning"}
+             "shattering": "shattering", "unlearning": "unlearning", "circuits": "circuits"}
     root = Path(__file__).resolve().parents[1] / "apps"
     for page, method in pages.items():
         assert f'paper_panel("{method}", self)' in (root / f"{page}.py").read_text(), page
