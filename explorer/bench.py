@@ -54,6 +54,7 @@ ANALYSIS_BENCHES: dict[str, tuple[str, str]] = {
     "store": ("explorer.benches.store", "bench_store"),
     "eap": ("explorer.commands.circuits", "bench_eap"),
     "serve": ("explorer.benches.serve", "bench_serve"),
+    "pages": ("explorer.benches.pages", "bench_pages"),
 }
 
 

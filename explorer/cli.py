@@ -447,10 +447,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     options = _parse_options(args.option or ())
     if "model" in options:
         raise InputError("pass the model with --model, not --option model=...")
+    for name in ("pages", "runs"):          # the pages bench's own flags
+        if getattr(args, name, None) is not None:
+            if name in options:
+                raise InputError(f"pass {name} with --{name} or --option {name}=..., not both.")
+            options[name] = getattr(args, name)
     bench = importlib.import_module("explorer.bench")
     result = bench.run_bench(args.name, model=args.model, **options)
     if args.json:
         print_json(result)
+        return 0
+    if args.name == "pages":
+        print(importlib.import_module("explorer.benches.pages").page_table(result))
         return 0
     if not isinstance(result, dict):
         print(json.dumps(json_safe(result)))
@@ -572,6 +580,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="bench option; values parse as JSON where they can (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--pages", default=None, metavar="SLUGS",
+                   help="pages bench: comma-separated page slugs (default: every page)")
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help="pages bench: fresh browser sessions, each opening every page")
     p.set_defaults(func=_cmd_bench)
 
     for path in COMMAND_MODULES:
