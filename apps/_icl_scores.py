@@ -15,6 +15,7 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, tip
 from apps._heads_heatmap import head_cell, heads_heatmap, heads_in, on_head_click
+from apps._icl_record import scores_words
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS
 from explorer import components
@@ -91,6 +92,14 @@ def plot_score_heatmaps(scores: xr.Dataset | None, highlighted=()) -> hv.Layout 
     return (left + right).cols(2)
 
 
+def pattern_head(d: dict | None) -> str:
+    """The head whose attention the patterns ``d`` show (``L1.H2``), from their attrs."""
+    if d is None:
+        return ""
+    params = d["repeat"].attrs["params"]
+    return str(components.head(int(params["layer"]), int(params["head"])))
+
+
 def plot_attention(ds: xr.Dataset | None, title: str, on: str = "a prompt") -> hv.Element:
     """Query x key heatmap of one head's attention, tokens on both axes (``on``: what the
     prompt is, named by the placeholder shown before the patterns exist)."""
@@ -134,9 +143,18 @@ class ScoresPart:
             self._request("td")
         self._request("scores")
 
-    def _got_induction(self, ds: xr.Dataset) -> None:
+    def _induction_job(self) -> Callable[[CancelToken], tuple]:
+        """Rescore induction with the page's settings and edits (the FV scores stay)."""
+        m, edits, kwargs = self._model, list(self.edits), self._induction_kwargs()
+        wanted = self.request_provenance()
+        return lambda token: (wanted, ih.induction_scores(m, edits=edits, **kwargs))
+
+    def _got_induction(self, result: tuple) -> None:
+        wanted, ds = result
         if self.scores is not None:
-            self.scores = self.scores.assign(induction_score=ds["induction_score"])
+            scores = self.scores.assign(induction_score=ds["induction_score"])
+            scores.attrs = dict(self.scores.attrs)
+            self.scores = self.with_record(scores, wanted)
 
     def _got_scores(self, ds: xr.Dataset) -> None:
         self.scores = ds
@@ -167,6 +185,7 @@ class ScoresPart:
         """Every head's induction score (on the edited model), then its FV score."""
         m, o, edits = self._model, self._opts, list(self.edits)
         induction = self._induction_kwargs()
+        wanted = self.request_provenance()
         started = time.perf_counter()
         self._score_button.disabled = True
 
@@ -180,15 +199,16 @@ class ScoresPart:
                 left = (time.perf_counter() - started) * (total - done) / max(1, done)
                 self.post(status=f"scoring heads: {done}/{total}, about {left:.0f} s left")
             fv = ih.fv_scores(m, self._fv_tasks, progress=progress, **o)
-            return xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
-                            combine_attrs="drop_conflicts")
+            return self.with_record(xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
+                                             combine_attrs="drop_conflicts"), wanted)
         return job
 
     def _patterns_job(self) -> Callable[[CancelToken], dict]:
         """The selected head's attention on a repeated sequence and on the task's prompt."""
         m, edits = self._model, list(self.edits)
-        layer, head, task = self.layer, self.head, self._task()
-        return lambda token: ih.head_attention(m, layer, head, task=task, edits=edits)
+        layer, head, task, name = self.layer, self.head, self._task(), self.task
+        return lambda token: {**ih.head_attention(m, layer, head, task=task, edits=edits),
+                              "task": name}
 
     def _scores_controls(self) -> list[pn.viewable.Viewable]:
         p = self.param
@@ -216,17 +236,27 @@ class ScoresPart:
         def heatmaps(scores, highlighted):   # clicking a cell selects its head
             return on_head_click(plot_score_heatmaps(scores, highlighted), self._cell_tapped)
 
-        pat_rep = pn.bind(lambda d, l, h: plot_attention(
-            None if d is None else d["repeat"], f"{components.head(l, h)}, repeated sequence",
-            "a repeated random sequence"), p.patterns, p.layer, p.head)
-        pat_icl = pn.bind(lambda d, l, h, t: plot_attention(
-            None if d is None else d["icl"], f"{components.head(l, h)}, {t} prompt",
-            f"a few-shot {t} prompt"), p.patterns, p.layer, p.head, p.task)
+        pat_rep = pn.bind(lambda d: plot_attention(
+            None if d is None else d["repeat"], f"{pattern_head(d)}, repeated sequence",
+            "a repeated random sequence"), p.patterns)
+        pat_icl = pn.bind(lambda d, t: plot_attention(
+            None if d is None else d["icl"], f"{pattern_head(d)}, {d['task'] if d else t} "
+            "prompt", f"a few-shot {t} prompt"), p.patterns, p.task)
+        stale_inputs = [p[n] for n in ("scores", "edits", "induction_sequences",
+                                       "induction_half_len", "induction_measure")]
+        def words(scores, top_induction, top_fv, *_):
+            """The stale note (red, while there is one), the scores' inputs, the caption."""
+            stale = self.stale_markdown()
+            stale = f"<span class='icl-stale' style='color:#a33'>{stale}</span>  \n" \
+                if stale else ""
+            return (stale + scores_words(self.shown_provenance()) + "  \n"
+                    + scatter_caption(scores, top_induction, top_fv)).strip()
+
         return [
             pn.pane.HoloViews(pn.bind(scatter, p.scores, p.top_induction, p.top_fv,
                                       p.highlighted),
                               sizing_mode="stretch_width", linked_axes=False),
-            caption(pn.bind(scatter_caption, p.scores, p.top_induction, p.top_fv)),
+            caption(pn.bind(words, p.scores, p.top_induction, p.top_fv, *stale_inputs[1:])),
             # the clicked head's attention right under the scatter it was clicked on
             pn.pane.HoloViews(pat_rep, linked_axes=False, sizing_mode="stretch_width"),
             pn.pane.HoloViews(pat_icl, linked_axes=False, sizing_mode="stretch_width"),

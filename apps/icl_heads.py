@@ -7,6 +7,11 @@ random-token sequence and on an ICL prompt; ablation curves (few-shot accuracy v
 heads mean-ablated) by FV / induction / random ranking. Function-vector panel (Todd et al.)
 and task-encoding panel (Han et al., ICML 2025): 2-D PCA of the last-token residual
 coloured by task and task decodability per layer.
+
+The page runs on its own tasks and random sequences, never on the sidebar's prompt: the head
+scores' record (`apps._icl_record`, in their attrs) holds the FV tasks, the induction settings
+and the edits they were computed with, the words over the scatter come from it, and the stale
+note says when those inputs moved on. The attention plots are titled from the patterns' attrs.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from apps import theme
 from apps._paper import paper_panel
 from apps._controls import OwnItems
 from apps._icl_ablation import AblationPart, ablation_caption, plot_ablation_curves
+from apps._icl_record import RecordPart
 from apps._icl_patching import (DEFAULT_CONFLICT_TASKS, DEFAULT_PATCHING_TASKS, MEAN_OVER_TASKS,
                                 PatchingPart, _short_task, conflict_caption, conflict_matrix,
                                 default_conflict_layers, layers_text, parse_layers,
@@ -58,7 +64,7 @@ _JOB_TITLES = {"conflict": "the conflict test", "patching": "the patching test"}
 OWN_TASK = "your pairs"
 
 
-class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View):
+class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, PatchingPart, View):
     """Induction vs FV heads with ablation curves, function vectors and task encoding.
 
     Parameters
@@ -303,18 +309,14 @@ class ICLHeadsView(ScoresPart, AblationPart, TaskVectorsPart, PatchingPart, View
     def _induction_changed(self) -> None:
         """New induction settings: rescore induction once the scores exist."""
         if self.scores is not None:
-            m, edits, kwargs = self._model, list(self.edits), self._induction_kwargs()
-            self.submit("induction", lambda token: ih.induction_scores(m, edits=edits, **kwargs))
+            self.submit("induction", self._induction_job())
 
     def _edits_changed(self) -> None:
         """The workspace's edits changed: recompute what they reach (attention, the induction
         score, the ablation curves once computed)."""
         self._request("patterns")
         if self.scores is not None:
-            m, edits = self._model, list(self.edits)
-            kwargs = self._induction_kwargs()
-            self.submit("induction", lambda token: ih.induction_scores(
-                m, edits=edits, **kwargs))
+            self.submit("induction", self._induction_job())
         if self.curves is not None:
             self._request("curves")
 
