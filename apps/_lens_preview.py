@@ -5,11 +5,13 @@ exact lens. `_DragSlider` sends each move at once (no debounce)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import panel as pn
 import param
 from panel.io.document import hold
 
+from apps._provenance import Provenance
 from apps._session import CancelToken, Cancelled
 
 __all__ = ["PreviewPart"]
@@ -82,14 +84,26 @@ class PreviewPart:
             held = hold(self._doc) if self._doc is not None and self._draws_in_place(ds) \
                 else contextlib.nullcontext()
             with held:
-                self.param.update(preview=ds, status="Preview: top tokens among candidates, "
-                                                     "estimated probabilities; exact on release")
+                self.param.update(preview=ds, shown_record=self.preview_record(p),
+                                  status="Preview: top tokens among candidates, "
+                                         "estimated probabilities; exact on release")
         with self._preview_lock:
             request, self._preview_pending = self._preview_pending, None
             if request is None:
                 self._preview_busy = False
         if request is not None:
             self._start_preview(request)
+
+    def preview_record(self, p: dict) -> Provenance:
+        """The record of a preview at ``p``: the shown lens's prompt and workspace edits (the
+        edited heatmap below stays the exact one) with ``p``'s steering."""
+        shown = self.shown_record
+        edits = self.edits if shown is None else ()
+        record = self.lens_record(p, list(edits))
+        if shown is not None:
+            record = dataclasses.replace(record, edits=shown.edits)
+        settings = (("alpha", float(p["alpha"])), ("preview", True))
+        return dataclasses.replace(self.stamped(record), settings=settings)
 
     def _warm_preview(self) -> None:
         """Served, after an exact result: compute one preview that is not drawn, so that the

@@ -16,7 +16,9 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._page_provenance import result_heading
 from apps._positions import column_boxes, position_caption, position_outlines, shown_positions
+from apps._provenance import Provenance
 from apps._saturation_corpus import _note
 from apps._saturation_strip import _NEVER_COLOR
 from apps._session import CancelToken
@@ -25,7 +27,8 @@ from explorer.analyses import saturation as sat
 from explorer.interventions import Edit
 
 __all__ = ["PROMPT_RANKS", "prompt_table", "changed_cells", "edited_title", "prompt_caption",
-           "LABELLED_POSITIONS", "plot_prompt_saturation", "prompt_saturation", "PromptPart"]
+           "LABELLED_POSITIONS", "plot_prompt_saturation", "prompt_saturation", "PromptPart",
+           "saturation_heading", "METHOD"]
 
 hv.extension("bokeh", logo=False)
 
@@ -35,6 +38,8 @@ PROMPT_RANKS = 10
 
 
 _TITLE_EDITS = 2  # workspace edits named in the edited heatmap's title (all in its caption)
+
+METHOD = "saturation layers"  # the method of the token view's records (`Provenance.method`)
 
 
 _PROMPT_TOOLS = ["save", "reset"]
@@ -84,6 +89,14 @@ def _final_moved(clean: xr.Dataset, edited: xr.Dataset, k: int) -> int:
     n = int(clean.mask.values[0].sum())
     return int((clean.final_token_id.values[0, :n, :k]
                 != edited.final_token_id.values[0, :n, :k]).sum())
+
+
+def saturation_heading(prov: Provenance) -> str:
+    """The line over the prompt's heatmaps: the shown token view's prompt, model, weights and
+    workspace edits (``Saturation layers of 'The cat' (tiny-llama, trained weights), clean and
+    with 1 workspace edit``)."""
+    weights = dict(prov.request).get("weights", "trained")
+    return result_heading("Saturation layers", prov, detail=f"{weights} weights")
 
 
 def edited_title(labels: Sequence[str]) -> str:
@@ -173,11 +186,28 @@ def prompt_saturation(model: explorer.Model, prompt: str, *,
 class PromptPart:
     """The prompt's token view of `SaturationView`, clean and edited."""
 
+    def prompt_record(self, prompt: str, edits: Sequence[Edit], weights: str) -> Provenance:
+        """The record of the prompt's token view of ``prompt`` with ``edits``."""
+        return self.record(METHOD, prompt, edits, request={"weights": weights})
+
+    def requested_provenance(self) -> Provenance:
+        """What the token view would compute now: the workspace's (else the page's) prompt
+        and edits, the page's weights."""
+        return self.prompt_record(*self.current_inputs(), self.weights)
+
+    def heading(self, prov: Provenance) -> str:
+        return saturation_heading(prov)
+
+    def recomputing(self) -> bool:
+        """Whether the prompt's token view is being recomputed (the corpus runs apart)."""
+        return self._runners["prompt"].running
+
     def _request_prompt(self, *events: Any) -> None:
         """Saturation layers of the prompt, clean and (with workspace edits) edited."""
         prompt, weights, edits = self.prompt, self.weights, list(self.edits)
+        record = self.prompt_record(prompt, edits, weights)
 
-        def job(token: CancelToken) -> tuple[xr.Dataset, xr.Dataset | None]:
+        def job(token: CancelToken) -> tuple[Provenance, xr.Dataset, xr.Dataset | None]:
             check_prompts(prompt)
             model = self.current_model()
             clean = self.cached("prompt clean", (weights, prompt),
@@ -189,13 +219,14 @@ class PromptPart:
 
                 edited = prompt_saturation(model, prompt, edits=edits)
                 edited.attrs["workspace_edits"] = [edit_label(e) for e in edits]
-            return clean, edited
+            return record, clean, edited
 
         self.submit("prompt", job)
 
-    def _show_prompt(self, out: tuple[xr.Dataset, xr.Dataset | None]) -> None:
-        clean, edited = out
-        self.param.update(prompt_result=clean, prompt_edited=edited)
+    def _show_prompt(self, out: tuple[Provenance, xr.Dataset, xr.Dataset | None]) -> None:
+        record, clean, edited = out
+        self.param.update(prompt_result=clean, prompt_edited=edited,
+                          shown_record=self.stamped(record))
 
     def prompt_tokens(self) -> list[str]:
         """The prompt's tokens as shown (those of the last prompt result; [] before one)."""

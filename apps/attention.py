@@ -29,7 +29,9 @@ from apps import theme
 from apps._attention_trace import trace_patterns
 from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_ticks,
                                  selected_outlines)
+from apps._page_provenance import ShownRecord, result_heading
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
+from apps._provenance import Provenance, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
 from apps._session import CancelToken
 from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions,
@@ -40,10 +42,13 @@ from explorer._checks import InputError
 __all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
            "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_highlight", "plot_head",
            "head_pattern", "grid_cell", "highlighted_heads", "plot_positions", "plot_enlarged",
-           "prompt_tokens", "grid_title", "edits_caption", "trace_patterns"]
+           "prompt_tokens", "grid_title", "edits_caption", "trace_patterns",
+           "attention_heading"]
 
 MAX_TOKENS = 128
 """The longest prompt the page draws (the grid grows with the square of the length)."""
+
+METHOD = "attention patterns"  # the method of the page's records (`Provenance.method`)
 
 GAP = 1  # px of empty (transparent) space after each tile of the mosaic
 _MAX_TICKS = 32
@@ -158,6 +163,12 @@ def plot_grid(ds: xr.Dataset | None, n_layers: int | None = None,
         fontsize=theme.font_sizes(), colorbar=False)
 
 
+def attention_heading(prov: Provenance) -> str:
+    """The line over the patterns: the shown trace's prompt, model and workspace edits
+    (``Attention patterns of 'The cat' (tiny-llama), with 1 workspace edit``)."""
+    return result_heading("Attention patterns", prov, clean=False)
+
+
 def grid_title(ds: xr.Dataset | None) -> str:
     """"All heads", or "All heads · n edits" for a trace run with workspace edits. Kept short:
     the plot's toolbar shares the title's row and leaves it 174 px on a 4-head model."""
@@ -262,7 +273,7 @@ def plot_head(ds: xr.Dataset | None, layer: int, head: int) -> hv.Element:
 
 # -- the view ----------------------------------------------------------------------------
 
-class AttentionView(View):
+class AttentionView(ShownRecord, View):
     """Every head's attention on a prompt (one trace), one head enlarged.
 
     Parameters
@@ -275,6 +286,8 @@ class AttentionView(View):
     """
 
     notify_title = "Attention"
+    page_slug = "attention"
+    described = ("result",)
     failed_status = "Last run failed: {message}"
     wait_timeout = 300
 
@@ -324,8 +337,18 @@ class AttentionView(View):
         return self._model
 
     def scope(self) -> Scope:
-        """Your prompt; the workspace's edits are applied to the traced model."""
-        return Scope(on=f"your prompt (at most {MAX_TOKENS} tokens)", edits="applied")
+        """Your prompt (the shown patterns', `shown_record`); the workspace's edits are
+        applied to the traced model."""
+        shown = self.shown_record
+        prompt = f" {one_line(shown.prompts[0])}" if shown is not None else ""
+        return Scope(on=f"your prompt{prompt} (at most {MAX_TOKENS} tokens)", edits="applied")
+
+    def requested_provenance(self) -> Provenance:
+        """What the page would trace now: the workspace's (else its own) prompt and edits."""
+        return self.record(METHOD, *self.current_inputs())
+
+    def heading(self, prov: Provenance) -> str:
+        return attention_heading(prov)
 
     # -- selection -----------------------------------------------------------------------
     def _sync_label(self, *events: Any) -> None:
@@ -364,23 +387,26 @@ class AttentionView(View):
         if not self._page_loaded:
             return
         prompt, model, edits = self.prompt, self._model, list(self.edits)
+        record = self.record(METHOD, prompt, edits)
         self.running = True
         self._started = time.perf_counter()
 
-        def job(token: CancelToken) -> xr.Dataset:
-            return trace_patterns(model, prompt, edits, max_tokens=MAX_TOKENS,
-                                  check=token.check,
-                                  why="every head's pattern grows with its square")
+        def job(token: CancelToken) -> tuple[Provenance, xr.Dataset]:
+            return record, trace_patterns(model, prompt, edits, max_tokens=MAX_TOKENS,
+                                          check=token.check,
+                                          why="every head's pattern grows with its square")
 
         self.submit("trace", job)
 
-    def _got_trace(self, ds: xr.Dataset) -> None:
+    def _got_trace(self, out: tuple[Provenance, xr.Dataset]) -> None:
+        record, ds = out
         seconds = time.perf_counter() - self._started
         n = int(ds.mask.sum())
         spec = self._model.spec
         n_edits = len(ds.attrs.get("edits", []))
         edited = f" · {n_edits} workspace edit{'s' if n_edits != 1 else ''} applied" if n_edits else ""
         self.param.update(result=ds, seconds=seconds, error="", running=False,
+                          shown_record=self.stamped(record),
                           status=f"{spec.name} · {n} tokens · {spec.n_layers} layers × "
                                  f"{spec.n_heads} heads{edited} · traced in {seconds:.2f} s")
 
@@ -446,6 +472,8 @@ class AttentionView(View):
         return pn.Column(
             pn.Row(spinner, status, align="center"),
             alert,
+            self.heading_pane("attention-heading"),
+            self.stale_box("attention-stale", ["prompt", "edits", "running", "error"]),
             pn.Row(pn.Column(self._grid(), pn.pane.Markdown(
                        pn.bind(edits_caption, self.param.result), width=360, margin=(0, 10),
                        styles={"color": "#555", "font-size": "0.9em"},

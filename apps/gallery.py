@@ -265,6 +265,8 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
                 view.set_gallery_pages(lambda: self.pages)
             if hasattr(view, "set_edit_sink"):  # a page that adds edits to the workspace
                 view.set_edit_sink(self.workspace.push_edit)
+            if hasattr(view, "follow_workspace"):  # a page that marks its result outdated
+                view.follow_workspace(self.workspace)  # when the workspace moves on
             self._connect_own_items(slug, view)
         return self._pages[slug]
 

@@ -35,10 +35,13 @@ from apps._lens_heatmap import (_DETAILS_CSS, _update_source, answer_line, detai
                                 plot_positions, plot_shape)
 from apps._lens_preview import PreviewPart, _DragSlider
 from apps._lens_state import STATE_FORMAT, StatePart, _RUN_PARAMS
+from apps._lens_text import lens_heading, lens_request
 from apps._lens_tables import (MAX_LENS_TOKENS, answer_probabilities, check_lens_prompt,
                                contrast_prompts, contrast_vector, lens_grid_table, lens_table,
                                steering_summary)
+from apps._page_provenance import ShownRecord
 from apps._positions import PagePositions, position_caption
+from apps._provenance import Provenance, one_line
 from apps._recipe import MODEL, Call, Expr, Let, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions
@@ -64,7 +67,7 @@ hv.extension("bokeh", logo=False)
 # -- the view ------------------------------------------------------------------------------
 
 
-class LensView(DrawingPart, PreviewPart, StatePart, View):
+class LensView(ShownRecord, DrawingPart, PreviewPart, StatePart, View):
     """Logit lens of a prompt, live under a steering vector set by sliders.
 
     Parameters
@@ -110,16 +113,39 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                                             "None without workspace edits.")
 
     notify_title = "Logit lens"
+    page_slug = "lens"
+    described = ("result", "preview", "edited_result")
     failed_status = "Last run failed: {message}"
     wait_timeout = 120
     link_params = ("contrast_a", "contrast_b", "steer_layer", "alpha", "k")
 
     def scope(self) -> Scope:
-        """Your prompt (and the contrast prompts of the steering vector); the workspace's
-        edits are applied in a second heatmap."""
-        return Scope(on=f"your prompt (at most {MAX_LENS_TOKENS} tokens), steered by the "
-                        "contrast prompts A − B",
+        """Your prompt (the shown lens's, `shown_record`) and the contrast prompts of the
+        steering vector; the workspace's edits are applied in a second heatmap."""
+        shown = self.shown_record
+        prompt = f" {one_line(shown.prompts[0])}" if shown is not None else ""
+        return Scope(on=f"your prompt{prompt} (at most {MAX_LENS_TOKENS} tokens), steered by "
+                        "the contrast prompts A − B",
                      edits="applied (a second heatmap: the lens with the workspace's edits)")
+
+    def lens_record(self, p: dict[str, Any], edits: list[Edit]) -> Provenance:
+        """The record of the lens at run parameters ``p`` with workspace ``edits``."""
+        return self.record("logit lens", p["prompt"], edits, request=lens_request(p))
+
+    def requested_provenance(self) -> Provenance:
+        """What the page would compute now: its steering and top-k, the workspace's (else
+        its own) prompt and edits."""
+        prompt, edits = self.current_inputs()
+        p = {**self._run_params(), "prompt": prompt}
+        shown = self.shown_record
+        if self.preview is not None and shown is not None and shown.setting("preview"):
+            # a preview follows the slider's moves (the exact lens follows on release): its
+            # strength is the hand's, not an old input
+            p["alpha"] = shown.setting("alpha", p["alpha"])
+        return self.lens_record(p, edits)
+
+    def heading(self, prov: Provenance) -> str:
+        return lens_heading(prov)
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
         steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
@@ -176,7 +202,8 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
         with self._preview_lock:
             self._preview_pending = None   # previews asked for before this are stale
         extra = list(self.edits)
-        self.submit("run", lambda token: self._compute(p, token, extra))
+        record = self.lens_record(p, extra)
+        self.submit("run", lambda token: (record, *self._compute(p, token, extra)))
 
     # -- the preview while the steering slider moves ------------------------------------
 
@@ -285,12 +312,13 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
         return p, ds, edited
 
     # -- results (on the session's event loop when served) -------------------------------
-    def _show_result(self, out: tuple[dict, xr.Dataset, xr.Dataset | None]) -> None:
-        p, ds, edited = out
+    def _show_result(self, out: tuple[Provenance, dict, xr.Dataset, xr.Dataset | None]) -> None:
+        record, p, ds, edited = out
         seconds = time.perf_counter() - self._started
         n = len(extra_labels(edited))
         more = "" if edited is None else f" · edited: {n} workspace edit{'s' if n > 1 else ''}"
         self.param.update(result=ds, edited_result=edited, preview=None, error="", running=False,
+                          shown_record=self.stamped(record),
                           status=f"{self._model.spec.name} · {steering_summary(ds.attrs['edits'])}"
                                  f"{more} · {seconds:.2f} s")
         self._warm_preview()
@@ -408,7 +436,12 @@ class LensView(DrawingPart, PreviewPart, StatePart, View):
                               margin=(0, 10))
         return pn.Row(
             self.controls(),
-            pn.Column(pn.Row(spinner, cancel, status, align="center"), self._positions,
+            pn.Column(pn.Row(spinner, cancel, status, align="center"),
+                      self.heading_pane("lens-heading"),
+                      self.stale_box("lens-stale", ["prompt", "edits", "running", "error", "k",
+                                                    "steer_layer", "alpha", "contrast_a",
+                                                    "contrast_b"]),
+                      self._positions,
                       caption, answer,
                       # a wide prompt's heatmap (56 px a token) scrolls sideways in its box,
                       # not the page: the boxes around it may be narrower than the plot

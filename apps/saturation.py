@@ -37,7 +37,9 @@ import explorer
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled, tip
+from apps._page_provenance import ShownRecord
 from apps._positions import PagePositions
+from apps._provenance import one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._saturation_corpus import (CorpusPart, OPEN_BUDGET_S, _WEIGHTS, _note,
                                      estimated_seconds, pareto_caption, pareto_markers,
@@ -69,7 +71,7 @@ __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "det
 hv.extension("bokeh", logo=False)
 
 
-class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
+class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionPart, View):
     """Saturation events over the shipped corpus, for the trained or a random-init model.
 
     Parameters
@@ -136,15 +138,22 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
                                         doc="The same with `edits` applied; None without edits.")
 
     notify_title = "Saturation"
+    page_slug = "saturation"
+    described = ("prompt_result", "prompt_edited")
     failed_status = "Last run failed: {message}"
     link_params = ("weights", "n_tokens", "text", "k", "theta_margin", "theta_cosine", "against",
                    "pair", "inj_layer")
 
     def scope(self) -> Scope:
-        """The corpus (its statistics) and your prompt (its token view); the edits apply to
-        the prompt's token view only."""
+        """The corpus (its statistics: the shown result's tokens) and your prompt (the shown
+        token view's, `shown_record`); the edits apply to the prompt's token view only."""
         corpus = "your texts" if self._texts is not None else "the shipped corpus"
-        return Scope(on=f"{corpus} ({self.n_tokens} tokens) for the statistics; your prompt "
+        n = (self.result.attrs.get("summary", {}).get("n_tokens")
+             if self.result is not None else None)
+        tokens = f"{n} tokens" if n is not None else f"{self.n_tokens} tokens, to analyse"
+        shown = self.shown_record
+        prompt = f" {one_line(shown.prompts[0])}" if shown is not None else ""
+        return Scope(on=f"{corpus} ({tokens}) for the statistics; your prompt{prompt} "
                         "for its token view",
                      edits="applied to your prompt's token view (a second heatmap); not "
                            "applicable to the corpus statistics: they are the unedited "
@@ -353,6 +362,9 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, InjectionPart, View):
                          "token at that position holds rank j (grey: never; the number in the "
                          f"cell up to {LABELLED_POSITIONS} tokens, else hover). With workspace "
                          "edits the edited run follows below, its changed cells outlined."),
+                self.heading_pane("sat-prompt-heading"),
+                self.stale_box("sat-prompt-stale", ["prompt", "edits", "weights", "busy",
+                                                    "error"]),
                 self._positions, self._position_caption,
                 self._prompt_view,
                 pn.pane.Markdown("### Corpus text, coloured by s_1"),
