@@ -20,6 +20,7 @@ Parallel runs (`make test`, `make test-fast`: ``-n 2 --dist loadfile --no-loadsc
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import os
@@ -344,10 +345,18 @@ class WatchedBrowser:
         return problems
 
     def _watch(self, context: Any) -> None:
+        recent: collections.deque[str] = collections.deque(maxlen=8)  # for a page error's report
+
         def console(msg: Any) -> None:
+            recent.append(f"{msg.type}: {msg.text[:300]}")
             if msg.type == "error":
                 self.problems.append(f"console error on {msg.page.url if msg.page else '?'}: "
                                      f"{msg.text}")
+
+        def page_error(err: Any) -> None:
+            stack = (getattr(err.error, "stack", "") or "").splitlines()[:8]
+            self.problems.append(f"page error: {err.error}\n  stack: " + "\n    ".join(stack)
+                                 + "\n  console before it:\n    " + "\n    ".join(recent))
 
         def failed(request: Any) -> None:
             # closing a page or navigating away cancels what is in flight: not a page fault
@@ -356,7 +365,7 @@ class WatchedBrowser:
                                      f"({request.failure})")
 
         context.on("console", console)
-        context.on("weberror", lambda err: self.problems.append(f"page error: {err.error}"))
+        context.on("weberror", page_error)
         context.on("requestfailed", failed)
 
 

@@ -22,7 +22,10 @@ def test_every_page_reports_console_errors_page_errors_and_failed_requests(brows
     page.close()
     problems = browser.take_problems()
     assert any(p.startswith("console error") and "drawn badly" in p for p in problems), problems
-    assert any(p.startswith("page error") and "boom in a callback" in p for p in problems)
+    error = next(p for p in problems if p.startswith("page error"))
+    assert "boom in a callback" in error.splitlines()[0], error
+    # a page error's report carries its stack and the console messages before it
+    assert "log: fine" in error and "error: drawn badly" in error, error
     assert any(p.startswith("request failed: GET") and str(port) in p for p in problems)
-    assert not any("fine" in p for p in problems)
+    assert not any("fine" in p.splitlines()[0] for p in problems)  # a log is no problem itself
     assert browser.take_problems() == []                # taken: this test ends clean
