@@ -204,6 +204,20 @@ INTROS: dict[str, Intro] = {
         try_first="Click the reddest cell to select it, ablate it from the sidebar's menu and "
                   "read the edited and difference panels.",
         doc="docs/dla.md"),
+    "compare": Intro(
+        shows="Your prompt (A) and the sidebar's second prompt (B) side by side: the logit "
+              "lens, the selected head's attention, the saturation layers or the logit "
+              "attribution of each, aligned by position, and B − A.",
+        paper="Wang et al. (ICLR 2023), prompts that differ in one name",
+        title="Interpretability in the Wild: a Circuit for Indirect Object Identification "
+              "in GPT-2 small",
+        read="Top: A; below or beside it: B on the same axes and colours; then B − A on the "
+             "diverging map (red: larger in B). Prompts of different lengths get no "
+             "difference, and a note says why.",
+        try_first="Open Second prompt (compare) in the sidebar, press Start from the prompt, "
+                  "change one name and press Enter; then switch the view to Logit "
+                  "attribution.",
+        doc="docs/compare.md"),
     "features": Intro(
         shows="A dictionary's features as dashboards: where each fires in the shipped corpus, "
               "how strongly, on the sidebar prompt, and which tokens its decoder direction "

@@ -25,5 +25,6 @@ PAGE_TITLES: dict[str, str] = {
     "dla": "Logit attribution",
     "features": "Feature dashboards",
     "patching": "Activation patching",
+    "compare": "Two prompts",
     "study": "User study",
 }

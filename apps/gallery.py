@@ -63,6 +63,7 @@ from apps._workspace_sidebar import WorkspaceSidebarPart
 from apps.atlas import AtlasView
 from apps.attention import AttentionView
 from apps.circuits import CircuitsView
+from apps.compare import CompareView
 from apps.conflicts import ConflictsView
 from apps.dla import DLAView
 from apps.features import FeaturesView
@@ -97,7 +98,7 @@ _FACTORIES: dict[str, ViewFactory] = {
     "parity": ParityView, "linear-icl": LinearICLView, "task-emergence": TaskEmergenceView,
     "circuits": CircuitsView, "shattering": ShatteringView, "unlearning": UnlearningView,
     "attention": AttentionView, "atlas": AtlasView,
-    "dla": DLAView, "features": FeaturesView,
+    "dla": DLAView, "features": FeaturesView, "compare": CompareView,
     "patching": PatchingView, "study": StudyBuilderView,
 }
 

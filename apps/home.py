@@ -21,8 +21,9 @@ __all__ = ["GROUPS", "TOUR", "HomeView", "home_html"]
 GROUPS: list[tuple[str, str, list[str]]] = [
     ("What does the model predict?", "Layer by layer, and where the answer is fixed.",
      ["lens", "saturation", "conflicts"]),
-    ("Which parts carry this answer?", "Patch a clean run into a corrupted one, and each head's "
-     "and MLP's direct write to the answer.", ["patching", "dla"]),
+    ("Which parts carry this answer?", "Patch a clean run into a corrupted one, each head's "
+     "and MLP's direct write to the answer, and two prompts side by side.",
+     ["patching", "dla", "compare"]),
     ("Which heads do what?", "Attention patterns, head scores, neurons and dictionary features.",
      ["attention", "atlas", "icl-heads", "neuron-eval", "itda", "features"]),
     ("Which circuit, and what an edit does to it?", "Edges that carry a task; edits that remove "

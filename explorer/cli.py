@@ -87,6 +87,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "explorer.commands.dla",
     "explorer.commands.features",
     "explorer.commands.patching",
+    "explorer.commands.compare",
 )
 
 _PROG = "explorer"
