@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import holoviews as hv
+import numpy as np
 import pandas as pd
 import panel as pn
 import param
@@ -37,14 +39,16 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, labelled_control
 from apps._session import CancelToken
-from apps._view import Scope, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
 from explorer.studies.analysis import analyse
 from explorer.studies.run import StudyRun
 from explorer.studies.schema import study_from_dict
 
 __all__ = ["StudyBuilderView", "SOURCES", "DEFAULT_ITEMS", "study_dict", "analysis_tables",
-           "open_runs", "participant_page", "STUDIES_ENV"]
+           "analysis_html", "accuracy_plot", "open_runs", "participant_page", "STUDIES_ENV"]
+
+hv.extension("bokeh", logo=False)
 
 STUDIES_ENV = "EXPLORER_STUDIES"
 """Environment variable: the folder the page keeps its study runs in (default
@@ -220,11 +224,41 @@ def analysis_html(ds: xr.Dataset) -> str:
         f"<th>answers</th><th>accuracy</th><th>{level}% interval</th></tr>{rows}</table>"
         f"<table class='study-table'><tr><th>hypothesis</th><th>comparison</th>"
         f"<th>accuracy difference</th><th>{level}% interval</th><th>Cohen's h</th><th>p</th>"
-        f"<th>p ({correction})</th><th>supported (α = {a['alpha']})</th></tr>{hrows}</table>"
+        f"<th>p ({correction})</th><th>supported</th></tr>{hrows}</table>"
         f"<p class='study-method'>Intervals: percentile bootstrap over participants "
         f"({a['bootstrap']} resamples). p: permutation test ({a['permutations']} permutations, "
         f"condition labels swapped within participants in a within design), one-sided as "
-        f"pre-registered, {correction} over {len(hyp)} hypotheses.</p></div>")
+        f"pre-registered, {correction} over {len(hyp)} hypotheses; supported: adjusted p < "
+        f"α = {a['alpha']} in the pre-registered direction.</p></div>")
+
+
+def accuracy_plot(conditions: list[str], ds: xr.Dataset | None, chance: float) -> hv.Overlay:
+    """Accuracy per condition with its interval (bars) and chance accuracy (dashed); the
+    conditions without answers are listed with no point."""
+    acc = np.full(len(conditions), np.nan)
+    low, high = acc.copy(), acc.copy()
+    if ds is not None:
+        for i, c in enumerate(conditions):
+            if c in ds["condition"].values and ds["n_responses"].sel(condition=c) > 0:
+                acc[i] = float(ds["accuracy"].sel(condition=c))
+                low[i] = float(ds["accuracy_low"].sel(condition=c))
+                high[i] = float(ds["accuracy_high"].sel(condition=c))
+    data = pd.DataFrame({"condition": conditions, "accuracy": acc,
+                         "below": acc - low, "above": high - acc})
+    n = 0 if ds is None else int(ds.attrs["n_analysed"])
+    points = hv.Scatter(data, "condition", "accuracy").opts(
+        size=11, color=theme.ACCENT, default_tools=[], tools=[*STATIC_TOOLS, "hover"])
+    chance_line = hv.HLine(chance).opts(color="#888", line_dash="dashed", line_width=2,
+                                        default_tools=[])
+    overlay = chance_line * points
+    if np.isfinite(acc).any():
+        overlay = overlay * hv.ErrorBars(data.dropna(), "condition",
+                                         ["accuracy", "below", "above"]).opts(
+            line_width=2, color=theme.ACCENT, default_tools=[])
+    return overlay.opts(
+        title=f"Accuracy by condition · n = {n}", ylim=(0, 1.02), height=260, responsive=True,
+        min_width=300, max_width=900, ylabel="accuracy (share correct)", xlabel="",
+        show_grid=True)
 
 
 _CSS = """
@@ -254,7 +288,8 @@ class StudyBuilderView(View):
 
     prompt = param.String(default="The capital of France is", label="Prompt",
                           doc="The first item (the sidebar's prompt in the gallery).")
-    source = param.Selector(default="lens", objects=list(SOURCES), label="Explanation from",
+    source = param.Selector(default="lens", objects={title: slug for slug, (title, *_) in SOURCES.items()},
+                            label="Explanation from",
                             doc="The page whose explanation participants see (its settings: "
                                 "the lens's top-k).")
     baseline = param.Boolean(default=True, label="Baseline: no explanation",
@@ -290,7 +325,9 @@ class StudyBuilderView(View):
         self._key = ""
         self._poll: Any = None
         self.runner("build", self._built, progress=True)
-        self._preview = pn.Column(sizing_mode="stretch_width", css_classes=["study-preview"])
+        self._preview = pn.Column(caption("*Build study* computes the items; what participants "
+                                          "see under each condition shows here."),
+                                  sizing_mode="stretch_width", css_classes=["study-preview"])
         self._analysis_pane = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[_CSS],
                                            css_classes=["study-analysis-pane"])
         self._link = pn.widgets.TextInput(label="Participants' link", value="", disabled=True,
@@ -305,7 +342,10 @@ class StudyBuilderView(View):
         self._open.on_click(lambda _e: self.close_to_participants() if self._key
                             else self.open_to_participants())
         self._refresh.on_click(lambda _e: self.refresh_analysis())
+        self._plot = pn.pane.HoloViews(self._accuracy_plot(), sizing_mode="stretch_width",
+                                       css_classes=["study-accuracy"])
         self.param.watch(lambda _e: self._show_analysis(), "analysis")
+        self.param.watch(lambda *_: self._show_plot(), ["analysis", "baseline", "placebo"])
 
     # -- the gallery ------------------------------------------------------------------------
     def set_gallery_pages(self, pages: Callable[[], dict[str, Any]]) -> None:
@@ -433,6 +473,18 @@ class StudyBuilderView(View):
         else:
             self._analysis_pane.object = analysis_html(ds)
 
+    def _accuracy_plot(self) -> hv.Overlay:
+        if self._run is not None:
+            names = list(self._run.study.condition_names)
+            chance = 1 / self._run.study.task.n_choices
+        else:
+            names = ["explanation"] + ["none"] * self.baseline + ["placebo"] * self.placebo
+            chance = 0.25
+        return accuracy_plot(names, self.analysis, chance)
+
+    def _show_plot(self) -> None:
+        self._plot.object = self._accuracy_plot()
+
     def _show_preview(self) -> None:
         from apps.study import explanation_html
 
@@ -480,7 +532,7 @@ class StudyBuilderView(View):
         right = pn.Column(
             status, self.progress_bar(), pn.pane.Markdown("### Explanation shown"), self._preview,
             pn.pane.Markdown("### Participants"), pn.Row(self._open, self._refresh),
-            self._link, pn.pane.Markdown("### Analysis"), self._analysis_pane,
+            self._link, pn.pane.Markdown("### Analysis"), self._plot, self._analysis_pane,
             sizing_mode="stretch_width")
         return pn.Row(left, right, sizing_mode="stretch_width")
 

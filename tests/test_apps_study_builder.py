@@ -187,6 +187,15 @@ def test_answers_from_the_participant_app_update_the_analysis_pane(gallery):
     np.testing.assert_allclose(ds["p_adjusted"].values, holm)
     assert f"{ds['p_adjusted'].values[0]:.4f}" in pane
 
+    # the plot draws the same interval, and its title the same n
+    import holoviews as hv
+
+    overlay = page._plot.object
+    bars = next(el for el in overlay if isinstance(el, hv.ErrorBars)).data.set_index("condition")
+    assert bars.loc["explanation", "accuracy"] - bars.loc["explanation", "below"] == pytest.approx(low)
+    assert bars.loc["explanation", "accuracy"] + bars.loc["explanation", "above"] == pytest.approx(high)
+    assert overlay.opts.get().kwargs["title"].endswith("n = 6")
+
 
 def test_the_link_key_and_participant_codes_stay_out_of_exports(gallery):
     import io
@@ -219,3 +228,33 @@ def test_a_closed_or_wrong_link_shows_that_the_study_is_not_open():
     page = participant_page()
     text = " ".join(str(getattr(o, "object", "")) for o in page.main)
     assert "This study is not open" in text
+
+
+def test_a_reader_follows_the_deepest_layer_that_names_a_choice_and_the_largest_head():
+    from explorer.studies.readers import explanation_pick, reader_choice
+
+    lens = {"kind": "logit_lens", "layers": [0, 1, 2],
+            "tokens": [["a", "b"], ["x", "c"], ["y", "z"]],
+            "probs": [[0.9, 0.1], [0.6, 0.3], [0.5, 0.5]]}
+    display = {"choices": ["a", "b", "c", "d"], "explanation": lens, "attention_check": False,
+               "question": "?"}
+    assert explanation_pick(display) == 2          # layer 2 names no choice; layer 1 names 'c'
+    lens["tokens"][2] = ["b", "a"]
+    lens["probs"][2] = [0.4, 0.4]
+    assert explanation_pick(display) == 0          # a tie in probability: the first choice
+    heads = {"kind": "head_attribution", "scores": [[0.1, -2.0], [0.7, 0.3]], "top": 1,
+             "n_layers": 2, "n_heads": 2}
+    shown = {"choices": ["L0 H1", "L1 H1", "L1 H0"], "explanation": heads,
+             "attention_check": False, "question": "?"}
+    assert explanation_pick(shown) == 2            # L1 H0 has the largest direct effect
+    assert explanation_pick({**shown, "explanation": None}) is None
+    rng = np.random.default_rng(0)
+    assert all(reader_choice(shown, rng, reliance=1.0) == 2 for _ in range(20))
+    guesses = [reader_choice(shown, rng, reliance=0.0) for _ in range(3000)]
+    assert np.allclose(np.bincount(guesses, minlength=3) / 3000, 1 / 3, atol=0.04)
+    check = {"choices": ["red", "blue"], "explanation": None, "attention_check": True,
+             "question": "Attention check: to show that you are reading carefully, choose "
+                         "the option 'blue'."}
+    assert reader_choice(check, rng, reliance=0.0) == 1
+    with pytest.raises(ValueError, match="`reliance` must be"):
+        reader_choice(shown, rng, reliance=1.5)
