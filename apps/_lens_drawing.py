@@ -3,6 +3,7 @@
 the edited heatmap below it; the selected positions outlined."""
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import holoviews as hv
@@ -53,7 +54,7 @@ class DrawingPart:
             refs.clear()                   # the new render registers its own
         self._lines.clear()
         self._drawn_shape = self._page_shape(ds)
-        steers = () if ds is None else plot_shape(ds)[3]
+        steers = () if ds is None else self._shape_of(ds)[3]
         line = steers[0] if len(steers) == 1 else self.steer_layer
         plot = plot_lens_heatmap(ds, title=None if ds is None else
                                  lens_title(ds, clean=self.edited_result is not None),
@@ -67,11 +68,23 @@ class DrawingPart:
                          hv.opts.Labels(hooks=[self._source_hook("labels")]),
                          hv.opts.HLine(hooks=[self._line_hook]))
 
-    @staticmethod
-    def _page_shape(ds: xr.Dataset | None) -> tuple | None:
+    def _shape_of(self, ds: xr.Dataset | None) -> tuple | None:
+        """`plot_shape` of ``ds``, kept for the last result asked about: each preview of a
+        drag asks three times (whether it draws in place, the redraw, the steering line),
+        and each time took a selection of the result and its tokens."""
+        if ds is None:
+            return None
+        memo = getattr(self, "_shape_memo", None)
+        if memo is not None and memo[0]() is ds:
+            return memo[1]
+        shape = plot_shape(ds)
+        self._shape_memo = (weakref.ref(ds), shape)
+        return shape
+
+    def _page_shape(self, ds: xr.Dataset | None) -> tuple | None:
         """`plot_shape` without the steering layer where there is at most one steer edit:
         the page draws that line always and moves or hides it in place."""
-        shape = plot_shape(ds)
+        shape = self._shape_of(ds)
         return shape if shape is None or len(shape[3]) > 1 else shape[:3]
 
     def _line_hook(self, plot: Any, element: Any) -> None:
@@ -135,7 +148,7 @@ class DrawingPart:
                     for src in srcs:
                         _update_source(src, {name: columns[glyph][name] for name in src.data
                                              if name in columns[glyph]})
-                steers = plot_shape(ds)[3]
+                steers = self._shape_of(ds)[3]
                 if steers:
                     lines[0].location = steers[0] - 0.5
                 lines[0].visible = bool(steers)

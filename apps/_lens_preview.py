@@ -4,8 +4,10 @@ preview newer than the last exact result is drawn in place; releasing the slider
 exact lens. `_DragSlider` sends each move at once (no debounce)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import time
 
 import panel as pn
 import param
@@ -50,6 +52,7 @@ class PreviewPart:
             return
         self._seq += 1
         request = (self._seq, {**self._run_params(), "alpha": float(alpha)})
+        self._preview_asked = (self._seq, time.perf_counter())
         with self._preview_lock:
             if self._preview_busy:
                 self._preview_pending = request
@@ -63,19 +66,35 @@ class PreviewPart:
                 self._preview_busy = False
                 self._preview_pending = None
 
+    @property
+    def preview_timings(self) -> collections.deque:
+        """Server-side milliseconds of the last previews drawn (at most 64), oldest first:
+        ``queue_ms`` (from the slider's move to the job's start; None for a move that
+        waited in the slot), ``compute_ms`` (the preview's lens), ``deliver_ms`` (from the
+        job's end to the session's event loop drawing it) and ``draw_ms`` (the redraw and
+        the document patch it sends)."""
+        try:
+            return self._preview_timings
+        except AttributeError:
+            self._preview_timings: collections.deque = collections.deque(maxlen=64)
+            return self._preview_timings
+
     def _preview_job(self, request: tuple[int, dict], token: CancelToken) -> tuple:
         seq, p = request
+        start = time.perf_counter()
         try:
-            return seq, p, self._compute_preview(p, token), None
+            return seq, p, self._compute_preview(p, token), None, (start, time.perf_counter())
         except Cancelled:
             raise
         except Exception as exc:  # a failed preview is not shown; the exact run reports
-            return seq, p, None, exc
+            return seq, p, None, exc, (start, time.perf_counter())
 
     def _show_preview(self, out: tuple) -> None:
-        seq, p, ds, exc = out   # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
+        # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
+        seq, p, ds, exc, (began, ended) = out
         if seq == self._exact_seq:
             self._mark_preview_ready(exc is None)
+        start = time.perf_counter()
         if exc is None and seq > self._exact_seq and ds is not None:
             # the status stays the same through a drag (the title names alpha): a changed
             # status line re-lays the page out in the browser on every move. A redraw in
@@ -87,6 +106,11 @@ class PreviewPart:
                 self.param.update(preview=ds, shown_record=self.preview_record(p),
                                   status="Preview: top tokens among candidates, "
                                          "estimated probabilities; exact on release")
+            asked = getattr(self, "_preview_asked", None)
+            self.preview_timings.append({
+                "queue_ms": 1000 * (began - asked[1]) if asked and asked[0] == seq else None,
+                "compute_ms": 1000 * (ended - began), "deliver_ms": 1000 * (start - ended),
+                "draw_ms": 1000 * (time.perf_counter() - start)})
         with self._preview_lock:
             request, self._preview_pending = self._preview_pending, None
             if request is None:
