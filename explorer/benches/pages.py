@@ -119,7 +119,11 @@ RECORDER = r"""(() => {
     const plots = views.filter(v => (v.model.type === 'Figure' || v.model.type === 'Plot')
         && v.el.isConnected && v.el.offsetParent != null && v.canvas_view != null)
     const stop = views.filter(v => (v.model.css_classes || []).includes('stop-work'))
-    const active = stop.some(v => !v.model.disabled)
+    // work in flight: the session's stop button live, or a spinner turning (the header's
+    // busy indicator while the server handles an event, a page's own)
+    const active = stop.some(v => !v.model.disabled) || views.some(v =>
+        (v.model.css_classes || []).includes('spin') && v.el != null && v.el.isConnected
+        && v.el.offsetParent != null)
     if (active !== pb.active) { pb.active = active; pb.busy.push([t0, active]) }
     const key = plots.map(v => v.model.id + '.' + v._render_count).join(',')
     if (key === pb.key) { pb.idleCost.push(performance.now() - t0); return }
@@ -250,8 +254,8 @@ def _pages_asked(page: Any, asked: list[str]) -> list[tuple[str, str]]:
     known: dict[str, str] = importlib.import_module("apps._page_titles").PAGE_TITLES
     titles = [t.strip() for t in page.locator(".gallery-nav button").all_inner_texts()]
     slug_of = {title: slug for slug, title in known.items()}
-    if not asked:
-        return [(slug_of.get(t, t), t) for t in titles]
+    if not asked:                       # every page but the home page (it draws no plot)
+        return [(slug_of.get(t, t), t) for t in titles if t != "Home"]
     out = []
     for item in asked:
         title = known.get(item) or next((t for t in titles if t.lower() == item.lower()), None)
@@ -262,13 +266,38 @@ def _pages_asked(page: Any, asked: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+# Marks the handle of the slider labelled by a regular expression (its title, or the text
+# beside it in its layout, as Panel's DiscreteSlider draws its label) with data-pb-handle.
+_MARK_HANDLE = """(label) => {
+  const re = new RegExp(label)
+  const shown = v => v.el != null && v.el.isConnected && v.el.offsetParent != null
+  const text = m => String(m.title ?? m.text ?? m.value ?? '')
+  const views = [...Bokeh.index.all_views()].filter(shown)
+  const isSlider = v => /Slider$/.test(v.model.type) && v.model.type !== 'RangeSlider'
+  let slider = views.find(v => isSlider(v) && re.test(text(v.model)))
+  if (slider == null)
+    for (const v of views) {
+      const kids = v.child_views || []
+      if (kids.some(k => !isSlider(k) && re.test(text(k.model)))) {
+        slider = kids.find(isSlider)
+        if (slider != null) break
+      }
+    }
+  document.querySelectorAll('[data-pb-handle]').forEach(e => e.removeAttribute('data-pb-handle'))
+  for (const v of [...Bokeh.index.all_views()].filter(shown))
+    v.shadow_el?.querySelectorAll?.('[data-pb-handle]').forEach(e => e.removeAttribute('data-pb-handle'))
+  const handle = slider == null ? null : (slider.shadow_el ?? slider.el).querySelector('.noUi-handle')
+  if (handle == null) return false
+  handle.setAttribute('data-pb-handle', '1')
+  return true
+}"""
+
+
 def _slider_handle(page: Any, label: str) -> Any | None:
-    groups = page.locator(".bk-input-group", has_text=re.compile(label))
-    for i in range(groups.count()):
-        handle = groups.nth(i).locator(".noUi-handle")
-        if handle.count():
-            return handle.first
-    return None
+    """The handle of the slider labelled ``label`` (a regular expression), or None."""
+    if not page.evaluate(_MARK_HANDLE, label):
+        return None
+    return page.locator("[data-pb-handle]").first
 
 
 def _first_after(times: list[float], t: float, until: float | None = None) -> float | None:
