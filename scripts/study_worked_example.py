@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     model = load_model(args.model)
     summary: dict[str, Any] = {
-        "command": "python scripts/study_worked_example.py " + " ".join(argv or sys.argv[1:]),
+        "command": " ".join(["python scripts/study_worked_example.py", *(argv or sys.argv[1:])]),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
         "machine": {"platform": platform.platform(terse=True), "processor": platform.processor(),
                     "cpus": os.cpu_count(), "python": platform.python_version(),

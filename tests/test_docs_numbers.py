@@ -52,6 +52,27 @@ def _ablation_row(ranking: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _study_row(condition: str, *, pointer: bool) -> tuple[str, ...]:
+    """Key paths of a row of the worked study's condition table: per study (lens, then
+    attribution), the share of items the explanation points at the answer (when shown) and
+    the readers' accuracy [low, high]."""
+    out: list[str] = []
+    for study in ("lens", "dla"):
+        if pointer:
+            out.append(f"studies/{study}/pointer_accuracy/{condition}")
+        out += [f"studies/{study}/conditions/{condition}/{k}"
+                for k in ("accuracy", "accuracy_low", "accuracy_high")]
+    return tuple(out)
+
+
+def _hypothesis_row(study: str, hypothesis: str) -> tuple[str | None, ...]:
+    """Key paths of a row of the worked study's hypothesis table (the id's digit skipped)."""
+    base = f"studies/{study}/hypotheses/{hypothesis}"
+    return (None, *(f"{base}/{k}" for k in ("effect", "effect_low", "effect_high", "cohens_h",
+                                             "p_value", "p_adjusted")),
+            f"studies/{study}/power/{hypothesis}")
+
+
 TIES: tuple[Tie, ...] = (
     # linear ICL (He et al.): the H = 1, 2, 4 table and the H = 2 head pairs
     Tie("dynamics.md", "| test loss, L = 40 (2,048 prompts) | 0.379 | 0.237 | 0.237 |",
@@ -113,6 +134,23 @@ TIES: tuple[Tie, ...] = (
          "itda/comparison/itda_heldout_fve")),
     Tie("representations.md", "a **CE loss score of 0.956**", "representations_summary.json",
         ("itda/comparison/itda_ce_loss_score",)),
+    # user studies (Pičulin et al.): the worked example with simulated readers
+    Tie("studies.md", "| explanation | 0.42 | 0.39 [0.31, 0.47] | 0.17 | 0.17 [0.12, 0.22] |",
+        "studies_worked_example.json", _study_row("explanation", pointer=True)),
+    Tie("studies.md", "| none | – | 0.30 [0.22, 0.38] | – | 0.27 [0.20, 0.33] |",
+        "studies_worked_example.json", _study_row("none", pointer=False)),
+    Tie("studies.md", "| placebo | 0.00 | 0.14 [0.09, 0.20] | 0.17 | 0.17 [0.12, 0.21] |",
+        "studies_worked_example.json", _study_row("placebo", pointer=True)),
+    Tie("studies.md", "| Logit lens | H1: explanation > none | +0.09 [-0.03, +0.21] | +0.19 | 0.0888 | 0.0888 | no | 0.650 |",
+        "studies_worked_example.json", _hypothesis_row("lens", "H1")),
+    Tie("studies.md", "| Logit lens | H2: explanation > placebo | +0.25 [+0.14, +0.36] | +0.58 | 0.0002 | 0.0004 | yes | 0.965 |",
+        "studies_worked_example.json", _hypothesis_row("lens", "H2")),
+    Tie("studies.md", "| Logit attribution | H1: explanation > none | -0.10 [-0.19, -0.01] | -0.24 | 0.9826 | 1.0000 | no | 0.000 |",
+        "studies_worked_example.json", _hypothesis_row("dla", "H1")),
+    Tie("studies.md", "| Logit attribution | H2: explanation > placebo | +0.00 [-0.08, +0.08] | +0.00 | 0.5751 | 1.0000 | no | 0.000 |",
+        "studies_worked_example.json", _hypothesis_row("dla", "H2")),
+    Tie("studies.md", "one torch\nthread, 164 s in all", "studies_worked_example.json",
+        ("seconds_total",)),
     # representation shattering (Nishi et al.)
     Tie("editing.md", "r² 0.80 for ROME over 80 edits", "shattering_summary.json",
         ("sweep/rome/r2", "sweep/rome/n_edits")),
