@@ -95,6 +95,12 @@ class PreviewPart:
         if seq == self._exact_seq:
             self._mark_preview_ready(exc is None)
         start = time.perf_counter()
+        # served, the move waiting in the slot starts computing (a worker thread) while this
+        # preview is drawn (the session's event loop, which delivers the next one only after
+        # this callback): a drag's previews come one draw sooner each
+        overlap = self._background and self._doc is not None
+        if overlap:
+            self._next_preview()
         if exc is None and seq > self._exact_seq and ds is not None:
             # the status stays the same through a drag (the title names alpha): a changed
             # status line re-lays the page out in the browser on every move. A redraw in
@@ -111,6 +117,12 @@ class PreviewPart:
                 "queue_ms": 1000 * (began - asked[1]) if asked and asked[0] == seq else None,
                 "compute_ms": 1000 * (ended - began), "deliver_ms": 1000 * (start - ended),
                 "draw_ms": 1000 * (time.perf_counter() - start)})
+        if not overlap:
+            self._next_preview()
+
+    def _next_preview(self) -> None:
+        """Start the preview of the move waiting in the slot, if any; else the preview path
+        is idle (the next move starts one at once)."""
         with self._preview_lock:
             request, self._preview_pending = self._preview_pending, None
             if request is None:
