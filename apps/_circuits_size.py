@@ -93,6 +93,13 @@ class CircuitSize:
             return [max(1, self.n_nodes)]
         return cs.default_node_sizes(len(cs.node_ranking(scores)))[1:]
 
+    def _passing(self, threshold: float) -> int:
+        """How many edges of the current scores have |score| >= ``threshold``."""
+        scores, _, _ = self._current()
+        if scores is None:
+            return 0
+        return int((np.abs(scores["score"].values.astype(np.float64)) >= threshold).sum())
+
     def _sync_slider(self) -> None:
         """Slider options and value from the mode and the current n_edges / threshold (or
         n_nodes for a node circuit)."""
@@ -112,17 +119,21 @@ class CircuitSize:
             return
         sizes, thresholds = self._grid()
         total = self._total()
+        # an off-grid size (the other method's default kept after a toggle, a link, code) gets
+        # a position of its own: the slider shows the size the circuit is chosen by
         if self.mode == "top-n":
-            options = {(f"{n:,} ({100 * n / total:.2g} %)" if total else f"{n:,}"): int(n)
-                       for n in sizes}
-            value, values = self.n_edges, [int(n) for n in sizes]
+            value = int(self.n_edges)
+            values = sorted({int(n) for n in sizes} | {value})
+            options = {(f"{n:,} ({100 * n / total:.2g} %)" if total else f"{n:,}"): n
+                       for n in values}
             name = self.param.n_edges.label
         else:
-            options = {f"{t:.3g} ({n:,} edges)": float(t) for n, t in zip(sizes, thresholds)}
-            value, values = self.threshold, [float(t) for t in thresholds]
+            value = float(self.threshold)
+            pairs = {float(t): int(n) for n, t in zip(sizes, thresholds)}
+            if value not in pairs:
+                pairs[value] = self._passing(value)
+            options = {f"{t:.3g} ({pairs[t]:,} edges)": t for t in sorted(pairs, reverse=True)}
             name = self.param.threshold.label
-        if value not in values:  # an off-grid value (set in code): show the nearest position
-            value = min(values, key=lambda v: abs(np.log1p(v) - np.log1p(value)))
         self._syncing = True
         try:
             self._slider.param.update(options=options, value=value, label=name)

@@ -180,8 +180,12 @@ def test_threshold_mode_draws_the_pruned_threshold_circuit(view):
             assert drawn(view) == want and view._shown["chosen"] == int((mag >= t).sum())
             if want:
                 assert marker(view)[0] == len(want)
-        # the slider's positions are the thresholds that choose the grid's edge counts
-        options = list(view._slider.options.values())
+        # the slider shows the threshold set in code, at a position of its own, labelled
+        # with the edges it chooses ...
+        label = next(k for k, v in view._slider.options.items() if v == t)
+        assert view._slider.value == t and f"({int((mag >= t).sum()):,} edges)" in label
+        # ... beside the thresholds that choose the grid's edge counts
+        options = [o for o in view._slider.options.values() if o != t]
         view._slider.value = options[-4]
         n = page_sizes(scores)[-4]
         assert view.threshold == options[-4] and int((mag >= view.threshold).sum()) == n
@@ -201,6 +205,23 @@ def test_slider_moves_set_top_n(view):
     assert view.n_edges == options[5]
     view.n_edges = options[7]              # set in code: the slider follows
     assert view._slider.value == options[7]
+
+
+def test_an_off_grid_size_is_shown_as_it_is_not_snapped(view):
+    """A size off the slider's grid (the other method's default kept after a toggle, a link)
+    is the slider's value and label, not the nearest grid position."""
+    sizes = page_sizes(view.scores)
+    before = view.n_edges
+    off = int(sizes[-5]) + 1
+    assert off not in sizes
+    try:
+        view.n_edges = off
+        assert view._slider.value == off
+        label = next(k for k, v in view._slider.options.items() if v == off)
+        assert label.startswith(f"{off:,} (")
+        assert sorted(view._slider.options.values()) == sorted([*sizes, off])
+    finally:
+        view.n_edges = before
 
 
 def test_mode_switch_keeps_the_chosen_edges(view):
