@@ -138,8 +138,7 @@ class PreviewPart:
         record = self.lens_record(p, list(edits))
         if shown is not None:
             record = dataclasses.replace(record, edits=shown.edits)
-        settings = (("alpha", float(p["alpha"])), ("preview", True))
-        return dataclasses.replace(self.stamped(record), settings=settings)
+        return dataclasses.replace(self.stamped(record), settings=(("preview", True),))
 
     def _warm_preview(self) -> None:
         """Served, after an exact result: compute one preview that is not drawn, so that the

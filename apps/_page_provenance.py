@@ -30,8 +30,10 @@ __all__ = ["ShownRecord", "auto_stale_text", "stale_inputs", "result_heading", "
            "STALE_STYLE", "INPUT_WORDS"]
 
 
-INPUT_WORDS = {**INPUT_NAMES, "method": "the method", "steering": "the steering",
-               "top_k": "the top-k", "weights": "the weights"}
+INPUT_WORDS = {**INPUT_NAMES, "method": "the method", "alpha": "the steering strength",
+               "steer_layer": "the steering layer", "contrast_a": "the contrast prompts A",
+               "contrast_b": "the contrast prompts B", "top_k": "the top-k",
+               "weights": "the weights"}
 """How a stale note names each input of these pages."""
 
 _ORDER = ("model", "prompts", "edits")

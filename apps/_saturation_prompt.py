@@ -24,7 +24,7 @@ from apps._saturation_strip import _NEVER_COLOR
 from apps._session import CancelToken
 from explorer._checks import check_prompts
 from explorer.analyses import saturation as sat
-from explorer.interventions import Edit
+from explorer.interventions import Edit, edit_from_dict
 
 __all__ = ["PROMPT_RANKS", "prompt_table", "changed_cells", "edited_title", "prompt_caption",
            "LABELLED_POSITIONS", "plot_prompt_saturation", "prompt_saturation", "PromptPart",
@@ -197,6 +197,17 @@ class PromptPart:
 
     def heading(self, prov: Provenance) -> str:
         return saturation_heading(prov)
+
+    def shown_prompt_inputs(self) -> tuple[str, list[Edit]]:
+        """The prompt and edits of the shown token view (its record, the edited run's
+        attrs); before one, the page's."""
+        shown = self.shown_record
+        if shown is None:
+            return self.prompt, list(self.edits)
+        edited = self.prompt_edited
+        edits = [] if edited is None else [edit_from_dict(d)
+                                           for d in edited.attrs.get("edits", [])]
+        return shown.prompts[0], edits
 
     def recomputing(self) -> bool:
         """Whether the prompt's token view is being recomputed (the corpus runs apart)."""

@@ -38,6 +38,7 @@ from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, works
                         workspace_selection)
 from explorer import components
 from explorer._checks import InputError
+from explorer.interventions import edit_from_dict
 
 __all__ = ["AttentionView", "MAX_TOKENS", "head_label", "parse_head", "patterns", "mosaic",
            "quantize", "LEVELS", "plot_grid", "plot_marker", "plot_highlight", "plot_head",
@@ -414,11 +415,15 @@ class AttentionView(ShownRecord, View):
         return " The previous prompt's patterns are still shown." if self.result is not None else ""
 
     def code_recipe(self) -> Recipe:
-        """The trace the page draws (every head's pattern, the enlarged head) as records."""
-        edits = {"edits": EDITS} if self.edits else {}
-        return Recipe(model=self._model.spec.name, edits=list(self.edits), steps=[
-            Call("ds", "explorer.trace", (MODEL, [self.prompt]),
-                 {"sites": ("attn_pattern",), **edits}),
+        """The trace the page draws (every head's pattern, the enlarged head) as records: the
+        shown trace's prompt and edits (its record and attrs), before one the page's."""
+        prompt, edits = self.prompt, list(self.edits)
+        if self.shown_record is not None and self.result is not None:
+            prompt = self.shown_record.prompts[0]
+            edits = [edit_from_dict(d) for d in self.result.attrs.get("edits", [])]
+        return Recipe(model=self._model.spec.name, edits=edits, steps=[
+            Call("ds", "explorer.trace", (MODEL, [prompt]),
+                 {"sites": ("attn_pattern",), **({"edits": EDITS} if edits else {})}),
             Expr("n", "int(ds.mask.isel(prompt=0).sum())", "the prompt's tokens"),
             Expr("patterns", "ds.attn_pattern.isel(prompt=0, dst_pos=slice(0, n), "
                  "src_pos=slice(0, n))"),

@@ -35,7 +35,7 @@ from apps._lens_heatmap import (_DETAILS_CSS, _update_source, answer_line, detai
                                 plot_positions, plot_shape)
 from apps._lens_preview import PreviewPart, _DragSlider
 from apps._lens_state import STATE_FORMAT, StatePart, _RUN_PARAMS
-from apps._lens_text import lens_heading, lens_request
+from apps._lens_text import LensRecordPart, lens_params
 from apps._lens_tables import (MAX_LENS_TOKENS, answer_probabilities, check_lens_prompt,
                                contrast_prompts, contrast_vector, lens_grid_table, lens_table,
                                steering_summary)
@@ -67,7 +67,7 @@ hv.extension("bokeh", logo=False)
 # -- the view ------------------------------------------------------------------------------
 
 
-class LensView(ShownRecord, DrawingPart, PreviewPart, StatePart, View):
+class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart, View):
     """Logit lens of a prompt, live under a steering vector set by sliders.
 
     Parameters
@@ -127,25 +127,6 @@ class LensView(ShownRecord, DrawingPart, PreviewPart, StatePart, View):
         return Scope(on=f"your prompt{prompt} (at most {MAX_LENS_TOKENS} tokens), steered by "
                         "the contrast prompts A − B",
                      edits="applied (a second heatmap: the lens with the workspace's edits)")
-
-    def lens_record(self, p: dict[str, Any], edits: list[Edit]) -> Provenance:
-        """The record of the lens at run parameters ``p`` with workspace ``edits``."""
-        return self.record("logit lens", p["prompt"], edits, request=lens_request(p))
-
-    def requested_provenance(self) -> Provenance:
-        """What the page would compute now: its steering and top-k, the workspace's (else
-        its own) prompt and edits."""
-        prompt, edits = self.current_inputs()
-        p = {**self._run_params(), "prompt": prompt}
-        shown = self.shown_record
-        if self.preview is not None and shown is not None and shown.setting("preview"):
-            # a preview follows the slider's moves (the exact lens follows on release): its
-            # strength is the hand's, not an old input
-            p["alpha"] = shown.setting("alpha", p["alpha"])
-        return self.lens_record(p, edits)
-
-    def heading(self, prov: Provenance) -> str:
-        return lens_heading(prov)
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
         steer_layer = params.pop("steer_layer", model.spec.n_layers // 3)
@@ -340,9 +321,11 @@ class LensView(ShownRecord, DrawingPart, PreviewPart, StatePart, View):
 
     # -- reproducibility -----------------------------------------------------------------
     def code_recipe(self) -> Recipe:
-        """The heatmap's lens (with the page's steering vector) and, with workspace edits, the
-        edited lens below it, as records."""
-        p = self._run_params()
+        """The shown heatmap's lens (its record's prompt, steering and top-k: `lens_params`)
+        and, with workspace edits, the edited lens below it, as records."""
+        shown = self.shown_record
+        p = self._run_params() if shown is None else lens_params(shown, self._run_params())
+        extra = self._shown_extra_edits(p)
         k, layer = p["k"], p["steer_layer"]
         inputs: dict[str, Any] = {"prompt": p["prompt"]}
         steps: list[Step] = []
@@ -368,13 +351,12 @@ class LensView(ShownRecord, DrawingPart, PreviewPart, StatePart, View):
         lens = {"k": k, "rank_cap": k, "unembed_dtype": "auto"}
         steps.append(Call("lens", "explorer.logit_lens", (MODEL, Ref("prompt")),
                           {**lens, "edits": Ref("steer")}))
-        if self.edits:
+        if extra:
             steps.append(Call("edited", "explorer.logit_lens", (MODEL, Ref("prompt")),
                               {**lens, "edits": Ref("[*steer, *edits]")}, "the workspace's edits"))
         steps.append(Expr("top", "lens.top_token.isel(prompt=0, rank=0)",
                           "the heatmap: [pos, layer]"))
-        return Recipe(model=self._model.spec.name, edits=list(self.edits), inputs=inputs,
-                      steps=steps)
+        return Recipe(model=self._model.spec.name, edits=extra, inputs=inputs, steps=steps)
 
     # -- drawing ---------------------------------------------------------------------------
 

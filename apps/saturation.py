@@ -284,15 +284,16 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
                   Call("clean", f"{s}.saturation_layers", (MODEL, [Ref("prompt")]), layers),
                   Expr("shown", "clean.sat_layer.isel(prompt=0, rank=slice(0, k))",
                        "[pos, rank]; -1: never")]
-        if self.edits:
+        prompt, edits = self.shown_prompt_inputs()
+        if edits:
             steps += [Call("edited", f"{s}.saturation_layers", (MODEL, [Ref("prompt")]),
                            {**layers, "edits": EDITS}),
                       Expr("edited_shown", "edited.sat_layer.isel(prompt=0, rank=slice(0, k))"),
                       Expr("changed", "shown != edited_shown", "the outlined cells")]
         twin = None if self.weights == "trained" else Call(
             "model", f"{s}.random_init_twin", (MODEL,), {"seed": 0}, "the random-init weights")
-        return Recipe(model=self._model.spec.name, transform=twin, edits=list(self.edits),
-                      inputs={"prompt": self.prompt}, steps=steps, aliases={s: "sat"})
+        return Recipe(model=self._model.spec.name, transform=twin, edits=edits,
+                      inputs={"prompt": prompt}, steps=steps, aliases={s: "sat"})
 
     # -- the prompt's token view ----------------------------------------------------------------
 
@@ -358,13 +359,13 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
             pn.Column(
                 self._status(), paper_panel("saturation", self),
                 pn.pane.Markdown("### The prompt's tokens: saturation layers s_1..s_k"),
+                self.heading_pane("sat-prompt-heading"),
+                self.stale_box("sat-prompt-stale", ["prompt", "edits", "weights", "busy",
+                                                    "error"]),
                 _note("Cell (token, rank j): the layer from which the model's final rank-j "
                          "token at that position holds rank j (grey: never; the number in the "
                          f"cell up to {LABELLED_POSITIONS} tokens, else hover). With workspace "
                          "edits the edited run follows below, its changed cells outlined."),
-                self.heading_pane("sat-prompt-heading"),
-                self.stale_box("sat-prompt-stale", ["prompt", "edits", "weights", "busy",
-                                                    "error"]),
                 self._positions, self._position_caption,
                 self._prompt_view,
                 pn.pane.Markdown("### Corpus text, coloured by s_1"),

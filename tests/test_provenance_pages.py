@@ -18,7 +18,7 @@ import xarray as xr
 
 from apps._page_provenance import auto_stale_text, result_heading, stale_inputs
 from apps._provenance import Provenance
-from apps._lens_text import lens_heading, lens_request
+from apps._lens_text import lens_heading, lens_params, lens_request
 from apps.attention import AttentionView, attention_heading
 from apps.gallery import Gallery
 from apps.lens import LensView
@@ -106,12 +106,20 @@ def test_headings_are_written_from_the_record():
 
 
 def test_lens_request_ignores_the_contrast_prompts_without_steering():
-    p = {"alpha": 0.0, "steer_layer": 1, "contrast_a": "x", "contrast_b": "y", "k": 4}
-    assert lens_request(p) == {"steering": "none", "top_k": 4}
+    p = {"prompt": A, "alpha": 0.0, "steer_layer": 1, "contrast_a": "x", "contrast_b": "y",
+         "k": 4}
+    assert lens_request(p) == {"alpha": 0.0, "steer_layer": None, "contrast_a": None,
+                               "contrast_b": None, "top_k": 4}
     assert lens_request(p) == lens_request({**p, "contrast_a": "z", "steer_layer": 2})
-    steered = lens_request({**p, "alpha": 2.5})
-    assert steered == {"steering": "alpha 2.5 at layer 1, contrast A 'x' - B 'y'", "top_k": 4}
-    assert lens_request({**p, "alpha": 2.5, "contrast_b": "w"}) != steered
+    steered = {**p, "alpha": 2.5}
+    assert lens_request(steered) == {"alpha": 2.5, "steer_layer": 1, "contrast_a": "x",
+                                     "contrast_b": "y", "top_k": 4}
+    # the record gives back the parameters it was made of (through JSON too)
+    record = Provenance.from_json(_record(request=tuple(sorted(
+        lens_request(steered).items()))).to_json())
+    assert lens_params(record, {**p, "steer_layer": 0, "contrast_a": "q"}) == steered
+    assert lens_params(_record(request=tuple(sorted(lens_request(p).items()))),
+                       {**p, "contrast_a": "q"})["contrast_a"] == "q"
 
 
 # -- the pages in a gallery --------------------------------------------------------------------
@@ -137,6 +145,8 @@ def test_a_page_not_in_view_keeps_its_result_and_says_what_it_was_computed_on(sl
     assert B not in view.heading(view.shown_record) and repr(A) in view.scope().on
     assert "".join(_tokens(view, slug)) == A
     assert "Outdated." in view.stale_html()
+    code = view.code_snippet()                    # the code recomputes what is shown
+    assert repr(A) in code and B not in code and '"kind": "ablate"' not in code
 
     gallery.view = slug                           # back in view: it catches up
     after = view.shown_provenance()
@@ -146,6 +156,8 @@ def test_a_page_not_in_view_keeps_its_result_and_says_what_it_was_computed_on(sl
     assert view.heading(after).startswith(f"{HEADINGS[slug]} {B!r}")
     assert view.heading(after).endswith("with 1 workspace edit")
     assert repr(B) in view.scope().on
+    code = view.code_snippet()
+    assert repr(B) in code and repr(A) not in code and '"kind": "ablate"' in code
 
 
 @pytest.mark.parametrize("slug", list(PAGES))
@@ -229,10 +241,9 @@ def test_a_lens_preview_is_not_marked_stale(tiny_model):
     view.request_preview(2.0)
     assert view.preview is not None and view.alpha == 0.0
     shown = view.shown_provenance()
-    assert shown.setting("preview") is True and shown.setting("alpha") == 2.0
-    assert dict(shown.request)["steering"].startswith("alpha 2.0 at layer ")
+    assert shown.setting("preview") is True and dict(shown.request)["alpha"] == 2.0
     assert view.stale_note() == "" and view.heading(shown) == heading
     view.alpha = 2.0                              # the release: the exact lens replaces it
     assert view.preview is None and view.shown_provenance().setting("preview") is None
-    assert dict(view.shown_provenance().request)["steering"].startswith("alpha 2.0 at layer ")
+    assert dict(view.shown_provenance().request)["alpha"] == 2.0
     assert view.stale_note() == ""
