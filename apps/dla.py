@@ -327,6 +327,10 @@ class DLAView(View):
         shown = self.shown_provenance()
         return "" if shown is None else outdated_markdown(self.stale_note(), shown)
 
+    def caption(self, *_: Any) -> str:
+        """The caption under the heatmaps, of the shown attribution (`dla_caption`)."""
+        return dla_caption(self.result)
+
     # -- computation -----------------------------------------------------------------------
     def _request(self, *events: Any) -> None:
         if not self._page_loaded:
@@ -442,7 +446,7 @@ class DLAView(View):
             if panel != "clean":
                 pane.visible = has_edits
             panes.append(pane)
-        caption = pn.pane.Markdown(pn.bind(dla_caption, self.param.result),
+        caption = pn.pane.Markdown(pn.bind(self.caption, self.param.result),
                                    css_classes=["dla-caption"], sizing_mode="stretch_width",
                                    styles={"color": "#444", "font-size": "0.9em"})
         return pn.Column(

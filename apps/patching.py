@@ -402,6 +402,10 @@ class PatchingView(View):
         shown = self.shown_provenance()
         return "" if shown is None else outdated_markdown(self.stale_note(), shown)
 
+    def caption(self, *_: Any) -> str:
+        """The caption under the grid, of the shown grid (`patching_caption`)."""
+        return patching_caption(self.result)
+
     def _corrupt_input(self) -> Any:
         """The corrupted prompt: the typed one, else the counterfactual's ids, else None."""
         if self.corrupt:
@@ -541,7 +545,7 @@ class PatchingView(View):
         plot = pn.pane.HoloViews(pn.bind(self._plot, self.param.result, self.param.cell,
                                          self.param.selected_positions),
                                  css_classes=["patching-grid"], linked_axes=False)
-        caption = pn.pane.Markdown(pn.bind(patching_caption, self.param.result),
+        caption = pn.pane.Markdown(pn.bind(self.caption, self.param.result),
                                    css_classes=["patching-caption"], sizing_mode="stretch_width",
                                    styles={"color": "#444", "font-size": "0.9em"})
         hint = pn.pane.Markdown("Click the token to change, then type its replacement:",
