@@ -241,6 +241,18 @@ INTROS: dict[str, Intro] = {
         try_first="Click a name in the prompt, type the other name as its replacement, and "
                   "click the reddest late cell to select it.",
         doc="docs/patching.md"),
+    "study": Intro(
+        shows="A user study of another page's explanation: the Logit lens or the Logit "
+              "attribution shown to participants, against no explanation and a placebo of the "
+              "same form, served from this server, with its analysis as answers arrive.",
+        paper="Pičulin et al. (ICML 2025), baselines and placebos in user studies",
+        title="Position: Explainable AI Cannot Advance Without Better User Studies",
+        read="The plot: accuracy per condition with its 95 % bootstrap interval over "
+             "participants, chance dashed; the tables: each hypothesis's difference, "
+             "permutation p and Holm-adjusted p.",
+        try_first="Press Build study, then Open to participants, open the link in another "
+                  "tab and answer a few questions: the analysis counts them.",
+        doc="docs/studies.md"),
 }
 
 

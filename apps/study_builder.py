@@ -325,12 +325,14 @@ class StudyBuilderView(View):
         self._key = ""
         self._poll: Any = None
         self.runner("build", self._built, progress=True)
+        self.status = "Choose the explanation and the conditions, then Build study."
         self._preview = pn.Column(caption("*Build study* computes the items; what participants "
                                           "see under each condition shows here."),
                                   sizing_mode="stretch_width", css_classes=["study-preview"])
         self._analysis_pane = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[_CSS],
                                            css_classes=["study-analysis-pane"])
         self._link = pn.widgets.TextInput(label="Participants' link", value="", disabled=True,
+                                          placeholder="Open to participants gives the link",
                                           sizing_mode="stretch_width", css_classes=["study-link"])
         self._build = pn.widgets.Button(label="Build study", color="primary", width=160,
                                         css_classes=["study-build"])
