@@ -258,3 +258,45 @@ def test_a_reader_follows_the_deepest_layer_that_names_a_choice_and_the_largest_
     assert reader_choice(check, rng, reliance=0.0) == 1
     with pytest.raises(ValueError, match="`reliance` must be"):
         reader_choice(shown, rng, reliance=1.5)
+
+
+@pytest.mark.slow
+def test_the_participants_route_is_behind_the_servers_sign_in(tmp_path):
+    """`explorer serve` with a password: /study asks for the sign-in like every other page,
+    a signed-in browser is served it, and the server's log holds neither the password nor
+    the key in the link."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from _browser import free_port, served_in_subprocess
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    def get(url, data=None, cookie=""):
+        request = urllib.request.Request(url, data=data, headers={"Cookie": cookie} if cookie else {})
+        try:
+            with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+    secret, key = "correct horse battery", "not-a-study-key-123"
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with served_in_subprocess(["-m", "explorer.cli", "serve", "--model", "tiny-llama",
+                               "--port", str(port)], port, log, timeout=180,
+                              env={"EXPLORER_PASSWORD": secret,
+                                   "EXPLORER_STUDIES": str(tmp_path / "studies")}) as url:
+        status, headers, _ = get(f"{url}/study?run={key}")
+        assert status == 302 and "/login" in headers["Location"]
+        status, headers, _ = get(f"{url}/login", data=urllib.parse.urlencode(
+            {"username": "researcher", "password": secret}).encode())
+        cookies = "; ".join(c.split(";")[0] for c in headers.get_all("Set-Cookie") or [])
+        assert status == 302 and "user=" in cookies
+        status, _, body = get(f"{url}/study?run={key}", cookie=cookies)
+        assert status == 200 and b"bokeh" in body.lower()
+    text = log.read_text()
+    assert secret not in text and key not in text
