@@ -130,7 +130,7 @@ class PromptBoxPart:
         prompt the Two prompts page sets beside the first one."""
         ws = self.workspace
         box = pn.widgets.TextInput(
-            label="Second prompt (compare)", value=ws.second_prompt, max_length=MAX_PROMPT_CHARS,
+            label="Prompt B", value=ws.second_prompt, max_length=MAX_PROMPT_CHARS,
             sizing_mode="stretch_width", css_classes=["second-prompt-box"],
             placeholder="Prompt B; Enter sets it",
             description="A second prompt (B) that the Two prompts page shows beside your "

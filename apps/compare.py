@@ -55,7 +55,7 @@ VIEW_LABELS: dict[str, str] = {"Logit lens": "lens", "Attention (selected head)"
 PANELS = ("A", "B", "difference")
 """The grids the page draws: prompt A, prompt B, and B − A."""
 
-_QUANTITY = {"lens": "top-1 probability", "attention": "attention weight",
+_QUANTITY = {"lens": "top-1 probability", "attention": "weight",
              "saturation": "saturation layer", "dla": "contribution (logits)"}
 _NO_SECOND = ("No second prompt: prompt A is shown alone. Type the prompt to compare with in "
               "the sidebar's **Second prompt (compare)** box (for example your prompt with two "
@@ -153,9 +153,9 @@ def compare_title(ds: xr.Dataset | None, panel: str) -> str:
 
 def _cell_size(n_cols: int, n_rows: int, view: str) -> tuple[int, int]:
     if view == "dla":
-        return max(14, min(26, 260 // max(1, n_cols))), max(10, min(20, 420 // max(1, n_rows)))
+        return max(12, min(18, 200 // max(1, n_cols))), max(10, min(18, 420 // max(1, n_rows)))
     if view == "attention":
-        side = max(8, min(24, 300 // max(1, n_cols)))
+        side = max(8, min(24, 220 // max(1, n_cols)))
         return side, side
     return max(12, min(44, 640 // max(1, n_cols))), max(10, min(22, 360 // max(1, n_rows)))
 
@@ -190,9 +190,10 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
     if panel == "difference":
         lim = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
         clim, cmap, clabel = (-(lim or 1.0), lim or 1.0), theme.SIGNED_CMAP, "B − A"
-    elif view == "dla":
-        lim = float(np.nanmax(np.abs(both))) or 1.0
-        clim, cmap, clabel = (-lim, lim), theme.SIGNED_CMAP, _QUANTITY[view]
+    elif view == "dla":  # the 99th percentile: one large writer (the last MLP) would wash
+        # out every head; cells beyond it saturate, the tooltip gives their value
+        lim = float(np.nanpercentile(np.abs(both), 99)) or 1.0
+        clim, cmap, clabel = (-lim, lim), theme.SIGNED_CMAP, "logits"
     elif view == "saturation":
         clim, cmap, clabel = (0, ds.attrs["model_spec"]["n_layers"] - 1), theme.MAGNITUDE_CMAP, \
             "layer (blank: never fixed)"
@@ -212,7 +213,7 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
         xticks=xticks, yticks=ticks[rows], xrotation=90 if view != "dla" or n_cols > 6 else 0,
         invert_yaxis=view in ("attention", "saturation", "dla"),
         tools=["hover", "tap"], hover_tooltips=hover, default_tools=STATIC_TOOLS,
-        active_tools=[], toolbar="above", clipping_colors={"NaN": "#f2f2f2"},
+        active_tools=[], toolbar="below", clipping_colors={"NaN": "#f2f2f2"},
         frame_width=max(160, cell_w * n_cols), frame_height=max(110, cell_h * n_rows),
         fontsize=theme.font_sizes(), padding=0)
     out = heat
@@ -550,7 +551,7 @@ class CompareView(View):
     def __panel__(self) -> pn.viewable.Viewable:
         view = pn.widgets.RadioButtonGroup.from_param(
             self.param.view, color="primary", variant="outline",
-            css_classes=["compare-view"], description=self.param.view.doc)
+            css_classes=["compare-view"], description=None)  # a tooltip would cover the page
         is_ = {v: self.param.view.rx.pipe(lambda cur, v=v: cur == v) for v in COMPARE_VIEWS}
         options = pn.Row(
             pn.widgets.IntInput.from_param(self.param.layer, width=90, visible=is_["attention"]),
