@@ -120,6 +120,24 @@ class CircuitScoring:
         return self.adopt_own(text, lambda t: user_items.parse_circuit_pairs(
             t, self._model, name=OWN_TASK), use)
 
+    def use_name_variants(self, n: int = 8) -> ca.CircuitTask | None:
+        """The prompt's pair and ``n - 1`` more of the same sentence with other names
+        (`circuit_tasks.name_variants`), written into 'Your own prompt pairs' and used
+        (`use_own`), so the recovery gets its bootstrap interval over the pairs. A prompt
+        without a counterfactual, or without a name to vary, shows why and keeps the page."""
+        try:
+            if not self.counterfactual.strip():
+                raise InputError("set a counterfactual first (click a word and type its "
+                                 "replacement): the pairs vary its names.")
+            task = ca.name_variants(self._model, self._task_data(PROMPT_TASK, 1), n)
+        except InputError as exc:
+            self.show_error(exc)
+            return None
+        text = "\n".join(" | ".join(f'"{f}"' for f in row) for row in
+                         zip(task.clean, task.corrupt, task.answer, task.wrong))
+        self._own.area.value = text
+        return self.use_own(text)
+
     def replacement_of(self, prompt: str, counterfactual: str) -> TokenReplacement | None:
         """Where ``counterfactual`` changes ``prompt`` (`circuit_tasks.token_replacement`);
         None without one. Raises `InputError` on one that does not fit the prompt (a word

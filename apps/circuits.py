@@ -381,12 +381,21 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         return MAX_DRAWN_EDGES
 
     def _prompt_controls(self) -> pn.Column:
-        """The token strip and the replacement box, shown for the task 'your prompt'."""
+        """The token strip and the replacement box, shown for the task 'your prompt', and a
+        button that makes pairs like the prompt's with other names (an interval needs
+        several pairs)."""
+        variants = pn.widgets.Button(
+            label="Same pair with other names (8 pairs)", sizing_mode="stretch_width",
+            css_classes=["name-variants"],
+            description="Write the prompt's pair and 7 more with other names into 'Your own "
+                        "prompt pairs' and compute their circuit: the recovery then has a "
+                        "bootstrap interval.")
+        variants.on_click(lambda *_: self.use_name_variants())
         col = pn.Column(
             pn.pane.Markdown("Click the word to replace, then type its replacement (no "
                              "counterfactual: mean ablation):", margin=(4, 10, 0, 10)),
             self._strip, pn.widgets.TextInput.from_param(self.param.replacement),
-            visible=self.task == PROMPT_TASK, sizing_mode="stretch_width")
+            variants, visible=self.task == PROMPT_TASK, sizing_mode="stretch_width")
         self.param.watch(lambda e: setattr(col, "visible", e.new == PROMPT_TASK), ["task"])
         return col
 

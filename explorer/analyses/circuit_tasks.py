@@ -32,7 +32,7 @@ from explorer.models import Model
 from explorer.trace import provenance, run_with
 
 __all__ = ["prompt_task", "TokenReplacement", "token_replacement", "token_spans", "CircuitTask", "BASELINES", "task_generators", "make_task", "TASK_NAMES", "ARITHMETIC_TEMPLATE",
-           "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token"]
+           "CORRUPTIONS", "task_accuracy", "filter_task", "continuation_token", "name_variants"]
 
 #: The instruction prompt of Wang et al. (ICML 2025), ending in "= " so that the next token
 #: is the answer's first digit for tokenizers that split numbers into digits.
@@ -512,3 +512,63 @@ def prompt_task(model: Model, prompt: str, replace: str, by: str, *, answer: str
     decode = model.tokenizer.decode
     return CircuitTask(clean=[prompt], corrupt=[corrupt], answer=[answer or decode([want])],
                        wrong=[decode([wrong])], name=name)
+
+
+def name_variants(model: Model, task: CircuitTask, n: int = 8, *, seed: int = 0) -> CircuitTask:
+    """``task``'s first pair and up to ``n - 1`` more of the same sentence with other names.
+
+    Every name of the IOI list (``datasets/circuits/ioi.json``) that the pair's prompts or
+    targets use is replaced, as a whole word and consistently across the four fields, by
+    another name of the list that the pair does not use, so the variant asks the same question
+    of other people ("When Anna and Tom went ..., Tom gave a drink to" -> " Anna"). A variant
+    whose prompts change their token count (or differ from each other in it) is passed over.
+    Such pairs give a circuit's recovery a bootstrap interval where one prompt cannot.
+
+    Raises `InputError` when the pair uses no name of the list, or when no variant keeps the
+    token counts.
+    """
+    import re
+
+    n = check_int("n", n, low=2, high=64)
+    names = list(_load("ioi.json")["names"])
+    fields = [task.clean[0], task.corrupt[0], task.answer[0], task.wrong[0]]
+    used = [m for m in names if any(re.search(rf"\b{re.escape(m)}\b", f) for f in fields)]
+    if not used:
+        raise InputError(f"the pair names none of {names}: there is no other name to put in "
+                         "its place; type more pairs under 'Your own prompt pairs'.")
+    free = [m for m in names if m not in used]
+
+    def count(text: str) -> int:
+        return len(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def width(name: str) -> tuple[int, int]:
+        return count(" " + name), count(name)
+
+    # a name is replaced by one the tokenizer splits alike, so the prompts keep their length
+    options = {m: [f for f in free if width(f) == width(m)] for m in used}
+    want = (count(fields[0]), count(fields[1]))
+    pattern = re.compile(r"\b(" + "|".join(re.escape(m) for m in used) + r")\b")
+    rng = random.Random(seed)
+    out = [fields]
+    seen = {tuple(fields)}
+    for _ in range(50 * n):
+        if len(out) == n:
+            break
+        mapping: dict[str, str] = {}
+        for m in used:
+            left = [f for f in options[m] if f not in mapping.values()]
+            if not left:
+                break
+            mapping[m] = rng.choice(left)
+        if len(mapping) < len(used):
+            continue
+        variant = [pattern.sub(lambda m: mapping[m.group(1)], f) for f in fields]
+        if tuple(variant) in seen or (count(variant[0]), count(variant[1])) != want:
+            continue
+        seen.add(tuple(variant))
+        out.append(variant)
+    if len(out) < 2:
+        raise InputError(f"no other names of the list keep the prompts' token counts (the "
+                         f"pair uses {used}).")
+    clean, corrupt, answer, wrong = (list(x) for x in zip(*out))
+    return CircuitTask(clean, corrupt, answer, wrong, name=task.name, baseline=task.baseline)

@@ -60,7 +60,8 @@ submodule that calls it (e.g. ``explorer.analyses.circuits.scores.circuit_engine
 from __future__ import annotations
 
 from explorer.analyses.circuit_tasks import (TASK_NAMES, CircuitTask, filter_task, make_task,
-                                             prompt_task, task_accuracy, task_generators)
+                                             name_variants, prompt_task, task_accuracy,
+                                             task_generators)
 from explorer.heads import UnsupportedModelError
 from explorer.analyses.circuits.graph import (CircuitGraph, circuit_graph, SUPPORTED_FAMILIES, QKV,
                                               node_of, input_of, is_split, node_layer,
@@ -79,6 +80,7 @@ __all__ = [
     'CircuitTask',
     'task_generators',
     'make_task',
+    'name_variants',
     'TASK_NAMES',
     'CircuitGraph',
     'circuit_graph',
