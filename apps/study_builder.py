@@ -38,6 +38,7 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, labelled_control
+from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
@@ -322,6 +323,7 @@ class StudyBuilderView(View):
         self._root = Path(root).expanduser()
         self._pages: Callable[[], dict[str, Any]] = dict
         self._run: StudyRun | None = None
+        self._study: dict[str, Any] | None = None    # the study file of the run built
         self._key = ""
         self._poll: Any = None
         self.runner("build", self._built, progress=True)
@@ -401,6 +403,7 @@ class StudyBuilderView(View):
             return StudyRun.prepare(path, self._root / name, model=model,
                                     progress=self.progress_fn(token))
 
+        self._study = data
         self.submit("build", job)
 
     def _built(self, run: StudyRun) -> None:
@@ -508,6 +511,29 @@ class StudyBuilderView(View):
             pn.FlexBox(*cards, sizing_mode="stretch_width")]
 
     # -- export -----------------------------------------------------------------------------
+    def code_recipe(self) -> Recipe:
+        """The study built (or, before *Build study*, the one the settings describe) as the
+        library calls that prepare, serve and analyse it."""
+        data = self._study
+        if data is None:
+            try:
+                data = study_dict(source=self.source, model=self._model.spec.name,
+                                  prompts=self.prompts(), baseline=self.baseline,
+                                  placebo=self.placebo, participants=self.participants,
+                                  design=self.design, seed=self.seed, **self.source_settings())
+            except InputError as exc:
+                return Recipe(steps=[Note(f"No study: {exc}")])
+        return Recipe(model=data["model"], imports=["json", "pathlib",
+                                                    "explorer.studies.StudyRun"], steps=[
+            Let("study", data, "the study file the page writes"),
+            Expr("path", "pathlib.Path('study.json')"),
+            Expr("n_bytes", "path.write_text(json.dumps(study, indent=1))"),
+            Expr("run", "StudyRun.prepare(path, 'study-run', model=model)",
+                 "computes the items once"),
+            Note("Serve it to participants: explorer study run study.json --dir study-run"),
+            Call("ds", "explorer.studies.analyse", (Ref("run"),),
+                 comment="accuracy per condition, the hypotheses")])
+
     def export_tables(self) -> dict[str, pd.DataFrame]:
         """The analysis tables (per condition, per hypothesis); never the participants' codes."""
         if self.analysis is None:

@@ -10,6 +10,8 @@ import sqlite3
 import numpy as np
 import pytest
 
+from apps.study_builder import DEFAULT_ITEMS as DEFAULT
+
 @pytest.fixture
 def gallery(tiny_model, tmp_path, monkeypatch, notes):
     from apps.gallery import VIEWS, Gallery
@@ -300,3 +302,25 @@ def test_the_participants_route_is_behind_the_servers_sign_in(tmp_path):
         assert status == 200 and b"bokeh" in body.lower()
     text = log.read_text()
     assert secret not in text and key not in text
+
+
+def test_the_pages_code_prepares_the_same_items(gallery, tmp_path, monkeypatch):
+    """*Copy page as code*: the snippet, run on its own, writes the study file the page wrote
+    and prepares a run whose items (prompts, choices, answers, explanations) equal the page's."""
+    page = gallery.page("study")
+    page.param.update(participants=3, items="\n".join(DEFAULT[:5]))
+    page.build()
+    page.wait()
+    code = gallery.page_code("study")
+    folder = tmp_path / "snippet"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    scope: dict = {}
+    exec(compile(code, "page_code.py", "exec"), scope)
+    run = scope["run"]
+    try:
+        assert run.study.sha256 != "" and run.study.to_dict() == page.run.study.to_dict()
+        assert run.items == page.run.items
+        assert int(scope["ds"].attrs["n_analysed"]) == 0
+    finally:
+        run.close()
