@@ -574,10 +574,13 @@ class CompareView(View):
             pn.bind(self.stale_markdown, self.param.result, *[self.param[n] for n in
                                                               (*self._inputs, "edits")]),
             css_classes=["compare-stale"], styles={"color": "#a33"}, margin=(0, 10))
-        panes = [pn.pane.HoloViews(
+        panes = [pn.pane.HoloViews(  # B and B − A hidden while the result has none (the
+            # note above and the caption say why)
             pn.bind(self._panel, self.param.result, panel, self.param.selected_positions,
                     self.param.selected),
-            css_classes=[f"compare-{panel}"], linked_axes=False, margin=(0, 6))
+            css_classes=[f"compare-{panel}"], linked_axes=False, margin=(0, 6),
+            visible=self.param.result.rx.pipe(
+                lambda ds, p=panel: ds is None or panel_grid(ds, p) is not None))
             for panel in PANELS]
         caption = pn.pane.Markdown(pn.bind(compare_caption, self.param.result),
                                    css_classes=["compare-caption"], sizing_mode="stretch_width",

@@ -1,6 +1,6 @@
 """The Two prompts page in Chromium, in the gallery: opened with a second prompt, each view
 draws its three grids (A, B, B − A) at a real size with ink in their frames, prompts of
-different lengths draw A and B and say why there is no difference, the sidebar's second
+different lengths draw A and B only and say why there is no difference, the sidebar's second
 prompt card is there, and no console error is logged."""
 from __future__ import annotations
 
@@ -91,4 +91,5 @@ def test_each_view_draws_a_b_and_the_difference(browser, page_url, width):
     tab.locator(".compare-view button", has_text="Logit lens").first.click()
     assert settle_gallery_page(tab, timeout=120)
     assert tab.get_by_text("No difference drawn: prompt A has").first.is_visible()
+    _check_grids(tab, f"lens-lengths-{width}", 2)          # A and B; no B − A grid
     tab.close()
