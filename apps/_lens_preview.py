@@ -31,6 +31,11 @@ class _DragSlider(pn.widgets.FloatSlider):
 class PreviewPart:
     """The steering slider's preview of `apps.lens.LensView`."""
 
+    overlap_previews = True
+    """Served, start the preview of the move waiting in the slot before drawing the one
+    just delivered (`_show_preview`); benchmarks/lens_drag_profile.py turns it off on the
+    class to measure what it gives."""
+
     def _mark_preview_ready(self, ready: bool) -> None:
         """The steering slider carries the CSS class ``preview-ready`` while a drag's first
         move finds the preview's inputs ready (`_warm_preview` done for the exact result
@@ -98,7 +103,7 @@ class PreviewPart:
         # served, the move waiting in the slot starts computing (a worker thread) while this
         # preview is drawn (the session's event loop, which delivers the next one only after
         # this callback): a drag's previews come one draw sooner each
-        overlap = self._background and self._doc is not None
+        overlap = self.overlap_previews and self._background and self._doc is not None
         if overlap:
             self._next_preview()
         if exc is None and seq > self._exact_seq and ds is not None:

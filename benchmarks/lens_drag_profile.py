@@ -12,7 +12,9 @@ lens), ``queue`` (the move's event to the job's start), ``deliver`` (the job's e
 session's event loop drawing it) and ``draw`` (the in-place redraw, including building the
 document patch); the rest of the roundtrip is the transport (the messages both ways, Panel's
 handling of the widget's event). Medians, and each
-part's share of the median step.
+part's share of the median step. With ``--continuous N``, N drags as a hand makes them (a
+move every 40 ms for 3 s, no waiting) with `PreviewPart.overlap_previews` on and N with it
+off, alternating: the median time between changed frames during the drag on each side.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/lens_drag_profile.py [--threads 1] [--json OUT]
 """
@@ -40,7 +42,8 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-def profile(*, model: str, threads: int, moves: int, drags: int, tokens: int) -> dict[str, Any]:
+def profile(*, model: str, threads: int, moves: int, drags: int, tokens: int,
+            continuous: int) -> dict[str, Any]:
     import panel as pn
     import torch
     from playwright.sync_api import sync_playwright
@@ -88,12 +91,26 @@ def profile(*, model: str, threads: int, moves: int, drags: int, tokens: int) ->
                 done.append(bp._drag(tab, bp.SLIDERS["lens"], moves=moves, direction=direction,
                                      move_timeout_s=10, settle_s=0.3, quiet_s=1.5,
                                      timeout_s=300))
+            lens = sessions[-1].page("lens")
+            drawn = sum(len(d["steps"]) for d in done)   # the step drags' previews only
+            server_parts = list(lens.preview_timings)[-drawn:] if drawn else []
+            hand: dict[str, list] = {"overlap": [], "no_overlap": []}
+            from apps._lens_preview import PreviewPart
+
+            for i in range(2 * continuous):           # alternating: on, off, off, on, ...
+                side = ("overlap", "no_overlap")[(i + i // 2) % 2]
+                PreviewPart.overlap_previews = side == "overlap"
+                bp._wait_quiet(tab, quiet_s=1.5, timeout_s=300)
+                got = bp.continuous_drag(tab, bp.SLIDERS["lens"], seconds=3.0,
+                                         interval_ms=40)     # towards the farther end
+                got["side"] = side
+                hand[side].append(got)
+                print(f"[profile] continuous drag, {side}: {got}", file=sys.stderr, flush=True)
+            PreviewPart.overlap_previews = True
             costs = tab.evaluate(bp._COSTS)
             browser.close()
     finally:
         server.stop()
-    lens = sessions[-1].page("lens")
-    server_parts = list(lens.preview_timings)
     steps = [s for d in done for s in d["steps"] if s.get("ms") is not None]
     browser_parts = {name: _median([s[f"{name}_ms"] for s in steps if f"{name}_ms" in s])
                      for name in ("input", "server", "paint")}
@@ -108,7 +125,14 @@ def profile(*, model: str, threads: int, moves: int, drags: int, tokens: int) ->
              "server_compute_ms": server["compute"], "server_deliver_ms": server["deliver"],
              "server_draw_patch_ms": server["draw"], "transport_ms": rest,
              "apply_paint_ms": browser_parts["paint"]}
-    return {"step_p50_ms": total,
+    continuous_out = {}
+    for side, runs in hand.items():
+        vals = [r["update_interval_ms"] for r in runs if r.get("update_interval_ms")]
+        continuous_out[side] = {"update_interval_ms": _median(vals), "each": runs}
+    a, b = (continuous_out[s]["update_interval_ms"] for s in ("no_overlap", "overlap"))
+    if a and b:
+        continuous_out["no_overlap_vs_overlap_ratio"] = round(a / b, 3)
+    return {"continuous_drags": continuous_out, "step_p50_ms": total,
             "step_p90_ms": round(bp.percentile([s["ms"] for s in steps], 90), 1) if steps else None,
             "steps": len(steps),
             "missing": sum(1 for d in done for s in d["steps"] if s.get("ms") is None),
@@ -128,13 +152,16 @@ def main() -> None:
     ap.add_argument("--drags", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=0,
                     help="a prompt of this many tokens of the bench text (0: the gallery's own)")
+    ap.add_argument("--continuous", type=int, default=0,
+                    help="continuous drags (a move every 40 ms for 3 s) with the preview "
+                         "overlap on and as many with it off, alternating")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "uptime_before": uptime,
            "params": vars(args) | {"json": None},
            **profile(model=args.model, threads=args.threads, moves=args.moves,
-                     drags=args.drags, tokens=args.tokens)}
+                     drags=args.drags, tokens=args.tokens, continuous=args.continuous)}
     out["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     text = json.dumps(out, indent=1, default=str)
     if args.json:

@@ -48,7 +48,7 @@ from explorer._checks import InputError, check_float, check_int
 from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS, _server
 from explorer.defaults import DEFAULT_MODEL
 
-__all__ = ["bench_pages", "SLIDERS", "RECORDER", "page_table", "percentile"]
+__all__ = ["bench_pages", "SLIDERS", "RECORDER", "page_table", "percentile", "continuous_drag"]
 
 #: The pages with a slider that redraws while it moves: slug -> the slider's label (a
 #: regular expression matched against the text of its input group).
@@ -145,7 +145,7 @@ _STATE = """() => { const pb = window.__pb; return pb == null ? null : {
   log: pb.log.length, last: pb.log.length ? pb.log[pb.log.length - 1].t : null,
   active: pb.active, now: performance.now(),
   ids: pb.log.length ? pb.log[pb.log.length - 1].ids : []} }"""
-_SINCE = """(i) => { const pb = window.__pb; return {log: pb.log.slice(i), moves: pb.moves,
+_SINCE = """(i) => { const pb = window.__pb; return {log: pb.log.slice(i), moves: pb.moves, downs: pb.downs,
   ups: pb.ups, clicks: pb.clicks, sent: pb.sent, received: pb.received, busy: pb.busy} }"""
 _COSTS = """() => { const pb = window.__pb, med = xs => { const s = [...xs].sort((p, q) => p - q);
   return s.length ? s[Math.floor(s.length / 2)] : null };
@@ -374,6 +374,52 @@ def _drag(page: Any, label: str, *, moves: int, direction: int | None, move_time
     later = [e["t"] for e in got["log"] if up is not None and e["t"] >= up]
     exact = round(later[-1] - up, 1) if later and quiet else None
     return {"direction": direction, "steps": steps, "release_exact_ms": exact}
+
+
+def continuous_drag(page: Any, label: str, *, seconds: float = 3.0, interval_ms: float = 40,
+                    direction: int | None = None) -> dict[str, Any]:
+    """A hand's drag of the slider labelled ``label``: a pointer move every ``interval_ms``
+    for ``seconds`` (the handle crossing the track once), without waiting for redraws. The
+    page keeps up by dropping moves; what it shows is how often the plots change meanwhile
+    (``update_interval_ms``: the median time between changed frames during the drag) and how
+    long after the last move the last preview lands (``last_move_to_frame_ms``)."""
+    handle = _slider_handle(page, label)
+    if handle is None:
+        return {"error": f"no slider labelled {label!r} on the page"}
+    handle.scroll_into_view_if_needed()
+    box = handle.bounding_box()
+    track = handle.locator("xpath=ancestor::div[contains(@class,'noUi-base')]").first.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    left, right = track["x"], track["x"] + track["width"]
+    if direction is None:
+        direction = 1 if right - x >= x - left else -1
+    n = max(2, int(1000 * seconds / interval_ms))
+    step = ((right - x) if direction > 0 else (x - left)) * 0.95 / n
+    index = _state(page)["log"]
+    page.mouse.move(x, y)
+    page.mouse.down()
+    try:
+        for i in range(n):
+            page.mouse.move(x + direction * step * (i + 1), y)
+            page.wait_for_timeout(interval_ms)
+        got = _after(page, index)
+        moves = [t for t in got["moves"] if t >= got["downs"][-1]]
+        last_move = moves[-1]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:   # the preview of the last move, before release
+            frames = [e["t"] for e in _after(page, index)["log"] if e["t"] >= moves[0]]
+            if frames and frames[-1] > last_move and \
+                    _state(page)["now"] - frames[-1] > 1500:
+                break
+            time.sleep(0.05)
+    finally:
+        page.mouse.up()
+    during = [t for t in frames if t <= last_move]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    after = [t for t in frames if t > last_move]
+    return {"direction": direction, "moves": len(moves), "frames": len(frames),
+            "update_interval_ms": round(statistics.median(gaps), 1) if gaps else None,
+            "last_move_to_frame_ms": round(after[-1] - last_move, 1) if after else None}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
