@@ -80,12 +80,20 @@ class Provenance:
         for name in ("prompts", "corrupt", "positions", "selection", "edits"):
             d[name] = tuple(d.get(name, ()))
         for name in ("request", "settings", "metrics"):
-            d[name] = tuple(sorted(dict(d.get(name, {})).items()))
+            d[name] = tuple(sorted((k, _tuples(v)) for k, v in dict(d.get(name, {})).items()))
         return cls(**d)
 
     @classmethod
     def from_json(cls, text: str) -> Provenance:
         return cls.from_dict(json.loads(text))
+
+
+def _tuples(value: Any) -> Any:
+    """A JSON value with its lists as tuples (how a record holds them), so a record read
+    back from JSON equals the one written."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
 
 
 INPUT_NAMES = {"model": "the model", "method": "the attribution method", "task": "the task",
