@@ -196,7 +196,7 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
         clim, cmap, clabel = (-lim, lim), theme.SIGNED_CMAP, "logits"
     elif view == "saturation":
         clim, cmap, clabel = (0, ds.attrs["model_spec"]["n_layers"] - 1), theme.MAGNITUDE_CMAP, \
-            "layer (blank: never fixed)"
+            "layer (blank: never)"
     else:
         clim, cmap, clabel = (0.0, max(1e-6, float(np.nanmax(both)))), theme.PROBABILITY_CMAP, \
             _QUANTITY[view]
@@ -214,7 +214,7 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
         invert_yaxis=view in ("attention", "saturation", "dla"),
         tools=["hover", "tap"], hover_tooltips=hover, default_tools=STATIC_TOOLS,
         active_tools=[], toolbar="below", clipping_colors={"NaN": "#f2f2f2"},
-        frame_width=max(160, cell_w * n_cols), frame_height=max(110, cell_h * n_rows),
+        frame_width=max(160, cell_w * n_cols), frame_height=max(150, cell_h * n_rows),
         fontsize=theme.font_sizes(), padding=0)
     out = heat
     if view == "lens" and panel != "difference" and cell_w >= 30 and cell_h >= 12:
