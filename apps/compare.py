@@ -186,6 +186,9 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
         table["label"] = pd.Series(label.ravel().tolist(), dtype=object)
         hover.insert(0, ({"lens": "top-1 token", "saturation": "token", "dla": "component",
                           "attention": "query → key"}[view], "@label"))
+    if view == "lens" and panel != "difference":  # the output's token there, read per layer
+        table["answer"] = ds.answer_prob.sel(prompt=panel).values.ravel().astype(float)
+        hover.append(("p(output's top-1)", "@answer{0.000}"))
     both = ds["value"].values
     if panel == "difference":
         lim = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
@@ -206,7 +209,8 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
              "dst_pos": _axis_labels(ds, panel, "dst_pos")}
     xticks = ([(i, str(name)) for i, name in enumerate(ds.column.values)] if view == "dla"
               else _axis_labels(ds, panel, cols))
-    heat = hv.HeatMap(table, ["x", "y"], [v for v in ("value", "label") if v in table]).opts(
+    heat = hv.HeatMap(table, ["x", "y"],
+                      [v for v in ("value", "label", "answer") if v in table]).opts(
         cmap=cmap, clim=clim, colorbar=True, clabel=clabel, title=compare_title(ds, panel),
         xlabel={"pos": "position", "src_pos": "key position", "column": ""}[cols],
         ylabel={"layer": "layer", "dst_pos": "query position", "rank": "rank"}[rows],
@@ -302,7 +306,8 @@ def _how_to_read(ds: xr.Dataset) -> str:
     view = ds.attrs["view"]
     if view == "lens":
         return ("Each cell: the top-1 token of the lens at that layer and position, coloured by "
-                "its probability; the tooltip names it.")
+                "its probability; the tooltip names it and gives the probability, at that layer, "
+                "of the token the model finally predicts there.")
     if view == "attention":
         return (f"Each row: where {ds.attrs['component']}'s query at that position attends; "
                 "select another head in the sidebar, or set Layer and Head.")

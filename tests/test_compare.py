@@ -126,6 +126,14 @@ def test_lens_difference_is_the_hooked_lens_of_each_prompt_alone(tiny_model):
     # the changed-top-1 flag agrees wherever neither prompt's top two are (near) tied
     agree = ds.top_changed.values == (ia != ib)
     assert agree.mean() > 0.9
+    # the answer's probability: at each layer, that of the token the output ranks first
+    import torch
+    from test_lens_edits import hooked_lens_logits
+
+    probs = torch.softmax(hooked_lens_logits(tiny_model, SAME_B).double(), -1)  # [L, pos, V]
+    final = probs[-1].argmax(-1)                                              # [pos]
+    want = probs.gather(-1, final.expand(probs.shape[0], -1)[..., None])[..., 0].numpy()
+    np.testing.assert_allclose(ds.answer_prob.sel(prompt="B").values, want, rtol=2e-3)
 
 
 def test_attention_and_dla_differences_are_each_prompt_run_alone(tiny_model):
