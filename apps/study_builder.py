@@ -498,11 +498,14 @@ class StudyBuilderView(View):
         title = SOURCES[self.source][0]
         cards = []
         for c in run.study.conditions:
+            what = {"real": "the page's explanation", "baseline": "a baseline",
+                    "placebo": f"a placebo, {_PLACEBO_TEXT.get(c.placebo or '', c.placebo)}"}
             e = item["explanations"].get(c.name)
             shown = {k: v for k, v in e.items() if k not in ("placebo", "source_item")} if e else None
             body = explanation_html(shown) or "<p><i>No explanation.</i></p>"
             cards.append(pn.pane.HTML(
-                f"<h4 style='margin:4px 0'>{html.escape(c.name)} ({c.kind})</h4>{body}",
+                f"<h4 style='margin:4px 0'>{html.escape(c.name)}: {html.escape(what[c.kind])}"
+                f"</h4>{body}",
                 sizing_mode="stretch_width", min_width=300, styles={"flex": "1 1 0"},
                 css_classes=["study-condition"]))
         self._preview.objects = [
