@@ -18,15 +18,17 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import secrets
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 __all__ = ["JobQueue", "job_queue", "set_heavy_job_limit", "heavy_job_limit", "BoundedCache",
            "release_memory", "QueueCancelled", "place_text", "served_origins",
-           "with_sign_in_pages"]
+           "with_sign_in_pages", "OpenRuns", "open_runs"]
 
 HEAVY_JOBS_ENV = "EXPLORER_HEAVY_JOBS"
 """Environment variable: how many heavy jobs a server runs at once (default: cores // 2, >= 1)."""
@@ -283,3 +285,30 @@ def with_sign_in_pages(serve_kwargs: dict[str, Any]) -> dict[str, Any]:
     if out.get("basic_auth") or out.get("oauth_provider"):
         out.setdefault("logout_template", os.path.join(_TEMPLATES, "logout.html"))
     return out
+
+
+# -- study runs open to participants ---------------------------------------------------------
+
+class OpenRuns:
+    """The study runs open to participants on this server, by the secret key in their link."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, Path] = {}
+
+    def open(self, folder: Path) -> str:
+        key = secrets.token_urlsafe(16)
+        with self._lock:
+            self._runs[key] = Path(folder)
+        return key
+
+    def close(self, key: str) -> None:
+        with self._lock:
+            self._runs.pop(key, None)
+
+    def folder(self, key: str) -> Path | None:
+        with self._lock:
+            return self._runs.get(key)
+
+
+open_runs = OpenRuns()   # the server's: `/study?run=<key>` (apps.study_builder)

@@ -23,7 +23,6 @@ import html
 import json
 import os
 import secrets
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, labelled_control
 from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref
+from apps._server import open_runs
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
@@ -79,31 +79,8 @@ _INSTRUCTIONS = ("Answer each question as well as you can, and say how confident
                  "the picture when there is one.")
 
 
-# -- the server's open studies: link key -> run folder ----------------------------------------
+# -- the server's open studies (`apps._server.open_runs`: link key -> run folder) ---------
 
-class _OpenRuns:
-    """The study runs open to participants on this server, by the secret key in their link."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runs: dict[str, Path] = {}
-
-    def open(self, folder: Path) -> str:
-        key = secrets.token_urlsafe(16)
-        with self._lock:
-            self._runs[key] = Path(folder)
-        return key
-
-    def close(self, key: str) -> None:
-        with self._lock:
-            self._runs.pop(key, None)
-
-    def folder(self, key: str) -> Path | None:
-        with self._lock:
-            return self._runs.get(key)
-
-
-open_runs = _OpenRuns()
 
 
 def participant_page() -> Any:
