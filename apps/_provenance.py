@@ -134,6 +134,10 @@ def changed_inputs(shown: Provenance, wanted: Provenance) -> list[str]:
     name (`INPUT_NAMES`), in a fixed order."""
     out = []
     for name in ("model", "task", "prompts", "n_pairs", "method"):
+        # a request that names no prompts (a generated task, pasted pairs: its task and
+        # request identify them) is not compared on the prompts the result found
+        if name == "prompts" and not wanted.prompts:
+            continue
         if getattr(shown, name) != getattr(wanted, name):
             out.append(name)
     a, b = dict(shown.request), dict(wanted.request)

@@ -63,7 +63,9 @@ def test_the_page_button_computes_the_circuit_of_eight_pairs_with_an_interval(ti
     assert task.clean[0] == "Mary met John at the store and gave a drink to"
     assert task.corrupt[0] == "Lisa met John at the store and gave a drink to"
     assert view.shown.n_pairs == 8 and view.error == ""
+    assert view.stale_note() == "" and "(outdated)" not in view.redraw()["title"]
     caption = view._caption()
+    assert not caption.startswith("Outdated")
     assert "8 pairs" in caption and "95 % bootstrap interval over the 8 pairs" in caption
     # the pairs are in the box as the user would have typed them, and parse back the same
     assert view._own.area.value.count("\n") == 7
@@ -75,3 +77,15 @@ def test_the_page_button_without_a_counterfactual_says_why(tiny_model):
     view.__panel__()
     assert view.use_name_variants() is None
     assert "set a counterfactual first" in view.error and view.task == PROMPT_TASK
+
+
+def test_a_generated_task_is_not_outdated_once_computed(tiny_model):
+    """The request of a generated task names no prompts: the result's own are not compared."""
+    view = CircuitsView(tiny_model, background=False, autostart=False, task="add", n_prompts=4)
+    view.__panel__()
+    with torch.enable_grad():
+        view._request_scores()
+    assert view.shown is not None and len(view.shown.prompts) == 4
+    assert view.stale_note() == ""
+    view.n_prompts = 6                       # a new request computes (inline here) its own
+    assert len(view.shown.prompts) == 6 and view.stale_note() == ""
