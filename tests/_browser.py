@@ -223,6 +223,19 @@ def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float
     return page, errors
 
 
+def wait_until(predicate: Callable[[], object], timeout: float = 60.0, what: str = "",
+               interval: float = 0.1) -> object:
+    """``predicate()``'s first truthy value, polled in this thread (the server's state, read
+    in process); AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
 def wait_for_canvas(page, selector: str, timeout: float = 240) -> None:
     """Until a canvas inside ``selector`` is attached."""
     page.wait_for_selector(f"{selector} canvas", state="attached", timeout=timeout * 1000)

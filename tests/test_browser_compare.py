@@ -4,10 +4,10 @@ different lengths draw A and B only and say why there is no difference, the side
 prompt card is there, and no console error is logged."""
 from __future__ import annotations
 
-import time
 
 import pytest
-from _browser import ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page, shared_page
+from _browser import (ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page, shared_page,
+                      wait_until)
 
 pytestmark = pytest.mark.browser
 
@@ -38,13 +38,6 @@ def _gallery(request):
 page_url = shared_page("compare", _gallery)
 
 
-def _wait(predicate, what: str = "", timeout: float = 60.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def _plots(tab) -> list[dict]:
@@ -68,7 +61,7 @@ def test_each_view_draws_a_b_and_the_difference(browser, page_url, width):
     tab.wait_for_selector(".compare-view", state="attached", timeout=120_000)
     assert settle_gallery_page(tab, timeout=120)
     assert tab.locator(".second-prompt").first.is_visible()
-    _wait(lambda: _SESSIONS, "the session's gallery")
+    wait_until(lambda: _SESSIONS, what="the session's gallery")
     gallery = _SESSIONS[-1]
     ARTIFACTS.mkdir(exist_ok=True)
     titles = {"lens": "Logit lens", "attention": "Attention (selected head)",
@@ -86,7 +79,7 @@ def test_each_view_draws_a_b_and_the_difference(browser, page_url, width):
     box = tab.locator(".second-prompt-box input").first
     box.fill(LONGER)
     box.press("Enter")
-    _wait(lambda: gallery.workspace.second_prompt == LONGER)
+    wait_until(lambda: gallery.workspace.second_prompt == LONGER, what="prompt B")
     assert settle_gallery_page(tab, timeout=120)
     tab.locator(".compare-view button", has_text="Logit lens").first.click()
     assert settle_gallery_page(tab, timeout=120)

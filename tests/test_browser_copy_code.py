@@ -3,10 +3,9 @@ snippet the server computes (`Workspace.copy_as_code`, `Gallery.page_code`) and 
 dialog wide enough to read; where the browser refuses the clipboard the text is selected."""
 from __future__ import annotations
 
-import time
 
 import pytest
-from _browser import ARTIFACTS, shared_page
+from _browser import ARTIFACTS, shared_page, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -29,14 +28,6 @@ def _gallery(request):
 gallery_url = shared_page("copy-code", _gallery)
 
 
-def _wait(predicate, timeout=60.0, what=""):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def _open(browser, url, *, permissions=("clipboard-read", "clipboard-write"), script=None):
@@ -50,7 +41,7 @@ def _open(browser, url, *, permissions=("clipboard-read", "clipboard-write"), sc
     tab.goto(url, timeout=120_000)
     tab.wait_for_selector(".workspace-code button.copy-code-open", state="attached",
                           timeout=120_000)
-    _wait(lambda: len(_SESSIONS) > before, what="the session's gallery")
+    wait_until(lambda: len(_SESSIONS) > before, what="the session's gallery")
     return tab, _SESSIONS[-1]
 
 
@@ -59,7 +50,7 @@ def _copy(tab, css):
     button.scroll_into_view_if_needed()
     button.click()
     box = tab.locator(f".{css} .copy-code").first
-    _wait(lambda: box.get_attribute("data-copied"), 20, f"{css} copied")
+    wait_until(lambda: box.get_attribute("data-copied"), 20, f"{css} copied")
     return box.get_attribute("data-copied"), tab.locator(f".{css} dialog.copy-code-dialog").first
 
 
@@ -75,7 +66,7 @@ def _dialog_is_readable(tab, dialog, name):
     assert sideways <= 0, f"the code scrolls sideways by {sideways} px"
     dialog.screenshot(path=str(ARTIFACTS / f"copy-code-{name}.png"))
     dialog.locator("button.copy-code-close").click()
-    _wait(lambda: not dialog.is_visible(), 10, "the dialog closed")
+    wait_until(lambda: not dialog.is_visible(), 10, "the dialog closed")
 
 
 def test_copy_as_code_writes_the_clipboard_and_shows_the_snippet(browser, gallery_url):
@@ -84,13 +75,13 @@ def test_copy_as_code_writes_the_clipboard_and_shows_the_snippet(browser, galler
     add = tab.locator(".workspace-add input").first
     add.fill("L1.H2, P1")
     add.press("Enter")
-    _wait(lambda: g.workspace.selection == ["L1.H2", "P1"], 30, "the selection")
+    wait_until(lambda: g.workspace.selection == ["L1.H2", "P1"], 30, "the selection")
     tab.locator(".ablate-selected button").first.click()
-    _wait(lambda: len(g.workspace.edits) == 1, 30, "the ablation")
+    wait_until(lambda: len(g.workspace.edits) == 1, 30, "the ablation")
     expected = g.workspace.copy_as_code()
     assert "L1.H2" in expected and "edits" in expected
     # the snippet reaches the browser as the workspace changes; the click copies that one
-    _wait(lambda: tab.locator(".workspace-code pre.copy-code-text").first.evaluate(
+    wait_until(lambda: tab.locator(".workspace-code pre.copy-code-text").first.evaluate(
         "el => el.textContent") == expected, 30, "the snippet in the browser")
     how, dialog = _copy(tab, "workspace-code")
     assert how == "clipboard"
@@ -99,7 +90,7 @@ def test_copy_as_code_writes_the_clipboard_and_shows_the_snippet(browser, galler
 
     g.page("lens").wait(300)
     page_code = g.page_code()
-    _wait(lambda: tab.locator(".page-code pre.copy-code-text").first.evaluate(
+    wait_until(lambda: tab.locator(".page-code pre.copy-code-text").first.evaluate(
         "el => el.textContent") == page_code, 60, "the page's snippet in the browser")
     how, dialog = _copy(tab, "page-code")
     assert how == "clipboard"

@@ -4,10 +4,9 @@ participant who opens the page's link on the same server answers a question that
 researcher's analysis then counts; no console errors on either tab."""
 from __future__ import annotations
 
-import time
 
 import pytest
-from _browser import ARTIFACTS, gallery_page_state, settle_gallery_page, shared_page
+from _browser import ARTIFACTS, gallery_page_state, settle_gallery_page, shared_page, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -42,14 +41,6 @@ gallery_url = shared_page("study-gallery", _gallery)
 participant_url = shared_page("study", _participants)
 
 
-def _wait(predicate, timeout=60.0, what=""):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def _box(tab, css):
@@ -79,7 +70,7 @@ def test_the_study_page_builds_serves_and_analyses_in_the_browser(browser, galle
     before = len(_SESSIONS)
     tab.goto(gallery_url, timeout=120_000)
     tab.wait_for_selector(".study-build button", state="attached", timeout=180_000)
-    _wait(lambda: len(_SESSIONS) > before, what="the session's gallery")
+    wait_until(lambda: len(_SESSIONS) > before, what="the session's gallery")
     g = _SESSIONS[-1]
     assert settle_gallery_page(tab, timeout=90)
 
@@ -92,7 +83,7 @@ def test_the_study_page_builds_serves_and_analyses_in_the_browser(browser, galle
     assert _box(tab, "study-controls")["width"] >= 200
 
     _click(tab, "study-build")
-    _wait(lambda: g.page("study").run is not None, 180, "the study built")
+    wait_until(lambda: g.page("study").run is not None, 180, "the study built")
     tab.wait_for_selector(".study-condition", state="visible", timeout=60_000)
     cards = tab.locator(".study-condition")
     assert cards.count() == 3
@@ -101,7 +92,7 @@ def test_the_study_page_builds_serves_and_analyses_in_the_browser(browser, galle
         assert box["width"] >= 250 and box["height"] >= 40, box
 
     _click(tab, "study-open")
-    link = _wait(lambda: tab.locator(".study-link input").first.input_value(), 30, "the link")
+    link = wait_until(lambda: tab.locator(".study-link input").first.input_value(), 30, "the link")
     assert link.startswith(gallery_url.rsplit("/", 1)[0] + "/study?run=")
 
     # a participant on the same server: consent, begin, one answer
