@@ -451,8 +451,9 @@ def test_the_walk_of_a_person_on_the_ioi_sentence(tiny_model):
 def test_a_walk_through_the_pages(tiny_model):
     """Patching on a token, a prompt over its 64 tokens (refused: the old grid is marked
     outdated and keeps its words), an edit, a refused replacement; logit attribution with a
-    refused answer and a prompt over its 256 tokens; the lens, attention and saturation pages
-    catching up as they open; a link followed from two pages."""
+    refused answer and a prompt over its 256 tokens; the lens refusing that prompt too; the
+    attention and saturation pages catching up as they open; a link followed from two
+    pages."""
     m = walk([("switch_page", {"slug": "patching"}),
               ("patch_token", {"index": 0, "replacement": "M"}),
               ("set_prompt", {"prompt": PROMPTS[3]})])
@@ -466,6 +467,9 @@ def test_a_walk_through_the_pages(tiny_model):
         walk([("type_answer", {"answer": ""}), ("set_prompt", {"prompt": PROMPTS[4]})], m)
         assert "the prompt changed" in m.in_view.stale_note()
         walk([("switch_page", {"slug": "lens"}), ("set_prompt", {"prompt": PROMPTS[2]}),
+              ("set_prompt", {"prompt": PROMPTS[4]})], m)
+        assert "the prompt changed since" in m.in_view.stale_note()    # over the lens's 256
+        walk([("set_prompt", {"prompt": PROMPTS[2]}),
               ("switch_page", {"slug": "attention"}), ("remove_edit", {}),
               ("switch_page", {"slug": "saturation"}), ("follow_link", {}),
               ("switch_page", {"slug": "patching"}),
