@@ -453,6 +453,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             if name in options:
                 raise InputError(f"pass {name} with --{name} or --option {name}=..., not both.")
             options[name] = getattr(args, name)
+    if args.name == "pages":   # the gallery's page slugs, for --pages lens,attention
+        options.setdefault("titles", importlib.import_module("apps._page_titles").PAGE_TITLES)
     bench = importlib.import_module("explorer.bench")
     result = bench.run_bench(args.name, model=args.model, **options)
     if args.json:

@@ -246,12 +246,9 @@ def _open_page(page: Any, title: str, *, timeout_s: float, quiet_s: float,
             "settled_ms": None if settled is None else round(settled, 1)}
 
 
-def _pages_asked(page: Any, asked: list[str]) -> list[tuple[str, str]]:
-    """(slug, title) of the pages ``asked`` (slugs or sidebar titles; all of them when
-    empty), in the order asked or, for all, the sidebar's."""
-    import importlib
-
-    known: dict[str, str] = importlib.import_module("apps._page_titles").PAGE_TITLES
+def _pages_asked(page: Any, asked: list[str], known: dict[str, str]) -> list[tuple[str, str]]:
+    """(slug, title) of the pages ``asked`` (slugs of ``known``, slug -> sidebar title, or
+    sidebar titles; all of them when empty), in the order asked or, for all, the sidebar's."""
     titles = [t.strip() for t in page.locator(".gallery-nav button").all_inner_texts()]
     slug_of = {title: slug for slug, title in known.items()}
     if not asked:                       # every page but the home page (it draws no plot)
@@ -457,7 +454,7 @@ def _median(values: list[float | None]) -> float | None:
 def bench_pages(*, model: str = DEFAULT_MODEL, pages: str = "all", runs: int = 1, moves: int = 6,
                 drags: int = 2, timeout_s: float = 120, move_timeout_s: float = 5.0,
                 settle_s: float = 0.3, quiet_s: float = 1.5, idle_s: float = 3.0,
-                width: int = 1400) -> dict[str, Any]:
+                width: int = 1400, titles: dict[str, str] | None = None) -> dict[str, Any]:
     """Per gallery page: time to its first result, to settled, and its live slider's drag.
 
     Parameters
@@ -480,6 +477,10 @@ def bench_pages(*, model: str = DEFAULT_MODEL, pages: str = "all", runs: int = 1
         and no result counts as waiting for the user.
     width : int, default=1400
         The browser's width in pixels (height 1000).
+    titles : dict, optional
+        Page slug -> sidebar title, so ``pages`` can name pages by slug (``explorer bench
+        pages`` passes the gallery's, `apps._page_titles.PAGE_TITLES`); without it pages are
+        named by their sidebar titles.
     """
     runs = check_int("runs", runs, low=1, high=20)
     moves = check_int("moves", moves, low=1, high=40)
@@ -518,7 +519,7 @@ def bench_pages(*, model: str = DEFAULT_MODEL, pages: str = "all", runs: int = 1
                                       timeout=1000 * timeout_s + 180_000)
                 _wait_loaded(tab, quiet_s=quiet_s, timeout_s=timeout_s)
                 if not wanted:
-                    wanted = _pages_asked(tab, asked)
+                    wanted = _pages_asked(tab, asked, dict(titles or {}))
                 got: dict[str, Any] = {}
                 for slug, title in wanted:
                     entry = _open_page(tab, title, timeout_s=timeout_s, quiet_s=quiet_s,
