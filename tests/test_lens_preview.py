@@ -158,7 +158,7 @@ def test_stale_previews_are_dropped_not_queued(tiny_model):
         view.request_preview(6.0)
         assert started.wait(10)
         view.alpha = 1.5                                 # the release's exact run
-        view.wait()
+        view._runners["run"].wait(60)                    # lands while the preview still computes
         assert view.result.attrs["edits"][0]["alpha"] == 1.5
         gate.set()
         for _ in range(200):
