@@ -8,11 +8,19 @@ you are), the top examples of an atom with their tokens highlighted, and a layer
 similarity heatmap between the model and a second model of the same family, each layer's
 best match marked (ITDA-Jaccard of atom labels, linear CKA or SVCCA). Each prompt's first
 token (an attention sink with a huge norm) is left out of every measure.
+
+Each result lands with its record (`apps._dictionary_record`): the dictionary and its atom
+(`ITDAView.shown`), the tau curves (`sweep_shown`) and the layer comparison
+(`similarity_shown`). The heading, captions, scope line, export and code are written from
+those records; while a control moved and its recompute has not landed (or was refused), a note
+says what the shown dictionary was computed on.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import holoviews as hv
@@ -25,6 +33,9 @@ import explorer
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled_controls
+from apps._dictionary_record import (dictionary_record, dictionary_stale_text, dictionary_words,
+                                     stale_box, stale_state)
+from apps._provenance import Provenance, computed_at_now
 from apps._recipe import MODEL, Call, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -34,7 +45,8 @@ from explorer.analyses.similarity import SIMILARITY_METHODS, layer_similarity, p
 from explorer.trace import trace
 
 __all__ = ["ITDAView", "DEFAULT_PROBE_TEXT", "TAU_GRID", "MIN_POS", "TAU_CAPTION", "plot_tau_curves",
-           "plot_similarity", "similarity_caption", "atom_examples_html", "probe_prompts"]
+           "plot_similarity", "similarity_caption", "atom_examples_html", "probe_prompts",
+           "dictionary_heading", "tau_caption", "similarity_record"]
 
 #: A small probing set: digits, names, punctuation, number words, repeated function words.
 DEFAULT_PROBE_TEXT = "\n".join([
@@ -99,6 +111,33 @@ def plot_tau_curves(sweep: xr.Dataset | None, tau: float) -> hv.Layout | hv.Elem
 TAU_CAPTION = ("One dictionary per tau on the probing set (tau: the relative error above which a "
                "token becomes a new atom); the dashed line is the slider's tau.")
 
+
+def tau_caption(rec: Provenance | None) -> str:
+    """The caption under the tau curves, naming the prompts, layer and L0 they were measured
+    on (their record, ``sweep_shown``)."""
+    if rec is None:
+        return TAU_CAPTION
+    return TAU_CAPTION.replace("on the probing set", f"on {dictionary_words(rec)}")
+
+
+def dictionary_heading(rec: Provenance | None) -> str:
+    """The heading over the dictionary's summary, from its record: ``ITDA dictionary of the 8
+    probing prompts at layer 2 (tau 0.30, L0 8; tiny-llama), atom 3 shown``."""
+    if rec is None:
+        return ""
+    return (f"**ITDA dictionary of {html.escape(dictionary_words(rec), quote=False)}**, atom "
+            f"{dict(rec.request)['atom']} shown")
+
+
+def similarity_record(model: str, prompts: Sequence[str], *, method: str, tau: float, l0: int,
+                      noise: float | None, other: str | None) -> Provenance:
+    """The record of a layer comparison: the probing prompts, the measure, the second model
+    (a named one, or this model with weight ``noise``) and, for ITDA-Jaccard, tau and L0."""
+    request: dict[str, Any] = ({"other": other} if other is not None else {"noise": noise})
+    if method == "itda":
+        request.update(tau=tau, l0=l0)
+    return dictionary_record("itda", model, prompts, method=method, request=request)
+
 _SIMILARITY_NAMES = {"itda": "ITDA-Jaccard of atom labels", "cka": "linear CKA", "svcca": "SVCCA"}
 
 
@@ -124,21 +163,31 @@ def plot_similarity(sim: xr.Dataset | None,
     return (heat * matched).opts(responsive=True)
 
 
-def similarity_caption(sim: xr.Dataset | None) -> str:
-    """The line under the heatmap: the two models, the measure, how often the best match is
-    the same layer."""
+def similarity_caption(sim: xr.Dataset | None, rec: Provenance | None = None) -> str:
+    """The line under the heatmap: the two models, the measure, the prompts (its record
+    ``rec``: how many, and tau and L0 for ITDA-Jaccard), how often the best match is the same
+    layer."""
     if sim is None:
         return ""
     method = sim.attrs.get("method", "")
     acc = float(sim["matched"].values.mean())
+    on = "the probing set"
+    if rec is not None:
+        r, n = dict(rec.request), len(rec.prompts)
+        on = f"the {n} probing prompt{'s' if n != 1 else ''}"
+        if "tau" in r:
+            on += f" (tau {float(r['tau']):.2f}, L0 {int(r['l0'])})"
     return (f"{_SIMILARITY_NAMES.get(method, method)} of every layer of `{sim.attrs.get('model_a')}` "
-            f"(rows) with every layer of `{sim.attrs.get('model_b')}` (columns) on the probing set; "
+            f"(rows) with every layer of `{sim.attrs.get('model_b')}` (columns) on {on}; "
             f"× = each row's best match, on the diagonal for {acc:.0%} of the layers.")
 
 
-def atom_examples_html(ex: xr.Dataset | None, acts: xr.Dataset | None, atom: int,
+def atom_examples_html(ex: xr.Dataset | None, acts: xr.Dataset | None, atom: int | None = None,
                        *, window: int = 6) -> str:
-    """Top examples of one atom as HTML: each a snippet of its prompt, the token highlighted."""
+    """Top examples of one atom as HTML: each a snippet of its prompt, the token highlighted.
+    ``atom``: one of ``ex``'s atoms (default: its first, the atom it was computed for)."""
+    if ex is not None and atom is None and ex.sizes.get("atom"):
+        atom = int(ex["atom"].values[0])
     if ex is None or acts is None or atom not in ex["atom"].values:
         return "<div class='itda-atom'>No dictionary yet.</div>"
     one = ex.sel(atom=atom)
@@ -234,13 +283,21 @@ class ITDAView(View):
     summary = param.String(default="", precedence=-1, doc="Size, error, L0 and FVE of the dictionary.")
     similarity_status = param.String(default="", precedence=-1, doc="What the comparison is doing or did.")
     n_atoms = param.Integer(default=0, precedence=-1)
+    shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
+                                doc="What the shown dictionary and atom were computed on.")
+    sweep_shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True,
+                                      precedence=-1, doc="What the tau curves were measured on.")
+    similarity_shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True,
+                                           precedence=-1,
+                                           doc="What the layer comparison was computed on.")
 
     notify_title = "ITDA"
     link_params = ("probe_text", "layer", "tau", "l0", "atom", "method", "noise")
 
     def scope(self) -> Scope:
-        """Its own probing prompts, on the unedited model."""
-        n = len(probe_prompts(self.probe_text))
+        """Its own probing prompts (the shown dictionary's), on the unedited model."""
+        n = (len(self.shown.prompts) if self.shown is not None
+             else len(self.probe_text.splitlines()))
         return Scope(on=f"its own probing prompts ({n}, editable under *Probing prompts*), "
                         "not your prompt",
                      edits="not applicable: the dictionary and the layer similarity are built "
@@ -287,6 +344,46 @@ class ITDAView(View):
         """The dictionary currently shown."""
         return self._itda
 
+    # -- the shown results' records ------------------------------------------------------------
+    def _record(self, p: dict[str, Any], prompts: Sequence[str], atom: int) -> Provenance:
+        return dictionary_record("itda", self._model.spec.name, prompts, method="itda",
+                                 request={"layer": int(p["layer"]), "tau": float(p["tau"]),
+                                          "l0": int(p["l0"]), "atom": int(atom)})
+
+    def _prompts_now(self) -> tuple[str, ...]:
+        # an empty box is a request too (refused): it differs from every shown record
+        return tuple(line for line in self.probe_text.splitlines() if line.strip()) or ("",)
+
+    def shown_provenance(self) -> Provenance | None:
+        """The shown dictionary's record (`shown`)."""
+        return self.shown
+
+    def requested_provenance(self) -> Provenance:
+        """What the page would compute from its current controls."""
+        return self._record(self._run_params(), self._prompts_now(), self.atom)
+
+    def _similarity_request(self, p: dict[str, Any], prompts: Sequence[str]) -> Provenance:
+        fixed = self._fixed_other
+        return similarity_record(self._model.spec.name, prompts, method=p["method"],
+                                 tau=float(p["tau"]), l0=int(p["l0"]),
+                                 noise=None if fixed is not None else float(p["noise"]),
+                                 other=fixed.spec.name if fixed is not None else None)
+
+    def stale_note(self) -> str:
+        """Empty while the shown dictionary is of the current controls; else what it was
+        computed on, what changed since and what the page is doing about it."""
+        if self.shown is None:
+            return ""
+        return dictionary_stale_text(self.shown, self.requested_provenance(),
+                                     state=stale_state(self.running, self.error))
+
+    def similarity_stale_note(self) -> str:
+        """The same for the layer comparison (its status line says what it is doing)."""
+        if self.similarity_shown is None:
+            return ""
+        wanted = self._similarity_request(self._run_params(), self._prompts_now())
+        return dictionary_stale_text(self.similarity_shown, wanted)
+
     # -- computation -------------------------------------------------------------------------
     def _run_params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _RUN_PARAMS + _SIMILARITY_PARAMS}
@@ -308,16 +405,18 @@ class ITDAView(View):
     def _request_sweep(self, p: dict[str, Any], acts: xr.Dataset) -> None:
         """The tau curves of the shown layer and L0 (from the cache, or measured with progress)."""
         key = (tuple(probe_prompts(p["probe_text"])), p["layer"], p["l0"])
+        record = dictionary_record("itda", self._model.spec.name, key[0], method="itda_tau_sweep",
+                                   request={"layer": int(p["layer"]), "l0": int(p["l0"])})
         sweep = self.cache_get("sweeps", key)
         if sweep is not None:
             if self.sweep is not sweep:
-                self.sweep = sweep
+                self._show_sweep((sweep, record))
             return
 
-        def job(token: CancelToken) -> xr.Dataset:
+        def job(token: CancelToken) -> tuple[xr.Dataset, Provenance]:
             out = itda_tau_sweep(acts, taus=TAU_GRID, l0=p["l0"], layer=p["layer"], min_pos=MIN_POS,
                                  progress=self.progress_fn(token))
-            return self.cache_put("sweeps", key, out)
+            return self.cache_put("sweeps", key, out), record
 
         self.submit("sweep", job)
 
@@ -331,8 +430,11 @@ class ITDAView(View):
         """Compare the layers with the second model's, once the button has been pressed."""
         if not self._comparing or self.activations is None:
             return
-        p, acts = self._run_params(), self.activations
-        prompts = probe_prompts(p["probe_text"])
+        # the shown dictionary's prompts, tau and L0 (the activations are of those prompts)
+        p = {**self._run_params(), **{k: v for k, v in dict(self.shown.request).items()
+                                      if k in ("tau", "l0")}}
+        acts, prompts = self.activations, list(self.shown.prompts)
+        record = self._similarity_request(p, prompts)
 
         def job(token: CancelToken) -> xr.Dataset:
             started = time.perf_counter()
@@ -355,7 +457,7 @@ class ITDAView(View):
                 sim = layer_similarity(acts, other_acts, method=p["method"], tau=p["tau"], l0=p["l0"],
                                        min_pos=MIN_POS)
                 self.cache_put("similarities", sim_key, sim, limit=16)
-            return sim, time.perf_counter() - started
+            return sim, time.perf_counter() - started, record
 
         self.submit("similarity", job)
 
@@ -381,14 +483,19 @@ class ITDAView(View):
         atom = min(max(0, p["atom"]), itda.n_atoms - 1)
         ex = itda_atom_examples(itda, acts, k=5, atoms=[atom], layer=p["layer"], min_pos=MIN_POS)
         token.check()
-        return {"p": p, "acts": acts, "itda": itda, "rec": rec, "examples": ex, "atom": atom}
+        return {"p": p, "acts": acts, "itda": itda, "rec": rec, "examples": ex, "atom": atom,
+                "record": self._record(p, prompts, atom)}
 
     # -- reproducibility ---------------------------------------------------------------------
     def code_recipe(self) -> Recipe:
         """The page's dictionary, its atom, tau curves (and the layer comparison once made) as
-        records of the library calls the page makes with its current settings."""
+        records of the library calls the page makes: the shown results' records, before the
+        first result the current settings."""
         it, sim = "explorer.analyses.itda", "explorer.analyses.similarity"
-        tau, l0, fit = self.tau, self.l0, {"layer": self.layer, "min_pos": MIN_POS}
+        shown = self.shown or self._record(self._run_params(), probe_prompts(self.probe_text),
+                                           self.atom)
+        r = dict(shown.request)
+        tau, l0, fit = r["tau"], r["l0"], {"layer": r["layer"], "min_pos": MIN_POS}
         steps: list[Step] = [
             Call("acts", "explorer.trace", (MODEL, Ref("prompts")), {"sites": ("resid_post",)}),
             Call("itda", f"{it}.ITDA", (), {"tau": tau, "l0": l0}),
@@ -396,22 +503,45 @@ class ITDAView(View):
             Call("reconstruction", f"{it}.itda_reconstruction", (Ref("itda"), Ref("acts")), fit,
                  "error, L0, FVE"),
             Call("examples", f"{it}.itda_atom_examples", (Ref("itda"), Ref("acts")),
-                 {"k": 5, "atoms": [self.atom], **fit}),
+                 {"k": 5, "atoms": [r["atom"]], **fit}),
             Call("sweep", f"{it}.itda_tau_sweep", (Ref("acts"),),
                  {"taus": TAU_GRID, "l0": l0, **fit})]
-        if self.similarity is not None:
-            if self._fixed_other is not None:
-                steps.append(Call("other", "explorer.load_model", (self._fixed_other.spec.name,)))
+        compared = self.similarity_shown
+        if self.similarity is not None and compared is not None:
+            c = dict(compared.request)
+            if "other" in c:
+                steps.append(Call("other", "explorer.load_model", (c["other"],)))
             else:
                 steps.append(Call("other", f"{sim}.perturbed_copy", (MODEL,),
-                                  {"scale": self.noise, "seed": 1}))
+                                  {"scale": c["noise"], "seed": 1}))
             steps += [Call("other_acts", "explorer.trace", (Ref("other"), Ref("prompts")),
                            {"sites": ("resid_post",)}),
                       Call("similarity", f"{sim}.layer_similarity",
                            (Ref("acts"), Ref("other_acts")),
-                           {"method": self.method, "tau": tau, "l0": l0, "min_pos": MIN_POS})]
+                           {"method": compared.method, "tau": c.get("tau", tau),
+                            "l0": c.get("l0", l0), "min_pos": MIN_POS})]
         return Recipe(model=self._model.spec.name, steps=steps,
-                      inputs={"prompts": probe_prompts(self.probe_text)})
+                      inputs={"prompts": list(shown.prompts)})
+
+    def export_manifest(self) -> dict[str, Any]:
+        """`View.export_manifest`, with the layer comparison's record once one is shown."""
+        out = super().export_manifest()
+        if self.similarity is not None and self.similarity_shown is not None:
+            out["similarity_provenance"] = self.similarity_shown.to_dict()
+        return out
+
+    def export_datasets(self) -> dict[str, xr.Dataset]:
+        """The page's Datasets, each carrying the record of what it was computed on (JSON,
+        in its attrs' ``page_provenance``)."""
+        out = dict(super().export_datasets())
+        records = {"examples": self.shown, "activations": self.shown,
+                   "sweep": self.sweep_shown, "similarity": self.similarity_shown}
+        for name, rec in records.items():
+            if name in out and rec is not None:
+                ds = out[name].copy()
+                ds.attrs = {**ds.attrs, "page_provenance": rec.to_json()}
+                out[name] = ds
+        return out
 
     # -- results (on the session's event loop when served) -----------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:
@@ -426,16 +556,21 @@ class ITDAView(View):
             self.atom = out["atom"]
         self.param.update(examples=out["examples"], activations=out["acts"], n_atoms=itda.n_atoms,
                           summary=summary, error="", running=False,
+                          shown=dataclasses.replace(out["record"], computed_at=computed_at_now()),
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
         self._request_sweep(out["p"], out["acts"])
         self._request_similarity()                  # cached unless the data or ITDA's tau changed
 
-    def _show_sweep(self, sweep: xr.Dataset) -> None:
-        self.sweep = sweep
+    def _show_sweep(self, out: tuple[xr.Dataset, Provenance]) -> None:
+        sweep, record = out
+        self.param.update(sweep=sweep, sweep_shown=dataclasses.replace(
+            record, computed_at=computed_at_now()))
 
-    def _show_similarity(self, out: tuple[xr.Dataset, float]) -> None:
-        sim, seconds = out
-        self.param.update(similarity=sim, similarity_status=f"Compared in {seconds:.1f} s.")
+    def _show_similarity(self, out: tuple[xr.Dataset, float, Provenance]) -> None:
+        sim, seconds, record = out
+        self.param.update(similarity=sim, similarity_status=f"Compared in {seconds:.1f} s.",
+                          similarity_shown=dataclasses.replace(record,
+                                                               computed_at=computed_at_now()))
 
     # -- layout ------------------------------------------------------------------------------
     def controls(self) -> pn.Column:
@@ -464,26 +599,38 @@ class ITDAView(View):
         spinner = self.busy_spinner()
         status = theme.status_line(self.param.status)
         summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
+        heading = pn.pane.Markdown(pn.bind(dictionary_heading, self.param.shown),
+                                   css_classes=["itda-heading"], sizing_mode="stretch_width")
+        inputs = [self.param[n] for n in ("shown", "running", "error", *_RUN_PARAMS, "atom")]
+        stale = stale_box("itda-stale", self.stale_note, inputs)
+        sim_inputs = [self.param[n] for n in ("similarity_shown", "probe_text", "tau", "l0",
+                                              *_SIMILARITY_PARAMS)]
+        sim_stale = stale_box("itda-similarity-stale", self.similarity_stale_note,
+                                    sim_inputs)
         bar = self.progress_bar(height=10)
         curves = pn.pane.HoloViews(pn.bind(plot_tau_curves, self.param.sweep, self.param.tau),
                                    sizing_mode="stretch_width", css_classes=["itda-curves"])
-        caption = pn.pane.Markdown(TAU_CAPTION, styles={"color": "#555"}, sizing_mode="stretch_width")
-        atoms = pn.pane.HTML(pn.bind(atom_examples_html, self.param.examples, self.param.activations,
-                                     self.param.atom),
+        caption = pn.pane.Markdown(pn.bind(tau_caption, self.param.sweep_shown),
+                                   styles={"color": "#555"}, sizing_mode="stretch_width",
+                                   css_classes=["itda-curves-caption"])
+        atoms = pn.pane.HTML(pn.bind(atom_examples_html, self.param.examples, self.param.activations),
                              stylesheets=[_CSS], sizing_mode="stretch_width", css_classes=["itda-atoms"])
         shown = pn.bind(lambda sim: sim is not None, self.param.similarity)
         heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity), visible=shown,
                                  sizing_mode="stretch_width", css_classes=["itda-similarity"])
         sim_status = pn.pane.Markdown(self.param.similarity_status, styles={"color": "#555"},
                                       sizing_mode="stretch_width", css_classes=["itda-similarity-status"])
-        sim_caption = pn.pane.Markdown(pn.bind(similarity_caption, self.param.similarity),
-                                       styles={"color": "#555"}, sizing_mode="stretch_width")
+        sim_caption = pn.pane.Markdown(pn.bind(similarity_caption, self.param.similarity,
+                                               self.param.similarity_shown),
+                                       styles={"color": "#555"}, sizing_mode="stretch_width",
+                                       css_classes=["itda-similarity-caption"])
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"), paper_panel("itda", self),
-                                summary, bar, curves, caption,
+                                heading, stale, summary, bar, curves, caption,
                                 pn.pane.Markdown("#### Atom browser"), atoms,
                                 pn.pane.Markdown("#### Layer similarity with a second model"),
-                                self.similarity_controls(), sim_status, heat, sim_caption,
+                                self.similarity_controls(), sim_status, sim_stale, heat,
+                                sim_caption,
                                 sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 

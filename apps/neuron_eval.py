@@ -9,11 +9,18 @@ token-level: the atom's own source token, digits, capitalised tokens, punctuatio
 number words. Pick a unit and a concept to see every metric; play the seed to watch both
 perturbations redraw and the score changes follow; the pass/fail table runs the checks
 over synthetic units (the paper's theoretical test) and over the model's atoms.
+
+The scores land with their record (`NeuronEvalView.shown`, `apps._dictionary_record`): the
+probing prompts, layer, tau, unit, concept, binarisation and seed. The heading, scope line,
+export and code are written from it; while a control moved and its recompute has not landed
+(or was refused), a note says what the shown scores were computed on.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import holoviews as hv
@@ -27,6 +34,9 @@ import explorer
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled_controls
+from apps._dictionary_record import (dictionary_record, dictionary_stale_text, dictionary_words,
+                                     stale_box, stale_state)
+from apps._provenance import Provenance, computed_at_now
 from apps._recipe import MODEL, Call, Note, Recipe, Ref
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -47,7 +57,7 @@ from explorer.analyses.neuron_eval import (
 from explorer.trace import trace
 
 __all__ = ["NeuronEvalView", "CONCEPTS", "DELTAS_CAPTION", "STRIPS_CAPTION", "unit_data", "metric_table",
-           "unchanged_note",
+           "unchanged_note", "unit_heading", "unit_words", "unit_request",
            "perturbation_table", "plot_metric_deltas", "plot_perturbations", "pass_fail_html"]
 
 #: Concepts offered: the atom's own token, then the token families.
@@ -90,6 +100,36 @@ def concept_vector(data: dict[str, Any], unit: int, concept: str) -> np.ndarray:
     if concept == "own_token":
         return (data["token_ids"] == data["itda"].atom_token_id_[unit]).astype(np.float64)
     return data["concepts"].sel(concept=concept).values.astype(np.float64)
+
+
+def unit_request(p: dict[str, Any]) -> dict[str, Any]:
+    """The inputs of one unit's scores (a record's ``request``): the dictionary's layer and
+    tau, the unit, the concept, the binarisation with its alpha or threshold, the seed."""
+    out = {"layer": int(p["layer"]), "tau": float(p["tau"]), "unit": int(p["unit"]),
+           "concept": str(p["concept"]), "binarize": str(p["binarize"]), "seed": int(p["seed"])}
+    if p["binarize"] == "top_quantile":
+        out["alpha"] = float(p["alpha"])
+    else:
+        out["threshold"] = float(p["threshold"])
+    return out
+
+
+def unit_words(rec: Provenance) -> str:
+    """What the record's scores are of: ``atom 3 of the ITDA dictionary of the 8 probing
+    prompts at layer 2 (tau 0.30; tiny-llama) · concept 'digit' · top_quantile (alpha 0.05)
+    · seed 4``."""
+    r = dict(rec.request)
+    how = (f"alpha {r['alpha']:g}" if "alpha" in r else f"threshold {r['threshold']:g}")
+    return (f"atom {r['unit']} of the ITDA dictionary of {dictionary_words(rec)} · "
+            f"concept '{r['concept']}' · {r['binarize']} ({how}) · seed {r['seed']}")
+
+
+def unit_heading(rec: Provenance | None) -> str:
+    """The heading over the scores, from their record (`unit_words`), as Markdown."""
+    if rec is None:
+        return ""
+    words = unit_words(rec)
+    return html.escape(words[0].upper() + words[1:], quote=False)
 
 
 def _normaliser(metric: str, scores: np.ndarray) -> float:
@@ -332,6 +372,8 @@ class NeuronEvalView(View):
     real = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     caption = param.String(default="", precedence=-1)
     note = param.String(default="", precedence=-1, doc="Why a perturbation changed no score (or '').")
+    shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
+                                doc="What the shown scores were computed on.")
 
     notify_title = "Neuron evaluation"
     failed_status = "Last run failed: {message}"
@@ -340,8 +382,10 @@ class NeuronEvalView(View):
                    "threshold", "seed")
 
     def scope(self) -> Scope:
-        """Its own probing prompts; the units are atoms of a dictionary of unedited activations."""
-        n = len(probe_prompts(self.probe_text)) if self.probe_text.strip() else 0
+        """Its own probing prompts (the shown scores'); the units are atoms of a dictionary of
+        unedited activations."""
+        n = (len(self.shown.prompts) if self.shown is not None
+             else len(self._prompts_now()) if self.probe_text.strip() else 0)
         return Scope(on=f"its own probing prompts ({n}, the box on the left), not your prompt",
                      edits="not applicable: the units are ITDA atoms of the unedited model's "
                            "activations and the sanity checks perturb concept labels, not "
@@ -368,6 +412,38 @@ class NeuronEvalView(View):
     # -- computation -------------------------------------------------------------------------
     def _params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _DATA_PARAMS + _VIEW_PARAMS}
+
+    def _record(self, p: dict[str, Any], prompts: Sequence[str]) -> Provenance:
+        return dictionary_record("neuron-eval", self._model.spec.name, prompts,
+                                 method="neuron explanation metrics", request=unit_request(p))
+
+    def _prompts_now(self) -> tuple[str, ...]:
+        # an empty box is a request too (refused): it differs from every shown record
+        return tuple(line for line in self.probe_text.splitlines() if line.strip()) or ("",)
+
+    def shown_provenance(self) -> Provenance | None:
+        """The shown scores' record (`shown`)."""
+        return self.shown
+
+    def requested_provenance(self) -> Provenance:
+        """What the page would score from its current controls."""
+        return self._record(self._params(), self._prompts_now())
+
+    def stale_note(self) -> str:
+        """Empty while the shown scores are of the current controls; else what they were
+        computed on, what changed since and what the page is doing about it."""
+        if self.shown is None:
+            return ""
+        return dictionary_stale_text(self.shown, self.requested_provenance(),
+                                     state=stale_state(self.running, self.error),
+                                     on=unit_words(self.shown))
+
+    def _shown_params(self) -> dict[str, Any]:
+        """The inputs of the shown scores (their record), before any the current controls."""
+        if self.shown is None:
+            return self._params()
+        return {**self._params(), **dict(self.shown.request),
+                "probe_text": "\n".join(self.shown.prompts)}
 
     def _request_run(self, *events: Any) -> None:
         p = self._params()
@@ -416,37 +492,46 @@ class NeuronEvalView(View):
                  else p["concept"])
         caption = (f"Unit: atom {unit} of {n_units} (source token '{theme.show_token(str(itda.atom_token_[unit]))}'),"
                    f" concept '{label}' on {int(c.sum())} of {len(c)} tokens, seed {p['seed']}")
+        record = self._record({**p, "unit": unit}, self._data_key(p)[0])
         return {"p": p, "unit": unit, "n_units": n_units, "table": table, "strips": strips,
+                "record": record,
                 "synthetic": synthetic, "real": real, "caption": caption,
                 "note": unchanged_note(c, perturbed, p["seed"])}
 
     # -- reproducibility ---------------------------------------------------------------------
     def export_datasets(self) -> dict[str, xr.Dataset]:
-        """The sanity-check tables, and the shown unit's activations with its concept labels."""
+        """The sanity-check tables, and the shown unit's activations with its concept labels
+        (of the shown scores' record, which it carries in its attrs' ``page_provenance``)."""
         out = super().export_datasets()
-        data = self.cache_get("units", self._data_key(self._params()))
-        if data is not None and self.table is not None:
-            unit = min(max(0, self.unit), data["acts"].shape[1] - 1)
+        if self.shown is None or self.table is None:
+            return out
+        p = self._shown_params()
+        data = self.cache_get("units", self._data_key(p))
+        if data is not None:
+            unit = int(p["unit"])
             out["unit"] = xr.Dataset(
                 {"activation": ("input", data["acts"][:, unit]),
-                 "concept": ("input", concept_vector(data, unit, self.concept))},
+                 "concept": ("input", concept_vector(data, unit, p["concept"]))},
                 coords={"token": ("input", data["tokens"].astype(str))},
-                attrs={"unit": unit, "concept_name": self.concept, "layer": self.layer})
+                attrs={"unit": unit, "concept_name": p["concept"], "layer": p["layer"],
+                       "page_provenance": self.shown.to_json()})
         return out
 
     def code_recipe(self) -> Recipe:
-        """The page's metric table and sanity checks as records, with its current settings
-        (the units and the table come from the page module's numpy glue)."""
-        L, unit, ne = self.layer, self.unit, "explorer.analyses.neuron_eval"
+        """The page's metric table and sanity checks as records, with the shown scores'
+        inputs (their record; before the first, the current settings; the units and the
+        table come from the page module's numpy glue)."""
+        p = self._shown_params()
+        L, unit, ne = p["layer"], p["unit"], "explorer.analyses.neuron_eval"
         return Recipe(model=self._model.spec.name, inputs={
-            "prompts": probe_prompts(self.probe_text)}, steps=[
+            "prompts": probe_prompts(p["probe_text"])}, steps=[
             Note("the units, the concept and the table: apps.neuron_eval's numpy glue"),
             Call("data", "apps.neuron_eval.unit_data", (MODEL, Ref("prompts")),
-                 {"layer": L, "tau": self.tau}, "ITDA atoms as units"),
-            Call("c", "apps.neuron_eval.concept_vector", (Ref("data"), unit, self.concept)),
+                 {"layer": L, "tau": p["tau"]}, "ITDA atoms as units"),
+            Call("c", "apps.neuron_eval.concept_vector", (Ref("data"), unit, p["concept"])),
             Call("table, perturbed", "apps.neuron_eval.metric_table", (Ref("data['acts']"),
-                 Ref("c"), unit), {"seed": self.seed, "binarize": self.binarize,
-                                   "alpha": self.alpha, "threshold": self.threshold}),
+                 Ref("c"), unit), {"seed": p["seed"], "binarize": p["binarize"],
+                                   "alpha": p["alpha"], "threshold": p["threshold"]}),
             Call("real", f"{ne}.itda_atom_sanity_checks",
                  (Ref("data['itda']"), Ref("data['activations']")),
                  {"layer": L, "min_count": 2, "n_seeds": self._n_seeds, "alpha": 0.05,
@@ -462,7 +547,8 @@ class NeuronEvalView(View):
         seconds = time.perf_counter() - self._started
         self.param.update(table=out["table"], strips=out["strips"], synthetic=out["synthetic"],
                           real=out["real"], caption=out["caption"], note=out["note"], error="",
-                          running=False,
+                          running=False, shown=dataclasses.replace(out["record"],
+                                                                   computed_at=computed_at_now()),
                           status=f"{self._model.spec.name} · layer {out['p']['layer']} · {seconds:.2f} s")
 
     # -- layout ------------------------------------------------------------------------------
@@ -493,6 +579,11 @@ class NeuronEvalView(View):
         scores = pn.pane.HTML(pn.bind(scores_html, self.param.table, self.param.caption,
                                       self.param.note),
                               stylesheets=[_CSS], css_classes=["neuron-score-table"], width=440)
+        heading = pn.pane.Markdown(pn.bind(unit_heading, self.param.shown),
+                                   css_classes=["neuron-heading"], sizing_mode="stretch_width",
+                                   styles={"font-weight": "bold"})
+        stale = stale_box("neuron-stale", self.stale_note, [self.param[n] for n in (
+            "shown", "running", "error", *_DATA_PARAMS, *_VIEW_PARAMS)])
         passfail = pn.pane.HTML(pn.bind(pass_fail_html, self.param.synthetic, self.param.real),
                                 stylesheets=[_CSS], css_classes=["neuron-passfail-pane"],
                                 sizing_mode="stretch_width", min_width=440)
@@ -502,7 +593,7 @@ class NeuronEvalView(View):
                             flex_wrap="wrap", gap="24px", sizing_mode="stretch_width")
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, align="center"),
-                                paper_panel("neuron-eval", self), deltas,
+                                paper_panel("neuron-eval", self), heading, stale, deltas,
                                 pn.pane.Markdown(DELTAS_CAPTION, **note),
                                 pn.pane.Markdown(self.param.note, visible=self.param.note.rx.bool(),
                                                  css_classes=["neuron-unchanged"], **note),
