@@ -24,6 +24,7 @@ Modules
 * `screen`: which tasks the model does (`task_screen`).
 * `token_loss`: per-token loss and the token-loss difference.
 * `ablation`: head rankings, ablation edits and curves.
+* `generation_score`: the paper's ICL score (F1 of a parsed 5-token generation) under ablation.
 
 Every public name is re-exported here; patch a function in the submodule that calls it
 (e.g. ``explorer.analyses.icl_heads.last_token.LAST_TOKEN_FAMILIES``).
@@ -49,9 +50,19 @@ from explorer.analyses.icl_heads.ablation import (top_heads, ranked_head_sets, c
                                                   check_rankings, ablation_edits,
                                                   few_shot_accuracy, ablation_curves, MEAN_SOURCES,
                                                   ABLATION_METHODS, cross_task_mean_z, RANKINGS,
-                                                  bootstrap_mean_accuracy)
+                                                  bootstrap_mean_accuracy, ICL_SCORES)
+from explorer.analyses.icl_heads.generation_score import (ANSWER_TOKENS, normalize_answer,
+                                                          f1_score, parse_generation, parsed_f1,
+                                                          ablated_generations)
 
 __all__ = [
+    'ICL_SCORES',
+    'ANSWER_TOKENS',
+    'normalize_answer',
+    'f1_score',
+    'parse_generation',
+    'parsed_f1',
+    'ablated_generations',
     'ICL_DIR',
     'ICLTask',
     'icl_task_names',

@@ -12,6 +12,8 @@ import xarray as xr
 
 from explorer._checks import InputError, check_choice, check_float, check_int
 from explorer.analyses.icl_heads.fv import task_mean_z
+from explorer.analyses.icl_heads.generation_score import (ANSWER_TOKENS, ablated_generations,
+                                                          parsed_f1)
 from explorer.analyses.icl_heads.last_token import (ablated_last_token, last_token_cache,
                                                     last_token_problem)
 from explorer.analyses.icl_heads.tasks import (CITATION, ICLTask, answer_token_ids, as_icl_task,
@@ -23,7 +25,8 @@ from explorer.trace import provenance
 
 __all__ = [
     'RANKINGS', 'top_heads', 'check_head_scores', 'check_rankings', 'ranked_head_sets',
-    'ablation_edits', 'few_shot_accuracy', 'MEAN_SOURCES', 'ABLATION_METHODS', 'cross_task_mean_z',
+    'ablation_edits', 'few_shot_accuracy', 'MEAN_SOURCES', 'ABLATION_METHODS', 'ICL_SCORES',
+    'cross_task_mean_z',
     'bootstrap_mean_accuracy', 'ablation_curves',
 ]
 
@@ -144,6 +147,12 @@ def _correct_and_answer_prob(model: Model, prompts: Sequence[str], answers: Sequ
 MEAN_SOURCES = ("cross-task", "per-task", "zero")
 
 
+#: How `ablation_curves` scores an ablated prompt: ``first_token`` 1 when the argmax next token
+#: is the answer's first token; ``f1`` the paper's score, the F1 of the answer parsed from 5
+#: greedily generated tokens (`explorer.analyses.icl_heads.generation_score`).
+ICL_SCORES = ("first_token", "f1")
+
+
 #: How `ablation_curves` runs the ablated prompts: ``last_token`` only the last token over a
 #: cache of the earlier positions (`ablated_last_token`), ``full`` every position.
 ABLATION_METHODS = ("auto", "last_token", "full")
@@ -191,7 +200,7 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                     rankings: Sequence[str] = RANKINGS, mean_source: str = "cross-task",
                     mean_tasks: Sequence[ICLTask | str] | None = None, n_boot: int = 1000,
                     confidence_level: float = 0.95, method: str = "auto", max_rows: int = 512,
-                    edits=(), progress: Any = None) -> xr.Dataset:
+                    score: str = "first_token", edits=(), progress: Any = None) -> xr.Dataset:
     """Few-shot accuracy and token-loss difference with the top p% heads mean-ablated.
 
     Rankings (Yin & Steinhardt 2025): by FV score, by induction score, each after removing
@@ -210,6 +219,12 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
       ablation keeps much of what the paper removes;
     - ``"zero"``: zero.
 
+    ``score`` (`ICL_SCORES`): ``"first_token"`` scores a prompt 1 when its argmax next token
+    is the answer's first token, one forward per prompt; ``"f1"`` is the paper's score: 5
+    tokens generated greedily with the heads ablated at the last prompt token and every
+    generated token (`ablated_generations`), the first word run parsed and scored by F1
+    against the answer (`parsed_f1`), five forwards per prompt (``method`` does not apply).
+
     ``method``: ``"last_token"`` runs only the last token of each ablated copy over keys and
     values of the earlier positions cached once per task (`ablated_last_token`; every
     (ranking, percent) is one copy, at most ``max_rows`` rows a run), ``"full"`` runs every
@@ -227,8 +242,8 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
 
     Returns
     -------
-    xr.Dataset: ``accuracy`` and ``answer_prob`` (ranking, percent, task: argmax accuracy
-    and mean probability of the answer's first token), ``mean_accuracy`` and
+    xr.Dataset: ``accuracy`` and ``answer_prob`` (ranking, percent, task: the mean ``score``,
+    argmax accuracy or F1, and the mean probability of the answer's first token), ``mean_accuracy`` and
     ``mean_answer_prob`` (ranking, percent), ``mean_accuracy_low`` / ``mean_accuracy_high``
     (ranking, percent: the bootstrap interval), ``correct`` (ranking, percent, task,
     prompt: 0/1 per prompt), ``token_loss_difference`` (ranking, percent), ``ablated``
@@ -243,12 +258,18 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
     names = check_rankings(rankings)
     mean_source = check_choice("mean_source", mean_source, MEAN_SOURCES)
     method = check_choice("method", method, ABLATION_METHODS)
+    score = check_choice("score", score, ICL_SCORES)
     max_rows = check_int("max_rows", max_rows, low=1)
     n_boot = check_int("n_boot", n_boot, low=10)
     confidence_level = check_float("confidence_level", confidence_level, low=0.5, high=0.999)
     n_prompts = check_int("n_prompts", n_prompts, low=1)
     edits = list(edits)
-    if method == "auto":
+    if score == "f1":
+        if method == "last_token":
+            raise InputError("ablation_curves(score='f1') generates 5 tokens per prompt, which "
+                             "the last-token path cannot; use method='auto' or 'full'.")
+        method = "generate"
+    elif method == "auto":
         method = ("full" if last_token_problem(model) or model.remote or edits
                   else "last_token")
     elif method == "last_token" and edits:
@@ -282,7 +303,17 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
         else:
             mz = shared
         result: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        if method == "last_token":
+        if method == "generate":
+            first_ids = answer_token_ids(model, answers)
+            for hs in sets:
+                texts, probs = ablated_generations(model, prompts, list(hs), mz,
+                                                   answer_ids=first_ids, edits=edits)
+                result[hs] = (np.array([parsed_f1(t, a) for t, a in zip(texts, answers)]),
+                              probs)
+                done += 1
+                if callable(progress):
+                    progress(done, total)
+        elif method == "last_token":
             batch = model.tokenize(list(prompts))
             prefix = last_token_cache(model, batch)
             target = torch.tensor(answer_token_ids(model, answers))
@@ -337,4 +368,5 @@ def ablation_curves(model: Model, tasks: Sequence[ICLTask | str], induction: np.
                          mean_source=mean_source,
                          mean_tasks=None if mean_source != "cross-task" else
                          [as_icl_task(t).name for t in pool], n_boot=n_boot, ablation_method=method,
+                         score=score, answer_tokens=ANSWER_TOKENS if score == "f1" else 1,
                          confidence_level=confidence_level, edits=edits, citation=CITATION))
