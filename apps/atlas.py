@@ -8,9 +8,17 @@ edits) on the workspace prompt, and, on request, induction scores. Clicking a ce
 or a row of the table selects that head (`selected`, in the gallery the workspace selection);
 the workspace's selected heads (`highlighted`) are outlined. The table sorts and filters, and
 exports as CSV.
+
+The page's own scores land with their record (`ShownRecord.shown_record`: the prompt, the
+workspace edits and the induction settings they were computed with). The heading, status and
+scope lines, the export and the code are written from it; in the gallery, a page not in view
+keeps its scores when the workspace prompt or edits change, and a note says what they were
+computed on until the page, opened again, recomputes them. The selection only outlines heads
+(drawn at once): the record carries the heads outlined and a new selection marks nothing stale.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import io
 import json
@@ -29,7 +37,9 @@ from apps import theme
 from apps._attention_trace import trace_patterns
 from apps._controls import check_selected_component
 from apps._heads_heatmap import head_cell, heads_heatmap, on_head_click
-from apps._recipe import MODEL, Call, Let, Note, Recipe, Ref, Step
+from apps._page_provenance import ShownRecord, edits_words, result_heading
+from apps._provenance import Provenance, one_line
+from apps._recipe import EDITS, MODEL, Call, Let, Note, Recipe, Ref, Step
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer import components
 from explorer._checks import InputError
@@ -40,12 +50,16 @@ from explorer.trace import trace as trace_sites
 from explorer.workspace import edit_label
 
 __all__ = ["AtlasView", "plot_score", "provenance_markdown", "collect_results", "atlas_csv",
-           "edited_induction_scores", "MAX_TOKENS"]
+           "edited_induction_scores", "atlas_heading", "own_scores_words", "MAX_TOKENS",
+           "INDUCTION"]
 
 hv.extension("bokeh", logo=False)
 
 MAX_TOKENS = 256
 """The longest prompt the page traces for its attention statistics."""
+
+INDUCTION = (8, 20)
+"""The page's induction scores: this many repeated random sequences of this many tokens."""
 
 SIGNED = ("fv_score", "ablation_effect", "dla")
 """Scores with a sign (drawn with a diverging map centred on 0)."""
@@ -96,6 +110,27 @@ def provenance_markdown(atlas: xr.Dataset | None) -> str:
                      f"{' — ' + html.escape(what) if what else ''}"
                      f"{' (' + html.escape(short) + ')' if short else ''}{edited}")
     return "\n".join(lines)
+
+
+def atlas_heading(prov: Provenance) -> str:
+    """The line over the atlas, from the record of the page's own scores: ``This page's
+    attention statistics and attribution of 'The cat' (tiny-llama), with 1 workspace edit;
+    induction on 8 repeated random sequences of 20 tokens``."""
+    out = result_heading("This page's attention statistics and attribution", prov, clean=False)
+    induction = dict(prov.request).get("induction")
+    if induction:
+        n, half, edits = induction
+        under = f" under {edits_words(len(edits))}" if edits else ""
+        out += f"; induction on {n} repeated random sequences of {half} tokens{under}"
+    return out
+
+
+def own_scores_words(prov: Provenance | None) -> str:
+    """The status line's tail: the workspace edits the page's own scores were computed
+    under (their record), or ''."""
+    if prov is None or not prov.edits:
+        return ""
+    return f"; this page's scores under {edits_words(len(prov.edits))}"
 
 
 def collect_results(values: Sequence[Any]) -> list[xr.Dataset]:
@@ -152,7 +187,7 @@ def atlas_csv(atlas: xr.Dataset) -> str:
 
 # -- the view ----------------------------------------------------------------------------
 
-class AtlasView(View):
+class AtlasView(ShownRecord, View):
     """Every per-head score of the session in one [layer, head] atlas.
 
     Parameters
@@ -166,6 +201,8 @@ class AtlasView(View):
     """
 
     notify_title = "Head atlas"
+    page_slug = "atlas"
+    described = ("atlas",)
     failed_status = "Last run failed: {message}"
     wait_timeout = 300
 
@@ -195,6 +232,7 @@ class AtlasView(View):
         self._dla: xr.Dataset | None = None    # direct logit attribution of the top token
         self._induction: xr.Dataset | None = None
         self._induction_wanted = False
+        self._shown_edits: list[Edit] = []   # the edits of the shown trace (its record's)
         self.runner("trace", self._got_trace)
         self.runner("induction", self._got_induction)
         self.param.watch(self._request_trace, ["prompt", "edits"])
@@ -207,14 +245,52 @@ class AtlasView(View):
         return self._model
 
     def scope(self) -> Scope:
-        """Your prompt (attention statistics), repeated random tokens (induction), and the
-        other pages' scores as those pages computed them; edits apply to the page's own."""
-        return Scope(on=f"your prompt (at most {MAX_TOKENS} tokens) for the attention statistics"
+        """Your prompt (the shown scores', `shown_record`) for attention statistics, repeated
+        random tokens (induction), and the other pages' scores as those pages computed them;
+        edits apply to the page's own."""
+        shown = self.shown_record
+        prompt = f" {one_line(shown.prompts[0])}" if shown is not None else ""
+        return Scope(on=f"your prompt{prompt} (at most {MAX_TOKENS} tokens) for the attention "
+                        "statistics"
                         " and direct logit attribution, repeated random tokens for induction, and the scores other pages "
                         "computed (each on its page's inputs)",
                      edits="applied to the attention statistics, attribution and induction scores "
                            "this page "
                            "computes; other pages' scores as their pages computed them")
+
+    # -- the record of the page's own scores -----------------------------------------------
+    def _induction_request(self, edits: list[Edit]) -> tuple | None:
+        from explorer.workspace import edit_label
+
+        if not self._induction_wanted:
+            return None
+        return (*INDUCTION, tuple(edit_label(e) for e in edits))
+
+    def requested_provenance(self) -> Provenance:
+        """What the page would compute now: the workspace's (else its own) prompt and edits,
+        and the induction scores once asked for."""
+        prompt, edits = self.current_inputs()
+        return self.record("head atlas", prompt, edits,
+                           request={"induction": self._induction_request(edits)})
+
+    def shown_provenance(self) -> Provenance | None:
+        """The shown scores' record, with the heads outlined (drawn from the selection)."""
+        rec = super().shown_provenance()
+        return None if rec is None else dataclasses.replace(
+            rec, selection=tuple(self.highlighted))
+
+    def heading(self, prov: Provenance) -> str:
+        return atlas_heading(prov)
+
+    def _with_induction(self) -> None:
+        """The shown record with the induction scores now held (their edits, from the
+        result's attrs)."""
+        rec, ds = self.shown_record, self._induction
+        if rec is None or ds is None:
+            return
+        induction = (*INDUCTION, tuple(str(t) for t in ds.attrs.get("workspace_edits", [])))
+        request = {**dict(rec.request), "induction": induction}
+        self.shown_record = dataclasses.replace(rec, request=tuple(sorted(request.items())))
 
     def set_sources(self, sources: Callable[[], Sequence[Any]] | None) -> None:
         """Where the other pages' results come from; the atlas is rebuilt from them."""
@@ -239,9 +315,7 @@ class AtlasView(View):
         self.param.score.objects = names
         score = self.score if self.score in names else (names[0] if names else None)
         self.param.update(atlas=atlas, score=score)
-        n_edits = len(self.edits)
-        edited = (f"; this page's scores under {n_edits} workspace edit"
-                  f"{'s' if n_edits != 1 else ''}") if n_edits else ""
+        edited = own_scores_words(self.shown_record)
         self.status = (f"{len(names)} per-head score{'s' if len(names) != 1 else ''} of "
                        f"{self._model.spec.name} ({atlas.sizes['layer']} layers × "
                        f"{atlas.sizes['head']} heads){self.refresh_status_names()}{edited}")
@@ -252,16 +326,23 @@ class AtlasView(View):
         return {"atlas": atlas_table(self.atlas)} if self.atlas is not None else {}
 
     def code_recipe(self) -> Recipe:
-        """The atlas the page shows as records: the page's own trace (and induction scores),
-        then `explorer.head_atlas`; the other pages' Datasets are read from their exports."""
+        """The atlas the page shows as records: the page's own trace (and induction scores)
+        of the shown record's prompt and edits (before one, the page's), then
+        `explorer.head_atlas`; the other pages' Datasets are read from their exports."""
+        prompt, edits = self.prompt, list(self.edits)
+        if self.shown_record is not None:
+            prompt, edits = self.shown_record.prompts[0], list(self._shown_edits)
+        edited = {"edits": EDITS} if edits else {}
         steps: list[Step] = [Let("results", [
-            Call(None, "explorer.trace", (MODEL, [self.prompt]), {"sites": ("attn_pattern",)}),
+            Call(None, "explorer.trace", (MODEL, [prompt]),
+                 {"sites": ("attn_pattern",), **edited}),
             Call(None, "explorer.analyses.answer_dla.answer_logit_attribution",
-                 (MODEL, self.prompt))])]
+                 (MODEL, prompt), edited)])]
         if self._induction is not None:
             steps.append(Call(None, "results.append", (Call(
-                None, "explorer.analyses.icl_heads.induction_scores", (MODEL,),
-                {"n_sequences": 8, "half_len": 20}),)))
+                None, "apps.atlas.edited_induction_scores",
+                (MODEL, EDITS if self._induction.attrs.get("edits") else []),
+                {"n_sequences": INDUCTION[0], "half_len": INDUCTION[1]}),)))
         pages = collect_results(list(self._sources())) if self._sources is not None else []
         if pages:
             steps += [Note(f"and the {len(pages)} Dataset(s) other pages computed, from their "
@@ -271,25 +352,28 @@ class AtlasView(View):
                        "[layer, head]"),
                   Call("table", "explorer.head_atlas.atlas_table", (Ref("atlas"),))]
         return Recipe(model=self._model.spec.name, steps=steps, aliases={"xarray": "xr"},
-                      imports=["xarray"] if pages else [])
+                      imports=["xarray"] if pages else [], edits=edits)
 
     def _request_trace(self, *_: Any) -> None:
         if not self._page_loaded:
             return
         prompt, model, edits = self.prompt, self._model, list(self.edits)
+        record = self.record("head atlas", prompt, edits)
         self.running = True
 
-        def job(token: Any) -> tuple[xr.Dataset, xr.Dataset]:
+        def job(token: Any) -> tuple[xr.Dataset, xr.Dataset, Provenance, list[Edit]]:
             patterns = trace_patterns(model, prompt, edits, max_tokens=MAX_TOKENS,
                                       check=token.check, limit="the atlas traces")
             token.check()
-            return patterns, answer_logit_attribution(model, prompt, edits=edits)
+            return (patterns, answer_logit_attribution(model, prompt, edits=edits), record,
+                    edits)
 
         self.submit("trace", job)
 
-    def _got_trace(self, result: tuple[xr.Dataset, xr.Dataset]) -> None:
-        self._trace, self._dla = result
-        self.param.update(error="", running=False)
+    def _got_trace(self, result: tuple[xr.Dataset, xr.Dataset, Provenance, list[Edit]]) -> None:
+        self._trace, self._dla, record, self._shown_edits = result
+        self.param.update(error="", running=False, shown_record=self.stamped(record))
+        self._with_induction()
         self.refresh()
 
     def add_induction(self, *_: Any) -> None:
@@ -300,7 +384,7 @@ class AtlasView(View):
         self.running = True
         self.status = "scoring induction heads…" + (" (under the workspace's edits)" if edits else "")
         self.submit("induction", lambda token: edited_induction_scores(
-            model, edits, n_sequences=8, half_len=20))
+            model, edits, n_sequences=INDUCTION[0], half_len=INDUCTION[1]))
 
     def _edits_changed(self, *_: Any) -> None:
         if self._induction_wanted and self._page_loaded:
@@ -317,6 +401,7 @@ class AtlasView(View):
                             f"{params.get('half_len', '?')}")
         self._induction = ds
         self.param.update(error="", running=False)
+        self._with_induction()
         self.refresh()
 
     def refresh_status_names(self) -> str:
@@ -401,6 +486,8 @@ class AtlasView(View):
         return pn.Column(
             pn.Row(spinner, status, align="center"),
             alert,
+            self.heading_pane("atlas-heading"),
+            self.stale_box("atlas-stale", ["prompt", "edits", "running", "error"]),
             pn.Row(score, picked, sizing_mode="stretch_width"),
             pn.Row(refresh, induction, download, sizing_mode="stretch_width"),
             pn.Row(heat_pane, provenance, sizing_mode="stretch_width"),

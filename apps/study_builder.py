@@ -13,11 +13,18 @@ under the link (`explorer.studies.analyse`: accuracy per condition with a bootst
 over participants, each hypothesis's permutation p-value, Holm's correction) follows the
 answers as they arrive.
 
+The study built keeps its record (`StudyBuilderView.shown`, a `Provenance`): the source page,
+its explanation and settings (and the source page's shown result it followed), the items and
+the conditions. The heading and preview are written from it, so they keep naming the
+explanation the study was built from when the source page or the settings move on; a note then
+says what changed since and that *Build study* updates it.
+
 The link's key is a secret like a password: it is shown on this page only, never in the page's
 export, its link or the server's log. The participants' codes stay in the run's database.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import html
 import json
@@ -37,6 +44,8 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, labelled_control
+from apps._page_provenance import STALE_STYLE
+from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref
 from apps._server import open_runs
 from apps._session import CancelToken
@@ -47,7 +56,8 @@ from explorer.studies.run import StudyRun
 from explorer.studies.schema import study_from_dict
 
 __all__ = ["StudyBuilderView", "SOURCES", "DEFAULT_ITEMS", "study_dict", "analysis_tables",
-           "analysis_html", "accuracy_plot", "open_runs", "participant_page", "STUDIES_ENV"]
+           "analysis_html", "accuracy_plot", "open_runs", "participant_page", "STUDIES_ENV",
+           "study_record", "study_heading", "study_stale_text"]
 
 hv.extension("bokeh", logo=False)
 
@@ -146,6 +156,69 @@ def study_dict(*, source: str, model: str, prompts: list[str], baseline: bool, p
         "limitations": ["Built in the gallery: the items are the page's prompts, not a sample "
                         "from a stated population."],
     }
+
+
+def study_record(data: dict[str, Any], *, source: str,
+                 source_shown: Provenance | None = None) -> Provenance:
+    """The record of a study file ``data`` (`study_dict`) built from page ``source``: the
+    explanation and its settings, the items, the conditions, the schedule; and, in
+    ``settings``, the source page's shown result it followed (page, prompt, method, time)."""
+    explanation = dict(data["explanation"])
+    kind = explanation.pop("kind")
+    conditions = tuple(c["name"] for c in data["conditions"])
+    followed = ()
+    if source_shown is not None:
+        followed = (("source_result", (source_shown.page, tuple(source_shown.prompts),
+                                       source_shown.method, source_shown.computed_at)),)
+    return Provenance(page="study", model=str(data["model"]), method=kind, task=source,
+                      prompts=tuple(data["items"]["prompts"]),
+                      request=(("conditions", conditions), ("design", data["design"]),
+                               ("explanation", tuple(sorted(explanation.items()))),
+                               ("participants", int(data["participants"])),
+                               ("seed", int(data["seed"]))),
+                      settings=followed)
+
+
+def _explanation_words(rec: Provenance) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in dict(rec.request)["explanation"])
+    return (f"the {SOURCES[rec.task][0]} page's explanation ({rec.method.replace('_', ' ')}"
+            f"{', ' + settings if settings else ''})")
+
+
+def study_heading(rec: Provenance | None) -> str:
+    """The line over the preview, from the built study's record: the explanation, its
+    page, prompt and settings, the items and conditions (Markdown)."""
+    if rec is None:
+        return ""
+    r = dict(rec.request)
+    more = len(rec.prompts) - 1
+    items = one_line(rec.prompts[0]) + (f" and {more} more item{'s' if more != 1 else ''}"
+                                        if more else "")
+    followed = rec.setting("source_result")
+    source = (f", as the {followed[0]} page showed it at {followed[3][11:16]} UTC,"
+              if followed and followed[3] else "")
+    text = (f"Study of {_explanation_words(rec)}{source} on {items} ({rec.model}), built at "
+            f"{rec.computed_at[11:16]} UTC: conditions {', '.join(r['conditions'])}; "
+            f"{r['design']} design, {r['participants']} participants, seed {r['seed']}.")
+    return html.escape(text, quote=False)
+
+
+_STUDY_WORDS = {"model": "the model", "method": "the explanation", "task": "the source page",
+                "prompts": "the items", "explanation": "the explanation's settings",
+                "conditions": "the conditions", "design": "the design",
+                "participants": "the participants", "seed": "the seed"}
+
+
+def study_stale_text(shown: Provenance, wanted: Provenance) -> str:
+    """Empty when the built study is of the current settings; else what it was built from,
+    what changed since, and that *Build study* updates it."""
+    changed = changed_inputs(shown, wanted)
+    if not changed:
+        return ""
+    what = ", ".join(_STUDY_WORDS.get(c, c) for c in changed)
+    return (f"Shown: built at {shown.computed_at[11:16]} UTC from {_explanation_words(shown)} "
+            f"of {one_line(shown.prompts[0])}; {what} changed since: press Build study to "
+            "update.")
 
 
 def _interval(low: float, high: float, digits: int = 2) -> str:
@@ -292,6 +365,10 @@ class StudyBuilderView(View):
                                    precedence=-1, doc="The latest analysis of the answers.")
     n_answers = param.Integer(default=0, precedence=-1, doc="Answers stored so far.")
     run_folder = param.String(default="", precedence=-1, doc="The run folder of the study built.")
+    shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
+                                doc="What the study built was built from.")
+
+    compute_action = "Build study"
 
     def __init__(self, model: Any, *, folder: str | Path | None = None, **params: Any):
         super().__init__(**params)
@@ -337,13 +414,49 @@ class StudyBuilderView(View):
         return Scope(on="the sidebar prompt and the items listed here",
                      edits="not applicable: participants see the clean model's explanations")
 
+    def _source_shown(self) -> Provenance | None:
+        page = self._pages().get(self.source)
+        shown = getattr(page, "shown_provenance", None)
+        return shown() if callable(shown) else None
+
     def source_settings(self) -> dict[str, int]:
-        """The source page's settings the explanation follows (its top-k for the lens)."""
+        """The source page's settings the explanation follows (its top-k for the lens: that
+        of the lens it shows, else of its control)."""
         page = self._pages().get(self.source)
         if self.source == "lens":
-            k = int(getattr(page, "k", 5)) if page is not None else 5
-            return {"k": min(k, 10)}
+            shown = self._source_shown()
+            k = dict(shown.request).get("top_k") if shown is not None else None
+            if k is None:
+                k = getattr(page, "k", 5) if page is not None else 5
+            return {"k": min(int(k), 10)}
         return {"top": 3}
+
+    def _study_data(self) -> dict[str, Any]:
+        """The study file of the current settings (`study_dict`)."""
+        return study_dict(source=self.source, model=self._model.spec.name,
+                          prompts=self.prompts(), baseline=self.baseline, placebo=self.placebo,
+                          participants=self.participants, design=self.design, seed=self.seed,
+                          **self.source_settings())
+
+    def shown_provenance(self) -> Provenance | None:
+        """The built study's record (`shown`)."""
+        return self.shown
+
+    def requested_provenance(self) -> Provenance | None:
+        """What *Build study* would build now (None while the settings are refused)."""
+        try:
+            data = self._study_data()
+        except InputError:
+            data = None
+        if data is None:
+            return None
+        return study_record(data, source=self.source, source_shown=self._source_shown())
+
+    def stale_note(self) -> str:
+        """Empty while the built study is of the current settings; else what it was built
+        from and what changed since (`study_stale_text`)."""
+        wanted = self.requested_provenance() if self.shown is not None else None
+        return "" if wanted is None else study_stale_text(self.shown, wanted)
 
     def prompts(self) -> list[str]:
         """The items: the sidebar prompt, then the listed prompts (without repeats)."""
@@ -358,10 +471,7 @@ class StudyBuilderView(View):
         """Check the study and compute its items in the background (`StudyRun.prepare`)."""
         self.close_to_participants()
         try:
-            data = study_dict(source=self.source, model=self._model.spec.name,
-                              prompts=self.prompts(), baseline=self.baseline,
-                              placebo=self.placebo, participants=self.participants,
-                              design=self.design, seed=self.seed, **self.source_settings())
+            data = self._study_data()
             study_from_dict(data)   # a bad setting fails here, with the field it names
         except InputError as exc:
             self.show_error(exc)
@@ -372,21 +482,23 @@ class StudyBuilderView(View):
         self.status = f"Computing {len(data['items']['prompts'])} items with {self._model.spec.name}…"
         self.progress_active = True
         model = self._model
+        record = study_record(data, source=self.source, source_shown=self._source_shown())
 
-        def job(token: CancelToken) -> StudyRun:
+        def job(token: CancelToken) -> tuple[StudyRun, dict[str, Any], Provenance]:
             self._root.mkdir(parents=True, exist_ok=True)
             path = self._root / f"{name}.json"
             path.write_text(json.dumps(data, indent=1), encoding="utf-8")
             return StudyRun.prepare(path, self._root / name, model=model,
-                                    progress=self.progress_fn(token))
+                                    progress=self.progress_fn(token)), data, record
 
-        self._study = data
         self.submit("build", job)
 
-    def _built(self, run: StudyRun) -> None:
+    def _built(self, out: tuple[StudyRun, dict[str, Any], Provenance]) -> None:
+        run, self._study, record = out
         if self._run is not None:
             self._run.close()
         self._run = run
+        self.shown = dataclasses.replace(record, computed_at=computed_at_now())
         self.run_folder = str(run.folder)
         self.status = (f"Built: {len(run.study.prompts)} items, {run.store.n_slots} participant "
                        f"places, conditions {', '.join(run.study.condition_names)}.")
@@ -472,7 +584,7 @@ class StudyBuilderView(View):
 
         run = self._run
         item = run.items["item-001"]
-        title = SOURCES[self.source][0]
+        title = SOURCES[self.shown.task][0]     # the built study's source, not the control's
         cards = []
         for c in run.study.conditions:
             what = {"real": "the page's explanation", "baseline": "a baseline",
@@ -497,10 +609,7 @@ class StudyBuilderView(View):
         data = self._study
         if data is None:
             try:
-                data = study_dict(source=self.source, model=self._model.spec.name,
-                                  prompts=self.prompts(), baseline=self.baseline,
-                                  placebo=self.placebo, participants=self.participants,
-                                  design=self.design, seed=self.seed, **self.source_settings())
+                data = self._study_data()
             except InputError as exc:
                 return Recipe(steps=[Note(f"No study: {exc}")])
         return Recipe(model=data["model"], imports=["json", "pathlib",
@@ -537,8 +646,18 @@ class StudyBuilderView(View):
         left = pn.Column(*controls, items, self._build, width=theme.SIZES["controls_width"],
                          css_classes=["study-controls"])
         status = pn.Row(self.busy_spinner(), theme.status_line(self.param.status), align="center")
+        heading = pn.pane.Markdown(pn.bind(study_heading, self.param.shown),
+                                   css_classes=["study-heading"], sizing_mode="stretch_width")
+        deps = [self.param[n] for n in ("shown", "prompt", "items", *self.link_params)]
+        stale = pn.pane.HTML(
+            pn.bind(lambda *_: (f"<b>Outdated.</b> {html.escape(self.stale_note())}"
+                                if self.stale_note() else ""), *deps),
+            visible=pn.bind(lambda *_: bool(self.stale_note()), *deps),
+            css_classes=["study-stale", "stale-note"], styles=STALE_STYLE,
+            sizing_mode="stretch_width", margin=(2, 10))
         right = pn.Column(
-            status, self.progress_bar(), pn.pane.Markdown("### Explanation shown"), self._preview,
+            status, self.progress_bar(), pn.pane.Markdown("### Explanation shown"), heading,
+            stale, self._preview,
             pn.pane.Markdown("### Participants"), pn.Row(self._open, self._refresh),
             self._link, pn.pane.Markdown("### Analysis"), self._plot, self._analysis_pane,
             sizing_mode="stretch_width")
