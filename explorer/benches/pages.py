@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS, _server
+from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS, _server, sync_playwright_for
 from explorer.defaults import DEFAULT_MODEL
 
 __all__ = ["bench_pages", "SLIDERS", "RECORDER", "page_table", "percentile", "continuous_drag"]
@@ -309,14 +309,14 @@ def _last_between(times: list[float], t0: float, t1: float) -> float | None:
     return inside[-1] if inside else None
 
 
-def _drag(page: Any, label: str, *, moves: int, direction: int | None, move_timeout_s: float,
-          settle_s: float, quiet_s: float, timeout_s: float,
-          release_grace_s: float = 10.0) -> dict[str, Any]:
-    """One drag of the slider labelled ``label``: per step, move → changed pixels and its
-    parts; release → exact."""
+def _slider_grip(page: Any, label: str, direction: int | None
+                 ) -> tuple[Any, float, float, float, float, int] | None:
+    """The handle of the slider labelled ``label`` scrolled into view, its centre ``x, y``,
+    its track's ``left, right`` and the drag direction (given, or towards the larger room);
+    None when the page has no such slider."""
     handle = _slider_handle(page, label)
     if handle is None:
-        return {"error": f"no slider labelled {label!r} on the page"}
+        return None
     handle.scroll_into_view_if_needed()
     box = handle.bounding_box()
     track = handle.locator("xpath=ancestor::div[contains(@class,'noUi-base')]").first.bounding_box()
@@ -324,6 +324,18 @@ def _drag(page: Any, label: str, *, moves: int, direction: int | None, move_time
     left, right = track["x"], track["x"] + track["width"]
     if direction is None:
         direction = 1 if right - x >= x - left else -1
+    return handle, x, y, left, right, direction
+
+
+def _drag(page: Any, label: str, *, moves: int, direction: int | None, move_timeout_s: float,
+          settle_s: float, quiet_s: float, timeout_s: float,
+          release_grace_s: float = 10.0) -> dict[str, Any]:
+    """One drag of the slider labelled ``label``: per step, move → changed pixels and its
+    parts; release → exact."""
+    grip = _slider_grip(page, label, direction)
+    if grip is None:
+        return {"error": f"no slider labelled {label!r} on the page"}
+    handle, x, y, left, right, direction = grip
     room = (right - x) if direction > 0 else (x - left)
     step = max(2.0, room / (moves + 0.5))
     steps: list[dict[str, Any]] = []
@@ -380,16 +392,10 @@ def continuous_drag(page: Any, label: str, *, seconds: float = 3.0, interval_ms:
     page keeps up by dropping moves; what it shows is how often the plots change meanwhile
     (``update_interval_ms``: the median time between changed frames during the drag) and how
     long after the last move the last preview lands (``last_move_to_frame_ms``)."""
-    handle = _slider_handle(page, label)
-    if handle is None:
+    grip = _slider_grip(page, label, direction)
+    if grip is None:
         return {"error": f"no slider labelled {label!r} on the page"}
-    handle.scroll_into_view_if_needed()
-    box = handle.bounding_box()
-    track = handle.locator("xpath=ancestor::div[contains(@class,'noUi-base')]").first.bounding_box()
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    left, right = track["x"], track["x"] + track["width"]
-    if direction is None:
-        direction = 1 if right - x >= x - left else -1
+    handle, x, y, left, right, direction = grip
     n = max(2, int(1000 * seconds / interval_ms))
     step = ((right - x) if direction > 0 else (x - left)) * 0.95 / n
     index = _state(page)["log"]
@@ -495,13 +501,7 @@ def bench_pages(*, model: str = DEFAULT_MODEL, pages: str = "all", runs: int = 1
     asked = [] if every else [p.strip() for p in str(pages).split(",") if p.strip()]
     if not every and not asked:
         raise InputError(f"`pages` must list page slugs (lens,attention) or be 'all'; got {pages!r}.")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        raise InputError("the pages bench drives chromium with Playwright: pip install playwright "
-                         "(and apt-get install chromium)") from None
-    if not Path(CHROMIUM).exists():
-        raise InputError(f"the pages bench needs chromium at {CHROMIUM} (apt-get install chromium)")
+    sync_playwright = sync_playwright_for("pages")
     log_dir = Path(tempfile.mkdtemp(prefix="explorer-bench-pages-"))
     wanted: list[tuple[str, str]] = []      # (slug, sidebar title), read from the sidebar
     per_run: list[dict[str, Any]] = []

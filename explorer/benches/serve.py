@@ -40,6 +40,21 @@ __all__ = ["bench_serve"]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
+
+
+def sync_playwright_for(bench: str) -> Any:
+    """Playwright's ``sync_playwright``, checked to drive Debian's chromium; an InputError
+    naming ``bench`` and what to install when either is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise InputError(f"the {bench} bench drives chromium with Playwright: pip install "
+                         f"playwright (and apt-get install chromium)") from None
+    if not Path(CHROMIUM).exists():
+        raise InputError(f"the {bench} bench needs chromium at {CHROMIUM} (apt-get install chromium)")
+    return sync_playwright
+
+
 _WAITING = "Waiting for the server:"
 _DIGEST = "[data-lens-digest]"
 
@@ -164,13 +179,7 @@ def bench_serve(*, model: str = DEFAULT_MODEL, sessions: str = "1,4,10", heavy: 
     heavy = check_int("heavy", heavy, low=0, high=63)
     updates = check_int("updates", updates, low=1, high=50)
     timeout_ms = 1000 * check_int("timeout_s", timeout_s, low=10)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        raise InputError("the serve bench drives chromium with Playwright: pip install playwright "
-                         "(and apt-get install chromium)") from None
-    if not Path(CHROMIUM).exists():
-        raise InputError(f"the serve bench needs chromium at {CHROMIUM} (apt-get install chromium)")
+    sync_playwright = sync_playwright_for("serve")
     log_dir = Path(tempfile.mkdtemp(prefix="explorer-bench-serve-"))
     figures: dict[str, float] = {}
     per_n: dict[str, Any] = {}

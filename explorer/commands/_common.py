@@ -1,6 +1,6 @@
 """Flags, parsing and printing shared by the ``explorer`` commands.
 
-`add_model_option` / `load_cli_model` (``--model`` and ``--remote``), `add_scheduler_option`,
+`add_command` (a subcommand with ``--model``, ``--json`` and ``--paper``), `add_model_option` / `load_cli_model` (``--model`` and ``--remote``), `add_scheduler_option`,
 `read_prompts`, `load_edits`, `parse_int_list`, `print_json` (the one JSON printer: NaN
 becomes null, numpy values become plain ones) and `torch_threads` (the thread count the CLI's
 ``--threads`` sets for a command, restored afterwards). Imported by `explorer.cli` and the
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from explorer.defaults import DEFAULT_MODEL
 
 __all__ = [
     "DEFAULT_MODEL",
+    "add_command",
     "add_model_option",
     "add_number_options",
     "load_cli_model",
@@ -53,6 +55,33 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         if isinstance(value, (dict, list, tuple)):
             value = json.dumps(json_safe(value), ensure_ascii=False)
         print(f"{key}: {value}")
+
+
+def add_command(subparsers: Any, name: str, func: Callable[[argparse.Namespace], int | None], *,
+                help: str, description: str, model: bool = True, paper: str | None = None,
+                threads: int | None = None,
+                json_help: str = "print the result as JSON") -> argparse.ArgumentParser:
+    """Add the subcommand ``name`` run by ``func(args)``, with what every method command takes:
+    ``--model`` and ``--remote`` (unless ``model`` is false: a command that trains its own
+    model), ``--json``, with ``paper`` that method's ``--paper`` flag (applied to ``args``
+    before ``func`` runs) and with ``threads`` its default torch thread count (``--threads``
+    overrides it). Returns the parser, for the command's own options."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    if model:
+        add_model_option(parser)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    run = func
+    if paper is not None:
+        add_paper_option(parser, paper)
+
+        @functools.wraps(func)
+        def run(args: argparse.Namespace) -> int | None:
+            apply_paper_option(args, paper)
+            return func(args)
+    parser.set_defaults(func=run)
+    if threads is not None:
+        parser.set_defaults(default_threads=threads)
+    return parser
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:

@@ -9,27 +9,25 @@ from typing import Any
 
 from explorer._checks import check_int
 from explorer.analyses import circuit_lora as cl
-from explorer.commands._common import add_model_option, load_cli_model, parse_int_list, print_summary
+from explorer.commands._common import add_command, load_cli_model, parse_int_list, print_summary
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer circuit-lora`` (the whole study) and ``explorer circuit-lora-ranks``."""
-    r = subparsers.add_parser(
-        "circuit-lora-ranks", help="CircuitLoRA ranks at a uniform LoRA's parameter count",
+    r = add_command(
+        subparsers, "circuit-lora-ranks", _cmd_ranks, json_help="print the allocation as JSON",
+        help="CircuitLoRA ranks at a uniform LoRA's parameter count",
         description="Per-layer LoRA ranks: r_other outside the critical layers, the rest of "
                     "a uniform LoRA's trainable-parameter count on the critical layers.")
-    add_model_option(r)
     r.add_argument("--critical", required=True, help="comma-separated critical layers")
     r.add_argument("--rank", type=int, default=4, help="uniform LoRA rank to match (default 4)")
     r.add_argument("--r-other", type=int, default=2, help="rank outside critical layers")
-    r.add_argument("--json", action="store_true", help="print the allocation as JSON")
-    r.set_defaults(func=_cmd_ranks)
-    run = subparsers.add_parser(
-        "circuit-lora", help="fine-tuning circuits and CircuitLoRA vs LoRA (Wang et al., ICML 2025)",
+    run = add_command(
+        subparsers, "circuit-lora", _cmd_run,
+        help="fine-tuning circuits and CircuitLoRA vs LoRA (Wang et al., ICML 2025)",
         description="A cheap LoRA run with adapter checkpoints, the circuit of each checkpoint "
                     "(node / edge Jaccard, per-layer edge change, critical layers), then "
                     "CircuitLoRA vs uniform LoRA at the same trainable-parameter count.")
-    add_model_option(run)
     run.add_argument("--task", default="add", help="arithmetic task of make_task (default add)")
     run.add_argument("--n-train", type=int, default=256)
     run.add_argument("--n-test", type=int, default=100)
@@ -49,8 +47,6 @@ def register_cli(subparsers: Any) -> None:
     run.add_argument("--seeds", default="0,1,2")
     run.add_argument("--checkpoints", type=int, default=3, help="checkpoints after step 0")
     run.add_argument("--folder", default=None, help="run folder (default under the cache)")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run.set_defaults(func=_cmd_run)
 
 
 def _cmd_ranks(args: Any) -> int:

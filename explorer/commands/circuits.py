@@ -14,21 +14,20 @@ from explorer._checks import check_choice, check_int
 from explorer.analyses import circuits as ca
 from explorer.analyses.circuit_tasks import CORRUPTIONS, TASK_NAMES
 from explorer.benches._memory import PeakRSS
-from explorer.commands._common import add_model_option, load_cli_model, parse_int_list, print_summary
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, load_cli_model, parse_int_list, print_summary
 from explorer.commands.pages import circuits_slider_redraw_times
 from explorer.defaults import DEFAULT_MODEL
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer circuits``: edge scores, circuit and faithfulness for a task."""
-    p = subparsers.add_parser(
-        "circuits", help="circuit discovery by EAP / EAP-IG edge scores, with faithfulness",
+    p = add_command(
+        subparsers, "circuits", _cmd_circuits, paper="circuits",
+        help="circuit discovery by EAP / EAP-IG edge scores, with faithfulness",
         description="Score every edge (input, heads, MLPs, logits) of the model on a task by "
                     "EAP or EAP-IG (Hanna et al. 2024; Wang et al. 2025), keep the top edges, and "
                     "measure the circuit-only model by patching every other edge to its "
                     "corrupted value.")
-    add_model_option(p)
     p.add_argument("--task", default="add", choices=TASK_NAMES)
     p.add_argument("--n", type=int, default=32, help="prompt pairs generated (default 32)")
     p.add_argument("--seed", type=int, default=0)
@@ -50,13 +49,9 @@ def register_cli(subparsers: Any) -> None:
                    help="comma-separated circuit sizes for the faithfulness curve")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--show", type=int, default=20, help="top edges listed (default 20)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_paper_option(p, "circuits")
-    p.set_defaults(func=_cmd_circuits)
 
 
 def _cmd_circuits(args: Any) -> int:
-    apply_paper_option(args, "circuits")
     model = load_cli_model(args)
     task = ca.make_task(args.task, args.n, seed=args.seed, corruption=args.corruption)
     n_generated = len(task)

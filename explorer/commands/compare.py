@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from explorer._checks import InputError
-from explorer.commands._common import (add_model_option, json_safe, load_cli_model, load_edits,
+from explorer.commands._common import (add_command, json_safe, load_cli_model, load_edits,
                                        print_summary)
 from explorer.commands.dla import token_arg
 
@@ -21,11 +21,11 @@ def register_cli(subparsers: Any) -> None:
     """Add ``explorer compare``."""
     from explorer.analyses.prompt_compare import COMPARE_VIEWS
 
-    p = subparsers.add_parser(
-        "compare", help="two prompts side by side: lens, attention, saturation or DLA, and B - A",
+    p = add_command(
+        subparsers, "compare", _cmd_compare,
+        help="two prompts side by side: lens, attention, saturation or DLA, and B - A",
         description="Run prompt A and prompt B alone through one view, align them by position "
                     "and give B - A where the grids match (same length in tokens; DLA always).")
-    add_model_option(p)
     p.add_argument("--prompt", required=True, help="prompt A")
     p.add_argument("--second", required=True, help="prompt B, compared with A ('' for A alone)")
     p.add_argument("--view", default="lens", choices=COMPARE_VIEWS,
@@ -42,8 +42,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--top", type=int, default=5, help="largest changes listed (default 5)")
     p.add_argument("--out", metavar="FILE.nc", default=None,
                    help="write the Dataset as NetCDF (attrs as JSON text)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_cmd_compare)
 
 
 def _cmd_compare(args: Any) -> int:

@@ -9,8 +9,8 @@ import xarray as xr
 
 from explorer._checks import InputError, check_int
 from explorer.analyses import conflicts as C
-from explorer.commands._common import add_model_option, add_number_options, load_cli_model
-from explorer.commands._common import add_paper_option, apply_paper_option, print_summary
+from explorer.commands._common import add_command, add_number_options, load_cli_model
+from explorer.commands._common import print_summary
 
 #: The paper's alpha grids (alpha_s, alpha_l) per direction (JuICE's main_intervene.py /
 #: main_context.py): alpha_s in 0..3 and alpha_l in 0..5 for the parametric direction, both
@@ -21,10 +21,10 @@ ALPHA_GRIDS = {"parametric": ((0.0, 1.0, 2.0, 3.0), (0.0, 1.0, 2.0, 3.0, 4.0, 5.
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer conflicts``: closed-book filter, head selection, accuracy."""
-    p = subparsers.add_parser(
-        "conflicts", help="knowledge conflicts: JuICE head selection and dual-run accuracy",
+    p = add_command(
+        subparsers, "conflicts", _cmd_conflicts, paper="conflicts",
+        help="knowledge conflicts: JuICE head selection and dual-run accuracy",
         description="Knowledge conflicts (Li et al., JuICE, ICML 2025) over the shipped facts.")
-    add_model_option(p)
     p.add_argument("--relations", default=None, help="comma-separated relations (default all)")
     p.add_argument("--direction", default="parametric", choices=C.DIRECTIONS)
     p.add_argument("--k", type=int, default=5, help="heads per set (default 5)")
@@ -38,13 +38,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--val-facts", type=int, default=4,
                    help="facts after the selection facts used by --alpha-search (default 4)")
     p.add_argument("--limit", type=int, default=None, help="evaluate at most N facts")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_paper_option(p, "conflicts")
-    p.set_defaults(func=_cmd_conflicts)
 
 
 def _cmd_conflicts(args: Any) -> int:
-    apply_paper_option(args, "conflicts")
     model = load_cli_model(args)
     rels = None if args.relations is None else [r.strip() for r in args.relations.split(",")]
     facts = C.closed_book_facts(model, C.load_facts(rels))

@@ -8,18 +8,17 @@ from typing import Any
 
 import numpy as np
 
-from explorer.commands._common import (add_model_option, load_cli_model, load_edits,
+from explorer.commands._common import (add_command, load_cli_model, load_edits,
                                        parse_int_list, print_summary)
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer dla``."""
-    p = subparsers.add_parser(
-        "dla", help="direct logit attribution of an answer against an alternative",
-        description="Each head's and MLP's direct contribution to logit(answer) - "
-                    "logit(alternative), through the final norm frozen at the clean run; "
-                    "clean and under --edits.")
-    add_model_option(p)
+    p = add_command(subparsers, "dla", _cmd_dla,
+                    help="direct logit attribution of an answer against an alternative",
+                    description="Each head's and MLP's direct contribution to logit(answer) - "
+                                "logit(alternative), through the final norm frozen at the "
+                                "clean run; clean and under --edits.")
     p.add_argument("--prompt", required=True, help="the prompt")
     p.add_argument("--answer", default=None,
                    help="answer token: a one-token text (mind the leading space) or #ID "
@@ -31,8 +30,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--positions", default="-1",
                    help="comma-separated positions where the logits are read (default -1)")
     p.add_argument("--top", type=int, default=10, help="components listed per run (default 10)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_cmd_dla)
 
 
 def token_arg(text: str | None) -> int | str | None:

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from explorer.commands._common import add_model_option, load_cli_model, print_summary
+from explorer.commands._common import add_command, load_cli_model, print_summary
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer features``."""
-    p = subparsers.add_parser(
-        "features", help="feature dashboards of an ITDA dictionary or a TopK SAE",
+    p = add_command(
+        subparsers, "features", _cmd_features,
+        help="feature dashboards of an ITDA dictionary or a TopK SAE",
         description="Train (once; then read from the activation cache) a dictionary on the "
                     "shipped corpus at one layer's residual stream and show a feature's top "
                     "contexts, activation histogram and logit effects, or find features by a "
                     "token they fire on or promote.")
-    add_model_option(p)
     p.add_argument("--kind", default="itda", choices=("itda", "sae"), help="dictionary kind")
     p.add_argument("--layer", type=int, default=None, help="layer (default: the middle one)")
     p.add_argument("--corpus-tokens", type=int, default=2048,
@@ -26,8 +26,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--n-latents", type=int, default=1024, help="SAE latents (default 1024)")
     p.add_argument("--feature", type=int, default=0, help="the feature shown (default 0)")
     p.add_argument("--query", default=None, help="find features by this token instead")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_cmd_features)
 
 
 def _cmd_features(args: Any) -> int:

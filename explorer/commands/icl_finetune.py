@@ -9,17 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 from explorer.analyses import icl_finetune as ft
-from explorer.commands._common import add_number_options, add_model_option, add_tasks_option
+from explorer.commands._common import add_command, add_number_options, add_tasks_option
 from explorer.commands._common import load_cli_model, print_json
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer icl-finetune``: LoRA on the first vs the last layers (Han et al.)."""
-    p = subparsers.add_parser(
-        "icl-finetune", help="LoRA on only the first or only the last layers: TD and accuracy",
+    # one torch thread (fastest on a shared machine) unless --threads N says otherwise
+    p = add_command(
+        subparsers, "icl-finetune", _cmd_icl_finetune, threads=1,
+        help="LoRA on only the first or only the last layers: TD and accuracy",
         description="Fine-tune the first or the last layers of a copy of the model on the "
                     "task with the lowest task decodability (Han et al., ICML 2025).")
-    add_model_option(p)
     add_tasks_option(p, "; the one with the lowest TD is tuned")
     p.add_argument("--n-layers-tuned", type=int, default=None,
                    help="layers tuned at each end (default n_layers // 4)")
@@ -28,9 +29,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--engine", choices=ft.ENGINES, default=None,
                    help="peft on a copy of the model, or adapters applied by hooks without a "
                         "copy (default: peft locally, hooks for --remote)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    # one torch thread (fastest on a shared machine) unless --threads N says otherwise
-    p.set_defaults(func=_cmd_icl_finetune, default_threads=1)
 
 
 def _cmd_icl_finetune(args: Any) -> int:

@@ -9,8 +9,8 @@ import numpy as np
 
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
-from explorer.commands._common import add_model_option, add_number_options, load_cli_model
-from explorer.commands._common import add_paper_option, apply_paper_option, print_json
+from explorer.commands._common import add_command, add_number_options, load_cli_model
+from explorer.commands._common import print_json
 
 
 ABOVE_CHANCE = "above-chance"
@@ -25,10 +25,10 @@ def _overlap(a: np.ndarray, b: np.ndarray, fraction: float) -> dict[str, Any]:
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer icl-heads``: induction and FV scores, optional ablation curves."""
-    p = subparsers.add_parser(
-        "icl-heads", help="induction vs function-vector heads, and ablations",
+    p = add_command(
+        subparsers, "icl-heads", _cmd_icl_heads, paper="icl-heads",
+        help="induction vs function-vector heads, and ablations",
         description="Induction and FV head scores (Yin & Steinhardt, ICML 2025).")
-    add_model_option(p)
     p.add_argument("--tasks", default="antonym,country-capital,english-french",
                    help="comma-separated FV-scoring tasks (default: %(default)s)")
     p.add_argument("--eval-tasks", default="",
@@ -42,6 +42,10 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--mean-tasks", default="",
                    help="comma-separated tasks of the cross-task mean (default: the FV-scoring "
                         "--tasks, as in the paper)")
+    p.add_argument("--icl-score", default="first_token", choices=ih.ICL_SCORES,
+                   help="first_token: argmax next token = the answer's first token; f1: the "
+                        "paper's F1 of the answer parsed from 5 generated tokens, 5x the "
+                        "forwards (default: %(default)s)")
     p.add_argument("--n-boot", type=int, default=1000,
                    help="bootstrap resamples of the accuracy interval (default %(default)s)")
     add_number_options(p, n_prompts=8, n_shots=5)
@@ -57,9 +61,6 @@ def register_cli(subparsers: Any) -> None:
                    help="abs: TransformerLens detect_head's error measure (the paper's); mul: "
                         "attention mass on the induction target (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_paper_option(p, "icl-heads")
-    p.set_defaults(func=_cmd_icl_heads)
 
 
 def _split(text: str) -> list[str]:
@@ -67,7 +68,6 @@ def _split(text: str) -> list[str]:
 
 
 def _cmd_icl_heads(args: Any) -> int:
-    apply_paper_option(args, "icl-heads")
     model = load_cli_model(args)
     ind = ih.induction_scores(model, seed=args.seed, n_sequences=args.induction_sequences,
                               half_len=args.induction_half_len, measure=args.induction_measure)
@@ -100,10 +100,11 @@ def _cmd_icl_heads(args: Any) -> int:
                                     n_shots=args.n_shots, seed=args.seed,
                                     mean_source=args.mean_source,
                                     mean_tasks=_split(args.mean_tasks) or _split(args.tasks),
-                                    n_boot=args.n_boot)
+                                    n_boot=args.n_boot, score=args.icl_score)
         rk = curves.ranking.values.tolist()
         summary.update({
             "eval_tasks": eval_tasks, "mean_source": args.mean_source,
+            "icl_score": args.icl_score,
             "mean_tasks": curves.attrs["params"]["mean_tasks"],
             "confidence_level": curves.attrs["params"]["confidence_level"],
             "percents": curves.percent.values.tolist(),
@@ -119,7 +120,9 @@ def _cmd_icl_heads(args: Any) -> int:
     print(f"shared:              {ov['shared']}")
     if eval_tasks:
         level = f"{summary['confidence_level']:.0%}"
-        print(f"\nfew-shot accuracy [{level} bootstrap interval] with the top % heads ablated "
+        what = ("F1 of the generated answer" if summary["icl_score"] == "f1"
+                else "few-shot accuracy")
+        print(f"\n{what} [{level} bootstrap interval] with the top % heads ablated "
               f"({summary['mean_source']} mean; tasks: {', '.join(eval_tasks)})")
         print("ranking".ljust(20) + "".join(f"{p:>20g}%" for p in summary["percents"]))
         for r in summary["mean_accuracy"]:

@@ -10,19 +10,19 @@ from typing import Any
 from explorer._checks import InputError, check_float, check_int
 from explorer.analyses.itda import ENCODERS, ITDA, cached_activations, itda_downstream_loss
 from explorer.analyses.itda import itda_reconstruction, itda_tau_sweep, itda_vs_sae
-from explorer.commands._common import add_model_option, add_scheduler_option, load_cli_model
-from explorer.commands._common import add_paper_option, apply_paper_option, print_json
+from explorer.commands._common import add_command, add_scheduler_option, load_cli_model
+from explorer.commands._common import print_json
 from explorer.commands._common import read_prompts
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer itda``: build a dictionary over prompts and report its measures."""
-    p = subparsers.add_parser(
-        "itda", help="ITDA dictionary of one layer: size, error, L0, FVE (Leask et al. 2025)",
+    p = add_command(
+        subparsers, "itda", _cmd_itda, paper="itda",
+        help="ITDA dictionary of one layer: size, error, L0, FVE (Leask et al. 2025)",
         description="Build an ITDA dictionary over the activations of prompts at one site and "
                     "layer; report its size, reconstruction error, L0 and fraction of variance "
                     "explained, optionally per tau, the downstream loss and the SAE comparison.")
-    add_model_option(p)
     p.add_argument("--prompts", required=True, metavar="FILE",
                    help="text file with one prompt per line, or - for stdin")
     p.add_argument("--layer", type=int, required=True, help="layer to decompose")
@@ -52,9 +52,6 @@ def register_cli(subparsers: Any) -> None:
                    help="layer similarity of the comparison: itda (Jaccard index of the atom "
                         "labels, the paper's), cka or svcca (default: %(default)s)")
     add_scheduler_option(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    add_paper_option(p, "itda")
-    p.set_defaults(func=_cmd_itda)
 
 
 def _cmd_itda(args: argparse.Namespace) -> int:
@@ -102,7 +99,6 @@ def _cross_model(args: argparse.Namespace, model: Any, prompts: list[str], min_p
 
 
 def _itda_command(args: argparse.Namespace) -> int:
-    apply_paper_option(args, "itda")
     prompts = read_prompts(args.prompts)
     check_float("--tau", args.tau, low=0.0, high=1.0)
     check_int("--l0", args.l0, low=1)

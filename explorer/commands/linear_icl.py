@@ -11,14 +11,15 @@ from typing import Any
 from explorer._checks import check_int
 from explorer.analyses import linear_icl as lin
 from explorer.analyses._training import terminal_progress
-from explorer.commands._common import parse_int_list, print_json
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, parse_int_list, print_json
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``explorer linear-icl train|analyse``."""
-    p = subparsers.add_parser(
-        "linear-icl", help="multi-head softmax attention on in-context linear regression",
+    # The model is tiny: one thread beats several (by 3-20x on a busy 2-core machine).
+    p = add_command(
+        subparsers, "linear-icl", _cmd_linear_icl, paper="linear-icl", threads=1, model=False,
+        help="multi-head softmax attention on in-context linear regression",
         description="train: train one attention layer per head count (He et al., ICML 2025) and "
                     "store the runs in the cache. analyse: KQ/OV pattern metrics, losses against "
                     "debiased GD and the Bayes-optimal ridge, H=1 vs H=2 (runs trained if missing).")
@@ -35,14 +36,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-prompts", type=int, default=2048,
                    help="analyse: test prompts per measurement (default: 2048)")
     p.add_argument("--retrain", action="store_true", help="train again even if a run is stored")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    # The model is tiny: one thread beats several (by 3-20x on a busy 2-core machine).
-    add_paper_option(p, "linear-icl")
-    p.set_defaults(func=_cmd_linear_icl, default_threads=1)
 
 
 def _cmd_linear_icl(args: argparse.Namespace) -> int:
-    apply_paper_option(args, "linear-icl")
     from explorer.store import ActivationStore
 
     heads = parse_int_list("--heads", args.heads)

@@ -12,18 +12,17 @@ import xarray as xr
 from explorer._checks import InputError, check_int
 from explorer.analyses.neuron_eval import ATOM_EXPLANATIONS, SANITY_TESTS, itda_atom_sanity_checks
 from explorer.analyses.neuron_eval import synthetic_sanity_checks
-from explorer.commands._common import add_model_option, load_cli_model, print_json, read_prompts
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, load_cli_model, print_json, read_prompts
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer neuron-eval``: the sanity-check pass/fail table."""
-    p = subparsers.add_parser(
-        "neuron-eval", help="neuron-explanation metrics: sanity-check pass/fail table (Oikarinen et al. 2025)",
+    p = add_command(
+        subparsers, "neuron-eval", _cmd_neuron_eval, paper="neuron-eval",
+        help="neuron-explanation metrics: sanity-check pass/fail table (Oikarinen et al. 2025)",
         description="Run the missing-labels and extra-labels sanity checks on every metric of the "
                     "unified framework: on synthetic units (--synthetic, the paper's theoretical "
                     "test) or on ITDA atoms of a model explained by their own tokens.")
-    add_model_option(p)
     p.add_argument("--synthetic", action="store_true", help="the theoretical test (no model)")
     p.add_argument("--n-inputs", type=int, default=100_000, help="synthetic inputs (default: 100000)")
     p.add_argument("--frequencies", default="0.499,0.1,0.01,0.001,0.0001",
@@ -38,9 +37,6 @@ def register_cli(subparsers: Any) -> None:
                    help="real units: atom explained by its own token or its token family")
     p.add_argument("--min-pos", type=int, default=1,
                    help="real units: leave out positions below this (default: 1, the attention sink)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    add_paper_option(p, "neuron-eval")
-    p.set_defaults(func=_cmd_neuron_eval)
 
 
 def _table(ds: xr.Dataset) -> list[dict[str, Any]]:
@@ -59,7 +55,6 @@ def _table(ds: xr.Dataset) -> list[dict[str, Any]]:
 
 
 def _cmd_neuron_eval(args: argparse.Namespace) -> int:
-    apply_paper_option(args, "neuron-eval")
     check_int("--seeds", args.seeds, low=1)
     if args.synthetic:
         try:

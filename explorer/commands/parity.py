@@ -14,14 +14,15 @@ from explorer.analyses._training import terminal_progress
 from explorer.analyses.parity import OPTIMIZERS, DEFAULTS, PHASE_GAINS, PHASE_MAX_LENGTHS
 from explorer.analyses.parity import run_key_parts, analysis_summary, parity_run, phase_summary
 from explorer.analyses.parity import stored_parity_analysis, stored_parity_phase_diagram
-from explorer.commands._common import print_summary
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, print_summary
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``explorer parity train|analyse``."""
-    p = subparsers.add_parser(
-        "parity", help="streaming-parity RNN: train it, or analyse its automaton over training",
+    # the model is tiny: one thread beats several (by 3-20x on a busy 2-core machine)
+    p = add_command(
+        subparsers, "parity", _cmd_parity, paper="parity", threads=1, model=False,
+        help="streaming-parity RNN: train it, or analyse its automaton over training",
         description="train: train the parity RNN (van Rossem & Saxe, ICML 2025) and store the run "
                     "in the cache. analyse: automaton size and long-string accuracy per checkpoint "
                     "of the stored run (trained first if missing).")
@@ -49,14 +50,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-lengths", default=",".join(map(str, PHASE_MAX_LENGTHS)),
                    help="phase: longest training strings, comma-separated (default: %(default)s)")
     p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    # the model is tiny: one thread beats several (by 3-20x on a busy 2-core machine)
-    add_paper_option(p, "parity")
-    p.set_defaults(func=_cmd_parity, default_threads=1)
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
-    apply_paper_option(args, "parity")
     from explorer.store import ActivationStore
 
     every = args.checkpoint_every

@@ -7,21 +7,23 @@ from typing import Any
 
 import numpy as np
 
-from explorer.commands._common import (add_model_option, load_cli_model, load_edits,
+from explorer.commands._common import (add_command, load_cli_model, load_edits,
                                        parse_int_list, print_summary)
+from explorer.commands.dla import token_arg
 
 _KINDS = ("resid_pre", "attn_out", "mlp_out", "heads", "heads_by_pos")
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer patching``."""
-    p = subparsers.add_parser(
-        "patching", help="activation patching between a clean and a corrupted prompt",
+    p = add_command(
+        subparsers, "patching", _cmd_patching,
+        json_help="print the result as JSON (the whole grid included)",
+        help="activation patching between a clean and a corrupted prompt",
         description="Patch one activation at a time (a site at one layer and position, or "
                     "one head) from one prompt's run into the other's and report how much "
                     "of the answer moves: the normalised logit difference (patched - "
                     "corrupted) / (clean - corrupted), or the answer's probability.")
-    add_model_option(p)
     p.add_argument("--clean", required=True, help="the clean prompt")
     p.add_argument("--corrupt", required=True,
                    help="the corrupted prompt (as many tokens as --clean)")
@@ -46,16 +48,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--edits", metavar="FILE", default=None,
                    help="JSON file of interventions applied to every run")
     p.add_argument("--top", type=int, default=10, help="cells listed by |effect| (default 10)")
-    p.add_argument("--json", action="store_true",
-                   help="print the result as JSON (the whole grid included)")
-    p.set_defaults(func=_cmd_patching)
-
-
-def _token_arg(text: str | None) -> int | str | None:
-    """``#123`` -> token id 123; any other text is the token's text."""
-    if text is not None and text.startswith("#") and text[1:].isdigit():
-        return int(text[1:])
-    return text
 
 
 def _cmd_patching(args: Any) -> int:
@@ -64,8 +56,8 @@ def _cmd_patching(args: Any) -> int:
     model = load_cli_model(args)
     ds = activation_patching(
         model, args.clean, args.corrupt, kind=args.kind, metric=args.metric,
-        direction=args.direction, answer=_token_arg(args.answer),
-        alternative=_token_arg(args.alt), edits=load_edits(args.edits),
+        direction=args.direction, answer=token_arg(args.answer),
+        alternative=token_arg(args.alt), edits=load_edits(args.edits),
         layers=None if args.layers is None else parse_int_list("--layers", args.layers,
                                                                ranges=True),
         positions=None if args.positions is None else parse_int_list("--positions",

@@ -16,8 +16,7 @@ import xarray as xr
 from explorer._checks import InputError, check_int
 from explorer.analyses import saturation as sat
 from explorer.benches._memory import PeakRSS
-from explorer.commands._common import add_model_option, add_number_options, load_cli_model
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, add_number_options, load_cli_model
 from explorer.commands._common import print_summary
 from explorer.commands.pages import saturation_click_latency
 from explorer.defaults import DEFAULT_MODEL
@@ -25,10 +24,10 @@ from explorer.defaults import DEFAULT_MODEL
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer saturation``: the analysis over the shipped corpus or a text file."""
-    p = subparsers.add_parser(
-        "saturation", help="saturation layers of the top-k tokens, order test, probe, early exit",
+    p = add_command(
+        subparsers, "saturation", _cmd_saturation, paper="saturation",
+        help="saturation layers of the top-k tokens, order test, probe, early exit",
         description="Saturation events (Lioubashevski et al., ICML 2025) over a corpus.")
-    add_model_option(p)
     p.add_argument("--corpus", default=None, metavar="PATH",
                    help="folder of .txt documents or one text file (default: the shipped corpus)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
@@ -56,13 +55,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--random-init", action="store_true",
                    help="analyse a random-init model of the same architecture instead")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the store")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_paper_option(p, "saturation")
-    p.set_defaults(func=_cmd_saturation)
 
 
 def _cmd_saturation(args: Any) -> int:
-    apply_paper_option(args, "saturation")
     from explorer.store import ActivationStore
 
     if args.scheduler is not None:

@@ -9,15 +9,16 @@ import argparse
 from explorer._checks import InputError
 from explorer.analyses import shattering as sh
 from explorer.analyses._training import terminal_progress
-from explorer.commands._common import print_summary
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, print_summary
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``explorer shattering train|edit|analyse``."""
     defaults = sh.DEFAULTS
-    p = subparsers.add_parser(
-        "shattering", help="knowledge editing on a transformer trained on a cyclic knowledge graph",
+    # A tiny model: one thread is fastest on a shared machine.
+    p = add_command(
+        subparsers, "shattering", _cmd_shattering, paper="shattering", threads=1, model=False,
+        help="knowledge editing on a transformer trained on a cyclic knowledge graph",
         description="train: train the model on random walks of a synthetic cyclic knowledge graph "
                     "(Nishi et al., ICML 2025) and save it in the cache. edit: one counterfactual "
                     "edit and its shattering ratio R. analyse: many edits, R vs accuracy drop (r^2) "
@@ -37,14 +38,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distance", type=int, default=2, help="edit: counterfactual distance (default: 2)")
     p.add_argument("--n-edits", type=int, default=80, help="analyse: number of edits (default: 80)")
     p.add_argument("--retrain", action="store_true", help="train again even if the model is stored")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    # A tiny model: one thread is fastest on a shared machine.
-    add_paper_option(p, "shattering")
-    p.set_defaults(func=_cmd_shattering, default_threads=1)
 
 
 def _cmd_shattering(args: argparse.Namespace) -> int:
-    apply_paper_option(args, "shattering")
     from explorer.store import ActivationStore
 
     params = {k: getattr(args, k) for k in ("seed", "steps", "n_entities", "n_orders", "d_model",

@@ -9,7 +9,7 @@ from typing import Any
 
 from explorer.analyses import task_emergence as te
 from explorer.analyses._training import terminal_progress
-from explorer.commands._common import add_paper_option, apply_paper_option, print_summary
+from explorer.commands._common import add_command, print_summary
 
 #: The task mixture's and the model's settings that are command options: (name, type, help).
 _SETTING_FLAGS = (
@@ -28,8 +28,11 @@ _SETTING_FLAGS = (
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``explorer task-emergence train|analyse``."""
     defaults = te.DEFAULTS
-    p = subparsers.add_parser(
-        "task-emergence", help="task-vector emergence: train a small transformer on an ICL task mixture",
+    # A tiny model: one thread is fastest on a shared machine.
+    p = add_command(
+        subparsers, "task-emergence", _cmd_task_emergence, paper="task-emergence", threads=1,
+        model=False,
+        help="task-vector emergence: train a small transformer on an ICL task mixture",
         description="train: train a GPT-2-style transformer from scratch on a mixture of sparse linear "
                     "regressions (Han et al., ICML 2025) and store its checkpoints. analyse: task "
                     "decodability per layer and ICL loss per task at every checkpoint of the stored "
@@ -53,16 +56,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None,
                    help="train: also write the checkpoints to this safetensors file")
     p.add_argument("--retrain", action="store_true", help="train again even if the run is stored")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_paper_option(p, "task-emergence")
-    # A tiny model: one thread is fastest on a shared machine.
-    p.set_defaults(func=_cmd_task_emergence, default_threads=1)
 
 
 def _cmd_task_emergence(args: argparse.Namespace) -> int:
     from explorer.store import ActivationStore
 
-    apply_paper_option(args, "task-emergence")
     params = {"seed": args.seed, "steps": args.steps, "checkpoint_every": args.checkpoint_every,
               "n_layers": args.n_layers, "d_model": args.d_model, "lr": args.lr, "warmup": args.warmup,
               **{name: getattr(args, name) for name, _, _ in _SETTING_FLAGS}}

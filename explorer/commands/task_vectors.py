@@ -8,17 +8,17 @@ from typing import Any
 import numpy as np
 
 from explorer.analyses import task_vectors as tv
-from explorer.commands._common import add_number_options, add_model_option, add_scheduler_option
+from explorer.commands._common import add_command, add_number_options, add_scheduler_option
 from explorer.commands._common import add_tasks_option, load_cli_model, print_json
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer task-vectors``: task decodability and function-vector accuracy."""
-    p = subparsers.add_parser(
-        "task-vectors", help="function vectors and task decodability per layer",
+    p = add_command(
+        subparsers, "task-vectors", _cmd_task_vectors,
+        help="function vectors and task decodability per layer",
         description="Task decodability (Han et al., ICML 2025) and function vectors "
                     "(Todd et al., ICLR 2024).")
-    add_model_option(p)
     add_tasks_option(p, "")
     add_number_options(p, n_prompts=20, n_shots=4, k=10)
     p.add_argument("--function-vectors", action="store_true",
@@ -39,8 +39,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--store-residuals", action="store_true",
                    help="cache the last-token residuals in the activation store; TD then "
                         "runs with dask over the cached entry, one task per layer")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_cmd_task_vectors)
 
 
 def _cmd_task_vectors(args: Any) -> int:

@@ -9,17 +9,16 @@ import numpy as np
 
 from explorer._checks import check_choice
 from explorer.analyses import unlearning as U
-from explorer.commands._common import add_model_option, add_number_options, load_cli_model
-from explorer.commands._common import add_paper_option, apply_paper_option
+from explorer.commands._common import add_command, add_number_options, load_cli_model
 from explorer.commands._common import print_summary
 
 
 def register_cli(subparsers: Any) -> None:
     """Add ``explorer unlearn``: localize, unlearn per method, evaluate."""
-    p = subparsers.add_parser(
-        "unlearn", help="mechanistic unlearning: localize facts, unlearn there, evaluate",
+    p = add_command(
+        subparsers, "unlearn", _cmd_unlearn, paper="unlearning", threads=1,
+        help="mechanistic unlearning: localize facts, unlearn there, evaluate",
         description="Mechanistic unlearning (Guo et al., ICML 2025) of athlete -> sport facts.")
-    add_model_option(p)
     p.add_argument("--methods", default=",".join(U.METHODS),
                    help=f"comma-separated localizations (default all: {','.join(U.METHODS)})")
     p.add_argument("--n-layers", type=int, default=4,
@@ -41,13 +40,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--all-facts", action="store_true",
                    help="use every fact, not only those the model answers (see --known-formats)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_paper_option(p, "unlearning")
-    p.set_defaults(func=_cmd_unlearn, default_threads=1)
 
 
 def _cmd_unlearn(args: Any) -> int:
-    apply_paper_option(args, "unlearning")
     model = load_cli_model(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:

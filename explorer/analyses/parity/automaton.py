@@ -11,7 +11,7 @@ import xarray as xr
 
 from explorer._checks import check_float, check_int
 from explorer.analyses.automata import Automaton, merge_states, minimise_automaton
-from explorer.analyses.parity.network import ProgressCallback, _attrs
+from explorer.analyses.parity.network import ProgressCallback, _attrs, _first_settled_step
 from explorer.analyses.parity.states import _hidden_of_prefixes
 from explorer.analyses.parity.training import _check_run, parity_model
 
@@ -160,11 +160,7 @@ def parity_automaton_sizes(run: xr.Dataset, *, max_length: int = 8, threshold: f
     finite_arr = np.asarray(finite)
     n_min_arr = np.asarray(n_min)
     settled = np.asarray(is_parity)
-    transition = None
-    for i in range(len(steps)):
-        if settled[i:].all():
-            transition = int(steps[i])
-            break
+    transition = _first_settled_step(steps, settled)
     return xr.Dataset(
         {"n_states": (("step",), np.asarray(n_states)),
          "n_states_minimal": (("step",), n_min_arr),

@@ -11,6 +11,7 @@ import xarray as xr
 
 from explorer._checks import InputError, check_int
 from explorer.analyses.parity.network import LONG_LENGTHS, ProgressCallback, _attrs
+from explorer.analyses.parity.network import _first_settled_step
 from explorer.analyses.parity.training import _check_run, _check_step, parity_model
 
 __all__ = ["parity_long_accuracy"]
@@ -75,11 +76,7 @@ def parity_long_accuracy(run: xr.Dataset, *, lengths: Sequence[int] = LONG_LENGT
             steps, accuracy = steps[:i + 1], accuracy[:i + 1]
             break
     all_correct = (accuracy == 1.0).all(axis=1)
-    generalised = None
-    for i in range(len(steps)):
-        if all_correct[i:].all():
-            generalised = int(steps[i])
-            break
+    generalised = _first_settled_step(steps, all_correct)
     return xr.Dataset(
         {"accuracy": (("step", "length"), accuracy), "all_correct": (("step",), all_correct)},
         coords={"step": np.asarray(steps), "length": np.asarray(lengths),

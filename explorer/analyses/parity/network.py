@@ -5,7 +5,7 @@ readout), every binary string up to a length (`parity_strings`), the paper's set
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,3 +163,11 @@ def _prefix_names(symbols: np.ndarray, lengths: np.ndarray) -> list[str]:
 
 def _attrs(method: str, params: dict, seed: int, **extra: Any) -> dict:
     return training_attrs(method, params, seed, CITATION, **extra)
+
+
+def _first_settled_step(steps: Sequence[int], holds: np.ndarray) -> int | None:
+    """The first step from which ``holds`` stays true at every later step (None if never)."""
+    for i in range(len(steps)):
+        if holds[i:].all():
+            return int(steps[i])
+    return None
