@@ -39,6 +39,8 @@ def plot_ablation_curves(curves: xr.Dataset | None,
     if curves is None:
         return _waiting("Press Recompute ablation curves (left)", 300)
     ylabel, title = _CURVE_LABELS[variable]
+    if variable == "mean_accuracy" and curves.attrs.get("params", {}).get("score") == "f1":
+        ylabel, title = "F1 of the generated answer", "Ablation: F1 of the generated answer"
     pct = curves["percent"].values
     banded = f"{variable}_low" in curves and f"{variable}_high" in curves
     out = []
@@ -61,23 +63,34 @@ def plot_ablation_curves(curves: xr.Dataset | None,
                                 title=title, show_legend=True, **extra)
 
 
-def ablation_caption(curves: xr.Dataset | None, mean_source: str) -> str:
-    """How the ablation curves were made: the tasks, the prompts, the ablation value."""
+#: How each ICL score reads in a caption.
+_SCORE_WORDS = {
+    "first_token": "Few-shot accuracy (argmax = the answer's first token)",
+    "f1": ("F1 of the answer parsed from 5 greedily generated tokens (the paper's score; the "
+           "heads are ablated at the last prompt token and every generated token)"),
+}
+
+
+def ablation_caption(curves: xr.Dataset | None, mean_source: str,
+                     score: str = "first_token") -> str:
+    """How the ablation curves were made: the tasks, the prompts, the score, the ablation
+    value; of a shown result, from its own attrs (the controls only before one exists)."""
     what = {"cross-task": "its mean last-token output averaged over the FV-scoring tasks' "
                           "prompts (the paper's ablation)",
             "per-task": "its mean last-token output on the evaluated task's own prompts "
                         "(keeps the head's share of that task's function vector)",
             "zero": "zero"}
     if curves is None:
-        return (f"Few-shot accuracy on the evaluation tasks with the top heads by each ranking "
-                f"ablated at the last token; an ablated head's output is replaced with "
+        return (f"{_SCORE_WORDS[score]} on the evaluation tasks with the top heads by each "
+                f"ranking ablated at the last token; an ablated head's output is replaced with "
                 f"{what[mean_source]}. Yin & Steinhardt find ablating FV heads hurts ICL far "
                 f"more than ablating induction heads.")
     p = curves.attrs.get("params", {})
     src = p.get("mean_source", mean_source)
     pool = p.get("mean_tasks")
     tasks = ", ".join(str(t) for t in curves["task"].values)
-    return (f"Few-shot accuracy (argmax = the answer's first token) on {tasks}, "
+    words = _SCORE_WORDS[p.get("score", "first_token")]
+    return (f"{words} on {tasks}, "
             f"{p.get('n_prompts')} prompts of {p.get('n_shots')} shots each, with the top "
             f"heads by each ranking ablated at the last token. An ablated head's output is "
             f"replaced with {what[src]}" + (f" ({', '.join(pool)})" if pool else "") +
@@ -105,7 +118,7 @@ class AblationPart:
         rankings = (("fv_excl_induction", "induction_excl_fv", "random")
                     if self.exclude_other else ("fv", "induction", "random"))
         exclude = float(self.exclude_percent) / 100
-        source = self.mean_source
+        source, score = self.mean_source, self.icl_score
 
         def job(token: CancelToken) -> xr.Dataset:
             progress = self.progress_fn(token)
@@ -113,7 +126,7 @@ class AblationPart:
                                       rankings=rankings, exclude_fraction=exclude,
                                       loss_sequences=2, loss_tokens=64, progress=progress,
                                       mean_source=source, mean_tasks=self._fv_tasks,
-                                      edits=edits, **o)
+                                      score=score, edits=edits, **o)
         return job
 
     def _ablation_controls(self) -> list[pn.viewable.Viewable]:
@@ -128,11 +141,12 @@ class AblationPart:
         return [tip(slider, p.max_percent.doc),
                 tip(pn.widgets.Checkbox.from_param(p.exclude_other), p.exclude_other.doc),
                 tip(pn.widgets.FloatSlider.from_param(p.exclude_percent), p.exclude_percent.doc),
-                tip(pn.widgets.Select.from_param(p.mean_source), p.mean_source.doc), button]
+                tip(pn.widgets.Select.from_param(p.mean_source), p.mean_source.doc),
+                tip(pn.widgets.Select.from_param(p.icl_score), p.icl_score.doc), button]
 
     def _ablation_panes(self) -> list[pn.viewable.Viewable]:
         p = self.param
         return [pn.pane.HoloViews(pn.bind(plot_ablation_curves, p.curves), linked_axes=False,
                                   sizing_mode="stretch_width"),
-                caption(pn.bind(ablation_caption, p.curves, p.mean_source),
+                caption(pn.bind(ablation_caption, p.curves, p.mean_source, p.icl_score),
                         "icl-ablation-caption")]

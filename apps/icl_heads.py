@@ -119,6 +119,11 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         doc="What an ablated head's last-token output is replaced with: its mean over the "
             "FV-scoring tasks' prompts (cross-task, the paper's), its mean on the evaluated "
             "task (per-task), or zero.")
+    icl_score = param.Selector(
+        default="first_token", objects=list(ih.ICL_SCORES), label="Ablation: ICL score",
+        doc="first_token: 1 when the argmax next token is the answer's first token (one "
+            "forward per prompt); f1: the paper's score, the F1 of the answer parsed from 5 "
+            "greedily generated tokens with the heads ablated at every step (5 forwards).")
     fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer",
                              doc="Layer whose residual the function vector is added to.")
     td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer",
@@ -228,7 +233,7 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         self.param.watch(lambda *_: self._request("patterns"), ["layer", "head", "task"])
         self.param.watch(lambda *_: self._request("fv"), ["fv_layer", "task"])
         self.param.watch(lambda *_: self._request("curves"),
-                         ["exclude_other", "exclude_percent", "mean_source"])
+                         ["exclude_other", "exclude_percent", "mean_source", "icl_score"])
         self.param.watch(lambda *_: self._induction_changed(),
                          ["induction_sequences", "induction_half_len", "induction_measure"])
         self.param.watch(lambda *_: self._edits_changed(), ["edits"])
@@ -373,7 +378,8 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
                  "rankings": [str(r) for r in self.curves.ranking.values],
                  "exclude_fraction": c.get("exclude_fraction"), "loss_sequences": 2,
                  "loss_tokens": 64, "mean_source": c.get("mean_source"),
-                 "mean_tasks": self._fv_tasks, **opts}))
+                 "mean_tasks": self._fv_tasks, "score": c.get("score", "first_token"),
+                 **opts}))
         if self.patching is not None:
             steps.append(Call("patching", f"{tvp}.task_vector_patching",
                               (MODEL, [str(t) for t in self.patching.task.values]),

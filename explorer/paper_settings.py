@@ -100,6 +100,8 @@ PAPER_SETTINGS: dict[str, PaperSetting] = {s.method: s for s in (
                     note="excl_num=0.02"),
          PaperValue("excluded top fraction", 0.02, flag="top_fraction"),
          PaperValue("ablation mean", "cross-task", page="mean_source", flag="mean_source"),
+         PaperValue("ICL score", "f1", page="icl_score", flag="icl_score",
+                    note="src/ablate.py: F1 of the answer parsed from 5 generated tokens"),
          PaperValue("largest % of heads ablated", 20.0, page="max_percent"),
          PaperValue("ablated percents", "0,1,3,5,7,9,15,20", flag="percents"),
          PaperValue("prompts per task", 100, flag="n_prompts"),

@@ -291,6 +291,34 @@ def test_ablation_bands_are_the_bootstrap_interval():
     assert overlay.opts.get().kwargs["title"] == "Ablation: few-shot accuracy (90% bands)"
 
 
+def test_view_icl_score_recomputes_and_its_words_come_from_the_result(tiny_model):
+    from explorer.analyses import icl_heads as ih
+    from apps.icl_heads import ablation_caption
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                        td_tasks=("antonym", "uppercase"))
+    view.max_percent = 5
+    view.mean_source = "zero"
+    view._request("curves")
+    assert view.curves.attrs["params"]["score"] == "first_token"
+    view.icl_score = "f1"                                             # recomputes at once
+    got = view.curves
+    assert got.attrs["params"]["score"] == "f1"
+    want = ih.ablation_curves(tiny_model, ["uppercase"], view.scores["induction_score"].values,
+                              view.scores["fv_score"].values, percents=[0.0, 1.0, 3.0, 5.0],
+                              rankings=["fv", "induction", "random"], exclude_fraction=0.05,
+                              loss_sequences=2, loss_tokens=64, mean_source="zero",
+                              n_prompts=2, n_shots=2, score="f1")
+    np.testing.assert_allclose(got["correct"].values, want["correct"].values)
+    # the words follow the shown result, not the control
+    words = ablation_caption(got, "zero", "first_token")
+    assert words.startswith("F1 of the answer parsed from 5 greedily generated tokens")
+    assert plot_ablation_curves(got).opts.get().kwargs["title"].startswith(
+        "Ablation: F1 of the generated answer")
+    assert "score='f1'" in view.code_snippet()
+
+
 def test_view_mean_source_recomputes_the_curves_as_the_library(tiny_model):
     from explorer.analyses import icl_heads as ih
 

@@ -104,12 +104,14 @@ def test_icl_page_paper_button_sets_the_papers_values(tiny_model):
     view.param.update(exclude_other=False, exclude_percent=5.0)
     assert page_differs_line("icl-heads", view).startswith(
         "Differs from the paper: induction sequences 4 (paper: 1,000); exclusion of the other "
-        "score's top heads off (paper: on); excluded top % of the other score 5 (paper: 2).")
+        "score's top heads off (paper: on); excluded top % of the other score 5 (paper: 2); "
+        "ICL score first_token (paper: f1).")
     panel = paper_panel("icl-heads", view)
     button = next(w for w in panel.select(pn.widgets.Button) if w.label == "Paper's setting")
     button.clicks += 1
     assert (view.induction_sequences, view.induction_half_len, view.induction_measure,
-            view.exclude_other, view.exclude_percent) == (1000, 50, "abs", True, 2.0)
+            view.exclude_other, view.exclude_percent, view.icl_score) == (
+        1000, 50, "abs", True, 2.0, "f1")
     assert page_differs_line("icl-heads", view).startswith("The paper's setting: every value")
     line = next(p for p in panel.select(pn.pane.Markdown) if "paper-differs" in p.css_classes)
     assert "every value set on this page is the paper's" in str(line.object)
