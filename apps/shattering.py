@@ -9,6 +9,10 @@ slider scales the edit's parameter change (0 = unedited, 1 = the edit). The plan
 components (1-2, 1-3 or 2-3) of a PCA or an Isomap fitted on the unedited representations, with
 entities joined in cycle order and coloured by their place on the cycle.
 The scatter shows R against the accuracy drop over many edits, with the fitted line and r².
+The edit is computed in the background when its controls change; its record (`edit_record`:
+the model, the fact, the method, the block, when) writes the page's code and the export's
+manifest, and a note marks the shown edit outdated until the new one lands. The strength,
+projection and components are drawn at once from their controls.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled_controls
+from apps._lab_provenance import RECOMPUTING, LabInput, lab_record, lab_stale_text, stale_pane, stamped
+from apps._page_provenance import ShownRecord
+from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
@@ -48,7 +55,7 @@ from explorer.analyses.shattering import (
 
 __all__ = ["ShatteringView", "AXES", "QUICK_PARAMS", "SWEEP_EDITS", "SHIPPED_MODEL", "SHIPPED_SWEEP",
            "plot_embedding", "plot_shattering_scatter", "scatter_caption", "save_shipped_sweep",
-           "load_shipped_sweep"]
+           "load_shipped_sweep", "EDIT_INPUTS", "model_name"]
 
 hv.extension("bokeh", logo=False)
 
@@ -78,6 +85,20 @@ _font = theme.font_sizes
 
 
 _placeholder = functools.partial(theme.placeholder, height=420)
+
+
+#: How the stale note names the inputs of the shown edit (its record's request).
+EDIT_INPUTS = {"method": LabInput("the edit method", "{} edit"),
+               "entity": LabInput("the entity", "entity {}"),
+               "relation": LabInput("the relation", "relation {}"),
+               "distance": LabInput("the counterfactual distance", "distance {}"),
+               "layer": LabInput("the edited block", "block {}")}
+
+
+def model_name(km: KnowledgeModel) -> str:
+    """The knowledge-graph transformer in a record: its size and seed."""
+    return (f"the knowledge-graph transformer ({km.graph.n_entities} entities, "
+            f"{km.params['n_layers']} blocks, seed {km.params.get('seed', 0)})")
 
 
 # -- the shipped result -----------------------------------------------------------------------
@@ -250,6 +271,8 @@ class ShatteringView(View):
 
     km = param.Parameter(default=None, precedence=-1)
     edit = param.Parameter(default=None, precedence=-1)
+    edit_record = param.ClassSelector(class_=Provenance, default=None, allow_None=True,
+                                      precedence=-1, doc="What the shown edit was computed on.")
     sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
 
     def __init__(self, model: Any = None, *, km: KnowledgeModel | None = None,
@@ -360,12 +383,41 @@ class ShatteringView(View):
         self._use_model(km)
         self._request_sweep()
 
+    # -- what the shown edit was computed on ---------------------------------------------
+    def edit_request(self) -> Provenance | None:
+        """The record of the edit the page would compute from its controls now."""
+        if self.km is None:
+            return None
+        return lab_record("shattering", model_name(self.km), {
+            "method": self.method, "entity": self.entity, "relation": self.relation,
+            "distance": int(self.distance), "layer": int(self.layer)})
+
+    def shown_provenance(self) -> Provenance | None:
+        """The shown edit's record, with the strength and plane it is drawn at."""
+        rec = self.edit_record
+        if rec is None:
+            return None
+        return lab_record(rec.page, rec.model, dict(rec.request), computed_at=rec.computed_at,
+                          settings={"strength": round(float(self.strength), 4),
+                                    "projection": self.projection, "axes": self.axes,
+                                    "order": self.order})
+
+    def requested_provenance(self) -> Provenance | None:
+        return self.edit_request()
+
+    def stale_note(self, *_: Any) -> str:
+        """'' while the shown edit is of the controls; else what it was computed on, what
+        changed and that the new edit is on its way (or failed)."""
+        state = ShownRecord.stale_states["failed"] if self.error else RECOMPUTING
+        return lab_stale_text(self.edit_record, self.edit_request(), EDIT_INPUTS, state=state)
+
     def _request_edit(self, *events: Any) -> None:
         km = self.km
         if km is None or self.entity is None or self.relation is None:
             return
         e, r = km.graph.entity_names.index(self.entity), km.graph.relation_names.index(self.relation)
         method, distance, layer = self.method, self.distance, self.layer
+        wanted = self.edit_request()
 
         def job(token: CancelToken) -> KnowledgeEdit:
             cov: Any = None
@@ -376,13 +428,14 @@ class ShatteringView(View):
                                        lambda b=b: key_covariance(km, b)) for b in blocks}
                 cov = covs[layer] if method == "rome" else covs
             token.check()
-            return edit_fact(km, e, r, distance, method=method, layer=layer, cov=cov)
+            return edit_fact(km, e, r, distance, method=method, layer=layer, cov=cov), wanted
 
         self.submit("edit", job)
 
-    def _edited(self, edit: KnowledgeEdit) -> None:
+    def _edited(self, out: tuple[KnowledgeEdit, Provenance]) -> None:
         self.forget("strengths")
-        self.edit = edit
+        edit, wanted = out
+        self.param.update(edit=edit, edit_record=stamped(wanted), error="")
 
     def _request_sweep(self) -> None:
         km = self.km
@@ -430,11 +483,13 @@ class ShatteringView(View):
         return out
 
     def code_recipe(self) -> Recipe:
-        """The shown edit, its embedding and accuracy at the current strength as records."""
-        km, edit = self.km, self.edit
-        if km is None or edit is None:
+        """The shown edit (its record's fact, method and block), its embedding and accuracy
+        at the current strength as records."""
+        km, edit, rec = self.km, self.edit, self.edit_record
+        if km is None or edit is None or rec is None:
             return Recipe(steps=[Note("The knowledge-graph model is still loading.")])
-        sh, layer = "explorer.analyses.shattering", self.layer
+        shown = dict(rec.request)
+        sh, layer, method = "explorer.analyses.shattering", shown["layer"], shown["method"]
         if self._km_file is not None:
             steps: list[Step] = [Call("km", f"{sh}.load_knowledge_model", (str(self._km_file),))]
         else:
@@ -442,18 +497,18 @@ class ShatteringView(View):
                           "from the cache folder, or trained (seeded) and stored")]
         steps.append(Expr("graph", "km.graph"))
         cov = {}
-        if self.method in ("rome", "memit"):
+        if method in ("rome", "memit"):
             covariance = [Call(None, f"{sh}.key_covariance", (Ref("km"), b))
                           for b in range(layer + 1)]
-            steps.append(Let("cov", covariance[-1] if self.method == "rome"
+            steps.append(Let("cov", covariance[-1] if method == "rome"
                              else dict(enumerate(covariance))))
             cov = {"cov": Ref("cov")}
         strength = round(float(self.strength), 4)
         steps += [
             Call("edit", f"{sh}.edit_fact", (
-                Ref("km"), Call(None, "graph.entity_names.index", (self.entity,)),
-                Call(None, "graph.relation_names.index", (self.relation,)), self.distance),
-                {"method": self.method, "layer": layer, **cov}),
+                Ref("km"), Call(None, "graph.entity_names.index", (shown["entity"],)),
+                Call(None, "graph.relation_names.index", (shown["relation"],)),
+                shown["distance"]), {"method": method, "layer": layer, **cov}),
             Call("embedding", f"{sh}.edit_embedding", (Ref("km"), Ref("edit"), [0.0, strength]),
                  {"projection": self.projection,
                   "n_components": min(3, km.graph.n_entities - 1, km.params["d_model"])},
@@ -532,6 +587,10 @@ class ShatteringView(View):
                                   sizing_mode="stretch_width", css_classes=["shattering-status"])
         summary = pn.pane.Markdown(self.summary, css_classes=["shattering-summary"],
                                    sizing_mode="stretch_width")
+        p = self.param
+        stale = stale_pane(self.stale_note, [p.edit_record, p.error, p.km, *[
+            p[n] for n in ("method", "entity", "relation", "distance", "layer")]],
+            "shattering-stale")
         embedding = pn.pane.HoloViews(self._embedding_plot, sizing_mode="stretch_width",
                                       css_classes=["shattering-embedding"])
         scatter = pn.pane.HoloViews(self._scatter_plot, sizing_mode="stretch_width",
@@ -540,7 +599,7 @@ class ShatteringView(View):
                                    sizing_mode="stretch_width", css_classes=["shattering-caption"])
         return pn.Row(self.controls(),
                       pn.Column(pn.Row(spinner, status, sizing_mode="stretch_width"),
-                                paper_panel("shattering", self), summary, embedding,
+                                paper_panel("shattering", self), stale, summary, embedding,
                                 scatter, caption, sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")
 

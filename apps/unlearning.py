@@ -10,7 +10,10 @@ fact-lookup MLPs against the attention / extraction components). "Run" trains a 
 the model on the chosen components only (unlearning the forget set while keeping the
 retain facts and general text) and shows forget, multiple-choice, retain and relearning
 accuracy and the perplexity on held-out text next to the original model. Both run in the
-background with a progress bar and can be cancelled.
+background with a progress bar and can be cancelled. Each keeps a record of what it ran on
+(`localization_record`, `run_record`: the facts, the run's settings, when); the scope line, the
+captions over the results and the page's code are written from those records, and a note marks
+a result outdated once the controls differ from its record (`lab_stale_text`).
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import OwnItems, tip
-from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
+from apps._lab_provenance import plural, stale_pane, stamped
+from apps._unlearning_record import (LOCALIZE_INPUTS, RUN_INPUTS, UnlearningRecords,
+                                     localization_caption, run_caption)
 from apps._session import CancelToken
 from apps._view import Scope, View, serve
 from explorer.analyses import unlearning as U
@@ -36,7 +41,7 @@ __all__ = ["UnlearningView", "plot_probe_curve", "plot_trace_heatmap", "trace_to
            "plot_accuracy_bars", "component_map_rows", "plot_component_map", "contrast_caption",
            "perplexity_caption",
            "accuracy_rows", "probe_caption", "trace_caption", "METRIC_LABELS", "SHORT_NAMES",
-           "BARS_CAPTION"]
+           "BARS_CAPTION", "LOCALIZE_INPUTS", "RUN_INPUTS", "localization_caption", "run_caption"]
 
 hv.extension("bokeh", logo=False)
 
@@ -126,12 +131,16 @@ def _short(text: str, n: int = 18) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
-def probe_caption(probe: xr.Dataset | None, layers: list[int]) -> str:
-    """What the probe plot shows, under it."""
+def probe_caption(probe: xr.Dataset | None, layers: list[int], method: str = "fact_lookup",
+                  budget: int | None = None) -> str:
+    """What the probe plot shows, under it; ``layers``: those ``method`` trains for a budget
+    of ``budget`` MLP layers (the controls the shading is drawn from)."""
     if probe is None:
         return ""  # the plot's placeholder says what to press
     best = int(probe.layer.values[int(np.argmax(probe.probe_accuracy.values))])
-    shaded = f"shaded: the MLP layers trained ({', '.join(map(str, layers))})" if layers else \
+    budget_words = "" if budget is None else f" for a budget of {plural(budget, 'MLP layer')}"
+    shaded = (f"shaded: the MLP layers {LONG_NAMES.get(method, method)} trains{budget_words} "
+              f"({', '.join(map(str, layers))})") if layers else \
         "no layers shaded (method `all` trains every parameter)"
     return (f"Linear probe for the attribute on the last subject token: best at layer {best} "
             f"({float(probe.probe_accuracy.max()):.2f}; chance {float(probe.chance):.2f} dashed); "
@@ -247,7 +256,7 @@ def _shown_controls(view: param.Parameterized) -> pn.Column:
                      sizing_mode="stretch_width")
 
 
-class UnlearningView(View):
+class UnlearningView(UnlearningRecords, View):
     """Localize a fact set, unlearn it on the localized MLPs, measure robustness."""
 
     notify_title = "Unlearning"
@@ -294,9 +303,6 @@ class UnlearningView(View):
         self._split: tuple[list, list] | None = None
         self._own_fact: U.AttributeFact | None = None
         self._own_text = ""
-        # what the shown results were computed with (for `code_snippet`)
-        self._localized_with: dict[str, Any] | None = None
-        self._result_with: dict[str, Any] | None = None
         self._own = OwnItems(
             "Your own fact", user_items.UNLEARNING_FORMAT,
             "One fact: subject, prompt (the relation prompt the model completes, with the "
@@ -347,11 +353,14 @@ class UnlearningView(View):
         self._cancel_button.color = "warning" if self.busy else "default"
 
     def scope(self) -> Scope:
-        """Its own fact set and the corpus text; edits do not apply (training runs on a copy)."""
-        return Scope(on=f"its own facts: {self.n_forget} to forget, {self.n_retain} to retain "
-                        "(athlete -> sport), and the shipped corpus as general text",
+        """Its own fact set and the corpus text; edits do not apply (training runs on a copy).
+        The facts are the shown localization's (its record), else those Localize would use."""
+        inputs = dict((self.localization_record or self.localization_request()).request)
+        return Scope(on=f"its own facts: {inputs['n_forget']} to forget, {inputs['n_retain']} to "
+                        "retain (athlete -> sport), and the shipped corpus as general text",
                      edits="not applicable: unlearning trains a copy of the model's weights")
 
+    # -- what the shown results were computed on ------------------------------------------
     def _start(self, status: str) -> None:
         self.param.update(busy=True, progress=0, status=status)
 
@@ -383,8 +392,7 @@ class UnlearningView(View):
         """Probe curve, causal tracing and attribution patching, in the background."""
         self._start("Localizing: probe, causal tracing, attribution patching …")
         model = self._model
-        used = {"n_forget": self.n_forget, "n_retain": self.n_retain,
-                "own": self._own_text if self._own_fact is not None else None}
+        used = self.localization_request()
 
         def job(token: CancelToken):
             everything = U.load_attribute_facts(self._facts_file)
@@ -417,14 +425,14 @@ class UnlearningView(View):
             theme.notify("warning", "Unlearning: press Localize first.")
             return
         model = self._model
-        method = self.method
-        methods = ["fact_lookup", method] if self.compare and method != "fact_lookup" else [method]
+        used = self.run_request()
+        request = dict(used.request)
+        methods = list(request["methods"])
         self._start(f"Training {', '.join(methods)} (budget {self.n_layers} MLP layers) …")
-        settings = dict(n_layers=self.n_layers, steps=self.steps, lr=self.lr,
-                        relearn_steps=self.relearn_steps, text_weight=float(self.text_weight))
+        settings = {k: request[k] for k in ("n_layers", "steps", "lr", "relearn_steps",
+                                            "text_weight")}
         probe, trace, attribution = self.probe, self.trace, self.attribution
         forget, retain = self._split
-        used = {"methods": methods, **settings, "localized": self._localized_with}
 
         def job(token: CancelToken):
             text = U.text_windows(model, "train", window=64) if settings["text_weight"] else None
@@ -449,89 +457,21 @@ class UnlearningView(View):
     def _show_result(self, out: tuple[str, Any]) -> None:
         kind, value = out
         if kind == "localize":
-            probe, trace, attribution, split, self._localized_with = value
+            probe, trace, attribution, split, used = value
             self._split = split
-            self.param.update(probe=probe, trace=trace, attribution=attribution, progress=100)
+            self.param.update(probe=probe, trace=trace, attribution=attribution, progress=100,
+                              localization_record=stamped(used))
             self._finish(f"Localized on {len(split[0])} forget facts; fact lookup picks "
                          f"MLPs {self.chosen_layers('fact_lookup')}; causal tracing "
                          f"{U.component_label(self.chosen_components('causal_tracing'))}.")
         else:
-            value, self._result_with = value
-            self.param.update(result=value, progress=100)
+            value, used = value
+            self.param.update(result=value, progress=100, run_record=stamped(used))
             m = value["localization"].values[-1]
             self._finish(f"{m}: trained {int(value.n_params.sel(localization=m)):,} parameters, "
                          f"{float(value.seconds_per_step.sel(localization=m)):.1f} s per step.")
 
     # -- reproducibility ---------------------------------------------------------------------
-    def code_recipe(self) -> Recipe:
-        """What the page shows as records: the forget / retain facts, the probe curve, causal
-        tracing (the heatmap's fact by position, every fact by layer), attribution patching,
-        the layers the method picks, and the unlearning run."""
-        u, loc = "explorer.analyses.unlearning", self._localized_with
-        path = None if self._facts_file is None else str(self._facts_file)
-        steps: list[Step] = [
-            Call("everything", f"{u}.load_attribute_facts", (path,),
-                 comment="the shipped facts" if path is None else ""),
-            Call("facts", f"{u}.known_facts", (MODEL, Ref("everything")),
-                 comment="those the model gets right") if self._known_only
-            else Expr("facts", "everything")]
-        aliases = {u: "U", "numpy": "np", "explorer.analyses.user_items": "user_items"}
-        if loc is None:
-            steps += [Call("forget, retain", f"{u}.split_facts",
-                           (Ref("facts"), self.n_forget, self.n_retain)),
-                      Note("Press Localize on the page for the probe, causal tracing and "
-                           "attribution patching")]
-            return Recipe(model=self._model.spec.name, steps=steps, aliases=aliases)
-        n_forget, n_retain = loc["n_forget"], loc["n_retain"]
-        if loc["own"] is not None:
-            steps += [Call("own", "explorer.analyses.user_items.parse_unlearning_fact",
-                           (loc["own"],), {"attributes": Ref("everything[0].attributes"),
-                                           "mc": Ref("everything[0].mc")}, "your fact"),
-                      Expr("facts", "[f for f in facts if f.subject != own.subject]"),
-                      Call("forget, retain", f"{u}.split_facts",
-                           (Ref("facts"), max(2, n_forget - 1), n_retain)),
-                      Let("n_forget", n_forget),
-                      Expr("forget", "[own, *forget][:n_forget]")]
-        else:
-            steps.append(Call("forget, retain", f"{u}.split_facts",
-                              (Ref("facts"), n_forget, n_retain)))
-        steps += [
-            Expr("_, counts", "np.unique([f.attribute for f in everything], return_counts=True)"),
-            Call("probe", f"{u}.attribute_probe_curve", (MODEL, Ref("everything")),
-                 {"n_folds": Ref("int(min(4, counts.min()))")}),
-            Note("the heatmap: the first forget fact, from its subject's first token to the end"),
-            Expr("first", "U.subject_positions(model, forget[0])[0]"),
-            Expr("n", "len(model.tokenizer(U.fact_prompt(forget[0]), "
-                 "add_special_tokens=False)['input_ids'])"),
-            Call("heat", f"{u}.causal_trace", (MODEL, Ref("forget[:1]")),
-                 {"positions": Ref("list(range(first, n))"), "heads": False}),
-            Call("trace", f"{u}.causal_trace", (MODEL, Ref("forget")),
-                 {"positions": False, "heads": True}),
-            Expr("trace['restore_resid']", "heat.restore_resid.reindex(fact=trace.fact)"),
-            Expr("trace", "trace.assign_coords(token=heat.token.reindex(fact=trace.fact, "
-                 "fill_value=''))"),
-            Call("attribution", f"{u}.attribution_patching", (MODEL, Ref("forget"))),
-            Call("components", f"{u}.localized_components", (MODEL, self.method, self.n_layers),
-                 {"probe": Ref("probe"), "trace": Ref("trace"),
-                  "attribution": Ref("attribution")}, "dots on the component map")]
-        run = self._result_with
-        if self.result is None or run is None or run.get("localized") != loc:
-            steps.append(Note("Press Run unlearning on the page for U.unlearning_comparison(...)"))
-            return Recipe(model=self._model.spec.name, steps=steps, aliases=aliases)
-        if run["text_weight"]:
-            steps.append(Call("text", f"{u}.text_windows", (MODEL, "train"), {"window": 64}))
-        steps += [
-            Call("heldout", f"{u}.text_windows", (MODEL, "heldout"),
-                 {"window": 64, "max_windows": 16}),
-            Call("result", f"{u}.unlearning_comparison", (MODEL, Ref("forget"), Ref("retain")), {
-                "methods": run["methods"], "probe": Ref("probe"), "trace": Ref("trace"),
-                "attribution": Ref("attribution"),
-                "text": Ref("text") if run["text_weight"] else None,
-                "heldout_text": Ref("heldout"),
-                **{k: run[k] for k in ("n_layers", "steps", "lr", "relearn_steps",
-                                       "text_weight")}}, "the bars")]
-        return Recipe(model=self._model.spec.name, steps=steps, aliases=aliases)
-
     # -- plots -------------------------------------------------------------------------------
     def chosen_layers(self, method: str | None = None) -> list[int]:
         """The MLP layers ``method`` (default the selected one) trains for the budget."""
@@ -584,9 +524,12 @@ class UnlearningView(View):
         layers = self.chosen_layers() if self.method != "all" else []
         return plot_probe_curve(self.probe, layers)
 
+    # The shading and the component map's dots are drawn at once from the method and budget
+    # controls (no stale state): their words name those controls.
     @param.depends("probe", "method", "n_layers")
     def _probe_caption(self) -> str:
-        return probe_caption(self.probe, self.chosen_layers() if self.method != "all" else [])
+        return probe_caption(self.probe, self.chosen_layers() if self.method != "all" else [],
+                             self.method, self.n_layers)
 
     @param.depends("trace")
     def _trace_caption(self) -> str:
@@ -612,6 +555,12 @@ class UnlearningView(View):
     def __panel__(self) -> pn.viewable.Viewable:
         controls = _shown_controls(self)
         bar = self.progress_bar(visible=self.param.busy)
+        p = self.param
+        deps = [p[n] for n in _CONTROLS] + [p.localization_record, p.run_record]
+        localized = _caption(pn.bind(localization_caption, p.localization_record))
+        localized.css_classes = ["caption", "unlearning-localized"]
+        ran = _caption(pn.bind(run_caption, p.run_record))
+        ran.css_classes = ["caption", "unlearning-run"]
         return pn.Row(
             pn.Column(controls, self._own.layout(self.param.error), self._localize_button, self._run_button, self._cancel_button,
                       bar, pn.pane.Markdown(self.param.status),
@@ -620,6 +569,8 @@ class UnlearningView(View):
                       self._state, width=320),
             pn.Column(
                 paper_panel("unlearning", self),
+                localized, stale_pane(self.localization_stale_note, deps,
+                                      "unlearning-localization-stale"),
                 # Side by side where the heatmap keeps room for its token labels (about
                 # 480 px); one above the other on narrower windows.
                 pn.FlexBox(pn.Column(pn.pane.HoloViews(self._probe_plot, sizing_mode="stretch_width"),
@@ -634,8 +585,9 @@ class UnlearningView(View):
                 pn.Column(pn.pane.HoloViews(self._component_map, sizing_mode="stretch_width"),
                           _caption(self._contrast_caption), sizing_mode="stretch_width",
                           css_classes=["unlearning-components"]),
+                stale_pane(self.run_stale_note, deps, "unlearning-run-stale"),
                 pn.pane.HoloViews(self._bars, sizing_mode="stretch_width"),
-                _caption(BARS_CAPTION),
+                ran, _caption(BARS_CAPTION),
                 _caption(self._perplexity_caption),
                 sizing_mode="stretch_width"),
             sizing_mode="stretch_width")

@@ -546,7 +546,7 @@ def test_view_plots_and_rows_headless(tiny_model):
     from apps.unlearning import probe_caption
 
     text = probe_caption(probe, [1, 2])
-    assert "best at layer 2 (0.90; chance 0.25" in text and "trained (1, 2)" in text
+    assert "best at layer 2 (0.90; chance 0.25" in text and "fact lookup trains (1, 2)" in text
     view = UnlearningView(tiny_model)  # opens without computing anything
     assert view.probe is None and view.chosen_layers() == [] and view.param.n_layers.bounds == (1, 3)
     root = view.__panel__()

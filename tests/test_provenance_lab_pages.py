@@ -1,0 +1,179 @@
+"""The shown result's record on the training-lab pages (Unlearning, Shattering, Parity, Linear
+ICL, Task emergence), in-process on tiny settings: after a compute, a control changed without
+a recompute makes the stale note name that control while the page's words (scope line,
+captions, summary, code, export manifest) still name the settings the result was computed
+with; a recompute empties the note and the words follow. The expected words are built from
+the settings each test passes, not from text the page wrote earlier.
+
+A control changes without a recompute in two ways: on pages with a Compute button (Unlearning)
+by setting it and not pressing the button; on pages that recompute on their own (Shattering's
+edit, Parity's state counts) by setting it with its watchers held
+(`param.parameterized.discard_events`), the moment a served page shows while it recomputes."""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import pytest
+from _views import knowledge_model_and_sweep, linear_icl_runs, tiny_facts_file
+from param.parameterized import discard_events
+
+from apps._provenance import Provenance
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _manifest(view) -> dict:
+    """The manifest of the page's export (what *Export page data* downloads)."""
+    with zipfile.ZipFile(io.BytesIO(view.export_bytes())) as zf:
+        return json.loads(zf.read("manifest.json"))
+
+
+def _exports_its_record(view) -> dict:
+    """The export's manifest carries the shown record, which reads back from JSON."""
+    shown = view.shown_provenance()
+    manifest = _manifest(view)
+    assert manifest["provenance"] == json.loads(shown.to_json())
+    assert Provenance.from_json(shown.to_json()) == shown
+    return manifest
+
+
+def _pane(root, css: str):
+    """The one pane with the css class ``css`` in a page's layout ``root``."""
+    panes = root.select(lambda o: css in (getattr(o, "css_classes", None) or []))
+    assert len(panes) == 1, css
+    return panes[0]
+
+
+# -- Unlearning: Localize and Run unlearning are buttons -------------------------------------
+
+def test_unlearning_words_and_stale_notes_follow_the_shown_localization_and_run(tiny_model,
+                                                                                tmp_path):
+    from apps.unlearning import UnlearningView
+
+    view = UnlearningView(tiny_model, facts_file=tiny_facts_file(tmp_path), known_only=False,
+                          background=False, n_forget=4, n_retain=2, n_layers=1, steps=1,
+                          relearn_steps=0, lr=1e-4)
+    try:
+        assert view.stale_note() == "" and view.shown_provenance() is None
+        root = view.__panel__()
+        view.localize()
+        loc = view.localization_record
+        assert dict(loc.request)["n_forget"] == 4 and loc.model == "tiny-llama"
+        assert "4 to forget, 2 to retain" in view.scope().on
+        caption = _pane(root, "unlearning-localized").object
+        assert caption.startswith("Localized on tiny-llama: the facts of facts.json, 4 facts to "
+                                  "forget, 2 to retain")
+        assert view.localization_stale_note() == ""
+        assert not _pane(root, "unlearning-localization-stale").visible
+        # more facts to forget, not localized again: the words stay of the 4, the note says so
+        view.n_forget = 6
+        note = view.localization_stale_note()
+        assert note.startswith("Shown: computed on tiny-llama, the facts of facts.json, "
+                               "4 facts to forget, 2 to retain at ")
+        assert note.endswith("; the facts to forget changed since: press Localize to update.")
+        assert "4 to forget, 2 to retain" in view.scope().on
+        pane = _pane(root, "unlearning-localization-stale")
+        assert pane.visible and pane.object.startswith("**Outdated**. Shown: computed on")
+        assert "U.split_facts(facts, 4, 2)" in view.code_snippet()
+        view.n_forget = 4
+        assert view.stale_note() == ""                       # back to the shown inputs
+        # a run: its caption names what it trained, however the controls move after it
+        view.method = "causal_tracing"
+        view.run()
+        ran = dict(view.run_record.request)
+        assert ran["methods"] == ("fact_lookup", "causal_tracing") and ran["steps"] == 1
+        words = ("fact_lookup and causal_tracing, budget 1 MLP layer, 1 step, learning rate "
+                 "0.0001, general-text weight 1, 0 relearning steps, the facts of facts.json, "
+                 "4 facts to forget, 2 to retain")
+        assert _pane(root, "unlearning-run").object.startswith(
+            f"Unlearning run on tiny-llama: {words} (computed ")
+        view.param.update(steps=3, lr=3e-4)
+        note = view.run_stale_note()
+        assert note.startswith(f"Shown: computed on tiny-llama, {words} at ")
+        assert note.endswith("; the training steps, the learning rate changed since: press "
+                             "Run unlearning to update.")
+        assert view.localization_stale_note() == ""         # the localization is current
+        assert _pane(root, "unlearning-run-stale").visible
+        assert _pane(root, "unlearning-run").object.startswith(
+            f"Unlearning run on tiny-llama: {words}")
+        code = view.code_snippet()                           # the run shown, not the controls
+        assert "'steps': 1" in code or "steps=1" in code
+        assert "steps=3" not in code and "'steps': 3" not in code
+        manifest = _exports_its_record(view)
+        assert manifest["provenance"]["request"]["steps"] == 1
+        assert manifest["parameters"]["steps"] == 3          # the controls, apart
+        # a recompute: the note goes, the words follow the new run
+        view.run()
+        assert view.stale_note() == "" and dict(view.run_record.request)["steps"] == 3
+        assert not _pane(root, "unlearning-run-stale").visible
+        assert "3 steps, learning rate 0.0003" in _pane(root, "unlearning-run").object
+        # the run names the localization it trained on: a new Localize makes it outdated
+        assert dict(view.run_record.request)["localized_at"] == loc.computed_at
+        _exports_its_record(view)
+    finally:
+        view.close()
+
+
+# -- Shattering: the edit recomputes in the background when its controls change -------------
+
+def test_shattering_note_and_code_follow_the_shown_edit_while_the_next_one_computes(monkeypatch):
+    import threading
+
+    from apps import shattering as page
+    from explorer._checks import InputError
+
+    km, sweep = knowledge_model_and_sweep()
+    gate, real = threading.Event(), page.edit_fact
+
+    def gated(km, e, r, distance, **kw):
+        assert gate.wait(60)
+        if distance == 3:
+            raise InputError("distance 3 is refused here")
+        return real(km, e, r, distance, **kw)
+
+    gate.set()
+    view = page.ShatteringView(km=km, sweep=sweep, method="finetune", entity="e3",
+                               relation="A+1", distance=2, background=True)
+    monkeypatch.setattr(page, "edit_fact", gated)
+    try:
+        view.wait()
+        root = view.__panel__()
+        model = (f"the knowledge-graph transformer ({km.graph.n_entities} entities, "
+                 f"{km.params['n_layers']} blocks, seed 0)")
+        shown = view.shown_provenance()
+        assert shown.model == model and dict(shown.request) == {
+            "method": "finetune", "entity": "e3", "relation": "A+1", "distance": 2, "layer": 0}
+        assert view.stale_note() == "" and not _pane(root, "shattering-stale").visible
+        on = f"Shown: computed on {model}, finetune edit, entity e3, relation A+1, distance 2, block 0 at "
+        # another entity: its edit computes (held at the gate); the old one is shown, marked
+        gate.clear()
+        view.entity = "e5"
+        note = view.stale_note()
+        assert note.startswith(on) and note.endswith(
+            "; the entity changed since: recomputing; the result shown is the old one until then.")
+        pane = _pane(root, "shattering-stale")
+        assert pane.visible and pane.object.startswith("**Outdated**. " + on)
+        assert "**e3 A+1**" in view.summary()
+        code = view.code_snippet()
+        assert "index('e3')" in code and "'e5'" not in code
+        assert _manifest(view)["provenance"]["request"]["entity"] == "e3"
+        gate.set()
+        view.wait()
+        # landed: the note goes, the words follow the new edit
+        assert view.stale_note() == "" and not pane.visible
+        assert "**e5 A+1**" in view.summary() and "index('e5')" in view.code_snippet()
+        manifest = _exports_its_record(view)
+        assert manifest["provenance"]["settings"]["strength"] == 1.0
+        # a failed recompute: the old edit stays, and the note says it failed
+        view.distance = 3
+        view.wait()
+        assert "refused" in view.error
+        note = view.stale_note()
+        assert "entity e5" in note and "the counterfactual distance changed since: its " \
+            "recompute failed" in note
+        assert "**e5 A+1**" in view.summary() and "distance 2" in view.summary()
+    finally:
+        gate.set()
+        view.close()
