@@ -1,6 +1,7 @@
 """The one trace of a prompt's attention patterns that the Attention and Head atlas pages draw:
 every layer's and head's pattern (`explorer.trace` at ``attn_pattern``) with the workspace's
-edits applied, refused past the page's longest prompt."""
+edits applied, refused past the page's longest prompt; `check_prompt_tokens`, that refusal,
+is also the Logit attribution and Activation patching pages'."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,19 @@ from explorer.interventions import Edit
 from explorer.trace import trace as trace_sites
 from explorer.workspace import edit_label
 
-__all__ = ["trace_patterns"]
+__all__ = ["check_prompt_tokens", "trace_patterns"]
+
+
+def check_prompt_tokens(model: explorer.Model, prompt: str, *, max_tokens: int, why: str = "",
+                        limit: str = "this page draws") -> int:
+    """``prompt``'s length in tokens (as tokenize counts them); InputError past
+    ``max_tokens``, its message "The prompt is N tokens; {limit} at most {max_tokens}
+    ({why}). Shorten it."."""
+    n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    if n > max_tokens:
+        raise InputError(f"The prompt is {n} tokens; {limit} at most {max_tokens}"
+                         + (f" ({why})" if why else "") + ". Shorten it.")
+    return n
 
 
 def trace_patterns(model: explorer.Model, prompt: str, edits: list[Edit] = (), *,
@@ -24,10 +37,7 @@ def trace_patterns(model: explorer.Model, prompt: str, edits: list[Edit] = (), *
     message "The prompt is N tokens; {limit} at most {max_tokens} ({why}). Shorten it.".
     ``check`` (e.g. a job's ``token.check``) is called before the trace."""
     check_prompts(prompt)
-    n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as tokenize counts
-    if n > max_tokens:
-        raise InputError(f"The prompt is {n} tokens; {limit} at most {max_tokens}"
-                         + (f" ({why})" if why else "") + ". Shorten it.")
+    check_prompt_tokens(model, prompt, max_tokens=max_tokens, why=why, limit=limit)
     if check is not None:
         check()
     ds = trace_sites(model, [prompt], sites=("attn_pattern",), edits=list(edits), progress=False)

@@ -15,7 +15,8 @@ import param
 from apps import theme
 
 __all__ = ["OwnItems", "caption", "check_selected_component", "control", "flex_plot", "flex_row",
-           "labelled", "labelled_control", "labelled_controls", "run_page", "tip"]
+           "labelled", "labelled_control", "labelled_controls", "run_page", "selected_component",
+           "tip", "token_choice"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -140,6 +141,19 @@ class OwnItems:
                                    css_classes=["own-items-error"], sizing_mode="stretch_width")
         return pn.Column(self.area, self.button, message, margin=0, sizing_mode="stretch_width",
                          css_classes=["own-items"])
+
+
+def token_choice(label: str, *, doc: str) -> param.String:
+    """A page's answer or alternative token Parameter: empty for the page's default token,
+    else a token as the model spells it or ``#id``; ``doc`` says which default."""
+    return param.String(default="", label=label, doc=doc)
+
+
+def selected_component(*, doc: str) -> param.String:
+    """A page's ``selected`` Parameter: the component last clicked (``L3.H1``, ``L3.MLP``),
+    which the gallery selects in the workspace; ``doc`` says where it is clicked."""
+    return param.String(default="", label="Selected component",
+                        doc=f"{doc}; in the gallery it is selected in the workspace.")
 
 
 def check_selected_component(view: param.Parameterized, spec: Any, event: Any) -> None:

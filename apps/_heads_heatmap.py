@@ -23,7 +23,8 @@ from apps._view import STATIC_TOOLS
 from explorer import components
 
 __all__ = ["heads_in", "head_ticks", "layer_ticks", "head_boxes", "selected_outlines",
-           "current_head_box", "heads_heatmap", "head_cell", "on_head_click", "MAX_LAYER_TICKS"]
+           "current_head_box", "component_cell_box", "heads_heatmap", "head_cell", "on_head_click",
+           "MAX_LAYER_TICKS"]
 
 hv.extension("bokeh", logo=False)
 
@@ -81,6 +82,25 @@ def current_head_box(layer: int, head: int, *, n_layers: int | None = None) -> h
     """A solid outline in the accent colour around the one head a page shows enlarged."""
     return hv.Rectangles(head_boxes([(int(layer), int(head))], n_layers=n_layers)).opts(
         fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
+
+
+def component_cell_box(name: str, n_layers: int, n_heads: int) -> tuple | None:
+    """(x0, y0, x1, y1) of a component's cell on a layer x (heads, then MLP) grid, the MLP in
+    column ``n_heads`` (the logit attribution's grid); None for an empty name or anything
+    that is not a head or an MLP of the model."""
+    if not name:
+        return None
+    try:
+        c = components.check_in_model(name, n_layers, n_heads)
+    except components.ComponentError:
+        return None
+    if c.is_head:
+        x = c.head
+    elif str(c) == str(components.mlp(c.layer)):
+        x = n_heads
+    else:
+        return None
+    return (x - 0.5, c.layer - 0.5, x + 0.5, c.layer + 0.5)
 
 
 def _colour_range(values: np.ndarray, signed: bool, low: float | None) -> tuple[str, tuple]:

@@ -26,8 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._controls import check_selected_component
-from apps._heads_heatmap import layer_ticks
+from apps._controls import check_selected_component, selected_component, token_choice
+from apps._heads_heatmap import component_cell_box, layer_ticks
 from apps._positions import position_outlines, toggled
 from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe, Ref
@@ -224,7 +224,7 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
     if view == "lens" and panel != "difference" and cell_w >= 30 and cell_h >= 12:
         out = out * _token_labels(table, cmap, clim)
     if view == "dla":
-        box = _component_box(selected, n_rows, n_cols - 1)
+        box = component_cell_box(selected, n_rows, n_cols - 1)
         if box is not None:
             out = out * hv.Rectangles([box]).opts(fill_alpha=0.0, line_color=theme.ACCENT,
                                                   line_width=2.5, default_tools=STATIC_TOOLS)
@@ -267,22 +267,6 @@ def _position_box(pos: int, view: str, n_rows: int) -> tuple:
     if view == "attention":
         return (-0.5, pos - 0.5, n_rows - 0.5, pos + 0.5)
     return (pos - 0.5, -0.5, pos + 0.5, n_rows - 0.5)
-
-
-def _component_box(name: str, n_layers: int, n_heads: int) -> tuple | None:
-    if not name:
-        return None
-    try:
-        c = components.check_in_model(name, n_layers, n_heads)
-    except components.ComponentError:
-        return None
-    if c.is_head:
-        x = c.head
-    elif str(c) == str(components.mlp(c.layer)):
-        x = n_heads
-    else:
-        return None
-    return (x - 0.5, c.layer - 0.5, x + 0.5, c.layer + 0.5)
 
 
 def cell_target(view: str, x: Any, y: Any, n_rows: int, n_cols: int) -> str | int | None:
@@ -356,13 +340,7 @@ def compare_caption(ds: xr.Dataset | None) -> str:
 class CompareView(View):
     """The workspace prompt (A) and the second prompt (B), one view of each, and B − A.
 
-    Parameters
-    ----------
-    model : explorer.Model
-    background : bool, optional
-        Compute in a worker thread (default when served) or inline (tests, notebooks).
-    **params
-        Initial values of the parameters below.
+    Built from the model; ``background`` and the initial Parameters (below) as for `View`.
     """
 
     notify_title = "Two prompts"
@@ -385,16 +363,14 @@ class CompareView(View):
     k = param.Integer(default=5, bounds=(1, 10), label="Ranks",
                       doc="Saturation view: the final top-k tokens whose saturation layer is "
                           "shown.")
-    answer = param.String(default="", label="Answer",
-                          doc="Attribution view: the answer token, the same for both prompts; "
-                              "empty for prompt A's top token; a token or #id.")
-    alternative = param.String(default="", label="Alternative",
-                               doc="Attribution view: the token the answer is compared with; "
-                                   "empty for prompt A's second token; a token or #id.")
-    selected = param.String(default="", label="Selected component",
-                            doc="The component last clicked on the attribution grid (or the "
-                                "workspace's newest head); in the gallery it is selected in "
-                                "the workspace.")
+    answer = token_choice("Answer", doc="Attribution view: the answer token, the same for "
+                                        "both prompts; empty for prompt A's top token; a "
+                                        "token or #id.")
+    alternative = token_choice("Alternative", doc="Attribution view: the token the answer is "
+                                                  "compared with; empty for prompt A's second "
+                                                  "token; a token or #id.")
+    selected = selected_component(doc="The component last clicked on the attribution grid "
+                                      "(or the workspace's newest head)")
     selected_positions = workspace_positions(doc="Selected token positions of prompt A, "
                                                  "outlined on every grid; a click on a cell "
                                                  "selects or deselects its position.")

@@ -27,8 +27,9 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._controls import check_selected_component
-from apps._heads_heatmap import layer_ticks
+from apps._attention_trace import check_prompt_tokens
+from apps._controls import check_selected_component, selected_component, token_choice
+from apps._heads_heatmap import component_cell_box, layer_ticks
 from apps._positions import position_outlines
 from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
@@ -229,30 +230,15 @@ def plot_dla(ds: xr.Dataset | None, panel: str = "clean", selected: str = "",
         fontsize=theme.font_sizes(), padding=0)
     boxes = []
     for name in highlighted or ():
-        box = _box(name, n_layers, n_heads)
+        box = component_cell_box(name, n_layers, n_heads)
         if box is not None:
             boxes.append(box)
     out = heat * position_outlines(boxes)
-    current = _box(selected, n_layers, n_heads) if selected else None
+    current = component_cell_box(selected, n_layers, n_heads)
     if current is not None:
         out = out * hv.Rectangles([current]).opts(
             fill_alpha=0.0, line_color=theme.ACCENT, line_width=2.5, default_tools=STATIC_TOOLS)
     return out
-
-
-def _box(name: str, n_layers: int, n_heads: int) -> tuple | None:
-    """(x0, y0, x1, y1) of a component's cell on `plot_dla` (None: not a head or MLP here)."""
-    try:
-        c = components.check_in_model(name, n_layers, n_heads)
-    except components.ComponentError:
-        return None
-    if c.is_head:
-        x = c.head
-    elif str(c) == str(components.mlp(c.layer)):
-        x = n_heads
-    else:
-        return None
-    return (x - 0.5, c.layer - 0.5, x + 0.5, c.layer + 0.5)
 
 
 # -- the view ----------------------------------------------------------------------------
@@ -260,13 +246,7 @@ def _box(name: str, n_layers: int, n_heads: int) -> tuple | None:
 class DLAView(View):
     """Direct logit attribution of an answer against an alternative on the prompt.
 
-    Parameters
-    ----------
-    model : explorer.Model
-    background : bool, optional
-        Compute in a worker thread (default when served) or inline (tests, notebooks).
-    **params
-        Initial values of the parameters below.
+    Built from the model; ``background`` and the initial Parameters (below) as for `View`.
     """
 
     notify_title = "Logit attribution"
@@ -276,15 +256,13 @@ class DLAView(View):
 
     prompt = param.String(default="The capital of France is", label="Prompt",
                           doc="Prompt whose last position is attributed.")
-    answer = param.String(default="", label="Answer",
-                          doc="The answer token: empty for the model's top token; type a token "
-                              "as the model spells it (mind the leading space) or #id.")
-    alternative = param.String(default="", label="Alternative",
-                               doc="The token the answer is compared with: empty for the "
-                                   "model's second token; a token or #id.")
-    selected = param.String(default="", label="Selected component",
-                            doc="The component last clicked (L3.H1 or L3.MLP); in the gallery "
-                                "it is selected in the workspace.")
+    answer = token_choice("Answer", doc="The answer token: empty for the model's top token; "
+                                        "type a token as the model spells it (mind the "
+                                        "leading space) or #id.")
+    alternative = token_choice("Alternative", doc="The token the answer is compared with: "
+                                                  "empty for the model's second token; a "
+                                                  "token or #id.")
+    selected = selected_component(doc="The component last clicked (L3.H1 or L3.MLP)")
     highlighted = workspace_selection(doc="Components outlined on the heatmaps (the workspace "
                                           "selection).")
     edits = workspace_edits(doc="Workspace edits: the edited run (and its difference from the "
@@ -349,10 +327,7 @@ class DLAView(View):
         self._started = time.perf_counter()
 
         def job(token: CancelToken) -> xr.Dataset:
-            n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            if n > MAX_TOKENS:
-                raise InputError(f"The prompt is {n} tokens; this page attributes at most "
-                                 f"{MAX_TOKENS}. Shorten it.")
+            check_prompt_tokens(model, prompt, max_tokens=MAX_TOKENS, limit="this page attributes")
             token.check()
             ds = answer_logit_attribution(model, prompt, answer=parse_token(answer),
                                           alternative=parse_token(alternative), edits=edits)

@@ -29,6 +29,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._attention_trace import check_prompt_tokens
+from apps._controls import selected_component, token_choice
 from apps._heads_heatmap import layer_ticks
 from apps._positions import PositionStrip, column_boxes, position_outlines
 from apps._provenance import (Counterfactual, Provenance, computed_at_now, one_line,
@@ -287,13 +289,7 @@ def _selected_cell(ds: xr.Dataset, selected: str) -> tuple[int, int] | None:
 class PatchingView(View):
     """Activation patching between the workspace prompt and a counterfactual.
 
-    Parameters
-    ----------
-    model : explorer.Model
-    background : bool, optional
-        Compute in a worker thread (default when served) or inline (tests, notebooks).
-    **params
-        Initial values of the parameters below.
+    Built from the model; ``background`` and the initial Parameters (below) as for `View`.
     """
 
     notify_title = "Activation patching"
@@ -321,14 +317,11 @@ class PatchingView(View):
                                label="Direction",
                                doc="Denoising: clean activations into the corrupted run; "
                                    "noising: corrupted ones into the clean run.")
-    answer = param.String(default="", label="Answer",
-                          doc="Empty: the clean run's top token; a token or #id.")
-    alternative = param.String(default="", label="Alternative",
-                               doc="Empty: the corrupted run's top token (its second when "
-                                   "that is the answer); a token or #id.")
-    selected = param.String(default="", label="Selected component",
-                            doc="The component of the cell last clicked; in the gallery it "
-                                "is selected in the workspace.")
+    answer = token_choice("Answer", doc="Empty: the clean run's top token; a token or #id.")
+    alternative = token_choice("Alternative", doc="Empty: the corrupted run's top token (its "
+                                                  "second when that is the answer); a token "
+                                                  "or #id.")
+    selected = selected_component(doc="The component of the cell last clicked")
     cell = param.String(default="", precedence=-1, doc="The cell last clicked, L3@P5.")
     highlighted = workspace_selection(doc="The workspace's selected components.")
     selected_positions = workspace_positions(doc="Token positions selected in the workspace "
@@ -435,10 +428,7 @@ class PatchingView(View):
         self._started = time.perf_counter()
 
         def job(token: CancelToken) -> xr.Dataset:
-            n = len(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            if n > MAX_TOKENS:
-                raise InputError(f"The prompt is {n} tokens; this page patches at most "
-                                 f"{MAX_TOKENS}. Shorten it.")
+            check_prompt_tokens(model, prompt, max_tokens=MAX_TOKENS, limit="this page patches")
             token.check()
             ds = activation_patching(model, prompt, corrupt, edits=edits,
                                      progress=self.progress_fn(token), **settings)
