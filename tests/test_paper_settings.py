@@ -162,6 +162,19 @@ def test_paper_flag_sets_the_papers_values_and_keeps_what_the_user_set(capsys):
     assert (args.induction_sequences, args.n_prompts) == (16, 8)
 
 
+def test_paper_flag_keeps_an_option_given_its_default_value(capsys):
+    from explorer.commands._common import apply_paper_option
+
+    # 8 prompts and the first-token score are the defaults; given on the line, they stay
+    args = _parsed("icl_heads", ["icl-heads", "--n-prompts", "8", "--paper",
+                                 "--icl-score=first_token"])
+    apply_paper_option(args, "icl-heads")
+    assert (args.n_prompts, args.icl_score) == (8, "first_token")
+    assert (args.n_shots, args.induction_sequences) == (10, 1000)      # not given: the paper's
+    err = capsys.readouterr().err
+    assert "n_shots=10" in err and "n_prompts" not in err and "icl_score" not in err
+
+
 def test_task_emergence_setting_flags_reach_the_training_run(monkeypatch, capsys):
     from explorer.analyses import task_emergence as te
 

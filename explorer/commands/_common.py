@@ -15,7 +15,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -370,8 +370,12 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 def add_paper_option(parser: argparse.ArgumentParser, method: str) -> None:
     """Add ``--paper``: set every option the paper's setting names to the paper's value
-    (`explorer.paper_settings.PAPER_SETTINGS`); an option given a value other than its
-    default on the same line keeps that value."""
+    (`explorer.paper_settings.PAPER_SETTINGS`); an option given on the same line keeps its
+    value, the default's value included.
+
+    To tell a given option from a default, ``parser`` keeps the arguments it parsed on the
+    result (``_paper_argv``), and `apply_paper_option` parses them again with no defaults.
+    """
     from explorer.paper_settings import flag_values, paper_setting
 
     setting = paper_setting(method)
@@ -379,8 +383,31 @@ def add_paper_option(parser: argparse.ArgumentParser, method: str) -> None:
                        for flag, value in flag_values(method).items())
     parser.add_argument("--paper", action="store_true",
                         help=f"the paper's setting ({setting.paper}; read from {setting.code}): "
-                             f"{values} (an option given another value keeps it)")
+                             f"{values} (an option given on the line keeps its value)")
     parser.set_defaults(_paper_parser=parser)
+    parse = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        """``parser``'s own parse, keeping the arguments it read on the result."""
+        done, rest = parse(args, namespace)
+        done._paper_argv = list(sys.argv[1:] if args is None else args)
+        return done, rest
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+_UNSET = object()
+
+
+def _given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str] | None:
+    """The destinations of the options ``argv`` gives (None if it does not parse again)."""
+    probe = argparse.Namespace(**{a.dest: _UNSET for a in parser._actions
+                                  if a.dest != argparse.SUPPRESS})
+    try:
+        argparse.ArgumentParser.parse_known_args(parser, list(argv), probe)
+    except SystemExit:
+        return None
+    return {dest for dest, value in vars(probe).items() if value is not _UNSET}
 
 
 def apply_paper_option(args: argparse.Namespace, method: str) -> None:
@@ -391,8 +418,12 @@ def apply_paper_option(args: argparse.Namespace, method: str) -> None:
     from explorer.paper_settings import apply_paper_flags, paper_setting
 
     parser = getattr(args, "_paper_parser", None)
-    kept = {flag for flag in vars(args)
-            if parser is not None and getattr(args, flag) != parser.get_default(flag)}
+    argv = getattr(args, "_paper_argv", None)
+    kept = (_given_options(parser, argv) if parser is not None and argv is not None
+            else None)
+    if kept is None:       # arguments not kept: an option other than its default was given
+        kept = {flag for flag in vars(args)
+                if parser is not None and getattr(args, flag) != parser.get_default(flag)}
     done = apply_paper_flags(args, method, keep=kept)
     setting = paper_setting(method)
     beyond = f"; not set here: {setting.beyond}" if setting.beyond else ""
