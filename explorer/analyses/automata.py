@@ -111,6 +111,8 @@ def reachable_states(automaton: Automaton) -> np.ndarray:
 def minimise_automaton(automaton: Automaton) -> tuple[Automaton, np.ndarray]:
     """The minimal equivalent automaton, by Hopcroft's partition refinement.
 
+    A tuple: the automaton and each state's class are different kinds of value, read together.
+
     Unreachable states are dropped first. Refinement starts from the partition by output
     (a Moore machine: states with different outputs are distinguishable by the empty word)
     and splits blocks until every block maps each symbol into a single block. A partial

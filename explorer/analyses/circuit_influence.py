@@ -165,7 +165,11 @@ def influence_pruning(scores: xr.Dataset, in_circuit: Any, *,
 def strongest_paths(scores: xr.Dataset, in_circuit: Any) -> dict[str, tuple[list[int], list[int]]]:
     """For each node of the circuit: (edge indices of the path from the input to it, of the
     path from it to the logits) with the largest product of normalised weights (Â, as in
-    `influence_pruning`); an empty list where there is no such path (or the node is an end)."""
+    `influence_pruning`); an empty list where there is no such path (or the node is an end).
+
+    A dict keyed by node name: the paths are ragged lists of edge indices, which no labelled
+    array holds.
+    """
     names, s_idx, t_idx = edge_nodes(scores)
     mask = np.asarray(in_circuit.values if isinstance(in_circuit, xr.DataArray) else in_circuit)
     weight = np.where(mask, np.abs(np.asarray(scores["score"].values, dtype=np.float64)), 0.0)

@@ -217,7 +217,10 @@ def cached_feature_index(model: Model, texts: Sequence[str], *, store: Any = Non
                          **settings: Any) -> tuple[xr.Dataset, bool]:
     """`feature_index` kept in the activation store: (the index, loaded into memory, and
     whether it came from the store). The key covers the model's provenance, the texts and
-    every setting, so the first call trains and later calls (any session) read it back."""
+    every setting, so the first call trains and later calls (any session) read it back.
+
+    A tuple: the index and a flag about where it came from are different kinds of value.
+    """
     from explorer.store import ActivationStore
 
     store = ActivationStore() if store is None else store

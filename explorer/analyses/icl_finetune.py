@@ -55,7 +55,10 @@ ENGINES = ("peft", "hooks")
 
 
 def split_task(task: ICLTask | str, *, seed: int = 0) -> tuple[ICLTask, ICLTask]:
-    """A seeded split of a task's pairs into (train, held-out) halves with the same name."""
+    """A seeded split of a task's pairs into (train, held-out) halves with the same name.
+
+    A tuple: the two halves of one split, always used as a pair.
+    """
     task = as_icl_task(task)
     if len(task.pairs) < 10:
         raise InputError(f"task {task.name!r} has {len(task.pairs)} pairs; splitting it "

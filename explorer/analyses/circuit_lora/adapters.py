@@ -44,6 +44,8 @@ Progress = Callable[[int, int], None] | None
 def lora_modules(model: Model) -> dict[int, list[tuple[str, int, int]]]:
     """The linear modules LoRA adapts in each layer: ``{layer: [(name, d_in, d_out), ...]}``.
 
+    A dict of ragged lists: the adapter builders look a layer's modules up by layer.
+
     Every ``nn.Linear`` (and GPT-2 ``Conv1D``) inside a decoder layer: the attention
     projections and the MLP, as in the paper (qkv, attention output, both MLP matrices).
     ``name`` is the module's full name in ``model.hf``.
@@ -84,7 +86,11 @@ def lora_parameter_count(model: Model, ranks: Mapping[int, int] | Sequence[int])
 
 
 def uniform_lora_ranks(model: Model, rank: int) -> dict[int, int]:
-    """The same rank on every layer (plain LoRA)."""
+    """The same rank on every layer (plain LoRA).
+
+    A dict layer -> rank: the per-layer rank form that `lora_parameter_count` and the adapter
+    builders take.
+    """
     check_int("rank", rank, low=1)
     return {layer: rank for layer in range(model.n_layers)}
 

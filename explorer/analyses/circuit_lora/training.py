@@ -74,6 +74,8 @@ def finetune_lora(model: Model, prompts: Sequence[str], answers: Sequence[str], 
                   ) -> tuple[xr.Dataset, Any]:
     """Fine-tune LoRA adapters on (prompt, answer) pairs; save adapter checkpoints.
 
+    A tuple: the training record (a Dataset) and the trained model are different kinds of value.
+
     Loss: cross-entropy of the answer tokens only (teacher forcing). AdamW; the learning
     rate of step k (1-based) is `lr_at` (``lr`` k / ``warmup`` during the warm-up, then
     ``lr`` for ``schedule="constant"`` or a linear decay towards 0 for ``"linear"``);

@@ -18,6 +18,8 @@ def matching_pursuit(x: torch.Tensor, atoms: torch.Tensor, l0: int, *, method: s
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse codes of ``x`` over unit-norm ``atoms`` with at most ``l0`` steps.
 
+    A tuple: the chosen atoms and their coefficients, step by step, read together.
+
     MP: residual r = x; each step picks j = argmax |<r, d_j>|, adds <r, d_j> to a_j and
     subtracts <r, d_j> d_j from r. OMP picks the same way but refits all chosen
     coefficients by least squares after each step. A row stops early once its residual

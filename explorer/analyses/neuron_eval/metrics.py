@@ -179,6 +179,8 @@ def paired_metrics(activations: Any, concepts: Any, *, metrics: Sequence[str] = 
                    _cache: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Scores of unit j against concept j for every column j: {metric: [n_pairs]}.
 
+    A dict metric -> array: the metrics are separate functions and their callers stack them.
+
     ``activations`` and ``concepts`` are [n_inputs, n_pairs] (either may have one column,
     broadcast to the other). See `neuron_metrics` for the options.
     """

@@ -136,6 +136,8 @@ class ParityRNN(nn.Module):
 def parity_strings(max_length: int, *, min_length: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Every binary string of length ``min_length..max_length``, padded with zeros.
 
+    A tuple: the padded strings and their lengths, read together by every caller.
+
     Strings are ordered by length, then as binary numbers (first symbol most significant),
     so the string of length ``l`` and value ``v`` sits at row ``2**l - 2**min_length + v``.
 

@@ -65,7 +65,10 @@ def save_parity_run_safetensors(run: xr.Dataset, path: str | Path, *,
 
 def load_parity_run_safetensors(path: str | Path) -> tuple[xr.Dataset, xr.Dataset | None]:
     """Read a file of `save_parity_run_safetensors`: the run (weights back in float32, the
-    stored float16 values exactly) and its analysis, or None if the file has none."""
+    stored float16 values exactly) and its analysis, or None if the file has none.
+
+    A tuple: the file holds two Datasets, the run and its analysis.
+    """
     parts, _ = datasets_from_safetensors(path, as_float32=_WEIGHTS)
     if "run" not in parts:
         raise InputError(f"{str(path)!r} holds no parity run.")

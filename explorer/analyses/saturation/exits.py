@@ -40,6 +40,8 @@ def exit_metrics(exit_layer: Any, layer_top1: Any, final_top1: Any, next_token: 
                  n_layers: int) -> dict[str, float]:
     """Accuracy and speed-up of an early-exit rule.
 
+    A dict of scalars: the two numbers of one rule, read by name.
+
     Exiting at layer e (0-based) means running e + 1 layers and emitting the lens top-1 of
     layer e. ``speedup = L * N / sum(e + 1)`` (Lioubashevski et al., ICML 2025).
 
@@ -154,6 +156,9 @@ EXIT_ACCURACY_TARGETS = (0.8, 0.9, 0.95, 0.99)
 def speedup_at_accuracy(ds: xr.Dataset, targets: Sequence[float] = EXIT_ACCURACY_TARGETS, *,
                         against: str = "full model") -> dict[str, Any]:
     """Each early-exit rule's speed-up at fixed accuracy targets, read from stored curves.
+
+    A dict of plain values: headline numbers that the summary and the docs' figures print as
+    JSON.
 
     Parameters
     ----------

@@ -63,6 +63,9 @@ def inject_residual(model: Any, text: str, *, source_pos: int, target_pos: int, 
                     clean: Any = None, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``source_pos``'s residual into ``target_pos`` after block ``layer``; re-run.
 
+    A dict of plain values: one intervention's outcome, which `saturation_analysis` and the
+    Saturation page collect over pairs.
+
     The target's ``resid_post`` at ``layer`` becomes the source's (an `explorer.Steer`
     that adds their difference), the rest of the forward pass runs as usual, and the
     target's lens is read again. Layers before ``layer`` are not re-run when ``clean``

@@ -24,7 +24,10 @@ __all__ = ["rank2_accuracy_by_saturation", "two_proportion_z_test", "wilson_inte
 
 def two_proportion_z_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, float]:
     """Pooled two-proportion z statistic of x1/n1 - x2/n2 and its two-sided p (the paper's
-    ``calculate_proportion_test``); NaNs when a group is empty or the pooled rate is 0 or 1."""
+    ``calculate_proportion_test``); NaNs when a group is empty or the pooled rate is 0 or 1.
+
+    A tuple: (z, p), as a test's result is.
+    """
     if n1 == 0 or n2 == 0:
         return math.nan, math.nan
     pooled = (x1 + x2) / (n1 + n2)
@@ -40,6 +43,8 @@ def rank2_accuracy_by_saturation(sat_layer: Any, final_token_id: Any, next_token
                                  n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Rank-2 accuracy where the top-1 is wrong, early (s_2 <= L - ``early_margin``) vs
     last-layer (s_2 = L - 1) saturation of the rank-2 token.
+
+    A dict of scalars: the test's counts, accuracies and p-value, printed as JSON.
 
     Parameters
     ----------

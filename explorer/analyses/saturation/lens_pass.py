@@ -188,6 +188,8 @@ def cache_saturation_parts(model: Any, texts: Any, *, store: Any, part_texts: in
                            progress: Any = None) -> dict[str, int]:
     """Run the lens pass of `saturation_layers` part by part into the store.
 
+    A dict of counts: what the run did (parts computed and read), for the command's report.
+
     Texts are cut into consecutive parts of ``part_texts``; each part not yet in the store
     is computed and stored. With ``time_budget_s`` no new part starts once that many
     seconds have passed (one part always runs), so a long corpus can be filled in several

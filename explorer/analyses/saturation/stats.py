@@ -118,6 +118,8 @@ def order_test(sat_layer: Any, n_layers: int, *, k: int = 5, min_ranks: int = 3,
                n_permutations: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Do the top-k tokens saturate in rank order? Mean strict Kendall tau + permutation test.
 
+    A dict of scalars: the test's statistics, which `saturation_summary` prints as they are.
+
     Per position the list (s_1..s_k) is cut before the first rank that saturates only at
     the last layer or never; positions with fewer than ``min_ranks`` ranks left are not
     counted. The null shuffles each position's list independently (``n_permutations``

@@ -232,6 +232,8 @@ def memit_edits(km: KnowledgeModel, requests: Sequence[tuple[int, int, int]], *,
                 steps: int = 100, position: str = "last") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """MEMIT (Meng et al., ICLR 2023): several facts ``(entity, relation, new_object)`` at once.
 
+    A tuple: the weight changes and the info on how they were found are different kinds of value.
+
     1. For each fact, the target residual ``z_i = h_i^L + δ_i`` after the last critical block
        ``L`` (``layer``, default the last of ``layers``) at the key position, ``δ_i`` found as
        ROME's v* (`_target_value`: an additive change to block L's output there).

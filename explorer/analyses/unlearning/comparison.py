@@ -39,7 +39,10 @@ __all__ = ["METRICS", "relearn_halves", "relearn", "trained_parameters", "unlear
 def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
     """(mean, low, high): Student's t interval for the mean of ``values`` (e.g. one value per
     seed), mean +/- t_{(1+level)/2, n-1} * sd / sqrt(n) with sd at ddof 1; the bounds are
-    NaN for fewer than 2 values."""
+    NaN for fewer than 2 values.
+
+    A tuple: (mean, low, high), as an estimate with its interval is.
+    """
     from scipy import stats
 
     v = np.asarray(values, dtype=float)
@@ -60,7 +63,10 @@ def relearn_halves(facts: Sequence[AttributeFact]) -> tuple[list[AttributeFact],
     to the two halves in turn, with one alternation running across attributes, so both
     halves hold the same mix of answers (within one fact per attribute). A training half
     with another mix would shift the answer prior and move the held-out answers for
-    that reason alone."""
+    that reason alone.
+
+    A tuple: the two halves of one split, always used as a pair.
+    """
     learn: list[AttributeFact] = []
     heldout: list[AttributeFact] = []
     turn = 0
@@ -118,7 +124,10 @@ def _layer_label(method: str, components: Sequence[str]) -> str:
 def trained_parameters(model: Model, method: str, components: Sequence[str]
                        ) -> tuple[list[str], dict[str, torch.Tensor | None], int]:
     """(parameter names, masks, number of trained entries) of a localization: every
-    parameter for ``all``, else the components' (`component_masks`)."""
+    parameter for ``all``, else the components' (`component_masks`).
+
+    A tuple: names, masks and a count are different kinds of value, read together.
+    """
     params = dict(model.hf.named_parameters())
     if method == "all":
         return list(params), {}, int(sum(p.numel() for p in params.values()))

@@ -47,7 +47,10 @@ def component_names(model: Model, *, heads: bool = True) -> list[str]:
 
 
 def parse_component(model: Model, name: str) -> tuple[int, int | None]:
-    """(layer, head) of ``"L3.H1"``; (layer, None) of ``"L3.MLP"``."""
+    """(layer, head) of ``"L3.H1"``; (layer, None) of ``"L3.MLP"``.
+
+    A tuple: (layer, head), as a component's address is.
+    """
     m = _NAME.match(str(name))
     if m is None:
         raise InputError(f"component {name!r} is not a head ('L3.H1') or an MLP ('L3.MLP').")
@@ -88,7 +91,11 @@ def _head_modules(model: Model, layer: int) -> tuple[torch.nn.Module, torch.nn.M
 def component_masks(model: Model, components: Sequence[str]) -> dict[str, torch.Tensor | None]:
     """Parameter name -> the entries the components own: None for a whole tensor (an MLP's
     matrices and biases), else a boolean mask of the tensor's shape (the union of the
-    chosen heads' ``q_proj`` rows and ``o_proj`` columns in that layer)."""
+    chosen heads' ``q_proj`` rows and ``o_proj`` columns in that layer).
+
+    A dict keyed by parameter name: the masks differ in shape, and the masked update looks them
+    up by name.
+    """
     names = _named(model)
     out: dict[str, torch.Tensor | None] = {}
     dh = model.spec.d_head

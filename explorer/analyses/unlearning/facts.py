@@ -165,7 +165,10 @@ def format_accuracy(model: Model, facts: Sequence[AttributeFact], fmt: str = "tr
     """(correct [fact] bool, p(answer) among the candidates [fact]) for the facts asked in
     ``fmt``; ``hf`` is a trained copy to evaluate instead of the model's own weights, or
     the `WeightDeltas` a remote model's `localized_finetune` returns (evaluated where the
-    weights are, with the updates hooked; only the candidates' logits come back)."""
+    weights are, with the updates hooked; only the candidates' logits come back).
+
+    A tuple: two arrays over the same facts, read together.
+    """
     facts = list(facts)
     if not facts:
         return np.zeros(0, bool), np.zeros(0)
@@ -240,7 +243,10 @@ def known_facts(model: Model, facts: Sequence[AttributeFact] | None = None, *,
 
 def split_facts(facts: Sequence[AttributeFact], n_forget: int, n_retain: int, *,
                 seed: int = 0) -> tuple[list[AttributeFact], list[AttributeFact]]:
-    """A seeded random forget set and a disjoint retain set."""
+    """A seeded random forget set and a disjoint retain set.
+
+    A tuple: the two sides of one split, always used as a pair.
+    """
     facts = list(facts)
     n_forget = check_int("n_forget", n_forget, low=2)
     n_retain = check_int("n_retain", n_retain, low=1)

@@ -68,6 +68,8 @@ def localized_finetune(model: Model, forget: Sequence[AttributeFact],
                        should_stop: ShouldStop = None) -> tuple[torch.nn.Module, list[float]]:
     """Train a copy of the model on the forget facts, updating only ``parameters``.
 
+    A tuple: the trained copy and its losses are different kinds of value.
+
     Loss per step = L_forget + retain_weight * CE(retain answers) + text_weight *
     CE(general text), with L_forget = -log(1 - p(answer)) for ``unlearn`` (p among the
     relation's attributes, the quantity the accuracy reads) and CE toward the next

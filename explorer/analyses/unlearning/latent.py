@@ -67,7 +67,10 @@ def transfer_probe_accuracy(train_x: np.ndarray, train_y: Sequence[str], test_x:
                             test_y: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Per-layer probes fitted on ``train_x`` [example, layer, d] and scored on ``test_x``:
     (accuracy [layer], correct [layer, test example]). The probe is the fact-lookup one
-    (`probe_accuracy`: standardised features, L2 logistic regression, C = 0.1)."""
+    (`probe_accuracy`: standardised features, L2 logistic regression, C = 0.1).
+
+    A tuple: two arrays of different shapes, read together.
+    """
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
