@@ -30,6 +30,10 @@ WORDS = {**INPUT_WORDS, "prompts": "the probing prompts", "layer": "the layer", 
          "method": "the similarity measure"}
 """How a stale note of these pages names each input."""
 
+_ORDER = ("model", "prompts", "layer", "tau", "l0", "atom", "unit", "concept", "binarize",
+          "alpha", "threshold", "seed", "method", "other", "noise")
+"""The order a stale note names the inputs in (the controls' order on the pages)."""
+
 STATES = {"running": "recomputing; the result shown is the old one until then.",
           "failed": "its recompute failed (the message above says why); the result shown is "
                     "the old one."}
@@ -70,6 +74,7 @@ def dictionary_stale_text(shown: Provenance, wanted: Provenance, *, state: str =
     changed = changed_inputs(shown, wanted)
     if not changed:
         return ""
+    changed.sort(key=lambda c: _ORDER.index(c) if c in _ORDER else len(_ORDER))
     what = ", ".join(WORDS.get(c, c) for c in changed)
     return (f"Shown: computed on {on or dictionary_words(shown)} at {shown.computed_at[11:16]} UTC; "
             f"{what} changed since" + (f": {state}" if state else "."))
