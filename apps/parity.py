@@ -7,6 +7,13 @@ training-step slider drives every panel: the PCA of the hidden states (coloured 
 length), the automaton of merged states (or its Hopcroft-minimised form) drawn as a graph, the
 accuracy against string length up to 10,000, and the automaton size, loss and long-string
 accuracy over training with the current step marked.
+
+The hidden states, the automaton and the summary are drawn at once from the step, threshold
+and length controls, so their words are of those controls. The automaton sizes over training
+are recomputed in the background when the threshold or length changes; their record
+(`curves_record`: the run, the threshold and length they were merged at, when) writes their
+caption, the page's code and the export's manifest, and a note marks them outdated until the
+new counts land.
 """
 from __future__ import annotations
 
@@ -22,7 +29,11 @@ import xarray as xr
 
 from apps import theme
 from apps._paper import paper_panel
+from apps._parity_phase import phase_caption, plot_phase_diagram
 from apps._controls import caption, control, flex_row, run_page
+from apps._lab_provenance import RECOMPUTING, LabInput, lab_record, lab_stale_text, stale_pane, stamped
+from apps._page_provenance import ShownRecord
+from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, Scope, View, serve
@@ -39,11 +50,23 @@ from explorer.analyses.parity import (
 __all__ = ["ParityView", "plot_hidden_pca", "plot_automaton", "plot_accuracy_by_length",
            "plot_state_curves", "plot_loss_curve", "plot_long_accuracy_curves",
            "plot_training_curves", "plot_phase_diagram", "automaton_caption", "accuracy_caption",
-           "curves_caption", "phase_caption"]
+           "curves_caption", "phase_caption", "CURVES_INPUTS", "run_name"]
 
 hv.extension("bokeh", logo=False)
 
 _TOOLS = ZOOM_TOOLS
+#: How the stale note names the inputs of the automaton sizes over training.
+CURVES_INPUTS = {"threshold": LabInput("the merge threshold", "merge threshold {:g}"),
+                 "max_length": LabInput("the longest analysed string",
+                                        "strings up to {} symbols")}
+
+
+def run_name(run: xr.Dataset) -> str:
+    """The parity RNN of ``run`` in a record: its size and seed."""
+    return (f"the parity RNN ({run.attrs.get('params', {}).get('hidden_size', '?')} ReLU units, "
+            f"seed {run.attrs.get('seed', 0)})")
+
+
 _PARITY_COLORS = {"even": theme.CATEGORICAL[0], "odd": theme.CATEGORICAL[1]}
 _SYMBOL_COLORS = {0: theme.CATEGORICAL[2], 1: theme.CATEGORICAL[3]}
 
@@ -298,61 +321,25 @@ def plot_training_curves(analysis: xr.Dataset | None, step: int | None) -> hv.El
                       plot_long_accuracy_curves(analysis, step)]).cols(3).opts(shared_axes=False)
 
 
-def curves_caption(analysis: xr.Dataset | None) -> str:
-    """What the curves over training show, with the transition and generalisation steps."""
+def curves_caption(analysis: xr.Dataset | None, record: Provenance | None = None) -> str:
+    """What the curves over training show, with the transition and generalisation steps;
+    ``record``: the threshold and length the state counts were merged at."""
     if analysis is None:
         return ""
     a = analysis.attrs
     longest = int(analysis["length"].values[-1])
     transition = a.get("transition_step")
+    merged = ""
+    if record is not None:
+        r = dict(record.request)
+        merged = (f" (the states of the strings up to {r['max_length']} symbols, merged at "
+                  f"threshold {r['threshold']:g})")
     return ("Over training (the dashed line is the step shown): the number of merged and of "
-            "Hopcroft-minimal automaton states (log), the training MSE, and the accuracy at "
-            f"length {longest:,} and at the worst tested length. "
+            f"Hopcroft-minimal automaton states{merged} (log), the training MSE, and the accuracy "
+            f"at length {longest:,} and at the worst tested length. "
             + (f"The 2-state parity automaton appears at step {transition} (faint line); "
                if transition is not None else "The parity automaton never appears in this run; ")
             + f"every length is solved from step {a.get('generalisation_step')}.")
-
-
-def plot_phase_diagram(phase: xr.Dataset | None) -> hv.Element:
-    """Phase diagram: initialisation gain x longest training string -> did the 2-state automaton
-    appear (colour: worst long-string accuracy; text: the epoch it appeared, or the final
-    number of minimal states)."""
-    if phase is None:
-        return _placeholder("No phase diagram stored yet.", height=200)
-    gains = [f"{g:g}" for g in phase["gain"].values]
-    lengths = [str(int(m)) for m in phase["max_length"].values]
-    rows, labels = [], []
-    for i, g in enumerate(gains):
-        for j, m in enumerate(lengths):
-            cell = phase.isel(gain=i, max_length=j)
-            acc = float(cell["long_accuracy"])
-            epoch = float(cell["transition_epoch"])
-            text = (f"epoch {int(epoch)}" if np.isfinite(epoch) else
-                    f"{int(cell['final_n_states_minimal'])} states"
-                    if np.isfinite(float(cell["final_n_states_minimal"])) else "not run")
-            # Cells at integer positions with tick labels: string categories trip Bokeh's
-            # HeatMap on pyarrow-backed pandas strings.
-            rows.append((j, i, acc))
-            labels.append((j, i, text))
-    heat = hv.HeatMap(rows, ["longest training string", "initialisation gain"],
-                      "worst long-string accuracy").opts(
-        xticks=list(enumerate(lengths)), yticks=list(enumerate(gains)),
-        cmap=theme.MAGNITUDE_CMAP, clim=(0.5, 1.0), colorbar=True, tools=["hover"],
-        default_tools=_TOOLS, fontsize=_font(), responsive=True, height=300, title="Phase diagram")
-    text = hv.Labels(labels, ["longest training string", "initialisation gain"], "text").opts(
-        text_font_size="9pt", text_color="black")
-    return heat * text
-
-
-def phase_caption(phase: xr.Dataset | None) -> str:
-    """What the phase diagram shows."""
-    if phase is None:
-        return ("The phase diagram (initialisation gain x longest training string) is shown once "
-                "stored: run `explorer parity phase` (a few minutes on the default grid).")
-    return (f"{phase.sizes['gain']} x {phase.sizes['max_length']} runs of "
-            f"{phase.attrs['params']['epochs']} epochs each, by initialisation gain and longest "
-            "training string. Colour: worst long-string accuracy; text: the epoch the 2-state "
-            "automaton appeared, or the final number of minimal states.")
 
 
 def _parity(auto: xr.Dataset) -> bool:
@@ -412,6 +399,9 @@ class ParityView(View):
     analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     sizes = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     phase = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    curves_record = param.ClassSelector(
+        class_=Provenance, default=None, allow_None=True, precedence=-1,
+        doc="What the automaton sizes over training were computed on.")
 
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
                  analysis: xr.Dataset | None = None, phase: xr.Dataset | None = None,
@@ -427,6 +417,8 @@ class ParityView(View):
             self._use_run(run)
         if analysis is not None:
             self.analysis = analysis
+            if run is not None:
+                self._follow_analysis()
         if run is None or analysis is None or phase is None:
             self.param.update(running=True, status="Loading the stored parity run…")
             self.submit("load", lambda token: self._load(run, analysis, token))
@@ -471,17 +463,58 @@ class ParityView(View):
         with param.parameterized.discard_events(self):
             self.param.update(run=run, step=keep, analysis=out["analysis"], phase=out["phase"])
         self.param.trigger("run", "step", "analysis", "phase")
+        self._follow_analysis()
+
+    # -- what the automaton sizes over training were computed on -------------------------
+    def curves_request(self) -> Provenance | None:
+        """The record of the automaton sizes the page would compute from its controls now."""
+        if self.run is None:
+            return None
+        return lab_record("parity", run_name(self.run), {
+            "threshold": float(self.threshold), "max_length": int(self.max_length)})
+
+    def _follow_analysis(self) -> None:
+        """The analysis's state counts are shown: their record; recounted at once when the
+        controls ask for another threshold or length (a link's, say)."""
+        p = self.analysis.attrs.get("params", {})
+        self.curves_record = stamped(lab_record("parity", run_name(self.run), {
+            "threshold": float(p.get("threshold", 0.01)), "max_length": int(p.get("max_length", 8))}))
+        if dict(self.curves_record.request) != dict(self.curves_request().request):
+            self._request_sizes()
+
+    def shown_provenance(self) -> Provenance | None:
+        """The record of the sizes over training, with the checkpoint, threshold and length
+        the hidden states and the automaton are drawn at (drawn at once from the controls)."""
+        rec = self.curves_record
+        if rec is None:
+            return None
+        return lab_record(rec.page, rec.model, dict(rec.request), computed_at=rec.computed_at,
+                          settings={"step": self.step, "drawn_threshold": float(self.threshold),
+                                    "drawn_max_length": int(self.max_length),
+                                    "minimal": self.minimal, "color_by": self.color_by})
+
+    def requested_provenance(self) -> Provenance | None:
+        return self.curves_request()
+
+    def stale_note(self, *_: Any) -> str:
+        """'' while the sizes over training are of the controls; else what they were computed
+        on and that the new ones are on their way (or failed)."""
+        state = ShownRecord.stale_states["failed"] if self.error else RECOMPUTING
+        return lab_stale_text(self.curves_record, self.curves_request(), CURVES_INPUTS,
+                              state=state)
 
     def _request_sizes(self, *events: Any) -> None:
         if self.run is None:
             return
         run, threshold, max_length = self.run, self.threshold, self.max_length
-        self.submit("sizes", lambda token: parity_automaton_sizes(
+        wanted = self.curves_request()
+        self.submit("sizes", lambda token: (parity_automaton_sizes(
             run, max_length=max_length, threshold=threshold,
-            progress=lambda done, total: not token.cancelled))
+            progress=lambda done, total: not token.cancelled), wanted))
 
-    def _sized(self, sizes: xr.Dataset) -> None:
-        self.sizes = sizes
+    def _sized(self, out: tuple[xr.Dataset, Provenance]) -> None:
+        sizes, wanted = out
+        self.param.update(sizes=sizes, curves_record=stamped(wanted), error="")
 
     def _cached(self, kind: str, *key: Any) -> xr.Dataset | None:
         if self.run is None or self.step is None:
@@ -552,9 +585,9 @@ class ParityView(View):
     def _long_plot(self) -> hv.Element:
         return plot_long_accuracy_curves(self.analysis, self.step)
 
-    @param.depends("analysis", "sizes")
+    @param.depends("analysis", "sizes", "curves_record")
     def _curves_caption(self) -> str:
-        return curves_caption(self.curves())
+        return curves_caption(self.curves(), self.curves_record)
 
     @param.depends("run", "step", "max_length", "threshold", "minimal")
     def _automaton_caption(self) -> str:
@@ -566,7 +599,8 @@ class ParityView(View):
 
     @param.depends("run", "step", "max_length", "threshold", "analysis", "minimal")
     def summary(self) -> str:
-        """One line on the current checkpoint: automaton, loss, long-string accuracy."""
+        """One line on the current checkpoint: automaton, loss, long-string accuracy (drawn
+        at once from the controls: its words are of them)."""
         auto = self.automaton()
         if auto is None:
             return "No run loaded yet."
@@ -610,8 +644,10 @@ class ParityView(View):
                       {"max_length": self.max_length}),
                  Call("automaton", f"{pa}.parity_automaton", (Ref("run"), self.step), at,
                       ".attrs['n_states'], ['n_states_minimal']")]
-        if self.sizes is not None:
-            steps.append(Call("sizes", f"{pa}.parity_automaton_sizes", (Ref("run"),), at,
+        if self.sizes is not None and self.curves_record is not None:   # the counts shown
+            steps.append(Call("sizes", f"{pa}.parity_automaton_sizes", (Ref("run"),),
+                              dict(sorted(dict(self.curves_record.request).items(),
+                                          key=lambda kv: kv[0] != "max_length")),
                               "the state counts over training"))
         return Recipe(steps=steps)
 
@@ -643,6 +679,8 @@ class ParityView(View):
             pn.pane.HoloViews(self._accuracy_plot, sizing_mode="stretch_width",
                               css_classes=["parity-accuracy"]),
             caption(self._accuracy_caption, "parity-accuracy-caption"),
+            stale_pane(self.stale_note, [self.param[n] for n in (
+                "curves_record", "threshold", "max_length", "error", "run")], "parity-stale"),
             flex_row(340, (self._states_plot, "parity-curves"), (self._loss_plot, "parity-loss"),
                      (self._long_plot, "parity-long")),
             caption(self._curves_caption, "parity-curves-caption"),

@@ -177,3 +177,58 @@ def test_shattering_note_and_code_follow_the_shown_edit_while_the_next_one_compu
     finally:
         gate.set()
         view.close()
+
+
+# -- Parity: the automaton sizes over training recount in the background ---------------------
+
+def test_parity_curves_name_the_threshold_they_were_counted_at_and_the_drawn_words_the_controls():
+    import numpy as np
+    import xarray as xr
+
+    from apps.parity import ParityView
+    from explorer.analyses import parity as par
+
+    run = par.train_parity_rnn(hidden_size=12, epochs=4, checkpoint_every=2, max_length=6, seed=0)
+    analysis = par.parity_analysis(run, max_length=5, lengths=[10, 100], n_strings=4)   # at 0.01
+    phase = xr.Dataset({"long_accuracy": (("gain", "max_length"), [[1.0]]),
+                        "transition_epoch": (("gain", "max_length"), [[np.nan]]),
+                        "final_n_states_minimal": (("gain", "max_length"), [[5.0]])},
+                       coords={"gain": [0.1], "max_length": [6]}, attrs={"params": {"epochs": 20}})
+    # a link's threshold, not the analysis's: the counts over training follow it at once
+    view = ParityView(run=run, analysis=analysis, phase=phase, max_length=5, threshold=0.03,
+                      background=False)
+    try:
+        root = view.__panel__()
+        assert dict(view.curves_record.request) == {"threshold": 0.03, "max_length": 5}
+        by_hand = par.parity_automaton_sizes(run, max_length=5, threshold=0.03)
+        np.testing.assert_array_equal(view.curves()["n_states"].values, by_hand["n_states"].values)
+        merged = "(the states of the strings up to 5 symbols, merged at threshold 0.03)"
+        assert merged in view._curves_caption()
+        assert view.stale_note() == "" and not _pane(root, "parity-stale").visible
+        # a new threshold whose counts have not landed yet: the curves keep their words
+        with discard_events(view):
+            view.threshold = 0.05
+        model = "the parity RNN (12 ReLU units, seed 0)"
+        note = view.stale_note()
+        assert note.startswith(f"Shown: computed on {model}, merge threshold 0.03, strings up to "
+                               "5 symbols at ")
+        assert note.endswith("; the merge threshold changed since: recomputing; the result "
+                             "shown is the old one until then.")
+        assert merged in view._curves_caption()
+        assert "threshold=0.03" in view.code_snippet()
+        assert _manifest(view)["provenance"]["request"]["threshold"] == 0.03
+        # the automaton and its caption are drawn at once: they are of the new threshold
+        step = int(view.step)
+        auto = par.parity_automaton(run, step, max_length=5, threshold=0.05)
+        assert f"{auto.attrs['n_states']} merged states" in view._automaton_caption()
+        assert f"{auto.attrs['n_states']} merged" in view.summary()
+        # the threshold moves on and its recount lands: the note goes, the words follow
+        view.threshold = 0.06
+        assert view.stale_note() == "" and dict(view.curves_record.request)["threshold"] == 0.06
+        assert "merged at threshold 0.06)" in view._curves_caption()
+        assert not _pane(root, "parity-stale").visible
+        manifest = _exports_its_record(view)
+        assert manifest["provenance"]["settings"]["step"] == step
+        assert "threshold=0.06" in view.code_snippet()
+    finally:
+        view.close()
