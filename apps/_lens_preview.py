@@ -36,6 +36,13 @@ class PreviewPart:
     just delivered (`_show_preview`); benchmarks/lens_drag_profile.py turns it off on the
     class to measure what it gives."""
 
+    @property
+    def previewing(self) -> bool:
+        """Whether the heatmap shows a preview (the slider is moving, or its exact result
+        is still computing): the gallery leaves the page's snippet and link as they are
+        until the exact result is in."""
+        return self.preview is not None
+
     def _mark_preview_ready(self, ready: bool) -> None:
         """The steering slider carries the CSS class ``preview-ready`` while a drag's first
         move finds the preview's inputs ready (`_warm_preview` done for the exact result

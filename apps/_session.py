@@ -209,13 +209,18 @@ class Runner:
         Served, its jobs wait their turn in the server-wide queue of heavy jobs
         (`apps._server.job_queue`); ``on_place(k)`` hears the job's place in line while it waits
         and ``on_place(0)`` when it starts. Inline runs never queue.
+    counted : bool, default=True
+        Served, its jobs count among the session's active jobs (`SessionHooks.active`, which
+        the sidebar's stop button follows). A slider's preview lane, whose jobs last one move
+        each, passes False: counted, each move would turn the button on and off again.
     """
 
     def __init__(self, *, on_result: Callable[[Any], None], on_error: Callable[[BaseException], None],
                  on_busy: Callable[[bool], None], background: bool, busy_delay: float = 0.3,
                  doc: Any = None, heavy: bool = False,
-                 on_place: Callable[[int], None] | None = None):
+                 on_place: Callable[[int], None] | None = None, counted: bool = True):
         self._on_result = on_result
+        self.counted = bool(counted)
         self._on_error = on_error
         self._on_busy = on_busy
         self.heavy = bool(heavy)
@@ -278,13 +283,15 @@ class Runner:
             self._timer = timer
         timer.start()
         hooks = session_hooks(doc)
-        hooks.job_started(doc)
+        if self.counted:
+            hooks.job_started(doc)
         if self.heavy:
             future = _HEAVY_EXECUTOR.submit(self._run_queued, job, token, doc)
         else:
             future = _EXECUTOR.submit(self._run, job, token, doc)
         self._future = future
-        future.add_done_callback(lambda _f: hooks.job_ended(doc))   # run, failed or cancelled
+        if self.counted:
+            future.add_done_callback(lambda _f: hooks.job_ended(doc))  # run, failed or cancelled
         return token
 
     def cancel(self) -> None:

@@ -123,13 +123,15 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
 
     # -- runners -----------------------------------------------------------------------------
     def runner(self, name: str, on_result: Callable[[Any], None], *, busy: bool = True,
-               progress: bool = False, heavy: bool | None = None) -> Runner:
+               progress: bool = False, heavy: bool | None = None,
+               counted: bool = True) -> Runner:
         """A new runner called ``name`` whose results go to ``on_result`` on the page's loop.
 
         ``busy``: its jobs set `busy` while they run (after the runner's short delay).
         ``progress``: it reports progress, so the bar hides when its job ends.
         ``heavy`` (default: ``progress``): served, its jobs wait their turn in the server's
         queue of heavy jobs, and the status line shows their place in line meanwhile.
+        ``counted``: served, its jobs light the sidebar's stop button (`Runner`'s ``counted``).
         Failures go to `show_error`. The runner stops when the session closes or at `close`.
         """
         def done(value: Any) -> None:
@@ -140,7 +142,8 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
         r = Runner(on_result=done, on_error=self.show_error,
                    on_busy=(lambda b: self._runner_busy(name, b)) if busy else (lambda b: None),
                    background=self._background, doc=self._doc,
-                   heavy=progress if heavy is None else heavy, on_place=self._queue_place)
+                   heavy=progress if heavy is None else heavy, on_place=self._queue_place,
+                   counted=counted)
         r.bind_session()
         self._runners[name] = r
         return r

@@ -281,7 +281,9 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
         return out
 
     def _page_changed(self, slug: str, events: Sequence[Any]) -> None:
-        if slug == self.view:
+        # a page drawing a slider's preview (`previewing`) keeps its snippet, link and
+        # scope line until the exact result of the released value is in
+        if slug == self.view and not getattr(self._pages.get(slug), "previewing", False):
             self.page_revision += 1
 
     # -- links: the address bar, Copy link, the pages' settings ----------------------------------

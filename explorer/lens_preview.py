@@ -133,7 +133,8 @@ class Gemm:
 def preview_threads(n: int = PREVIEW_THREADS):
     """Run the body at at most ``n`` torch threads, then restore the count. torch's count is
     the process's: a job running meanwhile in another thread runs at ``n`` too (slower,
-    never wrong); one preview at a time changes it."""
+    never wrong); one body at a time changes it (the lens page's previews and its exact
+    runs take turns), so a body must not enter it again."""
     with _THREADS_LOCK:
         before = torch.get_num_threads()
         if before > n:

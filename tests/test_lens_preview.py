@@ -306,3 +306,76 @@ def test_the_page_previews_a_drag_in_every_family(family_model):
         np.testing.assert_array_equal(view.result.top_token_id.values, exact.top_token_id.values)
     finally:
         view.close()
+
+
+def _until(predicate, timeout=30.0):
+    done = threading.Event()
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return True
+        done.wait(0.02)
+    return predicate()
+
+
+def test_preview_moves_leave_the_stop_button_alone_and_the_release_lights_it(tiny_model):
+    """The stop button follows the session's counted jobs (`SessionHooks.on_active`): a
+    drag's previews are not counted, the release's exact run is (on, then off)."""
+    from apps._session import session_hooks
+
+    view = LensView(tiny_model, prompt=PROMPT, k=2, steer_layer=1, background=True).wait()
+    hooks = session_hooks(None)
+    heard, before = [], hooks.on_active
+    hooks.on_active = heard.append
+    try:
+        start = hooks.active
+        for a in (1.0, 1.5, 2.0):
+            view.request_preview(a)
+            assert _until(lambda: not view._preview_busy)
+        assert is_preview(view.preview) and heard == []
+        view.alpha = 2.0
+        view._runners["run"].wait(60)
+        assert _until(lambda: len(heard) == 2)
+        assert heard == [start + 1, start] and not is_preview(view.shown)
+    finally:
+        hooks.on_active = before
+        view.close()
+
+
+def test_the_gallery_rewrites_the_page_snippet_on_release_not_per_preview():
+    from apps.gallery import Gallery
+
+    g = Gallery("tiny-llama", views=[("Logit lens", "lens", lambda m: LensView(
+        m, prompt=PROMPT, k=2, steer_layer=1, background=False))])
+    view = g.page("lens")
+    g.view = "lens"
+    revision = g.page_revision
+    slider = view.alpha_slider()
+    for a in (1.0, 1.5, 2.0):
+        slider.value = a
+        assert view.previewing and is_preview(view.shown)
+    assert g.page_revision == revision           # the snippet and link were left as they were
+    _release(slider, 2.0)
+    assert not view.previewing and g.page_revision > revision
+    assert "'alpha': 2.0" in g.page_code() or "alpha=2.0" in g.page_code()
+
+
+def test_the_exact_run_computes_at_the_preview_thread_count(tiny_model, monkeypatch):
+    """The release's exact lens runs at `PREVIEW_THREADS` torch threads (two threads' barriers
+    spin on a busy 2-core machine), and the process's count is restored after it."""
+    seen, lens = [], explorer.logit_lens
+
+    def counting(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return lens(*args, **kwargs)
+
+    view = LensView(tiny_model, prompt=PROMPT, k=2, steer_layer=1, background=False)
+    before = torch.get_num_threads()
+    monkeypatch.setattr(explorer, "logit_lens", counting)
+    torch.set_num_threads(2)
+    try:
+        _release(view.alpha_slider(), 1.5)
+        assert seen == [explorer.lens_preview.PREVIEW_THREADS]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+        view.close()
