@@ -440,6 +440,24 @@ def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90
     return False
 
 
+RESIZED_QUIET_S = 0.5
+"""Seconds the plots must stay unchanged after the window is resized with the page open:
+nothing is computed, Bokeh only lays the same plots out again."""
+
+_NEXT_FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+
+
+def resize_and_settle(page, width: int, height: int, *, timeout: float = 90,
+                      quiet: float = RESIZED_QUIET_S) -> bool:
+    """Resize the window to ``width`` x ``height`` with the page open, as a person widening
+    the browser does, and wait (`settle_gallery_page`, ``quiet`` s) until Bokeh has laid the
+    plots out again and drawn them: two animation frames (the resize observers' turn) and
+    then the same plots at the same sizes for ``quiet`` s. False on timeout."""
+    page.set_viewport_size({"width": width, "height": height})
+    page.evaluate(_NEXT_FRAMES)
+    return settle_gallery_page(page, timeout=timeout, quiet=quiet)
+
+
 def plot_ids(page) -> list[str]:
     """Model ids of the Bokeh plots shown now."""
     sig = page.evaluate(_SIGNATURE, None)

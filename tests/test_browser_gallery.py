@@ -3,9 +3,11 @@
 One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served for the module
 by the test process's shared server (`_browser.shared_page`) on the tiny random-init model,
 with the pages that train or scan a corpus on open given small settings (the same ones their own browser tests use); every other page is the
-gallery's own factory. One tab visits every page at 1280 x 1000, then at 1400 x 1000, then
-at 1920 x 1080. After a page settles (no spinner, no job of the session in flight by the stop button,
-Bokeh's plots unchanged for 1.5 s: `_browser.settle_gallery_page`),
+gallery's own factory. One tab opens every page once, at the width its first test asks for
+(1280 x 1000), and then widens the window in place to 1400 x 1000 and 1920 x 1080, as a person
+resizing the browser does. After a page settles (no spinner, no job of the session in flight by
+the stop button, Bokeh's plots unchanged for 1.5 s: `_browser.settle_gallery_page`; after a
+resize, two animation frames and the plots unchanged for 0.5 s: `_browser.resize_and_settle`),
 the checks read the browser: Bokeh's own layout (each plot view's frame), the pixels of
 each plot's canvas inside its frame, each title's rendered width against the room it has,
 whether neighbouring tick labels overlap (with each axis's own font), the options of every
@@ -17,8 +19,8 @@ import json
 import time
 
 import pytest
-from _browser import (ARTIFACTS, clipped_titles, gallery_page_state, plot_ids, settle_gallery_page,
-                      shared_page, tick_collisions)
+from _browser import (ARTIFACTS, clipped_titles, gallery_page_state, plot_ids, resize_and_settle,
+                      settle_gallery_page, shared_page, tick_collisions)
 from _views import cheap_gallery_views
 
 pytestmark = pytest.mark.browser
@@ -106,26 +108,40 @@ def observed(browser, gallery_url, cheap_views):
     cache: dict[tuple[int, str], dict] = {}
     ARTIFACTS.mkdir(exist_ok=True)
 
+    def record(width: int, slug: str, seen: int, started: float, settled: bool) -> None:
+        state = gallery_page_state(tab)
+        state["ticks"] = tick_collisions(tab)
+        state["sideways"] = tab.evaluate(_SIDEWAYS)
+        state.update(settled=settled, seconds=round(time.time() - started, 1),
+                     errors=[text for page, text in errors[seen:] if page == slug])
+        tab.screenshot(path=str(ARTIFACTS / f"gallery-{slug}-{width}.png"), full_page=True)
+        cache[(width, slug)] = state
+
+    def visit(width: int, slug: str) -> None:
+        """Open ``slug`` at ``width``, then widen or narrow the window in place to each
+        other width not seen yet: one visit per page, every width observed."""
+        if tab.viewport_size["width"] != width:
+            tab.set_viewport_size({"width": width, "height": WIDTHS[width]})
+        current["slug"] = slug
+        seen = len(errors)
+        started = time.time()
+        button = tab.locator(".bk-btn-group button", has_text=titles[slug]).first
+        shown = "bk-active" in (button.get_attribute("class") or "")
+        before = [] if shown else plot_ids(tab)
+        button.click()
+        tab.mouse.move(width // 2, 10)  # off the sidebar: no tooltip over the page
+        record(width, slug, seen, started,
+               settle_gallery_page(tab, before=before, timeout=90))
+        for other in WIDTHS:
+            if (other, slug) in cache:
+                continue
+            seen, started = len(errors), time.time()
+            settled = resize_and_settle(tab, other, WIDTHS[other], timeout=90)
+            record(other, slug, seen, started, settled)
+
     def observe(width: int, slug: str) -> dict:
         if (width, slug) not in cache:
-            if tab.viewport_size["width"] != width:
-                tab.set_viewport_size({"width": width, "height": WIDTHS[width]})
-            current["slug"] = slug
-            seen = len(errors)
-            started = time.time()
-            button = tab.locator(".bk-btn-group button", has_text=titles[slug]).first
-            shown = "bk-active" in (button.get_attribute("class") or "")
-            before = [] if shown else plot_ids(tab)
-            button.click()
-            tab.mouse.move(width // 2, 10)  # off the sidebar: no tooltip over the page
-            settled = settle_gallery_page(tab, before=before, timeout=90)
-            state = gallery_page_state(tab)
-            state["ticks"] = tick_collisions(tab)
-            state["sideways"] = tab.evaluate(_SIDEWAYS)
-            state.update(settled=settled, seconds=round(time.time() - started, 1),
-                         errors=[text for page, text in errors[seen:] if page == slug])
-            tab.screenshot(path=str(ARTIFACTS / f"gallery-{slug}-{width}.png"), full_page=True)
-            cache[(width, slug)] = state
+            visit(width, slug)
         return cache[(width, slug)]
 
     yield observe
