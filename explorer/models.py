@@ -72,14 +72,13 @@ SITES = (
 class ArchSpec:
     """How one model family spells the uniform sites.
 
-    ``rename`` is handed to nnsight: after it, every family has ``layers``, ``embed``,
-    ``final_norm``, ``unembed`` at the root and ``attn``, ``attn.o_proj``, ``mlp`` per layer.
-    ``o_proj_transposed`` is True where the output projection is a GPT-2 ``Conv1D``
+    ``rename`` (derived from the paths) is handed to nnsight: after it, every family has
+    ``layers``, ``embed``, ``final_norm``, ``unembed`` at the root and ``attn``,
+    ``attn.o_proj``, ``mlp`` per layer. ``o_proj_transposed`` is True where the output projection is a GPT-2 ``Conv1D``
     (weight stored [in, out] instead of [out, in]).
     """
 
     family: str
-    rename: dict[str, str]
     layers_path: str
     o_proj_path: str  # relative to a layer
     final_norm_path: str
@@ -108,15 +107,18 @@ class ArchSpec:
     attn_softcap_attr: str | None = None    # config attribute capping attention logits
     notes: str = ""
 
+    @property
+    def rename(self) -> dict[str, str]:
+        """The nnsight aliases of the root modules and of each layer's attention and output
+        projection, read off the paths (nothing is aliased to its own name)."""
+        attn = self.attn_path or "attn"
+        aliases = {self.layers_path: "layers", self.embed_path: "embed",
+                   self.final_norm_path: "final_norm", self.unembed_path: "unembed",
+                   attn: "attn", self.o_proj_path: f"{attn}.o_proj"}
+        return {path: alias for path, alias in aliases.items() if path and path != alias}
+
 
 _LLAMA_LIKE = dict(
-    rename={
-        "model.layers": "layers",
-        "model.embed_tokens": "embed",
-        "model.norm": "final_norm",
-        "lm_head": "unembed",
-        "self_attn": "attn",
-    },
     layers_path="model.layers",
     o_proj_path="self_attn.o_proj",
     final_norm_path="model.norm",
@@ -133,13 +135,6 @@ _LLAMA_LIKE = dict(
 ARCHITECTURES: dict[str, ArchSpec] = {
     "gpt2": ArchSpec(
         family="gpt2",
-        rename={
-            "transformer.h": "layers",
-            "transformer.wte": "embed",
-            "transformer.ln_f": "final_norm",
-            "lm_head": "unembed",
-            "attn.c_proj": "attn.o_proj",
-        },
         layers_path="transformer.h",
         o_proj_path="attn.c_proj",
         final_norm_path="transformer.ln_f",
@@ -158,14 +153,6 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": ArchSpec(family="llama", **_LLAMA_LIKE),
     "gpt_neox": ArchSpec(
         family="gpt_neox",
-        rename={
-            "gpt_neox.layers": "layers",
-            "gpt_neox.embed_in": "embed",
-            "gpt_neox.final_layer_norm": "final_norm",
-            "lm_head": "unembed",
-            "attention": "attn",
-            "attention.dense": "attention.o_proj",
-        },
         layers_path="gpt_neox.layers",
         o_proj_path="attention.dense",
         final_norm_path="gpt_neox.final_layer_norm",

@@ -6,33 +6,20 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from apps.attention import (LEVELS, MAX_TOKENS, AttentionView, grid_cell, head_pattern, mosaic,
                             parse_head, patterns, plot_grid, plot_head, quantize)
+from tests._hooks import hf_attentions
 
 PROMPT = "The cat sat on the mat because the cat was tired"
 
 
-def _hf_attentions(model, prompt):
-    """[layer, head, q, k] from Hugging Face's own forward with output_attentions (eager)."""
-    ids = torch.tensor([model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-    hf = model.hf
-    current = hf.config._attn_implementation
-    hf.set_attn_implementation("eager")
-    try:
-        out = hf(input_ids=ids, output_attentions=True)
-    finally:
-        hf.set_attn_implementation(current)
-    return torch.stack([a[0] for a in out.attentions]).float().numpy()
-
-
 @pytest.mark.parametrize("name", ["tiny_model", "tiny_gpt2"])
-def test_grid_and_enlarged_head_equal_hf_attentions(name, request):
+def test_grid_and_enlarged_head_equalhf_attentions(name, request):
     model = request.getfixturevalue(name)
     view = AttentionView(model, background=False, prompt=PROMPT)
     assert view.error == "" and view.result is not None
-    want = _hf_attentions(model, PROMPT)                      # [L, H, n, n]
+    want = hf_attentions(model, PROMPT)                      # [L, H, n, n]
     got = patterns(view.result).values
     np.testing.assert_allclose(got, want, atol=1e-5)
     L, H, n, _ = want.shape
@@ -85,7 +72,7 @@ def test_prompt_change_recomputes_and_bad_prompts_show_a_message(tiny_model):
     view.prompt = PROMPT
     n = len(tiny_model.tokenize(PROMPT).token_ids[0])
     assert view.result is not first and patterns(view.result).sizes["dst_pos"] == n
-    np.testing.assert_allclose(patterns(view.result).values, _hf_attentions(tiny_model, PROMPT),
+    np.testing.assert_allclose(patterns(view.result).values, hf_attentions(tiny_model, PROMPT),
                                atol=1e-5)
     good = view.result
     view.prompt = "   "

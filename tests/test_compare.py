@@ -10,6 +10,7 @@ import pytest
 
 from explorer._checks import InputError
 from explorer.workspace import MAX_PROMPT_CHARS, Workspace, read_link, workspace_link
+from tests._hooks import hf_attentions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -138,21 +139,12 @@ def test_lens_difference_is_the_hooked_lens_of_each_prompt_alone(tiny_model):
 
 def test_attention_and_dla_differences_are_each_prompt_run_alone(tiny_model):
     import numpy as np
-    import torch
 
     from explorer.analyses.answer_dla import answer_logit_attribution
     from explorer.analyses.prompt_compare import compare_prompts
 
     def hf_pattern(prompt, layer, head):       # Hugging Face's own eager attention
-        ids = torch.tensor([tiny_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-        hf = tiny_model.hf
-        current = hf.config._attn_implementation
-        hf.set_attn_implementation("eager")
-        try:
-            out = hf(input_ids=ids, output_attentions=True)
-        finally:
-            hf.set_attn_implementation(current)
-        return out.attentions[layer][0, head].float().numpy()
+        return hf_attentions(tiny_model, prompt)[layer, head]
 
     ds = compare_prompts(tiny_model, SAME_A, SAME_B, view="attention", layer=1, head=2)
     assert ds.attrs["component"] == "L1.H2"

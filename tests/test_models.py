@@ -44,6 +44,8 @@ def test_tiny_model_specs(name):
     arch, get = model.arch, model.hf.get_submodule
     assert model.nn.layers[2].attn.o_proj._module is get(f"{arch.layers_path}.2.{arch.o_proj_path}")
     assert model.nn.layers[0].mlp._module is get(f"{arch.layers_path}.0.mlp")
+    assert model.nn.layers[1].attn._module is get(f"{arch.layers_path}.1.{arch.attn_path}")
+    assert model.nn.embed._module is get(arch.embed_path)
     assert model.nn.final_norm._module is get(arch.final_norm_path)
     assert model.nn.unembed._module is get(arch.unembed_path)
     assert model.nn.unembed._module.weight.shape == (s.vocab_size, s.d_model)

@@ -7,7 +7,6 @@ one left-padded batch, so agreement also checks the padding bookkeeping.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 
@@ -18,7 +17,7 @@ import torch
 from explorer._checks import InputError
 from explorer.models import SITES, TINY_MODELS, load_model
 from explorer.trace import trace
-from tests._hooks import removed_after
+from tests._hooks import eager_attention, removed_after
 
 # lengths 17, 2 and 7 tokens: different enough to pad, and longer than Gemma 2's window of 8
 PROMPTS = [
@@ -30,17 +29,6 @@ ATOL = 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@contextlib.contextmanager
-def eager_attention(model):
-    """Run the HF module with eager attention (the implementation that returns weights)."""
-    before = model.hf.config._attn_implementation
-    model.hf.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        model.hf.set_attn_implementation(before)
 
 
 def hf_reference(model, prompt: str) -> dict[str, torch.Tensor]:
