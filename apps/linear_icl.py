@@ -7,6 +7,11 @@ the heads pairing up (omega, mu) / (-omega, -mu) so that the sum of mu is about 
 computes one step of debiased gradient descent. One head cannot cancel the mean of the context's
 y and stays worse. The training-step slider drives the per-head KQ and OV heatmaps, the loss
 against context length and the markers on the loss and pattern curves over training.
+
+Every panel is drawn at once from the run picked by the head count and the step slider, so the
+words (titles, captions, summary) are of those controls; "Retrain" replaces a run only when the
+new one lands. The page's record (`LinearICLView.shown_provenance`: the run, its seed, the
+step, when the run landed) writes the page's code and the export's manifest.
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import caption, control, flex_row, run_page
+from apps._lab_provenance import lab_record
+from apps._provenance import Provenance, computed_at_now
 from apps._recipe import Call, Expr, Let, Note, Recipe, Step
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve
@@ -39,7 +46,7 @@ from explorer.analyses.linear_icl import (
 __all__ = ["LinearICLView", "DEFAULT_HEADS", "plot_kq_heatmaps", "retrain_estimate",
            "plot_ov_heatmap", "plot_loss_curves", "plot_loss_by_length", "plot_head_curves", "plot_metric_curves",
            "plot_pattern_metrics", "kq_caption", "ov_caption", "loss_caption", "pattern_caption",
-           "toy_head_name"]
+           "toy_head_name", "run_name"]
 
 #: Head counts loaded for the page by default (shipped with the project: nothing is trained).
 DEFAULT_HEADS: tuple[int, ...] = SHIPPED_HEADS
@@ -64,6 +71,13 @@ def toy_head_name(h: int) -> str:
 
 
 _head = toy_head_name
+
+
+def run_name(run: xr.Dataset) -> str:
+    """A linear-ICL run in a record: its head count, dimension and seed."""
+    p = run.attrs.get("params", {})
+    return (f"one-layer softmax attention ({p.get('n_heads', '?')} heads, d = {p.get('d', '?')}, "
+            f"seed {run.attrs.get('seed', 0)})")
 
 
 def plot_kq_heatmaps(patterns: xr.Dataset | None) -> hv.Element:
@@ -339,6 +353,7 @@ class LinearICLView(View):
                  heads: tuple[int, ...] = DEFAULT_HEADS, background: bool | None = None,
                  **params: Any):
         super().__init__(background=background, **params)
+        self._landed: dict[int, str] = {}   # when each run landed on the page (its record's time)
         # its cache (`View.cached`): "patterns", the KQ/OV patterns by (heads, step)
         self.runner("load", self._loaded)
         self.runner("retrain", self._retrained, progress=True)
@@ -370,6 +385,7 @@ class LinearICLView(View):
 
     def _loaded(self, out: dict[str, dict]) -> None:
         runs = {int(k): v for k, v in out["runs"].items()}
+        self._landed = {H: computed_at_now() for H in runs}
         choice = self.n_heads if self.n_heads in runs else 2 if 2 in runs else sorted(runs)[0]
         shipped = any("source" in r.attrs for r in runs.values())
         # The results arrive without events: the n_heads and step events below draw each plot.
@@ -448,6 +464,7 @@ class LinearICLView(View):
     def _retrained(self, out: dict[str, Any]) -> None:
         H, run = out["H"], out["run"]
         self.forget("patterns", where=lambda key: key[0] == H)
+        self._landed[H] = computed_at_now()
         self.analyses = {**self.analyses, H: out["analysis"]}
         self.runs = {**self.runs, H: run}
         self._switch_run()
@@ -455,6 +472,18 @@ class LinearICLView(View):
         text = (f"Retrained H = {H} in {run.attrs.get('train_seconds', 0):.0f} s"
                 + (f": final test loss {loss:.3f}." if loss is not None else "."))
         self.param.update(retraining=False, running=False, retrain_status=text)
+
+    # Every panel is drawn at once from (runs, n_heads, step): no stale state to mark.
+    def shown_provenance(self) -> Provenance | None:
+        """What the page shows: the run of the head count picked (its name and seed, when it
+        landed on the page) at the step picked."""
+        run = self.runs.get(self.n_heads)
+        if run is None or self.step is None:
+            return None
+        return lab_record("linear-icl", run_name(run), {"n_heads": int(self.n_heads),
+                                                        "step": int(self.step)},
+                          settings=run.attrs.get("params", {}),
+                          computed_at=self._landed.get(int(self.n_heads), ""))
 
     @param.depends("n_heads", "step")
     def patterns(self) -> xr.Dataset | None:
@@ -552,9 +581,10 @@ class LinearICLView(View):
                          "seed": int(self.runs[H].attrs.get("seed", 0))}) for H in heads}),
                      Expr("analyses", "{H: linear_icl_analysis(run, n_prompts=512) "
                           "for H, run in runs.items()}")]
-        steps += [Let("shown", int(self.n_heads), "the head count shown"),
+        shown = dict(self.shown_provenance().request)
+        steps += [Let("shown", shown["n_heads"], "the head count shown"),
                   Call("patterns", f"{la}.attention_patterns",
-                       (Call(None, "runs[shown].sel", (), {"step": int(self.step)}),),
+                       (Call(None, "runs[shown].sel", (), {"step": shown["step"]}),),
                        comment="the heatmaps: kq, ov, omega, mu")]
         return Recipe(steps=steps, imports=imports)
 

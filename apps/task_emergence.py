@@ -6,6 +6,11 @@ mixture of sparse linear regressions comes to encode, at the query token, which 
 right subspace. The training-step slider drives every panel: the 2-D projection of the query
 token's residual coloured by task at the chosen layer, task decodability (TD) per layer at
 that step, and the ICL loss per task and TD over training with the step marked.
+
+Every panel is drawn at once from the analysis and the step and layer controls, so the words
+(titles, captions, summary) are of those controls. The page's record
+(`TaskEmergenceView.shown_provenance`: the run's settings and seed, the step and layer, when
+the analysis landed) writes the page's code and the export's manifest.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import caption, control, flex_row, run_page
+from apps._lab_provenance import lab_record
+from apps._provenance import Provenance, computed_at_now
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
 from apps._view import ZOOM_TOOLS, View, serve
@@ -28,7 +35,8 @@ from explorer.analyses.task_emergence import DEFAULTS as TASK_EMERGENCE_DEFAULTS
 from explorer.analyses.task_emergence import default_analysis, stored_task_emergence_analysis
 
 __all__ = ["TaskEmergenceView", "plot_task_projection", "plot_td_by_layer", "plot_icl_loss_curves",
-           "plot_td_curves", "plot_emergence_curves", "projection_caption", "curves_caption"]
+           "plot_td_curves", "plot_emergence_curves", "projection_caption", "curves_caption",
+           "run_name"]
 
 hv.extension("bokeh", logo=False)
 
@@ -43,6 +51,16 @@ _placeholder = functools.partial(theme.placeholder, height=320)
 
 def _task_colors(n_tasks: int) -> dict[str, str]:
     return {f"task {t}": theme.CATEGORICAL[t % len(theme.CATEGORICAL)] for t in range(n_tasks)}
+
+
+def run_name(analysis: xr.Dataset) -> str:
+    """The transformer an analysis is of, in a record: its depth, tasks and seed."""
+    p = analysis.attrs.get("params", {})
+    run = p.get("run_params") or {}
+    seed = p.get("run_seed")
+    return (f"the task-mixture transformer ({run.get('n_layers', analysis.sizes['layer'])} "
+            f"blocks, {run.get('n_tasks', analysis.sizes['task'])} tasks"
+            + (f", seed {seed})" if seed is not None else ")"))
 
 
 # -- plots (pure: Datasets in, HoloViews out) ------------------------------------------------
@@ -197,6 +215,7 @@ class TaskEmergenceView(View):
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
                  analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
         super().__init__(background=background, **params)
+        self._landed = ""   # when the analysis landed on the page (its record's time)
         self.runner("load", self._loaded)
         if analysis is not None:
             self._use(analysis)
@@ -224,6 +243,7 @@ class TaskEmergenceView(View):
         layer = best if self.layer not in layers else self.layer
         self.param.step.objects = steps
         self.param.layer.objects = layers
+        self._landed = computed_at_now()
         with param.parameterized.discard_events(self):
             self.param.update(analysis=analysis, step=step, layer=layer)
         self.param.trigger("analysis", "step", "layer")
@@ -234,6 +254,19 @@ class TaskEmergenceView(View):
     def _loaded(self, analysis: xr.Dataset) -> None:
         self.running = False
         self._use(analysis)
+
+    # Every panel is drawn at once from (analysis, step, layer): no stale state to mark.
+    def shown_provenance(self) -> Provenance | None:
+        """What the page shows: the analysis's run (settings, seed; when it landed on the page)
+        at the step and layer picked."""
+        if self.analysis is None or self.step is None:
+            return None
+        p = self.analysis.attrs.get("params", {})
+        return lab_record("task-emergence", run_name(self.analysis),
+                          {"step": int(self.step), "layer": int(self.layer)},
+                          settings={"run_params": p.get("run_params") or {},
+                                    "n_per_task": p.get("n_per_task"), "k": p.get("k")},
+                          computed_at=self._landed)
 
     @param.depends("analysis", "step", "layer")
     def _projection_plot(self) -> hv.Element:
@@ -267,7 +300,7 @@ class TaskEmergenceView(View):
         at = self.analysis.sel(step=self.step)
         losses = ", ".join(f"{float(v):.3g}" for v in at["icl_loss"].values)
         return (f"**Step {self.step}**: TD after layer {self.layer} = {float(at['td'].sel(layer=self.layer)):.2f} "
-                f"(best layer at this step: {int(np.argmax(at['td'].values))}); ICL loss per task: {losses} "
+                f"(best layer at this step: {int(at['td'].idxmax('layer'))}); ICL loss per task: {losses} "
                 f"(knowing the task: {float(self.analysis['oracle_loss'].mean()):.3g}, task-agnostic "
                 f"ridge: {float(self.analysis['agnostic_loss'].mean()):.3g}, "
                 + (f"the task's mean weights: {float(self.analysis['task_mean_loss'].mean()):.3g}, "
@@ -297,10 +330,11 @@ class TaskEmergenceView(View):
                           "stored, else trained (seeded)"),
                      Call("analysis", f"{te}.stored_task_emergence_analysis", (Ref("run"),),
                           settings)]
+        shown = dict(self.shown_provenance().request)
         steps += [Call("projection", "analysis['projection'].sel", (),
-                       {"step": self.step, "layer": self.layer},
+                       {"step": shown["step"], "layer": shown["layer"]},
                        "[prompt, component]; analysis['prompt_task'] colours it"),
-                  Call("td_by_layer", "analysis['td'].sel", (), {"step": self.step}),
+                  Call("td_by_layer", "analysis['td'].sel", (), {"step": shown["step"]}),
                   Expr("curves", "analysis[['icl_loss', 'td']]", "over training")]
         return Recipe(steps=steps)
 

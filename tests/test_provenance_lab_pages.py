@@ -16,7 +16,7 @@ import json
 import zipfile
 
 import pytest
-from _views import knowledge_model_and_sweep, linear_icl_runs, tiny_facts_file
+from _views import knowledge_model_and_sweep, tiny_facts_file
 from param.parameterized import discard_events
 
 from apps._provenance import Provenance
@@ -230,5 +230,63 @@ def test_parity_curves_name_the_threshold_they_were_counted_at_and_the_drawn_wor
         manifest = _exports_its_record(view)
         assert manifest["provenance"]["settings"]["step"] == step
         assert "threshold=0.06" in view.code_snippet()
+    finally:
+        view.close()
+
+
+# -- Linear ICL and Task emergence: every panel is drawn at once from the controls -----------
+
+def test_linear_icl_words_are_of_the_run_and_step_picked():
+    from apps.linear_icl import LinearICLView
+    from explorer.analyses import linear_icl as icl
+
+    runs = {H: icl.train_linear_icl(n_heads=H, steps=40, checkpoint_every=20, batch_size=16,
+                                    n_test=16, test_lengths=[10, 40], seed=0) for H in (1, 2)}
+    view = LinearICLView(runs=runs, background=False)
+    try:
+        view.param.update(n_heads=1, step=20)
+        assert view.summary().startswith("**H = 1, step 20**")
+        assert view._length_plot().opts.get().kwargs["title"] == "Loss by length, step 20"
+        shown = view.shown_provenance()
+        assert dict(shown.request) == {"n_heads": 1, "step": 20}
+        assert shown.model == "one-layer softmax attention (1 heads, d = 5, seed 0)"
+        code = view.code_snippet()
+        assert "shown = 1" in code and "step=20" in code
+        assert _exports_its_record(view)["provenance"]["request"] == {"n_heads": 1, "step": 20}
+        view.param.update(n_heads=2, step=40)
+        assert view.summary().startswith("**H = 2, step 40**")
+        assert dict(view.shown_provenance().request) == {"n_heads": 2, "step": 40}
+        assert "shown = 2" in view.code_snippet() and view.stale_note() == ""
+    finally:
+        view.close()
+
+
+def test_task_emergence_words_are_of_the_step_and_layer_picked():
+    import numpy as np
+
+    from apps.task_emergence import TaskEmergenceView
+    from explorer.analyses import task_emergence as te
+
+    small = dict(n_layers=2, d_model=16, n_heads=2, batch_size=16, steps=20, checkpoint_every=10,
+                 warmup=2, d=4, n_tasks=2, rank=2, n_examples=4)
+    run = te.train_task_emergence(**small, seed=3)
+    analysis = te.task_emergence_analysis(run, n_per_task=6, k=3)
+    view = TaskEmergenceView(analysis=analysis, background=False)
+    try:
+        view.param.update(step=10, layer=0)
+        td = analysis["td"].sel(step=10)
+        assert view.summary().startswith(f"**Step 10**: TD after layer 0 = "
+                                         f"{float(td.sel(layer=0)):.2f} (best layer at this step: "
+                                         f"{int(np.argmax(td.values))})")
+        assert view._projection_plot().opts.get().kwargs["title"] == \
+            "Query residual, layer 0, step 10"
+        shown = view.shown_provenance()
+        assert dict(shown.request) == {"step": 10, "layer": 0}
+        assert shown.model == "the task-mixture transformer (2 blocks, 2 tasks, seed 3)"
+        assert "step=10, layer=0" in view.code_snippet()
+        assert _exports_its_record(view)["provenance"]["request"] == {"step": 10, "layer": 0}
+        view.param.update(step=20, layer=1)
+        assert view.summary().startswith("**Step 20**: TD after layer 1 = ")
+        assert "step=20, layer=1" in view.code_snippet() and view.stale_note() == ""
     finally:
         view.close()
