@@ -117,7 +117,8 @@ def tau_caption(rec: Provenance | None) -> str:
     on (their record, ``sweep_shown``)."""
     if rec is None:
         return TAU_CAPTION
-    return TAU_CAPTION.replace("on the probing set", f"on {dictionary_words(rec)}")
+    return (f"One dictionary per tau on {dictionary_words(rec)}; tau is the relative error "
+            "above which a token becomes a new atom, and the dashed line is the slider's tau.")
 
 
 def dictionary_heading(rec: Provenance | None) -> str:
