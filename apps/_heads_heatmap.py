@@ -175,14 +175,11 @@ def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
 
 
 def on_head_click(plot: Any, pick: Callable[[Any, Any], None]) -> Any:
-    """Subscribe ``pick(x, y)`` to clicks on every heatmap image in ``plot`` (an Image, an
-    Overlay or a Layout of them); returns ``plot``."""
-    if isinstance(plot, hv.Image):
-        images = [plot]
-    elif isinstance(plot, (hv.Overlay, hv.Layout)):
-        images = [el for el in plot.traverse(lambda el: el, [hv.Image])]
-    else:
-        images = []
+    """Subscribe ``pick(x, y)`` to clicks on every heatmap in ``plot`` (an Image or a HeatMap,
+    or an Overlay or a Layout of them: a heads heatmap, or a layer grid such as the logit
+    attribution's or the patching grid); returns ``plot``."""
+    images = (plot.traverse(lambda el: el, [hv.Image, hv.HeatMap])
+              if isinstance(plot, hv.core.dimension.LabelledData) else [])
     for image in images:
         hv.streams.Tap(source=image).add_subscriber(lambda x=None, y=None, **_: pick(x, y))
     return plot

@@ -27,7 +27,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._controls import check_selected_component, selected_component, token_choice
-from apps._heads_heatmap import component_cell_box, layer_ticks
+from apps._heads_heatmap import component_cell_box, layer_ticks, on_head_click
 from apps._positions import position_outlines, toggled
 from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe, Ref
@@ -497,11 +497,7 @@ class CompareView(View):
     def _panel(self, ds: xr.Dataset | None, panel: str, positions: Sequence[int],
                selected: str) -> hv.Element:
         plot = plot_compare(ds, panel, positions, selected)
-        if ds is not None:
-            for el in plot.traverse(lambda el: el, [hv.HeatMap]):
-                hv.streams.Tap(source=el).add_subscriber(
-                    lambda x=None, y=None, **_: self.click(x, y))
-        return plot
+        return plot if ds is None else on_head_click(plot, self.click)
 
     # -- reproducibility -------------------------------------------------------------------
     def code_recipe(self) -> Recipe:

@@ -29,7 +29,7 @@ import explorer
 from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import check_selected_component, selected_component, token_choice
-from apps._heads_heatmap import component_cell_box, layer_ticks
+from apps._heads_heatmap import component_cell_box, layer_ticks, on_head_click
 from apps._positions import position_outlines
 from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
@@ -366,10 +366,7 @@ class DLAView(View):
     def _panel(self, ds: xr.Dataset | None, panel: str, selected: str,
                highlighted: Sequence[str]) -> hv.Element:
         plot = plot_dla(ds, panel, selected, highlighted)
-        if ds is not None:
-            for el in plot.traverse(lambda el: el, [hv.HeatMap]):
-                hv.streams.Tap(source=el).add_subscriber(self._tapped)
-        return plot
+        return plot if ds is None else on_head_click(plot, self._tapped)
 
     # -- reproducibility -------------------------------------------------------------------
     def code_recipe(self) -> Recipe:

@@ -31,7 +31,7 @@ import explorer
 from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import selected_component, token_choice
-from apps._heads_heatmap import layer_ticks
+from apps._heads_heatmap import layer_ticks, on_head_click
 from apps._positions import PositionStrip, column_boxes, position_outlines
 from apps._provenance import (Counterfactual, Provenance, computed_at_now, one_line,
                               stale_text)
@@ -481,10 +481,7 @@ class PatchingView(View):
 
     def _plot(self, ds: xr.Dataset | None, cell: str, positions: Sequence[int]) -> hv.Element:
         plot = plot_patching(ds, cell, positions)
-        if ds is not None:
-            for el in plot.traverse(lambda el: el, [hv.HeatMap]):
-                hv.streams.Tap(source=el).add_subscriber(self._tapped)
-        return plot
+        return plot if ds is None else on_head_click(plot, self._tapped)
 
     # -- reproducibility -------------------------------------------------------------------
     def code_recipe(self) -> Recipe:
