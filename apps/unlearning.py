@@ -428,7 +428,7 @@ class UnlearningView(UnlearningRecords, View):
         used = self.run_request()
         request = dict(used.request)
         methods = list(request["methods"])
-        self._start(f"Training {', '.join(methods)} (budget {self.n_layers} MLP layers) …")
+        self._start(f"Training {', '.join(methods)} (budget {request['n_layers']} MLP layers) …")
         settings = {k: request[k] for k in ("n_layers", "steps", "lr", "relearn_steps",
                                             "text_weight")}
         probe, trace, attribution = self.probe, self.trace, self.attribution
@@ -461,8 +461,9 @@ class UnlearningView(UnlearningRecords, View):
             self._split = split
             self.param.update(probe=probe, trace=trace, attribution=attribution, progress=100,
                               localization_record=stamped(used))
-            self._finish(f"Localized on {len(split[0])} forget facts; fact lookup picks "
-                         f"MLPs {self.chosen_layers('fact_lookup')}; causal tracing "
+            self._finish(f"Localized on {len(split[0])} forget facts; for a budget of "
+                         f"{plural(self.n_layers, 'MLP layer')}, fact lookup picks MLPs "
+                         f"{self.chosen_layers('fact_lookup')}; causal tracing "
                          f"{U.component_label(self.chosen_components('causal_tracing'))}.")
         else:
             value, used = value
