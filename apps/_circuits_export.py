@@ -31,7 +31,7 @@ class CircuitExport:
         request = dict(prov.request)
         if prov.task == OWN_TASK and self._own_task is not None:
             steps: list[Step] = [Call("task", "explorer.analyses.user_items.parse_circuit_pairs",
-                                      (self._own_text, MODEL), {"name": OWN_TASK})]
+                                      (self.own_pairs, MODEL), {"name": OWN_TASK})]
         elif prov.task == PROMPT_TASK:
             prompt = prov.prompts[0] if prov.prompts else self.prompt
             cf = prov.counterfactual

@@ -110,7 +110,12 @@ class CircuitScoring:
         model's tokenizer), make them the task and compute their circuit; bad text shows the
         parser's one-line message and keeps the current result."""
         def use(task: ca.CircuitTask) -> None:
-            self._own_task, self._own_text = task, text
+            self._own_task = task
+            self._taking_own = True
+            try:
+                self.own_pairs = text
+            finally:
+                self._taking_own = False
             self._own_version += 1
             if OWN_TASK not in self.param.task.objects:
                 self.param.task.objects = [*self.param.task.objects, OWN_TASK]
@@ -119,6 +124,20 @@ class CircuitScoring:
                 self._request_scores()
         return self.adopt_own(text, lambda t: user_items.parse_circuit_pairs(
             t, self._model, name=OWN_TASK), use)
+
+    def _own_pairs_set(self, event: Any) -> None:
+        """Pairs set from outside (a link): shown in the box and taken in as Use does; pairs
+        refused leave the ones taken in before."""
+        if self._taking_own or not event.new:
+            return
+        if self._own.area.value != event.new:
+            self._own.area.value = event.new
+        if self.use_own(event.new) is None:
+            self._taking_own = True
+            try:
+                self.own_pairs = event.old
+            finally:
+                self._taking_own = False
 
     def use_name_variants(self, n: int = 8) -> ca.CircuitTask | None:
         """The prompt's pair and ``n - 1`` more of the same sentence with other names

@@ -129,6 +129,10 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
     explain = param.String(default="", label="Token to explain (empty: the model's top token)",
                            doc="For the task 'your prompt': the answer whose logit the "
                                "circuit carries (against the corrupted prompt's top token)")
+    own_pairs = param.String(default="", precedence=-1,
+                             doc="The pasted pairs of the task 'your pairs' (the text Use took "
+                                 "in); a link carries them, and setting them takes them in as "
+                                 "Use does")
     method = param.Selector(default="eap", objects=list(ca.METHODS), label="Attribution",
                             doc="EAP: one gradient at the clean run; EAP-IG: gradients averaged "
                                 "along the path from corrupted to clean inputs (Wang et al.'s "
@@ -218,7 +222,9 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
     notify_title = None
     failed_status = "error: {message}"
     compute_action = "Compute circuit"
-    link_params = ("task", "method", "n_prompts", "fraction", "granularity", "mode", "n_edges",
+    # a link sets them in this order: the method and the pasted pairs before the task
+    # 'your pairs' they make (taking them in computes their circuit, once, by that method)
+    link_params = ("method", "own_pairs", "task", "n_prompts", "fraction", "granularity", "mode", "n_edges",
                    "threshold", "n_nodes", "selected", "counterfactual", "explain", "show_outside",
                    "diff", "diff_against", "ft_method")
 
@@ -279,8 +285,8 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
         self._chosen_nodes = "n_nodes" in params
         self._sizing = 0            # > 0 while the page itself sets the size (not a user or link)
         self._own_task: ca.CircuitTask | None = None   # the user's pairs (`use_own`)
-        self._own_text = ""
         self._own_version = 0                          # bumped by each good paste
+        self._taking_own = False                       # `use_own` is setting `own_pairs`
         self._own = OwnItems(
             "Your own prompt pairs", user_items.CIRCUIT_FORMAT,
             "One pair a line: clean prompt | corrupted prompt | answer | wrong answer (the "
@@ -321,6 +327,7 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                          ["fraction", "max_default_edges"], onlychanged=False)
         self.param.watch(self._method_changed, ["method"])
         self.param.watch(self._task_changed, ["task", "n_prompts"])
+        self.param.watch(self._own_pairs_set, ["own_pairs"])
         self.param.watch(self._size_asked, ["n_edges", "threshold", "n_nodes"])
         self.param.watch(self._check_selected, ["selected"])
         self.param.watch(self._selection_dropped, ["highlighted"])

@@ -1,17 +1,21 @@
 """A person walking the workspace, as a Hypothesis state machine (in-process, tiny-llama).
 
-The gallery (`apps.gallery.Gallery`, its workspace and address bar) holds the Circuits page on
-the task "your prompt", the Logit lens, Attention, Saturation, Logit attribution and Activation
-patching pages, all computing inline. Rules do what a person does: set the sidebar prompt,
-switch pages, and on the page in view what it offers: on Circuits click a token and type its
-replacement, type a ``word=replacement``, switch the attribution method, move the size slider,
-press Compute; on Activation patching click a token and type its replacement; on Logit
-attribution type the answer to explain. Everywhere: select and drop components, add and remove
-edits, follow the page's link in a new session. After every step the invariants check, for the
+The gallery (`apps.gallery.Gallery`, its workspace and address bar) holds the Circuits page
+(opening on the task "your prompt"), the Logit lens, Attention, Saturation, Logit attribution,
+Activation patching, Two prompts and Feature dashboards pages, all computing inline. Rules do
+what a person does: set the sidebar prompt and second prompt, switch pages, and on the page in
+view what it offers: on Circuits pick a task (a generated one, your pairs) and its number of
+pairs, click a token and type its replacement, type a ``word=replacement``, press "Same pair
+with other names", paste pairs and press Use, switch the attribution method, move the size
+slider, press Compute; on Activation patching click a token and type its replacement; on Logit
+attribution type the answer to explain; on Two prompts pick the view; on Feature dashboards
+type a feature. Everywhere: select and drop components, add and remove edits, follow the
+page's link in a new session. After every step the invariants check, for the
 page in view, that the words about its result (title, caption, heading) are those of the
 result's record (`shown_provenance`), and that its stale note is non-empty exactly when the
 inputs the shown result was computed on differ from the workspace's, by this test's own model
-of the session (the prompt and edits set, the clicked position, the answer typed); one message
+of the session (the prompts and edits set, the clicked position, the answer, task, pairs,
+view and feature picked; a page's stale note counts only what the page reads); one message
 per fault; a link reopens the same state. A page whose `shown_provenance` is None is checked
 for saying nothing stale.
 
@@ -37,8 +41,10 @@ from apps import theme
 from apps._circuits_text import method_label
 from apps._provenance import counterfactual_text, one_line
 from apps.attention import AttentionView
-from apps.circuits import PROMPT_TASK, CircuitsView
+from apps.circuits import OWN_TASK, PROMPT_TASK, CircuitsView
+from apps.compare import CompareView, compare_caption, compare_title
 from apps.dla import DLAView, dla_title
+from apps.features import FeaturesView, dashboard_title
 from apps.gallery import Gallery
 from apps.lens import LensView
 from apps.patching import PatchingView, patching_title
@@ -58,16 +64,36 @@ PROMPTS = ["When Mary and John went to the store, John gave a drink to",
 REPLACEMENTS = ["M", "K", "Ed", "Mary"]
 COMPONENTS = ["L0.H1", "L1.H0", "L2.H3", "L1.MLP"]
 ANSWERS = ["", "#5", "#9", "zz"]      # the top token, two ids, two tokens (refused)
+# the Circuits page's tasks: tiny-llama tokenises ioi's clean and corrupted prompts to
+# different lengths, so it is refused; add's pairs are scored
+TASKS = [PROMPT_TASK, "add", "ioi", OWN_TASK]
+# pasted pairs: two good ones (the clean prompts by hand), and two refused: a corrupted
+# prompt one token shorter in tiny-llama's letters, a line without the four fields
+OWN_PAIRS = ['"1 + 2 = " | "1 + 3 = " | "3" | "4"\n"2 + 2 = " | "2 + 5 = " | "4" | "7"',
+             "The cat sat on the | The dog sat on the | mat | rug",
+             "no pipes here"]
+OWN_CLEAN = {OWN_PAIRS[0]: ["1 + 2 = ", "2 + 2 = "]}
+SECOND_PROMPTS = ["", "When Mary and John went to the store, Mary gave a drink to",
+                  "Ann met Bob and Ann thanked",
+                  "line one\nline two " * 32]   # over the Two prompts page's 128 tokens
+COMPARE_VIEWS = ["lens", "saturation", "dla"]
 
 
 def _page(model):
     return CircuitsView(model, background=False, autostart=False, task=PROMPT_TASK,
-                        n_edges=12)
+                        n_edges=12, n_prompts=2)
+
+
+def _features(model):
+    """The dashboards of a small ITDA dictionary (128 corpus tokens, layer 1: about 1 s to
+    train on tiny-llama, then read from the process's store)."""
+    return FeaturesView(model, corpus_tokens=128, layer=1)
 
 
 VIEWS = [("Circuits", "circuits", _page), ("Logit lens", "lens", LensView),
          ("Attention", "attention", AttentionView), ("Saturation", "saturation", SaturationView),
-         ("Logit attribution", "dla", DLAView), ("Activation patching", "patching", PatchingView)]
+         ("Logit attribution", "dla", DLAView), ("Activation patching", "patching", PatchingView),
+         ("Two prompts", "compare", CompareView), ("Feature dashboards", "features", _features)]
 SLUGS = [slug for _, slug, _ in VIEWS]
 
 
@@ -101,6 +127,10 @@ class WorkspaceWalk(RuleBasedStateMachine):
         self.faults_allowed = 0      # messages the step may raise (one per fault)
         self.answer = ""             # the answer typed on the logit attribution page
         self.replaced: tuple[int, str] | None = None   # the patching page's token and its new text
+        self.own_version = 0         # good pastes into the Circuits page's own pairs
+        self.own: tuple[str, int] | None = None   # their first clean prompt and their count
+        self.compare_view = "lens"   # the view picked on the Two prompts page
+        self.feature = 0             # the feature typed on the Feature dashboards page
 
     def teardown(self):
         if hasattr(self, "messages"):
@@ -228,6 +258,94 @@ class WorkspaceWalk(RuleBasedStateMachine):
         with torch.enable_grad():
             self.page.method = "eap-ig" if self.page.method == "eap" else "eap"
 
+    @precondition(lambda self: self.view == "circuits")
+    @rule(task=st.sampled_from(TASKS))
+    def choose_task(self, task):
+        """Pick a task (your pairs once some are pasted): a task computed before shows at
+        once, another is computed once the page has scored (ioi refused)."""
+        self._step(faults_allowed=1)
+        if task in self.page.param.task.objects:
+            with torch.enable_grad():
+                self.page.task = task
+
+    @precondition(lambda self: self.view == "circuits")
+    @rule(n=st.sampled_from([2, 3]))
+    def set_pairs(self, n):
+        """Type the number of prompt pairs (a generated task's)."""
+        self._step(faults_allowed=1)
+        with torch.enable_grad():
+            self.page.n_prompts = n
+
+    def _pasted(self, first: str, n: int) -> None:
+        """Pairs were taken in: the task 'your pairs', its circuit computed."""
+        self.own_version += 1
+        self.own = (first, n)
+        page = self.page
+        assert page.task == OWN_TASK and page.error == "" and not self.messages.records
+        assert page.shown.task == OWN_TASK and list(page.shown.prompts[:1]) == [first]
+        assert page.shown.n_pairs == n == len(page.shown.prompts)
+
+    @precondition(lambda self: self.view == "circuits")
+    @rule(text=st.sampled_from(OWN_PAIRS))
+    def paste_pairs(self, text):
+        """Paste pairs into 'Your own prompt pairs' and press Use: good pairs become the
+        task, refused ones say why once and leave the page as it was."""
+        self._step(faults_allowed=1)
+        page = self.page
+        before = (page.task, page.shown)
+        page._own.area.value = text
+        with torch.enable_grad():
+            page._own.button.clicks += 1        # the Use button
+        if text in OWN_CLEAN:
+            self._pasted(OWN_CLEAN[text][0], len(OWN_CLEAN[text]))
+        else:
+            assert (page.task, page.shown) == before and page.error
+            assert len(set(self.messages.records)) == 1, self.messages.records
+
+    @precondition(lambda self: self.view == "circuits" and self.page.task == PROMPT_TASK)
+    @rule()
+    def name_variants(self):
+        """Press 'Same pair with other names (8 pairs)': with a counterfactual that fits the
+        prompt, its pair and 7 more become the task; else one message, the page as it was."""
+        self._step(faults_allowed=1)
+        page = self.page
+        prompt, before = page.prompt, page.shown
+        try:
+            fits = page.replacement_of(prompt, page.counterfactual) is not None
+        except ValueError:
+            fits = False
+        with torch.enable_grad():
+            task = page.use_name_variants()
+        if task is not None:
+            assert fits
+            self._pasted(prompt, 8)
+        else:       # no counterfactual, one that does not fit, or no name to vary
+            assert page.task == PROMPT_TASK and page.shown is before and page.error
+            assert len(set(self.messages.records)) == 1, self.messages.records
+
+    @rule(text=st.sampled_from(SECOND_PROMPTS))
+    def set_second_prompt(self, text):
+        """Type the sidebar's second prompt (Prompt B) and press Enter."""
+        self._step(faults_allowed=1 if self.view == "compare" else 0)
+        self.gallery.workspace.second_prompt = text
+
+    @precondition(lambda self: self.view == "compare")
+    @rule(view=st.sampled_from(COMPARE_VIEWS))
+    def compare_with(self, view):
+        """On the Two prompts page: pick what is set side by side."""
+        self._step(faults_allowed=1)
+        self.in_view.view = view
+        self.compare_view = view
+
+    @precondition(lambda self: self.view == "features" and self.in_view.index is not None)
+    @rule(index=st.integers(0, 63))
+    def pick_feature(self, index):
+        """On the Feature dashboards page: type a feature (one of the dictionary's)."""
+        self._step()
+        page = self.in_view
+        self.feature = index % page.index.sizes["feature"]
+        page.feature = self.feature
+
     @precondition(lambda self: self.view == "circuits" and self.page.scores is not None)
     @rule(index=st.integers(0, 63))
     def move_slider(self, index):
@@ -236,13 +354,21 @@ class WorkspaceWalk(RuleBasedStateMachine):
         self.page._slider.value = options[index % len(options)]
 
     def _stale(self) -> bool:
-        """This test's own reading of whether the shown result is of other inputs than the
-        page's current ones."""
+        """This test's own reading of whether the shown circuit is of other inputs than the
+        page's current ones: the task and method; for 'your prompt' the prompt, the
+        counterfactual and the token to explain; for a generated task the number of pairs;
+        for your pairs the paste (this test's count of good ones)."""
         page, shown = self.page, self.page.shown
         request = dict(shown.request)
-        return (shown.prompts[0] != page.prompt or shown.method != page.method
-                or request["counterfactual"] != page.counterfactual.strip()
-                or request["explain"] != page.explain)
+        if shown.task != page.task or shown.method != page.method:
+            return True
+        if shown.task == PROMPT_TASK:
+            return (shown.prompts[0] != page.prompt
+                    or request["counterfactual"] != page.counterfactual.strip()
+                    or request["explain"] != page.explain)
+        if shown.task == OWN_TASK:
+            return request["own"] != self.own_version
+        return shown.n_pairs != page.n_prompts
 
     # a person presses Compute when there is something to compute (or to retry)
     @precondition(lambda self: self.view == "circuits" and (
@@ -258,7 +384,7 @@ class WorkspaceWalk(RuleBasedStateMachine):
             # a refused counterfactual: one message, naming every place of an ambiguous word
             assert self.page.shown is before
             m = re.fullmatch(r"(\w+)=.*", self.page.counterfactual)
-            if m and len(re.findall(rf"(?<!\w){m.group(1)}(?!\w)", self.page.prompt)) > 1:
+            if m and self.page.task == PROMPT_TASK and len(re.findall(rf"(?<!\w){m.group(1)}(?!\w)", self.page.prompt)) > 1:
                 assert "occurs" in self.page.error and "positions" in self.page.error
         else:
             assert self.page.shown is not before and not self.page.stale_note()
@@ -273,8 +399,9 @@ class WorkspaceWalk(RuleBasedStateMachine):
         assert other.open_link(view, state) if state else True
         other.view = view
         a, b = self.gallery.workspace, other.workspace
-        assert (a.prompts, a.selected, a.selected_edges, a.selected_positions) == \
-            (b.prompts, b.selected, b.selected_edges, b.selected_positions)
+        assert (a.prompts, a.second_prompt, a.selected, a.selected_edges,
+                a.selected_positions) == (b.prompts, b.second_prompt, b.selected,
+                                          b.selected_edges, b.selected_positions)
         assert [e.to_dict() for e in a.edits] == [e.to_dict() for e in b.edits]
         assert self.gallery.page_settings(view) == other.page_settings(view)
         if view == "circuits":
@@ -285,6 +412,15 @@ class WorkspaceWalk(RuleBasedStateMachine):
                 self.answer = ""
             if view != "patching":
                 self.replaced = None
+        if view != "compare":
+            self.compare_view = "lens"
+        if view != "features":
+            self.feature = 0
+        # the Circuits page's link holds its pasted pairs, which the new session takes in once
+        if view == "circuits" and self.own is not None:
+            self.own_version = 1
+        else:
+            self.own_version, self.own = 0, None
         # the person now works in the new session (nothing computed there yet)
         self.gallery.close()
         self.gallery = other
@@ -330,17 +466,30 @@ class WorkspaceWalk(RuleBasedStateMachine):
         n = int(ca.select_circuit(page.scores, top_n=page.n_edges).sum())
         assert title.startswith(f"Circuit: {n:,} edges") and f", {label}, base model" in title
         own = caption.split("Layout:")[0]
-        assert f"{label} scores of 1 pair." in own
+        pairs = shown.n_pairs
+        assert f"{label} scores of {'1 pair' if pairs == 1 else f'{pairs} pairs'}." in own
         other = "EAP-IG" if label == "EAP" else "EAP scores"
         assert other not in own
         assert f"Shown: {n:,} edges" in own or f": {n:,} edges (top {page.n_edges:,} by" in own
-        # one pair: no interval, and why; the gap the recovery is a share of
-        assert "One pair: the recovery has no interval" in own and "gap" in own
-        assert scope.startswith(f"your prompt {one_line(shown.prompts[0])}")
-        if shown.counterfactual is not None:
-            assert counterfactual_text(shown.counterfactual) in scope
         code = page.code_snippet()
-        assert repr(shown.prompts[0]) in code and f"method={shown.method!r}" in code
+        assert f"method={shown.method!r}" in code
+        if shown.task == PROMPT_TASK:
+            # one pair: no interval, and why; the gap the recovery is a share of
+            assert "One pair: the recovery has no interval" in own and "gap" in own
+            assert scope.startswith(f"your prompt {one_line(shown.prompts[0])}")
+            if shown.counterfactual is not None:
+                assert counterfactual_text(shown.counterfactual) in scope
+            assert repr(shown.prompts[0]) in code
+            return
+        # a task's pairs: the record holds them all; the mean gap over them
+        assert pairs == len(shown.prompts) > 1 and f"over the {pairs} pairs" in own
+        if shown.task == OWN_TASK:
+            assert scope.startswith(f"your own prompt pairs ({pairs} pairs)")
+            assert self.own == (shown.prompts[0], pairs)
+            assert shown.prompts[0] in code
+        else:
+            assert scope.startswith(f"task pairs: {shown.task}, {pairs} pairs")
+            assert f"make_task({shown.task!r}, {pairs}" in code
 
     @invariant()
     def a_stale_result_is_marked_stale(self):
@@ -354,8 +503,17 @@ class WorkspaceWalk(RuleBasedStateMachine):
     # -- the other pages: their words and stale notes against the record and this model ------
     def _expected_stale(self, shown) -> bool:
         """This test's own reading: whether the inputs the page in view shows its result for
-        differ from the workspace's (and from what the person typed on the page)."""
+        differ from the workspace's (and from what the person typed on the page). The Two
+        prompts page reads both prompts, the edits and its view; the Feature dashboards the
+        prompt and the feature, not the edits (the dictionary reads the clean model)."""
         ws = self.gallery.workspace
+        if self.view == "compare":
+            return (tuple(shown.prompts) != (ws.prompt, ws.second_prompt)
+                    or list(shown.edits) != [edit_label(e) for e in ws.edits]
+                    or dict(shown.request)["view"] != self.compare_view)
+        if self.view == "features":
+            return (shown.prompts[0] != ws.prompt
+                    or dict(shown.request)["feature"] != self.feature)
         stale = (shown.prompts[0] != ws.prompt
                  or list(shown.edits) != [edit_label(e) for e in ws.edits])
         if self.view == "dla":
@@ -394,6 +552,30 @@ class WorkspaceWalk(RuleBasedStateMachine):
             assert r["replacement"][0] == cf.position
             for label in shown.edits:
                 assert _markdown(label) in caption
+        elif self.view == "compare":
+            ds = page.result
+            caption = compare_caption(ds)
+            assert caption.startswith(f"A: {_markdown(one_line(shown.prompts[0]))} (")
+            if shown.prompts[1]:
+                assert f" · B: {_markdown(one_line(shown.prompts[1]))} (" in caption
+            assert ("Both prompts under the workspace's edits" in caption) == bool(shown.edits)
+            view, r = dict(shown.request)["view"], dict(shown.request)
+            what = {"lens": "logit lens, top-1 probability",
+                    "saturation": f"saturation layer of the top-{r.get('k')} tokens",
+                    "dla": f"logit({theme.show_token(shown.answer)}) − "
+                           f"logit({theme.show_token(shown.wrong)})"}.get(view)
+            if what is not None:
+                assert compare_title(ds, "A") == f"A: {what}"
+        elif self.view == "features":
+            r = dict(shown.request)
+            title = dashboard_title(shown)
+            assert title.startswith(f"**ITDA atom {r['feature']}** of the ITDA dictionary "
+                                    f"at layer 1 (128 corpus tokens)")
+            assert _markdown(one_line(shown.prompts[0])) in title
+            # the dashboards shown are of the record's feature and prompt
+            assert int(page.contexts.attrs["feature"]) == r["feature"]
+            assert page.on_prompt.attrs["prompt"] == shown.prompts[0]
+            assert not shown.edits
         else:       # the pages with a heading over their result (`ShownRecord`)
             heading = page.heading_html()
             assert html.escape(one_line(shown.prompts[0])) in heading
@@ -476,6 +658,52 @@ def test_a_walk_through_the_pages(tiny_model):
               ("patch_token", {"index": 1, "replacement": "K"}), ("follow_link", {})], m)
         shown = m.in_view.shown_provenance()       # the new session computed the link's grid
         assert shown.prompts[0] == PROMPTS[2] and dict(shown.request)["replacement"][1] == "K"
+    finally:
+        m.teardown()
+
+
+def test_a_walk_through_the_circuit_tasks(tiny_model):
+    """The task add scored (2 pairs, then 3), ioi refused (add's circuit marked outdated:
+    the task changed), back to your prompt: the second J clicked and replaced, the same pair
+    with other names (8 pairs), refused and good pasted pairs, add again (its result shown at
+    once), EAP-IG, and a link followed, which holds the pasted pairs."""
+    m = walk([("choose_task", {"task": "add"})])
+    try:
+        assert m.page.shown is None     # nothing scored yet: the button computes
+        walk([("compute", {}), ("set_pairs", {"n": 3})], m)
+        assert m.page.shown.task == "add" and m.page.shown.n_pairs == 3
+        walk([("choose_task", {"task": "ioi"})], m)
+        assert m.page.error and m.page.redraw()["title"].endswith("(outdated)")
+        walk([("choose_task", {"task": PROMPT_TASK}), ("compute", {}),
+              ("click_token_and_type", SECOND_J), ("name_variants", {})], m)
+        assert m.page.shown.n_pairs == 8 and "bootstrap interval over the 8" in m.page._caption()
+        walk([("paste_pairs", {"text": OWN_PAIRS[1]}), ("paste_pairs", {"text": OWN_PAIRS[0]}),
+              ("choose_task", {"task": "add"}), ("choose_task", {"task": OWN_TASK}),
+              ("switch_method", {}), ("follow_link", {})], m)
+        # the link holds the pasted pairs: the new session scored them, by EAP-IG, once
+        shown = m.page.shown
+        assert (m.page.task, shown.task, shown.method) == (OWN_TASK, OWN_TASK, "eap-ig")
+        assert list(shown.prompts) == OWN_CLEAN[OWN_PAIRS[0]] and len(m.page._results) == 1
+    finally:
+        m.teardown()
+
+
+def test_a_walk_through_two_prompts_and_feature_dashboards(tiny_model):
+    """Prompt B typed, the Two prompts page opened, a B over its 128 tokens refused (the
+    old comparison marked outdated), the attribution view, an edit; the feature dashboards:
+    a feature picked, an edit (which they do not read: not outdated), a new prompt; links."""
+    m = walk([("set_second_prompt", {"text": SECOND_PROMPTS[1]}),
+              ("switch_page", {"slug": "compare"}),
+              ("set_second_prompt", {"text": SECOND_PROMPTS[3]})])
+    try:
+        assert "prompt B changed" in m.in_view.stale_note()
+        walk([("set_second_prompt", {"text": SECOND_PROMPTS[2]}),
+              ("compare_with", {"view": "dla"}), ("add_edit", {"layer": 0, "head": 1}),
+              ("follow_link", {}), ("switch_page", {"slug": "features"}),
+              ("pick_feature", {"index": 3}), ("add_edit", {"layer": 1, "head": 0}),
+              ("set_prompt", {"prompt": PROMPTS[1]}), ("follow_link", {})], m)
+        assert m.in_view.shown.prompts[0] == PROMPTS[1]
+        assert dict(m.in_view.shown.request)["feature"] == 3
     finally:
         m.teardown()
 
