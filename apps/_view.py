@@ -490,6 +490,19 @@ def workspace_positions(*, doc: str) -> param.List:
     return param.List(default=[], item_type=int, precedence=-1, doc=doc)
 
 
+def shown_dataset(*, doc: str) -> param.ClassSelector:
+    """A page's ``result`` Parameter: the Dataset it shows (None before the first run);
+    ``doc`` says what it holds."""
+    return param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
+                               doc=doc)
+
+
+def run_seconds(*, doc: str) -> param.Number:
+    """A page's ``seconds`` Parameter: how long its last run took (None before the first);
+    ``doc`` says from what to what."""
+    return param.Number(default=None, allow_None=True, precedence=-1, doc=doc)
+
+
 def scope_line(view: Any) -> str:
     """The header line of ``view``'s scope, "**on:** your prompt · **edits:** applied";
     '' when the view states none (or has no `View.scope`)."""

@@ -34,8 +34,8 @@ from apps._positions import PagePositions, position_caption, position_outlines, 
 from apps._provenance import Provenance, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
 from apps._session import CancelToken
-from apps._view import (STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions,
-                        workspace_selection)
+from apps._view import (STATIC_TOOLS, Scope, View, run_seconds, serve, shown_dataset,
+                        workspace_edits, workspace_positions, workspace_selection)
 from explorer import components
 from explorer._checks import InputError
 from explorer.interventions import edit_from_dict
@@ -307,10 +307,8 @@ class AttentionView(ShownRecord, View):
                                           "selection; heads are drawn, other components skipped).")
     edits = workspace_edits(doc="Workspace edits (intervention records): the patterns are those "
                                 "of the model with them applied.")
-    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
-                                 doc="The last good trace (attn_pattern of the prompt).")
-    seconds = param.Number(default=None, allow_None=True, precedence=-1,
-                           doc="Seconds from the prompt change to the data ready (last run).")
+    result = shown_dataset(doc="The last good trace (attn_pattern of the prompt).")
+    seconds = run_seconds(doc="Seconds from the prompt change to the data ready (last run).")
 
     def __init__(self, model: explorer.Model, *, background: bool | None = None, **params: Any):
         super().__init__(background=background, **params)
