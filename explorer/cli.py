@@ -11,11 +11,12 @@ stderr and exit with 2; anything unexpected prints one line suggesting ``--debug
 Method subcommands
 ------------------
 Each module path in `COMMAND_MODULES` (the command layer, `explorer.commands`) defines
-``register_cli(subparsers)``, which adds one or more subcommands with
-``subparsers.add_parser(name, help=...)``. Each subcommand must have a ``--json`` flag and
+``register_cli(subparsers)``, which adds one or more subcommands, the method commands with
+`explorer.commands._common.add_command` (``--model``/``--remote``, ``--json``, ``--paper``,
+the default thread count). Each subcommand must have a ``--json`` flag and
 ``set_defaults(func=handler)``, where ``handler(args)`` prints its output and returns an
 exit code (``None`` means 0). The helpers of `explorer.commands._common`
-(`add_model_option`, `read_prompts`, `load_edits`, `parse_int_list`, `print_json`, ...)
+(`add_command`, `read_prompts`, `load_edits`, `parse_int_list`, `print_json`, ...)
 keep the flags and parsing the same across commands. Modules are imported when ``main``
 builds its parser; an import error is a bug and is raised, never skipped.
 
