@@ -3,6 +3,7 @@ position x rank heatmap, clean and (with workspace edits) edited, the moved cell
 outlined, the selected positions' columns outlined dashed."""
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,8 @@ import explorer
 from apps import theme
 from apps._page_provenance import result_heading
 from apps._positions import column_boxes, position_caption, position_outlines, shown_positions
-from apps._provenance import Provenance
+from apps._provenance import Provenance, computed_at_now
+from apps._result_cache import cached_note
 from apps._saturation_corpus import _note
 from apps._saturation_strip import _NEVER_COLOR
 from apps._session import CancelToken
@@ -214,9 +216,18 @@ class PromptPart:
         return self._runners["prompt"].running
 
     def _request_prompt(self, *events: Any) -> None:
-        """Saturation layers of the prompt, clean and (with workspace edits) edited."""
+        """Saturation layers of the prompt, clean and (with workspace edits) edited: from
+        the result cache at once when it holds them (`apps._result_cache`), else computed
+        and stored there."""
         prompt, weights, edits = self.prompt, self.weights, list(self.edits)
         record = self.prompt_record(prompt, edits, weights)
+        parts, hit = self.stored_result("prompt", record,
+                                        {"edits": [e.to_dict() for e in edits]})
+        if hit is not None and "clean" in hit.datasets:
+            self.cancel("prompt")
+            self._show_prompt((record, hit.datasets["clean"], hit.datasets.get("edited")),
+                              cached_at=hit.computed_at)
+            return
 
         def job(token: CancelToken) -> tuple[Provenance, xr.Dataset, xr.Dataset | None]:
             check_prompts(prompt)
@@ -230,14 +241,19 @@ class PromptPart:
 
                 edited = prompt_saturation(model, prompt, edits=edits)
                 edited.attrs["workspace_edits"] = [edit_label(e) for e in edits]
+            self.store_result(parts, {"clean": clean, "edited": edited},
+                              computed_at=computed_at_now())
             return record, clean, edited
 
         self.submit("prompt", job)
 
-    def _show_prompt(self, out: tuple[Provenance, xr.Dataset, xr.Dataset | None]) -> None:
+    def _show_prompt(self, out: tuple[Provenance, xr.Dataset, xr.Dataset | None], *,
+                     cached_at: str = "") -> None:
         record, clean, edited = out
-        self.param.update(prompt_result=clean, prompt_edited=edited,
-                          shown_record=self.stamped(record))
+        shown = (dataclasses.replace(record, computed_at=cached_at) if cached_at
+                 else self.stamped(record))
+        self.param.update(prompt_result=clean, prompt_edited=edited, shown_record=shown,
+                          result_note=cached_note(cached_at) if cached_at else "")
 
     def prompt_tokens(self) -> list[str]:
         """The prompt's tokens as shown (those of the last prompt result; [] before one)."""

@@ -36,10 +36,11 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import labelled, tip
+from apps._controls import caption, labelled, tip
 from apps._page_provenance import ShownRecord
 from apps._positions import PagePositions
 from apps._provenance import one_line
+from apps._result_cache import DiskResults
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._saturation_corpus import (CorpusPart, OPEN_BUDGET_S, _WEIGHTS, _note,
                                      estimated_seconds, pareto_caption, pareto_markers,
@@ -71,7 +72,8 @@ __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "det
 hv.extension("bokeh", logo=False)
 
 
-class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionPart, View):
+class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionPart, DiskResults,
+                     View):
     """Saturation events over the shipped corpus, for the trained or a random-init model.
 
     Parameters
@@ -133,6 +135,9 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
     prompt_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                         precedence=-1,
                                         doc="`saturation_layers` of the prompt, unedited.")
+    result_note = param.String(default="", precedence=-1,
+                               doc="Where the shown token view comes from when it is the "
+                                   "result cache (`apps._result_cache.cached_note`); else ''.")
     prompt_edited = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
                                         precedence=-1,
                                         doc="The same with `edits` applied; None without edits.")
@@ -360,6 +365,8 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
                 self._status(), paper_panel("saturation", self),
                 pn.pane.Markdown("### The prompt's tokens: saturation layers s_1..s_k"),
                 self.heading_pane("sat-prompt-heading"),
+                caption(self.param.result_note, "sat-result-note", margin=(0, 10),
+                        visible=pn.bind(bool, self.param.result_note)),
                 self.stale_box("sat-prompt-stale", ["prompt", "edits", "weights", "busy",
                                                     "error"]),
                 _note("Cell (token, rank j): the layer from which the model's final rank-j "
