@@ -640,3 +640,26 @@ def test_number_options_take_their_type_and_default_from_the_keyword():
     assert (args.n_prompts, args.lr) == (3, 0.5)
     with pytest.raises(SystemExit):
         parser.parse_args(["--n-prompts", "2.5"])        # an int option refuses a float
+
+
+def test_add_command_gives_the_shared_flags_and_applies_paper_before_the_handler(capsys):
+    from explorer.commands._common import add_command
+    from explorer.defaults import DEFAULT_MODEL
+    from explorer.paper_settings import flag_values
+
+    seen = []
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    p = add_command(sub, "toy", lambda args: seen.append(args.n_shots) or 0, paper="icl-heads",
+                    threads=1, help="a toy", description="a toy command")
+    p.add_argument("--n-shots", type=int, default=99)
+    q = add_command(sub, "tiny", lambda args: 0, model=False, help="no model", description="")
+    args = parser.parse_args(["toy", "--paper"])
+    assert (args.model, args.remote, args.json, args.default_threads) == (
+        DEFAULT_MODEL, False, False, 1)
+    assert args.func(args) == 0 and seen == [flag_values("icl-heads")["n_shots"]] != [99]
+    assert "--paper (" in capsys.readouterr().err              # said on stderr, not stdout
+    args = parser.parse_args(["toy"])                          # without --paper: untouched
+    assert args.func(args) == 0 and seen[-1] == 99
+    assert "--model" not in q._option_string_actions and "--json" in q._option_string_actions
+    assert q.get_default("default_threads") is None
