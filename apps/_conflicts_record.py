@@ -24,6 +24,7 @@ import param
 from apps._conflicts_plots import (bars_caption, edited_bars_caption, edited_title,
                                    plot_answer_bars)
 from apps._provenance import Provenance, computed_at_now
+from apps._result_cache import Stored, cached_note
 from explorer.analyses import conflicts as C
 from explorer.interventions import Edit
 from explorer.workspace import edit_label
@@ -56,6 +57,35 @@ class RecordPart(param.Parameterized):
 
     shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
                                 doc="What the shown answer bars were computed on.")
+
+    result_note = param.String(default="", precedence=-1,
+                               doc="Where the shown answer bars come from when it is the result "
+                                   "cache (`apps._result_cache.cached_note`); else ''.")
+
+    # -- the result cache (`apps._result_cache`) ------------------------------------------
+    def stored_scores(self, fact: C.Fact, kind: str) -> tuple[dict | None, Stored | None]:
+        """(key parts, stored entry or None) of the head scores of ``fact``'s ``kind`` prompt."""
+        record = Provenance(page="conflicts", model=self._model.spec.name, method="head scores",
+                            prompts=(C.conflict_prompt(fact, kind),),
+                            request=(("prompt_type", kind),))
+        return self.stored_result("scores", record, {"fact": fact.to_dict()})
+
+    def stored_bars(self, fact: C.Fact, wanted: Provenance) -> tuple[dict | None, Stored | None]:
+        """(key parts, stored entry or None) of the answer bars of the request ``wanted``."""
+        return self.stored_result("bars", wanted, {"fact": fact.to_dict()})
+
+    def store_bars(self, parts: dict | None, rows: list, edited: list | None) -> None:
+        self.store_result(parts, {}, {"rows": rows, "edited": edited},
+                          computed_at=computed_at_now())
+
+    def show_stored_bars(self, wanted: Provenance, hit: Stored) -> None:
+        """Show answer bars read from the result cache, with the note saying so."""
+        def rows(value: list | None) -> list | None:
+            return None if value is None else [tuple(r) for r in value]
+
+        self.param.update(bar_rows=rows(hit.values["rows"]), edited_rows=rows(hit.values["edited"]),
+                          shown=dataclasses.replace(wanted, computed_at=hit.computed_at),
+                          result_note=cached_note(hit.computed_at), status="ready")
 
     def request_provenance(self) -> Provenance:
         """The record of the bars the page computes from its current inputs."""

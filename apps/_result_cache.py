@@ -286,11 +286,12 @@ class DiskResults:
     def stored_result(self, job: str, record: Provenance, extra: Mapping[str, Any] | None = None
                       ) -> tuple[dict[str, Any] | None, Stored | None]:
         """(the key's parts, the stored result or None) of job ``job`` on the inputs
-        ``record`` (and ``extra``) with the page's model; (None, None) with the cache off."""
+        ``record`` (and ``extra``) with the page's model (``_model``); (None, None) with the cache
+        off."""
         cache = self.result_cache()
         if cache is None:
             return None, None
-        parts = cache.parts(job, record, self.model, extra)
+        parts = cache.parts(job, record, self._model, extra)
         return parts, cache.get(parts)
 
     def store_result(self, parts: dict[str, Any] | None,

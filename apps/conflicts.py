@@ -48,6 +48,8 @@ from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, S
 from apps._controls import OwnItems, labelled, tip
 from apps._heads_heatmap import on_head_click
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Recipe, Ref, Step
+from apps._provenance import computed_at_now
+from apps._result_cache import DiskResults
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
@@ -65,7 +67,7 @@ hv.extension("bokeh", logo=False)
 _TOOLS = STATIC_TOOLS
 
 
-class ConflictsView(HeadsPart, RecordPart, View):
+class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -199,19 +201,29 @@ class ConflictsView(HeadsPart, RecordPart, View):
         if name == "select":
             job = self._select_job()
         elif name == "example":
+            parts, hit = self.stored_scores(fact, kind)
+            if hit is not None:       # run 1 is made by the bars job, when they need it
+                self.cancel("example")
+                return self._got_example(((fact, kind), hit.datasets["scores"], None))
+
             def job(token: CancelToken):
                 scores = C.head_context_memory_scores(model, [fact], kinds=[kind], ablation=False)
+                self.store_result(parts, {"scores": scores}, computed_at=computed_at_now())
                 token.check()
                 return (fact, kind), scores, C.juice_first_run(model, [C.conflict_prompt(fact, kind)])
         elif name == "bars":
             key, run1 = self._run1
             if key != (fact, kind):
                 return  # the example job requests the bars once run 1 is there
+            wanted = self.request_provenance()
+            parts, hit = self.stored_bars(fact, wanted)
+            if hit is not None:
+                self.cancel("bars")
+                return self.show_stored_bars(wanted, hit)
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
             run = C.juice_logits if self.mode == "juice" else C.single_run_logits
             a_l, a_s = self.alpha_l, self.alpha_s
             edits = tuple(self.edits)
-            wanted = self.request_provenance()
 
             def bars(first: C.JuiceFirstRun) -> list[tuple[str, str, float]]:
                 before = C.answer_probabilities(model, first.logits, [fact])[0]
@@ -221,8 +233,14 @@ class ConflictsView(HeadsPart, RecordPart, View):
                 return answer_bars_data(before, after)
 
             def job(token: CancelToken):
-                rows = bars(run1)
+                first = run1
+                if first is None:
+                    first = C.juice_first_run(model, [C.conflict_prompt(fact, kind)])
+                    if self._run1[0] == (fact, kind):   # not another example's meanwhile
+                        self._run1 = ((fact, kind), first)
+                rows = bars(first)
                 if not edits:
+                    self.store_bars(parts, rows, None)
                     return wanted, rows, None
                 token.check()
                 ekey, first = self._run1_edited
@@ -231,7 +249,9 @@ class ConflictsView(HeadsPart, RecordPart, View):
                                               edits=edits)
                     self._run1_edited = ((fact, kind, edits), first)
                 token.check()
-                return wanted, rows, bars(first)
+                edited = bars(first)
+                self.store_bars(parts, rows, edited)
+                return wanted, rows, edited
         else:
             facts = list(self._split_facts)
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
@@ -274,7 +294,8 @@ class ConflictsView(HeadsPart, RecordPart, View):
 
     def _got_bars(self, out: tuple[Any, list, list | None]) -> None:
         wanted, rows, edited = out
-        self.param.update(bar_rows=rows, edited_rows=edited, shown=self._shown_bars(wanted))
+        self.param.update(bar_rows=rows, edited_rows=edited, shown=self._shown_bars(wanted),
+                          result_note="")
         if self.status.startswith("computing"):
             self.status = "ready"
 
@@ -412,6 +433,8 @@ class ConflictsView(HeadsPart, RecordPart, View):
             pn.pane.Markdown(pn.bind(self.stale_markdown, *stale_inputs),
                              visible=pn.bind(lambda *_: bool(self.stale_note()), *stale_inputs),
                              css_classes=["cf-stale"], styles={"color": "#a33"}, margin=(0, 10)),
+            pn.pane.Markdown(p.result_note, visible=pn.bind(bool, p.result_note),
+                             css_classes=["cf-result-note"], **caption),
             pn.pane.Markdown(pn.bind(self.bars_words, p.bar_rows, p.shown), **caption),
             pn.bind(self._edited_bars, p.edited_rows),
             pn.pane.Markdown(ALPHA_NOTE, **caption),
