@@ -221,7 +221,9 @@ def _own_cache_folder(tmp_path_factory):
     """``$EXPLORER_CACHE`` points into this process's temp folder for the whole session, so
     workers never share (or race on) stored results and nothing lands in the user's cache;
     the converted SmolLM2 there is linked in, to be read only (a re-conversion into the link
-    fails instead of replacing it). Tests that need an empty cache still set their own."""
+    fails instead of replacing it). Tests that need an empty cache still set their own. The
+    pages' result cache (`apps._result_cache`) is off, so every page computes what a test
+    checks; tests/test_page_result_cache.py turns it on."""
     from explorer.models import DEFAULT_MODEL, cache_dir
 
     converted = cache_dir() / "models" / DEFAULT_MODEL
@@ -231,6 +233,7 @@ def _own_cache_folder(tmp_path_factory):
         (folder / "models" / DEFAULT_MODEL).symlink_to(converted.resolve(), target_is_directory=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EXPLORER_CACHE", str(folder))
+        mp.setenv("EXPLORER_RESULT_CACHE", "off")
         yield folder
 
 
