@@ -54,7 +54,7 @@ def lab_record(page: str, model: str, inputs: Mapping[str, Any], *, method: str 
                task: str = "", settings: Mapping[str, Any] | None = None,
                computed_at: str = "") -> Provenance:
     """A lab page's record: ``inputs`` (what a change of makes the result stale) as its
-    ``request``; lists become tuples (a record is compared and hashed)."""
+    ``request``; lists become tuples (as a record read back from JSON holds them)."""
     def frozen(v: Any) -> Any:
         return tuple(frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
 
