@@ -31,14 +31,15 @@ def _first_token(model, answer):
 
 def _layer_outputs(model, hf, ids):
     """Every decoder layer's output of one unpadded prompt, by forward hooks on ``hf``:
-    [layer, pos, d_model] float64."""
+    [layer, pos, d_model] float64. The decoder stack alone runs (``hf.model``): the
+    unembedding, which no layer's output depends on, is left out."""
     outs = []
     hooks = [block.register_forward_hook(
         lambda _m, _i, o: outs.append((o[0] if isinstance(o, tuple) else o)[0].double()))
         for block in hf.model.layers]
     try:
         with torch.no_grad():
-            hf(ids)
+            hf.model(ids)
     finally:
         for h in hooks:
             h.remove()
@@ -166,6 +167,26 @@ def _sat_layer(at_rank: np.ndarray) -> int:
     return layer
 
 
+def _lens_rank2_sat_layers(hf, resid):
+    """A plain torch logit lens (the HF final norm and lm_head on each layer's output
+    ``resid`` [layer, pos, d]): per position the final top-2 tokens and `_sat_layer` of
+    "the final rank-2 token has strict rank 1 at this layer". The final run is read from the
+    last layer down, a position's lower layers only while its run lasts (they cannot change
+    where the run starts): ([pos] layers, [pos, 2] token ids)."""
+    n_layers, n = resid.shape[:2]
+    top = hf.lm_head(hf.model.norm(resid[-1])).topk(2, dim=-1).indices      # [pos, 2]
+    sat = torch.full((n,), -1, dtype=torch.long)
+    running = torch.arange(n)                 # positions at rank 1 on every layer so far
+    for layer in range(n_layers - 1, -1, -1):
+        logits = hf.lm_head(hf.model.norm(resid[layer, running]))          # [running, vocab]
+        rank = (logits > logits.gather(-1, top[running, 1:2])).sum(-1)
+        running = running[rank == 1]
+        sat[running] = layer
+        if not len(running):
+            break
+    return sat, top
+
+
 def _split_by_hand(s2, top1, top2, nxt, n_layers, margin=7):
     wrong = (nxt >= 0) & (top1 != nxt)
     early = wrong & (s2 >= 1) & (s2 <= n_layers - margin)
@@ -205,16 +226,11 @@ def test_rank2_split_recomputed_from_ranks_and_from_a_torch_logit_lens(smollm2, 
     s2_torch, top1_t, top2_t, nxt_t = [], [], [], []
     for p, text in enumerate(texts):
         ids = _ids(m, text)
-        n = ids.shape[1]
         assert ds.token_id.values[p][mask[p]].tolist() == ids[0].tolist()
         with torch.no_grad():
             resid = _layer_outputs(m, m.hf, ids).float()            # [layer, pos, d]
-            lens_logits = [m.hf.lm_head(m.hf.model.norm(h)) for h in resid]  # L x [pos, vocab]
-        top = lens_logits[-1].topk(2, dim=-1).indices               # [pos, 2]
-        rank = torch.stack([(lg > lg.gather(-1, top[:, 1:2])).sum(-1)       # [layer, pos]
-                            for lg in lens_logits])
-        del lens_logits
-        s2_torch += [_sat_layer((rank[:, i] == 1).numpy()) for i in range(n)]
+            s2, top = _lens_rank2_sat_layers(m.hf, resid)
+        s2_torch += s2.tolist()
         top1_t += top[:, 0].tolist()
         top2_t += top[:, 1].tolist()
         nxt_t += ids[0, 1:].tolist() + [-1]
