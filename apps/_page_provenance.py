@@ -27,7 +27,7 @@ from apps._provenance import INPUT_NAMES, Provenance, changed_inputs, computed_a
 from explorer.interventions import Edit
 
 __all__ = ["ShownRecord", "auto_stale_text", "stale_inputs", "result_heading", "edits_words",
-           "STALE_STYLE", "INPUT_WORDS"]
+           "STALE_STYLE", "INPUT_WORDS", "recompute_state"]
 
 
 INPUT_WORDS = {**INPUT_NAMES, "method": "the method", "alpha": "the steering strength",
@@ -82,6 +82,22 @@ def result_heading(what: str, prov: Provenance, *, detail: str = "", clean: bool
     return f"{what} of {on} ({model}){edits}"
 
 
+def recompute_state(*, running: bool = False, refused: bool = False, failed: bool = False,
+                    action: str = "Enter") -> str:
+    """The end of the stale note of a page that recomputes as each input changes (Logit
+    attribution, Activation patching): what it is doing about the newer inputs. Recomputing;
+    refused (an input checked before computing did not fit); failed (the computation
+    raised); else pressing ``action`` updates it (`ShownRecord.stale_states`' words)."""
+    states = ShownRecord.stale_states
+    if running:
+        return states["running"]
+    if refused:
+        return states["refused"]
+    if failed:
+        return states["failed"]
+    return f"press {action} to update."
+
+
 class ShownRecord(param.Parameterized):
     """The `Provenance` of a page's shown result, kept beside it (`shown_record`), and the
     page's current inputs, read from the workspace the gallery gives it (else from its own
@@ -102,7 +118,9 @@ class ShownRecord(param.Parameterized):
     stale_states = {"running": "recomputing; the result shown is the old one until then.",
                     "failed": "its recompute failed (the message above says why); the result "
                               "shown is the old one.",
-                    "waiting": "the page recomputes when it is opened."}
+                    "waiting": "the page recomputes when it is opened.",
+                    "refused": "the page refused the new input (the message above says why); "
+                               "the result shown is the old one."}
 
     def follow_workspace(self, workspace: Any) -> None:
         """Read the current prompt and edits from ``workspace`` (the gallery's): a page not

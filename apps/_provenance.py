@@ -145,20 +145,23 @@ def changed_inputs(shown: Provenance, wanted: Provenance) -> list[str]:
     return out
 
 
-def outdated_text(shown: Provenance, wanted: Provenance, *, action: str = "Compute") -> str:
+def outdated_text(shown: Provenance, wanted: Provenance, *, action: str = "Compute",
+                  state: str = "") -> str:
     """Empty when the shown result is of the current inputs; else which inputs changed
-    since and what updates it."""
+    since and what updates it (pressing ``action``), or ``state``: what the page is doing
+    about them (recomputing, or why it did not)."""
     changed = changed_inputs(shown, wanted)
     if not changed:
         return ""
     what = ", ".join(INPUT_NAMES.get(c, c) for c in changed)
-    return f"{what} changed since: press {action} to update."
+    return f"{what} changed since: {state or f'press {action} to update.'}"
 
 
-def stale_text(shown: Provenance, wanted: Provenance, *, action: str = "Compute") -> str:
+def stale_text(shown: Provenance, wanted: Provenance, *, action: str = "Compute",
+               state: str = "") -> str:
     """Empty when the shown result is of the current inputs; else what it was computed on,
-    what changed since, and what updates it."""
-    changed = outdated_text(shown, wanted, action=action)
+    what changed since, and what updates it (`outdated_text`)."""
+    changed = outdated_text(shown, wanted, action=action, state=state)
     if not changed:
         return ""
     on = one_line(shown.prompts[0]) if shown.prompts else f"the task {shown.task!r}"

@@ -30,6 +30,7 @@ from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import check_selected_component, selected_component, token_choice
 from apps._heads_heatmap import component_cell_box, layer_ticks, on_head_click
+from apps._page_provenance import recompute_state
 from apps._positions import position_outlines
 from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
@@ -178,14 +179,15 @@ def dla_caption(ds: xr.Dataset | None) -> str:
 
 
 def stale_note(ds: xr.Dataset | None, prompt: str, edits: Sequence[Edit], answer: str,
-               alternative: str) -> str:
+               alternative: str, *, state: str = "") -> str:
     """'' when the shown result is of the current prompt, edits and pickers; else, as
-    Markdown, what it was computed on and what changed since (`stale_text`)."""
+    Markdown, what it was computed on, what changed since and ``state``: what the page is
+    doing about it (`recompute_state`; default: press Enter)."""
     shown = dla_provenance(ds)
     if shown is None:
         return ""
     text = stale_text(shown, dla_request(shown.model, prompt, edits, answer, alternative),
-                      action=DLAView.compute_action)
+                      action=DLAView.compute_action, state=state)
     return outdated_markdown(text, shown)
 
 
@@ -277,6 +279,7 @@ class DLAView(View):
         super().__init__(background=background, **params)
         self._model = model
         self._started = 0.0
+        self._refused = False   # the last input was refused before computing (its message shows)
         self.runner("dla", self._got_dla)
         self.param.watch(self._request, ["prompt", "edits", "answer", "alternative"])
         self.param.watch(self._check_selected, ["selected"])
@@ -299,6 +302,16 @@ class DLAView(View):
         return dla_request(self._model.spec.name, self.prompt, list(self.edits), self.answer,
                            self.alternative)
 
+    def stale_note(self) -> str:
+        """'' while the shown attribution is of the inputs; else what it was computed on,
+        what changed since, and whether it is recomputing, was refused or failed."""
+        shown = self.shown_provenance()
+        if shown is None:
+            return ""
+        state = recompute_state(running=self.running, refused=self._refused,
+                                failed=bool(self.error), action=self.compute_action)
+        return stale_text(shown, self.requested_provenance(), state=state)
+
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the result is of the inputs)."""
         shown = self.shown_provenance()
@@ -314,12 +327,14 @@ class DLAView(View):
             return
         model, prompt, edits = self._model, self.prompt, list(self.edits)
         answer, alternative = self.answer, self.alternative
+        self._refused = False
         try:  # a token that is not one token is said now, and the shown result stays
             for name, text in (("answer", answer), ("alternative", alternative)):
                 token = parse_token(text)
                 if token is not None:
                     answer_token_id(model, token, name=name)
         except InputError as exc:
+            self._refused = True
             self.show_error(exc)
             return
         self.running = True

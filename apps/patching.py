@@ -32,6 +32,7 @@ from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import selected_component, token_choice
 from apps._heads_heatmap import layer_ticks, on_head_click
+from apps._page_provenance import recompute_state
 from apps._positions import PositionStrip, column_boxes, position_outlines
 from apps._provenance import (Counterfactual, Provenance, computed_at_now, one_line,
                               stale_text)
@@ -205,14 +206,16 @@ def patching_caption(ds: xr.Dataset | None) -> str:
     return "  \n".join(lines)
 
 
-def stale_note(ds: xr.Dataset | None, request: dict[str, Any]) -> str:
+def stale_note(ds: xr.Dataset | None, request: dict[str, Any], *, state: str = "") -> str:
     """'' when the shown result is of the inputs ``request`` (`PatchingView.request_state`);
-    else, as Markdown, what it was computed on and what changed since (`stale_text`)."""
+    else, as Markdown, what it was computed on, what changed since and ``state``: what the
+    page is doing about it (`recompute_state`; default: press Enter)."""
     shown = patching_provenance(ds)
     if shown is None:
         return ""
     return outdated_markdown(stale_text(shown, patching_request(shown.model, request),
-                                        action=PatchingView.compute_action), shown)
+                                        action=PatchingView.compute_action, state=state),
+                             shown)
 
 
 def outdated_markdown(text: str, shown: Provenance) -> str:
@@ -341,6 +344,7 @@ class PatchingView(View):
         super().__init__(background=background, **params)
         self._model = model
         self._started = 0.0
+        self._refused = False   # the last input was refused before computing (its message shows)
         self._strip = PositionStrip(tokens=self._tokens(), sizing_mode="stretch_width",
                                     selected=[] if self.cf_position < 0 else [self.cf_position],
                                     css_classes=["patching-strip"])
@@ -389,6 +393,20 @@ class PatchingView(View):
     def requested_provenance(self) -> Provenance:
         return patching_request(self._model.spec.name, self.request_state())
 
+    def stale_note(self) -> str:
+        """'' while the shown grid is of the inputs; else what it was computed on, what
+        changed since, and whether it waits for a token to replace, is recomputing, was
+        refused or failed."""
+        shown = self.shown_provenance()
+        if shown is None:
+            return ""
+        if not self.corrupt and (self.cf_position < 0 or not self.cf_token):  # no token
+            state = "click a token of the prompt and type its replacement to update."
+        else:
+            state = recompute_state(running=self.running, refused=self._refused,
+                                    failed=bool(self.error), action=self.compute_action)
+        return stale_text(shown, self.requested_provenance(), state=state)
+
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the grid is of the inputs)."""
         shown = self.shown_provenance()
@@ -413,8 +431,10 @@ class PatchingView(View):
         try:
             corrupt = self._corrupt_input()
         except InputError as exc:
+            self._refused = True
             self.show_error(exc)
             return
+        self._refused = False
         if corrupt is None:
             self.status = "Click a token of the prompt and type its replacement."
             return

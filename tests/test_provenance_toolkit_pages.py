@@ -66,7 +66,8 @@ def test_dla_words_and_stale_note_follow_the_shown_attribution(tiny_model):
         assert f"at most {MAX_TOKENS}" in view.error
         note = view.stale_note()
         assert note.startswith(f"Shown: computed on {one_line(PROMPT)}")
-        assert "the prompt changed since" in note
+        assert note.endswith("the prompt changed since: its recompute failed (the message "
+                             "above says why); the result shown is the old one.")
         assert view.caption().startswith(f"On {one_line(PROMPT)} (tiny-llama).")
         assert dla_title(view.result) == title
         pane = _stale_pane(view, "dla-stale")
@@ -75,7 +76,9 @@ def test_dla_words_and_stale_note_follow_the_shown_attribution(tiny_model):
         view.prompt = PROMPT
         assert view.stale_note() == ""              # back to the shown inputs
         view.answer = "zz"
-        assert "the answer or alternative changed" in view.stale_note()
+        assert view.stale_note().endswith(
+            "the answer or alternative changed since: the page refused the new input (the "
+            "message above says why); the result shown is the old one.")
         # a recompute: the note goes, the words follow the new result
         view.param.update(answer="", prompt=OTHER)
         assert view.stale_note() == "" and view.shown_provenance().prompts == (OTHER,)
@@ -110,21 +113,25 @@ def test_patching_words_and_stale_note_follow_the_shown_grid(tiny_model):
         view.prompt = long
         note = view.stale_note()
         assert f"computed on {one_line(PROMPT)} vs position 1: {old!r} -> 'K'" in note
-        assert "the prompt changed since" in note
+        assert "the prompt changed since: its recompute failed (the message above" in note
         assert view.caption().startswith(f"On {one_line(PROMPT)} (tiny-llama).")
         assert patching_title(view.result) == title
         pane = _stale_pane(view, "patching-stale")
         assert pane.visible and "resid_pre grid, denoising" in pane.object
-        # a replacement of two tokens, and a grid not yet recomputed, are named
+        # a grid not yet recomputed, a replacement of two tokens, no token: each named
         view.prompt = PROMPT
-        view.cf_token = "Ed"
-        assert "the replacement token changed" in view.stale_note()
-        with discard_events(view):
-            view.param.update(cf_token="K", kind="mlp_out")
-        assert "the grid changed" in view.stale_note()
+        with discard_events(view):                               # not yet recomputed
+            view.param.update(kind="mlp_out")
+        assert view.stale_note().endswith("the grid changed since: press Enter to update.")
         assert patching_title(view.result) == title                  # the shown grid's words
+        view.cf_token = "Ed"
+        assert "the grid, the replacement token changed since: the page refused the new " \
+               "input (the message above says why)" in view.stale_note()
+        view.cf_position = -1                                    # no token to replace
+        assert view.stale_note().endswith("click a token of the prompt and type its "
+                                          "replacement to update.")
         # a recompute: the note goes, the words follow
-        view._request()
+        view.param.update(cf_position=1, cf_token="K")
         assert view.stale_note() == ""
         assert patching_title(view.result) == "MLP output, denoising"
         assert dict(view.shown_provenance().request)["grid"] == "mlp_out"
