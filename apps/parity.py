@@ -477,8 +477,9 @@ class ParityView(View):
         """The analysis's state counts are shown: their record; recounted at once when the
         controls ask for another threshold or length (a link's, say)."""
         p = self.analysis.attrs.get("params", {})
-        self.curves_record = stamped(lab_record("parity", run_name(self.run), {
-            "threshold": float(p.get("threshold", 0.01)), "max_length": int(p.get("max_length", 8))}))
+        record = lab_record("parity", run_name(self.run), {
+            "threshold": float(p.get("threshold", 0.01)), "max_length": int(p.get("max_length", 8))})
+        self.param.update(sizes=None, curves_record=stamped(record))
         if dict(self.curves_record.request) != dict(self.curves_request().request):
             self._request_sizes()
 
