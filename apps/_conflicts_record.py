@@ -74,9 +74,13 @@ class RecordPart(param.Parameterized):
         """(key parts, stored entry or None) of the answer bars of the request ``wanted``."""
         return self.stored_result("bars", wanted, {"fact": fact.to_dict()})
 
-    def store_bars(self, parts: dict | None, rows: list, edited: list | None) -> None:
+    def store_bars(self, parts: dict | None, wanted: Provenance, rows: list,
+                   edited: list | None) -> Provenance:
+        """Keep computed bars in the result cache; ``wanted`` stamped with their time."""
+        shown = self._shown_bars(wanted)
         self.store_result(parts, {}, {"rows": rows, "edited": edited},
-                          computed_at=computed_at_now())
+                          computed_at=shown.computed_at)
+        return shown
 
     def show_stored_bars(self, wanted: Provenance, hit: Stored) -> None:
         """Show answer bars read from the result cache, with the note saying so."""

@@ -19,7 +19,7 @@ import explorer
 from apps import theme
 from apps._page_provenance import result_heading
 from apps._positions import column_boxes, position_caption, position_outlines, shown_positions
-from apps._provenance import Provenance, computed_at_now
+from apps._provenance import Provenance
 from apps._result_cache import cached_note
 from apps._saturation_corpus import _note
 from apps._saturation_strip import _NEVER_COLOR
@@ -241,17 +241,20 @@ class PromptPart:
 
                 edited = prompt_saturation(model, prompt, edits=edits)
                 edited.attrs["workspace_edits"] = [edit_label(e) for e in edits]
+            shown = self.stamped(record)
             self.store_result(parts, {"clean": clean, "edited": edited},
-                              computed_at=computed_at_now())
-            return record, clean, edited
+                              computed_at=shown.computed_at)
+            return shown, clean, edited
 
         self.submit("prompt", job)
 
     def _show_prompt(self, out: tuple[Provenance, xr.Dataset, xr.Dataset | None], *,
                      cached_at: str = "") -> None:
-        record, clean, edited = out
-        shown = (dataclasses.replace(record, computed_at=cached_at) if cached_at
-                 else self.stamped(record))
+        """Show a token view: its stamped record, clean and edited results (``cached_at``:
+        read from the result cache, computed then)."""
+        shown, clean, edited = out
+        if cached_at:
+            shown = dataclasses.replace(shown, computed_at=cached_at)
         self.param.update(prompt_result=clean, prompt_edited=edited, shown_record=shown,
                           result_note=cached_note(cached_at) if cached_at else "")
 

@@ -240,8 +240,7 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
                         self._run1 = ((fact, kind), first)
                 rows = bars(first)
                 if not edits:
-                    self.store_bars(parts, rows, None)
-                    return wanted, rows, None
+                    return self.store_bars(parts, wanted, rows, None), rows, None
                 token.check()
                 ekey, first = self._run1_edited
                 if ekey != (fact, kind, edits):     # run 1 of the edited model, once per edits
@@ -250,8 +249,7 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
                     self._run1_edited = ((fact, kind, edits), first)
                 token.check()
                 edited = bars(first)
-                self.store_bars(parts, rows, edited)
-                return wanted, rows, edited
+                return self.store_bars(parts, wanted, rows, edited), rows, edited
         else:
             facts = list(self._split_facts)
             plus, minus = [parse_head(n) for n in self.heads_plus], [parse_head(n) for n in self.heads_minus]
@@ -294,7 +292,7 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
 
     def _got_bars(self, out: tuple[Any, list, list | None]) -> None:
         wanted, rows, edited = out
-        self.param.update(bar_rows=rows, edited_rows=edited, shown=self._shown_bars(wanted),
+        self.param.update(bar_rows=rows, edited_rows=edited, shown=wanted,
                           result_note="")
         if self.status.startswith("computing"):
             self.status = "ready"
