@@ -57,7 +57,8 @@ LAYER = 20          # the docs' layer, fixed in advance there (that of the zero-
 
 def _hooked_last_logits(model, prompt, layer, vector):
     """Next-token logits with layer ``layer``'s output at the last token replaced by
-    ``vector`` (a plain forward hook on the Hugging Face block; unpadded prompt)."""
+    ``vector`` (a plain forward hook on the Hugging Face block; unpadded prompt; the
+    unembedding of the last position only)."""
     v = torch.as_tensor(vector, dtype=torch.float32)
 
     def hook(_m, _i, out):
@@ -68,7 +69,7 @@ def _hooked_last_logits(model, prompt, layer, vector):
     handle = model.hf.model.layers[layer].register_forward_hook(hook)
     try:
         with torch.no_grad():
-            return model.hf(_ids(model, prompt)).logits[0, -1]
+            return model.hf(_ids(model, prompt), logits_to_keep=1).logits[0, -1]
     finally:
         handle.remove()
 
@@ -111,7 +112,8 @@ def test_conflicting_task_vectors_on_smollm2(smollm2):
 
     # no patch: the plain forward's argmax
     prompts, _ = targets["capitalize"]
-    plain = [int(m.hf(_ids(m, p)).logits[0, -1].argmax()) for p in prompts[:3]]
+    with torch.no_grad():
+        plain = [int(m.hf(_ids(m, p), logits_to_keep=1).logits[0, -1].argmax()) for p in prompts[:3]]
     np.testing.assert_array_equal(
         ds.prediction.sel(source="none", target="capitalize", layer=LAYER).values[:3], plain)
 
