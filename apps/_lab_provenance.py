@@ -26,7 +26,7 @@ from apps._page_provenance import STALE_STYLE, ShownRecord
 from apps._provenance import Provenance, changed_inputs, computed_at_now
 
 __all__ = ["LabInput", "plural", "lab_record", "stamped", "inputs_text", "lab_stale_text",
-           "outdated_markdown", "stale_pane", "RECOMPUTING"]
+           "outdated_markdown", "stale_pane", "recompute_state", "RECOMPUTING"]
 
 RECOMPUTING = ShownRecord.stale_states["running"]
 """What a page that recomputes on its own says while it does (the lens pages' words)."""
@@ -43,6 +43,13 @@ class LabInput:
 
     def text(self, value: Any) -> str:
         return self.shown(value) if callable(self.shown) else self.shown.format(value)
+
+
+def recompute_state(view: Any, runner: str) -> str:
+    """What a page that recomputes on its own is doing about a stale result: recomputing
+    (its job on ``runner`` in flight), or its last recompute failed (`View.error`)."""
+    running = view._runners[runner].running
+    return RECOMPUTING if running or not view.error else ShownRecord.stale_states["failed"]
 
 
 def plural(n: int, word: str) -> str:

@@ -31,8 +31,8 @@ from apps import theme
 from apps._paper import paper_panel
 from apps._parity_phase import phase_caption, plot_phase_diagram
 from apps._controls import caption, control, flex_row, run_page
-from apps._lab_provenance import RECOMPUTING, LabInput, lab_record, lab_stale_text, stale_pane, stamped
-from apps._page_provenance import ShownRecord
+from apps._lab_provenance import (LabInput, lab_record, lab_stale_text, recompute_state,
+                                  stale_pane, stamped)
 from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -500,9 +500,8 @@ class ParityView(View):
     def stale_note(self, *_: Any) -> str:
         """'' while the sizes over training are of the controls; else what they were computed
         on and that the new ones are on their way (or failed)."""
-        state = ShownRecord.stale_states["failed"] if self.error else RECOMPUTING
         return lab_stale_text(self.curves_record, self.curves_request(), CURVES_INPUTS,
-                              state=state)
+                              state=recompute_state(self, "sizes"))
 
     def _request_sizes(self, *events: Any) -> None:
         if self.run is None:

@@ -31,8 +31,8 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled_controls
-from apps._lab_provenance import RECOMPUTING, LabInput, lab_record, lab_stale_text, stale_pane, stamped
-from apps._page_provenance import ShownRecord
+from apps._lab_provenance import (LabInput, lab_record, lab_stale_text, recompute_state,
+                                  stale_pane, stamped)
 from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -408,8 +408,8 @@ class ShatteringView(View):
     def stale_note(self, *_: Any) -> str:
         """'' while the shown edit is of the controls; else what it was computed on, what
         changed and that the new edit is on its way (or failed)."""
-        state = ShownRecord.stale_states["failed"] if self.error else RECOMPUTING
-        return lab_stale_text(self.edit_record, self.edit_request(), EDIT_INPUTS, state=state)
+        return lab_stale_text(self.edit_record, self.edit_request(), EDIT_INPUTS,
+                              state=recompute_state(self, "edit"))
 
     def _request_edit(self, *events: Any) -> None:
         km = self.km

@@ -16,7 +16,7 @@ import json
 import zipfile
 
 import pytest
-from _views import knowledge_model_and_sweep, tiny_facts_file
+from _views import KM_PARAMS, tiny_facts_file
 from param.parameterized import discard_events
 
 from apps._provenance import Provenance
@@ -123,8 +123,10 @@ def test_shattering_note_and_code_follow_the_shown_edit_while_the_next_one_compu
 
     from apps import shattering as page
     from explorer._checks import InputError
+    from explorer.analyses import shattering as sh
 
-    km, sweep = knowledge_model_and_sweep()
+    km = sh.train_knowledge_model(**{**KM_PARAMS, "steps": 30})   # trained or not: edits apply
+    sweep = sh.edit_sweep(km, n_edits=2, distances=[1], method="finetune")
     gate, real = threading.Event(), page.edit_fact
 
     def gated(km, e, r, distance, **kw):
@@ -174,6 +176,15 @@ def test_shattering_note_and_code_follow_the_shown_edit_while_the_next_one_compu
         assert "entity e5" in note and "the counterfactual distance changed since: its " \
             "recompute failed" in note
         assert "**e5 A+1**" in view.summary() and "distance 2" in view.summary()
+        # asked again: while that recompute runs the note says so, though the last one failed
+        gate.clear()
+        view.distance = 1
+        assert view.error and view.stale_note().endswith(
+            "; the counterfactual distance changed since: recomputing; the result shown is the "
+            "old one until then.")
+        gate.set()
+        view.wait()
+        assert view.stale_note() == "" and not view.error and "distance 1" in view.summary()
     finally:
         gate.set()
         view.close()
