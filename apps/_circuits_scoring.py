@@ -111,11 +111,7 @@ class CircuitScoring:
         parser's one-line message and keeps the current result."""
         def use(task: ca.CircuitTask) -> None:
             self._own_task = task
-            self._taking_own = True
-            try:
-                self.own_pairs = text
-            finally:
-                self._taking_own = False
+            self._keep_own_pairs(text)
             self._own_version += 1
             if OWN_TASK not in self.param.task.objects:
                 self.param.task.objects = [*self.param.task.objects, OWN_TASK]
@@ -133,11 +129,15 @@ class CircuitScoring:
         if self._own.area.value != event.new:
             self._own.area.value = event.new
         if self.use_own(event.new) is None:
-            self._taking_own = True
-            try:
-                self.own_pairs = event.old
-            finally:
-                self._taking_own = False
+            self._keep_own_pairs(event.old)
+
+    def _keep_own_pairs(self, text: str) -> None:
+        """Set `own_pairs` to the pairs taken in (not taking them in again)."""
+        self._taking_own = True
+        try:
+            self.own_pairs = text
+        finally:
+            self._taking_own = False
 
     def use_name_variants(self, n: int = 8) -> ca.CircuitTask | None:
         """The prompt's pair and ``n - 1`` more of the same sentence with other names

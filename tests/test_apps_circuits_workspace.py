@@ -63,6 +63,25 @@ def test_own_pairs_bad_text_shows_one_line_and_keeps_the_result(own_view):
     area.value = PAIRS
 
 
+def test_pairs_a_link_sets_are_taken_in_and_bad_ones_keep_the_old(own_view, tiny_model):
+    """`own_pairs` holds the pairs Use took in; a fresh page given them (a link) shows them
+    in its box and scores them; pairs it refuses leave the ones taken in before."""
+    assert own_view.own_pairs == PAIRS and own_view.link_params.index("own_pairs") < \
+        own_view.link_params.index("task")
+    view = CircuitsView(tiny_model, background=False, autostart=False)
+    with torch.enable_grad():     # a link's settings, in the order of `link_params`
+        view.param.update(method="eap-ig")
+        view.own_pairs = PAIRS
+        view.task = OWN_TASK
+    assert view._own.area.value == PAIRS and view.task == OWN_TASK and view.error == ""
+    task = ui.parse_circuit_pairs(PAIRS, tiny_model, name=OWN_TASK)
+    assert view.shown.prompts == tuple(task.clean) and view.shown.method == "eap-ig"
+    shown = view.shown
+    view.own_pairs = "one field only"
+    assert view.error.startswith("line 1: 1 field(s)") and view.own_pairs == PAIRS
+    assert view.shown is shown and view.task == OWN_TASK
+
+
 def hooked_logit_diff(model, task, ablate=()):
     """Per pair: the answer's minus the wrong answer's logit at the last token, each prompt run
     alone by the Hugging Face model with each (layer, head) in ``ablate`` zeroed at the input

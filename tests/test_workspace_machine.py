@@ -75,7 +75,8 @@ OWN_PAIRS = ['"1 + 2 = " | "1 + 3 = " | "3" | "4"\n"2 + 2 = " | "2 + 5 = " | "4"
 OWN_CLEAN = {OWN_PAIRS[0]: ["1 + 2 = ", "2 + 2 = "]}
 SECOND_PROMPTS = ["", "When Mary and John went to the store, Mary gave a drink to",
                   "Ann met Bob and Ann thanked",
-                  "line one\nline two " * 32]   # over the Two prompts page's 128 tokens
+                  "line one\nline two " * 20,   # over the Two prompts page's 128 tokens
+                  "line one\nline two " * 32]   # over the sidebar's 256 (not set)
 COMPARE_VIEWS = ["lens", "saturation", "dla"]
 
 
@@ -325,9 +326,14 @@ class WorkspaceWalk(RuleBasedStateMachine):
 
     @rule(text=st.sampled_from(SECOND_PROMPTS))
     def set_second_prompt(self, text):
-        """Type the sidebar's second prompt (Prompt B) and press Enter."""
+        """Type the sidebar's second prompt (Prompt B) and press Enter: one over the
+        sidebar's 256 tokens is not set (a warning says why)."""
         self._step(faults_allowed=1 if self.view == "compare" else 0)
-        self.gallery.workspace.second_prompt = text
+        ws = self.gallery.workspace
+        before = ws.second_prompt
+        n = len(self.gallery.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert self.gallery.submit_second_prompt(text) == (n <= 256)
+        assert ws.second_prompt == (text if n <= 256 else before)
 
     @precondition(lambda self: self.view == "compare")
     @rule(view=st.sampled_from(COMPARE_VIEWS))
@@ -585,6 +591,8 @@ class WorkspaceWalk(RuleBasedStateMachine):
         if stale:
             note = page.stale_note()
             assert one_line(shown.prompts[0]) in note     # what it was computed on
+            if self.view in ("dla", "patching") and page.error:   # refused, or failed
+                assert "the message above says why" in note and "press" not in note, note
 
 
 def walk(steps, machine: WorkspaceWalk | None = None) -> WorkspaceWalk:
