@@ -6,8 +6,9 @@ kernel. `test_browser_notebooks.py` checks every notebook (`LAB_NOTEBOOKS`) in o
 so a second test worker runs it meanwhile. The `lab` fixture serves JupyterLab (127.0.0.1, a
 free port, its own token, a temporary copy of examples/, the kernel is this interpreter with
 the worktree first on the path); `check_in_lab` opens each
-notebook in headless chromium (a Lab workspace of its own), waits until the server and the page
-both have its kernel idle, runs all cells from the Lab's Run menu on ``tiny-llama``, and reads
+notebook in one headless chromium tab on the Lab (`LabTab`: the Lab's page loads once, the
+notebooks open one after another from the Lab's document manager, as the file browser opens
+them, each closed before the next), waits until the server and the page both have its kernel idle, runs all cells from the Lab's Run menu on ``tiny-llama``, and reads
 from the page that every cell that shows a plot drew it: a Bokeh figure whose data area has
 pixels other than its background, a title that fits, no plot wider than the output area. The
 notebook is then saved from the Lab's File menu and the saved file checked
@@ -100,7 +101,9 @@ def lab(tmp_path_factory):
     argv = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={notebooks}", "--LabServerApp.extension_manager=readonly",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None",
+            # window.jupyterapp: the page opens each notebook as the file browser does
+            "--LabApp.expose_app_in_browser=True"]
     if hasattr(os, "getuid") and os.getuid() == 0:
         argv.append("--allow-root")
     with child_server(argv, port, log=tmp / "lab.log", env=env, cwd=notebooks, timeout=300,
@@ -266,15 +269,51 @@ def _drawn(page, view_cells: list[int], timeout: float = 120) -> list[dict]:
         page.wait_for_timeout(500)
 
 
-def _open(browser, lab, name: str, outside: list[str]):
-    base, token, _ = lab
-    page = browser.new_page(viewport=VIEWPORT)
-    _block_outside(page, base, outside)
-    # a workspace of its own: the Lab reopens no other notebook's tab (nor starts its kernel)
-    workspace = "nb-" + name.removesuffix(".ipynb").replace("_", "-")
-    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?token={token}", timeout=180_000)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=180_000)
-    return page
+class LabTab:
+    """One browser tab on the Lab (a workspace of its own), in which the notebooks open one
+    after another, as a person opens them from the file browser: the Lab's page loads once.
+    ``outside`` collects the requests to any other host (they fail)."""
+
+    def __init__(self, browser, lab):
+        self.browser, self.lab = browser, lab
+        self.page = None
+        self.outside: list[str] = []
+
+    def open(self, name: str):
+        """The tab with ``name`` open and its cells laid out (no other notebook open)."""
+        base, token, _ = self.lab
+        if self.page is None:
+            self.page = self.browser.new_page(viewport=VIEWPORT)
+            _block_outside(self.page, base, self.outside)
+            self.page.goto(f"{base}/lab/workspaces/notebooks?token={token}", timeout=180_000)
+            self.page.wait_for_function("() => window.jupyterapp != null && jupyterapp.shell != null"
+                                        " && jupyterapp.serviceManager.isReady", timeout=180_000)
+            self.page.wait_for_selector(".jp-DirListing-item", timeout=180_000)
+        self.outside.clear()
+        self.page.evaluate("async name => { await jupyterapp.commands.execute('docmanager:open', "
+                           "{path: name}) }", name)
+        self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=180_000)
+        return self.page
+
+    def close_notebooks(self) -> None:
+        """Close every document tab without asking (its kernel is stopped by the server)."""
+        if self.page is not None:
+            self.page.evaluate("() => { for (const w of [...jupyterapp.shell.widgets('main')]) "
+                               "if (w.context != null) w.dispose() }")
+            self.page.wait_for_selector(".jp-Notebook", state="detached", timeout=30_000)
+
+    def close(self) -> None:
+        if self.page is not None:
+            self.page.close()
+            self.page = None
+
+
+@pytest.fixture(scope="module")
+def lab_tab(browser, lab):
+    """The `LabTab` the module's notebooks open in."""
+    tab = LabTab(browser, lab)
+    yield tab
+    tab.close()
 
 
 def _shut_down_kernels(lab) -> None:
@@ -288,21 +327,23 @@ def _shut_down_kernels(lab) -> None:
                                                       method="DELETE", headers=headers)).close()
 
 
-def check_in_lab(browser, lab, name: str) -> None:
-    """Open ``name`` in the Lab, run all its cells, check its views (`_check_notebook`); its
-    kernel is stopped afterwards, whatever the outcome."""
-    outside: list[str] = []
+def check_in_lab(tab: LabTab, name: str) -> None:
+    """Open ``name`` in the Lab's tab, run all its cells, check its views (`_check_notebook`);
+    it is closed and its kernel stopped afterwards, whatever the outcome (after a failure the
+    next notebook gets a fresh tab)."""
     opened = time.time()
-    page = _open(browser, lab, name, outside)
     try:
-        _check_notebook(page, lab, name, outside, open_s=time.time() - opened)
+        page = tab.open(name)
+        _check_notebook(page, tab.lab, name, tab.outside, open_s=time.time() - opened)
+        tab.close_notebooks()
     except BaseException:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_failed.png"))
+        if tab.page is not None:
+            ARTIFACTS.mkdir(exist_ok=True)
+            tab.page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_failed.png"))
+        tab.close()
         raise
     finally:
-        page.close()
-        _shut_down_kernels(lab)
+        _shut_down_kernels(tab.lab)
 
 
 def _saved(page, lab, name: str, timeout: float = 60) -> dict:

@@ -9,11 +9,11 @@ HTML export is checked in test_browser_notebook_export.py.
 from __future__ import annotations
 
 import pytest
-from _notebook_lab import LAB_NOTEBOOKS, check_in_lab, lab  # noqa: F401
+from _notebook_lab import LAB_NOTEBOOKS, check_in_lab, lab, lab_tab  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("name", LAB_NOTEBOOKS)
-def test_notebook_draws_every_view_in_jupyterlab(browser, lab, name):  # noqa: F811
-    check_in_lab(browser, lab, name)
+def test_notebook_draws_every_view_in_jupyterlab(lab_tab, name):  # noqa: F811
+    check_in_lab(lab_tab, name)
