@@ -28,11 +28,11 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._paper import paper_panel
-from apps._parity_phase import phase_caption, plot_phase_diagram
 from apps._controls import caption, control, flex_row, run_page
 from apps._lab_provenance import (LabInput, lab_record, lab_stale_text, recompute_state,
                                   stale_pane, stamped)
+from apps._paper import paper_panel
+from apps._parity_phase import phase_caption, plot_phase_diagram
 from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken

@@ -419,7 +419,7 @@ class ShatteringView(View):
         method, distance, layer = self.method, self.distance, self.layer
         wanted = self.edit_request()
 
-        def job(token: CancelToken) -> KnowledgeEdit:
+        def job(token: CancelToken) -> tuple[KnowledgeEdit, Provenance]:
             cov: Any = None
             if method in ("rome", "memit"):
                 blocks = [layer] if method == "rome" else list(range(layer + 1))
