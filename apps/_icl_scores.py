@@ -15,7 +15,9 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, tip
 from apps._heads_heatmap import head_cell, heads_heatmap, heads_in, on_head_click
-from apps._icl_record import scores_words
+from apps._icl_record import RECORD, scores_words
+from apps._provenance import Provenance
+from apps._result_cache import cached_note
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS
 from explorer import components
@@ -137,6 +139,18 @@ def estimated_score_seconds(n_layers: int, n_heads: int, d_model: int, n_prompts
 class ScoresPart:
     """The head scores and the selected head's attention of `ICLHeadsView`."""
 
+    _scores_note = ""   # `cached_note` while the shown scores are the result cache's
+
+    def show_stored_scores(self) -> bool:
+        """Show the head scores of the page's current inputs from the result cache, when it
+        holds them (`apps._result_cache`); whether it did."""
+        _, hit = self.stored_result("scores", self.request_provenance())
+        if hit is None or "scores" not in hit.datasets:
+            return False
+        self.cancel("scores")
+        self._got_scores(hit.datasets["scores"], cached_at=hit.computed_at)
+        return True
+
     def _compute(self) -> None:
         """The page's heavy work: head scores (then the FV) and the task encoding."""
         if self.td is None:
@@ -154,9 +168,12 @@ class ScoresPart:
         if self.scores is not None:
             scores = self.scores.assign(induction_score=ds["induction_score"])
             scores.attrs = dict(self.scores.attrs)
+            self._scores_note = ""
             self.scores = self.with_record(scores, wanted)
 
-    def _got_scores(self, ds: xr.Dataset) -> None:
+    def _got_scores(self, ds: xr.Dataset, *, cached_at: str = "") -> None:
+        """Show head scores (``cached_at``: read from the result cache, computed then)."""
+        self._scores_note = cached_note(cached_at) if cached_at else ""
         self.scores = ds
         self._score_button.param.update(disabled=False, name="Compute scores again")
         fv = ds["fv_score"].values
@@ -181,11 +198,17 @@ class ScoresPart:
         if cell is not None:
             self.param.update(layer=cell[0], head=cell[1])
 
-    def _scores_job(self) -> Callable[[CancelToken], xr.Dataset]:
-        """Every head's induction score (on the edited model), then its FV score."""
+    def _scores_job(self) -> Callable[[CancelToken], xr.Dataset] | None:
+        """Every head's induction score (on the edited model), then its FV score, kept in
+        the result cache; None when the cache holds them (they are shown at once)."""
         m, o, edits = self._model, self._opts, list(self.edits)
         induction = self._induction_kwargs()
         wanted = self.request_provenance()
+        parts, hit = self.stored_result("scores", wanted)
+        if hit is not None and "scores" in hit.datasets:
+            self.cancel("scores")
+            self._got_scores(hit.datasets["scores"], cached_at=hit.computed_at)
+            return None
         started = time.perf_counter()
         self._score_button.disabled = True
 
@@ -199,8 +222,11 @@ class ScoresPart:
                 left = (time.perf_counter() - started) * (total - done) / max(1, done)
                 self.post(status=f"scoring heads: {done}/{total}, about {left:.0f} s left")
             fv = ih.fv_scores(m, self._fv_tasks, progress=progress, **o)
-            return self.with_record(xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
-                                             combine_attrs="drop_conflicts"), wanted)
+            ds = self.with_record(xr.merge([ind[["induction_score"]], fv[["fv_score", "mean_z"]]],
+                                           combine_attrs="drop_conflicts"), wanted)
+            self.store_result(parts, {"scores": ds},
+                              computed_at=Provenance.from_json(ds.attrs[RECORD]).computed_at)
+            return ds
         return job
 
     def _patterns_job(self) -> Callable[[CancelToken], dict]:
@@ -249,7 +275,8 @@ class ScoresPart:
             stale = self.stale_markdown()
             stale = f"<span class='icl-stale' style='color:#a33'>{stale}</span>  \n" \
                 if stale else ""
-            return (stale + scores_words(self.shown_provenance()) + "  \n"
+            note = f"{self._scores_note}.  \n" if self._scores_note else ""
+            return (stale + note + scores_words(self.shown_provenance()) + "  \n"
                     + scatter_caption(scores, top_induction, top_fv)).strip()
 
         return [

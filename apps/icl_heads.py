@@ -40,6 +40,7 @@ from apps._icl_scores import (OPEN_BUDGET_S, ScoresPart, estimated_score_seconds
 from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_td,
                                     plot_projection, plot_td, td_caption)
 from apps._recipe import MODEL, Call, Note, Recipe, Ref, Step
+from apps._result_cache import DiskResults
 from apps._view import Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
@@ -64,7 +65,8 @@ _JOB_TITLES = {"conflict": "the conflict test", "patching": "the patching test"}
 OWN_TASK = "your pairs"
 
 
-class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, PatchingPart, View):
+class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, PatchingPart,
+                   DiskResults, View):
     """Induction vs FV heads with ablation curves, function vectors and task encoding.
 
     Parameters
@@ -259,7 +261,7 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
             compute_on_open = self.estimated_seconds <= OPEN_BUDGET_S
         if compute_on_open:
             self._compute()
-        else:   # the selected head's attention is cheap: show it while the scores wait
+        elif not self.show_stored_scores():   # stored scores at once; else the attention
             self._request("patterns")
             self.status = self._press_note
 

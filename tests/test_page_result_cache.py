@@ -238,3 +238,49 @@ def test_conflicts_other_inputs_miss(cache_on, conflict_calls, tiny_model):
     assert page.edited_rows is not None and page.result_note == ""
     again = _conflicts(tiny_model, edits=[Ablate(0, 1)])
     assert len(conflict_calls) == 6 and again.edited_rows == page.edited_rows
+
+
+# -- ICL heads -------------------------------------------------------------------------------
+
+@pytest.fixture
+def icl_calls(monkeypatch):
+    """Counts the ICL heads page's head scoring runs (induction and FV scores)."""
+    from explorer.analyses import icl_heads as ih
+
+    calls = []
+    for name in ("induction_scores", "fv_scores"):
+        real = getattr(ih, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls.append(_name)
+            return _real(*args, **kw)
+        monkeypatch.setattr(ih, name, counted)
+    return calls
+
+
+def _icl(model, **params):
+    from apps.icl_heads import ICLHeadsView
+
+    params.setdefault("n_prompts", 2)
+    return ICLHeadsView(model, background=False, n_shots=2, **params)
+
+
+def test_icl_scores_open_from_the_cache(cache_on, icl_calls, tiny_model):
+    first = _icl(tiny_model, compute_on_open=True)
+    assert icl_calls == ["induction_scores", "fv_scores"]
+    # a page that would wait for the button shows the stored scores as it opens
+    second = _icl(tiny_model, compute_on_open=False)
+    assert len(icl_calls) == 2
+    xr.testing.assert_identical(second.scores, first.scores)
+    assert second.shown_provenance() == first.shown_provenance()
+    assert second._scores_note.startswith("Shown from the result cache (computed ")
+    # pressing Compute with the scores stored runs no scoring either
+    second._compute()
+    assert len(icl_calls) == 2
+    # other inputs miss: the FV prompts, the induction settings, the edits
+    assert _icl(tiny_model, compute_on_open=False, n_prompts=3).scores is None
+    assert _icl(tiny_model, compute_on_open=False, induction_sequences=3).scores is None
+    edited = _icl(tiny_model, compute_on_open=True, edits=[Ablate(0, 1)])
+    assert icl_calls[2:] == ["induction_scores", "fv_scores"] and edited._scores_note == ""
+    assert not np.array_equal(edited.scores.induction_score.values,
+                              first.scores.induction_score.values)
