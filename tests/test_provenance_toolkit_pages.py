@@ -167,6 +167,11 @@ def test_features_words_and_stale_note_follow_the_shown_dashboards(tiny_model, s
             view.param.update(prompt=OTHER, feature=1)
         note = view.stale_note()
         assert "the prompt, the feature changed since" in note and one_line(PROMPT) in note
+        assert note.endswith("changed since: press Enter to update.")   # no Compute button
+        view.running = True                     # a recompute in flight (a served page)
+        assert view.stale_note().endswith("recomputing; the result shown is the old one "
+                                          "until then.")
+        view.running = False
         assert one_line(PROMPT) in dashboard_title(view.shown)
         assert "**Outdated**" in view.stale_markdown()
         # a workspace edit is no input: the dictionary reads the clean model
