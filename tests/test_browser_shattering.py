@@ -4,9 +4,11 @@ update the summary (R = 0) and redraw the embedding plot."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
-from _browser import open_page, press_until, served_in_process, wait_for_canvas, wait_for_text
+from _browser import (gallery_page_state, open_page, painted, press_until, served_in_process,
+                      wait_for_canvas, wait_for_text, wait_until)
 from _views import KM_PARAMS
 
 from explorer.commands._common import torch_threads
@@ -48,13 +50,17 @@ def test_strength_slider_redraws_the_embedding(server, browser):
     assert float(re.search(r"R = ([0-9.]+)", text).group(1)) > 0
     for css in (".shattering-embedding", ".shattering-scatter"):
         wait_for_canvas(page, css)
-    page.wait_for_timeout(1500)  # the canvas is drawn
-    before = page.locator(".shattering-embedding").screenshot()
+    embedding = page.locator(".shattering-embedding")
+    wait_until(lambda: (plots := gallery_page_state(page)["plots"])
+               and all(p["ink"] >= 0.002 for p in plots), 60, "every plot drawn")
+    before = painted(embedding)   # and still
     # Sliders in order: distance, strength, layer. Home moves strength to 0.
     press_until(page, ".shattering-controls .noUi-handle", "Home", ".shattering-summary",
                 r"strength 0\.00: R = 0\.000", nth=1)
-    page.wait_for_timeout(1500)
-    after = page.locator(".shattering-embedding").screenshot()
+    deadline = time.time() + 30   # the new embedding arrives after the summary
+    while embedding.screenshot() == before and time.time() < deadline:
+        page.wait_for_timeout(200)
+    after = painted(embedding)
     assert after != before
     assert not errors, errors
     page.close()

@@ -2,6 +2,8 @@
 any page are recorded (and fail the test that met them, see conftest)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests._browser import free_port
@@ -18,7 +20,11 @@ def test_every_page_reports_console_errors_page_errors_and_failed_requests(brows
         fetch("http://127.0.0.1:{port}/data.json").catch(() => null);
         setTimeout(() => {{ throw new Error("boom in a callback"); }}, 0);
     </script>""")
-    page.wait_for_timeout(1500)
+    deadline = time.time() + 30   # until the three kinds have been reported
+    while not all(any(p.startswith(kind) for p in browser.problems)
+                  for kind in ("console error", "page error", "request failed")):
+        assert time.time() < deadline, browser.problems
+        page.wait_for_timeout(50)
     page.close()
     problems = browser.take_problems()
     assert any(p.startswith("console error") and "drawn badly" in p for p in problems), problems
