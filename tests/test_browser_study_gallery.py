@@ -6,7 +6,8 @@ from __future__ import annotations
 
 
 import pytest
-from _browser import ARTIFACTS, gallery_page_state, settle_gallery_page, shared_page, wait_until
+from _browser import (ARTIFACTS, gallery_page_state, resize_and_settle, settle_gallery_page, shared_page,
+                      wait_until)
 
 pytestmark = pytest.mark.browser
 
@@ -120,8 +121,7 @@ def test_the_study_page_builds_serves_and_analyses_in_the_browser(browser, galle
     assert g.page("study").n_answers == 1
     tab.locator(".study-analysis-pane").first.scroll_into_view_if_needed()
     tab.screenshot(path=str(ARTIFACTS / "study-gallery-1280.png"))
-    tab.set_viewport_size({"width": 1920, "height": 1080})
-    tab.wait_for_timeout(1500)
+    assert resize_and_settle(tab, 1920, 1080, timeout=60)
     assert _box(tab, "study-accuracy")["width"] >= 600        # the plot follows the window
     tab.screenshot(path=str(ARTIFACTS / "study-gallery-1920.png"))
     assert not errors, errors
