@@ -5,13 +5,13 @@ kernel. `test_browser_notebooks.py` checks every notebook (`LAB_NOTEBOOKS`) in o
 (one server start for all of them); `test_browser_notebook_export.py` checks the HTML export,
 so a second test worker runs it meanwhile. The `lab` fixture serves JupyterLab (127.0.0.1, a
 free port, its own token, a temporary copy of examples/, the kernel is this interpreter with
-the worktree first on the path); `check_in_lab` opens each
-notebook in one headless chromium tab on the Lab (`LabTab`: the Lab's page loads once, the
-notebooks open one after another from the Lab's document manager, as the file browser opens
-them, each closed before the next), waits until the server and the page both have its kernel idle, runs all cells from the Lab's Run menu on ``tiny-llama``, and reads
-from the page that every cell that shows a plot drew it: a Bokeh figure whose data area has
-pixels other than its background, a title that fits, no plot wider than the output area. The
-notebook is then saved from the Lab's File menu and the saved file checked
+the worktree first on the path); `check_in_lab` opens each notebook in one headless chromium
+tab on the Lab (`LabTab`: the Lab's page loads once, the notebooks open one after another from
+the Lab's document manager, as the file browser opens them, each closed before the next), waits
+until the server and the page both have its kernel idle, runs all cells from the Lab's Run menu
+on ``tiny-llama``, and reads from the page that every cell that shows a plot drew it: a Bokeh
+figure whose data area has pixels other than its background, a title that fits, no plot wider
+than the output area. The notebook is then saved from the Lab's File menu and the saved file checked
 (`test_notebooks.check_outputs`: every cell ran, no error, the objects the notebook promises,
 the tiny model named).
 Every request to a host other than the Lab fails the test (the page must load everything from

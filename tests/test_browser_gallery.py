@@ -1,4 +1,4 @@
-"""What a person sees in the gallery: every page opened from the sidebar at 1280, 1400, 1920 px.
+"""What a person sees in the gallery: every page opened from the sidebar and seen at 1280, 1400, 1920 px.
 
 One gallery (`apps.gallery.Gallery`, the template `make app` serves) is served for the module
 by the test process's shared server (`_browser.shared_page`) on the tiny random-init model,
