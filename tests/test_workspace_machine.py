@@ -19,8 +19,9 @@ view and feature picked; a page's stale note counts only what the page reads); o
 per fault; a link reopens the same state. A page whose `shown_provenance` is None is checked
 for saying nothing stale.
 
-Fast by default (a fixed seed, a few short walks: part of ``make test-fast``); a longer walk
-with ``EXPLORER_MACHINE_EXAMPLES=500``.
+The fixed walks (`walk`, below) are part of ``make test-fast`` (about 40 s together on a
+loaded 2-core machine); the Hypothesis walk (a fixed seed, 8 short walks, about 20-30 s) is
+marked slow, and walks longer with ``EXPLORER_MACHINE_EXAMPLES=500``.
 """
 from __future__ import annotations
 
@@ -718,8 +719,9 @@ def test_a_walk_through_two_prompts_and_feature_dashboards(tiny_model):
 
 @pytest.mark.slow
 def test_walking_the_workspace_keeps_every_page_text_true(tiny_model):
-    """Fixed seed, a few short walks from a page drawn at random (about 40 s of wall time
-    here, on a loaded 2-core machine); EXPLORER_MACHINE_EXAMPLES for more."""
+    """Fixed seed, a few short walks from a page drawn at random (20-30 s of wall time here,
+    on a loaded 2-core machine); EXPLORER_MACHINE_EXAMPLES for more (30 walks of 25 steps:
+    about 6 minutes)."""
     run_state_machine_as_test(WorkspaceWalk, settings=settings(
         max_examples=EXAMPLES or 8, stateful_step_count=10 if not EXAMPLES else 25,
         derandomize=True, deadline=None, database=None, print_blob=False,
