@@ -20,6 +20,13 @@ MAX_PROMPT_TOKENS = 2048
 each page may refuse a shorter one its method cannot draw (it says its limit)."""
 
 
+# The card's expand arrow: the list template strokes it with a colour variable that its
+# design leaves undefined in the sidebar, which drew no arrow at all.
+_CARD_CSS = """
+.card-header .card-button > svg { stroke: currentColor; }
+"""
+
+
 class PromptBoxPart:
     """The prompt box of `apps.gallery.Gallery`."""
 
@@ -145,7 +152,7 @@ class PromptBoxPart:
                                              "change a word of it (then press Enter).")
         card = pn.Card(box, info, copy, title="Second prompt (compare)",
                        collapsed=not ws.second_prompt, sizing_mode="stretch_width",
-                       css_classes=["second-prompt"], margin=(5, 10))
+                       css_classes=["second-prompt"], margin=(5, 10), stylesheets=[_CARD_CSS])
 
         def typed(event: Any) -> None:
             info.object = self._second_prompt_line(event.new or "")

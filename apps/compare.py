@@ -220,6 +220,10 @@ def plot_compare(ds: xr.Dataset | None, panel: str, positions: Sequence[int] = (
         active_tools=[], toolbar="below", clipping_colors={"NaN": "#f2f2f2"},
         frame_width=max(160, cell_w * n_cols), frame_height=max(150, cell_h * n_rows),
         fontsize=theme.font_sizes(), padding=0)
+    if view == "dla":  # the colour bar under the grid and the title on two lines: A, B and
+        # B − A fit one row at 1280 px
+        heat = heat.opts(colorbar_position="bottom", frame_width=max(200, cell_w * n_cols),
+                         title=compare_title(ds, panel).replace(") − logit(", ")\n− logit(", 1))
     out = heat
     if view == "lens" and panel != "difference" and cell_w >= 30 and cell_h >= 12:
         out = out * _token_labels(table, cmap, clim)

@@ -1,13 +1,14 @@
 """The Two prompts page in Chromium, in the gallery: opened with a second prompt, each view
 draws its three grids (A, B, B − A) at a real size with ink in their frames, prompts of
 different lengths draw A and B only and say why there is no difference, the sidebar's second
-prompt card is there, and no console error is logged."""
+prompt card is there with its expand arrow and folds, the attribution view's three grids sit in
+one row with titles that fit and no sideways scroll, and no console error is logged."""
 from __future__ import annotations
 
 
 import pytest
-from _browser import (ARTIFACTS, gallery_page_state, plot_ids, settle_gallery_page, shared_page,
-                      wait_until)
+from _browser import (ARTIFACTS, clipped_titles, gallery_page_state, plot_ids, settle_gallery_page,
+                      shared_page, wait_until)
 
 pytestmark = pytest.mark.browser
 
@@ -61,6 +62,15 @@ def test_each_view_draws_a_b_and_the_difference(browser, page_url, width):
     tab.wait_for_selector(".compare-view", state="attached", timeout=120_000)
     assert settle_gallery_page(tab, timeout=120)
     assert tab.locator(".second-prompt").first.is_visible()
+    # the card's header carries an expand arrow (drawn: a stroke colour) and folds the card
+    arrow = tab.locator(".second-prompt .card-button svg").first
+    assert arrow.evaluate("e => getComputedStyle(e).stroke") not in ("", "none")
+    assert min(arrow.bounding_box()["width"], arrow.bounding_box()["height"]) >= 8
+    box = tab.locator(".second-prompt-box input").first
+    tab.locator(".second-prompt .card-header").first.click()
+    box.wait_for(state="hidden", timeout=10_000)
+    tab.locator(".second-prompt .card-header").first.click()
+    box.wait_for(state="visible", timeout=10_000)
     wait_until(lambda: _SESSIONS, what="the session's gallery")
     gallery = _SESSIONS[-1]
     ARTIFACTS.mkdir(exist_ok=True)
@@ -75,6 +85,13 @@ def test_each_view_draws_a_b_and_the_difference(browser, page_url, width):
         shown = [p["title"] for p in _plots(tab)]
         assert shown[0].startswith("A: ") and shown[1].startswith("B: "), shown
         assert shown[2].startswith("B − A: "), shown
+        if view == "dla":  # the three grids in one row, titles that fit, no sideways scroll
+            tops = [tab.locator(f".compare-{p}").first.bounding_box()["y"]
+                    for p in ("A", "B", "difference")]
+            assert max(tops) - min(tops) < 2, tops
+            assert not clipped_titles(_plots(tab))
+            assert tab.evaluate("document.scrollingElement.scrollWidth"
+                                " <= document.scrollingElement.clientWidth")
     # prompts of different lengths: A and B drawn, the difference a note
     box = tab.locator(".second-prompt-box input").first
     box.fill(LONGER)
