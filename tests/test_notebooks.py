@@ -19,7 +19,7 @@ TINY = "tiny-llama"
 
 # what each notebook's outputs must contain (see `_kinds`); a new notebook must be listed here
 EXPECTED = {
-    "quickstart.ipynb": {"table", "plot"},
+    "quickstart.ipynb": {"dataset", "table", "plot"},
     "lens_saturation.ipynb": {"dataset", "table", "plot"},
     "conflicts.ipynb": {"dataset", "table", "plot"},
     "icl_heads.ipynb": {"dataset", "table", "plot"},
