@@ -72,8 +72,8 @@ class PreviewPart:
             self._preview_busy = True
         self._start_preview(request)
 
-    def _start_preview(self, request: tuple[int, dict]) -> None:
-        if self.submit("preview", lambda token: self._preview_job(request, token)) is None:
+    def _start_preview(self, request: tuple[int, dict], lane: str = "preview") -> None:
+        if self.submit(lane, lambda token: self._preview_job(request, token)) is None:
             with self._preview_lock:       # closed: nothing more runs
                 self._preview_busy = False
                 self._preview_pending = None
@@ -157,7 +157,9 @@ class PreviewPart:
         first move of the next drag finds the steering vector, the clean run, the preview's
         blocks, candidates and GEMM backend ready (seconds on a busy machine) instead of
         making the hand wait for them. It is a preview request like a move's: a move made
-        meanwhile waits in the single slot."""
+        meanwhile waits in the single slot. It runs on its own runner ("warm"), whose jobs
+        light the sidebar's stop button (the first one builds the preview's blocks: seconds),
+        where a drag's moves do not."""
         if not self._background or self._model.remote or self.result is None:
             return
         with self._preview_lock:
@@ -165,7 +167,8 @@ class PreviewPart:
                 return
             self._preview_busy = True
         alpha = self.alpha if self.alpha != 0 else self.param.alpha.step
-        self._start_preview((self._exact_seq, {**self._run_params(), "alpha": float(alpha)}))
+        self._start_preview((self._exact_seq, {**self._run_params(), "alpha": float(alpha)}),
+                            "warm")
 
     def alpha_slider(self) -> pn.widgets.FloatSlider:
         """The steering-strength slider: a preview while it moves (``value``), the exact

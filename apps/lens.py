@@ -140,6 +140,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         self._started = 0.0
         # the preview path: one job at a time, only the newest waiting request kept
         self.runner("preview", self._show_preview, busy=False, counted=False)
+        self.runner("warm", self._show_preview, busy=False)   # `_warm_preview`
         self._preview_lock = threading.Lock()
         self._preview_busy = False
         self._preview_pending: tuple[int, dict] | None = None
@@ -324,7 +325,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         """Stop waiting for the run in flight; its result is discarded."""
         was_running = self.running
         super().cancel(name)
-        if name in (None, "preview"):
+        if name in (None, "preview", "warm"):
             with self._preview_lock:
                 self._preview_busy = False
                 self._preview_pending = None
