@@ -206,6 +206,11 @@ def test_conflicts_words_and_stale_note_follow_the_shown_bars(tiny_model):
             view.param.update(heads_plus=["L1.H2"], alpha_l=2.0)
         note = view.stale_note()
         assert "the alphas, the enhanced or suppressed heads changed since" in note
+        # every change recomputes at once: no button to press; out of view it waits
+        assert note.endswith("the page recomputes when it is opened.")
+        view.running = True
+        assert view.stale_note().endswith("recomputing; the result shown is the old one until then.")
+        view.running = False
         assert "No head selected yet" in view.bars_words()         # the shown bars' words
         assert _manifest(view)["provenance"]["request"]["heads"] == [[], []]
         # the bars land: the note goes, the words follow
@@ -249,6 +254,11 @@ def test_icl_heads_words_and_stale_note_follow_the_shown_scores(tiny_model):
         note = view.stale_note()
         assert note.startswith("Shown: computed on the task 'antonym'")
         assert "the edits changed since" in note
+        assert note.endswith("press Compute scores to update.")    # the page's own button
+        view.running = True                                        # the rescore in flight
+        assert view.stale_note().endswith(
+            "recomputing; the result shown is the old one until then.")
+        view.running = False
         assert "no edits" in scores_words(view.shown_provenance())
         # the induction rescore lands: the note goes, the words follow
         view._edits_changed()
