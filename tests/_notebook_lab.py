@@ -46,12 +46,12 @@ EXAMPLES = ROOT / "examples"
 
 # Per notebook: the cells (0-based, over all cells) that show a plot or a view.
 VIEW_CELLS = {
-    "quickstart.ipynb": [10],
-    "lens_saturation.ipynb": [8],
+    "quickstart.ipynb": [10, 14, 17],
+    "lens_saturation.ipynb": [8, 13],
     "conflicts.ipynb": [7],
     "icl_heads.ipynb": [8, 13],
     "circuits.ipynb": [11],
-    "representations.ipynb": [7],
+    "representations.ipynb": [7, 16],
     "dynamics.ipynb": [4, 8],
     "editing_unlearning.ipynb": [8],
     "workspace_atlas.ipynb": [13, 15, 16],
