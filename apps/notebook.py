@@ -62,6 +62,33 @@ def extension(**panel_options: Any) -> None:
     # Panel they are inlined, as every view's are.
     hv.Store.set_display_hook("html+js", LabelledData, _shown_by_panel)
     _inline_style_sheets_of_updates()
+    if not isinstance(hv.extension, _LoadedOnce):
+        hv.extension = _LoadedOnce(hv.extension)
+
+
+class _LoadedOnce:
+    """``hv.extension`` once `extension` ran: a page module calls ``hv.extension("bokeh")``
+    when imported, and in a notebook each such call would display BokehJS inline again
+    (3-4 MB of output per page imported). A backend already loaded is made current and
+    nothing is displayed; any other call goes to HoloViews' own extension."""
+
+    def __init__(self, inner: Any) -> None:
+        object.__setattr__(self, "_inner", inner)
+
+    def __call__(self, *backends: str, **params: Any) -> Any:
+        import holoviews as hv
+
+        if backends and all(b in hv.Store.renderers for b in backends) and not (
+                set(params) - {"logo", "inline"}):
+            hv.Store.set_current_backend(backends[0])
+            return None
+        return self._inner(*backends, **params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
 
 
 EXTENSIONS = ("tabulator",)

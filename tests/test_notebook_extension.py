@@ -122,3 +122,24 @@ def test_without_the_extension_the_same_update_links_the_cdn():
         pn.config.inline = inline
     assert "new child" in sent
     assert f"{CDN_DIST}css/loading.css" in [str(s.get("url", "")).split("?")[0] for s in sheets]
+
+
+def test_a_page_imported_after_the_extension_displays_no_second_bokehjs(tmp_path):
+    """In a kernel: `extension()` loads BokehJS once; importing a page module afterwards (it
+    calls ``hv.extension("bokeh")``) displays nothing, where HoloViews alone would display
+    the inline BokehJS again (megabytes per page)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    root = Path(__file__).resolve().parents[1]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"import sys; sys.path.insert(0, {str(root)!r})\n"
+                                          "from apps import notebook\nnotebook.extension()"),
+                nbformat.v4.new_code_cell("import apps.lens"),
+                nbformat.v4.new_code_cell("import holoviews as hv\n"
+                                          "hv.extension._inner('bokeh', logo=False)")]
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    size = [len(json.dumps(cell.get("outputs", []))) for cell in nb.cells]
+    assert size[0] > 1_000_000          # the extension: BokehJS and Panel's scripts inline
+    assert size[1] < 10_000             # the page import: nothing displayed again
+    assert size[2] > 1_000_000          # HoloViews' own call would display it again
