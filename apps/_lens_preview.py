@@ -73,8 +73,24 @@ class PreviewPart:
         self._start_preview(request)
 
     def _start_preview(self, request: tuple[int, dict], lane: str = "preview") -> None:
-        if self.submit(lane, lambda token: self._preview_job(request, token)) is None:
+        token = self.submit(lane, lambda token: self._preview_job(request, token))
+        if token is None:
             with self._preview_lock:       # closed: nothing more runs
+                self._preview_busy = False
+                self._preview_pending = None
+            return
+        # the preview in flight; a cancel from outside the page (the sidebar's stop button
+        # cancels the session's runners) frees the slot, else the next move would wait for
+        # a preview that never lands
+        self._preview_token = token
+        token.on_cancel.append(lambda t=token: self._preview_cancelled(t))
+
+    def _preview_cancelled(self, token: CancelToken) -> None:
+        """The preview ``token`` was cancelled: if it is the one in flight, the preview
+        path is idle again and the move waiting in the slot is dropped."""
+        with self._preview_lock:
+            if getattr(self, "_preview_token", None) is token:
+                self._preview_token = None
                 self._preview_busy = False
                 self._preview_pending = None
 
@@ -104,6 +120,8 @@ class PreviewPart:
     def _show_preview(self, out: tuple) -> None:
         # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
         seq, p, ds, exc, (began, ended) = out
+        with self._preview_lock:           # landed: a later cancel of its token frees nothing
+            self._preview_token = None
         if seq == self._exact_seq:
             self._mark_preview_ready(exc is None)
         start = time.perf_counter()

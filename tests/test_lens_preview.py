@@ -380,3 +380,40 @@ def test_the_exact_run_computes_at_the_preview_thread_count(tiny_model, monkeypa
     finally:
         torch.set_num_threads(before)
         view.close()
+
+
+def test_the_stop_button_mid_preview_frees_the_preview_path(tiny_model):
+    """The sidebar's stop button cancels the session's runners (`SessionHooks.stop_all`),
+    not through the page: a preview cancelled so must not leave the path busy, or every
+    later move would wait in the slot for a preview that never lands."""
+    from apps._session import session_hooks
+
+    view = LensView(tiny_model, prompt=PROMPT, k=2, steer_layer=1, background=True).wait()
+    gate, started = threading.Event(), threading.Event()
+    computed = []
+    exact = view._compute_preview
+
+    def slow(p, token):
+        computed.append(p["alpha"])
+        started.set()
+        gate.wait(10)
+        return exact(p, token)
+
+    view._compute_preview = slow
+    try:
+        view.request_preview(1.0)
+        assert started.wait(10)
+        view.request_preview(2.0)                        # waits in the slot
+        assert session_hooks(None).stop_all() >= 1       # the stop button
+        assert not view._preview_busy and view._preview_pending is None
+        gate.set()
+        started.clear()
+        view.request_preview(3.0)                        # the next move computes at once
+        assert started.wait(10)
+        assert _until(lambda: not view._preview_busy)
+        assert computed == [1.0, 3.0]                    # 2.0 was dropped with the stop
+        assert is_preview(view.preview)
+        assert view.preview.attrs["edits"][0]["alpha"] == 3.0
+    finally:
+        gate.set()
+        view.close()
