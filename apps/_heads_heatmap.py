@@ -159,16 +159,26 @@ def heads_heatmap(values: np.ndarray, *, name: str, title: str, label: str | Non
     return heat
 
 
+def click_cell(x: Any, y: Any) -> tuple[int, int] | None:
+    """The (column, row) of the grid cell nearest a click at data coordinates ``(x, y)``; None
+    without a click or where a coordinate is no number. Categorical axes give strings; they are
+    read as numbers."""
+    if x is None or y is None:
+        return None
+    try:
+        return int(round(float(x))), int(round(float(y)))
+    except (TypeError, ValueError):
+        return None
+
+
 def head_cell(x: Any, y: Any, scores: Any) -> tuple[int, int] | None:
     """(layer, head) of a click at ``(x, y)`` = (head, layer) on a layer x head heatmap of
     ``scores`` (a Dataset with ``layer`` and ``head`` dimensions); None when the click is off the
-    grid or there are no scores. Categorical axes give strings; they are read as numbers."""
-    if x is None or y is None or scores is None:
+    grid or there are no scores (`click_cell`)."""
+    cell = click_cell(x, y)
+    if cell is None or scores is None:
         return None
-    try:
-        head, layer = int(round(float(x))), int(round(float(y)))
-    except (TypeError, ValueError):
-        return None
+    head, layer = cell
     if 0 <= layer < scores.sizes["layer"] and 0 <= head < scores.sizes["head"]:
         return layer, head
     return None

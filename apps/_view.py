@@ -121,6 +121,10 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
         self._runners: dict[str, Runner] = {}
         self._busy_runners: set[str] = set()
 
+    @property
+    def model(self) -> Any:  # the page's explorer.Model (None on a page without one)
+        return getattr(self, "_model", None)
+
     # -- runners -----------------------------------------------------------------------------
     def runner(self, name: str, on_result: Callable[[Any], None], *, busy: bool = True,
                progress: bool = False, heavy: bool | None = None,
@@ -221,8 +225,7 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
     def progress_bar(self, **options: Any) -> pn.indicators.Progress:
         """The page's progress bar: it follows `progress` and shows while `progress_active`
         (``options`` go to the widget, e.g. ``height``, ``margin`` or another ``visible``)."""
-        options = {"sizing_mode": "stretch_width", "visible": self.param.progress_active,
-                   **options}
+        options = {"sizing_mode": "stretch_width", "visible": self.param.progress_active, **options}
         return pn.indicators.Progress(value=self.param.progress, max=100, **options)
 
     def status_text(self, css_class: str) -> pn.pane.HTML:
@@ -376,8 +379,7 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
         versions."""
         import explorer
 
-        model = getattr(self, "model", None) or getattr(self, "_model", None)
-        spec = getattr(model, "spec", None)
+        spec = getattr(self.model, "spec", None)
         params = {}
         for name, p in self.param.objects("existing").items():
             if name == "name" or p.precedence is not None and p.precedence < 0:
@@ -441,8 +443,7 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
         """What the page computes, as records (`apps._recipe`). Default: load the model,
         import the library functions and analysis modules the page's module uses, and its
         settings; pages override it with their real calls."""
-        model = getattr(self, "model", None) or getattr(self, "_model", None)
-        name = getattr(getattr(model, "spec", None), "name", None)
+        name = getattr(getattr(self.model, "spec", None), "name", None)
         module = sys.modules.get(type(self).__module__)
         imports, aliases = ["explorer"], {}
         for attr, value in sorted(vars(module).items()) if module is not None else []:
@@ -485,8 +486,7 @@ def workspace_selection(*, doc: str) -> param.List:
 
 
 def workspace_positions(*, doc: str) -> param.List:
-    """A page's ``selected_positions`` Parameter: the workspace's selected token positions
-    (0-based)."""
+    """A page's ``selected_positions`` Parameter: the workspace's selected token positions (0-based)."""
     return param.List(default=[], item_type=int, precedence=-1, doc=doc)
 
 

@@ -240,10 +240,6 @@ class AtlasView(ShownRecord, View):
         self.param.watch(self._check_selected, ["selected"])
         self.run_once_loaded(self._request_trace)
 
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
-
     def scope(self) -> Scope:
         """Your prompt (the shown scores', `shown_record`) for attention statistics, repeated
         random tokens (induction), and the other pages' scores as those pages computed them;

@@ -27,7 +27,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._attention_trace import trace_patterns
-from apps._heads_heatmap import (current_head_box, head_ticks, heads_in, layer_ticks,
+from apps._heads_heatmap import (click_cell, current_head_box, head_ticks, heads_in, layer_ticks,
                                  selected_outlines)
 from apps._page_provenance import ShownRecord, result_heading
 from apps._positions import PagePositions, position_caption, position_outlines, shown_positions
@@ -123,12 +123,10 @@ def tile_pixels(n_layers: int, n_heads: int) -> int:
 
 def grid_cell(x: Any, y: Any, n_layers: int, n_heads: int) -> tuple[int, int] | None:
     """(layer, head) of a click at data coordinates (x, y) on `plot_grid`; None off the grid."""
-    if x is None or y is None:
+    cell = click_cell(x, y)
+    if cell is None:
         return None
-    try:
-        head, row = int(round(float(x))), int(round(float(y)))
-    except (TypeError, ValueError):
-        return None
+    head, row = cell
     layer = n_layers - 1 - row
     if 0 <= layer < n_layers and 0 <= head < n_heads:
         return layer, head
@@ -330,10 +328,6 @@ class AttentionView(ShownRecord, View):
         self.run_once_loaded(self._request_trace)  # the gallery sets the prompt first: one run
 
     link_params = ("layer", "head")
-
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
 
     def scope(self) -> Scope:
         """Your prompt (the shown patterns', `shown_record`); the workspace's edits are

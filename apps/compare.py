@@ -27,7 +27,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._controls import check_selected_component, selected_component, token_choice
-from apps._heads_heatmap import component_cell_box, layer_ticks, on_head_click
+from apps._heads_heatmap import click_cell, component_cell_box, layer_ticks, on_head_click
 from apps._positions import position_outlines, toggled
 from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe, Ref
@@ -277,10 +277,10 @@ def cell_target(view: str, x: Any, y: Any, n_rows: int, n_cols: int) -> str | in
     """What a click at (x, y) picks: a token position (lens and saturation: the column;
     attention: the query row), or on the attribution grid a component (``L3.H1``,
     ``L3.MLP``); None off the grid."""
-    try:
-        col, row = int(round(float(x))), int(round(float(y)))
-    except (TypeError, ValueError):
+    cell = click_cell(x, y)
+    if cell is None:
         return None
+    col, row = cell
     if not (0 <= col < n_cols and 0 <= row < n_rows):
         return None
     if view == "dla":
@@ -399,10 +399,6 @@ class CompareView(View):
         self.param.watch(self._request, [*self._inputs, "edits"])
         self.param.watch(self._check_selected, ["selected"])
         self.run_once_loaded(self._request)
-
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
 
     def scope(self) -> Scope:
         """Both prompts, each run alone; the edits apply to both."""

@@ -29,7 +29,7 @@ import explorer
 from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import check_selected_component, selected_component, token_choice
-from apps._heads_heatmap import component_cell_box, layer_ticks, on_head_click
+from apps._heads_heatmap import click_cell, component_cell_box, layer_ticks, on_head_click
 from apps._page_provenance import recompute_state
 from apps._positions import position_outlines
 from apps._provenance import Provenance, computed_at_now, one_line, stale_text
@@ -86,12 +86,10 @@ def dla_grid(ds: xr.Dataset, panel: str) -> np.ndarray:
 def grid_component(x: Any, y: Any, n_layers: int, n_heads: int) -> str | None:
     """The component at a click (x = column, y = layer) on `plot_dla`: ``L3.H1``, or
     ``L3.MLP`` in the last column; None off the grid."""
-    if x is None or y is None:
+    cell = click_cell(x, y)
+    if cell is None:
         return None
-    try:
-        col, layer = int(round(float(x))), int(round(float(y)))
-    except (TypeError, ValueError):
-        return None
+    col, layer = cell
     if not (0 <= layer < n_layers and 0 <= col <= n_heads):
         return None
     return str(components.mlp(layer) if col == n_heads else components.head(layer, col))
@@ -284,10 +282,6 @@ class DLAView(View):
         self.param.watch(self._request, ["prompt", "edits", "answer", "alternative"])
         self.param.watch(self._check_selected, ["selected"])
         self.run_once_loaded(self._request)
-
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
 
     def scope(self) -> Scope:
         """Your prompt's last position; the edits make the edited run."""

@@ -274,10 +274,6 @@ class FeaturesView(View):
         self.param.watch(self._search, ["query"])
         self.run_once_loaded(self._request_index)
 
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
-
     def scope(self) -> Scope:
         """The shipped corpus and your prompt; the edits do not apply (clean model)."""
         return Scope(on=f"the shipped corpus ({self.corpus_tokens} tokens) and your prompt",

@@ -337,10 +337,6 @@ class ITDAView(View):
         self._request_run()
 
     @property
-    def model(self) -> explorer.Model:
-        return self._model
-
-    @property
     def dictionary(self) -> ITDA | None:
         """The dictionary currently shown."""
         return self._itda

@@ -405,10 +405,6 @@ class NeuronEvalView(View):
         self.param.watch(self._request_run, list(_DATA_PARAMS + _VIEW_PARAMS))
         self._request_run()
 
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
-
     # -- computation -------------------------------------------------------------------------
     def _params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _DATA_PARAMS + _VIEW_PARAMS}

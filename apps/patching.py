@@ -355,10 +355,6 @@ class PatchingView(View):
         self.param.watch(self._to_strip, ["cf_position"])
         self.run_once_loaded(self._request)
 
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
-
     def scope(self) -> Scope:
         """Your prompt and its counterfactual; the edits apply to every run."""
         return Scope(on=f"your prompt and one counterfactual of it (at most {MAX_TOKENS} "

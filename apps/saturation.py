@@ -225,10 +225,6 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
                            f"(about {self._estimate():.0f} s on a CPU; then cached).")
 
     # -- model and data ---------------------------------------------------------------------
-    @property
-    def model(self) -> explorer.Model:
-        return self._model
-
     def current_model(self) -> explorer.Model:
         """The trained model or its random-init twin (built once, seeded)."""
         if self.weights == "trained":
