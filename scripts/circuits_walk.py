@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from _browser import free_port, served_in_subprocess, settle_gallery_page  # noqa: E402
+from _browser import settle_gallery_page  # noqa: E402
+from _served_gallery import gallery_in_chromium  # noqa: E402
 
-from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from explorer.defaults import DEFAULT_MODEL  # noqa: E402
 
 PROMPT = "When Mary and John went to the store, John gave a drink to"
@@ -131,17 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "test-artifacts")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    from playwright.sync_api import sync_playwright
-
-    port = free_port()
-    serve = f"from apps.gallery import serve; serve(model={args.model!r}, port={port})"
     said = []
-    with served_in_subprocess(["-c", serve], port, args.out / ".circuits_walk_server.log") as url, \
-            sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with gallery_in_chromium(args.model, args.out / ".circuits_walk_server.log") as (url, browser):
         for width in [int(w) for w in args.widths.split(",")]:
             said += walk(browser, url, width, args)
-        browser.close()
     (args.out / "circuits_walk.json").write_text(json.dumps(said, indent=1))
     return 0
 

@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from _browser import free_port, plot_ids, served_in_subprocess, settle_gallery_page  # noqa: E402
+from _browser import plot_ids, settle_gallery_page  # noqa: E402
+from _served_gallery import gallery_in_chromium  # noqa: E402
 
 from explorer.defaults import DEFAULT_MODEL  # noqa: E402
-from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 WIDTH, HEIGHT = 1400, 1000
 
 
@@ -45,14 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown pages {unknown}; the gallery has {list(titles)}")
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from playwright.sync_api import sync_playwright
-
-    port = free_port()
-    serve = f"from apps.gallery import serve; serve(model={args.model!r}, port={port})"
     unsettled = []
-    with served_in_subprocess(["-c", serve], port, args.out / ".gallery_server.log") as url, \
-            sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with gallery_in_chromium(args.model, args.out / ".gallery_server.log") as (url, browser):
         viewport = {"width": args.width, "height": HEIGHT}
         tab = browser.new_page(viewport=viewport)
         tab.goto(url + "/", timeout=180_000)
@@ -72,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
             shown = path.resolve()
             shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
             print(f"{shown}  ({time.time() - started:.0f} s)", flush=True)
-        browser.close()
     (args.out / ".gallery_server.log").unlink(missing_ok=True)
     if unsettled:
         print(f"did not settle in {args.timeout:.0f} s (shot as they were): {unsettled}",
