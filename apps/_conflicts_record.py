@@ -23,7 +23,7 @@ import param
 
 from apps._conflicts_plots import (bars_caption, edited_bars_caption, edited_title,
                                    plot_answer_bars)
-from apps._page_provenance import ShownRecord
+from apps._page_provenance import ShownRecord, outdated_markdown
 from apps._provenance import Provenance, computed_at_now, stale_text
 from apps._result_cache import Stored, cached_note
 from explorer.analyses import conflicts as C
@@ -124,8 +124,7 @@ class RecordPart(param.Parameterized):
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the bars are of the inputs)."""
-        note = self.stale_note()
-        return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}" if note else ""
+        return outdated_markdown(self.stale_note())
 
     def bars_words(self, *_: Any) -> str:
         """The clean bars' caption, from the record."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import xarray as xr
 
-from apps._page_provenance import recompute_state
+from apps._page_provenance import outdated_markdown, recompute_state
 from apps._provenance import Provenance, computed_at_now, stale_text
 from explorer.interventions import Edit
 from explorer.workspace import edit_label
@@ -95,5 +95,4 @@ class RecordPart:
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the scores are of the inputs)."""
-        note = self.stale_note()
-        return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}" if note else ""
+        return outdated_markdown(self.stale_note())

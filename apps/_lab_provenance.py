@@ -22,7 +22,7 @@ from typing import Any
 
 import panel as pn
 
-from apps._page_provenance import STALE_STYLE, ShownRecord
+from apps._page_provenance import STALE_STYLE, ShownRecord, outdated_markdown
 from apps._provenance import Provenance, changed_inputs, computed_at_now
 
 __all__ = ["LabInput", "plural", "lab_record", "stamped", "inputs_text", "lab_stale_text",
@@ -105,13 +105,6 @@ def lab_stale_text(shown: Provenance | None, wanted: Provenance | None,
     at = f" at {shown.computed_at[11:16]} UTC" if shown.computed_at else ""
     tail = f": {state}" if state else f": press {action} to update."
     return f"Shown: computed on {shown.model}{', ' + on if on else ''}{at}; {what} changed since{tail}"
-
-
-def outdated_markdown(note: str) -> str:
-    """A stale note as the pages show it: bold *Outdated*, the note ('' for none)."""
-    if not note:
-        return ""
-    return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}"
 
 
 def stale_pane(note: Callable[[], str], deps: Sequence[Any], css_class: str) -> pn.pane.Markdown:

@@ -10,23 +10,27 @@ page that is not in view (the gallery recomputes only the page in view; the page
 are then the workspace's, `ShownRecord.follow_workspace`). Selected positions are not inputs
 of these computations: they choose what is outlined, which is drawn from the selection at
 once, so the shown record carries the positions drawn and a new selection marks nothing
-stale.
+stale. `CheckedRecompute` writes the note of the pages that keep the record in their shown
+result and check some inputs before computing (Logit attribution, Activation patching);
+`outdated_markdown` is a note as the pages show it in Markdown.
 """
 from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import panel as pn
 import param
 import xarray as xr
 
-from apps._provenance import INPUT_NAMES, Provenance, changed_inputs, computed_at_now, one_line
+from apps._provenance import (INPUT_NAMES, Provenance, changed_inputs, computed_at_now, one_line,
+                              stale_text)
 from explorer.interventions import Edit
 
-__all__ = ["ShownRecord", "auto_stale_text", "stale_inputs", "result_heading", "edits_words",
+__all__ = ["ShownRecord", "CheckedRecompute", "outdated_markdown", "auto_stale_text",
+           "stale_inputs", "result_heading", "edits_words",
            "STALE_STYLE", "INPUT_WORDS", "recompute_state"]
 
 
@@ -96,6 +100,43 @@ def recompute_state(*, running: bool = False, refused: bool = False, failed: boo
     if failed:
         return states["failed"]
     return f"press {action} to update."
+
+
+def outdated_markdown(note: str, tail: str = "") -> str:
+    """A stale note as the pages show it in Markdown: bold *Outdated*, the note (``&`` and
+    ``<`` escaped; Markdown keeps '->'), then ``tail``; '' for no note."""
+    if not note:
+        return ""
+    return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}{tail}"
+
+
+class CheckedRecompute:
+    """The stale note of a page that recomputes as each input changes and checks some inputs
+    before computing (Logit attribution, Activation patching), from the record in its shown
+    result: a base before `apps._view.View`. The page sets ``_refused`` when it refused the
+    last input (its message shows) and gives `outdated_words`, the Markdown it shows a stale
+    text in (its own words after the note)."""
+
+    _refused = False
+    outdated_words: Callable[[str, Provenance], str]
+
+    def waiting_state(self) -> str:
+        """What the page does about inputs newer than the shown result (`recompute_state`)."""
+        return recompute_state(running=self.running, refused=self._refused,
+                               failed=bool(self.error), action=self.compute_action)
+
+    def stale_note(self) -> str:
+        """'' while the shown result is of the inputs; else what it was computed on, what
+        changed since, and `waiting_state`."""
+        shown = self.shown_provenance()
+        if shown is None:
+            return ""
+        return stale_text(shown, self.requested_provenance(), state=self.waiting_state())
+
+    def stale_markdown(self, *_: Any) -> str:
+        """The stale note as the page shows it ('' while the result is of the inputs)."""
+        shown = self.shown_provenance()
+        return "" if shown is None else self.outdated_words(self.stale_note(), shown)
 
 
 class ShownRecord(param.Parameterized):

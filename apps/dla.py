@@ -30,7 +30,7 @@ from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import check_selected_component, selected_component, token_choice
 from apps._heads_heatmap import click_cell, component_cell_box, layer_ticks, on_head_click
-from apps._page_provenance import recompute_state
+from apps._page_provenance import CheckedRecompute, outdated_markdown
 from apps._positions import position_outlines
 from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
@@ -186,17 +186,14 @@ def stale_note(ds: xr.Dataset | None, prompt: str, edits: Sequence[Edit], answer
         return ""
     text = stale_text(shown, dla_request(shown.model, prompt, edits, answer, alternative),
                       action=DLAView.compute_action, state=state)
-    return outdated_markdown(text, shown)
+    return outdated_words(text, shown)
 
 
-def outdated_markdown(text: str, shown: Provenance) -> str:
-    """A stale text as the page shows it: bold *Outdated*, the edits it was computed with."""
-    if not text:
-        return ""
+def outdated_words(text: str, shown: Provenance) -> str:
+    """A stale text as the page shows it (`outdated_markdown`), with the edits it was computed
+    with."""
     n = len(shown.edits)
-    text = text.replace("&", "&amp;").replace("<", "&lt;")   # Markdown keeps '->'
-    return (f"**Outdated**. {text} (It was computed with {n} edit"
-            f"{'s' if n != 1 else ''}.)")
+    return outdated_markdown(text, f" (It was computed with {n} edit{'s' if n != 1 else ''}.)")
 
 
 def plot_dla(ds: xr.Dataset | None, panel: str = "clean", selected: str = "",
@@ -244,7 +241,7 @@ def plot_dla(ds: xr.Dataset | None, panel: str = "clean", selected: str = "",
 
 # -- the view ----------------------------------------------------------------------------
 
-class DLAView(View):
+class DLAView(CheckedRecompute, View):
     """Direct logit attribution of an answer against an alternative on the prompt.
 
     Built from the model; ``background`` and the initial Parameters (below) as for `View`.
@@ -252,6 +249,7 @@ class DLAView(View):
 
     notify_title = "Logit attribution"
     compute_action = "Enter"   # each input recomputes the page as it changes
+    outdated_words = staticmethod(outdated_words)
     failed_status = "Last run failed: {message}"
     wait_timeout = 300
 
@@ -295,21 +293,6 @@ class DLAView(View):
     def requested_provenance(self) -> Provenance:
         return dla_request(self._model.spec.name, self.prompt, list(self.edits), self.answer,
                            self.alternative)
-
-    def stale_note(self) -> str:
-        """'' while the shown attribution is of the inputs; else what it was computed on,
-        what changed since, and whether it is recomputing, was refused or failed."""
-        shown = self.shown_provenance()
-        if shown is None:
-            return ""
-        state = recompute_state(running=self.running, refused=self._refused,
-                                failed=bool(self.error), action=self.compute_action)
-        return stale_text(shown, self.requested_provenance(), state=state)
-
-    def stale_markdown(self, *_: Any) -> str:
-        """The stale note as the page shows it ('' while the result is of the inputs)."""
-        shown = self.shown_provenance()
-        return "" if shown is None else outdated_markdown(self.stale_note(), shown)
 
     def caption(self, *_: Any) -> str:
         """The caption under the heatmaps, of the shown attribution (`dla_caption`)."""

@@ -30,7 +30,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._page_provenance import recompute_state
+from apps._page_provenance import outdated_markdown, recompute_state
 from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import MODEL, Call, Recipe, Ref
 from apps._server import BoundedCache
@@ -324,8 +324,7 @@ class FeaturesView(View):
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the dashboards are of the inputs)."""
-        note = self.stale_note()
-        return f"**Outdated**. {note.replace('&', '&amp;').replace('<', '&lt;')}" if note else ""
+        return outdated_markdown(self.stale_note())
 
     def _record(self, wanted: Provenance, dash: dict[str, xr.Dataset]) -> Provenance:
         """``wanted`` with the feature the dashboards show (a feature past the dictionary's

@@ -32,7 +32,7 @@ from apps import theme
 from apps._attention_trace import check_prompt_tokens
 from apps._controls import selected_component, token_choice
 from apps._heads_heatmap import layer_ticks, on_head_click
-from apps._page_provenance import recompute_state
+from apps._page_provenance import CheckedRecompute, outdated_markdown
 from apps._positions import PositionStrip, column_boxes, position_outlines
 from apps._provenance import (Counterfactual, Provenance, computed_at_now, one_line,
                               stale_text)
@@ -213,19 +213,16 @@ def stale_note(ds: xr.Dataset | None, request: dict[str, Any], *, state: str = "
     shown = patching_provenance(ds)
     if shown is None:
         return ""
-    return outdated_markdown(stale_text(shown, patching_request(shown.model, request),
-                                        action=PatchingView.compute_action, state=state),
-                             shown)
+    return outdated_words(stale_text(shown, patching_request(shown.model, request),
+                                     action=PatchingView.compute_action, state=state), shown)
 
 
-def outdated_markdown(text: str, shown: Provenance) -> str:
-    """A stale text as the page shows it: bold *Outdated*, the grid it was computed on."""
-    if not text:
-        return ""
+def outdated_words(text: str, shown: Provenance) -> str:
+    """A stale text as the page shows it (`outdated_markdown`), with the grid it was computed
+    on."""
     r = dict(shown.request)
-    text = text.replace("&", "&amp;").replace("<", "&lt;")   # Markdown keeps '->'
-    return (f"**Outdated**. {text} (It was computed on the "
-            f"{r['grid']} grid, {r['direction']}, with {len(shown.edits)} edits.)")
+    return outdated_markdown(text, f" (It was computed on the {r['grid']} grid, {r['direction']}, "
+                                   f"with {len(shown.edits)} edits.)")
 
 
 def plot_patching(ds: xr.Dataset | None, selected: str = "",
@@ -289,7 +286,7 @@ def _selected_cell(ds: xr.Dataset, selected: str) -> tuple[int, int] | None:
 
 # -- the view ----------------------------------------------------------------------------
 
-class PatchingView(View):
+class PatchingView(CheckedRecompute, View):
     """Activation patching between the workspace prompt and a counterfactual.
 
     Built from the model; ``background`` and the initial Parameters (below) as for `View`.
@@ -337,6 +334,7 @@ class PatchingView(View):
     link_params = ("cf_position", "cf_token", "corrupt", "kind", "metric", "direction",
                    "answer", "alternative")
     compute_action = "Enter"   # each input recomputes the page as it changes
+    outdated_words = staticmethod(outdated_words)
     _inputs = ("prompt", "cf_position", "cf_token", "corrupt", "kind", "metric", "direction",
                "answer", "alternative")
 
@@ -389,24 +387,11 @@ class PatchingView(View):
     def requested_provenance(self) -> Provenance:
         return patching_request(self._model.spec.name, self.request_state())
 
-    def stale_note(self) -> str:
-        """'' while the shown grid is of the inputs; else what it was computed on, what
-        changed since, and whether it waits for a token to replace, is recomputing, was
-        refused or failed."""
-        shown = self.shown_provenance()
-        if shown is None:
-            return ""
+    def waiting_state(self) -> str:
+        """Waiting for a token to replace, else `CheckedRecompute.waiting_state`."""
         if not self.corrupt and (self.cf_position < 0 or not self.cf_token):  # no token
-            state = "click a token of the prompt and type its replacement to update."
-        else:
-            state = recompute_state(running=self.running, refused=self._refused,
-                                    failed=bool(self.error), action=self.compute_action)
-        return stale_text(shown, self.requested_provenance(), state=state)
-
-    def stale_markdown(self, *_: Any) -> str:
-        """The stale note as the page shows it ('' while the grid is of the inputs)."""
-        shown = self.shown_provenance()
-        return "" if shown is None else outdated_markdown(self.stale_note(), shown)
+            return "click a token of the prompt and type its replacement to update."
+        return super().waiting_state()
 
     def caption(self, *_: Any) -> str:
         """The caption under the grid, of the shown grid (`patching_caption`)."""
