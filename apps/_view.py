@@ -97,6 +97,7 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
 
     notify_title: str | None = "Page"
     failed_status: str | None = "Failed: {message}"
+    kept_note = ""   # said after a failure while `result` is shown ("The previous grid is still shown.")
     wait_timeout: float | None = 600
     link_params: tuple[str, ...] = ()
     """The page's main settings, by Parameter name, that a link and an export carry."""
@@ -342,8 +343,8 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
         return item
 
     def _error_note(self) -> str:
-        """Text added to a failure's notification (e.g. that the last result is still shown)."""
-        return ""
+        """Text added to a failure's notification: ``kept_note`` while the last result shows."""
+        return f" {self.kept_note}" if self.kept_note and getattr(self, "result", None) is not None else ""
 
     # -- reproducibility ------------------------------------------------------------------------
     def export_datasets(self) -> dict[str, xr.Dataset]:
@@ -508,9 +509,7 @@ def scope_line(view: Any) -> str:
     '' when the view states none (or has no `View.scope`)."""
     scope = getattr(view, "scope", None)
     s = scope() if callable(scope) else None
-    if s is None:
-        return ""
-    return f"**on:** {s.on} · **edits:** {s.edits}"
+    return "" if s is None else f"**on:** {s.on} · **edits:** {s.edits}"
 
 
 # -- export helpers ---------------------------------------------------------------------------

@@ -288,6 +288,7 @@ class AttentionView(ShownRecord, View):
     page_slug = "attention"
     described = ("result",)
     failed_status = "Last run failed: {message}"
+    kept_note = "The previous prompt's patterns are still shown."
     wait_timeout = 300
 
     prompt = param.String(default="The capital of France is", label="Prompt",
@@ -402,9 +403,6 @@ class AttentionView(ShownRecord, View):
                           shown_record=self.stamped(record),
                           status=f"{spec.name} · {n} tokens · {spec.n_layers} layers × "
                                  f"{spec.n_heads} heads{edited} · traced in {seconds:.2f} s")
-
-    def _error_note(self) -> str:
-        return " The previous prompt's patterns are still shown." if self.result is not None else ""
 
     def code_recipe(self) -> Recipe:
         """The trace the page draws (every head's pattern, the enlarged head) as records: the

@@ -349,6 +349,7 @@ class CompareView(View):
 
     notify_title = "Two prompts"
     failed_status = "Last run failed: {message}"
+    kept_note = "The previous comparison is still shown."
     wait_timeout = 300
 
     prompt = param.String(default="The capital of France is", label="Prompt A",
@@ -467,9 +468,6 @@ class CompareView(View):
         self.param.update(result=ds, error="", running=False,
                           status=f"{self._model.spec.name} · {lengths} · computed in "
                                  f"{seconds:.2f} s")
-
-    def _error_note(self) -> str:
-        return " The previous comparison is still shown." if self.result is not None else ""
 
     # -- selection -------------------------------------------------------------------------
     def _check_selected(self, event: Any) -> None:

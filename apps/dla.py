@@ -251,6 +251,7 @@ class DLAView(CheckedRecompute, View):
     compute_action = "Enter"   # each input recomputes the page as it changes
     outdated_words = staticmethod(outdated_words)
     failed_status = "Last run failed: {message}"
+    kept_note = "The previous attribution is still shown."
     wait_timeout = 300
 
     prompt = param.String(default="The capital of France is", label="Prompt",
@@ -336,9 +337,6 @@ class DLAView(CheckedRecompute, View):
         self.param.update(result=ds, seconds=seconds, error="", running=False,
                           status=f"{self._model.spec.name} · {ds.attrs['n_tokens']} tokens"
                                  f"{edited} · attributed in {seconds:.2f} s")
-
-    def _error_note(self) -> str:
-        return " The previous attribution is still shown." if self.result is not None else ""
 
     # -- selection -------------------------------------------------------------------------
     def _check_selected(self, event: Any) -> None:

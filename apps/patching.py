@@ -294,6 +294,7 @@ class PatchingView(CheckedRecompute, View):
 
     notify_title = "Activation patching"
     failed_status = "Last run failed: {message}"
+    kept_note = "The previous grid is still shown."
     wait_timeout = 600
 
     prompt = param.String(default="When Mary and John went to the store, John gave a drink to",
@@ -450,9 +451,6 @@ class PatchingView(CheckedRecompute, View):
         self.param.update(result=ds, seconds=seconds, error="", running=False,
                           status=f"{ds.attrs['model']} · {len(p['clean_ids'])} tokens · "
                                  f"{cells} cells of {p['kind']}{edited} · {seconds:.2f} s")
-
-    def _error_note(self) -> str:
-        return " The previous grid is still shown." if self.result is not None else ""
 
     # -- selection -------------------------------------------------------------------------
     def select_cell(self, layer: int, column: int) -> None:
