@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import xarray as xr
 
 from apps._provenance import Provenance
-from apps._view import JSON_ATTRS, NETCDF_ENGINE, netcdf_ready
+from apps._view import NETCDF_ENGINE, _restore_attrs, netcdf_ready
 from explorer._version import __version__
 from explorer.models import cache_dir
 
@@ -121,14 +121,6 @@ def _file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def _restore(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(attrs)
-    for key in json.loads(out.pop(JSON_ATTRS, "[]")):
-        if key in out:
-            out[key] = json.loads(out[key])
-    return out
-
-
 def _json_value(value: Any) -> Any:
     """``value`` as the JSON a key is made from (tuples as lists; other types refused)."""
     return json.loads(json.dumps(value, sort_keys=True))
@@ -193,9 +185,9 @@ class ResultCache:
                     raise ValueError(f"{info['file']} does not match its size or hash")
                 with xr.open_dataset(path, engine=NETCDF_ENGINE) as ds:
                     ds = ds.load()
-                ds.attrs = _restore(ds.attrs)
+                ds.attrs = _restore_attrs(ds.attrs)
                 for var in ds.variables.values():
-                    var.attrs = _restore(var.attrs)
+                    var.attrs = _restore_attrs(var.attrs)
                 datasets[name] = ds
             stored = Stored(datasets, dict(meta.get("values", {})), str(meta["computed_at"]))
         except (OSError, ValueError, KeyError, TypeError) as err:
