@@ -4,7 +4,6 @@ update the summary (R = 0) and redraw the embedding plot."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from _browser import (gallery_page_state, open_page, painted, press_until, served_in_process,
@@ -57,9 +56,16 @@ def test_strength_slider_redraws_the_embedding(server, browser):
     # Sliders in order: distance, strength, layer. Home moves strength to 0.
     press_until(page, ".shattering-controls .noUi-handle", "Home", ".shattering-summary",
                 r"strength 0\.00: R = 0\.000", nth=1)
-    deadline = time.time() + 30   # the new embedding arrives after the summary
-    while embedding.screenshot() == before and time.time() < deadline:
-        page.wait_for_timeout(200)
+    from playwright.sync_api import Error as PlaywrightError
+
+    # the new embedding arrives after the summary; while its pane re-renders the element is
+    # replaced, so a screenshot taken at that moment finds it detached: look again
+    def redrawn() -> bool:
+        try:
+            return embedding.screenshot(timeout=5000) != before
+        except PlaywrightError:
+            return False
+    wait_until(redrawn, 30, "the embedding redrawn")
     after = painted(embedding)
     assert after != before
     assert not errors, errors
