@@ -15,6 +15,9 @@ per-task indirect effects, so running tasks separately gives the same numbers). 
         # every shipped task SmolLM2 does above chance (screened on other prompts), in two
         # folds: heads ranked and the cross-task mean taken on one fold, evaluated on the
         # other; each mean source; bootstrap intervals over prompts
+    python benchmarks/icl_heads_evidence.py --stages ablation-f1 --f1-prompts 4 --f1-percents 0,3
+        # the cross-fit's folds and rankings scored both ways on the same prompts: first-token
+        # accuracy and the paper's F1 of 5 generated tokens (cross-task mean, exclusion variants)
     python benchmarks/icl_heads_evidence.py --stages token-loss-long --long-ablations bos
         # the paper's token-loss difference: loss at token 50 minus loss at token 500 of
         # BOS-prefixed 505-token corpus windows, heads ablated with their BOS output (the
@@ -236,6 +239,45 @@ def xfit(model: Any, summary: dict, save: Any, args: Any, percents: list[float])
         save()
 
 
+def by_score(model: Any, summary: dict, save: Any, args: Any) -> None:
+    """The cross-fit's folds scored with first-token accuracy and with the paper's F1.
+
+    Needs the ``ablation-xfit`` stage's screen and indirect effects. Each fold's tasks are
+    evaluated with the FV ranking and the cross-task mean from the other fold, on the same
+    prompts for both scores, with the exclusion rankings and a random one.
+    """
+    from explorer.analyses import icl_heads as ih
+
+    xf = summary["ablation_cross_fit"]
+    folds, ie = xf["folds"], xf["indirect_effect"]
+    ind = np.array(summary["induction"]["induction_score"])
+    percents = [float(p) for p in args.f1_percents.split(",")]
+    rankings = ["fv_excl_induction", "induction_excl_fv", "random"]
+    out = {"folds": folds, "percents": percents, "rankings": rankings,
+           "n_prompts": args.f1_prompts, "n_shots": xf["n_shots"], "exclude_fraction": 0.02,
+           "mean_source": "cross-task", "n_boot": 2000}
+    for score in ("first_token", "f1"):
+        t0 = time.perf_counter()
+        parts = []
+        for k in range(2):
+            evals, other = folds[k], folds[1 - k]
+            fv = np.mean([ie[t]["indirect_effect"] for t in other], axis=0)
+            parts.append(ih.ablation_curves(
+                model, evals, ind, fv, percents=percents, rankings=rankings,
+                exclude_fraction=0.02, n_prompts=args.f1_prompts, n_shots=xf["n_shots"],
+                loss_sequences=1, loss_tokens=64, mean_source="cross-task", mean_tasks=other,
+                n_boot=2000, seed=0, score=score))
+        correct = np.concatenate([p.correct.values for p in parts], axis=2)
+        low, high = ih.bootstrap_mean_accuracy(correct, n_boot=2000, level=0.95, seed=0)
+        mean = correct.mean(-1).mean(-1)
+        out[score] = {"mean": {r: mean[i].round(4).tolist() for i, r in enumerate(rankings)},
+                      "low": {r: low[i].round(4).tolist() for i, r in enumerate(rankings)},
+                      "high": {r: high[i].round(4).tolist() for i, r in enumerate(rankings)},
+                      "seconds": round(time.perf_counter() - t0, 1)}
+        summary.setdefault("ablation_cross_fit", {})["by_score"] = out
+        save()
+
+
 def token_loss_long(model: Any, summary: dict, save: Any, args: Any,
                     percents: list[float]) -> None:
     """The token-loss difference over long contexts (`icl_token_loss.long_context_token_loss`)
@@ -290,6 +332,8 @@ def main() -> None:
     ap.add_argument("--xfit-fv-prompts", type=int, default=16)
     ap.add_argument("--xfit-mean-sources", default="cross-task,per-task,zero")
     ap.add_argument("--long-ablations", default="bos")
+    ap.add_argument("--f1-prompts", type=int, default=4)
+    ap.add_argument("--f1-percents", default="0,3")
     ap.add_argument("--long-sequences", type=int, default=64)
     args = ap.parse_args()
     import torch
@@ -400,6 +444,8 @@ def main() -> None:
             save()
     if "ablation-xfit" in stages:
         xfit(model, summary, save, args, percents)
+    if "ablation-f1" in stages:
+        by_score(model, summary, save, args)
     if "token-loss-long" in stages:
         token_loss_long(model, summary, save, args, percents)
     if "fvacc" in stages:
