@@ -83,6 +83,7 @@ def _hooked_last_logits(model, prompt, heads, mean_z):
             h.remove()
 
 
+@pytest.mark.slow
 def test_ablated_generations_match_the_papers_cached_hooked_generation(smollm2):
     """On SmolLM2: the random tiny models generate one repeated token whatever is ablated,
     so only a trained model tells the paper's ablation of every generated token from an

@@ -124,6 +124,7 @@ def test_without_the_extension_the_same_update_links_the_cdn():
     assert f"{CDN_DIST}css/loading.css" in [str(s.get("url", "")).split("?")[0] for s in sheets]
 
 
+@pytest.mark.slow
 def test_a_page_imported_after_the_extension_displays_no_second_bokehjs(tmp_path):
     """In a kernel: `extension()` loads BokehJS once; importing a page module afterwards (it
     calls ``hv.extension("bokeh")``) displays nothing, where HoloViews alone would display
