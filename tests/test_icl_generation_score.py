@@ -83,6 +83,7 @@ def _hooked_last_logits(model, prompt, heads, mean_z):
             h.remove()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_ablated_generations_match_the_papers_cached_hooked_generation(smollm2):
     """On SmolLM2: the random tiny models generate one repeated token whatever is ablated,
