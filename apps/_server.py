@@ -272,7 +272,8 @@ def served_origins(address: str, port: int) -> list[str]:
     return [f"{h}:{port}" for h in dict.fromkeys(h for h in hosts if h)]
 
 
-_TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
+#: The sign-in page, which is also the page after signing out (one template, one look).
+SIGN_IN_TEMPLATE = os.path.join(os.path.dirname(__file__), "templates", "sign_in.html")
 
 
 def with_sign_in_pages(serve_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -281,9 +282,9 @@ def with_sign_in_pages(serve_kwargs: dict[str, Any]) -> dict[str, Any]:
     offline server cannot reach)."""
     out = dict(serve_kwargs)
     if out.get("basic_auth"):
-        out.setdefault("basic_login_template", os.path.join(_TEMPLATES, "login.html"))
+        out.setdefault("basic_login_template", SIGN_IN_TEMPLATE)
     if out.get("basic_auth") or out.get("oauth_provider"):
-        out.setdefault("logout_template", os.path.join(_TEMPLATES, "logout.html"))
+        out.setdefault("logout_template", SIGN_IN_TEMPLATE)
     return out
 
 

@@ -126,6 +126,29 @@ def test_the_password_is_not_a_command_line_flag():
             _args("--password", "x")
 
 
+def test_one_template_draws_the_sign_in_form_and_the_signed_out_page():
+    """Panel renders the login page with ``login_endpoint``/``errormessage`` and the logout
+    page with ``LOGIN_ENDPOINT``; the one template answers each with its own page."""
+    from panel.auth import BasicAuthProvider
+
+    from apps._server import with_sign_in_pages
+
+    kwargs = with_sign_in_pages({"basic_auth": "secret"})
+    provider = BasicAuthProvider(login_template=kwargs["basic_login_template"],
+                                 logout_template=kwargs["logout_template"])
+    login = provider._login_template.render(login_endpoint="/login", errormessage="Wrong!",
+                                            PANEL_CDN="https://cdn.example")
+    assert "<title>Sign in: explorer</title>" in login
+    assert 'action="./login"' in login and 'name="password"' in login
+    assert '<div class="error" role="alert">Wrong!</div>' in login
+    assert "Signed out" not in login and "cdn.example" not in login
+    logout = provider._logout_template.render(LOGIN_ENDPOINT="/login",
+                                              PANEL_CDN="https://cdn.example")
+    assert "<title>Signed out: explorer</title>" in logout
+    assert '<a href="./login">Sign in again</a>' in logout
+    assert "<form" not in logout and "cdn.example" not in logout
+
+
 # -- the served gallery ----------------------------------------------------------------------
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
