@@ -18,6 +18,7 @@ __all__ = [
     "InputError",
     "check_choice",
     "check_site",
+    "absolute_position",
     "transformer_lens_hint",
     "check_int",
     "check_token_ids",
@@ -165,6 +166,17 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
         hi = "inf" if high is None else high
         raise InputError(f"`{name}` must be an int in [{lo}, {hi}]; got {value}.")
     return value
+
+
+def absolute_position(position: int, n: int, where: str = "the prompt") -> int:
+    """``position`` of a sequence of ``n`` tokens as an index in [0, n): negative ones count
+    from the end (-1 is the last token). InputError naming ``where`` and the allowed range
+    otherwise."""
+    index = position + n if position < 0 else position
+    if not 0 <= index < n:
+        raise InputError(f"position {position} is out of range for {where} with {n} tokens "
+                         f"(allowed: -{n} to {n - 1}).")
+    return index
 
 
 def check_float(name: str, value: Any, *, low: float | None = None, high: float | None = None) -> float:

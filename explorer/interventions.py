@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ._checks import (InputError, check_choice, check_float, check_int, check_site,
-                      check_token_ids, record_from_dict, records_from_json)
+from ._checks import (InputError, absolute_position, check_choice, check_float, check_int,
+                      check_site, check_token_ids, record_from_dict, records_from_json)
 
 __all__ = [
     "Edit",
@@ -539,10 +539,6 @@ def position_index(lengths: Sequence[int], width: int, positions: Sequence[int] 
         n = lengths[i]
         pos = range(n) if positions is None else positions
         for p in pos:
-            q = p + n if p < 0 else p
-            if not 0 <= q < n:
-                raise InputError(f"position {p} is out of range for prompt {i} with {n} tokens "
-                                 f"(allowed: -{n} to {n - 1}).")
             rows.append(i)
-            cols.append(width - n + q)
+            cols.append(width - n + absolute_position(p, n, f"prompt {i}"))
     return torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)

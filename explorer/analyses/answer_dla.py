@@ -27,7 +27,7 @@ import torch
 import xarray as xr
 
 from explorer import components
-from explorer._checks import InputError, check_prompts
+from explorer._checks import InputError, absolute_position, check_prompts
 from explorer.interventions import Edit
 from explorer.models import Model
 from explorer.readouts import DLA, Logits, Save
@@ -106,13 +106,7 @@ def answer_logit_attribution(model: Model, prompt: str, *, answer: Any = None,
         raise InputError("`positions` must name at least one position; got none.")
     batch, _ = as_batch(model, [prompt])
     n = batch.lengths[0]
-    absolute = []
-    for p in positions:
-        q = p + n if p < 0 else p
-        if not 0 <= q < n:
-            raise InputError(f"position {p} is outside the prompt's {n} tokens "
-                             f"(allowed {-n}..{n - 1}).")
-        absolute.append(q)
+    absolute = [absolute_position(p, n) for p in positions]
     picked = "given"
     if answer is None or alternative is None:
         top = top_tokens(model, prompt, 3)
