@@ -7,7 +7,7 @@ import torch
 
 import explorer
 from explorer._checks import InputError
-from explorer.interventions import Steer
+from explorer.interventions import Ablate, Steer
 
 PROMPT = "The cat sat on the"
 
@@ -79,3 +79,98 @@ def test_str_tokens_cfg_and_torch_results(tiny_model):
     t = ds.resid_post.explorer.as_torch()
     assert isinstance(t, torch.Tensor) and tuple(t.shape) == ds.resid_post.shape
     np.testing.assert_array_equal(t.numpy(), ds.resid_post.values)
+
+
+def _hooked_generation(model, prompt, n_new, step_hooks):
+    """Greedy generation of one unpadded prompt by plain forwards of ``model.hf``, the hooks
+    of step s (``step_hooks(s)``: (module, forward hook or pre-hook, is_pre) triples)
+    registered for that step's forward only. Returns the new ids and the first step's logits."""
+    ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    first = None
+    for s in range(n_new):
+        handles = [mod.register_forward_pre_hook(hook) if pre else mod.register_forward_hook(hook)
+                   for mod, hook, pre in step_hooks(s)]
+        try:
+            with torch.no_grad():
+                logits = model.hf(torch.tensor([ids])).logits[0, -1].float()
+        finally:
+            for h in handles:
+                h.remove()
+        first = logits if first is None else first
+        ids = [*ids, int(logits.argmax())]
+    return ids[len(ids) - n_new:], first
+
+
+def test_step_edits_are_a_hand_loop_of_hooked_forwards(tiny_model):
+    """Edits that change with the step: a mean ablation of two heads at the last prompt
+    token and every generated token (the ICL heads' generation), a steering vector of its
+    own per step at the newest token, and a steering of every token at every step. The
+    random model's tokens hardly see the earlier positions; the ablation's growth shows in
+    the tokens of a trained model (tests/test_icl_generation_score.py, SmolLM2)."""
+    m = tiny_model
+    spec = m.spec
+    d = spec.d_head
+    g = torch.Generator().manual_seed(11)
+    n_new, layer, heads = 5, 1, (0, 2)
+    mean = {h: torch.randn(d, generator=g) * 3.0 for h in heads}
+    per_step = [torch.randn(spec.d_model, generator=g) * 4.0 for _ in range(n_new)]
+    always = torch.randn(spec.d_model, generator=g)
+    edits = [Steer(2, always, alpha=0.5)]
+
+    def step_edits(s):
+        positions = tuple(range(-(s + 1), 0))
+        return [*(Ablate(layer, h, mode="mean", value=mean[h], positions=positions)
+                  for h in heads),
+                Steer(0, per_step[s], alpha=2.0, positions=(-1,))]
+
+    def step_hooks(s):
+        def ablate(mod, args):
+            z = args[0].clone()                                  # [1, pos, head * d_head]
+            for h in heads:
+                z[:, -(s + 1):, h * d:(h + 1) * d] = mean[h]
+            return (z, *args[1:])
+
+        def add(vec, last_only):
+            def hook(mod, args, out):
+                h = (out[0] if isinstance(out, tuple) else out).clone()
+                if last_only:
+                    h[:, -1] += vec
+                else:
+                    h += vec
+                return (h, *out[1:]) if isinstance(out, tuple) else h
+            return hook
+        return [(m.o_proj(layer), ablate, True),
+                (m.hf_layer(0), add(2.0 * per_step[s], True), False),
+                (m.hf_layer(2), add(0.5 * always, False), False)]
+
+    prompts = [PROMPT, "Water boils at one hundred degrees and then"]   # two lengths: padded
+    got = explorer.generate(m, prompts, edits=edits, step_edits=step_edits,
+                            max_new_tokens=n_new, stop_at_eos=False, first_logits=True)
+    alone = explorer.generate(m, prompts, edits=edits, step_edits=step_edits,
+                              max_new_tokens=n_new, stop_at_eos=False, decode="alone")
+    fixed = explorer.generate(m, prompts, edits=[*edits, *step_edits(0)],
+                              max_new_tokens=n_new, stop_at_eos=False)
+    for i, p in enumerate(prompts):
+        want, first = _hooked_generation(m, p, n_new, step_hooks)
+        assert list(got[i].token_ids) == want
+        torch.testing.assert_close(got[i].first_logits, first, atol=1e-4, rtol=1e-4)
+        assert alone[i] == got[i]                    # the same generation, first_logits aside
+        assert alone[i].first_logits is None
+        assert alone[i].text == m.tokenizer.decode(want)
+        head = m.tokenizer.decode(list(got[i].prompt_ids))
+        assert got[i].text == m.tokenizer.decode([*got[i].prompt_ids, *want])[len(head):]
+    assert [x.token_ids for x in fixed] != [x.token_ids for x in got], \
+        "step 0's edits at every step generate the same: the steps are not told apart"
+
+
+def test_step_edits_and_decode_are_checked(tiny_model):
+    with pytest.raises(TypeError, match="`step_edits` must be a function of the step"):
+        explorer.generate(tiny_model, PROMPT, step_edits=[Steer(0, [0.0] * 64)])
+    with pytest.raises(TypeError, match=r"`step_edits\(0\)` must return edit records"):
+        explorer.generate(tiny_model, PROMPT, step_edits=lambda s: {"layer": 0})
+    with pytest.raises(InputError, match=r"targets prompt row 3, but the batch has 1 prompt"):
+        explorer.generate(tiny_model, PROMPT,
+                          step_edits=lambda s: [Steer(0, [0.0] * 64, prompts=(3,))])
+    with pytest.raises(InputError, match="`decode` must be one of 'with_prompt', 'alone'; "
+                                         "got 'raw'"):
+        explorer.generate(tiny_model, PROMPT, decode="raw")

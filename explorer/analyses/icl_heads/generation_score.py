@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from explorer._checks import InputError, check_int
+from explorer.generate import generate
 from explorer.interventions import Ablate
 from explorer.models import Model
-from explorer.trace import TraceRequest, check_edits, run_batch
 
 __all__ = ["ANSWER_TOKENS", "normalize_answer", "f1_score", "parse_generation", "parsed_f1",
            "ablated_generations"]
@@ -77,7 +77,8 @@ def ablated_generations(model: Model, prompts: Sequence[str], heads: Sequence[tu
     what the paper's cached generation computes when it replaces the newest token's output at
     every step: the cached keys and values of those tokens were computed ablated, the
     earlier prompt tokens' were not. ``edits`` (the workspace's records) apply at every step
-    as given. A row stops after the end-of-text token.
+    as given. A row stops after the end-of-text token. The loop is `explorer.generate`'s,
+    with the ablation as its ``step_edits``.
 
     Returns
     -------
@@ -87,41 +88,21 @@ def ablated_generations(model: Model, prompts: Sequence[str], heads: Sequence[tu
     `ablation_curves` gathers into its Dataset.
     """
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
-    edits = check_edits(edits)
     if answer_ids is not None and len(answer_ids) != len(prompts):
         raise InputError(f"`answer_ids` must have one id per prompt ({len(prompts)}); "
                          f"got {len(answer_ids)}.")
-    ids = [list(row) for row in model.tokenize(list(prompts)).token_ids]
-    n_prompt = [len(row) for row in ids]
-    limit = model.spec.context_length
-    if max(n_prompt) + max_new_tokens > limit:
-        raise InputError(f"a prompt of {max(n_prompt)} tokens and {max_new_tokens} new ones "
-                         f"exceed {model.spec.name}'s context of {limit} tokens.")
-    eos = model.tokenizer.eos_token_id
-    done = [False] * len(ids)
-    first_prob = np.full(len(ids), np.nan)
-    for step in range(max_new_tokens):
-        positions = tuple(range(-(step + 1), 0))
-        ablate = [Ablate(int(l), int(h), mode="mean", value=mean_z[l, h], positions=positions)
-                  for l, h in heads]
-        out = run_batch(model, model.batch_from_ids(ids), edits=[*edits, *ablate],
-                        readouts=TraceRequest(save_positions=[-1], logits=True))
-        logits = out["logits"][:, -1].float()
-        if step == 0 and answer_ids is not None:
-            probs = torch.softmax(logits, -1)
-            first_prob = probs[torch.arange(len(ids)), torch.tensor(list(answer_ids))].cpu().numpy()
-        for i, t in enumerate(logits.argmax(-1).tolist()):
-            if not done[i]:
-                ids[i].append(t)
-                done[i] = t == eos
-            else:                          # a finished row keeps its length, unread
-                ids[i].append(ids[i][-1])
-        if all(done):
-            break
-    texts = []
-    for i in range(len(ids)):
-        new = ids[i][n_prompt[i]:]
-        if eos in new:
-            new = new[:new.index(eos)]
-        texts.append(model.tokenizer.decode(new))
-    return texts, first_prob
+
+    def mean_ablation(step: int) -> list[Ablate]:
+        positions = tuple(range(-(step + 1), 0))   # the last prompt token, the generated ones
+        return [Ablate(int(l), int(h), mode="mean", value=mean_z[l, h], positions=positions)
+                for l, h in heads]
+
+    # decoded alone, as the paper decodes the generated ids
+    gens = generate(model, list(prompts), edits=edits, step_edits=mean_ablation,
+                    max_new_tokens=max_new_tokens, decode="alone",
+                    first_logits=answer_ids is not None)
+    first_prob = np.full(len(gens), np.nan)
+    if answer_ids is not None:
+        probs = torch.softmax(torch.stack([g.first_logits for g in gens]), -1)  # [prompt, vocab]
+        first_prob = probs[torch.arange(len(gens)), torch.tensor(list(answer_ids))].numpy()
+    return [g.text for g in gens], first_prob
