@@ -6,8 +6,9 @@ page's controls (layer, tau, L0, the atom or unit, ...), never the workspace pro
 A result lands with its `Provenance` (`dictionary_record`): the probing prompts, the
 dictionary's settings and the page's other inputs in its ``request``. Headings and captions
 are written from that record (`dictionary_words`); while the inputs the page would run on now
-differ from it (a recompute in flight, a refused input), `dictionary_stale_text` says what the
-shown result was computed on, what changed since and what the page is doing about it.
+differ from it (a recompute in flight, a refused input, a failed recompute),
+`dictionary_stale_text` says what the shown result was computed on, what changed since and
+what the page is doing about it (`stale_state`, in the words of every page's note).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import panel as pn
 
-from apps._page_provenance import INPUT_WORDS, STALE_STYLE
+from apps._page_provenance import INPUT_WORDS, STALE_STYLE, ShownRecord
 from apps._provenance import Provenance, changed_inputs
 
 __all__ = ["dictionary_record", "dictionary_words", "dictionary_stale_text", "stale_state",
@@ -34,9 +35,8 @@ _ORDER = ("model", "prompts", "layer", "tau", "l0", "atom", "unit", "concept", "
           "alpha", "threshold", "seed", "method", "other", "noise")
 """The order a stale note names the inputs in (the controls' order on the pages)."""
 
-STATES = {"running": "recomputing; the result shown is the old one until then.",
-          "failed": "its recompute failed (the message above says why); the result shown is "
-                    "the old one."}
+STATES = {k: ShownRecord.stale_states[k] for k in ("running", "refused", "failed")}
+"""The endings of the stale note (`ShownRecord.stale_states`' words)."""
 
 
 def dictionary_record(page: str, model: str, prompts: Sequence[str], *, method: str,
@@ -60,10 +60,12 @@ def dictionary_words(rec: Provenance) -> str:
     return f"the {n} probing prompt{'s' if n != 1 else ''}{at} ({how})"
 
 
-def stale_state(running: bool, error: str) -> str:
-    """What the page is doing about an outdated result: recomputing, or its recompute
-    failed (else '')."""
-    return STATES["running"] if running else STATES["failed"] if error else ""
+def stale_state(running: bool, error: str, *, refused: bool = False) -> str:
+    """What the page is doing about an outdated result: recomputing, refused the new input
+    before computing (``refused``: its message shows), or its recompute failed (else '')."""
+    if running:
+        return STATES["running"]
+    return STATES["refused"] if refused else STATES["failed"] if error else ""
 
 
 def dictionary_stale_text(shown: Provenance, wanted: Provenance, *, state: str = "",

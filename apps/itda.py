@@ -35,9 +35,10 @@ from apps._paper import paper_panel
 from apps._controls import labelled_controls
 from apps._dictionary_record import (dictionary_record, dictionary_stale_text, dictionary_words,
                                      stale_box, stale_state)
+from apps._page_provenance import recompute_state
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import MODEL, Call, Recipe, Ref, Step
-from apps._session import CancelToken
+from apps._session import CancelToken, Cancelled
 from apps._view import STATIC_TOOLS, Scope, View, serve
 from explorer._checks import InputError
 from explorer.analyses.itda import ITDA, itda_atom_examples, itda_reconstruction, itda_tau_sweep
@@ -142,17 +143,18 @@ def similarity_record(model: str, prompts: Sequence[str], *, method: str, tau: f
 _SIMILARITY_NAMES = {"itda": "ITDA-Jaccard of atom labels", "cka": "linear CKA", "svcca": "SVCCA"}
 
 
-def plot_similarity(sim: xr.Dataset | None,
-                    message: str = "Computing layer similarity…") -> hv.Overlay | hv.Element:
-    """Layer x layer similarity between two models, each layer's best match marked with ×;
-    ``message`` in its place while there is none."""
+def plot_similarity(sim: xr.Dataset | None, message: str = "Computing layer similarity…",
+                    rec: Provenance | None = None) -> hv.Overlay | hv.Element:
+    """Layer x layer similarity between two models, each layer's best match marked with ×,
+    titled with the measure of its record ``rec`` (else of its attrs); ``message`` in its
+    place while there is none."""
     if sim is None:
         return hv.Text(0, 0, message).opts(xaxis=None, yaxis=None, toolbar=None, height=320,
                                            responsive=True)
     la, lb = sim["layer_a"].values, sim["layer_b"].values
     s = sim["similarity"].values
     rows = [(int(b), int(a), float(s[i, j])) for i, a in enumerate(la) for j, b in enumerate(lb)]
-    method = sim.attrs.get("method", "")
+    method = rec.method if rec is not None else sim.attrs.get("method", "")
     heat = hv.HeatMap(rows, ["layer_b", "layer_a"], "similarity").opts(
         cmap=theme.MAGNITUDE_CMAP, colorbar=True, clabel="similarity", tools=["hover"],
         xlabel="layer of the second model", ylabel="layer of the model",
@@ -165,22 +167,27 @@ def plot_similarity(sim: xr.Dataset | None,
 
 
 def similarity_caption(sim: xr.Dataset | None, rec: Provenance | None = None) -> str:
-    """The line under the heatmap: the two models, the measure, the prompts (its record
-    ``rec``: how many, and tau and L0 for ITDA-Jaccard), how often the best match is the same
-    layer."""
+    """The line under the heatmap: the measure, the two models and the prompts, from its
+    record ``rec`` (the second model named, or this one's weight noise; how many prompts, and
+    tau and L0 for ITDA-Jaccard; without one, from the Dataset's attrs), and how often the
+    best match is the same layer."""
     if sim is None:
         return ""
-    method = sim.attrs.get("method", "")
     acc = float(sim["matched"].values.mean())
+    method, a, b = (sim.attrs.get("method", ""), f"`{sim.attrs.get('model_a')}`",
+                    f"`{sim.attrs.get('model_b')}`")
     on = "the probing set"
     if rec is not None:
         r, n = dict(rec.request), len(rec.prompts)
+        method, a = rec.method, f"`{rec.model}`"
+        b = (f"`{r['other']}`" if "other" in r
+             else f"a copy of it with weight noise {float(r['noise']):g}")
         on = f"the {n} probing prompt{'s' if n != 1 else ''}"
         if "tau" in r:
             on += f" (tau {float(r['tau']):.2f}, L0 {int(r['l0'])})"
-    return (f"{_SIMILARITY_NAMES.get(method, method)} of every layer of `{sim.attrs.get('model_a')}` "
-            f"(rows) with every layer of `{sim.attrs.get('model_b')}` (columns) on {on}; "
-            f"× = each row's best match, on the diagonal for {acc:.0%} of the layers.")
+    return (f"{_SIMILARITY_NAMES.get(method, method)} of every layer of {a} (rows) with every "
+            f"layer of {b} (columns) on {on}; × = each row's best match, on the diagonal for "
+            f"{acc:.0%} of the layers.")
 
 
 def atom_examples_html(ex: xr.Dataset | None, acts: xr.Dataset | None, atom: int | None = None,
@@ -291,6 +298,11 @@ class ITDAView(View):
     similarity_shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True,
                                            precedence=-1,
                                            doc="What the layer comparison was computed on.")
+    similarity_running = param.Boolean(default=False, precedence=-1,
+                                       doc="A layer comparison is in flight.")
+    refused = param.Boolean(default=False, precedence=-1,
+                            doc="The page refused its last input before computing (an empty "
+                                "probing set); the message says why.")
 
     notify_title = "ITDA"
     link_params = ("probe_text", "layer", "tau", "l0", "atom", "method", "noise")
@@ -372,31 +384,51 @@ class ITDAView(View):
         if self.shown is None:
             return ""
         return dictionary_stale_text(self.shown, self.requested_provenance(),
-                                     state=stale_state(self.running, self.error))
+                                     state=stale_state(self.running, self.error,
+                                                       refused=self.refused))
+
+    def similarity_state(self) -> str:
+        """What the page is doing about a layer comparison older than the controls: it
+        recomputes (the comparison, or the dictionary it follows), refused the new probing
+        set, its recompute failed, or else the button (`compare`) updates it."""
+        return recompute_state(running=self.similarity_running or (self._comparing and self.running),
+                               refused=self.refused, failed=bool(self.error),
+                               action=self.param.compare.label)
 
     def similarity_stale_note(self) -> str:
-        """The same for the layer comparison (its status line says what it is doing)."""
+        """Empty while the shown layer comparison is of the current controls; else what it
+        was computed on (its record), what changed since and `similarity_state`."""
         if self.similarity_shown is None:
             return ""
         wanted = self._similarity_request(self._run_params(), self._prompts_now())
-        return dictionary_stale_text(self.similarity_shown, wanted)
+        return dictionary_stale_text(self.similarity_shown, wanted, state=self.similarity_state())
 
     # -- computation -------------------------------------------------------------------------
     def _run_params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _RUN_PARAMS + _SIMILARITY_PARAMS}
 
     def _request_run(self, *events: Any) -> None:
-        p = self._run_params()
-        p["atom"] = self.atom
-        self.running = True
         self._started = time.perf_counter()
-        self.submit("run", lambda token: self._compute(p, token))
+        self._submit_run()
 
     def _request_examples(self, *events: Any) -> None:
         if self._itda is None or self.activations is None:
             return
+        self._submit_run()
+
+    def _submit_run(self) -> None:
+        """Compute the dictionary of the current controls; an empty probing set is refused
+        before computing (its message shows, the shown dictionary stays)."""
         p = self._run_params()
         p["atom"] = self.atom
+        try:
+            probe_prompts(p["probe_text"])
+        except InputError as exc:
+            self.cancel("run")
+            self.refused = True
+            self.show_error(exc)
+            return
+        self.param.update(running=True, refused=False)
         self.submit("run", lambda token: self._compute(p, token))
 
     def _request_sweep(self, p: dict[str, Any], acts: xr.Dataset) -> None:
@@ -433,7 +465,19 @@ class ITDAView(View):
         acts, prompts = self.activations, list(self.shown.prompts)
         record = self._similarity_request(p, prompts)
 
-        def job(token: CancelToken) -> xr.Dataset:
+        def job(token: CancelToken) -> tuple[xr.Dataset, float, Provenance]:
+            try:
+                return compare(token)
+            except Cancelled:
+                raise
+            except Exception:
+                self.post(similarity_running=False,
+                          similarity_status="The comparison failed (the message above says "
+                                            "why)." + (" The previous one is still shown."
+                                                       if self.similarity is not None else ""))
+                raise
+
+        def compare(token: CancelToken) -> tuple[xr.Dataset, float, Provenance]:
             started = time.perf_counter()
 
             def step(i: int, what: str) -> None:
@@ -456,6 +500,7 @@ class ITDAView(View):
                 self.cache_put("similarities", sim_key, sim, limit=16)
             return sim, time.perf_counter() - started, record
 
+        self.similarity_running = True
         self.submit("similarity", job)
 
     def _other(self, noise: float) -> explorer.Model:
@@ -566,6 +611,7 @@ class ITDAView(View):
     def _show_similarity(self, out: tuple[xr.Dataset, float, Provenance]) -> None:
         sim, seconds, record = out
         self.param.update(similarity=sim, similarity_status=f"Compared in {seconds:.1f} s.",
+                          similarity_running=False,
                           similarity_shown=dataclasses.replace(record,
                                                                computed_at=computed_at_now()))
 
@@ -598,9 +644,11 @@ class ITDAView(View):
         summary = pn.pane.Markdown(self.param.summary, css_classes=["itda-summary"])
         heading = pn.pane.Markdown(pn.bind(dictionary_heading, self.param.shown),
                                    css_classes=["itda-heading"], sizing_mode="stretch_width")
-        inputs = [self.param[n] for n in ("shown", "running", "error", *_RUN_PARAMS, "atom")]
+        inputs = [self.param[n] for n in ("shown", "running", "error", "refused", *_RUN_PARAMS,
+                                          "atom")]
         stale = stale_box("itda-stale", self.stale_note, inputs)
-        sim_inputs = [self.param[n] for n in ("similarity_shown", "probe_text", "tau", "l0",
+        sim_inputs = [self.param[n] for n in ("similarity_shown", "similarity_running", "running",
+                                              "error", "refused", "probe_text", "tau", "l0",
                                               *_SIMILARITY_PARAMS)]
         sim_stale = stale_box("itda-similarity-stale", self.similarity_stale_note,
                                     sim_inputs)
@@ -613,7 +661,8 @@ class ITDAView(View):
         atoms = pn.pane.HTML(pn.bind(atom_examples_html, self.param.examples, self.param.activations),
                              stylesheets=[_CSS], sizing_mode="stretch_width", css_classes=["itda-atoms"])
         shown = pn.bind(lambda sim: sim is not None, self.param.similarity)
-        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity), visible=shown,
+        heat = pn.pane.HoloViews(pn.bind(plot_similarity, self.param.similarity,
+                                         rec=self.param.similarity_shown), visible=shown,
                                  sizing_mode="stretch_width", css_classes=["itda-similarity"])
         sim_status = pn.pane.Markdown(self.param.similarity_status, styles={"color": "#555"},
                                       sizing_mode="stretch_width", css_classes=["itda-similarity-status"])

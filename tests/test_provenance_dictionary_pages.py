@@ -94,12 +94,14 @@ def test_itda_words_and_stale_note_follow_the_shown_dictionary(tiny_model):
         code = view.code_snippet()                            # the code is of the shown one
         assert "ITDA(tau=0.3, l0=4)" in code and "layer=1" in code and "atoms=[0]" in code
         assert _manifest(view)["provenance"] == json.loads(shown.to_json())
-        # an empty probing set is refused: the old dictionary stays, marked
+        # an empty probing set is refused before computing: the old dictionary stays, marked
         view.probe_text = "   "
-        assert "probing set is empty" in view.error
+        assert "probing set is empty" in view.error and view.refused and not view.running
         note = view.stale_note()
-        assert "the probing prompts, the layer, tau, the atom changed since" in note
-        assert "its recompute failed" in note and view.shown == shown
+        assert note.endswith("the probing prompts, the layer, tau, the atom changed since: the "
+                             "page refused the new input (the message above says why); the "
+                             "result shown is the old one.")
+        assert view.shown == shown
         # the recompute lands: the note goes, the words follow
         view.probe_text = "\n".join(PROBES[:2])
         assert view.stale_note() == "" and not _pane(view, "itda-stale").visible
@@ -144,6 +146,99 @@ def test_itda_layer_comparison_keeps_its_own_record(tiny_model):
         view._request_similarity()                            # the comparison lands
         assert view.similarity_stale_note() == "" and view.similarity_shown.method == "svcca"
         assert similarity_caption(view.similarity, view.similarity_shown).startswith("SVCCA")
+    finally:
+        view.close()
+
+
+def test_itda_layer_comparison_note_says_what_the_page_is_doing(tiny_model, monkeypatch):
+    """The layer comparison's outdated note ends as every page's does, with what the page
+    is doing about the newer controls: recomputing (a comparison held in a worker thread),
+    press the button (a change no watcher heard), refused (an empty probing set), failed (the
+    comparison raised); its caption, heatmap title, code and export stay the shown record's
+    until a comparison lands."""
+    import threading
+
+    import apps.itda as itda
+    from apps._page_provenance import ShownRecord
+
+    states = ShownRecord.stale_states
+    real = itda.layer_similarity
+    view = itda.ITDAView(tiny_model, background=True, probe_text="\n".join(PROBES[:2]), layer=1,
+                         tau=0.3, l0=4, method="cka", noise=0.05).wait(120)
+    try:
+        view.compare = True
+        view.wait(120)
+        shown = view.similarity_shown
+        assert shown.method == "cka" and view.similarity_stale_note() == ""
+        pane = _pane(view, "itda-similarity-stale")
+        assert not pane.visible
+        on = "Shown: computed on the 2 probing prompts (tiny-llama) at "
+
+        def words() -> tuple[str, str, str]:
+            """The caption, the heatmap's title and the exported record's measure."""
+            rec = view.similarity_shown
+            heat = itda.plot_similarity(view.similarity, rec=rec).get(0)
+            return (itda.similarity_caption(view.similarity, rec),
+                    heat.opts.get().kwargs["title"],
+                    _manifest(view)["similarity_provenance"]["method"])
+
+        cka = ("linear CKA of every layer of `tiny-llama` (rows) with every layer of a copy of "
+               "it with weight noise 0.05 (columns) on the 2 probing prompts;")
+        assert words()[0].startswith(cka)
+        # recomputing: the comparison held in its worker
+        gate = threading.Event()
+
+        def held(*args, **kw):
+            assert gate.wait(60)
+            return real(*args, **kw)
+
+        monkeypatch.setattr(itda, "layer_similarity", held)
+        view.method = "svcca"
+        try:
+            note = view.similarity_stale_note()
+            assert note.startswith(on) and note.endswith(
+                "; the similarity measure changed since: " + states["running"])
+            assert view.similarity_shown == shown and words()[0].startswith(cka)
+            assert words()[1:] == ("Layer similarity (linear CKA)", "cka")
+            assert "method='cka'" in view.code_snippet()
+            assert pane.visible and pane.object.startswith("<b>Outdated.</b> " + on)
+        finally:
+            gate.set()
+        view.wait(120)
+        assert view.similarity_stale_note() == "" and not pane.visible
+        assert words()[1:] == ("Layer similarity (SVCCA)", "svcca")
+        # a change no recompute followed: pressing the button updates it
+        with discard_events(view):
+            view.method = "cka"
+        assert view.similarity_stale_note().endswith(
+            "; the similarity measure changed since: press Compare layers with a second model "
+            "to update.")
+        view.compare = True
+        view.wait(120)
+        assert view.similarity_stale_note() == "" and view.similarity_shown.method == "cka"
+        # refused: an empty probing set (the dictionary and the comparison stay, marked)
+        view.probe_text = " \n "
+        view.wait(120)
+        assert view.refused and "probing set is empty" in view.error
+        assert view.similarity_stale_note().endswith(
+            "; the probing prompts changed since: " + states["refused"])
+        assert pane.visible and words()[0].startswith(cka)
+        view.probe_text = "\n".join(PROBES[:2])                 # the same probes again
+        view.wait(120)
+        assert not view.refused and view.similarity_stale_note() == ""
+        # failed: the comparison of a new weight noise raises
+        def broken(*args, **kw):
+            raise RuntimeError("no memory left for the comparison")
+
+        monkeypatch.setattr(itda, "layer_similarity", broken)
+        view.noise = 0.1
+        view.wait(120)
+        assert "no memory left" in view.error and not view.similarity_running
+        assert view.similarity_stale_note().endswith(
+            "; the weight noise changed since: " + states["failed"])
+        assert view.similarity_status.startswith("The comparison failed")
+        assert words()[0].startswith(cka) and view.similarity_shown.method == "cka"
+        assert dict(view.similarity_shown.request) == {"noise": 0.05}
     finally:
         view.close()
 
