@@ -99,6 +99,24 @@ def served_in_process(pages: dict[str, Callable], *, timeout: float = 30,
 
 
 @contextlib.contextmanager
+def served_galleries(model: str, *, slug: str = "", **gallery) -> Iterator[tuple[str, list]]:
+    """Serve `apps.gallery.Gallery` ``(model, **gallery)`` in this process, one per browser
+    session, at ``/<slug>`` (the root by default); yields the page's URL and the list of the
+    sessions' galleries in the order they opened, for tests that read a session's state."""
+    from apps.gallery import Gallery
+
+    sessions: list[Gallery] = []
+
+    def app() -> object:
+        g = Gallery(model, **gallery)
+        sessions.append(g)
+        return g.template()
+
+    with served_in_process({slug or "/": app}) as url:
+        yield (f"{url}/{slug}" if slug else url), sessions
+
+
+@contextlib.contextmanager
 def served_in_subprocess(argv: Sequence[str], port: int, log_path: Path, *,
                          timeout: float = 240, env: dict[str, str] | None = None) -> Iterator[str]:
     """Run ``python argv...`` (a server listening on ``port``); yields its base URL.

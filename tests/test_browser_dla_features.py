@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, plot_ids,
-                      served_in_process, settle_gallery_page, wait_for_text)
+                      served_galleries, settle_gallery_page, wait_for_text)
 
 from explorer.interventions import Ablate
 
@@ -19,20 +19,12 @@ MIN_FRAME = 60
 def served(tiny_model, tmp_path_factory):
     from apps.dla import DLAView
     from apps.features import FeaturesView
-    from apps.gallery import Gallery
 
     views = [("Logit attribution", "dla", DLAView),
              ("Feature dashboards", "features",
               lambda m: FeaturesView(m, corpus_tokens=128, layer=1))]
-    sessions: list[Gallery] = []
-
-    def app():
-        g = Gallery("tiny-llama", views=views, view="dla")
-        sessions.append(g)
-        return g.template()
-
-    with served_in_process({"/": app}) as url:
-        yield url, sessions
+    with served_galleries("tiny-llama", views=views, view="dla") as served:
+        yield served
 
 
 def _open(tab, title):

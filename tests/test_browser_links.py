@@ -15,10 +15,9 @@ import time
 import panel as pn
 import param
 import pytest
-from _browser import ARTIFACTS, served_in_process, wait_for_text
+from _browser import ARTIFACTS, served_galleries, wait_for_text
 
 from apps._view import Scope, View
-from apps.gallery import Gallery
 from apps.lens import LensView
 
 pytestmark = pytest.mark.browser
@@ -75,15 +74,8 @@ VIEWS = [("Logit lens", "lens", LensView), ("Second lens", "lens2", LensView),
 
 @pytest.fixture(scope="module")
 def served(tiny_model):
-    sessions: list[Gallery] = []
-
-    def app():
-        g = Gallery("tiny-llama", views=VIEWS, home=True)
-        sessions.append(g)
-        return g.template()
-
-    with served_in_process({"gallery": app}) as url:
-        yield f"{url}/gallery", sessions
+    with served_galleries("tiny-llama", slug="gallery", views=VIEWS, home=True) as served:
+        yield served
 
 
 def _search(tab) -> str:

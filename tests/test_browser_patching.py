@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, plot_ids,
-                      served_in_process, settle_gallery_page, wait_for_text)
+                      served_galleries, settle_gallery_page, wait_for_text)
 
 pytestmark = pytest.mark.browser
 
@@ -16,20 +16,12 @@ MIN_FRAME = 60
 @pytest.fixture(scope="module")
 def served(tiny_model):
     from apps.dla import DLAView
-    from apps.gallery import Gallery
     from apps.patching import PatchingView
 
     views = [("Logit attribution", "dla", DLAView),
              ("Activation patching", "patching", PatchingView)]
-    sessions: list[Gallery] = []
-
-    def app():
-        g = Gallery("tiny-llama", views=views, view="dla")
-        sessions.append(g)
-        return g.template()
-
-    with served_in_process({"/": app}) as url:
-        yield url, sessions
+    with served_galleries("tiny-llama", views=views, view="dla") as served:
+        yield served
 
 
 def test_page_opens_draws_and_a_cell_click_selects(browser, served):

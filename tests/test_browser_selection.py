@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import panel as pn
 import pytest
-from _browser import ARTIFACTS, served_in_process, wait_for_text
-
-from apps.gallery import Gallery
+from _browser import ARTIFACTS, served_galleries, wait_for_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -26,15 +24,8 @@ class _Blank(pn.viewable.Viewer):
 
 @pytest.fixture(scope="module")
 def served(smollm2):
-    sessions: list[Gallery] = []
-
-    def app():
-        g = Gallery("smollm2-135m", views=[("Blank", "blank", lambda m: _Blank())])
-        sessions.append(g)
-        return g.template()
-
-    with served_in_process({"/": app}) as url:
-        yield url, sessions
+    with served_galleries("smollm2-135m", views=[("Blank", "blank", lambda m: _Blank())]) as served:
+        yield served
 
 
 def _wait(tab, predicate, timeout=20_000):

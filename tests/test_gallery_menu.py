@@ -10,6 +10,7 @@ import json
 import numpy as np
 import panel as pn
 import pytest
+from _browser import wait_until
 
 from apps.gallery import MENU_ACTIONS, VIEWS, Gallery
 from explorer.analyses import user_items
@@ -287,13 +288,7 @@ def test_a_state_with_malformed_items_changes_nothing(gallery):
 
 
 
-def _wait_until(condition, timeout: float = 10.0) -> bool:
-    import time
-
-    deadline = time.time() + timeout
-    while not condition() and time.time() < deadline:
-        time.sleep(0.01)
-    return condition()
+_wait_until = functools.partial(wait_until, timeout=10.0, interval=0.01)
 
 
 def test_the_stop_button_is_live_only_while_the_session_has_background_jobs(gallery):

@@ -6,6 +6,7 @@ slow fake job for the dropping of stale requests.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -13,6 +14,7 @@ import panel as pn
 import param
 import pytest
 import torch
+from _browser import wait_until
 
 import explorer
 from apps.lens import LensView, heatmap_columns, is_preview, plot_lens_heatmap
@@ -308,13 +310,7 @@ def test_the_page_previews_a_drag_in_every_family(family_model):
         view.close()
 
 
-def _until(predicate, timeout=30.0):
-    done = threading.Event()
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return True
-        done.wait(0.02)
-    return predicate()
+_until = functools.partial(wait_until, timeout=30.0, interval=0.02)
 
 
 def test_preview_moves_leave_the_stop_button_alone_and_the_release_lights_it(tiny_model):

@@ -41,6 +41,20 @@ def prompt_calls(monkeypatch):
     return calls
 
 
+def _count_calls(monkeypatch, module, names) -> list[str]:
+    """Wrap each function ``names`` of ``module`` to record its name when called; the list
+    of names in call order."""
+    calls = []
+    for name in names:
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls.append(_name)
+            return _real(*args, **kw)
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def _saturation(model, **params):
     from apps.saturation import SaturationView
 
@@ -190,15 +204,7 @@ def conflict_calls(monkeypatch):
     """Counts the Knowledge conflicts page's model runs: head scores and run 1."""
     from explorer.analyses import conflicts as C
 
-    calls = []
-    for name in ("head_context_memory_scores", "juice_first_run"):
-        real = getattr(C, name)
-
-        def counted(*args, _real=real, _name=name, **kw):
-            calls.append(_name)
-            return _real(*args, **kw)
-        monkeypatch.setattr(C, name, counted)
-    return calls
+    return _count_calls(monkeypatch, C, ("head_context_memory_scores", "juice_first_run"))
 
 
 def _conflicts(model, **params):
@@ -247,15 +253,7 @@ def icl_calls(monkeypatch):
     """Counts the ICL heads page's head scoring runs (induction and FV scores)."""
     from explorer.analyses import icl_heads as ih
 
-    calls = []
-    for name in ("induction_scores", "fv_scores"):
-        real = getattr(ih, name)
-
-        def counted(*args, _real=real, _name=name, **kw):
-            calls.append(_name)
-            return _real(*args, **kw)
-        monkeypatch.setattr(ih, name, counted)
-    return calls
+    return _count_calls(monkeypatch, ih, ("induction_scores", "fv_scores"))
 
 
 def _icl(model, **params):

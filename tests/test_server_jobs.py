@@ -6,12 +6,13 @@ are checked to send heavy jobs through it and light ones past it.
 """
 from __future__ import annotations
 
+import functools
 import threading
-import time
 
 import numpy as np
 import param
 import pytest
+from _browser import wait_until
 
 from apps import _server
 from apps._server import BoundedCache, JobQueue, QueueCancelled, place_text, release_memory
@@ -37,11 +38,7 @@ def _start(queue: JobQueue, name: str, log: list, gate: threading.Event, places:
     return t
 
 
-def _until(predicate, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
+_until = functools.partial(wait_until, timeout=WAIT, interval=0.005)
 
 
 def test_jobs_start_in_arrival_order_within_the_limit():

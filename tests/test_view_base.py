@@ -7,6 +7,7 @@ result and each posted value reaches the page.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import queue
@@ -18,6 +19,7 @@ from pathlib import Path
 import panel as pn
 import param
 import pytest
+from _browser import wait_until
 from bokeh.document import Document
 from panel.io.state import set_curdoc
 
@@ -102,13 +104,7 @@ class Page(View):
         return pn.Column(pn.pane.Markdown(self.param.status), pn.pane.Markdown(self.param.error))
 
 
-def _wait_until(predicate, timeout=5.0):
-    deadline = time.time() + timeout
-    while not predicate():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+_wait_until = functools.partial(wait_until, timeout=5.0, interval=0.01)
 
 
 def test_results_and_posts_reach_the_page_on_the_documents_tick_not_the_worker(loop_doc):
