@@ -67,12 +67,51 @@ def _as_matrix(name: str, x: Any) -> np.ndarray:
     return arr
 
 
-def _check_pair(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    x, y = _as_matrix("x", x), _as_matrix("y", y)
+def _check_same_rows(x: np.ndarray, y: np.ndarray) -> None:
     if x.shape[0] != y.shape[0]:
         raise InputError(f"`x` and `y` must have the same tokens (rows); got {x.shape[0]} and "
                          f"{y.shape[0]}.")
+
+
+def _check_pair(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    x, y = _as_matrix("x", x), _as_matrix("y", y)
+    _check_same_rows(x, y)
     return x, y
+
+
+def _check_svcca_options(variance_kept: float, n_components: int | None) -> None:
+    check_float("variance_kept", variance_kept, low=1e-6, high=1.0)
+    if n_components is not None:
+        check_int("n_components", n_components, low=1)
+
+
+# Each measure in two steps: what depends on one representation alone (done once per matrix
+# when a layer is compared with many), then the pair's score from the two.
+
+def _cka_part(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """The column-centred x and ``||Xc^T Xc||_F``."""
+    xc = x - x.mean(0)
+    return xc, float(np.linalg.norm(xc.T @ xc))
+
+
+def _cka_of_parts(px: tuple[np.ndarray, float], py: tuple[np.ndarray, float]) -> float:
+    (xc, norm_x), (yc, norm_y) = px, py
+    if norm_x == 0 or norm_y == 0:
+        return float("nan")
+    # feature-space form: d x d products, cheaper than n x n Gram matrices for many tokens
+    return float(np.linalg.norm(yc.T @ xc) ** 2 / (norm_x * norm_y))
+
+
+def _svcca_part(x: np.ndarray, variance_kept: float, n_components: int | None) -> np.ndarray:
+    """Orthonormal basis [n, k] of the centred x's kept singular directions."""
+    return _top_directions(x - x.mean(0), variance_kept, n_components)
+
+
+def _correlations_of_parts(ux: np.ndarray, uy: np.ndarray) -> np.ndarray:
+    """The canonical correlations of two orthonormal bases, largest first."""
+    if ux.shape[1] == 0 or uy.shape[1] == 0:
+        return np.zeros(0)
+    return np.clip(np.linalg.svd(ux.T @ uy, compute_uv=False), 0.0, 1.0)
 
 
 def linear_cka(x: Any, y: Any) -> float:
@@ -105,15 +144,7 @@ def linear_cka(x: Any, y: Any) -> float:
     1.0
     """
     x, y = _check_pair(x, y)
-    x = x - x.mean(0)
-    y = y - y.mean(0)
-    # feature-space form: d x d products, cheaper than n x n Gram matrices for many tokens
-    cross = np.linalg.norm(y.T @ x) ** 2
-    norm_x = np.linalg.norm(x.T @ x)
-    norm_y = np.linalg.norm(y.T @ y)
-    if norm_x == 0 or norm_y == 0:
-        return float("nan")
-    return float(cross / (norm_x * norm_y))
+    return _cka_of_parts(_cka_part(x), _cka_part(y))
 
 
 def _top_directions(x: np.ndarray, variance_kept: float, n_components: int | None) -> np.ndarray:
@@ -140,26 +171,6 @@ def canonical_correlations(x: Any, y: Any, *, variance_kept: float = 0.99,
     correlations are the singular values of ``Ux^T Uy`` for the orthonormal bases Ux, Uy
     (Björck & Golub's QR/SVD form of CCA).
 
-    Returns
-    -------
-    numpy.ndarray, shape (min(kx, ky),)
-        Sorted from largest to smallest, each in [0, 1].
-    """
-    x, y = _check_pair(x, y)
-    check_float("variance_kept", variance_kept, low=1e-6, high=1.0)
-    if n_components is not None:
-        check_int("n_components", n_components, low=1)
-    ux = _top_directions(x - x.mean(0), variance_kept, n_components)
-    uy = _top_directions(y - y.mean(0), variance_kept, n_components)
-    if ux.shape[1] == 0 or uy.shape[1] == 0:
-        return np.zeros(0)
-    rho = np.linalg.svd(ux.T @ uy, compute_uv=False)
-    return np.clip(rho, 0.0, 1.0)
-
-
-def svcca(x: Any, y: Any, *, variance_kept: float = 0.99, n_components: int | None = None) -> float:
-    """SVCCA similarity: the mean canonical correlation after an SVD reduction.
-
     Parameters
     ----------
     x : array-like, shape (n, d1)
@@ -172,8 +183,21 @@ def svcca(x: Any, y: Any, *, variance_kept: float = 0.99, n_components: int | No
 
     Returns
     -------
-    float
-        In [0, 1]; NaN when either representation is constant.
+    numpy.ndarray, shape (min(kx, ky),)
+        Sorted from largest to smallest, each in [0, 1].
+    """
+    x, y = _check_pair(x, y)
+    _check_svcca_options(variance_kept, n_components)
+    return _correlations_of_parts(_svcca_part(x, variance_kept, n_components),
+                                  _svcca_part(y, variance_kept, n_components))
+
+
+def svcca(x: Any, y: Any, *, variance_kept: float = 0.99, n_components: int | None = None) -> float:
+    """SVCCA similarity: the mean canonical correlation after an SVD reduction.
+
+    The arguments are those of `canonical_correlations`; the result is the mean of its
+    correlations, in [0, 1], or NaN when either representation keeps no direction (a
+    constant one).
 
     References
     ----------
@@ -248,35 +272,24 @@ class _PreparedMeasure:
     def prepare(self, x: np.ndarray) -> Any:
         key = id(x)
         if key not in self._prepared:
-            xc = _as_matrix("x", x)
-            xc = xc - xc.mean(0)
-            if self.method == "cka":
-                self._prepared[key] = (xc, np.linalg.norm(xc.T @ xc))
-            else:
-                self._prepared[key] = _top_directions(xc, self.variance_kept, self.n_components)
-            self._prepared[key] = (x, self._prepared[key])   # keep x alive so its id stays unique
+            arr = _as_matrix("x", x)
+            part = (_cka_part(arr) if self.method == "cka"
+                    else _svcca_part(arr, self.variance_kept, self.n_components))
+            self._prepared[key] = (x, part)   # keep x alive so its id stays unique
         return self._prepared[key][1]
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> float:
-        if x.shape[0] != y.shape[0]:
-            raise InputError(f"`x` and `y` must have the same tokens (rows); got {x.shape[0]} and "
-                             f"{y.shape[0]}.")
+        _check_same_rows(x, y)
         px, py = self.prepare(x), self.prepare(y)
         if self.method == "cka":
-            (xc, nx), (yc, ny) = px, py
-            if nx == 0 or ny == 0:
-                return float("nan")
-            return float(np.linalg.norm(yc.T @ xc) ** 2 / (nx * ny))
-        if px.shape[1] == 0 or py.shape[1] == 0:
-            return float("nan")
-        return float(np.clip(np.linalg.svd(px.T @ py, compute_uv=False), 0.0, 1.0).mean())
+            return _cka_of_parts(px, py)
+        rho = _correlations_of_parts(px, py)
+        return float(rho.mean()) if rho.size else float("nan")
 
 
 def _matrix_measure(method: str, *, variance_kept: float, n_components: int | None
                     ) -> Callable[[np.ndarray, np.ndarray], float]:
-    check_float("variance_kept", variance_kept, low=1e-6, high=1.0)
-    if n_components is not None:
-        check_int("n_components", n_components, low=1)
+    _check_svcca_options(variance_kept, n_components)
     return _PreparedMeasure(method, variance_kept=variance_kept, n_components=n_components)
 
 
