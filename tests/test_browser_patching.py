@@ -5,7 +5,7 @@ position in the workspace."""
 from __future__ import annotations
 
 import pytest
-from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, plot_ids,
+from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, open_page, plot_ids,
                       served_galleries, settle_gallery_page, wait_for_text)
 
 pytestmark = pytest.mark.browser
@@ -26,9 +26,8 @@ def served(tiny_model):
 
 def test_page_opens_draws_and_a_cell_click_selects(browser, served):
     url, sessions = served
-    tab = browser.new_page(viewport={"width": 1280, "height": 1000})
-    tab.goto(url, timeout=180_000)
-    tab.wait_for_selector(".dla-clean", timeout=180_000)
+    tab, _ = open_page(browser, url, viewport={"width": 1280, "height": 1000}, timeout=180,
+                       ready=".dla-clean")
     assert settle_gallery_page(tab, timeout=240)
     ws = sessions[-1].workspace
     before = plot_ids(tab)
