@@ -72,14 +72,23 @@ def tau_caption(h: dict[str, Any] | None) -> str:
             f"layers shuffled per position.")
 
 
+def _part_summary(ds: xr.Dataset | None, part: str) -> dict[str, Any] | None:
+    """The JSON summary the analysis stores beside its ``part`` ("probe" or "early_exit"),
+    or None where the result has no such part (too few positions, no sampled positions)."""
+    name = f"{part}_summary"
+    if ds is None or name not in ds:
+        return None
+    return json.loads(str(ds[name].values))
+
+
 def plot_probe_accuracy(ds: xr.Dataset) -> hv.Element:
     """Balanced accuracy per layer of the task probe, the random-feature control and chance."""
-    if "probe_layer_accuracy" not in ds:
+    info = _part_summary(ds, "probe")
+    if info is None:
         why = ds.attrs.get("probe_error", "too few positions")
         return hv.Text(0, 0, f"no probe: {why[:80]}").opts(
             title="Task probe", xaxis=None, yaxis=None, responsive=True,
             min_height=theme.SIZES["plot_min_height"])
-    info = json.loads(str(ds.probe_summary.values))
     layers = ds.layer.values
     cat = theme.CMAPS["categorical"]
     probe = hv.Curve((layers, ds.probe_layer_accuracy.values), "layer", "balanced accuracy",
@@ -95,9 +104,9 @@ def plot_probe_accuracy(ds: xr.Dataset) -> hv.Element:
 
 def probe_caption(ds: xr.Dataset | None) -> str:
     """The probe's numbers, under its plot."""
-    if ds is None or "probe_layer_accuracy" not in ds:
+    info = _part_summary(ds, "probe")
+    if info is None:
         return ""
-    info = json.loads(str(ds.probe_summary.values))
     return (f"A linear probe reads from each layer's residual how many leading ranks are "
             f"already decided (classes 0-{len(info['classes']) - 1}): balanced accuracy "
             f"{info['balanced_accuracy']:.2f} overall against {info['control_balanced_accuracy']:.2f} "
@@ -121,13 +130,13 @@ def pareto_markers(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
 def plot_pareto(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
                 against: str = "full model") -> hv.Element:
     """Early exit: accuracy vs speed-up of the two baselines over theta, the probe and oracle."""
-    if "margin_speedup" not in ds:
+    info = _part_summary(ds, "early_exit")
+    if info is None:
         return hv.Text(0, 0, "no early-exit result").opts(
             title="Early exit", xaxis=None, yaxis=None, responsive=True,
             min_height=theme.SIZES["plot_min_height"])
     suffix = "" if against == "full model" else "_true"
     key = "accuracy" if against == "full model" else "accuracy_true"
-    info = json.loads(str(ds.early_exit_summary.values))
     cat = theme.CMAPS["categorical"]
     ylabel = f"accuracy vs {against}"
     m = hv.Curve((ds.margin_speedup.values, ds[f"margin_accuracy{suffix}"].values), "speed-up",
@@ -152,9 +161,9 @@ def plot_pareto(ds: xr.Dataset, theta_margin: float, theta_cosine: float, *,
 
 def pareto_caption(ds: xr.Dataset | None) -> str:
     """How to read the early-exit plot, under it."""
-    if ds is None or "margin_speedup" not in ds:
+    info = _part_summary(ds, "early_exit")
+    if info is None:
         return ""
-    info = json.loads(str(ds.early_exit_summary.values))
     return (f"Over {info['n_positions']} positions: accuracy of exiting early against the "
             f"speed-up (layers saved), for the two threshold rules as θ varies (the dots: the "
             f"θ sliders), the probe's exit and the oracle that exits at the true s_1.")
