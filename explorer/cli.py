@@ -47,6 +47,7 @@ from .commands._common import (
     add_serve_options,
     load_cli_model,
     load_edits,
+    parse_command_line,
     parse_int_list,
     print_json,
     read_prompts,
@@ -659,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved_cache = os.environ.get(_CACHE_ENV_VAR)
     try:
         try:
-            args = parser.parse_args(argv)
+            args = parse_command_line(parser, argv)  # keeps argv for --paper
         except SystemExit as done:  # --help, --version
             return done.code if isinstance(done.code, int) else 0
         debug = args.debug

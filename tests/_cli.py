@@ -36,8 +36,11 @@ class OneCommand:
 def parse_and_run(module: str, argv: Sequence[str]) -> Any:
     """Parse ``argv`` with a parser that holds only the subcommands of
     ``explorer.commands.<module>`` (its `register_cli`) and run the handler they pick;
-    what the handler returns."""
+    what the handler returns. ``argv`` is parsed as `explorer.cli.main` parses it (the line
+    kept for ``--paper``)."""
+    from explorer.commands._common import parse_command_line
+
     parser = argparse.ArgumentParser()
     importlib.import_module(f"explorer.commands.{module}").register_cli(parser.add_subparsers())
-    args = parser.parse_args(list(argv))
+    args = parse_command_line(parser, argv)
     return args.func(args)

@@ -140,11 +140,14 @@ def test_every_method_page_has_the_button_and_the_card():
 # -- commands ---------------------------------------------------------------------------------
 
 def _parsed(module: str, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed as `explorer.cli.main` parses it (the line kept for ``--paper``)."""
     import importlib
+
+    from explorer.commands._common import parse_command_line
 
     parser = argparse.ArgumentParser()
     importlib.import_module(f"explorer.commands.{module}").register_cli(parser.add_subparsers())
-    return parser.parse_args(argv)
+    return parse_command_line(parser, argv)
 
 
 def test_paper_flag_sets_the_papers_values_and_keeps_what_the_user_set(capsys):
@@ -197,6 +200,32 @@ def test_task_emergence_setting_flags_reach_the_training_run(monkeypatch, capsys
         parse_and_run("task_emergence", ["task-emergence", "train", "--n-examples", "6",
                                          "--coef-mean", "0.5"])
     assert (seen["n_examples"], seen["coef_mean"], seen["d"]) == (6, 0.5, te.DEFAULTS["d"])
+
+
+def test_main_keeps_the_line_for_paper_with_options_before_the_command(monkeypatch, capsys,
+                                                                     tmp_path):
+    """Through `explorer.cli.main`: an option given its default's value after the command
+    keeps it under ``--paper``, with global options before the command, one of whose values
+    spells the command's name."""
+    from explorer.analyses import task_emergence as te
+
+    seen = {}
+
+    def fake_run(*, store=None, retrain=False, progress=None, **params):
+        seen.update(params)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(te, "task_emergence_run", fake_run)
+    monkeypatch.chdir(tmp_path)                      # the cache folder "task-emergence"
+    main = OneCommand("task_emergence", monkeypatch, capsys)
+    assert (te.DEFAULTS["n_examples"], P.flag_values("task-emergence")["n_examples"]) == (4, 20)
+    with pytest.raises(SystemExit):
+        main(["--cache", "task-emergence", "--threads", "1", "task-emergence", "train",
+              "--paper", "--n-examples", "4", "--steps", "10"])
+    assert (seen["n_examples"], seen["steps"]) == (4, 10)             # given on the line
+    assert (seen["d"], seen["rank"], seen["n_layers"]) == (16, 4, 12)  # the paper's
+    err = capsys.readouterr().err
+    assert "d=16" in err and "n_examples" not in err
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Flags, parsing and printing shared by the ``explorer`` commands.
 
-`add_command` (a subcommand with ``--model``, ``--json`` and ``--paper``), `add_model_option` / `load_cli_model` (``--model`` and ``--remote``), `add_scheduler_option`,
+`add_command` (a subcommand with ``--model``, ``--json`` and ``--paper``), `parse_command_line`
+(the parse that keeps the line for ``--paper``), `add_model_option` / `load_cli_model` (``--model`` and ``--remote``), `add_scheduler_option`,
 `read_prompts`, `load_edits`, `parse_int_list`, `print_json` (the one JSON printer: NaN
 becomes null, numpy values become plain ones) and `torch_threads` (the thread count the CLI's
 ``--threads`` sets for a command, restored afterwards). Imported by `explorer.cli` and the
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from explorer._checks import InputError
+from explorer._checks import ExplorerError, InputError
 from explorer.defaults import DEFAULT_MODEL
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "load_cli_model",
     "add_scheduler_option",
     "parse_int_list",
+    "parse_command_line",
     "read_prompts",
     "load_edits",
     "print_json",
@@ -72,7 +74,7 @@ def add_command(subparsers: Any, name: str, func: Callable[[argparse.Namespace],
     parser.add_argument("--json", action="store_true", help=json_help)
     run = func
     if paper is not None:
-        add_paper_option(parser, paper)
+        add_paper_option(parser, paper, command=name)
 
         @functools.wraps(func)
         def run(args: argparse.Namespace) -> int | None:
@@ -368,14 +370,10 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def add_paper_option(parser: argparse.ArgumentParser, method: str) -> None:
-    """Add ``--paper``: set every option the paper's setting names to the paper's value
-    (`explorer.paper_settings.PAPER_SETTINGS`); an option given on the same line keeps its
-    value, the default's value included.
-
-    To tell a given option from a default, ``parser`` keeps the arguments it parsed on the
-    result (``_paper_argv``), and `apply_paper_option` parses them again with no defaults.
-    """
+def add_paper_option(parser: argparse.ArgumentParser, method: str, *, command: str) -> None:
+    """Add ``--paper`` to ``command``'s ``parser``: set every option the paper's setting names
+    to the paper's value (`explorer.paper_settings.PAPER_SETTINGS`); an option given on the
+    same line keeps its value, the default's value included (`apply_paper_option`)."""
     from explorer.paper_settings import flag_values, paper_setting
 
     setting = paper_setting(method)
@@ -384,44 +382,59 @@ def add_paper_option(parser: argparse.ArgumentParser, method: str) -> None:
     parser.add_argument("--paper", action="store_true",
                         help=f"the paper's setting ({setting.paper}; read from {setting.code}): "
                              f"{values} (an option given on the line keeps its value)")
-    parser.set_defaults(_paper_parser=parser)
-    parse = parser.parse_known_args
+    parser.set_defaults(_paper_parser=parser, _paper_command=command)
 
-    def parse_known_args(args=None, namespace=None):
-        """``parser``'s own parse, keeping the arguments it read on the result."""
-        done, rest = parse(args, namespace)
-        done._paper_argv = list(sys.argv[1:] if args is None else args)
-        return done, rest
 
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` with ``argv`` kept on the result (``args.argv``): the
+    ``--paper`` step parses it again to tell the options given on the line from defaults."""
+    args = parser.parse_args(list(argv))
+    args.argv = list(argv)
+    return args
 
 
 _UNSET = object()
 
 
-def _given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str] | None:
-    """The destinations of the options ``argv`` gives (None if it does not parse again)."""
-    probe = argparse.Namespace(**{a.dest: _UNSET for a in parser._actions
-                                  if a.dest != argparse.SUPPRESS})
-    try:
-        argparse.ArgumentParser.parse_known_args(parser, list(argv), probe)
-    except SystemExit:
-        return None
-    return {dest for dest, value in vars(probe).items() if value is not _UNSET}
+def _given_options(parser: argparse.ArgumentParser, command: str,
+                   argv: Sequence[str]) -> set[str] | None:
+    """The destinations of the options that ``argv`` (a whole command line) gives
+    ``command``, whose parser is ``parser``: the arguments after the command's name, parsed
+    again with no defaults. None if ``argv`` does not name the command or does not parse.
+
+    The command's arguments follow its name's first place on the line that leaves them
+    parsing: a value of an option before the command (``--cache DIR``) may spell its name.
+    """
+    argv = list(argv)
+    dests = [*(a.dest for a in parser._actions if a.dest != argparse.SUPPRESS),
+             *parser._defaults]
+    for at in (i for i, arg in enumerate(argv) if arg == command):
+        probe = argparse.Namespace(**dict.fromkeys(dests, _UNSET))
+        try:      # a dest already on the namespace gets no default
+            parser.parse_known_args(argv[at + 1:], probe)
+        except (SystemExit, ExplorerError):
+            continue
+        return {dest for dest, value in vars(probe).items() if value is not _UNSET}
+    return None
 
 
 def apply_paper_option(args: argparse.Namespace, method: str) -> None:
     """With ``--paper``, set the paper's values on ``args`` and say so on stderr (stdout
-    stays the result, JSON included)."""
+    stays the result, JSON included).
+
+    An option given on the line keeps its value: where ``args`` carries the line
+    (`parse_command_line`), the command's arguments parsed again with no defaults name the
+    options given; otherwise an option counts as given where its value is not its default's.
+    """
     if not getattr(args, "paper", False):
         return
     from explorer.paper_settings import apply_paper_flags, paper_setting
 
     parser = getattr(args, "_paper_parser", None)
-    argv = getattr(args, "_paper_argv", None)
-    kept = (_given_options(parser, argv) if parser is not None and argv is not None
-            else None)
-    if kept is None:       # arguments not kept: an option other than its default was given
+    argv = getattr(args, "argv", None)             # kept by `parse_command_line`
+    kept = (_given_options(parser, args._paper_command, argv)
+            if parser is not None and argv is not None else None)
+    if kept is None:       # the line not kept: an option other than its default was given
         kept = {flag for flag in vars(args)
                 if parser is not None and getattr(args, flag) != parser.get_default(flag)}
     done = apply_paper_flags(args, method, keep=kept)
