@@ -304,6 +304,30 @@ def _itda_label_sets(mats: Sequence[np.ndarray], labels: np.ndarray, *, tau: flo
     return sets
 
 
+def _layer_representations(method: str, mats: Mapping[str, Sequence[np.ndarray]],
+                           labels: np.ndarray, *, tau: float, l0: int, batch_size: int,
+                           variance_kept: float, n_components: int | None
+                           ) -> tuple[Mapping[str, Sequence[Any]], Callable[[Any, Any], float]]:
+    """Per model, what ``method`` compares of each layer (the ITDA dictionary's atom labels,
+    or the activation matrix itself), and the score of two layers' (symmetric in its two
+    arguments for every method)."""
+    if method == "itda":
+        sets = {name: _itda_label_sets(m, labels, tau=tau, l0=l0, batch_size=batch_size)
+                for name, m in mats.items()}
+        return sets, jaccard_index
+    return mats, _matrix_measure(method, variance_kept=variance_kept, n_components=n_components)
+
+
+def _layer_by_layer(score: Callable[[Any, Any], float], layers_a: Sequence[Any],
+                    layers_b: Sequence[Any]) -> np.ndarray:
+    """[layer_a, layer_b] matrix of ``score`` between every layer of a and every layer of b."""
+    sim = np.zeros((len(layers_a), len(layers_b)))
+    for i, xa in enumerate(layers_a):
+        for j, xb in enumerate(layers_b):
+            sim[i, j] = score(xa, xb)
+    return sim
+
+
 def _model_name(ds: xr.Dataset, default: str) -> str:
     return str(ds.attrs.get("model", default))
 
@@ -345,18 +369,10 @@ def layer_similarity(activations_a: xr.Dataset, activations_b: xr.Dataset, *,
     _same_tokens(activations_a, activations_b)
     layers_a, mats_a, labels = _layer_matrices(activations_a, site, "activations_a", min_pos)
     layers_b, mats_b, _ = _layer_matrices(activations_b, site, "activations_b", min_pos)
-    sim = np.zeros((len(layers_a), len(layers_b)))
-    if method == "itda":
-        sets_a = _itda_label_sets(mats_a, labels, tau=tau, l0=l0, batch_size=batch_size)
-        sets_b = _itda_label_sets(mats_b, labels, tau=tau, l0=l0, batch_size=batch_size)
-        for i, sa in enumerate(sets_a):
-            for j, sb in enumerate(sets_b):
-                sim[i, j] = jaccard_index(sa, sb)
-    else:
-        measure = _matrix_measure(method, variance_kept=variance_kept, n_components=n_components)
-        for i, xa in enumerate(mats_a):
-            for j, xb in enumerate(mats_b):
-                sim[i, j] = measure(xa, xb)
+    reps, score = _layer_representations(method, {"a": mats_a, "b": mats_b}, labels, tau=tau,
+                                         l0=l0, batch_size=batch_size,
+                                         variance_kept=variance_kept, n_components=n_components)
+    sim = _layer_by_layer(score, reps["a"], reps["b"])
     matched = np.array([layers_b[int(np.nanargmax(row))] if np.isfinite(row).any() else -1
                         for row in sim])
     return xr.Dataset(
@@ -445,28 +461,17 @@ def layer_matching(activations: Mapping[str, xr.Dataset], *,
     total = len(methods) * len(pairs)
     done = 0
     for k, method in enumerate(methods):
-        if method == "itda":
-            sets = {name: _itda_label_sets(mats[name], labels, tau=tau, l0=l0, batch_size=batch_size)
-                    for name in names}
-            for a, b in pairs:
-                for i in range(n_layers):
-                    for j in range(n_layers):
-                        sim[k, a, b, i, j] = jaccard_index(sets[names[a]][i], sets[names[b]][j])
-                done += 1
-                if progress:
-                    progress(done, total)
-        else:
-            measure = _matrix_measure(method, variance_kept=variance_kept, n_components=n_components)
-            for a, b in pairs:
-                if b < a:  # both measures are symmetric: reuse the transpose
-                    sim[k, a, b] = sim[k, b, a].T
-                else:
-                    for i in range(n_layers):
-                        for j in range(n_layers):
-                            sim[k, a, b, i, j] = measure(mats[names[a]][i], mats[names[b]][j])
-                done += 1
-                if progress:
-                    progress(done, total)
+        reps, score = _layer_representations(method, mats, labels, tau=tau, l0=l0,
+                                             batch_size=batch_size, variance_kept=variance_kept,
+                                             n_components=n_components)
+        for a, b in pairs:
+            if b < a:  # every measure is symmetric: reuse the transpose
+                sim[k, a, b] = sim[k, b, a].T
+            else:
+                sim[k, a, b] = _layer_by_layer(score, reps[names[a]], reps[names[b]])
+            done += 1
+            if progress:
+                progress(done, total)
     acc = [layer_matching_accuracy(np.stack([sim[k, a, b] for a, b in pairs]))
            for k in range(len(methods))]
     return xr.Dataset(
