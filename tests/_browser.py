@@ -241,6 +241,16 @@ def open_page(browser, url: str, *, viewport: dict | None = None, timeout: float
     return page, errors
 
 
+def open_gallery(browser, served: tuple[str, list], *, ready: str, timeout: float = 180):
+    """A tab on the gallery `served_galleries` serves, once ``ready`` is attached and the
+    page has settled; returns (tab, that tab's session `Gallery`)."""
+    url, sessions = served
+    tab, _ = open_page(browser, url, viewport={"width": 1280, "height": 1000}, timeout=timeout,
+                       ready=ready)
+    assert settle_gallery_page(tab, timeout=240)
+    return tab, sessions[-1]
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 60.0, what: str = "",
                interval: float = 0.1) -> object:
     """``predicate()``'s first truthy value, polled in this thread (the server's state, read

@@ -5,7 +5,7 @@ contexts and steers the workspace."""
 from __future__ import annotations
 
 import pytest
-from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, open_page, plot_ids,
+from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, open_gallery, plot_ids,
                       served_galleries, settle_gallery_page, wait_for_text)
 
 from explorer.interventions import Ablate
@@ -44,12 +44,8 @@ def _sizes_and_ink(tab):
 
 
 def test_both_pages_open_draw_and_a_cell_click_selects(browser, served):
-    url, sessions = served
-    tab, _ = open_page(browser, url, viewport={"width": 1280, "height": 1000}, timeout=180,
-                       ready=".dla-clean")
-    assert settle_gallery_page(tab, timeout=240)
-    ws = sessions[-1].workspace
-    g = sessions[-1]
+    tab, g = open_gallery(browser, served, ready=".dla-clean")
+    ws = g.workspace
     _sizes_and_ink(tab)
     wait_for_text(tab, ".dla-caption", r"Clean logit difference", timeout=60)
     n_layers, n_cols = 3, 5                           # tiny-llama: 4 heads + the MLP column

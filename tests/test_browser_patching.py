@@ -5,7 +5,7 @@ position in the workspace."""
 from __future__ import annotations
 
 import pytest
-from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, open_page, plot_ids,
+from _browser import (ARTIFACTS, FRAME_IN_PANE, gallery_page_state, open_gallery, plot_ids,
                       served_galleries, settle_gallery_page, wait_for_text)
 
 pytestmark = pytest.mark.browser
@@ -25,11 +25,8 @@ def served(tiny_model):
 
 
 def test_page_opens_draws_and_a_cell_click_selects(browser, served):
-    url, sessions = served
-    tab, _ = open_page(browser, url, viewport={"width": 1280, "height": 1000}, timeout=180,
-                       ready=".dla-clean")
-    assert settle_gallery_page(tab, timeout=240)
-    ws = sessions[-1].workspace
+    tab, g = open_gallery(browser, served, ready=".dla-clean")
+    ws = g.workspace
     before = plot_ids(tab)
     tab.locator(".bk-btn-group button", has_text="Activation patching").first.click()
     tab.wait_for_selector(".patching-strip .pos-token", timeout=120_000)
