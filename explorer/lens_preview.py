@@ -60,7 +60,8 @@ from .lens import PREVIEW_SAMPLE, _preview_vocab, _token_strings
 from .models import Model, _get_path
 from .trace import CleanRun
 
-__all__ = ["steered_lens_preview", "steered_resid_post", "preview_forward_reason", "Gemm",
+__all__ = ["steered_lens_preview", "steered_resid_post", "preview_forward_reason",
+           "forward_model_reason", "head_edited_forward", "ZEdit", "Gemm",
            "gemm_choices", "choose_backend", "decide_backend", "preview_backend", "preview_threads",
            "PRECISIONS",
            "PREVIEW_MARGIN", "PREVIEW_THREADS"]
@@ -244,6 +245,22 @@ def gemm_choices() -> list[dict[str, Any]]:
 
 def preview_forward_reason(model: Model, edits: Sequence[Edit] = ()) -> str | None:
     """Why `steered_resid_post` cannot run ``edits`` on ``model`` (None: it can)."""
+    reason = forward_model_reason(model)
+    if reason is not None:
+        return reason
+    if not edits:
+        return "no edit to preview"
+    for e in edits:
+        if not isinstance(e, Steer) or e.positions is not None or e.prompts is not None:
+            return "the preview forward applies steer edits at every position only"
+        if e.layer >= model.n_layers - 1:
+            return "a steer at the last layer reads no residual the clean run keeps"
+    return None
+
+
+def forward_model_reason(model: Model) -> str | None:
+    """Why the plain-torch forward (`steered_resid_post`, `head_edited_forward`) cannot run
+    ``model``'s blocks (None: it can)."""
     if model.remote:
         return "a remote model runs its lens inside its trace"
     if model.spec.family != "llama" or model.arch.qkv_layout != "separate" \
@@ -259,13 +276,6 @@ def preview_forward_reason(model: Model, edits: Sequence[Edit] = ()) -> str | No
     w = model.unembed_module.weight
     if w.device.type != "cpu" or w.dtype != torch.float32:
         return "the preview forward runs float32 weights on the CPU"
-    if not edits:
-        return "no edit to preview"
-    for e in edits:
-        if not isinstance(e, Steer) or e.positions is not None or e.prompts is not None:
-            return "the preview forward applies steer edits at every position only"
-        if e.layer >= model.n_layers - 1:
-            return "a steer at the last layer reads no residual the clean run keeps"
     return None
 
 
@@ -403,22 +413,40 @@ def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit], backe
                      ) -> tuple[torch.Tensor, _Blocks]:
     """`steered_resid_post` on ``backend``, with the model's `_Blocks`."""
     _check_forward(model, clean, edits)
-    spec = model.spec
     b = _blocks(model)
-    H, G, dh = spec.n_heads, spec.n_kv_heads, spec.d_head
     steer: dict[int, torch.Tensor] = {}
     for e in edits:
         v = torch.as_tensor(np.asarray(e.vector, dtype=np.float32)) * float(e.alpha)
         steer[e.layer] = steer[e.layer] + v if e.layer in steer else v
     start = min(steer)
     x = clean.resid_pre[start + 1][0].float() + steer[start]                 # [pos, d_model]
+    outs = [x]
+    _run_layers(model, b, clean, x, start + 1, backend, steer=steer, outs=outs)
+    return torch.stack(outs), b                                             # [layer, pos, d]
+
+
+ZEdit = Callable[[int, torch.Tensor], torch.Tensor]
+"""``z_edit(layer, z)``: the head outputs z [pos, n_heads * d_head] (before ``o_proj``) that
+layer ``layer`` goes on with, given the ones it computed."""
+
+
+def _run_layers(model: Model, b: _Blocks, clean: CleanRun, x: torch.Tensor, first: int,
+                backend: str, *, steer: dict[int, torch.Tensor] | None = None,
+                z_edit: ZEdit | None = None, outs: list[torch.Tensor] | None = None
+                ) -> torch.Tensor:
+    """Layers ``first`` .. last on the residual ``x`` [pos, d_model] (one prompt, the last
+    ``pos`` positions of ``clean``'s batch): ``steer[layer]`` added after a layer,
+    ``z_edit`` applied to each layer's head outputs; each layer's output appended to
+    ``outs``. Returns the last layer's output."""
+    spec = model.spec
+    H, G, dh = spec.n_heads, spec.n_kv_heads, spec.d_head
+    steer = steer or {}
     p = x.shape[0]
     positions = clean.batch.position_ids[:, -p:]
-    outs = [x]
     with torch.no_grad(), _blas_limit(backend):
         cos, sin = b.rotary_tables(x, positions)                            # [1, pos, d_head]
         masks: dict[int | None, torch.Tensor | None] = {None: None}
-        for layer in range(start + 1, spec.n_layers):
+        for layer in range(first, spec.n_layers):
             window = b.windows[layer] if b.windows[layer] and b.windows[layer] < p else None
             if window not in masks:
                 i = torch.arange(p)
@@ -435,14 +463,47 @@ def _steered_forward(model: Model, clean: CleanRun, edits: Sequence[Edit], backe
             mask = masks[window]
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                scale=b.scaling[layer])       # [head, pos, dh]
-            x = x + b.o[layer](z.transpose(0, 1).reshape(p, H * dh), backend)
+            z = z.transpose(0, 1).reshape(p, H * dh)
+            if z_edit is not None:
+                z = z_edit(layer, z)
+            x = x + b.o[layer](z, backend)
             gu = b.gate_up[layer](b.norm_mlp[layer](x), backend)       # [pos, 2*d_mlp]
             gate, up = gu.chunk(2, dim=-1)
             x = x + b.down[layer](b.act[layer](gate) * up, backend)
             if layer in steer:
                 x = x + steer[layer]
-            outs.append(x)
-    return torch.stack(outs), b                                             # [layer, pos, d]
+            if outs is not None:
+                outs.append(x)
+    return x
+
+
+def head_edited_forward(model: Model, clean: CleanRun, start: int, z_edit: ZEdit, *,
+                        backend: str = "torch", final_norm: bool = False) -> torch.Tensor:
+    """The residual after the last layer [pos, d_model] of one prompt, re-run in plain torch
+    (the blocks of `steered_resid_post`, one ``backend`` for the products) from the clean
+    run's residual before layer ``start`` (``clean.resid_pre[start]``), with ``z_edit``
+    (`ZEdit`) applied to the head outputs of every layer from ``start`` on; with
+    ``final_norm``, through the model's final norm (what the unembedding reads). Raises
+    InputError where `forward_model_reason` gives a reason or ``clean`` holds several
+    prompts."""
+    reason = forward_model_reason(model)
+    if reason is not None:
+        raise InputError(f"no preview forward here: {reason}.")
+    if backend not in Gemm.BACKENDS:
+        raise InputError(f"`backend` must be one of {', '.join(map(repr, Gemm.BACKENDS))}; "
+                         f"got {backend!r}.")
+    if len(clean.batch.lengths) != 1:
+        raise InputError("the preview forward reads one prompt; "
+                         f"got a clean run of {len(clean.batch.lengths)}.")
+    start = model.check_layer(start, "start")
+    x = clean.resid_pre[start][0].float()
+    x = x[-int(clean.batch.lengths[0]):]                                     # the real tokens
+    b = _blocks(model)
+    x = _run_layers(model, b, clean, x, start, backend, z_edit=z_edit)
+    if final_norm:
+        with torch.no_grad():
+            x = b.final_norm(x)
+    return x
 
 
 # -- the preview lens ----------------------------------------------------------------------
