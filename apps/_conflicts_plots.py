@@ -182,18 +182,29 @@ NO_HEADS_NOTE = ("**No head selected yet**, so both runs are the plain model and
 
 
 def bars_caption(rows: list[tuple[str, str, float]] | None, fact: C.Fact, mode: str, *,
-                 n_heads: int | None = None) -> str:
+                 n_heads: int | None = None, alphas: tuple[float, float] | None = None,
+                 preview: str | None = None) -> str:
     """The numbers of the answer bars, under them; with ``n_heads`` 0 (empty S+ and S-), the
-    note that nothing is intervened on yet and what to press."""
+    note that nothing is intervened on yet and what to press. ``alphas`` (α_l, α_s) are named
+    where given; ``preview`` (the preview's precision, `apps._conflicts_preview.preview_dtype`)
+    says the bars are a slider's preview."""
     if rows is None:
         return "Computing the answer probabilities…"
     p = {(a, r): v for a, r, v in rows}
     run = "JuICE dual run" if mode == "juice" else "single run"
     lead = NO_HEADS_NOTE + " " if n_heads == 0 else ""
+    if preview:
+        how = {"float32": "re-run from the lowest chosen layer in float32",
+               "bfloat16": "re-run from the lowest chosen layer with bfloat16 products, "
+                           "within 0.05 of exact"}.get(preview, "exact path")
+        lead += f"*Preview while the slider moves ({how}); exact on release.* "
+    heads = "the heads" if n_heads is None else f"{n_heads} head{'s' if n_heads != 1 else ''}"
+    at = ("α above" if alphas is None
+          else f"α_l = {float(alphas[0]):g}, α_s = {float(alphas[1]):g}")
     return lead + (f"P(first token) of the memory answer **{fact.memory}**: {p['memory', 'before']:.2f} "
             f"→ **{p['memory', 'after']:.2f}**; of the context answer **{fact.context}**: "
             f"{p['context', 'before']:.2f} → **{p['context', 'after']:.2f}** (grey: no "
-            f"intervention, blue: the {run} with the heads and α above).")
+            f"intervention, blue: the {run} with {heads} at {at}).")
 
 
 def split_time_left(seconds: float) -> str:

@@ -4,7 +4,8 @@ The bars are the page's shown result: P(memory answer) and P(context answer) bef
 the JuICE (or single-run) intervention, on one fact's prompt of one type, and again on the
 edited model when the workspace has edits. Their record (`ConflictsView.shown`, a
 `Provenance`) holds what they depend on: the model, the fact's prompt of the chosen type and its
-two answers, the head sets, the alphas, the intervention and the workspace's edits. The page
+two answers, the head sets, the alphas, the intervention and the workspace's edits; a slider's
+preview (`apps._conflicts_preview`) carries the settings ``preview`` and ``precision``. The page
 runs on its own facts, never on the sidebar's prompt, so the sidebar's prompt is no part of
 the record and changing it leaves the bars current. The bars' captions and the edited bars'
 heading are written from the record, and the stale note says when the inputs moved on.
@@ -91,6 +92,7 @@ class RecordPart(param.Parameterized):
         self.param.update(bar_rows=rows(hit.values["rows"]), edited_rows=rows(hit.values["edited"]),
                           shown=dataclasses.replace(wanted, computed_at=hit.computed_at),
                           result_note=cached_note(hit.computed_at), status="ready")
+        self._warm_preview()
 
     def request_provenance(self) -> Provenance:
         """The record of the bars the page computes from its current inputs."""
@@ -103,7 +105,15 @@ class RecordPart(param.Parameterized):
         return self.shown
 
     def requested_provenance(self) -> Provenance:
-        return self.request_provenance()
+        """`request_provenance`; while the bars show a slider's preview, with the preview's
+        alphas (the hand's, which the α Parameters take on release)."""
+        wanted = self.request_provenance()
+        shown = self.shown
+        if shown is not None and shown.setting("preview"):
+            request = dict(wanted.request)
+            request["alphas"] = dict(shown.request)["alphas"]
+            wanted = dataclasses.replace(wanted, request=tuple(sorted(request.items())))
+        return wanted
 
     def _shown_bars(self, wanted: Provenance) -> Provenance:
         """``wanted`` (the request the bars were computed for) with the time they arrived."""
@@ -133,7 +143,9 @@ class RecordPart(param.Parameterized):
             return bars_caption(None, None, "")
         r = dict(shown.request)
         return bars_caption(self.bar_rows, _answers(shown), r["intervention"],
-                            n_heads=len(shown.selection))
+                            n_heads=len(shown.selection), alphas=r["alphas"],
+                            preview=shown.setting("precision") if shown.setting("preview")
+                            else None)
 
     def _edited_bars(self, rows: list | None) -> pn.viewable.Viewable:
         """The bars on the edited model, their heading and caption (naming the edits they were

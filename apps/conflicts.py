@@ -7,7 +7,11 @@ minus context answer logit (layer x head heatmap) and the heads' memory vs conte
 (the "clicks add to" toggle) or removes it; the sliders set alpha_l (enhance) and alpha_s
 (suppress) of the dual run (or the single-run baseline) and the bars show P(memory
 answer) and P(context answer) before and after. Run 1 of the dual run is computed once
-per example, so a slider move costs one run 2 resumed at the first chosen layer. A button
+per example. The sliders are live (`apps._conflicts_preview`): while one moves, the bars
+show a preview (run 2 re-run in plain torch from the lowest chosen layer on run 1, float32,
+one torch thread; the newest move waits, older ones are dropped), drawn in place; on release
+the exact bars follow (run 2 through the traced model, resumed at the first chosen layer,
+at one torch thread). A button
 scores the whole split (the facts the model knows closed book) for baseline, single run
 and JuICE, with a progress bar and a results table.
 
@@ -18,26 +22,31 @@ titled "edited: ..."; the first is then titled "clean". `ConflictsView.add_to_ju
 head named in the component spelling (``L17.H3``) to the enhance or suppress set (the
 gallery's component menu calls it).
 
-The bars' captions and the edited bars' heading are written from the bars' record
-(`apps._conflicts_record`: the fact's prompt, heads, alphas, intervention and edits they were
-computed with); the page runs on its own facts, not the sidebar's prompt, so that prompt is no
-part of the record.
+The bars' captions, the edited bars' heading and the page's scope line are written from the
+bars' record (`apps._conflicts_record`: the fact's prompt, heads, alphas, intervention and
+edits they were computed with, and whether they are a preview); the page runs on its own
+facts, not the sidebar's prompt, so that prompt is no part of the record.
 """
 from __future__ import annotations
 
+import contextlib
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import holoviews as hv
+import numpy as np
 import pandas as pd
 import panel as pn
 import param
 import xarray as xr
+from panel.io.document import hold
 
 from apps import theme
 from apps._paper import paper_panel
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
+from apps._conflicts_preview import PreviewPart
 from apps._conflicts_record import RecordPart
 from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, SCATTER_CAPTION,
                                    _label, accuracy_table, answer_bars_data, bars_caption,
@@ -46,15 +55,18 @@ from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, S
                                    plot_selected_heads, prompts_note, selected_heads_in,
                                    split_time_left)
 from apps._controls import OwnItems, labelled, tip
+from apps._drawn import keep_drawn, live_drawn
 from apps._heads_heatmap import on_head_click
+from apps._lens_heatmap import _update_source
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Recipe, Ref, Step
-from apps._provenance import computed_at_now
+from apps._provenance import computed_at_now, one_line
 from apps._result_cache import DiskResults
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_selection
 from explorer._checks import InputError
 from explorer.analyses import conflicts as C
 from explorer.analyses import user_items
+from explorer.lens_preview import preview_threads
 
 __all__ = ["ConflictsView", "plot_head_heatmap", "plot_head_scatter", "plot_answer_bars",
            "answer_bars_data", "bars_caption", "edited_bars_caption", "edited_title",
@@ -67,7 +79,7 @@ hv.extension("bokeh", logo=False)
 _TOOLS = STATIC_TOOLS
 
 
-class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
+class ConflictsView(HeadsPart, RecordPart, PreviewPart, DiskResults, View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -128,6 +140,10 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
     edited_rows = param.List(default=None, allow_None=True, precedence=-1,
                              doc="The answer bars' rows on the edited model; None without edits.")
     accuracy = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    bars_version = param.Integer(default=0, precedence=-1,
+                                 doc="Bumped when the answer bars' plot must be built anew (the "
+                                     "first bars, edits coming or going); else new bars are "
+                                     "drawn in place.")
 
     notify_title = None
     failed_status = "error"
@@ -156,6 +172,12 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
         self.runner("bars", self._got_bars)
         self.runner("split", self._got_split, progress=True)
         self.runner("select", self._got_selection, progress=True)
+        self._init_preview()
+        # the drawn bars' data source and figure: new bars are written into them in place
+        self._bar_sources: list[weakref.ref] = []
+        self._bar_figures: list[weakref.ref] = []
+        self._bars_shape: tuple[bool, bool] = (False, False)
+        self.param.watch(self._bars_changed, ["bar_rows", "edited_rows", "shown"])
         self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
@@ -182,11 +204,16 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
         return self.adopt_own(text, user_items.parse_conflict_example, use)
 
     def scope(self) -> Scope:
-        """Its own fact set (the example's prompt of the chosen type), not your prompt; the
-        edits apply to the answer bars."""
-        fact = self._fact()
-        return Scope(on=f"its own fact set: the {self.kind} prompt of {fact.subject} "
-                        f"({fact.relation}), not your prompt",
+        """Its own fact set (the shown bars' prompt, from their record; before any bars, the
+        example's), not your prompt; the edits apply to the answer bars."""
+        shown, fact, kind = self.shown, self._fact(), self.kind
+        if shown is not None:
+            kind = dict(shown.request)["prompt_type"]
+            fact = next((f for f in self._facts.values()
+                         if C.conflict_prompt(f, kind) == shown.prompts[0]), None)
+        of = (f"{fact.subject} ({fact.relation})" if fact is not None
+              else f"“{one_line(shown.prompts[0])}”")
+        return Scope(on=f"its own fact set: the {kind} prompt of {of}, not your prompt",
                      edits="applied to the answer bars (a second chart); the head scores are "
                            "those of the unedited model")
 
@@ -198,6 +225,8 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
         """Start the page's job ``name``: example, bars, select (`HeadsPart._select_job`) or
         split."""
         model, fact, kind = self._model, self._fact(), self.kind
+        if name in ("example", "bars"):
+            self._exact_requested()        # the previews asked for before are stale
         if name == "select":
             job = self._select_job()
         elif name == "example":
@@ -233,6 +262,10 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
                 return answer_bars_data(before, after)
 
             def job(token: CancelToken):
+                with preview_threads():    # one torch thread, taking turns with the previews
+                    return exact(token)
+
+            def exact(token: CancelToken):
                 first = run1
                 if first is None:
                     first = C.juice_first_run(model, [C.conflict_prompt(fact, kind)])
@@ -296,12 +329,54 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
                           result_note="")
         if self.status.startswith("computing"):
             self.status = "ready"
+        self._warm_preview()
 
     def _got_split(self, ds: xr.Dataset) -> None:
         self.accuracy = ds
         self.status = f"split scored ({ds.sizes['fact']} facts)"
 
     # -- layout ---------------------------------------------------------------------------------
+    def _bars_title(self) -> str:
+        """The bars' title: "clean" beside edited bars, "preview" while a slider's preview
+        is drawn (the exact bars on release take the title back)."""
+        title = "P(answer), clean" if self.edited_rows is not None else "P(answer)"
+        return f"{title} · preview" if self.previewing else title
+
+    def _bars_changed(self, *_: Any) -> None:
+        """New bars (a preview or the exact ones) are written into the drawn plot's data
+        source and title (one document patch); the plot is built anew only for the first
+        bars or when edited bars come or go."""
+        shape = (self.bar_rows is not None, self.edited_rows is not None)
+        sources, figures = live_drawn(self._bar_sources), live_drawn(self._bar_figures)
+        if shape != self._bars_shape or not shape[0] or not sources:
+            self._bars_shape = shape
+            self.bars_version += 1
+            return
+        value = {(a, r): v for a, r, v in self.bar_rows}
+        title = self._bars_title()
+        held = hold(self._doc) if self._doc is not None else contextlib.nullcontext()
+        with held:
+            for source in sources:
+                data = source.data
+                _update_source(source, {"probability": np.array(
+                    [value[a, r] for a, r in zip(data["answer"], data["run"])])})
+            for fig in figures:
+                if fig.title is not None and fig.title.text != title:
+                    fig.title.text = title
+
+    def _bars_plot(self, _version: int) -> hv.Element:
+        """The answer bars (a placeholder before the first), keeping the rendered data source
+        and figure for `_bars_changed`."""
+        self._bar_sources.clear()
+        self._bar_figures.clear()
+        if self.bar_rows is None:
+            return plot_answer_bars(None)
+
+        def hook(plot: Any, element: Any) -> None:
+            keep_drawn(self._bar_sources, plot.handles.get("source"))
+            keep_drawn(self._bar_figures, plot.handles.get("plot"))
+        return plot_answer_bars(self.bar_rows, title=self._bars_title()).opts(hooks=[hook])
+
     def _state_html(self, *_: Any) -> str:
         """Hidden markers of what the page shows (read by the browser test)."""
         after = ("none" if self.bar_rows is None
@@ -309,7 +384,11 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
         acc = "none" if self.accuracy is None else str(self.accuracy.sizes["fact"])
         edited = ("none" if self.edited_rows is None
                   else ",".join(f"{r[2]:.6f}" for r in self.edited_rows))
+        shown = self.shown
+        alphas = "none" if shown is None else ",".join(
+            f"{a:g}" for a in dict(shown.request)["alphas"])
         return (f"<div class='cf-state' data-cf-scores='{'none' if self.scores is None else 'ready'}' "
+                f"data-cf-preview='{int(self.previewing)}' data-cf-alphas='{alphas}' "
                 f"data-cf-plus='{','.join(self.heads_plus)}' "
                 f"data-cf-minus='{','.join(self.heads_minus)}' data-cf-after='{after}' "
                 f"data-cf-accuracy='{acc}' data-cf-edited='{edited}' "
@@ -421,13 +500,11 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
             tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick,
             tip(pn.widgets.IntInput.from_param(p.select_k), p.select_k.doc),
             tip(pn.widgets.IntInput.from_param(p.select_facts), p.select_facts.doc), select,
-            tip(pn.widgets.FloatSlider.from_param(p.alpha_l), p.alpha_l.doc),
-            tip(pn.widgets.FloatSlider.from_param(p.alpha_s), p.alpha_s.doc),
+            tip(self.alpha_slider("alpha_l"), p.alpha_l.doc),
+            tip(self.alpha_slider("alpha_s"), p.alpha_s.doc),
             group("mode"),
-            pn.pane.HoloViews(pn.bind(lambda rows, edited: plot_answer_bars(
-                rows, title="P(answer), clean" if edited is not None else "P(answer)"),
-                p.bar_rows, p.edited_rows), linked_axes=False, sizing_mode="stretch_width",
-                css_classes=["cf-bars"]),
+            pn.pane.HoloViews(pn.bind(self._bars_plot, p.bars_version), linked_axes=False,
+                              sizing_mode="stretch_width", css_classes=["cf-bars"]),
             pn.pane.Markdown(pn.bind(self.stale_markdown, *stale_inputs),
                              visible=pn.bind(lambda *_: bool(self.stale_note()), *stale_inputs),
                              css_classes=["cf-stale"], styles={"color": "#a33"}, margin=(0, 10)),
@@ -438,7 +515,7 @@ class ConflictsView(HeadsPart, RecordPart, DiskResults, View):
             pn.pane.Markdown(ALPHA_NOTE, **caption),
             score, self._progress, pn.pane.Markdown(p.status),
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.heads_plus, p.heads_minus,
-                                 p.bar_rows, p.accuracy, p.busy, p.edited_rows)),
+                                 p.bar_rows, p.accuracy, p.busy, p.edited_rows, p.shown)),
             width=theme.SIZES["controls_width"])
         main = pn.Column(
             paper_panel("conflicts", self),

@@ -12,7 +12,9 @@ opens the gallery and, page by page, clicks the page's button in the sidebar and
 - ``settled_ms``: until the session has no job in flight (the sidebar's stop button is
   off) and the page's plots have not changed for ``quiet_s`` (the last change's time).
 
-Then, on a page with a live slider (`SLIDERS`), it drags the slider: the mouse goes down on
+Then, on a page with a live slider (`SLIDERS`), it presses the button `PREPARE` names for the
+page, if any (the conflicts page's α sliders scale the chosen heads: it picks the top heads),
+waits until the page is quiet, and drags the slider: the mouse goes down on
 its handle and moves towards the farther end in ``moves`` steps; after each step it waits
 until the page's plots' pixels change (up to ``move_timeout_s``) and ``settle_s`` more.
 Each step gives ``move → changed pixels`` (from the browser's pointer event to the frame
@@ -48,7 +50,8 @@ from explorer._checks import InputError, check_float, check_int
 from explorer.benches.serve import CHROMIUM, CHROMIUM_ARGS, _server, sync_playwright_for
 from explorer.defaults import DEFAULT_MODEL
 
-__all__ = ["bench_pages", "SLIDERS", "RECORDER", "page_table", "percentile", "continuous_drag"]
+__all__ = ["bench_pages", "SLIDERS", "PREPARE", "RECORDER", "page_table", "percentile",
+           "continuous_drag"]
 
 #: The pages with a slider that redraws while it moves: slug -> the slider's label (a
 #: regular expression matched against the text of its input group).
@@ -57,6 +60,13 @@ SLIDERS: dict[str, str] = {
     "conflicts": r"α_l",
     "attention": r"^\s*Head\b",
     "circuits": r"Top-n edges",
+}
+
+#: What the bench presses on a page before dragging its slider, where the slider changes
+#: nothing until then: slug -> the button's text. The conflicts page's α sliders scale the
+#: chosen heads, and no head is chosen when it opens.
+PREPARE: dict[str, str] = {
+    "conflicts": "Pick top heads for the direction",
 }
 
 #: The in-page recorder (added before the page's scripts): pointer events, websocket
@@ -288,6 +298,17 @@ _MARK_HANDLE = """(label) => {
   handle.setAttribute('data-pb-handle', '1')
   return true
 }"""
+
+
+def _prepare(page: Any, button: str, *, quiet_s: float, timeout_s: float) -> dict[str, Any]:
+    """Press the button whose text is ``button`` and wait until the page is quiet again;
+    its text and the milliseconds from the press to quiet."""
+    start = _state(page)["now"]
+    page.get_by_role("button", name=button).first.click()
+    quiet = _wait_quiet(page, quiet_s=quiet_s, timeout_s=timeout_s, after=start)
+    took = _state(page)["now"] - start if quiet else None
+    _say(f"pressed {button!r}: quiet after {took and round(took)} ms")
+    return {"button": button, "quiet_ms": None if took is None else round(took, 1)}
 
 
 def _slider_handle(page: Any, label: str) -> Any | None:
@@ -528,6 +549,9 @@ def bench_pages(*, model: str = DEFAULT_MODEL, pages: str = "all", runs: int = 1
                     _say(f"run {run + 1}: {slug}: first result {entry['first_result_ms']} ms, "
                          f"settled {entry['settled_ms']} ms")
                     if slug in SLIDERS and entry["first_result_ms"] is not None:
+                        if slug in PREPARE:
+                            entry["prepared"] = _prepare(tab, PREPARE[slug], quiet_s=quiet_s,
+                                                         timeout_s=timeout_s)
                         entry["drags"] = []
                         for d in range(drags):
                             previous = entry["drags"][-1].get("direction") if entry["drags"] else None
