@@ -100,18 +100,26 @@ class LinksPart:
 
     def _apply_settings(self, slug: str, view: Any, settings: dict[str, Any]) -> list[str]:
         """Set ``settings`` on the page; a name it does not carry or a value it refuses is
-        left as it is, and said (returned and shown under the link message)."""
+        left as it is, and said (returned and shown under the link message). A setting that
+        moves the page's own pick (the Attention page's enlarged head) selects nothing in the
+        workspace: the link or state carries the selection itself."""
         allowed = set(getattr(view, "link_params", ()) or ())
         problems = []
-        for name, value in settings.items():
-            if name not in allowed or name not in view.param:
-                problems.append(f"{self.titles.get(slug, slug)} has no setting {name!r} that "
-                                f"links carry (it carries {', '.join(sorted(allowed)) or 'none'})")
-                continue
-            try:
-                setattr(view, name, value)
-            except (ValueError, TypeError, ExplorerError) as exc:
-                problems.append(f"{self.titles.get(slug, slug)}: {name} = {value!r} refused: {exc}")
+        pushing, self._pushing_selection = getattr(self, "_pushing_selection", False), True
+        try:
+            for name, value in settings.items():
+                if name not in allowed or name not in view.param:
+                    problems.append(f"{self.titles.get(slug, slug)} has no setting {name!r} that "
+                                    f"links carry (it carries "
+                                    f"{', '.join(sorted(allowed)) or 'none'})")
+                    continue
+                try:
+                    setattr(view, name, value)
+                except (ValueError, TypeError, ExplorerError) as exc:
+                    problems.append(f"{self.titles.get(slug, slug)}: {name} = {value!r} "
+                                    f"refused: {exc}")
+        finally:
+            self._pushing_selection = pushing
         if problems:
             self._link_problem("; ".join(problems))
         return problems

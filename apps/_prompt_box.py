@@ -10,14 +10,9 @@ import panel as pn
 
 from apps import theme
 from explorer._checks import InputError
-from explorer.workspace import MAX_PROMPT_CHARS
+from explorer.workspace import MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS, prompt_token_limit
 
 __all__ = ["MAX_PROMPT_TOKENS", "PromptBoxPart"]
-
-
-MAX_PROMPT_TOKENS = 2048
-"""The longest prompt the sidebar takes, in tokens (less when the model's context is shorter);
-each page may refuse a shorter one its method cannot draw (it says its limit)."""
 
 
 # The card's expand arrow: the list template strokes it with a colour variable that its
@@ -34,8 +29,7 @@ class PromptBoxPart:
     def prompt_limit(self) -> int:
         """The longest prompt the sidebar takes, in tokens: `MAX_PROMPT_TOKENS`, or the
         model's context when that is shorter."""
-        return min(MAX_PROMPT_TOKENS, int(getattr(self._model.spec, "context_length", 0)
-                                          or MAX_PROMPT_TOKENS))
+        return prompt_token_limit(self._model.spec)
 
     def count_tokens(self, text: str) -> int:
         """``text``'s length in tokens, as the pages tokenise it (no special tokens)."""
@@ -106,10 +100,12 @@ class PromptBoxPart:
 
     def _check_second_prompt(self, text: str) -> int:
         """The second prompt's length in tokens (0 when blank: no second prompt); InputError
-        saying the limit when it is over it."""
+        saying the limit when it is over it (the workspace's check: the same limit as the
+        prompt's, `Workspace.checked_second_prompt`)."""
         if not text.strip():
             return 0
-        return self._check_prompt(text)
+        self.workspace.checked_second_prompt(text)
+        return self.count_tokens(text)
 
     def _second_prompt_line(self, text: str) -> str:
         if not text.strip():

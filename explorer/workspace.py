@@ -33,7 +33,8 @@ from .interventions import Ablate, AddHead, Edit, Patch, Scale, Set, Steer, edit
 
 __all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
            "MAX_ITEM_CHARS", "MAX_ITEMS", "LINK_VERSION", "MAX_LINK_CHARS", "MAX_PROMPT_CHARS",
-           "Link", "check_second_prompt", "check_settings", "read_link", "workspace_link"]
+           "MAX_PROMPT_TOKENS", "Link", "check_second_prompt", "check_settings", "prompt_token_limit",
+           "read_link", "workspace_link"]
 
 STATE_FORMAT = "explorer-workspace"
 """The ``format`` field of an exported state."""
@@ -52,6 +53,26 @@ MAX_ITEMS = 32
 
 MAX_PROMPT_CHARS = 100_000
 """The longest prompt a workspace keeps (pages refuse what their method cannot run sooner)."""
+
+MAX_PROMPT_TOKENS = 2048
+"""The longest prompt the gallery's sidebar takes, in tokens (less when the model's context is
+shorter: `prompt_token_limit`); each page may refuse a shorter one its method cannot draw."""
+
+
+def prompt_token_limit(spec: Any) -> int:
+    """The longest prompt the sidebar takes (and a workspace keeps as its second prompt) for a
+    model of ``spec``, in tokens: `MAX_PROMPT_TOKENS`, or the model's context when shorter."""
+    return min(MAX_PROMPT_TOKENS, int(getattr(spec, "context_length", 0) or MAX_PROMPT_TOKENS))
+
+
+class _SecondPrompt(param.String):
+    """`Workspace.second_prompt`: every value set is checked by the workspace
+    (`Workspace.checked_second_prompt`); a refused one leaves the value as it was."""
+
+    def __set__(self, obj: Any, val: Any) -> None:
+        if isinstance(obj, Workspace):
+            val = obj.checked_second_prompt(val)
+        super().__set__(obj, val)
 
 LINK_VERSION = 1
 """The version of a shareable link's state (`workspace_link`); a link of another is refused."""
@@ -133,7 +154,10 @@ class Workspace(param.Parameterized):
         The user's prompts; the first is the one single-prompt pages show (`prompt`).
     second_prompt : str
         A second prompt to set beside the first (the *Two prompts* page shows both and
-        their difference); '' (the default) when there is none.
+        their difference); '' (the default) when there is none. Every value set is checked
+        (`checked_second_prompt`): with the model's tokenizer (`from_model`), one over the
+        sidebar's limit for a prompt (`prompt_limit`) is refused with an `InputError` naming
+        its length and the limit, and the workspace keeps the one it had.
     selected : list of str
         Selected components (heads, MLPs, layers, input, logits) in their one spelling, in
         the order they were selected.
@@ -163,8 +187,8 @@ class Workspace(param.Parameterized):
                             doc="Heads per layer of the model.")
     prompts = param.List(default=["The capital of France is"], item_type=str,
                          doc="The user's prompts; the first is the one pages show.")
-    second_prompt = param.String(default="", doc="A second prompt shown beside the first "
-                                                 "(the Two prompts page); '' for none.")
+    second_prompt = _SecondPrompt(default="", doc="A second prompt shown beside the first "
+                                                  "(the Two prompts page); '' for none.")
     selected = param.List(default=[], item_type=str,
                           doc="Selected components, canonical spelling, in selection order.")
     selected_edges = param.List(default=[], item_type=str,
@@ -183,13 +207,13 @@ class Workspace(param.Parameterized):
         selected += _as_list(params.pop("selected_edges", []))
         selected += _as_list(params.pop("selected_positions", []))
         self._count_tokens = params.pop("count_tokens", None)
+        self._prompt_tokens = params.pop("prompt_tokens", None)
+        self._prompt_limit = params.pop("prompt_limit", None)
         self._parallel = bool(params.pop("parallel", False))
         self._token_counts: dict[str, int] = {}
         edits = params.pop("edits", [])
         if "prompts" in params:
             params["prompts"] = _check_prompt_list(params["prompts"])
-        if "second_prompt" in params:
-            params["second_prompt"] = check_second_prompt(params["second_prompt"])
         if "items" in params:
             params["items"] = check_items(params["items"])
         if "settings" in params:
@@ -206,7 +230,8 @@ class Workspace(param.Parameterized):
         spec = model.spec
         return cls(model_name=spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
                    d_head=spec.d_head, d_model=spec.d_model, count_tokens=_token_counter(model),
-                   parallel=_parallel(model), **params)
+                   prompt_tokens=_prompt_token_counter(model),
+                   prompt_limit=prompt_token_limit(spec), parallel=_parallel(model), **params)
 
     def set_model(self, model: Any) -> tuple[list[str], list[Edit]]:
         """Move the workspace to another loaded model: its name and shape; the selections and
@@ -214,6 +239,8 @@ class Workspace(param.Parameterized):
         spec = model.spec
         self._d_head, self._d_model = spec.d_head, spec.d_model
         self._count_tokens, self._parallel = _token_counter(model), _parallel(model)
+        self._prompt_tokens, self._prompt_limit = (_prompt_token_counter(model),
+                                                   prompt_token_limit(spec))
         self._token_counts = {}
         kept, dropped = [], []
         with param.parameterized.batch_call_watchers(self):
@@ -245,6 +272,26 @@ class Workspace(param.Parameterized):
         _check_prompt_list([text])
         if text != self.prompt:
             self.prompts = [text, *self.prompts[1:]]
+
+    @property
+    def prompt_limit(self) -> int | None:
+        """The longest second prompt the workspace keeps, in tokens: the sidebar's limit for a
+        prompt (`prompt_token_limit` of its model); None without the model's tokenizer."""
+        return self._prompt_limit
+
+    def checked_second_prompt(self, text: Any) -> str:
+        """``text`` as the second prompt is kept (`check_second_prompt`), within the sidebar's
+        limit for a prompt once the workspace has the model's tokenizer: InputError (one line:
+        its length and the limit) for one over it. Blank text is no prompt and passes."""
+        text = check_second_prompt(text)
+        limit, count = self._prompt_limit, self._prompt_tokens
+        if text.strip() and limit is not None and count is not None:
+            n = count(text)
+            if n > limit:
+                raise InputError(f"the second prompt is {n:,} tokens; a prompt takes at most "
+                                 f"{limit:,} tokens on {self.model_name} (the sidebar's limit). "
+                                 "Shorten it; nothing was cut.")
+        return text
 
     # -- selection -------------------------------------------------------------------------
     @property
@@ -554,8 +601,8 @@ class Workspace(param.Parameterized):
                 if value is not None and value != getattr(spec, key):
                     raise InputError(f"the state's model has {key}={value}; {spec.name} has "
                                      f"{getattr(spec, key)}.")
-            ws = cls.from_model(model, prompts=prompts, second_prompt=second, items=items,
-                                settings=settings)
+            ws = cls.from_model(model, prompts=prompts, items=items, settings=settings)
+            ws.second_prompt = second     # within the model's limit (the error names it)
         else:
             ws = cls(model_name=name, prompts=prompts, second_prompt=second, items=items,
                      settings=settings, **shape)
@@ -585,7 +632,8 @@ class Workspace(param.Parameterized):
         if other.model_name != self.model_name:
             raise InputError(f"the state is for model {other.model_name!r}; this workspace "
                              f"holds {self.model_name!r}.")
-        self.param.update(prompts=list(other.prompts), second_prompt=other.second_prompt,
+        second = self.checked_second_prompt(other.second_prompt)  # refused: nothing changes
+        self.param.update(prompts=list(other.prompts), second_prompt=second,
                           selected=list(other.selected),
                           selected_edges=list(other.selected_edges),
                           selected_positions=list(other.selected_positions),
@@ -666,6 +714,14 @@ def _token_counter(model: Any) -> Any:
     """A function giving a prompt's length in tokens, as the pages count them."""
     def count(text: str) -> int:
         return len(model.tokenize(text).token_ids[0])
+    return count
+
+
+def _prompt_token_counter(model: Any) -> Any:
+    """A function giving a prompt's length in tokens as the sidebar counts it against its
+    limit (no special tokens)."""
+    def count(text: str) -> int:
+        return len(model.tokenizer(text, add_special_tokens=False)["input_ids"])
     return count
 
 

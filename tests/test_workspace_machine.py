@@ -50,9 +50,10 @@ from apps.gallery import Gallery
 from apps.lens import LensView
 from apps.patching import PatchingView, patching_title
 from apps.saturation import SaturationView
+from explorer._checks import InputError
 from explorer.analyses import circuits as ca
 from explorer.interventions import Ablate
-from explorer.workspace import edit_label
+from explorer.workspace import MAX_PROMPT_TOKENS, Workspace, edit_label, workspace_link
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -77,7 +78,8 @@ OWN_CLEAN = {OWN_PAIRS[0]: ["1 + 2 = ", "2 + 2 = "]}
 SECOND_PROMPTS = ["", "When Mary and John went to the store, Mary gave a drink to",
                   "Ann met Bob and Ann thanked",
                   "line one\nline two " * 20,   # over the Two prompts page's 128 tokens
-                  "line one\nline two " * 32]   # over the sidebar's 256 (not set)
+                  "line one\nline two " * 32,   # over the sidebar's 256 (not set)
+                  "x" * 256, "x" * 257]         # one letter a token: at the limit, one over
 COMPARE_VIEWS = ["lens", "saturation", "dla"]
 
 
@@ -325,16 +327,43 @@ class WorkspaceWalk(RuleBasedStateMachine):
             assert page.task == PROMPT_TASK and page.shown is before and page.error
             assert len(set(self.messages.records)) == 1, self.messages.records
 
+    def _second_limit(self, text: str) -> tuple[int, int]:
+        """``text``'s length in tokens and the sidebar's limit for a prompt (its own rule,
+        `Gallery.prompt_limit`: tiny-llama's 256-token context, under the 2,048 cap)."""
+        limit = self.gallery.prompt_limit
+        assert limit == min(MAX_PROMPT_TOKENS, self.gallery.model.spec.context_length) == 256
+        return len(self.gallery.model.tokenizer(text, add_special_tokens=False)["input_ids"]), limit
+
     @rule(text=st.sampled_from(SECOND_PROMPTS))
     def set_second_prompt(self, text):
         """Type the sidebar's second prompt (Prompt B) and press Enter: one over the
-        sidebar's 256 tokens is not set (a warning says why)."""
+        sidebar's limit for a prompt is not set (a warning says why)."""
         self._step(faults_allowed=1 if self.view == "compare" else 0)
         ws = self.gallery.workspace
         before = ws.second_prompt
-        n = len(self.gallery.model.tokenizer(text, add_special_tokens=False)["input_ids"])
-        assert self.gallery.submit_second_prompt(text) == (n <= 256)
-        assert ws.second_prompt == (text if n <= 256 else before)
+        n, limit = self._second_limit(text)
+        assert self.gallery.submit_second_prompt(text) == (n <= limit)
+        assert ws.second_prompt == (text if n <= limit else before)
+
+    @rule(text=st.sampled_from(SECOND_PROMPTS))
+    def set_second_prompt_in_workspace(self, text):
+        """Set the second prompt on the workspace itself (what a notebook or a loaded state
+        does): the sidebar's limit holds there too. One over it raises one InputError, one
+        line naming its length and the limit, and the workspace keeps all it had."""
+        self._step(faults_allowed=1 if self.view == "compare" else 0)
+        ws = self.gallery.workspace
+        before = ws.state()
+        n, limit = self._second_limit(text)
+        if n <= limit:
+            ws.second_prompt = text
+            assert ws.second_prompt == text
+            return
+        with pytest.raises(InputError) as refused:
+            ws.second_prompt = text
+        message = str(refused.value)
+        assert "\n" not in message and f"the second prompt is {n:,} tokens" in message
+        assert f"at most {limit:,} tokens" in message
+        assert ws.state() == before and not self.messages.records
 
     @precondition(lambda self: self.view == "compare")
     @rule(view=st.sampled_from(COMPARE_VIEWS))
@@ -347,8 +376,10 @@ class WorkspaceWalk(RuleBasedStateMachine):
     @precondition(lambda self: self.view == "features" and self.in_view.index is not None)
     @rule(index=st.integers(0, 63))
     def pick_feature(self, index):
-        """On the Feature dashboards page: type a feature (one of the dictionary's)."""
-        self._step()
+        """On the Feature dashboards page: type a feature (one of the dictionary's); its
+        dashboards are computed on the prompt, which the page refuses again when it is over
+        the model's context (one message)."""
+        self._step(faults_allowed=1)
         page = self.in_view
         self.feature = index % page.index.sizes["feature"]
         page.feature = self.feature
@@ -398,11 +429,26 @@ class WorkspaceWalk(RuleBasedStateMachine):
 
     @rule()
     def follow_link(self):
+        """Open the session's link in a new session and work there. A session whose prompt
+        is over the sidebar's limit (set here past the sidebar, as a notebook or a state
+        written for a longer context can) writes a link that the new session refuses whole,
+        with one message naming the prompt's length and the limit: the person stays."""
         self._step(faults_allowed=1)        # the page opened may refuse the prompt
         query, _ = self.gallery.link()
         state = dict(p.split("=", 1) for p in query.lstrip("?").split("&")).get("s")
         view = self.view
         other = Gallery("tiny-llama", views=VIEWS)
+        n, limit = self._second_limit(self.gallery.workspace.prompt)
+        if n > limit:
+            opening = other.workspace.state()
+            assert not other.open_link(view, state)
+            assert f"the prompt is {n:,} tokens" in other.link_message
+            assert f"at most {limit:,} tokens" in other.link_message
+            assert other.workspace.state() == opening
+            assert len(set(self.messages.records)) == 1, self.messages.records
+            self.messages.records.clear()   # the new session's message, checked here
+            other.close()
+            return
         assert other.open_link(view, state) if state else True
         other.view = view
         a, b = self.gallery.workspace, other.workspace
@@ -706,7 +752,10 @@ def test_a_walk_through_two_prompts_and_feature_dashboards(tiny_model):
               ("set_second_prompt", {"text": SECOND_PROMPTS[3]})])
     try:
         assert "prompt B changed" in m.in_view.stale_note()
-        walk([("set_second_prompt", {"text": SECOND_PROMPTS[2]}),
+        walk([("set_second_prompt_in_workspace", {"text": SECOND_PROMPTS[6]}),
+              ("set_second_prompt", {"text": SECOND_PROMPTS[6]}),
+              ("set_second_prompt_in_workspace", {"text": SECOND_PROMPTS[2]}),
+              ("set_second_prompt", {"text": SECOND_PROMPTS[2]}),
               ("compare_with", {"view": "dla"}), ("add_edit", {"layer": 0, "head": 1}),
               ("follow_link", {}), ("switch_page", {"slug": "features"}),
               ("pick_feature", {"index": 3}), ("add_edit", {"layer": 1, "head": 0}),
@@ -740,3 +789,72 @@ def test_a_head_selected_then_dropped_is_not_reopened_by_a_link(tiny_model):
         assert m.gallery.workspace.selected == [] and m.page.selected == ""
     finally:
         m.teardown()
+
+
+def test_a_link_opens_the_enlarged_head_without_selecting_it(tiny_model):
+    """On the Attention page a head selected enlarges it; dropped from the workspace, the page
+    keeps it enlarged. The link carries the enlarged head (layer, head) and the empty
+    selection: the new session enlarges the same head and selects nothing (setting the layer,
+    then the head, selected neither the head in between nor the last; a walk the machine
+    found)."""
+    m = walk([("switch_page", {"slug": "attention"}), ("select_component", {"name": "L2.H3"}),
+              ("drop_component", {})])
+    try:
+        assert m.in_view.selected == "L2.H3" and m.gallery.workspace.selected == []
+        walk([("follow_link", {})], m)
+        assert m.gallery.workspace.selected == [] and m.in_view.selected == "L2.H3"
+    finally:
+        m.teardown()
+
+
+def test_a_link_of_a_prompt_over_the_sidebar_limit_is_refused_whole(tiny_model):
+    """A prompt over the sidebar's limit set past the sidebar (on the logit attribution
+    page, which refuses it too), components selected: the new session refuses the link with
+    one message and keeps its own state (a walk the machine found)."""
+    m = walk([("switch_page", {"slug": "dla"}), ("set_prompt", {"prompt": PROMPTS[4]}),
+              ("select_component", {"name": "L1.H0"}), ("follow_link", {})])
+    try:
+        assert m.gallery.workspace.prompt == PROMPTS[4]      # the person stayed
+    finally:
+        m.teardown()
+
+
+def test_a_second_prompt_over_the_limit_is_refused_by_link_state_and_workspace(tiny_model):
+    """A second prompt one token over the sidebar's limit for a prompt (one letter a token on
+    tiny-llama, so 257 letters), in a link or a state written where no limit held (a
+    workspace without the model's tokenizer): the link opens the page alone with one message
+    naming the length and the limit, the state is not imported, and the session keeps its
+    prompt, second prompt, selection and edits. 256 letters pass."""
+    g = Gallery("tiny-llama", views=VIEWS[1:2], view="lens")
+    try:
+        limit = g.prompt_limit
+        assert limit == 256 and len(g.model.tokenizer("x" * 10, add_special_tokens=False)[
+            "input_ids"]) == 10
+        ws = g.workspace
+        assert g.submit_second_prompt(SECOND_PROMPTS[2])
+        ws.select("L1.H0")
+        ws.push_edit(Ablate(0, 1))
+        before = ws.state()
+        elsewhere = Workspace(model_name="tiny-llama", prompts=[PROMPTS[2]],
+                              second_prompt="x" * (limit + 1))          # no tokenizer: kept
+        text, _ = workspace_link(elsewhere, view="lens")
+        assert not g.open_link("lens", text)
+        assert f"the second prompt is {limit + 1:,} tokens" in g.link_message
+        assert f"at most {limit:,} tokens" in g.link_message and "\n" not in g.link_message
+        assert ws.state() == before and g.view == "lens"
+        g.import_state(elsewhere.to_json())
+        assert g.state_message.startswith("Could not import the state: the second prompt is "
+                                          f"{limit + 1:,} tokens")
+        assert ws.state() == before
+        with pytest.raises(InputError, match=f"at most {limit:,} tokens"):
+            ws.update_from(elsewhere)
+        assert ws.state() == before
+        with pytest.raises(InputError, match=f"{limit + 1:,} tokens"):
+            Workspace.from_model(g.model, second_prompt="x" * (limit + 1))
+        # at the limit: the link opens whole
+        elsewhere.second_prompt = "x" * limit
+        text, _ = workspace_link(elsewhere, view="lens")
+        assert g.open_link("lens", text) and ws.second_prompt == "x" * limit
+        assert ws.prompt == PROMPTS[2] and ws.edits == []
+    finally:
+        g.close()
