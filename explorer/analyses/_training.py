@@ -13,10 +13,10 @@ from typing import Any
 import torch
 import xarray as xr
 
-from explorer._checks import InputError, StoreError, safetensors_problem
+from explorer._checks import InputError, StoreError, check_int, safetensors_problem
 
 __all__ = ["ProgressCallback", "terminal_progress", "training_versions", "training_attrs",
-           "check_training_run", "stored_training_run",
+           "check_training_run", "check_checkpoint_step", "stored_training_run",
            "datasets_to_safetensors", "datasets_from_safetensors", "run_training_steps"]
 
 ProgressCallback = Callable[[int, int], Any]
@@ -66,6 +66,18 @@ def check_training_run(run: Any, *, trainer: str, kind: str, variables: Sequence
         raise InputError(f"`run` is not a {kind} training run (missing "
                          f"{', '.join(missing) or '/'.join([*dims, *attrs])}); make one with {trainer}.")
     return run
+
+
+def check_checkpoint_step(run: xr.Dataset, step: int) -> int:
+    """``step`` when ``run`` holds a checkpoint at it; an InputError showing the run's steps
+    otherwise."""
+    steps = run["step"].values
+    step = check_int("step", step)
+    if step not in steps:
+        shown = ", ".join(str(int(s)) for s in steps[:3])
+        shown += f", ..., {int(steps[-1])}" if len(steps) > 3 else ""
+        raise InputError(f"`step` must be a checkpoint step of the run ({shown}); got {step}.")
+    return step
 
 
 def stored_training_run(parts_of: Callable[[dict[str, Any]], dict[str, Any]],

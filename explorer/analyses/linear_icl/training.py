@@ -11,7 +11,8 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import run_training_steps, check_training_run, training_attrs
+from explorer.analyses._training import (check_checkpoint_step, check_training_run,
+                                         run_training_steps, training_attrs)
 from explorer.analyses.linear_icl.model import (CITATION, DEFAULTS, ICLAttention, ProgressCallback,
                                                 TEST_LENGTHS, sample_regression_prompts)
 
@@ -184,10 +185,6 @@ def _check_run(run: Any) -> xr.Dataset:
 def icl_model(run: xr.Dataset, step: int) -> ICLAttention:
     """The model of ``run`` at checkpoint ``step``."""
     run = _check_run(run)
-    steps = run["step"].values
-    step = check_int("step", step)
-    if step not in steps:
-        raise InputError(f"`step` must be a checkpoint step of the run ({steps[0]}..{steps[-1]}); got {step}.")
-    at = run.sel(step=step)
+    at = run.sel(step=check_checkpoint_step(run, step))
     return ICLAttention.from_weights(at["W_Q"].values, at["W_K"].values, at["W_V"].values,
                                      at["W_O"].values)

@@ -10,9 +10,10 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_int
+from explorer.analyses._training import check_checkpoint_step
 from explorer.analyses.parity.network import LONG_LENGTHS, ProgressCallback, _attrs
 from explorer.analyses.parity.network import _first_settled_step
-from explorer.analyses.parity.training import _check_run, _check_step, parity_model
+from explorer.analyses.parity.training import _check_run, parity_model
 
 __all__ = ["parity_long_accuracy"]
 
@@ -51,7 +52,7 @@ def parity_long_accuracy(run: xr.Dataset, *, lengths: Sequence[int] = LONG_LENGT
         raise InputError("`lengths` must hold at least one length; got none.")
     n_strings = check_int("n_strings", n_strings, low=1)
     seed = check_int("seed", seed)
-    steps = run["step"].values if steps is None else np.asarray([_check_step(run, s) for s in steps])
+    steps = run["step"].values if steps is None else np.asarray([check_checkpoint_step(run, s) for s in steps])
     rng = np.random.default_rng(seed)
     strings = rng.integers(0, 2, size=(n_strings, lengths[-1]), dtype=np.int8)
     parity = np.cumsum(strings, axis=1, dtype=np.int64) % 2            # [string, pos]

@@ -14,7 +14,7 @@ import xarray as xr
 from torch import nn
 
 from explorer._checks import InputError, check_choice, check_float, check_int
-from explorer.analyses._training import check_training_run
+from explorer.analyses._training import check_checkpoint_step, check_training_run
 from explorer.analyses.parity.network import DEFAULTS, ParityRNN, ProgressCallback, _attrs, parity_strings
 
 __all__ = ["train_parity_rnn", "parity_model", "parity_run_from_models", "BATCHINGS"]
@@ -243,19 +243,10 @@ def _check_run(run: Any) -> xr.Dataset:
                               dims=("step",))
 
 
-def _check_step(run: xr.Dataset, step: int) -> int:
-    steps = run["step"].values
-    step = check_int("step", step)
-    if step not in steps:
-        shown = ", ".join(str(int(x)) for x in steps[:3]) + (f", ..., {int(steps[-1])}" if len(steps) > 3 else "")
-        raise InputError(f"`step` must be a checkpoint step of the run ({shown}); got {step}.")
-    return step
-
-
 def parity_model(run: xr.Dataset, step: int) -> ParityRNN:
     """The network of ``run`` at checkpoint ``step``."""
     run = _check_run(run)
-    step = _check_step(run, step)
+    step = check_checkpoint_step(run, step)
     at = run.sel(step=step)
     return ParityRNN.from_weights(at["W_ih"].values, at["W_hh"].values, at["b_h"].values,
                                   at["W_out"].values, at["b_out"].values, run["h0"].values)

@@ -10,10 +10,10 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import training_attrs
+from explorer.analyses._training import check_checkpoint_step, training_attrs
 from explorer.analyses.task_emergence.model import TaskICLTransformer
 from explorer.analyses.task_emergence.tasks import CITATION, ProgressCallback, sample_task_prompts
-from explorer.analyses.task_emergence.training import _check_run, _check_step, task_emergence_model
+from explorer.analyses.task_emergence.training import _check_run, task_emergence_model
 
 __all__ = ['query_residuals', 'task_emergence_analysis', 'rise_step', 'emergence_summary']
 
@@ -88,7 +88,7 @@ def task_emergence_analysis(run: xr.Dataset, *, n_per_task: int = 100, k: int = 
     n_tasks = int(run.sizes["task"])
     k = check_int("k", k, low=1, high=n_per_task * n_tasks - 1)
     seed = check_int("seed", seed)
-    steps = run["step"].values if steps is None else np.asarray([_check_step(run, s) for s in steps])
+    steps = run["step"].values if steps is None else np.asarray([check_checkpoint_step(run, s) for s in steps])
     bases = run["bases"].values
     labels = np.repeat(np.arange(n_tasks), n_per_task)
     coef_mean, coef_std = p.get("coef_mean", 0.0), p.get("coef_std", 1.0)

@@ -13,7 +13,8 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import check_training_run, run_training_steps, training_attrs
+from explorer.analyses._training import (check_checkpoint_step, check_training_run,
+                                         run_training_steps, training_attrs)
 from explorer.analyses.task_emergence.model import TaskICLTransformer
 from explorer.analyses.task_emergence.tasks import (CITATION, DEFAULTS, ProgressCallback, _sample,
                                                     task_bases)
@@ -167,20 +168,10 @@ def _check_run(run: Any) -> xr.Dataset:
                               variables=("weights", "bases"), dims=("step",), attrs=("params",))
 
 
-def _check_step(run: xr.Dataset, step: int) -> int:
-    steps = run["step"].values
-    step = check_int("step", step)
-    if step not in steps:
-        shown = ", ".join(str(int(s)) for s in steps[:3])
-        shown += f", ..., {int(steps[-1])}" if len(steps) > 3 else ""
-        raise InputError(f"`step` must be a checkpoint step of the run ({shown}); got {step}.")
-    return step
-
-
 def task_emergence_model(run: xr.Dataset, step: int) -> TaskICLTransformer:
     """The transformer of ``run`` at checkpoint ``step``."""
     run = _check_run(run)
-    step = _check_step(run, step)
+    step = check_checkpoint_step(run, step)
     p = run.attrs["params"]
     model = TaskICLTransformer(p["d"], p["n_examples"], n_layers=p["n_layers"], d_model=p["d_model"],
                                n_heads=p["n_heads"])
