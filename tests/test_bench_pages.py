@@ -71,3 +71,18 @@ def test_pages_bench_on_the_tiny_model(capsys):
     assert drag["input_p50_ms"] + drag["server_p50_ms"] <= drag["max_ms"]
     assert f["lens_release_exact_ms"] > 0
     assert 0 < f["signature_ms"] < 1000 and f["frame_idle_ms"] > 0
+
+
+def test_the_buttons_pressed_before_a_drag_are_buttons_of_their_pages(tiny_model):
+    """`PREPARE` names a button of each page it lists, and only pages with a live slider."""
+    import panel as pn
+
+    from apps.conflicts import ConflictsView
+    from explorer.analyses.conflicts import load_facts
+    from explorer.benches.pages import PREPARE, SLIDERS
+
+    assert set(PREPARE) <= set(SLIDERS)
+    view = ConflictsView(tiny_model, facts=load_facts(["country_capital"])[:1],
+                         closed_book=False, background=False)
+    labels = [b.label for b in view.__panel__().select(pn.widgets.Button)]
+    assert PREPARE["conflicts"] in labels

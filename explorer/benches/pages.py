@@ -588,6 +588,10 @@ def _result(model: str, wanted: list[str], runs: int, moves: int, drags: int,
                            "no plot, or took longer than timeout_s")
         if row["first_result_ms"]:
             figures[f"{slug}_first_result_ms"] = row["first_result_ms"]
+        prepared = [e["prepared"] for e in entries if "prepared" in e]
+        if prepared:
+            row["prepared"] = {"button": prepared[0]["button"],
+                               "quiet_each_ms": [p["quiet_ms"] for p in prepared]}
         dragged = [d for e in entries for d in e.get("drags", [])]
         if dragged:
             steps = [s for d in dragged for s in d.get("steps", [])]
