@@ -206,12 +206,16 @@ class PreviewPart(param.Parameterized):
     def _warm_preview(self) -> None:
         """Served, after exact bars: one preview that is not drawn, so that a drag's first
         move finds run 1 and the forward's blocks ready (run 1 is not made when the bars came
-        from the result cache). A move made meanwhile waits in the slot."""
+        from the result cache; the blocks are built on the first forward, seconds on a busy
+        machine). Without chosen heads it runs the last layer's first head. A move made
+        meanwhile waits in the slot."""
         if not self._background or self._model.remote:
             return
         p = self._preview_params()
         if p is None or (p["run1"] is not None and self.preview_runs):
             return
+        if not p["heads_plus"] + p["heads_minus"]:
+            p["heads_plus"] = [(self._model.n_layers - 1, 0)]
         with self._preview_lock:
             if self._preview_busy:
                 return

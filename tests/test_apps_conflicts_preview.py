@@ -230,3 +230,22 @@ def test_an_exact_request_makes_the_previews_asked_before_it_stale(tiny_model):
     shown = view.bar_rows
     view._show_preview(out)                   # the older preview lands after it
     assert view.bar_rows == shown and not view.previewing
+
+
+def test_the_warm_up_runs_a_preview_that_is_not_drawn(tiny_model):
+    """Served, exact bars are followed by one preview (run 1 made if the bars came from the
+    result cache, the forward's blocks built; the last layer's first head when none is
+    chosen) whose bars are not drawn."""
+    view = _view(tiny_model, background=False)
+    view.wait()
+    view._run1 = (view._run1[0], None)            # as when the bars came from the cache
+    view._background = True
+    for lane in ("preview", "warm"):
+        view._runners[lane].background = True
+    tiny_model.__dict__.pop("_preview_blocks", None)
+    rows, shown = view.bar_rows, view.shown
+    view._warm_preview()
+    view.wait()
+    assert view.preview_runs == 1 and view._run1[1] is not None
+    assert "_preview_blocks" in tiny_model.__dict__
+    assert view.bar_rows == rows and view.shown is shown and not view._preview_busy
