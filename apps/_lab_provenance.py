@@ -25,7 +25,7 @@ import panel as pn
 from apps._page_provenance import STALE_STYLE, ShownRecord, outdated_markdown
 from apps._provenance import Provenance, changed_inputs, computed_at_now
 
-__all__ = ["LabInput", "plural", "lab_record", "stamped", "inputs_text", "lab_stale_text",
+__all__ = ["LabInput", "plural", "lab_record", "drawn_as", "stamped", "inputs_text", "lab_stale_text",
            "outdated_markdown", "stale_pane", "recompute_state", "RECOMPUTING"]
 
 RECOMPUTING = ShownRecord.stale_states["running"]
@@ -69,6 +69,15 @@ def lab_record(page: str, model: str, inputs: Mapping[str, Any], *, method: str 
                       request=tuple(sorted((k, frozen(v)) for k, v in inputs.items())),
                       settings=tuple(sorted((k, frozen(v)) for k, v in (settings or {}).items())),
                       computed_at=computed_at)
+
+
+def drawn_as(shown: Provenance | None, settings: Mapping[str, Any]) -> Provenance | None:
+    """The record of a shown result, ``shown``, with the ``settings`` it is drawn at now (the
+    controls that redraw it without recomputing); None while nothing is shown."""
+    if shown is None:
+        return None
+    return lab_record(shown.page, shown.model, dict(shown.request), method=shown.method,
+                      task=shown.task, settings=settings, computed_at=shown.computed_at)
 
 
 def stamped(prov: Provenance) -> Provenance:

@@ -29,8 +29,8 @@ import xarray as xr
 
 from apps import theme
 from apps._controls import caption, control, flex_row, run_page
-from apps._lab_provenance import (LabInput, lab_record, lab_stale_text, recompute_state,
-                                  stale_pane, stamped)
+from apps._lab_provenance import (LabInput, drawn_as, lab_record, lab_stale_text,
+                                  recompute_state, stale_pane, stamped)
 from apps._paper import paper_panel
 from apps._parity_phase import phase_caption, plot_phase_diagram
 from apps._provenance import Provenance
@@ -486,13 +486,10 @@ class ParityView(View):
     def shown_provenance(self) -> Provenance | None:
         """The record of the sizes over training, with the checkpoint, threshold and length
         the hidden states and the automaton are drawn at (drawn at once from the controls)."""
-        rec = self.curves_record
-        if rec is None:
-            return None
-        return lab_record(rec.page, rec.model, dict(rec.request), computed_at=rec.computed_at,
-                          settings={"step": self.step, "drawn_threshold": float(self.threshold),
-                                    "drawn_max_length": int(self.max_length),
-                                    "minimal": self.minimal, "color_by": self.color_by})
+        return drawn_as(self.curves_record, {
+            "step": self.step, "drawn_threshold": float(self.threshold),
+            "drawn_max_length": int(self.max_length), "minimal": self.minimal,
+            "color_by": self.color_by})
 
     def requested_provenance(self) -> Provenance | None:
         return self.curves_request()

@@ -31,8 +31,8 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled_controls
-from apps._lab_provenance import (LabInput, lab_record, lab_stale_text, recompute_state,
-                                  stale_pane, stamped)
+from apps._lab_provenance import (LabInput, drawn_as, lab_record, lab_stale_text,
+                                  recompute_state, stale_pane, stamped)
 from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -394,13 +394,9 @@ class ShatteringView(View):
 
     def shown_provenance(self) -> Provenance | None:
         """The shown edit's record, with the strength and plane it is drawn at."""
-        rec = self.edit_record
-        if rec is None:
-            return None
-        return lab_record(rec.page, rec.model, dict(rec.request), computed_at=rec.computed_at,
-                          settings={"strength": round(float(self.strength), 4),
-                                    "projection": self.projection, "axes": self.axes,
-                                    "order": self.order})
+        return drawn_as(self.edit_record, {
+            "strength": round(float(self.strength), 4), "projection": self.projection,
+            "axes": self.axes, "order": self.order})
 
     def requested_provenance(self) -> Provenance | None:
         return self.edit_request()
