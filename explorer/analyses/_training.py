@@ -7,9 +7,11 @@ of the regression labs (linear ICL, task emergence).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import xarray as xr
 
@@ -17,7 +19,8 @@ from explorer._checks import InputError, StoreError, check_int, safetensors_prob
 
 __all__ = ["ProgressCallback", "terminal_progress", "training_versions", "training_attrs",
            "check_training_run", "check_checkpoint_step", "stored_training_run",
-           "datasets_to_safetensors", "datasets_from_safetensors", "run_training_steps"]
+           "datasets_to_safetensors", "datasets_from_safetensors", "run_training_steps",
+           "CheckpointLog"]
 
 ProgressCallback = Callable[[int, int], Any]
 
@@ -190,6 +193,34 @@ def datasets_from_safetensors(path, *, as_float32: Sequence[str] = ()) -> tuple[
                            in entry.get("text_coords", {}).items()})
             out[name] = xr.Dataset(data, coords=coords, attrs=entry["attrs"])
     return out, {k: json.loads(v) for k, v in meta.items()}
+
+
+class CheckpointLog:
+    """What a run of `run_training_steps` keeps at each checkpoint: the step, the training
+    loss averaged over the steps since the previous checkpoint (the losses ``running``
+    collects), wall and CPU seconds since the log began, and a snapshot of the weights."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.train_loss: list[float] = []
+        self.wall_seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        self.snapshots: list[Any] = []
+        self.running: list[float] = []          # pass as `run_training_steps`' ``losses``
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
+
+    def record(self, step: int, snapshot: Any) -> None:
+        """A checkpoint at ``step`` holding ``snapshot``; the running losses start afresh."""
+        self.wall_seconds.append(time.perf_counter() - self._start)
+        self.cpu_seconds.append(time.process_time() - self._cpu_start)
+        self.snapshots.append(snapshot)
+        self.steps.append(step)
+        self.train_loss.append(float(np.mean(self.running)) if self.running else float("nan"))
+        self.running.clear()
+
+    def elapsed(self) -> tuple[float, float]:
+        """Wall and CPU seconds since the log began."""
+        return time.perf_counter() - self._start, time.process_time() - self._cpu_start
 
 
 def run_training_steps(steps: int, step_loss: Callable[[int], torch.Tensor],

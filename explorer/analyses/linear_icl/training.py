@@ -2,7 +2,6 @@
 the model at a checkpoint (`icl_model`)."""
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,8 +10,8 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import (check_checkpoint_step, check_training_run,
-                                         run_training_steps, training_attrs)
+from explorer.analyses._training import (CheckpointLog, check_checkpoint_step,
+                                         check_training_run, run_training_steps, training_attrs)
 from explorer.analyses.linear_icl.model import (CITATION, DEFAULTS, ICLAttention, ProgressCallback,
                                                 TEST_LENGTHS, sample_regression_prompts)
 
@@ -98,19 +97,13 @@ def train_linear_icl(
     tests = {L: sample_regression_prompts(n_test, L, d, noise_var=noise_var, seed=int(seed) + 10_000 + L)
              for L in test_lengths}
 
-    snapshots, at_steps, train_losses, test_losses, walls = [], [], [], [], []
-    running = []
-    start, cpu_start = time.perf_counter(), time.process_time()
+    log, test_losses = CheckpointLog(), []
 
     def checkpoint(step: int) -> None:
         with torch.no_grad():
             test_losses.append([float(((model(t["X"], t["y"], t["x_q"]) - t["y_q"]) ** 2).mean())
                                 for t in tests.values()])
-        snapshots.append(model.weights())
-        at_steps.append(step)
-        train_losses.append(float(np.mean(running)) if running else float("nan"))
-        walls.append(time.perf_counter() - start)
-        running.clear()
+        log.record(step, model.weights())
 
     def step_loss(_step: int) -> torch.Tensor:
         batch = sample_regression_prompts(batch_size, context_length, d, noise_var=noise_var,
@@ -119,15 +112,15 @@ def train_linear_icl(
 
     with torch.enable_grad():
         checkpoint(0)
-    cancelled = run_training_steps(steps, step_loss, optimiser, losses=running,
+    cancelled = run_training_steps(steps, step_loss, optimiser, losses=log.running,
                                    checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                                    progress=progress)
-    seconds = time.perf_counter() - start
-    return _run_dataset(snapshots, at_steps, train_losses, test_losses, test_lengths,
+    seconds, cpu_seconds = log.elapsed()
+    return _run_dataset(log.snapshots, log.steps, log.train_loss, test_losses, test_lengths,
                         training_attrs("linear_icl", params, seed, CITATION,
                                        train_seconds=round(seconds, 3),
-                                       train_cpu_seconds=round(time.process_time() - cpu_start, 3),
-                                       cancelled=cancelled), wall_seconds=walls)
+                                       train_cpu_seconds=round(cpu_seconds, 3),
+                                       cancelled=cancelled), wall_seconds=log.wall_seconds)
 
 
 def _run_dataset(snapshots, steps, train_losses, test_losses, test_lengths, attrs,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 import xarray as xr
 
 from explorer._checks import InputError, check_float, check_int
-from explorer.analyses._training import (check_checkpoint_step, check_training_run,
+from explorer.analyses._training import (CheckpointLog, check_checkpoint_step, check_training_run,
                                          run_training_steps, training_attrs)
 from explorer.analyses.task_emergence.model import TaskICLTransformer
 from explorer.analyses.task_emergence.tasks import (CITATION, DEFAULTS, ProgressCallback, _sample,
@@ -115,8 +114,7 @@ def train_task_emergence(
     bases = torch.as_tensor(bases_np, dtype=torch.float32)
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
-    snapshots, at_steps, losses, walls, cpus, running = [], [], [], [], [], []
-    start, cpu_start = time.perf_counter(), time.process_time()
+    log = CheckpointLog()
 
     def rate(step: int) -> float:
         if step <= warmup:
@@ -126,12 +124,7 @@ def train_task_emergence(
         return lr
 
     def checkpoint(step: int) -> None:
-        walls.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu_start)
-        snapshots.append(model.flat_weights())
-        at_steps.append(step)
-        losses.append(float(np.mean(running)) if running else float("nan"))
-        running.clear()
+        log.record(step, model.flat_weights())
 
     def step_loss(step: int) -> torch.Tensor:
         for group in optimiser.param_groups:
@@ -141,20 +134,19 @@ def train_task_emergence(
 
     with torch.enable_grad():
         checkpoint(0)
-    cancelled = run_training_steps(steps, step_loss, optimiser, losses=running,
+    cancelled = run_training_steps(steps, step_loss, optimiser, losses=log.running,
                                    checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                                    progress=progress)
-    seconds = time.perf_counter() - start
-    cpu_seconds = time.process_time() - cpu_start
+    seconds, cpu_seconds = log.elapsed()
     names = [n for n, _ in model.named_parameters()]
     shapes = [list(p.shape) for p in model.parameters()]
     return xr.Dataset(
-        {"weights": (("step", "parameter"), np.stack(snapshots).astype(np.float32)),
+        {"weights": (("step", "parameter"), np.stack(log.snapshots).astype(np.float32)),
          "bases": (("task", "feature", "rank"), bases_np.astype(np.float32)),
-         "train_loss": (("step",), np.asarray(losses))},
-        coords={"step": np.asarray(at_steps, dtype=np.int64),
-                "wall_seconds": ("step", np.asarray(walls)),
-                "cpu_seconds": ("step", np.asarray(cpus)),
+         "train_loss": (("step",), np.asarray(log.train_loss))},
+        coords={"step": np.asarray(log.steps, dtype=np.int64),
+                "wall_seconds": ("step", np.asarray(log.wall_seconds)),
+                "cpu_seconds": ("step", np.asarray(log.cpu_seconds)),
                 "task": np.arange(n_tasks), "feature": np.arange(d), "rank": np.arange(rank)},
         attrs=training_attrs("task_emergence_run", params, seed, CITATION,
                              train_seconds=round(seconds, 3),
