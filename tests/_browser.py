@@ -435,8 +435,10 @@ _SIGNATURE = f"""(busy) => {{
 }}"""
 
 
-BUSY_TEXT = r"\b(computing|analysing|training|loading|measuring|running|scoring)\b[^.]*…"
-"""A status line of a page at work ("Training H = 2: step 40/200 (3 s)…", "computing td…")."""
+BUSY_TEXT = (r"\b(computing|analysing|training|loading|measuring|running|scoring|comparing|"
+             r"tracing|attributing|waiting)\b[^.]*…")
+"""A status line or placeholder of a page at work ("Training H = 2: step 40/200 (3 s)…",
+"computing td…", "Comparing the two prompts…"): every such verb the pages write before "…"."""
 
 
 QUIET_S = {"gallery": 1.5, "page": 3.0}
