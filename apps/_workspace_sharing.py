@@ -71,6 +71,14 @@ class SharingPart:
         settings = self._pending_settings.pop(slug, None)
         if settings:
             self._apply_settings(slug, view, settings)
+        # the inputs first, in one update: the page recomputes once, on all of them (a head
+        # selected while it was hidden must not recompute it on its old prompts first)
+        inputs = {"edits": list(ws.edits), "prompt": self.prompt,
+                  "second_prompt": ws.second_prompt}
+        changed = {name: value for name, value in inputs.items()
+                   if name in view.param and getattr(view, name) != value}
+        if changed:
+            view.param.update(**changed)
         self._pushing_selection = True
         try:
             if "highlighted" in view.param and list(view.highlighted) != list(ws.selected):
@@ -83,12 +91,6 @@ class SharingPart:
                     setattr(view, name, list(getattr(ws, name)))
         finally:
             self._pushing_selection = False
-        if "edits" in view.param and list(view.edits) != list(ws.edits):
-            view.edits = list(ws.edits)
-        if "prompt" in view.param and view.prompt != self.prompt:
-            view.prompt = self.prompt
-        if "second_prompt" in view.param and view.second_prompt != ws.second_prompt:
-            view.second_prompt = ws.second_prompt
         if slug in self._items_behind and slug in self._own_boxes:
             self._items_behind.discard(slug)
             obj, name = self._own_boxes[slug]

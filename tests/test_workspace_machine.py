@@ -20,8 +20,10 @@ per fault; a link reopens the same state. A page whose `shown_provenance` is Non
 for saying nothing stale.
 
 The fixed walks (`walk`, below) are part of ``make test-fast`` (about 40 s together on a
-loaded 2-core machine); the Hypothesis walk (a fixed seed, 8 short walks, about 20-30 s) is
-marked slow, and walks longer with ``EXPLORER_MACHINE_EXAMPLES=500``.
+loaded 2-core machine); the Hypothesis walks are marked slow: the derandomized one (8 short
+walks, about 20-30 s) and two more seeds (``SEEDS``: 6 walks of 20 steps each). Walk longer
+with ``EXPLORER_MACHINE_EXAMPLES=500`` (walks per seed, 25 steps each) and from other seeds
+with ``EXPLORER_MACHINE_SEEDS=1,2,3``.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
@@ -58,6 +60,7 @@ from explorer.workspace import MAX_PROMPT_TOKENS, Workspace, edit_label, workspa
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 EXAMPLES = int(os.environ.get("EXPLORER_MACHINE_EXAMPLES", "0"))
+SEEDS = [int(s) for s in os.environ.get("EXPLORER_MACHINE_SEEDS", "3,17").split(",") if s]
 PROMPTS = ["When Mary and John went to the store, John gave a drink to",
            "Ann met Bob and Bob thanked",
            "The cat sat on the mat and the cat",
@@ -688,7 +691,8 @@ def test_the_walk_of_a_person_on_the_ioi_sentence(tiny_model):
 def test_a_walk_through_the_pages(tiny_model):
     """Patching on a token, a prompt over its 64 tokens (refused: the old grid is marked
     outdated and keeps its words), an edit, a refused replacement; logit attribution with a
-    refused answer and a prompt over its 256 tokens; the lens refusing that prompt too; the
+    refused answer and a prompt over its 256 tokens, whose link another session refuses
+    whole (the prompt is over the sidebar's limit too); the lens refusing that prompt; the
     attention and saturation pages catching up as they open; a link followed from two
     pages."""
     m = walk([("switch_page", {"slug": "patching"}),
@@ -703,6 +707,9 @@ def test_a_walk_through_the_pages(tiny_model):
         assert "the answer or alternative changed" in m.in_view.stale_note()
         walk([("type_answer", {"answer": ""}), ("set_prompt", {"prompt": PROMPTS[4]})], m)
         assert "the prompt changed" in m.in_view.stale_note()
+        # its link is refused whole: the prompt is over the sidebar's limit (the person stays)
+        walk([("follow_link", {})], m)
+        assert m.gallery.workspace.prompt == PROMPTS[4] and m.view == "dla"
         walk([("switch_page", {"slug": "lens"}), ("set_prompt", {"prompt": PROMPTS[2]}),
               ("set_prompt", {"prompt": PROMPTS[4]})], m)
         assert "the prompt changed since" in m.in_view.stale_note()    # over the lens's 256
@@ -766,6 +773,12 @@ def test_a_walk_through_two_prompts_and_feature_dashboards(tiny_model):
         m.teardown()
 
 
+_WALK_SETTINGS = dict(deadline=None, database=None, print_blob=False,
+                      phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                             HealthCheck.filter_too_much])
+
+
 @pytest.mark.slow
 def test_walking_the_workspace_keeps_every_page_text_true(tiny_model):
     """Fixed seed, a few short walks from a page drawn at random (20-30 s of wall time here,
@@ -773,10 +786,17 @@ def test_walking_the_workspace_keeps_every_page_text_true(tiny_model):
     about 6 minutes)."""
     run_state_machine_as_test(WorkspaceWalk, settings=settings(
         max_examples=EXAMPLES or 8, stateful_step_count=10 if not EXAMPLES else 25,
-        derandomize=True, deadline=None, database=None, print_blob=False,
-        phases=[Phase.explicit, Phase.generate, Phase.shrink],
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                               HealthCheck.filter_too_much]))
+        derandomize=True, **_WALK_SETTINGS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("walk_seed", SEEDS)
+def test_walks_from_other_seeds_keep_every_page_text_true(tiny_model, walk_seed):
+    """Longer walks drawn from the seed ``walk_seed`` (``EXPLORER_MACHINE_SEEDS``): 6 walks of
+    20 steps each (about a minute here), EXPLORER_MACHINE_EXAMPLES walks of 25 for more."""
+    run_state_machine_as_test(seed(walk_seed)(lambda: WorkspaceWalk()), settings=settings(
+        max_examples=EXAMPLES or 6, stateful_step_count=20 if not EXAMPLES else 25,
+        derandomize=False, **_WALK_SETTINGS))
 
 
 def test_a_head_selected_then_dropped_is_not_reopened_by_a_link(tiny_model):
@@ -787,6 +807,25 @@ def test_a_head_selected_then_dropped_is_not_reopened_by_a_link(tiny_model):
         assert m.page.selected == "L0.H1"
         walk([("drop_component", {}), ("follow_link", {})], m)
         assert m.gallery.workspace.selected == [] and m.page.selected == ""
+    finally:
+        m.teardown()
+
+
+def test_a_page_opened_recomputes_once_on_the_inputs_set_while_it_was_hidden(tiny_model):
+    """On the Two prompts page a prompt B over its 128 tokens (refused); on another page B
+    changes (still over) and a head is selected. Opening Two prompts gives one message, of
+    the B now set: the page takes the prompts and edits in one update before the head (which
+    set alone first recomputed it on the old B: two messages; a walk the machine found)."""
+    m = walk([("switch_page", {"slug": "compare"}),
+              ("set_second_prompt", {"text": SECOND_PROMPTS[5]}),
+              ("switch_page", {"slug": "saturation"}),
+              ("set_second_prompt_in_workspace", {"text": SECOND_PROMPTS[3]}),
+              ("select_component", {"name": "L1.H0"}), ("switch_page", {"slug": "compare"})])
+    try:
+        assert m.in_view.second_prompt == SECOND_PROMPTS[3]
+        assert (m.in_view.layer, m.in_view.head) == (1, 0)
+        assert "Prompt B is 181 tokens" in m.in_view.error
+        assert "prompt B changed" in m.in_view.stale_note()
     finally:
         m.teardown()
 
@@ -806,17 +845,6 @@ def test_a_link_opens_the_enlarged_head_without_selecting_it(tiny_model):
     finally:
         m.teardown()
 
-
-def test_a_link_of_a_prompt_over_the_sidebar_limit_is_refused_whole(tiny_model):
-    """A prompt over the sidebar's limit set past the sidebar (on the logit attribution
-    page, which refuses it too), components selected: the new session refuses the link with
-    one message and keeps its own state (a walk the machine found)."""
-    m = walk([("switch_page", {"slug": "dla"}), ("set_prompt", {"prompt": PROMPTS[4]}),
-              ("select_component", {"name": "L1.H0"}), ("follow_link", {})])
-    try:
-        assert m.gallery.workspace.prompt == PROMPTS[4]      # the person stayed
-    finally:
-        m.teardown()
 
 
 def test_a_second_prompt_over_the_limit_is_refused_by_link_state_and_workspace(tiny_model):
