@@ -215,6 +215,9 @@ def serve_shared(**serve_options) -> Iterator[str]:
     """Serve every path reserved by `shared_page` (the app its module set, or a note that
     none is set); yields the base URL. The `shared_server` fixture's body."""
     import panel as pn
+    from _patch_log import install
+
+    install()                                   # to explain an unknown-reference page error
 
     def app(slug: str):
         def session():

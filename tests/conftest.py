@@ -358,8 +358,11 @@ class WatchedBrowser:
 
         def page_error(err: Any) -> None:
             stack = (getattr(err.error, "stack", "") or "").splitlines()[:8]
+            from _patch_log import explain
+
             self.problems.append(f"page error: {err.error}\n  stack: " + "\n    ".join(stack)
-                                 + "\n  console before it:\n    " + "\n    ".join(recent))
+                                 + "\n  console before it:\n    " + "\n    ".join(recent)
+                                 + explain(str(err.error)))
 
         def failed(request: Any) -> None:
             # closing a page or navigating away cancels what is in flight: not a page fault
