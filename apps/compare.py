@@ -29,6 +29,7 @@ from apps import theme
 from apps._controls import check_selected_component, selected_component, token_choice
 from apps._heads_heatmap import click_cell, component_cell_box, layer_ticks, on_head_click
 from apps._positions import position_outlines, toggled
+from apps._page_provenance import ShownRecord
 from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe, Ref
 from apps._session import CancelToken
@@ -93,9 +94,9 @@ def compare_provenance(ds: xr.Dataset | None) -> Provenance | None:
                                wrong=str(ds.attrs.get("alternative", "")))
 
 
-def compare_stale_text(shown: Provenance, wanted: Provenance) -> str:
+def compare_stale_text(shown: Provenance, wanted: Provenance, state: str = "") -> str:
     """'' when the shown result is of the current inputs; else what it was computed on
-    (both prompts), what changed since, and that it recomputes."""
+    (both prompts), what changed since, and ``state``: what the page is doing about it."""
     changed = changed_inputs(shown, wanted)
     if not changed:
         return ""
@@ -111,7 +112,8 @@ def compare_stale_text(shown: Provenance, wanted: Provenance) -> str:
     return (f"Shown: computed on A = {one_line(shown.prompts[0])} and B = "
             f"{one_line(shown.prompts[1]) if shown.prompts[1] else 'none'} "
             f"({dict(shown.request)['view']}) at "
-            f"{shown.computed_at[11:16]} UTC; {', '.join(words)} changed since.")
+            f"{shown.computed_at[11:16]} UTC; {', '.join(words)} changed since"
+            + (f": {state}" if state else "."))
 
 
 # -- pure functions: Datasets in, arrays / text / HoloViews out ---------------------------
@@ -393,6 +395,10 @@ class CompareView(View):
         super().__init__(background=background, **params)
         self._model = model
         self._started = 0.0
+        # the inputs of the last request asked, and of the last one answered (a result or a
+        # refusal landed; a request superseded or stopped is not)
+        self._asked: tuple[Provenance, list[dict]] | None = None
+        self._answered: tuple[Provenance, list[dict]] | None = None
         self.bound_layer("layer", layer, model.spec.n_layers)
         self.param.head.bounds = (0, model.spec.n_heads - 1)
         self.head = head
@@ -419,9 +425,17 @@ class CompareView(View):
         return compare_request(self._model.spec.name, self.request_state())
 
     def stale_note(self) -> str:
-        """'' while the shown result is of the current inputs; else what it was computed on."""
+        """'' while the shown result is of the current inputs; else what it was computed on,
+        what changed since and what the page is doing about it: recomputing, its recompute
+        failed or was refused (the message says why), or, out of view in the gallery (or not
+        loaded yet), it recomputes when opened (`ShownRecord.stale_states`' words)."""
         shown = self.shown_provenance()
-        return "" if shown is None else compare_stale_text(shown, self.requested_provenance())
+        if shown is None:
+            return ""
+        states = ShownRecord.stale_states
+        state = (states["running"] if self.running else states["failed"] if self.error
+                 else states["waiting"])
+        return compare_stale_text(shown, self.requested_provenance(), state)
 
     def stale_markdown(self, *_: Any) -> str:
         text = self.stale_note()
@@ -433,6 +447,12 @@ class CompareView(View):
             return
         state = self.request_state()
         model, edits = self._model, list(self.edits)
+        # an input the view does not read (the head outside the attention view, the ranks
+        # outside saturation, ...) asks for the result (or refusal) that landed last again:
+        # nothing to compute, nor a message to repeat
+        self._asked = (self.requested_provenance(), [e.to_dict() for e in edits])
+        if self._asked == self._answered:
+            return
         try:  # a picker that is not one token is said now, and the shown result stays
             for name in ("answer", "alternative"):
                 token = _token(state[name])
@@ -461,7 +481,13 @@ class CompareView(View):
 
         self.submit("compare", job)
 
+    def show_error(self, exc: BaseException) -> None:
+        """`View.show_error`, the request refused being the last one answered."""
+        self._answered = self._asked
+        super().show_error(exc)
+
     def _got_result(self, ds: xr.Dataset) -> None:
+        self._answered = self._asked
         seconds = time.perf_counter() - self._started
         lengths = ", ".join(f"{p} {int(n)} tokens" for p, n in zip(ds.prompt.values,
                                                                    ds.n_tokens.values))

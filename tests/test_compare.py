@@ -251,10 +251,20 @@ def test_page_marks_a_stale_result_with_both_prompts(tiny_model):
     view.second_prompt = LONGER
     note = view.stale_note()
     assert note.startswith(f"Shown: computed on A = {SAME_A!r} and B = {SAME_B!r} (lens)")
-    assert note.endswith("prompt B changed since.")
+    assert note.endswith("prompt B changed since: the page recomputes when it is opened.")
     assert "Outdated" in view.stale_markdown()
     view.prompt = "Hello"
-    assert view.stale_note().endswith("both prompts changed since.")
+    assert view.stale_note().endswith("both prompts changed since: the page recomputes when "
+                                      "it is opened.")
+    view._page_loaded = True                 # it computes: B over the page's 128 tokens fails
+    view.second_prompt = "x " * 200
+    assert "this page compares at most 128" in view.error
+    assert view.stale_note().endswith("both prompts changed since: its recompute failed (the "
+                                      "message above says why); the result shown is the old "
+                                      "one.")
+    view.running = True                      # a recompute in flight (served)
+    assert view.stale_note().endswith("changed since: recomputing; the result shown is the "
+                                      "old one until then.")
 
 
 def test_page_views_clicks_caption_and_code(tiny_model):

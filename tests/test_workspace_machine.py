@@ -42,6 +42,7 @@ import html
 
 from apps import theme
 from apps._circuits_text import method_label
+from apps._page_provenance import ShownRecord
 from apps._provenance import counterfactual_text, one_line
 from apps.attention import AttentionView
 from apps.circuits import OWN_TASK, PROMPT_TASK, CircuitsView
@@ -83,7 +84,10 @@ SECOND_PROMPTS = ["", "When Mary and John went to the store, Mary gave a drink t
                   "line one\nline two " * 20,   # over the Two prompts page's 128 tokens
                   "line one\nline two " * 32,   # over the sidebar's 256 (not set)
                   "x" * 256, "x" * 257]         # one letter a token: at the limit, one over
-COMPARE_VIEWS = ["lens", "saturation", "dla"]
+COMPARE_VIEWS = ["lens", "saturation", "dla", "attention"]
+# how a stale note ends (`docs/workspace.md`): recomputing, refused, failed, recomputes when
+# opened, or the page's own action (these pages recompute as each input changes: Enter)
+STALE_ENDINGS = (*ShownRecord.stale_states.values(), "press Enter to update.")
 
 
 def _page(model):
@@ -641,8 +645,10 @@ class WorkspaceWalk(RuleBasedStateMachine):
         if stale:
             note = page.stale_note()
             assert one_line(shown.prompts[0]) in note     # what it was computed on
-            if self.view in ("dla", "patching") and page.error:   # refused, or failed
-                assert "the message above says why" in note and "press" not in note, note
+            # and what the page is doing about it, in every page's words: a refusal or a
+            # failure exactly when the page's message says one
+            assert note.endswith(STALE_ENDINGS), note
+            assert ("the message above says why" in note) == bool(page.error), (note, page.error)
 
 
 def walk(steps, machine: WorkspaceWalk | None = None) -> WorkspaceWalk:
@@ -826,6 +832,23 @@ def test_a_page_opened_recomputes_once_on_the_inputs_set_while_it_was_hidden(tin
         assert (m.in_view.layer, m.in_view.head) == (1, 0)
         assert "Prompt B is 181 tokens" in m.in_view.error
         assert "prompt B changed" in m.in_view.stale_note()
+    finally:
+        m.teardown()
+
+
+def test_a_head_selected_outside_the_attention_view_recomputes_nothing(tiny_model):
+    """On Two prompts, saturation view, prompt B over its 128 tokens (refused, one message):
+    selecting a head changes nothing the view reads, so nothing is recomputed and no message
+    repeats; the attention view then reads the head (a walk the machine found)."""
+    m = walk([("switch_page", {"slug": "compare"}),
+              ("set_second_prompt", {"text": SECOND_PROMPTS[3]}),
+              ("compare_with", {"view": "saturation"}), ("select_component", {"name": "L1.H0"})])
+    try:
+        assert "Prompt B is 181 tokens" in m.in_view.error
+        walk([("set_second_prompt", {"text": SECOND_PROMPTS[2]}),
+              ("compare_with", {"view": "attention"})], m)
+        shown = m.in_view.shown_provenance()
+        assert dict(shown.request)["head"] == (1, 0) and m.in_view.error == ""
     finally:
         m.teardown()
 
