@@ -19,15 +19,22 @@ until the rest fit in ``max_bytes`` (a read marks an entry used).
 
 Environment: ``EXPLORER_RESULT_CACHE=off`` turns the cache off; ``EXPLORER_RESULT_CACHE_MB``
 sets its size bound (default 512); the folder is under `explorer.models.cache_dir`.
+
+`start_warmup` starts the warm-up child (`apps._result_warmup`) that fills the cache for the
+cached pages' default inputs; ``explorer serve`` calls it once its server listens.
+``EXPLORER_WARM_CACHE=off`` (or the cache off) keeps it from starting.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,7 +48,8 @@ from explorer._version import __version__
 from explorer.models import cache_dir
 
 __all__ = ["ResultCache", "Stored", "code_version", "cached_note", "ENV_VAR", "SIZE_ENV_VAR",
-           "DEFAULT_MB", "result_cache", "DiskResults"]
+           "DEFAULT_MB", "result_cache", "DiskResults", "WARM_ENV_VAR", "warmup_wanted",
+           "start_warmup"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,8 @@ ENV_VAR = "EXPLORER_RESULT_CACHE"
 SIZE_ENV_VAR = "EXPLORER_RESULT_CACHE_MB"
 """The result cache's size bound in MiB (default `DEFAULT_MB`)."""
 DEFAULT_MB = 512
+WARM_ENV_VAR = "EXPLORER_WARM_CACHE"
+"""``off`` (or ``0``, ``no``, ``false``) keeps ``explorer serve`` from warming the cache up."""
 
 _FOLDER = "page-results"
 _ENTRY = "entry.json"
@@ -293,3 +303,41 @@ class DiskResults:
         cache = self.result_cache()
         if parts is not None and cache is not None:
             cache.put(parts, datasets, values, computed_at=computed_at)
+
+
+# -- warm-up -----------------------------------------------------------------------------------
+
+def warmup_wanted() -> bool:
+    """Whether the warm-up may run: the cache on and ``EXPLORER_WARM_CACHE`` not off."""
+    return (os.environ.get(ENV_VAR, "").strip().lower() not in _OFF
+            and os.environ.get(WARM_ENV_VAR, "").strip().lower() not in _OFF)
+
+
+def start_warmup(model_name: str) -> subprocess.Popen | None:
+    """Start ``python -m apps._result_warmup --model model_name`` (a child process at low
+    priority, torch on one thread) and return it at once; it is stopped when this process
+    exits. None when `warmup_wanted` says no or the child cannot start (logged)."""
+    if not warmup_wanted():
+        return None
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "apps._result_warmup", "--model",
+                                  str(model_name)], cwd=root, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    except OSError as err:
+        log.warning("the result cache warm-up did not start: %s", err)
+        return None
+    atexit.register(_stop_child, child)
+    return child
+
+
+def _stop_child(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()

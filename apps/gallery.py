@@ -46,6 +46,7 @@ from typing import Any
 import panel as pn
 import param
 import xarray as xr
+from tornado.ioloop import IOLoop
 
 import explorer
 from apps import theme
@@ -55,6 +56,7 @@ from apps._copy_code import CopyCode
 from apps._intros import INTROS, intro_pane
 from apps._page_titles import PAGE_TITLES
 from apps._prompt_box import MAX_PROMPT_TOKENS, PromptBoxPart
+from apps._result_cache import start_warmup
 from apps._server import served_origins, set_heavy_job_limit, with_sign_in_pages
 from apps._session import Runner, get_model, served_document, session_hooks, user_message
 from apps._view import scope_line
@@ -525,8 +527,13 @@ def create_app(model_name: str = DEFAULT_MODEL, *, view: str | None = None,
 
 def serve(*, model: str = DEFAULT_MODEL, port: int = 5006, address: str = "127.0.0.1",
           show: bool = False, allow_websocket_origin: Sequence[str] | None = None,
-          remote: bool = False, heavy_jobs: int | None = None, **kwargs: Any) -> Any:
+          remote: bool = False, heavy_jobs: int | None = None, warm_cache: bool = True,
+          **kwargs: Any) -> Any:
     """Serve the gallery (blocking unless ``threaded=True``); binds 127.0.0.1 by default.
+
+    ``warm_cache``: once the server listens, a low-priority child process fills the pages'
+    result cache for the cached pages' default inputs (`apps._result_cache.start_warmup`;
+    not with ``remote``, ``threaded``, ``EXPLORER_WARM_CACHE=off`` or the cache off).
 
     ``heavy_jobs``: how many heavy analyses run at once (`apps._server`; default one per two
     cores). Sign-in options (``basic_auth``, ``oauth_provider``, ``cookie_secret``, ...) go to
@@ -544,6 +551,9 @@ def serve(*, model: str = DEFAULT_MODEL, port: int = 5006, address: str = "127.0
     def app() -> pn.template.FastListTemplate:
         return create_app(model, remote=remote)
 
+    if warm_cache and not remote and not kwargs.get("threaded"):
+        # the first turn of the loop pn.serve starts: its server is listening by then
+        IOLoop.current().add_callback(start_warmup, model)
     # /study: the participants of the studies opened on the User study page
     return pn.serve({"/": app, "/study": participant_page}, port=port, address=address, show=show,
                     websocket_origin=origins, title=theme.TITLE, **with_sign_in_pages(kwargs))

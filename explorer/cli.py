@@ -423,7 +423,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               "run the model and see what it computes.", file=sys.stderr, flush=True)
     gallery.serve(model=args.model, port=port, address=args.address, show=args.show,
                   allow_websocket_origin=args.allow_websocket_origin, remote=args.remote,
-                  heavy_jobs=heavy, **sign_in)
+                  heavy_jobs=heavy, warm_cache=args.warm_cache, **sign_in)
     return 0
 
 
@@ -577,6 +577,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heavy analyses (circuits, corpora, training) that run at once; the "
                         "rest wait in one queue (default: one per two cores, or "
                         "EXPLORER_HEAVY_JOBS)")
+    p.add_argument("--no-warm-cache", dest="warm_cache", action="store_false",
+                   help="do not fill the pages' result cache for their default inputs in a "
+                        "low-priority child process once the server listens (also "
+                        "EXPLORER_WARM_CACHE=off)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("bench", help="run a benchmark and print its result")

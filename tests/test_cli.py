@@ -434,11 +434,14 @@ def test_serve_binds_localhost_by_default_and_prints_the_url(capsys, fake_galler
     assert code == 0, err
     assert fake_gallery == [{"model": "tiny-llama", "port": 5006, "address": "127.0.0.1",
                              "show": False, "allow_websocket_origin": None, "remote": False,
-                             "heavy_jobs": None}]
+                             "heavy_jobs": None, "warm_cache": True}]
     assert "http://127.0.0.1:5006/" in out and err == ""
     code, _, err = run(capsys, "serve", "--model", "tiny-llama", "--remote")
     assert code == 0, err
     assert fake_gallery[-1]["remote"] is True and fake_gallery[-1]["address"] == "127.0.0.1"
+    code, _, err = run(capsys, "serve", "--model", "tiny-llama", "--no-warm-cache")
+    assert code == 0, err
+    assert fake_gallery[-1]["warm_cache"] is False
 
 
 def test_serve_passes_address_port_and_origins_through(capsys, fake_gallery, monkeypatch):
@@ -454,6 +457,7 @@ def test_serve_passes_address_port_and_origins_through(capsys, fake_gallery, mon
     assert code == 0
     assert fake_gallery == [{"model": "smollm2-135m", "port": 8000, "address": "0.0.0.0",
                              "show": True, "remote": False, "heavy_jobs": None,
+                             "warm_cache": True,
                              "allow_websocket_origin": ["lab.example:8000", "localhost:8000"]}]
     assert "http://0.0.0.0:8000/" in out and "anyone who can reach the port" in err
     monkeypatch.setenv("EXPLORER_PASSWORD", "pw-not-printed")

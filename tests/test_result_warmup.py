@@ -1,0 +1,146 @@
+"""The result cache's warm-up (`apps._result_warmup`): the cached pages' results on their
+default inputs computed before anyone opens them, so a page opened afterwards shows them from
+the cache; ``explorer serve`` starts it in a child process only once its server listens, and
+it stays off with ``EXPLORER_WARM_CACHE=off`` or the cache off. In-process, tiny-llama."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import threading
+
+import pytest
+import xarray as xr
+
+from apps import _result_cache as rc
+from apps import _result_warmup as rw
+from tests._browser import free_port
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+NOTE = "Shown from the result cache (computed "
+
+
+@pytest.fixture
+def cache_on(tmp_path, monkeypatch):
+    """The result cache on, in an empty folder of this test's."""
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    monkeypatch.setenv(rc.ENV_VAR, "on")
+    monkeypatch.delenv(rc.WARM_ENV_VAR, raising=False)
+    return tmp_path / "page-results"
+
+
+@pytest.fixture
+def prompt_calls(monkeypatch):
+    """Counts the Saturation page's prompt jobs (`prompt_saturation` runs)."""
+    from apps import _saturation_prompt as sp
+
+    calls = []
+    real = sp.prompt_saturation
+
+    def counted(model, prompt, **kw):
+        calls.append(prompt)
+        return real(model, prompt, **kw)
+
+    monkeypatch.setattr(sp, "prompt_saturation", counted)
+    return calls
+
+
+def _opened(slug: str):
+    """The page ``slug`` as a new session of the gallery opens it (tiny-llama)."""
+    from apps.gallery import VIEWS, Gallery
+
+    (row,) = [v for v in VIEWS if v[1] == slug]
+    return Gallery("tiny-llama", views=[row], view=slug).page(slug)
+
+
+def test_a_page_opened_after_the_warm_up_shows_its_result_from_the_cache(cache_on,
+                                                                       prompt_calls):
+    from apps.gallery import DEFAULT_PROMPT
+    from explorer.analyses.saturation import saturation_layers
+
+    done = rw.warm_result_cache("tiny-llama", ["saturation"])
+    assert [(slug, state) for slug, state, _ in done] == [("saturation", "computed")]
+    assert prompt_calls == [DEFAULT_PROMPT]
+    page = _opened("saturation")
+    assert prompt_calls == [DEFAULT_PROMPT]                           # nothing ran
+    assert page.result_note.startswith(NOTE)
+    model = page._model
+    k = min(10, model.vocab_size)
+    fresh = saturation_layers(model, [DEFAULT_PROMPT], k=k,
+                              rank_cap=min(model.vocab_size, max(50, k)), sample_positions=0,
+                              edits=[], progress=False)
+    xr.testing.assert_equal(page.prompt_result, fresh)
+    # a second warm-up finds the entry there and computes nothing
+    again = rw.warm_result_cache("tiny-llama", ["saturation"])
+    assert [(slug, state) for slug, state, _ in again] == [("saturation", "cached")]
+    assert prompt_calls == [DEFAULT_PROMPT]
+
+
+def test_every_warmed_page_opens_from_the_cache(cache_on):
+    done = rw.warm_result_cache("tiny-llama")
+    assert [slug for slug, _, _ in done] == list(rw.WARM_PAGES)
+    for slug in rw.WARM_PAGES:
+        page = _opened(slug)
+        notes = [getattr(page, name, "") for name in ("result_note", "_scores_note")]
+        assert any(str(n).startswith(NOTE) for n in notes), (slug, notes)
+
+
+def test_the_warm_up_stays_off(cache_on, monkeypatch, prompt_calls):
+    monkeypatch.setenv(rc.WARM_ENV_VAR, "off")
+    assert not rc.warmup_wanted() and rc.start_warmup("tiny-llama") is None
+    monkeypatch.setenv(rc.WARM_ENV_VAR, "on")
+    monkeypatch.setenv(rc.ENV_VAR, "off")
+    assert not rc.warmup_wanted() and rc.start_warmup("tiny-llama") is None
+    assert rw.warm_result_cache("tiny-llama") == [] and prompt_calls == []
+    with pytest.raises(ValueError, match="no gallery page 'lense'"):
+        monkeypatch.setenv(rc.ENV_VAR, "on")
+        rw.warm_result_cache("tiny-llama", ["lense"])
+
+
+def test_the_child_process_fills_the_cache(cache_on):
+    child = rc.start_warmup("tiny-llama")
+    assert isinstance(child, subprocess.Popen)
+    assert child.wait(timeout=600) == 0
+    entries = [p for p in cache_on.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(entries) >= len(rw.WARM_PAGES)
+    assert _opened("saturation").result_note.startswith(NOTE)
+
+
+def test_serve_starts_the_warm_up_once_it_listens(monkeypatch):
+    """The warm-up starts on the server's loop after the socket is bound: a connection to the
+    port succeeds at that moment, and `serve` itself has returned control to the loop."""
+    import apps.gallery as gallery
+
+    port = free_port()
+    seen: list[tuple[str, bool]] = []
+    servers = []
+
+    def fake_start(model: str) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                listening = True
+        except OSError:
+            listening = False
+        seen.append((model, listening))
+        from tornado.ioloop import IOLoop
+
+        IOLoop.current().stop()
+
+    monkeypatch.setattr(gallery, "start_warmup", fake_start)
+
+    def run(**options) -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        from tornado.ioloop import IOLoop
+
+        if options:   # no warm-up to stop the loop: stop it a moment after it starts
+            IOLoop.current().call_later(1.0, IOLoop.current().stop)
+        servers.append(gallery.serve(model="tiny-llama", port=port, show=False, **options))
+
+    for options in ({}, {"warm_cache": False}):
+        thread = threading.Thread(target=run, kwargs=options, daemon=True)
+        thread.start()
+        thread.join(120)
+        assert not thread.is_alive()
+        servers.pop().stop()
+    assert seen == [("tiny-llama", True)]
