@@ -13,16 +13,17 @@ what the page is doing about it (`stale_state`, in the words of every page's not
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import panel as pn
+import xarray as xr
 
 from apps._page_provenance import INPUT_WORDS, STALE_STYLE, ShownRecord
 from apps._provenance import Provenance, changed_inputs
 
 __all__ = ["dictionary_record", "dictionary_words", "dictionary_stale_text", "stale_state",
-           "stale_note_html", "stale_box", "WORDS"]
+           "stale_note_html", "stale_box", "with_records", "WORDS"]
 
 WORDS = {**INPUT_WORDS, "prompts": "the probing prompts", "layer": "the layer", "tau": "tau",
          "l0": "the L0", "atom": "the atom", "unit": "the unit", "concept": "the concept",
@@ -94,3 +95,14 @@ def stale_box(css_class: str, note: Callable[[], str], deps: Sequence[Any]) -> p
                         visible=pn.bind(lambda *_: bool(note()), *deps),
                         css_classes=[css_class, "stale-note"], styles=STALE_STYLE,
                         sizing_mode="stretch_width", margin=(2, 10))
+
+
+def with_records(datasets: Mapping[str, xr.Dataset],
+                 records: Mapping[str, Provenance | None]) -> dict[str, xr.Dataset]:
+    """``datasets`` (a page's export), each one named in ``records`` carrying its record
+    (JSON, in its attrs' ``page_provenance``); the others as they are."""
+    out = dict(datasets)
+    for name, rec in records.items():
+        if name in out and rec is not None:
+            out[name] = out[name].assign_attrs(page_provenance=rec.to_json())
+    return out

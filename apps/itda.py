@@ -34,7 +34,7 @@ from apps import theme
 from apps._paper import paper_panel
 from apps._controls import labelled_controls
 from apps._dictionary_record import (dictionary_record, dictionary_stale_text, dictionary_words,
-                                     stale_box, stale_state)
+                                     stale_box, stale_state, with_records)
 from apps._page_provenance import recompute_state
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import MODEL, Call, Recipe, Ref, Step
@@ -47,7 +47,7 @@ from explorer.trace import trace
 
 __all__ = ["ITDAView", "DEFAULT_PROBE_TEXT", "TAU_GRID", "MIN_POS", "TAU_CAPTION", "plot_tau_curves",
            "plot_similarity", "similarity_caption", "atom_examples_html", "probe_prompts",
-           "dictionary_heading", "tau_caption", "similarity_record"]
+           "dictionary_heading", "tau_caption", "similarity_record", "itda_recipe"]
 
 #: A small probing set: digits, names, punctuation, number words, repeated function words.
 DEFAULT_PROBE_TEXT = "\n".join([
@@ -139,6 +139,36 @@ def similarity_record(model: str, prompts: Sequence[str], *, method: str, tau: f
     if method == "itda":
         request.update(tau=tau, l0=l0)
     return dictionary_record("itda", model, prompts, method=method, request=request)
+
+def itda_recipe(model: str, shown: Provenance, compared: Provenance | None) -> Recipe:
+    """The page's dictionary, its atom, tau curves (and the layer comparison ``compared``
+    once shown) as records of the library calls the page makes, from their records."""
+    it, sim = "explorer.analyses.itda", "explorer.analyses.similarity"
+    r = dict(shown.request)
+    tau, l0, fit = r["tau"], r["l0"], {"layer": r["layer"], "min_pos": MIN_POS}
+    steps: list[Step] = [
+        Call("acts", "explorer.trace", (MODEL, Ref("prompts")), {"sites": ("resid_post",)}),
+        Call("itda", f"{it}.ITDA", (), {"tau": tau, "l0": l0}),
+        Call("itda", "itda.fit", (Ref("acts"),), fit),
+        Call("reconstruction", f"{it}.itda_reconstruction", (Ref("itda"), Ref("acts")), fit,
+             "error, L0, FVE"),
+        Call("examples", f"{it}.itda_atom_examples", (Ref("itda"), Ref("acts")),
+             {"k": 5, "atoms": [r["atom"]], **fit}),
+        Call("sweep", f"{it}.itda_tau_sweep", (Ref("acts"),), {"taus": TAU_GRID, "l0": l0, **fit})]
+    if compared is not None:
+        c = dict(compared.request)
+        if "other" in c:
+            steps.append(Call("other", "explorer.load_model", (c["other"],)))
+        else:
+            steps.append(Call("other", f"{sim}.perturbed_copy", (MODEL,),
+                              {"scale": c["noise"], "seed": 1}))
+        steps += [Call("other_acts", "explorer.trace", (Ref("other"), Ref("prompts")),
+                       {"sites": ("resid_post",)}),
+                  Call("similarity", f"{sim}.layer_similarity", (Ref("acts"), Ref("other_acts")),
+                       {"method": compared.method, "tau": c.get("tau", tau),
+                        "l0": c.get("l0", l0), "min_pos": MIN_POS})]
+    return Recipe(model=model, steps=steps, inputs={"prompts": list(shown.prompts)})
+
 
 _SIMILARITY_NAMES = {"itda": "ITDA-Jaccard of atom labels", "cka": "linear CKA", "svcca": "SVCCA"}
 
@@ -391,7 +421,8 @@ class ITDAView(View):
         """What the page is doing about a layer comparison older than the controls: it
         recomputes (the comparison, or the dictionary it follows), refused the new probing
         set, its recompute failed, or else the button (`compare`) updates it."""
-        return recompute_state(running=self.similarity_running or (self._comparing and self.running),
+        following = self._comparing and self.running          # the dictionary it follows
+        return recompute_state(running=self.similarity_running or following,
                                refused=self.refused, failed=bool(self.error),
                                action=self.param.compare.label)
 
@@ -530,40 +561,12 @@ class ITDAView(View):
 
     # -- reproducibility ---------------------------------------------------------------------
     def code_recipe(self) -> Recipe:
-        """The page's dictionary, its atom, tau curves (and the layer comparison once made) as
-        records of the library calls the page makes: the shown results' records, before the
-        first result the current settings."""
-        it, sim = "explorer.analyses.itda", "explorer.analyses.similarity"
+        """The library calls of the shown results (`itda_recipe`; before the first result,
+        of the current settings)."""
         shown = self.shown or self._record(self._run_params(), probe_prompts(self.probe_text),
                                            self.atom)
-        r = dict(shown.request)
-        tau, l0, fit = r["tau"], r["l0"], {"layer": r["layer"], "min_pos": MIN_POS}
-        steps: list[Step] = [
-            Call("acts", "explorer.trace", (MODEL, Ref("prompts")), {"sites": ("resid_post",)}),
-            Call("itda", f"{it}.ITDA", (), {"tau": tau, "l0": l0}),
-            Call("itda", "itda.fit", (Ref("acts"),), fit),
-            Call("reconstruction", f"{it}.itda_reconstruction", (Ref("itda"), Ref("acts")), fit,
-                 "error, L0, FVE"),
-            Call("examples", f"{it}.itda_atom_examples", (Ref("itda"), Ref("acts")),
-                 {"k": 5, "atoms": [r["atom"]], **fit}),
-            Call("sweep", f"{it}.itda_tau_sweep", (Ref("acts"),),
-                 {"taus": TAU_GRID, "l0": l0, **fit})]
-        compared = self.similarity_shown
-        if self.similarity is not None and compared is not None:
-            c = dict(compared.request)
-            if "other" in c:
-                steps.append(Call("other", "explorer.load_model", (c["other"],)))
-            else:
-                steps.append(Call("other", f"{sim}.perturbed_copy", (MODEL,),
-                                  {"scale": c["noise"], "seed": 1}))
-            steps += [Call("other_acts", "explorer.trace", (Ref("other"), Ref("prompts")),
-                           {"sites": ("resid_post",)}),
-                      Call("similarity", f"{sim}.layer_similarity",
-                           (Ref("acts"), Ref("other_acts")),
-                           {"method": compared.method, "tau": c.get("tau", tau),
-                            "l0": c.get("l0", l0), "min_pos": MIN_POS})]
-        return Recipe(model=self._model.spec.name, steps=steps,
-                      inputs={"prompts": list(shown.prompts)})
+        compared = self.similarity_shown if self.similarity is not None else None
+        return itda_recipe(self._model.spec.name, shown, compared)
 
     def export_manifest(self) -> dict[str, Any]:
         """`View.export_manifest`, with the layer comparison's record once one is shown."""
@@ -575,15 +578,9 @@ class ITDAView(View):
     def export_datasets(self) -> dict[str, xr.Dataset]:
         """The page's Datasets, each carrying the record of what it was computed on (JSON,
         in its attrs' ``page_provenance``)."""
-        out = dict(super().export_datasets())
-        records = {"examples": self.shown, "activations": self.shown,
-                   "sweep": self.sweep_shown, "similarity": self.similarity_shown}
-        for name, rec in records.items():
-            if name in out and rec is not None:
-                ds = out[name].copy()
-                ds.attrs = {**ds.attrs, "page_provenance": rec.to_json()}
-                out[name] = ds
-        return out
+        return with_records(super().export_datasets(), {
+            "examples": self.shown, "activations": self.shown, "sweep": self.sweep_shown,
+            "similarity": self.similarity_shown})
 
     # -- results (on the session's event loop when served) -----------------------------------
     def _show_result(self, out: dict[str, Any]) -> None:
