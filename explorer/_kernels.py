@@ -13,10 +13,12 @@ and every analysis's reference computation, round the same way); only the lens r
 which are computed outside the forward, take `unembed_product`.
 
 - `gemm_backend` decides whether `unembed_product` runs on torch (``"torch"``) or numpy
-  (``"numpy"``), by timing both at the product that will run: the real weight and the row
-  count rounded up to a power of two (`row_bucket`), once per process and shape; the
-  decisions and both timings are in `gemm_decisions`. ``EXPLORER_CPU_GEMM=torch|numpy``
-  forces one.
+  (``"numpy"``), by timing both at the product that will run: the real weight (its first
+  `TIMED_COLUMNS` output rows: the per-column cost is the same, and timing SmolLM2's whole
+  49,152-row unembedding eight times cost ~2 CPU s at 256 rows, several times the product
+  it decides) and the row count rounded up to a power of two (`row_bucket`), once per
+  process and shape; the decisions and both timings are in `gemm_decisions`.
+  ``EXPLORER_CPU_GEMM=torch|numpy`` forces one.
 - `unembed_product` is ``x @ weight.T (+ bias)`` in float32 through that backend, with
   numpy's BLAS limited to torch's thread count. It is plain ``F.linear`` whenever a
   gradient could flow (grad mode on and any operand requiring grad), off the CPU, or for
@@ -43,7 +45,7 @@ from ._checks import InputError
 
 __all__ = ["gemm_backend", "gemm_decisions", "unembed_product", "bfloat16_matmul_is_fast",
            "cpu_flags", "NATIVE_BFLOAT16_FLAGS",
-           "row_bucket", "median_seconds", "GEMM_BACKENDS", "ROW_BUCKETS"]
+           "row_bucket", "median_seconds", "GEMM_BACKENDS", "ROW_BUCKETS", "TIMED_COLUMNS"]
 
 GEMM_BACKENDS = ("auto", "torch", "numpy")
 _ENV = "EXPLORER_CPU_GEMM"
@@ -54,6 +56,10 @@ _SPEEDUP_TO_SWITCH = 1.2
 ROW_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
 """Row counts a kernel decision is timed at (a product's rows rounded up; capped at 1024,
 past which the per-row speed no longer changes)."""
+
+TIMED_COLUMNS = 8192
+"""How many of the weight's output rows a kernel decision times (its first ones; all of a
+smaller weight): enough for the product's per-column speed, a sixth of SmolLM2's vocabulary."""
 
 _DECISIONS_LOCK = threading.Lock()
 _GEMM_DECISIONS: dict[tuple[int, int, int], dict[str, Any]] = {}
@@ -114,7 +120,8 @@ def _measured_backend() -> str:
 
 
 def _gemm_decision(rows: int, weight: torch.Tensor) -> dict[str, Any]:
-    """The backend for ``[rows x d] @ weight.T`` here, timed once per (row bucket, shape)."""
+    """The backend for ``[rows x d] @ weight.T`` here, timed once per (row bucket, shape) on
+    the weight's first `TIMED_COLUMNS` rows."""
     vocab, d = weight.shape
     key = (row_bucket(rows), int(d), int(vocab))
     with _DECISIONS_LOCK:
@@ -123,7 +130,7 @@ def _gemm_decision(rows: int, weight: torch.Tensor) -> dict[str, Any]:
         return entry
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(key[0], key[1], generator=gen)
-    w = weight.detach()
+    w = weight.detach()[:TIMED_COLUMNS]
     with torch.no_grad():
         t_torch = _median_s(lambda: F.linear(x, w), repeats=3)
         try:
@@ -133,7 +140,7 @@ def _gemm_decision(rows: int, weight: torch.Tensor) -> dict[str, Any]:
             agrees = False
         t_numpy = _median_s(lambda: _numpy_product(x, w, None), repeats=3) if agrees \
             else math.inf
-    entry = {"rows": key[0], "d_in": key[1], "d_out": key[2],
+    entry = {"rows": key[0], "d_in": key[1], "d_out": key[2], "timed_d_out": int(w.shape[0]),
              "chosen": "numpy" if t_torch >= _SPEEDUP_TO_SWITCH * t_numpy else "torch",
              "torch_ms": round(t_torch * 1e3, 3),
              "numpy_ms": None if math.isinf(t_numpy) else round(t_numpy * 1e3, 3)}

@@ -97,6 +97,33 @@ def test_gemm_backend_is_timed_at_the_real_shape_and_follows_the_measurement(mon
     assert _kernels.row_bucket(257) == 512 and _kernels.row_bucket(10**6) == 1024
 
 
+def test_gemm_decision_times_a_slice_of_a_wide_weight(monkeypatch):
+    """A weight wider than TIMED_COLUMNS is timed on its first TIMED_COLUMNS rows (the real
+    values, the real d_in); the decision is kept under the whole weight's shape."""
+    monkeypatch.delenv("EXPLORER_CPU_GEMM", raising=False)
+    monkeypatch.setattr(_kernels, "_GEMM_DECISIONS", {})
+    monkeypatch.setattr(_kernels, "TIMED_COLUMNS", 64)
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(1000, 8, generator=gen)
+    seen = []
+    real_numpy = _kernels._numpy_product
+
+    def watched(x, weight, bias):
+        seen.append(weight.clone())
+        return real_numpy(x, weight, bias)
+
+    monkeypatch.setattr(_kernels, "_numpy_product", watched)
+    _kernels.gemm_backend(20, w)
+    assert seen and all(torch.equal(t, w[:64]) for t in seen)
+    (entry,) = _kernels.gemm_decisions()
+    assert (entry["rows"], entry["d_in"], entry["d_out"]) == (32, 8, 1000)
+    assert entry["timed_d_out"] == 64
+    # the product itself runs on the whole weight, whichever backend was chosen
+    x = torch.randn(20, 8, generator=gen)
+    np.testing.assert_allclose(_kernels.unembed_product(x, w).double(),
+                               x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("times, chosen", [
     ({"float32": 0.030, "bfloat16": 0.010}, "bfloat16"),
     ({"float32": 0.030, "bfloat16": 0.028}, "float32"),   # within 10 %: the exact lens
