@@ -29,22 +29,19 @@ facts, not the sidebar's prompt, so that prompt is no part of the record.
 """
 from __future__ import annotations
 
-import contextlib
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import holoviews as hv
-import numpy as np
 import pandas as pd
 import panel as pn
 import param
 import xarray as xr
-from panel.io.document import hold
 
 from apps import theme
 from apps._paper import paper_panel
+from apps._conflicts_bars import BarsPart
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
 from apps._conflicts_preview import PreviewPart
 from apps._conflicts_record import RecordPart
@@ -55,9 +52,7 @@ from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, S
                                    plot_selected_heads, prompts_note, selected_heads_in,
                                    split_time_left)
 from apps._controls import OwnItems, labelled, tip
-from apps._drawn import keep_drawn, live_drawn
 from apps._heads_heatmap import on_head_click
-from apps._lens_heatmap import _update_source
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Recipe, Ref, Step
 from apps._provenance import computed_at_now, one_line
 from apps._result_cache import DiskResults
@@ -79,7 +74,7 @@ hv.extension("bokeh", logo=False)
 _TOOLS = STATIC_TOOLS
 
 
-class ConflictsView(HeadsPart, RecordPart, PreviewPart, DiskResults, View):
+class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, DiskResults, View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -140,10 +135,6 @@ class ConflictsView(HeadsPart, RecordPart, PreviewPart, DiskResults, View):
     edited_rows = param.List(default=None, allow_None=True, precedence=-1,
                              doc="The answer bars' rows on the edited model; None without edits.")
     accuracy = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    bars_version = param.Integer(default=0, precedence=-1,
-                                 doc="Bumped when the answer bars' plot must be built anew (the "
-                                     "first bars, edits coming or going); else new bars are "
-                                     "drawn in place.")
 
     notify_title = None
     failed_status = "error"
@@ -173,11 +164,7 @@ class ConflictsView(HeadsPart, RecordPart, PreviewPart, DiskResults, View):
         self.runner("split", self._got_split, progress=True)
         self.runner("select", self._got_selection, progress=True)
         self._init_preview()
-        # the drawn bars' data source and figure: new bars are written into them in place
-        self._bar_sources: list[weakref.ref] = []
-        self._bar_figures: list[weakref.ref] = []
-        self._bars_shape: tuple[bool, bool] = (False, False)
-        self.param.watch(self._bars_changed, ["bar_rows", "edited_rows", "shown"])
+        self._init_bars()
         self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
@@ -336,65 +323,6 @@ class ConflictsView(HeadsPart, RecordPart, PreviewPart, DiskResults, View):
         self.status = f"split scored ({ds.sizes['fact']} facts)"
 
     # -- layout ---------------------------------------------------------------------------------
-    def _bars_title(self) -> str:
-        """The bars' title: "clean" beside edited bars, "preview" while a slider's preview
-        is drawn (the exact bars on release take the title back)."""
-        title = "P(answer), clean" if self.edited_rows is not None else "P(answer)"
-        return f"{title} · preview" if self.previewing else title
-
-    def _bars_changed(self, *_: Any) -> None:
-        """New bars (a preview or the exact ones) are written into the drawn plot's data
-        source and title (one document patch); the plot is built anew only for the first
-        bars or when edited bars come or go."""
-        shape = (self.bar_rows is not None, self.edited_rows is not None)
-        sources, figures = live_drawn(self._bar_sources), live_drawn(self._bar_figures)
-        if shape != self._bars_shape or not shape[0] or not sources:
-            self._bars_shape = shape
-            self.bars_version += 1
-            return
-        value = {(a, r): v for a, r, v in self.bar_rows}
-        title = self._bars_title()
-        held = hold(self._doc) if self._doc is not None else contextlib.nullcontext()
-        with held:
-            for source in sources:
-                data = source.data
-                _update_source(source, {"probability": np.array(
-                    [value[a, r] for a, r in zip(data["answer"], data["run"])])})
-            for fig in figures:
-                if fig.title is not None and fig.title.text != title:
-                    fig.title.text = title
-
-    def _bars_plot(self, _version: int) -> hv.Element:
-        """The answer bars (a placeholder before the first), keeping the rendered data source
-        and figure for `_bars_changed`."""
-        self._bar_sources.clear()
-        self._bar_figures.clear()
-        if self.bar_rows is None:
-            return plot_answer_bars(None)
-
-        def hook(plot: Any, element: Any) -> None:
-            keep_drawn(self._bar_sources, plot.handles.get("source"))
-            keep_drawn(self._bar_figures, plot.handles.get("plot"))
-        return plot_answer_bars(self.bar_rows, title=self._bars_title()).opts(hooks=[hook])
-
-    def _state_html(self, *_: Any) -> str:
-        """Hidden markers of what the page shows (read by the browser test)."""
-        after = ("none" if self.bar_rows is None
-                 else ",".join(f"{r[2]:.6f}" for r in self.bar_rows if r[1] == "after"))
-        acc = "none" if self.accuracy is None else str(self.accuracy.sizes["fact"])
-        edited = ("none" if self.edited_rows is None
-                  else ",".join(f"{r[2]:.6f}" for r in self.edited_rows))
-        shown = self.shown
-        alphas = "none" if shown is None else ",".join(
-            f"{a:g}" for a in dict(shown.request)["alphas"])
-        return (f"<div class='cf-state' data-cf-scores='{'none' if self.scores is None else 'ready'}' "
-                f"data-cf-preview='{int(self.previewing)}' data-cf-alphas='{alphas}' "
-                f"data-cf-plus='{','.join(self.heads_plus)}' "
-                f"data-cf-minus='{','.join(self.heads_minus)}' data-cf-after='{after}' "
-                f"data-cf-accuracy='{acc}' data-cf-edited='{edited}' "
-                f"data-cf-busy='{int(self.busy)}'></div>")
-
-
     # -- reproducibility ------------------------------------------------------------------------
     def export_tables(self) -> dict[str, pd.DataFrame]:
         """The base tables plus the answer bars (clean and, with edits, edited) and the
