@@ -255,3 +255,15 @@ def test_the_warm_up_runs_a_preview_that_is_not_drawn(tiny_model):
     assert view.preview_runs == 1 and view._run1[1] is not None
     assert "_preview_blocks" in tiny_model.__dict__
     assert view.bar_rows == rows and view.shown is shown and not view._preview_busy
+
+
+def test_the_suppress_slider_previews_too_in_the_single_run(tiny_model, fact):
+    view = _view(tiny_model, background=False, heads_plus=["L2.H3"], heads_minus=["L1.H2"],
+                 mode="single")
+    view.wait()
+    view.alpha_slider("alpha_s").value = 2.5
+    assert view.alpha_s == 1.0 and view.previewing
+    want = _hooked(tiny_model, view._run1[1].batch.input_ids, fact, [(2, 3)], [(1, 2)], 1.0, 2.5,
+                   "single")
+    np.testing.assert_allclose(_after(view), want, rtol=1e-4, atol=1e-7)
+    assert "single run with 2 heads at α_l = 1, α_s = 2.5" in view.bars_words()
