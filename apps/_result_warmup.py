@@ -30,8 +30,11 @@ __all__ = ["WARM_PAGES", "warm_result_cache", "main", "NICE"]
 
 log = logging.getLogger(__name__)
 
-WARM_PAGES: tuple[str, ...] = ("saturation", "conflicts", "icl-heads")
-"""The gallery pages that keep their results in the result cache, in warm-up order."""
+WARM_PAGES: tuple[str, ...] = ("saturation", "conflicts", "icl-heads", "features")
+"""The gallery pages whose first result is kept on disk, in warm-up order: in the result
+cache (Saturation, Knowledge conflicts, ICL heads), or, for Feature dashboards, its
+dictionary's feature index in the activation store (`explorer.store`; training it reads
+SmolLM2's activations on the corpus, ~11 CPU s)."""
 
 NICE = 15
 """How much the child lowers its priority (``os.nice``): the server's sessions come first."""
@@ -80,7 +83,10 @@ def warm_result_cache(model_name: str, slugs: Sequence[str] = WARM_PAGES, *,
 
 
 def _from_cache(view: Any) -> bool:
-    """Whether ``view`` opened on a result read from the result cache (its note says so)."""
+    """Whether ``view`` opened on a result read from disk: the result cache (its note says
+    so) or, on Feature dashboards, the activation store (its ``cached`` flag)."""
+    if getattr(view, "cached", None) is True:
+        return True
     for name in ("result_note", "_scores_note"):
         if str(getattr(view, name, "") or "").startswith("Shown from the result cache"):
             return True
