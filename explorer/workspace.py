@@ -33,8 +33,8 @@ from .interventions import Ablate, AddHead, Edit, Patch, Scale, Set, Steer, edit
 
 __all__ = ["Workspace", "STATE_FORMAT", "STATE_VERSION", "edit_label", "MAX_STATE_BYTES",
            "MAX_ITEM_CHARS", "MAX_ITEMS", "LINK_VERSION", "MAX_LINK_CHARS", "MAX_PROMPT_CHARS",
-           "MAX_PROMPT_TOKENS", "Link", "check_second_prompt", "check_settings", "prompt_token_limit",
-           "read_link", "workspace_link"]
+           "MAX_PROMPT_TOKENS", "Link", "check_second_prompt", "check_settings",
+           "prompt_token_limit", "read_link", "workspace_link"]
 
 STATE_FORMAT = "explorer-workspace"
 """The ``format`` field of an exported state."""
