@@ -389,7 +389,8 @@ class UnlearningView(UnlearningRecords, View):
         return self.adopt_own(text, parse, use)
 
     def localize(self) -> None:
-        """Probe curve, causal tracing and attribution patching, in the background."""
+        """Probe curve, causal tracing and attribution patching, in the background; a stop
+        (the page's Cancel, the gallery's stop button) ends it at the next progress step."""
         self._start("Localizing: probe, causal tracing, attribution patching …")
         model = self._model
         used = self.localization_request()
@@ -400,21 +401,21 @@ class UnlearningView(UnlearningRecords, View):
             token.check()
             _, counts = np.unique([f.attribute for f in everything], return_counts=True)
             probe = U.attribute_probe_curve(model, everything, n_folds=int(min(4, counts.min())),
-                                            progress=self.progress_fn(lo=0, hi=40))
+                                            progress=self.progress_fn(token, lo=0, hi=40))
             token.check()
             # the heatmap: from the subject's first token to the end of the prompt
             first = U.subject_positions(model, forget[0])[0]
             n = len(model.tokenizer(U.fact_prompt(forget[0]), add_special_tokens=False)["input_ids"])
             heat = U.causal_trace(model, forget[:1], positions=list(range(first, n)), heads=False,
-                                  progress=self.progress_fn(lo=40, hi=50))
+                                  progress=self.progress_fn(token, lo=40, hi=50))
             token.check()
             trace = U.causal_trace(model, forget, positions=False, heads=True,
-                                   progress=self.progress_fn(lo=50, hi=85))
+                                   progress=self.progress_fn(token, lo=50, hi=85))
             trace["restore_resid"] = heat.restore_resid.reindex(fact=trace.fact)
             trace = trace.assign_coords(token=heat.token.reindex(fact=trace.fact, fill_value=""))
             token.check()
             attribution = U.attribution_patching(model, forget,
-                                                 progress=self.progress_fn(lo=85, hi=100))
+                                                 progress=self.progress_fn(token, lo=85, hi=100))
             return "localize", (probe, trace, attribution, (forget, retain), used)
 
         self.submit("work", job)

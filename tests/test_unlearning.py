@@ -693,6 +693,27 @@ def test_view_shows_the_component_contrast_and_runs_both(tiny_model, facts_file)
     assert "text_windows(model, 'train'" in view.code_snippet()
 
 
+def test_a_stop_ends_localize_at_its_next_progress_step(tiny_model, facts_file, monkeypatch):
+    """The gallery's stop button cancels the page's runner: Localize's stages (a probe over
+    every fact, causal tracing per fact) stop at their next progress step, not at the end of
+    the stage, and nothing after it runs."""
+    from apps.unlearning import UnlearningView
+
+    view = UnlearningView(tiny_model, facts_file=facts_file, known_only=False, background=False,
+                          n_forget=4, n_retain=2)
+    ran_on, traced = [], []
+
+    def probe_stopped_midway(model, facts, n_folds, progress):
+        view._runners["work"].cancel()          # what the stop button does (`stop_all`)
+        progress(1, len(facts))
+        ran_on.append("after the first progress step")
+
+    monkeypatch.setattr(U, "attribute_probe_curve", probe_stopped_midway)
+    monkeypatch.setattr(U, "causal_trace", lambda *a, **k: traced.append(True))
+    view.localize()
+    assert ran_on == [] and traced == [] and view.probe is None
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma2", "tiny-gpt2"])
 def test_noise_unit_is_the_std_of_the_embedding_outputs(name):
     """Causal tracing's noise unit (ROME's: the std of the subject embeddings as the model
