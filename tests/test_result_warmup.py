@@ -147,3 +147,19 @@ def test_serve_starts_the_warm_up_once_it_listens(monkeypatch):
         assert not thread.is_alive()
         servers.pop().stop()
     assert seen == [("tiny-llama", True)]
+
+
+def test_the_child_lowers_its_priority_and_says_why_it_stopped(cache_on, monkeypatch, capsys):
+    niced, warmed = [], []
+    monkeypatch.setattr(rw.os, "nice", lambda n: niced.append(n))
+    monkeypatch.setattr(rw, "warm_result_cache",
+                        lambda model, slugs, say: warmed.append((model, slugs)))
+    assert rw.main(["--model", "tiny-llama", "--pages", "saturation,features"]) == 0
+    assert niced == [rw.NICE] and rw.NICE > 0
+    assert warmed == [("tiny-llama", ["saturation", "features"])]
+    monkeypatch.undo()
+    monkeypatch.setattr(rw.os, "nice", lambda n: None)
+    monkeypatch.setenv("EXPLORER_CACHE", str(cache_on.parent))
+    monkeypatch.setenv(rc.ENV_VAR, "on")
+    assert rw.main(["--model", "tiny-llama", "--pages", "lense"]) == 1
+    assert "stopped: ValueError: no gallery page 'lense'" in capsys.readouterr().err
