@@ -23,7 +23,6 @@ at once, and releasing the slider sets the α Parameter, which runs the exact ba
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +34,7 @@ import torch
 
 from apps._conflicts_plots import answer_bars_data, parse_head
 from apps._lens_preview import _DragSlider
+from apps._preview_slot import PreviewSlot
 from apps._provenance import Provenance, computed_at_now
 from apps._session import CancelToken, Cancelled
 from explorer._checks import InputError
@@ -152,10 +152,7 @@ class PreviewPart(param.Parameterized):
     def _init_preview(self) -> None:
         self.runner("preview", self._show_preview, busy=False, counted=False)
         self.runner("warm", self._show_preview, busy=False)     # `_warm_preview`
-        self._preview_lock = threading.Lock()
-        self._preview_busy = False
-        self._preview_pending: tuple[int, dict] | None = None
-        self._preview_token: CancelToken | None = None
+        self._slot = PreviewSlot(self._submit_preview)
         self._seq = 0            # requests (previews and exact runs)
         self._exact_seq = 0      # the newest exact request: older previews are not drawn
         self.preview_runs = 0    # previews computed (tests and the bench read it)
@@ -173,8 +170,7 @@ class PreviewPart(param.Parameterized):
         """An exact run of the bars was asked for: previews asked before it are stale."""
         self._seq += 1
         self._exact_seq = self._seq
-        with self._preview_lock:
-            self._preview_pending = None
+        self._slot.drop_pending()
 
     def request_preview(self, name: str, value: float) -> None:
         """Preview the bars with the α Parameter ``name`` (alpha_l or alpha_s) at ``value``
@@ -186,12 +182,7 @@ class PreviewPart(param.Parameterized):
         self._seq += 1
         p[name] = float(value)
         request = (self._seq, p)
-        with self._preview_lock:
-            if self._preview_busy:
-                self._preview_pending = request
-                return
-            self._preview_busy = True
-        self._start_preview(request)
+        self._slot.request(request)
 
     def _preview_params(self) -> dict | None:
         """The inputs of a preview of the current bars (run 1 None where it is not computed
@@ -216,28 +207,11 @@ class PreviewPart(param.Parameterized):
             return
         if not p["heads_plus"] + p["heads_minus"]:
             p["heads_plus"] = [(self._model.n_layers - 1, 0)]
-        with self._preview_lock:
-            if self._preview_busy:
-                return
-            self._preview_busy = True
-        self._start_preview((self._exact_seq, p), "warm")
+        self._slot.warm((self._exact_seq, p))
 
-    def _start_preview(self, request: tuple[int, dict], lane: str = "preview") -> None:
-        token = self.submit(lane, lambda token: self._preview_job(request, token))
-        if token is None:
-            with self._preview_lock:        # closed: nothing more runs
-                self._preview_busy = False
-                self._preview_pending = None
-            return
-        self._preview_token = token         # a cancel from outside frees the slot
-        token.on_cancel.append(lambda t=token: self._preview_cancelled(t))
-
-    def _preview_cancelled(self, token: CancelToken) -> None:
-        with self._preview_lock:
-            if self._preview_token is token:
-                self._preview_token = None
-                self._preview_busy = False
-                self._preview_pending = None
+    def _submit_preview(self, request: tuple[int, dict], lane: str) -> CancelToken | None:
+        """Start the preview job of ``request`` on the runner ``lane`` (`PreviewSlot`)."""
+        return self.submit(lane, lambda token: self._preview_job(request, token))
 
     def _preview_job(self, request: tuple[int, dict], token: CancelToken) -> tuple:
         seq, p = request
@@ -265,20 +239,11 @@ class PreviewPart(param.Parameterized):
 
     def _show_preview(self, out: tuple) -> None:
         seq, p, rows, exc = out
-        with self._preview_lock:
-            self._preview_token = None
+        self._slot.landed()
         # served, the waiting move starts computing while this one is drawn
-        self._next_preview()
+        self._slot.next()
         if exc is None and rows is not None and seq > self._exact_seq:
             self.param.update(bar_rows=rows, shown=self.preview_record(p), result_note="")
-
-    def _next_preview(self) -> None:
-        with self._preview_lock:
-            request, self._preview_pending = self._preview_pending, None
-            if request is None:
-                self._preview_busy = False
-        if request is not None:
-            self._start_preview(request)
 
     def preview_record(self, p: dict) -> Provenance:
         """The record of a preview at ``p``: the request's record (`conflicts_request`) with

@@ -65,34 +65,11 @@ class PreviewPart:
         self._seq += 1
         request = (self._seq, {**self._run_params(), "alpha": float(alpha)})
         self._preview_asked = (self._seq, time.perf_counter())
-        with self._preview_lock:
-            if self._preview_busy:
-                self._preview_pending = request
-                return
-            self._preview_busy = True
-        self._start_preview(request)
+        self._slot.request(request)
 
-    def _start_preview(self, request: tuple[int, dict], lane: str = "preview") -> None:
-        token = self.submit(lane, lambda token: self._preview_job(request, token))
-        if token is None:
-            with self._preview_lock:       # closed: nothing more runs
-                self._preview_busy = False
-                self._preview_pending = None
-            return
-        # the preview in flight; a cancel from outside the page (the sidebar's stop button
-        # cancels the session's runners) frees the slot, else the next move would wait for
-        # a preview that never lands
-        self._preview_token = token
-        token.on_cancel.append(lambda t=token: self._preview_cancelled(t))
-
-    def _preview_cancelled(self, token: CancelToken) -> None:
-        """The preview ``token`` was cancelled: if it is the one in flight, the preview
-        path is idle again and the move waiting in the slot is dropped."""
-        with self._preview_lock:
-            if getattr(self, "_preview_token", None) is token:
-                self._preview_token = None
-                self._preview_busy = False
-                self._preview_pending = None
+    def _submit_preview(self, request: tuple[int, dict], lane: str) -> CancelToken | None:
+        """Start the preview job of ``request`` on the runner ``lane`` (`PreviewSlot`)."""
+        return self.submit(lane, lambda token: self._preview_job(request, token))
 
     @property
     def preview_timings(self) -> collections.deque:
@@ -120,8 +97,7 @@ class PreviewPart:
     def _show_preview(self, out: tuple) -> None:
         # a warm-up (`_warm_preview`) has seq == _exact_seq: not drawn
         seq, p, ds, exc, (began, ended) = out
-        with self._preview_lock:           # landed: a later cancel of its token frees nothing
-            self._preview_token = None
+        self._slot.landed()
         if seq == self._exact_seq:
             self._mark_preview_ready(exc is None)
         start = time.perf_counter()
@@ -130,7 +106,7 @@ class PreviewPart:
         # this callback): a drag's previews come one draw sooner each
         overlap = self.overlap_previews and self._background and self._doc is not None
         if overlap:
-            self._next_preview()
+            self._slot.next()
         if exc is None and seq > self._exact_seq and ds is not None:
             # the status stays the same through a drag (the title names alpha): a changed
             # status line re-lays the page out in the browser on every move. A redraw in
@@ -148,17 +124,7 @@ class PreviewPart:
                 "compute_ms": 1000 * (ended - began), "deliver_ms": 1000 * (start - ended),
                 "draw_ms": 1000 * (time.perf_counter() - start)})
         if not overlap:
-            self._next_preview()
-
-    def _next_preview(self) -> None:
-        """Start the preview of the move waiting in the slot, if any; else the preview path
-        is idle (the next move starts one at once)."""
-        with self._preview_lock:
-            request, self._preview_pending = self._preview_pending, None
-            if request is None:
-                self._preview_busy = False
-        if request is not None:
-            self._start_preview(request)
+            self._slot.next()
 
     def preview_record(self, p: dict) -> Provenance:
         """The record of a preview at ``p``: the shown lens's prompt and workspace edits (the
@@ -180,13 +146,8 @@ class PreviewPart:
         where a drag's moves do not."""
         if not self._background or self._model.remote or self.result is None:
             return
-        with self._preview_lock:
-            if self._preview_busy:
-                return
-            self._preview_busy = True
         alpha = self.alpha if self.alpha != 0 else self.param.alpha.step
-        self._start_preview((self._exact_seq, {**self._run_params(), "alpha": float(alpha)}),
-                            "warm")
+        self._slot.warm((self._exact_seq, {**self._run_params(), "alpha": float(alpha)}))
 
     def alpha_slider(self) -> pn.widgets.FloatSlider:
         """The steering-strength slider: a preview while it moves (``value``), the exact

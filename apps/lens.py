@@ -15,7 +15,6 @@ Activation Engineering", arXiv:2308.10248).
 """
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from typing import Any
@@ -41,6 +40,7 @@ from apps._lens_tables import (MAX_LENS_TOKENS, answer_probabilities, check_lens
                                steering_summary)
 from apps._page_provenance import ShownRecord
 from apps._positions import PagePositions, position_caption
+from apps._preview_slot import PreviewSlot
 from apps._provenance import Provenance, one_line
 from apps._recipe import MODEL, Call, Expr, Let, Recipe, Ref, Step
 from apps._session import CancelToken
@@ -141,9 +141,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         # the preview path: one job at a time, only the newest waiting request kept
         self.runner("preview", self._show_preview, busy=False, counted=False)
         self.runner("warm", self._show_preview, busy=False)   # `_warm_preview`
-        self._preview_lock = threading.Lock()
-        self._preview_busy = False
-        self._preview_pending: tuple[int, dict] | None = None
+        self._slot = PreviewSlot(self._submit_preview)
         self._seq = 0            # request counter (previews and exact runs)
         self._exact_seq = 0      # the newest exact request: older previews are not drawn
         self.preview_runs = 0    # previews computed (tests and the bench read it)
@@ -182,8 +180,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         self._started = time.perf_counter()
         self._seq += 1
         self._exact_seq = self._seq
-        with self._preview_lock:
-            self._preview_pending = None   # previews asked for before this are stale
+        self._slot.drop_pending()          # previews asked for before this are stale
         extra = list(self.edits)
         record = self.lens_record(p, extra)
         self.submit("run", lambda token: (record, *self._compute(p, token, extra)))
@@ -326,9 +323,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         was_running = self.running
         super().cancel(name)
         if name in (None, "preview", "warm"):
-            with self._preview_lock:
-                self._preview_busy = False
-                self._preview_pending = None
+            self._slot.reset()
         if was_running:
             self.param.update(running=False, status="Cancelled; showing the previous result.")
 

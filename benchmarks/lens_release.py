@@ -48,7 +48,7 @@ def measure(*, model: str, threads: int, tokens: int, drags: int, moves: int,
     m = explorer.load_model(model)
     view = LensView(m, prompt=text_prompts(m, 1, tokens)[0], k=5, background=True)
     view._runners["run"].wait(600)
-    _until(lambda: not view._preview_busy, 60)          # the warm-up preview
+    _until(lambda: not view._slot.busy, 60)          # the warm-up preview
     slider = view.alpha_slider()
     step = view.param.alpha.step
     out: dict = {"release_ms": [], "release_cpu_ms": [], "move_ms": []}
@@ -62,7 +62,7 @@ def measure(*, model: str, threads: int, tokens: int, drags: int, moves: int,
                 slider.value = alpha
                 if _until(lambda: len(view.preview_timings) > drawn, 30):
                     out["move_ms"].append(round(1e3 * (time.perf_counter() - t), 1))
-                _until(lambda: not view._preview_busy, 30)
+                _until(lambda: not view._slot.busy, 30)
                 time.sleep(pause)
             before = view.result
             t, cpu = time.perf_counter(), time.process_time()
@@ -71,7 +71,7 @@ def measure(*, model: str, threads: int, tokens: int, drags: int, moves: int,
             _until(lambda: view.result is not before and view.preview is None, 300)
             out["release_ms"].append(round(1e3 * (time.perf_counter() - t), 1))
             out["release_cpu_ms"].append(round(1e3 * (time.process_time() - cpu), 1))
-            _until(lambda: not view._preview_busy, 60)
+            _until(lambda: not view._slot.busy, 60)
             time.sleep(pause)
     finally:
         view.close()

@@ -217,7 +217,7 @@ def test_moves_made_while_a_preview_computes_wait_in_one_slot_newest_wins(tiny_m
     release.set()
     for _ in range(200):
         view.wait()
-        if not view._preview_busy and len(delivered) == 2:
+        if not view._slot.busy and len(delivered) == 2:
             break
         threading.Event().wait(0.05)
     assert computed == [1.5, 3.0]            # 2.0 and 2.5 were dropped for the newer 3.0
@@ -254,7 +254,7 @@ def test_the_warm_up_runs_a_preview_that_is_not_drawn(tiny_model):
     view.wait()
     assert view.preview_runs == 1 and view._run1[1] is not None
     assert "_preview_blocks" in tiny_model.__dict__
-    assert view.bar_rows == rows and view.shown is shown and not view._preview_busy
+    assert view.bar_rows == rows and view.shown is shown and not view._slot.busy
 
 
 def test_the_suppress_slider_previews_too_in_the_single_run(tiny_model, fact):

@@ -149,7 +149,7 @@ def test_stale_previews_are_dropped_not_queued(tiny_model):
         gate.set()
         deadline = threading.Event()
         for _ in range(200):
-            if not view._preview_busy:
+            if not view._slot.busy:
                 break
             deadline.wait(0.05)
         view.wait()
@@ -164,7 +164,7 @@ def test_stale_previews_are_dropped_not_queued(tiny_model):
         assert view.result.attrs["edits"][0]["alpha"] == 1.5
         gate.set()
         for _ in range(200):
-            if not view._preview_busy:
+            if not view._slot.busy:
                 break
             deadline.wait(0.05)
         assert view.preview is None and view.shown is view.result
@@ -327,7 +327,7 @@ def test_preview_moves_leave_the_stop_button_alone_and_the_release_lights_it(tin
         start = hooks.active
         for a in (1.0, 1.5, 2.0):
             view.request_preview(a)
-            assert _until(lambda: not view._preview_busy)
+            assert _until(lambda: not view._slot.busy)
         assert is_preview(view.preview) and heard == []
         view.alpha = 2.0
         view._runners["run"].wait(60)
@@ -401,12 +401,12 @@ def test_the_stop_button_mid_preview_frees_the_preview_path(tiny_model):
         assert started.wait(10)
         view.request_preview(2.0)                        # waits in the slot
         assert session_hooks(None).stop_all() >= 1       # the stop button
-        assert not view._preview_busy and view._preview_pending is None
+        assert not view._slot.busy and view._slot.pending is None
         gate.set()
         started.clear()
         view.request_preview(3.0)                        # the next move computes at once
         assert started.wait(10)
-        assert _until(lambda: not view._preview_busy)
+        assert _until(lambda: not view._slot.busy)
         assert computed == [1.0, 3.0]                    # 2.0 was dropped with the stop
         assert is_preview(view.preview)
         assert view.preview.attrs["edits"][0]["alpha"] == 3.0

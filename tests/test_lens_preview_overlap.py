@@ -30,12 +30,15 @@ def _delivered_with_a_move_waiting(view: LensView) -> tuple[list, list, object]:
     preview = view._compute_preview(p, CancelToken())
     assert is_preview(preview)
     started, drawn = [], []
-    view._start_preview = lambda request: started.append((request[0], list(drawn)))
+    # the slot's submit: record the waiting move's start (its seq and the previews drawn by
+    # then) instead of computing it
+    view._slot._submit = lambda request, lane: (started.append((request[0], list(drawn))),
+                                                CancelToken())[1]
     view.param.watch(lambda e: drawn.append(e.new is preview), "preview")
     view._seq += 2
     seq = view._seq - 1
-    view._preview_busy = True
-    view._preview_pending = (view._seq, {**p, "alpha": 2.0})
+    view._slot.busy = True
+    view._slot.pending = (view._seq, {**p, "alpha": 2.0})
     now = time.perf_counter()
     view._show_preview((seq, p, preview, None, (now, now)))
     return started, drawn, preview
@@ -54,7 +57,7 @@ def test_served_the_waiting_move_starts_before_the_preview_is_drawn(tiny_model):
             view.close()
     assert started == [(view._seq, [])]       # asked for before anything was drawn
     assert drawn == [True] and view.preview is preview
-    assert view._preview_pending is None and view._preview_busy
+    assert view._slot.pending is None and view._slot.busy
     timing = view.preview_timings[-1]
     assert timing["compute_ms"] == 0 and timing["draw_ms"] > 0
 

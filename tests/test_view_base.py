@@ -692,9 +692,10 @@ def test_no_page_builds_its_own_progress_bar():
     assert offenders == []
 
 
-def test_no_page_keeps_a_lock_of_its_own_but_the_lens_preview_slot():
-    """Caches go in the base's (one lock for them all); the lens keeps the lock of its
-    preview's single waiting slot (a busy flag and the request waiting: no cache)."""
+def test_no_page_keeps_a_lock_of_its_own_but_the_preview_slot():
+    """Caches go in the base's (one lock for them all); the live sliders' preview path keeps
+    the lock of its single waiting slot (`apps._preview_slot`: a busy flag and the request
+    waiting, no cache)."""
     locks = []
     for path in sorted(APPS.glob("*.py")):
         if path.name in {"_view.py", "_page_cache.py", "_session.py", "_server.py"}:
@@ -703,7 +704,7 @@ def test_no_page_keeps_a_lock_of_its_own_but_the_lens_preview_slot():
             if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") in {"Lock", "RLock"}
                     and isinstance(node.func, ast.Attribute)):
                 locks.append(f"{path.name}:{ast.unparse(node)}")
-    assert locks == ["lens.py:threading.Lock()"]
+    assert locks == ["_preview_slot.py:threading.Lock()"]
 
 
 def test_the_workspace_lists_of_every_page_have_the_types_the_gallery_sets():
