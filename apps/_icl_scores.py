@@ -41,7 +41,7 @@ def plot_head_scatter(scores: xr.Dataset | None, top_induction: float, top_fv: f
     """Induction score (x) vs FV score (y) per head, coloured by layer; top-p% heads ringed,
     the workspace's selected heads (``highlighted``) in a square outline."""
     if scores is None:
-        return _waiting("Head scores appear here (Compute scores, left)")
+        return _waiting("Press Compute scores (left)")
     ind, fv = scores["induction_score"].values, scores["fv_score"].values
     ti = set(ih.top_heads(ind, top_induction / 100))
     tf = set(ih.top_heads(fv, top_fv / 100))
@@ -86,7 +86,7 @@ def plot_score_heatmaps(scores: xr.Dataset | None, highlighted=()) -> hv.Layout 
     """Layer x head heatmaps: induction score (sequential map from 0) and FV score (diverging,
     0 white); the workspace's selected heads (``highlighted``) outlined."""
     if scores is None:
-        return _waiting("Head scores appear here (Compute scores, left)")
+        return _waiting("Press Compute scores (left)")
     left = heads_heatmap(scores["induction_score"].values, name="induction_score",
                          title="Induction score", low=0.0, highlighted=highlighted)
     right = heads_heatmap(scores["fv_score"].values, name="fv_score", signed=True,

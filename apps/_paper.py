@@ -92,7 +92,7 @@ def paper_panel(method: str, view: param.Parameterized) -> pn.viewable.Viewable:
     """The button, the differs line (following the page's parameters) and the card."""
     names = [n for n in page_values(method) if n in view.param]
     button = pn.widgets.Button(
-        label="Paper's setting", disabled=not names,
+        label="Paper's setting", disabled=not names, width=150,    # the line beside takes the rest
         description=("Set " + ", ".join(view.param[n].label or n for n in names)
                      + f" to the values of {paper_setting(method).paper}") if names else
                     "The paper's setting is a training setting of the command (--paper).",

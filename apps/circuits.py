@@ -126,9 +126,10 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
     replacement = param.String(default="", label="Replace the clicked word by",
                                doc="For the task 'your prompt': the clicked token's "
                                    "replacement (sets the counterfactual)")
-    explain = param.String(default="", label="Token to explain (empty: the model's top token)",
+    explain = param.String(default="", label="Token to explain (empty: top token)",
                            doc="For the task 'your prompt': the answer whose logit the "
-                               "circuit carries (against the corrupted prompt's top token)")
+                               "circuit carries (against the corrupted prompt's top token); "
+                               "empty: the model's top token")
     own_pairs = param.String(default="", precedence=-1,
                              doc="The pasted pairs of the task 'your pairs' (the text Use took "
                                  "in); a link carries them, and setting them takes them in as "
