@@ -41,6 +41,7 @@ from apps._page_provenance import ShownRecord
 from apps._positions import PagePositions
 from apps._provenance import one_line
 from apps._result_cache import DiskResults
+from apps._server import BoundedCache
 from apps._recipe import EDITS, MODEL, Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._saturation_corpus import (CorpusPart, OPEN_BUDGET_S, _WEIGHTS, _note,
                                      estimated_seconds, pareto_caption, pareto_markers,
@@ -70,6 +71,8 @@ __all__ = ["SaturationView", "TokenStrip", "detail_data", "detail_columns", "det
            "empty_detail", "DETAIL_GLYPHS"]
 
 hv.extension("bokeh", logo=False)
+
+_SHIPPED_CHUNKS = BoundedCache(max_items=8)   # (model name, corpus tokens) -> its prompts
 
 
 class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionPart, DiskResults,
@@ -233,8 +236,16 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
         return self.cached("twin", seed, lambda: sat.random_init_twin(self._model, seed=seed))
 
     def texts(self) -> list[str]:
-        docs = self._texts if self._texts is not None else sat.load_corpus()
-        return sat.corpus_chunks(self._model, docs, max_tokens=self.n_tokens)
+        """The corpus prompts: the page's own texts cut into chunks, or the shipped corpus's,
+        cut once per model and size for the whole process (the cut tokenises the corpus, about
+        0.5 CPU s on SmolLM2, and every page open looks its result up)."""
+        if self._texts is not None:
+            return sat.corpus_chunks(self._model, self._texts, max_tokens=self.n_tokens)
+        key = (self._model.spec.name, int(self.n_tokens))
+        if key not in _SHIPPED_CHUNKS:
+            _SHIPPED_CHUNKS[key] = sat.corpus_chunks(self._model, sat.load_corpus(),
+                                                     max_tokens=self.n_tokens)
+        return list(_SHIPPED_CHUNKS[key])
 
     def decode(self, ids: Any) -> dict[int, str]:
         """Visible token strings for ids (cached)."""

@@ -282,3 +282,29 @@ def test_icl_scores_open_from_the_cache(cache_on, icl_calls, tiny_model):
     assert icl_calls[2:] == ["induction_scores", "fv_scores"] and edited._scores_note == ""
     assert not np.array_equal(edited.scores.induction_score.values,
                               first.scores.induction_score.values)
+
+
+def test_saturation_cuts_the_shipped_corpus_once_per_process(tiny_model, monkeypatch):
+    """Every page open looks the corpus result up by its prompts: the shipped corpus is cut
+    once per model and size, and the prompts equal a direct cut."""
+    from apps import saturation as S
+    from explorer.analyses import saturation as sat
+
+    monkeypatch.setattr(S, "_SHIPPED_CHUNKS", S.BoundedCache(max_items=8))
+    cuts = _count_calls(monkeypatch, sat, ("corpus_chunks",))
+    first, second = _saturation(tiny_model), _saturation(tiny_model)
+    chunks = first.texts()
+    assert len(cuts) == 1
+    assert second.texts() == chunks and first.texts() == chunks
+    assert len(cuts) == 1                                         # no second cut
+    monkeypatch.undo()
+    assert second.texts() == sat.corpus_chunks(tiny_model, sat.load_corpus(),
+                                               max_tokens=second.n_tokens)
+    # another size is another cut; texts of the page's own are cut each time
+    cuts = _count_calls(monkeypatch, sat, ("corpus_chunks",))
+    second.n_tokens = second.n_tokens // 2
+    second.texts()
+    own = _saturation(tiny_model, texts=["A text of its own. It has two sentences."])
+    own.texts()
+    own.texts()
+    assert len(cuts) == 3
