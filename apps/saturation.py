@@ -238,7 +238,7 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
     def texts(self) -> list[str]:
         """The corpus prompts: the page's own texts cut into chunks, or the shipped corpus's,
         cut once per model and size for the whole process (the cut tokenises the corpus, about
-        0.5 CPU s on SmolLM2, and every page open looks its result up)."""
+        0.2 CPU s on SmolLM2, and every page open looks its result up)."""
         if self._texts is not None:
             return sat.corpus_chunks(self._model, self._texts, max_tokens=self.n_tokens)
         key = (self._model.spec.name, int(self.n_tokens))
