@@ -333,6 +333,14 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         self._score_button.disabled = False
         self._conflict_button.disabled = False
 
+    def _runner_busy(self, name: str, busy: bool) -> None:
+        """The scores job ending without a result (stopped by the gallery's stop button, or
+        cancelled) gives the Compute button back and says so."""
+        super()._runner_busy(name, busy)
+        if name == "scores" and not busy and self._score_button.disabled:
+            self._score_button.disabled = False
+            self.status = "Stopped: the head scores were not computed."
+
 
     # -- reproducibility ------------------------------------------------------------------
     def code_recipe(self) -> Recipe:

@@ -263,6 +263,30 @@ def test_conflict_layers_text_round_trips():
     assert parse_layers("3, 1-2, 3", 4) == [1, 2, 3]
 
 
+def test_a_stopped_scores_job_gives_the_compute_button_back(tiny_model, monkeypatch):
+    """The gallery's stop button cancels the scores runner mid-job: no scores arrive, the
+    Compute button is live again and the status says the scores were not computed (not
+    "computing scores" for ever)."""
+    from explorer.analyses import icl_heads as ih
+
+    view = ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                        fv_tasks=("antonym",), td_tasks=("antonym", "uppercase"),
+                        compute_on_open=False)
+    real = ih.induction_scores
+    during = []
+
+    def stopped_while_scoring(*args, **kwargs):
+        during.append(view._score_button.disabled)        # pressed: off while it runs
+        view._runners["scores"].cancel()                   # what the stop button does
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ih, "induction_scores", stopped_while_scoring)
+    view._score_button.clicks += 1
+    assert during == [True]
+    assert view.scores is None and not view._score_button.disabled
+    assert view.status == "Stopped: the head scores were not computed."
+
+
 def test_placeholders_before_compute_say_what_to_press_and_differ():
     from apps.icl_heads import fv_caption, plot_attention
 
