@@ -316,7 +316,8 @@ def warmup_wanted() -> bool:
 def start_warmup(model_name: str) -> subprocess.Popen | None:
     """Start ``python -m apps._result_warmup --model model_name`` (a child process at low
     priority, torch on one thread) and return it at once; it is stopped when this process
-    exits. None when `warmup_wanted` says no or the child cannot start (logged)."""
+    exits, and stops itself when this process is gone. None when `warmup_wanted` says no or
+    the child cannot start (logged)."""
     if not warmup_wanted():
         return None
     root = str(Path(__file__).resolve().parent.parent)
@@ -324,9 +325,10 @@ def start_warmup(model_name: str) -> subprocess.Popen | None:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": root + (os.pathsep + path if path else "")}
     try:
-        child = subprocess.Popen([sys.executable, "-m", "apps._result_warmup", "--model",
-                                  str(model_name)], cwd=root, env=env,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        argv = [sys.executable, "-m", "apps._result_warmup", "--model", str(model_name),
+                "--parent", str(os.getpid())]
+        child = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL)
     except OSError as err:
         log.warning("the result cache warm-up did not start: %s", err)
         return None

@@ -11,8 +11,9 @@ pressed (`_PRESS`).
 
 ``explorer serve`` runs it in a child process once the server listens
 (`apps._result_cache.start_warmup`): ``python -m apps._result_warmup --model NAME`` lowers
-its own priority (``os.nice``), runs torch on one thread and exits when done. Nothing here
-is shared with the server's process: the child loads its own copy of the model.
+its own priority (``os.nice``), runs torch on one thread and exits when done, or as soon as
+the server is gone (``--parent``). Nothing here is shared with the server's process: the
+child loads its own copy of the model.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -93,6 +95,21 @@ def _from_cache(view: Any) -> bool:
     return False
 
 
+def _exit_with(parent: int, every_s: float = 2.0) -> None:
+    """End this process once ``parent`` is no longer its parent (the server stopped without
+    stopping it, e.g. on SIGTERM or SIGKILL): checked now and every ``every_s``."""
+    if os.getppid() != parent:
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="warm-up parent watch", daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m apps._result_warmup --model NAME [--pages a,b]``: the warm-up, niced."""
     parser = argparse.ArgumentParser(prog="python -m apps._result_warmup",
@@ -100,7 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the model the server serves")
     parser.add_argument("--pages", default=",".join(WARM_PAGES),
                         help="comma-separated page slugs (default: %(default)s)")
+    parser.add_argument("--parent", type=int, default=None,
+                        help="the server's process id: the warm-up stops when it is gone")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        _exit_with(args.parent)
     try:
         os.nice(NICE)
     except (AttributeError, OSError):   # not on this platform: run as is

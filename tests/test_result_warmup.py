@@ -163,3 +163,32 @@ def test_the_child_lowers_its_priority_and_says_why_it_stopped(cache_on, monkeyp
     monkeypatch.setenv(rc.ENV_VAR, "on")
     assert rw.main(["--model", "tiny-llama", "--pages", "lense"]) == 1
     assert "stopped: ValueError: no gallery page 'lense'" in capsys.readouterr().err
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (no such process, or a zombie left to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_child_stops_when_its_server_is_killed(cache_on):
+    """A server ended without running its exit handlers (SIGKILL, or SIGTERM's default) leaves
+    no warm-up behind: the child sees its parent gone and exits."""
+    import os
+    import sys
+    import time
+    from pathlib import Path
+
+    code = ("import os; from apps._result_cache import start_warmup; "
+            "c = start_warmup('tiny-llama'); print(c.pid, flush=True); os._exit(0)")
+    root = Path(rw.__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 30        # the warm-up itself takes minutes at its priority
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _gone(pid)

@@ -78,7 +78,9 @@ def _server(model: str, heavy_jobs: int | None, log_dir: Path, timeout: float = 
     env = dict(os.environ)
     if heavy_jobs is not None:
         env["EXPLORER_HEAVY_JOBS"] = str(heavy_jobs)
-    argv = [sys.executable, "-m", "explorer.cli", "serve", "--model", model, "--port", str(port)]
+    # no result cache warm-up: the pages compute what is timed, and no child shares the cores
+    argv = [sys.executable, "-m", "explorer.cli", "serve", "--model", model, "--port", str(port),
+            "--no-warm-cache"]
     with child_server(argv, port, log=log_dir / "serve.log", env=env, timeout=timeout) as proc:
         yield proc, port
 
