@@ -455,6 +455,14 @@ class UnlearningView(UnlearningRecords, View):
     def _finish(self, status: str) -> None:
         self.param.update(busy=False, status=status)
 
+    def _runner_busy(self, name: str, busy: bool) -> None:
+        """A job ending with no result (stopped by the gallery's stop button) leaves no
+        "Localizing …" or "Training …" line behind: the status says it stopped."""
+        started = self.status
+        super()._runner_busy(name, busy)
+        if name == "work" and not busy and started.endswith("…"):
+            self._finish("Stopped: nothing was computed.")
+
     def _show_result(self, out: tuple[str, Any]) -> None:
         kind, value = out
         if kind == "localize":

@@ -696,7 +696,7 @@ def test_view_shows_the_component_contrast_and_runs_both(tiny_model, facts_file)
 def test_a_stop_ends_localize_at_its_next_progress_step(tiny_model, facts_file, monkeypatch):
     """The gallery's stop button cancels the page's runner: Localize's stages (a probe over
     every fact, causal tracing per fact) stop at their next progress step, not at the end of
-    the stage, and nothing after it runs."""
+    the stage, and nothing after it runs; the status says it stopped."""
     from apps.unlearning import UnlearningView
 
     view = UnlearningView(tiny_model, facts_file=facts_file, known_only=False, background=False,
@@ -712,6 +712,7 @@ def test_a_stop_ends_localize_at_its_next_progress_step(tiny_model, facts_file, 
     monkeypatch.setattr(U, "causal_trace", lambda *a, **k: traced.append(True))
     view.localize()
     assert ran_on == [] and traced == [] and view.probe is None
+    assert view.status == "Stopped: nothing was computed." and not view.busy
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma2", "tiny-gpt2"])
