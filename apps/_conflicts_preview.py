@@ -15,10 +15,10 @@ carries bfloat16 rounding and the probabilities move up to `BF16_BOUND`. The bar
 says which. Where the forward does not cover the model (not a Llama-style block), where run 1
 carries workspace edits, or with ``precision="exact"``, the preview is the exact path itself.
 
-The controller is the logit lens page's (`apps._lens_preview`): one preview computes at a
+The controller is the logit lens page's (`apps._preview_slot`): one preview computes at a
 time on an uncounted runner (a drag's moves do not toggle the sidebar's stop button), the
-newest move waits in a single slot and older ones are dropped, `_DragSlider` sends each move
-at once, and releasing the slider sets the α Parameter, which runs the exact bars.
+newest move waits in a single slot and older ones are dropped, the slider (`live_slider`)
+sends each move at once, and releasing it sets the α Parameter, which runs the exact bars.
 """
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ import param
 import torch
 
 from apps._conflicts_plots import answer_bars_data, parse_head
-from apps._lens_preview import _DragSlider
-from apps._preview_slot import PreviewSlot
+from apps._preview_slot import PreviewSlot, live_slider
 from apps._provenance import Provenance, computed_at_now
 from apps._session import CancelToken, Cancelled
 from explorer._checks import InputError
@@ -158,7 +157,6 @@ class PreviewPart(param.Parameterized):
         self.preview_runs = 0    # previews computed (tests and the bench read it)
         self.preview_ms: list[float] = []     # each preview's computation (server side)
         self._sliders: dict[str, pn.widgets.FloatSlider] = {}
-        self._syncing = False
 
     @property
     def previewing(self) -> bool:
@@ -260,30 +258,7 @@ class PreviewPart(param.Parameterized):
     def alpha_slider(self, name: str) -> pn.widgets.FloatSlider:
         """The slider of the α Parameter ``name``: a preview while it moves (``value``), the
         exact bars on release (``value_throttled`` sets the Parameter)."""
-        if name in self._sliders:
-            return self._sliders[name]
-        spec = self.param[name]
-        slider = _DragSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
-                             step=spec.step, value=getattr(self, name),
-                             sizing_mode="stretch_width")
-
-        def dragged(event: param.parameterized.Event) -> None:
-            if not self._syncing and event.new != getattr(self, name):
-                self.request_preview(name, event.new)
-
-        def released(event: param.parameterized.Event) -> None:
-            if not self._syncing and event.new is not None:
-                setattr(self, name, event.new)
-
-        def synced(event: param.parameterized.Event) -> None:   # set elsewhere (a link)
-            self._syncing = True
-            try:
-                slider.value = event.new
-            finally:
-                self._syncing = False
-
-        slider.param.watch(dragged, "value")
-        slider.param.watch(released, "value_throttled")
-        self.param.watch(synced, name)
-        self._sliders[name] = slider
-        return slider
+        if name not in self._sliders:
+            self._sliders[name] = live_slider(
+                self, name, lambda value: self.request_preview(name, value))
+        return self._sliders[name]

@@ -1,7 +1,8 @@
 """The logit lens page's preview controller: while the steering slider moves, one preview
 computes at a time and the newest move waits in one slot (older ones are dropped); a
 preview newer than the last exact result is drawn in place; releasing the slider runs the
-exact lens. `_DragSlider` sends each move at once (no debounce)."""
+exact lens. The slider (`apps._preview_slot.live_slider`) sends each move at once (no
+debounce)."""
 from __future__ import annotations
 
 import collections
@@ -10,22 +11,13 @@ import dataclasses
 import time
 
 import panel as pn
-import param
 from panel.io.document import hold
 
+from apps._preview_slot import live_slider
 from apps._provenance import Provenance
 from apps._session import CancelToken, Cancelled
 
 __all__ = ["PreviewPart"]
-
-
-class _DragSlider(pn.widgets.FloatSlider):
-    """A float slider whose moves reach the server at once: Panel holds a widget's browser
-    changes 50 ms to merge bursts (its debounce), which a drag's preview does itself (one
-    preview computes, the newest move waits, older ones are dropped)."""
-
-    _priority_changes = ["value"]
-
 
 
 class PreviewPart:
@@ -152,29 +144,6 @@ class PreviewPart:
     def alpha_slider(self) -> pn.widgets.FloatSlider:
         """The steering-strength slider: a preview while it moves (``value``), the exact
         lens on release (``value_throttled`` sets `alpha`)."""
-        if self._alpha_slider is not None:
-            return self._alpha_slider
-        spec = self.param.alpha
-        slider = _DragSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
-                             step=spec.step, value=self.alpha, sizing_mode="stretch_width")
-
-        def dragged(event: param.parameterized.Event) -> None:
-            if not self._syncing and event.new != self.alpha:
-                self.request_preview(event.new)
-
-        def released(event: param.parameterized.Event) -> None:
-            if not self._syncing and event.new is not None:
-                self.alpha = event.new
-
-        def synced(event: param.parameterized.Event) -> None:  # alpha set elsewhere (a state)
-            self._syncing = True
-            try:
-                slider.value = event.new
-            finally:
-                self._syncing = False
-
-        slider.param.watch(dragged, "value")
-        slider.param.watch(released, "value_throttled")
-        self.param.watch(synced, "alpha")
-        self._alpha_slider = slider
-        return slider
+        if self._alpha_slider is None:
+            self._alpha_slider = live_slider(self, "alpha", self.request_preview)
+        return self._alpha_slider

@@ -1,5 +1,5 @@
 """A live slider's preview path: one preview computing at a time, the newest move waiting in a
-single slot, older moves dropped (never queued).
+single slot, older moves dropped (never queued); and the slider itself (`live_slider`).
 
 The logit lens's steering slider and the Knowledge conflicts α sliders share it. A page makes
 one `PreviewSlot` with the function that submits a preview job (its runner lane and job) and
@@ -16,9 +16,53 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import panel as pn
+import param
+
 from apps._session import CancelToken
 
-__all__ = ["PreviewSlot"]
+__all__ = ["PreviewSlot", "live_slider"]
+
+
+class _DragSlider(pn.widgets.FloatSlider):
+    """A float slider whose moves reach the server at once: Panel holds a widget's browser
+    changes 50 ms to merge bursts (its debounce), which a drag's preview does itself (one
+    preview computes, the newest move waits, older ones are dropped)."""
+
+    _priority_changes = ["value"]
+
+
+def live_slider(owner: param.Parameterized, name: str,
+                preview: Callable[[float], None]) -> pn.widgets.FloatSlider:
+    """A slider for the float Parameter ``name`` of ``owner`` (its label, bounds and step): a
+    move (``value``) calls ``preview`` with the new value, a release (``value_throttled``)
+    sets the Parameter (the exact run follows), and the Parameter set elsewhere (a link, a
+    state) moves the slider without a preview."""
+    spec = owner.param[name]
+    slider = _DragSlider(label=spec.label, start=spec.bounds[0], end=spec.bounds[1],
+                         step=spec.step, value=getattr(owner, name), sizing_mode="stretch_width")
+    syncing = False
+
+    def dragged(event: param.parameterized.Event) -> None:
+        if not syncing and event.new != getattr(owner, name):
+            preview(event.new)
+
+    def released(event: param.parameterized.Event) -> None:
+        if not syncing and event.new is not None:
+            setattr(owner, name, event.new)
+
+    def synced(event: param.parameterized.Event) -> None:
+        nonlocal syncing
+        syncing = True
+        try:
+            slider.value = event.new
+        finally:
+            syncing = False
+
+    slider.param.watch(dragged, "value")
+    slider.param.watch(released, "value_throttled")
+    owner.param.watch(synced, name)
+    return slider
 
 
 class PreviewSlot:

@@ -32,7 +32,7 @@ from apps._lens_heatmap import (_DETAILS_CSS, _update_source, answer_line, detai
                                 edited_caption, extra_labels, heatmap_columns, heatmap_updates,
                                 is_preview, lens_tokens, moved_cells, plot_lens_heatmap,
                                 plot_positions, plot_shape)
-from apps._lens_preview import PreviewPart, _DragSlider
+from apps._lens_preview import PreviewPart
 from apps._lens_state import STATE_FORMAT, StatePart, _RUN_PARAMS
 from apps._lens_text import LensRecordPart, lens_params
 from apps._lens_tables import (MAX_LENS_TOKENS, answer_probabilities, check_lens_prompt,
@@ -153,7 +153,6 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
                                              empty="the prompt has not been read yet.")
         self._positions = self._position_links.strip
         self.param.watch(self._positions_changed, ["selected_positions"])
-        self._syncing = False
         # the drawn heatmap's data sources, filled in place for results of the same shape
         self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
         self._figures: list[weakref.ref] = []

@@ -319,6 +319,35 @@ def smollm2():
     return load_model("smollm2-135m")
 
 
+@pytest.fixture
+def cache_on(tmp_path, monkeypatch):
+    """The pages' result cache (`apps._result_cache`) on, in an empty folder of this test's,
+    with no warm-up asked for by the environment; the folder of its entries."""
+    from apps import _result_cache as rc
+
+    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    monkeypatch.setenv(rc.ENV_VAR, "on")
+    monkeypatch.delenv(rc.WARM_ENV_VAR, raising=False)
+    return tmp_path / "page-results"
+
+
+@pytest.fixture
+def prompt_calls(monkeypatch):
+    """The Saturation page's prompt jobs (`prompt_saturation` runs), as they run: (model
+    name, prompt, number of edits) each."""
+    from apps import _saturation_prompt as sp
+
+    calls = []
+    real = sp.prompt_saturation
+
+    def counted(model, prompt, **kw):
+        calls.append((model.spec.name, prompt, len(kw.get("edits", ()))))
+        return real(model, prompt, **kw)
+
+    monkeypatch.setattr(sp, "prompt_saturation", counted)
+    return calls
+
+
 class WatchedBrowser:
     """A Playwright browser whose every page reports console errors, uncaught page errors and
     failed requests into ``problems`` (the autouse check below fails the test on any).

@@ -17,30 +17,6 @@ from explorer.interventions import Ablate
 PROMPT = "The cat sat on the mat"
 
 
-@pytest.fixture
-def cache_on(tmp_path, monkeypatch):
-    """The result cache on, in an empty folder of this test's."""
-    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
-    monkeypatch.setenv(rc.ENV_VAR, "on")
-    return tmp_path / "page-results"
-
-
-@pytest.fixture
-def prompt_calls(monkeypatch):
-    """Counts the Saturation page's prompt jobs (`prompt_saturation` runs)."""
-    from apps import _saturation_prompt as sp
-
-    calls = []
-    real = sp.prompt_saturation
-
-    def counted(model, prompt, **kw):
-        calls.append((model.spec.name, prompt, len(kw.get("edits", ()))))
-        return real(model, prompt, **kw)
-
-    monkeypatch.setattr(sp, "prompt_saturation", counted)
-    return calls
-
-
 def _count_calls(monkeypatch, module, names) -> list[str]:
     """Wrap each function ``names`` of ``module`` to record its name when called; the list
     of names in call order."""

@@ -81,3 +81,23 @@ def test_a_closed_page_leaves_the_path_idle():
     slot, started, _ = _slot(closed=True)
     slot.request(1)
     assert not slot.busy and slot.pending is None and started == []
+
+
+def test_a_live_slider_previews_moves_sets_on_release_and_follows_the_parameter():
+    import param
+
+    from apps._preview_slot import live_slider
+
+    class Page(param.Parameterized):
+        alpha = param.Number(default=0.0, bounds=(-4.0, 4.0), step=0.5, label="Strength")
+
+    page, previews = Page(), []
+    slider = live_slider(page, "alpha", previews.append)
+    assert (slider.start, slider.end, slider.step, slider.name) == (-4.0, 4.0, 0.5, "Strength")
+    slider.value = 1.5                                  # a move
+    assert previews == [1.5] and page.alpha == 0.0
+    with param.edit_constant(slider):                   # the release (the browser sets it)
+        slider.value_throttled = 2.0
+    assert page.alpha == 2.0
+    page.alpha = -3.0                                   # set elsewhere (a link)
+    assert slider.value == -3.0 and previews == [1.5]   # moved without a preview

@@ -14,36 +14,11 @@ import xarray as xr
 
 from apps import _result_cache as rc
 from apps import _result_warmup as rw
-from tests._browser import free_port
+from _browser import free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 NOTE = "Shown from the result cache (computed "
-
-
-@pytest.fixture
-def cache_on(tmp_path, monkeypatch):
-    """The result cache on, in an empty folder of this test's."""
-    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
-    monkeypatch.setenv(rc.ENV_VAR, "on")
-    monkeypatch.delenv(rc.WARM_ENV_VAR, raising=False)
-    return tmp_path / "page-results"
-
-
-@pytest.fixture
-def prompt_calls(monkeypatch):
-    """Counts the Saturation page's prompt jobs (`prompt_saturation` runs)."""
-    from apps import _saturation_prompt as sp
-
-    calls = []
-    real = sp.prompt_saturation
-
-    def counted(model, prompt, **kw):
-        calls.append(prompt)
-        return real(model, prompt, **kw)
-
-    monkeypatch.setattr(sp, "prompt_saturation", counted)
-    return calls
 
 
 def _opened(slug: str):
@@ -61,9 +36,9 @@ def test_a_page_opened_after_the_warm_up_shows_its_result_from_the_cache(cache_o
 
     done = rw.warm_result_cache("tiny-llama", ["saturation"])
     assert [(slug, state) for slug, state, _ in done] == [("saturation", "computed")]
-    assert prompt_calls == [DEFAULT_PROMPT]
+    assert [prompt for _, prompt, _ in prompt_calls] == [DEFAULT_PROMPT]
     page = _opened("saturation")
-    assert prompt_calls == [DEFAULT_PROMPT]                           # nothing ran
+    assert [prompt for _, prompt, _ in prompt_calls] == [DEFAULT_PROMPT]                           # nothing ran
     assert page.result_note.startswith(NOTE)
     model = page._model
     k = min(10, model.vocab_size)
@@ -74,7 +49,7 @@ def test_a_page_opened_after_the_warm_up_shows_its_result_from_the_cache(cache_o
     # a second warm-up finds the entry there and computes nothing
     again = rw.warm_result_cache("tiny-llama", ["saturation"])
     assert [(slug, state) for slug, state, _ in again] == [("saturation", "cached")]
-    assert prompt_calls == [DEFAULT_PROMPT]
+    assert [prompt for _, prompt, _ in prompt_calls] == [DEFAULT_PROMPT]
 
 
 def test_every_warmed_page_opens_from_the_cache(cache_on):
