@@ -89,7 +89,7 @@ _VISIBLE_TEXTS = """() => {
 # What a page says about its work after the press: running, timing, errors, slowness.
 _SAYS = re.compile(r"(slow|minutes?\b|hours?\b|would take|too (long|many)|error|fail|"
                    r"cannot|can't|stopped|cancel|computing|training|running|measuring|"
-                   r"loading|scoring|analysing|\d+ s\b)", re.I)
+                   r"loading|scoring|analysing|localiz|\d+ s\b)", re.I)
 
 
 def _says(tab) -> list[str]:
@@ -167,10 +167,10 @@ def _shoot(tab, out: Path, name: str, width: int) -> list[str]:
     window, whole = out / f"{name}.png", out / f"{name}_whole.png"
     tab.screenshot(path=str(window))
     height = min(8000, int(tab.evaluate(_WHOLE_HEIGHT)))
-    if height > HEIGHT:
-        resize_and_settle(tab, width, height)
+    if height > HEIGHT:     # laid out again (a page still at work never settles: 15 s then)
+        resize_and_settle(tab, width, height, timeout=15)
         tab.screenshot(path=str(whole))
-        resize_and_settle(tab, width, HEIGHT)
+        resize_and_settle(tab, width, HEIGHT, timeout=15)
         return [str(window), str(whole)]
     return [str(window)]
 
