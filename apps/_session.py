@@ -117,10 +117,11 @@ class SessionHooks:
             schedule(doc, lambda: self.on_active(now) if self.on_active is not None else None)
 
     def stop_all(self) -> int:
-        """Cancel every running job of the session; returns how many were running."""
+        """Stop every running job of the session (`Runner.stop`: its page hears that it was
+        stopped); returns how many were running."""
         running = [r for r in list(self.runners) if r.running]
         for r in running:
-            r.cancel()
+            r.stop()
         return len(running)
 
 
@@ -218,8 +219,10 @@ class Runner:
     def __init__(self, *, on_result: Callable[[Any], None], on_error: Callable[[BaseException], None],
                  on_busy: Callable[[bool], None], background: bool, busy_delay: float = 0.3,
                  doc: Any = None, heavy: bool = False,
-                 on_place: Callable[[int], None] | None = None, counted: bool = True):
+                 on_place: Callable[[int], None] | None = None, counted: bool = True,
+                 on_stopped: Callable[[], None] | None = None):
         self._on_result = on_result
+        self._on_stopped = on_stopped
         self.counted = bool(counted)
         self._on_error = on_error
         self._on_busy = on_busy
@@ -293,6 +296,14 @@ class Runner:
         if self.counted:
             future.add_done_callback(lambda _f: hooks.job_ended(doc))  # run, failed or cancelled
         return token
+
+    def stop(self) -> None:
+        """The person stopped the job in flight (the gallery's stop button): ``on_stopped``
+        hears it, then the job is cancelled. A page's own `cancel` (a newer request
+        superseding the job) says nothing."""
+        if self.running and self._on_stopped is not None:
+            self._on_stopped()
+        self.cancel()
 
     def cancel(self) -> None:
         """Cancel the job in flight; its result, if it still arrives, is discarded."""

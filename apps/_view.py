@@ -148,10 +148,19 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
                    on_busy=(lambda b: self._runner_busy(name, b)) if busy else (lambda b: None),
                    background=self._background, doc=self._doc,
                    heavy=progress if heavy is None else heavy, on_place=self._queue_place,
-                   counted=counted)
+                   counted=counted, on_stopped=lambda: self.job_stopped(name))
         r.bind_session()
         self._runners[name] = r
         return r
+
+    def job_stopped(self, name: str) -> None:
+        """The gallery's stop button stopped the job of runner ``name``: the status line says
+        so instead of the job's last progress line, and the progress bar goes (pages that
+        say more extend it)."""
+        kept = getattr(self, "result", None) is not None
+        self.param.update(running=False, progress_active=False,
+                          status="Stopped before it finished"
+                                 + (": the previous result is still shown." if kept else "."))
 
     def _queue_place(self, place: int) -> None:
         """Show a queued heavy job's place in line; put the page's own status back when it

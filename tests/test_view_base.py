@@ -107,6 +107,38 @@ class Page(View):
 _wait_until = functools.partial(wait_until, timeout=5.0, interval=0.01)
 
 
+@pytest.mark.parametrize("shown", [None, 7])
+def test_the_stop_button_replaces_a_progress_line_and_a_page_cancel_does_not(shown):
+    """The sidebar's stop button (`SessionHooks.stop_all`) stops a page's job: its last
+    progress line gives way to "Stopped before it finished" (naming the result still shown)
+    and the progress bar goes; a page superseding its own job says nothing."""
+    from apps._session import session_hooks
+
+    page = Page(background=True, result=shown)
+    release = threading.Event()
+
+    def job(token):
+        page.post(status="scoring heads: 480/810, about 326 s left", progress=59,
+                  progress_active=True)
+        while not release.wait(0.01):
+            token.check()
+
+    try:
+        page.submit("work", job)
+        assert _wait_until(lambda: page.status.startswith("scoring heads"))
+        page.cancel("work")                              # the page's own cancel
+        assert page.status.startswith("scoring heads")
+        page.submit("work", job)
+        assert _wait_until(lambda: page._runners["work"].running)
+        assert session_hooks(None).stop_all() >= 1       # the stop button
+        assert page.status == ("Stopped before it finished: the previous result is still shown."
+                               if shown is not None else "Stopped before it finished.")
+        assert not page.progress_active and not page.running
+    finally:
+        release.set()
+        page.close()
+
+
 def test_results_and_posts_reach_the_page_on_the_documents_tick_not_the_worker(loop_doc):
     with set_curdoc(loop_doc.doc):
         page = Page()                  # served: jobs run in worker threads
