@@ -38,6 +38,7 @@ import param
 import xarray as xr
 
 from apps import theme
+from apps._job_status import JobStatus
 from apps._page_cache import PageCaches
 from apps._provenance import ShownResult
 from apps._recipe import Let, Note, Recipe, render
@@ -80,7 +81,7 @@ class Scope(NamedTuple):
     edits: str
 
 
-class View(PageCaches, ShownResult, pn.viewable.Viewer):
+class View(PageCaches, ShownResult, JobStatus, pn.viewable.Viewer):
     """A page of the explorer: the plumbing every view shares.
 
     Parameters
@@ -152,27 +153,6 @@ class View(PageCaches, ShownResult, pn.viewable.Viewer):
         r.bind_session()
         self._runners[name] = r
         return r
-
-    def job_stopped(self, name: str) -> None:
-        """The gallery's stop button stopped the job of runner ``name``: the status line says
-        so instead of the job's last progress line, and the progress bar goes (pages that
-        say more extend it)."""
-        kept = getattr(self, "result", None) is not None
-        self.param.update(running=False, progress_active=False,
-                          status="Stopped before it finished"
-                                 + (": the previous result is still shown." if kept else "."))
-
-    def _queue_place(self, place: int) -> None:
-        """Show a queued heavy job's place in line; put the page's own status back when it
-        starts (``place`` 0)."""
-        from apps._server import job_queue, place_text
-
-        if place > 0:
-            if not self.status.startswith("Waiting for the server:"):
-                self._status_before_queue = self.status
-            self.status = place_text(place, job_queue().running)
-        elif self.status.startswith("Waiting for the server:"):
-            self.status = getattr(self, "_status_before_queue", "")
 
     def submit(self, name: str, job: Callable[[CancelToken], Any]) -> CancelToken | None:
         """Run ``job(token)`` on the runner ``name``; a job in flight there is superseded.

@@ -439,7 +439,7 @@ _SIGNATURE = f"""(busy) => {{
 
 
 BUSY_TEXT = (r"\b(computing|analysing|training|loading|measuring|running|scoring|comparing|"
-             r"tracing|attributing|waiting)\b[^.]*…")
+             r"tracing|attributing|waiting|localizing)\b[^.]*…")
 """A status line or placeholder of a page at work ("Training H = 2: step 40/200 (3 s)…",
 "computing td…", "Comparing the two prompts…"): every such verb the pages write before "…"."""
 
