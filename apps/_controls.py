@@ -132,6 +132,28 @@ class OwnItems:
         self.button = pn.widgets.Button(label=button, color="primary", sizing_mode="stretch_width",
                                         description=doc)
         self.button.on_click(lambda *_: on_use(self.area.value))
+        self._kept: tuple[param.Parameterized, str] | None = None
+        self._keeping = False
+
+    def follow(self, view: param.Parameterized, name: str, take: Callable[[Any], Any]) -> None:
+        """Make the page's Parameter ``name`` hold what the box took in (a link carries it):
+        the page calls `keep` as it takes an item in; a value set from elsewhere (a link, a
+        state) calls ``take(event)``, which takes it in the page's own way."""
+        self._kept = (view, name)
+
+        def changed(event: Any) -> None:
+            if not self._keeping:
+                take(event)
+        view.param.watch(changed, [name])
+
+    def keep(self, value: Any) -> None:
+        """Set the followed Parameter to ``value`` without taking it in again."""
+        view, name = self._kept
+        self._keeping = True
+        try:
+            setattr(view, name, value)
+        finally:
+            self._keeping = False
 
     def layout(self, error: Any) -> pn.Column:
         """The area, the button and the last failure's message (``error``: the view's

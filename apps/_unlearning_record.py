@@ -79,7 +79,7 @@ class UnlearningRecords(param.Parameterized):
         return lab_record("unlearning", self._model.spec.name, {
             "facts": facts + (" (those the model knows)" if self._known_only else ""),
             "n_forget": int(self.n_forget), "n_retain": int(self.n_retain),
-            "own": self._own_text if self._own_fact is not None else None})
+            "own": self.own_fact if self._own_fact is not None else None})
 
     def run_request(self) -> Provenance | None:
         """The record of what Run unlearning would train now: the shown localization's facts

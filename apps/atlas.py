@@ -217,11 +217,15 @@ class AtlasView(ShownRecord, View):
                                 doc="The head atlas shown.")
     own = param.List(default=[], precedence=-1,
                      doc="Results the page computed itself (attention statistics, induction).")
+    own_induction = param.Boolean(
+        default=False, precedence=-1,
+        doc="The page's own induction scores are in the atlas (Add induction scores): they "
+            "follow the workspace's edits; a link carries it, and a page given it scores them")
     edits = workspace_edits(doc="Workspace edits: the page's own scores (attention statistics of "
                                 "the prompt, induction scores) are computed on the model with "
                                 "them applied.")
 
-    link_params = ("score",)
+    link_params = ("own_induction", "score")
 
     def __init__(self, model: explorer.Model, *, sources: Callable[[], Sequence[Any]] | None = None,
                  background: bool | None = None, **params: Any):
@@ -231,14 +235,14 @@ class AtlasView(ShownRecord, View):
         self._trace: xr.Dataset | None = None
         self._dla: xr.Dataset | None = None    # direct logit attribution of the top token
         self._induction: xr.Dataset | None = None
-        self._induction_wanted = False
         self._shown_edits: list[Edit] = []   # the edits of the shown trace (its record's)
         self.runner("trace", self._got_trace)
         self.runner("induction", self._got_induction)
         self.param.watch(self._request_trace, ["prompt", "edits"])
         self.param.watch(self._edits_changed, ["edits"])
         self.param.watch(self._check_selected, ["selected"])
-        self.run_once_loaded(self._request_trace)
+        self.param.watch(self._own_induction_set, ["own_induction"])
+        self.run_once_loaded(self._opened)
 
     def scope(self) -> Scope:
         """Your prompt (the shown scores', `shown_record`) for attention statistics, repeated
@@ -258,7 +262,7 @@ class AtlasView(ShownRecord, View):
     def _induction_request(self, edits: list[Edit]) -> tuple | None:
         from explorer.workspace import edit_label
 
-        if not self._induction_wanted:
+        if not self.own_induction:
             return None
         return (*INDUCTION, tuple(edit_label(e) for e in edits))
 
@@ -374,17 +378,32 @@ class AtlasView(ShownRecord, View):
 
     def add_induction(self, *_: Any) -> None:
         """Score every head for induction on repeated random tokens (Olsson et al. 2022),
-        on the model with the workspace's edits."""
+        on the model with the workspace's edits (`own_induction`; pressed again, rescored)."""
+        if self.own_induction:
+            self._score_induction()
+        else:
+            self.own_induction = True      # `_own_induction_set` scores them
+
+    def _own_induction_set(self, event: Any) -> None:
+        if event.new and self._page_loaded:
+            self._score_induction()
+
+    def _opened(self) -> None:
+        """The page is up: its trace, and its own induction scores when asked for before."""
+        self._request_trace()
+        if self.own_induction:
+            self._score_induction()
+
+    def _score_induction(self) -> None:
         model, edits = self._model, list(self.edits)
-        self._induction_wanted = True
         self.running = True
         self.status = "scoring induction heads…" + (" (under the workspace's edits)" if edits else "")
         self.submit("induction", lambda token: edited_induction_scores(
             model, edits, n_sequences=INDUCTION[0], half_len=INDUCTION[1]))
 
     def _edits_changed(self, *_: Any) -> None:
-        if self._induction_wanted and self._page_loaded:
-            self.add_induction()   # the induction column follows the edits too
+        if self.own_induction and self._page_loaded:
+            self._score_induction()   # the induction column follows the edits too
 
     def _got_induction(self, ds: xr.Dataset) -> None:
         # Named by where it comes from when another page's induction scores are already in the

@@ -43,6 +43,7 @@ from apps import theme
 from apps._paper import paper_panel
 from apps._conflicts_bars import BarsPart
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
+from apps._conflicts_own import OwnExamplesPart
 from apps._conflicts_preview import PreviewPart
 from apps._conflicts_record import RecordPart
 from apps._conflicts_plots import (ALPHA_NOTE, HEATMAP_CAPTION, NO_HEADS_NOTE, SCATTER_CAPTION,
@@ -74,7 +75,8 @@ hv.extension("bokeh", logo=False)
 _TOOLS = STATIC_TOOLS
 
 
-class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, DiskResults, View):
+class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPart, DiskResults,
+                    View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -138,7 +140,7 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, DiskResults, V
 
     notify_title = None
     failed_status = "error"
-    link_params = ("example", "kind", "direction", "heads_plus", "heads_minus", "alpha_l",
+    link_params = ("own_examples", "example", "kind", "direction", "heads_plus", "heads_minus", "alpha_l",
                    "alpha_s", "mode")
 
     def __init__(self, model: Any, *, facts: Any = None, closed_book: bool = True,
@@ -175,20 +177,8 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, DiskResults, V
             "(a sentence stating a false answer), memory (the true answer), context answer (the "
             "false one); optional subject, passage, question. Use adds it to the examples.",
             self.use_own)
+        self._own.follow(self, "own_examples", self._own_examples_set)
         self._request("example")
-
-    def use_own(self, text: str) -> C.Fact | None:
-        """Parse the user's example, add it to the examples and show it (the same job as a
-        shipped one); bad text shows the parser's message and keeps the current result."""
-        def use(fact: C.Fact) -> None:
-            label = _label(fact) if fact.relation == "yours" else "yours: " + _label(fact)
-            self._facts[label] = fact
-            self.param.example.objects = list(self._facts)
-            if self.example == label:
-                self._request("example")
-            else:
-                self.example = label
-        return self.adopt_own(text, user_items.parse_conflict_example, use)
 
     def scope(self) -> Scope:
         """Its own fact set (the shown bars' prompt, from their record; before any bars, the

@@ -93,6 +93,10 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
                          doc="Index of the head whose attention is shown (or click a point).")
     task = param.Selector(default="antonym", objects=ih.icl_task_names(), label="Task",
                           doc="ICL task of the attention prompt and of the function vector.")
+    own_pairs = param.String(default="", precedence=-1,
+                             doc="The pasted pairs of the task 'your pairs' (the text Use took "
+                                 "in); a link carries them, and a page given them takes them in "
+                                 "and offers the task (the link's task then picks it)")
     max_percent = param.Number(default=20.0, bounds=(1, 50), step=1,
                                label="Ablate up to % of heads",
                                doc="Largest share of heads mean-ablated on the ablation curves "
@@ -179,7 +183,7 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
 
     notify_title = None
     failed_status = None
-    link_params = ("top_induction", "top_fv", "layer", "head", "task", "max_percent",
+    link_params = ("top_induction", "top_fv", "layer", "head", "own_pairs", "task", "max_percent",
                    "exclude_other", "exclude_percent", "induction_sequences",
                    "induction_half_len", "induction_measure", "mean_source", "fv_layer",
                    "td_layer", "patching_tasks",
@@ -248,13 +252,13 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
             description="Induction and FV scores of every head (the scatter and heatmaps), "
                         "then the function vector; and the task encoding (PCA, decodability).")
         self._score_button.on_click(lambda *_: self._compute())
-        self._own_task: ih.ICLTask | None = None
-        self._own_text = ""
+        self._own_task: ih.ICLTask | None = None    # `own_pairs` parsed
         self._own = OwnItems(
             "Your own pairs", user_items.ICL_FORMAT,
             f"One 'input -> output' pair per line, at least {self._min_pairs()}. Use makes them "
             f"the task '{OWN_TASK}' of the attention prompt and of the function vector.",
             self.use_own)
+        self._own.follow(self, "own_pairs", self._own_pairs_set)
         self._press_note = (f"Press **Compute scores** to score every head and the task "
                             f"encoding (about {self.estimated_seconds:.0f} s on a CPU).")
         if compute_on_open is None:
@@ -274,20 +278,38 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         """The selected task: a shipped task's name, or the user's pasted task."""
         return self._own_task if self.task == OWN_TASK and self._own_task is not None else self.task
 
+    def _parse_own(self, text: str) -> ih.ICLTask:
+        return user_items.parse_icl_pairs(text, name=OWN_TASK, min_pairs=self._min_pairs())
+
+    def _take_own(self, task: ih.ICLTask, text: str) -> None:
+        """Hold ``task`` (read from ``text``) as the task 'your pairs' and offer it; the
+        attention and the function vector follow when it is the selected task."""
+        self._own_task = task
+        self._own.keep(text)
+        if OWN_TASK not in self.param.task.objects:
+            self.param.task.objects = [*self.param.task.objects, OWN_TASK]
+        if self.task == OWN_TASK:
+            self._request("patterns")
+            self._request("fv")
+
     def use_own(self, text: str) -> ih.ICLTask | None:
         """Parse the user's pairs and make them the selected task (the same jobs as a shipped
         task); bad text shows the parser's message and keeps the current result."""
         def use(task: ih.ICLTask) -> None:
-            self._own_task, self._own_text = task, text
-            if OWN_TASK not in self.param.task.objects:
-                self.param.task.objects = [*self.param.task.objects, OWN_TASK]
-            if self.task == OWN_TASK:
-                self._request("patterns")
-                self._request("fv")
-            else:
+            self._take_own(task, text)
+            if self.task != OWN_TASK:
                 self.task = OWN_TASK
-        return self.adopt_own(text, lambda t: user_items.parse_icl_pairs(
-            t, name=OWN_TASK, min_pairs=self._min_pairs()), use)
+        return self.adopt_own(text, self._parse_own, use)
+
+    def _own_pairs_set(self, event: Any) -> None:
+        """Pairs set from elsewhere (a link): shown in the box and taken in, the task 'your
+        pairs' offered but not selected (the link's task picks it); pairs refused (the
+        parser's message shows) leave the ones taken in before."""
+        if event.new and self._own.area.value != event.new:
+            self._own.area.value = event.new
+        if not event.new or self.adopt_own(
+                event.new, self._parse_own, lambda task: self._take_own(task, event.new)) is None:
+            self._own.keep(event.old)
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -354,7 +376,7 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         steps: list[Step] = []
         if own:
             steps.append(Call("task", "explorer.analyses.user_items.parse_icl_pairs",
-                              (self._own_text,), {"name": OWN_TASK, "min_pairs": self._min_pairs()},
+                              (self.own_pairs,), {"name": OWN_TASK, "min_pairs": self._min_pairs()},
                               "your pairs"))
         task = Ref("task") if own else self.task
         steps.append(Call("patterns", f"{ih}.head_attention", (MODEL, self.layer, self.head),

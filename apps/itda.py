@@ -314,6 +314,9 @@ class ITDAView(View):
                               "of the two (tens of seconds for SmolLM2 on a CPU; the status under "
                               "the button says which step runs); then the heatmap follows the settings.")
 
+    comparing = param.Boolean(default=False, precedence=-1,
+                              doc="The layer comparison is asked for (the compare button): it is "
+                                  "computed and follows the settings; a link carries it")
     sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     examples = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
     similarity = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
@@ -335,7 +338,7 @@ class ITDAView(View):
                                 "probing set); the message says why.")
 
     notify_title = "ITDA"
-    link_params = ("probe_text", "layer", "tau", "l0", "atom", "method", "noise")
+    link_params = ("probe_text", "layer", "tau", "l0", "atom", "method", "noise", "comparing")
 
     def scope(self) -> Scope:
         """Its own probing prompts (the shown dictionary's), on the unedited model."""
@@ -364,7 +367,6 @@ class ITDAView(View):
             "one. Pass another model (local or remote) as `other` to compare layers."
             if self._no_sibling else
             "Not computed yet: press the button to trace a second model and compare its layers.")
-        self._comparing = False
         # its caches (`View.cached`): "activations", "sweeps", "similarities" and "others"
         # (the perturbed copy of the model: one at a time, it is a whole model's weights)
         self._itda: ITDA | None = None
@@ -375,7 +377,7 @@ class ITDAView(View):
         self.param.watch(self._request_run, list(_RUN_PARAMS))
         self.param.watch(self._request_examples, "atom")
         self.param.watch(self._request_compare, "compare")
-        self.param.watch(self._request_similarity, list(_SIMILARITY_PARAMS))
+        self.param.watch(self._request_similarity, [*_SIMILARITY_PARAMS, "comparing"])
         self._request_run()
 
     @property
@@ -421,7 +423,7 @@ class ITDAView(View):
         """What the page is doing about a layer comparison older than the controls: it
         recomputes (the comparison, or the dictionary it follows), refused the new probing
         set, its recompute failed, or else the button (`compare`) updates it."""
-        following = self._comparing and self.running          # the dictionary it follows
+        following = self.comparing and self.running          # the dictionary it follows
         return recompute_state(running=self.similarity_running or following,
                                refused=self.refused, failed=bool(self.error),
                                action=self.param.compare.label)
@@ -481,14 +483,13 @@ class ITDAView(View):
         self.submit("sweep", job)
 
     def _request_compare(self, *events: Any) -> None:
-        if self._no_sibling:
-            return
-        self._comparing = True
-        self._request_similarity()
+        if self.comparing:                # pressed again: compared again (else on the change)
+            self._request_similarity()
+        self.comparing = not self._no_sibling
 
     def _request_similarity(self, *events: Any) -> None:
         """Compare the layers with the second model's, once the button has been pressed."""
-        if not self._comparing or self.activations is None:
+        if not self.comparing or self._no_sibling or self.activations is None:
             return
         # the shown dictionary's prompts, tau and L0 (the activations are of those prompts)
         p = {**self._run_params(), **{k: v for k, v in dict(self.shown.request).items()

@@ -261,7 +261,7 @@ class UnlearningView(UnlearningRecords, View):
 
     notify_title = "Unlearning"
     link_params = ("method", "n_layers", "steps", "lr", "n_forget", "n_retain", "relearn_steps",
-                   "compare", "text_weight")
+                   "compare", "text_weight", "own_fact")
 
     method = param.Selector(default="fact_lookup", objects=list(U.METHODS), label="Localization",
                             doc="How the trained MLP layers are picked: fact_lookup (the probe), "
@@ -288,6 +288,10 @@ class UnlearningView(UnlearningRecords, View):
     relearn_steps = param.Integer(default=3, bounds=(0, 20), label="Relearning steps",
                                   doc="Steps of the relearning attack on half the forget set "
                                       "after unlearning (0: no attack).")
+    own_fact = param.String(default="", precedence=-1,
+                            doc="Your own fact (the text Use took in), the first forget fact of "
+                                "Localize; a link carries it, and a page given it takes it in "
+                                "(Localize, pressed, then uses it)")
     status = param.String(default="Press Localize to compute the probe curve and causal tracing.")
     probe = param.Parameter(default=None)
     trace = param.Parameter(default=None)
@@ -301,14 +305,14 @@ class UnlearningView(UnlearningRecords, View):
         self._facts_file = facts_file
         self._known_only = known_only
         self._split: tuple[list, list] | None = None
-        self._own_fact: U.AttributeFact | None = None
-        self._own_text = ""
+        self._own_fact: U.AttributeFact | None = None   # `own_fact` parsed
         self._own = OwnItems(
             "Your own fact", user_items.UNLEARNING_FORMAT,
             "One fact: subject, prompt (the relation prompt the model completes, with the "
             "subject in it) and answer (one of the relation's answers). Use makes it the first "
             "forget fact (the causal-tracing heatmap's) and localizes.",
             self.use_own)
+        self._own.follow(self, "own_fact", self._own_fact_set)
         self.param.n_layers.bounds = (1, model.n_layers)
         if self.n_layers > model.n_layers:
             self.n_layers = max(1, model.n_layers // 2)
@@ -376,17 +380,31 @@ class UnlearningView(UnlearningRecords, View):
             return [own, *forget][:self.n_forget], retain
         return U.split_facts(facts, self.n_forget, self.n_retain)
 
+    def _parse_own(self, text: str) -> U.AttributeFact:
+        known = U.load_attribute_facts(self._facts_file)[0]   # the shipped attributes
+        return user_items.parse_unlearning_fact(text, attributes=known.attributes, mc=known.mc)
+
+    def _take_own(self, fact: U.AttributeFact, text: str) -> None:
+        self._own_fact = fact
+        self._own.keep(text)
+
     def use_own(self, text: str) -> U.AttributeFact | None:
         """Parse the user's fact, make it the first forget fact and localize (the same job as
         for the shipped facts); bad text shows the parser's message and keeps the result."""
-        def parse(text: str) -> U.AttributeFact:
-            known = U.load_attribute_facts(self._facts_file)[0]   # the shipped attributes
-            return user_items.parse_unlearning_fact(text, attributes=known.attributes, mc=known.mc)
-
         def use(fact: U.AttributeFact) -> None:
-            self._own_fact, self._own_text = fact, text
+            self._take_own(fact, text)
             self.localize()
-        return self.adopt_own(text, parse, use)
+        return self.adopt_own(text, self._parse_own, use)
+
+    def _own_fact_set(self, event: Any) -> None:
+        """A fact set from elsewhere (a link): shown in the box and taken in for the next
+        Localize (as for every setting a link carries, no job starts); a fact refused (the
+        parser's message shows) leaves the one taken in before."""
+        if event.new and self._own.area.value != event.new:
+            self._own.area.value = event.new
+        if not event.new or self.adopt_own(
+                event.new, self._parse_own, lambda fact: self._take_own(fact, event.new)) is None:
+            self._own.keep(event.old)
 
     def localize(self) -> None:
         """Probe curve, causal tracing and attribution patching, in the background; a stop
