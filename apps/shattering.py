@@ -286,7 +286,7 @@ class ShatteringView(View):
         self.bound_cache("strengths", max_items=64)   # per session: 64 entries, 256 MB at most
         self._km_file: Path | None = None
         self.runner("load", self._loaded, progress=True, heavy=False)   # the shipped model: quick
-        self.runner("retrain", self._loaded, progress=True)
+        self.runner("retrain", self._retrained, progress=True)
         self.runner("edit", self._edited)
         self.runner("sweep", self._swept)
         self.param.watch(self._request_edit, ["method", "entity", "relation", "distance", "layer"])
@@ -376,6 +376,10 @@ class ShatteringView(View):
         return (f"Model: {km.graph.n_entities} entities on {km.graph.orders.shape[0]} cycles, "
                 f"{km.params['n_layers']} blocks, d_model {km.params['d_model']}, "
                 f"{km.params['steps']} training steps ({km.train_seconds:.0f} s).")
+
+    def _retrained(self, km: KnowledgeModel) -> None:
+        self._km_file = None      # stored, not the shipped file: the snippet builds it
+        self._loaded(km)
 
     def _loaded(self, km: KnowledgeModel) -> None:
         self.running = False

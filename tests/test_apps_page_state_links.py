@@ -175,3 +175,22 @@ def test_a_link_carries_the_atlas_own_induction_scores(gallery, tiny_model):
     np.testing.assert_allclose(other.atlas["induction_score"].values,
                                want["induction_score"].values)
     assert dict(other.shown_record.request)["induction"] is not None
+
+
+def test_a_retrained_knowledge_model_is_built_not_read_from_the_shipped_file(monkeypatch,
+                                                                             tmp_path):
+    """The Shattering page's snippet reads the shipped model file while the page shows it;
+    after Retrain it builds the model as `knowledge_model` does (the retrained one is stored)."""
+    import apps.shattering as S
+
+    monkeypatch.setattr(S, "is_stored", lambda **_: False)      # no stored model: the shipped one
+    view = S.ShatteringView(background=False)
+    assert f"load_knowledge_model({str(S.SHIPPED_MODEL)!r})" in view.code_snippet()
+    retrained = view.km
+    asked = []
+    monkeypatch.setattr(S, "knowledge_model", lambda **kw: asked.append(kw) or retrained)
+    view.retrain = True                                         # the Retrain button
+    assert asked and asked[0]["retrain"] is True
+    code = view.code_snippet()
+    assert "load_knowledge_model" not in code and "knowledge_model(" in code
+    view.close()
