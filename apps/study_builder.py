@@ -335,7 +335,7 @@ class StudyBuilderView(View):
     """
 
     notify_title = "User study"
-    link_params = ("source", "baseline", "placebo", "participants", "design", "seed")
+    link_params = ("source", "baseline", "placebo", "participants", "design", "seed", "items")
 
     prompt = param.String(default="The capital of France is", label="Prompt",
                           doc="The first item (the sidebar's prompt in the gallery).")

@@ -194,3 +194,12 @@ def test_a_retrained_knowledge_model_is_built_not_read_from_the_shipped_file(mon
     code = view.code_snippet()
     assert "load_knowledge_model" not in code and "knowledge_model(" in code
     view.close()
+
+
+def test_a_link_carries_the_study_items(gallery):
+    g = gallery("study")
+    page = g.page("study")
+    page.items = "The sky is\nWater is"
+    other = reopened(g, gallery)
+    assert other.items == "The sky is\nWater is"
+    assert other.prompts() == [g.prompt, "The sky is", "Water is"]
