@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from _browser import (ARTIFACTS, attribute, open_page, painted, shared_page, slider_handle,
-                      wait_for)
+                      wait_for, wait_until)
 
 pytestmark = pytest.mark.browser
 
@@ -116,6 +116,13 @@ def test_dragging_alpha_previews_the_bars_and_the_release_draws_the_exact_ones(p
         page.mouse.move(x + i * 0.15 * track["width"], y)
         alphas = wait_for(page, "data-cf-alphas", lambda v: v not in seen + ["1,1"], timeout=60)
         seen.append(alphas)
+        # the page's state attributes and the plot reach the browser in separate messages:
+        # wait until they describe the same preview, then check each
+        wait_until(lambda: attribute(page, "data-cf-preview") == "1"
+                   and page.evaluate(_DRAWN_BARS)["title"] == "P(answer) · preview"
+                   and np.allclose(_drawn_after(page), [float(v) for v in attribute(
+                       page, "data-cf-after").split(",")], rtol=0, atol=5e-7),
+                   30, "the drawn bars are the preview the page's state names")
         assert attribute(page, "data-cf-preview") == "1"
         drawn = page.evaluate(_DRAWN_BARS)
         assert drawn["title"] == "P(answer) · preview"
