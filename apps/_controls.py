@@ -146,6 +146,21 @@ class OwnItems:
                 take(event)
         view.param.watch(changed, [name])
 
+    def taking(self, parse: Callable[[str], Any],
+               take: Callable[[Any, str], Any]) -> Callable[[Any], None]:
+        """`follow`'s ``take`` for a page whose Parameter is the box's text: a text set from
+        elsewhere is shown in the box and taken in with ``take(item, text)`` (the page's
+        own way, through `View.adopt_own` and ``parse``); a text refused (the parser's
+        message shows), or none, leaves what was taken in before."""
+        def take_text(event: Any) -> None:
+            view, _ = self._kept
+            if event.new and self.area.value != event.new:
+                self.area.value = event.new
+            if not event.new or view.adopt_own(
+                    event.new, parse, lambda item: take(item, event.new)) is None:
+                self.keep(event.old)
+        return take_text
+
     def keep(self, value: Any) -> None:
         """Set the followed Parameter to ``value`` without taking it in again."""
         view, name = self._kept

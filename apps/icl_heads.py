@@ -258,7 +258,9 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
             f"One 'input -> output' pair per line, at least {self._min_pairs()}. Use makes them "
             f"the task '{OWN_TASK}' of the attention prompt and of the function vector.",
             self.use_own)
-        self._own.follow(self, "own_pairs", self._own_pairs_set)
+        # pairs set from elsewhere (a link) are taken in, the task 'your pairs' offered but
+        # not selected (the link's task picks it)
+        self._own.follow(self, "own_pairs", self._own.taking(self._parse_own, self._take_own))
         self._press_note = (f"Press **Compute scores** to score every head and the task "
                             f"encoding (about {self.estimated_seconds:.0f} s on a CPU).")
         if compute_on_open is None:
@@ -300,16 +302,6 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
             if self.task != OWN_TASK:
                 self.task = OWN_TASK
         return self.adopt_own(text, self._parse_own, use)
-
-    def _own_pairs_set(self, event: Any) -> None:
-        """Pairs set from elsewhere (a link): shown in the box and taken in, the task 'your
-        pairs' offered but not selected (the link's task picks it); pairs refused (the
-        parser's message shows) leave the ones taken in before."""
-        if event.new and self._own.area.value != event.new:
-            self._own.area.value = event.new
-        if not event.new or self.adopt_own(
-                event.new, self._parse_own, lambda task: self._take_own(task, event.new)) is None:
-            self._own.keep(event.old)
 
     # -- jobs ---------------------------------------------------------------------------
 

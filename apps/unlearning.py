@@ -312,7 +312,9 @@ class UnlearningView(UnlearningRecords, View):
             "subject in it) and answer (one of the relation's answers). Use makes it the first "
             "forget fact (the causal-tracing heatmap's) and localizes.",
             self.use_own)
-        self._own.follow(self, "own_fact", self._own_fact_set)
+        # a fact set from elsewhere (a link) is taken in for the next Localize (as for every
+        # setting a link carries, no job starts)
+        self._own.follow(self, "own_fact", self._own.taking(self._parse_own, self._take_own))
         self.param.n_layers.bounds = (1, model.n_layers)
         if self.n_layers > model.n_layers:
             self.n_layers = max(1, model.n_layers // 2)
@@ -395,16 +397,6 @@ class UnlearningView(UnlearningRecords, View):
             self._take_own(fact, text)
             self.localize()
         return self.adopt_own(text, self._parse_own, use)
-
-    def _own_fact_set(self, event: Any) -> None:
-        """A fact set from elsewhere (a link): shown in the box and taken in for the next
-        Localize (as for every setting a link carries, no job starts); a fact refused (the
-        parser's message shows) leaves the one taken in before."""
-        if event.new and self._own.area.value != event.new:
-            self._own.area.value = event.new
-        if not event.new or self.adopt_own(
-                event.new, self._parse_own, lambda fact: self._take_own(fact, event.new)) is None:
-            self._own.keep(event.old)
 
     def localize(self) -> None:
         """Probe curve, causal tracing and attribution patching, in the background; a stop
