@@ -9,11 +9,12 @@ from typing import Any
 
 import holoviews as hv
 import numpy as np
+import panel as pn
 import param
 from panel.io.document import hold
 
 from apps._conflicts_plots import plot_answer_bars
-from apps._drawn import keep_drawn, live_drawn
+from apps._drawn import keep_drawn, live_drawn, shown_figures
 from apps._lens_heatmap import _update_source
 
 __all__ = ["BarsPart"]
@@ -31,6 +32,7 @@ class BarsPart(param.Parameterized):
         # the drawn bars' data source and figure: new bars are written into them in place
         self._bar_sources: list[weakref.ref] = []
         self._bar_figures: list[weakref.ref] = []
+        self._bar_panes: list[weakref.ref] = []
         self._bars_shape: tuple[bool, bool] = (False, False)
         self.param.watch(self._bars_changed, ["bar_rows", "edited_rows", "shown"])
 
@@ -58,9 +60,18 @@ class BarsPart(param.Parameterized):
                 data = source.data
                 _update_source(source, {"probability": np.array(
                     [value[a, r] for a, r in zip(data["answer"], data["run"])])})
+            shown = shown_figures(self._bar_panes)
             for fig in figures:
-                if fig.title is not None and fig.title.text != title:
+                if id(fig) in shown and fig.title is not None and fig.title.text != title:
                     fig.title.text = title
+
+    def _bars_pane(self) -> pn.pane.HoloViews:
+        """The pane drawing the answer bars (kept, to know which figure it shows)."""
+        pane = pn.pane.HoloViews(pn.bind(self._bars_plot, self.param.bars_version),
+                                 linked_axes=False, sizing_mode="stretch_width",
+                                 css_classes=["cf-bars"])
+        self._bar_panes.append(weakref.ref(pane))
+        return pane
 
     def _bars_plot(self, _version: int) -> hv.Element:
         """The answer bars (a placeholder before the first), keeping the rendered data source

@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-__all__ = ["keep_drawn", "live_drawn", "live_drawn_by_key"]
+__all__ = ["keep_drawn", "live_drawn", "live_drawn_by_key", "shown_figures"]
 
 
 def keep_drawn(refs: list[weakref.ref], obj: Any) -> None:
@@ -27,3 +27,18 @@ def live_drawn(refs: list[weakref.ref]) -> list[Any]:
 def live_drawn_by_key(refs: dict[str, list[weakref.ref]]) -> dict[str, list[Any]]:
     """`live_drawn` of each list of ``refs`` (e.g. the data sources per glyph)."""
     return {key: live_drawn(values) for key, values in refs.items()}
+
+
+def shown_figures(panes: list[weakref.ref]) -> set[int]:
+    """The ids of the Bokeh figures the HoloViews panes of ``panes`` show now, one per
+    rendered root. A figure a hook kept may be one the browser no longer holds (the pane
+    drew anew in the same batch of changes); a change to it then names a model the page
+    does not know, and BokehJS stops on "reference ... isn't known"."""
+    out: set[int] = set()
+    for ref in panes:
+        pane = ref()
+        for plot, _child in (getattr(pane, "_plots", None) or {}).values():
+            state = getattr(plot, "state", None)
+            if state is not None:
+                out.add(id(state))
+    return out

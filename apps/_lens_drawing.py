@@ -11,7 +11,7 @@ import panel as pn
 import xarray as xr
 
 from apps import theme
-from apps._drawn import keep_drawn, live_drawn, live_drawn_by_key
+from apps._drawn import keep_drawn, live_drawn, live_drawn_by_key, shown_figures
 from apps._lens_heatmap import (_SHAPE_COLUMNS, _update_source, edited_caption, edited_title,
                                 extra_labels, heatmap_updates, lens_title, moved_cells,
                                 plot_lens_heatmap, plot_positions, plot_shape)
@@ -153,8 +153,9 @@ class DrawingPart:
                     lines[0].location = steers[0] - 0.5
                 lines[0].visible = bool(steers)
                 title = lens_title(ds, clean=self.edited_result is not None)
+                shown = shown_figures(self._plot_panes)
                 for fig in live_drawn(self._figures):
-                    if fig.title is not None:
+                    if id(fig) in shown and fig.title is not None:
                         fig.title.text = title
                 return
         self.plot_version += 1

@@ -156,6 +156,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         # the drawn heatmap's data sources, filled in place for results of the same shape
         self._sources: dict[str, list[weakref.ref]] = {"heat": [], "labels": []}
         self._figures: list[weakref.ref] = []
+        self._plot_panes: list[weakref.ref] = []
         self._lines: list[weakref.ref] = []   # the drawn steering line (a Bokeh Span)
         self._drawn_shape: tuple | None = None
         self.param.watch(self._request_run, [*_RUN_PARAMS, "edits"])
@@ -410,6 +411,7 @@ class LensView(LensRecordPart, ShownRecord, DrawingPart, PreviewPart, StatePart,
         cancel.on_click(lambda _event: self.cancel())
         plot = pn.pane.HoloViews(pn.bind(self._plot, self.param.plot_version),
                                  sizing_mode="stretch_width", css_classes=["lens-plot"])
+        self._plot_panes.append(weakref.ref(plot))
         edited = self._edited_panes()
         details = pn.pane.HTML(pn.bind(details_html, self.param.result),
                                stylesheets=[_DETAILS_CSS], sizing_mode="stretch_width")

@@ -205,6 +205,42 @@ def test_drag_redraws_in_place_like_a_fresh_render(tiny_model):
     view.close()
 
 
+def test_an_in_place_redraw_retitles_the_shown_figure_only(tiny_model):
+    """A drag retitles the figure the page shows; a figure of an earlier render that is still
+    alive (kept by the hooks, no longer in the page) is left alone: a change to it would name
+    a model the browser does not hold."""
+    import gc
+
+    from bokeh.document import Document
+    from bokeh.models import Plot
+    from panel.io.state import set_curdoc
+
+    from apps._lens_heatmap import lens_title
+
+    view = LensView(tiny_model, prompt=PROMPT, k=3, steer_layer=1, background=False)
+    slider = view.alpha_slider()
+    doc = Document()
+    with set_curdoc(doc):
+        doc.add_root(pn.panel(view).get_root(doc))
+        _release(slider, 1.0)
+        old = [f for f in doc.select({"type": Plot}) if f.title is not None and f.title.text]
+        assert len(old) == 1
+        stale = old[0]
+        stale_title = stale.title.text
+        view.plot_version += 1                          # drawn anew: a new figure
+        gc.collect()
+        shown = [f for f in doc.select({"type": Plot}) if f.title is not None and f.title.text]
+        assert len(shown) == 1 and shown[0] is not stale
+        view._figures.append(__import__("weakref").ref(stale))   # as if a hook still held it
+        version = view.plot_version
+        slider.value = 3.0                              # a drag: in place
+        assert view.plot_version == version
+        assert shown[0].title.text == lens_title(view.preview, clean=False)
+        assert shown[0].title.text != stale_title
+        assert stale.title.text == stale_title          # the gone figure is not touched
+    view.close()
+
+
 def test_a_drag_from_zero_shows_the_steering_line_in_place(tiny_model):
     """The unsteered lens and the first preview share one figure: the steering line is drawn
     hidden at first, the move shows it at the steered layer's lower edge (no new plot)."""

@@ -526,8 +526,11 @@ _WRITER = textwrap.dedent("""
     from explorer.studies.responses import ResponseStore
     store = ResponseStore(sys.argv[1])
     shift = int(sys.argv[2])
+    paced = len(sys.argv) > 3             # wait for a line on stdin before each answer
     for p in store.participants():
         for t in store.trials(p.code):
+            if paced and not sys.stdin.readline():
+                sys.exit(0)
             choice = (t.index + shift) % 3
             r = store.record_response(p.code, t.index, choice=choice, confidence=1 + t.index % 5,
                                       shown_at=0.0, answered_at=1.0, confidence_levels=5)
@@ -548,17 +551,26 @@ def test_store_survives_sigkill_mid_session(tmp_path, kill_after):
     store.close()
     db = tmp_path / "responses.sqlite"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(db), "0"], stdout=subprocess.PIPE,
-                             text=True, env=env)
+    # the writer answers only when told to, so however loaded the machine, the kill comes a few
+    # answers after the last one read: while it writes them, and before the session's end
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(db), "0", "paced"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    child.stdin.write("go\n")
+    child.stdin.flush()
     acknowledged = []
     for line in child.stdout:
         acknowledged.append(line.split())
         if len(acknowledged) >= kill_after:
-            child.send_signal(signal.SIGKILL)   # mid-session: it is writing the next answers
+            child.stdin.write("go\n" * 3)       # three more answers under way...
+            child.stdin.flush()
+            child.send_signal(signal.SIGKILL)   # ...when it is killed
             break
+        child.stdin.write("go\n")
+        child.stdin.flush()
     child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL
     child.stdout.close()
+    child.stdin.close()
 
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
