@@ -388,7 +388,7 @@ window.__explorerCopied = url
         self.loading = False
         self.close_pages()
         self._model = model
-        dropped, gone = self.workspace.set_model(model)
+        dropped, gone, second = self.workspace.set_model(model)
         for choice in self._choices:
             choice.options = self._selection_options()
         pending, self._pending_state = self._pending_state, None
@@ -404,6 +404,11 @@ window.__explorerCopied = url
             theme.notify("warning", f"{model.spec.name} has no {', '.join(dropped) or ''}"
                          f"{'; ' if dropped and gone else ''}"
                          f"{f'{len(gone)} edit(s) did not fit it' if gone else ''}: dropped.")
+        if second:
+            short = second if len(second) <= 60 else second[:57] + "..."
+            theme.notify("warning", f"The second prompt {short!r} is longer than a prompt "
+                         f"takes on {model.spec.name} ({self.workspace.prompt_limit:,} tokens): "
+                         "removed from the workspace.", duration=0)
 
     def _model_failed(self, exc: BaseException) -> None:
         self.loading = False

@@ -233,9 +233,11 @@ class Workspace(param.Parameterized):
                    prompt_tokens=_prompt_token_counter(model),
                    prompt_limit=prompt_token_limit(spec), parallel=_parallel(model), **params)
 
-    def set_model(self, model: Any) -> tuple[list[str], list[Edit]]:
+    def set_model(self, model: Any) -> tuple[list[str], list[Edit], str]:
         """Move the workspace to another loaded model: its name and shape; the selections and
-        edits that do not fit it are dropped. Returns (dropped selections, dropped edits)."""
+        edits that do not fit it are dropped, and the second prompt when it is over the new
+        model's limit (`prompt_token_limit`). Returns (dropped selections, dropped edits, the
+        dropped second prompt or '')."""
         spec = model.spec
         self._d_head, self._d_model = spec.d_head, spec.d_model
         self._count_tokens, self._parallel = _token_counter(model), _parallel(model)
@@ -256,8 +258,15 @@ class Workspace(param.Parameterized):
                     edits.append(self._checked_edit(e))
                 except (InputError, ValueError, TypeError):
                     gone.append(e)
-            self.param.update(edits=edits, **self._sorted_names(kept))
-        return dropped, gone
+            second = self.second_prompt
+            try:
+                self.checked_second_prompt(second)
+                second_gone = ""
+            except InputError:
+                second_gone = second
+            self.param.update(edits=edits, **self._sorted_names(kept),
+                              **({"second_prompt": ""} if second_gone else {}))
+        return dropped, gone, second_gone
 
     # -- prompts ---------------------------------------------------------------------------
     @property

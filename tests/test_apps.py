@@ -368,6 +368,23 @@ def test_gallery_switches_model(tiny_model, notes):
     assert gallery.pages["lens"].result.attrs["model"] == "tiny-gpt2"
 
 
+def test_gallery_switch_removes_a_second_prompt_the_new_model_cannot_take(tiny_model, notes):
+    """A second prompt kept under a longer limit (as on a model with a longer context) is
+    removed when the gallery moves to a model it does not fit, and a warning that stays up
+    quotes its beginning and the new limit."""
+    gallery = Gallery("tiny-llama")
+    ws = gallery.workspace
+    ws._prompt_limit = 100_000                      # as the workspace of a longer-context model
+    long_text = "A long second prompt" + " word" * 300
+    ws.second_prompt = long_text
+    assert ws.second_prompt == long_text
+    gallery.model_name = "tiny-gpt2"                # context of 256 tokens
+    assert gallery.model.spec.name == "tiny-gpt2" and ws.second_prompt == ""
+    warning = [m for kind, m in notes if kind == "warning"]
+    assert warning and "'A long second prompt word word" in warning[-1]
+    assert "on tiny-gpt2 (256 tokens): removed" in warning[-1]
+
+
 def test_gallery_model_load_failure_is_notified(tiny_model, notes, monkeypatch):
     import apps.gallery
 

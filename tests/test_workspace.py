@@ -212,7 +212,24 @@ def test_edit_labels_use_the_component_spelling():
 def test_set_model_keeps_what_fits_and_drops_the_rest(tiny_model):
     big = Workspace(model_name="big", n_layers=8, n_heads=8, selected=["L7.H0", "L1.H1", "L2.MLP"],
                     edits=[Ablate(6, 6), Scale(1, 1, 0.5)])
-    dropped, gone = big.set_model(tiny_model)               # 3 layers x 4 heads
+    dropped, gone, second = big.set_model(tiny_model)       # 3 layers x 4 heads
     assert (big.model_name, big.n_layers, big.n_heads) == ("tiny-llama", 3, 4)
     assert big.selected == ["L1.H1", "L2.MLP"] and dropped == ["L7.H0"]
-    assert big.edits == [Scale(1, 1, 0.5)] and gone == [Ablate(6, 6)]
+    assert big.edits == [Scale(1, 1, 0.5)] and gone == [Ablate(6, 6)] and second == ""
+
+
+def test_set_model_drops_a_second_prompt_over_the_new_models_limit(tiny_model):
+    """A second prompt kept on a model with a longer context is removed (and returned) when
+    the workspace moves to a model it does not fit; one that fits stays."""
+    n_ctx = tiny_model.spec.context_length
+    long_text = " word" * (n_ctx + 10)
+    count = len(tiny_model.tokenizer(long_text)["input_ids"])      # the tokenizer, by hand
+    assert count > n_ctx
+    big = Workspace(model_name="big", n_layers=8, n_heads=8, second_prompt=long_text)
+    assert big.second_prompt == long_text           # no tokenizer yet: nothing to check against
+    dropped, gone, second = big.set_model(tiny_model)
+    assert (dropped, gone, second) == ([], [], long_text) and big.second_prompt == ""
+    with pytest.raises(InputError, match=f"at most {n_ctx:,} tokens"):
+        big.second_prompt = long_text               # and the workspace refuses it from now on
+    fits = Workspace(model_name="big", n_layers=8, n_heads=8, second_prompt="The cat sat")
+    assert fits.set_model(tiny_model)[2] == "" and fits.second_prompt == "The cat sat"

@@ -169,7 +169,7 @@ def test_set_model_drops_the_edges_that_do_not_fit(tiny_model):
     big = Workspace(model_name="big", n_layers=8, n_heads=8,
                     selected=["L1.H1"], selected_edges=["L6.H0->L7.MLP", "L0.H1->L1.MLP"],
                     selected_positions=[2])
-    dropped, _ = big.set_model(tiny_model)
+    dropped, _, _ = big.set_model(tiny_model)
     assert big.selected_edges == ["L0.H1->L1.MLP"] and big.selected_positions == [2]
     assert dropped == ["L6.H0->L7.MLP"]
 
