@@ -1,5 +1,6 @@
 """The gallery's pages with small settings, for tests that build every page on a tiny model
-(the gallery's browser test, the page-export test)."""
+(the gallery's browser test, the page-export test) or open the gallery headless (the menu and
+page-link tests)."""
 from __future__ import annotations
 
 import functools
@@ -63,6 +64,29 @@ def knowledge_model_and_sweep() -> tuple[Any, Any]:
         return km, sh.edit_sweep(km, n_edits=6, distances=[1, 2, 3], method="finetune")
 
     return _one_thread_own_rng(train)
+
+
+def small_gallery_views(*, circuits_autostart: bool | None = None,
+                        icl_compute_on_open: bool | None = None
+                        ) -> list[tuple[str, str, Callable[[Any], Any]]]:
+    """`apps.gallery.VIEWS` with the slow pages small: few facts on the Knowledge conflicts
+    page, few prompts and shots on the ICL heads page. ``circuits_autostart`` (when given) and
+    ``icl_compute_on_open`` are those pages' own arguments (``None``: the page decides)."""
+    from apps.circuits import CircuitsView
+    from apps.conflicts import ConflictsView
+    from apps.gallery import VIEWS
+    from apps.icl_heads import ICLHeadsView
+    from explorer.analyses.conflicts import load_facts
+
+    small = {
+        "conflicts": functools.partial(ConflictsView, facts=load_facts(["country_capital"])[:3],
+                                       closed_book=False, n_new=2),
+        "icl-heads": functools.partial(ICLHeadsView, n_prompts=3, n_shots=2,
+                                       compute_on_open=icl_compute_on_open),
+    }
+    if circuits_autostart is not None:
+        small["circuits"] = functools.partial(CircuitsView, autostart=circuits_autostart)
+    return [(title, slug, small.get(slug, factory)) for title, slug, factory in VIEWS]
 
 
 def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[Any], Any]]

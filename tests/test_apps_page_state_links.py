@@ -7,11 +7,10 @@ the box, taken in as the page's parser reads it, the same choice selected, the s
 and scores; text a page refuses leaves what it took in before, with the parser's message."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import xarray as xr
+from _views import small_gallery_views
 
 from apps.gallery import VIEWS, Gallery
 from explorer.analyses import user_items as ui
@@ -24,27 +23,13 @@ def _cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
 
 
-def _views():
-    """`VIEWS` with the slow pages small: few facts and prompts."""
-    from apps.conflicts import ConflictsView
-    from apps.icl_heads import ICLHeadsView
-    from explorer.analyses.conflicts import load_facts
-
-    small = {
-        "conflicts": functools.partial(ConflictsView, facts=load_facts(["country_capital"])[:3],
-                                       closed_book=False, n_new=2),
-        "icl-heads": functools.partial(ICLHeadsView, n_prompts=3, n_shots=2,
-                                       compute_on_open=False),
-    }
-    return [(title, slug, small.get(slug, factory)) for title, slug, factory in VIEWS]
-
-
 @pytest.fixture
 def gallery(tiny_model):
     galleries = []
 
     def make(view="lens"):
-        g = Gallery("tiny-llama", views=_views(), view=view)
+        g = Gallery("tiny-llama", views=small_gallery_views(icl_compute_on_open=False),
+                    view=view)
         galleries.append(g)
         return g
 

@@ -11,6 +11,7 @@ import numpy as np
 import panel as pn
 import pytest
 from _browser import wait_until
+from _views import small_gallery_views
 
 from apps.gallery import MENU_ACTIONS, VIEWS, Gallery
 from explorer.analyses import user_items
@@ -27,28 +28,13 @@ def _cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
 
 
-def _views():
-    """`VIEWS` with the slow pages small: Circuits waits for its button, few facts / prompts."""
-    from apps.circuits import CircuitsView
-    from apps.conflicts import ConflictsView
-    from apps.icl_heads import ICLHeadsView
-    from explorer.analyses.conflicts import load_facts
-
-    small = {
-        "circuits": functools.partial(CircuitsView, autostart=False),
-        "conflicts": functools.partial(ConflictsView, facts=load_facts(["country_capital"])[:3],
-                                       closed_book=False, n_new=2),
-        "icl-heads": functools.partial(ICLHeadsView, n_prompts=3, n_shots=2),
-    }
-    return [(title, slug, small.get(slug, factory)) for title, slug, factory in VIEWS]
-
-
 @pytest.fixture
 def gallery(tiny_model):
     galleries = []
 
     def make(**kw):
-        g = Gallery("tiny-llama", views=kw.pop("views", None) or _views(), view="lens", **kw)
+        views = kw.pop("views", None) or small_gallery_views(circuits_autostart=False)
+        g = Gallery("tiny-llama", views=views, view="lens", **kw)
         galleries.append(g)
         return g
 
