@@ -220,7 +220,8 @@ class AtlasView(ShownRecord, View):
     own_induction = param.Boolean(
         default=False, precedence=-1,
         doc="The page's own induction scores are in the atlas (Add induction scores): they "
-            "follow the workspace's edits; a link carries it, and a page given it scores them")
+            "follow the workspace's edits; a link carries it, and a page given it scores them; "
+            "off, their column leaves the atlas (on again, it comes back)")
     edits = workspace_edits(doc="Workspace edits: the page's own scores (attention statistics of "
                                 "the prompt, induction scores) are computed on the model with "
                                 "them applied.")
@@ -282,14 +283,22 @@ class AtlasView(ShownRecord, View):
     def heading(self, prov: Provenance) -> str:
         return atlas_heading(prov)
 
+    def shown_induction(self) -> xr.Dataset | None:
+        """The page's own induction scores the atlas shows: the last ones scored while
+        `own_induction` is on, else None (kept aside, they come back when it is turned on
+        again under the same edits)."""
+        return self._induction if self.own_induction else None
+
     def _with_induction(self) -> None:
-        """The shown record with the induction scores now held (their edits, from the
-        result's attrs)."""
-        rec, ds = self.shown_record, self._induction
-        if rec is None or ds is None:
+        """The shown record with the induction scores the atlas now shows (their edits, from
+        the result's attrs), or without any."""
+        rec, ds = self.shown_record, self.shown_induction()
+        if rec is None:
             return
-        induction = (*INDUCTION, tuple(str(t) for t in ds.attrs.get("workspace_edits", [])))
-        request = {**dict(rec.request), "induction": induction}
+        request = {k: v for k, v in rec.request if k != "induction"}
+        if ds is not None:
+            request["induction"] = (*INDUCTION,
+                                    tuple(str(t) for t in ds.attrs.get("workspace_edits", [])))
         self.shown_record = dataclasses.replace(rec, request=tuple(sorted(request.items())))
 
     def set_sources(self, sources: Callable[[], Sequence[Any]] | None) -> None:
@@ -301,7 +310,7 @@ class AtlasView(ShownRecord, View):
     def results(self) -> list[xr.Dataset]:
         """What the atlas is built from: the pages' results, then the page's own."""
         pages = collect_results(list(self._sources())) if self._sources is not None else []
-        own = [ds for ds in (self._trace, self._dla, self._induction) if ds is not None]
+        own = [ds for ds in (self._trace, self._dla, self.shown_induction()) if ds is not None]
         return pages + own
 
     def refresh(self, *_: Any) -> None:
@@ -338,10 +347,11 @@ class AtlasView(ShownRecord, View):
                  {"sites": ("attn_pattern",), **edited}),
             Call(None, "explorer.analyses.answer_dla.answer_logit_attribution",
                  (MODEL, prompt), edited)])]
-        if self._induction is not None:
+        induction = self.shown_induction()
+        if induction is not None:
             steps.append(Call(None, "results.append", (Call(
                 None, "apps.atlas.edited_induction_scores",
-                (MODEL, EDITS if self._induction.attrs.get("edits") else []),
+                (MODEL, EDITS if induction.attrs.get("edits") else []),
                 {"n_sequences": INDUCTION[0], "half_len": INDUCTION[1]}),)))
         pages = collect_results(list(self._sources())) if self._sources is not None else []
         if pages:
@@ -385,8 +395,21 @@ class AtlasView(ShownRecord, View):
             self.own_induction = True      # `_own_induction_set` scores them
 
     def _own_induction_set(self, event: Any) -> None:
-        if event.new and self._page_loaded:
+        """On: the induction column, scored unless the scores kept aside are of the current
+        edits. Off: the column leaves the atlas (and its record)."""
+        if not self._page_loaded:
+            return
+        if event.new and not self._kept_induction_fits():
             self._score_induction()
+        else:                  # off, a scoring in flight lands aside
+            self._with_induction()
+            self.refresh()
+
+    def _kept_induction_fits(self) -> bool:
+        """Whether the induction scores kept aside were scored under the current edits."""
+        ds = self._induction
+        return ds is not None and list(ds.attrs.get("edits", [])) == [
+            e.to_dict() for e in self.edits]
 
     def _opened(self) -> None:
         """The page is up: its trace, and its own induction scores when asked for before."""
@@ -422,7 +445,7 @@ class AtlasView(ShownRecord, View):
     def refresh_status_names(self) -> str:
         """Which induction column is which, when the atlas has two (the status line's tail)."""
         atlas = self.atlas
-        if atlas is None or self._induction is None:
+        if atlas is None or self.shown_induction() is None:
             return ""
         own = [n for n in atlas.data_vars if n.startswith("induction_score_random_")]
         if not own or "induction_score" not in atlas:

@@ -252,3 +252,48 @@ def test_own_induction_scores_are_named_by_their_provenance_and_the_table_fits(t
     assert table.layout == "fit_columns"
     assert table.titles["induction_score_random_8x20"] == "induction score random 8x20"
     view.close()
+
+
+def test_own_induction_off_removes_the_column_and_on_brings_it_back(tiny_model, monkeypatch):
+    """Turning `own_induction` off takes the page's induction column out of the atlas, the
+    table and the record; on again it comes back (rescored only when the edits moved on)."""
+    import apps.atlas as atlas_page
+
+    scored = []
+    real = atlas_page.edited_induction_scores
+
+    def counted(model, edits, **kw):
+        scored.append(list(edits))
+        return real(model, edits, **kw)
+
+    monkeypatch.setattr(atlas_page, "edited_induction_scores", counted)
+    view = AtlasView(tiny_model, background=False, prompt=PROMPT)
+    try:
+        before = set(view.atlas.data_vars)
+        view.add_induction()
+        assert "induction_score" in view.atlas and "induction_score" not in before
+        assert dict(view.shown_record.request)["induction"] == (8, 20, ())
+        want = ih.induction_scores(tiny_model, n_sequences=8, half_len=20)["induction_score"]
+        view.score = "induction_score"
+
+        view.own_induction = False
+        assert set(view.atlas.data_vars) == before and view.score != "induction_score"
+        assert "induction_score" not in view._table_frame().columns
+        assert "induction" not in dict(view.shown_record.request)
+        assert view.stale_note() == ""
+        assert "edited_induction_scores" not in view.code_snippet()
+
+        view.own_induction = True                      # the same edits: no new scoring
+        assert len(scored) == 1
+        np.testing.assert_allclose(view.atlas["induction_score"].values, want.values)
+        assert "induction_score" in view._table_frame().columns
+
+        view.own_induction = False
+        view.edits = [Ablate(0, 1)]                    # off: the column does not follow
+        assert len(scored) == 1 and "induction_score" not in view.atlas
+        view.own_induction = True                      # scored under the new edits
+        assert scored[-1] == [Ablate(0, 1)] and len(scored) == 2
+        assert dict(view.shown_record.request)["induction"] == (8, 20, ("ablate L0.H1 (zero)",))
+        assert view.stale_note() == ""
+    finally:
+        view.close()
