@@ -3,9 +3,10 @@
 page-link tests)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,27 @@ def small_gallery_views(*, circuits_autostart: bool | None = None,
     if circuits_autostart is not None:
         small["circuits"] = functools.partial(CircuitsView, autostart=circuits_autostart)
     return [(title, slug, small.get(slug, factory)) for title, slug, factory in VIEWS]
+
+
+@contextlib.contextmanager
+def small_galleries(**options: bool | None) -> Iterator[Callable[..., Any]]:
+    """``make(view="lens", *, views=None, **kw)`` opens a gallery on tiny-llama showing
+    ``view``, its pages ``views`` or else `small_gallery_views` (``options`` are that
+    function's); every gallery made is closed on exit."""
+    from apps.gallery import Gallery
+
+    galleries = []
+
+    def make(view: str = "lens", *, views: Any = None, **kw: Any) -> Any:
+        g = Gallery("tiny-llama", views=views or small_gallery_views(**options), view=view, **kw)
+        galleries.append(g)
+        return g
+
+    try:
+        yield make
+    finally:
+        for g in galleries:
+            g.close()
 
 
 def cheap_gallery_views(tmp: Path, shattering: Callable[[Any, Any], Callable[[Any], Any]]

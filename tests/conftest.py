@@ -287,6 +287,16 @@ def one_torch_thread():
 
 
 @pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """``$EXPLORER_CACHE`` set to an empty folder of this test's, which it returns: nothing
+    stored by an earlier test is read back. A module asks for it with
+    ``pytestmark = pytest.mark.usefixtures("empty_cache")``."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("EXPLORER_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture
 def notes(monkeypatch):
     """Notifications the pages send (outside a server they are only logged)."""
     from apps import theme

@@ -10,32 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xarray as xr
-from _views import small_gallery_views
+from _views import small_galleries
 
-from apps.gallery import VIEWS, Gallery
 from explorer.analyses import user_items as ui
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "empty_cache")
 
 
 @pytest.fixture
 def gallery(tiny_model):
-    galleries = []
-
-    def make(view="lens"):
-        g = Gallery("tiny-llama", views=small_gallery_views(icl_compute_on_open=False),
-                    view=view)
-        galleries.append(g)
-        return g
-
-    yield make
-    for g in galleries:
-        g.close()
+    with small_galleries(icl_compute_on_open=False) as make:
+        yield make
 
 
 def reopened(g, gallery):

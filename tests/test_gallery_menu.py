@@ -11,7 +11,7 @@ import numpy as np
 import panel as pn
 import pytest
 from _browser import wait_until
-from _views import small_gallery_views
+from _views import small_galleries
 
 from apps.gallery import MENU_ACTIONS, VIEWS, Gallery
 from explorer.analyses import user_items
@@ -20,27 +20,13 @@ from tests.test_lens_edits import assert_lens_equal, hooked_lens
 
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "empty_cache")
 
 
 @pytest.fixture
 def gallery(tiny_model):
-    galleries = []
-
-    def make(**kw):
-        views = kw.pop("views", None) or small_gallery_views(circuits_autostart=False)
-        g = Gallery("tiny-llama", views=views, view="lens", **kw)
-        galleries.append(g)
-        return g
-
-    yield make
-    for g in galleries:
-        g.close()
+    with small_galleries(circuits_autostart=False) as make:
+        yield make
 
 
 def _menu(g):
