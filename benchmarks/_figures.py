@@ -63,6 +63,13 @@ def update_summary(path: Path, part: str, data: Any) -> None:
     path.write_text(json.dumps(old, indent=1) + "\n")
 
 
+def update_timed_summary(path: Path, part: str, data: dict[str, Any]) -> None:
+    """`update_summary` for a part that timed itself: ``data`` gains ``machine_after`` (the
+    machine as the part ends; its ``machine_before`` is the machine as it began)."""
+    data["machine_after"] = machine()
+    update_summary(path, part, data)
+
+
 def machine() -> dict[str, Any]:
     """What the timings were measured on (the load matters: the CPUs are shared)."""
     import torch

@@ -84,8 +84,7 @@ def part_parity(args: argparse.Namespace) -> None:
         log(f"  transition (parity automaton) at step {summary['transition_step']} "
             f"(epoch {summary['transition_epoch']}, {summary['transition_seconds']} s into training); "
             f"all lengths correct from step {summary['generalisation_step']}")
-    out["machine_after"] = machine()
-    write_summary("parity", out)
+    _figures.update_timed_summary(SUMMARY, "parity", out)
 
 
 def part_batching(args: argparse.Namespace) -> None:
@@ -109,8 +108,7 @@ def part_batching(args: argparse.Namespace) -> None:
             "on_plateau_throughout": bool(np.all(np.abs(loss[1:] - 0.25) < 0.01)),
             "seconds": round(time.perf_counter() - t0, 1)}
         log(f"  {out['runs'][name]}")
-    out["machine_after"] = machine()
-    write_summary("batching", out)
+    _figures.update_timed_summary(SUMMARY, "batching", out)
 
 
 # -- part 2: linear ICL ---------------------------------------------------------------------
@@ -128,8 +126,7 @@ def part_icl(args: argparse.Namespace) -> None:
         analyses[H] = stored_linear_icl_analysis(run)
     summary = analysis_summary(analyses)
     out.update(summary)
-    out["machine_after"] = machine()
-    write_summary("icl", out)
+    _figures.update_timed_summary(SUMMARY, "icl", out)
     for H, r in summary["runs"].items():
         log(f"  H = {H}: loss {r['final_test_loss']:.4f}, pattern from step {r['pattern_step']} "
             f"({r['pattern_seconds']} s), dgd R^2 {r['dgd_r2']:.4f}")

@@ -38,10 +38,6 @@ from dynamics_evidence import FIGURES, log, machine, render_png  # noqa: E402
 SUMMARY = FIGURES / "task_emergence_summary.json"
 
 
-def write_summary(part: str, data: dict[str, Any]) -> None:
-    _figures.update_summary(SUMMARY, part, data)
-
-
 def _settled_below(values, level, steps):
     """First step from which ``values`` stays below ``level`` (None if it does not end below)."""
     below = [bool(v < level) for v in values]
@@ -93,8 +89,7 @@ def part_emergence(args: argparse.Namespace) -> None:
         log(f"  TD rises half-way at step {res['td_rise_step_50']}, ICL at {res['icl_rise_step_50']}; "
             f"correlation {res['td_icl_correlation']}; below task-agnostic from {res['below_agnostic_step']}; "
             f"final TD {res['final_td']}, loss {np.mean(res['final_icl_loss']):.3f}")
-    out["machine_after"] = machine()
-    write_summary("emergence", out)
+    _figures.update_timed_summary(SUMMARY, "emergence", out)
 
 
 def part_phase(args: argparse.Namespace) -> None:
@@ -109,8 +104,7 @@ def part_phase(args: argparse.Namespace) -> None:
     out = {"machine_before": machine()}
     phase = stored_parity_phase_diagram(recompute=not args.reuse, progress=progress)
     out.update(phase_summary(phase))
-    out["machine_after"] = machine()
-    write_summary("phase", out)
+    _figures.update_timed_summary(SUMMARY, "phase", out)
     log(f"  parity automaton per cell: {out['is_parity_automaton']}; {out['total_seconds']} s")
 
 
