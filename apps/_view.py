@@ -480,9 +480,9 @@ def workspace_positions(*, doc: str) -> param.List:
     return param.List(default=[], item_type=int, precedence=-1, doc=doc)
 
 
-def shown_dataset(*, doc: str) -> param.ClassSelector:
-    """A page's ``result`` Parameter: the Dataset it shows (None before the first run);
-    ``doc`` says what it holds."""
+def shown_dataset(*, doc: str | None = None) -> param.ClassSelector:
+    """A page's Parameter for a Dataset it shows or draws from (``result`` and the like; None
+    before the first run); ``doc`` says what it holds."""
     return param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1,
                                doc=doc)
 

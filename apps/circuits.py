@@ -65,7 +65,7 @@ from apps._positions import PositionStrip
 from apps._provenance import Provenance, one_line, outdated_text
 from apps._circuits_text import scope_on
 from apps._server import BoundedCache
-from apps._view import Scope, View, serve, workspace_selection
+from apps._view import Scope, View, serve, shown_dataset, workspace_selection
 from explorer.analyses import circuit_lora as cl
 from explorer.analyses import circuit_select as cs
 from explorer.analyses import circuits as ca
@@ -186,22 +186,17 @@ class CircuitsView(FinetuneComparison, CircuitScoring, CircuitSize, CircuitAblat
                                    "EAP-IG on the KL divergence from the clean run (Wang et "
                                    "al.'s choice), or EAP on the logit difference (cheaper)")
 
-    scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    scores = shown_dataset()
     shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
                                 doc="What the shown scores were computed on (model, task, "
                                     "prompts, counterfactual by position, method, when): the "
                                     "title, caption, scope line and code are written from it")
-    curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    node_curve = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                     precedence=-1)   # the node-level faithfulness curve
-    other_scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                       precedence=-1)   # the other attribution method's scores
-    checkpoints = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                      precedence=-1)
-    noise_floor = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                      precedence=-1,
-                                      doc="The per-layer change that prompt resampling of the "
-                                          "base model gives (`layer_change_noise_floor`)")
+    curve = shown_dataset()
+    node_curve = shown_dataset()   # the node-level faithfulness curve
+    other_scores = shown_dataset()   # the other attribution method's scores
+    checkpoints = shown_dataset()
+    noise_floor = shown_dataset(doc="The per-layer change that prompt resampling of the "
+                                    "base model gives (`layer_change_noise_floor`)")
     noise_note = param.String(default="", precedence=-1,
                               doc="Why there is no noise floor (yet), or empty")
     ablation = param.Dict(default=None, allow_None=True, precedence=-1)

@@ -33,7 +33,8 @@ from apps._page_provenance import ShownRecord
 from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe, Ref
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits, workspace_positions
+from apps._view import (STATIC_TOOLS, Scope, View, serve, shown_dataset, workspace_edits,
+                        workspace_positions)
 from explorer import components
 from explorer._checks import InputError
 from explorer.analyses.answer_dla import answer_token_id
@@ -382,8 +383,7 @@ class CompareView(View):
                                                  "outlined on every grid; a click on a cell "
                                                  "selects or deselects its position.")
     edits = workspace_edits(doc="Workspace edits, applied to both prompts' runs.")
-    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                 precedence=-1, doc="The comparison shown.")
+    result = shown_dataset(doc="The comparison shown.")
     note = param.String(default="", precedence=-1,
                         doc="Why nothing new is computed (no second prompt), '' otherwise.")
 

@@ -35,7 +35,7 @@ from apps._provenance import Provenance, computed_at_now, one_line, stale_text
 from apps._recipe import MODEL, Call, Recipe, Ref
 from apps._server import BoundedCache
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve, workspace_edits
+from apps._view import STATIC_TOOLS, Scope, View, serve, shown_dataset, workspace_edits
 from explorer._checks import InputError
 from explorer.analyses import feature_dashboards as F
 from explorer.analyses.saturation.corpus import corpus_chunks, load_corpus
@@ -235,18 +235,12 @@ class FeaturesView(View):
                              "the feature's largest corpus activation).")
     edits = workspace_edits(doc="Workspace edits; Steer with this feature adds one. The "
                                 "dictionary and its activations read the clean model.")
-    index = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                precedence=-1, doc="The dictionary and its corpus codes.")
-    contexts = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                   precedence=-1)
-    histogram = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                    precedence=-1)
-    effects = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                  precedence=-1)
-    on_prompt = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                    precedence=-1)
-    found = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                precedence=-1)
+    index = shown_dataset(doc="The dictionary and its corpus codes.")
+    contexts = shown_dataset()
+    histogram = shown_dataset()
+    effects = shown_dataset()
+    on_prompt = shown_dataset()
+    found = shown_dataset()
     cached = param.Boolean(default=None, allow_None=True, precedence=-1,
                            doc="Whether the dictionary came from the store.")
     seconds = param.Number(default=None, allow_None=True, precedence=-1,

@@ -39,7 +39,7 @@ from apps._page_provenance import recompute_state
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import MODEL, Call, Recipe, Ref, Step
 from apps._session import CancelToken, Cancelled
-from apps._view import STATIC_TOOLS, Scope, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve, shown_dataset
 from explorer._checks import InputError
 from explorer.analyses.itda import ITDA, itda_atom_examples, itda_reconstruction, itda_tau_sweep
 from explorer.analyses.similarity import SIMILARITY_METHODS, layer_similarity, perturbed_copy
@@ -317,10 +317,10 @@ class ITDAView(View):
     comparing = param.Boolean(default=False, precedence=-1,
                               doc="The layer comparison is asked for (the compare button): it is "
                                   "computed and follows the settings; a link carries it")
-    sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    examples = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    similarity = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    activations = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    sweep = shown_dataset()
+    examples = shown_dataset()
+    similarity = shown_dataset()
+    activations = shown_dataset()
     summary = param.String(default="", precedence=-1, doc="Size, error, L0 and FVE of the dictionary.")
     similarity_status = param.String(default="", precedence=-1, doc="What the comparison is doing or did.")
     n_atoms = param.Integer(default=0, precedence=-1)

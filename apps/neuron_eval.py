@@ -39,7 +39,7 @@ from apps._dictionary_record import (dictionary_record, dictionary_stale_text, d
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import MODEL, Call, Note, Recipe, Ref
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve, shown_dataset
 from apps.itda import DEFAULT_PROBE_TEXT, MIN_POS, probe_prompts
 from explorer.analyses.itda import ITDA
 from explorer.analyses.neuron_eval import (
@@ -368,8 +368,8 @@ class NeuronEvalView(View):
 
     table = param.ClassSelector(class_=pd.DataFrame, default=None, allow_None=True, precedence=-1)
     strips = param.List(default=[], precedence=-1)
-    synthetic = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    real = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    synthetic = shown_dataset()
+    real = shown_dataset()
     caption = param.String(default="", precedence=-1)
     note = param.String(default="", precedence=-1, doc="Why a perturbation changed no score (or '').")
     shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,

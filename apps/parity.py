@@ -36,7 +36,7 @@ from apps._parity_phase import phase_caption, plot_phase_diagram
 from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
-from apps._view import ZOOM_TOOLS, Scope, View, serve
+from apps._view import ZOOM_TOOLS, Scope, View, serve, shown_dataset
 from explorer.analyses.parity import DEFAULTS as PARITY_DEFAULTS
 from explorer.analyses.parity import (
     parity_automaton,
@@ -395,10 +395,10 @@ class ParityView(View):
                               doc="Colour the hidden states in the PCA plot by the parity of their "
                                   "prefix or by its length.")
 
-    run = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    sizes = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    phase = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    run = shown_dataset()
+    analysis = shown_dataset()
+    sizes = shown_dataset()
+    phase = shown_dataset()
     curves_record = param.ClassSelector(
         class_=Provenance, default=None, allow_None=True, precedence=-1,
         doc="What the automaton sizes over training were computed on.")

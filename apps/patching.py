@@ -38,8 +38,8 @@ from apps._provenance import (Counterfactual, Provenance, computed_at_now, one_l
                               stale_text)
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe
 from apps._session import CancelToken
-from apps._view import (STATIC_TOOLS, Scope, View, run_seconds, serve, workspace_edits,
-                        workspace_positions, workspace_selection)
+from apps._view import (STATIC_TOOLS, Scope, View, run_seconds, serve, shown_dataset,
+                        workspace_edits, workspace_positions, workspace_selection)
 from explorer import components
 from explorer._checks import InputError
 from explorer.interventions import edit_from_dict
@@ -328,8 +328,7 @@ class PatchingView(CheckedRecompute, View):
     selected_positions = workspace_positions(doc="Token positions selected in the workspace "
                                                  "(dashed columns).")
     edits = workspace_edits(doc="Workspace edits, applied to every run.")
-    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                 precedence=-1, doc="The patching grid shown.")
+    result = shown_dataset(doc="The patching grid shown.")
     seconds = run_seconds(doc="Seconds from the request to the result (last run).")
 
     link_params = ("cf_position", "cf_token", "corrupt", "kind", "metric", "direction",

@@ -56,7 +56,7 @@ from apps._saturation_prompt import (LABELLED_POSITIONS, PROMPT_RANKS, PromptPar
                                      edited_title, plot_prompt_saturation, prompt_caption,
                                      prompt_saturation, prompt_table)
 from apps._saturation_strip import TokenStrip, strip_tokens
-from apps._view import Scope, View, serve, workspace_edits, workspace_positions
+from apps._view import Scope, View, serve, shown_dataset, workspace_edits, workspace_positions
 from explorer._checks import ExplorerError
 from explorer.analyses import saturation as sat
 from explorer.models import token_text
@@ -131,19 +131,15 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
                           doc="Prompt whose tokens' saturation layers s_1..s_k the page shows "
                               "(the gallery's sidebar prompt), clean and with the edits.")
 
-    result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    result = shown_dataset()
     intervention = param.Dict(default=None, allow_None=True, precedence=-1)
     edits = workspace_edits(doc="Workspace edits (intervention records): with any, a second "
                                 "heatmap shows the prompt's saturation layers with them applied.")
-    prompt_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                        precedence=-1,
-                                        doc="`saturation_layers` of the prompt, unedited.")
+    prompt_result = shown_dataset(doc="`saturation_layers` of the prompt, unedited.")
     result_note = param.String(default="", precedence=-1,
                                doc="Where the shown token view comes from when it is the "
                                    "result cache (`apps._result_cache.cached_note`); else ''.")
-    prompt_edited = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                        precedence=-1,
-                                        doc="The same with `edits` applied; None without edits.")
+    prompt_edited = shown_dataset(doc="The same with `edits` applied; None without edits.")
 
     notify_title = "Saturation"
     page_slug = "saturation"

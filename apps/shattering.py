@@ -36,7 +36,7 @@ from apps._lab_provenance import (LabInput, drawn_as, lab_record, lab_stale_text
 from apps._provenance import Provenance
 from apps._recipe import Call, Expr, Let, Note, Recipe, Ref, Step
 from apps._session import CancelToken
-from apps._view import ZOOM_TOOLS, Scope, View, serve
+from apps._view import ZOOM_TOOLS, Scope, View, serve, shown_dataset
 from explorer.analyses.shattering import (
     DEFAULTS,
     EDIT_METHODS,
@@ -273,7 +273,7 @@ class ShatteringView(View):
     edit = param.Parameter(default=None, precedence=-1)
     edit_record = param.ClassSelector(class_=Provenance, default=None, allow_None=True,
                                       precedence=-1, doc="What the shown edit was computed on.")
-    sweep = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    sweep = shown_dataset()
 
     def __init__(self, model: Any = None, *, km: KnowledgeModel | None = None,
                  sweep: xr.Dataset | None = None, background: bool | None = None, **params: Any):

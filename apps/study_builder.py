@@ -49,7 +49,7 @@ from apps._provenance import Provenance, changed_inputs, computed_at_now, one_li
 from apps._recipe import MODEL, Call, Expr, Let, Note, Recipe, Ref
 from apps._server import open_runs
 from apps._session import CancelToken
-from apps._view import STATIC_TOOLS, Scope, View, serve
+from apps._view import STATIC_TOOLS, Scope, View, serve, shown_dataset
 from explorer._checks import InputError
 from explorer.studies.analysis import analyse
 from explorer.studies.run import StudyRun
@@ -361,8 +361,7 @@ class StudyBuilderView(View):
     items = param.String(default="\n".join(DEFAULT_ITEMS), label="More items (one per line)",
                          doc="The prompts after the sidebar prompt; in a within design the "
                              "count must be a multiple of the number of conditions.")
-    analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                   precedence=-1, doc="The latest analysis of the answers.")
+    analysis = shown_dataset(doc="The latest analysis of the answers.")
     n_answers = param.Integer(default=0, precedence=-1, doc="Answers stored so far.")
     run_folder = param.String(default="", precedence=-1, doc="The run folder of the study built.")
     shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,

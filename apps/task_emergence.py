@@ -30,7 +30,7 @@ from apps._lab_provenance import lab_record
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
 from apps._session import CancelToken
-from apps._view import ZOOM_TOOLS, View, serve
+from apps._view import ZOOM_TOOLS, View, serve, shown_dataset
 from explorer.analyses.task_emergence import DEFAULTS as TASK_EMERGENCE_DEFAULTS
 from explorer.analyses.task_emergence import default_analysis, stored_task_emergence_analysis
 
@@ -210,7 +210,7 @@ class TaskEmergenceView(View):
                            doc="Block after which the query-token residual is projected (the projection plot; "
                                "dotted line in TD by layer).")
 
-    analysis = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    analysis = shown_dataset()
 
     def __init__(self, model: Any = None, *, run: xr.Dataset | None = None,
                  analysis: xr.Dataset | None = None, background: bool | None = None, **params: Any):
