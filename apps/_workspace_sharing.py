@@ -37,7 +37,7 @@ _OWN_ITEMS_DEFAULT = "_own"
 # The workspace lists a page can share by having a parameter of the same name (a param.List):
 # the gallery keeps the page's list equal to the workspace's, and the page's own changes (a
 # click) select / deselect in the workspace.
-PAGE_SELECTIONS = ("selected_edges", "selected_positions")
+PAGE_SELECTIONS = ("selected_edges", "selected_positions", "selected_features")
 
 
 def _own_items_source(view: Any, name: str) -> tuple[param.Parameterized, str] | None:
@@ -193,9 +193,12 @@ class SharingPart:
             self._pushing_selection = False
 
     def add_to_selection(self, text: str) -> list[str]:
-        """Select what ``text`` names: components, edges (``L3.H1->L5.MLP``) and positions
-        (``P5``), separated by commas or semicolons. Returns the names added; for text that
-        cannot be read nothing is added and `add_message` says why (also raised)."""
+        """Select what ``text`` names: components, edges (``L3.H1->L5.MLP``), positions
+        (``P5``) and dictionary features (``L5.F12``), separated by commas or semicolons.
+        Returns the names added; for text that cannot be read nothing is added and
+        `add_message` says why (also raised). The page in view with a ``show_selected``
+        method is told the last name typed, so that one typed again (already selected, the
+        workspace unchanged) is shown there too."""
         parts = [t.strip() for t in re.split(r"[,;]", text or "") if t.strip()]
         try:
             added = self.workspace.select(*parts) if parts else []
@@ -203,6 +206,9 @@ class SharingPart:
             self.add_message = str(exc)
             raise
         self.add_message = ""
+        for view in self._page_in_view():
+            if added and callable(getattr(view, "show_selected", None)):
+                view.show_selected(added[-1])
         return added
 
     def _share_edits(self, event: Any) -> None:

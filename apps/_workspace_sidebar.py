@@ -114,15 +114,17 @@ class WorkspaceSidebarPart:
             label="Selected (✕ drops one)",
             options=self._selection_options(), value=ws.selection, sizing_mode="stretch_width",
             css_classes=["workspace-selection"], stylesheets=[_CHIPS_CSS],
-            description="The workspace's selection: components, circuit edges and token "
-                        "positions. Click a head, node or token on a page to select it, or "
+            description="The workspace's selection: components, circuit edges, token "
+                        "positions and dictionary features. Click a head, node or token on a page to select it, or "
                         "type in the box below to add by name; ✕ on a chip drops it.")
         add = pn.widgets.TextInput(
             label="Add to selection", placeholder="L3.H1, L3.H1->L5.MLP, P5 (Enter)",
             sizing_mode="stretch_width", css_classes=["workspace-add"],
             description="A head (L3.H1), an MLP (L3.MLP), a layer (L3), input / logits, a "
-                        "circuit edge (L3.H1->L5.MLP) or a token position of the prompt (P5); "
-                        "several separated by commas. Press Enter to add.")
+                        "circuit edge (L3.H1->L5.MLP), a token position of the prompt (P5) "
+                        "or a dictionary feature (L3.F12: feature 12 of the layer-3 "
+                        "dictionary, shown on Feature dashboards); several separated by "
+                        "commas. Press Enter to add.")
         message = pn.pane.Markdown("", visible=False, margin=(0, 10),
                                    styles={"color": "#b00020", "font-size": "0.9em"},
                                    css_classes=["workspace-add-message"])
@@ -179,7 +181,7 @@ class WorkspaceSidebarPart:
                         css_classes=["workspace-code"])
         ws.param.watch(lambda *_: setattr(code, "code", ws.copy_as_code()),
                        ["prompts", "second_prompt", "selected", "selected_edges",
-                        "selected_positions", "edits"])
+                        "selected_positions", "selected_features", "edits"])
         return [pn.pane.Markdown("### Workspace"), choice, add, message,
                 pn.bind(self.component_menu, ws.param.selected),
                 pn.pane.Markdown("**Edits**"), pn.bind(self._edit_rows, ws.param.edits), ablate,

@@ -9,7 +9,9 @@ histogram of its activations, its activation on each token of the workspace prom
 logit effects: the decoder direction through the unembedding, W_U d, its most promoted and
 suppressed tokens. The search box finds features by a token they fire on or promote. *Steer
 with this feature* adds the decoder direction as a `Steer` edit to the workspace, so every page
-runs the steered model. Every text on the page is written from the shown results' attrs and
+runs the steered model. *Select this feature* adds the shown feature to the workspace's
+selection (``L5.F123``: the layer and the index), where it travels in links and states; a
+feature selected there (typed in the sidebar, or from a link) is shown here, at its layer. Every text on the page is written from the shown results' attrs and
 the page's record of them (`FeaturesView.shown`, a `Provenance`): the dictionary's settings,
 the feature and the prompt. The dictionary reads the clean model, so the record holds no
 edits: a workspace edit leaves what the page shows current.
@@ -36,6 +38,7 @@ from apps._recipe import MODEL, Call, Recipe, Ref
 from apps._server import BoundedCache
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS, Scope, View, serve, shown_dataset, workspace_edits
+from explorer import components as comp
 from explorer._checks import InputError
 from explorer.analyses import feature_dashboards as F
 from explorer.analyses.saturation.corpus import corpus_chunks, load_corpus
@@ -247,6 +250,10 @@ class FeaturesView(View):
                            doc="Seconds from the request to the first dashboard.")
     shown = param.ClassSelector(class_=Provenance, default=None, allow_None=True, precedence=-1,
                                 doc="What the shown dashboards were computed on.")
+    selected_features = param.List(default=[], item_type=str, precedence=-1,
+                                   doc="The workspace's selected features (L5.F123): the newest "
+                                       "one selected is shown, at its layer; *Select this "
+                                       "feature* adds the shown one.")
 
     link_params = ("kind", "layer", "corpus_tokens", "feature")
 
@@ -266,6 +273,7 @@ class FeaturesView(View):
                                                "n_latents"])
         self.param.watch(self._request_dashboard, ["feature", "prompt"])
         self.param.watch(self._search, ["query"])
+        self.param.watch(self._follow_selection, ["selected_features"])
         self.run_once_loaded(self._request_index)
 
     def scope(self) -> Scope:
@@ -424,6 +432,50 @@ class FeaturesView(View):
         self.edits = [*self.edits, edit]
         return edit
 
+    def shown_feature(self) -> str | None:
+        """The shown dashboards' feature in the selection's spelling (``L5.F123``)."""
+        if self.shown is None:
+            return None
+        request = dict(self.shown.request)
+        return str(comp.Feature(int(request["dictionary"][1]), int(request["feature"])))
+
+    def select_shown(self, *events: Any) -> str | None:
+        """Add the shown feature to the selection (the workspace's, in the gallery)."""
+        name = self.shown_feature()
+        if name is not None and name not in self.selected_features:
+            self.selected_features = [*self.selected_features, name]
+        return name
+
+    def _follow_selection(self, event: Any) -> None:
+        """A feature newly selected (in the workspace; selected again, it moves to the end) is
+        shown: its layer's dictionary, then the feature; one past the shown dictionary's last
+        is refused with the count. A deselection changes nothing shown."""
+        old, new = list(event.old or []), list(event.new or [])
+        if not new or len(new) < len(old) or (old and new[-1] == old[-1]):
+            return
+        self.show_selected(new[-1])
+
+    def show_selected(self, name: str) -> None:
+        """Show the feature ``name`` (``L5.F12``; other kinds of selection are not this
+        page's): its layer's dictionary, then the feature; one past the shown dictionary's
+        last is refused with the count."""
+        try:
+            f = comp.parse_feature(name)
+        except comp.ComponentError:
+            return
+        if f.layer != self.layer:
+            self.param.feature.bounds = (0, None)     # the new dictionary's size is not known
+            with param.parameterized.discard_events(self):
+                self.feature = f.index                # read by the index job
+            self.layer = f.layer
+            return
+        n = None if self.index is None else int(self.index.sizes["feature"])
+        if n is not None and f.index >= n:
+            self.show_error(InputError(f"{f}: the layer-{f.layer} dictionary shown has {n} "
+                                       f"features (F0..F{n - 1})."))
+            return
+        self.feature = f.index
+
     def _error_note(self) -> str:
         return " The last dashboards are still shown." if self.index is not None else ""
 
@@ -470,6 +522,11 @@ class FeaturesView(View):
                                               "strength, to the layer's residual stream as a "
                                               "workspace edit.")
         steer.on_click(self.steer)
+        select = pn.widgets.Button(label="Select this feature", color="light", align="end",
+                                   css_classes=["features-select"],
+                                   description="Add the shown feature (L<layer>.F<index>) to "
+                                               "the workspace's selection.")
+        select.on_click(self.select_shown)
         alert = pn.pane.Alert(self.param.error, alert_type="danger",
                               visible=self.param.error.rx.bool(), css_classes=["features-error"],
                               sizing_mode="stretch_width")
@@ -484,7 +541,7 @@ class FeaturesView(View):
                                      self.param.seconds), css_classes=["features-caption"],
                              styles={"color": "#444", "font-size": "0.9em"},
                              sizing_mode="stretch_width"),
-            pn.Row(feature, query, alpha, steer),
+            pn.Row(feature, query, alpha, steer, select),
             pn.pane.HTML(pn.bind(search_html, self.param.found), **text),
             pn.pane.Markdown(pn.bind(dashboard_title, self.param.shown),
                              css_classes=["features-title"], sizing_mode="stretch_width"),

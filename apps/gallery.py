@@ -18,9 +18,10 @@ fuzzy search picks another head when the one typed is already selected or when E
 before the search has run. A page with a ``selected`` parameter (the head or component it
 shows) adds what the user picks there to the workspace selection and shows the workspace's
 newest head; a page with a ``highlighted`` parameter outlines every selected component; a page
-with a ``selected_edges`` (list of edge names) or ``selected_positions`` (list of token
-positions) parameter gets the workspace's edges / positions and its changes to them (a click)
-select and deselect them in the workspace; a page with ``set_sources`` (the head atlas) reads
+with a ``selected_edges`` (list of edge names), ``selected_positions`` (list of token
+positions) or ``selected_features`` (list of dictionary features, ``L5.F123``) parameter
+gets the workspace's list and its changes to it (a click) select and deselect in the
+workspace; a page with ``set_sources`` (the head atlas) reads
 the Datasets the session's pages hold.
 
 Under the selection, a small menu offers what applies to the newest selected component
@@ -213,7 +214,7 @@ class Gallery(LinksPart, SharingPart, ComponentMenuPart, WorkspaceSidebarPart, P
         self.workspace.param.watch(self._share_items, "items")
         self.workspace.param.watch(self._update_address, ["prompts", "second_prompt", "selected",
                                                           "selected_edges", "selected_positions",
-                                                          "edits"])
+                                                          "selected_features", "edits"])
         self.param.watch(self._update_address, ["view", "page_revision"])
         self.refresh_cache()
         self.view = view or next(iter(self._specs))

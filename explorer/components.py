@@ -25,7 +25,11 @@ Two more things can be selected, with their own spelling:
   `parse_position` also reads ``pos 5``, ``pos5``, ``pos=5`` and a bare ``5``;
   `Position.__str__` writes ``P5``. `check_position` checks it against a prompt's length.
 
-`parse_any` reads any of the three kinds (component, edge, position).
+- a dictionary `Feature`, ``L5.F123``: feature 123 of the dictionary read at layer 5's
+  residual stream (the Feature dashboards page's dictionary at that layer). `parse_feature`
+  also reads ``l5.f123`` and ``L5 F123``; `check_feature` checks its layer against the model.
+
+`parse_any` reads any of the four kinds (component, edge, position, feature).
 """
 from __future__ import annotations
 
@@ -35,8 +39,8 @@ from typing import Iterable, Literal
 
 __all__ = ["Component", "parse", "parse_many", "head", "mlp", "layer", "INPUT", "LOGITS",
            "canonical", "check_in_model", "ComponentError", "Edge", "edge", "parse_edge",
-           "check_edge_in_model", "Position", "parse_position", "check_position", "parse_any",
-           "canonical_any", "check_any"]
+           "check_edge_in_model", "Position", "parse_position", "check_position", "Feature",
+           "parse_feature", "check_feature", "parse_any", "canonical_any", "check_any"]
 
 Kind = Literal["head", "mlp", "layer", "input", "logits"]
 
@@ -297,11 +301,57 @@ def check_position(p: "str | int | Position", n_tokens: int | None) -> Position:
     return p
 
 
+# -- dictionary features -------------------------------------------------------------------------
+
+_FEATURE = re.compile(r"^l\s*(\d+)\s*[.\s]\s*f\s*(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Feature:
+    """Feature ``index`` of the dictionary read at layer ``layer``'s residual stream."""
+
+    layer: int
+    index: int
+
+    def __post_init__(self) -> None:
+        for name in ("layer", "index"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ComponentError(f"a feature's {name} is an int >= 0, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"L{self.layer}.F{self.index}"
+
+
+def parse_feature(text: "str | Feature") -> Feature:
+    """Read a dictionary feature: ``L5.F123`` (also ``l5.f123``, ``L5 F123``)."""
+    if isinstance(text, Feature):
+        return text
+    if not isinstance(text, str):
+        raise ComponentError(f"a feature is a string such as 'L5.F123', got {type(text).__name__}")
+    m = _FEATURE.match(text.strip().lower())
+    if not m:
+        raise ComponentError(f"cannot read feature {text.strip()[:40]!r}: write a dictionary "
+                             "feature as L5.F123 (feature 123 of the layer-5 dictionary)")
+    return Feature(int(m.group(1)), int(m.group(2)))
+
+
+def check_feature(f: "str | Feature", n_layers: int | None) -> Feature:
+    """Parse ``f`` and, when the model's depth ``n_layers`` is known, check its layer."""
+    f = parse_feature(f)
+    if n_layers is not None and not f.layer < n_layers:
+        raise ComponentError(f"{f} is out of range: the model has {n_layers} layers "
+                             f"(L0..L{n_layers - 1})")
+    return f
+
+
 # -- any selectable thing ------------------------------------------------------------------------
 
-def parse_any(text: "str | int | Component | Edge | Position") -> "Component | Edge | Position":
-    """A component, an edge (has an arrow) or a token position (``P5`` / ``pos 5`` / an int)."""
-    if isinstance(text, (Component, Edge, Position)):
+def parse_any(text: "str | int | Component | Edge | Position | Feature"
+              ) -> "Component | Edge | Position | Feature":
+    """A component, an edge (has an arrow), a token position (``P5`` / ``pos 5`` / an int) or
+    a dictionary feature (``L5.F123``)."""
+    if isinstance(text, (Component, Edge, Position, Feature)):
         return text
     if isinstance(text, int) and not isinstance(text, bool):
         return Position(text)
@@ -312,13 +362,15 @@ def parse_any(text: "str | int | Component | Edge | Position") -> "Component | E
     key = text.strip().lower()
     if key.startswith(("p", "pos")) and _POSITION.match(key):
         return parse_position(text)
+    if _FEATURE.match(key):
+        return parse_feature(text)
     try:
         return parse(text)
     except ComponentError:
         raise ComponentError(
             f"cannot read {text.strip()[:40]!r}: write a head as L17.H3, an MLP as L17.MLP, a "
             "layer as L17, input / logits, an edge as L3.H1->L5.MLP, a token position as "
-            "P5") from None
+            "P5, a dictionary feature as L5.F123") from None
 
 
 def canonical_any(text: "str | int | Component | Edge | Position") -> str:
@@ -334,6 +386,8 @@ def check_any(text: "str | int | Component | Edge | Position", n_layers: int | N
     x = parse_any(text)
     if isinstance(x, Position):
         return check_position(x, n_tokens)
+    if isinstance(x, Feature):
+        return check_feature(x, n_layers)
     if n_layers is None or n_heads is None:
         return x
     if isinstance(x, Edge):

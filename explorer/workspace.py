@@ -83,7 +83,8 @@ MAX_LINK_CHARS = 16_000
 _LINK_JSON_BYTES = 2 * 2**20  # a link's state, decompressed, is never larger than this
 
 _KEYS = {"format", "version", "model", "n_layers", "n_heads", "prompts", "second_prompt", "selected",
-         "selected_edges", "selected_positions", "edits", "items", "settings", "versions"}
+         "selected_edges", "selected_positions", "selected_features", "edits", "items", "settings",
+         "versions"}
 _ITEM_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # a page slug: 'conflicts', 'icl-heads'
 
 _SNIPPET_FLOATS = 16  # edits holding more numbers than this are read from the state file
@@ -167,6 +168,10 @@ class Workspace(param.Parameterized):
         Selected token positions of the first prompt (0-based; spelled ``P5``), in order.
         Checked against the prompt's length in tokens when the workspace has the model's
         tokenizer (`from_model`); a prompt change drops the positions past its end.
+    selected_features : list of str
+        Selected dictionary features, ``"L5.F123"`` (`explorer.components.Feature`: feature
+        123 of the Feature dashboards page's dictionary at layer 5), in order; the layer is
+        checked against the model's depth.
     edits : list of Edit
         Active interventions, applied in order by pages that run the model with edits.
     items : dict of str to str
@@ -195,6 +200,10 @@ class Workspace(param.Parameterized):
                                 doc="Selected circuit edges, canonical spelling, in order.")
     selected_positions = param.List(default=[], item_type=int,
                                     doc="Selected token positions of the first prompt, in order.")
+    selected_features = param.List(default=[], item_type=str,
+                                   doc="Selected dictionary features (``L5.F123``: feature 123 "
+                                       "of the Feature dashboards page's dictionary at layer "
+                                       "5), in order.")
     edits = param.List(default=[], item_type=Edit, doc="Active edits, applied in order.")
     items = param.Dict(default={}, doc="The user's pasted items: page slug -> text.")
     settings = param.Dict(default={}, doc="Pages' main settings: page slug -> {parameter: "
@@ -206,6 +215,7 @@ class Workspace(param.Parameterized):
         selected = list(_as_list(params.pop("selected", [])))
         selected += _as_list(params.pop("selected_edges", []))
         selected += _as_list(params.pop("selected_positions", []))
+        selected += _as_list(params.pop("selected_features", []))
         self._count_tokens = params.pop("count_tokens", None)
         self._prompt_tokens = params.pop("prompt_tokens", None)
         self._prompt_limit = params.pop("prompt_limit", None)
@@ -322,8 +332,8 @@ class Workspace(param.Parameterized):
         except comp.ComponentError as exc:
             raise InputError(f"{exc}.") from None
 
-    def _checked(self, name: Any) -> comp.Component | comp.Edge | comp.Position:
-        """A component, edge or position, checked against the model and the prompt."""
+    def _checked(self, name: Any) -> comp.Component | comp.Edge | comp.Position | comp.Feature:
+        """A component, edge, position or feature, checked against the model and the prompt."""
         try:
             x = comp.parse_any(name)
             if isinstance(x, comp.Position):
@@ -334,7 +344,8 @@ class Workspace(param.Parameterized):
 
     def _sorted_names(self, names: Iterable[Any]) -> dict[str, list]:
         """``names`` checked, once each, filed as {selected, selected_edges, selected_positions}."""
-        out: dict[str, list] = {"selected": [], "selected_edges": [], "selected_positions": []}
+        out: dict[str, list] = {"selected": [], "selected_edges": [], "selected_positions": [],
+                                "selected_features": []}
         for name in _as_list(names):
             x = self._checked(name)
             key, value = _filed(x)
@@ -353,9 +364,11 @@ class Workspace(param.Parameterized):
 
     @property
     def selection(self) -> list[str]:
-        """Everything selected, in one spelling: components, then edges, then positions."""
+        """Everything selected, in one spelling: components, then edges, then positions, then
+        dictionary features."""
         return ([*self.selected, *self.selected_edges]
-                + [str(comp.Position(p)) for p in self.selected_positions])
+                + [str(comp.Position(p)) for p in self.selected_positions]
+                + list(self.selected_features))
 
     def select(self, *names: Any) -> list[str]:
         """Add components, edges or positions to the selection (each once, the newest last);
@@ -394,8 +407,8 @@ class Workspace(param.Parameterized):
 
     def clear_selection(self) -> None:
         """Drop every selected component, edge and position."""
-        update = {key: [] for key in ("selected", "selected_edges", "selected_positions")
-                  if getattr(self, key)}
+        update = {key: [] for key in ("selected", "selected_edges", "selected_positions",
+                                      "selected_features") if getattr(self, key)}
         if update:
             self.param.update(**update)
 
@@ -499,6 +512,7 @@ class Workspace(param.Parameterized):
             "selected": list(self.selected),
             "selected_edges": list(self.selected_edges),
             "selected_positions": [str(comp.Position(p)) for p in self.selected_positions],
+            "selected_features": list(self.selected_features),
             "edits": [e.to_dict() for e in self.edits],
             "items": dict(self.items),
             "settings": {k: dict(v) for k, v in self.settings.items()},
@@ -580,6 +594,10 @@ class Workspace(param.Parameterized):
         if not isinstance(edges, list) or not all(isinstance(s, str) for s in edges):
             raise InputError("the state's 'selected_edges' must be a list of edge names "
                              "(strings such as 'L3.H1->L5.MLP').")
+        features = data.get("selected_features", [])   # states written before features: none
+        if not isinstance(features, list) or not all(isinstance(s, str) for s in features):
+            raise InputError("the state's 'selected_features' must be a list of feature names "
+                             "(strings such as 'L5.F123').")
         positions = data.get("selected_positions", [])
         if not isinstance(positions, list) or not all(
                 isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
@@ -626,7 +644,8 @@ class Workspace(param.Parameterized):
         except InputError as exc:
             raise InputError(f"the state's selection: {exc}") from None
         for key, names, what in (("selected_edges", edges, "edges"),
-                                 ("selected_positions", positions, "positions")):
+                                 ("selected_positions", positions, "positions"),
+                                 ("selected_features", features, "features")):
             try:
                 filed = ws._sorted_names([_as_kind(key, n) for n in names])
             except InputError as exc:
@@ -646,6 +665,7 @@ class Workspace(param.Parameterized):
                           selected=list(other.selected),
                           selected_edges=list(other.selected_edges),
                           selected_positions=list(other.selected_positions),
+                          selected_features=list(other.selected_features),
                           edits=list(other.edits), items=dict(other.items),
                           settings={k: dict(v) for k, v in other.settings.items()})
 
@@ -665,6 +685,9 @@ class Workspace(param.Parameterized):
         if self.selected_positions:
             lines.append(f"selected_positions = {list(self.selected_positions)!r}"
                          "  # token positions of prompts[0]")
+        if self.selected_features:
+            lines.append(f"selected_features = {list(self.selected_features)!r}"
+                         "  # dictionary features: layer, feature index")
         if any(_n_floats(e) > _SNIPPET_FLOATS for e in self.edits):
             lines += ["from pathlib import Path",
                       "from explorer.workspace import Workspace",
@@ -691,10 +714,11 @@ class Workspace(param.Parameterized):
 
 
 _FILED = {comp.Component: "selected", comp.Edge: "selected_edges",
-          comp.Position: "selected_positions"}
+          comp.Position: "selected_positions", comp.Feature: "selected_features"}
 
 
-def _filed(x: comp.Component | comp.Edge | comp.Position) -> tuple[str, str | int]:
+def _filed(x: comp.Component | comp.Edge | comp.Position | comp.Feature
+           ) -> tuple[str, str | int]:
     """(the parameter ``x`` is kept in, the value kept there)."""
     key = _FILED[type(x)]
     return key, (x.index if isinstance(x, comp.Position) else str(x))
@@ -705,16 +729,17 @@ def _spelled(key: str, value: str | int) -> str:
 
 
 def _as_list(names: Any) -> list:
-    if isinstance(names, (str, int, comp.Component, comp.Edge, comp.Position)):
+    if isinstance(names, (str, int, comp.Component, comp.Edge, comp.Position, comp.Feature)):
         return [names]
     return list(names)
 
 
 def _as_kind(key: str, name: Any) -> Any:
-    """A state's edge or position name, read as that kind (a component name in the edge list
-    is refused as not an edge)."""
+    """A state's edge, position or feature name, read as that kind (a component name in the
+    edge list is refused as not an edge)."""
+    read = {"selected_edges": comp.parse_edge, "selected_features": comp.parse_feature}
     try:
-        return comp.parse_edge(name) if key == "selected_edges" else comp.parse_position(name)
+        return read.get(key, comp.parse_position)(name)
     except comp.ComponentError as exc:
         raise InputError(f"{exc}.") from None
 

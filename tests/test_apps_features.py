@@ -86,6 +86,43 @@ def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model,
         g.close()
 
 
+def test_a_feature_selected_in_the_workspace_is_shown_and_the_shown_one_is_selected(
+        tiny_model, store, notes):
+    """*Select this feature* puts the shown feature in the workspace as L<layer>.F<index>; a
+    feature selected in the workspace (as typed in the sidebar) moves the page to it, at its
+    layer: the dashboards then equal those computed on that layer's dictionary directly."""
+    from apps.gallery import VIEWS, Gallery
+    from explorer.analyses import feature_dashboards as F
+
+    g = Gallery("tiny-llama", views=[v for v in VIEWS if v[1] == "features"], view="features")
+    try:
+        view = g.page("features")
+        view._background = False
+        view.param.update(**SMALL)
+        view._request_index()
+        view.wait()
+        view.feature = 2
+        assert view.select_shown() == "L1.F2"
+        assert g.workspace.selected_features == ["L1.F2"] and "L1.F2" in g.workspace.selection
+        g.workspace.select("L0.F3")                         # typed in the sidebar
+        view.wait()
+        assert view.selected_features == ["L1.F2", "L0.F3"]
+        assert (view.layer, view.feature, view.shown_feature()) == (0, 3, "L0.F3")
+        direct, _ = F.cached_feature_index(tiny_model, view.texts(), store=store,
+                                           **view.settings())
+        assert int(view.index.attrs["layer"]) == 0 and int(direct.attrs["layer"]) == 0
+        np.testing.assert_array_equal(view.index.decoder.values, direct.decoder.values)
+        top = F.top_activating_contexts(direct, 3, k=12)
+        np.testing.assert_allclose(view.contexts.activation.values, top.activation.values)
+        n = int(view.index.sizes["feature"])
+        g.workspace.select(f"L0.F{n + 5}")                  # past the dictionary's last
+        assert view.feature == 3 and f"has {n} features" in view.error
+        g.workspace.deselect("L0.F3")
+        assert view.selected_features == ["L1.F2", f"L0.F{n + 5}"] and view.feature == 3
+    finally:
+        g.close()
+
+
 def test_snippet_recomputes_the_dashboards(tiny_model, store):
     view = FeaturesView(tiny_model, background=False, store=store, prompt=PROMPT,
                         kind="sae", **SMALL)

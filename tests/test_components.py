@@ -173,3 +173,22 @@ def test_check_any_dispatches_on_the_kind():
         comp.check_any("P2", 2, 3, n_tokens=2)
     with pytest.raises(comp.ComponentError, match="layers 0..1"):
         comp.check_any("L1.H0->L2.MLP", 2, 3)
+
+
+@pytest.mark.parametrize("text", ["L5.F123", "l5.f123", "L5 F123", " L5 . F123 "])
+def test_a_feature_has_one_spelling(text):
+    f = comp.parse_any(text)
+    assert isinstance(f, comp.Feature) and (f.layer, f.index) == (5, 123)
+    assert str(f) == comp.canonical_any(text) == "L5.F123"
+
+
+def test_a_feature_is_checked_against_the_models_depth():
+    assert comp.check_any("L2.F9", 3, 4) == comp.Feature(2, 9)
+    with pytest.raises(comp.ComponentError, match=r"L3.F0 is out of range: the model has 3 "
+                                                  r"layers \(L0..L2\)"):
+        comp.check_any("L3.F0", 3, 4)
+    for bad in ("L5.F", "F12", "L5.Fx"):
+        with pytest.raises(comp.ComponentError):
+            comp.parse_feature(bad)
+    with pytest.raises(comp.ComponentError, match="dictionary feature as L5.F123"):
+        comp.parse_any("L5.Q1")

@@ -37,6 +37,26 @@ def test_a_link_carries_prompt_selection_edits_page_and_settings():
     assert link.workspace.edits == [Ablate(1, 2), Scale(2, 3, 0.5)]
 
 
+def test_features_travel_in_links_states_and_code(tiny_model):
+    """Selected dictionary features are one more kind of selection: checked against the
+    model's depth, kept in their own list and carried by a link, a state file and the code."""
+    ws = Workspace.from_model(tiny_model)
+    ws.select("L2.F7", "L0.H1", "l1 f3")
+    assert ws.selected_features == ["L2.F7", "L1.F3"] and ws.selected == ["L0.H1"]
+    with pytest.raises(InputError, match="out of range"):
+        ws.select(f"L{tiny_model.spec.n_layers}.F0")
+    text, _ = workspace_link(ws, view="features")
+    back = read_link(text, model=tiny_model).workspace
+    assert back.selected_features == ["L2.F7", "L1.F3"] and back.selection == ws.selection
+    again = Workspace.from_json(ws.to_json(), model=tiny_model)
+    assert again.selected_features == ["L2.F7", "L1.F3"]
+    assert "selected_features = ['L2.F7', 'L1.F3']" in ws.copy_as_code()
+    ws.toggle("L2.F7")
+    assert ws.selected_features == ["L1.F3"]
+    ws.clear_selection()
+    assert ws.selection == []
+
+
 def test_a_link_leaves_out_edits_holding_a_vector():
     ws = _ws()
     ws.push_edit(Ablate(0, 1))

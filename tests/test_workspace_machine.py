@@ -391,6 +391,19 @@ class WorkspaceWalk(RuleBasedStateMachine):
         self.feature = index % page.index.sizes["feature"]
         page.feature = self.feature
 
+    @precondition(lambda self: self.view == "features" and self.in_view.index is not None)
+    @rule(index=st.integers(0, 63))
+    def select_feature_in_the_sidebar(self, index):
+        """Type one of the dictionary's features in the sidebar's box (L1.F<index>, the page's
+        layer): the workspace selects it and the page shows it (selected again, it is the
+        newest again and shown)."""
+        self._step(faults_allowed=1)
+        page = self.in_view
+        self.feature = index % page.index.sizes["feature"]
+        self.gallery.add_to_selection(f"L1.F{self.feature}")
+        assert self.gallery.workspace.selected_features[-1] == f"L1.F{self.feature}"
+        assert page.feature == self.feature
+
     @precondition(lambda self: self.view == "circuits" and self.page.scores is not None)
     @rule(index=st.integers(0, 63))
     def move_slider(self, index):
@@ -759,7 +772,8 @@ def test_a_walk_through_the_circuit_tasks(tiny_model):
 def test_a_walk_through_two_prompts_and_feature_dashboards(tiny_model):
     """Prompt B typed, the Two prompts page opened, a B over its 128 tokens refused (the
     old comparison marked outdated), the attribution view, an edit; the feature dashboards:
-    a feature picked, an edit (which they do not read: not outdated), a new prompt; links."""
+    a feature selected in the sidebar, one picked on the page, an edit (which they do not
+    read: not outdated), a new prompt; links; the sidebar's feature selected again."""
     m = walk([("set_second_prompt", {"text": SECOND_PROMPTS[1]}),
               ("switch_page", {"slug": "compare"}),
               ("set_second_prompt", {"text": SECOND_PROMPTS[3]})])
@@ -771,10 +785,14 @@ def test_a_walk_through_two_prompts_and_feature_dashboards(tiny_model):
               ("set_second_prompt", {"text": SECOND_PROMPTS[2]}),
               ("compare_with", {"view": "dla"}), ("add_edit", {"layer": 0, "head": 1}),
               ("follow_link", {}), ("switch_page", {"slug": "features"}),
+              ("select_feature_in_the_sidebar", {"index": 5}),
               ("pick_feature", {"index": 3}), ("add_edit", {"layer": 1, "head": 0}),
               ("set_prompt", {"prompt": PROMPTS[1]}), ("follow_link", {})], m)
         assert m.in_view.shown.prompts[0] == PROMPTS[1]
-        assert dict(m.in_view.shown.request)["feature"] == 3
+        assert dict(m.in_view.shown.request)["feature"] == 3   # the page's own pick, last
+        assert m.gallery.workspace.selected_features == ["L1.F5"]
+        walk([("select_feature_in_the_sidebar", {"index": 5})], m)   # selected again: shown
+        assert dict(m.in_view.shown.request)["feature"] == 5
     finally:
         m.teardown()
 
