@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import _figures  # benchmarks/_figures.py, beside this script
+from explorer.commands._common import add_number_options
 from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,11 +83,7 @@ def page_screenshot(plus, minus, alpha_l, alpha_s, example: str, path: Path) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--select-facts", type=int, default=4)
-    ap.add_argument("--val-facts", type=int, default=4)
-    ap.add_argument("--eval-facts", type=int, default=16)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--n-new", type=int, default=3)
+    add_number_options(ap, select_facts=4, val_facts=4, eval_facts=16, k=5, n_new=3)
     ap.add_argument("--directions", default="parametric,context")
     ap.add_argument("--page", action="store_true", help="also photograph the page")
     ap.add_argument("--no-scatter", action="store_true", help="skip the superposition scatter")

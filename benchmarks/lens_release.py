@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from explorer.commands._common import add_number_options  # noqa: E402
 from explorer.defaults import DEFAULT_MODEL  # noqa: E402
 
 
@@ -86,11 +87,7 @@ def measure(*, model: str, threads: int, tokens: int, drags: int, moves: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--drags", type=int, default=3)
-    ap.add_argument("--moves", type=int, default=6)
-    ap.add_argument("--pause", type=float, default=0.3)
+    add_number_options(ap, threads=2, tokens=16, drags=3, moves=6, pause=0.3)
     ap.add_argument("--json", help="write the result here as JSON")
     args = ap.parse_args()
     result = measure(model=args.model, threads=args.threads, tokens=args.tokens,

@@ -43,6 +43,7 @@ import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
 from _figures import browser_on_pages, log
+from explorer.commands._common import add_number_options
 from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -631,30 +632,18 @@ PARTS = {"itda": part_itda, "matching": part_matching, "sanity": part_sanity, "m
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", action="append", choices=list(PARTS), help="part to run (repeatable)")
-    p.add_argument("--threads", type=int, default=1)
+    add_number_options(p, threads=1)
     p.add_argument("--itda-prompts", type=int, default=120, help="corpus prompts for the SmolLM2 ITDA")
-    p.add_argument("--sae-seconds", type=float, default=900.0)
-    p.add_argument("--sae-lr", type=float, default=1e-3)
-    p.add_argument("--ce-prompts", type=int, default=8)
+    add_number_options(p, sae_seconds=900.0, sae_lr=1e-3, ce_prompts=8)
     p.add_argument("--extra-taus", type=float, nargs="*", default=[0.05],
                    help="more ITDA-vs-SAE comparisons at these taus (no CE loss)")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--train-steps", type=int, default=800)
-    p.add_argument("--match-prompts", type=int, default=60)
-    p.add_argument("--ft-steps", type=int, default=20)
-    p.add_argument("--ft-lr", type=float, default=2e-5)
-    p.add_argument("--smollm-prompts", type=int, default=24)
-    p.add_argument("--synthetic-inputs", type=int, default=100_000)
-    p.add_argument("--synthetic-seeds", type=int, default=100)
-    p.add_argument("--real-seeds", type=int, default=50)
-    p.add_argument("--min-count", type=int, default=3)
-    p.add_argument("--max-units", type=int, default=300)
+    add_number_options(p, seeds=3, train_steps=800, match_prompts=60, ft_steps=20, ft_lr=2e-5,
+                          smollm_prompts=24, synthetic_inputs=100_000, synthetic_seeds=100,
+                          real_seeds=50, min_count=3, max_units=300)
     p.add_argument("--meta-splits", type=int, default=20,
                    help="with --part meta: validation / test splits of the units")
-    p.add_argument("--alpha", type=float, default=0.01)
-    p.add_argument("--stream-tokens", type=int, default=1_000_000)
-    p.add_argument("--stream-tau", type=float, default=0.2)
-    p.add_argument("--stream-chunk-prompts", type=int, default=1000)
+    add_number_options(p, alpha=0.01, stream_tokens=1_000_000, stream_tau=0.2,
+                          stream_chunk_prompts=1000)
     p.add_argument("--pages", action="store_true", help="with --part figures: screenshot both pages")
     p.add_argument("--page-model", default=DEFAULT_MODEL)
     args = p.parse_args(argv)

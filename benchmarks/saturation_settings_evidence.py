@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from explorer.commands._common import add_number_options
 from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,11 +47,9 @@ def task_texts(model, *, max_tokens: int, shots: int, seed: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--max-tokens", type=int, default=4096)
-    ap.add_argument("--shots", type=int, default=8)
+    add_number_options(ap, max_tokens=4096, shots=8)
     ap.add_argument("--settings", default="text,task")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    add_number_options(ap, seed=0, threads=1)
     args = ap.parse_args()
     import torch
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _figures import CHROMIUM, CHROMIUM_ARGS, ROOT  # noqa: E402  (benchmarks/_figures.py)
 
+from explorer.commands._common import add_number_options  # noqa: E402
 from explorer.defaults import DEFAULT_MODEL as MODEL  # noqa: E402
 
 # The lens heatmap's frame: a cheap fingerprint of its pixels (every 3rd pixel of every 3rd
@@ -282,13 +283,8 @@ def _uptime() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--moves", type=int, default=8)
-    ap.add_argument("--drags", type=int, default=2)
-    ap.add_argument("--step-px", type=int, default=12)
-    ap.add_argument("--timeout", type=float, default=5.0)
-    ap.add_argument("--processes", type=int, default=5)
+    add_number_options(ap, threads=2, tokens=32, moves=8, drags=2, step_px=12, timeout=5.0,
+                           processes=5)
     ap.add_argument("--kernel-moves", type=int, default=16,
                     help="previews (and exact calls) timed per kernel process")
     ap.add_argument("--only", choices=("drag", "kernel"), default=None)

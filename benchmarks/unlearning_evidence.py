@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 import _figures  # benchmarks/_figures.py, beside this script
+from explorer.commands._common import add_number_options
 from explorer.defaults import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -484,10 +485,9 @@ def main() -> None:
                          "0: the facts-only retain term)")
     ap.add_argument("--trace-facts", type=int, default=None,
                     help="causal tracing over the first N forget facts (default all; 0: none)")
-    ap.add_argument("--seed", type=int, default=0)
+    add_number_options(ap, seed=0)
     ap.add_argument("--sweep-lrs", default="1e-5,3e-5,3e-6")
-    ap.add_argument("--sweep-steps", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
+    add_number_options(ap, sweep_steps=8, threads=1)
     args = ap.parse_args()
     import torch
 
