@@ -16,7 +16,7 @@ from apps import theme
 
 __all__ = ["OwnItems", "caption", "check_selected_component", "control", "flex_plot", "flex_row",
            "labelled", "labelled_control", "labelled_controls", "run_page", "selected_component",
-           "tip", "token_choice"]
+           "show_steps", "tip", "token_choice", "training_step"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -209,3 +209,19 @@ def check_selected_component(view: param.Parameterized, spec: Any, event: Any) -
         return
     if str(c) != event.new:
         view.selected = str(c)
+
+
+def training_step(*, doc: str) -> param.Selector:
+    """A training-lab page's ``step`` Parameter: the checkpoint shown; its options are the
+    steps of the run the page shows (`show_steps`); ``doc`` says what it sets."""
+    return param.Selector(default=None, objects=[], label="Training step", doc=doc)
+
+
+def show_steps(view: param.Parameterized, ds: Any) -> int:
+    """Give ``view``'s ``step`` the checkpoint steps of ``ds`` (a run or its analysis) as its
+    options; returns the step to show: the one shown when ``ds`` has it, else the last. It is
+    chosen before the options change (a slider snaps to the first one then)."""
+    steps = [int(s) for s in ds["step"].values]
+    keep = view.step if view.step in steps else steps[-1]
+    view.param.step.objects = steps
+    return keep

@@ -27,7 +27,7 @@ import xarray as xr
 
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import caption, control, flex_row, run_page
+from apps._controls import caption, control, flex_row, run_page, show_steps, training_step
 from apps._lab_provenance import lab_record
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import Call, Expr, Let, Note, Recipe, Step
@@ -338,9 +338,8 @@ class LinearICLView(View):
     n_heads = param.Selector(default=None, objects=[], label="Heads (H)",
                              doc="Which run the heatmaps, the pattern curves and the summary show: "
                                  "the model trained with this many attention heads.")
-    step = param.Selector(default=None, objects=[], label="Training step",
-                          doc="Checkpoint of the heatmaps, the loss-by-length plot and the dashed "
-                              "markers on the curves over training.")
+    step = training_step(doc="Checkpoint of the heatmaps, the loss-by-length plot and the dashed "
+                             "markers on the curves over training.")
 
     runs = param.Dict(default={}, precedence=-1)
     analyses = param.Dict(default={}, precedence=-1)
@@ -404,9 +403,7 @@ class LinearICLView(View):
         run = self.runs.get(self.n_heads)
         if run is None:
             return
-        steps = [int(s) for s in run["step"].values]
-        keep = self.step if self.step in steps else steps[-1]
-        self.param.step.objects = steps
+        keep = show_steps(self, run)
         with param.parameterized.discard_events(self):
             self.step = keep
         self.param.trigger("step")

@@ -28,7 +28,7 @@ import param
 import xarray as xr
 
 from apps import theme
-from apps._controls import caption, control, flex_row, run_page
+from apps._controls import caption, control, flex_row, run_page, show_steps, training_step
 from apps._lab_provenance import (LabInput, drawn_as, lab_record, lab_stale_text,
                                   recompute_state, stale_pane, stamped)
 from apps._paper import paper_panel
@@ -378,9 +378,8 @@ class ParityView(View):
                      edits="not applicable: the page studies a separate toy RNN, not the "
                            "workspace's language model")
 
-    step = param.Selector(default=None, objects=[], label="Training step",
-                          doc="Checkpoint shown in every panel: the hidden states, the automaton, "
-                              "the accuracy by length and the dashed markers on the curves.")
+    step = training_step(doc="Checkpoint shown in every panel: the hidden states, the automaton, "
+                             "the accuracy by length and the dashed markers on the curves.")
     threshold = param.Number(default=0.01, bounds=(0.001, 0.2), step=0.001, label="Merge threshold",
                              doc="Hidden states closer than this fraction of their spread merge into "
                                  "one automaton state (the automaton and the state counts over "
@@ -440,10 +439,7 @@ class ParityView(View):
         return {"run": run, "analysis": analysis, "phase": phase}
 
     def _use_run(self, run: xr.Dataset) -> None:
-        steps = [int(s) for s in run["step"].values]
-        # Chosen before the slider gets its options (it snaps to the first one then).
-        keep = self.step if self.step in steps else steps[-1]
-        self.param.step.objects = steps
+        keep = show_steps(self, run)
         with param.parameterized.discard_events(self):
             self.run = run
             self.step = keep
@@ -451,14 +447,12 @@ class ParityView(View):
 
     def _loaded(self, out: dict[str, xr.Dataset]) -> None:
         run = self.run if self.run is not None else out["run"]
-        steps = [int(s) for s in run["step"].values]
-        keep = self.step if self.step in steps else steps[-1]
         p = out["run"].attrs.get("params", {})
         self.param.update(running=False, status=(
             f"{p.get('hidden_size', '?')} ReLU units, seed {out['run'].attrs.get('seed')}, "
             f"{int(out['run'].sizes['step'])} checkpoints"
             + (", shipped (float16)." if "source" in out["run"].attrs else ".")))
-        self.param.step.objects = steps
+        keep = show_steps(self, run)
         # One batch of events: each plot is drawn once with everything in place.
         with param.parameterized.discard_events(self):
             self.param.update(run=run, step=keep, analysis=out["analysis"], phase=out["phase"])

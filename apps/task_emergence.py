@@ -25,7 +25,7 @@ import xarray as xr
 
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import caption, control, flex_row, run_page
+from apps._controls import caption, control, flex_row, run_page, show_steps, training_step
 from apps._lab_provenance import lab_record
 from apps._provenance import Provenance, computed_at_now
 from apps._recipe import Call, Expr, Note, Recipe, Ref, Step
@@ -203,9 +203,8 @@ class TaskEmergenceView(View):
 
     notify_title = "Task emergence"
 
-    step = param.Selector(default=None, objects=[], label="Training step",
-                          doc="Checkpoint shown in every panel: the projection, TD by layer and the "
-                              "dashed markers on the curves over training.")
+    step = training_step(doc="Checkpoint shown in every panel: the projection, TD by layer and the "
+                             "dashed markers on the curves over training.")
     layer = param.Selector(default=None, objects=[], label="Layer",
                            doc="Block after which the query-token residual is projected (the projection plot; "
                                "dotted line in TD by layer).")
@@ -235,19 +234,17 @@ class TaskEmergenceView(View):
         return stored_task_emergence_analysis(run)
 
     def _use(self, analysis: xr.Dataset) -> None:
-        steps = [int(s) for s in analysis["step"].values]
         layers = [int(layer) for layer in analysis["layer"].values]
         best = int(analysis.attrs.get("best_layer", layers[-1]))
         # Chosen before the widgets get their options (a slider snaps to the first one then).
-        step = steps[-1] if self.step not in steps else self.step
         layer = best if self.layer not in layers else self.layer
-        self.param.step.objects = steps
+        step = show_steps(self, analysis)
         self.param.layer.objects = layers
         self._landed = computed_at_now()
         with param.parameterized.discard_events(self):
             self.param.update(analysis=analysis, step=step, layer=layer)
         self.param.trigger("analysis", "step", "layer")
-        self.status = (f"{len(steps)} checkpoints"
+        self.status = (f"{int(analysis.sizes['step'])} checkpoints"
                        + (" (the analysis shipped with the project)." if "source" in analysis.attrs
                           else "."))
 
