@@ -218,20 +218,27 @@ class CheckpointLog:
         self.train_loss.append(float(np.mean(self.running)) if self.running else float("nan"))
         self.running.clear()
 
-    def elapsed(self) -> tuple[float, float]:
-        """Wall and CPU seconds since the log began."""
-        return time.perf_counter() - self._start, time.process_time() - self._cpu_start
+    def timing_attrs(self, cancelled: bool) -> dict[str, Any]:
+        """A finished run's timing attrs: ``train_seconds`` (wall) and ``train_cpu_seconds``
+        (this process) since the log began, to the millisecond, and whether it was
+        ``cancelled``."""
+        seconds = time.perf_counter() - self._start
+        cpu_seconds = time.process_time() - self._cpu_start
+        return {"train_seconds": round(seconds, 3), "train_cpu_seconds": round(cpu_seconds, 3),
+                "cancelled": cancelled}
 
 
 def run_training_steps(steps: int, step_loss: Callable[[int], torch.Tensor],
                        optimiser: torch.optim.Optimizer, *, losses: list[float],
                        checkpoint: Callable[[int], None], checkpoint_every: int,
                        progress: Callable[[int, int], bool | None] | None = None) -> bool:
-    """Steps 1..``steps`` with gradients on: ``step_loss(step)`` (which samples its batch),
-    backward, one optimiser step; the loss goes to ``losses``. Every ``checkpoint_every``
-    steps and at the last, ``checkpoint(step)``, then ``progress(step, steps)``: False
-    stops the loop. Returns whether it stopped early (cancelled)."""
+    """``checkpoint(0)`` (the initial weights), then steps 1..``steps`` with gradients on:
+    ``step_loss(step)`` (which samples its batch), backward, one optimiser step; the loss goes
+    to ``losses``. Every ``checkpoint_every`` steps and at the last, ``checkpoint(step)``, then
+    ``progress(step, steps)``: False stops the loop. Returns whether it stopped early
+    (cancelled)."""
     with torch.enable_grad():
+        checkpoint(0)
         for step in range(1, steps + 1):
             loss = step_loss(step)
             optimiser.zero_grad(set_to_none=True)

@@ -110,17 +110,13 @@ def train_linear_icl(
                                           generator=data_gen)
         return ((model(batch["X"], batch["y"], batch["x_q"]) - batch["y_q"]) ** 2).mean()
 
-    with torch.enable_grad():
-        checkpoint(0)
     cancelled = run_training_steps(steps, step_loss, optimiser, losses=log.running,
                                    checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                                    progress=progress)
-    seconds, cpu_seconds = log.elapsed()
     return _run_dataset(log.snapshots, log.steps, log.train_loss, test_losses, test_lengths,
                         training_attrs("linear_icl", params, seed, CITATION,
-                                       train_seconds=round(seconds, 3),
-                                       train_cpu_seconds=round(cpu_seconds, 3),
-                                       cancelled=cancelled), wall_seconds=log.wall_seconds)
+                                       **log.timing_attrs(cancelled)),
+                        wall_seconds=log.wall_seconds)
 
 
 def _run_dataset(snapshots, steps, train_losses, test_losses, test_lengths, attrs,

@@ -132,12 +132,10 @@ def train_task_emergence(
         batch = _sample(bases, batch_size, n_examples, noise_std, None, gen, coef_mean, coef_std)
         return ((model(batch["x"], batch["y"]) - batch["y"][:, -1]) ** 2).mean()
 
-    with torch.enable_grad():
-        checkpoint(0)
     cancelled = run_training_steps(steps, step_loss, optimiser, losses=log.running,
                                    checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                                    progress=progress)
-    seconds, cpu_seconds = log.elapsed()
+    timing = log.timing_attrs(cancelled)
     names = [n for n, _ in model.named_parameters()]
     shapes = [list(p.shape) for p in model.parameters()]
     return xr.Dataset(
@@ -149,9 +147,7 @@ def train_task_emergence(
                 "cpu_seconds": ("step", np.asarray(log.cpu_seconds)),
                 "task": np.arange(n_tasks), "feature": np.arange(d), "rank": np.arange(rank)},
         attrs=training_attrs("task_emergence_run", params, seed, CITATION,
-                             train_seconds=round(seconds, 3),
-                             train_cpu_seconds=round(cpu_seconds, 3), cancelled=cancelled,
-                             parameter_names=names, parameter_shapes=shapes),
+                             **timing, parameter_names=names, parameter_shapes=shapes),
     )
 
 
