@@ -29,21 +29,54 @@ def _first_token(model, answer):
     return model.tokenizer(" " + answer, add_special_tokens=False)["input_ids"][0]
 
 
-def _layer_outputs(model, hf, ids):
-    """Every decoder layer's output of one unpadded prompt, by forward hooks on ``hf``:
-    [layer, pos, d_model] float64. The decoder stack alone runs (``hf.model``): the
-    unembedding, which no layer's output depends on, is left out."""
+class _Stop(Exception):
+    """Raised by a hook to end a forward once the layers asked for have run."""
+
+
+def _layer_outputs(model, hf, ids, upto=None):
+    """Every decoder layer's output (up to layer ``upto``, default all) of unpadded prompts
+    ``ids`` [batch, pos] (prompts of one length), by forward hooks on ``hf``:
+    [layer, batch, pos, d_model] float64. The decoder stack alone runs (``hf.model``): the
+    unembedding, which no layer's output depends on, is left out, and so are the layers
+    above ``upto``."""
     outs = []
-    hooks = [block.register_forward_hook(
-        lambda _m, _i, o: outs.append((o[0] if isinstance(o, tuple) else o)[0].double()))
-        for block in hf.model.layers]
+    last = len(hf.model.layers) - 1 if upto is None else upto
+
+    def keep(_m, _i, o):
+        outs.append((o[0] if isinstance(o, tuple) else o).double())
+        if len(outs) > last:
+            raise _Stop
+
+    hooks = [block.register_forward_hook(keep) for block in hf.model.layers[:last + 1]]
     try:
         with torch.no_grad():
             hf.model(ids)
+    except _Stop:
+        pass
     finally:
         for h in hooks:
             h.remove()
     return torch.stack(outs)
+
+
+def _by_length(id_lists):
+    """Indices of the prompts grouped by token count: prompts of one length run as one
+    batch with no padding (each row's causal attention is its own prompt's alone)."""
+    groups = {}
+    for i, ids in enumerate(id_lists):
+        groups.setdefault(len(ids), []).append(i)
+    return list(groups.values())
+
+
+def _each_layer_outputs(model, hf, id_lists, upto=None):
+    """`_layer_outputs` of each unpadded prompt in ``id_lists`` (token id lists), prompts of
+    one length run together: a list of [layer, pos, d_model] float64."""
+    out = [None] * len(id_lists)
+    for group in _by_length(id_lists):
+        h = _layer_outputs(model, hf, torch.tensor([id_lists[i] for i in group]), upto)
+        for j, i in enumerate(group):
+            out[i] = h[:, j]
+    return out
 
 
 # -- (1) conflicting task vectors ---------------------------------------------------------
@@ -55,23 +88,29 @@ CONFLICT = dict(n_prompts=8, n_shots=4, seed=0)
 LAYER = 20          # the docs' layer, fixed in advance there (that of the zero-shot test)
 
 
-def _hooked_last_logits(model, prompt, layer, vector):
-    """Next-token logits with layer ``layer``'s output at the last token replaced by
-    ``vector`` (a plain forward hook on the Hugging Face block; unpadded prompt; the
-    unembedding of the last position only)."""
+def _hooked_last_logits(model, prompts, layer, vector):
+    """Next-token logits [prompt, vocab] with layer ``layer``'s output at the last token
+    replaced by ``vector`` (a plain forward hook on the Hugging Face block; unpadded prompts,
+    those of one length run together; the unembedding of the last position only)."""
     v = torch.as_tensor(vector, dtype=torch.float32)
 
     def hook(_m, _i, out):
         h = (out[0] if isinstance(out, tuple) else out).clone()
-        h[0, -1] = v
+        h[:, -1] = v
         return (h, *out[1:]) if isinstance(out, tuple) else h
 
+    ids = [_ids(model, p)[0].tolist() for p in prompts]
+    logits = [None] * len(prompts)
     handle = model.hf.model.layers[layer].register_forward_hook(hook)
     try:
         with torch.no_grad():
-            return model.hf(_ids(model, prompt), logits_to_keep=1).logits[0, -1]
+            for group in _by_length(ids):
+                out = model.hf(torch.tensor([ids[i] for i in group]), logits_to_keep=1).logits
+                for j, i in enumerate(group):
+                    logits[i] = out[j, -1]
     finally:
         handle.remove()
+    return logits
 
 
 def test_conflicting_task_vectors_on_smollm2(smollm2):
@@ -89,8 +128,8 @@ def test_conflicting_task_vectors_on_smollm2(smollm2):
     # prompts (seed + 1); A's and B's answers are worked out with str methods
     for src, tgt in (("uppercase", "capitalize"), ("capitalize", "lowercase-first-letter")):
         vprompts, _ = ih.icl_prompts(src, n_prompts=n, n_shots=4, seed=CONFLICT["seed"])
-        vector = torch.stack([_layer_outputs(m, m.hf, _ids(m, p))[LAYER, -1]
-                              for p in vprompts]).mean(0)
+        vector = torch.stack([h[LAYER, -1] for h in _each_layer_outputs(
+            m, m.hf, [_ids(m, p)[0].tolist() for p in vprompts], upto=LAYER)]).mean(0)
         prompts, answers = targets[tgt]
         queries = [p.split("Q: ")[-1].split("\n")[0] for p in prompts]
         a_tok = [_first_token(m, BY_HAND[src](q)) for q in queries]
@@ -99,8 +138,7 @@ def test_conflicting_task_vectors_on_smollm2(smollm2):
         assert int(ds.n_scored.sel(source=src, target=tgt)) == sum(scored) > 0
         got = ds.prediction.sel(source=src, target=tgt, layer=LAYER).values
         hooked = []
-        for p, g in zip(prompts, got):
-            logits = _hooked_last_logits(m, p, LAYER, vector)
+        for p, g, logits in zip(prompts, got, _hooked_last_logits(m, prompts, LAYER, vector)):
             hooked.append(int(logits.argmax()))
             # the analysis's token is the hook's argmax (or ties with it within float noise)
             assert float(logits.max() - logits[int(g)]) < 1e-3, (src, tgt, p[-40:])
@@ -230,7 +268,7 @@ def test_rank2_split_recomputed_from_ranks_and_from_a_torch_logit_lens(smollm2, 
         ids = _ids(m, text)
         assert ds.token_id.values[p][mask[p]].tolist() == ids[0].tolist()
         with torch.no_grad():
-            resid = _layer_outputs(m, m.hf, ids).float()            # [layer, pos, d]
+            resid = _layer_outputs(m, m.hf, ids)[:, 0].float()      # [layer, pos, d]
             s2, top = _lens_rank2_sat_layers(m.hf, resid)
         s2_torch += s2.tolist()
         top1_t += top[:, 0].tolist()
@@ -317,15 +355,18 @@ def test_depth_only_probe_against_scikit_learn(smollm2, lens):
 
 def _fact_residuals_by_hooks(model, hf, facts):
     """[fact, (last token, last subject token), layer, d_model] of unpadded trained-format
-    prompts, the subject's last token found by decoding."""
+    prompts (those of one length run together), the subject's last token found by
+    decoding."""
     from explorer.analyses import unlearning as U
 
+    ids = [model.tokenizer(U.fact_prompt(f, "trained"), add_special_tokens=False)["input_ids"]
+           for f in facts]
+    outs = _each_layer_outputs(model, hf, ids)
     out = []
-    for f in facts:
-        ids = model.tokenizer(U.fact_prompt(f, "trained"), add_special_tokens=False)["input_ids"]
-        subj = next(i for i in range(len(ids))
-                    if model.tokenizer.decode(ids[:i + 1]).rstrip().endswith(f.subject))
-        h = _layer_outputs(model, hf, torch.tensor([ids])).float().numpy()   # [layer, pos, d]
+    for f, row, h in zip(facts, ids, outs):
+        subj = next(i for i in range(len(row))
+                    if model.tokenizer.decode(row[:i + 1]).rstrip().endswith(f.subject))
+        h = h.float().numpy()                                                # [layer, pos, d]
         out.append(np.stack([h[:, -1], h[:, subj]]))
     return np.stack(out)
 
