@@ -23,7 +23,7 @@ from apps._provenance import Provenance, computed_at_now, stale_text
 from explorer.interventions import Edit
 from explorer.workspace import edit_label
 
-__all__ = ["icl_request", "scores_words", "RecordPart", "RECORD"]
+__all__ = ["icl_request", "scores_words", "requested_words", "RecordPart", "RECORD"]
 
 RECORD = "shown_record"
 """The scores' attr holding their record (JSON)."""
@@ -46,12 +46,33 @@ def scores_words(shown: Provenance | None) -> str:
     if shown is None:
         return ""
     n, half, measure = dict(shown.request)["induction"]
-    edits = ("; the induction scores under the edits "
-             + "; ".join(f"`{html.escape(t)}`" for t in shown.edits) if shown.edits
+    edits = ("; the induction scores under " + _edits_words(shown.edits) if shown.edits
              else "; no edits")
     return (f"Scores of {shown.model}: FV on {shown.task} ({shown.n_pairs} prompts x "
             f"{shown.setting('n_shots')} shots each, unedited run); induction on {n} repeated "
             f"random sequences of {half} tokens ({measure}){edits}.")
+
+
+def _edits_words(edits: Sequence[str]) -> str:
+    return ("the edits " + "; ".join(f"`{html.escape(t)}`" for t in edits) if edits
+            else "no edits")
+
+
+def requested_words(shown: Provenance | None, wanted: Provenance) -> str:
+    """What the page's controls ask for where it differs from the shown scores' record
+    (the induction settings, the edits); '' when they ask for the shown scores."""
+    if shown is None:
+        return ""
+    a, b = dict(shown.request), dict(wanted.request)
+    parts = []
+    if a.get("induction") != b.get("induction"):
+        n, half, measure = b["induction"]
+        parts.append(f"induction on {n} repeated random sequences of {half} tokens ({measure})")
+    if a.get("edits") != b.get("edits"):
+        parts.append(_edits_words(wanted.edits))
+    if not parts:
+        return ""
+    return "The controls now ask for " + " and ".join(parts) + "."
 
 
 class RecordPart:

@@ -15,7 +15,9 @@ import xarray as xr
 from apps import theme
 from apps._controls import caption, tip
 from apps._heads_heatmap import head_cell, heads_heatmap, heads_in, on_head_click
-from apps._icl_record import RECORD, scores_words
+from apps._icl_estimate import (ForwardCost, ScoreWork, estimated_score_seconds,
+                                measured_forward_cost, reference_cost, score_work, seconds_text)
+from apps._icl_record import RECORD, requested_words, scores_words
 from apps._provenance import Provenance
 from apps._result_cache import cached_note
 from apps._session import CancelToken
@@ -24,7 +26,7 @@ from explorer import components
 from explorer.analyses import icl_heads as ih
 
 __all__ = ["selected_heads", "plot_head_scatter", "scatter_caption", "plot_score_heatmaps",
-           "plot_attention", "OPEN_BUDGET_S", "estimated_score_seconds", "ScoresPart"]
+           "plot_attention", "OPEN_BUDGET_S", "ScoresPart"]
 
 hv.extension("bokeh", logo=False)
 
@@ -119,27 +121,94 @@ def plot_attention(ds: xr.Dataset | None, title: str, on: str = "a prompt") -> h
         clim=(0, 1), fontsize={"xticks": "7pt", "yticks": "7pt"})
 
 
-# SmolLM2-135M (30 layers, 9 heads, d_model 576) scores its heads in ~30 s on a laptop CPU
-# at 6 prompts of 4 shots over 3 FV tasks; other settings are scaled from that.
-_REF_SECONDS, _REF_SHAPE, _REF_SETTINGS = 30.0, (30, 9, 576), (6, 4, 3)
 OPEN_BUDGET_S = 5.0
 """Work estimated under this many seconds runs when the page opens; longer waits for a click."""
-
-
-def estimated_score_seconds(n_layers: int, n_heads: int, d_model: int, n_prompts: int,
-                            n_shots: int, n_tasks: int) -> float:
-    """Rough CPU seconds to score every head: one patched run per head (layers x heads), each
-    a forward over the prompts (layers x d_model^2 per token), scaled from SmolLM2's ~30 s."""
-    L, H, d = _REF_SHAPE
-    p, k, t = _REF_SETTINGS
-    return (_REF_SECONDS * (n_layers ** 2 * n_heads * d_model ** 2) / (L ** 2 * H * d ** 2)
-            * (n_prompts / p) * ((n_shots + 1) / (k + 1)) * (n_tasks / t))
 
 
 class ScoresPart:
     """The head scores and the selected head's attention of `ICLHeadsView`."""
 
-    _scores_note = ""   # `cached_note` while the shown scores are the result cache's
+    _read_scores: xr.Dataset | None = None   # the scores last read from the result cache
+
+    @property
+    def _scores_note(self) -> str:
+        """`cached_note` of the shown scores' record while they are the ones read from the
+        result cache, else '' (any other scores shown, a rescore's included)."""
+        shown = self.shown_provenance()
+        if shown is None or self._read_scores is None or self.scores is not self._read_scores:
+            return ""
+        return cached_note(shown.computed_at)
+
+    def scores_note(self, *_: Any) -> str:
+        """The words under the scatter, from the shown scores' record and the page's inputs:
+        the stale note (red) and what the controls ask for instead, while they differ; the
+        cache note; what the scores were computed on; the scatter's caption."""
+        shown = self.shown_provenance()
+        stale = self.stale_markdown()
+        if stale:
+            asked = requested_words(shown, self.request_provenance())
+            stale = (f"<span class='icl-stale' style='color:#a33'>{stale}"
+                     f"{' ' + asked if asked else ''}</span>  \n")
+        note = f"{self._scores_note}.  \n" if self._scores_note else ""
+        return (stale + note + scores_words(shown) + "  \n"
+                + scatter_caption(self.scores, self.top_induction, self.top_fv)).strip()
+
+    def score_work(self, *, induction_only: bool = False) -> ScoreWork:
+        """What *Compute scores* runs with the page's settings (`apps._icl_estimate`): the
+        task encoding only while it is not computed; ``induction_only``: the induction
+        rescore that a change of its settings or of the edits starts."""
+        task = self._task()
+        if isinstance(task, str) and task not in ih.icl_task_names():
+            task = self._fv_tasks[0]              # pasted pairs not taken in yet
+        work = score_work(self._model, fv_tasks=self._fv_tasks,
+                          td_tasks=self._td_tasks if self.td is None else (), task=task,
+                          n_prompts=self._opts["n_prompts"], n_shots=self._opts["n_shots"],
+                          n_sequences=int(self.induction_sequences),
+                          half_len=int(self.induction_half_len))
+        if induction_only:
+            return ScoreWork(work.forwards[:1], work.n_sequences, work.seq_len)
+        return work
+
+    _cost: ForwardCost | None = None   # the model's costs on this machine, once measured
+
+    def estimated_seconds(self, *, induction_only: bool = False,
+                          reference: bool = False) -> float:
+        """Seconds `score_work` takes on this machine: its forwards at the model's costs
+        measured after the page's first job (`measured_forward_cost`; `reference_cost`
+        until then); ``reference``: at `reference_cost`, the same on every machine."""
+        spec = self._model.spec
+        cost = reference_cost(spec) if reference or self._cost is None else self._cost
+        return estimated_score_seconds(self.score_work(induction_only=induction_only), cost,
+                                       n_layers=spec.n_layers, n_heads=spec.n_heads)
+
+    def _time_text(self) -> str:
+        if self._cost is None:
+            return "timing the model on this machine…"
+        return seconds_text(self.estimated_seconds())
+
+    @property
+    def _press_note(self) -> str:
+        return (f"Press **Compute scores** to score every head and the task encoding "
+                f"({self._time_text()}).")
+
+    def _score_label(self, *_: Any) -> None:
+        """The Compute button says how long it takes with the page's settings."""
+        again = " again" if self.scores is not None else ""
+        self._score_button.name = f"Compute scores{again} ({self._time_text()})"
+
+    def _measure_cost(self) -> None:
+        """Time the model's forwards (`measured_forward_cost`, once per model in the
+        process) after the page's first job, so it does not slow the page's opening nor
+        time a run that waits for another; the button's time follows."""
+        if self._cost is None and not self._runners["cost"].running:
+            model = self._model
+            self.submit("cost", lambda token: measured_forward_cost(model))
+
+    def _got_cost(self, cost: ForwardCost) -> None:
+        self._cost = cost
+        self._score_label()
+        if self.scores is None and self.status.startswith("Press **Compute scores**"):
+            self.status = self._press_note
 
     def show_stored_scores(self) -> bool:
         """Show the head scores of the page's current inputs from the result cache, when it
@@ -148,7 +217,7 @@ class ScoresPart:
         if hit is None or "scores" not in hit.datasets:
             return False
         self.cancel("scores")
-        self._got_scores(hit.datasets["scores"], cached_at=hit.computed_at)
+        self._got_scores(hit.datasets["scores"], from_cache=True)
         return True
 
     def _compute(self) -> None:
@@ -163,29 +232,39 @@ class ScoresPart:
         wanted = self.request_provenance()
         return lambda token: (wanted, ih.induction_scores(m, edits=edits, **kwargs))
 
+    def _rescore_induction(self) -> None:
+        """Rescore induction once the scores exist (the page waits on it: `running`)."""
+        if self.scores is not None:
+            seconds = seconds_text(self.estimated_seconds(induction_only=True))
+            self.param.update(running=True, status=f"rescoring induction ({seconds})…")
+            self.submit("induction", self._induction_job())
+
     def _got_induction(self, result: tuple) -> None:
         wanted, ds = result
+        self.param.update(running=False, status="scores ready")
         if self.scores is not None:
             scores = self.scores.assign(induction_score=ds["induction_score"])
             scores.attrs = dict(self.scores.attrs)
-            self._scores_note = ""
             self.scores = self.with_record(scores, wanted)
 
-    def _got_scores(self, ds: xr.Dataset, *, cached_at: str = "") -> None:
-        """Show head scores (``cached_at``: read from the result cache, computed then)."""
-        self._scores_note = cached_note(cached_at) if cached_at else ""
-        self.scores = ds
-        self._score_button.param.update(disabled=False, name="Compute scores again")
+    def _got_scores(self, ds: xr.Dataset, *, from_cache: bool = False) -> None:
+        """Show head scores (``from_cache``: read from the result cache)."""
+        self._read_scores = ds if from_cache else None
+        self.param.update(scores=ds, running=False)
+        self._score_button.disabled = False
         fv = ds["fv_score"].values
         layer, head = np.unravel_index(int(np.nanargmax(fv)), fv.shape)
-        self.param.update(layer=int(layer), head=int(head))
-        self._request("patterns")
+        if (self.layer, self.head) == (layer, head):
+            self._request("patterns")
+        else:                                   # the new head's attention (`_request`)
+            self.param.update(layer=int(layer), head=int(head))
         self._request("fv")
         self.status = "scores ready"
 
     def _got_patterns(self, d: dict) -> None:
         self.patterns = d
         self.status = "ready" if self.scores is not None else self._press_note
+        self._measure_cost()
 
     def _tapped(self, index: list[int]) -> None:
         if index and self.scores is not None:
@@ -207,10 +286,11 @@ class ScoresPart:
         parts, hit = self.stored_result("scores", wanted)
         if hit is not None and "scores" in hit.datasets:
             self.cancel("scores")
-            self._got_scores(hit.datasets["scores"], cached_at=hit.computed_at)
+            self._got_scores(hit.datasets["scores"], from_cache=True)
             return None
         started = time.perf_counter()
         self._score_button.disabled = True
+        self.running = True
 
         def job(token: CancelToken) -> xr.Dataset:
             ind = ih.induction_scores(m, edits=edits, **induction)
@@ -268,22 +348,16 @@ class ScoresPart:
         pat_icl = pn.bind(lambda d, t: plot_attention(
             None if d is None else d["icl"], f"{pattern_head(d)}, {d['task'] if d else t} "
             "prompt", f"a few-shot {t} prompt"), p.patterns, p.task)
-        stale_inputs = [p[n] for n in ("scores", "edits", "induction_sequences",
-                                       "induction_half_len", "induction_measure")]
-        def words(scores, top_induction, top_fv, *_):
-            """The stale note (red, while there is one), the scores' inputs, the caption."""
-            stale = self.stale_markdown()
-            stale = f"<span class='icl-stale' style='color:#a33'>{stale}</span>  \n" \
-                if stale else ""
-            note = f"{self._scores_note}.  \n" if self._scores_note else ""
-            return (stale + note + scores_words(self.shown_provenance()) + "  \n"
-                    + scatter_caption(scores, top_induction, top_fv)).strip()
+        # every input of the note: the shown scores, the page's inputs, the rescore's state
+        note_inputs = [p[n] for n in ("scores", "top_induction", "top_fv", "edits",
+                                      "induction_sequences", "induction_half_len",
+                                      "induction_measure", "running", "error")]
 
         return [
             pn.pane.HoloViews(pn.bind(scatter, p.scores, p.top_induction, p.top_fv,
                                       p.highlighted),
                               sizing_mode="stretch_width", linked_axes=False),
-            caption(pn.bind(words, p.scores, p.top_induction, p.top_fv, *stale_inputs[1:])),
+            caption(pn.bind(self.scores_note, *note_inputs), "icl-scores-note"),
             # the clicked head's attention right under the scatter it was clicked on
             pn.pane.HoloViews(pat_rep, linked_axes=False, sizing_mode="stretch_width"),
             pn.pane.HoloViews(pat_icl, linked_axes=False, sizing_mode="stretch_width"),

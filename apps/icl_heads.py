@@ -34,9 +34,9 @@ from apps._icl_patching import (DEFAULT_CONFLICT_TASKS, DEFAULT_PATCHING_TASKS, 
                                 default_conflict_layers, layers_text, parse_layers,
                                 patching_caption, plot_conflict_controls, plot_conflict_layers,
                                 plot_conflict_matrix, plot_patching)
-from apps._icl_scores import (OPEN_BUDGET_S, ScoresPart, estimated_score_seconds, plot_attention,
-                              plot_head_scatter, plot_score_heatmaps, scatter_caption,
-                              selected_heads)
+from apps._icl_estimate import estimated_score_seconds
+from apps._icl_scores import (OPEN_BUDGET_S, ScoresPart, plot_attention, plot_head_scatter,
+                              plot_score_heatmaps, scatter_caption, selected_heads)
 from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_td,
                                     plot_projection, plot_td, td_caption)
 from apps._recipe import MODEL, Call, Note, Recipe, Ref, Step
@@ -78,8 +78,11 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         Prompts per task and demonstrations per prompt of every computation.
     compute_on_open : bool, optional
         Score the heads as the page opens; default: when that is estimated to take under
-        `OPEN_BUDGET_S` seconds (`estimated_score_seconds`), else on the *Compute scores*
-        button (the task encoding too).
+        `OPEN_BUDGET_S` seconds at the reference cost (`apps._icl_estimate.reference_cost`:
+        the same on every machine, so a page opens the same way under any load), else on
+        the *Compute scores* button (the task encoding too). The button says the time at
+        the model's costs measured on this machine after the page's first job
+        (`measured_forward_cost`).
     """
 
     top_induction = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % induction",
@@ -218,6 +221,7 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
                                                             list(td_tasks))
         self.runner("scores", self._got_scores, progress=True)
         self.runner("patterns", self._got_patterns)
+        self.runner("cost", self._got_cost, busy=False, counted=False)
         self.runner("curves", self._got_curves, progress=True)
         self.runner("fv", self._got_fv)
         self.runner("td", self._got_td)
@@ -244,13 +248,12 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
                          ["induction_sequences", "induction_half_len", "induction_measure"])
         self.param.watch(lambda *_: self._edits_changed(), ["edits"])
         self.runner("induction", self._got_induction)
-        self.estimated_seconds = estimated_score_seconds(
-            spec.n_layers, spec.n_heads, spec.d_model, n_prompts, n_shots, len(self._fv_tasks))
         self._score_button = pn.widgets.Button(
-            label=f"Compute scores (about {max(1, round(self.estimated_seconds)):d} s)",
             color="primary", sizing_mode="stretch_width",
             description="Induction and FV scores of every head (the scatter and heatmaps), "
-                        "then the function vector; and the task encoding (PCA, decodability).")
+                        "then the function vector; and the task encoding (PCA, decodability). "
+                        "The time is every forward this runs, at the model's costs measured "
+                        "on this machine.")
         self._score_button.on_click(lambda *_: self._compute())
         self._own_task: ih.ICLTask | None = None    # `own_pairs` parsed
         self._own = OwnItems(
@@ -261,10 +264,11 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         # pairs set from elsewhere (a link) are taken in, the task 'your pairs' offered but
         # not selected (the link's task picks it)
         self._own.follow(self, "own_pairs", self._own.taking(self._parse_own, self._take_own))
-        self._press_note = (f"Press **Compute scores** to score every head and the task "
-                            f"encoding (about {self.estimated_seconds:.0f} s on a CPU).")
+        self._score_label()
+        self.param.watch(self._score_label, ["induction_sequences", "induction_half_len", "task",
+                                             "own_pairs", "scores", "td"])
         if compute_on_open is None:
-            compute_on_open = self.estimated_seconds <= OPEN_BUDGET_S
+            compute_on_open = self.estimated_seconds(reference=True) <= OPEN_BUDGET_S
         if compute_on_open:
             self._compute()
         elif not self.show_stored_scores():   # stored scores at once; else the attention
@@ -329,15 +333,13 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
 
     def _induction_changed(self) -> None:
         """New induction settings: rescore induction once the scores exist."""
-        if self.scores is not None:
-            self.submit("induction", self._induction_job())
+        self._rescore_induction()
 
     def _edits_changed(self) -> None:
         """The workspace's edits changed: recompute what they reach (attention, the induction
         score, the ablation curves once computed)."""
         self._request("patterns")
-        if self.scores is not None:
-            self.submit("induction", self._induction_job())
+        self._rescore_induction()
         if self.curves is not None:
             self._request("curves")
 
@@ -353,7 +355,7 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         super()._runner_busy(name, busy)
         if name == "scores" and not busy and self._score_button.disabled:
             self._score_button.disabled = False
-            self.status = "Stopped: the head scores were not computed."
+            self.param.update(running=False, status="Stopped: the head scores were not computed.")
 
 
     # -- reproducibility ------------------------------------------------------------------

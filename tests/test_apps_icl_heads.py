@@ -5,9 +5,11 @@ import re
 
 import holoviews as hv
 import numpy as np
+import panel as pn
 import pytest
 import xarray as xr
 
+import explorer
 from apps import theme
 from apps.icl_heads import ICLHeadsView, plot_ablation_curves, plot_score_heatmaps
 
@@ -457,3 +459,69 @@ def test_view_scope_links_and_edits(tiny_model):
     assert view.curves.attrs["edits"] == [edit.to_dict()]
     att = ih.head_attention(tiny_model, view.layer, view.head, task=view.task, edits=[edit])
     np.testing.assert_allclose(view.patterns["icl"].attention.values, att["icl"].attention.values)
+
+
+def test_the_note_under_the_scores_follows_the_shown_scores_and_the_controls(tiny_model,
+                                                                             cache_on):
+    """The words under the scatter are the shown scores' own (their record; 'Shown from the
+    result cache' only while the scores shown are the ones read from it); a control changed
+    after them is named with what it asks for, until the rescore lands."""
+    from param.parameterized import discard_events
+
+    from apps._icl_record import RECORD
+    from apps._provenance import Provenance
+    from explorer.analyses import icl_heads as ih
+
+    def page(**params):
+        return ICLHeadsView(tiny_model, background=False, n_prompts=2, n_shots=2,
+                            fv_tasks=("antonym",), eval_tasks=("uppercase",),
+                            td_tasks=("antonym", "uppercase"), **params)
+
+    page(compute_on_open=True).close()                     # stores the scores
+    view = page(compute_on_open=False)                     # opens on them, from the cache
+    try:
+        when = Provenance.from_json(view.scores.attrs[RECORD]).computed_at
+        note = view.scores_note()
+        stamp = when.replace("T", " ")[:16]
+        assert f"Shown from the result cache (computed {stamp} UTC" in note
+        assert "induction on 4 repeated random sequences of 50 tokens (abs); no edits" in note
+        assert "Outdated" not in note and "controls now ask" not in note
+        with discard_events(view):                         # changed, its rescore not run yet
+            view.induction_sequences = 7
+        note = view.scores_note()
+        assert "Outdated" in note and "the induction settings changed since" in note
+        assert ("The controls now ask for induction on 7 repeated random sequences of 50 "
+                "tokens (abs).") in note
+        assert "induction on 4 repeated random sequences" in note          # still the shown
+        assert "Shown from the result cache" in note                       # they are
+        view.running = True
+        assert "recomputing" in view.scores_note()
+        view.running = False
+        view._induction_changed()                          # the rescore lands
+        note = view.scores_note()
+        want = ih.induction_scores(tiny_model, n_sequences=7, half_len=50)
+        np.testing.assert_allclose(view.scores["induction_score"].values,
+                                   want["induction_score"].values, rtol=1e-5)
+        assert "induction on 7 repeated random sequences of 50 tokens (abs); no edits" in note
+        assert "Shown from the result cache" not in note and view._scores_note == ""
+        assert "Outdated" not in note and "controls now ask" not in note
+        assert not view.running
+        with discard_events(view):                         # an edit: named with its label
+            view.edits = [explorer.Ablate(0, 1)]
+        note = view.scores_note()
+        assert "The controls now ask for the edits `ablate L0.H1 (zero)`." in note
+        assert note.count("no edits") == 1                                  # the shown's
+        # the caption on the page is this note, and follows the same inputs
+        pane = view.__panel__().select(lambda o: "icl-scores-note" in getattr(
+            o, "css_classes", []))[0]
+        assert pane.object == note
+        view.edits = []                                    # the rescore lands
+        assert pane.object == view.scores_note() and "controls now ask" not in pane.object
+        with discard_events(view):
+            view.induction_measure = "mul"
+        view.running = True                                # the page waits on the rescore
+        assert "induction settings changed since: recomputing" in pane.object
+        assert ("The controls now ask for induction on 7 repeated random sequences of 50 "
+                "tokens (mul).") in pane.object
+    finally:
+        view.close()
