@@ -4,6 +4,8 @@ stored index and hand computations, search selects a feature, the steering edit 
 workspace, the snippet recomputes what is shown."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -60,8 +62,10 @@ def test_first_visit_trains_then_the_store_serves_and_dashboards_match(tiny_mode
     view.close()
 
 
-@pytest.mark.slow
-def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model, store):
+@contextlib.contextmanager
+def _gallery_page():
+    """A gallery holding only Feature dashboards, its page's small dictionary trained in the
+    foreground: (gallery, page)."""
     from apps.gallery import VIEWS, Gallery
 
     g = Gallery("tiny-llama", views=[v for v in VIEWS if v[1] == "features"], view="features")
@@ -71,6 +75,14 @@ def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model,
         view.param.update(**SMALL)
         view._request_index()
         view.wait()
+        yield g, view
+    finally:
+        g.close()
+
+
+@pytest.mark.slow
+def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model, store):
+    with _gallery_page() as (g, view):
         index = view.index
         assert index is not None
         view.query = "the"
@@ -82,8 +94,6 @@ def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model,
         assert isinstance(edit, Steer) and g.workspace.edits[-1] == edit
         np.testing.assert_allclose(edit.vector, index.decoder.values[view.feature], rtol=1e-6)
         assert edit.layer == SMALL["layer"]
-    finally:
-        g.close()
 
 
 def test_a_feature_selected_in_the_workspace_is_shown_and_the_shown_one_is_selected(
@@ -91,16 +101,9 @@ def test_a_feature_selected_in_the_workspace_is_shown_and_the_shown_one_is_selec
     """*Select this feature* puts the shown feature in the workspace as L<layer>.F<index>; a
     feature selected in the workspace (as typed in the sidebar) moves the page to it, at its
     layer: the dashboards then equal those computed on that layer's dictionary directly."""
-    from apps.gallery import VIEWS, Gallery
     from explorer.analyses import feature_dashboards as F
 
-    g = Gallery("tiny-llama", views=[v for v in VIEWS if v[1] == "features"], view="features")
-    try:
-        view = g.page("features")
-        view._background = False
-        view.param.update(**SMALL)
-        view._request_index()
-        view.wait()
+    with _gallery_page() as (g, view):
         view.feature = 2
         assert view.select_shown() == "L1.F2"
         assert g.workspace.selected_features == ["L1.F2"] and "L1.F2" in g.workspace.selection
@@ -119,8 +122,6 @@ def test_a_feature_selected_in_the_workspace_is_shown_and_the_shown_one_is_selec
         assert view.feature == 3 and f"has {n} features" in view.error
         g.workspace.deselect("L0.F3")
         assert view.selected_features == ["L1.F2", f"L0.F{n + 5}"] and view.feature == 3
-    finally:
-        g.close()
 
 
 def test_snippet_recomputes_the_dashboards(tiny_model, store):
