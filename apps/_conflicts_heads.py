@@ -108,10 +108,7 @@ class HeadsPart:
         """JuICE's head selection on the example (the intervention's effect on the three
         prompt types), with progress and the time left."""
         model, direction = self._model, self.direction
-        labels = list(self._facts)
-        start = labels.index(self.example)
-        facts = [self._facts[labels[(start + i) % len(labels)]]
-                 for i in range(min(int(self.select_facts), len(labels)))]
+        facts = self.selection_facts()
         k = int(self.select_k)
         started = time.perf_counter()
         report = self.progress_fn(token=None)

@@ -160,7 +160,7 @@ def answer_bars_data(before: np.ndarray, after: np.ndarray) -> list[tuple[str, s
 def plot_answer_bars(rows: list[tuple[str, str, float]] | None, *,
                      title: str = "P(answer)") -> hv.Element:
     """P(memory) and P(context) before and after the intervention; the run labels stand
-    upright (at 45 degrees one answer's 'before' and 'after' collide in the narrow plot)."""
+    upright (at 45 degrees one answer's 'before' and 'after' collide)."""
     if rows is None:
         return _waiting("Computing…", 300)
     bars = hv.Bars(rows, kdims=["answer", "run"], vdims=["probability"])
@@ -172,7 +172,7 @@ def plot_answer_bars(rows: list[tuple[str, str, float]] | None, *,
 
 def edited_title(labels: list[str]) -> str:
     """The heading over the edited bars, naming every workspace edit: ``Edited: ablate L1.H0
-    (zero)`` (a heading, not the plot's title: it wraps in the narrow controls column)."""
+    (zero)`` (a heading, not the plot's title: a long one wraps, a title would be cut)."""
     return "Edited: " + "; then ".join(labels)
 
 

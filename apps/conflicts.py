@@ -13,7 +13,9 @@ one torch thread; the newest move waits, older ones are dropped), drawn in place
 the exact bars follow (run 2 through the traced model, resumed at the first chosen layer,
 at one torch thread). A button
 scores the whole split (the facts the model knows closed book) for baseline, single run
-and JuICE, with a progress bar and a results table.
+and JuICE, with a progress bar and a results table. *Select heads as JuICE does* says on its
+label how long it takes, from a run timed on this machine (`apps._conflicts_estimate`). The
+bars sit at the top of the main column, the controls left.
 
 With workspace edits (`ConflictsView.edits`: the session's edit stack, e.g. an ablated head)
 a second bar chart under the first shows the same P(memory) / P(context), with and without
@@ -42,6 +44,7 @@ import xarray as xr
 from apps import theme
 from apps._paper import paper_panel
 from apps._conflicts_bars import BarsPart
+from apps._conflicts_estimate import EstimatePart
 from apps._conflicts_heads import HeadsPart, JUICE_SETS
 from apps._conflicts_own import OwnExamplesPart
 from apps._conflicts_preview import PreviewPart
@@ -75,8 +78,8 @@ hv.extension("bokeh", logo=False)
 _TOOLS = STATIC_TOOLS
 
 
-class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPart, DiskResults,
-                    View):
+class ConflictsView(HeadsPart, RecordPart, BarsPart, EstimatePart, PreviewPart, OwnExamplesPart,
+                    DiskResults, View):
     """One fact under conflict: head scores, head picks by click, alpha sliders, answer bars,
     and accuracy over the split.
 
@@ -91,6 +94,9 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
         Compute in worker threads (default when served) or inline (tests, notebooks).
     n_new : int, default=5
         Tokens generated per answer when scoring the split.
+    estimate_time : bool, optional
+        Time the head selection's unit after the first bars and show the selection's time
+        on its button (`apps._conflicts_estimate`; default: when computing in the background).
     """
 
     example = param.Selector(default=None, objects=[], label="Example",
@@ -144,7 +150,8 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
                    "alpha_s", "mode")
 
     def __init__(self, model: Any, *, facts: Any = None, closed_book: bool = True,
-                 background: bool | None = None, n_new: int = 5, **params: Any):
+                 background: bool | None = None, n_new: int = 5,
+                 estimate_time: bool | None = None, **params: Any):
         self._model = model
         self._shipped = facts is None
         facts = C.load_facts() if facts is None else list(facts)
@@ -167,6 +174,7 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
         self.runner("select", self._got_selection, progress=True)
         self._init_preview()
         self._init_bars()
+        self._init_estimate(self._background if estimate_time is None else estimate_time)
         self._progress = self.progress_bar(label="progress")
         self.param.watch(lambda *_: self._request("example"), ["example", "kind"])
         self.param.watch(lambda *_: self._request("bars"),
@@ -307,6 +315,7 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
         if self.status.startswith("computing"):
             self.status = "ready"
         self._warm_preview()
+        self._request_timing()
 
     def _got_split(self, ds: xr.Dataset) -> None:
         self.accuracy = ds
@@ -386,10 +395,15 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
                         "hardest toward the answer to strengthen, S- with the 3 pushing against.")
         pick.on_click(lambda *_: self.pick_top_heads())
         select = pn.widgets.Button(
-            label="Select heads as JuICE does",
+            label=pn.bind(self.select_label, p.select_facts, p.example, p.timing_version),
             description="Score every head by adding its output (α = the paper's grid) on the "
-                        "three prompt types of the selection facts, keep those that help on all three "
-                        "(the paper's selection; about a minute for SmolLM2 on a CPU, time left shown).")
+                        "three prompt types of the selection facts, keep those that help on all "
+                        "three (the paper's selection). The time on the button is measured on "
+                        "this machine; the time left is shown while it runs.")
+        estimate = pn.pane.Markdown(
+            pn.bind(self.select_estimate_words, p.select_facts, p.example, p.timing_version),
+            css_classes=["cf-select-estimate"], sizing_mode="stretch_width",
+            styles={"font-size": "0.85em", "color": "#555"}, margin=(0, 10))
         select.on_click(lambda *_: self._request("select"))
         score = pn.widgets.Button(
             label="Score the whole split", color="primary",
@@ -418,17 +432,10 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
             tip(pn.widgets.MultiChoice.from_param(p.heads_minus), p.heads_minus.doc), pick,
             tip(pn.widgets.IntInput.from_param(p.select_k), p.select_k.doc),
             tip(pn.widgets.IntInput.from_param(p.select_facts), p.select_facts.doc), select,
+            estimate,
             tip(self.alpha_slider("alpha_l"), p.alpha_l.doc),
             tip(self.alpha_slider("alpha_s"), p.alpha_s.doc),
             group("mode"),
-            self._bars_pane(),
-            pn.pane.Markdown(pn.bind(self.stale_markdown, *stale_inputs),
-                             visible=pn.bind(lambda *_: bool(self.stale_note()), *stale_inputs),
-                             css_classes=["cf-stale"], styles={"color": "#a33"}, margin=(0, 10)),
-            pn.pane.Markdown(p.result_note, visible=pn.bind(bool, p.result_note),
-                             css_classes=["cf-result-note"], **caption),
-            pn.pane.Markdown(pn.bind(self.bars_words, p.bar_rows, p.shown), **caption),
-            pn.bind(self._edited_bars, p.edited_rows),
             pn.pane.Markdown(ALPHA_NOTE, **caption),
             score, self._progress, pn.pane.Markdown(p.status),
             pn.pane.HTML(pn.bind(self._state_html, p.scores, p.heads_plus, p.heads_minus,
@@ -439,6 +446,21 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, PreviewPart, OwnExamplesPar
             pn.pane.Markdown(pn.bind(lambda ex, kind: prompts_note(self._facts[ex], kind),
                                      p.example, p.kind), sizing_mode="stretch_width",
                              css_classes=["cf-prompts"], styles={"font-size": "0.9em"}),
+            # the answer bars at the top of the main column, beside the sliders that move
+            # them (wide enough to read; not wider than a glance takes in)
+            pn.Column(
+                self._bars_pane(),
+                pn.pane.Markdown(pn.bind(self.stale_markdown, *stale_inputs),
+                                 visible=pn.bind(lambda *_: bool(self.stale_note()),
+                                                 *stale_inputs),
+                                 css_classes=["cf-stale"], styles={"color": "#a33"},
+                                 margin=(0, 10)),
+                pn.pane.Markdown(p.result_note, visible=pn.bind(bool, p.result_note),
+                                 css_classes=["cf-result-note"], **caption),
+                pn.pane.Markdown(pn.bind(self.bars_words, p.bar_rows, p.shown), **caption),
+                pn.bind(self._edited_bars, p.edited_rows),
+                sizing_mode="stretch_width", max_width=720,
+                css_classes=["cf-bars-column"]),
             pn.pane.Markdown(pn.bind(self._selection_note, p.highlighted, p.scores),
                              sizing_mode="stretch_width", css_classes=["cf-selection"],
                              styles={"font-size": "0.9em", "color": "#444"}),

@@ -320,11 +320,11 @@ class UnlearningView(UnlearningRecords, View):
             self.n_layers = max(1, model.n_layers // 2)
         self.runner("work", self._show_result, heavy=True)   # training: waits its turn
         self._localize_button = pn.widgets.Button(
-            label="Localize", color="primary",
+            label="Localize", color="primary", width=120,
             description="Probe curve, causal tracing and attribution patching over the forget "
                         "facts: where the facts are looked up.")
         self._run_button = pn.widgets.Button(
-            label="Run unlearning", color="primary",
+            label="Run unlearning", color="primary", width=160,
             description="Train a copy of the model on the localized components to forget the "
                         "forget facts, then measure it (needs Localize first).")
         if getattr(model, "remote", False):
@@ -343,7 +343,7 @@ class UnlearningView(UnlearningRecords, View):
         else:
             self._remote_note = ""
         self._cancel_button = pn.widgets.Button(label="Cancel", color="default",
-                                                variant="outline",
+                                                variant="outline", width=90,
                                                 description="Stop the job in flight.")
         self._localize_button.on_click(lambda e: self.localize())
         self._run_button.on_click(lambda e: self.run())
@@ -575,6 +575,8 @@ class UnlearningView(UnlearningRecords, View):
     def __panel__(self) -> pn.viewable.Viewable:
         controls = _shown_controls(self)
         bar = self.progress_bar(visible=self.param.busy)
+        spinner = pn.indicators.LoadingSpinner(value=self.param.busy, visible=self.param.busy,
+                                               size=theme.SIZES["spinner"], color="primary")
         p = self.param
         deps = [p[n] for n in _CONTROLS] + [p.localization_record, p.run_record]
         localized = _caption(pn.bind(localization_caption, p.localization_record))
@@ -582,12 +584,17 @@ class UnlearningView(UnlearningRecords, View):
         ran = _caption(pn.bind(run_caption, p.run_record))
         ran.css_classes = ["caption", "unlearning-run"]
         return pn.Row(
-            pn.Column(controls, self._own.layout(self.param.error), self._localize_button, self._run_button, self._cancel_button,
-                      bar, pn.pane.Markdown(self.param.status),
+            pn.Column(controls, self._own.layout(self.param.error),
                       pn.pane.Markdown(self._remote_note, visible=bool(self._remote_note),
                                        styles={"font-size": "0.9em"}),
                       self._state, width=320),
             pn.Column(
+                # the buttons, what runs (Localizing …, Training …), its progress and its end,
+                # at the top of the main column as on the other pages: pressing a button
+                # scrolls nothing, and its status is in view
+                pn.Row(self._localize_button, self._run_button, self._cancel_button, spinner,
+                       align="center"),
+                self.status_text("unlearning-status"), bar,
                 paper_panel("unlearning", self),
                 localized, stale_pane(self.localization_stale_note, deps,
                                       "unlearning-localization-stale"),
