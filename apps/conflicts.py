@@ -459,7 +459,9 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, EstimatePart, PreviewPart, 
                                  css_classes=["cf-result-note"], **caption),
                 pn.pane.Markdown(pn.bind(self.bars_words, p.bar_rows, p.shown), **caption),
                 pn.bind(self._edited_bars, p.edited_rows),
-                sizing_mode="stretch_width", max_width=720,
+                # the right margin: Bokeh places a glyph renderer's (empty) box one y-axis
+                # width right of the frame, past the window where the frame reaches its edge
+                sizing_mode="stretch_width", max_width=720, margin=(5, 80, 5, 5),
                 css_classes=["cf-bars-column"]),
             pn.pane.Markdown(pn.bind(self._selection_note, p.highlighted, p.scores),
                              sizing_mode="stretch_width", css_classes=["cf-selection"],
