@@ -49,6 +49,8 @@ def test_duration_words():
     assert duration_words(0.2, 0.3) == "about 1 s"
 
 
+@pytest.mark.timing
+@pytest.mark.slow
 def test_estimate_agrees_with_a_timed_selection_on_tiny(tiny_model):
     """Measured on the machine at hand, then the selection itself timed: the estimate with
     the share of heads the run scored is within `FACTOR` of its time, and the time within the
