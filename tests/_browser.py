@@ -450,6 +450,17 @@ button says when the session has no job in flight, and on a page served alone, w
 only be watched."""
 
 
+def show_gallery_page(tab, title: str, *, width: int, timeout: float = 240) -> None:
+    """Open the gallery page ``title`` from the sidebar, move the mouse off it (no tooltip
+    over the page) and wait until it settles (`settle_gallery_page`; for the page already
+    shown, until its plots are still)."""
+    button = tab.locator(".bk-btn-group button", has_text=title).first
+    before = [] if "bk-active" in (button.get_attribute("class") or "") else plot_ids(tab)
+    button.click()
+    tab.mouse.move(width // 2, 10)
+    assert settle_gallery_page(tab, before=before, timeout=timeout), f"{title} did not settle"
+
+
 def settle_gallery_page(page, *, before: Sequence[str] = (), timeout: float = 90,
                         quiet: float | None = None, busy: str | None = BUSY_TEXT) -> bool:
     """Wait until the page's Bokeh plots stop changing: no spinner or unfinished progress bar

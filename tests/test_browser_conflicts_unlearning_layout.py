@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from _browser import (ARTIFACTS, FRAME_IN_PANE, painted, plot_ids, resize_and_settle,
-                      settle_gallery_page, shared_page, wait_for)
+from _browser import (ARTIFACTS, FRAME_IN_PANE, painted, resize_and_settle, settle_gallery_page,
+                      shared_page, show_gallery_page, wait_for)
 from _views import tiny_facts_file
 
 pytestmark = pytest.mark.browser
@@ -43,11 +43,7 @@ gallery_url = shared_page("conflicts-unlearning-layout", _gallery)
 
 
 def _show(tab, title):
-    button = tab.locator(".bk-btn-group button", has_text=title).first
-    before = [] if "bk-active" in (button.get_attribute("class") or "") else plot_ids(tab)
-    button.click()
-    tab.mouse.move(WIDTH // 2, 10)
-    assert settle_gallery_page(tab, before=before, timeout=240), f"{title} did not settle"
+    show_gallery_page(tab, title, width=WIDTH)
 
 
 def test_conflicts_bars_wide_and_selection_time_said(gallery_url, browser):

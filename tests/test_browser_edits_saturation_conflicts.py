@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from _browser import gallery_page_state, plot_ids, settle_gallery_page, shared_page, title_fits
+from _browser import gallery_page_state, shared_page, show_gallery_page, title_fits
 
 pytestmark = pytest.mark.browser
 
@@ -58,11 +58,7 @@ _OVERFLOW = """() => {
 
 
 def _show(tab, title):
-    button = tab.locator(".bk-btn-group button", has_text=title).first
-    before = [] if "bk-active" in (button.get_attribute("class") or "") else plot_ids(tab)
-    button.click()
-    tab.mouse.move(WIDTH // 2, 10)
-    assert settle_gallery_page(tab, before=before, timeout=240), f"{title} did not settle"
+    show_gallery_page(tab, title, width=WIDTH)
 
 
 def _fits(state, titles):
