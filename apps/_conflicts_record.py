@@ -24,8 +24,8 @@ import param
 
 from apps._conflicts_plots import (bars_caption, edited_bars_caption, edited_title,
                                    plot_answer_bars)
-from apps._page_provenance import ShownRecord, outdated_markdown
-from apps._provenance import Provenance, computed_at_now, stale_text
+from apps._page_provenance import auto_recompute_state, outdated_markdown
+from apps._provenance import Provenance, computed_at_now
 from apps._result_cache import Stored, cached_note
 from explorer.analyses import conflicts as C
 from explorer.interventions import Edit
@@ -119,18 +119,11 @@ class RecordPart(param.Parameterized):
         """``wanted`` (the request the bars were computed for) with the time they arrived."""
         return dataclasses.replace(wanted, computed_at=computed_at_now())
 
-    def stale_note(self) -> str:
-        """Empty while the shown bars are of the current inputs; else what they were computed
-        on, what changed since and what the page is doing about it. Every control and edit
-        recomputes the bars at once, so the note says recomputing, failed, or (the workspace
-        moved while the page was out of view) that the page recomputes when opened."""
-        shown = self.shown_provenance()
-        if shown is None:
-            return ""
-        states = ShownRecord.stale_states
-        state = (states["running"] if self.running else states["failed"] if self.error
-                 else states["waiting"])
-        return stale_text(shown, self.requested_provenance(), state=state)
+    def waiting_state(self) -> str:
+        """The end of the stale note (`ShownResult.stale_note`): every control and edit
+        recomputes the bars at once, so it says recomputing, failed, or (the workspace moved
+        while the page was out of view) that the page recomputes when opened."""
+        return auto_recompute_state(running=self.running, failed=bool(self.error))
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the bars are of the inputs)."""

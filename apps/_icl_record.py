@@ -19,7 +19,7 @@ from typing import Any
 import xarray as xr
 
 from apps._page_provenance import outdated_markdown, recompute_state
-from apps._provenance import Provenance, computed_at_now, stale_text
+from apps._provenance import Provenance, computed_at_now
 from explorer.interventions import Edit
 from explorer.workspace import edit_label
 
@@ -101,18 +101,11 @@ class RecordPart:
     #: The button a stale note names: the page's own.
     compute_action = "Compute scores"
 
-    def stale_note(self) -> str:
-        """Empty while the shown scores are of the current inputs; else what they were
-        computed on, what changed since and what the page is doing about it: recomputing
-        (a settings change or an edit starts the rescore by itself), failed, or the button
-        to press."""
-        shown = self.shown_provenance()
-        if shown is None:
-            return ""
-        state = recompute_state(running=bool(self.running), failed=bool(self.error),
-                                action=self.compute_action)
-        return stale_text(shown, self.requested_provenance(), action=self.compute_action,
-                          state=state)
+    def waiting_state(self) -> str:
+        """The end of the stale note (`ShownResult.stale_note`): recomputing (a settings
+        change or an edit starts the rescore by itself), failed, or the button to press."""
+        return recompute_state(running=bool(self.running), failed=bool(self.error),
+                               action=self.compute_action)
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the scores are of the inputs)."""

@@ -25,13 +25,12 @@ import panel as pn
 import param
 import xarray as xr
 
-from apps._provenance import (INPUT_NAMES, Provenance, changed_inputs, computed_at_now, one_line,
-                              stale_text)
+from apps._provenance import INPUT_NAMES, Provenance, changed_inputs, computed_at_now, one_line
 from explorer.interventions import Edit
 
 __all__ = ["ShownRecord", "CheckedRecompute", "outdated_markdown", "auto_stale_text",
            "stale_inputs", "result_heading", "edits_words",
-           "STALE_STYLE", "INPUT_WORDS", "recompute_state"]
+           "STALE_STYLE", "INPUT_WORDS", "recompute_state", "auto_recompute_state"]
 
 
 INPUT_WORDS = {**INPUT_NAMES, "method": "the method", "alpha": "the steering strength",
@@ -102,6 +101,14 @@ def recompute_state(*, running: bool = False, refused: bool = False, failed: boo
     return f"press {action} to update."
 
 
+def auto_recompute_state(*, running: bool, failed: bool) -> str:
+    """The end of the stale note of a page that recomputes as soon as its inputs change:
+    recomputing; its recompute failed; else (out of view in the gallery, or not loaded yet)
+    it recomputes when opened (`ShownRecord.stale_states`' words)."""
+    states = ShownRecord.stale_states
+    return states["running"] if running else states["failed"] if failed else states["waiting"]
+
+
 def outdated_markdown(note: str, tail: str = "") -> str:
     """A stale note as the pages show it in Markdown: bold *Outdated*, the note (``&`` and
     ``<`` escaped; Markdown keeps '->'), then ``tail``; '' for no note."""
@@ -121,17 +128,10 @@ class CheckedRecompute:
     outdated_words: Callable[[str, Provenance], str]
 
     def waiting_state(self) -> str:
-        """What the page does about inputs newer than the shown result (`recompute_state`)."""
+        """What the page does about inputs newer than the shown result (`recompute_state`),
+        the end of its stale note (`ShownResult.stale_note`)."""
         return recompute_state(running=self.running, refused=self._refused,
                                failed=bool(self.error), action=self.compute_action)
-
-    def stale_note(self) -> str:
-        """'' while the shown result is of the inputs; else what it was computed on, what
-        changed since, and `waiting_state`."""
-        shown = self.shown_provenance()
-        if shown is None:
-            return ""
-        return stale_text(shown, self.requested_provenance(), state=self.waiting_state())
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the result is of the inputs)."""
@@ -213,12 +213,7 @@ class ShownRecord(param.Parameterized):
         wanted = self.requested_provenance()
         if wanted is None:
             return ""
-        if self.recomputing():
-            state = self.stale_states["running"]
-        elif self.error:
-            state = self.stale_states["failed"]
-        else:
-            state = self.stale_states["waiting"]
+        state = auto_recompute_state(running=self.recomputing(), failed=bool(self.error))
         return auto_stale_text(shown, wanted, state=state)
 
     def heading_html(self, *_: Any) -> str:

@@ -189,11 +189,17 @@ class ShownResult:
         """The record of what the page would compute from its current inputs, or None."""
         return None
 
+    def waiting_state(self) -> str:
+        """What the page is doing about inputs newer than the shown result, the end of its
+        stale note; '' (the default): pressing `compute_action` updates it."""
+        return ""
+
     def stale_note(self) -> str:
         """Empty while the shown result is of the current inputs (or the page keeps no
-        record); else what it was computed on and what changed since (`stale_text`)."""
+        record); else what it was computed on, what changed since (`stale_text`) and
+        `waiting_state`."""
         shown = self.shown_provenance()
         wanted = self.requested_provenance() if shown is not None else None
         if shown is None or wanted is None:
             return ""
-        return stale_text(shown, wanted, action=self.compute_action)
+        return stale_text(shown, wanted, action=self.compute_action, state=self.waiting_state())

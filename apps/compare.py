@@ -29,7 +29,7 @@ from apps import theme
 from apps._controls import check_selected_component, selected_component, token_choice
 from apps._heads_heatmap import click_cell, component_cell_box, layer_ticks, on_head_click
 from apps._positions import position_outlines, toggled
-from apps._page_provenance import ShownRecord
+from apps._page_provenance import auto_recompute_state
 from apps._provenance import Provenance, changed_inputs, computed_at_now, one_line
 from apps._recipe import EDITS, MODEL, Call, Expr, Recipe, Ref
 from apps._session import CancelToken
@@ -428,13 +428,11 @@ class CompareView(View):
         """'' while the shown result is of the current inputs; else what it was computed on,
         what changed since and what the page is doing about it: recomputing, its recompute
         failed or was refused (the message says why), or, out of view in the gallery (or not
-        loaded yet), it recomputes when opened (`ShownRecord.stale_states`' words)."""
+        loaded yet), it recomputes when opened (`auto_recompute_state`)."""
         shown = self.shown_provenance()
         if shown is None:
             return ""
-        states = ShownRecord.stale_states
-        state = (states["running"] if self.running else states["failed"] if self.error
-                 else states["waiting"])
+        state = auto_recompute_state(running=self.running, failed=bool(self.error))
         return compare_stale_text(shown, self.requested_provenance(), state)
 
     def stale_markdown(self, *_: Any) -> str:

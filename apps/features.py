@@ -33,7 +33,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._page_provenance import outdated_markdown, recompute_state
-from apps._provenance import Provenance, computed_at_now, one_line, stale_text
+from apps._provenance import Provenance, computed_at_now, one_line
 from apps._recipe import MODEL, Call, Recipe, Ref
 from apps._server import BoundedCache
 from apps._session import CancelToken
@@ -314,15 +314,11 @@ class FeaturesView(View):
     def requested_provenance(self) -> Provenance:
         return self.request_provenance()
 
-    def stale_note(self) -> str:
-        """'' while the dashboards are of the inputs; else what they were computed on, what
-        changed since, and whether the page is recomputing or failed (it recomputes as each
-        input changes: there is no Compute button)."""
-        shown = self.shown
-        if shown is None:
-            return ""
-        state = recompute_state(running=self.running, failed=bool(self.error))
-        return stale_text(shown, self.requested_provenance(), state=state)
+    def waiting_state(self) -> str:
+        """The end of the stale note (`ShownResult.stale_note`): whether the page is
+        recomputing or failed (it recomputes as each input changes: there is no Compute
+        button)."""
+        return recompute_state(running=self.running, failed=bool(self.error))
 
     def stale_markdown(self, *_: Any) -> str:
         """The stale note as the page shows it ('' while the dashboards are of the inputs)."""
