@@ -70,7 +70,20 @@ class Edit:
 
 
 @dataclass(frozen=True)
-class Ablate(Edit):
+class _OfHead(Edit):
+    """An edit of one head's slice of ``attn_z``: head ``head`` of layer ``layer``."""
+
+    layer: int
+    head: int
+    site: ClassVar[str] = "attn_z"
+
+    def validate(self, model: Any) -> None:
+        model.check_layer(self.layer)
+        model.check_head(self.head)
+
+
+@dataclass(frozen=True)
+class Ablate(_OfHead):
     """Replace one head's output (its slice of ``attn_z``) with zero or a mean.
 
     ``mode="mean"`` uses ``value`` (a d_head vector, e.g. a mean over a reference set)
@@ -81,14 +94,11 @@ class Ablate(Edit):
     rows (all if None); a value-less mean is then taken over those rows' real tokens.
     """
 
-    layer: int
-    head: int
     mode: str = "zero"
     value: tuple[float, ...] | None = None
     positions: tuple[int, ...] | None = None
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "ablate"
-    site: ClassVar[str] = "attn_z"
 
     def __post_init__(self):
         _check_prompts(self)
@@ -98,37 +108,28 @@ class Ablate(Edit):
                 # a value with mode "zero" would be silently ignored by `apply_edits`
                 raise InputError(f"`value` applies to mode 'mean' only; got mode {self.mode!r}.")
             object.__setattr__(self, "value", _as_tuple(self.value, "value"))
-        if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
-            if self.mode == "mean" and self.value is None:
-                raise InputError("`positions` with mode 'mean' needs an explicit `value`.")
+        _normalise_positions(self)
+        if self.positions is not None and self.mode == "mean" and self.value is None:
+            raise InputError("`positions` with mode 'mean' needs an explicit `value`.")
 
     def validate(self, model: Any) -> None:
-        model.check_layer(self.layer)
-        model.check_head(self.head)
+        super().validate(model)
         if self.value is not None and len(self.value) != model.spec.d_head:
             raise InputError(f"`value` must have d_head={model.spec.d_head} entries; "
                              f"got {len(self.value)}.")
 
 
 @dataclass(frozen=True)
-class Scale(Edit):
+class Scale(_OfHead):
     """Multiply one head's output (its slice of ``attn_z``) by ``alpha`` (in ``prompts`` rows)."""
 
-    layer: int
-    head: int
     alpha: float
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "scale"
-    site: ClassVar[str] = "attn_z"
 
     def __post_init__(self):
         _check_prompts(self)
         object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
-
-    def validate(self, model: Any) -> None:
-        model.check_layer(self.layer)
-        model.check_head(self.head)
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,7 @@ class _AtSite(Edit):
         if self.head is not None and site not in HEAD_SITES:
             raise InputError(f"`head` applies to the head sites {', '.join(HEAD_SITES)} only; "
                              f"got site {site!r}.")
-        if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        _normalise_positions(self)
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
@@ -217,8 +217,7 @@ class Steer(Edit):
         check_site(self.site, STEER_SITES)
         object.__setattr__(self, "vector", _as_tuple(self.vector, "vector"))
         object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
-        if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        _normalise_positions(self)
 
     def validate(self, model: Any) -> None:
         model.check_layer(self.layer)
@@ -228,7 +227,7 @@ class Steer(Edit):
 
 
 @dataclass(frozen=True)
-class AddHead(Edit):
+class AddHead(_OfHead):
     """Add ``alpha * value`` to one head's slice of ``attn_z`` at ``positions`` (all if None).
 
     ``value`` holds one d_head vector per selected (prompt, position), prompt-major (in
@@ -238,25 +237,20 @@ class AddHead(Edit):
     run 2 of the JuICE dual run (Li et al., ICML 2025).
     """
 
-    layer: int
-    head: int
     value: tuple[float, ...]
     alpha: float = 1.0
     positions: tuple[int, ...] | None = None
     prompts: tuple[int, ...] | None = None
     kind: ClassVar[str] = "add_head"
-    site: ClassVar[str] = "attn_z"
 
     def __post_init__(self):
         _check_prompts(self)
         object.__setattr__(self, "value", _as_tuple(self.value, "value"))
         object.__setattr__(self, "alpha", _finite("alpha", self.alpha))
-        if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        _normalise_positions(self)
 
     def validate(self, model: Any) -> None:
-        model.check_layer(self.layer)
-        model.check_head(self.head)
+        super().validate(model)
         d_head = model.spec.d_head
         if not self.value or len(self.value) % d_head:
             raise InputError(f"`value` must hold a whole number of d_head={d_head} vectors; "
@@ -321,6 +315,12 @@ def _refuse_old_site_keyword(cls: type[Edit], old: str) -> None:
 
 for _cls, _old in _OLD_SITE_KEYS.items():
     _refuse_old_site_keyword(_cls, _old)
+
+
+def _normalise_positions(e: Edit) -> None:
+    """Normalise ``e.positions`` (None: every position) to a tuple of ints."""
+    if e.positions is not None:
+        object.__setattr__(e, "positions", tuple(int(p) for p in e.positions))
 
 
 def _check_prompts(e: Edit) -> None:
