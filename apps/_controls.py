@@ -16,7 +16,7 @@ from apps import theme
 
 __all__ = ["OwnItems", "caption", "check_selected_component", "control", "flex_plot", "flex_row",
            "labelled", "labelled_control", "labelled_controls", "run_page", "selected_component",
-           "show_steps", "tip", "token_choice", "training_step"]
+           "show_steps", "tip", "index_choice", "token_choice", "training_step"]
 
 #: Width of a slider or player in a page's control column (the tooltip icon takes the rest).
 _WIDGET_WIDTH = theme.SIZES["controls_width"] - 50
@@ -178,6 +178,13 @@ class OwnItems:
                                    css_classes=["own-items-error"], sizing_mode="stretch_width")
         return pn.Column(self.area, self.button, message, margin=0, sizing_mode="stretch_width",
                          css_classes=["own-items"])
+
+
+def index_choice(label: str, *, doc: str) -> param.Integer:
+    """A page's Parameter for an index into what the model or the shown result has (a layer,
+    a head, an atom, a text), from 0; the page bounds it above once it knows how many
+    (`apps._view.View.bound_layer`)."""
+    return param.Integer(default=0, bounds=(0, None), label=label, doc=doc)
 
 
 def token_choice(label: str, *, doc: str) -> param.String:

@@ -27,6 +27,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._attention_trace import trace_patterns
+from apps._controls import index_choice
 from apps._heads_heatmap import (click_cell, current_head_box, head_ticks, heads_in, layer_ticks,
                                  selected_outlines)
 from apps._page_provenance import ShownRecord, result_heading
@@ -293,10 +294,8 @@ class AttentionView(ShownRecord, View):
 
     prompt = param.String(default="The capital of France is", label="Prompt",
                           doc="Prompt whose attention patterns are shown (press Enter to run).")
-    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
-                          doc="Layer of the enlarged head.")
-    head = param.Integer(default=0, bounds=(0, None), label="Head",
-                         doc="Head (within the layer) that is enlarged.")
+    layer = index_choice("Layer", doc="Layer of the enlarged head.")
+    head = index_choice("Head", doc="Head (within the layer) that is enlarged.")
     selected = param.String(default="L0.H0", label="Enlarged head",
                             doc="The enlarged head, spelled L<layer>.H<head>; type one to pick it.")
     selected_positions = workspace_positions(doc="Selected token positions of the prompt "

@@ -26,7 +26,8 @@ import xarray as xr
 
 import explorer
 from apps import theme
-from apps._controls import check_selected_component, selected_component, token_choice
+from apps._controls import (check_selected_component, index_choice, selected_component,
+                            token_choice)
 from apps._heads_heatmap import click_cell, component_cell_box, layer_ticks, on_head_click
 from apps._positions import position_outlines, toggled
 from apps._page_provenance import auto_recompute_state
@@ -363,11 +364,10 @@ class CompareView(View):
     view = param.Selector(default="lens", objects=VIEW_LABELS, label="View",
                           doc="What is set side by side: the logit lens, the selected head's "
                               "attention, the saturation layers or the logit attribution.")
-    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
-                          doc="Layer of the head whose attention is shown.")
-    head = param.Integer(default=0, bounds=(0, None), label="Head",
-                         doc="Head whose attention is shown (the workspace's newest selected "
-                             "head sets it).")
+    layer = index_choice("Layer", doc="Layer of the head whose attention is shown.")
+    head = index_choice("Head",
+                        doc="Head whose attention is shown (the workspace's newest selected "
+                            "head sets it).")
     k = param.Integer(default=5, bounds=(1, 10), label="Ranks",
                       doc="Saturation view: the final top-k tokens whose saturation layer is "
                           "shown.")

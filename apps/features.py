@@ -32,6 +32,7 @@ import xarray as xr
 
 import explorer
 from apps import theme
+from apps._controls import index_choice
 from apps._page_provenance import outdated_markdown, recompute_state
 from apps._provenance import Provenance, computed_at_now, one_line
 from apps._recipe import MODEL, Call, Recipe, Ref
@@ -228,8 +229,7 @@ class FeaturesView(View):
                        doc="ITDA adds an atom where the relative error exceeds tau.")
     n_latents = param.Integer(default=1024, bounds=(16, 8192), label="SAE latents",
                               doc="Latents of the SAE baseline.")
-    feature = param.Integer(default=0, bounds=(0, None), label="Feature",
-                            doc="The feature shown (an atom or latent index).")
+    feature = index_choice("Feature", doc="The feature shown (an atom or latent index).")
     query = param.String(default="", label="Find features",
                          doc="A token (e.g. ' bread'): features that fire on it in the corpus "
                              "or promote it through the unembedding.")

@@ -26,7 +26,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import OwnItems
+from apps._controls import OwnItems, index_choice
 from apps._icl_ablation import AblationPart, ablation_caption, plot_ablation_curves
 from apps._icl_record import RecordPart
 from apps._icl_patching import (DEFAULT_CONFLICT_TASKS, DEFAULT_PATCHING_TASKS, MEAN_OVER_TASKS,
@@ -90,10 +90,10 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
                                      "on the scatter.")
     top_fv = param.Number(default=5.0, bounds=(1, 50), step=1, label="Top % FV",
                           doc="Share of heads with the highest FV score, ringed on the scatter.")
-    layer = param.Integer(default=0, bounds=(0, None), label="Head: layer",
-                          doc="Layer of the head whose attention is shown (or click a point).")
-    head = param.Integer(default=0, bounds=(0, None), label="Head: head",
-                         doc="Index of the head whose attention is shown (or click a point).")
+    layer = index_choice("Head: layer",
+                         doc="Layer of the head whose attention is shown (or click a point).")
+    head = index_choice("Head: head",
+                        doc="Index of the head whose attention is shown (or click a point).")
     task = param.Selector(default="antonym", objects=ih.icl_task_names(), label="Task",
                           doc="ICL task of the attention prompt and of the function vector.")
     own_pairs = param.String(default="", precedence=-1,
@@ -133,11 +133,11 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
         doc="first_token: 1 when the argmax next token is the answer's first token (one "
             "forward per prompt); f1: the paper's score, the F1 of the answer parsed from 5 "
             "greedily generated tokens with the heads ablated at every step (5 forwards).")
-    fv_layer = param.Integer(default=0, bounds=(0, None), label="Function vector: layer",
-                             doc="Layer whose residual the function vector is added to.")
-    td_layer = param.Integer(default=0, bounds=(0, None), label="Task encoding: layer",
-                             doc="Layer of the residual PCA and of the dashed line on the "
-                                 "task-decodability curve.")
+    fv_layer = index_choice("Function vector: layer",
+                            doc="Layer whose residual the function vector is added to.")
+    td_layer = index_choice("Task encoding: layer",
+                            doc="Layer of the residual PCA and of the dashed line on the "
+                                "task-decodability curve.")
 
     conflict_tasks = param.ListSelector(
         default=list(DEFAULT_CONFLICT_TASKS), objects=ih.icl_task_names(),

@@ -32,7 +32,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import labelled_controls
+from apps._controls import index_choice, labelled_controls
 from apps._dictionary_record import (dictionary_record, dictionary_stale_text, dictionary_words,
                                      stale_box, stale_state, with_records)
 from apps._page_provenance import recompute_state
@@ -294,15 +294,13 @@ class ITDAView(View):
 
     probe_text = param.String(default=DEFAULT_PROBE_TEXT, label="Probing prompts",
                               doc="One prompt a line; their tokens' activations build the dictionary.")
-    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
-                          doc="Layer whose resid_post is decomposed.")
+    layer = index_choice("Layer", doc="Layer whose resid_post is decomposed.")
     tau = param.Number(default=0.3, bounds=(0.01, 0.95), step=0.01, label="tau",
                        doc="A token becomes an atom when its relative reconstruction error exceeds "
                            "tau: lower tau, more atoms and less error.")
     l0 = param.Integer(default=8, bounds=(1, 64), label="L0 (matching-pursuit steps)",
                        doc="At most this many atoms reconstruct a token.")
-    atom = param.Integer(default=0, bounds=(0, None), label="Atom",
-                         doc="The atom shown in the browser (0 = the first token added).")
+    atom = index_choice("Atom", doc="The atom shown in the browser (0 = the first token added).")
     method = param.Selector(default="itda", objects=list(SIMILARITY_METHODS), label="Similarity measure",
                             doc="How two layers are compared: itda (Jaccard of their ITDA atom labels), "
                                 "cka (linear CKA) or svcca (SVCCA).")

@@ -33,7 +33,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import labelled_controls
+from apps._controls import index_choice, labelled_controls
 from apps._dictionary_record import (dictionary_record, dictionary_stale_text, dictionary_words,
                                      stale_box, stale_state)
 from apps._provenance import Provenance, computed_at_now
@@ -347,12 +347,11 @@ class NeuronEvalView(View):
 
     probe_text = param.String(default=DEFAULT_PROBE_TEXT, label="Probing prompts",
                               doc="One prompt a line: the probing set of the units.")
-    layer = param.Integer(default=0, bounds=(0, None), label="Layer",
-                          doc="Layer whose ITDA atoms are the units.")
+    layer = index_choice("Layer", doc="Layer whose ITDA atoms are the units.")
     tau = param.Number(default=0.3, bounds=(0.05, 0.9), step=0.05, label="ITDA tau",
                        doc="Error threshold of the dictionary whose atoms are the units.")
-    unit = param.Integer(default=0, bounds=(0, None), label="Unit (atom)",
-                         doc="The unit evaluated: an ITDA atom of the layer (0 = the first added).")
+    unit = index_choice("Unit (atom)",
+                        doc="The unit evaluated: an ITDA atom of the layer (0 = the first added).")
     concept = param.Selector(default="own_token", objects=list(CONCEPTS), label="Concept",
                              doc="own_token: the atom's source token; or a token family.")
     binarize = param.Selector(default="top_quantile", objects=list(BINARIZATIONS), label="Binarisation",

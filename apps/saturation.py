@@ -36,7 +36,7 @@ import xarray as xr
 import explorer
 from apps import theme
 from apps._paper import paper_panel
-from apps._controls import caption, labelled, tip
+from apps._controls import caption, index_choice, labelled, tip
 from apps._page_provenance import ShownRecord
 from apps._positions import PagePositions
 from apps._provenance import one_line
@@ -104,8 +104,7 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
                                  "architecture (the paper finds ordering in both).")
     n_tokens = param.Integer(default=1024, bounds=(64, 50_000), label="Corpus tokens analysed",
                              doc="Tokens of the shipped corpus run through the analysis.")
-    text = param.Integer(default=0, bounds=(0, None), label="Text",
-                         doc="Which text (chunk) of the corpus the token strip shows.")
+    text = index_choice("Text", doc="Which text (chunk) of the corpus the token strip shows.")
     k = param.Integer(default=5, bounds=(1, 10), label="Top-k",
                       doc="Ranks shown in the detail and used by the order test.")
     selected = param.Integer(default=-1, precedence=-1, doc="Clicked token position.")
@@ -121,11 +120,11 @@ class SaturationView(DetailPart, CorpusPart, PromptPart, ShownRecord, InjectionP
                              label="Early-exit accuracy against",
                              doc="What an early exit must match to count as right: the full "
                                  "model's prediction or the text's true next token.")
-    pair = param.Integer(default=0, bounds=(0, None), label="Intervention pair",
-                         doc="Early/late-saturating token pair for the intervention.")
-    inj_layer = param.Integer(default=0, bounds=(0, None), label="Injection layer",
-                              doc="Block after which the early token's residual replaces the "
-                                  "late token's (the intervention plot).")
+    pair = index_choice("Intervention pair",
+                        doc="Early/late-saturating token pair for the intervention.")
+    inj_layer = index_choice("Injection layer",
+                             doc="Block after which the early token's residual replaces the "
+                                 "late token's (the intervention plot).")
 
     prompt = param.String(default="The capital of France is", label="Prompt",
                           doc="Prompt whose tokens' saturation layers s_1..s_k the page shows "
