@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import holoviews as hv
@@ -20,13 +20,14 @@ from apps._icl_scores import _waiting
 from apps._session import CancelToken
 from apps._view import STATIC_TOOLS
 from explorer._checks import InputError, parse_layer_list
+from explorer.analyses import icl_heads as ih
 from explorer.analyses import task_vector_patching as tvp
 
 __all__ = ["FOLLOWS_A", "FOLLOWS_B", "DEFAULT_CONFLICT_TASKS", "default_conflict_layers",
            "parse_layers", "layers_text", "conflict_matrix", "plot_conflict_matrix",
            "plot_conflict_controls", "FOLLOWS_B_NULL", "plot_conflict_layers", "conflict_caption",
            "DEFAULT_PATCHING_TASKS", "MEAN_OVER_TASKS", "plot_patching", "patching_caption",
-           "PatchingPart"]
+           "PatchingPart", "vector_test_tasks", "vector_test_layers"]
 
 hv.extension("bokeh", logo=False)
 
@@ -37,6 +38,21 @@ FOLLOWS_A, FOLLOWS_B = "A's vector: follows A", "A's vector: follows B"
 #: Tasks of the conflict test on opening: two word transforms and two list picks, whose
 #: answers to each other's queries are defined (`task_vector_patching.ANSWER_RULES`).
 DEFAULT_CONFLICT_TASKS = ("capitalize", "uppercase", "choose-first-of-3", "choose-last-of-3")
+
+
+def vector_test_tasks(test: str, default: Sequence[str], *, doc: str) -> param.ListSelector:
+    """The page's Parameter for the tasks of one task-vector test (``test``: "Conflict",
+    "Patching"), any of the ICL tasks."""
+    return param.ListSelector(default=list(default), objects=ih.icl_task_names(),
+                              label=f"{test}: tasks", doc=doc)
+
+
+def vector_test_layers(test: str, *, cost: str) -> param.String:
+    """The page's Parameter for the layers one task-vector test writes the vectors at (a text
+    `parse_layers` reads; ``cost``: what each layer costs)."""
+    return param.String(default="", label=f"{test}: layers",
+                        doc=f"Layers the vectors are written at, e.g. '0, 8, 18-22' (each layer "
+                            f"costs {cost}).")
 
 
 def default_conflict_layers(n_layers: int) -> list[int]:

@@ -21,7 +21,6 @@ from typing import Any
 import holoviews as hv
 import panel as pn
 import param
-import xarray as xr
 
 import explorer
 from apps import theme
@@ -33,7 +32,8 @@ from apps._icl_patching import (DEFAULT_CONFLICT_TASKS, DEFAULT_PATCHING_TASKS, 
                                 PatchingPart, _short_task, conflict_caption, conflict_matrix,
                                 default_conflict_layers, layers_text, parse_layers,
                                 patching_caption, plot_conflict_controls, plot_conflict_layers,
-                                plot_conflict_matrix, plot_patching)
+                                plot_conflict_matrix, plot_patching, vector_test_layers,
+                                vector_test_tasks)
 from apps._icl_estimate import estimated_score_seconds
 from apps._icl_scores import (OPEN_BUDGET_S, ScoresPart, plot_attention, plot_head_scatter,
                               plot_score_heatmaps, scatter_caption, selected_heads)
@@ -41,7 +41,7 @@ from apps._icl_task_vectors import (TaskVectorsPart, fv_caption, plot_finetune_t
                                     plot_projection, plot_td, td_caption)
 from apps._recipe import MODEL, Call, Note, Recipe, Ref, Step
 from apps._result_cache import DiskResults
-from apps._view import Scope, View, serve, workspace_edits, workspace_selection
+from apps._view import Scope, View, serve, shown_dataset, workspace_edits, workspace_selection
 from explorer._checks import InputError
 from explorer.analyses import icl_heads as ih
 from explorer.analyses import user_items
@@ -139,48 +139,36 @@ class ICLHeadsView(ScoresPart, RecordPart, AblationPart, TaskVectorsPart, Patchi
                             doc="Layer of the residual PCA and of the dashed line on the "
                                 "task-decodability curve.")
 
-    conflict_tasks = param.ListSelector(
-        default=list(DEFAULT_CONFLICT_TASKS), objects=ih.icl_task_names(),
-        label="Conflict: tasks",
+    conflict_tasks = vector_test_tasks(
+        "Conflict", DEFAULT_CONFLICT_TASKS,
         doc="Tasks of the task-vector conflict test: each one's vector is written into the "
             "others' prompts (at least two; their answers to each other's queries must be "
             "defined, as for rules like uppercase or choose-first-of-3).")
-    conflict_layers = param.String(
-        default="", label="Conflict: layers",
-        doc="Layers the vectors are written at, e.g. '0, 8, 18-22' (each layer costs one "
-            "patched run of every task pair).")
+    conflict_layers = vector_test_layers("Conflict", cost="one patched run of every task pair")
     conflict_layer = param.Selector(
         default=None, objects=[], label="Conflict: layer shown",
         doc="Layer of the conflict matrices (dashed on the per-layer curves); the layers "
             "computed are the choices.")
 
-    patching_tasks = param.ListSelector(
-        default=list(DEFAULT_PATCHING_TASKS), objects=ih.icl_task_names(),
-        label="Patching: tasks",
+    patching_tasks = vector_test_tasks(
+        "Patching", DEFAULT_PATCHING_TASKS,
         doc="Tasks of the zero-shot patching test: each one's vector is written into its own "
             "zero-shot prompts, layer by layer, beside the Null task's vector.")
-    patching_layers = param.String(
-        default="", label="Patching: layers",
-        doc="Layers the vectors are written at, e.g. '0, 8, 18-22' (each layer costs two "
-            "patched runs per task).")
+    patching_layers = vector_test_layers("Patching", cost="two patched runs per task")
     patching_shown = param.Selector(
         default=MEAN_OVER_TASKS, objects=[MEAN_OVER_TASKS], label="Patching: task shown",
         doc="One task's curves (with their intervals) or the mean over the tasks.")
-    patching = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                   precedence=-1,
-                                   doc="The last patching test (`task_vector_patching`).")
+    patching = shown_dataset(doc="The last patching test (`task_vector_patching`).")
     edits = workspace_edits(doc="The workspace's edits: the induction scores, the attention and "
                                 "the ablation curves are of the edited model.")
     highlighted = workspace_selection(doc="Components outlined on the scatter and heatmaps (the "
                                           "workspace selection).")
-    scores = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
+    scores = shown_dataset()
     patterns = param.Dict(default=None, allow_None=True, precedence=-1)
-    curves = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    fv_result = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    td = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True, precedence=-1)
-    conflict = param.ClassSelector(class_=xr.Dataset, default=None, allow_None=True,
-                                   precedence=-1,
-                                   doc="The last conflict test (`conflicting_task_patching`).")
+    curves = shown_dataset()
+    fv_result = shown_dataset()
+    td = shown_dataset()
+    conflict = shown_dataset(doc="The last conflict test (`conflicting_task_patching`).")
     conflict_error = param.String(default="", precedence=-1,
                                   doc="Why the last conflict test did not run ('' after a good one).")
 
