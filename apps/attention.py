@@ -419,6 +419,15 @@ class AttentionView(ShownRecord, View):
             Call("enlarged", "patterns.sel", kwargs={"layer": self.layer, "head": self.head},
                  comment=self.selected)])
 
+    def _enlarged(self, ds: xr.Dataset | None, positions: list[int]) -> hv.Element:
+        """The enlarged head: a new plot per trace or position change (its height and ticks
+        follow the prompt), in which a change of layer or head replaces the data and the
+        title in place (a DynamicMap on them: no new figure for the browser to lay out)."""
+        if ds is None:
+            return plot_head(None, self.layer, self.head)
+        return hv.DynamicMap(pn.bind(plot_enlarged, ds, self.param.layer, self.param.head,
+                                     list(positions)))
+
     def close(self) -> None:
         """Stop the runner and drop the patterns (the page is gone)."""
         super().close()
@@ -454,9 +463,8 @@ class AttentionView(ShownRecord, View):
         controls = pn.Param(self, parameters=shown, widgets={k: widgets[k] for k in shown},
                             show_name=False, default_layout=pn.Row,
                             sizing_mode="stretch_width", css_classes=["attention-controls"])
-        # a new plot per change (not a DynamicMap): its height follows the prompt's length
-        enlarged = pn.pane.HoloViews(pn.bind(plot_enlarged, self.param.result, self.param.layer,
-                                             self.param.head, self.param.selected_positions),
+        enlarged = pn.pane.HoloViews(pn.bind(self._enlarged, self.param.result,
+                                             self.param.selected_positions),
                                      sizing_mode="stretch_width", css_classes=["attention-head"])
         caption = pn.pane.Markdown(
             pn.bind(lambda ds, sel: position_caption(sel, prompt_tokens(ds)), self.param.result,

@@ -174,3 +174,42 @@ def test_short_prompt_key_tokens_stand_upright_and_grid_axes_say_head_and_layer(
     grid = hv.render(plot_grid(view.result))
     assert (grid.xaxis[0].axis_label, grid.yaxis[0].axis_label) == ("head", "layer")
     view.close()
+
+
+def test_a_head_change_redraws_the_enlarged_head_in_its_figure(tiny_model):
+    """A layer or head change replaces the enlarged plot's cells and title in the figure the
+    browser has (no new figure to lay out); the cells are the new head's weights of a plain HF
+    forward. A new prompt draws a new figure, sized to its tokens."""
+    import panel as pn
+    from bokeh.document import Document
+    from bokeh.models import GlyphRenderer, Plot
+
+    def enlarged(doc):
+        (fig,) = [f for f in doc.select({"type": Plot}) if f.title and f.title.text.startswith("L")]
+        (source,) = [r.data_source for r in fig.renderers if isinstance(r, GlyphRenderer)
+                     and "weight" in r.data_source.data]
+        return fig, source
+
+    L, H = tiny_model.spec.n_layers, tiny_model.spec.n_heads
+    view = AttentionView(tiny_model, background=False, prompt=PROMPT)
+    doc = Document()
+    doc.add_root(pn.panel(view).get_root(doc))
+    first, _ = enlarged(doc)
+    assert first.title.text == "L0.H0"
+    want = hf_attentions(tiny_model, PROMPT)
+    for layer, head in [(L - 1, H - 1), (1, 2), (0, 1)]:
+        view.select(layer, head)
+        fig, source = enlarged(doc)
+        assert fig is first and fig.title.text == f"L{layer}.H{head}"
+        cells = {qk: w for qk, w in zip(zip(source.data["query"], source.data["key"]),
+                                        source.data["zvalues"]) if np.isfinite(w)}  # drawn
+        n = want.shape[-1]
+        assert len(cells) == n * (n + 1) // 2
+        for (q, k), w in cells.items():
+            assert w == pytest.approx(want[layer, head, int(q), int(k)], abs=1e-5)
+    view.prompt = "a b c"
+    fig, source = enlarged(doc)
+    n = len(tiny_model.tokenize("a b c").token_ids[0])
+    assert fig is not first and fig.title.text == "L0.H1"
+    assert np.isfinite(np.asarray(source.data["zvalues"], float)).sum() == n * (n + 1) // 2
+    view.close()
