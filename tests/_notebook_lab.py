@@ -61,9 +61,12 @@ RUN_TIMEOUT = 420  # seconds for one notebook's cells (tiny model; the CI machin
 VIEWPORT = {"width": 1330, "height": 1000}  # with the file browser open: an output area of 900 px
 
 # Per notebook with a live view: the view's cell and the key pressed on its first slider
-# (quickstart: steering strength α from 4 to -10; workspace_atlas: the attention view's layer
-# from the last to 0). The plot in that cell must change: the kernel re-ran and sent it.
-ROUND_TRIP = {"quickstart.ipynb": (10, "Home"), "workspace_atlas.ipynb": (15, "Home")}
+# (quickstart: the lens view's steering layer to 0; workspace_atlas: the attention view's
+# layer from the last to 0). The plot in that cell must change: the kernel re-ran and sent it.
+# On a failed round trip the kernel is asked for the view's value (the third item): whether
+# the change reached it tells a lost message from a lost redraw.
+ROUND_TRIP = {"quickstart.ipynb": (10, "Home", "view.steer_layer"),
+              "workspace_atlas.ipynb": (15, "Home", "(attention_view.layer, attention_view.head)")}
 
 # The notebooks `test_browser_notebooks.py` runs in its one JupyterLab, in this order. Each
 # runs in a kernel of its own (started as the notebook opens, stopped after its test): a
@@ -364,6 +367,30 @@ def _saved(page, lab, name: str, timeout: float = 60) -> dict:
         page.wait_for_timeout(250)
 
 
+def _kernel_value(lab, name: str, expression: str) -> str:
+    """``repr(expression)`` evaluated in the kernel of ``name``'s session, through a client of
+    its own (the connection file in the Lab's runtime folder); the error's words if it fails."""
+    from jupyter_client import BlockingKernelClient
+
+    base, token, notebooks = lab
+    request = urllib.request.Request(f"{base}/api/sessions", headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(request) as r:
+            (kernel,) = [s["kernel"]["id"] for s in json.load(r) if s.get("path") == name]
+        client = BlockingKernelClient(
+            connection_file=str(notebooks.parent / "runtime" / f"kernel-{kernel}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            reply = client.execute_interactive("", user_expressions={"v": expression}, timeout=30)
+        finally:
+            client.stop_channels()
+        got = reply["content"]["user_expressions"]["v"]
+        return got.get("data", {}).get("text/plain", str(got))
+    except Exception as exc:  # noqa: BLE001 - a report for a failure message, not a check
+        return f"(not read: {type(exc).__name__}: {exc})"
+
+
 def _check_notebook(page, lab, name: str, outside: list[str], open_s: float) -> None:
     phases = {"open_s": open_s}
     mark = time.time()
@@ -395,10 +422,15 @@ def _check_notebook(page, lab, name: str, outside: list[str], open_s: float) -> 
     print(f"{name}: all cells ran in {seconds:.1f} s, {len(drawn)} view cells drew "
           f"({len(plots)} figures, output area {plots[0]['area_width']} px)")
     if name in ROUND_TRIP:
-        cell, key = ROUND_TRIP[name]
+        cell, key, value = ROUND_TRIP[name]
         before = {p["image"] for p in plots if p["cell"] == cell}
         handle = page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".noUi-handle").first
         handle.scroll_into_view_if_needed()
+        console: list[str] = []
+        listeners = {"console": lambda m: console.append(f"{m.type}: {m.text[:200]}"),
+                     "pageerror": lambda e: console.append(f"error: {str(e)[:200]}")}
+        for event, listener in listeners.items():
+            page.on(event, listener)
         handle.focus()
         handle.press(key)
         start, deadline = time.time(), time.time() + 240
@@ -406,8 +438,13 @@ def _check_notebook(page, lab, name: str, outside: list[str], open_s: float) -> 
             now = {p["image"] for p in _plots(page) if p["cell"] == cell}
             if now and now != before:
                 break
-            assert time.time() < deadline, f"moving the slider in cell {cell} changed no plot"
+            if time.time() > deadline:
+                raise AssertionError(f"moving the slider in cell {cell} changed no plot; the kernel "
+                                     f"has {value} = {_kernel_value(lab, name, value)}; the page's "
+                                     f"console: {console[-10:]}")
             page.wait_for_timeout(500)
+        for event, listener in listeners.items():
+            page.remove_listener(event, listener)
         record["redraw_after_key_s"] = round(time.time() - start, 1)
         print(f"{name}: the plot in cell {cell} redrew {time.time() - start:.1f} s after the key press")
         page.screenshot(path=str(ARTIFACTS / f"lab_{name.removesuffix('.ipynb')}_moved.png"))
