@@ -76,8 +76,8 @@ INTROS: dict[str, Intro] = {
         title="Which Attention Heads Matter for In-Context Learning?",
         read="Each dot is a head: right means a strong induction score, up a strong FV "
              "score. In the ablation plot a curve that falls fast means those heads matter.",
-        try_first="Press Compute scores (about 30 s on SmolLM2), click a dot to see that "
-                  "head's attention, then change the task.",
+        try_first="Press Compute scores (its label says how long it takes here), click a dot "
+                  "to see that head's attention, then change the task.",
         doc="docs/icl_heads.md"),
     "itda": Intro(
         shows="A dictionary built from the model's own activations (ITDA), how its size "
