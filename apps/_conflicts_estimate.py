@@ -12,7 +12,7 @@ the shortest and the longest) and counts the runs the setting makes
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,16 @@ __all__ = ["KEPT_AFTER_PRUNING", "SelectionTiming", "measure_selection_timing",
            "estimated_selection_seconds", "selection_seconds_range", "duration_words",
            "selection_estimate_line", "SELECT_LABEL", "EstimatePart"]
 
-KEPT_AFTER_PRUNING = {"clean": 1.0, "substitution": 0.25, "coherent": 0.17}
-"""Share of the heads scored on each prompt type with pruning, as SmolLM2-135M's selection
-on the first 4 shipped facts scored them (all 270 on clean, 67 on substitution, 46 on
-coherent). A model whose heads rarely fail the test (a random-init one scores 80-90%) takes
-longer: the estimate's high end scores every head."""
+KEPT_AFTER_PRUNING = {
+    "parametric": {"clean": 1.0, "substitution": 67 / 270, "coherent": 46 / 270},
+    "context": {"clean": 1.0, "substitution": 254 / 270, "coherent": 201 / 270},
+}
+"""Per direction, the share of the heads scored on each prompt type with pruning, as
+SmolLM2-135M's selection on 4 facts scored them (``n_scored`` of
+``docs/figures/conflicts_summary_<direction>_select4.json``: parametric 270, 67, 46; context
+270, 254, 201: toward the context few heads fail the test, so pruning saves little). A
+model whose heads rarely fail the test (a random-init one scores 80-90%) takes longer: the
+estimate's high end scores every head."""
 
 N_ALPHAS = len(C.ENHANCE_ALPHAS) + len(C.SUPPRESS_ALPHAS)
 """Rows per fact in a selection run: the fact repeated once per alpha of the grid."""
@@ -57,12 +62,14 @@ class SelectionTiming:
         return fixed + per_token * tokens
 
 
-def measure_selection_timing(model: Any, facts: Sequence[C.Fact], *,
-                             n_alphas: int = N_ALPHAS) -> SelectionTiming:
+def measure_selection_timing(model: Any, facts: Sequence[C.Fact], *, n_alphas: int = N_ALPHAS,
+                             check: Callable[[], None] | None = None) -> SelectionTiming:
     """Time the selection's unit on ``model``: for the clean and the coherent prompts of
     ``facts``, run 1 over the facts x ``n_alphas`` batch and then one run resumed at the
     first layer with one head's output added (what the selection does per head), timed
-    twice (the faster) after a one-row warm-up run."""
+    twice (the faster) after a one-row warm-up run. ``check`` is called between runs (a
+    job's `CancelToken.check`)."""
+    check = check or (lambda: None)
     facts = list(facts)
     tokens = tuple(len(facts) * n_alphas
                    * model.tokenize([C.conflict_prompt(f, kind) for f in facts]).width
@@ -73,9 +80,11 @@ def measure_selection_timing(model: Any, facts: Sequence[C.Fact], *,
                    run1=C.juice_first_run(model, [C.conflict_prompt(facts[0], "clean")]))
     seconds = []
     for kind in ("clean", "coherent"):
+        check()
         run1 = C.juice_first_run(model, [C.conflict_prompt(f, kind) for f in facts] * n_alphas)
         times = []
         for _ in range(2):     # the faster of two: one run is at the mercy of a busy moment
+            check()
             started = time.perf_counter()
             C.juice_logits(model, None, [(0, 0)], run1=run1)
             times.append(time.perf_counter() - started)
@@ -98,10 +107,11 @@ def estimated_selection_seconds(n_layers: int, n_heads: int, timing: SelectionTi
     return total
 
 
-def selection_seconds_range(n_layers: int, n_heads: int,
-                            timing: SelectionTiming) -> tuple[float, float]:
-    """(low, high): heads pruned as on SmolLM2 (`KEPT_AFTER_PRUNING`), and none pruned."""
-    return (estimated_selection_seconds(n_layers, n_heads, timing, KEPT_AFTER_PRUNING),
+def selection_seconds_range(n_layers: int, n_heads: int, timing: SelectionTiming,
+                            direction: str = "parametric") -> tuple[float, float]:
+    """(low, high): heads pruned as on SmolLM2 toward ``direction``
+    (`KEPT_AFTER_PRUNING`), and none pruned."""
+    return (estimated_selection_seconds(n_layers, n_heads, timing, KEPT_AFTER_PRUNING[direction]),
             estimated_selection_seconds(n_layers, n_heads, timing))
 
 
@@ -117,12 +127,12 @@ def duration_words(low: float, high: float) -> str:
 
 
 def selection_estimate_line(n_layers: int, n_heads: int, n_facts: int,
-                            timing: SelectionTiming | None) -> str:
+                            timing: SelectionTiming | None, direction: str = "parametric") -> str:
     """The words beside the button: the time range and what it counts, or that the time is
     being measured."""
     if timing is None:
         return "Measuring how long the selection takes here…"
-    low, high = selection_seconds_range(n_layers, n_heads, timing)
+    low, high = selection_seconds_range(n_layers, n_heads, timing, direction)
     return (f"Takes {duration_words(low, high)} here: {n_facts} fact"
             f"{'s' if n_facts != 1 else ''} × {timing.n_alphas} α × 3 prompt types over "
             f"{n_layers * n_heads} heads, from one run timed on this machine "
@@ -172,8 +182,14 @@ class EstimatePart(param.Parameterized):
         model, facts, key = self._model, self.selection_facts(), self._timing_key()
 
         def job(token: CancelToken) -> tuple:
-            return key, measure_selection_timing(model, facts)
+            return key, measure_selection_timing(model, facts, check=token.check)
         self.submit("timing", job)
+
+    def _yield_timing(self) -> None:
+        """The person's work comes first: a measurement in flight stops at its next run (it
+        would slow a drag's previews and be slowed by them), and starts again after the next
+        exact bars (`_request_timing`)."""
+        self.cancel("timing")
 
     def _got_timing(self, result: tuple) -> None:
         key, timing = result
@@ -185,7 +201,8 @@ class EstimatePart(param.Parameterized):
         timing = self.selection_timing()
         if timing is None:
             return None
-        return selection_seconds_range(self._model.n_layers, self._model.spec.n_heads, timing)
+        return selection_seconds_range(self._model.n_layers, self._model.spec.n_heads, timing,
+                                       self.direction)
 
     def select_label(self, *_: Any) -> str:
         """The button's label, with the time it takes once measured."""
@@ -197,4 +214,5 @@ class EstimatePart(param.Parameterized):
         if not self._measure_time:
             return ""
         return selection_estimate_line(self._model.n_layers, self._model.spec.n_heads,
-                                       len(self.selection_facts()), self.selection_timing())
+                                       len(self.selection_facts()), self.selection_timing(),
+                                       self.direction)

@@ -166,6 +166,7 @@ class PreviewPart(param.Parameterized):
 
     def _exact_requested(self) -> None:
         """An exact run of the bars was asked for: previews asked before it are stale."""
+        self._yield_timing()
         self._seq += 1
         self._exact_seq = self._seq
         self._slot.drop_pending()
@@ -177,6 +178,7 @@ class PreviewPart(param.Parameterized):
         p = self._preview_params()
         if p is None:
             return
+        self._yield_timing()
         self._seq += 1
         p[name] = float(value)
         request = (self._seq, p)

@@ -213,6 +213,7 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, EstimatePart, PreviewPart, 
         if name in ("example", "bars"):
             self._exact_requested()        # the previews asked for before are stale
         if name == "select":
+            self._yield_timing()
             job = self._select_job()
         elif name == "example":
             parts, hit = self.stored_scores(fact, kind)
@@ -395,13 +396,15 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, EstimatePart, PreviewPart, 
                         "hardest toward the answer to strengthen, S- with the 3 pushing against.")
         pick.on_click(lambda *_: self.pick_top_heads())
         select = pn.widgets.Button(
-            label=pn.bind(self.select_label, p.select_facts, p.example, p.timing_version),
+            label=pn.bind(self.select_label, p.select_facts, p.example, p.direction,
+                           p.timing_version),
             description="Score every head by adding its output (α = the paper's grid) on the "
                         "three prompt types of the selection facts, keep those that help on all "
                         "three (the paper's selection). The time on the button is measured on "
                         "this machine; the time left is shown while it runs.")
         estimate = pn.pane.Markdown(
-            pn.bind(self.select_estimate_words, p.select_facts, p.example, p.timing_version),
+            pn.bind(self.select_estimate_words, p.select_facts, p.example, p.direction,
+                    p.timing_version),
             css_classes=["cf-select-estimate"], sizing_mode="stretch_width",
             styles={"font-size": "0.85em", "color": "#555"}, margin=(0, 10))
         select.on_click(lambda *_: self._request("select"))

@@ -32,13 +32,30 @@ def test_estimate_counts_the_runs_by_hand():
     pruned = run1 + 3 * 2 * depth * (1.0 + 0.5 * 2.0 + 0.25 * 3.0)
     kept = {"clean": 1.0, "substitution": 0.5, "coherent": 0.25}
     assert estimated_selection_seconds(3, 2, timing, kept) == pytest.approx(pruned)
-    low, high = selection_seconds_range(3, 2, timing)
-    assert low == pytest.approx(run1 + 3 * 2 * depth * sum(
-        KEPT_AFTER_PRUNING[k] * s for k, s in zip(C.PROMPT_KINDS, (1.0, 2.0, 3.0))))
-    assert high == pytest.approx(every_head)
+    for direction in C.DIRECTIONS:
+        low, high = selection_seconds_range(3, 2, timing, direction)
+        assert low == pytest.approx(run1 + 3 * 2 * depth * sum(
+            KEPT_AFTER_PRUNING[direction][k] * s
+            for k, s in zip(C.PROMPT_KINDS, (1.0, 2.0, 3.0))))
+        assert high == pytest.approx(every_head)
     # a fixed cost per run: (10, 2 s) and (30, 3 s) -> 1.5 s + 0.05 s a token
     fixed = SelectionTiming((10, 20, 30), 2, 2.0, 3.0)
     assert fixed.run_seconds(0) == pytest.approx(1.5) and fixed.run_seconds(20) == pytest.approx(2.5)
+
+
+def test_pruned_shares_are_those_of_the_shipped_selection_runs():
+    """The low end's shares per direction are the heads SmolLM2's 4-fact selection scored per
+    prompt type (the evidence runs' JSON), out of its 30 x 9 heads."""
+    import json
+    from pathlib import Path
+
+    figures = Path(__file__).resolve().parents[1] / "docs" / "figures"
+    assert set(KEPT_AFTER_PRUNING) == set(C.DIRECTIONS)
+    for direction in C.DIRECTIONS:
+        summary = json.loads((figures / f"conflicts_summary_{direction}_select4.json").read_text())
+        scored = summary["directions"][direction]["n_scored"]
+        assert summary["model"].lower().startswith("smollm2")
+        assert {k: pytest.approx(n / 270) for k, n in scored.items()} == KEPT_AFTER_PRUNING[direction]
 
 
 def test_duration_words():
@@ -87,6 +104,9 @@ def test_page_says_the_time_on_the_button(tiny_model):
     assert timing.tokens == tuple(8 * tiny_model.tokenize([p]).width for p in prompts)
     low, high = selection_seconds_range(tiny_model.n_layers, tiny_model.spec.n_heads, timing)
     label = f"{SELECT_LABEL} ({duration_words(low, high)})"
+    context = selection_seconds_range(tiny_model.n_layers, tiny_model.spec.n_heads, timing,
+                                      "context")
+    assert context[0] > low and context[1] == high   # fewer heads pruned toward the context
     assert view.select_label() == label
     assert view.select_estimate_words().startswith(f"Takes {duration_words(low, high)} here: "
                                                    "1 fact × 8 α × 3 prompt types over 12 heads")
@@ -101,3 +121,49 @@ def test_page_says_the_time_on_the_button(tiny_model):
     assert "3 facts × 8 α" in view.select_estimate_words()
     assert [b.label for b in root.select(pn.widgets.Button)
             if b.label.startswith(SELECT_LABEL)] == [view.select_label()]
+    # toward the context fewer heads are pruned: the range and the button follow the direction
+    view.direction = "context"
+    want = selection_seconds_range(tiny_model.n_layers, tiny_model.spec.n_heads, more, "context")
+    assert view.selection_seconds() == pytest.approx(want)
+    assert [b.label for b in root.select(pn.widgets.Button)
+            if b.label.startswith(SELECT_LABEL)] == [f"{SELECT_LABEL} ({duration_words(*want)})"]
+
+
+def test_a_measurement_in_flight_gives_way_to_a_drag(tiny_model, monkeypatch):
+    """Served, the measurement starts after the first bars. A slider's preview stops it at its
+    next run (it would slow the drag); the next exact bars start it again, and it completes."""
+    import threading
+
+    from apps import _conflicts_estimate as E
+    from apps._session import Cancelled
+    from apps.conflicts import ConflictsView
+
+    real, started, stopped, calls = E.measure_selection_timing, threading.Event(), threading.Event(), []
+
+    def slow_first(model, facts, *, check=None, **kwargs):  # the real one, after a slow start once
+        calls.append(len(facts))
+        if len(calls) == 1:
+            started.set()
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                try:
+                    check()
+                except Cancelled:
+                    stopped.set()
+                    raise
+                time.sleep(0.02)
+        return real(model, facts, check=check, **kwargs)
+
+    monkeypatch.setattr(E, "measure_selection_timing", slow_first)
+    facts = C.load_facts(["country_capital"])[:3]
+    view = ConflictsView(tiny_model, facts=facts, closed_book=False, background=True,
+                         estimate_time=True)
+    assert started.wait(60), "no measurement after the first bars"
+    view.request_preview("alpha_l", 1.5)                  # a drag
+    assert stopped.wait(10) and view.selection_timing() is None
+    view.alpha_l = 1.5                                    # the release: exact bars, then again
+    deadline = time.time() + 60
+    while view.selection_timing() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert view.selection_timing() is not None and len(calls) == 2
+    view.close()
