@@ -12,6 +12,7 @@ the shortest and the longest) and counts the runs the setting makes
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from explorer.analyses import conflicts as C
 
 __all__ = ["KEPT_AFTER_PRUNING", "SelectionTiming", "measure_selection_timing",
            "estimated_selection_seconds", "selection_seconds_range", "duration_words",
-           "selection_estimate_line", "SELECT_LABEL", "EstimatePart"]
+           "selection_estimate_line", "SELECT_LABEL", "EstimatePart", "forget_timings"]
 
 KEPT_AFTER_PRUNING = {
     "parametric": {"clean": 1.0, "substitution": 67 / 270, "coherent": 46 / 270},
@@ -142,6 +143,16 @@ def selection_estimate_line(n_layers: int, n_heads: int, n_facts: int,
 
 SELECT_LABEL = "Select heads as JuICE does"
 
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> {selection facts' key: `SelectionTiming`}: what the pages of this process measured
+(every session's page on a model reads and adds to the same dict)."""
+
+
+def forget_timings() -> None:
+    """Drop every measured timing: the next page to show bars measures again (after the
+    machine's load changed, or in a test that needs a measurement)."""
+    _MEASURED.clear()
+
 
 class EstimatePart(param.Parameterized):
     """The selection's time estimate of `apps.conflicts.ConflictsView`: measured once per
@@ -152,8 +163,10 @@ class EstimatePart(param.Parameterized):
                                    doc="Bumped when a selection timing arrives.")
 
     def _init_estimate(self, measure: bool) -> None:
-        # cache: the measured timing by the selection's facts (labels)
-        self._timings: dict[tuple[str, ...], SelectionTiming] = {}
+        # the timings measured on this model in this process, by the selection's facts: a
+        # new session's page reuses them (the machine is the same) rather than taking the
+        # cores for another measurement
+        self._timings = _MEASURED.setdefault(self._model, {})
         self._measure_time = measure
         self.runner("timing", self._got_timing, busy=False, heavy=False, counted=False)
         self.param.watch(lambda *_: self._request_timing(), ["select_facts"])

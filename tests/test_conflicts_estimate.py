@@ -10,7 +10,8 @@ import pytest
 
 from apps._conflicts_estimate import (KEPT_AFTER_PRUNING, SELECT_LABEL, SelectionTiming,
                                       duration_words, estimated_selection_seconds,
-                                      measure_selection_timing, selection_seconds_range)
+                                      forget_timings, measure_selection_timing,
+                                      selection_seconds_range)
 from explorer.analyses import conflicts as C
 
 FACTOR = 3.0
@@ -94,6 +95,7 @@ def test_page_says_the_time_on_the_button(tiny_model):
     from apps.conflicts import ConflictsView
 
     facts = C.load_facts(["country_capital"])[:3]
+    forget_timings()                                      # measured by an earlier test
     quiet = ConflictsView(tiny_model, facts=facts, closed_book=False, background=False)
     assert quiet.selection_timing() is None and quiet.select_label() == SELECT_LABEL
     view = ConflictsView(tiny_model, facts=facts, closed_book=False, background=False,
@@ -127,6 +129,10 @@ def test_page_says_the_time_on_the_button(tiny_model):
     assert view.selection_seconds() == pytest.approx(want)
     assert [b.label for b in root.select(pn.widgets.Button)
             if b.label.startswith(SELECT_LABEL)] == [f"{SELECT_LABEL} ({duration_words(*want)})"]
+    # a second session's page on the model reads the timings measured: no new measurement
+    again = ConflictsView(tiny_model, facts=facts, closed_book=False, background=False,
+                          estimate_time=True, select_facts=3)
+    assert again.selection_timing() is more
 
 
 def test_a_measurement_in_flight_gives_way_to_a_drag(tiny_model, monkeypatch):
@@ -155,6 +161,7 @@ def test_a_measurement_in_flight_gives_way_to_a_drag(tiny_model, monkeypatch):
         return real(model, facts, check=check, **kwargs)
 
     monkeypatch.setattr(E, "measure_selection_timing", slow_first)
+    forget_timings()
     facts = C.load_facts(["country_capital"])[:3]
     view = ConflictsView(tiny_model, facts=facts, closed_book=False, background=True,
                          estimate_time=True)
