@@ -86,3 +86,7 @@ def test_the_buttons_pressed_before_a_drag_are_buttons_of_their_pages(tiny_model
                          closed_book=False, background=False)
     labels = [b.label for b in view.__panel__().select(pn.widgets.Button)]
     assert PREPARE["conflicts"] in labels
+    from apps.circuits import CircuitsView
+
+    circuits = CircuitsView(tiny_model, background=False, autostart=False)
+    assert PREPARE["circuits"] in [b.label for b in circuits.__panel__().select(pn.widgets.Button)]

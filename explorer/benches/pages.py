@@ -64,9 +64,11 @@ SLIDERS: dict[str, str] = {
 
 #: What the bench presses on a page before dragging its slider, where the slider changes
 #: nothing until then: slug -> the button's text. The conflicts page's α sliders scale the
-#: chosen heads, and no head is chosen when it opens.
+#: chosen heads, and no head is chosen when it opens; the circuits page's size slider steps
+#: through the sizes of a circuit, which SmolLM2's page computes when asked.
 PREPARE: dict[str, str] = {
     "conflicts": "Pick top heads for the direction",
+    "circuits": "Compute circuit",
 }
 
 #: The in-page recorder (added before the page's scripts): pointer events, websocket
