@@ -321,3 +321,22 @@ def test_node_circuits_patch_each_left_out_nodes_output(tiny_model, scores):
                                                                       abs=1e-5)
     with pytest.raises(ValueError, match=r"`sizes\[i\]` must be an int in"):
         cs.node_faithfulness_curve(tiny_model, PAIRS, scores, sizes=[n + 1])
+
+
+def test_edge_nodes_name_each_edges_ends_as_node_of_does(tiny_model):
+    """`edge_nodes` (each distinct name resolved once) against the per-edge spelling: the
+    source's name, the destination's node (`node_of`: a head's q/k/v input is the head), in
+    forward order, on the plain and the q/k/v-split graph."""
+    from explorer.analyses import circuits
+    from explorer.analyses.circuit_select.rules import _node_rank, edge_nodes, node_of
+
+    task = circuits.filter_task(tiny_model, circuits.make_task("add", 4), correct_only=False)
+    for split in (False, True):
+        scores = circuits.edge_scores(tiny_model, task, method="eap", split_qkv=split)
+        src = [str(s) for s in scores["src"].values]
+        dst = [node_of(str(d)) for d in scores["dst"].values]
+        names, s, d = edge_nodes(scores)
+        assert names == sorted(set(src) | set(dst), key=_node_rank)
+        assert [names[i] for i in s] == src and [names[i] for i in d] == dst
+        assert s.dtype.kind == d.dtype.kind == "i" and len(s) == scores.sizes["edge"]
+        assert split == any(n != str(x) for n, x in zip(dst, scores["dst"].values))

@@ -47,14 +47,16 @@ def edge_nodes(scores: xr.Dataset) -> tuple[list[str], np.ndarray, np.ndarray]:
             or not {"src", "dst"} <= set(scores.coords):
         raise TypeError("`scores` must be the Dataset returned by edge_scores (a `score` "
                         f"variable over `edge` with `src` and `dst`); got {type(scores).__name__}.")
-    src = [str(s) for s in scores["src"].values]
+    # each distinct name once (a graph has hundreds of nodes and up to ~10^5 edges)
+    src, src_of_edge = np.unique(scores["src"].values.astype(str), return_inverse=True)
+    dst, dst_of_edge = np.unique(scores["dst"].values.astype(str), return_inverse=True)
     # the q/k/v-split graph: an edge into a head's query, key or value input leads into the
     # head (hannamw/EAP-IG: such an edge's child is the AttentionNode)
-    dst = [node_of(str(d)) for d in scores["dst"].values]
-    names = sorted(set(src) | set(dst), key=_node_rank)
+    dst_nodes = [node_of(d) for d in dst.tolist()]
+    names = sorted(set(src.tolist()) | set(dst_nodes), key=_node_rank)
     index = {n: i for i, n in enumerate(names)}
-    return names, np.array([index[s] for s in src], dtype=int), \
-        np.array([index[d] for d in dst], dtype=int)
+    return names, np.array([index[s] for s in src.tolist()], dtype=int)[src_of_edge.ravel()], \
+        np.array([index[d] for d in dst_nodes], dtype=int)[dst_of_edge.ravel()]
 
 
 def _mask_array(scores: xr.Dataset, mask: np.ndarray, *, rule: str, **attrs: Any) -> xr.DataArray:
