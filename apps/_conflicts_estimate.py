@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import panel as pn
 import param
 
 from apps._session import CancelToken
@@ -221,6 +222,23 @@ class EstimatePart(param.Parameterized):
         """The button's label, with the time it takes once measured."""
         seconds = self.selection_seconds()
         return SELECT_LABEL if seconds is None else f"{SELECT_LABEL} ({duration_words(*seconds)})"
+
+    def select_widgets(self) -> tuple[pn.widgets.Button, pn.pane.Markdown]:
+        """*Select heads as JuICE does* (its label with the time) and the line under it."""
+        p = self.param
+        depends = (p.select_facts, p.example, p.direction, p.timing_version)
+        select = pn.widgets.Button(
+            label=pn.bind(self.select_label, *depends),
+            description="Score every head by adding its output (α = the paper's grid) on the "
+                        "three prompt types of the selection facts, keep those that help on all "
+                        "three (the paper's selection). The time on the button is measured on "
+                        "this machine; the time left is shown while it runs.")
+        select.on_click(lambda *_: self._request("select"))
+        estimate = pn.pane.Markdown(
+            pn.bind(self.select_estimate_words, *depends),
+            css_classes=["cf-select-estimate"], sizing_mode="stretch_width",
+            styles={"font-size": "0.85em", "color": "#555"}, margin=(0, 10))
+        return select, estimate
 
     def select_estimate_words(self, *_: Any) -> str:
         """The line beside the button (empty where the time is not measured on this page)."""

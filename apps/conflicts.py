@@ -395,19 +395,7 @@ class ConflictsView(HeadsPart, RecordPart, BarsPart, EstimatePart, PreviewPart, 
             description="Fill S+ with the 3 heads whose direct effect (the heatmap) pushes "
                         "hardest toward the answer to strengthen, S- with the 3 pushing against.")
         pick.on_click(lambda *_: self.pick_top_heads())
-        select = pn.widgets.Button(
-            label=pn.bind(self.select_label, p.select_facts, p.example, p.direction,
-                           p.timing_version),
-            description="Score every head by adding its output (α = the paper's grid) on the "
-                        "three prompt types of the selection facts, keep those that help on all "
-                        "three (the paper's selection). The time on the button is measured on "
-                        "this machine; the time left is shown while it runs.")
-        estimate = pn.pane.Markdown(
-            pn.bind(self.select_estimate_words, p.select_facts, p.example, p.direction,
-                    p.timing_version),
-            css_classes=["cf-select-estimate"], sizing_mode="stretch_width",
-            styles={"font-size": "0.85em", "color": "#555"}, margin=(0, 10))
-        select.on_click(lambda *_: self._request("select"))
+        select, estimate = self.select_widgets()
         score = pn.widgets.Button(
             label="Score the whole split", color="primary",
             description="Greedy answers on every fact (the ones known closed book) for no "
