@@ -152,6 +152,8 @@ _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def forget_timings() -> None:
     """Drop every measured timing: the next page to show bars measures again (after the
     machine's load changed, or in a test that needs a measurement)."""
+    for timings in list(_MEASURED.values()):
+        timings.clear()             # the pages hold these dicts
     _MEASURED.clear()
 
 
@@ -204,6 +206,14 @@ class EstimatePart(param.Parameterized):
         would slow a drag's previews and be slowed by them), and starts again after the next
         exact bars (`_request_timing`)."""
         self.cancel("timing")
+
+    def page_hidden(self) -> None:
+        """The gallery showed another page: the measurement gives way to that page's work."""
+        self._yield_timing()
+
+    def page_shown(self) -> None:
+        """The gallery shows this page again: measure what is not measured yet."""
+        self._request_timing()
 
     def _got_timing(self, result: tuple) -> None:
         key, timing = result

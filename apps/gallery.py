@@ -350,8 +350,13 @@ window.__explorerCopied = url
                 copy_code]
 
     def _show_page(self, event: Any = None) -> None:
+        left = self._pages.get(getattr(event, "old", None))
+        if left is not None and callable(getattr(left, "page_hidden", None)):
+            left.page_hidden()  # its background work that only serves its own display stops
         head = [intro_pane(self.view)] if self.view in INTROS else []
         view = self.page(self.view)
+        if callable(getattr(view, "page_shown", None)):
+            view.page_shown()
         self.sync_page(self.view)  # what the workspace did while the page was not in view
         if hasattr(view, "set_sources") and hasattr(view, "refresh"):
             view.refresh()  # what the other pages computed since it was last shown

@@ -174,3 +174,30 @@ def test_a_measurement_in_flight_gives_way_to_a_drag(tiny_model, monkeypatch):
         time.sleep(0.05)
     assert view.selection_timing() is not None and len(calls) == 2
     view.close()
+
+
+def test_the_gallery_tells_the_page_it_left_and_the_page_it_shows(tiny_model):
+    """Leaving the conflicts page stops its measurement (`page_hidden`: the shown page's work
+    comes first); showing it again measures what is missing (`page_shown`)."""
+    import functools
+
+    from apps.conflicts import ConflictsView
+    from apps.gallery import VIEWS, Gallery
+
+    forget_timings()
+    facts = C.load_facts(["country_capital"])[:3]
+    small = functools.partial(ConflictsView, facts=facts, closed_book=False, estimate_time=True)
+    views = [(t, s, small if s == "conflicts" else f) for t, s, f in VIEWS
+             if s in ("conflicts", "study")]
+    gallery = Gallery("tiny-llama", views=views, view="conflicts")
+    page = gallery.page("conflicts")
+    assert page.selection_timing() is not None            # measured after its first bars
+    heard = []
+    cancel = page.cancel
+    page.cancel = lambda name=None: (heard.append(("cancel", name)), cancel(name))
+    gallery.view = "study"
+    assert heard == [("cancel", "timing")]
+    forget_timings()                                      # as if never measured
+    assert page.selection_timing() is None
+    gallery.view = "conflicts"
+    assert page.selection_timing() is not None            # measured again on return
