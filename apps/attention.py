@@ -423,10 +423,15 @@ class AttentionView(ShownRecord, View):
         """The enlarged head: a new plot per trace or position change (its height and ticks
         follow the prompt), in which a change of layer or head replaces the data and the
         title in place (a DynamicMap on them: no new figure for the browser to lay out)."""
+        for stream in getattr(self, "_enlarged_streams", ()):
+            stream.unwatch()  # the plot it drew is gone: its watchers on layer and head too
         if ds is None:
+            self._enlarged_streams = []
             return plot_head(None, self.layer, self.head)
-        return hv.DynamicMap(pn.bind(plot_enlarged, ds, self.param.layer, self.param.head,
+        dmap = hv.DynamicMap(pn.bind(plot_enlarged, ds, self.param.layer, self.param.head,
                                      list(positions)))
+        self._enlarged_streams = [s for s in dmap.streams if hasattr(s, "unwatch")]
+        return dmap
 
     def close(self) -> None:
         """Stop the runner and drop the patterns (the page is gone)."""

@@ -212,4 +212,11 @@ def test_a_head_change_redraws_the_enlarged_head_in_its_figure(tiny_model):
     n = len(tiny_model.tokenize("a b c").token_ids[0])
     assert fig is not first and fig.title.text == "L0.H1"
     assert np.isfinite(np.asarray(source.data["zvalues"], float)).sum() == n * (n + 1) // 2
+    # the plots of earlier prompts stop watching layer and head (they would keep their traces)
+    watching = len(view.param.watchers["layer"]["value"])
+    for prompt in ("a b", "a b c d", PROMPT, "a b c"):
+        view.prompt = prompt
+    assert len(view.param.watchers["layer"]["value"]) == watching
+    view.select(1, 1)
+    assert enlarged(doc)[0].title.text == "L1.H1"
     view.close()
