@@ -416,10 +416,13 @@ class FeaturesView(View):
     def steer(self, *events: Any) -> Edit | None:
         """Add the shown feature's decoder direction as a `Steer` edit (to the workspace in
         the gallery, else to the page's own edits)."""
-        if self.index is None:
+        if self.index is None or self.shown is None:
             return None
+        # the shown dashboards' feature (of the shown dictionary, `index`): the widget may
+        # already name another whose dashboards are still computing
+        feature = int(dict(self.shown.request)["feature"])
         try:
-            edit = F.feature_steering_edit(self.index, self.feature, alpha=self.alpha)
+            edit = F.feature_steering_edit(self.index, feature, alpha=self.alpha)
         except InputError as exc:
             self.show_error(exc)
             return None

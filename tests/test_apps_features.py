@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import param
 import pytest
 import torch
 
@@ -94,6 +95,13 @@ def test_search_selects_a_feature_and_steering_reaches_the_workspace(tiny_model,
         assert isinstance(edit, Steer) and g.workspace.edits[-1] == edit
         np.testing.assert_allclose(edit.vector, index.decoder.values[view.feature], rtol=1e-6)
         assert edit.layer == SMALL["layer"]
+        # the widget moved on while the new dashboards compute: the shown feature is steered
+        shown = view.feature
+        with param.parameterized.discard_events(view):
+            view.feature = shown + 1
+        again = view.steer()
+        np.testing.assert_allclose(again.vector, index.decoder.values[shown], rtol=1e-6)
+        assert not np.allclose(again.vector, index.decoder.values[shown + 1])
 
 
 def test_a_feature_selected_in_the_workspace_is_shown_and_the_shown_one_is_selected(
