@@ -317,6 +317,7 @@ class AttentionView(ShownRecord, View):
         self._sync_label()
         self.runner("trace", self._got_trace)
         self._started = 0.0
+        self._enlarged_streams: list[Any] = []  # the enlarged plot's watchers on layer, head
         self.param.watch(self._request_trace, ["prompt", "edits"])
         self.param.watch(self._sync_label, ["layer", "head"])
         self.param.watch(self._pick_label, ["selected"])
@@ -423,7 +424,7 @@ class AttentionView(ShownRecord, View):
         """The enlarged head: a new plot per trace or position change (its height and ticks
         follow the prompt), in which a change of layer or head replaces the data and the
         title in place (a DynamicMap on them: no new figure for the browser to lay out)."""
-        for stream in getattr(self, "_enlarged_streams", ()):
+        for stream in self._enlarged_streams:
             stream.unwatch()  # the plot it drew is gone: its watchers on layer and head too
         if ds is None:
             self._enlarged_streams = []

@@ -188,14 +188,18 @@ def _prompts(page) -> list[str]:
                                      "els => els.map(e => e.innerText.trim())")
 
 
-def _kernel_state(lab, name: str) -> str | None:
-    """The execution state of the kernel of ``name``'s session, as the Lab's server has it."""
+def _kernels(lab, name: str) -> list[dict]:
+    """The kernel of ``name``'s session as the Lab's server has it (none or one)."""
     base, token, _ = lab
     request = urllib.request.Request(f"{base}/api/sessions", headers={"Authorization": f"token {token}"})
     with urllib.request.urlopen(request) as r:
         sessions = json.load(r)
-    states = [s["kernel"]["execution_state"] for s in sessions
-              if s.get("path") == name and s.get("kernel")]
+    return [s["kernel"] for s in sessions if s.get("path") == name and s.get("kernel")]
+
+
+def _kernel_state(lab, name: str) -> str | None:
+    """The execution state of the kernel of ``name``'s session, as the Lab's server has it."""
+    states = [k["execution_state"] for k in _kernels(lab, name)]
     return states[0] if states else None
 
 
@@ -372,11 +376,9 @@ def _kernel_value(lab, name: str, expression: str) -> str:
     its own (the connection file in the Lab's runtime folder); the error's words if it fails."""
     from jupyter_client import BlockingKernelClient
 
-    base, token, notebooks = lab
-    request = urllib.request.Request(f"{base}/api/sessions", headers={"Authorization": f"token {token}"})
+    notebooks = lab[2]
     try:
-        with urllib.request.urlopen(request) as r:
-            (kernel,) = [s["kernel"]["id"] for s in json.load(r) if s.get("path") == name]
+        (kernel,) = [k["id"] for k in _kernels(lab, name)]
         client = BlockingKernelClient(
             connection_file=str(notebooks.parent / "runtime" / f"kernel-{kernel}.json"))
         client.load_connection_file()
